@@ -1,0 +1,79 @@
+#include "core/allocator.h"
+
+#include <array>
+#include <cstdlib>
+#include <new>
+
+#include "core/error.h"
+
+namespace tessera {
+namespace {
+
+// 64-byte aligned host memory: full cache lines, and wide enough for any SIMD load.
+class CpuAllocator final : public Allocator {
+ public:
+  void* allocate(size_t nbytes) override {
+    if (nbytes == 0) return nullptr;
+    size_t rounded = (nbytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (!p) throw OutOfMemoryError(detail::concat("cpu: out of memory allocating ", nbytes, " bytes"));
+    return p;
+  }
+  void deallocate(void* ptr, size_t) override { std::free(ptr); }
+};
+
+std::array<DeviceBackend*, kNumDeviceTypes>& backends() {
+  static std::array<DeviceBackend*, kNumDeviceTypes> table{};
+  return table;
+}
+
+}  // namespace
+
+Allocator* cpu_allocator() {
+  static CpuAllocator alloc;
+  return &alloc;
+}
+
+void register_device_backend(DeviceType type, DeviceBackend* backend) {
+  backends()[static_cast<int>(type)] = backend;
+}
+
+bool has_device_backend(DeviceType type) { return backends()[static_cast<int>(type)] != nullptr; }
+
+DeviceBackend& device_backend(DeviceType type) {
+  DeviceBackend* b = backends()[static_cast<int>(type)];
+  TESSERA_CHECK(b != nullptr, "device backend for ", Device{type, 0}.str(),
+                " is not available: Tessera was built without CUDA (TESSERA_CUDA=OFF)");
+  return *b;
+}
+
+int cuda_device_count() {
+  if (!has_device_backend(DeviceType::CUDA)) return 0;
+  return device_backend(DeviceType::CUDA).device_count();
+}
+
+Allocator* allocator_for(Device device) {
+  if (device.is_cpu()) return cpu_allocator();
+  DeviceBackend& b = device_backend(device.type);
+  TESSERA_CHECK(device.index >= 0 && device.index < b.device_count(), "device ", device.str(),
+                " does not exist (", b.device_count(), " CUDA device(s) visible)");
+  return b.allocator(device.index);
+}
+
+Storage::Storage(size_t nbytes, Device device)
+    : nbytes_(nbytes), device_(device), allocator_(allocator_for(device)) {
+  data_ = allocator_->allocate(nbytes);
+}
+
+Storage::Storage(void* external, size_t nbytes, Device device, std::function<void(void*)> deleter)
+    : data_(external), nbytes_(nbytes), device_(device), deleter_(std::move(deleter)) {}
+
+Storage::~Storage() {
+  if (deleter_) {
+    deleter_(data_);
+  } else if (allocator_ && data_) {
+    allocator_->deallocate(data_, nbytes_);
+  }
+}
+
+}  // namespace tessera

@@ -1,0 +1,98 @@
+// The one dispatch table: for each device type, a set of kernel entry points.
+// kernels/cpu and kernels/cuda fill their row at start-up (static registration
+// in the shared library); the front-end in kernels/ops.cpp validates shapes,
+// dtypes and devices once, allocates outputs and calls the row of the input's
+// device. Adding a device adds a row, not branches in callers.
+//
+// Conventions for every entry: outputs are preallocated by the caller with the
+// final shape and dtype (contiguous unless stated); inputs may be arbitrary
+// strided views (broadcast inputs arrive expanded, stride 0); all tensors are
+// on the same device. Entries never allocate outputs the caller will see.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/random.h"
+#include "core/tensor.h"
+
+namespace tessera {
+
+enum class UnaryOp : uint8_t {
+  Neg, Exp, Log, Sqrt, Rsqrt, Abs, Tanh, Sigmoid, Relu, Gelu, Sin, Cos, Square, Reciprocal,
+  Sign, Floor, Ceil, Round, LogicalNot, Log1p, Expm1,
+};
+enum class BinaryOp : uint8_t {
+  Add, Sub, Mul, Div, Pow, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr,
+  GeluBackward,  // a = x, b = dy: dy * gelu'(x)
+};
+enum class ReduceOp : uint8_t { Sum, Mean, Max, Min, Prod };
+
+const char* unary_op_name(UnaryOp op);
+const char* binary_op_name(BinaryOp op);
+const char* reduce_op_name(ReduceOp op);
+
+struct KernelTable {
+  // out = value
+  void (*fill)(const Tensor& out, double value) = nullptr;
+  // dst = src (same shape; src may be broadcast; dtypes may differ -> conversion; dst may be
+  // strided).
+  void (*copy)(const Tensor& dst, const Tensor& src) = nullptr;
+  // out (contiguous) filled from the Philox stream; a, b = low/high or mean/std.
+  void (*random)(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset, double a,
+                 double b) = nullptr;
+
+  // out = op(x); x already expanded to out's shape.
+  void (*unary)(UnaryOp op, const Tensor& x, const Tensor& out) = nullptr;
+  // out = op(a, b); a and b expanded to out's shape, any dtypes (computed in the promoted type).
+  void (*binary)(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) = nullptr;
+  // out = cond ? a : b, all expanded to out's shape.
+  void (*where)(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) = nullptr;
+  // Reduce x over `dims` (sorted, unique); out has x's shape with those dims set to 1.
+  void (*reduce)(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims,
+                 const Tensor& out) = nullptr;
+  // Index of the max (or min) along dim; out (i64) has x's shape with dim set to 1.
+  void (*arg_reduce)(bool is_max, const Tensor& x, int64_t dim, const Tensor& out) = nullptr;
+
+  void (*softmax)(const Tensor& x, int64_t dim, bool log, const Tensor& out) = nullptr;
+  // dx from y = softmax(x) (or log_softmax) and dy.
+  void (*softmax_backward)(const Tensor& y, const Tensor& dy, int64_t dim, bool log,
+                           const Tensor& dx) = nullptr;
+
+  // Over the last dim: out = (x - mean) * rstd * w + b; mean, rstd (f32) have x's shape minus
+  // the last dim. w or b may be undefined.
+  void (*layer_norm)(const Tensor& x, const Tensor& w, const Tensor& b, double eps,
+                     const Tensor& out, const Tensor& mean, const Tensor& rstd) = nullptr;
+  // dx; dw and db accumulate (+=) when defined.
+  void (*layer_norm_backward)(const Tensor& dy, const Tensor& x, const Tensor& w,
+                              const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                              const Tensor& dw, const Tensor& db) = nullptr;
+
+  // out[..., M, N] = a[..., M, K] @ b[..., K, N]; batch dims already broadcast.
+  void (*matmul)(const Tensor& a, const Tensor& b, const Tensor& out) = nullptr;
+
+  // out[i, :] = weight[idx[i], :] (idx flattened, i32 or i64); error on out-of-range ids.
+  void (*embedding)(const Tensor& weight, const Tensor& idx, const Tensor& out) = nullptr;
+  // out.index_add_(dim, idx, src): out[..., idx[i], ...] += src[..., i, ...].
+  void (*index_add)(const Tensor& out, int64_t dim, const Tensor& idx, const Tensor& src) = nullptr;
+
+  // Mean (or sum) cross-entropy over rows of logits [N, V] with targets [N]; rows whose
+  // target is ignore_index are skipped. loss is a 0-d f32 tensor; count = rows used.
+  void (*cross_entropy)(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                        const Tensor& loss, const Tensor& count) = nullptr;
+  // dlogits = scale * (softmax(logits) - onehot(target)) for counted rows, 0 for ignored.
+  void (*cross_entropy_backward)(const Tensor& logits, const Tensor& targets,
+                                 int64_t ignore_index, double scale,
+                                 const Tensor& dlogits) = nullptr;
+};
+
+// The row for a device type; entries left null report "op X is not implemented for <device>".
+KernelTable& kernel_table(DeviceType type);
+
+// Helper used by the front-end: the entry or a clear error.
+template <class Fn>
+Fn checked_kernel(Fn fn, const char* op, Device device) {
+  TESSERA_CHECK(fn != nullptr, op, ": not implemented for device ", device.str());
+  return fn;
+}
+
+}  // namespace tessera
