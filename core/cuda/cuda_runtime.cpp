@@ -1,0 +1,213 @@
+// CUDA runtime: device selection, streams, events, pinned memory, and the
+// DeviceBackend (caching allocator + byte copies) registered for DeviceType::CUDA.
+#include "core/cuda/cuda_runtime.h"
+
+#include <array>
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/cuda/caching_allocator.h"
+#include "core/cuda/cuda_check.h"
+
+namespace tessera::cuda {
+
+int device_count() {
+  // Asked once: the answer does not change while the process runs, and without a driver the
+  // query itself is slow and leaves an error behind that must not leak into later calls.
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+}
+
+static int resolve(int index) { return index < 0 ? current_device() : index; }
+
+void set_device(int index) {
+  TESSERA_CHECK(index >= 0 && index < device_count(), "cuda::set_device: device cuda:", index,
+                " does not exist (", device_count(), " CUDA device(s) visible)");
+  TESSERA_CUDA_CHECK(cudaSetDevice(index));
+}
+
+int current_device() {
+  int d = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+void synchronize(int index) {
+  DeviceGuard guard(resolve(index));
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+std::string device_name(int index) {
+  cudaDeviceProp prop{};
+  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  return prop.name;
+}
+
+// ---- streams ----
+namespace {
+constexpr int kMaxDevices = 64;
+thread_local std::array<cudaStream_t, kMaxDevices> tls_current_streams{};
+}  // namespace
+
+cudaStream_t current_stream(int device) {
+  const int d = resolve(device);
+  TESSERA_CHECK(d >= 0 && d < kMaxDevices, "cuda::current_stream: bad device index ", d);
+  return tls_current_streams[d];
+}
+
+void set_current_stream(cudaStream_t stream, int device) {
+  const int d = resolve(device);
+  TESSERA_CHECK(d >= 0 && d < kMaxDevices, "cuda::set_current_stream: bad device index ", d);
+  tls_current_streams[d] = stream;
+}
+
+Stream::Stream(int device) : device_(resolve(device)) {
+  DeviceGuard guard(device_);
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
+
+Stream::~Stream() {
+  if (stream_) cudaStreamDestroy(stream_);  // no throw from a destructor
+}
+
+void Stream::synchronize() const { TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+StreamGuard::StreamGuard(cudaStream_t stream, int device)
+    : previous_(current_stream(device)), device_(resolve(device)) {
+  set_current_stream(stream, device_);
+}
+
+StreamGuard::~StreamGuard() { tls_current_streams[device_] = previous_; }
+
+DeviceGuard::DeviceGuard(int index) : previous_(current_device()) {
+  if (index != previous_) set_device(index);
+}
+
+DeviceGuard::~DeviceGuard() {
+  int now = -1;
+  if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+}
+
+Event::Event(bool timing) {
+  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault
+                                                              : cudaEventDisableTiming));
+}
+
+Event::~Event() {
+  if (event_) cudaEventDestroy(event_);
+}
+
+void Event::record(cudaStream_t stream) { TESSERA_CUDA_CHECK(cudaEventRecord(event_, stream)); }
+void Event::synchronize() const { TESSERA_CUDA_CHECK(cudaEventSynchronize(event_)); }
+
+bool Event::query() const {
+  cudaError_t s = cudaEventQuery(event_);
+  if (s == cudaErrorNotReady) {
+    cudaGetLastError();
+    return false;
+  }
+  TESSERA_CUDA_CHECK(s);
+  return true;
+}
+
+void Event::block(cudaStream_t stream) const {
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0));
+}
+
+float Event::elapsed_ms(const Event& end) const {
+  float ms = 0;
+  TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, event_, end.event_));
+  return ms;
+}
+
+// ---- pinned memory ----
+PinnedBuffer::PinnedBuffer(size_t nbytes) : nbytes_(nbytes) {
+  if (nbytes == 0) return;
+  cudaError_t s = cudaMallocHost(&data_, nbytes);
+  if (s != cudaSuccess) {
+    cudaGetLastError();
+    throw OutOfMemoryError(::tessera::detail::concat("cudaMallocHost(", nbytes,
+                                                     " bytes) failed: ", cudaGetErrorString(s)));
+  }
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (data_) cudaFreeHost(data_);
+}
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept : data_(o.data_), nbytes_(o.nbytes_) {
+  o.data_ = nullptr;
+  o.nbytes_ = 0;
+}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  if (this != &o) {
+    if (data_) cudaFreeHost(data_);
+    data_ = o.data_;
+    nbytes_ = o.nbytes_;
+    o.data_ = nullptr;
+    o.nbytes_ = 0;
+  }
+  return *this;
+}
+
+void memcpy_async(void* dst, const void* src, size_t nbytes, cudaStream_t stream) {
+  if (nbytes == 0) return;
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault,
+                                     stream ? stream : current_stream()));
+}
+
+// ---- determinism ----
+namespace {
+std::atomic<bool> g_deterministic{false};
+}
+void set_deterministic(bool on) { g_deterministic = on; }
+bool deterministic() { return g_deterministic; }
+
+// ---- the backend ----
+namespace {
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  Allocator* allocator(int index) override { return &caching_allocator(index); }
+
+  void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
+                  size_t n) override {
+    if (n == 0) return;
+    if (dst_device.is_cuda() && src_device.is_cuda() && dst_device.index != src_device.index) {
+      // Across GPUs: wait for both sides' queued work, then copy (peer or staged by the driver).
+      synchronize(src_device.index);
+      TESSERA_CUDA_CHECK(cudaMemcpyPeer(dst, dst_device.index, src, src_device.index, n));
+      return;
+    }
+    const int gpu = dst_device.is_cuda() ? dst_device.index : src_device.index;
+    DeviceGuard guard(gpu);
+    cudaStream_t stream = current_stream(gpu);
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream));
+    // A host side must see (or may reuse) its bytes when this returns.
+    if (dst_device.is_cpu() || src_device.is_cpu()) {
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+  }
+
+  void synchronize(int index) override { cuda::synchronize(index); }
+  int device_count() override { return cuda::device_count(); }
+};
+
+const bool registered = [] {
+  static CudaBackend backend;
+  register_device_backend(DeviceType::CUDA, &backend);
+  return true;
+}();
+
+}  // namespace
+}  // namespace tessera::cuda
