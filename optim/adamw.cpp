@@ -1,0 +1,114 @@
+#include "optim/adamw.h"
+
+#include <cmath>
+
+#include "kernels/ops.h"
+#include "optim/fused_update.h"
+
+namespace tessera::optim {
+
+namespace {
+
+// Scalars of one AdamW step, in the moments' precision (as PyTorch's kernels use them).
+template <class A>
+struct AdamWCoeffs {
+  A decay, beta1, beta2, one_minus_beta1, one_minus_beta2, step_size, bias_correction2_sqrt, eps;
+};
+
+template <class T, class A>
+void adamw_cpu(T* p, const T* g, A* m, A* v, int64_t n, const AdamWCoeffs<A>& c) {
+  detail::parallel_ranges(n, [&](int64_t begin, int64_t end) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) {
+      const A grad = static_cast<A>(g[i]);
+      A param = static_cast<A>(p[i]) * c.decay;
+      const A mi = c.beta1 * m[i] + c.one_minus_beta1 * grad;
+      const A vi = c.beta2 * v[i] + c.one_minus_beta2 * grad * grad;
+      m[i] = mi;
+      v[i] = vi;
+      const A denom = std::sqrt(vi) / c.bias_correction2_sqrt + c.eps;
+      param -= c.step_size * (mi / denom);
+      p[i] = static_cast<T>(param);
+    }
+  });
+}
+
+// Any device: the same formula from tape-free ops (one kernel launch per term).
+void adamw_generic(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                   const AdamWCoeffs<double>& c) {
+  const Tensor gs = raw::to(g, g.device(), m.dtype());
+  ops::binary_(BinaryOp::Mul, p, c.decay);
+  ops::binary_(BinaryOp::Mul, m, c.beta1);
+  ops::binary_(BinaryOp::Add, m, ops::mul(gs, c.one_minus_beta1));
+  ops::binary_(BinaryOp::Mul, v, c.beta2);
+  ops::binary_(BinaryOp::Add, v, ops::mul(ops::mul(gs, gs), c.one_minus_beta2));
+  Tensor denom = ops::unary(UnaryOp::Sqrt, v);
+  ops::binary_(BinaryOp::Div, denom, c.bias_correction2_sqrt);
+  ops::binary_(BinaryOp::Add, denom, c.eps);
+  ops::binary_(BinaryOp::Sub, p, ops::mul(ops::div(m, denom), c.step_size));
+}
+
+}  // namespace
+
+AdamW::AdamW(const std::vector<Tensor>& params, AdamWOptions opts)
+    : AdamW(decay_groups(params, opts.lr, opts.weight_decay), opts) {}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions opts)
+    : Optimizer(std::move(groups)), opts_(opts) {
+  TESSERA_CHECK(opts.beta1 >= 0 && opts.beta1 < 1 && opts.beta2 >= 0 && opts.beta2 < 1,
+                "AdamW: betas must lie in [0, 1), got (", opts.beta1, ", ", opts.beta2, ")");
+  TESSERA_CHECK(opts.eps >= 0, "AdamW: eps must be >= 0, got ", opts.eps);
+}
+
+void AdamW::step() {
+  size_t index = 0;
+  for (const auto& group : groups_) {
+    for (const auto& p : group.params) {
+      ParamState& s = state(index++);
+      const Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      const Tensor g = detail::grad_like_param(p, grad, "AdamW::step");
+      if (s.tensors.empty()) {
+        const TensorOptions sopts{.dtype = detail::state_dtype(p.dtype()), .device = p.device()};
+        s.tensors["exp_avg"] = zeros(p.shape(), sopts);
+        s.tensors["exp_avg_sq"] = zeros(p.shape(), sopts);
+      }
+      const Tensor& m = s.tensors["exp_avg"];
+      const Tensor& v = s.tensors["exp_avg_sq"];
+      s.step += 1;
+      const double bc1 = 1.0 - std::pow(opts_.beta1, static_cast<double>(s.step));
+      const double bc2 = 1.0 - std::pow(opts_.beta2, static_cast<double>(s.step));
+      const AdamWCoeffs<double> c{1.0 - group.lr * group.weight_decay,
+                                  opts_.beta1,
+                                  opts_.beta2,
+                                  1.0 - opts_.beta1,
+                                  1.0 - opts_.beta2,
+                                  group.lr / bc1,
+                                  std::sqrt(bc2),
+                                  opts_.eps};
+      detail::update_in_place(p, [&](const Tensor& pc) {
+        if (pc.device().is_cpu() && m.dtype() == detail::state_dtype(pc.dtype())) {
+          visit_dtype(pc.dtype(), [&](auto tag) {
+            using T = decltype(tag);
+            if constexpr (std::is_same_v<T, double>) {
+              adamw_cpu<T, double>(pc.data<T>(), g.data<T>(), m.data<double>(), v.data<double>(),
+                                   pc.numel(), c);
+            } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, Half> ||
+                                 std::is_same_v<T, BFloat16>) {
+              const AdamWCoeffs<float> cf{
+                  float(c.decay),           float(c.beta1),     float(c.beta2),
+                  float(c.one_minus_beta1), float(c.one_minus_beta2), float(c.step_size),
+                  float(c.bias_correction2_sqrt), float(c.eps)};
+              adamw_cpu<T, float>(pc.data<T>(), g.data<T>(), m.data<float>(), v.data<float>(),
+                                  pc.numel(), cf);
+            }
+          });
+        } else {
+          adamw_generic(pc, g, m, v, c);
+        }
+      });
+    }
+  }
+}
+
+}  // namespace tessera::optim

@@ -1,0 +1,36 @@
+// AdamW with PyTorch's semantics (torch.optim.AdamW, amsgrad=False):
+//   p -= lr·wd·p                                  (decoupled weight decay)
+//   m = β1·m + (1-β1)·g ;  v = β2·v + (1-β2)·g²
+//   p -= lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) + eps)
+// Moments are f32 (f64 for f64 parameters). Built from a parameter list, weight
+// decay applies to tensors of rank >= 2 only (see decay_groups).
+#pragma once
+#include "optim/optimizer.h"
+
+namespace tessera::optim {
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+class AdamW : public Optimizer {
+ public:
+  // Groups "decay" (rank >= 2, opts.weight_decay) and "no_decay" (the rest, 0).
+  explicit AdamW(const std::vector<Tensor>& params, AdamWOptions opts = {});
+  // Groups as given (each group's lr and weight_decay are used as they are).
+  AdamW(std::vector<ParamGroup> groups, AdamWOptions opts);
+
+  void step() override;
+  const AdamWOptions& options() const { return opts_; }
+
+ private:
+  std::vector<std::string> state_tensor_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  const char* name() const override { return "AdamW"; }
+  AdamWOptions opts_;
+};
+
+}  // namespace tessera::optim

@@ -1,0 +1,108 @@
+#include "optim/clip.h"
+
+#include <cmath>
+
+#include "kernels/ops.h"
+#include "optim/fused_update.h"
+
+namespace tessera::optim {
+
+namespace {
+
+template <class Fn>
+void for_each_grad(const std::vector<Tensor>& params, Fn&& fn) {
+  for (const auto& p : params) {
+    const Tensor g = p.grad();
+    if (g.defined()) fn(g);
+  }
+}
+
+// Runs fn(T* data, n) on a contiguous CPU floating tensor's elements, writing back if
+// it had to be made contiguous.
+template <class Fn>
+void with_cpu_floats(const Tensor& t, Fn&& fn) {
+  Tensor work = t.is_contiguous() ? t : raw::contiguous(t);
+  visit_dtype(work.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                  std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      fn(work.data<T>(), work.numel());
+    } else {
+      TESSERA_FAIL("gradient clipping: gradient dtype ", dtype_name(work.dtype()),
+                   " is not floating point");
+    }
+  });
+  if (!work.is_same(t) && !work.shares_storage(t)) raw::copy_(t, work);
+}
+
+}  // namespace
+
+double grad_norm_squared(const std::vector<Tensor>& params) {
+  double total = 0.0;
+  Tensor device_total;  // f32 sums of non-CPU gradients, read back once
+  for_each_grad(params, [&](const Tensor& g) {
+    if (g.device().is_cpu()) {
+      with_cpu_floats(g, [&](auto* data, int64_t n) {
+        double sum = 0.0;
+#pragma omp parallel for reduction(+ : sum) if (n > (1 << 15))
+        for (int64_t i = 0; i < n; ++i) {
+          const double v = static_cast<double>(static_cast<float>(data[i]));
+          sum += v * v;
+        }
+        total += sum;
+      });
+    } else {
+      Tensor gf = raw::to(g, g.device(), DType::f32);
+      Tensor s = ops::sum(ops::mul(gf, gf));
+      device_total = device_total.defined() ? ops::add(device_total, s) : s;
+    }
+  });
+  if (device_total.defined()) total += device_total.item();
+  return total;
+}
+
+double grad_norm(const std::vector<Tensor>& params) { return std::sqrt(grad_norm_squared(params)); }
+
+void scale_grads_(const std::vector<Tensor>& params, double factor) {
+  scale_grads_and_check_finite_(params, factor);
+}
+
+bool scale_grads_and_check_finite_(const std::vector<Tensor>& params, double factor) {
+  bool finite = true;
+  Tensor device_probe;  // sum of g*0 over non-CPU grads: NaN iff some element is inf/NaN
+  for_each_grad(params, [&](const Tensor& g) {
+    if (g.device().is_cpu()) {
+      with_cpu_floats(g, [&](auto* data, int64_t n) {
+        using T = std::remove_pointer_t<decltype(data)>;
+        using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+        const A f = static_cast<A>(factor);
+        int bad = 0;
+#pragma omp parallel for reduction(| : bad) if (n > (1 << 15))
+        for (int64_t i = 0; i < n; ++i) {
+          const A v = static_cast<A>(data[i]);
+          bad |= !std::isfinite(v);
+          data[i] = static_cast<T>(v * f);
+        }
+        if (bad) finite = false;
+      });
+    } else {
+      Tensor probe = ops::sum(ops::mul(raw::to(g, g.device(), DType::f32), 0.0));
+      device_probe = device_probe.defined() ? ops::add(device_probe, probe) : probe;
+      ops::binary_(BinaryOp::Mul, g, factor);
+    }
+    g.impl().version++;
+  });
+  if (device_probe.defined() && !std::isfinite(device_probe.item())) finite = false;
+  return finite;
+}
+
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+  TESSERA_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be > 0, got ", max_norm);
+  const double norm = grad_norm(params);
+  const double coef = max_norm / (norm + 1e-6);
+  // PyTorch multiplies by the clamped coefficient even for non-finite norms (NaN grads).
+  if (coef < 1.0 || !std::isfinite(norm)) scale_grads_(params, std::min(coef, 1.0));
+  return norm;
+}
+
+}  // namespace tessera::optim

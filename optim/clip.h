@@ -1,0 +1,26 @@
+// Global-norm gradient clipping (torch.nn.utils.clip_grad_norm_) and the gradient
+// helpers it and the loss scaler share. Parameters without a gradient are skipped.
+// Sums are accumulated in float64 on CPU (f32 partial sums per tensor elsewhere).
+#pragma once
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tessera::optim {
+
+// Sum of squares of every gradient element (the square of the global L2 norm).
+// The dist layer adds these across shards before taking the root.
+double grad_norm_squared(const std::vector<Tensor>& params);
+// sqrt(grad_norm_squared(params)).
+double grad_norm(const std::vector<Tensor>& params);
+// Multiplies every gradient by `factor` in place (never recorded on the tape).
+void scale_grads_(const std::vector<Tensor>& params, double factor);
+// Scales gradients by max_norm / (norm + 1e-6) when that is below 1; returns the
+// norm before clipping (inf/NaN when a gradient is not finite, as PyTorch does).
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+
+// Multiplies every gradient by `factor` and reports whether all of them are finite
+// (one pass per gradient; the loss scaler's unscale).
+bool scale_grads_and_check_finite_(const std::vector<Tensor>& params, double factor);
+
+}  // namespace tessera::optim

@@ -1,0 +1,62 @@
+// Shared plumbing of the optimizers' fused per-parameter loops (internal to optim/).
+//
+// Each optimizer walks every element of a parameter once per step in one loop
+// (CPU: OpenMP over chunks); what differs is the per-element formula. These helpers
+// give that loop its operands: the parameter's memory (contiguous), its gradient
+// in the parameter's dtype, and moment buffers.
+#pragma once
+#include <omp.h>
+
+#include <algorithm>
+#include <functional>
+
+#include "core/tensor.h"
+
+namespace tessera::optim::detail {
+
+// Splits [0, n) into one contiguous range per OpenMP thread; small tensors run inline.
+template <class Fn>
+void parallel_ranges(int64_t n, Fn&& fn) {
+  constexpr int64_t kSerialBelow = 1 << 15;
+  if (n < kSerialBelow || omp_get_max_threads() == 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads();
+    const int64_t t = omp_get_thread_num();
+    const int64_t chunk = (n + threads - 1) / threads;
+    const int64_t begin = std::min(n, t * chunk);
+    const int64_t end = std::min(n, begin + chunk);
+    if (begin < end) fn(begin, end);
+  }
+}
+
+// The gradient of p as a contiguous tensor of p's dtype on p's device.
+inline Tensor grad_like_param(const Tensor& p, const Tensor& grad, const char* op) {
+  TESSERA_CHECK(grad.shape() == p.shape(), op, ": gradient shape ", shape_str(grad.shape()),
+                " differs from parameter shape ", shape_str(p.shape()));
+  TESSERA_CHECK(grad.device() == p.device(), op, ": gradient on ", grad.device().str(),
+                " but parameter on ", p.device().str());
+  Tensor g = grad.dtype() == p.dtype() ? grad : raw::to(grad, p.device(), p.dtype());
+  return raw::contiguous(g);
+}
+
+// Runs update(contiguous view of p) and writes back when p itself is not contiguous;
+// bumps p's version like any in-place write.
+inline void update_in_place(const Tensor& p, const std::function<void(const Tensor&)>& update) {
+  if (p.is_contiguous()) {
+    update(p);
+  } else {
+    Tensor work = raw::contiguous(p);
+    update(work);
+    raw::copy_(p, work);
+  }
+  p.impl().version++;
+}
+
+// The dtype moments are kept in: f32 for low-precision parameters, else the parameter's.
+inline DType state_dtype(DType param) { return param == DType::f64 ? DType::f64 : DType::f32; }
+
+}  // namespace tessera::optim::detail

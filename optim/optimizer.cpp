@@ -1,0 +1,117 @@
+#include "optim/optimizer.h"
+
+#include <string>
+
+#include "autograd/autograd.h"
+
+namespace tessera::optim {
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
+  size_t count = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    auto& group = groups_[g];
+    if (group.initial_lr < 0) group.initial_lr = group.lr;
+    if (group.name.empty()) group.name = "group" + std::to_string(g);
+    for (const auto& p : group.params) {
+      TESSERA_CHECK(p.defined(), "Optimizer: parameter ", count, " of group '", group.name,
+                    "' is an undefined tensor");
+      TESSERA_CHECK(is_floating(p.dtype()), "Optimizer: parameter ", count, " of group '",
+                    group.name, "' has dtype ", dtype_name(p.dtype()),
+                    "; only floating-point tensors can be optimized");
+      ++count;
+    }
+  }
+  states_.resize(count);
+}
+
+std::vector<Tensor> Optimizer::parameters() const {
+  std::vector<Tensor> all;
+  for (const auto& g : groups_) all.insert(all.end(), g.params.begin(), g.params.end());
+  return all;
+}
+
+void Optimizer::zero_grad(bool set_to_none) { autograd::zero_grad(parameters(), set_to_none); }
+
+void Optimizer::set_lr(double lr) {
+  for (auto& g : groups_) g.lr = lr;
+}
+
+Optimizer::ParamState& Optimizer::state(size_t index) {
+  TESSERA_CHECK(index < states_.size(), name(), ": parameter index ", index, " out of range (",
+                states_.size(), " parameters)");
+  return states_[index];
+}
+
+OptimizerStateDict Optimizer::state_dict() const {
+  OptimizerStateDict out;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const std::string prefix = "group." + std::to_string(g) + ".";
+    out.scalars[prefix + "lr"] = groups_[g].lr;
+    out.scalars[prefix + "initial_lr"] = groups_[g].initial_lr;
+    out.scalars[prefix + "weight_decay"] = groups_[g].weight_decay;
+  }
+  for (size_t i = 0; i < states_.size(); ++i) {
+    const auto& s = states_[i];
+    if (s.step == 0 && s.tensors.empty()) continue;  // never updated
+    const std::string prefix = "state." + std::to_string(i) + ".";
+    out.scalars[prefix + "step"] = static_cast<double>(s.step);
+    for (const auto& [k, t] : s.tensors) out.tensors[prefix + k] = t;
+  }
+  return out;
+}
+
+void Optimizer::load_state_dict(const OptimizerStateDict& state) {
+  auto scalar = [&](const std::string& key) {
+    auto it = state.scalars.find(key);
+    TESSERA_CHECK(it != state.scalars.end(), name(), "::load_state_dict: missing scalar '", key,
+                  "'");
+    return it->second;
+  };
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const std::string prefix = "group." + std::to_string(g) + ".";
+    groups_[g].lr = scalar(prefix + "lr");
+    groups_[g].initial_lr = scalar(prefix + "initial_lr");
+    groups_[g].weight_decay = scalar(prefix + "weight_decay");
+  }
+  TESSERA_CHECK(state.scalars.count("group." + std::to_string(groups_.size()) + ".lr") == 0,
+                name(), "::load_state_dict: the state has more than the optimizer's ",
+                groups_.size(), " parameter groups");
+  const std::vector<Tensor> params = parameters();
+  for (const auto& [key, value] : state.scalars) {
+    if (key.rfind("state.", 0) != 0) continue;
+    const size_t index = std::stoul(key.substr(6));
+    TESSERA_CHECK(index < params.size(), name(), "::load_state_dict: state key '", key,
+                  "' names parameter ", index, " but the optimizer has ", params.size());
+  }
+  std::vector<ParamState> loaded(states_.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string prefix = "state." + std::to_string(i) + ".";
+    auto step_it = state.scalars.find(prefix + "step");
+    if (step_it == state.scalars.end()) continue;  // not updated yet when saved
+    loaded[i].step = static_cast<int64_t>(step_it->second);
+    for (const auto& tname : state_tensor_names()) {
+      auto it = state.tensors.find(prefix + tname);
+      if (it == state.tensors.end()) continue;  // e.g. SGD without momentum keeps none
+      const Tensor& src = it->second;
+      TESSERA_CHECK(src.shape() == params[i].shape(), name(), "::load_state_dict: '", prefix,
+                    tname, "' has shape ", shape_str(src.shape()), " but parameter ", i,
+                    " has shape ", shape_str(params[i].shape()));
+      // Moments keep the dtype they were saved in (f32 for low-precision parameters).
+      loaded[i].tensors[tname] = raw::clone(raw::to(src, params[i].device(), src.dtype()));
+    }
+  }
+  states_ = std::move(loaded);
+}
+
+std::vector<ParamGroup> decay_groups(const std::vector<Tensor>& params, double lr,
+                                     double weight_decay) {
+  ParamGroup decay{.params = {}, .lr = lr, .weight_decay = weight_decay, .name = "decay"};
+  ParamGroup no_decay{.params = {}, .lr = lr, .weight_decay = 0.0, .name = "no_decay"};
+  for (const auto& p : params) (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
+  std::vector<ParamGroup> groups;
+  if (!decay.params.empty()) groups.push_back(std::move(decay));
+  if (!no_decay.params.empty()) groups.push_back(std::move(no_decay));
+  return groups;
+}
+
+}  // namespace tessera::optim

@@ -1,0 +1,82 @@
+// Optimizer base: parameter groups with their own learning rate and weight decay,
+// per-parameter state (moments, step) and a state dict for checkpoints.
+//
+// Parameters are held as Tensors (shared TensorImpls), never as raw pointers:
+// the dist layer may re-point a parameter's or gradient's storage into a flat
+// buffer between steps, and the optimizer must follow. Updates never record on
+// the autograd tape.
+#pragma once
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tessera::optim {
+
+struct ParamGroup {
+  std::vector<Tensor> params;
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  // The lr the schedule scales (set to `lr` when the optimizer is built).
+  double initial_lr = -1.0;
+  std::string name;  // for messages and state dicts ("decay", "no_decay", ...)
+};
+
+// What an optimizer saves: per-parameter tensors ("state.{i}.exp_avg", i = the
+// parameter's position in the flat order of all groups) and scalars
+// ("state.{i}.step", "group.{g}.lr", ...). Tensors go to safetensors, scalars to
+// its metadata or JSON.
+struct OptimizerStateDict {
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, double> scalars;
+};
+
+class Optimizer {
+ public:
+  explicit Optimizer(std::vector<ParamGroup> groups);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient (others are skipped).
+  virtual void step() = 0;
+  // Clears every parameter's gradient (set_to_none frees it; otherwise zeroes it in place).
+  void zero_grad(bool set_to_none = true);
+
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  // All parameters in group order (the index used in state dicts).
+  std::vector<Tensor> parameters() const;
+  // Sets lr of every group (schedules set it per group through param_groups()).
+  void set_lr(double lr);
+  double lr() const { return groups_.empty() ? 0.0 : groups_.front().lr; }
+
+  OptimizerStateDict state_dict() const;
+  // Restores what state_dict() saved; error naming the key on missing entries or on
+  // parameters whose shape differs.
+  void load_state_dict(const OptimizerStateDict& state);
+
+ protected:
+  // Per-parameter state: named tensors and a step count.
+  struct ParamState {
+    std::map<std::string, Tensor> tensors;
+    int64_t step = 0;
+  };
+  // State of parameter `index` (flat order), created empty when first asked.
+  ParamState& state(size_t index);
+  // Names of the per-parameter state tensors this optimizer keeps (for load checks).
+  virtual std::vector<std::string> state_tensor_names() const = 0;
+  virtual const char* name() const = 0;
+
+  std::vector<ParamGroup> groups_;
+  std::vector<ParamState> states_;  // by flat parameter index
+};
+
+// Splits parameters the way GPT training does: tensors of rank >= 2 (matmul weights,
+// embeddings) get `weight_decay`, the rest (biases, norm gains) none.
+std::vector<ParamGroup> decay_groups(const std::vector<Tensor>& params, double lr,
+                                     double weight_decay);
+
+}  // namespace tessera::optim

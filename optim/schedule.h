@@ -1,0 +1,64 @@
+// Learning-rate schedules. A schedule owns a step counter; on construction it sets
+// the lr of step 0 and each step() advances one step and sets the next lr (like
+// torch.optim.lr_scheduler.LambdaLR). Every group's lr is its initial_lr times the
+// same factor, so groups keep their ratios.
+//
+// Shape: linear warmup from initial_lr/warmup to initial_lr over `warmup` steps
+// (factor (step+1)/warmup), then constant, cosine or linear decay reaching the
+// floor at step `total` and staying there. The floor is min_lr for a group whose
+// initial_lr is the first group's (groups with other lrs get the same fraction).
+#pragma once
+#include <map>
+#include <string>
+
+#include "optim/optimizer.h"
+
+namespace tessera::optim {
+
+enum class DecayShape { Constant, Cosine, Linear };
+
+struct ScheduleOptions {
+  int64_t warmup = 0;
+  int64_t total = 0;      // the step where decay reaches the floor (ignored for Constant)
+  double min_lr = 0.0;    // absolute floor (see above)
+};
+
+class LRSchedule {
+ public:
+  LRSchedule(Optimizer& opt, DecayShape shape, ScheduleOptions opts);
+  virtual ~LRSchedule() = default;
+
+  // Advances one step and sets the optimizer's lr for it.
+  void step();
+  int64_t current_step() const { return step_; }
+  // Multiplier of initial_lr at `step` (pure function of the options).
+  double factor(int64_t step) const;
+  // The lr of the first group at `step`.
+  double lr_at(int64_t step) const;
+  double last_lr() const;
+
+  std::map<std::string, double> state_dict() const;
+  // Restores the step (and checks the options match) and sets the lr for it.
+  void load_state_dict(const std::map<std::string, double>& state);
+
+ private:
+  void apply();
+  Optimizer& opt_;
+  DecayShape shape_;
+  ScheduleOptions opts_;
+  double base_lr_;
+  int64_t step_ = 0;
+};
+
+struct ConstantSchedule : LRSchedule {
+  ConstantSchedule(Optimizer& opt, ScheduleOptions opts = {})
+      : LRSchedule(opt, DecayShape::Constant, opts) {}
+};
+struct CosineSchedule : LRSchedule {
+  CosineSchedule(Optimizer& opt, ScheduleOptions opts) : LRSchedule(opt, DecayShape::Cosine, opts) {}
+};
+struct LinearSchedule : LRSchedule {
+  LinearSchedule(Optimizer& opt, ScheduleOptions opts) : LRSchedule(opt, DecayShape::Linear, opts) {}
+};
+
+}  // namespace tessera::optim
