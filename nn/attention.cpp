@@ -1,0 +1,121 @@
+#include "nn/attention.h"
+
+#include <cmath>
+#include <limits>
+
+#include "autograd/functions.h"
+
+namespace tessera::nn {
+
+void GPTConfig::validate() const {
+  TESSERA_CHECK(vocab_size > 0, "GPTConfig: vocab_size must be > 0, got ", vocab_size);
+  TESSERA_CHECK(block_size > 0, "GPTConfig: block_size must be > 0, got ", block_size);
+  TESSERA_CHECK(n_layer > 0, "GPTConfig: n_layer must be > 0, got ", n_layer);
+  TESSERA_CHECK(n_head > 0 && n_embd > 0 && n_embd % n_head == 0, "GPTConfig: n_embd (", n_embd,
+                ") must be a positive multiple of n_head (", n_head, ")");
+  TESSERA_CHECK(dropout >= 0 && dropout < 1, "GPTConfig: dropout must lie in [0, 1), got ",
+                dropout);
+  TESSERA_CHECK(layer_norm_epsilon > 0, "GPTConfig: layer_norm_epsilon must be > 0");
+}
+
+namespace {
+double residual_std(const GPTConfig& cfg) {
+  return 0.02 / std::sqrt(2.0 * static_cast<double>(cfg.n_layer));
+}
+}  // namespace
+
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg, Generator* gen, TensorOptions opts)
+    : c_attn(cfg.n_embd, 3 * cfg.n_embd, cfg.bias, 0.02, gen, opts),
+      c_proj(cfg.n_embd, cfg.n_embd, cfg.bias, residual_std(cfg), gen, opts),
+      attn_dropout(cfg.dropout),
+      resid_dropout(cfg.dropout),
+      n_head(cfg.n_head),
+      n_embd(cfg.n_embd) {
+  register_module("c_attn", c_attn);
+  register_module("c_proj", c_proj);
+  register_module("attn_dropout", attn_dropout);
+  register_module("resid_dropout", resid_dropout);
+  const int64_t n = cfg.block_size;
+  std::vector<bool> above(static_cast<size_t>(n * n));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) above[i * n + j] = j > i;
+  causal_mask_ = register_buffer(
+      "causal_mask", from_vector(above, {n, n}, {.dtype = DType::boolean, .device = opts.device}),
+      /*persistent=*/false);
+}
+
+Tensor CausalSelfAttention::split_heads(const Tensor& t) const {
+  const int64_t B = t.size(0), T = t.size(1);
+  return t.reshape({B, T, n_head, n_embd / n_head}).transpose(1, 2);
+}
+
+Tensor CausalSelfAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int64_t Tq = q.size(2), Tk = k.size(2);
+  TESSERA_CHECK(Tk <= causal_mask_.size(0), "CausalSelfAttention: ", Tk,
+                " positions exceed block_size ", causal_mask_.size(0));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  Tensor att = matmul(q, k.transpose(-2, -1)) * scale;
+  const Tensor mask = causal_mask_.narrow(0, Tk - Tq, Tq).narrow(1, 0, Tk);
+  att = masked_fill(att, mask, -std::numeric_limits<double>::infinity());
+  att = attn_dropout(softmax(att, -1));
+  return matmul(att, v);
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  TESSERA_CHECK(x.dim() == 3 && x.size(2) == n_embd, "CausalSelfAttention: input must be [B, T, ",
+                n_embd, "], got ", shape_str(x.shape()));
+  const int64_t B = x.size(0), T = x.size(1);
+  auto qkv = split(c_attn(x), n_embd, -1);
+  Tensor y = attend(split_heads(qkv[0]), split_heads(qkv[1]), split_heads(qkv[2]));
+  y = y.transpose(1, 2).reshape({B, T, n_embd});
+  return resid_dropout(c_proj(y));
+}
+
+Tensor CausalSelfAttention::forward_cached(const Tensor& x, KVCache::Layer& layer, int64_t past) {
+  NoGradGuard no_grad;
+  const int64_t B = x.size(0), T = x.size(1);
+  TESSERA_CHECK(past + T <= layer.k.size(2), "CausalSelfAttention: cache holds ", layer.k.size(2),
+                " positions; cannot add ", T, " after ", past);
+  auto qkv = split(c_attn(x), n_embd, -1);
+  raw::copy_(raw::narrow(layer.k, 2, past, T), split_heads(qkv[1]));
+  raw::copy_(raw::narrow(layer.v, 2, past, T), split_heads(qkv[2]));
+  Tensor y = attend(split_heads(qkv[0]), raw::narrow(layer.k, 2, 0, past + T),
+                    raw::narrow(layer.v, 2, 0, past + T));
+  y = y.transpose(1, 2).reshape({B, T, n_embd});
+  return resid_dropout(c_proj(y));
+}
+
+MLP::MLP(const GPTConfig& cfg, Generator* gen, TensorOptions opts)
+    : c_fc(cfg.n_embd, 4 * cfg.n_embd, cfg.bias, 0.02, gen, opts),
+      c_proj(4 * cfg.n_embd, cfg.n_embd, cfg.bias, residual_std(cfg), gen, opts),
+      dropout(cfg.dropout) {
+  register_module("c_fc", c_fc);
+  register_module("act", act);
+  register_module("c_proj", c_proj);
+  register_module("dropout", dropout);
+}
+
+Tensor MLP::forward(const Tensor& x) { return dropout(c_proj(act(c_fc(x)))); }
+
+Block::Block(const GPTConfig& cfg, Generator* gen, TensorOptions opts)
+    : ln_1(cfg.n_embd, cfg.layer_norm_epsilon, cfg.bias, opts),
+      attn(cfg, gen, opts),
+      ln_2(cfg.n_embd, cfg.layer_norm_epsilon, cfg.bias, opts),
+      mlp(cfg, gen, opts) {
+  register_module("ln_1", ln_1);
+  register_module("attn", attn);
+  register_module("ln_2", ln_2);
+  register_module("mlp", mlp);
+}
+
+Tensor Block::forward(const Tensor& x) {
+  Tensor h = x + attn(ln_1(x));
+  return h + mlp(ln_2(h));
+}
+
+Tensor Block::forward_cached(const Tensor& x, KVCache::Layer& layer, int64_t past) {
+  Tensor h = x + attn.forward_cached(ln_1(x), layer, past);
+  return h + mlp(ln_2(h));
+}
+
+}  // namespace tessera::nn

@@ -1,0 +1,82 @@
+// GPT-2 attention, MLP and the pre-LayerNorm transformer block.
+#pragma once
+#include "nn/layers.h"
+
+namespace tessera::nn {
+
+struct GPTConfig {
+  int64_t vocab_size = 50257;
+  int64_t block_size = 1024;  // n_positions
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_embd = 768;
+  double layer_norm_epsilon = 1e-5;
+  bool tie_word_embeddings = true;
+  bool bias = true;      // biases in Linear and LayerNorm
+  double dropout = 0.0;  // embedding, attention and residual dropout
+  // Throws naming the field when the configuration cannot build a model.
+  void validate() const;
+};
+
+// Keys and values of every layer for incremental decoding: k/v of layer l are
+// [B, H, block_size, D], positions [0, length) filled.
+struct KVCache {
+  struct Layer {
+    Tensor k, v;
+  };
+  std::vector<Layer> layers;
+  int64_t batch = 0;
+  int64_t length = 0;
+  int64_t capacity() const { return layers.empty() ? 0 : layers.front().k.size(2); }
+};
+
+// Multi-head causal self-attention with the fused projection c_attn [C, 3C]
+// (q | k | v along the output dimension) and the output projection c_proj [C, C].
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(const GPTConfig& cfg, Generator* gen = nullptr, TensorOptions opts = {});
+  Tensor forward(const Tensor& x) override;  // x [B, T, C]
+  // x [B, Tn, C] at positions [cache.length, cache.length + Tn): appends its keys and values
+  // to `layer` and attends over all of them. Tape-free.
+  Tensor forward_cached(const Tensor& x, KVCache::Layer& layer, int64_t past);
+  std::string type_name() const override { return "CausalSelfAttention"; }
+
+  Linear c_attn, c_proj;
+  Dropout attn_dropout, resid_dropout;
+  int64_t n_head, n_embd;
+
+ private:
+  // softmax(q kᵀ / sqrt(D) masked) v for q [B,H,Tq,D], k/v [B,H,Tk,D], queries at
+  // positions [Tk - Tq, Tk).
+  Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v);
+  // [B, T, C] -> [B, H, T, D]
+  Tensor split_heads(const Tensor& t) const;
+  Tensor causal_mask_;  // bool [block, block], true above the diagonal (masked)
+};
+
+class MLP : public Module {
+ public:
+  MLP(const GPTConfig& cfg, Generator* gen = nullptr, TensorOptions opts = {});
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "MLP"; }
+
+  Linear c_fc, c_proj;
+  GELU act;
+  Dropout dropout;
+};
+
+// x + attn(ln_1(x)), then + mlp(ln_2(·)).
+class Block : public Module {
+ public:
+  Block(const GPTConfig& cfg, Generator* gen = nullptr, TensorOptions opts = {});
+  Tensor forward(const Tensor& x) override;
+  Tensor forward_cached(const Tensor& x, KVCache::Layer& layer, int64_t past);
+  std::string type_name() const override { return "Block"; }
+
+  LayerNorm ln_1;
+  CausalSelfAttention attn;
+  LayerNorm ln_2;
+  MLP mlp;
+};
+
+}  // namespace tessera::nn

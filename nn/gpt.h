@@ -1,0 +1,84 @@
+// GPT-2: token + position embeddings, n_layer pre-LN blocks, a final LayerNorm and
+// the output projection (tied to the token embedding unless configured otherwise).
+// Parameter names and layouts are Hugging Face GPT-2's, so a model directory
+// (config.json + model.safetensors) moves between Tessera and `transformers`.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "nn/attention.h"
+
+namespace tessera::nn {
+
+// The "transformer" part: wte, wpe, drop, h.{i}, ln_f.
+class GPTTransformer : public Module {
+ public:
+  GPTTransformer(const GPTConfig& cfg, Generator* gen, TensorOptions opts);
+  std::string type_name() const override { return "GPTTransformer"; }
+
+  Embedding wte, wpe;
+  Dropout drop;
+  ModuleList h;
+  LayerNorm ln_f;
+  std::vector<Block*> blocks;
+};
+
+// The untied output projection: logits = x · weightᵀ with weight [V, C]
+// (HF's lm_head is a torch Linear, so its layout is [out, in]).
+class LMHead : public Module {
+ public:
+  LMHead(int64_t vocab_size, int64_t n_embd, Generator* gen, TensorOptions opts);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "LMHead"; }
+  Tensor weight;
+};
+
+struct GenerateOptions {
+  double temperature = 1.0;  // 0 = greedy (argmax)
+  int64_t top_k = 0;         // 0 = no truncation
+  Generator* gen = nullptr;  // default generator when null
+};
+
+class GPT : public Module {
+ public:
+  explicit GPT(const GPTConfig& cfg, Generator* gen = nullptr, TensorOptions opts = {});
+  std::string type_name() const override { return "GPT"; }
+
+  // idx [B, T] (i32/i64, T <= block_size) -> logits [B, T, vocab_size].
+  Tensor forward(const Tensor& idx) override;
+  // Mean cross-entropy of the logits of idx against targets [B, T].
+  Tensor loss(const Tensor& idx, const Tensor& targets);
+
+  // Incremental decoding: an empty cache for `batch` rows; forward_incremental feeds the
+  // next tokens idx [B, Tn] (positions cache.length ...) and returns their logits
+  // [B, Tn, V]. Tape-free.
+  KVCache make_kv_cache(int64_t batch) const;
+  Tensor forward_incremental(const Tensor& idx, KVCache& cache);
+  // Appends max_new_tokens sampled tokens to idx [B, T] (as the model sees the last
+  // block_size tokens, like nanoGPT); returns [B, T + max_new_tokens] (i64, CPU).
+  Tensor generate(const Tensor& idx, int64_t max_new_tokens, const GenerateOptions& opts = {});
+
+  const GPTConfig& config() const { return cfg_; }
+  // The [V, C] matrix the logits are computed with (wte.weight when tied).
+  Tensor output_weight() const;
+
+  // Model directory: config.json (HF GPT-2 keys) + model.safetensors.
+  void save_pretrained(const std::string& dir) const;
+  static std::unique_ptr<GPT> from_pretrained(const std::string& dir, TensorOptions opts = {});
+  // Loads weights from a safetensors file in HF GPT-2 layout (with or without the
+  // "transformer." prefix; mask buffers and a tied lm_head.weight are ignored).
+  void load_safetensors_weights(const std::string& path);
+
+  GPTTransformer transformer;
+
+ private:
+  Tensor hidden_states(const Tensor& idx, int64_t past, KVCache* cache);
+  GPTConfig cfg_;
+  std::unique_ptr<LMHead> lm_head_;
+};
+
+// config.json <-> GPTConfig (HF GPT-2 keys; unknown keys are ignored).
+GPTConfig gpt_config_from_json_file(const std::string& path);
+void save_gpt_config(const GPTConfig& cfg, const std::string& path);
+
+}  // namespace tessera::nn

@@ -1,0 +1,61 @@
+#include "nn/layers.h"
+
+#include "autograd/functions.h"
+
+namespace tessera::nn {
+
+namespace {
+Tensor normal_init(const Shape& shape, double std, Generator* gen, TensorOptions opts) {
+  TESSERA_CHECK(is_floating(opts.dtype), "nn: parameters must be floating point, got ",
+                dtype_name(opts.dtype));
+  Tensor t = empty(shape, {.dtype = opts.dtype, .device = opts.device});
+  normal_(t, 0.0, std, gen);
+  return t;
+}
+}  // namespace
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, double init_std,
+               Generator* gen, TensorOptions opts) {
+  TESSERA_CHECK(in_features > 0 && out_features > 0, "Linear: features must be positive, got in=",
+                in_features, " out=", out_features);
+  weight = register_parameter("weight",
+                              normal_init({in_features, out_features}, init_std, gen, opts));
+  if (with_bias)
+    bias = register_parameter("bias", zeros({out_features}, {.dtype = opts.dtype, .device = opts.device}));
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  TESSERA_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(0), "Linear: input shape ",
+                shape_str(x.shape()), " does not end in in_features = ", weight.size(0));
+  return linear(x, weight, bias);
+}
+
+Embedding::Embedding(int64_t num_embeddings, int64_t dim, double init_std, Generator* gen,
+                     TensorOptions opts) {
+  TESSERA_CHECK(num_embeddings > 0 && dim > 0, "Embedding: sizes must be positive, got ",
+                num_embeddings, " x ", dim);
+  weight = register_parameter("weight", normal_init({num_embeddings, dim}, init_std, gen, opts));
+}
+
+Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices); }
+
+LayerNorm::LayerNorm(int64_t dim, double eps_, bool with_bias, TensorOptions opts) : eps(eps_) {
+  weight = register_parameter("weight", ones({dim}, {.dtype = opts.dtype, .device = opts.device}));
+  if (with_bias)
+    bias = register_parameter("bias", zeros({dim}, {.dtype = opts.dtype, .device = opts.device}));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight, bias, eps); }
+
+Tensor GELU::forward(const Tensor& x) { return gelu(x); }
+
+Dropout::Dropout(double p_, Generator* gen) : p(p_), gen_(gen) {
+  TESSERA_CHECK(p >= 0 && p < 1, "Dropout: p must lie in [0, 1), got ", p);
+}
+
+Tensor Dropout::forward(const Tensor& x) {
+  if (!is_training() || p == 0) return x;
+  return dropout(x, p, true, gen_);
+}
+
+}  // namespace tessera::nn

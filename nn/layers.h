@@ -1,0 +1,64 @@
+// The basic layers. Initialisation follows GPT-2 (weights N(0, 0.02), biases 0,
+// LayerNorm 1/0); `gen` = nullptr draws from the default generator.
+#pragma once
+#include "core/random.h"
+#include "nn/module.h"
+
+namespace tessera::nn {
+
+// y = x·W + b with W stored [in, out] (GPT-2's Conv1D layout, the HF tensor layout).
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true, double init_std = 0.02,
+         Generator* gen = nullptr, TensorOptions opts = {});
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "Linear"; }
+
+  Tensor weight;  // [in, out]
+  Tensor bias;    // [out], undefined without bias
+};
+
+// Rows of weight [num_embeddings, dim] picked by integer indices.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t dim, double init_std = 0.02, Generator* gen = nullptr,
+            TensorOptions opts = {});
+  Tensor forward(const Tensor& indices) override;
+  std::string type_name() const override { return "Embedding"; }
+
+  Tensor weight;
+};
+
+// Normalises over the last dimension; weight 1, bias 0 at init.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5, bool bias = true, TensorOptions opts = {});
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "LayerNorm"; }
+
+  Tensor weight, bias;
+  double eps;
+};
+
+// GELU, tanh approximation (GPT-2's "gelu_new").
+class GELU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "GELU"; }
+};
+
+// Zeroes elements with probability p while training (scaling the rest by 1/(1-p));
+// identity in eval mode. Draws from `gen` (seeded by the caller) or the default generator.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.0, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "Dropout"; }
+
+  double p;
+
+ private:
+  Generator* gen_;
+};
+
+}  // namespace tessera::nn
