@@ -1,0 +1,360 @@
+// Element-wise CUDA kernels: fill, strided copy with conversion, Philox random
+// fills, unary and binary math, where.
+//
+// Each is one grid-stride kernel over the output's elements. Operand dtypes are
+// read at run time (the branch is the same for every thread of a launch), so a
+// kernel is instantiated per compute type (f32, f64, i64) rather than per
+// combination of dtypes; a dense fast path skips the index arithmetic.
+#include <cmath>
+
+#include "core/dispatch.h"
+#include "core/philox.h"
+#include "kernels/cuda/common.cuh"
+
+namespace tessera::cuda {
+
+ComputeKind compute_kind(std::initializer_list<DType> dtypes) {
+  bool any_f64 = false, any_float = false, all_integral = true;
+  for (DType t : dtypes) {
+    any_f64 |= t == DType::f64;
+    any_float |= is_floating(t);
+    all_integral &= is_integral(t);
+  }
+  if (any_f64) return ComputeKind::F64;
+  if (all_integral) return ComputeKind::I64;
+  // Integers mixed with f32/f16/bf16: double holds every integer up to 2^53 exactly.
+  bool any_integral = false;
+  for (DType t : dtypes) any_integral |= is_integral(t);
+  return any_integral ? ComputeKind::F64 : ComputeKind::F32;
+}
+
+int multiprocessor_count(int device) {
+  static int counts[64] = {};
+  const int d = device < 0 ? current_device() : device;
+  if (counts[d] == 0) {
+    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&counts[d], cudaDevAttrMultiProcessorCount, d));
+  }
+  return counts[d];
+}
+
+namespace {
+
+// ---- fill ----
+template <class C>
+__global__ void fill_kernel(void* out, DType t, StridedIter<1> it, int64_t n, C value,
+                            bool dense) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[1] = {i};
+    if (!dense) it.offsets(i, off);
+    store_as<C>(out, t, off[0], value);
+  }
+}
+
+void fill(const Tensor& out, double value) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  KernelContext ctx(out);
+  auto it = make_iter<1>(out.shape(), {&out.strides()});
+  visit_compute(compute_kind({out.dtype()}), [&](auto tag) {
+    using C = decltype(tag);
+    fill_kernel<C><<<grid_for(n), kThreads, 0, ctx.stream>>>(
+        out.raw_data(), out.dtype(), it, n, static_cast<C>(value), iter_is_contiguous(it));
+  });
+  TESSERA_KERNEL_CHECK("fill_kernel");
+}
+
+// ---- copy ----
+// Same dtype: move raw elements of the right width, no conversion.
+template <class Word>
+__global__ void strided_move_kernel(Word* dst, const Word* src, StridedIter<2> it, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[2];
+    it.offsets(i, off);
+    dst[off[0]] = src[off[1]];
+  }
+}
+
+template <class C>
+__global__ void convert_kernel(void* dst, DType dt, const void* src, DType st, StridedIter<2> it,
+                               int64_t n, bool dense) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[2] = {i, i};
+    if (!dense) it.offsets(i, off);
+    store_as<C>(dst, dt, off[0], load_as<C>(src, st, off[1]));
+  }
+}
+
+void copy(const Tensor& dst, const Tensor& src) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  TESSERA_CHECK(src.device().is_cuda() && src.device() == dst.device(), "copy_ (cuda): ",
+                "source on ", src.device().str(), ", destination on ", dst.device().str());
+  KernelContext ctx(dst);
+  auto it = make_iter<2>(dst.shape(), {&dst.strides(), &src.strides()});
+  const bool dense = iter_is_contiguous(it);
+  if (dst.dtype() == src.dtype()) {
+    if (dense) {
+      TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(),
+                                         cudaMemcpyDeviceToDevice, ctx.stream));
+      return;
+    }
+    auto launch = [&](auto word) {
+      using W = decltype(word);
+      strided_move_kernel<W><<<grid_for(n), kThreads, 0, ctx.stream>>>(
+          static_cast<W*>(dst.raw_data()), static_cast<const W*>(src.raw_data()), it, n);
+    };
+    switch (dst.element_size()) {
+      case 1: launch(uint8_t{}); break;
+      case 2: launch(uint16_t{}); break;
+      case 4: launch(uint32_t{}); break;
+      default: launch(uint64_t{}); break;
+    }
+    TESSERA_KERNEL_CHECK("strided_move_kernel");
+    return;
+  }
+  visit_compute(compute_kind({dst.dtype(), src.dtype()}), [&](auto tag) {
+    using C = decltype(tag);
+    convert_kernel<C><<<grid_for(n), kThreads, 0, ctx.stream>>>(
+        dst.raw_data(), dst.dtype(), src.raw_data(), src.dtype(), it, n, dense);
+  });
+  TESSERA_KERNEL_CHECK("convert_kernel");
+}
+
+// ---- random: the same Philox numbering as the CPU kernel ----
+__global__ void random_kernel(void* out, DType t, int64_t n, RandomKind kind, uint64_t seed,
+                              uint64_t offset, double a, double b) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t u = static_cast<uint64_t>(i);
+    if (kind == RandomKind::Integer) {
+      store_as<int64_t>(out, t, i,
+                        philox_randint_at(seed, offset, u, static_cast<int64_t>(a),
+                                          static_cast<int64_t>(b)));
+    } else {
+      const double r = kind == RandomKind::Uniform
+                           ? a + (b - a) * philox_uniform_at(seed, offset, u)
+                           : a + b * philox_normal_at(seed, offset, u);
+      store_as<double>(out, t, i, r);
+    }
+  }
+}
+
+void random(const Tensor& out, RandomKind kind, uint64_t seed, uint64_t offset, double a,
+            double b) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  TESSERA_CHECK(out.is_contiguous(), "random (cuda): output must be contiguous");
+  KernelContext ctx(out);
+  random_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(out.raw_data(), out.dtype(), n, kind,
+                                                         seed, offset, a, b);
+  TESSERA_KERNEL_CHECK("random_kernel");
+}
+
+// ---- unary ----
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kGeluCoeff = 0.044715;
+
+template <class C>
+__device__ __forceinline__ C apply_unary(UnaryOp op, C x) {
+  if constexpr (std::is_same_v<C, int64_t>) {
+    switch (op) {
+      case UnaryOp::Neg: return -x;
+      case UnaryOp::Abs: return x < 0 ? -x : x;
+      case UnaryOp::Square: return x * x;
+      case UnaryOp::Sign: return (x > 0) - (x < 0);
+      case UnaryOp::Relu: return x > 0 ? x : 0;
+      case UnaryOp::LogicalNot: return x == 0;
+      case UnaryOp::Floor: case UnaryOp::Ceil: case UnaryOp::Round: return x;
+      default: return static_cast<int64_t>(apply_unary<double>(op, static_cast<double>(x)));
+    }
+  } else {
+    switch (op) {
+      case UnaryOp::Neg: return -x;
+      case UnaryOp::Exp: return exp(x);
+      case UnaryOp::Log: return log(x);
+      case UnaryOp::Sqrt: return sqrt(x);
+      case UnaryOp::Rsqrt: return C(1) / sqrt(x);
+      case UnaryOp::Abs: return fabs(x);
+      case UnaryOp::Tanh: return tanh(x);
+      case UnaryOp::Sigmoid: return C(1) / (C(1) + exp(-x));
+      case UnaryOp::Relu: return x > C(0) ? x : C(0);
+      case UnaryOp::Gelu: {
+        const C inner = C(kSqrt2OverPi) * (x + C(kGeluCoeff) * x * x * x);
+        return C(0.5) * x * (C(1) + tanh(inner));
+      }
+      case UnaryOp::Sin: return sin(x);
+      case UnaryOp::Cos: return cos(x);
+      case UnaryOp::Square: return x * x;
+      case UnaryOp::Reciprocal: return C(1) / x;
+      case UnaryOp::Sign: return x > C(0) ? C(1) : (x < C(0) ? C(-1) : C(0));
+      case UnaryOp::Floor: return floor(x);
+      case UnaryOp::Ceil: return ceil(x);
+      case UnaryOp::Round: return rint(x);  // half to even, as PyTorch
+      case UnaryOp::LogicalNot: return x == C(0) ? C(1) : C(0);
+      case UnaryOp::Log1p: return log1p(x);
+      case UnaryOp::Expm1: return expm1(x);
+    }
+    return x;
+  }
+}
+
+template <class C>
+__global__ void unary_kernel(UnaryOp op, const void* x, DType xt, void* out, DType ot,
+                             StridedIter<2> it, int64_t n, bool dense) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[2] = {i, i};
+    if (!dense) it.offsets(i, off);
+    store_as<C>(out, ot, off[0], apply_unary<C>(op, load_as<C>(x, xt, off[1])));
+  }
+}
+
+void unary(UnaryOp op, const Tensor& x, const Tensor& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  KernelContext ctx(out);
+  auto it = make_iter<2>(out.shape(), {&out.strides(), &x.strides()});
+  // Floating math on integer inputs (exp of an i64) is done in double.
+  ComputeKind k = compute_kind({x.dtype(), out.dtype()});
+  visit_compute(k, [&](auto tag) {
+    using C = decltype(tag);
+    unary_kernel<C><<<grid_for(n), kThreads, 0, ctx.stream>>>(
+        op, x.raw_data(), x.dtype(), out.raw_data(), out.dtype(), it, n, iter_is_contiguous(it));
+  });
+  TESSERA_KERNEL_CHECK("unary_kernel");
+}
+
+// ---- binary ----
+template <class C>
+__device__ __forceinline__ C apply_binary(BinaryOp op, C a, C b) {
+  switch (op) {
+    case BinaryOp::Add: return a + b;
+    case BinaryOp::Sub: return a - b;
+    case BinaryOp::Mul: return a * b;
+    case BinaryOp::Div:
+      if constexpr (std::is_same_v<C, int64_t>) {
+        return b == 0 ? 0 : a / b;  // only reached for integer outputs (floor-free C division)
+      } else {
+        return a / b;
+      }
+    case BinaryOp::Pow:
+      if constexpr (std::is_same_v<C, int64_t>) {
+        return static_cast<int64_t>(pow(static_cast<double>(a), static_cast<double>(b)));
+      } else {
+        return pow(a, b);
+      }
+    case BinaryOp::Maximum:
+      if constexpr (!std::is_same_v<C, int64_t>) {
+        if (a != a || b != b) return a != a ? a : b;  // NaN propagates
+      }
+      return a > b ? a : b;
+    case BinaryOp::Minimum:
+      if constexpr (!std::is_same_v<C, int64_t>) {
+        if (a != a || b != b) return a != a ? a : b;
+      }
+      return a < b ? a : b;
+    case BinaryOp::Eq: return a == b;
+    case BinaryOp::Ne: return a != b;
+    case BinaryOp::Lt: return a < b;
+    case BinaryOp::Le: return a <= b;
+    case BinaryOp::Gt: return a > b;
+    case BinaryOp::Ge: return a >= b;
+    case BinaryOp::LogicalAnd: return (a != C(0)) && (b != C(0));
+    case BinaryOp::LogicalOr: return (a != C(0)) || (b != C(0));
+    case BinaryOp::GeluBackward:
+      if constexpr (std::is_same_v<C, int64_t>) {
+        return 0;
+      } else {
+        const C x = a, x2 = x * x;
+        const C t = tanh(C(kSqrt2OverPi) * (x + C(kGeluCoeff) * x2 * x));
+        const C dinner = C(kSqrt2OverPi) * (C(1) + C(3 * kGeluCoeff) * x2);
+        return b * (C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * dinner);
+      }
+  }
+  return a;
+}
+
+template <class C>
+__global__ void binary_kernel(BinaryOp op, const void* a, DType at, const void* b, DType bt,
+                              void* out, DType ot, StridedIter<3> it, int64_t n, bool dense) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[3] = {i, i, i};
+    if (!dense) it.offsets(i, off);
+    store_as<C>(out, ot, off[0],
+                apply_binary<C>(op, load_as<C>(a, at, off[1]), load_as<C>(b, bt, off[2])));
+  }
+}
+
+bool is_comparison(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::Eq: case BinaryOp::Ne: case BinaryOp::Lt: case BinaryOp::Le:
+    case BinaryOp::Gt: case BinaryOp::Ge: case BinaryOp::LogicalAnd: case BinaryOp::LogicalOr:
+      return true;
+    default: return false;
+  }
+}
+
+void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  KernelContext ctx(out);
+  auto it = make_iter<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()});
+  // Computed in the promoted type of the inputs; a floating output of integer inputs (true
+  // division) computes in double. Comparisons ignore the (bool) output type.
+  const DType promoted = promote_types(a.dtype(), b.dtype());
+  ComputeKind k = is_comparison(op) ? compute_kind({promoted})
+                                    : compute_kind({promoted, out.dtype()});
+  visit_compute(k, [&](auto tag) {
+    using C = decltype(tag);
+    binary_kernel<C><<<grid_for(n), kThreads, 0, ctx.stream>>>(
+        op, a.raw_data(), a.dtype(), b.raw_data(), b.dtype(), out.raw_data(), out.dtype(), it, n,
+        iter_is_contiguous(it));
+  });
+  TESSERA_KERNEL_CHECK("binary_kernel");
+}
+
+// ---- where ----
+template <class C>
+__global__ void where_kernel(const void* cond, DType ct, const void* a, DType at, const void* b,
+                             DType bt, void* out, DType ot, StridedIter<4> it, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[4];
+    it.offsets(i, off);
+    const bool c = load_as<int64_t>(cond, ct, off[1]) != 0 || load_as<double>(cond, ct, off[1]) != 0;
+    store_as<C>(out, ot, off[0], c ? load_as<C>(a, at, off[2]) : load_as<C>(b, bt, off[3]));
+  }
+}
+
+void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  KernelContext ctx(out);
+  auto it = make_iter<4>(out.shape(),
+                         {&out.strides(), &cond.strides(), &a.strides(), &b.strides()});
+  visit_compute(compute_kind({out.dtype()}), [&](auto tag) {
+    using C = decltype(tag);
+    where_kernel<C><<<grid_for(n), kThreads, 0, ctx.stream>>>(
+        cond.raw_data(), cond.dtype(), a.raw_data(), a.dtype(), b.raw_data(), b.dtype(),
+        out.raw_data(), out.dtype(), it, n);
+  });
+  TESSERA_KERNEL_CHECK("where_kernel");
+}
+
+const bool registered = [] {
+  KernelTable& t = kernel_table(DeviceType::CUDA);
+  t.fill = fill;
+  t.copy = copy;
+  t.random = random;
+  t.unary = unary;
+  t.binary = binary;
+  t.where = where;
+  return true;
+}();
+
+}  // namespace
+}  // namespace tessera::cuda

@@ -1,0 +1,75 @@
+// Fused CUDA kernels with a raw, host-callable API on Tensors (namespace
+// tessera::cuda). They do in one pass what a chain of ops would do in several
+// and are what the CUDA training path calls directly; each has a plain
+// composition of ops/kernels it is tested against. No autograd here.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tessera::cuda {
+
+// residual_out = x + residual; out = layer_norm(residual_out) over the last dim.
+// mean/rstd: f32 [rows]. weight/bias may be undefined. out, residual_out contiguous.
+void fused_residual_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                               const Tensor& bias, double eps, const Tensor& residual_out,
+                               const Tensor& out, const Tensor& mean, const Tensor& rstd);
+
+// The classifier head in one pass per row: reads logits [N, V] (f32/f16/bf16, contiguous),
+// writes each row's loss (f32 [N], 0 for ignored rows) and overwrites the logits with
+//   dlogits = dloss_scale * (softmax(logits) - onehot(target))   (0 for ignored rows)
+// without ever storing probabilities for the whole vocabulary. Returns the number of
+// counted rows through `count` (i32/i64/f32 0-d tensor, may be undefined). A target outside
+// [0, V) that is not ignore_index raises.
+// The mean loss is sum(row_losses) / count; pass dloss_scale = 1 / count for its gradient.
+void fused_classifier(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                      double dloss_scale, const Tensor& row_losses);
+
+// AdamW over many tensors in one launch (PyTorch semantics: decoupled weight decay,
+// bias-corrected moments, eps after the square root). For tensor i:
+//   g = grads[i] * grad_scale (f32 math)
+//   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//   p = p - lr * (wd_i * p + (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps))
+// with wd_i = weight_decay when decay[i] is true. exp_avg/exp_avg_sq are f32; params are
+// f32, or f16/bf16 with an f32 master copy in `master` (then the master is updated and the
+// param is its rounded copy). All contiguous, on one device.
+struct AdamWConfig {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  int64_t step = 1;          // 1 on the first update
+  float grad_scale = 1.0f;   // e.g. 1/loss_scale or a clipping factor
+};
+void multi_tensor_adamw(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                        const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                        const std::vector<Tensor>& master, const std::vector<bool>& decay,
+                        const AdamWConfig& config);
+
+// sqrt(sum over tensors of sum(g^2)) as a 0-d f32 CUDA tensor (no host sync), summed in a
+// fixed order. Tensors may have any float dtype; all on one device.
+Tensor global_grad_norm(const std::vector<Tensor>& grads);
+
+// ---- causal attention, flash-attention style (O(T) memory) ----
+// q, k, v: [B, H, T, D] bf16 or f16, any strides with the last dim contiguous (views of a
+// fused qkv projection work as they are); D = 64 or 128. out: [B, H, T, D] same dtype,
+// contiguous. lse: f32 [B, H, T], the log-sum-exp of each query's scaled scores (kept for
+// the backward). scale is usually 1/sqrt(D).
+void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                             const Tensor& out, const Tensor& lse);
+// dq, dk, dv contiguous [B, H, T, D] in the input dtype; out and lse from the forward.
+void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& dout, const Tensor& lse,
+                              double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+// The readable reference: materialises the [T, T] scores per (b, h) in f32.
+void naive_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                             const Tensor& out, const Tensor& lse);
+
+// ---- hand-written tensor-core GEMM (teaching / benchmark; cuBLAS is the default) ----
+// c[M, N] = a[M, K] @ b[K, N], bf16 or f16 in, f32 accumulation, out in the input dtype.
+// All row-major contiguous.
+void tensor_core_gemm(const Tensor& a, const Tensor& b, const Tensor& c);
+
+}  // namespace tessera::cuda

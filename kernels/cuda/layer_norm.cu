@@ -1,0 +1,235 @@
+// LayerNorm over the last dim, forward and backward, with an optional fused
+// residual add in front (residual_out = x + residual; out = LN(residual_out)).
+//
+// Forward: one warp per row; the mean and then the variance of (x - mean) are
+// two warp reductions over the row held in L1, so the variance does not suffer
+// the cancellation of E[x^2] - E[x]^2. Backward: dx one warp per row; dweight
+// and dbias are summed over rows in two fixed-order stages (partial sums per
+// chunk of rows, then over chunks), so they repeat bitwise and need no atomics.
+#include "core/dispatch.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fused.h"
+
+namespace tessera::cuda {
+namespace {
+
+constexpr int kRowsPerBlock = 8;  // warps per block, one row each
+
+template <class T>
+__global__ void layer_norm_kernel(const T* x, const T* residual, T* residual_out, const T* w,
+                                  const T* b, float eps, T* out, float* mean_out, float* rstd_out,
+                                  int64_t rows, int64_t C) {
+  using A = acc_t<T>;
+  const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.y;
+  if (r >= rows) return;
+  const int lane = threadIdx.x;
+  const T* xr = x + r * C;
+  // With a residual, the sum is the row this LN normalises; it is written once here.
+  const T* src = xr;
+  if (residual) {
+    const T* rr = residual + r * C;
+    T* ro = residual_out + r * C;
+    for (int64_t i = lane; i < C; i += 32) ro[i] = from_acc<T>(to_acc<A>(xr[i]) + to_acc<A>(rr[i]));
+    __syncwarp();
+    src = ro;
+  }
+  A sum = 0;
+  for (int64_t i = lane; i < C; i += 32) sum += to_acc<A>(src[i]);
+  const A mean = warp_sum(sum) / A(C);
+  A sq = 0;
+  for (int64_t i = lane; i < C; i += 32) {
+    const A d = to_acc<A>(src[i]) - mean;
+    sq += d * d;
+  }
+  const A rstd = A(1) / sqrt(warp_sum(sq) / A(C) + A(eps));
+  T* orow = out + r * C;
+  for (int64_t i = lane; i < C; i += 32) {
+    A v = (to_acc<A>(src[i]) - mean) * rstd;
+    if (w) v *= to_acc<A>(w[i]);
+    if (b) v += to_acc<A>(b[i]);
+    orow[i] = from_acc<T>(v);
+  }
+  if (lane == 0) {
+    mean_out[r] = static_cast<float>(mean);
+    rstd_out[r] = static_cast<float>(rstd);
+  }
+}
+
+template <class T>
+const T* ptr_or_null(const Tensor& t) {
+  return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr;
+}
+
+void check_param(const Tensor& p, const Tensor& x, const char* what) {
+  if (!p.defined()) return;
+  TESSERA_CHECK(p.numel() == x.size(-1) && p.dtype() == x.dtype() && p.device() == x.device(),
+                "layer_norm (cuda): ", what, " must have ", x.size(-1), " elements of ",
+                dtype_name(x.dtype()), " on ", x.device().str(), ", got ", shape_str(p.shape()),
+                " ", dtype_name(p.dtype()));
+}
+
+void layer_norm_impl(const Tensor& x_in, const Tensor& residual_in, const Tensor& residual_out,
+                     const Tensor& w_in, const Tensor& b_in, double eps, const Tensor& out,
+                     const Tensor& mean, const Tensor& rstd) {
+  TESSERA_CHECK(x_in.dim() >= 1 && out.is_contiguous() && out.dtype() == x_in.dtype() &&
+                    out.shape() == x_in.shape(),
+                "layer_norm (cuda): out must be contiguous, same shape and dtype as x ",
+                shape_str(x_in.shape()));
+  TESSERA_CHECK(mean.dtype() == DType::f32 && rstd.dtype() == DType::f32 && mean.is_contiguous() &&
+                    rstd.is_contiguous(),
+                "layer_norm (cuda): mean and rstd must be contiguous float32");
+  check_param(w_in, x_in, "weight");
+  check_param(b_in, x_in, "bias");
+  if (x_in.numel() == 0) return;
+  KernelContext ctx(out);
+  Tensor x = raw::contiguous(x_in);
+  Tensor residual = residual_in.defined() ? raw::contiguous(residual_in) : Tensor();
+  Tensor w = w_in.defined() ? raw::contiguous(w_in) : Tensor();
+  Tensor b = b_in.defined() ? raw::contiguous(b_in) : Tensor();
+  const int64_t C = x.size(-1), rows = x.numel() / C;
+  visit_float(x.dtype(), "layer_norm", [&](auto tag) {
+    using T = decltype(tag);
+    const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    layer_norm_kernel<T><<<blocks, dim3(32, kRowsPerBlock), 0, ctx.stream>>>(
+        static_cast<const T*>(x.raw_data()), ptr_or_null<T>(residual),
+        residual.defined() ? static_cast<T*>(residual_out.raw_data()) : nullptr, ptr_or_null<T>(w),
+        ptr_or_null<T>(b), static_cast<float>(eps), static_cast<T*>(out.raw_data()),
+        mean.data<float>(), rstd.data<float>(), rows, C);
+  });
+  TESSERA_KERNEL_CHECK("layer_norm_kernel");
+}
+
+void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,
+                const Tensor& mean, const Tensor& rstd) {
+  layer_norm_impl(x, Tensor(), Tensor(), w, b, eps, out, mean, rstd);
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = w * dy.
+template <class T>
+__global__ void layer_norm_dx_kernel(const T* dy, const T* x, const T* w, const float* mean,
+                                     const float* rstd, T* dx, int64_t rows, int64_t C) {
+  using A = acc_t<T>;
+  const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.y;
+  if (r >= rows) return;
+  const int lane = threadIdx.x;
+  const T* dyr = dy + r * C;
+  const T* xr = x + r * C;
+  const A m = mean[r], rs = rstd[r];
+  A sum_g = 0, sum_gx = 0;
+  for (int64_t i = lane; i < C; i += 32) {
+    const A g = to_acc<A>(dyr[i]) * (w ? to_acc<A>(w[i]) : A(1));
+    sum_g += g;
+    sum_gx += g * (to_acc<A>(xr[i]) - m) * rs;
+  }
+  const A mean_g = warp_sum(sum_g) / A(C), mean_gx = warp_sum(sum_gx) / A(C);
+  T* dxr = dx + r * C;
+  for (int64_t i = lane; i < C; i += 32) {
+    const A g = to_acc<A>(dyr[i]) * (w ? to_acc<A>(w[i]) : A(1));
+    const A xhat = (to_acc<A>(xr[i]) - m) * rs;
+    dxr[i] = from_acc<T>(rs * (g - mean_g - xhat * mean_gx));
+  }
+}
+
+// Stage 1: partial dweight/dbias over a chunk of rows, thread per column.
+template <class T>
+__global__ void layer_norm_dparams_partial_kernel(const T* dy, const T* x, const float* mean,
+                                                  const float* rstd, int64_t rows, int64_t C,
+                                                  int64_t rows_per_chunk, float* part_dw,
+                                                  float* part_db) {
+  using A = acc_t<T>;
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t chunk = blockIdx.y;
+  if (c >= C) return;
+  const int64_t r0 = chunk * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
+  A dw = 0, db = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const A g = to_acc<A>(dy[r * C + c]);
+    dw += g * (to_acc<A>(x[r * C + c]) - A(mean[r])) * A(rstd[r]);
+    db += g;
+  }
+  part_dw[chunk * C + c] = static_cast<float>(dw);
+  part_db[chunk * C + c] = static_cast<float>(db);
+}
+
+// Stage 2: sum the chunks in order and accumulate into dweight/dbias (either may be absent).
+template <class T>
+__global__ void layer_norm_dparams_finish_kernel(const float* part_dw, const float* part_db,
+                                                 int64_t chunks, int64_t C, T* dw, T* db) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  float sw = 0, sb = 0;
+  for (int64_t k = 0; k < chunks; ++k) {
+    sw += part_dw[k * C + c];
+    sb += part_db[k * C + c];
+  }
+  if (dw) dw[c] = from_float<T>(to_float(dw[c]) + sw);
+  if (db) db[c] = from_float<T>(to_float(db[c]) + sb);
+}
+
+void layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_in,
+                         const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                         const Tensor& dw, const Tensor& db) {
+  TESSERA_CHECK(dx.is_contiguous() && dx.dtype() == x_in.dtype() && dy_in.dtype() == x_in.dtype(),
+                "layer_norm_backward (cuda): dx must be contiguous and dy, x, dx share a dtype");
+  TESSERA_CHECK((!dw.defined() || dw.is_contiguous()) && (!db.defined() || db.is_contiguous()),
+                "layer_norm_backward (cuda): dweight/dbias must be contiguous");
+  check_param(w_in, x_in, "weight");
+  if (x_in.numel() == 0) return;
+  KernelContext ctx(dx);
+  Tensor dy = raw::contiguous(dy_in), x = raw::contiguous(x_in);
+  Tensor w = w_in.defined() ? raw::contiguous(w_in) : Tensor();
+  Tensor m = raw::contiguous(mean), rs = raw::contiguous(rstd);
+  const int64_t C = x.size(-1), rows = x.numel() / C;
+  visit_float(x.dtype(), "layer_norm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* dyp = static_cast<const T*>(dy.raw_data());
+    const T* xp = static_cast<const T*>(x.raw_data());
+    const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    layer_norm_dx_kernel<T><<<blocks, dim3(32, kRowsPerBlock), 0, ctx.stream>>>(
+        dyp, xp, ptr_or_null<T>(w), m.data<float>(), rs.data<float>(),
+        static_cast<T*>(dx.raw_data()), rows, C);
+    TESSERA_KERNEL_CHECK("layer_norm_dx_kernel");
+    if (!dw.defined() && !db.defined()) return;
+    // Enough chunks to give every SM a few blocks, each chunk at least 32 rows.
+    const int64_t col_blocks = (C + 255) / 256;
+    const int64_t want = std::max<int64_t>(1, 4 * multiprocessor_count() / col_blocks);
+    const int64_t rows_per_chunk = std::max<int64_t>(32, (rows + want - 1) / want);
+    const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+    Tensor part = empty({2, chunks, C}, {.dtype = DType::f32, .device = dx.device()});
+    float* part_dw = part.data<float>();
+    float* part_db = part_dw + chunks * C;
+    layer_norm_dparams_partial_kernel<T>
+        <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)), 256, 0,
+           ctx.stream>>>(dyp, xp, m.data<float>(), rs.data<float>(), rows, C, rows_per_chunk,
+                         part_dw, part_db);
+    TESSERA_KERNEL_CHECK("layer_norm_dparams_partial_kernel");
+    layer_norm_dparams_finish_kernel<T><<<static_cast<unsigned>(col_blocks), 256, 0, ctx.stream>>>(
+        part_dw, part_db, chunks, C, dw.defined() ? static_cast<T*>(dw.raw_data()) : nullptr,
+        db.defined() ? static_cast<T*>(db.raw_data()) : nullptr);
+    TESSERA_KERNEL_CHECK("layer_norm_dparams_finish_kernel");
+  });
+}
+
+const bool registered = [] {
+  KernelTable& t = kernel_table(DeviceType::CUDA);
+  t.layer_norm = layer_norm;
+  t.layer_norm_backward = layer_norm_backward;
+  return true;
+}();
+
+}  // namespace
+
+void fused_residual_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                               const Tensor& bias, double eps, const Tensor& residual_out,
+                               const Tensor& out, const Tensor& mean, const Tensor& rstd) {
+  TESSERA_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype() &&
+                    residual_out.shape() == x.shape() && residual_out.dtype() == x.dtype() &&
+                    residual_out.is_contiguous() && x.device().is_cuda(),
+                "fused_residual_layer_norm: x ", shape_str(x.shape()), " ", dtype_name(x.dtype()),
+                ", residual ", shape_str(residual.shape()), " ", dtype_name(residual.dtype()),
+                " and residual_out (contiguous) ", shape_str(residual_out.shape()),
+                " must match, on a CUDA device");
+  layer_norm_impl(x, residual, residual_out, weight, bias, eps, out, mean, rstd);
+}
+
+}  // namespace tessera::cuda
