@@ -1,44 +1,205 @@
-// Tensor's view/copy members and autograd interface.
-// Initial version: views forward to the tape-free versions; the autograd layer
-// replaces these with recording versions.
-#include "core/tensor.h"
+// Tensor's view/copy members and autograd interface (declared in core/tensor.h).
+//
+// Views compute with the tape-free raw:: versions and record a node whose backward
+// maps the gradient back to the input's geometry. In-place writes (copy_, fill_)
+// follow PyTorch: refused on a leaf that requires grad while grad mode is on, and
+// otherwise they rewrite the tensor's history (its new grad_fn cuts the old value
+// off and passes the gradient to the source of the copy).
+#include <functional>
+
+#include "autograd/autograd.h"
+#include "kernels/ops.h"
 
 namespace tessera {
 
-Tensor Tensor::view(const Shape& s) const { return raw::view(*this, s); }
-Tensor Tensor::reshape(const Shape& s) const { return raw::reshape(*this, s); }
-Tensor Tensor::flatten(int64_t a, int64_t b) const { return raw::flatten(*this, a, b); }
-Tensor Tensor::transpose(int64_t a, int64_t b) const { return raw::transpose(*this, a, b); }
-Tensor Tensor::permute(const std::vector<int64_t>& d) const { return raw::permute(*this, d); }
-Tensor Tensor::narrow(int64_t d, int64_t s, int64_t l) const { return raw::narrow(*this, d, s, l); }
-Tensor Tensor::slice(int64_t d, int64_t s, int64_t e, int64_t st) const {
-  return raw::slice(*this, d, s, e, st);
+using autograd::BackwardArgs;
+using autograd::meta_of;
+
+namespace {
+
+std::string describe(const Tensor& t) {
+  return detail::concat("shape ", shape_str(t.shape()), ", ", dtype_name(t.dtype()));
 }
-Tensor Tensor::select(int64_t d, int64_t i) const { return raw::select(*this, d, i); }
-Tensor Tensor::squeeze(int64_t d) const { return raw::squeeze(*this, d); }
-Tensor Tensor::squeeze() const { return raw::squeeze(*this); }
-Tensor Tensor::unsqueeze(int64_t d) const { return raw::unsqueeze(*this, d); }
-Tensor Tensor::expand(const Shape& s) const { return raw::expand(*this, s); }
-Tensor Tensor::contiguous() const { return raw::contiguous(*this); }
-Tensor Tensor::clone() const { return raw::clone(*this); }
-Tensor Tensor::to(Device d) const { return raw::to(*this, d, dtype()); }
-Tensor Tensor::to(DType t) const { return raw::to(*this, device(), t); }
-Tensor Tensor::to(Device d, DType t) const { return raw::to(*this, d, t); }
+
+// Records a view op; `backward` maps the output gradient to the input's geometry.
+Tensor record_view(const char* name, const Tensor& input, const Tensor& out,
+                   std::function<Tensor(const Tensor& grad)> backward) {
+  if (out.is_same(input)) return out;  // the op was the identity (e.g. contiguous())
+  if (autograd::record(name, {input}, {out}, [backward = std::move(backward)](const BackwardArgs& a) {
+        return std::vector<Tensor>{backward(a.grad())};
+      })) {
+    meta_of(out).is_view = out.shares_storage(input);
+  }
+  return out;
+}
+
+// Gradient of a view that takes a region of its input: zeros with the region filled.
+Tensor record_region_view(const char* name, const Tensor& input, const Tensor& out,
+                          std::function<Tensor(const Tensor&)> same_view) {
+  const Shape input_shape = input.shape();
+  return record_view(name, input, out, [input_shape, same_view = std::move(same_view)](const Tensor& g) {
+    Tensor full_grad = zeros(input_shape, {.dtype = g.dtype(), .device = g.device()});
+    raw::copy_(same_view(full_grad), g);
+    return full_grad;
+  });
+}
+
+// Gradient of a view that only renames the elements' shape.
+Tensor record_reshape(const char* name, const Tensor& input, const Tensor& out) {
+  const Shape input_shape = input.shape();
+  return record_view(name, input, out,
+                     [input_shape](const Tensor& g) { return raw::reshape(g, input_shape); });
+}
+
+// Refuses in-place writes PyTorch refuses; `source` is the tensor copied from (if any).
+void check_inplace_allowed(const char* op, const Tensor& self, const Tensor& source) {
+  if (!autograd::is_grad_enabled()) return;
+  const autograd::AutogradMeta* meta = self.impl().autograd.get();
+  if (meta == nullptr) return;
+  TESSERA_CHECK(!(meta->requires_grad && !meta->grad_fn), op,
+                ": a leaf tensor that requires grad (", describe(self),
+                ") cannot be modified in place while grad mode is on; wrap it in NoGradGuard");
+  const bool touches_graph = self.requires_grad() || (source.defined() && source.requires_grad());
+  TESSERA_CHECK(!(meta->is_view && touches_graph), op, ": writing in place into a view (",
+                describe(self), ") of a tensor that is part of a graph is not supported; "
+                "write into the base tensor or clone the view first");
+}
+
+}  // namespace
+
+// ---- views ----
+
+Tensor Tensor::view(const Shape& s) const { return record_reshape("ViewBackward", *this, raw::view(*this, s)); }
+Tensor Tensor::reshape(const Shape& s) const {
+  return record_reshape("ReshapeBackward", *this, raw::reshape(*this, s));
+}
+Tensor Tensor::flatten(int64_t start, int64_t end) const {
+  return record_reshape("FlattenBackward", *this, raw::flatten(*this, start, end));
+}
+Tensor Tensor::squeeze(int64_t d) const { return record_reshape("SqueezeBackward", *this, raw::squeeze(*this, d)); }
+Tensor Tensor::squeeze() const { return record_reshape("SqueezeBackward", *this, raw::squeeze(*this)); }
+Tensor Tensor::unsqueeze(int64_t d) const {
+  return record_reshape("UnsqueezeBackward", *this, raw::unsqueeze(*this, d));
+}
+
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+  return record_view("TransposeBackward", *this, raw::transpose(*this, d0, d1),
+                     [d0, d1](const Tensor& g) { return raw::transpose(g, d0, d1); });
+}
+
+Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
+  Tensor out = raw::permute(*this, dims);
+  std::vector<int64_t> inverse(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) inverse[wrap_dim(dims[i], dim(), "permute")] = static_cast<int64_t>(i);
+  return record_view("PermuteBackward", *this, out,
+                     [inverse](const Tensor& g) { return raw::permute(g, inverse); });
+}
+
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  return record_region_view("NarrowBackward", *this, raw::narrow(*this, d, start, length),
+                            [=](const Tensor& t) { return raw::narrow(t, d, start, length); });
+}
+Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
+  return record_region_view("SliceBackward", *this, raw::slice(*this, d, start, end, step),
+                            [=](const Tensor& t) { return raw::slice(t, d, start, end, step); });
+}
+Tensor Tensor::select(int64_t d, int64_t index) const {
+  return record_region_view("SelectBackward", *this, raw::select(*this, d, index),
+                            [=](const Tensor& t) { return raw::select(t, d, index); });
+}
+
+Tensor Tensor::expand(const Shape& s) const {
+  const Shape input_shape = shape();
+  return record_view("ExpandBackward", *this, raw::expand(*this, s),
+                     [input_shape](const Tensor& g) { return ops::sum_to(g, input_shape); });
+}
+
+// ---- copies ----
+
+Tensor Tensor::contiguous() const {
+  return record_view("ContiguousBackward", *this, raw::contiguous(*this),
+                     [](const Tensor& g) { return g; });
+}
+Tensor Tensor::clone() const {
+  return record_view("CloneBackward", *this, raw::clone(*this), [](const Tensor& g) { return g; });
+}
+Tensor Tensor::to(Device d, DType t) const {
+  const Device input_device = device();
+  const DType input_dtype = dtype();
+  return record_view("ToBackward", *this, raw::to(*this, d, t), [=](const Tensor& g) {
+    return raw::to(g, input_device, input_dtype);
+  });
+}
+Tensor Tensor::to(Device d) const { return to(d, dtype()); }
+Tensor Tensor::to(DType t) const { return to(device(), t); }
+
 Tensor& Tensor::copy_(const Tensor& src) {
+  check_inplace_allowed("copy_", *this, src);
+  const bool rewrites_history = autograd::any_requires_grad({*this, src});
   raw::copy_(*this, src);
-  return *this;
-}
-Tensor& Tensor::fill_(double v) {
-  raw::fill_(*this, v);
+  if (rewrites_history) {
+    // Inputs are the old value (fully overwritten: no gradient) and the source.
+    const Shape src_shape = src.shape();
+    autograd::record("CopyBackward", {*this, src}, {*this}, [src_shape](const BackwardArgs& a) {
+      return std::vector<Tensor>{Tensor(), a.needs(1) ? ops::sum_to(a.grad(), src_shape) : Tensor()};
+    });
+  }
   return *this;
 }
 
-bool Tensor::requires_grad() const { return false; }
-Tensor& Tensor::requires_grad_(bool) { return *this; }
-Tensor Tensor::grad() const { return Tensor(); }
-void Tensor::set_grad(const Tensor&) const {}
-bool Tensor::is_leaf() const { return true; }
-void Tensor::backward(const Tensor&, bool) const {}
+Tensor& Tensor::fill_(double value) {
+  check_inplace_allowed("fill_", *this, Tensor());
+  const bool rewrites_history = autograd::any_requires_grad({*this});
+  raw::fill_(*this, value);
+  if (rewrites_history) {
+    autograd::record("FillBackward", {*this}, {*this},
+                     [](const BackwardArgs&) { return std::vector<Tensor>{Tensor()}; });
+  }
+  return *this;
+}
+
+// ---- autograd interface ----
+
+bool Tensor::requires_grad() const {
+  const autograd::AutogradMeta* meta = impl().autograd.get();
+  return meta != nullptr && (meta->requires_grad || meta->grad_fn != nullptr);
+}
+
+Tensor& Tensor::requires_grad_(bool on) {
+  if (!is_leaf()) {
+    TESSERA_CHECK(on, "requires_grad_: only leaf tensors can stop requiring grad; this one was "
+                  "made by ", impl().autograd->grad_fn->name, " (use detach())");
+    return *this;
+  }
+  TESSERA_CHECK(!on || is_floating(dtype()), "requires_grad_: only floating-point tensors can "
+                "require grad, got ", describe(*this));
+  if (on || impl().autograd) meta_of(*this).requires_grad = on;
+  return *this;
+}
+
+Tensor Tensor::grad() const {
+  const autograd::AutogradMeta* meta = impl().autograd.get();
+  return meta != nullptr ? meta->grad : Tensor();
+}
+
+void Tensor::set_grad(const Tensor& g) const {
+  if (g.defined()) {
+    TESSERA_CHECK(g.shape() == shape() && g.dtype() == dtype() && g.device() == device(),
+                  "set_grad: gradient (", describe(g), ", ", g.device().str(),
+                  ") does not match the tensor (", describe(*this), ", ", device().str(), ")");
+  }
+  meta_of(*this).grad = g;
+}
+
+bool Tensor::is_leaf() const {
+  const autograd::AutogradMeta* meta = impl().autograd.get();
+  return meta == nullptr || meta->grad_fn == nullptr;
+}
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
+  autograd::backward({*this}, {gradient}, retain_graph);
+}
+
 Tensor Tensor::detach() const { return raw::alias(*this); }
 
 }  // namespace tessera

@@ -1,0 +1,355 @@
+// Grad mode, node recording, saved tensors, hooks and the backward engine.
+#include <algorithm>
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "autograd/autograd.h"
+#include "kernels/ops.h"
+
+namespace tessera::autograd {
+
+namespace {
+thread_local bool grad_enabled = true;
+std::atomic<uint64_t> next_sequence_nr{1};
+std::atomic<uint64_t> next_hook_id{1};
+
+// Erases the entry with `id` from a vector of (id, hook) pairs.
+template <class Hook>
+void erase_hook(std::vector<std::pair<uint64_t, Hook>>& hooks, uint64_t id) {
+  std::erase_if(hooks, [id](const auto& entry) { return entry.first == id; });
+}
+
+std::string describe(const Tensor& t) {
+  return detail::concat("shape ", shape_str(t.shape()), ", ", dtype_name(t.dtype()), ", ",
+                        t.device().str());
+}
+}  // namespace
+
+bool is_grad_enabled() { return grad_enabled; }
+void set_grad_enabled(bool on) { grad_enabled = on; }
+
+void HookHandle::remove() {
+  if (!remover_) return;
+  auto remover = std::move(remover_);
+  remover_ = nullptr;
+  remover();
+}
+
+AutogradMeta& meta_of(const Tensor& t) {
+  auto& slot = t.impl().autograd;
+  if (!slot) slot = std::make_shared<AutogradMeta>();
+  return *slot;
+}
+
+static AutogradMeta* meta_if_any(const Tensor& t) {
+  return t.defined() ? t.impl().autograd.get() : nullptr;
+}
+
+Edge gradient_edge(const Tensor& t) {
+  AutogradMeta* meta = meta_if_any(t);
+  if (meta == nullptr) return {};
+  if (meta->grad_fn) return {meta->grad_fn, meta->output_nr};
+  if (!meta->requires_grad) return {};
+  // A leaf: its AccumulateGrad node is shared by every graph alive at the same time,
+  // so one backward sees all of the leaf's uses and knows when its gradient is final.
+  std::shared_ptr<Node> node = meta->accumulate_grad.lock();
+  if (!node) {
+    node = std::make_shared<Node>();
+    node->name = "AccumulateGrad";
+    node->sequence_nr = next_sequence_nr++;
+    node->inputs = {TensorGeometry::of(t)};
+    node->outputs = {TensorGeometry::of(t)};
+    node->output_hooks.resize(1);
+    node->leaf = t.impl_ptr();
+    meta->accumulate_grad = node;
+  }
+  return {node, 0};
+}
+
+bool any_requires_grad(const std::vector<Tensor>& inputs) {
+  if (!grad_enabled) return false;
+  return std::any_of(inputs.begin(), inputs.end(),
+                     [](const Tensor& t) { return t.defined() && t.requires_grad(); });
+}
+
+std::shared_ptr<Node> record(const char* name, const std::vector<Tensor>& inputs,
+                             const std::vector<Tensor>& outputs, BackwardFn backward, bool force) {
+  if (!grad_enabled) return nullptr;
+  if (!force && !any_requires_grad(inputs)) return nullptr;
+  auto node = std::make_shared<Node>();
+  node->name = name;
+  node->sequence_nr = next_sequence_nr++;
+  node->backward = std::move(backward);
+  for (const Tensor& input : inputs) {
+    node->next_edges.push_back(gradient_edge(input));
+    node->inputs.push_back(input.defined() ? TensorGeometry::of(input) : TensorGeometry{});
+  }
+  for (const Tensor& output : outputs) node->outputs.push_back(TensorGeometry::of(output));
+  node->output_hooks.resize(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    // Integer outputs (indices, masks) carry no gradient.
+    if (!is_floating(outputs[i].dtype())) continue;
+    AutogradMeta& meta = meta_of(outputs[i]);
+    meta.grad_fn = node;
+    meta.output_nr = static_cast<int>(i);
+    meta.requires_grad = true;
+  }
+  return node;
+}
+
+// ---- saved tensors ----
+
+SavedTensor SavedTensor::input(const Tensor& t) {
+  SavedTensor saved;
+  if (!t.defined()) return saved;
+  saved.data_ = t;
+  saved.owner_ = t.impl_ptr();
+  saved.version_ = t.impl().version;
+  return saved;
+}
+
+SavedTensor SavedTensor::output(const Tensor& t) {
+  SavedTensor saved;
+  if (!t.defined()) return saved;
+  saved.data_ = raw::alias(t);
+  saved.owner_ = t.impl_ptr();
+  saved.version_ = t.impl().version;
+  return saved;
+}
+
+Tensor SavedTensor::unpack(const char* op) const {
+  if (!data_.defined()) return data_;
+  // An output that nobody holds any more cannot have been written in place.
+  if (auto owner = owner_.lock()) {
+    TESSERA_CHECK(owner->version == version_, op, ": a tensor saved for backward (",
+                  describe(data_), ") was modified by an in-place operation: it was at version ",
+                  version_, " and is now at version ", owner->version,
+                  "; clone it before modifying it");
+  }
+  return data_;
+}
+
+// ---- hooks ----
+
+HookHandle register_hook(const Tensor& t, GradHook hook) {
+  TESSERA_CHECK(t.requires_grad(), "register_hook: the tensor (", describe(t),
+                ") does not require grad");
+  const uint64_t id = next_hook_id++;
+  AutogradMeta& meta = meta_of(t);
+  if (meta.grad_fn) {
+    std::weak_ptr<Node> weak_node = meta.grad_fn;
+    const int output_nr = meta.output_nr;
+    meta.grad_fn->output_hooks.at(output_nr).emplace_back(id, std::move(hook));
+    return HookHandle([weak_node, output_nr, id] {
+      if (auto node = weak_node.lock()) erase_hook(node->output_hooks[output_nr], id);
+    });
+  }
+  meta.hooks.emplace_back(id, std::move(hook));
+  std::weak_ptr<AutogradMeta> weak_meta = t.impl().autograd;
+  return HookHandle([weak_meta, id] {
+    if (auto m = weak_meta.lock()) erase_hook(m->hooks, id);
+  });
+}
+
+HookHandle register_grad_ready_hook(const Tensor& leaf, GradReadyHook hook) {
+  TESSERA_CHECK(leaf.requires_grad() && leaf.is_leaf(),
+                "register_grad_ready_hook: expected a leaf tensor that requires grad, got ",
+                leaf.is_leaf() ? "a leaf that does not require grad" : "a non-leaf tensor", " (",
+                describe(leaf), ")");
+  const uint64_t id = next_hook_id++;
+  AutogradMeta& meta = meta_of(leaf);
+  meta.ready_hooks.emplace_back(id, std::move(hook));
+  std::weak_ptr<AutogradMeta> weak_meta = leaf.impl().autograd;
+  return HookHandle([weak_meta, id] {
+    if (auto m = weak_meta.lock()) erase_hook(m->ready_hooks, id);
+  });
+}
+
+// ---- the engine ----
+
+namespace {
+
+// Applies hooks (by copy: a hook may remove itself) to a gradient.
+Tensor apply_hooks(std::vector<std::pair<uint64_t, GradHook>> hooks, Tensor grad) {
+  for (auto& [id, hook] : hooks) {
+    Tensor replaced = hook(grad);
+    if (replaced.defined()) grad = replaced;
+  }
+  return grad;
+}
+
+// Adds `grad` into the leaf's .grad (in place when one exists, so gradients that live
+// as views of a flat bucket stay there), then reports the leaf's gradient as final.
+void accumulate_into_leaf(Node& node, Tensor grad) {
+  Tensor leaf(node.leaf);
+  AutogradMeta& meta = meta_of(leaf);
+  if (grad.defined()) grad = apply_hooks(meta.hooks, grad);
+  if (grad.defined()) {
+    if (!meta.grad.defined()) {
+      // A fresh tensor: the incoming gradient may alias memory other nodes still read.
+      Tensor fresh = empty(leaf.shape(), {.dtype = leaf.dtype(), .device = leaf.device()});
+      raw::copy_(fresh, grad);
+      meta.grad = fresh;
+    } else {
+      TESSERA_CHECK(meta.grad.shape() == leaf.shape(), "backward: the .grad of a leaf (",
+                    describe(leaf), ") has shape ", shape_str(meta.grad.shape()));
+      ops::binary_(BinaryOp::Add, meta.grad, grad);
+    }
+  }
+  auto ready_hooks = meta.ready_hooks;
+  for (auto& [id, hook] : ready_hooks) hook(leaf);
+}
+
+struct LaterFirst {
+  bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
+    return a->sequence_nr < b->sequence_nr;
+  }
+};
+
+class GraphTask {
+ public:
+  explicit GraphTask(bool retain_graph) : retain_graph_(retain_graph) {}
+
+  void add_root(const Edge& edge, const Tensor& grad) {
+    roots_.push_back(edge.node);
+    add_gradient(edge, grad, "backward");
+  }
+
+  void run() {
+    count_dependencies();
+    std::unordered_set<Node*> queued;
+    for (const auto& root : roots_) {
+      if (dependencies_[root.get()] == 0 && queued.insert(root.get()).second) ready_.push(root);
+    }
+    while (!ready_.empty()) {
+      std::shared_ptr<Node> node = ready_.top();
+      ready_.pop();
+      execute(node);
+    }
+  }
+
+ private:
+  void count_dependencies() {
+    std::unordered_set<Node*> seen;
+    std::vector<Node*> stack;
+    for (const auto& root : roots_) {
+      if (seen.insert(root.get()).second) stack.push_back(root.get());
+    }
+    while (!stack.empty()) {
+      Node* node = stack.back();
+      stack.pop_back();
+      for (const Edge& edge : node->next_edges) {
+        if (!edge.valid()) continue;
+        ++dependencies_[edge.node.get()];
+        if (seen.insert(edge.node.get()).second) stack.push_back(edge.node.get());
+      }
+    }
+  }
+
+  // Sums a gradient into the input buffer of edge.node; `from` names the producer.
+  void add_gradient(const Edge& edge, Tensor grad, const std::string& from) {
+    const TensorGeometry& want = edge.node->outputs.at(edge.output_nr);
+    TESSERA_CHECK(grad.shape() == want.shape, from, ": produced a gradient of shape ",
+                  shape_str(grad.shape()), " for ", edge.node->name, " whose output has shape ",
+                  shape_str(want.shape));
+    TESSERA_CHECK(grad.device() == want.device, from, ": produced a gradient on ",
+                  grad.device().str(), " for a tensor on ", want.device.str());
+    if (grad.dtype() != want.dtype) grad = raw::to(grad, want.device, want.dtype);
+    auto& buffer = buffers_[edge.node.get()];
+    buffer.resize(edge.node->outputs.size());
+    Tensor& slot = buffer[edge.output_nr];
+    slot = slot.defined() ? ops::add(slot, grad) : grad;
+  }
+
+  void execute(const std::shared_ptr<Node>& node) {
+    std::vector<Tensor> grads = std::move(buffers_[node.get()]);
+    buffers_.erase(node.get());
+    grads.resize(node->outputs.size());
+    if (node->is_accumulate_grad()) {
+      accumulate_into_leaf(*node, grads[0]);
+      return;
+    }
+    TESSERA_CHECK(!node->released && node->backward, "backward: trying to backward through the "
+                  "graph a second time: ", node->name, " already freed its saved tensors after "
+                  "the first backward; pass retain_graph=true to the first backward");
+    BackwardArgs args;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const TensorGeometry& out = node->outputs[i];
+      if (!grads[i].defined()) grads[i] = zeros(out.shape, {.dtype = out.dtype, .device = out.device});
+      if (!node->output_hooks[i].empty()) grads[i] = apply_hooks(node->output_hooks[i], grads[i]);
+    }
+    args.grad_outputs = std::move(grads);
+    for (const Edge& edge : node->next_edges) args.needs_input_grad.push_back(edge.valid());
+    std::vector<Tensor> input_grads = node->backward(args);
+    TESSERA_CHECK(input_grads.size() == node->next_edges.size(), node->name, ": returned ",
+                  input_grads.size(), " gradients for ", node->next_edges.size(), " inputs");
+    if (!retain_graph_) {
+      node->backward = nullptr;  // frees the saved tensors
+      node->released = true;
+    }
+    for (size_t i = 0; i < input_grads.size(); ++i) {
+      const Edge& edge = node->next_edges[i];
+      if (!edge.valid()) continue;
+      if (input_grads[i].defined()) add_gradient(edge, input_grads[i], node->name);
+      if (--dependencies_[edge.node.get()] > 0) continue;
+      // A leaf's last contribution: accumulate now, so its grad-ready hooks fire as
+      // early as possible rather than when the leaf's (old) sequence number comes up.
+      if (edge.node->is_accumulate_grad()) {
+        execute(edge.node);
+      } else {
+        ready_.push(edge.node);
+      }
+    }
+  }
+
+  bool retain_graph_;
+  std::vector<std::shared_ptr<Node>> roots_;
+  std::unordered_map<Node*, int> dependencies_;
+  std::unordered_map<Node*, std::vector<Tensor>> buffers_;
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, LaterFirst> ready_;
+};
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
+              bool retain_graph) {
+  TESSERA_CHECK(!roots.empty(), "backward: no tensors given");
+  TESSERA_CHECK(grad_roots.empty() || grad_roots.size() == roots.size(), "backward: ",
+                roots.size(), " tensors but ", grad_roots.size(), " gradients");
+  NoGradGuard no_grad;  // backward closures are tape-free
+  GraphTask task(retain_graph);
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& root = roots[i];
+    TESSERA_CHECK(root.defined(), "backward: undefined tensor");
+    TESSERA_CHECK(root.requires_grad(), "backward: the tensor (", describe(root),
+                  ") does not require grad and has no grad_fn");
+    Tensor grad = grad_roots.empty() ? Tensor() : grad_roots[i];
+    if (!grad.defined()) {
+      TESSERA_CHECK(root.numel() == 1, "backward: a gradient can be created implicitly only for "
+                    "a scalar output, but the tensor has shape ", shape_str(root.shape()),
+                    "; pass a gradient of that shape");
+      grad = ones(root.shape(), {.dtype = root.dtype(), .device = root.device()});
+    }
+    TESSERA_CHECK(grad.shape() == root.shape(), "backward: gradient of shape ",
+                  shape_str(grad.shape()), " given for a tensor of shape ",
+                  shape_str(root.shape()));
+    task.add_root(gradient_edge(root), grad);
+  }
+  task.run();
+}
+
+void zero_grad(const std::vector<Tensor>& tensors, bool set_to_none) {
+  for (const Tensor& t : tensors) {
+    AutogradMeta* meta = meta_if_any(t);
+    if (meta == nullptr || !meta->grad.defined()) continue;
+    if (set_to_none) {
+      meta->grad = Tensor();
+    } else {
+      raw::fill_(meta->grad, 0.0);
+    }
+  }
+}
+
+}  // namespace tessera::autograd

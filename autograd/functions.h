@@ -1,0 +1,99 @@
+// The differentiable functions users call (namespace tessera).
+//
+// Each computes its result with the tape-free ops:: (kernels/ops.h) and, when a
+// gradient is needed, records a node whose backward sits next to the forward in
+// the same function and captures only what it needs. Element-wise binaries
+// broadcast (their gradients are summed back with ops::sum_to); a gradient
+// always takes its input's dtype. The view/copy members of Tensor (view, reshape,
+// transpose, narrow, expand, to, copy_, fill_, ...) are differentiable too
+// (autograd/tensor_methods.cpp).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "kernels/ops.h"
+
+namespace tessera {
+
+using ops::Reduction;
+
+// ---- arithmetic (broadcasting) ----
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, double b);
+Tensor operator-(const Tensor& a, double b);
+Tensor operator*(const Tensor& a, double b);
+Tensor operator/(const Tensor& a, double b);
+Tensor operator+(double a, const Tensor& b);
+Tensor operator-(double a, const Tensor& b);
+Tensor operator*(double a, const Tensor& b);
+Tensor operator/(double a, const Tensor& b);
+Tensor operator-(const Tensor& x);
+Tensor neg(const Tensor& x);
+Tensor pow(const Tensor& base, const Tensor& exponent);
+Tensor pow(const Tensor& base, double exponent);
+// Element-wise max/min; on ties the gradient is split evenly between a and b.
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+
+// ---- element-wise functions ----
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+Tensor gelu(const Tensor& x);  // tanh approximation (GPT-2)
+Tensor abs(const Tensor& x);
+Tensor square(const Tensor& x);
+
+// ---- reductions (empty dims = all dimensions) ----
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// The gradient goes to the positions holding the extreme value, split evenly on ties.
+Tensor amax(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor amin(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+
+// ---- normalisation, activations, regularisation ----
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+// Normalises over the last dimension; weight and bias may be undefined.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// Zeroes each element with probability p and scales the rest by 1/(1-p) when training;
+// identity otherwise. gen = nullptr draws from the default generator.
+Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
+
+// ---- linear algebra ----
+// PyTorch matmul semantics (1-D operands, broadcast batch dimensions).
+Tensor matmul(const Tensor& a, const Tensor& b);
+// y = x·W + b with W stored [in, out] (GPT-2's Conv1D layout); bias may be undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// ---- indexing and losses ----
+// weight [V, C], indices (i32/i64) of any shape -> indices.shape + [C].
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+// logits [..., V], targets [...] (i32/i64); Mean is over targets != ignore_index.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
+                     Reduction reduction = Reduction::Mean);
+
+// ---- joining, splitting, selecting ----
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
+Tensor stack(const std::vector<Tensor>& xs, int64_t dim);
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim);
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim);
+// cond ? a : b (broadcasting); cond is bool.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// x with `value` where mask (bool, broadcast to x) is true.
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+
+// ---- convenience re-exports of the tape machinery ----
+using autograd::NoGradGuard;
+
+}  // namespace tessera
