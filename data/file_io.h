@@ -1,0 +1,31 @@
+// Small file helpers shared by data/ and the CLI: whole-file reads, atomic
+// writes (temporary file, fsync, rename, so a crash leaves the old file or the
+// new one, never a mix) and CRC-32 / Adler-32 checksums.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+
+namespace tessera::data {
+
+// Reads a whole file; error names the file when it cannot be opened or read.
+std::string read_file(const std::filesystem::path& path);
+
+// Writes `bytes` to `path` atomically: `path.tmp.<pid>` is written, fsynced and
+// renamed over `path`, then the directory is fsynced. Parent folders are created.
+void write_file_atomically(const std::filesystem::path& path, std::span<const std::byte> bytes);
+inline void write_file_atomically(const std::filesystem::path& path, const std::string& text) {
+  write_file_atomically(path, std::as_bytes(std::span<const char>(text.data(), text.size())));
+}
+
+// CRC-32 (IEEE 802.3, the one zlib/PNG/gzip use); pass the previous value to continue.
+uint32_t crc32(std::span<const std::byte> bytes, uint32_t previous = 0);
+inline uint32_t crc32(const std::string& s, uint32_t previous = 0) {
+  return crc32(std::as_bytes(std::span<const char>(s.data(), s.size())), previous);
+}
+// Adler-32 (the zlib stream checksum).
+uint32_t adler32(std::span<const std::byte> bytes, uint32_t previous = 1);
+
+}  // namespace tessera::data
