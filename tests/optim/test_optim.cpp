@@ -1,0 +1,302 @@
+// optim/: AdamW and SGD against float64 implementations of their update formulas,
+// schedules, global-norm clipping, the loss scaler and state dicts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "autograd/functions.h"
+#include "optim/optim.h"
+
+using namespace tessera;
+
+namespace {
+
+std::vector<double> as_f64(const Tensor& t) {
+  return raw::contiguous(raw::to(t, Device::cpu(), DType::f64)).to_vector<double>();
+}
+
+// Parameters of odd shapes (rank 1 and 2 so weight decay grouping matters).
+std::vector<Tensor> make_params(Generator& gen, DType dtype = DType::f32) {
+  std::vector<Tensor> ps;
+  for (const Shape& s : {Shape{33, 7}, Shape{7}, Shape{1}, Shape{257}, Shape{3, 5, 2}}) {
+    Tensor p = normal(s, 0, 1, {.dtype = dtype}, &gen);
+    p.requires_grad_(true);
+    ps.push_back(p);
+  }
+  return ps;
+}
+
+void set_random_grads(const std::vector<Tensor>& ps, Generator& gen, double scale = 1.0) {
+  for (const auto& p : ps) p.set_grad(normal(p.shape(), 0, scale, {.dtype = p.dtype()}, &gen));
+}
+
+struct AdamRef {
+  std::vector<double> p, m, v;
+  int64_t t = 0;
+  void step(const std::vector<double>& g, double lr, double b1, double b2, double eps, double wd) {
+    if (m.empty()) m.assign(p.size(), 0), v.assign(p.size(), 0);
+    ++t;
+    const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
+    for (size_t i = 0; i < p.size(); ++i) {
+      p[i] *= 1 - lr * wd;
+      m[i] = b1 * m[i] + (1 - b1) * g[i];
+      v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+      p[i] -= lr / bc1 * m[i] / (std::sqrt(v[i]) / std::sqrt(bc2) + eps);
+    }
+  }
+};
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  return worst;
+}
+
+}  // namespace
+
+TEST(AdamW, MatchesFloat64FormulaWithDecayOnMatricesOnly) {
+  for (DType dtype : {DType::f32, DType::f64}) {
+    Generator gen(1);
+    auto ps = make_params(gen, dtype);
+    const double lr = 3e-3, wd = 0.1, b1 = 0.8, b2 = 0.95, eps = 1e-6;
+    optim::AdamW opt(ps, {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd});
+    ASSERT_EQ(opt.param_groups().size(), 2u);
+    EXPECT_EQ(opt.param_groups()[0].params.size(), 2u);  // [33,7] and [3,5,2]
+    std::vector<AdamRef> ref(ps.size());
+    for (size_t i = 0; i < ps.size(); ++i) ref[i].p = as_f64(ps[i]);
+    for (int step = 0; step < 6; ++step) {
+      set_random_grads(ps, gen, 0.5 + step);
+      for (size_t i = 0; i < ps.size(); ++i)
+        ref[i].step(as_f64(ps[i].grad()), lr, b1, b2, eps, ps[i].dim() >= 2 ? wd : 0.0);
+      opt.step();
+    }
+    const double tol = dtype == DType::f64 ? 1e-12 : 2e-6;
+    for (size_t i = 0; i < ps.size(); ++i)
+      EXPECT_LT(max_abs_diff(as_f64(ps[i]), ref[i].p), tol) << "param " << i << " " << dtype;
+  }
+}
+
+TEST(AdamW, SkipsParametersWithoutGradientAndUpdatesStridedViews) {
+  Generator gen(2);
+  Tensor base = normal({7, 33}, 0, 1, {}, &gen);
+  Tensor strided = base.t();  // [33, 7] non-contiguous parameter
+  strided.requires_grad_(true);
+  Tensor untouched = normal({5}, 0, 1, {}, &gen);
+  untouched.requires_grad_(true);
+  optim::AdamW opt({strided, untouched}, {.lr = 0.1, .weight_decay = 0.0});
+  const auto before = as_f64(untouched);
+  AdamRef ref{as_f64(strided)};
+  strided.set_grad(normal({33, 7}, 0, 1, {}, &gen));
+  ref.step(as_f64(strided.grad()), 0.1, 0.9, 0.999, 1e-8, 0.0);
+  opt.step();
+  EXPECT_EQ(as_f64(untouched), before);
+  EXPECT_LT(max_abs_diff(as_f64(strided), ref.p), 1e-6);
+  EXPECT_LT(max_abs_diff(as_f64(base.t()), ref.p), 1e-6);  // written through the view
+}
+
+TEST(AdamW, StateDictResumesExactly) {
+  Generator g1(3), g2(3);
+  auto a = make_params(g1), b = make_params(g2);
+  optim::AdamW oa(a, {.lr = 1e-2}), ob(b, {.lr = 1e-2});
+  Generator grads(9);
+  for (int s = 0; s < 3; ++s) {
+    set_random_grads(a, grads);
+    for (size_t i = 0; i < a.size(); ++i) b[i].set_grad(raw::clone(a[i].grad()));
+    oa.step();
+    ob.step();
+  }
+  // A fresh optimizer over b's parameters, restored from a's state.
+  optim::AdamW restored(b, {.lr = 1e-2});
+  restored.load_state_dict(oa.state_dict());
+  for (int s = 0; s < 2; ++s) {
+    set_random_grads(a, grads);
+    for (size_t i = 0; i < a.size(); ++i) b[i].set_grad(raw::clone(a[i].grad()));
+    oa.step();
+    restored.step();
+  }
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(as_f64(a[i]), as_f64(b[i])) << i;
+  EXPECT_EQ(oa.state_dict().scalars.at("state.0.step"), 5.0);
+
+  auto bad = oa.state_dict();
+  bad.tensors["state.0.exp_avg"] = zeros({2, 2});
+  try {
+    restored.load_state_dict(bad);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("state.0.exp_avg"), std::string::npos) << e.what();
+  }
+  auto missing = oa.state_dict();
+  missing.scalars.erase("group.1.lr");
+  EXPECT_THROW(restored.load_state_dict(missing), Error);
+}
+
+TEST(AdamW, DoesNotRecordOnTheTape) {
+  Generator gen(4);
+  auto ps = make_params(gen);
+  set_random_grads(ps, gen);
+  optim::AdamW opt(ps);
+  opt.step();
+  for (const auto& p : ps) {
+    EXPECT_TRUE(p.is_leaf());
+    EXPECT_TRUE(p.requires_grad());
+  }
+}
+
+TEST(SGD, MatchesFloat64FormulaAllVariants) {
+  struct Case {
+    double momentum, dampening, wd;
+    bool nesterov;
+  };
+  for (const Case c : {Case{0, 0, 0, false}, Case{0.9, 0, 0.01, false}, Case{0.9, 0.1, 0, false},
+                       Case{0.8, 0, 0.05, true}}) {
+    Generator gen(5);
+    auto ps = make_params(gen);
+    const double lr = 0.05;
+    optim::SGD opt(ps, {.lr = lr, .momentum = c.momentum, .dampening = c.dampening,
+                        .weight_decay = c.wd, .nesterov = c.nesterov});
+    std::vector<std::vector<double>> p(ps.size()), buf(ps.size());
+    for (size_t i = 0; i < ps.size(); ++i) p[i] = as_f64(ps[i]);
+    for (int step = 0; step < 4; ++step) {
+      set_random_grads(ps, gen);
+      for (size_t i = 0; i < ps.size(); ++i) {
+        auto g = as_f64(ps[i].grad());
+        for (size_t k = 0; k < g.size(); ++k) {
+          double d = g[k] + c.wd * p[i][k];
+          if (c.momentum != 0) {
+            if (step == 0) buf[i].assign(g.size(), 0);
+            buf[i][k] = step == 0 ? d : c.momentum * buf[i][k] + (1 - c.dampening) * d;
+            d = c.nesterov ? d + c.momentum * buf[i][k] : buf[i][k];
+          }
+          p[i][k] -= lr * d;
+        }
+      }
+      opt.step();
+    }
+    for (size_t i = 0; i < ps.size(); ++i)
+      EXPECT_LT(max_abs_diff(as_f64(ps[i]), p[i]), 1e-5)
+          << "momentum " << c.momentum << " nesterov " << c.nesterov << " param " << i;
+  }
+  Generator gen(6);
+  EXPECT_THROW(optim::SGD(make_params(gen), {.lr = 0.1, .momentum = 0, .nesterov = true}), Error);
+}
+
+TEST(Schedule, WarmupThenCosineOrLinearToTheFloor) {
+  Generator gen(7);
+  auto ps = make_params(gen);
+  optim::AdamW opt(ps, {.lr = 0.5});
+  const int64_t warmup = 4, total = 20;
+  const double min_lr = 0.05;
+  optim::CosineSchedule cosine(opt, {.warmup = warmup, .total = total, .min_lr = min_lr});
+  for (int64_t s = 0; s < 30; ++s) {
+    double expect;
+    if (s < warmup) expect = 0.5 * (s + 1) / warmup;
+    else if (s >= total) expect = min_lr;
+    else expect = min_lr + (0.5 - min_lr) * 0.5 * (1 + std::cos(M_PI * (s - warmup) / double(total - warmup)));
+    ASSERT_NEAR(opt.param_groups()[0].lr, expect, 1e-12) << "step " << s;
+    ASSERT_NEAR(opt.param_groups()[1].lr, expect, 1e-12) << "step " << s;
+    cosine.step();
+  }
+  optim::AdamW opt2(ps, {.lr = 1.0});
+  optim::LinearSchedule linear(opt2, {.warmup = 0, .total = 10, .min_lr = 0.0});
+  EXPECT_NEAR(linear.lr_at(0), 1.0, 1e-12);
+  EXPECT_NEAR(linear.lr_at(5), 0.5, 1e-12);
+  EXPECT_NEAR(linear.lr_at(12), 0.0, 1e-12);
+  optim::ConstantSchedule constant(opt2, {.warmup = 2});
+  EXPECT_NEAR(constant.lr_at(0), 0.5, 1e-12);
+  EXPECT_NEAR(constant.lr_at(100), 1.0, 1e-12);
+  EXPECT_THROW(optim::CosineSchedule(opt2, {.warmup = 10, .total = 10}), Error);
+  EXPECT_THROW(optim::CosineSchedule(opt2, {.warmup = 1, .total = 10, .min_lr = 2.0}), Error);
+}
+
+TEST(Schedule, StateDictRestoresTheStep) {
+  Generator gen(8);
+  auto ps = make_params(gen);
+  optim::AdamW a(ps, {.lr = 0.1}), b(ps, {.lr = 0.1});
+  optim::CosineSchedule sa(a, {.warmup = 2, .total = 10}), sb(b, {.warmup = 2, .total = 10});
+  for (int i = 0; i < 6; ++i) sa.step();
+  sb.load_state_dict(sa.state_dict());
+  EXPECT_EQ(sb.current_step(), 6);
+  EXPECT_DOUBLE_EQ(b.lr(), a.lr());
+  optim::CosineSchedule other(b, {.warmup = 3, .total = 10});
+  EXPECT_THROW(other.load_state_dict(sa.state_dict()), Error);
+}
+
+TEST(Clip, GlobalNormMatchesFloat64AndScalesOnlyWhenAbove) {
+  Generator gen(9);
+  auto ps = make_params(gen);
+  set_random_grads(ps, gen, 3.0);
+  Tensor no_grad = ones({4});
+  no_grad.requires_grad_(true);
+  ps.push_back(no_grad);  // skipped
+  double sq = 0;
+  std::vector<std::vector<double>> before;
+  for (size_t i = 0; i + 1 < ps.size(); ++i) {
+    before.push_back(as_f64(ps[i].grad()));
+    for (double g : before.back()) sq += g * g;
+  }
+  const double norm = std::sqrt(sq);
+  EXPECT_NEAR(optim::grad_norm(ps), norm, 1e-9 * norm);
+  // Above the norm: nothing changes.
+  EXPECT_NEAR(optim::clip_grad_norm_(ps, norm * 2), norm, 1e-9 * norm);
+  EXPECT_EQ(as_f64(ps[0].grad()), before[0]);
+  // Below: scaled by max_norm / (norm + 1e-6).
+  const double max_norm = norm / 7;
+  EXPECT_NEAR(optim::clip_grad_norm_(ps, max_norm), norm, 1e-9 * norm);
+  const double coef = max_norm / (norm + 1e-6);
+  for (size_t i = 0; i + 1 < ps.size(); ++i) {
+    auto after = as_f64(ps[i].grad());
+    for (size_t k = 0; k < after.size(); ++k) ASSERT_NEAR(after[k], before[i][k] * coef, 1e-6);
+  }
+  EXPECT_NEAR(optim::grad_norm(ps), max_norm, 1e-5 * max_norm);
+  EXPECT_THROW(optim::clip_grad_norm_(ps, 0.0), Error);
+  // A non-finite gradient gives a non-finite norm.
+  ps[1].set_grad(full(ps[1].shape(), std::numeric_limits<double>::infinity()));
+  EXPECT_FALSE(std::isfinite(optim::clip_grad_norm_(ps, 1.0)));
+}
+
+TEST(LossScaler, ScalesUnscalesSkipsAndGrows) {
+  Tensor p = from_vector<float>({1.0f, -2.0f, 3.0f}, {3});
+  p.requires_grad_(true);
+  Tensor x = from_vector<float>({0.5f, 0.25f, -1.0f}, {3});
+  optim::SGD opt({p}, {.lr = 1.0});
+  optim::LossScaler scaler({.init_scale = 1024, .growth_factor = 2, .backoff_factor = 0.5,
+                            .growth_interval = 2});
+  // backward of the scaled loss: grad = scale * x.
+  scaler.backward(sum(p * x));
+  EXPECT_EQ(as_f64(p.grad()), (std::vector<double>{512, 256, -1024}));
+  EXPECT_TRUE(scaler.step(opt));  // unscales, then steps: p -= x
+  scaler.update();
+  EXPECT_EQ(as_f64(p), (std::vector<double>{0.5, -2.25, 4.0}));
+  EXPECT_EQ(scaler.scale(), 1024);
+  EXPECT_EQ(scaler.growth_tracker(), 1);
+
+  // An inf gradient: step skipped, scale backed off, tracker reset.
+  opt.zero_grad();
+  p.set_grad(from_vector<float>({1.0f, std::numeric_limits<float>::infinity(), 0.0f}, {3}));
+  EXPECT_FALSE(scaler.step(opt));
+  EXPECT_TRUE(scaler.found_inf());
+  scaler.update();
+  EXPECT_EQ(as_f64(p), (std::vector<double>{0.5, -2.25, 4.0}));
+  EXPECT_EQ(scaler.scale(), 512);
+  EXPECT_EQ(scaler.growth_tracker(), 0);
+
+  // Two clean steps in a row double it; unscale_ twice per step is an error.
+  for (int i = 0; i < 2; ++i) {
+    opt.zero_grad();
+    scaler.scale_loss(sum(p * x)).backward();
+    EXPECT_TRUE(scaler.unscale_(opt));
+    EXPECT_THROW(scaler.unscale_(opt), Error);
+    EXPECT_NEAR(as_f64(p.grad())[2], -1.0, 1e-7);  // the true gradient after unscale_
+    scaler.step(opt);
+    scaler.update();
+  }
+  EXPECT_EQ(scaler.scale(), 1024);
+
+  optim::LossScaler restored;
+  restored.load_state_dict(scaler.state_dict());
+  EXPECT_EQ(restored.scale(), 1024);
+  EXPECT_THROW(optim::LossScaler({.init_scale = 0}), Error);
+  optim::LossScaler off({.enabled = false});
+  EXPECT_EQ(off.scale(), 1.0);
+}
