@@ -47,6 +47,10 @@ struct KernelTable {
   void (*binary)(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) = nullptr;
   // out = cond ? a : b, all expanded to out's shape.
   void (*where)(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) = nullptr;
+  // out = a + alpha * b in one pass (a, b expanded to out's shape, any float dtypes, computed
+  // in out's dtype via f32 for f16/bf16). Optional: when null, ops::add_scaled composes it
+  // from two `binary` calls.
+  void (*add_scaled)(const Tensor& a, const Tensor& b, double alpha, const Tensor& out) = nullptr;
   // Reduce x over `dims` (sorted, unique); out has x's shape with those dims set to 1.
   void (*reduce)(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims,
                  const Tensor& out) = nullptr;
@@ -75,11 +79,15 @@ struct KernelTable {
   // out.index_add_(dim, idx, src): out[..., idx[i], ...] += src[..., i, ...].
   void (*index_add)(const Tensor& out, int64_t dim, const Tensor& idx, const Tensor& src) = nullptr;
 
-  // Mean (or sum) cross-entropy over rows of logits [N, V] with targets [N]; rows whose
-  // target is ignore_index are skipped. loss is a 0-d f32 tensor; count = rows used.
+  // Cross-entropy summed over the rows of logits [N, V] (any float dtype, computed in f32, f64
+  // for f64) with targets [N] (i32/i64); rows whose target is ignore_index are skipped.
+  // loss: 0-d f32 = sum over counted rows of (logsumexp(row) - row[target]); count: 0-d i64 =
+  // number of counted rows. The front-end divides by count for the mean. A target outside
+  // [0, V) other than ignore_index is an error naming it and V.
   void (*cross_entropy)(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                         const Tensor& loss, const Tensor& count) = nullptr;
-  // dlogits = scale * (softmax(logits) - onehot(target)) for counted rows, 0 for ignored.
+  // dlogits = scale * (softmax(logits) - onehot(target)) for counted rows, 0 for ignored;
+  // dlogits [N, V] contiguous, same dtype as logits.
   void (*cross_entropy_backward)(const Tensor& logits, const Tensor& targets,
                                  int64_t ignore_index, double scale,
                                  const Tensor& dlogits) = nullptr;

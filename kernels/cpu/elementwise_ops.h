@@ -1,0 +1,119 @@
+// The scalar math of every UnaryOp / BinaryOp, written once on the compute type
+// (compute_t<T>) and shared by the CPU kernels. Each op is a compile-time constant
+// so the loops that apply it specialise and vectorise.
+#pragma once
+#include <cmath>
+#include <type_traits>
+#include <utility>
+
+#include "core/dispatch.h"
+#include "kernels/cpu/fast_math.h"
+#include "kernels/cpu/lanes.h"
+
+namespace tessera::cpu {
+
+constexpr int kNumUnaryOps = static_cast<int>(UnaryOp::Expm1) + 1;
+constexpr int kNumBinaryOps = static_cast<int>(BinaryOp::GeluBackward) + 1;
+
+constexpr bool unary_returns_bool(UnaryOp op) { return op == UnaryOp::LogicalNot; }
+constexpr bool binary_returns_bool(BinaryOp op) {
+  return op == BinaryOp::Eq || op == BinaryOp::Ne || op == BinaryOp::Lt || op == BinaryOp::Le ||
+         op == BinaryOp::Gt || op == BinaryOp::Ge || op == BinaryOp::LogicalAnd ||
+         op == BinaryOp::LogicalOr;
+}
+
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kGeluCubic = 0.044715;
+
+// tanh for GELU: the vectorisable one for float, the exact one for double.
+template <class C>
+inline C gelu_tanh(C u) {
+  if constexpr (std::is_same_v<C, float>) return fast_tanh(u);
+  else return std::tanh(u);
+}
+
+template <class C>
+inline C gelu_forward(C x) {
+  const C u = C(kSqrt2OverPi) * (x + C(kGeluCubic) * x * x * x);
+  return C(0.5) * x * (C(1) + gelu_tanh(u));
+}
+
+template <class C>
+inline C gelu_grad(C x, C dy) {
+  const C u = C(kSqrt2OverPi) * (x + C(kGeluCubic) * x * x * x);
+  const C t = gelu_tanh(u);
+  const C du = C(kSqrt2OverPi) * (C(1) + C(3 * kGeluCubic) * x * x);
+  return dy * (C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * du);
+}
+
+template <UnaryOp op, class C>
+inline auto apply_unary(C x) {
+  using std::abs;
+  if constexpr (op == UnaryOp::Neg) return C(-x);
+  else if constexpr (op == UnaryOp::Exp) return C(std::exp(x));
+  else if constexpr (op == UnaryOp::Log) return C(std::log(x));
+  else if constexpr (op == UnaryOp::Sqrt) return C(std::sqrt(x));
+  else if constexpr (op == UnaryOp::Rsqrt) return C(C(1) / std::sqrt(x));
+  else if constexpr (op == UnaryOp::Abs) return C(x < C(0) ? -x : x);
+  else if constexpr (op == UnaryOp::Tanh) return C(std::tanh(x));
+  else if constexpr (op == UnaryOp::Sigmoid) return C(C(1) / (C(1) + std::exp(-x)));
+  else if constexpr (op == UnaryOp::Relu) return C(x > C(0) ? x : C(0));
+  else if constexpr (op == UnaryOp::Gelu) {
+    if constexpr (std::is_floating_point_v<C>) return gelu_forward(x);
+    else return C(gelu_forward(double(x)));
+  }
+  else if constexpr (op == UnaryOp::Sin) return C(std::sin(x));
+  else if constexpr (op == UnaryOp::Cos) return C(std::cos(x));
+  else if constexpr (op == UnaryOp::Square) return C(x * x);
+  else if constexpr (op == UnaryOp::Reciprocal) return C(C(1) / x);
+  else if constexpr (op == UnaryOp::Sign) return C((C(0) < x) - (x < C(0)));
+  else if constexpr (op == UnaryOp::Floor) return C(std::floor(x));
+  else if constexpr (op == UnaryOp::Ceil) return C(std::ceil(x));
+  else if constexpr (op == UnaryOp::Round) return C(std::nearbyint(x));  // half to even
+  else if constexpr (op == UnaryOp::LogicalNot) return !(x != C(0));
+  else if constexpr (op == UnaryOp::Log1p) return C(std::log1p(x));
+  else if constexpr (op == UnaryOp::Expm1) return C(std::expm1(x));
+}
+
+template <class C>
+inline C int_pow(C base, C exp) {
+  if (exp < 0) return base == 1 ? 1 : (base == -1 ? ((exp & 1) ? -1 : 1) : 0);
+  C result = 1;
+  while (exp > 0) {
+    if (exp & 1) result *= base;
+    base *= base;
+    exp >>= 1;
+  }
+  return result;
+}
+
+template <BinaryOp op, class C>
+inline auto apply_binary(C a, C b) {
+  if constexpr (op == BinaryOp::Add) return C(a + b);
+  else if constexpr (op == BinaryOp::Sub) return C(a - b);
+  else if constexpr (op == BinaryOp::Mul) return C(a * b);
+  else if constexpr (op == BinaryOp::Div) {
+    if constexpr (std::is_floating_point_v<C>) return C(a / b);
+    else return C(b == 0 ? 0 : a / b);  // the front-end divides integers in float
+  } else if constexpr (op == BinaryOp::Pow) {
+    if constexpr (std::is_floating_point_v<C>) return C(std::pow(a, b));
+    else return int_pow(a, b);
+  }
+  // max/min propagate NaN, as PyTorch's maximum/minimum do
+  else if constexpr (op == BinaryOp::Maximum) return C(a != a ? a : (b != b ? b : (a > b ? a : b)));
+  else if constexpr (op == BinaryOp::Minimum) return C(a != a ? a : (b != b ? b : (a < b ? a : b)));
+  else if constexpr (op == BinaryOp::Eq) return a == b;
+  else if constexpr (op == BinaryOp::Ne) return a != b;
+  else if constexpr (op == BinaryOp::Lt) return a < b;
+  else if constexpr (op == BinaryOp::Le) return a <= b;
+  else if constexpr (op == BinaryOp::Gt) return a > b;
+  else if constexpr (op == BinaryOp::Ge) return a >= b;
+  else if constexpr (op == BinaryOp::LogicalAnd) return (a != C(0)) && (b != C(0));
+  else if constexpr (op == BinaryOp::LogicalOr) return (a != C(0)) || (b != C(0));
+  else if constexpr (op == BinaryOp::GeluBackward) {
+    if constexpr (std::is_floating_point_v<C>) return gelu_grad(a, b);
+    else return C(gelu_grad(double(a), double(b)));
+  }
+}
+
+}  // namespace tessera::cpu
