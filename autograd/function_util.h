@@ -1,0 +1,55 @@
+// Small helpers shared by the differentiable functions (internal to autograd/).
+#pragma once
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "kernels/ops.h"
+
+namespace tessera::autograd::util {
+
+// A broadcast gradient summed back to its input's shape (no work when equal).
+inline Tensor sum_to_shape(const Tensor& grad, const Shape& shape) {
+  return grad.shape() == shape ? grad : ops::sum_to(grad, shape);
+}
+
+// A bool mask as 0/1 values of `dtype`, to multiply gradients with.
+inline Tensor mask_as(const Tensor& mask, DType dtype) { return raw::to(mask, mask.device(), dtype); }
+
+// A 0-d tensor holding `value`, of t's dtype and device.
+inline Tensor scalar_like(double value, const Tensor& t) {
+  return full({}, value, {.dtype = t.dtype(), .device = t.device()});
+}
+
+// Reduction dims wrapped into [0, ndim), sorted and unique; empty means all.
+inline std::vector<int64_t> reduced_dims(const std::vector<int64_t>& dims, int64_t ndim,
+                                         const char* op) {
+  std::vector<bool> reduced(ndim, dims.empty());
+  for (int64_t d : dims) reduced[wrap_dim(d, ndim, op)] = true;
+  std::vector<int64_t> out;
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (reduced[d]) out.push_back(d);
+  }
+  return out;
+}
+
+// `shape` with the reduced dims set to 1 (the keepdim shape of a reduction).
+inline Shape keepdim_shape(Shape shape, const std::vector<int64_t>& sorted_dims) {
+  for (int64_t d : sorted_dims) shape[d] = 1;
+  return shape;
+}
+
+// `shape` without the reduced dims (the shape of a reduction without keepdim).
+inline Shape drop_dims(const Shape& shape, const std::vector<int64_t>& sorted_dims) {
+  Shape out;
+  size_t next = 0;
+  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
+    if (next < sorted_dims.size() && sorted_dims[next] == d) {
+      ++next;
+    } else {
+      out.push_back(shape[d]);
+    }
+  }
+  return out;
+}
+
+}  // namespace tessera::autograd::util

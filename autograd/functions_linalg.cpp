@@ -1,0 +1,113 @@
+// Differentiable matmul, linear, embedding and cross_entropy.
+#include "autograd/function_util.h"
+#include "autograd/functions.h"
+
+namespace tessera {
+
+using autograd::BackwardArgs;
+using autograd::record;
+using autograd::SavedTensor;
+using autograd::util::sum_to_shape;
+using Grads = std::vector<Tensor>;
+
+namespace {
+
+// The matrix transpose of the last two dims.
+Tensor mT(const Tensor& t) { return raw::transpose(t, -2, -1); }
+
+// Gradients of y = a @ b for operands of rank >= 2 (broadcast batch dims summed back).
+Tensor matmul_grad_a(const Tensor& g, const Tensor& b, const Shape& a_shape) {
+  return sum_to_shape(ops::matmul(g, mT(b)), a_shape);
+}
+Tensor matmul_grad_b(const Tensor& g, const Tensor& a, const Shape& b_shape) {
+  if (b_shape.size() == 2 && a.dim() > 2) {
+    // A matrix shared by every batch: fold the batch into the rows, one [K, N] product
+    // instead of a batch of them summed afterwards.
+    const int64_t k = a.size(-1), n = g.size(-1);
+    return ops::matmul(mT(raw::reshape(a, {-1, k})), raw::reshape(g, {-1, n}));
+  }
+  return sum_to_shape(ops::matmul(mT(a), g), b_shape);
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  Tensor y = ops::matmul(a, b);
+  if (!autograd::any_requires_grad({a, b})) return y;
+  SavedTensor saved_a = b.requires_grad() ? SavedTensor::input(a) : SavedTensor();
+  SavedTensor saved_b = a.requires_grad() ? SavedTensor::input(b) : SavedTensor();
+  record("MatmulBackward", {a, b}, {y}, [saved_a, saved_b, a_shape = a.shape(), b_shape = b.shape()](const BackwardArgs& x) {
+    // 1-D operands are a row (a) or a column (b); the gradient gets that dim back.
+    const bool a_vector = a_shape.size() == 1, b_vector = b_shape.size() == 1;
+    Tensor g = x.grad();
+    if (a_vector) g = raw::unsqueeze(g, g.dim() - (b_vector ? 0 : 1));
+    if (b_vector) g = raw::unsqueeze(g, g.dim());
+    const Shape a2 = a_vector ? Shape{1, a_shape[0]} : a_shape;
+    const Shape b2 = b_vector ? Shape{b_shape[0], 1} : b_shape;
+    Tensor grad_a, grad_b;
+    if (x.needs(0)) {
+      grad_a = raw::reshape(matmul_grad_a(g, raw::reshape(saved_b.unpack("MatmulBackward"), b2), a2), a_shape);
+    }
+    if (x.needs(1)) {
+      grad_b = raw::reshape(matmul_grad_b(g, raw::reshape(saved_a.unpack("MatmulBackward"), a2), b2), b_shape);
+    }
+    return Grads{grad_a, grad_b};
+  });
+  return y;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  TESSERA_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(0),
+                "linear: input of shape ", shape_str(x.shape()), " does not match weight of shape ",
+                shape_str(weight.shape()), " (expected [in, out] with in = the input's last dim)");
+  const int64_t in = weight.size(0), out = weight.size(1);
+  TESSERA_CHECK(!bias.defined() || bias.shape() == Shape{out}, "linear: bias of shape ",
+                shape_str(bias.shape()), " for weight of shape ", shape_str(weight.shape()));
+  // Rows of the input as one matrix: a single GEMM, and dW = x^T g without a batch.
+  Tensor y2 = ops::matmul(raw::reshape(x, {-1, in}), weight);
+  if (bias.defined()) ops::binary_(BinaryOp::Add, y2, bias);
+  Shape out_shape = x.shape();
+  out_shape.back() = out;
+  Tensor y = raw::reshape(y2, out_shape);
+  if (!autograd::any_requires_grad({x, weight, bias})) return y;
+  SavedTensor saved_x = weight.requires_grad() ? SavedTensor::input(x) : SavedTensor();
+  SavedTensor saved_w = x.requires_grad() ? SavedTensor::input(weight) : SavedTensor();
+  record("LinearBackward", {x, weight, bias}, {y}, [saved_x, saved_w, x_shape = x.shape(), in, out](const BackwardArgs& a) {
+    const Tensor g = raw::reshape(a.grad(), {-1, out});
+    Tensor grad_x, grad_w, grad_b;
+    if (a.needs(0)) grad_x = raw::reshape(ops::matmul(g, mT(saved_w.unpack("LinearBackward"))), x_shape);
+    if (a.needs(1)) grad_w = ops::matmul(mT(raw::reshape(saved_x.unpack("LinearBackward"), {-1, in})), g);
+    if (a.needs(2)) grad_b = ops::sum(g, {0});
+    return Grads{grad_x, grad_w, grad_b};
+  });
+  return y;
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  Tensor y = ops::embedding(weight, indices);
+  record("EmbeddingBackward", {weight, indices}, {y},
+         [saved = SavedTensor::input(indices), rows = weight.size(0)](const BackwardArgs& a) {
+           return Grads{ops::embedding_backward(a.grad(), saved.unpack("EmbeddingBackward"), rows), Tensor()};
+         });
+  return y;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                     Reduction reduction) {
+  Tensor loss = ops::cross_entropy(logits, targets, ignore_index, reduction);
+  record("CrossEntropyBackward", {logits, targets}, {loss},
+         [sl = SavedTensor::input(logits), st = SavedTensor::input(targets), ignore_index, reduction](const BackwardArgs& a) {
+           const Tensor logits = sl.unpack("CrossEntropyBackward"), targets = st.unpack("CrossEntropyBackward");
+           if (reduction != Reduction::None) {
+             // One scalar scales every row; reading it costs one sync, cheaper than a pass over [N, V].
+             return Grads{ops::cross_entropy_backward(logits, targets, a.grad().item(), ignore_index, reduction),
+                          Tensor()};
+           }
+           // Per-row losses: (softmax - onehot) of each row times that row's gradient.
+           Tensor per_row = ops::cross_entropy_backward(logits, targets, 1.0, ignore_index, Reduction::Sum);
+           return Grads{ops::mul(per_row, raw::unsqueeze(a.grad(), a.grad().dim())), Tensor()};
+         });
+  return loss;
+}
+
+}  // namespace tessera
