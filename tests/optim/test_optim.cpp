@@ -19,7 +19,7 @@ std::vector<double> as_f64(const Tensor& t) {
 // Parameters of odd shapes (rank 1 and 2 so weight decay grouping matters).
 std::vector<Tensor> make_params(Generator& gen, DType dtype = DType::f32) {
   std::vector<Tensor> ps;
-  for (const Shape& s : {Shape{33, 7}, Shape{7}, Shape{1}, Shape{257}, Shape{3, 5, 2}}) {
+  for (const Shape& s : {Shape{33, 7}, Shape{7}, Shape{1}, Shape{257}, Shape{3, 5, 2}, Shape{301, 129}}) {
     Tensor p = normal(s, 0, 1, {.dtype = dtype}, &gen);
     p.requires_grad_(true);
     ps.push_back(p);
@@ -62,7 +62,7 @@ TEST(AdamW, MatchesFloat64FormulaWithDecayOnMatricesOnly) {
     const double lr = 3e-3, wd = 0.1, b1 = 0.8, b2 = 0.95, eps = 1e-6;
     optim::AdamW opt(ps, {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd});
     ASSERT_EQ(opt.param_groups().size(), 2u);
-    EXPECT_EQ(opt.param_groups()[0].params.size(), 2u);  // [33,7] and [3,5,2]
+    EXPECT_EQ(opt.param_groups()[0].params.size(), 3u);  // [33,7], [3,5,2], [301,129]
     std::vector<AdamRef> ref(ps.size());
     for (size_t i = 0; i < ps.size(); ++i) ref[i].p = as_f64(ps[i]);
     for (int step = 0; step < 6; ++step) {
@@ -161,10 +161,10 @@ TEST(SGD, MatchesFloat64FormulaAllVariants) {
       set_random_grads(ps, gen);
       for (size_t i = 0; i < ps.size(); ++i) {
         auto g = as_f64(ps[i].grad());
+        if (step == 0) buf[i].assign(g.size(), 0.0);
         for (size_t k = 0; k < g.size(); ++k) {
           double d = g[k] + c.wd * p[i][k];
           if (c.momentum != 0) {
-            if (step == 0) buf[i].assign(g.size(), 0);
             buf[i][k] = step == 0 ? d : c.momentum * buf[i][k] + (1 - c.dampening) * d;
             d = c.nesterov ? d + c.momentum * buf[i][k] : buf[i][k];
           }
