@@ -1,0 +1,35 @@
+// Where this process sits in a distributed job, read from the environment that
+// the job's starter left: `tessera launch` / torchrun (RANK, WORLD_SIZE, ...),
+// `mpirun` (OMPI_COMM_WORLD_*) or SLURM (SLURM_PROCID, ...). A process started
+// by hand with none of them is rank 0 of a world of 1.
+#pragma once
+#include <string>
+
+namespace tessera::dist {
+
+enum class Launcher { None, Torchrun, Mpirun, Slurm };
+const char* launcher_name(Launcher l);
+
+struct DistEnv {
+  int rank = 0;
+  int local_rank = 0;
+  int world_size = 1;
+  int local_world_size = 1;
+  std::string master_addr;  // empty when the starter gave none (mpirun without MASTER_ADDR)
+  int master_port = 0;
+  Launcher launcher = Launcher::None;
+
+  bool has_master() const { return !master_addr.empty() && master_port > 0; }
+};
+
+// Reads the environment; torchrun names win over mpirun's, mpirun's over SLURM's.
+// Malformed values (non-numbers, rank >= world size) are errors naming the variable.
+DistEnv read_dist_env();
+
+// Environment lookup helpers shared by dist/: the value, or the fallback when unset/empty.
+std::string env_string(const char* name, const std::string& fallback = "");
+int env_int(const char* name, int fallback);
+double env_double(const char* name, double fallback);
+bool env_flag(const char* name);  // "1", "true", "yes", "on" (any case)
+
+}  // namespace tessera::dist

@@ -1,0 +1,238 @@
+#include "dist/store.h"
+
+#include <poll.h>
+
+#include <map>
+
+namespace tessera::dist {
+
+namespace {
+enum Command : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kWait = 4, kCheck = 5 };
+
+// Requests are a command byte, an argument count and length-prefixed strings; replies are
+// one length-prefixed string.
+void send_request(Socket& s, uint8_t command, const std::vector<std::string>& args, Deadline d) {
+  s.send_all(&command, 1, d);
+  s.send_u64(args.size(), d);
+  for (const std::string& a : args) s.send_string(a, d);
+}
+}  // namespace
+
+// Serves the store from one thread: a poll loop over the listening socket and every client.
+// A get/wait whose keys are missing is parked and answered when a set/add provides them.
+class TCPStoreServer {
+ public:
+  explicit TCPStoreServer(Listener listener)
+      : listener_(std::move(listener)), thread_([this] { serve(); }) {}
+  ~TCPStoreServer() {
+    stop_ = true;
+    thread_.join();
+  }
+  int port() const { return listener_.port(); }
+
+ private:
+  struct Client {
+    Socket socket;
+    std::vector<std::string> waiting_for;  // non-empty while a get/wait is parked
+    uint8_t waiting_command = 0;
+  };
+
+  void serve() {
+    while (!stop_) {
+      std::vector<pollfd> fds{{listener_.fd(), POLLIN, 0}};
+      for (const auto& c : clients_) fds.push_back({c->socket.fd(), POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), 100) <= 0) continue;
+      if (fds[0].revents & POLLIN) {
+        try {
+          auto client = std::make_unique<Client>();
+          client->socket = listener_.accept(Deadline::after(1));
+          clients_.push_back(std::move(client));
+        } catch (const Error&) {
+        }
+      }
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        Client& c = *clients_[i - 1];
+        try {
+          handle(c);
+        } catch (const Error&) {
+          c.socket.close();  // the client went away; forget it
+        }
+      }
+      std::erase_if(clients_, [](const auto& c) { return !c->socket.valid(); });
+    }
+  }
+
+  void handle(Client& c) {
+    Deadline d = Deadline::after(10);
+    uint8_t command = 0;
+    c.socket.recv_all(&command, 1, d);
+    uint64_t n = c.socket.recv_u64(d);
+    TESSERA_CHECK(n < 1000000, "store: corrupt request");
+    std::vector<std::string> args(n);
+    for (auto& a : args) a = c.socket.recv_string(d);
+    switch (command) {
+      case kSet:
+        values_[args.at(0)] = args.at(1);
+        c.socket.send_string("", d);
+        wake_waiters();
+        break;
+      case kAdd: {
+        auto it = values_.find(args.at(0));
+        int64_t value = (it == values_.end() ? 0 : std::stoll(it->second)) + std::stoll(args.at(1));
+        values_[args.at(0)] = std::to_string(value);
+        c.socket.send_string(std::to_string(value), d);
+        wake_waiters();
+        break;
+      }
+      case kCheck:
+        c.socket.send_string(all_present(args) ? "1" : "0", d);
+        break;
+      case kGet:
+      case kWait:
+        c.waiting_for = args;
+        c.waiting_command = command;
+        wake_waiters();
+        break;
+      default:
+        TESSERA_FAIL("store: unknown command ", int(command));
+    }
+  }
+
+  bool all_present(const std::vector<std::string>& keys) const {
+    for (const auto& k : keys)
+      if (!values_.count(k)) return false;
+    return true;
+  }
+
+  void wake_waiters() {
+    for (auto& c : clients_) {
+      if (c->waiting_for.empty() || !all_present(c->waiting_for)) continue;
+      std::string reply = c->waiting_command == kGet ? values_.at(c->waiting_for[0]) : "";
+      c->waiting_for.clear();
+      try {
+        c->socket.send_string(reply, Deadline::after(10));
+      } catch (const Error&) {
+        c->socket.close();
+      }
+    }
+  }
+
+  Listener listener_;
+  std::map<std::string, std::string> values_;
+  std::vector<std::unique_ptr<Client>> clients_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+void Store::barrier(const std::string& name, int world_size) {
+  const std::string counter = "barrier/" + name;
+  const std::string done = counter + "/done";
+  if (add(counter, 1) == world_size) set(done, "1");
+  try {
+    wait({done});
+  } catch (const TimeoutError&) {
+    int64_t arrived = add(counter, 0);
+    throw TimeoutError(detail::concat("dist: barrier '", name, "' timed out after ",
+                                      timeout_seconds(), " s: only ", arrived, " of ", world_size,
+                                      " ranks arrived"));
+  }
+}
+
+TCPStore::TCPStore(const std::string& host, int port, bool is_server, double timeout_s)
+    : host_(host), port_(port), timeout_s_(timeout_s) {
+  if (is_server) {
+    server_ = std::make_unique<TCPStoreServer>(Listener(host, port));
+    port_ = server_->port();
+  }
+  socket_ = Socket::connect(host_, port_, Deadline::after(timeout_s_),
+                            "the rendezvous store (rank 0, MASTER_ADDR:MASTER_PORT)");
+}
+
+TCPStore::~TCPStore() {
+  socket_.close();
+  server_.reset();
+}
+
+void TCPStore::reconnect() {
+  socket_.close();
+  socket_ = Socket::connect(host_, port_, Deadline::after(timeout_s_), "the rendezvous store");
+}
+
+template <class Reply>
+Reply TCPStore::request(uint8_t command, const std::vector<std::string>& args,
+                        const std::string& what) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Deadline deadline = Deadline::after(timeout_s_);
+  try {
+    send_request(socket_, command, args, deadline);
+    std::string reply = socket_.recv_string(deadline);
+    if constexpr (std::is_same_v<Reply, int64_t>) {
+      return std::stoll(reply);
+    } else if constexpr (std::is_same_v<Reply, bool>) {
+      return reply == "1";
+    } else {
+      return reply;
+    }
+  } catch (const TimeoutError&) {
+    reconnect();  // the parked request is abandoned with the old connection
+    throw TimeoutError(detail::concat("dist: store ", what, " timed out after ", timeout_s_,
+                                      " s (a rank may have failed or not reached this point)"));
+  } catch (const PeerClosedError&) {
+    throw PeerClosedError(detail::concat("dist: store ", what,
+                                         ": lost the connection to the store on rank 0 (did "
+                                         "rank 0 exit?)"));
+  }
+}
+
+void TCPStore::set(const std::string& key, const std::string& value) {
+  request<std::string>(kSet, {key, value}, "set('" + key + "')");
+}
+std::string TCPStore::get(const std::string& key) {
+  return request<std::string>(kGet, {key}, "get('" + key + "')");
+}
+int64_t TCPStore::add(const std::string& key, int64_t delta) {
+  return request<int64_t>(kAdd, {key, std::to_string(delta)}, "add('" + key + "')");
+}
+void TCPStore::wait(const std::vector<std::string>& keys) {
+  request<std::string>(kWait, keys, "wait('" + (keys.empty() ? "" : keys[0]) + "'...)");
+}
+bool TCPStore::check(const std::vector<std::string>& keys) {
+  return request<bool>(kCheck, keys, "check");
+}
+
+std::string* LocalStore::find(const std::string& key) {
+  for (auto& [k, v] : values_)
+    if (k == key) return &v;
+  return nullptr;
+}
+void LocalStore::set(const std::string& key, const std::string& value) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (std::string* v = find(key)) *v = value;
+  else values_.emplace_back(key, value);
+}
+std::string LocalStore::get(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string* v = find(key);
+  if (!v) throw TimeoutError("dist: local store has no key '" + key + "'");
+  return *v;
+}
+int64_t LocalStore::add(const std::string& key, int64_t delta) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string* v = find(key);
+  int64_t value = (v ? std::stoll(*v) : 0) + delta;
+  if (v) *v = std::to_string(value);
+  else values_.emplace_back(key, std::to_string(value));
+  return value;
+}
+void LocalStore::wait(const std::vector<std::string>& keys) {
+  for (const auto& k : keys) get(k);
+}
+bool LocalStore::check(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& k : keys)
+    if (!find(k)) return false;
+  return true;
+}
+
+}  // namespace tessera::dist
