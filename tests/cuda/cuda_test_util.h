@@ -1,0 +1,81 @@
+// Helpers for the CUDA tests: skip without a GPU, random host inputs, device copies,
+// poisoned outputs, float64 comparisons with dtype-dependent tolerances.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/dispatch.h"
+#include "core/random.h"
+#include "core/tensor.h"
+
+namespace tessera::cuda_test {
+
+#define TESSERA_REQUIRE_GPU()                                                   \
+  do {                                                                          \
+    if (::tessera::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";  \
+  } while (0)
+
+inline KernelTable& gpu() { return kernel_table(DeviceType::CUDA); }
+inline Device dev() { return Device::cuda(0); }
+
+// Random normal values on the host, rounded to `dtype` (so references see exactly the inputs).
+inline Tensor host_randn(const Shape& shape, DType dtype = DType::f32, double mean = 0.0,
+                         double std = 1.0) {
+  Tensor t = normal(shape, mean, std, {.dtype = DType::f64});
+  return raw::to(t, Device::cpu(), dtype);
+}
+inline Tensor host_uniform(const Shape& shape, double lo, double hi, DType dtype = DType::f32) {
+  Tensor t = uniform(shape, lo, hi, {.dtype = DType::f64});
+  return raw::to(t, Device::cpu(), dtype);
+}
+inline Tensor to_gpu(const Tensor& t) { return raw::to(t, dev(), t.dtype()); }
+
+// A device tensor filled with NaN (floats) or a sentinel (integers): every element the kernel
+// fails to write stays visibly wrong.
+inline Tensor poisoned(const Shape& shape, DType dtype) {
+  Tensor t = empty(shape, {.dtype = dtype, .device = dev()});
+  gpu().fill(t, is_floating(dtype) ? NAN : -77.0);
+  return t;
+}
+
+inline std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
+
+inline double tolerance(DType t) {
+  switch (t) {
+    case DType::f64: return 1e-12;
+    case DType::f32: return 1e-5;
+    case DType::f16: return 2e-3;
+    case DType::bf16: return 1e-2;
+    default: return 0.0;
+  }
+}
+
+// max |got - ref| / max |ref| (the norm-style relative error), NaN anywhere fails.
+inline void expect_close(const std::vector<double>& got, const std::vector<double>& ref,
+                         double rtol, const char* what = "") {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double max_ref = 0, max_err = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_FALSE(std::isnan(got[i]) && !std::isnan(ref[i]))
+        << what << ": element " << i << " is NaN (unwritten?), expected " << ref[i];
+    max_ref = std::max(max_ref, std::fabs(ref[i]));
+    if (std::isfinite(ref[i])) {
+      const double e = std::fabs(got[i] - ref[i]);
+      if (e > max_err) {
+        max_err = e;
+        worst = i;
+      }
+    } else {
+      EXPECT_EQ(got[i], ref[i]) << what << ": element " << i;
+    }
+  }
+  const double scale = std::max(max_ref, 1e-30);
+  EXPECT_LE(max_err / scale, rtol) << what << ": worst element " << worst << " got "
+                                   << (got.empty() ? 0 : got[worst]) << " expected "
+                                   << (ref.empty() ? 0 : ref[worst]);
+}
+
+}  // namespace tessera::cuda_test
