@@ -1,0 +1,258 @@
+#include "cli/trainer.h"
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "autograd/autograd.h"
+#include "autograd/functions.h"
+#include "cli/checkpoint.h"
+#include "cli/model_dir.h"
+#include "cli/plot.h"
+#include "cli/progress.h"
+#include "core/error.h"
+#include "core/random.h"
+#include "data/dataloader.h"
+#include "data/file_io.h"
+#include "optim/optim.h"
+
+namespace tessera::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+optim::DecayShape decay_shape(const std::string& name) {
+  if (name == "constant") return optim::DecayShape::Constant;
+  if (name == "linear") return optim::DecayShape::Linear;
+  return optim::DecayShape::Cosine;
+}
+
+// Where to resume from: a checkpoint directory, a run directory (its newest valid
+// checkpoint), or "latest" (the newest valid checkpoint under cfg.out).
+fs::path resolve_resume(const TrainConfig& cfg) {
+  fs::path target = cfg.resume == "latest" ? fs::path(cfg.out) : fs::path(cfg.resume);
+  if (fs::exists(target / "checksums.json") || fs::exists(target / "config.json")) return target;
+  std::vector<std::string> warnings;
+  auto latest = latest_valid_checkpoint(target / "checkpoints", warnings);
+  for (const auto& w : warnings) std::cerr << "tessera train: warning: " << w << "\n";
+  TESSERA_CHECK(latest.has_value(), "--resume: no valid checkpoint under '", (target / "checkpoints").string(), "'");
+  return *latest;
+}
+
+// Keeps the metrics of steps up to `last_step` (a resumed run rewrites what follows).
+void truncate_metrics(const fs::path& path, int64_t last_step) {
+  if (!fs::exists(path)) return;
+  std::ifstream in(path);
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("step") && j["step"].get<int64_t>() <= last_step) kept += line + "\n";
+  }
+  data::write_file_atomically(path, kept);
+}
+
+LossCurves read_curves(const fs::path& metrics) {
+  LossCurves curves;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("step")) continue;
+    if (j.contains("loss")) curves.train.emplace_back(j["step"].get<double>(), j["loss"].get<double>());
+    if (j.contains("val_loss")) curves.val.emplace_back(j["step"].get<double>(), j["val_loss"].get<double>());
+  }
+  return curves;
+}
+
+std::string sample_text(nn::GPT& model, const data::Tokenizer* tokenizer, uint64_t seed, int64_t tokens) {
+  std::vector<int64_t> prompt = {0};
+  if (tokenizer) {
+    const auto ids = tokenizer->encode("\n");
+    prompt.assign(ids.begin(), ids.end());
+  }
+  Generator gen(seed);
+  const bool was_training = model.is_training();
+  model.eval();
+  const Tensor out = model.generate(from_vector(prompt, {1, static_cast<int64_t>(prompt.size())}, {.dtype = DType::i64}),
+                                    tokens, {.temperature = 1.0, .top_k = 0, .gen = &gen});
+  model.train(was_training);
+  const std::vector<int64_t> all = out.to_vector<int64_t>();
+  std::vector<uint32_t> fresh(all.begin() + static_cast<int64_t>(prompt.size()), all.end());
+  if (!tokenizer) {
+    std::ostringstream ids;
+    for (uint32_t id : fresh) ids << id << ' ';
+    return ids.str();
+  }
+  return tokenizer->decode(fresh);
+}
+
+}  // namespace
+
+void run_training(const TrainConfig& cfg) {
+  const Device device = Device::parse(cfg.device);
+  TESSERA_CHECK(cfg.dtype == "fp32", "tessera train: --dtype ", cfg.dtype,
+                " (mixed precision) is not supported by the trainer yet; use --dtype fp32");
+  const fs::path out(cfg.out);
+  fs::create_directories(out);
+
+  // ---- data ----
+  const data::TokenFile train_file(cfg.data);
+  fs::path val_path = cfg.val_data;
+  if (val_path.empty() && fs::exists(fs::path(cfg.data).parent_path() / "val.bin") &&
+      fs::path(cfg.data).filename() != "val.bin")
+    val_path = fs::path(cfg.data).parent_path() / "val.bin";
+  std::optional<data::TokenFile> val_file;
+  if (!val_path.empty()) val_file.emplace(val_path);
+  const auto tokenizer = find_tokenizer(fs::path(cfg.data).parent_path());
+
+  // ---- model ----
+  std::optional<fs::path> resume_dir;
+  if (!cfg.resume.empty()) resume_dir = resolve_resume(cfg);
+  manual_seed(static_cast<uint64_t>(cfg.seed));
+  std::unique_ptr<nn::GPT> model;
+  if (resume_dir) {
+    verify_checkpoint(*resume_dir);
+    model = nn::GPT::from_pretrained(resume_dir->string(), {.device = device});
+  } else if (!cfg.init.empty()) {
+    model = load_model(cfg.init, device);
+  } else {
+    nn::GPTConfig g;
+    g.n_layer = cfg.n_layer, g.n_head = cfg.n_head, g.n_embd = cfg.n_embd;
+    g.block_size = cfg.block_size > 0 ? cfg.block_size : cfg.seq;
+    g.vocab_size = cfg.vocab_size > 0 ? cfg.vocab_size
+                   : tokenizer       ? tokenizer->vocab_size()
+                                     : static_cast<int64_t>(train_file.max_token()) + 1;
+    g.validate();
+    Generator init_gen(static_cast<uint64_t>(cfg.seed));
+    model = std::make_unique<nn::GPT>(g, &init_gen, TensorOptions{.device = device});
+  }
+  const nn::GPTConfig& mcfg = model->config();
+  TESSERA_CHECK(cfg.seq <= mcfg.block_size, "config: key \"seq\" is longer than the model context block_size = ",
+                mcfg.block_size, " (got ", cfg.seq, ")");
+  TESSERA_CHECK(train_file.max_token() < mcfg.vocab_size, "tessera train: '", cfg.data, "' holds token ",
+                train_file.max_token(), " but the model's vocab_size is ", mcfg.vocab_size);
+  if (cfg.vocab_size > 0)
+    TESSERA_CHECK(cfg.vocab_size == mcfg.vocab_size, "config: key \"vocab_size\" is ", cfg.vocab_size,
+                  " but the model loaded has ", mcfg.vocab_size);
+
+  // ---- optimisation ----
+  const std::vector<Tensor> params = model->parameters();
+  optim::AdamW opt(params, {.lr = cfg.lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = cfg.eps,
+                            .weight_decay = cfg.weight_decay});
+  optim::LRSchedule schedule(opt, decay_shape(cfg.schedule),
+                             {.warmup = cfg.warmup, .total = cfg.steps,
+                              .min_lr = cfg.min_lr >= 0 ? cfg.min_lr : cfg.lr / 10});
+  optim::LossScaler scaler({.enabled = false});
+  data::DataLoader loader(train_file, {.batch = cfg.batch, .seq = cfg.seq, .shuffle = cfg.shuffle,
+                                       .seed = static_cast<uint64_t>(cfg.seed), .device = device});
+
+  int64_t step = 0;
+  const fs::path metrics_path = out / "metrics.jsonl";
+  if (resume_dir) {
+    const TrainingState state = load_training_state(*resume_dir);
+    opt.load_state_dict(state.optimizer);
+    schedule.load_state_dict(state.schedule);
+    if (!state.loss_scaler.empty()) scaler.load_state_dict(state.loss_scaler);
+    loader.set_position(state.data_position);
+    default_generator().set_state(state.rng_seed, state.rng_offset);
+    step = state.step;
+    for (const char* key : {"batch", "seq", "grad_accum", "shuffle", "seed", "data"}) {
+      if (state.config.contains(key) && state.config[key] != cfg.to_json()[key])
+        std::cerr << "tessera train: warning: --resume with " << key << " = " << cfg.to_json()[key].dump()
+                  << " but the checkpoint was trained with " << state.config[key].dump()
+                  << "; the run will not match an uninterrupted one\n";
+    }
+    truncate_metrics(metrics_path, step);
+    std::cout << "resuming from " << resume_dir->string() << " at step " << step << "\n";
+  } else {
+    data::write_file_atomically(metrics_path, std::string());
+  }
+  TESSERA_CHECK(step <= cfg.steps, "tessera train: the checkpoint is at step ", step, ", past --steps ", cfg.steps);
+
+  std::map<std::string, std::string> extra_files;
+  if (tokenizer) extra_files["tokenizer.json"] = tokenizer->to_json();
+  data::write_file_atomically(out / "config.train.json", cfg.to_json().dump(2));
+  std::ofstream metrics(metrics_path, std::ios::app);
+  auto log_metrics = [&](const nlohmann::json& j) {
+    metrics << j.dump() << "\n";
+    metrics.flush();
+  };
+
+  std::cout << "model: " << mcfg.n_layer << " layers, " << mcfg.n_head << " heads, " << mcfg.n_embd
+            << " channels, context " << mcfg.block_size << ", vocab " << mcfg.vocab_size << " ("
+            << model->num_parameters() << " parameters) on " << device.str() << "\n"
+            << "data: " << train_file.size() << " tokens; " << cfg.batch << "x" << cfg.seq << " x "
+            << cfg.grad_accum << " micro-batches = " << cfg.batch * cfg.seq * cfg.grad_accum
+            << " tokens per step, " << (cfg.shuffle ? "shuffled" : "sequential") << "\n";
+  std::cout.flush();
+
+  auto run_eval = [&](Progress& progress) {
+    if (!val_file) return;
+    const EvalResult r = evaluate_loss(*model, *val_file, cfg.batch, cfg.seq, cfg.eval_batches, device);
+    log_metrics({{"step", step}, {"val_loss", r.loss}});
+    char text[96];
+    std::snprintf(text, sizeof(text), "step %lld: val_loss %.4f", static_cast<long long>(step), r.loss);
+    progress.message(text);
+  };
+  auto save = [&](Progress& progress) {
+    TrainingState state;
+    state.step = step;
+    state.data_position = loader.position();
+    state.rng_seed = default_generator().seed();
+    state.rng_offset = default_generator().offset();
+    state.optimizer = opt.state_dict();
+    state.schedule = schedule.state_dict();
+    state.loss_scaler = scaler.state_dict();
+    state.config = cfg.to_json();
+    const fs::path dir = save_checkpoint(out / "checkpoints", *model, state, extra_files, cfg.keep_last);
+    progress.message("saved checkpoint " + dir.string());
+  };
+
+  Progress progress(cfg.steps, step);
+  model->train();
+  const double micro_scale = 1.0 / static_cast<double>(cfg.grad_accum);
+  while (step < cfg.steps) {
+    const auto t0 = std::chrono::steady_clock::now();
+    double step_loss = 0;
+    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
+      const data::Batch batch = loader.next();
+      Tensor loss = model->loss(batch.x, batch.y);
+      // The step's loss is the mean over all its target tokens: each micro-batch weighs 1/A.
+      (cfg.grad_accum > 1 ? loss * micro_scale : loss).backward();
+      step_loss += loss.item() * micro_scale;
+    }
+    const double norm = cfg.grad_clip > 0 ? optim::clip_grad_norm_(params, cfg.grad_clip) : optim::grad_norm(params);
+    const double lr = opt.lr();
+    opt.step();
+    opt.zero_grad();
+    schedule.step();
+    ++step;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double tokens_per_s = static_cast<double>(cfg.batch * cfg.seq * cfg.grad_accum) / seconds;
+    log_metrics({{"step", step}, {"loss", step_loss}, {"lr", lr}, {"grad_norm", norm},
+                 {"ms", seconds * 1e3}, {"tokens_per_s", tokens_per_s}});
+    progress.update(step, step_loss, tokens_per_s, lr);
+    TESSERA_CHECK(std::isfinite(step_loss), "tessera train: loss became ", step_loss, " at step ", step,
+                  " (try a lower --lr or --grad-clip)");
+
+    if ((cfg.eval_every > 0 && step % cfg.eval_every == 0) || step == cfg.steps) run_eval(progress);
+    if (cfg.sample_every > 0 && step % cfg.sample_every == 0)
+      progress.message("sample at step " + std::to_string(step) + ":\n" +
+                       sample_text(*model, tokenizer.get(), static_cast<uint64_t>(cfg.seed) + step, 128));
+    if ((cfg.save_every > 0 && step % cfg.save_every == 0) || step == cfg.steps) save(progress);
+  }
+  progress.finish();
+  metrics.close();
+
+  // The final model as a plain model directory (what eval/sample/transformers load).
+  const fs::path model_dir = out / "model";
+  model->save_pretrained(model_dir.string());
+  for (const auto& [name, contents] : extra_files) data::write_file_atomically(model_dir / name, contents);
+  write_loss_curve_png((out / "loss.png").string(), read_curves(metrics_path));
+  std::cout << "done: " << step << " steps; model in " << model_dir.string() << ", metrics in "
+            << metrics_path.string() << ", loss curve in " << (out / "loss.png").string() << "\n";
+}
+
+}  // namespace tessera::cli
