@@ -1,6 +1,10 @@
 #include "optim/optimizer.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
+
+#include "core/safetensors.h"
 
 #include "autograd/autograd.h"
 
@@ -101,6 +105,35 @@ void Optimizer::load_state_dict(const OptimizerStateDict& state) {
     }
   }
   states_ = std::move(loaded);
+}
+
+void save_optimizer_state(const OptimizerStateDict& state, const std::string& path) {
+  std::vector<std::pair<std::string, Tensor>> tensors(state.tensors.begin(), state.tensors.end());
+  std::map<std::string, std::string> metadata{{"format", "tessera.optimizer"}};
+  for (const auto& [key, value] : state.scalars) {
+    char text[40];
+    std::snprintf(text, sizeof text, "%.17g", value);
+    metadata["scalar." + key] = text;
+  }
+  save_safetensors(path, tensors, metadata);
+}
+
+OptimizerStateDict load_optimizer_state(const std::string& path) {
+  const SafetensorsContents file = load_safetensors(path, {.memory_map = false});
+  auto format = file.metadata.find("format");
+  TESSERA_CHECK(format != file.metadata.end() && format->second == "tessera.optimizer",
+                "load_optimizer_state: '", path, "' is not an optimizer state file");
+  OptimizerStateDict state;
+  state.tensors = file.tensors;
+  for (const auto& [key, text] : file.metadata) {
+    if (key.rfind("scalar.", 0) != 0) continue;
+    char* end = nullptr;
+    const double value = std::strtod(text.c_str(), &end);
+    TESSERA_CHECK(end && *end == '\0' && !text.empty(), "load_optimizer_state: '", path,
+                  "': metadata '", key, "' is not a number: '", text, "'");
+    state.scalars[key.substr(7)] = value;
+  }
+  return state;
 }
 
 std::vector<ParamGroup> decay_groups(const std::vector<Tensor>& params, double lr,

@@ -74,6 +74,11 @@ class Optimizer {
   std::vector<ParamState> states_;  // by flat parameter index
 };
 
+// An optimizer state as one safetensors file: tensors as they are, scalars in the
+// metadata (printed with 17 significant digits, so they read back exactly). Atomic write.
+void save_optimizer_state(const OptimizerStateDict& state, const std::string& path);
+OptimizerStateDict load_optimizer_state(const std::string& path);
+
 // Splits parameters the way GPT training does: tensors of rank >= 2 (matmul weights,
 // embeddings) get `weight_decay`, the rest (biases, norm gains) none.
 std::vector<ParamGroup> decay_groups(const std::vector<Tensor>& params, double lr,

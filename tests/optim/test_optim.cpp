@@ -118,6 +118,14 @@ TEST(AdamW, StateDictResumesExactly) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(as_f64(a[i]), as_f64(b[i])) << i;
   EXPECT_EQ(oa.state_dict().scalars.at("state.0.step"), 5.0);
 
+  // Through a file: exactly the same scalars and tensors.
+  const std::string path = std::string(TESSERA_BINARY_DIR) + "/test_optim_state.safetensors";
+  optim::save_optimizer_state(oa.state_dict(), path);
+  const auto from_file = optim::load_optimizer_state(path);
+  EXPECT_EQ(from_file.scalars, oa.state_dict().scalars);
+  for (const auto& [key, t] : oa.state_dict().tensors)
+    EXPECT_EQ(as_f64(from_file.tensors.at(key)), as_f64(t)) << key;
+
   auto bad = oa.state_dict();
   bad.tensors["state.0.exp_avg"] = zeros({2, 2});
   try {
