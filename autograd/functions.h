@@ -18,7 +18,10 @@
 
 namespace tessera {
 
-using ops::Reduction;
+// How cross_entropy reduces per-target losses. Its own type (not ops::Reduction) so a
+// call naming it cannot resolve, through argument-dependent lookup, to the tape-free
+// ops::cross_entropy.
+enum class Reduction { Mean, Sum, None };
 
 // ---- arithmetic (broadcasting) ----
 Tensor operator+(const Tensor& a, const Tensor& b);

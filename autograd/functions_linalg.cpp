@@ -94,17 +94,20 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                      Reduction reduction) {
-  Tensor loss = ops::cross_entropy(logits, targets, ignore_index, reduction);
+  const ops::Reduction op_reduction = reduction == Reduction::Mean  ? ops::Reduction::Mean
+                                      : reduction == Reduction::Sum ? ops::Reduction::Sum
+                                                                    : ops::Reduction::None;
+  Tensor loss = ops::cross_entropy(logits, targets, ignore_index, op_reduction);
   record("CrossEntropyBackward", {logits, targets}, {loss},
-         [sl = SavedTensor::input(logits), st = SavedTensor::input(targets), ignore_index, reduction](const BackwardArgs& a) {
+         [sl = SavedTensor::input(logits), st = SavedTensor::input(targets), ignore_index, op_reduction](const BackwardArgs& a) {
            const Tensor logits = sl.unpack("CrossEntropyBackward"), targets = st.unpack("CrossEntropyBackward");
-           if (reduction != Reduction::None) {
+           if (op_reduction != ops::Reduction::None) {
              // One scalar scales every row; reading it costs one sync, cheaper than a pass over [N, V].
-             return Grads{ops::cross_entropy_backward(logits, targets, a.grad().item(), ignore_index, reduction),
+             return Grads{ops::cross_entropy_backward(logits, targets, a.grad().item(), ignore_index, op_reduction),
                           Tensor()};
            }
            // Per-row losses: (softmax - onehot) of each row times that row's gradient.
-           Tensor per_row = ops::cross_entropy_backward(logits, targets, 1.0, ignore_index, Reduction::Sum);
+           Tensor per_row = ops::cross_entropy_backward(logits, targets, 1.0, ignore_index, ops::Reduction::Sum);
            return Grads{ops::mul(per_row, raw::unsqueeze(a.grad(), a.grad().dim())), Tensor()};
          });
   return loss;
