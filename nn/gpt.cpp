@@ -54,11 +54,12 @@ Tensor GPT::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
                 "GPT: idx must be integer [B, T], got ", dtype_name(idx.dtype()), " ",
                 shape_str(idx.shape()));
   const int64_t T = idx.size(1);
+  const Tensor tokens = idx.contiguous();
   TESSERA_CHECK(past + T <= cfg_.block_size, "GPT: sequence of ", past + T,
                 " tokens exceeds block_size ", cfg_.block_size);
   const Tensor pos = arange(static_cast<double>(past), static_cast<double>(past + T), 1.0,
                             {.dtype = DType::i64, .device = idx.device()});
-  Tensor x = transformer.drop(transformer.wte(idx) + transformer.wpe(pos));
+  Tensor x = transformer.drop(transformer.wte(tokens) + transformer.wpe(pos));
   for (size_t i = 0; i < transformer.blocks.size(); ++i) {
     Block& block = *transformer.blocks[i];
     x = cache ? block.forward_cached(x, cache->layers[i], past) : block(x);

@@ -71,9 +71,9 @@ class Module {
   // A child this module owns.
   template <class M>
   M& register_module(const std::string& name, std::unique_ptr<M> child) {
-    M& ref = *child;
-    add_child(name, child.get(), std::unique_ptr<Module>(std::move(child)));
-    return ref;
+    M* raw = child.get();  // taken before the move: argument order is unspecified
+    add_child(name, raw, std::unique_ptr<Module>(std::move(child)));
+    return *raw;
   }
 
   // ---- traversal ----
