@@ -19,10 +19,9 @@ void fused_residual_layer_norm(const Tensor& x, const Tensor& residual, const Te
 // The classifier head in one pass per row: reads logits [N, V] (f32/f16/bf16, contiguous),
 // writes each row's loss (f32 [N], 0 for ignored rows) and overwrites the logits with
 //   dlogits = dloss_scale * (softmax(logits) - onehot(target))   (0 for ignored rows)
-// without ever storing probabilities for the whole vocabulary. Returns the number of
-// counted rows through `count` (i32/i64/f32 0-d tensor, may be undefined). A target outside
-// [0, V) that is not ignore_index raises.
-// The mean loss is sum(row_losses) / count; pass dloss_scale = 1 / count for its gradient.
+// without ever storing probabilities for the whole vocabulary. A target outside [0, V) that
+// is not ignore_index raises. The mean loss is sum(row_losses) / (number of counted rows);
+// pass dloss_scale = 1 / that count for its gradient.
 void fused_classifier(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                       double dloss_scale, const Tensor& row_losses);
 

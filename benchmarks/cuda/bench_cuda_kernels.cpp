@@ -1,0 +1,265 @@
+// CUDA kernel benchmarks. Each reports its achieved rate (GB/s for memory-bound kernels,
+// TFLOP/s for matrix work) and the fraction of the device ceiling measured at start-up in
+// the same run: device-to-device copy bandwidth (bytes read + written) and the cuBLAS bf16
+// GEMM rate at 8192^3. Timed with CUDA events, median of the repetitions.
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <functional>
+
+#include "core/cuda/cuda_runtime.h"
+#include "core/dispatch.h"
+#include "core/random.h"
+#include "kernels/cuda/fused.h"
+
+namespace tessera {
+namespace {
+
+KernelTable& gpu() { return kernel_table(DeviceType::CUDA); }
+Tensor dev_randn(const Shape& s, DType t, double std = 1.0) {
+  return normal(s, 0.0, std, {.dtype = t, .device = Device::cuda(0)});
+}
+
+// Milliseconds per call of fn, from events around `reps` back-to-back calls.
+double time_ms(const std::function<void()>& fn, int reps = 20) {
+  fn();  // warm-up: handles, module load, allocator cache
+  cuda::synchronize(0);
+  cuda::Event start, stop;
+  start.record(cuda::current_stream(0));
+  for (int i = 0; i < reps; ++i) fn();
+  stop.record(cuda::current_stream(0));
+  stop.synchronize();
+  return start.elapsed_ms(stop) / reps;
+}
+
+struct Ceilings {
+  double copy_gbs = 0;       // bytes read + written per second, GB/s
+  double gemm_tflops = 0;    // cuBLAS bf16
+};
+
+const Ceilings& ceilings() {
+  static const Ceilings c = [] {
+    Ceilings r;
+    const int64_t n = int64_t{1} << 28;  // 1 GiB of f32
+    Tensor a = dev_randn({n}, DType::f32), b = empty({n}, {.device = Device::cuda(0)});
+    const double ms = time_ms([&] { gpu().copy(b, a); }, 10);
+    r.copy_gbs = 2.0 * n * 4 / (ms * 1e-3) / 1e9;
+    const int64_t m = 8192;
+    Tensor x = dev_randn({m, m}, DType::bf16), y = dev_randn({m, m}, DType::bf16);
+    Tensor z = empty({m, m}, {.dtype = DType::bf16, .device = Device::cuda(0)});
+    const double gms = time_ms([&] { gpu().matmul(x, y, z); }, 10);
+    r.gemm_tflops = 2.0 * m * m * m / (gms * 1e-3) / 1e12;
+    std::printf("ceilings on %s: device copy %.0f GB/s, cuBLAS bf16 GEMM 8192^3 %.1f TFLOP/s\n",
+                cuda::device_name(0).c_str(), r.copy_gbs, r.gemm_tflops);
+    return r;
+  }();
+  return c;
+}
+
+// Runs fn under manual timing and reports GB/s (bytes moved) or TFLOP/s (flops) counters.
+void run(benchmark::State& state, const std::function<void()>& fn, double bytes, double flops) {
+  if (cuda_device_count() == 0) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  const Ceilings& c = ceilings();
+  double ms = 0;
+  for (auto _ : state) {
+    ms = time_ms(fn, 10);
+    state.SetIterationTime(ms * 1e-3);
+  }
+  state.counters["ms"] = ms;
+  if (bytes > 0) {
+    const double gbs = bytes / (ms * 1e-3) / 1e9;
+    state.counters["GB/s"] = gbs;
+    state.counters["of_copy_bw"] = gbs / c.copy_gbs;
+  }
+  if (flops > 0) {
+    const double tf = flops / (ms * 1e-3) / 1e12;
+    state.counters["TFLOP/s"] = tf;
+    state.counters["of_cublas"] = tf / c.gemm_tflops;
+  }
+}
+
+#define TESSERA_CUDA_BENCH(name) BENCHMARK(name)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond)
+
+// ---- memory-bound kernels at GPT-2 124M training sizes (B*T = 16384 rows, C = 768) ----
+constexpr int64_t kRows = 16384, kC = 768, kV = 50304;
+
+void BM_copy_d2d(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t n = int64_t{1} << 27;
+  Tensor a = dev_randn({n}, DType::f32), b = empty({n}, {.device = Device::cuda(0)});
+  run(s, [&] { gpu().copy(b, a); }, 2.0 * n * 4, 0);
+}
+TESSERA_CUDA_BENCH(BM_copy_d2d);
+
+void BM_cast_f32_to_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t n = int64_t{1} << 27;
+  Tensor a = dev_randn({n}, DType::f32);
+  Tensor b = empty({n}, {.dtype = DType::bf16, .device = Device::cuda(0)});
+  run(s, [&] { gpu().copy(b, a); }, n * 6.0, 0);
+}
+TESSERA_CUDA_BENCH(BM_cast_f32_to_bf16);
+
+void BM_gelu_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t n = kRows * 4 * kC;
+  Tensor a = dev_randn({n}, DType::bf16), b = empty({n}, {.dtype = DType::bf16, .device = Device::cuda(0)});
+  run(s, [&] { gpu().unary(UnaryOp::Gelu, a, b); }, n * 4.0, 0);
+}
+TESSERA_CUDA_BENCH(BM_gelu_bf16);
+
+void BM_add_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t n = kRows * kC * 4;
+  Tensor a = dev_randn({n}, DType::bf16), b = dev_randn({n}, DType::bf16);
+  Tensor c = empty({n}, {.dtype = DType::bf16, .device = Device::cuda(0)});
+  run(s, [&] { gpu().binary(BinaryOp::Add, a, b, c); }, n * 6.0, 0);
+}
+TESSERA_CUDA_BENCH(BM_add_bf16);
+
+void BM_layer_norm_fwd_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  Tensor x = dev_randn({kRows, kC}, DType::bf16), w = dev_randn({kC}, DType::bf16), b = dev_randn({kC}, DType::bf16);
+  Tensor out = empty({kRows, kC}, {.dtype = DType::bf16, .device = Device::cuda(0)});
+  Tensor mean = empty({kRows}, {.device = Device::cuda(0)}), rstd = empty({kRows}, {.device = Device::cuda(0)});
+  run(s, [&] { gpu().layer_norm(x, w, b, 1e-5, out, mean, rstd); }, kRows * kC * 4.0 + kRows * 8.0, 0);
+}
+TESSERA_CUDA_BENCH(BM_layer_norm_fwd_bf16);
+
+void BM_layer_norm_bwd_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  Tensor x = dev_randn({kRows, kC}, DType::bf16), w = dev_randn({kC}, DType::bf16), b = dev_randn({kC}, DType::bf16);
+  Tensor out = empty({kRows, kC}, {.dtype = DType::bf16, .device = Device::cuda(0)});
+  Tensor mean = empty({kRows}, {.device = Device::cuda(0)}), rstd = empty({kRows}, {.device = Device::cuda(0)});
+  gpu().layer_norm(x, w, b, 1e-5, out, mean, rstd);
+  Tensor dy = dev_randn({kRows, kC}, DType::bf16), dx = empty_like(x);
+  Tensor dw = zeros({kC}, {.dtype = DType::bf16, .device = Device::cuda(0)}), db = zeros_like(dw);
+  // dy and x read (twice: dx and dparams passes), dx written.
+  run(s, [&] { gpu().layer_norm_backward(dy, x, w, mean, rstd, dx, dw, db); }, kRows * kC * 2.0 * 5, 0);
+}
+TESSERA_CUDA_BENCH(BM_layer_norm_bwd_bf16);
+
+void BM_softmax_f32(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t rows = 12 * 1024 * 8, len = 1024;
+  Tensor x = dev_randn({rows, len}, DType::f32), y = empty_like(x);
+  run(s, [&] { gpu().softmax(x, 1, false, y); }, rows * len * 8.0, 0);
+}
+TESSERA_CUDA_BENCH(BM_softmax_f32);
+
+void BM_cross_entropy_fwd_bwd_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t rows = 8192;
+  Tensor logits = dev_randn({rows, kV}, DType::bf16);
+  Tensor targets = randint(0, kV, {rows}, {.dtype = DType::i64, .device = Device::cuda(0)});
+  Tensor loss = empty({}, {.device = Device::cuda(0)}), count = empty({}, {.dtype = DType::i64, .device = Device::cuda(0)});
+  Tensor dl = empty_like(logits);
+  run(s, [&] {
+        gpu().cross_entropy(logits, targets, -100, loss, count);
+        gpu().cross_entropy_backward(logits, targets, -100, 1.0 / rows, dl);
+      },
+      rows * kV * 2.0 * 3, 0);
+}
+TESSERA_CUDA_BENCH(BM_cross_entropy_fwd_bwd_bf16);
+
+void BM_fused_classifier_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t rows = 8192;
+  Tensor logits = dev_randn({rows, kV}, DType::bf16);
+  Tensor targets = randint(0, kV, {rows}, {.dtype = DType::i64, .device = Device::cuda(0)});
+  Tensor losses = empty({rows}, {.device = Device::cuda(0)});
+  // In place: the first call turns logits into dlogits; later calls see other (finite) values.
+  run(s, [&] { cuda::fused_classifier(logits, targets, -100, 1.0 / rows, losses); },
+      rows * kV * 2.0 * 2, 0);
+}
+TESSERA_CUDA_BENCH(BM_fused_classifier_bf16);
+
+void BM_adamw_124M(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  // 124M parameters as a few dozen tensors, f32 params and moments.
+  std::vector<Tensor> p, g, m, v;
+  std::vector<bool> decay;
+  int64_t total = 0;
+  for (int i = 0; i < 12 * 4 + 2; ++i) {
+    const int64_t n = i < 2 ? kV * kC / 2 : 1769472;
+    p.push_back(dev_randn({n}, DType::f32));
+    g.push_back(dev_randn({n}, DType::f32, 1e-3));
+    m.push_back(zeros({n}, {.device = Device::cuda(0)}));
+    v.push_back(zeros({n}, {.device = Device::cuda(0)}));
+    decay.push_back(true);
+    total += n;
+  }
+  cuda::AdamWConfig cfg;
+  cfg.lr = 3e-4f;
+  cfg.weight_decay = 0.1f;
+  run(s, [&] { cuda::multi_tensor_adamw(p, g, m, v, {}, decay, cfg); }, total * 4.0 * 7, 0);
+}
+TESSERA_CUDA_BENCH(BM_adamw_124M);
+
+void BM_global_grad_norm(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  std::vector<Tensor> g;
+  int64_t total = 0;
+  for (int i = 0; i < 50; ++i) {
+    g.push_back(dev_randn({2500000}, DType::f32));
+    total += 2500000;
+  }
+  run(s, [&] { cuda::global_grad_norm(g); }, total * 4.0, 0);
+}
+TESSERA_CUDA_BENCH(BM_global_grad_norm);
+
+// ---- matrix work ----
+void BM_cublas_gemm_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t n = s.range(0);
+  Tensor a = dev_randn({n, n}, DType::bf16), b = dev_randn({n, n}, DType::bf16);
+  Tensor c = empty({n, n}, {.dtype = DType::bf16, .device = Device::cuda(0)});
+  run(s, [&] { gpu().matmul(a, b, c); }, 0, 2.0 * n * n * n);
+}
+BENCHMARK(BM_cublas_gemm_bf16)->Arg(4096)->Arg(8192)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+
+void BM_tensor_core_gemm_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t n = s.range(0);
+  Tensor a = dev_randn({n, n}, DType::bf16), b = dev_randn({n, n}, DType::bf16);
+  Tensor c = empty({n, n}, {.dtype = DType::bf16, .device = Device::cuda(0)});
+  run(s, [&] { cuda::tensor_core_gemm(a, b, c); }, 0, 2.0 * n * n * n);
+}
+BENCHMARK(BM_tensor_core_gemm_bf16)->Arg(4096)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+
+void BM_flash_attention_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t B = 8, H = 12, T = 1024, D = s.range(0);
+  Tensor q = dev_randn({B, H, T, D}, DType::bf16), k = dev_randn({B, H, T, D}, DType::bf16),
+         v = dev_randn({B, H, T, D}, DType::bf16);
+  Tensor o = empty_like(q), lse = empty({B, H, T}, {.device = Device::cuda(0)});
+  const double scale = 1.0 / std::sqrt(double(D));
+  // Causal: half of the 4*T*T*D multiply-adds per (b, h).
+  run(s, [&] { cuda::flash_attention_forward(q, k, v, scale, o, lse); }, 0,
+      2.0 * B * H * T * T * D);
+}
+BENCHMARK(BM_flash_attention_bf16)->Arg(64)->Arg(128)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+
+void BM_flash_attention_bwd_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t B = 8, H = 12, T = 1024, D = 64;
+  Tensor q = dev_randn({B, H, T, D}, DType::bf16), k = dev_randn({B, H, T, D}, DType::bf16),
+         v = dev_randn({B, H, T, D}, DType::bf16);
+  Tensor o = empty_like(q), lse = empty({B, H, T}, {.device = Device::cuda(0)});
+  const double scale = 1.0 / std::sqrt(double(D));
+  cuda::flash_attention_forward(q, k, v, scale, o, lse);
+  Tensor dout = dev_randn({B, H, T, D}, DType::bf16);
+  Tensor dq = empty_like(q), dk = empty_like(q), dv = empty_like(q);
+  // Causal backward: 5 T*T*D matmul-equivalents, halved.
+  run(s, [&] { cuda::flash_attention_backward(q, k, v, o, dout, lse, scale, dq, dk, dv); }, 0,
+      5.0 * B * H * T * T * D);
+}
+TESSERA_CUDA_BENCH(BM_flash_attention_bwd_bf16);
+
+}  // namespace
+}  // namespace tessera
+
+BENCHMARK_MAIN();

@@ -1,0 +1,97 @@
+// The fused classifier: per row of logits, one online pass for (max, sum of exp), the loss,
+// then a second pass that overwrites the logits with their gradient. The probabilities are
+// never stored: for a 50k vocabulary that saves writing and re-reading an fp32 [N, V] tensor.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fused.h"
+
+namespace tessera::cuda {
+namespace {
+
+constexpr int kClassifierThreads = 1024;
+
+template <class T>
+__global__ void __launch_bounds__(kClassifierThreads)
+    fused_classifier_kernel(T* logits, const void* targets, DType tt, int64_t vocab,
+                            int64_t ignore_index, float scale, float* row_losses, int* bad) {
+  const int64_t r = blockIdx.x;
+  T* row = logits + r * vocab;
+  const int64_t target = load_as<int64_t>(targets, tt, r);
+  if (target == ignore_index) {
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) row[i] = from_float<T>(0.f);
+    if (threadIdx.x == 0) row_losses[r] = 0.f;
+    return;
+  }
+  if (target < 0 || target >= vocab) {
+    if (threadIdx.x == 0) *bad = 1;
+    return;
+  }
+  // Pass 1: running max and sum of exp(x - max), merged across the block.
+  float m = -INFINITY, s = 0.f;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float x = to_float(row[i]);
+    if (x > m) {
+      s = s * __expf(m - x) + 1.f;
+      m = x;
+    } else {
+      s += __expf(x - m);
+    }
+  }
+  const float row_max = block_max(m);
+  s = m == -INFINITY ? 0.f : s * __expf(m - row_max);
+  const float row_sum = block_sum(s);
+  // Read the target's logit before pass 2 overwrites it.
+  const float target_logit = to_float(row[target]);
+  __syncthreads();
+  if (threadIdx.x == 0) row_losses[r] = logf(row_sum) + row_max - target_logit;
+  // Pass 2: the gradient in place.
+  const float inv = 1.f / row_sum;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float p = __expf(to_float(row[i]) - row_max) * inv;
+    row[i] = from_float<T>(scale * (p - (i == target ? 1.f : 0.f)));
+  }
+}
+
+}  // namespace
+
+void fused_classifier(const Tensor& logits, const Tensor& targets_in, int64_t ignore_index,
+                      double dloss_scale, const Tensor& row_losses) {
+  TESSERA_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.device().is_cuda(),
+                "fused_classifier: logits must be a contiguous [N, V] CUDA tensor, got ",
+                shape_str(logits.shape()), " on ", logits.device().str());
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  TESSERA_CHECK(targets_in.numel() == rows && (targets_in.dtype() == DType::i32 ||
+                                               targets_in.dtype() == DType::i64),
+                "fused_classifier: targets must be ", rows, " int32/int64 values, got ",
+                shape_str(targets_in.shape()), " ", dtype_name(targets_in.dtype()));
+  TESSERA_CHECK(row_losses.numel() == rows && row_losses.dtype() == DType::f32 &&
+                    row_losses.is_contiguous(),
+                "fused_classifier: row_losses must be a contiguous float32 tensor of ", rows,
+                " elements");
+  if (rows == 0) return;
+  KernelContext ctx(logits);
+  Tensor targets = raw::contiguous(targets_in);
+  Tensor flag = zeros({1}, {.dtype = DType::i32, .device = logits.device()});
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    fused_classifier_kernel<T><<<static_cast<unsigned>(rows), kClassifierThreads, 0, ctx.stream>>>(
+        static_cast<T*>(logits.raw_data()), targets.raw_data(), targets.dtype(), vocab,
+        ignore_index, static_cast<float>(dloss_scale), row_losses.data<float>(),
+        flag.data<int32_t>());
+  };
+  switch (logits.dtype()) {
+    case DType::f32: launch(float{}); break;
+    case DType::f16: launch(Half{}); break;
+    case DType::bf16: launch(BFloat16{}); break;
+    default: TESSERA_FAIL("fused_classifier: logits must be f32, f16 or bf16, got ",
+                          dtype_name(logits.dtype()));
+  }
+  TESSERA_KERNEL_CHECK("fused_classifier_kernel");
+  int host_flag = 0;
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(&host_flag, flag.raw_data(), sizeof(int),
+                                     cudaMemcpyDeviceToHost, ctx.stream));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  TESSERA_CHECK(host_flag == 0, "fused_classifier: a target is outside [0, ", vocab,
+                ") and is not ignore_index ", ignore_index);
+}
+
+}  // namespace tessera::cuda

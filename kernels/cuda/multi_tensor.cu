@@ -1,0 +1,186 @@
+// Kernels over many tensors in one launch: AdamW with optional fp32 master weights, and
+// the global gradient norm. A host-built table splits every tensor into chunks of
+// kChunk elements; block b works on chunk b, so one launch covers a whole model however
+// its parameters are sized, and the norm's partial sums are added in a fixed order.
+#include <cmath>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fused.h"
+
+namespace tessera::cuda {
+namespace {
+
+constexpr int64_t kChunk = 32768;
+constexpr int kMultiThreads = 512;
+
+struct TensorSlot {
+  void* param;         // f32, or f16/bf16 when master is set
+  const void* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  float* master;       // null when the param itself is f32
+  int64_t numel;
+  float weight_decay;
+  DType param_dtype;
+  DType grad_dtype;
+};
+
+struct ChunkRef {
+  int32_t slot;
+  int64_t start;
+};
+
+// Copies the slot and chunk tables to the device in one buffer (small, synchronous upload).
+template <class Slot>
+Tensor upload_tables(const std::vector<Slot>& slots, const std::vector<ChunkRef>& chunks,
+                     Device device, const Slot** slot_ptr, const ChunkRef** chunk_ptr) {
+  const size_t slot_bytes = (slots.size() * sizeof(Slot) + 15) / 16 * 16;
+  std::vector<uint8_t> bytes(slot_bytes + chunks.size() * sizeof(ChunkRef));
+  std::memcpy(bytes.data(), slots.data(), slots.size() * sizeof(Slot));
+  std::memcpy(bytes.data() + slot_bytes, chunks.data(), chunks.size() * sizeof(ChunkRef));
+  Tensor t = from_vector(bytes, {static_cast<int64_t>(bytes.size())}, {.dtype = DType::u8, .device = device});
+  auto* base = static_cast<const uint8_t*>(t.raw_data());
+  *slot_ptr = reinterpret_cast<const Slot*>(base);
+  *chunk_ptr = reinterpret_cast<const ChunkRef*>(base + slot_bytes);
+  return t;
+}
+
+void append_chunks(std::vector<ChunkRef>& chunks, int32_t slot, int64_t n) {
+  for (int64_t s = 0; s < n; s += kChunk) chunks.push_back({slot, s});
+}
+
+__global__ void __launch_bounds__(kMultiThreads)
+    adamw_kernel(const TensorSlot* slots, const ChunkRef* chunks, float lr, float beta1,
+                 float beta2, float eps, float bias1, float bias2, float grad_scale) {
+  const ChunkRef c = chunks[blockIdx.x];
+  const TensorSlot s = slots[c.slot];
+  const int64_t end = min(s.numel, c.start + kChunk);
+  for (int64_t i = c.start + threadIdx.x; i < end; i += blockDim.x) {
+    const float g = load_as<float>(s.grad, s.grad_dtype, i) * grad_scale;
+    const float m = beta1 * s.exp_avg[i] + (1.f - beta1) * g;
+    const float v = beta2 * s.exp_avg_sq[i] + (1.f - beta2) * g * g;
+    s.exp_avg[i] = m;
+    s.exp_avg_sq[i] = v;
+    float p = s.master ? s.master[i] : static_cast<float*>(s.param)[i];
+    const float update = (m / bias1) / (sqrtf(v / bias2) + eps);
+    p -= lr * (s.weight_decay * p + update);
+    if (s.master) {
+      s.master[i] = p;
+      store_as<float>(s.param, s.param_dtype, i, p);
+    } else {
+      static_cast<float*>(s.param)[i] = p;
+    }
+  }
+}
+
+struct NormSlot {
+  const void* data;
+  int64_t numel;
+  DType dtype;
+};
+
+__global__ void __launch_bounds__(kMultiThreads)
+    sum_squares_kernel(const NormSlot* slots, const ChunkRef* chunks, float* partial) {
+  const ChunkRef c = chunks[blockIdx.x];
+  const NormSlot s = slots[c.slot];
+  const int64_t end = min(s.numel, c.start + kChunk);
+  float acc = 0.f;
+  for (int64_t i = c.start + threadIdx.x; i < end; i += blockDim.x) {
+    const float g = load_as<float>(s.data, s.dtype, i);
+    acc += g * g;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+__global__ void norm_finish_kernel(const float* partial, int64_t n, float* out) {
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) *out = static_cast<float>(sqrt(acc));
+}
+
+}  // namespace
+
+void multi_tensor_adamw(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                        const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                        const std::vector<Tensor>& master, const std::vector<bool>& decay,
+                        const AdamWConfig& cfg) {
+  const size_t n = params.size();
+  TESSERA_CHECK(grads.size() == n && exp_avg.size() == n && exp_avg_sq.size() == n &&
+                    decay.size() == n && (master.empty() || master.size() == n),
+                "multi_tensor_adamw: ", n, " params but ", grads.size(), " grads, ",
+                exp_avg.size(), " exp_avg, ", exp_avg_sq.size(), " exp_avg_sq, ", master.size(),
+                " master copies and ", decay.size(), " decay flags");
+  TESSERA_CHECK(cfg.step >= 1, "multi_tensor_adamw: step must be >= 1, got ", cfg.step);
+  if (n == 0) return;
+  const Device device = params[0].device();
+  std::vector<TensorSlot> slots;
+  std::vector<ChunkRef> chunks;
+  for (size_t i = 0; i < n; ++i) {
+    const Tensor& p = params[i];
+    const bool has_master = !master.empty() && master[i].defined();
+    auto ok = [&](const Tensor& t, bool f32) {
+      return t.defined() && t.device() == device && t.is_contiguous() && t.numel() == p.numel() &&
+             (!f32 || t.dtype() == DType::f32);
+    };
+    TESSERA_CHECK(device.is_cuda() && ok(p, !has_master) && ok(grads[i], false) &&
+                      is_floating(grads[i].dtype()) && ok(exp_avg[i], true) &&
+                      ok(exp_avg_sq[i], true) && (!has_master || ok(master[i], true)),
+                  "multi_tensor_adamw: tensor ", i, " (param ", shape_str(p.shape()), " ",
+                  dtype_name(p.dtype()), " on ", p.device().str(),
+                  "): grads/moments/master must be contiguous, same size, on the same CUDA "
+                  "device, moments and master float32, param float32 unless a master is given");
+    if (p.numel() == 0) continue;
+    slots.push_back({p.raw_data(), grads[i].raw_data(), exp_avg[i].data<float>(),
+                     exp_avg_sq[i].data<float>(), has_master ? master[i].data<float>() : nullptr,
+                     p.numel(), decay[i] ? cfg.weight_decay : 0.f, p.dtype(), grads[i].dtype()});
+    append_chunks(chunks, static_cast<int32_t>(slots.size() - 1), p.numel());
+  }
+  if (chunks.empty()) return;
+  KernelContext ctx(params[0]);
+  const TensorSlot* dslots;
+  const ChunkRef* dchunks;
+  Tensor tables = upload_tables(slots, chunks, device, &dslots, &dchunks);
+  const float bias1 = 1.f - std::pow(cfg.beta1, static_cast<float>(cfg.step));
+  const float bias2 = 1.f - std::pow(cfg.beta2, static_cast<float>(cfg.step));
+  adamw_kernel<<<static_cast<unsigned>(chunks.size()), kMultiThreads, 0, ctx.stream>>>(
+      dslots, dchunks, cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, bias1, bias2, cfg.grad_scale);
+  TESSERA_KERNEL_CHECK("adamw_kernel");
+}
+
+Tensor global_grad_norm(const std::vector<Tensor>& grads) {
+  TESSERA_CHECK(!grads.empty(), "global_grad_norm: no tensors");
+  const Device device = grads[0].device();
+  TESSERA_CHECK(device.is_cuda(), "global_grad_norm: tensors must be on a CUDA device, got ",
+                device.str());
+  std::vector<NormSlot> slots;
+  std::vector<ChunkRef> chunks;
+  std::vector<Tensor> keep;  // contiguous copies of strided gradients live until the launch
+  for (const Tensor& g0 : grads) {
+    if (!g0.defined() || g0.numel() == 0) continue;
+    TESSERA_CHECK(g0.device() == device && is_floating(g0.dtype()),
+                  "global_grad_norm: every tensor must be floating and on ", device.str(),
+                  ", got ", dtype_name(g0.dtype()), " on ", g0.device().str());
+    Tensor g = raw::contiguous(g0);
+    keep.push_back(g);
+    slots.push_back({g.raw_data(), g.numel(), g.dtype()});
+    append_chunks(chunks, static_cast<int32_t>(slots.size() - 1), g.numel());
+  }
+  Tensor out = zeros({}, {.dtype = DType::f32, .device = device});
+  if (chunks.empty()) return out;
+  KernelContext ctx(out);
+  const NormSlot* dslots;
+  const ChunkRef* dchunks;
+  Tensor tables = upload_tables(slots, chunks, device, &dslots, &dchunks);
+  Tensor partial = empty({static_cast<int64_t>(chunks.size())}, {.dtype = DType::f32, .device = device});
+  sum_squares_kernel<<<static_cast<unsigned>(chunks.size()), kMultiThreads, 0, ctx.stream>>>(
+      dslots, dchunks, partial.data<float>());
+  TESSERA_KERNEL_CHECK("sum_squares_kernel");
+  norm_finish_kernel<<<1, 1024, 0, ctx.stream>>>(partial.data<float>(), partial.numel(),
+                                                 out.data<float>());
+  TESSERA_KERNEL_CHECK("norm_finish_kernel");
+  return out;
+}
+
+}  // namespace tessera::cuda

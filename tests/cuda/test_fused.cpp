@@ -1,0 +1,232 @@
+// Fused kernels: classifier, multi-tensor AdamW, global grad norm, flash attention (forward
+// and backward) and the tensor-core GEMM, each against a float64 reference.
+#include <cmath>
+
+#include "cuda_test_util.h"
+#include "kernels/cuda/fused.h"
+
+namespace tessera {
+namespace {
+using namespace cuda_test;
+
+TEST(CudaFused, ClassifierMatchesCrossEntropyAndItsGradient) {
+  TESSERA_REQUIRE_GPU();
+  for (DType t : {DType::f32, DType::bf16}) {
+    const int64_t rows = 37, vocab = 5003;
+    Tensor lh = host_randn({rows, vocab}, t, 0.0, 3.0);
+    std::vector<int64_t> tg = randint(0, vocab, {rows}, {.dtype = DType::i64}).to_vector<int64_t>();
+    tg[5] = -1;  // ignored
+    const auto x = values(lh);
+    std::vector<double> ref_loss(rows, 0.0), ref_grad(x.size(), 0.0);
+    const double scale = 1.0 / (rows - 1);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (tg[r] == -1) continue;
+      double m = -INFINITY, s = 0;
+      for (int64_t i = 0; i < vocab; ++i) m = std::max(m, x[r * vocab + i]);
+      for (int64_t i = 0; i < vocab; ++i) s += std::exp(x[r * vocab + i] - m);
+      ref_loss[r] = std::log(s) + m - x[r * vocab + tg[r]];
+      for (int64_t i = 0; i < vocab; ++i)
+        ref_grad[r * vocab + i] = scale * (std::exp(x[r * vocab + i] - m) / s - (i == tg[r]));
+    }
+    Tensor logits = to_gpu(lh);
+    Tensor losses = poisoned({rows}, DType::f32);
+    cuda::fused_classifier(logits, to_gpu(from_vector(tg, {rows}, {.dtype = DType::i64})), -1, scale,
+                           losses);
+    expect_close(values(losses), ref_loss, 1e-5, "row losses");
+    expect_close(values(logits), ref_grad, tolerance(t), "dlogits in place");
+  }
+  Tensor bad_logits = to_gpu(host_randn({2, 8}));
+  Tensor losses = empty({2}, {.device = dev()});
+  EXPECT_THROW(cuda::fused_classifier(bad_logits, to_gpu(from_vector(std::vector<int32_t>{0, 8}, {2}, {.dtype = DType::i32})),
+                                      -100, 1.0, losses),
+               Error);
+}
+
+TEST(CudaFused, MultiTensorAdamWMatchesPyTorchFormula) {
+  TESSERA_REQUIRE_GPU();
+  cuda::AdamWConfig cfg;
+  cfg.lr = 1e-2f;
+  cfg.beta1 = 0.9f;
+  cfg.beta2 = 0.95f;
+  cfg.eps = 1e-8f;
+  cfg.weight_decay = 0.1f;
+  cfg.grad_scale = 0.5f;
+  const std::vector<Shape> shapes = {{7, 33}, {1}, {70001}};
+  for (bool with_master : {false, true}) {
+    std::vector<Tensor> p, g, m, v, master;
+    std::vector<std::vector<double>> rp, rm, rv, rg;
+    std::vector<bool> decay = {true, false, true};
+    for (const Shape& s : shapes) {
+      Tensor ph = host_randn(s), gh = host_randn(s, with_master ? DType::bf16 : DType::f32);
+      Tensor mh = host_randn(s, DType::f32, 0.0, 0.1), vh = host_uniform(s, 0.0, 0.1);
+      rp.push_back(values(ph));
+      rg.push_back(values(gh));
+      rm.push_back(values(mh));
+      rv.push_back(values(vh));
+      if (with_master) {
+        master.push_back(to_gpu(ph));
+        p.push_back(to_gpu(raw::to(ph, Device::cpu(), DType::bf16)));
+      } else {
+        p.push_back(to_gpu(ph));
+      }
+      g.push_back(to_gpu(gh));
+      m.push_back(to_gpu(mh));
+      v.push_back(to_gpu(vh));
+    }
+    for (int64_t step = 1; step <= 3; ++step) {
+      cfg.step = step;
+      cuda::multi_tensor_adamw(p, g, m, v, master, decay, cfg);
+      const double b1c = 1 - std::pow(0.9, step), b2c = 1 - std::pow(0.95, step);
+      for (size_t i = 0; i < shapes.size(); ++i)
+        for (size_t e = 0; e < rp[i].size(); ++e) {
+          const double grad = rg[i][e] * 0.5;
+          rm[i][e] = 0.9 * rm[i][e] + 0.1 * grad;
+          rv[i][e] = 0.95 * rv[i][e] + 0.05 * grad * grad;
+          rp[i][e] *= 1 - 1e-2 * (decay[i] ? 0.1 : 0.0);  // PyTorch: decay first
+          rp[i][e] -= 1e-2 * (rm[i][e] / b1c) / (std::sqrt(rv[i][e] / b2c) + 1e-8);
+        }
+    }
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      expect_close(values(with_master ? master[i] : p[i]), rp[i], 1e-5, "params");
+      expect_close(values(m[i]), rm[i], 1e-5, "exp_avg");
+      expect_close(values(v[i]), rv[i], 1e-5, "exp_avg_sq");
+      if (with_master)  // the bf16 param is the master rounded
+        EXPECT_EQ(values(p[i]), values(raw::to(master[i], Device::cpu(), DType::bf16)));
+    }
+  }
+  std::vector<Tensor> one = {to_gpu(host_randn({3}))};
+  std::vector<Tensor> wrong = {to_gpu(host_randn({4}))};
+  EXPECT_THROW(cuda::multi_tensor_adamw(one, wrong, one, one, {}, {true}, cfg), Error);
+}
+
+TEST(CudaFused, GlobalGradNormOverMixedTensors) {
+  TESSERA_REQUIRE_GPU();
+  std::vector<Tensor> grads;
+  double ss = 0;
+  for (auto [shape, t] : std::vector<std::pair<Shape, DType>>{
+           {{7, 33}, DType::f32}, {{100003}, DType::bf16}, {{1}, DType::f32}, {{257, 3}, DType::f16}}) {
+    Tensor h = host_randn(shape, t);
+    for (double x : values(h)) ss += x * x;
+    grads.push_back(to_gpu(h));
+  }
+  // A non-contiguous one too.
+  Tensor h = host_randn({9, 5});
+  for (double x : values(h)) ss += x * x;
+  grads.push_back(raw::transpose(to_gpu(h), 0, 1));
+  Tensor norm = cuda::global_grad_norm(grads);
+  EXPECT_EQ(norm.dim(), 0);
+  EXPECT_NEAR(norm.item(), std::sqrt(ss), 1e-5 * std::sqrt(ss));
+  EXPECT_EQ(cuda::global_grad_norm(grads).item(), norm.item()) << "fixed summation order";
+}
+
+// Causal attention in float64 from bf16/f16 inputs: out and lse.
+void ref_attention(const std::vector<double>& q, const std::vector<double>& k,
+                   const std::vector<double>& v, int64_t BH, int64_t T, int64_t D, double scale,
+                   std::vector<double>& out, std::vector<double>& lse, const std::vector<double>* dout,
+                   std::vector<double>* dq, std::vector<double>* dk, std::vector<double>* dv) {
+  out.assign(BH * T * D, 0.0);
+  lse.assign(BH * T, 0.0);
+  if (dout) {
+    dq->assign(BH * T * D, 0.0);
+    dk->assign(BH * T * D, 0.0);
+    dv->assign(BH * T * D, 0.0);
+  }
+  std::vector<double> p(T), dp(T);
+  for (int64_t z = 0; z < BH; ++z)
+    for (int64_t i = 0; i < T; ++i) {
+      const double* qi = &q[(z * T + i) * D];
+      double m = -INFINITY;
+      for (int64_t j = 0; j <= i; ++j) {
+        double s = 0;
+        for (int64_t d = 0; d < D; ++d) s += qi[d] * k[(z * T + j) * D + d];
+        p[j] = s * scale;
+        m = std::max(m, p[j]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j <= i; ++j) sum += std::exp(p[j] - m);
+      lse[z * T + i] = m + std::log(sum);
+      for (int64_t j = 0; j <= i; ++j) {
+        p[j] = std::exp(p[j] - m) / sum;
+        for (int64_t d = 0; d < D; ++d) out[(z * T + i) * D + d] += p[j] * v[(z * T + j) * D + d];
+      }
+      if (!dout) continue;
+      const double* doi = &(*dout)[(z * T + i) * D];
+      double delta = 0;
+      for (int64_t d = 0; d < D; ++d) delta += doi[d] * out[(z * T + i) * D + d];
+      for (int64_t j = 0; j <= i; ++j) {
+        double dpj = 0;
+        for (int64_t d = 0; d < D; ++d) dpj += doi[d] * v[(z * T + j) * D + d];
+        const double ds = p[j] * (dpj - delta) * scale;
+        for (int64_t d = 0; d < D; ++d) {
+          (*dv)[(z * T + j) * D + d] += p[j] * doi[d];
+          (*dq)[(z * T + i) * D + d] += ds * k[(z * T + j) * D + d];
+          (*dk)[(z * T + j) * D + d] += ds * qi[d];
+        }
+      }
+    }
+}
+
+TEST(CudaFused, FlashAttentionForwardBackwardAgainstFloat64) {
+  TESSERA_REQUIRE_GPU();
+  for (DType t : {DType::bf16, DType::f16}) {
+    for (int64_t D : {64, 128}) {
+      const int64_t B = 2, H = 3, T = 97;  // T not a multiple of the 64-row tile
+      const double scale = 1.0 / std::sqrt(double(D));
+      // q, k, v as views of one fused [B, T, 3, H, D] projection, permuted to [B, H, T, D].
+      Tensor qkv_h = host_randn({B, T, 3, H, D}, t);
+      Tensor qkv = to_gpu(qkv_h);
+      auto head_view = [&](const Tensor& x, int64_t which) {
+        return raw::permute(raw::select(x, 2, which), {0, 2, 1, 3});
+      };
+      Tensor q = head_view(qkv, 0), k = head_view(qkv, 1), v = head_view(qkv, 2);
+      ASSERT_FALSE(q.is_contiguous());
+      auto host_bhtd = [&](int64_t which) {
+        return values(raw::contiguous(head_view(qkv_h, which)));
+      };
+      const auto qv = host_bhtd(0), kv = host_bhtd(1), vv = host_bhtd(2);
+      Tensor dout_h = host_randn({B, H, T, D}, t);
+      const auto dov = values(dout_h);
+      std::vector<double> ro, rl, rdq, rdk, rdv;
+      ref_attention(qv, kv, vv, B * H, T, D, scale, ro, rl, &dov, &rdq, &rdk, &rdv);
+
+      Tensor out = poisoned({B, H, T, D}, t), lse = poisoned({B, H, T}, DType::f32);
+      cuda::flash_attention_forward(q, k, v, scale, out, lse);
+      expect_close(values(out), ro, tolerance(t), "flash out");
+      expect_close(values(lse), rl, 1e-5, "flash lse");
+
+      Tensor nout = poisoned({B, H, T, D}, t), nlse = poisoned({B, H, T}, DType::f32);
+      cuda::naive_attention_forward(q, k, v, scale, nout, nlse);
+      expect_close(values(nout), ro, tolerance(t), "naive out");
+
+      Tensor dq = poisoned({B, H, T, D}, t), dk = poisoned({B, H, T, D}, t), dv = poisoned({B, H, T, D}, t);
+      cuda::flash_attention_backward(q, k, v, out, to_gpu(dout_h), lse, scale, dq, dk, dv);
+      expect_close(values(dq), rdq, 2 * tolerance(t), "dq");
+      expect_close(values(dk), rdk, 2 * tolerance(t), "dk");
+      expect_close(values(dv), rdv, 2 * tolerance(t), "dv");
+    }
+  }
+  Tensor bad = to_gpu(host_randn({1, 1, 8, 32}, DType::bf16));
+  Tensor o = empty_like(bad), l = empty({1, 1, 8}, {.device = dev()});
+  EXPECT_THROW(cuda::flash_attention_forward(bad, bad, bad, 1.0, o, l), Error);  // D = 32
+}
+
+TEST(CudaFused, TensorCoreGemmTiledAndNaivePaths) {
+  TESSERA_REQUIRE_GPU();
+  for (DType t : {DType::bf16, DType::f16}) {
+    // 256 x 384 x 96 takes the tiled path; 33 x 7 x 19 the naive one.
+    for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{256, 384, 96}, {33, 7, 19}}) {
+      Tensor ah = host_randn({M, K}, t), bh = host_randn({K, N}, t);
+      const auto a = values(ah), b = values(bh);
+      std::vector<double> ref(M * N, 0.0);
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t k = 0; k < K; ++k)
+          for (int64_t j = 0; j < N; ++j) ref[i * N + j] += a[i * K + k] * b[k * N + j];
+      Tensor c = poisoned({M, N}, t);
+      cuda::tensor_core_gemm(to_gpu(ah), to_gpu(bh), c);
+      expect_close(values(c), ref, tolerance(t), "tensor_core_gemm");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera
