@@ -2,7 +2,8 @@
 # One call on a GPU machine does everything for the CUDA backend: build, run test_cuda,
 # compute-sanitizer (memcheck on the whole suite, racecheck on the shared-memory kernels),
 # the kernel benchmarks; logs go to $OUT (or ./gpu_check_out), a short table is printed last.
-#   usage: scripts/gpu_check.sh [test|bench|all] [gtest filter for the sanitizers]
+#   usage: scripts/gpu_check.sh [test|bench|all] [gtest filter for racecheck]
+#   time limits (s): MEMCHECK_S=150 RACECHECK_S=120 (0 skips) BENCH_S=150
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-all}
@@ -38,16 +39,18 @@ if [[ $MODE == test || $MODE == all ]]; then
   rc=$?
   grep -E "FAILED|Failure|error|expected|Which is|got" "$OUT/test.log" | head -60
   summary+=("test_cuda: rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/test.log" | head -1) $(grep -E '^\[  FAILED  \].*tests?, listed' "$OUT/test.log" | head -1)")
-  timeout 300 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
+  timeout "${MEMCHECK_S:-150}" compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
     ./build-gpu/tests/cuda/test_cuda --gtest_brief=1 > "$OUT/memcheck.log" 2>&1
   summary+=("memcheck (all tests): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)")
-  timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 \
-    ./build-gpu/tests/cuda/test_cuda --gtest_brief=1 --gtest_filter="$SAN_FILTER" > "$OUT/racecheck.log" 2>&1
-  summary+=("racecheck ($SAN_FILTER): rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)")
+  if [[ ${RACECHECK_S:-120} -gt 0 ]]; then
+    timeout "${RACECHECK_S:-120}" compute-sanitizer --tool racecheck --error-exitcode 9 \
+      ./build-gpu/tests/cuda/test_cuda --gtest_brief=1 --gtest_filter="$SAN_FILTER" > "$OUT/racecheck.log" 2>&1
+    summary+=("racecheck ($SAN_FILTER): rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)")
+  fi
 fi
 
 if [[ $MODE == bench || $MODE == all ]]; then
-  timeout 300 ./build-gpu/benchmarks/bench_cuda_kernels --benchmark_counters_tabular=true \
+  timeout "${BENCH_S:-150}" ./build-gpu/benchmarks/bench_cuda_kernels --benchmark_counters_tabular=true \
     > "$OUT/bench.log" 2>&1
   summary+=("bench: rc=$?")
 fi
