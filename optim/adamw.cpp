@@ -1,9 +1,13 @@
 #include "optim/adamw.h"
 
 #include <cmath>
+#include <map>
 
 #include "kernels/ops.h"
 #include "optim/fused_update.h"
+#if TESSERA_WITH_CUDA
+#include "kernels/cuda/fused.h"
+#endif
 
 namespace tessera::optim {
 
@@ -60,9 +64,51 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions opts)
   TESSERA_CHECK(opts.eps >= 0, "AdamW: eps must be >= 0, got ", opts.eps);
 }
 
+namespace {
+// A CUDA f32 parameter updated by the multi-tensor kernel (one launch per group and step).
+struct MultiTensorItem {
+  Tensor p, g, m, v;
+  int64_t step;
+};
+
+bool fits_multi_tensor(const Tensor& p, const Tensor& g) {
+  return TESSERA_WITH_CUDA && p.device().is_cuda() && p.dtype() == DType::f32 &&
+         p.is_contiguous() && g.is_contiguous();
+}
+
+void run_multi_tensor(std::vector<MultiTensorItem>& items, const ParamGroup& group,
+                      const AdamWOptions& opts) {
+#if TESSERA_WITH_CUDA
+  // Parameters skipped in earlier steps have other step counts: one launch per count.
+  std::map<int64_t, std::vector<MultiTensorItem*>> by_step;
+  for (auto& item : items) by_step[item.step].push_back(&item);
+  for (auto& [step, batch] : by_step) {
+    std::vector<Tensor> ps, gs, ms, vs;
+    for (auto* item : batch) {
+      ps.push_back(item->p);
+      gs.push_back(item->g);
+      ms.push_back(item->m);
+      vs.push_back(item->v);
+      item->p.impl().version++;
+    }
+    cuda::AdamWConfig cfg{.lr = float(group.lr), .beta1 = float(opts.beta1),
+                          .beta2 = float(opts.beta2), .eps = float(opts.eps),
+                          .weight_decay = float(group.weight_decay), .step = step,
+                          .grad_scale = 1.0f};
+    cuda::multi_tensor_adamw(ps, gs, ms, vs, {}, std::vector<bool>(ps.size(), true), cfg);
+  }
+#else
+  (void)group;
+  (void)opts;
+  TESSERA_CHECK(items.empty(), "AdamW: multi-tensor path without CUDA");
+#endif
+}
+}  // namespace
+
 void AdamW::step() {
   size_t index = 0;
   for (const auto& group : groups_) {
+    std::vector<MultiTensorItem> multi_tensor;
     for (const auto& p : group.params) {
       ParamState& s = state(index++);
       const Tensor grad = p.grad();
@@ -76,6 +122,10 @@ void AdamW::step() {
       const Tensor& m = s.tensors["exp_avg"];
       const Tensor& v = s.tensors["exp_avg_sq"];
       s.step += 1;
+      if (fits_multi_tensor(p, g)) {
+        multi_tensor.push_back({p, g, m, v, s.step});
+        continue;
+      }
       const double bc1 = 1.0 - std::pow(opts_.beta1, static_cast<double>(s.step));
       const double bc2 = 1.0 - std::pow(opts_.beta2, static_cast<double>(s.step));
       const AdamWCoeffs<double> c{1.0 - group.lr * group.weight_decay,
@@ -108,6 +158,7 @@ void AdamW::step() {
         }
       });
     }
+    run_multi_tensor(multi_tensor, group, opts_);
   }
 }
 

@@ -4,6 +4,9 @@
 
 #include "kernels/ops.h"
 #include "optim/fused_update.h"
+#if TESSERA_WITH_CUDA
+#include "kernels/cuda/fused.h"
+#endif
 
 namespace tessera::optim {
 
@@ -39,26 +42,40 @@ void with_cpu_floats(const Tensor& t, Fn&& fn) {
 
 double grad_norm_squared(const std::vector<Tensor>& params) {
   double total = 0.0;
-  Tensor device_total;  // f32 sums of non-CPU gradients, read back once
+  std::vector<Tensor> device_grads;  // summed on their device, read back once
   for_each_grad(params, [&](const Tensor& g) {
-    if (g.device().is_cpu()) {
-      with_cpu_floats(g, [&](auto* data, int64_t n) {
-        double sum = 0.0;
-#pragma omp parallel for reduction(+ : sum) if (n > (1 << 15))
-        for (int64_t i = 0; i < n; ++i) {
-          const double v = static_cast<double>(static_cast<float>(data[i]));
-          sum += v * v;
-        }
-        total += sum;
-      });
-    } else {
-      Tensor gf = raw::to(g, g.device(), DType::f32);
-      Tensor s = ops::sum(ops::mul(gf, gf));
-      device_total = device_total.defined() ? ops::add(device_total, s) : s;
+    if (!g.device().is_cpu()) {
+      device_grads.push_back(g);
+      return;
     }
+    with_cpu_floats(g, [&](auto* data, int64_t n) {
+      double sum = 0.0;
+#pragma omp parallel for reduction(+ : sum) if (n > (1 << 15))
+      for (int64_t i = 0; i < n; ++i) {
+        const double v = static_cast<double>(static_cast<float>(data[i]));
+        sum += v * v;
+      }
+      total += sum;
+    });
   });
-  if (device_total.defined()) total += device_total.item();
-  return total;
+  if (device_grads.empty()) return total;
+#if TESSERA_WITH_CUDA
+  bool all_cuda = true;
+  for (const auto& g : device_grads)
+    all_cuda = all_cuda && g.device() == device_grads.front().device() && g.device().is_cuda() &&
+               g.is_contiguous();
+  if (all_cuda) {
+    const double norm = cuda::global_grad_norm(device_grads).item();
+    return total + norm * norm;
+  }
+#endif
+  Tensor device_total;
+  for (const auto& g : device_grads) {
+    Tensor gf = raw::to(g, g.device(), DType::f32);
+    Tensor s = ops::sum(ops::mul(gf, gf));
+    device_total = device_total.defined() ? ops::add(device_total, s) : s;
+  }
+  return total + device_total.item();
 }
 
 double grad_norm(const std::vector<Tensor>& params) { return std::sqrt(grad_norm_squared(params)); }
