@@ -12,6 +12,13 @@ inline Tensor sum_to_shape(const Tensor& grad, const Shape& shape) {
   return grad.shape() == shape ? grad : ops::sum_to(grad, shape);
 }
 
+// raw::reshape that also handles a 0-d tensor (whose raw::reshape to an all-ones shape
+// such as [1, 1] is refused by core at the time of writing): one element, any shape of
+// numel 1, as a broadcast view.
+inline Tensor reshape_grad(const Tensor& grad, const Shape& shape) {
+  return grad.dim() == 0 ? raw::expand(grad, shape) : raw::reshape(grad, shape);
+}
+
 // A bool mask as 0/1 values of `dtype`, to multiply gradients with.
 inline Tensor mask_as(const Tensor& mask, DType dtype) { return raw::to(mask, mask.device(), dtype); }
 

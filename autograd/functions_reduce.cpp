@@ -12,11 +12,12 @@ using autograd::util::drop_dims;
 using autograd::util::keepdim_shape;
 using autograd::util::mask_as;
 using autograd::util::reduced_dims;
+using autograd::util::reshape_grad;
 using Grads = std::vector<Tensor>;
 
 // The gradient of a reduction, broadcast back over the reduced dims of `input_shape`.
 static Tensor spread(const Tensor& grad, const Shape& input_shape, const std::vector<int64_t>& dims) {
-  return raw::expand(raw::reshape(grad, keepdim_shape(input_shape, dims)), input_shape);
+  return raw::expand(reshape_grad(grad, keepdim_shape(input_shape, dims)), input_shape);
 }
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
@@ -48,7 +49,7 @@ static Tensor extreme(const char* name, bool is_max, const Tensor& x, const std:
   record(name, {x}, {y}, [name, d, sx = SavedTensor::input(x), sk = SavedTensor::output(kept)](const BackwardArgs& a) {
     const Tensor x = sx.unpack(name);
     Tensor hits = mask_as(ops::binary(BinaryOp::Eq, x, sk.unpack(name)), a.grad().dtype());
-    Tensor per_hit = ops::div(raw::reshape(a.grad(), keepdim_shape(x.shape(), d)), ops::sum(hits, d, true));
+    Tensor per_hit = ops::div(reshape_grad(a.grad(), keepdim_shape(x.shape(), d)), ops::sum(hits, d, true));
     return Grads{ops::mul(hits, per_hit)};
   });
   return y;
