@@ -13,9 +13,13 @@ namespace tessera::cpu {
 
 #pragma omp declare simd
 inline float fast_exp(float x) {
-  // Clamp to the range where the result is a finite normal float or underflows to ~0.
+  // Below this exp(x) is under the smallest normal float: return an exact 0 (so masked
+  // -inf logits give exactly zero probability) instead of a denormal.
+  constexpr float kLow = -87.3365447504f;
+  const bool underflow = x < kLow;
+  // Clamp to the range where the result is a finite normal float.
   x = x > 88.3762626647949f ? 88.3762626647949f : x;
-  x = x < -87.3365447504f ? -87.3365447504f : x;
+  x = x < kLow ? kLow : x;
   // exp(x) = 2^n * exp(r), n = round(x / ln2), r = x - n ln2 in [-ln2/2, ln2/2].
   const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
   float r = x - n * 0.693359375f;  // ln2 split in a high part exact in float ...
@@ -31,7 +35,7 @@ inline float fast_exp(float x) {
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
+  return underflow ? 0.0f : p * scale;
 }
 
 #pragma omp declare simd

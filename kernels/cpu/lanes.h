@@ -37,37 +37,59 @@ void with_enum_constant(E value, Fn&& fn) {
      ...);
   }(std::make_integer_sequence<int, Count>{});
 }
-template <int N, class Fn>
-void for_each_lane(const Shape& shape, int64_t dim, const std::array<const Shape*, N>& strides,
-                   Fn&& fn) {
-  const int64_t ndim = static_cast<int64_t>(shape.size());
+// The lanes of `shape` along `dim` for N operands: offsets(lane) gives each operand's element
+// offset of the lane's first element, steps[k] its stride along dim.
+template <int N>
+struct LaneIndexer {
   Shape outer;
   std::array<Shape, N> outer_strides;
   std::array<int64_t, N> steps{};
-  for (int64_t d = 0; d < ndim; ++d) {
-    for (int k = 0; k < N; ++k) {
-      if (d == dim) steps[k] = (*strides[k])[d];
+  int64_t len = 1, lanes = 1;
+
+  LaneIndexer(const Shape& shape, int64_t dim, const std::array<const Shape*, N>& strides) {
+    const int64_t ndim = static_cast<int64_t>(shape.size());
+    for (int64_t d = 0; d < ndim; ++d) {
+      if (d == dim) {
+        for (int k = 0; k < N; ++k) steps[k] = (*strides[k])[d];
+        continue;
+      }
+      outer.push_back(shape[d]);
+      for (int k = 0; k < N; ++k) outer_strides[k].push_back((*strides[k])[d]);
     }
-    if (d == dim) continue;
-    outer.push_back(shape[d]);
-    for (int k = 0; k < N; ++k) outer_strides[k].push_back((*strides[k])[d]);
+    len = ndim == 0 ? 1 : shape[dim];
+    lanes = shape_numel(outer);
   }
-  const int64_t len = ndim == 0 ? 1 : shape[dim];
-  const int64_t lanes = shape_numel(outer);
-  if (lanes == 0 || len == 0) return;
-  const int64_t od = static_cast<int64_t>(outer.size());
-  const bool parallel = lanes > 1 && lanes * len >= kParallelGrain;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t lane = 0; lane < lanes; ++lane) {
+
+  std::array<int64_t, N> offsets(int64_t lane) const {
     std::array<int64_t, N> off{};
-    int64_t rem = lane;
-    for (int64_t d = od - 1; d >= 0; --d) {
-      const int64_t i = rem % outer[d];
-      rem /= outer[d];
+    for (int64_t d = static_cast<int64_t>(outer.size()) - 1; d >= 0; --d) {
+      const int64_t i = lane % outer[d];
+      lane /= outer[d];
       for (int k = 0; k < N; ++k) off[k] += i * outer_strides[k][d];
     }
-    fn(off, len, steps);
+    return off;
   }
+};
+
+template <int N, class Fn>
+void for_each_lane(const Shape& shape, int64_t dim, const std::array<const Shape*, N>& strides,
+                   Fn&& fn) {
+  const LaneIndexer<N> lanes(shape, dim, strides);
+  if (lanes.lanes == 0 || lanes.len == 0) return;
+  const bool parallel = lanes.lanes > 1 && lanes.lanes * lanes.len >= kParallelGrain;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t lane = 0; lane < lanes.lanes; ++lane) fn(lanes.offsets(lane), lanes.len, lanes.steps);
+}
+
+// Calls fn(std::true_type{}) when every step is 1, else fn(std::false_type{}): a lane
+// function written once with `const int64_t s = unit ? 1 : step;` gets a unit-stride
+// instantiation the compiler vectorises and a strided one for everything else.
+template <size_t N, class Fn>
+decltype(auto) with_unit_stride(const std::array<int64_t, N>& steps, Fn&& fn) {
+  bool unit = true;
+  for (int64_t s : steps) unit = unit && s == 1;
+  if (unit) return fn(std::true_type{});
+  return fn(std::false_type{});
 }
 
 }  // namespace tessera::cpu

@@ -1,0 +1,101 @@
+// CPU gather and scatter-add by index: embedding rows and index_add_.
+//
+// Indices are read and range-checked up front (errors name the index and the size; an
+// exception cannot leave an OpenMP region). index_add_ splits the work by destination
+// lanes, never by index, so no two threads add into the same element and the order of
+// additions is fixed: the result is deterministic.
+#include <cstring>
+#include <vector>
+
+#include "core/dispatch.h"
+#include "kernels/cpu/lanes.h"
+
+namespace tessera::cpu {
+namespace {
+
+std::vector<int64_t> read_indices(const Tensor& idx, int64_t size, const char* op, const char* what) {
+  const Tensor& flat = idx;
+  std::vector<int64_t> out(flat.numel());
+  visit_dtype(flat.dtype(), [&](auto tag) {
+    using I = decltype(tag);
+    if constexpr (std::is_integral_v<I> && !std::is_same_v<I, bool>) {
+      const I* p = static_cast<const I*>(flat.raw_data());
+      // Walk the logical order (the index tensor may be any strided view).
+      int64_t k = 0;
+      const int64_t nd = flat.dim();
+      std::vector<int64_t> pos(nd, 0);
+      for (int64_t n = 0; n < flat.numel(); ++n) {
+        int64_t off = 0;
+        for (int64_t d = 0; d < nd; ++d) off += pos[d] * flat.strides()[d];
+        out[k++] = static_cast<int64_t>(p[off]);
+        for (int64_t d = nd - 1; d >= 0; --d) {
+          if (++pos[d] < flat.shape()[d]) break;
+          pos[d] = 0;
+        }
+      }
+    } else {
+      TESSERA_FAIL(op, ": indices must be int32 or int64, got ", dtype_name(flat.dtype()));
+    }
+  });
+  for (size_t i = 0; i < out.size(); ++i) {
+    TESSERA_CHECK(out[i] >= 0 && out[i] < size, op, ": index ", out[i], " (position ", i,
+                  ") is out of range for ", what, " of size ", size);
+  }
+  return out;
+}
+
+// out[i, :] = weight[idx[i], :]
+void embedding(const Tensor& weight, const Tensor& idx, const Tensor& out) {
+  const int64_t V = weight.shape()[0], C = weight.shape()[1];
+  const std::vector<int64_t> ids = read_indices(idx, V, "embedding", "an embedding table");
+  const int64_t n = static_cast<int64_t>(ids.size());
+  visit_dtype(weight.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* wp = static_cast<const T*>(weight.raw_data());
+    T* op = static_cast<T*>(out.raw_data());
+    const int64_t wr = weight.strides()[0], wc = weight.strides()[1];
+    const int64_t orow = out.strides()[0], oc = out.strides()[1];
+#pragma omp parallel for schedule(static) if (n * C >= kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) {
+      const T* src = wp + ids[i] * wr;
+      T* dst = op + i * orow;
+      if (wc == 1 && oc == 1) {
+        std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), C * sizeof(T));
+      } else {
+        for (int64_t c = 0; c < C; ++c) dst[c * oc] = src[c * wc];
+      }
+    }
+  });
+}
+
+// out[..., idx[i], ...] += src[..., i, ...] along dim.
+void index_add(const Tensor& out, int64_t dim, const Tensor& idx, const Tensor& src) {
+  const std::vector<int64_t> ids = read_indices(idx, out.shape()[dim], "index_add_", "dimension");
+  visit_dtype(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    T* op = static_cast<T*>(out.raw_data());
+    const T* sp = static_cast<const T*>(src.raw_data());
+    const int64_t out_step = out.strides()[dim];
+    // Lanes of src along dim; out's strides for the other dims are the same positions.
+    for_each_lane<2>(src.shape(), dim, {&src.strides(), &out.strides()},
+                     [&](std::array<int64_t, 2> off, int64_t n, const std::array<int64_t, 2>& st) {
+                       T* o = op + off[1];
+                       const T* s = sp + off[0];
+                       for (int64_t i = 0; i < n; ++i) {
+                         T& dst = o[ids[i] * out_step];
+                         dst = convert<T>(C(convert<C>(dst) + convert<C>(s[i * st[0]])));
+                       }
+                     });
+  });
+}
+
+const bool registered = [] {
+  KernelTable& t = kernel_table(DeviceType::CPU);
+  t.embedding = embedding;
+  t.index_add = index_add;
+  return true;
+}();
+
+}  // namespace
+}  // namespace tessera::cpu
