@@ -3,6 +3,7 @@
 // every gradient, and the parameters after 10 AdamW steps with clipping and a schedule.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
@@ -68,9 +69,12 @@ void run_parity(bool tied) {
   size_t ref_grads = 0;
   for (const auto& [name, t] : ref.tensors) ref_grads += name.rfind("grad/", 0) == 0;
   ASSERT_EQ(params.size(), ref_grads) << "the reference saw a different parameter set";
+  double worst_grad = 0;
   for (const auto& [name, p] : params) {
     ASSERT_TRUE(p.grad().defined()) << name;
-    EXPECT_LT(ops::max_rel_error(p.grad(), ref.at("grad/" + name)), 1e-4) << name;
+    const double err = ops::max_rel_error(p.grad(), ref.at("grad/" + name));
+    worst_grad = std::max(worst_grad, err);
+    EXPECT_LT(err, 1e-4) << name;
   }
 
   // Ten optimizer steps from the same starting point.
@@ -86,8 +90,16 @@ void run_parity(bool tied) {
     opt.step();
     sched.step();
   }
-  for (const auto& [name, p] : params)
-    EXPECT_LT(ops::max_rel_error(p, ref.at("param/" + name)), 1e-4) << name;
+  double worst_param = 0;
+  for (const auto& [name, p] : params) {
+    const double err = ops::max_rel_error(p, ref.at("param/" + name));
+    worst_param = std::max(worst_param, err);
+    EXPECT_LT(err, 1e-4) << name;
+  }
+  std::printf("parity (%s): logits %.2e, loss %.2e, worst grad %.2e, worst param after %d steps %.2e\n",
+              tied ? "tied" : "untied", ops::max_rel_error(logits, ref.at("logits")),
+              std::abs(loss.item() - ref.at("loss").item()) / std::abs(ref.at("loss").item()),
+              worst_grad, kSteps, worst_param);
 
   // A file written by the PyTorch side loads into a fresh model with the trained values.
   nn::GPT reloaded(parity_config(tied));
