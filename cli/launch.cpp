@@ -20,10 +20,12 @@ const RegisterCommand reg(
       sub.add_option("--mixed-precision", options->mixed_precision,
                      "no | fp16 | bf16, passed to the Accelerator as TESSERA_MIXED_PRECISION")
           ->check(CLI::IsMember({"no", "fp16", "bf16"}));
-      sub.add_option("program", options->command, "PROGRAM and its arguments")->required();
-      // Everything from PROGRAM on belongs to it, even options that look like ours.
+      // PROGRAM and everything after it belong to the program, even options that look like
+      // ours: they arrive in remaining().
       sub.prefix_command();
-      sub.callback([options] {
+      sub.footer("PROGRAM ARGS...   the program each rank runs, with its arguments");
+      sub.callback([options, &sub] {
+        options->command = sub.remaining();
         int status = dist::launch(*options);
         if (status != 0) std::exit(status);
       });

@@ -29,10 +29,14 @@ void check_mpi(int rc, const char* what) {
 
 int g_thread_level = 0;
 
-void finalize_mpi() {
+// At exit: a clean exit finalizes MPI; a failing one (status != 0) aborts the whole job, so
+// the other ranks do not wait in collectives (or in MPI_Finalize) for this one.
+void finish_mpi(int exit_status, void*) {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  if (exit_status != 0) MPI_Abort(MPI_COMM_WORLD, exit_status);
+  MPI_Finalize();
 }
 
 void ensure_mpi_initialized() {
@@ -46,7 +50,7 @@ void ensure_mpi_initialized() {
   TESSERA_CHECK(g_thread_level >= MPI_THREAD_SERIALIZED,
                 "dist(mpi): this MPI offers thread level ", g_thread_level,
                 "; Tessera runs MPI calls on a worker thread and needs MPI_THREAD_SERIALIZED");
-  std::atexit(finalize_mpi);
+  on_exit(finish_mpi, nullptr);
 }
 
 int checked_count(size_t n, const char* what) {

@@ -1,0 +1,55 @@
+// Helper program for the fault tests of test_dist, run as a multi-process job.
+//   dist_fault_check throw RANK STEP   rank RANK throws at training step STEP
+//   dist_fault_check mismatch          rank 0 calls all_reduce, the others all_gather
+//                                      (run with TESSERA_DEBUG_COLLECTIVES=1)
+//   dist_fault_check silent            rank 1 never joins rank 0's all_reduce (run with a
+//                                      short TESSERA_COLLECTIVE_TIMEOUT)
+// Errors are printed as "rank R: error: ..." and end the process with status 1.
+#include <chrono>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "dist/process_group.h"
+
+using namespace tessera;
+using namespace tessera::dist;
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  int rank = -1;
+  try {
+    init_process_group();
+    ProcessGroup& pg = world();
+    rank = pg.rank();
+    if (mode == "throw") {
+      const int bad_rank = std::stoi(argv[2]), bad_step = std::stoi(argv[3]);
+      for (int step = 0; step < 1000; ++step) {
+        if (rank == bad_rank && step == bad_step)
+          TESSERA_FAIL("injected failure at step ", step);
+        Tensor t = full({16}, 1.0);
+        pg.all_reduce(t)->wait();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    } else if (mode == "mismatch") {
+      Tensor t = full({4}, 1.0);
+      if (rank == 0) {
+        pg.all_reduce(t)->wait();
+      } else {
+        Tensor out = empty({4 * pg.size()});
+        pg.all_gather(out, t)->wait();
+      }
+    } else if (mode == "silent") {
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
+      Tensor t = full({4}, 1.0);
+      pg.all_reduce(t)->wait();
+    } else {
+      TESSERA_FAIL("unknown mode '", mode, "'");
+    }
+    destroy_process_group();
+  } catch (const std::exception& e) {
+    std::cerr << "rank " << rank << ": error: " << e.what() << std::endl;
+    return 1;
+  }
+  return 0;
+}

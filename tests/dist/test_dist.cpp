@@ -1,0 +1,252 @@
+// In-process tests of dist/: environment parsing, the rendezvous store, the element-wise
+// reductions the host backends use, and the single-process backend with its argument checks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <thread>
+
+#include "dist/env.h"
+#include "dist/host_process_group.h"
+#include "dist/process_group.h"
+#include "dist/store.h"
+
+using namespace tessera;
+using namespace tessera::dist;
+
+namespace {
+
+const char* kDistVars[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                           "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                           "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                           "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                           "SLURM_NTASKS_PER_NODE"};
+
+// Clears the launch variables for the test and restores nothing: test_dist itself is never
+// started as a distributed job.
+struct CleanDistEnv : ::testing::Test {
+  static void clear() {
+    for (const char* v : kDistVars) unsetenv(v);
+  }
+  void SetUp() override { clear(); }
+  void TearDown() override { clear(); }
+};
+
+using EnvTest = CleanDistEnv;
+
+TEST_F(EnvTest, NothingSetIsRankZeroOfOne) {
+  DistEnv e = read_dist_env();
+  EXPECT_EQ(e.rank, 0);
+  EXPECT_EQ(e.world_size, 1);
+  EXPECT_EQ(e.launcher, Launcher::None);
+  EXPECT_FALSE(e.has_master());
+}
+
+TEST_F(EnvTest, TorchrunVariables) {
+  setenv("RANK", "5", 1);
+  setenv("WORLD_SIZE", "8", 1);
+  setenv("LOCAL_RANK", "1", 1);
+  setenv("LOCAL_WORLD_SIZE", "4", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29555", 1);
+  setenv("OMPI_COMM_WORLD_RANK", "3", 1);  // torchrun names win
+  DistEnv e = read_dist_env();
+  EXPECT_EQ(e.launcher, Launcher::Torchrun);
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 4);
+  EXPECT_EQ(e.master_addr, "127.0.0.1");
+  EXPECT_EQ(e.master_port, 29555);
+}
+
+TEST_F(EnvTest, MpirunVariables) {
+  setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1", 1);
+  DistEnv e = read_dist_env();
+  EXPECT_EQ(e.launcher, Launcher::Mpirun);
+  EXPECT_EQ(e.rank, 2);
+  EXPECT_EQ(e.world_size, 3);
+  EXPECT_EQ(e.local_rank, 0);
+  EXPECT_EQ(e.local_world_size, 1);
+}
+
+TEST_F(EnvTest, SlurmVariables) {
+  setenv("SLURM_PROCID", "6", 1);
+  setenv("SLURM_NTASKS", "8", 1);
+  setenv("SLURM_LOCALID", "2", 1);
+  setenv("SLURM_NTASKS_PER_NODE", "4(x2)", 1);
+  DistEnv e = read_dist_env();
+  EXPECT_EQ(e.launcher, Launcher::Slurm);
+  EXPECT_EQ(e.rank, 6);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_rank, 2);
+  EXPECT_EQ(e.local_world_size, 4);
+}
+
+TEST_F(EnvTest, BadValuesNameTheVariable) {
+  setenv("RANK", "two", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  try {
+    read_dist_env();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("RANK='two'"), std::string::npos) << e.what();
+  }
+  setenv("RANK", "4", 1);
+  EXPECT_THROW(read_dist_env(), Error);  // rank outside the world
+  setenv("RANK", "1", 1);
+  setenv("MASTER_PORT", "70000", 1);
+  EXPECT_THROW(read_dist_env(), Error);
+}
+
+TEST(StoreTest, SetGetAddWaitAcrossClients) {
+  TCPStore server("127.0.0.1", 0, /*is_server=*/true, 10);
+  TCPStore client("127.0.0.1", server.port(), false, 10);
+  server.set("a", "alpha");
+  EXPECT_EQ(client.get("a"), "alpha");
+  EXPECT_EQ(client.add("n", 5), 5);
+  EXPECT_EQ(server.add("n", -2), 3);
+  EXPECT_FALSE(client.check({"a", "later"}));
+  // A get for a missing key waits until another client sets it.
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    server.set("later", std::string("x\0y", 3));
+  });
+  EXPECT_EQ(client.get("later"), std::string("x\0y", 3));
+  setter.join();
+  client.wait({"a", "later"});
+  EXPECT_TRUE(client.check({"a", "later"}));
+}
+
+TEST(StoreTest, BarrierReleasesAllAndTimesOutNamingArrivals) {
+  TCPStore server("127.0.0.1", 0, true, 10);
+  std::vector<std::thread> ranks;
+  std::atomic<int> passed{0};
+  for (int r = 0; r < 3; ++r)
+    ranks.emplace_back([&] {
+      TCPStore c("127.0.0.1", server.port(), false, 10);
+      c.barrier("three", 3);
+      ++passed;
+    });
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(passed, 3);
+
+  TCPStore lonely("127.0.0.1", server.port(), false, 0.3);
+  try {
+    lonely.barrier("two", 2);
+    FAIL() << "expected a timeout";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("only 1 of 2 ranks arrived"), std::string::npos)
+        << e.what();
+  }
+  // The store stays usable after a timed-out request.
+  EXPECT_EQ(lonely.add("after", 1), 1);
+}
+
+TEST(StoreTest, ConnectingToNothingTimesOut) {
+  int port = find_free_port();
+  EXPECT_THROW(TCPStore("127.0.0.1", port, false, 0.3), TimeoutError);
+}
+
+TEST(HostReduceTest, MatchesFloat64ReferenceForEveryDtype) {
+  const int64_t n = 33;
+  for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min}) {
+      std::vector<double> a(n), b(n);
+      for (int64_t i = 0; i < n; ++i) {
+        a[i] = ((i * 5) % 9) - 4.0;
+        b[i] = ((i * 7 + 2) % 11) - 5.0;
+      }
+      Tensor ta = from_vector(a, {n}, {.dtype = dtype}), tb = from_vector(b, {n}, {.dtype = dtype});
+      reduce_into(dtype, op, ta.raw_data(), tb.raw_data(), n);
+      std::vector<double> got = raw::to(ta, Device::cpu(), DType::f64).to_vector<double>();
+      for (int64_t i = 0; i < n; ++i) {
+        double want = op == ReduceOp::Sum   ? a[i] + b[i]
+                      : op == ReduceOp::Max ? std::max(a[i], b[i])
+                                            : std::min(a[i], b[i]);
+        ASSERT_EQ(got[i], want) << dtype_name(dtype) << " " << reduce_op_name(op) << " at " << i;
+      }
+    }
+  }
+  Tensor t = from_vector(std::vector<double>{3, -6, 1.5}, {3}, {.dtype = DType::bf16});
+  scale_in_place(DType::bf16, t.raw_data(), 3, 0.5);
+  EXPECT_EQ(raw::to(t, Device::cpu(), DType::f64).to_vector<double>(),
+            (std::vector<double>{1.5, -3, 0.75}));
+  EXPECT_THROW(scale_in_place(DType::i32, t.raw_data(), 1, 0.5), Error);
+}
+
+struct SingleBackendTest : CleanDistEnv {
+  void SetUp() override {
+    CleanDistEnv::SetUp();
+    init_process_group();
+  }
+  void TearDown() override {
+    destroy_process_group();
+    CleanDistEnv::TearDown();
+  }
+};
+
+TEST_F(SingleBackendTest, CollectivesOfOneRankAreIdentities) {
+  ProcessGroup& pg = world();
+  EXPECT_EQ(pg.backend_name(), "single");
+  EXPECT_EQ(pg.size(), 1);
+  Tensor t = from_vector(std::vector<float>{1.5f, -2, 7}, {3});
+  pg.all_reduce(t, ReduceOp::Avg)->wait();
+  EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{1.5f, -2, 7}));
+  Tensor out = zeros({3});
+  pg.all_gather(out, t)->wait();
+  EXPECT_EQ(out.to_vector<float>(), t.to_vector<float>());
+  Tensor rs = zeros({3});
+  pg.reduce_scatter(rs, t)->wait();
+  EXPECT_EQ(rs.to_vector<float>(), t.to_vector<float>());
+  pg.broadcast(t, 0)->wait();
+  pg.barrier()->wait();
+  auto sub = pg.new_group({0});
+  ASSERT_NE(sub, nullptr);
+  EXPECT_EQ(sub->size(), 1);
+}
+
+TEST_F(SingleBackendTest, BadArgumentsAreClearErrors) {
+  ProcessGroup& pg = world();
+  Tensor f = zeros({4});
+  Tensor i = zeros({4}, {.dtype = DType::i32});
+  auto message_of = [](const std::function<void()>& fn) -> std::string {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(message_of([&] { pg.all_reduce(i, ReduceOp::Avg); }).find("avg needs a floating"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { pg.all_gather(zeros({3}), f); }).find("must hold 1 copies"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { pg.reduce_scatter(zeros({4}), i); }).find("reduce_scatter"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { pg.send(f, 0); }).find("another rank"), std::string::npos);
+  EXPECT_NE(message_of([&] { pg.broadcast(f, 1); }).find("root 1"), std::string::npos);
+  EXPECT_NE(message_of([&] { pg.new_group({1, 0}); }).find("sorted"), std::string::npos);
+  EXPECT_NE(message_of([&] { pg.all_reduce(Tensor()); }).find("undefined"), std::string::npos);
+  EXPECT_NE(message_of([] { init_process_group(); }).find("already initialized"),
+            std::string::npos);
+}
+
+TEST(SignatureTest, DescribesTheCallAndComparesWhatMustMatch) {
+  Tensor t = zeros({2, 3}, {.dtype = DType::bf16});
+  auto a = CollectiveSignature::make(CollectiveKind::AllReduce, 4, t, ReduceOp::Max);
+  EXPECT_EQ(a.str(), "all_reduce(max, bfloat16, [2, 3]) #4");
+  auto b = CollectiveSignature::make(CollectiveKind::AllReduce, 4, zeros({3, 2}, {.dtype = DType::bf16}),
+                                     ReduceOp::Max);
+  EXPECT_FALSE(a == b);
+  auto c = CollectiveSignature::make(CollectiveKind::AllGatherUneven, 1, zeros({5}));
+  auto d = CollectiveSignature::make(CollectiveKind::AllGatherUneven, 1, zeros({9}));
+  EXPECT_TRUE(c == d);  // uneven sizes are the point of this collective
+  auto e = CollectiveSignature::make(CollectiveKind::AllGatherUneven, 2, zeros({9}));
+  EXPECT_FALSE(d == e);  // but the sequence numbers must agree
+}
+
+}  // namespace

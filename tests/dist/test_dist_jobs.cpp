@@ -1,0 +1,155 @@
+// Multi-process tests: the helper programs run as 2- and 4-rank jobs through
+// `tessera launch` and `mpirun`, checking every collective against a local
+// reference, and that failures end the job quickly with the failing rank named.
+// Each job runs under coreutils `timeout`, so a hang fails the test instead of
+// stalling the suite.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+namespace {
+
+struct JobResult {
+  int status = -1;  // exit status of the job (124/137: killed by the timeout)
+  std::string output;
+};
+
+JobResult run_job(const std::string& command, int timeout_s) {
+  std::string full = "timeout -k 2 " + std::to_string(timeout_s) + " " + command + " 2>&1";
+  JobResult result;
+  FILE* pipe = popen(full.c_str(), "r");
+  if (!pipe) return result;
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
+  int status = pclose(pipe);
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+std::string launch(int nproc, const std::string& program) {
+  return std::string(TESSERA_CLI) + " launch --nproc-per-node " + std::to_string(nproc) + " " +
+         program;
+}
+
+bool have_mpirun() { return std::string(DIST_MPIRUN).size() > 0; }
+
+std::string mpirun(int nproc, const std::string& program) {
+  return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 " +
+         std::string(DIST_MPIRUN) + " --oversubscribe --bind-to none -np " + std::to_string(nproc) +
+         " " + program;
+}
+
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+void expect_all_ranks_passed(const JobResult& r, int nproc) {
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output, "checks passed"), nproc) << r.output;
+  EXPECT_EQ(count(r.output, "FAILED"), 0) << r.output;
+}
+
+TEST(DistJobs, CollectivesOverTcpThroughLaunch2Ranks) {
+  expect_all_ranks_passed(run_job(launch(2, DIST_COLLECTIVES_CHECK " tcp"), 120), 2);
+}
+
+TEST(DistJobs, CollectivesOverTcpThroughLaunch4Ranks) {
+  expect_all_ranks_passed(run_job(launch(4, DIST_COLLECTIVES_CHECK " tcp"), 180), 4);
+}
+
+TEST(DistJobs, CollectivesOverMpi2And4Ranks) {
+  if (!have_mpirun()) GTEST_SKIP() << "built without MPI";
+  expect_all_ranks_passed(run_job(mpirun(2, DIST_COLLECTIVES_CHECK " mpi"), 120), 2);
+  expect_all_ranks_passed(run_job(mpirun(4, DIST_COLLECTIVES_CHECK " mpi"), 180), 4);
+}
+
+TEST(DistJobs, TcpBackendBootstrappedByMpirun) {
+  if (!have_mpirun()) GTEST_SKIP() << "built without MPI";
+  expect_all_ranks_passed(run_job(mpirun(2, DIST_COLLECTIVES_CHECK " tcp"), 120), 2);
+}
+
+TEST(DistJobs, LaunchPrefixesOtherRanksOutputAndSetsEnvironment) {
+  JobResult r = run_job(launch(3, "sh -c 'echo \"hello from $RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE at $MASTER_ADDR\"'"), 30);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("hello from 0/3 local 0/3 at 127.0.0.1"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("[rank 0]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] hello from 1/3 local 1/3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 2] hello from 2/3 local 2/3"), std::string::npos) << r.output;
+}
+
+TEST(DistJobs, RankThrowingAtStep3StopsTheJobNamingTheRank) {
+  // Rank 1 throws at step 3 while the others keep calling all_reduce; `timeout 10` turns a
+  // job that does not end within 10 s into a failure.
+  JobResult r = run_job(launch(3, DIST_FAULT_CHECK " throw 1 3"), 10);
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.status, 124) << "the job did not end within 10 s:\n" << r.output;
+  EXPECT_NE(r.output.find("rank 1: error: injected failure at step 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tessera launch: job failed: rank 1 exited with status 1"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(DistJobs, RankThrowingAtStep3UnderMpirun) {
+  if (!have_mpirun()) GTEST_SKIP() << "built without MPI";
+  JobResult r = run_job(mpirun(2, DIST_FAULT_CHECK " throw 1 3"), 10);
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.status, 124) << "the job did not end within 10 s:\n" << r.output;
+  EXPECT_NE(r.output.find("rank 1: error: injected failure at step 3"), std::string::npos) << r.output;
+}
+
+TEST(DistJobs, MismatchedCollectiveInDebugModeIsAnErrorNamingRanks) {
+  JobResult r = run_job("env TESSERA_DEBUG_COLLECTIVES=1 TESSERA_COLLECTIVE_TIMEOUT=60 " +
+                            launch(3, DIST_FAULT_CHECK " mismatch"),
+                        30);
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.status, 124) << "hung instead of failing:\n" << r.output;
+  EXPECT_NE(r.output.find("collective mismatch"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 0 called all_reduce(sum, float32, [4]) #0"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("ranks 1,2 called all_gather(float32, [4]) #0"), std::string::npos)
+      << r.output;
+}
+
+TEST(DistJobs, MismatchedCollectiveInDebugModeUnderMpi) {
+  if (!have_mpirun()) GTEST_SKIP() << "built without MPI";
+  JobResult r = run_job("env TESSERA_DEBUG_COLLECTIVES=1 TESSERA_COLLECTIVE_TIMEOUT=60 " +
+                            mpirun(2, DIST_FAULT_CHECK " mismatch"),
+                        30);
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.status, 124) << "hung instead of failing:\n" << r.output;
+  EXPECT_NE(r.output.find("rank 1 called all_gather(float32, [4]) #0"), std::string::npos)
+      << r.output;
+}
+
+TEST(DistJobs, CollectiveThatNobodyJoinsTimesOutWithAClearMessage) {
+  JobResult r = run_job("env TESSERA_COLLECTIVE_TIMEOUT=1 " + launch(2, DIST_FAULT_CHECK " silent"), 30);
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.status, 124) << r.output;
+  EXPECT_NE(r.output.find("all_reduce(sum, float32, [4]) #0 in group 'world' (backend tcp) on "
+                          "rank 0 of 2 timed out after 1 s"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(DistJobs, LaunchReportsAProgramThatCannotStart) {
+  JobResult r = run_job(launch(2, "/nonexistent/program"), 30);
+  EXPECT_EQ(r.status, 127) << r.output;
+  EXPECT_NE(r.output.find("cannot run '/nonexistent/program'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exited with status 127"), std::string::npos) << r.output;
+}
+
+TEST(DistJobs, InterruptStopsAllRanks) {
+  // SIGINT to the launcher (what Ctrl-C sends) stops ranks that would sleep for a minute.
+  JobResult r = run_job("sh -c '" + launch(2, "sleep 60") +
+                            " & pid=$!; sleep 1; kill -INT $pid; wait $pid; echo launcher=$?'",
+                        20);
+  EXPECT_NE(r.output.find("interrupted"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("launcher=130"), std::string::npos) << r.output;
+}
+
+}  // namespace
