@@ -1,0 +1,278 @@
+// The "nccl" backend: collectives on CUDA tensors with NCCL, on a stream of
+// its own. Each call first makes that stream wait for the work already queued
+// on the legacy default stream (an event, so the host does not block), and
+// each Work records an event after the NCCL call: wait() waits for that event
+// up to the timeout (then aborts the communicator with a clear message) and
+// makes the default stream wait on it too. Tensors stay referenced by their
+// Work until it completes, so their memory is not reused while NCCL reads it.
+//
+// Rendezvous: rank 0 creates the NCCL unique id and publishes it in the store;
+// sub-groups get their own id the same way. Debug mode compares signatures
+// through the store before each collective.
+#include "dist/process_group.h"
+
+#if TESSERA_WITH_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+namespace tessera::dist {
+namespace {
+
+void check_cuda(cudaError_t rc, const char* what) {
+  TESSERA_CHECK(rc == cudaSuccess, "dist(nccl): ", what, " failed: ", cudaGetErrorString(rc));
+}
+void check_nccl(ncclResult_t rc, const char* what) {
+  TESSERA_CHECK(rc == ncclSuccess, "dist(nccl): ", what, " failed: ", ncclGetErrorString(rc));
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    case DType::u8:
+    case DType::boolean: return ncclUint8;
+  }
+  TESSERA_FAIL("dist(nccl): unsupported dtype ", dtype_name(t));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op, DType t) {
+  // A sum of booleans is their "or", which for 0/1 bytes is the max.
+  if (t == DType::boolean && op == ReduceOp::Sum) return ncclMax;
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Avg: return ncclAvg;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Min: return ncclMin;
+  }
+  return ncclSum;
+}
+
+class NcclWork : public Work {
+ public:
+  NcclWork(cudaEvent_t done, ncclComm_t comm, std::vector<Tensor> keep_alive, std::string what,
+           std::string timeout_message, double timeout_s)
+      : done_(done),
+        comm_(comm),
+        keep_alive_(std::move(keep_alive)),
+        what_(std::move(what)),
+        timeout_message_(std::move(timeout_message)),
+        deadline_(Deadline::after(timeout_s)) {}
+  ~NcclWork() override { cudaEventDestroy(done_); }
+
+  void wait() override {
+    while (!is_completed()) {
+      ncclResult_t async_error = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async_error);
+      if (async_error != ncclSuccess && async_error != ncclInProgress)
+        TESSERA_FAIL("dist(nccl): ", what_, " failed: ", ncclGetErrorString(async_error));
+      if (deadline_.expired()) {
+        ncclCommAbort(comm_);  // the communicator cannot be trusted after a lost peer
+        throw TimeoutError(timeout_message_);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    check_cuda(cudaStreamWaitEvent(cudaStreamLegacy, done_, 0), "cudaStreamWaitEvent");
+    keep_alive_.clear();
+  }
+  bool is_completed() override {
+    cudaError_t rc = cudaEventQuery(done_);
+    if (rc == cudaErrorNotReady) return false;
+    check_cuda(rc, "cudaEventQuery");
+    return true;
+  }
+
+ private:
+  cudaEvent_t done_;
+  ncclComm_t comm_;
+  std::vector<Tensor> keep_alive_;
+  std::string what_, timeout_message_;
+  Deadline deadline_;
+};
+
+class NcclProcessGroup final : public ProcessGroup {
+ public:
+  NcclProcessGroup(int rank, int size, ProcessGroupOptions options, std::shared_ptr<Store> store,
+                   std::string prefix, int device)
+      : ProcessGroup(rank, size, std::move(options)),
+        store_(std::move(store)),
+        prefix_(std::move(prefix)),
+        device_(device) {
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    ncclUniqueId id;
+    const std::string key = prefix_ + "/nccl_id";
+    if (rank == 0) {
+      check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      store_->set(key, std::string(reinterpret_cast<const char*>(&id), sizeof id));
+    } else {
+      std::string text = store_->get(key);
+      TESSERA_CHECK(text.size() == sizeof id, "dist(nccl): corrupt unique id in the store");
+      std::memcpy(&id, text.data(), sizeof id);
+    }
+    check_nccl(ncclCommInitRank(&comm_, size, id, rank), "ncclCommInitRank");
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  ~NcclProcessGroup() override {
+    cudaStreamSynchronize(stream_);
+    ncclCommDestroy(comm_);
+    cudaEventDestroy(ready_);
+    cudaStreamDestroy(stream_);
+  }
+  std::string backend_name() const override { return "nccl"; }
+
+ protected:
+  bool supports_device(Device d) const override { return d.is_cuda() && d.index == device_; }
+
+  WorkPtr do_all_reduce(const CollectiveSignature& sig, const Tensor& t, ReduceOp op) override {
+    return issue(&sig, sig.str(), {t}, [&] {
+      check_nccl(ncclAllReduce(t.raw_data(), t.raw_data(), t.numel(), nccl_type(t.dtype()),
+                               nccl_op(op, t.dtype()), comm_, stream_),
+                 "ncclAllReduce");
+    });
+  }
+
+  WorkPtr do_reduce_scatter(const CollectiveSignature& sig, const Tensor& output,
+                            const Tensor& input, ReduceOp op) override {
+    return issue(&sig, sig.str(), {output, input}, [&] {
+      check_nccl(ncclReduceScatter(input.raw_data(), output.raw_data(), output.numel(),
+                                   nccl_type(output.dtype()), nccl_op(op, output.dtype()), comm_,
+                                   stream_),
+                 "ncclReduceScatter");
+    });
+  }
+
+  WorkPtr do_all_gather(const CollectiveSignature& sig, const std::vector<Tensor>& outputs,
+                        const Tensor& input) override {
+    std::vector<Tensor> keep = outputs;
+    keep.push_back(input);
+    // Equal chunks laid out one after another: one ncclAllGather; otherwise each rank
+    // broadcasts its part (grouped so NCCL runs them together).
+    bool adjacent = true;
+    const char* base = static_cast<const char*>(outputs[0].raw_data());
+    for (int r = 0; r < size(); ++r)
+      adjacent &= outputs[r].nbytes() == input.nbytes() &&
+                  static_cast<const char*>(outputs[r].raw_data()) == base + r * input.nbytes();
+    return issue(&sig, sig.str(), keep, [&] {
+      if (adjacent) {
+        check_nccl(ncclAllGather(input.raw_data(), outputs[0].raw_data(), input.nbytes(), ncclUint8,
+                                 comm_, stream_),
+                   "ncclAllGather");
+        return;
+      }
+      check_nccl(ncclGroupStart(), "ncclGroupStart");
+      for (int r = 0; r < size(); ++r) {
+        const void* send = r == rank() ? input.raw_data() : outputs[r].raw_data();
+        check_nccl(ncclBroadcast(send, outputs[r].raw_data(), outputs[r].nbytes(), ncclUint8, r,
+                                 comm_, stream_),
+                   "ncclBroadcast");
+      }
+      check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    });
+  }
+
+  WorkPtr do_broadcast(const CollectiveSignature& sig, const Tensor& t, int root) override {
+    return issue(&sig, sig.str(), {t}, [&] {
+      check_nccl(ncclBroadcast(t.raw_data(), t.raw_data(), t.nbytes(), ncclUint8, root, comm_, stream_),
+                 "ncclBroadcast");
+    });
+  }
+
+  WorkPtr do_barrier(const CollectiveSignature& sig) override {
+    Tensor token = zeros({1}, {.dtype = DType::f32, .device = Device::cuda(device_)});
+    return issue(&sig, sig.str(), {token}, [&] {
+      check_nccl(ncclAllReduce(token.raw_data(), token.raw_data(), 1, ncclFloat32, ncclSum, comm_,
+                               stream_),
+                 "ncclAllReduce(barrier)");
+    });
+  }
+
+  WorkPtr do_send(const Tensor& t, int dst, int tag) override {
+    return issue(nullptr, detail::concat("send to rank ", dst), {t}, [&] {
+      check_nccl(ncclSend(t.raw_data(), t.nbytes(), ncclUint8, dst, comm_, stream_), "ncclSend");
+    });
+  }
+
+  WorkPtr do_recv(const Tensor& t, int src, int tag) override {
+    return issue(nullptr, detail::concat("recv from rank ", src), {t}, [&] {
+      check_nccl(ncclRecv(t.raw_data(), t.nbytes(), ncclUint8, src, comm_, stream_), "ncclRecv");
+    });
+  }
+
+  std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks, uint64_t group_id,
+                                             ProcessGroupOptions options) override {
+    auto it = std::find(ranks.begin(), ranks.end(), rank());
+    if (it == ranks.end()) return nullptr;
+    return std::make_shared<NcclProcessGroup>(static_cast<int>(it - ranks.begin()),
+                                              static_cast<int>(ranks.size()), std::move(options),
+                                              store_, prefix_ + "/sub" + std::to_string(group_id),
+                                              device_);
+  }
+
+ private:
+  // Orders the NCCL stream after the default stream, checks signatures in debug mode,
+  // enqueues the NCCL call and returns a Work on an event after it.
+  WorkPtr issue(const CollectiveSignature* sig, const std::string& what,
+                std::vector<Tensor> keep_alive, const std::function<void()>& enqueue) {
+    if (sig && options().debug_collectives && size() > 1) check_through_store(*sig);
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    check_cuda(cudaEventRecord(ready_, cudaStreamLegacy), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    enqueue();
+    cudaEvent_t done;
+    check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventRecord(done, stream_), "cudaEventRecord");
+    return std::make_shared<NcclWork>(done, comm_, std::move(keep_alive), what,
+                                      timeout_message(what), options().timeout_s);
+  }
+
+  void check_through_store(const CollectiveSignature& sig) {
+    const std::string base = prefix_ + "/sig/" + std::to_string(sig.sequence) + "/";
+    store_->set(base + std::to_string(rank()),
+                std::string(reinterpret_cast<const char*>(&sig), sizeof sig));
+    std::vector<CollectiveSignature> all(size());
+    for (int r = 0; r < size(); ++r) {
+      std::string text;
+      try {
+        text = store_->get(base + std::to_string(r));
+      } catch (const TimeoutError&) {
+        throw TimeoutError(timeout_message(sig.str() + " (rank " + std::to_string(r) +
+                                           " never reached it)"));
+      }
+      TESSERA_CHECK(text.size() == sizeof sig, "dist(nccl): corrupt signature in the store");
+      std::memcpy(&all[r], text.data(), sizeof sig);
+    }
+    check_signatures(all);
+  }
+
+  std::shared_ptr<Store> store_;
+  std::string prefix_;
+  int device_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+};
+
+const bool registered = [] {
+  register_backend("nccl", [](const BackendContext& ctx) -> std::shared_ptr<ProcessGroup> {
+    TESSERA_CHECK(ctx.store, "dist: the nccl backend needs the rendezvous store");
+    int devices = 0;
+    check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+    TESSERA_CHECK(devices > 0, "dist: the nccl backend needs a CUDA device; none is visible");
+    return std::make_shared<NcclProcessGroup>(ctx.env.rank, ctx.env.world_size, ctx.options,
+                                              ctx.store, "nccl/world", ctx.env.local_rank % devices);
+  });
+  return true;
+}();
+
+}  // namespace
+}  // namespace tessera::dist
+
+#endif  // TESSERA_WITH_NCCL
