@@ -12,7 +12,8 @@ constexpr int kClassifierThreads = 1024;
 template <class T>
 __global__ void __launch_bounds__(kClassifierThreads)
     fused_classifier_kernel(T* logits, const void* targets, DType tt, int64_t vocab,
-                            int64_t ignore_index, float scale, float* row_losses, int* bad) {
+                            int64_t ignore_index, float scale, float* row_losses, int* bad,
+                            bool packed) {
   const int64_t r = blockIdx.x;
   T* row = logits + r * vocab;
   const int64_t target = load_as<int64_t>(targets, tt, r);
@@ -27,15 +28,15 @@ __global__ void __launch_bounds__(kClassifierThreads)
   }
   // Pass 1: running max and sum of exp(x - max), merged across the block.
   float m = -INFINITY, s = 0.f;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float x = to_float(row[i]);
+  row_read(row, vocab, threadIdx.x, blockDim.x, packed, [&](int64_t, T v) {
+    const float x = to_float(v);
     if (x > m) {
       s = s * __expf(m - x) + 1.f;
       m = x;
     } else {
       s += __expf(x - m);
     }
-  }
+  });
   const float row_max = block_max(m);
   s = m == -INFINITY ? 0.f : s * __expf(m - row_max);
   const float row_sum = block_sum(s);
@@ -45,10 +46,10 @@ __global__ void __launch_bounds__(kClassifierThreads)
   if (threadIdx.x == 0) row_losses[r] = logf(row_sum) + row_max - target_logit;
   // Pass 2: the gradient in place.
   const float inv = 1.f / row_sum;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float p = __expf(to_float(row[i]) - row_max) * inv;
-    row[i] = from_float<T>(scale * (p - (i == target ? 1.f : 0.f)));
-  }
+  row_map(row, row, vocab, threadIdx.x, blockDim.x, packed, [&](int64_t i, T v) {
+    const float p = __expf(to_float(v) - row_max) * inv;
+    return from_float<T>(scale * (p - (i == target ? 1.f : 0.f)));
+  });
 }
 
 }  // namespace
@@ -76,7 +77,7 @@ void fused_classifier(const Tensor& logits, const Tensor& targets_in, int64_t ig
     fused_classifier_kernel<T><<<static_cast<unsigned>(rows), kClassifierThreads, 0, ctx.stream>>>(
         static_cast<T*>(logits.raw_data()), targets.raw_data(), targets.dtype(), vocab,
         ignore_index, static_cast<float>(dloss_scale), row_losses.data<float>(),
-        flag.data<int32_t>());
+        flag.data<int32_t>(), rows_packable(logits.raw_data(), vocab));
   };
   switch (logits.dtype()) {
     case DType::f32: launch(float{}); break;

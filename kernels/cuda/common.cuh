@@ -111,6 +111,14 @@ void visit_float(DType t, const char* op, Fn&& fn) {
   }
 }
 
+// Calls fn(T{}) for f32, f16 or bf16 (callers have checked the dtype is one of them).
+template <class Fn>
+void visit_half_float(DType t, Fn&& fn) {
+  if (t == DType::f32) fn(float{});
+  else if (t == DType::f16) fn(Half{});
+  else fn(BFloat16{});
+}
+
 // ---- strided index arithmetic ----
 constexpr int kMaxDims = 10;
 
@@ -170,6 +178,76 @@ bool iter_is_contiguous(const StridedIter<N>& it) {
     if (it.strides[k][0] != 1) return false;
   return true;
 }
+
+// ---- 8-element packs: one 16-byte access for 16-bit types, two for f32 ----
+constexpr int kPack = 8;
+template <class T>
+struct alignas(16) Pack8 {
+  T v[kPack];
+};
+template <class T>
+__device__ __forceinline__ Pack8<T> load_pack(const T* p, int64_t pack_index) {
+  return reinterpret_cast<const Pack8<T>*>(p)[pack_index];
+}
+template <class T>
+__device__ __forceinline__ void store_pack(T* p, int64_t pack_index, const Pack8<T>& v) {
+  reinterpret_cast<Pack8<T>*>(p)[pack_index] = v;
+}
+// True when every pointer is 16-byte aligned (packs may be used from element 0).
+inline bool aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+// Row walks for kernels where a group of `group` threads (this one is `tid`) shares a row:
+// with `packed` (row 16-byte aligned, length a multiple of 8) each thread takes 8-element
+// packs, otherwise single elements. fn(i, value) sees every element once.
+template <class T, class Fn>
+__device__ __forceinline__ void row_read(const T* row, int64_t len, int tid, int group,
+                                         bool packed, Fn&& fn) {
+  if (packed) {
+    for (int64_t p = tid; p < len / kPack; p += group) {
+      const Pack8<T> v = load_pack(row, p);
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) fn(p * kPack + k, v.v[k]);
+    }
+  } else {
+    for (int64_t i = tid; i < len; i += group) fn(i, row[i]);
+  }
+}
+// out[i] = fn(i) for the row (out may alias what fn reads at the same i).
+template <class T, class Fn>
+__device__ __forceinline__ void row_write(T* out, int64_t len, int tid, int group, bool packed,
+                                          Fn&& fn) {
+  if (packed) {
+    for (int64_t p = tid; p < len / kPack; p += group) {
+      Pack8<T> v;
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) v.v[k] = fn(p * kPack + k);
+      store_pack(out, p, v);
+    }
+  } else {
+    for (int64_t i = tid; i < len; i += group) out[i] = fn(i);
+  }
+}
+// dst[i] = fn(i, src[i]) for the row; dst may be src (in place).
+template <class T, class U, class Fn>
+__device__ __forceinline__ void row_map(const T* src, U* dst, int64_t len, int tid, int group,
+                                        bool packed, Fn&& fn) {
+  if (packed) {
+    for (int64_t p = tid; p < len / kPack; p += group) {
+      const Pack8<T> v = load_pack(src, p);
+      Pack8<U> r;
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) r.v[k] = fn(p * kPack + k, v.v[k]);
+      store_pack(dst, p, r);
+    }
+  } else {
+    for (int64_t i = tid; i < len; i += group) dst[i] = fn(i, src[i]);
+  }
+}
+inline bool rows_packable(const void* base, int64_t len) { return len % kPack == 0 && aligned16({base}); }
 
 // ---- launch helpers ----
 constexpr int kThreads = 256;

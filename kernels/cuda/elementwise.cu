@@ -6,6 +6,7 @@
 // kernel is instantiated per compute type (f32, f64, i64) rather than per
 // combination of dtypes; a dense fast path skips the index arithmetic.
 #include <cmath>
+#include <utility>
 
 #include "core/dispatch.h"
 #include "core/philox.h"
@@ -87,6 +88,24 @@ __global__ void convert_kernel(void* dst, DType dt, const void* src, DType st, S
   }
 }
 
+// Dense float-to-float conversion (f32/f16/bf16 pairs), 8-element packs.
+template <class D, class S>
+__global__ void dense_cast_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t n) {
+  const int64_t start = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t packs = n / kPack;
+  for (int64_t i = start; i < packs; i += stride) {
+    const Pack8<S> a = load_pack(src, i);
+    Pack8<D> r;
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) r.v[k] = from_float<D>(to_float(a.v[k]));
+    store_pack(dst, i, r);
+  }
+  for (int64_t i = packs * kPack + start; i < n; i += stride) dst[i] = from_float<D>(to_float(src[i]));
+}
+
+bool is_half_float(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
+
 void copy(const Tensor& dst, const Tensor& src) {
   const int64_t n = dst.numel();
   if (n == 0) return;
@@ -113,6 +132,19 @@ void copy(const Tensor& dst, const Tensor& src) {
       default: launch(uint64_t{}); break;
     }
     TESSERA_KERNEL_CHECK("strided_move_kernel");
+    return;
+  }
+  if (dense && is_half_float(dst.dtype()) && is_half_float(src.dtype()) &&
+      aligned16({dst.raw_data(), src.raw_data()})) {
+    visit_half_float(dst.dtype(), [&](auto dtag) {
+      visit_half_float(src.dtype(), [&](auto stag) {
+        using D = decltype(dtag);
+        using S = decltype(stag);
+        dense_cast_kernel<D, S><<<grid_for((n + kPack - 1) / kPack), kThreads, 0, ctx.stream>>>(
+            static_cast<const S*>(src.raw_data()), static_cast<D*>(dst.raw_data()), n);
+      });
+    });
+    TESSERA_KERNEL_CHECK("dense_cast_kernel");
     return;
   }
   visit_compute(compute_kind({dst.dtype(), src.dtype()}), [&](auto tag) {
@@ -201,6 +233,55 @@ __device__ __forceinline__ C apply_unary(UnaryOp op, C x) {
   }
 }
 
+// Dense fast path: one float dtype, contiguous, 16-byte aligned; the op is a template
+// argument so its switch folds away, and each thread moves 8-element packs.
+template <UnaryOp kOp>
+struct UnaryFn {
+  template <class A>
+  __device__ __forceinline__ A operator()(A x) const { return apply_unary<A>(kOp, x); }
+};
+
+template <class T, class Fn>
+__global__ void dense_unary_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t n, Fn fn) {
+  using A = acc_t<T>;
+  const int64_t start = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t packs = n / kPack;
+  for (int64_t i = start; i < packs; i += stride) {
+    const Pack8<T> a = load_pack(x, i);
+    Pack8<T> r;
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) r.v[k] = from_acc<T>(fn(to_acc<A>(a.v[k])));
+    store_pack(out, i, r);
+  }
+  for (int64_t i = packs * kPack + start; i < n; i += stride) out[i] = from_acc<T>(fn(to_acc<A>(x[i])));
+}
+
+template <class T, UnaryOp kOp>
+bool launch_dense_unary(UnaryOp op, const T* x, T* out, int64_t n, cudaStream_t stream) {
+  if (op != kOp) return false;
+  dense_unary_kernel<T><<<grid_for((n + kPack - 1) / kPack), kThreads, 0, stream>>>(x, out, n, UnaryFn<kOp>{});
+  return true;
+}
+
+template <class T, size_t... I>
+void dense_unary(UnaryOp op, const T* x, T* out, int64_t n, cudaStream_t stream,
+                 std::index_sequence<I...>) {
+  (launch_dense_unary<T, static_cast<UnaryOp>(I)>(op, x, out, n, stream) || ...);
+}
+
+// Same float dtype for x and out, both dense and aligned: the fast path applies.
+bool dense_float_path(std::initializer_list<const Tensor*> ts) {
+  const DType t = (*ts.begin())->dtype();
+  if (t != DType::f32 && t != DType::f16 && t != DType::bf16) return false;
+  const Shape& shape = (*ts.begin())->shape();
+  for (const Tensor* x : ts) {
+    if (x->dtype() != t || x->shape() != shape || !x->is_contiguous() || !aligned16({x->raw_data()}))
+      return false;
+  }
+  return true;
+}
+
 template <class C>
 __global__ void unary_kernel(UnaryOp op, const void* x, DType xt, void* out, DType ot,
                              StridedIter<2> it, int64_t n, bool dense) {
@@ -216,6 +297,15 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& out) {
   const int64_t n = out.numel();
   if (n == 0) return;
   KernelContext ctx(out);
+  if (dense_float_path({&out, &x})) {
+    visit_half_float(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      dense_unary<T>(op, static_cast<const T*>(x.raw_data()), static_cast<T*>(out.raw_data()), n,
+                     ctx.stream, std::make_index_sequence<static_cast<size_t>(UnaryOp::Expm1) + 1>{});
+    });
+    TESSERA_KERNEL_CHECK("dense_unary_kernel");
+    return;
+  }
   auto it = make_iter<2>(out.shape(), {&out.strides(), &x.strides()});
   // Floating math on integer inputs (exp of an i64) is done in double.
   ComputeKind k = compute_kind({x.dtype(), out.dtype()});
@@ -277,6 +367,43 @@ __device__ __forceinline__ C apply_binary(BinaryOp op, C a, C b) {
   return a;
 }
 
+template <BinaryOp kOp>
+struct BinaryFn {
+  template <class A>
+  __device__ __forceinline__ A operator()(A a, A b) const { return apply_binary<A>(kOp, a, b); }
+};
+
+template <class T, class Fn>
+__global__ void dense_binary_kernel(const T* __restrict__ a, const T* __restrict__ b,
+                                    T* __restrict__ out, int64_t n, Fn fn) {
+  using A = acc_t<T>;
+  const int64_t start = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t packs = n / kPack;
+  for (int64_t i = start; i < packs; i += stride) {
+    const Pack8<T> x = load_pack(a, i), y = load_pack(b, i);
+    Pack8<T> r;
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) r.v[k] = from_acc<T>(fn(to_acc<A>(x.v[k]), to_acc<A>(y.v[k])));
+    store_pack(out, i, r);
+  }
+  for (int64_t i = packs * kPack + start; i < n; i += stride)
+    out[i] = from_acc<T>(fn(to_acc<A>(a[i]), to_acc<A>(b[i])));
+}
+
+template <class T, BinaryOp kOp>
+bool launch_dense_binary(BinaryOp op, const T* a, const T* b, T* out, int64_t n, cudaStream_t stream) {
+  if (op != kOp) return false;
+  dense_binary_kernel<T><<<grid_for((n + kPack - 1) / kPack), kThreads, 0, stream>>>(a, b, out, n, BinaryFn<kOp>{});
+  return true;
+}
+
+template <class T, size_t... I>
+void dense_binary(BinaryOp op, const T* a, const T* b, T* out, int64_t n, cudaStream_t stream,
+                  std::index_sequence<I...>) {
+  (launch_dense_binary<T, static_cast<BinaryOp>(I)>(op, a, b, out, n, stream) || ...);
+}
+
 template <class C>
 __global__ void binary_kernel(BinaryOp op, const void* a, DType at, const void* b, DType bt,
                               void* out, DType ot, StridedIter<3> it, int64_t n, bool dense) {
@@ -302,6 +429,16 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t n = out.numel();
   if (n == 0) return;
   KernelContext ctx(out);
+  if (!is_comparison(op) && dense_float_path({&out, &a, &b})) {
+    visit_half_float(out.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      dense_binary<T>(op, static_cast<const T*>(a.raw_data()), static_cast<const T*>(b.raw_data()),
+                      static_cast<T*>(out.raw_data()), n, ctx.stream,
+                      std::make_index_sequence<static_cast<size_t>(BinaryOp::GeluBackward) + 1>{});
+    });
+    TESSERA_KERNEL_CHECK("dense_binary_kernel");
+    return;
+  }
   auto it = make_iter<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()});
   // Computed in the promoted type of the inputs; a floating output of integer inputs (true
   // division) computes in double. Comparisons ignore the (bool) output type.

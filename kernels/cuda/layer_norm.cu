@@ -18,7 +18,7 @@ constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 template <class T>
 __global__ void layer_norm_kernel(const T* x, const T* residual, T* residual_out, const T* w,
                                   const T* b, float eps, T* out, float* mean_out, float* rstd_out,
-                                  int64_t rows, int64_t C) {
+                                  int64_t rows, int64_t C, bool packed) {
   using A = acc_t<T>;
   const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.y;
   if (r >= rows) return;
@@ -29,26 +29,26 @@ __global__ void layer_norm_kernel(const T* x, const T* residual, T* residual_out
   if (residual) {
     const T* rr = residual + r * C;
     T* ro = residual_out + r * C;
-    for (int64_t i = lane; i < C; i += 32) ro[i] = from_acc<T>(to_acc<A>(xr[i]) + to_acc<A>(rr[i]));
+    row_map(xr, ro, C, lane, 32, packed,
+            [&](int64_t i, T v) { return from_acc<T>(to_acc<A>(v) + to_acc<A>(rr[i])); });
     __syncwarp();
     src = ro;
   }
   A sum = 0;
-  for (int64_t i = lane; i < C; i += 32) sum += to_acc<A>(src[i]);
+  row_read(src, C, lane, 32, packed, [&](int64_t, T v) { sum += to_acc<A>(v); });
   const A mean = warp_sum(sum) / A(C);
   A sq = 0;
-  for (int64_t i = lane; i < C; i += 32) {
-    const A d = to_acc<A>(src[i]) - mean;
+  row_read(src, C, lane, 32, packed, [&](int64_t, T v) {
+    const A d = to_acc<A>(v) - mean;
     sq += d * d;
-  }
+  });
   const A rstd = A(1) / sqrt(warp_sum(sq) / A(C) + A(eps));
-  T* orow = out + r * C;
-  for (int64_t i = lane; i < C; i += 32) {
-    A v = (to_acc<A>(src[i]) - mean) * rstd;
-    if (w) v *= to_acc<A>(w[i]);
-    if (b) v += to_acc<A>(b[i]);
-    orow[i] = from_acc<T>(v);
-  }
+  row_map(src, out + r * C, C, lane, 32, packed, [&](int64_t i, T v) {
+    A y = (to_acc<A>(v) - mean) * rstd;
+    if (w) y *= to_acc<A>(w[i]);
+    if (b) y += to_acc<A>(b[i]);
+    return from_acc<T>(y);
+  });
   if (lane == 0) {
     mean_out[r] = static_cast<float>(mean);
     rstd_out[r] = static_cast<float>(rstd);
@@ -94,7 +94,9 @@ void layer_norm_impl(const Tensor& x_in, const Tensor& residual_in, const Tensor
         static_cast<const T*>(x.raw_data()), ptr_or_null<T>(residual),
         residual.defined() ? static_cast<T*>(residual_out.raw_data()) : nullptr, ptr_or_null<T>(w),
         ptr_or_null<T>(b), static_cast<float>(eps), static_cast<T*>(out.raw_data()),
-        mean.data<float>(), rstd.data<float>(), rows, C);
+        mean.data<float>(), rstd.data<float>(), rows, C,
+        rows_packable(x.raw_data(), C) && aligned16({out.raw_data()}) &&
+            (!residual.defined() || aligned16({residual.raw_data(), residual_out.raw_data()})));
   });
   TESSERA_KERNEL_CHECK("layer_norm_kernel");
 }
@@ -107,7 +109,8 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, c
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = w * dy.
 template <class T>
 __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const T* w, const float* mean,
-                                     const float* rstd, T* dx, int64_t rows, int64_t C) {
+                                     const float* rstd, T* dx, int64_t rows, int64_t C,
+                                     bool packed) {
   using A = acc_t<T>;
   const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.y;
   if (r >= rows) return;
@@ -116,18 +119,17 @@ __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const T* w, const 
   const T* xr = x + r * C;
   const A m = mean[r], rs = rstd[r];
   A sum_g = 0, sum_gx = 0;
-  for (int64_t i = lane; i < C; i += 32) {
-    const A g = to_acc<A>(dyr[i]) * (w ? to_acc<A>(w[i]) : A(1));
+  row_read(dyr, C, lane, 32, packed, [&](int64_t i, T d) {
+    const A g = to_acc<A>(d) * (w ? to_acc<A>(w[i]) : A(1));
     sum_g += g;
     sum_gx += g * (to_acc<A>(xr[i]) - m) * rs;
-  }
+  });
   const A mean_g = warp_sum(sum_g) / A(C), mean_gx = warp_sum(sum_gx) / A(C);
-  T* dxr = dx + r * C;
-  for (int64_t i = lane; i < C; i += 32) {
-    const A g = to_acc<A>(dyr[i]) * (w ? to_acc<A>(w[i]) : A(1));
+  row_map(dyr, dx + r * C, C, lane, 32, packed, [&](int64_t i, T d) {
+    const A g = to_acc<A>(d) * (w ? to_acc<A>(w[i]) : A(1));
     const A xhat = (to_acc<A>(xr[i]) - m) * rs;
-    dxr[i] = from_acc<T>(rs * (g - mean_g - xhat * mean_gx));
-  }
+    return from_acc<T>(rs * (g - mean_g - xhat * mean_gx));
+  });
 }
 
 // Stage 1: partial dweight/dbias over a chunk of rows, thread per column.
@@ -187,7 +189,8 @@ void layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& 
     const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
     layer_norm_dx_kernel<T><<<blocks, dim3(32, kRowsPerBlock), 0, ctx.stream>>>(
         dyp, xp, ptr_or_null<T>(w), m.data<float>(), rs.data<float>(),
-        static_cast<T*>(dx.raw_data()), rows, C);
+        static_cast<T*>(dx.raw_data()), rows, C,
+        rows_packable(dy.raw_data(), C) && aligned16({dx.raw_data()}));
     TESSERA_KERNEL_CHECK("layer_norm_dx_kernel");
     if (!dw.defined() && !db.defined()) return;
     // Enough chunks to give every SM a few blocks, each chunk at least 32 rows.

@@ -90,21 +90,21 @@ __device__ __forceinline__ int64_t group_row(int64_t rows) {
 
 // ---- softmax over the last dim ----
 template <class T>
-__global__ void softmax_rows_kernel(const T* x, T* out, int64_t rows, int64_t len, bool log_out) {
+__global__ void softmax_rows_kernel(const T* x, T* out, int64_t rows, int64_t len, bool log_out,
+                                    bool packed) {
   using A = acc_t<T>;
   const int64_t r = group_row(rows);
   if (r < 0) return;  // whole groups leave together: rows never split a group
   const T* xr = x + r * len;
-  T* orow = out + r * len;
   MaxSum<A> s{A(-INFINITY), A(0)};
-  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) s = push(s, to_acc<A>(xr[i]));
+  row_read(xr, len, threadIdx.x, blockDim.x, packed, [&](int64_t, T v) { s = push(s, to_acc<A>(v)); });
   s = group_merge(s);
   const A log_sum = log(s.sum);
   const A inv_sum = A(1) / s.sum;
-  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
-    const A v = to_acc<A>(xr[i]) - s.max;
-    orow[i] = from_acc<T>(log_out ? v - log_sum : exp(v) * inv_sum);
-  }
+  row_map(xr, out + r * len, len, threadIdx.x, blockDim.x, packed, [&](int64_t, T x) {
+    const A v = to_acc<A>(x) - s.max;
+    return from_acc<T>(log_out ? v - log_sum : exp(v) * inv_sum);
+  });
 }
 
 // ---- softmax over an inner dim: [outer, len, inner], thread per (outer, inner) ----
@@ -152,7 +152,8 @@ void softmax(const Tensor& x_in, int64_t dim, bool log_out, const Tensor& out) {
     T* op = static_cast<T*>(out.raw_data());
     if (d.inner == 1) {
       RowLaunch l = row_launch(d.outer, d.len);
-      softmax_rows_kernel<T><<<l.grid, l.block, 0, ctx.stream>>>(xp, op, d.outer, d.len, log_out);
+      softmax_rows_kernel<T><<<l.grid, l.block, 0, ctx.stream>>>(
+          xp, op, d.outer, d.len, log_out, rows_packable(xp, d.len) && aligned16({op}));
     } else {
       softmax_cols_kernel<T><<<grid_for(d.outer * d.inner), kThreads, 0, ctx.stream>>>(
           xp, op, d.outer, d.len, d.inner, log_out);
@@ -235,7 +236,8 @@ void softmax_backward(const Tensor& y_in, const Tensor& dy_in, int64_t dim, bool
 template <class T>
 __global__ void cross_entropy_rows_kernel(const T* logits, const void* targets, DType tt,
                                           int64_t rows, int64_t vocab, int64_t ignore_index,
-                                          float* row_loss, int* row_counted, int* bad_target) {
+                                          float* row_loss, int* row_counted, int* bad_target,
+                                          bool packed) {
   using A = acc_t<T>;
   const int64_t r = group_row(rows);
   if (r < 0) return;
@@ -254,7 +256,7 @@ __global__ void cross_entropy_rows_kernel(const T* logits, const void* targets, 
   }
   const T* xr = logits + r * vocab;
   MaxSum<A> s{A(-INFINITY), A(0)};
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) s = push(s, to_acc<A>(xr[i]));
+  row_read(xr, vocab, threadIdx.x, blockDim.x, packed, [&](int64_t, T v) { s = push(s, to_acc<A>(v)); });
   s = group_merge(s);
   if (threadIdx.x == 0) {
     row_loss[r] = static_cast<float>(log(s.sum) + s.max - to_acc<A>(xr[target]));
@@ -307,7 +309,8 @@ void cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t ig
     if (rows > 0)
       cross_entropy_rows_kernel<T><<<l.grid, l.block, 0, ctx.stream>>>(
           static_cast<const T*>(logits.raw_data()), targets.raw_data(), targets.dtype(), rows,
-          vocab, ignore_index, row_loss.data<float>(), row_counted, bad);
+          vocab, ignore_index, row_loss.data<float>(), row_counted, bad,
+          rows_packable(logits.raw_data(), vocab));
   });
   TESSERA_KERNEL_CHECK("cross_entropy_rows_kernel");
   cross_entropy_finish_kernel<<<1, 1024, 0, ctx.stream>>>(row_loss.data<float>(), row_counted, rows,
@@ -323,7 +326,7 @@ void cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t ig
 template <class T>
 __global__ void cross_entropy_backward_kernel(const T* logits, const void* targets, DType tt,
                                               int64_t rows, int64_t vocab, int64_t ignore_index,
-                                              float scale, T* dlogits) {
+                                              float scale, T* dlogits, bool packed) {
   using A = acc_t<T>;
   const int64_t r = group_row(rows);
   if (r < 0) return;
@@ -335,13 +338,13 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const void* targe
     return;
   }
   MaxSum<A> s{A(-INFINITY), A(0)};
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) s = push(s, to_acc<A>(xr[i]));
+  row_read(xr, vocab, threadIdx.x, blockDim.x, packed, [&](int64_t, T v) { s = push(s, to_acc<A>(v)); });
   s = group_merge(s);
   const A inv = A(1) / s.sum;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const A p = exp(to_acc<A>(xr[i]) - s.max) * inv;
-    dr[i] = from_acc<T>(A(scale) * (p - (i == target ? A(1) : A(0))));
-  }
+  row_map(xr, dr, vocab, threadIdx.x, blockDim.x, packed, [&](int64_t i, T x) {
+    const A p = exp(to_acc<A>(x) - s.max) * inv;
+    return from_acc<T>(A(scale) * (p - (i == target ? A(1) : A(0))));
+  });
 }
 
 void cross_entropy_backward(const Tensor& logits_in, const Tensor& targets_in,
@@ -359,7 +362,8 @@ void cross_entropy_backward(const Tensor& logits_in, const Tensor& targets_in,
     RowLaunch l = row_launch(rows, vocab);
     cross_entropy_backward_kernel<T><<<l.grid, l.block, 0, ctx.stream>>>(
         static_cast<const T*>(logits.raw_data()), targets.raw_data(), targets.dtype(), rows,
-        vocab, ignore_index, static_cast<float>(scale), static_cast<T*>(dlogits.raw_data()));
+        vocab, ignore_index, static_cast<float>(scale), static_cast<T*>(dlogits.raw_data()),
+        rows_packable(logits.raw_data(), vocab) && aligned16({dlogits.raw_data()}));
   });
   TESSERA_KERNEL_CHECK("cross_entropy_backward_kernel");
 }

@@ -72,7 +72,11 @@ TEST(CudaLayerNorm, ForwardBackwardAgainstFloat64) {
           rdx[i * C + c] = r.rstd[i] * (dy[i * C + c] * w[c] - mg - xhat * mgx);
         }
       }
-      expect_close(values(dx), rdx, tolerance(t) * 3, "ln dx");
+      if (C == 1) {  // dx is exactly 0 in exact math: only rounding noise may remain
+        for (double v : values(dx)) EXPECT_LT(std::fabs(v), 1e-3) << "ln dx, C = 1";
+      } else {
+        expect_close(values(dx), rdx, tolerance(t) * 3, "ln dx");
+      }
       expect_close(values(dw), rdw, tolerance(t) * 2, "ln dw");
       expect_close(values(db), rdb, tolerance(t) * 2, "ln db");
     }

@@ -33,8 +33,10 @@ TEST(CudaRuntime, CachingAllocatorReusesFreedBlocks) {
   {
     Tensor a = empty({1000, 37}, {.dtype = DType::f32, .device = dev()});
     const auto during = cuda::memory_stats(0);
-    EXPECT_EQ(during.allocated_bytes - before.allocated_bytes,
-              cuda::allocation_size_class(1000 * 37 * 4));
+    // A cached block up to a quarter larger than the size class may serve the request.
+    const size_t cls = cuda::allocation_size_class(1000 * 37 * 4);
+    EXPECT_GE(during.allocated_bytes - before.allocated_bytes, cls);
+    EXPECT_LE(during.allocated_bytes - before.allocated_bytes, cls + cls / 4);
     EXPECT_GE(during.peak_allocated_bytes, during.allocated_bytes);
   }
   const auto mid = cuda::memory_stats(0);
