@@ -33,6 +33,11 @@ if ! cmake --build build-gpu -j "$JOBS" --target test_cuda bench_cuda_kernels > 
   exit 1
 fi
 summary+=("build: ok in $(( $(date +%s) - t0 )) s")
+# Registers, spills (local memory) and shared memory of every kernel.
+cuobjdump --dump-resource-usage build-gpu/libtessera.so 2>/dev/null | c++filt > "$OUT/resources.log"
+grep -B1 -E "LOCAL:[1-9]|STACK:[1-9]" "$OUT/resources.log" | grep -oE "Function [^ ]+|LOCAL:[0-9]+|STACK:[0-9]+" \
+  | paste - - - | head -20 > "$OUT/spills.log"
+[[ -s $OUT/spills.log ]] && summary+=("kernels with local memory (spills): $(wc -l < "$OUT/spills.log")")
 
 if [[ $MODE == test || $MODE == all ]]; then
   ./build-gpu/tests/cuda/test_cuda --gtest_brief=1 > "$OUT/test.log" 2>&1

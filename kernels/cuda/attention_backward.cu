@@ -1,0 +1,270 @@
+// Backward of the causal flash attention on the tensor cores. With P = softmax(scale Q K^T)
+// recomputed from the saved log-sum-exp, and delta_i = sum_d dO_id O_id:
+//   dP = dO V^T,  dS = P * (dP - delta),  dQ = scale dS K,  dK = scale dS^T Q,  dV = P^T dO.
+// Two kernels, so no atomics are needed and results repeat bitwise:
+//   dq kernel:  a block owns 64 queries and walks the key tiles up to the diagonal;
+//   dkv kernel: a block owns 64 keys and walks the query tiles from the diagonal on,
+//               computing S^T = K Q^T directly so P^T is already an A operand.
+// Tiles live in shared memory both row-major and transposed, so each mma operand is a
+// 32-bit shared-memory load (same layout tricks as the forward in attention.cu).
+#include <cmath>
+
+#include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/fused.h"
+
+namespace tessera::cuda {
+namespace {
+using namespace attention_detail;
+
+// delta_i = sum_d dO[i, d] * O[i, d]: the row term of the softmax backward.
+template <class T, int D>
+__global__ void attention_delta_kernel(const T* out, const T* dout, HeadLayout Ld, float* delta,
+                                       int64_t rows, int64_t H, int64_t seq_len) {
+  const int64_t r = blockIdx.x * int64_t(blockDim.y) + threadIdx.y;
+  if (r >= rows) return;
+  const int64_t t = r % seq_len, bh = r / seq_len, b = bh / H, h = bh % H;
+  float s = 0.f;
+  for (int d = threadIdx.x; d < D; d += 32)
+    s += to_float(out[r * D + d]) * to_float(dout[Ld.row(b, h, t) + d]);
+  s = warp_sum(s);
+  if (threadIdx.x == 0) delta[r] = s;
+}
+
+template <int D>
+struct BwdTiles {
+  static constexpr int KP = D + 8;      // pitch of a row-major [64][D] tile
+  static constexpr int TP = kTile + 8;  // pitch of a transposed [D][64] tile
+  static constexpr int kRowTile = kTile * KP;
+  static constexpr int kColTile = D * TP;
+};
+
+// S (or S^T) and dP (or dP^T) for this warp's 16 rows against one 64-wide tile:
+// s = A1 * B1^T, dp = A2 * B2^T with A from row-major tiles a1/a2 and B from row-major b1/b2.
+template <class T, int D>
+__device__ __forceinline__ void scores_and_dp(float (&s)[kTile / 8][4], float (&dp)[kTile / 8][4],
+                                              const T* a1, const T* b1, const T* a2, const T* b2,
+                                              int row0, int g, int tq) {
+  constexpr int KP = BwdTiles<D>::KP;
+#pragma unroll
+  for (int nb = 0; nb < kTile / 8; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nb][e] = dp[nb][e] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t fa1[4], fa2[4];
+    load_a_frag(fa1, a1, KP, row0, kk, g, tq);
+    load_a_frag(fa2, a2, KP, row0, kk, g, tq);
+#pragma unroll
+    for (int nb = 0; nb < kTile / 8; ++nb) {
+      const T* p1 = b1 + (nb * 8 + g) * KP + kk * 16 + tq * 2;
+      const T* p2 = b2 + (nb * 8 + g) * KP + kk * 16 + tq * 2;
+      mma_16816<T>(s[nb], fa1, load_pair(p1), load_pair(p1 + 8));
+      mma_16816<T>(dp[nb], fa2, load_pair(p2), load_pair(p2 + 8));
+    }
+  }
+}
+
+// acc[16 rows][D] += M[16 rows][64] * B[64][D], M given as accumulator-layout fragments and
+// B as a transposed tile bt[D][64].
+template <class T, int D>
+__device__ __forceinline__ void accumulate_product(float (&acc)[D / 8][4], const float (&m)[kTile / 8][4],
+                                                   const T* bt, int g, int tq) {
+  constexpr int TP = BwdTiles<D>::TP;
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    const uint32_t a[4] = {pack2<T>(m[2 * kk][0], m[2 * kk][1]), pack2<T>(m[2 * kk][2], m[2 * kk][3]),
+                           pack2<T>(m[2 * kk + 1][0], m[2 * kk + 1][1]),
+                           pack2<T>(m[2 * kk + 1][2], m[2 * kk + 1][3])};
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const T* p = bt + (j * 8 + g) * TP + kk * 16 + tq * 2;
+      mma_16816<T>(acc[j], a, load_pair(p), load_pair(p + 8));
+    }
+  }
+}
+
+template <class T, int D>
+__device__ __forceinline__ void store_rows(T* dst, const float (&acc)[D / 8][4], float mul,
+                                           int64_t r_lo, int64_t seq_len, int tq) {
+  const int64_t r_hi = r_lo + 8;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    if (r_lo < seq_len)
+      *reinterpret_cast<uint32_t*>(dst + r_lo * D + j * 8 + tq * 2) = pack2<T>(acc[j][0] * mul, acc[j][1] * mul);
+    if (r_hi < seq_len)
+      *reinterpret_cast<uint32_t*>(dst + r_hi * D + j * 8 + tq * 2) = pack2<T>(acc[j][2] * mul, acc[j][3] * mul);
+  }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kTcWarps * 32)
+    flash_backward_dq_tc_kernel(const T* q, const T* k, const T* v, const T* dout, HeadLayout Lq,
+                                HeadLayout Lk, HeadLayout Lv, HeadLayout Ld, const float* lse,
+                                const float* delta, T* dq, int64_t H, int64_t seq_len, float scale) {
+  using Tiles = BwdTiles<D>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* qs = reinterpret_cast<T*>(smem_raw);      // [64][D] this block's queries
+  T* dos = qs + Tiles::kRowTile;               // [64][D] their dO
+  T* ks = dos + Tiles::kRowTile;               // [64][D] key tile
+  T* vs = ks + Tiles::kRowTile;                // [64][D] value tile
+  T* kt_s = vs + Tiles::kRowTile;              // [D][64] key tile transposed
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
+  const int q_tile = gridDim.x - 1 - blockIdx.x;
+  const int64_t b = blockIdx.y / H, h = blockIdx.y % H;
+  const int64_t q0 = int64_t(q_tile) * kTile;
+  const int64_t r_lo = q0 + warp * 16 + g, r_hi = r_lo + 8;
+  const int64_t base = (b * H + h) * seq_len;
+  const float sc = scale * kLog2e;
+  const float lse_lo = r_lo < seq_len ? lse[base + r_lo] * kLog2e : 0.f;
+  const float lse_hi = r_hi < seq_len ? lse[base + r_hi] * kLog2e : 0.f;
+  const float del_lo = r_lo < seq_len ? delta[base + r_lo] : 0.f;
+  const float del_hi = r_hi < seq_len ? delta[base + r_hi] : 0.f;
+  load_tile_tc<T, D>(qs, Tiles::KP, nullptr, 0, q, Lq, b, h, q0, seq_len);
+  load_tile_tc<T, D>(dos, Tiles::KP, nullptr, 0, dout, Ld, b, h, q0, seq_len);
+  float acc[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+  for (int kt = 0; kt <= q_tile; ++kt) {
+    __syncthreads();
+    load_tile_tc<T, D>(ks, Tiles::KP, kt_s, Tiles::TP, k, Lk, b, h, int64_t(kt) * kTile, seq_len);
+    load_tile_tc<T, D>(vs, Tiles::KP, nullptr, 0, v, Lv, b, h, int64_t(kt) * kTile, seq_len);
+    __syncthreads();
+    float s[kTile / 8][4], dp[kTile / 8][4];
+    scores_and_dp<T, D>(s, dp, qs, ks, dos, vs, warp * 16, g, tq);
+    // dS = P * (dP - delta), P recomputed from the log-sum-exp, masked causally.
+#pragma unroll
+    for (int nb = 0; nb < kTile / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t key = int64_t(kt) * kTile + nb * 8 + tq * 2 + (e & 1);
+        const int64_t row = e < 2 ? r_lo : r_hi;
+        const float p = (key <= row && row < seq_len) ? exp2f(s[nb][e] * sc - (e < 2 ? lse_lo : lse_hi)) : 0.f;
+        s[nb][e] = p * (dp[nb][e] - (e < 2 ? del_lo : del_hi));
+      }
+    accumulate_product<T, D>(acc, s, kt_s, g, tq);  // dQ += dS K
+  }
+  store_rows<T, D>(dq + base * D, acc, scale, r_lo, seq_len, tq);
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kTcWarps * 32)
+    flash_backward_dkv_tc_kernel(const T* q, const T* k, const T* v, const T* dout, HeadLayout Lq,
+                                 HeadLayout Lk, HeadLayout Lv, HeadLayout Ld, const float* lse,
+                                 const float* delta, T* dk, T* dv, int64_t H, int64_t seq_len,
+                                 float scale) {
+  using Tiles = BwdTiles<D>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* ks = reinterpret_cast<T*>(smem_raw);      // [64][D] this block's keys
+  T* vs = ks + Tiles::kRowTile;                // [64][D] their values
+  T* qs = vs + Tiles::kRowTile;                // [64][D] query tile
+  T* dos = qs + Tiles::kRowTile;               // [64][D] its dO
+  T* qt_s = dos + Tiles::kRowTile;             // [D][64] query tile transposed
+  T* dot_s = qt_s + Tiles::kColTile;           // [D][64] dO tile transposed
+  float* lse_s = reinterpret_cast<float*>(dot_s + Tiles::kColTile);
+  float* del_s = lse_s + kTile;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
+  const int k_tile = blockIdx.x;
+  const int64_t b = blockIdx.y / H, h = blockIdx.y % H;
+  const int64_t k0 = int64_t(k_tile) * kTile;
+  const int64_t key_lo = k0 + warp * 16 + g, key_hi = key_lo + 8;
+  const int64_t base = (b * H + h) * seq_len;
+  const int num_tiles = static_cast<int>((seq_len + kTile - 1) / kTile);
+  const float sc = scale * kLog2e;
+  load_tile_tc<T, D>(ks, Tiles::KP, nullptr, 0, k, Lk, b, h, k0, seq_len);
+  load_tile_tc<T, D>(vs, Tiles::KP, nullptr, 0, v, Lv, b, h, k0, seq_len);
+  float dk_acc[D / 8][4], dv_acc[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk_acc[j][e] = dv_acc[j][e] = 0.f;
+
+  for (int qt = k_tile; qt < num_tiles; ++qt) {
+    const int64_t q0 = int64_t(qt) * kTile;
+    __syncthreads();
+    load_tile_tc<T, D>(qs, Tiles::KP, qt_s, Tiles::TP, q, Lq, b, h, q0, seq_len);
+    load_tile_tc<T, D>(dos, Tiles::KP, dot_s, Tiles::TP, dout, Ld, b, h, q0, seq_len);
+    for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
+      const int64_t t = q0 + r;
+      lse_s[r] = t < seq_len ? lse[base + t] * kLog2e : 0.f;
+      del_s[r] = t < seq_len ? delta[base + t] : 0.f;
+    }
+    __syncthreads();
+    // S^T = K Q^T and dP^T = V dO^T: rows are this warp's keys, columns the tile's queries.
+    float s[kTile / 8][4], dp[kTile / 8][4];
+    scores_and_dp<T, D>(s, dp, ks, qs, vs, dos, warp * 16, g, tq);
+#pragma unroll
+    for (int nb = 0; nb < kTile / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = nb * 8 + tq * 2 + (e & 1);
+        const int64_t query = q0 + col;
+        const int64_t key = e < 2 ? key_lo : key_hi;
+        const float p = (query >= key && query < seq_len) ? exp2f(s[nb][e] * sc - lse_s[col]) : 0.f;
+        s[nb][e] = p;                              // P^T
+        dp[nb][e] = p * (dp[nb][e] - del_s[col]);  // dS^T
+      }
+    accumulate_product<T, D>(dv_acc, s, dot_s, g, tq);   // dV += P^T dO
+    accumulate_product<T, D>(dk_acc, dp, qt_s, g, tq);   // dK += dS^T Q
+  }
+  store_rows<T, D>(dk + base * D, dk_acc, scale, key_lo, seq_len, tq);
+  store_rows<T, D>(dv + base * D, dv_acc, 1.f, key_lo, seq_len, tq);
+}
+
+template <class Kernel>
+void allow_shared(Kernel kernel, size_t bytes) {
+  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(bytes)));
+}
+
+}  // namespace
+
+void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& dout, const Tensor& lse,
+                              double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  const char* op = "flash_attention_backward";
+  const AttnShape s = check_inputs(op, q, k, v, false);
+  check_output(op, "out", out, q);
+  TESSERA_CHECK(dout.shape() == q.shape() && dout.dtype() == q.dtype() && dout.stride(3) == 1 &&
+                    dout.device() == q.device(),
+                op, ": dout must match q with a contiguous head dimension");
+  check_rows_aligned(op, {&q, &k, &v, &dout});
+  check_output(op, "dq", dq, q);
+  check_output(op, "dk", dk, q);
+  check_output(op, "dv", dv, q);
+  check_lse(op, lse, s, q.device());
+  if (q.numel() == 0) return;
+  KernelContext ctx(dq);
+  Tensor delta = empty({s.B * s.H * s.T}, {.dtype = DType::f32, .device = q.device()});
+  const dim3 grid(static_cast<unsigned>((s.T + kTile - 1) / kTile), static_cast<unsigned>(s.B * s.H));
+  visit_attention(q.dtype(), s.D, [&](auto tag, auto dconst) {
+    using T = decltype(tag);
+    constexpr int D = decltype(dconst)::value;
+    using Tiles = BwdTiles<D>;
+    const int64_t rows = s.B * s.H * s.T;
+    attention_delta_kernel<T, D><<<static_cast<unsigned>((rows + 7) / 8), dim3(32, 8), 0, ctx.stream>>>(
+        static_cast<const T*>(out.raw_data()), static_cast<const T*>(dout.raw_data()),
+        layout_of(dout), delta.data<float>(), rows, s.H, s.T);
+    TESSERA_KERNEL_CHECK("attention_delta_kernel");
+    const size_t dq_smem = (4 * Tiles::kRowTile + Tiles::kColTile) * sizeof(T);
+    const size_t dkv_smem = (4 * Tiles::kRowTile + 2 * Tiles::kColTile) * sizeof(T) + 2 * kTile * sizeof(float);
+    // Over 48 KB of shared memory needs an opt-in (per device, so asked on every call: cheap).
+    allow_shared(flash_backward_dq_tc_kernel<T, D>, dq_smem);
+    allow_shared(flash_backward_dkv_tc_kernel<T, D>, dkv_smem);
+    flash_backward_dq_tc_kernel<T, D><<<grid, kTcWarps * 32, dq_smem, ctx.stream>>>(
+        static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
+        static_cast<const T*>(v.raw_data()), static_cast<const T*>(dout.raw_data()), layout_of(q),
+        layout_of(k), layout_of(v), layout_of(dout), lse.data<float>(), delta.data<float>(),
+        static_cast<T*>(dq.raw_data()), s.H, s.T, static_cast<float>(scale));
+    TESSERA_KERNEL_CHECK("flash_backward_dq_tc_kernel");
+    flash_backward_dkv_tc_kernel<T, D><<<grid, kTcWarps * 32, dkv_smem, ctx.stream>>>(
+        static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
+        static_cast<const T*>(v.raw_data()), static_cast<const T*>(dout.raw_data()), layout_of(q),
+        layout_of(k), layout_of(v), layout_of(dout), lse.data<float>(), delta.data<float>(),
+        static_cast<T*>(dk.raw_data()), static_cast<T*>(dv.raw_data()), s.H, s.T,
+        static_cast<float>(scale));
+    TESSERA_KERNEL_CHECK("flash_backward_dkv_tc_kernel");
+  });
+}
+
+}  // namespace tessera::cuda

@@ -1,0 +1,156 @@
+// Shared by the attention kernels (attention.cu forward, attention_backward.cu): tile sizes,
+// the [B, H, T, D] stride layout, the mma.sync helpers and argument checks.
+#pragma once
+#include <type_traits>
+
+#include "kernels/cuda/common.cuh"
+
+namespace tessera::cuda::attention_detail {
+
+constexpr int kTile = 64;                 // queries (or keys) per block
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct HeadLayout {
+  int64_t sb, sh, st;  // strides of [B, H, T, D] in elements (the D stride is 1)
+  __device__ __forceinline__ int64_t row(int64_t b, int64_t h, int64_t t) const {
+    return b * sb + h * sh + t * st;
+  }
+};
+
+inline HeadLayout layout_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+// ---- forward on the tensor cores (mma.sync m16n8k16, FlashAttention-2 register layout) ----
+// A block of 4 warps takes 64 queries, each warp 16 of them. S = Q K^T for a 64-key tile is
+// 8 accumulator fragments per warp; the online softmax runs on those registers (a row lives
+// in the 4 threads of a quad), and P is reused as the A operand of O += P V without going
+// through memory. K is kept row-major in shared memory and V transposed, so every B operand
+// is one 32-bit shared-memory load; rows are padded by 8 elements against bank conflicts.
+constexpr int kTcWarps = 4;
+
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// c += a (16x16, row) * b (16x8, col), f32 accumulate.
+template <class T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <class T>
+__device__ __forceinline__ uint32_t load_pair(const T* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// Copies a [kTile, D] tile (rows t0.., zeros past T) into shared memory row-major with pitch
+// `pitch`, and, when `transposed` is given, also as [D][kTile] with pitch `tpitch`.
+template <class T, int D>
+__device__ __forceinline__ void load_tile_tc(T* rows, int pitch, T* transposed, int tpitch,
+                                             const T* src, HeadLayout L, int64_t b, int64_t h,
+                                             int64_t t0, int64_t seq_len) {
+  for (int c = threadIdx.x; c < kTile * D / kPack; c += blockDim.x) {
+    const int r = c / (D / kPack), d0 = (c % (D / kPack)) * kPack;
+    const int64_t t = t0 + r;
+    Pack8<T> x;
+    if (t < seq_len) {
+      x = *reinterpret_cast<const Pack8<T>*>(src + L.row(b, h, t) + d0);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kPack; ++e) x.v[e] = from_float<T>(0.f);
+    }
+    if (rows) *reinterpret_cast<Pack8<T>*>(rows + r * pitch + d0) = x;
+    if (transposed) {
+#pragma unroll
+      for (int e = 0; e < kPack; ++e) transposed[(d0 + e) * tpitch + r] = x.v[e];
+    }
+  }
+}
+
+// The A operand (16 rows from row0, k-step kk) of a row-major [rows][dim] tile in shared memory.
+template <class T>
+__device__ __forceinline__ void load_a_frag(uint32_t (&a)[4], const T* tile, int pitch, int row0,
+                                            int kk, int g, int tq) {
+  const T* p = tile + (row0 + g) * pitch + kk * 16 + tq * 2;
+  a[0] = load_pair(p);
+  a[1] = load_pair(p + 8 * pitch);
+  a[2] = load_pair(p + 8);
+  a[3] = load_pair(p + 8 * pitch + 8);
+}
+
+struct AttnShape {
+  int64_t B, H, T, D;
+};
+
+inline AttnShape check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                       bool any_head_size) {
+  TESSERA_CHECK(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(), op,
+                ": q, k, v must all be [B, H, T, D], got ", shape_str(q.shape()), ", ",
+                shape_str(k.shape()), ", ", shape_str(v.shape()));
+  TESSERA_CHECK((q.dtype() == DType::bf16 || q.dtype() == DType::f16) && k.dtype() == q.dtype() &&
+                    v.dtype() == q.dtype(),
+                op, ": q, k, v must be bfloat16 or float16 alike, got ", dtype_name(q.dtype()),
+                ", ", dtype_name(k.dtype()), ", ", dtype_name(v.dtype()));
+  TESSERA_CHECK(q.device().is_cuda() && k.device() == q.device() && v.device() == q.device(), op,
+                ": q, k, v must be on one CUDA device");
+  TESSERA_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, op,
+                ": the head dimension must be contiguous (stride 1)");
+  const int64_t D = q.size(3);
+  TESSERA_CHECK(any_head_size || D == 64 || D == 128, op, ": head size must be 64 or 128, got ", D);
+  return {q.size(0), q.size(1), q.size(2), D};
+}
+
+inline void check_output(const char* op, const char* name, const Tensor& t, const Tensor& like) {
+  TESSERA_CHECK(t.shape() == like.shape() && t.dtype() == like.dtype() && t.is_contiguous() &&
+                    t.device() == like.device(),
+                op, ": ", name, " must be a contiguous ", shape_str(like.shape()), " ",
+                dtype_name(like.dtype()), " tensor on ", like.device().str());
+}
+
+inline void check_lse(const char* op, const Tensor& lse, const AttnShape& s, Device device) {
+  TESSERA_CHECK(lse.dtype() == DType::f32 && lse.is_contiguous() && lse.numel() == s.B * s.H * s.T &&
+                    lse.device() == device,
+                op, ": lse must be a contiguous float32 [B, H, T] = [", s.B, ", ", s.H, ", ", s.T,
+                "] tensor on ", device.str());
+}
+
+template <class Fn>
+void visit_attention(DType t, int64_t D, Fn&& fn) {
+  auto with_d = [&](auto tag) {
+    using T = decltype(tag);
+    if (D == 64) fn(T{}, std::integral_constant<int, 64>{});
+    else fn(T{}, std::integral_constant<int, 128>{});
+  };
+  if (t == DType::bf16) with_d(BFloat16{});
+  else with_d(Half{});
+}
+
+
+inline void check_rows_aligned(const char* op, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    TESSERA_CHECK(aligned16({t->raw_data()}) && t->stride(0) % 8 == 0 && t->stride(1) % 8 == 0 &&
+                      t->stride(2) % 8 == 0,
+                  op, ": q, k, v (and dout) rows must start on 16-byte boundaries (strides "
+                  "multiples of 8 elements)");
+}
+
+}  // namespace tessera::cuda::attention_detail
