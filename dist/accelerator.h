@@ -1,0 +1,186 @@
+// Accelerator: the user-facing API, shaped like Hugging Face Accelerate.
+//
+//   Accelerator acc({.gradient_accumulation_steps = 4});
+//   acc.prepare(model, opt, loader, sched);       // DDP-wraps, shards the loader
+//   for (auto& [x, y] : loader) {
+//     auto step = acc.accumulate(model);          // no_sync except on the last micro-step
+//     acc.backward(model.loss(x, y));             // loss / steps, backward, gradient sync
+//     if (step.sync_gradients()) {                // optimizer work once per optimizer step
+//       acc.clip_grad_norm_(model.parameters(), 1.0);
+//       opt.step(); sched.step(); opt.zero_grad();
+//     }
+//   }
+//
+// The process group comes from the launch environment (tessera launch, mpirun, SLURM,
+// or a single process). The model object stays the user's: prepare() attaches a
+// DistributedDataParallel to it instead of replacing it, so unwrap_model is the identity.
+#pragma once
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "data/dataloader.h"
+#include "dist/ddp.h"
+#include "dist/process_group.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+
+namespace tessera::dist {
+
+struct AcceleratorOptions {
+  // "no", "fp16" or "bf16"; empty = TESSERA_MIXED_PRECISION (set by tessera launch) or "no".
+  std::string mixed_precision;
+  int gradient_accumulation_steps = 1;
+  std::string backend = "auto";  // see init_process_group
+  size_t bucket_bytes = size_t(25) << 20;
+  bool find_unused_parameters = false;
+  bool cpu = false;  // stay on the CPU even when a GPU is visible
+};
+
+class Accelerator;
+
+// The scope of one micro-step (see accumulate()).
+class AccumulateScope {
+ public:
+  bool sync_gradients() const { return sync_; }
+
+ private:
+  friend class Accelerator;
+  AccumulateScope(bool sync, std::vector<DistributedDataParallel::NoSyncGuard> guards)
+      : sync_(sync), guards_(std::move(guards)) {}
+  bool sync_;
+  std::vector<DistributedDataParallel::NoSyncGuard> guards_;
+};
+
+class Accelerator {
+ public:
+  explicit Accelerator(AcceleratorOptions options = {});
+  ~Accelerator();
+  Accelerator(const Accelerator&) = delete;
+  Accelerator& operator=(const Accelerator&) = delete;
+
+  // ---- preparation ----
+  template <class... Objects>
+  void prepare(Objects&... objects) {
+    (prepare_one(objects), ...);
+  }
+  void prepare_one(nn::Module& model);             // DDP over the world group
+  void prepare_one(optim::Optimizer& optimizer);   // remembered for save/load_state
+  void prepare_one(optim::LRSchedule& schedule);   // remembered for save/load_state
+  // Re-creates the loader with this process's rank and world size (sequential order:
+  // W ranks × B rows see what one process × W·B rows sees).
+  void prepare_one(data::DataLoader& loader);
+  nn::Module& unwrap_model(nn::Module& model) const { return model; }
+  DistributedDataParallel* ddp_of(const nn::Module& model) const;
+
+  // ---- training ----
+  // Enters a micro-step: gradients are synchronised only on every
+  // gradient_accumulation_steps-th call (the returned scope says which).
+  AccumulateScope accumulate(nn::Module& model);
+  bool sync_gradients() const { return sync_gradients_; }
+  // Backward of loss / gradient_accumulation_steps; on a syncing micro-step the prepared
+  // models' gradients are averaged over the processes before it returns.
+  void backward(const Tensor& loss);
+  // Global-norm clipping on syncing steps (returns the norm before clipping); 0 otherwise.
+  double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+  int gradient_accumulation_steps() const { return options_.gradient_accumulation_steps; }
+  const std::string& mixed_precision() const { return mixed_precision_; }
+
+  // ---- processes ----
+  bool is_main_process() const { return process_index() == 0; }
+  bool is_local_main_process() const { return local_process_index() == 0; }
+  int process_index() const;
+  int local_process_index() const { return env_.local_rank; }
+  int num_processes() const;
+  Device device() const { return device_; }
+  ProcessGroup& group() const { return world(); }
+  void wait_for_everyone();
+  // Prints on the main process only.
+  template <class... Args>
+  void print(const Args&... args) const {
+    if (!is_main_process()) return;
+    std::ostringstream os;
+    (os << ... << args);
+    std::cout << os.str() << std::endl;
+  }
+
+  // ---- collectives on results ----
+  // Concatenation along dim 0 of every process's tensor (sizes along dim 0 may differ).
+  Tensor gather(const Tensor& t);
+  // gather() without the padding duplicates: keeps the first `total` rows, the size of
+  // the evaluation set before split_between_processes padded it.
+  Tensor gather_for_metrics(const Tensor& t, int64_t total);
+  // "sum", "mean", "max" or "min" over processes (a new tensor).
+  Tensor reduce(const Tensor& t, const std::string& op = "sum");
+  // Pads dim to the largest size over processes with pad_value (at the end, or the start).
+  Tensor pad_across_processes(const Tensor& t, int64_t dim = 0, double pad_value = 0,
+                              bool pad_first = false);
+  // This process's contiguous share of items; with apply_padding every share has the
+  // same length, the last item repeated (gather_for_metrics drops those again).
+  template <class T>
+  std::vector<T> split_between_processes(const std::vector<T>& items, bool apply_padding = false) const {
+    auto [begin, end, padded] = share_of(static_cast<int64_t>(items.size()), apply_padding);
+    std::vector<T> mine(items.begin() + begin, items.begin() + end);
+    while (static_cast<int64_t>(mine.size()) < padded && !items.empty()) mine.push_back(items.back());
+    return mine;
+  }
+
+  // ---- early stopping across processes ----
+  void set_trigger() { trigger_ = true; }
+  // True on every process when any process set the trigger since the last check.
+  bool check_trigger();
+
+  // ---- state ----
+  // Writes model weights, optimizer and schedule state, loader positions, RNG state and
+  // step counters to dir (main process writes, every process waits).
+  void save_state(const std::string& dir);
+  void load_state(const std::string& dir);
+  // Forgets prepared objects (DDP buffers are released).
+  void free_memory();
+  // Waits for everyone and tears down the process group this Accelerator created.
+  void end_training();
+
+  // Calls fn(batch_size), halving batch_size after an out-of-memory error until it runs
+  // (or reaches 0, which is an error). Returns what fn returned.
+  template <class Fn>
+  auto find_executable_batch_size(Fn&& fn, int64_t starting_batch_size) {
+    for (int64_t bs = starting_batch_size; bs > 0; bs /= 2) {
+      try {
+        return fn(bs);
+      } catch (const OutOfMemoryError& e) {
+        print("find_executable_batch_size: batch size ", bs, " ran out of memory; trying ",
+              bs / 2);
+        free_memory();
+      }
+    }
+    TESSERA_FAIL("find_executable_batch_size: out of memory even with batch size 1 (started at ",
+                 starting_batch_size, ")");
+  }
+
+ private:
+  struct Share {
+    int64_t begin, end, padded;
+  };
+  Share share_of(int64_t n, bool apply_padding) const;
+
+  AcceleratorOptions options_;
+  std::string mixed_precision_;
+  DistEnv env_;
+  Device device_ = Device::cpu();
+  bool owns_group_ = false;
+  int64_t micro_step_ = 0;
+  bool sync_gradients_ = true;
+  bool trigger_ = false;
+  std::map<const nn::Module*, std::unique_ptr<DistributedDataParallel>> models_;
+  std::vector<nn::Module*> model_order_;
+  std::vector<optim::Optimizer*> optimizers_;
+  std::vector<optim::LRSchedule*> schedules_;
+  std::vector<data::DataLoader*> loaders_;
+};
+
+}  // namespace tessera::dist
