@@ -53,7 +53,10 @@ const RegisterCommand reg("train", "Train a GPT on a token file (config file and
   auto resume = std::make_shared<std::string>();
   sub.add_option("--config", *config_path, "settings file: JSON, or flat YAML (key: value); flags override it");
   std::vector<CLI::Option*> options;
-  for (const FlagSpec& f : kValueFlags) options.push_back(sub.add_option(f.flag, (*values)[f.key], f.help));
+  // A flag given twice takes its last value (scripts append overrides).
+  for (const FlagSpec& f : kValueFlags)
+    options.push_back(sub.add_option(f.flag, (*values)[f.key], f.help)
+                          ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast));
   auto* shuffle = sub.add_flag("--shuffle")->description("draw training windows in a seeded random order");
   auto* sequential = sub.add_flag("--sequential")->description("read the training data in order (the default)");
   shuffle->excludes(sequential);

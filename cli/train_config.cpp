@@ -207,6 +207,8 @@ void validate(const TrainConfig& c) {
                             {"vocab_size", c.vocab_size}, {"block_size", c.block_size}, {"seed", c.seed}}) {
     require(value >= 0, key, "must not be negative", value);
   }
+  require(c.schedule == "constant" || c.warmup < c.steps, "warmup",
+          "must be shorter than steps = " + std::to_string(c.steps) + " for a decaying schedule", c.warmup);
   require(c.keep_last >= 1, "keep_last", "must be at least 1", c.keep_last);
   if (c.init.empty()) {
     for (auto [key, value] : {std::pair{"n_layer", c.n_layer}, {"n_head", c.n_head}, {"n_embd", c.n_embd}})

@@ -141,8 +141,23 @@ void run_training(const TrainConfig& cfg) {
   const std::vector<Tensor> params = model->parameters();
   optim::AdamW opt(params, {.lr = cfg.lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = cfg.eps,
                             .weight_decay = cfg.weight_decay});
+  std::optional<TrainingState> resume_state;
+  if (resume_dir) resume_state = load_training_state(*resume_dir);
+  // A decaying schedule is shaped by the total step count, so a resumed run must keep it;
+  // a constant one is not, so a run may be extended (its saved total is kept).
+  int64_t schedule_total = cfg.steps;
+  if (resume_state && resume_state->schedule.count("total")) {
+    const auto saved_total = static_cast<int64_t>(resume_state->schedule.at("total"));
+    if (cfg.schedule == "constant") {
+      schedule_total = saved_total;
+    } else {
+      TESSERA_CHECK(saved_total == cfg.steps, "config: key \"steps\" is ", cfg.steps, " but the checkpoint's ",
+                    cfg.schedule, " schedule decays over ", saved_total,
+                    " steps; resume with --steps ", saved_total, " (or train with --schedule constant to extend runs)");
+    }
+  }
   optim::LRSchedule schedule(opt, decay_shape(cfg.schedule),
-                             {.warmup = cfg.warmup, .total = cfg.steps,
+                             {.warmup = cfg.warmup, .total = schedule_total,
                               .min_lr = cfg.min_lr >= 0 ? cfg.min_lr : cfg.lr / 10});
   optim::LossScaler scaler({.enabled = false});
   data::DataLoader loader(train_file, {.batch = cfg.batch, .seq = cfg.seq, .shuffle = cfg.shuffle,
@@ -150,8 +165,8 @@ void run_training(const TrainConfig& cfg) {
 
   int64_t step = 0;
   const fs::path metrics_path = out / "metrics.jsonl";
-  if (resume_dir) {
-    const TrainingState state = load_training_state(*resume_dir);
+  if (resume_state) {
+    const TrainingState& state = *resume_state;
     opt.load_state_dict(state.optimizer);
     schedule.load_state_dict(state.schedule);
     if (!state.loss_scaler.empty()) scaler.load_state_dict(state.loss_scaler);

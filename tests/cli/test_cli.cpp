@@ -211,7 +211,7 @@ TEST(Cli, ResumeIsBitIdenticalShuffled) { expect_resume_bit_identical("--shuffle
 TEST(Cli, DamagedCheckpointsAreRefusedAndThePreviousOneStaysUsable) {
   const fs::path data = prepared("byte");
   const fs::path out = scratch() / "damaged";
-  const std::string common = "train --data " + (data / "train.bin").string() + kTinyModel + " --save-every 10 --keep-last 2 ";
+  const std::string common = "train --data " + (data / "train.bin").string() + kTinyModel + " --schedule constant --save-every 10 --keep-last 2 ";
   auto r = run(common + "--steps 30 --out " + out.string());
   ASSERT_EQ(r.rc, 0) << r.output;
   // keep-last 2: step 10 rotated away.
