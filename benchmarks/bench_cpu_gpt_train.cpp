@@ -5,6 +5,7 @@
 // and the ratio.
 //
 //   bench_cpu_gpt_train [--steps N] [--warmup N] [--threads N] [--no-torch]
+//   TESSERA_PYTHON=...  the interpreter for the PyTorch side (default /usr/bin/python3)
 //   TESSERA_PROFILE=1   also time the phases (forward, backward, clip, optimizer)
 //                       and the forward time of each module type (via module hooks).
 #include <unistd.h>
@@ -84,10 +85,14 @@ class ModuleTimer {
 struct TorchResult {
   bool ok = false;
   double ms_per_step = 0, tokens_per_s = 0;
+  std::string blas;  // PyTorch's BLAS ("generic" = the slow reference BLAS)
 };
 
 TorchResult run_torch(const Args& a, int threads) {
-  const std::string cmd = "/usr/bin/python3 " TESSERA_SOURCE_DIR "/benchmarks/cpu_gpt_train_torch.py" +
+  // TESSERA_PYTHON picks another interpreter (default /usr/bin/python3).
+  const char* python = std::getenv("TESSERA_PYTHON");
+  const std::string cmd = std::string(python ? python : "/usr/bin/python3") +
+                          " " TESSERA_SOURCE_DIR "/benchmarks/cpu_gpt_train_torch.py" +
                           std::string(" --steps ") + std::to_string(a.steps) + " --warmup " +
                           std::to_string(a.warmup) + " --threads " + std::to_string(threads);
   TorchResult r;
@@ -107,6 +112,8 @@ TorchResult run_torch(const Args& a, int threads) {
   r.ms_per_step = number("ms_per_step");
   r.tokens_per_s = number("tokens_per_s");
   r.ok = r.ms_per_step > 0;
+  const auto blas = out.find("\"blas\": \"");
+  if (blas != std::string::npos) r.blas = out.substr(blas + 9, out.find('"', blas + 9) - blas - 9);
   return r;
 }
 
@@ -173,7 +180,8 @@ int main(int argc, char** argv) {
   if (a.torch) {
     const TorchResult t = run_torch(a, threads);
     if (t.ok) {
-      std::printf("  %-10s %10.2f %12.0f\n", "pytorch", t.ms_per_step, t.tokens_per_s);
+      std::printf("  %-10s %10.2f %12.0f   (torch BLAS: %s)\n", "pytorch", t.ms_per_step,
+                  t.tokens_per_s, t.blas.c_str());
       std::printf("  tessera/pytorch time ratio: %.2fx (below 1 = Tessera faster)\n",
                   tessera_ms / t.ms_per_step);
     } else {

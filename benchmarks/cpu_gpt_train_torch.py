@@ -90,7 +90,11 @@ def main():
         loss = step()
     elapsed = time.perf_counter() - start
     ms = 1000.0 * elapsed / args.steps
-    print(json.dumps({"ms_per_step": ms, "tokens_per_s": args.batch * args.seq / (ms / 1000.0),
+    blas = "unknown"
+    for line in torch.__config__.show().splitlines():
+        if "BLAS_INFO=" in line:
+            blas = line.split("BLAS_INFO=")[1].split(",")[0]
+    print(json.dumps({"blas": blas, "ms_per_step": ms, "tokens_per_s": args.batch * args.seq / (ms / 1000.0),
                       "threads": args.threads, "torch": torch.__version__,
                       "loss": float(loss)}))
 
