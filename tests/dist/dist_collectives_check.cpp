@@ -191,7 +191,8 @@ int main(int argc, char** argv) {
               << g_checks << " checks passed\n";
     destroy_process_group();
   } catch (const std::exception& e) {
-    std::cerr << "rank " << rank << ": FAILED: " << e.what() << "\n";
+    // One write, so the line does not interleave with other ranks' output.
+    std::cerr << ("rank " + std::to_string(rank) + ": FAILED: " + e.what() + "\n") << std::flush;
     return 1;
   }
   return 0;

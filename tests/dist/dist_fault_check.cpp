@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
     }
     destroy_process_group();
   } catch (const std::exception& e) {
-    std::cerr << "rank " << rank << ": error: " << e.what() << std::endl;
+    // One write, so the line does not interleave with other ranks' output.
+    std::cerr << ("rank " + std::to_string(rank) + ": error: " + e.what() + "\n") << std::flush;
     return 1;
   }
   return 0;

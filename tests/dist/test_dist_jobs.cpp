@@ -6,8 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -150,6 +155,118 @@ TEST(DistJobs, InterruptStopsAllRanks) {
                         20);
   EXPECT_NE(r.output.find("interrupted"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("launcher=130"), std::string::npos) << r.output;
+}
+
+// ---- DDP equivalence: W ranks x B rows == 1 process x W*B rows ----
+
+struct TrainRecord {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<double>> params;
+};
+
+TrainRecord read_record(const std::string& path) {
+  TrainRecord r;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream is(line);
+    std::string kind, name;
+    is >> kind;
+    if (kind == "loss") {
+      int step;
+      double v;
+      is >> step >> v;
+      r.losses.push_back(v);
+    } else if (kind == "param") {
+      is >> name;
+      double v;
+      while (is >> v) r.params[name].push_back(v);
+    }
+  }
+  return r;
+}
+
+// Same number of steps and tensors, every loss within rtol, and every parameter within
+// rtol of the largest magnitude in that tensor.
+void expect_same_training(const TrainRecord& got, const TrainRecord& want, double rtol) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  ASSERT_FALSE(want.losses.empty());
+  for (size_t i = 0; i < want.losses.size(); ++i)
+    EXPECT_LE(std::fabs(got.losses[i] - want.losses[i]), rtol * std::fabs(want.losses[i]))
+        << "loss of step " << i << ": " << got.losses[i] << " vs " << want.losses[i];
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (const auto& [name, w] : want.params) {
+    ASSERT_TRUE(got.params.count(name)) << name;
+    const auto& g = got.params.at(name);
+    ASSERT_EQ(g.size(), w.size()) << name;
+    double scale = 0, worst = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      scale = std::max(scale, std::fabs(w[i]));
+      worst = std::max(worst, std::fabs(g[i] - w[i]));
+    }
+    EXPECT_LE(worst, rtol * scale) << name << ": max difference " << worst << " of scale " << scale;
+  }
+}
+
+std::string temp_file(const std::string& name) { return ::testing::TempDir() + "tessera_dist_" + name; }
+
+// Reference: one process, W*B rows, no accumulation.
+TrainRecord reference_training(int64_t rows, const std::string& extra = "") {
+  std::string out = temp_file("reference_" + std::to_string(rows) + ".txt");
+  JobResult r = run_job("env -u RANK -u WORLD_SIZE " DIST_TRAIN_CHECK " --rows " +
+                            std::to_string(rows) + " --out " + out + extra,
+                        120);
+  EXPECT_EQ(r.status, 0) << r.output;
+  return read_record(out);
+}
+
+TrainRecord distributed_training(const std::string& starter, int64_t rows, int64_t accum,
+                                 const std::string& name, const std::string& extra = "") {
+  std::string out = temp_file(name + ".txt");
+  std::remove(out.c_str());
+  JobResult r = run_job(starter + " --rows " + std::to_string(rows) + " --accum " +
+                            std::to_string(accum) + " --out " + out + extra,
+                        180);
+  EXPECT_EQ(r.status, 0) << r.output;
+  return read_record(out);
+}
+
+constexpr double kRtol = 1e-5;
+
+TEST(DdpEquivalence, ThroughLaunch2And4RanksAndAccumulation) {
+  TrainRecord want = reference_training(8);
+  expect_same_training(distributed_training(launch(2, DIST_TRAIN_CHECK), 4, 1, "launch2"), want, kRtol);
+  expect_same_training(distributed_training(launch(4, DIST_TRAIN_CHECK), 2, 1, "launch4"), want, kRtol);
+  // 2 ranks x B/2 rows x 2 micro-steps.
+  expect_same_training(distributed_training(launch(2, DIST_TRAIN_CHECK), 2, 2, "launch2acc"), want,
+                       kRtol);
+}
+
+TEST(DdpEquivalence, ThroughMpirun2And4RanksAndAccumulation) {
+  if (!have_mpirun()) GTEST_SKIP() << "built without MPI";
+  TrainRecord want = reference_training(8);
+  const std::string mpi = " --backend mpi";
+  expect_same_training(distributed_training(mpirun(2, DIST_TRAIN_CHECK), 4, 1, "mpi2", mpi), want, kRtol);
+  expect_same_training(distributed_training(mpirun(4, DIST_TRAIN_CHECK), 2, 1, "mpi4", mpi), want, kRtol);
+  expect_same_training(distributed_training(mpirun(2, DIST_TRAIN_CHECK), 2, 2, "mpi2acc", mpi), want,
+                       kRtol);
+}
+
+TEST(DdpEquivalence, OneProcessAccumulationEqualsTheLargerBatch) {
+  expect_same_training(distributed_training("env -u RANK -u WORLD_SIZE " DIST_TRAIN_CHECK, 2, 4, "acc4"),
+                       reference_training(8), kRtol);
+}
+
+TEST(DdpUnusedParameters, AreAnErrorNamingThemUnlessOptedIn) {
+  JobResult r = run_job(launch(2, DIST_TRAIN_CHECK " --rows 4 --unused --out " + temp_file("unused.txt")), 60);
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("2 parameter(s) got no gradient in this backward: 'unused.weight', 'unused.bias'"),
+            std::string::npos)
+      << r.output;
+  // Opted in: the unused layer counts as zero gradient, and training matches one process.
+  expect_same_training(distributed_training(launch(2, DIST_TRAIN_CHECK), 4, 1, "unused2",
+                                            " --unused --find-unused"),
+                       reference_training(8, " --unused --find-unused"), kRtol);
 }
 
 }  // namespace
