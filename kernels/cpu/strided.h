@@ -3,10 +3,14 @@
 // for_each_row<N>(shape, {strides...}, fn) merges dimensions that are laid out
 // contiguously for every operand, then calls
 //   fn(offsets, n, inner_strides)
-// once per row of the last (merged) dimension: offsets[k] is operand k's element
+// once per row of the last (merged) dimension (a long row may come as several consecutive
+// pieces, so that threads share it): offsets[k] is operand k's element
 // offset of the row's first element, n the row length, inner_strides[k] its step.
-// Rows run in parallel under OpenMP when there is enough work.
+// Rows (or pieces of long rows) run in parallel under OpenMP when there is enough work.
 #pragma once
+#include <omp.h>
+
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -58,7 +62,14 @@ void for_each_row(const Shape& shape, const std::array<const Shape*, N>& strides
   std::array<int64_t, N> inner_strides;
   for (int k = 0; k < N; ++k) inner_strides[k] = L.strides[k].back();
 
-  auto run_row = [&](int64_t r) {
+  // Few long rows (a contiguous tensor coalesces into one) are cut into pieces so that every
+  // thread gets work; fn only ever sees a run of consecutive elements of one row.
+  const bool parallel = rows * inner >= kParallelGrain;
+  const int64_t threads = parallel ? omp_get_max_threads() : 1;
+  const int64_t pieces = rows >= 2 * threads ? 1 : std::max<int64_t>(1, std::min(2 * threads, inner / 4096));
+  const int64_t piece_len = (inner + pieces - 1) / pieces;
+  auto run_piece = [&](int64_t job) {
+    const int64_t r = job / pieces, p = job % pieces;
     std::array<int64_t, N> off{};
     int64_t rem = r;
     for (int64_t d = ndim - 2; d >= 0; --d) {
@@ -66,11 +77,14 @@ void for_each_row(const Shape& shape, const std::array<const Shape*, N>& strides
       rem /= L.shape[d];
       for (int k = 0; k < N; ++k) off[k] += i * L.strides[k][d];
     }
-    fn(off, inner, inner_strides);
+    const int64_t start = p * piece_len, len = std::min(piece_len, inner - start);
+    if (len <= 0) return;
+    for (int k = 0; k < N; ++k) off[k] += start * inner_strides[k];
+    fn(off, len, inner_strides);
   };
-  const bool parallel = rows > 1 && rows * inner >= kParallelGrain;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t r = 0; r < rows; ++r) run_row(r);
+  const int64_t jobs = rows * pieces;
+#pragma omp parallel for schedule(static) if (parallel && jobs > 1)
+  for (int64_t job = 0; job < jobs; ++job) run_piece(job);
 }
 
 // Element-wise convenience: fn(offsets) for every element.
