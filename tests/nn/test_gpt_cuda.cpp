@@ -20,6 +20,7 @@ TEST(GPTCuda, TrainingStepsMatchTheCPU) {
   Tensor idx_gpu = idx.to(Device::cuda()), targets_gpu = targets.to(Device::cuda());
   optim::AdamW opt_cpu(cpu.parameters(), {.lr = 1e-3, .weight_decay = 0.1});
   optim::AdamW opt_gpu(gpu.parameters(), {.lr = 1e-3, .weight_decay = 0.1});
+  EXPECT_LT(ops::max_rel_error(gpu.forward(idx_gpu).cpu(), cpu.forward(idx)), 1e-4) << "logits";
   for (int step = 0; step < 5; ++step) {
     for (auto* pair : {&opt_cpu, &opt_gpu}) pair->zero_grad();
     Tensor lc = cpu.loss(idx, targets), lg = gpu.loss(idx_gpu, targets_gpu);

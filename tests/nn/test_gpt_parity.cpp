@@ -11,14 +11,13 @@
 #include "core/safetensors.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
+#include "python_reference.h"
 
 using namespace tessera;
 
 namespace {
 
-bool torch_available() {
-  return std::system("/usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1") == 0;
-}
+bool torch_available() { return test::python_can_import("torch, numpy"); }
 
 std::filesystem::path scratch_dir(const std::string& name) {
   auto dir = std::filesystem::path(TESSERA_BINARY_DIR) / "test_scratch" / name;
@@ -37,7 +36,7 @@ constexpr double kLr = 1e-3, kWeightDecay = 0.1, kMaxNorm = 0.5, kMinLrRatio = 0
 constexpr int kSteps = 10, kWarmup = 3;
 
 void run_parity(bool tied) {
-  if (!torch_available()) GTEST_SKIP() << "/usr/bin/python3 cannot import torch";
+  if (!torch_available()) GTEST_SKIP() << test::python_interpreter() << " cannot import torch";
   const auto dir = scratch_dir(tied ? "gpt_parity_tied" : "gpt_parity_untied");
   Generator gen(1234);
   nn::GPT model(parity_config(tied), &gen);
@@ -51,7 +50,7 @@ void run_parity(bool tied) {
   Tensor targets = randint(0, 101, {B, T}, {.dtype = DType::i64}, &gen);
   save_safetensors((dir / "batch.safetensors").string(), {{"idx", idx}, {"targets", targets}});
 
-  const std::string cmd = "/usr/bin/python3 " TESSERA_SOURCE_DIR "/tests/nn/reference_gpt.py" +
+  const std::string cmd = test::python_interpreter() + " " TESSERA_SOURCE_DIR "/tests/nn/reference_gpt.py" +
                           std::string(" --model ") + (dir / "model").string() + " --batch " +
                           (dir / "batch.safetensors").string() + " --out " +
                           (dir / "ref.safetensors").string() + " --weights-out " +

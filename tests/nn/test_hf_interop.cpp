@@ -1,7 +1,7 @@
 // Model directories move between Tessera and Hugging Face `transformers`
 // (tests/nn/hf_gpt2_check.py): transformers loads what Tessera saves and gives the
 // same logits; Tessera loads what transformers saves and gives the same logits.
-// Skips where /usr/bin/python3 has no transformers (the development machines).
+// Skips where the interpreter has no transformers (the development machines).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -10,12 +10,13 @@
 #include "autograd/functions.h"
 #include "core/safetensors.h"
 #include "nn/nn.h"
+#include "python_reference.h"
 
 using namespace tessera;
 
 TEST(HuggingFaceInterop, GPT2DirectoriesRoundTrip) {
-  if (std::system("/usr/bin/python3 -c 'import transformers, torch' >/dev/null 2>&1") != 0)
-    GTEST_SKIP() << "/usr/bin/python3 cannot import transformers";
+  if (!test::python_can_import("transformers, torch, numpy"))
+    GTEST_SKIP() << test::python_interpreter() << " cannot import transformers";
   const auto dir = std::filesystem::path(TESSERA_BINARY_DIR) / "test_scratch" / "hf_interop";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
@@ -27,7 +28,7 @@ TEST(HuggingFaceInterop, GPT2DirectoriesRoundTrip) {
   model.save_pretrained((dir / "tessera").string());
   Tensor idx = randint(0, 101, {2, 40}, {.dtype = DType::i64}, &gen);
   save_safetensors((dir / "batch.safetensors").string(), {{"idx", idx}});
-  const std::string cmd = "/usr/bin/python3 " TESSERA_SOURCE_DIR "/tests/nn/hf_gpt2_check.py --tessera-dir " +
+  const std::string cmd = test::python_interpreter() + " " TESSERA_SOURCE_DIR "/tests/nn/hf_gpt2_check.py --tessera-dir " +
                           (dir / "tessera").string() + " --hf-dir " + (dir / "hf").string() +
                           " --batch " + (dir / "batch.safetensors").string() + " --out " +
                           (dir / "out.safetensors").string();
