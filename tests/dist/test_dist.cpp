@@ -6,7 +6,14 @@
 #include <cstdlib>
 #include <thread>
 
+#include "autograd/functions.h"
+#include "core/random.h"
+#include "data/file_io.h"
+#include "dist/accelerator.h"
+#include "dist/ddp.h"
 #include "dist/env.h"
+#include "nn/layers.h"
+#include "optim/adamw.h"
 #include "dist/host_process_group.h"
 #include "dist/process_group.h"
 #include "dist/store.h"
@@ -15,6 +22,8 @@ using namespace tessera;
 using namespace tessera::dist;
 
 namespace {
+
+using ReduceOp = dist::ReduceOp;  // not core's kernel-level ReduceOp
 
 const char* kDistVars[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                            "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
@@ -247,6 +256,118 @@ TEST(SignatureTest, DescribesTheCallAndComparesWhatMustMatch) {
   EXPECT_TRUE(c == d);  // uneven sizes are the point of this collective
   auto e = CollectiveSignature::make(CollectiveKind::AllGatherUneven, 2, zeros({9}));
   EXPECT_FALSE(d == e);  // but the sequence numbers must agree
+}
+
+struct TwoLayers : nn::Module {
+  nn::Linear a{5, 7, true, 0.5}, b{7, 3, true, 0.5};
+  TwoLayers() {
+    register_module("a", a);
+    register_module("b", b);
+  }
+  Tensor forward(const Tensor& x) override { return b(tanh(a(x))); }
+};
+
+std::vector<std::vector<float>> grads_of(nn::Module& m) {
+  std::vector<std::vector<float>> out;
+  for (const Tensor& p : m.parameters()) out.push_back(raw::contiguous(p.grad()).to_vector<float>());
+  return out;
+}
+
+using DdpTest = SingleBackendTest;
+
+TEST_F(DdpTest, BucketsAreReverseOrderFlatBuffersHoldingTheGradients) {
+  default_generator().manual_seed(3);
+  TwoLayers plain;
+  default_generator().manual_seed(3);
+  TwoLayers wrapped;
+  // 7*3 + 3 floats = 96 bytes fill the first bucket; the rest go to the second.
+  dist::DistributedDataParallel ddp(wrapped, nullptr, {.bucket_bytes = 96});
+  ASSERT_EQ(ddp.buckets().size(), 2u);
+  EXPECT_EQ(ddp.buckets()[0].params, (std::vector<size_t>{3, 2}));  // b.bias, b.weight
+  EXPECT_EQ(ddp.buckets()[1].params, (std::vector<size_t>{1, 0}));
+  EXPECT_EQ(ddp.buckets()[1].gradients.numel(), 5 * 7 + 7);
+
+  Generator g(11);
+  Tensor x = randn({4, 5}, {}, &g);
+  Tensor y = from_vector(std::vector<int64_t>{0, 2, 1, 2}, {4}, {.dtype = DType::i64});
+  cross_entropy(plain(x), y).backward();
+  ddp.backward(cross_entropy(ddp(x), y));
+  EXPECT_EQ(grads_of(wrapped), grads_of(plain));
+  for (size_t i = 0; i < ddp.parameters().size(); ++i) {
+    const Tensor grad = ddp.parameters()[i].grad();
+    EXPECT_TRUE(grad.shares_storage(ddp.buckets()[i < 2 ? 1 : 0].gradients)) << ddp.parameter_names()[i];
+    EXPECT_EQ(grad.raw_data(), ddp.gradient_slot(i).raw_data());
+  }
+}
+
+TEST_F(DdpTest, NoSyncAccumulatesAndZeroGradToNoneIsAdoptedAgain) {
+  default_generator().manual_seed(5);
+  TwoLayers plain;
+  default_generator().manual_seed(5);
+  TwoLayers wrapped;
+  dist::DistributedDataParallel ddp(wrapped);
+  Generator g(2);
+  Tensor x = randn({3, 5}, {}, &g);
+  Tensor y = from_vector(std::vector<int64_t>{1, 0, 2}, {3}, {.dtype = DType::i64});
+  for (int k = 0; k < 3; ++k) cross_entropy(plain(x), y).backward();
+  {
+    auto guard = ddp.no_sync();
+    EXPECT_FALSE(ddp.sync_enabled());
+    cross_entropy(ddp(x), y).backward();
+    ddp.finish_gradient_sync();  // nothing to do inside no_sync
+    cross_entropy(ddp(x), y).backward();
+  }
+  EXPECT_TRUE(ddp.sync_enabled());
+  ddp.backward(cross_entropy(ddp(x), y));
+  auto got = grads_of(wrapped), want = grads_of(plain);
+  for (size_t i = 0; i < want.size(); ++i)
+    for (size_t j = 0; j < want[i].size(); ++j) ASSERT_NEAR(got[i][j], want[i][j], 1e-6);
+  // An optimizer's zero_grad(set_to_none) drops the views; the next backward re-adopts them.
+  wrapped.zero_grad(true);
+  ddp.backward(cross_entropy(ddp(x), y));
+  EXPECT_EQ(wrapped.parameters()[0].grad().raw_data(), ddp.gradient_slot(0).raw_data());
+}
+
+TEST_F(DdpTest, UnusedParameterIsNamed) {
+  TwoLayers m;
+  nn::Linear extra(3, 3);
+  m.register_module("extra", extra);
+  dist::DistributedDataParallel ddp(m);
+  Tensor x = ones({2, 5});
+  Tensor y = from_vector(std::vector<int64_t>{1, 0}, {2}, {.dtype = DType::i64});
+  try {
+    ddp.backward(cross_entropy(ddp(x), y));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'extra.weight', 'extra.bias'"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(CleanDistEnv, AcceleratorRefusesADamagedState) {
+  const std::string dir = ::testing::TempDir() + "tessera_damaged_state";
+  {
+    dist::Accelerator acc({.cpu = true});
+    TwoLayers m;
+    optim::AdamW opt(m.parameters());
+    acc.prepare(m, opt);
+    EXPECT_EQ(acc.num_processes(), 1);
+    EXPECT_TRUE(acc.is_main_process());
+    EXPECT_EQ(acc.split_between_processes(std::vector<int>{1, 2, 3}), (std::vector<int>{1, 2, 3}));
+    acc.save_state(dir);
+    std::string text = data::read_file(dir + "/accelerator_state.json");
+    text.replace(text.find("\"micro_step\": 0"), 15, "\"micro_step\": 9");
+    data::write_file_atomically(dir + "/accelerator_state.json", text);
+    try {
+      acc.load_state(dir);
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("damaged (checksum mismatch)"), std::string::npos) << e.what();
+    }
+    acc.end_training();
+  }
+  EXPECT_FALSE(dist::is_initialized());
+  EXPECT_THROW(dist::Accelerator({.gradient_accumulation_steps = 0}), Error);
+  EXPECT_THROW(dist::Accelerator({.mixed_precision = "fp8"}), Error);
 }
 
 }  // namespace

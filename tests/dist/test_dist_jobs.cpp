@@ -269,4 +269,14 @@ TEST(DdpUnusedParameters, AreAnErrorNamingThemUnlessOptedIn) {
                        reference_training(8, " --unused --find-unused"), kRtol);
 }
 
+TEST(AcceleratorJobs, HelpersAndResumeThrough3RankLaunchAndMpirun) {
+  JobResult r = run_job(launch(3, DIST_ACCELERATOR_CHECK " " + temp_file("acc_state_launch")), 120);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output, "accelerator checks passed"), 3) << r.output;
+  if (!have_mpirun()) return;
+  r = run_job(mpirun(2, DIST_ACCELERATOR_CHECK " " + temp_file("acc_state_mpi")), 120);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output, "accelerator checks passed"), 2) << r.output;
+}
+
 }  // namespace
