@@ -5,6 +5,7 @@
 // saved log-sum-exp (attention_backward.cu). The matrix products run on the tensor cores
 // through mma.sync; naive_attention_forward below is the readable reference that stores the
 // whole [T, T] score matrix.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/attention_common.cuh"
@@ -14,21 +15,26 @@ namespace tessera::cuda {
 namespace {
 using namespace attention_detail;
 
+constexpr int kFwdWarps = 8;                // 8 warps x 16 queries
+constexpr int kFwdQueries = kFwdWarps * 16;  // queries per block
+
 template <class T, int D>
-__global__ void __launch_bounds__(kTcWarps * 32)
+__global__ void __launch_bounds__(kFwdWarps * 32)
     flash_forward_tc_kernel(const T* q, const T* k, const T* v, HeadLayout Lq, HeadLayout Lk,
                             HeadLayout Lv, T* out, float* lse, int64_t H, int64_t seq_len,
                             float scale) {
   constexpr int KSTEPS = D / 16;     // k-steps of S = Q K^T
   constexpr int SBLK = kTile / 8;    // 8-key blocks of S
   constexpr int OBLK = D / 8;        // 8-dim blocks of O
-  constexpr int KP = D + 8, VP = kTile + 8;
+  constexpr int KP = D + 8;
   __shared__ __align__(16) T ks[kTile * KP];  // K tile, [key][dim]
-  __shared__ __align__(16) T vt[D * VP];      // V tile transposed, [dim][key]
+  __shared__ __align__(16) T vs[kTile * KP];  // V tile, [key][dim]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
   const int q_tile = gridDim.x - 1 - blockIdx.x;  // longest rows first
   const int64_t b = blockIdx.y / H, h = blockIdx.y % H;
-  const int64_t r_lo = int64_t(q_tile) * kTile + warp * 16 + g, r_hi = r_lo + 8;
+  const int64_t q0 = int64_t(q_tile) * kFwdQueries;
+  const int64_t r_lo = q0 + warp * 16 + g, r_hi = r_lo + 8;
+  const int last_key_tile = static_cast<int>(std::min<int64_t>(q0 + kFwdQueries, seq_len) - 1) / kTile;
 
   uint32_t qf[KSTEPS][4];
 #pragma unroll
@@ -45,10 +51,10 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
   const float sc = scale * kLog2e;
 
-  for (int kt = 0; kt <= q_tile; ++kt) {
+  for (int kt = 0; kt <= last_key_tile; ++kt) {
     __syncthreads();
-    load_tile_tc<T, D>(ks, KP, nullptr, 0, k, Lk, b, h, int64_t(kt) * kTile, seq_len);
-    load_tile_tc<T, D>(nullptr, 0, vt, VP, v, Lv, b, h, int64_t(kt) * kTile, seq_len);
+    load_tile_tc<T, D>(ks, KP, k, Lk, b, h, int64_t(kt) * kTile, seq_len);
+    load_tile_tc<T, D>(vs, KP, v, Lv, b, h, int64_t(kt) * kTile, seq_len);
     __syncthreads();
 
     float s[SBLK][4];
@@ -108,9 +114,11 @@ __global__ void __launch_bounds__(kTcWarps * 32)
                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                              pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-      for (int j = 0; j < OBLK; ++j) {
-        const T* vrow = vt + (j * 8 + g) * VP + kk * 16 + tq * 2;
-        mma_16816<T>(o[j], a, load_pair(vrow), load_pair(vrow + 8));
+      for (int j = 0; j < OBLK; j += 2) {
+        uint32_t bv[4];
+        load_b_trans_x4(bv, vs, KP, kk * 16, j * 8, lane);
+        mma_16816<T>(o[j], a, bv[0], bv[1]);
+        mma_16816<T>(o[j + 1], a, bv[2], bv[3]);
       }
     }
   }
@@ -194,11 +202,12 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   check_lse("flash_attention_forward", lse, s, q.device());
   if (q.numel() == 0) return;
   KernelContext ctx(out);
-  const dim3 grid(static_cast<unsigned>((s.T + kTile - 1) / kTile), static_cast<unsigned>(s.B * s.H));
+  const dim3 grid(static_cast<unsigned>((s.T + kFwdQueries - 1) / kFwdQueries),
+                  static_cast<unsigned>(s.B * s.H));
   visit_attention(q.dtype(), s.D, [&](auto tag, auto dconst) {
     using T = decltype(tag);
     constexpr int D = decltype(dconst)::value;
-    flash_forward_tc_kernel<T, D><<<grid, kTcWarps * 32, 0, ctx.stream>>>(
+    flash_forward_tc_kernel<T, D><<<grid, kFwdWarps * 32, 0, ctx.stream>>>(
         static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
         static_cast<const T*>(v.raw_data()), layout_of(q), layout_of(k), layout_of(v),
         static_cast<T*>(out.raw_data()), lse.data<float>(), s.H, s.T, static_cast<float>(scale));

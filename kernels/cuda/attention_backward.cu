@@ -5,8 +5,8 @@
 //   dq kernel:  a block owns 64 queries and walks the key tiles up to the diagonal;
 //   dkv kernel: a block owns 64 keys and walks the query tiles from the diagonal on,
 //               computing S^T = K Q^T directly so P^T is already an A operand.
-// Tiles live in shared memory both row-major and transposed, so each mma operand is a
-// 32-bit shared-memory load (same layout tricks as the forward in attention.cu).
+// Tiles live in shared memory row-major; operands that need the transpose are read with
+// ldmatrix.trans (same layout tricks as the forward in attention.cu).
 #include <cmath>
 
 #include "kernels/cuda/attention_common.cuh"
@@ -32,10 +32,8 @@ __global__ void attention_delta_kernel(const T* out, const T* dout, HeadLayout L
 
 template <int D>
 struct BwdTiles {
-  static constexpr int KP = D + 8;      // pitch of a row-major [64][D] tile
-  static constexpr int TP = kTile + 8;  // pitch of a transposed [D][64] tile
+  static constexpr int KP = D + 8;  // pitch of a row-major [64][D] tile
   static constexpr int kRowTile = kTile * KP;
-  static constexpr int kColTile = D * TP;
 };
 
 // S (or S^T) and dP (or dP^T) for this warp's 16 rows against one 64-wide tile:
@@ -65,20 +63,22 @@ __device__ __forceinline__ void scores_and_dp(float (&s)[kTile / 8][4], float (&
 }
 
 // acc[16 rows][D] += M[16 rows][64] * B[64][D], M given as accumulator-layout fragments and
-// B as a transposed tile bt[D][64].
+// B as a row-major shared tile [64][D] (read transposed by ldmatrix).
 template <class T, int D>
 __device__ __forceinline__ void accumulate_product(float (&acc)[D / 8][4], const float (&m)[kTile / 8][4],
-                                                   const T* bt, int g, int tq) {
-  constexpr int TP = BwdTiles<D>::TP;
+                                                   const T* b, int lane) {
+  constexpr int KP = BwdTiles<D>::KP;
 #pragma unroll
   for (int kk = 0; kk < kTile / 16; ++kk) {
     const uint32_t a[4] = {pack2<T>(m[2 * kk][0], m[2 * kk][1]), pack2<T>(m[2 * kk][2], m[2 * kk][3]),
                            pack2<T>(m[2 * kk + 1][0], m[2 * kk + 1][1]),
                            pack2<T>(m[2 * kk + 1][2], m[2 * kk + 1][3])};
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const T* p = bt + (j * 8 + g) * TP + kk * 16 + tq * 2;
-      mma_16816<T>(acc[j], a, load_pair(p), load_pair(p + 8));
+    for (int j = 0; j < D / 8; j += 2) {
+      uint32_t bf[4];
+      load_b_trans_x4(bf, b, KP, kk * 16, j * 8, lane);
+      mma_16816<T>(acc[j], a, bf[0], bf[1]);
+      mma_16816<T>(acc[j + 1], a, bf[2], bf[3]);
     }
   }
 }
@@ -107,7 +107,6 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   T* dos = qs + Tiles::kRowTile;               // [64][D] their dO
   T* ks = dos + Tiles::kRowTile;               // [64][D] key tile
   T* vs = ks + Tiles::kRowTile;                // [64][D] value tile
-  T* kt_s = vs + Tiles::kRowTile;              // [D][64] key tile transposed
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
   const int q_tile = gridDim.x - 1 - blockIdx.x;
   const int64_t b = blockIdx.y / H, h = blockIdx.y % H;
@@ -119,16 +118,16 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   const float lse_hi = r_hi < seq_len ? lse[base + r_hi] * kLog2e : 0.f;
   const float del_lo = r_lo < seq_len ? delta[base + r_lo] : 0.f;
   const float del_hi = r_hi < seq_len ? delta[base + r_hi] : 0.f;
-  load_tile_tc<T, D>(qs, Tiles::KP, nullptr, 0, q, Lq, b, h, q0, seq_len);
-  load_tile_tc<T, D>(dos, Tiles::KP, nullptr, 0, dout, Ld, b, h, q0, seq_len);
+  load_tile_tc<T, D>(qs, Tiles::KP, q, Lq, b, h, q0, seq_len);
+  load_tile_tc<T, D>(dos, Tiles::KP, dout, Ld, b, h, q0, seq_len);
   float acc[D / 8][4];
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
   for (int kt = 0; kt <= q_tile; ++kt) {
     __syncthreads();
-    load_tile_tc<T, D>(ks, Tiles::KP, kt_s, Tiles::TP, k, Lk, b, h, int64_t(kt) * kTile, seq_len);
-    load_tile_tc<T, D>(vs, Tiles::KP, nullptr, 0, v, Lv, b, h, int64_t(kt) * kTile, seq_len);
+    load_tile_tc<T, D>(ks, Tiles::KP, k, Lk, b, h, int64_t(kt) * kTile, seq_len);
+    load_tile_tc<T, D>(vs, Tiles::KP, v, Lv, b, h, int64_t(kt) * kTile, seq_len);
     __syncthreads();
     float s[kTile / 8][4], dp[kTile / 8][4];
     scores_and_dp<T, D>(s, dp, qs, ks, dos, vs, warp * 16, g, tq);
@@ -142,7 +141,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
         const float p = (key <= row && row < seq_len) ? exp2f(s[nb][e] * sc - (e < 2 ? lse_lo : lse_hi)) : 0.f;
         s[nb][e] = p * (dp[nb][e] - (e < 2 ? del_lo : del_hi));
       }
-    accumulate_product<T, D>(acc, s, kt_s, g, tq);  // dQ += dS K
+    accumulate_product<T, D>(acc, s, ks, lane);  // dQ += dS K
   }
   store_rows<T, D>(dq + base * D, acc, scale, r_lo, seq_len, tq);
 }
@@ -159,9 +158,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   T* vs = ks + Tiles::kRowTile;                // [64][D] their values
   T* qs = vs + Tiles::kRowTile;                // [64][D] query tile
   T* dos = qs + Tiles::kRowTile;               // [64][D] its dO
-  T* qt_s = dos + Tiles::kRowTile;             // [D][64] query tile transposed
-  T* dot_s = qt_s + Tiles::kColTile;           // [D][64] dO tile transposed
-  float* lse_s = reinterpret_cast<float*>(dot_s + Tiles::kColTile);
+  float* lse_s = reinterpret_cast<float*>(dos + Tiles::kRowTile);
   float* del_s = lse_s + kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
   const int k_tile = blockIdx.x;
@@ -171,8 +168,8 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   const int64_t base = (b * H + h) * seq_len;
   const int num_tiles = static_cast<int>((seq_len + kTile - 1) / kTile);
   const float sc = scale * kLog2e;
-  load_tile_tc<T, D>(ks, Tiles::KP, nullptr, 0, k, Lk, b, h, k0, seq_len);
-  load_tile_tc<T, D>(vs, Tiles::KP, nullptr, 0, v, Lv, b, h, k0, seq_len);
+  load_tile_tc<T, D>(ks, Tiles::KP, k, Lk, b, h, k0, seq_len);
+  load_tile_tc<T, D>(vs, Tiles::KP, v, Lv, b, h, k0, seq_len);
   float dk_acc[D / 8][4], dv_acc[D / 8][4];
 #pragma unroll
   for (int j = 0; j < D / 8; ++j)
@@ -182,8 +179,8 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   for (int qt = k_tile; qt < num_tiles; ++qt) {
     const int64_t q0 = int64_t(qt) * kTile;
     __syncthreads();
-    load_tile_tc<T, D>(qs, Tiles::KP, qt_s, Tiles::TP, q, Lq, b, h, q0, seq_len);
-    load_tile_tc<T, D>(dos, Tiles::KP, dot_s, Tiles::TP, dout, Ld, b, h, q0, seq_len);
+    load_tile_tc<T, D>(qs, Tiles::KP, q, Lq, b, h, q0, seq_len);
+    load_tile_tc<T, D>(dos, Tiles::KP, dout, Ld, b, h, q0, seq_len);
     for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
       const int64_t t = q0 + r;
       lse_s[r] = t < seq_len ? lse[base + t] * kLog2e : 0.f;
@@ -204,8 +201,8 @@ __global__ void __launch_bounds__(kTcWarps * 32)
         s[nb][e] = p;                              // P^T
         dp[nb][e] = p * (dp[nb][e] - del_s[col]);  // dS^T
       }
-    accumulate_product<T, D>(dv_acc, s, dot_s, g, tq);   // dV += P^T dO
-    accumulate_product<T, D>(dk_acc, dp, qt_s, g, tq);   // dK += dS^T Q
+    accumulate_product<T, D>(dv_acc, s, dos, lane);   // dV += P^T dO
+    accumulate_product<T, D>(dk_acc, dp, qs, lane);   // dK += dS^T Q
   }
   store_rows<T, D>(dk + base * D, dk_acc, scale, key_lo, seq_len, tq);
   store_rows<T, D>(dv + base * D, dv_acc, 1.f, key_lo, seq_len, tq);
@@ -246,8 +243,8 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
         static_cast<const T*>(out.raw_data()), static_cast<const T*>(dout.raw_data()),
         layout_of(dout), delta.data<float>(), rows, s.H, s.T);
     TESSERA_KERNEL_CHECK("attention_delta_kernel");
-    const size_t dq_smem = (4 * Tiles::kRowTile + Tiles::kColTile) * sizeof(T);
-    const size_t dkv_smem = (4 * Tiles::kRowTile + 2 * Tiles::kColTile) * sizeof(T) + 2 * kTile * sizeof(float);
+    const size_t dq_smem = 4 * Tiles::kRowTile * sizeof(T);
+    const size_t dkv_smem = 4 * Tiles::kRowTile * sizeof(T) + 2 * kTile * sizeof(float);
     // Over 48 KB of shared memory needs an opt-in (per device, so asked on every call: cheap).
     allow_shared(flash_backward_dq_tc_kernel<T, D>, dq_smem);
     allow_shared(flash_backward_dkv_tc_kernel<T, D>, dkv_smem);

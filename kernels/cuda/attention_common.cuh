@@ -62,12 +62,11 @@ __device__ __forceinline__ uint32_t load_pair(const T* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-// Copies a [kTile, D] tile (rows t0.., zeros past T) into shared memory row-major with pitch
-// `pitch`, and, when `transposed` is given, also as [D][kTile] with pitch `tpitch`.
+// Copies a [kTile, D] tile (rows t0.., zeros past T) into shared memory, row-major with pitch
+// `pitch` (a multiple of 8 elements, so every row starts on a 16-byte boundary).
 template <class T, int D>
-__device__ __forceinline__ void load_tile_tc(T* rows, int pitch, T* transposed, int tpitch,
-                                             const T* src, HeadLayout L, int64_t b, int64_t h,
-                                             int64_t t0, int64_t seq_len) {
+__device__ __forceinline__ void load_tile_tc(T* rows, int pitch, const T* src, HeadLayout L,
+                                             int64_t b, int64_t h, int64_t t0, int64_t seq_len) {
   for (int c = threadIdx.x; c < kTile * D / kPack; c += blockDim.x) {
     const int r = c / (D / kPack), d0 = (c % (D / kPack)) * kPack;
     const int64_t t = t0 + r;
@@ -78,12 +77,23 @@ __device__ __forceinline__ void load_tile_tc(T* rows, int pitch, T* transposed, 
 #pragma unroll
       for (int e = 0; e < kPack; ++e) x.v[e] = from_float<T>(0.f);
     }
-    if (rows) *reinterpret_cast<Pack8<T>*>(rows + r * pitch + d0) = x;
-    if (transposed) {
-#pragma unroll
-      for (int e = 0; e < kPack; ++e) transposed[(d0 + e) * tpitch + r] = x.v[e];
-    }
+    *reinterpret_cast<Pack8<T>*>(rows + r * pitch + d0) = x;
   }
+}
+
+// B operands for two adjacent 8-wide n-blocks (n0, n0 + 8) over 16 k-rows from a row-major
+// [k][n] shared tile (V[key][dim], K[key][dim], ...), with one ldmatrix.x4.trans: the
+// transpose happens in the load, so no transposed copy of the tile is needed.
+// b[0], b[1] feed n-block n0; b[2], b[3] feed n-block n0 + 8.
+template <class T>
+__device__ __forceinline__ void load_b_trans_x4(uint32_t (&b)[4], const T* tile, int pitch, int k0,
+                                                int n0, int lane) {
+  const int m = lane / 8;
+  const T* p = tile + (k0 + (m & 1) * 8 + lane % 8) * pitch + n0 + (m >> 1) * 8;
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(addr));
 }
 
 // The A operand (16 rows from row0, k-step kk) of a row-major [rows][dim] tile in shared memory.
