@@ -232,6 +232,7 @@ void softmax_backward(const Tensor& y_in, const Tensor& dy_in, int64_t dim, bool
 
 // ---- cross-entropy ----
 // Per row: loss_r = log(sum exp(x - max)) + max - x[target]; ignored rows give 0 and count 0.
+// loss = sum of the rows' losses and count = rows counted (the front-end divides for Mean).
 // A target outside [0, V) that is not ignore_index raises bad_target.
 template <class T>
 __global__ void cross_entropy_rows_kernel(const T* logits, const void* targets, DType tt,
@@ -276,7 +277,7 @@ __global__ void cross_entropy_finish_kernel(const float* row_loss, const int* ro
   s = block_sum(s);
   c = block_sum(c);
   if (threadIdx.x == 0) {
-    *loss = c > 0 ? static_cast<float>(s / static_cast<double>(c)) : NAN;
+    *loss = static_cast<float>(s);  // the sum, as the CPU kernel: the front-end divides for Mean
     store_as<double>(count, ct, 0, static_cast<double>(c));
   }
 }
