@@ -131,6 +131,9 @@ struct AutogradMeta {
   std::vector<std::pair<uint64_t, GradReadyHook>> ready_hooks;    // leaves only
 };
 
+// "shape [2, 3], float32, cpu": how error messages name a tensor.
+std::string describe(const Tensor& t);
+
 // The meta of t, created when missing.
 AutogradMeta& meta_of(const Tensor& t);
 // The edge that t's gradient flows along (invalid when t does not require grad).

@@ -20,12 +20,12 @@ template <class Hook>
 void erase_hook(std::vector<std::pair<uint64_t, Hook>>& hooks, uint64_t id) {
   std::erase_if(hooks, [id](const auto& entry) { return entry.first == id; });
 }
+}  // namespace
 
 std::string describe(const Tensor& t) {
   return detail::concat("shape ", shape_str(t.shape()), ", ", dtype_name(t.dtype()), ", ",
                         t.device().str());
 }
-}  // namespace
 
 bool is_grad_enabled() { return grad_enabled; }
 void set_grad_enabled(bool on) { grad_enabled = on; }

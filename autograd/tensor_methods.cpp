@@ -13,13 +13,10 @@
 namespace tessera {
 
 using autograd::BackwardArgs;
+using autograd::describe;
 using autograd::meta_of;
 
 namespace {
-
-std::string describe(const Tensor& t) {
-  return detail::concat("shape ", shape_str(t.shape()), ", ", dtype_name(t.dtype()));
-}
 
 // Records a view op; `backward` maps the output gradient to the input's geometry.
 Tensor record_view(const char* name, const Tensor& input, const Tensor& out,
@@ -185,8 +182,8 @@ Tensor Tensor::grad() const {
 void Tensor::set_grad(const Tensor& g) const {
   if (g.defined()) {
     TESSERA_CHECK(g.shape() == shape() && g.dtype() == dtype() && g.device() == device(),
-                  "set_grad: gradient (", describe(g), ", ", g.device().str(),
-                  ") does not match the tensor (", describe(*this), ", ", device().str(), ")");
+                  "set_grad: gradient (", describe(g), ") does not match the tensor (",
+                  describe(*this), ")");
   }
   meta_of(*this).grad = g;
 }
