@@ -156,7 +156,13 @@ int launch(const LaunchOptions& o) {
     r.running = true;
   }
 
-  const Rank* failed = nullptr;
+  // Ranks that failed on their own, before the launcher began stopping the job. Peers of
+  // a failed rank often fail a moment later (or even sooner: the failed rank's sockets
+  // close before its process has finished exiting), so failures seen within a short
+  // settling time are all reported, and the job is stopped after it.
+  std::vector<const Rank*> failures;
+  constexpr double kSettle_s = 0.5;
+  std::chrono::steady_clock::time_point settle_until;
   bool stopping = false;
   std::chrono::steady_clock::time_point kill_at;
   int running = o.nproc_per_node;
@@ -188,14 +194,23 @@ int launch(const LaunchOptions& o) {
       r.status = status;
       --running;
       ::kill(-r.pid, SIGKILL);  // leftovers of the rank's own children
-      if (exit_code_of(status) != 0 && !failed && !stopping) failed = &r;
+      if (exit_code_of(status) != 0 && !stopping) {
+        if (failures.empty())
+          settle_until = std::chrono::steady_clock::now() +
+                         std::chrono::milliseconds(static_cast<int>(kSettle_s * 1000));
+        failures.push_back(&r);
+      }
     }
-    if (!stopping && (failed || g_stop_signal)) {
+    const bool settled = !failures.empty() && (std::chrono::steady_clock::now() >= settle_until ||
+                                                running == 0);
+    if (!stopping && (settled || g_stop_signal)) {
       stopping = true;
-      if (failed)
-        std::cerr << "tessera launch: rank " << failed->rank << " (pid " << failed->pid << ") "
-                  << describe_exit(failed->status) << "; stopping the other ranks\n";
-      else
+      for (const Rank* f : failures)
+        std::cerr << "tessera launch: rank " << f->rank << " (pid " << f->pid << ") "
+                  << describe_exit(f->status) << "\n";
+      if (!failures.empty() && running > 0)
+        std::cerr << "tessera launch: stopping the other ranks\n";
+      if (failures.empty())
         std::cerr << "tessera launch: interrupted (signal " << g_stop_signal.load()
                   << "); stopping all ranks\n";
       signal_all(ranks, SIGTERM);
@@ -216,10 +231,11 @@ int launch(const LaunchOptions& o) {
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
 
-  if (failed) {
-    std::cerr << "tessera launch: job failed: rank " << failed->rank << " "
-              << describe_exit(failed->status) << "\n";
-    return exit_code_of(failed->status);
+  if (!failures.empty()) {
+    for (const Rank* f : failures)
+      std::cerr << "tessera launch: job failed: rank " << f->rank << " " << describe_exit(f->status)
+                << "\n";
+    return exit_code_of(failures.front()->status);
   }
   if (g_stop_signal) return 128 + g_stop_signal;
   return 0;

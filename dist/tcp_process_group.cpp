@@ -114,18 +114,32 @@ class TcpProcessGroup final : public HostProcessGroup {
   };
 
   void send_message(int peer, const void* data, size_t bytes, Deadline d, int tag = 0) {
-    Header h{bytes, tag};
-    peers_[peer].send_all(&h, sizeof h, d);
-    peers_[peer].send_all(data, bytes, d);
+    naming_peer(peer, [&] {
+      Header h{bytes, tag};
+      peers_[peer].send_all(&h, sizeof h, d);
+      peers_[peer].send_all(data, bytes, d);
+    });
   }
 
   void receive_message(int peer, void* data, size_t bytes, Deadline d, int tag = 0) {
-    Header h{};
-    peers_[peer].recv_all(&h, sizeof h, d);
-    TESSERA_CHECK(h.bytes == bytes && h.tag == tag, "dist(tcp): rank ", rank(), " expected ",
-                  bytes, " bytes (tag ", tag, ") from rank ", peer, " but it sent ", h.bytes,
-                  " bytes (tag ", h.tag, "): the ranks called different operations or sizes");
-    peers_[peer].recv_all(data, bytes, d);
+    naming_peer(peer, [&] {
+      Header h{};
+      peers_[peer].recv_all(&h, sizeof h, d);
+      TESSERA_CHECK(h.bytes == bytes && h.tag == tag, "dist(tcp): rank ", rank(), " expected ",
+                    bytes, " bytes (tag ", tag, ") from rank ", peer, " but it sent ", h.bytes,
+                    " bytes (tag ", h.tag, "): the ranks called different operations or sizes");
+      peers_[peer].recv_all(data, bytes, d);
+    });
+  }
+
+  // A lost connection is reported with the rank at its other end.
+  template <class Fn>
+  void naming_peer(int peer, Fn&& fn) {
+    try {
+      fn();
+    } catch (const PeerClosedError& e) {
+      throw PeerClosedError(detail::concat("lost the connection to rank ", peer, ": ", e.what()));
+    }
   }
 
   // Rank i dials every rank below it and accepts every rank above it; each new connection
