@@ -71,6 +71,13 @@ fs::path prepared(const std::string& tokenizer) {
   return dir;
 }
 
+// Removes this process's scratch folder when the tests are done.
+class ScratchCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override { fs::remove_all(scratch()); }
+};
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
+
 const std::string kTinyModel = " --n-layer 1 --n-head 2 --n-embd 16 --seq 16 --batch 4 ";
 
 std::vector<nlohmann::json> read_metrics(const fs::path& run_dir) {
@@ -163,7 +170,7 @@ TEST(Cli, PrepareTrainEvalSampleEndToEnd) {
 
   const fs::path out = scratch() / "e2e_run";
   r = run("train --data " + (data / "train.bin").string() +
-          " --n-layer 2 --n-head 2 --n-embd 32 --seq 32 --batch 8 --steps 200 --lr 3e-3 --warmup 10"
+          " --n-layer 1 --n-head 2 --n-embd 32 --seq 32 --batch 8 --steps 200 --lr 3e-3 --warmup 10"
           " --eval-every 100 --eval-batches 4 --sample-every 100 --out " + out.string());
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("step 200/200"), std::string::npos) << r.output;  // plain lines off a terminal
@@ -195,6 +202,20 @@ TEST(Cli, PrepareTrainEvalSampleEndToEnd) {
   EXPECT_EQ(eval["tokens"].get<int64_t>(), 8 * 32 * 4);
   // Same batches as the trainer's last evaluation: the same loss (f32 sums, printed as doubles).
   EXPECT_NEAR(eval["loss"].get<double>(), val_loss.back(), 1e-6);
+
+  // PyTorch reads the same directory as a Hugging Face GPT-2 state dict and gets the same loss.
+  {
+    const std::string cmd = "/usr/bin/python3 " + (fs::path(TESSERA_SOURCE_DIR) / "tests/cli/torch_gpt2_loss.py").string() +
+                            " " + (out / "model").string() + " " + (data / "val.bin").string() + " 8 32 4 2>&1";
+    FILE* pipe = popen(cmd.c_str(), "r");
+    std::string torch_out;
+    char buf[4096];
+    while (pipe && fgets(buf, sizeof(buf), pipe)) torch_out += buf;
+    ASSERT_EQ(pipe ? pclose(pipe) : -1, 0) << torch_out;
+    const auto torch_eval = nlohmann::json::parse(torch_out);
+    EXPECT_EQ(torch_eval["tokens"], eval["tokens"]);
+    EXPECT_NEAR(torch_eval["loss"].get<double>(), eval["loss"].get<double>(), 1e-4) << torch_out;
+  }
 
   const std::string sample = "sample --model " + (out / "model").string() + " --prompt 'The ' --max-new-tokens 40 ";
   const auto s1 = run(sample + "--seed 1"), s2 = run(sample + "--seed 1"), s3 = run(sample + "--seed 2");

@@ -63,6 +63,13 @@ std::string hex(const std::vector<uint8_t>& bytes) {
   for (uint8_t b : bytes) s += digits[b >> 4], s += digits[b & 15];
   return s;
 }
+// Removes this process's temporary folder when the tests are done.
+class TempCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override { std::filesystem::remove_all(temp_dir()); }
+};
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new TempCleanup);
+
 }  // namespace
 
 TEST(Png, DecodesToTheSamePixels) {

@@ -43,6 +43,16 @@ void expect_contract(const Batch& batch, const std::vector<uint32_t>& tokens, in
   }
 }
 
+// Removes this process's temporary folder when the tests are done.
+class TempCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::filesystem::remove_all(std::filesystem::temp_directory_path() /
+                                ("tessera_test_dataloader_" + std::to_string(::getpid())));
+  }
+};
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new TempCleanup);
+
 }  // namespace
 
 TEST(DataLoader, SequentialFollowsTheContractWithWrapping) {

@@ -48,6 +48,16 @@ void expect_error_mentions(const std::filesystem::path& p, const std::vector<std
   }
 }
 
+// Removes this process's temporary folder when the tests are done.
+class TempCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::filesystem::remove_all(std::filesystem::temp_directory_path() /
+                                ("tessera_test_token_file_" + std::to_string(::getpid())));
+  }
+};
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new TempCleanup);
+
 }  // namespace
 
 TEST(TokenFile, Version1LayoutIsLlmC) {

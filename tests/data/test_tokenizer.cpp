@@ -2,6 +2,7 @@
 // training checked merge-for-merge against a naive trainer written here that recounts
 // every pair from scratch before each merge.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -80,6 +81,16 @@ std::filesystem::path temp_path(const std::string& name) {
   std::filesystem::create_directories(dir);
   return dir / name;
 }
+
+// Removes this process's temporary folder when the tests are done.
+class TempCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::filesystem::remove_all(std::filesystem::temp_directory_path() /
+                                ("tessera_test_tokenizer_" + std::to_string(::getpid())));
+  }
+};
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new TempCleanup);
 
 }  // namespace
 
