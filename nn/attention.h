@@ -44,6 +44,9 @@ class CausalSelfAttention : public Module {
   Linear c_attn, c_proj;
   Dropout attn_dropout, resid_dropout;
   int64_t n_head, n_embd;
+  // Use the CUDA flash-attention kernels where they apply (bf16/f16 on a GPU, head size
+  // 64 or 128, no attention dropout); otherwise the scores are materialised.
+  bool use_fused_attention = true;
 
  private:
   // softmax(q kᵀ / sqrt(D) masked) v for q [B,H,Tq,D], k/v [B,H,Tk,D], queries at
