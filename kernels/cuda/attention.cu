@@ -27,8 +27,13 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
   constexpr int SBLK = kTile / 8;    // 8-key blocks of S
   constexpr int OBLK = D / 8;        // 8-dim blocks of O
   constexpr int KP = D + 8;
-  __shared__ __align__(16) T ks[kTile * KP];  // K tile, [key][dim]
-  __shared__ __align__(16) T vs[kTile * KP];  // V tile, [key][dim]
+  // Two stages of K and V tiles ([key][dim]): the next pair is copied while this one is used.
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* stage[2][2];
+  stage[0][0] = reinterpret_cast<T*>(smem_raw);
+  stage[0][1] = stage[0][0] + kTile * KP;
+  stage[1][0] = stage[0][1] + kTile * KP;
+  stage[1][1] = stage[1][0] + kTile * KP;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
   const int q_tile = gridDim.x - 1 - blockIdx.x;  // longest rows first
   const int64_t b = blockIdx.y / H, h = blockIdx.y % H;
@@ -51,11 +56,27 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
   const float sc = scale * kLog2e;
 
+  auto prefetch = [&](int kt) {
+    load_tile_async<T, D>(stage[kt & 1][0], KP, k, Lk, b, h, int64_t(kt) * kTile, seq_len);
+    load_tile_async<T, D>(stage[kt & 1][1], KP, v, Lv, b, h, int64_t(kt) * kTile, seq_len);
+    cp_async_commit();
+  };
+  prefetch(0);
+  const int64_t warp_first = q0 + warp * 16;
   for (int kt = 0; kt <= last_key_tile; ++kt) {
+    if (kt < last_key_tile) {
+      prefetch(kt + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
-    load_tile_tc<T, D>(ks, KP, k, Lk, b, h, int64_t(kt) * kTile, seq_len);
-    load_tile_tc<T, D>(vs, KP, v, Lv, b, h, int64_t(kt) * kTile, seq_len);
-    __syncthreads();
+    const T* ks = stage[kt & 1][0];
+    const T* vs = stage[kt & 1][1];
+    const int64_t key0 = int64_t(kt) * kTile;
+    // A tile entirely in this warp's future adds nothing; one entirely in its past needs no mask.
+    if (key0 <= warp_first + 15) {
+    const bool need_mask = key0 + kTile - 1 > warp_first || key0 + kTile > seq_len;
 
     float s[SBLK][4];
 #pragma unroll
@@ -72,9 +93,12 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
     for (int nb = 0; nb < SBLK; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int64_t key = int64_t(kt) * kTile + nb * 8 + tq * 2 + (e & 1);
-        const int64_t row = e < 2 ? r_lo : r_hi;
-        s[nb][e] = (key <= row && key < seq_len) ? s[nb][e] * sc : -INFINITY;
+        s[nb][e] *= sc;
+        if (need_mask) {
+          const int64_t key = key0 + nb * 8 + tq * 2 + (e & 1);
+          const int64_t row = e < 2 ? r_lo : r_hi;
+          if (key > row || key >= seq_len) s[nb][e] = -INFINITY;
+        }
         if (e < 2) mx_lo = fmaxf(mx_lo, s[nb][e]);
         else mx_hi = fmaxf(mx_hi, s[nb][e]);
       }
@@ -121,6 +145,8 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
         mma_16816<T>(o[j + 1], a, bv[2], bv[3]);
       }
     }
+    }  // tile visible to this warp
+    __syncthreads();  // the next prefetch overwrites this stage
   }
 #pragma unroll
   for (int o2 = 1; o2 <= 2; o2 <<= 1) {
@@ -207,7 +233,11 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   visit_attention(q.dtype(), s.D, [&](auto tag, auto dconst) {
     using T = decltype(tag);
     constexpr int D = decltype(dconst)::value;
-    flash_forward_tc_kernel<T, D><<<grid, kFwdWarps * 32, 0, ctx.stream>>>(
+    const size_t smem = 4 * kTile * (D + 8) * sizeof(T);
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_tc_kernel<T, D>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem)));
+    flash_forward_tc_kernel<T, D><<<grid, kFwdWarps * 32, smem, ctx.stream>>>(
         static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
         static_cast<const T*>(v.raw_data()), layout_of(q), layout_of(k), layout_of(v),
         static_cast<T*>(out.raw_data()), lse.data<float>(), s.H, s.T, static_cast<float>(scale));

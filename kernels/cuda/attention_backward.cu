@@ -105,8 +105,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);      // [64][D] this block's queries
   T* dos = qs + Tiles::kRowTile;               // [64][D] their dO
-  T* ks = dos + Tiles::kRowTile;               // [64][D] key tile
-  T* vs = ks + Tiles::kRowTile;                // [64][D] value tile
+  T* kv_stage = dos + Tiles::kRowTile;         // 2 stages of [64][D] key and value tiles
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
   const int q_tile = gridDim.x - 1 - blockIdx.x;
   const int64_t b = blockIdx.y / H, h = blockIdx.y % H;
@@ -124,11 +123,25 @@ __global__ void __launch_bounds__(kTcWarps * 32)
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
+  auto prefetch = [&](int kt) {
+    T* st = kv_stage + (kt & 1) * 2 * Tiles::kRowTile;
+    load_tile_async<T, D>(st, Tiles::KP, k, Lk, b, h, int64_t(kt) * kTile, seq_len);
+    load_tile_async<T, D>(st + Tiles::kRowTile, Tiles::KP, v, Lv, b, h, int64_t(kt) * kTile, seq_len);
+    cp_async_commit();
+  };
+  prefetch(0);
   for (int kt = 0; kt <= q_tile; ++kt) {
+    if (kt < q_tile) {
+      prefetch(kt + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
-    load_tile_tc<T, D>(ks, Tiles::KP, k, Lk, b, h, int64_t(kt) * kTile, seq_len);
-    load_tile_tc<T, D>(vs, Tiles::KP, v, Lv, b, h, int64_t(kt) * kTile, seq_len);
-    __syncthreads();
+    const T* ks = kv_stage + (kt & 1) * 2 * Tiles::kRowTile;
+    const T* vs = ks + Tiles::kRowTile;
+    // Only the diagonal tile (and rows past T) need the causal mask.
+    const bool need_mask = kt == q_tile || q0 + kTile > seq_len;
     float s[kTile / 8][4], dp[kTile / 8][4];
     scores_and_dp<T, D>(s, dp, qs, ks, dos, vs, warp * 16, g, tq);
     // dS = P * (dP - delta), P recomputed from the log-sum-exp, masked causally.
@@ -136,12 +149,16 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     for (int nb = 0; nb < kTile / 8; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int64_t key = int64_t(kt) * kTile + nb * 8 + tq * 2 + (e & 1);
-        const int64_t row = e < 2 ? r_lo : r_hi;
-        const float p = (key <= row && row < seq_len) ? exp2f(s[nb][e] * sc - (e < 2 ? lse_lo : lse_hi)) : 0.f;
+        float p = exp2f(s[nb][e] * sc - (e < 2 ? lse_lo : lse_hi));
+        if (need_mask) {
+          const int64_t key = int64_t(kt) * kTile + nb * 8 + tq * 2 + (e & 1);
+          const int64_t row = e < 2 ? r_lo : r_hi;
+          if (key > row || row >= seq_len) p = 0.f;
+        }
         s[nb][e] = p * (dp[nb][e] - (e < 2 ? del_lo : del_hi));
       }
     accumulate_product<T, D>(acc, s, ks, lane);  // dQ += dS K
+    __syncthreads();  // the next prefetch overwrites this stage
   }
   store_rows<T, D>(dq + base * D, acc, scale, r_lo, seq_len, tq);
 }
@@ -156,10 +173,8 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* ks = reinterpret_cast<T*>(smem_raw);      // [64][D] this block's keys
   T* vs = ks + Tiles::kRowTile;                // [64][D] their values
-  T* qs = vs + Tiles::kRowTile;                // [64][D] query tile
-  T* dos = qs + Tiles::kRowTile;               // [64][D] its dO
-  float* lse_s = reinterpret_cast<float*>(dos + Tiles::kRowTile);
-  float* del_s = lse_s + kTile;
+  T* qdo_stage = vs + Tiles::kRowTile;         // 2 stages of [64][D] query and dO tiles
+  float* stat_stage = reinterpret_cast<float*>(qdo_stage + 4 * Tiles::kRowTile);  // 2 x (lse, delta)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
   const int k_tile = blockIdx.x;
   const int64_t b = blockIdx.y / H, h = blockIdx.y % H;
@@ -176,17 +191,36 @@ __global__ void __launch_bounds__(kTcWarps * 32)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk_acc[j][e] = dv_acc[j][e] = 0.f;
 
+  auto prefetch = [&](int qt) {
+    T* st = qdo_stage + (qt & 1) * 2 * Tiles::kRowTile;
+    const int64_t q0 = int64_t(qt) * kTile;
+    load_tile_async<T, D>(st, Tiles::KP, q, Lq, b, h, q0, seq_len);
+    load_tile_async<T, D>(st + Tiles::kRowTile, Tiles::KP, dout, Ld, b, h, q0, seq_len);
+    float* stats = stat_stage + (qt & 1) * 2 * kTile;
+    for (int r = threadIdx.x; r < 2 * kTile; r += blockDim.x) {
+      const int64_t t = q0 + r % kTile;
+      const float* from = (r < kTile ? lse : delta) + base + (t < seq_len ? t : 0);
+      const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(stats + r));
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(from),
+                   "r"(t < seq_len ? 4 : 0));
+    }
+    cp_async_commit();
+  };
+  prefetch(k_tile);
   for (int qt = k_tile; qt < num_tiles; ++qt) {
     const int64_t q0 = int64_t(qt) * kTile;
-    __syncthreads();
-    load_tile_tc<T, D>(qs, Tiles::KP, q, Lq, b, h, q0, seq_len);
-    load_tile_tc<T, D>(dos, Tiles::KP, dout, Ld, b, h, q0, seq_len);
-    for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
-      const int64_t t = q0 + r;
-      lse_s[r] = t < seq_len ? lse[base + t] * kLog2e : 0.f;
-      del_s[r] = t < seq_len ? delta[base + t] : 0.f;
+    if (qt + 1 < num_tiles) {
+      prefetch(qt + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
     __syncthreads();
+    const T* qs = qdo_stage + (qt & 1) * 2 * Tiles::kRowTile;
+    const T* dos = qs + Tiles::kRowTile;
+    const float* lse_s = stat_stage + (qt & 1) * 2 * kTile;  // natural-log lse
+    const float* del_s = lse_s + kTile;
+    const bool need_mask = qt == k_tile || q0 + kTile > seq_len;
     // S^T = K Q^T and dP^T = V dO^T: rows are this warp's keys, columns the tile's queries.
     float s[kTile / 8][4], dp[kTile / 8][4];
     scores_and_dp<T, D>(s, dp, ks, qs, vs, dos, warp * 16, g, tq);
@@ -195,14 +229,18 @@ __global__ void __launch_bounds__(kTcWarps * 32)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = nb * 8 + tq * 2 + (e & 1);
-        const int64_t query = q0 + col;
-        const int64_t key = e < 2 ? key_lo : key_hi;
-        const float p = (query >= key && query < seq_len) ? exp2f(s[nb][e] * sc - lse_s[col]) : 0.f;
+        float p = exp2f(s[nb][e] * sc - lse_s[col] * kLog2e);
+        if (need_mask) {
+          const int64_t query = q0 + col;
+          const int64_t key = e < 2 ? key_lo : key_hi;
+          if (query < key || query >= seq_len) p = 0.f;
+        }
         s[nb][e] = p;                              // P^T
         dp[nb][e] = p * (dp[nb][e] - del_s[col]);  // dS^T
       }
     accumulate_product<T, D>(dv_acc, s, dos, lane);   // dV += P^T dO
     accumulate_product<T, D>(dk_acc, dp, qs, lane);   // dK += dS^T Q
+    __syncthreads();  // the next prefetch overwrites this stage
   }
   store_rows<T, D>(dk + base * D, dk_acc, scale, key_lo, seq_len, tq);
   store_rows<T, D>(dv + base * D, dv_acc, 1.f, key_lo, seq_len, tq);
@@ -243,8 +281,8 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
         static_cast<const T*>(out.raw_data()), static_cast<const T*>(dout.raw_data()),
         layout_of(dout), delta.data<float>(), rows, s.H, s.T);
     TESSERA_KERNEL_CHECK("attention_delta_kernel");
-    const size_t dq_smem = 4 * Tiles::kRowTile * sizeof(T);
-    const size_t dkv_smem = 4 * Tiles::kRowTile * sizeof(T) + 2 * kTile * sizeof(float);
+    const size_t dq_smem = 6 * Tiles::kRowTile * sizeof(T);
+    const size_t dkv_smem = 6 * Tiles::kRowTile * sizeof(T) + 4 * kTile * sizeof(float);
     // Over 48 KB of shared memory needs an opt-in (per device, so asked on every call: cheap).
     allow_shared(flash_backward_dq_tc_kernel<T, D>, dq_smem);
     allow_shared(flash_backward_dkv_tc_kernel<T, D>, dkv_smem);

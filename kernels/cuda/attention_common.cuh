@@ -81,6 +81,25 @@ __device__ __forceinline__ void load_tile_tc(T* rows, int pitch, const T* src, H
   }
 }
 
+// The same tile copied with cp.async (rows past T are zero-filled by a 0-byte source), so
+// the copy of the next tile runs while the current one is used. Call cp_async_commit()
+// after, and cp_async_wait<n>() + __syncthreads() before reading it.
+template <class T, int D>
+__device__ __forceinline__ void load_tile_async(T* rows, int pitch, const T* src, HeadLayout L,
+                                                int64_t b, int64_t h, int64_t t0, int64_t seq_len) {
+  for (int c = threadIdx.x; c < kTile * D / kPack; c += blockDim.x) {
+    const int r = c / (D / kPack), d0 = (c % (D / kPack)) * kPack;
+    const int64_t t = t0 + r;
+    const T* from = src + L.row(b, h, t < seq_len ? t : 0) + d0;
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(rows + r * pitch + d0));
+    const int bytes = t < seq_len ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
 // B operands for two adjacent 8-wide n-blocks (n0, n0 + 8) over 16 k-rows from a row-major
 // [k][n] shared tile (V[key][dim], K[key][dim], ...), with one ldmatrix.x4.trans: the
 // transpose happens in the load, so no transposed copy of the tile is needed.
