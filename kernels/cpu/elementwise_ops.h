@@ -25,25 +25,35 @@ constexpr bool binary_returns_bool(BinaryOp op) {
 constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kGeluCubic = 0.044715;
 
-// tanh for GELU: the vectorisable one for float, the exact one for double.
+// GELU (tanh form): gelu(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+// 1 + tanh(u) and 1 - tanh(u) are computed from e = exp(2u) as 2e/(e+1) and 2/(e+1), so
+// both stay accurate in the tails where tanh(u) is close to -1 or 1 (1 - tanh^2 computed
+// from tanh itself would lose all its digits there). float uses the vectorisable exp.
 template <class C>
-inline C gelu_tanh(C u) {
-  if constexpr (std::is_same_v<C, float>) return fast_tanh(u);
-  else return std::tanh(u);
+inline void gelu_parts(C x, C& one_plus_t, C& one_minus_t) {
+  C two_u = C(2 * kSqrt2OverPi) * (x + C(kGeluCubic) * x * x * x);
+  two_u = two_u > C(80) ? C(80) : two_u;  // exp(80) is finite in float; tanh is 1 by then
+  C e;
+  if constexpr (std::is_same_v<C, float>) e = fast_exp(two_u);
+  else e = std::exp(two_u);
+  const C r = C(1) / (e + C(1));
+  one_plus_t = C(2) * (e * r);
+  one_minus_t = C(2) * r;
 }
 
 template <class C>
 inline C gelu_forward(C x) {
-  const C u = C(kSqrt2OverPi) * (x + C(kGeluCubic) * x * x * x);
-  return C(0.5) * x * (C(1) + gelu_tanh(u));
+  C opt, omt;
+  gelu_parts(x, opt, omt);
+  return C(0.5) * x * opt;
 }
 
 template <class C>
 inline C gelu_grad(C x, C dy) {
-  const C u = C(kSqrt2OverPi) * (x + C(kGeluCubic) * x * x * x);
-  const C t = gelu_tanh(u);
+  C opt, omt;
+  gelu_parts(x, opt, omt);
   const C du = C(kSqrt2OverPi) * (C(1) + C(3 * kGeluCubic) * x * x);
-  return dy * (C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * du);
+  return dy * (C(0.5) * opt + C(0.5) * x * (opt * omt) * du);
 }
 
 template <UnaryOp op, class C>

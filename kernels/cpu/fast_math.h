@@ -1,11 +1,10 @@
-// Vectorisable float exp and tanh for the hot loops (softmax, GELU, cross-entropy).
+// Vectorisable float exp for the hot loops (softmax, GELU, cross-entropy).
 //
-// std::exp/std::tanh are opaque library calls, so a loop over them runs one element at a
-// time. These are plain arithmetic (range reduction + polynomial, exponent by bit
+// std::exp is an opaque library call, so a loop over it runs one element at a time.
+// This is plain arithmetic (range reduction + polynomial, exponent by bit
 // manipulation), so the compiler turns `#pragma omp simd` loops over them into vector
 // code. fast_exp is within ~1e-7 relative of exp (it saturates at ~2.4e38 instead of inf and
-// returns 0 below the normal range); fast_tanh has an absolute
-// error below ~2e-7, which is what GELU needs (its 1 + tanh term absorbs it).
+// returns 0 below the normal range).
 #pragma once
 #include <cstdint>
 
@@ -36,11 +35,6 @@ inline float fast_exp(float x) {
   // 2^n built in the exponent bits (a bit cast, not memcpy, so the loop stays vectorisable).
   const float scale = __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
   return underflow ? 0.0f : p * scale;
-}
-
-inline float fast_tanh(float x) {
-  // tanh(x) = 1 - 2 / (exp(2x) + 1); saturates cleanly because fast_exp clamps.
-  return 1.0f - 2.0f / (fast_exp(2.0f * x) + 1.0f);
 }
 
 }  // namespace tessera::cpu

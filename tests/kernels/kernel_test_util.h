@@ -64,6 +64,15 @@ inline Tensor random_tensor(const Shape& shape, DType dtype, uint64_t seed,
   return make(shape);
 }
 
+// Shapes of at least this many elements take the kernels' threaded paths (kParallelGrain).
+// They are checked once per op (f32, contiguous and transposed), not in every combination,
+// to keep the suite quick on two cores.
+constexpr int64_t kThreadedNumel = 32768;
+inline bool skip_large_case(const Shape& shape, DType dt, Layout layout) {
+  return shape_numel(shape) >= kThreadedNumel &&
+         !(dt == DType::f32 && (layout == Layout::Contiguous || layout == Layout::Transposed));
+}
+
 // Values in logical (row-major) order as float64.
 inline std::vector<double> host(const Tensor& t) {
   return raw::contiguous(raw::to(t, Device::cpu(), DType::f64)).to_vector<double>();
