@@ -290,6 +290,7 @@ struct Registry {
   Bootstrapper bootstrapper;
   std::shared_ptr<ProcessGroup> world;
   std::shared_ptr<Store> store;
+  uint64_t generation = 0;  // init_process_group calls so far in this process
 };
 Registry& registry() {
   static Registry r;
@@ -325,6 +326,7 @@ void init_process_group(const InitOptions& options) {
   TESSERA_CHECK(!reg.world, "dist::init_process_group: already initialized (call "
                 "destroy_process_group first)");
   BackendContext ctx{read_dist_env(), nullptr, options.group};
+  ++reg.generation;
   std::string backend = choose_backend(ctx.env, options.backend);
   TESSERA_CHECK(has_backend(backend), "dist::init_process_group: backend '", backend,
                 "' is not available in this build (mpi needs MPI, nccl needs CUDA and NCCL)");
@@ -340,7 +342,8 @@ void init_process_group(const InitOptions& options) {
                   " ranks needs MASTER_ADDR and MASTER_PORT (run under `tessera launch`, or "
                   "set them)");
     ctx.store = std::make_shared<TCPStore>(ctx.env.master_addr, ctx.env.master_port,
-                                           ctx.env.rank == 0, ctx.options.timeout_s);
+                                           ctx.env.rank == 0, ctx.options.timeout_s,
+                                           reg.generation);
   } else if (ctx.env.world_size == 1) {
     ctx.store = std::make_shared<LocalStore>();
   }

@@ -7,7 +7,7 @@
 namespace tessera::dist {
 
 namespace {
-enum Command : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kWait = 4, kCheck = 5 };
+enum Command : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kWait = 4, kCheck = 5, kHello = 6 };
 
 // Requests are a command byte, an argument count and length-prefixed strings; replies are
 // one length-prefixed string.
@@ -22,8 +22,8 @@ void send_request(Socket& s, uint8_t command, const std::vector<std::string>& ar
 // A get/wait whose keys are missing is parked and answered when a set/add provides them.
 class TCPStoreServer {
  public:
-  explicit TCPStoreServer(Listener listener)
-      : listener_(std::move(listener)), thread_([this] { serve(); }) {}
+  TCPStoreServer(Listener listener, uint64_t generation)
+      : listener_(std::move(listener)), generation_(generation), thread_([this] { serve(); }) {}
   ~TCPStoreServer() {
     stop_ = true;
     thread_.join();
@@ -88,6 +88,14 @@ class TCPStoreServer {
       case kCheck:
         c.socket.send_string(all_present(args) ? "1" : "0", d);
         break;
+      case kHello:
+        // A client of another generation is dropped; it will retry until its server is up.
+        if (args.at(0) != std::to_string(generation_)) {
+          c.socket.close();
+          return;
+        }
+        c.socket.send_string("", d);
+        break;
       case kGet:
       case kWait:
         c.waiting_for = args;
@@ -119,6 +127,7 @@ class TCPStoreServer {
   }
 
   Listener listener_;
+  uint64_t generation_;
   std::map<std::string, std::string> values_;
   std::vector<std::unique_ptr<Client>> clients_;
   std::atomic<bool> stop_{false};
@@ -139,24 +148,40 @@ void Store::barrier(const std::string& name, int world_size) {
   }
 }
 
-TCPStore::TCPStore(const std::string& host, int port, bool is_server, double timeout_s)
-    : host_(host), port_(port), timeout_s_(timeout_s) {
+TCPStore::TCPStore(const std::string& host, int port, bool is_server, double timeout_s,
+                   uint64_t generation)
+    : host_(host), port_(port), timeout_s_(timeout_s), generation_(generation) {
   if (is_server) {
-    server_ = std::make_unique<TCPStoreServer>(Listener(host, port));
+    server_ = std::make_unique<TCPStoreServer>(Listener(host, port), generation_);
     port_ = server_->port();
   }
-  socket_ = Socket::connect(host_, port_, Deadline::after(timeout_s_),
-                            "the rendezvous store (rank 0, MASTER_ADDR:MASTER_PORT)");
+  connect();
+}
+
+void TCPStore::connect() {
+  socket_.close();
+  Deadline deadline = Deadline::after(timeout_s_);
+  while (true) {
+    socket_ = Socket::connect(host_, port_, deadline,
+                              "the rendezvous store (rank 0, MASTER_ADDR:MASTER_PORT)");
+    try {
+      send_request(socket_, kHello, {std::to_string(generation_)}, deadline);
+      socket_.recv_string(deadline);
+      return;
+    } catch (const PeerClosedError&) {  // a server of another generation: try again
+      socket_.close();
+      if (deadline.expired())
+        throw TimeoutError(detail::concat("dist: the rendezvous store at ", host_, ":", port_,
+                                          " is not the one of this job (generation ",
+                                          generation_, ") before the timeout"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
 }
 
 TCPStore::~TCPStore() {
   socket_.close();
   server_.reset();
-}
-
-void TCPStore::reconnect() {
-  socket_.close();
-  socket_ = Socket::connect(host_, port_, Deadline::after(timeout_s_), "the rendezvous store");
 }
 
 template <class Reply>
@@ -175,7 +200,7 @@ Reply TCPStore::request(uint8_t command, const std::vector<std::string>& args,
       return reply;
     }
   } catch (const TimeoutError&) {
-    reconnect();  // the parked request is abandoned with the old connection
+    connect();  // the parked request is abandoned with the old connection
     throw TimeoutError(detail::concat("dist: store ", what, " timed out after ", timeout_s_,
                                       " s (a rank may have failed or not reached this point)"));
   } catch (const PeerClosedError&) {

@@ -37,8 +37,12 @@ class TCPStoreServer;
 class TCPStore : public Store {
  public:
   // The process with is_server runs the server (on host:port, port 0 = any free port) and is
-  // also a client of it. Every call waits at most `timeout_s` seconds.
-  TCPStore(const std::string& host, int port, bool is_server, double timeout_s);
+  // also a client of it. Every call waits at most `timeout_s` seconds. `generation` tells
+  // successive stores on the same port apart: a client only talks to a server of its own
+  // generation and keeps retrying until that one is up (a job that tears its process group
+  // down and builds it again cannot reach the old store by mistake).
+  TCPStore(const std::string& host, int port, bool is_server, double timeout_s,
+           uint64_t generation = 0);
   ~TCPStore() override;
 
   void set(const std::string& key, const std::string& value) override;
@@ -56,11 +60,12 @@ class TCPStore : public Store {
   // reset so the store stays usable.
   template <class Reply>
   Reply request(uint8_t command, const std::vector<std::string>& args, const std::string& what);
-  void reconnect();
+  void connect();
 
   std::string host_;
   int port_ = 0;
   double timeout_s_ = 300;
+  uint64_t generation_ = 0;
   std::unique_ptr<TCPStoreServer> server_;
   std::mutex mutex_;
   Socket socket_;

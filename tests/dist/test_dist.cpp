@@ -155,6 +155,14 @@ TEST(StoreTest, BarrierReleasesAllAndTimesOutNamingArrivals) {
   EXPECT_EQ(lonely.add("after", 1), 1);
 }
 
+TEST(StoreTest, ClientsOnlyTalkToAServerOfTheirGeneration) {
+  TCPStore first("127.0.0.1", 0, true, 10, /*generation=*/1);
+  first.set("k", "old");
+  EXPECT_THROW(TCPStore("127.0.0.1", first.port(), false, 0.3, /*generation=*/2), TimeoutError);
+  TCPStore same("127.0.0.1", first.port(), false, 10, 1);
+  EXPECT_EQ(same.get("k"), "old");
+}
+
 TEST(StoreTest, ConnectingToNothingTimesOut) {
   int port = find_free_port();
   EXPECT_THROW(TCPStore("127.0.0.1", port, false, 0.3), TimeoutError);

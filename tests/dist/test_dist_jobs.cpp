@@ -208,7 +208,12 @@ void expect_same_training(const TrainRecord& got, const TrainRecord& want, doubl
   }
 }
 
-std::string temp_file(const std::string& name) { return ::testing::TempDir() + "tessera_dist_" + name; }
+// Unique per test (ctest runs tests in parallel) and per name within it.
+std::string temp_file(const std::string& name) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return ::testing::TempDir() + "tessera_dist_" + info->test_suite_name() + "_" + info->name() +
+         "_" + name;
+}
 
 // Reference: one process, W*B rows, no accumulation.
 TrainRecord reference_training(int64_t rows, const std::string& extra = "") {
