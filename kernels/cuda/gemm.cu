@@ -2,11 +2,11 @@
 // kept to show how a matrix kernel reaches the tensor cores; Tessera's matmul uses cuBLAS.
 //
 //   naive:  one thread per output element, a dot product over K in f32 (any sizes).
-//   tiled:  a block computes a 128x128 tile of C with 8 warps (each 64x32 = 4x2 WMMA 16x16
-//           fragments); 128x32 tiles of A and 32x128 of B are copied into shared memory with
-//           cp.async, double-buffered so the copy of tile k+1 overlaps the math on tile k.
-//           Rows are padded by 8 elements (16 bytes) so fragment loads avoid bank conflicts.
-//           Used when M, N are multiples of 128 and K of 32.
+//   tiled:  a block computes a 128x256 tile of C with 8 warps (each 64x64 = 4x4 WMMA 16x16
+//           fragments); 128x64 tiles of A and 64x256 of B are copied into shared memory with
+//           cp.async in a 3-stage pipeline, so the copies of tiles k+1 and k+2 overlap the
+//           math on tile k. Rows are padded by 8 elements (16 bytes) against bank conflicts.
+//           Used when M is a multiple of 128, N of 256 and K of 64.
 #include <mma.h>
 
 #include "kernels/cuda/common.cuh"
@@ -30,9 +30,13 @@ __global__ void naive_gemm_kernel(const T* a, const T* b, T* c, int64_t M, int64
   }
 }
 
-constexpr int kBM = 128, kBN = 128, kBK = 32, kPad = 8;
+constexpr int kBM = 128, kBN = 256, kBK = 64, kPad = 8, kStages = 3;
 constexpr int kGemmThreads = 256;  // 8 warps: 2 along M x 4 along N
-constexpr int kWarpM = 64, kWarpN = 32;
+constexpr int kWarpM = 64, kWarpN = 64;
+constexpr int kFragM = kWarpM / 16, kFragN = kWarpN / 16;
+constexpr int kAPitch = kBK + kPad, kBPitch = kBN + kPad;
+constexpr int kStageElems = kBM * kAPitch + kBK * kBPitch;
+constexpr size_t kGemmSmem = size_t(kStages) * kStageElems * 2;
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -43,14 +47,16 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 template <class T>
-__global__ void __launch_bounds__(kGemmThreads)
+__global__ void __launch_bounds__(kGemmThreads, 1)
     tiled_gemm_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c, int M,
                       int N, int K) {
   using W = typename WmmaType<T>::type;
   using namespace nvcuda;
-  __shared__ __align__(128) W as[2][kBM][kBK + kPad];
-  __shared__ __align__(128) W bs[2][kBK][kBN + kPad];
-  __shared__ __align__(128) float scratch[8][16 * 16];
+  // kStages x (A tile [kBM][kBK], B tile [kBK][kBN]), rows padded by 8 elements.
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  W* smem = reinterpret_cast<W*>(smem_raw);
+  auto a_tile = [&](int stage) { return smem + stage * kStageElems; };
+  auto b_tile = [&](int stage) { return smem + stage * kStageElems + kBM * kAPitch; };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warp_m = warp / 4, warp_n = warp % 4;
@@ -58,64 +64,73 @@ __global__ void __launch_bounds__(kGemmThreads)
   const W* ag = reinterpret_cast<const W*>(a);
   const W* bg = reinterpret_cast<const W*>(b);
 
-  // Each thread copies 2 16-byte pieces of A's tile and 2 of B's.
-  auto load_tiles = [&](int buf, int k0) {
+  // 16-byte pieces: A's tile has kBM * kBK / 8 of them, B's kBK * kBN / 8.
+  auto load_stage = [&](int stage, int k0) {
+    W* as = a_tile(stage);
+    W* bs = b_tile(stage);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int piece = threadIdx.x + i * kGemmThreads;  // 512 pieces of 8 elements each
-      const int ar = piece / (kBK / 8), ac = (piece % (kBK / 8)) * 8;
-      cp_async_16(&as[buf][ar][ac], ag + (row0 + ar) * K + k0 + ac);
-      const int br = piece / (kBN / 8), bc = (piece % (kBN / 8)) * 8;
-      cp_async_16(&bs[buf][br][bc], bg + int64_t(k0 + br) * N + col0 + bc);
+    for (int piece = threadIdx.x; piece < kBM * kBK / 8; piece += kGemmThreads) {
+      const int r = piece / (kBK / 8), col = (piece % (kBK / 8)) * 8;
+      cp_async_16(as + r * kAPitch + col, ag + (row0 + r) * K + k0 + col);
     }
-    cp_async_commit();
+#pragma unroll
+    for (int piece = threadIdx.x; piece < kBK * kBN / 8; piece += kGemmThreads) {
+      const int r = piece / (kBN / 8), col = (piece % (kBN / 8)) * 8;
+      cp_async_16(bs + r * kBPitch + col, bg + int64_t(k0 + r) * N + col0 + col);
+    }
   };
 
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kFragM][kFragN];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < kFragM; ++i)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+    for (int j = 0; j < kFragN; ++j) wmma::fill_fragment(acc[i][j], 0.f);
 
+  // Keep kStages - 1 tiles in flight: tile kt is computed while kt+1 and kt+2 are copied.
   const int k_tiles = K / kBK;
-  load_tiles(0, 0);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s * kBK);
+    cp_async_commit();  // an empty group keeps the counting uniform
+  }
   for (int kt = 0; kt < k_tiles; ++kt) {
-    const int buf = kt % 2;
-    if (kt + 1 < k_tiles) {
-      load_tiles(buf ^ 1, (kt + 1) * kBK);
-      cp_async_wait<1>();  // tile kt has landed; kt+1 may still be in flight
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    cp_async_wait<kStages - 2>();  // tile kt has landed
+    __syncthreads();               // ... for every thread, and tile kt-1 is no longer read
+    const int next = kt + kStages - 1;
+    if (next < k_tiles) load_stage(next % kStages, next * kBK);
+    cp_async_commit();
+    const W* as = a_tile(kt % kStages);
+    const W* bs = b_tile(kt % kStages);
 #pragma unroll
     for (int kk = 0; kk < kBK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> fa[4];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::row_major> fb[2];
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> fa[kFragM];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::row_major> fb[kFragN];
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        wmma::load_matrix_sync(fa[i], &as[buf][warp_m * kWarpM + i * 16][kk], kBK + kPad);
+      for (int i = 0; i < kFragM; ++i)
+        wmma::load_matrix_sync(fa[i], as + (warp_m * kWarpM + i * 16) * kAPitch + kk, kAPitch);
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-        wmma::load_matrix_sync(fb[j], &bs[buf][kk][warp_n * kWarpN + j * 16], kBN + kPad);
+      for (int j = 0; j < kFragN; ++j)
+        wmma::load_matrix_sync(fb[j], bs + kk * kBPitch + warp_n * kWarpN + j * 16, kBPitch);
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < kFragM; ++i)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        for (int j = 0; j < kFragN; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
     }
-    __syncthreads();  // the next iteration's copy overwrites this buffer
   }
+  cp_async_wait<0>();
+  __syncthreads();  // the pipeline's shared memory is reused for the epilogue
 
-  // Epilogue: each fragment goes through the warp's scratch tile to be rounded to T.
+  // Epilogue: each fragment goes through the warp's 16x16 scratch tile to be rounded to T.
+  float* scratch = reinterpret_cast<float*>(smem_raw) + warp * 256;
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < kFragM; ++i)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      wmma::store_matrix_sync(scratch[warp], acc[i][j], 16, wmma::mem_row_major);
+    for (int j = 0; j < kFragN; ++j) {
+      wmma::store_matrix_sync(scratch, acc[i][j], 16, wmma::mem_row_major);
       __syncwarp();
       const int64_t r0 = row0 + warp_m * kWarpM + i * 16, c0 = col0 + warp_n * kWarpN + j * 16;
       for (int e = lane; e < 256; e += 32)
-        c[(r0 + e / 16) * N + c0 + e % 16] = from_float<T>(scratch[warp][e]);
+        c[(r0 + e / 16) * N + c0 + e % 16] = from_float<T>(scratch[e]);
       __syncwarp();
     }
 }
@@ -146,7 +161,10 @@ void tensor_core_gemm(const Tensor& a, const Tensor& b, const Tensor& c) {
     T* cp = static_cast<T*>(c.raw_data());
     if (tiled) {
       const dim3 grid(static_cast<unsigned>(N / kBN), static_cast<unsigned>(M / kBM));
-      tiled_gemm_kernel<T><<<grid, kGemmThreads, 0, ctx.stream>>>(
+      TESSERA_CUDA_CHECK(cudaFuncSetAttribute(tiled_gemm_kernel<T>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(kGemmSmem)));
+      tiled_gemm_kernel<T><<<grid, kGemmThreads, kGemmSmem, ctx.stream>>>(
           ap, bp, cp, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K));
     } else {
       naive_gemm_kernel<T><<<grid_for(M * N), kThreads, 0, ctx.stream>>>(ap, bp, cp, M, N, K);

@@ -213,8 +213,8 @@ TEST(CudaFused, FlashAttentionForwardBackwardAgainstFloat64) {
 TEST(CudaFused, TensorCoreGemmTiledAndNaivePaths) {
   TESSERA_REQUIRE_GPU();
   for (DType t : {DType::bf16, DType::f16}) {
-    // 256 x 384 x 96 takes the tiled path; 33 x 7 x 19 the naive one.
-    for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{256, 384, 96}, {33, 7, 19}}) {
+    // 256 x 512 x 192 takes the tiled path (2x2 blocks, 3 k-tiles); 33 x 7 x 19 the naive one.
+    for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{256, 512, 192}, {33, 7, 19}}) {
       Tensor ah = host_randn({M, K}, t), bh = host_randn({K, N}, t);
       const auto a = values(ah), b = values(bh);
       std::vector<double> ref(M * N, 0.0);
