@@ -109,8 +109,10 @@ Tensor CausalSelfAttention::attend(const Tensor& q, const Tensor& k, const Tenso
                 " positions exceed block_size ", causal_mask_.size(0));
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   const bool dropout_active = attn_dropout.is_training() && attn_dropout.p > 0;
-  if (use_fused_attention && !dropout_active && flash_attention_applies(q, k, v))
+  if (use_fused_attention && !dropout_active && flash_attention_applies(q, k, v)) {
+    ++fused_calls_;
     return flash_causal_attention(q, k, v, scale);
+  }
   // Scaling q ([.., T, D]) is cheaper than scaling the scores ([.., T, T]).
   Tensor att = matmul(q * scale, k.transpose(-2, -1));
   const Tensor mask = causal_mask_.narrow(0, Tk - Tq, Tq).narrow(1, 0, Tk);

@@ -47,6 +47,8 @@ class CausalSelfAttention : public Module {
   // Use the CUDA flash-attention kernels where they apply (bf16/f16 on a GPU, head size
   // 64 or 128, no attention dropout); otherwise the scores are materialised.
   bool use_fused_attention = true;
+  // How many forward calls took the fused path (to check that it is really used).
+  int64_t fused_attention_calls() const { return fused_calls_; }
 
  private:
   // softmax(q kᵀ / sqrt(D) masked) v for q [B,H,Tq,D], k/v [B,H,Tk,D], queries at
@@ -54,6 +56,7 @@ class CausalSelfAttention : public Module {
   Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v);
   // [B, T, C] -> [B, H, T, D]
   Tensor split_heads(const Tensor& t) const;
+  int64_t fused_calls_ = 0;
   Tensor causal_mask_;  // bool [block, block], true above the diagonal (masked)
 };
 

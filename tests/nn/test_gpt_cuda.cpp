@@ -56,6 +56,8 @@ TEST(GPTCuda, FlashAttentionPathMatchesMaterialisedScores) {
   Tensor targets = randint(0, 101, {3, 64}, {.dtype = DType::i64}, &data).to(Device::cuda());
   Tensor lf = fused.loss(idx, targets), lp = plain.loss(idx, targets);
   EXPECT_NEAR(lf.item(), lp.item(), 2e-2 * std::abs(lp.item()));
+  EXPECT_EQ(fused.transformer.blocks[0]->attn.fused_attention_calls(), 1);
+  EXPECT_EQ(plain.transformer.blocks[0]->attn.fused_attention_calls(), 0);
   lf.backward();
   lp.backward();
   for (auto& [name, p] : plain.named_parameters()) {
