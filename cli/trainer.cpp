@@ -92,8 +92,6 @@ std::string sample_text(nn::GPT& model, const data::Tokenizer* tokenizer, uint64
 
 void run_training(const TrainConfig& cfg) {
   const Device device = Device::parse(cfg.device);
-  TESSERA_CHECK(cfg.dtype == "fp32", "tessera train: --dtype ", cfg.dtype,
-                " (mixed precision) is not supported by the trainer yet; use --dtype fp32");
   const fs::path out(cfg.out);
   fs::create_directories(out);
 
@@ -138,8 +136,23 @@ void run_training(const TrainConfig& cfg) {
                   " but the model loaded has ", mcfg.vocab_size);
 
   // ---- optimisation ----
+  // Mixed precision: the model computes in bf16/fp16 while the optimizer updates fp32
+  // master copies of its parameters (and keeps fp32 moments); after each step the masters
+  // are rounded back into the model.
   const std::vector<Tensor> params = model->parameters();
-  optim::AdamW opt(params, {.lr = cfg.lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = cfg.eps,
+  const DType compute_dtype = dtype_from_name(cfg.dtype);
+  const bool mixed = compute_dtype != DType::f32;
+  std::vector<Tensor> master = params;
+  if (mixed) {
+    master.clear();
+    for (const Tensor& p : params) master.push_back(p.detach().clone().requires_grad_(true));
+    model->to(compute_dtype);
+  }
+  auto copy_master_into_model = [&] {
+    autograd::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) Tensor(params[i]).copy_(master[i]);
+  };
+  optim::AdamW opt(master, {.lr = cfg.lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = cfg.eps,
                             .weight_decay = cfg.weight_decay});
   std::optional<TrainingState> resume_state;
   if (resume_dir) resume_state = load_training_state(*resume_dir);
@@ -159,7 +172,8 @@ void run_training(const TrainConfig& cfg) {
   optim::LRSchedule schedule(opt, decay_shape(cfg.schedule),
                              {.warmup = cfg.warmup, .total = schedule_total,
                               .min_lr = cfg.min_lr >= 0 ? cfg.min_lr : cfg.lr / 10});
-  optim::LossScaler scaler({.enabled = false});
+  // fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
+  optim::LossScaler scaler({.enabled = compute_dtype == DType::f16});
   data::DataLoader loader(train_file, {.batch = cfg.batch, .seq = cfg.seq, .shuffle = cfg.shuffle,
                                        .seed = static_cast<uint64_t>(cfg.seed), .device = device});
 
@@ -221,7 +235,16 @@ void run_training(const TrainConfig& cfg) {
     state.schedule = schedule.state_dict();
     state.loss_scaler = scaler.state_dict();
     state.config = cfg.to_json();
-    const fs::path dir = save_checkpoint(out / "checkpoints", *model, state, extra_files, cfg.keep_last);
+    fs::path dir;
+    if (mixed) {
+      // Checkpoints hold the fp32 masters as the model weights, so resuming is exact.
+      model->to(DType::f32);
+      copy_master_into_model();
+      dir = save_checkpoint(out / "checkpoints", *model, state, extra_files, cfg.keep_last);
+      model->to(compute_dtype);
+    } else {
+      dir = save_checkpoint(out / "checkpoints", *model, state, extra_files, cfg.keep_last);
+    }
     progress.message("saved checkpoint " + dir.string());
   };
 
@@ -235,13 +258,32 @@ void run_training(const TrainConfig& cfg) {
       const data::Batch batch = loader.next();
       Tensor loss = model->loss(batch.x, batch.y);
       // The step's loss is the mean over all its target tokens: each micro-batch weighs 1/A.
-      (cfg.grad_accum > 1 ? loss * micro_scale : loss).backward();
+      const Tensor weighted = cfg.grad_accum > 1 ? loss * micro_scale : loss;
+      if (scaler.enabled()) {
+        scaler.backward(weighted);
+      } else {
+        weighted.backward();
+      }
       step_loss += loss.item() * micro_scale;
     }
-    const double norm = cfg.grad_clip > 0 ? optim::clip_grad_norm_(params, cfg.grad_clip) : optim::grad_norm(params);
+    if (mixed) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        const Tensor g = params[i].grad();
+        master[i].set_grad(g.defined() ? g.to(DType::f32) : Tensor());
+      }
+      model->zero_grad();
+    }
+    if (scaler.enabled()) scaler.unscale_(opt);
+    const double norm = cfg.grad_clip > 0 ? optim::clip_grad_norm_(master, cfg.grad_clip) : optim::grad_norm(master);
     const double lr = opt.lr();
-    opt.step();
+    if (scaler.enabled()) {
+      scaler.step(opt);  // skipped when a gradient overflowed
+      scaler.update();
+    } else {
+      opt.step();
+    }
     opt.zero_grad();
+    if (mixed) copy_master_into_model();
     schedule.step();
     ++step;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -263,6 +305,10 @@ void run_training(const TrainConfig& cfg) {
 
   // The final model as a plain model directory (what eval/sample/transformers load).
   const fs::path model_dir = out / "model";
+  if (mixed) {
+    model->to(DType::f32);
+    copy_master_into_model();
+  }
   model->save_pretrained(model_dir.string());
   for (const auto& [name, contents] : extra_files) data::write_file_atomically(model_dir / name, contents);
   write_loss_curve_png((out / "loss.png").string(), read_curves(metrics_path));

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <random>
 
 namespace fs = std::filesystem;
@@ -325,4 +326,34 @@ TEST(Cli, BadConfigsFailBeforeTrainingNamingTheKey) {
   const auto saved = nlohmann::json::parse(slurp(scratch() / "badcfg" / "config.train.json"));
   EXPECT_EQ(saved["steps"], 3);
   EXPECT_EQ(saved["lr"], 0.002);
+}
+
+TEST(Cli, MixedPrecisionTracksFp32AndResumesExactly) {
+  const fs::path data = prepared("byte");
+  const std::string common = "train --data " + (data / "train.bin").string() + kTinyModel +
+                             " --schedule constant --lr 3e-3 --eval-batches 2 --save-every 10 ";
+  std::map<std::string, double> final_loss;
+  for (const std::string dtype : {"fp32", "bf16", "fp16"}) {
+    const fs::path whole = scratch() / ("mp_whole_" + dtype), split = scratch() / ("mp_split_" + dtype);
+    auto r = run(common + "--steps 20 --dtype " + dtype + " --out " + whole.string());
+    ASSERT_EQ(r.rc, 0) << r.output;
+    final_loss[dtype] = losses_after(whole, 19).front().second;
+    if (dtype == "fp32") continue;
+    // Checkpoints hold the fp32 master weights: resuming continues the same run.
+    ASSERT_EQ(run(common + "--steps 10 --dtype " + dtype + " --out " + split.string()).rc, 0);
+    r = run(common + "--steps 20 --dtype " + dtype + " --out " + split.string() + " --resume");
+    ASSERT_EQ(r.rc, 0) << r.output;
+    // Train losses (the split run also evaluates at its first end, step 10).
+    auto train_only = [](std::vector<std::pair<int64_t, double>> v) {
+      std::erase_if(v, [](const auto& e) { return e.second < 0; });
+      return v;
+    };
+    EXPECT_EQ(train_only(losses_after(whole, 0)), train_only(losses_after(split, 0))) << dtype;
+    EXPECT_EQ(losses_after(whole, 19).back(), losses_after(split, 19).back()) << dtype;  // final val_loss
+    EXPECT_EQ(slurp(whole / "model" / "model.safetensors"), slurp(split / "model" / "model.safetensors"));
+  }
+  // Low-precision compute follows the fp32 run closely (and learns: ln 256 = 5.55 at the start).
+  EXPECT_LT(final_loss["fp32"], 5.0);
+  EXPECT_NEAR(final_loss["bf16"], final_loss["fp32"], 0.1);
+  EXPECT_NEAR(final_loss["fp16"], final_loss["fp32"], 0.1);
 }
