@@ -284,4 +284,41 @@ TEST(AcceleratorJobs, HelpersAndResumeThrough3RankLaunchAndMpirun) {
   EXPECT_EQ(count(r.output, "accelerator checks passed"), 2) << r.output;
 }
 
+// ---- the examples ----
+
+// The "prompt p: ..." lines of the batch-inference example.
+std::string completions(const std::string& output) {
+  std::istringstream in(output);
+  std::string line, kept;
+  while (std::getline(in, line))
+    if (line.rfind("prompt ", 0) == 0) kept += line + "\n";
+  return kept;
+}
+
+TEST(Examples, BatchInferenceOn3RanksMatchesOneProcess) {
+  JobResult one = run_job("env -u RANK -u WORLD_SIZE " EXAMPLE_BATCH_INFERENCE, 120);
+  JobResult three = run_job(launch(3, EXAMPLE_BATCH_INFERENCE), 120);
+  ASSERT_EQ(one.status, 0) << one.output;
+  ASSERT_EQ(three.status, 0) << three.output;
+  EXPECT_EQ(count(completions(one.output), "\n"), 10) << one.output;
+  EXPECT_EQ(completions(three.output), completions(one.output)) << three.output;
+}
+
+TEST(Examples, TwoStageRunRecreatesTheProcessGroup) {
+  JobResult r = run_job(launch(2, EXAMPLE_TWO_STAGE " " + temp_file("state")), 120);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("weight spread across ranks 0"), std::string::npos) << r.output;
+}
+
+TEST(Examples, TrainingTemplateRunsAndCheckpoints) {
+  const std::string out = temp_file("ckpt");
+  JobResult r = run_job(launch(2, EXAMPLE_TRAIN_TEMPLATE " --steps 4 --batch 2 --seq 16 --out " + out), 180);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("done: 4 optimizer steps on 2 process(es)"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("[rank 1] step"), std::string::npos) << "only the main process logs:\n"
+                                                                << r.output;
+  std::ifstream state(out + "/last/accelerator_state.json");
+  EXPECT_TRUE(state.good()) << "no checkpoint in " << out;
+}
+
 }  // namespace
