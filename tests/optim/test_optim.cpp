@@ -77,6 +77,34 @@ TEST(AdamW, MatchesFloat64FormulaWithDecayOnMatricesOnly) {
   }
 }
 
+TEST(AdamW, HalfPrecisionParametersKeepFloat32Moments) {
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    Generator gen(12);
+    auto ps = make_params(gen, dtype);
+    optim::AdamW opt(ps, {.lr = 1e-2, .weight_decay = 0.1});
+    std::vector<AdamRef> ref(ps.size());
+    for (size_t i = 0; i < ps.size(); ++i) ref[i].p = as_f64(ps[i]);
+    for (int step = 0; step < 3; ++step) {
+      set_random_grads(ps, gen);
+      for (size_t i = 0; i < ps.size(); ++i)
+        ref[i].step(as_f64(ps[i].grad()), 1e-2, 0.9, 0.999, 1e-8, ps[i].dim() >= 2 ? 0.1 : 0.0);
+      opt.step();
+      // The stored parameter is the reference rounded to its dtype (moments stay f32).
+      for (size_t i = 0; i < ps.size(); ++i) ref[i].p = as_f64(raw::to(from_vector(ref[i].p, ps[i].shape(), {.dtype = DType::f64}), Device::cpu(), dtype));
+    }
+    // At most one unit in the last place apart (f32 vs f64 arithmetic before rounding).
+    const double eps = dtype == DType::f16 ? std::ldexp(1.0, -10) : std::ldexp(1.0, -7);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      EXPECT_EQ(ps[i].dtype(), dtype);
+      const auto got = as_f64(ps[i]);
+      for (size_t k = 0; k < got.size(); ++k)
+        ASSERT_LE(std::abs(got[k] - ref[i].p[k]), 1.01 * eps * std::abs(ref[i].p[k]) + 1e-7)
+            << "param " << i << " element " << k << " " << dtype;
+    }
+    EXPECT_EQ(opt.state_dict().tensors.at("state.0.exp_avg").dtype(), DType::f32);
+  }
+}
+
 TEST(AdamW, SkipsParametersWithoutGradientAndUpdatesStridedViews) {
   Generator gen(2);
   Tensor base = normal({7, 33}, 0, 1, {}, &gen);
