@@ -4,7 +4,7 @@
 // sums of a few ranks are exact in every float dtype. Prints "rank R: N checks passed"
 // and exits 0, or prints the first failure and exits 1.
 //
-// usage: dist_collectives_check [auto|tcp|mpi]
+// usage: dist_collectives_check [auto|tcp|mpi|nccl] [cuda]   (cuda: tensors on the GPU)
 #include <cmath>
 #include <iostream>
 
@@ -16,6 +16,9 @@ using namespace tessera::dist;
 namespace {
 
 int g_checks = 0;
+Device g_device = Device::cpu();  // cuda:<local rank> with "cuda" on the command line
+
+TensorOptions opts(DType dtype) { return {.dtype = dtype, .device = g_device}; }
 
 double value_of(int rank, int64_t i, DType dtype) {
   int64_t v = (rank * 13 + i * 7 + 3) % 17 - 8;  // -8..8, never all zero
@@ -25,7 +28,7 @@ double value_of(int rank, int64_t i, DType dtype) {
 Tensor rank_tensor(int rank, int64_t n, DType dtype, int64_t offset = 0) {
   std::vector<double> v(n);
   for (int64_t i = 0; i < n; ++i) v[i] = value_of(rank, i + offset, dtype);
-  return from_vector(v, {n}, {.dtype = dtype});
+  return raw::to(from_vector(v, {n}, {.dtype = dtype}), g_device, dtype);
 }
 
 double tolerance(DType dtype) {
@@ -88,7 +91,7 @@ void check_all_reduce(ProcessGroup& pg, DType dtype, int64_t n) {
 void check_reduce_scatter(ProcessGroup& pg, DType dtype, int64_t n) {
   for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max}) {
     Tensor in = rank_tensor(pg.rank(), n * pg.size(), dtype);
-    Tensor out = empty({n}, {.dtype = dtype});
+    Tensor out = empty({n}, opts(dtype));
     pg.reduce_scatter(out, in, op)->wait();
     expect_close(out, reduced_reference(op, pg.size(), n, dtype, n * pg.rank()),
                  std::string("reduce_scatter ") + reduce_op_name(op) + " n=" + std::to_string(n));
@@ -96,7 +99,7 @@ void check_reduce_scatter(ProcessGroup& pg, DType dtype, int64_t n) {
 }
 
 void check_all_gather(ProcessGroup& pg, DType dtype, int64_t n) {
-  Tensor out = empty({pg.size(), n}, {.dtype = dtype});
+  Tensor out = empty({pg.size(), n}, opts(dtype));
   pg.all_gather(out, rank_tensor(pg.rank(), n, dtype))->wait();
   std::vector<double> want;
   for (int r = 0; r < pg.size(); ++r)
@@ -105,7 +108,7 @@ void check_all_gather(ProcessGroup& pg, DType dtype, int64_t n) {
 
   // Uneven: rank r contributes n + 2r elements (rank 0 with n = 1 sends one element).
   std::vector<Tensor> outs;
-  for (int r = 0; r < pg.size(); ++r) outs.push_back(empty({n + 2 * r}, {.dtype = dtype}));
+  for (int r = 0; r < pg.size(); ++r) outs.push_back(empty({n + 2 * r}, opts(dtype)));
   pg.all_gather(outs, rank_tensor(pg.rank(), n + 2 * pg.rank(), dtype))->wait();
   for (int r = 0; r < pg.size(); ++r) {
     std::vector<double> w;
@@ -124,7 +127,7 @@ void check_broadcast_and_p2p(ProcessGroup& pg, DType dtype, int64_t n) {
 
   // A ring: even ranks send first, odd ranks receive first, so nothing waits on itself.
   const int next = (pg.rank() + 1) % pg.size(), prev = (pg.rank() + pg.size() - 1) % pg.size();
-  Tensor mine = rank_tensor(pg.rank(), n, dtype), got = empty({n}, {.dtype = dtype});
+  Tensor mine = rank_tensor(pg.rank(), n, dtype), got = empty({n}, opts(dtype));
   if (pg.rank() % 2 == 0) {
     pg.send(mine, next, 5)->wait();
     pg.recv(got, prev, 5)->wait();
@@ -175,6 +178,8 @@ int main(int argc, char** argv) {
   if (argc > 1) init.backend = argv[1];
   int rank = -1;
   try {
+    if (argc > 2 && std::string(argv[2]) == "cuda")
+      g_device = Device::cuda(read_dist_env().local_rank % std::max(1, cuda_device_count()));
     init_process_group(init);
     ProcessGroup& pg = world();
     rank = pg.rank();

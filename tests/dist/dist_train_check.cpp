@@ -5,7 +5,7 @@
 // micro-steps): the files must agree.
 //
 // usage: dist_train_check --rows B --accum A --steps S --out FILE [--bucket-bytes N]
-//                         [--backend auto|tcp|mpi] [--unused [--find-unused]]
+//                         [--backend auto|tcp|mpi|nccl] [--unused [--find-unused]] [--cuda]
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   int64_t rows_per_rank = 4, accum = 1, steps = 10;
   size_t bucket_bytes = 1024;  // small, so the model spans several buckets
   std::string out_path, backend = "auto";
-  bool with_unused = false, find_unused = false;
+  bool with_unused = false, find_unused = false, on_cuda = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return std::string(argv[++i]); };
@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
     else if (a == "--backend") backend = next();
     else if (a == "--unused") with_unused = true;
     else if (a == "--find-unused") find_unused = true;
+    else if (a == "--cuda") on_cuda = true;  // GPU tensors (nccl backend under auto)
   }
   int rank = -1;
   try {
@@ -74,11 +75,12 @@ int main(int argc, char** argv) {
                            .backend = backend,
                            .bucket_bytes = bucket_bytes,
                            .find_unused_parameters = find_unused,
-                           .cpu = true});
+                           .cpu = !on_cuda});
     rank = acc.process_index();
     // Different seeds per rank: DDP must make every rank start from rank 0's weights.
     default_generator().manual_seed(1234 + rank);
     Mlp model(with_unused);
+    model.to(acc.device());
     optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.1});
     acc.prepare(model, opt);
 
@@ -91,7 +93,8 @@ int main(int argc, char** argv) {
       for (int64_t a = 0; a < accum; ++a, ++micro) {
         auto scope = acc.accumulate(model);
         auto [x, y] = rows((micro * world + rank) * rows_per_rank, rows_per_rank);
-        Tensor loss = cross_entropy(model(x), y);
+        Tensor loss = cross_entropy(model(raw::to(x, acc.device(), x.dtype())),
+                                    raw::to(y, acc.device(), y.dtype()));
         acc.backward(loss);
         step_loss += acc.reduce(loss, "mean").item() / accum;
         if (scope.sync_gradients()) {
@@ -108,7 +111,7 @@ int main(int argc, char** argv) {
     if (acc.is_main_process()) {
       for (auto& [name, p] : model.named_parameters()) {
         out << "param " << name;
-        for (float v : raw::contiguous(p.detach()).to_vector<float>()) {
+        for (float v : raw::to(p.detach(), Device::cpu(), DType::f32).to_vector<float>()) {
           char num[32];
           std::snprintf(num, sizeof num, " %.9g", v);
           out << num;
