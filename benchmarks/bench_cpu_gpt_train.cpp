@@ -7,7 +7,7 @@
 //   bench_cpu_gpt_train [--steps N] [--warmup N] [--threads N] [--no-torch]
 //   TESSERA_PYTHON=...  the interpreter for the PyTorch side (default /usr/bin/python3)
 //   TESSERA_PROFILE=1   also time the phases (forward, backward, clip, optimizer)
-//                       and the forward time of each module type (via module hooks).
+//                       and the forward/backward time of each module type (via module hooks).
 #include <unistd.h>
 
 #include <chrono>
@@ -62,7 +62,10 @@ double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-// Inclusive forward time per module type, measured with forward pre/post hooks.
+// Forward time per module type (inclusive, from forward pre/post hooks) and backward
+// time per leaf module type (Linear, LayerNorm, ...): each stretch of backward is
+// attributed to the leaf module whose backward began most recently (backward pre-hooks
+// mark those starts), so attention's score ops count under the Linear that precedes them.
 class ModuleTimer {
  public:
   explicit ModuleTimer(nn::Module& root) {
@@ -70,16 +73,33 @@ class ModuleTimer {
       if (name.empty()) continue;
       m->register_forward_pre_hook([this](nn::Module& mod, const Tensor&) { starts_[&mod] = Clock::now(); });
       m->register_forward_hook([this](nn::Module& mod, const Tensor&, const Tensor&) {
-        totals_[mod.type_name()] += ms_since(starts_[&mod]);
+        forward_[mod.type_name()] += ms_since(starts_[&mod]);
       });
+      if (m->named_children().empty())
+        m->register_backward_pre_hook([this](nn::Module& mod) { mark_backward(mod.type_name()); });
     }
   }
-  void reset() { totals_.clear(); }
-  const std::map<std::string, double>& totals() const { return totals_; }
+  void begin_backward() { mark_backward("(before any module: loss, head)"); }
+  void end_backward() { mark_backward(""); }
+  void reset() {
+    forward_.clear();
+    backward_.clear();
+  }
+  const std::map<std::string, double>& forward() const { return forward_; }
+  const std::map<std::string, double>& backward() const { return backward_; }
 
  private:
+  void mark_backward(const std::string& type) {
+    const auto now = Clock::now();
+    if (!current_.empty())
+      backward_[current_] += std::chrono::duration<double, std::milli>(now - since_).count();
+    current_ = type;
+    since_ = now;
+  }
   std::map<const nn::Module*, Clock::time_point> starts_;
-  std::map<std::string, double> totals_;
+  std::map<std::string, double> forward_, backward_;
+  std::string current_;
+  Clock::time_point since_;
 };
 
 struct TorchResult {
@@ -152,7 +172,9 @@ int main(int argc, char** argv) {
     Tensor loss = model.loss(idx, targets);
     phases["forward"] += ms_since(t);
     t = Clock::now();
+    if (module_timer) module_timer->begin_backward();
     loss.backward();
+    if (module_timer) module_timer->end_backward();
     phases["backward"] += ms_since(t);
     t = Clock::now();
     optim::clip_grad_norm_(model.parameters(), 1.0);
@@ -192,8 +214,11 @@ int main(int argc, char** argv) {
     std::printf("\nphases (ms/step):\n");
     for (auto& [name, ms] : phases) std::printf("  %-22s %8.2f\n", name.c_str(), ms / a.steps);
     std::printf("module forward time, inclusive (ms/step):\n");
-    for (auto& [name, ms] : module_timer->totals())
+    for (auto& [name, ms] : module_timer->forward())
       std::printf("  %-22s %8.2f\n", name.c_str(), ms / a.steps);
+    std::printf("backward time by the leaf module whose backward began last (ms/step):\n");
+    for (auto& [name, ms] : module_timer->backward())
+      std::printf("  %-32s %8.2f\n", name.c_str(), ms / a.steps);
   }
   return 0;
 }

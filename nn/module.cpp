@@ -39,8 +39,9 @@ Tensor Module::call_with_hooks(const Tensor& input, const std::function<Tensor()
   for (auto& [id, hook] : forward_pre_hooks_) hook(*this, input);
   Tensor output = body();
   for (auto& [id, hook] : forward_hooks_) hook(*this, input, output);
+  // An identity call (Dropout off returns its input) has no backward of its own.
   if (!backward_pre_hooks_.empty() && output.defined() && output.requires_grad() &&
-      !output.is_leaf()) {
+      !output.is_leaf() && !output.is_same(input)) {
     // Fires when the output's gradient arrives, before the ops of this module run backward.
     autograd::register_hook(output, [this](const Tensor&) {
       for (auto& [id, hook] : backward_pre_hooks_) hook(*this);
