@@ -55,6 +55,8 @@ class Storage {
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  // Shared by every tensor viewing this memory (see VersionCounter in core/tensor.h).
+  const std::shared_ptr<uint64_t>& version_counter() const { return version_counter_; }
 
  private:
   void* data_ = nullptr;
@@ -62,6 +64,7 @@ class Storage {
   Device device_;
   Allocator* allocator_ = nullptr;
   std::function<void(void*)> deleter_;
+  std::shared_ptr<uint64_t> version_counter_ = std::make_shared<uint64_t>(0);
 };
 
 }  // namespace tessera

@@ -182,6 +182,7 @@ Tensor make(std::shared_ptr<Storage> storage, const Shape& shape, const Shape& s
   impl->strides = strides;
   impl->offset = offset;
   impl->dtype = dtype;
+  impl->version.count = impl->storage->version_counter();
   return Tensor(std::move(impl));
 }
 
@@ -208,7 +209,7 @@ static bool view_strides(const Tensor& t, const Shape& shape, Shape& out) {
   const Shape& old_shape = t.shape();
   const Shape& old_strides = t.strides();
   out.assign(shape.size(), 0);
-  if (t.numel() == 0) {
+  if (t.numel() <= 1) {  // zero or one element: any shape is a view
     out = contiguous_strides(shape);
     return true;
   }

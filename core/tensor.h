@@ -36,13 +36,25 @@ struct TensorOptions {
   bool requires_grad = false;
 };
 
+// Counts in-place writes to a block of memory. Every view of one Storage shares the
+// counter, so a tensor saved for backward notices writes made through any alias.
+struct VersionCounter {
+  std::shared_ptr<uint64_t> count = std::make_shared<uint64_t>(0);
+  VersionCounter& operator++() {
+    ++*count;
+    return *this;
+  }
+  uint64_t operator++(int) { return (*count)++; }
+  operator uint64_t() const { return *count; }
+};
+
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
   Shape shape;
   Shape strides;       // in elements
   int64_t offset = 0;  // in elements, into storage
   DType dtype = DType::f32;
-  uint64_t version = 0;  // bumped by in-place writes, so saved tensors can detect them
+  VersionCounter version;  // bumped by in-place writes; shared with the storage's other views
   std::shared_ptr<autograd::AutogradMeta> autograd;  // null until autograd needs it
 };
 
