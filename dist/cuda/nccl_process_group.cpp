@@ -1,9 +1,9 @@
 // The "nccl" backend: collectives on CUDA tensors with NCCL, on a stream of
 // its own. Each call first makes that stream wait for the work already queued
-// on the legacy default stream (an event, so the host does not block), and
-// each Work records an event after the NCCL call: wait() waits for that event
-// up to the timeout (then aborts the communicator with a clear message) and
-// makes the default stream wait on it too. Tensors stay referenced by their
+// on Tessera's current compute stream (cuda::current_stream: an event, so the
+// host does not block), and each Work records an event after the NCCL call:
+// wait() waits for that event up to the timeout (then aborts the communicator
+// with a clear message) and makes the current stream wait on it too. Tensors stay referenced by their
 // Work until it completes, so their memory is not reused while NCCL reads it.
 //
 // Rendezvous: rank 0 creates the NCCL unique id and publishes it in the store;
@@ -14,6 +14,8 @@
 #if TESSERA_WITH_NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
+
+#include "core/cuda/cuda_runtime.h"
 
 #include <algorithm>
 #include <cstring>
@@ -57,9 +59,10 @@ ncclRedOp_t nccl_op(ReduceOp op, DType t) {
 
 class NcclWork : public Work {
  public:
-  NcclWork(cudaEvent_t done, ncclComm_t comm, std::vector<Tensor> keep_alive, std::string what,
-           std::string timeout_message, double timeout_s)
+  NcclWork(cudaEvent_t done, int device, ncclComm_t comm, std::vector<Tensor> keep_alive,
+           std::string what, std::string timeout_message, double timeout_s)
       : done_(done),
+        device_(device),
         comm_(comm),
         keep_alive_(std::move(keep_alive)),
         what_(std::move(what)),
@@ -79,7 +82,7 @@ class NcclWork : public Work {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
-    check_cuda(cudaStreamWaitEvent(cudaStreamLegacy, done_, 0), "cudaStreamWaitEvent");
+    check_cuda(cudaStreamWaitEvent(cuda::current_stream(device_), done_, 0), "cudaStreamWaitEvent");
     keep_alive_.clear();
   }
   bool is_completed() override {
@@ -91,6 +94,7 @@ class NcclWork : public Work {
 
  private:
   cudaEvent_t done_;
+  int device_;
   ncclComm_t comm_;
   std::vector<Tensor> keep_alive_;
   std::string what_, timeout_message_;
@@ -217,19 +221,19 @@ class NcclProcessGroup final : public ProcessGroup {
   }
 
  private:
-  // Orders the NCCL stream after the default stream, checks signatures in debug mode,
+  // Orders the NCCL stream after the current compute stream, checks signatures in debug mode,
   // enqueues the NCCL call and returns a Work on an event after it.
   WorkPtr issue(const CollectiveSignature* sig, const std::string& what,
                 std::vector<Tensor> keep_alive, const std::function<void()>& enqueue) {
     if (sig && options().debug_collectives && size() > 1) check_through_store(*sig);
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
-    check_cuda(cudaEventRecord(ready_, cudaStreamLegacy), "cudaEventRecord");
+    check_cuda(cudaEventRecord(ready_, cuda::current_stream(device_)), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
     enqueue();
     cudaEvent_t done;
     check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
     check_cuda(cudaEventRecord(done, stream_), "cudaEventRecord");
-    return std::make_shared<NcclWork>(done, comm_, std::move(keep_alive), what,
+    return std::make_shared<NcclWork>(done, device_, comm_, std::move(keep_alive), what,
                                       timeout_message(what), options().timeout_s);
   }
 

@@ -1,0 +1,65 @@
+// Training throughput of GPT-2 (124M by default) through the Accelerator: tokens
+// per second per process, to compare one process with several under DDP.
+//
+//   example_gpt_ddp_throughput [--batch 8] [--seq 1024] [--steps 10] [--layers 12]
+//   tessera launch --nproc-per-node 2 example_gpt_ddp_throughput ...
+//
+// Synthetic tokens; the first 3 steps are warm-up and not timed. float32 weights
+// and activations (the Accelerator does not autocast).
+#include <chrono>
+#include <string>
+
+#include "core/random.h"
+#include "dist/accelerator.h"
+#include "nn/gpt.h"
+#include "optim/adamw.h"
+
+using namespace tessera;
+
+int main(int argc, char** argv) {
+  int64_t batch = 8, seq = 1024, steps = 10, layers = 12;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i];
+    int64_t v = std::stoll(argv[i + 1]);
+    if (flag == "--batch") batch = v;
+    else if (flag == "--seq") seq = v;
+    else if (flag == "--steps") steps = v;
+    else if (flag == "--layers") layers = v;
+  }
+  dist::Accelerator acc;
+  default_generator().manual_seed(0);
+  nn::GPT model(nn::GPTConfig{.vocab_size = 50304, .block_size = seq, .n_layer = layers,
+                              .n_head = 12, .n_embd = 768},
+                nullptr, {.device = acc.device()});
+  optim::AdamW opt(model.parameters(), {.lr = 3e-4, .weight_decay = 0.1});
+  acc.prepare(model, opt);
+  Generator g(1 + acc.process_index());
+  Tensor tokens = raw::to(randint(0, 50304, {batch, seq + 1}, {.dtype = DType::i64}, &g),
+                          acc.device(), DType::i64);
+  Tensor x = raw::narrow(tokens, 1, 0, seq), y = raw::narrow(tokens, 1, 1, seq);
+  x = raw::contiguous(x);
+  y = raw::contiguous(y);
+  const int64_t warmup = 3;
+  std::chrono::steady_clock::time_point start;
+  double loss = 0;
+  for (int64_t step = 0; step < warmup + steps; ++step) {
+    if (step == warmup) {
+      acc.wait_for_everyone();
+      start = std::chrono::steady_clock::now();
+    }
+    auto micro = acc.accumulate(model);
+    Tensor l = model.loss(x, y);
+    acc.backward(l);
+    opt.step();
+    opt.zero_grad();
+    loss = l.item();  // also synchronises with the device
+  }
+  acc.wait_for_everyone();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  acc.print(acc.num_processes(), " process(es) on ", acc.device().str(), ": ",
+            static_cast<double>(batch * seq * steps) / seconds, " tokens/s per process (B=", batch,
+            ", T=", seq, ", ", layers, " layers, ", seconds / steps * 1000, " ms/step, last loss ",
+            loss, ")");
+  acc.end_training();
+  return 0;
+}
