@@ -100,3 +100,20 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 using autograd::NoGradGuard;
 
 }  // namespace tessera
+
+// ---- attention and fused CUDA paths (autograd/functions_attention.cpp, functions_fused.cpp) ----
+namespace tessera {
+
+// softmax(q·kᵀ/√D [+ causal mask]) · v for q [B, H, Tq, D], k and v [B, H, Tk, D]. With
+// causal, the queries are the last Tq of the Tk positions (Tq < Tk for a KV cache). Under
+// an AutocastGuard q, k, v are cast to the compute dtype first. On a GPU, for bf16/f16,
+// D of 64 or 128, causal and Tq == Tk, no dropout, it runs the flash-attention kernels
+// (O(T) memory) unless allow_flash is false; otherwise matmul, mask, softmax, dropout
+// (p = dropout_p, from gen or the default generator) and matmul.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                    double dropout_p = 0.0, Generator* gen = nullptr,
+                                    bool allow_flash = true);
+// True when scaled_dot_product_attention(q, k, v, causal) would take the flash kernels.
+bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
+
+}  // namespace tessera
