@@ -4,9 +4,6 @@
 #include <limits>
 
 #include "autograd/functions.h"
-#if TESSERA_WITH_CUDA
-#include "kernels/cuda/fused.h"
-#endif
 
 namespace tessera::nn {
 
@@ -52,73 +49,15 @@ Tensor CausalSelfAttention::split_heads(const Tensor& t) const {
   return t.reshape({B, T, n_head, n_embd / n_head}).transpose(1, 2);
 }
 
-namespace {
-
-// True when the CUDA flash-attention kernels can run causal attention over q, k, v:
-// half-precision [B, H, T, D] on a GPU, D of 64 or 128, keys = queries (no cache),
-// head dimension contiguous and rows on 16-byte boundaries.
-bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v) {
-  if (!TESSERA_WITH_CUDA || !q.device().is_cuda()) return false;
-  if (q.dtype() != DType::bf16 && q.dtype() != DType::f16) return false;
-  if (k.size(2) != q.size(2) || (q.size(3) != 64 && q.size(3) != 128)) return false;
-  for (const Tensor* t : {&q, &k, &v}) {
-    if (t->dtype() != q.dtype() || t->stride(3) != 1) return false;
-    if (t->stride(0) % 8 || t->stride(1) % 8 || t->stride(2) % 8) return false;
-    if (reinterpret_cast<uintptr_t>(t->raw_data()) % 16) return false;
-  }
-  return true;
-}
-
-// softmax(q kᵀ·scale, causal) v through the flash-attention kernels (O(T) memory); the
-// backward recomputes the scores from q, k, v and the saved log-sum-exp.
-Tensor flash_causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
-#if TESSERA_WITH_CUDA
-  const TensorOptions like{.dtype = q.dtype(), .device = q.device()};
-  Tensor out = empty(q.shape(), like);
-  Tensor lse = empty({q.size(0), q.size(1), q.size(2)}, {.dtype = DType::f32, .device = q.device()});
-  cuda::flash_attention_forward(q, k, v, scale, out, lse);
-  if (autograd::any_requires_grad({q, k, v})) {
-    using autograd::SavedTensor;
-    autograd::record(
-        "FlashAttentionBackward", {q, k, v}, {out},
-        [sq = SavedTensor::input(q), sk = SavedTensor::input(k), sv = SavedTensor::input(v),
-         so = SavedTensor::output(out), lse, scale](const autograd::BackwardArgs& args) {
-          const char* op = "FlashAttentionBackward";
-          const Tensor q = sq.unpack(op), k = sk.unpack(op), v = sv.unpack(op), o = so.unpack(op);
-          const Tensor dout = raw::contiguous(args.grad().dtype() == q.dtype()
-                                                  ? args.grad()
-                                                  : raw::to(args.grad(), q.device(), q.dtype()));
-          const TensorOptions like{.dtype = q.dtype(), .device = q.device()};
-          Tensor dq = empty(q.shape(), like), dk = empty(q.shape(), like), dv = empty(q.shape(), like);
-          cuda::flash_attention_backward(q, k, v, o, dout, lse, scale, dq, dk, dv);
-          return std::vector<Tensor>{dq, dk, dv};
-        });
-  }
-  return out;
-#else
-  (void)q, (void)k, (void)v, (void)scale;
-  TESSERA_FAIL("flash attention needs a CUDA build");
-#endif
-}
-
-}  // namespace
-
 Tensor CausalSelfAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v) {
-  const int64_t Tq = q.size(2), Tk = k.size(2);
+  const int64_t Tk = k.size(2);
   TESSERA_CHECK(Tk <= causal_mask_.size(0), "CausalSelfAttention: ", Tk,
                 " positions exceed block_size ", causal_mask_.size(0));
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  const bool dropout_active = attn_dropout.is_training() && attn_dropout.p > 0;
-  if (use_fused_attention && !dropout_active && flash_attention_applies(q, k, v)) {
+  const double dropout_p = attn_dropout.is_training() ? attn_dropout.p : 0.0;
+  if (use_fused_attention && dropout_p == 0 && flash_attention_applies(q, k, v, /*causal=*/true))
     ++fused_calls_;
-    return flash_causal_attention(q, k, v, scale);
-  }
-  // Scaling q ([.., T, D]) is cheaper than scaling the scores ([.., T, T]).
-  Tensor att = matmul(q * scale, k.transpose(-2, -1));
-  const Tensor mask = causal_mask_.narrow(0, Tk - Tq, Tq).narrow(1, 0, Tk);
-  att = masked_fill(att, mask, -std::numeric_limits<double>::infinity());
-  att = attn_dropout(softmax(att, -1));
-  return matmul(att, v);
+  return scaled_dot_product_attention(q, k, v, /*causal=*/true, dropout_p, nullptr,
+                                      use_fused_attention);
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
