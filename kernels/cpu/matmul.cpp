@@ -5,12 +5,16 @@
 // e.g. k^T in attention or x^T in a weight gradient), so neither case copies. Only operands
 // with no unit-stride matrix dim (or overlapping rows) are packed first.
 //
-// Threads: one large product uses Eigen's own OpenMP-parallel GEMM. Many small products
-// (attention's per-head matmuls) run one per thread instead; Eigen sees it is inside a
-// parallel region and stays single-threaded, so regions never nest.
+// Threads: a large product is cut into per-thread blocks of the output (gemm_threaded);
+// many small products (attention's per-head matmuls) run one per thread. Eigen is always
+// called from inside our parallel region (or with one thread), so it stays single-threaded
+// and regions never nest.
 // Eigen's AVX-512 kernels trip GCC 12's -Wmaybe-uninitialized inside its own intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <Eigen/Core>
+#include <omp.h>
+
+#include <vector>
 
 #include "core/dispatch.h"
 #include "kernels/cpu/lanes.h"
@@ -24,8 +28,6 @@ using RowMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic,
 template <class T>
 using ColMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>, 0,
                           Eigen::OuterStride<>>;
-template <class T>
-using OutMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
 
 enum class MatrixLayout { RowMajor, ColMajor };
 
@@ -66,13 +68,82 @@ Operand prepare(const Tensor& t) {
   return op;
 }
 
-template <class T, class LhsMap, class RhsMap>
-void gemm_one(const T* a, int64_t a_outer, const T* b, int64_t b_outer, T* c, int64_t M, int64_t K,
-              int64_t N) {
-  LhsMap A(a, M, K, Eigen::OuterStride<>(a_outer));
-  RhsMap B(b, K, N, Eigen::OuterStride<>(b_outer));
-  OutMap<T> C(c, M, N);
-  C.noalias() = A * B;
+// One operand matrix in memory: element (r, c) is at p + r * outer + c (row-major) or
+// p + r + c * outer (column-major).
+template <class T>
+struct MatrixRef {
+  const T* p;
+  MatrixLayout layout;
+  int64_t outer;
+  MatrixRef at(int64_t r, int64_t c) const {
+    return {layout == MatrixLayout::RowMajor ? p + r * outer + c : p + r + c * outer, layout, outer};
+  }
+};
+
+template <class T>
+using OutMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, 0,
+                          Eigen::OuterStride<>>;
+
+// c[M, N] (row stride ldc) = A[M, K] @ B[K, N], one Eigen product.
+template <class T>
+void gemm(const MatrixRef<T>& A, const MatrixRef<T>& B, T* c, int64_t ldc, int64_t M, int64_t K,
+          int64_t N) {
+  OutMap<T> C(c, M, N, Eigen::OuterStride<>(ldc));
+  auto with_rhs = [&](const auto& lhs) {
+    if (B.layout == MatrixLayout::RowMajor) {
+      C.noalias() = lhs * RowMap<T>(B.p, K, N, Eigen::OuterStride<>(B.outer));
+    } else {
+      C.noalias() = lhs * ColMap<T>(B.p, K, N, Eigen::OuterStride<>(B.outer));
+    }
+  };
+  if (A.layout == MatrixLayout::RowMajor) with_rhs(RowMap<T>(A.p, M, K, Eigen::OuterStride<>(A.outer)));
+  else with_rhs(ColMap<T>(A.p, M, K, Eigen::OuterStride<>(A.outer)));
+}
+
+// One product over all threads. Rather than Eigen's own threading (whose threads meet at
+// every packed block, costly when cores are shared), the output is cut into one block of
+// rows (or columns) per thread, each an independent single-threaded Eigen product; when both
+// M and N are small the K dimension is split and the partial products summed.
+template <class T>
+void gemm_threaded(const MatrixRef<T>& A, const MatrixRef<T>& B, T* c, int64_t M, int64_t K,
+                   int64_t N) {
+  constexpr int64_t kMinThreadedWork = 64 * 64 * 64;
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (threads == 1 || M * N * K < kMinThreadedWork) {
+    gemm(A, B, c, N, M, K, N);
+    return;
+  }
+  constexpr int64_t kMinBlock = 16;
+  if (M >= N && M >= kMinBlock * threads) {
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const int64_t m0 = M * t / nt, m1 = M * (t + 1) / nt;
+      gemm(A.at(m0, 0), B, c + m0 * N, N, m1 - m0, K, N);
+    }
+  } else if (N >= kMinBlock * threads) {
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const int64_t n0 = N * t / nt, n1 = N * (t + 1) / nt;
+      gemm(A, B.at(0, n0), c + n0, N, M, K, n1 - n0);
+    }
+  } else {
+    std::vector<T> partial(static_cast<size_t>(threads - 1) * M * N, T(0));
+    int used = 1;
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      if (t == 0) used = nt;
+      const int64_t k0 = K * t / nt, k1 = K * (t + 1) / nt;
+      T* target = t == 0 ? c : partial.data() + (t - 1) * M * N;
+      gemm(A.at(0, k0), B.at(k0, 0), target, N, M, k1 - k0, N);
+    }
+    for (int t = 1; t < used; ++t) {
+      const T* part = partial.data() + (t - 1) * M * N;
+      for (int64_t i = 0; i < M * N; ++i) c[i] += part[i];
+    }
+  }
 }
 
 template <class T>
@@ -96,24 +167,15 @@ void matmul_typed(const Operand& a, const Operand& b, const Tensor& out) {
     }
     return off;
   };
-  auto run = [&](int64_t i) {
-    const T* ai = ap + offset(a.t, i);
-    const T* bi = bp + offset(b.t, i);
-    T* ci = cp + i * M * N;
-    const bool a_row = a.layout == MatrixLayout::RowMajor, b_row = b.layout == MatrixLayout::RowMajor;
-    if (a_row && b_row) gemm_one<T, RowMap<T>, RowMap<T>>(ai, a.outer, bi, b.outer, ci, M, K, N);
-    else if (a_row) gemm_one<T, RowMap<T>, ColMap<T>>(ai, a.outer, bi, b.outer, ci, M, K, N);
-    else if (b_row) gemm_one<T, ColMap<T>, RowMap<T>>(ai, a.outer, bi, b.outer, ci, M, K, N);
-    else gemm_one<T, ColMap<T>, ColMap<T>>(ai, a.outer, bi, b.outer, ci, M, K, N);
-  };
-  // Below about 128^3 multiply-adds one product is too small for Eigen to split well, so
-  // batches are spread over threads instead.
+  auto lhs = [&](int64_t i) { return MatrixRef<T>{ap + offset(a.t, i), a.layout, a.outer}; };
+  auto rhs = [&](int64_t i) { return MatrixRef<T>{bp + offset(b.t, i), b.layout, b.outer}; };
+  // Many small products (attention heads) go one per thread; large ones are threaded inside.
   constexpr int64_t kSmallProduct = 128 * 128 * 128;
   if (batch > 1 && M * N * K <= kSmallProduct) {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < batch; ++i) run(i);
+    for (int64_t i = 0; i < batch; ++i) gemm(lhs(i), rhs(i), cp + i * M * N, N, M, K, N);
   } else {
-    for (int64_t i = 0; i < batch; ++i) run(i);
+    for (int64_t i = 0; i < batch; ++i) gemm_threaded(lhs(i), rhs(i), cp + i * M * N, M, K, N);
   }
 }
 

@@ -36,7 +36,7 @@ void check(const Tensor& a, const Tensor& b, DType dt, const std::string& what) 
   const auto want = matmul_ref(a, b, shape);
   const Tensor got = ops::matmul(a, b);
   EXPECT_EQ(got.dtype(), dt) << what;
-  // f32 dot products of up to 257 terms
+  // f32 dot products of up to ~8000 terms
   expect_close(got, want, shape, dt == DType::f32 ? 1e-5 : tolerance(dt), what);
 }
 
@@ -77,6 +77,14 @@ TEST(Matmul, TransposedOperandsAndAttentionShapes) {
   // a permuted (non-contiguous, not foldable) batch operand
   const Tensor p = raw::permute(random_tensor({33, 3, 7}, DType::f32, 54), {1, 2, 0});  // [3, 7, 33]
   check(p, random_tensor({33, 5}, DType::f32, 55), DType::f32, "permuted @ 2-D");
+  // single large products take each way of threading one product: blocks of rows, blocks of
+  // columns (N > M), and split K with summed partials (M and N small)
+  check(random_tensor({257, 65}, DType::f32, 56), random_tensor({65, 33}, DType::f32, 57), DType::f32, "row blocks");
+  check(random_tensor({33, 257}, DType::f32, 58, Layout::Transposed), random_tensor({257, 129}, DType::f32, 59),
+        DType::f32, "column blocks");
+  check(random_tensor({7, 8193}, DType::f32, 60), random_tensor({8193, 9}, DType::f32, 61, Layout::Transposed),
+        DType::f32, "split K");
+  check(random_tensor({7, 8193}, DType::f64, 62), random_tensor({8193, 9}, DType::f64, 63), DType::f64, "split K f64");
   // integers are exact
   const Tensor ia = from_vector<int64_t>({1, 2, 3, 4, 5, 6}, {2, 3}, {.dtype = DType::i64});
   const Tensor ib = from_vector<int64_t>({1, 0, 0, 1, 1, 1}, {3, 2}, {.dtype = DType::i64});
