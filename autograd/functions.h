@@ -117,3 +117,15 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
 
 }  // namespace tessera
+
+namespace tessera {
+
+// cross_entropy for CUDA logits through the fused classifier kernel: the forward writes
+// the per-row losses and the gradient of the logits in one pass and the backward only
+// scales that gradient (no [N, V] probabilities kept or recomputed). Losses are f32
+// whatever the logits' dtype. With consume_logits the kernel reuses the logits' memory for
+// the gradient (saves an [N, V] buffer); the caller must not read the logits afterwards.
+Tensor fused_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
+                           Reduction reduction = Reduction::Mean, bool consume_logits = false);
+
+}  // namespace tessera

@@ -1,0 +1,66 @@
+// Differentiable wrappers of the fused CUDA kernels that replace a chain of ops in the
+// training path. The classifier's forward computes the per-row losses and the logits'
+// gradient in one pass (cuda::fused_classifier), so the backward is only a scaling.
+#include "autograd/functions.h"
+#if TESSERA_WITH_CUDA
+#include "kernels/cuda/fused.h"
+#endif
+
+namespace tessera {
+
+Tensor fused_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                           Reduction reduction, bool consume_logits) {
+  const char* op = "fused_cross_entropy";
+  TESSERA_CHECK(logits.defined() && logits.dim() >= 1 && logits.device().is_cuda(), op,
+                ": logits must be a CUDA tensor [..., V], got ",
+                logits.defined() ? autograd::describe(logits) : std::string("undefined"));
+  TESSERA_CHECK(is_floating(logits.dtype()) && logits.dtype() != DType::f64, op,
+                ": logits must be f32, f16 or bf16, got ", autograd::describe(logits));
+  Shape row_shape(logits.shape().begin(), logits.shape().end() - 1);
+  TESSERA_CHECK(targets.shape() == row_shape && targets.device() == logits.device(), op,
+                ": targets must be ", shape_str(row_shape), " on ", logits.device().str(), ", got ",
+                autograd::describe(targets));
+#if TESSERA_WITH_CUDA
+  const int64_t V = logits.size(-1);
+  const int64_t rows = logits.numel() / std::max<int64_t>(V, 1);
+  // The kernel overwrites its input with the gradient: work on a private copy unless the
+  // caller hands the logits over (then the version bump flags any later reader).
+  Tensor work = consume_logits && logits.is_contiguous() ? raw::alias(logits) : raw::clone(logits);
+  if (consume_logits) logits.impl().version++;
+  work = raw::reshape(work, {rows, V});
+  const Tensor flat_targets = raw::contiguous(raw::reshape(targets, {rows}));
+  const TensorOptions f32{.dtype = DType::f32, .device = logits.device()};
+
+  double dloss_scale = 1.0;
+  if (reduction == Reduction::Mean) {
+    // The mean is over counted rows; their number scales the gradient, so it is read on
+    // the host (the kernel synchronises anyway to report a bad target).
+    const Tensor counted = ops::sum(ops::binary(BinaryOp::Ne, flat_targets, double(ignore_index)));
+    dloss_scale = 1.0 / static_cast<double>(counted.item());
+  }
+  Tensor row_losses = empty({rows}, f32);
+  cuda::fused_classifier(work, flat_targets, ignore_index, dloss_scale, row_losses);
+  Tensor loss = reduction == Reduction::None ? raw::reshape(row_losses, row_shape)
+                : reduction == Reduction::Sum ? ops::sum(row_losses)
+                                               : ops::mul(ops::sum(row_losses), dloss_scale);
+  const Shape logits_shape = logits.shape();
+  autograd::record("FusedCrossEntropyBackward", {logits, targets}, {loss},
+                   [dlogits = raw::reshape(work, logits_shape), reduction](const autograd::BackwardArgs& a) {
+                     if (reduction == Reduction::None) {
+                       // Each row's (softmax - onehot) times that row's incoming gradient.
+                       const Tensor g = raw::to(a.grad(), dlogits.device(), dlogits.dtype());
+                       return std::vector<Tensor>{ops::mul(dlogits, raw::unsqueeze(g, g.dim())), Tensor()};
+                     }
+                     // One scalar scales every row; reading it costs one sync, cheaper than
+                     // a pass over [N, V] when it is 1 (the usual loss.backward()).
+                     const double scale = a.grad().item();
+                     return std::vector<Tensor>{scale == 1.0 ? dlogits : ops::mul(dlogits, scale), Tensor()};
+                   });
+  return loss;
+#else
+  (void)ignore_index, (void)reduction, (void)consume_logits;
+  TESSERA_FAIL(op, ": needs a CUDA build");
+#endif
+}
+
+}  // namespace tessera
