@@ -4,6 +4,7 @@
 // exception cannot leave an OpenMP region). index_add_ splits the work by destination
 // lanes, never by index, so no two threads add into the same element and the order of
 // additions is fixed: the result is deterministic.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -76,6 +77,30 @@ void index_add(const Tensor& out, int64_t dim, const Tensor& idx, const Tensor& 
     using C = compute_t<T>;
     T* op = static_cast<T*>(out.raw_data());
     const T* sp = static_cast<const T*>(src.raw_data());
+    if (out.is_contiguous() && src.is_contiguous()) {
+      // Contiguous rows (the embedding gradient): view both as [outer, len, inner] and add
+      // whole inner rows; threads own blocks of inner columns, so each reads its slice of
+      // every source row once (instead of one strided pass over src per column).
+      int64_t outer = 1, inner = 1;
+      for (int64_t d = 0; d < dim; ++d) outer *= out.shape()[d];
+      for (int64_t d = dim + 1; d < out.dim(); ++d) inner *= out.shape()[d];
+      const int64_t out_len = out.shape()[dim], n = static_cast<int64_t>(ids.size());
+      constexpr int64_t kBlock = 64;
+      const int64_t blocks = (inner + kBlock - 1) / kBlock;
+#pragma omp parallel for collapse(2) schedule(static) if (outer * n * inner >= kParallelGrain)
+      for (int64_t o = 0; o < outer; ++o) {
+        for (int64_t blk = 0; blk < blocks; ++blk) {
+          const int64_t c0 = blk * kBlock, width = std::min(kBlock, inner - c0);
+          for (int64_t i = 0; i < n; ++i) {
+            T* dst = op + (o * out_len + ids[i]) * inner + c0;
+            const T* s = sp + (o * n + i) * inner + c0;
+#pragma omp simd
+            for (int64_t c = 0; c < width; ++c) dst[c] = convert<T>(C(convert<C>(dst[c]) + convert<C>(s[c])));
+          }
+        }
+      }
+      return;
+    }
     const int64_t out_step = out.strides()[dim];
     // Lanes of src along dim; out's strides for the other dims are the same positions.
     for_each_lane<2>(src.shape(), dim, {&src.strides(), &out.strides()},

@@ -68,24 +68,28 @@ TEST(Embedding, BackwardAccumulatesRepeatedIds) {
 
 TEST(IndexAdd, AddsAlongAnyDimInPlace) {
   uint64_t seed = 30;
-  for (DType dt : {DType::f32, DType::f64}) {
-    for (int64_t dim = 0; dim < 3; ++dim) {
-      Shape out_shape = {5, 7, 3}, src_shape = out_shape;
-      src_shape[dim] = 9;
-      const Tensor out = random_tensor(out_shape, dt, seed++);
-      const Tensor src = random_tensor(src_shape, dt, seed++, Layout::Transposed);
-      const Tensor idx = random_ids({9}, out_shape[dim], DType::i32, seed++);
-      auto want = host(out);
-      const auto sv = host(src), iv = host(idx);
-      for (int64_t i = 0; i < src.numel(); ++i) {
-        auto p = unravel(i, src_shape);
-        p[dim] = static_cast<int64_t>(iv[p[dim]]);
-        want[ravel(p, out_shape)] += sv[i];
+  for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+    // contiguous operands take the row-block path, a transposed source the strided one
+    for (Layout layout : {Layout::Contiguous, Layout::Transposed}) {
+      for (int64_t dim = 0; dim < 3; ++dim) {
+        Shape out_shape = {5, 7, 3}, src_shape = out_shape;
+        src_shape[dim] = 9;
+        const Tensor out = random_tensor(out_shape, dt, seed++);
+        const Tensor src = random_tensor(src_shape, dt, seed++, layout);
+        const Tensor idx = random_ids({9}, out_shape[dim], DType::i32, seed++);
+        auto want = host(out);
+        const auto sv = host(src), iv = host(idx);
+        for (int64_t i = 0; i < src.numel(); ++i) {
+          auto p = unravel(i, src_shape);
+          p[dim] = static_cast<int64_t>(iv[p[dim]]);
+          want[ravel(p, out_shape)] += sv[i];
+        }
+        const uint64_t version = out.impl().version;
+        ops::index_add_(out, dim, idx, src);
+        EXPECT_GT(out.impl().version, version);
+        expect_close(out, want, out_shape, tolerance(dt) * 2,
+                     "index_add_ dim " + std::to_string(dim) + " " + layout_name(layout));
       }
-      const uint64_t version = out.impl().version;
-      ops::index_add_(out, dim, idx, src);
-      EXPECT_GT(out.impl().version, version);
-      expect_close(out, want, out_shape, tolerance(dt), "index_add_ dim " + std::to_string(dim));
     }
   }
   expect_error([] { ops::index_add_(zeros({3, 2}), 0, from_vector<int64_t>({0, 3}, {2}, {.dtype = DType::i64}), ones({2, 2})); },
