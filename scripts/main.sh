@@ -34,7 +34,7 @@ echo "== prepare: byte-level tokens of $CORPUS"
 if "$TESSERA" version | grep -Eq 'devices visible: [1-9]'; then
   SHAPE=(--device cuda --n-layer 6 --n-head 6 --n-embd 384 --seq 256 --batch 32 --steps 1500 --lr 1e-3)
 else
-  SHAPE=(--device cpu --n-layer 4 --n-head 4 --n-embd 128 --seq 64 --batch 16 --steps ${STEPS:-400} --lr 2e-3)
+  SHAPE=(--device cpu --n-layer 4 --n-head 4 --n-embd 128 --seq 64 --batch 16 --steps ${STEPS:-800} --lr 2e-3)
 fi
 echo "== train: ${SHAPE[*]}"
 "$TESSERA" train --data "$RUN_DIR/data/train.bin" "${SHAPE[@]}" --warmup 50 --schedule cosine \
