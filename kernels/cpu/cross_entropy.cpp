@@ -15,12 +15,6 @@
 namespace tessera::cpu {
 namespace {
 
-template <class C>
-inline C exp_c(C x) {
-  if constexpr (std::is_same_v<C, float>) return fast_exp(x);
-  else return std::exp(x);
-}
-
 // Targets as int64 host values; errors name the first bad one.
 std::vector<int64_t> read_targets(const Tensor& targets, int64_t V, int64_t ignore_index) {
   std::vector<int64_t> t(targets.numel());

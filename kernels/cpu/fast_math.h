@@ -6,7 +6,9 @@
 // code. fast_exp is within ~1e-7 relative of exp (it saturates at ~2.4e38 instead of inf and
 // returns 0 below the normal range).
 #pragma once
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 namespace tessera::cpu {
 
@@ -35,6 +37,13 @@ inline float fast_exp(float x) {
   // 2^n built in the exponent bits (a bit cast, not memcpy, so the loop stays vectorisable).
   const float scale = __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
   return underflow ? 0.0f : p * scale;
+}
+
+// exp in a kernel's compute type: the vectorisable one for float, the exact one for double.
+template <class C>
+inline C exp_c(C x) {
+  if constexpr (std::is_same_v<C, float>) return fast_exp(x);
+  else return std::exp(x);
 }
 
 }  // namespace tessera::cpu

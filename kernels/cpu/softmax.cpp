@@ -12,12 +12,6 @@
 namespace tessera::cpu {
 namespace {
 
-template <class C>
-inline C exp_c(C x) {
-  if constexpr (std::is_same_v<C, float>) return fast_exp(x);
-  else return std::exp(x);
-}
-
 void softmax(const Tensor& x, int64_t dim, bool log, const Tensor& out) {
   visit_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
