@@ -29,11 +29,11 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
   constexpr int KP = D + 8;
   // Two stages of K and V tiles ([key][dim]): the next pair is copied while this one is used.
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* stage[2][2];
-  stage[0][0] = reinterpret_cast<T*>(smem_raw);
-  stage[0][1] = stage[0][0] + kTile * KP;
-  stage[1][0] = stage[0][1] + kTile * KP;
-  stage[1][1] = stage[1][0] + kTile * KP;
+  T* const smem = reinterpret_cast<T*>(smem_raw);
+  // Stage s holds K at tile slot 2s and V at slot 2s + 1 (pointer arithmetic, not a pointer
+  // array, so nothing is indexed at run time in local memory).
+  auto k_stage = [&](int kt) { return smem + (kt & 1) * 2 * kTile * KP; };
+  auto v_stage = [&](int kt) { return smem + ((kt & 1) * 2 + 1) * kTile * KP; };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
   const int q_tile = gridDim.x - 1 - blockIdx.x;  // longest rows first
   const int64_t b = blockIdx.y / H, h = blockIdx.y % H;
@@ -57,8 +57,8 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
   const float sc = scale * kLog2e;
 
   auto prefetch = [&](int kt) {
-    load_tile_async<T, D>(stage[kt & 1][0], KP, k, Lk, b, h, int64_t(kt) * kTile, seq_len);
-    load_tile_async<T, D>(stage[kt & 1][1], KP, v, Lv, b, h, int64_t(kt) * kTile, seq_len);
+    load_tile_async<T, D>(k_stage(kt), KP, k, Lk, b, h, int64_t(kt) * kTile, seq_len);
+    load_tile_async<T, D>(v_stage(kt), KP, v, Lv, b, h, int64_t(kt) * kTile, seq_len);
     cp_async_commit();
   };
   prefetch(0);
@@ -71,8 +71,8 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
       cp_async_wait<0>();
     }
     __syncthreads();
-    const T* ks = stage[kt & 1][0];
-    const T* vs = stage[kt & 1][1];
+    const T* ks = k_stage(kt);
+    const T* vs = v_stage(kt);
     const int64_t key0 = int64_t(kt) * kTile;
     // A tile entirely in this warp's future adds nothing; one entirely in its past needs no mask.
     if (key0 <= warp_first + 15) {
