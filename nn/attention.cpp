@@ -1,7 +1,6 @@
 #include "nn/attention.h"
 
 #include <cmath>
-#include <limits>
 
 #include "autograd/functions.h"
 
@@ -30,18 +29,12 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg, Generator* gen, T
       attn_dropout(cfg.dropout),
       resid_dropout(cfg.dropout),
       n_head(cfg.n_head),
-      n_embd(cfg.n_embd) {
+      n_embd(cfg.n_embd),
+      block_size_(cfg.block_size) {
   register_module("c_attn", c_attn);
   register_module("c_proj", c_proj);
   register_module("attn_dropout", attn_dropout);
   register_module("resid_dropout", resid_dropout);
-  const int64_t n = cfg.block_size;
-  std::vector<bool> above(static_cast<size_t>(n * n));
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < n; ++j) above[i * n + j] = j > i;
-  causal_mask_ = register_buffer(
-      "causal_mask", from_vector(above, {n, n}, {.dtype = DType::boolean, .device = opts.device}),
-      /*persistent=*/false);
 }
 
 Tensor CausalSelfAttention::split_heads(const Tensor& t) const {
@@ -50,9 +43,8 @@ Tensor CausalSelfAttention::split_heads(const Tensor& t) const {
 }
 
 Tensor CausalSelfAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v) {
-  const int64_t Tk = k.size(2);
-  TESSERA_CHECK(Tk <= causal_mask_.size(0), "CausalSelfAttention: ", Tk,
-                " positions exceed block_size ", causal_mask_.size(0));
+  TESSERA_CHECK(k.size(2) <= block_size_, "CausalSelfAttention: ", k.size(2),
+                " positions exceed block_size ", block_size_);
   const double dropout_p = attn_dropout.is_training() ? attn_dropout.p : 0.0;
   if (use_fused_attention && dropout_p == 0 && flash_attention_applies(q, k, v, /*causal=*/true))
     ++fused_calls_;

@@ -57,7 +57,7 @@ class CausalSelfAttention : public Module {
   // [B, T, C] -> [B, H, T, D]
   Tensor split_heads(const Tensor& t) const;
   int64_t fused_calls_ = 0;
-  Tensor causal_mask_;  // bool [block, block], true above the diagonal (masked)
+  int64_t block_size_;  // longest sequence (keys) attended over
 };
 
 class MLP : public Module {

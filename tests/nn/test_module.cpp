@@ -59,8 +59,9 @@ TEST(Module, GPTParameterNamesFollowHuggingFace) {
   nn::GPT untied(tiny_config(false));
   EXPECT_EQ(untied.named_parameters().back().first, "lm_head.weight");
   EXPECT_EQ(untied.parameter("lm_head.weight").shape(), (Shape{33, 8}));
-  // The mask is a buffer but not part of the state dict.
-  EXPECT_FALSE(model.named_buffers().empty());
+  // GPT keeps no buffers (the causal mask is made by the attention function), so the
+  // state dict is exactly the parameters.
+  EXPECT_TRUE(model.named_buffers().empty());
   EXPECT_EQ(model.state_dict().size(), model.named_parameters().size());
 }
 
@@ -194,8 +195,6 @@ TEST(Module, ToKeepsTensorIdentity) {
   EXPECT_EQ(w.dtype(), DType::f64);
   EXPECT_EQ(model.parameter("transformer.h.0.attn.c_attn.weight").dtype(), DType::f64);
   EXPECT_EQ(as_f64(w), before);
-  // The mask buffer is bool and stays bool.
-  for (auto& [n, b] : model.named_buffers()) EXPECT_EQ(b.dtype(), DType::boolean) << n;
   Tensor logits = model.forward(zeros({1, 3}, {.dtype = DType::i64}));
   EXPECT_EQ(logits.dtype(), DType::f64);
   EXPECT_THROW(model.to(DType::i32), Error);
@@ -311,4 +310,30 @@ TEST(GPT, ModelDirectoryRoundTrip) {
   const std::string msg = error_of([&] { wider.load_safetensors_weights(path); });
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   EXPECT_NE(msg.find("transformer.wte.weight: checkpoint [33, 8] vs model [33, 12]"), std::string::npos) << msg;
+}
+
+TEST(Module, BuffersPersistOrNotAndKeepIntegerDTypes) {
+  struct WithBuffers : nn::Module {
+    WithBuffers() {
+      w = register_parameter("w", ones({3}));
+      counts = register_buffer("counts", zeros({2}, {.dtype = DType::i64}));
+      stats = register_buffer("stats", full({2}, 0.5));
+      scratch = register_buffer("scratch", zeros({4}), /*persistent=*/false);
+    }
+    Tensor w, counts, stats, scratch;
+  } m;
+  std::vector<std::string> names;
+  for (auto& [n, t] : m.state_dict()) names.push_back(n);
+  EXPECT_EQ(names, (std::vector<std::string>{"w", "counts", "stats"}));
+  EXPECT_EQ(m.named_buffers().size(), 3u);
+  m.to(DType::f64);
+  EXPECT_EQ(m.counts.dtype(), DType::i64);
+  EXPECT_EQ(m.stats.dtype(), DType::f64);
+  EXPECT_EQ(m.w.dtype(), DType::f64);
+  std::map<std::string, Tensor> state{{"w", full({3}, 2.0)}, {"counts", full({2}, 7.0, {.dtype = DType::i64})},
+                                      {"stats", zeros({2})}};
+  m.load_state_dict(state);
+  EXPECT_EQ(m.counts.to_vector<int64_t>(), (std::vector<int64_t>{7, 7}));
+  state.erase("stats");
+  EXPECT_THROW(m.load_state_dict(state), Error);
 }
