@@ -38,14 +38,19 @@ Tensor fused_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t 
     const Tensor counted = ops::sum(ops::binary(BinaryOp::Ne, flat_targets, double(ignore_index)));
     dloss_scale = 1.0 / static_cast<double>(counted.item());
   }
+  // f16 would flush (softmax - onehot) / N to zero for large N: its kernel writes the
+  // unscaled gradient and the backward applies 1/N together with the incoming (loss-scaled)
+  // gradient. bf16 and f32 have the range to take the scale in the kernel.
+  const double kernel_scale = logits.dtype() == DType::f16 ? 1.0 : dloss_scale;
+  const double backward_scale = dloss_scale / kernel_scale;
   Tensor row_losses = empty({rows}, f32);
-  cuda::fused_classifier(work, flat_targets, ignore_index, dloss_scale, row_losses);
+  cuda::fused_classifier(work, flat_targets, ignore_index, kernel_scale, row_losses);
   Tensor loss = reduction == Reduction::None ? raw::reshape(row_losses, row_shape)
                 : reduction == Reduction::Sum ? ops::sum(row_losses)
                                                : ops::mul(ops::sum(row_losses), dloss_scale);
   const Shape logits_shape = logits.shape();
   autograd::record("FusedCrossEntropyBackward", {logits, targets}, {loss},
-                   [dlogits = raw::reshape(work, logits_shape), reduction](const autograd::BackwardArgs& a) {
+                   [dlogits = raw::reshape(work, logits_shape), reduction, backward_scale](const autograd::BackwardArgs& a) {
                      if (reduction == Reduction::None) {
                        // Each row's (softmax - onehot) times that row's incoming gradient.
                        const Tensor g = raw::to(a.grad(), dlogits.device(), dlogits.dtype());
@@ -53,7 +58,7 @@ Tensor fused_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t 
                      }
                      // One scalar scales every row; reading it costs one sync, cheaper than
                      // a pass over [N, V] when it is 1 (the usual loss.backward()).
-                     const double scale = a.grad().item();
+                     const double scale = a.grad().item() * backward_scale;
                      return std::vector<Tensor>{scale == 1.0 ? dlogits : ops::mul(dlogits, scale), Tensor()};
                    });
   return loss;
