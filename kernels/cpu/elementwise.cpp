@@ -93,8 +93,17 @@ void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& o
   const Tensor lhs = as_dtype(a, out.dtype()), rhs = as_dtype(b, out.dtype());
   visit_dtype(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    map_elements<T, bool, T, T>(
-        out, [](bool k, T u, T v) { return k ? u : v; }, {&c, &lhs, &rhs});
+    // masked_fill's fill value is a broadcast scalar: hoist it so the loop stays unit-stride.
+    if (is_broadcast_scalar(lhs) && !is_broadcast_scalar(rhs)) {
+      const T fill = *static_cast<const T*>(lhs.raw_data());
+      map_elements<T, bool, T>(out, [fill](bool k, T v) { return k ? fill : v; }, {&c, &rhs});
+    } else if (is_broadcast_scalar(rhs) && !is_broadcast_scalar(lhs)) {
+      const T fill = *static_cast<const T*>(rhs.raw_data());
+      map_elements<T, bool, T>(out, [fill](bool k, T u) { return k ? u : fill; }, {&c, &lhs});
+    } else {
+      map_elements<T, bool, T, T>(
+          out, [](bool k, T u, T v) { return k ? u : v; }, {&c, &lhs, &rhs});
+    }
   });
 }
 

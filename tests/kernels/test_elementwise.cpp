@@ -248,6 +248,18 @@ TEST(Where, SelectsWithBroadcastAndPromotion) {
     for (size_t k = 0; k < c.size(); ++k) want[k] = c[k] != 0 ? x[k] : y[k];
     expect_close(out, want, {7, 33}, 0, std::string("where ") + dtype_name(dt));
   }
+  // a scalar on either side (the kernel hoists it)
+  const Tensor c = ops::binary(BinaryOp::Gt, random_tensor({5, 7}, DType::f32, 23), 0.0);
+  const Tensor x = random_tensor({5, 7}, DType::f32, 24, Layout::Transposed);
+  const Tensor s = full({}, 2.5);
+  const auto cv = host(c), xv = host(x);
+  std::vector<double> keep_x, keep_s;
+  for (size_t k = 0; k < cv.size(); ++k) {
+    keep_x.push_back(cv[k] != 0 ? xv[k] : 2.5);
+    keep_s.push_back(cv[k] != 0 ? 2.5 : xv[k]);
+  }
+  expect_close(ops::where(c, x, s), keep_x, {5, 7}, 0, "where scalar b");
+  expect_close(ops::where(c, s, x), keep_s, {5, 7}, 0, "where scalar a");
   EXPECT_EQ(ops::where(ones({2}, {.dtype = DType::boolean}), ones({2}), ones({2}, {.dtype = DType::f64}))
                 .dtype(),
             DType::f64);
