@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "autograd/autocast.h"
 #include "autograd/functions.h"
 
 namespace tessera::nn {
@@ -34,7 +35,7 @@ LMHead::LMHead(int64_t vocab_size, int64_t n_embd, Generator* gen, TensorOptions
   weight = register_parameter("weight", w);
 }
 
-Tensor LMHead::forward(const Tensor& x) { return matmul(x, weight.t()); }
+Tensor LMHead::forward(const Tensor& x) { return matmul(autograd::autocast(x), autograd::autocast(weight).t()); }
 
 GPT::GPT(const GPTConfig& cfg, Generator* gen, TensorOptions opts)
     : transformer(validated(cfg), gen, opts), cfg_(cfg) {
@@ -69,13 +70,22 @@ Tensor GPT::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
 
 Tensor GPT::forward(const Tensor& idx) {
   Tensor x = hidden_states(idx, 0, nullptr);
-  return lm_head_ ? (*lm_head_)(x) : matmul(x, transformer.wte.weight.t());
+  // Under autocast the head (the largest matmul) runs in the compute dtype.
+  return lm_head_ ? (*lm_head_)(x)
+                  : matmul(autograd::autocast(x), autograd::autocast(transformer.wte.weight).t());
 }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
   TESSERA_CHECK(targets.shape() == idx.shape(), "GPT::loss: targets ", shape_str(targets.shape()),
                 " must have idx's shape ", shape_str(idx.shape()));
-  return call_with_hooks(idx, [&] { return cross_entropy(forward(idx), targets); });
+  return call_with_hooks(idx, [&] {
+    const Tensor logits = forward(idx);
+    // On a GPU the fused classifier gives the loss and dlogits in one pass, in the logits'
+    // memory (nothing else reads them), so no [B, T, V] gradient buffer is allocated.
+    if (logits.device().is_cuda())
+      return fused_cross_entropy(logits, targets, -100, Reduction::Mean, /*consume_logits=*/true);
+    return cross_entropy(logits, targets);
+  });
 }
 
 KVCache GPT::make_kv_cache(int64_t batch) const {
