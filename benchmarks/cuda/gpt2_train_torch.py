@@ -1,0 +1,104 @@
+"""PyTorch reference for bench_gpt2_train: the same GPT-2 training step on one GPU
+(bf16 autocast with fp32 parameters, F.scaled_dot_product_attention, fused AdamW,
+global-norm clipping at 1.0, random tokens), eager or torch.compile, timed the same way
+(warm-up steps, then the mean over the timed steps between device synchronisations; peak
+memory is the allocator's peak over the timed steps).
+
+Prints one JSON line: {"mode", "ms_per_step", "tokens_per_s", "peak_gib", "loss", "torch"}.
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, C, H, L):
+        super().__init__()
+        self.H = H
+        self.ln_1, self.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.c_attn, self.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.c_fc, self.mlp_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+        for proj in (self.c_proj, self.mlp_proj):
+            nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * L))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, V, T, L, H, C):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+        for m in (self.wte, self.wpe):
+            nn.init.normal_(m.weight, std=0.02)
+        self.h = nn.ModuleList(Block(C, H, L) for _ in range(L))
+        self.ln_f = nn.LayerNorm(C)
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for block in self.h:
+            x = block(x)
+        logits = self.ln_f(x) @ self.wte.weight.t()  # tied head
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.view(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--channels", type=int, default=768)
+    ap.add_argument("--vocab", type=int, default=50304)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    dev = "cuda"
+    model = GPT(args.vocab, args.seq, args.layers, args.heads, args.channels).to(dev)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    run = torch.compile(model) if args.mode == "compile" else model
+    idx = torch.randint(0, args.vocab, (args.batch, args.seq), device=dev)
+    targets = torch.randint(0, args.vocab, (args.batch, args.seq), device=dev)
+
+    def step():
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            loss = run(idx, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    for _ in range(args.warmup):
+        step().item()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        loss = step()
+    torch.cuda.synchronize()
+    ms = (time.perf_counter() - start) * 1e3 / args.steps
+    print(json.dumps({"mode": args.mode, "ms_per_step": ms, "tokens_per_s": args.batch * args.seq / (ms / 1e3),
+                      "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "loss": loss.item(),
+                      "torch": torch.__version__}))
+
+
+if __name__ == "__main__":
+    main()
