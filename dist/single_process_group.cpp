@@ -1,34 +1,38 @@
-// The "single" backend: a world of one process. Collectives are copies (or nothing), so
-// code written for many ranks runs unchanged in one.
-#include <cstring>
-
-#include "dist/host_process_group.h"
+// The "single" backend: a world of one process. Every collective is the identity
+// or a copy, done where the tensors live (no host staging, so a one-GPU run pays
+// nothing for going through DDP), and code written for many ranks runs unchanged.
+#include "dist/process_group.h"
 
 namespace tessera::dist {
 namespace {
 
-class SingleProcessGroup final : public HostProcessGroup {
+class SingleProcessGroup final : public ProcessGroup {
  public:
-  explicit SingleProcessGroup(ProcessGroupOptions options)
-      : HostProcessGroup(0, 1, std::move(options)) {}
-  ~SingleProcessGroup() override { stop_worker(); }
+  explicit SingleProcessGroup(ProcessGroupOptions options) : ProcessGroup(0, 1, std::move(options)) {}
   std::string backend_name() const override { return "single"; }
 
  protected:
-  void host_all_reduce(void*, int64_t, DType, ReduceOp, Deadline) override {}
-  void host_reduce_scatter(const void* in, void* out, int64_t count, DType dtype, ReduceOp,
-                           Deadline) override {
-    std::memmove(out, in, count * dtype_size(dtype));
+  bool supports_device(Device) const override { return true; }
+  WorkPtr do_all_reduce(const CollectiveSignature&, const Tensor&, ReduceOp) override {
+    return completed_work();  // sum, avg, max and min of one value are the value
   }
-  void host_all_gather(const void* in, const std::vector<void*>& outs,
-                       const std::vector<size_t>& out_bytes, Deadline) override {
-    std::memmove(outs[0], in, out_bytes[0]);
+  WorkPtr do_reduce_scatter(const CollectiveSignature&, const Tensor& output, const Tensor& input,
+                            ReduceOp) override {
+    raw::copy_(output, raw::view(input, output.shape()));
+    return completed_work();
   }
-  void host_broadcast(void*, size_t, int, Deadline) override {}
-  void host_barrier(Deadline) override {}
+  WorkPtr do_all_gather(const CollectiveSignature&, const std::vector<Tensor>& outputs,
+                        const Tensor& input) override {
+    raw::copy_(outputs[0], raw::view(input, outputs[0].shape()));
+    return completed_work();
+  }
+  WorkPtr do_broadcast(const CollectiveSignature&, const Tensor&, int) override {
+    return completed_work();
+  }
+  WorkPtr do_barrier(const CollectiveSignature&) override { return completed_work(); }
   // ProcessGroup::send/recv reject a peer equal to this rank, the only rank there is.
-  void host_send(const void*, size_t, int, int, Deadline) override {}
-  void host_recv(void*, size_t, int, int, Deadline) override {}
+  WorkPtr do_send(const Tensor&, int, int) override { return completed_work(); }
+  WorkPtr do_recv(const Tensor&, int, int) override { return completed_work(); }
   std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>&, uint64_t,
                                              ProcessGroupOptions options) override {
     return std::make_shared<SingleProcessGroup>(std::move(options));
