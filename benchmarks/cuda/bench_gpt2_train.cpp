@@ -6,7 +6,9 @@
 // and the ratios.
 //
 //   bench_gpt2_train [--steps N] [--warmup N] [--batch N] [--seq N] [--layers N]
-//                    [--no-torch] [--no-compile]
+//                    [--no-torch] [--no-compile] [--profile]
+//   --profile           also time the phases of a step (forward, backward, master-gradient
+//                       copy, clipping, AdamW, copy back), synchronising the device after each
 //   TESSERA_PYTHON=...  the interpreter for the PyTorch side (default /usr/bin/python3)
 //
 // MFU counts 6·N + 12·L·C·T flops per token (N parameters without the position table,
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "autograd/functions.h"
@@ -33,7 +36,7 @@ constexpr double kPeakBf16Flops = 989e12;
 struct Args {
   int steps = 10, warmup = 3;
   int64_t batch = 16, seq = 1024, layers = 12, heads = 12, channels = 768, vocab = 50304;
-  bool torch = true, compile = true;
+  bool torch = true, compile = true, profile = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -53,10 +56,11 @@ Args parse(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--layers")) a.layers = value();
     else if (!std::strcmp(argv[i], "--no-torch")) a.torch = false;
     else if (!std::strcmp(argv[i], "--no-compile")) a.compile = false;
+    else if (!std::strcmp(argv[i], "--profile")) a.profile = true;
     else {
       std::fprintf(stderr,
                    "usage: %s [--steps N] [--warmup N] [--batch N] [--seq N] [--layers N] [--no-torch] "
-                   "[--no-compile]\n",
+                   "[--no-compile] [--profile]\n",
                    argv[0]);
       std::exit(2);
     }
@@ -124,23 +128,41 @@ int main(int argc, char** argv) {
   const Tensor targets = randint(0, a.vocab, {a.batch, a.seq}, {.dtype = DType::i64, .device = gpu}, &gen);
 
   double loss_value = 0;
+  std::map<std::string, double> phase_ms;
+  auto phase_start = Clock::now();
+  // With --profile: the device time of the phase that ends here (a sync per phase).
+  auto phase = [&](const char* name) {
+    if (!a.profile) return;
+    cuda::synchronize();
+    const auto now = Clock::now();
+    phase_ms[name] += std::chrono::duration<double, std::milli>(now - phase_start).count();
+    phase_start = now;
+  };
   auto step = [&] {
+    phase_start = Clock::now();
     Tensor loss = model.loss(idx, targets);
+    phase("1 forward + loss");
     loss.backward();
+    phase("2 backward");
     for (size_t i = 0; i < params.size(); ++i) {
       master[i].set_grad(params[i].grad().to(DType::f32));
     }
     model.zero_grad();
+    phase("3 grads to fp32 masters");
     optim::clip_grad_norm_(master, 1.0);
+    phase("4 clip");
     opt.step();
     opt.zero_grad();
+    phase("5 AdamW");
     {
       NoGradGuard no_grad;
       for (size_t i = 0; i < params.size(); ++i) Tensor(params[i]).copy_(master[i]);
     }
+    phase("6 masters to bf16 model");
     return loss;
   };
   for (int i = 0; i < a.warmup; ++i) loss_value = step().item();
+  phase_ms.clear();
   cuda::synchronize();
   cuda::reset_peak_memory_stats();
   const auto start = Clock::now();
@@ -165,6 +187,10 @@ int main(int argc, char** argv) {
   std::printf("  %-16s %10.2f %12.0f %6.1f%% %10.2f %9.4f   (peak reserved %.2f GiB)\n", "tessera", ms,
               tokens / (ms / 1e3), 100 * mfu(ms), mem.peak_allocated_bytes / gib, loss_value,
               mem.peak_reserved_bytes / gib);
+  if (a.profile) {
+    std::printf("  phases (ms/step, device synchronised after each):\n");
+    for (const auto& [name, total] : phase_ms) std::printf("    %-26s %8.2f\n", name.c_str(), total / a.steps);
+  }
   if (!a.torch) return 0;
   for (const char* mode : {"eager", "compile"}) {
     if (!a.compile && !std::strcmp(mode, "compile")) continue;
