@@ -67,8 +67,11 @@ fs::path save_checkpoint(const fs::path& checkpoints_dir, const nn::GPT& model, 
   fs::remove_all(final_dir);
   fs::rename(partial, final_dir);
 
-  const std::vector<fs::path> all = list_checkpoints(checkpoints_dir);
-  for (size_t i = 0; i + keep_last < all.size(); ++i) fs::remove_all(all[i]);
+  // Rotation counts only complete checkpoints, so a stray incomplete folder can never
+  // push the last good ones out.
+  std::vector<fs::path> complete = list_checkpoints(checkpoints_dir);
+  std::erase_if(complete, [](const fs::path& dir) { return !fs::exists(dir / kChecksumFile); });
+  for (size_t i = 0; i + keep_last < complete.size(); ++i) fs::remove_all(complete[i]);
   return final_dir;
 }
 

@@ -284,6 +284,11 @@ TEST(Cli, DamagedCheckpointsAreRefusedAndThePreviousOneStaysUsable) {
   EXPECT_NE(r.output.find("skipping damaged checkpoint"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("at step 20"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step 40/40"), std::string::npos) << r.output;
+  // Rotation (keep-last 2) counted only complete checkpoints: 30 and 40 remain, plus the
+  // incomplete folder, which is never taken for a checkpoint.
+  EXPECT_TRUE(fs::exists(out / "checkpoints" / "step_00000030" / "checksums.json"));
+  EXPECT_TRUE(fs::exists(out / "checkpoints" / "step_00000040" / "checksums.json"));
+  EXPECT_FALSE(fs::exists(out / "checkpoints" / "step_00000020"));
 }
 
 TEST(Cli, BadConfigsFailBeforeTrainingNamingTheKey) {
