@@ -26,7 +26,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DTESSERA_CUDA_GENCODE="arch=compute_90a,code=sm_90a" \
   -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
   -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
-  -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined > "$OUT/configure.log" 2>&1
+  > "$OUT/configure.log" 2>&1
 if ! cmake --build build-gpu -j "$JOBS" --target test_cuda bench_cuda_kernels > "$OUT/build.log" 2>&1; then
   grep -E "error|FAILED" "$OUT/build.log" | head -40
   echo "BUILD FAILED (see build.log)"
