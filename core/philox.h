@@ -3,6 +3,7 @@
 // words, with no state between blocks. CPU and CUDA kernels call the same
 // function, so every device and every rank draws identical numbers.
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include "core/half.h"
