@@ -55,6 +55,19 @@ bool env_flag(const char* name) {
   return v == "1" || v == "true" || v == "yes" || v == "on";
 }
 
+std::string first_slurm_host(const std::string& nodelist) {
+  // The first entry ends at a comma outside brackets; a bracket holds numbers or ranges
+  // whose first number (with its zero padding) completes the name.
+  size_t bracket = nodelist.find('[');
+  size_t comma = nodelist.find(',');
+  if (bracket == std::string::npos || (comma != std::string::npos && comma < bracket))
+    return nodelist.substr(0, comma);
+  size_t end = nodelist.find_first_of("-,]", bracket + 1);
+  TESSERA_CHECK(end != std::string::npos, "dist environment: cannot read SLURM node list '",
+                nodelist, "'");
+  return nodelist.substr(0, bracket) + nodelist.substr(bracket + 1, end - bracket - 1);
+}
+
 DistEnv read_dist_env() {
   DistEnv env;
   if (has_env("RANK") || has_env("WORLD_SIZE")) {
@@ -81,6 +94,12 @@ DistEnv read_dist_env() {
   }
   env.master_addr = env_string("MASTER_ADDR");
   env.master_port = env_int("MASTER_PORT", 0);
+  if (env.launcher == Launcher::Slurm) {
+    if (env.master_addr.empty())
+      env.master_addr = first_slurm_host(env_string("SLURM_JOB_NODELIST", env_string("SLURM_NODELIST")));
+    if (env.master_port == 0 && !env.master_addr.empty())
+      env.master_port = 29500 + env_int("SLURM_JOB_ID", 0) % 1000;
+  }
   TESSERA_CHECK(env.world_size >= 1, "dist environment: world size ", env.world_size,
                 " must be >= 1 (launcher: ", launcher_name(env.launcher), ")");
   TESSERA_CHECK(env.rank >= 0 && env.rank < env.world_size, "dist environment: rank ", env.rank,

@@ -24,7 +24,12 @@ struct DistEnv {
 
 // Reads the environment; torchrun names win over mpirun's, mpirun's over SLURM's.
 // Malformed values (non-numbers, rank >= world size) are errors naming the variable.
+// Under SLURM without MASTER_ADDR/MASTER_PORT, rank 0's node is the first host of
+// SLURM_JOB_NODELIST (SLURM_NODELIST) and the port 29500 + SLURM_JOB_ID % 1000.
 DistEnv read_dist_env();
+
+// The first host name of a SLURM host list: "node[07-09,12],gpu1" -> "node07".
+std::string first_slurm_host(const std::string& nodelist);
 
 // Environment lookup helpers shared by dist/: the value, or the fallback when unset/empty.
 std::string env_string(const char* name, const std::string& fallback = "");

@@ -29,7 +29,8 @@ const char* kDistVars[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE
                            "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                            "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
                            "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-                           "SLURM_NTASKS_PER_NODE"};
+                           "SLURM_NTASKS_PER_NODE", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
+                           "SLURM_JOB_ID"};
 
 // Clears the launch variables for the test and restores nothing: test_dist itself is never
 // started as a distributed job.
@@ -93,6 +94,22 @@ TEST_F(EnvTest, SlurmVariables) {
   EXPECT_EQ(e.world_size, 8);
   EXPECT_EQ(e.local_rank, 2);
   EXPECT_EQ(e.local_world_size, 4);
+}
+
+TEST_F(EnvTest, SlurmWithoutMasterUsesTheFirstNodeOfTheJob) {
+  setenv("SLURM_PROCID", "0", 1);
+  setenv("SLURM_NTASKS", "2", 1);
+  setenv("SLURM_JOB_NODELIST", "gpu[007-009,12],login1", 1);
+  setenv("SLURM_JOB_ID", "123456", 1);
+  DistEnv e = read_dist_env();
+  EXPECT_EQ(e.master_addr, "gpu007");
+  EXPECT_EQ(e.master_port, 29500 + 456);
+  setenv("MASTER_ADDR", "10.0.0.1", 1);  // explicit values win
+  EXPECT_EQ(read_dist_env().master_addr, "10.0.0.1");
+  EXPECT_EQ(first_slurm_host("a1,b2"), "a1");
+  EXPECT_EQ(first_slurm_host("solo"), "solo");
+  EXPECT_EQ(first_slurm_host("n[3]"), "n3");
+  EXPECT_THROW(first_slurm_host("n[3"), Error);
 }
 
 TEST_F(EnvTest, BadValuesNameTheVariable) {
