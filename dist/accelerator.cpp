@@ -26,9 +26,8 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   if (!is_initialized()) {
     InitOptions init;
     init.backend = options_.backend;
-    if (options_.cpu && init.backend == "auto") init.backend = env_.world_size == 1 ? "single" : "auto";
     // A CPU-only run must not pick NCCL just because a GPU is visible.
-    if (options_.cpu && init.backend == "auto")
+    if (options_.cpu && init.backend == "auto" && env_.world_size > 1)
       init.backend = (env_.launcher == Launcher::Mpirun && has_backend("mpi")) ? "mpi" : "tcp";
     init_process_group(init);
     owns_group_ = true;
