@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
+
 namespace {
 
 struct JobResult {
@@ -282,6 +284,26 @@ TEST(AcceleratorJobs, HelpersAndResumeThrough3RankLaunchAndMpirun) {
   r = run_job(mpirun(2, DIST_ACCELERATOR_CHECK " " + temp_file("acc_state_mpi")), 120);
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count(r.output, "accelerator checks passed"), 2) << r.output;
+}
+
+// ---- on GPUs (skipped without two; NCCL_NVLS_ENABLE=0 as the multi-GPU machines need) ----
+
+TEST(GpuJobs, NcclCollectivesAndDdpEquivalenceOn2Gpus) {
+  if (tessera::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  const std::string nccl = "env NCCL_NVLS_ENABLE=0 ";
+  expect_all_ranks_passed(run_job(nccl + launch(2, DIST_COLLECTIVES_CHECK " nccl cuda"), 180), 2);
+  expect_all_ranks_passed(
+      run_job("env TESSERA_DEBUG_COLLECTIVES=1 " + nccl + launch(2, DIST_COLLECTIVES_CHECK " nccl cuda"), 180),
+      2);
+  // CUDA tensors staged through host memory by the CPU backends.
+  expect_all_ranks_passed(run_job(launch(2, DIST_COLLECTIVES_CHECK " tcp cuda"), 180), 2);
+  const std::string one = temp_file("gpu_reference.txt");
+  JobResult r = run_job("env -u RANK -u WORLD_SIZE " DIST_TRAIN_CHECK " --cuda --rows 8 --out " + one, 180);
+  ASSERT_EQ(r.status, 0) << r.output;
+  expect_same_training(distributed_training(nccl + launch(2, DIST_TRAIN_CHECK), 4, 1, "gpu2", " --cuda"),
+                       read_record(one), kRtol);
+  expect_same_training(distributed_training(nccl + launch(2, DIST_TRAIN_CHECK), 2, 2, "gpu2acc", " --cuda"),
+                       read_record(one), kRtol);
 }
 
 // ---- the examples ----
