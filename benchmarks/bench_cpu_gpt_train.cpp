@@ -105,7 +105,7 @@ class ModuleTimer {
 struct TorchResult {
   bool ok = false;
   double ms_per_step = 0, tokens_per_s = 0;
-  std::string blas;  // PyTorch's BLAS ("generic" = the slow reference BLAS)
+  std::string blas;  // the BLAS library PyTorch loaded
 };
 
 TorchResult run_torch(const Args& a, int threads) {

@@ -6,6 +6,7 @@ Run with /usr/bin/python3 (torch CPU).
 """
 import argparse
 import json
+import os
 import math
 import time
 
@@ -90,10 +91,13 @@ def main():
         loss = step()
     elapsed = time.perf_counter() - start
     ms = 1000.0 * elapsed / args.steps
+    # The BLAS library actually loaded (Debian's torch links libblas.so.3, which the
+    # alternatives system points at OpenBLAS or the reference BLAS).
     blas = "unknown"
-    for line in torch.__config__.show().splitlines():
-        if "BLAS_INFO=" in line:
-            blas = line.split("BLAS_INFO=")[1].split(",")[0]
+    with open("/proc/self/maps") as maps:
+        libs = sorted({l.split()[-1] for l in maps if "blas" in l.lower() or "mkl" in l.lower()})
+    if libs:
+        blas = ", ".join(os.path.realpath(l).split("/")[-2] + "/" + os.path.basename(l) for l in libs)
     print(json.dumps({"blas": blas, "ms_per_step": ms, "tokens_per_s": args.batch * args.seq / (ms / 1000.0),
                       "threads": args.threads, "torch": torch.__version__,
                       "loss": float(loss)}))

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what Tessera needs from Debian's packages, only what is missing.
+# libopenblas0-pthread makes the reference PyTorch use OpenBLAS rather than the slow reference BLAS.
 # The CUDA toolkit is optional: when nvcc is present the CUDA backend is built too.
 set -euo pipefail
 PACKAGES=(build-essential cmake ninja-build pkg-config git
   libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
   libyaml-cpp-dev zlib1g-dev libopenmpi-dev openmpi-bin
-  python3 python3-numpy python3-torch
+  python3 python3-numpy python3-torch libopenblas0-pthread
   fortunes)
 missing=()
 for p in "${PACKAGES[@]}"; do
