@@ -80,11 +80,11 @@ double grad_norm_squared(const std::vector<Tensor>& params) {
 
 double grad_norm(const std::vector<Tensor>& params) { return std::sqrt(grad_norm_squared(params)); }
 
-void scale_grads_(const std::vector<Tensor>& params, double factor) {
-  scale_grads_and_check_finite_(params, factor);
-}
+namespace {
 
-bool scale_grads_and_check_finite_(const std::vector<Tensor>& params, double factor) {
+// Multiplies every gradient by factor; with check_finite, also reports whether all were finite
+// (on a device that costs a reduction and a host read, so clipping skips it).
+bool scale_grads(const std::vector<Tensor>& params, double factor, bool check_finite) {
   bool finite = true;
   Tensor device_probe;  // sum of g*0 over non-CPU grads: NaN iff some element is inf/NaN
   for_each_grad(params, [&](const Tensor& g) {
@@ -103,14 +103,26 @@ bool scale_grads_and_check_finite_(const std::vector<Tensor>& params, double fac
         if (bad) finite = false;
       });
     } else {
-      Tensor probe = ops::sum(ops::mul(raw::to(g, g.device(), DType::f32), 0.0));
-      device_probe = device_probe.defined() ? ops::add(device_probe, probe) : probe;
+      if (check_finite) {
+        Tensor probe = ops::sum(ops::mul(raw::to(g, g.device(), DType::f32), 0.0));
+        device_probe = device_probe.defined() ? ops::add(device_probe, probe) : probe;
+      }
       ops::binary_(BinaryOp::Mul, g, factor);
     }
     g.impl().version++;
   });
   if (device_probe.defined() && !std::isfinite(device_probe.item())) finite = false;
   return finite;
+}
+
+}  // namespace
+
+void scale_grads_(const std::vector<Tensor>& params, double factor) {
+  scale_grads(params, factor, /*check_finite=*/false);
+}
+
+bool scale_grads_and_check_finite_(const std::vector<Tensor>& params, double factor) {
+  return scale_grads(params, factor, /*check_finite=*/true);
 }
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
