@@ -1,4 +1,5 @@
 // Differentiable matmul, linear, embedding and cross_entropy.
+#include "autograd/autocast.h"
 #include "autograd/function_util.h"
 #include "autograd/functions.h"
 
@@ -31,7 +32,10 @@ Tensor matmul_grad_b(const Tensor& g, const Tensor& a, const Shape& b_shape) {
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  // Under an AutocastGuard both operands run in the compute dtype; their casts are on the
+  // tape, so gradients return in the operands' own dtypes.
+  const Tensor a = autograd::autocast(a_in), b = autograd::autocast(b_in);
   Tensor y = ops::matmul(a, b);
   if (!autograd::any_requires_grad({a, b})) return y;
   SavedTensor saved_a = b.requires_grad() ? SavedTensor::input(a) : SavedTensor();
@@ -56,7 +60,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return y;
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
+  const Tensor x = autograd::autocast(x_in), weight = autograd::autocast(weight_in);
   TESSERA_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(0),
                 "linear: input of shape ", shape_str(x.shape()), " does not match weight of shape ",
                 shape_str(weight.shape()), " (expected [in, out] with in = the input's last dim)");

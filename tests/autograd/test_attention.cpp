@@ -201,5 +201,36 @@ TEST(FusedCrossEntropyCuda, MatchesTheCpuCrossEntropy) {
   EXPECT_THROW(fused_cross_entropy(logits_cpu.to(Device::cuda(0)), targets_cpu), Error);  // targets on the CPU
 }
 
+// linear and matmul under autocast: bf16 products, f32 gradients for f32 leaves, and values
+// within bf16 rounding of the f32 computation.
+TEST(Autocast, LinearAndMatmulComputeInBf16WithF32Gradients) {
+  Generator gen(11);
+  Tensor x = leaf(randn({7, 33}, {.dtype = DType::f32}, &gen));
+  Tensor w = leaf(randn({33, 9}, {.dtype = DType::f32}, &gen));
+  Tensor b = leaf(randn({9}, {.dtype = DType::f32}, &gen));
+  Tensor m = leaf(randn({9, 5}, {.dtype = DType::f32}, &gen));
+  Tensor y;
+  {
+    autograd::AutocastGuard guard(DType::bf16);
+    y = matmul(linear(x, w, b), m);
+  }
+  EXPECT_EQ(y.dtype(), DType::bf16);
+  sum(y.to(DType::f32)).backward();
+  std::vector<Tensor> grads;
+  for (const Tensor& t : {x, w, b, m}) {
+    ASSERT_TRUE(t.grad().defined());
+    EXPECT_EQ(t.grad().dtype(), DType::f32);
+    grads.push_back(t.grad().clone());
+    t.set_grad(Tensor());
+  }
+  Tensor ref = matmul(linear(x, w, b), m);
+  EXPECT_LT(ops::max_rel_error(y.to(DType::f32), ref), 3e-2);
+  sum(ref).backward();
+  const std::vector<Tensor> leaves = {x, w, b, m};
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    EXPECT_LT(ops::max_rel_error(grads[i], leaves[i].grad()), 3e-2) << i;
+  }
+}
+
 }  // namespace
 }  // namespace tessera
