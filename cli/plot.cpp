@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "core/error.h"
 #include "data/file_io.h"
@@ -67,6 +68,55 @@ std::string encode_png(int width, int height, const std::vector<uint8_t>& rgb) {
 
 namespace {
 
+constexpr uint32_t kWhite = 0xFFFFFF, kBlack = 0x000000, kGrid = 0xE0E0E0;
+constexpr uint32_t kTrainColor = 0x1F77B4, kValColor = 0xFF7F0E;
+
+// A 5x7 bitmap font with just the characters plot labels use: each glyph is 7 rows,
+// bit 4 of a row is its leftmost column.
+constexpr int kGlyphW = 5, kGlyphH = 7, kAdvance = kGlyphW + 1;
+struct Glyph {
+  char c;
+  uint8_t rows[kGlyphH];
+};
+constexpr Glyph kFont[] = {
+    {'0', {0b01110, 0b10001, 0b10011, 0b10101, 0b11001, 0b10001, 0b01110}},
+    {'1', {0b00100, 0b01100, 0b00100, 0b00100, 0b00100, 0b00100, 0b01110}},
+    {'2', {0b01110, 0b10001, 0b00001, 0b00010, 0b00100, 0b01000, 0b11111}},
+    {'3', {0b11111, 0b00010, 0b00100, 0b00010, 0b00001, 0b10001, 0b01110}},
+    {'4', {0b00010, 0b00110, 0b01010, 0b10010, 0b11111, 0b00010, 0b00010}},
+    {'5', {0b11111, 0b10000, 0b11110, 0b00001, 0b00001, 0b10001, 0b01110}},
+    {'6', {0b00110, 0b01000, 0b10000, 0b11110, 0b10001, 0b10001, 0b01110}},
+    {'7', {0b11111, 0b00001, 0b00010, 0b00100, 0b01000, 0b01000, 0b01000}},
+    {'8', {0b01110, 0b10001, 0b10001, 0b01110, 0b10001, 0b10001, 0b01110}},
+    {'9', {0b01110, 0b10001, 0b10001, 0b01111, 0b00001, 0b00010, 0b01100}},
+    {'.', {0b00000, 0b00000, 0b00000, 0b00000, 0b00000, 0b01100, 0b01100}},
+    {'-', {0b00000, 0b00000, 0b00000, 0b11111, 0b00000, 0b00000, 0b00000}},
+    {'+', {0b00000, 0b00100, 0b00100, 0b11111, 0b00100, 0b00100, 0b00000}},
+    {' ', {0b00000, 0b00000, 0b00000, 0b00000, 0b00000, 0b00000, 0b00000}},
+    {'a', {0b00000, 0b00000, 0b01110, 0b00001, 0b01111, 0b10001, 0b01111}},
+    {'e', {0b00000, 0b00000, 0b01110, 0b10001, 0b11111, 0b10000, 0b01110}},
+    {'i', {0b00100, 0b00000, 0b01100, 0b00100, 0b00100, 0b00100, 0b01110}},
+    {'l', {0b01100, 0b00100, 0b00100, 0b00100, 0b00100, 0b00100, 0b01110}},
+    {'n', {0b00000, 0b00000, 0b10110, 0b11001, 0b10001, 0b10001, 0b10001}},
+    {'o', {0b00000, 0b00000, 0b01110, 0b10001, 0b10001, 0b10001, 0b01110}},
+    {'p', {0b00000, 0b00000, 0b11110, 0b10001, 0b11110, 0b10000, 0b10000}},
+    {'r', {0b00000, 0b00000, 0b10110, 0b11001, 0b10000, 0b10000, 0b10000}},
+    {'s', {0b00000, 0b00000, 0b01111, 0b10000, 0b01110, 0b00001, 0b11110}},
+    {'t', {0b01000, 0b01000, 0b11100, 0b01000, 0b01000, 0b01001, 0b00110}},
+    {'v', {0b00000, 0b00000, 0b10001, 0b10001, 0b10001, 0b01010, 0b00100}},
+};
+
+const Glyph& glyph(char c) {
+  for (const Glyph& g : kFont)
+    if (g.c == c) return g;
+  TESSERA_FAIL("plot: the built-in font has no glyph for '", std::string(1, c), "'");
+}
+
+// Width of a line of text in image pixels (no trailing gap after the last glyph).
+int text_width(const std::string& text, int scale) {
+  return text.empty() ? 0 : (static_cast<int>(text.size()) * kAdvance - 1) * scale;
+}
+
 struct Canvas {
   int w, h;
   std::vector<uint8_t> rgb;
@@ -75,6 +125,10 @@ struct Canvas {
     if (x < 0 || y < 0 || x >= w || y >= h) return;
     uint8_t* p = &rgb[(static_cast<size_t>(y) * w + x) * 3];
     p[0] = color >> 16, p[1] = (color >> 8) & 0xFF, p[2] = color & 0xFF;
+  }
+  void fill(int x0, int y0, int x1, int y1, uint32_t color) {  // inclusive corners
+    for (int y = y0; y <= y1; ++y)
+      for (int x = x0; x <= x1; ++x) set(x, y, color);
   }
   // Bresenham, `thickness` pixels wide.
   void line(int x0, int y0, int x1, int y1, uint32_t color, int thickness = 1) {
@@ -95,41 +149,111 @@ struct Canvas {
       for (int b = -radius; b <= radius; ++b)
         if (a * a + b * b <= radius * radius) set(x + a, y + b, color);
   }
+  // Text with its top-left corner at (x, y); `upward` turns it 90 degrees counter-clockwise
+  // (reading bottom to top, for the loss-axis title), then (x, y) is its bottom-left.
+  // Returns the rectangle the text spans.
+  PlotBox text(int x, int y, const std::string& s, uint32_t color, int scale, bool upward = false) {
+    for (size_t i = 0; i < s.size(); ++i) {
+      const Glyph& g = glyph(s[i]);
+      for (int row = 0; row < kGlyphH; ++row)
+        for (int col = 0; col < kGlyphW; ++col) {
+          if (!(g.rows[row] >> (kGlyphW - 1 - col) & 1)) continue;
+          const int along = (static_cast<int>(i) * kAdvance + col) * scale, across = row * scale;
+          const int px = upward ? x + across : x + along, py = upward ? y - along - scale + 1 : y + across;
+          fill(px, py, px + scale - 1, py + scale - 1, color);
+        }
+    }
+    const int length = text_width(s, scale), thickness = kGlyphH * scale;
+    return upward ? PlotBox{x, y - length + 1, x + thickness - 1, y} : PlotBox{x, y, x + length - 1, y + thickness - 1};
+  }
 };
+
+// A tick spacing of 1, 2 or 5 times a power of ten giving about `target` intervals.
+double nice_step(double range, int target) {
+  const double raw = range / target;
+  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0})
+    if (m * magnitude >= raw * 0.999) return m * magnitude;
+  return 10.0 * magnitude;
+}
+
+// Loss labels: 3 significant digits ("%.3g": 0.25, 1.5, 12, 1e+03); steps: integers.
+std::string loss_label(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", std::abs(v) < 1e-12 ? 0.0 : v);
+  return buf;
+}
+std::string step_label(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f", v);
+  return buf;
+}
 
 }  // namespace
 
-void write_loss_curve_png(const std::string& path, const LossCurves& curves, int width, int height) {
-  Canvas c(width, height);
-  const int left = 50, right = width - 20, top = 20, bottom = height - 40;
+LossPlot render_loss_curve(const LossCurves& curves, int width, int height) {
+  TESSERA_CHECK(width >= 120 && height >= 80, "render_loss_curve: a ", width, "x", height,
+                " image is too small for a labelled plot (need at least 120x80)");
   double x_min = INFINITY, x_max = -INFINITY, y_min = INFINITY, y_max = -INFINITY;
   for (const auto* series : {&curves.train, &curves.val})
     for (const auto& [x, y] : *series) {
-      if (!std::isfinite(y)) continue;
+      if (!std::isfinite(y) || !std::isfinite(x)) continue;
       x_min = std::min(x_min, x), x_max = std::max(x_max, x);
       y_min = std::min(y_min, y), y_max = std::max(y_max, y);
     }
   if (!std::isfinite(x_min)) x_min = 0, x_max = 1, y_min = 0, y_max = 1;
   if (x_max == x_min) x_max = x_min + 1;
-  y_min = std::floor(y_min), y_max = std::ceil(y_max);
-  if (y_max == y_min) y_max = y_min + 1;
+  if (y_max == y_min) y_min -= 0.5, y_max += 0.5;
+  // The loss axis is widened to whole tick steps so the top and bottom lines are labelled.
+  const double y_step = nice_step(y_max - y_min, 5);
+  y_min = std::floor(y_min / y_step + 1e-9) * y_step, y_max = std::ceil(y_max / y_step - 1e-9) * y_step;
+  const double x_step = std::max(1.0, nice_step(x_max - x_min, 6));
+
+  LossPlot plot;
+  plot.width = width, plot.height = height;
+  const int s = plot.text_scale = height >= 400 && width >= 600 ? 2 : 1;
+  const int text_h = kGlyphH * s, gap = 3 * s, tick_len = 2 + 2 * s;
+  std::vector<double> loss_values, step_values;
+  for (int k = 0; y_min + k * y_step <= y_max + 1e-9 * y_step; ++k) loss_values.push_back(y_min + k * y_step);
+  for (double x = std::ceil(x_min / x_step) * x_step; x <= x_max + 1e-9 * x_step; x += x_step)
+    step_values.push_back(x);
+  int widest_loss_label = 0;
+  for (double v : loss_values) widest_loss_label = std::max(widest_loss_label, text_width(loss_label(v), s));
+
+  // Margins: left holds the upward title, the loss labels and the ticks; bottom holds the
+  // ticks, the step labels and the title; the right leaves room for a centred last label.
+  plot.left = gap + text_h + gap + widest_loss_label + gap + tick_len;
+  plot.right = width - 1 - std::max(10, text_width(step_label(x_max), s) / 2 + gap);
+  plot.top = gap + text_h / 2 + 2;
+  plot.bottom = height - 1 - (tick_len + gap + text_h + gap + text_h + gap);
+  const int left = plot.left, right = plot.right, top = plot.top, bottom = plot.bottom;
   auto px = [&](double x) { return left + static_cast<int>(std::lround((x - x_min) / (x_max - x_min) * (right - left))); };
   auto py = [&](double y) { return bottom - static_cast<int>(std::lround((y - y_min) / (y_max - y_min) * (bottom - top))); };
 
-  const int y_step = std::max(1, static_cast<int>((y_max - y_min) / 10));  // at most ~10 grid lines
-  for (double y = y_min; y <= y_max; y += y_step) c.line(left, py(y), right, py(y), 0xE0E0E0);
-  c.line(left, bottom, right, bottom, 0x000000);
-  c.line(left, top, left, bottom, 0x000000);
-  for (int i = 0; i <= 10; ++i) {  // ticks on the step axis
-    const int x = left + (right - left) * i / 10;
-    c.line(x, bottom, x, bottom + 5, 0x000000);
+  Canvas c(width, height);
+  for (double v : loss_values) {
+    PlotTick tick{py(v), v, loss_label(v), {}};
+    c.line(left, tick.pixel, right, tick.pixel, kGrid);
+    c.line(left - tick_len, tick.pixel, left, tick.pixel, kBlack);
+    tick.label_box = c.text(left - tick_len - gap - text_width(tick.label, s), tick.pixel - text_h / 2, tick.label, kBlack, s);
+    plot.loss_ticks.push_back(tick);
   }
+  for (double v : step_values) {
+    PlotTick tick{px(v), v, step_label(v), {}};
+    c.line(tick.pixel, bottom, tick.pixel, bottom + tick_len, kBlack);
+    tick.label_box = c.text(tick.pixel - text_width(tick.label, s) / 2, bottom + tick_len + gap, tick.label, kBlack, s);
+    plot.step_ticks.push_back(tick);
+  }
+  c.line(left, bottom, right, bottom, kBlack);
+  c.line(left, top, left, bottom, kBlack);
+  plot.step_title = c.text((left + right - text_width("step", s)) / 2, height - 1 - gap - text_h + 1, "step", kBlack, s);
+  plot.loss_title = c.text(gap, (top + bottom + text_width("loss", s)) / 2, "loss", kBlack, s, /*upward=*/true);
 
   auto draw = [&](const std::vector<std::pair<double, double>>& series, uint32_t color, bool dots) {
     bool have_prev = false;
     int prev_x = 0, prev_y = 0;
     for (const auto& [x, y] : series) {
-      if (!std::isfinite(y)) {
+      if (!std::isfinite(y) || !std::isfinite(x)) {
         have_prev = false;
         continue;
       }
@@ -139,9 +263,31 @@ void write_loss_curve_png(const std::string& path, const LossCurves& curves, int
       prev_x = cx, prev_y = cy, have_prev = true;
     }
   };
-  draw(curves.train, 0x1F77B4, false);
-  draw(curves.val, 0xFF7F0E, true);
-  data::write_file_atomically(path, encode_png(width, height, c.rgb));
+  draw(curves.train, kTrainColor, false);
+  draw(curves.val, kValColor, true);
+
+  // Legend in the top-right corner of the data area, drawn last so curves don't hide it:
+  // a line sample for train, a dot for val, on a framed white box.
+  const int sample = 6 * s, row_h = text_h + gap;
+  const int box_w = gap + sample + gap + text_width("train", s) + gap, box_h = gap + 2 * row_h;
+  const int bx = right - 4 - box_w, by = top + 4;
+  plot.legend = {bx, by, bx + box_w, by + box_h};
+  c.fill(bx, by, bx + box_w, by + box_h, kWhite);
+  c.line(bx, by, bx + box_w, by, kGrid), c.line(bx, by + box_h, bx + box_w, by + box_h, kGrid);
+  c.line(bx, by, bx, by + box_h, kGrid), c.line(bx + box_w, by, bx + box_w, by + box_h, kGrid);
+  const int row0 = by + gap, row1 = row0 + row_h, text_x = bx + gap + sample + gap;
+  c.line(bx + gap, row0 + text_h / 2, bx + gap + sample, row0 + text_h / 2, kTrainColor, 2);
+  c.text(text_x, row0, "train", kBlack, s);
+  c.dot(bx + gap + sample / 2, row1 + text_h / 2, kValColor, 1 + s);
+  c.text(text_x, row1, "val", kBlack, s);
+
+  plot.rgb = std::move(c.rgb);
+  return plot;
+}
+
+void write_loss_curve_png(const std::string& path, const LossCurves& curves, int width, int height) {
+  const LossPlot plot = render_loss_curve(curves, width, height);
+  data::write_file_atomically(path, encode_png(plot.width, plot.height, plot.rgb));
 }
 
 }  // namespace tessera::cli
