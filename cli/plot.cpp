@@ -177,16 +177,34 @@ double nice_step(double range, int target) {
   return 10.0 * magnitude;
 }
 
-// Loss labels: 3 significant digits ("%.3g": 0.25, 1.5, 12, 1e+03); steps: integers.
-std::string loss_label(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", std::abs(v) < 1e-12 ? 0.0 : v);
-  return buf;
+// Loss labels: 3 significant digits ("%.3g": 0.25, 1.5, 12, 1e+03), more only where
+// neighbouring ticks would otherwise read the same (a narrow range far from zero).
+std::vector<std::string> loss_labels(const std::vector<double>& values) {
+  std::vector<std::string> labels;
+  for (int digits = 3; digits <= 12; ++digits) {
+    labels.clear();
+    for (double v : values) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+      labels.push_back(buf);
+    }
+    if (std::adjacent_find(labels.begin(), labels.end()) == labels.end()) break;
+  }
+  return labels;
 }
 std::string step_label(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.0f", v);
   return buf;
+}
+
+// Tick values: the multiples of `step` within [lo, hi].
+std::vector<double> ticks_between(double lo, double hi, double step) {
+  std::vector<double> values;
+  // The count cap only guards against a degenerate step; callers ask for about 6 ticks.
+  for (double k = std::ceil(lo / step - 1e-9); k * step <= hi + 1e-9 * step && values.size() < 100; ++k)
+    values.push_back(k * step + 0.0);  // + 0.0 turns -0 into 0, which prints as "0"
+  return values;
 }
 
 }  // namespace
@@ -203,22 +221,26 @@ LossPlot render_loss_curve(const LossCurves& curves, int width, int height) {
     }
   if (!std::isfinite(x_min)) x_min = 0, x_max = 1, y_min = 0, y_max = 1;
   if (x_max == x_min) x_max = x_min + 1;
-  if (y_max == y_min) y_min -= 0.5, y_max += 0.5;
+  // A flat loss (or one varying only in its last bits) gets a band around its value, so
+  // the ticks are few and readable.
+  if (y_max - y_min <= 1e-6 * std::max(std::abs(y_min), std::abs(y_max))) {
+    const double mid = (y_min + y_max) / 2, half = mid != 0 ? 0.1 * std::abs(mid) : 0.5;
+    y_min = mid - half, y_max = mid + half;
+  }
   // The loss axis is widened to whole tick steps so the top and bottom lines are labelled.
   const double y_step = nice_step(y_max - y_min, 5);
   y_min = std::floor(y_min / y_step + 1e-9) * y_step, y_max = std::ceil(y_max / y_step - 1e-9) * y_step;
-  const double x_step = std::max(1.0, nice_step(x_max - x_min, 6));
 
   LossPlot plot;
   plot.width = width, plot.height = height;
   const int s = plot.text_scale = height >= 400 && width >= 600 ? 2 : 1;
   const int text_h = kGlyphH * s, gap = 3 * s, tick_len = 2 + 2 * s;
-  std::vector<double> loss_values, step_values;
-  for (int k = 0; y_min + k * y_step <= y_max + 1e-9 * y_step; ++k) loss_values.push_back(y_min + k * y_step);
-  for (double x = std::ceil(x_min / x_step) * x_step; x <= x_max + 1e-9 * x_step; x += x_step)
-    step_values.push_back(x);
+  std::vector<double> loss_values = ticks_between(y_min, y_max, y_step);
+  for (double& v : loss_values)
+    if (std::abs(v) < 1e-9 * y_step) v = 0;  // "0", not "-2.2e-17"
+  const std::vector<std::string> loss_texts = loss_labels(loss_values);
   int widest_loss_label = 0;
-  for (double v : loss_values) widest_loss_label = std::max(widest_loss_label, text_width(loss_label(v), s));
+  for (const auto& t : loss_texts) widest_loss_label = std::max(widest_loss_label, text_width(t, s));
 
   // Margins: left holds the upward title, the loss labels and the ticks; bottom holds the
   // ticks, the step labels and the title; the right leaves room for a centred last label.
@@ -226,13 +248,25 @@ LossPlot render_loss_curve(const LossCurves& curves, int width, int height) {
   plot.right = width - 1 - std::max(10, text_width(step_label(x_max), s) / 2 + gap);
   plot.top = gap + text_h / 2 + 2;
   plot.bottom = height - 1 - (tick_len + gap + text_h + gap + text_h + gap);
+  TESSERA_CHECK(plot.right - plot.left >= 20 && plot.bottom - plot.top >= 20, "render_loss_curve: a ", width, "x",
+                height, " image leaves no room for the data between the labels");
+
+  // Step ticks: about 6, fewer where the labels would run into each other.
+  std::vector<double> step_values;
+  for (int target = 6; target >= 1; --target) {
+    const double x_step = std::max(1.0, nice_step(x_max - x_min, target));
+    step_values = ticks_between(x_min, x_max, x_step);
+    const double spacing = x_step / (x_max - x_min) * (plot.right - plot.left);
+    const int widest = std::max(text_width(step_label(x_min), s), text_width(step_label(x_max), s));
+    if (spacing >= widest + 2 * gap) break;
+  }
   const int left = plot.left, right = plot.right, top = plot.top, bottom = plot.bottom;
   auto px = [&](double x) { return left + static_cast<int>(std::lround((x - x_min) / (x_max - x_min) * (right - left))); };
   auto py = [&](double y) { return bottom - static_cast<int>(std::lround((y - y_min) / (y_max - y_min) * (bottom - top))); };
 
   Canvas c(width, height);
-  for (double v : loss_values) {
-    PlotTick tick{py(v), v, loss_label(v), {}};
+  for (size_t i = 0; i < loss_values.size(); ++i) {
+    PlotTick tick{py(loss_values[i]), loss_values[i], loss_texts[i], {}};
     c.line(left, tick.pixel, right, tick.pixel, kGrid);
     c.line(left - tick_len, tick.pixel, left, tick.pixel, kBlack);
     tick.label_box = c.text(left - tick_len - gap - text_width(tick.label, s), tick.pixel - text_h / 2, tick.label, kBlack, s);
@@ -267,19 +301,31 @@ LossPlot render_loss_curve(const LossCurves& curves, int width, int height) {
   draw(curves.val, kValColor, true);
 
   // Legend in the top-right corner of the data area, drawn last so curves don't hide it:
-  // a line sample for train, a dot for val, on a framed white box.
-  const int sample = 6 * s, row_h = text_h + gap;
-  const int box_w = gap + sample + gap + text_width("train", s) + gap, box_h = gap + 2 * row_h;
-  const int bx = right - 4 - box_w, by = top + 4;
-  plot.legend = {bx, by, bx + box_w, by + box_h};
-  c.fill(bx, by, bx + box_w, by + box_h, kWhite);
-  c.line(bx, by, bx + box_w, by, kGrid), c.line(bx, by + box_h, bx + box_w, by + box_h, kGrid);
-  c.line(bx, by, bx, by + box_h, kGrid), c.line(bx + box_w, by, bx + box_w, by + box_h, kGrid);
-  const int row0 = by + gap, row1 = row0 + row_h, text_x = bx + gap + sample + gap;
-  c.line(bx + gap, row0 + text_h / 2, bx + gap + sample, row0 + text_h / 2, kTrainColor, 2);
-  c.text(text_x, row0, "train", kBlack, s);
-  c.dot(bx + gap + sample / 2, row1 + text_h / 2, kValColor, 1 + s);
-  c.text(text_x, row1, "val", kBlack, s);
+  // a sample of each non-empty series (line, plus a dot for val) on a framed white box.
+  struct Entry {
+    const char* name;
+    uint32_t color;
+    bool dot;
+  };
+  std::vector<Entry> entries;
+  if (!curves.train.empty()) entries.push_back({"train", kTrainColor, false});
+  if (!curves.val.empty()) entries.push_back({"val", kValColor, true});
+  if (!entries.empty()) {
+    const int sample = 8 * s, row_h = text_h + gap;
+    const int box_w = gap + sample + gap + text_width("train", s) + gap;
+    const int box_h = gap + static_cast<int>(entries.size()) * row_h;
+    const int bx = right - 4 - box_w, by = top + 4;
+    plot.legend = {bx, by, bx + box_w, by + box_h};
+    c.fill(bx, by, bx + box_w, by + box_h, kWhite);
+    c.line(bx, by, bx + box_w, by, kGrid), c.line(bx, by + box_h, bx + box_w, by + box_h, kGrid);
+    c.line(bx, by, bx, by + box_h, kGrid), c.line(bx + box_w, by, bx + box_w, by + box_h, kGrid);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const int row = by + gap + static_cast<int>(i) * row_h, mid = row + text_h / 2;
+      c.line(bx + gap, mid, bx + gap + sample, mid, entries[i].color, 2);
+      if (entries[i].dot) c.dot(bx + gap + sample / 2, mid, entries[i].color, 1 + s);
+      c.text(bx + gap + sample + gap, row, entries[i].name, kBlack, s);
+    }
+  }
 
   plot.rgb = std::move(c.rgb);
   return plot;

@@ -39,7 +39,7 @@ struct LossPlot {
   int text_scale = 1;                         // each font pixel is text_scale^2 image pixels
   std::vector<PlotTick> loss_ticks, step_ticks;
   PlotBox step_title, loss_title;  // "step" under the step labels, "loss" upward at the left
-  PlotBox legend;                  // framed box with a "train" line sample and a "val" dot
+  PlotBox legend;  // framed box naming each non-empty series by its colour; empty if none
 };
 
 // Draws the curves (train blue line, validation orange dots joined by a line) on a grid

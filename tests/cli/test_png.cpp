@@ -2,10 +2,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "cli/plot.h"
 #include "core/error.h"
@@ -222,7 +226,33 @@ TEST(Png, LossPlotLabelsSmallAndLargeValues) {
     EXPECT_GT(p.step_ticks[i].label_box.x0, p.step_ticks[i - 1].label_box.x1);
   for (const auto& t : p.loss_ticks) EXPECT_GE(t.label_box.x0, 0) << t.label;
 
+  // Train only: the legend names train and shows no val colour.
+  EXPECT_GT(count_pixels(p, p.legend, 0x1F77B4), 0);
+  EXPECT_EQ(count_pixels(p, p.legend, 0xFF7F0E), 0);
+
   EXPECT_THROW(tessera::cli::render_loss_curve(curves, 50, 40), tessera::Error);
+}
+
+TEST(Png, LossPlotLabelsStayDistinctAndApart) {
+  // A loss that moves only in its 6th digit still gets distinct labels, and a narrow
+  // image with 7-digit step numbers gets fewer step ticks rather than overlapping ones.
+  tessera::cli::LossCurves narrow;
+  for (int s = 0; s <= 1000000; s += 10000) narrow.train.emplace_back(s, 2.30001 + 0.00001 * std::sin(s));
+  // A flat loss gets a band around its value.
+  tessera::cli::LossCurves flat;
+  flat.train = {{1, 3.0}, {2, 3.0}, {3, 3.0}};
+  for (const auto* curves : {&narrow, &flat}) {
+    const LossPlot p = tessera::cli::render_loss_curve(*curves, 200, 120);
+    ASSERT_GE(p.loss_ticks.size(), 2u);
+    ASSERT_GE(p.step_ticks.size(), 2u);
+    for (size_t i = 1; i < p.loss_ticks.size(); ++i) {
+      EXPECT_NE(p.loss_ticks[i].label, p.loss_ticks[i - 1].label);
+      EXPECT_NEAR(std::stod(p.loss_ticks[i].label), p.loss_ticks[i].value, 1e-9);
+    }
+    for (size_t i = 1; i < p.step_ticks.size(); ++i)
+      EXPECT_GT(p.step_ticks[i].label_box.x0, p.step_ticks[i - 1].label_box.x1 + 1);
+    for (const auto& t : p.step_ticks) EXPECT_LT(t.label_box.x1, p.width) << t.label;
+  }
 }
 
 TEST(Png, LabelledLossPlotFileDecodesToTheRenderedPixels) {
