@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "autograd/autograd.h"
 #include "autograd/functions.h"
 #include "core/random.h"
 #include "data/file_io.h"
@@ -22,6 +23,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
                          : options_.mixed_precision;
   TESSERA_CHECK(mixed_precision_ == "no" || mixed_precision_ == "fp16" || mixed_precision_ == "bf16",
                 "Accelerator: mixed_precision must be no, fp16 or bf16; got '", mixed_precision_, "'");
+  scaler_ = optim::LossScaler({.enabled = mixed_precision_ == "fp16"});
   env_ = read_dist_env();
   if (!is_initialized()) {
     InitOptions init;
@@ -37,6 +39,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
 }
 
 Accelerator::~Accelerator() {
+  *gate_open_ = true;  // the optimizers may outlive this Accelerator: leave them ungated
   models_.clear();
   if (owns_group_ && is_initialized()) {
     try {
@@ -58,8 +61,16 @@ void Accelerator::prepare_one(nn::Module& model) {
   model_order_.push_back(&model);
 }
 
-void Accelerator::prepare_one(optim::Optimizer& optimizer) { optimizers_.push_back(&optimizer); }
-void Accelerator::prepare_one(optim::LRSchedule& schedule) { schedules_.push_back(&schedule); }
+// The prepared optimizer and schedule step only on gradient-syncing micro-steps, so the
+// loop may call opt.step(); sched.step(); opt.zero_grad() on every micro-step.
+void Accelerator::prepare_one(optim::Optimizer& optimizer) {
+  optimizer.set_step_gate([open = gate_open_] { return *open; });
+  optimizers_.push_back(&optimizer);
+}
+void Accelerator::prepare_one(optim::LRSchedule& schedule) {
+  schedule.set_step_gate([open = gate_open_] { return *open; });
+  schedules_.push_back(&schedule);
+}
 
 void Accelerator::prepare_one(data::DataLoader& loader) {
   data::DataLoaderOptions o = loader.options();
@@ -80,22 +91,56 @@ DistributedDataParallel* Accelerator::ddp_of(const nn::Module& model) const {
 
 AccumulateScope Accelerator::accumulate(nn::Module& model) {
   ++micro_step_;
+  step_skipped_ = false;
   sync_gradients_ = micro_step_ % options_.gradient_accumulation_steps == 0;
+  *gate_open_ = sync_gradients_;
   std::vector<DistributedDataParallel::NoSyncGuard> guards;
   if (!sync_gradients_)
     if (DistributedDataParallel* ddp = ddp_of(model)) guards.push_back(ddp->no_sync());
-  return AccumulateScope(sync_gradients_, std::move(guards));
+  std::unique_ptr<autograd::AutocastGuard> autocast;
+  if (mixed_precision_ != "no")
+    autocast = std::make_unique<autograd::AutocastGuard>(mixed_precision_ == "bf16" ? DType::bf16
+                                                                                     : DType::f16);
+  return AccumulateScope(sync_gradients_, std::move(guards), std::move(autocast));
 }
 
 void Accelerator::backward(const Tensor& loss) {
   const int steps = options_.gradient_accumulation_steps;
-  (steps > 1 ? loss / static_cast<double>(steps) : loss).backward();
+  const Tensor scaled = steps > 1 ? loss / static_cast<double>(steps) : loss;
+  if (scaler_.enabled()) {
+    TESSERA_CHECK(optimizers_.size() == 1, "Accelerator::backward: fp16 loss scaling needs exactly "
+                  "one prepared optimizer (its gradients are unscaled), got ", optimizers_.size());
+    scaler_.backward(scaled);
+  } else {
+    scaled.backward();
+  }
   if (!sync_gradients_) return;
   for (nn::Module* m : model_order_) models_.at(m)->finish_gradient_sync();
+  if (scaler_.enabled()) unscale_gradients();
+}
+
+// The loss scaler's bookkeeping for this optimizer step happens here, right after the
+// gradients are complete: unscale_ (and the finiteness check), then scaler.step with the
+// optimizer's gate shut (it only records the outcome: the user's opt.step() does the
+// update) and update() (the new scale is first used by the next backward).
+void Accelerator::unscale_gradients() {
+  optim::Optimizer& opt = *optimizers_.front();
+  const bool finite = scaler_.unscale_(opt);
+  *gate_open_ = false;
+  scaler_.step(opt);
+  scaler_.update();
+  step_skipped_ = !finite;
+  if (finite) {
+    *gate_open_ = true;
+  } else {
+    // The gate stays shut for this micro-step (no step, no zero_grad by the user), so
+    // the gradients are dropped here: the next accumulation starts clean.
+    autograd::zero_grad(opt.parameters(), true);
+  }
 }
 
 double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
-  if (!sync_gradients_) return 0.0;
+  if (!sync_gradients_ || step_skipped_) return 0.0;
   return optim::clip_grad_norm_(params, max_norm);
 }
 
@@ -218,6 +263,7 @@ void Accelerator::save_state(const std::string& dir) {
     state["loader_positions"] = positions;
     state["schedules"] = nlohmann::json::array();
     for (optim::LRSchedule* s : schedules_) state["schedules"].push_back(s->state_dict());
+    state["loss_scaler"] = scaler_.state_dict();
     nlohmann::json file;
     file["state"] = state;
     file["crc32"] = data::crc32(state.dump());
@@ -262,11 +308,14 @@ void Accelerator::load_state(const std::string& dir) {
   default_generator().set_state(static_cast<uint64_t>(rng.at(2 * process_index())),
                                 static_cast<uint64_t>(rng.at(2 * process_index() + 1)));
   micro_step_ = state["micro_step"].get<int64_t>();
-  sync_gradients_ = true;
+  if (state.contains("loss_scaler"))  // states written before fp16 scaling lack it
+    scaler_.load_state_dict(state["loss_scaler"].get<std::map<std::string, double>>());
+  sync_gradients_ = *gate_open_ = true;
   wait_for_everyone();
 }
 
 void Accelerator::free_memory() {
+  *gate_open_ = true;
   models_.clear();
   model_order_.clear();
   optimizers_.clear();

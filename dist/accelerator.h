@@ -5,10 +5,8 @@
 //   for (auto& [x, y] : loader) {
 //     auto step = acc.accumulate(model);          // no_sync except on the last micro-step
 //     acc.backward(model.loss(x, y));             // loss / steps, backward, gradient sync
-//     if (step.sync_gradients()) {                // optimizer work once per optimizer step
-//       acc.clip_grad_norm_(model.parameters(), 1.0);
-//       opt.step(); sched.step(); opt.zero_grad();
-//     }
+//     acc.clip_grad_norm_(model.parameters(), 1.0);
+//     opt.step(); sched.step(); opt.zero_grad();  // gated: act on syncing steps only
 //   }
 //
 // The process group comes from the launch environment (tessera launch, mpirun, SLURM,
@@ -23,10 +21,12 @@
 #include <string>
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "data/dataloader.h"
 #include "dist/ddp.h"
 #include "dist/process_group.h"
 #include "nn/module.h"
+#include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 
@@ -44,17 +44,20 @@ struct AcceleratorOptions {
 
 class Accelerator;
 
-// The scope of one micro-step (see accumulate()).
+// The scope of one micro-step (see accumulate()). While it lives, gradient sync is off
+// (except on the syncing micro-step) and, with mixed precision, autocast is on.
 class AccumulateScope {
  public:
   bool sync_gradients() const { return sync_; }
 
  private:
   friend class Accelerator;
-  AccumulateScope(bool sync, std::vector<DistributedDataParallel::NoSyncGuard> guards)
-      : sync_(sync), guards_(std::move(guards)) {}
+  AccumulateScope(bool sync, std::vector<DistributedDataParallel::NoSyncGuard> guards,
+                  std::unique_ptr<autograd::AutocastGuard> autocast)
+      : sync_(sync), guards_(std::move(guards)), autocast_(std::move(autocast)) {}
   bool sync_;
   std::vector<DistributedDataParallel::NoSyncGuard> guards_;
+  std::unique_ptr<autograd::AutocastGuard> autocast_;  // null without mixed precision
 };
 
 class Accelerator {
@@ -80,12 +83,22 @@ class Accelerator {
 
   // ---- training ----
   // Enters a micro-step: gradients are synchronised only on every
-  // gradient_accumulation_steps-th call (the returned scope says which).
+  // gradient_accumulation_steps-th call (the returned scope says which). With
+  // mixed_precision bf16/fp16 the scope also runs matmul, linear and attention in that
+  // dtype (autograd::AutocastGuard); parameters and their gradients stay f32.
   AccumulateScope accumulate(nn::Module& model);
   bool sync_gradients() const { return sync_gradients_; }
   // Backward of loss / gradient_accumulation_steps; on a syncing micro-step the prepared
-  // models' gradients are averaged over the processes before it returns.
+  // models' gradients are averaged over the processes before it returns. With fp16 the
+  // loss is multiplied by the dynamic loss scale first, and on the syncing micro-step the
+  // gradients of the prepared optimizer are divided by it again (so clip_grad_norm_ and
+  // the step see the true gradients); when one is inf/NaN the gradients are dropped, the
+  // optimizer and schedule steps of this micro-step are skipped and the scale backs off.
   void backward(const Tensor& loss);
+  // The fp16 loss scale (1 otherwise), and whether this micro-step's optimizer step is
+  // skipped (fp16 only: a gradient was inf/NaN).
+  double loss_scale() const { return scaler_.scale(); }
+  bool optimizer_step_was_skipped() const { return step_skipped_; }
   // Global-norm clipping on syncing steps (returns the norm before clipping); 0 otherwise.
   double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
   int gradient_accumulation_steps() const { return options_.gradient_accumulation_steps; }
@@ -167,6 +180,7 @@ class Accelerator {
     int64_t begin, end, padded;
   };
   Share share_of(int64_t n, bool apply_padding) const;
+  void unscale_gradients();
 
   AcceleratorOptions options_;
   std::string mixed_precision_;
@@ -175,6 +189,11 @@ class Accelerator {
   bool owns_group_ = false;
   int64_t micro_step_ = 0;
   bool sync_gradients_ = true;
+  // What the gates of the prepared optimizers and schedules read: sync_gradients_, shared
+  // so that a gate never points into a destroyed Accelerator (it is left open then).
+  std::shared_ptr<bool> gate_open_ = std::make_shared<bool>(true);
+  optim::LossScaler scaler_;  // enabled for fp16 only
+  bool step_skipped_ = false;
   bool trigger_ = false;
   std::map<const nn::Module*, std::unique_ptr<DistributedDataParallel>> models_;
   std::vector<nn::Module*> model_order_;

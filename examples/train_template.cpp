@@ -71,11 +71,13 @@ int main(int argc, char** argv) {
     Tensor loss = model.loss(x, y);
     acc.backward(loss);
     step_loss += loss.item() / accum;
-    if (!micro.sync_gradients()) continue;
+    // As the DESIGN.md template writes it: on accumulating micro-steps the prepared
+    // optimizer and schedule skip these calls (and clipping returns 0).
     double norm = acc.clip_grad_norm_(model.parameters(), 1.0);
     opt.step();
     sched.step();
     opt.zero_grad();
+    if (!micro.sync_gradients()) continue;
     // Logged loss: this rank's share; the mean over ranks costs one small all_reduce.
     double mean_loss = acc.reduce(full({1}, step_loss, {.dtype = DType::f64}), "mean").item();
     if (step % 5 == 0) acc.print("step ", step, "  loss ", mean_loss, "  grad_norm ", norm, "  lr ", opt.lr());

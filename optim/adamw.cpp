@@ -105,7 +105,7 @@ void run_multi_tensor(std::vector<MultiTensorItem>& items, const ParamGroup& gro
 }
 }  // namespace
 
-void AdamW::step() {
+void AdamW::apply_step() {
   size_t index = 0;
   for (const auto& group : groups_) {
     std::vector<MultiTensorItem> multi_tensor;

@@ -24,10 +24,10 @@ class AdamW : public Optimizer {
   // Groups as given (each group's lr and weight_decay are used as they are).
   AdamW(std::vector<ParamGroup> groups, AdamWOptions opts);
 
-  void step() override;
   const AdamWOptions& options() const { return opts_; }
 
  private:
+  void apply_step() override;
   std::vector<std::string> state_tensor_names() const override { return {"exp_avg", "exp_avg_sq"}; }
   const char* name() const override { return "AdamW"; }
   AdamWOptions opts_;

@@ -34,7 +34,13 @@ std::vector<Tensor> Optimizer::parameters() const {
   return all;
 }
 
-void Optimizer::zero_grad(bool set_to_none) { autograd::zero_grad(parameters(), set_to_none); }
+void Optimizer::step() {
+  if (step_gate_open()) apply_step();
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  if (step_gate_open()) autograd::zero_grad(parameters(), set_to_none);
+}
 
 void Optimizer::set_lr(double lr) {
   for (auto& g : groups_) g.lr = lr;

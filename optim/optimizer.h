@@ -6,6 +6,7 @@
 // buffer between steps, and the optimizer must follow. Updates never record on
 // the autograd tape.
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -40,10 +41,19 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // One update of every parameter that has a gradient (others are skipped).
-  virtual void step() = 0;
-  // Clears every parameter's gradient (set_to_none frees it; otherwise zeroes it in place).
+  // One update of every parameter that has a gradient (others are skipped); nothing
+  // while the step gate says no.
+  void step();
+  // Clears every parameter's gradient (set_to_none frees it; otherwise zeroes it in
+  // place); nothing while the step gate says no.
   void zero_grad(bool set_to_none = true);
+  // A gate asked by step() and zero_grad(): when it returns false both do nothing. The
+  // Accelerator installs one that is open only on gradient-syncing micro-steps, so the
+  // loop may call opt.step(); opt.zero_grad() on every micro-step while gradients
+  // accumulate (as with Hugging Face Accelerate's prepared optimizer). An empty function
+  // removes the gate.
+  void set_step_gate(std::function<bool()> gate) { gate_ = std::move(gate); }
+  bool step_gate_open() const { return !gate_ || gate_(); }
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
@@ -59,6 +69,8 @@ class Optimizer {
   void load_state_dict(const OptimizerStateDict& state);
 
  protected:
+  // The update itself (step() calls it when the gate is open).
+  virtual void apply_step() = 0;
   // Per-parameter state: named tensors and a step count.
   struct ParamState {
     std::map<std::string, Tensor> tensors;
@@ -72,6 +84,9 @@ class Optimizer {
 
   std::vector<ParamGroup> groups_;
   std::vector<ParamState> states_;  // by flat parameter index
+
+ private:
+  std::function<bool()> gate_;
 };
 
 // An optimizer state as one safetensors file: tensors as they are, scalars in the

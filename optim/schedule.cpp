@@ -44,6 +44,7 @@ void LRSchedule::apply() {
 }
 
 void LRSchedule::step() {
+  if (gate_ && !gate_()) return;
   ++step_;
   apply();
 }

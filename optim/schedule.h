@@ -8,6 +8,7 @@
 // floor at step `total` and staying there. The floor is min_lr for a group whose
 // initial_lr is the first group's (groups with other lrs get the same fraction).
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 
@@ -28,8 +29,11 @@ class LRSchedule {
   LRSchedule(Optimizer& opt, DecayShape shape, ScheduleOptions opts);
   virtual ~LRSchedule() = default;
 
-  // Advances one step and sets the optimizer's lr for it.
+  // Advances one step and sets the optimizer's lr for it; nothing while the step gate
+  // says no (see Optimizer::set_step_gate; the Accelerator installs the same gate here).
   void step();
+  // An empty function removes the gate.
+  void set_step_gate(std::function<bool()> gate) { gate_ = std::move(gate); }
   int64_t current_step() const { return step_; }
   // Multiplier of initial_lr at `step` (pure function of the options).
   double factor(int64_t step) const;
@@ -48,6 +52,7 @@ class LRSchedule {
   ScheduleOptions opts_;
   double base_lr_;
   int64_t step_ = 0;
+  std::function<bool()> gate_;
 };
 
 struct ConstantSchedule : LRSchedule {

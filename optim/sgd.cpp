@@ -61,7 +61,7 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions opts)
   TESSERA_CHECK(opts.momentum >= 0, "SGD: momentum must be >= 0, got ", opts.momentum);
 }
 
-void SGD::step() {
+void SGD::apply_step() {
   size_t index = 0;
   for (const auto& group : groups_) {
     for (const auto& p : group.params) {

@@ -22,10 +22,10 @@ class SGD : public Optimizer {
   explicit SGD(const std::vector<Tensor>& params, SGDOptions opts = {});
   SGD(std::vector<ParamGroup> groups, SGDOptions opts);
 
-  void step() override;
   const SGDOptions& options() const { return opts_; }
 
  private:
+  void apply_step() override;
   std::vector<std::string> state_tensor_names() const override { return {"momentum_buffer"}; }
   const char* name() const override { return "SGD"; }
   SGDOptions opts_;

@@ -4,13 +4,20 @@
 // with W·B rows, or as W ranks with B rows each (or B/A rows and A accumulation
 // micro-steps): the files must agree.
 //
+// --schedule adds a linear warmup/decay schedule stepped with the optimizer. --literal
+// writes the loop as the DESIGN.md template does: opt.step(); sched.step(); opt.zero_grad()
+// on every micro-step, relying on the gates the Accelerator installs (otherwise the loop
+// calls them only when scope.sync_gradients()).
+//
 // usage: dist_train_check --rows B --accum A --steps S --out FILE [--bucket-bytes N]
 //                         [--backend auto|tcp|mpi|nccl] [--unused [--find-unused]] [--cuda]
+//                         [--schedule] [--literal]
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "autograd/functions.h"
@@ -18,6 +25,7 @@
 #include "dist/accelerator.h"
 #include "nn/layers.h"
 #include "optim/adamw.h"
+#include "optim/schedule.h"
 
 using namespace tessera;
 
@@ -55,7 +63,8 @@ int main(int argc, char** argv) {
   int64_t rows_per_rank = 4, accum = 1, steps = 10;
   size_t bucket_bytes = 1024;  // small, so the model spans several buckets
   std::string out_path, backend = "auto";
-  bool with_unused = false, find_unused = false, on_cuda = false;
+  bool with_unused = false, find_unused = false, on_cuda = false, with_schedule = false,
+       literal_loop = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return std::string(argv[++i]); };
@@ -68,6 +77,8 @@ int main(int argc, char** argv) {
     else if (a == "--unused") with_unused = true;
     else if (a == "--find-unused") find_unused = true;
     else if (a == "--cuda") on_cuda = true;  // GPU tensors (nccl backend under auto)
+    else if (a == "--schedule") with_schedule = true;
+    else if (a == "--literal") literal_loop = true;
   }
   int rank = -1;
   try {
@@ -83,6 +94,12 @@ int main(int argc, char** argv) {
     model.to(acc.device());
     optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.1});
     acc.prepare(model, opt);
+    // Built only when asked: building it sets the warmup lr.
+    std::optional<optim::LinearSchedule> sched;
+    if (with_schedule) {
+      sched.emplace(opt, optim::ScheduleOptions{.warmup = 3, .total = steps});
+      acc.prepare(*sched);
+    }
 
     const int64_t world = acc.num_processes();
     std::ofstream out;
@@ -97,8 +114,9 @@ int main(int argc, char** argv) {
                                     raw::to(y, acc.device(), y.dtype()));
         acc.backward(loss);
         step_loss += acc.reduce(loss, "mean").item() / accum;
-        if (scope.sync_gradients()) {
+        if (literal_loop || scope.sync_gradients()) {
           opt.step();
+          if (sched) sched->step();
           opt.zero_grad();
         }
       }

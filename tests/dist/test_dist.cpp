@@ -13,7 +13,11 @@
 #include "dist/ddp.h"
 #include "dist/env.h"
 #include "nn/layers.h"
+#include "autograd/autocast.h"
+#include "autograd/autograd.h"
 #include "optim/adamw.h"
+#include "optim/schedule.h"
+#include "optim/sgd.h"
 #include "dist/host_process_group.h"
 #include "dist/process_group.h"
 #include "dist/store.h"
@@ -393,6 +397,188 @@ TEST_F(CleanDistEnv, AcceleratorRefusesADamagedState) {
   EXPECT_FALSE(dist::is_initialized());
   EXPECT_THROW(dist::Accelerator({.gradient_accumulation_steps = 0}), Error);
   EXPECT_THROW(dist::Accelerator({.mixed_precision = "fp8"}), Error);
+}
+
+// ---- step gating (the DESIGN.md template calls opt.step() on every micro-step) ----
+
+TEST(StepGate, ShutGateSkipsStepZeroGradAndScheduleStep) {
+  Tensor w = from_vector(std::vector<float>{1.0f, -2.0f, 0.5f}, {3}).requires_grad_(true);
+  optim::SGD opt({w}, {.lr = 0.1});
+  optim::LinearSchedule sched(opt, {.warmup = 2, .total = 6});
+  bool open = false;
+  opt.set_step_gate([&] { return open; });
+  sched.set_step_gate([&] { return open; });
+  sum(w * w).backward();  // grad 2w
+  const double lr0 = opt.lr();
+  opt.step();
+  sched.step();
+  opt.zero_grad();
+  EXPECT_EQ(w.detach().to_vector<float>(), (std::vector<float>{1.0f, -2.0f, 0.5f}));
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_EQ(sched.current_step(), 0);
+  EXPECT_EQ(opt.lr(), lr0);
+  open = true;
+  opt.step();
+  sched.step();
+  // SGD with the warmup lr of step 0 (0.1 / 2): w - lr * 2w.
+  std::vector<float> got = w.detach().to_vector<float>();
+  std::vector<double> want{1.0, -2.0, 0.5};
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], want[i] * (1 - 2 * lr0), 1e-6);
+  EXPECT_EQ(sched.current_step(), 1);
+  EXPECT_DOUBLE_EQ(opt.lr(), 0.1);
+  opt.zero_grad();
+  EXPECT_FALSE(w.grad().defined());
+  opt.set_step_gate({});  // no gate: always steps
+  EXPECT_TRUE(opt.step_gate_open());
+}
+
+Tensor template_batch(int step, int64_t rows) {
+  Generator g(500 + step);
+  return randn({rows, 5}, {}, &g);
+}
+
+Tensor template_targets(int step, int64_t rows) {
+  std::vector<int64_t> y(rows);
+  for (int64_t i = 0; i < rows; ++i) y[i] = (step + 2 * i) % 3;
+  return from_vector(y, {rows}, {.dtype = DType::i64});
+}
+
+TEST_F(CleanDistEnv, AcceleratorGatesTheTemplateLoopWhileAccumulating) {
+  dist::Accelerator acc({.gradient_accumulation_steps = 2, .cpu = true});
+  default_generator().manual_seed(3);
+  TwoLayers m;
+  optim::AdamW opt(m.parameters(), {.lr = 0.05});
+  optim::LinearSchedule sched(opt, {.warmup = 2, .total = 8});
+  acc.prepare(m, opt, sched);
+  for (int micro = 0; micro < 4; ++micro) {
+    std::vector<float> before = m.a.weight.detach().to_vector<float>();
+    auto scope = acc.accumulate(m);
+    acc.backward(cross_entropy(m(template_batch(micro, 4)), template_targets(micro, 4)));
+    EXPECT_EQ(acc.clip_grad_norm_(m.parameters(), 1e9) > 0, scope.sync_gradients());
+    opt.step();
+    sched.step();
+    opt.zero_grad();
+    const bool changed = m.a.weight.detach().to_vector<float>() != before;
+    EXPECT_EQ(changed, scope.sync_gradients()) << "micro-step " << micro;
+    EXPECT_EQ(m.a.weight.grad().defined(), !scope.sync_gradients()) << "micro-step " << micro;
+    EXPECT_EQ(sched.current_step(), (micro + 1) / 2);
+  }
+  acc.end_training();
+  // Ungated again once training ended.
+  sched.step();
+  EXPECT_EQ(sched.current_step(), 3);
+}
+
+// ---- mixed precision ----
+
+struct MixedRun {
+  std::vector<double> losses;
+  bool autocast_inside = false, autocast_after = true, all_f32 = true;
+};
+
+MixedRun train_mixed(const std::string& precision, int steps) {
+  dist::Accelerator acc({.mixed_precision = precision, .cpu = true});
+  default_generator().manual_seed(11);
+  TwoLayers m;
+  optim::AdamW opt(m.parameters(), {.lr = 0.02});
+  acc.prepare(m, opt);
+  MixedRun run;
+  for (int s = 0; s < steps; ++s) {
+    {
+      auto scope = acc.accumulate(m);
+      run.autocast_inside = autograd::autocast_dtype().has_value();
+      Tensor loss = cross_entropy(m(template_batch(0, 16)), template_targets(0, 16));
+      run.losses.push_back(loss.item());
+      acc.backward(loss);
+      acc.clip_grad_norm_(m.parameters(), 1.0);
+      for (const Tensor& p : m.parameters())
+        run.all_f32 = run.all_f32 && p.dtype() == DType::f32 && p.grad().dtype() == DType::f32;
+      opt.step();
+      opt.zero_grad();
+    }
+    run.autocast_after = autograd::autocast_dtype().has_value();
+  }
+  for (const Tensor& p : m.parameters()) run.all_f32 = run.all_f32 && p.dtype() == DType::f32;
+  acc.end_training();
+  return run;
+}
+
+TEST_F(CleanDistEnv, Bf16MixedPrecisionTracksTheFp32Loss) {
+  MixedRun fp32 = train_mixed("no", 6), bf16 = train_mixed("bf16", 6);
+  EXPECT_FALSE(fp32.autocast_inside);
+  EXPECT_TRUE(bf16.autocast_inside);
+  EXPECT_FALSE(bf16.autocast_after);
+  EXPECT_TRUE(fp32.all_f32);
+  EXPECT_TRUE(bf16.all_f32) << "parameters and gradients must stay f32 under bf16 autocast";
+  bool any_difference = false;
+  for (size_t i = 0; i < fp32.losses.size(); ++i) {
+    EXPECT_NEAR(bf16.losses[i], fp32.losses[i], 0.03 * std::fabs(fp32.losses[i])) << "step " << i;
+    any_difference = any_difference || bf16.losses[i] != fp32.losses[i];
+  }
+  EXPECT_TRUE(any_difference) << "bf16 products must round differently from f32";
+  EXPECT_LT(fp32.losses.back(), fp32.losses.front());  // it trains
+}
+
+TEST_F(CleanDistEnv, Fp16LossScalingUnscalesAndSkipsNonFiniteSteps) {
+  dist::Accelerator acc({.mixed_precision = "fp16", .cpu = true});
+  default_generator().manual_seed(5);
+  TwoLayers m;
+  optim::SGD opt(m.parameters(), {.lr = 0.1});
+  Tensor x = template_batch(0, 8), y = template_targets(0, 8);
+  // Reference: a plain f32 backward, unscaled (before the DDP hooks are attached).
+  cross_entropy(m(x), y).backward();
+  std::vector<std::vector<float>> want = grads_of(m);
+  autograd::zero_grad(m.parameters());
+  acc.prepare(m, opt);
+  EXPECT_EQ(acc.loss_scale(), 65536.0);
+
+  std::vector<float> before = m.b.weight.detach().to_vector<float>();
+  // The f16 loss times 65536 overflows (f16 tops out at 65504): dynamic scaling skips
+  // that step and halves the scale until the scaled gradients fit.
+  int skipped = 0;
+  for (bool stepped = false; !stepped; ) {
+    ASSERT_LT(skipped, 4) << "loss scaling never found a scale that fits";
+    auto scope = acc.accumulate(m);
+    acc.backward(cross_entropy(m(x), y));
+    stepped = !acc.optimizer_step_was_skipped();
+    if (stepped) {
+      // Unscaled again: the f32 gradient to f16 accuracy (not `scale` times it).
+      std::vector<std::vector<float>> got = grads_of(m);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t t = 0; t < want.size(); ++t) {
+        double scale = 0, worst = 0;
+        for (size_t i = 0; i < want[t].size(); ++i) {
+          scale = std::max(scale, std::fabs(double(want[t][i])));
+          worst = std::max(worst, std::fabs(double(got[t][i]) - want[t][i]));
+        }
+        EXPECT_LE(worst, 1e-2 * scale) << "parameter " << t;
+      }
+    } else {
+      ++skipped;
+      EXPECT_FALSE(m.b.weight.grad().defined());
+      EXPECT_EQ(acc.loss_scale(), 65536.0 / (1 << skipped));
+    }
+    opt.step();
+    opt.zero_grad();
+    if (!stepped) EXPECT_EQ(m.b.weight.detach().to_vector<float>(), before);
+  }
+  EXPECT_NE(m.b.weight.detach().to_vector<float>(), before);
+
+  // A loss so large that its scaled gradients overflow: the step is skipped, the
+  // gradients dropped and the scale halved.
+  before = m.b.weight.detach().to_vector<float>();
+  {
+    auto scope = acc.accumulate(m);
+    acc.backward(cross_entropy(m(x), y) * 1e36);
+    EXPECT_TRUE(acc.optimizer_step_was_skipped());
+    EXPECT_EQ(acc.clip_grad_norm_(m.parameters(), 1.0), 0.0);
+    opt.step();
+    opt.zero_grad();
+  }
+  EXPECT_EQ(m.b.weight.detach().to_vector<float>(), before);
+  EXPECT_FALSE(m.b.weight.grad().defined());
+  EXPECT_EQ(acc.loss_scale(), 65536.0 / (2 << skipped));
+  acc.end_training();
 }
 
 }  // namespace
