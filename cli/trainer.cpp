@@ -15,6 +15,7 @@
 #include "core/random.h"
 #include "data/dataloader.h"
 #include "data/file_io.h"
+#include "dist/accelerator.h"
 #include "optim/optim.h"
 
 namespace tessera::cli {
@@ -88,10 +89,37 @@ std::string sample_text(nn::GPT& model, const data::Tokenizer* tokenizer, uint64
   return tokenizer->decode(fresh);
 }
 
+// Where the ranks other than the main one print (nothing).
+std::ostream& null_stream() {
+  static std::ostream sink(nullptr);
+  return sink;
+}
+std::FILE* null_file() {
+  static std::FILE* sink = std::fopen("/dev/null", "w");
+  return sink;
+}
+
 }  // namespace
 
 void run_training(const TrainConfig& cfg) {
-  const Device device = Device::parse(cfg.device);
+  // ---- processes ----
+  // Under `tessera launch` (or mpirun/SLURM) with WORLD_SIZE > 1 the run is data-parallel
+  // through the Accelerator: DDP averages the gradients over the ranks, each rank reads
+  // its share of every step's batches (W ranks x B rows = one process x W·B rows on
+  // sequential data), and only the main process prints, logs metrics and saves.
+  std::optional<dist::Accelerator> acc;
+  Device device = Device::parse(cfg.device);
+  if (dist::read_dist_env().world_size > 1) {
+    // The trainer keeps its own mixed precision (f32 masters, loss scaler), so the
+    // Accelerator adds none.
+    acc.emplace(dist::AcceleratorOptions{.mixed_precision = "no",
+                                         .gradient_accumulation_steps = static_cast<int>(cfg.grad_accum),
+                                         .cpu = device.is_cpu()});
+    if (device.is_cuda()) device = acc->device();  // one GPU per local rank
+  }
+  const bool main_process = !acc || acc->is_main_process();
+  const int world_size = acc ? acc->num_processes() : 1;
+  std::ostream& console = main_process ? std::cout : null_stream();
   const fs::path out(cfg.out);
   fs::create_directories(out);
 
@@ -148,6 +176,8 @@ void run_training(const TrainConfig& cfg) {
     for (const Tensor& p : params) master.push_back(p.detach().clone().requires_grad_(true));
     model->to(compute_dtype);
   }
+  // After the dtype change: DDP builds its buffers for the parameters as they will train.
+  if (acc) acc->prepare(*model);
   auto copy_master_into_model = [&] {
     autograd::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) Tensor(params[i]).copy_(master[i]);
@@ -174,7 +204,9 @@ void run_training(const TrainConfig& cfg) {
                               .min_lr = cfg.min_lr >= 0 ? cfg.min_lr : cfg.lr / 10});
   // fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
   optim::LossScaler scaler({.enabled = compute_dtype == DType::f16});
-  data::DataLoader loader(train_file, {.batch = cfg.batch, .seq = cfg.seq, .shuffle = cfg.shuffle,
+  data::DataLoader loader(train_file, {.batch = cfg.batch, .seq = cfg.seq,
+                                       .rank = acc ? acc->process_index() : 0,
+                                       .world_size = world_size, .shuffle = cfg.shuffle,
                                        .seed = static_cast<uint64_t>(cfg.seed), .device = device});
 
   int64_t step = 0;
@@ -193,32 +225,35 @@ void run_training(const TrainConfig& cfg) {
                   << " but the checkpoint was trained with " << state.config[key].dump()
                   << "; the run will not match an uninterrupted one\n";
     }
-    truncate_metrics(metrics_path, step);
-    std::cout << "resuming from " << resume_dir->string() << " at step " << step << "\n";
-  } else {
+    if (main_process) truncate_metrics(metrics_path, step);
+    console << "resuming from " << resume_dir->string() << " at step " << step << "\n";
+  } else if (main_process) {
     data::write_file_atomically(metrics_path, std::string());
   }
   TESSERA_CHECK(step <= cfg.steps, "tessera train: the checkpoint is at step ", step, ", past --steps ", cfg.steps);
 
   std::map<std::string, std::string> extra_files;
   if (tokenizer) extra_files["tokenizer.json"] = tokenizer->to_json();
-  data::write_file_atomically(out / "config.train.json", cfg.to_json().dump(2));
-  std::ofstream metrics(metrics_path, std::ios::app);
+  if (main_process) data::write_file_atomically(out / "config.train.json", cfg.to_json().dump(2));
+  std::ofstream metrics;
+  if (main_process) metrics.open(metrics_path, std::ios::app);
   auto log_metrics = [&](const nlohmann::json& j) {
+    if (!main_process) return;
     metrics << j.dump() << "\n";
     metrics.flush();
   };
 
-  std::cout << "model: " << mcfg.n_layer << " layers, " << mcfg.n_head << " heads, " << mcfg.n_embd
+  console << "model: " << mcfg.n_layer << " layers, " << mcfg.n_head << " heads, " << mcfg.n_embd
             << " channels, context " << mcfg.block_size << ", vocab " << mcfg.vocab_size << " ("
             << model->num_parameters() << " parameters) on " << device.str() << "\n"
             << "data: " << train_file.size() << " tokens; " << cfg.batch << "x" << cfg.seq << " x "
-            << cfg.grad_accum << " micro-batches = " << cfg.batch * cfg.seq * cfg.grad_accum
+            << cfg.grad_accum << " micro-batches" << (world_size > 1 ? " x " + std::to_string(world_size) + " processes" : "")
+            << " = " << cfg.batch * cfg.seq * cfg.grad_accum * world_size
             << " tokens per step, " << (cfg.shuffle ? "shuffled" : "sequential") << "\n";
   std::cout.flush();
 
   auto run_eval = [&](Progress& progress) {
-    if (!val_file) return;
+    if (!val_file || !main_process) return;
     const EvalResult r = evaluate_loss(*model, *val_file, cfg.batch, cfg.seq, cfg.eval_batches, device);
     log_metrics({{"step", step}, {"val_loss", r.loss}});
     char text[96];
@@ -226,6 +261,7 @@ void run_training(const TrainConfig& cfg) {
     progress.message(text);
   };
   auto save = [&](Progress& progress) {
+    if (!main_process) return;
     TrainingState state;
     state.step = step;
     state.data_position = loader.position();
@@ -248,13 +284,16 @@ void run_training(const TrainConfig& cfg) {
     progress.message("saved checkpoint " + dir.string());
   };
 
-  Progress progress(cfg.steps, step);
+  Progress progress(cfg.steps, step, main_process ? stdout : null_file());
   model->train();
   const double micro_scale = 1.0 / static_cast<double>(cfg.grad_accum);
   while (step < cfg.steps) {
     const auto t0 = std::chrono::steady_clock::now();
     double step_loss = 0;
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
+      // Distributed: gradients are averaged over the ranks on the last micro-step only.
+      std::optional<dist::AccumulateScope> scope;
+      if (acc) scope.emplace(acc->accumulate(*model));
       const data::Batch batch = loader.next();
       Tensor loss = model->loss(batch.x, batch.y);
       // The step's loss is the mean over all its target tokens: each micro-batch weighs 1/A.
@@ -265,7 +304,10 @@ void run_training(const TrainConfig& cfg) {
         weighted.backward();
       }
       step_loss += loss.item() * micro_scale;
+      if (scope && scope->sync_gradients()) acc->ddp_of(*model)->finish_gradient_sync();
     }
+    // The step's loss over all ranks' rows (what one process with all the rows reports).
+    if (acc) step_loss = acc->reduce(full({1}, step_loss, {.dtype = DType::f64, .device = device}), "mean").item();
     if (mixed) {
       for (size_t i = 0; i < params.size(); ++i) {
         const Tensor g = params[i].grad();
@@ -287,7 +329,7 @@ void run_training(const TrainConfig& cfg) {
     schedule.step();
     ++step;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double tokens_per_s = static_cast<double>(cfg.batch * cfg.seq * cfg.grad_accum) / seconds;
+    const double tokens_per_s = static_cast<double>(cfg.batch * cfg.seq * cfg.grad_accum * world_size) / seconds;
     log_metrics({{"step", step}, {"loss", step_loss}, {"lr", lr}, {"grad_norm", norm},
                  {"ms", seconds * 1e3}, {"tokens_per_s", tokens_per_s}});
     progress.update(step, step_loss, tokens_per_s, lr);
@@ -295,13 +337,18 @@ void run_training(const TrainConfig& cfg) {
                   " (try a lower --lr or --grad-clip)");
 
     if ((cfg.eval_every > 0 && step % cfg.eval_every == 0) || step == cfg.steps) run_eval(progress);
-    if (cfg.sample_every > 0 && step % cfg.sample_every == 0)
+    if (main_process && cfg.sample_every > 0 && step % cfg.sample_every == 0)
       progress.message("sample at step " + std::to_string(step) + ":\n" +
                        sample_text(*model, tokenizer.get(), static_cast<uint64_t>(cfg.seed) + step, 128));
     if ((cfg.save_every > 0 && step % cfg.save_every == 0) || step == cfg.steps) save(progress);
   }
   progress.finish();
   metrics.close();
+  if (acc) {
+    // Every rank holds the same weights; the main process writes them.
+    acc->end_training();
+    if (!main_process) return;
+  }
 
   // The final model as a plain model directory (what eval/sample/transformers load).
   const fs::path model_dir = out / "model";

@@ -14,7 +14,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/allocator.h"
+#include "data/token_file.h"
 
 namespace {
 
@@ -239,6 +242,50 @@ TrainRecord distributed_training(const std::string& starter, int64_t rows, int64
 }
 
 constexpr double kRtol = 1e-5;
+
+// ---- tessera train as a data-parallel job ----
+
+// The "loss" of every step in a run directory's metrics.jsonl.
+std::vector<double> train_losses(const std::string& run_dir) {
+  std::vector<double> losses;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) losses.push_back(j["loss"].get<double>());
+  }
+  return losses;
+}
+
+TEST(TrainCommand, TwoRanksWithBatchBMatchOneProcessWithBatch2B) {
+  // A token stream with structure (so the steps' losses differ), 120 distinct tokens.
+  std::vector<uint32_t> tokens(6000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((i * 7 + i / 5) % 120);
+  const std::string token_path = temp_file("tokens.bin");
+  tessera::data::write_token_file(token_path, tokens);
+  const std::string args = " train --data " + token_path +
+                           " --n-layer 1 --n-head 2 --n-embd 16 --seq 16 --steps 4 --grad-accum 2"
+                           " --schedule cosine --warmup 1 --eval-every 0 --save-every 0 --out ";
+  const std::string one_dir = temp_file("train_one"), two_dir = temp_file("train_two");
+  JobResult one =
+      run_job("env -u RANK -u WORLD_SIZE " TESSERA_CLI + args + one_dir + " --batch 4", 180);
+  ASSERT_EQ(one.status, 0) << one.output;
+  JobResult two = run_job(launch(2, TESSERA_CLI + args + two_dir + " --batch 2"), 180);
+  ASSERT_EQ(two.status, 0) << two.output;
+
+  const std::vector<double> want = train_losses(one_dir), got = train_losses(two_dir);
+  ASSERT_EQ(want.size(), 4u) << one.output;
+  ASSERT_EQ(got.size(), want.size()) << two.output;
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_LE(std::fabs(got[i] - want[i]), kRtol * std::fabs(want[i]))
+        << "step " << i + 1 << ": " << got[i] << " vs " << want[i];
+  EXPECT_NE(want.front(), want.back());
+  // Only the main process prints and saves.
+  EXPECT_EQ(count(two.output, "done: 4 steps"), 1) << two.output;
+  EXPECT_EQ(two.output.find("[rank 1]"), std::string::npos) << two.output;
+  std::ifstream model(two_dir + "/model/model.safetensors");
+  EXPECT_TRUE(model.good());
+}
 
 TEST(DdpEquivalence, ThroughLaunch2And4RanksAndAccumulation) {
   TrainRecord want = reference_training(8);
