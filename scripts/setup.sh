@@ -5,7 +5,7 @@
 set -euo pipefail
 PACKAGES=(build-essential cmake ninja-build pkg-config git
   libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
-  libyaml-cpp-dev zlib1g-dev libopenmpi-dev openmpi-bin
+  libopenmpi-dev openmpi-bin
   python3 python3-numpy python3-torch libopenblas0-pthread
   fortunes)
 missing=()
