@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "autograd/functions.h"
+#include "benchmarks/bench_common.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 
@@ -39,13 +40,7 @@ struct Args {
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
-    auto value = [&] {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", argv[i]);
-        std::exit(2);
-      }
-      return std::atoi(argv[++i]);
-    };
+    auto value = [&] { return bench::flag_value(i, argc, argv); };
     if (!std::strcmp(argv[i], "--steps")) a.steps = value();
     else if (!std::strcmp(argv[i], "--warmup")) a.warmup = value();
     else if (!std::strcmp(argv[i], "--threads")) a.threads = value();
@@ -109,31 +104,18 @@ struct TorchResult {
 };
 
 TorchResult run_torch(const Args& a, int threads) {
-  // TESSERA_PYTHON picks another interpreter (default /usr/bin/python3).
-  const char* python = std::getenv("TESSERA_PYTHON");
-  const std::string cmd = std::string(python ? python : "/usr/bin/python3") +
+  const std::string cmd = bench::python_interpreter() +
                           " " TESSERA_SOURCE_DIR "/benchmarks/cpu_gpt_train_torch.py" +
                           std::string(" --steps ") + std::to_string(a.steps) + " --warmup " +
                           std::to_string(a.warmup) + " --threads " + std::to_string(threads);
   TorchResult r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return r;
-  char line[4096];
-  std::string out;
-  while (std::fgets(line, sizeof line, pipe)) out += line;
-  if (pclose(pipe) != 0) {
-    std::fprintf(stderr, "PyTorch reference failed (%s)\n%s\n", cmd.c_str(), out.c_str());
-    return r;
-  }
-  auto number = [&](const char* key) {
-    const auto pos = out.find(std::string("\"") + key + "\": ");
-    return pos == std::string::npos ? -1.0 : std::atof(out.c_str() + pos + std::strlen(key) + 4);
-  };
-  r.ms_per_step = number("ms_per_step");
-  r.tokens_per_s = number("tokens_per_s");
+  bool ok = false;
+  const std::string out = bench::run_reference(cmd, ok);
+  if (!ok) return r;
+  r.ms_per_step = bench::json_number(out, "ms_per_step");
+  r.tokens_per_s = bench::json_number(out, "tokens_per_s");
   r.ok = r.ms_per_step > 0;
-  const auto blas = out.find("\"blas\": \"");
-  if (blas != std::string::npos) r.blas = out.substr(blas + 9, out.find('"', blas + 9) - blas - 9);
+  r.blas = bench::json_string(out, "blas");
   return r;
 }
 

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "autograd/functions.h"
+#include "benchmarks/bench_common.h"
 #include "core/cuda/cuda_runtime.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
@@ -42,13 +43,7 @@ struct Args {
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
-    auto value = [&] {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", argv[i]);
-        std::exit(2);
-      }
-      return std::atoi(argv[++i]);
-    };
+    auto value = [&] { return bench::flag_value(i, argc, argv); };
     if (!std::strcmp(argv[i], "--steps")) a.steps = value();
     else if (!std::strcmp(argv[i], "--warmup")) a.warmup = value();
     else if (!std::strcmp(argv[i], "--batch")) a.batch = value();
@@ -75,30 +70,19 @@ struct Result {
 
 // Runs the PyTorch reference once per mode; each prints one JSON line.
 Result run_torch(const Args& a, const char* mode) {
-  const char* python = std::getenv("TESSERA_PYTHON");
-  const std::string cmd = std::string(python ? python : "/usr/bin/python3") +
+  const std::string cmd = bench::python_interpreter() +
                           " " TESSERA_SOURCE_DIR "/benchmarks/cuda/gpt2_train_torch.py --mode " + mode +
                           " --steps " + std::to_string(a.steps) + " --warmup " + std::to_string(a.warmup) +
                           " --batch " + std::to_string(a.batch) + " --seq " + std::to_string(a.seq) +
                           " --layers " + std::to_string(a.layers) + " 2>&1";
   Result r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return r;
-  char line[4096];
-  std::string out;
-  while (std::fgets(line, sizeof line, pipe)) out += line;
-  if (pclose(pipe) != 0) {
-    std::fprintf(stderr, "PyTorch reference (%s) failed: %s\n%s\n", mode, cmd.c_str(), out.c_str());
-    return r;
-  }
-  auto number = [&](const char* key) {
-    const auto pos = out.rfind(std::string("\"") + key + "\": ");
-    return pos == std::string::npos ? -1.0 : std::atof(out.c_str() + pos + std::strlen(key) + 4);
-  };
-  r.ms_per_step = number("ms_per_step");
-  r.tokens_per_s = number("tokens_per_s");
-  r.peak_gib = number("peak_gib");
-  r.loss = number("loss");
+  bool ok = false;
+  const std::string out = bench::run_reference(cmd, ok);
+  if (!ok) return r;
+  r.ms_per_step = bench::json_number(out, "ms_per_step");
+  r.tokens_per_s = bench::json_number(out, "tokens_per_s");
+  r.peak_gib = bench::json_number(out, "peak_gib");
+  r.loss = bench::json_number(out, "loss");
   r.ok = r.ms_per_step > 0;
   return r;
 }
