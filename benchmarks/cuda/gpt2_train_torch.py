@@ -64,6 +64,8 @@ def main():
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--channels", type=int, default=768)
     ap.add_argument("--vocab", type=int, default=50304)
+    ap.add_argument("--profile", action="store_true",
+                    help="also print torch.profiler's CUDA time per kernel for one step (to stderr)")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -95,6 +97,13 @@ def main():
         loss = step()
     torch.cuda.synchronize()
     ms = (time.perf_counter() - start) * 1e3 / args.steps
+    if args.profile:
+        import sys
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90),
+              file=sys.stderr)
     print(json.dumps({"mode": args.mode, "ms_per_step": ms, "tokens_per_s": args.batch * args.seq / (ms / 1e3),
                       "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "loss": loss.item(),
                       "torch": torch.__version__}))
