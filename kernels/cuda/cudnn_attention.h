@@ -1,0 +1,27 @@
+// cuDNN's fused (flash) attention through the cuDNN frontend graph API: the run-time
+// alternative to the hand-written kernels of attention.cu / attention_backward.cu, with the
+// same contract, so either can run the forward or the backward of the other:
+//   q, k, v, out, dout, dq, dk, dv: [B, H, T, D] bf16 or f16 views whose head dim is
+//     contiguous and whose rows start on 16-byte boundaries (views of a fused [B, T, 3C]
+//     projection and of a [B, T, C] output work as they are); causal; D = 64 or 128.
+//   lse: f32 [B, H, T] contiguous, the natural-log log-sum-exp of each query's scaled scores.
+// Built only when the frontend headers are found (scripts/setup.sh fetches them); without
+// them cudnn_attention_available() is false and the two functions raise.
+#pragma once
+#include <string>
+
+#include "core/tensor.h"
+
+namespace tessera::cuda {
+
+// True when this build has the frontend and the loaded cuDNN can run causal SDPA on the
+// current device; otherwise false, and reason (if given) says why.
+bool cudnn_attention_available(std::string* reason = nullptr);
+
+void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                             const Tensor& out, const Tensor& lse);
+void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& dout, const Tensor& lse,
+                              double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
+}  // namespace tessera::cuda
