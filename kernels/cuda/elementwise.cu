@@ -4,7 +4,8 @@
 // Each is one grid-stride kernel over the output's elements. Operand dtypes are
 // read at run time (the branch is the same for every thread of a launch), so a
 // kernel is instantiated per compute type (f32, f64, i64) rather than per
-// combination of dtypes; a dense fast path skips the index arithmetic.
+// combination of dtypes; a dense fast path skips the index arithmetic, and a
+// broadcast fast path covers bias vectors and scalars over contiguous outputs.
 #include <cmath>
 #include <utility>
 
@@ -404,6 +405,157 @@ void dense_binary(BinaryOp op, const T* a, const T* b, T* out, int64_t n, cudaSt
   (launch_dense_binary<T, static_cast<BinaryOp>(I)>(op, a, b, out, n, stream) || ...);
 }
 
+// Broadcast fast path: out contiguous, and each operand's element for output index i is
+// p[(i / div) % mod] over its own contiguous memory -- a same-shape dense operand
+// (div 1, mod n), a vector of the last dims broadcast over the leading ones (bias [N] over
+// [M, N]: div 1, mod N), a column broadcast over the last dims ([M, 1]: div N, mod M) or a
+// scalar (mod 1). Threads keep (i / div) % mod up to date by adding their fixed grid stride,
+// so the loop has no division.
+struct PeriodicOperand {
+  const void* data;
+  int64_t div, mod;
+  int64_t step_quot, step_rem;  // (stride / div) % mod and stride % div, stride in elements
+  bool packs;                   // 8 consecutive outputs read 8 consecutive elements (div 1)
+};
+
+// Position of one thread in one operand: q = (i / div) % mod, r = i % div.
+struct PeriodicCursor {
+  int64_t q, r;
+  __device__ __forceinline__ void start(const PeriodicOperand& o, int64_t i) {
+    r = i % o.div;
+    q = (i / o.div) % o.mod;
+  }
+  __device__ __forceinline__ void advance(const PeriodicOperand& o) {
+    r += o.step_rem;
+    const int carry = r >= o.div;
+    if (carry) r -= o.div;
+    q += o.step_quot + carry;  // < 2 * mod: one subtraction wraps it
+    if (q >= o.mod) q -= o.mod;
+  }
+};
+
+// The 8 operand values for the 8 outputs starting at a multiple of 8: one pack when they are
+// consecutive in memory, else one element repeated (div a multiple of 8, or a scalar).
+template <class T>
+__device__ __forceinline__ Pack8<T> periodic_pack(const PeriodicOperand& o, int64_t q) {
+  const T* p = static_cast<const T*>(o.data);
+  if (o.packs) return load_pack(p, q / kPack);
+  Pack8<T> v;
+  const T e = p[q];
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) v.v[k] = e;
+  return v;
+}
+
+template <class T>
+__device__ __forceinline__ T periodic_at(const PeriodicOperand& o, int64_t i) {
+  return static_cast<const T*>(o.data)[(i / o.div) % o.mod];
+}
+
+// With `packed` a unit is 8 outputs (16-byte stores), else one output. out may be a's data
+// (in-place binary_): each unit is read before it is written, by the same thread.
+template <class T, class Fn>
+__global__ void periodic_binary_kernel(PeriodicOperand a, PeriodicOperand b, T* out, int64_t n,
+                                       bool packed, Fn fn) {
+  using A = acc_t<T>;
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int unit = packed ? kPack : 1;
+  const int64_t units = n / unit;
+  PeriodicCursor ca, cb;
+  ca.start(a, t * unit);
+  cb.start(b, t * unit);
+  for (int64_t u = t; u < units; u += stride) {
+    if (packed) {
+      const Pack8<T> x = periodic_pack<T>(a, ca.q), y = periodic_pack<T>(b, cb.q);
+      Pack8<T> r;
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) r.v[k] = from_acc<T>(fn(to_acc<A>(x.v[k]), to_acc<A>(y.v[k])));
+      store_pack(out, u, r);
+    } else {
+      const T* pa = static_cast<const T*>(a.data);
+      const T* pb = static_cast<const T*>(b.data);
+      out[u] = from_acc<T>(fn(to_acc<A>(pa[ca.q]), to_acc<A>(pb[cb.q])));
+    }
+    ca.advance(a);
+    cb.advance(b);
+  }
+  // The last n % 8 outputs of the packed walk.
+  for (int64_t i = units * unit + t; i < n; i += stride)
+    out[i] = from_acc<T>(fn(to_acc<A>(periodic_at<T>(a, i)), to_acc<A>(periodic_at<T>(b, i))));
+}
+
+template <class T, BinaryOp kOp>
+bool launch_periodic_binary(BinaryOp op, const PeriodicOperand& a, const PeriodicOperand& b,
+                            T* out, int64_t n, bool packed, unsigned grid, cudaStream_t stream) {
+  if (op != kOp) return false;
+  periodic_binary_kernel<T><<<grid, kThreads, 0, stream>>>(a, b, out, n, packed, BinaryFn<kOp>{});
+  return true;
+}
+
+template <class T, size_t... I>
+void periodic_binary(BinaryOp op, const PeriodicOperand& a, const PeriodicOperand& b, T* out,
+                     int64_t n, bool packed, unsigned grid, cudaStream_t stream,
+                     std::index_sequence<I...>) {
+  (launch_periodic_binary<T, static_cast<BinaryOp>(I)>(op, a, b, out, n, packed, grid, stream) ||
+   ...);
+}
+
+// Reads x's (expanded) strides from the innermost dim out: stride-0 dims (their product is
+// div), then dims laid out contiguously (their product is mod), then stride-0 dims only.
+// False for any other layout.
+bool periodic_layout(const Tensor& x, PeriodicOperand& o) {
+  enum { kInnerBroadcast, kContiguous, kOuterBroadcast } phase = kInnerBroadcast;
+  o.data = x.raw_data();
+  o.div = 1;
+  o.mod = 1;
+  for (int64_t d = x.dim() - 1; d >= 0; --d) {
+    const int64_t size = x.size(d), stride = x.stride(d);
+    if (size == 1) continue;
+    if (phase == kInnerBroadcast) {
+      if (stride == 0) {
+        o.div *= size;
+        continue;
+      }
+      phase = kContiguous;
+    }
+    if (phase == kContiguous) {
+      if (stride == o.mod) {
+        o.mod *= size;
+        continue;
+      }
+      phase = kOuterBroadcast;
+    }
+    if (stride != 0) return false;
+  }
+  return true;
+}
+
+// The broadcast fast path applies: one float dtype everywhere, out contiguous and aligned,
+// and both operands periodic. Fills the operands (steps for `grid` blocks) and `packed`.
+bool periodic_binary_path(const Tensor& a, const Tensor& b, const Tensor& out, unsigned& grid,
+                          bool& packed, PeriodicOperand& pa, PeriodicOperand& pb) {
+  const DType t = out.dtype();
+  if (t != DType::f32 && t != DType::f16 && t != DType::bf16) return false;
+  if (a.dtype() != t || b.dtype() != t || !out.is_contiguous() || !aligned16({out.raw_data()}))
+    return false;
+  if (!periodic_layout(a, pa) || !periodic_layout(b, pb)) return false;
+  packed = true;
+  for (PeriodicOperand* o : {&pa, &pb}) {
+    o->packs = o->div == 1 && o->mod % kPack == 0 && aligned16({o->data});
+    packed &= o->packs || o->div % kPack == 0 || o->mod == 1;
+  }
+  const int64_t n = out.numel();
+  const int unit = packed ? kPack : 1;
+  grid = grid_for((n + unit - 1) / unit);
+  const int64_t stride = int64_t(grid) * kThreads * unit;
+  for (PeriodicOperand* o : {&pa, &pb}) {
+    o->step_quot = (stride / o->div) % o->mod;
+    o->step_rem = stride % o->div;
+  }
+  return true;
+}
+
 template <class C>
 __global__ void binary_kernel(BinaryOp op, const void* a, DType at, const void* b, DType bt,
                               void* out, DType ot, StridedIter<3> it, int64_t n, bool dense) {
@@ -437,6 +589,18 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
                       std::make_index_sequence<static_cast<size_t>(BinaryOp::GeluBackward) + 1>{});
     });
     TESSERA_KERNEL_CHECK("dense_binary_kernel");
+    return;
+  }
+  PeriodicOperand pa, pb;
+  unsigned grid = 0;
+  bool packed = false;
+  if (!is_comparison(op) && periodic_binary_path(a, b, out, grid, packed, pa, pb)) {
+    visit_half_float(out.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      periodic_binary<T>(op, pa, pb, static_cast<T*>(out.raw_data()), n, packed, grid, ctx.stream,
+                         std::make_index_sequence<static_cast<size_t>(BinaryOp::GeluBackward) + 1>{});
+    });
+    TESSERA_KERNEL_CHECK("periodic_binary_kernel");
     return;
   }
   auto it = make_iter<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()});

@@ -153,19 +153,30 @@ __global__ void layer_norm_dparams_partial_kernel(const T* dy, const T* x, const
   part_db[chunk * C + c] = static_cast<float>(db);
 }
 
-// Stage 2: sum the chunks in order and accumulate into dweight/dbias (either may be absent).
+// Stage 2: sum the chunks and accumulate into dweight (blockIdx.y 0) or dbias (1); either may
+// be absent. Block (8 columns, 32 chunk lanes): lane y adds chunks y, y+32, ... in order, then
+// lane 0 adds the 32 lane sums in order, so the result is fixed by the shapes alone. Columns
+// of 8 (one 32-byte segment of partials per row) give C/4 blocks, enough to fill the GPU.
+constexpr int kFinishCols = 8, kFinishLanes = 32;
+
 template <class T>
-__global__ void layer_norm_dparams_finish_kernel(const float* part_dw, const float* part_db,
-                                                 int64_t chunks, int64_t C, T* dw, T* db) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  float sw = 0, sb = 0;
-  for (int64_t k = 0; k < chunks; ++k) {
-    sw += part_dw[k * C + c];
-    sb += part_db[k * C + c];
-  }
-  if (dw) dw[c] = from_float<T>(to_float(dw[c]) + sw);
-  if (db) db[c] = from_float<T>(to_float(db[c]) + sb);
+__global__ void __launch_bounds__(kFinishCols * kFinishLanes)
+    layer_norm_dparams_finish_kernel(const float* part_dw, const float* part_db, int64_t chunks,
+                                     int64_t C, T* dw, T* db) {
+  __shared__ float lanes[kFinishLanes][kFinishCols];
+  const float* part = blockIdx.y == 0 ? part_dw : part_db;
+  T* param = blockIdx.y == 0 ? dw : db;
+  if (!param) return;  // uniform over the block
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = blockIdx.x * int64_t(kFinishCols) + tx;
+  float s = 0;
+  if (c < C)
+    for (int64_t k = ty; k < chunks; k += kFinishLanes) s += part[k * C + c];
+  lanes[ty][tx] = s;
+  __syncthreads();
+  if (ty != 0 || c >= C) return;
+  for (int y = 1; y < kFinishLanes; ++y) s += lanes[y][tx];
+  param[c] = from_float<T>(to_float(param[c]) + s);
 }
 
 void layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_in,
@@ -206,7 +217,9 @@ void layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& 
            ctx.stream>>>(dyp, xp, m.data<float>(), rs.data<float>(), rows, C, rows_per_chunk,
                          part_dw, part_db);
     TESSERA_KERNEL_CHECK("layer_norm_dparams_partial_kernel");
-    layer_norm_dparams_finish_kernel<T><<<static_cast<unsigned>(col_blocks), 256, 0, ctx.stream>>>(
+    const dim3 finish_grid(static_cast<unsigned>((C + kFinishCols - 1) / kFinishCols), 2);
+    layer_norm_dparams_finish_kernel<T><<<finish_grid, dim3(kFinishCols, kFinishLanes), 0,
+                                          ctx.stream>>>(
         part_dw, part_db, chunks, C, dw.defined() ? static_cast<T*>(dw.raw_data()) : nullptr,
         db.defined() ? static_cast<T*>(db.raw_data()) : nullptr);
     TESSERA_KERNEL_CHECK("layer_norm_dparams_finish_kernel");
