@@ -2,6 +2,9 @@
 #include "autograd/autocast.h"
 #include "autograd/function_util.h"
 #include "autograd/functions.h"
+#if TESSERA_WITH_CUDA
+#include "kernels/cuda/linear.h"
+#endif
 
 namespace tessera {
 
@@ -12,6 +15,17 @@ using autograd::util::sum_to_shape;
 using Grads = std::vector<Tensor>;
 
 namespace {
+
+// True when linear's GEMMs go through the cuBLASLt helpers of kernels/cuda/linear.h: CUDA
+// tensors of one 16/32-bit float dtype (a bias in that dtype or f32, as under autocast).
+bool use_cuda_linear(const Tensor& x2d, const Tensor& w, const Tensor& bias) {
+  if (!TESSERA_WITH_CUDA || !x2d.device().is_cuda()) return false;
+  const DType t = x2d.dtype();
+  const bool float_type = t == DType::f32 || t == DType::f16 || t == DType::bf16;
+  const bool bias_ok = !bias.defined() || (bias.device() == x2d.device() &&
+                                           (bias.dtype() == t || bias.dtype() == DType::f32));
+  return float_type && w.dtype() == t && w.device() == x2d.device() && bias_ok;
+}
 
 // The matrix transpose of the last two dims.
 Tensor mT(const Tensor& t) { return raw::transpose(t, -2, -1); }
@@ -69,8 +83,18 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
   TESSERA_CHECK(!bias.defined() || bias.shape() == Shape{out}, "linear: bias of shape ",
                 shape_str(bias.shape()), " for weight of shape ", shape_str(weight.shape()));
   // Rows of the input as one matrix: a single GEMM, and dW = x^T g without a batch.
-  Tensor y2 = ops::matmul(raw::reshape(x, {-1, in}), weight);
-  if (bias.defined()) ops::binary_(BinaryOp::Add, y2, bias);
+  const Tensor x2d = raw::reshape(x, {-1, in});
+  Tensor y2;
+  if (use_cuda_linear(x2d, weight, bias)) {
+#if TESSERA_WITH_CUDA
+    // One cuBLASLt GEMM with the bias added in its epilogue.
+    y2 = empty({x2d.size(0), out}, {.dtype = x2d.dtype(), .device = x2d.device()});
+    cuda::linear_forward(x2d, weight, bias, y2);
+#endif
+  } else {
+    y2 = ops::matmul(x2d, weight);
+    if (bias.defined()) ops::binary_(BinaryOp::Add, y2, bias);
+  }
   Shape out_shape = x.shape();
   out_shape.back() = out;
   Tensor y = raw::reshape(y2, out_shape);
@@ -81,8 +105,21 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
     const Tensor g = raw::reshape(a.grad(), {-1, out});
     Tensor grad_x, grad_w, grad_b;
     if (a.needs(0)) grad_x = raw::reshape(ops::matmul(g, mT(saved_w.unpack("LinearBackward"))), x_shape);
-    if (a.needs(1)) grad_w = ops::matmul(mT(raw::reshape(saved_x.unpack("LinearBackward"), {-1, in})), g);
-    if (a.needs(2)) grad_b = ops::sum(g, {0});
+    if (a.needs(1)) {
+      const Tensor x2d = raw::reshape(saved_x.unpack("LinearBackward"), {-1, in});
+      if (use_cuda_linear(x2d, g, Tensor())) {
+#if TESSERA_WITH_CUDA
+        // dW = x^T g and, when wanted, db = the column sums of g from the same GEMM.
+        const TensorOptions like{.dtype = g.dtype(), .device = g.device()};
+        grad_w = empty({in, out}, like);
+        if (a.needs(2)) grad_b = empty({out}, like);
+        cuda::linear_weight_grad(x2d, g, grad_w, grad_b);
+#endif
+      } else {
+        grad_w = ops::matmul(mT(x2d), g);
+      }
+    }
+    if (a.needs(2) && !grad_b.defined()) grad_b = ops::sum(g, {0});
     return Grads{grad_x, grad_w, grad_b};
   });
   return y;

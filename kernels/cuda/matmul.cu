@@ -1,11 +1,24 @@
-// Batched matrix multiply through cuBLAS (cublasGemmStridedBatchedEx): f32, f16, bf16 with
-// f32 accumulation, f64 in f64. Row-major tensors are handed to column-major cuBLAS as
-// their transposes (C^T = B^T A^T), so a transposed view is just the other op flag and no
-// copy is made unless an operand's batch dims cannot be described by one stride.
+// Batched matrix multiply through cuBLASLt (f32, f16, bf16 with true f32 accumulation; no
+// TF32) and cublasGemmStridedBatchedEx (f64, and whatever cuBLASLt refuses). Row-major
+// tensors are handed to column-major cuBLAS as their transposes (C^T = B^T A^T), so a
+// transposed view is just the other op flag and no copy is made unless an operand's batch
+// dims cannot be described by one stride.
+//
+// cuBLASLt plans (matmul descriptor, matrix layouts, the algorithm from
+// cublasLtMatmulAlgoGetHeuristic) are cached per (device, dtypes, ops, sizes, leading
+// dims, batch strides, pointer alignment, epilogue), so the steady state does no
+// heuristic query. The Linear helpers of linear.h live here too: the same plans with a
+// bias (CUBLASLT_EPILOGUE_BIAS) or bias-gradient (CUBLASLT_EPILOGUE_BGRADA) epilogue.
+#include <array>
+#include <atomic>
+#include <map>
 #include <mutex>
+#include <utility>
 
 #include "core/dispatch.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/linear.h"
+#include "kernels/ops.h"
 
 namespace tessera::cuda {
 
@@ -20,7 +33,16 @@ cublasHandle_t cublas_handle() {
 
 namespace {
 
-// One operand as cuBLAS sees it: a column-major matrix of the transposed logical matrix.
+cublasLtHandle_t cublaslt_handle() {
+  thread_local cublasLtHandle_t handles[64] = {};
+  const int d = current_device();
+  if (!handles[d]) TESSERA_CUBLAS_CHECK(cublasLtCreate(&handles[d]));
+  return handles[d];
+}
+
+// ---- operands as column-major cuBLAS sees them ----
+
+// One operand: a column-major matrix of the transposed logical matrix.
 struct GemmOperand {
   Tensor t;                   // possibly a contiguous copy of the input
   cublasOperation_t op = CUBLAS_OP_N;
@@ -80,55 +102,243 @@ struct GemmTypes {
   cublasComputeType_t compute;
 };
 
-GemmTypes gemm_types(DType t) {
+GemmTypes gemm_types(DType t, const char* op) {
   switch (t) {
     case DType::f32: return {CUDA_R_32F, CUBLAS_COMPUTE_32F};  // true fp32, no TF32 rounding
     case DType::f16: return {CUDA_R_16F, CUBLAS_COMPUTE_32F};
     case DType::bf16: return {CUDA_R_16BF, CUBLAS_COMPUTE_32F};
     case DType::f64: return {CUDA_R_64F, CUBLAS_COMPUTE_64F};
     default:
-      TESSERA_FAIL("matmul (cuda): dtype ", dtype_name(t),
+      TESSERA_FAIL(op, " (cuda): dtype ", dtype_name(t),
                    " is not supported (float32, float16, bfloat16, float64)");
   }
 }
 
-void matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
-  TESSERA_CHECK(a.dim() >= 2 && b.dim() == a.dim() && out.dim() == a.dim(),
-                "matmul (cuda): operands must have equal rank >= 2, got ", shape_str(a.shape()),
-                " @ ", shape_str(b.shape()), " -> ", shape_str(out.shape()));
-  TESSERA_CHECK(a.dtype() == b.dtype() && a.dtype() == out.dtype(), "matmul (cuda): dtypes ",
+// C[.., M, N] = A[.., M, K] @ B[.., K, N] in cuBLAS's column-major terms:
+// D^T[N, M] = op(B)[N, K] * op(A)[K, M], i.e. cuBLAS's "A" is our b and its "B" our a.
+struct GemmProblem {
+  GemmOperand a, b;
+  int64_t M = 0, N = 0, K = 0, batch = 1;
+  GemmTypes types{};
+  const Tensor* out = nullptr;
+};
+
+GemmProblem make_problem(const char* op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  TESSERA_CHECK(a.dim() >= 2 && b.dim() == a.dim() && out.dim() == a.dim(), op,
+                " (cuda): operands must have equal rank >= 2, got ", shape_str(a.shape()), " @ ",
+                shape_str(b.shape()), " -> ", shape_str(out.shape()));
+  TESSERA_CHECK(a.dtype() == b.dtype() && a.dtype() == out.dtype(), op, " (cuda): dtypes ",
                 dtype_name(a.dtype()), ", ", dtype_name(b.dtype()), " -> ",
                 dtype_name(out.dtype()), " must be equal");
-  TESSERA_CHECK(out.is_contiguous(), "matmul (cuda): output must be contiguous");
-  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
-  TESSERA_CHECK(b.size(-2) == K && out.size(-2) == M && out.size(-1) == N,
-                "matmul (cuda): shapes ", shape_str(a.shape()), " @ ", shape_str(b.shape()),
-                " -> ", shape_str(out.shape()), " do not agree");
-  if (out.numel() == 0) return;
-  const GemmTypes types = gemm_types(out.dtype());
-  KernelContext ctx(out);
-  if (K == 0) {
-    TESSERA_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), ctx.stream));
-    return;
-  }
+  TESSERA_CHECK(a.device() == out.device() && b.device() == out.device(), op,
+                " (cuda): operands on ", a.device().str(), ", ", b.device().str(), " -> ",
+                out.device().str(), " must share one device");
+  TESSERA_CHECK(out.is_contiguous(), op, " (cuda): output must be contiguous");
+  GemmProblem p;
+  p.M = a.size(-2);
+  p.K = a.size(-1);
+  p.N = b.size(-1);
+  TESSERA_CHECK(b.size(-2) == p.K && out.size(-2) == p.M && out.size(-1) == p.N, op,
+                " (cuda): shapes ", shape_str(a.shape()), " @ ", shape_str(b.shape()), " -> ",
+                shape_str(out.shape()), " do not agree");
+  p.types = gemm_types(out.dtype(), op);
+  p.out = &out;
+  if (out.numel() == 0 || p.K == 0) return p;
   const int64_t batch_dims = a.dim() - 2;
-  const int64_t batch = out.numel() / (M * N);
-  // C^T[N, M] = B^T[N, K] * A^T[K, M] in cuBLAS's column-major terms.
-  GemmOperand A = describe(a, batch_dims), B = describe(b, batch_dims);
-  TESSERA_CHECK(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX && batch <= INT32_MAX,
-                "matmul (cuda): dimensions over 2^31 are not supported");
+  p.batch = out.numel() / (p.M * p.N);
+  p.a = describe(a, batch_dims);
+  p.b = describe(b, batch_dims);
+  TESSERA_CHECK(p.M <= INT32_MAX && p.N <= INT32_MAX && p.K <= INT32_MAX && p.batch <= INT32_MAX,
+                op, " (cuda): dimensions over 2^31 are not supported, got ",
+                shape_str(a.shape()), " @ ", shape_str(b.shape()));
+  return p;
+}
+
+// The plain cuBLAS path: f64, and the fallback for layouts cuBLASLt refuses.
+void gemm_strided_batched(const GemmProblem& p, cudaStream_t stream) {
   cublasHandle_t h = cublas_handle();
-  TESSERA_CUBLAS_CHECK(cublasSetStream(h, ctx.stream));
+  TESSERA_CUBLAS_CHECK(cublasSetStream(h, stream));
   const float alpha32 = 1.f, beta32 = 0.f;
   const double alpha64 = 1.0, beta64 = 0.0;
-  const bool f64 = out.dtype() == DType::f64;
+  const bool f64 = p.types.data == CUDA_R_64F;
   const void* alpha = f64 ? static_cast<const void*>(&alpha64) : &alpha32;
   const void* beta = f64 ? static_cast<const void*>(&beta64) : &beta32;
   TESSERA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      h, B.op, A.op, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), alpha,
-      B.t.raw_data(), types.data, static_cast<int>(B.ld), B.batch_stride, A.t.raw_data(),
-      types.data, static_cast<int>(A.ld), A.batch_stride, beta, out.raw_data(), types.data,
-      static_cast<int>(N), M * N, static_cast<int>(batch), types.compute, CUBLAS_GEMM_DEFAULT));
+      h, p.b.op, p.a.op, static_cast<int>(p.N), static_cast<int>(p.M), static_cast<int>(p.K),
+      alpha, p.b.t.raw_data(), p.types.data, static_cast<int>(p.b.ld), p.b.batch_stride,
+      p.a.t.raw_data(), p.types.data, static_cast<int>(p.a.ld), p.a.batch_stride, beta,
+      p.out->raw_data(), p.types.data, static_cast<int>(p.N), p.M * p.N,
+      static_cast<int>(p.batch), p.types.compute, CUBLAS_GEMM_DEFAULT));
+}
+
+// ---- cuBLASLt plans ----
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+// 32 MiB of scratch per (device, stream), taken once with cudaMalloc and kept for the
+// process (outside the caching allocator so its statistics stay those of tensors). Work on
+// one stream is ordered, so one workspace per stream is never used by two GEMMs at once.
+// Without memory for it, cuBLASLt runs with no workspace.
+std::pair<void*, size_t> workspace(int device, cudaStream_t stream) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, cudaStream_t>, void*> buffers;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, inserted] = buffers.try_emplace({device, stream}, nullptr);
+  if (inserted && cudaMalloc(&it->second, kWorkspaceBytes) != cudaSuccess) {
+    cudaGetLastError();  // clear the failed allocation; go on without workspace
+    it->second = nullptr;
+  }
+  return {it->second, it->second ? kWorkspaceBytes : 0};
+}
+
+// Largest power of two dividing the address, capped at 256: the heuristic's algorithm may
+// rely on the alignment of the pointers it was chosen for.
+int64_t alignment_of(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  if (v == 0) return 256;
+  return std::min<int64_t>(256, static_cast<int64_t>(v & (~v + 1)));
+}
+
+// The bias operand of an epilogue: none, BIAS (read, length N) or BGRADA (written, length N).
+struct Epilogue {
+  cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
+  void* bias = nullptr;
+  cudaDataType_t bias_type = CUDA_R_32F;
+};
+
+using PlanKey = std::array<int64_t, 22>;
+
+// Descriptors and algorithm for one cached problem. Never destroyed: like the handles they
+// live as long as the thread (destroying them at exit could run after the CUDA runtime).
+struct LtPlan {
+  bool supported = false;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
+                                   int64_t batch, int64_t batch_stride) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows),
+                                                  static_cast<uint64_t>(cols), ld));
+  const int32_t count = static_cast<int32_t>(batch);
+  TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+      layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+  TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+      layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride, sizeof(batch_stride)));
+  return layout;
+}
+
+// Builds the descriptors and asks the heuristic once; an unsupported problem is cached too,
+// so callers fall back without asking again.
+LtPlan build_plan(const GemmProblem& p, const Epilogue& e, size_t workspace_bytes) {
+  LtPlan plan;
+  TESSERA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, p.types.compute, CUDA_R_32F));
+  // cuBLASLt's A is our b ([N, K] after op), its B our a ([K, M] after op).
+  const int32_t op_a = p.b.op, op_b = p.a.op;
+  TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                      &op_a, sizeof(op_a)));
+  TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                      &op_b, sizeof(op_b)));
+  const uint32_t epilogue = e.kind;
+  TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                      &epilogue, sizeof(epilogue)));
+  if (e.kind != CUBLASLT_EPILOGUE_DEFAULT) {
+    const int32_t bias_type = e.bias_type;
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    // The heuristic looks at the pointer's alignment; the real one is set before each call.
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof(e.bias)));
+  }
+  const bool a_n = p.b.op == CUBLAS_OP_N, b_n = p.a.op == CUBLAS_OP_N;
+  plan.layout_a = make_layout(p.types.data, a_n ? p.N : p.K, a_n ? p.K : p.N, p.b.ld, p.batch,
+                              p.b.batch_stride);
+  plan.layout_b = make_layout(p.types.data, b_n ? p.K : p.M, b_n ? p.M : p.K, p.a.ld, p.batch,
+                              p.a.batch_stride);
+  plan.layout_d = make_layout(p.types.data, p.N, p.M, p.N, p.batch, p.M * p.N);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t max_workspace = workspace_bytes;
+  TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof(max_workspace)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      cublaslt_handle(), plan.desc, plan.layout_a, plan.layout_b, plan.layout_d, plan.layout_d,
+      pref, 1, &result, &count);
+  cublasLtMatmulPreferenceDestroy(pref);
+  // NOT_SUPPORTED / INVALID_VALUE: cuBLASLt has no kernel for this combination (epilogue,
+  // dtype, alignment, layout); the caller takes the plain path.
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED && status != CUBLAS_STATUS_INVALID_VALUE)
+    TESSERA_CUBLAS_CHECK(status);
+  plan.supported = status == CUBLAS_STATUS_SUCCESS && count > 0 &&
+                   result.state == CUBLAS_STATUS_SUCCESS;
+  if (plan.supported) plan.algo = result.algo;
+  return plan;
+}
+
+// Runs the problem through cuBLASLt with the epilogue; false (nothing written) when
+// cuBLASLt does not support it.
+bool lt_matmul(const GemmProblem& p, const Epilogue& e, cudaStream_t stream) {
+  if (p.types.data == CUDA_R_64F) return false;
+  const int device = current_device();
+  const auto [ws, ws_bytes] = workspace(device, stream);
+  const PlanKey key{device,
+                    p.types.data,
+                    p.b.op,
+                    p.a.op,
+                    p.M,
+                    p.N,
+                    p.K,
+                    p.batch,
+                    p.a.ld,
+                    p.b.ld,
+                    p.a.batch_stride,
+                    p.b.batch_stride,
+                    alignment_of(p.a.t.raw_data()),
+                    alignment_of(p.b.t.raw_data()),
+                    alignment_of(p.out->raw_data()),
+                    e.kind,
+                    e.bias_type,
+                    alignment_of(e.bias),
+                    static_cast<int64_t>(ws_bytes),
+                    0,
+                    0,
+                    0};
+  thread_local std::map<PlanKey, LtPlan> plans;
+  auto it = plans.find(key);
+  if (it == plans.end()) it = plans.emplace(key, build_plan(p, e, ws_bytes)).first;
+  LtPlan& plan = it->second;
+  if (!plan.supported) return false;
+  if (e.kind != CUBLASLT_EPILOGUE_DEFAULT) {
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof(e.bias)));
+  }
+  const float alpha = 1.f, beta = 0.f;
+  const cublasStatus_t status = cublasLtMatmul(
+      cublaslt_handle(), plan.desc, &alpha, p.b.t.raw_data(), plan.layout_a, p.a.t.raw_data(),
+      plan.layout_b, &beta, p.out->raw_data(), plan.layout_d, p.out->raw_data(), plan.layout_d,
+      &plan.algo, ws, ws_bytes, stream);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
+    plan.supported = false;  // don't ask again for this key
+    return false;
+  }
+  TESSERA_CUBLAS_CHECK(status);
+  return true;
+}
+
+void matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const GemmProblem p = make_problem("matmul", a, b, out);
+  if (out.numel() == 0) return;
+  KernelContext ctx(out);
+  if (p.K == 0) {
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), ctx.stream));
+    return;
+  }
+  if (!lt_matmul(p, Epilogue{}, ctx.stream)) gemm_strided_batched(p, ctx.stream);
 }
 
 const bool registered = [] {
@@ -136,5 +346,79 @@ const bool registered = [] {
   return true;
 }();
 
+// ---- Linear epilogues ----
+
+std::atomic<bool> epilogues_enabled{true};
+std::atomic<int64_t> fused_calls{0}, fallback_calls{0};
+
+cudaDataType_t bias_data_type(DType t) { return gemm_types(t, "linear").data; }
+
 }  // namespace
+
+void set_linear_epilogues_enabled(bool enabled) { epilogues_enabled = enabled; }
+bool linear_epilogues_enabled() { return epilogues_enabled; }
+LinearPathCounts linear_path_counts() { return {fused_calls.load(), fallback_calls.load()}; }
+
+void linear_forward(const Tensor& x2d, const Tensor& w, const Tensor& bias, const Tensor& out) {
+  TESSERA_CHECK(x2d.dim() == 2 && w.dim() == 2, "linear_forward (cuda): x2d ",
+                shape_str(x2d.shape()), " and w ", shape_str(w.shape()), " must be matrices");
+  const GemmProblem p = make_problem("linear_forward", x2d, w, out);
+  const bool half_out = out.dtype() == DType::f16 || out.dtype() == DType::bf16;
+  if (bias.defined()) {
+    TESSERA_CHECK(bias.shape() == Shape{p.N}, "linear_forward (cuda): bias of shape ",
+                  shape_str(bias.shape()), " for output ", shape_str(out.shape()));
+    TESSERA_CHECK(bias.dtype() == out.dtype() || (half_out && bias.dtype() == DType::f32),
+                  "linear_forward (cuda): bias dtype ", dtype_name(bias.dtype()),
+                  " for output dtype ", dtype_name(out.dtype()),
+                  " (expected the output's, or float32 for a 16-bit output)");
+    TESSERA_CHECK(bias.device() == out.device(), "linear_forward (cuda): bias on ",
+                  bias.device().str(), ", output on ", out.device().str());
+  }
+  if (out.numel() == 0) return;
+  KernelContext ctx(out);
+  if (bias.defined() && p.K > 0 && epilogues_enabled) {
+    const Tensor b = raw::contiguous(bias);
+    const Epilogue e{CUBLASLT_EPILOGUE_BIAS, b.raw_data(), bias_data_type(b.dtype())};
+    if (lt_matmul(p, e, ctx.stream)) {
+      ++fused_calls;
+      return;
+    }
+  }
+  matmul(x2d, w, out);
+  if (bias.defined()) {
+    ops::binary_(BinaryOp::Add, out, bias);
+    ++fallback_calls;
+  }
+}
+
+void linear_weight_grad(const Tensor& x2d, const Tensor& g, const Tensor& dw,
+                        const Tensor& dbias) {
+  TESSERA_CHECK(x2d.dim() == 2 && g.dim() == 2, "linear_weight_grad (cuda): x2d ",
+                shape_str(x2d.shape()), " and g ", shape_str(g.shape()), " must be matrices");
+  const Tensor xT = raw::transpose(x2d, 0, 1);
+  const GemmProblem p = make_problem("linear_weight_grad", xT, g, dw);
+  if (dbias.defined()) {
+    TESSERA_CHECK(dbias.shape() == Shape{p.N} && dbias.dtype() == g.dtype() &&
+                      dbias.device() == g.device() && dbias.is_contiguous(),
+                  "linear_weight_grad (cuda): dbias ", shape_str(dbias.shape()), " ",
+                  dtype_name(dbias.dtype()), " on ", dbias.device().str(),
+                  " must be contiguous [", p.N, "] ", dtype_name(g.dtype()), " on ",
+                  g.device().str());
+  }
+  KernelContext ctx(dw);
+  // p.K is the number of rows M of x2d and g: the GEMM's k, over which BGRADA reduces g.
+  if (dbias.defined() && dw.numel() > 0 && p.K > 0 && epilogues_enabled) {
+    const Epilogue e{CUBLASLT_EPILOGUE_BGRADA, dbias.raw_data(), bias_data_type(dbias.dtype())};
+    if (lt_matmul(p, e, ctx.stream)) {
+      ++fused_calls;
+      return;
+    }
+  }
+  matmul(xT, g, dw);
+  if (dbias.defined()) {
+    kernel_table(DeviceType::CUDA).copy(dbias, ops::sum(g, {0}));
+    ++fallback_calls;
+  }
+}
+
 }  // namespace tessera::cuda
