@@ -415,7 +415,7 @@ struct PeriodicOperand {
   const void* data;
   int64_t div, mod;
   int64_t step_quot, step_rem;  // (stride / div) % mod and stride % div, stride in elements
-  bool packs;                   // 8 consecutive outputs read 8 consecutive elements (div 1)
+  bool packs;                   // 8 consecutive outputs read 8 consecutive elements
 };
 
 // Position of one thread in one operand: q = (i / div) % mod, r = i % div.
@@ -540,12 +540,14 @@ bool periodic_binary_path(const Tensor& a, const Tensor& b, const Tensor& out, u
   if (a.dtype() != t || b.dtype() != t || !out.is_contiguous() || !aligned16({out.raw_data()}))
     return false;
   if (!periodic_layout(a, pa) || !periodic_layout(b, pb)) return false;
+  // Packs of 8 outputs start at multiples of 8 below n - n % 8: an operand's 8 elements are
+  // consecutive when its period is a multiple of 8 or is the whole output (no wrap-around).
+  const int64_t n = out.numel();
   packed = true;
   for (PeriodicOperand* o : {&pa, &pb}) {
-    o->packs = o->div == 1 && o->mod % kPack == 0 && aligned16({o->data});
+    o->packs = o->div == 1 && (o->mod % kPack == 0 || o->mod == n) && aligned16({o->data});
     packed &= o->packs || o->div % kPack == 0 || o->mod == 1;
   }
-  const int64_t n = out.numel();
   const int unit = packed ? kPack : 1;
   grid = grid_for((n + unit - 1) / unit);
   const int64_t stride = int64_t(grid) * kThreads * unit;
