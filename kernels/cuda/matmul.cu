@@ -264,6 +264,17 @@ LtPlan build_plan(const GemmProblem& p, const Epilogue& e, size_t workspace_byte
   const uint64_t max_workspace = workspace_bytes;
   TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof(max_workspace)));
+  // The heuristic sees no data pointers and assumes 256-byte alignment unless told: views
+  // (slices, batch offsets) can start anywhere, so name the real alignments (part of the key).
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> aligned[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, p.b.t.raw_data()},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, p.a.t.raw_data()},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, p.out->raw_data()},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, p.out->raw_data()}};
+  for (const auto& [attribute, ptr] : aligned) {
+    const uint32_t bytes = static_cast<uint32_t>(alignment_of(ptr));
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof(bytes)));
+  }
   cublasLtMatmulHeuristicResult_t result{};
   int count = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
