@@ -65,16 +65,19 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions opts)
 }
 
 namespace {
-// A CUDA f32 parameter updated by the multi-tensor kernel (one launch per group and step).
+// A CUDA parameter updated by the multi-tensor kernel (one launch per group and step): an
+// f32 parameter, or an f16/bf16 one with its f32 master.
 struct MultiTensorItem {
-  Tensor p, g, m, v;
+  Tensor p, g, m, v, master;
   int64_t step;
 };
 
-bool fits_multi_tensor(const Tensor& p, const Tensor& g) {
-  return TESSERA_WITH_CUDA && p.device().is_cuda() && p.dtype() == DType::f32 &&
+bool fits_multi_tensor(const Tensor& p, const Tensor& g, const Tensor& master) {
+  return TESSERA_WITH_CUDA && p.device().is_cuda() && (p.dtype() == DType::f32 || master.defined()) &&
          p.is_contiguous() && g.is_contiguous();
 }
+
+bool is_low_precision(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 void run_multi_tensor(std::vector<MultiTensorItem>& items, const ParamGroup& group,
                       const AdamWOptions& opts) {
@@ -83,25 +86,52 @@ void run_multi_tensor(std::vector<MultiTensorItem>& items, const ParamGroup& gro
   std::map<int64_t, std::vector<MultiTensorItem*>> by_step;
   for (auto& item : items) by_step[item.step].push_back(&item);
   for (auto& [step, batch] : by_step) {
-    std::vector<Tensor> ps, gs, ms, vs;
+    std::vector<Tensor> ps, gs, ms, vs, masters;
     for (auto* item : batch) {
       ps.push_back(item->p);
       gs.push_back(item->g);
       ms.push_back(item->m);
       vs.push_back(item->v);
+      masters.push_back(item->master);
       item->p.impl().version++;
     }
     cuda::AdamWConfig cfg{.lr = float(group.lr), .beta1 = float(opts.beta1),
                           .beta2 = float(opts.beta2), .eps = float(opts.eps),
                           .weight_decay = float(group.weight_decay), .step = step,
                           .grad_scale = 1.0f};
-    cuda::multi_tensor_adamw(ps, gs, ms, vs, {}, std::vector<bool>(ps.size(), true), cfg);
+    cuda::multi_tensor_adamw(ps, gs, ms, vs, masters, std::vector<bool>(ps.size(), true), cfg);
   }
 #else
   (void)group;
   (void)opts;
   TESSERA_CHECK(items.empty(), "AdamW: multi-tensor path without CUDA");
 #endif
+}
+
+// One update of `target` (the parameter, or its f32 master) from gradient g.
+void update_one(const Tensor& target, const Tensor& g, const Tensor& m, const Tensor& v,
+                const AdamWCoeffs<double>& c) {
+  detail::update_in_place(target, [&](const Tensor& pc) {
+    if (pc.device().is_cpu() && m.dtype() == detail::state_dtype(pc.dtype())) {
+      visit_dtype(pc.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (std::is_same_v<T, double>) {
+          adamw_cpu<T, double>(pc.data<T>(), g.data<T>(), m.data<double>(), v.data<double>(),
+                               pc.numel(), c);
+        } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, Half> ||
+                             std::is_same_v<T, BFloat16>) {
+          const AdamWCoeffs<float> cf{
+              float(c.decay),           float(c.beta1),     float(c.beta2),
+              float(c.one_minus_beta1), float(c.one_minus_beta2), float(c.step_size),
+              float(c.bias_correction2_sqrt), float(c.eps)};
+          adamw_cpu<T, float>(pc.data<T>(), g.data<T>(), m.data<float>(), v.data<float>(),
+                              pc.numel(), cf);
+        }
+      });
+    } else {
+      adamw_generic(pc, g, m, v, c);
+    }
+  });
 }
 }  // namespace
 
@@ -113,17 +143,27 @@ void AdamW::apply_step() {
       ParamState& s = state(index++);
       const Tensor grad = p.grad();
       if (!grad.defined()) continue;
-      const Tensor g = detail::grad_like_param(p, grad, "AdamW::step");
+      const bool keep_master = opts_.master_weights && is_low_precision(p.dtype());
       if (s.tensors.empty()) {
         const TensorOptions sopts{.dtype = detail::state_dtype(p.dtype()), .device = p.device()};
         s.tensors["exp_avg"] = zeros(p.shape(), sopts);
         s.tensors["exp_avg_sq"] = zeros(p.shape(), sopts);
       }
+      if (keep_master && !s.tensors.count("master"))
+        s.tensors["master"] = raw::contiguous(raw::clone(raw::to(p, p.device(), DType::f32)));
+      const Tensor master = keep_master ? s.tensors["master"] : Tensor();
       const Tensor& m = s.tensors["exp_avg"];
       const Tensor& v = s.tensors["exp_avg_sq"];
       s.step += 1;
-      if (fits_multi_tensor(p, g)) {
-        multi_tensor.push_back({p, g, m, v, s.step});
+      // With a master the fused kernel reads the gradient in its own dtype (as f32).
+      if (keep_master) {
+        TESSERA_CHECK(grad.shape() == p.shape() && grad.device() == p.device(), "AdamW::step: gradient ",
+                      shape_str(grad.shape()), " on ", grad.device().str(), " does not match parameter ",
+                      shape_str(p.shape()), " on ", p.device().str());
+      }
+      const Tensor direct_grad = keep_master ? grad : detail::grad_like_param(p, grad, "AdamW::step");
+      if (fits_multi_tensor(p, direct_grad, master)) {
+        multi_tensor.push_back({p, direct_grad, m, v, master, s.step});
         continue;
       }
       const double bc1 = 1.0 - std::pow(opts_.beta1, static_cast<double>(s.step));
@@ -136,27 +176,13 @@ void AdamW::apply_step() {
                                   group.lr / bc1,
                                   std::sqrt(bc2),
                                   opts_.eps};
-      detail::update_in_place(p, [&](const Tensor& pc) {
-        if (pc.device().is_cpu() && m.dtype() == detail::state_dtype(pc.dtype())) {
-          visit_dtype(pc.dtype(), [&](auto tag) {
-            using T = decltype(tag);
-            if constexpr (std::is_same_v<T, double>) {
-              adamw_cpu<T, double>(pc.data<T>(), g.data<T>(), m.data<double>(), v.data<double>(),
-                                   pc.numel(), c);
-            } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, Half> ||
-                                 std::is_same_v<T, BFloat16>) {
-              const AdamWCoeffs<float> cf{
-                  float(c.decay),           float(c.beta1),     float(c.beta2),
-                  float(c.one_minus_beta1), float(c.one_minus_beta2), float(c.step_size),
-                  float(c.bias_correction2_sqrt), float(c.eps)};
-              adamw_cpu<T, float>(pc.data<T>(), g.data<T>(), m.data<float>(), v.data<float>(),
-                                  pc.numel(), cf);
-            }
-          });
-        } else {
-          adamw_generic(pc, g, m, v, c);
-        }
-      });
+      if (keep_master) {
+        update_one(master, detail::grad_like_param(master, grad, "AdamW::step"), m, v, c);
+        raw::copy_(p, master);
+        p.impl().version++;
+      } else {
+        update_one(p, direct_grad, m, v, c);
+      }
     }
     run_multi_tensor(multi_tensor, group, opts_);
   }

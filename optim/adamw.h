@@ -15,6 +15,11 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
+  // Mixed precision: f16/bf16 parameters get an f32 master copy in the optimizer state
+  // ("master"); the update runs on the master in f32 and the parameter receives its rounded
+  // value, so small updates are not lost to bf16 rounding. On CUDA one fused launch reads
+  // the low-precision gradients and writes masters, moments and parameters.
+  bool master_weights = false;
 };
 
 class AdamW : public Optimizer {
@@ -28,7 +33,9 @@ class AdamW : public Optimizer {
 
  private:
   void apply_step() override;
-  std::vector<std::string> state_tensor_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  std::vector<std::string> state_tensor_names() const override {
+    return {"exp_avg", "exp_avg_sq", "master"};
+  }
   const char* name() const override { return "AdamW"; }
   AdamWOptions opts_;
 };

@@ -86,6 +86,22 @@ namespace {
 // (on a device that costs a reduction and a host read, so clipping skips it).
 bool scale_grads(const std::vector<Tensor>& params, double factor, bool check_finite) {
   bool finite = true;
+#if TESSERA_WITH_CUDA
+  // Contiguous gradients on one CUDA device: one multi-tensor launch instead of one per tensor.
+  if (!check_finite) {
+    std::vector<Tensor> grads;
+    bool one_launch = true;
+    for_each_grad(params, [&](const Tensor& g) {
+      one_launch = one_launch && g.device().is_cuda() && g.is_contiguous() &&
+                   (grads.empty() || g.device() == grads.front().device());
+      grads.push_back(g);
+    });
+    if (one_launch) {
+      cuda::multi_tensor_scale_(grads, factor);
+      return true;
+    }
+  }
+#endif
   Tensor device_probe;  // sum of g*0 over non-CPU grads: NaN iff some element is inf/NaN
   for_each_grad(params, [&](const Tensor& g) {
     if (g.device().is_cpu()) {

@@ -93,6 +93,16 @@ __global__ void __launch_bounds__(kMultiThreads)
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
+__global__ void __launch_bounds__(kMultiThreads)
+    scale_kernel(const NormSlot* slots, const ChunkRef* chunks, float factor) {
+  const ChunkRef c = chunks[blockIdx.x];
+  const NormSlot s = slots[c.slot];
+  void* data = const_cast<void*>(s.data);
+  const int64_t end = min(s.numel, c.start + kChunk);
+  for (int64_t i = c.start + threadIdx.x; i < end; i += blockDim.x)
+    store_as<float>(data, s.dtype, i, load_as<float>(data, s.dtype, i) * factor);
+}
+
 __global__ void norm_finish_kernel(const float* partial, int64_t n, float* out) {
   double acc = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
@@ -147,6 +157,33 @@ void multi_tensor_adamw(const std::vector<Tensor>& params, const std::vector<Ten
   adamw_kernel<<<static_cast<unsigned>(chunks.size()), kMultiThreads, 0, ctx.stream>>>(
       dslots, dchunks, cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, bias1, bias2, cfg.grad_scale);
   TESSERA_KERNEL_CHECK("adamw_kernel");
+}
+
+void multi_tensor_scale_(const std::vector<Tensor>& tensors, double factor) {
+  std::vector<NormSlot> slots;
+  std::vector<ChunkRef> chunks;
+  Tensor first;
+  for (const Tensor& t : tensors) {
+    if (!t.defined() || t.numel() == 0) continue;
+    if (!first.defined()) first = t;
+    const Device device = first.device();
+    TESSERA_CHECK(t.device().is_cuda() && t.device() == device && is_floating(t.dtype()) &&
+                      t.is_contiguous(),
+                  "multi_tensor_scale_: every tensor must be a contiguous floating tensor on one CUDA "
+                  "device, got ", dtype_name(t.dtype()), " ", shape_str(t.shape()), " on ",
+                  t.device().str(), t.is_contiguous() ? "" : " (not contiguous)");
+    slots.push_back({t.raw_data(), t.numel(), t.dtype()});
+    append_chunks(chunks, static_cast<int32_t>(slots.size() - 1), t.numel());
+    t.impl().version++;
+  }
+  if (chunks.empty()) return;
+  KernelContext ctx(first);
+  const NormSlot* dslots;
+  const ChunkRef* dchunks;
+  Tensor tables = upload_tables(slots, chunks, first.device(), &dslots, &dchunks);
+  scale_kernel<<<static_cast<unsigned>(chunks.size()), kMultiThreads, 0, ctx.stream>>>(
+      dslots, dchunks, static_cast<float>(factor));
+  TESSERA_KERNEL_CHECK("scale_kernel");
 }
 
 Tensor global_grad_norm(const std::vector<Tensor>& grads) {
