@@ -51,6 +51,10 @@ void multi_tensor_adamw(const std::vector<Tensor>& params, const std::vector<Ten
 // fixed order. Tensors may have any float dtype; all on one device.
 Tensor global_grad_norm(const std::vector<Tensor>& grads);
 
+// Multiplies every tensor in place by factor (f32 math, stored in each tensor's dtype), one
+// launch for all (gradient clipping). Contiguous floating tensors on one CUDA device.
+void multi_tensor_scale_(const std::vector<Tensor>& tensors, double factor);
+
 // ---- causal attention, flash-attention style (O(T) memory) ----
 // q, k, v: [B, H, T, D] bf16 or f16, any strides with the last dim contiguous (views of a
 // fused qkv projection work as they are); D = 64 or 128. out: [B, H, T, D] same dtype,
