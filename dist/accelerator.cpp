@@ -169,6 +169,11 @@ Tensor Accelerator::gather(const Tensor& t) {
   return out;
 }
 
+Tensor Accelerator::gather_for_metrics(const Tensor& t) {
+  if (padded_split_total_ < 0) return gather(t);
+  return gather_for_metrics(t, padded_split_total_);
+}
+
 Tensor Accelerator::gather_for_metrics(const Tensor& t, int64_t total) {
   Tensor all = gather(t);
   TESSERA_CHECK(total >= 0 && total <= all.size(0), "Accelerator::gather_for_metrics: total ",

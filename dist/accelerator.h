@@ -125,8 +125,11 @@ class Accelerator {
   // ---- collectives on results ----
   // Concatenation along dim 0 of every process's tensor (sizes along dim 0 may differ).
   Tensor gather(const Tensor& t);
-  // gather() without the padding duplicates: keeps the first `total` rows, the size of
-  // the evaluation set before split_between_processes padded it.
+  // gather() without the padding duplicates, as in Accelerate: the rows that the last
+  // split_between_processes(items, apply_padding = true) added are dropped again, so the
+  // result has one row per item (all rows when nothing was padded).
+  Tensor gather_for_metrics(const Tensor& t);
+  // The same with the evaluation set's size given: keeps `total` real rows.
   Tensor gather_for_metrics(const Tensor& t, int64_t total);
   // "sum", "mean", "max" or "min" over processes (a new tensor).
   Tensor reduce(const Tensor& t, const std::string& op = "sum");
@@ -134,10 +137,12 @@ class Accelerator {
   Tensor pad_across_processes(const Tensor& t, int64_t dim = 0, double pad_value = 0,
                               bool pad_first = false);
   // This process's contiguous share of items; with apply_padding every share has the
-  // same length, the last item repeated (gather_for_metrics drops those again).
+  // same length, the last item repeated (gather_for_metrics drops those again, remembering
+  // items.size() from here).
   template <class T>
-  std::vector<T> split_between_processes(const std::vector<T>& items, bool apply_padding = false) const {
+  std::vector<T> split_between_processes(const std::vector<T>& items, bool apply_padding = false) {
     auto [begin, end, padded] = share_of(static_cast<int64_t>(items.size()), apply_padding);
+    padded_split_total_ = apply_padding ? static_cast<int64_t>(items.size()) : -1;
     std::vector<T> mine(items.begin() + begin, items.begin() + end);
     while (static_cast<int64_t>(mine.size()) < padded && !items.empty()) mine.push_back(items.back());
     return mine;
@@ -200,6 +205,7 @@ class Accelerator {
   std::vector<optim::Optimizer*> optimizers_;
   std::vector<optim::LRSchedule*> schedules_;
   std::vector<data::DataLoader*> loaders_;
+  int64_t padded_split_total_ = -1;  // items of the last padded split, -1 when none
 };
 
 }  // namespace tessera::dist

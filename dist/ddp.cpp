@@ -71,6 +71,9 @@ void DistributedDataParallel::build_buckets() {
     }
     const Tensor& first = params_[members.front()];
     b.gradients = zeros({total}, {.dtype = first.dtype(), .device = first.device()});
+    const bool low_precision = first.dtype() == DType::f16 || first.dtype() == DType::bf16;
+    if (low_precision && options_.reduce_low_precision_in_f32)
+      b.reduce_buffer = zeros({total}, {.dtype = DType::f32, .device = first.device()});
     b.pending = members.size();
     buckets_.push_back(std::move(b));
   }
@@ -113,7 +116,12 @@ void DistributedDataParallel::launch_ready_buckets() {
   // Strictly in bucket order, so every rank issues the same sequence of all_reduces.
   while (next_bucket_to_launch_ < buckets_.size() && buckets_[next_bucket_to_launch_].pending == 0) {
     Bucket& b = buckets_[next_bucket_to_launch_++];
-    b.work = group_->all_reduce(b.gradients, ReduceOp::Avg);
+    if (b.reduce_buffer.defined()) {
+      raw::copy_(b.reduce_buffer, b.gradients);
+      b.work = group_->all_reduce(b.reduce_buffer, ReduceOp::Avg);
+    } else {
+      b.work = group_->all_reduce(b.gradients, ReduceOp::Avg);
+    }
   }
 }
 
@@ -142,7 +150,10 @@ void DistributedDataParallel::finish_gradient_sync() {
   std::exception_ptr error;
   for (auto& b : buckets_) {
     try {
-      if (b.work) b.work->wait();
+      if (b.work) {
+        b.work->wait();
+        if (b.reduce_buffer.defined()) raw::copy_(b.gradients, b.reduce_buffer);
+      }
     } catch (...) {
       if (!error) error = std::current_exception();
     }

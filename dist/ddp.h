@@ -28,6 +28,10 @@ struct DDPOptions {
   bool find_unused_parameters = false;
   // Copy rank 0's parameters and buffers to every rank when wrapping.
   bool broadcast_parameters = true;
+  // f16/bf16 gradients are averaged in f32 (each bucket is cast into an f32 buffer, reduced
+  // and cast back), so they are rounded once rather than at every step of the reduction;
+  // false reduces them in their own dtype (half the bytes on the wire).
+  bool reduce_low_precision_in_f32 = true;
 };
 
 class DistributedDataParallel {
@@ -36,6 +40,7 @@ class DistributedDataParallel {
     std::vector<size_t> params;    // indices into parameters()
     std::vector<int64_t> offsets;  // element offset of each in `gradients`
     Tensor gradients;              // flat buffer, one dtype and device
+    Tensor reduce_buffer;          // f32 copy reduced instead, for f16/bf16 (else undefined)
     size_t pending = 0;            // parameters not yet ready in this backward
     WorkPtr work;                  // its all_reduce, once launched
   };

@@ -1,7 +1,7 @@
 // The part shared by the backends that move bytes with the host CPU (tcp and
 // mpi): collectives run in issue order on one worker thread per group (so
 // every call is asynchronous and returns a Work), debug-mode signature checks
-// run in that same order, CUDA tensors are staged through host memory, avg is
+// run in that same order, CUDA tensors are staged through pinned host memory, avg is
 // a sum divided on the host, and errors/timeouts get the collective named.
 // A backend implements only blocking byte/element primitives on host buffers.
 #pragma once

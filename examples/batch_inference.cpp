@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   Tensor out = model->generate(idx, new_tokens, {.temperature = 0});  // greedy: deterministic
 
   // Rows of every process in rank order, padding rows dropped: one per prompt.
-  Tensor all = acc.gather_for_metrics(out, num_prompts);
+  Tensor all = acc.gather_for_metrics(out);
   if (acc.is_main_process()) {
     std::vector<int64_t> values = all.to_vector<int64_t>();
     const int64_t width = all.size(1);

@@ -7,8 +7,8 @@
 //
 //   bench_gpt2_train [--steps N] [--warmup N] [--batch N] [--seq N] [--layers N]
 //                    [--no-torch] [--no-compile] [--profile]
-//   --profile           also time the phases of a step (forward, backward, master-gradient
-//                       copy, clipping, AdamW, copy back), synchronising the device after each
+//   --profile           also time the phases of a step (forward + loss, backward, clipping,
+//                       AdamW), synchronising the device after each
 //   TESSERA_PYTHON=...  the interpreter for the PyTorch side (default /usr/bin/python3)
 //
 // MFU counts 6·N + 12·L·C·T flops per token (N parameters without the position table,
@@ -100,14 +100,13 @@ int main(int argc, char** argv) {
                           .n_head = a.heads, .n_embd = a.channels};
   Generator gen(0);
   nn::GPT model(cfg, &gen, {.device = gpu});
-  const std::vector<Tensor> params = model.parameters();
   const int64_t n_params = model.num_parameters();
-  // Mixed precision: the model computes in bf16; AdamW updates fp32 master copies (its
-  // moments fp32 too) with one multi-tensor launch, and the masters are rounded back.
-  std::vector<Tensor> master;
-  for (const Tensor& p : params) master.push_back(p.detach().clone().requires_grad_(true));
+  // Mixed precision: the model computes in bf16; AdamW keeps fp32 master weights and fp32
+  // moments in its state and updates them (and rounds into the bf16 model) in one
+  // multi-tensor launch that reads the bf16 gradients.
   model.to(DType::bf16);
-  optim::AdamW opt(master, {.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
+  optim::AdamW opt(model.parameters(), {.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+                                        .weight_decay = 0.1, .master_weights = true});
   const Tensor idx = randint(0, a.vocab, {a.batch, a.seq}, {.dtype = DType::i64, .device = gpu}, &gen);
   const Tensor targets = randint(0, a.vocab, {a.batch, a.seq}, {.dtype = DType::i64, .device = gpu}, &gen);
 
@@ -128,21 +127,11 @@ int main(int argc, char** argv) {
     phase("1 forward + loss");
     loss.backward();
     phase("2 backward");
-    for (size_t i = 0; i < params.size(); ++i) {
-      master[i].set_grad(params[i].grad().to(DType::f32));
-    }
-    model.zero_grad();
-    phase("3 grads to fp32 masters");
-    optim::clip_grad_norm_(master, 1.0);
-    phase("4 clip");
+    optim::clip_grad_norm_(opt.parameters(), 1.0);
+    phase("3 clip");
     opt.step();
     opt.zero_grad();
-    phase("5 AdamW");
-    {
-      NoGradGuard no_grad;
-      for (size_t i = 0; i < params.size(); ++i) Tensor(params[i]).copy_(master[i]);
-    }
-    phase("6 masters to bf16 model");
+    phase("4 AdamW");
     return loss;
   };
   for (int i = 0; i < a.warmup; ++i) loss_value = step().item();

@@ -2,8 +2,8 @@
 // its own. Each call first makes that stream wait for the work already queued
 // on Tessera's current compute stream (cuda::current_stream: an event, so the
 // host does not block), and each Work records an event after the NCCL call:
-// wait() waits for that event up to the timeout (then aborts the communicator
-// with a clear message) and makes the current stream wait on it too. Tensors stay referenced by their
+// wait() waits for that event up to the timeout (spinning briefly first, then
+// sleeping between checks; past the timeout it aborts the communicator with a clear message) and makes the current stream wait on it too. Tensors stay referenced by their
 // Work until it completes, so their memory is not reused while NCCL reads it.
 //
 // Rendezvous: rank 0 creates the NCCL unique id and publishes it in the store;
@@ -18,6 +18,7 @@
 #include "core/cuda/cuda_runtime.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -71,7 +72,14 @@ class NcclWork : public Work {
   ~NcclWork() override { cudaEventDestroy(done_); }
 
   void wait() override {
+    // Small collectives finish within microseconds: spin on the event for the first
+    // 200 us (yielding the core), then back off to 50 us sleeps while the deadline runs.
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
     while (!is_completed()) {
+      if (std::chrono::steady_clock::now() < spin_until) {
+        std::this_thread::yield();
+        continue;
+      }
       ncclResult_t async_error = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async_error);
       if (async_error != ncclSuccess && async_error != ncclInProgress)

@@ -48,7 +48,14 @@ void check_collectives(dist::Accelerator& acc) {
   Tensor t = from_vector(mine_values, {static_cast<int64_t>(padded.size())}, {.dtype = DType::f32});
   std::vector<double> want(10);
   std::iota(want.begin(), want.end(), 0.0);
-  check_equal(values(acc.gather_for_metrics(t, 10)), want, "gather_for_metrics");
+  check_equal(values(acc.gather_for_metrics(t, 10)), want, "gather_for_metrics with the total");
+  // Without the total it comes from the last padded split (Accelerate's behaviour).
+  check_equal(values(acc.gather_for_metrics(t)), want, "gather_for_metrics");
+  // After a split without padding nothing is dropped.
+  std::vector<int> unpadded = acc.split_between_processes(items);
+  Tensor u = from_vector(std::vector<double>(unpadded.begin(), unpadded.end()),
+                         {static_cast<int64_t>(unpadded.size())}, {.dtype = DType::f32});
+  check_equal(values(acc.gather_for_metrics(u)), want, "gather_for_metrics after an unpadded split");
 
   // Uneven gather: rank k contributes k + 1 rows of [k, -k].
   Tensor rows = empty({r + 1, 2});

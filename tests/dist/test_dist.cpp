@@ -329,6 +329,32 @@ TEST_F(DdpTest, BucketsAreReverseOrderFlatBuffersHoldingTheGradients) {
   }
 }
 
+TEST_F(DdpTest, Bf16GradientsAreReducedThroughAnF32Buffer) {
+  default_generator().manual_seed(4);
+  TwoLayers plain;
+  default_generator().manual_seed(4);
+  TwoLayers wrapped;
+  plain.to(DType::bf16);
+  wrapped.to(DType::bf16);
+  dist::DistributedDataParallel ddp(wrapped);
+  ASSERT_EQ(ddp.buckets().size(), 1u);
+  EXPECT_EQ(ddp.buckets()[0].gradients.dtype(), DType::bf16);
+  ASSERT_TRUE(ddp.buckets()[0].reduce_buffer.defined());
+  EXPECT_EQ(ddp.buckets()[0].reduce_buffer.dtype(), DType::f32);
+  Generator g(12);
+  Tensor x = raw::to(randn({4, 5}, {}, &g), Device::cpu(), DType::bf16);
+  Tensor y = from_vector(std::vector<int64_t>{0, 2, 1, 2}, {4}, {.dtype = DType::i64});
+  cross_entropy(plain(x), y).backward();
+  ddp.backward(cross_entropy(ddp(x), y));
+  // One rank: the average is the gradient itself, and bf16 -> f32 -> bf16 is exact.
+  EXPECT_EQ(grads_of(wrapped), grads_of(plain));
+  // Opting out keeps the reduction in bf16.
+  TwoLayers other;
+  other.to(DType::bf16);
+  dist::DistributedDataParallel narrow(other, nullptr, {.reduce_low_precision_in_f32 = false});
+  EXPECT_FALSE(narrow.buckets()[0].reduce_buffer.defined());
+}
+
 TEST_F(DdpTest, NoSyncAccumulatesAndZeroGradToNoneIsAdoptedAgain) {
   default_generator().manual_seed(5);
   TwoLayers plain;

@@ -287,6 +287,30 @@ TEST(TrainCommand, TwoRanksWithBatchBMatchOneProcessWithBatch2B) {
   EXPECT_TRUE(model.good());
 }
 
+TEST(TrainCommand, Bf16TwoRanksTrackOneProcess) {
+  // Mixed precision under launch: bf16 compute, f32 masters, gradients averaged in f32.
+  std::vector<uint32_t> tokens(6000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((i * 5 + i / 3) % 100);
+  const std::string token_path = temp_file("tokens_bf16.bin");
+  tessera::data::write_token_file(token_path, tokens);
+  const std::string args = " train --data " + token_path +
+                           " --n-layer 1 --n-head 2 --n-embd 16 --seq 16 --steps 4 --dtype bf16"
+                           " --eval-every 0 --save-every 0 --out ";
+  const std::string one_dir = temp_file("train_bf16_one"), two_dir = temp_file("train_bf16_two");
+  JobResult one = run_job("env -u RANK -u WORLD_SIZE " TESSERA_CLI + args + one_dir + " --batch 4", 180);
+  ASSERT_EQ(one.status, 0) << one.output;
+  JobResult two = run_job(launch(2, TESSERA_CLI + args + two_dir + " --batch 2"), 180);
+  ASSERT_EQ(two.status, 0) << two.output;
+  const std::vector<double> want = train_losses(one_dir), got = train_losses(two_dir);
+  ASSERT_EQ(want.size(), 4u) << one.output;
+  ASSERT_EQ(got.size(), want.size()) << two.output;
+  // bf16 activations: the two runs round differently, within bf16's resolution.
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_LE(std::fabs(got[i] - want[i]), 2e-2 * std::fabs(want[i]))
+        << "step " << i + 1 << ": " << got[i] << " vs " << want[i];
+  EXPECT_NE(want.front(), want.back());
+}
+
 TEST(DdpEquivalence, ThroughLaunch2And4RanksAndAccumulation) {
   TrainRecord want = reference_training(8);
   expect_same_training(distributed_training(launch(2, DIST_TRAIN_CHECK), 4, 1, "launch2"), want, kRtol);
