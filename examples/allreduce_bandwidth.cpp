@@ -8,7 +8,9 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <vector>
 
+#include "core/allocator.h"
 #include "dist/process_group.h"
 
 using namespace tessera;
@@ -35,7 +37,11 @@ int main(int argc, char** argv) {
     for (int w = 0; w < 3; ++w) pg.all_reduce(buffer)->wait();  // warm up (and NCCL set-up)
     pg.barrier()->wait();
     auto start = std::chrono::steady_clock::now();
-    for (int64_t k = 0; k < iters; ++k) pg.all_reduce(buffer)->wait();
+    // Issued back to back and waited for at the end, as a training loop's buckets are.
+    std::vector<dist::WorkPtr> works;
+    for (int64_t k = 0; k < iters; ++k) works.push_back(pg.all_reduce(buffer));
+    for (auto& w : works) w->wait();
+    if (device.is_cuda()) device_backend(DeviceType::CUDA).synchronize(device.index);
     double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
     double bytes = static_cast<double>(n) * 4;
