@@ -35,9 +35,11 @@ nn::GPTConfig parity_config(bool tied) {
 constexpr double kLr = 1e-3, kWeightDecay = 0.1, kMaxNorm = 0.5, kMinLrRatio = 0.1;
 constexpr int kSteps = 10, kWarmup = 3;
 
-void run_parity(bool tied) {
+// Tessera on `device` (fp32) against the PyTorch reference (on the CPU).
+void run_parity(bool tied, Device device = Device::cpu()) {
   if (!torch_available()) GTEST_SKIP() << test::python_interpreter() << " cannot import torch";
-  const auto dir = scratch_dir(tied ? "gpt_parity_tied" : "gpt_parity_untied");
+  const std::string tag = std::string(tied ? "tied" : "untied") + (device.is_cuda() ? "_cuda" : "");
+  const auto dir = scratch_dir("gpt_parity_" + tag);
   Generator gen(1234);
   nn::GPT model(parity_config(tied), &gen);
   // Non-zero biases and LayerNorm parameters so their paths are really checked.
@@ -56,7 +58,12 @@ void run_parity(bool tied) {
                           (dir / "ref.safetensors").string() + " --weights-out " +
                           (dir / "torch_weights.safetensors").string();
   ASSERT_EQ(std::system(cmd.c_str()), 0) << "reference failed: " << cmd;
-  const SafetensorsContents ref = load_safetensors((dir / "ref.safetensors").string());
+  SafetensorsContents ref = load_safetensors((dir / "ref.safetensors").string());
+  // The comparisons run where Tessera computed.
+  for (auto& [name, t] : ref.tensors) t = raw::to(t, device, t.dtype());
+  model.to(device);
+  idx = raw::to(idx, device, idx.dtype());
+  targets = raw::to(targets, device, targets.dtype());
 
   // Forward, loss and gradients.
   Tensor logits = model.forward(idx);
@@ -96,12 +103,12 @@ void run_parity(bool tied) {
     EXPECT_LT(err, 1e-4) << name;
   }
   std::printf("parity (%s): logits %.2e, loss %.2e, worst grad %.2e, worst param after %d steps %.2e\n",
-              tied ? "tied" : "untied", ops::max_rel_error(logits, ref.at("logits")),
+              tag.c_str(), ops::max_rel_error(logits, ref.at("logits")),
               std::abs(loss.item() - ref.at("loss").item()) / std::abs(ref.at("loss").item()),
               worst_grad, kSteps, worst_param);
 
   // A file written by the PyTorch side loads into a fresh model with the trained values.
-  nn::GPT reloaded(parity_config(tied));
+  nn::GPT reloaded(parity_config(tied), nullptr, {.device = device});
   reloaded.load_safetensors_weights((dir / "torch_weights.safetensors").string());
   for (const auto& [name, p] : reloaded.named_parameters())
     EXPECT_EQ(ops::max_rel_error(p, ref.at("param/" + name)), 0.0) << name;
@@ -111,3 +118,8 @@ void run_parity(bool tied) {
 
 TEST(GPTParity, MatchesPyTorchTiedEmbeddings) { run_parity(true); }
 TEST(GPTParity, MatchesPyTorchUntiedHead) { run_parity(false); }
+// The CUDA path (fp32: cuBLAS without TF32, the composed attention) against the same reference.
+TEST(GPTParity, MatchesPyTorchOnCuda) {
+  if (!cuda_is_available()) GTEST_SKIP() << "no CUDA device";
+  run_parity(false, Device::cuda(0));
+}
