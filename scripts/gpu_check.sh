@@ -2,7 +2,10 @@
 # One call on a GPU machine does everything for the CUDA backend: build, run test_cuda,
 # compute-sanitizer (memcheck on the whole suite, racecheck on the shared-memory kernels),
 # the kernel benchmarks; logs go to $OUT (or ./gpu_check_out), a short table is printed last.
-#   usage: scripts/gpu_check.sh [test|bench|all] [gtest filter for racecheck]
+#   usage: scripts/gpu_check.sh [test|bench|e2e|all|quick] [gtest filter for racecheck]
+#     test: test_cuda and the GPU tests of test_nn/test_autograd, then the sanitizers;
+#     bench: the kernel benchmarks; e2e: the GPT-2 training benchmark next to PyTorch;
+#     quick: test without sanitizers, then e2e; all: everything.
 #   time limits (s): MEMCHECK_S=150 RACECHECK_S=120 (0 skips) BENCH_S=150
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +15,7 @@ OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0   # never NVLink multicast on the lent machines
 export PATH=/usr/local/cuda/bin:$PATH
+export TESSERA_PYTHON=${TESSERA_PYTHON:-python3}  # the GPU machine's torch lives there
 JOBS=$(nproc)
 summary=()
 
@@ -27,7 +31,8 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
   -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
   > "$OUT/configure.log" 2>&1
-if ! cmake --build build-gpu -j "$JOBS" --target test_cuda bench_cuda_kernels > "$OUT/build.log" 2>&1; then
+if ! cmake --build build-gpu -j "$JOBS" --target test_cuda test_nn test_autograd bench_cuda_kernels \
+    bench_gpt2_train > "$OUT/build.log" 2>&1; then
   grep -E "error|FAILED" "$OUT/build.log" | head -40
   echo "BUILD FAILED (see build.log)"
   exit 1
@@ -39,11 +44,21 @@ grep -B1 -E "LOCAL:[1-9]|STACK:[1-9]" "$OUT/resources.log" | grep -oE "Function 
   | paste - - - | head -20 > "$OUT/spills.log"
 [[ -s $OUT/spills.log ]] && summary+=("kernels with local memory (spills): $(wc -l < "$OUT/spills.log")")
 
-if [[ $MODE == test || $MODE == all ]]; then
+if [[ $MODE == test || $MODE == all || $MODE == quick ]]; then
   ./build-gpu/tests/cuda/test_cuda --gtest_brief=1 > "$OUT/test.log" 2>&1
   rc=$?
   grep -E "FAILED|Failure|error|expected|Which is|got" "$OUT/test.log" | head -60
   summary+=("test_cuda: rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/test.log" | head -1) $(grep -E '^\[  FAILED  \].*tests?, listed' "$OUT/test.log" | head -1)")
+  # The GPU tests of the other suites (GPT on CUDA, PyTorch parity, CUDA gradients, attention).
+  gpu_filter='*Cuda*:*CUDA*:*Gpu*:*GPU*:GPTParity.*:*Flash*:*Attention*:*Qkv*:*HuggingFace*'
+  for suite in nn autograd; do
+    ./build-gpu/tests/test_$suite --gtest_brief=1 --gtest_filter="$gpu_filter" > "$OUT/test_$suite.log" 2>&1
+    rc=$?
+    grep -E "FAILED|Failure|expected|Which is|parity" "$OUT/test_$suite.log" | head -30
+    summary+=("test_$suite (GPU filter): rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/test_$suite.log" | head -1) $(grep -cE '^\[  SKIPPED \] [A-Z]' "$OUT/test_$suite.log") skipped")
+  done
+fi
+if [[ $MODE == test || $MODE == all ]]; then
   timeout "${MEMCHECK_S:-150}" compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
     ./build-gpu/tests/cuda/test_cuda --gtest_brief=1 \
     --gtest_filter=-CudaRuntime.OutOfMemoryIsItsOwnError > "$OUT/memcheck.log" 2>&1
@@ -61,8 +76,14 @@ if [[ $MODE == bench || $MODE == all ]]; then
   summary+=("bench: rc=$?")
 fi
 
+if [[ $MODE == e2e || $MODE == all || $MODE == quick ]]; then
+  timeout "${E2E_S:-300}" ./build-gpu/benchmarks/bench_gpt2_train --profile > "$OUT/e2e.log" 2>&1
+  summary+=("bench_gpt2_train: rc=$?")
+fi
+
 echo "==== summary ===="
 printf '%s\n' "${summary[@]}"
+[[ -f $OUT/e2e.log ]] && grep -vE "^GPT-2 training" "$OUT/e2e.log" | cut -c1-160
 if [[ -f $OUT/bench.log ]]; then
   grep -E "ceilings|^BM_|^Benchmark" "$OUT/bench.log" | cut -c1-200
 fi
