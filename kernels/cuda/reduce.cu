@@ -173,6 +173,8 @@ __global__ void __launch_bounds__(kColLanes * kColRows)
 #pragma unroll
   for (int k = 0; k < V; ++k) acc[k] = identity_of<A>(op);
   if (c0 < args.K) {
+    // Unrolled so that several rows' loads are in flight before their combines.
+#pragma unroll 4
     for (int64_t r = r0 + ty; r < r1; r += kColRows) {
       const int64_t at = reduced_offset(args.rows, r) + c0;
       if constexpr (V == kPack) {
@@ -246,6 +248,7 @@ __global__ void __launch_bounds__(kSplitThreads)
     if (args.packed) {
       const T* run = static_cast<const T*>(x) + base[0];
       const int64_t p1 = r1 / kPack;
+#pragma unroll 4
       for (int64_t p = r0 / kPack + threadIdx.x; p < p1; p += kSplitThreads) {
         const Pack8<T> v = load_pack(run, p);
 #pragma unroll
