@@ -7,6 +7,10 @@
 //   lse: f32 [B, H, T] contiguous, the natural-log log-sum-exp of each query's scaled scores.
 // Built only when the frontend headers are found (scripts/setup.sh fetches them); without
 // them cudnn_attention_available() is false and the two functions raise.
+// A graph and its plan are built on the first call for each (dtype, B, H, T, D, strides of
+// every operand, scale, device) and cached per thread; later calls only execute. Work runs on
+// the current stream with a workspace from the caching allocator. With
+// set_deterministic(true) the backward uses cuDNN's deterministic (bitwise repeatable) variant.
 #pragma once
 #include <string>
 
