@@ -297,6 +297,24 @@ TEST(CudaBroadcastBinary, HigherRankUnalignedAndStridedOperands) {
   }
 }
 
+TEST(CudaBroadcastBinary, BothOperandsBroadcast) {
+  TESSERA_REQUIRE_GPU();
+  // [M, 1] op [N] -> [M, N]: a column and a row, neither the size of the output.
+  for (DType t : {DType::f32, DType::bf16}) {
+    for (int64_t N : {7, 768}) {
+      const Shape shape = {65, N};
+      Tensor col = host_randn({65, 1}, t), row = host_randn({N}, t, 0.5, 1.0);
+      for (BinaryOp op : {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul}) {
+        Tensor out = poisoned(shape, t);
+        gpu().binary(op, raw::expand(to_gpu(col), shape), raw::expand(to_gpu(row), shape), out);
+        expect_close(values(out),
+                     ref_broadcast(op, raw::expand(col, shape), raw::expand(row, shape)),
+                     tolerance(t), (std::string(binary_op_name(op)) + " column op row").c_str());
+      }
+    }
+  }
+}
+
 // ---- layer-norm parameter gradients over many rows (many chunks to combine) ----
 
 TEST(CudaLayerNormParams, GradientsOverManyRowsRepeatBitwise) {
