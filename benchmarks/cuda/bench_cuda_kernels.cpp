@@ -6,10 +6,12 @@
 
 #include <cmath>
 #include <functional>
+#include <string>
 
 #include "core/cuda/cuda_runtime.h"
 #include "core/dispatch.h"
 #include "core/random.h"
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/fused.h"
 
 namespace tessera {
@@ -230,34 +232,84 @@ void BM_tensor_core_gemm_bf16(benchmark::State& s) {
 }
 BENCHMARK(BM_tensor_core_gemm_bf16)->Arg(4096)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 
-void BM_flash_attention_bf16(benchmark::State& s) {
-  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
-  const int64_t B = 8, H = 12, T = 1024, D = s.range(0);
-  Tensor q = dev_randn({B, H, T, D}, DType::bf16), k = dev_randn({B, H, T, D}, DType::bf16),
-         v = dev_randn({B, H, T, D}, DType::bf16);
-  Tensor o = empty_like(q), lse = empty({B, H, T}, {.device = Device::cuda(0)});
-  const double scale = 1.0 / std::sqrt(double(D));
-  // Causal: half of the 4*T*T*D multiply-adds per (b, h).
-  run(s, [&] { cuda::flash_attention_forward(q, k, v, scale, o, lse); }, 0,
-      2.0 * B * H * T * T * D);
-}
-BENCHMARK(BM_flash_attention_bf16)->Arg(64)->Arg(128)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+// Causal attention, B=8 H=12 T=1024 bf16: range(0) = D, range(1) = 0 for the hand-written
+// flash kernels, 1 for cuDNN's fused attention (kernels/cuda/cudnn_attention.h).
+struct AttentionCase {
+  Tensor q, k, v, o, lse;
+  double scale;
+  bool cudnn;
+  explicit AttentionCase(const benchmark::State& s) : cudnn(s.range(1) == 1) {
+    const int64_t B = 8, H = 12, T = 1024, D = s.range(0);
+    q = dev_randn({B, H, T, D}, DType::bf16), k = dev_randn({B, H, T, D}, DType::bf16);
+    v = dev_randn({B, H, T, D}, DType::bf16), o = empty_like(q);
+    lse = empty({B, H, T}, {.device = Device::cuda(0)});
+    scale = 1.0 / std::sqrt(double(D));
+  }
+  void forward() {
+    if (cudnn) cuda::cudnn_attention_forward(q, k, v, scale, o, lse);
+    else cuda::flash_attention_forward(q, k, v, scale, o, lse);
+  }
+  double matmul_flops(double per_pair) const {  // causal: half of the T*T pairs
+    return per_pair * q.size(0) * q.size(1) * q.size(2) * q.size(2) * q.size(3);
+  }
+};
 
-void BM_flash_attention_bwd_bf16(benchmark::State& s) {
-  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
-  const int64_t B = 8, H = 12, T = 1024, D = 64;
-  Tensor q = dev_randn({B, H, T, D}, DType::bf16), k = dev_randn({B, H, T, D}, DType::bf16),
-         v = dev_randn({B, H, T, D}, DType::bf16);
-  Tensor o = empty_like(q), lse = empty({B, H, T}, {.device = Device::cuda(0)});
-  const double scale = 1.0 / std::sqrt(double(D));
-  cuda::flash_attention_forward(q, k, v, scale, o, lse);
-  Tensor dout = dev_randn({B, H, T, D}, DType::bf16);
-  Tensor dq = empty_like(q), dk = empty_like(q), dv = empty_like(q);
-  // Causal backward: 5 T*T*D matmul-equivalents, halved.
-  run(s, [&] { cuda::flash_attention_backward(q, k, v, o, dout, lse, scale, dq, dk, dv); }, 0,
-      5.0 * B * H * T * T * D);
+bool skip_attention(benchmark::State& s) {
+  std::string why;
+  if (cuda_device_count() == 0) why = "no CUDA device";
+  else if (s.range(1) == 1 && !cuda::cudnn_attention_available(&why)) why = "cuDNN attention: " + why;
+  if (!why.empty()) s.SkipWithError(why.c_str());
+  return !why.empty();
 }
-TESSERA_CUDA_BENCH(BM_flash_attention_bwd_bf16);
+
+void BM_attention_fwd_bf16(benchmark::State& s) {
+  if (skip_attention(s)) return;
+  AttentionCase c(s);
+  run(s, [&] { c.forward(); }, 0, c.matmul_flops(2.0));  // 4 T*T*D multiply-adds, halved
+}
+BENCHMARK(BM_attention_fwd_bf16)->ArgsProduct({{64, 128}, {0, 1}})->ArgNames({"D", "cudnn"})
+    ->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+
+void BM_attention_bwd_bf16(benchmark::State& s) {
+  if (skip_attention(s)) return;
+  AttentionCase c(s);
+  c.forward();
+  Tensor dout = dev_randn(c.q.shape(), DType::bf16);
+  Tensor dq = empty_like(c.q), dk = empty_like(c.q), dv = empty_like(c.q);
+  auto backward = [&] {
+    if (c.cudnn) cuda::cudnn_attention_backward(c.q, c.k, c.v, c.o, dout, c.lse, c.scale, dq, dk, dv);
+    else cuda::flash_attention_backward(c.q, c.k, c.v, c.o, dout, c.lse, c.scale, dq, dk, dv);
+  };
+  run(s, backward, 0, c.matmul_flops(5.0));  // 5 T*T*D matmul-equivalents, halved
+}
+BENCHMARK(BM_attention_bwd_bf16)->ArgsProduct({{64}, {0, 1}})->ArgNames({"D", "cudnn"})
+    ->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+
+// ---- the bias paths of Linear at GPT-2 sizes: gradient (a column sum) and the add ----
+void BM_bias_grad_column_sum_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t n = s.range(0);
+  Tensor g = dev_randn({kRows, n}, DType::bf16), out = empty({n}, {.dtype = DType::bf16, .device = Device::cuda(0)});
+  run(s, [&] { gpu().reduce(ReduceOp::Sum, g, {0}, out); }, kRows * n * 2.0 + n * 2.0, 0);
+}
+BENCHMARK(BM_bias_grad_column_sum_bf16)->Arg(768)->Arg(3072)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+
+void BM_full_sum_f32(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t n = kV * kC;  // the size of the embedding gradient
+  Tensor x = dev_randn({n}, DType::f32), out = empty({}, {.device = Device::cuda(0)});
+  run(s, [&] { gpu().reduce(ReduceOp::Sum, x, {0}, out); }, n * 4.0, 0);
+}
+TESSERA_CUDA_BENCH(BM_full_sum_f32);
+
+void BM_bias_add_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t n = s.range(0);
+  Tensor y = dev_randn({kRows, n}, DType::bf16), bias = dev_randn({n}, DType::bf16);
+  const Tensor broadcast = raw::expand(bias, {kRows, n});
+  run(s, [&] { gpu().binary(BinaryOp::Add, y, broadcast, y); }, kRows * n * 4.0, 0);
+}
+BENCHMARK(BM_bias_add_bf16)->Arg(768)->Arg(3072)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace tessera
