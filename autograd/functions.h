@@ -116,6 +116,36 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // True when scaled_dot_product_attention(q, k, v, causal) would take the flash kernels.
 bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
 
+// Causal self-attention straight from the fused projection: qkv [B, T, 3C] (q | k | v along
+// the last dim, each C = n_head * D wide) -> y [B, T, C], the heads merged back. On a GPU,
+// for bf16/f16, D of 64 or 128 and no dropout (and allow_fused), the attention kernels read
+// q, k, v as strided views of qkv, write y through its [B, H, T, D] view, and the backward
+// writes dq, dk, dv through views of one d(qkv) buffer: no layout copies. Otherwise it is
+// split, heads, scaled_dot_product_attention (dropout_p from gen), merge: the reference.
+// Under an AutocastGuard qkv is cast to the compute dtype first.
+Tensor causal_attention_qkv(const Tensor& qkv, int64_t n_head, double dropout_p = 0.0,
+                            Generator* gen = nullptr, bool allow_fused = true);
+// True when causal_attention_qkv(qkv, n_head) (no dropout) would take the fused kernels.
+bool causal_attention_qkv_fused_applies(const Tensor& qkv, int64_t n_head);
+
+// Which implementation the fused CUDA attention paths run (scaled_dot_product_attention and
+// causal_attention_qkv): the hand-written flash kernels (default) or cuDNN's fused attention
+// (kernels/cuda/cudnn_attention.h). Choosing Cudnn where cuDNN attention is unavailable makes
+// those paths raise, saying why; they never fall back silently. The composed (non-fused)
+// path is unaffected. Until set_attention_backend is called, the choice comes from the
+// environment variable TESSERA_ATTENTION (flash | cudnn), read at the first use.
+enum class AttentionBackend { Flash, Cudnn };
+void set_attention_backend(AttentionBackend backend);
+AttentionBackend attention_backend();
+// "flash" or "cudnn" (any case) -> the backend; anything else raises naming `source`
+// (where the name came from, e.g. the variable) and the accepted names.
+AttentionBackend parse_attention_backend(const std::string& name,
+                                         const char* source = "attention backend");
+const char* attention_backend_name(AttentionBackend backend);
+// The backend TESSERA_ATTENTION names now (Flash when unset or empty); raises on an unknown
+// name. attention_backend() calls it once, at its first use.
+AttentionBackend attention_backend_from_environment();
+
 }  // namespace tessera
 
 namespace tessera {

@@ -1,16 +1,66 @@
-// Differentiable scaled dot-product attention: the flash-attention CUDA kernels where they
-// apply, the composition of differentiable functions (the reference) everywhere else.
+// Differentiable attention: scaled_dot_product_attention on [B, H, T, D] heads and
+// causal_attention_qkv straight from a fused [B, T, 3C] projection. Both run the fused CUDA
+// kernels (hand-written flash or cuDNN, chosen at run time) where they apply and the
+// composition of differentiable functions (the reference) everywhere else.
+#include <algorithm>
+#include <atomic>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
 #if TESSERA_WITH_CUDA
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/fused.h"
 #endif
 
 namespace tessera {
+
+// ---- the run-time backend switch ----
+
+namespace {
+// The chosen backend as an int, or -1 while neither set_attention_backend nor the
+// environment has chosen one yet.
+std::atomic<int>& backend_slot() {
+  static std::atomic<int> slot{-1};
+  return slot;
+}
+}  // namespace
+
+AttentionBackend parse_attention_backend(const std::string& name, const char* source) {
+  std::string lower = name;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (lower == "flash") return AttentionBackend::Flash;
+  if (lower == "cudnn") return AttentionBackend::Cudnn;
+  TESSERA_FAIL(source, ": unknown attention backend '", name, "' (expected 'flash' or 'cudnn')");
+}
+
+const char* attention_backend_name(AttentionBackend backend) {
+  return backend == AttentionBackend::Cudnn ? "cudnn" : "flash";
+}
+
+AttentionBackend attention_backend_from_environment() {
+  const char* value = std::getenv("TESSERA_ATTENTION");
+  if (value == nullptr || *value == '\0') return AttentionBackend::Flash;
+  return parse_attention_backend(value, "TESSERA_ATTENTION");
+}
+
+void set_attention_backend(AttentionBackend backend) { backend_slot().store(static_cast<int>(backend)); }
+
+AttentionBackend attention_backend() {
+  std::atomic<int>& slot = backend_slot();
+  if (slot.load() < 0) {
+    // A bad TESSERA_ATTENTION raises here and leaves the slot unset, so every use raises.
+    int unset = -1;
+    slot.compare_exchange_strong(unset, static_cast<int>(attention_backend_from_environment()));
+  }
+  return static_cast<AttentionBackend>(slot.load());
+}
 
 namespace {
 
@@ -26,6 +76,37 @@ void check_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
                     q.device() == v.device(),
                 op, ": q, k, v must share dtype and device, got ", autograd::describe(q), "; ",
                 autograd::describe(k), "; ", autograd::describe(v));
+}
+
+void check_dropout(const char* op, double dropout_p) {
+  TESSERA_CHECK(dropout_p >= 0 && dropout_p < 1, op, ": dropout_p must lie in [0, 1), got ", dropout_p);
+}
+
+void check_qkv_input(const Tensor& qkv, int64_t n_head) {
+  const char* op = "causal_attention_qkv";
+  TESSERA_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, op,
+                ": qkv must be [B, T, 3C] (q | k | v along the last dim), got ", autograd::describe(qkv));
+  const int64_t C = qkv.size(2) / 3;
+  TESSERA_CHECK(n_head > 0 && C % n_head == 0, op, ": n_head (", n_head,
+                ") must be positive and divide the width C = ", C, " of q, k and v (qkv ",
+                shape_str(qkv.shape()), ")");
+  TESSERA_CHECK(is_floating(qkv.dtype()), op, ": qkv must be floating point, got ", autograd::describe(qkv));
+}
+
+// The [B, H, T, D] heads of channels [first, first + C) of x [B, T, *] as a view (no copy):
+// the shape the attention kernels take. Needs x's last dim contiguous.
+Tensor head_view(const Tensor& x, int64_t first, int64_t C, int64_t n_head) {
+  const Tensor part = raw::narrow(x, 2, first, C);
+  return raw::permute(raw::view(part, {x.size(0), x.size(1), n_head, C / n_head}), {0, 2, 1, 3});
+}
+
+// True when the fused kernels can read t as it is: last dim contiguous, every row starting on
+// a 16-byte boundary (they move 16-byte vectors along it).
+bool rows_readable_by_kernels(const Tensor& t) {
+  if (t.dim() == 0 || t.stride(t.dim() - 1) != 1) return false;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d)
+    if (t.stride(d) % 8 != 0) return false;
+  return reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0;
 }
 
 // [Tq, Tk] bool, true where key j lies in query i's future. Queries are the last Tq of the
@@ -51,28 +132,96 @@ Tensor composed_attention(const Tensor& q, const Tensor& k, const Tensor& v, boo
 }
 
 #if TESSERA_WITH_CUDA
-// The flash-attention kernels (O(T) memory); the backward recomputes the scores from
-// q, k, v and the saved log-sum-exp.
-Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
-  const TensorOptions like{.dtype = q.dtype(), .device = q.device()};
-  Tensor out = empty(q.shape(), like);
-  Tensor lse = empty({q.size(0), q.size(1), q.size(2)}, {.dtype = DType::f32, .device = q.device()});
-  cuda::flash_attention_forward(q, k, v, scale, out, lse);
+// ---- the fused kernels, through the chosen backend ----
+
+void require_backend(AttentionBackend backend) {
+  if (backend != AttentionBackend::Cudnn) return;
+  std::string why;
+  TESSERA_CHECK(cuda::cudnn_attention_available(&why),
+                "attention: the cudnn backend was chosen (TESSERA_ATTENTION or "
+                "set_attention_backend) but cuDNN attention is not available: ",
+                why, "; choose the flash backend instead");
+}
+
+void attention_forward_on(AttentionBackend backend, const Tensor& q, const Tensor& k, const Tensor& v,
+                          double scale, const Tensor& out, const Tensor& lse) {
+  require_backend(backend);
+  if (backend == AttentionBackend::Cudnn) cuda::cudnn_attention_forward(q, k, v, scale, out, lse);
+  else cuda::flash_attention_forward(q, k, v, scale, out, lse);
+}
+
+void attention_backward_on(AttentionBackend backend, const Tensor& q, const Tensor& k,
+                           const Tensor& v, const Tensor& out, const Tensor& dout, const Tensor& lse,
+                           double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  require_backend(backend);
+  if (backend == AttentionBackend::Cudnn)
+    cuda::cudnn_attention_backward(q, k, v, out, dout, lse, scale, dq, dk, dv);
+  else
+    cuda::flash_attention_backward(q, k, v, out, dout, lse, scale, dq, dk, dv);
+}
+
+// The incoming gradient in the kernels' dtype, copied only when the kernels cannot read it
+// as it is (an expanded or otherwise unaligned gradient).
+Tensor readable_gradient(const Tensor& grad, DType dtype) {
+  const Tensor g = grad.dtype() == dtype ? grad : raw::to(grad, grad.device(), dtype);
+  return rows_readable_by_kernels(g) ? g : raw::contiguous(g);
+}
+
+Tensor lse_for(const Tensor& q) {
+  return empty({q.size(0), q.size(1), q.size(2)}, {.dtype = DType::f32, .device = q.device()});
+}
+
+// The fused kernels on [B, H, T, D] heads (O(T) memory); the backward recomputes the scores
+// from q, k, v and the saved log-sum-exp. The backend is the one chosen at the forward.
+Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
+  const AttentionBackend backend = attention_backend();
+  Tensor out = empty(q.shape(), {.dtype = q.dtype(), .device = q.device()});
+  Tensor lse = lse_for(q);
+  attention_forward_on(backend, q, k, v, scale, out, lse);
   using autograd::SavedTensor;
   autograd::record(
       "FlashAttentionBackward", {q, k, v}, {out},
       [sq = SavedTensor::input(q), sk = SavedTensor::input(k), sv = SavedTensor::input(v),
-       so = SavedTensor::output(out), lse, scale](const autograd::BackwardArgs& args) {
+       so = SavedTensor::output(out), lse, scale, backend](const autograd::BackwardArgs& args) {
         const char* op = "FlashAttentionBackward";
         const Tensor q = sq.unpack(op), k = sk.unpack(op), v = sv.unpack(op), o = so.unpack(op);
-        const Tensor dout = raw::contiguous(
-            args.grad().dtype() == q.dtype() ? args.grad() : raw::to(args.grad(), q.device(), q.dtype()));
         const TensorOptions like{.dtype = q.dtype(), .device = q.device()};
         Tensor dq = empty(q.shape(), like), dk = empty(q.shape(), like), dv = empty(q.shape(), like);
-        cuda::flash_attention_backward(q, k, v, o, dout, lse, scale, dq, dk, dv);
+        attention_backward_on(backend, q, k, v, o, readable_gradient(args.grad(), q.dtype()), lse,
+                              scale, dq, dk, dv);
         return std::vector<Tensor>{dq, dk, dv};
       });
   return out;
+}
+
+// The fused kernels straight on qkv [B, T, 3C]: q, k, v, y and d(qkv) are only ever seen
+// through [B, H, T, D] views, so neither direction copies a layout.
+Tensor fused_attention_qkv(const Tensor& qkv, int64_t n_head, double scale) {
+  const AttentionBackend backend = attention_backend();
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  const TensorOptions like{.dtype = qkv.dtype(), .device = qkv.device()};
+  Tensor y = empty({B, T, C}, like);
+  const Tensor q = head_view(qkv, 0, C, n_head);
+  Tensor lse = lse_for(q);
+  attention_forward_on(backend, q, head_view(qkv, C, C, n_head), head_view(qkv, 2 * C, C, n_head),
+                       scale, head_view(y, 0, C, n_head), lse);
+  using autograd::SavedTensor;
+  autograd::record(
+      "CausalAttentionQkvBackward", {qkv}, {y},
+      [sqkv = SavedTensor::input(qkv), sy = SavedTensor::output(y), lse, scale, n_head,
+       backend](const autograd::BackwardArgs& args) {
+        const char* op = "CausalAttentionQkvBackward";
+        const Tensor qkv = sqkv.unpack(op), y = sy.unpack(op);
+        const int64_t C = y.size(2);
+        // [B, H, T, D] views of qkv's, y's, dy's and d(qkv)'s q (0), k (1) or v (2) part.
+        auto heads = [&](const Tensor& x, int64_t which) { return head_view(x, which * C, C, n_head); };
+        Tensor dqkv = empty(qkv.shape(), {.dtype = qkv.dtype(), .device = qkv.device()});
+        attention_backward_on(backend, heads(qkv, 0), heads(qkv, 1), heads(qkv, 2), heads(y, 0),
+                              readable_gradient(heads(args.grad(), 0), y.dtype()), lse, scale, heads(dqkv, 0),
+                              heads(dqkv, 1), heads(dqkv, 2));
+        return std::vector<Tensor>{dqkv};
+      });
+  return y;
 }
 #endif
 
@@ -83,11 +232,8 @@ bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, 
   if (q.dtype() != DType::bf16 && q.dtype() != DType::f16) return false;
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return false;
   if (k.size(2) != q.size(2) || (q.size(3) != 64 && q.size(3) != 128)) return false;
-  // The kernels read 16-byte vectors along D: last dim contiguous, rows 16-byte aligned.
   for (const Tensor* t : {&q, &k, &v}) {
-    if (t->dtype() != q.dtype() || t->shape() != q.shape() || t->stride(3) != 1) return false;
-    if (t->stride(0) % 8 || t->stride(1) % 8 || t->stride(2) % 8) return false;
-    if (reinterpret_cast<uintptr_t>(t->raw_data()) % 16) return false;
+    if (t->dtype() != q.dtype() || t->shape() != q.shape() || !rows_readable_by_kernels(*t)) return false;
   }
   return true;
 }
@@ -97,17 +243,42 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   check_attention_inputs(q_in, k_in, v_in);
   TESSERA_CHECK(!causal || q_in.size(2) <= k_in.size(2), "scaled_dot_product_attention: causal with ",
                 q_in.size(2), " queries but only ", k_in.size(2), " keys");
-  TESSERA_CHECK(dropout_p >= 0 && dropout_p < 1,
-                "scaled_dot_product_attention: dropout_p must lie in [0, 1), got ", dropout_p);
+  check_dropout("scaled_dot_product_attention", dropout_p);
   const Tensor q = autograd::autocast(q_in), k = autograd::autocast(k_in), v = autograd::autocast(v_in);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
 #if TESSERA_WITH_CUDA
   if (allow_flash && dropout_p == 0 && flash_attention_applies(q, k, v, causal))
-    return flash_attention(q, k, v, scale);
+    return fused_attention(q, k, v, scale);
 #else
   (void)allow_flash;
 #endif
   return composed_attention(q, k, v, causal, scale, dropout_p, gen);
+}
+
+bool causal_attention_qkv_fused_applies(const Tensor& qkv, int64_t n_head) {
+  if (!TESSERA_WITH_CUDA || qkv.dim() != 3 || qkv.size(2) % 3 != 0 || n_head <= 0) return false;
+  const int64_t C = qkv.size(2) / 3;
+  if (C % n_head != 0 || qkv.stride(2) != 1) return false;
+  return flash_attention_applies(head_view(qkv, 0, C, n_head), head_view(qkv, C, C, n_head),
+                                 head_view(qkv, 2 * C, C, n_head), /*causal=*/true);
+}
+
+Tensor causal_attention_qkv(const Tensor& qkv_in, int64_t n_head, double dropout_p, Generator* gen,
+                            bool allow_fused) {
+  check_qkv_input(qkv_in, n_head);
+  check_dropout("causal_attention_qkv", dropout_p);
+  const Tensor qkv = autograd::autocast(qkv_in);
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, D = C / n_head;
+#if TESSERA_WITH_CUDA
+  if (allow_fused && dropout_p == 0 && causal_attention_qkv_fused_applies(qkv, n_head))
+    return fused_attention_qkv(qkv, n_head, 1.0 / std::sqrt(static_cast<double>(D)));
+#endif
+  // The reference: the same computation from differentiable pieces (copies included).
+  const std::vector<Tensor> parts = split(qkv, C, -1);
+  auto heads = [&](const Tensor& t) { return t.reshape({B, T, n_head, D}).transpose(1, 2); };
+  const Tensor y = scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                                /*causal=*/true, dropout_p, gen, allow_fused);
+  return y.transpose(1, 2).reshape({B, T, C});
 }
 
 }  // namespace tessera

@@ -55,10 +55,15 @@ Tensor CausalSelfAttention::attend(const Tensor& q, const Tensor& k, const Tenso
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   TESSERA_CHECK(x.dim() == 3 && x.size(2) == n_embd, "CausalSelfAttention: input must be [B, T, ",
                 n_embd, "], got ", shape_str(x.shape()));
-  const int64_t B = x.size(0), T = x.size(1);
-  auto qkv = split(c_attn(x), n_embd, -1);
-  Tensor y = attend(split_heads(qkv[0]), split_heads(qkv[1]), split_heads(qkv[2]));
-  y = y.transpose(1, 2).reshape({B, T, n_embd});
+  TESSERA_CHECK(x.size(1) <= block_size_, "CausalSelfAttention: ", x.size(1),
+                " positions exceed block_size ", block_size_);
+  const double dropout_p = attn_dropout.is_training() ? attn_dropout.p : 0.0;
+  // The fused path reads q, k, v out of c_attn's output and writes y [B, T, C] in place:
+  // no split, head transposes or merge copies in either direction.
+  const Tensor qkv = c_attn(x);
+  if (use_fused_attention && dropout_p == 0 && causal_attention_qkv_fused_applies(qkv, n_head))
+    ++fused_calls_;
+  const Tensor y = causal_attention_qkv(qkv, n_head, dropout_p, nullptr, use_fused_attention);
   return resid_dropout(c_proj(y));
 }
 

@@ -44,10 +44,12 @@ class CausalSelfAttention : public Module {
   Linear c_attn, c_proj;
   Dropout attn_dropout, resid_dropout;
   int64_t n_head, n_embd;
-  // Use the CUDA flash-attention kernels where they apply (bf16/f16 on a GPU, head size
-  // 64 or 128, no attention dropout); otherwise the scores are materialised.
+  // Use the fused CUDA attention kernels (flash or cuDNN: see set_attention_backend) where
+  // they apply (bf16/f16 on a GPU, head size 64 or 128, no attention dropout): forward runs
+  // them straight on c_attn's output (causal_attention_qkv), forward_cached on the cache's
+  // heads; otherwise the scores are materialised.
   bool use_fused_attention = true;
-  // How many forward calls took the fused path (to check that it is really used).
+  // How many forward/forward_cached calls took the fused path (to check it is really used).
   int64_t fused_attention_calls() const { return fused_calls_; }
 
  private:

@@ -21,8 +21,8 @@ constexpr int kFwdQueries = kFwdWarps * 16;  // queries per block
 template <class T, int D>
 __global__ void __launch_bounds__(kFwdWarps * 32)
     flash_forward_tc_kernel(const T* q, const T* k, const T* v, HeadLayout Lq, HeadLayout Lk,
-                            HeadLayout Lv, T* out, float* lse, int64_t H, int64_t seq_len,
-                            float scale) {
+                            HeadLayout Lv, T* out, HeadLayout Lo, float* lse, int64_t H,
+                            int64_t seq_len, float scale) {
   constexpr int KSTEPS = D / 16;     // k-steps of S = Q K^T
   constexpr int SBLK = kTile / 8;    // 8-key blocks of S
   constexpr int OBLK = D / 8;        // 8-dim blocks of O
@@ -153,16 +153,16 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
   }
-  const int64_t base = (b * H + h) * seq_len;
+  const int64_t base = (b * H + h) * seq_len;  // of this head's rows in the contiguous lse
   if (r_lo < seq_len) {
-    T* orow = out + (base + r_lo) * D + tq * 2;
+    T* orow = out + Lo.row(b, h, r_lo) + tq * 2;
 #pragma unroll
     for (int j = 0; j < OBLK; ++j)
       *reinterpret_cast<uint32_t*>(orow + j * 8) = pack2<T>(o[j][0] / l_lo, o[j][1] / l_lo);
     if (tq == 0) lse[base + r_lo] = (m_lo + log2f(l_lo)) / kLog2e;
   }
   if (r_hi < seq_len) {
-    T* orow = out + (base + r_hi) * D + tq * 2;
+    T* orow = out + Lo.row(b, h, r_hi) + tq * 2;
 #pragma unroll
     for (int j = 0; j < OBLK; ++j)
       *reinterpret_cast<uint32_t*>(orow + j * 8) = pack2<T>(o[j][2] / l_hi, o[j][3] / l_hi);
@@ -205,8 +205,8 @@ __global__ void naive_softmax_kernel(float* scores, float* lse, int64_t rows, in
 }
 
 template <class T>
-__global__ void naive_pv_kernel(const float* probs, const T* v, HeadLayout Lv, T* out, int64_t BH,
-                                int64_t H, int64_t seq_len, int64_t D) {
+__global__ void naive_pv_kernel(const float* probs, const T* v, HeadLayout Lv, T* out, HeadLayout Lo,
+                                int64_t BH, int64_t H, int64_t seq_len, int64_t D) {
   const int64_t total = BH * seq_len * D;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
@@ -214,7 +214,7 @@ __global__ void naive_pv_kernel(const float* probs, const T* v, HeadLayout Lv, T
     const int64_t b = bh / H, h = bh % H;
     float acc = 0.f;
     for (int64_t j = 0; j <= i; ++j) acc += probs[(bh * seq_len + i) * seq_len + j] * to_float(v[Lv.row(b, h, j) + d]);
-    out[e] = from_float<T>(acc);
+    out[Lo.row(b, h, i) + d] = from_float<T>(acc);
   }
 }
 
@@ -222,10 +222,11 @@ __global__ void naive_pv_kernel(const float* probs, const T* v, HeadLayout Lv, T
 
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                              const Tensor& out, const Tensor& lse) {
-  const AttnShape s = check_inputs("flash_attention_forward", q, k, v, false);
-  check_rows_aligned("flash_attention_forward", {&q, &k, &v});
-  check_output("flash_attention_forward", "out", out, q);
-  check_lse("flash_attention_forward", lse, s, q.device());
+  const char* op = "flash_attention_forward";
+  const AttnShape s = check_inputs(op, q, k, v, false);
+  check_vector_rows(op, q, k, v);
+  check_head_view(op, "out", out, q, /*vector_rows=*/true, /*written=*/true);
+  check_lse(op, lse, s, q.device());
   if (q.numel() == 0) return;
   KernelContext ctx(out);
   const dim3 grid(static_cast<unsigned>((s.T + kFwdQueries - 1) / kFwdQueries),
@@ -240,7 +241,8 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
     flash_forward_tc_kernel<T, D><<<grid, kFwdWarps * 32, smem, ctx.stream>>>(
         static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
         static_cast<const T*>(v.raw_data()), layout_of(q), layout_of(k), layout_of(v),
-        static_cast<T*>(out.raw_data()), lse.data<float>(), s.H, s.T, static_cast<float>(scale));
+        static_cast<T*>(out.raw_data()), layout_of(out), lse.data<float>(), s.H, s.T,
+        static_cast<float>(scale));
   });
   TESSERA_KERNEL_CHECK("flash_forward_tc_kernel");
 }
@@ -248,7 +250,7 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 void naive_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                              const Tensor& out, const Tensor& lse) {
   const AttnShape s = check_inputs("naive_attention_forward", q, k, v, true);
-  check_output("naive_attention_forward", "out", out, q);
+  check_head_view("naive_attention_forward", "out", out, q, /*vector_rows=*/false, /*written=*/true);
   check_lse("naive_attention_forward", lse, s, q.device());
   if (q.numel() == 0) return;
   KernelContext ctx(out);
@@ -263,7 +265,7 @@ void naive_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
         scores.data<float>(), lse.data<float>(), BH * s.T, s.T);
     naive_pv_kernel<T><<<grid_for(BH * s.T * s.D), kThreads, 0, ctx.stream>>>(
         scores.data<float>(), static_cast<const T*>(v.raw_data()), layout_of(v),
-        static_cast<T*>(out.raw_data()), BH, s.H, s.T, s.D);
+        static_cast<T*>(out.raw_data()), layout_of(out), BH, s.H, s.T, s.D);
   };
   if (q.dtype() == DType::bf16) run(BFloat16{});
   else run(Half{});

@@ -18,14 +18,14 @@ using namespace attention_detail;
 
 // delta_i = sum_d dO[i, d] * O[i, d]: the row term of the softmax backward.
 template <class T, int D>
-__global__ void attention_delta_kernel(const T* out, const T* dout, HeadLayout Ld, float* delta,
-                                       int64_t rows, int64_t H, int64_t seq_len) {
+__global__ void attention_delta_kernel(const T* out, const T* dout, HeadLayout Lo, HeadLayout Ld,
+                                       float* delta, int64_t rows, int64_t H, int64_t seq_len) {
   const int64_t r = blockIdx.x * int64_t(blockDim.y) + threadIdx.y;
   if (r >= rows) return;
   const int64_t t = r % seq_len, bh = r / seq_len, b = bh / H, h = bh % H;
   float s = 0.f;
   for (int d = threadIdx.x; d < D; d += 32)
-    s += to_float(out[r * D + d]) * to_float(dout[Ld.row(b, h, t) + d]);
+    s += to_float(out[Lo.row(b, h, t) + d]) * to_float(dout[Ld.row(b, h, t) + d]);
   s = warp_sum(s);
   if (threadIdx.x == 0) delta[r] = s;
 }
@@ -83,16 +83,20 @@ __device__ __forceinline__ void accumulate_product(float (&acc)[D / 8][4], const
   }
 }
 
+// Writes this warp's 16 rows (r_lo and r_lo + 8 for this thread) of head (b, h), scaled by mul.
 template <class T, int D>
-__device__ __forceinline__ void store_rows(T* dst, const float (&acc)[D / 8][4], float mul,
-                                           int64_t r_lo, int64_t seq_len, int tq) {
+__device__ __forceinline__ void store_rows(T* dst, HeadLayout L, int64_t b, int64_t h,
+                                           const float (&acc)[D / 8][4], float mul, int64_t r_lo,
+                                           int64_t seq_len, int tq) {
   const int64_t r_hi = r_lo + 8;
+  T* row_lo = dst + L.row(b, h, r_lo) + tq * 2;
+  T* row_hi = dst + L.row(b, h, r_hi) + tq * 2;
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) {
     if (r_lo < seq_len)
-      *reinterpret_cast<uint32_t*>(dst + r_lo * D + j * 8 + tq * 2) = pack2<T>(acc[j][0] * mul, acc[j][1] * mul);
+      *reinterpret_cast<uint32_t*>(row_lo + j * 8) = pack2<T>(acc[j][0] * mul, acc[j][1] * mul);
     if (r_hi < seq_len)
-      *reinterpret_cast<uint32_t*>(dst + r_hi * D + j * 8 + tq * 2) = pack2<T>(acc[j][2] * mul, acc[j][3] * mul);
+      *reinterpret_cast<uint32_t*>(row_hi + j * 8) = pack2<T>(acc[j][2] * mul, acc[j][3] * mul);
   }
 }
 
@@ -100,7 +104,8 @@ template <class T, int D>
 __global__ void __launch_bounds__(kTcWarps * 32)
     flash_backward_dq_tc_kernel(const T* q, const T* k, const T* v, const T* dout, HeadLayout Lq,
                                 HeadLayout Lk, HeadLayout Lv, HeadLayout Ld, const float* lse,
-                                const float* delta, T* dq, int64_t H, int64_t seq_len, float scale) {
+                                const float* delta, T* dq, HeadLayout Ldq, int64_t H,
+                                int64_t seq_len, float scale) {
   using Tiles = BwdTiles<D>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);      // [64][D] this block's queries
@@ -160,15 +165,15 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     accumulate_product<T, D>(acc, s, ks, lane);  // dQ += dS K
     __syncthreads();  // the next prefetch overwrites this stage
   }
-  store_rows<T, D>(dq + base * D, acc, scale, r_lo, seq_len, tq);
+  store_rows<T, D>(dq, Ldq, b, h, acc, scale, r_lo, seq_len, tq);
 }
 
 template <class T, int D>
 __global__ void __launch_bounds__(kTcWarps * 32)
     flash_backward_dkv_tc_kernel(const T* q, const T* k, const T* v, const T* dout, HeadLayout Lq,
                                  HeadLayout Lk, HeadLayout Lv, HeadLayout Ld, const float* lse,
-                                 const float* delta, T* dk, T* dv, int64_t H, int64_t seq_len,
-                                 float scale) {
+                                 const float* delta, T* dk, HeadLayout Ldk, T* dv, HeadLayout Ldv,
+                                 int64_t H, int64_t seq_len, float scale) {
   using Tiles = BwdTiles<D>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* ks = reinterpret_cast<T*>(smem_raw);      // [64][D] this block's keys
@@ -242,8 +247,8 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     accumulate_product<T, D>(dk_acc, dp, qs, lane);   // dK += dS^T Q
     __syncthreads();  // the next prefetch overwrites this stage
   }
-  store_rows<T, D>(dk + base * D, dk_acc, scale, key_lo, seq_len, tq);
-  store_rows<T, D>(dv + base * D, dv_acc, 1.f, key_lo, seq_len, tq);
+  store_rows<T, D>(dk, Ldk, b, h, dk_acc, scale, key_lo, seq_len, tq);
+  store_rows<T, D>(dv, Ldv, b, h, dv_acc, 1.f, key_lo, seq_len, tq);
 }
 
 template <class Kernel>
@@ -259,14 +264,12 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const char* op = "flash_attention_backward";
   const AttnShape s = check_inputs(op, q, k, v, false);
-  check_output(op, "out", out, q);
-  TESSERA_CHECK(dout.shape() == q.shape() && dout.dtype() == q.dtype() && dout.stride(3) == 1 &&
-                    dout.device() == q.device(),
-                op, ": dout must match q with a contiguous head dimension");
-  check_rows_aligned(op, {&q, &k, &v, &dout});
-  check_output(op, "dq", dq, q);
-  check_output(op, "dk", dk, q);
-  check_output(op, "dv", dv, q);
+  check_vector_rows(op, q, k, v);
+  check_head_view(op, "out", out, q, /*vector_rows=*/false, /*written=*/false);
+  check_head_view(op, "dout", dout, q, /*vector_rows=*/true, /*written=*/false);
+  check_head_view(op, "dq", dq, q, /*vector_rows=*/true, /*written=*/true);
+  check_head_view(op, "dk", dk, q, /*vector_rows=*/true, /*written=*/true);
+  check_head_view(op, "dv", dv, q, /*vector_rows=*/true, /*written=*/true);
   check_lse(op, lse, s, q.device());
   if (q.numel() == 0) return;
   KernelContext ctx(dq);
@@ -279,7 +282,7 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
     const int64_t rows = s.B * s.H * s.T;
     attention_delta_kernel<T, D><<<static_cast<unsigned>((rows + 7) / 8), dim3(32, 8), 0, ctx.stream>>>(
         static_cast<const T*>(out.raw_data()), static_cast<const T*>(dout.raw_data()),
-        layout_of(dout), delta.data<float>(), rows, s.H, s.T);
+        layout_of(out), layout_of(dout), delta.data<float>(), rows, s.H, s.T);
     TESSERA_KERNEL_CHECK("attention_delta_kernel");
     const size_t dq_smem = 6 * Tiles::kRowTile * sizeof(T);
     const size_t dkv_smem = 6 * Tiles::kRowTile * sizeof(T) + 4 * kTile * sizeof(float);
@@ -290,14 +293,14 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
         static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
         static_cast<const T*>(v.raw_data()), static_cast<const T*>(dout.raw_data()), layout_of(q),
         layout_of(k), layout_of(v), layout_of(dout), lse.data<float>(), delta.data<float>(),
-        static_cast<T*>(dq.raw_data()), s.H, s.T, static_cast<float>(scale));
+        static_cast<T*>(dq.raw_data()), layout_of(dq), s.H, s.T, static_cast<float>(scale));
     TESSERA_KERNEL_CHECK("flash_backward_dq_tc_kernel");
     flash_backward_dkv_tc_kernel<T, D><<<grid, kTcWarps * 32, dkv_smem, ctx.stream>>>(
         static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
         static_cast<const T*>(v.raw_data()), static_cast<const T*>(dout.raw_data()), layout_of(q),
         layout_of(k), layout_of(v), layout_of(dout), lse.data<float>(), delta.data<float>(),
-        static_cast<T*>(dk.raw_data()), static_cast<T*>(dv.raw_data()), s.H, s.T,
-        static_cast<float>(scale));
+        static_cast<T*>(dk.raw_data()), layout_of(dk), static_cast<T*>(dv.raw_data()),
+        layout_of(dv), s.H, s.T, static_cast<float>(scale));
     TESSERA_KERNEL_CHECK("flash_backward_dkv_tc_kernel");
   });
 }

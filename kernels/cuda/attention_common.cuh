@@ -1,7 +1,11 @@
 // Shared by the attention kernels (attention.cu forward, attention_backward.cu): tile sizes,
 // the [B, H, T, D] stride layout, the mma.sync helpers and argument checks.
 #pragma once
+#include <algorithm>
+#include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 
@@ -148,11 +152,58 @@ inline AttnShape check_inputs(const char* op, const Tensor& q, const Tensor& k, 
   return {q.size(0), q.size(1), q.size(2), D};
 }
 
-inline void check_output(const char* op, const char* name, const Tensor& t, const Tensor& like) {
-  TESSERA_CHECK(t.shape() == like.shape() && t.dtype() == like.dtype() && t.is_contiguous() &&
+// The [B, H, T, D] tensors besides q, k, v (out, dout, dq, dk, dv) may be views, e.g. the
+// heads of a [B, T, C] output or of a fused [B, T, 3C] gradient, so no layout copy is needed
+// around the kernels: they must match q in shape, dtype and device and have the head dim
+// contiguous. With `vector_rows` their rows must also start on 16-byte boundaries (the
+// tensor-core kernels move 16-byte packs). A tensor the kernels write must not overlap itself
+// (different blocks write its elements, each once).
+inline bool rows_on_16_bytes(const Tensor& t) {
+  return aligned16({t.raw_data()}) && t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 &&
+         t.stride(2) % 8 == 0;
+}
+
+// True when no two indices of t address one element: sorted by stride, every dimension
+// steps over the whole extent of the smaller ones.
+inline bool non_overlapping(const Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims with size > 1
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+  std::sort(dims.begin(), dims.end());
+  int64_t extent = 1;  // elements spanned by the dims already seen
+  for (auto [stride, size] : dims) {
+    if (stride < extent) return false;
+    extent = stride * (size - 1) + extent;
+  }
+  return true;
+}
+
+inline void check_head_view(const char* op, const char* name, const Tensor& t, const Tensor& like,
+                            bool vector_rows, bool written) {
+  TESSERA_CHECK(t.defined() && t.shape() == like.shape() && t.dtype() == like.dtype() &&
                     t.device() == like.device(),
-                op, ": ", name, " must be a contiguous ", shape_str(like.shape()), " ",
-                dtype_name(like.dtype()), " tensor on ", like.device().str());
+                op, ": ", name, " must be a ", shape_str(like.shape()), " ", dtype_name(like.dtype()),
+                " tensor on ", like.device().str(), ", got ",
+                t.defined() ? shape_str(t.shape()) + " " + dtype_name(t.dtype()) + " on " +
+                                  t.device().str()
+                            : std::string("an undefined tensor"));
+  TESSERA_CHECK(t.stride(3) == 1, op, ": ", name, " must have a contiguous head dimension, got strides ",
+                shape_str(t.strides()));
+  TESSERA_CHECK(!vector_rows || rows_on_16_bytes(t), op, ": ", name,
+                " rows must start on 16-byte boundaries (16-byte aligned data, strides multiples of 8 "
+                "elements), got strides ",
+                shape_str(t.strides()), " at address offset ",
+                reinterpret_cast<uintptr_t>(t.raw_data()) % 16, " mod 16");
+  TESSERA_CHECK(!written || non_overlapping(t), op, ": ", name,
+                " is written and must not overlap itself, got shape ", shape_str(t.shape()),
+                " strides ", shape_str(t.strides()));
+}
+
+// q, k, v as the tensor-core kernels read them (16-byte packs along rows).
+inline void check_vector_rows(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+  check_head_view(op, "q", q, q, /*vector_rows=*/true, /*written=*/false);
+  check_head_view(op, "k", k, q, /*vector_rows=*/true, /*written=*/false);
+  check_head_view(op, "v", v, q, /*vector_rows=*/true, /*written=*/false);
 }
 
 inline void check_lse(const char* op, const Tensor& lse, const AttnShape& s, Device device) {
@@ -173,13 +224,5 @@ void visit_attention(DType t, int64_t D, Fn&& fn) {
   else with_d(Half{});
 }
 
-
-inline void check_rows_aligned(const char* op, std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts)
-    TESSERA_CHECK(aligned16({t->raw_data()}) && t->stride(0) % 8 == 0 && t->stride(1) % 8 == 0 &&
-                      t->stride(2) % 8 == 0,
-                  op, ": q, k, v (and dout) rows must start on 16-byte boundaries (strides "
-                  "multiples of 8 elements)");
-}
 
 }  // namespace tessera::cuda::attention_detail

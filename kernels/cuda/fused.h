@@ -56,17 +56,22 @@ Tensor global_grad_norm(const std::vector<Tensor>& grads);
 void multi_tensor_scale_(const std::vector<Tensor>& tensors, double factor);
 
 // ---- causal attention, flash-attention style (O(T) memory) ----
-// q, k, v: [B, H, T, D] bf16 or f16, any strides with the last dim contiguous (views of a
-// fused qkv projection work as they are); D = 64 or 128. out: [B, H, T, D] same dtype,
-// contiguous. lse: f32 [B, H, T], the log-sum-exp of each query's scaled scores (kept for
-// the backward). scale is usually 1/sqrt(D).
+// q, k, v, out (and dout, dq, dk, dv of the backward): [B, H, T, D] bf16 or f16 of one
+// shape and dtype, D = 64 or 128, as VIEWS: any strides with the head dim contiguous and
+// every row starting on a 16-byte boundary (data 16-byte aligned, other strides multiples
+// of 8 elements). So q, k, v can be the heads of a fused [B, T, 3C] projection, out the heads
+// of a [B, T, C] output and dq | dk | dv the heads of one [B, T, 3C] gradient: no layout
+// copies. Written tensors (out, dq, dk, dv) must not overlap themselves. lse: f32 [B, H, T],
+// contiguous, the log-sum-exp of each query's scaled scores (kept for the backward). scale
+// is usually 1/sqrt(D). cudnn_attention.h offers cuDNN's kernels under the same contract.
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                              const Tensor& out, const Tensor& lse);
-// dq, dk, dv contiguous [B, H, T, D] in the input dtype; out and lse from the forward.
+// dq, dk, dv in the input dtype; out and lse from the forward.
 void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& dout, const Tensor& lse,
                               double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv);
-// The readable reference: materialises the [T, T] scores per (b, h) in f32.
+// The readable reference: materialises the [T, T] scores per (b, h) in f32. Any head size;
+// out any non-overlapping view with the head dim contiguous.
 void naive_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                              const Tensor& out, const Tensor& lse);
 
