@@ -206,7 +206,7 @@ struct Epilogue {
   cudaDataType_t bias_type = CUDA_R_32F;
 };
 
-using PlanKey = std::array<int64_t, 22>;
+using PlanKey = std::array<int64_t, 19>;
 
 // Descriptors and algorithm for one cached problem. Never destroyed: like the handles they
 // live as long as the thread (destroying them at exit could run after the CUDA runtime).
@@ -315,10 +315,7 @@ bool lt_matmul(const GemmProblem& p, const Epilogue& e, cudaStream_t stream) {
                     e.kind,
                     e.bias_type,
                     alignment_of(e.bias),
-                    static_cast<int64_t>(ws_bytes),
-                    0,
-                    0,
-                    0};
+                    static_cast<int64_t>(ws_bytes)};
   thread_local std::map<PlanKey, LtPlan> plans;
   auto it = plans.find(key);
   if (it == plans.end()) it = plans.emplace(key, build_plan(p, e, ws_bytes)).first;
