@@ -111,6 +111,12 @@ pid_t spawn(const LaunchOptions& o, int local_rank, int world_size, int master_p
     set("MASTER_ADDR", o.master_addr);
     set("MASTER_PORT", std::to_string(master_port));
     if (!o.mixed_precision.empty()) set("TESSERA_MIXED_PRECISION", o.mixed_precision);
+    // Like torchrun: ranks sharing a node share its cores, so each one's OpenMP pool gets
+    // its part (oversubscribed spinning pools slow every rank's host thread down).
+    if (!::getenv("OMP_NUM_THREADS") && o.nproc_per_node > 1) {
+      const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+      set("OMP_NUM_THREADS", std::to_string(std::max<unsigned>(1, cores / o.nproc_per_node)));
+    }
     std::vector<char*> argv;
     for (const std::string& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);

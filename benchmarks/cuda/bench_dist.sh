@@ -5,7 +5,8 @@
 #  2. GPT-2 124M training throughput per GPU under DDP on N GPUs vs one process on one GPU
 #     (examples/gpt_ddp_throughput.cpp, bf16 autocast, batch 16 per GPU).
 #   usage: benchmarks/cuda/bench_dist.sh [BUILD_DIR] [N]   (default build-gpu, 2 GPUs)
-#   env: TESSERA_PYTHON (a python with torch; default python3), OUT (logs)
+#   env: TESSERA_PYTHON (a python with torch; default python3), OUT (logs),
+#        DDP_PROFILE=1 (also the synchronised phase times of a step, 1 GPU vs N)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build-gpu}
@@ -31,3 +32,7 @@ echo "GPT-2 124M DDP (bf16 autocast, B=16 per GPU, T=1024): tokens/s per GPU"
 awk -v one="$one" -v many="$many" -v n="$N" 'BEGIN {
   if (one == "" || many == "") { print "  (a run failed; see the logs)"; exit 1 }
   printf "  1 GPU: %.0f   %d GPUs: %.0f per GPU   scaling efficiency %.1f%%\n", one, n, many, 100 * many / one }'
+if [[ ${DDP_PROFILE:-0} == 1 ]]; then  # where the per-step time goes, 1 GPU vs N (synchronised phases)
+  echo "phases, 1 GPU:"; "$BUILD/example_gpt_ddp_throughput" --profile 1 "${@:3}" 2>&1 | grep -E "^ +[0-9] "
+  echo "phases, $N GPUs:"; $launch "$BUILD/example_gpt_ddp_throughput" --profile 1 "${@:3}" 2>&1 | grep -E "^ +[0-9] "
+fi
