@@ -5,10 +5,13 @@ global-norm clipping at 1.0, random tokens), eager or torch.compile, timed the s
 memory is the allocator's peak over the timed steps).
 
 Prints one JSON line: {"mode", "ms_per_step", "tokens_per_s", "peak_gib", "loss", "torch"}.
+Under torch.distributed.run with WORLD_SIZE > 1 the model is wrapped in DistributedDataParallel
+(NCCL, one GPU per rank, default 25 MB buckets) and rank 0 prints its per-GPU figures.
 """
 import argparse
 import json
 import math
+import os
 import time
 
 import torch
@@ -69,13 +72,23 @@ def main():
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        torch.distributed.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
     dev = "cuda"
     model = GPT(args.vocab, args.seq, args.layers, args.heads, args.channels).to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
                             lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
-    run = torch.compile(model) if args.mode == "compile" else model
+    run = model
+    if world > 1:
+        run = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
+    if args.mode == "compile":
+        run = torch.compile(run)
     idx = torch.randint(0, args.vocab, (args.batch, args.seq), device=dev)
     targets = torch.randint(0, args.vocab, (args.batch, args.seq), device=dev)
 
@@ -104,9 +117,12 @@ def main():
             torch.cuda.synchronize()
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90),
               file=sys.stderr)
-    print(json.dumps({"mode": args.mode, "ms_per_step": ms, "tokens_per_s": args.batch * args.seq / (ms / 1e3),
-                      "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "loss": loss.item(),
-                      "torch": torch.__version__}))
+    if rank == 0:
+        print(json.dumps({"mode": args.mode, "ms_per_step": ms, "tokens_per_s": args.batch * args.seq / (ms / 1e3),
+                          "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "loss": loss.item(),
+                          "torch": torch.__version__}))
+    if world > 1:
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
