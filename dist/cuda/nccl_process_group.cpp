@@ -129,7 +129,14 @@ class NcclProcessGroup final : public ProcessGroup {
       std::memcpy(&id, text.data(), sizeof id);
     }
     check_nccl(ncclCommInitRank(&comm_, size, id, rank), "ncclCommInitRank");
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    // The highest priority (as PyTorch's NCCL streams have): while backward kernels fill the
+    // GPU, the collectives' blocks are scheduled first, so they overlap instead of queueing
+    // behind the compute and landing, exposed, after the last backward kernel.
+    int least_priority = 0, greatest_priority = 0;
+    check_cuda(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority),
+               "cudaDeviceGetStreamPriorityRange");
+    check_cuda(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest_priority),
+               "cudaStreamCreateWithPriority");
     check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
   }
   ~NcclProcessGroup() override {
