@@ -6,13 +6,22 @@
 //           fragments); 128x64 tiles of A and 64x256 of B are copied into shared memory with
 //           cp.async in a 3-stage pipeline, so the copies of tiles k+1 and k+2 overlap the
 //           math on tile k. Rows are padded by 8 elements (16 bytes) against bank conflicts.
-//           Used when M is a multiple of 128, N of 256 and K of 64.
+//           Used when M is a multiple of 128, N of 256 and K of 64 and the sm_90 path below
+//           does not apply (other GPUs); it is the readable version of the same tiling.
+//   sm_90:  on H100/H200 (sm_90a code), the same tile sizes go to gemm_sm90.cu: TMA copies and
+//           warpgroup MMA (wgmma) with a producer/consumer mbarrier pipeline.
 #include <mma.h>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fused.h"
 
 namespace tessera::cuda {
+namespace detail {
+// Defined in gemm_sm90.cu: launches the wgmma/TMA kernel and returns true when the device and
+// the sizes allow it, else returns false without doing anything.
+bool try_wgmma_gemm(const Tensor& a, const Tensor& b, const Tensor& c, cudaStream_t stream);
+}  // namespace detail
+
 namespace {
 
 template <class T> struct WmmaType;
@@ -151,6 +160,10 @@ void tensor_core_gemm(const Tensor& a, const Tensor& b, const Tensor& c) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   if (c.numel() == 0) return;
   KernelContext ctx(c);
+  if (detail::try_wgmma_gemm(a, b, c, ctx.stream)) {
+    TESSERA_KERNEL_CHECK("tensor_core_gemm (sm_90 wgmma)");
+    return;
+  }
   auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0; };
   const bool tiled = M % kBM == 0 && N % kBN == 0 && K % kBK == 0 && K > 0 && M <= INT32_MAX &&
                      N <= INT32_MAX && K <= INT32_MAX && aligned(a) && aligned(b);

@@ -212,9 +212,17 @@ TEST(CudaFused, FlashAttentionForwardBackwardAgainstFloat64) {
 
 TEST(CudaFused, TensorCoreGemmTiledAndNaivePaths) {
   TESSERA_REQUIRE_GPU();
+  // Sizes with M % 128, N % 256, K % 64 == 0 take the tiled path: on H100/H200 the wgmma + TMA
+  // kernel (4-stage ring), elsewhere the WMMA one. 128x256x64: one tile, one k-tile (fewer k-tiles
+  // than stages); 384x1280x576: 3x5 blocks, 9 k-tiles wrap the stage ring twice; 256x512x1088:
+  // 17 k-tiles; 512x768x1024: a 3-wide grid of 256-column tiles. The others take the naive
+  // kernel: 33x7x19, and 130x260x70, which misses every tile size by a little.
+  const std::vector<std::array<int64_t, 3>> sizes = {
+      {256, 512, 192}, {128, 256, 64}, {384, 1280, 576}, {256, 512, 1088},
+      {512, 768, 1024}, {33, 7, 19}, {130, 260, 70}};
   for (DType t : {DType::bf16, DType::f16}) {
-    // 256 x 512 x 192 takes the tiled path (2x2 blocks, 3 k-tiles); 33 x 7 x 19 the naive one.
-    for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{256, 512, 192}, {33, 7, 19}}) {
+    for (auto [M, N, K] : sizes) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " " << M << "x" << N << "x" << K);
       Tensor ah = host_randn({M, K}, t), bh = host_randn({K, N}, t);
       const auto a = values(ah), b = values(bh);
       std::vector<double> ref(M * N, 0.0);
