@@ -11,7 +11,9 @@
 //     2-D box of a matrix from global into shared memory, already in the swizzled layout wgmma
 //     reads without bank conflicts; completion is counted in bytes on an mbarrier.
 //
-// Block: 384 threads = 3 warpgroups, one 128 x 256 tile of C.
+// Block: 384 threads = 3 warpgroups; the grid is persistent (one block per SM) and each block
+// walks the 128 x 256 tiles of C tile += gridDim.x, so while the consumers store tile i the
+// producer is already loading tile i+1.
 //   warpgroup 0 (producer): one thread issues the TMA copies of the K-tiles (A: 128x64, B: 64x256)
 //                           into a ring of kStages shared-memory stages;
 //   warpgroups 1, 2 (consumers): each owns 64 rows x 256 columns of the tile, i.e. 128 f32
@@ -21,10 +23,13 @@
 //             when all 48 KiB have landed; consumers wait on it.
 //   empty[s]: every consumer warp arrives once it no longer reads the stage (8 arrivals); the
 //             producer waits on it before overwriting the stage.
-// A barrier's phase flips each time it completes; waits name the parity of the phase they wait for:
-// the i-th use of stage s (i = kt / kStages) waits for phase parity i & 1.
+// A barrier's phase flips each time it completes; waits name the parity of the phase they wait for.
+// Producer and consumers count the K-tiles they handled over all the block's tiles (`step`); step
+// uses stage step % kStages for the (step / kStages)-th time and waits for that phase's parity.
 #include <cuda.h>  // CUtensorMap and its enums only: the driver is reached through the runtime
 #include <cudaTypedefs.h>
+
+#include <algorithm>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fused.h"
@@ -167,7 +172,8 @@ __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
 template <class T>
 __global__ void __launch_bounds__(kWgmmaThreads, 1)
     wgmma_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
-                      const __grid_constant__ CUtensorMap b_map, T* __restrict__ c, int N, int K) {
+                      const __grid_constant__ CUtensorMap b_map, T* __restrict__ c, int N, int K,
+                      int num_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_bar[kStages], empty_bar[kStages];
@@ -191,72 +197,82 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
   __syncthreads();
 
   const int k_tiles = K / kBK;
-  const int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN;
+  const int n_tiles = N / kBN;
   const int warpgroup = threadIdx.x / 128;
 
   if (warpgroup == 0) {
-    // ---- producer: one thread keeps up to kStages K-tiles in flight ----
+    // ---- producer: one thread keeps up to kStages K-tiles in flight, across tile boundaries ----
     if (threadIdx.x == 0) {
-      for (int kt = 0; kt < k_tiles; ++kt) {
-        const int s = kt % kStages;
-        // Reusing stage s: wait until the consumers released its previous use (tile kt - kStages).
-        if (kt >= kStages) mbarrier_wait(empty(s), ((kt / kStages) - 1) & 1);
-        mbarrier_arrive_expect_bytes(full(s), kStageBytes);
-        tma_load_2d(a_stage(s), &a_map, full(s), kt * kBK, m0);
-        for (int p = 0; p < kBN / kPanelCols; ++p)
-          tma_load_2d(b_stage(s) + uint32_t(p) * kBPanelBytes, &b_map, full(s), n0 + p * kPanelCols,
-                      kt * kBK);
+      int step = 0;
+      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+        const int m0 = (tile / n_tiles) * kBM, n0 = (tile % n_tiles) * kBN;
+        for (int kt = 0; kt < k_tiles; ++kt, ++step) {
+          const int s = step % kStages;
+          // Reusing stage s: wait until the consumers released its previous use (step - kStages).
+          if (step >= kStages) mbarrier_wait(empty(s), ((step / kStages) - 1) & 1);
+          mbarrier_arrive_expect_bytes(full(s), kStageBytes);
+          tma_load_2d(a_stage(s), &a_map, full(s), kt * kBK, m0);
+          for (int p = 0; p < kBN / kPanelCols; ++p)
+            tma_load_2d(b_stage(s) + uint32_t(p) * kBPanelBytes, &b_map, full(s),
+                        n0 + p * kPanelCols, kt * kBK);
+        }
       }
     }
     return;
   }
 
-  // ---- consumers: warpgroup 1 computes rows 0-63 of the tile, warpgroup 2 rows 64-127 ----
+  // ---- consumers: warpgroup 1 computes rows 0-63 of each tile, warpgroup 2 rows 64-127 ----
   const int consumer = warpgroup - 1;
+  const bool releases = threadIdx.x % 32 == 0;  // one arrival per warp on `empty`
   float acc[128];
+  int step = 0;
+  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const int m0 = (tile / n_tiles) * kBM, n0 = (tile % n_tiles) * kBN;
 #pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-  pin_accumulators(acc);
+    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    pin_accumulators(acc);
 
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    const int s = kt % kStages;
-    mbarrier_wait(full(s), (kt / kStages) & 1);
-    wgmma_fence();  // order the accumulator registers' earlier uses before the async MMAs
+    for (int kt = 0; kt < k_tiles; ++kt, ++step) {
+      const int s = step % kStages;
+      mbarrier_wait(full(s), (step / kStages) & 1);
+      wgmma_fence();  // order the accumulator registers' earlier uses before the async MMAs
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      // A (K-major): this warpgroup's 64 rows start 64 * 128 bytes into the tile; the k-step of 16
-      // elements = 32 bytes moves the start inside the 128-byte swizzled row (the hardware applies
-      // the XOR to the final address). Rows go in groups of 8 every 1024 bytes (stride offset);
-      // the leading offset is unused for a swizzled K-major operand (1 by convention).
-      const uint64_t desc_a = swizzle128_descriptor(
-          a_stage(s) + uint32_t(consumer * kConsumerRows * 128 + kk * 32), 16, 1024);
-      // B (N-major, transposed in the instruction): 16 k-rows of 128 bytes per k-step; inside a
-      // panel, 8 k-rows form one 1024-byte swizzle block (stride offset); the next 64 columns
-      // are the next panel, kBPanelBytes further (leading offset).
-      const uint64_t desc_b =
-          swizzle128_descriptor(b_stage(s) + uint32_t(kk * 16 * 128), kBPanelBytes, 1024);
-      wgmma_m64n256k16<T>(acc, desc_a, desc_b);
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        // A (K-major): this warpgroup's 64 rows start 64 * 128 bytes into the tile; the k-step of
+        // 16 elements = 32 bytes moves the start inside the 128-byte swizzled row (the hardware
+        // applies the XOR to the final address). Rows go in groups of 8 every 1024 bytes (stride
+        // offset); the leading offset is unused for a swizzled K-major operand (1 by convention).
+        const uint64_t desc_a = swizzle128_descriptor(
+            a_stage(s) + uint32_t(consumer * kConsumerRows * 128 + kk * 32), 16, 1024);
+        // B (N-major, transposed in the instruction): 16 k-rows of 128 bytes per k-step; inside
+        // a panel, 8 k-rows form one 1024-byte swizzle block (stride offset); the next 64 columns
+        // are the next panel, kBPanelBytes further (leading offset).
+        const uint64_t desc_b =
+            swizzle128_descriptor(b_stage(s) + uint32_t(kk * 16 * 128), kBPanelBytes, 1024);
+        wgmma_m64n256k16<T>(acc, desc_a, desc_b);
+      }
+      wgmma_commit();
+      // Keep this K-tile's MMAs in flight, but wait for the previous one's: its stage can go.
+      wgmma_wait<1>();
+      if (kt > 0 && releases) mbarrier_arrive(empty((step - 1) % kStages));
     }
-    wgmma_commit();
-    // Keep this tile's MMAs in flight, but wait for the previous tile's: its stage can be refilled.
-    wgmma_wait<1>();
-    if (kt > 0 && threadIdx.x % 32 == 0) mbarrier_arrive(empty((kt - 1) % kStages));
-  }
-  wgmma_wait<0>();
-  pin_accumulators(acc);
+    wgmma_wait<0>();
+    pin_accumulators(acc);
+    if (releases) mbarrier_arrive(empty((step - 1) % kStages));  // the tile's last K-tile
 
-  // ---- epilogue: the wgmma accumulator layout, per warp of the warpgroup, is that of mma.sync
-  // m16n8 repeated over N: warp w holds rows 16w..16w+15; for each 8-column slice j, lane l has
-  // (row l/4, columns 8j + 2(l%4) + {0,1}) in acc[4j], acc[4j+1] and the same 8 rows lower in
-  // acc[4j+2], acc[4j+3]. Stored straight from registers, two elements per 32-bit store.
-  const int lane = threadIdx.x % 32, warp_in_group = (threadIdx.x / 32) % 4;
-  const int64_t row = m0 + consumer * kConsumerRows + warp_in_group * 16 + lane / 4;
-  uint32_t* upper = reinterpret_cast<uint32_t*>(c + row * N + n0 + 2 * (lane % 4));
-  uint32_t* lower = reinterpret_cast<uint32_t*>(c + (row + 8) * N + n0 + 2 * (lane % 4));
+    // ---- epilogue: the wgmma accumulator layout, per warp of the warpgroup, is that of mma.sync
+    // m16n8 repeated over N: warp w holds rows 16w..16w+15; for each 8-column slice j, lane l has
+    // (row l/4, columns 8j + 2(l%4) + {0,1}) in acc[4j], acc[4j+1] and the same 8 rows lower in
+    // acc[4j+2], acc[4j+3]. Stored straight from registers, two elements per 32-bit store.
+    const int lane = threadIdx.x % 32, warp_in_group = (threadIdx.x / 32) % 4;
+    const int64_t row = m0 + consumer * kConsumerRows + warp_in_group * 16 + lane / 4;
+    uint32_t* upper = reinterpret_cast<uint32_t*>(c + row * N + n0 + 2 * (lane % 4));
+    uint32_t* lower = reinterpret_cast<uint32_t*>(c + (row + 8) * N + n0 + 2 * (lane % 4));
 #pragma unroll
-  for (int j = 0; j < kBN / 8; ++j) {
-    upper[j * 4] = pack_pair<T>(acc[4 * j], acc[4 * j + 1]);  // 8 columns = 4 pairs further
-    lower[j * 4] = pack_pair<T>(acc[4 * j + 2], acc[4 * j + 3]);
+    for (int j = 0; j < kBN / 8; ++j) {
+      upper[j * 4] = pack_pair<T>(acc[4 * j], acc[4 * j + 1]);  // 8 columns = 4 pairs further
+      lower[j * 4] = pack_pair<T>(acc[4 * j + 2], acc[4 * j + 3]);
+    }
   }
 #else
   __trap();  // built without sm_90a code: the host side never launches this (see applies below)
@@ -317,20 +333,24 @@ bool try_wgmma_gemm(const Tensor& a, const Tensor& b, const Tensor& c, cudaStrea
     return reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0;
   };
   const bool fits = M % kBM == 0 && N % kBN == 0 && K % kBK == 0 && M > 0 && N > 0 && K > 0 &&
-                    M / kBM <= 65535 && N <= INT32_MAX && K <= INT32_MAX &&
+                    (M / kBM) * (N / kBN) <= INT32_MAX && M <= INT32_MAX && N <= INT32_MAX &&
+                    K <= INT32_MAX &&
                     aligned16(a) && aligned16(b) && aligned16(c);
   if (!fits || !device_runs_wgmma(a.device().index)) return false;
 
   const CUtensorMap a_map = make_tensor_map(a, M, K, kBM, kBK);
   const CUtensorMap b_map = make_tensor_map(b, K, N, kBK, kPanelCols);
-  const dim3 grid(static_cast<unsigned>(N / kBN), static_cast<unsigned>(M / kBM));
+  // Persistent grid: one block per SM (the shared memory allows no more), each looping over tiles.
+  const int64_t num_tiles = (M / kBM) * (N / kBN);
+  const int blocks = static_cast<int>(std::min<int64_t>(num_tiles, multiprocessor_count(a.device().index)));
   auto launch = [&](auto tag) {
     using T = decltype(tag);
     TESSERA_CUDA_CHECK(cudaFuncSetAttribute(wgmma_gemm_kernel<T>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(kSmemBytes)));
-    wgmma_gemm_kernel<T><<<grid, kWgmmaThreads, kSmemBytes, stream>>>(
-        a_map, b_map, static_cast<T*>(c.raw_data()), static_cast<int>(N), static_cast<int>(K));
+    wgmma_gemm_kernel<T><<<blocks, kWgmmaThreads, kSmemBytes, stream>>>(
+        a_map, b_map, static_cast<T*>(c.raw_data()), static_cast<int>(N), static_cast<int>(K),
+        static_cast<int>(num_tiles));
   };
   if (a.dtype() == DType::bf16) launch(BFloat16{});
   else launch(Half{});

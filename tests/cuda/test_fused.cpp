@@ -215,11 +215,13 @@ TEST(CudaFused, TensorCoreGemmTiledAndNaivePaths) {
   // Sizes with M % 128, N % 256, K % 64 == 0 take the tiled path: on H100/H200 the wgmma + TMA
   // kernel (4-stage ring), elsewhere the WMMA one. 128x256x64: one tile, one k-tile (fewer k-tiles
   // than stages); 384x1280x576: 3x5 blocks, 9 k-tiles wrap the stage ring twice; 256x512x1088:
-  // 17 k-tiles; 512x768x1024: a 3-wide grid of 256-column tiles. The others take the naive
-  // kernel: 33x7x19, and 130x260x70, which misses every tile size by a little.
+  // 17 k-tiles; 512x768x1024: a 3-wide grid of 256-column tiles; 1280x3584x192: 140 tiles, more
+  // than the 132 SMs, so persistent blocks take a second tile with the stage ring mid-cycle (3
+  // k-tiles per tile, 4 stages). The others take the naive kernel: 33x7x19, and 130x260x70,
+  // which misses every tile size by a little.
   const std::vector<std::array<int64_t, 3>> sizes = {
       {256, 512, 192}, {128, 256, 64}, {384, 1280, 576}, {256, 512, 1088},
-      {512, 768, 1024}, {33, 7, 19}, {130, 260, 70}};
+      {512, 768, 1024}, {1280, 3584, 192}, {33, 7, 19}, {130, 260, 70}};
   for (DType t : {DType::bf16, DType::f16}) {
     for (auto [M, N, K] : sizes) {
       SCOPED_TRACE(::testing::Message() << dtype_name(t) << " " << M << "x" << N << "x" << K);
