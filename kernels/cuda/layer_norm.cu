@@ -2,10 +2,20 @@
 // residual add in front (residual_out = x + residual; out = LN(residual_out)).
 //
 // Forward: one warp per row; the mean and then the variance of (x - mean) are
-// two warp reductions over the row held in L1, so the variance does not suffer
-// the cancellation of E[x^2] - E[x]^2. Backward: dx one warp per row; dweight
-// and dbias are summed over rows in two fixed-order stages (partial sums per
-// chunk of rows, then over chunks), so they repeat bitwise and need no atomics.
+// two warp reductions, so the variance does not suffer the cancellation of
+// E[x^2] - E[x]^2. Backward: dx one warp per row; dweight and dbias are summed
+// over rows in two fixed-order stages (partial sums per block or chunk of rows,
+// then over those), so they repeat bitwise and need no atomics.
+//
+// Fast paths (f32/f16/bf16, rows of a multiple of 8 elements, 16-byte aligned):
+// the row lives in registers, lane l of the warp owning 8-element packs l,
+// l + 32, ..., so x (and dy) are read from global memory exactly once. The
+// forward sums in the same order as the general kernel (bitwise equal
+// results). The backward is one persistent kernel: each warp walks rows with a
+// grid stride, writes dx and keeps its dweight/dbias column partials in
+// registers; the block adds its warps' partials in warp order and writes one
+// partial row, then the finish kernel sums the blocks' rows in a fixed order.
+// Other rows (longer, odd lengths, f64) take the general kernels.
 #include "core/dispatch.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fused.h"
@@ -55,6 +65,89 @@ __global__ void layer_norm_kernel(const T* x, const T* residual, T* residual_out
   }
 }
 
+
+// ---- register-resident fast path ----
+// A warp row of up to 32 * 8 * kPacks elements; the dispatcher picks the smallest kPacks.
+constexpr int kMaxForwardPacks = 8, kMaxBackwardPacks = 4;
+
+// Calls fn(std::integral_constant<int, K>{}) for the smallest K in {1, 2, 3, 4, 8} (up to
+// kMax) with 32 * 8 * K >= C and returns true; false when the row is longer.
+template <int kMax, class Fn>
+bool with_row_packs(int64_t C, Fn&& fn) {
+  const int64_t need = (C / kPack + 31) / 32;
+  if (need <= 1) return fn(std::integral_constant<int, 1>{}), true;
+  if (need <= 2) return fn(std::integral_constant<int, 2>{}), true;
+  if (need <= 3) return fn(std::integral_constant<int, 3>{}), true;
+  if (need <= 4) return fn(std::integral_constant<int, 4>{}), true;
+  if constexpr (kMax >= 8)
+    if (need <= 8) return fn(std::integral_constant<int, 8>{}), true;
+  return false;
+}
+
+template <class T, int kPacks>
+__global__ void __launch_bounds__(32 * kRowsPerBlock)
+    layer_norm_regs_kernel(const T* x, const T* residual, T* residual_out, const T* w,
+                           const T* b, float eps, T* out, float* mean_out, float* rstd_out,
+                           int64_t rows, int64_t C) {
+  const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.y;
+  if (r >= rows) return;
+  const int lane = threadIdx.x;
+  const int64_t packs = C / kPack;
+  float v[kPacks][kPack];
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = lane + 32 * k;
+    if (p >= packs) continue;
+    Pack8<T> a = load_pack(x + r * C, p);
+    if (residual) {  // the stored (rounded) sum is what gets normalised
+      const Pack8<T> rr = load_pack(residual + r * C, p);
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) a.v[j] = from_float<T>(to_float(a.v[j]) + to_float(rr.v[j]));
+      store_pack(residual_out + r * C, p, a);
+    }
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) v[k][j] = to_float(a.v[j]);
+  }
+  // Same per-lane order as row_read in the general kernel, so the statistics are bitwise equal.
+  float sum = 0;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k)
+    if (lane + 32 * k < packs)
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) sum += v[k][j];
+  const float mean = warp_sum(sum) / float(C);
+  float sq = 0;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k)
+    if (lane + 32 * k < packs)
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) {
+        const float d = v[k][j] - mean;
+        sq += d * d;
+      }
+  const float rstd = 1.f / sqrt(warp_sum(sq) / float(C) + eps);
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = lane + 32 * k;
+    if (p >= packs) continue;
+    Pack8<T> wp, bp, o;
+    if (w) wp = load_pack(w, p);
+    if (b) bp = load_pack(b, p);
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) {
+      float y = (v[k][j] - mean) * rstd;
+      if (w) y *= to_float(wp.v[j]);
+      if (b) y += to_float(bp.v[j]);
+      o.v[j] = from_float<T>(y);
+    }
+    store_pack(out + r * C, p, o);
+  }
+  if (lane == 0) {
+    mean_out[r] = mean;
+    rstd_out[r] = rstd;
+  }
+}
+
 template <class T>
 const T* ptr_or_null(const Tensor& t) {
   return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr;
@@ -87,16 +180,32 @@ void layer_norm_impl(const Tensor& x_in, const Tensor& residual_in, const Tensor
   Tensor w = w_in.defined() ? raw::contiguous(w_in) : Tensor();
   Tensor b = b_in.defined() ? raw::contiguous(b_in) : Tensor();
   const int64_t C = x.size(-1), rows = x.numel() / C;
+  const bool packed = rows_packable(x.raw_data(), C) && aligned16({out.raw_data()}) &&
+                      (!residual.defined() ||
+                       aligned16({residual.raw_data(), residual_out.raw_data()}));
+  const bool params_aligned = (!w.defined() || aligned16({w.raw_data()})) &&
+                              (!b.defined() || aligned16({b.raw_data()}));
+  const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
   visit_float(x.dtype(), "layer_norm", [&](auto tag) {
     using T = decltype(tag);
-    const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    if constexpr (!std::is_same_v<T, double>) {
+      if (packed && params_aligned &&
+          with_row_packs<kMaxForwardPacks>(C, [&](auto packs) {
+            layer_norm_regs_kernel<T, decltype(packs)::value>
+                <<<blocks, dim3(32, kRowsPerBlock), 0, ctx.stream>>>(
+                    static_cast<const T*>(x.raw_data()), ptr_or_null<T>(residual),
+                    residual.defined() ? static_cast<T*>(residual_out.raw_data()) : nullptr,
+                    ptr_or_null<T>(w), ptr_or_null<T>(b), static_cast<float>(eps),
+                    static_cast<T*>(out.raw_data()), mean.data<float>(), rstd.data<float>(), rows,
+                    C);
+          }))
+        return;
+    }
     layer_norm_kernel<T><<<blocks, dim3(32, kRowsPerBlock), 0, ctx.stream>>>(
         static_cast<const T*>(x.raw_data()), ptr_or_null<T>(residual),
         residual.defined() ? static_cast<T*>(residual_out.raw_data()) : nullptr, ptr_or_null<T>(w),
         ptr_or_null<T>(b), static_cast<float>(eps), static_cast<T*>(out.raw_data()),
-        mean.data<float>(), rstd.data<float>(), rows, C,
-        rows_packable(x.raw_data(), C) && aligned16({out.raw_data()}) &&
-            (!residual.defined() || aligned16({residual.raw_data(), residual_out.raw_data()})));
+        mean.data<float>(), rstd.data<float>(), rows, C, packed);
   });
   TESSERA_KERNEL_CHECK("layer_norm_kernel");
 }
@@ -130,6 +239,98 @@ __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const T* w, const 
     const A xhat = (to_acc<A>(xr[i]) - m) * rs;
     return from_acc<T>(rs * (g - mean_g - xhat * mean_gx));
   });
+}
+
+
+// The backward fast path: dx as layer_norm_dx_kernel (same per-lane order, so dx is bitwise
+// equal), plus this block's dweight/dbias partial row [C] in part_dw/part_db (may be null:
+// then only dx). Persistent: the grid is what fits on the device, warps stride over rows.
+// Registers bound the occupancy: ~127 per thread up to 3 packs (two 8-warp blocks per SM),
+// ~166 at 4 packs, where 4-warp blocks let three fit (12 warps) instead of one of 8.
+template <int kPacks>
+constexpr int kBackwardWarpsFor = kPacks >= 4 ? 4 : 8;
+
+template <class T, int kPacks, int kBackwardWarps = kBackwardWarpsFor<kPacks>>
+__global__ void __launch_bounds__(32 * kBackwardWarps, kPacks >= 4 ? 3 : 2)
+    layer_norm_backward_regs_kernel(const T* dy, const T* x, const T* w, const float* mean,
+                                    const float* rstd, T* dx, int64_t rows, int64_t C,
+                                    float* part_dw, float* part_db) {
+  extern __shared__ float block_partials[];  // [2][C]: dweight then dbias
+  const int lane = threadIdx.x, warp = threadIdx.y;
+  const int64_t packs = C / kPack;
+  const bool want_params = part_dw != nullptr;
+  float dw[kPacks][kPack], db[kPacks][kPack];
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k)
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) dw[k][j] = db[k][j] = 0.f;
+  const int64_t warps_total = int64_t(gridDim.x) * kBackwardWarps;
+  for (int64_t r = blockIdx.x * int64_t(kBackwardWarps) + warp; r < rows; r += warps_total) {
+    Pack8<T> dyp[kPacks], xp[kPacks];
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t p = lane + 32 * k;
+      if (p >= packs) continue;
+      dyp[k] = load_pack(dy + r * C, p);
+      xp[k] = load_pack(x + r * C, p);
+    }
+    const float m = mean[r], rs = rstd[r];
+    float sum_g = 0, sum_gx = 0;
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t p = lane + 32 * k;
+      if (p >= packs) continue;
+      Pack8<T> wp;
+      if (w) wp = load_pack(w, p);
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) {
+        const float d = to_float(dyp[k].v[j]);
+        const float g = d * (w ? to_float(wp.v[j]) : 1.f);
+        sum_g += g;
+        sum_gx += g * (to_float(xp[k].v[j]) - m) * rs;
+        dw[k][j] += d * (to_float(xp[k].v[j]) - m) * rs;
+        db[k][j] += d;
+      }
+    }
+    const float mean_g = warp_sum(sum_g) / float(C), mean_gx = warp_sum(sum_gx) / float(C);
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t p = lane + 32 * k;
+      if (p >= packs) continue;
+      Pack8<T> wp, o;
+      if (w) wp = load_pack(w, p);
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) {
+        const float g = to_float(dyp[k].v[j]) * (w ? to_float(wp.v[j]) : 1.f);
+        const float xhat = (to_float(xp[k].v[j]) - m) * rs;
+        o.v[j] = from_float<T>(rs * (g - mean_g - xhat * mean_gx));
+      }
+      store_pack(dx + r * C, p, o);
+    }
+  }
+  if (!want_params) return;  // uniform over the grid
+  // The block's partial: warps add theirs in warp order (fixed), then one row goes out.
+  for (int turn = 0; turn < kBackwardWarps; ++turn) {
+    if (warp == turn) {
+#pragma unroll
+      for (int k = 0; k < kPacks; ++k) {
+        const int64_t p = lane + 32 * k;
+        if (p >= packs) continue;
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) {
+          const int64_t c = p * kPack + j;
+          block_partials[c] = (turn == 0 ? 0.f : block_partials[c]) + dw[k][j];
+          block_partials[C + c] = (turn == 0 ? 0.f : block_partials[C + c]) + db[k][j];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  const int tid = warp * 32 + lane;
+  for (int64_t c = tid; c < C; c += 32 * kBackwardWarps) {
+    part_dw[blockIdx.x * C + c] = block_partials[c];
+    part_db[blockIdx.x * C + c] = block_partials[C + c];
+  }
 }
 
 // Stage 1: partial dweight/dbias over a chunk of rows, thread per column.
@@ -193,17 +394,55 @@ void layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& 
   Tensor w = w_in.defined() ? raw::contiguous(w_in) : Tensor();
   Tensor m = raw::contiguous(mean), rs = raw::contiguous(rstd);
   const int64_t C = x.size(-1), rows = x.numel() / C;
+  const bool want_params = dw.defined() || db.defined();
+  const bool fast = rows_packable(dy.raw_data(), C) && aligned16({x.raw_data(), dx.raw_data()}) &&
+                    (!w.defined() || aligned16({w.raw_data()}));
+  // Column partials [2, chunks, C] summed by the finish kernel; chunks = blocks of the fast
+  // kernel or chunks of rows of the general one.
+  auto finish = [&](auto tag, const float* part_dw, const float* part_db, int64_t chunks) {
+    using T = decltype(tag);
+    const dim3 finish_grid(static_cast<unsigned>((C + kFinishCols - 1) / kFinishCols), 2);
+    layer_norm_dparams_finish_kernel<T><<<finish_grid, dim3(kFinishCols, kFinishLanes), 0,
+                                          ctx.stream>>>(
+        part_dw, part_db, chunks, C, dw.defined() ? static_cast<T*>(dw.raw_data()) : nullptr,
+        db.defined() ? static_cast<T*>(db.raw_data()) : nullptr);
+    TESSERA_KERNEL_CHECK("layer_norm_dparams_finish_kernel");
+  };
   visit_float(x.dtype(), "layer_norm_backward", [&](auto tag) {
     using T = decltype(tag);
     const T* dyp = static_cast<const T*>(dy.raw_data());
     const T* xp = static_cast<const T*>(x.raw_data());
+    if constexpr (!std::is_same_v<T, double>) {
+      if (fast && with_row_packs<kMaxBackwardPacks>(C, [&](auto packs) {
+            constexpr int kPacks = decltype(packs)::value, kWarps = kBackwardWarpsFor<kPacks>;
+            auto kernel = layer_norm_backward_regs_kernel<T, kPacks>;
+            const size_t smem = want_params ? 2 * C * sizeof(float) : 0;
+            int per_sm = 0;
+            TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                &per_sm, kernel, 32 * kWarps, smem));
+            const int64_t blocks = std::max<int64_t>(
+                1, std::min<int64_t>((rows + kWarps - 1) / kWarps,
+                                     int64_t(std::max(per_sm, 1)) * multiprocessor_count()));
+            Tensor part = want_params ? empty({2, blocks, C}, {.dtype = DType::f32,
+                                                               .device = dx.device()})
+                                      : Tensor();
+            float* part_dw = want_params ? part.data<float>() : nullptr;
+            float* part_db = want_params ? part_dw + blocks * C : nullptr;
+            kernel<<<static_cast<unsigned>(blocks), dim3(32, kWarps), smem, ctx.stream>>>(
+                dyp, xp, ptr_or_null<T>(w), m.data<float>(), rs.data<float>(),
+                static_cast<T*>(dx.raw_data()), rows, C, part_dw, part_db);
+            TESSERA_KERNEL_CHECK("layer_norm_backward_regs_kernel");
+            if (want_params) finish(tag, part_dw, part_db, blocks);
+          }))
+        return;
+    }
     const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
     layer_norm_dx_kernel<T><<<blocks, dim3(32, kRowsPerBlock), 0, ctx.stream>>>(
         dyp, xp, ptr_or_null<T>(w), m.data<float>(), rs.data<float>(),
         static_cast<T*>(dx.raw_data()), rows, C,
         rows_packable(dy.raw_data(), C) && aligned16({dx.raw_data()}));
     TESSERA_KERNEL_CHECK("layer_norm_dx_kernel");
-    if (!dw.defined() && !db.defined()) return;
+    if (!want_params) return;
     // Enough chunks to give every SM a few blocks, each chunk at least 32 rows.
     const int64_t col_blocks = (C + 255) / 256;
     const int64_t want = std::max<int64_t>(1, 4 * multiprocessor_count() / col_blocks);
@@ -217,12 +456,7 @@ void layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& 
            ctx.stream>>>(dyp, xp, m.data<float>(), rs.data<float>(), rows, C, rows_per_chunk,
                          part_dw, part_db);
     TESSERA_KERNEL_CHECK("layer_norm_dparams_partial_kernel");
-    const dim3 finish_grid(static_cast<unsigned>((C + kFinishCols - 1) / kFinishCols), 2);
-    layer_norm_dparams_finish_kernel<T><<<finish_grid, dim3(kFinishCols, kFinishLanes), 0,
-                                          ctx.stream>>>(
-        part_dw, part_db, chunks, C, dw.defined() ? static_cast<T*>(dw.raw_data()) : nullptr,
-        db.defined() ? static_cast<T*>(db.raw_data()) : nullptr);
-    TESSERA_KERNEL_CHECK("layer_norm_dparams_finish_kernel");
+    finish(tag, part_dw, part_db, chunks);
   });
 }
 
