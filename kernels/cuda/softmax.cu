@@ -5,6 +5,10 @@
 // Rows along the last dim are handled by a warp (short rows) or a block of
 // 512 threads (long rows, e.g. a 50k vocabulary); softmax over an inner dim
 // gives one thread per (outer, inner) column so reads stay coalesced.
+// The forward over the last dim has a fast path (f32/f16/bf16, rows of a
+// multiple of 8 elements up to 32768, 16-byte aligned): the row is held in
+// registers by a group of 32..1024 threads, so it is read from global memory
+// once; the statistics are then exact two-pass ones (max, then sum of exp).
 #include <cmath>
 
 #include "core/dispatch.h"
@@ -107,6 +111,91 @@ __global__ void softmax_rows_kernel(const T* x, T* out, int64_t rows, int64_t le
   });
 }
 
+
+// ---- softmax over the last dim, row held in registers ----
+// A group of blockDim.x threads (a warp with 8 rows per block, or 64..1024 threads with one
+// row per block) owns a row; thread t holds 8-element packs t, t + group, ... (kPacks at most).
+constexpr int kMaxRegisterPacks = 4;
+
+template <class A>
+__device__ __forceinline__ A row_group_max(A v) {
+  return blockDim.x == 32 ? warp_max(v) : block_max(v);
+}
+template <class A>
+__device__ __forceinline__ A row_group_sum(A v) {
+  return blockDim.x == 32 ? warp_sum(v) : block_sum(v);
+}
+
+template <class T, int kPacks>
+__global__ void __launch_bounds__(1024)
+    softmax_rows_regs_kernel(const T* x, T* out, int64_t rows, int64_t len, bool log_out) {
+  const int64_t r = group_row(rows);
+  if (r < 0) return;  // only when blockDim.x == 32: a block-wide group never has r < 0
+  const int tid = threadIdx.x, group = blockDim.x;
+  const int64_t packs = len / kPack;
+  float v[kPacks][kPack];
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = tid + int64_t(group) * k;
+    if (p >= packs) continue;
+    const Pack8<T> a = load_pack(x + r * len, p);
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) {
+      v[k][j] = to_float(a.v[j]);
+      m = fmaxf(m, v[k][j]);
+    }
+  }
+  m = row_group_max(m);
+  // m is finite unless the row is all -inf (or has +inf / NaN): those give NaN, as the
+  // general kernel does.
+  float s = 0;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k)
+    if (tid + int64_t(group) * k < packs)
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) {
+        v[k][j] -= m;
+        const float e = exp(v[k][j]);
+        s += e;
+        if (!log_out) v[k][j] = e;
+      }
+  s = row_group_sum(s);
+  const float log_sum = log(s), inv_sum = 1.f / s;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = tid + int64_t(group) * k;
+    if (p >= packs) continue;
+    Pack8<T> o;
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) o.v[j] = from_float<T>(log_out ? v[k][j] - log_sum : v[k][j] * inv_sum);
+    store_pack(out + r * len, p, o);
+  }
+}
+
+// Launches the register kernel when the row fits: the smallest group (32 .. 1024 threads)
+// holding the row in at most kMaxRegisterPacks packs per thread. False when it does not fit.
+template <class T>
+bool launch_softmax_rows_regs(const T* x, T* out, int64_t rows, int64_t len, bool log_out,
+                              cudaStream_t stream) {
+  const int64_t packs = len / kPack;
+  int group = 32;
+  while (group < 1024 && int64_t(group) * kMaxRegisterPacks < packs) group *= 2;
+  const int64_t per_thread = (packs + group - 1) / group;
+  if (per_thread > kMaxRegisterPacks) return false;
+  const int rows_per_block = group == 32 ? 8 : 1;
+  const dim3 block(group, rows_per_block);
+  const unsigned grid = static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block);
+  auto launch = [&](auto kernel) { kernel<<<grid, block, 0, stream>>>(x, out, rows, len, log_out); };
+  switch (per_thread) {
+    case 1: launch(softmax_rows_regs_kernel<T, 1>); break;
+    case 2: launch(softmax_rows_regs_kernel<T, 2>); break;
+    case 3: launch(softmax_rows_regs_kernel<T, 3>); break;
+    default: launch(softmax_rows_regs_kernel<T, 4>); break;
+  }
+  return true;
+}
+
 // ---- softmax over an inner dim: [outer, len, inner], thread per (outer, inner) ----
 template <class T>
 __global__ void softmax_cols_kernel(const T* x, T* out, int64_t outer, int64_t len, int64_t inner,
@@ -151,6 +240,11 @@ void softmax(const Tensor& x_in, int64_t dim, bool log_out, const Tensor& out) {
     const T* xp = static_cast<const T*>(x.raw_data());
     T* op = static_cast<T*>(out.raw_data());
     if (d.inner == 1) {
+      if constexpr (!std::is_same_v<T, double>) {
+        if (rows_packable(xp, d.len) && aligned16({op}) && d.outer <= (int64_t{1} << 30) &&
+            launch_softmax_rows_regs(xp, op, d.outer, d.len, log_out, ctx.stream))
+          return;
+      }
       RowLaunch l = row_launch(d.outer, d.len);
       softmax_rows_kernel<T><<<l.grid, l.block, 0, ctx.stream>>>(
           xp, op, d.outer, d.len, log_out, rows_packable(xp, d.len) && aligned16({op}));
