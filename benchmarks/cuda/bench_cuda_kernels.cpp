@@ -122,35 +122,50 @@ void BM_add_bf16(benchmark::State& s) {
 }
 TESSERA_CUDA_BENCH(BM_add_bf16);
 
+// Layer norm at the GPT-2 size (16384 x 768: partly launch/latency-bound) and a large one.
+// Bytes are the minimum traffic: x read and out written (forward), dy and x read and dx
+// written (backward), plus the per-row statistics; the [C] parameters are negligible.
+#define TESSERA_LN_SIZES ->Args({kRows, kC})->Args({65536, 1024})->ArgNames({"rows", "C"}) \
+    ->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond)
+
 void BM_layer_norm_fwd_bf16(benchmark::State& s) {
   if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
-  Tensor x = dev_randn({kRows, kC}, DType::bf16), w = dev_randn({kC}, DType::bf16), b = dev_randn({kC}, DType::bf16);
-  Tensor out = empty({kRows, kC}, {.dtype = DType::bf16, .device = Device::cuda(0)});
-  Tensor mean = empty({kRows}, {.device = Device::cuda(0)}), rstd = empty({kRows}, {.device = Device::cuda(0)});
-  run(s, [&] { gpu().layer_norm(x, w, b, 1e-5, out, mean, rstd); }, kRows * kC * 4.0 + kRows * 8.0, 0);
+  const int64_t rows = s.range(0), C = s.range(1);
+  Tensor x = dev_randn({rows, C}, DType::bf16), w = dev_randn({C}, DType::bf16), b = dev_randn({C}, DType::bf16);
+  Tensor out = empty({rows, C}, {.dtype = DType::bf16, .device = Device::cuda(0)});
+  Tensor mean = empty({rows}, {.device = Device::cuda(0)}), rstd = empty({rows}, {.device = Device::cuda(0)});
+  run(s, [&] { gpu().layer_norm(x, w, b, 1e-5, out, mean, rstd); }, rows * C * 4.0 + rows * 8.0, 0);
 }
-TESSERA_CUDA_BENCH(BM_layer_norm_fwd_bf16);
+BENCHMARK(BM_layer_norm_fwd_bf16) TESSERA_LN_SIZES;
 
 void BM_layer_norm_bwd_bf16(benchmark::State& s) {
   if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
-  Tensor x = dev_randn({kRows, kC}, DType::bf16), w = dev_randn({kC}, DType::bf16), b = dev_randn({kC}, DType::bf16);
-  Tensor out = empty({kRows, kC}, {.dtype = DType::bf16, .device = Device::cuda(0)});
-  Tensor mean = empty({kRows}, {.device = Device::cuda(0)}), rstd = empty({kRows}, {.device = Device::cuda(0)});
+  const int64_t rows = s.range(0), C = s.range(1);
+  Tensor x = dev_randn({rows, C}, DType::bf16), w = dev_randn({C}, DType::bf16), b = dev_randn({C}, DType::bf16);
+  Tensor out = empty({rows, C}, {.dtype = DType::bf16, .device = Device::cuda(0)});
+  Tensor mean = empty({rows}, {.device = Device::cuda(0)}), rstd = empty({rows}, {.device = Device::cuda(0)});
   gpu().layer_norm(x, w, b, 1e-5, out, mean, rstd);
-  Tensor dy = dev_randn({kRows, kC}, DType::bf16), dx = empty_like(x);
-  Tensor dw = zeros({kC}, {.dtype = DType::bf16, .device = Device::cuda(0)}), db = zeros_like(dw);
-  // dy and x read (twice: dx and dparams passes), dx written.
-  run(s, [&] { gpu().layer_norm_backward(dy, x, w, mean, rstd, dx, dw, db); }, kRows * kC * 2.0 * 5, 0);
+  Tensor dy = dev_randn({rows, C}, DType::bf16), dx = empty_like(x);
+  Tensor dw = zeros({C}, {.dtype = DType::bf16, .device = Device::cuda(0)}), db = zeros_like(dw);
+  run(s, [&] { gpu().layer_norm_backward(dy, x, w, mean, rstd, dx, dw, db); },
+      rows * C * 2.0 * 3 + rows * 8.0, 0);
 }
-TESSERA_CUDA_BENCH(BM_layer_norm_bwd_bf16);
+BENCHMARK(BM_layer_norm_bwd_bf16) TESSERA_LN_SIZES;
 
-void BM_softmax_f32(benchmark::State& s) {
+// Softmax over rows of range(1): x read once, y written once.
+template <DType kType>
+void BM_softmax(benchmark::State& s) {
   if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
-  const int64_t rows = 12 * 1024 * 8, len = 1024;
-  Tensor x = dev_randn({rows, len}, DType::f32), y = empty_like(x);
-  run(s, [&] { gpu().softmax(x, 1, false, y); }, rows * len * 8.0, 0);
+  const int64_t rows = s.range(0), len = s.range(1);
+  Tensor x = dev_randn({rows, len}, kType), y = empty_like(x);
+  run(s, [&] { gpu().softmax(x, 1, false, y); }, rows * len * 2.0 * dtype_size(kType), 0);
 }
-TESSERA_CUDA_BENCH(BM_softmax_f32);
+// f32 rows of 1024: 12 * 1024 * 8 rows (attention-sized) and 262144 rows (1 GiB).
+BENCHMARK(BM_softmax<DType::f32>)->Name("BM_softmax_f32")->Args({12 * 1024 * 8, 1024})
+    ->Args({262144, 1024})->ArgNames({"rows", "len"})->UseManualTime()->Iterations(3)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_softmax<DType::bf16>)->Name("BM_softmax_bf16")->Args({65536, 4096})
+    ->ArgNames({"rows", "len"})->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 
 void BM_cross_entropy_fwd_bwd_bf16(benchmark::State& s) {
   if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
