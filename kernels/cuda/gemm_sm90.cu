@@ -68,9 +68,14 @@ __device__ __forceinline__ void mbarrier_arrive_expect_bytes(uint32_t bar, uint3
 __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// try_wait suspends the thread for a while inside the instruction, so this loop does not hammer
+// the barrier. Real waits last microseconds; after ~2^35 cycles (> 10 s) something is broken
+// (a byte count or a phase that never completes) and a trap turns the hang into a launch error.
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
+  constexpr long long kHangCycles = 1LL << 35;
+  long long first_miss = 0;
+  while (true) {
+    uint32_t done = 0;
     asm volatile(
         "{\n .reg .pred complete;\n"
         " mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
@@ -78,7 +83,11 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
         : "=r"(done)
         : "r"(bar), "r"(parity)
         : "memory");
-  } while (!done);
+    if (done) return;
+    const long long now = clock64();
+    if (first_miss == 0) first_miss = now;
+    else if (now - first_miss > kHangCycles) __trap();
+  }
 }
 
 // TMA: copy the box at element coordinates (inner, outer) of the tensor map into shared memory at
