@@ -34,6 +34,7 @@ __device__ __forceinline__ MaxSum<A> merge(MaxSum<A> a, MaxSum<A> b) {
 
 template <class A>
 __device__ __forceinline__ MaxSum<A> push(MaxSum<A> s, A x) {
+  if (x == A(-INFINITY)) return s;  // a masked entry adds nothing (and -inf - -inf is NaN)
   if (x > s.max) {
     const A scale = s.max == A(-INFINITY) ? A(0) : exp(s.max - x);
     return {x, s.sum * scale + A(1)};

@@ -213,5 +213,76 @@ TEST(CudaIndexAdd, AtomicAndDeterministicPathsAgree) {
                Error);
 }
 
+
+// The register-resident paths (rows of a multiple of 8 up to 2048 forward / 1024 backward,
+// every pack count 1..4 and 8), the general kernels past them (4096), f16, missing
+// weight/bias, a backward without dweight/dbias, and more rows than the persistent
+// backward grid has warps (each warp then walks several rows). dweight/dbias must repeat
+// bitwise.
+TEST(CudaLayerNorm, RegisterRowPathsAgainstFloat64) {
+  TESSERA_REQUIRE_GPU();
+  struct Case {
+    int64_t rows, C;
+    bool affine;
+  };
+  const Case cases[] = {{2500, 8, true},  {2500, 256, false}, {61, 512, true},
+                        {61, 768, true},  {2500, 1024, true}, {45, 2048, true},
+                        {23, 4096, true}, {33, 1032, true}};
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    for (const Case& k : cases) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " rows " + std::to_string(k.rows) + " C " +
+                   std::to_string(k.C));
+      const int64_t rows = k.rows, C = k.C;
+      Tensor xh = host_randn({rows, C}, t, -0.7, 1.5);
+      Tensor wh = k.affine ? host_randn({C}, t, 1.0, 0.3) : ones({C}, {.dtype = t});
+      Tensor bh = k.affine ? host_randn({C}, t) : zeros({C}, {.dtype = t});
+      const Tensor wd = k.affine ? to_gpu(wh) : Tensor(), bd = k.affine ? to_gpu(bh) : Tensor();
+      Tensor x = to_gpu(xh), out = poisoned({rows, C}, t);
+      Tensor mean = poisoned({rows}, DType::f32), rstd = poisoned({rows}, DType::f32);
+      gpu().layer_norm(x, wd, bd, 1e-5, out, mean, rstd);
+      const auto xv = values(xh), w = values(wh);
+      LnRef r = ref_layer_norm(xv, w, values(bh), rows, C, 1e-5);
+      expect_close(values(out), r.out, tolerance(t) * 2, "ln out");
+      expect_close(values(mean), r.mean, 1e-5, "ln mean");
+      expect_close(values(rstd), r.rstd, 1e-5, "ln rstd");
+
+      Tensor dyh = host_randn({rows, C}, t);
+      const auto dy = values(dyh);
+      std::vector<double> rdx(xv.size()), rdw(C, 0.0), rdb(C, 0.0);
+      for (int64_t i = 0; i < rows; ++i) {
+        double mg = 0, mgx = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          const double xhat = (xv[i * C + c] - r.mean[i]) * r.rstd[i];
+          mg += dy[i * C + c] * w[c];
+          mgx += dy[i * C + c] * w[c] * xhat;
+          rdw[c] += dy[i * C + c] * xhat;
+          rdb[c] += dy[i * C + c];
+        }
+        for (int64_t c = 0; c < C; ++c) {
+          const double xhat = (xv[i * C + c] - r.mean[i]) * r.rstd[i];
+          rdx[i * C + c] = r.rstd[i] * (dy[i * C + c] * w[c] - mg / C - xhat * mgx / C);
+        }
+      }
+      Tensor dy_d = to_gpu(dyh);
+      Tensor dx = poisoned({rows, C}, t);
+      Tensor dw = to_gpu(zeros({C}, {.dtype = t})), db = to_gpu(zeros({C}, {.dtype = t}));
+      gpu().layer_norm_backward(dy_d, x, wd, mean, rstd, dx, dw, db);
+      expect_close(values(dx), rdx, tolerance(t) * 3, "ln dx");
+      expect_close(values(dw), rdw, tolerance(t) * 2, "ln dw");
+      expect_close(values(db), rdb, tolerance(t) * 2, "ln db");
+
+      // Again: the same bits (fixed-order sums, no atomics); and dx alone.
+      Tensor dw2 = to_gpu(zeros({C}, {.dtype = t})), db2 = to_gpu(zeros({C}, {.dtype = t}));
+      Tensor dx2 = poisoned({rows, C}, t);
+      gpu().layer_norm_backward(dy_d, x, wd, mean, rstd, dx2, dw2, db2);
+      EXPECT_EQ(values(dw2), values(dw)) << "dweight repeats bitwise";
+      EXPECT_EQ(values(db2), values(db)) << "dbias repeats bitwise";
+      Tensor dx3 = poisoned({rows, C}, t);
+      gpu().layer_norm_backward(dy_d, x, wd, mean, rstd, dx3, Tensor(), Tensor());
+      EXPECT_EQ(values(dx3), values(dx)) << "dx without dweight/dbias";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tessera

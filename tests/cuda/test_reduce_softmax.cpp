@@ -192,5 +192,43 @@ TEST(CudaCrossEntropy, OutOfRangeTargetIsAnError) {
   EXPECT_THROW(gpu().cross_entropy(logits, targets, -100, loss, count), Error);
 }
 
+
+// Softmax over the last dim on the register-resident path: rows of a multiple of 8 from one
+// pack per warp lane up to 32768 (1024 threads x 4 packs), partly filled groups (1032, 8200),
+// a row past the limit (32776, general kernel), f16, -inf entries (masked attention scores)
+// and a non-contiguous input.
+TEST(CudaSoftmax, RegisterRowsAgainstFloat64) {
+  TESSERA_REQUIRE_GPU();
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    for (int64_t len : {8, 64, 1024, 1032, 4096, 8200, 32768, 32776}) {
+      const int64_t rows = len <= 1032 ? 37 : 3;
+      for (bool log_out : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " len " + std::to_string(len) +
+                     (log_out ? " log" : ""));
+        std::vector<double> x = values(host_randn({rows, len}, t, 0.5, 3.0));
+        for (int64_t r = 0; r < rows; ++r)  // a few masked entries, never a whole row
+          for (int64_t i = r % 5; i < len; i += 7) x[r * len + i] = -INFINITY;
+        Tensor xh = raw::to(from_vector(x, {rows, len}, {.dtype = DType::f64}), Device::cpu(), t);
+        Tensor y = poisoned({rows, len}, t);
+        gpu().softmax(to_gpu(xh), 1, log_out, y);
+        expect_close(values(y), ref_softmax(values(xh), rows, len, 1, log_out), tolerance(t),
+                     "softmax rows");
+      }
+    }
+  }
+  // Non-contiguous: the transpose of a [len, rows] tensor, softmax over its last dim.
+  const int64_t rows = 19, len = 512;
+  Tensor st = host_randn({len, rows}, DType::f32, 0.0, 2.0);
+  Tensor xt = raw::transpose(to_gpu(st), 0, 1);
+  Tensor y = poisoned({rows, len}, DType::f32);
+  gpu().softmax(xt, 1, false, y);
+  const auto sv = values(st);
+  std::vector<double> xr(rows * len);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < len; ++i) xr[r * len + i] = sv[i * rows + r];
+  expect_close(values(y), ref_softmax(xr, rows, len, 1, false), tolerance(DType::f32),
+               "softmax of a transposed view");
+}
+
 }  // namespace
 }  // namespace tessera
