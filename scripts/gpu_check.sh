@@ -3,7 +3,7 @@
 # compute-sanitizer (memcheck on the whole suite, racecheck on the shared-memory kernels),
 # the kernel benchmarks; logs go to $OUT (or ./gpu_check_out), a short table is printed last.
 #   usage: scripts/gpu_check.sh [test|bench|e2e|all|quick] [gtest filter for racecheck]
-#     test: test_cuda and the GPU tests of test_nn/test_autograd, then the sanitizers;
+#     test: test_cuda and the GPU tests of test_nn/test_autograd/test_cli, then the sanitizers;
 #     bench: the kernel benchmarks; e2e: the GPT-2 training benchmark next to PyTorch;
 #     quick: test without sanitizers, then e2e; all: everything.
 #   time limits (s): MEMCHECK_S=150 RACECHECK_S=120 (0 skips) BENCH_S=150
@@ -31,7 +31,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
   -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
   > "$OUT/configure.log" 2>&1
-if ! cmake --build build-gpu -j "$JOBS" --target test_cuda test_nn test_autograd bench_cuda_kernels \
+if ! cmake --build build-gpu -j "$JOBS" --target test_cuda test_nn test_autograd test_cli tessera_cli bench_cuda_kernels \
     bench_gpt2_train > "$OUT/build.log" 2>&1; then
   grep -E "error|FAILED" "$OUT/build.log" | head -40
   echo "BUILD FAILED (see build.log)"
@@ -51,8 +51,9 @@ if [[ $MODE == test || $MODE == all || $MODE == quick ]]; then
   summary+=("test_cuda: rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/test.log" | head -1) $(grep -E '^\[  FAILED  \].*tests?, listed' "$OUT/test.log" | head -1)")
   # The GPU tests of the other suites (GPT on CUDA, PyTorch parity, CUDA gradients, attention).
   gpu_filter='*Cuda*:*CUDA*:*Gpu*:*GPU*:GPTParity.*:*Flash*:*Attention*:*Qkv*:*HuggingFace*'
-  for suite in nn autograd; do
-    ./build-gpu/tests/test_$suite --gtest_brief=1 --gtest_filter="$gpu_filter" > "$OUT/test_$suite.log" 2>&1
+  for suite in nn autograd cli; do
+    program=$(find build-gpu/tests -name "test_$suite" -type f | head -1)
+    "$program" --gtest_brief=1 --gtest_filter="$gpu_filter" > "$OUT/test_$suite.log" 2>&1
     rc=$?
     grep -E "FAILED|Failure|expected|Which is|parity" "$OUT/test_$suite.log" | head -30
     summary+=("test_$suite (GPU filter): rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/test_$suite.log" | head -1) $(grep -cE '^\[  SKIPPED \] [A-Z]' "$OUT/test_$suite.log") skipped")
