@@ -1,6 +1,9 @@
 // The fused classifier: per row of logits, one online pass for (max, sum of exp), the loss,
 // then a second pass that overwrites the logits with their gradient. The probabilities are
 // never stored: for a 50k vocabulary that saves writing and re-reading an fp32 [N, V] tensor.
+// The second pass walks the row from its end, so it first re-reads what the first pass loaded
+// last (still in L1/L2); with 2 blocks of 1024 threads per SM, 132 x 2 rows x 100 KB (bf16,
+// V = 50304) = 26 MB are in flight, which the H100's 50 MB L2 holds.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fused.h"
 
@@ -9,8 +12,25 @@ namespace {
 
 constexpr int kClassifierThreads = 1024;
 
+// In place: row[i] = fn(i, row[i]), walking the row from its end (see above).
+template <class T, class Fn>
+__device__ __forceinline__ void map_row_from_end(T* row, int64_t len, bool packed, Fn&& fn) {
+  if (packed) {
+    const int64_t packs = len / kPack;
+    for (int64_t q = threadIdx.x; q < packs; q += blockDim.x) {
+      const int64_t p = packs - 1 - q;
+      Pack8<T> v = load_pack(row, p);
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) v.v[k] = fn(p * kPack + k, v.v[k]);
+      store_pack(row, p, v);
+    }
+  } else {
+    for (int64_t q = threadIdx.x; q < len; q += blockDim.x) row[len - 1 - q] = fn(len - 1 - q, row[len - 1 - q]);
+  }
+}
+
 template <class T>
-__global__ void __launch_bounds__(kClassifierThreads)
+__global__ void __launch_bounds__(kClassifierThreads, 2)
     fused_classifier_kernel(T* logits, const void* targets, DType tt, int64_t vocab,
                             int64_t ignore_index, float scale, float* row_losses, int* bad,
                             bool packed) {
@@ -30,6 +50,7 @@ __global__ void __launch_bounds__(kClassifierThreads)
   float m = -INFINITY, s = 0.f;
   row_read(row, vocab, threadIdx.x, blockDim.x, packed, [&](int64_t, T v) {
     const float x = to_float(v);
+    if (x == -INFINITY) return;  // adds nothing (and -inf - -inf would be NaN)
     if (x > m) {
       s = s * __expf(m - x) + 1.f;
       m = x;
@@ -46,7 +67,7 @@ __global__ void __launch_bounds__(kClassifierThreads)
   if (threadIdx.x == 0) row_losses[r] = logf(row_sum) + row_max - target_logit;
   // Pass 2: the gradient in place.
   const float inv = 1.f / row_sum;
-  row_map(row, row, vocab, threadIdx.x, blockDim.x, packed, [&](int64_t i, T v) {
+  map_row_from_end(row, vocab, packed, [&](int64_t i, T v) {
     const float p = __expf(to_float(v) - row_max) * inv;
     return from_float<T>(scale * (p - (i == target ? 1.f : 0.f)));
   });

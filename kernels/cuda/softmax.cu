@@ -78,12 +78,43 @@ __device__ A group_sum(A v) {
   return v;
 }
 
+// row_map (common.cuh) walking the row from its end: run right after a pass over the row
+// from its start, the first elements it re-reads are the ones loaded last, still in L1/L2.
+template <class T, class U, class Fn>
+__device__ __forceinline__ void row_map_from_end(const T* src, U* dst, int64_t len, int tid,
+                                                 int group, bool packed, Fn&& fn) {
+  if (packed) {
+    const int64_t packs = len / kPack;
+    for (int64_t q = tid; q < packs; q += group) {
+      const int64_t p = packs - 1 - q;
+      const Pack8<T> v = load_pack(src, p);
+      Pack8<U> r;
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) r.v[k] = fn(p * kPack + k, v.v[k]);
+      store_pack(dst, p, r);
+    }
+  } else {
+    for (int64_t q = tid; q < len; q += group) dst[len - 1 - q] = fn(len - 1 - q, src[len - 1 - q]);
+  }
+}
+
 struct RowLaunch {
   dim3 block;
   unsigned grid;
 };
+// Two 1024-thread blocks per SM (32 registers a thread); f64 kernels need more registers,
+// so they run 512-thread blocks with no occupancy target.
+template <class T>
+constexpr int kLongRowThreads = std::is_same_v<T, double> ? 512 : 1024;
+template <class T>
+constexpr int kLongRowMinBlocks = std::is_same_v<T, double> ? 1 : 2;
+template <class T>
 RowLaunch row_launch(int64_t rows, int64_t len) {
-  if (len > 1024) return {dim3(512, 1), static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30))};
+  // Long rows: a block of 1024 threads per row, so an SM keeps two rows in flight. With two
+  // passes over each row the second should hit L2: 132 SMs x 2 rows x 100 KB (a bf16 50k
+  // vocabulary) = 26 MB fits in the H100's 50 MB; at 512 threads (4 rows per SM) it did not.
+  if (len > 1024)
+    return {dim3(kLongRowThreads<T>, 1), static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30))};
   return {dim3(32, 8), static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, 1 << 30))};
 }
 
@@ -95,7 +126,7 @@ __device__ __forceinline__ int64_t group_row(int64_t rows) {
 
 // ---- softmax over the last dim ----
 template <class T>
-__global__ void softmax_rows_kernel(const T* x, T* out, int64_t rows, int64_t len, bool log_out,
+__global__ void __launch_bounds__(kLongRowThreads<T>, kLongRowMinBlocks<T>) softmax_rows_kernel(const T* x, T* out, int64_t rows, int64_t len, bool log_out,
                                     bool packed) {
   using A = acc_t<T>;
   const int64_t r = group_row(rows);
@@ -106,7 +137,7 @@ __global__ void softmax_rows_kernel(const T* x, T* out, int64_t rows, int64_t le
   s = group_merge(s);
   const A log_sum = log(s.sum);
   const A inv_sum = A(1) / s.sum;
-  row_map(xr, out + r * len, len, threadIdx.x, blockDim.x, packed, [&](int64_t, T x) {
+  row_map_from_end(xr, out + r * len, len, threadIdx.x, blockDim.x, packed, [&](int64_t, T x) {
     const A v = to_acc<A>(x) - s.max;
     return from_acc<T>(log_out ? v - log_sum : exp(v) * inv_sum);
   });
@@ -246,7 +277,7 @@ void softmax(const Tensor& x_in, int64_t dim, bool log_out, const Tensor& out) {
             launch_softmax_rows_regs(xp, op, d.outer, d.len, log_out, ctx.stream))
           return;
       }
-      RowLaunch l = row_launch(d.outer, d.len);
+      RowLaunch l = row_launch<T>(d.outer, d.len);
       softmax_rows_kernel<T><<<l.grid, l.block, 0, ctx.stream>>>(
           xp, op, d.outer, d.len, log_out, rows_packable(xp, d.len) && aligned16({op}));
     } else {
@@ -271,7 +302,7 @@ __device__ __forceinline__ T backward_value(T y, T dy, acc_t<T> s, bool log_out)
 }
 
 template <class T>
-__global__ void softmax_backward_rows_kernel(const T* y, const T* dy, T* dx, int64_t rows,
+__global__ void __launch_bounds__(kLongRowThreads<T>, kLongRowMinBlocks<T>) softmax_backward_rows_kernel(const T* y, const T* dy, T* dx, int64_t rows,
                                              int64_t len, bool log_out) {
   using A = acc_t<T>;
   const int64_t r = group_row(rows);
@@ -314,7 +345,7 @@ void softmax_backward(const Tensor& y_in, const Tensor& dy_in, int64_t dim, bool
     const T* dyp = static_cast<const T*>(dy.raw_data());
     T* dxp = static_cast<T*>(dx.raw_data());
     if (d.inner == 1) {
-      RowLaunch l = row_launch(d.outer, d.len);
+      RowLaunch l = row_launch<T>(d.outer, d.len);
       softmax_backward_rows_kernel<T><<<l.grid, l.block, 0, ctx.stream>>>(yp, dyp, dxp, d.outer,
                                                                            d.len, log_out);
     } else {
@@ -330,7 +361,7 @@ void softmax_backward(const Tensor& y_in, const Tensor& dy_in, int64_t dim, bool
 // loss = sum of the rows' losses and count = rows counted (the front-end divides for Mean).
 // A target outside [0, V) that is not ignore_index raises bad_target.
 template <class T>
-__global__ void cross_entropy_rows_kernel(const T* logits, const void* targets, DType tt,
+__global__ void __launch_bounds__(kLongRowThreads<T>, kLongRowMinBlocks<T>) cross_entropy_rows_kernel(const T* logits, const void* targets, DType tt,
                                           int64_t rows, int64_t vocab, int64_t ignore_index,
                                           float* row_loss, int* row_counted, int* bad_target,
                                           bool packed) {
@@ -401,7 +432,7 @@ void cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t ig
   int* bad = row_counted + std::max<int64_t>(rows, 1);
   visit_float(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
-    RowLaunch l = row_launch(rows, vocab);
+    RowLaunch l = row_launch<T>(rows, vocab);
     if (rows > 0)
       cross_entropy_rows_kernel<T><<<l.grid, l.block, 0, ctx.stream>>>(
           static_cast<const T*>(logits.raw_data()), targets.raw_data(), targets.dtype(), rows,
@@ -420,7 +451,7 @@ void cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t ig
 
 // dlogits = scale * (softmax(x) - onehot(target)); ignored rows get zeros.
 template <class T>
-__global__ void cross_entropy_backward_kernel(const T* logits, const void* targets, DType tt,
+__global__ void __launch_bounds__(kLongRowThreads<T>, kLongRowMinBlocks<T>) cross_entropy_backward_kernel(const T* logits, const void* targets, DType tt,
                                               int64_t rows, int64_t vocab, int64_t ignore_index,
                                               float scale, T* dlogits, bool packed) {
   using A = acc_t<T>;
@@ -437,7 +468,7 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const void* targe
   row_read(xr, vocab, threadIdx.x, blockDim.x, packed, [&](int64_t, T v) { s = push(s, to_acc<A>(v)); });
   s = group_merge(s);
   const A inv = A(1) / s.sum;
-  row_map(xr, dr, vocab, threadIdx.x, blockDim.x, packed, [&](int64_t i, T x) {
+  row_map_from_end(xr, dr, vocab, threadIdx.x, blockDim.x, packed, [&](int64_t i, T x) {
     const A p = exp(to_acc<A>(x) - s.max) * inv;
     return from_acc<T>(A(scale) * (p - (i == target ? A(1) : A(0))));
   });
@@ -455,7 +486,7 @@ void cross_entropy_backward(const Tensor& logits_in, const Tensor& targets_in,
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   visit_float(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);
-    RowLaunch l = row_launch(rows, vocab);
+    RowLaunch l = row_launch<T>(rows, vocab);
     cross_entropy_backward_kernel<T><<<l.grid, l.block, 0, ctx.stream>>>(
         static_cast<const T*>(logits.raw_data()), targets.raw_data(), targets.dtype(), rows,
         vocab, ignore_index, static_cast<float>(scale), static_cast<T*>(dlogits.raw_data()),

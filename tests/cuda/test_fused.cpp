@@ -238,5 +238,40 @@ TEST(CudaFused, TensorCoreGemmTiledAndNaivePaths) {
   }
 }
 
+
+// The classifier's packed path (vocab a multiple of 8, up to GPT-2's 50304) and its element
+// path (odd vocab), f16, and masked (-inf) logits that are not the target, against float64.
+TEST(CudaFused, ClassifierPackedRowsAndMaskedLogits) {
+  TESSERA_REQUIRE_GPU();
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    for (int64_t vocab : {8, 33, 4104, 50304}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " vocab " + std::to_string(vocab));
+      const int64_t rows = vocab > 5000 ? 4 : 19;
+      std::vector<double> x = values(host_randn({rows, vocab}, t, 0.0, 3.0));
+      std::vector<int64_t> tg = randint(0, vocab, {rows}, {.dtype = DType::i64}).to_vector<int64_t>();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = r % 5; i < vocab; i += 7)
+          if (i != tg[r]) x[r * vocab + i] = -INFINITY;
+      Tensor lh = raw::to(from_vector(x, {rows, vocab}, {.dtype = DType::f64}), Device::cpu(), t);
+      x = values(lh);
+      const double scale = 0.7;
+      std::vector<double> ref_loss(rows), ref_grad(x.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        double m = -INFINITY, s = 0;
+        for (int64_t i = 0; i < vocab; ++i) m = std::max(m, x[r * vocab + i]);
+        for (int64_t i = 0; i < vocab; ++i) s += std::exp(x[r * vocab + i] - m);
+        ref_loss[r] = std::log(s) + m - x[r * vocab + tg[r]];
+        for (int64_t i = 0; i < vocab; ++i)
+          ref_grad[r * vocab + i] = scale * (std::exp(x[r * vocab + i] - m) / s - (i == tg[r]));
+      }
+      Tensor logits = to_gpu(lh), losses = poisoned({rows}, DType::f32);
+      cuda::fused_classifier(logits, to_gpu(from_vector(tg, {rows}, {.dtype = DType::i64})), -1,
+                             scale, losses);
+      expect_close(values(losses), ref_loss, 1e-5, "row losses");
+      expect_close(values(logits), ref_grad, tolerance(t), "dlogits in place");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tessera

@@ -230,5 +230,46 @@ TEST(CudaSoftmax, RegisterRowsAgainstFloat64) {
                "softmax of a transposed view");
 }
 
+
+// Cross-entropy on the packed path (vocab a multiple of 8) and the element path, long rows
+// (a block per row), f16, masked (-inf) logits that are not the target, ignored rows.
+TEST(CudaCrossEntropy, PackedLongRowsAndMaskedLogits) {
+  TESSERA_REQUIRE_GPU();
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    for (int64_t vocab : {8, 1032, 4097, 50304}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " vocab " + std::to_string(vocab));
+      const int64_t rows = vocab > 5000 ? 5 : 23;
+      std::vector<double> x = values(host_randn({rows, vocab}, t, 0.0, 2.0));
+      std::vector<int64_t> tg = randint(0, vocab, {rows}, {.dtype = DType::i64}).to_vector<int64_t>();
+      tg[1] = -100;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = r % 5; i < vocab; i += 7)
+          if (i != tg[r]) x[r * vocab + i] = -INFINITY;
+      Tensor lh = raw::to(from_vector(x, {rows, vocab}, {.dtype = DType::f64}), Device::cpu(), t);
+      x = values(lh);
+      const double scale = 0.37;
+      double total = 0;
+      std::vector<double> ref_grad(x.size(), 0.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        if (tg[r] == -100) continue;
+        double m = -INFINITY, s = 0;
+        for (int64_t i = 0; i < vocab; ++i) m = std::max(m, x[r * vocab + i]);
+        for (int64_t i = 0; i < vocab; ++i) s += std::exp(x[r * vocab + i] - m);
+        total += std::log(s) + m - x[r * vocab + tg[r]];
+        for (int64_t i = 0; i < vocab; ++i)
+          ref_grad[r * vocab + i] = scale * (std::exp(x[r * vocab + i] - m) / s - (i == tg[r]));
+      }
+      Tensor targets = to_gpu(from_vector(tg, {rows}, {.dtype = DType::i64}));
+      Tensor loss = poisoned({}, DType::f32), count = poisoned({}, DType::i64);
+      gpu().cross_entropy(to_gpu(lh), targets, -100, loss, count);
+      EXPECT_EQ(count.item(), rows - 1);
+      EXPECT_NEAR(loss.item(), total, 1e-5 * std::fabs(total));
+      Tensor dl = poisoned({rows, vocab}, t);
+      gpu().cross_entropy_backward(to_gpu(lh), targets, -100, scale, dl);
+      expect_close(values(dl), ref_grad, tolerance(t), "dlogits");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tessera
