@@ -14,6 +14,8 @@
 // tests check both the values and the cross use).
 #include "kernels/cuda/cudnn_attention.h"
 
+#include "kernels/cuda/attention_checks.h"
+
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -74,51 +76,15 @@ void check_frontend(fe::error_t status, const char* op, const char* call) {
     TESSERA_FAIL(op, ": cuDNN frontend ", call, " failed: ", status.get_message());
 }
 
-// ---- argument checks (the contract of cudnn_attention.h) ----
-struct Problem {
-  int64_t B, H, T, D;
-};
+// ---- argument checks: the contract of the hand-written kernels (attention_checks.h) ----
+using attention_detail::check_head_view;
+using attention_detail::check_lse;
+using Problem = attention_detail::AttnShape;
 
 Problem check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
-  TESSERA_CHECK(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(), op,
-                ": q, k, v must all be [B, H, T, D], got ", shape_str(q.shape()), ", ",
-                shape_str(k.shape()), ", ", shape_str(v.shape()));
-  TESSERA_CHECK((q.dtype() == DType::bf16 || q.dtype() == DType::f16) && k.dtype() == q.dtype() &&
-                    v.dtype() == q.dtype(),
-                op, ": q, k, v must be bfloat16 or float16 alike, got ", dtype_name(q.dtype()),
-                ", ", dtype_name(k.dtype()), ", ", dtype_name(v.dtype()));
-  TESSERA_CHECK(q.device().is_cuda() && k.device() == q.device() && v.device() == q.device(), op,
-                ": q, k, v must be on one CUDA device, got ", q.device().str(), ", ",
-                k.device().str(), ", ", v.device().str());
-  const int64_t D = q.size(3);
-  TESSERA_CHECK(D == 64 || D == 128, op, ": head size must be 64 or 128, got ", D);
-  return {q.size(0), q.size(1), q.size(2), D};
-}
-
-// A [B, H, T, D] operand other than q/k/v (out, dout, dq, dk, dv): same shape, dtype, device.
-void check_like_q(const char* op, const char* name, const Tensor& t, const Tensor& q) {
-  TESSERA_CHECK(t.shape() == q.shape() && t.dtype() == q.dtype() && t.device() == q.device(), op,
-                ": ", name, " must be a ", shape_str(q.shape()), " ", dtype_name(q.dtype()),
-                " tensor on ", q.device().str(), ", got ", shape_str(t.shape()), " ",
-                dtype_name(t.dtype()), " on ", t.device().str());
-}
-
-// cuDNN reads and writes whole 16-byte vectors along the head dimension.
-void check_layout(const char* op, const char* name, const Tensor& t) {
-  const auto address = reinterpret_cast<uintptr_t>(t.raw_data());
-  TESSERA_CHECK(t.stride(3) == 1 && address % 16 == 0 && t.stride(0) % 8 == 0 &&
-                    t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0,
-                op, ": ", name, " must have a contiguous head dimension and rows on 16-byte "
-                "boundaries (strides multiples of 8 elements), got strides ",
-                shape_str(t.strides()));
-}
-
-void check_lse(const char* op, const Tensor& lse, const Problem& p, Device device) {
-  TESSERA_CHECK(lse.dtype() == DType::f32 && lse.is_contiguous() &&
-                    lse.numel() == p.B * p.H * p.T && lse.device() == device,
-                op, ": lse must be a contiguous float32 [B, H, T] = [", p.B, ", ", p.H, ", ", p.T,
-                "] tensor on ", device.str(), ", got ", shape_str(lse.shape()), " ",
-                dtype_name(lse.dtype()), " on ", lse.device().str());
+  const Problem p = attention_detail::check_inputs(op, q, k, v, /*any_head_size=*/false);
+  attention_detail::check_vector_rows(op, q, k, v);
+  return p;
 }
 
 // ---- per-thread cuDNN state ----
@@ -341,10 +307,8 @@ void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
                              const Tensor& out, const Tensor& lse) {
   constexpr const char* op = "cudnn_attention_forward";
   const Problem p = check_qkv(op, q, k, v);
-  check_like_q(op, "out", out, q);
+  check_head_view(op, "out", out, q, /*vector_rows=*/true, /*written=*/true);
   check_lse(op, lse, p, q.device());
-  for (auto [name, t] : NamedTensors{{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
-    check_layout(op, name, *t);
   const GraphKey key = make_key(false, q, p, scale, {&q, &k, &v, &out});
   execute(op, key, q,
           {{kQ, ptr(q)}, {kK, ptr(k)}, {kV, ptr(v)}, {kO, ptr(out)}, {kStats, ptr(lse)}});
@@ -355,13 +319,11 @@ void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   constexpr const char* op = "cudnn_attention_backward";
   const Problem p = check_qkv(op, q, k, v);
-  for (auto [name, t] : NamedTensors{{"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk},
-                                     {"dv", &dv}})
-    check_like_q(op, name, *t, q);
+  for (auto [name, t] : NamedTensors{{"out", &out}, {"dout", &dout}})
+    check_head_view(op, name, *t, q, /*vector_rows=*/true, /*written=*/false);
+  for (auto [name, t] : NamedTensors{{"dq", &dq}, {"dk", &dk}, {"dv", &dv}})
+    check_head_view(op, name, *t, q, /*vector_rows=*/true, /*written=*/true);
   check_lse(op, lse, p, q.device());
-  for (auto [name, t] : NamedTensors{{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out},
-                                     {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}})
-    check_layout(op, name, *t);
   const GraphKey key = make_key(true, q, p, scale, {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
   execute(op, key, q,
           {{kQ, ptr(q)}, {kK, ptr(k)}, {kV, ptr(v)}, {kO, ptr(out)}, {kDO, ptr(dout)},
