@@ -78,4 +78,20 @@ inline void expect_close(const std::vector<double>& got, const std::vector<doubl
                                    << (ref.empty() ? 0 : ref[worst]);
 }
 
+// c[z] = a[z or 0] @ b[z or 0] in float64; a: [*, M, K], b: [*, K, N] contiguous values.
+inline std::vector<double> ref_matmul(const std::vector<double>& a, const std::vector<double>& b,
+                               int64_t batch, int64_t M, int64_t K, int64_t N, bool a_bcast,
+                               bool b_bcast) {
+  std::vector<double> c(batch * M * N, 0.0);
+  for (int64_t z = 0; z < batch; ++z)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t k = 0; k < K; ++k) {
+        const double av = a[(a_bcast ? 0 : z) * M * K + i * K + k];
+        const double* brow = &b[(b_bcast ? 0 : z) * K * N + k * N];
+        double* crow = &c[(z * M + i) * N];
+        for (int64_t j = 0; j < N; ++j) crow[j] += av * brow[j];
+      }
+  return c;
+}
+
 }  // namespace tessera::cuda_test

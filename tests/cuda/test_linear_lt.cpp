@@ -13,22 +13,6 @@ namespace tessera {
 namespace {
 using namespace cuda_test;
 
-// c[z] = a[z or 0] @ b[z or 0] in float64; a: [*, M, K], b: [*, K, N] contiguous values.
-std::vector<double> ref_matmul(const std::vector<double>& a, const std::vector<double>& b,
-                               int64_t batch, int64_t M, int64_t K, int64_t N, bool a_bcast,
-                               bool b_bcast) {
-  std::vector<double> c(batch * M * N, 0.0);
-  for (int64_t z = 0; z < batch; ++z)
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t k = 0; k < K; ++k) {
-        const double av = a[(a_bcast ? 0 : z) * M * K + i * K + k];
-        const double* brow = &b[(b_bcast ? 0 : z) * K * N + k * N];
-        double* crow = &c[(z * M + i) * N];
-        for (int64_t j = 0; j < N; ++j) crow[j] += av * brow[j];
-      }
-  return c;
-}
-
 // A device copy of host matrix h [.., R, C] stored transposed ([.., C, R] contiguous) and
 // viewed back as [.., R, C]: same values, column-major strides.
 Tensor transposed_view_on_gpu(const Tensor& h) {

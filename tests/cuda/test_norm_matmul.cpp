@@ -104,19 +104,6 @@ TEST(CudaLayerNorm, FusedResidualMatchesAddThenNorm) {
   }
 }
 
-std::vector<double> ref_matmul(const std::vector<double>& a, const std::vector<double>& b,
-                               int64_t batch, int64_t M, int64_t K, int64_t N, bool a_bcast,
-                               bool b_bcast) {
-  std::vector<double> c(batch * M * N, 0.0);
-  for (int64_t z = 0; z < batch; ++z)
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t k = 0; k < K; ++k) {
-        const double av = a[(a_bcast ? 0 : z) * M * K + i * K + k];
-        for (int64_t j = 0; j < N; ++j) c[(z * M + i) * N + j] += av * b[(b_bcast ? 0 : z) * K * N + k * N + j];
-      }
-  return c;
-}
-
 TEST(CudaMatmul, DtypesTransposesAndBroadcastBatches) {
   TESSERA_REQUIRE_GPU();
   for (DType t : {DType::f32, DType::bf16, DType::f16, DType::f64}) {

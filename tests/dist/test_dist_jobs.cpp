@@ -257,58 +257,58 @@ std::vector<double> train_losses(const std::string& run_dir) {
   return losses;
 }
 
-TEST(TrainCommand, TwoRanksWithBatchBMatchOneProcessWithBatch2B) {
-  // A token stream with structure (so the steps' losses differ), 120 distinct tokens.
+// `tessera train` on a structured token stream (so the steps' losses differ), once in one
+// process with batch 4 and once on 2 ranks under launch with batch 2; their train losses.
+struct OneAndTwoRanks {
+  JobResult one, two;
+  std::vector<double> one_losses, two_losses;
+  std::string two_dir;
+};
+OneAndTwoRanks train_one_and_two_ranks(const std::string& tag, const std::string& flags) {
   std::vector<uint32_t> tokens(6000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((i * 7 + i / 5) % 120);
-  const std::string token_path = temp_file("tokens.bin");
+  const std::string token_path = temp_file("tokens_" + tag + ".bin");
   tessera::data::write_token_file(token_path, tokens);
   const std::string args = " train --data " + token_path +
-                           " --n-layer 1 --n-head 2 --n-embd 16 --seq 16 --steps 4 --grad-accum 2"
-                           " --schedule cosine --warmup 1 --eval-every 0 --save-every 0 --out ";
-  const std::string one_dir = temp_file("train_one"), two_dir = temp_file("train_two");
-  JobResult one =
-      run_job("env -u RANK -u WORLD_SIZE " TESSERA_CLI + args + one_dir + " --batch 4", 180);
-  ASSERT_EQ(one.status, 0) << one.output;
-  JobResult two = run_job(launch(2, TESSERA_CLI + args + two_dir + " --batch 2"), 180);
-  ASSERT_EQ(two.status, 0) << two.output;
+                           " --n-layer 1 --n-head 2 --n-embd 16 --seq 16 --steps 4 --eval-every 0"
+                           " --save-every 0 " + flags + " --out ";
+  OneAndTwoRanks r;
+  const std::string one_dir = temp_file("train_one_" + tag);
+  r.two_dir = temp_file("train_two_" + tag);
+  r.one = run_job("env -u RANK -u WORLD_SIZE " TESSERA_CLI + args + one_dir + " --batch 4", 180);
+  r.two = run_job(launch(2, TESSERA_CLI + args + r.two_dir + " --batch 2"), 180);
+  if (r.one.status == 0) r.one_losses = train_losses(one_dir);
+  if (r.two.status == 0) r.two_losses = train_losses(r.two_dir);
+  return r;
+}
 
-  const std::vector<double> want = train_losses(one_dir), got = train_losses(two_dir);
-  ASSERT_EQ(want.size(), 4u) << one.output;
-  ASSERT_EQ(got.size(), want.size()) << two.output;
+void expect_losses_close(const OneAndTwoRanks& r, double rtol) {
+  ASSERT_EQ(r.one.status, 0) << r.one.output;
+  ASSERT_EQ(r.two.status, 0) << r.two.output;
+  const std::vector<double>& want = r.one_losses;
+  ASSERT_EQ(want.size(), 4u) << r.one.output;
+  ASSERT_EQ(r.two_losses.size(), want.size()) << r.two.output;
   for (size_t i = 0; i < want.size(); ++i)
-    EXPECT_LE(std::fabs(got[i] - want[i]), kRtol * std::fabs(want[i]))
-        << "step " << i + 1 << ": " << got[i] << " vs " << want[i];
+    EXPECT_LE(std::fabs(r.two_losses[i] - want[i]), rtol * std::fabs(want[i]))
+        << "step " << i + 1 << ": " << r.two_losses[i] << " vs " << want[i];
   EXPECT_NE(want.front(), want.back());
+}
+
+TEST(TrainCommand, TwoRanksWithBatchBMatchOneProcessWithBatch2B) {
+  const OneAndTwoRanks r =
+      train_one_and_two_ranks("f32", "--grad-accum 2 --schedule cosine --warmup 1");
+  expect_losses_close(r, kRtol);
   // Only the main process prints and saves.
-  EXPECT_EQ(count(two.output, "done: 4 steps"), 1) << two.output;
-  EXPECT_EQ(two.output.find("[rank 1]"), std::string::npos) << two.output;
-  std::ifstream model(two_dir + "/model/model.safetensors");
+  EXPECT_EQ(count(r.two.output, "done: 4 steps"), 1) << r.two.output;
+  EXPECT_EQ(r.two.output.find("[rank 1]"), std::string::npos) << r.two.output;
+  std::ifstream model(r.two_dir + "/model/model.safetensors");
   EXPECT_TRUE(model.good());
 }
 
 TEST(TrainCommand, Bf16TwoRanksTrackOneProcess) {
-  // Mixed precision under launch: bf16 compute, f32 masters, gradients averaged in f32.
-  std::vector<uint32_t> tokens(6000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((i * 5 + i / 3) % 100);
-  const std::string token_path = temp_file("tokens_bf16.bin");
-  tessera::data::write_token_file(token_path, tokens);
-  const std::string args = " train --data " + token_path +
-                           " --n-layer 1 --n-head 2 --n-embd 16 --seq 16 --steps 4 --dtype bf16"
-                           " --eval-every 0 --save-every 0 --out ";
-  const std::string one_dir = temp_file("train_bf16_one"), two_dir = temp_file("train_bf16_two");
-  JobResult one = run_job("env -u RANK -u WORLD_SIZE " TESSERA_CLI + args + one_dir + " --batch 4", 180);
-  ASSERT_EQ(one.status, 0) << one.output;
-  JobResult two = run_job(launch(2, TESSERA_CLI + args + two_dir + " --batch 2"), 180);
-  ASSERT_EQ(two.status, 0) << two.output;
-  const std::vector<double> want = train_losses(one_dir), got = train_losses(two_dir);
-  ASSERT_EQ(want.size(), 4u) << one.output;
-  ASSERT_EQ(got.size(), want.size()) << two.output;
-  // bf16 activations: the two runs round differently, within bf16's resolution.
-  for (size_t i = 0; i < want.size(); ++i)
-    EXPECT_LE(std::fabs(got[i] - want[i]), 2e-2 * std::fabs(want[i]))
-        << "step " << i + 1 << ": " << got[i] << " vs " << want[i];
-  EXPECT_NE(want.front(), want.back());
+  // Mixed precision under launch: bf16 compute, f32 masters, gradients averaged in f32; the
+  // two runs round differently, within bf16's resolution.
+  expect_losses_close(train_one_and_two_ranks("bf16", "--dtype bf16"), 2e-2);
 }
 
 TEST(DdpEquivalence, ThroughLaunch2And4RanksAndAccumulation) {
