@@ -12,23 +12,6 @@ namespace {
 
 constexpr int kClassifierThreads = 1024;
 
-// In place: row[i] = fn(i, row[i]), walking the row from its end (see above).
-template <class T, class Fn>
-__device__ __forceinline__ void map_row_from_end(T* row, int64_t len, bool packed, Fn&& fn) {
-  if (packed) {
-    const int64_t packs = len / kPack;
-    for (int64_t q = threadIdx.x; q < packs; q += blockDim.x) {
-      const int64_t p = packs - 1 - q;
-      Pack8<T> v = load_pack(row, p);
-#pragma unroll
-      for (int k = 0; k < kPack; ++k) v.v[k] = fn(p * kPack + k, v.v[k]);
-      store_pack(row, p, v);
-    }
-  } else {
-    for (int64_t q = threadIdx.x; q < len; q += blockDim.x) row[len - 1 - q] = fn(len - 1 - q, row[len - 1 - q]);
-  }
-}
-
 template <class T>
 __global__ void __launch_bounds__(kClassifierThreads, 2)
     fused_classifier_kernel(T* logits, const void* targets, DType tt, int64_t vocab,
@@ -67,7 +50,7 @@ __global__ void __launch_bounds__(kClassifierThreads, 2)
   if (threadIdx.x == 0) row_losses[r] = logf(row_sum) + row_max - target_logit;
   // Pass 2: the gradient in place.
   const float inv = 1.f / row_sum;
-  map_row_from_end(row, vocab, packed, [&](int64_t i, T v) {
+  row_map_from_end(row, row, vocab, threadIdx.x, blockDim.x, packed, [&](int64_t i, T v) {
     const float p = __expf(to_float(v) - row_max) * inv;
     return from_float<T>(scale * (p - (i == target ? 1.f : 0.f)));
   });

@@ -247,6 +247,25 @@ __device__ __forceinline__ void row_map(const T* src, U* dst, int64_t len, int t
     for (int64_t i = tid; i < len; i += group) dst[i] = fn(i, src[i]);
   }
 }
+// row_map walking the row from its end: run right after a pass over the row
+// from its start, the first elements it re-reads are the ones loaded last, still in L1/L2.
+template <class T, class U, class Fn>
+__device__ __forceinline__ void row_map_from_end(const T* src, U* dst, int64_t len, int tid,
+                                                 int group, bool packed, Fn&& fn) {
+  if (packed) {
+    const int64_t packs = len / kPack;
+    for (int64_t q = tid; q < packs; q += group) {
+      const int64_t p = packs - 1 - q;
+      const Pack8<T> v = load_pack(src, p);
+      Pack8<U> r;
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) r.v[k] = fn(p * kPack + k, v.v[k]);
+      store_pack(dst, p, r);
+    }
+  } else {
+    for (int64_t q = tid; q < len; q += group) dst[len - 1 - q] = fn(len - 1 - q, src[len - 1 - q]);
+  }
+}
 inline bool rows_packable(const void* base, int64_t len) { return len % kPack == 0 && aligned16({base}); }
 
 // ---- launch helpers ----
