@@ -83,19 +83,15 @@ struct RowLaunch {
   dim3 block;
   unsigned grid;
 };
-// Two 1024-thread blocks per SM (32 registers a thread); f64 kernels need more registers,
-// so they run 512-thread blocks with no occupancy target.
-template <class T>
-constexpr int kLongRowThreads = std::is_same_v<T, double> ? 512 : 1024;
-template <class T>
-constexpr int kLongRowMinBlocks = std::is_same_v<T, double> ? 1 : 2;
+// Long rows: a block of 512 threads per row. 1024-thread blocks, two per SM (to keep the
+// second pass's rows in L2: 132 x 2 x 100 KB for a bf16 50k vocabulary), measured slower on
+// an H100: cross-entropy forward + backward at 8192 x 50304 went from 59% to 39% of copy
+// bandwidth (32 registers a thread leaves too few loads in flight).
+constexpr int kLongRowThreads = 512;
 template <class T>
 RowLaunch row_launch(int64_t rows, int64_t len) {
-  // Long rows: a block of 1024 threads per row, so an SM keeps two rows in flight. With two
-  // passes over each row the second should hit L2: 132 SMs x 2 rows x 100 KB (a bf16 50k
-  // vocabulary) = 26 MB fits in the H100's 50 MB; at 512 threads (4 rows per SM) it did not.
   if (len > 1024)
-    return {dim3(kLongRowThreads<T>, 1), static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30))};
+    return {dim3(kLongRowThreads, 1), static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30))};
   return {dim3(32, 8), static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, 1 << 30))};
 }
 
@@ -107,7 +103,7 @@ __device__ __forceinline__ int64_t group_row(int64_t rows) {
 
 // ---- softmax over the last dim ----
 template <class T>
-__global__ void __launch_bounds__(kLongRowThreads<T>, kLongRowMinBlocks<T>) softmax_rows_kernel(const T* x, T* out, int64_t rows, int64_t len, bool log_out,
+__global__ void __launch_bounds__(kLongRowThreads) softmax_rows_kernel(const T* x, T* out, int64_t rows, int64_t len, bool log_out,
                                     bool packed) {
   using A = acc_t<T>;
   const int64_t r = group_row(rows);
@@ -283,7 +279,7 @@ __device__ __forceinline__ T backward_value(T y, T dy, acc_t<T> s, bool log_out)
 }
 
 template <class T>
-__global__ void __launch_bounds__(kLongRowThreads<T>, kLongRowMinBlocks<T>) softmax_backward_rows_kernel(const T* y, const T* dy, T* dx, int64_t rows,
+__global__ void __launch_bounds__(kLongRowThreads) softmax_backward_rows_kernel(const T* y, const T* dy, T* dx, int64_t rows,
                                              int64_t len, bool log_out) {
   using A = acc_t<T>;
   const int64_t r = group_row(rows);
@@ -342,7 +338,7 @@ void softmax_backward(const Tensor& y_in, const Tensor& dy_in, int64_t dim, bool
 // loss = sum of the rows' losses and count = rows counted (the front-end divides for Mean).
 // A target outside [0, V) that is not ignore_index raises bad_target.
 template <class T>
-__global__ void __launch_bounds__(kLongRowThreads<T>, kLongRowMinBlocks<T>) cross_entropy_rows_kernel(const T* logits, const void* targets, DType tt,
+__global__ void __launch_bounds__(kLongRowThreads) cross_entropy_rows_kernel(const T* logits, const void* targets, DType tt,
                                           int64_t rows, int64_t vocab, int64_t ignore_index,
                                           float* row_loss, int* row_counted, int* bad_target,
                                           bool packed) {
@@ -432,7 +428,7 @@ void cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t ig
 
 // dlogits = scale * (softmax(x) - onehot(target)); ignored rows get zeros.
 template <class T>
-__global__ void __launch_bounds__(kLongRowThreads<T>, kLongRowMinBlocks<T>) cross_entropy_backward_kernel(const T* logits, const void* targets, DType tt,
+__global__ void __launch_bounds__(kLongRowThreads) cross_entropy_backward_kernel(const T* logits, const void* targets, DType tt,
                                               int64_t rows, int64_t vocab, int64_t ignore_index,
                                               float scale, T* dlogits, bool packed) {
   using A = acc_t<T>;
