@@ -166,7 +166,9 @@ void run_training(const TrainConfig& cfg) {
   // ---- optimisation ----
   // Mixed precision: the model computes in bf16/fp16 while the optimizer updates fp32
   // master copies of its parameters (and keeps fp32 moments); after each step the masters
-  // are rounded back into the model.
+  // are rounded back into the model. The masters here carry f32 gradients too (unlike
+  // AdamW's master_weights, which reads the low-precision gradients): fp16 loss scaling then
+  // unscales, checks and clips in f32, with no underflow from dividing fp16 values.
   const std::vector<Tensor> params = model->parameters();
   const DType compute_dtype = dtype_from_name(cfg.dtype);
   const bool mixed = compute_dtype != DType::f32;
