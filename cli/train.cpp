@@ -1,4 +1,5 @@
 // `tessera train`: settings from --config (JSON or flat YAML) overridden by flags.
+#include <cstdlib>
 #include <map>
 
 #include "cli/command.h"
@@ -74,6 +75,10 @@ const RegisterCommand reg("train", "Train a GPT on a token file (config file and
     if (sequential->count() > 0) flags["shuffle"] = false;
     if (resume_opt->count() > 0) flags["resume"] = resume->empty() ? std::string("latest") : *resume;
     train::apply_config_values(cfg, flags, "command line");
+    // A job restarted after a failure (`tessera launch --max-restarts`, torchrun) resumes
+    // from its newest checkpoint by itself.
+    const char* restart_count = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    if (cfg.resume.empty() && restart_count && std::atoi(restart_count) > 0) cfg.resume = "latest";
     train::validate(cfg);
     train::run_training(cfg);
   });
