@@ -1,9 +1,12 @@
-// `tessera eval`: mean loss of a model directory on a token file, as one JSON line.
+// `tessera eval`: mean loss of a model directory on a token file, as one JSON line. Under
+// `tessera launch` every process scores its share of the batches (same result as one).
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "dist/env.h"
+#include "train/evaluate.h"
 #include "train/model_dir.h"
 
 namespace tessera::cli {
@@ -15,7 +18,12 @@ struct EvalArgs {
 };
 
 void run_eval(const EvalArgs& a) {
-  const Device device = Device::parse(a.device);
+  std::optional<dist::Accelerator> acc;
+  Device device = Device::parse(a.device);
+  if (dist::read_dist_env().world_size > 1) {
+    acc.emplace(dist::AcceleratorOptions{.cpu = device.is_cpu()});
+    if (device.is_cuda()) device = acc->device();  // one GPU per local rank
+  }
   auto model = train::load_model(a.model, device);
   const data::TokenFile file(a.data);
   TESSERA_CHECK(file.max_token() < model->config().vocab_size, "tessera eval: '", a.data, "' holds token ",
@@ -24,8 +32,13 @@ void run_eval(const EvalArgs& a) {
   TESSERA_CHECK(a.batch > 0, "tessera eval: --batch must be positive, got ", a.batch);
   // Default: one pass over the file (at least one micro-batch).
   const int64_t batches = a.batches > 0 ? a.batches : std::max<int64_t>(1, (file.size() - 1) / (a.batch * seq));
-  const train::EvalResult r = train::evaluate_loss(*model, file, a.batch, seq, batches, device);
-  std::cout << nlohmann::json{{"loss", r.loss}, {"tokens", r.tokens}}.dump() << "\n";
+  const train::EvalTotals r = train::evaluate_tokens(*model, file, a.batch, seq, batches, device, acc ? &*acc : nullptr);
+  const auto metrics = train::language_model_metrics(r);
+  if (!acc || acc->is_main_process())
+    std::cout << nlohmann::json{{"loss", r.loss()}, {"tokens", r.tokens}, {"perplexity", metrics.at("val_perplexity")},
+                                {"token_accuracy", metrics.at("val_token_accuracy")}}.dump()
+              << "\n";
+  if (acc) acc->end_training();
 }
 
 const RegisterCommand reg("eval", "Print a model's mean loss on a token file as JSON", [](CLI::App& sub) {

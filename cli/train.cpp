@@ -1,88 +1,142 @@
-// `tessera train`: settings from --config (JSON or flat YAML) overridden by flags.
+// `tessera train`: a thin mapping of a config file (JSON or flat YAML, Hugging Face
+// TrainingArguments names or the flag names) and of the flags onto train::TrainingArguments;
+// train::run_training does the rest.
 #include <cstdlib>
 #include <map>
 
 #include "cli/command.h"
-#include "train/train_config.h"
-#include "train/trainer.h"
+#include "train/run.h"
 
 namespace tessera::cli {
 namespace {
 
+enum class FlagType { Int, Real, Text };
+
 struct FlagSpec {
   const char* flag;
-  const char* key;
+  const char* key;  // a TrainingArguments key (or alias)
+  FlagType type;
   const char* help;
 };
 
 constexpr FlagSpec kValueFlags[] = {
-    {"--data", "data", "training token file (llm.c layout, e.g. from `tessera prepare`)"},
-    {"--val-data", "val_data", "validation token file (default: val.bin beside --data)"},
-    {"--init", "init", "start from this model directory instead of a fresh model"},
-    {"--n-layer", "n_layer", "transformer blocks (default 4)"},
-    {"--n-head", "n_head", "attention heads (default 4)"},
-    {"--n-embd", "n_embd", "channels (default 128)"},
-    {"--block-size", "block_size", "context length of the model (default: --seq)"},
-    {"--vocab-size", "vocab_size", "vocabulary size (default: the tokenizer's, else the data's)"},
-    {"--batch", "batch", "rows per micro-batch (default 8)"},
-    {"--seq", "seq", "tokens per row (default 64)"},
-    {"--grad-accum", "grad_accum", "micro-batches per optimizer step (default 1)"},
-    {"--steps", "steps", "optimizer steps (default 200)"},
-    {"--lr", "lr", "peak learning rate (default 1e-3)"},
-    {"--min-lr", "min_lr", "floor of the decay (default lr/10)"},
-    {"--warmup", "warmup", "linear warmup steps (default 0)"},
-    {"--schedule", "schedule", "constant|cosine|linear (default cosine)"},
-    {"--weight-decay", "weight_decay", "AdamW decoupled weight decay on matrices (default 0.1)"},
-    {"--beta1", "beta1", "AdamW beta1 (default 0.9)"},
-    {"--beta2", "beta2", "AdamW beta2 (default 0.99)"},
-    {"--eps", "eps", "AdamW epsilon (default 1e-8)"},
-    {"--grad-clip", "grad_clip", "clip the global gradient norm to this; 0 = off (default 1.0)"},
-    {"--seed", "seed", "seed for init, shuffling and sampling (default 1337)"},
-    {"--device", "device", "cpu|cuda|cuda:N (default cpu)"},
-    {"--dtype", "dtype", "fp32|bf16|fp16 (default fp32)"},
-    {"--eval-every", "eval_every", "validate every N steps; 0 = at the end only"},
-    {"--eval-batches", "eval_batches", "validation micro-batches per evaluation (default 8)"},
-    {"--sample-every", "sample_every", "print a sample every N steps; 0 = never"},
-    {"--save-every", "save_every", "checkpoint every N steps; 0 = at the end only"},
-    {"--keep-last", "keep_last", "checkpoints to keep (default 3)"},
-    {"--out", "out", "run directory (default runs/train)"},
+    {"--data", "data", FlagType::Text,
+     "training token file (llm.c layout, e.g. from `tessera prepare`)"},
+    {"--val-data", "val_data", FlagType::Text,
+     "validation token file (default: val.bin beside --data)"},
+    {"--init", "init", FlagType::Text, "start from this model directory instead of a fresh model"},
+    {"--n-layer", "n_layer", FlagType::Int, "transformer blocks (default 4)"},
+    {"--n-head", "n_head", FlagType::Int, "attention heads (default 4)"},
+    {"--n-embd", "n_embd", FlagType::Int, "channels (default 128)"},
+    {"--block-size", "block_size", FlagType::Int, "context length of the model (default: --seq)"},
+    {"--vocab-size", "vocab_size", FlagType::Int,
+     "vocabulary size (default: the tokenizer's, else the data's)"},
+    {"--batch", "batch", FlagType::Int, "rows per micro-batch and process (default 8)"},
+    {"--seq", "seq", FlagType::Int, "tokens per row (default 64)"},
+    {"--grad-accum", "grad_accum", FlagType::Int, "micro-batches per optimizer step (default 1)"},
+    {"--steps", "steps", FlagType::Int, "optimizer steps (default 200)"},
+    {"--lr", "lr", FlagType::Real, "peak learning rate (default 1e-3)"},
+    {"--min-lr", "min_lr", FlagType::Real, "floor of the decay (default lr/10)"},
+    {"--warmup", "warmup", FlagType::Int, "linear warmup steps (default 0)"},
+    {"--schedule", "schedule", FlagType::Text, "constant|cosine|linear (default cosine)"},
+    {"--weight-decay", "weight_decay", FlagType::Real,
+     "AdamW decoupled weight decay on matrices (default 0.1)"},
+    {"--beta1", "beta1", FlagType::Real, "AdamW beta1 (default 0.9)"},
+    {"--beta2", "beta2", FlagType::Real, "AdamW beta2 (default 0.99)"},
+    {"--eps", "eps", FlagType::Real, "AdamW epsilon (default 1e-8)"},
+    {"--grad-clip", "grad_clip", FlagType::Real,
+     "clip the global gradient norm to this; 0 = off (default 1.0)"},
+    {"--seed", "seed", FlagType::Int, "seed for init, shuffling and sampling (default 1337)"},
+    {"--device", "device", FlagType::Text, "cpu|cuda|cuda:N (default cpu)"},
+    {"--dtype", "dtype", FlagType::Text, "fp32|bf16|fp16 (default fp32)"},
+    {"--eval-every", "eval_every", FlagType::Int, "validate every N steps; 0 = at the end only"},
+    {"--eval-batches", "eval_batches", FlagType::Int,
+     "validation micro-batches per evaluation (default 8)"},
+    {"--sample-every", "sample_every", FlagType::Int, "print a sample every N steps; 0 = never"},
+    {"--save-every", "save_every", FlagType::Int, "checkpoint every N steps; 0 = at the end only"},
+    {"--keep-last", "keep_last", FlagType::Int,
+     "checkpoints to keep, besides the best one (default 3)"},
+    {"--out", "out", FlagType::Text, "run directory (default runs/train)"},
 };
 
-const RegisterCommand reg("train", "Train a GPT on a token file (config file and/or flags)", [](CLI::App& sub) {
-  auto config_path = std::make_shared<std::string>();
-  auto values = std::make_shared<std::map<std::string, std::string>>();
-  auto resume = std::make_shared<std::string>();
-  sub.add_option("--config", *config_path, "settings file: JSON, or flat YAML (key: value); flags override it");
-  std::vector<CLI::Option*> options;
-  // A flag given twice takes its last value (scripts append overrides).
-  for (const FlagSpec& f : kValueFlags)
-    options.push_back(sub.add_option(f.flag, (*values)[f.key], f.help)
-                          ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast));
-  auto* shuffle = sub.add_flag("--shuffle")->description("draw training windows in a seeded random order");
-  auto* sequential = sub.add_flag("--sequential")->description("read the training data in order (the default)");
-  shuffle->excludes(sequential);
-  auto* resume_opt = sub.add_option("--resume", *resume,
-                                    "continue from a checkpoint directory, a run directory, or (no value) "
-                                    "the newest valid checkpoint under --out")
-                         ->expected(0, 1);
-  sub.callback([=] {
-    train::TrainConfig cfg;
-    if (!config_path->empty()) train::apply_config_values(cfg, train::read_config_file(*config_path), "config '" + *config_path + "'");
-    nlohmann::json flags = nlohmann::json::object();
-    for (size_t i = 0; i < options.size(); ++i)
-      if (options[i]->count() > 0) flags[kValueFlags[i].key] = values->at(kValueFlags[i].key);
-    if (shuffle->count() > 0) flags["shuffle"] = true;
-    if (sequential->count() > 0) flags["shuffle"] = false;
-    if (resume_opt->count() > 0) flags["resume"] = resume->empty() ? std::string("latest") : *resume;
-    train::apply_config_values(cfg, flags, "command line");
-    // A job restarted after a failure (`tessera launch --max-restarts`, torchrun) resumes
-    // from its newest checkpoint by itself.
-    const char* restart_count = std::getenv("TORCHELASTIC_RESTART_COUNT");
-    if (cfg.resume.empty() && restart_count && std::atoi(restart_count) > 0) cfg.resume = "latest";
-    train::validate(cfg);
-    train::run_training(cfg);
-  });
-});
+// Typed storage for the flags, so CLI11 parses and documents numbers as numbers.
+struct FlagValues {
+  std::map<std::string, int64_t> ints;
+  std::map<std::string, double> reals;
+  std::map<std::string, std::string> texts;
+};
+
+CLI::Option* add_flag_option(CLI::App& sub, FlagValues& v, const FlagSpec& f) {
+  switch (f.type) {
+    case FlagType::Int:
+      return sub.add_option(f.flag, v.ints[f.key], f.help);
+    case FlagType::Real:
+      return sub.add_option(f.flag, v.reals[f.key], f.help);
+    case FlagType::Text:
+      break;
+  }
+  return sub.add_option(f.flag, v.texts[f.key], f.help);
+}
+
+nlohmann::json flag_value(const FlagValues& v, const FlagSpec& f) {
+  switch (f.type) {
+    case FlagType::Int:
+      return v.ints.at(f.key);
+    case FlagType::Real:
+      return v.reals.at(f.key);
+    case FlagType::Text:
+      break;
+  }
+  return v.texts.at(f.key);
+}
+
+const RegisterCommand reg(
+    "train", "Train a GPT on a token file (config file and/or flags)", [](CLI::App& sub) {
+      auto config_path = std::make_shared<std::string>();
+      auto values = std::make_shared<FlagValues>();
+      auto resume = std::make_shared<std::string>();
+      sub.add_option("--config", *config_path,
+                     "settings file: JSON, or flat YAML (key: value), with Hugging Face "
+                     "TrainingArguments names "
+                     "or the flag names; flags override it");
+      std::vector<CLI::Option*> options;
+      // A flag given twice takes its last value (scripts append overrides).
+      for (const FlagSpec& f : kValueFlags)
+        options.push_back(add_flag_option(sub, *values, f)
+                              ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast));
+      auto* shuffle =
+          sub.add_flag("--shuffle")->description("draw training windows in a seeded random order");
+      auto* sequential = sub.add_flag("--sequential")
+                             ->description("read the training data in order (the default)");
+      shuffle->excludes(sequential);
+      auto* resume_opt =
+          sub.add_option("--resume", *resume,
+                         "continue a run: a checkpoint-N folder, a run folder (its newest valid "
+                         "checkpoint), or (no value) the newest under --out; its settings and data "
+                         "paths come with it")
+              ->expected(0, 1);
+      sub.callback([=] {
+        std::vector<train::ArgumentLayer> layers;
+        if (!config_path->empty())
+          layers.push_back(
+              {train::read_config_file(*config_path), "config '" + *config_path + "'"});
+        nlohmann::json flags = nlohmann::json::object();
+        for (size_t i = 0; i < options.size(); ++i)
+          if (options[i]->count() > 0)
+            flags[kValueFlags[i].key] = flag_value(*values, kValueFlags[i]);
+        if (shuffle->count() > 0) flags["shuffle"] = true;
+        if (sequential->count() > 0) flags["shuffle"] = false;
+        if (resume_opt->count() > 0)
+          flags["resume"] = resume->empty() ? std::string("latest") : *resume;
+        // A job restarted after a failure (`tessera launch --max-restarts`, torchrun) resumes
+        // from its newest checkpoint by itself.
+        const char* restart_count = std::getenv("TORCHELASTIC_RESTART_COUNT");
+        if (resume_opt->count() == 0 && restart_count && std::atoi(restart_count) > 0)
+          flags["resume"] = "latest";
+        layers.push_back({flags, "command line"});
+        train::run_training(train::arguments_for_run(layers));
+      });
+    });
 
 }  // namespace
 }  // namespace tessera::cli

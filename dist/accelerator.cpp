@@ -1,12 +1,16 @@
 #include "dist/accelerator.h"
 
+#include <cmath>
 #include <filesystem>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
 #include "core/random.h"
+#include "core/safetensors.h"
 #include "data/file_io.h"
+#include "dist/checksums.h"
 #include "kernels/ops.h"
 #include "optim/clip.h"
 
@@ -236,8 +240,74 @@ std::string numbered(const std::string& stem, size_t i, const std::string& ext) 
   return i == 0 ? stem + ext : stem + "_" + std::to_string(i) + ext;
 }
 constexpr const char* kStateFile = "accelerator_state.json";
+
+// A JSON value that must be a non-negative integer; error names the file and key.
+uint64_t count_at(const nlohmann::json& j, const std::string& where, const std::string& key) {
+  TESSERA_CHECK(j.is_number_unsigned() || (j.is_number_integer() && j.get<int64_t>() >= 0), where,
+                ": \"", key, "\" must be a non-negative integer, got ", j.dump());
+  return j.get<uint64_t>();
+}
+
+// Checks an optimizer state against the optimizer it is loaded into before anything is
+// copied: every state tensor belongs to a parameter, has its shape and a floating dtype,
+// every updated parameter has the same set of state tensors, and steps are counts.
+void check_optimizer_state(const optim::OptimizerStateDict& state, const optim::Optimizer& opt,
+                           const std::string& where) {
+  const std::vector<Tensor> params = opt.parameters();
+  std::map<size_t, std::set<std::string>> names;
+  std::set<std::string> all_names;
+  for (const auto& [key, t] : state.tensors) {
+    const size_t dot = key.find('.', 6);
+    TESSERA_CHECK(key.rfind("state.", 0) == 0 && dot != std::string::npos &&
+                      key.find_first_not_of("0123456789", 6) == dot && dot > 6,
+                  where, ": unexpected tensor \"", key, "\"");
+    const size_t index = std::stoul(key.substr(6, dot - 6));
+    TESSERA_CHECK(index < params.size(), where, ": tensor \"", key, "\" names parameter ", index,
+                  " but the optimizer has ", params.size());
+    TESSERA_CHECK(t.shape() == params[index].shape(), where, ": tensor \"", key, "\" has shape ",
+                  shape_str(t.shape()), " but parameter ", index, " has shape ", shape_str(params[index].shape()));
+    TESSERA_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, where, ": tensor \"", key,
+                  "\" has dtype ", dtype_name(t.dtype()), "; optimizer state is f32 (f64 for f64 parameters)");
+    names[index].insert(key.substr(dot + 1));
+    all_names.insert(key.substr(dot + 1));
+  }
+  for (const auto& [key, value] : state.scalars) {
+    if (key.rfind("state.", 0) != 0) continue;
+    TESSERA_CHECK(key.ends_with(".step"), where, ": unexpected scalar \"", key, "\"");
+    TESSERA_CHECK(std::isfinite(value) && value >= 0 && value == std::floor(value), where, ": \"", key,
+                  "\" must be a non-negative whole number, got ", value);
+    const size_t index = std::stoul(key.substr(6));
+    for (const std::string& name : all_names)
+      TESSERA_CHECK(names[index].count(name), where, ": tensor \"state.", index, ".", name,
+                    "\" is missing (the other parameters have it)");
+  }
+  for (const auto& [index, n] : names)
+    TESSERA_CHECK(state.scalars.count("state." + std::to_string(index) + ".step"), where,
+                  ": parameter ", index, " has state tensors but no \"state.", index, ".step\"");
+}
+
+// Checks a saved model against the module before it is loaded: same names, shapes and
+// floating-point-ness (values convert between floating dtypes, never from integers).
+void check_model_state(const std::map<std::string, Tensor>& saved, const nn::Module& model,
+                       const std::string& where) {
+  for (const auto& [name, t] : model.state_dict()) {
+    auto it = saved.find(name);
+    TESSERA_CHECK(it != saved.end(), where, ": tensor \"", name, "\" is missing");
+    TESSERA_CHECK(it->second.shape() == t.shape(), where, ": tensor \"", name, "\" has shape ",
+                  shape_str(it->second.shape()), " but the model's is ", shape_str(t.shape()));
+    TESSERA_CHECK(is_floating(it->second.dtype()) == is_floating(t.dtype()), where, ": tensor \"", name,
+                  "\" has dtype ", dtype_name(it->second.dtype()), " but the model's is ", dtype_name(t.dtype()));
+  }
+}
 }  // namespace
 
+// The layout (one folder, written by the main process, verified before anything loads):
+//   model.safetensors (model_1.safetensors, ...)  each prepared model's state_dict, as
+//       Hugging Face names it for GPT (so with config.json the folder is a model directory)
+//   optimizer.safetensors (optimizer_1, ...)      optimizer moments and steps
+//   accelerator_state.json                        micro-step, every process's RNG state and
+//       loader positions, schedules, loss scaler
+//   checksums.json                                size and CRC-32 of each file, written last
 void Accelerator::save_state(const std::string& dir) {
   // Per-process values (RNG, loader positions) are gathered so the main process can
   // write them all.
@@ -245,7 +315,8 @@ void Accelerator::save_state(const std::string& dir) {
   Tensor mine = from_vector(std::vector<int64_t>{static_cast<int64_t>(gen.seed()),
                                                  static_cast<int64_t>(gen.offset())},
                             {2}, {.dtype = DType::i64});
-  std::vector<int64_t> rng = gather(mine.view({1, 2})).to_vector<int64_t>();
+  std::vector<int64_t> rng_signed = gather(mine.view({1, 2})).to_vector<int64_t>();
+  std::vector<uint64_t> rng(rng_signed.begin(), rng_signed.end());
   std::vector<std::vector<int64_t>> positions;
   for (data::DataLoader* l : loaders_) {
     Tensor p = full({1}, static_cast<double>(l->position()), {.dtype = DType::i64});
@@ -254,9 +325,9 @@ void Accelerator::save_state(const std::string& dir) {
   if (is_main_process()) {
     fs::create_directories(dir);
     for (size_t i = 0; i < model_order_.size(); ++i) {
-      optim::OptimizerStateDict weights;
-      for (auto& [name, t] : model_order_[i]->state_dict()) weights.tensors[name] = t;
-      optim::save_optimizer_state(weights, (fs::path(dir) / numbered("model", i, ".safetensors")).string());
+      const nn::NamedTensors weights = model_order_[i]->state_dict();
+      save_safetensors((fs::path(dir) / numbered("model", i, ".safetensors")).string(), weights,
+                       {{"format", "pt"}});
     }
     for (size_t i = 0; i < optimizers_.size(); ++i)
       optim::save_optimizer_state(optimizers_[i]->state_dict(),
@@ -269,52 +340,84 @@ void Accelerator::save_state(const std::string& dir) {
     state["schedules"] = nlohmann::json::array();
     for (optim::LRSchedule* s : schedules_) state["schedules"].push_back(s->state_dict());
     state["loss_scaler"] = scaler_.state_dict();
-    nlohmann::json file;
-    file["state"] = state;
-    file["crc32"] = data::crc32(state.dump());
-    data::write_file_atomically(fs::path(dir) / kStateFile, file.dump(2));
+    data::write_file_atomically(fs::path(dir) / kStateFile, nlohmann::json{{"state", state}}.dump(2));
+    write_checksums(dir);
   }
   wait_for_everyone();
 }
 
 void Accelerator::load_state(const std::string& dir) {
-  const fs::path state_path = fs::path(dir) / kStateFile;
+  const std::string where = "Accelerator::load_state: '" + dir + "'";
+  std::vector<std::string> files = {kStateFile};
+  for (size_t i = 0; i < model_order_.size(); ++i) files.push_back(numbered("model", i, ".safetensors"));
+  for (size_t i = 0; i < optimizers_.size(); ++i) files.push_back(numbered("optimizer", i, ".safetensors"));
+  verify_checksums(dir, where, files);
+  const std::string state_where = where + ": " + kStateFile;
   nlohmann::json file;
   try {
-    file = nlohmann::json::parse(data::read_file(state_path));
+    file = nlohmann::json::parse(data::read_file(fs::path(dir) / kStateFile));
   } catch (const nlohmann::json::exception& e) {
-    TESSERA_FAIL("Accelerator::load_state: ", state_path.string(), " is not valid JSON: ", e.what());
+    TESSERA_FAIL(state_where, " is not valid JSON: ", e.what());
   }
-  TESSERA_CHECK(file.contains("state") && file.contains("crc32") &&
-                    file["crc32"].get<uint32_t>() == data::crc32(file["state"].dump()),
-                "Accelerator::load_state: ", state_path.string(),
-                " is damaged (checksum mismatch); refusing to load it");
+  TESSERA_CHECK(file.is_object() && file.contains("state") && file["state"].is_object(), state_where,
+                " has no \"state\" object");
   const nlohmann::json& state = file["state"];
-  TESSERA_CHECK(state["num_processes"].get<int>() == num_processes(),
-                "Accelerator::load_state: ", dir, " was saved by ",
-                state["num_processes"].get<int>(), " processes, this job has ", num_processes());
-  TESSERA_CHECK(state["schedules"].size() == schedules_.size() &&
-                    state["loader_positions"].size() == loaders_.size(),
-                "Accelerator::load_state: ", dir, " holds ", state["schedules"].size(),
-                " schedules and ", state["loader_positions"].size(),
-                " loaders, but this Accelerator prepared ", schedules_.size(), " and ",
-                loaders_.size());
-  for (size_t i = 0; i < model_order_.size(); ++i)
-    model_order_[i]->load_state_dict(
-        optim::load_optimizer_state((fs::path(dir) / numbered("model", i, ".safetensors")).string()).tensors);
-  for (size_t i = 0; i < optimizers_.size(); ++i)
-    optimizers_[i]->load_state_dict(
-        optim::load_optimizer_state((fs::path(dir) / numbered("optimizer", i, ".safetensors")).string()));
-  for (size_t i = 0; i < schedules_.size(); ++i)
-    schedules_[i]->load_state_dict(state["schedules"][i].get<std::map<std::string, double>>());
-  for (size_t i = 0; i < loaders_.size(); ++i)
-    loaders_[i]->set_position(state["loader_positions"][i][process_index()].get<uint64_t>());
-  auto rng = state["rng"].get<std::vector<int64_t>>();
-  default_generator().set_state(static_cast<uint64_t>(rng.at(2 * process_index())),
-                                static_cast<uint64_t>(rng.at(2 * process_index() + 1)));
-  micro_step_ = state["micro_step"].get<int64_t>();
-  if (state.contains("loss_scaler"))  // states written before fp16 scaling lack it
-    scaler_.load_state_dict(state["loss_scaler"].get<std::map<std::string, double>>());
+  for (const char* key : {"micro_step", "num_processes", "rng", "loader_positions", "schedules"})
+    TESSERA_CHECK(state.contains(key), state_where, ": \"", key, "\" is missing");
+  const uint64_t saved_world = count_at(state["num_processes"], state_where, "num_processes");
+  TESSERA_CHECK(saved_world == static_cast<uint64_t>(num_processes()), where, " was saved by ", saved_world,
+                " processes, this job has ", num_processes());
+  const uint64_t micro_step = count_at(state["micro_step"], state_where, "micro_step");
+  TESSERA_CHECK(state["schedules"].is_array() && state["schedules"].size() == schedules_.size() &&
+                    state["loader_positions"].is_array() && state["loader_positions"].size() == loaders_.size(),
+                where, " holds ", state["schedules"].size(), " schedules and ", state["loader_positions"].size(),
+                " loaders, but this Accelerator prepared ", schedules_.size(), " and ", loaders_.size());
+  TESSERA_CHECK(state["rng"].is_array() && state["rng"].size() == 2 * saved_world, state_where,
+                ": \"rng\" must hold a seed and an offset for each of the ", saved_world, " processes");
+  const uint64_t rng_seed = count_at(state["rng"][2 * process_index()], state_where, "rng");
+  const uint64_t rng_offset = count_at(state["rng"][2 * process_index() + 1], state_where, "rng");
+  std::vector<uint64_t> positions;
+  for (const nlohmann::json& per_rank : state["loader_positions"]) {
+    TESSERA_CHECK(per_rank.is_array() && per_rank.size() == saved_world, state_where,
+                  ": \"loader_positions\" must hold one position per process");
+    positions.push_back(count_at(per_rank[process_index()], state_where, "loader_positions"));
+  }
+  std::vector<std::map<std::string, double>> schedules;
+  for (const nlohmann::json& s : state["schedules"]) {
+    TESSERA_CHECK(s.is_object(), state_where, ": a schedule state must be an object, got ", s.dump());
+    for (const auto& [key, value] : s.items())
+      TESSERA_CHECK(value.is_number() && std::isfinite(value.get<double>()), state_where, ": schedule \"", key,
+                    "\" must be a finite number, got ", value.dump());
+    if (s.contains("step")) count_at(s["step"], state_where, "schedules.step");
+    schedules.push_back(s.get<std::map<std::string, double>>());
+  }
+  std::map<std::string, double> scaler_state;
+  if (state.contains("loss_scaler")) {
+    for (const auto& [key, value] : state["loss_scaler"].items())
+      TESSERA_CHECK(value.is_number() && std::isfinite(value.get<double>()) && value.get<double>() >= 0,
+                    state_where, ": loss_scaler \"", key, "\" must be a non-negative number, got ", value.dump());
+    scaler_state = state["loss_scaler"].get<std::map<std::string, double>>();
+  }
+  // Everything is read and checked before the first object changes.
+  std::vector<std::map<std::string, Tensor>> weights;
+  for (size_t i = 0; i < model_order_.size(); ++i) {
+    const std::string path = (fs::path(dir) / numbered("model", i, ".safetensors")).string();
+    weights.push_back(load_safetensors(path, {.memory_map = false}).tensors);
+    check_model_state(weights.back(), *model_order_[i], where + ": " + numbered("model", i, ".safetensors"));
+  }
+  std::vector<optim::OptimizerStateDict> optimizer_states;
+  for (size_t i = 0; i < optimizers_.size(); ++i) {
+    const std::string name = numbered("optimizer", i, ".safetensors");
+    optimizer_states.push_back(optim::load_optimizer_state((fs::path(dir) / name).string()));
+    check_optimizer_state(optimizer_states.back(), *optimizers_[i], where + ": " + name);
+  }
+  for (size_t i = 0; i < model_order_.size(); ++i) model_order_[i]->load_state_dict(weights[i]);
+  for (size_t i = 0; i < optimizers_.size(); ++i) optimizers_[i]->load_state_dict(optimizer_states[i]);
+  for (size_t i = 0; i < schedules_.size(); ++i) schedules_[i]->load_state_dict(schedules[i]);
+  for (size_t i = 0; i < loaders_.size(); ++i) loaders_[i]->set_position(positions[i]);
+  default_generator().set_state(rng_seed, rng_offset);
+  micro_step_ = static_cast<int64_t>(micro_step);
+  if (!scaler_state.empty()) scaler_.load_state_dict(scaler_state);
   sync_gradients_ = *gate_open_ = true;
   wait_for_everyone();
 }

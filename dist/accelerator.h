@@ -154,8 +154,11 @@ class Accelerator {
   bool check_trigger();
 
   // ---- state ----
-  // Writes model weights, optimizer and schedule state, loader positions, RNG state and
-  // step counters to dir (main process writes, every process waits).
+  // Writes model weights (model.safetensors: the state_dict, Hugging Face names for GPT),
+  // optimizer and schedule state, every process's loader position and RNG state, the loss
+  // scale and step counter to dir, then checksums.json (main process writes, every
+  // process waits). load_state verifies the checksums and checks every value (dtypes,
+  // shapes, ranges, missing tensors) before it changes anything; errors name the file.
   void save_state(const std::string& dir);
   void load_state(const std::string& dir);
   // Forgets prepared objects (DDP buffers are released).

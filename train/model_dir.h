@@ -1,31 +1,20 @@
-// What the train, eval and sample commands share: finding a model directory's tokenizer,
-// loading a model (verifying a checkpoint's checksums first), and measuring the loss.
+// What the train, eval and sample commands share: finding a model directory's tokenizer
+// and loading a model (verifying its checksums first when it has them).
 #pragma once
 #include <filesystem>
 #include <memory>
 
-#include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "nn/gpt.h"
 
 namespace tessera::train {
 
 // tokenizer.json in `dir` or, failing that, in its parent folders up to two levels
-// (a checkpoint sits in run/checkpoints/step_N); nullptr when there is none.
+// (a checkpoint sits in run/checkpoint-N); nullptr when there is none.
 std::unique_ptr<data::Tokenizer> find_tokenizer(const std::filesystem::path& dir);
 
 // A model directory (config.json + model.safetensors); when it holds checksums.json
 // (a training checkpoint) the files are verified first.
 std::unique_ptr<nn::GPT> load_model(const std::filesystem::path& dir, Device device);
-
-struct EvalResult {
-  double loss = 0;     // mean cross-entropy per target token
-  int64_t tokens = 0;  // target tokens scored
-};
-
-// Mean loss over the first `batches` sequential micro-batches [batch, seq] of `file`
-// (eval mode, no gradients).
-EvalResult evaluate_loss(nn::GPT& model, const data::TokenFile& file, int64_t batch, int64_t seq,
-                         int64_t batches, Device device);
 
 }  // namespace tessera::train

@@ -1,27 +1,19 @@
 #include "train/trainer.h"
 
 #include <chrono>
-#include <fstream>
-#include <iostream>
-#include <sstream>
+#include <cmath>
 
-#include "autograd/autograd.h"
-#include "autograd/functions.h"
 #include "core/error.h"
 #include "core/memory_stats.h"
 #include "core/random.h"
-#include "data/dataloader.h"
 #include "data/file_io.h"
-#include "dist/accelerator.h"
-#include "optim/optim.h"
-#include "train/checkpoint.h"
-#include "train/model_dir.h"
-#include "train/plot.h"
-#include "train/progress.h"
+#include "dist/checksums.h"
+#include "train/checkpoint_files.h"
 
 namespace tessera::train {
 
 namespace fs = std::filesystem;
+using Json = nlohmann::json;
 
 namespace {
 
@@ -31,350 +23,263 @@ optim::DecayShape decay_shape(const std::string& name) {
   return optim::DecayShape::Cosine;
 }
 
-// Where to resume from: a checkpoint directory, a run directory (its newest valid
-// checkpoint), or "latest" (the newest valid checkpoint under cfg.out). "latest" before any
-// checkpoint was written is a fresh run: the first attempt of a job that `tessera launch
-// --max-restarts` restarts runs the same command as the later ones.
-std::optional<fs::path> resolve_resume(const TrainConfig& cfg) {
-  fs::path target = cfg.resume == "latest" ? fs::path(cfg.out) : fs::path(cfg.resume);
-  if (fs::exists(target / "checksums.json") || fs::exists(target / "config.json")) return target;
-  std::vector<std::string> warnings;
-  auto latest = latest_valid_checkpoint(target / "checkpoints", warnings);
-  for (const auto& w : warnings) std::cerr << "tessera train: warning: " << w << "\n";
-  if (!latest && cfg.resume == "latest" && warnings.empty()) {
-    std::cerr << "tessera train: --resume: no checkpoint under '" << (target / "checkpoints").string()
-              << "' yet; starting a fresh run\n";
-    return std::nullopt;
-  }
-  TESSERA_CHECK(latest.has_value(), "--resume: no valid checkpoint under '", (target / "checkpoints").string(), "'");
-  return *latest;
+std::string mixed_precision_of(const TrainingArguments& a) {
+  return a.bf16 ? "bf16" : a.fp16 ? "fp16" : "no";
 }
 
-// Keeps the metrics of steps up to `last_step` (a resumed run rewrites what follows).
-void truncate_metrics(const fs::path& path, int64_t last_step) {
-  if (!fs::exists(path)) return;
-  std::ifstream in(path);
-  std::string line, kept;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.contains("step") && j["step"].get<int64_t>() <= last_step) kept += line + "\n";
+TrainerState read_trainer_state(const fs::path& checkpoint) {
+  const fs::path path = checkpoint / kTrainerStateFile;
+  Json j;
+  try {
+    j = Json::parse(data::read_file(path));
+  } catch (const Json::exception& e) {
+    TESSERA_FAIL("checkpoint '", checkpoint.string(), "': ", kTrainerStateFile,
+                 " is not valid JSON: ", e.what());
   }
-  data::write_file_atomically(path, kept);
-}
-
-LossCurves read_curves(const fs::path& metrics) {
-  LossCurves curves;
-  std::ifstream in(metrics);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.contains("step")) continue;
-    if (j.contains("loss")) curves.train.emplace_back(j["step"].get<double>(), j["loss"].get<double>());
-    if (j.contains("val_loss")) curves.val.emplace_back(j["step"].get<double>(), j["val_loss"].get<double>());
-  }
-  return curves;
-}
-
-std::string sample_text(nn::GPT& model, const data::Tokenizer* tokenizer, uint64_t seed, int64_t tokens) {
-  std::vector<int64_t> prompt = {0};
-  if (tokenizer) {
-    const auto ids = tokenizer->encode("\n");
-    prompt.assign(ids.begin(), ids.end());
-  }
-  Generator gen(seed);
-  const bool was_training = model.is_training();
-  model.eval();
-  const Tensor out = model.generate(from_vector(prompt, {1, static_cast<int64_t>(prompt.size())}, {.dtype = DType::i64}),
-                                    tokens, {.temperature = 1.0, .top_k = 0, .gen = &gen});
-  model.train(was_training);
-  const std::vector<int64_t> all = out.to_vector<int64_t>();
-  std::vector<uint32_t> fresh(all.begin() + static_cast<int64_t>(prompt.size()), all.end());
-  if (!tokenizer) {
-    std::ostringstream ids;
-    for (uint32_t id : fresh) ids << id << ' ';
-    return ids.str();
-  }
-  return tokenizer->decode(fresh);
-}
-
-// Where the ranks other than the main one print (nothing).
-std::ostream& null_stream() {
-  static std::ostream sink(nullptr);
-  return sink;
-}
-std::FILE* null_file() {
-  static std::FILE* sink = std::fopen("/dev/null", "w");
-  return sink;
+  return TrainerState::from_json(j, path.string());
 }
 
 }  // namespace
 
-void run_training(const TrainConfig& cfg) {
-  // ---- processes ----
-  // Under `tessera launch` (or mpirun/SLURM) with WORLD_SIZE > 1 the run is data-parallel
-  // through the Accelerator: DDP averages the gradients over the ranks, each rank reads
-  // its share of every step's batches (W ranks x B rows = one process x W·B rows on
-  // sequential data), and only the main process prints, logs metrics and saves.
-  std::optional<dist::Accelerator> acc;
-  Device device = Device::parse(cfg.device);
-  if (dist::read_dist_env().world_size > 1) {
-    // The trainer keeps its own mixed precision (f32 masters, loss scaler), so the
-    // Accelerator adds none.
-    acc.emplace(dist::AcceleratorOptions{.mixed_precision = "no",
-                                         .gradient_accumulation_steps = static_cast<int>(cfg.grad_accum),
-                                         .cpu = device.is_cpu()});
-    if (device.is_cuda()) device = acc->device();  // one GPU per local rank
-  }
-  const bool main_process = !acc || acc->is_main_process();
-  const int world_size = acc ? acc->num_processes() : 1;
-  std::ostream& console = main_process ? std::cout : null_stream();
-  const fs::path out(cfg.out);
-  fs::create_directories(out);
+Trainer::Trainer(TrainingArguments args, nn::GPT& model, data::TokenFile train_data,
+                 std::optional<data::TokenFile> eval_data, ComputeMetrics compute_metrics,
+                 std::map<std::string, std::string> extra_files)
+    : args_(std::move(args)),
+      model_(model),
+      train_data_(std::move(train_data)),
+      eval_data_(std::move(eval_data)),
+      compute_metrics_(std::move(compute_metrics)),
+      extra_files_(std::move(extra_files)) {
+  validate(args_);
+  const Device wanted = Device::parse(args_.device);
+  acc_ = std::make_unique<dist::Accelerator>(dist::AcceleratorOptions{
+      .mixed_precision = mixed_precision_of(args_),
+      .gradient_accumulation_steps = static_cast<int>(args_.gradient_accumulation_steps),
+      .cpu = wanted.is_cpu()});
+  // One GPU per local rank when distributed; the named device otherwise.
+  device_ = wanted.is_cuda() && acc_->num_processes() > 1 ? acc_->device() : wanted;
+  model_.to(device_);
+  model_.gradient_checkpointing_enable(args_.gradient_checkpointing);
+  state_.is_world_process_zero = acc_->is_main_process();
+  state_.steps_per_epoch = std::max<int64_t>(1, (train_data_.size() - 1) / tokens_per_step());
+  state_.max_steps =
+      args_.max_steps > 0 ? args_.max_steps
+      : args_.num_train_epochs > 0
+          ? static_cast<int64_t>(
+                std::ceil(args_.num_train_epochs * static_cast<double>(state_.steps_per_epoch)))
+          : 200;
+  const int64_t warmup = args_.warmup_steps > 0
+                             ? args_.warmup_steps
+                             : static_cast<int64_t>(std::ceil(
+                                   args_.warmup_ratio * static_cast<double>(state_.max_steps)));
 
-  // ---- data ----
-  const data::TokenFile train_file(cfg.data);
-  fs::path val_path = cfg.val_data;
-  if (val_path.empty() && fs::exists(fs::path(cfg.data).parent_path() / "val.bin") &&
-      fs::path(cfg.data).filename() != "val.bin")
-    val_path = fs::path(cfg.data).parent_path() / "val.bin";
-  std::optional<data::TokenFile> val_file;
-  if (!val_path.empty()) val_file.emplace(val_path);
-  const auto tokenizer = find_tokenizer(fs::path(cfg.data).parent_path());
-
-  // ---- model ----
-  std::optional<fs::path> resume_dir;
-  if (!cfg.resume.empty()) resume_dir = resolve_resume(cfg);
-  manual_seed(static_cast<uint64_t>(cfg.seed));
-  std::unique_ptr<nn::GPT> model;
-  if (resume_dir) {
-    verify_checkpoint(*resume_dir);
-    model = nn::GPT::from_pretrained(resume_dir->string(), {.device = device});
-  } else if (!cfg.init.empty()) {
-    model = load_model(cfg.init, device);
-  } else {
-    nn::GPTConfig g;
-    g.n_layer = cfg.n_layer, g.n_head = cfg.n_head, g.n_embd = cfg.n_embd;
-    g.block_size = cfg.block_size > 0 ? cfg.block_size : cfg.seq;
-    g.vocab_size = cfg.vocab_size > 0 ? cfg.vocab_size
-                   : tokenizer       ? tokenizer->vocab_size()
-                                     : static_cast<int64_t>(train_file.max_token()) + 1;
-    g.validate();
-    Generator init_gen(static_cast<uint64_t>(cfg.seed));
-    model = std::make_unique<nn::GPT>(g, &init_gen, TensorOptions{.device = device});
-  }
-  const nn::GPTConfig& mcfg = model->config();
-  TESSERA_CHECK(cfg.seq <= mcfg.block_size, "config: key \"seq\" is longer than the model context block_size = ",
-                mcfg.block_size, " (got ", cfg.seq, ")");
-  TESSERA_CHECK(train_file.max_token() < mcfg.vocab_size, "tessera train: '", cfg.data, "' holds token ",
-                train_file.max_token(), " but the model's vocab_size is ", mcfg.vocab_size);
-  if (cfg.vocab_size > 0)
-    TESSERA_CHECK(cfg.vocab_size == mcfg.vocab_size, "config: key \"vocab_size\" is ", cfg.vocab_size,
-                  " but the model loaded has ", mcfg.vocab_size);
-
-  // ---- optimisation ----
-  // Mixed precision: the model computes in bf16/fp16 while the optimizer updates fp32
-  // master copies of its parameters (and keeps fp32 moments); after each step the masters
-  // are rounded back into the model. The masters here carry f32 gradients too (unlike
-  // AdamW's master_weights, which reads the low-precision gradients): fp16 loss scaling then
-  // unscales, checks and clips in f32, with no underflow from dividing fp16 values.
-  const std::vector<Tensor> params = model->parameters();
-  const DType compute_dtype = dtype_from_name(cfg.dtype);
-  const bool mixed = compute_dtype != DType::f32;
-  std::vector<Tensor> master = params;
-  if (mixed) {
-    master.clear();
-    for (const Tensor& p : params) master.push_back(p.detach().clone().requires_grad_(true));
-    model->to(compute_dtype);
-  }
-  // After the dtype change: DDP builds its buffers for the parameters as they will train.
-  if (acc) acc->prepare(*model);
-  auto copy_master_into_model = [&] {
-    autograd::NoGradGuard no_grad;
-    for (size_t i = 0; i < params.size(); ++i) Tensor(params[i]).copy_(master[i]);
-  };
-  optim::AdamW opt(master, {.lr = cfg.lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = cfg.eps,
-                            .weight_decay = cfg.weight_decay});
-  std::optional<TrainingState> resume_state;
-  if (resume_dir) resume_state = load_training_state(*resume_dir);
   // A decaying schedule is shaped by the total step count, so a resumed run must keep it;
   // a constant one is not, so a run may be extended (its saved total is kept).
-  int64_t schedule_total = cfg.steps;
-  if (resume_state && resume_state->schedule.count("total")) {
-    const auto saved_total = static_cast<int64_t>(resume_state->schedule.at("total"));
-    if (cfg.schedule == "constant") {
+  int64_t schedule_total = state_.max_steps;
+  if (!args_.resume_from_checkpoint.empty()) {
+    verify_checkpoint(args_.resume_from_checkpoint);
+    resumed_ = read_trainer_state(args_.resume_from_checkpoint);
+    const int64_t saved_total = resumed_->schedule_total;
+    if (args_.lr_scheduler_type == "constant") {
       schedule_total = saved_total;
     } else {
-      TESSERA_CHECK(saved_total == cfg.steps, "config: key \"steps\" is ", cfg.steps, " but the checkpoint's ",
-                    cfg.schedule, " schedule decays over ", saved_total,
-                    " steps; resume with --steps ", saved_total, " (or train with --schedule constant to extend runs)");
+      TESSERA_CHECK(saved_total == state_.max_steps, args_.describe("max_steps"), " is ",
+                    state_.max_steps, " but the checkpoint's ", args_.lr_scheduler_type,
+                    " schedule decays over ", saved_total, " steps; resume with --steps ",
+                    saved_total, " (or train with --schedule constant to extend runs)");
     }
   }
-  optim::LRSchedule schedule(opt, decay_shape(cfg.schedule),
-                             {.warmup = cfg.warmup, .total = schedule_total,
-                              .min_lr = cfg.min_lr >= 0 ? cfg.min_lr : cfg.lr / 10});
-  // fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
-  optim::LossScaler scaler({.enabled = compute_dtype == DType::f16});
-  data::DataLoader loader(train_file, {.batch = cfg.batch, .seq = cfg.seq,
-                                       .rank = acc ? acc->process_index() : 0,
-                                       .world_size = world_size, .shuffle = cfg.shuffle,
-                                       .seed = static_cast<uint64_t>(cfg.seed), .device = device});
+  TESSERA_CHECK(args_.lr_scheduler_type == "constant" || warmup < schedule_total,
+                args_.describe("warmup_steps"), " must be shorter than the ", schedule_total,
+                " steps of a decaying schedule (got ", warmup, ")");
+  optimizer_ = std::make_unique<optim::AdamW>(
+      model_.parameters(), optim::AdamWOptions{.lr = args_.learning_rate,
+                                               .beta1 = args_.adam_beta1,
+                                               .beta2 = args_.adam_beta2,
+                                               .eps = args_.adam_epsilon,
+                                               .weight_decay = args_.weight_decay});
+  schedule_ = std::make_unique<optim::LRSchedule>(
+      *optimizer_, decay_shape(args_.lr_scheduler_type),
+      optim::ScheduleOptions{
+          .warmup = warmup,
+          .total = schedule_total,
+          .min_lr = args_.min_lr >= 0 ? args_.min_lr : args_.learning_rate / 10});
+  state_.schedule_total = schedule_total;
+  loader_ = std::make_unique<data::DataLoader>(
+      train_data_, data::DataLoaderOptions{.batch = args_.per_device_train_batch_size,
+                                           .seq = args_.seq,
+                                           .sampling = data::parse_sampling(args_.sampling),
+                                           .shuffle = args_.shuffle,
+                                           .seed = static_cast<uint64_t>(args_.seed),
+                                           .device = device_});
+  acc_->prepare(model_, *optimizer_, *schedule_, *loader_);
+  handler_.add(std::make_shared<DefaultFlowCallback>());
+}
 
-  int64_t step = 0;
-  const fs::path metrics_path = out / "metrics.jsonl";
-  if (resume_state) {
-    const TrainingState& state = *resume_state;
-    opt.load_state_dict(state.optimizer);
-    schedule.load_state_dict(state.schedule);
-    if (!state.loss_scaler.empty()) scaler.load_state_dict(state.loss_scaler);
-    loader.set_position(state.data_position);
-    default_generator().set_state(state.rng_seed, state.rng_offset);
-    step = state.step;
-    for (const char* key : {"batch", "seq", "grad_accum", "shuffle", "seed", "data"}) {
-      if (state.config.contains(key) && state.config[key] != cfg.to_json()[key])
-        std::cerr << "tessera train: warning: --resume with " << key << " = " << cfg.to_json()[key].dump()
-                  << " but the checkpoint was trained with " << state.config[key].dump()
-                  << "; the run will not match an uninterrupted one\n";
-    }
-    if (main_process) truncate_metrics(metrics_path, step);
-    console << "resuming from " << resume_dir->string() << " at step " << step << "\n";
-  } else if (main_process) {
-    data::write_file_atomically(metrics_path, std::string());
+Trainer::~Trainer() = default;
+
+int64_t Trainer::tokens_per_step() const {
+  return args_.per_device_train_batch_size * args_.seq * args_.gradient_accumulation_steps *
+         acc_->num_processes();
+}
+
+void Trainer::train() {
+  if (resumed_) resume_from(args_.resume_from_checkpoint);
+  model_.train();
+  control_ = {};
+  handler_.call(&TrainerCallback::on_train_begin, args_, state_, control_);
+  while (state_.global_step < state_.max_steps && !control_.should_stop) {
+    const StepResult step = training_step();
+    ++state_.global_step;
+    state_.epoch =
+        static_cast<double>(state_.global_step) / static_cast<double>(state_.steps_per_epoch);
+    state_.loss_since_log += step.loss;
+    ++state_.steps_since_log;
+    handler_.call(&TrainerCallback::on_step_end, args_, state_, control_);
+    if (control_.should_log) log_step(step);
+    TESSERA_CHECK(std::isfinite(step.loss), "tessera train: loss became ", step.loss, " at step ",
+                  state_.global_step, " (try a lower --lr or --grad-clip)");
+    if (control_.should_evaluate) evaluate_and_track_best();
+    if (control_.should_save) save_checkpoint();
+    control_.should_log = control_.should_evaluate = control_.should_save = false;
   }
-  TESSERA_CHECK(step <= cfg.steps, "tessera train: the checkpoint is at step ", step, ", past --steps ", cfg.steps);
+  if (args_.load_best_model_at_end) load_best_model();
+  handler_.call(&TrainerCallback::on_train_end, args_, state_, control_);
+}
 
-  std::map<std::string, std::string> extra_files;
-  if (tokenizer) extra_files["tokenizer.json"] = tokenizer->to_json();
-  if (main_process) data::write_file_atomically(out / "config.train.json", cfg.to_json().dump(2));
-  std::ofstream metrics;
-  if (main_process) metrics.open(metrics_path, std::ios::app);
-  auto log_metrics = [&](const nlohmann::json& j) {
-    if (!main_process) return;
-    metrics << j.dump() << "\n";
-    metrics.flush();
-  };
-
-  console << "model: " << mcfg.n_layer << " layers, " << mcfg.n_head << " heads, " << mcfg.n_embd
-            << " channels, context " << mcfg.block_size << ", vocab " << mcfg.vocab_size << " ("
-            << model->num_parameters() << " parameters) on " << device.str() << "\n"
-            << "data: " << train_file.size() << " tokens; " << cfg.batch << "x" << cfg.seq << " x "
-            << cfg.grad_accum << " micro-batches" << (world_size > 1 ? " x " + std::to_string(world_size) + " processes" : "")
-            << " = " << cfg.batch * cfg.seq * cfg.grad_accum * world_size
-            << " tokens per step, " << (cfg.shuffle ? "shuffled" : "sequential") << "\n";
-  std::cout.flush();
-
-  auto run_eval = [&](Progress& progress) {
-    if (!val_file || !main_process) return;
-    const EvalResult r = evaluate_loss(*model, *val_file, cfg.batch, cfg.seq, cfg.eval_batches, device);
-    log_metrics({{"step", step}, {"val_loss", r.loss}});
-    char text[96];
-    std::snprintf(text, sizeof(text), "step %lld: val_loss %.4f", static_cast<long long>(step), r.loss);
-    progress.message(text);
-  };
-  auto save = [&](Progress& progress) {
-    if (!main_process) return;
-    TrainingState state;
-    state.step = step;
-    state.data_position = loader.position();
-    state.rng_seed = default_generator().seed();
-    state.rng_offset = default_generator().offset();
-    state.optimizer = opt.state_dict();
-    state.schedule = schedule.state_dict();
-    state.loss_scaler = scaler.state_dict();
-    state.config = cfg.to_json();
-    fs::path dir;
-    if (mixed) {
-      // Checkpoints hold the fp32 masters as the model weights, so resuming is exact.
-      model->to(DType::f32);
-      copy_master_into_model();
-      dir = save_checkpoint(out / "checkpoints", *model, state, extra_files, cfg.keep_last);
-      model->to(compute_dtype);
-    } else {
-      dir = save_checkpoint(out / "checkpoints", *model, state, extra_files, cfg.keep_last);
-    }
-    progress.message("saved checkpoint " + dir.string());
-  };
-
-  Progress progress(cfg.steps, step, main_process ? stdout : null_file());
-  model->train();
-  const double micro_scale = 1.0 / static_cast<double>(cfg.grad_accum);
-  while (step < cfg.steps) {
-    const auto t0 = std::chrono::steady_clock::now();
-    double step_loss = 0;
-    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
-      // Distributed: gradients are averaged over the ranks on the last micro-step only.
-      std::optional<dist::AccumulateScope> scope;
-      if (acc) scope.emplace(acc->accumulate(*model));
-      const data::Batch batch = loader.next();
-      Tensor loss = model->loss(batch.x, batch.y);
-      // The step's loss is the mean over all its target tokens: each micro-batch weighs 1/A.
-      const Tensor weighted = cfg.grad_accum > 1 ? loss * micro_scale : loss;
-      if (scaler.enabled()) {
-        scaler.backward(weighted);
-      } else {
-        weighted.backward();
-      }
-      step_loss += loss.item() * micro_scale;
-      if (scope && scope->sync_gradients()) acc->ddp_of(*model)->finish_gradient_sync();
-    }
-    // The step's loss over all ranks' rows (what one process with all the rows reports).
-    if (acc) step_loss = acc->reduce(full({1}, step_loss, {.dtype = DType::f64, .device = device}), "mean").item();
-    if (mixed) {
-      for (size_t i = 0; i < params.size(); ++i) {
-        const Tensor g = params[i].grad();
-        master[i].set_grad(g.defined() ? g.to(DType::f32) : Tensor());
-      }
-      model->zero_grad();
-    }
-    if (scaler.enabled()) scaler.unscale_(opt);
-    const double norm = cfg.grad_clip > 0 ? optim::clip_grad_norm_(master, cfg.grad_clip) : optim::grad_norm(master);
-    const double lr = opt.lr();
-    if (scaler.enabled()) {
-      scaler.step(opt);  // skipped when a gradient overflowed
-      scaler.update();
-    } else {
-      opt.step();
-    }
-    opt.zero_grad();
-    if (mixed) copy_master_into_model();
-    schedule.step();
-    ++step;
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double tokens_per_s = static_cast<double>(cfg.batch * cfg.seq * cfg.grad_accum * world_size) / seconds;
-    nlohmann::json step_metrics = {{"step", step}, {"loss", step_loss}, {"lr", lr}, {"grad_norm", norm},
-                                   {"ms", seconds * 1e3}, {"tokens_per_s", tokens_per_s}};
-    // On a GPU, what the caching allocator holds (benchmarks/soak.sh checks it stays flat).
-    if (const auto memory = device_memory_stats(device))
-      step_metrics["reserved_bytes"] = memory->reserved_bytes;
-    log_metrics(step_metrics);
-    progress.update(step, step_loss, tokens_per_s, lr);
-    TESSERA_CHECK(std::isfinite(step_loss), "tessera train: loss became ", step_loss, " at step ", step,
-                  " (try a lower --lr or --grad-clip)");
-
-    if ((cfg.eval_every > 0 && step % cfg.eval_every == 0) || step == cfg.steps) run_eval(progress);
-    if (main_process && cfg.sample_every > 0 && step % cfg.sample_every == 0)
-      progress.message("sample at step " + std::to_string(step) + ":\n" +
-                       sample_text(*model, tokenizer.get(), static_cast<uint64_t>(cfg.seed) + step, 128));
-    if ((cfg.save_every > 0 && step % cfg.save_every == 0) || step == cfg.steps) save(progress);
+Trainer::StepResult Trainer::training_step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < args_.gradient_accumulation_steps; ++micro) {
+    // Gradients are averaged over the processes on the last micro-step only.
+    const dist::AccumulateScope scope = acc_->accumulate(model_);
+    const data::Batch batch = loader_->next();
+    const Tensor loss = model_.loss(batch.x, batch.y);
+    acc_->backward(loss);  // of loss / gradient_accumulation_steps
+    loss_sum += loss.item();
   }
-  progress.finish();
-  metrics.close();
-  if (acc) {
-    // Every rank holds the same weights; the main process writes them.
-    acc->end_training();
-    if (!main_process) return;
-  }
+  // The step's loss is the mean over all its target tokens, over every process's rows.
+  const double local = loss_sum / static_cast<double>(args_.gradient_accumulation_steps);
+  const double loss =
+      acc_->reduce(full({1}, local, {.dtype = DType::f64, .device = device_}), "mean").item();
+  const std::vector<Tensor> params = model_.parameters();
+  const double norm = args_.max_grad_norm > 0 ? acc_->clip_grad_norm_(params, args_.max_grad_norm)
+                                              : optim::grad_norm(params);
+  const double lr = optimizer_->lr();
+  optimizer_->step();  // skipped by the Accelerator when an fp16 gradient overflowed
+  schedule_->step();
+  optimizer_->zero_grad();
+  return {loss, lr, norm,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
 
-  // The final model as a plain model directory (what eval/sample/transformers load).
-  const fs::path model_dir = out / "model";
-  if (mixed) {
-    model->to(DType::f32);
-    copy_master_into_model();
+void Trainer::log_step(const StepResult& step) {
+  const double loss =
+      state_.loss_since_log / static_cast<double>(std::max<int64_t>(1, state_.steps_since_log));
+  auto number = [](double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); };
+  Json entry = {{"step", state_.global_step},
+                {"loss", number(loss)},
+                {"lr", step.lr},
+                {"grad_norm", number(step.grad_norm)}};
+  state_.log_history.push_back(entry);  // no wall-clock figures: resumed histories match
+  entry["ms"] = step.seconds * 1e3;
+  entry["tokens_per_s"] = static_cast<double>(tokens_per_step()) / step.seconds;
+  // On a GPU, what the caching allocator holds (benchmarks/soak.sh checks it stays flat).
+  if (const auto memory = device_memory_stats(device_))
+    entry["reserved_bytes"] = memory->reserved_bytes;
+  state_.loss_since_log = 0;
+  state_.steps_since_log = 0;
+  handler_.call(&TrainerCallback::on_log, args_, state_, control_, entry);
+}
+
+Metrics Trainer::evaluate() {
+  TESSERA_CHECK(eval_data_.has_value(), "Trainer::evaluate: no evaluation data");
+  const EvalTotals totals = evaluate_tokens(model_, *eval_data_, args_.eval_batch_size(), args_.seq,
+                                            args_.eval_batches, device_, acc_.get());
+  return compute_metrics_(totals);
+}
+
+void Trainer::evaluate_and_track_best() {
+  if (!eval_data_) return;
+  const Metrics metrics = evaluate();
+  Json entry = {{"step", state_.global_step}};
+  for (const auto& [k, v] : metrics) entry[k] = std::isfinite(v) ? Json(v) : Json(nullptr);
+  state_.log_history.push_back(entry);
+  handler_.call(&TrainerCallback::on_evaluate, args_, state_, control_, metrics);
+  auto it = metrics.find(args_.metric_for_best_model);
+  TESSERA_CHECK(it != metrics.end(), args_.describe("metric_for_best_model"), ": \"",
+                args_.metric_for_best_model, "\" is not among the evaluation's metrics");
+  if (metric_improves(args_, it->second, state_.best_metric)) {
+    state_.best_metric = it->second;
+    state_.best_step = state_.global_step;
+    // The best weights must be on disk to be restored at the end.
+    if (args_.load_best_model_at_end) control_.should_save = true;
   }
-  model->save_pretrained(model_dir.string());
-  for (const auto& [name, contents] : extra_files) data::write_file_atomically(model_dir / name, contents);
-  write_loss_curve_png((out / "loss.png").string(), read_curves(metrics_path));
-  std::cout << "done: " << step << " steps; model in " << model_dir.string() << ", metrics in "
-            << metrics_path.string() << ", loss curve in " << (out / "loss.png").string() << "\n";
+}
+
+fs::path Trainer::save_checkpoint() {
+  const fs::path out(args_.output_dir);
+  const std::string name = checkpoint_name(state_.global_step);
+  const fs::path final_dir = out / name, partial = out / (name + ".partial");
+  if (acc_->is_main_process()) fs::remove_all(partial);
+  acc_->wait_for_everyone();
+  acc_->save_state(partial.string());  // model, optimizer, schedule, RNG and loader of every rank
+  if (acc_->is_main_process()) {
+    if (state_.best_step == state_.global_step) state_.best_model_checkpoint = name;
+    handler_.save_states(state_);
+    nn::save_gpt_config(model_.config(), (partial / "config.json").string());
+    for (const auto& [file, contents] : extra_files_)
+      data::write_file_atomically(partial / file, contents);
+    data::write_file_atomically(partial / kTrainingArgsFile, args_.to_json().dump(2));
+    data::write_file_atomically(partial / kTrainerStateFile, state_.to_json().dump(2));
+    dist::write_checksums(partial);  // last: marks every other file complete
+    fs::remove_all(final_dir);
+    fs::rename(partial, final_dir);
+    rotate_checkpoints(out, args_.save_total_limit, state_.best_model_checkpoint);
+  }
+  acc_->wait_for_everyone();
+  handler_.call(&TrainerCallback::on_save, args_, state_, control_, final_dir);
+  return final_dir;
+}
+
+void Trainer::resume_from(const fs::path& checkpoint) {
+  const TrainerState saved = *resumed_;
+  const std::string where = "checkpoint '" + checkpoint.string() + "'";
+  acc_->load_state(checkpoint.string());  // verifies and checks every tensor before loading
+  // The parts must describe the same moment of the same run.
+  TESSERA_CHECK(schedule_->current_step() == saved.global_step, where,
+                ": the LR schedule is at step ", schedule_->current_step(),
+                " but trainer_state.json says global_step ", saved.global_step);
+  const uint64_t want_position =
+      static_cast<uint64_t>(saved.global_step * args_.gradient_accumulation_steps);
+  TESSERA_CHECK(loader_->position() == want_position, where, ": the data position is ",
+                loader_->position(), " micro-batches but ", saved.global_step, " steps of ",
+                args_.gradient_accumulation_steps, " micro-batches took ", want_position,
+                " (was gradient_accumulation_steps changed?)");
+  TESSERA_CHECK(saved.global_step <= state_.max_steps, "tessera train: the checkpoint is at step ",
+                saved.global_step, ", past max_steps ", state_.max_steps);
+  const int64_t max_steps = state_.max_steps, per_epoch = state_.steps_per_epoch;
+  const int64_t schedule_total = state_.schedule_total;
+  state_ = saved;
+  state_.max_steps = max_steps;
+  state_.steps_per_epoch = per_epoch;
+  state_.schedule_total = schedule_total;
+  state_.is_world_process_zero = acc_->is_main_process();
+  handler_.load_states(state_);
+  if (acc_->is_main_process())
+    std::printf("resuming from %s at step %lld\n", checkpoint.string().c_str(),
+                static_cast<long long>(saved.global_step));
+  std::fflush(stdout);
+}
+
+void Trainer::load_best_model() {
+  if (state_.best_model_checkpoint.empty()) return;
+  const fs::path dir = fs::path(args_.output_dir) / state_.best_model_checkpoint;
+  verify_checkpoint(dir);
+  model_.load_safetensors_weights((dir / "model.safetensors").string());
+  if (acc_->is_main_process())
+    std::printf("loaded the best model (%s = %.6g) from %s\n", args_.metric_for_best_model.c_str(),
+                state_.best_metric.value_or(NAN), dir.string().c_str());
 }
 
 }  // namespace tessera::train

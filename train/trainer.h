@@ -1,12 +1,89 @@
-// The training run behind `tessera train`: builds or loads the model, trains it with
-// AdamW and an LR schedule on the DataLoader's stream, evaluates, samples, checkpoints,
-// and resumes from a checkpoint bit-for-bit.
+// Trainer: the training loop of a GPT on token files, shaped like Hugging Face's Trainer
+// and built on dist::Accelerator, so one process and N processes (under `tessera launch`,
+// mpirun or SLURM) run the same code: the Accelerator prepares the model (DDP), the
+// optimizer, the LR schedule and the loader (this rank's share of every step), applies the
+// mixed-precision policy and the fp16 loss scale, and saves/loads their state.
+//
+//   train::Trainer trainer(args, model, data::TokenFile("train.bin"), data::TokenFile("val.bin"));
+//   trainer.add_callback(std::make_shared<train::EarlyStoppingCallback>(3));
+//   trainer.train();                       // resumes from args.resume_from_checkpoint when set
+//   auto metrics = trainer.evaluate();     // {"val_loss", "val_perplexity", "val_token_accuracy"}
+//
+// The loop only steps; logging, evaluation, checkpoints and stopping are decided by
+// callbacks through TrainerControl (see callbacks.h). Checkpoints: checkpoint_files.h.
 #pragma once
-#include "cli/train_config.h"
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
 
-namespace tessera::cli {
+#include "data/dataloader.h"
+#include "data/token_file.h"
+#include "dist/accelerator.h"
+#include "nn/gpt.h"
+#include "optim/optim.h"
+#include "train/callbacks.h"
+#include "train/evaluate.h"
+#include "train/training_args.h"
 
-// Runs training as configured (cfg must have passed validate()).
-void run_training(const TrainConfig& cfg);
+namespace tessera::train {
 
-}  // namespace tessera::cli
+class Trainer {
+ public:
+  // The model is moved to the run's device. `extra_files` (name -> contents, e.g.
+  // tokenizer.json) are copied into every checkpoint. args must have passed validate().
+  Trainer(TrainingArguments args, nn::GPT& model, data::TokenFile train_data,
+          std::optional<data::TokenFile> eval_data = std::nullopt,
+          ComputeMetrics compute_metrics = language_model_metrics,
+          std::map<std::string, std::string> extra_files = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  void add_callback(std::shared_ptr<TrainerCallback> callback) {
+    handler_.add(std::move(callback));
+  }
+  // Trains until max_steps or until a callback stops it, then (load_best_model_at_end)
+  // restores the best checkpoint's weights.
+  void train();
+  // Metrics of the evaluation data (every process scores its share; all get the same).
+  Metrics evaluate();
+  // Writes output_dir/checkpoint-<global_step> (every process takes part).
+  std::filesystem::path save_checkpoint();
+
+  const TrainingArguments& args() const { return args_; }
+  const TrainerState& state() const { return state_; }
+  dist::Accelerator& accelerator() { return *acc_; }
+  nn::GPT& model() { return model_; }
+  Device device() const { return device_; }
+  int64_t tokens_per_step() const;
+
+ private:
+  struct StepResult {
+    double loss, lr, grad_norm, seconds;
+  };
+  void resume_from(const std::filesystem::path& checkpoint);
+  StepResult training_step();
+  void log_step(const StepResult& step);
+  void evaluate_and_track_best();
+  void load_best_model();
+
+  TrainingArguments args_;
+  nn::GPT& model_;
+  std::unique_ptr<dist::Accelerator> acc_;
+  Device device_ = Device::cpu();
+  data::TokenFile train_data_;
+  std::optional<data::TokenFile> eval_data_;
+  ComputeMetrics compute_metrics_;
+  std::map<std::string, std::string> extra_files_;
+  std::unique_ptr<optim::AdamW> optimizer_;
+  std::unique_ptr<optim::LRSchedule> schedule_;
+  std::unique_ptr<data::DataLoader> loader_;
+  std::optional<TrainerState> resumed_;  // read before the schedule is built
+  TrainerState state_;
+  TrainerControl control_;
+  CallbackHandler handler_;
+};
+
+}  // namespace tessera::train

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,6 +14,9 @@
 #include <random>
 
 #include "core/allocator.h"
+#include "data/token_file.h"
+#include "dist/checksums.h"
+#include "optim/optimizer.h"
 
 namespace fs = std::filesystem;
 
@@ -27,8 +32,10 @@ std::string tessera_binary() {
   return (fs::path(TESSERA_BINARY_DIR) / "tessera").string();
 }
 
-RunResult run(const std::string& args) {
-  const std::string cmd = "OMP_NUM_THREADS=2 " + tessera_binary() + " " + args + " 2>&1";
+// Runs `tessera args` (in folder `cwd` when given), stdout and stderr together.
+RunResult run(const std::string& args, const fs::path& cwd = {}) {
+  const std::string cd = cwd.empty() ? "" : "cd '" + cwd.string() + "' && ";
+  const std::string cmd = cd + "OMP_NUM_THREADS=2 " + tessera_binary() + " " + args + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -118,7 +125,7 @@ void expect_resume_bit_identical(const std::string& mode) {
   const fs::path resumed = scratch() / ("resumed" + mode);
   fs::create_directories(resumed);
   r = run(common + " --steps 40 --schedule cosine --out " + resumed.string() + " --resume " +
-          (straight / "checkpoints" / "step_00000020").string());
+          (straight / "checkpoint-20").string());
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
   const auto a = losses_after(straight, 20), b = losses_after(resumed, 20);
@@ -232,65 +239,70 @@ TEST(Cli, PrepareTrainEvalSampleEndToEnd) {
 TEST(Cli, ResumeIsBitIdenticalSequential) { expect_resume_bit_identical("--sequential"); }
 TEST(Cli, ResumeIsBitIdenticalShuffled) { expect_resume_bit_identical("--shuffle"); }
 
-TEST(Cli, DamagedCheckpointsAreRefusedAndThePreviousOneStaysUsable) {
+// Flips one byte near the end of a file (and back again when called twice).
+void flip_byte(const fs::path& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-5, std::ios::end);
+  char c;
+  f.get(c);
+  f.seekp(-5, std::ios::end);
+  f.put(static_cast<char>(c ^ 0x40));
+}
+
+TEST(Cli, DamagedCheckpointsAreRefusedAndResumeFallsBackToThePreviousValidOne) {
   const fs::path data = prepared("byte");
   const fs::path out = scratch() / "damaged";
   const std::string common = "train --data " + (data / "train.bin").string() + kTinyModel + " --schedule constant --save-every 10 --keep-last 2 ";
   auto r = run(common + "--steps 30 --out " + out.string());
   ASSERT_EQ(r.rc, 0) << r.output;
-  // keep-last 2: step 10 rotated away.
-  EXPECT_FALSE(fs::exists(out / "checkpoints" / "step_00000010"));
-  const fs::path prev = out / "checkpoints" / "step_00000020", last = out / "checkpoints" / "step_00000030";
+  // keep-last 2: checkpoint-10 rotated away.
+  EXPECT_FALSE(fs::exists(out / "checkpoint-10"));
+  const fs::path prev = out / "checkpoint-20", last = out / "checkpoint-30";
   ASSERT_TRUE(fs::exists(prev) && fs::exists(last));
+  for (const char* f : {"config.json", "model.safetensors", "optimizer.safetensors", "accelerator_state.json",
+                        "trainer_state.json", "training_args.json", "tokenizer.json", "checksums.json"})
+    EXPECT_TRUE(fs::exists(last / f)) << f;
 
-  // Truncate the newest checkpoint's weights: named in a clear error, nothing trained.
+  // Truncate the newest checkpoint's weights: a model loader names the damage.
   const auto weights = last / "model.safetensors";
-  const auto size = fs::file_size(weights);
-  fs::resize_file(weights, size / 2);
-  r = run(common + "--steps 40 --out " + out.string() + " --resume " + last.string());
-  EXPECT_NE(r.rc, 0);
-  EXPECT_NE(r.output.find("model.safetensors"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("damaged"), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("step 31"), std::string::npos) << r.output;
+  fs::resize_file(weights, fs::file_size(weights) / 2);
   r = run("sample --model " + last.string() + " --max-new-tokens 5");
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.output.find("damaged"), std::string::npos) << r.output;
 
-  // A flipped byte in the training state is caught by its checksum.
-  {
-    std::fstream f(prev / "training_state.safetensors", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(-5, std::ios::end);
-    char c;
-    f.get(c);
-    f.seekp(-5, std::ios::end);
-    f.put(static_cast<char>(c ^ 0x40));
-  }
-  r = run(common + "--steps 40 --out " + out.string() + " --resume " + prev.string());
+  // A flipped byte in the previous one's optimizer state is caught by its checksum: with
+  // both damaged there is nothing to fall back to, and nothing is trained.
+  flip_byte(prev / "optimizer.safetensors");
+  r = run(common + "--steps 40 --out " + out.string() + " --resume " + last.string());
   EXPECT_NE(r.rc, 0);
-  EXPECT_NE(r.output.find("training_state.safetensors"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.safetensors"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("optimizer.safetensors"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("CRC"), std::string::npos) << r.output;
-  {  // undo the flip: the checkpoint is usable again
-    std::fstream f(prev / "training_state.safetensors", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(-5, std::ios::end);
-    char c;
-    f.get(c);
-    f.seekp(-5, std::ios::end);
-    f.put(static_cast<char>(c ^ 0x40));
-  }
+  EXPECT_EQ(r.output.find("step 31"), std::string::npos) << r.output;
+  flip_byte(prev / "optimizer.safetensors");  // undone: usable again
+
   // An interrupted write (no checksums.json) is not a checkpoint.
-  fs::create_directories(out / "checkpoints" / "step_00000099");
-  fs::copy_file(prev / "config.json", out / "checkpoints" / "step_00000099" / "config.json");
+  fs::create_directories(out / "checkpoint-99");
+  fs::copy_file(prev / "config.json", out / "checkpoint-99" / "config.json");
   // --resume without a path skips the damaged/incomplete newer ones and uses step 20.
   r = run(common + "--steps 40 --out " + out.string() + " --resume");
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("skipping damaged checkpoint"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("at step 20"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step 40/40"), std::string::npos) << r.output;
-  // Rotation (keep-last 2) counted only complete checkpoints: 30 and 40 remain, plus the
-  // incomplete folder, which is never taken for a checkpoint.
-  EXPECT_TRUE(fs::exists(out / "checkpoints" / "step_00000030" / "checksums.json"));
-  EXPECT_TRUE(fs::exists(out / "checkpoints" / "step_00000040" / "checksums.json"));
-  EXPECT_FALSE(fs::exists(out / "checkpoints" / "step_00000020"));
+  // Rotation (keep-last 2) counted only complete checkpoints: 30 and 40 remain.
+  EXPECT_TRUE(fs::exists(out / "checkpoint-30" / "checksums.json"));
+  EXPECT_TRUE(fs::exists(out / "checkpoint-40" / "checksums.json"));
+  EXPECT_FALSE(fs::exists(out / "checkpoint-20"));
+
+  // Naming a damaged checkpoint falls back to the previous valid one and says so.
+  fs::resize_file(out / "checkpoint-40" / "trainer_state.json", 10);
+  r = run(common + "--steps 45 --out " + out.string() + " --resume " + (out / "checkpoint-40").string());
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("trainer_state.json"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("falling back to the previous valid checkpoint"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("at step 30"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 45/45"), std::string::npos) << r.output;
 }
 
 TEST(Cli, BadConfigsFailBeforeTrainingNamingTheKey) {
@@ -306,10 +318,20 @@ TEST(Cli, BadConfigsFailBeforeTrainingNamingTheKey) {
       {"--config " + write("unknown.json", R"({"steps": 3, "bogus_key": 1})"), "bogus_key"},
       {"--config " + write("wrongtype.json", R"({"steps": "many"})"), "\"steps\""},
       {"--config " + write("float_steps.json", R"({"steps": 2.5})"), "\"steps\""},
-      {"--config " + write("unknown.yaml", "steps: 3\nlearning_rate: 0.1\n"), "learning_rate"},
+      {"--config " + write("unknown.yaml", "steps: 3\nlerning_rate: 0.1\n"), "lerning_rate"},
       {"--config " + write("broken.json", "{\"steps\": "), "not valid JSON"},
       {"--steps=-5", "\"steps\""},
-      {"--steps abc", "\"steps\""},
+      {"--steps abc", "--steps"},
+      {"--config " + write("string_int.json", R"({"n_embd": "32"})"), "\"n_embd\""},
+      {"--config " + write("dup.json", R"({"steps": 3, "steps": 4})"), "given twice"},
+      {"--config " + write("alias_dup.json", R"({"lr": 0.1, "learning_rate": 0.2})"), "\"learning_rate\""},
+      {"--config " + write("huge.yaml", "lr: 1e999\n"), "\"lr\""},
+      {"--config " + write("huge.json", R"({"lr": 1e999})"), "\"lr\""},
+      {"--config " + write("huge.json", R"({"lr": 1e999})"), "huge.json"},
+      {"--config " + write("hf_typo.json", R"({"learning_rat": 0.1})"), "learning_rat"},
+      {"--config " + write("bad_strategy.json", R"({"eval_strategy": "sometimes"})"), "\"eval_strategy\""},
+      {"--config " + write("bad_report.json", R"({"report_to": ["wandb"]})"), "\"report_to\""},
+      {"--data " + data.string(), "is a directory"},
       {"--n-embd 30 --n-head 4", "\"n_head\""},
       {"--seq 64 --block-size 32", "\"seq\""},
       {"--schedule stepwise", "\"schedule\""},
@@ -331,8 +353,8 @@ TEST(Cli, BadConfigsFailBeforeTrainingNamingTheKey) {
   EXPECT_NE(r.output.find("step 3/3"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("shuffled"), std::string::npos) << r.output;
   const auto saved = nlohmann::json::parse(slurp(scratch() / "badcfg" / "config.train.json"));
-  EXPECT_EQ(saved["steps"], 3);
-  EXPECT_EQ(saved["lr"], 0.002);
+  EXPECT_EQ(saved["max_steps"], 3);
+  EXPECT_EQ(saved["learning_rate"], 0.002);
 }
 
 // fp32, bf16 and fp16 runs on `device` ("cpu" or "cuda"); the final train losses by dtype.
@@ -395,4 +417,230 @@ TEST(Cli, CudaTrainingInEveryDtypeTracksTheCpu) {
   EXPECT_LT(gpu.at("fp32"), 5.0);
   EXPECT_NEAR(gpu.at("bf16"), gpu.at("fp32"), 0.1);
   EXPECT_NEAR(gpu.at("fp16"), gpu.at("fp32"), 0.1);
+}
+
+// ---- the Trainer stack behind `tessera train` (issues 10 and 14) ----
+
+TEST(Cli, NumericFlagsAreTypedInHelp) {
+  const auto r = run("train --help");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  for (const char* flag : {"--steps INT", "--batch INT", "--lr FLOAT", "--grad-clip FLOAT", "--seed INT"})
+    EXPECT_NE(r.output.find(flag), std::string::npos) << flag << "\n" << r.output;
+  EXPECT_EQ(r.output.find("--steps TEXT"), std::string::npos) << r.output;
+}
+
+TEST(Cli, TrainsOnABareFileNameInTheCurrentFolder) {
+  const fs::path data = prepared("byte");
+  const fs::path out = scratch() / "bare_name";
+  const auto r = run("train --data train.bin" + kTinyModel + "--steps 2 --out " + out.string(), data);
+  EXPECT_NE(r.output.find("done: 2 steps"), std::string::npos) << r.output;
+  // The saved settings hold absolute paths, so a resume from elsewhere finds the data.
+  const auto saved = nlohmann::json::parse(slurp(out / "config.train.json"));
+  EXPECT_EQ(saved["data"], (data / "train.bin").string());
+  EXPECT_EQ(saved["val_data"], "");
+}
+
+// `--resume RUN` alone (no data, no settings, from another folder) continues the run
+// bit for bit: metrics, final weights and trainer_state.json of the last checkpoint.
+TEST(Cli, ResumeFromTheRunFolderAloneIsBitIdenticalIncludingTrainerState) {
+  const fs::path data = prepared("byte");
+  const fs::path straight = scratch() / "run_straight", resumed = scratch() / "run_resumed";
+  const std::string flags = "train --data " + (data / "train.bin").string() + kTinyModel +
+                            " --grad-accum 2 --warmup 3 --eval-every 10 --eval-batches 2 --save-every 10 --shuffle"
+                            " --steps 30 --schedule cosine --out ";
+  auto r = run(flags + straight.string());
+  ASSERT_EQ(r.rc, 0) << r.output;
+  // The interrupted run: its checkpoint-20 and metrics so far, in another folder.
+  fs::create_directories(resumed);
+  fs::copy(straight / "checkpoint-20", resumed / "checkpoint-20", fs::copy_options::recursive);
+  fs::copy_file(straight / "metrics.jsonl", resumed / "metrics.jsonl");
+  r = run("train --resume " + resumed.string(), fs::temp_directory_path());
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("at step 20"), std::string::npos) << r.output;
+  EXPECT_EQ(losses_after(straight, 0), losses_after(resumed, 0));
+  EXPECT_EQ(slurp(straight / "model" / "model.safetensors"), slurp(resumed / "model" / "model.safetensors"));
+  const std::string state = slurp(straight / "checkpoint-30" / "trainer_state.json");
+  EXPECT_EQ(state, slurp(resumed / "checkpoint-30" / "trainer_state.json"));
+  const auto j = nlohmann::json::parse(state);
+  EXPECT_EQ(j["global_step"], 30);
+  EXPECT_EQ(j["log_history"].size(), 33u);  // 30 steps + evaluations at 10, 20, 30
+  EXPECT_EQ(j["best_model_checkpoint"], "checkpoint-" + std::to_string(j["best_step"].get<int>()));
+}
+
+// A config file written with Hugging Face TrainingArguments names trains the same run as
+// the flags.
+TEST(Cli, HuggingFaceNamedConfigTrainsTheSameRunAsTheFlags) {
+  const fs::path data = prepared("byte");
+  const fs::path by_flags = scratch() / "hf_flags", by_config = scratch() / "hf_config";
+  auto r = run("train --data " + (data / "train.bin").string() + kTinyModel +
+               " --grad-accum 2 --steps 12 --lr 2e-3 --min-lr 1e-4 --warmup 2 --schedule linear --weight-decay 0.05"
+               " --beta1 0.8 --beta2 0.95 --eps 1e-7 --grad-clip 0.5 --seed 7 --eval-every 6 --eval-batches 2"
+               " --save-every 6 --keep-last 1 --shuffle --out " + by_flags.string());
+  ASSERT_EQ(r.rc, 0) << r.output;
+  const fs::path config = scratch() / "hf.json";
+  std::ofstream(config) << nlohmann::json{
+      {"data", (data / "train.bin").string()}, {"n_layer", 1}, {"n_head", 2}, {"n_embd", 16}, {"seq", 16},
+      {"per_device_train_batch_size", 4}, {"gradient_accumulation_steps", 2}, {"max_steps", 12},
+      {"learning_rate", 2e-3}, {"min_lr", 1e-4}, {"warmup_steps", 2}, {"lr_scheduler_type", "linear"},
+      {"weight_decay", 0.05}, {"adam_beta1", 0.8}, {"adam_beta2", 0.95}, {"adam_epsilon", 1e-7},
+      {"max_grad_norm", 0.5}, {"seed", 7}, {"eval_strategy", "steps"}, {"eval_steps", 6}, {"eval_batches", 2},
+      {"save_strategy", "steps"}, {"save_steps", 6}, {"save_total_limit", 1}, {"shuffle", true},
+      {"report_to", {"jsonl"}}, {"output_dir", by_config.string()}}.dump(2);
+  r = run("train --config " + config.string());
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_EQ(losses_after(by_flags, 0), losses_after(by_config, 0));
+  EXPECT_EQ(losses_after(by_flags, 0).size(), 12u + 2u);
+  EXPECT_EQ(slurp(by_flags / "model" / "model.safetensors"), slurp(by_config / "model" / "model.safetensors"));
+  EXPECT_EQ(slurp(by_flags / "checkpoint-12" / "trainer_state.json"),
+            slurp(by_config / "checkpoint-12" / "trainer_state.json"));
+}
+
+// issue 14, defect 1: a validation file with a token outside the vocabulary is refused at
+// the start, naming the file, before any step (so no run is thrown away at its first eval).
+TEST(Cli, BadValidationFileIsRefusedBeforeTraining) {
+  const fs::path dir = scratch() / "bad_val";
+  fs::create_directories(dir);
+  std::vector<uint32_t> train(4000), val(500);
+  for (size_t i = 0; i < train.size(); ++i) train[i] = static_cast<uint32_t>((i * 7) % 250);
+  for (size_t i = 0; i < val.size(); ++i) val[i] = static_cast<uint32_t>((i * 3) % 250);
+  val[333] = 300;
+  tessera::data::write_token_file(dir / "train.bin", train);
+  tessera::data::write_token_file(dir / "val.bin", val);
+  const auto r = run("train --data " + (dir / "train.bin").string() + kTinyModel +
+                     "--steps 20 --eval-every 10 --save-every 10 --out " + (dir / "run").string());
+  EXPECT_NE(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("validation file '" + (dir / "val.bin").string() + "' holds token 300"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "run" / "checkpoint-10"));
+}
+
+// issue 14, defect 7: resume trusts nothing it did not check.
+TEST(Cli, ResumeRefusesAModelShapeThatDisagreesWithTheRun) {
+  const fs::path data = prepared("byte");
+  const fs::path out = scratch() / "shape_run";
+  const std::string base = "train --data " + (data / "train.bin").string() + kTinyModel + "--steps 4 --out " + out.string();
+  ASSERT_EQ(run(base).rc, 0);
+  const std::string before = slurp(out / "config.train.json");
+  const auto r = run("train --resume " + out.string() + " --steps 8 --n-layer 2");
+  EXPECT_NE(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("\"n_layer\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("has 1"), std::string::npos) << r.output;
+  EXPECT_EQ(slurp(out / "config.train.json"), before);  // nothing rewritten
+  // The same shape given again is fine, and so is leaving it out.
+  const auto again = run("train --resume " + out.string() + " --n-layer 1");
+  EXPECT_EQ(again.rc, 0) << again.output;
+}
+
+namespace {
+// Rewrites a checkpoint's checksums after tampering, so only the contents checks can tell.
+void resign(const fs::path& checkpoint) { tessera::dist::write_checksums(checkpoint); }
+
+std::string resume_output(const fs::path& checkpoint, const fs::path& out) {
+  return run("train --resume " + checkpoint.string() + " --out " + out.string()).output;
+}
+}  // namespace
+
+TEST(Cli, ResumeChecksTheTrainingStateContents) {
+  const fs::path data = prepared("byte");
+  const fs::path run_dir = scratch() / "tamper_run";
+  ASSERT_EQ(run("train --data " + (data / "train.bin").string() + kTinyModel + "--steps 4 --save-every 2 --keep-last 5 --out " +
+                run_dir.string()).rc, 0);
+  const fs::path good = run_dir / "checkpoint-2";
+  int variant = 0;
+  // Each case: a copy of checkpoint-2, tampered, re-signed; resume must fail naming it.
+  auto tampered = [&](const std::function<void(const fs::path&)>& edit) {
+    const fs::path dir = scratch() / ("tamper_" + std::to_string(variant++)) / "checkpoint-2";
+    fs::create_directories(dir.parent_path());
+    fs::copy(good, dir, fs::copy_options::recursive);
+    edit(dir);
+    resign(dir);
+    return dir;
+  };
+  auto edit_optimizer = [](const std::function<void(tessera::optim::OptimizerStateDict&)>& f) {
+    return [f](const fs::path& dir) {
+      auto state = tessera::optim::load_optimizer_state((dir / "optimizer.safetensors").string());
+      f(state);
+      tessera::optim::save_optimizer_state(state, (dir / "optimizer.safetensors").string());
+    };
+  };
+  auto edit_json = [](const std::string& file, const std::function<void(nlohmann::json&)>& f) {
+    return [file, f](const fs::path& dir) {
+      auto j = nlohmann::json::parse(slurp(dir / file));
+      f(j);
+      std::ofstream(dir / file) << j.dump(2);
+    };
+  };
+  const std::vector<std::pair<std::function<void(const fs::path&)>, std::vector<std::string>>> cases = {
+      {edit_optimizer([](auto& s) { s.tensors["state.0.exp_avg"] = s.tensors["state.0.exp_avg"].to(tessera::DType::i32); }),
+       {"state.0.exp_avg", "int32"}},
+      {edit_optimizer([](auto& s) { s.tensors.erase("state.1.exp_avg_sq"); }), {"state.1.exp_avg_sq", "missing"}},
+      {edit_optimizer([](auto& s) { s.scalars["state.0.step"] = -5; }), {"state.0.step", "-5"}},
+      {edit_json("trainer_state.json", [](auto& j) { j["global_step"] = -5; }), {"global_step", "-5"}},
+      {edit_json("trainer_state.json", [](auto& j) { j.erase("log_history"); }), {"log_history"}},
+      {edit_json("accelerator_state.json", [](auto& j) { j["state"]["loader_positions"][0][0] = -1; }),
+       {"loader_positions", "-1"}},
+      {edit_json("accelerator_state.json", [](auto& j) { j["state"]["loader_positions"][0][0] = 7; }),
+       {"data position", "7"}},
+      {edit_json("accelerator_state.json", [](auto& j) { j["state"].erase("rng"); }), {"\"rng\" is missing"}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const fs::path dir = tampered(cases[i].first);
+    const std::string out = resume_output(dir, dir.parent_path() / "out");
+    EXPECT_EQ(out.find("step 3/"), std::string::npos) << "case " << i << "\n" << out;
+    EXPECT_EQ(out.find("operation on an undefined"), std::string::npos) << "case " << i << "\n" << out;
+    for (const std::string& want : cases[i].second) EXPECT_NE(out.find(want), std::string::npos) << "case " << i << ": " << want << "\n" << out;
+  }
+}
+
+// A step whose loss was not finite is logged as "loss": null; that line must never break
+// a later resume (or the loss plot).
+TEST(Cli, NullLossLineInMetricsDoesNotBreakResume) {
+  const fs::path data = prepared("byte");
+  const fs::path out = scratch() / "null_loss";
+  const std::string base = "train --data " + (data / "train.bin").string() + kTinyModel + "--schedule constant --save-every 5 ";
+  ASSERT_EQ(run(base + "--steps 5 --out " + out.string()).rc, 0);
+  std::string metrics = slurp(out / "metrics.jsonl");
+  const size_t at = metrics.find("{\"grad_norm\"");
+  ASSERT_NE(at, std::string::npos) << metrics;
+  metrics.insert(at, "{\"grad_norm\":null,\"loss\":null,\"lr\":0.001,\"ms\":1.0,\"step\":3,\"tokens_per_s\":1.0}\n");
+  std::ofstream(out / "metrics.jsonl") << metrics;
+  {  // and in the checkpoint's log history (re-signed: only the contents matter here)
+    const fs::path state_path = out / "checkpoint-5" / "trainer_state.json";
+    auto state = nlohmann::json::parse(slurp(state_path));
+    state["log_history"][2]["loss"] = nullptr;
+    std::ofstream(state_path) << state.dump(2);
+    resign(out / "checkpoint-5");
+  }
+  const auto r = run(base + "--steps 8 --resume --out " + out.string());
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("step 8/8"), std::string::npos) << r.output;
+  EXPECT_EQ(slurp(out / "loss.png").substr(0, 8), "\x89PNG\r\n\x1a\n");
+}
+
+// Evaluation under `tessera launch` (each rank scores its share, gathered) equals one process.
+TEST(Cli, DistributedEvaluationOn2And3RanksEqualsOneProcess) {
+  const fs::path data = prepared("byte");
+  const fs::path out = scratch() / "dist_eval_model";
+  ASSERT_EQ(run("train --data " + (data / "train.bin").string() + kTinyModel + "--steps 3 --out " + out.string()).rc, 0);
+  const std::string eval = " eval --model " + (out / "model").string() + " --data " + (data / "val.bin").string() +
+                           " --batch 3 --seq 16 --batches 5";
+  auto parse_last_json = [](const std::string& text) {
+    const size_t at = text.rfind("{\"loss\"");
+    return at == std::string::npos ? nlohmann::json() : nlohmann::json::parse(text.substr(at, text.find('\n', at) - at));
+  };
+  const auto one = run(eval);
+  ASSERT_EQ(one.rc, 0) << one.output;
+  const auto want = parse_last_json(one.output);
+  ASSERT_TRUE(want.is_object()) << one.output;
+  for (int ranks : {2, 3}) {
+    const auto r = run("launch --nproc-per-node " + std::to_string(ranks) + " " + tessera_binary() + eval);
+    ASSERT_EQ(r.rc, 0) << r.output;
+    const auto got = parse_last_json(r.output);
+    ASSERT_TRUE(got.is_object()) << r.output;
+    EXPECT_EQ(got["tokens"], want["tokens"]);
+    EXPECT_NEAR(got["loss"].get<double>(), want["loss"].get<double>(), 1e-6) << ranks << " ranks";
+    EXPECT_NEAR(got["token_accuracy"].get<double>(), want["token_accuracy"].get<double>(), 1e-12);
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '{'), 1) << "only the main process prints\n" << r.output;
+  }
 }

@@ -238,7 +238,7 @@ TEST(Launch, ResumeLatestBeforeAnyCheckpointStartsAFreshRun) {
   const fs::path out = scratch() / "fresh";
   JobResult r = run_job(tiny_training(3) + out.string() + " --resume", 120);
   EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("no checkpoint under '" + (out / "checkpoints").string() +
+  EXPECT_NE(r.output.find("no checkpoint under '" + out.string() +
                           "' yet; starting a fresh run"),
             std::string::npos)
       << r.output;
@@ -265,8 +265,8 @@ TEST(Launch, TrainingRestartedAfterAFailureResumesByItselfAndMatchesAnUninterrup
                         << train << restarted.string() << " &\n"
                         << "pid=$!\n"
                         << "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then\n"
-                        << "  until ls " << (restarted / "checkpoints").string()
-                        << " 2>/dev/null | grep -v partial | grep -q 30; do sleep 0.05; done\n"
+                        << "  until ls " << restarted.string()
+                        << " 2>/dev/null | grep -v partial | grep -q checkpoint-30; do sleep 0.05; done\n"
                         << "  kill -9 $pid; exit 1\n"
                         << "fi\n"
                         << "wait $pid\n";

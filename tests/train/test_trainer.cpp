@@ -1,0 +1,169 @@
+// The library Trainer: early stopping, best-model tracking and reload, checkpoint rotation
+// that keeps the best, and the arguments' checks. Tiny GPTs on a synthetic token stream.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "core/safetensors.h"
+#include "data/token_file.h"
+#include "train/checkpoint_files.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace tessera;
+
+namespace {
+
+fs::path scratch(const std::string& name) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessera_test_train_" + std::to_string(::getpid())) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+data::TokenFile token_stream(const fs::path& dir) {
+  std::vector<uint32_t> tokens(5000);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<uint32_t>((i * 7 + i / 11) % 61);
+  data::write_token_file(dir / "tokens.bin", tokens);
+  return data::TokenFile(dir / "tokens.bin");
+}
+
+train::TrainingArguments tiny_args(const fs::path& dir) {
+  train::TrainingArguments a;
+  a.data = (dir / "tokens.bin").string();
+  a.output_dir = (dir / "run").string();
+  a.n_layer = 1, a.n_head = 2, a.n_embd = 16, a.seq = 16;
+  a.per_device_train_batch_size = 4;
+  a.eval_batches = 1;
+  a.lr_scheduler_type = "constant";
+  a.learning_rate = 3e-3;
+  return a;
+}
+
+std::unique_ptr<nn::GPT> tiny_gpt() {
+  nn::GPTConfig g;
+  g.vocab_size = 61, g.block_size = 16, g.n_layer = 1, g.n_head = 2, g.n_embd = 16;
+  Generator gen(5);
+  return std::make_unique<nn::GPT>(g, &gen);
+}
+
+// compute_metrics returning a scripted val_loss per evaluation (the model is still
+// evaluated: the hook replaces only the metrics).
+train::ComputeMetrics scripted(std::vector<double> values) {
+  auto next = std::make_shared<size_t>(0);
+  return [values, next](const train::EvalTotals& totals) {
+    EXPECT_GT(totals.tokens, 0);
+    return train::Metrics{{"val_loss", values.at(std::min(*next, values.size() - 1))},
+                          {"evals", double((*next)++)}};
+  };
+}
+
+std::vector<float> values_of(const Tensor& t) {
+  return t.to(DType::f32).contiguous().to_vector<float>();
+}
+
+}  // namespace
+
+TEST(Trainer, EarlyStoppingStopsAtTheRightStep) {
+  const fs::path dir = scratch("early");
+  const data::TokenFile tokens = token_stream(dir);
+  // Evaluations at 5, 10, 15, 20, ...: 5.0 (best), 4.0 (better by 1), 4.5 (worse: 1),
+  // 3.98 (better by only 0.02 < threshold 0.05: 2 = patience) -> stop at step 20.
+  const std::vector<double> losses = {5.0, 4.0, 4.5, 3.98, 3.99, 3.99, 3.99};
+  for (const auto& [threshold, stop_step] : {std::pair{0.05, 20}, {0.0, 30}}) {
+    train::TrainingArguments args = tiny_args(dir);
+    args.max_steps = 100, args.eval_steps = 5, args.save_strategy = "no";
+    auto model = tiny_gpt();
+    train::Trainer trainer(args, *model, tokens, tokens, scripted(losses));
+    trainer.add_callback(std::make_shared<train::EarlyStoppingCallback>(2, threshold));
+    trainer.train();
+    EXPECT_EQ(trainer.state().global_step, stop_step) << "threshold " << threshold;
+    const auto& last = trainer.state().log_history.back();
+    EXPECT_EQ(last["step"], stop_step);
+    EXPECT_TRUE(last.contains("val_loss"));
+    // Best tracking takes any improvement (no threshold).
+    EXPECT_EQ(trainer.state().best_metric.value(), threshold > 0 ? 3.98 : 3.98);
+    EXPECT_EQ(trainer.state().best_step, 20);
+  }
+}
+
+TEST(Trainer, LoadBestModelAtEndRestoresTheBestCheckpointBitForBit) {
+  const fs::path dir = scratch("best");
+  const data::TokenFile tokens = token_stream(dir);
+  train::TrainingArguments args = tiny_args(dir);
+  args.max_steps = 20, args.eval_steps = 5, args.save_steps = 10, args.save_total_limit = 1;
+  args.load_best_model_at_end = true;
+  auto model = tiny_gpt();
+  train::Trainer trainer(args, *model, tokens, tokens, scripted({3.0, 2.0, 2.5, 2.7}));
+  trainer.train();
+  const fs::path run = args.output_dir;
+  EXPECT_EQ(trainer.state().best_model_checkpoint, "checkpoint-10");
+  // save_total_limit 1 never removes the best; the newest stays too.
+  EXPECT_FALSE(fs::exists(run / "checkpoint-5"));
+  ASSERT_TRUE(fs::exists(run / "checkpoint-10" / "model.safetensors"));
+  ASSERT_TRUE(fs::exists(run / "checkpoint-20" / "model.safetensors"));
+  const auto best =
+      load_safetensors((run / "checkpoint-10" / "model.safetensors").string()).tensors;
+  const auto last =
+      load_safetensors((run / "checkpoint-20" / "model.safetensors").string()).tensors;
+  size_t differing_from_last = 0;
+  for (const auto& [name, t] : model->state_dict()) {
+    ASSERT_TRUE(best.count(name)) << name;
+    EXPECT_EQ(values_of(t), values_of(best.at(name))) << name;
+    differing_from_last += values_of(t) != values_of(last.at(name));
+  }
+  EXPECT_GT(differing_from_last, 0u);  // step 20's weights were really replaced
+  // trainer_state.json of the last checkpoint records the best.
+  train::verify_checkpoint(run / "checkpoint-20");
+}
+
+TEST(Trainer, EvaluateGivesLossPerplexityAndTokenAccuracy) {
+  const fs::path dir = scratch("metrics");
+  const data::TokenFile tokens = token_stream(dir);
+  train::TrainingArguments args = tiny_args(dir);
+  args.max_steps = 1, args.eval_batches = 2;
+  auto model = tiny_gpt();
+  train::Trainer trainer(args, *model, tokens, tokens);
+  const train::Metrics m = trainer.evaluate();
+  // Reference: the model's own mean loss over the same two batches, and argmax hits.
+  data::DataLoader loader(tokens, {.batch = 4, .seq = 16});
+  double loss = 0;
+  int64_t hits = 0;
+  model->eval();
+  for (int k = 0; k < 2; ++k) {
+    const data::Batch b = loader.next();
+    loss += model->loss(b.x, b.y).item() / 2;
+    const Tensor logits = (*model)(b.x);
+    const auto lv = values_of(logits);
+    const auto y = b.y.to_vector<int64_t>();
+    for (size_t row = 0; row < y.size(); ++row) {
+      size_t best = 0;
+      for (size_t v = 1; v < 61; ++v)
+        if (lv[row * 61 + v] > lv[row * 61 + best]) best = v;
+      hits += static_cast<int64_t>(best) == y[row];
+    }
+  }
+  EXPECT_NEAR(m.at("val_loss"), loss, 1e-6);
+  EXPECT_NEAR(m.at("val_perplexity"), std::exp(loss), 1e-5);
+  EXPECT_DOUBLE_EQ(m.at("val_token_accuracy"), static_cast<double>(hits) / (2 * 4 * 16));
+}
+
+TEST(TrainingArguments, HuggingFaceNamesAndFlagNamesSetTheSameSetting) {
+  train::TrainingArguments a, b;
+  train::apply_config_values(
+      a, {{"learning_rate", 0.25}, {"per_device_train_batch_size", 3}, {"bf16", true}}, "x");
+  train::apply_config_values(b, {{"lr", 0.25}, {"batch", 3}, {"dtype", "bf16"}}, "y");
+  EXPECT_EQ(a.to_json(), b.to_json());
+  EXPECT_EQ(b.describe("learning_rate"), "y: key \"lr\" (learning_rate)");
+  EXPECT_THROW(train::apply_config_values(a, {{"n_embd", "32"}}, "z"),
+               Error);  // text, not a number
+  EXPECT_THROW(train::apply_config_values(a, {{"bf16", true}, {"dtype", "fp32"}}, "z"), Error);
+  train::TrainingArguments c;
+  train::apply_config_values(c, {{"bf16", false}, {"fp16", true}}, "z");  // two switches, no clash
+  EXPECT_EQ(c.dtype(), "fp16");
+  EXPECT_THROW(train::apply_config_values(a, {{"max_steps", 2.5}}, "z"), Error);
+  EXPECT_THROW(train::apply_config_values(a, {{"report_to", 3}}, "z"), Error);
+}

@@ -1,0 +1,98 @@
+#include "train/checkpoint_files.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "dist/checksums.h"
+
+namespace tessera::train {
+
+namespace fs = std::filesystem;
+
+std::string checkpoint_name(int64_t step) { return "checkpoint-" + std::to_string(step); }
+
+std::optional<int64_t> checkpoint_step(const fs::path& dir) {
+  const std::string name = dir.filename().string();
+  const std::string prefix = "checkpoint-";
+  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() ||
+      name.size() > prefix.size() + 18)
+    return {};
+  if (name.find_first_not_of("0123456789", prefix.size()) != std::string::npos) return {};
+  return std::stoll(name.substr(prefix.size()));
+}
+
+std::vector<fs::path> list_checkpoints(const fs::path& output_dir) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  if (fs::is_directory(output_dir))
+    for (const auto& entry : fs::directory_iterator(output_dir))
+      if (auto step = checkpoint_step(entry.path()); step && entry.is_directory())
+        found.emplace_back(*step, entry.path());
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> out;
+  for (auto& [step, path] : found) out.push_back(path);
+  return out;
+}
+
+void verify_checkpoint(const fs::path& dir) {
+  dist::verify_checksums(dir, "checkpoint '" + dir.string() + "'",
+                         {"config.json", "model.safetensors", "optimizer.safetensors",
+                          "accelerator_state.json", kTrainerStateFile, kTrainingArgsFile});
+}
+
+std::optional<fs::path> latest_valid_checkpoint(const fs::path& output_dir,
+                                                std::vector<std::string>& warnings,
+                                                int64_t before_step) {
+  const std::vector<fs::path> all = list_checkpoints(output_dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (*checkpoint_step(*it) >= before_step) continue;
+    try {
+      verify_checkpoint(*it);
+      return *it;
+    } catch (const Error& e) {
+      warnings.push_back(std::string("skipping damaged checkpoint: ") + e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+fs::path resolve_checkpoint(const fs::path& target, std::vector<std::string>& warnings) {
+  TESSERA_CHECK(fs::is_directory(target), "--resume: '", target.string(), "' is not a directory");
+  const auto step =
+      checkpoint_step(fs::absolute(target).lexically_normal().parent_path() / target.filename());
+  if (!step && !fs::exists(target / kTrainerStateFile)) {  // a run folder
+    auto latest = latest_valid_checkpoint(target, warnings);
+    TESSERA_CHECK(latest.has_value(), "--resume: no valid checkpoint-N folder in '",
+                  target.string(), "'");
+    return *latest;
+  }
+  try {
+    verify_checkpoint(target);
+    return target;
+  } catch (const Error& e) {
+    const fs::path run = fs::absolute(target).lexically_normal().parent_path();
+    auto previous = latest_valid_checkpoint(run, warnings, step.value_or(INT64_MAX));
+    if (!previous) {
+      std::string skipped;
+      for (const std::string& w : warnings) skipped += "; " + w;
+      TESSERA_FAIL(e.what(), "; no earlier valid checkpoint to fall back to", skipped);
+    }
+    warnings.push_back(std::string(e.what()) + "; falling back to the previous valid checkpoint " +
+                       previous->string());
+    return *previous;
+  }
+}
+
+void rotate_checkpoints(const fs::path& output_dir, int64_t limit, const std::string& keep) {
+  std::vector<fs::path> complete = list_checkpoints(output_dir);
+  std::erase_if(complete, [](const fs::path& d) { return !fs::exists(d / dist::kChecksumFile); });
+  int64_t excess = static_cast<int64_t>(complete.size()) - limit;
+  // The oldest go first; the best and the newest always stay (so with limit 1 and an older
+  // best, two remain, as in Hugging Face's Trainer).
+  for (size_t i = 0; i + 1 < complete.size() && excess > 0; ++i) {
+    if (complete[i].filename() == keep) continue;
+    fs::remove_all(complete[i]);
+    --excess;
+  }
+}
+
+}  // namespace tessera::train

@@ -1,0 +1,34 @@
+// Evaluation of a GPT on a token file: the first `batches` sequential micro-batches
+// [batch, seq] (the data-order contract with one process), in eval mode without
+// gradients. Distributed, every process scores its contiguous share of the batches and
+// the per-batch sums are gathered in batch order, so every process gets exactly what one
+// process scoring all of them gets.
+#pragma once
+#include <functional>
+#include <map>
+#include <string>
+
+#include "data/token_file.h"
+#include "dist/accelerator.h"
+#include "nn/gpt.h"
+
+namespace tessera::train {
+
+struct EvalTotals {
+  double loss_sum = 0;  // cross-entropy summed over target tokens
+  int64_t tokens = 0;   // target tokens scored
+  int64_t correct = 0;  // targets that were the model's most likely token
+  double loss() const { return tokens > 0 ? loss_sum / static_cast<double>(tokens) : 0.0; }
+};
+
+// The metrics of an evaluation from its totals (Hugging Face's compute_metrics hook).
+using ComputeMetrics = std::function<std::map<std::string, double>(const EvalTotals&)>;
+// val_loss (mean cross-entropy per token), val_perplexity = exp(val_loss) and
+// val_token_accuracy (share of targets predicted by argmax).
+std::map<std::string, double> language_model_metrics(const EvalTotals& totals);
+
+// `acc` null: this process scores every batch.
+EvalTotals evaluate_tokens(nn::GPT& model, const data::TokenFile& file, int64_t batch, int64_t seq,
+                           int64_t batches, Device device, dist::Accelerator* acc = nullptr);
+
+}  // namespace tessera::train

@@ -1,0 +1,243 @@
+#include "train/run.h"
+
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/random.h"
+#include "data/file_io.h"
+#include "train/checkpoint_files.h"
+#include "train/model_dir.h"
+#include "train/trainer.h"
+
+namespace tessera::train {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+namespace {
+
+std::string absolute_path(const std::string& p) {
+  return p.empty() ? p : fs::absolute(fs::path(p)).lexically_normal().string();
+}
+
+void make_paths_absolute(TrainingArguments& a) {
+  for (std::string* p : {&a.data, &a.val_data, &a.init, &a.output_dir}) *p = absolute_path(*p);
+}
+
+TrainingArguments apply_layers(TrainingArguments args, const std::vector<ArgumentLayer>& layers) {
+  for (const ArgumentLayer& layer : layers) apply_config_values(args, layer.values, layer.source);
+  make_paths_absolute(args);
+  return args;
+}
+
+// The run's settings as saved with a checkpoint (training_args.json, verified).
+TrainingArguments saved_arguments(const fs::path& checkpoint) {
+  const fs::path path = checkpoint / kTrainingArgsFile;
+  Json saved;
+  try {
+    saved = Json::parse(data::read_file(path));
+  } catch (const Json::exception& e) {
+    TESSERA_FAIL("checkpoint '", checkpoint.string(), "': ", kTrainingArgsFile,
+                 " is not valid JSON: ", e.what());
+  }
+  TESSERA_CHECK(saved.is_object(), path.string(), ": expected a JSON object of settings");
+  saved.erase("resume_from_checkpoint");
+  TrainingArguments args;
+  apply_config_values(args, saved, path.string());
+  args.given.clear();
+  return args;
+}
+
+// Prints a sample continuing a newline every sample_every steps (main process).
+class SampleCallback : public TrainerCallback {
+ public:
+  SampleCallback(nn::GPT& model, const data::Tokenizer* tokenizer,
+                 std::shared_ptr<ProgressCallback> console)
+      : model_(model), tokenizer_(tokenizer), console_(std::move(console)) {}
+  void on_step_end(const TrainingArguments& args, TrainerState& state, TrainerControl&) override {
+    if (args.sample_every <= 0 || state.global_step % args.sample_every != 0) return;
+    console_->message("sample at step " + std::to_string(state.global_step) + ":\n" +
+                      sample(static_cast<uint64_t>(args.seed + state.global_step)));
+  }
+
+ private:
+  std::string sample(uint64_t seed) {
+    std::vector<int64_t> prompt = {0};
+    if (tokenizer_) {
+      const auto ids = tokenizer_->encode("\n");
+      prompt.assign(ids.begin(), ids.end());
+    }
+    Generator gen(seed);
+    const bool was_training = model_.is_training();
+    model_.eval();
+    const Tensor out = model_.generate(
+        from_vector(prompt, {1, static_cast<int64_t>(prompt.size())}, {.dtype = DType::i64}), 128,
+        {.temperature = 1.0, .top_k = 0, .gen = &gen});
+    model_.train(was_training);
+    const std::vector<int64_t> all = out.to_vector<int64_t>();
+    std::vector<uint32_t> fresh(all.begin() + static_cast<int64_t>(prompt.size()), all.end());
+    if (tokenizer_) return tokenizer_->decode(fresh);
+    std::ostringstream ids;
+    for (uint32_t id : fresh) ids << id << ' ';
+    return ids.str();
+  }
+  nn::GPT& model_;
+  const data::Tokenizer* tokenizer_;
+  std::shared_ptr<ProgressCallback> console_;
+};
+
+data::TokenFile open_token_file(const std::string& path, const std::string& role) {
+  TESSERA_CHECK(fs::exists(path), "tessera train: ", role, " '", path, "' does not exist");
+  TESSERA_CHECK(!fs::is_directory(path), "tessera train: ", role, " '", path,
+                "' is a directory; name the token file in it (e.g. train.bin)");
+  return data::TokenFile(path);
+}
+
+// Every token of a file must index the model's vocabulary; checked before any training so
+// a bad file (also the validation file, first read at the first evaluation) costs nothing.
+void check_tokens_fit(const data::TokenFile& file, const std::string& role, int64_t vocab_size) {
+  TESSERA_CHECK(file.max_token() < vocab_size, "tessera train: ", role, " '", file.path().string(),
+                "' holds token ", file.max_token(), " but the model's vocab_size is ", vocab_size);
+}
+
+std::unique_ptr<nn::GPT> build_model(const TrainingArguments& args,
+                                     const data::TokenFile& train_file,
+                                     const data::Tokenizer* tokenizer) {
+  if (!args.resume_from_checkpoint.empty()) {  // weights come with the checkpoint's state
+    nn::GPTConfig g = nn::gpt_config_from_json_file(
+        (fs::path(args.resume_from_checkpoint) / "config.json").string());
+    g.dropout = args.dropout;
+    return std::make_unique<nn::GPT>(g);
+  }
+  if (!args.init.empty()) return load_model(args.init, Device::cpu());
+  nn::GPTConfig g;
+  g.n_layer = args.n_layer, g.n_head = args.n_head, g.n_embd = args.n_embd;
+  g.dropout = args.dropout;
+  g.block_size = args.block_size > 0 ? args.block_size : args.seq;
+  g.vocab_size = args.vocab_size > 0 ? args.vocab_size
+                 : tokenizer         ? tokenizer->vocab_size()
+                                     : static_cast<int64_t>(train_file.max_token()) + 1;
+  g.validate();
+  Generator init_gen(static_cast<uint64_t>(args.seed));
+  return std::make_unique<nn::GPT>(g, &init_gen);
+}
+
+}  // namespace
+
+TrainingArguments arguments_for_run(const std::vector<ArgumentLayer>& layers) {
+  const TrainingArguments requested = apply_layers(TrainingArguments{}, layers);
+  if (requested.resume_from_checkpoint.empty()) {
+    validate(requested);
+    return requested;
+  }
+  const bool latest = requested.resume_from_checkpoint == "latest";
+  const fs::path target =
+      latest ? fs::path(requested.output_dir) : fs::path(requested.resume_from_checkpoint);
+  // "latest" before any checkpoint was written is a fresh run: the first attempt of a job
+  // that `tessera launch --max-restarts` restarts runs the same command as the later ones.
+  if (latest && list_checkpoints(target).empty()) {
+    std::cerr << "tessera train: --resume: no checkpoint under '" << target.string()
+              << "' yet; starting a fresh run\n";
+    TrainingArguments fresh = requested;
+    fresh.resume_from_checkpoint.clear();
+    validate(fresh);
+    return fresh;
+  }
+  std::vector<std::string> warnings;
+  const fs::path checkpoint = fs::absolute(resolve_checkpoint(target, warnings)).lexically_normal();
+  for (const std::string& w : warnings) std::cerr << "tessera train: warning: " << w << "\n";
+  TrainingArguments saved = saved_arguments(checkpoint);
+  if (!requested.given.count("output_dir")) saved.output_dir = checkpoint.parent_path().string();
+  TrainingArguments args = apply_layers(saved, layers);
+  args.resume_from_checkpoint = checkpoint.string();
+  TESSERA_CHECK(requested.init.empty(), requested.describe("init"),
+                " cannot be combined with --resume (the weights come from the checkpoint)");
+  // The model's shape is the checkpoint's; a flag that says otherwise is a mistake.
+  const Json saved_json = saved.to_json(), args_json = args.to_json();
+  for (const std::string& key : model_shape_keys())
+    TESSERA_CHECK(!requested.given.count(key) || args_json[key] == saved_json[key],
+                  args.describe(key), " is ", args_json[key].dump(), " but the run being resumed (",
+                  checkpoint.string(), ") has ", saved_json[key].dump(),
+                  "; leave it out to resume, or start a new run");
+  for (const char* key : {"per_device_train_batch_size", "seq", "gradient_accumulation_steps",
+                          "shuffle", "seed", "data"})
+    if (args_json[key] != saved_json[key])
+      std::cerr << "tessera train: warning: resuming with " << key << " = " << args_json[key].dump()
+                << " but the checkpoint was trained with " << saved_json[key].dump()
+                << "; the run will not match an uninterrupted one\n";
+  validate(args);
+  return args;
+}
+
+void run_training(const TrainingArguments& args) {
+  validate(args);
+  for (const std::string& name : args.report_to)
+    TESSERA_CHECK(name == "none" || tracker_available(name), args.describe("report_to"),
+                  ": tracker \"", name, "\" is not available in this build");
+  const data::TokenFile train_file = open_token_file(args.data, "training file");
+  fs::path val_path = args.val_data;
+  const fs::path data_dir = fs::path(args.data).parent_path();
+  if (val_path.empty() && fs::exists(data_dir / "val.bin") &&
+      fs::path(args.data).filename() != "val.bin")
+    val_path = data_dir / "val.bin";
+  std::optional<data::TokenFile> val_file;
+  if (!val_path.empty()) val_file.emplace(open_token_file(val_path.string(), "validation file"));
+  const auto tokenizer = find_tokenizer(data_dir);
+
+  std::unique_ptr<nn::GPT> model = build_model(args, train_file, tokenizer.get());
+  const nn::GPTConfig& mcfg = model->config();
+  TESSERA_CHECK(args.seq <= mcfg.block_size, args.describe("seq"),
+                " is longer than the model context block_size = ", mcfg.block_size, " (got ",
+                args.seq, ")");
+  if (args.vocab_size > 0)
+    TESSERA_CHECK(args.vocab_size == mcfg.vocab_size, args.describe("vocab_size"), " is ",
+                  args.vocab_size, " but the model has ", mcfg.vocab_size);
+  check_tokens_fit(train_file, "training file", mcfg.vocab_size);
+  if (val_file) check_tokens_fit(*val_file, "validation file", mcfg.vocab_size);
+
+  std::map<std::string, std::string> extra_files;
+  if (tokenizer) extra_files["tokenizer.json"] = tokenizer->to_json();
+  Trainer trainer(args, *model, train_file, val_file, language_model_metrics, extra_files);
+  const bool main_process = trainer.accelerator().is_main_process();
+  if (args.early_stopping_patience > 0)
+    trainer.add_callback(std::make_shared<EarlyStoppingCallback>(args.early_stopping_patience,
+                                                                 args.early_stopping_threshold));
+  if (main_process) {
+    auto console = std::make_shared<ProgressCallback>();
+    trainer.add_callback(std::make_shared<TrackerCallback>());
+    trainer.add_callback(console);
+    trainer.add_callback(std::make_shared<LossPlotCallback>());
+    trainer.add_callback(std::make_shared<SampleCallback>(*model, tokenizer.get(), console));
+    fs::create_directories(args.output_dir);
+    data::write_file_atomically(fs::path(args.output_dir) / "config.train.json",
+                                args.to_json().dump(2));
+    const int world = trainer.accelerator().num_processes();
+    std::printf(
+        "model: %lld layers, %lld heads, %lld channels, context %lld, vocab %lld (%lld parameters) "
+        "on %s\n"
+        "data: %lld tokens; %lldx%lld x %lld micro-batches%s = %lld tokens per step, %s\n",
+        (long long)mcfg.n_layer, (long long)mcfg.n_head, (long long)mcfg.n_embd,
+        (long long)mcfg.block_size, (long long)mcfg.vocab_size, (long long)model->num_parameters(),
+        trainer.device().str().c_str(), (long long)train_file.size(),
+        (long long)args.per_device_train_batch_size, (long long)args.seq,
+        (long long)args.gradient_accumulation_steps,
+        world > 1 ? (" x " + std::to_string(world) + " processes").c_str() : "",
+        (long long)trainer.tokens_per_step(), args.shuffle ? "shuffled" : "sequential");
+    std::fflush(stdout);
+  }
+  trainer.train();
+  trainer.accelerator().wait_for_everyone();
+  if (!main_process) return;
+  // The final model as a plain model directory (what eval/sample/transformers load).
+  const fs::path out(args.output_dir), model_dir = out / "model";
+  model->save_pretrained(model_dir.string());
+  for (const auto& [name, contents] : extra_files)
+    data::write_file_atomically(model_dir / name, contents);
+  std::printf("done: %lld steps; model in %s, metrics in %s, loss curve in %s\n",
+              (long long)trainer.state().global_step, model_dir.string().c_str(),
+              (out / "metrics.jsonl").string().c_str(), (out / "loss.png").string().c_str());
+}
+
+}  // namespace tessera::train

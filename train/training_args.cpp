@@ -1,0 +1,410 @@
+#include "train/training_args.h"
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include "core/device.h"
+#include "core/error.h"
+
+namespace tessera::train {
+
+namespace {
+
+using Json = nlohmann::json;
+using Args = TrainingArguments;
+
+enum class Kind { Int, Real, Text, Flag, List };
+
+struct Field {
+  Kind kind;
+  std::function<void(Args&, const Json&)> set;
+  std::function<Json(const Args&)> get;
+};
+
+template <class T>
+Field field(Kind kind, T Args::*member) {
+  return {kind, [member](Args& a, const Json& v) { a.*member = v.get<T>(); },
+          [member](const Args& a) { return Json(a.*member); }};
+}
+
+const std::map<std::string, Field>& fields() {
+  static const std::map<std::string, Field> all = {
+      {"output_dir", field(Kind::Text, &Args::output_dir)},
+      {"per_device_train_batch_size", field(Kind::Int, &Args::per_device_train_batch_size)},
+      {"per_device_eval_batch_size", field(Kind::Int, &Args::per_device_eval_batch_size)},
+      {"gradient_accumulation_steps", field(Kind::Int, &Args::gradient_accumulation_steps)},
+      {"max_steps", field(Kind::Int, &Args::max_steps)},
+      {"num_train_epochs", field(Kind::Real, &Args::num_train_epochs)},
+      {"learning_rate", field(Kind::Real, &Args::learning_rate)},
+      {"weight_decay", field(Kind::Real, &Args::weight_decay)},
+      {"adam_beta1", field(Kind::Real, &Args::adam_beta1)},
+      {"adam_beta2", field(Kind::Real, &Args::adam_beta2)},
+      {"adam_epsilon", field(Kind::Real, &Args::adam_epsilon)},
+      {"max_grad_norm", field(Kind::Real, &Args::max_grad_norm)},
+      {"lr_scheduler_type", field(Kind::Text, &Args::lr_scheduler_type)},
+      {"warmup_steps", field(Kind::Int, &Args::warmup_steps)},
+      {"warmup_ratio", field(Kind::Real, &Args::warmup_ratio)},
+      {"logging_steps", field(Kind::Int, &Args::logging_steps)},
+      {"eval_strategy", field(Kind::Text, &Args::eval_strategy)},
+      {"eval_steps", field(Kind::Int, &Args::eval_steps)},
+      {"save_strategy", field(Kind::Text, &Args::save_strategy)},
+      {"save_steps", field(Kind::Int, &Args::save_steps)},
+      {"save_total_limit", field(Kind::Int, &Args::save_total_limit)},
+      {"load_best_model_at_end", field(Kind::Flag, &Args::load_best_model_at_end)},
+      {"metric_for_best_model", field(Kind::Text, &Args::metric_for_best_model)},
+      {"greater_is_better", field(Kind::Flag, &Args::greater_is_better)},
+      {"seed", field(Kind::Int, &Args::seed)},
+      {"bf16", field(Kind::Flag, &Args::bf16)},
+      {"fp16", field(Kind::Flag, &Args::fp16)},
+      {"gradient_checkpointing", field(Kind::Flag, &Args::gradient_checkpointing)},
+      {"resume_from_checkpoint", field(Kind::Text, &Args::resume_from_checkpoint)},
+      {"report_to", field(Kind::List, &Args::report_to)},
+      {"data", field(Kind::Text, &Args::data)},
+      {"val_data", field(Kind::Text, &Args::val_data)},
+      {"init", field(Kind::Text, &Args::init)},
+      {"n_layer", field(Kind::Int, &Args::n_layer)},
+      {"n_head", field(Kind::Int, &Args::n_head)},
+      {"n_embd", field(Kind::Int, &Args::n_embd)},
+      {"block_size", field(Kind::Int, &Args::block_size)},
+      {"vocab_size", field(Kind::Int, &Args::vocab_size)},
+      {"seq", field(Kind::Int, &Args::seq)},
+      {"shuffle", field(Kind::Flag, &Args::shuffle)},
+      {"sampling", field(Kind::Text, &Args::sampling)},
+      {"dropout", field(Kind::Real, &Args::dropout)},
+      {"min_lr", field(Kind::Real, &Args::min_lr)},
+      {"eval_batches", field(Kind::Int, &Args::eval_batches)},
+      {"sample_every", field(Kind::Int, &Args::sample_every)},
+      {"early_stopping_patience", field(Kind::Int, &Args::early_stopping_patience)},
+      {"early_stopping_threshold", field(Kind::Real, &Args::early_stopping_threshold)},
+      {"device", field(Kind::Text, &Args::device)},
+      // fp32 | bf16 | fp16: the `--dtype` flag, stored as Hugging Face's bf16/fp16 switches.
+      {"dtype",
+       {Kind::Text,
+        [](Args& a, const Json& v) {
+          const std::string d = v.get<std::string>();
+          TESSERA_CHECK(d == "fp32" || d == "bf16" || d == "fp16", a.describe("dtype"),
+                        " must be fp32, bf16 or fp16 (got \"", d, "\")");
+          a.bf16 = d == "bf16";
+          a.fp16 = d == "fp16";
+        },
+        [](const Args& a) { return Json(a.dtype()); }}},
+  };
+  return all;
+}
+
+// The `tessera train` flag names (and nanoGPT-style short names) of Hugging Face settings.
+const std::map<std::string, std::string>& aliases() {
+  static const std::map<std::string, std::string> all = {
+      {"out", "output_dir"},
+      {"batch", "per_device_train_batch_size"},
+      {"eval_batch", "per_device_eval_batch_size"},
+      {"grad_accum", "gradient_accumulation_steps"},
+      {"steps", "max_steps"},
+      {"lr", "learning_rate"},
+      {"beta1", "adam_beta1"},
+      {"beta2", "adam_beta2"},
+      {"eps", "adam_epsilon"},
+      {"grad_clip", "max_grad_norm"},
+      {"schedule", "lr_scheduler_type"},
+      {"warmup", "warmup_steps"},
+      {"eval_every", "eval_steps"},
+      {"save_every", "save_steps"},
+      {"keep_last", "save_total_limit"},
+      {"resume", "resume_from_checkpoint"},
+      {"evaluation_strategy", "eval_strategy"},
+  };
+  return all;
+}
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::Int:
+      return "an integer";
+    case Kind::Real:
+      return "a finite number";
+    case Kind::Text:
+      return "a string";
+    case Kind::Flag:
+      return "true or false";
+    case Kind::List:
+      return "a list of strings";
+  }
+  return "?";
+}
+
+std::string underscored(std::string key) {
+  for (char& c : key)
+    if (c == '-') c = '_';
+  return key;
+}
+
+// Checks a value against the key's type: a number in quotes is text, not a number (flags
+// arrive typed from CLI11; YAML scalars are parsed as JSON first).
+Json typed_value(const std::string& what, Kind kind, const Json& value) {
+  auto fail = [&]() -> Json {
+    TESSERA_FAIL(what, " must be ", kind_name(kind), ", got ", value.dump());
+  };
+  switch (kind) {
+    case Kind::Int:
+      if (value.is_number_integer()) return value;
+      if (value.is_number_float()) {
+        const double d = value.get<double>();
+        if (std::isfinite(d) && std::fabs(d) < 9e15 && d == std::floor(d))
+          return static_cast<int64_t>(d);
+      }
+      return fail();
+    case Kind::Real:
+      if (value.is_number() && std::isfinite(value.get<double>())) return value.get<double>();
+      return fail();
+    case Kind::Text:
+      return value.is_string() ? value : fail();
+    case Kind::Flag:
+      return value.is_boolean() ? value : fail();
+    case Kind::List: {
+      if (value.is_string()) {  // "jsonl,tensorboard" from a flag or YAML
+        Json list = Json::array();
+        std::stringstream in(value.get<std::string>());
+        std::string item;
+        while (std::getline(in, item, ','))
+          if (!item.empty()) list.push_back(item);
+        return list;
+      }
+      if (!value.is_array()) return fail();
+      for (const Json& item : value)
+        if (!item.is_string()) return fail();
+      return value;
+    }
+  }
+  return fail();
+}
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r");
+  const auto e = s.find_last_not_of(" \t\r");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+// One flat YAML line: `key: value`, with '#' comments; the value is a JSON scalar when it
+// parses as one (numbers, true/false, "quoted"), otherwise the bare text.
+Json parse_flat_yaml(const std::string& text, const std::string& path) {
+  Json out = Json::object();
+  std::istringstream in(text);
+  std::string line;
+  int line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (!line.empty() && line[0] != '"' && line[0] != '\'') {
+      const auto hash = line.find(" #");
+      if (hash != std::string::npos) line = line.substr(0, hash);
+    }
+    line = trim(line);
+    if (line.empty() || line[0] == '#' || line == "---") continue;
+    const auto colon = line.find(':');
+    TESSERA_CHECK(colon != std::string::npos && colon > 0, "config '", path, "' line ", line_no,
+                  ": expected `key: value` (only flat YAML is supported), got '", line, "'");
+    const std::string key = trim(line.substr(0, colon));
+    std::string value = trim(line.substr(colon + 1));
+    TESSERA_CHECK(!value.empty(), "config '", path, "' line ", line_no, ": key \"", key,
+                  "\" has no value (nested YAML is not supported)");
+    TESSERA_CHECK(!out.contains(key), "config '", path, "' line ", line_no, ": key \"", key,
+                  "\" is given twice");
+    if (value.size() >= 2 && value.front() == '\'' && value.back() == '\'')
+      value = "\"" + value.substr(1, value.size() - 2) + "\"";
+    Json parsed;
+    try {
+      parsed = Json::parse(value);
+    } catch (const Json::out_of_range&) {
+      TESSERA_FAIL("config '", path, "' line ", line_no, ": key \"", key, "\": number ", value,
+                   " is out of range");
+    } catch (const Json::exception&) {
+      parsed = Json(value);  // bare text
+    }
+    if (value == "yes" || value == "no") parsed = (value == "yes");
+    if (value.front() == '[') {  // a flow list: [jsonl, tensorboard]
+      std::string inner = value.substr(1, value.size() - (value.back() == ']' ? 2 : 1));
+      parsed = Json::array();
+      std::stringstream items(inner);
+      std::string item;
+      while (std::getline(items, item, ','))
+        if (!trim(item).empty()) parsed.push_back(trim(item));
+    }
+    out[key] = parsed;
+  }
+  return out;
+}
+
+// Strict JSON: a key given twice in the settings object is an error (nlohmann would keep
+// the last), and so is a number beyond double range (named with its key).
+Json parse_strict_json(const std::string& text, const std::string& path) {
+  std::set<std::string> seen;
+  std::string last_key;
+  auto on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::key && depth == 1) {
+      last_key = parsed.get<std::string>();
+      TESSERA_CHECK(seen.insert(last_key).second, "config '", path, "': key \"", last_key,
+                    "\" is given twice");
+    }
+    return true;
+  };
+  try {
+    return Json::parse(text, on_event);
+  } catch (const Json::parse_error& e) {
+    TESSERA_FAIL("config '", path, "': not valid JSON at byte ", e.byte, ": ", e.what());
+  } catch (const Json::out_of_range& e) {
+    TESSERA_FAIL("config '", path, "': key \"", last_key, "\": a number is out of range (",
+                 e.what(), ")");
+  }
+}
+
+}  // namespace
+
+const std::vector<std::string>& training_argument_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (const auto& [name, f] : fields())
+      if (name != "dtype") k.push_back(name);
+    return k;
+  }();
+  return keys;
+}
+
+std::string canonical_key(const std::string& key) {
+  const std::string k = underscored(key);
+  if (auto it = aliases().find(k); it != aliases().end()) return it->second;
+  return fields().count(k) ? k : std::string();
+}
+
+const std::vector<std::string>& model_shape_keys() {
+  static const std::vector<std::string> keys = {"n_layer",    "n_head",     "n_embd",
+                                                "block_size", "vocab_size", "init"};
+  return keys;
+}
+
+Json TrainingArguments::to_json() const {
+  Json j = Json::object();
+  for (const std::string& key : training_argument_keys()) j[key] = fields().at(key).get(*this);
+  return j;
+}
+
+std::string TrainingArguments::describe(const std::string& canonical) const {
+  auto it = given.find(canonical);
+  if (it == given.end()) return "config: key \"" + canonical + "\"";
+  const auto& [name, source] = it->second;
+  return source + ": key \"" + name + "\"" + (name == canonical ? "" : " (" + canonical + ")");
+}
+
+Json read_config_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TESSERA_CHECK(in.good(), "config '", path, "': cannot open");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (path.ends_with(".yaml") || path.ends_with(".yml")) return parse_flat_yaml(text, path);
+  Json j = parse_strict_json(text, path);
+  TESSERA_CHECK(j.is_object(), "config '", path, "': expected a JSON object of settings");
+  return j;
+}
+
+void apply_config_values(TrainingArguments& args, const Json& values, const std::string& source) {
+  std::map<std::string, std::string> seen;  // canonical -> name used in this source
+  for (const auto& [raw_key, value] : values.items()) {
+    const std::string key = canonical_key(raw_key);
+    if (key.empty()) {
+      std::string known;
+      for (const auto& k : training_argument_keys()) known += (known.empty() ? "" : ", ") + k;
+      TESSERA_FAIL(source, ": unknown key \"", raw_key, "\" (known keys: ", known,
+                   "; and the flag names: --steps, --lr, --batch, ...)");
+    }
+    // "dtype" sets both precision switches, so it clashes with either of them.
+    auto earlier = [&](const std::string& k) { return seen.count(k) ? seen[k] : std::string(); };
+    std::string prior = earlier(key);
+    if (prior.empty() && key == "dtype")
+      prior = earlier("bf16").empty() ? earlier("fp16") : earlier("bf16");
+    if (prior.empty() && (key == "bf16" || key == "fp16")) prior = earlier("dtype");
+    TESSERA_CHECK(prior.empty(), source, ": key \"", raw_key, "\" and \"", prior,
+                  "\" set the same setting (", key, ")");
+    seen[key] = raw_key;
+    const std::string what = source + ": key \"" + raw_key + "\"";
+    args.given[key] = {raw_key, source};
+    const Field& f = fields().at(key);
+    f.set(args, typed_value(what, f.kind, value));
+  }
+}
+
+void validate(const TrainingArguments& a) {
+  auto require = [&](bool ok, const std::string& key, const std::string& what, const Json& got) {
+    TESSERA_CHECK(ok, a.describe(key), " ", what, " (got ", got.dump(), ")");
+  };
+  require(!a.data.empty(), "data", "must name the training token file (--data)", a.data);
+  for (auto [key, value] : {std::pair{"per_device_train_batch_size", a.per_device_train_batch_size},
+                            {"seq", a.seq},
+                            {"gradient_accumulation_steps", a.gradient_accumulation_steps},
+                            {"eval_batches", a.eval_batches},
+                            {"logging_steps", a.logging_steps},
+                            {"save_total_limit", a.save_total_limit}})
+    require(value > 0, key, "must be positive", value);
+  for (auto [key, value] : {std::pair{"warmup_steps", a.warmup_steps},
+                            {"eval_steps", a.eval_steps},
+                            {"sample_every", a.sample_every},
+                            {"save_steps", a.save_steps},
+                            {"vocab_size", a.vocab_size},
+                            {"block_size", a.block_size},
+                            {"seed", a.seed},
+                            {"per_device_eval_batch_size", a.per_device_eval_batch_size},
+                            {"early_stopping_patience", a.early_stopping_patience}})
+    require(value >= 0, key, "must not be negative", value);
+  require(a.max_steps != 0 && a.max_steps >= -1, "max_steps",
+          "must be positive (or -1: use num_train_epochs)", a.max_steps);
+  require(a.num_train_epochs >= 0, "num_train_epochs", "must not be negative", a.num_train_epochs);
+  require(a.warmup_ratio >= 0 && a.warmup_ratio < 1, "warmup_ratio", "must be in [0, 1)",
+          a.warmup_ratio);
+  if (a.init.empty()) {
+    for (auto [key, value] :
+         {std::pair{"n_layer", a.n_layer}, {"n_head", a.n_head}, {"n_embd", a.n_embd}})
+      require(value > 0, key, "must be positive", value);
+    require(a.n_embd % a.n_head == 0, "n_head",
+            "must divide n_embd = " + std::to_string(a.n_embd) + " into equal heads", a.n_head);
+    const int64_t context = a.block_size > 0 ? a.block_size : a.seq;
+    require(a.seq <= context, "seq",
+            "is longer than the model context block_size = " + std::to_string(context), a.seq);
+  }
+  require(a.learning_rate > 0, "learning_rate", "must be positive", a.learning_rate);
+  require(a.min_lr <= a.learning_rate, "min_lr", "must not exceed learning_rate", a.min_lr);
+  require(a.weight_decay >= 0, "weight_decay", "must not be negative", a.weight_decay);
+  require(a.adam_beta1 >= 0 && a.adam_beta1 < 1, "adam_beta1", "must be in [0, 1)", a.adam_beta1);
+  require(a.adam_beta2 >= 0 && a.adam_beta2 < 1, "adam_beta2", "must be in [0, 1)", a.adam_beta2);
+  require(a.adam_epsilon > 0, "adam_epsilon", "must be positive", a.adam_epsilon);
+  require(a.max_grad_norm >= 0, "max_grad_norm", "must not be negative (0 = no clipping)",
+          a.max_grad_norm);
+  require(a.early_stopping_threshold >= 0, "early_stopping_threshold", "must not be negative",
+          a.early_stopping_threshold);
+  const std::string& s = a.lr_scheduler_type;
+  require(s == "constant" || s == "cosine" || s == "linear", "lr_scheduler_type",
+          "must be constant, cosine or linear", s);
+  if (s != "constant" && a.max_steps > 0)
+    require(a.warmup_steps < a.max_steps, "warmup_steps",
+            "must be shorter than max_steps = " + std::to_string(a.max_steps) +
+                " for a decaying schedule",
+            a.warmup_steps);
+  for (const char* key : {"eval_strategy", "save_strategy"}) {
+    const std::string v = fields().at(key).get(a).get<std::string>();
+    require(v == "no" || v == "steps" || v == "epoch", key, "must be no, steps or epoch", v);
+  }
+  require(!(a.bf16 && a.fp16), "fp16", "cannot be set together with bf16", a.fp16);
+  for (const std::string& r : a.report_to)
+    require(r == "jsonl" || r == "tensorboard" || r == "none", "report_to",
+            "must list jsonl, tensorboard or none", a.report_to);
+  require(!a.load_best_model_at_end || a.eval_strategy != "no", "load_best_model_at_end",
+          "needs evaluations (eval_strategy steps or epoch)", a.load_best_model_at_end);
+  require(a.sampling == "windows" || a.sampling == "random", "sampling",
+          "must be windows or random", a.sampling);
+  require(a.dropout >= 0 && a.dropout < 1, "dropout", "must be in [0, 1)", a.dropout);
+  try {
+    Device::parse(a.device);
+  } catch (const Error&) {
+    require(false, "device", "must be cpu, cuda or cuda:N", a.device);
+  }
+}
+
+}  // namespace tessera::train

@@ -1,0 +1,107 @@
+// TrainingArguments: every setting of a training run, named as in Hugging Face's
+// TrainingArguments where one exists there (output_dir, per_device_train_batch_size,
+// learning_rate, eval_strategy, save_total_limit, ...), plus the GPT model and token-data
+// settings `tessera train` has always had.
+//
+// Settings come from a config file (JSON, or flat YAML `key: value` lines) and from
+// command-line flags. Both accept the Hugging Face names and the short names of the
+// `tessera train` flags ("lr" = "learning_rate", "steps" = "max_steps", ...); '-' and '_'
+// are interchangeable. Everything is checked before any work: unknown keys, values of
+// the wrong type, numbers out of range, duplicate keys; errors name the key as the user
+// wrote it and where it came from (the file or the command line).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace tessera::train {
+
+struct TrainingArguments {
+  // ---- Hugging Face names ----
+  std::string output_dir = "runs/train";
+  int64_t per_device_train_batch_size = 8;
+  int64_t per_device_eval_batch_size = 0;  // 0 = per_device_train_batch_size
+  int64_t gradient_accumulation_steps = 1;
+  int64_t max_steps = -1;       // > 0 wins over num_train_epochs
+  double num_train_epochs = 0;  // passes over the training tokens when max_steps <= 0
+  double learning_rate = 1e-3;
+  double weight_decay = 0.1;
+  double adam_beta1 = 0.9, adam_beta2 = 0.99, adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;                // 0 = no clipping
+  std::string lr_scheduler_type = "cosine";  // constant | cosine | linear
+  int64_t warmup_steps = 0;
+  double warmup_ratio = 0;  // used when warmup_steps is 0
+  int64_t logging_steps = 1;
+  std::string eval_strategy = "steps";  // no | steps | epoch (steps/epoch also evaluate at the end)
+  int64_t eval_steps = 0;               // 0 = at the end only
+  std::string save_strategy = "steps";  // no | steps | epoch (steps/epoch also save at the end)
+  int64_t save_steps = 0;               // 0 = at the end only
+  int64_t save_total_limit = 3;         // never removes the best checkpoint
+  bool load_best_model_at_end = false;
+  std::string metric_for_best_model = "val_loss";
+  bool greater_is_better = false;
+  int64_t seed = 1337;
+  bool bf16 = false, fp16 = false;
+  bool gradient_checkpointing = false;
+  std::string resume_from_checkpoint;  // "" = fresh; "latest" = newest valid under output_dir
+  std::vector<std::string> report_to = {"jsonl"};
+  // ---- GPT model and token data ----
+  std::string data;      // training token file
+  std::string val_data;  // validation token file ("" = val.bin beside `data` when present)
+  std::string init;      // start from this model directory
+  int64_t n_layer = 4, n_head = 4, n_embd = 128;
+  int64_t block_size = 0;  // 0 = seq
+  int64_t vocab_size = 0;  // 0 = the tokenizer's beside the data, else the data's
+  int64_t seq = 64;
+  bool shuffle = false;
+  std::string sampling =
+      "windows";       // windows (sequential or shuffled) | random (nanoGPT's get_batch)
+  double dropout = 0;  // embedding, attention and residual dropout (nanoGPT's)
+  double min_lr = -1;  // < 0: learning_rate / 10
+  int64_t eval_batches = 8;
+  int64_t sample_every = 0;             // 0 = never
+  int64_t early_stopping_patience = 0;  // 0 = no early stopping
+  double early_stopping_threshold = 0;
+  std::string device = "cpu";
+
+  // The name each setting was given under ("steps" for max_steps) and where
+  // ("command line" or "config 'f.yaml'"), for messages; only keys the user set.
+  std::map<std::string, std::pair<std::string, std::string>> given;
+
+  int64_t eval_batch_size() const {
+    return per_device_eval_batch_size > 0 ? per_device_eval_batch_size
+                                          : per_device_train_batch_size;
+  }
+  std::string dtype() const { return bf16 ? "bf16" : fp16 ? "fp16" : "fp32"; }
+  // The settings under their canonical names (what config.train.json holds).
+  nlohmann::json to_json() const;
+  // `key "steps" (command line)` for a key the user set, `key "max_steps"` otherwise.
+  std::string describe(const std::string& canonical) const;
+};
+
+// Canonical names of every setting.
+const std::vector<std::string>& training_argument_keys();
+// The canonical name of `key` (an alias, dashes or underscores); "" when unknown.
+std::string canonical_key(const std::string& key);
+// Model-shape settings: fixed by the run's first checkpoint (an error to change on resume).
+const std::vector<std::string>& model_shape_keys();
+
+// Reads a config file (.json, or .yaml/.yml as flat `key: value` lines) into a JSON
+// object. Refuses duplicate keys, numbers out of double range and malformed text, naming
+// the file, the key and (JSON) the byte offset or (YAML) the line.
+nlohmann::json read_config_file(const std::string& path);
+
+// Sets the keys of `values` (flags may arrive as text and are converted to the key's
+// type). Unknown keys, values of the wrong type and a key given twice under two names are
+// errors naming the key and `source`.
+void apply_config_values(TrainingArguments& args, const nlohmann::json& values,
+                         const std::string& source);
+
+// Checks ranges and consistency (positive sizes, heads dividing channels, finite numbers,
+// known schedule/strategy/device/precision, ...); errors name the key.
+void validate(const TrainingArguments& args);
+
+}  // namespace tessera::train
