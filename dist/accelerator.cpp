@@ -388,7 +388,9 @@ void Accelerator::load_state(const std::string& dir) {
     for (const auto& [key, value] : s.items())
       TESSERA_CHECK(value.is_number() && std::isfinite(value.get<double>()), state_where, ": schedule \"", key,
                     "\" must be a finite number, got ", value.dump());
-    if (s.contains("step")) count_at(s["step"], state_where, "schedules.step");
+    if (s.contains("step"))  // a whole number (schedule states are stored as doubles)
+      TESSERA_CHECK(s["step"].get<double>() >= 0 && s["step"].get<double>() == std::floor(s["step"].get<double>()),
+                    state_where, ": schedule \"step\" must be a non-negative whole number, got ", s["step"].dump());
     schedules.push_back(s.get<std::map<std::string, double>>());
   }
   std::map<std::string, double> scaler_state;
