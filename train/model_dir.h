@@ -8,7 +8,7 @@
 #include "data/tokenizer.h"
 #include "nn/gpt.h"
 
-namespace tessera::cli {
+namespace tessera::train {
 
 // tokenizer.json (or vocab.json + merges.txt, or encoder.json + vocab.bpe) in `dir` or,
 // failing that, in its parent folders up to two levels (a checkpoint sits in
@@ -29,4 +29,4 @@ struct EvalResult {
 EvalResult evaluate_loss(nn::GPT& model, const data::TokenFile& file, int64_t batch, int64_t seq,
                          int64_t batches, Device device);
 
-}  // namespace tessera::cli
+}  // namespace tessera::train
