@@ -1,4 +1,4 @@
-#include "cli/trainer.h"
+#include "train/trainer.h"
 
 #include <chrono>
 #include <fstream>
@@ -7,10 +7,6 @@
 
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
-#include "cli/checkpoint.h"
-#include "cli/model_dir.h"
-#include "cli/plot.h"
-#include "cli/progress.h"
 #include "core/error.h"
 #include "core/memory_stats.h"
 #include "core/random.h"
@@ -18,8 +14,12 @@
 #include "data/file_io.h"
 #include "dist/accelerator.h"
 #include "optim/optim.h"
+#include "train/checkpoint.h"
+#include "train/model_dir.h"
+#include "train/plot.h"
+#include "train/progress.h"
 
-namespace tessera::cli {
+namespace tessera::train {
 
 namespace fs = std::filesystem;
 
@@ -377,4 +377,4 @@ void run_training(const TrainConfig& cfg) {
             << metrics_path.string() << ", loss curve in " << (out / "loss.png").string() << "\n";
 }
 
-}  // namespace tessera::cli
+}  // namespace tessera::train
