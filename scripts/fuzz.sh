@@ -8,6 +8,7 @@
 #   FUZZ_PARALLEL=N   targets run at once (default 1)
 #   FUZZ_BUILD_DIR    build folder (default build-fuzz)
 #   FUZZ_BUILD_ONLY=1 build the targets, run nothing
+#   FUZZ_KEEP_GOING=1 keep fuzzing after a finding (libFuzzer's fork mode), collecting them all
 # Exits non-zero when a target found a crash, leak or sanitizer report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,10 +45,16 @@ run_one() {
   local scratch
   scratch=$(mktemp -d "${FUZZ_TMP:-/dev/shm}/tessera-fuzz-$reader.XXXXXX" 2>/dev/null ||
             mktemp -d "/tmp/tessera-fuzz-$reader.XXXXXX")
+  rm -rf "$findings"  # findings of this run only
   mkdir -p "$work" "$findings"
   # Inputs up to 64 KiB; 2 GiB resident or one 1 GiB allocation counts as a finding (a size
   # taken from the file and trusted).
-  TMPDIR=$scratch "$BUILD_DIR/fuzz/fuzz_$reader" -max_total_time="$SECONDS_EACH" -max_len=65536 \
+  local keep_going=()
+  if [ "${FUZZ_KEEP_GOING:-0}" = 1 ]; then
+    keep_going=(-fork=1 -ignore_crashes=1 -ignore_ooms=1 -ignore_timeouts=1)
+  fi
+  TMPDIR=$scratch "$BUILD_DIR/fuzz/fuzz_$reader" "${keep_going[@]}" \
+    -max_total_time="$SECONDS_EACH" -max_len=65536 \
     -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 -print_final_stats=1 \
     -artifact_prefix="$findings" "$work" "fuzz/corpus/$reader" >"$BUILD_DIR/fuzz_$reader.log" 2>&1 || true
   rm -rf "$scratch"
@@ -65,8 +72,9 @@ status=0
 printf "%-16s %12s %8s %8s %8s %s\n" reader execs exec/s cov features findings
 for reader in "${READERS[@]}"; do
   log="$BUILD_DIR/fuzz_$reader.log"
-  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1)
-  rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | awk '{print $2}' | tail -1)
+  # The last status line ("#EXECS ... cov: N ft: N"), in either mode.
+  execs=$(grep -oE '^#[0-9]+' "$log" | tr -d '#' | tail -1)
+  rate=$(grep -oE 'exec/s:? [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | awk '{print $2}')
   ft=$(grep -o 'ft: [0-9]*' "$log" | tail -1 | awk '{print $2}')
   found=$(find "$BUILD_DIR/findings/$reader" -type f | wc -l)
