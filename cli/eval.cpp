@@ -10,13 +10,16 @@ namespace tessera::cli {
 namespace {
 
 struct EvalArgs {
-  std::string model, data, device = "cpu";
+  std::string model, data, device = "cpu", dtype = "fp32";
   int64_t batch = 8, seq = 0, batches = 0;
 };
 
 void run_eval(const EvalArgs& a) {
   const Device device = Device::parse(a.device);
   auto model = load_model(a.model, device);
+  // The weights in the dtype `tessera train --dtype` trains them in, so the loss is the one
+  // training reports for its evaluations.
+  model->to(dtype_from_name(a.dtype));
   const data::TokenFile file(a.data);
   TESSERA_CHECK(file.max_token() < model->config().vocab_size, "tessera eval: '", a.data, "' holds token ",
                 file.max_token(), " but the model's vocab_size is ", model->config().vocab_size);
@@ -36,6 +39,8 @@ const RegisterCommand reg("eval", "Print a model's mean loss on a token file as 
   sub.add_option("--seq", args->seq, "tokens per row (default: min(context, 256))");
   sub.add_option("--batches", args->batches, "micro-batches to score (default: one pass over the file)");
   sub.add_option("--device", args->device, "cpu|cuda|cuda:N (default cpu)");
+  sub.add_option("--dtype", args->dtype, "weights and compute dtype (default fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   sub.callback([args] { run_eval(*args); });
 });
 

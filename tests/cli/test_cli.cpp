@@ -396,3 +396,33 @@ TEST(Cli, CudaTrainingInEveryDtypeTracksTheCpu) {
   EXPECT_NEAR(gpu.at("bf16"), gpu.at("fp32"), 0.1);
   EXPECT_NEAR(gpu.at("fp16"), gpu.at("fp32"), 0.1);
 }
+
+// `eval --dtype bf16` runs the weights in bf16 as `train --dtype bf16` evaluates them (its
+// checkpoints hold the fp32 masters): the same batches give the trainer's validation loss.
+TEST(Cli, EvalDtypeReproducesTheLossOfTrainingInThatDtype) {
+  const fs::path data = prepared("byte");
+  const fs::path out = scratch() / "eval_dtype";
+  auto r = run("train --data " + (data / "train.bin").string() + kTinyModel +
+               "--steps 8 --dtype bf16 --eval-batches 3 --out " + out.string());
+  ASSERT_EQ(r.rc, 0) << r.output;
+  double trained_val_loss = NAN;
+  for (const auto& j : read_metrics(out))
+    if (j.contains("val_loss")) trained_val_loss = j["val_loss"].get<double>();
+  ASSERT_FALSE(std::isnan(trained_val_loss));
+
+  std::map<std::string, double> loss;
+  for (const std::string dtype : {"fp32", "bf16", "fp16"}) {
+    r = run("eval --model " + (out / "model").string() + " --data " + (data / "val.bin").string() +
+            " --batch 4 --seq 16 --batches 3 --dtype " + dtype);
+    ASSERT_EQ(r.rc, 0) << r.output;
+    loss[dtype] = nlohmann::json::parse(r.output)["loss"].get<double>();
+  }
+  EXPECT_NEAR(loss["bf16"], trained_val_loss, 1e-6);
+  EXPECT_NE(loss["bf16"], loss["fp32"]) << "--dtype bf16 must change the arithmetic";
+  EXPECT_NEAR(loss["bf16"], loss["fp32"], 0.05 * loss["fp32"]);
+  EXPECT_NEAR(loss["fp16"], loss["fp32"], 0.01 * loss["fp32"]);
+
+  r = run("eval --model " + (out / "model").string() + " --data " + (data / "val.bin").string() + " --dtype f64");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.output.find("--dtype"), std::string::npos) << r.output;
+}
