@@ -397,13 +397,13 @@ TEST(Cli, CudaTrainingInEveryDtypeTracksTheCpu) {
   EXPECT_NEAR(gpu.at("fp16"), gpu.at("fp32"), 0.1);
 }
 
-// `eval --dtype bf16` runs the weights in bf16 as `train --dtype bf16` evaluates them (its
-// checkpoints hold the fp32 masters): the same batches give the trainer's validation loss.
-TEST(Cli, EvalDtypeReproducesTheLossOfTrainingInThatDtype) {
+// `eval --dtype` scores the weights in that dtype: bf16 and fp16 round the arithmetic (the
+// loss moves, within their resolution), fp32 is the stored model, anything else is refused.
+TEST(Cli, EvalDtypeScoresTheWeightsInThatDtype) {
   const fs::path data = prepared("byte");
   const fs::path out = scratch() / "eval_dtype";
   auto r = run("train --data " + (data / "train.bin").string() + kTinyModel +
-               "--steps 8 --dtype bf16 --eval-batches 3 --out " + out.string());
+               "--steps 8 --eval-batches 3 --out " + out.string());
   ASSERT_EQ(r.rc, 0) << r.output;
   double trained_val_loss = NAN;
   for (const auto& j : read_metrics(out))
@@ -417,10 +417,11 @@ TEST(Cli, EvalDtypeReproducesTheLossOfTrainingInThatDtype) {
     ASSERT_EQ(r.rc, 0) << r.output;
     loss[dtype] = nlohmann::json::parse(r.output)["loss"].get<double>();
   }
-  EXPECT_NEAR(loss["bf16"], trained_val_loss, 1e-6);
-  EXPECT_NE(loss["bf16"], loss["fp32"]) << "--dtype bf16 must change the arithmetic";
-  EXPECT_NEAR(loss["bf16"], loss["fp32"], 0.05 * loss["fp32"]);
-  EXPECT_NEAR(loss["fp16"], loss["fp32"], 0.01 * loss["fp32"]);
+  EXPECT_NEAR(loss["fp32"], trained_val_loss, 1e-6) << "fp32 is the trainer's own evaluation";
+  for (const std::string dtype : {"bf16", "fp16"}) EXPECT_NE(loss[dtype], loss["fp32"]) << dtype << " must round";
+  // bf16 keeps 8 significant bits, fp16 11: the loss moves by well under their relative steps.
+  EXPECT_NEAR(loss["bf16"], loss["fp32"], 2e-2 * loss["fp32"]);
+  EXPECT_NEAR(loss["fp16"], loss["fp32"], 4e-3 * loss["fp32"]);
 
   r = run("eval --model " + (out / "model").string() + " --data " + (data / "val.bin").string() + " --dtype f64");
   EXPECT_NE(r.rc, 0);
