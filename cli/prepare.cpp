@@ -1,6 +1,9 @@
 // `tessera prepare`: text -> tokenizer.json + train.bin + val.bin (llm.c token files).
+#include <unistd.h>
+
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -22,6 +25,32 @@ struct PrepareArgs {
   std::string out;
   double val_fraction = 0.1;
 };
+
+// Everything one prepare writes: a run replaces all of these or none of them.
+constexpr const char* kOutputs[] = {"tokenizer.json", "train.bin", "val.bin"};
+
+// `write_all(folder)` writes the outputs into a staging folder inside `out`; only when
+// it has succeeded are the previous outputs removed and the new ones renamed into
+// place (renames need no space, so a full disk fails while staging, before anything
+// changed). So a failure leaves the previous set untouched, and a changed option
+// (--val-fraction 0: no val.bin) leaves no file of the previous set behind.
+void write_outputs_as_one_set(const fs::path& out, const std::function<void(const fs::path&)>& write_all) {
+  fs::create_directories(out);
+  const fs::path staging = out / (".prepare.tmp." + std::to_string(::getpid()));
+  fs::remove_all(staging);
+  fs::create_directory(staging);
+  try {
+    write_all(staging);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(staging, ignored);
+    throw;
+  }
+  for (const char* name : kOutputs) fs::remove(out / name);
+  for (const auto& entry : fs::directory_iterator(staging)) fs::rename(entry.path(), out / entry.path().filename());
+  fs::remove(staging);
+  data::fsync_directory(out);
+}
 
 void prepare(const PrepareArgs& a) {
   TESSERA_CHECK(a.tokenizer == "byte" || a.tokenizer == "bpe", "tessera prepare: --tokenizer must be byte or bpe, got '",
@@ -49,14 +78,19 @@ void prepare(const PrepareArgs& a) {
     tok = std::make_unique<data::ByteTokenizer>();
   }
   const double train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (a.tokenizer == "bpe" && tok->vocab_size() < a.vocab)
+    std::cerr << "tessera prepare: warning: BPE training found only " << tok->vocab_size() - 256
+              << " merges (no other pair repeats in the training text), so the vocabulary has "
+              << tok->vocab_size() << " entries, not the " << a.vocab << " asked for with --vocab\n";
   const std::vector<uint32_t> train_ids = tok->encode(train_text);
   const std::vector<uint32_t> val_ids = tok->encode(val_text);
 
   const fs::path out(a.out);
-  fs::create_directories(out);
-  tok->save(out / "tokenizer.json");
-  data::write_token_file(out / "train.bin", train_ids, tok->vocab_size());
-  if (!val_ids.empty()) data::write_token_file(out / "val.bin", val_ids, tok->vocab_size());
+  write_outputs_as_one_set(out, [&](const fs::path& folder) {
+    tok->save(folder / "tokenizer.json");
+    data::write_token_file(folder / "train.bin", train_ids, tok->vocab_size());
+    if (!val_ids.empty()) data::write_token_file(folder / "val.bin", val_ids, tok->vocab_size());
+  });
   std::cout << nlohmann::json{{"tokenizer", tok->type()},
                               {"vocab_size", tok->vocab_size()},
                               {"bytes", text.size()},
