@@ -478,10 +478,68 @@ TEST(ZeroEquivalence, StagesMatchDdpThroughMpirun2And3Ranks) {
   expect_zero_stages_match_ddp(mpirun(3, DIST_ZERO_CHECK), 3, "mpi3", " --backend mpi");
 }
 
+// The mixed-precision policy under every stage: bf16 parameters, f32 masters sharded with
+// the moments, gradients averaged in f32 (all-reduce or reduce-scatter) and rounded once
+// to bf16 for the update: the same arithmetic as DDP's.
+TEST(ZeroEquivalence, Bf16PolicyStagesMatchDdpThroughLaunch2Ranks) {
+  expect_zero_stages_match_ddp(launch(2, DIST_ZERO_CHECK), 2, "bf16x2", " --mixed-precision bf16");
+}
+
 TEST(ZeroEquivalence, UntiedHeadAndOneProcess) {
   // An untied head (lm_head in the root unit) on 2 ranks, and every stage in one process.
   expect_zero_stages_match_ddp(launch(2, DIST_ZERO_CHECK), 2, "untied2", " --untied");
   expect_zero_stages_match_ddp("env -u RANK -u WORLD_SIZE " DIST_ZERO_CHECK, 1, "single");
+}
+
+// Bytes per rank at the peak of a step (gradients reduced, optimizer state allocated)
+// against ZeRO's formula for Adam with Ψ parameters on W ranks: parameters P·Ψ (P = 4
+// for f32, 2 for bf16), gradients P·Ψ, optimizer 8Ψ (+4Ψ of f32 masters for bf16);
+// stage 1 divides the optimizer state by W, stage 2 the gradients too, stage 3 the
+// parameters too. Within 2% (slices are padded to a multiple of W per bucket).
+TEST(ZeroMemory, PerRankBytesFollowTheFormula) {
+  for (const std::string precision : {"no", "bf16"}) {
+    for (int nproc : {2, 3}) {
+      std::map<int, std::vector<std::array<double, 4>>> by_stage;  // stage -> per rank
+      for (int stage = 0; stage <= 3; ++stage) {
+        JobResult r = run_job("env OMP_NUM_THREADS=1 " + launch(nproc, DIST_ZERO_CHECK) + " --steps 2 --memory" +
+                                  " --mixed-precision " + precision + " --zero-stage " + std::to_string(stage) +
+                                  " --out " + temp_file("memory.txt"),
+                              120);
+        ASSERT_EQ(r.status, 0) << r.output;
+        std::istringstream in(r.output);
+        std::string line;
+        while (std::getline(in, line)) {
+          const size_t at = line.find("memory rank ");
+          if (at == std::string::npos) continue;
+          std::istringstream is(line.substr(at));
+          std::string w;
+          int rank, st;
+          std::array<double, 4> bytes;
+          is >> w >> w >> rank >> w >> st >> w >> bytes[0] >> w >> bytes[1] >> w >> bytes[2] >> w >> bytes[3];
+          by_stage[stage].push_back(bytes);
+        }
+        ASSERT_EQ(by_stage[stage].size(), static_cast<size_t>(nproc)) << r.output;
+      }
+      const bool bf16 = precision == "bf16";
+      const double width = bf16 ? 2 : 4;
+      const double psi = by_stage[0][0][0] / width;  // DDP holds every parameter once
+      for (int stage = 0; stage <= 3; ++stage) {
+        const double w = nproc;
+        const double want[3] = {width * psi / (stage >= 3 ? w : 1), width * psi / (stage >= 2 ? w : 1),
+                                (bf16 ? 12 : 8) * psi / (stage >= 1 ? w : 1)};
+        const char* names[3] = {"parameters", "gradients", "optimizer"};
+        for (const auto& bytes : by_stage[stage]) {
+          std::printf("[ zero ] %s, %d ranks, stage %d: parameters %.0f gradients %.0f optimizer %.0f "
+                      "communication %.0f bytes (formula %.0f / %.0f / %.0f)\n",
+                      precision.c_str(), nproc, stage, bytes[0], bytes[1], bytes[2], bytes[3], want[0], want[1],
+                      want[2]);
+          for (int c = 0; c < 3; ++c)
+            EXPECT_NEAR(bytes[c], want[c], 0.02 * want[c])
+                << names[c] << ", " << precision << ", stage " << stage << ", " << nproc << " ranks";
+        }
+      }
+    }
+  }
 }
 
 // A 2-rank stage-3 checkpoint after step 5 (sharded optimizer state: one file per rank and
