@@ -3,8 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
-#include "cli/model_dir.h"
 #include "core/error.h"
+#include "train/model_dir.h"
 
 namespace tessera::cli {
 namespace {
@@ -16,7 +16,7 @@ struct EvalArgs {
 
 void run_eval(const EvalArgs& a) {
   const Device device = Device::parse(a.device);
-  auto model = load_model(a.model, device);
+  auto model = train::load_model(a.model, device);
   const data::TokenFile file(a.data);
   TESSERA_CHECK(file.max_token() < model->config().vocab_size, "tessera eval: '", a.data, "' holds token ",
                 file.max_token(), " but the model's vocab_size is ", model->config().vocab_size);
@@ -24,7 +24,7 @@ void run_eval(const EvalArgs& a) {
   TESSERA_CHECK(a.batch > 0, "tessera eval: --batch must be positive, got ", a.batch);
   // Default: one pass over the file (at least one micro-batch).
   const int64_t batches = a.batches > 0 ? a.batches : std::max<int64_t>(1, (file.size() - 1) / (a.batch * seq));
-  const EvalResult r = evaluate_loss(*model, file, a.batch, seq, batches, device);
+  const train::EvalResult r = train::evaluate_loss(*model, file, a.batch, seq, batches, device);
   std::cout << nlohmann::json{{"loss", r.loss}, {"tokens", r.tokens}}.dump() << "\n";
 }
 
