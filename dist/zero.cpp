@@ -288,7 +288,14 @@ void ZeroStrategy::point_pieces_at_gradients(size_t b) {
   }
 }
 
-void ZeroStrategy::finish_gradient_sync() { buckets_->finish(); }
+void ZeroStrategy::finish_gradient_sync() {
+  // Without its optimizer re-pointed at this rank's slices nothing would be updated: the
+  // full gradients are gone after the reduce-scatter.
+  TESSERA_CHECK(optimizer_ != nullptr || !buckets_->sync(), name(),
+                ": the optimizer was not prepared with the model; call accelerator.prepare(model, "
+                "optimizer) so that it updates this rank's slices");
+  buckets_->finish();
+}
 
 double ZeroStrategy::clip_grad_norm_(const std::vector<Tensor>&, double max_norm) {
   // The slices are disjoint and cover every parameter once (tied weights included).
