@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "dist/checksums.h"
+#include "data/file_io.h"
 
 namespace tessera::train {
 
@@ -34,9 +34,14 @@ std::vector<fs::path> list_checkpoints(const fs::path& output_dir) {
 }
 
 void verify_checkpoint(const fs::path& dir) {
-  dist::verify_checksums(dir, "checkpoint '" + dir.string() + "'",
-                         {"config.json", "model.safetensors", "optimizer.safetensors",
-                          "accelerator_state.json", kTrainerStateFile, kTrainingArgsFile});
+  TESSERA_CHECK(fs::is_directory(dir), "checkpoint '", dir.string(), "': not a directory");
+  try {
+    data::verify_folder_checksums(
+        dir, {"config.json", "model.safetensors", "optimizer.safetensors", "accelerator_state.json",
+              kTrainerStateFile, kTrainingArgsFile});
+  } catch (const Error& e) {
+    TESSERA_FAIL("checkpoint ", e.what());
+  }
 }
 
 std::optional<fs::path> latest_valid_checkpoint(const fs::path& output_dir,
@@ -84,7 +89,8 @@ fs::path resolve_checkpoint(const fs::path& target, std::vector<std::string>& wa
 
 void rotate_checkpoints(const fs::path& output_dir, int64_t limit, const std::string& keep) {
   std::vector<fs::path> complete = list_checkpoints(output_dir);
-  std::erase_if(complete, [](const fs::path& d) { return !fs::exists(d / dist::kChecksumFile); });
+  std::erase_if(complete,
+                [](const fs::path& d) { return !fs::exists(d / data::kFolderChecksumFile); });
   int64_t excess = static_cast<int64_t>(complete.size()) - limit;
   // The oldest go first; the best and the newest always stay (so with limit 1 and an older
   // best, two remain, as in Hugging Face's Trainer).

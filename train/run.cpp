@@ -198,7 +198,7 @@ void run_training(const TrainingArguments& args) {
   if (val_file) check_tokens_fit(*val_file, "validation file", mcfg.vocab_size);
 
   std::map<std::string, std::string> extra_files;
-  if (tokenizer) extra_files["tokenizer.json"] = tokenizer->to_json();
+  if (tokenizer) extra_files = tokenizer->files();  // tokenizer.json (+ Hugging Face's other files)
   Trainer trainer(args, *model, train_file, val_file, language_model_metrics, extra_files);
   const bool main_process = trainer.accelerator().is_main_process();
   if (args.early_stopping_patience > 0)
@@ -235,6 +235,7 @@ void run_training(const TrainingArguments& args) {
   model->save_pretrained(model_dir.string());
   for (const auto& [name, contents] : extra_files)
     data::write_file_atomically(model_dir / name, contents);
+  data::write_folder_checksums(model_dir);  // verified by every load, as a checkpoint's are
   std::printf("done: %lld steps; model in %s, metrics in %s, loss curve in %s\n",
               (long long)trainer.state().global_step, model_dir.string().c_str(),
               (out / "metrics.jsonl").string().c_str(), (out / "loss.png").string().c_str());

@@ -7,7 +7,6 @@
 #include "core/memory_stats.h"
 #include "core/random.h"
 #include "data/file_io.h"
-#include "dist/checksums.h"
 #include "train/checkpoint_files.h"
 
 namespace tessera::train {
@@ -232,7 +231,7 @@ fs::path Trainer::save_checkpoint() {
       data::write_file_atomically(partial / file, contents);
     data::write_file_atomically(partial / kTrainingArgsFile, args_.to_json().dump(2));
     data::write_file_atomically(partial / kTrainerStateFile, state_.to_json().dump(2));
-    dist::write_checksums(partial);  // last: marks every other file complete
+    data::write_folder_checksums(partial);  // last: marks every other file complete
     fs::remove_all(final_dir);
     fs::rename(partial, final_dir);
     rotate_checkpoints(out, args_.save_total_limit, state_.best_model_checkpoint);
