@@ -26,8 +26,8 @@ const T* ptr_or_null(const Tensor& t) {
 // ---- RMSNorm ----
 
 template <class T, class S>
-__global__ void rms_norm_kernel(const T* x, const T* w, float eps, T* out, S* rstd_out, int64_t rows,
-                                int64_t C) {
+__global__ void rms_norm_kernel(const T* x, const T* w, float eps, T* out, S* rstd_out,
+                                int64_t rows, int64_t C) {
   using A = acc_t<T>;
   const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.y;
   if (r >= rows) return;
@@ -46,8 +46,10 @@ __global__ void rms_norm_kernel(const T* x, const T* w, float eps, T* out, S* rs
   if (threadIdx.x == 0) rstd_out[r] = static_cast<S>(rstd);
 }
 
-void rms_norm(const Tensor& x_in, const Tensor& w_in, double eps, const Tensor& out, const Tensor& rstd) {
-  TESSERA_CHECK(out.is_contiguous() && rstd.is_contiguous(), "rms_norm (cuda): out and rstd must be contiguous");
+void rms_norm(const Tensor& x_in, const Tensor& w_in, double eps, const Tensor& out,
+              const Tensor& rstd) {
+  TESSERA_CHECK(out.is_contiguous() && rstd.is_contiguous(),
+                "rms_norm (cuda): out and rstd must be contiguous");
   KernelContext ctx(out);
   const Tensor x = raw::contiguous(x_in), w = w_in.defined() ? raw::contiguous(w_in) : Tensor();
   const int64_t C = x.size(-1), rows = x.numel() / C;
@@ -93,12 +95,14 @@ __global__ void rms_norm_dw_partial_kernel(const T* dy, const T* x, const S* rst
   if (c >= C) return;
   const int64_t r0 = blockIdx.y * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
   A acc = 0;
-  for (int64_t r = r0; r < r1; ++r) acc += to_acc<A>(dy[r * C + c]) * to_acc<A>(x[r * C + c]) * static_cast<A>(rstd[r]);
+  for (int64_t r = r0; r < r1; ++r)
+    acc += to_acc<A>(dy[r * C + c]) * to_acc<A>(x[r * C + c]) * static_cast<A>(rstd[r]);
   partial[blockIdx.y * C + c] = acc;
 }
 
 template <class T>
-__global__ void rms_norm_dw_finish_kernel(const acc_t<T>* partial, int64_t chunks, int64_t C, T* dw) {
+__global__ void rms_norm_dw_finish_kernel(const acc_t<T>* partial, int64_t chunks, int64_t C,
+                                          T* dw) {
   using A = acc_t<T>;
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= C) return;
@@ -107,12 +111,13 @@ __global__ void rms_norm_dw_finish_kernel(const acc_t<T>* partial, int64_t chunk
   dw[c] = from_acc<T>(acc);
 }
 
-void rms_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_in, const Tensor& rstd_in,
-                       const Tensor& dx, const Tensor& dw) {
+void rms_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_in,
+                       const Tensor& rstd_in, const Tensor& dx, const Tensor& dw) {
   TESSERA_CHECK(dx.is_contiguous() && (!dw.defined() || dw.is_contiguous()),
                 "rms_norm_backward (cuda): dx and dweight must be contiguous");
   KernelContext ctx(dx);
-  const Tensor dy = raw::contiguous(dy_in), x = raw::contiguous(x_in), rstd = raw::contiguous(rstd_in);
+  const Tensor dy = raw::contiguous(dy_in), x = raw::contiguous(x_in),
+               rstd = raw::contiguous(rstd_in);
   const Tensor w = w_in.defined() ? raw::contiguous(w_in) : Tensor();
   const int64_t C = x.size(-1), rows = x.numel() / C;
   visit_float(x.dtype(), "rms_norm_backward", [&](auto tag) {
@@ -121,8 +126,9 @@ void rms_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_
     using A = acc_t<T>;
     const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
     rms_norm_dx_kernel<T, S><<<blocks, dim3(32, kRowsPerBlock), 0, ctx.stream>>>(
-        static_cast<const T*>(dy.raw_data()), static_cast<const T*>(x.raw_data()), ptr_or_null<T>(w),
-        static_cast<const S*>(rstd.raw_data()), static_cast<T*>(dx.raw_data()), rows, C);
+        static_cast<const T*>(dy.raw_data()), static_cast<const T*>(x.raw_data()),
+        ptr_or_null<T>(w), static_cast<const S*>(rstd.raw_data()), static_cast<T*>(dx.raw_data()),
+        rows, C);
     TESSERA_KERNEL_CHECK("rms_norm_dx_kernel");
     if (!dw.defined()) return;
     const int64_t col_blocks = (C + kThreads - 1) / kThreads;
@@ -131,9 +137,10 @@ void rms_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_
     const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
     Tensor partial = empty({chunks, C}, {.dtype = DTypeOf<A>::value, .device = dx.device()});
     rms_norm_dw_partial_kernel<T, S>
-        <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)), kThreads, 0, ctx.stream>>>(
-            static_cast<const T*>(dy.raw_data()), static_cast<const T*>(x.raw_data()),
-            static_cast<const S*>(rstd.raw_data()), rows, C, rows_per_chunk, partial.data<A>());
+        <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)), kThreads, 0,
+           ctx.stream>>>(static_cast<const T*>(dy.raw_data()), static_cast<const T*>(x.raw_data()),
+                         static_cast<const S*>(rstd.raw_data()), rows, C, rows_per_chunk,
+                         partial.data<A>());
     TESSERA_KERNEL_CHECK("rms_norm_dw_partial_kernel");
     rms_norm_dw_finish_kernel<T><<<static_cast<unsigned>(col_blocks), kThreads, 0, ctx.stream>>>(
         partial.data<A>(), chunks, C, static_cast<T*>(dw.raw_data()));
@@ -159,7 +166,8 @@ __global__ void rope_kernel(const T* x, const S* cos, const S* sin, float sign, 
   }
 }
 
-void rope(const Tensor& x_in, const Tensor& cos, const Tensor& sin, bool inverse, const Tensor& out) {
+void rope(const Tensor& x_in, const Tensor& cos, const Tensor& sin, bool inverse,
+          const Tensor& out) {
   TESSERA_CHECK(out.is_contiguous(), "rope (cuda): out must be contiguous");
   KernelContext ctx(out);
   const Tensor x = raw::contiguous(x_in);
@@ -169,8 +177,8 @@ void rope(const Tensor& x_in, const Tensor& cos, const Tensor& sin, bool inverse
     using S = acc_t<T>;
     rope_kernel<T, S><<<grid_for(B * Tn * H * (D / 2)), kThreads, 0, ctx.stream>>>(
         static_cast<const T*>(x.raw_data()), static_cast<const S*>(cos.raw_data()),
-        static_cast<const S*>(sin.raw_data()), inverse ? -1.f : 1.f, static_cast<T*>(out.raw_data()), B,
-        Tn, H, D);
+        static_cast<const S*>(sin.raw_data()), inverse ? -1.f : 1.f,
+        static_cast<T*>(out.raw_data()), B, Tn, H, D);
   });
   TESSERA_KERNEL_CHECK("rope_kernel");
 }
@@ -179,7 +187,8 @@ void rope(const Tensor& x_in, const Tensor& cos, const Tensor& sin, bool inverse
 
 // Lanes of a contiguous tensor viewed as [outer, n, inner]; one thread per (outer, inner).
 template <class T, class A>
-__global__ void cumsum_kernel(const T* x, T* out, int64_t outer, int64_t n, int64_t inner, bool reverse) {
+__global__ void cumsum_kernel(const T* x, T* out, int64_t outer, int64_t n, int64_t inner,
+                              bool reverse) {
   const int64_t lanes = outer * inner;
   for (int64_t lane = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; lane < lanes;
        lane += int64_t(gridDim.x) * blockDim.x) {
@@ -201,7 +210,10 @@ __global__ void cumsum_kernel(const T* x, T* out, int64_t outer, int64_t n, int6
 void cumsum(const Tensor& x_in, int64_t dim, bool reverse, const Tensor& out_in) {
   KernelContext ctx(out_in);
   const Tensor x = raw::contiguous(x_in);
-  const Tensor out = out_in.is_contiguous() ? out_in : empty(out_in.shape(), {.dtype = out_in.dtype(), .device = out_in.device()});
+  const Tensor out =
+      out_in.is_contiguous()
+          ? out_in
+          : empty(out_in.shape(), {.dtype = out_in.dtype(), .device = out_in.device()});
   int64_t outer = 1, inner = 1;
   for (int64_t d = 0; d < dim; ++d) outer *= x.size(d);
   for (int64_t d = dim + 1; d < x.dim(); ++d) inner *= x.size(d);
@@ -209,10 +221,13 @@ void cumsum(const Tensor& x_in, int64_t dim, bool reverse, const Tensor& out_in)
   auto launch = [&](auto tag, auto acc_tag) {
     using T = decltype(tag);
     cumsum_kernel<T, decltype(acc_tag)><<<grid_for(outer * inner), kThreads, 0, ctx.stream>>>(
-        static_cast<const T*>(x.raw_data()), static_cast<T*>(out.raw_data()), outer, n, inner, reverse);
+        static_cast<const T*>(x.raw_data()), static_cast<T*>(out.raw_data()), outer, n, inner,
+        reverse);
   };
-  if (x.dtype() == DType::i64) launch(int64_t{}, int64_t{});
-  else visit_float(x.dtype(), "cumsum", [&](auto tag) { launch(tag, double{}); });
+  if (x.dtype() == DType::i64)
+    launch(int64_t{}, int64_t{});
+  else
+    visit_float(x.dtype(), "cumsum", [&](auto tag) { launch(tag, double{}); });
   TESSERA_KERNEL_CHECK("cumsum_kernel");
   if (!out.is_same(out_in)) raw::copy_(out_in, out);
 }
@@ -265,7 +280,8 @@ __global__ void topk_kernel(const T* x, int64_t n, int64_t k, bool largest, unsi
   }
 }
 
-void topk(const Tensor& x_in, int64_t k, int64_t dim, bool largest, const Tensor& values, const Tensor& indices) {
+void topk(const Tensor& x_in, int64_t k, int64_t dim, bool largest, const Tensor& values,
+          const Tensor& indices) {
   KernelContext ctx(values);
   // The lanes as contiguous rows: dim moved last.
   const int64_t last = x_in.dim() - 1;
