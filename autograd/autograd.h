@@ -126,6 +126,9 @@ struct AutogradMeta {
   std::shared_ptr<Node> grad_fn;  // null for leaves
   int output_nr = 0;
   bool is_view = false;  // made by a differentiable view op from a tensor in a graph
+  // For a view: the tensor it is (ultimately) a view of, whose history an in-place write
+  // into the view rewrites (see rebase_view_history).
+  std::shared_ptr<TensorImpl> view_base;
   std::weak_ptr<Node> accumulate_grad;  // a leaf's AccumulateGrad node, while a graph uses it
   std::vector<std::pair<uint64_t, GradHook>> hooks;               // leaves only
   std::vector<std::pair<uint64_t, GradReadyHook>> ready_hooks;    // leaves only
@@ -149,6 +152,19 @@ bool any_requires_grad(const std::vector<Tensor>& inputs);
 std::shared_ptr<Node> record(const char* name, const std::vector<Tensor>& inputs,
                              const std::vector<Tensor>& outputs, BackwardFn backward,
                              bool force = false);
+
+// Marks `view` (sharing memory with `input`) as a differentiable view of input's base.
+void mark_view(const Tensor& view, const Tensor& input);
+
+// After an in-place op recorded on `view` (a view of a graph tensor), rewrites its base's
+// history as PyTorch's CopySlices does: the base's new value is its old one with the view's
+// region replaced, and the view becomes a view of that new base again. Raises, naming `op`,
+// where this cannot be done (a base that is a leaf requiring grad, or not contiguous).
+void rebase_view_history(const char* op, const Tensor& view);
+// True when t is a view whose base (or t) is part of a graph (in-place writes must rebase).
+bool is_graph_view(const Tensor& t);
+// Raises before an in-place write into a graph view that rebase_view_history would refuse.
+void check_view_write_allowed(const char* op, const Tensor& view);
 
 // A tensor saved for backward with the version it had; unpack() raises if it was
 // modified in place since. save_output() keeps an op's own output without keeping

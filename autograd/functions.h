@@ -9,6 +9,7 @@
 // (autograd/tensor_methods.cpp).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "autograd/autograd.h"
@@ -96,6 +97,96 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // x with `value` where mask (bool, broadcast to x) is true.
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
+// ---- more element-wise maths (autograd/functions_math.cpp) ----
+Tensor sin(const Tensor& x);
+Tensor cos(const Tensor& x);
+Tensor log1p(const Tensor& x);
+Tensor expm1(const Tensor& x);
+Tensor reciprocal(const Tensor& x);
+// min(max(x, min), max) with either bound optional; the gradient passes where
+// min <= x <= max.
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max = std::nullopt);
+Tensor silu(const Tensor& x);                          // x * sigmoid(x)
+Tensor swiglu(const Tensor& gate, const Tensor& up);   // silu(gate) * up (Llama's MLP)
+
+// ---- comparisons: bool tensors, no gradient (broadcasting) ----
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, double b);
+Tensor ne(const Tensor& a, double b);
+Tensor lt(const Tensor& a, double b);
+Tensor le(const Tensor& a, double b);
+Tensor gt(const Tensor& a, double b);
+Tensor ge(const Tensor& a, double b);
+inline Tensor operator==(const Tensor& a, const Tensor& b) { return eq(a, b); }
+inline Tensor operator!=(const Tensor& a, const Tensor& b) { return ne(a, b); }
+inline Tensor operator<(const Tensor& a, const Tensor& b) { return lt(a, b); }
+inline Tensor operator<=(const Tensor& a, const Tensor& b) { return le(a, b); }
+inline Tensor operator>(const Tensor& a, const Tensor& b) { return gt(a, b); }
+inline Tensor operator>=(const Tensor& a, const Tensor& b) { return ge(a, b); }
+inline Tensor operator==(const Tensor& a, double b) { return eq(a, b); }
+inline Tensor operator!=(const Tensor& a, double b) { return ne(a, b); }
+inline Tensor operator<(const Tensor& a, double b) { return lt(a, b); }
+inline Tensor operator<=(const Tensor& a, double b) { return le(a, b); }
+inline Tensor operator>(const Tensor& a, double b) { return gt(a, b); }
+inline Tensor operator>=(const Tensor& a, double b) { return ge(a, b); }
+
+// cond ? a : b with a scalar on one side (the scalar takes the tensor's dtype).
+Tensor where(const Tensor& cond, const Tensor& a, double b);
+Tensor where(const Tensor& cond, double a, const Tensor& b);
+
+// ---- more reductions ----
+// Variance over dims (empty = all) divided by N - correction (1: unbiased, 0: population).
+Tensor var(const Tensor& x, const std::vector<int64_t>& dims = {}, double correction = 1.0,
+           bool keepdim = false);
+// sqrt(var(...)). (Not named `std`: inside namespace tessera that would hide namespace std.)
+Tensor std_dev(const Tensor& x, const std::vector<int64_t>& dims = {}, double correction = 1.0,
+               bool keepdim = false);
+Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// The gradient is the product of the other elements (exact with zeros in the lane).
+Tensor prod(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor cumsum(const Tensor& x, int64_t dim);
+
+// ---- selection with gradients (autograd/functions_select.cpp) ----
+struct ValuesIndices {
+  Tensor values, indices;  // indices i64, no gradient
+};
+// Values and positions of the max (min) along dim; the gradient goes to that position.
+ValuesIndices max(const Tensor& x, int64_t dim, bool keepdim = false);
+ValuesIndices min(const Tensor& x, int64_t dim, bool keepdim = false);
+ValuesIndices topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true);
+// See ops::gather / scatter / scatter_add; gradients flow to x and src.
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+using ops::multinomial;
+using ops::sample_logits;
+
+// ---- in-place arithmetic under autograd (autograd/functions_inplace.cpp) ----
+// self = self op other (other broadcast to self). Bumps self's version: a backward that saved
+// the old value raises. Refused on a leaf that requires grad (under grad mode) and on a
+// self-overlapping destination; a view of a graph tensor rewrites its base's history.
+Tensor& add_(Tensor& self, const Tensor& other);
+Tensor& sub_(Tensor& self, const Tensor& other);
+Tensor& mul_(Tensor& self, const Tensor& other);
+Tensor& div_(Tensor& self, const Tensor& other);
+Tensor& add_(Tensor& self, double other);
+Tensor& sub_(Tensor& self, double other);
+Tensor& mul_(Tensor& self, double other);
+Tensor& div_(Tensor& self, double other);
+
+// ---- Llama-style layers (autograd/functions_llama.cpp) ----
+// x * rsqrt(mean(x^2, -1) + eps) * weight (weight [C] may be undefined); fused kernels.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+// Rotary embedding of x [B, T, H, D] (HF rotate_half pairing) with ops::rope_tables for its
+// T positions.
+Tensor rotary_embedding(const Tensor& x, const ops::RopeTables& tables);
+
 // ---- convenience re-exports of the tape machinery ----
 using autograd::NoGradGuard;
 
@@ -104,7 +195,9 @@ using autograd::NoGradGuard;
 // ---- attention and fused CUDA paths (autograd/functions_attention.cpp, functions_fused.cpp) ----
 namespace tessera {
 
-// softmax(q·kᵀ/√D [+ causal mask]) · v for q [B, H, Tq, D], k and v [B, H, Tk, D]. With
+// softmax(q·kᵀ/√D [+ causal mask]) · v for q [B, H, Tq, D], k and v [B, H_kv, Tk, D], where
+// H_kv divides H (grouped-query attention: kv head j serves query heads j·H/H_kv onwards; the
+// fused kernels take H_kv == H only, GQA runs the composed path). With
 // causal, the queries are the last Tq of the Tk positions (Tq < Tk for a KV cache). Under
 // an AutocastGuard q, k, v are cast to the compute dtype first. On a GPU, for bf16/f16,
 // D of 64 or 128, causal and Tq == Tk, no dropout, it runs the flash-attention kernels

@@ -68,10 +68,13 @@ void check_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
   const char* op = "scaled_dot_product_attention";
   TESSERA_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op, ": q, k, v must be [B, H, T, D], got ",
                 autograd::describe(q), "; ", autograd::describe(k), "; ", autograd::describe(v));
-  TESSERA_CHECK(k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(1) == k.size(1) &&
-                    q.size(3) == k.size(3),
+  TESSERA_CHECK(k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(3) == k.size(3),
                 op, ": q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), " and v ",
-                shape_str(v.shape()), " disagree on B, H or D");
+                shape_str(v.shape()), " disagree on B or D");
+  // Grouped-query attention: each of k's heads serves H / H_kv consecutive query heads.
+  TESSERA_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, op, ": the ", q.size(1),
+                " query heads of q ", shape_str(q.shape()), " are not a multiple of the ",
+                k.size(1), " key/value heads of k ", shape_str(k.shape()));
   TESSERA_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() && q.device() == k.device() &&
                     q.device() == v.device(),
                 op, ": q, k, v must share dtype and device, got ", autograd::describe(q), "; ",
@@ -118,10 +121,21 @@ Tensor causal_mask(int64_t Tq, int64_t Tk, Device device) {
   return ops::binary(BinaryOp::Gt, key_pos, query_pos);
 }
 
+// k or v [B, H_kv, T, D] with each head repeated for its `groups` query heads (head h of
+// the result is head h / groups of kv, as Hugging Face's repeat_kv); the gradient sums back
+// over each group through expand's backward.
+Tensor repeat_kv_heads(const Tensor& kv, int64_t groups) {
+  if (groups == 1) return kv;
+  const int64_t B = kv.size(0), H_kv = kv.size(1), T = kv.size(2), D = kv.size(3);
+  return kv.unsqueeze(2).expand({B, H_kv, groups, T, D}).reshape({B, H_kv * groups, T, D});
+}
+
 // softmax(q·kᵀ·scale [+ causal mask]) v from the differentiable functions. q is scaled
 // rather than the scores: [.., T, D] is cheaper than [.., T, T].
-Tensor composed_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+Tensor composed_attention(const Tensor& q, const Tensor& k_in, const Tensor& v_in, bool causal,
                           double scale, double dropout_p, Generator* gen) {
+  const int64_t groups = q.size(1) / k_in.size(1);
+  const Tensor k = repeat_kv_heads(k_in, groups), v = repeat_kv_heads(v_in, groups);
   Tensor att = matmul(q * scale, k.transpose(-2, -1));
   if (causal)
     att = masked_fill(att, causal_mask(q.size(2), k.size(2), q.device()),

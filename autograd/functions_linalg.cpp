@@ -30,6 +30,13 @@ bool use_cuda_linear(const Tensor& x2d, const Tensor& w, const Tensor& bias) {
 // The matrix transpose of the last two dims.
 Tensor mT(const Tensor& t) { return raw::transpose(t, -2, -1); }
 
+// t as a matrix [rows, last dim] with every leading dim folded into the rows; unlike a
+// reshape to {-1, n} this also holds when a dim is 0 (the -1 would be ambiguous).
+Tensor fold_rows(const Tensor& t) {
+  const Shape leading(t.shape().begin(), t.shape().end() - 1);
+  return raw::reshape(t, {shape_numel(leading), t.size(-1)});
+}
+
 // Gradients of y = a @ b for operands of rank >= 2 (broadcast batch dims summed back).
 Tensor matmul_grad_a(const Tensor& g, const Tensor& b, const Shape& a_shape) {
   return sum_to_shape(ops::matmul(g, mT(b)), a_shape);
@@ -38,8 +45,7 @@ Tensor matmul_grad_b(const Tensor& g, const Tensor& a, const Shape& b_shape) {
   if (b_shape.size() == 2 && a.dim() > 2) {
     // A matrix shared by every batch: fold the batch into the rows, one [K, N] product
     // instead of a batch of them summed afterwards.
-    const int64_t k = a.size(-1), n = g.size(-1);
-    return ops::matmul(mT(raw::reshape(a, {-1, k})), raw::reshape(g, {-1, n}));
+    return ops::matmul(mT(fold_rows(a)), fold_rows(g));
   }
   return sum_to_shape(ops::matmul(mT(a), g), b_shape);
 }
@@ -83,7 +89,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
   TESSERA_CHECK(!bias.defined() || bias.shape() == Shape{out}, "linear: bias of shape ",
                 shape_str(bias.shape()), " for weight of shape ", shape_str(weight.shape()));
   // Rows of the input as one matrix: a single GEMM, and dW = x^T g without a batch.
-  const Tensor x2d = raw::reshape(x, {-1, in});
+  const Tensor x2d = fold_rows(x);
   Tensor y2;
   if (use_cuda_linear(x2d, weight, bias)) {
 #if TESSERA_WITH_CUDA
@@ -102,11 +108,11 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
   SavedTensor saved_x = weight.requires_grad() ? SavedTensor::input(x) : SavedTensor();
   SavedTensor saved_w = x.requires_grad() ? SavedTensor::input(weight) : SavedTensor();
   record("LinearBackward", {x, weight, bias}, {y}, [saved_x, saved_w, x_shape = x.shape(), in, out](const BackwardArgs& a) {
-    const Tensor g = raw::reshape(a.grad(), {-1, out});
+    const Tensor g = fold_rows(a.grad());
     Tensor grad_x, grad_w, grad_b;
     if (a.needs(0)) grad_x = raw::reshape(ops::matmul(g, mT(saved_w.unpack("LinearBackward"))), x_shape);
     if (a.needs(1)) {
-      const Tensor x2d = raw::reshape(saved_x.unpack("LinearBackward"), {-1, in});
+      const Tensor x2d = fold_rows(saved_x.unpack("LinearBackward"));
       if (use_cuda_linear(x2d, g, Tensor())) {
 #if TESSERA_WITH_CUDA
         // dW = x^T g and, when wanted, db = the column sums of g from the same GEMM.

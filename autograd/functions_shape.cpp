@@ -41,7 +41,7 @@ static std::vector<Tensor> record_pieces(const char* name, const Tensor& x, std:
     if (piece.is_same(x)) piece = raw::alias(x);  // each piece needs its own history
   }
   if (autograd::record(name, {x}, pieces, [d](const BackwardArgs& a) { return Grads{ops::cat(a.grad_outputs, d)}; })) {
-    for (const Tensor& piece : pieces) autograd::meta_of(piece).is_view = true;
+    for (const Tensor& piece : pieces) autograd::mark_view(piece, x);
   }
   return pieces;
 }

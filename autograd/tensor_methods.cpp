@@ -25,7 +25,7 @@ Tensor record_view(const char* name, const Tensor& input, const Tensor& out,
   if (autograd::record(name, {input}, {out}, [backward = std::move(backward)](const BackwardArgs& a) {
         return std::vector<Tensor>{backward(a.grad())};
       })) {
-    meta_of(out).is_view = out.shares_storage(input);
+    if (out.shares_storage(input)) autograd::mark_view(out, input);
   }
   return out;
 }
@@ -50,16 +50,14 @@ Tensor record_reshape(const char* name, const Tensor& input, const Tensor& out) 
 
 // Refuses in-place writes PyTorch refuses; `source` is the tensor copied from (if any).
 void check_inplace_allowed(const char* op, const Tensor& self, const Tensor& source) {
+  ops::check_no_internal_overlap(op, self);
   if (!autograd::is_grad_enabled()) return;
   const autograd::AutogradMeta* meta = self.impl().autograd.get();
   if (meta == nullptr) return;
   TESSERA_CHECK(!(meta->requires_grad && !meta->grad_fn), op,
                 ": a leaf tensor that requires grad (", describe(self),
                 ") cannot be modified in place while grad mode is on; wrap it in NoGradGuard");
-  const bool touches_graph = self.requires_grad() || (source.defined() && source.requires_grad());
-  TESSERA_CHECK(!(meta->is_view && touches_graph), op, ": writing in place into a view (",
-                describe(self), ") of a tensor that is part of a graph is not supported; "
-                "write into the base tensor or clone the view first");
+  autograd::check_view_write_allowed(op, self);
 }
 
 }  // namespace
@@ -140,6 +138,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
     autograd::record("CopyBackward", {*this, src}, {*this}, [src_shape](const BackwardArgs& a) {
       return std::vector<Tensor>{Tensor(), a.needs(1) ? ops::sum_to(a.grad(), src_shape) : Tensor()};
     });
+    if (autograd::is_graph_view(*this)) autograd::rebase_view_history("copy_", *this);
   }
   return *this;
 }
@@ -151,6 +150,7 @@ Tensor& Tensor::fill_(double value) {
   if (rewrites_history) {
     autograd::record("FillBackward", {*this}, {*this},
                      [](const BackwardArgs&) { return std::vector<Tensor>{Tensor()}; });
+    if (autograd::is_graph_view(*this)) autograd::rebase_view_history("fill_", *this);
   }
   return *this;
 }

@@ -62,8 +62,8 @@ struct KernelTable {
   void (*softmax_backward)(const Tensor& y, const Tensor& dy, int64_t dim, bool log,
                            const Tensor& dx) = nullptr;
 
-  // Over the last dim: out = (x - mean) * rstd * w + b; mean, rstd (f32) have x's shape minus
-  // the last dim. w or b may be undefined.
+  // Over the last dim: out = (x - mean) * rstd * w + b; mean, rstd (f32; f64 for f64 x) have
+  // x's shape minus the last dim. w or b may be undefined.
   void (*layer_norm)(const Tensor& x, const Tensor& w, const Tensor& b, double eps,
                      const Tensor& out, const Tensor& mean, const Tensor& rstd) = nullptr;
   // dx; dw and db accumulate (+=) when defined.
@@ -74,6 +74,31 @@ struct KernelTable {
   // out[..., M, N] = a[..., M, K] @ b[..., K, N]; batch dims already broadcast.
   void (*matmul)(const Tensor& a, const Tensor& b, const Tensor& out) = nullptr;
 
+  // Inclusive running sum of x along dim (from the last element backwards when reverse), in
+  // out (x's shape and dtype; f32 accumulation for f16/bf16, f64 for f32/f64, int64 for
+  // integers).
+  void (*cumsum)(const Tensor& x, int64_t dim, bool reverse, const Tensor& out) = nullptr;
+  // The k largest (or smallest) entries of x along dim, in order (largest first, or smallest
+  // first), with their positions: values (x's dtype) and indices (i64) have x's shape with
+  // dim set to k. Ties keep the lower index first; NaN counts as the largest.
+  void (*topk)(const Tensor& x, int64_t k, int64_t dim, bool largest, const Tensor& values,
+               const Tensor& indices) = nullptr;
+
+  // RMSNorm over the last dim: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) per row
+  // (f32; f64 for f64 x), of x's shape minus the last dim; w may be undefined.
+  void (*rms_norm)(const Tensor& x, const Tensor& w, double eps, const Tensor& out,
+                   const Tensor& rstd) = nullptr;
+  // dx; dw accumulates (+=) when defined.
+  void (*rms_norm_backward)(const Tensor& dy, const Tensor& x, const Tensor& w,
+                            const Tensor& rstd, const Tensor& dx, const Tensor& dw) = nullptr;
+  // Rotary position embedding, Hugging Face's rotate_half convention: x [B, T, H, D] (any
+  // strides), cos and sin [T, D/2] contiguous (f32; f64 for f64 x); with h = D/2 and i < h,
+  //   out[.., i]     = x[.., i] cos[t, i] - x[.., i + h] sin[t, i]
+  //   out[.., i + h] = x[.., i + h] cos[t, i] + x[.., i] sin[t, i]
+  // out contiguous [B, T, H, D]. inverse rotates by -angle (the backward).
+  void (*rope)(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse,
+               const Tensor& out) = nullptr;
+
   // out[i, :] = weight[idx[i], :] (idx flattened, i32 or i64); error on out-of-range ids.
   void (*embedding)(const Tensor& weight, const Tensor& idx, const Tensor& out) = nullptr;
   // out.index_add_(dim, idx, src): out[..., idx[i], ...] += src[..., i, ...].
@@ -81,7 +106,7 @@ struct KernelTable {
 
   // Cross-entropy summed over the rows of logits [N, V] (any float dtype, computed in f32, f64
   // for f64) with targets [N] (i32/i64); rows whose target is ignore_index are skipped.
-  // loss: 0-d f32 = sum over counted rows of (logsumexp(row) - row[target]); count: 0-d i64 =
+  // loss: 0-d f32 (f64 for f64 logits) = sum over counted rows of (logsumexp(row) - row[target]); count: 0-d i64 =
   // number of counted rows. The front-end divides by count for the mean. A target outside
   // [0, V) other than ignore_index is an error naming it and V.
   void (*cross_entropy)(const Tensor& logits, const Tensor& targets, int64_t ignore_index,

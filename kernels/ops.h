@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/dispatch.h"
+#include "core/random.h"
 #include "core/tensor.h"
 
 namespace tessera::ops {
@@ -18,7 +19,12 @@ namespace tessera::ops {
 Tensor unary(UnaryOp op, const Tensor& x);
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
 Tensor binary(BinaryOp op, const Tensor& a, double b);  // scalar keeps a's dtype
-// a = op(a, b) in place; b broadcast to a's shape, result converted to a's dtype.
+// True when two elements of t share one memory location (an expanded view, a stride-0 dim,
+// an overlapping as_strided view): an in-place write there would depend on the write order.
+bool has_internal_overlap(const Tensor& t);
+// Raises PyTorch's "unsupported operation" error, naming `op` and t, when t overlaps itself.
+void check_no_internal_overlap(const char* op, const Tensor& t);
+// a = op(a, b) in place (a must not overlap itself); b broadcast to a's shape, result converted to a's dtype.
 void binary_(BinaryOp op, const Tensor& a, const Tensor& b);
 void binary_(BinaryOp op, const Tensor& a, double b);
 
@@ -75,6 +81,52 @@ Tensor embedding_backward(const Tensor& dy, const Tensor& indices, int64_t num_r
 // out.index_add_(dim, index, src) in place.
 void index_add_(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+
+// ---- running sums, selection, gather/scatter, sampling (kernels/ops_select.cpp) ----
+// Inclusive running sum along dim (from the end when reverse); integers sum in int64.
+Tensor cumsum(const Tensor& x, int64_t dim, bool reverse = false);
+struct TopK {
+  Tensor values, indices;  // indices i64
+};
+// The k largest (smallest) entries along dim, largest (smallest) first; ties keep the lower
+// index first.
+TopK topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true);
+// out[i][j] = x[i][index[i][j]] for dim 1 (and likewise for any dim and rank); index has x's
+// rank and sizes at most x's outside dim; values out of range are an error naming them.
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+// A copy of x with src[i][j] added at x[i][index[i][j]] (dim 1); repeated positions sum.
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+// A copy of x with src[i][j] written at x[i][index[i][j]]; an index naming one position twice
+// is refused.
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+// num_samples categories (i64, with replacement) per row of probs [V] or [B, V] (non-negative,
+// not necessarily normalised), drawn on probs' device.
+Tensor multinomial(const Tensor& probs, int64_t num_samples, Generator* gen = nullptr);
+// One token per row of logits [B, V] -> [B] i64, on logits' device: argmax for temperature 0,
+// else softmax(logits / temperature) restricted to the top_k largest (0 = all) and sampled.
+Tensor sample_logits(const Tensor& logits, double temperature, int64_t top_k,
+                     Generator* gen = nullptr);
+
+// ---- Llama-style layers (kernels/ops_llama.cpp) ----
+struct RmsNormOutput {
+  Tensor out, rstd;  // rstd: f32 (f64 for f64 x), x's shape without the last dim
+};
+// x * rsqrt(mean(x^2, -1) + eps) * weight over the last dim; weight [C] may be undefined.
+RmsNormOutput rms_norm(const Tensor& x, const Tensor& weight, double eps);
+struct RmsNormGrads {
+  Tensor dx, dweight;
+};
+RmsNormGrads rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                               const Tensor& rstd, bool need_weight_grad);
+struct RopeTables {
+  Tensor cos, sin;  // [count, head_dim / 2], f32 (f64 when asked for f64)
+};
+// cos/sin of position p * theta^(-2i/head_dim) for positions [start, start + count).
+RopeTables rope_tables(int64_t start, int64_t count, int64_t head_dim, double theta,
+                       DType dtype = DType::f32, Device device = Device::cpu());
+// Rotary embedding of x [B, T, H, D] with tables for its T positions (Hugging Face's
+// rotate_half pairing of element i with i + D/2); inverse rotates back (the backward).
+Tensor rope(const Tensor& x, const RopeTables& tables, bool inverse = false);
 
 // ---- joining and splitting (views where possible) ----
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);

@@ -133,9 +133,50 @@ Tensor binary(BinaryOp op, const Tensor& a, double b) {
   return binary(op, a, detail::scalar_tensor(b, scalar_operand_dtype(a.dtype(), b), a.device()));
 }
 
+bool has_internal_overlap(const Tensor& t) {
+  if (t.numel() <= 1 || t.is_non_overlapping_and_dense()) return false;
+  // Dims that step (size > 1), by increasing stride: the elements are distinct when each
+  // stride passes the whole extent of the smaller ones (the usual case for views).
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) <= 1) continue;
+    if (t.stride(d) == 0) return true;
+    dims.emplace_back(std::abs(t.stride(d)), t.size(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t extent = 0;
+  bool nested = true;
+  for (const auto& [stride, size] : dims) {
+    if (stride <= extent) nested = false;
+    extent += stride * (size - 1);
+  }
+  // An unusual as_strided layout: compare the element offsets themselves (beyond a few
+  // million elements that is too costly; such a layout is let through, as PyTorch does).
+  constexpr int64_t kMaxOffsetsCompared = int64_t{1} << 22;
+  if (nested || t.numel() > kMaxOffsetsCompared) return false;
+  std::vector<int64_t> offsets{0};
+  for (const auto& [stride, size] : dims) {
+    std::vector<int64_t> next;
+    next.reserve(offsets.size() * size);
+    for (int64_t i = 0; i < size; ++i) {
+      for (int64_t o : offsets) next.push_back(o + i * stride);
+    }
+    offsets.swap(next);
+  }
+  std::sort(offsets.begin(), offsets.end());
+  return std::adjacent_find(offsets.begin(), offsets.end()) != offsets.end();
+}
+
+void check_no_internal_overlap(const char* op, const Tensor& t) {
+  TESSERA_CHECK(!has_internal_overlap(t), op, ": unsupported operation: more than one element of "
+                "the written-to tensor ", describe(t), " (strides ", shape_str(t.strides()),
+                ") refers to a single memory location; clone() it before writing in place");
+}
+
 void binary_(BinaryOp op, const Tensor& a, const Tensor& b) {
   const char* name = binary_op_name(op);
   const Device dev = detail::common_device(name, {&a, &b});
+  check_no_internal_overlap(name, a);
   const Shape shape = raw::broadcast_shapes(a.shape(), b.shape(), name);
   TESSERA_CHECK(shape == a.shape(), name, "_: in-place result of shape ", shape_str(shape),
                 " does not fit the destination ", describe(a), " (operand ", describe(b), ")");

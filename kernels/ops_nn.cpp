@@ -69,6 +69,9 @@ void check_norm_param(const Tensor& p, const char* role, const Tensor& x) {
 }
 
 Shape row_shape(const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 1); }
+
+// Saved row statistics are f64 for f64 inputs (an f64 backward stays f64-accurate), f32 else.
+DType layer_norm_stat_dtype(DType x) { return x == DType::f64 ? DType::f64 : DType::f32; }
 }  // namespace
 
 LayerNormOutput layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
@@ -80,8 +83,9 @@ LayerNormOutput layer_norm(const Tensor& x, const Tensor& weight, const Tensor& 
   check_norm_param(bias, "bias", x);
   LayerNormOutput r;
   r.out = empty(x.shape(), {.dtype = x.dtype(), .device = dev});
-  r.mean = empty(row_shape(x), {.dtype = DType::f32, .device = dev});
-  r.rstd = empty(row_shape(x), {.dtype = DType::f32, .device = dev});
+  const DType stat_dtype = layer_norm_stat_dtype(x.dtype());
+  r.mean = empty(row_shape(x), {.dtype = stat_dtype, .device = dev});
+  r.rstd = empty(row_shape(x), {.dtype = stat_dtype, .device = dev});
   if (x.numel() > 0) {
     checked_kernel(detail::kernels_for(dev).layer_norm, "layer_norm", dev)(x, weight, bias, eps,
                                                                           r.out, r.mean, r.rstd);
@@ -97,9 +101,10 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tens
   TESSERA_CHECK(x.dim() >= 1, "layer_norm_backward: input ", detail::describe(x), " has no dims");
   check_norm_param(weight, "weight", x);
   for (const Tensor* stat : {&mean, &rstd}) {
-    TESSERA_CHECK(stat->shape() == row_shape(x) && stat->dtype() == DType::f32,
-                  "layer_norm_backward: saved statistics ", detail::describe(*stat),
-                  " must be float32", shape_str(row_shape(x)), " for input ", detail::describe(x));
+    const DType want = layer_norm_stat_dtype(x.dtype());
+    TESSERA_CHECK(stat->shape() == row_shape(x) && stat->dtype() == want,
+                  "layer_norm_backward: saved statistics ", detail::describe(*stat), " must be ",
+                  dtype_name(want), shape_str(row_shape(x)), " for input ", detail::describe(x));
   }
   LayerNormGrads g;
   const Tensor dyc = dy.dtype() == x.dtype() ? dy : raw::to(dy, dev, x.dtype());
@@ -173,7 +178,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
                               unary(UnaryOp::Neg, picked));
     return raw::view(loss, targets.shape());
   }
-  Tensor total = empty({}, {.dtype = DType::f32, .device = dev});
+  // The sum of the row losses: f64 for f64 logits, so f64 stays f64 end to end.
+  const DType total_dtype = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor total = empty({}, {.dtype = total_dtype, .device = dev});
   Tensor count = empty({}, {.dtype = DType::i64, .device = dev});
   if (N == 0) {
     raw::fill_(total, 0.0);

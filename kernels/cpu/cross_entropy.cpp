@@ -80,7 +80,9 @@ void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_i
     total += row_loss[r];
     ++used;
   }
-  *static_cast<float*>(loss.raw_data()) = static_cast<float>(total);
+  // The loss is f64 for f64 logits (f32 otherwise): the total keeps the logits' precision.
+  if (loss.dtype() == DType::f64) *static_cast<double*>(loss.raw_data()) = total;
+  else *static_cast<float*>(loss.raw_data()) = static_cast<float>(total);
   *static_cast<int64_t*>(count.raw_data()) = used;
 }
 

@@ -29,10 +29,15 @@ constexpr double kGeluCubic = 0.044715;
 // 1 + tanh(u) and 1 - tanh(u) are computed from e = exp(2u) as 2e/(e+1) and 2/(e+1), so
 // both stay accurate in the tails where tanh(u) is close to -1 or 1 (1 - tanh^2 computed
 // from tanh itself would lose all its digits there). float uses the vectorisable exp.
+// Past 2u = 80 tanh(u) is 1 in every float type; `saturated` reports that, so the gradient
+// takes its limit 1 there (and 0 where 1 + tanh(u) underflows) instead of inf * 0 = NaN.
+constexpr double kGeluSaturation = 80;  // exp(80) is finite in float
+
 template <class C>
-inline void gelu_parts(C x, C& one_plus_t, C& one_minus_t) {
+inline void gelu_parts(C x, C& one_plus_t, C& one_minus_t, bool& saturated) {
   C two_u = C(2 * kSqrt2OverPi) * (x + C(kGeluCubic) * x * x * x);
-  two_u = two_u > C(80) ? C(80) : two_u;  // exp(80) is finite in float; tanh is 1 by then
+  saturated = two_u > C(kGeluSaturation);
+  two_u = saturated ? C(kGeluSaturation) : two_u;
   C e;
   if constexpr (std::is_same_v<C, float>) e = fast_exp(two_u);
   else e = std::exp(two_u);
@@ -44,16 +49,21 @@ inline void gelu_parts(C x, C& one_plus_t, C& one_minus_t) {
 template <class C>
 inline C gelu_forward(C x) {
   C opt, omt;
-  gelu_parts(x, opt, omt);
-  return C(0.5) * x * opt;
+  bool saturated;
+  gelu_parts(x, opt, omt, saturated);
+  return opt == C(0) ? C(0) : C(0.5) * x * opt;  // the limit 0 at -inf, not -inf * 0
 }
 
 template <class C>
 inline C gelu_grad(C x, C dy) {
   C opt, omt;
-  gelu_parts(x, opt, omt);
+  bool saturated;
+  gelu_parts(x, opt, omt, saturated);
+  // 0.5 x sech^2(u) du/dx: below 1e-30 of the result wherever either factor vanishes.
+  const bool tail_vanishes = saturated || opt == C(0);
   const C du = C(kSqrt2OverPi) * (C(1) + C(3 * kGeluCubic) * x * x);
-  return dy * (C(0.5) * opt + C(0.5) * x * (opt * omt) * du);
+  const C tail = tail_vanishes ? C(0) : C(0.5) * x * (opt * omt) * du;
+  return dy * (C(0.5) * opt + tail);
 }
 
 template <UnaryOp op, class C>

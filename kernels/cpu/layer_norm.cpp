@@ -25,6 +25,10 @@ Shape row_stat_strides(const Tensor& stat) {
   return s;
 }
 
+// The saved mean/rstd: f64 for f64 inputs, f32 for the others (the table's contract).
+template <class T>
+using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
 template <class T>
 const T* optional_data(const Tensor& t) {
   return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr;
@@ -41,8 +45,9 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, c
       const T* wp = optional_data<T>(w);
       const T* bp = optional_data<T>(b);
       const int64_t ws = w.defined() ? w.strides()[0] : 0, bs = b.defined() ? b.strides()[0] : 0;
-      float* mp = static_cast<float*>(mean.raw_data());
-      float* rp = static_cast<float*>(rstd.raw_data());
+      using S = stat_t<T>;
+      S* mp = static_cast<S*>(mean.raw_data());
+      S* rp = static_cast<S*>(rstd.raw_data());
       const Shape ms = row_stat_strides(mean), rs = row_stat_strides(rstd);
       const int64_t last = x.dim() - 1;
       for_each_lane<4>(x.shape(), last, {&x.strides(), &out.strides(), &ms, &rs},
@@ -64,8 +69,8 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, c
             sq += d * d;
           }
           const C r = C(1) / std::sqrt(sq / C(n) + C(eps));
-          mp[off[2]] = static_cast<float>(mu);
-          rp[off[3]] = static_cast<float>(r);
+          mp[off[2]] = static_cast<S>(mu);
+          rp[off[3]] = static_cast<S>(r);
 #pragma omp simd
           for (int64_t i = 0; i < n; ++i) {
             C v = (convert<C>(in[i * sx]) - mu) * r;
@@ -92,8 +97,9 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
       T* dxp = static_cast<T*>(dx.raw_data());
       const T* wp = optional_data<T>(w);
       const int64_t ws = w.defined() ? w.strides()[0] : 1;
-      const float* mp = static_cast<const float*>(mean.raw_data());
-      const float* rp = static_cast<const float*>(rstd.raw_data());
+      using S = stat_t<T>;
+      const S* mp = static_cast<const S*>(mean.raw_data());
+      const S* rp = static_cast<const S*>(rstd.raw_data());
       const Shape ms = row_stat_strides(mean), rs = row_stat_strides(rstd);
       const int64_t last = x.dim() - 1;
       const LaneIndexer<5> rows(x.shape(), last,
@@ -118,7 +124,6 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
             const T* xr = xp + off[0];
             const T* gr = gp + off[1];
             T* dr = dxp + off[2];
-            // The saved statistics are f32 (also for f64 inputs, by the table's contract).
             const C mu = mp[off[3]], r = rp[off[4]];
             C sum_g = 0, sum_gx = 0;
 #pragma omp simd reduction(+ : sum_g, sum_gx)

@@ -7,7 +7,11 @@
 //    gradient), a block of output columns is accumulated row by row, so the inner loop is a
 //    contiguous vector add instead of a strided gather. Threads own column blocks, so the
 //    result does not depend on the thread count.
-// Accumulation is in compute_t<T>: f32 for f16/bf16/f32, f64 for f64, int64 for integers.
+// Sums, means and products of float types accumulate in f64 (an f32 running sum of 1e6
+// values loses ~1e-6 relative, more for repeated values; in f64 the result is the correctly
+// rounded f32 in practice, better than PyTorch's cascade), max/min in compute_t<T>, integers in
+// int64. Long lanes are still folded in chunks of kCascadeChunk whose partials are then
+// combined, so the vectorised inner loop stays short.
 #include <limits>
 
 #include "core/dispatch.h"
@@ -44,10 +48,10 @@ inline A reduce_combine(A acc, A v) {
 // One strided lane of n elements folded into acc.
 template <ReduceOp op, class T, class A>
 inline A reduce_lane(A acc, const T* p, int64_t n, int64_t stride) {
-  if constexpr ((op == ReduceOp::Sum || op == ReduceOp::Mean) && std::is_same_v<T, A>) {
+  if constexpr ((op == ReduceOp::Sum || op == ReduceOp::Mean) && std::is_floating_point_v<T>) {
     if (stride == 1) {
 #pragma omp simd reduction(+ : acc)
-      for (int64_t i = 0; i < n; ++i) acc += p[i];
+      for (int64_t i = 0; i < n; ++i) acc += A(p[i]);
       return acc;
     }
   }
@@ -91,9 +95,16 @@ inline int64_t unravel_offset(int64_t r, const Shape& shape, const Shape& stride
   return off;
 }
 
+// The accumulation type: f64 for float sums, means and products; compute_t<T> otherwise.
+template <ReduceOp op, class T>
+using accumulate_t = std::conditional_t<std::is_floating_point_v<compute_t<T>> && op != ReduceOp::Max &&
+                                            op != ReduceOp::Min,
+                                        double, compute_t<T>>;
+
 template <ReduceOp op, class T, class O>
 void reduce_typed(const Tensor& x, const ReduceLayout& L, const Tensor& out) {
-  using A = compute_t<T>;
+  using A = accumulate_t<op, T>;
+  using Total = A;
   const T* xp = static_cast<const T*>(x.raw_data());
   O* op_ = static_cast<O*>(out.raw_data());
   const Shape& rs = L.reduced.shape;
@@ -102,8 +113,8 @@ void reduce_typed(const Tensor& x, const ReduceLayout& L, const Tensor& out) {
   const int64_t outer = L.reduced_numel / std::max<int64_t>(inner, 1);
   const int64_t kept = shape_numel(L.kept_shape);
   const double mean_scale = 1.0 / static_cast<double>(std::max<int64_t>(L.reduced_numel, 1));
-  auto finish = [&](A acc) {
-    if constexpr (op == ReduceOp::Mean) return convert<O>(A(acc * A(mean_scale)));
+  auto finish = [&](Total acc) {
+    if constexpr (op == ReduceOp::Mean) return convert<O>(acc * Total(mean_scale));
     else return convert<O>(acc);
   };
 
@@ -119,8 +130,9 @@ void reduce_typed(const Tensor& x, const ReduceLayout& L, const Tensor& out) {
       const int64_t c0 = blk * kBlock, width = std::min(kBlock, kept - c0);
       // Rows are folded in chunks whose partial results are then combined (a two-level
       // cascade), so a long float sum's rounding error grows with the chunk, not the length.
-      A total[kBlock], acc[kBlock];
-      for (int64_t c = 0; c < width; ++c) total[c] = reduce_identity<op, A>();
+      Total total[kBlock];
+      A acc[kBlock];
+      for (int64_t c = 0; c < width; ++c) total[c] = reduce_identity<op, Total>();
       for (int64_t r0 = 0; r0 < L.reduced_numel; r0 += kCascadeChunk) {
         const int64_t r1 = std::min(L.reduced_numel, r0 + kCascadeChunk);
         for (int64_t c = 0; c < width; ++c) acc[c] = reduce_identity<op, A>();
@@ -129,7 +141,7 @@ void reduce_typed(const Tensor& x, const ReduceLayout& L, const Tensor& out) {
 #pragma omp simd
           for (int64_t c = 0; c < width; ++c) acc[c] = reduce_combine<op>(acc[c], convert<A>(row[c]));
         }
-        for (int64_t c = 0; c < width; ++c) total[c] = reduce_combine<op>(total[c], acc[c]);
+        for (int64_t c = 0; c < width; ++c) total[c] = reduce_combine<op>(total[c], Total(acc[c]));
       }
       for (int64_t c = 0; c < width; ++c) op_[(c0 + c) * out_stride] = finish(total[c]);
     }
@@ -141,13 +153,13 @@ void reduce_typed(const Tensor& x, const ReduceLayout& L, const Tensor& out) {
   for (int64_t k = 0; k < kept; ++k) {
     const int64_t x_off = unravel_offset(k, ks, L.kept_x_strides);
     const int64_t o_off = unravel_offset(k, ks, L.kept_out_strides);
-    A total = reduce_identity<op, A>();
+    Total total = reduce_identity<op, Total>();
     for (int64_t r = 0; r < outer; ++r) {
       const T* lane = xp + x_off + unravel_offset(r * inner, rs, rx);
       for (int64_t i0 = 0; i0 < inner; i0 += kCascadeChunk) {  // cascade as above
         const int64_t n = std::min(kCascadeChunk, inner - i0);
         total = reduce_combine<op>(
-            total, reduce_lane<op>(reduce_identity<op, A>(), lane + i0 * inner_stride, n, inner_stride));
+            total, Total(reduce_lane<op>(reduce_identity<op, A>(), lane + i0 * inner_stride, n, inner_stride)));
       }
     }
     op_[o_off] = finish(total);

@@ -216,7 +216,8 @@ __device__ __forceinline__ C apply_unary(UnaryOp op, C x) {
       case UnaryOp::Relu: return x > C(0) ? x : C(0);
       case UnaryOp::Gelu: {
         const C inner = C(kSqrt2OverPi) * (x + C(kGeluCoeff) * x * x * x);
-        return C(0.5) * x * (C(1) + tanh(inner));
+        const C one_plus_t = C(1) + tanh(inner);
+        return one_plus_t == C(0) ? C(0) : C(0.5) * x * one_plus_t;  // 0 at -inf, not NaN
       }
       case UnaryOp::Sin: return sin(x);
       case UnaryOp::Cos: return cos(x);
@@ -362,7 +363,11 @@ __device__ __forceinline__ C apply_binary(BinaryOp op, C a, C b) {
         const C x = a, x2 = x * x;
         const C t = tanh(C(kSqrt2OverPi) * (x + C(kGeluCoeff) * x2 * x));
         const C dinner = C(kSqrt2OverPi) * (C(1) + C(3 * kGeluCoeff) * x2);
-        return b * (C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * dinner);
+        // Where tanh saturates (|x| large or infinite) sech^2 is 0 and the limit is 1 or 0;
+        // x * dinner alone would be inf there and inf * 0 NaN.
+        const C sech2 = C(1) - t * t;
+        const C tail = sech2 == C(0) ? C(0) : C(0.5) * x * sech2 * dinner;
+        return b * (C(0.5) * (C(1) + t) + tail);
       }
   }
   return a;

@@ -212,6 +212,16 @@ void layer_norm_impl(const Tensor& x_in, const Tensor& residual_in, const Tensor
 
 void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,
                 const Tensor& mean, const Tensor& rstd) {
+  if (mean.dtype() == DType::f64) {
+    // f64 inputs get f64 statistics by the table's contract; these kernels keep them in f32
+    // (the CPU kernel is the f64-accurate one).
+    Tensor mean32 = empty(mean.shape(), {.dtype = DType::f32, .device = mean.device()});
+    Tensor rstd32 = empty(rstd.shape(), {.dtype = DType::f32, .device = rstd.device()});
+    layer_norm_impl(x, Tensor(), Tensor(), w, b, eps, out, mean32, rstd32);
+    raw::copy_(mean, mean32);
+    raw::copy_(rstd, rstd32);
+    return;
+  }
   layer_norm_impl(x, Tensor(), Tensor(), w, b, eps, out, mean, rstd);
 }
 
@@ -392,7 +402,9 @@ void layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& 
   KernelContext ctx(dx);
   Tensor dy = raw::contiguous(dy_in), x = raw::contiguous(x_in);
   Tensor w = w_in.defined() ? raw::contiguous(w_in) : Tensor();
-  Tensor m = raw::contiguous(mean), rs = raw::contiguous(rstd);
+  // f64 statistics (of f64 inputs) are read as f32 here, as the forward produced them.
+  Tensor m = raw::contiguous(raw::to(mean, mean.device(), DType::f32));
+  Tensor rs = raw::contiguous(raw::to(rstd, rstd.device(), DType::f32));
   const int64_t C = x.size(-1), rows = x.numel() / C;
   const bool want_params = dw.defined() || db.defined();
   const bool fast = rows_packable(dy.raw_data(), C) && aligned16({x.raw_data(), dx.raw_data()}) &&

@@ -340,7 +340,7 @@ void softmax_backward(const Tensor& y_in, const Tensor& dy_in, int64_t dim, bool
 template <class T>
 __global__ void __launch_bounds__(kLongRowThreads) cross_entropy_rows_kernel(const T* logits, const void* targets, DType tt,
                                           int64_t rows, int64_t vocab, int64_t ignore_index,
-                                          float* row_loss, int* row_counted, int* bad_target,
+                                          double* row_loss, int* row_counted, int* bad_target,
                                           bool packed) {
   using A = acc_t<T>;
   const int64_t r = group_row(rows);
@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(kLongRowThreads) cross_entropy_rows_kernel(con
   }
   if (ignored) {
     if (threadIdx.x == 0) {
-      row_loss[r] = 0.f;
+      row_loss[r] = 0.0;
       row_counted[r] = 0;
     }
     return;
@@ -363,14 +363,15 @@ __global__ void __launch_bounds__(kLongRowThreads) cross_entropy_rows_kernel(con
   row_read(xr, vocab, threadIdx.x, blockDim.x, packed, [&](int64_t, T v) { s = push(s, to_acc<A>(v)); });
   s = group_merge(s);
   if (threadIdx.x == 0) {
-    row_loss[r] = static_cast<float>(log(s.sum) + s.max - to_acc<A>(xr[target]));
+    row_loss[r] = static_cast<double>(log(s.sum) + s.max - to_acc<A>(xr[target]));
     row_counted[r] = 1;
   }
 }
 
 // One block sums the rows in a fixed order: the loss is the same bits on every run.
-__global__ void cross_entropy_finish_kernel(const float* row_loss, const int* row_counted,
-                                            int64_t rows, float* loss, void* count, DType ct) {
+__global__ void cross_entropy_finish_kernel(const double* row_loss, const int* row_counted,
+                                            int64_t rows, void* loss, DType lt, void* count,
+                                            DType ct) {
   double s = 0;
   long long c = 0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
@@ -380,7 +381,7 @@ __global__ void cross_entropy_finish_kernel(const float* row_loss, const int* ro
   s = block_sum(s);
   c = block_sum(c);
   if (threadIdx.x == 0) {
-    *loss = static_cast<float>(s);  // the sum, as the CPU kernel: the front-end divides for Mean
+    store_as<double>(loss, lt, 0, s);  // the sum, as the CPU kernel: the front-end divides for Mean
     store_as<double>(count, ct, 0, static_cast<double>(c));
   }
 }
@@ -399,11 +400,12 @@ void cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t ig
                     targets_in.size(0) == logits_in.size(0),
                 "cross_entropy (cuda): logits must be [N, V] and targets [N], got ",
                 shape_str(logits_in.shape()), " and ", shape_str(targets_in.shape()));
-  TESSERA_CHECK(loss.dtype() == DType::f32, "cross_entropy (cuda): loss must be float32");
+  TESSERA_CHECK(loss.dtype() == DType::f32 || loss.dtype() == DType::f64,
+                "cross_entropy (cuda): loss must be float32 or float64");
   KernelContext ctx(loss);
   Tensor logits = raw::contiguous(logits_in), targets = raw::contiguous(targets_in);
   const int64_t rows = logits.size(0), vocab = logits.size(1);
-  Tensor row_loss = empty({std::max<int64_t>(rows, 1)}, {.dtype = DType::f32, .device = loss.device()});
+  Tensor row_loss = empty({std::max<int64_t>(rows, 1)}, {.dtype = DType::f64, .device = loss.device()});
   Tensor flags = zeros({std::max<int64_t>(rows, 1) + 1}, {.dtype = DType::i32, .device = loss.device()});
   int* row_counted = flags.data<int32_t>();
   int* bad = row_counted + std::max<int64_t>(rows, 1);
@@ -413,13 +415,13 @@ void cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t ig
     if (rows > 0)
       cross_entropy_rows_kernel<T><<<l.grid, l.block, 0, ctx.stream>>>(
           static_cast<const T*>(logits.raw_data()), targets.raw_data(), targets.dtype(), rows,
-          vocab, ignore_index, row_loss.data<float>(), row_counted, bad,
+          vocab, ignore_index, row_loss.data<double>(), row_counted, bad,
           rows_packable(logits.raw_data(), vocab));
   });
   TESSERA_KERNEL_CHECK("cross_entropy_rows_kernel");
-  cross_entropy_finish_kernel<<<1, 1024, 0, ctx.stream>>>(row_loss.data<float>(), row_counted, rows,
-                                                         loss.data<float>(), count.raw_data(),
-                                                         count.dtype());
+  cross_entropy_finish_kernel<<<1, 1024, 0, ctx.stream>>>(row_loss.data<double>(), row_counted,
+                                                         rows, loss.raw_data(), loss.dtype(),
+                                                         count.raw_data(), count.dtype());
   TESSERA_KERNEL_CHECK("cross_entropy_finish_kernel");
   check_flag(bad, ctx.stream,
              ::tessera::detail::concat("cross_entropy: a target is outside [0, ", vocab,

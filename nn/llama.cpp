@@ -1,0 +1,225 @@
+#include "nn/llama.h"
+
+#include <cmath>
+
+#include "autograd/autocast.h"
+#include "autograd/functions.h"
+
+namespace tessera::nn {
+
+void LlamaConfig::validate() const {
+  auto positive = [](int64_t v, const char* name) {
+    TESSERA_CHECK(v > 0, "LlamaConfig: ", name, " must be positive, got ", v);
+  };
+  positive(vocab_size, "vocab_size");
+  positive(hidden_size, "hidden_size");
+  positive(intermediate_size, "intermediate_size");
+  positive(num_hidden_layers, "num_hidden_layers");
+  positive(num_attention_heads, "num_attention_heads");
+  positive(num_key_value_heads, "num_key_value_heads");
+  positive(max_position_embeddings, "max_position_embeddings");
+  TESSERA_CHECK(num_attention_heads % num_key_value_heads == 0,
+                "LlamaConfig: num_attention_heads (", num_attention_heads,
+                ") must be a multiple of num_key_value_heads (", num_key_value_heads, ")");
+  TESSERA_CHECK(head_dim > 0 || hidden_size % num_attention_heads == 0,
+                "LlamaConfig: hidden_size (", hidden_size,
+                ") must be a multiple of num_attention_heads (", num_attention_heads,
+                ") unless head_dim is given");
+  TESSERA_CHECK(attention_head_dim() % 2 == 0, "LlamaConfig: the head dim (", attention_head_dim(),
+                ") must be even for rotary embeddings");
+  TESSERA_CHECK(rms_norm_eps >= 0 && rope_theta > 0, "LlamaConfig: rms_norm_eps (", rms_norm_eps,
+                ") must be >= 0 and rope_theta (", rope_theta, ") > 0");
+}
+
+namespace {
+const LlamaConfig& validated(const LlamaConfig& cfg) {
+  cfg.validate();
+  return cfg;
+}
+}  // namespace
+
+TorchLinear::TorchLinear(int64_t in_features, int64_t out_features, double init_std, Generator* gen,
+                         TensorOptions opts) {
+  Tensor w = empty({out_features, in_features}, {.dtype = opts.dtype, .device = opts.device});
+  normal_(w, 0.0, init_std, gen);
+  weight = register_parameter("weight", w);
+}
+
+Tensor TorchLinear::forward(const Tensor& x) { return linear(x, weight.t()); }
+
+RMSNorm::RMSNorm(int64_t dim, double eps_in, TensorOptions opts) : eps(eps_in) {
+  weight = register_parameter("weight", ones({dim}, {.dtype = opts.dtype, .device = opts.device}));
+}
+
+Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, weight, eps); }
+
+LlamaAttention::LlamaAttention(const LlamaConfig& cfg, Generator* gen, TensorOptions opts)
+    : q_proj(cfg.hidden_size, cfg.num_attention_heads * cfg.attention_head_dim(),
+             cfg.initializer_range, gen, opts),
+      k_proj(cfg.hidden_size, cfg.num_key_value_heads * cfg.attention_head_dim(),
+             cfg.initializer_range, gen, opts),
+      v_proj(cfg.hidden_size, cfg.num_key_value_heads * cfg.attention_head_dim(),
+             cfg.initializer_range, gen, opts),
+      o_proj(cfg.num_attention_heads * cfg.attention_head_dim(), cfg.hidden_size,
+             cfg.initializer_range, gen, opts),
+      n_head(cfg.num_attention_heads),
+      n_kv_head(cfg.num_key_value_heads),
+      head_dim(cfg.attention_head_dim()) {
+  register_module("q_proj", q_proj);
+  register_module("k_proj", k_proj);
+  register_module("v_proj", v_proj);
+  register_module("o_proj", o_proj);
+}
+
+Tensor LlamaAttention::forward_at(const Tensor& x, const ops::RopeTables& rope, int64_t past,
+                                  KVCache::Layer* cache) {
+  const int64_t B = x.size(0), T = x.size(1);
+  // [B, T, heads, D]: rotary embeddings act per position, then heads move to dim 1.
+  auto heads = [&](TorchLinear& proj, int64_t n) { return proj(x).view({B, T, n, head_dim}); };
+  Tensor q = rotary_embedding(heads(q_proj, n_head), rope).transpose(1, 2);
+  Tensor k = rotary_embedding(heads(k_proj, n_kv_head), rope).transpose(1, 2);
+  Tensor v = heads(v_proj, n_kv_head).transpose(1, 2);
+  if (cache) {
+    raw::copy_(raw::narrow(cache->k, 2, past, T), k);
+    raw::copy_(raw::narrow(cache->v, 2, past, T), v);
+    k = raw::narrow(cache->k, 2, 0, past + T);
+    v = raw::narrow(cache->v, 2, 0, past + T);
+  }
+  // Queries at the last T of the past + T key positions; GQA shares each kv head.
+  const Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true);
+  return o_proj(y.transpose(1, 2).reshape({B, T, n_head * head_dim}));
+}
+
+LlamaMLP::LlamaMLP(const LlamaConfig& cfg, Generator* gen, TensorOptions opts)
+    : gate_proj(cfg.hidden_size, cfg.intermediate_size, cfg.initializer_range, gen, opts),
+      up_proj(cfg.hidden_size, cfg.intermediate_size, cfg.initializer_range, gen, opts),
+      down_proj(cfg.intermediate_size, cfg.hidden_size, cfg.initializer_range, gen, opts) {
+  register_module("gate_proj", gate_proj);
+  register_module("up_proj", up_proj);
+  register_module("down_proj", down_proj);
+}
+
+Tensor LlamaMLP::forward(const Tensor& x) { return down_proj(swiglu(gate_proj(x), up_proj(x))); }
+
+LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& cfg, Generator* gen, TensorOptions opts)
+    : self_attn(cfg, gen, opts),
+      mlp(cfg, gen, opts),
+      input_layernorm(cfg.hidden_size, cfg.rms_norm_eps, opts),
+      post_attention_layernorm(cfg.hidden_size, cfg.rms_norm_eps, opts) {
+  register_module("self_attn", self_attn);
+  register_module("mlp", mlp);
+  register_module("input_layernorm", input_layernorm);
+  register_module("post_attention_layernorm", post_attention_layernorm);
+}
+
+Tensor LlamaDecoderLayer::forward_at(const Tensor& x, const ops::RopeTables& rope, int64_t past,
+                                     KVCache::Layer* cache) {
+  const Tensor h = x + self_attn.forward_at(input_layernorm(x), rope, past, cache);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+LlamaModel::LlamaModel(const LlamaConfig& cfg, Generator* gen, TensorOptions opts)
+    : embed_tokens(cfg.vocab_size, cfg.hidden_size, cfg.initializer_range, gen, opts),
+      norm(cfg.hidden_size, cfg.rms_norm_eps, opts) {
+  register_module("embed_tokens", embed_tokens);
+  register_module("layers", layers);
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
+    decoder_layers.push_back(
+        &layers.push_back(std::make_unique<LlamaDecoderLayer>(cfg, gen, opts)));
+  register_module("norm", norm);
+}
+
+Llama::Llama(const LlamaConfig& cfg, Generator* gen, TensorOptions opts)
+    : model(validated(cfg), gen, opts), cfg_(cfg) {
+  register_module("model", model);
+  if (!cfg.tie_word_embeddings) {
+    lm_head_ = std::make_unique<TorchLinear>(cfg.hidden_size, cfg.vocab_size, cfg.initializer_range,
+                                             gen, opts);
+    register_module("lm_head", *lm_head_);
+  }
+}
+
+Tensor Llama::output_weight() const {
+  return lm_head_ ? lm_head_->weight : model.embed_tokens.weight;
+}
+
+Tensor Llama::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
+  TESSERA_CHECK(idx.dim() == 2 && is_integral(idx.dtype()) && idx.dtype() != DType::boolean,
+                "Llama: idx must be integer [B, T], got ", dtype_name(idx.dtype()), " ",
+                shape_str(idx.shape()));
+  const int64_t T = idx.size(1);
+  TESSERA_CHECK(past + T <= cfg_.max_position_embeddings, "Llama: sequence of ", past + T,
+                " tokens exceeds max_position_embeddings ", cfg_.max_position_embeddings);
+  const Tensor w = model.embed_tokens.weight;
+  // One table for every layer: the angles of positions [past, past + T).
+  const ops::RopeTables rope =
+      ops::rope_tables(past, T, cfg_.attention_head_dim(), cfg_.rope_theta, w.dtype(), w.device());
+  Tensor x = model.embed_tokens(idx.contiguous());
+  for (size_t i = 0; i < model.decoder_layers.size(); ++i)
+    x = model.decoder_layers[i]->forward_at(x, rope, past, cache ? &cache->layers[i] : nullptr);
+  return model.norm(x);
+}
+
+Tensor Llama::forward(const Tensor& idx) {
+  const Tensor x = hidden_states(idx, 0, nullptr);
+  return matmul(autograd::autocast(x), autograd::autocast(output_weight()).t());
+}
+
+Tensor Llama::loss(const Tensor& idx, const Tensor& targets) {
+  TESSERA_CHECK(targets.shape() == idx.shape(), "Llama::loss: targets ", shape_str(targets.shape()),
+                " must have idx's shape ", shape_str(idx.shape()));
+  return call_with_hooks(idx, [&] {
+    const Tensor logits = forward(idx);
+    // On a GPU the fused classifier writes loss and dlogits in one pass into the logits' memory.
+    if (logits.device().is_cuda())
+      return fused_cross_entropy(logits, targets, -100, Reduction::Mean, /*consume_logits=*/true);
+    return cross_entropy(logits, targets);
+  });
+}
+
+KVCache Llama::make_kv_cache(int64_t batch) const {
+  TESSERA_CHECK(batch > 0, "Llama::make_kv_cache: batch must be > 0, got ", batch);
+  KVCache cache;
+  cache.batch = batch;
+  const Tensor w = model.embed_tokens.weight;
+  const Shape shape{batch, cfg_.num_key_value_heads, cfg_.max_position_embeddings,
+                    cfg_.attention_head_dim()};
+  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i)
+    cache.layers.push_back({zeros(shape, {.dtype = w.dtype(), .device = w.device()}),
+                            zeros(shape, {.dtype = w.dtype(), .device = w.device()})});
+  return cache;
+}
+
+Tensor Llama::forward_incremental(const Tensor& idx, KVCache& cache) {
+  NoGradGuard no_grad;
+  TESSERA_CHECK(idx.dim() == 2 && idx.size(0) == cache.batch, "Llama::forward_incremental: idx ",
+                shape_str(idx.shape()), " does not match the cache's batch of ", cache.batch);
+  const Tensor x = hidden_states(idx, cache.length, &cache);
+  cache.length += idx.size(1);
+  return matmul(x, output_weight().t());
+}
+
+Tensor Llama::generate(const Tensor& idx, int64_t max_new_tokens, const GenerateOptions& opts) {
+  NoGradGuard no_grad;
+  TESSERA_CHECK(idx.dim() == 2 && idx.size(1) > 0 && max_new_tokens >= 0,
+                "Llama::generate: idx must be [B, T] with T > 0 (got ", shape_str(idx.shape()),
+                ") and max_new_tokens >= 0 (got ", max_new_tokens, ")");
+  TESSERA_CHECK(idx.size(1) + max_new_tokens <= cfg_.max_position_embeddings,
+                "Llama::generate: ", idx.size(1), " prompt + ", max_new_tokens,
+                " new tokens exceed max_position_embeddings ", cfg_.max_position_embeddings);
+  const Device device = model.embed_tokens.weight.device();
+  KVCache cache = make_kv_cache(idx.size(0));
+  Tensor next_input = raw::to(idx, device, DType::i64);
+  std::vector<Tensor> pieces{next_input};
+  for (int64_t step = 0; step < max_new_tokens; ++step) {
+    const Tensor logits = forward_incremental(next_input, cache);
+    const Tensor last = raw::select(logits, 1, logits.size(1) - 1);
+    // Sampled where the logits are: only the chosen ids ever leave the device (at the end).
+    next_input =
+        raw::unsqueeze(ops::sample_logits(last, opts.temperature, opts.top_k, opts.gen), 1);
+    pieces.push_back(next_input);
+  }
+  return raw::to(ops::cat(pieces, 1), Device::cpu(), DType::i64);
+}
+
+}  // namespace tessera::nn
