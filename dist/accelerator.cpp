@@ -32,11 +32,6 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   zero_stage_ = options_.zero_stage >= 0 ? options_.zero_stage : env_int("TESSERA_ZERO_STAGE", 0);
   TESSERA_CHECK(zero_stage_ >= 0 && zero_stage_ <= 3, "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ",
                 zero_stage_, options_.zero_stage >= 0 ? "" : " (from TESSERA_ZERO_STAGE)");
-  // The loss scaler's inf/NaN check reads the optimizer's gradients, which a ZeRO rank
-  // holds only a slice of: the ranks would disagree on skipping a step.
-  TESSERA_CHECK(!(mixed_precision_ == "fp16" && zero_stage_ > 0),
-                "Accelerator: fp16 loss scaling is not supported with ZeRO (zero_stage ", zero_stage_,
-                "); use mixed_precision bf16, or zero_stage 0");
   scaler_ = optim::LossScaler({.enabled = mixed_precision_ == "fp16"});
   env_ = read_dist_env();
   if (!is_initialized()) {
@@ -196,7 +191,16 @@ void Accelerator::backward(const Tensor& loss) {
 // update) and update() (the new scale is first used by the next backward).
 void Accelerator::unscale_gradients() {
   optim::Optimizer& opt = *optimizers_.front();
-  const bool finite = scaler_.unscale_(opt);
+  bool finite = scaler_.unscale_(opt);
+  if (zero_stage_ > 0) {
+    // A ZeRO rank checks only its slices: the step is skipped everywhere if any overflowed.
+    Tensor overflow = full({1}, finite ? 0.0 : 1.0, {.device = device_});
+    world().all_reduce(overflow, ReduceOp::Max)->wait();
+    if (finite && raw::to(overflow, Device::cpu(), DType::f32).item() != 0) {
+      scaler_.record_found_inf();
+      finite = false;
+    }
+  }
   *gate_open_ = false;
   scaler_.step(opt);
   scaler_.update();

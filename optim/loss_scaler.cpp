@@ -35,6 +35,11 @@ bool LossScaler::unscale_(Optimizer& opt) {
   return !found_inf_;
 }
 
+void LossScaler::record_found_inf() {
+  TESSERA_CHECK(unscaled_, "LossScaler::record_found_inf: call unscale_() first");
+  found_inf_ = true;
+}
+
 bool LossScaler::step(Optimizer& opt) {
   if (!unscaled_) unscale_(opt);
   stepped_ = true;

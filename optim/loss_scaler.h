@@ -47,6 +47,9 @@ class LossScaler {
   void update();
 
   bool found_inf() const { return found_inf_; }
+  // After unscale_: treat this step's gradients as not finite although the ones this
+  // process holds are (a sharded optimizer: another rank's slice overflowed).
+  void record_found_inf();
   int64_t growth_tracker() const { return growth_tracker_; }
 
   std::map<std::string, double> state_dict() const;
