@@ -3,6 +3,11 @@
 // The backward node's edges cover only the explicit inputs; parameters that fn
 // captures receive their gradients from a nested backward through the recomputed
 // graph (their AccumulateGrad nodes and grad-ready hooks run there).
+//
+// The recompute sees the conditions of the first run: the default generator's state (so
+// dropout draws the same masks) and the autocast policy (backward usually runs outside
+// the forward's AutocastGuard, and a recompute in another dtype would not be the same graph).
+#include "autograd/autocast.h"
 #include "autograd/autograd.h"
 #include "core/random.h"
 
@@ -32,6 +37,7 @@ std::vector<Tensor> checkpoint(CheckpointFn fn, const std::vector<Tensor>& input
   if (!is_grad_enabled()) return fn(inputs);
   const uint64_t seed = default_generator().seed();
   const uint64_t offset = default_generator().offset();
+  const DType compute_dtype = autocast_dtype().value_or(DType::f32);  // f32: autocast off
   std::vector<Tensor> outputs;
   {
     NoGradGuard no_grad;
@@ -43,7 +49,7 @@ std::vector<Tensor> checkpoint(CheckpointFn fn, const std::vector<Tensor>& input
   std::vector<SavedTensor> saved_inputs;
   for (const Tensor& in : inputs) saved_inputs.push_back(SavedTensor::input(in));
   record("CheckpointBackward", inputs, outputs,
-         [fn = std::move(fn), saved_inputs, seed, offset](const BackwardArgs& args) {
+         [fn = std::move(fn), saved_inputs, seed, offset, compute_dtype](const BackwardArgs& args) {
            // Detached copies of the inputs as leaves, so the nested backward stops at them.
            std::vector<Tensor> leaves;
            for (size_t i = 0; i < saved_inputs.size(); ++i) {
@@ -55,6 +61,7 @@ std::vector<Tensor> checkpoint(CheckpointFn fn, const std::vector<Tensor>& input
            std::vector<Tensor> recomputed;
            {
              GeneratorStateGuard same_random_draws(seed, offset);
+             AutocastGuard same_compute_dtype(compute_dtype);
              GradModeGuard grad_on(true);
              recomputed = fn(leaves);
            }

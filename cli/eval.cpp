@@ -4,8 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
-#include "cli/model_dir.h"
 #include "core/error.h"
+#include "train/model_dir.h"
 
 namespace tessera::cli {
 namespace {
@@ -27,14 +27,14 @@ void check_numbers(const EvalArgs& a) {
 void run_eval(const EvalArgs& a) {
   check_numbers(a);
   const Device device = Device::parse(a.device);
-  auto model = load_model(a.model, device);
+  auto model = train::load_model(a.model, device);
   const data::TokenFile file(a.data);
   TESSERA_CHECK(file.max_token() < model->config().vocab_size, "tessera eval: '", a.data, "' holds token ",
                 file.max_token(), " but the model's vocab_size is ", model->config().vocab_size);
   const int64_t seq = a.seq_given ? a.seq : std::min<int64_t>(model->config().block_size, 256);
   // Default: one pass over the file (at least one micro-batch).
   const int64_t batches = a.batches_given ? a.batches : std::max<int64_t>(1, (file.size() - 1) / (a.batch * seq));
-  const EvalResult r = evaluate_loss(*model, file, a.batch, seq, batches, device);
+  const train::EvalResult r = train::evaluate_loss(*model, file, a.batch, seq, batches, device);
   // NaN would print as null with exit status 0: a damaged or diverged model is an error.
   TESSERA_CHECK(std::isfinite(r.loss), "tessera eval: the mean loss over ", r.tokens, " tokens of '", a.data,
                 "' is ", r.loss, " (not finite): the model in '", a.model,

@@ -8,24 +8,34 @@ const RegisterCommand reg(
     "launch", "Run PROGRAM as a distributed job (one process per rank, torchrun environment)",
     [](CLI::App& sub) {
       auto options = std::make_shared<dist::LaunchOptions>();
-      sub.add_option("--nproc-per-node", options->nproc_per_node, "processes on this node")
-          ->check(CLI::PositiveNumber);
-      sub.add_option("--nnodes", options->nnodes, "number of nodes")->check(CLI::PositiveNumber);
-      sub.add_option("--node-rank", options->node_rank, "this node's index")
-          ->check(CLI::NonNegativeNumber);
+      // Ranges are checked by dist::validate, whose message names the option, the valid
+      // range and the value.
+      sub.add_option(
+          "--nproc-per-node", options->nproc_per_node,
+          "processes on this node (1 to " + std::to_string(dist::kMaxProcsPerNode) + ")");
+      sub.add_option("--nnodes", options->nnodes, "number of nodes");
+      sub.add_option("--node-rank", options->node_rank, "this node's index");
       sub.add_option("--master-addr", options->master_addr, "address of rank 0's node");
       sub.add_option("--master-port", options->master_port,
-                     "rendezvous port (default: a free port on one node, 29500 on several)")
-          ->check(CLI::Range(0, 65535));
+                     "rendezvous port (default: a free port on one node, 29500 on several)");
       sub.add_option("--mixed-precision", options->mixed_precision,
                      "no | fp16 | bf16, passed to the Accelerator as TESSERA_MIXED_PRECISION")
           ->check(CLI::IsMember({"no", "fp16", "bf16"}));
+      sub.add_option("--max-restarts", options->max_restarts,
+                     "restart all ranks up to N times after a rank fails (the ranks see "
+                     "TORCHELASTIC_RESTART_COUNT; `tessera train` resumes its newest checkpoint)")
+          ->capture_default_str();
+      sub.add_option("--exit-barrier-timeout", options->exit_barrier_timeout_s,
+                     "seconds the other ranks may take to exit after one exited 0; then they "
+                     "are stopped and the job fails naming them")
+          ->capture_default_str();
       // PROGRAM and everything after it belong to the program, even options that look like
       // ours: they arrive in remaining().
       sub.prefix_command();
       sub.footer("PROGRAM ARGS...   the program each rank runs, with its arguments");
       sub.callback([options, &sub] {
         options->command = sub.remaining();
+        dist::validate(*options);
         int status = dist::launch(*options);
         if (status != 0) std::exit(status);
       });

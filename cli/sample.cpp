@@ -4,9 +4,9 @@
 
 #include "autograd/autograd.h"
 #include "cli/command.h"
-#include "cli/model_dir.h"
 #include "core/error.h"
 #include "core/random.h"
+#include "train/model_dir.h"
 
 namespace tessera::cli {
 namespace {
@@ -44,9 +44,9 @@ void run_sample(const SampleArgs& a) {
   TESSERA_CHECK(a.temperature >= 0, "tessera sample: --temperature must not be negative, got ", a.temperature);
   TESSERA_CHECK(a.top_k >= 0, "tessera sample: --top-k must not be negative, got ", a.top_k);
   const Device device = Device::parse(a.device);
-  auto model = load_model(a.model, device);
+  auto model = train::load_model(a.model, device);
   model->eval();
-  const auto tokenizer = find_tokenizer(a.model);
+  const auto tokenizer = train::find_tokenizer(a.model);
   TESSERA_CHECK(tokenizer != nullptr, "tessera sample: no tokenizer.json in '", a.model,
                 "' or its parent folders; copy the one `tessera prepare` wrote");
   TESSERA_CHECK(!a.prompt.empty(), "tessera sample: --prompt must not be empty");

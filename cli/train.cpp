@@ -1,9 +1,10 @@
 // `tessera train`: settings from --config (JSON or flat YAML) overridden by flags.
+#include <cstdlib>
 #include <map>
 
 #include "cli/command.h"
-#include "cli/train_config.h"
-#include "cli/trainer.h"
+#include "train/train_config.h"
+#include "train/trainer.h"
 
 namespace tessera::cli {
 namespace {
@@ -65,17 +66,21 @@ const RegisterCommand reg("train", "Train a GPT on a token file (config file and
                                     "the newest valid checkpoint under --out")
                          ->expected(0, 1);
   sub.callback([=] {
-    TrainConfig cfg;
-    if (!config_path->empty()) apply_config_values(cfg, read_config_file(*config_path), "config '" + *config_path + "'");
+    train::TrainConfig cfg;
+    if (!config_path->empty()) train::apply_config_values(cfg, train::read_config_file(*config_path), "config '" + *config_path + "'");
     nlohmann::json flags = nlohmann::json::object();
     for (size_t i = 0; i < options.size(); ++i)
       if (options[i]->count() > 0) flags[kValueFlags[i].key] = values->at(kValueFlags[i].key);
     if (shuffle->count() > 0) flags["shuffle"] = true;
     if (sequential->count() > 0) flags["shuffle"] = false;
     if (resume_opt->count() > 0) flags["resume"] = resume->empty() ? std::string("latest") : *resume;
-    apply_config_values(cfg, flags, "command line");
-    validate(cfg);
-    run_training(cfg);
+    train::apply_config_values(cfg, flags, "command line");
+    // A job restarted after a failure (`tessera launch --max-restarts`, torchrun) resumes
+    // from its newest checkpoint by itself.
+    const char* restart_count = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    if (cfg.resume.empty() && restart_count && std::atoi(restart_count) > 0) cfg.resume = "latest";
+    train::validate(cfg);
+    train::run_training(cfg);
   });
 });
 

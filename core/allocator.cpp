@@ -1,13 +1,24 @@
 #include "core/allocator.h"
 
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <new>
 
 #include "core/error.h"
+#include "core/memory_stats.h"
 
 namespace tessera {
 namespace {
+
+std::atomic<size_t> host_bytes_in_use{0};
+std::atomic<size_t> host_peak_bytes{0};
+
+void raise_host_peak(size_t in_use) {
+  size_t peak = host_peak_bytes.load(std::memory_order_relaxed);
+  while (in_use > peak && !host_peak_bytes.compare_exchange_weak(peak, in_use, std::memory_order_relaxed)) {
+  }
+}
 
 // 64-byte aligned host memory: full cache lines, and wide enough for any SIMD load.
 class CpuAllocator final : public Allocator {
@@ -17,9 +28,14 @@ class CpuAllocator final : public Allocator {
     size_t rounded = (nbytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
     if (!p) throw OutOfMemoryError(detail::concat("cpu: out of memory allocating ", nbytes, " bytes"));
+    raise_host_peak(host_bytes_in_use.fetch_add(nbytes, std::memory_order_relaxed) + nbytes);
     return p;
   }
-  void deallocate(void* ptr, size_t) override { std::free(ptr); }
+  void deallocate(void* ptr, size_t nbytes) override {
+    if (!ptr) return;
+    host_bytes_in_use.fetch_sub(nbytes, std::memory_order_relaxed);
+    std::free(ptr);
+  }
 };
 
 std::array<DeviceBackend*, kNumDeviceTypes>& backends() {
@@ -28,6 +44,14 @@ std::array<DeviceBackend*, kNumDeviceTypes>& backends() {
 }
 
 }  // namespace
+
+HostMemoryStats host_memory_stats() {
+  return {host_bytes_in_use.load(std::memory_order_relaxed), host_peak_bytes.load(std::memory_order_relaxed)};
+}
+
+void reset_host_peak_memory() {
+  host_peak_bytes.store(host_bytes_in_use.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
 
 Allocator* cpu_allocator() {
   static CpuAllocator alloc;

@@ -9,20 +9,39 @@
 
 namespace tessera::data {
 
+Sampling parse_sampling(const std::string& name) {
+  if (name == "windows") return Sampling::windows;
+  if (name == "random") return Sampling::random;
+  TESSERA_FAIL("DataLoader: unknown sampling '", name, "' (expected windows or random)");
+}
+
+const char* sampling_name(Sampling sampling) {
+  return sampling == Sampling::random ? "random" : "windows";
+}
+
 DataLoader::DataLoader(TokenFile file, DataLoaderOptions options)
     : file_(std::move(file)), options_(options) {
   const std::string name = file_.path().string();
   TESSERA_CHECK(options_.batch > 0 && options_.seq > 0, "DataLoader '", name, "': batch ",
                 options_.batch, " and seq ", options_.seq, " must be positive");
-  TESSERA_CHECK(options_.world_size > 0 && options_.rank >= 0 && options_.rank < options_.world_size,
-                "DataLoader '", name, "': rank ", options_.rank, " is not in a world of ",
-                options_.world_size);
+  TESSERA_CHECK(
+      options_.world_size > 0 && options_.rank >= 0 && options_.rank < options_.world_size,
+      "DataLoader '", name, "': rank ", options_.rank, " is not in a world of ",
+      options_.world_size);
   TESSERA_CHECK(file_.size() >= 2, "DataLoader '", name, "': ", file_.size(),
                 " tokens; at least 2 are needed to form an input and its target");
+  if (options_.sampling == Sampling::random) {
+    TESSERA_CHECK(!options_.shuffle, "DataLoader '", name,
+                  "': shuffle applies to windows sampling; random sampling draws its own order");
+    TESSERA_CHECK(file_.size() >= options_.seq + 1, "DataLoader '", name,
+                  "': random sampling needs at least seq + 1 = ", options_.seq + 1,
+                  " tokens, the file has ", file_.size());
+  }
   if (options_.shuffle) {
     windows_ = (file_.size() - 1) / options_.seq;
-    TESSERA_CHECK(windows_ >= 1, "DataLoader '", name, "': shuffled mode needs at least seq + 1 = ",
-                  options_.seq + 1, " tokens, the file has ", file_.size());
+    TESSERA_CHECK(windows_ >= 1, "DataLoader '", name,
+                  "': shuffled mode needs at least seq + 1 = ", options_.seq + 1,
+                  " tokens, the file has ", file_.size());
   }
 }
 
@@ -32,12 +51,22 @@ const std::vector<int64_t>& DataLoader::epoch_permutation(uint64_t epoch) const 
     std::iota(cached_permutation_.begin(), cached_permutation_.end(), int64_t{0});
     const uint64_t block_offset = epoch << 32;
     for (int64_t i = windows_ - 1; i > 0; --i) {
-      const int64_t j = philox_randint_at(options_.seed, block_offset, static_cast<uint64_t>(i), 0, i + 1);
+      const int64_t j =
+          philox_randint_at(options_.seed, block_offset, static_cast<uint64_t>(i), 0, i + 1);
       std::swap(cached_permutation_[i], cached_permutation_[j]);
     }
     cached_epoch_ = epoch;
   }
   return cached_permutation_;
+}
+
+int64_t DataLoader::random_start(uint64_t global_row) const {
+  // Its own Philox block per row (far from the shuffle's blocks) and 64 bits of it, so the
+  // draw is uniform over any file length without modulo bias worth the name.
+  const Philox4 block = philox4x32_10(options_.seed, (uint64_t{1} << 63) + global_row);
+  const uint64_t bits = (static_cast<uint64_t>(block.v[1]) << 32) | block.v[0];
+  const auto starts = static_cast<unsigned __int128>(file_.size() - options_.seq);
+  return static_cast<int64_t>((bits * starts) >> 64);
 }
 
 std::vector<int64_t> DataLoader::row_starts(uint64_t k) const {
@@ -46,7 +75,9 @@ std::vector<int64_t> DataLoader::row_starts(uint64_t k) const {
   std::vector<int64_t> starts(B);
   for (int64_t b = 0; b < B; ++b) {
     const uint64_t row = first_row + b;
-    if (options_.shuffle) {
+    if (options_.sampling == Sampling::random) {
+      starts[b] = random_start(row);
+    } else if (options_.shuffle) {
       const std::vector<int64_t>& perm = epoch_permutation(row / windows_);
       starts[b] = perm[row % windows_] * T;
     } else {
@@ -76,6 +107,12 @@ Batch DataLoader::batch_at(uint64_t k) const {
 }
 
 Batch DataLoader::next() { return batch_at(position_++); }
+
+DataLoader::Iterator DataLoader::begin() {
+  if (options_.max_batches <= 0) return Iterator(this, -1);
+  const auto bound = static_cast<uint64_t>(options_.max_batches);
+  return Iterator(this, position_ < bound ? static_cast<int64_t>(bound - position_) : 0);
+}
 
 DataLoader::Iterator::Iterator(DataLoader* loader, int64_t remaining)
     : loader_(loader), remaining_(remaining) {

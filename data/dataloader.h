@@ -12,9 +12,17 @@
 // Fisher-Yates shuffle driven by Philox(seed, block e·2^32 + ...), so it is reproducible per
 // seed and needs no state beyond the micro-batch counter.
 //
+// Random mode is nanoGPT's get_batch: every row starts at an offset drawn uniformly from
+// [0, n - T - 1], so the row and its shifted target never wrap. The draw of global row g is
+// Philox(seed, block 2^63 + g) alone; since g = k·(W·B) + (r·B + b) names the micro-batch
+// step k and the row's place in the world's batch, the rows are the same at any world size
+// (and with accumulation), and a resumed loader needs only its position to continue.
+// Different windows every step keep a model from memorising a small corpus.
+//
 // x and y are [B, T] tensors of `dtype` (i64 by default, as PyTorch's embedding expects).
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -22,16 +30,27 @@
 
 namespace tessera::data {
 
+enum class Sampling {
+  windows,  // consecutive windows (sequential, or shuffled when `shuffle` is set)
+  random,   // random-offset windows (nanoGPT's get_batch)
+};
+// "windows" | "random"; anything else is an error naming the value.
+Sampling parse_sampling(const std::string& name);
+const char* sampling_name(Sampling sampling);
+
 struct DataLoaderOptions {
   int64_t batch = 8;  // B: rows per micro-batch on this rank
   int64_t seq = 64;   // T: tokens per row
   int rank = 0;
   int world_size = 1;
-  bool shuffle = false;
-  uint64_t seed = 0;  // shuffled mode only
+  Sampling sampling = Sampling::windows;
+  bool shuffle = false;  // windows sampling only
+  uint64_t seed = 0;     // shuffled windows and random sampling
   DType dtype = DType::i64;
   Device device = Device::cpu();
-  // Iteration (`for (auto& [x, y] : loader)`) stops after this many micro-batches; 0 = never.
+  // Iteration (`for (auto& [x, y] : loader)`) stops once position() reaches this many
+  // micro-batches; 0 = never. The bound is on the position, not on the loop, so a loop
+  // started after a resume takes only the batches that remain.
   int64_t max_batches = 0;
 };
 
@@ -54,14 +73,22 @@ class DataLoader {
   // to save with a checkpoint and restore on resume.
   uint64_t position() const { return position_; }
   void set_position(uint64_t k) { position_ = k; }
+  // Accelerate's skip_first_batches: the first n micro-batches of this rank's stream count
+  // as done, so the next one taken (and the first of a loop) is micro-batch n. A library
+  // loop that restores its step count from a checkpoint calls this (Accelerator::load_state
+  // restores the position itself).
+  DataLoader& skip_first_batches(uint64_t n) {
+    position_ = n;
+    return *this;
+  }
 
   const DataLoaderOptions& options() const { return options_; }
   const TokenFile& file() const { return file_; }
   // Tokens one micro-batch step of the whole world consumes: W·B·T.
   int64_t tokens_per_step() const { return options_.world_size * options_.batch * options_.seq; }
 
-  // Iteration: begin() takes the next micro-batch; the loop ends after max_batches
-  // micro-batches taken by this loop (never when max_batches is 0).
+  // Iteration: begin() takes the next micro-batch; the loop ends when the position reaches
+  // max_batches (never when max_batches is 0).
   class Iterator {
    public:
     Iterator(DataLoader* loader, int64_t remaining);
@@ -75,11 +102,12 @@ class DataLoader {
     int64_t remaining_;  // < 0: endless
     Batch current_;
   };
-  Iterator begin() { return Iterator(this, options_.max_batches > 0 ? options_.max_batches : -1); }
+  Iterator begin();
   std::default_sentinel_t end() { return {}; }
 
  private:
   const std::vector<int64_t>& epoch_permutation(uint64_t epoch) const;
+  int64_t random_start(uint64_t global_row) const;
 
   TokenFile file_;
   DataLoaderOptions options_;

@@ -1,5 +1,6 @@
 #include "dist/launcher.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -11,8 +12,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <iostream>
-#include <map>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include "core/error.h"
@@ -21,15 +24,22 @@
 namespace tessera::dist {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
+Clock::duration seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
 std::atomic<int> g_stop_signal{0};
 void on_stop_signal(int sig) { g_stop_signal = sig; }
 
 struct Rank {
   int rank = 0;
+  int local_rank = 0;
   pid_t pid = -1;
   bool running = false;
-  int status = 0;              // waitpid status once exited
-  int out_fd = -1, err_fd = -1;  // read ends of its stdout/stderr pipes (-1: inherited)
+  int status = 0;                        // waitpid status once exited
+  int out_fd = -1, err_fd = -1;          // read ends of its stdout/stderr pipes (-1: inherited)
   std::string out_partial, err_partial;  // text after the last newline
 };
 
@@ -45,6 +55,12 @@ int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 1;
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string text;
+  for (int r : ranks) text += (text.empty() ? "" : ",") + std::to_string(r);
+  return text;
 }
 
 // Writes complete lines from `chunk` prefixed with the rank; keeps the unfinished tail.
@@ -77,174 +93,402 @@ void drain(Rank& r, int& fd, std::string& partial, std::ostream& os) {
   }
 }
 
-void signal_all(std::vector<Rank>& ranks, int sig) {
-  for (Rank& r : ranks)
-    if (r.running) ::kill(-r.pid, sig);  // the rank's whole process group
+// ---- descendants that left their rank's process group ----
+
+// This process's children other than `known` (ranks, and children it had before the job):
+// with PR_SET_CHILD_SUBREAPER set, orphaned descendants of the ranks are re-parented here.
+std::vector<pid_t> stray_children(const std::set<pid_t>& known) {
+  std::vector<pid_t> strays;
+  DIR* proc = ::opendir("/proc");
+  if (!proc) return strays;
+  const pid_t self = ::getpid();
+  while (dirent* entry = ::readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(entry->d_name, &end, 10);
+    if (pid <= 0 || *end != '\0' || known.count(static_cast<pid_t>(pid))) continue;
+    std::ifstream stat_file(std::string("/proc/") + entry->d_name + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(stat_file)), {});
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so parse from the last
+    // ')'.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    long ppid = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %ld", &state, &ppid) == 2 && ppid == self)
+      strays.push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(proc);
+  return strays;
 }
 
-pid_t spawn(const LaunchOptions& o, int local_rank, int world_size, int master_port, Rank& r) {
+// Kills and reaps every stray child, round after round, since killing one re-parents its
+// own children here.
+void kill_strays(const std::set<pid_t>& known) {
+  for (int round = 0; round < 1000; ++round) {
+    const std::vector<pid_t> strays = stray_children(known);
+    if (strays.empty()) return;
+    for (pid_t pid : strays) {
+      if (::getpgid(pid) == pid) ::kill(-pid, SIGKILL);  // it may lead a group of its own
+      ::kill(pid, SIGKILL);
+    }
+    for (pid_t pid : strays) ::waitpid(pid, nullptr, 0);
+  }
+}
+
+// ---- starting one rank ----
+
+struct JobShape {
+  int world_size = 1;
+  int master_port = 0;
+  int restart_count = 0;
+};
+
+[[noreturn]] void exec_rank(const LaunchOptions& o, const Rank& r, const JobShape& job,
+                            const int out_pipe[2], const int err_pipe[2], pid_t parent) {
+  ::setpgid(0, 0);  // own process group, so stopping a rank stops its children too
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a launcher that was killed
+  if (::getppid() != parent) ::_exit(127);
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);  // not inherited, but say so: ranks reap nothing of ours
+  ::signal(SIGINT, SIG_DFL);
+  ::signal(SIGTERM, SIG_DFL);
+  if (out_pipe[1] >= 0) {
+    ::dup2(out_pipe[1], STDOUT_FILENO);
+    ::dup2(err_pipe[1], STDERR_FILENO);
+  }
+  auto set = [](const char* k, const std::string& v) { ::setenv(k, v.c_str(), 1); };
+  set("RANK", std::to_string(r.rank));
+  set("LOCAL_RANK", std::to_string(r.local_rank));
+  set("WORLD_SIZE", std::to_string(job.world_size));
+  set("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
+  set("GROUP_RANK", std::to_string(o.node_rank));
+  set("MASTER_ADDR", o.master_addr);
+  set("MASTER_PORT", std::to_string(job.master_port));
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(job.restart_count));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts));
+  set("TESSERA_RESTART_COUNT", std::to_string(job.restart_count));
+  if (!o.mixed_precision.empty()) set("TESSERA_MIXED_PRECISION", o.mixed_precision);
+  // Like torchrun: ranks sharing a node share its cores, so each one's OpenMP pool gets
+  // its part (oversubscribed spinning pools slow every rank's host thread down).
+  if (!::getenv("OMP_NUM_THREADS") && o.nproc_per_node > 1) {
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    set("OMP_NUM_THREADS", std::to_string(std::max<unsigned>(1, cores / o.nproc_per_node)));
+  }
+  std::vector<char*> argv;
+  for (const std::string& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  std::fprintf(stderr, "tessera launch: cannot run '%s': %s\n", argv[0], std::strerror(errno));
+  ::_exit(127);
+}
+
+// Forks rank `r`; its output goes through pipes unless it is rank 0. Throws (leaving no
+// descriptor open) when a pipe or the fork fails.
+void spawn(const LaunchOptions& o, const JobShape& job, Rank& r) {
   int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
-  const bool prefixed = r.rank != 0;
-  if (prefixed) {
-    TESSERA_CHECK(::pipe2(out_pipe, O_CLOEXEC) == 0 && ::pipe2(err_pipe, O_CLOEXEC) == 0,
-                  "tessera launch: pipe failed: ", std::strerror(errno));
+  auto close_pipes = [&] {
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]})
+      if (fd >= 0) ::close(fd);
+  };
+  if (r.rank != 0 && (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0)) {
+    const int error = errno;
+    close_pipes();
+    TESSERA_FAIL("tessera launch: cannot start rank ", r.rank,
+                 ": pipe failed: ", std::strerror(error));
   }
-  pid_t parent = ::getpid();
-  pid_t pid = ::fork();
-  TESSERA_CHECK(pid >= 0, "tessera launch: fork failed: ", std::strerror(errno));
-  if (pid == 0) {
-    ::setpgid(0, 0);  // own process group, so stopping a rank stops its children too
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a launcher that was killed
-    if (::getppid() != parent) ::_exit(127);
-    ::signal(SIGINT, SIG_DFL);
-    ::signal(SIGTERM, SIG_DFL);
-    if (prefixed) {
-      ::dup2(out_pipe[1], STDOUT_FILENO);
-      ::dup2(err_pipe[1], STDERR_FILENO);
-    }
-    auto set = [](const char* k, const std::string& v) { ::setenv(k, v.c_str(), 1); };
-    set("RANK", std::to_string(r.rank));
-    set("LOCAL_RANK", std::to_string(local_rank));
-    set("WORLD_SIZE", std::to_string(world_size));
-    set("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
-    set("GROUP_RANK", std::to_string(o.node_rank));
-    set("MASTER_ADDR", o.master_addr);
-    set("MASTER_PORT", std::to_string(master_port));
-    if (!o.mixed_precision.empty()) set("TESSERA_MIXED_PRECISION", o.mixed_precision);
-    // Like torchrun: ranks sharing a node share its cores, so each one's OpenMP pool gets
-    // its part (oversubscribed spinning pools slow every rank's host thread down).
-    if (!::getenv("OMP_NUM_THREADS") && o.nproc_per_node > 1) {
-      const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-      set("OMP_NUM_THREADS", std::to_string(std::max<unsigned>(1, cores / o.nproc_per_node)));
-    }
-    std::vector<char*> argv;
-    for (const std::string& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execvp(argv[0], argv.data());
-    std::fprintf(stderr, "tessera launch: cannot run '%s': %s\n", argv[0], std::strerror(errno));
-    ::_exit(127);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int error = errno;
+    close_pipes();
+    TESSERA_FAIL("tessera launch: cannot start rank ", r.rank,
+                 ": fork failed: ", std::strerror(error));
   }
-  ::setpgid(pid, pid);  // also from the parent, so signal_all never races the child's setpgid
-  if (prefixed) {
+  if (pid == 0) exec_rank(o, r, job, out_pipe, err_pipe, parent);
+  ::setpgid(pid, pid);  // also from the parent, so signals never race the child's setpgid
+  r.pid = pid;
+  r.running = true;
+  if (r.rank != 0) {
     ::close(out_pipe[1]);
     ::close(err_pipe[1]);
     r.out_fd = out_pipe[0];
     r.err_fd = err_pipe[0];
   }
-  return pid;
 }
 
-}  // namespace
+// ---- one attempt of the job ----
 
-int launch(const LaunchOptions& o) {
-  TESSERA_CHECK(!o.command.empty(), "tessera launch: no program given");
-  TESSERA_CHECK(o.nproc_per_node >= 1 && o.nnodes >= 1 && o.node_rank >= 0 &&
-                    o.node_rank < o.nnodes,
-                "tessera launch: need --nproc-per-node >= 1, --nnodes >= 1 and 0 <= --node-rank < "
-                "--nnodes; got ", o.nproc_per_node, ", ", o.nnodes, ", ", o.node_rank);
-  const int world_size = o.nproc_per_node * o.nnodes;
-  int master_port = o.master_port;
-  if (master_port == 0) master_port = o.nnodes == 1 ? find_free_port() : 29500;
+enum class Outcome { kSucceeded, kRankFailed, kExitBarrierTimedOut, kInterrupted };
 
-  g_stop_signal = 0;
-  struct sigaction action {};
-  action.sa_handler = on_stop_signal;
-  sigemptyset(&action.sa_mask);
-  struct sigaction old_int {}, old_term {};
-  sigaction(SIGINT, &action, &old_int);
-  sigaction(SIGTERM, &action, &old_term);
+class Attempt {
+ public:
+  Attempt(const LaunchOptions& o, const JobShape& job, const std::set<pid_t>& known)
+      : o_(o), job_(job), known_(known), ranks_(o.nproc_per_node) {}
+  ~Attempt() { kill_everything(); }
 
-  std::vector<Rank> ranks(o.nproc_per_node);
-  for (int local = 0; local < o.nproc_per_node; ++local) {
-    Rank& r = ranks[local];
-    r.rank = o.node_rank * o.nproc_per_node + local;
-    r.pid = spawn(o, local, world_size, master_port, r);
-    r.running = true;
-  }
+  // Starts every rank and runs until all have ended; on a failure to start, stops the
+  // ranks already started and rethrows.
+  Outcome run();
+  int exit_code() const;
+  void report_failures() const;
 
+ private:
+  void start();
+  void forward_available_output();
+  void reap_exited();
+  void decide_whether_to_stop();
+  void begin_stopping();
+  void signal_all(int sig);
+  void kill_everything();
+  bool pipes_open() const;
+
+  const LaunchOptions& o_;
+  JobShape job_;
+  std::set<pid_t> known_;
+  std::vector<Rank> ranks_;
+  int running_ = 0;
   // Ranks that failed on their own, before the launcher began stopping the job. Peers of
   // a failed rank often fail a moment later (or even sooner: the failed rank's sockets
   // close before its process has finished exiting), so failures seen within a short
   // settling time are all reported, and the job is stopped after it.
-  std::vector<const Rank*> failures;
-  constexpr double kSettle_s = 0.5;
-  std::chrono::steady_clock::time_point settle_until;
-  bool stopping = false;
-  std::chrono::steady_clock::time_point kill_at;
-  int running = o.nproc_per_node;
-  while (running > 0 || std::any_of(ranks.begin(), ranks.end(),
-                                    [](const Rank& r) { return r.out_fd >= 0 || r.err_fd >= 0; })) {
-    // Forward output.
-    std::vector<pollfd> fds;
-    std::vector<std::pair<Rank*, bool>> owners;  // (rank, is stderr)
-    for (Rank& r : ranks) {
-      if (r.out_fd >= 0) fds.push_back({r.out_fd, POLLIN, 0}), owners.push_back({&r, false});
-      if (r.err_fd >= 0) fds.push_back({r.err_fd, POLLIN, 0}), owners.push_back({&r, true});
+  std::vector<const Rank*> failures_;
+  Clock::time_point settle_until_;
+  std::optional<Clock::time_point> barrier_deadline_;  // set when the first rank exits 0
+  int first_finished_rank_ = -1;
+  bool stopping_ = false;
+  Clock::time_point kill_at_;
+  Outcome outcome_ = Outcome::kSucceeded;
+};
+
+void Attempt::start() {
+  for (int local = 0; local < o_.nproc_per_node; ++local) {
+    Rank& r = ranks_[local];
+    r.local_rank = local;
+    r.rank = o_.node_rank * o_.nproc_per_node + local;
+    try {
+      spawn(o_, job_, r);
+    } catch (const Error&) {
+      std::cerr << "tessera launch: starting the ranks failed after " << local
+                << " of them; stopping those\n";
+      kill_everything();
+      throw;
     }
-    if (!fds.empty() && ::poll(fds.data(), fds.size(), 50) > 0) {
-      for (size_t i = 0; i < fds.size(); ++i) {
-        if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-        Rank& r = *owners[i].first;
-        if (owners[i].second) drain(r, r.err_fd, r.err_partial, std::cerr);
-        else drain(r, r.out_fd, r.out_partial, std::cout);
-      }
-    } else if (fds.empty()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    known_.insert(r.pid);
+    ++running_;
+  }
+}
+
+Outcome Attempt::run() {
+  start();
+  bool strays_killed = false;
+  while (running_ > 0 || pipes_open()) {
+    forward_available_output();
+    reap_exited();
+    if (!stopping_) decide_whether_to_stop();
+    if (running_ == 0 && !strays_killed) {
+      kill_strays(known_);  // they may hold the ranks' pipes open
+      strays_killed = true;
     }
-    // Reap ranks that ended; the first failure stops the others.
-    for (Rank& r : ranks) {
-      if (!r.running) continue;
-      int status = 0;
-      if (::waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
-      r.running = false;
-      r.status = status;
-      --running;
-      ::kill(-r.pid, SIGKILL);  // leftovers of the rank's own children
-      if (exit_code_of(status) != 0 && !stopping) {
-        if (failures.empty())
-          settle_until = std::chrono::steady_clock::now() +
-                         std::chrono::milliseconds(static_cast<int>(kSettle_s * 1000));
-        failures.push_back(&r);
-      }
-    }
-    const bool settled = !failures.empty() && (std::chrono::steady_clock::now() >= settle_until ||
-                                                running == 0);
-    if (!stopping && (settled || g_stop_signal)) {
-      stopping = true;
-      for (const Rank* f : failures)
-        std::cerr << "tessera launch: rank " << f->rank << " (pid " << f->pid << ") "
-                  << describe_exit(f->status) << "\n";
-      if (!failures.empty() && running > 0)
-        std::cerr << "tessera launch: stopping the other ranks\n";
-      if (failures.empty())
-        std::cerr << "tessera launch: interrupted (signal " << g_stop_signal.load()
-                  << "); stopping all ranks\n";
-      signal_all(ranks, SIGTERM);
-      kill_at = std::chrono::steady_clock::now() +
-                std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                    std::chrono::duration<double>(o.stop_grace_s));
-    }
-    if (stopping && std::chrono::steady_clock::now() >= kill_at) {
-      signal_all(ranks, SIGKILL);
-      // Ranks' pipes may be held open by grandchildren that ignore us; stop reading them.
-      for (Rank& r : ranks) {
+    if (stopping_ && Clock::now() >= kill_at_) {
+      signal_all(SIGKILL);
+      kill_strays(known_);
+      // Ranks' pipes may be held open by descendants that ignore us; stop reading them.
+      for (Rank& r : ranks_) {
         if (r.running) continue;
         for (int* fd : {&r.out_fd, &r.err_fd})
           if (*fd >= 0) ::close(*fd), *fd = -1;
       }
     }
   }
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
+  kill_strays(known_);
+  return outcome_;
+}
 
-  if (!failures.empty()) {
-    for (const Rank* f : failures)
-      std::cerr << "tessera launch: job failed: rank " << f->rank << " " << describe_exit(f->status)
-                << "\n";
-    return exit_code_of(failures.front()->status);
+int Attempt::exit_code() const {
+  switch (outcome_) {
+    case Outcome::kSucceeded:
+      return 0;
+    case Outcome::kRankFailed:
+      return exit_code_of(failures_.front()->status);
+    case Outcome::kExitBarrierTimedOut:
+      return 1;
+    case Outcome::kInterrupted:
+      return 128 + g_stop_signal;
   }
-  if (g_stop_signal) return 128 + g_stop_signal;
-  return 0;
+  return 1;
+}
+
+void Attempt::report_failures() const {
+  if (outcome_ != Outcome::kRankFailed) return;
+  for (const Rank* f : failures_)
+    std::cerr << "tessera launch: job failed: rank " << f->rank << " " << describe_exit(f->status)
+              << "\n";
+}
+
+bool Attempt::pipes_open() const {
+  return std::any_of(ranks_.begin(), ranks_.end(),
+                     [](const Rank& r) { return r.out_fd >= 0 || r.err_fd >= 0; });
+}
+
+void Attempt::forward_available_output() {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<Rank*, bool>> owners;  // (rank, is stderr)
+  for (Rank& r : ranks_) {
+    if (r.out_fd >= 0) fds.push_back({r.out_fd, POLLIN, 0}), owners.push_back({&r, false});
+    if (r.err_fd >= 0) fds.push_back({r.err_fd, POLLIN, 0}), owners.push_back({&r, true});
+  }
+  if (fds.empty()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return;
+  }
+  if (::poll(fds.data(), fds.size(), 50) <= 0) return;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    Rank& r = *owners[i].first;
+    if (owners[i].second)
+      drain(r, r.err_fd, r.err_partial, std::cerr);
+    else
+      drain(r, r.out_fd, r.out_partial, std::cout);
+  }
+}
+
+// Reaps ranks that ended: failures start the settling time, the first success the exit
+// barrier.
+void Attempt::reap_exited() {
+  for (Rank& r : ranks_) {
+    if (!r.running) continue;
+    int status = 0;
+    if (::waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
+    r.running = false;
+    r.status = status;
+    --running_;
+    ::kill(-r.pid, SIGKILL);  // leftovers of the rank's own children
+    if (stopping_) continue;
+    if (exit_code_of(status) != 0) {
+      if (failures_.empty()) settle_until_ = Clock::now() + std::chrono::milliseconds(500);
+      failures_.push_back(&r);
+    } else if (!barrier_deadline_) {
+      barrier_deadline_ = Clock::now() + seconds(o_.exit_barrier_timeout_s);
+      first_finished_rank_ = r.rank;
+    }
+  }
+}
+
+void Attempt::decide_whether_to_stop() {
+  const Clock::time_point now = Clock::now();
+  if (!failures_.empty() && (now >= settle_until_ || running_ == 0)) {
+    outcome_ = Outcome::kRankFailed;
+    for (const Rank* f : failures_)
+      std::cerr << "tessera launch: rank " << f->rank << " (pid " << f->pid << ") "
+                << describe_exit(f->status) << "\n";
+    if (running_ > 0) std::cerr << "tessera launch: stopping the other ranks\n";
+  } else if (failures_.empty() && g_stop_signal) {
+    outcome_ = Outcome::kInterrupted;
+    std::cerr << "tessera launch: interrupted (signal " << g_stop_signal.load()
+              << "); stopping all ranks\n";
+  } else if (failures_.empty() && barrier_deadline_ && now >= *barrier_deadline_ && running_ > 0) {
+    outcome_ = Outcome::kExitBarrierTimedOut;
+    std::vector<int> late;
+    for (const Rank& r : ranks_)
+      if (r.running) late.push_back(r.rank);
+    std::cerr << "tessera launch: rank" << (late.size() > 1 ? "s " : " ") << join_ranks(late)
+              << " did not exit within the exit barrier timeout (" << o_.exit_barrier_timeout_s
+              << " s) after rank " << first_finished_rank_ << " exited 0; stopping "
+              << (late.size() > 1 ? "them" : "it") << "\n";
+  } else {
+    return;
+  }
+  begin_stopping();
+}
+
+void Attempt::begin_stopping() {
+  stopping_ = true;
+  signal_all(SIGTERM);
+  kill_at_ = Clock::now() + seconds(o_.stop_grace_s);
+}
+
+void Attempt::signal_all(int sig) {
+  for (Rank& r : ranks_)
+    if (r.running) ::kill(-r.pid, sig);  // the rank's whole process group
+}
+
+// Kills every rank's group and every stray descendant, and reaps them (no zombies, no
+// orphans), closing the output pipes.
+void Attempt::kill_everything() {
+  for (Rank& r : ranks_) {
+    if (r.running) {
+      ::kill(-r.pid, SIGKILL);
+      ::waitpid(r.pid, &r.status, 0);
+      r.running = false;
+    }
+    for (int* fd : {&r.out_fd, &r.err_fd})
+      if (*fd >= 0) ::close(*fd), *fd = -1;
+  }
+  running_ = 0;
+  kill_strays(known_);
+}
+
+// Installs the launcher's signal handlers and makes it a child subreaper for the job's
+// duration; restores both afterwards, also when launching throws.
+class JobScope {
+ public:
+  JobScope() {
+    g_stop_signal = 0;
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, &old_int_);
+    sigaction(SIGTERM, &action, &old_term_);
+    ::prctl(PR_GET_CHILD_SUBREAPER, &old_subreaper_);
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  }
+  ~JobScope() {
+    ::prctl(PR_SET_CHILD_SUBREAPER, old_subreaper_);
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  struct sigaction old_int_ {
+  }, old_term_{};
+  int old_subreaper_ = 0;
+};
+
+}  // namespace
+
+void validate(const LaunchOptions& o) {
+  TESSERA_CHECK(!o.command.empty(), "tessera launch: no program given");
+  auto check_range = [](const char* name, double value, double low, double high) {
+    TESSERA_CHECK(value >= low && value <= high, "tessera launch: ", name, " must be in [", low,
+                  ", ", high, "]; got ", value);
+  };
+  check_range("--nproc-per-node", o.nproc_per_node, 1, kMaxProcsPerNode);
+  check_range("--nnodes", o.nnodes, 1, kMaxNodes);
+  check_range("--node-rank", o.node_rank, 0, o.nnodes - 1);
+  check_range("--max-restarts", o.max_restarts, 0, kMaxRestarts);
+  check_range("--exit-barrier-timeout", o.exit_barrier_timeout_s, 0, 1e9);
+  check_range("--master-port", o.master_port, 0, 65535);
+}
+
+int launch(const LaunchOptions& o) {
+  validate(o);
+  JobScope scope;
+  const std::vector<pid_t> before = stray_children({});
+  const std::set<pid_t> known(before.begin(), before.end());  // children from before the job
+  JobShape job;
+  job.world_size = o.nproc_per_node * o.nnodes;
+  for (job.restart_count = 0;; ++job.restart_count) {
+    job.master_port = o.master_port;
+    if (job.master_port == 0) job.master_port = o.nnodes == 1 ? find_free_port() : 29500;
+    Attempt attempt(o, job, known);
+    const Outcome outcome = attempt.run();
+    if (outcome == Outcome::kRankFailed && job.restart_count < o.max_restarts && !g_stop_signal) {
+      std::cerr << "tessera launch: restarting all ranks (restart " << job.restart_count + 1
+                << " of at most " << o.max_restarts << ")\n";
+      continue;
+    }
+    attempt.report_failures();
+    return attempt.exit_code();
+  }
 }
 
 }  // namespace tessera::dist

@@ -1,29 +1,53 @@
 // `tessera launch`: starts one process per local rank with the torchrun
 // environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
-// MASTER_PORT), forwards their output (ranks other than 0 prefixed with
-// "[rank r] "), and takes the job down when one rank fails: the others are
-// stopped within seconds and the launcher exits non-zero naming the rank and
-// how it ended. Ctrl-C (SIGINT/SIGTERM to the launcher) stops every rank.
+// MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS), forwards
+// their output (ranks other than 0 prefixed with "[rank r] "), and takes the job
+// down when one rank fails: the others are stopped within seconds and the
+// launcher exits non-zero naming the rank and how it ended. Ctrl-C
+// (SIGINT/SIGTERM to the launcher) stops every rank.
+//
+// Every rank runs in its own process group and the launcher signals whole groups;
+// it is also a child subreaper, so descendants that left their rank's group are
+// found and killed when the job ends: nothing a rank started outlives the job, also
+// when starting the ranks fails part-way.
+//
+// With max_restarts > 0 a failed job is stopped and started again (all ranks), up to
+// that many times, each attempt seeing its number in TORCHELASTIC_RESTART_COUNT (and
+// TESSERA_RESTART_COUNT); `tessera train` resumes from its newest checkpoint then.
 #pragma once
 #include <string>
 #include <vector>
 
 namespace tessera::dist {
 
+// Bounds for the job's shape; beyond them a value is a typo, not a job.
+constexpr int kMaxProcsPerNode = 1024;
+constexpr int kMaxNodes = 65536;
+constexpr int kMaxRestarts = 1000;
+
 struct LaunchOptions {
   int nproc_per_node = 1;
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;             // 0: a free port (single node) or 29500 (several nodes)
-  std::string mixed_precision;     // passed on as TESSERA_MIXED_PRECISION when set
-  double stop_grace_s = 3;         // SIGTERM, then SIGKILL after this long
+  int master_port = 0;          // 0: a free port (single node) or 29500 (several nodes)
+  std::string mixed_precision;  // passed on as TESSERA_MIXED_PRECISION when set
+  double stop_grace_s = 3;      // SIGTERM, then SIGKILL after this long
+  // Once one rank has exited 0, the others must exit within this long (as torchrun's
+  // --exit-barrier-timeout); then they are stopped and the job fails naming them.
+  double exit_barrier_timeout_s = 300;
+  int max_restarts = 0;              // restarts of the whole job after a rank fails
   std::vector<std::string> command;  // program and its arguments
 };
 
+// Throws tessera::Error naming the option and its valid range when a value is out of it.
+void validate(const LaunchOptions& options);
+
 // Runs the job to completion and returns the launcher's exit status: 0 when every rank
-// exited 0; else the first failing rank's exit code (128 + signal when it was killed),
-// after printing which rank failed and how.
+// exited 0; else the last attempt's first failing rank's exit code (128 + signal when it
+// was killed), after printing which rank failed and how; 1 when ranks were stopped by the
+// exit barrier. Throws tessera::Error when the ranks cannot be started (after stopping
+// the ones that were).
 int launch(const LaunchOptions& options);
 
 }  // namespace tessera::dist

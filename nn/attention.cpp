@@ -59,7 +59,10 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
                 " positions exceed block_size ", block_size_);
   const double dropout_p = attn_dropout.is_training() ? attn_dropout.p : 0.0;
   // The fused path reads q, k, v out of c_attn's output and writes y [B, T, C] in place:
-  // no split, head transposes or merge copies in either direction.
+  // no split, head transposes or merge copies in either direction. The fused CUDA kernels
+  // (flash, cuDNN) draw no attention-probability dropout, so while training with dropout > 0
+  // attention takes the composed path instead (the [B, H, T, T] probabilities are
+  // materialised and dropped out there, from the default generator like every other mask).
   const Tensor qkv = c_attn(x);
   if (use_fused_attention && dropout_p == 0 && causal_attention_qkv_fused_applies(qkv, n_head))
     ++fused_calls_;

@@ -14,6 +14,9 @@ struct GPTConfig {
   bool tie_word_embeddings = true;
   bool bias = true;      // biases in Linear and LayerNorm
   double dropout = 0.0;  // embedding, attention and residual dropout
+  // Training only: each Block's activations are recomputed in backward instead of kept
+  // (autograd::checkpoint), trading one more forward for memory. Not saved in config.json.
+  bool gradient_checkpointing = false;
   // Throws naming the field when the configuration cannot build a model.
   void validate() const;
 };

@@ -60,12 +60,23 @@ Tensor GPT::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
                 " tokens exceeds block_size ", cfg_.block_size);
   const Tensor pos = arange(static_cast<double>(past), static_cast<double>(past + T), 1.0,
                             {.dtype = DType::i64, .device = idx.device()});
+  // nanoGPT's dropout sites: here on the embeddings, then in every block on the attention
+  // probabilities and after attn.c_proj and mlp.c_proj (all off in eval()).
   Tensor x = transformer.drop(transformer.wte(tokens) + transformer.wpe(pos));
   for (size_t i = 0; i < transformer.blocks.size(); ++i) {
     Block& block = *transformer.blocks[i];
-    x = cache ? block.forward_cached(x, cache->layers[i], past) : block(x);
+    x = cache ? block.forward_cached(x, cache->layers[i], past) : run_block(block, x);
   }
   return transformer.ln_f(x);
+}
+
+Tensor GPT::run_block(Block& block, const Tensor& x) {
+  if (!cfg_.gradient_checkpointing || !is_training() || !autograd::is_grad_enabled()) return block(x);
+  // The recompute replays the default generator and the autocast policy of this run, so
+  // the block's dropout masks and dtypes are the same twice. The block's own hooks run in
+  // both passes (ZeRO-3 gathers the block's parameters again for the recompute).
+  return autograd::checkpoint(
+      [&block](const std::vector<Tensor>& in) { return std::vector<Tensor>{block(in[0])}; }, {x})[0];
 }
 
 Tensor GPT::forward(const Tensor& idx) {

@@ -59,6 +59,10 @@ class GPT : public Module {
   Tensor generate(const Tensor& idx, int64_t max_new_tokens, const GenerateOptions& opts = {});
 
   const GPTConfig& config() const { return cfg_; }
+  // Hugging Face's gradient_checkpointing_enable(): recompute every Block in backward (see
+  // GPTConfig::gradient_checkpointing). Losses and gradients stay bit for bit the same.
+  void gradient_checkpointing_enable(bool on = true) { cfg_.gradient_checkpointing = on; }
+  bool is_gradient_checkpointing() const { return cfg_.gradient_checkpointing; }
   // The [V, C] matrix the logits are computed with (wte.weight when tied).
   Tensor output_weight() const;
 
@@ -73,6 +77,8 @@ class GPT : public Module {
 
  private:
   Tensor hidden_states(const Tensor& idx, int64_t past, KVCache* cache);
+  // block(x), recomputed in backward when gradient checkpointing applies.
+  Tensor run_block(Block& block, const Tensor& x);
   GPTConfig cfg_;
   std::unique_ptr<LMHead> lm_head_;
 };

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "cli/plot.h"
 #include "core/error.h"
 #include "data/file_io.h"
+#include "train/plot.h"
 
 using namespace tessera;
 
@@ -83,18 +83,18 @@ TEST(Png, DecodesToTheSamePixels) {
     std::vector<uint8_t> rgb(static_cast<size_t>(w) * h * 3);
     for (auto& v : rgb) v = static_cast<uint8_t>(rng());
     const auto path = temp_dir() / ("img_" + std::to_string(w) + "x" + std::to_string(h) + ".png");
-    tessera::data::write_file_atomically(path, tessera::cli::encode_png(w, h, rgb));
+    tessera::data::write_file_atomically(path, tessera::train::encode_png(w, h, rgb));
     EXPECT_EQ(python_decode(path), std::to_string(w) + " " + std::to_string(h) + " " + hex(rgb) + "\n");
   }
-  EXPECT_THROW(tessera::cli::encode_png(2, 2, std::vector<uint8_t>(11)), tessera::Error);
+  EXPECT_THROW(tessera::train::encode_png(2, 2, std::vector<uint8_t>(11)), tessera::Error);
 }
 
 TEST(Png, LossCurveIsAValidImageWithBothSeries) {
-  tessera::cli::LossCurves curves;
+  tessera::train::LossCurves curves;
   for (int s = 1; s <= 50; ++s) curves.train.emplace_back(s, 5.0 / s + 1.0);
   curves.val = {{10, 1.8}, {20, 1.5}, {50, 1.2}};
   const auto path = temp_dir() / "loss.png";
-  tessera::cli::write_loss_curve_png(path.string(), curves, 200, 120);
+  tessera::train::write_loss_curve_png(path.string(), curves, 200, 120);
   const std::string decoded = python_decode(path);
   ASSERT_EQ(decoded.rfind("200 120 ", 0), 0u) << decoded.substr(0, 200);
   // Both colours appear: train blue (1f77b4) and validation orange (ff7f0e).
@@ -105,8 +105,8 @@ TEST(Png, LossCurveIsAValidImageWithBothSeries) {
 // --- Text on the loss plot: tick labels, axis titles and legend. ---
 
 namespace {
-using tessera::cli::LossPlot;
-using tessera::cli::PlotBox;
+using tessera::train::LossPlot;
+using tessera::train::PlotBox;
 
 constexpr uint32_t kWhitePixel = 0xFFFFFF;
 
@@ -135,14 +135,14 @@ std::string ink(const LossPlot& p, const PlotBox& b) {
   return s;
 }
 
-tessera::cli::LossCurves decaying_curves() {
-  tessera::cli::LossCurves curves;
+tessera::train::LossCurves decaying_curves() {
+  tessera::train::LossCurves curves;
   for (int s = 1; s <= 50; ++s) curves.train.emplace_back(s, 5.0 / s + 1.0);  // 6 .. 1.1
   curves.val = {{10, 1.8}, {20, 1.5}, {50, 1.2}};
   return curves;
 }
 
-std::vector<std::string> labels_of(const std::vector<tessera::cli::PlotTick>& ticks) {
+std::vector<std::string> labels_of(const std::vector<tessera::train::PlotTick>& ticks) {
   std::vector<std::string> out;
   for (const auto& t : ticks) out.push_back(t.label);
   return out;
@@ -153,7 +153,7 @@ TEST(Png, LossPlotLabelsTicksTitlesAndLegend) {
   // A small image (1x font) and the default size (2x font).
   for (auto [w, h] : std::vector<std::pair<int, int>>{{401, 301}, {800, 480}}) {
     SCOPED_TRACE(std::to_string(w) + "x" + std::to_string(h));
-    const LossPlot p = tessera::cli::render_loss_curve(decaying_curves(), w, h);
+    const LossPlot p = tessera::train::render_loss_curve(decaying_curves(), w, h);
     ASSERT_EQ(p.rgb.size(), static_cast<size_t>(w) * h * 3);
     const int s = p.text_scale;
     // Loss 1.1..6 -> ticks every 1 from 1 to 6; steps 1..50 -> ticks every 10.
@@ -214,9 +214,9 @@ TEST(Png, LossPlotLabelsTicksTitlesAndLegend) {
 }
 
 TEST(Png, LossPlotLabelsSmallAndLargeValues) {
-  tessera::cli::LossCurves curves;
+  tessera::train::LossCurves curves;
   for (int s = 0; s <= 7; ++s) curves.train.emplace_back(1000 * s, 0.031 - 0.001 * s);  // 0.031 .. 0.024
-  const LossPlot p = tessera::cli::render_loss_curve(curves, 400, 300);
+  const LossPlot p = tessera::train::render_loss_curve(curves, 400, 300);
   EXPECT_EQ(labels_of(p.loss_ticks), (std::vector<std::string>{"0.024", "0.026", "0.028", "0.03", "0.032"}));
   EXPECT_EQ(labels_of(p.step_ticks),
             (std::vector<std::string>{"0", "2000", "4000", "6000"}));
@@ -230,19 +230,19 @@ TEST(Png, LossPlotLabelsSmallAndLargeValues) {
   EXPECT_GT(count_pixels(p, p.legend, 0x1F77B4), 0);
   EXPECT_EQ(count_pixels(p, p.legend, 0xFF7F0E), 0);
 
-  EXPECT_THROW(tessera::cli::render_loss_curve(curves, 50, 40), tessera::Error);
+  EXPECT_THROW(tessera::train::render_loss_curve(curves, 50, 40), tessera::Error);
 }
 
 TEST(Png, LossPlotLabelsStayDistinctAndApart) {
   // A loss that moves only in its 6th digit still gets distinct labels, and a narrow
   // image with 7-digit step numbers gets fewer step ticks rather than overlapping ones.
-  tessera::cli::LossCurves narrow;
+  tessera::train::LossCurves narrow;
   for (int s = 0; s <= 1000000; s += 10000) narrow.train.emplace_back(s, 2.30001 + 0.00001 * std::sin(s));
   // A flat loss gets a band around its value.
-  tessera::cli::LossCurves flat;
+  tessera::train::LossCurves flat;
   flat.train = {{1, 3.0}, {2, 3.0}, {3, 3.0}};
   for (const auto* curves : {&narrow, &flat}) {
-    const LossPlot p = tessera::cli::render_loss_curve(*curves, 200, 120);
+    const LossPlot p = tessera::train::render_loss_curve(*curves, 200, 120);
     ASSERT_GE(p.loss_ticks.size(), 2u);
     ASSERT_GE(p.step_ticks.size(), 2u);
     for (size_t i = 1; i < p.loss_ticks.size(); ++i) {
@@ -258,7 +258,7 @@ TEST(Png, LossPlotLabelsStayDistinctAndApart) {
 TEST(Png, LabelledLossPlotFileDecodesToTheRenderedPixels) {
   const auto curves = decaying_curves();
   const auto path = temp_dir() / "labelled_loss.png";
-  tessera::cli::write_loss_curve_png(path.string(), curves, 320, 200);
-  const LossPlot p = tessera::cli::render_loss_curve(curves, 320, 200);
+  tessera::train::write_loss_curve_png(path.string(), curves, 320, 200);
+  const LossPlot p = tessera::train::render_loss_curve(curves, 320, 200);
   EXPECT_EQ(python_decode(path), "320 200 " + hex(p.rgb) + "\n");
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <random>
 #include <set>
@@ -129,8 +130,9 @@ TEST(DataLoader, ShuffledVisitsEveryWindowOncePerEpochReproducibly) {
 TEST(DataLoader, PositionRestoresTheStream) {
   const auto tokens = random_tokens(500, 100, 4);
   const auto path = write_tokens("resume.bin", tokens);
-  for (bool shuffle : {false, true}) {
-    DataLoaderOptions opts{.batch = 2, .seq = 9, .shuffle = shuffle, .seed = 11};
+  for (auto [sampling, shuffle] : std::vector<std::pair<Sampling, bool>>{
+           {Sampling::windows, false}, {Sampling::windows, true}, {Sampling::random, false}}) {
+    DataLoaderOptions opts{.batch = 2, .seq = 9, .sampling = sampling, .shuffle = shuffle, .seed = 11};
     DataLoader straight(TokenFile(path), opts);
     for (int i = 0; i < 13; ++i) straight.next();
     DataLoader resumed(TokenFile(path), opts);
@@ -165,11 +167,129 @@ TEST(DataLoader, IteratesWithStructuredBindingsAndOptionalLimit) {
   EXPECT_EQ(endless.position(), 500u);
 }
 
+TEST(DataLoader, LoopAfterSkipFirstBatchesTakesOnlyTheRemainingBatches) {
+  const auto tokens = random_tokens(400, 100, 6);
+  const auto path = write_tokens("skip.bin", tokens);
+  for (Sampling sampling : {Sampling::windows, Sampling::random}) {
+    const DataLoaderOptions opts{.batch = 3, .seq = 6, .sampling = sampling, .seed = 5, .max_batches = 10};
+    DataLoader uninterrupted(TokenFile(path), opts);
+    std::vector<std::vector<int64_t>> all;
+    for (auto& [x, y] : uninterrupted) all.push_back(x.to_vector<int64_t>());
+    ASSERT_EQ(all.size(), 10u);
+
+    // A run stopped after 4 batches; its resumed loop must take batches 4..9 and no more.
+    DataLoader resumed(TokenFile(path), opts);
+    std::vector<std::vector<int64_t>> rest;
+    for (auto& [x, y] : resumed.skip_first_batches(4)) rest.push_back(x.to_vector<int64_t>());
+    ASSERT_EQ(rest.size(), 6u) << sampling_name(sampling);
+    for (size_t i = 0; i < rest.size(); ++i) EXPECT_EQ(rest[i], all[4 + i]) << "batch " << 4 + i;
+    EXPECT_EQ(resumed.position(), 10u);
+    // Everything done: a further loop takes nothing.
+    int64_t extra = 0;
+    for ([[maybe_unused]] auto& batch : resumed) ++extra;
+    EXPECT_EQ(extra, 0);
+  }
+}
+
+// Random sampling, checked from its definition: row g of the global batch order starts at a
+// uniform offset in [0, n - T - 1] that depends on (seed, g) only.
+TEST(DataLoader, RandomSamplingIsTheSameAtAnyWorldSize) {
+  const auto tokens = random_tokens(1237, 5000, 7);
+  const auto path = write_tokens("random_world.bin", tokens);
+  const int64_t B = 3, T = 17;
+  for (int W : {2, 3}) {
+    DataLoader single(TokenFile(path), {.batch = W * B, .seq = T, .sampling = Sampling::random, .seed = 21});
+    std::vector<DataLoader> ranks;
+    for (int r = 0; r < W; ++r)
+      ranks.emplace_back(TokenFile(path), DataLoaderOptions{.batch = B, .seq = T, .rank = r, .world_size = W,
+                                                            .sampling = Sampling::random, .seed = 21});
+    for (int k = 0; k < 15; ++k) {
+      const Batch whole = single.next();
+      const auto wx = whole.x.to_vector<int64_t>(), wy = whole.y.to_vector<int64_t>();
+      for (int r = 0; r < W; ++r) {
+        const Batch part = ranks[r].next();
+        const auto px = part.x.to_vector<int64_t>(), py = part.y.to_vector<int64_t>();
+        for (int64_t b = 0; b < B; ++b) {
+          const auto row = [&](const std::vector<int64_t>& v, int64_t i) {
+            return std::vector<int64_t>(v.begin() + i * T, v.begin() + (i + 1) * T);
+          };
+          ASSERT_EQ(row(px, b), row(wx, r * B + b)) << "W=" << W << " k=" << k << " r=" << r << " b=" << b;
+          ASSERT_EQ(row(py, b), row(wy, r * B + b)) << "W=" << W << " k=" << k << " r=" << r << " b=" << b;
+        }
+      }
+    }
+  }
+}
+
+TEST(DataLoader, RandomSamplingOffsetsAreInRangeUniformAndSeeded) {
+  const auto tokens = random_tokens(1003, 5000, 8);
+  const auto path = write_tokens("random_range.bin", tokens);
+  const int64_t B = 7, T = 33, n = 1003, starts_count = n - T;  // offsets 0 .. n - T - 1
+  DataLoader loader(TokenFile(path), {.batch = B, .seq = T, .sampling = Sampling::random, .seed = 3});
+  DataLoader same(TokenFile(path), {.batch = B, .seq = T, .sampling = Sampling::random, .seed = 3});
+  DataLoader other(TokenFile(path), {.batch = B, .seq = T, .sampling = Sampling::random, .seed = 4});
+  const int64_t steps = 1000, draws = steps * B;
+  constexpr int kBuckets = 10;
+  std::vector<int64_t> bucket(kBuckets, 0);
+  std::set<int64_t> distinct;
+  int64_t lowest = n, highest = -1, equal_to_other = 0;
+  for (int64_t k = 0; k < steps; ++k) {
+    const auto starts = loader.row_starts(k), theirs = other.row_starts(k);
+    ASSERT_EQ(starts, same.row_starts(k));
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t s = starts[b];
+      ASSERT_GE(s, 0);
+      ASSERT_LE(s, n - T - 1) << "row " << b << " of step " << k << " would run past the file";
+      lowest = std::min(lowest, s);
+      highest = std::max(highest, s);
+      distinct.insert(s);
+      ++bucket[s * kBuckets / starts_count];
+      equal_to_other += s == theirs[b];
+    }
+  }
+  // Uniform over 970 offsets: 7000 draws reach both ends and most offsets, and each tenth
+  // of the range holds 700 ± 5 binomial standard deviations.
+  EXPECT_LE(lowest, 5);
+  EXPECT_GE(highest, n - T - 6);
+  EXPECT_GT(distinct.size(), 900u);
+  const double expected = static_cast<double>(draws) / kBuckets;
+  const double sigma = std::sqrt(draws * 0.1 * 0.9);
+  for (int i = 0; i < kBuckets; ++i) EXPECT_NEAR(bucket[i], expected, 5 * sigma) << "bucket " << i;
+  EXPECT_LT(equal_to_other, draws / 50) << "another seed should draw other offsets";
+
+  // The batch holds the windows at those offsets: x = tokens[s, s+T), y = tokens[s+1, s+T+1).
+  for (int64_t k : {0, 17, 999}) {
+    const Batch batch = loader.batch_at(k);
+    const auto x = batch.x.to_vector<int64_t>(), y = batch.y.to_vector<int64_t>();
+    const auto starts = loader.row_starts(k);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        ASSERT_EQ(x[b * T + t], tokens[starts[b] + t]);
+        ASSERT_EQ(y[b * T + t], tokens[starts[b] + t + 1]);
+      }
+  }
+  // A file of exactly T + 1 tokens has one window.
+  const auto exact = write_tokens("random_exact.bin", random_tokens(T + 1, 50, 9));
+  DataLoader one(TokenFile(exact), {.batch = 4, .seq = T, .sampling = Sampling::random, .seed = 1});
+  for (int64_t k = 0; k < 5; ++k) EXPECT_EQ(one.row_starts(k), std::vector<int64_t>(4, 0));
+}
+
 TEST(DataLoader, RejectsBadOptions) {
   const auto path = write_tokens("small.bin", {1, 2, 3, 4, 5});
   EXPECT_THROW(DataLoader(TokenFile(path), {.batch = 0, .seq = 2}), Error);
   EXPECT_THROW(DataLoader(TokenFile(path), {.batch = 1, .seq = 2, .rank = 2, .world_size = 2}), Error);
   EXPECT_THROW(DataLoader(TokenFile(path), {.batch = 1, .seq = 5, .shuffle = true}), Error);
+  EXPECT_THROW(DataLoader(TokenFile(path), {.batch = 1, .seq = 5, .sampling = Sampling::random}), Error);
+  EXPECT_THROW(DataLoader(TokenFile(path), {.batch = 1, .seq = 2, .sampling = Sampling::random, .shuffle = true}),
+               Error);
+  EXPECT_EQ(parse_sampling("random"), Sampling::random);
+  EXPECT_EQ(parse_sampling("windows"), Sampling::windows);
+  try {
+    parse_sampling("shuffled");
+    ADD_FAILURE() << "an unknown sampling mode was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'shuffled'"), std::string::npos) << e.what();
+  }
   const auto tiny = write_tokens("one.bin", {1});
   EXPECT_THROW(DataLoader(TokenFile(tiny), {.batch = 1, .seq = 1}), Error);
 }

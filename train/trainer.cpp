@@ -1,4 +1,4 @@
-#include "cli/trainer.h"
+#include "train/trainer.h"
 
 #include <chrono>
 #include <fstream>
@@ -7,18 +7,19 @@
 
 #include "autograd/autograd.h"
 #include "autograd/functions.h"
-#include "cli/checkpoint.h"
-#include "cli/model_dir.h"
-#include "cli/plot.h"
-#include "cli/progress.h"
 #include "core/error.h"
+#include "core/memory_stats.h"
 #include "core/random.h"
 #include "data/dataloader.h"
 #include "data/file_io.h"
 #include "dist/accelerator.h"
 #include "optim/optim.h"
+#include "train/checkpoint.h"
+#include "train/model_dir.h"
+#include "train/plot.h"
+#include "train/progress.h"
 
-namespace tessera::cli {
+namespace tessera::train {
 
 namespace fs = std::filesystem;
 
@@ -31,13 +32,20 @@ optim::DecayShape decay_shape(const std::string& name) {
 }
 
 // Where to resume from: a checkpoint directory, a run directory (its newest valid
-// checkpoint), or "latest" (the newest valid checkpoint under cfg.out).
-fs::path resolve_resume(const TrainConfig& cfg) {
+// checkpoint), or "latest" (the newest valid checkpoint under cfg.out). "latest" before any
+// checkpoint was written is a fresh run: the first attempt of a job that `tessera launch
+// --max-restarts` restarts runs the same command as the later ones.
+std::optional<fs::path> resolve_resume(const TrainConfig& cfg) {
   fs::path target = cfg.resume == "latest" ? fs::path(cfg.out) : fs::path(cfg.resume);
   if (fs::exists(target / "checksums.json") || fs::exists(target / "config.json")) return target;
   std::vector<std::string> warnings;
   auto latest = latest_valid_checkpoint(target / "checkpoints", warnings);
   for (const auto& w : warnings) std::cerr << "tessera train: warning: " << w << "\n";
+  if (!latest && cfg.resume == "latest" && warnings.empty()) {
+    std::cerr << "tessera train: --resume: no checkpoint under '" << (target / "checkpoints").string()
+              << "' yet; starting a fresh run\n";
+    return std::nullopt;
+  }
   TESSERA_CHECK(latest.has_value(), "--resume: no valid checkpoint under '", (target / "checkpoints").string(), "'");
   return *latest;
 }
@@ -332,8 +340,12 @@ void run_training(const TrainConfig& cfg) {
     ++step;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tokens_per_s = static_cast<double>(cfg.batch * cfg.seq * cfg.grad_accum * world_size) / seconds;
-    log_metrics({{"step", step}, {"loss", step_loss}, {"lr", lr}, {"grad_norm", norm},
-                 {"ms", seconds * 1e3}, {"tokens_per_s", tokens_per_s}});
+    nlohmann::json step_metrics = {{"step", step}, {"loss", step_loss}, {"lr", lr}, {"grad_norm", norm},
+                                   {"ms", seconds * 1e3}, {"tokens_per_s", tokens_per_s}};
+    // On a GPU, what the caching allocator holds (benchmarks/soak.sh checks it stays flat).
+    if (const auto memory = device_memory_stats(device))
+      step_metrics["reserved_bytes"] = memory->reserved_bytes;
+    log_metrics(step_metrics);
     progress.update(step, step_loss, tokens_per_s, lr);
     TESSERA_CHECK(std::isfinite(step_loss), "tessera train: loss became ", step_loss, " at step ", step,
                   " (try a lower --lr or --grad-clip)");
@@ -366,4 +378,4 @@ void run_training(const TrainConfig& cfg) {
             << metrics_path.string() << ", loss curve in " << (out / "loss.png").string() << "\n";
 }
 
-}  // namespace tessera::cli
+}  // namespace tessera::train

@@ -1,4 +1,4 @@
-#include "cli/train_config.h"
+#include "train/train_config.h"
 
 #include <fstream>
 #include <functional>
@@ -8,7 +8,7 @@
 #include "core/device.h"
 #include "core/error.h"
 
-namespace tessera::cli {
+namespace tessera::train {
 
 namespace {
 
@@ -237,4 +237,4 @@ void validate(const TrainConfig& c) {
   }
 }
 
-}  // namespace tessera::cli
+}  // namespace tessera::train

@@ -1,4 +1,4 @@
-#include "cli/plot.h"
+#include "train/plot.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "data/file_io.h"
 
-namespace tessera::cli {
+namespace tessera::train {
 
 namespace {
 
@@ -336,4 +336,4 @@ void write_loss_curve_png(const std::string& path, const LossCurves& curves, int
   data::write_file_atomically(path, encode_png(plot.width, plot.height, plot.rgb));
 }
 
-}  // namespace tessera::cli
+}  // namespace tessera::train

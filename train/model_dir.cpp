@@ -1,11 +1,11 @@
-#include "cli/model_dir.h"
+#include "train/model_dir.h"
 
 #include "autograd/autograd.h"
 #include "core/error.h"
 #include "data/dataloader.h"
 #include "data/file_io.h"
 
-namespace tessera::cli {
+namespace tessera::train {
 
 namespace fs = std::filesystem;
 
@@ -44,4 +44,4 @@ EvalResult evaluate_loss(nn::GPT& model, const data::TokenFile& file, int64_t ba
   return {total / static_cast<double>(batches), batches * batch * seq};
 }
 
-}  // namespace tessera::cli
+}  // namespace tessera::train

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace tessera::cli {
+namespace tessera::train {
 
 struct TrainConfig {
   // data
@@ -60,4 +60,4 @@ void apply_config_values(TrainConfig& cfg, const nlohmann::json& values, const s
 // the context, known schedule/device/dtype); errors name the key.
 void validate(const TrainConfig& cfg);
 
-}  // namespace tessera::cli
+}  // namespace tessera::train

@@ -19,7 +19,7 @@
 #include "nn/gpt.h"
 #include "optim/optimizer.h"
 
-namespace tessera::cli {
+namespace tessera::train {
 
 struct TrainingState {
   int64_t step = 0;              // optimizer steps completed
@@ -52,4 +52,4 @@ std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path&
 std::optional<std::filesystem::path> latest_valid_checkpoint(const std::filesystem::path& checkpoints_dir,
                                                              std::vector<std::string>& warnings);
 
-}  // namespace tessera::cli
+}  // namespace tessera::train

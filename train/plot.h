@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-namespace tessera::cli {
+namespace tessera::train {
 
 // 8-bit RGB pixels, row-major, 3 bytes each -> the bytes of a PNG file.
 std::string encode_png(int width, int height, const std::vector<uint8_t>& rgb);
@@ -51,4 +51,4 @@ LossPlot render_loss_curve(const LossCurves& curves, int width = 800, int height
 void write_loss_curve_png(const std::string& path, const LossCurves& curves, int width = 800,
                           int height = 480);
 
-}  // namespace tessera::cli
+}  // namespace tessera::train

@@ -1,4 +1,4 @@
-#include "cli/checkpoint.h"
+#include "train/checkpoint.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -7,7 +7,7 @@
 #include "core/safetensors.h"
 #include "data/file_io.h"
 
-namespace tessera::cli {
+namespace tessera::train {
 
 namespace fs = std::filesystem;
 
@@ -155,4 +155,4 @@ std::optional<fs::path> latest_valid_checkpoint(const fs::path& checkpoints_dir,
   return std::nullopt;
 }
 
-}  // namespace tessera::cli
+}  // namespace tessera::train

@@ -2,11 +2,11 @@
 // AdamW and an LR schedule on the DataLoader's stream, evaluates, samples, checkpoints,
 // and resumes from a checkpoint bit-for-bit.
 #pragma once
-#include "cli/train_config.h"
+#include "train/train_config.h"
 
-namespace tessera::cli {
+namespace tessera::train {
 
 // Runs training as configured (cfg must have passed validate()).
 void run_training(const TrainConfig& cfg);
 
-}  // namespace tessera::cli
+}  // namespace tessera::train

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-namespace tessera::cli {
+namespace tessera::train {
 
 class Progress {
  public:
@@ -28,4 +28,4 @@ class Progress {
 
 std::string format_duration(double seconds);  // "1h02m", "3m05s", "12s"
 
-}  // namespace tessera::cli
+}  // namespace tessera::train

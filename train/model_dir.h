@@ -8,7 +8,7 @@
 #include "data/tokenizer.h"
 #include "nn/gpt.h"
 
-namespace tessera::cli {
+namespace tessera::train {
 
 // tokenizer.json in `dir` or, failing that, in its parent folders up to two levels
 // (a checkpoint sits in run/checkpoints/step_N); nullptr when there is none.
@@ -28,4 +28,4 @@ struct EvalResult {
 EvalResult evaluate_loss(nn::GPT& model, const data::TokenFile& file, int64_t batch, int64_t seq,
                          int64_t batches, Device device);
 
-}  // namespace tessera::cli
+}  // namespace tessera::train

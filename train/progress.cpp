@@ -1,11 +1,11 @@
-#include "cli/progress.h"
+#include "train/progress.h"
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 
-namespace tessera::cli {
+namespace tessera::train {
 
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
@@ -55,4 +55,4 @@ void Progress::finish() {
   std::fflush(out_);
 }
 
-}  // namespace tessera::cli
+}  // namespace tessera::train
