@@ -11,7 +11,7 @@ namespace tessera::cli {
 namespace {
 
 struct EvalArgs {
-  std::string model, data, device = "cpu";
+  std::string model, data, device = "cpu", dtype = "fp32";
   int64_t batch = 8, seq = 0, batches = 0;
   // --seq and --batches have defaults computed from the model and the file; a value
   // given by the user must be valid (0 or -2 is an error, not "use the default").
@@ -28,6 +28,9 @@ void run_eval(const EvalArgs& a) {
   check_numbers(a);
   const Device device = Device::parse(a.device);
   auto model = train::load_model(a.model, device);
+  // Scored with the weights (and so the arithmetic) in the dtype asked for: fp32 is the
+  // stored model, bf16/fp16 what a forward with low-precision parameters computes.
+  model->to(dtype_from_name(a.dtype));
   const data::TokenFile file(a.data);
   TESSERA_CHECK(file.max_token() < model->config().vocab_size, "tessera eval: '", a.data, "' holds token ",
                 file.max_token(), " but the model's vocab_size is ", model->config().vocab_size);
@@ -51,6 +54,8 @@ const RegisterCommand reg("eval", "Print a model's mean loss on a token file as 
   CLI::Option* batches =
       sub.add_option("--batches", args->batches, "micro-batches to score (default: one pass over the file)");
   sub.add_option("--device", args->device, "cpu|cuda|cuda:N (default cpu)");
+  sub.add_option("--dtype", args->dtype, "weights and compute dtype (default fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   sub.callback([args, seq, batches] {
     args->seq_given = seq->count() > 0;
     args->batches_given = batches->count() > 0;

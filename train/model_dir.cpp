@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "data/dataloader.h"
 #include "data/file_io.h"
+#include "train/checkpoint.h"
 
 namespace tessera::train {
 
@@ -12,7 +13,7 @@ namespace fs = std::filesystem;
 std::unique_ptr<data::Tokenizer> find_tokenizer(const fs::path& dir) {
   fs::path d = fs::absolute(dir);
   for (int level = 0; level < 3 && !d.empty(); ++level, d = d.parent_path()) {
-    if (fs::exists(d / "tokenizer.json")) return data::load_tokenizer(d / "tokenizer.json");
+    if (auto tok = data::load_tokenizer_from(d)) return tok;
     if (d == d.parent_path()) break;
   }
   return nullptr;

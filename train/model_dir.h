@@ -10,8 +10,9 @@
 
 namespace tessera::train {
 
-// tokenizer.json in `dir` or, failing that, in its parent folders up to two levels
-// (a checkpoint sits in run/checkpoints/step_N); nullptr when there is none.
+// tokenizer.json (or vocab.json + merges.txt, or encoder.json + vocab.bpe) in `dir` or,
+// failing that, in its parent folders up to two levels (a checkpoint sits in
+// run/checkpoints/step_N); nullptr when there is none.
 std::unique_ptr<data::Tokenizer> find_tokenizer(const std::filesystem::path& dir);
 
 // A model directory (config.json + model.safetensors); when it holds checksums.json

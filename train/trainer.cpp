@@ -243,7 +243,7 @@ void run_training(const TrainConfig& cfg) {
   TESSERA_CHECK(step <= cfg.steps, "tessera train: the checkpoint is at step ", step, ", past --steps ", cfg.steps);
 
   std::map<std::string, std::string> extra_files;
-  if (tokenizer) extra_files["tokenizer.json"] = tokenizer->to_json();
+  if (tokenizer) extra_files = tokenizer->files();  // tokenizer.json (+ Hugging Face's other files)
   if (main_process) data::write_file_atomically(out / "config.train.json", cfg.to_json().dump(2));
   std::ofstream metrics;
   if (main_process) metrics.open(metrics_path, std::ios::app);

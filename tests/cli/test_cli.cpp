@@ -329,3 +329,34 @@ TEST(Cli, CudaTrainingInEveryDtypeTracksTheCpu) {
   EXPECT_NEAR(gpu.at("bf16"), gpu.at("fp32"), 0.1);
   EXPECT_NEAR(gpu.at("fp16"), gpu.at("fp32"), 0.1);
 }
+
+// `eval --dtype` scores the weights in that dtype: bf16 and fp16 round the arithmetic (the
+// loss moves, within their resolution), fp32 is the stored model, anything else is refused.
+TEST(Cli, EvalDtypeScoresTheWeightsInThatDtype) {
+  const fs::path data = prepared("byte");
+  const fs::path out = scratch() / "eval_dtype";
+  auto r = run("train --data " + (data / "train.bin").string() + kTinyModel +
+               "--steps 8 --eval-batches 3 --out " + out.string());
+  ASSERT_EQ(r.rc, 0) << r.output;
+  double trained_val_loss = NAN;
+  for (const auto& j : read_metrics(out))
+    if (j.contains("val_loss")) trained_val_loss = j["val_loss"].get<double>();
+  ASSERT_FALSE(std::isnan(trained_val_loss));
+
+  std::map<std::string, double> loss;
+  for (const std::string dtype : {"fp32", "bf16", "fp16"}) {
+    r = run("eval --model " + (out / "model").string() + " --data " + (data / "val.bin").string() +
+            " --batch 4 --seq 16 --batches 3 --dtype " + dtype);
+    ASSERT_EQ(r.rc, 0) << r.output;
+    loss[dtype] = nlohmann::json::parse(r.output)["loss"].get<double>();
+  }
+  EXPECT_NEAR(loss["fp32"], trained_val_loss, 1e-6) << "fp32 is the trainer's own evaluation";
+  for (const std::string dtype : {"bf16", "fp16"}) EXPECT_NE(loss[dtype], loss["fp32"]) << dtype << " must round";
+  // bf16 keeps 8 significant bits, fp16 11: the loss moves by well under their relative steps.
+  EXPECT_NEAR(loss["bf16"], loss["fp32"], 2e-2 * loss["fp32"]);
+  EXPECT_NEAR(loss["fp16"], loss["fp32"], 4e-3 * loss["fp32"]);
+
+  r = run("eval --model " + (out / "model").string() + " --data " + (data / "val.bin").string() + " --dtype f64");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.output.find("--dtype"), std::string::npos) << r.output;
+}
