@@ -66,11 +66,17 @@ SUMS
   rm -rf "$wheel_dir"
 fi
 
-# Reference tokenizers and TensorBoard's reader for the tests (they skip without them), in
-# the interpreter the tests run (TESSERA_PYTHON, else Debian's python3).
+# Reference tokenizers, transformers and TensorBoard's reader for the tests (they skip without
+# them), in the interpreter the tests run (TESSERA_PYTHON, else Debian's python3). transformers
+# and tokenizers are pinned to the last releases that still run on Debian's PyTorch 1.13
+# (transformers 5 disables PyTorch older than 2.6, which would turn the interop tests off).
 test_python="${TESSERA_PYTHON:-/usr/bin/python3}"
-if ! "$test_python" -c 'import tiktoken, transformers, tokenizers, tensorboard' >/dev/null 2>&1; then
-  pip_args=(-m pip install -q tiktoken transformers tokenizers tensorboard)
+if ! "$test_python" - >/dev/null 2>&1 <<'PY'
+import tiktoken, tensorboard, transformers, tokenizers
+assert transformers.__version__ == "4.46.3" and tokenizers.__version__ == "0.20.3"
+PY
+then
+  pip_args=(-m pip install -q tiktoken tensorboard transformers==4.46.3 tokenizers==0.20.3)
   if "$test_python" "${pip_args[@]}" >/dev/null 2>&1 ||
      "$test_python" "${pip_args[@]}" --break-system-packages >/dev/null 2>&1; then
     echo "setup: tiktoken, transformers, tokenizers and tensorboard installed for the tests"
