@@ -1,6 +1,6 @@
 // Small file helpers shared by data/ and the CLI: whole-file reads, atomic
 // writes (temporary file, fsync, rename, so a crash leaves the old file or the
-// new one, never a mix) and CRC-32 / Adler-32 checksums.
+// new one, never a mix) and CRC-32 / Adler-32 checksums (zlib's).
 #pragma once
 #include <cstddef>
 #include <cstdint>

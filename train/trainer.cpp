@@ -18,6 +18,7 @@
 #include "train/model_dir.h"
 #include "train/plot.h"
 #include "train/progress.h"
+#include "train/tensorboard.h"
 
 namespace tessera::train {
 
@@ -247,8 +248,9 @@ void run_training(const TrainConfig& cfg) {
   if (main_process) data::write_file_atomically(out / "config.train.json", cfg.to_json().dump(2));
   std::ofstream metrics;
   if (main_process) metrics.open(metrics_path, std::ios::app);
-  auto log_metrics = [&](const nlohmann::json& j) {
+  auto log_metrics = [&](nlohmann::json j) {
     if (!main_process) return;
+    j["time"] = unix_time_now();  // wall clock, seconds since the Unix epoch (as TensorBoard's)
     metrics << j.dump() << "\n";
     metrics.flush();
   };
