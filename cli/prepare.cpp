@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -25,6 +26,33 @@ struct PrepareArgs {
   std::string out;
   double val_fraction = 0.1;
 };
+
+// Everything one prepare writes: a run replaces all of these or none of them.
+constexpr const char* kOutputs[] = {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
+                                     "train.bin", "val.bin"};
+
+// `write_all(folder)` writes the outputs into a staging folder inside `out`; only when
+// it has succeeded are the previous outputs removed and the new ones renamed into
+// place (renames need no space, so a full disk fails while staging, before anything
+// changed). So a failure leaves the previous set untouched, and a changed option
+// (--val-fraction 0: no val.bin) leaves no file of the previous set behind.
+void write_outputs_as_one_set(const fs::path& out, const std::function<void(const fs::path&)>& write_all) {
+  fs::create_directories(out);
+  const fs::path staging = out / (".prepare.tmp." + std::to_string(::getpid()));
+  fs::remove_all(staging);
+  fs::create_directory(staging);
+  try {
+    write_all(staging);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(staging, ignored);
+    throw;
+  }
+  for (const char* name : kOutputs) fs::remove(out / name);
+  for (const auto& entry : fs::directory_iterator(staging)) fs::rename(entry.path(), out / entry.path().filename());
+  fs::remove(staging);
+  data::fsync_directory(out);
+}
 
 // GPT-2's encoder.json + vocab.bpe: $TESSERA_GPT2_DIR, ./.deps/gpt2, or .deps/gpt2 next to
 // the build folder of this program (where scripts/setup.sh puts them).
@@ -56,7 +84,12 @@ std::unique_ptr<data::Tokenizer> make_tokenizer(const PrepareArgs& a, std::strin
   if (a.tokenizer == "bpe") {
     TESSERA_CHECK(a.vocab >= 256, "tessera prepare: --vocab must be at least 256 for bpe, got ",
                   a.vocab);
-    return std::make_unique<data::BpeTokenizer>(data::BpeTokenizer::train(train_text, a.vocab));
+    auto tok = std::make_unique<data::BpeTokenizer>(data::BpeTokenizer::train(train_text, a.vocab));
+    if (tok->vocab_size() < a.vocab)
+      std::cerr << "tessera prepare: warning: BPE training found only " << tok->vocab_size() - 256
+                << " merges (no other pair repeats in the training text), so the vocabulary has "
+                << tok->vocab_size() << " entries, not the " << a.vocab << " asked for with --vocab\n";
+    return tok;
   }
   if (a.tokenizer == "gpt2") return gpt2_tokenizer();
   TESSERA_CHECK(fs::exists(a.tokenizer), "tessera prepare: --tokenizer '", a.tokenizer,
@@ -93,10 +126,11 @@ void prepare(const PrepareArgs& a) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
 
   const fs::path out(a.out);
-  fs::create_directories(out);
-  tok->save_files(out);  // tokenizer.json (+ vocab.json, merges.txt, tokenizer_config.json)
-  data::write_token_file(out / "train.bin", train_ids, tok->vocab_size());
-  if (!val_ids.empty()) data::write_token_file(out / "val.bin", val_ids, tok->vocab_size());
+  write_outputs_as_one_set(out, [&](const fs::path& folder) {
+    tok->save_files(folder);  // tokenizer.json (+ vocab.json, merges.txt, tokenizer_config.json)
+    data::write_token_file(folder / "train.bin", train_ids, tok->vocab_size());
+    if (!val_ids.empty()) data::write_token_file(folder / "val.bin", val_ids, tok->vocab_size());
+  });
   std::cout << nlohmann::json{{"tokenizer", tok->type()},
                               {"vocab_size", tok->vocab_size()},
                               {"bytes", text.size()},

@@ -374,6 +374,7 @@ void run_training(const TrainConfig& cfg) {
   }
   model->save_pretrained(model_dir.string());
   for (const auto& [name, contents] : extra_files) data::write_file_atomically(model_dir / name, contents);
+  data::write_folder_checksums(model_dir);  // verified by every load, as a checkpoint's are
   write_loss_curve_png((out / "loss.png").string(), read_curves(metrics_path));
   std::cout << "done: " << step << " steps; model in " << model_dir.string() << ", metrics in "
             << metrics_path.string() << ", loss curve in " << (out / "loss.png").string() << "\n";

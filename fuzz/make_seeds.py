@@ -1,0 +1,52 @@
+"""Hand-made seeds for the fuzz targets: each format's edge cases (every dtype, empty and
+zero-sized tensors, metadata, both token-file versions, JSON and YAML configs)."""
+import json
+import os
+import struct
+import sys
+
+corpus = sys.argv[1]
+
+
+def put(reader, name, data):
+    with open(os.path.join(corpus, reader, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def safetensors(tensors, metadata=None):
+    header, body = {}, b""
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(body), len(body) + len(data)]}
+        body += data
+    if metadata:
+        header["__metadata__"] = metadata
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + body
+
+
+put("safetensors", "dtypes.safetensors", safetensors({
+    "f32": ("F32", [2, 3], struct.pack("<6f", 1, -2, 3.5, 0, 1e-3, 7)),
+    "f16": ("F16", [3], bytes(range(6))),
+    "bf16": ("BF16", [1, 2], bytes(range(4))),
+    "f64": ("F64", [1], struct.pack("<d", 2.5)),
+    "i32": ("I32", [2], struct.pack("<2i", -1, 5)),
+    "i64": ("I64", [1, 1], struct.pack("<q", 1 << 40)),
+    "u8": ("U8", [3], b"abc"),
+    "bool": ("BOOL", [2], b"\x00\x01"),
+}, {"format": "pt"}))
+put("safetensors", "empty.safetensors", safetensors({}))
+put("safetensors", "zero_sized.safetensors", safetensors({"z": ("F32", [0, 4], b""), "s": ("F32", [], b"\0\0\x80?")}))
+
+def token_file(version, tokens):
+    fmt = "<%dH" if version == 1 else "<%dI"
+    return struct.pack("<256i", 20240520, version, len(tokens), *([0] * 253)) + struct.pack(fmt % len(tokens), *tokens)
+
+put("token_file", "v2.bin", token_file(2, [0, 70000, 5, 123456, 65535]))
+put("token_file", "empty.bin", token_file(1, []))
+
+config = {"data": "train.bin", "n_layer": 2, "n_head": 2, "n_embd": 32, "batch": 4, "seq": 16,
+          "steps": 10, "lr": 3e-4, "schedule": "cosine", "shuffle": True, "device": "cpu",
+          "dtype": "bf16", "eval_every": 5, "out": "runs/x"}
+put("train_config", "config.json", json.dumps(config))
+put("train_config", "config.yaml", "".join("%s: %s\n" % (k, json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v) for k, v in config.items()) + "# comment\n\nn-head: 4\n")

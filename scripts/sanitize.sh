@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Builds the CPU library, the `tessera` program and the test suites with AddressSanitizer
+# and UndefinedBehaviorSanitizer (any finding fails the test that hit it) in their own build
+# folder, and runs the suite there. `.ci/run` calls it after the normal build and tests.
+#   SANITIZE_BUILD_DIR  build folder (default build-asan)
+#   JOBS                parallel compile jobs and tests (default: all cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${SANITIZE_BUILD_DIR:-build-asan}
+JOBS=${JOBS:-$(nproc)}
+start=$(date +%s)
+
+sanitize="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+launcher=()
+if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+# RelWithDebInfo: optimised enough that the training tests finish, line numbers in reports.
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_CUDA=OFF \
+  -DTESSERA_BUILD_BENCHMARKS=OFF "${launcher[@]}" \
+  -DCMAKE_CXX_FLAGS="$sanitize" -DCMAKE_C_FLAGS="$sanitize" \
+  -DCMAKE_EXE_LINKER_FLAGS="$sanitize" -DCMAKE_SHARED_LINKER_FLAGS="$sanitize" >/dev/null
+cmake --build "$BUILD_DIR" -j "$JOBS"
+built=$(date +%s)
+
+# Every sanitized process (tests, the `tessera` program they run, ranks under launch/mpirun)
+# reads these. Leaks are reported, except Open MPI's own (see the suppressions file).
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=0"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export LSAN_OPTIONS="suppressions=$PWD/scripts/sanitize.supp:print_suppressions=0"
+
+# Tests excluded under the sanitizers, each with the reason (none are skipped elsewhere):
+excluded=(
+)
+# Tests whose processes start Open MPI: its components are shared objects it unloads in
+# MPI_Finalize, so their leaks can be matched to Open MPI's libraries (the suppressions) only
+# through the full stack of each allocation: the slow unwinder, for these tests alone.
+mpi_tests="Mpi|Mpirun"
+exclude_regex=$(IFS='|'; echo "${excluded[*]:-^$}")
+cd "$BUILD_DIR"
+status=0
+ctest --output-on-failure -j "$JOBS" --timeout 1500 -E "$exclude_regex|$mpi_tests" || status=$?
+ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
+  ctest --output-on-failure -j "$JOBS" --timeout 1500 -E "$exclude_regex" -R "$mpi_tests" || status=$?
+end=$(date +%s)
+echo "sanitize.sh: build $((built - start)) s, tests $((end - built)) s, total $((end - start)) s"
+exit $status
