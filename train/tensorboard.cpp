@@ -132,6 +132,18 @@ void TensorBoardWriter::add_text(const std::string& tag, const std::string& text
   write_event(event(wall_time, step, summary));
 }
 
+void TensorBoardWriter::add_metrics_row(const nlohmann::json& row) {
+  TESSERA_CHECK(row.is_object() && row.contains("step") && row["step"].is_number_integer(),
+                "TensorBoardWriter: metrics row ", row.dump().substr(0, 120),
+                " has no integer \"step\"");
+  const int64_t step = row["step"].get<int64_t>();
+  const double wall_time =
+      row.contains("time") && row["time"].is_number() ? row["time"].get<double>() : unix_time_now();
+  for (const auto& [key, value] : row.items())
+    if (key != "step" && key != "time" && value.is_number())
+      add_scalar(key, value.get<double>(), step, wall_time);
+}
+
 void TensorBoardWriter::write_event(const std::string& data) {
   // TFRecord: uint64 length, masked CRC-32C of the length, data, masked CRC-32C of the data.
   std::string length(8, '\0');

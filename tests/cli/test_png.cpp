@@ -112,6 +112,7 @@ TEST(Png, TenThousandStepCurveIsSmallAndDecodesExactly) {
   const tessera::train::LossPlot plot = tessera::train::render_loss_curve(curves);
   const std::string png = tessera::train::encode_png(plot.width, plot.height, plot.rgb);
   EXPECT_LT(png.size(), 50000u) << "zlib-compressed loss.png";
+  std::printf("loss.png of a 10,000-step run: %zu bytes\n", png.size());
   const auto path = temp_dir() / "loss_10000.png";
   tessera::data::write_file_atomically(path, png);
   EXPECT_EQ(python_decode(path), std::to_string(plot.width) + " " + std::to_string(plot.height) + " " + hex(plot.rgb) + "\n");

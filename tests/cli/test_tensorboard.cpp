@@ -4,10 +4,14 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "core/error.h"
 #include "tests/nn/python_reference.h"
 #include "train/tensorboard.h"
 
@@ -82,5 +86,54 @@ TEST(TensorBoard, EventAccumulatorReadsEveryScalarAndText) {
   }
   ASSERT_EQ(read["texts"]["run/settings"].size(), 1u);
   EXPECT_EQ(read["texts"]["run/settings"][0][1], settings);
+  fs::remove_all(dir);
+}
+
+// A real run's metrics.jsonl through add_metrics_row: TensorBoard's reader sees every
+// number of every row, at the row's step and time (values as float32, as TensorBoard keeps them).
+TEST(TensorBoard, ReadsEveryScalarOfARealMetricsFile) {
+  if (!tessera::test::python_can_import("tensorboard")) GTEST_SKIP() << "no tensorboard package";
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessera_test_tb_run_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  { std::ofstream(dir / "corpus.txt") << std::string(20000, 'a') + "The cat sat on the mat.\n"; }
+  const std::string tessera = (fs::path(TESSERA_BINARY_DIR) / "tessera").string();
+  const std::string cmd =
+      "OMP_NUM_THREADS=2 " + tessera + " prepare --input '" + (dir / "corpus.txt").string() +
+      "' --out '" + (dir / "data").string() + "' >/dev/null 2>&1 && OMP_NUM_THREADS=2 " + tessera +
+      " train --data '" + (dir / "data" / "train.bin").string() +
+      "' --n-layer 1 --n-head 2 --n-embd 16 --seq 16 --batch 2 --steps 12 --eval-every 4 --out '" +
+      (dir / "run").string() + "' >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::vector<nlohmann::json> rows;
+  {
+    std::ifstream in(dir / "run" / "metrics.jsonl");
+    TensorBoardWriter writer(dir / "tb");
+    for (std::string line; std::getline(in, line);) {
+      rows.push_back(nlohmann::json::parse(line));
+      writer.add_metrics_row(rows.back());
+    }
+  }
+  ASSERT_GE(rows.size(), 12u);
+  const nlohmann::json read = read_with_tensorboard(dir / "tb");
+  ASSERT_TRUE(read.is_object());
+  std::map<std::string, size_t> seen;
+  for (const auto& row : rows) {
+    for (const auto& [key, value] : row.items()) {
+      if (key == "step" || key == "time" || !value.is_number()) continue;
+      const size_t i = seen[key]++;
+      ASSERT_LT(i, read["scalars"][key].size()) << key;
+      const auto& got = read["scalars"][key][i];
+      EXPECT_EQ(got[0].get<int64_t>(), row["step"].get<int64_t>()) << key;
+      EXPECT_EQ(got[1].get<float>(), static_cast<float>(value.get<double>())) << key;
+      EXPECT_DOUBLE_EQ(got[2].get<double>(), row["time"].get<double>()) << key;
+    }
+  }
+  for (const char* key : {"loss", "lr", "grad_norm", "tokens_per_s", "val_loss"}) {
+    EXPECT_GT(seen[key], 0u) << key;
+    EXPECT_EQ(read["scalars"][key].size(), seen[key]) << key;
+  }
+  EXPECT_THROW(TensorBoardWriter(dir / "tb2").add_metrics_row({{"loss", 1.0}}), tessera::Error);
   fs::remove_all(dir);
 }
