@@ -57,6 +57,12 @@ constexpr FlagSpec kValueFlags[] = {
     {"--keep-last", "keep_last", FlagType::Int,
      "checkpoints to keep, besides the best one (default 3)"},
     {"--out", "out", FlagType::Text, "run directory (default runs/train)"},
+    {"--dropout", "dropout", FlagType::Real,
+     "embedding, attention and residual dropout probability (nanoGPT's; default 0)"},
+    {"--sampling", "sampling", FlagType::Text,
+     "windows (sequential or --shuffle) | random (a random offset per row, nanoGPT's get_batch)"},
+    {"--report-to", "report_to", FlagType::Text,
+     "comma-separated trackers: jsonl, tensorboard, none (default jsonl)"},
 };
 
 // Typed storage for the flags, so CLI11 parses and documents numbers as numbers.
@@ -109,6 +115,8 @@ const RegisterCommand reg(
       auto* sequential = sub.add_flag("--sequential")
                              ->description("read the training data in order (the default)");
       shuffle->excludes(sequential);
+      auto* checkpointing = sub.add_flag("--gradient-checkpointing")
+                                ->description("recompute each block's activations in backward");
       auto* resume_opt =
           sub.add_option("--resume", *resume,
                          "continue a run: a checkpoint-N folder, a run folder (its newest valid "
@@ -126,6 +134,7 @@ const RegisterCommand reg(
             flags[kValueFlags[i].key] = flag_value(*values, kValueFlags[i]);
         if (shuffle->count() > 0) flags["shuffle"] = true;
         if (sequential->count() > 0) flags["shuffle"] = false;
+        if (checkpointing->count() > 0) flags["gradient_checkpointing"] = true;
         if (resume_opt->count() > 0)
           flags["resume"] = resume->empty() ? std::string("latest") : *resume;
         // A job restarted after a failure (`tessera launch --max-restarts`, torchrun) resumes

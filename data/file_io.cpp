@@ -4,12 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
+#include <zlib.h>
 
 #include "core/error.h"
 
@@ -63,33 +63,27 @@ void write_file_atomically(const std::filesystem::path& path, std::span<const st
   fsync_directory(parent);
 }
 
-namespace {
-std::array<uint32_t, 256> make_crc_table() {
-  std::array<uint32_t, 256> table{};
-  for (uint32_t n = 0; n < 256; ++n) {
-    uint32_t c = n;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    table[n] = c;
-  }
-  return table;
-}
-}  // namespace
-
+// zlib's implementations: its CRC-32 processes several bytes per step and measured six
+// times faster than the byte-at-a-time table loop used before (2.18 GB/s against 358 MB/s
+// on 16 MiB, benchmarks/bench_checksum.cpp).
 uint32_t crc32(std::span<const std::byte> bytes, uint32_t previous) {
-  static const std::array<uint32_t, 256> table = make_crc_table();
-  uint32_t c = previous ^ 0xFFFFFFFFu;
-  for (std::byte b : bytes) c = table[(c ^ static_cast<uint32_t>(b)) & 0xFF] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
+  uLong crc = previous;
+  for (size_t pos = 0; pos < bytes.size();) {  // zlib takes uInt lengths: feed 1 GiB at a time
+    const size_t n = std::min<size_t>(bytes.size() - pos, size_t{1} << 30);
+    crc = ::crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + pos), static_cast<uInt>(n));
+    pos += n;
+  }
+  return static_cast<uint32_t>(crc);
 }
 
 uint32_t adler32(std::span<const std::byte> bytes, uint32_t previous) {
-  constexpr uint32_t kMod = 65521;
-  uint32_t a = previous & 0xFFFF, b = previous >> 16;
-  for (std::byte x : bytes) {
-    a = (a + static_cast<uint32_t>(x)) % kMod;
-    b = (b + a) % kMod;
+  uLong sum = previous;
+  for (size_t pos = 0; pos < bytes.size();) {
+    const size_t n = std::min<size_t>(bytes.size() - pos, size_t{1} << 30);
+    sum = ::adler32(sum, reinterpret_cast<const Bytef*>(bytes.data() + pos), static_cast<uInt>(n));
+    pos += n;
   }
-  return (b << 16) | a;
+  return static_cast<uint32_t>(sum);
 }
 
 namespace {

@@ -1,6 +1,6 @@
 // Small file helpers shared by data/ and the CLI: whole-file reads, atomic
 // writes (temporary file, fsync, rename, so a crash leaves the old file or the
-// new one, never a mix), CRC-32 / Adler-32 checksums and checksummed folders.
+// new one, never a mix), CRC-32 / Adler-32 checksums (zlib's) and checksummed folders.
 #pragma once
 #include <cstddef>
 #include <cstdint>

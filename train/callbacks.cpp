@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "data/file_io.h"
 #include "train/plot.h"
+#include "train/tensorboard.h"
 
 namespace tessera::train {
 
@@ -179,9 +180,28 @@ class JsonlTracker : public Tracker {
   std::ofstream out_;
 };
 
+// TensorBoard event files in output_dir/tensorboard: every number of a record as a scalar
+// at its step and time; the settings as text at the first step. A resumed run writes a new
+// event file beside the old ones (TensorBoard reads a folder's files as one run).
+class TensorBoardTracker : public Tracker {
+ public:
+  explicit TensorBoardTracker(const TrackerContext& c) : writer_(c.output_dir / "tensorboard") {
+    writer_.add_text("settings", "```\n" + c.settings.dump(2) + "\n```", c.first_step);
+  }
+  void log(const Json& record) override {
+    writer_.add_metrics_row(record);
+    writer_.flush();
+  }
+
+ private:
+  TensorBoardWriter writer_;
+};
+
 std::map<std::string, TrackerFactory>& tracker_factories() {
   static std::map<std::string, TrackerFactory> all = {
-      {"jsonl", [](const TrackerContext& c) { return std::make_unique<JsonlTracker>(c); }}};
+      {"jsonl", [](const TrackerContext& c) { return std::make_unique<JsonlTracker>(c); }},
+      {"tensorboard",
+       [](const TrackerContext& c) { return std::make_unique<TensorBoardTracker>(c); }}};
   return all;
 }
 
@@ -199,19 +219,22 @@ void TrackerCallback::on_train_begin(const TrainingArguments& args, TrainerState
     auto it = tracker_factories().find(name);
     TESSERA_CHECK(it != tracker_factories().end(), args.describe("report_to"), ": tracker \"", name,
                   "\" is not available in this build");
-    trackers_.push_back(it->second({fs::path(args.output_dir), state.global_step}));
+    trackers_.push_back(it->second({fs::path(args.output_dir), state.global_step, args.to_json()}));
   }
 }
 
 void TrackerCallback::on_log(const TrainingArguments&, TrainerState&, TrainerControl&,
                              const Json& logs) {
-  for (auto& t : trackers_) t->log(logs);
+  Json record = logs;
+  record["time"] = unix_time_now();
+  for (auto& t : trackers_) t->log(record);
 }
 
 void TrackerCallback::on_evaluate(const TrainingArguments&, TrainerState& state, TrainerControl&,
                                   const Metrics& metrics) {
   Json record = {{"step", state.global_step}};
   for (const auto& [k, v] : metrics) record[k] = v;
+  record["time"] = unix_time_now();
   for (auto& t : trackers_) t->log(record);
 }
 

@@ -126,10 +126,10 @@ bool metric_improves(const TrainingArguments& args, double value, const std::opt
 
 // ---- trackers (report_to) ----
 // A tracker receives every log line and evaluation as one JSON object with a "step".
-// "jsonl" (metrics.jsonl in output_dir) is built in; others plug in by name:
-//   register_tracker("tensorboard", [](const TrackerContext& c) {
-//     return std::make_unique<MyTensorBoardTracker>(c.output_dir / "tensorboard");
-//   });
+// Every record carries "time" (wall clock, seconds since the Unix epoch). Built in:
+// "jsonl" (output_dir/metrics.jsonl) and "tensorboard" (event files in output_dir/tensorboard,
+// the run's settings as text); others plug in by name:
+//   register_tracker("mine", [](const TrackerContext& c) { return std::make_unique<Mine>(c); });
 class Tracker {
  public:
   virtual ~Tracker() = default;
@@ -139,6 +139,7 @@ class Tracker {
 struct TrackerContext {
   std::filesystem::path output_dir;
   int64_t first_step = 0;  // > 0 when resuming: records after it are replaced
+  nlohmann::json settings;  // the run's TrainingArguments
 };
 using TrackerFactory = std::function<std::unique_ptr<Tracker>(const TrackerContext&)>;
 void register_tracker(const std::string& name, TrackerFactory factory);

@@ -1,6 +1,5 @@
-// A loss-curve picture without a plotting library: a tiny PNG encoder (stored, i.e.
-// uncompressed, deflate blocks inside the zlib stream, so no zlib is needed) and a
-// line plot of train and validation loss.
+// A loss-curve picture without a plotting library: a small PNG encoder (zlib-compressed
+// scanlines) and a line plot of train and validation loss.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -17,14 +17,30 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
+void MovingAverage::add(double x) {
+  sum_ = beta_ * sum_ + (1 - beta_) * x;
+  weight_ = beta_ * weight_ + (1 - beta_);
+  ++count_;
+}
+
+double MovingAverage::value() const { return count_ == 0 ? NAN : sum_ / weight_; }
+
 Progress::Progress(int64_t total_steps, int64_t first_step, std::FILE* out)
     : total_(total_steps), first_(first_step), out_(out), live_(::isatty(::fileno(out)) != 0),
-      print_every_(std::max<int64_t>(1, total_steps / 100)), start_(std::chrono::steady_clock::now()) {}
+      print_every_(std::max<int64_t>(1, total_steps / 100)), last_update_(std::chrono::steady_clock::now()),
+      last_step_(first_step) {}
 
 void Progress::update(int64_t step, double loss, double tokens_per_s, double lr) {
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  const double done = static_cast<double>(step - first_);
-  const double eta = done > 0 ? elapsed / done * static_cast<double>(total_ - step) : NAN;
+  const auto now = std::chrono::steady_clock::now();
+  if (step > last_step_) {  // seconds per step, smoothed, make the ETA
+    seconds_per_step_.add(std::chrono::duration<double>(now - last_update_).count() /
+                          static_cast<double>(step - last_step_));
+  }
+  last_update_ = now;
+  last_step_ = step;
+  if (std::isfinite(tokens_per_s) && tokens_per_s > 0) tokens_per_s_.add(tokens_per_s);
+  if (!tokens_per_s_.empty()) tokens_per_s = tokens_per_s_.value();
+  const double eta = seconds_per_step_.value() * static_cast<double>(total_ - step);
   if (live_) {
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(kWidth * static_cast<double>(step) / std::max<int64_t>(1, total_));

@@ -8,6 +8,23 @@
 
 namespace tessera::train {
 
+// Exponential moving average with bias correction (as Adam's moments): the first values
+// are not pulled toward zero, and one slow or fast step moves the average by 1 - beta.
+class MovingAverage {
+ public:
+  explicit MovingAverage(double beta = 0.9) : beta_(beta) {}
+  void add(double x);
+  double value() const;  // NaN before the first add
+  bool empty() const { return count_ == 0; }
+
+ private:
+  double beta_, sum_ = 0, weight_ = 0;
+  int64_t count_ = 0;
+};
+
+// Shows a smoothed tokens/s (the measured value of each step, averaged) and an ETA from the
+// smoothed time per step, so one slow step (an evaluation, a checkpoint) or one fast one
+// does not make the line jump.
 class Progress {
  public:
   // `first_step` is where a resumed run starts counting (ETA uses only this run's pace).
@@ -23,7 +40,9 @@ class Progress {
   bool live_;
   bool bar_drawn_ = false;
   int64_t print_every_;
-  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point last_update_;
+  MovingAverage tokens_per_s_, seconds_per_step_;
+  int64_t last_step_;
 };
 
 std::string format_duration(double seconds);  // "1h02m", "3m05s", "12s"

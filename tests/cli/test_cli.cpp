@@ -18,6 +18,8 @@
 #include "data/token_file.h"
 #include "optim/optimizer.h"
 #include "tests/cli/cli_harness.h"
+#include "data/tokenizer.h"
+#include "tests/nn/python_reference.h"
 
 namespace fs = std::filesystem;
 using namespace tessera_cli_test;
@@ -605,4 +607,71 @@ TEST(Cli, EvalDtypeScoresTheWeightsInThatDtype) {
   r = run("eval --model " + (out / "model").string() + " --data " + (data / "val.bin").string() + " --dtype f64");
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.output.find("--dtype"), std::string::npos) << r.output;
+}
+
+// GPT-2's tokenizer through the program: prepare with --tokenizer gpt2 and with the
+// tokenizer.json it wrote (same token file), train, and a model folder that is a complete
+// Hugging Face model: AutoTokenizer loads it and encodes as Tessera does; sample decodes.
+TEST(Cli, Gpt2TokenizerPreparesTrainsAndSamples) {
+  const char* env = std::getenv("TESSERA_GPT2_DIR");
+  const fs::path gpt2 =
+      env && *env ? fs::path(env) : fs::path(TESSERA_SOURCE_DIR) / ".deps" / "gpt2";
+  if (!fs::exists(gpt2 / "encoder.json"))
+    GTEST_SKIP() << "GPT-2's files not in " << gpt2 << " (scripts/setup.sh)";
+  const fs::path corpus = scratch() / "gpt2_corpus.txt";
+  std::ofstream(corpus) << generated_corpus(2000) << "Ünïcödé 日本語 don't 😀 12345\n";
+  const fs::path d1 = scratch() / "gpt2_data", d2 = scratch() / "gpt2_data_from_json";
+  auto r = run("prepare --tokenizer gpt2 --input " + corpus.string() + " --out " + d1.string());
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.output)["vocab_size"], 50257);
+  for (const char* f : {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
+                        "train.bin", "val.bin"})
+    EXPECT_TRUE(fs::exists(d1 / f)) << f;
+  r = run("prepare --tokenizer " + (d1 / "tokenizer.json").string() + " --input " +
+          corpus.string() + " --out " + d2.string());
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_TRUE(slurp(d1 / "train.bin") == slurp(d2 / "train.bin"));
+  const auto tok =
+      tessera::data::BpeTokenizer::from_gpt2_files(gpt2 / "encoder.json", gpt2 / "vocab.bpe");
+  const std::string train_bin = slurp(d1 / "train.bin");
+  ASSERT_GT(train_bin.size(), 1024u);
+  EXPECT_EQ(train_bin[4], 1) << "50,257 ids fit llm.c's uint16 version 1";
+  const std::vector<uint32_t> ids = tok.encode(generated_corpus(2000).substr(0, 400));
+  for (size_t i = 0; i < 50; ++i)
+    EXPECT_EQ(static_cast<unsigned char>(train_bin[1024 + 2 * i]) |
+                  static_cast<unsigned char>(train_bin[1025 + 2 * i]) << 8,
+              ids[i]);
+
+  const fs::path out = scratch() / "gpt2_run";
+  r = run("train --data " + (d1 / "train.bin").string() + kTinyModel + "--steps 2 --out " +
+          out.string());
+  ASSERT_EQ(r.rc, 0) << r.output;
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "vocab.json",
+                        "merges.txt", "tokenizer_config.json"})
+    EXPECT_TRUE(fs::exists(out / "model" / f)) << f;
+  for (const auto& row : read_metrics(out)) {
+    ASSERT_TRUE(row.contains("time")) << row.dump();
+    EXPECT_GT(row["time"].get<double>(), 1.7e9) << "a Unix time";
+  }
+  r = run("sample --model " + (out / "model").string() +
+          " --prompt 'The cat' --max-new-tokens 4 --temperature 0");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("The cat", 0), 0u) << r.output;
+
+  if (!tessera::test::python_can_import("transformers"))
+    GTEST_SKIP() << "no transformers for the model-folder check";
+  const std::string text = "The cat sees the moon. Ünïcödé 😀 42  spaces";  // no quote: it goes in a shell argument
+  const std::string cmd =
+      tessera::test::python_interpreter() +
+      " -c \"import json,sys; from transformers import AutoTokenizer; t = "
+      "AutoTokenizer.from_pretrained('" +
+      (out / "model").string() +
+      "'); print(json.dumps(t(sys.argv[1], add_special_tokens=False)['input_ids']))\" '" + text +
+      "' 2>/dev/null";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string printed;
+  char buf[4096];
+  while (pipe && fgets(buf, sizeof(buf), pipe)) printed += buf;
+  ASSERT_TRUE(pipe && pclose(pipe) == 0) << cmd;
+  EXPECT_EQ(nlohmann::json::parse(printed).get<std::vector<uint32_t>>(), tok.encode(text));
 }

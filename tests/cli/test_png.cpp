@@ -78,7 +78,7 @@ const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new TempCleanup
 
 TEST(Png, DecodesToTheSamePixels) {
   std::mt19937 rng(1);
-  // 1x1, odd sizes, and one image larger than a 65535-byte stored block.
+  // 1x1, odd sizes, and one image larger than a 65535-byte deflate block.
   for (auto [w, h] : std::vector<std::pair<int, int>>{{1, 1}, {7, 33}, {257, 100}}) {
     std::vector<uint8_t> rgb(static_cast<size_t>(w) * h * 3);
     for (auto& v : rgb) v = static_cast<uint8_t>(rng());
@@ -100,6 +100,22 @@ TEST(Png, LossCurveIsAValidImageWithBothSeries) {
   // Both colours appear: train blue (1f77b4) and validation orange (ff7f0e).
   EXPECT_NE(decoded.find("1f77b4"), std::string::npos);
   EXPECT_NE(decoded.find("ff7f0e"), std::string::npos);
+}
+
+TEST(Png, TenThousandStepCurveIsSmallAndDecodesExactly) {
+  // A noisy 10,000-step run with an evaluation every 100 steps, at the default 800x480.
+  std::mt19937 rng(3);
+  std::normal_distribution<double> noise(0.0, 0.05);
+  tessera::train::LossCurves curves;
+  for (int s = 1; s <= 10000; ++s) curves.train.emplace_back(s, 4.0 * std::exp(-s / 2500.0) + 1.5 + noise(rng));
+  for (int s = 100; s <= 10000; s += 100) curves.val.emplace_back(s, 4.0 * std::exp(-s / 2500.0) + 1.6);
+  const tessera::train::LossPlot plot = tessera::train::render_loss_curve(curves);
+  const std::string png = tessera::train::encode_png(plot.width, plot.height, plot.rgb);
+  EXPECT_LT(png.size(), 50000u) << "zlib-compressed loss.png";
+  std::printf("loss.png of a 10,000-step run: %zu bytes\n", png.size());
+  const auto path = temp_dir() / "loss_10000.png";
+  tessera::data::write_file_atomically(path, png);
+  EXPECT_EQ(python_decode(path), std::to_string(plot.width) + " " + std::to_string(plot.height) + " " + hex(plot.rgb) + "\n");
 }
 
 // --- Text on the loss plot: tick labels, axis titles and legend. ---
