@@ -1,4 +1,5 @@
 // `tessera eval`: mean loss of a model directory on a token file, as one JSON line.
+#include <cmath>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -10,21 +11,37 @@ namespace tessera::cli {
 namespace {
 
 struct EvalArgs {
-  std::string model, data, device = "cpu";
+  std::string model, data, device = "cpu", dtype = "fp32";
   int64_t batch = 8, seq = 0, batches = 0;
+  // --seq and --batches have defaults computed from the model and the file; a value
+  // given by the user must be valid (0 or -2 is an error, not "use the default").
+  bool seq_given = false, batches_given = false;
 };
 
+void check_numbers(const EvalArgs& a) {
+  TESSERA_CHECK(a.batch > 0, "tessera eval: --batch must be positive, got ", a.batch);
+  TESSERA_CHECK(!a.seq_given || a.seq > 0, "tessera eval: --seq must be positive, got ", a.seq);
+  TESSERA_CHECK(!a.batches_given || a.batches > 0, "tessera eval: --batches must be positive, got ", a.batches);
+}
+
 void run_eval(const EvalArgs& a) {
+  check_numbers(a);
   const Device device = Device::parse(a.device);
   auto model = train::load_model(a.model, device);
+  // Scored with the weights (and so the arithmetic) in the dtype asked for: fp32 is the
+  // stored model, bf16/fp16 what a forward with low-precision parameters computes.
+  model->to(dtype_from_name(a.dtype));
   const data::TokenFile file(a.data);
   TESSERA_CHECK(file.max_token() < model->config().vocab_size, "tessera eval: '", a.data, "' holds token ",
                 file.max_token(), " but the model's vocab_size is ", model->config().vocab_size);
-  const int64_t seq = a.seq > 0 ? a.seq : std::min<int64_t>(model->config().block_size, 256);
-  TESSERA_CHECK(a.batch > 0, "tessera eval: --batch must be positive, got ", a.batch);
+  const int64_t seq = a.seq_given ? a.seq : std::min<int64_t>(model->config().block_size, 256);
   // Default: one pass over the file (at least one micro-batch).
-  const int64_t batches = a.batches > 0 ? a.batches : std::max<int64_t>(1, (file.size() - 1) / (a.batch * seq));
+  const int64_t batches = a.batches_given ? a.batches : std::max<int64_t>(1, (file.size() - 1) / (a.batch * seq));
   const train::EvalResult r = train::evaluate_loss(*model, file, a.batch, seq, batches, device);
+  // NaN would print as null with exit status 0: a damaged or diverged model is an error.
+  TESSERA_CHECK(std::isfinite(r.loss), "tessera eval: the mean loss over ", r.tokens, " tokens of '", a.data,
+                "' is ", r.loss, " (not finite): the model in '", a.model,
+                "' gives non-finite logits (damaged or diverged weights)");
   std::cout << nlohmann::json{{"loss", r.loss}, {"tokens", r.tokens}}.dump() << "\n";
 }
 
@@ -33,10 +50,17 @@ const RegisterCommand reg("eval", "Print a model's mean loss on a token file as 
   sub.add_option("--model", args->model, "model directory (config.json + model.safetensors)")->required();
   sub.add_option("--data", args->data, "token file to score")->required();
   sub.add_option("--batch", args->batch, "rows per micro-batch (default 8)");
-  sub.add_option("--seq", args->seq, "tokens per row (default: min(context, 256))");
-  sub.add_option("--batches", args->batches, "micro-batches to score (default: one pass over the file)");
+  CLI::Option* seq = sub.add_option("--seq", args->seq, "tokens per row (default: min(context, 256))");
+  CLI::Option* batches =
+      sub.add_option("--batches", args->batches, "micro-batches to score (default: one pass over the file)");
   sub.add_option("--device", args->device, "cpu|cuda|cuda:N (default cpu)");
-  sub.callback([args] { run_eval(*args); });
+  sub.add_option("--dtype", args->dtype, "weights and compute dtype (default fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  sub.callback([args, seq, batches] {
+    args->seq_given = seq->count() > 0;
+    args->batches_given = batches->count() > 0;
+    run_eval(*args);
+  });
 });
 
 }  // namespace

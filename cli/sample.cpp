@@ -1,6 +1,8 @@
 // `tessera sample`: continue a prompt with a trained model (KV-cached decoding).
+#include <cmath>
 #include <iostream>
 
+#include "autograd/autograd.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/random.h"
@@ -15,7 +17,29 @@ struct SampleArgs {
   double temperature = 1.0;
 };
 
+// Recomputes, in one pass over the last context window, the logits the sampled tokens
+// were drawn from. Non-finite logits make meaningless text (a NaN row samples one fixed
+// token), so they are an error naming where they appeared, never printed output.
+void check_logits_finite(nn::GPT& model, const std::vector<int64_t>& tokens, Device device,
+                         const std::string& model_dir) {
+  autograd::NoGradGuard no_grad;
+  const int64_t length = static_cast<int64_t>(tokens.size());
+  const int64_t window = std::min(length, model.config().block_size);
+  const std::vector<int64_t> last(tokens.end() - window, tokens.end());
+  const Tensor logits = model.forward(from_vector(last, {1, window}, {.dtype = DType::i64, .device = device}));
+  const std::vector<float> values = logits.to(Device::cpu(), DType::f32).contiguous().to_vector<float>();
+  const int64_t vocab = model.config().vocab_size;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (std::isfinite(values[i])) continue;
+    const int64_t position = length - window + static_cast<int64_t>(i) / vocab;
+    TESSERA_FAIL("tessera sample: the model's logits are not finite (", values[i], " at position ", position,
+                 ", token id ", static_cast<int64_t>(i) % vocab, "): the model in '", model_dir,
+                 "' has damaged or diverged weights");
+  }
+}
+
 void run_sample(const SampleArgs& a) {
+  TESSERA_CHECK(a.num_samples >= 1, "tessera sample: --num-samples must be at least 1, got ", a.num_samples);
   TESSERA_CHECK(a.max_new_tokens >= 0, "tessera sample: --max-new-tokens must not be negative, got ", a.max_new_tokens);
   TESSERA_CHECK(a.temperature >= 0, "tessera sample: --temperature must not be negative, got ", a.temperature);
   TESSERA_CHECK(a.top_k >= 0, "tessera sample: --top-k must not be negative, got ", a.top_k);
@@ -36,6 +60,7 @@ void run_sample(const SampleArgs& a) {
     const Tensor out = model->generate(from_vector(prompt, {1, static_cast<int64_t>(prompt.size())}, {.dtype = DType::i64}),
                                        a.max_new_tokens, {.temperature = a.temperature, .top_k = a.top_k, .gen = &gen});
     const std::vector<int64_t> all = out.to_vector<int64_t>();
+    check_logits_finite(*model, all, device, a.model);
     std::cout << tokenizer->decode(std::vector<uint32_t>(all.begin(), all.end()));
     if (a.num_samples > 1) std::cout << "\n---";
     std::cout << "\n";

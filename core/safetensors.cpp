@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -103,13 +104,28 @@ EntryInfo parse_entry(const std::string& path, const std::string& name, const nl
   EntryInfo e;
   e.name = name;
   e.dtype = safetensors_dtype_from_name(j["dtype"].get<std::string>(), where());
-  uint64_t numel = 1;
   for (const auto& d : j["shape"]) {
     TESSERA_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
                   where(), ": shape entries must be non-negative integers, got ", j["shape"].dump());
-    e.shape.push_back(d.get<int64_t>());
-    numel *= d.get<uint64_t>();
+    const uint64_t size = d.get<uint64_t>();
+    TESSERA_CHECK(size <= static_cast<uint64_t>(INT64_MAX), where(), ": shape ", j["shape"].dump(), ": size ",
+                  size, " overflows int64");
+    e.shape.push_back(static_cast<int64_t>(size));
   }
+  // Checked products: a shape whose count or byte size wraps around 64 bits would
+  // otherwise pass as a small (even 0-byte) tensor.
+  uint64_t numel = 1;
+  const bool has_zero = std::find(e.shape.begin(), e.shape.end(), int64_t{0}) != e.shape.end();
+  for (int64_t d : e.shape)
+    TESSERA_CHECK(has_zero || !__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel), where(),
+                  ": shape ", shape_str(e.shape), ": the element count overflows");
+  if (has_zero) numel = 0;
+  TESSERA_CHECK(numel <= static_cast<uint64_t>(INT64_MAX), where(), ": shape ", shape_str(e.shape),
+                ": the element count ", numel, " overflows int64");
+  uint64_t expected = 0;
+  TESSERA_CHECK(!__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(e.dtype)), &expected), where(),
+                ": shape ", shape_str(e.shape), " of ", j["dtype"].get<std::string>(),
+                ": the byte count overflows");
   for (const auto& o : j["data_offsets"]) {
     TESSERA_CHECK(o.is_number_unsigned() || (o.is_number_integer() && o.get<int64_t>() >= 0),
                   where(), ": data_offsets must be non-negative integers, got ",
@@ -121,7 +137,6 @@ EntryInfo parse_entry(const std::string& path, const std::string& name, const nl
                 "] end before begin");
   TESSERA_CHECK(e.end <= buffer_size, where(), ": data_offsets [", e.begin, ", ", e.end,
                 "] run past the data buffer of ", buffer_size, " bytes (file truncated?)");
-  const uint64_t expected = numel * dtype_size(e.dtype);
   TESSERA_CHECK(e.end - e.begin == expected, where(), ": shape ", shape_str(e.shape), " of ",
                 j["dtype"].get<std::string>(), " needs ", expected, " bytes but data_offsets [",
                 e.begin, ", ", e.end, "] hold ", e.end - e.begin);
@@ -208,7 +223,7 @@ SafetensorsContents load_safetensors(const std::string& path, SafetensorsLoadOpt
       t = from_blob(p, e.shape, e.dtype, Device::cpu(), file);
     } else {  // misaligned for its type (a foreign writer's choice): copy out
       t = empty(e.shape, {.dtype = e.dtype});
-      std::memcpy(t.raw_data(), p, e.end - e.begin);
+      if (e.end > e.begin) std::memcpy(t.raw_data(), p, e.end - e.begin);  // an empty tensor has no buffer
     }
     out.tensors.emplace(e.name, std::move(t));
   }

@@ -19,10 +19,24 @@ std::string shape_str(const Shape& s) {
 }
 
 int64_t shape_numel(const Shape& s) {
+  // A zero anywhere makes the count 0 however large the other sizes are.
+  if (std::find(s.begin(), s.end(), int64_t{0}) != s.end()) return 0;
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    TESSERA_CHECK(!__builtin_mul_overflow(n, d, &n), "shape ", shape_str(s),
+                  ": the element count overflows int64");
   return n;
 }
+
+namespace {
+// Bytes of a contiguous `shape` of `dtype`, checked: what an allocation will ask for.
+size_t checked_nbytes(const Shape& shape, DType dtype, const char* op) {
+  size_t bytes = 0;
+  TESSERA_CHECK(!__builtin_mul_overflow(static_cast<size_t>(shape_numel(shape)), dtype_size(dtype), &bytes),
+                op, ": shape ", shape_str(shape), " of ", dtype_name(dtype), ": the byte count overflows");
+  return bytes;
+}
+}  // namespace
 
 Shape contiguous_strides(const Shape& s) {
   Shape st(s.size());
@@ -470,7 +484,7 @@ Tensor to(const Tensor& t, Device device, DType dtype) {
 // ---- factories ----
 Tensor empty(const Shape& shape, TensorOptions opts) {
   for (int64_t d : shape) TESSERA_CHECK(d >= 0, "empty: negative dimension in shape ", shape_str(shape));
-  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(opts.dtype);
+  const size_t bytes = checked_nbytes(shape, opts.dtype, "empty");
   auto storage = std::make_shared<Storage>(bytes, opts.device);
   Tensor t = raw::make(std::move(storage), shape, contiguous_strides(shape), 0, opts.dtype);
   if (opts.requires_grad) t.requires_grad_(true);
@@ -528,7 +542,7 @@ template Tensor from_vector(const std::vector<BFloat16>&, const Shape&, TensorOp
 
 Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device,
                  std::shared_ptr<void> keep_alive) {
-  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  const size_t bytes = checked_nbytes(shape, dtype, "from_blob");
   auto storage = std::make_shared<Storage>(data, bytes, device, [keep_alive](void*) {});
   return raw::make(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }

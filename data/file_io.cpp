@@ -3,10 +3,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
 
 #include "core/error.h"
 
@@ -20,7 +23,6 @@ std::string read_file(const std::filesystem::path& path) {
   return bytes;
 }
 
-namespace {
 void fsync_directory(const std::filesystem::path& dir) {
   int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (fd >= 0) {
@@ -28,7 +30,6 @@ void fsync_directory(const std::filesystem::path& dir) {
     ::close(fd);
   }
 }
-}  // namespace
 
 void write_file_atomically(const std::filesystem::path& path, std::span<const std::byte> bytes) {
   const std::filesystem::path parent = path.parent_path();
@@ -89,6 +90,74 @@ uint32_t adler32(std::span<const std::byte> bytes, uint32_t previous) {
     b = (b + a) % kMod;
   }
   return (b << 16) | a;
+}
+
+namespace {
+struct FileSum {
+  uint64_t bytes = 0;
+  uint32_t crc = 0;
+};
+
+// Size and CRC-32 of a file, read in pieces so a large weight file is never held twice.
+FileSum file_sum(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  TESSERA_CHECK(in.good(), "cannot open '", path.string(), "': ", std::strerror(errno));
+  std::vector<char> buffer(1 << 20);
+  FileSum sum;
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const auto n = static_cast<size_t>(in.gcount());
+    sum.crc = crc32(std::as_bytes(std::span<const char>(buffer.data(), n)), sum.crc);
+    sum.bytes += n;
+  }
+  TESSERA_CHECK(!in.bad(), "error reading '", path.string(), "'");
+  return sum;
+}
+
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos;
+}
+}  // namespace
+
+void write_folder_checksums(const std::filesystem::path& dir) {
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_regular_file() || name == kFolderChecksumFile || name.find(".tmp.") != std::string::npos) continue;
+    const FileSum sum = file_sum(entry.path());
+    files[name] = {{"bytes", sum.bytes}, {"crc32", sum.crc}};
+  }
+  write_file_atomically(dir / kFolderChecksumFile, nlohmann::json{{"files", files}}.dump(1));
+}
+
+void verify_folder_checksums(const std::filesystem::path& dir, const std::vector<std::string>& required) {
+  const std::string where = "'" + dir.string() + "'";
+  const std::filesystem::path sums_path = dir / kFolderChecksumFile;
+  TESSERA_CHECK(std::filesystem::is_regular_file(sums_path), where, ": ", kFolderChecksumFile,
+                " is missing (an interrupted write?)");
+  nlohmann::json sums = nlohmann::json::parse(read_file(sums_path), nullptr, /*allow_exceptions=*/false);
+  TESSERA_CHECK(sums.is_object() && sums.contains("files") && sums["files"].is_object(), where, ": ",
+                kFolderChecksumFile, " is damaged: not JSON with a \"files\" object");
+  const nlohmann::json& files = sums["files"];
+  for (const auto& name : required)
+    TESSERA_CHECK(files.contains(name), where, ": ", name, " is not listed in ", kFolderChecksumFile);
+  for (const auto& [name, expected] : files.items()) {
+    TESSERA_CHECK(is_plain_file_name(name) && expected.is_object() && expected.contains("bytes") &&
+                      expected["bytes"].is_number_unsigned() && expected.contains("crc32") &&
+                      expected["crc32"].is_number_unsigned(),
+                  where, ": ", kFolderChecksumFile, " is damaged: bad entry for \"", name, "\": ", expected.dump());
+    const std::filesystem::path file = dir / name;
+    TESSERA_CHECK(std::filesystem::is_regular_file(file), where, ": file ", name, " is missing");
+    const FileSum sum = file_sum(file);
+    const uint64_t want_bytes = expected["bytes"].get<uint64_t>();
+    TESSERA_CHECK(sum.bytes == want_bytes, where, ": file ", file.string(), " is damaged: ", sum.bytes,
+                  " bytes, expected ", want_bytes,
+                  sum.bytes < want_bytes ? " (truncated at offset " : " (extra bytes from offset ",
+                  std::min(sum.bytes, want_bytes), ")");
+    const uint64_t want_crc = expected["crc32"].get<uint64_t>();
+    TESSERA_CHECK(sum.crc == want_crc, where, ": file ", file.string(), " is damaged: CRC-32 ", sum.crc,
+                  " does not match the recorded ", want_crc);
+  }
 }
 
 }  // namespace tessera::data

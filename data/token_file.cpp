@@ -56,6 +56,13 @@ TokenFile::TokenFile(const std::filesystem::path& path)
     ::close(fd);
     TESSERA_FAIL("token file '", name, "': cannot stat: ", std::strerror(err));
   }
+  if (!S_ISREG(st.st_mode)) {  // mmap of a directory would fail with a puzzling "No such device"
+    ::close(fd);
+    if (S_ISDIR(st.st_mode))
+      TESSERA_FAIL("token file '", name, "' is a directory; pass the token file itself (e.g. '",
+                   (path / "train.bin").string(), "')");
+    TESSERA_FAIL("token file '", name, "' is not a regular file");
+  }
   const size_t file_bytes = static_cast<size_t>(st.st_size);
   if (file_bytes < kTokenFileHeaderBytes) {
     ::close(fd);

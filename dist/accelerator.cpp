@@ -1,6 +1,7 @@
 #include "dist/accelerator.h"
 
 #include <filesystem>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "autograd/autograd.h"
@@ -9,6 +10,8 @@
 #include "data/file_io.h"
 #include "kernels/ops.h"
 #include "optim/clip.h"
+#include "dist/sharded_state.h"
+#include "dist/zero.h"
 
 namespace tessera::dist {
 
@@ -23,6 +26,15 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
                          : options_.mixed_precision;
   TESSERA_CHECK(mixed_precision_ == "no" || mixed_precision_ == "fp16" || mixed_precision_ == "bf16",
                 "Accelerator: mixed_precision must be no, fp16 or bf16; got '", mixed_precision_, "'");
+  policy_ = MixedPrecisionPolicy::from_name(mixed_precision_);
+  zero_stage_ = options_.zero_stage >= 0 ? options_.zero_stage : env_int("TESSERA_ZERO_STAGE", 0);
+  TESSERA_CHECK(zero_stage_ >= 0 && zero_stage_ <= 3, "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ",
+                zero_stage_, options_.zero_stage >= 0 ? "" : " (from TESSERA_ZERO_STAGE)");
+  // The loss scaler's inf/NaN check reads the optimizer's gradients, which a ZeRO rank
+  // holds only a slice of: the ranks would disagree on skipping a step.
+  TESSERA_CHECK(!(mixed_precision_ == "fp16" && zero_stage_ > 0),
+                "Accelerator: fp16 loss scaling is not supported with ZeRO (zero_stage ", zero_stage_,
+                "); use mixed_precision bf16, or zero_stage 0");
   scaler_ = optim::LossScaler({.enabled = mixed_precision_ == "fp16"});
   env_ = read_dist_env();
   if (!is_initialized()) {
@@ -54,18 +66,51 @@ int Accelerator::num_processes() const { return world().size(); }
 
 void Accelerator::prepare_one(nn::Module& model) {
   if (models_.count(&model)) return;
-  DDPOptions ddp;
-  ddp.bucket_bytes = options_.bucket_bytes;
-  ddp.find_unused_parameters = options_.find_unused_parameters;
-  models_[&model] = std::make_unique<DistributedDataParallel>(model, world_ptr(), ddp);
+  // Parameters live in the policy's dtype from here on; the optimizer's masters keep f32.
+  if (policy_.low_precision_parameters()) model.to(policy_.param_dtype);
+  if (zero_stage_ == 0) {
+    DDPOptions ddp;
+    ddp.bucket_bytes = options_.bucket_bytes;
+    ddp.find_unused_parameters = options_.find_unused_parameters;
+    models_[&model] = std::make_unique<DistributedDataParallel>(model, world_ptr(), ddp);
+  } else {
+    ZeroOptions zero;
+    zero.stage = zero_stage_;
+    zero.bucket_bytes = options_.bucket_bytes;
+    zero.find_unused_parameters = options_.find_unused_parameters;
+    zero.reduce_dtype = policy_.reduce_dtype;
+    models_[&model] = std::make_unique<ZeroStrategy>(model, world_ptr(), zero);
+  }
   model_order_.push_back(&model);
+  attach_optimizers();
+}
+
+// Each prepared optimizer goes to the strategy of the model whose parameters it trains
+// (prepare(model, opt) and prepare(opt, model) alike).
+void Accelerator::attach_optimizers() {
+  for (optim::Optimizer* opt : optimizers_) {
+    if (optimizer_strategy_.count(opt)) continue;
+    std::set<const TensorImpl*> trains;
+    for (const Tensor& p : opt->parameters()) trains.insert(p.impl_ptr().get());
+    for (nn::Module* m : model_order_) {
+      bool owns = false;
+      for (const Tensor& p : m->parameters()) owns = owns || trains.count(p.impl_ptr().get());
+      if (!owns) continue;
+      DataParallelStrategy& strategy = *models_.at(m);
+      strategy.prepare_optimizer(*opt);
+      optimizer_strategy_[opt] = &strategy;
+      break;
+    }
+  }
 }
 
 // The prepared optimizer and schedule step only on gradient-syncing micro-steps, so the
 // loop may call opt.step(); sched.step(); opt.zero_grad() on every micro-step.
 void Accelerator::prepare_one(optim::Optimizer& optimizer) {
   optimizer.set_step_gate([open = gate_open_] { return *open; });
+  if (policy_.low_precision_parameters()) optimizer.set_master_weights(true);
   optimizers_.push_back(&optimizer);
+  attach_optimizers();
 }
 void Accelerator::prepare_one(optim::LRSchedule& schedule) {
   schedule.set_step_gate([open = gate_open_] { return *open; });
@@ -84,9 +129,34 @@ void Accelerator::prepare_one(data::DataLoader& loader) {
   loaders_.push_back(&loader);
 }
 
-DistributedDataParallel* Accelerator::ddp_of(const nn::Module& model) const {
+DataParallelStrategy* Accelerator::strategy_of(const nn::Module& model) const {
   auto it = models_.find(&model);
   return it == models_.end() ? nullptr : it->second.get();
+}
+
+DataParallelStrategy& Accelerator::strategy_training(const optim::Optimizer& optimizer) const {
+  auto it = optimizer_strategy_.find(&optimizer);
+  TESSERA_CHECK(it != optimizer_strategy_.end(), "Accelerator: the optimizer trains no prepared model "
+                "(prepare the model it was built from as well)");
+  return *it->second;
+}
+
+DistributedDataParallel* Accelerator::ddp_of(const nn::Module& model) const {
+  return dynamic_cast<DistributedDataParallel*>(strategy_of(model));
+}
+
+nn::Module& Accelerator::unwrap_model(nn::Module& model) {
+  if (DataParallelStrategy* s = strategy_of(model)) s->gather_full_parameters();
+  return model;
+}
+
+MemoryUsage Accelerator::memory_usage(const nn::Module& model) const {
+  DataParallelStrategy* s = strategy_of(model);
+  TESSERA_CHECK(s, "Accelerator::memory_usage: the model was not prepared");
+  MemoryUsage m = s->memory();
+  for (auto& [opt, strategy] : optimizer_strategy_)
+    if (strategy == s) m.optimizer += optimizer_state_bytes(*opt);
+  return m;
 }
 
 AccumulateScope Accelerator::accumulate(nn::Module& model) {
@@ -94,13 +164,12 @@ AccumulateScope Accelerator::accumulate(nn::Module& model) {
   step_skipped_ = false;
   sync_gradients_ = micro_step_ % options_.gradient_accumulation_steps == 0;
   *gate_open_ = sync_gradients_;
-  std::vector<DistributedDataParallel::NoSyncGuard> guards;
+  std::vector<DataParallelStrategy::NoSyncGuard> guards;
   if (!sync_gradients_)
-    if (DistributedDataParallel* ddp = ddp_of(model)) guards.push_back(ddp->no_sync());
+    if (DataParallelStrategy* s = strategy_of(model)) guards.push_back(s->no_sync());
   std::unique_ptr<autograd::AutocastGuard> autocast;
-  if (mixed_precision_ != "no")
-    autocast = std::make_unique<autograd::AutocastGuard>(mixed_precision_ == "bf16" ? DType::bf16
-                                                                                     : DType::f16);
+  if (policy_.compute_dtype != DType::f32)
+    autocast = std::make_unique<autograd::AutocastGuard>(policy_.compute_dtype);
   return AccumulateScope(sync_gradients_, std::move(guards), std::move(autocast));
 }
 
@@ -141,6 +210,8 @@ void Accelerator::unscale_gradients() {
 
 double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   if (!sync_gradients_ || step_skipped_) return 0.0;
+  // A sharding strategy clips what its rank holds, with the norm summed over ranks.
+  if (model_order_.size() == 1) return models_.at(model_order_.front())->clip_grad_norm_(params, max_norm);
   return optim::clip_grad_norm_(params, max_norm);
 }
 
@@ -251,14 +322,20 @@ void Accelerator::save_state(const std::string& dir) {
     Tensor p = full({1}, static_cast<double>(l->position()), {.dtype = DType::i64});
     positions.push_back(gather(p).to_vector<int64_t>());
   }
+  for (nn::Module* m : model_order_) models_.at(m)->gather_full_parameters();  // ZeRO-3: whole
+  // Under ZeRO every process writes the optimizer slices it holds (dist/sharded_state.h).
+  const bool sharded = zero_stage_ > 0;
+  if (sharded)
+    for (optim::Optimizer* opt : optimizers_) save_sharded_optimizer(dir, strategy_training(*opt), *opt, world());
   if (is_main_process()) {
     fs::create_directories(dir);
+    if (!sharded) fs::remove(fs::path(dir) / "optimizer_shards.json");  // an older ZeRO save's
     for (size_t i = 0; i < model_order_.size(); ++i) {
       optim::OptimizerStateDict weights;
       for (auto& [name, t] : model_order_[i]->state_dict()) weights.tensors[name] = t;
       optim::save_optimizer_state(weights, (fs::path(dir) / numbered("model", i, ".safetensors")).string());
     }
-    for (size_t i = 0; i < optimizers_.size(); ++i)
+    for (size_t i = 0; i < optimizers_.size() && !sharded; ++i)
       optim::save_optimizer_state(optimizers_[i]->state_dict(),
                                   (fs::path(dir) / numbered("optimizer", i, ".safetensors")).string());
     nlohmann::json state;
@@ -299,10 +376,15 @@ void Accelerator::load_state(const std::string& dir) {
                 " schedules and ", state["loader_positions"].size(),
                 " loaders, but this Accelerator prepared ", schedules_.size(), " and ",
                 loaders_.size());
-  for (size_t i = 0; i < model_order_.size(); ++i)
+  for (size_t i = 0; i < model_order_.size(); ++i) {
+    models_.at(model_order_[i])->gather_full_parameters();  // ZeRO-3: written whole, then re-sliced
     model_order_[i]->load_state_dict(
         optim::load_optimizer_state((fs::path(dir) / numbered("model", i, ".safetensors")).string()).tensors);
-  for (size_t i = 0; i < optimizers_.size(); ++i)
+    models_.at(model_order_[i])->after_parameters_loaded();
+  }
+  if (has_sharded_optimizer(dir))  // written by ZeRO ranks: re-sliced for this strategy
+    for (optim::Optimizer* opt : optimizers_) load_sharded_optimizer(dir, strategy_training(*opt), *opt, world());
+  for (size_t i = 0; i < optimizers_.size() && !has_sharded_optimizer(dir); ++i)
     optimizers_[i]->load_state_dict(
         optim::load_optimizer_state((fs::path(dir) / numbered("optimizer", i, ".safetensors")).string()));
   for (size_t i = 0; i < schedules_.size(); ++i)
@@ -321,6 +403,9 @@ void Accelerator::load_state(const std::string& dir) {
 
 void Accelerator::free_memory() {
   *gate_open_ = true;
+  // Parameters stay whole once their strategy is gone (ZeRO-3 gathers them: collective).
+  for (auto& [m, s] : models_) s->gather_full_parameters();
+  optimizer_strategy_.clear();
   models_.clear();
   model_order_.clear();
   optimizers_.clear();

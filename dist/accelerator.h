@@ -11,7 +11,13 @@
 //
 // The process group comes from the launch environment (tessera launch, mpirun, SLURM,
 // or a single process). The model object stays the user's: prepare() attaches a
-// DistributedDataParallel to it instead of replacing it, so unwrap_model is the identity.
+// data-parallel strategy (dist/strategy.h: DDP, or a ZeRO stage) to it instead of
+// replacing it, so unwrap_model returns the same object.
+//
+// Mixed precision is one policy (MixedPrecisionPolicy): with "bf16"/"fp16" prepare()
+// casts the model's parameters to that dtype, the prepared optimizer keeps f32 masters
+// and updates them (AdamW's master-weights path), gradients are averaged in f32, and
+// fp16's dynamic loss scale lives here.
 #pragma once
 #include <functional>
 #include <iostream>
@@ -24,6 +30,7 @@
 #include "autograd/autocast.h"
 #include "data/dataloader.h"
 #include "dist/ddp.h"
+#include "dist/strategy.h"
 #include "dist/process_group.h"
 #include "nn/module.h"
 #include "optim/loss_scaler.h"
@@ -40,6 +47,9 @@ struct AcceleratorOptions {
   size_t bucket_bytes = size_t(25) << 20;
   bool find_unused_parameters = false;
   bool cpu = false;  // stay on the CPU even when a GPU is visible
+  // 0 = DDP; 1 = optimizer state sharded, 2 = and gradients, 3 = and parameters (ZeRO);
+  // -1 = TESSERA_ZERO_STAGE (set by the launch environment) or 0.
+  int zero_stage = -1;
 };
 
 class Accelerator;
@@ -52,11 +62,11 @@ class AccumulateScope {
 
  private:
   friend class Accelerator;
-  AccumulateScope(bool sync, std::vector<DistributedDataParallel::NoSyncGuard> guards,
+  AccumulateScope(bool sync, std::vector<DataParallelStrategy::NoSyncGuard> guards,
                   std::unique_ptr<autograd::AutocastGuard> autocast)
       : sync_(sync), guards_(std::move(guards)), autocast_(std::move(autocast)) {}
   bool sync_;
-  std::vector<DistributedDataParallel::NoSyncGuard> guards_;
+  std::vector<DataParallelStrategy::NoSyncGuard> guards_;
   std::unique_ptr<autograd::AutocastGuard> autocast_;  // null without mixed precision
 };
 
@@ -72,20 +82,33 @@ class Accelerator {
   void prepare(Objects&... objects) {
     (prepare_one(objects), ...);
   }
-  void prepare_one(nn::Module& model);             // DDP over the world group
-  void prepare_one(optim::Optimizer& optimizer);   // remembered for save/load_state
+  // Casts to the policy's parameter dtype and attaches the strategy (zero_stage).
+  void prepare_one(nn::Module& model);
+  // Remembered for save/load_state; the strategy of the model it trains may re-point it
+  // at this rank's shards, and mixed precision turns on its f32 master weights.
+  void prepare_one(optim::Optimizer& optimizer);
   void prepare_one(optim::LRSchedule& schedule);   // remembered for save/load_state
   // Re-creates the loader with this process's rank and world size (sequential order:
   // W ranks × B rows see what one process × W·B rows sees).
   void prepare_one(data::DataLoader& loader);
-  nn::Module& unwrap_model(nn::Module& model) const { return model; }
+  // The model itself; under ZeRO-3 its parameters are gathered first (so every process
+  // must call it), and stay whole until its next forward.
+  nn::Module& unwrap_model(nn::Module& model);
+  DataParallelStrategy* strategy_of(const nn::Module& model) const;
+  // The DDP strategy of a model (null when it runs under a ZeRO stage or is not prepared).
   DistributedDataParallel* ddp_of(const nn::Module& model) const;
+  int zero_stage() const { return zero_stage_; }
+  const MixedPrecisionPolicy& mixed_precision_policy() const { return policy_; }
+  // This process's bytes by category for a prepared model (optimizer state from the
+  // prepared optimizers).
+  MemoryUsage memory_usage(const nn::Module& model) const;
 
   // ---- training ----
   // Enters a micro-step: gradients are synchronised only on every
   // gradient_accumulation_steps-th call (the returned scope says which). With
-  // mixed_precision bf16/fp16 the scope also runs matmul, linear and attention in that
-  // dtype (autograd::AutocastGuard); parameters and their gradients stay f32.
+  // mixed_precision bf16/fp16 the scope also runs matmul, linear and attention in the
+  // policy's compute dtype (autograd::AutocastGuard), which casts inputs that are not
+  // in it yet (f32 features fed to bf16 parameters).
   AccumulateScope accumulate(nn::Module& model);
   bool sync_gradients() const { return sync_gradients_; }
   // Backward of loss / gradient_accumulation_steps; on a syncing micro-step the prepared
@@ -189,6 +212,8 @@ class Accelerator {
 
   AcceleratorOptions options_;
   std::string mixed_precision_;
+  MixedPrecisionPolicy policy_;
+  int zero_stage_ = 0;
   DistEnv env_;
   Device device_ = Device::cpu();
   bool owns_group_ = false;
@@ -200,7 +225,10 @@ class Accelerator {
   optim::LossScaler scaler_;  // enabled for fp16 only
   bool step_skipped_ = false;
   bool trigger_ = false;
-  std::map<const nn::Module*, std::unique_ptr<DistributedDataParallel>> models_;
+  void attach_optimizers();
+  DataParallelStrategy& strategy_training(const optim::Optimizer& optimizer) const;
+  std::map<const nn::Module*, std::unique_ptr<DataParallelStrategy>> models_;
+  std::map<const optim::Optimizer*, DataParallelStrategy*> optimizer_strategy_;
   std::vector<nn::Module*> model_order_;
   std::vector<optim::Optimizer*> optimizers_;
   std::vector<optim::LRSchedule*> schedules_;

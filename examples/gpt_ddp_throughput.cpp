@@ -7,9 +7,10 @@
 //                synchronising the device after each
 //   tessera launch --nproc-per-node 2 example_gpt_ddp_throughput ...
 //
-// Synthetic tokens; the first 3 steps are warm-up and not timed. float32 weights and
-// AdamW state; with mixed precision (bf16 by default) the Accelerator autocasts matmuls
-// and attention, as PyTorch AMP does, and DDP averages the f32 gradients.
+// Synthetic tokens; the first 3 steps are warm-up and not timed. With mixed precision
+// (bf16 by default) the Accelerator's policy holds the weights in bf16, AdamW keeps f32
+// masters and moments (its fused master-weights update), and DDP averages the gradients
+// in f32; TESSERA_ZERO_STAGE=1|2|3 runs a ZeRO stage instead of DDP.
 #include <chrono>
 #include <map>
 #include <string>

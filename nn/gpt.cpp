@@ -73,8 +73,8 @@ Tensor GPT::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
 Tensor GPT::run_block(Block& block, const Tensor& x) {
   if (!cfg_.gradient_checkpointing || !is_training() || !autograd::is_grad_enabled()) return block(x);
   // The recompute replays the default generator and the autocast policy of this run, so
-  // the block's dropout masks and dtypes are the same twice. The block's own hooks run in
-  // both passes (ZeRO-3 gathers the block's parameters again for the recompute).
+  // the block's dropout masks and dtypes are the same twice. The block's forward hooks run
+  // in both passes, so a hook that gathers the block's parameters does so for the recompute.
   return autograd::checkpoint(
       [&block](const std::vector<Tensor>& in) { return std::vector<Tensor>{block(in[0])}; }, {x})[0];
 }

@@ -30,6 +30,7 @@ class AdamW : public Optimizer {
   AdamW(std::vector<ParamGroup> groups, AdamWOptions opts);
 
   const AdamWOptions& options() const { return opts_; }
+  void set_master_weights(bool on) override { opts_.master_weights = on; }
 
  private:
   void apply_step() override;

@@ -35,7 +35,21 @@ std::vector<Tensor> Optimizer::parameters() const {
 }
 
 void Optimizer::step() {
-  if (step_gate_open()) apply_step();
+  if (!step_gate_open()) return;
+  apply_step();
+  if (post_step_) post_step_();
+}
+
+void Optimizer::replace_param_groups(std::vector<ParamGroup> groups) {
+  size_t count = 0;
+  for (const auto& g : groups) count += g.params.size();
+  groups_ = std::move(groups);
+  states_.assign(count, ParamState{});
+}
+
+void Optimizer::set_master_weights(bool on) {
+  TESSERA_CHECK(!on, name(), " keeps no f32 master weights; mixed precision (bf16/fp16 "
+                "parameters) needs an optimizer that does, such as AdamW");
 }
 
 void Optimizer::zero_grad(bool set_to_none) {

@@ -54,6 +54,14 @@ class Optimizer {
   // removes the gate.
   void set_step_gate(std::function<bool()> gate) { gate_ = std::move(gate); }
   bool step_gate_open() const { return !gate_ || gate_(); }
+  // Runs after every update step() made (ZeRO: all-gathers the updated shards).
+  void set_post_step_hook(std::function<void()> hook) { post_step_ = std::move(hook); }
+  // Replaces what the optimizer updates (ZeRO: this rank's slices of the parameters) and
+  // forgets any state; the groups keep their own lr, weight decay and names.
+  void replace_param_groups(std::vector<ParamGroup> groups);
+  // Mixed precision: keep f32 master copies of f16/bf16 parameters and update those.
+  // Optimizers that cannot raise an error naming themselves.
+  virtual void set_master_weights(bool on);
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
@@ -87,6 +95,7 @@ class Optimizer {
 
  private:
   std::function<bool()> gate_;
+  std::function<void()> post_step_;
 };
 
 // An optimizer state as one safetensors file: tensors as they are, scalars in the

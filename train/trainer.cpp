@@ -243,7 +243,7 @@ void run_training(const TrainConfig& cfg) {
   TESSERA_CHECK(step <= cfg.steps, "tessera train: the checkpoint is at step ", step, ", past --steps ", cfg.steps);
 
   std::map<std::string, std::string> extra_files;
-  if (tokenizer) extra_files["tokenizer.json"] = tokenizer->to_json();
+  if (tokenizer) extra_files = tokenizer->files();  // tokenizer.json (+ Hugging Face's other files)
   if (main_process) data::write_file_atomically(out / "config.train.json", cfg.to_json().dump(2));
   std::ofstream metrics;
   if (main_process) metrics.open(metrics_path, std::ios::app);
@@ -372,6 +372,7 @@ void run_training(const TrainConfig& cfg) {
   }
   model->save_pretrained(model_dir.string());
   for (const auto& [name, contents] : extra_files) data::write_file_atomically(model_dir / name, contents);
+  data::write_folder_checksums(model_dir);  // verified by every load, as a checkpoint's are
   write_loss_curve_png((out / "loss.png").string(), read_curves(metrics_path));
   std::cout << "done: " << step << " steps; model in " << model_dir.string() << ", metrics in "
             << metrics_path.string() << ", loss curve in " << (out / "loss.png").string() << "\n";

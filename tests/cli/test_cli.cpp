@@ -12,74 +12,12 @@
 #include <random>
 
 #include "core/allocator.h"
+#include "tests/cli/cli_harness.h"
 
 namespace fs = std::filesystem;
+using namespace tessera_cli_test;
 
 namespace {
-
-struct RunResult {
-  int rc;
-  std::string output;
-};
-
-std::string tessera_binary() {
-  if (const char* env = std::getenv("TESSERA_BINARY")) return env;
-  return (fs::path(TESSERA_BINARY_DIR) / "tessera").string();
-}
-
-RunResult run(const std::string& args) {
-  const std::string cmd = "OMP_NUM_THREADS=2 " + tessera_binary() + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (pipe && fgets(buf, sizeof(buf), pipe)) out += buf;
-  const int status = pipe ? pclose(pipe) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-fs::path scratch() {
-  static const fs::path dir = [] {
-    auto d = fs::temp_directory_path() / ("tessera_test_cli_" + std::to_string(::getpid()));
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir;
-}
-
-// A small deterministic corpus with learnable structure (repeated phrases).
-std::string generated_corpus(size_t sentences) {
-  const std::vector<std::string> subjects = {"The cat", "A dog", "My friend", "The old man", "She"};
-  const std::vector<std::string> verbs = {"sees", "likes", "finds", "wants", "reads"};
-  const std::vector<std::string> objects = {"the moon.", "a book.", "green tea.", "the sea.", "a red ball."};
-  std::mt19937 rng(7);
-  std::string text;
-  for (size_t i = 0; i < sentences; ++i) {
-    text += subjects[rng() % subjects.size()] + " " + verbs[rng() % verbs.size()] + " " +
-            objects[rng() % objects.size()] + (i % 4 == 3 ? "\n" : " ");
-  }
-  return text;
-}
-
-// prepare once per tokenizer kind; returns the data directory.
-fs::path prepared(const std::string& tokenizer) {
-  const fs::path dir = scratch() / ("data_" + tokenizer);
-  if (!fs::exists(dir / "train.bin")) {
-    const fs::path corpus = scratch() / "corpus.txt";
-    std::ofstream(corpus) << generated_corpus(3000);
-    const auto r = run("prepare --input " + corpus.string() + " --tokenizer " + tokenizer +
-                       " --vocab 300 --out " + dir.string());
-    EXPECT_EQ(r.rc, 0) << r.output;
-  }
-  return dir;
-}
-
-// Removes this process's scratch folder when the tests are done.
-class ScratchCleanup : public ::testing::Environment {
- public:
-  void TearDown() override { fs::remove_all(scratch()); }
-};
-const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
 
 const std::string kTinyModel = " --n-layer 1 --n-head 2 --n-embd 16 --seq 16 --batch 4 ";
 
@@ -89,11 +27,6 @@ std::vector<nlohmann::json> read_metrics(const fs::path& run_dir) {
   std::string line;
   while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
   return out;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 // (loss or val_loss) of every metrics line with step > after, as exact doubles.
@@ -395,4 +328,35 @@ TEST(Cli, CudaTrainingInEveryDtypeTracksTheCpu) {
   EXPECT_LT(gpu.at("fp32"), 5.0);
   EXPECT_NEAR(gpu.at("bf16"), gpu.at("fp32"), 0.1);
   EXPECT_NEAR(gpu.at("fp16"), gpu.at("fp32"), 0.1);
+}
+
+// `eval --dtype` scores the weights in that dtype: bf16 and fp16 round the arithmetic (the
+// loss moves, within their resolution), fp32 is the stored model, anything else is refused.
+TEST(Cli, EvalDtypeScoresTheWeightsInThatDtype) {
+  const fs::path data = prepared("byte");
+  const fs::path out = scratch() / "eval_dtype";
+  auto r = run("train --data " + (data / "train.bin").string() + kTinyModel +
+               "--steps 8 --eval-batches 3 --out " + out.string());
+  ASSERT_EQ(r.rc, 0) << r.output;
+  double trained_val_loss = NAN;
+  for (const auto& j : read_metrics(out))
+    if (j.contains("val_loss")) trained_val_loss = j["val_loss"].get<double>();
+  ASSERT_FALSE(std::isnan(trained_val_loss));
+
+  std::map<std::string, double> loss;
+  for (const std::string dtype : {"fp32", "bf16", "fp16"}) {
+    r = run("eval --model " + (out / "model").string() + " --data " + (data / "val.bin").string() +
+            " --batch 4 --seq 16 --batches 3 --dtype " + dtype);
+    ASSERT_EQ(r.rc, 0) << r.output;
+    loss[dtype] = nlohmann::json::parse(r.output)["loss"].get<double>();
+  }
+  EXPECT_NEAR(loss["fp32"], trained_val_loss, 1e-6) << "fp32 is the trainer's own evaluation";
+  for (const std::string dtype : {"bf16", "fp16"}) EXPECT_NE(loss[dtype], loss["fp32"]) << dtype << " must round";
+  // bf16 keeps 8 significant bits, fp16 11: the loss moves by well under their relative steps.
+  EXPECT_NEAR(loss["bf16"], loss["fp32"], 2e-2 * loss["fp32"]);
+  EXPECT_NEAR(loss["fp16"], loss["fp32"], 4e-3 * loss["fp32"]);
+
+  r = run("eval --model " + (out / "model").string() + " --data " + (data / "val.bin").string() + " --dtype f64");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.output.find("--dtype"), std::string::npos) << r.output;
 }

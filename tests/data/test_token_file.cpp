@@ -154,3 +154,46 @@ TEST(FileIo, AtomicWriteReplacesAndChecksumsMatchKnownValues) {
   // Continuing a CRC over two halves equals one pass.
   EXPECT_EQ(crc32(std::string("6789"), crc32(std::string("12345"))), 0xCBF43926u);
 }
+
+// Issue 14, defect 8: a directory is named as one (mmap used to say "No such device").
+TEST(TokenFile, ADirectoryIsRefusedAsOne) {
+  const auto dir = temp_path("a_folder");
+  std::filesystem::create_directories(dir);
+  expect_error_mentions(dir, {"is a directory"});
+}
+
+// Issue 14, defect 3: the checksums that guard exported model folders.
+TEST(FileIo, FolderChecksumsCatchDamageNamingTheFile) {
+  const auto dir = temp_path("checked_folder");
+  std::filesystem::create_directories(dir);
+  std::mt19937 rng(3);
+  std::string weights(10007, '\0');
+  for (char& c : weights) c = static_cast<char>(rng());
+  dump(dir / "weights.bin", weights);
+  dump(dir / "config.json", "{\"n\": 1}");
+  write_folder_checksums(dir);
+  const auto sums = read_file(dir / "checksums.json");
+  EXPECT_NE(sums.find(std::to_string(crc32(weights))), std::string::npos) << sums;
+  EXPECT_NO_THROW(verify_folder_checksums(dir, {"weights.bin", "config.json"}));
+  auto expect_refused = [&](const std::vector<std::string>& fragments, std::vector<std::string> required = {}) {
+    try {
+      verify_folder_checksums(dir, required);
+      ADD_FAILURE() << "damage not caught";
+    } catch (const Error& e) {
+      for (const auto& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+    }
+  };
+  std::string flipped = weights;
+  flipped[5000] ^= 0x08;
+  dump(dir / "weights.bin", flipped);
+  expect_refused({(dir / "weights.bin").string(), "damaged", "CRC-32"});
+  dump(dir / "weights.bin", weights.substr(0, 9000));
+  expect_refused({"weights.bin", "damaged", "9000 bytes", "10007"});
+  dump(dir / "weights.bin", weights);
+  EXPECT_NO_THROW(verify_folder_checksums(dir));
+  expect_refused({"tokenizer.json", "not listed"}, {"tokenizer.json"});
+  std::filesystem::remove(dir / "config.json");
+  expect_refused({"config.json", "missing"});
+  dump(dir / "checksums.json", "{\"files\": 3");
+  expect_refused({"checksums.json", "damaged"});
+}

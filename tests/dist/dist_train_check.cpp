@@ -11,7 +11,7 @@
 //
 // usage: dist_train_check --rows B --accum A --steps S --out FILE [--bucket-bytes N]
 //                         [--backend auto|tcp|mpi|nccl] [--unused [--find-unused]] [--cuda]
-//                         [--schedule] [--literal]
+//                         [--schedule] [--literal] [--mixed-precision no|bf16|fp16]
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -62,7 +62,7 @@ std::pair<Tensor, Tensor> rows(int64_t start, int64_t n) {
 int main(int argc, char** argv) {
   int64_t rows_per_rank = 4, accum = 1, steps = 10;
   size_t bucket_bytes = 1024;  // small, so the model spans several buckets
-  std::string out_path, backend = "auto";
+  std::string out_path, backend = "auto", precision = "no";
   bool with_unused = false, find_unused = false, on_cuda = false, with_schedule = false,
        literal_loop = false;
   for (int i = 1; i < argc; ++i) {
@@ -79,10 +79,12 @@ int main(int argc, char** argv) {
     else if (a == "--cuda") on_cuda = true;  // GPU tensors (nccl backend under auto)
     else if (a == "--schedule") with_schedule = true;
     else if (a == "--literal") literal_loop = true;
+    else if (a == "--mixed-precision") precision = next();
   }
   int rank = -1;
   try {
-    dist::Accelerator acc({.gradient_accumulation_steps = static_cast<int>(accum),
+    dist::Accelerator acc({.mixed_precision = precision,
+                           .gradient_accumulation_steps = static_cast<int>(accum),
                            .backend = backend,
                            .bucket_bytes = bucket_bytes,
                            .find_unused_parameters = find_unused,
@@ -113,7 +115,7 @@ int main(int argc, char** argv) {
         Tensor loss = cross_entropy(model(raw::to(x, acc.device(), x.dtype())),
                                     raw::to(y, acc.device(), y.dtype()));
         acc.backward(loss);
-        step_loss += acc.reduce(loss, "mean").item() / accum;
+        step_loss += acc.reduce(loss.detach().to(DType::f32), "mean").item() / accum;
         if (literal_loop || scope.sync_gradients()) {
           opt.step();
           if (sched) sched->step();

@@ -116,16 +116,21 @@ TEST(Launch, BadJobShapesAreClearErrorsWithTheValidRange) {
 
 TEST(Launch, ExitBarrierStopsARankThatHangsAfterTheOthersExitedAndNamesIt) {
   const std::string marker = unique_marker("barrier");
-  // Ranks 1 and 3 hang (a child sleep in their group, as a stuck shutdown would) after 0
-  // and 2 have exited 0.
-  JobResult r = run_job(launch(marker, "--nproc-per-node 4 --exit-barrier-timeout 1",
-                               "sh -c 'case $RANK in 1|3) sleep 60 ;; esac; echo done $RANK'"),
-                        30);
+  // Ranks 1 and 3 hang (a child sleep in their group, as a stuck shutdown would); ranks 0
+  // and 2 meet at a file barrier first, so they exit together however loaded the machine is.
+  const std::string dir = (scratch() / "barrier").string();
+  fs::create_directories(dir);
+  const std::string meet = "touch " + dir + "/$RANK; until [ -e " + dir + "/0 ] && [ -e " + dir +
+                           "/2 ]; do sleep 0.05; done";
+  JobResult r = run_job(
+      launch(marker, "--nproc-per-node 4 --exit-barrier-timeout 2",
+             "sh -c 'case $RANK in 1|3) sleep 60 ;; *) " + meet + " ;; esac; echo done $RANK'"),
+      30);
   EXPECT_EQ(r.status, 1) << r.output;
   // Ranks 0 and 2 race to be the first to exit 0; either one starts the barrier.
   const std::string late =
       "tessera launch: ranks 1,3 did not exit within the exit barrier "
-      "timeout (1 s) after rank ";
+      "timeout (2 s) after rank ";
   const size_t at = r.output.find(late);
   ASSERT_NE(at, std::string::npos) << r.output;
   const std::string first = r.output.substr(at + late.size(), 1);

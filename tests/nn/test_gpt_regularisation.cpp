@@ -268,3 +268,46 @@ TEST(GradientCheckpointing, KeepsFewerActivationsForBackward) {
   reference->eval();
   EXPECT_EQ(values(model->forward(idx)), values(reference->forward(idx)));
 }
+
+// On a GPU the masks are the CPU's (one Philox numbering for every device), training with
+// dropout takes the composed attention (the fused kernels draw no dropout), and gradient
+// checkpointing gives the plain run's gradients. Skips without a GPU.
+TEST(GPTDropout, CudaDrawsTheCpuMasksAndFallsBackToComposedAttention) {
+  if (!cuda_is_available()) GTEST_SKIP() << "no CUDA device";
+  // Head size 64: the fused attention applies in bf16 when dropout is off.
+  const nn::GPTConfig cfg{.vocab_size = 101, .block_size = 64, .n_layer = 2, .n_head = 2, .n_embd = 128, .dropout = 0.2};
+  auto cpu = make_model(cfg, 21);
+  auto gpu = make_model(cfg, 21);
+  gpu->to(Device::cuda());
+  const Tensor idx = random_tokens(3, 64, 101, 22);
+  manual_seed(5);
+  const Tensor want = cpu->forward(idx);
+  manual_seed(5);
+  const Tensor got = gpu->forward(idx.to(Device::cuda()));
+  EXPECT_LT(ops::max_rel_error(got.cpu(), want), 1e-4);
+
+  gpu->to(DType::bf16);
+  const Tensor targets = random_tokens(3, 64, 101, 23).to(Device::cuda());
+  gpu->loss(idx.to(Device::cuda()), targets);
+  EXPECT_EQ(gpu->transformer.blocks[0]->attn.fused_attention_calls(), 0) << "dropout in training: composed path";
+  gpu->eval();
+  gpu->loss(idx.to(Device::cuda()), targets);
+  EXPECT_EQ(gpu->transformer.blocks[0]->attn.fused_attention_calls(), 1) << "eval: the fused kernels again";
+  gpu->train();
+
+  auto checkpointed = make_model(cfg, 21);
+  checkpointed->to(Device::cuda(), DType::bf16);
+  checkpointed->gradient_checkpointing_enable();
+  const LossAndGrads a = train_step(*gpu, idx.to(Device::cuda()), targets);
+  const LossAndGrads b = train_step(*checkpointed, idx.to(Device::cuda()), targets);
+  EXPECT_EQ(a.loss, b.loss);
+  // Within 1e-6 rather than bit for bit: some CUDA backward kernels accumulate with atomics.
+  for (size_t i = 0; i < a.grads.size(); ++i) {
+    double diff = 0, scale = 0;
+    for (size_t j = 0; j < a.grads[i].size(); ++j) {
+      diff = std::max(diff, std::abs(a.grads[i][j] - b.grads[i][j]));
+      scale = std::max(scale, std::abs(a.grads[i][j]));
+    }
+    EXPECT_LE(diff, 1e-6 * scale) << "parameter " << i;
+  }
+}

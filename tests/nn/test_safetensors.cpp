@@ -135,3 +135,33 @@ TEST(Safetensors, WriterRejectsBadInput) {
   EXPECT_THROW(save_safetensors(path, {{"__metadata__", ones({2})}}), Error);
   EXPECT_THROW(save_safetensors(path, {{"u", Tensor()}}), Error);
 }
+
+// Issue 14, defect 5: shape products and byte counts that overflow 64 bits are refused
+// (they used to wrap to 0 and pass as 0-byte tensors).
+TEST(Safetensors, RefusesShapesWhoseSizeOverflows) {
+  auto entry = [](const std::string& dtype, const std::string& shape) {
+    return R"({"t":{"dtype":")" + dtype + R"(","shape":)" + shape + R"(,"data_offsets":[0,0]}})";
+  };
+  expect_refused(write_raw("ovf_2d.safetensors", entry("F32", "[4294967296,4294967296]"), 0),
+                 {"'t'", "[4294967296, 4294967296]", "overflow"});
+  expect_refused(write_raw("ovf_bytes.safetensors", entry("F32", "[4611686018427387904]"), 0),
+                 {"'t'", "4611686018427387904", "overflow"});
+  expect_refused(write_raw("ovf_f64.safetensors", entry("F64", "[2305843009213693952]"), 0),
+                 {"'t'", "overflow"});
+  expect_refused(write_raw("ovf_dim.safetensors", entry("U8", "[9223372036854775808,2]"), 0),
+                 {"'t'", "9223372036854775808", "overflow"});
+  expect_refused(write_raw("ovf_u64.safetensors", entry("U8", "[18446744073709551615]"), 0),
+                 {"'t'", "overflow"});
+}
+
+// A 0-byte tensor at a misaligned offset (copied out, not viewed) loads as an empty
+// tensor; this once passed a null pointer to memcpy (UBSan).
+TEST(Safetensors, LoadsZeroByteTensorsAtAnyOffset) {
+  std::string header = R"({"a":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},)"
+                       R"("e":{"dtype":"F32","shape":[0,5],"data_offsets":[3,3]}})";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const SafetensorsContents c = load_safetensors(write_raw("zero.safetensors", header, 3));
+  EXPECT_EQ(c.at("e").shape(), (Shape{0, 5}));
+  EXPECT_EQ(c.at("e").numel(), 0);
+  EXPECT_EQ(c.at("a").to_vector<uint8_t>(), (std::vector<uint8_t>{1, 1, 1}));
+}

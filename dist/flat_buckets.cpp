@@ -1,0 +1,239 @@
+#include "dist/flat_buckets.h"
+
+#include <sstream>
+
+namespace tessera::dist {
+
+namespace {
+bool is_low_precision(DType t) { return t == DType::f16 || t == DType::bf16; }
+}  // namespace
+
+FlatBuckets::FlatBuckets(std::vector<Tensor> params, std::vector<std::string> names,
+                         std::shared_ptr<ProcessGroup> group, FlatBucketsOptions options)
+    : params_(std::move(params)),
+      names_(std::move(names)),
+      group_(std::move(group)),
+      options_(std::move(options)) {
+  TESSERA_CHECK(options_.bucket_bytes > 0, "FlatBuckets: bucket_bytes must be > 0");
+  TESSERA_CHECK(options_.shards >= 1, "FlatBuckets: shards must be >= 1, got ", options_.shards);
+  TESSERA_CHECK(params_.size() == names_.size(), "FlatBuckets: ", params_.size(),
+                " parameters but ", names_.size(), " names");
+  build(options_.groups.empty() ? groups_by_size() : options_.groups);
+  register_comm_hook({}, {});
+  for (size_t i = 0; i < params_.size(); ++i)
+    hooks_.push_back(autograd::register_grad_ready_hook(
+        params_[i], [this, i](const Tensor&) { on_grad_ready(i); }));
+}
+
+FlatBuckets::~FlatBuckets() {
+  for (auto& h : hooks_) h.remove();
+  for (auto& b : buckets_)
+    if (b.work) {
+      try {
+        b.work->wait();
+      } catch (...) {  // a destructor must not throw; the error was reported to the waiter
+      }
+    }
+}
+
+std::vector<std::vector<size_t>> FlatBuckets::groups_by_size() const {
+  // Reverse registration order; a new bucket when the current one is full or the
+  // dtype/device changes (one buffer holds one dtype on one device).
+  std::vector<std::vector<size_t>> groups;
+  size_t bytes = 0;
+  for (size_t k = params_.size(); k-- > 0;) {
+    const Tensor& p = params_[k];
+    bool fits = !groups.empty() && bytes < options_.bucket_bytes &&
+                params_[groups.back().front()].dtype() == p.dtype() &&
+                params_[groups.back().front()].device() == p.device();
+    if (!fits) {
+      groups.emplace_back();
+      bytes = 0;
+    }
+    groups.back().push_back(k);
+    bytes += p.nbytes();
+  }
+  return groups;
+}
+
+void FlatBuckets::build(const std::vector<std::vector<size_t>>& groups) {
+  bucket_of_.assign(params_.size(), SIZE_MAX);
+  index_in_bucket_.assign(params_.size(), 0);
+  ready_.assign(params_.size(), false);
+  for (auto& members : groups) {
+    TESSERA_CHECK(!members.empty(), "FlatBuckets: an empty bucket group");
+    Bucket b;
+    b.shards = options_.shards;
+    const Tensor& first = params_.at(members.front());
+    b.dtype = first.dtype();
+    b.device = first.device();
+    for (size_t k : members) {
+      TESSERA_CHECK(k < params_.size() && bucket_of_[k] == SIZE_MAX, "FlatBuckets: parameter ", k,
+                    " is missing or listed twice in the bucket groups");
+      TESSERA_CHECK(params_[k].dtype() == b.dtype && params_[k].device() == b.device,
+                    "FlatBuckets: '", names_[k], "' (", dtype_name(params_[k].dtype()), " on ",
+                    params_[k].device().str(), ") cannot share a bucket with '",
+                    names_[members.front()], "' (", dtype_name(b.dtype), " on ", b.device.str(),
+                    ")");
+      bucket_of_[k] = buckets_.size();
+      index_in_bucket_[k] = b.params.size();
+      b.params.push_back(k);
+      b.offsets.push_back(b.numel);
+      b.numel += params_[k].numel();
+    }
+    b.padded_numel = (b.numel + b.shards - 1) / b.shards * b.shards;
+    b.pending = members.size();
+    buckets_.push_back(std::move(b));
+  }
+  for (size_t k = 0; k < params_.size(); ++k)
+    TESSERA_CHECK(bucket_of_[k] != SIZE_MAX, "FlatBuckets: parameter '", names_[k],
+                  "' is in no bucket group");
+  // Gradients live in the buckets from the start, so backward accumulates into them.
+  for (size_t k = 0; k < params_.size(); ++k) adopt_gradient(k, /*zero_when_missing=*/true);
+}
+
+void FlatBuckets::register_comm_hook(CommHook hook, CompletionHook done) {
+  if (hook) {
+    hook_ = std::move(hook);
+    done_ = std::move(done);
+    return;
+  }
+  // The default: every rank ends with the average, in the gradients' own buffer.
+  hook_ = [this](Bucket& b) { return group_->all_reduce(b.communication_buffer(), ReduceOp::Avg); };
+  done_ = [](Bucket& b) {
+    if (b.reduce_buffer.defined()) raw::copy_(b.gradients, b.reduce_buffer);
+  };
+}
+
+void FlatBuckets::ensure_gradient_buffer(Bucket& b) {
+  if (b.gradients.defined()) return;
+  b.gradients = zeros({b.padded_numel}, {.dtype = b.dtype, .device = b.device});
+  if (is_low_precision(b.dtype) && options_.reduce_dtype && *options_.reduce_dtype != b.dtype)
+    b.reduce_buffer =
+        empty({b.padded_numel}, {.dtype = *options_.reduce_dtype, .device = b.device});
+}
+
+void FlatBuckets::release_gradients(Bucket& b) {
+  for (size_t k : b.params) {
+    const Tensor grad = params_[k].grad();
+    if (grad.defined() && grad.shares_storage(b.gradients)) params_[k].set_grad(Tensor());
+  }
+  b.gradients = Tensor();
+  b.reduce_buffer = Tensor();
+}
+
+int64_t FlatBuckets::offset_of(size_t i) const {
+  const Bucket& b = buckets_.at(bucket_of_.at(i));
+  return b.offsets[index_in_bucket_[i]];
+}
+
+Tensor FlatBuckets::gradient_slot(size_t i) {
+  Bucket& b = buckets_.at(bucket_of_.at(i));
+  ensure_gradient_buffer(b);
+  const Tensor& p = params_[i];
+  return raw::view(raw::narrow(b.gradients, 0, b.offsets[index_in_bucket_[i]], p.numel()),
+                   p.shape());
+}
+
+int64_t FlatBuckets::gradient_bytes() const {
+  int64_t bytes = 0;
+  for (const Bucket& b : buckets_)
+    if (b.gradients.defined()) bytes += b.gradients.nbytes();
+  return bytes;
+}
+
+int64_t FlatBuckets::reduce_buffer_bytes() const {
+  int64_t bytes = 0;
+  for (const Bucket& b : buckets_)
+    if (b.reduce_buffer.defined()) bytes += b.reduce_buffer.nbytes();
+  return bytes;
+}
+
+void FlatBuckets::adopt_gradient(size_t i, bool zero_when_missing) {
+  const Tensor& p = params_[i];
+  Tensor slot = gradient_slot(i);
+  Tensor grad = p.grad();
+  if (grad.defined() && grad.raw_data() == slot.raw_data() && grad.strides() == slot.strides()) {
+    return;  // already accumulated in place
+  }
+  if (grad.defined())
+    raw::copy_(slot, grad);
+  else if (zero_when_missing)
+    raw::fill_(slot, 0.0);
+  p.set_grad(slot);
+}
+
+void FlatBuckets::on_grad_ready(size_t i) {
+  if (!sync_) {
+    adopt_gradient(i, true);  // accumulate in the bucket (a released buffer comes back)
+    return;
+  }
+  TESSERA_CHECK(!ready_[i], "FlatBuckets: the gradient of '", names_[i],
+                "' was reported final twice in one backward (is it used both inside and "
+                "outside a checkpoint region, or was backward run twice without "
+                "finishing the gradient sync?)");
+  ready_[i] = true;
+  adopt_gradient(i, true);
+  Bucket& b = buckets_[bucket_of_[i]];
+  if (--b.pending == 0) launch_ready_buckets();
+}
+
+void FlatBuckets::launch_ready_buckets() {
+  // Strictly in bucket order, so every rank issues the same sequence of collectives.
+  while (next_bucket_to_launch_ < buckets_.size() &&
+         buckets_[next_bucket_to_launch_].pending == 0) {
+    Bucket& b = buckets_[next_bucket_to_launch_++];
+    ensure_gradient_buffer(b);
+    if (b.reduce_buffer.defined()) raw::copy_(b.reduce_buffer, b.gradients);
+    b.work = hook_(b);
+  }
+}
+
+void FlatBuckets::finish() {
+  if (!sync_) return;
+  std::vector<std::string> unused;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!ready_[i]) unused.push_back(names_[i]);
+  if (!unused.empty() && !options_.find_unused_parameters) {
+    std::ostringstream os;
+    for (size_t k = 0; k < unused.size() && k < 8; ++k)
+      os << (k ? ", " : "") << "'" << unused[k] << "'";
+    if (unused.size() > 8) os << " and " << unused.size() - 8 << " more";
+    reset_backward_state();
+    TESSERA_FAIL("DistributedDataParallel: ", unused.size(),
+                 " parameter(s) got no gradient in this backward: ", os.str(),
+                 ". Every parameter must take part in the loss on every rank, or wrap with "
+                 "find_unused_parameters = true");
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (ready_[i]) continue;
+    ready_[i] = true;
+    adopt_gradient(i, true);  // what earlier no_sync steps accumulated, else zero
+    --buckets_[bucket_of_[i]].pending;
+  }
+  launch_ready_buckets();
+  std::exception_ptr error;
+  for (auto& b : buckets_) {
+    try {
+      if (b.work) {
+        b.work->wait();
+        if (done_) done_(b);
+      }
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  reset_backward_state();
+  if (error) std::rethrow_exception(error);
+}
+
+void FlatBuckets::reset_backward_state() {
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (auto& b : buckets_) {
+    b.pending = b.params.size();
+    b.work.reset();
+  }
+  next_bucket_to_launch_ = 0;
+}
+
+}  // namespace tessera::dist

@@ -1,0 +1,126 @@
+// FlatBuckets: the gradient (and, for ZeRO, parameter) buckets every data-parallel
+// strategy shares.
+//
+// Parameters are grouped into buckets in reverse registration order (roughly the
+// order backward produces their gradients), each about `bucket_bytes`, or in groups
+// the strategy gives (ZeRO-3: one bucket per block). A bucket owns one flat,
+// contiguous gradient buffer and every parameter's .grad is a view into it, so a
+// bucket is communicated in one call. The length of every flat buffer is padded to
+// a multiple of the shard count, so a ZeRO rank owns the contiguous slice
+// [rank·S, (rank+1)·S) of each bucket (S = padded / shards) whatever the sizes.
+//
+// Backward drives the buckets: the autograd grad-ready hook of each parameter marks
+// it ready, and when a bucket's last parameter is ready the buckets that are
+// complete are handed, strictly in bucket order (so every rank issues the same
+// sequence of collectives), to the communication hook. As PyTorch's
+// `register_comm_hook`, the hook gets the bucket and returns the Work of the
+// collective it started: the default all-reduces the average (DDP); ZeRO-2/3
+// install a reduce-scatter into the rank's gradient shard.
+#pragma once
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "dist/process_group.h"
+
+namespace tessera::dist {
+
+struct FlatBucketsOptions {
+  size_t bucket_bytes = size_t(25) << 20;
+  // Explicit bucket membership (parameter indices, each listed once, in launch order);
+  // empty: groups of about bucket_bytes in reverse order.
+  std::vector<std::vector<size_t>> groups;
+  // Flat buffers are padded to a multiple of this (the ranks that share a bucket).
+  int shards = 1;
+  // The dtype f16/bf16 gradients are reduced in (through `reduce_buffer`); none or equal
+  // to the gradient dtype: reduced in place.
+  std::optional<DType> reduce_dtype = DType::f32;
+  // false: a parameter that gets no gradient in a synced backward is an error naming it.
+  bool find_unused_parameters = false;
+};
+
+class FlatBuckets {
+ public:
+  struct Bucket {
+    std::vector<size_t> params;    // indices into parameters()
+    std::vector<int64_t> offsets;  // element offset of each in the flat buffers
+    int64_t numel = 0;             // elements in use
+    int64_t padded_numel = 0;      // a multiple of `shards`
+    DType dtype = DType::f32;      // of the parameters and gradients
+    Device device = Device::cpu();
+    Tensor gradients;      // [padded_numel]; undefined while released (ZeRO-2/3)
+    Tensor reduce_buffer;  // [padded_numel] in reduce_dtype when that differs, else undefined
+    size_t pending = 0;    // parameters not yet ready in this backward
+    WorkPtr work;          // the communication hook's collective, once launched
+    int64_t shard_numel() const { return padded_numel / std::max<int64_t>(1, shards); }
+    // What the hook reduces: the reduce_buffer when there is one (filled from the
+    // gradients before the hook runs), else the gradients themselves.
+    const Tensor& communication_buffer() const {
+      return reduce_buffer.defined() ? reduce_buffer : gradients;
+    }
+    int shards = 1;
+  };
+  // Starts the bucket's collective; called in bucket order on every rank.
+  using CommHook = std::function<WorkPtr(Bucket& bucket)>;
+  // Runs after the bucket's Work completed (DDP: copies the f32 average back).
+  using CompletionHook = std::function<void(Bucket& bucket)>;
+
+  FlatBuckets(std::vector<Tensor> params, std::vector<std::string> names,
+              std::shared_ptr<ProcessGroup> group, FlatBucketsOptions options);
+  ~FlatBuckets();
+  FlatBuckets(const FlatBuckets&) = delete;
+  FlatBuckets& operator=(const FlatBuckets&) = delete;
+
+  // Replaces the default (all-reduce of the average, result copied back into the
+  // gradients) with `hook`; `done` runs once its Work has completed.
+  void register_comm_hook(CommHook hook, CompletionHook done = {});
+  // While off, grad-ready hooks only let gradients accumulate where they are.
+  void set_sync(bool on) { sync_ = on; }
+  bool sync() const { return sync_; }
+  // After a backward: launches what the hooks did not (unused parameters), waits for
+  // every bucket's Work and runs the completion hooks. Does nothing while sync is off.
+  void finish();
+
+  const std::vector<Tensor>& parameters() const { return params_; }
+  const std::vector<std::string>& parameter_names() const { return names_; }
+  std::vector<Bucket>& buckets() { return buckets_; }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  size_t bucket_of(size_t param) const { return bucket_of_.at(param); }
+  int64_t offset_of(size_t param) const;
+  // The view of bucket memory that is parameter i's gradient (allocating the bucket's
+  // buffer when it was released).
+  Tensor gradient_slot(size_t i);
+  // Drops a bucket's gradient buffer and the .grad views into it (ZeRO-2/3 after the
+  // reduce-scatter); the next backward allocates it again.
+  void release_gradients(Bucket& bucket);
+  // Bytes of the gradient buffers and of the reduce buffers currently allocated.
+  int64_t gradient_bytes() const;
+  int64_t reduce_buffer_bytes() const;
+
+ private:
+  void build(const std::vector<std::vector<size_t>>& groups);
+  std::vector<std::vector<size_t>> groups_by_size() const;
+  void on_grad_ready(size_t param);
+  void adopt_gradient(size_t param, bool zero_when_missing);
+  void launch_ready_buckets();
+  void reset_backward_state();
+  void ensure_gradient_buffer(Bucket& b);
+
+  std::vector<Tensor> params_;
+  std::vector<std::string> names_;
+  std::shared_ptr<ProcessGroup> group_;
+  FlatBucketsOptions options_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;
+  std::vector<size_t> index_in_bucket_;
+  std::vector<bool> ready_;
+  size_t next_bucket_to_launch_ = 0;
+  bool sync_ = true;
+  CommHook hook_;
+  CompletionHook done_;
+  std::vector<autograd::HookHandle> hooks_;
+};
+
+}  // namespace tessera::dist

@@ -1,0 +1,45 @@
+#include "dist/strategy.h"
+
+#include <map>
+
+namespace tessera::dist {
+
+MixedPrecisionPolicy MixedPrecisionPolicy::from_name(const std::string& name) {
+  // Gradients are averaged and masters kept in f32 whatever the parameters' dtype: the
+  // low precision is for the memory and the matmuls, not for the sums.
+  if (name == "no") return {};
+  if (name == "bf16") return {DType::bf16, DType::bf16, DType::f32, DType::f32};
+  if (name == "fp16") return {DType::f16, DType::f16, DType::f32, DType::f32};
+  TESSERA_FAIL("mixed_precision must be no, fp16 or bf16; got '", name, "'");
+}
+
+std::vector<DataParallelStrategy::OptimizerSlice> DataParallelStrategy::optimizer_slices(
+    const optim::Optimizer& optimizer) const {
+  std::map<const TensorImpl*, std::string> names;
+  for (auto& [name, p] : module().named_parameters()) names[p.impl_ptr().get()] = name;
+  std::vector<OptimizerSlice> slices;
+  for (const Tensor& p : optimizer.parameters()) {
+    auto it = names.find(p.impl_ptr().get());
+    TESSERA_CHECK(it != names.end(), name(), ": the optimizer trains a tensor of shape ",
+                  shape_str(p.shape()), " that is not a parameter of the prepared model");
+    slices.push_back({it->second, 0, p.numel()});
+  }
+  return slices;
+}
+
+int64_t optimizer_state_bytes(const optim::Optimizer& optimizer) {
+  int64_t bytes = 0;
+  for (const auto& [key, t] : optimizer.state_dict().tensors)
+    bytes += static_cast<int64_t>(t.nbytes());
+  return bytes;
+}
+
+void broadcast_module_from_rank0(nn::Module& module, ProcessGroup& group) {
+  if (group.size() == 1) return;
+  std::vector<WorkPtr> works;
+  for (const Tensor& p : module.parameters()) works.push_back(group.broadcast(p.detach(), 0));
+  for (auto& [name, b] : module.named_buffers()) works.push_back(group.broadcast(b.detach(), 0));
+  for (auto& w : works) w->wait();
+}
+
+}  // namespace tessera::dist

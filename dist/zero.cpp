@@ -1,0 +1,373 @@
+#include "dist/zero.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "dist/ddp.h"
+#include "optim/clip.h"
+
+namespace tessera::dist {
+
+namespace {
+
+// Points the parameter's TensorImpl at `source`'s memory, keeping its identity and its
+// version: tensors autograd saved are the same TensorImpl, so a backward reads whatever
+// memory it points at then (gathered again by the backward pre-hook).
+void repoint(const Tensor& target, const Tensor& source) {
+  TensorImpl& impl = target.impl();
+  impl.storage = source.storage();
+  impl.shape = source.shape();
+  impl.strides = source.strides();
+  impl.offset = source.offset();
+}
+
+// A released stage-3 parameter keeps its shape, dtype and device but no memory.
+void point_at_nothing(const Tensor& p) {
+  p.impl().storage = empty({0}, {.dtype = p.dtype(), .device = p.device()}).storage();
+  p.impl().offset = 0;
+}
+
+Tensor slot_view(const Tensor& flat, int64_t offset, const Tensor& like) {
+  return raw::view(raw::narrow(flat, 0, offset, like.numel()), like.shape());
+}
+
+}  // namespace
+
+ZeroStrategy::ZeroStrategy(nn::Module& module, std::shared_ptr<ProcessGroup> group,
+                           ZeroOptions options)
+    : module_(module), group_(group ? std::move(group) : world_ptr()), options_(options) {
+  TESSERA_CHECK(options_.stage >= 1 && options_.stage <= 3,
+                "ZeroStrategy: stage must be 1, 2 or 3, got ", options_.stage);
+  broadcast_module_from_rank0(module_, *group_);
+  auto [params, names] = trainable_parameters(module_);
+  FlatBucketsOptions o;
+  o.bucket_bytes = options_.bucket_bytes;
+  o.find_unused_parameters = options_.find_unused_parameters;
+  o.reduce_dtype = options_.reduce_dtype;
+  o.shards = group_->size();
+  if (options_.stage == 3) o.groups = stage3_units(params);
+  buckets_ = std::make_unique<FlatBuckets>(std::move(params), std::move(names), group_, o);
+  flatten_parameters();
+  install_comm_hooks();
+  if (options_.stage == 3) install_unit_hooks();
+}
+
+ZeroStrategy::~ZeroStrategy() {
+  // The module and optimizer may already be gone (declared after the Accelerator): their
+  // hooks stay registered and find the strategy dead.
+  *alive_ = false;
+  for (auto& h : grad_hooks_) h.remove();
+}
+
+// Units: every child of every ModuleList (a transformer's blocks), in reverse order, then
+// the root with everything else (embeddings, final norm, head, tied weights once).
+std::vector<std::vector<size_t>> ZeroStrategy::stage3_units(const std::vector<Tensor>& params) {
+  std::map<const TensorImpl*, size_t> index;
+  for (size_t k = 0; k < params.size(); ++k) index[params[k].impl_ptr().get()] = k;
+  std::vector<std::vector<size_t>> units;
+  std::set<size_t> taken;
+  for (auto& [name, m] : module_.named_modules()) {
+    if (!dynamic_cast<nn::ModuleList*>(m)) continue;
+    for (auto& [child_name, child] : m->named_children()) {
+      std::vector<size_t> unit;
+      for (const Tensor& p : child->parameters())
+        if (auto it = index.find(p.impl_ptr().get());
+            it != index.end() && taken.insert(it->second).second)
+          unit.push_back(it->second);
+      if (unit.empty()) continue;
+      std::sort(unit.rbegin(), unit.rend());
+      units.push_back(std::move(unit));
+      unit_module_.push_back(child);
+    }
+  }
+  std::reverse(units.begin(), units.end());
+  std::reverse(unit_module_.begin(), unit_module_.end());
+  std::vector<size_t> root;
+  for (size_t k = params.size(); k-- > 0;)
+    if (!taken.count(k)) root.push_back(k);
+  if (!root.empty()) {
+    units.push_back(std::move(root));
+    unit_module_.push_back(&module_);
+  }
+  return units;
+}
+
+int64_t ZeroStrategy::slice_begin(size_t bucket) const {
+  return group_->rank() * buckets_->buckets()[bucket].shard_numel();
+}
+
+// Moves every parameter into its bucket's flat buffer (stage 3: keeps only this rank's
+// slice) and lays out the pieces this rank updates.
+void ZeroStrategy::flatten_parameters() {
+  auto& buckets = buckets_->buckets();
+  const auto& params = buckets_->parameters();
+  shards_.assign(buckets.size(), Shard{});
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const auto& bucket = buckets[b];
+    Shard& shard = shards_[b];
+    const TensorOptions opts{.dtype = bucket.dtype, .device = bucket.device};
+    shard.parameters = zeros({bucket.padded_numel}, opts);
+    for (size_t j = 0; j < bucket.params.size(); ++j) {
+      const Tensor& p = params[bucket.params[j]];
+      const Tensor slot = slot_view(shard.parameters, bucket.offsets[j], p);
+      raw::copy_(slot, p.detach());
+      repoint(p, slot);
+    }
+    shard.gathered = true;
+    const int64_t begin = slice_begin(b), size = bucket.shard_numel();
+    for (size_t j = 0; j < bucket.params.size(); ++j) {
+      const int64_t lo = std::max(begin, bucket.offsets[j]);
+      const int64_t hi =
+          std::min(begin + size, bucket.offsets[j] + params[bucket.params[j]].numel());
+      if (lo < hi) piece_layout_.push_back({bucket.params[j], b, lo, hi - lo});
+    }
+    if (options_.stage >= 2) {
+      shard.gradients = zeros({size}, opts);
+      if (bucket.dtype != options_.reduce_dtype &&
+          (bucket.dtype == DType::f16 || bucket.dtype == DType::bf16))
+        shard.reduced = empty({size}, {.dtype = options_.reduce_dtype, .device = bucket.device});
+    }
+    if (options_.stage == 3) {
+      shard.owned_parameters = raw::clone(raw::narrow(shard.parameters, 0, begin, size));
+      release(b);
+    }
+  }
+  for (const Piece& piece : piece_layout_) {
+    const Shard& shard = shards_[piece.bucket];
+    pieces_.push_back(options_.stage == 3
+                          ? raw::narrow(shard.owned_parameters, 0,
+                                        piece.begin - slice_begin(piece.bucket), piece.numel)
+                          : raw::narrow(shard.parameters, 0, piece.begin, piece.numel));
+  }
+}
+
+// Stage 1 all-reduces a bucket (as DDP); stages 2 and 3 reduce-scatter it, so each
+// rank receives the average of its own slice only. Either way this rank's pieces then
+// take their gradients from the result and the bucket lets its full buffer go (the
+// next backward starts from a fresh one; stage 1's pieces keep viewing theirs until
+// the optimizer's zero_grad).
+void ZeroStrategy::install_comm_hooks() {
+  const bool scatter = options_.stage >= 2;
+  buckets_->register_comm_hook(
+      [this, scatter](FlatBuckets::Bucket& b) {
+        if (!scatter) return group_->all_reduce(b.communication_buffer(), ReduceOp::Avg);
+        Shard& shard = shards_[&b - buckets_->buckets().data()];
+        const Tensor& out = shard.reduced.defined() ? shard.reduced : shard.gradients;
+        return group_->reduce_scatter(out, b.communication_buffer(), ReduceOp::Avg);
+      },
+      [this, scatter](FlatBuckets::Bucket& b) {
+        const size_t index = &b - buckets_->buckets().data();
+        Shard& shard = shards_[index];
+        if (scatter && shard.reduced.defined()) raw::copy_(shard.gradients, shard.reduced);
+        if (!scatter && b.reduce_buffer.defined()) raw::copy_(b.gradients, b.reduce_buffer);
+        point_pieces_at_gradients(index);
+        buckets_->release_gradients(b);
+      });
+}
+
+void ZeroStrategy::install_unit_hooks() {
+  if (unit_module_.empty()) return;  // nothing to train
+  const size_t root = unit_module_.size() - 1;
+  const bool has_root = unit_module_.back() == &module_;
+  unit_waiting_.assign(shards_.size(), 0);
+  for (size_t b = 0; b < unit_module_.size(); ++b) {
+    nn::Module* m = unit_module_[b];
+    if (has_root && b == root) continue;
+    m->register_forward_pre_hook([this, b, alive = alive_](nn::Module&, const Tensor&) {
+      if (*alive) gather(b);
+    });
+    m->register_forward_hook([this, b, alive = alive_](nn::Module&, const Tensor&, const Tensor&) {
+      if (*alive) release(b);
+    });
+    m->register_backward_pre_hook([this, b, alive = alive_](nn::Module&) {
+      if (*alive) gather(b);
+    });
+  }
+  // The model's own forward gathers the root unit and starts counting gradients; without
+  // grad mode nothing follows, so the root is released at once.
+  module_.register_forward_pre_hook(
+      [this, root, has_root, alive = alive_](nn::Module&, const Tensor&) {
+        if (!*alive) return;
+        for (size_t b = 0; b < shards_.size(); ++b)
+          unit_waiting_[b] = buckets_->buckets()[b].params.size();
+        if (has_root) gather(root);
+      });
+  module_.register_forward_hook(
+      [this, root, has_root, alive = alive_](nn::Module&, const Tensor&, const Tensor&) {
+        if (*alive && has_root && !autograd::is_grad_enabled()) release(root);
+      });
+  const auto& params = buckets_->parameters();
+  for (size_t k = 0; k < params.size(); ++k) {
+    const size_t b = buckets_->bucket_of(k);
+    grad_hooks_.push_back(autograd::register_grad_ready_hook(
+        params[k], [this, b](const Tensor&) { on_unit_grad_ready(b); }));
+  }
+}
+
+void ZeroStrategy::on_unit_grad_ready(size_t b) {
+  if (unit_waiting_[b] > 0 && --unit_waiting_[b] == 0) release(b);
+}
+
+void ZeroStrategy::gather(size_t b) {
+  Shard& shard = shards_[b];
+  if (shard.gathered) return;
+  const auto& bucket = buckets_->buckets()[b];
+  // New memory each time: views that autograd saved keep the previous gather alive.
+  shard.parameters = empty({bucket.padded_numel}, {.dtype = bucket.dtype, .device = bucket.device});
+  group_->all_gather(shard.parameters, shard.owned_parameters)->wait();
+  const auto& params = buckets_->parameters();
+  for (size_t j = 0; j < bucket.params.size(); ++j)
+    repoint(params[bucket.params[j]],
+            slot_view(shard.parameters, bucket.offsets[j], params[bucket.params[j]]));
+  shard.gathered = true;
+}
+
+void ZeroStrategy::release(size_t b) {
+  Shard& shard = shards_[b];
+  if (!shard.gathered || options_.stage < 3) return;
+  for (size_t k : buckets_->buckets()[b].params) point_at_nothing(buckets_->parameters()[k]);
+  shard.parameters = Tensor();
+  shard.gathered = false;
+}
+
+void ZeroStrategy::gather_full_parameters() {
+  for (size_t b = 0; b < shards_.size(); ++b) gather(b);
+}
+
+void ZeroStrategy::release_full_parameters() {
+  for (size_t b = 0; b < shards_.size(); ++b) release(b);
+}
+
+void ZeroStrategy::after_parameters_loaded() {
+  if (options_.stage < 3) return;  // the parameters are the flat buffers themselves
+  for (size_t b = 0; b < shards_.size(); ++b) {
+    TESSERA_CHECK(shards_[b].gathered, name(), ": parameters were loaded while released");
+    raw::copy_(shards_[b].owned_parameters, raw::narrow(shards_[b].parameters, 0, slice_begin(b),
+                                                        buckets_->buckets()[b].shard_numel()));
+  }
+  release_full_parameters();
+}
+
+void ZeroStrategy::prepare_optimizer(optim::Optimizer& optimizer) {
+  TESSERA_CHECK(optimizer_ == nullptr || optimizer_ == &optimizer, name(),
+                ": one optimizer per model (a second one was prepared for it)");
+  std::map<const TensorImpl*, size_t> piece_of;
+  for (size_t i = 0; i < piece_layout_.size(); ++i)
+    piece_of[buckets_->parameters()[piece_layout_[i].param].impl_ptr().get()] = i;
+  std::set<const TensorImpl*> trained;
+  for (const Tensor& p : buckets_->parameters()) trained.insert(p.impl_ptr().get());
+  std::vector<optim::ParamGroup> groups = optimizer.param_groups();
+  for (auto& g : groups) {
+    std::vector<Tensor> mine;
+    for (const Tensor& p : g.params) {
+      if (auto it = piece_of.find(p.impl_ptr().get()); it != piece_of.end())
+        mine.push_back(pieces_[it->second]);
+      else if (!trained.count(p.impl_ptr().get()))
+        mine.push_back(p);  // frozen or not in the model
+    }
+    g.params = std::move(mine);
+  }
+  optimizer.replace_param_groups(std::move(groups));
+  optimizer.set_post_step_hook([this, alive = alive_] {
+    if (*alive) after_optimizer_step();
+  });
+  optimizer_ = &optimizer;
+}
+
+void ZeroStrategy::point_pieces_at_gradients(size_t b) {
+  for (size_t i = 0; i < piece_layout_.size(); ++i) {
+    const Piece& piece = piece_layout_[i];
+    if (piece.bucket != b) continue;
+    const auto& bucket = buckets_->buckets()[piece.bucket];
+    pieces_[i].set_grad(options_.stage == 1
+                            ? raw::narrow(bucket.gradients, 0, piece.begin, piece.numel)
+                            : raw::narrow(shards_[piece.bucket].gradients, 0,
+                                          piece.begin - slice_begin(piece.bucket), piece.numel));
+  }
+}
+
+void ZeroStrategy::finish_gradient_sync() {
+  // Without its optimizer re-pointed at this rank's slices nothing would be updated: the
+  // full gradients are gone after the reduce-scatter.
+  TESSERA_CHECK(optimizer_ != nullptr || !buckets_->sync(), name(),
+                ": the optimizer was not prepared with the model; call accelerator.prepare(model, "
+                "optimizer) so that it updates this rank's slices");
+  buckets_->finish();
+}
+
+double ZeroStrategy::clip_grad_norm_(const std::vector<Tensor>&, double max_norm) {
+  // The slices are disjoint and cover every parameter once (tied weights included).
+  // On the buckets' device: NCCL reduces CUDA tensors only.
+  const Device device = shards_.empty() ? Device::cpu() : buckets_->buckets().front().device;
+  Tensor total =
+      full({1}, optim::grad_norm_squared(pieces_), {.dtype = DType::f64, .device = device});
+  group_->all_reduce(total, ReduceOp::Sum)->wait();
+  const double norm = std::sqrt(raw::to(total, Device::cpu(), DType::f64).to_vector<double>()[0]);
+  const double factor = max_norm / (norm + 1e-6);
+  if (factor < 1.0) optim::scale_grads_(pieces_, factor);
+  return norm;
+}
+
+void ZeroStrategy::after_optimizer_step() {
+  if (options_.stage == 3) {
+    // Anything still gathered holds the values from before the step.
+    release_full_parameters();
+    return;
+  }
+  std::vector<WorkPtr> works;
+  for (size_t b = 0; b < shards_.size(); ++b) {
+    const auto& bucket = buckets_->buckets()[b];
+    const Tensor mine =
+        raw::clone(raw::narrow(shards_[b].parameters, 0, slice_begin(b), bucket.shard_numel()));
+    works.push_back(group_->all_gather(shards_[b].parameters, mine));
+  }
+  for (auto& w : works) w->wait();
+}
+
+std::vector<DataParallelStrategy::OptimizerSlice> ZeroStrategy::optimizer_slices(
+    const optim::Optimizer& optimizer) const {
+  std::map<const TensorImpl*, size_t> piece_of;
+  for (size_t i = 0; i < pieces_.size(); ++i) piece_of[pieces_[i].impl_ptr().get()] = i;
+  std::vector<OptimizerSlice> slices;
+  for (const Tensor& t : optimizer.parameters()) {
+    auto it = piece_of.find(t.impl_ptr().get());
+    TESSERA_CHECK(it != piece_of.end(), name(), ": the optimizer holds a tensor of shape ",
+                  shape_str(t.shape()), " that is none of this rank's slices");
+    const Piece& piece = piece_layout_[it->second];
+    const int64_t start = buckets_->offset_of(piece.param);
+    slices.push_back({buckets_->parameter_names()[piece.param], piece.begin - start, piece.numel});
+  }
+  return slices;
+}
+
+MemoryUsage ZeroStrategy::memory() const {
+  MemoryUsage m;
+  m.gradients = buckets_->gradient_bytes();
+  m.communication = buckets_->reduce_buffer_bytes();
+  for (const Shard& s : shards_) {
+    if (options_.stage == 3) {
+      m.parameters += s.owned_parameters.nbytes();
+      if (s.gathered) m.communication += s.parameters.nbytes();
+    } else {
+      m.parameters += s.parameters.nbytes();
+    }
+    if (s.gradients.defined()) m.gradients += s.gradients.nbytes();
+    if (s.reduced.defined()) m.communication += s.reduced.nbytes();
+  }
+  // Stage 1's pieces keep viewing a released full gradient buffer until zero_grad.
+  std::set<const Storage*> counted;
+  for (const auto& b : buckets_->buckets())
+    if (b.gradients.defined()) counted.insert(b.gradients.storage().get());
+  for (const Shard& shard : shards_)
+    if (shard.gradients.defined()) counted.insert(shard.gradients.storage().get());
+  for (const Tensor& piece : pieces_) {
+    const Tensor g = piece.grad();
+    if (g.defined() && counted.insert(g.storage().get()).second)
+      m.gradients += g.storage()->nbytes();
+  }
+  return m;
+}
+
+}  // namespace tessera::dist

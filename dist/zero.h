@@ -1,0 +1,111 @@
+// ZeRO stages 1, 2 and 3 (Rajbhandari et al.; FSDP's SHARD_GRAD_OP and FULL_SHARD) as
+// data-parallel strategies on the shared flat buckets.
+//
+// Every bucket's flat buffer (padded to a multiple of W) is split into W contiguous
+// slices; rank r owns slice r. The optimizer is re-pointed at this rank's pieces: one
+// 1-D view per parameter that overlaps the slice, in the parameter's original group
+// (so weight decay and lr follow), so AdamW's moments — and, for bf16/fp16
+// parameters, its f32 masters — exist only for the slice.
+//
+//   stage 1  gradients all-reduced in full (the DDP hook); each rank updates its slice
+//            of the flat parameter buffer; after the step the slices are all-gathered.
+//   stage 2  the bucket hook reduce-scatters instead: each rank receives the average of
+//            its slice only, and the full gradient buffer is released after the sync.
+//   stage 3  parameters are sharded too: a parameter holds its full value only while
+//            its unit (a block of a ModuleList, or the rest of the model: the root) is
+//            gathered — from the unit's forward pre-hook to its forward hook, and again
+//            from its backward pre-hook until its gradients are final. The root unit
+//            (embeddings, final norm, head; tied weights live there once) stays
+//            gathered from the model's forward until its gradients are final.
+//
+// Gradient accumulation (no_sync) keeps full local gradients until the syncing
+// micro-step, as FSDP's no_sync does. Global-norm clipping sums the squares of every
+// rank's slices.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/flat_buckets.h"
+#include "dist/strategy.h"
+
+namespace tessera::dist {
+
+struct ZeroOptions {
+  int stage = 1;  // 1, 2 or 3
+  size_t bucket_bytes = size_t(25) << 20;
+  bool find_unused_parameters = false;
+  DType reduce_dtype = DType::f32;  // for f16/bf16 gradients
+};
+
+class ZeroStrategy : public DataParallelStrategy {
+ public:
+  ZeroStrategy(nn::Module& module, std::shared_ptr<ProcessGroup> group, ZeroOptions options);
+  ~ZeroStrategy() override;
+  ZeroStrategy(const ZeroStrategy&) = delete;
+  ZeroStrategy& operator=(const ZeroStrategy&) = delete;
+
+  std::string name() const override { return "ZeRO-" + std::to_string(options_.stage); }
+  nn::Module& module() const override { return module_; }
+  int stage() const { return options_.stage; }
+
+  void prepare_optimizer(optim::Optimizer& optimizer) override;
+  void set_gradient_sync(bool on) override { buckets_->set_sync(on); }
+  bool gradient_sync() const override { return buckets_->sync(); }
+  void finish_gradient_sync() override;
+  double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) override;
+  void after_optimizer_step() override;
+  // Collective. After the strategy is destroyed, parameters keep what they last pointed
+  // at: the Accelerator gathers them before it lets a stage-3 strategy go.
+  void gather_full_parameters() override;
+  void release_full_parameters() override;
+  void after_parameters_loaded() override;
+  MemoryUsage memory() const override;
+  std::vector<OptimizerSlice> optimizer_slices(const optim::Optimizer& optimizer) const override;
+
+  const FlatBuckets& buckets() const { return *buckets_; }
+  // This rank's slices, one per overlapped parameter (what the optimizer updates).
+  const std::vector<Tensor>& pieces() const { return pieces_; }
+
+ private:
+  // Per bucket: the flat parameters and this rank's gradient slice.
+  struct Shard {
+    Tensor parameters;        // [padded] stage 1/2 always; stage 3 while gathered
+    Tensor owned_parameters;  // [S] stage 3: this rank's slice, kept between steps
+    Tensor gradients;         // [S] stage 2/3: the averaged slice, parameter dtype
+    Tensor reduced;           // [S] in reduce_dtype when that differs (else undefined)
+    bool gathered = false;
+  };
+  // A parameter's overlap with this rank's slice of its bucket.
+  struct Piece {
+    size_t param, bucket;
+    int64_t begin, numel;  // in the bucket's flat buffer
+  };
+  std::vector<std::vector<size_t>> stage3_units(const std::vector<Tensor>& params);
+  void flatten_parameters();
+  void install_comm_hooks();
+  void install_unit_hooks();
+  void gather(size_t bucket);
+  void release(size_t bucket);
+  void on_unit_grad_ready(size_t bucket);
+  void point_pieces_at_gradients(size_t bucket);
+  int64_t slice_begin(size_t bucket) const;
+
+  nn::Module& module_;
+  std::shared_ptr<ProcessGroup> group_;
+  ZeroOptions options_;
+  std::unique_ptr<FlatBuckets> buckets_;
+  std::vector<Shard> shards_;
+  std::vector<Piece> piece_layout_;
+  std::vector<Tensor> pieces_;
+  // Stage 3: the modules whose hooks gather each bucket (the root's for the last one),
+  // and how many of a bucket's parameters still wait for their gradient.
+  std::vector<nn::Module*> unit_module_;
+  std::vector<size_t> unit_waiting_;
+  // Read by the hooks left on the module and optimizer: false once this is destroyed.
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::vector<autograd::HookHandle> grad_hooks_;
+  optim::Optimizer* optimizer_ = nullptr;
+};
+
+}  // namespace tessera::dist

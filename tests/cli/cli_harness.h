@@ -1,0 +1,94 @@
+// Shared by the tests that run the built `tessera` program: running it (through the
+// shell, so a test can set limits first), a per-process scratch folder removed at the
+// end, and small prepared data sets.
+#pragma once
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace tessera_cli_test {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int rc;
+  std::string output;
+};
+
+inline std::string tessera_binary() {
+  if (const char* env = std::getenv("TESSERA_BINARY")) return env;
+  return (fs::path(TESSERA_BINARY_DIR) / "tessera").string();
+}
+
+// Runs `tessera args` with stderr folded into the output. `shell_prefix` (e.g. a
+// `ulimit`) runs first in the same shell, so its limits apply to the program.
+inline RunResult run(const std::string& args, const std::string& shell_prefix = "") {
+  const std::string cmd =
+      shell_prefix + " OMP_NUM_THREADS=2 " + tessera_binary() + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (pipe && fgets(buf, sizeof(buf), pipe)) out += buf;
+  const int status = pipe ? pclose(pipe) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+inline fs::path scratch() {
+  static const fs::path dir = [] {
+    auto d = fs::temp_directory_path() / ("tessera_test_cli_" + std::to_string(::getpid()));
+    fs::remove_all(d);
+    fs::create_directories(d);
+    return d;
+  }();
+  return dir;
+}
+
+// Removes this process's scratch folder when the tests are done.
+class ScratchCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override { fs::remove_all(scratch()); }
+};
+inline const auto* const kScratchCleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
+
+// A small deterministic corpus with learnable structure (repeated phrases).
+inline std::string generated_corpus(size_t sentences) {
+  const std::vector<std::string> subjects = {"The cat", "A dog", "My friend", "The old man", "She"};
+  const std::vector<std::string> verbs = {"sees", "likes", "finds", "wants", "reads"};
+  const std::vector<std::string> objects = {"the moon.", "a book.", "green tea.", "the sea.",
+                                            "a red ball."};
+  std::mt19937 rng(7);
+  std::string text;
+  for (size_t i = 0; i < sentences; ++i) {
+    text += subjects[rng() % subjects.size()] + " " + verbs[rng() % verbs.size()] + " " +
+            objects[rng() % objects.size()] + (i % 4 == 3 ? "\n" : " ");
+  }
+  return text;
+}
+
+// prepare once per tokenizer kind; returns the data directory.
+inline fs::path prepared(const std::string& tokenizer) {
+  const fs::path dir = scratch() / ("data_" + tokenizer);
+  if (!fs::exists(dir / "train.bin")) {
+    const fs::path corpus = scratch() / "corpus.txt";
+    std::ofstream(corpus) << generated_corpus(3000);
+    const auto r = run("prepare --input " + corpus.string() + " --tokenizer " + tokenizer +
+                       " --vocab 300 --out " + dir.string());
+    EXPECT_EQ(r.rc, 0) << r.output;
+  }
+  return dir;
+}
+
+inline std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace tessera_cli_test

@@ -1,0 +1,173 @@
+// Helper program for the ZeRO equivalence tests of test_dist: trains a small GPT (tied
+// embeddings; n_embd 11 makes every block 1595 and the root 517 elements, so no stage-3
+// unit divides evenly by 2 or 3 ranks) with AdamW
+// through the Accelerator at a given zero_stage (0 = DDP), with gradient accumulation
+// and global-norm clipping, on the sequential data order. The main process writes each
+// optimizer step's loss and gradient norm, then the final weights (unwrap_model gathers
+// them under stage 3), to --out; --memory makes every rank print its bytes by category.
+//
+// --save DIR --save-at K writes the Accelerator's state (ZeRO: sharded optimizer) after
+// step K and trains on; --resume DIR --start-step K loads the weights and re-slices the
+// optimizer shards of such a checkpoint, at this run's world size and stage, and trains
+// steps K.. (same global batch: W·B rows per micro-step).
+//
+// usage: dist_zero_check [--zero-stage N] --out FILE [--rows B] [--accum A] [--steps S]
+//                        [--clip C] [--bucket-bytes N] [--backend auto|tcp|mpi]
+//                        [--mixed-precision no|bf16] [--memory] [--untied]
+//                        [--save DIR --save-at K] [--resume DIR --start-step K]
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "core/random.h"
+#include "dist/accelerator.h"
+#include "dist/sharded_state.h"
+#include "nn/gpt.h"
+#include "optim/adamw.h"
+
+using namespace tessera;
+
+namespace {
+
+constexpr int64_t kVocab = 37, kSeq = 8, kTokens = 4001;
+
+// Rows [start, start + n) of a fixed token stream as [n, T] inputs and shifted targets.
+std::pair<Tensor, Tensor> rows(int64_t start, int64_t n) {
+  std::vector<int64_t> x(n * kSeq), y(n * kSeq);
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t t = 0; t < kSeq; ++t) {
+      // Runs of 17 tokens stepping by 3: learnable from the previous token.
+      auto token = [](int64_t i) {
+        i %= kTokens;
+        return ((i % 17) * 3 + (i / 17) % 5) % kVocab;
+      };
+      const int64_t at = (start + b) * kSeq + t;
+      x[b * kSeq + t] = token(at);
+      y[b * kSeq + t] = token(at + 1);
+    }
+  return {from_vector(x, {n, kSeq}, {.dtype = DType::i64}),
+          from_vector(y, {n, kSeq}, {.dtype = DType::i64})};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t rows_per_rank = 2, accum = 2, steps = 10, zero_stage = -1, save_at = -1, start_step = 0;
+  std::string save_dir, resume_dir;
+  double clip = 0.2;           // below every step's gradient norm: clipping always acts
+  size_t bucket_bytes = 3000;  // several buckets under stages 0-2
+  std::string out_path, backend = "auto", precision = "no";
+  bool memory = false, tied = true;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&] { return std::string(argv[++i]); };
+    if (a == "--zero-stage")
+      zero_stage = std::stoll(next());
+    else if (a == "--rows")
+      rows_per_rank = std::stoll(next());
+    else if (a == "--accum")
+      accum = std::stoll(next());
+    else if (a == "--steps")
+      steps = std::stoll(next());
+    else if (a == "--clip")
+      clip = std::stod(next());
+    else if (a == "--out")
+      out_path = next();
+    else if (a == "--bucket-bytes")
+      bucket_bytes = std::stoull(next());
+    else if (a == "--backend")
+      backend = next();
+    else if (a == "--mixed-precision")
+      precision = next();
+    else if (a == "--memory")
+      memory = true;
+    else if (a == "--untied")
+      tied = false;
+    else if (a == "--save")
+      save_dir = next();
+    else if (a == "--save-at")
+      save_at = std::stoll(next());
+    else if (a == "--resume")
+      resume_dir = next();
+    else if (a == "--start-step")
+      start_step = std::stoll(next());
+  }
+  int rank = -1;
+  try {
+    dist::Accelerator acc({.mixed_precision = precision,
+                           .gradient_accumulation_steps = static_cast<int>(accum),
+                           .backend = backend,
+                           .bucket_bytes = bucket_bytes,
+                           .cpu = true,
+                           .zero_stage = static_cast<int>(zero_stage)});
+    rank = acc.process_index();
+    zero_stage = acc.zero_stage();  // without --zero-stage: TESSERA_ZERO_STAGE
+    // Different seeds per rank: the strategy must start every rank from rank 0's weights.
+    default_generator().manual_seed(77 + rank);
+    nn::GPT model(nn::GPTConfig{.vocab_size = kVocab,
+                                .block_size = kSeq,
+                                .n_layer = 2,
+                                .n_head = 1,
+                                .n_embd = 11,
+                                .tie_word_embeddings = tied});
+    optim::AdamW opt(model.parameters(), {.lr = 2e-2, .weight_decay = 0.1});
+    if (!resume_dir.empty())
+      model.load_state_dict(optim::load_optimizer_state(resume_dir + "/model.safetensors").tensors);
+    acc.prepare(model, opt);
+    if (!resume_dir.empty())
+      dist::load_sharded_optimizer(resume_dir, *acc.strategy_of(model), opt, acc.group());
+
+    const int64_t world = acc.num_processes();
+    std::ofstream out;
+    if (acc.is_main_process()) out.open(out_path);
+    int64_t micro = start_step * accum;
+    for (int64_t step = start_step; step < steps; ++step) {
+      double step_loss = 0, norm = 0;
+      for (int64_t a = 0; a < accum; ++a, ++micro) {
+        auto scope = acc.accumulate(model);
+        auto [x, y] = rows((micro * world + rank) * rows_per_rank, rows_per_rank);
+        Tensor loss = model.loss(x, y);
+        acc.backward(loss);
+        step_loss += acc.reduce(loss.detach().to(DType::f32), "mean").item() / accum;
+        if (scope.sync_gradients()) norm = acc.clip_grad_norm_(model.parameters(), clip);
+        // At the step's peak: gradients reduced, optimizer state allocated (after step 1).
+        if (memory && scope.sync_gradients() && step + 1 == steps) {
+          const dist::MemoryUsage m = acc.memory_usage(model);
+          std::cout << ("memory rank " + std::to_string(rank) + " stage " +
+                        std::to_string(zero_stage) + " parameters " + std::to_string(m.parameters) +
+                        " gradients " + std::to_string(m.gradients) + " optimizer " +
+                        std::to_string(m.optimizer) + " communication " +
+                        std::to_string(m.communication) + "\n")
+                    << std::flush;
+        }
+        opt.step();
+        opt.zero_grad();
+      }
+      if (acc.is_main_process()) {
+        char line[96];
+        std::snprintf(line, sizeof line, "loss %lld %.9g\nnorm %lld %.9g\n",
+                      static_cast<long long>(step), step_loss, static_cast<long long>(step), norm);
+        out << line;
+      }
+      if (step + 1 == save_at) acc.save_state(save_dir);
+    }
+    nn::Module& whole = acc.unwrap_model(model);
+    if (acc.is_main_process()) {
+      for (auto& [name, p] : whole.named_parameters()) {
+        out << "param " << name;
+        for (float v : raw::to(p.detach(), Device::cpu(), DType::f32).to_vector<float>()) {
+          char num[32];
+          std::snprintf(num, sizeof num, " %.9g", v);
+          out << num;
+        }
+        out << "\n";
+      }
+    }
+    acc.end_training();
+  } catch (const std::exception& e) {
+    std::cerr << ("rank " + std::to_string(rank) + ": error: " + e.what() + "\n") << std::flush;
+    return 1;
+  }
+  return 0;
+}
