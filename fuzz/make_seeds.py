@@ -50,3 +50,34 @@ config = {"data": "train.bin", "n_layer": 2, "n_head": 2, "n_embd": 32, "batch":
           "dtype": "bf16", "eval_every": 5, "out": "runs/x"}
 put("train_config", "config.json", json.dumps(config))
 put("train_config", "config.yaml", "".join("%s: %s\n" % (k, json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v) for k, v in config.items()) + "# comment\n\nn-head: 4\n")
+
+
+def byte_level_alphabet():
+    """GPT-2's byte -> printable character map (the byte-level BPE vocabulary's alphabet)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+# A Hugging Face tokenizer.json: byte-level BPE over the 256 bytes with a few merges and an
+# added special token (the layout `tessera prepare` writes and GPT-2's file uses).
+alphabet = byte_level_alphabet()
+vocab = {alphabet[b]: b for b in range(256)}
+merges = ["t h", "th e", "\u0120 th"]
+for m in merges:
+    vocab[m.replace(" ", "")] = len(vocab)
+vocab["<|endoftext|>"] = len(vocab)
+put("tokenizer", "hugging_face.json", json.dumps({
+    "version": "1.0",
+    "added_tokens": [{"id": vocab["<|endoftext|>"], "content": "<|endoftext|>", "special": True}],
+    "normalizer": None,
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+    "decoder": {"type": "ByteLevel"},
+    "model": {"type": "BPE", "dropout": None, "vocab": vocab, "merges": merges},
+}, ensure_ascii=False))
