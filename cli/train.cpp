@@ -38,6 +38,10 @@ constexpr FlagSpec kValueFlags[] = {
     {"--eps", "eps", "AdamW epsilon (default 1e-8)"},
     {"--grad-clip", "grad_clip", "clip the global gradient norm to this; 0 = off (default 1.0)"},
     {"--seed", "seed", "seed for init, shuffling and sampling (default 1337)"},
+    {"--sampling", "sampling",
+     "windows|random: consecutive windows (in a seeded order with --shuffle), or windows at "
+     "random offsets drawn from the seed as nanoGPT's get_batch (default windows)"},
+    {"--dropout", "dropout", "dropout on the embeddings, attention probabilities and residuals (default 0)"},
     {"--device", "device", "cpu|cuda|cuda:N (default cpu)"},
     {"--dtype", "dtype", "fp32|bf16|fp16 (default fp32)"},
     {"--eval-every", "eval_every", "validate every N steps; 0 = at the end only"},
@@ -61,6 +65,8 @@ const RegisterCommand reg("train", "Train a GPT on a token file (config file and
   auto* shuffle = sub.add_flag("--shuffle")->description("draw training windows in a seeded random order");
   auto* sequential = sub.add_flag("--sequential")->description("read the training data in order (the default)");
   shuffle->excludes(sequential);
+  auto* checkpointing = sub.add_flag("--gradient-checkpointing")
+                            ->description("recompute each block in backward instead of keeping its activations");
   auto* resume_opt = sub.add_option("--resume", *resume,
                                     "continue from a checkpoint directory, a run directory, or (no value) "
                                     "the newest valid checkpoint under --out")
@@ -73,6 +79,7 @@ const RegisterCommand reg("train", "Train a GPT on a token file (config file and
       if (options[i]->count() > 0) flags[kValueFlags[i].key] = values->at(kValueFlags[i].key);
     if (shuffle->count() > 0) flags["shuffle"] = true;
     if (sequential->count() > 0) flags["shuffle"] = false;
+    if (checkpointing->count() > 0) flags["gradient_checkpointing"] = true;
     if (resume_opt->count() > 0) flags["resume"] = resume->empty() ? std::string("latest") : *resume;
     train::apply_config_values(cfg, flags, "command line");
     // A job restarted after a failure (`tessera launch --max-restarts`, torchrun) resumes

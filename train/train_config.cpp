@@ -40,6 +40,9 @@ const std::map<std::string, Field>& fields() {
       {"seq", field(Kind::Int, &TrainConfig::seq)},
       {"grad_accum", field(Kind::Int, &TrainConfig::grad_accum)},
       {"shuffle", field(Kind::Flag, &TrainConfig::shuffle)},
+      {"sampling", field(Kind::Text, &TrainConfig::sampling)},
+      {"dropout", field(Kind::Real, &TrainConfig::dropout)},
+      {"gradient_checkpointing", field(Kind::Flag, &TrainConfig::gradient_checkpointing)},
       {"steps", field(Kind::Int, &TrainConfig::steps)},
       {"lr", field(Kind::Real, &TrainConfig::lr)},
       {"min_lr", field(Kind::Real, &TrainConfig::min_lr)},
@@ -207,6 +210,11 @@ void validate(const TrainConfig& c) {
                             {"vocab_size", c.vocab_size}, {"block_size", c.block_size}, {"seed", c.seed}}) {
     require(value >= 0, key, "must not be negative", value);
   }
+  require(c.sampling == "windows" || c.sampling == "random", "sampling", "must be windows or random",
+          c.sampling);
+  require(!(c.shuffle && c.sampling == "random"), "shuffle",
+          "applies to windows sampling (random sampling draws its own order)", c.shuffle);
+  require(c.dropout >= 0 && c.dropout < 1, "dropout", "must be in [0, 1)", c.dropout);
   require(c.schedule == "constant" || c.warmup < c.steps, "warmup",
           "must be shorter than steps = " + std::to_string(c.steps) + " for a decaying schedule", c.warmup);
   require(c.keep_last >= 1, "keep_last", "must be at least 1", c.keep_last);

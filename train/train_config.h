@@ -22,6 +22,10 @@ struct TrainConfig {
   // batches
   int64_t batch = 8, seq = 64, grad_accum = 1;
   bool shuffle = false;
+  std::string sampling = "windows";  // windows | random (nanoGPT's random-offset windows)
+  // regularisation and memory
+  double dropout = 0;                   // embedding, attention and residual dropout
+  bool gradient_checkpointing = false;  // recompute each block in backward
   // optimisation
   int64_t steps = 200;
   double lr = 1e-3;

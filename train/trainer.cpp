@@ -162,6 +162,9 @@ void run_training(const TrainConfig& cfg) {
     Generator init_gen(static_cast<uint64_t>(cfg.seed));
     model = std::make_unique<nn::GPT>(g, &init_gen, TensorOptions{.device = device});
   }
+  // A loaded model brings its config.json's dropout; the run's setting wins.
+  model->set_dropout(cfg.dropout);
+  model->gradient_checkpointing_enable(cfg.gradient_checkpointing);
   const nn::GPTConfig& mcfg = model->config();
   TESSERA_CHECK(cfg.seq <= mcfg.block_size, "config: key \"seq\" is longer than the model context block_size = ",
                 mcfg.block_size, " (got ", cfg.seq, ")");
@@ -216,7 +219,9 @@ void run_training(const TrainConfig& cfg) {
   optim::LossScaler scaler({.enabled = compute_dtype == DType::f16});
   data::DataLoader loader(train_file, {.batch = cfg.batch, .seq = cfg.seq,
                                        .rank = acc ? acc->process_index() : 0,
-                                       .world_size = world_size, .shuffle = cfg.shuffle,
+                                       .world_size = world_size,
+                                       .sampling = data::parse_sampling(cfg.sampling),
+                                       .shuffle = cfg.shuffle,
                                        .seed = static_cast<uint64_t>(cfg.seed), .device = device});
 
   int64_t step = 0;
@@ -229,7 +234,7 @@ void run_training(const TrainConfig& cfg) {
     loader.set_position(state.data_position);
     default_generator().set_state(state.rng_seed, state.rng_offset);
     step = state.step;
-    for (const char* key : {"batch", "seq", "grad_accum", "shuffle", "seed", "data"}) {
+    for (const char* key : {"batch", "seq", "grad_accum", "shuffle", "sampling", "dropout", "seed", "data"}) {
       if (state.config.contains(key) && state.config[key] != cfg.to_json()[key])
         std::cerr << "tessera train: warning: --resume with " << key << " = " << cfg.to_json()[key].dump()
                   << " but the checkpoint was trained with " << state.config[key].dump()
