@@ -70,6 +70,13 @@ Tensor GPT::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
   return transformer.ln_f(x);
 }
 
+void GPT::set_dropout(double p) {
+  TESSERA_CHECK(p >= 0 && p < 1, "GPT::set_dropout: dropout must lie in [0, 1), got ", p);
+  for (auto& [name, module] : named_modules())
+    if (auto* drop = dynamic_cast<Dropout*>(module)) drop->p = p;
+  cfg_.dropout = p;
+}
+
 Tensor GPT::run_block(Block& block, const Tensor& x) {
   if (!cfg_.gradient_checkpointing || !is_training() || !autograd::is_grad_enabled()) return block(x);
   // The recompute replays the default generator and the autocast policy of this run, so

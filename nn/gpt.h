@@ -63,6 +63,9 @@ class GPT : public Module {
   // GPTConfig::gradient_checkpointing). Losses and gradients stay bit for bit the same.
   void gradient_checkpointing_enable(bool on = true) { cfg_.gradient_checkpointing = on; }
   bool is_gradient_checkpointing() const { return cfg_.gradient_checkpointing; }
+  // Sets the probability of every dropout site (a model loaded from a directory brings the
+  // dropout of its config.json; training may ask for another). Throws outside [0, 1).
+  void set_dropout(double p);
   // The [V, C] matrix the logits are computed with (wte.weight when tied).
   Tensor output_weight() const;
 

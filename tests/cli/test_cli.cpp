@@ -675,3 +675,44 @@ TEST(Cli, Gpt2TokenizerPreparesTrainsAndSamples) {
   ASSERT_TRUE(pipe && pclose(pipe) == 0) << cmd;
   EXPECT_EQ(nlohmann::json::parse(printed).get<std::vector<uint32_t>>(), tok.encode(text));
 }
+
+// --dropout, --sampling random and --gradient-checkpointing through `tessera train`:
+// checkpointing changes nothing but memory, dropout and random windows change the run, and
+// a run with both resumes bit for bit (the generator and the loader position are saved).
+TEST(Cli, DropoutRandomSamplingAndGradientCheckpointing) {
+  const fs::path data = prepared("byte");
+  const std::string common = "train --data " + (data / "train.bin").string() + kTinyModel +
+                             " --schedule constant --eval-batches 2 --save-every 6 ";
+  auto train = [&](const std::string& name, const std::string& flags) {
+    const fs::path out = scratch() / name;
+    const auto r = run(common + flags + " --out " + out.string());
+    EXPECT_EQ(r.rc, 0) << r.output;
+    return out;
+  };
+  const std::string regularised = "--dropout 0.1 --sampling random ";
+  const fs::path checkpointed = train("flags_ckpt", regularised + "--gradient-checkpointing --steps 12");
+  const fs::path plain = train("flags_plain", regularised + "--steps 12");
+  const fs::path no_dropout = train("flags_nodrop", "--sampling random --steps 12");
+  const fs::path windows = train("flags_windows", "--steps 12");
+  const auto losses = losses_after(plain, 0);
+  ASSERT_EQ(losses.size(), 12u + 1u);  // 12 steps + the final evaluation
+  EXPECT_EQ(losses_after(checkpointed, 0), losses);
+  EXPECT_EQ(slurp(checkpointed / "model" / "model.safetensors"), slurp(plain / "model" / "model.safetensors"));
+  EXPECT_NE(losses_after(no_dropout, 0).front(), losses.front()) << "dropout must change the forward";
+  EXPECT_NE(losses_after(windows, 0).front(), losses_after(no_dropout, 0).front())
+      << "random windows must be other rows than the sequential ones";
+
+  // Stopped after 6 steps and resumed (newest checkpoint under --out): the same 12 steps.
+  const fs::path split = train("flags_split", regularised + "--steps 6");
+  const auto r = run(common + regularised + "--steps 12 --out " + split.string() + " --resume");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_EQ(losses_after(split, 6), losses_after(plain, 6));
+  EXPECT_EQ(slurp(split / "model" / "model.safetensors"), slurp(plain / "model" / "model.safetensors"));
+
+  for (const auto& [bad, key] : std::vector<std::pair<std::string, std::string>>{
+           {"--sampling shuffled", "sampling"}, {"--dropout 1.5", "dropout"}}) {
+    const auto failed = run(common + bad + " --steps 2 --out " + (scratch() / "flags_bad").string());
+    EXPECT_NE(failed.rc, 0) << bad;
+    EXPECT_NE(failed.output.find(key), std::string::npos) << failed.output;
+  }
+}

@@ -319,6 +319,12 @@ TEST(TrainCommand, Bf16TwoRanksTrackOneProcess) {
   expect_losses_close(train_one_and_two_ranks("bf16", "--dtype bf16"), 2e-2);
 }
 
+TEST(TrainCommand, RandomSamplingOnTwoRanksMatchesOneProcess) {
+  // Random windows are keyed by the global row, so 2 ranks x 2 rows draw the rows of
+  // 1 process x 4 rows, with accumulation too.
+  expect_losses_close(train_one_and_two_ranks("random", "--sampling random --grad-accum 2"), kRtol);
+}
+
 TEST(DdpEquivalence, ThroughLaunch2And4RanksAndAccumulation) {
   TrainRecord want = reference_training(8);
   expect_same_training(distributed_training(launch(2, DIST_TRAIN_CHECK), 4, 1, "launch2"), want, kRtol);

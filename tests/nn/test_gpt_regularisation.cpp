@@ -98,6 +98,11 @@ TEST(GPTDropout, ZeroDropoutIsTheModelWithoutDropout) {
   EXPECT_EQ(values(train_logits), values(dropout_eval_logits));
   with_dropout->train();
   EXPECT_NE(values(train_logits), values(with_dropout->forward(idx)));
+  // set_dropout(0) turns every site off: the training forward is the plain model's again.
+  with_dropout->set_dropout(0.0);
+  EXPECT_EQ(with_dropout->config().dropout, 0.0);
+  EXPECT_EQ(values(with_dropout->forward(idx)), values(train_logits));
+  EXPECT_THROW(with_dropout->set_dropout(1.0), Error);
 }
 
 TEST(GPTDropout, KeepsTheMeanAndZeroesAFractionP) {
