@@ -13,10 +13,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/functions.h"
-#if TESSERA_WITH_CUDA
-#include "kernels/cuda/cudnn_attention.h"
-#include "kernels/cuda/fused.h"
-#endif
+#include "core/fused_dispatch.h"
 
 namespace tessera {
 
@@ -145,13 +142,25 @@ Tensor composed_attention(const Tensor& q, const Tensor& k_in, const Tensor& v_i
   return matmul(att, v);
 }
 
-#if TESSERA_WITH_CUDA
-// ---- the fused kernels, through the chosen backend ----
+// ---- the fused kernels of q's device (core/fused_dispatch.h), through the chosen backend ----
 
-void require_backend(AttentionBackend backend) {
+const FusedKernelTable& fused_for(const Tensor& q) { return fused_kernel_table(q.device().type); }
+
+// True when q's device has the flash kernels, both directions.
+bool has_fused_attention(const Tensor& q) {
+  const FusedKernelTable& fused = fused_for(q);
+  return fused.flash_attention_forward != nullptr && fused.flash_attention_backward != nullptr;
+}
+
+void require_backend(AttentionBackend backend, const Tensor& q) {
   if (backend != AttentionBackend::Cudnn) return;
-  std::string why;
-  TESSERA_CHECK(cuda::cudnn_attention_available(&why),
+  const FusedKernelTable& fused = fused_for(q);
+  std::string why = "no cuDNN attention kernels for " + q.device().str();
+  const bool available = fused.cudnn_attention_available != nullptr &&
+                         fused.cudnn_attention_forward != nullptr &&
+                         fused.cudnn_attention_backward != nullptr &&
+                         fused.cudnn_attention_available(&why);
+  TESSERA_CHECK(available,
                 "attention: the cudnn backend was chosen (TESSERA_ATTENTION or "
                 "set_attention_backend) but cuDNN attention is not available: ",
                 why, "; choose the flash backend instead");
@@ -159,19 +168,21 @@ void require_backend(AttentionBackend backend) {
 
 void attention_forward_on(AttentionBackend backend, const Tensor& q, const Tensor& k, const Tensor& v,
                           double scale, const Tensor& out, const Tensor& lse) {
-  require_backend(backend);
-  if (backend == AttentionBackend::Cudnn) cuda::cudnn_attention_forward(q, k, v, scale, out, lse);
-  else cuda::flash_attention_forward(q, k, v, scale, out, lse);
+  require_backend(backend, q);
+  const FusedKernelTable& fused = fused_for(q);
+  if (backend == AttentionBackend::Cudnn) fused.cudnn_attention_forward(q, k, v, scale, out, lse);
+  else fused.flash_attention_forward(q, k, v, scale, out, lse);
 }
 
 void attention_backward_on(AttentionBackend backend, const Tensor& q, const Tensor& k,
                            const Tensor& v, const Tensor& out, const Tensor& dout, const Tensor& lse,
                            double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
-  require_backend(backend);
+  require_backend(backend, q);
+  const FusedKernelTable& fused = fused_for(q);
   if (backend == AttentionBackend::Cudnn)
-    cuda::cudnn_attention_backward(q, k, v, out, dout, lse, scale, dq, dk, dv);
+    fused.cudnn_attention_backward(q, k, v, out, dout, lse, scale, dq, dk, dv);
   else
-    cuda::flash_attention_backward(q, k, v, out, dout, lse, scale, dq, dk, dv);
+    fused.flash_attention_backward(q, k, v, out, dout, lse, scale, dq, dk, dv);
 }
 
 // The incoming gradient in the kernels' dtype, copied only when the kernels cannot read it
@@ -237,12 +248,11 @@ Tensor fused_attention_qkv(const Tensor& qkv, int64_t n_head, double scale) {
       });
   return y;
 }
-#endif
 
 }  // namespace
 
 bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
-  if (!TESSERA_WITH_CUDA || !causal || !q.device().is_cuda()) return false;
+  if (!causal || !has_fused_attention(q)) return false;
   if (q.dtype() != DType::bf16 && q.dtype() != DType::f16) return false;
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return false;
   if (k.size(2) != q.size(2) || (q.size(3) != 64 && q.size(3) != 128)) return false;
@@ -260,17 +270,13 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   check_dropout("scaled_dot_product_attention", dropout_p);
   const Tensor q = autograd::autocast(q_in), k = autograd::autocast(k_in), v = autograd::autocast(v_in);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-#if TESSERA_WITH_CUDA
   if (allow_flash && dropout_p == 0 && flash_attention_applies(q, k, v, causal))
     return fused_attention(q, k, v, scale);
-#else
-  (void)allow_flash;
-#endif
   return composed_attention(q, k, v, causal, scale, dropout_p, gen);
 }
 
 bool causal_attention_qkv_fused_applies(const Tensor& qkv, int64_t n_head) {
-  if (!TESSERA_WITH_CUDA || qkv.dim() != 3 || qkv.size(2) % 3 != 0 || n_head <= 0) return false;
+  if (qkv.dim() != 3 || qkv.size(2) % 3 != 0 || n_head <= 0) return false;
   const int64_t C = qkv.size(2) / 3;
   if (C % n_head != 0 || qkv.stride(2) != 1) return false;
   return flash_attention_applies(head_view(qkv, 0, C, n_head), head_view(qkv, C, C, n_head),
@@ -283,10 +289,8 @@ Tensor causal_attention_qkv(const Tensor& qkv_in, int64_t n_head, double dropout
   check_dropout("causal_attention_qkv", dropout_p);
   const Tensor qkv = autograd::autocast(qkv_in);
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, D = C / n_head;
-#if TESSERA_WITH_CUDA
   if (allow_fused && dropout_p == 0 && causal_attention_qkv_fused_applies(qkv, n_head))
     return fused_attention_qkv(qkv, n_head, 1.0 / std::sqrt(static_cast<double>(D)));
-#endif
   // The reference: the same computation from differentiable pieces (copies included).
   const std::vector<Tensor> parts = split(qkv, C, -1);
   auto heads = [&](const Tensor& t) { return t.reshape({B, T, n_head, D}).transpose(1, 2); };

@@ -1,26 +1,26 @@
-// Differentiable wrappers of the fused CUDA kernels that replace a chain of ops in the
-// training path. The classifier's forward computes the per-row losses and the logits'
-// gradient in one pass (cuda::fused_classifier), so the backward is only a scaling.
+// Differentiable wrappers of fused kernels that replace a chain of ops in the training path.
+// The classifier's forward computes the per-row losses and the logits' gradient in one pass
+// (the device's fused `classifier`, core/fused_dispatch.h), so the backward is only a scaling.
 #include "autograd/functions.h"
-#if TESSERA_WITH_CUDA
-#include "kernels/cuda/fused.h"
-#endif
+#include "core/fused_dispatch.h"
 
 namespace tessera {
 
 Tensor fused_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                            Reduction reduction, bool consume_logits) {
   const char* op = "fused_cross_entropy";
-  TESSERA_CHECK(logits.defined() && logits.dim() >= 1 && logits.device().is_cuda(), op,
-                ": logits must be a CUDA tensor [..., V], got ",
+  TESSERA_CHECK(logits.defined() && logits.dim() >= 1, op, ": logits must be a tensor [..., V], got ",
                 logits.defined() ? autograd::describe(logits) : std::string("undefined"));
+  const auto fused_classifier = fused_kernel_table(logits.device().type).classifier;
+  TESSERA_CHECK(fused_classifier != nullptr, op, ": no fused classifier kernel for ",
+                logits.device().str(), " tensors (logits ", autograd::describe(logits),
+                "); use cross_entropy, or put the logits on a CUDA device");
   TESSERA_CHECK(is_floating(logits.dtype()) && logits.dtype() != DType::f64, op,
                 ": logits must be f32, f16 or bf16, got ", autograd::describe(logits));
   Shape row_shape(logits.shape().begin(), logits.shape().end() - 1);
   TESSERA_CHECK(targets.shape() == row_shape && targets.device() == logits.device(), op,
                 ": targets must be ", shape_str(row_shape), " on ", logits.device().str(), ", got ",
                 autograd::describe(targets));
-#if TESSERA_WITH_CUDA
   const int64_t V = logits.size(-1);
   const int64_t rows = logits.numel() / std::max<int64_t>(V, 1);
   // The kernel overwrites its input with the gradient: work on a private copy unless the
@@ -44,7 +44,7 @@ Tensor fused_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t 
   const double kernel_scale = logits.dtype() == DType::f16 ? 1.0 : dloss_scale;
   const double backward_scale = dloss_scale / kernel_scale;
   Tensor row_losses = empty({rows}, f32);
-  cuda::fused_classifier(work, flat_targets, ignore_index, kernel_scale, row_losses);
+  fused_classifier(work, flat_targets, ignore_index, kernel_scale, row_losses);
   Tensor loss = reduction == Reduction::None ? raw::reshape(row_losses, row_shape)
                 : reduction == Reduction::Sum ? ops::sum(row_losses)
                                                : ops::mul(ops::sum(row_losses), dloss_scale);
@@ -62,10 +62,6 @@ Tensor fused_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t 
                      return std::vector<Tensor>{scale == 1.0 ? dlogits : ops::mul(dlogits, scale), Tensor()};
                    });
   return loss;
-#else
-  (void)ignore_index, (void)reduction, (void)consume_logits;
-  TESSERA_FAIL(op, ": needs a CUDA build");
-#endif
 }
 
 }  // namespace tessera

@@ -2,9 +2,7 @@
 #include "autograd/autocast.h"
 #include "autograd/function_util.h"
 #include "autograd/functions.h"
-#if TESSERA_WITH_CUDA
-#include "kernels/cuda/linear.h"
-#endif
+#include "core/fused_dispatch.h"
 
 namespace tessera {
 
@@ -16,10 +14,13 @@ using Grads = std::vector<Tensor>;
 
 namespace {
 
-// True when linear's GEMMs go through the cuBLASLt helpers of kernels/cuda/linear.h: CUDA
-// tensors of one 16/32-bit float dtype (a bias in that dtype or f32, as under autocast).
-bool use_cuda_linear(const Tensor& x2d, const Tensor& w, const Tensor& bias) {
-  if (!TESSERA_WITH_CUDA || !x2d.device().is_cuda()) return false;
+// The fused Linear GEMMs of x2d's device (cuBLASLt epilogues on CUDA); null entries where the
+// device has none.
+const FusedKernelTable& fused_for(const Tensor& x2d) { return fused_kernel_table(x2d.device().type); }
+
+// True when operands suit the fused Linear GEMMs: tensors on one device of one 16/32-bit
+// float dtype (a bias in that dtype or f32, as under autocast).
+bool fused_linear_operands(const Tensor& x2d, const Tensor& w, const Tensor& bias) {
   const DType t = x2d.dtype();
   const bool float_type = t == DType::f32 || t == DType::f16 || t == DType::bf16;
   const bool bias_ok = !bias.defined() || (bias.device() == x2d.device() &&
@@ -91,12 +92,10 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
   // Rows of the input as one matrix: a single GEMM, and dW = x^T g without a batch.
   const Tensor x2d = fold_rows(x);
   Tensor y2;
-  if (use_cuda_linear(x2d, weight, bias)) {
-#if TESSERA_WITH_CUDA
-    // One cuBLASLt GEMM with the bias added in its epilogue.
+  if (auto fused = fused_for(x2d).linear_forward; fused && fused_linear_operands(x2d, weight, bias)) {
+    // One GEMM with the bias added in its epilogue.
     y2 = empty({x2d.size(0), out}, {.dtype = x2d.dtype(), .device = x2d.device()});
-    cuda::linear_forward(x2d, weight, bias, y2);
-#endif
+    fused(x2d, weight, bias, y2);
   } else {
     y2 = ops::matmul(x2d, weight);
     if (bias.defined()) ops::binary_(BinaryOp::Add, y2, bias);
@@ -113,14 +112,12 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
     if (a.needs(0)) grad_x = raw::reshape(ops::matmul(g, mT(saved_w.unpack("LinearBackward"))), x_shape);
     if (a.needs(1)) {
       const Tensor x2d = fold_rows(saved_x.unpack("LinearBackward"));
-      if (use_cuda_linear(x2d, g, Tensor())) {
-#if TESSERA_WITH_CUDA
+      if (auto fused = fused_for(x2d).linear_weight_grad; fused && fused_linear_operands(x2d, g, Tensor())) {
         // dW = x^T g and, when wanted, db = the column sums of g from the same GEMM.
         const TensorOptions like{.dtype = g.dtype(), .device = g.device()};
         grad_w = empty({in, out}, like);
         if (a.needs(2)) grad_b = empty({out}, like);
-        cuda::linear_weight_grad(x2d, g, grad_w, grad_b);
-#endif
+        fused(x2d, g, grad_w, grad_b);
       } else {
         grad_w = ops::matmul(mT(x2d), g);
       }

@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "autograd/autograd.h"
+#include "core/autograd_hooks.h"
 #include "kernels/ops.h"
 
 namespace tessera {
@@ -173,6 +174,16 @@ Tensor& Tensor::requires_grad_(bool on) {
   if (on || impl().autograd) meta_of(*this).requires_grad = on;
   return *this;
 }
+
+// Core's factories reach requires_grad_ through this hook (core/autograd_hooks.h).
+namespace {
+const bool autograd_hooks_installed = [] {
+  install_autograd_hooks({.set_requires_grad = [](const Tensor& t, bool on) {
+    Tensor(t.impl_ptr()).requires_grad_(on);
+  }});
+  return true;
+}();
+}  // namespace
 
 Tensor Tensor::grad() const {
   const autograd::AutogradMeta* meta = impl().autograd.get();

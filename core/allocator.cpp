@@ -4,7 +4,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <new>
+#include <string>
 
+#include "core/backend_library.h"
 #include "core/error.h"
 #include "core/memory_stats.h"
 
@@ -38,9 +40,30 @@ class CpuAllocator final : public Allocator {
   }
 };
 
-std::array<DeviceBackend*, kNumDeviceTypes>& backends() {
-  static std::array<DeviceBackend*, kNumDeviceTypes> table{};
+std::array<std::atomic<DeviceBackend*>, kNumDeviceTypes>& backends() {
+  static std::array<std::atomic<DeviceBackend*>, kNumDeviceTypes> table{};
   return table;
+}
+
+// The library that registers a device type's backend when it loads.
+const char* backend_library_of(DeviceType type) {
+  return type == DeviceType::CUDA ? "cuda" : nullptr;
+}
+
+// The registered backend, after loading its library if needed; null (and why) if none.
+DeviceBackend* find_backend(DeviceType type, std::string* why_not) {
+  DeviceBackend* b = backends()[static_cast<int>(type)].load();
+  if (b != nullptr) return b;
+  const char* library = backend_library_of(type);
+  if (library == nullptr) {
+    if (why_not) *why_not = "no backend library for this device type";
+    return nullptr;
+  }
+  if (!load_backend_library(library, why_not)) return nullptr;
+  b = backends()[static_cast<int>(type)].load();
+  if (b == nullptr && why_not)
+    *why_not = std::string("the '") + library + "' backend library loaded but registered no device";
+  return b;
 }
 
 }  // namespace
@@ -62,12 +85,13 @@ void register_device_backend(DeviceType type, DeviceBackend* backend) {
   backends()[static_cast<int>(type)] = backend;
 }
 
-bool has_device_backend(DeviceType type) { return backends()[static_cast<int>(type)] != nullptr; }
+bool has_device_backend(DeviceType type) { return find_backend(type, nullptr) != nullptr; }
 
 DeviceBackend& device_backend(DeviceType type) {
-  DeviceBackend* b = backends()[static_cast<int>(type)];
-  TESSERA_CHECK(b != nullptr, "device backend for ", Device{type, 0}.str(),
-                " is not available: Tessera was built without CUDA (TESSERA_CUDA=OFF)");
+  std::string why_not;
+  DeviceBackend* b = find_backend(type, &why_not);
+  TESSERA_CHECK(b != nullptr, "device backend for ", Device{type, 0}.str(), " is not available: ",
+                why_not);
   return *b;
 }
 

@@ -1,6 +1,7 @@
 // Memory comes from an allocator chosen by device. Core knows only the CPU one;
-// a device backend (core/cuda) registers its own at start-up, so nothing here
-// depends on CUDA.
+// a device backend (core/cuda, in libtessera_cuda.so) registers its own when it is
+// loaded, so nothing here depends on CUDA. Asking for a device whose backend is not
+// loaded yet loads it (core/backend_library.h).
 #pragma once
 #include <cstddef>
 #include <functional>
@@ -29,11 +30,15 @@ class DeviceBackend {
                           size_t n) = 0;
   virtual void synchronize(int index) = 0;
   virtual int device_count() = 0;
+  // Page-locked host memory, for staging buffers that copy to and from this device at full
+  // speed (dist stages device tensors through it); null when the device has none.
+  virtual Allocator* pinned_host_allocator() { return nullptr; }
 };
 
 Allocator* cpu_allocator();
 void register_device_backend(DeviceType type, DeviceBackend* backend);
-// The backend for a device type, or an error saying the build/machine has none.
+// The backend for a device type (loading its library on first use), or an error saying why
+// there is none.
 DeviceBackend& device_backend(DeviceType type);
 bool has_device_backend(DeviceType type);
 Allocator* allocator_for(Device device);

@@ -1,5 +1,6 @@
 #include "core/random.h"
 
+#include "core/autograd_hooks.h"
 #include "core/dispatch.h"
 
 namespace tessera {
@@ -35,7 +36,7 @@ Tensor make_random(const Shape& shape, TensorOptions opts, RandomKind kind, doub
   opts.requires_grad = false;
   Tensor t = empty(shape, opts);
   fill_random(t, kind, a, b, gen);
-  if (rg) t.requires_grad_(true);
+  if (rg) detail::mark_requires_grad(t, "random");
   return t;
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "core/autograd_hooks.h"
 #include "core/dispatch.h"
 
 namespace tessera {
@@ -481,13 +482,29 @@ Tensor to(const Tensor& t, Device device, DType dtype) {
 
 }  // namespace raw
 
+// ---- the autograd layer's hooks ----
+namespace {
+AutogradHooks& installed_hooks() {
+  static AutogradHooks hooks;
+  return hooks;
+}
+}  // namespace
+
+void install_autograd_hooks(const AutogradHooks& hooks) { installed_hooks() = hooks; }
+
+void detail::mark_requires_grad(const Tensor& t, const char* op) {
+  auto set = installed_hooks().set_requires_grad;
+  TESSERA_CHECK(set != nullptr, op, ": requires_grad asked for, but no autograd layer is loaded");
+  set(t, true);
+}
+
 // ---- factories ----
 Tensor empty(const Shape& shape, TensorOptions opts) {
   for (int64_t d : shape) TESSERA_CHECK(d >= 0, "empty: negative dimension in shape ", shape_str(shape));
   const size_t bytes = checked_nbytes(shape, opts.dtype, "empty");
   auto storage = std::make_shared<Storage>(bytes, opts.device);
   Tensor t = raw::make(std::move(storage), shape, contiguous_strides(shape), 0, opts.dtype);
-  if (opts.requires_grad) t.requires_grad_(true);
+  if (opts.requires_grad) detail::mark_requires_grad(t, "empty");
   return t;
 }
 
@@ -496,7 +513,7 @@ Tensor full(const Shape& shape, double value, TensorOptions opts) {
   opts.requires_grad = false;
   Tensor t = empty(shape, opts);
   raw::fill_(t, value);
-  if (rg) t.requires_grad_(true);
+  if (rg) detail::mark_requires_grad(t, "full");
   return t;
 }
 Tensor zeros(const Shape& shape, TensorOptions opts) { return full(shape, 0.0, opts); }
@@ -520,13 +537,16 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptio
   std::shared_ptr<Storage> host;
   if constexpr (std::is_same_v<T, bool>) {
     std::vector<uint8_t> bytes(values.begin(), values.end());
-    return from_vector(bytes, shape, opts).to(DType::boolean);
+    const Tensor as_bytes = from_vector(bytes, shape, {.dtype = DType::u8, .device = opts.device});
+    Tensor out = raw::to(as_bytes, opts.device, DType::boolean);
+    if (opts.requires_grad) detail::mark_requires_grad(out, "from_vector");
+    return out;
   } else {
     host = std::make_shared<Storage>(values.size() * sizeof(T), Device::cpu());
     if (!values.empty()) std::memcpy(host->data(), values.data(), values.size() * sizeof(T));
     Tensor src = raw::make(host, shape, contiguous_strides(shape), 0, DTypeOf<T>::value);
     Tensor out = raw::to(src, opts.device, opts.dtype);
-    if (opts.requires_grad) out.requires_grad_(true);
+    if (opts.requires_grad) detail::mark_requires_grad(out, "from_vector");
     return out;
   }
 }

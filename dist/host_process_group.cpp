@@ -1,15 +1,14 @@
 #include "dist/host_process_group.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <type_traits>
 
-#if TESSERA_WITH_CUDA
-#include "core/cuda/cuda_runtime.h"
-#endif
+#include "core/allocator.h"
 
 namespace tessera::dist {
 
@@ -52,52 +51,61 @@ void scale_in_place(DType dtype, void* data, int64_t n, double factor) {
 }
 
 namespace {
-#if TESSERA_WITH_CUDA
-// Page-locked host blocks for staging CUDA tensors: the copies then run as DMA at full
-// speed instead of through the driver's pageable bounce buffer. Blocks (power-of-two sizes)
-// are kept for reuse, since cudaMallocHost costs milliseconds.
+// Page-locked host blocks for staging device tensors (the device backend's pinned allocator):
+// the copies then run as DMA at full speed instead of through the driver's pageable bounce
+// buffer. Blocks (power-of-two sizes) are kept for reuse, since pinning costs milliseconds.
 class PinnedPool {
  public:
+  explicit PinnedPool(Allocator* allocator) : allocator_(allocator) {}
+
   std::shared_ptr<void> acquire(size_t nbytes) {
     const size_t size = std::bit_ceil(std::max<size_t>(nbytes, 4096));
-    cuda::PinnedBuffer* block = nullptr;
+    void* block = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = free_.find(size);
       if (it != free_.end()) {
-        block = it->second.release();
+        block = it->second;
         free_.erase(it);
       }
     }
-    if (!block) block = new cuda::PinnedBuffer(size);
-    return std::shared_ptr<void>(block->data(), [this, block](void*) {
+    if (!block) block = allocator_->allocate(size);
+    return std::shared_ptr<void>(block, [this, size](void* p) {
       std::lock_guard<std::mutex> lock(mutex_);
-      free_.emplace(block->size(), std::unique_ptr<cuda::PinnedBuffer>(block));
+      free_.emplace(size, p);
     });
   }
 
  private:
+  Allocator* allocator_;
   std::mutex mutex_;
-  std::multimap<size_t, std::unique_ptr<cuda::PinnedBuffer>> free_;
+  std::multimap<size_t, void*> free_;
 };
 
-// Never destroyed: staged tensors may be released during static destruction.
-PinnedPool& pinned_pool() {
-  static auto* pool = new PinnedPool;
-  return *pool;
+// The pool of a device type, or null when its backend has no pinned memory. Never destroyed:
+// staged tensors may be released during static destruction.
+PinnedPool* pinned_pool(DeviceType type) {
+  static std::array<PinnedPool*, kNumDeviceTypes> pools = [] {
+    std::array<PinnedPool*, kNumDeviceTypes> made{};
+    for (int i = 0; i < kNumDeviceTypes; ++i) {
+      const auto t = static_cast<DeviceType>(i);
+      const bool device = t != DeviceType::CPU && has_device_backend(t);
+      Allocator* pinned = device ? device_backend(t).pinned_host_allocator() : nullptr;
+      if (pinned) made[i] = new PinnedPool(pinned);
+    }
+    return made;
+  }();
+  return pools[static_cast<int>(type)];
 }
-#endif
 
-// A contiguous host copy of a device tensor (pinned for CUDA tensors).
+// A contiguous host copy of a device tensor (pinned where its backend offers it).
 Tensor host_copy(const Tensor& t) {
-#if TESSERA_WITH_CUDA
-  if (t.device().is_cuda()) {
-    std::shared_ptr<void> block = pinned_pool().acquire(t.nbytes());
+  if (PinnedPool* pool = pinned_pool(t.device().type)) {
+    std::shared_ptr<void> block = pool->acquire(t.nbytes());
     Tensor host = from_blob(block.get(), t.shape(), t.dtype(), Device::cpu(), block);
     raw::copy_(host, t);
     return host;
   }
-#endif
   return raw::to(t, Device::cpu(), t.dtype());
 }
 

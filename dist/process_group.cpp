@@ -5,6 +5,8 @@
 #include <mutex>
 #include <sstream>
 
+#include "core/backend_library.h"
+
 namespace tessera::dist {
 
 const char* reduce_op_name(ReduceOp op) {
@@ -312,6 +314,14 @@ void register_backend(const std::string& name, BackendFactory factory) {
 }
 
 bool has_backend(const std::string& name) {
+  {
+    std::lock_guard<std::mutex> lock(registry().mutex);
+    if (registry().backends.count(name) > 0) return true;
+  }
+  // nccl and mpi live in backend libraries of their own (core/backend_library.h) that
+  // register them when loaded.
+  const char* library = name == "nccl" ? "cuda" : name == "mpi" ? "mpi" : nullptr;
+  if (library == nullptr || !load_backend_library(library)) return false;
   std::lock_guard<std::mutex> lock(registry().mutex);
   return registry().backends.count(name) > 0;
 }
@@ -327,6 +337,8 @@ void init_process_group(const InitOptions& options) {
                 "destroy_process_group first)");
   BackendContext ctx{read_dist_env(), nullptr, options.group};
   ++reg.generation;
+  // Under mpirun the MPI library also bootstraps the other backends' rendezvous.
+  if (ctx.env.launcher == Launcher::Mpirun) has_backend("mpi");
   std::string backend = choose_backend(ctx.env, options.backend);
   TESSERA_CHECK(has_backend(backend), "dist::init_process_group: backend '", backend,
                 "' is not available in this build (mpi needs MPI, nccl needs CUDA and NCCL)");

@@ -4,10 +4,8 @@
 #include <map>
 
 #include "kernels/ops.h"
+#include "core/fused_dispatch.h"
 #include "optim/fused_update.h"
-#if TESSERA_WITH_CUDA
-#include "kernels/cuda/fused.h"
-#endif
 
 namespace tessera::optim {
 
@@ -65,15 +63,16 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions opts)
 }
 
 namespace {
-// A CUDA parameter updated by the multi-tensor kernel (one launch per group and step): an
-// f32 parameter, or an f16/bf16 one with its f32 master.
+// A parameter updated by its device's multi-tensor kernel (one launch per group and step;
+// core/fused_dispatch.h): an f32 parameter, or an f16/bf16 one with its f32 master.
 struct MultiTensorItem {
   Tensor p, g, m, v, master;
   int64_t step;
 };
 
 bool fits_multi_tensor(const Tensor& p, const Tensor& g, const Tensor& master) {
-  return TESSERA_WITH_CUDA && p.device().is_cuda() && (p.dtype() == DType::f32 || master.defined()) &&
+  return fused_kernel_table(p.device().type).multi_tensor_adamw != nullptr &&
+         (p.dtype() == DType::f32 || master.defined()) &&
          p.is_contiguous() && g.is_contiguous();
 }
 
@@ -81,7 +80,6 @@ bool is_low_precision(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 void run_multi_tensor(std::vector<MultiTensorItem>& items, const ParamGroup& group,
                       const AdamWOptions& opts) {
-#if TESSERA_WITH_CUDA
   // Parameters skipped in earlier steps have other step counts: one launch per count.
   std::map<int64_t, std::vector<MultiTensorItem*>> by_step;
   for (auto& item : items) by_step[item.step].push_back(&item);
@@ -95,17 +93,14 @@ void run_multi_tensor(std::vector<MultiTensorItem>& items, const ParamGroup& gro
       masters.push_back(item->master);
       item->p.impl().version++;
     }
-    cuda::AdamWConfig cfg{.lr = float(group.lr), .beta1 = float(opts.beta1),
+    MultiTensorAdamWConfig cfg{.lr = float(group.lr), .beta1 = float(opts.beta1),
                           .beta2 = float(opts.beta2), .eps = float(opts.eps),
                           .weight_decay = float(group.weight_decay), .step = step,
                           .grad_scale = 1.0f};
-    cuda::multi_tensor_adamw(ps, gs, ms, vs, masters, std::vector<bool>(ps.size(), true), cfg);
+    // fits_multi_tensor admitted only parameters whose device has the kernel.
+    fused_kernel_table(ps.front().device().type)
+        .multi_tensor_adamw(ps, gs, ms, vs, masters, std::vector<bool>(ps.size(), true), cfg);
   }
-#else
-  (void)group;
-  (void)opts;
-  TESSERA_CHECK(items.empty(), "AdamW: multi-tensor path without CUDA");
-#endif
 }
 
 // One update of `target` (the parameter, or its f32 master) from gradient g.

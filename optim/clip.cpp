@@ -3,10 +3,8 @@
 #include <cmath>
 
 #include "kernels/ops.h"
+#include "core/fused_dispatch.h"
 #include "optim/fused_update.h"
-#if TESSERA_WITH_CUDA
-#include "kernels/cuda/fused.h"
-#endif
 
 namespace tessera::optim {
 
@@ -59,16 +57,16 @@ double grad_norm_squared(const std::vector<Tensor>& params) {
     });
   });
   if (device_grads.empty()) return total;
-#if TESSERA_WITH_CUDA
-  bool all_cuda = true;
-  for (const auto& g : device_grads)
-    all_cuda = all_cuda && g.device() == device_grads.front().device() && g.device().is_cuda() &&
-               g.is_contiguous();
-  if (all_cuda) {
-    const double norm = cuda::global_grad_norm(device_grads).item();
-    return total + norm * norm;
+  // Contiguous gradients on one device with a fused norm kernel: one launch, one read back.
+  const Device device = device_grads.front().device();
+  if (auto fused_norm = fused_kernel_table(device.type).global_grad_norm) {
+    bool one_launch = true;
+    for (const auto& g : device_grads) one_launch = one_launch && g.device() == device && g.is_contiguous();
+    if (one_launch) {
+      const double norm = fused_norm(device_grads).item();
+      return total + norm * norm;
+    }
   }
-#endif
   Tensor device_total;
   for (const auto& g : device_grads) {
     Tensor gf = raw::to(g, g.device(), DType::f32);
@@ -86,22 +84,21 @@ namespace {
 // (on a device that costs a reduction and a host read, so clipping skips it).
 bool scale_grads(const std::vector<Tensor>& params, double factor, bool check_finite) {
   bool finite = true;
-#if TESSERA_WITH_CUDA
-  // Contiguous gradients on one CUDA device: one multi-tensor launch instead of one per tensor.
+  // Contiguous gradients on one device with a fused scale kernel: one launch instead of one
+  // per tensor.
   if (!check_finite) {
     std::vector<Tensor> grads;
-    bool one_launch = true;
-    for_each_grad(params, [&](const Tensor& g) {
-      one_launch = one_launch && g.device().is_cuda() && g.is_contiguous() &&
-                   (grads.empty() || g.device() == grads.front().device());
-      grads.push_back(g);
-    });
+    for_each_grad(params, [&](const Tensor& g) { grads.push_back(g); });
+    const auto fused_scale =
+        grads.empty() ? nullptr : fused_kernel_table(grads.front().device().type).multi_tensor_scale;
+    bool one_launch = fused_scale != nullptr;
+    for (const auto& g : grads)
+      one_launch = one_launch && g.device() == grads.front().device() && g.is_contiguous();
     if (one_launch) {
-      cuda::multi_tensor_scale_(grads, factor);
+      fused_scale(grads, factor);
       return true;
     }
   }
-#endif
   Tensor device_probe;  // sum of g*0 over non-CPU grads: NaN iff some element is inf/NaN
   for_each_grad(params, [&](const Tensor& g) {
     if (g.device().is_cpu()) {

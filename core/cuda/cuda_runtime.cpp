@@ -176,6 +176,25 @@ bool deterministic() { return g_deterministic; }
 // ---- the backend ----
 namespace {
 
+// Page-locked host memory (cudaMallocHost): staging buffers copy at full DMA speed.
+class PinnedHostAllocator final : public Allocator {
+ public:
+  void* allocate(size_t nbytes) override {
+    void* p = nullptr;
+    if (nbytes == 0) return p;
+    const cudaError_t s = cudaMallocHost(&p, nbytes);
+    if (s != cudaSuccess) {
+      cudaGetLastError();
+      throw OutOfMemoryError(::tessera::detail::concat("cudaMallocHost(", nbytes,
+                                                       " bytes) failed: ", cudaGetErrorString(s)));
+    }
+    return p;
+  }
+  void deallocate(void* ptr, size_t) override {
+    if (ptr) cudaFreeHost(ptr);
+  }
+};
+
 class CudaBackend final : public DeviceBackend {
  public:
   Allocator* allocator(int index) override { return &caching_allocator(index); }
@@ -201,6 +220,10 @@ class CudaBackend final : public DeviceBackend {
 
   void synchronize(int index) override { cuda::synchronize(index); }
   int device_count() override { return cuda::device_count(); }
+  Allocator* pinned_host_allocator() override {
+    static PinnedHostAllocator pinned;
+    return &pinned;
+  }
 };
 
 const bool registered = [] {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/fused_dispatch.h"
 #include "core/tensor.h"
 
 namespace tessera::cuda {
@@ -25,23 +26,12 @@ void fused_residual_layer_norm(const Tensor& x, const Tensor& residual, const Te
 void fused_classifier(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                       double dloss_scale, const Tensor& row_losses);
 
-// AdamW over many tensors in one launch (PyTorch semantics: decoupled weight decay,
-// bias-corrected moments, eps after the square root). For tensor i:
-//   g = grads[i] * grad_scale (f32 math)
-//   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
-//   p = p - lr * (wd_i * p + (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps))
-// with wd_i = weight_decay when decay[i] is true. exp_avg/exp_avg_sq are f32; params are
-// f32, or f16/bf16 with an f32 master copy in `master` (then the master is updated and the
-// param is its rounded copy). All contiguous, on one device.
-struct AdamWConfig {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
-  int64_t step = 1;          // 1 on the first update
-  float grad_scale = 1.0f;   // e.g. 1/loss_scale or a clipping factor
-};
+// AdamW over many tensors in one launch; the formula and the config are
+// MultiTensorAdamWConfig's (core/fused_dispatch.h, the fused-kernel table this fills).
+// exp_avg/exp_avg_sq are f32; params are f32, or f16/bf16 with an f32 master copy in
+// `master` (then the master is updated and the param is its rounded copy). All contiguous,
+// on one device.
+using AdamWConfig = MultiTensorAdamWConfig;
 void multi_tensor_adamw(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                         const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                         const std::vector<Tensor>& master, const std::vector<bool>& decay,

@@ -1,0 +1,83 @@
+// Fused kernels: one kernel doing what a chain of ops does in several passes (a GEMM with its
+// bias epilogue, the classifier's loss and gradient in one pass, flash attention, optimizer
+// updates over many tensors in one launch). Only some devices have them, so they are reached
+// like the plain kernels (core/dispatch.h): through a table per device type, filled by the
+// backend that has them when it loads (kernels/cuda/register_fused.cpp). Every caller keeps a
+// composed fallback (the same computation from ops) for a device whose entry is null, so
+// nothing above kernels/ asks how Tessera was built.
+//
+// The contracts (shapes, dtypes, alignment) are those of the CUDA functions each entry is
+// filled with: kernels/cuda/linear.h, fused.h and cudnn_attention.h.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tessera {
+
+// One AdamW step over many tensors (PyTorch semantics: decoupled weight decay,
+// bias-corrected moments, eps after the square root). For tensor i:
+//   g = grads[i] * grad_scale (f32 math)
+//   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//   p = p - lr * (wd_i * p + (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps))
+// with wd_i = weight_decay when decay[i] is true.
+struct MultiTensorAdamWConfig {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  int64_t step = 1;          // 1 on the first update
+  float grad_scale = 1.0f;   // e.g. 1/loss_scale or a clipping factor
+};
+
+struct FusedKernelTable {
+  // ---- Linear: out[M, N] = x2d @ w (+ bias) with the bias in the GEMM's epilogue; and
+  // dw = x2dᵀ @ g with dbias (when defined) = g's column sums from the same GEMM.
+  void (*linear_forward)(const Tensor& x2d, const Tensor& w, const Tensor& bias,
+                         const Tensor& out) = nullptr;
+  void (*linear_weight_grad)(const Tensor& x2d, const Tensor& g, const Tensor& dw,
+                             const Tensor& dbias) = nullptr;
+
+  // ---- the classifier head: per-row losses of logits [N, V], and the logits overwritten
+  // with dloss_scale * (softmax - onehot(target)).
+  void (*classifier)(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                     double dloss_scale, const Tensor& row_losses) = nullptr;
+
+  // ---- causal attention on [B, H, T, D] heads, O(T) memory; lse [B, H, T] f32. Two
+  // implementations with one contract: the hand-written flash kernels and cuDNN's.
+  void (*flash_attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                                  const Tensor& out, const Tensor& lse) = nullptr;
+  void (*flash_attention_backward)(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                   double scale, const Tensor& dq, const Tensor& dk,
+                                   const Tensor& dv) = nullptr;
+  // True when cuDNN attention can run here; otherwise false and *reason says why.
+  bool (*cudnn_attention_available)(std::string* reason) = nullptr;
+  void (*cudnn_attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                                  const Tensor& out, const Tensor& lse) = nullptr;
+  void (*cudnn_attention_backward)(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                   double scale, const Tensor& dq, const Tensor& dk,
+                                   const Tensor& dv) = nullptr;
+
+  // ---- optimizers and clipping, one launch for many contiguous tensors on one device ----
+  // exp_avg/exp_avg_sq f32; params f32, or f16/bf16 with an f32 master (updated, then rounded
+  // into the param); masters[i] undefined when there is none.
+  void (*multi_tensor_adamw)(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                             const std::vector<Tensor>& exp_avg,
+                             const std::vector<Tensor>& exp_avg_sq,
+                             const std::vector<Tensor>& masters, const std::vector<bool>& decay,
+                             const MultiTensorAdamWConfig& config) = nullptr;
+  // sqrt(sum of squares of every element) as a 0-d f32 tensor on the device (no host sync).
+  Tensor (*global_grad_norm)(const std::vector<Tensor>& grads) = nullptr;
+  // Every tensor *= factor in place.
+  void (*multi_tensor_scale)(const std::vector<Tensor>& tensors, double factor) = nullptr;
+};
+
+// The row for a device type; entries are null where the device has no such fused kernel.
+FusedKernelTable& fused_kernel_table(DeviceType type);
+
+}  // namespace tessera

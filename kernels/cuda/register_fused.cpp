@@ -1,0 +1,28 @@
+// Fills the CUDA row of the fused-kernel table (core/fused_dispatch.h) when
+// libtessera_cuda.so loads: autograd, nn and optim reach these kernels only through it.
+#include "core/fused_dispatch.h"
+#include "kernels/cuda/cudnn_attention.h"
+#include "kernels/cuda/fused.h"
+#include "kernels/cuda/linear.h"
+
+namespace tessera::cuda {
+namespace {
+
+const bool registered = [] {
+  FusedKernelTable& t = fused_kernel_table(DeviceType::CUDA);
+  t.linear_forward = linear_forward;
+  t.linear_weight_grad = linear_weight_grad;
+  t.classifier = fused_classifier;
+  t.flash_attention_forward = flash_attention_forward;
+  t.flash_attention_backward = flash_attention_backward;
+  t.cudnn_attention_available = [](std::string* reason) { return cudnn_attention_available(reason); };
+  t.cudnn_attention_forward = cudnn_attention_forward;
+  t.cudnn_attention_backward = cudnn_attention_backward;
+  t.multi_tensor_adamw = multi_tensor_adamw;
+  t.global_grad_norm = global_grad_norm;
+  t.multi_tensor_scale = multi_tensor_scale_;
+  return true;
+}();
+
+}  // namespace
+}  // namespace tessera::cuda
