@@ -7,9 +7,9 @@
 // The recompute sees the conditions of the first run: the default generator's state (so
 // dropout draws the same masks) and the autocast policy (backward usually runs outside
 // the forward's AutocastGuard, and a recompute in another dtype would not be the same graph).
-#include "autograd/autocast.h"
-#include "autograd/autograd.h"
-#include "core/random.h"
+#include "tessera/autograd/autocast.h"
+#include "tessera/autograd/autograd.h"
+#include "tessera/core/random.h"
 
 namespace tessera::autograd {
 

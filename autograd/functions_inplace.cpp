@@ -4,8 +4,8 @@
 // An in-place op bumps the tensor's version counter, so a backward that saved the old value
 // raises naming the node (SavedTensor::unpack); the tensor's grad_fn becomes the op's node,
 // whose inputs are the old value's history and the operand.
-#include "autograd/function_util.h"
-#include "autograd/functions.h"
+#include "tessera/autograd/function_util.h"
+#include "tessera/autograd/functions.h"
 
 namespace tessera {
 

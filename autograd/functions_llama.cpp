@@ -1,7 +1,7 @@
 // Differentiable Llama-style layers: RMSNorm and rotary position embeddings, each one
 // fused kernel forward and one backward (kernels/cpu/rms_norm_rope.cpp and the CUDA row).
-#include "autograd/function_util.h"
-#include "autograd/functions.h"
+#include "tessera/autograd/function_util.h"
+#include "tessera/autograd/functions.h"
 
 namespace tessera {
 

@@ -3,8 +3,8 @@
 // built from them (var, std_dev, logsumexp, prod, cumsum).
 #include <cmath>
 
-#include "autograd/function_util.h"
-#include "autograd/functions.h"
+#include "tessera/autograd/function_util.h"
+#include "tessera/autograd/functions.h"
 
 namespace tessera {
 

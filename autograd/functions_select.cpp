@@ -1,8 +1,8 @@
 // Differentiable selection: gather, scatter, scatter_add, index_select, max/min over a dim
 // with their indices, topk. The gradient of a selection scatters back to the positions it
 // read (scatter_add), and that of a scatter gathers from the positions it wrote.
-#include "autograd/function_util.h"
-#include "autograd/functions.h"
+#include "tessera/autograd/function_util.h"
+#include "tessera/autograd/functions.h"
 
 namespace tessera {
 

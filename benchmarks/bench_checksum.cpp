@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "data/file_io.h"
+#include "tessera/data/file_io.h"
 
 namespace {
 

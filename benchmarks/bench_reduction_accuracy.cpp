@@ -11,8 +11,8 @@
 #include <fstream>
 #include <string>
 
-#include "autograd/functions.h"
-#include "core/random.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/core/random.h"
 
 using namespace tessera;
 

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "data/file_io.h"
-#include "data/tokenizer.h"
+#include "tessera/data/file_io.h"
+#include "tessera/data/tokenizer.h"
 
 namespace fs = std::filesystem;
 using namespace tessera;

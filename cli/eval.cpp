@@ -4,11 +4,11 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "cli/command.h"
-#include "core/error.h"
-#include "dist/env.h"
-#include "train/evaluate.h"
-#include "train/model_dir.h"
+#include "tessera/cli/command.h"
+#include "tessera/core/error.h"
+#include "tessera/dist/env.h"
+#include "tessera/train/evaluate.h"
+#include "tessera/train/model_dir.h"
 
 namespace tessera::cli {
 namespace {

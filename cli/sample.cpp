@@ -2,11 +2,11 @@
 #include <cmath>
 #include <iostream>
 
-#include "autograd/autograd.h"
-#include "cli/command.h"
-#include "core/error.h"
-#include "core/random.h"
-#include "train/model_dir.h"
+#include "tessera/autograd/autograd.h"
+#include "tessera/cli/command.h"
+#include "tessera/core/error.h"
+#include "tessera/core/random.h"
+#include "tessera/train/model_dir.h"
 
 namespace tessera::cli {
 namespace {

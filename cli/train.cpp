@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <map>
 
-#include "cli/command.h"
-#include "train/run.h"
+#include "tessera/cli/command.h"
+#include "tessera/train/run.h"
 
 namespace tessera::cli {
 namespace {

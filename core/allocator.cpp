@@ -1,4 +1,4 @@
-#include "core/allocator.h"
+#include "tessera/core/allocator.h"
 
 #include <array>
 #include <atomic>
@@ -6,9 +6,9 @@
 #include <new>
 #include <string>
 
-#include "core/backend_library.h"
-#include "core/error.h"
-#include "core/memory_stats.h"
+#include "tessera/core/backend_library.h"
+#include "tessera/core/error.h"
+#include "tessera/core/memory_stats.h"
 
 namespace tessera {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/memory_stats.h"
+#include "tessera/core/memory_stats.h"
 
 #include <atomic>
 

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <optional>
 
-#include "core/device.h"
+#include "tessera/core/device.h"
 
 namespace tessera {
 

@@ -6,9 +6,9 @@
 #include <queue>
 #include <thread>
 
-#include "core/error.h"
-#include "data/pretokenizer.h"
-#include "data/tokenizer.h"
+#include "tessera/core/error.h"
+#include "tessera/data/pretokenizer.h"
+#include "tessera/data/tokenizer.h"
 
 namespace tessera::data {
 

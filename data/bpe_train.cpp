@@ -2,9 +2,9 @@
 // hold the merged pair are revisited), a max-heap of counts with stale entries skipped.
 #include <queue>
 
-#include "core/error.h"
-#include "data/pretokenizer.h"
-#include "data/tokenizer.h"
+#include "tessera/core/error.h"
+#include "tessera/data/pretokenizer.h"
+#include "tessera/data/tokenizer.h"
 
 namespace tessera::data {
 

@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
-#include "data/token_file.h"
+#include "tessera/core/tensor.h"
+#include "tessera/data/token_file.h"
 
 namespace tessera::data {
 

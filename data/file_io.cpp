@@ -1,4 +1,4 @@
-#include "data/file_io.h"
+#include "tessera/data/file_io.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 #include <vector>
 #include <zlib.h>
 
-#include "core/error.h"
+#include "tessera/core/error.h"
 
 namespace tessera::data {
 

@@ -1,10 +1,10 @@
-#include "data/pretokenizer.h"
+#include "tessera/data/pretokenizer.h"
 
 #include <algorithm>
 #include <array>
 #include <memory>
 
-#include "data/unicode_tables.h"
+#include "tessera/data/unicode_tables.h"
 
 namespace tessera::data {
 

@@ -1,9 +1,9 @@
-#include "data/tokenizer.h"
+#include "tessera/data/tokenizer.h"
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
-#include "data/file_io.h"
+#include "tessera/core/error.h"
+#include "tessera/data/file_io.h"
 
 namespace tessera::data {
 

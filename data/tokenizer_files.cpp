@@ -4,9 +4,9 @@
 #include <array>
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
-#include "data/file_io.h"
-#include "data/tokenizer.h"
+#include "tessera/core/error.h"
+#include "tessera/data/file_io.h"
+#include "tessera/data/tokenizer.h"
 
 namespace tessera::data {
 

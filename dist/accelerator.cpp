@@ -1,19 +1,19 @@
-#include "dist/accelerator.h"
+#include "tessera/dist/accelerator.h"
 
 #include <cmath>
 #include <filesystem>
 #include <set>
 #include <nlohmann/json.hpp>
 
-#include "autograd/autograd.h"
-#include "autograd/functions.h"
-#include "core/random.h"
-#include "core/safetensors.h"
-#include "data/file_io.h"
-#include "kernels/ops.h"
-#include "optim/clip.h"
-#include "dist/sharded_state.h"
-#include "dist/zero.h"
+#include "tessera/autograd/autograd.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/core/random.h"
+#include "tessera/core/safetensors.h"
+#include "tessera/data/file_io.h"
+#include "tessera/kernels/ops.h"
+#include "tessera/optim/clip.h"
+#include "tessera/dist/sharded_state.h"
+#include "tessera/dist/zero.h"
 
 namespace tessera::dist {
 

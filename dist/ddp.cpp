@@ -1,6 +1,6 @@
-#include "dist/ddp.h"
+#include "tessera/dist/ddp.h"
 
-#include "optim/clip.h"
+#include "tessera/optim/clip.h"
 
 namespace tessera::dist {
 

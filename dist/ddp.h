@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "dist/flat_buckets.h"
-#include "dist/process_group.h"
-#include "dist/strategy.h"
-#include "nn/module.h"
+#include "tessera/dist/flat_buckets.h"
+#include "tessera/dist/process_group.h"
+#include "tessera/dist/strategy.h"
+#include "tessera/nn/module.h"
 
 namespace tessera::dist {
 

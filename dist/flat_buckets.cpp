@@ -1,4 +1,4 @@
-#include "dist/flat_buckets.h"
+#include "tessera/dist/flat_buckets.h"
 
 #include <sstream>
 

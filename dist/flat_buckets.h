@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "autograd/autograd.h"
-#include "dist/process_group.h"
+#include "tessera/autograd/autograd.h"
+#include "tessera/dist/process_group.h"
 
 namespace tessera::dist {
 

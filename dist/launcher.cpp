@@ -1,4 +1,4 @@
-#include "dist/launcher.h"
+#include "tessera/dist/launcher.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -18,8 +18,8 @@
 #include <set>
 #include <thread>
 
-#include "core/error.h"
-#include "dist/socket.h"
+#include "tessera/core/error.h"
+#include "tessera/dist/socket.h"
 
 namespace tessera::dist {
 namespace {

@@ -1,12 +1,12 @@
-#include "dist/sharded_state.h"
+#include "tessera/dist/sharded_state.h"
 
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/safetensors.h"
-#include "data/file_io.h"
+#include "tessera/core/safetensors.h"
+#include "tessera/data/file_io.h"
 
 namespace tessera::dist {
 

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "dist/process_group.h"
-#include "dist/strategy.h"
-#include "optim/optimizer.h"
+#include "tessera/dist/process_group.h"
+#include "tessera/dist/strategy.h"
+#include "tessera/optim/optimizer.h"
 
 namespace tessera::dist {
 

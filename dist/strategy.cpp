@@ -1,4 +1,4 @@
-#include "dist/strategy.h"
+#include "tessera/dist/strategy.h"
 
 #include <map>
 

@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
-#include "dist/process_group.h"
-#include "nn/module.h"
-#include "optim/optimizer.h"
+#include "tessera/core/tensor.h"
+#include "tessera/dist/process_group.h"
+#include "tessera/nn/module.h"
+#include "tessera/optim/optimizer.h"
 
 namespace tessera::dist {
 

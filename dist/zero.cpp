@@ -1,12 +1,12 @@
-#include "dist/zero.h"
+#include "tessera/dist/zero.h"
 
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
 
-#include "dist/ddp.h"
-#include "optim/clip.h"
+#include "tessera/dist/ddp.h"
+#include "tessera/optim/clip.h"
 
 namespace tessera::dist {
 

@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "dist/flat_buckets.h"
-#include "dist/strategy.h"
+#include "tessera/dist/flat_buckets.h"
+#include "tessera/dist/strategy.h"
 
 namespace tessera::dist {
 

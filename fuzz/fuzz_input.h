@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "core/error.h"
+#include "tessera/core/error.h"
 
 namespace tessera::fuzz {
 

@@ -3,8 +3,8 @@
 // anything else (a crash, a sanitizer report, another exception, a huge allocation)
 // is a finding. Every tensor handed out is read end to end, so a view past the file's
 // bytes is caught by AddressSanitizer.
-#include "core/error.h"
-#include "core/safetensors.h"
+#include "tessera/core/error.h"
+#include "tessera/core/safetensors.h"
 #include "fuzz/fuzz_input.h"
 
 namespace {

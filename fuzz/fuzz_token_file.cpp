@@ -1,8 +1,8 @@
 // libFuzzer target: the token-file reader (data/token_file). A bad header or length must
 // be a tessera::Error; for a file that opens, every token is read through the checked and
 // the unchecked accessors and max_token(), so a count larger than the mapping is caught.
-#include "core/error.h"
-#include "data/token_file.h"
+#include "tessera/core/error.h"
+#include "tessera/data/token_file.h"
 #include "fuzz/fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

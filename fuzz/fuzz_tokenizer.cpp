@@ -4,8 +4,8 @@
 // an id past it with a tessera::Error.
 #include <string>
 
-#include "core/error.h"
-#include "data/tokenizer.h"
+#include "tessera/core/error.h"
+#include "tessera/data/tokenizer.h"
 #include "fuzz/fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

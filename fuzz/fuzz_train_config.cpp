@@ -1,7 +1,7 @@
 // libFuzzer target: the `tessera train` config reader (JSON, or the flat YAML subset):
 // read_config_file, then apply_config_values and validate, as `tessera train --config`
 // does. Bad input must be a tessera::Error naming the file or key.
-#include "core/error.h"
+#include "tessera/core/error.h"
 #include "fuzz/fuzz_input.h"
 #include TESSERA_FUZZ_TRAIN_CONFIG_HEADER
 

@@ -5,8 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "core/error.h"
-#include "data/file_io.h"
+#include "tessera/core/error.h"
+#include "tessera/data/file_io.h"
 #include "fuzz/fuzz_input.h"
 #include TESSERA_FUZZ_CHECKPOINT_HEADER
 

@@ -6,9 +6,9 @@
 // the index and the strides. No device needs a kernel of its own for them.
 #include <cmath>
 
-#include "core/random.h"
-#include "kernels/ops.h"
-#include "kernels/ops_util.h"
+#include "tessera/core/random.h"
+#include "tessera/kernels/ops.h"
+#include "tessera/kernels/ops_util.h"
 
 namespace tessera::ops {
 namespace {

@@ -1,9 +1,9 @@
-#include "nn/llama.h"
+#include "tessera/nn/llama.h"
 
 #include <cmath>
 
-#include "autograd/autocast.h"
-#include "autograd/functions.h"
+#include "tessera/autograd/autocast.h"
+#include "tessera/autograd/functions.h"
 
 namespace tessera::nn {
 

@@ -7,8 +7,8 @@
 #include <memory>
 #include <string>
 
-#include "kernels/ops.h"
-#include "nn/gpt.h"  // GenerateOptions, KVCache
+#include "tessera/kernels/ops.h"
+#include "tessera/nn/gpt.h"  // GenerateOptions, KVCache
 
 namespace tessera::nn {
 

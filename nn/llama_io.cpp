@@ -5,8 +5,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "core/safetensors.h"
-#include "nn/llama.h"
+#include "tessera/core/safetensors.h"
+#include "tessera/nn/llama.h"
 
 namespace tessera::nn {
 

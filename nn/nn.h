@@ -1,7 +1,7 @@
 // Everything in tessera::nn.
 #pragma once
-#include "nn/attention.h"
-#include "nn/gpt.h"
-#include "nn/layers.h"
-#include "nn/llama.h"
-#include "nn/module.h"
+#include "tessera/nn/attention.h"
+#include "tessera/nn/gpt.h"
+#include "tessera/nn/layers.h"
+#include "tessera/nn/llama.h"
+#include "tessera/nn/module.h"

@@ -1,13 +1,13 @@
-#include "train/callbacks.h"
+#include "tessera/train/callbacks.h"
 
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 
-#include "core/error.h"
-#include "data/file_io.h"
-#include "train/plot.h"
-#include "train/tensorboard.h"
+#include "tessera/core/error.h"
+#include "tessera/data/file_io.h"
+#include "tessera/train/plot.h"
+#include "tessera/train/tensorboard.h"
 
 namespace tessera::train {
 

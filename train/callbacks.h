@@ -14,8 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "train/progress.h"
-#include "train/training_args.h"
+#include "tessera/train/progress.h"
+#include "tessera/train/training_args.h"
 
 namespace tessera::train {
 

@@ -1,9 +1,9 @@
-#include "train/checkpoint_files.h"
+#include "tessera/train/checkpoint_files.h"
 
 #include <algorithm>
 
-#include "core/error.h"
-#include "data/file_io.h"
+#include "tessera/core/error.h"
+#include "tessera/data/file_io.h"
 
 namespace tessera::train {
 

@@ -1,12 +1,12 @@
-#include "train/evaluate.h"
+#include "tessera/train/evaluate.h"
 
 #include <cmath>
 
-#include "autograd/autograd.h"
-#include "autograd/functions.h"
-#include "core/error.h"
-#include "data/dataloader.h"
-#include "kernels/ops.h"
+#include "tessera/autograd/autograd.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/core/error.h"
+#include "tessera/data/dataloader.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera::train {
 

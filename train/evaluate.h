@@ -8,9 +8,9 @@
 #include <map>
 #include <string>
 
-#include "data/token_file.h"
-#include "dist/accelerator.h"
-#include "nn/gpt.h"
+#include "tessera/data/token_file.h"
+#include "tessera/dist/accelerator.h"
+#include "tessera/nn/gpt.h"
 
 namespace tessera::train {
 

@@ -1,7 +1,7 @@
-#include "train/model_dir.h"
+#include "tessera/train/model_dir.h"
 
-#include "core/error.h"
-#include "data/file_io.h"
+#include "tessera/core/error.h"
+#include "tessera/data/file_io.h"
 
 namespace tessera::train {
 

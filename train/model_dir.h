@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <memory>
 
-#include "data/tokenizer.h"
-#include "nn/gpt.h"
+#include "tessera/data/tokenizer.h"
+#include "tessera/nn/gpt.h"
 
 namespace tessera::train {
 

@@ -1,12 +1,12 @@
-#include "train/plot.h"
+#include "tessera/train/plot.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <zlib.h>
 
-#include "core/error.h"
-#include "data/file_io.h"
+#include "tessera/core/error.h"
+#include "tessera/data/file_io.h"
 
 namespace tessera::train {
 

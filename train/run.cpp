@@ -1,15 +1,15 @@
-#include "train/run.h"
+#include "tessera/train/run.h"
 
 #include <cstdio>
 #include <iostream>
 #include <sstream>
 
-#include "core/error.h"
-#include "core/random.h"
-#include "data/file_io.h"
-#include "train/checkpoint_files.h"
-#include "train/model_dir.h"
-#include "train/trainer.h"
+#include "tessera/core/error.h"
+#include "tessera/core/random.h"
+#include "tessera/data/file_io.h"
+#include "tessera/train/checkpoint_files.h"
+#include "tessera/train/model_dir.h"
+#include "tessera/train/trainer.h"
 
 namespace tessera::train {
 

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "train/training_args.h"
+#include "tessera/train/training_args.h"
 
 namespace tessera::train {
 

@@ -1,4 +1,4 @@
-#include "train/tensorboard.h"
+#include "tessera/train/tensorboard.h"
 
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/error.h"
+#include "tessera/core/error.h"
 
 namespace tessera::train {
 

@@ -1,13 +1,13 @@
-#include "train/trainer.h"
+#include "tessera/train/trainer.h"
 
 #include <chrono>
 #include <cmath>
 
-#include "core/error.h"
-#include "core/memory_stats.h"
-#include "core/random.h"
-#include "data/file_io.h"
-#include "train/checkpoint_files.h"
+#include "tessera/core/error.h"
+#include "tessera/core/memory_stats.h"
+#include "tessera/core/random.h"
+#include "tessera/data/file_io.h"
+#include "tessera/train/checkpoint_files.h"
 
 namespace tessera::train {
 

@@ -18,14 +18,14 @@
 #include <optional>
 #include <string>
 
-#include "data/dataloader.h"
-#include "data/token_file.h"
-#include "dist/accelerator.h"
-#include "nn/gpt.h"
-#include "optim/optim.h"
-#include "train/callbacks.h"
-#include "train/evaluate.h"
-#include "train/training_args.h"
+#include "tessera/data/dataloader.h"
+#include "tessera/data/token_file.h"
+#include "tessera/dist/accelerator.h"
+#include "tessera/nn/gpt.h"
+#include "tessera/optim/optim.h"
+#include "tessera/train/callbacks.h"
+#include "tessera/train/evaluate.h"
+#include "tessera/train/training_args.h"
 
 namespace tessera::train {
 

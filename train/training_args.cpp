@@ -1,4 +1,4 @@
-#include "train/training_args.h"
+#include "tessera/train/training_args.h"
 
 #include <cmath>
 #include <fstream>
@@ -6,8 +6,8 @@
 #include <set>
 #include <sstream>
 
-#include "core/device.h"
-#include "core/error.h"
+#include "tessera/core/device.h"
+#include "tessera/core/error.h"
 
 namespace tessera::train {
 

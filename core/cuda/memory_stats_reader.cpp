@@ -1,7 +1,7 @@
 // Registers the caching allocator's counters with core/memory_stats, so code above core
 // (the trainer's metrics) can report reserved bytes without naming CUDA.
-#include "core/cuda/cuda_runtime.h"
-#include "core/memory_stats.h"
+#include "tessera/core/cuda/cuda_runtime.h"
+#include "tessera/core/memory_stats.h"
 
 namespace tessera::cuda {
 namespace {

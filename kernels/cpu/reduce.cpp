@@ -14,8 +14,8 @@
 // combined, so the vectorised inner loop stays short.
 #include <limits>
 
-#include "core/dispatch.h"
-#include "kernels/cpu/lanes.h"
+#include "tessera/core/dispatch.h"
+#include "tessera/kernels/cpu/lanes.h"
 
 namespace tessera::cpu {
 namespace {

@@ -10,8 +10,8 @@
 // Inputs are made contiguous first; the CPU kernels are the reference (tests/cuda).
 #include <cmath>
 
-#include "core/dispatch.h"
-#include "kernels/cuda/common.cuh"
+#include "tessera/core/dispatch.h"
+#include "tessera/kernels/cuda/common.cuh"
 
 namespace tessera::cuda {
 namespace {

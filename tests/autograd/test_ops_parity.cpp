@@ -9,9 +9,9 @@
 #include <functional>
 
 #include "../nn/python_reference.h"
-#include "autograd/functions.h"
-#include "core/random.h"
-#include "core/safetensors.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/core/random.h"
+#include "tessera/core/safetensors.h"
 
 namespace tessera {
 namespace {

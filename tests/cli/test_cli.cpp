@@ -13,12 +13,12 @@
 #include <map>
 #include <random>
 
-#include "core/allocator.h"
-#include "data/file_io.h"
-#include "data/token_file.h"
-#include "optim/optimizer.h"
+#include "tessera/core/allocator.h"
+#include "tessera/data/file_io.h"
+#include "tessera/data/token_file.h"
+#include "tessera/optim/optimizer.h"
 #include "tests/cli/cli_harness.h"
-#include "data/tokenizer.h"
+#include "tessera/data/tokenizer.h"
 #include "tests/nn/python_reference.h"
 
 namespace fs = std::filesystem;

@@ -9,7 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "core/safetensors.h"
+#include "tessera/core/safetensors.h"
 #include "tests/cli/cli_harness.h"
 
 namespace fs = std::filesystem;

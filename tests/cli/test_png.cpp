@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "data/file_io.h"
-#include "train/plot.h"
+#include "tessera/core/error.h"
+#include "tessera/data/file_io.h"
+#include "tessera/train/plot.h"
 
 using namespace tessera;
 

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "train/progress.h"
+#include "tessera/train/progress.h"
 
 using tessera::train::MovingAverage;
 using tessera::train::Progress;

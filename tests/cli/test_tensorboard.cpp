@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "core/error.h"
+#include "tessera/core/error.h"
 #include "tests/nn/python_reference.h"
-#include "train/tensorboard.h"
+#include "tessera/train/tensorboard.h"
 
 namespace fs = std::filesystem;
 using tessera::train::crc32c;

@@ -4,8 +4,8 @@
 
 #include <limits>
 
-#include "core/error.h"
-#include "core/tensor.h"
+#include "tessera/core/error.h"
+#include "tessera/core/tensor.h"
 
 using namespace tessera;
 

@@ -6,9 +6,9 @@
 #include <limits>
 #include <map>
 
-#include "autograd/functions.h"
+#include "tessera/autograd/functions.h"
 #include "cuda_test_util.h"
-#include "nn/llama.h"
+#include "tessera/nn/llama.h"
 
 namespace tessera {
 namespace {

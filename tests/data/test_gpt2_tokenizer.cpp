@@ -3,9 +3,9 @@
 // pre-tokenizer and the invalid-UTF-8 rule checked against hand-worked cases and Python.
 #include <gtest/gtest.h>
 
-#include "core/error.h"
-#include "data/pretokenizer.h"
-#include "data/tokenizer.h"
+#include "tessera/core/error.h"
+#include "tessera/data/pretokenizer.h"
+#include "tessera/data/tokenizer.h"
 #include "tests/data/tokenizer_test_util.h"
 
 using namespace tessera;

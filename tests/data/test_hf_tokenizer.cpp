@@ -5,9 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
-#include "data/pretokenizer.h"
-#include "data/tokenizer.h"
+#include "tessera/core/error.h"
+#include "tessera/data/pretokenizer.h"
+#include "tessera/data/tokenizer.h"
 #include "tests/data/tokenizer_test_util.h"
 
 using namespace tessera;

@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <random>
 
-#include "data/dataloader.h"
-#include "dist/accelerator.h"
+#include "tessera/data/dataloader.h"
+#include "tessera/dist/accelerator.h"
 
 using namespace tessera;
 using namespace tessera::data;

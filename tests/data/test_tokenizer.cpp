@@ -11,9 +11,9 @@
 #include <map>
 #include <random>
 
-#include "core/error.h"
-#include "data/pretokenizer.h"
-#include "data/tokenizer.h"
+#include "tessera/core/error.h"
+#include "tessera/data/pretokenizer.h"
+#include "tessera/data/tokenizer.h"
 
 using namespace tessera;
 using namespace tessera::data;

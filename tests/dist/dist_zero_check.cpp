@@ -20,11 +20,11 @@
 #include <iostream>
 #include <string>
 
-#include "core/random.h"
-#include "dist/accelerator.h"
-#include "dist/sharded_state.h"
-#include "nn/gpt.h"
-#include "optim/adamw.h"
+#include "tessera/core/random.h"
+#include "tessera/dist/accelerator.h"
+#include "tessera/dist/sharded_state.h"
+#include "tessera/nn/gpt.h"
+#include "tessera/optim/adamw.h"
 
 using namespace tessera;
 

@@ -17,9 +17,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/allocator.h"
-#include "data/file_io.h"
-#include "data/token_file.h"
+#include "tessera/core/allocator.h"
+#include "tessera/data/file_io.h"
+#include "tessera/data/token_file.h"
 
 namespace {
 

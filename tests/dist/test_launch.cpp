@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "data/token_file.h"
+#include "tessera/data/token_file.h"
 
 namespace fs = std::filesystem;
 

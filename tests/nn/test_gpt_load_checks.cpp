@@ -7,10 +7,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "core/random.h"
-#include "core/safetensors.h"
-#include "kernels/ops.h"
-#include "nn/nn.h"
+#include "tessera/core/random.h"
+#include "tessera/core/safetensors.h"
+#include "tessera/kernels/ops.h"
+#include "tessera/nn/nn.h"
 
 using namespace tessera;
 

@@ -10,10 +10,10 @@
 #include <memory>
 #include <optional>
 
-#include "autograd/autocast.h"
-#include "autograd/functions.h"
-#include "core/memory_stats.h"
-#include "nn/gpt.h"
+#include "tessera/autograd/autocast.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/core/memory_stats.h"
+#include "tessera/nn/gpt.h"
 
 using namespace tessera;
 

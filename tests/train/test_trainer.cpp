@@ -5,10 +5,10 @@
 
 #include <filesystem>
 
-#include "core/safetensors.h"
-#include "data/token_file.h"
-#include "train/checkpoint_files.h"
-#include "train/trainer.h"
+#include "tessera/core/safetensors.h"
+#include "tessera/data/token_file.h"
+#include "tessera/train/checkpoint_files.h"
+#include "tessera/train/trainer.h"
 
 namespace fs = std::filesystem;
 using namespace tessera;
