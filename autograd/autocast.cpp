@@ -1,6 +1,6 @@
-#include "autograd/autocast.h"
+#include "tessera/autograd/autocast.h"
 
-#include "core/error.h"
+#include "tessera/core/error.h"
 
 namespace tessera::autograd {
 

@@ -10,7 +10,7 @@
 #pragma once
 #include <optional>
 
-#include "core/tensor.h"
+#include "tessera/core/tensor.h"
 
 namespace tessera::autograd {
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
+#include "tessera/core/tensor.h"
 
 namespace tessera::autograd {
 

@@ -3,8 +3,8 @@
 // The backward node's edges cover only the explicit inputs; parameters that fn
 // captures receive their gradients from a nested backward through the recomputed
 // graph (their AccumulateGrad nodes and grad-ready hooks run there).
-#include "autograd/autograd.h"
-#include "core/random.h"
+#include "tessera/autograd/autograd.h"
+#include "tessera/core/random.h"
 
 namespace tessera::autograd {
 

@@ -5,8 +5,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "autograd/autograd.h"
-#include "kernels/ops.h"
+#include "tessera/autograd/autograd.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera::autograd {
 

@@ -2,8 +2,8 @@
 #pragma once
 #include <vector>
 
-#include "autograd/autograd.h"
-#include "kernels/ops.h"
+#include "tessera/autograd/autograd.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera::autograd::util {
 

@@ -11,10 +11,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "autograd/autograd.h"
-#include "core/random.h"
-#include "core/tensor.h"
-#include "kernels/ops.h"
+#include "tessera/autograd/autograd.h"
+#include "tessera/core/random.h"
+#include "tessera/core/tensor.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera {
 

@@ -11,9 +11,9 @@
 #include <limits>
 #include <string>
 
-#include "autograd/autocast.h"
-#include "autograd/functions.h"
-#include "core/fused_dispatch.h"
+#include "tessera/autograd/autocast.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/core/fused_dispatch.h"
 
 namespace tessera {
 

@@ -1,7 +1,7 @@
 // Differentiable element-wise functions: arithmetic (broadcasting), unary maths,
 // activations, pow, maximum/minimum, where, masked_fill, dropout.
-#include "autograd/function_util.h"
-#include "autograd/functions.h"
+#include "tessera/autograd/function_util.h"
+#include "tessera/autograd/functions.h"
 
 namespace tessera {
 

@@ -1,8 +1,8 @@
 // Differentiable wrappers of fused kernels that replace a chain of ops in the training path.
 // The classifier's forward computes the per-row losses and the logits' gradient in one pass
 // (the device's fused `classifier`, core/fused_dispatch.h), so the backward is only a scaling.
-#include "autograd/functions.h"
-#include "core/fused_dispatch.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/core/fused_dispatch.h"
 
 namespace tessera {
 

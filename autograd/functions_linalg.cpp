@@ -1,8 +1,8 @@
 // Differentiable matmul, linear, embedding and cross_entropy.
-#include "autograd/autocast.h"
-#include "autograd/function_util.h"
-#include "autograd/functions.h"
-#include "core/fused_dispatch.h"
+#include "tessera/autograd/autocast.h"
+#include "tessera/autograd/function_util.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/core/fused_dispatch.h"
 
 namespace tessera {
 

@@ -1,7 +1,7 @@
 // Differentiable reductions and normalisations: sum, mean, amax, amin, softmax,
 // log_softmax, layer_norm.
-#include "autograd/function_util.h"
-#include "autograd/functions.h"
+#include "tessera/autograd/function_util.h"
+#include "tessera/autograd/functions.h"
 
 namespace tessera {
 

@@ -1,6 +1,6 @@
 // Differentiable joining and splitting: cat, stack, split, chunk.
-#include "autograd/function_util.h"
-#include "autograd/functions.h"
+#include "tessera/autograd/function_util.h"
+#include "tessera/autograd/functions.h"
 
 namespace tessera {
 

@@ -7,9 +7,9 @@
 // off and passes the gradient to the source of the copy).
 #include <functional>
 
-#include "autograd/autograd.h"
-#include "core/autograd_hooks.h"
-#include "kernels/ops.h"
+#include "tessera/autograd/autograd.h"
+#include "tessera/core/autograd_hooks.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera {
 

@@ -19,10 +19,10 @@
 #include <string>
 #include <thread>
 
-#include "autograd/functions.h"
+#include "tessera/autograd/functions.h"
 #include "benchmarks/bench_common.h"
-#include "nn/nn.h"
-#include "optim/optim.h"
+#include "tessera/nn/nn.h"
+#include "tessera/optim/optim.h"
 
 using namespace tessera;
 using Clock = std::chrono::steady_clock;

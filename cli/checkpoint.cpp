@@ -1,11 +1,11 @@
-#include "cli/checkpoint.h"
+#include "tessera/cli/checkpoint.h"
 
 #include <algorithm>
 #include <cstdio>
 
-#include "core/error.h"
-#include "core/safetensors.h"
-#include "data/file_io.h"
+#include "tessera/core/error.h"
+#include "tessera/core/safetensors.h"
+#include "tessera/data/file_io.h"
 
 namespace tessera::cli {
 

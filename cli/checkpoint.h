@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "nn/gpt.h"
-#include "optim/optimizer.h"
+#include "tessera/nn/gpt.h"
+#include "tessera/optim/optimizer.h"
 
 namespace tessera::cli {
 

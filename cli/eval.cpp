@@ -2,9 +2,9 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "cli/command.h"
-#include "cli/model_dir.h"
-#include "core/error.h"
+#include "tessera/cli/command.h"
+#include "tessera/cli/model_dir.h"
+#include "tessera/core/error.h"
 
 namespace tessera::cli {
 namespace {

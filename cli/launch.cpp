@@ -1,5 +1,5 @@
-#include "cli/command.h"
-#include "dist/launcher.h"
+#include "tessera/cli/command.h"
+#include "tessera/dist/launcher.h"
 
 namespace tessera::cli {
 namespace {

@@ -1,8 +1,8 @@
 #include <algorithm>
 #include <iostream>
 
-#include "cli/command.h"
-#include "core/error.h"
+#include "tessera/cli/command.h"
+#include "tessera/core/error.h"
 
 namespace tessera::cli {
 std::vector<Command>& commands() {

@@ -1,9 +1,9 @@
-#include "cli/model_dir.h"
+#include "tessera/cli/model_dir.h"
 
-#include "autograd/autograd.h"
-#include "cli/checkpoint.h"
-#include "core/error.h"
-#include "data/dataloader.h"
+#include "tessera/autograd/autograd.h"
+#include "tessera/cli/checkpoint.h"
+#include "tessera/core/error.h"
+#include "tessera/data/dataloader.h"
 
 namespace tessera::cli {
 

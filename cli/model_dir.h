@@ -4,9 +4,9 @@
 #include <filesystem>
 #include <memory>
 
-#include "data/token_file.h"
-#include "data/tokenizer.h"
-#include "nn/gpt.h"
+#include "tessera/data/token_file.h"
+#include "tessera/data/tokenizer.h"
+#include "tessera/nn/gpt.h"
 
 namespace tessera::cli {
 

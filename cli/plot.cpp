@@ -1,11 +1,11 @@
-#include "cli/plot.h"
+#include "tessera/cli/plot.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 
-#include "core/error.h"
-#include "data/file_io.h"
+#include "tessera/core/error.h"
+#include "tessera/data/file_io.h"
 
 namespace tessera::cli {
 

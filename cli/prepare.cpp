@@ -4,11 +4,11 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "cli/command.h"
-#include "core/error.h"
-#include "data/file_io.h"
-#include "data/token_file.h"
-#include "data/tokenizer.h"
+#include "tessera/cli/command.h"
+#include "tessera/core/error.h"
+#include "tessera/data/file_io.h"
+#include "tessera/data/token_file.h"
+#include "tessera/data/tokenizer.h"
 
 namespace tessera::cli {
 namespace {

@@ -1,4 +1,4 @@
-#include "cli/progress.h"
+#include "tessera/cli/progress.h"
 
 #include <unistd.h>
 

@@ -1,10 +1,10 @@
 // `tessera sample`: continue a prompt with a trained model (KV-cached decoding).
 #include <iostream>
 
-#include "cli/command.h"
-#include "cli/model_dir.h"
-#include "core/error.h"
-#include "core/random.h"
+#include "tessera/cli/command.h"
+#include "tessera/cli/model_dir.h"
+#include "tessera/core/error.h"
+#include "tessera/core/random.h"
 
 namespace tessera::cli {
 namespace {

@@ -1,9 +1,9 @@
 // `tessera train`: settings from --config (JSON or flat YAML) overridden by flags.
 #include <map>
 
-#include "cli/command.h"
-#include "cli/train_config.h"
-#include "cli/trainer.h"
+#include "tessera/cli/command.h"
+#include "tessera/cli/train_config.h"
+#include "tessera/cli/trainer.h"
 
 namespace tessera::cli {
 namespace {

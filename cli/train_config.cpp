@@ -1,12 +1,12 @@
-#include "cli/train_config.h"
+#include "tessera/cli/train_config.h"
 
 #include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
 
-#include "core/device.h"
-#include "core/error.h"
+#include "tessera/core/device.h"
+#include "tessera/core/error.h"
 
 namespace tessera::cli {
 

@@ -1,22 +1,22 @@
-#include "cli/trainer.h"
+#include "tessera/cli/trainer.h"
 
 #include <chrono>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
-#include "autograd/autograd.h"
-#include "autograd/functions.h"
-#include "cli/checkpoint.h"
-#include "cli/model_dir.h"
-#include "cli/plot.h"
-#include "cli/progress.h"
-#include "core/error.h"
-#include "core/random.h"
-#include "data/dataloader.h"
-#include "data/file_io.h"
-#include "dist/accelerator.h"
-#include "optim/optim.h"
+#include "tessera/autograd/autograd.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/cli/checkpoint.h"
+#include "tessera/cli/model_dir.h"
+#include "tessera/cli/plot.h"
+#include "tessera/cli/progress.h"
+#include "tessera/core/error.h"
+#include "tessera/core/random.h"
+#include "tessera/data/dataloader.h"
+#include "tessera/data/file_io.h"
+#include "tessera/dist/accelerator.h"
+#include "tessera/optim/optim.h"
 
 namespace tessera::cli {
 

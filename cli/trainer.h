@@ -2,7 +2,7 @@
 // AdamW and an LR schedule on the DataLoader's stream, evaluates, samples, checkpoints,
 // and resumes from a checkpoint bit-for-bit.
 #pragma once
-#include "cli/train_config.h"
+#include "tessera/cli/train_config.h"
 
 namespace tessera::cli {
 

@@ -1,7 +1,7 @@
 #include <iostream>
 
-#include "cli/command.h"
-#include "core/allocator.h"
+#include "tessera/cli/command.h"
+#include "tessera/core/allocator.h"
 
 namespace tessera::cli {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/allocator.h"
+#include "tessera/core/allocator.h"
 
 #include <array>
 #include <atomic>
@@ -6,8 +6,8 @@
 #include <new>
 #include <string>
 
-#include "core/backend_library.h"
-#include "core/error.h"
+#include "tessera/core/backend_library.h"
+#include "tessera/core/error.h"
 
 namespace tessera {
 namespace {

@@ -7,7 +7,7 @@
 #include <functional>
 #include <memory>
 
-#include "core/device.h"
+#include "tessera/core/device.h"
 
 namespace tessera {
 

@@ -1,4 +1,4 @@
-#include "core/backend_library.h"
+#include "tessera/core/backend_library.h"
 
 #include <dlfcn.h>
 

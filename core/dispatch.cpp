@@ -1,4 +1,4 @@
-#include "core/dispatch.h"
+#include "tessera/core/dispatch.h"
 
 #include <array>
 

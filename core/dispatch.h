@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/random.h"
-#include "core/tensor.h"
+#include "tessera/core/random.h"
+#include "tessera/core/tensor.h"
 
 namespace tessera {
 

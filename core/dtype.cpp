@@ -1,6 +1,6 @@
-#include "core/dtype.h"
+#include "tessera/core/dtype.h"
 
-#include "core/error.h"
+#include "tessera/core/error.h"
 
 namespace tessera {
 

@@ -4,7 +4,7 @@
 #include <ostream>
 #include <string>
 
-#include "core/half.h"
+#include "tessera/core/half.h"
 
 namespace tessera {
 

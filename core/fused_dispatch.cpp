@@ -1,4 +1,4 @@
-#include "core/fused_dispatch.h"
+#include "tessera/core/fused_dispatch.h"
 
 #include <array>
 

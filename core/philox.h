@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "core/half.h"
+#include "tessera/core/half.h"
 
 namespace tessera {
 

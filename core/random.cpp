@@ -1,7 +1,7 @@
-#include "core/random.h"
+#include "tessera/core/random.h"
 
-#include "core/autograd_hooks.h"
-#include "core/dispatch.h"
+#include "tessera/core/autograd_hooks.h"
+#include "tessera/core/dispatch.h"
 
 namespace tessera {
 

@@ -1,4 +1,4 @@
-#include "core/safetensors.h"
+#include "tessera/core/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

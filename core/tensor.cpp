@@ -1,12 +1,12 @@
-#include "core/tensor.h"
+#include "tessera/core/tensor.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 
-#include "core/autograd_hooks.h"
-#include "core/dispatch.h"
+#include "tessera/core/autograd_hooks.h"
+#include "tessera/core/dispatch.h"
 
 namespace tessera {
 

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "core/allocator.h"
-#include "core/dtype.h"
-#include "core/error.h"
+#include "tessera/core/allocator.h"
+#include "tessera/core/dtype.h"
+#include "tessera/core/error.h"
 
 namespace tessera {
 

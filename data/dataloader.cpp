@@ -1,11 +1,11 @@
-#include "data/dataloader.h"
+#include "tessera/data/dataloader.h"
 
 #include <cmath>  // core/philox.h uses sqrt/log/cos without including it
 #include <iterator>
 #include <numeric>
 
-#include "core/error.h"
-#include "core/philox.h"
+#include "tessera/core/error.h"
+#include "tessera/core/philox.h"
 
 namespace tessera::data {
 

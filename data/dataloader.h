@@ -17,8 +17,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/tensor.h"
-#include "data/token_file.h"
+#include "tessera/core/tensor.h"
+#include "tessera/data/token_file.h"
 
 namespace tessera::data {
 

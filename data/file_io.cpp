@@ -1,4 +1,4 @@
-#include "data/file_io.h"
+#include "tessera/data/file_io.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "core/error.h"
+#include "tessera/core/error.h"
 
 namespace tessera::data {
 

@@ -1,4 +1,4 @@
-#include "data/token_file.h"
+#include "tessera/data/token_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,8 +11,8 @@
 #include <cstring>
 #include <vector>
 
-#include "core/error.h"
-#include "data/file_io.h"
+#include "tessera/core/error.h"
+#include "tessera/data/file_io.h"
 
 namespace tessera::data {
 

@@ -1,10 +1,10 @@
-#include "data/tokenizer.h"
+#include "tessera/data/tokenizer.h"
 
 #include <nlohmann/json.hpp>
 #include <queue>
 
-#include "core/error.h"
-#include "data/file_io.h"
+#include "tessera/core/error.h"
+#include "tessera/data/file_io.h"
 
 namespace tessera::data {
 

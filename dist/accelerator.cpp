@@ -1,14 +1,14 @@
-#include "dist/accelerator.h"
+#include "tessera/dist/accelerator.h"
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "autograd/autograd.h"
-#include "autograd/functions.h"
-#include "core/random.h"
-#include "data/file_io.h"
-#include "kernels/ops.h"
-#include "optim/clip.h"
+#include "tessera/autograd/autograd.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/core/random.h"
+#include "tessera/data/file_io.h"
+#include "tessera/kernels/ops.h"
+#include "tessera/optim/clip.h"
 
 namespace tessera::dist {
 

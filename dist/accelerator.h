@@ -21,14 +21,14 @@
 #include <string>
 #include <vector>
 
-#include "autograd/autocast.h"
-#include "data/dataloader.h"
-#include "dist/ddp.h"
-#include "dist/process_group.h"
-#include "nn/module.h"
-#include "optim/loss_scaler.h"
-#include "optim/optimizer.h"
-#include "optim/schedule.h"
+#include "tessera/autograd/autocast.h"
+#include "tessera/data/dataloader.h"
+#include "tessera/dist/ddp.h"
+#include "tessera/dist/process_group.h"
+#include "tessera/nn/module.h"
+#include "tessera/optim/loss_scaler.h"
+#include "tessera/optim/optimizer.h"
+#include "tessera/optim/schedule.h"
 
 namespace tessera::dist {
 

@@ -1,4 +1,4 @@
-#include "dist/ddp.h"
+#include "tessera/dist/ddp.h"
 
 #include <sstream>
 

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "dist/process_group.h"
-#include "autograd/autograd.h"
-#include "nn/module.h"
+#include "tessera/dist/process_group.h"
+#include "tessera/autograd/autograd.h"
+#include "tessera/nn/module.h"
 
 namespace tessera::dist {
 

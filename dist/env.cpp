@@ -1,10 +1,10 @@
-#include "dist/env.h"
+#include "tessera/dist/env.h"
 
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
 
-#include "core/error.h"
+#include "tessera/core/error.h"
 
 namespace tessera::dist {
 

@@ -1,4 +1,4 @@
-#include "dist/host_process_group.h"
+#include "tessera/dist/host_process_group.h"
 
 #include <algorithm>
 #include <array>
@@ -8,7 +8,7 @@
 #include <mutex>
 #include <type_traits>
 
-#include "core/allocator.h"
+#include "tessera/core/allocator.h"
 
 namespace tessera::dist {
 

@@ -10,8 +10,8 @@
 #include <mutex>
 #include <thread>
 
-#include "dist/process_group.h"
-#include "dist/socket.h"
+#include "tessera/dist/process_group.h"
+#include "tessera/dist/socket.h"
 
 namespace tessera::dist {
 

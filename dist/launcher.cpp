@@ -1,4 +1,4 @@
-#include "dist/launcher.h"
+#include "tessera/dist/launcher.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -15,8 +15,8 @@
 #include <map>
 #include <thread>
 
-#include "core/error.h"
-#include "dist/socket.h"
+#include "tessera/core/error.h"
+#include "tessera/dist/socket.h"
 
 namespace tessera::dist {
 namespace {

@@ -1,11 +1,11 @@
-#include "dist/process_group.h"
+#include "tessera/dist/process_group.h"
 
 #include <algorithm>
 #include <map>
 #include <mutex>
 #include <sstream>
 
-#include "core/backend_library.h"
+#include "tessera/core/backend_library.h"
 
 namespace tessera::dist {
 

@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
-#include "dist/env.h"
-#include "dist/store.h"
+#include "tessera/core/tensor.h"
+#include "tessera/dist/env.h"
+#include "tessera/dist/store.h"
 
 namespace tessera::dist {
 

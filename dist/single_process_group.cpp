@@ -1,7 +1,7 @@
 // The "single" backend: a world of one process. Every collective is the identity
 // or a copy, done where the tensors live (no host staging, so a one-GPU run pays
 // nothing for going through DDP), and code written for many ranks runs unchanged.
-#include "dist/process_group.h"
+#include "tessera/dist/process_group.h"
 
 namespace tessera::dist {
 namespace {

@@ -1,4 +1,4 @@
-#include "dist/socket.h"
+#include "tessera/dist/socket.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>

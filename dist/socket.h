@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/error.h"
+#include "tessera/core/error.h"
 
 namespace tessera::dist {
 

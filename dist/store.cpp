@@ -1,4 +1,4 @@
-#include "dist/store.h"
+#include "tessera/dist/store.h"
 
 #include <poll.h>
 

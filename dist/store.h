@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "dist/socket.h"
+#include "tessera/dist/socket.h"
 
 namespace tessera::dist {
 

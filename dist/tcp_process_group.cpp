@@ -10,7 +10,7 @@
 // desynchronised stream.
 #include <cstring>
 
-#include "dist/host_process_group.h"
+#include "tessera/dist/host_process_group.h"
 
 namespace tessera::dist {
 namespace {

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "core/allocator.h"
-#include "dist/process_group.h"
+#include "tessera/core/allocator.h"
+#include "tessera/dist/process_group.h"
 
 using namespace tessera;
 

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "core/random.h"
-#include "dist/accelerator.h"
-#include "nn/gpt.h"
+#include "tessera/core/random.h"
+#include "tessera/dist/accelerator.h"
+#include "tessera/nn/gpt.h"
 
 using namespace tessera;
 

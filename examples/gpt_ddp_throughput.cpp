@@ -14,11 +14,11 @@
 #include <map>
 #include <string>
 
-#include "core/allocator.h"
-#include "core/random.h"
-#include "dist/accelerator.h"
-#include "nn/gpt.h"
-#include "optim/adamw.h"
+#include "tessera/core/allocator.h"
+#include "tessera/core/random.h"
+#include "tessera/dist/accelerator.h"
+#include "tessera/nn/gpt.h"
+#include "tessera/optim/adamw.h"
 
 using namespace tessera;
 

@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "core/random.h"
-#include "data/dataloader.h"
-#include "data/token_file.h"
-#include "dist/accelerator.h"
-#include "nn/gpt.h"
-#include "optim/adamw.h"
-#include "optim/schedule.h"
+#include "tessera/core/random.h"
+#include "tessera/data/dataloader.h"
+#include "tessera/data/token_file.h"
+#include "tessera/dist/accelerator.h"
+#include "tessera/nn/gpt.h"
+#include "tessera/optim/adamw.h"
+#include "tessera/optim/schedule.h"
 
 using namespace tessera;
 

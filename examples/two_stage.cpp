@@ -8,11 +8,11 @@
 #include <filesystem>
 #include <iostream>
 
-#include "autograd/functions.h"
-#include "core/random.h"
-#include "dist/accelerator.h"
-#include "nn/layers.h"
-#include "optim/adamw.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/core/random.h"
+#include "tessera/dist/accelerator.h"
+#include "tessera/nn/layers.h"
+#include "tessera/optim/adamw.h"
 
 using namespace tessera;
 

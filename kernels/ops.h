@@ -9,8 +9,8 @@
 #include <optional>
 #include <vector>
 
-#include "core/dispatch.h"
-#include "core/tensor.h"
+#include "tessera/core/dispatch.h"
+#include "tessera/core/tensor.h"
 
 namespace tessera::ops {
 

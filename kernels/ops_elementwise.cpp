@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/ops.h"
-#include "kernels/ops_util.h"
+#include "tessera/kernels/ops.h"
+#include "tessera/kernels/ops_util.h"
 
 namespace tessera::ops {
 namespace detail {

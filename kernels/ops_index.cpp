@@ -2,8 +2,8 @@
 // joining/splitting (cat, stack as cat of unsqueezed views, split/chunk as narrow views).
 #include <numeric>
 
-#include "kernels/ops.h"
-#include "kernels/ops_util.h"
+#include "tessera/kernels/ops.h"
+#include "tessera/kernels/ops_util.h"
 
 namespace tessera::ops {
 namespace {

@@ -1,8 +1,8 @@
 // Front-end of matmul with PyTorch's semantics: 1-D operands are promoted to matrices and
 // the added dim removed again; batch dims broadcast; [..., M, K] @ [K, N] folds the batch
 // into M when that is a view, so a Linear layer is one large GEMM.
-#include "kernels/ops.h"
-#include "kernels/ops_util.h"
+#include "tessera/kernels/ops.h"
+#include "tessera/kernels/ops_util.h"
 
 namespace tessera::ops {
 

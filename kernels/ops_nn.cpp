@@ -2,8 +2,8 @@
 // cross-entropy, forward and backward.
 #include <cmath>
 
-#include "kernels/ops.h"
-#include "kernels/ops_util.h"
+#include "tessera/kernels/ops.h"
+#include "tessera/kernels/ops_util.h"
 
 namespace tessera::ops {
 namespace {

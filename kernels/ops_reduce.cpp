@@ -2,8 +2,8 @@
 // as size 1 (the kernel contract), then viewed without them unless keepdim.
 #include <cmath>
 
-#include "kernels/ops.h"
-#include "kernels/ops_util.h"
+#include "tessera/kernels/ops.h"
+#include "tessera/kernels/ops_util.h"
 
 namespace tessera::ops {
 namespace {

@@ -4,8 +4,8 @@
 #include <initializer_list>
 #include <string>
 
-#include "core/dispatch.h"
-#include "core/tensor.h"
+#include "tessera/core/dispatch.h"
+#include "tessera/core/tensor.h"
 
 namespace tessera::ops::detail {
 

@@ -1,8 +1,8 @@
-#include "nn/attention.h"
+#include "tessera/nn/attention.h"
 
 #include <cmath>
 
-#include "autograd/functions.h"
+#include "tessera/autograd/functions.h"
 
 namespace tessera::nn {
 

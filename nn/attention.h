@@ -1,6 +1,6 @@
 // GPT-2 attention, MLP and the pre-LayerNorm transformer block.
 #pragma once
-#include "nn/layers.h"
+#include "tessera/nn/layers.h"
 
 namespace tessera::nn {
 

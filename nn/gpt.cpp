@@ -1,10 +1,10 @@
-#include "nn/gpt.h"
+#include "tessera/nn/gpt.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "autograd/autocast.h"
-#include "autograd/functions.h"
+#include "tessera/autograd/autocast.h"
+#include "tessera/autograd/functions.h"
 
 namespace tessera::nn {
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "nn/attention.h"
+#include "tessera/nn/attention.h"
 
 namespace tessera::nn {
 

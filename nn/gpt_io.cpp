@@ -4,8 +4,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "core/safetensors.h"
-#include "nn/gpt.h"
+#include "tessera/core/safetensors.h"
+#include "tessera/nn/gpt.h"
 
 namespace tessera::nn {
 

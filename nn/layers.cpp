@@ -1,6 +1,6 @@
-#include "nn/layers.h"
+#include "tessera/nn/layers.h"
 
-#include "autograd/functions.h"
+#include "tessera/autograd/functions.h"
 
 namespace tessera::nn {
 

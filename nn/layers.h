@@ -1,8 +1,8 @@
 // The basic layers. Initialisation follows GPT-2 (weights N(0, 0.02), biases 0,
 // LayerNorm 1/0); `gen` = nullptr draws from the default generator.
 #pragma once
-#include "core/random.h"
-#include "nn/module.h"
+#include "tessera/core/random.h"
+#include "tessera/nn/module.h"
 
 namespace tessera::nn {
 

@@ -1,10 +1,10 @@
-#include "nn/module.h"
+#include "tessera/nn/module.h"
 
 #include <algorithm>
 #include <set>
 #include <sstream>
 
-#include "autograd/autograd.h"
+#include "tessera/autograd/autograd.h"
 
 namespace tessera::nn {
 

@@ -1,6 +1,6 @@
 // Everything in tessera::nn.
 #pragma once
-#include "nn/attention.h"
-#include "nn/gpt.h"
-#include "nn/layers.h"
-#include "nn/module.h"
+#include "tessera/nn/attention.h"
+#include "tessera/nn/gpt.h"
+#include "tessera/nn/layers.h"
+#include "tessera/nn/module.h"

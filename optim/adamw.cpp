@@ -1,11 +1,11 @@
-#include "optim/adamw.h"
+#include "tessera/optim/adamw.h"
 
 #include <cmath>
 #include <map>
 
-#include "kernels/ops.h"
-#include "core/fused_dispatch.h"
-#include "optim/fused_update.h"
+#include "tessera/kernels/ops.h"
+#include "tessera/core/fused_dispatch.h"
+#include "tessera/optim/fused_update.h"
 
 namespace tessera::optim {
 

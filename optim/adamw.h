@@ -5,7 +5,7 @@
 // Moments are f32 (f64 for f64 parameters). Built from a parameter list, weight
 // decay applies to tensors of rank >= 2 only (see decay_groups).
 #pragma once
-#include "optim/optimizer.h"
+#include "tessera/optim/optimizer.h"
 
 namespace tessera::optim {
 

@@ -1,10 +1,10 @@
-#include "optim/clip.h"
+#include "tessera/optim/clip.h"
 
 #include <cmath>
 
-#include "kernels/ops.h"
-#include "core/fused_dispatch.h"
-#include "optim/fused_update.h"
+#include "tessera/kernels/ops.h"
+#include "tessera/core/fused_dispatch.h"
+#include "tessera/optim/fused_update.h"
 
 namespace tessera::optim {
 

@@ -4,7 +4,7 @@
 #pragma once
 #include <vector>
 
-#include "core/tensor.h"
+#include "tessera/core/tensor.h"
 
 namespace tessera::optim {
 

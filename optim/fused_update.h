@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <functional>
 
-#include "core/tensor.h"
+#include "tessera/core/tensor.h"
 
 namespace tessera::optim::detail {
 

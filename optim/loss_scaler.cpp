@@ -1,7 +1,7 @@
-#include "optim/loss_scaler.h"
+#include "tessera/optim/loss_scaler.h"
 
-#include "autograd/functions.h"
-#include "optim/clip.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/optim/clip.h"
 
 namespace tessera::optim {
 

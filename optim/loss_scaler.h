@@ -14,7 +14,7 @@
 #include <map>
 #include <string>
 
-#include "optim/optimizer.h"
+#include "tessera/optim/optimizer.h"
 
 namespace tessera::optim {
 

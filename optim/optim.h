@@ -1,8 +1,8 @@
 // Everything in tessera::optim.
 #pragma once
-#include "optim/adamw.h"
-#include "optim/clip.h"
-#include "optim/loss_scaler.h"
-#include "optim/optimizer.h"
-#include "optim/schedule.h"
-#include "optim/sgd.h"
+#include "tessera/optim/adamw.h"
+#include "tessera/optim/clip.h"
+#include "tessera/optim/loss_scaler.h"
+#include "tessera/optim/optimizer.h"
+#include "tessera/optim/schedule.h"
+#include "tessera/optim/sgd.h"

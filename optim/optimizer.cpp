@@ -1,12 +1,12 @@
-#include "optim/optimizer.h"
+#include "tessera/optim/optimizer.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
-#include "core/safetensors.h"
+#include "tessera/core/safetensors.h"
 
-#include "autograd/autograd.h"
+#include "tessera/autograd/autograd.h"
 
 namespace tessera::optim {
 

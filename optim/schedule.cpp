@@ -1,4 +1,4 @@
-#include "optim/schedule.h"
+#include "tessera/optim/schedule.h"
 
 #include <algorithm>
 #include <cmath>

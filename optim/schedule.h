@@ -12,7 +12,7 @@
 #include <map>
 #include <string>
 
-#include "optim/optimizer.h"
+#include "tessera/optim/optimizer.h"
 
 namespace tessera::optim {
 

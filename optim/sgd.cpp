@@ -1,7 +1,7 @@
-#include "optim/sgd.h"
+#include "tessera/optim/sgd.h"
 
-#include "kernels/ops.h"
-#include "optim/fused_update.h"
+#include "tessera/kernels/ops.h"
+#include "tessera/optim/fused_update.h"
 
 namespace tessera::optim {
 

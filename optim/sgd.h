@@ -4,7 +4,7 @@
 //   d = nesterov ? d + μ·b : b        (when μ != 0)
 //   p -= lr·d
 #pragma once
-#include "optim/optimizer.h"
+#include "tessera/optim/optimizer.h"
 
 namespace tessera::optim {
 

@@ -8,11 +8,11 @@
 #include <functional>
 #include <string>
 
-#include "core/cuda/cuda_runtime.h"
-#include "core/dispatch.h"
-#include "core/random.h"
-#include "kernels/cuda/cudnn_attention.h"
-#include "kernels/cuda/fused.h"
+#include "tessera/core/cuda/cuda_runtime.h"
+#include "tessera/core/dispatch.h"
+#include "tessera/core/random.h"
+#include "tessera/kernels/cuda/cudnn_attention.h"
+#include "tessera/kernels/cuda/fused.h"
 
 namespace tessera {
 namespace {

@@ -21,11 +21,11 @@
 #include <map>
 #include <string>
 
-#include "autograd/functions.h"
+#include "tessera/autograd/functions.h"
 #include "benchmarks/bench_common.h"
-#include "core/cuda/cuda_runtime.h"
-#include "nn/nn.h"
-#include "optim/optim.h"
+#include "tessera/core/cuda/cuda_runtime.h"
+#include "tessera/nn/nn.h"
+#include "tessera/optim/optim.h"
 
 using namespace tessera;
 using Clock = std::chrono::steady_clock;

@@ -1,9 +1,9 @@
-#include "core/cuda/caching_allocator.h"
+#include "tessera/core/cuda/caching_allocator.h"
 
 #include <memory>
 #include <tuple>
 
-#include "core/cuda/cuda_check.h"
+#include "tessera/core/cuda/cuda_check.h"
 
 namespace tessera::cuda {
 

@@ -15,8 +15,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/allocator.h"
-#include "core/cuda/cuda_runtime.h"
+#include "tessera/core/allocator.h"
+#include "tessera/core/cuda/cuda_runtime.h"
 
 namespace tessera::cuda {
 

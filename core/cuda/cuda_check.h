@@ -7,7 +7,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "core/error.h"
+#include "tessera/core/error.h"
 
 namespace tessera::cuda::detail {
 

@@ -1,15 +1,15 @@
 // CUDA runtime: device selection, streams, events, pinned memory, and the
 // DeviceBackend (caching allocator + byte copies) registered for DeviceType::CUDA.
-#include "core/cuda/cuda_runtime.h"
+#include "tessera/core/cuda/cuda_runtime.h"
 
 #include <array>
 #include <atomic>
 #include <mutex>
 #include <vector>
 
-#include "core/allocator.h"
-#include "core/cuda/caching_allocator.h"
-#include "core/cuda/cuda_check.h"
+#include "tessera/core/allocator.h"
+#include "tessera/core/cuda/caching_allocator.h"
+#include "tessera/core/cuda/cuda_check.h"
 
 namespace tessera::cuda {
 

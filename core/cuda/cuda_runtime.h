@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/device.h"
+#include "tessera/core/device.h"
 
 typedef struct CUstream_st* cudaStream_t;
 typedef struct CUevent_st* cudaEvent_t;

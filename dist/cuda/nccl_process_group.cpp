@@ -9,13 +9,13 @@
 // Rendezvous: rank 0 creates the NCCL unique id and publishes it in the store;
 // sub-groups get their own id the same way. Debug mode compares signatures
 // through the store before each collective.
-#include "dist/process_group.h"
+#include "tessera/dist/process_group.h"
 
 #if TESSERA_WITH_NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include "core/cuda/cuda_runtime.h"
+#include "tessera/core/cuda/cuda_runtime.h"
 
 #include <algorithm>
 #include <chrono>

@@ -14,7 +14,7 @@
 #include <cstring>
 #include <thread>
 
-#include "dist/host_process_group.h"
+#include "tessera/dist/host_process_group.h"
 
 namespace tessera::dist {
 namespace {

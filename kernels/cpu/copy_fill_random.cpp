@@ -2,9 +2,9 @@
 // the Philox-based random fills.
 #include <cmath>
 
-#include "core/dispatch.h"
-#include "core/philox.h"
-#include "kernels/cpu/strided.h"
+#include "tessera/core/dispatch.h"
+#include "tessera/core/philox.h"
+#include "tessera/kernels/cpu/strided.h"
 
 namespace tessera::cpu {
 namespace {

@@ -8,9 +8,9 @@
 #include <cmath>
 #include <vector>
 
-#include "core/dispatch.h"
-#include "kernels/cpu/fast_math.h"
-#include "kernels/cpu/lanes.h"
+#include "tessera/core/dispatch.h"
+#include "tessera/kernels/cpu/fast_math.h"
+#include "tessera/kernels/cpu/lanes.h"
 
 namespace tessera::cpu {
 namespace {

@@ -5,9 +5,9 @@
 // double for f64, int64 for integers) and rounds once on store. When the output dtype
 // differs from what the op produces (e.g. an in-place add into f16 of an f32 operand), the
 // result goes through a temporary and the copy kernel.
-#include "core/dispatch.h"
-#include "kernels/cpu/elementwise_ops.h"
-#include "kernels/cpu/map.h"
+#include "tessera/core/dispatch.h"
+#include "tessera/kernels/cpu/elementwise_ops.h"
+#include "tessera/kernels/cpu/map.h"
 
 namespace tessera::cpu {
 namespace {

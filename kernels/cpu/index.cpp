@@ -8,8 +8,8 @@
 #include <cstring>
 #include <vector>
 
-#include "core/dispatch.h"
-#include "kernels/cpu/lanes.h"
+#include "tessera/core/dispatch.h"
+#include "tessera/kernels/cpu/lanes.h"
 
 namespace tessera::cpu {
 namespace {

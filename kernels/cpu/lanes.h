@@ -12,7 +12,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "kernels/cpu/strided.h"
+#include "tessera/kernels/cpu/strided.h"
 
 namespace tessera::cpu {
 

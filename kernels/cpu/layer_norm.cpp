@@ -12,8 +12,8 @@
 
 #include <omp.h>
 
-#include "core/dispatch.h"
-#include "kernels/cpu/lanes.h"
+#include "tessera/core/dispatch.h"
+#include "tessera/kernels/cpu/lanes.h"
 
 namespace tessera::cpu {
 namespace {

@@ -6,7 +6,7 @@
 #include <tuple>
 #include <utility>
 
-#include "kernels/cpu/strided.h"
+#include "tessera/kernels/cpu/strided.h"
 
 namespace tessera::cpu {
 

@@ -16,8 +16,8 @@
 
 #include <vector>
 
-#include "core/dispatch.h"
-#include "kernels/cpu/lanes.h"
+#include "tessera/core/dispatch.h"
+#include "tessera/kernels/cpu/lanes.h"
 
 namespace tessera::cpu {
 namespace {

@@ -10,8 +10,8 @@
 // Accumulation is in compute_t<T>: f32 for f16/bf16/f32, f64 for f64, int64 for integers.
 #include <limits>
 
-#include "core/dispatch.h"
-#include "kernels/cpu/lanes.h"
+#include "tessera/core/dispatch.h"
+#include "tessera/kernels/cpu/lanes.h"
 
 namespace tessera::cpu {
 namespace {

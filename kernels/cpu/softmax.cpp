@@ -5,9 +5,9 @@
 // instantiation with literal stride 1 whose loops vectorise (fast_exp for float).
 #include <cmath>
 
-#include "core/dispatch.h"
-#include "kernels/cpu/fast_math.h"
-#include "kernels/cpu/lanes.h"
+#include "tessera/core/dispatch.h"
+#include "tessera/kernels/cpu/fast_math.h"
+#include "tessera/kernels/cpu/lanes.h"
 
 namespace tessera::cpu {
 namespace {

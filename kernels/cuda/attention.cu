@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cuda/attention_common.cuh"
-#include "kernels/cuda/fused.h"
+#include "tessera/kernels/cuda/attention_common.cuh"
+#include "tessera/kernels/cuda/fused.h"
 
 namespace tessera::cuda {
 namespace {

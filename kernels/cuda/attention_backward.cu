@@ -9,8 +9,8 @@
 // ldmatrix.trans (same layout tricks as the forward in attention.cu).
 #include <cmath>
 
-#include "kernels/cuda/attention_common.cuh"
-#include "kernels/cuda/fused.h"
+#include "tessera/kernels/cuda/attention_common.cuh"
+#include "tessera/kernels/cuda/fused.h"
 
 namespace tessera::cuda {
 namespace {

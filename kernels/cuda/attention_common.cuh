@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cuda/attention_checks.h"
-#include "kernels/cuda/common.cuh"
+#include "tessera/kernels/cuda/attention_checks.h"
+#include "tessera/kernels/cuda/common.cuh"
 
 namespace tessera::cuda::attention_detail {
 

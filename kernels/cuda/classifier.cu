@@ -4,8 +4,8 @@
 // The second pass walks the row from its end, so it first re-reads what the first pass loaded
 // last (still in L1/L2); with 2 blocks of 1024 threads per SM, 132 x 2 rows x 100 KB (bf16,
 // V = 50304) = 26 MB are in flight, which the H100's 50 MB L2 holds.
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/fused.h"
+#include "tessera/kernels/cuda/common.cuh"
+#include "tessera/kernels/cuda/fused.h"
 
 namespace tessera::cuda {
 namespace {

@@ -11,9 +11,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/cuda/cuda_check.h"
-#include "core/cuda/cuda_runtime.h"
-#include "core/tensor.h"
+#include "tessera/core/cuda/cuda_check.h"
+#include "tessera/core/cuda/cuda_runtime.h"
+#include "tessera/core/tensor.h"
 
 namespace tessera::cuda {
 

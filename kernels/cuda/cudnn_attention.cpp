@@ -12,16 +12,16 @@
 // needed: a contiguous [B, H, T] lse is handed to cuDNN as [B, H, T, 1] with strides
 // (H*T, T, 1, 1), and the backward of either implementation accepts the other's lse (the
 // tests check both the values and the cross use).
-#include "kernels/cuda/cudnn_attention.h"
+#include "tessera/kernels/cuda/cudnn_attention.h"
 
-#include "kernels/cuda/attention_checks.h"
+#include "tessera/kernels/cuda/attention_checks.h"
 
 #include <cstdint>
 #include <mutex>
 #include <string>
 #include <vector>
 
-#include "core/error.h"
+#include "tessera/core/error.h"
 
 #if TESSERA_WITH_CUDNN_FRONTEND
 #include <cudnn_frontend.h>
@@ -32,8 +32,8 @@
 #include <tuple>
 #include <unordered_map>
 
-#include "core/cuda/cuda_check.h"
-#include "core/cuda/cuda_runtime.h"
+#include "tessera/core/cuda/cuda_check.h"
+#include "tessera/core/cuda/cuda_runtime.h"
 #endif
 
 namespace tessera::cuda {

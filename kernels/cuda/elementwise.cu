@@ -9,9 +9,9 @@
 #include <cmath>
 #include <utility>
 
-#include "core/dispatch.h"
-#include "core/philox.h"
-#include "kernels/cuda/common.cuh"
+#include "tessera/core/dispatch.h"
+#include "tessera/core/philox.h"
+#include "tessera/kernels/cuda/common.cuh"
 
 namespace tessera::cuda {
 

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/fused_dispatch.h"
-#include "core/tensor.h"
+#include "tessera/core/fused_dispatch.h"
+#include "tessera/core/tensor.h"
 
 namespace tessera::cuda {
 

@@ -12,8 +12,8 @@
 //           warpgroup MMA (wgmma) with a producer/consumer mbarrier pipeline.
 #include <mma.h>
 
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/fused.h"
+#include "tessera/kernels/cuda/common.cuh"
+#include "tessera/kernels/cuda/fused.h"
 
 namespace tessera::cuda {
 namespace detail {

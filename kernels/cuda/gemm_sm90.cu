@@ -31,8 +31,8 @@
 
 #include <algorithm>
 
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/fused.h"
+#include "tessera/kernels/cuda/common.cuh"
+#include "tessera/kernels/cuda/fused.h"
 
 namespace tessera::cuda::detail {
 namespace {

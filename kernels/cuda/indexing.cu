@@ -6,8 +6,8 @@
 // order on the device.
 #include <algorithm>
 
-#include "core/dispatch.h"
-#include "kernels/cuda/common.cuh"
+#include "tessera/core/dispatch.h"
+#include "tessera/kernels/cuda/common.cuh"
 
 namespace tessera::cuda {
 namespace {

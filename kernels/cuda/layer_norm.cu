@@ -16,9 +16,9 @@
 // registers; the block adds its warps' partials in warp order and writes one
 // partial row, then the finish kernel sums the blocks' rows in a fixed order.
 // Other rows (longer, odd lengths, f64) take the general kernels.
-#include "core/dispatch.h"
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/fused.h"
+#include "tessera/core/dispatch.h"
+#include "tessera/kernels/cuda/common.cuh"
+#include "tessera/kernels/cuda/fused.h"
 
 namespace tessera::cuda {
 namespace {

@@ -9,7 +9,7 @@
 #pragma once
 #include <cstdint>
 
-#include "core/tensor.h"
+#include "tessera/core/tensor.h"
 
 namespace tessera::cuda {
 

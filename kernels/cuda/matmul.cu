@@ -15,10 +15,10 @@
 #include <mutex>
 #include <utility>
 
-#include "core/dispatch.h"
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/linear.h"
-#include "kernels/ops.h"
+#include "tessera/core/dispatch.h"
+#include "tessera/kernels/cuda/common.cuh"
+#include "tessera/kernels/cuda/linear.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera::cuda {
 

@@ -4,8 +4,8 @@
 // its parameters are sized, and the norm's partial sums are added in a fixed order.
 #include <cmath>
 
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/fused.h"
+#include "tessera/kernels/cuda/common.cuh"
+#include "tessera/kernels/cuda/fused.h"
 
 namespace tessera::cuda {
 namespace {

@@ -14,8 +14,8 @@
 #include <cmath>
 #include <type_traits>
 
-#include "core/dispatch.h"
-#include "kernels/cuda/common.cuh"
+#include "tessera/core/dispatch.h"
+#include "tessera/kernels/cuda/common.cuh"
 
 namespace tessera::cuda {
 namespace {

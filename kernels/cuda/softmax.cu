@@ -11,8 +11,8 @@
 // once; the statistics are then exact two-pass ones (max, then sum of exp).
 #include <cmath>
 
-#include "core/dispatch.h"
-#include "kernels/cuda/common.cuh"
+#include "tessera/core/dispatch.h"
+#include "tessera/kernels/cuda/common.cuh"
 
 namespace tessera::cuda {
 namespace {

@@ -14,8 +14,8 @@
 #include <sstream>
 #include <vector>
 
-#include "autograd/functions.h"
-#include "core/random.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/core/random.h"
 
 namespace tessera::testing {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "autograd/autocast.h"
+#include "tessera/autograd/autocast.h"
 #include "gradcheck.h"
 
 namespace tessera {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "gradcheck.h"
-#include "nn/nn.h"
+#include "tessera/nn/nn.h"
 
 namespace tessera {
 namespace {

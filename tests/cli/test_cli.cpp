@@ -11,7 +11,7 @@
 #include <map>
 #include <random>
 
-#include "core/allocator.h"
+#include "tessera/core/allocator.h"
 
 namespace fs = std::filesystem;
 

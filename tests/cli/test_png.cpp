@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "cli/plot.h"
-#include "core/error.h"
-#include "data/file_io.h"
+#include "tessera/cli/plot.h"
+#include "tessera/core/error.h"
+#include "tessera/data/file_io.h"
 
 using namespace tessera;
 

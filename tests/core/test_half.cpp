@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/half.h"
+#include "tessera/core/half.h"
 
 using namespace tessera;
 

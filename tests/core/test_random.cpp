@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "core/random.h"
+#include "tessera/core/random.h"
 
 using namespace tessera;
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "core/tensor.h"
+#include "tessera/core/tensor.h"
 
 using namespace tessera;
 

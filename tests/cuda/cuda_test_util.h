@@ -6,9 +6,9 @@
 #include <cmath>
 #include <vector>
 
-#include "core/dispatch.h"
-#include "core/random.h"
-#include "core/tensor.h"
+#include "tessera/core/dispatch.h"
+#include "tessera/core/random.h"
+#include "tessera/core/tensor.h"
 
 namespace tessera::cuda_test {
 

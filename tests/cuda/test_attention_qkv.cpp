@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "autograd/functions.h"
+#include "tessera/autograd/functions.h"
 #include "cuda_test_util.h"
-#include "kernels/cuda/cudnn_attention.h"
-#include "kernels/cuda/fused.h"
+#include "tessera/kernels/cuda/cudnn_attention.h"
+#include "tessera/kernels/cuda/fused.h"
 
 namespace tessera {
 namespace {

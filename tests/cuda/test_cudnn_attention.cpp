@@ -6,10 +6,10 @@
 #include <cmath>
 #include <string>
 
-#include "core/cuda/cuda_runtime.h"
+#include "tessera/core/cuda/cuda_runtime.h"
 #include "cuda_test_util.h"
-#include "kernels/cuda/cudnn_attention.h"
-#include "kernels/cuda/fused.h"
+#include "tessera/kernels/cuda/cudnn_attention.h"
+#include "tessera/kernels/cuda/fused.h"
 
 namespace tessera {
 namespace {

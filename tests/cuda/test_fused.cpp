@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "cuda_test_util.h"
-#include "kernels/cuda/fused.h"
+#include "tessera/kernels/cuda/fused.h"
 
 namespace tessera {
 namespace {

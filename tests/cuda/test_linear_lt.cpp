@@ -5,9 +5,9 @@
 #include <cmath>
 #include <cstdio>
 
-#include "autograd/functions.h"
+#include "tessera/autograd/functions.h"
 #include "cuda_test_util.h"
-#include "kernels/cuda/linear.h"
+#include "tessera/kernels/cuda/linear.h"
 
 namespace tessera {
 namespace {

@@ -1,9 +1,9 @@
 // layer_norm (+backward, fused residual), matmul, embedding, index_add against float64.
 #include <cmath>
 
-#include "core/cuda/cuda_runtime.h"
+#include "tessera/core/cuda/cuda_runtime.h"
 #include "cuda_test_util.h"
-#include "kernels/cuda/fused.h"
+#include "tessera/kernels/cuda/fused.h"
 
 namespace tessera {
 namespace {

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "cuda_test_util.h"
-#include "kernels/ops.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera {
 namespace {

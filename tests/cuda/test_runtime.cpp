@@ -2,7 +2,7 @@
 // host<->device copies, device selection errors.
 #include <cuda_runtime_api.h>
 
-#include "core/cuda/cuda_runtime.h"
+#include "tessera/core/cuda/cuda_runtime.h"
 #include "cuda_test_util.h"
 
 namespace tessera {

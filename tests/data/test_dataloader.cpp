@@ -7,8 +7,8 @@
 #include <random>
 #include <set>
 
-#include "core/error.h"
-#include "data/dataloader.h"
+#include "tessera/core/error.h"
+#include "tessera/data/dataloader.h"
 
 using namespace tessera;
 using namespace tessera::data;

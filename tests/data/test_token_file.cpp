@@ -8,9 +8,9 @@
 #include <fstream>
 #include <random>
 
-#include "core/error.h"
-#include "data/file_io.h"
-#include "data/token_file.h"
+#include "tessera/core/error.h"
+#include "tessera/data/file_io.h"
+#include "tessera/data/token_file.h"
 
 using namespace tessera;
 using namespace tessera::data;

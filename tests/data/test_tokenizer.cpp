@@ -10,8 +10,8 @@
 #include <map>
 #include <random>
 
-#include "core/error.h"
-#include "data/tokenizer.h"
+#include "tessera/core/error.h"
+#include "tessera/data/tokenizer.h"
 
 using namespace tessera;
 using namespace tessera::data;

@@ -8,12 +8,12 @@
 #include <iostream>
 #include <numeric>
 
-#include "autograd/functions.h"
-#include "core/random.h"
-#include "dist/accelerator.h"
-#include "nn/layers.h"
-#include "optim/adamw.h"
-#include "optim/schedule.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/core/random.h"
+#include "tessera/dist/accelerator.h"
+#include "tessera/nn/layers.h"
+#include "tessera/optim/adamw.h"
+#include "tessera/optim/schedule.h"
 
 using namespace tessera;
 

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <iostream>
 
-#include "dist/process_group.h"
+#include "tessera/dist/process_group.h"
 
 using namespace tessera;
 using namespace tessera::dist;

@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-#include "dist/process_group.h"
+#include "tessera/dist/process_group.h"
 
 using namespace tessera;
 using namespace tessera::dist;

@@ -20,12 +20,12 @@
 #include <optional>
 #include <string>
 
-#include "autograd/functions.h"
-#include "core/random.h"
-#include "dist/accelerator.h"
-#include "nn/layers.h"
-#include "optim/adamw.h"
-#include "optim/schedule.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/core/random.h"
+#include "tessera/dist/accelerator.h"
+#include "tessera/nn/layers.h"
+#include "tessera/optim/adamw.h"
+#include "tessera/optim/schedule.h"
 
 using namespace tessera;
 

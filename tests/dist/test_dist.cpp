@@ -6,21 +6,21 @@
 #include <cstdlib>
 #include <thread>
 
-#include "autograd/functions.h"
-#include "core/random.h"
-#include "data/file_io.h"
-#include "dist/accelerator.h"
-#include "dist/ddp.h"
-#include "dist/env.h"
-#include "nn/layers.h"
-#include "autograd/autocast.h"
-#include "autograd/autograd.h"
-#include "optim/adamw.h"
-#include "optim/schedule.h"
-#include "optim/sgd.h"
-#include "dist/host_process_group.h"
-#include "dist/process_group.h"
-#include "dist/store.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/core/random.h"
+#include "tessera/data/file_io.h"
+#include "tessera/dist/accelerator.h"
+#include "tessera/dist/ddp.h"
+#include "tessera/dist/env.h"
+#include "tessera/nn/layers.h"
+#include "tessera/autograd/autocast.h"
+#include "tessera/autograd/autograd.h"
+#include "tessera/optim/adamw.h"
+#include "tessera/optim/schedule.h"
+#include "tessera/optim/sgd.h"
+#include "tessera/dist/host_process_group.h"
+#include "tessera/dist/process_group.h"
+#include "tessera/dist/store.h"
 
 using namespace tessera;
 using namespace tessera::dist;

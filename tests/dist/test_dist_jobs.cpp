@@ -16,8 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/allocator.h"
-#include "data/token_file.h"
+#include "tessera/core/allocator.h"
+#include "tessera/data/token_file.h"
 
 namespace {
 

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "core/random.h"
-#include "core/tensor.h"
-#include "kernels/ops.h"
+#include "tessera/core/random.h"
+#include "tessera/core/tensor.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera::test {
 

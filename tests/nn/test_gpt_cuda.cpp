@@ -1,9 +1,9 @@
 // GPT training on a CUDA device against the same steps on the CPU (skips without a GPU).
 #include <gtest/gtest.h>
 
-#include "autograd/functions.h"
-#include "nn/nn.h"
-#include "optim/optim.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/nn/nn.h"
+#include "tessera/optim/optim.h"
 
 using namespace tessera;
 

@@ -7,10 +7,10 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "autograd/functions.h"
-#include "core/safetensors.h"
-#include "nn/nn.h"
-#include "optim/optim.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/core/safetensors.h"
+#include "tessera/nn/nn.h"
+#include "tessera/optim/optim.h"
 #include "python_reference.h"
 
 using namespace tessera;

@@ -5,10 +5,10 @@
 #include <cmath>
 #include <filesystem>
 
-#include "autograd/functions.h"
-#include "core/safetensors.h"
-#include "nn/nn.h"
-#include "optim/optim.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/core/safetensors.h"
+#include "tessera/nn/nn.h"
+#include "tessera/optim/optim.h"
 
 using namespace tessera;
 

@@ -5,9 +5,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/random.h"
-#include "core/safetensors.h"
-#include "kernels/ops.h"
+#include "tessera/core/random.h"
+#include "tessera/core/safetensors.h"
+#include "tessera/kernels/ops.h"
 
 using namespace tessera;
 

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <limits>
 
-#include "autograd/functions.h"
-#include "optim/optim.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/optim/optim.h"
 
 using namespace tessera;
 
