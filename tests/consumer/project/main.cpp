@@ -1,7 +1,11 @@
 // An outside project: a few training steps of a tiny GPT through the installed package.
+// It has a header named core/error.h of its own (include/), used next to Tessera's.
+#include <tessera/core/tensor.h>
 #include <tessera/tessera.h>
 
 #include <iostream>
+
+#include "core/error.h"
 
 int main() {
   using namespace tessera;
@@ -23,6 +27,10 @@ int main() {
     opt.zero_grad();
     (step == 0 ? first : last) = loss.item();
   }
+  if (sum != 21 || !(last < first)) {
+    std::cerr << consumer::error_prefix() << "sum " << sum << ", loss " << first << " -> " << last << "\n";
+    return 1;
+  }
   std::cout << "consumer ok: sum=" << sum << " loss " << first << " -> " << last << "\n";
-  return sum == 21 && last < first ? 0 : 1;
+  return 0;
 }
