@@ -21,6 +21,7 @@
 #include <string>
 
 #include "core/random.h"
+#include "core/safetensors.h"
 #include "dist/accelerator.h"
 #include "dist/sharded_state.h"
 #include "nn/gpt.h"
@@ -113,7 +114,7 @@ int main(int argc, char** argv) {
                                 .tie_word_embeddings = tied});
     optim::AdamW opt(model.parameters(), {.lr = 2e-2, .weight_decay = 0.1});
     if (!resume_dir.empty())
-      model.load_state_dict(optim::load_optimizer_state(resume_dir + "/model.safetensors").tensors);
+      model.load_state_dict(load_safetensors(resume_dir + "/model.safetensors").tensors);  // the weights as saved
     acc.prepare(model, opt);
     if (!resume_dir.empty())
       dist::load_sharded_optimizer(resume_dir, *acc.strategy_of(model), opt, acc.group());
