@@ -20,11 +20,20 @@
 #include <iostream>
 #include <string>
 
+<<<<<<< HEAD
 #include "tessera/core/random.h"
 #include "tessera/dist/accelerator.h"
 #include "tessera/dist/sharded_state.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/optim/adamw.h"
+=======
+#include "tessera/core/random.h"
+#include "tessera/core/safetensors.h"
+#include "tessera/dist/accelerator.h"
+#include "tessera/dist/sharded_state.h"
+#include "tessera/nn/gpt.h"
+#include "tessera/optim/adamw.h"
+>>>>>>> trainer
 
 using namespace tessera;
 
@@ -113,7 +122,7 @@ int main(int argc, char** argv) {
                                 .tie_word_embeddings = tied});
     optim::AdamW opt(model.parameters(), {.lr = 2e-2, .weight_decay = 0.1});
     if (!resume_dir.empty())
-      model.load_state_dict(optim::load_optimizer_state(resume_dir + "/model.safetensors").tensors);
+      model.load_state_dict(load_safetensors(resume_dir + "/model.safetensors").tensors);  // the weights as saved
     acc.prepare(model, opt);
     if (!resume_dir.empty())
       dist::load_sharded_optimizer(resume_dir, *acc.strategy_of(model), opt, acc.group());

@@ -5,7 +5,7 @@
 
 #include <iostream>
 
-#include "core/error.h"
+#include "tessera/core/error.h"
 
 int main() {
   using namespace tessera;
