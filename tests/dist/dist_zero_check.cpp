@@ -20,20 +20,12 @@
 #include <iostream>
 #include <string>
 
-<<<<<<< HEAD
-#include "tessera/core/random.h"
-#include "tessera/dist/accelerator.h"
-#include "tessera/dist/sharded_state.h"
-#include "tessera/nn/gpt.h"
-#include "tessera/optim/adamw.h"
-=======
 #include "tessera/core/random.h"
 #include "tessera/core/safetensors.h"
 #include "tessera/dist/accelerator.h"
 #include "tessera/dist/sharded_state.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/optim/adamw.h"
->>>>>>> trainer
 
 using namespace tessera;
 
