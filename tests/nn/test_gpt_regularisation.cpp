@@ -306,13 +306,15 @@ TEST(GPTDropout, CudaDrawsTheCpuMasksAndFallsBackToComposedAttention) {
   const LossAndGrads a = train_step(*gpu, idx.to(Device::cuda()), targets);
   const LossAndGrads b = train_step(*checkpointed, idx.to(Device::cuda()), targets);
   EXPECT_EQ(a.loss, b.loss);
-  // Within 1e-6 rather than bit for bit: some CUDA backward kernels accumulate with atomics.
+  // Not bit for bit: some CUDA backward kernels accumulate with atomics, and the gradients
+  // are bf16, so a different summation order moves a value by one bf16 step (2^-7 relative at
+  // the largest magnitude); a wrong recompute moves them by far more.
   for (size_t i = 0; i < a.grads.size(); ++i) {
     double diff = 0, scale = 0;
     for (size_t j = 0; j < a.grads[i].size(); ++j) {
       diff = std::max(diff, std::abs(a.grads[i][j] - b.grads[i][j]));
       scale = std::max(scale, std::abs(a.grads[i][j]));
     }
-    EXPECT_LE(diff, 1e-6 * scale) << "parameter " << i;
+    EXPECT_LE(diff, 0x1p-7 * scale) << "parameter " << i;
   }
 }
