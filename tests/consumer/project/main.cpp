@@ -5,7 +5,7 @@
 
 #include <iostream>
 
-#include "tessera/core/error.h"
+#include "core/error.h"
 
 int main() {
   using namespace tessera;
