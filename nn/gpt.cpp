@@ -35,7 +35,9 @@ LMHead::LMHead(int64_t vocab_size, int64_t n_embd, Generator* gen, TensorOptions
   weight = register_parameter("weight", w);
 }
 
-Tensor LMHead::forward(const Tensor& x) { return matmul(autograd::autocast(x), autograd::autocast(weight).t()); }
+Tensor LMHead::forward(const Tensor& x) {
+  return matmul(autograd::autocast(x), autograd::autocast(weight).t());
+}
 
 GPT::GPT(const GPTConfig& cfg, Generator* gen, TensorOptions opts)
     : transformer(validated(cfg), gen, opts), cfg_(cfg) {
@@ -46,9 +48,7 @@ GPT::GPT(const GPTConfig& cfg, Generator* gen, TensorOptions opts)
   }
 }
 
-Tensor GPT::output_weight() const {
-  return lm_head_ ? lm_head_->weight : transformer.wte.weight;
-}
+Tensor GPT::output_weight() const { return lm_head_ ? lm_head_->weight : transformer.wte.weight; }
 
 Tensor GPT::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
   TESSERA_CHECK(idx.dim() == 2 && is_integral(idx.dtype()) && idx.dtype() != DType::boolean,
@@ -78,12 +78,14 @@ void GPT::set_dropout(double p) {
 }
 
 Tensor GPT::run_block(Block& block, const Tensor& x) {
-  if (!cfg_.gradient_checkpointing || !is_training() || !autograd::is_grad_enabled()) return block(x);
+  if (!cfg_.gradient_checkpointing || !is_training() || !autograd::is_grad_enabled())
+    return block(x);
   // The recompute replays the default generator and the autocast policy of this run, so
   // the block's dropout masks and dtypes are the same twice. The block's forward hooks run
   // in both passes, so a hook that gathers the block's parameters does so for the recompute.
   return autograd::checkpoint(
-      [&block](const std::vector<Tensor>& in) { return std::vector<Tensor>{block(in[0])}; }, {x})[0];
+      [&block](const std::vector<Tensor>& in) { return std::vector<Tensor>{block(in[0])}; },
+      {x})[0];
 }
 
 Tensor GPT::forward(const Tensor& idx) {
@@ -96,14 +98,7 @@ Tensor GPT::forward(const Tensor& idx) {
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
   TESSERA_CHECK(targets.shape() == idx.shape(), "GPT::loss: targets ", shape_str(targets.shape()),
                 " must have idx's shape ", shape_str(idx.shape()));
-  return call_with_hooks(idx, [&] {
-    const Tensor logits = forward(idx);
-    // On a GPU the fused classifier gives the loss and dlogits in one pass, in the logits'
-    // memory (nothing else reads them), so no [B, T, V] gradient buffer is allocated.
-    if (logits.device().is_cuda())
-      return fused_cross_entropy(logits, targets, -100, Reduction::Mean, /*consume_logits=*/true);
-    return cross_entropy(logits, targets);
-  });
+  return call_with_hooks(idx, [&] { return language_model_loss(forward(idx), targets); });
 }
 
 KVCache GPT::make_kv_cache(int64_t batch) const {
@@ -135,7 +130,8 @@ std::vector<int64_t> sample_rows(const Tensor& logits, const GenerateOptions& op
   const double* data = host.data<double>();
   std::vector<int64_t> picked(B);
   std::vector<double> uniforms;
-  if (opts.temperature > 0) uniforms = rand({B}, {.dtype = DType::f64}, opts.gen).to_vector<double>();
+  if (opts.temperature > 0)
+    uniforms = rand({B}, {.dtype = DType::f64}, opts.gen).to_vector<double>();
   for (int64_t b = 0; b < B; ++b) {
     const double* row = data + b * V;
     if (opts.temperature <= 0) {
@@ -171,11 +167,12 @@ std::vector<int64_t> sample_rows(const Tensor& logits, const GenerateOptions& op
 
 Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, const GenerateOptions& opts) {
   NoGradGuard no_grad;
-  TESSERA_CHECK(idx.dim() == 2 && idx.size(1) > 0, "GPT::generate: idx must be [B, T] with T > 0, got ",
-                shape_str(idx.shape()));
+  TESSERA_CHECK(idx.dim() == 2 && idx.size(1) > 0,
+                "GPT::generate: idx must be [B, T] with T > 0, got ", shape_str(idx.shape()));
   const int64_t B = idx.size(0);
   const Device device = transformer.wte.weight.device();
-  std::vector<int64_t> tokens = raw::to(idx, Device::cpu(), DType::i64).contiguous().to_vector<int64_t>();
+  std::vector<int64_t> tokens =
+      raw::to(idx, Device::cpu(), DType::i64).contiguous().to_vector<int64_t>();
   int64_t length = idx.size(1);
   // Token rows [B, n] of the last n tokens, on the model's device.
   auto last_tokens = [&](int64_t n) {

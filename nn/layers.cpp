@@ -16,12 +16,13 @@ Tensor normal_init(const Shape& shape, double std, Generator* gen, TensorOptions
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, double init_std,
                Generator* gen, TensorOptions opts) {
-  TESSERA_CHECK(in_features > 0 && out_features > 0, "Linear: features must be positive, got in=",
-                in_features, " out=", out_features);
-  weight = register_parameter("weight",
-                              normal_init({in_features, out_features}, init_std, gen, opts));
+  TESSERA_CHECK(in_features > 0 && out_features > 0,
+                "Linear: features must be positive, got in=", in_features, " out=", out_features);
+  weight =
+      register_parameter("weight", normal_init({in_features, out_features}, init_std, gen, opts));
   if (with_bias)
-    bias = register_parameter("bias", zeros({out_features}, {.dtype = opts.dtype, .device = opts.device}));
+    bias = register_parameter("bias",
+                              zeros({out_features}, {.dtype = opts.dtype, .device = opts.device}));
 }
 
 Tensor Linear::forward(const Tensor& x) {
@@ -56,6 +57,12 @@ Dropout::Dropout(double p_, Generator* gen) : p(p_), gen_(gen) {
 Tensor Dropout::forward(const Tensor& x) {
   if (!is_training() || p == 0) return x;
   return dropout(x, p, true, gen_);
+}
+
+Tensor language_model_loss(const Tensor& logits, const Tensor& targets) {
+  if (logits.device().is_cuda())
+    return fused_cross_entropy(logits, targets, -100, Reduction::Mean, /*consume_logits=*/true);
+  return cross_entropy(logits, targets);
 }
 
 }  // namespace tessera::nn

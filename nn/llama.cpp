@@ -168,13 +168,7 @@ Tensor Llama::forward(const Tensor& idx) {
 Tensor Llama::loss(const Tensor& idx, const Tensor& targets) {
   TESSERA_CHECK(targets.shape() == idx.shape(), "Llama::loss: targets ", shape_str(targets.shape()),
                 " must have idx's shape ", shape_str(idx.shape()));
-  return call_with_hooks(idx, [&] {
-    const Tensor logits = forward(idx);
-    // On a GPU the fused classifier writes loss and dlogits in one pass into the logits' memory.
-    if (logits.device().is_cuda())
-      return fused_cross_entropy(logits, targets, -100, Reduction::Mean, /*consume_logits=*/true);
-    return cross_entropy(logits, targets);
-  });
+  return call_with_hooks(idx, [&] { return language_model_loss(forward(idx), targets); });
 }
 
 KVCache Llama::make_kv_cache(int64_t batch) const {
