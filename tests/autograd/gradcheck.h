@@ -12,6 +12,7 @@
 #include <cmath>
 #include <functional>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "tessera/autograd/functions.h"
@@ -21,6 +22,17 @@ namespace tessera::testing {
 
 using MultiFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 using SingleFn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// The message of the tessera::Error that fn raises ("" when it raises none).
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 struct GradcheckOptions {
   double eps = 1e-6;

@@ -13,6 +13,7 @@ namespace tessera {
 namespace {
 
 using testing::gradcheck;
+using testing::error_of;
 using testing::leaf;
 using testing::random_f64;
 using Xs = std::vector<Tensor>;
@@ -118,17 +119,6 @@ TEST(AttentionQkv, DropoutFollowsTheGenerator) {
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
   EXPECT_NE(a, testing::detail::values(causal_attention_qkv(qkv, 2)));
-}
-
-// The message of the Error fn raises (empty when it raises none).
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(AttentionQkv, BadInputsRaiseClearly) {

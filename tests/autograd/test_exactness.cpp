@@ -10,18 +10,8 @@ namespace tessera {
 namespace {
 
 using testing::leaf;
+using testing::error_of;
 using testing::random_f64;
-
-// The message of the tessera::Error that fn raises ("" when it raises none).
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(Exactness, CopyIntoExpandedViewIsRefused) {
   Tensor base = zeros({1, 3});

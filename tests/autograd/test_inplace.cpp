@@ -7,19 +7,10 @@ namespace tessera {
 namespace {
 
 using testing::gradcheck;
+using testing::error_of;
 using testing::leaf;
 using testing::random_f64;
 using Xs = std::vector<Tensor>;
-
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(Inplace, ArithmeticGradients) {
   Tensor a = leaf(random_f64({4, 5}, 1)), b = leaf(random_f64({5}, 2, 0.5, 2.0));
