@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Issue-4 quality bar: the same byte-level GPT (4 layers, 4 heads, 128 channels, context 128,
 # batch 32, AdamW lr 1e-3) trained for 60 s by Tessera and by PyTorch on the same cores,
-# then both validation losses. Usage: benchmarks/quality_bar.sh [TEXT] (default: tinyshakespeare
-# from ../shared/data when present). Needs a built tree (BUILD_DIR, default build).
+# then both validation losses. Usage: benchmarks/quality_bar.sh TEXT (any text file; the reference
+# figures use tinyshakespeare). Needs a built tree (BUILD_DIR, default build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TEXT=${1:-../shared/data/tinyshakespeare.txt}
+TEXT=${1:?usage: benchmarks/quality_bar.sh TEXT (a text file to train on)}
 CORES=${CORES:-0,1}
 SECONDS_BUDGET=${SECONDS_BUDGET:-60}
 T=${BUILD_DIR:-build}/tessera

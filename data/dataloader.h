@@ -1,6 +1,6 @@
 // DataLoader: micro-batches (x, y) of token windows from a TokenFile.
 //
-// Sequential mode is the data-order contract of DESIGN.md (llm.c's order): micro-batch k
+// Sequential mode is the data-order contract (docs/architecture.md, "Data order") (llm.c's order): micro-batch k
 // of rank r in a world of W reads tokens [(k·W + r)·B·T, … + B·T + 1); row b of x is
 // tokens [start + b·T, start + b·T + T) and y is the same shifted by one. Token positions
 // wrap modulo the file length, so W ranks × B rows see exactly what one process with

@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
     Tensor loss = model.loss(x, y);
     acc.backward(loss);
     step_loss += loss.item() / accum;
-    // As the DESIGN.md template writes it: on accumulating micro-steps the prepared
+    // As this template writes it: on accumulating micro-steps the prepared
     // optimizer and schedule skip these calls (and clipping returns 0).
     double norm = acc.clip_grad_norm_(model.parameters(), 1.0);
     opt.step();

@@ -1,4 +1,4 @@
-// DataLoader against the data-order contract of DESIGN.md, computed independently here:
+// DataLoader against the data-order contract of docs/architecture.md, computed independently here:
 // micro-batch k of rank r in world W reads tokens [(k·W + r)·B·T, … + B·T + 1) modulo n.
 #include <gtest/gtest.h>
 #include <unistd.h>

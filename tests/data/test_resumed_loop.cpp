@@ -1,4 +1,4 @@
-// A library training loop (DESIGN.md's template: `for (auto& [x, y] : loader)` over a
+// A library training loop (the template of examples/train_template.cpp: `for (auto& [x, y] : loader)` over a
 // loader prepared by the Accelerator) stopped after a save_state and resumed after a
 // load_state takes the batches not yet done, and only those, in every sampling mode.
 #include <gtest/gtest.h>

@@ -5,7 +5,7 @@
 // micro-steps): the files must agree.
 //
 // --schedule adds a linear warmup/decay schedule stepped with the optimizer. --literal
-// writes the loop as the DESIGN.md template does: opt.step(); sched.step(); opt.zero_grad()
+// writes the loop as examples/train_template.cpp does: opt.step(); sched.step(); opt.zero_grad()
 // on every micro-step, relying on the gates the Accelerator installs (otherwise the loop
 // calls them only when scope.sync_gradients()).
 //

@@ -427,7 +427,7 @@ TEST_F(CleanDistEnv, AcceleratorRefusesADamagedState) {
   EXPECT_THROW(dist::Accelerator({.mixed_precision = "fp8"}), Error);
 }
 
-// ---- step gating (the DESIGN.md template calls opt.step() on every micro-step) ----
+// ---- step gating (the training template calls opt.step() on every micro-step) ----
 
 TEST(StepGate, ShutGateSkipsStepZeroGradAndScheduleStep) {
   Tensor w = from_vector(std::vector<float>{1.0f, -2.0f, 0.5f}, {3}).requires_grad_(true);

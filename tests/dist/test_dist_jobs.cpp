@@ -344,7 +344,7 @@ TEST(DdpEquivalence, ThroughMpirun2And4RanksAndAccumulation) {
                        kRtol);
 }
 
-// The DESIGN.md template calls opt.step(); sched.step(); opt.zero_grad() on every
+// The training template (examples/train_template.cpp) calls opt.step(); sched.step(); opt.zero_grad() on every
 // micro-step; the gates the Accelerator installs make that the explicitly gated loop.
 TEST(DdpEquivalence, LiteralTemplateLoopWithAccumulationEqualsTheLargerBatch) {
   TrainRecord want = reference_training(8, " --schedule");
