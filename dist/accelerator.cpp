@@ -32,6 +32,10 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   zero_stage_ = options_.zero_stage >= 0 ? options_.zero_stage : env_int("TESSERA_ZERO_STAGE", 0);
   TESSERA_CHECK(zero_stage_ >= 0 && zero_stage_ <= 3, "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ",
                 zero_stage_, options_.zero_stage >= 0 ? "" : " (from TESSERA_ZERO_STAGE)");
+  TESSERA_CHECK(
+      zero_stage_ > 0 || !(options_.offload_optimizer || options_.offload_param),
+      "Accelerator: offload_optimizer and offload_param need a ZeRO stage (zero_stage >= 1); "
+      "zero_stage is 0 (DDP)");
   scaler_ = optim::LossScaler({.enabled = mixed_precision_ == "fp16"});
   env_ = read_dist_env();
   if (!is_initialized()) {
@@ -76,6 +80,9 @@ void Accelerator::prepare_one(nn::Module& model) {
     zero.bucket_bytes = options_.bucket_bytes;
     zero.find_unused_parameters = options_.find_unused_parameters;
     zero.reduce_dtype = policy_.reduce_dtype;
+    zero.offload_optimizer = options_.offload_optimizer;
+    zero.offload_param = options_.offload_param;
+    zero.prefetch_numel = options_.stage3_prefetch_bucket_size;
     models_[&model] = std::make_unique<ZeroStrategy>(model, world_ptr(), zero);
   }
   model_order_.push_back(&model);

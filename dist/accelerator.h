@@ -50,6 +50,14 @@ struct AcceleratorOptions {
   // 0 = DDP; 1 = optimizer state sharded, 2 = and gradients, 3 = and parameters (ZeRO);
   // -1 = TESSERA_ZERO_STAGE (set by the launch environment) or 0.
   int zero_stage = -1;
+  // ZeRO-Offload (dist/offload.h): this rank's optimizer state and f32 masters in (pinned)
+  // host memory and AdamW on the CPU; needs zero_stage >= 1.
+  bool offload_optimizer = false;
+  // And the rank's parameter shard on the host (zero_stage 3; implies offload_optimizer).
+  bool offload_param = false;
+  // Stage 3: elements of the next units' parameters all-gathered ahead of use (DeepSpeed's
+  // stage3_prefetch_bucket_size); 0 gathers each unit only when it runs.
+  int64_t stage3_prefetch_bucket_size = 50'000'000;
 };
 
 class Accelerator;
