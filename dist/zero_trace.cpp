@@ -1,5 +1,6 @@
 #include "tessera/dist/zero_trace.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
@@ -22,7 +23,7 @@ struct TraceState {
   std::mutex mutex;
   std::string path = env_string("TESSERA_ZERO_TRACE", "");
   int max_steps = env_int("TESSERA_ZERO_TRACE_STEPS", 3);
-  int step = 0;
+  std::atomic<int> step{0};  // read without the lock by enabled()
   std::vector<TraceEvent> events;
 };
 
@@ -54,7 +55,7 @@ void ZeroTrace::record(const char* name, int unit, double begin_us, double end_u
   TraceState& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.path.empty() || s.step >= s.max_steps) return;
-  s.events.push_back({name, unit, s.step, lane_of_thread, begin_us, end_us});
+  s.events.push_back({name, unit, s.step.load(), lane_of_thread, begin_us, end_us});
 }
 
 void ZeroTrace::end_step(int rank) {
