@@ -116,24 +116,25 @@ WorkPtr OptimizerOffload::download_gradient(size_t b, WorkPtr reduction, const T
   TESSERA_CHECK(averaged.numel() == slices_.at(b).numel, "OptimizerOffload: bucket ", b,
                 " has a slice of ", slices_[b].numel, " elements, got a gradient of ",
                 averaged.numel());
-  return worker_.run([this, b, reduction = std::move(reduction), averaged] {
-    ZeroTrace::Span span("offload_d2h", static_cast<int>(b));
-    // On a GPU: the copy stream (current on this thread) waits for the collective.
-    if (reduction) reduction->wait();
-    const Tensor& host = gradients_[b];
-    if (averaged.dtype() == DType::f32) {
-      copy_across(host, averaged);
-    } else {
-      copy_across(staging_[b], averaged);
-      raw::copy_(host, staging_[b]);
-    }
-    // The device keeps parameter-dtype gradients: an f32 average is rounded to that dtype
-    // once (as the device's completion hook would) before the f32 master's update reads it.
-    if (averaged.dtype() == DType::f32 && staging_[b].defined()) {
-      raw::copy_(staging_[b], host);
-      raw::copy_(host, staging_[b]);
-    }
-  });
+  return worker_.run(
+      [this, b, reduction = std::move(reduction), averaged, step = ZeroTrace::current_step()] {
+        ZeroTrace::Span span("offload_d2h", static_cast<int>(b), step);
+        // On a GPU: the copy stream (current on this thread) waits for the collective.
+        if (reduction) reduction->wait();
+        const Tensor& host = gradients_[b];
+        if (averaged.dtype() == DType::f32) {
+          copy_across(host, averaged);
+        } else {
+          copy_across(staging_[b], averaged);
+          raw::copy_(host, staging_[b]);
+        }
+        // The device keeps parameter-dtype gradients: an f32 average is rounded to that dtype
+        // once (as the device's completion hook would) before the f32 master's update reads it.
+        if (averaged.dtype() == DType::f32 && staging_[b].defined()) {
+          raw::copy_(staging_[b], host);
+          raw::copy_(host, staging_[b]);
+        }
+      });
 }
 
 void OptimizerOffload::round_gradients() {
@@ -144,16 +145,18 @@ void OptimizerOffload::round_gradients() {
   }
 }
 
-void OptimizerOffload::upload_parameters(const std::vector<Tensor>& targets) {
-  TESSERA_CHECK(targets.size() == slices_.size(), "OptimizerOffload: ", targets.size(),
-                " upload targets for ", slices_.size(), " buckets");
+std::vector<WorkPtr> OptimizerOffload::upload_parameters(const std::vector<Tensor>& targets,
+                                                         const std::vector<size_t>& order) {
+  TESSERA_CHECK(targets.size() == slices_.size() && order.size() == slices_.size(),
+                "OptimizerOffload: ", targets.size(), " upload targets and ", order.size(),
+                " positions for ", slices_.size(), " buckets");
   // The targets were last read by kernels of the compute stream (forward, backward): the
   // copy stream must not overwrite them before those finished.
   if (!device_.is_cpu()) device_backend(device_.type).synchronize(device_.index);
-  std::vector<WorkPtr> works;
-  for (size_t b = 0; b < targets.size(); ++b) {
-    works.push_back(worker_.run([this, b, target = targets[b]] {
-      ZeroTrace::Span span("offload_h2d", static_cast<int>(b));
+  std::vector<WorkPtr> works(targets.size());
+  for (size_t b : order) {
+    works.at(b) = worker_.run([this, b, target = targets[b], step = ZeroTrace::current_step()] {
+      ZeroTrace::Span span("offload_h2d", static_cast<int>(b), step);
       if (target.device().is_cpu()) {
         raw::copy_(target, masters_[b]);  // a host shard (offload_param, or a CPU run)
         return;
@@ -167,9 +170,9 @@ void OptimizerOffload::upload_parameters(const std::vector<Tensor>& targets) {
                     dtype_name(target.dtype()));
       raw::copy_(staging_[b], masters_[b]);  // rounded on the host: half the bytes to move
       copy_across(target, staging_[b]);
-    }));
+    });
   }
-  for (auto& w : works) w->wait();
+  return works;
 }
 
 int64_t OptimizerOffload::host_bytes() const {

@@ -14,8 +14,9 @@
 //                                                    parameter dtype, while backward goes on
 //   step       clip + AdamW on the host slices (the user's opt.step())
 //   after it   worker: each bucket's master → the device slice (stage 1/2: the flat
-//              parameters, then all-gathered; stage 3: the owned shard), in the
-//              parameter dtype
+//              parameters, each bucket all-gathered as soon as it landed; stage 3: the
+//              owned shard, in the order the next forward gathers the units, each unit's
+//              gather waiting for its own upload only), in the parameter dtype
 //
 // On a GPU the worker's copies run on a stream of their own (registered by the CUDA
 // backend, dist/cuda/offload_stream.cpp) ordered after the collective by its Work, so they
@@ -91,9 +92,11 @@ class OptimizerOffload {
   // Rounds every host gradient through its parameter dtype (after an in-place scaling, so
   // that it equals what a gradient kept in that dtype on the device would hold).
   void round_gradients();
-  // Queues master(b) → `target` (the device slice, or a host shard under offload_param) in
-  // target's dtype for every bucket and waits for all of them.
-  void upload_parameters(const std::vector<Tensor>& targets);
+  // Queues master(b) → targets[b] (the device slice, or a host shard under offload_param) in
+  // targets[b]'s dtype for every bucket, in the given order of buckets, and returns at once:
+  // works[b] completes when bucket b has landed. The masters must not change before then.
+  std::vector<WorkPtr> upload_parameters(const std::vector<Tensor>& targets,
+                                         const std::vector<size_t>& order);
 
   // Bytes of host memory held (masters, gradients, staging).
   int64_t host_bytes() const;

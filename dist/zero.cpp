@@ -57,11 +57,11 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, std::shared_ptr<ProcessGroup> gro
   o.shards = group_->size();
   if (options_.stage == 3) o.groups = stage3_units(params);
   buckets_ = std::make_unique<FlatBuckets>(std::move(params), std::move(names), group_, o);
-  flatten_parameters();
   // Stages 2/3 keep no full gradient between steps: a bucket's buffer comes back when its
   // first gradient of the next backward arrives (at most the buckets in flight are held).
   if (options_.stage >= 2)
     for (auto& bucket : buckets_->buckets()) buckets_->release_gradients(bucket);
+  flatten_parameters();
   install_comm_hooks();
   if (options_.stage == 3) install_unit_hooks();
 }
@@ -149,6 +149,7 @@ void ZeroStrategy::flatten_parameters() {
                                    ? pinned_host_empty(size, bucket.dtype, bucket.device)
                                    : empty({size}, opts);
       raw::copy_(shard.owned_parameters, mine);
+      release(b);  // one bucket's full parameters at a time
     }
   }
   if (options_.offload_optimizer) {
@@ -158,8 +159,6 @@ void ZeroStrategy::flatten_parameters() {
         buckets.empty() ? Device::cpu() : buckets.front().device, layout);
     for (size_t b = 0; b < buckets.size(); ++b) offload_->load_master(b, owned_slice(b));
   }
-  if (options_.stage == 3)
-    for (size_t b = 0; b < buckets.size(); ++b) release(b);
   for (const Piece& piece : piece_layout_) {
     const int64_t at = piece.begin - slice_begin(piece.bucket);
     pieces_.push_back(offload_ ? raw::narrow(offload_->master(piece.bucket), 0, at, piece.numel)
@@ -289,9 +288,21 @@ void ZeroStrategy::on_unit_grad_ready(size_t b) {
 
 // Starts unit b's all-gather without waiting for it (every rank issues the same sequence:
 // the hooks that call this fire in the same order everywhere).
+void ZeroStrategy::wait_for_upload(size_t b) {
+  if (b >= uploads_.size() || !uploads_[b]) return;
+  WorkPtr upload = std::move(uploads_[b]);
+  uploads_[b].reset();
+  upload->wait();
+}
+
+void ZeroStrategy::wait_for_uploads() {
+  for (size_t b = 0; b < uploads_.size(); ++b) wait_for_upload(b);
+}
+
 void ZeroStrategy::issue_gather(size_t b) {
   Shard& shard = shards_[b];
   if (shard.gathered || shard.gathering) return;
+  wait_for_upload(b);  // offload: the shard holds the step's result once it has landed
   const auto& bucket = buckets_->buckets()[b];
   // New memory each time: views that autograd saved keep the previous gather alive.
   shard.parameters = empty({bucket.padded_numel}, {.dtype = bucket.dtype, .device = bucket.device});
@@ -362,6 +373,7 @@ void ZeroStrategy::release_full_parameters() {
 }
 
 void ZeroStrategy::after_parameters_loaded() {
+  wait_for_uploads();
   // Stages 1/2: the parameters are the flat buffers themselves.
   for (size_t b = 0; b < shards_.size() && options_.stage == 3; ++b) {
     TESSERA_CHECK(shards_[b].gathered, name(), ": parameters were loaded while released");
@@ -421,6 +433,9 @@ void ZeroStrategy::finish_gradient_sync() {
                 ": the optimizer was not prepared with the model; call accelerator.prepare(model, "
                 "optimizer) so that it updates this rank's slices");
   buckets_->finish();
+  // The step about to run rewrites the masters that uploads still in flight read (a unit
+  // the last forward did not gather).
+  wait_for_uploads();
   synced_at_us_ = ZeroTrace::enabled() ? ZeroTrace::now_us() : 0;
 }
 
@@ -445,9 +460,15 @@ void ZeroStrategy::after_optimizer_step() {
   const double began = ZeroTrace::enabled() ? ZeroTrace::now_us() : 0;
   if (ZeroTrace::enabled()) ZeroTrace::record("clip_and_step", -1, synced_at_us_, began);
   if (offload_) {
+    // Stage 3: in the order the next forward gathers the units (the root first), so its
+    // first blocks can run while the last ones are still being copied.
     std::vector<Tensor> targets;
+    std::vector<size_t> order;
     for (size_t b = 0; b < shards_.size(); ++b) targets.push_back(owned_slice(b));
-    offload_->upload_parameters(targets);
+    if (forward_order_.size() < shards_.size()) order.push_back(shards_.size() - 1);
+    order.insert(order.end(), forward_order_.begin(), forward_order_.end());
+    for (size_t b = 0; order.size() < shards_.size(); ++b) order.push_back(b);  // stages 1/2
+    uploads_ = offload_->upload_parameters(targets, order);
   }
   if (options_.stage == 3) {
     // Anything still gathered holds the values from before the step.
@@ -455,6 +476,7 @@ void ZeroStrategy::after_optimizer_step() {
   } else {
     std::vector<WorkPtr> works;
     for (size_t b = 0; b < shards_.size(); ++b) {
+      wait_for_upload(b);  // each bucket is all-gathered while the next one is copied
       const Tensor mine = raw::clone(owned_slice(b));
       works.push_back(group_->all_gather(shards_[b].parameters, mine));
     }

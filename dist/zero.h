@@ -106,6 +106,8 @@ class ZeroStrategy : public DataParallelStrategy {
   void flatten_parameters();
   void install_comm_hooks();
   void install_unit_hooks();
+  void wait_for_upload(size_t bucket);
+  void wait_for_uploads();
   void issue_gather(size_t bucket);
   void gather(size_t bucket);
   void prefetch_after(size_t bucket, bool forward);
@@ -133,6 +135,7 @@ class ZeroStrategy : public DataParallelStrategy {
   // Stage 3: the block units (not the root) in the order forward runs them.
   std::vector<size_t> forward_order_;
   std::unique_ptr<OptimizerOffload> offload_;
+  std::vector<WorkPtr> uploads_;  // per bucket: the offloaded master's copy back, in flight
   double synced_at_us_ = 0;  // when the last gradient sync finished (trace)
   // Read by the hooks left on the module and optimizer: false once this is destroyed.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

@@ -38,8 +38,10 @@ thread_local int lane_of_thread = 0;
 
 bool ZeroTrace::enabled() {
   const TraceState& s = state();
-  return !s.path.empty() && s.step < s.max_steps;
+  return !s.path.empty() && s.step <= s.max_steps;
 }
+
+int ZeroTrace::current_step() { return state().step; }
 
 double ZeroTrace::now_us() {
   // The monotonic clock's own origin (the host's boot on Linux): the same for every process
@@ -51,17 +53,18 @@ double ZeroTrace::now_us() {
 
 void ZeroTrace::set_thread_lane(int lane) { lane_of_thread = lane; }
 
-void ZeroTrace::record(const char* name, int unit, double begin_us, double end_us) {
+void ZeroTrace::record(const char* name, int unit, double begin_us, double end_us, int step) {
   TraceState& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  if (s.path.empty() || s.step >= s.max_steps) return;
-  s.events.push_back({name, unit, s.step.load(), lane_of_thread, begin_us, end_us});
+  if (step < 0) step = s.step;
+  if (s.path.empty() || step >= s.max_steps) return;
+  s.events.push_back({name, unit, step, lane_of_thread, begin_us, end_us});
 }
 
 void ZeroTrace::end_step(int rank) {
   TraceState& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  if (s.path.empty() || s.step >= s.max_steps) return;
+  if (s.path.empty() || s.step > s.max_steps) return;
   ++s.step;
   std::string json = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   for (size_t i = 0; i < s.events.size(); ++i) {

@@ -17,31 +17,36 @@ namespace tessera::dist {
 
 class ZeroTrace {
  public:
-  // True when TESSERA_ZERO_TRACE names a file and fewer steps than the limit were traced.
+  // True when TESSERA_ZERO_TRACE names a file and the limit of steps was not passed.
   static bool enabled();
+  // The optimizer step being traced (spans of work queued in one step and finished in the
+  // next, as the offload worker's copies back, name the step that queued them).
+  static int current_step();
   // Microseconds of the host's monotonic clock.
   static double now_us();
-  // Records [begin_us, end_us) of `name` for stage-3 unit / bucket `unit` (-1: none).
-  static void record(const char* name, int unit, double begin_us, double end_us);
+  // Records [begin_us, end_us) of `name` for stage-3 unit / bucket `unit` (-1: none), as part
+  // of `step` (-1: the current one).
+  static void record(const char* name, int unit, double begin_us, double end_us, int step = -1);
   // The lane the calling thread's spans are drawn in (0 unless set).
   static void set_thread_lane(int lane);
-  // Called by the strategy at the end of an optimizer step: writes the file.
+  // Called by the strategy at the end of an optimizer step: writes the file (once more after
+  // the last traced step, for that step's late spans).
   static void end_step(int rank);
 
   // Records its own lifetime.
   class Span {
    public:
-    Span(const char* name, int unit)
-        : name_(name), unit_(unit), begin_(enabled() ? now_us() : -1) {}
+    Span(const char* name, int unit, int step = -1)
+        : name_(name), unit_(unit), step_(step), begin_(enabled() ? now_us() : -1) {}
     ~Span() {
-      if (begin_ >= 0) record(name_, unit_, begin_, now_us());
+      if (begin_ >= 0) record(name_, unit_, begin_, now_us(), step_);
     }
     Span(const Span&) = delete;
     Span& operator=(const Span&) = delete;
 
    private:
     const char* name_;
-    int unit_;
+    int unit_, step_;
     double begin_;
   };
 };
