@@ -161,6 +161,28 @@ __global__ void __launch_bounds__(kV3Queries) attention_v3_tiled(AttentionArgs a
   a.lse[row] = max + logf(sum);
 }
 
+// Query `row` (= bh * T + i) in float64: its output in `out` (kHead values), its lse returned.
+double reference_query(const std::vector<double>& Q, const std::vector<double>& K,
+                       const std::vector<double>& V, int64_t T, double scale, int64_t row,
+                       std::vector<double>& out) {
+  const int64_t bh = row / T, i = row % T;
+  std::vector<double> p(i + 1);
+  double max = -INFINITY, sum = 0;
+  for (int64_t j = 0; j <= i; ++j) {
+    double dot = 0;
+    for (int d = 0; d < kHead; ++d) dot += Q[row * kHead + d] * K[(bh * T + j) * kHead + d];
+    p[j] = dot * scale;
+    max = std::max(max, p[j]);
+  }
+  for (int64_t j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - max));
+  for (int d = 0; d < kHead; ++d) {
+    double acc = 0;
+    for (int64_t j = 0; j <= i; ++j) acc += p[j] * V[(bh * T + j) * kHead + d];
+    out[d] = acc / sum;
+  }
+  return max + std::log(sum);
+}
+
 int climb_at(int B, int H, int T, bool timed) {
   const int BH = B * H;
   const size_t n = size_t(BH) * T * kHead;
@@ -177,23 +199,11 @@ int climb_at(int B, int H, int T, bool timed) {
   auto check = [&] {
     const std::vector<double> got = widen(out.download()), got_lse = widen(lse.download());
     ErrorStats e_out("out"), e_lse("lse");
-    std::vector<double> p(T);
+    std::vector<double> ref(kHead);
     for (int64_t row : sample_indices(int64_t(BH) * T, 96)) {
-      const int64_t bh = row / T, i = row % T;
-      double max = -INFINITY, sum = 0;
-      for (int64_t j = 0; j <= i; ++j) {
-        double dot = 0;
-        for (int d = 0; d < kHead; ++d) dot += Q[row * kHead + d] * K[(bh * T + j) * kHead + d];
-        p[j] = dot * scale;
-        max = std::max(max, p[j]);
-      }
-      for (int64_t j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - max));
-      for (int d = 0; d < kHead; ++d) {
-        double acc = 0;
-        for (int64_t j = 0; j <= i; ++j) acc += p[j] * V[(bh * T + j) * kHead + d];
-        e_out.add(got[row * kHead + d], acc / sum, row * kHead + d);
-      }
-      e_lse.add(got_lse[row], max + std::log(sum), row);
+      const double ref_lse = reference_query(Q, K, V, T, scale, row, ref);
+      for (int d = 0; d < kHead; ++d) e_out.add(got[row * kHead + d], ref[d], row * kHead + d);
+      e_lse.add(got_lse[row], ref_lse, row);
     }
     return std::vector<ErrorStats>{e_out, e_lse};
   };

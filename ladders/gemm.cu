@@ -81,11 +81,12 @@ __global__ void __launch_bounds__(kV3Threads) gemm_v3_register_tiles(GemmArgs g)
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < kV3K; ++k) {
-      float a[kV3Sub], b[kV3Sub];
-      *reinterpret_cast<float4*>(a) = *reinterpret_cast<const float4*>(&a_tile[k][sub_row]);
-      *reinterpret_cast<float4*>(a + 4) = *reinterpret_cast<const float4*>(&a_tile[k][sub_row + 4]);
-      *reinterpret_cast<float4*>(b) = *reinterpret_cast<const float4*>(&b_tile[k][sub_col]);
-      *reinterpret_cast<float4*>(b + 4) = *reinterpret_cast<const float4*>(&b_tile[k][sub_col + 4]);
+      const float4 a0 = *reinterpret_cast<const float4*>(&a_tile[k][sub_row]),
+                   a1 = *reinterpret_cast<const float4*>(&a_tile[k][sub_row + 4]),
+                   b0 = *reinterpret_cast<const float4*>(&b_tile[k][sub_col]),
+                   b1 = *reinterpret_cast<const float4*>(&b_tile[k][sub_col + 4]);
+      const float a[kV3Sub] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const float b[kV3Sub] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
       for (int i = 0; i < kV3Sub; ++i)
 #pragma unroll

@@ -33,7 +33,9 @@ static uint64_t splitmix64(uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
-static uint64_t stream_bits(uint64_t seed, size_t i) { return splitmix64(seed * 0x100000001B3ull + i); }
+static uint64_t stream_bits(uint64_t seed, size_t i) {
+  return splitmix64(seed * 0x100000001B3ull + i);
+}
 
 std::vector<bf16> random_bf16(size_t n, uint64_t seed, float mean, float std) {
   // Approximately normal: the sum of four 16-bit uniforms from one hash, centred and scaled to
@@ -42,8 +44,8 @@ std::vector<bf16> random_bf16(size_t n, uint64_t seed, float mean, float std) {
   std::vector<bf16> v(n);
   for (size_t i = 0; i < n; ++i) {
     const uint64_t h = stream_bits(seed, i);
-    const float sum = float(h & 0xFFFF) + float((h >> 16) & 0xFFFF) + float((h >> 32) & 0xFFFF) +
-                      float(h >> 48);
+    const float sum =
+        float(h & 0xFFFF) + float((h >> 16) & 0xFFFF) + float((h >> 32) & 0xFFFF) + float(h >> 48);
     v[i] = __float2bfloat16_rn(mean + std * (sum - 2.f * 65535.f) * unit);
   }
   return v;
@@ -51,7 +53,8 @@ std::vector<bf16> random_bf16(size_t n, uint64_t seed, float mean, float std) {
 
 std::vector<float> random_f32(size_t n, uint64_t seed, float lo, float hi) {
   std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * float(stream_bits(seed, i) >> 40) / float(1 << 24);
+  for (size_t i = 0; i < n; ++i)
+    v[i] = lo + (hi - lo) * float(stream_bits(seed, i) >> 40) / float(1 << 24);
   return v;
 }
 

@@ -150,54 +150,76 @@ __global__ void round_param_grads(LayerNormGrads a) {
   a.db[i] = __float2bfloat16_rn(a.db_sum[i]);
 }
 
+// The inputs on the host: bf16 dy, x, w widened to double, and the forward's statistics
+// rounded to f32 (exactly what the kernels read).
+struct HostInputs {
+  int rows, C;
+  std::vector<bf16> dy, x, w;
+  std::vector<double> DY, X, W;
+  std::vector<float> mean, rstd;
+
+  HostInputs(int rows_, int C_)
+      : rows(rows_),
+        C(C_),
+        dy(random_bf16(size_t(rows) * C, 21)),
+        x(random_bf16(size_t(rows) * C, 22, 1.f, 2.f)),
+        w(random_bf16(C, 23, 1.f, 0.2f)),
+        DY(widen(dy)),
+        X(widen(x)),
+        W(widen(w)),
+        mean(rows),
+        rstd(rows) {
+    for (int r = 0; r < rows; ++r) {
+      const double* xr = &X[size_t(r) * C];
+      double m = 0, var = 0;
+      for (int i = 0; i < C; ++i) m += xr[i];
+      m /= C;
+      for (int i = 0; i < C; ++i) var += (xr[i] - m) * (xr[i] - m);
+      mean[r] = float(m), rstd[r] = float(1.0 / std::sqrt(var / C + 1e-5));
+    }
+  }
+  double xhat(int64_t r, int i) const { return (X[r * C + i] - mean[r]) * rstd[r]; }
+};
+
+// dweight and dbias over every row, dx over sampled rows, in float64.
+std::vector<ErrorStats> compare_with_reference(const HostInputs& h, const std::vector<double>& dx,
+                                               const std::vector<double>& dw,
+                                               const std::vector<double>& db) {
+  const int C = h.C;
+  ErrorStats e_dx("dx"), e_dw("dweight"), e_db("dbias");
+  std::vector<double> ref_dw(C, 0.0), ref_db(C, 0.0);
+  for (int64_t r = 0; r < h.rows; ++r)
+    for (int i = 0; i < C; ++i)
+      ref_dw[i] += h.DY[r * C + i] * h.xhat(r, i), ref_db[i] += h.DY[r * C + i];
+  for (int i = 0; i < C; ++i) e_dw.add(dw[i], ref_dw[i], i), e_db.add(db[i], ref_db[i], i);
+  for (int64_t r : sample_indices(h.rows, 256)) {
+    double sum_g = 0, sum_g_xhat = 0;
+    for (int i = 0; i < C; ++i) {
+      sum_g += h.DY[r * C + i] * h.W[i];
+      sum_g_xhat += h.DY[r * C + i] * h.W[i] * h.xhat(r, i);
+    }
+    for (int i = 0; i < C; ++i) {
+      const double g = h.DY[r * C + i] * h.W[i];
+      e_dx.add(dx[r * C + i], h.rstd[r] * (g - sum_g / C - h.xhat(r, i) * sum_g_xhat / C),
+               r * C + i);
+    }
+  }
+  return {e_dx, e_dw, e_db};
+}
+
 int climb_at(int rows, int C, bool timed) {
   const size_t n = size_t(rows) * C;
-  const std::vector<bf16> hdy = random_bf16(n, 21), hx = random_bf16(n, 22, 1.f, 2.f),
-                          hw = random_bf16(C, 23, 1.f, 0.2f);
-  // The forward's statistics, as f32 (what the kernels read).
-  std::vector<float> hmean(rows), hrstd(rows);
-  const std::vector<double> X = widen(hx), DY = widen(hdy), W = widen(hw);
-  for (int r = 0; r < rows; ++r) {
-    double m = 0, var = 0;
-    for (int i = 0; i < C; ++i) m += X[size_t(r) * C + i];
-    m /= C;
-    for (int i = 0; i < C; ++i) var += (X[size_t(r) * C + i] - m) * (X[size_t(r) * C + i] - m);
-    hmean[r] = float(m), hrstd[r] = float(1.0 / std::sqrt(var / C + 1e-5));
-  }
+  const HostInputs h(rows, C);
   DeviceArray<bf16> dy(n), x(n), w(C), dx(n), dw(C), db(C);
   DeviceArray<float> mean(rows), rstd(rows), dw_sum(C), db_sum(C);
-  dy.upload(hdy), x.upload(hx), w.upload(hw), mean.upload(hmean), rstd.upload(hrstd);
+  dy.upload(h.dy), x.upload(h.x), w.upload(h.w), mean.upload(h.mean), rstd.upload(h.rstd);
   const LayerNormGrads args{dy.get(),     x.get(),      w.get(),  mean.get(), rstd.get(), dx.get(),
                             dw_sum.get(), db_sum.get(), dw.get(), db.get(),   rows,       C};
 
   auto poison = [&] { dx.poison(), dw.poison(), db.poison(); };
   auto check = [&] {
-    const std::vector<double> got_dx = widen(dx.download()), got_dw = widen(dw.download()),
-                              got_db = widen(db.download());
-    ErrorStats e_dx("dx"), e_dw("dweight"), e_db("dbias");
-    std::vector<double> ref_dw(C, 0.0), ref_db(C, 0.0);
-    for (int r = 0; r < rows; ++r)
-      for (int i = 0; i < C; ++i) {
-        const size_t k = size_t(r) * C + i;
-        ref_dw[i] += DY[k] * (X[k] - hmean[r]) * hrstd[r];
-        ref_db[i] += DY[k];
-      }
-    for (int i = 0; i < C; ++i)
-      e_dw.add(got_dw[i], ref_dw[i], i), e_db.add(got_db[i], ref_db[i], i);
-    for (int64_t r : sample_indices(rows, 256)) {
-      double sum_g = 0, sum_g_xhat = 0;
-      for (int i = 0; i < C; ++i) {
-        const size_t k = size_t(r) * C + i;
-        sum_g += DY[k] * W[i];
-        sum_g_xhat += DY[k] * W[i] * (X[k] - hmean[r]) * hrstd[r];
-      }
-      for (int i = 0; i < C; ++i) {
-        const size_t k = size_t(r) * C + i;
-        const double xhat = (X[k] - hmean[r]) * hrstd[r];
-        e_dx.add(got_dx[k], hrstd[r] * (DY[k] * W[i] - sum_g / C - xhat * sum_g_xhat / C), k);
-      }
-    }
-    return std::vector<ErrorStats>{e_dx, e_dw, e_db};
+    return compare_with_reference(h, widen(dx.download()), widen(dw.download()),
+                                  widen(db.download()));
   };
   // Minimum traffic: dy and x read, dx written, mean and rstd read.
   const Workload work{strf("rows=%d C=%d bf16", rows, C), n * 6.0 + rows * 8.0, 0, timed, 1e-2};

@@ -50,6 +50,7 @@ int usage(const char* bad) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a log cut short by a timeout keeps every line
   std::vector<const Entry*> chosen;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--list") || !std::strcmp(argv[i], "--help"))
