@@ -145,9 +145,9 @@ int climb_at(int64_t n, bool timed) {
                                           .eps = eps,
                                           .weight_decay = weight_decay,
                                           .step = step};
-  ladder.climb({"v4 production (multi-tensor launch)", "", [&] {
-                  tessera::cuda::multi_tensor_adamw(tp, tg, tm, tv, no_master, {true}, config);
-                }});
+  ladder.climb_library(
+      {"v4 production (multi-tensor launch)", "",
+       [&] { tessera::cuda::multi_tensor_adamw(tp, tg, tm, tv, no_master, {true}, config); }});
   return ladder.failures();
 }
 

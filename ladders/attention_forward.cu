@@ -226,15 +226,17 @@ int climb_at(int B, int H, int T, bool timed) {
   const tessera::Tensor tq = as_tensor(q, {B, H, T, kHead}), tk = as_tensor(k, {B, H, T, kHead}),
                         tv = as_tensor(v, {B, H, T, kHead}),
                         tout = as_tensor(out, {B, H, T, kHead}), tlse = as_tensor(lse, {B, H, T});
-  ladder.climb({"v4 production (tensor cores, mma.sync)", "",
-                [&] { tessera::cuda::flash_attention_forward(tq, tk, tv, scale, tout, tlse); }});
+  ladder.climb_library({"v4 production (tensor cores, mma.sync)", "", [&] {
+                          tessera::cuda::flash_attention_forward(tq, tk, tv, scale, tout, tlse);
+                        }});
   std::string why_not;
   if (!timed)
     why_not = "the timed shape (a comparison only)";
   else if (!tessera::cuda::cudnn_attention_available(&why_not))
     why_not = "cuDNN attention: " + why_not;
-  ladder.climb({"cuDNN fused attention (for comparison)", why_not,
-                [&] { tessera::cuda::cudnn_attention_forward(tq, tk, tv, scale, tout, tlse); }});
+  ladder.climb_library({"cuDNN fused attention (for comparison)", why_not, [&] {
+                          tessera::cuda::cudnn_attention_forward(tq, tk, tv, scale, tout, tlse);
+                        }});
   return ladder.failures();
 }
 

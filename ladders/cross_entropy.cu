@@ -164,7 +164,7 @@ int climb_at(int rows, int V, bool timed) {
   // see earlier gradients as logits (finite values, the same work).
   const tessera::Tensor tgrad = as_tensor(dlogits, {rows, V}),
                         ttargets = as_tensor(targets, {rows}), tlosses = as_tensor(losses, {rows});
-  ladder.climb(
+  ladder.climb_library(
       {"v4 production (fused classifier, in place)", "",
        [&] { tessera::cuda::fused_classifier(tgrad, ttargets, kIgnoreIndex, scale, tlosses); },
        [&] { dlogits.copy_from(logits); }});

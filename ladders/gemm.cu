@@ -209,9 +209,9 @@ int climb_at(int M, int N, int K, bool timed) {
        }});
   const tessera::Tensor ta = as_tensor(a, {M, K}), tb = as_tensor(b, {K, N}),
                         tc = as_tensor(c, {M, N});
-  ladder.climb({"v5 production (sm_90: TMA + wgmma)", "",
-                [&] { tessera::cuda::tensor_core_gemm(ta, tb, tc); }});
-  ladder.climb(
+  ladder.climb_library({"v5 production (sm_90: TMA + wgmma)", "",
+                        [&] { tessera::cuda::tensor_core_gemm(ta, tb, tc); }});
+  ladder.climb_library(
       {"cuBLAS (the ceiling)", "", [&] { cublas_gemm_bf16(a.get(), b.get(), c.get(), M, N, K); }});
   return ladder.failures();
 }

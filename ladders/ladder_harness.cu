@@ -206,9 +206,10 @@ const Ceilings& ceilings() {
 }
 
 // ---------------- the ladder ----------------
-static bool check_only_flag = false;
+static bool check_only_flag = false, own_kernels_only = false;
 void set_check_only(bool on) { check_only_flag = on; }
 bool check_only() { return check_only_flag; }
+void set_own_kernels_only(bool on) { own_kernels_only = on; }
 
 static std::vector<std::string>& mutable_rows() {
   static std::vector<std::string> rows;
@@ -223,6 +224,14 @@ Ladder::Ladder(std::string op, Workload workload, std::function<void()> poison, 
       check_(std::move(check)) {
   std::printf("\n== %s  %s%s\n", op_.c_str(), w_.shape.c_str(),
               w_.timed ? "" : "  (check only: odd sizes, bounds)");
+}
+
+void Ladder::climb_library(const Rung& rung) {
+  if (own_kernels_only) {
+    std::printf("  %-48s left out (--own-kernels)\n", rung.name.c_str());
+    return;
+  }
+  climb(rung);
 }
 
 void Ladder::climb(const Rung& rung) {

@@ -143,6 +143,9 @@ class Ladder {
   // check: compares the outputs with the float64 reference.
   Ladder(std::string op, Workload workload, std::function<void()> poison, Check check);
   void climb(const Rung& rung);
+  // A rung whose kernel is not written here (Tessera's production entry, cuBLAS, cuDNN):
+  // checked and timed alike, left out under --own-kernels.
+  void climb_library(const Rung& rung);
   int failures() const { return failures_; }
 
  private:
@@ -156,6 +159,9 @@ class Ladder {
 // --check-only: only the small odd shapes, untimed (fast enough for compute-sanitizer).
 void set_check_only(bool on);
 bool check_only();
+// --own-kernels: only the rungs written here (racecheck of the ladders' own shared-memory
+// code; test_cuda's racecheck covers the production kernels).
+void set_own_kernels_only(bool on);
 
 // Markdown rows of every timed rung so far (printed at the end for ladders/README.md).
 const std::vector<std::string>& table_rows();

@@ -1,7 +1,8 @@
 // tessera_ladders: the kernel ladders, each rung checked against a float64 CPU reference and
 // timed next to the device's ceilings. See ladders/README.md.
-//   usage: tessera_ladders [--check-only] [all | <ladder>...]   (--list names the ladders)
-// --check-only runs only the small odd shapes, untimed: what compute-sanitizer runs.
+//   usage: tessera_ladders [--check-only] [--own-kernels] [all | <ladder>...]   (--list names them)
+// --check-only runs only the small odd shapes, untimed: what compute-sanitizer runs;
+// --own-kernels leaves out the rungs that call a library (production entry, cuBLAS, cuDNN).
 // Exit status: 0 when every rung matches its reference (or when there is no CUDA device:
 // the program then prints "no CUDA device, skipped"), 1 on a mismatch or a CUDA error,
 // 2 on a bad argument.
@@ -42,7 +43,9 @@ constexpr Entry kLadders[] = {
 
 int usage(const char* bad) {
   if (bad != nullptr) std::fprintf(stderr, "tessera_ladders: unknown ladder '%s'\n", bad);
-  std::fprintf(stderr, "usage: tessera_ladders [--check-only] [all | <ladder>...]\nladders:\n");
+  std::fprintf(
+      stderr,
+      "usage: tessera_ladders [--check-only] [--own-kernels] [all | <ladder>...]\nladders:\n");
   for (const Entry& e : kLadders) std::fprintf(stderr, "  %-20s %s\n", e.name, e.what);
   return 2;
 }
@@ -57,6 +60,10 @@ int main(int argc, char** argv) {
       return usage(nullptr), 0;
     if (!std::strcmp(argv[i], "--check-only")) {
       ladders::set_check_only(true);
+      continue;
+    }
+    if (!std::strcmp(argv[i], "--own-kernels")) {
+      ladders::set_own_kernels_only(true);
       continue;
     }
     if (!std::strcmp(argv[i], "all")) {
