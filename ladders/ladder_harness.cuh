@@ -118,7 +118,7 @@ const Ceilings& ceilings();  // measured on first use, printed once
 void cublas_gemm_bf16(const bf16* a, const bf16* b, bf16* c, int M, int N, int K);
 
 // Milliseconds per call of `launch` (median), each call timed alone with CUDA events after
-// L2 has been flushed, so memory-bound kernels are measured against DRAM, not the cache.
+// L2 has been emptied, so memory-bound kernels are measured against DRAM, not the cache.
 double time_ms(const std::function<void()>& launch);
 
 // ---------------- one ladder at one shape ----------------
