@@ -33,6 +33,9 @@ OUT=${OUT:-$PWD/bench_capacity_out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on the lent machines
 launch="$BUILD/tessera launch --nproc-per-node $N"
+program="$BUILD/examples/example_gpt_ddp_throughput"
+[[ -x $program ]] || program="$BUILD/example_gpt_ddp_throughput"
+[[ -x $program ]] || { echo "no example_gpt_ddp_throughput in $BUILD (ninja -C $BUILD example_gpt_ddp_throughput)"; exit 2; }
 model="--layers $LAYERS --n-embd $EMBD --n-head $HEADS --seq $SEQ --batch $BATCH --warmup 1 --memory 1"
 
 # run NAME TIMEOUT ARGS...: the job's output goes to $OUT/NAME.txt; prints its status.
@@ -40,10 +43,10 @@ run() {
   local name=$1 limit=$2
   shift 2
   local start=$SECONDS
-  timeout -k 10 "$limit" $launch "$BUILD/example_gpt_ddp_throughput" $model "$@" > "$OUT/$name.txt" 2>&1
+  timeout -k 10 "$limit" $launch "$program" $model "$@" > "$OUT/$name.txt" 2>&1
   local status=$?
   echo "== $name: exit status $status after $((SECONDS - start)) s"
-  grep -E "billion parameters|tokens/s|^memory rank|out of memory" "$OUT/$name.txt" | sed 's/^/   /'
+  grep -E "billion parameters|tokens/s|memory rank|out of memory" "$OUT/$name.txt" | sed 's/^/   /'
   return $status
 }
 
