@@ -20,6 +20,7 @@
 #include "tessera/optim/schedule.h"
 #include "tessera/optim/sgd.h"
 #include "tessera/dist/host_process_group.h"
+#include "tessera/dist/offload.h"
 #include "tessera/dist/process_group.h"
 #include "tessera/dist/store.h"
 
@@ -646,6 +647,65 @@ TEST_F(CleanDistEnv, Fp16LossScalingUnscalesAndSkipsNonFiniteSteps) {
   EXPECT_FALSE(m.b.weight.grad().defined());
   EXPECT_EQ(acc.loss_scale(), 65536.0 / (2 << skipped));
   acc.end_training();
+}
+
+// ---- ZeRO-Offload's host side (dist/offload.h) ----
+
+TEST(HostWorker, RunsTasksInOrderAndReportsEachTasksError) {
+  HostWorker worker(Device::cpu());
+  std::vector<int> ran;
+  std::vector<WorkPtr> works;
+  for (int i = 0; i < 50; ++i) {
+    if (i == 20) works.push_back(worker.run([] { throw Error("task 20 failed"); }));
+    works.push_back(worker.run([&ran, i] { ran.push_back(i); }));
+  }
+  works.back()->wait();
+  std::vector<int> want(50);
+  for (int i = 0; i < 50; ++i) want[i] = i;
+  EXPECT_EQ(ran, want);
+  try {
+    works[20]->wait();
+    ADD_FAILURE() << "the failing task's Work did not rethrow";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("task 20 failed"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(works[21]->wait());
+}
+
+// Two buckets: bf16 parameters (5 elements: the f32 average is rounded through bf16, as the
+// device's bf16 gradient would be) and f32 (3 elements: copied as they are); then the masters
+// go back in each target's dtype, and a reduction that failed fails the download.
+TEST(OptimizerOffload, RoundsGradientsThroughTheParameterDtypeAndUploadsMasters) {
+  OptimizerOffload offload(Device::cpu(), {{5, DType::bf16}, {3, DType::f32}});
+  const std::vector<float> g0 = {0.1f, -1.0f / 3, 1e-3f, 2.7182817f, -123.456f};
+  const std::vector<float> g1 = {0.1f, -1.0f / 3, 3.14159f};
+  Tensor average0 = from_vector(g0, {5}), average1 = from_vector(g1, {3});
+  WorkPtr d0 = offload.download_gradient(0, completed_work(), average0);
+  WorkPtr d1 = offload.download_gradient(1, completed_work(), average1);
+  d0->wait();
+  d1->wait();
+  const std::vector<float> rounded = raw::to(raw::to(average0, Device::cpu(), DType::bf16),
+                                             Device::cpu(), DType::f32)
+                                         .to_vector<float>();
+  EXPECT_EQ(offload.gradient(0).to_vector<float>(), rounded);
+  EXPECT_NE(rounded, g0);  // the rounding did something
+  EXPECT_EQ(offload.gradient(1).to_vector<float>(), g1);
+
+  offload.load_master(0, raw::to(from_vector(g0, {5}), Device::cpu(), DType::bf16));
+  EXPECT_EQ(offload.master(0).to_vector<float>(), rounded);
+  raw::copy_(offload.master(0), from_vector(g0, {5}));
+  raw::copy_(offload.master(1), from_vector(g1, {3}));
+  Tensor target0 = zeros({5}, {.dtype = DType::bf16}), target1 = zeros({3});
+  std::vector<WorkPtr> uploads = offload.upload_parameters({target0, target1}, {1, 0});
+  for (auto& w : uploads) w->wait();
+  EXPECT_EQ(raw::to(target0, Device::cpu(), DType::f32).to_vector<float>(), rounded);
+  EXPECT_EQ(target1.to_vector<float>(), g1);
+
+  std::promise<void> failed;
+  failed.set_exception(std::make_exception_ptr(Error("reduce_scatter timed out")));
+  WorkPtr broken = std::make_shared<FutureWork>(failed.get_future().share());
+  EXPECT_THROW(offload.download_gradient(1, broken, average1)->wait(), Error);
+  EXPECT_THROW(offload.download_gradient(1, completed_work(), zeros({4})), Error);
 }
 
 }  // namespace
