@@ -226,20 +226,18 @@ void ZeroStrategy::install_unit_hooks() {
       if (!*alive) return;
       gather(b);
       prefetch_after(b, /*forward=*/true);
-      shards_[b].unit_began_us = ZeroTrace::enabled() ? ZeroTrace::now_us() : 0;
+      trace_unit_begin(b);
     });
     m->register_forward_hook([this, b, alive = alive_](nn::Module&, const Tensor&, const Tensor&) {
       if (!*alive) return;
-      if (ZeroTrace::enabled())
-        ZeroTrace::record("forward", static_cast<int>(b), shards_[b].unit_began_us,
-                          ZeroTrace::now_us());
+      trace_unit_end(b, /*forward=*/true);
       release(b);
     });
     m->register_backward_pre_hook([this, b, alive = alive_](nn::Module&) {
       if (!*alive) return;
       gather(b);
       prefetch_after(b, /*forward=*/false);
-      shards_[b].unit_began_us = ZeroTrace::enabled() ? ZeroTrace::now_us() : 0;
+      trace_unit_begin(b);
     });
   }
   // The model's own forward gathers the root unit and starts counting gradients; without
@@ -253,15 +251,14 @@ void ZeroStrategy::install_unit_hooks() {
           unit_waiting_[b] = buckets_->buckets()[b].params.size();
         if (has_root) gather(root);
         prefetch_after(first, /*forward=*/true);
-        if (has_root) shards_[root].unit_began_us = ZeroTrace::enabled() ? ZeroTrace::now_us() : 0;
+        if (has_root) trace_unit_begin(root);
       });
   module_.register_forward_hook(
       [this, root, first, has_root, alive = alive_](nn::Module&, const Tensor&, const Tensor&) {
         if (!*alive) return;
-        if (has_root && ZeroTrace::enabled()) {
-          ZeroTrace::record("forward", static_cast<int>(root), shards_[root].unit_began_us,
-                            ZeroTrace::now_us());
-          shards_[root].unit_began_us = ZeroTrace::now_us();
+        if (has_root) {
+          trace_unit_end(root, /*forward=*/true);
+          trace_unit_begin(root);  // its backward starts with the loss's
         }
         if (!autograd::is_grad_enabled()) {
           if (has_root) release(root);
@@ -279,11 +276,26 @@ void ZeroStrategy::install_unit_hooks() {
 
 void ZeroStrategy::on_unit_grad_ready(size_t b) {
   if (unit_waiting_[b] > 0 && --unit_waiting_[b] == 0) {
-    if (ZeroTrace::enabled())
-      ZeroTrace::record("backward", static_cast<int>(b), shards_[b].unit_began_us,
-                        ZeroTrace::now_us());
+    trace_unit_end(b, /*forward=*/false);
     release(b);
   }
+}
+
+void ZeroStrategy::trace_unit_begin(size_t b) {
+  if (!ZeroTrace::enabled()) return;
+  shards_[b].unit_began_us = ZeroTrace::now_us();
+  shards_[b].unit_began_event = ZeroTrace::device_event(buckets_->buckets()[b].device);
+}
+
+// Host span, and on a GPU the compute stream's span, of unit b's forward or backward.
+void ZeroStrategy::trace_unit_end(size_t b, bool forward) {
+  if (!ZeroTrace::enabled()) return;
+  Shard& shard = shards_[b];
+  const Device device = buckets_->buckets()[b].device;
+  ZeroTrace::record(forward ? "forward" : "backward", static_cast<int>(b), shard.unit_began_us,
+                    ZeroTrace::now_us());
+  ZeroTrace::record_device(forward ? "forward_gpu" : "backward_gpu", static_cast<int>(b), device,
+                           std::move(shard.unit_began_event), ZeroTrace::device_event(device));
 }
 
 // Starts unit b's all-gather without waiting for it (every rank issues the same sequence:

@@ -95,6 +95,7 @@ class ZeroStrategy : public DataParallelStrategy {
     WorkPtr gathering;  // stage 3: an all-gather issued ahead of use (prefetch)
     double gather_issued_us = 0;
     double unit_began_us = 0;  // when the unit's forward or backward began (trace)
+    std::shared_ptr<void> unit_began_event;  // the same on the device's stream (trace, GPU)
     double reduction_issued_us = 0;
   };
   // A parameter's overlap with this rank's slice of its bucket.
@@ -118,6 +119,8 @@ class ZeroStrategy : public DataParallelStrategy {
   Tensor owned_slice(size_t bucket) const;
   Tensor averaged_gradient(size_t bucket);
   void on_unit_grad_ready(size_t bucket);
+  void trace_unit_begin(size_t bucket);
+  void trace_unit_end(size_t bucket, bool forward);
   void point_pieces_at_gradients(size_t bucket);
   int64_t slice_begin(size_t bucket) const;
 

@@ -1,5 +1,6 @@
 #include "tessera/dist/zero_trace.h"
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -19,12 +20,25 @@ struct TraceEvent {
   double begin_us, end_us;
 };
 
+struct DeviceSpan {
+  const char* name;
+  int unit, step;
+  Device device;
+  std::shared_ptr<void> begin, end;
+};
+
+std::array<DeviceClock, kNumDeviceTypes>& device_clocks() {
+  static std::array<DeviceClock, kNumDeviceTypes> clocks;
+  return clocks;
+}
+
 struct TraceState {
   std::mutex mutex;
   std::string path = env_string("TESSERA_ZERO_TRACE", "");
   int max_steps = env_int("TESSERA_ZERO_TRACE_STEPS", 3);
   std::atomic<int> step{0};  // read without the lock by enabled()
   std::vector<TraceEvent> events;
+  std::vector<DeviceSpan> device_spans;  // resolved into events at the step's end
 };
 
 TraceState& state() {
@@ -61,10 +75,35 @@ void ZeroTrace::record(const char* name, int unit, double begin_us, double end_u
   s.events.push_back({name, unit, step, lane_of_thread, begin_us, end_us});
 }
 
+void register_device_clock(DeviceType type, DeviceClock clock) {
+  device_clocks()[static_cast<int>(type)] = std::move(clock);
+}
+
+std::shared_ptr<void> ZeroTrace::device_event(Device device) {
+  const DeviceClock& clock = device_clocks()[static_cast<int>(device.type)];
+  if (!enabled() || device.is_cpu() || !clock.record) return nullptr;
+  return clock.record(device);
+}
+
+void ZeroTrace::record_device(const char* name, int unit, Device device,
+                              std::shared_ptr<void> begin, std::shared_ptr<void> end) {
+  if (!begin || !end) return;
+  TraceState& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.path.empty() || s.step >= s.max_steps) return;
+  s.device_spans.push_back({name, unit, s.step, device, std::move(begin), std::move(end)});
+}
+
 void ZeroTrace::end_step(int rank) {
   TraceState& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.path.empty() || s.step > s.max_steps) return;
+  for (const DeviceSpan& d : s.device_spans) {
+    const DeviceClock& clock = device_clocks()[static_cast<int>(d.device.type)];
+    s.events.push_back({d.name, d.unit, d.step, /*lane=*/2, clock.host_us(d.begin, d.device),
+                        clock.host_us(d.end, d.device)});
+  }
+  s.device_spans.clear();
   ++s.step;
   std::string json = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   for (size_t i = 0; i < s.events.size(); ++i) {

@@ -5,7 +5,8 @@
                              [--svg OUT.svg] [--png OUT.png]
 
 One row per (rank, kind of work): the training thread's all-gathers, forwards, backwards,
-reduce-scatters, and the offload worker's copies. Each span is drawn with its unit's digit
+reduce-scatters, the offload worker's copies and, on a GPU, the compute stream's own forward
+and backward times (forward_gpu, backward_gpu: CUDA events). Each span is drawn with its unit's digit
 (stage-3 units: the blocks in backward order, the root last), so a gather that starts before
 the previous block's forward ended is a prefetch that overlaps compute. Text goes to stdout;
 --svg writes a labelled chart (no dependencies); --png needs matplotlib.
@@ -14,10 +15,12 @@ import argparse
 import json
 import sys
 
-ROWS = ["all_gather", "gather_wait", "forward", "backward", "reduce_scatter", "all_reduce",
+ROWS = ["all_gather", "gather_wait", "forward", "backward", "forward_gpu", "backward_gpu",
+        "reduce_scatter", "all_reduce",
         "offload_d2h", "clip_and_step", "offload_h2d", "after_step"]
 COLOURS = {"all_gather": "#4e79a7", "gather_wait": "#e15759", "forward": "#59a14f",
-           "backward": "#8cd17d", "reduce_scatter": "#f28e2b", "all_reduce": "#f28e2b",
+           "backward": "#8cd17d", "forward_gpu": "#2e7d32", "backward_gpu": "#66bb6a",
+           "reduce_scatter": "#f28e2b", "all_reduce": "#f28e2b",
            "offload_d2h": "#b07aa1", "clip_and_step": "#9c755f", "offload_h2d": "#d4a6c8",
            "after_step": "#bab0ac"}
 
