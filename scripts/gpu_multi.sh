@@ -9,7 +9,8 @@
 # Everything runs under time limits that end before TOTAL_S, so partial results and the summary
 # are always printed; logs go to $OUT (or ./gpu_multi_out).
 #   usage: scripts/gpu_multi.sh [N]      (N GPUs for the scaling table; default: all, at most 8)
-#   env: TOTAL_S=570 (the whole call), BUILD_S=330 (configure + build), BUILD (build-gpu),
+#   env: TOTAL_S=570 (the whole call), BUILD_S=400 (configure + build; the benchmarks get what
+#        is left), BUILD (build-gpu),
 #        PARTS="dist,scaling" (which of 1. and 2. run; a second call on the still-warm machine
 #        finds build-gpu built and can give the scaling table all its time, e.g.
 #        PARTS=scaling MODELS=350M scripts/gpu_multi.sh 4), and bench_scaling.sh's MODELS, STEPS, ...
@@ -49,14 +50,14 @@ fi
 
 # ---- build: only what the benchmarks run (configure flags as scripts/gpu_check.sh) ----
 if [[ ${GPU_MULTI_DRY_RUN:-0} != 1 ]]; then
-  timeout "${BUILD_S:-330}" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  timeout "${BUILD_S:-400}" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DTESSERA_CUDA_GENCODE="arch=compute_90a,code=sm_90a" \
     -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
     -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
     -DTESSERA_BUILD_TESTS=OFF -DTESSERA_BUILD_BENCHMARKS=OFF -DTESSERA_MPI=OFF \
     > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; echo "CONFIGURE FAILED"; exit 1; }
 fi
-left=$((T0 + ${BUILD_S:-330} - $(date +%s)))
+left=$((T0 + ${BUILD_S:-400} - $(date +%s)))
 if ! timeout "$((left > 10 ? left : 10))" cmake --build "$BUILD" -j "$(nproc)" \
     --target tessera_cli example_gpt_ddp_throughput example_allreduce_bandwidth > "$OUT/build.log" 2>&1; then
   grep -E "error|FAILED" "$OUT/build.log" | head -40

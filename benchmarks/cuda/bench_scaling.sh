@@ -82,4 +82,5 @@ fi
 for model in "${models[@]:1}"; do
   for w in 1 2 "${worlds[@]:2}"; do gpt_rows "$model" "$w"; done
 done
-"$PY" benchmarks/cuda/scaling_table.py "$OUT" --gpus "$N" | tee "$OUT/table.md"
+"$PY" benchmarks/cuda/scaling_table.py "$OUT" --gpus "$N" --models "$(IFS=,; echo "${models[*]}")" \
+  --tokens "$BENCH_BATCH x $BENCH_SEQ" | tee "$OUT/table.md"

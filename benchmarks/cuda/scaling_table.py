@@ -72,7 +72,7 @@ def fmt(v):
     return f"{v:,.0f}"
 
 
-def gpt_section(out_dir, model, worlds):
+def gpt_section(out_dir, model, worlds, tokens):
     tessera, torch, reasons = {}, {}, {}
     for w in worlds:
         lines = read_lines(os.path.join(out_dir, f"gpt_{model}_tessera_w{w}.log"))
@@ -87,7 +87,7 @@ def gpt_section(out_dir, model, worlds):
         return [f"### GPT-2 {model}: no results ({reasons[('tessera', worlds[0])]})", ""]
     base_t, base_p = tessera.get(1, {}).get(0), torch.get(1, {}).get("ddp")
     header = "| engine | strategy | " + " | ".join(f"{w} GPU{'s' if w > 1 else ''}" for w in worlds) + " |"
-    lines = [f"### GPT-2 {model}, bf16, {16} x 1024 tokens per GPU: tokens/s per GPU",
+    lines = [f"### GPT-2 {model}, bf16, {tokens} tokens per GPU: tokens/s per GPU",
              "(in brackets: scaling efficiency against the same engine's one-GPU DDP run; for ZeRO "
              "rows also the ratio to DDP at the same world size)", "",
              header, "|" + " --- |" * (len(worlds) + 2)]
@@ -182,24 +182,33 @@ MEMORY = re.compile(r"^MEMORY stage=(\d+) rank=(\d+) MiB: params ([\d.]+) grads 
 
 
 def memory_section(out_dir, model, n):
-    rows = []
+    by_stage = {}
     for line in read_lines(os.path.join(out_dir, f"gpt_{model}_tessera_w{n}.log")) or []:
         m = MEMORY.match(line)
         if m:
-            rows.append([int(m.group(1)), int(m.group(2))] + [float(g) for g in m.groups()[2:]])
-    if not rows:
+            by_stage.setdefault(int(m.group(1)), []).append([float(g) for g in m.groups()[2:]])
+    if not by_stage:
         return []
-    lines = [f"### Memory per rank, GPT-2 {model}, W = {n}: MiB measured (ZeRO's formula: 2Ψ parameters, "
-             "2Ψ gradients, 12Ψ optimizer state, divided by W from the stage that shards them)", "",
-             "| stage | rank | parameters | gradients | optimizer | communication | device allocated after a step |",
+    lines = [f"### Memory per rank, GPT-2 {model}, W = {n}: MiB measured, min-max over the ranks where they differ",
+             "(in brackets: ZeRO's formula, 2Ψ parameters + 2Ψ gradients + 12Ψ optimizer state, each divided by W "
+             "from the stage that shards it; taken after a step's update, before zero_grad)", "",
+             "| stage | ranks | parameters | gradients | optimizer | communication | device allocated |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
 
-    def vs(measured, formula):
-        return f"{measured:,.0f} ({formula:,.0f}; {100 * (measured / formula - 1):+.1f}%)" if formula else f"{measured:,.0f}"
+    def span(values):
+        lo, hi = min(values), max(values)
+        return f"{lo:,.0f}" if round(lo) == round(hi) else f"{lo:,.0f}-{hi:,.0f}"
 
-    for stage, rank, p, g, o, c, fp, fg, fo, alloc, _peak in sorted(rows):
-        lines.append(f"| {stage} | {rank} | {vs(p, fp)} | {vs(g, fg)} | {vs(o, fo)} | {c:,.0f} | {alloc:,.0f} |")
-    return lines + ["", "(in brackets: the formula and the difference)", ""]
+    for stage, rows in sorted(by_stage.items()):
+        column = list(zip(*rows))  # p g o c fp fg fo alloc peak
+        cells = []
+        for measured, formula in ((0, 4), (1, 5), (2, 6)):
+            worst = max(column[measured], key=lambda v: abs(v - column[formula][0]))
+            diff = f"; {100 * (worst / column[formula][0] - 1):+.1f}%" if column[formula][0] else ""
+            cells.append(f"{span(column[measured])} ({column[formula][0]:,.0f}{diff})")
+        cells += [span(column[3]), span(column[7])]
+        lines.append(f"| {stage} | {len(rows)} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def main():
@@ -207,6 +216,7 @@ def main():
     ap.add_argument("out_dir")
     ap.add_argument("--gpus", type=int, required=True)
     ap.add_argument("--models", default="124M,350M")
+    ap.add_argument("--tokens", default="16 x 1024", help="tokens per GPU and step, as written in the title")
     args = ap.parse_args()
     worlds = [1] + [w for w in (2, 4, 8, 16) if w <= args.gpus]
     machine_path = os.path.join(args.out_dir, "machine.txt")
@@ -215,7 +225,7 @@ def main():
              f"{args.gpus})", ""]
     models = [m for m in args.models.split(",") if m]
     for model in models:
-        lines += gpt_section(args.out_dir, model, worlds)
+        lines += gpt_section(args.out_dir, model, worlds, args.tokens)
     lines += collectives_section(args.out_dir, worlds)
     for model in models:
         lines += memory_section(args.out_dir, model, args.gpus)
