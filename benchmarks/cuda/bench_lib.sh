@@ -74,7 +74,7 @@ run_limited() {
   ((left < cap)) && cap=$left
   if ((cap < 10)); then
     echo "skipped: no time left" > "$log"
-    echo "  skipped (no time left): $*" >&2
+    echo "  $(basename "$log"): skipped (no time left)" >&2
     return 125
   fi
   local t0=$SECONDS status

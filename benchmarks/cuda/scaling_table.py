@@ -197,7 +197,7 @@ def memory_section(out_dir, model, n):
 
     def span(values):
         lo, hi = min(values), max(values)
-        return f"{lo:,.0f}" if round(lo) == round(hi) else f"{lo:,.0f}-{hi:,.0f}"
+        return f"{lo:,.1f}" if round(lo, 1) == round(hi, 1) else f"{lo:,.1f}-{hi:,.1f}"
 
     for stage, rows in sorted(by_stage.items()):
         column = list(zip(*rows))  # p g o c fp fg fo alloc peak
@@ -205,7 +205,7 @@ def memory_section(out_dir, model, n):
         for measured, formula in ((0, 4), (1, 5), (2, 6)):
             worst = max(column[measured], key=lambda v: abs(v - column[formula][0]))
             diff = f"; {100 * (worst / column[formula][0] - 1):+.1f}%" if column[formula][0] else ""
-            cells.append(f"{span(column[measured])} ({column[formula][0]:,.0f}{diff})")
+            cells.append(f"{span(column[measured])} ({column[formula][0]:,.1f}{diff})")
         cells += [span(column[3]), span(column[7])]
         lines.append(f"| {stage} | {len(rows)} | " + " | ".join(cells) + " |")
     return lines + [""]
