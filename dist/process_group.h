@@ -160,8 +160,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 struct InitOptions {
   std::string backend = "auto";  // auto | nccl | mpi | tcp | single
   // Where this rank's tensors live, for "auto" (NCCL moves CUDA tensors only); unset =
-  // CUDA when a GPU is visible. Ranks whose GPU is shared, or given to several processes,
-  // with an explicit backend "nccl" only (e.g. one GPU per rank through CUDA_VISIBLE_DEVICES).
+  // CUDA when a GPU is visible. A job that gives each rank its own GPU through
+  // CUDA_VISIBLE_DEVICES (every rank sees one device) names "nccl": "auto" cannot tell it
+  // from ranks that share one GPU.
   std::optional<DeviceType> device;
   ProcessGroupOptions group = ProcessGroupOptions::from_env();
 };
