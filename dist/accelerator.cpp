@@ -42,8 +42,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
     InitOptions init;
     init.backend = options_.backend;
     // A CPU-only run must not pick NCCL just because a GPU is visible.
-    if (options_.cpu && init.backend == "auto" && env_.world_size > 1)
-      init.backend = (env_.launcher == Launcher::Mpirun && has_backend("mpi")) ? "mpi" : "tcp";
+    init.device = options_.cpu || !cuda_is_available() ? DeviceType::CPU : DeviceType::CUDA;
     init_process_group(init);
     owns_group_ = true;
   }

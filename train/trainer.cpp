@@ -7,6 +7,7 @@
 #include "tessera/core/memory_stats.h"
 #include "tessera/core/random.h"
 #include "tessera/data/file_io.h"
+#include "tessera/kernels/ops.h"
 #include "tessera/train/checkpoint_files.h"
 
 namespace tessera::train {
@@ -148,19 +149,22 @@ void Trainer::train() {
 
 Trainer::StepResult Trainer::training_step() {
   const auto t0 = std::chrono::steady_clock::now();
-  double loss_sum = 0;
+  // The micro-steps' losses are summed on the device (in f64, as the host would), so a step
+  // waits for the device once, for the reduced loss, not once per micro-step as well.
+  Tensor loss_sum;
   for (int64_t micro = 0; micro < args_.gradient_accumulation_steps; ++micro) {
     // Gradients are averaged over the processes on the last micro-step only.
     const dist::AccumulateScope scope = acc_->accumulate(model_);
     const data::Batch batch = loader_->next();
     const Tensor loss = model_.loss(batch.x, batch.y);
     acc_->backward(loss);  // of loss / gradient_accumulation_steps
-    loss_sum += loss.item();
+    const Tensor loss64 = raw::to(loss.detach(), device_, DType::f64);
+    loss_sum = micro == 0 ? loss64 : ops::add(loss_sum, loss64);
   }
   // The step's loss is the mean over all its target tokens, over every process's rows.
-  const double local = loss_sum / static_cast<double>(args_.gradient_accumulation_steps);
-  const double loss =
-      acc_->reduce(full({1}, local, {.dtype = DType::f64, .device = device_}), "mean").item();
+  const Tensor local = ops::binary(BinaryOp::Div, loss_sum,
+                                   static_cast<double>(args_.gradient_accumulation_steps));
+  const double loss = acc_->reduce(raw::reshape(local, {1}), "mean").item();
   const std::vector<Tensor> params = model_.parameters();
   const double norm = args_.max_grad_norm > 0 ? acc_->clip_grad_norm_(params, args_.max_grad_norm)
                                               : optim::grad_norm(params);

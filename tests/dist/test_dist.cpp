@@ -134,6 +134,51 @@ TEST_F(EnvTest, BadValuesNameTheVariable) {
   EXPECT_THROW(read_dist_env(), Error);
 }
 
+// "auto" picks NCCL only for CUDA tensors with a GPU per local rank: two CPU ranks (or two
+// ranks sharing the machine's one GPU) on a machine with a GPU used to get NCCL and fail in
+// ncclCommInitRank.
+TEST(AutoBackendTest, NcclOnlyForCudaTensorsWithAGpuPerLocalRank) {
+  std::vector<std::string> asked;
+  auto built = [&](const std::string& name) {
+    asked.push_back(name);
+    return true;
+  };
+  auto job = [](int world, int local_world, Launcher launcher) {
+    DistEnv e;
+    e.world_size = world;
+    e.local_world_size = local_world;
+    e.launcher = launcher;
+    return e;
+  };
+  const DistEnv two = job(2, 2, Launcher::Torchrun);
+  EXPECT_EQ(resolve_auto_backend(two, DeviceType::CUDA, 2, built), "nccl");
+  EXPECT_EQ(resolve_auto_backend(two, DeviceType::CUDA, 8, built), "nccl");
+  EXPECT_EQ(resolve_auto_backend(two, DeviceType::CUDA, 1, built), "tcp");  // one shared GPU
+  EXPECT_EQ(resolve_auto_backend(two, DeviceType::CPU, 2, built), "tcp");   // CPU tensors
+  EXPECT_EQ(resolve_auto_backend(two, DeviceType::CUDA, 0, built), "tcp");
+  // Two nodes of 4 ranks each: what counts is the ranks of one node.
+  EXPECT_EQ(resolve_auto_backend(job(8, 4, Launcher::Torchrun), DeviceType::CUDA, 4, built), "nccl");
+  EXPECT_EQ(resolve_auto_backend(job(8, 4, Launcher::Slurm), DeviceType::CUDA, 2, built), "tcp");
+  const DistEnv mpi = job(3, 3, Launcher::Mpirun);
+  EXPECT_EQ(resolve_auto_backend(mpi, DeviceType::CPU, 4, built), "mpi");
+  EXPECT_EQ(resolve_auto_backend(mpi, DeviceType::CUDA, 1, built), "mpi");
+  EXPECT_EQ(resolve_auto_backend(mpi, DeviceType::CUDA, 4, built), "nccl");
+  EXPECT_EQ(resolve_auto_backend(job(1, 1, Launcher::Torchrun), DeviceType::CUDA, 4, built),
+            "single");
+  // A backend that is not built is passed over; nothing is asked that cannot be chosen
+  // (asking loads the backend's library).
+  asked.clear();
+  auto without_nccl = [&](const std::string& name) {
+    asked.push_back(name);
+    return name != "nccl";
+  };
+  EXPECT_EQ(resolve_auto_backend(mpi, DeviceType::CUDA, 4, without_nccl), "mpi");
+  EXPECT_EQ(asked, (std::vector<std::string>{"nccl", "mpi"}));
+  asked.clear();
+  EXPECT_EQ(resolve_auto_backend(two, DeviceType::CPU, 2, without_nccl), "tcp");
+  EXPECT_TRUE(asked.empty());
+}
+
 TEST(StoreTest, SetGetAddWaitAcrossClients) {
   TCPStore server("127.0.0.1", 0, /*is_server=*/true, 10);
   TCPStore client("127.0.0.1", server.port(), false, 10);

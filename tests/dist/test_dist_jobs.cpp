@@ -70,6 +70,14 @@ TEST(DistJobs, CollectivesOverTcpThroughLaunch2Ranks) {
   expect_all_ranks_passed(run_job(launch(2, DIST_COLLECTIVES_CHECK " tcp"), 120), 2);
 }
 
+// "auto" with CPU tensors is tcp even where a GPU is visible (NCCL used to be picked, and
+// failed in ncclCommInitRank on a machine with one GPU).
+TEST(DistJobs, AutoBackendOfCpuTensorsIsTcp) {
+  JobResult r = run_job(launch(2, DIST_COLLECTIVES_CHECK " auto"), 120);
+  expect_all_ranks_passed(r, 2);
+  EXPECT_EQ(count(r.output, "(tcp): "), 2) << r.output;
+}
+
 TEST(DistJobs, CollectivesOverTcpThroughLaunch4Ranks) {
   expect_all_ranks_passed(run_job(launch(4, DIST_COLLECTIVES_CHECK " tcp"), 180), 4);
 }
@@ -755,6 +763,10 @@ TEST(GpuJobs, NcclCollectivesAndDdpEquivalenceOn2Gpus) {
   expect_all_ranks_passed(
       run_job("env TESSERA_DEBUG_COLLECTIVES=1 " + nccl + launch(2, DIST_COLLECTIVES_CHECK " nccl cuda"), 180),
       2);
+  // "auto" with CUDA tensors and a GPU per rank is nccl.
+  JobResult automatic = run_job(nccl + launch(2, DIST_COLLECTIVES_CHECK " auto cuda"), 180);
+  expect_all_ranks_passed(automatic, 2);
+  EXPECT_EQ(count(automatic.output, "(nccl): "), 2) << automatic.output;
   // CUDA tensors staged through host memory by the CPU backends.
   expect_all_ranks_passed(run_job(launch(2, DIST_COLLECTIVES_CHECK " tcp cuda"), 180), 2);
   const std::string one = temp_file("gpu_reference.txt");
