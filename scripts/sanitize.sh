@@ -13,9 +13,11 @@ start=$(date +%s)
 sanitize="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
-# RelWithDebInfo: optimised enough that the training tests finish, line numbers in reports.
+# -O1 with line tables only (-g1): optimised enough that the training tests finish, line
+# numbers in reports, and quicker to compile than -O2 -g on CI's two cores.
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_CUDA=OFF \
   -DTESSERA_BUILD_BENCHMARKS=OFF "${launcher[@]}" \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DCMAKE_CXX_FLAGS="$sanitize" -DCMAKE_C_FLAGS="$sanitize" \
   -DCMAKE_EXE_LINKER_FLAGS="$sanitize" -DCMAKE_SHARED_LINKER_FLAGS="$sanitize" >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS"

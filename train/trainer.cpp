@@ -1,7 +1,13 @@
 #include "tessera/train/trainer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <fstream>
 
 #include "tessera/core/error.h"
 #include "tessera/core/memory_stats.h"
@@ -36,6 +42,25 @@ TrainerState read_trainer_state(const fs::path& checkpoint) {
                  " is not valid JSON: ", e.what());
   }
   return TrainerState::from_json(j, path.string());
+}
+
+// trainer_state.json grows with the log history, so it is streamed to disk rather than
+// built as one string (the resident memory of a long run stays flat). It is written inside
+// checkpoint-N.partial/, renamed into place only when complete, and flushed to disk like
+// the checkpoint's other files.
+void write_trainer_state(const fs::path& path, const TrainerState& state) {
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    TESSERA_CHECK(out.good(), "cannot create '", path.string(), "': ", std::strerror(errno));
+    state.write(out);
+    out.flush();
+    TESSERA_CHECK(out.good(), "error writing '", path.string(), "': ", std::strerror(errno));
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  const bool synced = fd >= 0 && ::fsync(fd) == 0;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  TESSERA_CHECK(synced, "error flushing '", path.string(), "': ", std::strerror(err));
 }
 
 }  // namespace
@@ -230,7 +255,7 @@ fs::path Trainer::save_checkpoint() {
     for (const auto& [file, contents] : extra_files_)
       data::write_file_atomically(partial / file, contents);
     data::write_file_atomically(partial / kTrainingArgsFile, args_.to_json().dump(2));
-    data::write_file_atomically(partial / kTrainerStateFile, state_.to_json().dump(2));
+    write_trainer_state(partial / kTrainerStateFile, state_);
     data::write_folder_checksums(partial);  // last: marks every other file complete
     fs::remove_all(final_dir);
     fs::rename(partial, final_dir);
