@@ -92,7 +92,7 @@ def has_checkpoint(out):
 def flatness(samples, warmup_fraction):
     """Resident memory and descriptors after warm-up: the median of the last fifth of the
     samples against the median of the first fifth (a trend, not one transient peak)."""
-    rest = samples[int(len(samples) * warmup_fraction):]
+    rest = samples[int(len(samples) * warmup_fraction):] or samples
     fifth = max(1, len(rest) // 5)
     first = statistics.median(s[1] for s in rest[:fifth])
     last = statistics.median(s[1] for s in rest[-fifth:])
@@ -122,11 +122,13 @@ def reserved_bytes_failures(a, metrics_path):
         return ["metrics.jsonl has no reserved_bytes field (not a GPU run?)"]
     print("soak: caching allocator reserved bytes (step: bytes): "
           + ", ".join("%d: %d" % s for s in series), flush=True)
-    after = [b for s, b in series if s > a.steps * a.warmup_fraction]
+    # Warm-up lasts until every kind of step (training, evaluation, checkpoint) has run once.
+    warmup = max(a.steps * a.warmup_fraction, a.every)
+    after = [b for s, b in series if s > warmup]
     if len(after) < 2:
         return ["too few reserved_bytes samples after warm-up (%d)" % len(after)]
-    print("soak: reserved bytes after warm-up (step %d on): %d -> %d (max %d) over %d samples"
-          % (a.steps * a.warmup_fraction, after[0], after[-1], max(after), len(after)), flush=True)
+    print("soak: reserved bytes after warm-up (after step %d): %d -> %d (max %d) over %d samples"
+          % (warmup, after[0], after[-1], max(after), len(after)), flush=True)
     if max(after) > after[0]:
         return ["reserved bytes grew after warm-up: %d -> %d" % (after[0], max(after))]
     return []

@@ -8,7 +8,7 @@
 #   benchmarks/soak.sh --device cuda        # GPU: 2,000 steps of a larger GPT (4 layers, 128
 #                                           # channels); the caching allocator's reserved
 #                                           # bytes (every 100 steps) must not grow after
-#                                           # warm-up (the first 10%)
+#                                           # warm-up (the first evaluation and checkpoint)
 #   benchmarks/soak.sh --help               # every option
 # Needs a built tree (BUILD_DIR, default build) or --tessera PATH. Exits non-zero when a
 # check fails.
