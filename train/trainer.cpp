@@ -275,14 +275,15 @@ void Trainer::resume_from(const fs::path& checkpoint) {
   TESSERA_CHECK(schedule_->current_step() <= saved.global_step, where,
                 ": the LR schedule is at step ", schedule_->current_step(),
                 " but trainer_state.json says global_step ", saved.global_step);
+  // First: it bounds the product below.
+  TESSERA_CHECK(saved.global_step <= state_.max_steps, "tessera train: the checkpoint is at step ",
+                saved.global_step, ", past max_steps ", state_.max_steps);
   const uint64_t want_position =
       static_cast<uint64_t>(saved.global_step * args_.gradient_accumulation_steps);
   TESSERA_CHECK(loader_->position() == want_position, where, ": the data position is ",
                 loader_->position(), " micro-batches but ", saved.global_step, " steps of ",
                 args_.gradient_accumulation_steps, " micro-batches took ", want_position,
                 " (was gradient_accumulation_steps changed?)");
-  TESSERA_CHECK(saved.global_step <= state_.max_steps, "tessera train: the checkpoint is at step ",
-                saved.global_step, ", past max_steps ", state_.max_steps);
   const int64_t max_steps = state_.max_steps, per_epoch = state_.steps_per_epoch;
   const int64_t schedule_total = state_.schedule_total;
   state_ = saved;
