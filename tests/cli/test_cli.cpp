@@ -516,7 +516,7 @@ TEST(Cli, ResumeChecksTheTrainingStateContents) {
       {edit_json("accelerator_state.json", [](auto& j) { j["state"]["loader_positions"][0][0] = 7; }),
        {"data position", "7"}},
       {edit_json("accelerator_state.json", [](auto& j) { j["state"].erase("rng"); }), {"\"rng\" is missing"}},
-      // Counts past what their int64 holders take (found by fuzz/fuzz_training_state).
+      // Counts past what their int64 holders take (seen reading the paths fuzz_training_state covers).
       {edit_json("accelerator_state.json", [](auto& j) { j["state"]["schedules"][0]["step"] = 1e300; }),
        {"schedule \"step\"", "1e+300"}},
       {edit_json("accelerator_state.json", [](auto& j) { j["state"]["loss_scaler"]["growth_interval"] = 1e300; }),

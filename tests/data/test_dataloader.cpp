@@ -294,7 +294,7 @@ TEST(DataLoader, RejectsBadOptions) {
   EXPECT_THROW(DataLoader(TokenFile(tiny), {.batch = 1, .seq = 1}), Error);
 }
 
-// Issue 14 (found by fuzz/fuzz_training_state): a position restored from a file whose token
+// Issue 14 (training states with wrong contents): a position restored from a file whose token
 // offsets overflow 64 bits (row·T) is refused instead of reading before the token map. The
 // largest position allowed still follows the contract: offsets taken modulo the file size.
 TEST(DataLoader, PositionsPastTheAddressableRangeAreRefused) {
