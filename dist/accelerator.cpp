@@ -327,6 +327,10 @@ uint64_t count_at(const nlohmann::json& j, const std::string& where, const std::
   return j.get<uint64_t>();
 }
 
+// A count stored as a double (schedule steps, loss-scaler counters): whole, 0 to 2^53 (the
+// doubles that hold every integer exactly, so converting it to int64 is exact).
+bool is_count(double v) { return v >= 0 && v <= 9007199254740992.0 && v == std::floor(v); }
+
 // Checks an optimizer state against the optimizer it is loaded into before anything is
 // copied: every state tensor belongs to a parameter, has its shape and a floating dtype,
 // every updated parameter has the same set of state tensors, and steps are counts.
@@ -353,8 +357,7 @@ void check_optimizer_state(const optim::OptimizerStateDict& state, const optim::
   for (const auto& [key, value] : state.scalars) {
     if (key.rfind("state.", 0) != 0) continue;
     TESSERA_CHECK(key.ends_with(".step"), where, ": unexpected scalar \"", key, "\"");
-    TESSERA_CHECK(std::isfinite(value) && value >= 0 && value == std::floor(value), where, ": \"", key,
-                  "\" must be a non-negative whole number, got ", value);
+    TESSERA_CHECK(is_count(value), where, ": \"", key, "\" must be a whole number from 0 to 2^53, got ", value);
     const size_t index = std::stoul(key.substr(6));
     for (const std::string& name : all_names)
       TESSERA_CHECK(names[index].count(name), where, ": tensor \"state.", index, ".", name,
@@ -472,6 +475,9 @@ void Accelerator::load_state(const std::string& dir) {
     TESSERA_CHECK(per_rank.is_array() && per_rank.size() == saved_world, state_where,
                   ": \"loader_positions\" must hold one position per process");
     positions.push_back(count_at(per_rank[process_index()], state_where, "loader_positions"));
+    const uint64_t most = loaders_[positions.size() - 1]->max_position();
+    TESSERA_CHECK(positions.back() <= most, state_where, ": \"loader_positions\" holds ",
+                  positions.back(), ", past the largest position the loader can address (", most, ")");
   }
   std::vector<std::map<std::string, double>> schedules;
   for (const nlohmann::json& s : state["schedules"]) {
@@ -480,8 +486,8 @@ void Accelerator::load_state(const std::string& dir) {
       TESSERA_CHECK(value.is_number() && std::isfinite(value.get<double>()), state_where, ": schedule \"", key,
                     "\" must be a finite number, got ", value.dump());
     if (s.contains("step"))  // a whole number (schedule states are stored as doubles)
-      TESSERA_CHECK(s["step"].get<double>() >= 0 && s["step"].get<double>() == std::floor(s["step"].get<double>()),
-                    state_where, ": schedule \"step\" must be a non-negative whole number, got ", s["step"].dump());
+      TESSERA_CHECK(is_count(s["step"].get<double>()), state_where,
+                    ": schedule \"step\" must be a whole number from 0 to 2^53, got ", s["step"].dump());
     schedules.push_back(s.get<std::map<std::string, double>>());
   }
   std::map<std::string, double> scaler_state;
@@ -490,6 +496,9 @@ void Accelerator::load_state(const std::string& dir) {
       TESSERA_CHECK(value.is_number() && std::isfinite(value.get<double>()) && value.get<double>() >= 0,
                     state_where, ": loss_scaler \"", key, "\" must be a non-negative number, got ", value.dump());
     scaler_state = state["loss_scaler"].get<std::map<std::string, double>>();
+    for (const char* key : {"growth_tracker", "growth_interval"})
+      TESSERA_CHECK(!scaler_state.count(key) || is_count(scaler_state[key]), state_where, ": loss_scaler \"",
+                    key, "\" must be a whole number from 0 to 2^53, got ", scaler_state[key]);
   }
   // Everything is read and checked before the first object changes.
   std::vector<std::map<std::string, Tensor>> weights;
