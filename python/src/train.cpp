@@ -66,7 +66,10 @@ void bind_train(py::module_& m) {
       .def(py::init([](py::kwargs kwargs) {
              TrainingArguments args;
              train::apply_config_values(args, json_of(kwargs), "TrainingArguments(...)");
-             train::validate(args);
+             // The training data is usually given to the Trainer rather than here.
+             TrainingArguments checked = args;
+             if (checked.data.empty()) checked.data = "(the Trainer's train_dataset)";
+             train::validate(checked);
              return args;
            }),
            "Every setting by its Hugging Face name (output_dir, per_device_train_batch_size, learning_rate, "
@@ -92,9 +95,13 @@ void bind_train(py::module_& m) {
              auto self = std::make_unique<PythonTrainer>();
              self->model = model;
              nn::GPT& gpt = model.cast<nn::GPT&>();
+             TrainingArguments run_args = args;
+             run_args.data = train_file.path().string();
+             if (eval) run_args.val_data = eval->path().string();
+             train::validate(run_args);
              py::gil_scoped_release release;
              self->trainer = runtime_call([&] {
-               return std::make_unique<train::Trainer>(args, gpt, std::move(train_file), std::move(eval));
+               return std::make_unique<train::Trainer>(run_args, gpt, std::move(train_file), std::move(eval));
              });
              return self;
            }),

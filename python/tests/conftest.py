@@ -15,7 +15,8 @@ import tessera
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "python"
-PACKAGE_DIR = pathlib.Path(tessera.__file__).resolve().parent
+# The native module is a real file in the build tree (the .py files there are links).
+PACKAGE_DIR = pathlib.Path(os.path.abspath(tessera._tessera.__file__)).parent
 # In a build tree the package sits in <build>/python/tessera; installed, the program is in
 # tessera/bin.
 BUILD_DIR = pathlib.Path(os.environ.get("TESSERA_BUILD_DIR", PACKAGE_DIR.parents[1]))
@@ -56,9 +57,13 @@ def launch(nproc, script, *args, cwd=None):
 
 
 def torchrun(nproc, script, *args, cwd=None):
-    """PyTorch's launcher (torchrun) starting the script: it sets the same environment."""
+    """PyTorch's launcher (torchrun) starting the script: it sets the same environment.
+
+    `--redirects 9:1 --tee 9:1` (a local rank that does not exist) only works around PyTorch
+    1.13 on Python 3.11 (Debian's), whose default "0" parses to None there; output is not
+    redirected for the ranks that run."""
     return run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-                script, *args], cwd=cwd)
+                "--redirects", "9:1", "--tee", "9:1", script, *args], cwd=cwd)
 
 
 _NUMPY_OF = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32, "U8": np.uint8,
