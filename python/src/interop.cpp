@@ -14,14 +14,22 @@ namespace {
 
 const char* buffer_format(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "f";
-    case DType::f64: return "d";
-    case DType::f16: return "e";
-    case DType::i32: return "i";
-    case DType::i64: return "q";
-    case DType::u8: return "B";
-    case DType::boolean: return "?";
-    case DType::bf16: return nullptr;  // no buffer-protocol or NumPy type
+    case DType::f32:
+      return "f";
+    case DType::f64:
+      return "d";
+    case DType::f16:
+      return "e";
+    case DType::i32:
+      return "i";
+    case DType::i64:
+      return "q";
+    case DType::u8:
+      return "B";
+    case DType::boolean:
+      return "?";
+    case DType::bf16:
+      return nullptr;  // no buffer-protocol or NumPy type
   }
   return nullptr;
 }
@@ -35,9 +43,11 @@ struct ExportedBuffer {
 
 std::string buffer_refusal(const Tensor& t) {
   if (!t.device().is_cpu())
-    return "a " + t.device().str() + " tensor has no host buffer; call .cpu() first (or use DLPack)";
+    return "a " + t.device().str() +
+           " tensor has no host buffer; call .cpu() first (or use DLPack)";
   if (!buffer_format(t.dtype()))
-    return std::string("no NumPy type holds ") + dtype_name(t.dtype()) + "; convert with .float() first";
+    return std::string("no NumPy type holds ") + dtype_name(t.dtype()) +
+           "; convert with .float() first";
   return {};
 }
 
@@ -50,9 +60,10 @@ int tensor_getbuffer(PyObject* self, Py_buffer* view, int flags) {
       return -1;
     }
     if ((flags & PyBUF_STRIDES) != PyBUF_STRIDES && !t.is_contiguous()) {
-      PyErr_SetString(PyExc_BufferError,
-                      "the tensor is not contiguous and the consumer asked for a contiguous buffer; "
-                      "call .contiguous() first");
+      PyErr_SetString(
+          PyExc_BufferError,
+          "the tensor is not contiguous and the consumer asked for a contiguous buffer; "
+          "call .contiguous() first");
       return -1;
     }
     auto* exported = new ExportedBuffer{t.storage(), {}, {}};
@@ -78,14 +89,17 @@ int tensor_getbuffer(PyObject* self, Py_buffer* view, int flags) {
   }
 }
 
-void tensor_releasebuffer(PyObject*, Py_buffer* view) { delete static_cast<ExportedBuffer*>(view->internal); }
+void tensor_releasebuffer(PyObject*, Py_buffer* view) {
+  delete static_cast<ExportedBuffer*>(view->internal);
+}
 
 py::array numpy_view(py::handle self) {
   const Tensor& t = self.cast<const Tensor&>();
   const std::string refusal = buffer_refusal(t);
   if (!refusal.empty()) throw py::type_error("numpy(): " + refusal);
   // np.asarray over the buffer protocol: shares memory and keeps `self` alive.
-  return py::module_::import("numpy").attr("asarray")(py::memoryview(py::reinterpret_borrow<py::object>(self)));
+  return py::module_::import("numpy").attr("asarray")(
+      py::memoryview(py::reinterpret_borrow<py::object>(self)));
 }
 
 DType dtype_of_numpy(const py::array& a) {
@@ -103,7 +117,8 @@ Tensor wrap_memory(char* data, const Shape& shape, const Shape& strides, DType d
                    std::shared_ptr<void> owner) {
   int64_t extent = 0;  // last element touched, relative to data
   for (size_t d = 0; d < shape.size(); ++d) {
-    TESSERA_CHECK(strides[d] >= 0, "from_numpy/from_dlpack: negative strides are not supported (strides ",
+    TESSERA_CHECK(strides[d] >= 0,
+                  "from_numpy/from_dlpack: negative strides are not supported (strides ",
                   shape_str(strides), "); make the array contiguous first");
     if (shape[d] == 0) extent = -1;
     if (extent >= 0) extent += strides[d] * (shape[d] - 1);
@@ -120,10 +135,12 @@ Tensor from_numpy(py::array array) {
     shape.push_back(array.shape(d));
     if (array.strides(d) % array.itemsize() != 0)
       throw py::value_error("from_numpy: the array's stride " + std::to_string(array.strides(d)) +
-                            " bytes in dimension " + std::to_string(d) + " is not a whole number of elements");
+                            " bytes in dimension " + std::to_string(d) +
+                            " is not a whole number of elements");
     strides.push_back(array.strides(d) / array.itemsize());
   }
-  if (!array.writeable()) throw py::value_error("from_numpy: the array is read-only; pass a writable array");
+  if (!array.writeable())
+    throw py::value_error("from_numpy: the array is read-only; pass a writable array");
   return wrap_memory(static_cast<char*>(array.mutable_data()), shape, strides, dtype, Device::cpu(),
                      hold_python_object(array));
 }
@@ -160,20 +177,29 @@ Tensor tensor_from_data(py::handle data, py::handle dtype, py::handle device, bo
 
 dlpack::DataType dlpack_dtype(DType d) {
   switch (d) {
-    case DType::f32: return {dlpack::kFloat, 32, 1};
-    case DType::f64: return {dlpack::kFloat, 64, 1};
-    case DType::f16: return {dlpack::kFloat, 16, 1};
-    case DType::bf16: return {dlpack::kBfloat, 16, 1};
-    case DType::i32: return {dlpack::kInt, 32, 1};
-    case DType::i64: return {dlpack::kInt, 64, 1};
-    case DType::u8: return {dlpack::kUInt, 8, 1};
-    case DType::boolean: return {dlpack::kBool, 8, 1};
+    case DType::f32:
+      return {dlpack::kFloat, 32, 1};
+    case DType::f64:
+      return {dlpack::kFloat, 64, 1};
+    case DType::f16:
+      return {dlpack::kFloat, 16, 1};
+    case DType::bf16:
+      return {dlpack::kBfloat, 16, 1};
+    case DType::i32:
+      return {dlpack::kInt, 32, 1};
+    case DType::i64:
+      return {dlpack::kInt, 64, 1};
+    case DType::u8:
+      return {dlpack::kUInt, 8, 1};
+    case DType::boolean:
+      return {dlpack::kBool, 8, 1};
   }
   return {dlpack::kFloat, 32, 1};
 }
 
 DType dtype_of_dlpack(const dlpack::DataType& t) {
-  TESSERA_CHECK(t.lanes == 1, "from_dlpack: vector types (lanes = ", t.lanes, ") are not supported");
+  TESSERA_CHECK(t.lanes == 1, "from_dlpack: vector types (lanes = ", t.lanes,
+                ") are not supported");
   switch (t.code) {
     case dlpack::kFloat:
       if (t.bits == 32) return DType::f32;
@@ -194,7 +220,8 @@ DType dtype_of_dlpack(const dlpack::DataType& t) {
       if (t.bits == 8) return DType::boolean;
       break;
   }
-  TESSERA_FAIL("from_dlpack: no tessera dtype for DLPack type code ", int(t.code), " with ", int(t.bits), " bits");
+  TESSERA_FAIL("from_dlpack: no tessera dtype for DLPack type code ", int(t.code), " with ",
+               int(t.bits), " bits");
 }
 
 // The producer side's context: the tensor (and through it the TensorImpl and storage) plus
@@ -206,12 +233,15 @@ struct ExportContext {
   dlpack::ManagedTensor managed{};
 };
 
-void delete_export(dlpack::ManagedTensor* managed) { delete static_cast<ExportContext*>(managed->manager_ctx); }
+void delete_export(dlpack::ManagedTensor* managed) {
+  delete static_cast<ExportContext*>(managed->manager_ctx);
+}
 
 void capsule_destructor(PyObject* capsule) {
   // Only a capsule nobody consumed still owns its tensor.
   if (!PyCapsule_IsValid(capsule, dlpack::kCapsuleName)) return;
-  auto* managed = static_cast<dlpack::ManagedTensor*>(PyCapsule_GetPointer(capsule, dlpack::kCapsuleName));
+  auto* managed =
+      static_cast<dlpack::ManagedTensor*>(PyCapsule_GetPointer(capsule, dlpack::kCapsuleName));
   if (managed && managed->deleter) managed->deleter(managed);
 }
 
@@ -233,7 +263,8 @@ py::capsule to_dlpack(const Tensor& t, py::object stream) {
 }
 
 py::tuple dlpack_device(const Tensor& t) {
-  return py::make_tuple(t.device().is_cuda() ? int(dlpack::kCUDA) : int(dlpack::kCPU), t.device().index);
+  return py::make_tuple(t.device().is_cuda() ? int(dlpack::kCUDA) : int(dlpack::kCPU),
+                        t.device().index);
 }
 
 Tensor from_dlpack(py::object source) {
@@ -247,13 +278,17 @@ Tensor from_dlpack(py::object source) {
   }
   PyObject* raw = capsule.ptr();
   if (!PyCapsule_IsValid(raw, dlpack::kCapsuleName))
-    throw py::type_error("from_dlpack: expected an object with __dlpack__ or an unconsumed 'dltensor' capsule");
-  auto* managed = static_cast<dlpack::ManagedTensor*>(PyCapsule_GetPointer(raw, dlpack::kCapsuleName));
+    throw py::type_error(
+        "from_dlpack: expected an object with __dlpack__ or an unconsumed 'dltensor' capsule");
+  auto* managed =
+      static_cast<dlpack::ManagedTensor*>(PyCapsule_GetPointer(raw, dlpack::kCapsuleName));
   const dlpack::Tensor& dl = managed->dl_tensor;
   Device device = Device::cpu();
-  if (dl.device.device_type == dlpack::kCUDA) device = Device::cuda(dl.device.device_id);
+  if (dl.device.device_type == dlpack::kCUDA)
+    device = Device::cuda(dl.device.device_id);
   else if (dl.device.device_type != dlpack::kCPU && dl.device.device_type != dlpack::kCUDAHost)
-    throw py::value_error("from_dlpack: DLPack device type " + std::to_string(dl.device.device_type) +
+    throw py::value_error("from_dlpack: DLPack device type " +
+                          std::to_string(dl.device.device_type) +
                           " is not supported (CPU and CUDA are)");
   const DType dtype = dtype_of_dlpack(dl.dtype);
   Shape shape(dl.shape, dl.shape + dl.ndim);
@@ -268,7 +303,8 @@ Tensor from_dlpack(py::object source) {
     py::gil_scoped_acquire gil;
     m->deleter(m);
   });
-  return wrap_memory(static_cast<char*>(dl.data) + dl.byte_offset, shape, strides, dtype, device, owner);
+  return wrap_memory(static_cast<char*>(dl.data) + dl.byte_offset, shape, strides, dtype, device,
+                     owner);
 }
 
 }  // namespace
@@ -277,21 +313,26 @@ void bind_interop(py::module_& m, py::class_<Tensor>& cls) {
   auto* heap_type = reinterpret_cast<PyHeapTypeObject*>(cls.ptr());
   heap_type->as_buffer.bf_getbuffer = &tensor_getbuffer;
   heap_type->as_buffer.bf_releasebuffer = &tensor_releasebuffer;
-  cls.def("numpy", [](py::handle self) { return numpy_view(self); },
-          "A NumPy array over the same memory (CPU tensors; the array keeps the tensor alive)")
-      .def("__array__", [](py::handle self, py::object dtype, py::object copy) {
-        py::object array = numpy_view(self);
-        if (!dtype.is_none()) array = array.attr("astype")(dtype, py::arg("copy") = false);
-        if (!copy.is_none() && copy.cast<bool>()) array = array.attr("copy")();
-        return array;
-      }, py::arg("dtype") = py::none(), py::arg("copy") = py::none())
+  cls.def(
+         "numpy", [](py::handle self) { return numpy_view(self); },
+         "A NumPy array over the same memory (CPU tensors; the array keeps the tensor alive)")
+      .def(
+          "__array__",
+          [](py::handle self, py::object dtype, py::object copy) {
+            py::object array = numpy_view(self);
+            if (!dtype.is_none()) array = array.attr("astype")(dtype, py::arg("copy") = false);
+            if (!copy.is_none() && copy.cast<bool>()) array = array.attr("copy")();
+            return array;
+          },
+          py::arg("dtype") = py::none(), py::arg("copy") = py::none())
       .def("__dlpack__", &to_dlpack, py::arg("stream") = py::none())
       .def("__dlpack_device__", &dlpack_device);
   m.def("from_numpy", &from_numpy, py::arg("array"),
         "A tensor over the array's memory (no copy); the tensor keeps the array alive");
   m.def("from_dlpack", &from_dlpack, py::arg("ext_tensor"),
         "A tensor over another framework's memory (no copy); keeps the producer's tensor alive");
-  m.def("to_dlpack", [](const Tensor& t) { return to_dlpack(t, py::none()); }, py::arg("tensor"));
+  m.def(
+      "to_dlpack", [](const Tensor& t) { return to_dlpack(t, py::none()); }, py::arg("tensor"));
   m.def("tensor", &tensor_from_data, py::arg("data"), py::kw_only(), py::arg("dtype") = py::none(),
         py::arg("device") = py::none(), py::arg("requires_grad") = false);
 }

@@ -44,7 +44,8 @@ Shape shape_from_args(const py::args& args, const char* op) {
     try {
       return args[0].cast<Shape>();
     } catch (const py::cast_error&) {
-      throw py::type_error(std::string(op) + ": sizes must be integers or one sequence of integers");
+      throw py::type_error(std::string(op) +
+                           ": sizes must be integers or one sequence of integers");
     }
   }
   Shape shape;

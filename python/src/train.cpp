@@ -9,7 +9,8 @@ namespace tessera::python {
 namespace {
 
 nlohmann::json json_of(py::handle value) {
-  return nlohmann::json::parse(py::module_::import("json").attr("dumps")(value).cast<std::string>());
+  return nlohmann::json::parse(
+      py::module_::import("json").attr("dumps")(value).cast<std::string>());
 }
 
 py::object python_of(const nlohmann::json& j) {
@@ -37,7 +38,8 @@ class PythonCallback : public train::TrainerCallback {
                const std::filesystem::path& checkpoint) override {
     call(c, "on_save", [&] { return py::cast(checkpoint.string()); });
   }
-  void on_step_end(const train::TrainingArguments&, train::TrainerState& s, train::TrainerControl& c) override {
+  void on_step_end(const train::TrainingArguments&, train::TrainerState& s,
+                   train::TrainerControl& c) override {
     call(c, "on_step_end", [&] { return python_of(s.to_json()); });
   }
 
@@ -72,19 +74,25 @@ void bind_train(py::module_& m) {
              train::validate(checked);
              return args;
            }),
-           "Every setting by its Hugging Face name (output_dir, per_device_train_batch_size, learning_rate, "
+           "Every setting by its Hugging Face name (output_dir, per_device_train_batch_size, "
+           "learning_rate, "
            "max_steps, ...) or its `tessera train` name; checked before any work")
       .def("to_dict", [](const TrainingArguments& a) { return python_of(a.to_json()); })
-      .def("__getattr__", [](const TrainingArguments& a, const std::string& name) -> py::object {
-        nlohmann::json j = a.to_json();
-        const std::string key = train::canonical_key(name);
-        if (key.empty() || !j.contains(key)) throw py::attribute_error("TrainingArguments has no setting '" + name + "'");
-        return python_of(j.at(key));
-      })
-      .def("__repr__", [](const TrainingArguments& a) { return "TrainingArguments(" + a.to_json().dump() + ")"; });
+      .def("__getattr__",
+           [](const TrainingArguments& a, const std::string& name) -> py::object {
+             nlohmann::json j = a.to_json();
+             const std::string key = train::canonical_key(name);
+             if (key.empty() || !j.contains(key))
+               throw py::attribute_error("TrainingArguments has no setting '" + name + "'");
+             return python_of(j.at(key));
+           })
+      .def("__repr__", [](const TrainingArguments& a) {
+        return "TrainingArguments(" + a.to_json().dump() + ")";
+      });
 
   py::class_<PythonTrainer>(m, "Trainer")
-      .def(py::init([](const TrainingArguments& args, py::object model, py::object train_data, py::object eval_data) {
+      .def(py::init([](const TrainingArguments& args, py::object model, py::object train_data,
+                       py::object eval_data) {
              auto to_file = [](py::handle f) {
                return py::isinstance<data::TokenFile>(f) ? f.cast<data::TokenFile>()
                                                          : data::TokenFile(f.cast<std::string>());
@@ -101,27 +109,36 @@ void bind_train(py::module_& m) {
              train::validate(run_args);
              py::gil_scoped_release release;
              self->trainer = runtime_call([&] {
-               return std::make_unique<train::Trainer>(run_args, gpt, std::move(train_file), std::move(eval));
+               return std::make_unique<train::Trainer>(run_args, gpt, std::move(train_file),
+                                                       std::move(eval));
              });
              return self;
            }),
-           py::arg("args"), py::arg("model"), py::arg("train_dataset"), py::arg("eval_dataset") = py::none())
-      .def("add_callback", [](PythonTrainer& t, py::object cb) {
-        t.trainer->add_callback(std::make_shared<PythonCallback>(std::move(cb)));
-      }, py::arg("callback"))
-      .def("train", [](PythonTrainer& t) {
-        py::gil_scoped_release release;
-        runtime_call([&] { t.trainer->train(); });
-      })
-      .def("evaluate", [](PythonTrainer& t) {
-        py::gil_scoped_release release;
-        return runtime_call([&] { return t.trainer->evaluate(); });
-      })
-      .def("save_checkpoint", [](PythonTrainer& t) {
-        py::gil_scoped_release release;
-        return runtime_call([&] { return t.trainer->save_checkpoint().string(); });
-      })
-      .def_property_readonly("state", [](const PythonTrainer& t) { return python_of(t.trainer->state().to_json()); })
+           py::arg("args"), py::arg("model"), py::arg("train_dataset"),
+           py::arg("eval_dataset") = py::none())
+      .def(
+          "add_callback",
+          [](PythonTrainer& t, py::object cb) {
+            t.trainer->add_callback(std::make_shared<PythonCallback>(std::move(cb)));
+          },
+          py::arg("callback"))
+      .def("train",
+           [](PythonTrainer& t) {
+             py::gil_scoped_release release;
+             runtime_call([&] { t.trainer->train(); });
+           })
+      .def("evaluate",
+           [](PythonTrainer& t) {
+             py::gil_scoped_release release;
+             return runtime_call([&] { return t.trainer->evaluate(); });
+           })
+      .def("save_checkpoint",
+           [](PythonTrainer& t) {
+             py::gil_scoped_release release;
+             return runtime_call([&] { return t.trainer->save_checkpoint().string(); });
+           })
+      .def_property_readonly(
+          "state", [](const PythonTrainer& t) { return python_of(t.trainer->state().to_json()); })
       .def_property_readonly("args", [](const PythonTrainer& t) { return t.trainer->args(); })
       .def_property_readonly("model", [](const PythonTrainer& t) { return t.model; });
 }
