@@ -19,6 +19,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 N=${1:?usage: bench_scaling.sh N [BUILD_DIR]}
+if ! [[ $N =~ ^[0-9]+$ ]] || ((N < 2)); then
+  echo "bench_scaling.sh: N must be a number of GPUs >= 2, got '$N'" >&2
+  exit 2
+fi
 BUILD=${2:-build-gpu}
 OUT=${OUT:-$PWD/bench_scaling_out}
 mkdir -p "$OUT"

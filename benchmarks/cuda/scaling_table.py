@@ -156,7 +156,8 @@ def collectives_section(out_dir, worlds):
     data = {(engine, w): collective_rows(os.path.join(out_dir, f"coll_{engine}_w{w}.log"))
             for engine in ("tessera", "torch") for w in multi}
     if not any(data.values()):
-        return ["### Collectives: no results", ""]
+        ran = any(os.path.exists(os.path.join(out_dir, f"coll_tessera_w{w}.log")) for w in multi)
+        return ["### Collectives: no results", ""] if ran else []
     lines = []
     for op, title in (("all_reduce", "all-reduce"), ("reduce_scatter", "reduce-scatter")):
         sizes = sorted({b for rows in data.values() for (o, b) in rows if o == op})
