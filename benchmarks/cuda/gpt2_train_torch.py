@@ -56,8 +56,9 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.view(-1))
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def common_arguments(description):
+    """The flags every training-step reference takes (the model's shape flags come on top)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
@@ -69,7 +70,13 @@ def main():
     ap.add_argument("--vocab", type=int, default=50304)
     ap.add_argument("--profile", action="store_true",
                     help="also print torch.profiler's CUDA time per kernel for one step (to stderr)")
-    args = ap.parse_args()
+    return ap
+
+
+def benchmark(make_model, args):
+    """Times args.steps training steps of make_model() (called on the right device) after
+    args.warmup, bf16 autocast, fused AdamW (decay on rank >= 2), clipping at 1.0; prints the
+    JSON line (rank 0)."""
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -79,7 +86,7 @@ def main():
         torch.cuda.set_device(local_rank)
         torch.distributed.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
     dev = "cuda"
-    model = GPT(args.vocab, args.seq, args.layers, args.heads, args.channels).to(dev)
+    model = make_model().to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
@@ -123,6 +130,11 @@ def main():
                           "torch": torch.__version__}))
     if world > 1:
         torch.distributed.destroy_process_group()
+
+
+def main():
+    args = common_arguments("GPT-2 training step (PyTorch reference of bench_gpt2_train)").parse_args()
+    benchmark(lambda: GPT(args.vocab, args.seq, args.layers, args.heads, args.channels), args)
 
 
 if __name__ == "__main__":
