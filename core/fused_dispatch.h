@@ -46,6 +46,12 @@ struct FusedKernelTable {
   void (*classifier)(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                      double dloss_scale, const Tensor& row_losses) = nullptr;
 
+  // ---- SwiGLU: out = silu(gate) * up and its backward (dgate, dup), one pass each; all
+  // operands contiguous, one shape and floating dtype.
+  void (*swiglu_forward)(const Tensor& gate, const Tensor& up, const Tensor& out) = nullptr;
+  void (*swiglu_backward)(const Tensor& dout, const Tensor& gate, const Tensor& up,
+                          const Tensor& dgate, const Tensor& dup) = nullptr;
+
   // ---- causal attention on [B, H, T, D] heads, O(T) memory; lse [B, H, T] f32. Two
   // implementations with one contract: the hand-written flash kernels and cuDNN's.
   void (*flash_attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v, double scale,

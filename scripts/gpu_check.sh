@@ -34,7 +34,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
   -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
   > "$OUT/configure.log" 2>&1
-targets=(test_cuda test_nn test_autograd test_cli tessera_cli bench_cuda_kernels bench_gpt2_train)
+targets=(test_cuda test_nn test_autograd test_cli tessera_cli bench_cuda_kernels bench_gpt2_train bench_llama_train)
 [[ $MODE == ladders ]] && targets=(tessera_ladders)
 if ! cmake --build build-gpu -j "$JOBS" --target "${targets[@]}" > "$OUT/build.log" 2>&1; then
   grep -E "error|FAILED" "$OUT/build.log" | head -40
@@ -84,6 +84,8 @@ fi
 if [[ $MODE == e2e || $MODE == all || $MODE == quick ]]; then
   timeout "${E2E_S:-300}" ./build-gpu/benchmarks/bench_gpt2_train --profile > "$OUT/e2e.log" 2>&1
   summary+=("bench_gpt2_train: rc=$?")
+  timeout "${E2E_S:-300}" ./build-gpu/benchmarks/bench_llama_train > "$OUT/e2e_llama.log" 2>&1
+  summary+=("bench_llama_train: rc=$?")
 fi
 
 if [[ $MODE == ladders ]]; then
@@ -105,6 +107,7 @@ printf '%s\n' "${summary[@]}"
 [[ -f $OUT/e2e.log ]] && grep -vE "^GPT-2 training" "$OUT/e2e.log" | cut -c1-160
 [[ -f $OUT/ladders.log ]] && grep -E "^ceilings|^\||MISMATCH|FAILED|unwritten|every rung|do not match" \
   "$OUT/ladders.log" | cut -c1-200
+[[ -f $OUT/e2e_llama.log ]] && grep -vE "^Llama training" "$OUT/e2e_llama.log" | cut -c1-160
 if [[ -f $OUT/bench.log ]]; then
   grep -E "ceilings|^BM_|^Benchmark" "$OUT/bench.log" | cut -c1-200
 fi

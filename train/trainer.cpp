@@ -66,7 +66,7 @@ void write_trainer_state(const fs::path& path, const TrainerState& state) {
 
 }  // namespace
 
-Trainer::Trainer(TrainingArguments args, nn::GPT& model, data::TokenFile train_data,
+Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile train_data,
                  std::optional<data::TokenFile> eval_data, ComputeMetrics compute_metrics,
                  std::map<std::string, std::string> extra_files)
     : args_(std::move(args)),
@@ -255,7 +255,7 @@ fs::path Trainer::save_checkpoint() {
   if (acc_->is_main_process()) {
     if (state_.best_step == state_.global_step) state_.best_model_checkpoint = name;
     handler_.save_states(state_);
-    nn::save_gpt_config(model_.config(), (partial / "config.json").string());
+    model_.save_config((partial / "config.json").string());
     for (const auto& [file, contents] : extra_files_)
       data::write_file_atomically(partial / file, contents);
     data::write_file_atomically(partial / kTrainingArgsFile, args_.to_json().dump(2));

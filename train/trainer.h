@@ -1,4 +1,4 @@
-// Trainer: the training loop of a GPT on token files, shaped like Hugging Face's Trainer
+// Trainer: the training loop of a language model (nn::CausalLM: GPT, Llama) on token files, shaped like Hugging Face's Trainer
 // and built on dist::Accelerator, so one process and N processes (under `tessera launch`,
 // mpirun or SLURM) run the same code: the Accelerator prepares the model (DDP), the
 // optimizer, the LR schedule and the loader (this rank's share of every step), applies the
@@ -21,7 +21,7 @@
 #include "tessera/data/dataloader.h"
 #include "tessera/data/token_file.h"
 #include "tessera/dist/accelerator.h"
-#include "tessera/nn/gpt.h"
+#include "tessera/nn/causal_lm.h"
 #include "tessera/optim/optim.h"
 #include "tessera/train/callbacks.h"
 #include "tessera/train/evaluate.h"
@@ -33,7 +33,7 @@ class Trainer {
  public:
   // The model is moved to the run's device. `extra_files` (name -> contents, e.g.
   // tokenizer.json) are copied into every checkpoint. args must have passed validate().
-  Trainer(TrainingArguments args, nn::GPT& model, data::TokenFile train_data,
+  Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile train_data,
           std::optional<data::TokenFile> eval_data = std::nullopt,
           ComputeMetrics compute_metrics = language_model_metrics,
           std::map<std::string, std::string> extra_files = {});
@@ -55,7 +55,7 @@ class Trainer {
   const TrainingArguments& args() const { return args_; }
   const TrainerState& state() const { return state_; }
   dist::Accelerator& accelerator() { return *acc_; }
-  nn::GPT& model() { return model_; }
+  nn::CausalLM& model() { return model_; }
   Device device() const { return device_; }
   int64_t tokens_per_step() const;
 
@@ -70,7 +70,7 @@ class Trainer {
   void load_best_model();
 
   TrainingArguments args_;
-  nn::GPT& model_;
+  nn::CausalLM& model_;
   std::unique_ptr<dist::Accelerator> acc_;
   Device device_ = Device::cpu();
   data::TokenFile train_data_;

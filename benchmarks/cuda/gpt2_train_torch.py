@@ -78,8 +78,9 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.view(-1))
 
 
-def parse_args():
-    ap = argparse.ArgumentParser()
+def common_arguments(description):
+    """The flags every training-step reference takes (a model's own shape flags come on top)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
     ap.add_argument("--strategies", default="ddp",
                     help="comma-separated, run in turn when WORLD_SIZE > 1: ddp, zero, fsdp")
@@ -94,12 +95,15 @@ def parse_args():
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--profile", action="store_true",
                     help="also print torch.profiler's CUDA time per kernel for one step (to stderr)")
-    args = ap.parse_args()
-    args.strategies = [s for s in args.strategies.split(",") if s]
-    for s in args.strategies:
+    return ap
+
+
+def strategies_of(args):
+    names = [s for s in args.strategies.split(",") if s]
+    for s in names:
         if s not in ("ddp", "zero", "fsdp"):
-            ap.error(f"--strategies: unknown strategy '{s}' (ddp, zero, fsdp)")
-    return args
+            raise SystemExit(f"--strategies: unknown strategy '{s}' (ddp, zero, fsdp)")
+    return names
 
 
 def adamw(params, fused):
@@ -140,10 +144,10 @@ def shard_fully(model, dev):
     return wrapped, lambda: wrapped.clip_grad_norm_(1.0)
 
 
-def build(args, strategy, world, dev):
+def build(make_model, args, strategy, world, dev):
     """(module to call, optimizer, clip function) of one strategy on a fresh model."""
     torch.manual_seed(0)
-    model = GPT(args.vocab, args.seq, args.layers, args.heads, args.channels).to(dev)
+    model = make_model().to(dev)
     fused = dev.type == "cuda"
     clip = lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     run = model
@@ -166,8 +170,8 @@ def build(args, strategy, world, dev):
     return run, opt, clip
 
 
-def measure(args, strategy, world, rank, dev):
-    run, opt, clip = build(args, strategy, world, dev)
+def measure(make_model, args, strategy, world, rank, dev):
+    run, opt, clip = build(make_model, args, strategy, world, dev)
     idx = torch.randint(0, args.vocab, (args.batch, args.seq), device=dev)
     targets = torch.randint(0, args.vocab, (args.batch, args.seq), device=dev)
     cuda = dev.type == "cuda"
@@ -210,8 +214,11 @@ def measure(args, strategy, world, rank, dev):
                           "loss": loss.item(), "torch": torch.__version__}), flush=True)
 
 
-def main():
-    args = parse_args()
+def benchmark(make_model, args):
+    """Times args.steps training steps of make_model() after args.warmup under each of
+    --strategies (with WORLD_SIZE > 1), bf16 autocast, AdamW (decay on rank >= 2), clipping at
+    1.0; rank 0 prints one JSON line per strategy. Returns the exit status."""
+    strategies = strategies_of(args)
     torch.backends.cuda.matmul.allow_tf32 = True
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -225,9 +232,9 @@ def main():
         else:
             torch.distributed.init_process_group("gloo")
     failed = 0
-    for strategy in args.strategies if world > 1 else ["ddp"]:
+    for strategy in strategies if world > 1 else ["ddp"]:
         try:
-            measure(args, strategy, world, rank, dev)
+            measure(make_model, args, strategy, world, rank, dev)
         except Exception as e:  # every rank fails alike (e.g. an API this version lacks): go on
             failed += 1
             print(json.dumps({"mode": args.mode, "strategy": strategy, "world": world,
@@ -239,6 +246,11 @@ def main():
     if world > 1:
         torch.distributed.destroy_process_group()
     return 1 if failed else 0
+
+
+def main():
+    args = common_arguments("GPT-2 training step (PyTorch reference of bench_gpt2_train)").parse_args()
+    return benchmark(lambda: GPT(args.vocab, args.seq, args.layers, args.heads, args.channels), args)
 
 
 if __name__ == "__main__":

@@ -45,9 +45,18 @@ Tensor global_grad_norm(const std::vector<Tensor>& grads);
 // launch for all (gradient clipping). Contiguous floating tensors on one CUDA device.
 void multi_tensor_scale_(const std::vector<Tensor>& tensors, double factor);
 
+// ---- SwiGLU (kernels/cuda/swiglu.cu): out = silu(gate) * up, and its backward
+// dgate = dout * up * silu'(gate), dup = dout * silu(gate), each one pass. All operands
+// contiguous floating tensors of one shape and dtype on one CUDA device.
+void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out);
+void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
+                     const Tensor& dup);
+
 // ---- causal attention, flash-attention style (O(T) memory) ----
-// q, k, v, out (and dout, dq, dk, dv of the backward): [B, H, T, D] bf16 or f16 of one
-// shape and dtype, D = 64 or 128, as VIEWS: any strides with the head dim contiguous and
+// q, out (and dout, dq of the backward): [B, H, T, D]; k, v (and dk, dv): [B, Hkv, T, D]
+// with Hkv dividing H (grouped-query attention: query head h reads key/value head
+// h / (H / Hkv), and dk, dv are summed over each group; Hkv = H is plain attention); bf16
+// or f16 of one dtype, D = 64 or 128, as VIEWS: any strides with the head dim contiguous and
 // every row starting on a 16-byte boundary (data 16-byte aligned, other strides multiples
 // of 8 elements). So q, k, v can be the heads of a fused [B, T, 3C] projection, out the heads
 // of a [B, T, C] output and dq | dk | dv the heads of one [B, T, 3C] gradient: no layout

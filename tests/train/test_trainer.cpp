@@ -7,6 +7,7 @@
 
 #include "tessera/core/safetensors.h"
 #include "tessera/data/token_file.h"
+#include "tessera/nn/gpt.h"
 #include "tessera/train/checkpoint_files.h"
 #include "tessera/train/trainer.h"
 
