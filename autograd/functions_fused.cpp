@@ -4,6 +4,7 @@
 // SwiGLU runs one kernel forward and one backward where the device has them.
 #include "tessera/autograd/functions.h"
 #include "tessera/core/fused_dispatch.h"
+#include "tessera/core/graph_capture.h"
 
 namespace tessera {
 
@@ -32,23 +33,33 @@ Tensor fused_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t 
   const Tensor flat_targets = raw::contiguous(raw::reshape(targets, {rows}));
   const TensorOptions f32{.dtype = DType::f32, .device = logits.device()};
 
-  double dloss_scale = 1.0;
-  if (reduction == Reduction::Mean) {
-    // The mean is over counted rows; their number scales the gradient, so it is read on
-    // the host (the kernel synchronises anyway to report a bad target).
-    const Tensor counted = ops::sum(ops::binary(BinaryOp::Ne, flat_targets, double(ignore_index)));
-    dloss_scale = 1.0 / static_cast<double>(counted.item());
-  }
   // f16 would flush (softmax - onehot) / N to zero for large N: its kernel writes the
-  // unscaled gradient and the backward applies 1/N together with the incoming (loss-scaled)
-  // gradient. bf16 and f32 have the range to take the scale in the kernel.
-  const double kernel_scale = logits.dtype() == DType::f16 ? 1.0 : dloss_scale;
-  const double backward_scale = dloss_scale / kernel_scale;
+  // unscaled gradient and the backward applies 1/N (read on the host) together with the
+  // incoming (loss-scaled) gradient. bf16 and f32 have the range to take the scale in the
+  // kernel, which reads it from device memory: no host read of the row count, so the step
+  // needs no synchronisation here and a CUDA graph can record it (core/graph_capture.h).
+  const bool scale_in_kernel = logits.dtype() != DType::f16;
+  double dloss_scale = 1.0;
+  Tensor device_scale;  // 1 / counted rows, f32 on the device (the kernel's scale)
+  if (reduction == Reduction::Mean) {
+    const Tensor counted = ops::sum(ops::binary(BinaryOp::Ne, flat_targets, double(ignore_index)));
+    if (scale_in_kernel) {
+      // 1 / count in f64 rounded to f32: the value the host computed before, bit for bit.
+      const TensorOptions f64{.dtype = DType::f64, .device = logits.device()};
+      device_scale = raw::to(ops::binary(BinaryOp::Div, full({}, 1.0, f64),
+                                         raw::to(counted, logits.device(), DType::f64)),
+                             logits.device(), DType::f32);
+    } else {
+      dloss_scale = 1.0 / static_cast<double>(counted.item());
+    }
+  }
+  const double backward_scale = scale_in_kernel ? 1.0 : dloss_scale;
   Tensor row_losses = empty({rows}, f32);
-  fused_classifier(work, flat_targets, ignore_index, kernel_scale, row_losses);
+  fused_classifier(work, flat_targets, ignore_index, /*dloss_scale=*/1.0, row_losses, device_scale);
   Tensor loss = reduction == Reduction::None ? raw::reshape(row_losses, row_shape)
                 : reduction == Reduction::Sum ? ops::sum(row_losses)
-                                               : ops::mul(ops::sum(row_losses), dloss_scale);
+                : device_scale.defined()      ? ops::mul(ops::sum(row_losses), device_scale)
+                                              : ops::mul(ops::sum(row_losses), dloss_scale);
   const Shape logits_shape = logits.shape();
   autograd::record("FusedCrossEntropyBackward", {logits, targets}, {loss},
                    [dlogits = raw::reshape(work, logits_shape), reduction, backward_scale](const autograd::BackwardArgs& a) {
@@ -56,6 +67,13 @@ Tensor fused_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t 
                        // Each row's (softmax - onehot) times that row's incoming gradient.
                        const Tensor g = raw::to(a.grad(), dlogits.device(), dlogits.dtype());
                        return std::vector<Tensor>{ops::mul(dlogits, raw::unsqueeze(g, g.dim())), Tensor()};
+                     }
+                     if (graph_capture_underway()) {
+                       // The incoming gradient stays on the device; rounded to the logits'
+                       // dtype first, as the host path's scalar is, so both give equal bits.
+                       Tensor scale = raw::to(a.grad(), dlogits.device(), dlogits.dtype());
+                       if (backward_scale != 1.0) scale = ops::mul(scale, backward_scale);
+                       return std::vector<Tensor>{ops::mul(dlogits, scale), Tensor()};
                      }
                      // One scalar scales every row; reading it costs one sync, cheaper than
                      // a pass over [N, V] when it is 1 (the usual loss.backward()).

@@ -132,7 +132,21 @@ class Accelerator {
   bool optimizer_step_was_skipped() const { return step_skipped_; }
   // Global-norm clipping on syncing steps (returns the norm before clipping); 0 otherwise.
   double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+  // clip_grad_norm_ decided on the device (optim::clip_grad_norm_on_device_): the norm stays
+  // a 0-d f32 tensor there, so a CUDA graph can record the step; max_norm <= 0 only
+  // measures. Undefined on steps that do not sync. One process, DDP only (see
+  // graph_capture_blocker).
+  Tensor clip_grad_norm_on_device_(const std::vector<Tensor>& params, double max_norm);
   int gradient_accumulation_steps() const { return options_.gradient_accumulation_steps; }
+
+  // ---- whole steps as CUDA graphs (train/step_graph.h) ----
+  // Why an optimizer step of this Accelerator cannot be recorded in a CUDA graph (several
+  // processes, ZeRO, fp16 loss scaling, no GPU), or "" when it can.
+  std::string graph_capture_blocker() const;
+  // The micro-step counter: kept before a capture, restored when it fails, and advanced by
+  // gradient_accumulation_steps for each replay (the host side of the recorded accumulate()s).
+  int64_t micro_step() const { return micro_step_; }
+  void set_micro_step(int64_t micro_step) { micro_step_ = micro_step; }
   const std::string& mixed_precision() const { return mixed_precision_; }
 
   // ---- processes ----

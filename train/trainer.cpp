@@ -138,6 +138,10 @@ Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile tr
                                            .seed = static_cast<uint64_t>(args_.seed),
                                            .device = device_});
   acc_->prepare(model_, *optimizer_, *schedule_, *loader_);
+  if (device_.is_cuda() && StepGraphRunner::enabled_by_environment())
+    graphs_ = std::make_unique<StepGraphRunner>(
+        *acc_, *optimizer_, [this](const std::vector<data::Batch>& b) { return device_step(b); },
+        StepGraphRunner::Options{});
   handler_.add(std::make_shared<DefaultFlowCallback>());
 }
 
@@ -173,6 +177,7 @@ void Trainer::train() {
 }
 
 Trainer::StepResult Trainer::training_step() {
+  if (graphs_) return graphed_training_step();
   const auto t0 = std::chrono::steady_clock::now();
   // The micro-steps' losses are summed on the device (in f64, as the host would), so a step
   // waits for the device once, for the reduced loss, not once per micro-step as well.
@@ -197,6 +202,46 @@ Trainer::StepResult Trainer::training_step() {
   optimizer_->step();  // skipped by the Accelerator when an fp16 gradient overflowed
   schedule_->step();
   optimizer_->zero_grad();
+  return {loss, lr, norm,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+// The device work of one step with no host read of device values, so that it can be
+// recorded in a CUDA graph; its results equal training_step's bit for bit (the loss summed
+// in f64 as there, the clipping decided on the device by the same rule).
+StepOutputs Trainer::device_step(const std::vector<data::Batch>& micro_batches) {
+  Tensor loss_sum;
+  for (const data::Batch& batch : micro_batches) {
+    const dist::AccumulateScope scope = acc_->accumulate(model_);
+    const Tensor loss = model_.loss(batch.x, batch.y);
+    acc_->backward(loss);
+    const Tensor loss64 = raw::to(loss.detach(), device_, DType::f64);
+    loss_sum = loss_sum.defined() ? ops::add(loss_sum, loss64) : loss64;
+  }
+  StepOutputs out;
+  out.loss = ops::binary(BinaryOp::Div, loss_sum, static_cast<double>(micro_batches.size()));
+  out.grad_norm = acc_->clip_grad_norm_on_device_(model_.parameters(), args_.max_grad_norm);
+  optimizer_->step();
+  optimizer_->zero_grad();
+  return out;
+}
+
+Trainer::StepResult Trainer::graphed_training_step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<data::Batch> micro_batches;
+  for (int64_t micro = 0; micro < args_.gradient_accumulation_steps; ++micro)
+    micro_batches.push_back(loader_->next());
+  const double lr = optimizer_->lr();
+  const StepOutputs out = graphs_->run(micro_batches);
+  const double loss = out.loss.item();
+  const double norm = out.grad_norm.defined() ? out.grad_norm.item() : 0.0;
+  schedule_->step();
+  if (graphs_->status() != graphs_status_ && acc_->is_main_process()) {
+    graphs_status_ = graphs_->status();
+    if (graphs_status_.rfind("eager: warming", 0) != 0)
+      std::printf("cuda graphs: %s (step %lld)\n", graphs_status_.c_str(),
+                  static_cast<long long>(state_.global_step + 1));
+  }
   return {loss, lr, norm,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
 }

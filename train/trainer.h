@@ -25,6 +25,7 @@
 #include "tessera/optim/optim.h"
 #include "tessera/train/callbacks.h"
 #include "tessera/train/evaluate.h"
+#include "tessera/train/step_graph.h"
 #include "tessera/train/training_args.h"
 
 namespace tessera::train {
@@ -58,6 +59,8 @@ class Trainer {
   nn::CausalLM& model() { return model_; }
   Device device() const { return device_; }
   int64_t tokens_per_step() const;
+  // The CUDA-graph runner of the steps (null when graphs are off: TESSERA_CUDA_GRAPHS).
+  const StepGraphRunner* step_graphs() const { return graphs_.get(); }
 
  private:
   struct StepResult {
@@ -65,6 +68,10 @@ class Trainer {
   };
   void resume_from(const std::filesystem::path& checkpoint);
   StepResult training_step();
+  // With CUDA graphs (TESSERA_CUDA_GRAPHS=1 on a GPU): the step through graphs_, whose
+  // device work is device_step's.
+  StepResult graphed_training_step();
+  StepOutputs device_step(const std::vector<data::Batch>& micro_batches);
   void log_step(const StepResult& step);
   void evaluate_and_track_best();
   void load_best_model();
@@ -80,6 +87,8 @@ class Trainer {
   std::unique_ptr<optim::AdamW> optimizer_;
   std::unique_ptr<optim::LRSchedule> schedule_;
   std::unique_ptr<data::DataLoader> loader_;
+  std::unique_ptr<StepGraphRunner> graphs_;  // null unless CUDA graphs are on
+  std::string graphs_status_;                // the last status printed
   std::optional<TrainerState> resumed_;  // read before the schedule is built
   TrainerState state_;
   TrainerControl control_;
