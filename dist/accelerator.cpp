@@ -229,18 +229,25 @@ double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double ma
 
 Tensor Accelerator::clip_grad_norm_on_device_(const std::vector<Tensor>& params, double max_norm) {
   if (!sync_gradients_ || step_skipped_) return Tensor();
-  const std::string blocker = graph_capture_blocker();
+  const std::string blocker = device_clipping_blocker();
   TESSERA_CHECK(blocker.empty(), "Accelerator::clip_grad_norm_on_device_: ", blocker);
+  // After the sync every process's gradients are the full averaged ones (DDP), so the
+  // local norm is the global one.
   return optim::clip_grad_norm_on_device_(params, max_norm);
 }
 
-std::string Accelerator::graph_capture_blocker() const {
+std::string Accelerator::device_clipping_blocker() const {
   if (!device_.is_cuda()) return "the run is not on a CUDA device";
+  if (zero_stage_ > 0) return "ZeRO shards the gradients (their norm is summed over ranks)";
+  if (scaler_.enabled()) return "fp16 loss scaling checks gradients on the host";
+  return "";
+}
+
+std::string Accelerator::graph_capture_blocker() const {
   if (num_processes() > 1)
     return "several processes (the collectives of DDP/ZeRO are not recorded in graphs yet)";
   if (zero_stage_ > 0) return "ZeRO shards the optimizer step";
-  if (scaler_.enabled()) return "fp16 loss scaling checks gradients on the host";
-  return "";
+  return device_clipping_blocker();
 }
 
 void Accelerator::wait_for_everyone() { world().barrier()->wait(); }

@@ -133,10 +133,13 @@ class Accelerator {
   // Global-norm clipping on syncing steps (returns the norm before clipping); 0 otherwise.
   double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
   // clip_grad_norm_ decided on the device (optim::clip_grad_norm_on_device_): the norm stays
-  // a 0-d f32 tensor there, so a CUDA graph can record the step; max_norm <= 0 only
-  // measures. Undefined on steps that do not sync. One process, DDP only (see
-  // graph_capture_blocker).
+  // a 0-d f32 tensor there, so the host need not wait for it (and a CUDA graph can record
+  // the step); max_norm <= 0 only measures. Undefined on steps that do not sync. DDP on a
+  // GPU without fp16 loss scaling only (see device_clipping_blocker).
   Tensor clip_grad_norm_on_device_(const std::vector<Tensor>& params, double max_norm);
+  // Why clip_grad_norm_on_device_ cannot serve this Accelerator (no GPU, ZeRO's sharded
+  // gradients, fp16 loss scaling), or "" when it can.
+  std::string device_clipping_blocker() const;
   int gradient_accumulation_steps() const { return options_.gradient_accumulation_steps; }
 
   // ---- whole steps as CUDA graphs (train/step_graph.h) ----

@@ -156,31 +156,67 @@ void Trainer::train() {
   if (resumed_) resume_from(args_.resume_from_checkpoint);
   model_.train();
   control_ = {};
+  loss_since_log_ = Tensor();
+  pending_log_.reset();
+  last_log_time_ = std::chrono::steady_clock::now();
+  last_log_step_ = state_.global_step;
   handler_.call(&TrainerCallback::on_train_begin, args_, state_, control_);
   while (state_.global_step < state_.max_steps && !control_.should_stop) {
     const StepResult step = training_step();
+    // The previous step's log entry: its values are on the device and this step is queued
+    // behind them, so reading them now costs the GPU no idle time.
+    flush_pending_log();
     ++state_.global_step;
     state_.epoch =
         static_cast<double>(state_.global_step) / static_cast<double>(state_.steps_per_epoch);
-    state_.loss_since_log += step.loss;
+    add_step_loss(step.loss);
     ++state_.steps_since_log;
     handler_.call(&TrainerCallback::on_step_end, args_, state_, control_);
-    if (control_.should_log) log_step(step);
-    TESSERA_CHECK(std::isfinite(step.loss), "tessera train: loss became ", step.loss, " at step ",
-                  state_.global_step, " (try a lower --lr or --grad-clip)");
+    if (control_.should_log) {
+      pending_log_ = PendingLog{loss_since_log_, state_.steps_since_log, step.grad_norm, step.lr};
+      loss_since_log_ = Tensor();
+      state_.loss_since_log = 0;
+      state_.steps_since_log = 0;
+    }
+    const bool last = state_.global_step >= state_.max_steps || control_.should_stop;
+    if (control_.should_evaluate || control_.should_save || last) flush_pending_log();
     if (control_.should_evaluate) evaluate_and_track_best();
     if (control_.should_save) save_checkpoint();
     control_.should_log = control_.should_evaluate = control_.should_save = false;
   }
+  flush_pending_log();
+  read_loss_since_log();
   if (args_.load_best_model_at_end) load_best_model();
   handler_.call(&TrainerCallback::on_train_end, args_, state_, control_);
 }
 
+void Trainer::add_step_loss(const Tensor& loss) {
+  // Summed in f64 in the order the steps ran, from the value a resumed run saved: the same
+  // sums as a host accumulator would give.
+  if (!loss_since_log_.defined())
+    loss_since_log_ = full({1}, state_.loss_since_log, {.dtype = DType::f64, .device = device_});
+  loss_since_log_ = ops::add(loss_since_log_, loss);
+}
+
+void Trainer::read_loss_since_log() {
+  if (!loss_since_log_.defined()) return;
+  state_.loss_since_log = loss_since_log_.item();
+  TESSERA_CHECK(std::isfinite(state_.loss_since_log), "tessera train: the loss became ",
+                state_.loss_since_log, " in the ", state_.steps_since_log, " steps up to step ",
+                state_.global_step, " (try a lower --lr or --grad-clip)");
+}
+
+void Trainer::flush_pending_log() {
+  if (!pending_log_) return;
+  const PendingLog step = std::move(*pending_log_);
+  pending_log_.reset();
+  log_step(step);
+}
+
 Trainer::StepResult Trainer::training_step() {
   if (graphs_) return graphed_training_step();
-  const auto t0 = std::chrono::steady_clock::now();
-  // The micro-steps' losses are summed on the device (in f64, as the host would), so a step
-  // waits for the device once, for the reduced loss, not once per micro-step as well.
+  // The micro-steps' losses are summed on the device (in f64, as the host would); nothing
+  // here waits for the device.
   Tensor loss_sum;
   for (int64_t micro = 0; micro < args_.gradient_accumulation_steps; ++micro) {
     // Gradients are averaged over the processes on the last micro-step only.
@@ -191,19 +227,25 @@ Trainer::StepResult Trainer::training_step() {
     const Tensor loss64 = raw::to(loss.detach(), device_, DType::f64);
     loss_sum = micro == 0 ? loss64 : ops::add(loss_sum, loss64);
   }
+  StepResult result;
   // The step's loss is the mean over all its target tokens, over every process's rows.
   const Tensor local = ops::binary(BinaryOp::Div, loss_sum,
                                    static_cast<double>(args_.gradient_accumulation_steps));
-  const double loss = acc_->reduce(raw::reshape(local, {1}), "mean").item();
+  result.loss = acc_->reduce(raw::reshape(local, {1}), "mean");
   const std::vector<Tensor> params = model_.parameters();
-  const double norm = args_.max_grad_norm > 0 ? acc_->clip_grad_norm_(params, args_.max_grad_norm)
-                                              : optim::grad_norm(params);
-  const double lr = optimizer_->lr();
+  if (acc_->device_clipping_blocker().empty()) {
+    result.grad_norm = acc_->clip_grad_norm_on_device_(params, args_.max_grad_norm);
+  } else {
+    const double norm = args_.max_grad_norm > 0
+                            ? acc_->clip_grad_norm_(params, args_.max_grad_norm)
+                            : optim::grad_norm(params);
+    result.grad_norm = full({1}, norm, {.dtype = DType::f64});
+  }
+  result.lr = optimizer_->lr();
   optimizer_->step();  // skipped by the Accelerator when an fp16 gradient overflowed
   schedule_->step();
   optimizer_->zero_grad();
-  return {loss, lr, norm,
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+  return result;
 }
 
 // The device work of one step with no host read of device values, so that it can be
@@ -227,14 +269,15 @@ StepOutputs Trainer::device_step(const std::vector<data::Batch>& micro_batches) 
 }
 
 Trainer::StepResult Trainer::graphed_training_step() {
-  const auto t0 = std::chrono::steady_clock::now();
   std::vector<data::Batch> micro_batches;
   for (int64_t micro = 0; micro < args_.gradient_accumulation_steps; ++micro)
     micro_batches.push_back(loader_->next());
-  const double lr = optimizer_->lr();
+  StepResult result;
+  result.lr = optimizer_->lr();
   const StepOutputs out = graphs_->run(micro_batches);
-  const double loss = out.loss.item();
-  const double norm = out.grad_norm.defined() ? out.grad_norm.item() : 0.0;
+  // A replay overwrites the graph's outputs: keep copies until they are read.
+  result.loss = raw::clone(raw::reshape(out.loss, {1}));
+  if (out.grad_norm.defined()) result.grad_norm = raw::clone(out.grad_norm);
   schedule_->step();
   if (graphs_->status() != graphs_status_ && acc_->is_main_process()) {
     graphs_status_ = graphs_->status();
@@ -242,27 +285,33 @@ Trainer::StepResult Trainer::graphed_training_step() {
       std::printf("cuda graphs: %s (step %lld)\n", graphs_status_.c_str(),
                   static_cast<long long>(state_.global_step + 1));
   }
-  return {loss, lr, norm,
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+  return result;
 }
 
-void Trainer::log_step(const StepResult& step) {
+void Trainer::log_step(const PendingLog& step) {
   const double loss =
-      state_.loss_since_log / static_cast<double>(std::max<int64_t>(1, state_.steps_since_log));
+      step.loss_sum.item() / static_cast<double>(std::max<int64_t>(1, step.steps));
+  const double grad_norm = step.grad_norm.defined() ? step.grad_norm.item() : 0.0;
   auto number = [](double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); };
   Json entry = {{"step", state_.global_step},
                 {"loss", number(loss)},
                 {"lr", step.lr},
-                {"grad_norm", number(step.grad_norm)}};
+                {"grad_norm", number(grad_norm)}};
   state_.log_history.push_back(entry);  // no wall-clock figures: resumed histories match
-  entry["ms"] = step.seconds * 1e3;
-  entry["tokens_per_s"] = static_cast<double>(tokens_per_step()) / step.seconds;
+  // Wall clock per step since the previous log (the loss read above waited for this step).
+  const auto now = std::chrono::steady_clock::now();
+  const double seconds = std::chrono::duration<double>(now - last_log_time_).count() /
+                         static_cast<double>(std::max<int64_t>(1, state_.global_step - last_log_step_));
+  last_log_time_ = now;
+  last_log_step_ = state_.global_step;
+  entry["ms"] = seconds * 1e3;
+  entry["tokens_per_s"] = static_cast<double>(tokens_per_step()) / seconds;
   // On a GPU, what the caching allocator holds (benchmarks/soak.sh checks it stays flat).
   if (const auto memory = device_memory_stats(device_))
     entry["reserved_bytes"] = memory->reserved_bytes;
-  state_.loss_since_log = 0;
-  state_.steps_since_log = 0;
   handler_.call(&TrainerCallback::on_log, args_, state_, control_, entry);
+  TESSERA_CHECK(std::isfinite(loss), "tessera train: loss became ", loss, " at step ",
+                state_.global_step, " (try a lower --lr or --grad-clip)");
 }
 
 Metrics Trainer::evaluate() {
@@ -291,6 +340,7 @@ void Trainer::evaluate_and_track_best() {
 }
 
 fs::path Trainer::save_checkpoint() {
+  read_loss_since_log();  // trainer_state.json carries it (and a non-finite one stops here)
   const fs::path out(args_.output_dir);
   const std::string name = checkpoint_name(state_.global_step);
   const fs::path final_dir = out / name, partial = out / (name + ".partial");

@@ -13,6 +13,7 @@
 // callbacks through TrainerControl (see callbacks.h). Checkpoints: checkpoint_files.h.
 #pragma once
 #include <filesystem>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
@@ -63,8 +64,19 @@ class Trainer {
   const StepGraphRunner* step_graphs() const { return graphs_.get(); }
 
  private:
+  // A step's results stay on the device: the host reads them only when it logs, evaluates or
+  // saves, so it can queue the next step while the GPU still runs this one.
   struct StepResult {
-    double loss, lr, grad_norm, seconds;
+    Tensor loss;       // [1] f64: the mean over every process's rows of the step
+    Tensor grad_norm;  // the norm before clipping (undefined when nothing was measured)
+    double lr = 0;
+  };
+  // A step to log, read once the next step has been queued (or before evaluating or saving).
+  struct PendingLog {
+    Tensor loss_sum;  // f64 sum of the losses of `steps` steps
+    int64_t steps = 0;
+    Tensor grad_norm;
+    double lr = 0;
   };
   void resume_from(const std::filesystem::path& checkpoint);
   StepResult training_step();
@@ -72,7 +84,12 @@ class Trainer {
   // device work is device_step's.
   StepResult graphed_training_step();
   StepOutputs device_step(const std::vector<data::Batch>& micro_batches);
-  void log_step(const StepResult& step);
+  void add_step_loss(const Tensor& loss);
+  // The device sum of the losses since the last log, folded into state_.loss_since_log
+  // (checked finite: no checkpoint is written after a non-finite loss).
+  void read_loss_since_log();
+  void flush_pending_log();
+  void log_step(const PendingLog& step);
   void evaluate_and_track_best();
   void load_best_model();
 
@@ -91,6 +108,10 @@ class Trainer {
   std::string graphs_status_;                // the last status printed
   std::optional<TrainerState> resumed_;  // read before the schedule is built
   TrainerState state_;
+  Tensor loss_since_log_;  // on the device; state_.loss_since_log holds it once read
+  std::optional<PendingLog> pending_log_;
+  std::chrono::steady_clock::time_point last_log_time_;  // for the logged ms per step
+  int64_t last_log_step_ = 0;
   TrainerControl control_;
   CallbackHandler handler_;
 };

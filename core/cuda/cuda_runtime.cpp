@@ -3,8 +3,11 @@
 #include "tessera/core/cuda/cuda_runtime.h"
 #include "tessera/core/cuda/cuda_graph.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstring>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -196,6 +199,54 @@ class PinnedHostAllocator final : public Allocator {
   }
 };
 
+// Small host-to-device copies (a batch of token ids, a scalar) return without waiting for the
+// device: the bytes go first into a page-locked staging slot, which the asynchronous copy reads
+// in stream order; a slot is reused only once the event recorded behind its last copy has
+// completed. A blocking copy would drain the GPU's queue every training step and the host could
+// never run ahead of it. Larger copies wait, as before (no unbounded pinned memory).
+constexpr size_t kStagedCopyMaxBytes = size_t(4) << 20;
+
+void copy_host_to_device_staged(void* dst, const void* src, size_t n, int gpu,
+                                cudaStream_t stream) {
+  struct Slot {
+    void* host = nullptr;
+    size_t capacity = 0;
+    cudaEvent_t done = nullptr;
+  };
+  struct Ring {
+    std::array<Slot, 8> slots;
+    size_t next = 0;
+  };
+  static std::mutex mutex;
+  static auto* rings = new std::map<int, Ring>;  // never freed: no CUDA calls at exit
+  std::lock_guard<std::mutex> lock(mutex);
+  Ring& ring = (*rings)[gpu];
+  Slot& slot = ring.slots[ring.next];
+  ring.next = (ring.next + 1) % ring.slots.size();
+  if (slot.done) {
+    TESSERA_CUDA_CHECK(cudaEventSynchronize(slot.done));  // its last copy has read it
+  } else {
+    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+  }
+  if (slot.capacity < n) {
+    if (slot.host) TESSERA_CUDA_CHECK(cudaFreeHost(slot.host));
+    slot.host = nullptr;
+    slot.capacity = 0;
+    const size_t capacity = std::max<size_t>(n, size_t(64) << 10);
+    const cudaError_t status = cudaMallocHost(&slot.host, capacity);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      throw OutOfMemoryError(::tessera::detail::concat(
+          "cudaMallocHost(", capacity, " bytes) for a staged host-to-device copy failed: ",
+          cudaGetErrorString(status)));
+    }
+    slot.capacity = capacity;
+  }
+  std::memcpy(slot.host, src, n);
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, slot.host, n, cudaMemcpyHostToDevice, stream));
+  TESSERA_CUDA_CHECK(cudaEventRecord(slot.done, stream));
+}
+
 class CudaBackend final : public DeviceBackend {
  public:
   Allocator* allocator(int index) override { return &caching_allocator(index); }
@@ -220,6 +271,10 @@ class CudaBackend final : public DeviceBackend {
                     "the host would read values the recorded kernels have not computed yet");
       if (src_device.is_cpu()) src = stage_for_capture(gpu, src, n);
       TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream));
+      return;
+    }
+    if (src_device.is_cpu() && dst_device.is_cuda() && n <= kStagedCopyMaxBytes) {
+      copy_host_to_device_staged(dst, src, n, gpu, stream);
       return;
     }
     TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream));
