@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "tessera/core/memory_category.h"
 #include "tessera/dist/ddp.h"
 #include "tessera/optim/clip.h"
 
@@ -124,10 +125,13 @@ void ZeroStrategy::flatten_parameters() {
       if (lo < hi) piece_layout_.push_back({bucket.params[j], b, lo, hi - lo});
     }
     if (options_.stage >= 2) {
+      MemoryCategoryScope tag(MemoryCategory::Gradients);
       shard.gradients = zeros({size}, opts);
       if (bucket.dtype != options_.reduce_dtype &&
-          (bucket.dtype == DType::f16 || bucket.dtype == DType::bf16))
+          (bucket.dtype == DType::f16 || bucket.dtype == DType::bf16)) {
+        MemoryCategoryScope reduce_tag(MemoryCategory::Communication);
         shard.reduced = empty({size}, {.dtype = options_.reduce_dtype, .device = bucket.device});
+      }
     }
     if (options_.stage == 3) {
       shard.owned_parameters = raw::clone(raw::narrow(shard.parameters, 0, begin, size));
@@ -215,6 +219,7 @@ void ZeroStrategy::gather(size_t b) {
   if (shard.gathered) return;
   const auto& bucket = buckets_->buckets()[b];
   // New memory each time: views that autograd saved keep the previous gather alive.
+  MemoryCategoryScope tag(MemoryCategory::Communication);
   shard.parameters = empty({bucket.padded_numel}, {.dtype = bucket.dtype, .device = bucket.device});
   group_->all_gather(shard.parameters, shard.owned_parameters)->wait();
   const auto& params = buckets_->parameters();
