@@ -43,8 +43,8 @@ Ledger& ledger() {
 }  // namespace
 
 const char* memory_category_name(MemoryCategory category) {
-  static const char* names[] = {"other",     "parameters",   "gradients",
-                                "optimizer", "activations",  "communication"};
+  static const char* names[] = {"other",     "parameters",  "gradients",
+                                "optimizer", "activations", "communication"};
   return names[static_cast<int>(category)];
 }
 

@@ -26,7 +26,8 @@ class SizeOnlyAllocator final : public Allocator {
   SizeOnlyAllocator() {
     for (size_t tib : {16, 4, 1}) {
       const size_t bytes = tib << 40;
-      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (p != MAP_FAILED) {
         base_ = static_cast<char*>(p);
         size_ = bytes;
@@ -39,8 +40,8 @@ class SizeOnlyAllocator final : public Allocator {
   void* allocate(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
     const size_t rounded = (nbytes + 63) / 64 * 64;
-    TESSERA_CHECK(rounded <= size_, "size-only mode: one allocation of ", nbytes, " bytes exceeds the reserved ",
-                  size_, " bytes");
+    TESSERA_CHECK(rounded <= size_, "size-only mode: one allocation of ", nbytes,
+                  " bytes exceeds the reserved ", size_, " bytes");
     if (next_ + rounded > size_) next_ = 0;
     void* p = base_ + next_;
     next_ += rounded;
@@ -59,16 +60,21 @@ template <class R, class... A>
 void make_noop(R (*&fn)(A...), bool even_if_null = false) {
   if (fn == nullptr && !even_if_null) return;
   fn = [](A...) -> R {
-    if constexpr (std::is_same_v<R, Tensor>) return zeros({}, {.dtype = DType::f32});
-    else if constexpr (!std::is_void_v<R>) return R{};
+    if constexpr (std::is_same_v<R, Tensor>)
+      return zeros({}, {.dtype = DType::f32});
+    else if constexpr (!std::is_void_v<R>)
+      return R{};
   };
 }
 
 void silence(KernelTable& t) {
-  make_noop(t.fill), make_noop(t.copy), make_noop(t.random), make_noop(t.unary), make_noop(t.binary);
+  make_noop(t.fill), make_noop(t.copy), make_noop(t.random), make_noop(t.unary),
+      make_noop(t.binary);
   make_noop(t.where), make_noop(t.add_scaled), make_noop(t.reduce), make_noop(t.arg_reduce);
-  make_noop(t.softmax), make_noop(t.softmax_backward), make_noop(t.layer_norm), make_noop(t.layer_norm_backward);
-  make_noop(t.matmul), make_noop(t.cumsum), make_noop(t.topk), make_noop(t.rms_norm), make_noop(t.rms_norm_backward);
+  make_noop(t.softmax), make_noop(t.softmax_backward), make_noop(t.layer_norm),
+      make_noop(t.layer_norm_backward);
+  make_noop(t.matmul), make_noop(t.cumsum), make_noop(t.topk), make_noop(t.rms_norm),
+      make_noop(t.rms_norm_backward);
   make_noop(t.rope), make_noop(t.embedding), make_noop(t.index_add), make_noop(t.cross_entropy);
   make_noop(t.cross_entropy_backward);
 }

@@ -23,14 +23,20 @@ class SizeOnlyProcessGroup final : public ProcessGroup {
 
  protected:
   bool supports_device(Device) const override { return true; }
-  WorkPtr do_all_reduce(const CollectiveSignature&, const Tensor&, ReduceOp) override { return completed_work(); }
-  WorkPtr do_reduce_scatter(const CollectiveSignature&, const Tensor&, const Tensor&, ReduceOp) override {
+  WorkPtr do_all_reduce(const CollectiveSignature&, const Tensor&, ReduceOp) override {
     return completed_work();
   }
-  WorkPtr do_all_gather(const CollectiveSignature&, const std::vector<Tensor>&, const Tensor&) override {
+  WorkPtr do_reduce_scatter(const CollectiveSignature&, const Tensor&, const Tensor&,
+                            ReduceOp) override {
     return completed_work();
   }
-  WorkPtr do_broadcast(const CollectiveSignature&, const Tensor&, int) override { return completed_work(); }
+  WorkPtr do_all_gather(const CollectiveSignature&, const std::vector<Tensor>&,
+                        const Tensor&) override {
+    return completed_work();
+  }
+  WorkPtr do_broadcast(const CollectiveSignature&, const Tensor&, int) override {
+    return completed_work();
+  }
   WorkPtr do_barrier(const CollectiveSignature&) override { return completed_work(); }
   WorkPtr do_send(const Tensor&, int, int) override { return completed_work(); }
   WorkPtr do_recv(const Tensor&, int, int) override { return completed_work(); }
@@ -40,8 +46,10 @@ class SizeOnlyProcessGroup final : public ProcessGroup {
   }
 };
 
-std::unique_ptr<DataParallelStrategy> make_strategy(nn::Module& model, std::shared_ptr<ProcessGroup> group,
-                                                    const MemoryPlanOptions& o, DType reduce_dtype) {
+std::unique_ptr<DataParallelStrategy> make_strategy(nn::Module& model,
+                                                    std::shared_ptr<ProcessGroup> group,
+                                                    const MemoryPlanOptions& o,
+                                                    DType reduce_dtype) {
   if (o.zero_stage == 0) {
     DDPOptions ddp;
     ddp.bucket_bytes = o.bucket_bytes;
@@ -64,11 +72,13 @@ void training_step(nn::GPT& model, DataParallelStrategy& strategy, optim::Optimi
     std::optional<DataParallelStrategy::NoSyncGuard> no_sync;
     if (!sync) no_sync.emplace(strategy.no_sync());
     std::unique_ptr<autograd::AutocastGuard> autocast;
-    if (policy.compute_dtype != DType::f32) autocast = std::make_unique<autograd::AutocastGuard>(policy.compute_dtype);
+    if (policy.compute_dtype != DType::f32)
+      autocast = std::make_unique<autograd::AutocastGuard>(policy.compute_dtype);
     const Tensor x = zeros({o.batch, o.seq}, {.dtype = DType::i64});
     const Tensor y = zeros({o.batch, o.seq}, {.dtype = DType::i64});
     Tensor loss = model.loss(x, y);
-    if (o.gradient_accumulation_steps > 1) loss = loss / static_cast<double>(o.gradient_accumulation_steps);
+    if (o.gradient_accumulation_steps > 1)
+      loss = loss / static_cast<double>(o.gradient_accumulation_steps);
     loss.backward();
     if (sync) strategy.finish_gradient_sync();
   }
@@ -80,15 +90,17 @@ void training_step(nn::GPT& model, DataParallelStrategy& strategy, optim::Optimi
 }  // namespace
 
 MemoryPlan plan_memory(const MemoryPlanOptions& o) {
-  TESSERA_CHECK(o.world >= 1 && o.zero_stage >= 0 && o.zero_stage <= 3 && o.batch > 0 && o.seq > 0 &&
-                    o.gradient_accumulation_steps >= 1,
-                "plan_memory: needs world >= 1, zero_stage 0-3, positive batch, seq and accumulation");
-  TESSERA_CHECK(o.seq <= o.model.block_size, "plan_memory: seq ", o.seq, " is longer than the context block_size ",
-                o.model.block_size);
+  TESSERA_CHECK(
+      o.world >= 1 && o.zero_stage >= 0 && o.zero_stage <= 3 && o.batch > 0 && o.seq > 0 &&
+          o.gradient_accumulation_steps >= 1,
+      "plan_memory: needs world >= 1, zero_stage 0-3, positive batch, seq and accumulation");
+  TESSERA_CHECK(o.seq <= o.model.block_size, "plan_memory: seq ", o.seq,
+                " is longer than the context block_size ", o.model.block_size);
   const MixedPrecisionPolicy policy = MixedPrecisionPolicy::from_name(o.mixed_precision);
   SizeOnlyMode size_only(o.gpu_routes);
   const int64_t before = category_memory_stats(DeviceType::CPU).total_in_use();
-  TESSERA_CHECK(before == 0, "plan_memory: ", before, " bytes were already counted; run it in a fresh process");
+  TESSERA_CHECK(before == 0, "plan_memory: ", before,
+                " bytes were already counted; run it in a fresh process");
   reset_category_peak(DeviceType::CPU);
   MemoryPlan plan;
   {
@@ -118,8 +130,9 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
     std::set<const TensorImpl*> seen;
     for (const Tensor& p : model.parameters())
       if (seen.insert(p.impl_ptr().get()).second) plan.psi += p.numel();
-    plan.formula = zero_memory_formula(plan.psi, static_cast<int64_t>(dtype_size(policy.param_dtype)),
-                                       policy.low_precision_parameters(), o.zero_stage, o.world);
+    plan.formula =
+        zero_memory_formula(plan.psi, static_cast<int64_t>(dtype_size(policy.param_dtype)),
+                            policy.low_precision_parameters(), o.zero_stage, o.world);
   }
   return plan;
 }

@@ -30,8 +30,8 @@ struct MemoryPlanOptions {
 };
 
 struct MemoryPlan {
-  int64_t psi = 0;   // trainable parameters
-  int64_t peak = 0;  // bytes at the most
+  int64_t psi = 0;                                      // trainable parameters
+  int64_t peak = 0;                                     // bytes at the most
   std::array<int64_t, kNumMemoryCategories> at_peak{};  // by category at that moment
   std::array<int64_t, kNumMemoryCategories> steady{};   // between steps (after zero_grad)
   ZeroMemoryFormula formula;

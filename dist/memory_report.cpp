@@ -5,9 +5,12 @@
 
 namespace tessera::dist {
 
-ZeroMemoryFormula zero_memory_formula(int64_t psi, int64_t param_bytes, bool f32_masters, int stage, int world) {
+ZeroMemoryFormula zero_memory_formula(int64_t psi, int64_t param_bytes, bool f32_masters, int stage,
+                                      int world) {
   const double w = world;
-  auto share = [&](double bytes, bool sharded) { return static_cast<int64_t>(sharded ? bytes / w : bytes); };
+  auto share = [&](double bytes, bool sharded) {
+    return static_cast<int64_t>(sharded ? bytes / w : bytes);
+  };
   const double optimizer = static_cast<double>(psi) * (f32_masters ? 12 : 2 * param_bytes);
   return {share(static_cast<double>(param_bytes * psi), stage >= 3),
           share(static_cast<double>(param_bytes * psi), stage >= 2), share(optimizer, stage >= 1)};
@@ -21,8 +24,8 @@ std::string mib(int64_t bytes) {
   return text;
 }
 
-void row(std::ostringstream& os, const std::string& label, const std::array<int64_t, kNumMemoryCategories>& b,
-         int64_t total) {
+void row(std::ostringstream& os, const std::string& label,
+         const std::array<int64_t, kNumMemoryCategories>& b, int64_t total) {
   char line[256];
   using C = MemoryCategory;
   auto at = [&](C c) { return mib(b[static_cast<int>(c)]); };
@@ -38,11 +41,11 @@ void row(std::ostringstream& os, const std::string& label, const std::array<int6
 std::string format_memory_report(const MemoryReportHeader& h, const std::vector<RankMemory>& ranks,
                                  const ZeroMemoryFormula& formula) {
   std::ostringstream os;
-  os << "memory per rank (MiB) under " << h.strategy << " on " << h.world << " process(es), psi = " << h.psi
-     << " parameters, " << h.precision << "\n";
+  os << "memory per rank (MiB) under " << h.strategy << " on " << h.world
+     << " process(es), psi = " << h.psi << " parameters, " << h.precision << "\n";
   char head[256];
-  std::snprintf(head, sizeof head, "%-16s %11s %11s %11s %13s %13s %9s %11s\n", "", "parameters", "gradients",
-                "optimizer", "activations", "communication", "other", "total");
+  std::snprintf(head, sizeof head, "%-16s %11s %11s %11s %13s %13s %9s %11s\n", "", "parameters",
+                "gradients", "optimizer", "activations", "communication", "other", "total");
   os << head;
   for (size_t r = 0; r < ranks.size(); ++r) {
     int64_t now = 0;

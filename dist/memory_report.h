@@ -23,7 +23,8 @@ struct ZeroMemoryFormula {
   int64_t parameters = 0, gradients = 0, optimizer = 0;
   int64_t total() const { return parameters + gradients + optimizer; }
 };
-ZeroMemoryFormula zero_memory_formula(int64_t psi, int64_t param_bytes, bool f32_masters, int stage, int world);
+ZeroMemoryFormula zero_memory_formula(int64_t psi, int64_t param_bytes, bool f32_masters, int stage,
+                                      int world);
 
 // One rank's counters: bytes alive now and the split at its peak.
 struct RankMemory {
@@ -39,7 +40,8 @@ struct MemoryReportHeader {
 };
 
 // The table the memory report prints: one row per rank (now and at peak) and the formula.
-std::string format_memory_report(const MemoryReportHeader& header, const std::vector<RankMemory>& ranks,
+std::string format_memory_report(const MemoryReportHeader& header,
+                                 const std::vector<RankMemory>& ranks,
                                  const ZeroMemoryFormula& formula);
 
 }  // namespace tessera::dist

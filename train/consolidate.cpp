@@ -21,21 +21,23 @@ void describe_checkpoint(const fs::path& checkpoint, ConsolidateReport& report) 
     report.saved_world_size = index.value("world_size", 1);
     report.strategy = index.value("strategy", std::string("ZeRO"));
   } else if (fs::exists(checkpoint / "accelerator_state.json")) {
-    const auto state = nlohmann::json::parse(data::read_file(checkpoint / "accelerator_state.json"));
+    const auto state =
+        nlohmann::json::parse(data::read_file(checkpoint / "accelerator_state.json"));
     report.saved_world_size = state.at("state").value("num_processes", 1);
   }
 }
 
 void check_output_folder(const fs::path& out) {
-  TESSERA_CHECK(!fs::exists(out) || (fs::is_directory(out) && fs::is_empty(out)),
-                "consolidate: '", out.string(), "' already exists and is not an empty folder");
+  TESSERA_CHECK(!fs::exists(out) || (fs::is_directory(out) && fs::is_empty(out)), "consolidate: '",
+                out.string(), "' already exists and is not an empty folder");
 }
 
 }  // namespace
 
 ConsolidateReport consolidate_checkpoint(const fs::path& checkpoint, const fs::path& out,
                                          ConsolidateOptions options) {
-  TESSERA_CHECK(fs::is_directory(checkpoint), "consolidate: '", checkpoint.string(), "' is not a directory");
+  TESSERA_CHECK(fs::is_directory(checkpoint), "consolidate: '", checkpoint.string(),
+                "' is not a directory");
   check_output_folder(out);
   try {
     data::verify_folder_checksums(checkpoint, {"config.json", "model.safetensors"});
@@ -56,8 +58,9 @@ ConsolidateReport consolidate_checkpoint(const fs::path& checkpoint, const fs::p
       tensors.emplace_back(name, stored);
       continue;
     }
-    TESSERA_CHECK(master->second.numel() == stored.numel(), "consolidate: ", checkpoint.string(), ": the f32 master of '",
-                  name, "' has ", master->second.numel(), " elements but model.safetensors holds ", stored.numel());
+    TESSERA_CHECK(master->second.numel() == stored.numel(), "consolidate: ", checkpoint.string(),
+                  ": the f32 master of '", name, "' has ", master->second.numel(),
+                  " elements but model.safetensors holds ", stored.numel());
     tensors.emplace_back(name, raw::view(master->second, stored.shape()));
     ++report.from_masters;
   }
@@ -70,7 +73,8 @@ ConsolidateReport consolidate_checkpoint(const fs::path& checkpoint, const fs::p
   data::write_file_atomically(partial / "config.json", data::read_file(checkpoint / "config.json"));
   save_safetensors((partial / "model.safetensors").string(), tensors, {{"format", "pt"}});
   if (fs::exists(checkpoint / "tokenizer.json"))
-    data::write_file_atomically(partial / "tokenizer.json", data::read_file(checkpoint / "tokenizer.json"));
+    data::write_file_atomically(partial / "tokenizer.json",
+                                data::read_file(checkpoint / "tokenizer.json"));
   data::write_folder_checksums(partial);
   if (fs::exists(out)) fs::remove(out);  // empty (checked above)
   if (out.has_parent_path()) fs::create_directories(out.parent_path());

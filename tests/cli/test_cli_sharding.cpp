@@ -6,8 +6,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "tessera/autograd/functions.h"
 #include "tessera/core/safetensors.h"
@@ -39,28 +39,38 @@ std::string train_args(const std::string& out) {
 
 TEST(CliSharding, BadShardingSettingsFailBeforeTrainingNamingTheKey) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--deepspeed " + write("ds_unknown.json", R"({"zero_optimization": {"stage": 2, "stage3_magic": 1}})"),
+      {"--deepspeed " +
+           write("ds_unknown.json", R"({"zero_optimization": {"stage": 2, "stage3_magic": 1}})"),
        "zero_optimization.stage3_magic"},
       {"--deepspeed " + write("ds_top.json", R"({"optimizer_magic": {}})"), "optimizer_magic"},
-      {"--deepspeed " + write("ds_both.json", R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})"),
+      {"--deepspeed " +
+           write("ds_both.json", R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})"),
        "both true"},
       {"--deepspeed " +
-           write("ds_param2.json", R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})"),
+           write("ds_param2.json",
+                 R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})"),
        "offload_param.device"},
       {"--deepspeed " +
-           write("ds_nvme.json", R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})"),
+           write("ds_nvme.json",
+                 R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})"),
        "NVMe"},
-      {"--deepspeed " + write("ds_overlap.json", R"({"zero_optimization": {"stage": 2, "overlap_comm": false}})"),
+      {"--deepspeed " + write("ds_overlap.json",
+                              R"({"zero_optimization": {"stage": 2, "overlap_comm": false}})"),
        "overlap_comm"},
-      {"--deepspeed " + write("ds_stage.json", R"({"zero_optimization": {"stage": 5}})"), "zero_optimization.stage"},
-      {"--deepspeed " + write("ds_type.json", R"({"gradient_clipping": "lots"})"), "gradient_clipping"},
+      {"--deepspeed " + write("ds_stage.json", R"({"zero_optimization": {"stage": 5}})"),
+       "zero_optimization.stage"},
+      {"--deepspeed " + write("ds_type.json", R"({"gradient_clipping": "lots"})"),
+       "gradient_clipping"},
       {"--deepspeed " + write("ds_broken.json", "{\"zero_optimization\": "), "not valid JSON"},
       {"--deepspeed " + (scratch() / "missing.json").string(), "missing.json"},
-      {"--zero-stage 1 --deepspeed " + write("ds_three.json", R"({"zero_optimization": {"stage": 3}})"),
+      {"--zero-stage 1 --deepspeed " +
+           write("ds_three.json", R"({"zero_optimization": {"stage": 3}})"),
        "contradict"},
-      {"--grad-accum 4 --deepspeed " + write("ds_accum.json", R"({"gradient_accumulation_steps": 2})"),
+      {"--grad-accum 4 --deepspeed " +
+           write("ds_accum.json", R"({"gradient_accumulation_steps": 2})"),
        "gradient_accumulation_steps"},
-      {"--dtype fp32 --deepspeed " + write("ds_bf16.json", R"({"bf16": {"enabled": true}})"), "bf16.enabled"},
+      {"--dtype fp32 --deepspeed " + write("ds_bf16.json", R"({"bf16": {"enabled": true}})"),
+       "bf16.enabled"},
       {"--zero-stage 4", "\"zero_stage\""},
       {"--offload disk --zero-stage 2", "\"offload\""},
       {"--offload param --zero-stage 2", "\"offload\""},
@@ -85,7 +95,8 @@ TEST(CliSharding, DeepSpeedFileFsdpNameAndFlagSelectTheStage) {
     "gradient_accumulation_steps": 2, "gradient_clipping": 0.5, "bf16": {"enabled": false},
     "train_micro_batch_size_per_gpu": 3})");
   const std::string common = " --steps 4 --schedule constant ";
-  auto r = run(launch(2) + train_args("ds_ddp") + common + "--batch 3 --grad-accum 2 --grad-clip 0.5");
+  auto r =
+      run(launch(2) + train_args("ds_ddp") + common + "--batch 3 --grad-accum 2 --grad-clip 0.5");
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("DDP over 2 processes"), std::string::npos) << r.output;
   const auto ddp = losses_after(scratch() / "ds_ddp", 0);
@@ -102,9 +113,11 @@ TEST(CliSharding, DeepSpeedFileFsdpNameAndFlagSelectTheStage) {
   const auto zero2 = losses_after(scratch() / "ds_two", 0);
   ASSERT_EQ(zero2.size(), ddp.size());
   for (size_t i = 0; i < ddp.size(); ++i)
-    EXPECT_NEAR(zero2[i].second, ddp[i].second, 1e-6 * std::fabs(ddp[i].second)) << "step " << ddp[i].first;
+    EXPECT_NEAR(zero2[i].second, ddp[i].second, 1e-6 * std::fabs(ddp[i].second))
+        << "step " << ddp[i].first;
 
-  r = run(launch(2) + train_args("fsdp_three") + common + "--batch 3 --grad-accum 2 --grad-clip 0.5 --fsdp "
+  r = run(launch(2) + train_args("fsdp_three") + common +
+          "--batch 3 --grad-accum 2 --grad-clip 0.5 --fsdp "
           "\"full_shard auto_wrap\"");
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("ZeRO-3 over 2 processes"), std::string::npos) << r.output;
@@ -114,9 +127,11 @@ TEST(CliSharding, DeepSpeedFileFsdpNameAndFlagSelectTheStage) {
   const auto zero3 = losses_after(scratch() / "fsdp_three", 0);
   ASSERT_EQ(zero3.size(), ddp.size());
   for (size_t i = 0; i < ddp.size(); ++i)
-    EXPECT_NEAR(zero3[i].second, ddp[i].second, 1e-6 * std::fabs(ddp[i].second)) << "step " << ddp[i].first;
+    EXPECT_NEAR(zero3[i].second, ddp[i].second, 1e-6 * std::fabs(ddp[i].second))
+        << "step " << ddp[i].first;
 
-  r = run(launch(2) + train_args("flag_one") + common + "--batch 3 --grad-accum 2 --grad-clip 0.5 --zero-stage 1");
+  r = run(launch(2) + train_args("flag_one") + common +
+          "--batch 3 --grad-accum 2 --grad-clip 0.5 --zero-stage 1");
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("ZeRO-1 over 2 processes"), std::string::npos) << r.output;
 }
@@ -160,13 +175,15 @@ TEST(CliSharding, Stage3CheckpointResumesAtOtherWorldSizes) {
 TEST(CliSharding, ConsolidateWritesAHuggingFaceDirectoryFromZeroShards) {
   using namespace tessera;
   const fs::path run_dir = scratch() / "consolidate_run";
-  auto r = run(launch(2) + train_args("consolidate_run") + "--batch 3 --steps 3 --dtype bf16 --zero-stage 3");
+  auto r = run(launch(2) + train_args("consolidate_run") +
+               "--batch 3 --steps 3 --dtype bf16 --zero-stage 3");
   ASSERT_EQ(r.rc, 0) << r.output;
   const fs::path checkpoint = run_dir / "checkpoint-3", out = scratch() / "consolidated";
   r = run("checkpoint consolidate " + checkpoint.string() + " --out " + out.string());
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("ZeRO-3, 2 process(es)"), std::string::npos) << r.output;
-  for (const char* f : {"config.json", "model.safetensors", "checksums.json"}) EXPECT_TRUE(fs::exists(out / f)) << f;
+  for (const char* f : {"config.json", "model.safetensors", "checksums.json"})
+    EXPECT_TRUE(fs::exists(out / f)) << f;
 
   const auto stored = load_safetensors((checkpoint / "model.safetensors").string());
   const auto whole = load_safetensors((out / "model.safetensors").string());
@@ -177,7 +194,9 @@ TEST(CliSharding, ConsolidateWritesAHuggingFaceDirectoryFromZeroShards) {
     EXPECT_EQ(master.dtype(), DType::f32) << name;
     EXPECT_EQ(weight.dtype(), DType::bf16) << name;
     ASSERT_EQ(master.shape(), weight.shape()) << name;
-    EXPECT_EQ(raw::to(master, Device::cpu(), DType::bf16).to_vector<float>(), weight.to_vector<float>()) << name;
+    EXPECT_EQ(raw::to(master, Device::cpu(), DType::bf16).to_vector<float>(),
+              weight.to_vector<float>())
+        << name;
   }
 
   // Tessera's forward of the consolidated directory against transformers'.
@@ -188,27 +207,32 @@ TEST(CliSharding, ConsolidateWritesAHuggingFaceDirectoryFromZeroShards) {
   const Tensor logits = model->forward(idx);
   if (test::python_can_import("transformers, torch, numpy")) {
     save_safetensors((scratch() / "consolidate_batch.safetensors").string(), {{"idx", idx}});
-    const std::string cmd = test::python_interpreter() + " " TESSERA_SOURCE_DIR
-                            "/tests/nn/hf_gpt2_check.py --tessera-dir " + out.string() + " --hf-dir " +
-                            (scratch() / "consolidate_hf").string() + " --batch " +
-                            (scratch() / "consolidate_batch.safetensors").string() + " --out " +
-                            (scratch() / "consolidate_logits.safetensors").string();
+    const std::string cmd = test::python_interpreter() +
+                            " " TESSERA_SOURCE_DIR "/tests/nn/hf_gpt2_check.py --tessera-dir " +
+                            out.string() + " --hf-dir " + (scratch() / "consolidate_hf").string() +
+                            " --batch " + (scratch() / "consolidate_batch.safetensors").string() +
+                            " --out " + (scratch() / "consolidate_logits.safetensors").string();
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
     const auto hf = load_safetensors((scratch() / "consolidate_logits.safetensors").string());
     const double error = ops::max_rel_error(logits, hf.at("logits"));
-    std::printf("[ consolidate ] transformers vs Tessera logits of the consolidated directory: max relative "
-                "error %.3g\n", error);
+    std::printf(
+        "[ consolidate ] transformers vs Tessera logits of the consolidated directory: max "
+        "relative "
+        "error %.3g\n",
+        error);
     EXPECT_LT(error, 1e-5);
   } else {
-    std::printf("[ consolidate ] %s cannot import transformers: the transformers comparison is skipped\n",
-                test::python_interpreter().c_str());
+    std::printf(
+        "[ consolidate ] %s cannot import transformers: the transformers comparison is skipped\n",
+        test::python_interpreter().c_str());
   }
 
   // As stored: the bf16 weights, unchanged.
-  r = run("checkpoint consolidate " + checkpoint.string() + " --out " + (scratch() / "as_stored").string() +
-          " --stored-weights");
+  r = run("checkpoint consolidate " + checkpoint.string() + " --out " +
+          (scratch() / "as_stored").string() + " --stored-weights");
   ASSERT_EQ(r.rc, 0) << r.output;
-  EXPECT_EQ(load_safetensors((scratch() / "as_stored" / "model.safetensors").string()).at("transformer.wte.weight")
+  EXPECT_EQ(load_safetensors((scratch() / "as_stored" / "model.safetensors").string())
+                .at("transformer.wte.weight")
                 .to_vector<float>(),
             stored.at("transformer.wte.weight").to_vector<float>());
   // A folder that is already there is not overwritten, and a damaged shard is refused by name.
@@ -218,7 +242,8 @@ TEST(CliSharding, ConsolidateWritesAHuggingFaceDirectoryFromZeroShards) {
   std::string bytes = slurp(checkpoint / "optimizer_shard_1.safetensors");
   bytes[bytes.size() - 2] ^= 0x11;
   std::ofstream(checkpoint / "optimizer_shard_1.safetensors", std::ios::binary) << bytes;
-  r = run("checkpoint consolidate " + checkpoint.string() + " --out " + (scratch() / "damaged").string());
+  r = run("checkpoint consolidate " + checkpoint.string() + " --out " +
+          (scratch() / "damaged").string());
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.output.find("optimizer_shard_1.safetensors"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(scratch() / "damaged"));
@@ -226,7 +251,8 @@ TEST(CliSharding, ConsolidateWritesAHuggingFaceDirectoryFromZeroShards) {
 
 // --memory-report: each rank's bytes by category next to ZeRO's formula.
 TEST(CliSharding, MemoryReportPrintsEveryRankAndTheFormula) {
-  auto r = run(launch(2) + train_args("memory_report") + "--batch 2 --steps 2 --zero-stage 2 --memory-report");
+  auto r = run(launch(2) + train_args("memory_report") +
+               "--batch 2 --steps 2 --zero-stage 2 --memory-report");
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("under ZeRO-2 on 2 process(es)"), std::string::npos) << r.output;
   for (const char* row : {"rank 0 now", "rank 1 peak", "ZeRO formula"})
@@ -259,13 +285,15 @@ TEST(CliSharding, PlanPredictsTheMeasuredPeakWithinTenPercent) {
     const size_t at = r.output.find("peak_bytes ");
     ASSERT_NE(at, std::string::npos) << r.output;
     const double predicted = std::stod(r.output.substr(at + 11));
-    std::printf("[ plan ] stage %d, 2 ranks: predicted peak %.0f bytes, measured %.0f (%+.2f%%)\n", stage,
-                predicted, measured, 100 * (predicted - measured) / measured);
+    std::printf("[ plan ] stage %d, 2 ranks: predicted peak %.0f bytes, measured %.0f (%+.2f%%)\n",
+                stage, predicted, measured, 100 * (predicted - measured) / measured);
     EXPECT_NEAR(predicted, measured, 0.10 * measured) << "stage " << stage << "\n" << r.output;
     EXPECT_NE(r.output.find("fits a 80 GiB card"), std::string::npos) << r.output;
   }
   // A model that cannot fit says so.
-  const auto big = run("plan --device cuda --n-layer 48 --n-head 25 --n-embd 1600 --seq 1024 --batch 16 --card-gib 80");
+  const auto big =
+      run("plan --device cuda --n-layer 48 --n-head 25 --n-embd 1600 --seq 1024 --batch 16 "
+          "--card-gib 80");
   ASSERT_EQ(big.rc, 0) << big.output;
   EXPECT_NE(big.output.find("does NOT fit"), std::string::npos) << big.output;
 }

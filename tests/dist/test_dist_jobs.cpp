@@ -585,15 +585,17 @@ struct Resume {
   int nproc, stage;
 };
 
-std::string zero_check_on(int nproc) {
-  return nproc == 1 ? std::string("env -u RANK -u WORLD_SIZE " DIST_ZERO_CHECK) : launch(nproc, DIST_ZERO_CHECK);
+// The check program on nproc ranks through `tessera launch` (TCP), or mpirun (MPI backend).
+std::string zero_check_on(int nproc, bool mpi = false) {
+  if (nproc == 1) return "env -u RANK -u WORLD_SIZE " DIST_ZERO_CHECK;
+  return mpi ? mpirun(nproc, DIST_ZERO_CHECK) + " --backend mpi" : launch(nproc, DIST_ZERO_CHECK);
 }
 
-void expect_checkpoint_reshards(int saved_stage, const std::vector<Resume>& resumes) {
+void expect_checkpoint_reshards(int saved_stage, const std::vector<Resume>& resumes, bool mpi = false) {
   constexpr int kGlobalRows = 12;
-  const std::string tag = "reshard" + std::to_string(saved_stage);
+  const std::string tag = "reshard" + std::to_string(saved_stage) + (mpi ? "_mpi" : "");
   const std::string ckpt = temp_file(tag + "_ckpt"), full_out = temp_file(tag + "_full.txt");
-  JobResult r = run_job("env OMP_NUM_THREADS=1 " + zero_check_on(2) + " --rows 6 --zero-stage " +
+  JobResult r = run_job("env OMP_NUM_THREADS=1 " + zero_check_on(2, mpi) + " --rows 6 --zero-stage " +
                             std::to_string(saved_stage) + " --out " + full_out + " --save " + ckpt + " --save-at 5",
                         180);
   ASSERT_EQ(r.status, 0) << r.output;
@@ -609,7 +611,7 @@ void expect_checkpoint_reshards(int saved_stage, const std::vector<Resume>& resu
   for (const Resume& resume : resumes) {
     const int rows = kGlobalRows / resume.nproc;
     const std::string out = temp_file(tag + "_resumed_" + std::to_string(resume.nproc) + ".txt");
-    r = run_job("env OMP_NUM_THREADS=1 " + zero_check_on(resume.nproc) + " --zero-stage " +
+    r = run_job("env OMP_NUM_THREADS=1 " + zero_check_on(resume.nproc, mpi) + " --zero-stage " +
                     std::to_string(resume.stage) + " --rows " + std::to_string(rows) + " --resume " + ckpt +
                     " --start-step 5 --out " + out,
                 180);
@@ -618,9 +620,9 @@ void expect_checkpoint_reshards(int saved_stage, const std::vector<Resume>& resu
     want.losses.erase(want.losses.begin(), want.losses.begin() + 5);
     want.norms.erase(want.norms.begin(), want.norms.begin() + 5);
     const RelativeDifference d = relative_difference(tail, want);
-    std::printf("[ zero ] stage-%d x2 checkpoint resumed at stage %d on %d rank(s): losses %.3g, norms %.3g, "
+    std::printf("[ zero ] %s: stage-%d x2 checkpoint resumed at stage %d on %d rank(s): losses %.3g, norms %.3g, "
                 "weights %.3g\n",
-                saved_stage, resume.stage, resume.nproc, d.losses, d.norms, d.params);
+                mpi ? "mpi" : "tcp", saved_stage, resume.stage, resume.nproc, d.losses, d.norms, d.params);
     EXPECT_LE(d.losses, 1e-6) << "resumed at stage " << resume.stage << " on " << resume.nproc;
     EXPECT_LE(d.norms, 1e-5) << "resumed at stage " << resume.stage << " on " << resume.nproc;
     EXPECT_LE(d.params, resume.nproc == 2 ? 1e-5 : 2e-3) << "resumed at stage " << resume.stage;
@@ -629,6 +631,11 @@ void expect_checkpoint_reshards(int saved_stage, const std::vector<Resume>& resu
 
 TEST(ZeroCheckpoint, Stage3ShardsResumeOn1And3And4RanksAndUnderDdp) {
   expect_checkpoint_reshards(3, {{1, 3}, {3, 3}, {4, 2}, {1, 0}, {2, 1}});
+}
+
+TEST(ZeroCheckpoint, Stage3ShardsResumeOn1And3RanksThroughMpirun) {
+  if (!have_mpirun()) GTEST_SKIP() << "built without MPI";
+  expect_checkpoint_reshards(3, {{1, 3}, {3, 3}}, /*mpi=*/true);
 }
 
 TEST(ZeroCheckpoint, Stage1ResumesUnderDdpAndDdpUnderStage2) {
