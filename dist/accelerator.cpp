@@ -35,20 +35,20 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   zero_stage_ = options_.zero_stage >= 0 ? options_.zero_stage : env_int("TESSERA_ZERO_STAGE", 0);
   TESSERA_CHECK(zero_stage_ >= 0 && zero_stage_ <= 3, "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ",
                 zero_stage_, options_.zero_stage >= 0 ? "" : " (from TESSERA_ZERO_STAGE)");
-  TESSERA_CHECK(!options_.offload_optimizer || zero_stage_ >= 1, "Accelerator: offload_optimizer needs a ZeRO "
-                "stage (1, 2 or 3); zero_stage is 0 (DDP keeps no optimizer shards to offload)");
-  TESSERA_CHECK(!options_.offload_param || zero_stage_ == 3, "Accelerator: offload_param needs zero_stage 3 "
-                "(parameters are sharded only there); zero_stage is ", zero_stage_);
-  TESSERA_CHECK(options_.prefetch_numel >= 0, "Accelerator: prefetch_numel must not be negative, got ",
-                options_.prefetch_numel);
+  TESSERA_CHECK(
+      zero_stage_ > 0 || !(options_.offload_optimizer || options_.offload_param),
+      "Accelerator: offload_optimizer and offload_param need a ZeRO stage (zero_stage >= 1); "
+      "zero_stage is 0 (DDP)");
+  TESSERA_CHECK(options_.stage3_prefetch_bucket_size >= 0,
+                "Accelerator: stage3_prefetch_bucket_size must not be negative, got ",
+                options_.stage3_prefetch_bucket_size);
   scaler_ = optim::LossScaler({.enabled = mixed_precision_ == "fp16"});
   env_ = read_dist_env();
   if (!is_initialized()) {
     InitOptions init;
     init.backend = options_.backend;
     // A CPU-only run must not pick NCCL just because a GPU is visible.
-    if (options_.cpu && init.backend == "auto" && env_.world_size > 1)
-      init.backend = (env_.launcher == Launcher::Mpirun && has_backend("mpi")) ? "mpi" : "tcp";
+    init.device = options_.cpu || !cuda_is_available() ? DeviceType::CPU : DeviceType::CUDA;
     init_process_group(init);
     owns_group_ = true;
   }
@@ -70,7 +70,6 @@ void Accelerator::resolve_sharding_options() {
     deepspeed_ = DeepSpeedConfig::read(options_.deepspeed_config);
     deepspeed_->apply_to(options_);
   }
-  if (options_.offload_param) options_.offload_optimizer = true;  // the masters go with the parameters
 }
 
 Accelerator::~Accelerator() {
@@ -98,14 +97,14 @@ void Accelerator::prepare_one(nn::Module& model) {
     ddp.find_unused_parameters = options_.find_unused_parameters;
     models_[&model] = std::make_unique<DistributedDataParallel>(model, world_ptr(), ddp);
   } else {
-    // ZeRO-Offload's strategy (dist/offload.h) takes these over when it is built in.
-    TESSERA_CHECK(!options_.offload_optimizer && !options_.offload_param,
-                  "Accelerator: ZeRO-Offload (offload_optimizer/offload_param) is not built into this version");
     ZeroOptions zero;
     zero.stage = zero_stage_;
     zero.bucket_bytes = options_.bucket_bytes;
     zero.find_unused_parameters = options_.find_unused_parameters;
     zero.reduce_dtype = policy_.reduce_dtype;
+    zero.offload_optimizer = options_.offload_optimizer;
+    zero.offload_param = options_.offload_param;
+    zero.prefetch_numel = options_.stage3_prefetch_bucket_size;
     models_[&model] = std::make_unique<ZeroStrategy>(model, world_ptr(), zero);
   }
   model_order_.push_back(&model);
@@ -402,6 +401,10 @@ uint64_t count_at(const nlohmann::json& j, const std::string& where, const std::
   return j.get<uint64_t>();
 }
 
+// A count stored as a double (schedule steps, loss-scaler counters): whole, 0 to 2^53 (the
+// doubles that hold every integer exactly, so converting it to int64 is exact).
+bool is_count(double v) { return v >= 0 && v <= 9007199254740992.0 && v == std::floor(v); }
+
 // This process's RNG (seed, offset). Saved by another number of processes, a rank that
 // was saved takes its own state and a new rank keeps its seed (the user's, e.g. 42 + rank)
 // at saved rank 0's offset: per-rank streams (dropout masks) cannot be mapped between world
@@ -448,6 +451,9 @@ std::vector<uint64_t> saved_loader_positions(const nlohmann::json& state, uint64
                   " per micro-step) cannot continue from there");
     positions.push_back(rows / global_batch);
   }
+  for (size_t i = 0; i < loaders.size(); ++i)
+    TESSERA_CHECK(positions[i] <= loaders[i]->max_position(), where, ": \"loader_positions\" holds ", positions[i],
+                  ", past the largest position the loader can address (", loaders[i]->max_position(), ")");
   return positions;
 }
 
@@ -477,8 +483,7 @@ void check_optimizer_state(const optim::OptimizerStateDict& state, const optim::
   for (const auto& [key, value] : state.scalars) {
     if (key.rfind("state.", 0) != 0) continue;
     TESSERA_CHECK(key.ends_with(".step"), where, ": unexpected scalar \"", key, "\"");
-    TESSERA_CHECK(std::isfinite(value) && value >= 0 && value == std::floor(value), where, ": \"", key,
-                  "\" must be a non-negative whole number, got ", value);
+    TESSERA_CHECK(is_count(value), where, ": \"", key, "\" must be a whole number from 0 to 2^53, got ", value);
     const size_t index = std::stoul(key.substr(6));
     for (const std::string& name : all_names)
       TESSERA_CHECK(names[index].count(name), where, ": tensor \"state.", index, ".", name,
@@ -611,8 +616,8 @@ void Accelerator::load_state(const std::string& dir) {
       TESSERA_CHECK(value.is_number() && std::isfinite(value.get<double>()), state_where, ": schedule \"", key,
                     "\" must be a finite number, got ", value.dump());
     if (s.contains("step"))  // a whole number (schedule states are stored as doubles)
-      TESSERA_CHECK(s["step"].get<double>() >= 0 && s["step"].get<double>() == std::floor(s["step"].get<double>()),
-                    state_where, ": schedule \"step\" must be a non-negative whole number, got ", s["step"].dump());
+      TESSERA_CHECK(is_count(s["step"].get<double>()), state_where,
+                    ": schedule \"step\" must be a whole number from 0 to 2^53, got ", s["step"].dump());
     schedules.push_back(s.get<std::map<std::string, double>>());
   }
   std::map<std::string, double> scaler_state;
@@ -621,6 +626,9 @@ void Accelerator::load_state(const std::string& dir) {
       TESSERA_CHECK(value.is_number() && std::isfinite(value.get<double>()) && value.get<double>() >= 0,
                     state_where, ": loss_scaler \"", key, "\" must be a non-negative number, got ", value.dump());
     scaler_state = state["loss_scaler"].get<std::map<std::string, double>>();
+    for (const char* key : {"growth_tracker", "growth_interval"})
+      TESSERA_CHECK(!scaler_state.count(key) || is_count(scaler_state[key]), state_where, ": loss_scaler \"",
+                    key, "\" must be a whole number from 0 to 2^53, got ", scaler_state[key]);
   }
   // Everything is read and checked before the first object changes.
   std::vector<std::map<std::string, Tensor>> weights;

@@ -52,14 +52,16 @@ struct AcceleratorOptions {
   // 0 = DDP; 1 = optimizer state sharded, 2 = and gradients, 3 = and parameters (ZeRO);
   // -1 = TESSERA_ZERO_STAGE (set by the launch environment) or 0.
   int zero_stage = -1;
+  // ZeRO-Offload (dist/offload.h): this rank's optimizer state and f32 masters in (pinned)
+  // host memory and AdamW on the CPU; needs zero_stage >= 1.
+  bool offload_optimizer = false;
+  // And the rank's parameter shard on the host (zero_stage 3; implies offload_optimizer).
+  bool offload_param = false;
+  // Stage 3: elements of the next units' parameters all-gathered ahead of use (DeepSpeed's
+  // stage3_prefetch_bucket_size); 0 gathers each unit only when it runs.
+  int64_t stage3_prefetch_bucket_size = 50'000'000;
   // FSDP's name for the stage instead: FULL_SHARD (3), SHARD_GRAD_OP (2), NO_SHARD (DDP).
   std::string fsdp_sharding_strategy;
-  // ZeRO-Offload: this rank's optimizer state and f32 masters in host memory, the update on
-  // the CPU (stage >= 1); offload_param keeps the parameter shards there too (stage 3).
-  bool offload_optimizer = false;
-  bool offload_param = false;
-  // Stage 3: elements all-gathered ahead of use (DeepSpeed's stage3_prefetch_bucket_size).
-  int64_t prefetch_numel = 0;
   // A DeepSpeed JSON file (dist/deepspeed_config.h) whose settings fill the ones above;
   // a setting given both here and there must agree.
   std::string deepspeed_config;

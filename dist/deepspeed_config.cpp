@@ -253,7 +253,7 @@ void DeepSpeedConfig::apply_to(AcceleratorOptions& o) const {
           std::to_string(o.bucket_bytes) + " bytes");
     o.bucket_bytes = bytes;
   }
-  if (stage3_prefetch_bucket_size) o.prefetch_numel = *stage3_prefetch_bucket_size;
+  if (stage3_prefetch_bucket_size) o.stage3_prefetch_bucket_size = *stage3_prefetch_bucket_size;
 }
 
 }  // namespace tessera::dist

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Tessera needs from Debian's packages, only what is missing.
+# python3-dev, python3-pybind11: the Python module (python/); python3-pytest: its tests;
+# python3-venv: `pip install .` into a virtual environment (README, Python).
 # libopenblas0-pthread makes the reference PyTorch use OpenBLAS rather than the slow reference BLAS.
 # The CUDA toolkit is optional: when nvcc is present the CUDA backend is built too.
 set -euo pipefail
@@ -7,7 +9,8 @@ PACKAGES=(build-essential cmake ninja-build pkg-config git
   libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
   libopenmpi-dev openmpi-bin
   python3 python3-numpy python3-torch libopenblas0-pthread
-  unzip python3-pip fortunes zlib1g-dev)
+  unzip python3-pip fortunes zlib1g-dev
+  python3-dev python3-pybind11 python3-pytest python3-venv)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,12 +1,19 @@
 #include "tessera/train/trainer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <fstream>
 
 #include "tessera/core/error.h"
 #include "tessera/core/memory_stats.h"
 #include "tessera/core/random.h"
 #include "tessera/data/file_io.h"
+#include "tessera/kernels/ops.h"
 #include "tessera/train/checkpoint_files.h"
 
 namespace tessera::train {
@@ -36,6 +43,25 @@ TrainerState read_trainer_state(const fs::path& checkpoint) {
                  " is not valid JSON: ", e.what());
   }
   return TrainerState::from_json(j, path.string());
+}
+
+// trainer_state.json grows with the log history, so it is streamed to disk rather than
+// built as one string (the resident memory of a long run stays flat). It is written inside
+// checkpoint-N.partial/, renamed into place only when complete, and flushed to disk like
+// the checkpoint's other files.
+void write_trainer_state(const fs::path& path, const TrainerState& state) {
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    TESSERA_CHECK(out.good(), "cannot create '", path.string(), "': ", std::strerror(errno));
+    state.write(out);
+    out.flush();
+    TESSERA_CHECK(out.good(), "error writing '", path.string(), "': ", std::strerror(errno));
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  const bool synced = fd >= 0 && ::fsync(fd) == 0;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  TESSERA_CHECK(synced, "error flushing '", path.string(), "': ", std::strerror(err));
 }
 
 }  // namespace
@@ -153,19 +179,22 @@ void Trainer::train() {
 
 Trainer::StepResult Trainer::training_step() {
   const auto t0 = std::chrono::steady_clock::now();
-  double loss_sum = 0;
+  // The micro-steps' losses are summed on the device (in f64, as the host would), so a step
+  // waits for the device once, for the reduced loss, not once per micro-step as well.
+  Tensor loss_sum;
   for (int64_t micro = 0; micro < args_.gradient_accumulation_steps; ++micro) {
     // Gradients are averaged over the processes on the last micro-step only.
     const dist::AccumulateScope scope = acc_->accumulate(model_);
     const data::Batch batch = loader_->next();
     const Tensor loss = model_.loss(batch.x, batch.y);
     acc_->backward(loss);  // of loss / gradient_accumulation_steps
-    loss_sum += loss.item();
+    const Tensor loss64 = raw::to(loss.detach(), device_, DType::f64);
+    loss_sum = micro == 0 ? loss64 : ops::add(loss_sum, loss64);
   }
   // The step's loss is the mean over all its target tokens, over every process's rows.
-  const double local = loss_sum / static_cast<double>(args_.gradient_accumulation_steps);
-  const double loss =
-      acc_->reduce(full({1}, local, {.dtype = DType::f64, .device = device_}), "mean").item();
+  const Tensor local = ops::binary(BinaryOp::Div, loss_sum,
+                                   static_cast<double>(args_.gradient_accumulation_steps));
+  const double loss = acc_->reduce(raw::reshape(local, {1}), "mean").item();
   const std::vector<Tensor> params = model_.parameters();
   const double norm = args_.max_grad_norm > 0 ? acc_->clip_grad_norm_(params, args_.max_grad_norm)
                                               : optim::grad_norm(params);
@@ -235,7 +264,7 @@ fs::path Trainer::save_checkpoint() {
     for (const auto& [file, contents] : extra_files_)
       data::write_file_atomically(partial / file, contents);
     data::write_file_atomically(partial / kTrainingArgsFile, args_.to_json().dump(2));
-    data::write_file_atomically(partial / kTrainerStateFile, state_.to_json().dump(2));
+    write_trainer_state(partial / kTrainerStateFile, state_);
     data::write_folder_checksums(partial);  // last: marks every other file complete
     fs::remove_all(final_dir);
     fs::rename(partial, final_dir);
@@ -255,14 +284,15 @@ void Trainer::resume_from(const fs::path& checkpoint) {
   TESSERA_CHECK(schedule_->current_step() <= saved.global_step, where,
                 ": the LR schedule is at step ", schedule_->current_step(),
                 " but trainer_state.json says global_step ", saved.global_step);
+  // First: it bounds the product below.
+  TESSERA_CHECK(saved.global_step <= state_.max_steps, "tessera train: the checkpoint is at step ",
+                saved.global_step, ", past max_steps ", state_.max_steps);
   const uint64_t want_position =
       static_cast<uint64_t>(saved.global_step * args_.gradient_accumulation_steps);
   TESSERA_CHECK(loader_->position() == want_position, where, ": the data position is ",
                 loader_->position(), " micro-batches but ", saved.global_step, " steps of ",
                 args_.gradient_accumulation_steps, " micro-batches took ", want_position,
                 " (was gradient_accumulation_steps changed?)");
-  TESSERA_CHECK(saved.global_step <= state_.max_steps, "tessera train: the checkpoint is at step ",
-                saved.global_step, ", past max_steps ", state_.max_steps);
   const int64_t max_steps = state_.max_steps, per_epoch = state_.steps_per_epoch;
   const int64_t schedule_total = state_.schedule_total;
   state_ = saved;

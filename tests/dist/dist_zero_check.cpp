@@ -18,6 +18,8 @@
 //                        [--clip C] [--bucket-bytes N] [--backend auto|tcp|mpi]
 //                        [--mixed-precision no|bf16] [--memory] [--untied]
 //                        [--save DIR --save-at K] [--resume DIR --start-step K]
+//                        [--offload none|optimizer|param] [--prefetch ELEMENTS] [--cuda]
+// --cuda: the model and batches on this rank's GPU (the nccl backend under auto).
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -54,7 +56,9 @@ int main(int argc, char** argv) {
   double clip = 0.2;           // below every step's gradient norm: clipping always acts
   size_t bucket_bytes = 3000;  // several buckets under stages 0-2
   std::string out_path, backend = "auto", precision = "no";
-  bool memory = false, tied = true;
+  bool memory = false, tied = true, on_cuda = false;
+  std::string offload = "none";
+  int64_t prefetch = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return std::string(argv[++i]); };
@@ -88,6 +92,16 @@ int main(int argc, char** argv) {
       resume_dir = next();
     else if (a == "--start-step")
       start_step = std::stoll(next());
+    else if (a == "--cuda")
+      on_cuda = true;
+    else if (a == "--offload")
+      offload = next();
+    else if (a == "--prefetch")
+      prefetch = std::stoll(next());
+  }
+  if (offload != "none" && offload != "optimizer" && offload != "param") {
+    std::cerr << "error: --offload must be none, optimizer or param; got '" << offload << "'\n";
+    return 2;
   }
   int rank = -1;
   if (memory) enable_memory_categories(true);  // before the model: every storage counted
@@ -96,8 +110,11 @@ int main(int argc, char** argv) {
                            .gradient_accumulation_steps = static_cast<int>(accum),
                            .backend = backend,
                            .bucket_bytes = bucket_bytes,
-                           .cpu = true,
-                           .zero_stage = static_cast<int>(zero_stage)});
+                           .cpu = !on_cuda,
+                           .zero_stage = static_cast<int>(zero_stage),
+                           .offload_optimizer = offload == "optimizer",
+                           .offload_param = offload == "param",
+                           .stage3_prefetch_bucket_size = prefetch});
     rank = acc.process_index();
     zero_stage = acc.zero_stage();  // without --zero-stage: TESSERA_ZERO_STAGE
     // Different seeds per rank: the strategy must start every rank from rank 0's weights.
@@ -108,11 +125,13 @@ int main(int argc, char** argv) {
                                 .n_head = 1,
                                 .n_embd = 11,
                                 .tie_word_embeddings = tied});
+    model.to(acc.device());
     optim::AdamW opt(model.parameters(), {.lr = 2e-2, .weight_decay = 0.1});
     const std::string tokens = out_path + ".tokens.bin";
     if (acc.is_main_process()) write_tokens(tokens);
     acc.wait_for_everyone();
-    data::DataLoader loader(data::TokenFile(tokens), {.batch = rows_per_rank, .seq = kSeq});
+    data::DataLoader loader(data::TokenFile(tokens),
+                            {.batch = rows_per_rank, .seq = kSeq, .device = acc.device()});
     acc.prepare(model, opt, loader);
     if (!resume_dir.empty()) acc.load_state(resume_dir);
 
@@ -122,7 +141,7 @@ int main(int argc, char** argv) {
       double step_loss = 0, norm = 0;
       for (int64_t a = 0; a < accum; ++a) {
         auto scope = acc.accumulate(model);
-        auto [x, y] = loader.next();
+        auto [x, y] = loader.next();  // on the accelerator's device
         Tensor loss = model.loss(x, y);
         acc.backward(loss);
         step_loss += acc.reduce(loss.detach().to(DType::f32), "mean").item() / accum;
@@ -130,7 +149,7 @@ int main(int argc, char** argv) {
         // At the step's peak: gradients reduced, optimizer state allocated (after step 1).
         if (memory && scope.sync_gradients() && step + 1 == steps) {
           const dist::MemoryUsage m = acc.memory_usage(model);
-          const CategoryMemoryStats counted = category_memory_stats(DeviceType::CPU);
+          const CategoryMemoryStats counted = category_memory_stats(acc.device().type);
           using C = MemoryCategory;
           std::cout << ("memory rank " + std::to_string(rank) + " stage " +
                         std::to_string(zero_stage) + " parameters " + std::to_string(m.parameters) +

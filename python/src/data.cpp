@@ -1,0 +1,194 @@
+// tessera.data: token files, tokenizers and the DataLoader (iterable, like PyTorch's).
+#include "bindings.h"
+
+namespace tessera::python {
+namespace {
+
+// Python iteration over a DataLoader: the same bound as the C++ range-for (stops when the
+// position reaches max_batches; endless when max_batches is 0).
+struct LoaderIterator {
+  data::DataLoader* loader;
+  int64_t remaining;  // < 0: endless
+};
+
+py::tuple batch_tuple(const data::Batch& b) { return py::make_tuple(b.x, b.y); }
+
+void bind_tokenizers(py::module_& dm) {
+  using namespace data;
+  py::class_<Tokenizer>(dm, "Tokenizer")
+      .def_property_readonly("type", &Tokenizer::type)
+      .def_property_readonly("vocab_size", &Tokenizer::vocab_size)
+      .def(
+          "encode",
+          [](const Tokenizer& t, const std::string& text) {
+            py::gil_scoped_release release;
+            return t.encode(text);
+          },
+          py::arg("text"))
+      .def(
+          "decode",
+          [](const Tokenizer& t, const std::vector<uint32_t>& ids) {
+            return py::bytes(t.decode(ids)).attr("decode")("utf-8", "replace");
+          },
+          py::arg("ids"))
+      .def(
+          "decode_bytes",
+          [](const Tokenizer& t, const std::vector<uint32_t>& ids) {
+            return py::bytes(t.decode(ids));
+          },
+          py::arg("ids"))
+      .def(
+          "token_bytes",
+          [](const Tokenizer& t, uint32_t id) { return py::bytes(t.token_bytes(id)); },
+          py::arg("id"))
+      .def("to_json", &Tokenizer::to_json)
+      .def(
+          "save",
+          [](const Tokenizer& t, const std::string& p) { runtime_call([&] { t.save(p); }); },
+          py::arg("path"))
+      .def(
+          "save_files",
+          [](const Tokenizer& t, const std::string& d) { runtime_call([&] { t.save_files(d); }); },
+          py::arg("directory"));
+  py::class_<ByteTokenizer, Tokenizer>(dm, "ByteTokenizer").def(py::init<>());
+  py::class_<BpeTokenizer, Tokenizer>(dm, "BpeTokenizer")
+      .def_static(
+          "train",
+          [](const std::string& corpus, int64_t vocab_size) {
+            py::gil_scoped_release release;
+            return BpeTokenizer::train(corpus, vocab_size);
+          },
+          py::arg("corpus"), py::arg("vocab_size"))
+      .def_static(
+          "from_gpt2_files",
+          [](const std::string& encoder, const std::string& vocab) {
+            return runtime_call([&] { return BpeTokenizer::from_gpt2_files(encoder, vocab); });
+          },
+          py::arg("encoder_json"), py::arg("vocab_bpe"))
+      .def(
+          "token_id", [](const BpeTokenizer& t, const std::string& b) { return t.token_id(b); },
+          py::arg("token_bytes"));
+  dm.def(
+      "load_tokenizer",
+      [](const std::string& path) {
+        return runtime_call([&] {
+          std::unique_ptr<Tokenizer> t = load_tokenizer_from(path);
+          TESSERA_CHECK(t != nullptr, "load_tokenizer: '", path,
+                        "' holds no tokenizer.json, vocab.json + merges.txt ",
+                        "or encoder.json + vocab.bpe");
+          return t;
+        });
+      },
+      py::arg("path"),
+      "A tokenizer.json file, or a folder holding Hugging Face's or OpenAI's tokenizer files");
+}
+
+void bind_token_files(py::module_& dm) {
+  using namespace data;
+  py::class_<TokenFile>(dm, "TokenFile")
+      .def(py::init([](const std::string& path) {
+             return runtime_call([&] { return TokenFile(path); });
+           }),
+           py::arg("path"))
+      .def_property_readonly("path", [](const TokenFile& f) { return f.path().string(); })
+      .def_property_readonly("version", &TokenFile::version)
+      .def("__len__", &TokenFile::size)
+      .def("__getitem__", &TokenFile::operator[], py::arg("index"))
+      .def("max_token", &TokenFile::max_token);
+  dm.def(
+      "write_token_file",
+      [](const std::string& path, py::handle tokens, int64_t vocab_size) {
+        // Any sequence or array of non-negative integers below 2^32.
+        py::array_t<int64_t, py::array::c_style | py::array::forcecast> values =
+            py::module_::import("numpy").attr("asarray")(tokens, "int64");
+        std::vector<uint32_t> ids(values.size());
+        const int64_t* v = values.data();
+        for (size_t i = 0; i < ids.size(); ++i) {
+          TESSERA_CHECK(v[i] >= 0 && v[i] <= int64_t(UINT32_MAX), "write_token_file: token ", i,
+                        " is ", v[i], "; tokens must be in [0, 2^32)");
+          ids[i] = static_cast<uint32_t>(v[i]);
+        }
+        runtime_call([&] { write_token_file(path, ids, vocab_size); });
+      },
+      py::arg("path"), py::arg("tokens"), py::arg("vocab_size") = 0);
+}
+
+void bind_loader(py::module_& dm) {
+  using namespace data;
+  py::class_<LoaderIterator>(dm, "_DataLoaderIterator")
+      .def("__iter__", [](py::handle self) { return self; })
+      .def("__next__", [](LoaderIterator& it) {
+        if (it.remaining == 0) throw py::stop_iteration();
+        if (it.remaining > 0) --it.remaining;
+        Batch b;
+        {
+          py::gil_scoped_release release;
+          b = it.loader->next();
+        }
+        return batch_tuple(b);
+      });
+  py::class_<DataLoader>(dm, "DataLoader")
+      .def(py::init([](TokenFile file, int64_t batch, int64_t seq, bool shuffle, uint64_t seed,
+                       const std::string& sampling, py::object dtype, py::object device,
+                       int64_t max_batches, int rank, int world_size) {
+             return DataLoader(std::move(file), {.batch = batch,
+                                                 .seq = seq,
+                                                 .rank = rank,
+                                                 .world_size = world_size,
+                                                 .sampling = parse_sampling(sampling),
+                                                 .shuffle = shuffle,
+                                                 .seed = seed,
+                                                 .dtype = to_dtype(dtype, DType::i64),
+                                                 .device = to_device(device, Device::cpu()),
+                                                 .max_batches = max_batches});
+           }),
+           py::arg("token_file"), py::kw_only(), py::arg("batch_size"), py::arg("seq_len"),
+           py::arg("shuffle") = false, py::arg("seed") = 0, py::arg("sampling") = "windows",
+           py::arg("dtype") = py::none(), py::arg("device") = py::none(),
+           py::arg("max_batches") = 0, py::arg("rank") = 0, py::arg("world_size") = 1)
+      .def("next", [](DataLoader& l) { return batch_tuple(l.next()); })
+      .def(
+          "batch_at", [](const DataLoader& l, uint64_t k) { return batch_tuple(l.batch_at(k)); },
+          py::arg("k"))
+      .def("row_starts", &DataLoader::row_starts, py::arg("k"))
+      .def_property("position", &DataLoader::position, &DataLoader::set_position)
+      .def(
+          "skip_first_batches",
+          [](DataLoader& l, uint64_t n) -> DataLoader& { return l.skip_first_batches(n); },
+          py::arg("num_batches"), py::return_value_policy::reference_internal)
+      .def("tokens_per_step", &DataLoader::tokens_per_step)
+      .def_property_readonly("batch_size", [](const DataLoader& l) { return l.options().batch; })
+      .def_property_readonly("seq_len", [](const DataLoader& l) { return l.options().seq; })
+      .def_property_readonly("rank", [](const DataLoader& l) { return l.options().rank; })
+      .def_property_readonly("world_size",
+                             [](const DataLoader& l) { return l.options().world_size; })
+      .def_property_readonly("max_batches",
+                             [](const DataLoader& l) { return l.options().max_batches; })
+      .def_property_readonly("file", &DataLoader::file)
+      .def("__len__",
+           [](const DataLoader& l) {
+             const int64_t max = l.options().max_batches;
+             if (max <= 0)
+               throw py::type_error("len(): this DataLoader is endless (max_batches = 0)");
+             return std::max<int64_t>(0, max - static_cast<int64_t>(l.position()));
+           })
+      .def(
+          "__iter__",
+          [](DataLoader& l) {
+            const int64_t max = l.options().max_batches;
+            return LoaderIterator{
+                &l, max > 0 ? std::max<int64_t>(0, max - static_cast<int64_t>(l.position())) : -1};
+          },
+          py::keep_alive<0, 1>());
+}
+
+}  // namespace
+
+void bind_data(py::module_& m) {
+  py::module_ dm = m.def_submodule("data", "Token files, tokenizers and the DataLoader");
+  bind_tokenizers(dm);
+  bind_token_files(dm);
+  bind_loader(dm);
+}
+
+}  // namespace tessera::python

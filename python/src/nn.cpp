@@ -1,0 +1,290 @@
+// tessera.nn: Module (subclassable from Python), the layers and GPT with its Hugging Face
+// model directories. Forward and loss run with the GIL released.
+#include "bindings.h"
+
+namespace tessera::python {
+namespace {
+
+// Lets a Python subclass of tessera.nn.Module define forward(); the GIL is taken back
+// because module calls run with it released.
+class PythonModule : public nn::Module {
+ public:
+  Tensor forward(const Tensor& x) override { PYBIND11_OVERRIDE(Tensor, nn::Module, forward, x); }
+  std::string type_name() const override {
+    py::gil_scoped_acquire gil;
+    py::object self = py::cast(this, py::return_value_policy::reference);
+    return py::str(py::type::of(self).attr("__name__"));
+  }
+};
+
+TensorOptions layer_options(py::handle device, py::handle dtype) {
+  return {.dtype = to_dtype(dtype, DType::f32), .device = to_device(device, Device::cpu())};
+}
+
+py::dict named_tensors_dict(const nn::NamedTensors& named) {
+  py::dict out;
+  for (const auto& [name, t] : named) out[py::str(name)] = t;
+  return out;
+}
+
+py::list named_tensors_list(const nn::NamedTensors& named) {
+  py::list out;
+  for (const auto& [name, t] : named) out.append(py::make_tuple(name, t));
+  return out;
+}
+
+void bind_module(py::module_& nn_module) {
+  using nn::Module;
+  py::class_<Module, PythonModule>(nn_module, "Module")
+      .def(py::init<>())
+      .def(
+          "__call__",
+          [](Module& m, const Tensor& x) {
+            py::gil_scoped_release release;
+            return m(x);
+          },
+          py::arg("input"))
+      .def(
+          "forward", [](Module& m, const Tensor& x) { return m.forward(x); }, py::arg("input"))
+      .def("type_name", &Module::type_name)
+      .def("register_parameter", &Module::register_parameter, py::arg("name"), py::arg("tensor"),
+           py::arg("requires_grad") = true)
+      .def("register_buffer", &Module::register_buffer, py::arg("name"), py::arg("tensor"),
+           py::arg("persistent") = true)
+      .def(
+          "register_module",
+          [](Module& m, const std::string& name, Module& child) -> Module& {
+            return m.register_module(name, child);
+          },
+          py::arg("name"), py::arg("module"), py::keep_alive<1, 3>(),
+          py::return_value_policy::reference)
+      // Assigning a module to an attribute of a Python subclass registers it, as in PyTorch.
+      .def("__setattr__",
+           [](py::object self, py::str name, py::object value) {
+             if (py::isinstance<Module>(value) && !std::string(name).starts_with("_") &&
+                 !py::hasattr(self, name))
+               self.cast<Module&>().register_module(name, value.cast<Module&>());
+             py::module_::import("builtins").attr("object").attr("__setattr__")(self, name, value);
+           })
+      .def(
+          "parameters", [](const Module& m, bool recurse) { return m.parameters(recurse); },
+          py::arg("recurse") = true)
+      .def(
+          "named_parameters",
+          [](const Module& m, bool r) { return named_tensors_list(m.named_parameters(r)); },
+          py::arg("recurse") = true)
+      .def(
+          "named_buffers",
+          [](const Module& m, bool r) { return named_tensors_list(m.named_buffers(r)); },
+          py::arg("recurse") = true)
+      .def("named_children", &Module::named_children, py::return_value_policy::reference_internal)
+      .def("named_modules", &Module::named_modules, py::return_value_policy::reference_internal)
+      .def("parameter", &Module::parameter, py::arg("name"))
+      .def("num_parameters", &Module::num_parameters, py::arg("only_trainable") = false)
+      .def("state_dict", [](const Module& m) { return named_tensors_dict(m.state_dict()); })
+      .def(
+          "load_state_dict",
+          [](Module& m, const std::map<std::string, Tensor>& state, bool strict) {
+            auto r = m.load_state_dict(state, {.strict = strict});
+            return py::make_tuple(r.missing_keys, r.unexpected_keys);
+          },
+          py::arg("state_dict"), py::arg("strict") = true)
+      .def(
+          "train",
+          [](Module& m, bool on) -> Module& {
+            m.train(on);
+            return m;
+          },
+          py::arg("mode") = true, py::return_value_policy::reference_internal)
+      .def(
+          "eval",
+          [](Module& m) -> Module& {
+            m.eval();
+            return m;
+          },
+          py::return_value_policy::reference_internal)
+      .def_property_readonly("training", &Module::is_training)
+      .def(
+          "to",
+          [](Module& m, py::object target, py::object device, py::object dtype) -> Module& {
+            Device d = to_device(device, Device::cpu());
+            bool move = !device.is_none(), cast = !dtype.is_none();
+            DType ty = to_dtype(dtype, DType::f32);
+            if (!target.is_none()) {
+              if (py::isinstance<DType>(target)) {
+                ty = target.cast<DType>();
+                cast = true;
+              } else {
+                d = to_device(target, d);
+                move = true;
+              }
+            }
+            py::gil_scoped_release release;
+            if (move && cast)
+              m.to(d, ty);
+            else if (move)
+              m.to(d);
+            else if (cast)
+              m.to(ty);
+            return m;
+          },
+          py::arg("target") = py::none(), py::kw_only(), py::arg("device") = py::none(),
+          py::arg("dtype") = py::none(), py::return_value_policy::reference_internal)
+      .def("zero_grad", &Module::zero_grad, py::arg("set_to_none") = true)
+      .def("__repr__", [](const Module& m) {
+        return m.type_name() + "(" + std::to_string(m.num_parameters()) + " parameters)";
+      });
+}
+
+void bind_layers(py::module_& nn_module) {
+  using namespace nn;
+  py::class_<Linear, Module>(nn_module, "Linear")
+      .def(py::init([](int64_t in, int64_t out, bool bias, double init_std, Generator* gen,
+                       py::object device, py::object dtype) {
+             return std::make_unique<Linear>(in, out, bias, init_std, gen,
+                                             layer_options(device, dtype));
+           }),
+           py::arg("in_features"), py::arg("out_features"), py::arg("bias") = true,
+           py::arg("init_std") = 0.02, py::arg("generator") = nullptr,
+           py::arg("device") = py::none(), py::arg("dtype") = py::none())
+      .def_property_readonly("weight", [](const Linear& l) { return l.weight; })
+      .def_property_readonly("bias", [](const Linear& l) -> py::object {
+        return l.bias.defined() ? py::cast(l.bias) : py::none();
+      });
+  py::class_<Embedding, Module>(nn_module, "Embedding")
+      .def(py::init([](int64_t n, int64_t dim, double init_std, Generator* gen, py::object device,
+                       py::object dtype) {
+             return std::make_unique<Embedding>(n, dim, init_std, gen,
+                                                layer_options(device, dtype));
+           }),
+           py::arg("num_embeddings"), py::arg("embedding_dim"), py::arg("init_std") = 0.02,
+           py::arg("generator") = nullptr, py::arg("device") = py::none(),
+           py::arg("dtype") = py::none())
+      .def_property_readonly("weight", [](const Embedding& e) { return e.weight; });
+  py::class_<LayerNorm, Module>(nn_module, "LayerNorm")
+      .def(py::init([](int64_t dim, double eps, bool bias, py::object device, py::object dtype) {
+             return std::make_unique<LayerNorm>(dim, eps, bias, layer_options(device, dtype));
+           }),
+           py::arg("normalized_shape"), py::arg("eps") = 1e-5, py::arg("bias") = true,
+           py::arg("device") = py::none(), py::arg("dtype") = py::none())
+      .def_property_readonly("weight", [](const LayerNorm& l) { return l.weight; })
+      .def_property_readonly("bias",
+                             [](const LayerNorm& l) -> py::object {
+                               return l.bias.defined() ? py::cast(l.bias) : py::none();
+                             })
+      .def_readonly("eps", &LayerNorm::eps);
+  py::class_<GELU, Module>(nn_module, "GELU").def(py::init<>());
+  py::class_<Dropout, Module>(nn_module, "Dropout")
+      .def(py::init([](double p, Generator* gen) { return std::make_unique<Dropout>(p, gen); }),
+           py::arg("p") = 0.5, py::arg("generator") = nullptr, py::keep_alive<1, 3>())
+      .def_readwrite("p", &Dropout::p);
+}
+
+void bind_gpt(py::module_& nn_module) {
+  using namespace nn;
+  py::class_<GPTConfig>(nn_module, "GPTConfig")
+      .def(py::init([](int64_t vocab_size, int64_t block_size, int64_t n_layer, int64_t n_head,
+                       int64_t n_embd, double layer_norm_epsilon, bool tie_word_embeddings,
+                       bool bias, double dropout) {
+             GPTConfig c{.vocab_size = vocab_size,
+                         .block_size = block_size,
+                         .n_layer = n_layer,
+                         .n_head = n_head,
+                         .n_embd = n_embd,
+                         .layer_norm_epsilon = layer_norm_epsilon,
+                         .tie_word_embeddings = tie_word_embeddings,
+                         .bias = bias,
+                         .dropout = dropout};
+             c.validate();
+             return c;
+           }),
+           py::kw_only(), py::arg("vocab_size") = 50257, py::arg("block_size") = 1024,
+           py::arg("n_layer") = 12, py::arg("n_head") = 12, py::arg("n_embd") = 768,
+           py::arg("layer_norm_epsilon") = 1e-5, py::arg("tie_word_embeddings") = true,
+           py::arg("bias") = true, py::arg("dropout") = 0.0)
+      .def_readonly("vocab_size", &GPTConfig::vocab_size)
+      .def_readonly("block_size", &GPTConfig::block_size)
+      .def_readonly("n_layer", &GPTConfig::n_layer)
+      .def_readonly("n_head", &GPTConfig::n_head)
+      .def_readonly("n_embd", &GPTConfig::n_embd)
+      .def_readonly("layer_norm_epsilon", &GPTConfig::layer_norm_epsilon)
+      .def_readonly("tie_word_embeddings", &GPTConfig::tie_word_embeddings)
+      .def_readonly("dropout", &GPTConfig::dropout)
+      .def("__repr__", [](const GPTConfig& c) {
+        return detail::concat("GPTConfig(vocab_size=", c.vocab_size, ", block_size=", c.block_size,
+                              ", n_layer=", c.n_layer, ", n_head=", c.n_head, ", n_embd=", c.n_embd,
+                              ")");
+      });
+  py::class_<GPT, Module>(nn_module, "GPT")
+      .def(py::init([](const GPTConfig& cfg, Generator* gen, py::object device, py::object dtype) {
+             return std::make_unique<GPT>(cfg, gen, layer_options(device, dtype));
+           }),
+           py::arg("config"), py::arg("generator") = nullptr, py::arg("device") = py::none(),
+           py::arg("dtype") = py::none(), py::keep_alive<1, 3>())
+      .def(
+          "loss",
+          [](GPT& m, const Tensor& idx, const Tensor& targets) {
+            py::gil_scoped_release release;
+            return m.loss(idx, targets);
+          },
+          py::arg("idx"), py::arg("targets"),
+          "Mean cross-entropy of the logits of idx [B, T] against targets [B, T]")
+      .def(
+          "generate",
+          [](GPT& m, const Tensor& idx, int64_t n, double temperature, int64_t top_k,
+             Generator* gen) {
+            py::gil_scoped_release release;
+            return m.generate(idx, n, {.temperature = temperature, .top_k = top_k, .gen = gen});
+          },
+          py::arg("idx"), py::arg("max_new_tokens"), py::arg("temperature") = 1.0,
+          py::arg("top_k") = 0, py::arg("generator") = nullptr)
+      .def_property_readonly("config", &GPT::config)
+      .def("gradient_checkpointing_enable", &GPT::gradient_checkpointing_enable,
+           py::arg("enable") = true)
+      .def("set_dropout", &GPT::set_dropout, py::arg("p"))
+      .def("output_weight", &GPT::output_weight)
+      .def_property_readonly(
+          "transformer", [](GPT& m) -> Module& { return m.transformer; },
+          py::return_value_policy::reference_internal)
+      .def(
+          "save_pretrained",
+          [](const GPT& m, const std::string& dir) {
+            py::gil_scoped_release release;
+            runtime_call([&] { m.save_pretrained(dir); });
+          },
+          py::arg("save_directory"))
+      .def_static(
+          "from_pretrained",
+          [](const std::string& dir, py::object device, py::object dtype) {
+            TensorOptions opts = layer_options(device, dtype);
+            py::gil_scoped_release release;
+            return runtime_call([&] { return GPT::from_pretrained(dir, opts); });
+          },
+          py::arg("model_dir"), py::arg("device") = py::none(), py::arg("dtype") = py::none());
+  py::class_<GPTTransformer, Module>(nn_module, "GPTTransformer")
+      .def_property_readonly(
+          "wte", [](GPTTransformer& t) -> Module& { return t.wte; },
+          py::return_value_policy::reference_internal)
+      .def_property_readonly(
+          "wpe", [](GPTTransformer& t) -> Module& { return t.wpe; },
+          py::return_value_policy::reference_internal)
+      .def_property_readonly(
+          "ln_f", [](GPTTransformer& t) -> Module& { return t.ln_f; },
+          py::return_value_policy::reference_internal)
+      .def_property_readonly(
+          "h",
+          [](GPTTransformer& t) { return std::vector<Module*>(t.blocks.begin(), t.blocks.end()); },
+          py::return_value_policy::reference_internal);
+  nn_module.def("language_model_loss", &language_model_loss, py::arg("logits"), py::arg("targets"));
+}
+
+}  // namespace
+
+void bind_nn(py::module_& m) {
+  py::module_ nn_module = m.def_submodule("nn", "Modules: Linear, Embedding, LayerNorm, GPT, ...");
+  bind_module(nn_module);
+  bind_layers(nn_module);
+  bind_gpt(nn_module);
+}
+
+}  // namespace tessera::python

@@ -1,0 +1,117 @@
+// tessera.optim: AdamW and SGD with PyTorch's argument names, the LR schedules and
+// global-norm clipping. step() runs with the GIL released.
+#include "bindings.h"
+
+namespace tessera::python {
+namespace {
+
+py::dict state_dict_to_python(const optim::OptimizerStateDict& s) {
+  py::dict out;
+  out["tensors"] = s.tensors;
+  out["scalars"] = s.scalars;
+  return out;
+}
+
+void bind_optimizers(py::module_& om) {
+  using namespace optim;
+  py::class_<Optimizer>(om, "Optimizer")
+      .def("step",
+           [](Optimizer& o) {
+             py::gil_scoped_release release;
+             o.step();
+           })
+      .def("zero_grad", &Optimizer::zero_grad, py::arg("set_to_none") = true)
+      .def_property("lr", &Optimizer::lr, &Optimizer::set_lr)
+      .def("parameters", &Optimizer::parameters)
+      .def_property_readonly("param_groups",
+                             [](const Optimizer& o) {
+                               py::list groups;
+                               for (const ParamGroup& g : o.param_groups()) {
+                                 py::dict d;
+                                 d["name"] = g.name;
+                                 d["lr"] = g.lr;
+                                 d["initial_lr"] = g.initial_lr;
+                                 d["weight_decay"] = g.weight_decay;
+                                 d["params"] = g.params;
+                                 groups.append(d);
+                               }
+                               return groups;
+                             })
+      .def("state_dict", [](const Optimizer& o) { return state_dict_to_python(o.state_dict()); })
+      .def(
+          "load_state_dict",
+          [](Optimizer& o, py::dict d) {
+            OptimizerStateDict s;
+            s.tensors = d["tensors"].cast<std::map<std::string, Tensor>>();
+            s.scalars = d["scalars"].cast<std::map<std::string, double>>();
+            o.load_state_dict(s);
+          },
+          py::arg("state_dict"));
+  py::class_<AdamW, Optimizer>(om, "AdamW")
+      .def(py::init([](const std::vector<Tensor>& params, double lr,
+                       std::pair<double, double> betas, double eps, double weight_decay) {
+             return std::make_unique<AdamW>(params, AdamWOptions{.lr = lr,
+                                                                 .beta1 = betas.first,
+                                                                 .beta2 = betas.second,
+                                                                 .eps = eps,
+                                                                 .weight_decay = weight_decay});
+           }),
+           py::arg("params"), py::arg("lr") = 1e-3, py::arg("betas") = std::pair{0.9, 0.999},
+           py::arg("eps") = 1e-8, py::arg("weight_decay") = 0.01,
+           "AdamW as torch.optim.AdamW; weight decay applies to tensors of rank >= 2 only");
+  py::class_<SGD, Optimizer>(om, "SGD").def(
+      py::init([](const std::vector<Tensor>& params, double lr, double momentum, double dampening,
+                  double weight_decay, bool nesterov) {
+        return std::make_unique<SGD>(params, SGDOptions{.lr = lr,
+                                                        .momentum = momentum,
+                                                        .dampening = dampening,
+                                                        .weight_decay = weight_decay,
+                                                        .nesterov = nesterov});
+      }),
+      py::arg("params"), py::arg("lr") = 1e-2, py::arg("momentum") = 0.0,
+      py::arg("dampening") = 0.0, py::arg("weight_decay") = 0.0, py::arg("nesterov") = false);
+}
+
+void bind_schedules(py::module_& om) {
+  using namespace optim;
+  py::class_<LRSchedule>(om, "LRSchedule")
+      .def("step", &LRSchedule::step)
+      .def_property_readonly("current_step", &LRSchedule::current_step)
+      .def("get_last_lr", [](const LRSchedule& s) { return std::vector<double>{s.last_lr()}; })
+      .def("lr_at", &LRSchedule::lr_at, py::arg("step"))
+      .def("factor", &LRSchedule::factor, py::arg("step"))
+      .def("state_dict", &LRSchedule::state_dict)
+      .def("load_state_dict", &LRSchedule::load_state_dict, py::arg("state_dict"));
+  // Each schedule keeps a reference to its optimizer (keep_alive).
+#define TESSERA_SCHEDULE(Class)                                                              \
+  py::class_<Class, LRSchedule>(om, #Class)                                                  \
+      .def(py::init([](Optimizer& opt, int64_t warmup, int64_t total, double min_lr) {       \
+             return std::make_unique<Class>(                                                 \
+                 opt, ScheduleOptions{.warmup = warmup, .total = total, .min_lr = min_lr});  \
+           }),                                                                               \
+           py::arg("optimizer"), py::kw_only(), py::arg("warmup") = 0, py::arg("total") = 0, \
+           py::arg("min_lr") = 0.0, py::keep_alive<1, 2>())
+  TESSERA_SCHEDULE(ConstantSchedule);
+  TESSERA_SCHEDULE(CosineSchedule);
+  TESSERA_SCHEDULE(LinearSchedule);
+#undef TESSERA_SCHEDULE
+}
+
+}  // namespace
+
+void bind_optim(py::module_& m) {
+  py::module_ om = m.def_submodule("optim", "AdamW, SGD, LR schedules, gradient clipping");
+  bind_optimizers(om);
+  bind_schedules(om);
+  om.def(
+      "clip_grad_norm_",
+      [](const std::vector<Tensor>& params, double max_norm) {
+        py::gil_scoped_release release;
+        return optim::clip_grad_norm_(params, max_norm);
+      },
+      py::arg("parameters"), py::arg("max_norm"),
+      "Scales gradients to global L2 norm <= max_norm; returns the norm");
+  om.def("grad_norm", &optim::grad_norm, py::arg("parameters"));
+}
+
+}  // namespace tessera::python

@@ -1,0 +1,146 @@
+// tessera.Trainer and tessera.TrainingArguments: Hugging Face's names over train::Trainer.
+// Arguments are given as keywords (any name the config file or `tessera train` accepts) and
+// checked by the library; Python callbacks see logs, evaluations and saves.
+#include "bindings.h"
+#include "tessera/train/trainer.h"
+#include "tessera/train/training_args.h"
+
+namespace tessera::python {
+namespace {
+
+nlohmann::json json_of(py::handle value) {
+  return nlohmann::json::parse(
+      py::module_::import("json").attr("dumps")(value).cast<std::string>());
+}
+
+py::object python_of(const nlohmann::json& j) {
+  return py::module_::import("json").attr("loads")(j.dump());
+}
+
+// A Python object with any of on_log(logs), on_evaluate(metrics), on_save(path),
+// on_step_end(state) as a TrainerCallback; a method returning True asks the Trainer to stop.
+class PythonCallback : public train::TrainerCallback {
+ public:
+  explicit PythonCallback(py::object target) : target_(std::move(target)) {}
+  ~PythonCallback() override {
+    py::gil_scoped_acquire gil;
+    target_ = py::object();
+  }
+  void on_log(const train::TrainingArguments&, train::TrainerState&, train::TrainerControl& c,
+              const nlohmann::json& logs) override {
+    call(c, "on_log", [&] { return python_of(logs); });
+  }
+  void on_evaluate(const train::TrainingArguments&, train::TrainerState&, train::TrainerControl& c,
+                   const train::Metrics& metrics) override {
+    call(c, "on_evaluate", [&] { return py::cast(metrics); });
+  }
+  void on_save(const train::TrainingArguments&, train::TrainerState&, train::TrainerControl& c,
+               const std::filesystem::path& checkpoint) override {
+    call(c, "on_save", [&] { return py::cast(checkpoint.string()); });
+  }
+  void on_step_end(const train::TrainingArguments&, train::TrainerState& s,
+                   train::TrainerControl& c) override {
+    call(c, "on_step_end", [&] { return python_of(s.to_json()); });
+  }
+
+ private:
+  template <class MakeArgument>
+  void call(train::TrainerControl& control, const char* method, MakeArgument make) {
+    py::gil_scoped_acquire gil;
+    if (!py::hasattr(target_, method)) return;
+    py::object result = target_.attr(method)(make());
+    if (py::isinstance<py::bool_>(result) && result.cast<bool>()) control.should_stop = true;
+  }
+  py::object target_;
+};
+
+// The Trainer with the Python objects it refers to kept alive.
+struct PythonTrainer {
+  py::object model;
+  std::unique_ptr<train::Trainer> trainer;
+};
+
+}  // namespace
+
+void bind_train(py::module_& m) {
+  using train::TrainingArguments;
+  py::class_<TrainingArguments>(m, "TrainingArguments")
+      .def(py::init([](py::kwargs kwargs) {
+             TrainingArguments args;
+             train::apply_config_values(args, json_of(kwargs), "TrainingArguments(...)");
+             // The training data is usually given to the Trainer rather than here.
+             TrainingArguments checked = args;
+             if (checked.data.empty()) checked.data = "(the Trainer's train_dataset)";
+             train::validate(checked);
+             return args;
+           }),
+           "Every setting by its Hugging Face name (output_dir, per_device_train_batch_size, "
+           "learning_rate, "
+           "max_steps, ...) or its `tessera train` name; checked before any work")
+      .def("to_dict", [](const TrainingArguments& a) { return python_of(a.to_json()); })
+      .def("__getattr__",
+           [](const TrainingArguments& a, const std::string& name) -> py::object {
+             nlohmann::json j = a.to_json();
+             const std::string key = train::canonical_key(name);
+             if (key.empty() || !j.contains(key))
+               throw py::attribute_error("TrainingArguments has no setting '" + name + "'");
+             return python_of(j.at(key));
+           })
+      .def("__repr__", [](const TrainingArguments& a) {
+        return "TrainingArguments(" + a.to_json().dump() + ")";
+      });
+
+  py::class_<PythonTrainer>(m, "Trainer")
+      .def(py::init([](const TrainingArguments& args, py::object model, py::object train_data,
+                       py::object eval_data) {
+             auto to_file = [](py::handle f) {
+               return py::isinstance<data::TokenFile>(f) ? f.cast<data::TokenFile>()
+                                                         : data::TokenFile(f.cast<std::string>());
+             };
+             std::optional<data::TokenFile> eval;
+             if (!eval_data.is_none()) eval = runtime_call([&] { return to_file(eval_data); });
+             data::TokenFile train_file = runtime_call([&] { return to_file(train_data); });
+             auto self = std::make_unique<PythonTrainer>();
+             self->model = model;
+             nn::GPT& gpt = model.cast<nn::GPT&>();
+             TrainingArguments run_args = args;
+             run_args.data = train_file.path().string();
+             if (eval) run_args.val_data = eval->path().string();
+             train::validate(run_args);
+             py::gil_scoped_release release;
+             self->trainer = runtime_call([&] {
+               return std::make_unique<train::Trainer>(run_args, gpt, std::move(train_file),
+                                                       std::move(eval));
+             });
+             return self;
+           }),
+           py::arg("args"), py::arg("model"), py::arg("train_dataset"),
+           py::arg("eval_dataset") = py::none())
+      .def(
+          "add_callback",
+          [](PythonTrainer& t, py::object cb) {
+            t.trainer->add_callback(std::make_shared<PythonCallback>(std::move(cb)));
+          },
+          py::arg("callback"))
+      .def("train",
+           [](PythonTrainer& t) {
+             py::gil_scoped_release release;
+             runtime_call([&] { t.trainer->train(); });
+           })
+      .def("evaluate",
+           [](PythonTrainer& t) {
+             py::gil_scoped_release release;
+             return runtime_call([&] { return t.trainer->evaluate(); });
+           })
+      .def("save_checkpoint",
+           [](PythonTrainer& t) {
+             py::gil_scoped_release release;
+             return runtime_call([&] { return t.trainer->save_checkpoint().string(); });
+           })
+      .def_property_readonly(
+          "state", [](const PythonTrainer& t) { return python_of(t.trainer->state().to_json()); })
+      .def_property_readonly("args", [](const PythonTrainer& t) { return t.trainer->args(); })
+      .def_property_readonly("model", [](const PythonTrainer& t) { return t.model; });
+}
+
+}  // namespace tessera::python
