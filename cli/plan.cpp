@@ -17,6 +17,7 @@ struct PlanArgs {
   int64_t batch = 8, seq = 1024;
   std::string dtype = "fp32", device = "cuda";
   double card_gib = 80;
+  int64_t prefetch = -1;
 };
 
 double gib(int64_t bytes) { return static_cast<double>(bytes) / double(1 << 30); }
@@ -78,6 +79,8 @@ const RegisterCommand reg(
                      "cuda: take a GPU's routes (flash attention, fused classifier); cpu: the "
                      "CPU's (default cuda)")
           ->check(CLI::IsMember({"cuda", "cpu"}));
+      sub.add_option("--prefetch", a->prefetch,
+                     "stage 3: elements gathered ahead of use (default: the Accelerator's)");
       sub.add_option("--card-gib", a->card_gib, "memory of one card in GiB (default 80)")
           ->check(CLI::PositiveNumber);
       sub.callback([a] {
@@ -96,6 +99,7 @@ const RegisterCommand reg(
         o.gradient_accumulation_steps = a->grad_accum;
         o.mixed_precision = a->dtype == "fp32" ? "no" : a->dtype;
         o.gpu_routes = a->device == "cuda";
+        o.stage3_prefetch_bucket_size = a->prefetch;
         print_plan(*a, dist::plan_memory(o));
       });
     });

@@ -6,6 +6,7 @@
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/functions.h"
 #include "tessera/core/size_only.h"
+#include "tessera/dist/accelerator.h"
 #include "tessera/dist/ddp.h"
 #include "tessera/dist/zero.h"
 #include "tessera/optim/adamw.h"
@@ -59,6 +60,9 @@ std::unique_ptr<DataParallelStrategy> make_strategy(nn::Module& model,
   zero.stage = o.zero_stage;
   zero.bucket_bytes = o.bucket_bytes;
   zero.reduce_dtype = reduce_dtype;
+  zero.prefetch_numel = o.stage3_prefetch_bucket_size >= 0
+                            ? o.stage3_prefetch_bucket_size
+                            : AcceleratorOptions{}.stage3_prefetch_bucket_size;
   return std::make_unique<ZeroStrategy>(model, std::move(group), zero);
 }
 

@@ -24,6 +24,9 @@ struct MemoryPlanOptions {
   int gradient_accumulation_steps = 1;
   std::string mixed_precision = "no";  // no | bf16 | fp16
   size_t bucket_bytes = size_t(25) << 20;
+  // Stage 3: elements gathered ahead of use; -1 = the Accelerator's default (what a
+  // `tessera train` run uses).
+  int64_t stage3_prefetch_bucket_size = -1;
   // Take the routes a CUDA device takes (flash attention, fused classifier and AdamW): what a
   // GPU run allocates rather than what the CPU's composed ops do.
   bool gpu_routes = false;
