@@ -72,6 +72,14 @@ constexpr FlagSpec kValueFlags[] = {
      "windows (sequential or --shuffle) | random (a random offset per row, nanoGPT's get_batch)"},
     {"--report-to", "report_to", FlagType::Text,
      "comma-separated trackers: jsonl, tensorboard, none (default jsonl)"},
+    {"--zero-stage", "zero_stage", FlagType::Int,
+     "0 = DDP; ZeRO 1 = optimizer state sharded, 2 = and gradients, 3 = and parameters"},
+    {"--offload", "offload", FlagType::Text,
+     "ZeRO-Offload: optimizer (optimizer state in host memory) | param (and parameters; stage 3)"},
+    {"--deepspeed", "deepspeed", FlagType::Text,
+     "DeepSpeed JSON: zero_optimization.stage, offload_*.device, bucket sizes, bf16/fp16, ..."},
+    {"--fsdp", "fsdp", FlagType::Text,
+     "FSDP sharding strategy: FULL_SHARD (ZeRO-3) | SHARD_GRAD_OP (ZeRO-2) | NO_SHARD (DDP) [offload]"},
 };
 
 // Typed storage for the flags, so CLI11 parses and documents numbers as numbers.
@@ -129,6 +137,9 @@ const RegisterCommand reg(
       auto* untie = sub.add_flag("--no-tie-word-embeddings")
                         ->description("a separate output projection (lm_head.weight)");
       tie->excludes(untie);
+      auto* memory_report =
+          sub.add_flag("--memory-report")
+              ->description("print each rank's bytes by category next to ZeRO's formula after the first step");
       auto* checkpointing = sub.add_flag("--gradient-checkpointing")
                                 ->description("recompute each block's activations in backward");
       auto* resume_opt =
@@ -151,6 +162,7 @@ const RegisterCommand reg(
         if (tie->count() > 0) flags["tie_word_embeddings"] = true;
         if (untie->count() > 0) flags["tie_word_embeddings"] = false;
         if (checkpointing->count() > 0) flags["gradient_checkpointing"] = true;
+        if (memory_report->count() > 0) flags["memory_report"] = true;
         if (resume_opt->count() > 0)
           flags["resume"] = resume->empty() ? std::string("latest") : *resume;
         // A job restarted after a failure (`tessera launch --max-restarts`, torchrun) resumes

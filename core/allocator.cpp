@@ -8,7 +8,9 @@
 
 #include "tessera/core/backend_library.h"
 #include "tessera/core/error.h"
+#include "tessera/core/memory_category.h"
 #include "tessera/core/memory_stats.h"
+#include "tessera/core/size_only.h"
 
 namespace tessera {
 namespace {
@@ -76,10 +78,15 @@ void reset_host_peak_memory() {
   host_peak_bytes.store(host_bytes_in_use.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
+std::atomic<Allocator*> g_cpu_override{nullptr};
+
 Allocator* cpu_allocator() {
   static CpuAllocator alloc;
-  return &alloc;
+  Allocator* override = g_cpu_override.load(std::memory_order_relaxed);
+  return override ? override : &alloc;
 }
+
+void set_cpu_allocator_override(Allocator* allocator) { g_cpu_override = allocator; }
 
 void register_device_backend(DeviceType type, DeviceBackend* backend) {
   backends()[static_cast<int>(type)] = backend;
@@ -111,12 +118,14 @@ Allocator* allocator_for(Device device) {
 Storage::Storage(size_t nbytes, Device device)
     : nbytes_(nbytes), device_(device), allocator_(allocator_for(device)) {
   data_ = allocator_->allocate(nbytes);
+  detail::record_storage_allocated(this, nbytes, device.type);
 }
 
 Storage::Storage(void* external, size_t nbytes, Device device, std::function<void(void*)> deleter)
     : data_(external), nbytes_(nbytes), device_(device), deleter_(std::move(deleter)) {}
 
 Storage::~Storage() {
+  if (allocator_) detail::record_storage_freed(this);
   if (deleter_) {
     deleter_(data_);
   } else if (allocator_ && data_) {

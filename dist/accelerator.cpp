@@ -1,5 +1,6 @@
 #include "tessera/dist/accelerator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -12,6 +13,7 @@
 #include "tessera/data/file_io.h"
 #include "tessera/kernels/ops.h"
 #include "tessera/optim/clip.h"
+#include "tessera/dist/memory_report.h"
 #include "tessera/dist/sharded_state.h"
 #include "tessera/dist/zero.h"
 
@@ -20,6 +22,7 @@ namespace tessera::dist {
 namespace fs = std::filesystem;
 
 Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
+  resolve_sharding_options();
   TESSERA_CHECK(options_.gradient_accumulation_steps >= 1,
                 "Accelerator: gradient_accumulation_steps must be >= 1, got ",
                 options_.gradient_accumulation_steps);
@@ -36,6 +39,9 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
       zero_stage_ > 0 || !(options_.offload_optimizer || options_.offload_param),
       "Accelerator: offload_optimizer and offload_param need a ZeRO stage (zero_stage >= 1); "
       "zero_stage is 0 (DDP)");
+  TESSERA_CHECK(options_.stage3_prefetch_bucket_size >= 0,
+                "Accelerator: stage3_prefetch_bucket_size must not be negative, got ",
+                options_.stage3_prefetch_bucket_size);
   scaler_ = optim::LossScaler({.enabled = mixed_precision_ == "fp16"});
   env_ = read_dist_env();
   if (!is_initialized()) {
@@ -48,6 +54,22 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   }
   if (!options_.cpu && cuda_is_available())
     device_ = Device::cuda(env_.local_rank % cuda_device_count());
+}
+
+// FSDP's strategy name and a DeepSpeed file fill zero_stage, offload, buckets, accumulation
+// and precision; what is given twice must agree (checked before any work).
+void Accelerator::resolve_sharding_options() {
+  if (!options_.fsdp_sharding_strategy.empty()) {
+    const int stage = fsdp_sharding_stage(options_.fsdp_sharding_strategy);
+    TESSERA_CHECK(options_.zero_stage < 0 || options_.zero_stage == stage, "Accelerator: fsdp_sharding_strategy ",
+                  options_.fsdp_sharding_strategy, " is ZeRO stage ", stage, " but zero_stage is ",
+                  options_.zero_stage, "; they contradict each other");
+    options_.zero_stage = stage;
+  }
+  if (!options_.deepspeed_config.empty()) {
+    deepspeed_ = DeepSpeedConfig::read(options_.deepspeed_config);
+    deepspeed_->apply_to(options_);
+  }
 }
 
 Accelerator::~Accelerator() {
@@ -66,6 +88,7 @@ int Accelerator::num_processes() const { return world().size(); }
 
 void Accelerator::prepare_one(nn::Module& model) {
   if (models_.count(&model)) return;
+  MemoryCategoryScope tag(MemoryCategory::Parameters);
   // Parameters live in the policy's dtype from here on; the optimizer's masters keep f32.
   if (policy_.low_precision_parameters()) model.to(policy_.param_dtype);
   if (zero_stage_ == 0) {
@@ -85,6 +108,9 @@ void Accelerator::prepare_one(nn::Module& model) {
     models_[&model] = std::make_unique<ZeroStrategy>(model, world_ptr(), zero);
   }
   model_order_.push_back(&model);
+  // Built before their role was known; flat buffers a strategy made are tagged already.
+  for (const Tensor& p : model.parameters())
+    if (p.storage()) set_memory_category(*p.storage(), MemoryCategory::Parameters);
   attach_optimizers();
 }
 
@@ -110,6 +136,7 @@ void Accelerator::attach_optimizers() {
 // The prepared optimizer and schedule step only on gradient-syncing micro-steps, so the
 // loop may call opt.step(); sched.step(); opt.zero_grad() on every micro-step.
 void Accelerator::prepare_one(optim::Optimizer& optimizer) {
+  MemoryCategoryScope tag(MemoryCategory::OptimizerState);  // f32 masters
   optimizer.set_step_gate([open = gate_open_] { return *open; });
   if (policy_.low_precision_parameters()) optimizer.set_master_weights(true);
   optimizers_.push_back(&optimizer);
@@ -122,6 +149,15 @@ void Accelerator::prepare_one(optim::LRSchedule& schedule) {
 
 void Accelerator::prepare_one(data::DataLoader& loader) {
   data::DataLoaderOptions o = loader.options();
+  if (deepspeed_ && deepspeed_->train_micro_batch_size_per_gpu)
+    TESSERA_CHECK(*deepspeed_->train_micro_batch_size_per_gpu == o.batch, deepspeed_->source,
+                  ": \"train_micro_batch_size_per_gpu\" is ", *deepspeed_->train_micro_batch_size_per_gpu,
+                  " but the loader's batch is ", o.batch);
+  if (deepspeed_ && deepspeed_->train_batch_size)
+    TESSERA_CHECK(*deepspeed_->train_batch_size == o.batch * options_.gradient_accumulation_steps * num_processes(),
+                  deepspeed_->source, ": \"train_batch_size\" is ", *deepspeed_->train_batch_size, " but ", o.batch,
+                  " rows x ", options_.gradient_accumulation_steps, " micro-steps x ", num_processes(),
+                  " processes is ", o.batch * options_.gradient_accumulation_steps * num_processes());
   if (o.rank != process_index() || o.world_size != num_processes()) {
     o.rank = process_index();
     o.world_size = num_processes();
@@ -160,6 +196,44 @@ MemoryUsage Accelerator::memory_usage(const nn::Module& model) const {
   for (auto& [opt, strategy] : optimizer_strategy_)
     if (strategy == s) m.optimizer += optimizer_state_bytes(*opt);
   return m;
+}
+
+void Accelerator::reset_memory_peak() { reset_category_peak(device_.type); }
+
+std::string Accelerator::memory_report(const nn::Module& model) {
+  DataParallelStrategy* s = strategy_of(model);
+  TESSERA_CHECK(s, "Accelerator::memory_report: the model was not prepared");
+  const CategoryMemoryStats stats = category_memory_stats(device_.type);
+  std::vector<int64_t> mine(stats.in_use.begin(), stats.in_use.end());
+  mine.insert(mine.end(), stats.at_peak.begin(), stats.at_peak.end());
+  mine.push_back(stats.peak);
+  const int64_t width = static_cast<int64_t>(mine.size());
+  const std::vector<int64_t> all =
+      gather(from_vector(mine, {1, width}, {.dtype = DType::i64})).to_vector<int64_t>();
+  if (!is_main_process()) return "";
+  std::vector<RankMemory> ranks(num_processes());
+  for (int r = 0; r < num_processes(); ++r) {
+    const int64_t* row = all.data() + r * width;
+    std::copy(row, row + kNumMemoryCategories, ranks[r].now.begin());
+    std::copy(row + kNumMemoryCategories, row + 2 * kNumMemoryCategories, ranks[r].at_peak.begin());
+    ranks[r].peak = row[2 * kNumMemoryCategories];
+  }
+  std::set<const TensorImpl*> seen;
+  int64_t psi = 0;
+  DType dtype = DType::f32;
+  for (const Tensor& p : model.parameters())
+    if (p.requires_grad() && seen.insert(p.impl_ptr().get()).second) {
+      psi += p.numel();
+      dtype = p.dtype();
+    }
+  const bool masters = policy_.low_precision_parameters();
+  const MemoryReportHeader header{
+      s->name(), num_processes(), psi,
+      masters ? std::string(dtype_name(dtype)) + " parameters + f32 masters" : std::string(dtype_name(dtype))};
+  std::string table = format_memory_report(
+      header, ranks, zero_memory_formula(psi, dtype_size(dtype), masters, zero_stage_, num_processes()));
+  if (!memory_categories_enabled()) table += "(counting was off: call enable_memory_categories(true) first)\n";
+  return table;
 }
 
 AccumulateScope Accelerator::accumulate(nn::Module& model) {
@@ -354,6 +428,58 @@ uint64_t count_at(const nlohmann::json& j, const std::string& where, const std::
 // doubles that hold every integer exactly, so converting it to int64 is exact).
 bool is_count(double v) { return v >= 0 && v <= 9007199254740992.0 && v == std::floor(v); }
 
+// This process's RNG (seed, offset). Saved by another number of processes, a rank that
+// was saved takes its own state and a new rank keeps its seed (the user's, e.g. 42 + rank)
+// at saved rank 0's offset: per-rank streams (dropout masks) cannot be mapped between world
+// sizes, since each rank draws for its own rows.
+std::pair<uint64_t, uint64_t> saved_rng_state(const nlohmann::json& state, uint64_t saved_world, int rank,
+                                              const std::string& where) {
+  TESSERA_CHECK(state["rng"].is_array() && state["rng"].size() == 2 * saved_world, where,
+                ": \"rng\" must hold a seed and an offset for each of the ", saved_world, " processes");
+  const uint64_t source = static_cast<uint64_t>(rank) < saved_world ? rank : 0;
+  const uint64_t seed = count_at(state["rng"][2 * source], where, "rng");
+  const uint64_t offset = count_at(state["rng"][2 * source + 1], where, "rng");
+  if (static_cast<uint64_t>(rank) < saved_world) return {seed, offset};
+  return {default_generator().seed(), offset};
+}
+
+// Each loader's position for this process. The data order numbers rows globally (micro-step
+// k of the world covers rows [k·W·B, (k+1)·W·B)), so a checkpoint saved by W processes of B
+// rows resumes with W' processes of B' rows at k' = k·W·B / (W'·B') when that divides.
+std::vector<uint64_t> saved_loader_positions(const nlohmann::json& state, uint64_t saved_world,
+                                             const std::vector<data::DataLoader*>& loaders, int world,
+                                             int rank, const std::string& where) {
+  std::vector<uint64_t> positions;
+  for (size_t i = 0; i < loaders.size(); ++i) {
+    const nlohmann::json& per_rank = state["loader_positions"][i];
+    TESSERA_CHECK(per_rank.is_array() && per_rank.size() == saved_world, where,
+                  ": \"loader_positions\" must hold one position per process");
+    if (saved_world == static_cast<uint64_t>(world)) {
+      positions.push_back(count_at(per_rank[rank], where, "loader_positions"));
+      continue;
+    }
+    const uint64_t k = count_at(per_rank[0], where, "loader_positions");
+    for (const nlohmann::json& p : per_rank)
+      TESSERA_CHECK(count_at(p, where, "loader_positions") == k, where, ": loader ", i,
+                    " stood at different positions on the ", saved_world,
+                    " processes that saved it; it resumes only on as many");
+    TESSERA_CHECK(state.contains("loader_global_batch") && state["loader_global_batch"].size() == loaders.size(),
+                  where, " was saved by ", saved_world, " processes without \"loader_global_batch\"; it "
+                  "resumes only on as many (this job has ", world, ")");
+    const uint64_t rows = k * count_at(state["loader_global_batch"][i], where, "loader_global_batch");
+    const uint64_t global_batch = static_cast<uint64_t>(world) * loaders[i]->options().batch;
+    TESSERA_CHECK(rows % global_batch == 0, where, ": loader ", i, " had taken ", rows, " rows (", k,
+                  " micro-steps on ", saved_world, " processes); ", world, " processes of ",
+                  loaders[i]->options().batch, " rows (", global_batch,
+                  " per micro-step) cannot continue from there");
+    positions.push_back(rows / global_batch);
+  }
+  for (size_t i = 0; i < loaders.size(); ++i)
+    TESSERA_CHECK(positions[i] <= loaders[i]->max_position(), where, ": \"loader_positions\" holds ", positions[i],
+                  ", past the largest position the loader can address (", loaders[i]->max_position(), ")");
+  return positions;
+}
+
 // Checks an optimizer state against the optimizer it is loaded into before anything is
 // copied: every state tensor belongs to a parameter, has its shape and a floating dtype,
 // every updated parameter has the same set of state tensors, and steps are counts.
@@ -448,6 +574,19 @@ void Accelerator::save_state(const std::string& dir) {
     state["num_processes"] = num_processes();
     state["rng"] = rng;  // seed, offset for each process in turn
     state["loader_positions"] = positions;
+    // Rows of one micro-step of the whole world per loader: what makes a position valid
+    // at another world size (the data order numbers rows globally).
+    state["loader_global_batch"] = nlohmann::json::array();
+    for (data::DataLoader* l : loaders_) state["loader_global_batch"].push_back(num_processes() * l->options().batch);
+    // Which model parameter each optimizer tensor is, so a whole optimizer state can be
+    // re-sliced under a ZeRO stage (sharded saves carry this in their index).
+    state["optimizer_parameters"] = nlohmann::json::array();
+    for (optim::Optimizer* opt : optimizers_) {
+      nlohmann::json names = nlohmann::json::array();
+      if (!sharded)
+        for (const auto& slice : strategy_training(*opt).optimizer_slices(*opt)) names.push_back(slice.name);
+      state["optimizer_parameters"].push_back(names);
+    }
     state["schedules"] = nlohmann::json::array();
     for (optim::LRSchedule* s : schedules_) state["schedules"].push_back(s->state_dict());
     state["loss_scaler"] = scaler_.state_dict();
@@ -460,6 +599,8 @@ void Accelerator::save_state(const std::string& dir) {
 
 void Accelerator::load_state(const std::string& dir) {
   const std::string where = "Accelerator::load_state: '" + dir + "'";
+  // Any number of processes at any stage may load it (optimizer states are re-sliced, data
+  // positions re-counted): nothing here depends on how many processes saved it.
   std::vector<std::string> files = {kStateFile};
   for (size_t i = 0; i < model_order_.size(); ++i) files.push_back(numbered("model", i, ".safetensors"));
   for (size_t i = 0; i < optimizers_.size() && !has_sharded_optimizer(dir); ++i)
@@ -482,26 +623,15 @@ void Accelerator::load_state(const std::string& dir) {
   for (const char* key : {"micro_step", "num_processes", "rng", "loader_positions", "schedules"})
     TESSERA_CHECK(state.contains(key), state_where, ": \"", key, "\" is missing");
   const uint64_t saved_world = count_at(state["num_processes"], state_where, "num_processes");
-  TESSERA_CHECK(saved_world == static_cast<uint64_t>(num_processes()), where, " was saved by ", saved_world,
-                " processes, this job has ", num_processes());
   const uint64_t micro_step = count_at(state["micro_step"], state_where, "micro_step");
   TESSERA_CHECK(state["schedules"].is_array() && state["schedules"].size() == schedules_.size() &&
                     state["loader_positions"].is_array() && state["loader_positions"].size() == loaders_.size(),
                 where, " holds ", state["schedules"].size(), " schedules and ", state["loader_positions"].size(),
                 " loaders, but this Accelerator prepared ", schedules_.size(), " and ", loaders_.size());
-  TESSERA_CHECK(state["rng"].is_array() && state["rng"].size() == 2 * saved_world, state_where,
-                ": \"rng\" must hold a seed and an offset for each of the ", saved_world, " processes");
-  const uint64_t rng_seed = count_at(state["rng"][2 * process_index()], state_where, "rng");
-  const uint64_t rng_offset = count_at(state["rng"][2 * process_index() + 1], state_where, "rng");
-  std::vector<uint64_t> positions;
-  for (const nlohmann::json& per_rank : state["loader_positions"]) {
-    TESSERA_CHECK(per_rank.is_array() && per_rank.size() == saved_world, state_where,
-                  ": \"loader_positions\" must hold one position per process");
-    positions.push_back(count_at(per_rank[process_index()], state_where, "loader_positions"));
-    const uint64_t most = loaders_[positions.size() - 1]->max_position();
-    TESSERA_CHECK(positions.back() <= most, state_where, ": \"loader_positions\" holds ",
-                  positions.back(), ", past the largest position the loader can address (", most, ")");
-  }
+  const auto [rng_seed, rng_offset] =
+      saved_rng_state(state, saved_world, process_index(), state_where);
+  const std::vector<uint64_t> positions =
+      saved_loader_positions(state, saved_world, loaders_, num_processes(), process_index(), state_where);
   std::vector<std::map<std::string, double>> schedules;
   for (const nlohmann::json& s : state["schedules"]) {
     TESSERA_CHECK(s.is_object(), state_where, ": a schedule state must be an object, got ", s.dump());
@@ -531,19 +661,33 @@ void Accelerator::load_state(const std::string& dir) {
     weights.push_back(load_safetensors(path, {.memory_map = false}).tensors);
     check_model_state(weights.back(), *model_order_[i], where + ": " + numbered("model", i, ".safetensors"));
   }
+  // Optimizer states are re-sliced to what this rank's strategy updates: ZeRO shards by
+  // their index, a whole (DDP) state by the parameter names saved beside it.
   std::vector<optim::OptimizerStateDict> optimizer_states;
-  const bool sharded = has_sharded_optimizer(dir);  // written by ZeRO ranks: re-sliced on load
-  for (size_t i = 0; i < optimizers_.size() && !sharded; ++i) {
-    const std::string name = numbered("optimizer", i, ".safetensors");
-    optimizer_states.push_back(optim::load_optimizer_state((fs::path(dir) / name).string()));
+  const bool sharded = has_sharded_optimizer(dir);
+  for (size_t i = 0; i < optimizers_.size(); ++i) {
+    const std::string name = sharded ? "optimizer_shards.json" : numbered("optimizer", i, ".safetensors");
+    const DataParallelStrategy& strategy = strategy_training(*optimizers_[i]);
+    if (sharded) {
+      optimizer_states.push_back(read_sharded_optimizer(dir, strategy, *optimizers_[i]));
+    } else {
+      optimizer_states.push_back(optim::load_optimizer_state((fs::path(dir) / name).string()));
+      if (zero_stage_ > 0) {
+        const nlohmann::json& names = state.value("optimizer_parameters", nlohmann::json::array());
+        TESSERA_CHECK(names.is_array() && names.size() == optimizers_.size() && !names[i].empty(), where, ": ",
+                      name, " holds a whole optimizer state without \"optimizer_parameters\" in ", kStateFile,
+                      "; it cannot be sliced for ZeRO stage ", zero_stage_);
+        optimizer_states.back() = reslice_whole_optimizer(optimizer_states.back(),
+                                                          names[i].get<std::vector<std::string>>(), strategy,
+                                                          *optimizers_[i], where + ": " + name);
+      }
+    }
     check_optimizer_state(optimizer_states.back(), *optimizers_[i], where + ": " + name);
   }
   for (size_t i = 0; i < model_order_.size(); ++i) {
     model_order_[i]->load_state_dict(weights[i]);
     models_.at(model_order_[i])->after_parameters_loaded();
   }
-  if (sharded)
-    for (optim::Optimizer* opt : optimizers_) load_sharded_optimizer(dir, strategy_training(*opt), *opt, world());
   for (size_t i = 0; i < optimizer_states.size(); ++i) optimizers_[i]->load_state_dict(optimizer_states[i]);
   for (size_t i = 0; i < schedules_.size(); ++i) schedules_[i]->load_state_dict(schedules[i]);
   for (size_t i = 0; i < loaders_.size(); ++i) loaders_[i]->set_position(positions[i]);

@@ -28,8 +28,10 @@
 #include <vector>
 
 #include "tessera/autograd/autocast.h"
+#include "tessera/core/memory_category.h"
 #include "tessera/data/dataloader.h"
 #include "tessera/dist/ddp.h"
+#include "tessera/dist/deepspeed_config.h"
 #include "tessera/dist/strategy.h"
 #include "tessera/dist/process_group.h"
 #include "tessera/nn/module.h"
@@ -58,6 +60,11 @@ struct AcceleratorOptions {
   // Stage 3: elements of the next units' parameters all-gathered ahead of use (DeepSpeed's
   // stage3_prefetch_bucket_size); 0 gathers each unit only when it runs.
   int64_t stage3_prefetch_bucket_size = 50'000'000;
+  // FSDP's name for the stage instead: FULL_SHARD (3), SHARD_GRAD_OP (2), NO_SHARD (DDP).
+  std::string fsdp_sharding_strategy;
+  // A DeepSpeed JSON file (dist/deepspeed_config.h) whose settings fill the ones above;
+  // a setting given both here and there must agree.
+  std::string deepspeed_config;
 };
 
 class Accelerator;
@@ -72,10 +79,15 @@ class AccumulateScope {
   friend class Accelerator;
   AccumulateScope(bool sync, std::vector<DataParallelStrategy::NoSyncGuard> guards,
                   std::unique_ptr<autograd::AutocastGuard> autocast)
-      : sync_(sync), guards_(std::move(guards)), autocast_(std::move(autocast)) {}
+      : sync_(sync),
+        guards_(std::move(guards)),
+        autocast_(std::move(autocast)),
+        activations_(std::make_unique<MemoryCategoryScope>(MemoryCategory::Activations)) {}
   bool sync_;
   std::vector<DataParallelStrategy::NoSyncGuard> guards_;
   std::unique_ptr<autograd::AutocastGuard> autocast_;  // null without mixed precision
+  // What the micro-step allocates is counted as activations unless tagged otherwise.
+  std::unique_ptr<MemoryCategoryScope> activations_;
 };
 
 class Accelerator {
@@ -106,10 +118,19 @@ class Accelerator {
   // The DDP strategy of a model (null when it runs under a ZeRO stage or is not prepared).
   DistributedDataParallel* ddp_of(const nn::Module& model) const;
   int zero_stage() const { return zero_stage_; }
+  const AcceleratorOptions& options() const { return options_; }
+  // The DeepSpeed config the options named (its gradient_clipping is the trainer's to use).
+  const std::optional<DeepSpeedConfig>& deepspeed_config() const { return deepspeed_; }
   const MixedPrecisionPolicy& mixed_precision_policy() const { return policy_; }
   // This process's bytes by category for a prepared model (optimizer state from the
   // prepared optimizers).
   MemoryUsage memory_usage(const nn::Module& model) const;
+  // Collective. Every rank's bytes by category as the allocator counts them (on this
+  // Accelerator's device; core/memory_category.h: enable_memory_categories(true) before
+  // the model is built), now and at the peak since the last reset_memory_peak(), next to
+  // ZeRO's formula for the prepared model; the table on the main process, "" elsewhere.
+  std::string memory_report(const nn::Module& model);
+  void reset_memory_peak();
 
   // ---- training ----
   // Enters a micro-step: gradients are synchronised only on every
@@ -242,6 +263,7 @@ class Accelerator {
   std::string mixed_precision_;
   MixedPrecisionPolicy policy_;
   int zero_stage_ = 0;
+  std::optional<DeepSpeedConfig> deepspeed_;
   DistEnv env_;
   Device device_ = Device::cpu();
   bool owns_group_ = false;
@@ -254,6 +276,7 @@ class Accelerator {
   bool step_skipped_ = false;
   bool trigger_ = false;
   void attach_optimizers();
+  void resolve_sharding_options();
   DataParallelStrategy& strategy_training(const optim::Optimizer& optimizer) const;
   std::map<const nn::Module*, std::unique_ptr<DataParallelStrategy>> models_;
   std::map<const optim::Optimizer*, DataParallelStrategy*> optimizer_strategy_;

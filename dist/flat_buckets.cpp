@@ -1,5 +1,7 @@
 #include "tessera/dist/flat_buckets.h"
 
+#include "tessera/core/memory_category.h"
+
 #include <sstream>
 
 namespace tessera::dist {
@@ -107,7 +109,9 @@ void FlatBuckets::register_comm_hook(CommHook hook, CompletionHook done) {
 
 void FlatBuckets::ensure_gradient_buffer(Bucket& b) {
   if (b.gradients.defined()) return;
+  MemoryCategoryScope tag(MemoryCategory::Gradients);
   b.gradients = zeros({b.padded_numel}, {.dtype = b.dtype, .device = b.device});
+  MemoryCategoryScope reduce_tag(MemoryCategory::Communication);
   if (is_low_precision(b.dtype) && options_.reduce_dtype && *options_.reduce_dtype != b.dtype)
     b.reduce_buffer =
         empty({b.padded_numel}, {.dtype = *options_.reduce_dtype, .device = b.device});

@@ -81,34 +81,22 @@ void save_sharded_optimizer(const std::string& dir, const DataParallelStrategy& 
   group.barrier()->wait();
 }
 
-void load_sharded_optimizer(const std::string& dir, const DataParallelStrategy& strategy,
-                            optim::Optimizer& optimizer, ProcessGroup& group) {
-  const fs::path index_path = fs::path(dir) / kIndex;
-  nlohmann::json index;
-  try {
-    index = nlohmann::json::parse(data::read_file(index_path));
-  } catch (const nlohmann::json::exception& e) {
-    TESSERA_FAIL("load_sharded_optimizer: ", index_path.string(), " is not valid JSON: ", e.what());
-  }
-  // Every saved slice of every parameter, with the file that holds it.
-  struct Source {
-    std::shared_ptr<SafetensorsContents> file;
-    SavedSlice slice;
-  };
-  std::map<std::string, std::vector<Source>> sources;
-  for (const auto& entry : index.at("files")) {
-    const fs::path path = fs::path(dir) / entry.at("name").get<std::string>();
-    TESSERA_CHECK(data::crc32(data::read_file(path)) == entry.at("crc32").get<uint32_t>(),
-                  "load_sharded_optimizer: ", path.string(),
-                  " is damaged (checksum differs from the index); refusing to load it");
-    auto file = std::make_shared<SafetensorsContents>(
-        load_safetensors(path.string(), {.memory_map = false}));
-    if (!entry.contains("slices")) continue;
-    for (auto& [name, text] : entry.at("slices").items())
-      sources[name].push_back({file, parse_slice(text.get<std::string>(), path.string(), name)});
-  }
+namespace {
+
+// A saved slice of one parameter with its state tensors ("exp_avg", ...), 1-D.
+struct Source {
+  std::map<std::string, Tensor> fields;
+  SavedSlice slice;
+};
+using Sources = std::map<std::string, std::vector<Source>>;  // by parameter name
+
+// The state of this rank's optimizer: for each of its slices, the overlapping ranges of
+// every saved slice of the same parameter. A slice covered only in part is an error.
+optim::OptimizerStateDict reslice(const Sources& sources, std::map<std::string, double> scalars,
+                                  const DataParallelStrategy& strategy,
+                                  const optim::Optimizer& optimizer, const std::string& where) {
   optim::OptimizerStateDict state;
-  for (auto& [key, value] : index.at("scalars").items()) state.scalars[key] = value.get<double>();
+  state.scalars = std::move(scalars);
   const auto slices = strategy.optimizer_slices(optimizer);
   const std::vector<Tensor> params = optimizer.parameters();
   for (size_t k = 0; k < slices.size(); ++k) {
@@ -121,30 +109,125 @@ void load_sharded_optimizer(const std::string& dir, const DataParallelStrategy& 
       Tensor out;
       int64_t field_covered = 0;
       for (const Source& src : it->second) {
-        const std::string key = want.name + "/" + field;
-        if (!src.file->contains(key)) continue;
+        auto saved = src.fields.find(field);
+        if (saved == src.fields.end()) continue;
         const int64_t lo = std::max(want.begin, src.slice.begin);
         const int64_t hi = std::min(want.begin + want.numel, src.slice.begin + src.slice.numel);
         if (lo >= hi) continue;
-        const Tensor& saved = src.file->at(key);
-        if (!out.defined()) out = zeros({want.numel}, {.dtype = saved.dtype()});
+        if (!out.defined()) out = zeros({want.numel}, {.dtype = saved->second.dtype()});
         raw::copy_(raw::narrow(out, 0, lo - want.begin, hi - lo),
-                   raw::narrow(saved, 0, lo - src.slice.begin, hi - lo));
+                   raw::narrow(saved->second, 0, lo - src.slice.begin, hi - lo));
         field_covered += hi - lo;
         step = src.slice.step;
       }
       if (!out.defined()) continue;
-      TESSERA_CHECK(field_covered == want.numel, "load_sharded_optimizer: ", dir, " holds ",
-                    field_covered, " of the ", want.numel, " elements of '", want.name, "' [",
-                    want.begin, ", ", want.begin + want.numel, ") for ", field);
+      TESSERA_CHECK(field_covered == want.numel, where, " holds ", field_covered, " of the ",
+                    want.numel, " elements of '", want.name, "' [", want.begin, ", ",
+                    want.begin + want.numel, ") for ", field);
       state.tensors[prefix + field] =
           raw::to(raw::view(out, params[k].shape()), params[k].device(), out.dtype());
       covered = field_covered;
     }
     if (covered > 0) state.scalars[prefix + "step"] = static_cast<double>(step);
   }
-  optimizer.load_state_dict(state);
+  return state;
+}
+
+nlohmann::json read_index(const std::string& dir) {
+  const fs::path index_path = fs::path(dir) / kIndex;
+  try {
+    return nlohmann::json::parse(data::read_file(index_path));
+  } catch (const nlohmann::json::exception& e) {
+    TESSERA_FAIL("load_sharded_optimizer: ", index_path.string(), " is not valid JSON: ", e.what());
+  }
+}
+
+// Every saved slice of every parameter in dir's shards (checksums verified first).
+Sources read_sources(const std::string& dir, const nlohmann::json& index) {
+  Sources sources;
+  for (const auto& entry : index.at("files")) {
+    const fs::path path = fs::path(dir) / entry.at("name").get<std::string>();
+    TESSERA_CHECK(data::crc32(data::read_file(path)) == entry.at("crc32").get<uint32_t>(),
+                  "load_sharded_optimizer: ", path.string(),
+                  " is damaged (checksum differs from the index); refusing to load it");
+    if (!entry.contains("slices")) continue;
+    const SafetensorsContents file = load_safetensors(path.string(), {.memory_map = false});
+    for (auto& [name, text] : entry.at("slices").items()) {
+      Source src{{}, parse_slice(text.get<std::string>(), path.string(), name)};
+      for (const std::string& field : kFields)
+        if (file.contains(name + "/" + field)) src.fields[field] = file.at(name + "/" + field);
+      sources[name].push_back(std::move(src));
+    }
+  }
+  return sources;
+}
+
+}  // namespace
+
+optim::OptimizerStateDict read_sharded_optimizer(const std::string& dir,
+                                                 const DataParallelStrategy& strategy,
+                                                 const optim::Optimizer& optimizer) {
+  const nlohmann::json index = read_index(dir);
+  const Sources sources = read_sources(dir, index);
+  std::map<std::string, double> scalars;
+  if (index.contains("scalars"))
+    for (auto& [key, value] : index.at("scalars").items()) scalars[key] = value.get<double>();
+  return reslice(sources, std::move(scalars), strategy, optimizer, "load_sharded_optimizer: " + dir);
+}
+
+void load_sharded_optimizer(const std::string& dir, const DataParallelStrategy& strategy,
+                            optim::Optimizer& optimizer, ProcessGroup& group) {
+  optimizer.load_state_dict(read_sharded_optimizer(dir, strategy, optimizer));
   group.barrier()->wait();
+}
+
+optim::OptimizerStateDict reslice_whole_optimizer(const optim::OptimizerStateDict& saved,
+                                                  const std::vector<std::string>& saved_names,
+                                                  const DataParallelStrategy& strategy,
+                                                  const optim::Optimizer& optimizer,
+                                                  const std::string& where) {
+  Sources sources;
+  std::map<std::string, double> scalars;
+  for (const auto& [key, value] : saved.scalars) {
+    if (key.rfind("group.", 0) == 0) scalars[key] = value;
+    if (key.rfind("state.", 0) != 0 || !key.ends_with(".step")) continue;
+    const size_t k = std::stoul(key.substr(6));
+    TESSERA_CHECK(k < saved_names.size(), where, ": \"", key, "\" names parameter ", k,
+                  " but the checkpoint names ", saved_names.size());
+    const std::string prefix = "state." + std::to_string(k) + ".";
+    Source src;
+    for (const std::string& field : kFields)
+      if (auto it = saved.tensors.find(prefix + field); it != saved.tensors.end())
+        src.fields[field] = raw::reshape(raw::contiguous(it->second), {it->second.numel()});
+    TESSERA_CHECK(!src.fields.empty(), where, ": parameter ", k, " ('", saved_names[k],
+                  "') has a step count but no state tensors");
+    src.slice = {0, src.fields.begin()->second.numel(), static_cast<int64_t>(value)};
+    sources[saved_names[k]].push_back(std::move(src));
+  }
+  return reslice(sources, std::move(scalars), strategy, optimizer, where);
+}
+
+std::map<std::string, Tensor> assemble_sharded_field(const std::string& dir, const std::string& field) {
+  const Sources sources = read_sources(dir, read_index(dir));
+  std::map<std::string, Tensor> whole;
+  for (const auto& [name, slices] : sources) {
+    int64_t numel = 0;
+    for (const Source& src : slices)
+      if (src.fields.count(field)) numel = std::max(numel, src.slice.begin + src.slice.numel);
+    if (numel == 0) continue;
+    Tensor out = zeros({numel}, {.dtype = DType::f32});
+    int64_t covered = 0;
+    for (const Source& src : slices) {
+      auto it = src.fields.find(field);
+      if (it == src.fields.end()) continue;
+      raw::copy_(raw::narrow(out, 0, src.slice.begin, src.slice.numel), it->second);
+      covered += src.slice.numel;
+    }
+    TESSERA_CHECK(covered == numel, dir, ": the shards hold ", covered, " of the ", numel, " elements of '", name,
+                  "' for ", field, " (a shard file is missing from the index?)");
+    whole[name] = out;
+  }
+  return whole;
 }
 
 }  // namespace tessera::dist

@@ -11,7 +11,12 @@
 //                                     "files": [{"name", "crc32", "slices": {...}}]}
 // Every file is written atomically; a shard whose checksum differs from the index is
 // refused naming the file.
+//
+// A whole (DDP) optimizer state loads into a sharding strategy the same way once the name
+// of each of its parameters is known: every saved tensor is then the slice [0, numel) of
+// its parameter (reslice_whole_optimizer).
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,6 +31,23 @@ void save_sharded_optimizer(const std::string& dir, const DataParallelStrategy& 
                             const optim::Optimizer& optimizer, ProcessGroup& group);
 void load_sharded_optimizer(const std::string& dir, const DataParallelStrategy& strategy,
                             optim::Optimizer& optimizer, ProcessGroup& group);
+// The state this rank's optimizer gets from the shards in dir (load_sharded_optimizer
+// without the load): read and checked before anything changes.
+optim::OptimizerStateDict read_sharded_optimizer(const std::string& dir,
+                                                 const DataParallelStrategy& strategy,
+                                                 const optim::Optimizer& optimizer);
+// The state this rank's optimizer gets from a whole optimizer state whose parameter k was
+// the model parameter saved_names[k] (a DDP checkpoint loaded under a ZeRO stage).
+optim::OptimizerStateDict reslice_whole_optimizer(const optim::OptimizerStateDict& saved,
+                                                  const std::vector<std::string>& saved_names,
+                                                  const DataParallelStrategy& strategy,
+                                                  const optim::Optimizer& optimizer,
+                                                  const std::string& where);
+// Offline, on the CPU: one optimizer field ("master", "exp_avg", "exp_avg_sq") of every
+// parameter, assembled whole (1-D, f32) from all the shards of dir (checksums verified). A
+// parameter whose saved slices leave a gap is an error naming it; parameters the shards do
+// not hold that field for are absent (no masters without mixed precision).
+std::map<std::string, Tensor> assemble_sharded_field(const std::string& dir, const std::string& field);
 // Whether dir holds a sharded optimizer checkpoint.
 bool has_sharded_optimizer(const std::string& dir);
 

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "tessera/core/memory_category.h"
 #include "tessera/dist/ddp.h"
 #include "tessera/dist/zero_trace.h"
 #include "tessera/optim/clip.h"
@@ -138,10 +139,13 @@ void ZeroStrategy::flatten_parameters() {
     const bool low_precision = bucket.dtype != options_.reduce_dtype &&
                                (bucket.dtype == DType::f16 || bucket.dtype == DType::bf16);
     if (options_.stage >= 2) {
+      MemoryCategoryScope tag(MemoryCategory::Gradients);
       // Offloaded, the host rounds the f32 average itself: no device gradient slice.
       if (!(options_.offload_optimizer && low_precision)) shard.gradients = zeros({size}, opts);
-      if (low_precision)
+      if (low_precision) {
+        MemoryCategoryScope reduce_tag(MemoryCategory::Communication);
         shard.reduced = empty({size}, {.dtype = options_.reduce_dtype, .device = bucket.device});
+      }
     }
     if (options_.stage == 3) {
       const Tensor mine = raw::narrow(shard.parameters, 0, begin, size);
@@ -317,6 +321,7 @@ void ZeroStrategy::issue_gather(size_t b) {
   wait_for_upload(b);  // offload: the shard holds the step's result once it has landed
   const auto& bucket = buckets_->buckets()[b];
   // New memory each time: views that autograd saved keep the previous gather alive.
+  MemoryCategoryScope tag(MemoryCategory::Communication);  // the gathered parameters
   shard.parameters = empty({bucket.padded_numel}, {.dtype = bucket.dtype, .device = bucket.device});
   // offload_param keeps the shard on the host: it travels to the device first.
   const Tensor mine = shard.owned_parameters.device() == bucket.device

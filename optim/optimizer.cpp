@@ -1,5 +1,7 @@
 #include "tessera/optim/optimizer.h"
 
+#include "tessera/core/memory_category.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -36,6 +38,7 @@ std::vector<Tensor> Optimizer::parameters() const {
 
 void Optimizer::step() {
   if (!step_gate_open()) return;
+  MemoryCategoryScope tag(MemoryCategory::OptimizerState);  // moments and masters appear here
   apply_step();
   if (post_step_) post_step_();
 }

@@ -35,9 +35,12 @@ std::vector<fs::path> list_checkpoints(const fs::path& output_dir) {
 
 void verify_checkpoint(const fs::path& dir) {
   TESSERA_CHECK(fs::is_directory(dir), "checkpoint '", dir.string(), "': not a directory");
+  // Under ZeRO the optimizer is one shard per rank plus their index (dist/sharded_state.h).
+  const char* optimizer =
+      fs::exists(dir / "optimizer_shards.json") ? "optimizer_shards.json" : "optimizer.safetensors";
   try {
     data::verify_folder_checksums(
-        dir, {"config.json", "model.safetensors", "optimizer.safetensors", "accelerator_state.json",
+        dir, {"config.json", "model.safetensors", optimizer, "accelerator_state.json",
               kTrainerStateFile, kTrainingArgsFile});
   } catch (const Error& e) {
     TESSERA_FAIL("checkpoint ", e.what());

@@ -1,5 +1,7 @@
 #include "tessera/train/run.h"
 
+#include "tessera/core/memory_category.h"
+
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -25,12 +27,13 @@ std::string absolute_path(const std::string& p) {
 }
 
 void make_paths_absolute(TrainingArguments& a) {
-  for (std::string* p : {&a.data, &a.val_data, &a.init, &a.output_dir}) *p = absolute_path(*p);
+  for (std::string* p : {&a.data, &a.val_data, &a.init, &a.output_dir, &a.deepspeed}) *p = absolute_path(*p);
 }
 
 TrainingArguments apply_layers(TrainingArguments args, const std::vector<ArgumentLayer>& layers) {
   for (const ArgumentLayer& layer : layers) apply_config_values(args, layer.values, layer.source);
   make_paths_absolute(args);
+  apply_sharding_config(args);
   return args;
 }
 
@@ -51,6 +54,22 @@ TrainingArguments saved_arguments(const fs::path& checkpoint) {
   args.given.clear();
   return args;
 }
+
+// --memory-report: after the second optimizer step (whose backward ran with the optimizer
+// state the first one allocated: the steady-state peak), every rank's bytes by category next to ZeRO's formula, printed by the main process.
+class MemoryReportCallback : public TrainerCallback {
+ public:
+  MemoryReportCallback(dist::Accelerator& acc, nn::Module& model) : acc_(acc), model_(model) {}
+  void on_step_end(const TrainingArguments&, TrainerState& state, TrainerControl&) override {
+    if (state.global_step != std::min<int64_t>(2, state.max_steps)) return;
+    const std::string table = acc_.memory_report(model_);
+    if (!table.empty()) std::cout << table << std::flush;
+  }
+
+ private:
+  dist::Accelerator& acc_;
+  nn::Module& model_;
+};
 
 // Prints a sample continuing a newline every sample_every steps (main process).
 class SampleCallback : public TrainerCallback {
@@ -219,6 +238,8 @@ void run_training(const TrainingArguments& args) {
   if (!val_path.empty()) val_file.emplace(open_token_file(val_path.string(), "validation file"));
   const auto tokenizer = find_tokenizer(data_dir);
 
+  // Counted from the model's first parameter on (the report's categories need every storage).
+  if (args.memory_report) enable_memory_categories(true);
   std::unique_ptr<nn::CausalLM> model = build_model(args, train_file, tokenizer.get());
   TESSERA_CHECK(args.seq <= model->context_length(), args.describe("seq"),
                 " is longer than the model context = ", model->context_length(), " (got ", args.seq,
@@ -233,6 +254,8 @@ void run_training(const TrainingArguments& args) {
   if (tokenizer) extra_files = tokenizer->files();  // tokenizer.json (+ Hugging Face's other files)
   Trainer trainer(args, *model, train_file, val_file, language_model_metrics, extra_files);
   const bool main_process = trainer.accelerator().is_main_process();
+  if (args.memory_report)  // every rank: the report gathers each one's counters
+    trainer.add_callback(std::make_shared<MemoryReportCallback>(trainer.accelerator(), *model));
   if (args.early_stopping_patience > 0)
     trainer.add_callback(std::make_shared<EarlyStoppingCallback>(args.early_stopping_patience,
                                                                  args.early_stopping_threshold));
@@ -255,6 +278,8 @@ void run_training(const TrainingArguments& args) {
         (long long)args.gradient_accumulation_steps,
         world > 1 ? (" x " + std::to_string(world) + " processes").c_str() : "",
         (long long)trainer.tokens_per_step(), args.shuffle ? "shuffled" : "sequential");
+    if (const dist::DataParallelStrategy* s = trainer.accelerator().strategy_of(*model); s && world > 1)
+      std::printf("data parallel: %s over %d processes\n", s->name().c_str(), world);
     std::fflush(stdout);
   }
   trainer.train();

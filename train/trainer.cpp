@@ -77,10 +77,15 @@ Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile tr
       extra_files_(std::move(extra_files)) {
   validate(args_);
   const Device wanted = Device::parse(args_.device);
-  acc_ = std::make_unique<dist::Accelerator>(dist::AcceleratorOptions{
-      .mixed_precision = mixed_precision_of(args_),
-      .gradient_accumulation_steps = static_cast<int>(args_.gradient_accumulation_steps),
-      .cpu = wanted.is_cpu()});
+  dist::AcceleratorOptions options;
+  options.mixed_precision = mixed_precision_of(args_);
+  options.gradient_accumulation_steps = static_cast<int>(args_.gradient_accumulation_steps);
+  options.cpu = wanted.is_cpu();
+  options.zero_stage = static_cast<int>(args_.zero_stage);
+  options.offload_optimizer = args_.offload != "none";
+  options.offload_param = args_.offload == "param";
+  options.deepspeed_config = args_.deepspeed;  // its bucket sizes (the rest is in args_ already)
+  acc_ = std::make_unique<dist::Accelerator>(options);
   // One GPU per local rank when distributed; the named device otherwise.
   device_ = wanted.is_cuda() && acc_->num_processes() > 1 ? acc_->device() : wanted;
   model_.to(device_);

@@ -8,6 +8,7 @@
 
 #include "tessera/core/device.h"
 #include "tessera/core/error.h"
+#include "tessera/dist/deepspeed_config.h"
 
 namespace tessera::train {
 
@@ -85,6 +86,11 @@ const std::map<std::string, Field>& fields() {
       {"early_stopping_patience", field(Kind::Int, &Args::early_stopping_patience)},
       {"early_stopping_threshold", field(Kind::Real, &Args::early_stopping_threshold)},
       {"device", field(Kind::Text, &Args::device)},
+      {"zero_stage", field(Kind::Int, &Args::zero_stage)},
+      {"offload", field(Kind::Text, &Args::offload)},
+      {"deepspeed", field(Kind::Text, &Args::deepspeed)},
+      {"fsdp", field(Kind::Text, &Args::fsdp)},
+      {"memory_report", field(Kind::Flag, &Args::memory_report)},
       // fp32 | bf16 | fp16: the `--dtype` flag, stored as Hugging Face's bf16/fp16 switches.
       {"dtype",
        {Kind::Text,
@@ -437,11 +443,80 @@ void validate(const TrainingArguments& a) {
   require(a.sampling == "windows" || a.sampling == "random", "sampling",
           "must be windows or random", a.sampling);
   require(a.dropout >= 0 && a.dropout < 1, "dropout", "must be in [0, 1)", a.dropout);
+  require(a.zero_stage >= -1 && a.zero_stage <= 3, "zero_stage", "must be 0 (DDP), 1, 2 or 3", a.zero_stage);
+  require(a.offload == "none" || a.offload == "optimizer" || a.offload == "param", "offload",
+          "must be none, optimizer or param", a.offload);
+  require(a.offload == "none" || a.zero_stage >= 1, "offload",
+          "needs a ZeRO stage (zero_stage 1, 2 or 3; param: 3)", a.offload);
+  require(a.offload != "param" || a.zero_stage == 3, "offload", "param needs zero_stage 3", a.offload);
   try {
     Device::parse(a.device);
   } catch (const Error&) {
     require(false, "device", "must be cpu, cuda or cuda:N", a.device);
   }
+}
+
+namespace {
+
+// Sets `key` to the value a sharding source gives, unless the user set it otherwise.
+void take_setting(TrainingArguments& a, const std::string& key, const Json& value, const std::string& from) {
+  const Json current = fields().at(key).get(a);
+  // bf16/fp16 are also set through "dtype".
+  const std::string set_as = !a.given.count(key) && (key == "bf16" || key == "fp16") ? "dtype" : key;
+  TESSERA_CHECK(!a.given.count(set_as) || current == value, from, " is ", value.dump(), " but ",
+                a.describe(set_as), " is ", fields().at(set_as).get(a).dump(), "; they contradict each other");
+  fields().at(key).set(a, value);
+}
+
+// Hugging Face's `fsdp` string: one sharding strategy and the options "offload", "auto_wrap".
+void apply_fsdp_words(TrainingArguments& a) {
+  std::istringstream words(a.fsdp);
+  std::string word;
+  int stage = -1;
+  bool offload = false;
+  while (words >> word) {
+    if (word == "offload") {
+      offload = true;
+    } else if (word == "auto_wrap") {
+      // Tessera's stage 3 always shards per transformer block (its ModuleList children).
+    } else {
+      try {
+        stage = dist::fsdp_sharding_stage(word);
+      } catch (const Error& e) {
+        TESSERA_FAIL(a.describe("fsdp"), ": ", e.what(), " (options: offload, auto_wrap)");
+      }
+    }
+  }
+  TESSERA_CHECK(stage >= 0 || a.fsdp.empty(), a.describe("fsdp"), " names no sharding strategy (got \"", a.fsdp,
+                "\")");
+  if (stage >= 0) take_setting(a, "zero_stage", stage, a.describe("fsdp") + " (" + a.fsdp + ")");
+  // FSDP's CPUOffload moves the parameters (and so their optimizer state) to the host.
+  if (offload) take_setting(a, "offload", "param", a.describe("fsdp") + " (offload)");
+}
+
+}  // namespace
+
+void apply_sharding_config(TrainingArguments& a) {
+  if (!a.fsdp.empty()) apply_fsdp_words(a);
+  if (a.deepspeed.empty()) return;
+  const dist::DeepSpeedConfig ds = dist::DeepSpeedConfig::read(a.deepspeed);
+  const std::string in = ds.source + ": \"";
+  if (ds.zero_stage) take_setting(a, "zero_stage", *ds.zero_stage, in + "zero_optimization.stage\"");
+  if (ds.offload_param.value_or(false) || ds.offload_optimizer.value_or(false))
+    take_setting(a, "offload", ds.offload_param.value_or(false) ? "param" : "optimizer",
+                 in + "zero_optimization.offload_" + (ds.offload_param.value_or(false) ? "param" : "optimizer") +
+                     ".device\"");
+  if (ds.gradient_accumulation_steps)
+    take_setting(a, "gradient_accumulation_steps", *ds.gradient_accumulation_steps,
+                 in + "gradient_accumulation_steps\"");
+  if (ds.gradient_clipping) take_setting(a, "max_grad_norm", *ds.gradient_clipping, in + "gradient_clipping\"");
+  if (ds.mixed_precision) {
+    take_setting(a, "bf16", *ds.mixed_precision == "bf16", in + "bf16.enabled\"");
+    take_setting(a, "fp16", *ds.mixed_precision == "fp16", in + "fp16.enabled\"");
+  }
+  if (ds.train_micro_batch_size_per_gpu)
+    take_setting(a, "per_device_train_batch_size", *ds.train_micro_batch_size_per_gpu,
+                 in + "train_micro_batch_size_per_gpu\"");
 }
 
 }  // namespace tessera::train

@@ -72,6 +72,12 @@ struct TrainingArguments {
   int64_t early_stopping_patience = 0;  // 0 = no early stopping
   double early_stopping_threshold = 0;
   std::string device = "cpu";
+  // ---- data-parallel sharding (dist/deepspeed_config.h) ----
+  int64_t zero_stage = -1;         // 0 = DDP, 1-3 = ZeRO; -1 = TESSERA_ZERO_STAGE or 0
+  std::string offload = "none";    // none | optimizer | param (ZeRO-Offload)
+  std::string deepspeed;           // a DeepSpeed JSON file (Hugging Face's `deepspeed`)
+  std::string fsdp;                // Hugging Face's `fsdp`: full_shard|shard_grad_op|no_shard [offload] [auto_wrap]
+  bool memory_report = false;      // print each rank's bytes by category next to ZeRO's formula
 
   // The name each setting was given under ("steps" for max_steps) and where
   // ("command line" or "config 'f.yaml'"), for messages; only keys the user set.
@@ -108,6 +114,11 @@ nlohmann::json read_config_file(const std::string& path);
 // errors naming the key and `source`.
 void apply_config_values(TrainingArguments& args, const nlohmann::json& values,
                          const std::string& source);
+
+// Folds the `deepspeed` file and the `fsdp` words into zero_stage, offload, precision,
+// accumulation and clipping. A value set both there and elsewhere must agree: the error
+// names the file's key and the other setting.
+void apply_sharding_config(TrainingArguments& args);
 
 // Checks ranges and consistency (positive sizes, heads dividing channels, finite numbers,
 // known schedule/strategy/device/precision, ...); errors name the key.

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace tessera_cli_test {
 
 namespace fs = std::filesystem;
@@ -89,6 +91,26 @@ inline fs::path prepared(const std::string& tokenizer) {
 inline std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The lines of a run's metrics.jsonl.
+inline std::vector<nlohmann::json> read_metrics(const fs::path& run_dir) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// (loss or val_loss) of every metrics line with step > after, as exact doubles.
+inline std::vector<std::pair<int64_t, double>> losses_after(const fs::path& run_dir, int64_t after) {
+  std::vector<std::pair<int64_t, double>> out;
+  for (const auto& j : read_metrics(run_dir)) {
+    const int64_t step = j["step"];
+    if (step <= after) continue;
+    out.emplace_back(step, j.contains("loss") ? j["loss"].get<double>() : -j["val_loss"].get<double>());
+  }
+  return out;
 }
 
 }  // namespace tessera_cli_test

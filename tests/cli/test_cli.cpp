@@ -28,25 +28,6 @@ namespace {
 
 const std::string kTinyModel = " --n-layer 1 --n-head 2 --n-embd 16 --seq 16 --batch 4 ";
 
-std::vector<nlohmann::json> read_metrics(const fs::path& run_dir) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run_dir / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
-// (loss or val_loss) of every metrics line with step > after, as exact doubles.
-std::vector<std::pair<int64_t, double>> losses_after(const fs::path& run_dir, int64_t after) {
-  std::vector<std::pair<int64_t, double>> out;
-  for (const auto& j : read_metrics(run_dir)) {
-    const int64_t step = j["step"];
-    if (step <= after) continue;
-    out.emplace_back(step, j.contains("loss") ? j["loss"].get<double>() : -j["val_loss"].get<double>());
-  }
-  return out;
-}
-
 void expect_resume_bit_identical(const std::string& mode) {
   const fs::path data = prepared("byte");
   const std::string common = "train --data " + (data / "train.bin").string() + kTinyModel +

@@ -6,10 +6,13 @@
 // optimizer step's loss and gradient norm, then the final weights (unwrap_model gathers
 // them under stage 3), to --out; --memory makes every rank print its bytes by category.
 //
+// The rows come from a DataLoader over a token file the main process writes beside --out
+// (sequential order: micro-step k of rank r reads rows (k·W + r)·B ...).
+//
 // --save DIR --save-at K writes the Accelerator's state (ZeRO: sharded optimizer) after
-// step K and trains on; --resume DIR --start-step K loads the weights and re-slices the
-// optimizer shards of such a checkpoint, at this run's world size and stage, and trains
-// steps K.. (same global batch: W·B rows per micro-step).
+// step K and trains on; --resume DIR --start-step K continues from such a checkpoint through
+// Accelerator::load_state, at this run's world size and stage (the optimizer state is
+// re-sliced, the loader position re-counted), and trains steps K.. .
 //
 // usage: dist_zero_check [--zero-stage N] --out FILE [--rows B] [--accum A] [--steps S]
 //                        [--clip C] [--bucket-bytes N] [--backend auto|tcp|mpi]
@@ -22,10 +25,10 @@
 #include <iostream>
 #include <string>
 
+#include "tessera/core/memory_category.h"
 #include "tessera/core/random.h"
-#include "tessera/core/safetensors.h"
+#include "tessera/data/dataloader.h"
 #include "tessera/dist/accelerator.h"
-#include "tessera/dist/sharded_state.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/optim/adamw.h"
 
@@ -35,22 +38,14 @@ namespace {
 
 constexpr int64_t kVocab = 37, kSeq = 8, kTokens = 4001;
 
-// Rows [start, start + n) of a fixed token stream as [n, T] inputs and shifted targets.
-std::pair<Tensor, Tensor> rows(int64_t start, int64_t n) {
-  std::vector<int64_t> x(n * kSeq), y(n * kSeq);
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t t = 0; t < kSeq; ++t) {
-      // Runs of 17 tokens stepping by 3: learnable from the previous token.
-      auto token = [](int64_t i) {
-        i %= kTokens;
-        return ((i % 17) * 3 + (i / 17) % 5) % kVocab;
-      };
-      const int64_t at = (start + b) * kSeq + t;
-      x[b * kSeq + t] = token(at);
-      y[b * kSeq + t] = token(at + 1);
-    }
-  return {from_vector(x, {n, kSeq}, {.dtype = DType::i64}),
-          from_vector(y, {n, kSeq}, {.dtype = DType::i64})};
+// Runs of 17 tokens stepping by 3: learnable from the previous token.
+uint32_t token(int64_t i) { return static_cast<uint32_t>(((i % 17) * 3 + (i / 17) % 5) % kVocab); }
+
+std::string write_tokens(const std::string& path) {
+  std::vector<uint32_t> tokens(kTokens);
+  for (int64_t i = 0; i < kTokens; ++i) tokens[i] = token(i);
+  data::write_token_file(path, tokens, kVocab);
+  return path;
 }
 
 }  // namespace
@@ -109,6 +104,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   int rank = -1;
+  if (memory) enable_memory_categories(true);  // before the model: every storage counted
   try {
     dist::Accelerator acc({.mixed_precision = precision,
                            .gradient_accumulation_steps = static_cast<int>(accum),
@@ -131,34 +127,43 @@ int main(int argc, char** argv) {
                                 .tie_word_embeddings = tied});
     model.to(acc.device());
     optim::AdamW opt(model.parameters(), {.lr = 2e-2, .weight_decay = 0.1});
-    if (!resume_dir.empty())
-      model.load_state_dict(load_safetensors(resume_dir + "/model.safetensors").tensors);  // the weights as saved
-    acc.prepare(model, opt);
-    if (!resume_dir.empty())
-      dist::load_sharded_optimizer(resume_dir, *acc.strategy_of(model), opt, acc.group());
+    const std::string tokens = out_path + ".tokens.bin";
+    if (acc.is_main_process()) write_tokens(tokens);
+    acc.wait_for_everyone();
+    data::DataLoader loader(data::TokenFile(tokens),
+                            {.batch = rows_per_rank, .seq = kSeq, .device = acc.device()});
+    acc.prepare(model, opt, loader);
+    if (!resume_dir.empty()) acc.load_state(resume_dir);
 
-    const int64_t world = acc.num_processes();
     std::ofstream out;
     if (acc.is_main_process()) out.open(out_path);
-    int64_t micro = start_step * accum;
     for (int64_t step = start_step; step < steps; ++step) {
       double step_loss = 0, norm = 0;
-      for (int64_t a = 0; a < accum; ++a, ++micro) {
+      for (int64_t a = 0; a < accum; ++a) {
         auto scope = acc.accumulate(model);
-        auto [x, y] = rows((micro * world + rank) * rows_per_rank, rows_per_rank);
-        Tensor loss = model.loss(x.to(acc.device()), y.to(acc.device()));
+        auto [x, y] = loader.next();  // on the accelerator's device
+        Tensor loss = model.loss(x, y);
         acc.backward(loss);
         step_loss += acc.reduce(loss.detach().to(DType::f32), "mean").item() / accum;
         if (scope.sync_gradients()) norm = acc.clip_grad_norm_(model.parameters(), clip);
         // At the step's peak: gradients reduced, optimizer state allocated (after step 1).
         if (memory && scope.sync_gradients() && step + 1 == steps) {
           const dist::MemoryUsage m = acc.memory_usage(model);
+          const CategoryMemoryStats counted = category_memory_stats(acc.device().type);
+          using C = MemoryCategory;
           std::cout << ("memory rank " + std::to_string(rank) + " stage " +
                         std::to_string(zero_stage) + " parameters " + std::to_string(m.parameters) +
                         " gradients " + std::to_string(m.gradients) + " optimizer " +
                         std::to_string(m.optimizer) + " communication " +
-                        std::to_string(m.communication) + "\n")
+                        std::to_string(m.communication) + "\n" + "allocator rank " + std::to_string(rank) +
+                        " stage " + std::to_string(zero_stage) + " parameters " +
+                        std::to_string(counted.of(C::Parameters)) + " gradients " +
+                        std::to_string(counted.of(C::Gradients)) + " optimizer " +
+                        std::to_string(counted.of(C::OptimizerState)) + " communication " +
+                        std::to_string(counted.of(C::Communication)) + "\n")
                     << std::flush;
+          const std::string report = acc.memory_report(model);
+          if (!report.empty()) std::cout << report << std::flush;
         }
         opt.step();
         opt.zero_grad();

@@ -1,0 +1,109 @@
+#include "tessera/core/memory_category.h"
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+#include "tessera/core/allocator.h"
+
+namespace tessera {
+
+namespace {
+
+thread_local MemoryCategory g_current = MemoryCategory::Other;
+std::atomic<bool> g_enabled{false};
+
+struct Entry {
+  size_t nbytes;
+  DeviceType type;
+  MemoryCategory category;
+};
+
+struct Ledger {
+  std::mutex mutex;
+  std::unordered_map<const void*, Entry> storages;
+  std::array<CategoryMemoryStats, kNumDeviceTypes> stats{};
+
+  void add(const Entry& e, int64_t sign) {
+    CategoryMemoryStats& s = stats[static_cast<int>(e.type)];
+    s.in_use[static_cast<int>(e.category)] += sign * static_cast<int64_t>(e.nbytes);
+    const int64_t total = s.total_in_use();
+    if (total > s.peak) {
+      s.peak = total;
+      s.at_peak = s.in_use;
+    }
+  }
+};
+
+Ledger& ledger() {
+  static Ledger* l = new Ledger;  // never destroyed: storages may be freed during exit
+  return *l;
+}
+
+}  // namespace
+
+const char* memory_category_name(MemoryCategory category) {
+  static const char* names[] = {"other",     "parameters",  "gradients",
+                                "optimizer", "activations", "communication"};
+  return names[static_cast<int>(category)];
+}
+
+MemoryCategoryScope::MemoryCategoryScope(MemoryCategory category) : previous_(g_current) {
+  g_current = category;
+}
+MemoryCategoryScope::~MemoryCategoryScope() { g_current = previous_; }
+MemoryCategory current_memory_category() { return g_current; }
+
+int64_t CategoryMemoryStats::total_in_use() const {
+  int64_t total = 0;
+  for (int64_t b : in_use) total += b;
+  return total;
+}
+
+void enable_memory_categories(bool on) { g_enabled = on; }
+bool memory_categories_enabled() { return g_enabled.load(std::memory_order_relaxed); }
+
+CategoryMemoryStats category_memory_stats(DeviceType type) {
+  std::lock_guard lock(ledger().mutex);
+  return ledger().stats[static_cast<int>(type)];
+}
+
+void reset_category_peak(DeviceType type) {
+  std::lock_guard lock(ledger().mutex);
+  CategoryMemoryStats& s = ledger().stats[static_cast<int>(type)];
+  s.peak = s.total_in_use();
+  s.at_peak = s.in_use;
+}
+
+void set_memory_category(const Storage& storage, MemoryCategory category) {
+  if (!memory_categories_enabled()) return;
+  std::lock_guard lock(ledger().mutex);
+  auto it = ledger().storages.find(&storage);
+  if (it == ledger().storages.end() || it->second.category == category) return;
+  ledger().add(it->second, -1);
+  it->second.category = category;
+  ledger().add(it->second, +1);
+}
+
+namespace detail {
+
+void record_storage_allocated(const void* storage, size_t nbytes, DeviceType type) {
+  if (!memory_categories_enabled() || nbytes == 0) return;
+  const Entry e{nbytes, type, g_current};
+  std::lock_guard lock(ledger().mutex);
+  ledger().storages[storage] = e;
+  ledger().add(e, +1);
+}
+
+void record_storage_freed(const void* storage) {
+  if (!memory_categories_enabled()) return;
+  std::lock_guard lock(ledger().mutex);
+  auto it = ledger().storages.find(storage);
+  if (it == ledger().storages.end()) return;
+  ledger().add(it->second, -1);
+  ledger().storages.erase(it);
+}
+
+}  // namespace detail
+
+}  // namespace tessera

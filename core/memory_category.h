@@ -1,0 +1,70 @@
+// Bytes by what they hold: ZeRO's memory formula counts parameters, gradients and optimizer
+// state; a training step adds activations and communication buffers. The code that allocates
+// says which with a scope (thread-local, innermost wins):
+//
+//   MemoryCategoryScope tag(MemoryCategory::Gradients);   // flat gradient buckets
+//   Tensor g = zeros({n});                                  // counted as gradients
+//
+// and every tensor storage remembers its category until it is freed, so the counters below
+// hold the bytes alive now per category and device type, and the split at the moment the
+// total was highest. Counting is off until enable_memory_categories(true) (the memory report
+// and `tessera plan` turn it on): then every allocation and free takes one short lock.
+// Storages alive before that are not counted.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "tessera/core/device.h"
+
+namespace tessera {
+
+enum class MemoryCategory : uint8_t {
+  Other,
+  Parameters,
+  Gradients,
+  OptimizerState,
+  Activations,
+  Communication,
+};
+inline constexpr int kNumMemoryCategories = 6;
+const char* memory_category_name(MemoryCategory category);
+
+// The category of what this thread allocates while the scope lives.
+class MemoryCategoryScope {
+ public:
+  explicit MemoryCategoryScope(MemoryCategory category);
+  ~MemoryCategoryScope();
+  MemoryCategoryScope(const MemoryCategoryScope&) = delete;
+  MemoryCategoryScope& operator=(const MemoryCategoryScope&) = delete;
+
+ private:
+  MemoryCategory previous_;
+};
+MemoryCategory current_memory_category();
+
+struct CategoryMemoryStats {
+  std::array<int64_t, kNumMemoryCategories> in_use{};   // bytes alive now, by category
+  std::array<int64_t, kNumMemoryCategories> at_peak{};  // the split when `peak` was reached
+  int64_t peak = 0;                                     // most bytes alive at once (counted ones)
+  int64_t total_in_use() const;
+  int64_t of(MemoryCategory c) const { return in_use[static_cast<int>(c)]; }
+  int64_t at_peak_of(MemoryCategory c) const { return at_peak[static_cast<int>(c)]; }
+};
+
+void enable_memory_categories(bool on);
+bool memory_categories_enabled();
+CategoryMemoryStats category_memory_stats(DeviceType type);
+// Starts a new peak window at the bytes alive now.
+void reset_category_peak(DeviceType type);
+// Re-files a live storage under another category (memory allocated before its role was
+// known: a model's parameters are built before the data-parallel strategy adopts them).
+void set_memory_category(const class Storage& storage, MemoryCategory category);
+
+namespace detail {
+// Called by Storage for the memory it allocates.
+void record_storage_allocated(const void* storage, size_t nbytes, DeviceType type);
+void record_storage_freed(const void* storage);
+}  // namespace detail
+
+}  // namespace tessera

@@ -1,0 +1,144 @@
+#include "tessera/dist/memory_plan.h"
+
+#include <optional>
+#include <set>
+
+#include "tessera/autograd/autocast.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/core/size_only.h"
+#include "tessera/dist/accelerator.h"
+#include "tessera/dist/ddp.h"
+#include "tessera/dist/zero.h"
+#include "tessera/optim/adamw.h"
+
+namespace tessera::dist {
+
+namespace {
+
+// Rank 0 of a world of `size` where every collective is complete at once and moves nothing
+// (in size-only mode there are no values to move).
+class SizeOnlyProcessGroup final : public ProcessGroup {
+ public:
+  explicit SizeOnlyProcessGroup(int size) : ProcessGroup(0, size, ProcessGroupOptions{}) {}
+  std::string backend_name() const override { return "size-only"; }
+
+ protected:
+  bool supports_device(Device) const override { return true; }
+  WorkPtr do_all_reduce(const CollectiveSignature&, const Tensor&, ReduceOp) override {
+    return completed_work();
+  }
+  WorkPtr do_reduce_scatter(const CollectiveSignature&, const Tensor&, const Tensor&,
+                            ReduceOp) override {
+    return completed_work();
+  }
+  WorkPtr do_all_gather(const CollectiveSignature&, const std::vector<Tensor>&,
+                        const Tensor&) override {
+    return completed_work();
+  }
+  WorkPtr do_broadcast(const CollectiveSignature&, const Tensor&, int) override {
+    return completed_work();
+  }
+  WorkPtr do_barrier(const CollectiveSignature&) override { return completed_work(); }
+  WorkPtr do_send(const Tensor&, int, int) override { return completed_work(); }
+  WorkPtr do_recv(const Tensor&, int, int) override { return completed_work(); }
+  std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks, uint64_t,
+                                             ProcessGroupOptions) override {
+    return std::make_shared<SizeOnlyProcessGroup>(static_cast<int>(ranks.size()));
+  }
+};
+
+std::unique_ptr<DataParallelStrategy> make_strategy(nn::Module& model,
+                                                    std::shared_ptr<ProcessGroup> group,
+                                                    const MemoryPlanOptions& o,
+                                                    DType reduce_dtype) {
+  if (o.zero_stage == 0) {
+    DDPOptions ddp;
+    ddp.bucket_bytes = o.bucket_bytes;
+    return std::make_unique<DistributedDataParallel>(model, std::move(group), ddp);
+  }
+  ZeroOptions zero;
+  zero.stage = o.zero_stage;
+  zero.bucket_bytes = o.bucket_bytes;
+  zero.reduce_dtype = reduce_dtype;
+  zero.prefetch_numel = o.stage3_prefetch_bucket_size >= 0
+                            ? o.stage3_prefetch_bucket_size
+                            : AcceleratorOptions{}.stage3_prefetch_bucket_size;
+  return std::make_unique<ZeroStrategy>(model, std::move(group), zero);
+}
+
+// One optimizer step as the Trainer takes it (tessera train): accumulation micro-steps with
+// the sync on the last, clipping, the update, zero_grad.
+void training_step(nn::GPT& model, DataParallelStrategy& strategy, optim::Optimizer& opt,
+                   const MemoryPlanOptions& o, const MixedPrecisionPolicy& policy) {
+  for (int micro = 0; micro < o.gradient_accumulation_steps; ++micro) {
+    const bool sync = micro + 1 == o.gradient_accumulation_steps;
+    MemoryCategoryScope activations(MemoryCategory::Activations);
+    std::optional<DataParallelStrategy::NoSyncGuard> no_sync;
+    if (!sync) no_sync.emplace(strategy.no_sync());
+    std::unique_ptr<autograd::AutocastGuard> autocast;
+    if (policy.compute_dtype != DType::f32)
+      autocast = std::make_unique<autograd::AutocastGuard>(policy.compute_dtype);
+    const Tensor x = zeros({o.batch, o.seq}, {.dtype = DType::i64});
+    const Tensor y = zeros({o.batch, o.seq}, {.dtype = DType::i64});
+    Tensor loss = model.loss(x, y);
+    if (o.gradient_accumulation_steps > 1)
+      loss = loss / static_cast<double>(o.gradient_accumulation_steps);
+    loss.backward();
+    if (sync) strategy.finish_gradient_sync();
+  }
+  strategy.clip_grad_norm_(model.parameters(), 1.0);
+  opt.step();
+  opt.zero_grad();
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const MemoryPlanOptions& o) {
+  TESSERA_CHECK(
+      o.world >= 1 && o.zero_stage >= 0 && o.zero_stage <= 3 && o.batch > 0 && o.seq > 0 &&
+          o.gradient_accumulation_steps >= 1,
+      "plan_memory: needs world >= 1, zero_stage 0-3, positive batch, seq and accumulation");
+  TESSERA_CHECK(o.seq <= o.model.block_size, "plan_memory: seq ", o.seq,
+                " is longer than the context block_size ", o.model.block_size);
+  const MixedPrecisionPolicy policy = MixedPrecisionPolicy::from_name(o.mixed_precision);
+  SizeOnlyMode size_only(o.gpu_routes);
+  const int64_t before = category_memory_stats(DeviceType::CPU).total_in_use();
+  TESSERA_CHECK(before == 0, "plan_memory: ", before,
+                " bytes were already counted; run it in a fresh process");
+  reset_category_peak(DeviceType::CPU);
+  MemoryPlan plan;
+  {
+    nn::GPT model(o.model);
+    auto group = std::make_shared<SizeOnlyProcessGroup>(o.world);
+    std::unique_ptr<DataParallelStrategy> strategy;
+    {
+      MemoryCategoryScope tag(MemoryCategory::Parameters);
+      if (policy.low_precision_parameters()) model.to(policy.param_dtype);
+      strategy = make_strategy(model, group, o, policy.reduce_dtype);
+      for (const Tensor& p : model.parameters())
+        if (p.storage()) set_memory_category(*p.storage(), MemoryCategory::Parameters);
+    }
+    optim::AdamW opt(model.parameters(), {.weight_decay = 0.1});
+    {
+      MemoryCategoryScope tag(MemoryCategory::OptimizerState);
+      if (policy.low_precision_parameters()) opt.set_master_weights(true);
+      strategy->prepare_optimizer(opt);
+    }
+    // Two steps: the optimizer state appears in the first, the second's backward runs with it.
+    for (int step = 0; step < 2; ++step) training_step(model, *strategy, opt, o, policy);
+    const CategoryMemoryStats stats = category_memory_stats(DeviceType::CPU);
+    plan.peak = stats.peak;
+    plan.at_peak = stats.at_peak;
+    plan.steady = stats.in_use;
+    plan.strategy = strategy->name();
+    std::set<const TensorImpl*> seen;
+    for (const Tensor& p : model.parameters())
+      if (seen.insert(p.impl_ptr().get()).second) plan.psi += p.numel();
+    plan.formula =
+        zero_memory_formula(plan.psi, static_cast<int64_t>(dtype_size(policy.param_dtype)),
+                            policy.low_precision_parameters(), o.zero_stage, o.world);
+  }
+  return plan;
+}
+
+}  // namespace tessera::dist

@@ -1,0 +1,301 @@
+// `tessera train` under ZeRO: the stage named as users know it (--zero-stage, a DeepSpeed
+// JSON, FSDP's names), bad sharding settings refused before any work, and a run whose
+// checkpoint was written by 2 ranks at stage 3 resumed at another world size and stage.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tessera/autograd/functions.h"
+#include "tessera/core/safetensors.h"
+#include "tessera/nn/nn.h"
+#include "tests/cli/cli_harness.h"
+#include "tests/nn/python_reference.h"
+
+namespace fs = std::filesystem;
+using namespace tessera_cli_test;
+
+namespace {
+
+const std::string kModel = " --n-layer 2 --n-head 2 --n-embd 16 --seq 16 ";
+
+std::string launch(int nproc) {
+  return "launch --nproc-per-node " + std::to_string(nproc) + " " + tessera_binary() + " ";
+}
+
+std::string write(const std::string& name, const std::string& text) {
+  const fs::path p = scratch() / name;
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+std::string train_args(const std::string& out) {
+  return "train --data " + (prepared("byte") / "train.bin").string() + kModel + " --out " +
+         (scratch() / out).string() + " ";
+}
+
+TEST(CliSharding, BadShardingSettingsFailBeforeTrainingNamingTheKey) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--deepspeed " +
+           write("ds_unknown.json", R"({"zero_optimization": {"stage": 2, "stage3_magic": 1}})"),
+       "zero_optimization.stage3_magic"},
+      {"--deepspeed " + write("ds_top.json", R"({"optimizer_magic": {}})"), "optimizer_magic"},
+      {"--deepspeed " +
+           write("ds_both.json", R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})"),
+       "both true"},
+      {"--deepspeed " +
+           write("ds_param2.json",
+                 R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})"),
+       "offload_param.device"},
+      {"--deepspeed " +
+           write("ds_nvme.json",
+                 R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})"),
+       "NVMe"},
+      {"--deepspeed " + write("ds_overlap.json",
+                              R"({"zero_optimization": {"stage": 2, "overlap_comm": false}})"),
+       "overlap_comm"},
+      {"--deepspeed " + write("ds_stage.json", R"({"zero_optimization": {"stage": 5}})"),
+       "zero_optimization.stage"},
+      {"--deepspeed " + write("ds_type.json", R"({"gradient_clipping": "lots"})"),
+       "gradient_clipping"},
+      {"--deepspeed " + write("ds_broken.json", "{\"zero_optimization\": "), "not valid JSON"},
+      {"--deepspeed " + (scratch() / "missing.json").string(), "missing.json"},
+      {"--zero-stage 1 --deepspeed " +
+           write("ds_three.json", R"({"zero_optimization": {"stage": 3}})"),
+       "contradict"},
+      {"--grad-accum 4 --deepspeed " +
+           write("ds_accum.json", R"({"gradient_accumulation_steps": 2})"),
+       "gradient_accumulation_steps"},
+      {"--dtype fp32 --deepspeed " + write("ds_bf16.json", R"({"bf16": {"enabled": true}})"),
+       "bf16.enabled"},
+      {"--zero-stage 4", "\"zero_stage\""},
+      {"--offload disk --zero-stage 2", "\"offload\""},
+      {"--offload param --zero-stage 2", "\"offload\""},
+      {"--offload optimizer", "\"offload\""},
+      {"--fsdp HYBRID_SHARD", "hybrid"},
+      {"--fsdp FULL_SHARD --zero-stage 2", "contradict"},
+  };
+  for (const auto& [args, key] : cases) {
+    const auto r = run(train_args("bad_sharding") + "--steps 2 " + args);
+    EXPECT_NE(r.rc, 0) << args;
+    EXPECT_NE(r.output.find(key), std::string::npos) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << args << "\n" << r.output;
+  }
+}
+
+// The same 2-rank run named three ways trains the same ZeRO stage; "auto" leaves a value to
+// the flags. Every stage computes what DDP computes, so the losses equal DDP's.
+TEST(CliSharding, DeepSpeedFileFsdpNameAndFlagSelectTheStage) {
+  const std::string ds = write("ds_good.json", R"({
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": 500, "overlap_comm": true,
+                          "stage3_prefetch_bucket_size": "auto", "offload_optimizer": {"device": "none"}},
+    "gradient_accumulation_steps": 2, "gradient_clipping": 0.5, "bf16": {"enabled": false},
+    "train_micro_batch_size_per_gpu": 3})");
+  const std::string common = " --steps 4 --schedule constant ";
+  auto r =
+      run(launch(2) + train_args("ds_ddp") + common + "--batch 3 --grad-accum 2 --grad-clip 0.5");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("DDP over 2 processes"), std::string::npos) << r.output;
+  const auto ddp = losses_after(scratch() / "ds_ddp", 0);
+  ASSERT_EQ(ddp.size(), 4u + 1u);  // 4 steps and the final evaluation
+
+  r = run(launch(2) + train_args("ds_two") + common + "--deepspeed " + ds);
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("ZeRO-2 over 2 processes"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("3x16 x 2 micro-batches"), std::string::npos) << r.output;
+  const auto saved = nlohmann::json::parse(slurp(scratch() / "ds_two" / "config.train.json"));
+  EXPECT_EQ(saved["zero_stage"], 2);
+  EXPECT_EQ(saved["max_grad_norm"], 0.5);
+  EXPECT_EQ(saved["gradient_accumulation_steps"], 2);
+  const auto zero2 = losses_after(scratch() / "ds_two", 0);
+  ASSERT_EQ(zero2.size(), ddp.size());
+  for (size_t i = 0; i < ddp.size(); ++i)
+    EXPECT_NEAR(zero2[i].second, ddp[i].second, 1e-6 * std::fabs(ddp[i].second))
+        << "step " << ddp[i].first;
+
+  r = run(launch(2) + train_args("fsdp_three") + common +
+          "--batch 3 --grad-accum 2 --grad-clip 0.5 --fsdp "
+          "\"full_shard auto_wrap\"");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("ZeRO-3 over 2 processes"), std::string::npos) << r.output;
+  // The exported model is whole (gathered from the shards) and equals DDP's.
+  EXPECT_EQ(slurp(scratch() / "fsdp_three" / "model" / "model.safetensors"),
+            slurp(scratch() / "ds_ddp" / "model" / "model.safetensors"));
+  const auto zero3 = losses_after(scratch() / "fsdp_three", 0);
+  ASSERT_EQ(zero3.size(), ddp.size());
+  for (size_t i = 0; i < ddp.size(); ++i)
+    EXPECT_NEAR(zero3[i].second, ddp[i].second, 1e-6 * std::fabs(ddp[i].second))
+        << "step " << ddp[i].first;
+
+  r = run(launch(2) + train_args("flag_one") + common +
+          "--batch 3 --grad-accum 2 --grad-clip 0.5 --zero-stage 1");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("ZeRO-1 over 2 processes"), std::string::npos) << r.output;
+}
+
+// A checkpoint written by 2 ranks at stage 3 (6 rows each) resumes on 1 process under DDP
+// (12 rows) and on 3 ranks at stage 3 (4 rows): the same global batch, so the remaining
+// steps match the uninterrupted run's losses within 1e-6.
+TEST(CliSharding, Stage3CheckpointResumesAtOtherWorldSizes) {
+  const std::string common = " --steps 8 --save-every 4 --schedule constant --eval-batches 2 ";
+  auto r = run(launch(2) + train_args("reshard_full") + common + "--batch 6 --zero-stage 3");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  const fs::path checkpoint = scratch() / "reshard_full" / "checkpoint-4";
+  ASSERT_TRUE(fs::exists(checkpoint / "optimizer_shards.json"));
+  // Train losses (evaluation splits its batches by the per-rank batch, which changes here).
+  auto train_losses = [](std::vector<std::pair<int64_t, double>> v) {
+    std::erase_if(v, [](const auto& e) { return e.second < 0; });
+    return v;
+  };
+  const auto want = train_losses(losses_after(scratch() / "reshard_full", 4));
+  ASSERT_EQ(want.size(), 4u);
+  for (const auto& [nproc, stage] : {std::pair{1, 0}, std::pair{3, 3}}) {
+    const std::string out = "reshard_" + std::to_string(nproc);
+    r = run((nproc > 1 ? launch(nproc) : std::string()) + "train --resume " + checkpoint.string() +
+            " --out " + (scratch() / out).string() + " --batch " + std::to_string(12 / nproc) +
+            " --zero-stage " + std::to_string(stage));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    const auto got = train_losses(losses_after(scratch() / out, 4));
+    ASSERT_EQ(got.size(), want.size()) << r.output;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].first, want[i].first);
+      EXPECT_NEAR(got[i].second, want[i].second, 1e-6 * std::fabs(want[i].second))
+          << nproc << " process(es), step " << want[i].first;
+    }
+  }
+}
+
+// A bf16 run on 2 ranks at stage 3: its checkpoint holds bf16 weights and each rank's slices of
+// the f32 masters. `tessera checkpoint consolidate` assembles the masters (each one, rounded to
+// bf16, must be the checkpoint's weight bit for bit), writes a verified model directory that
+// Tessera and transformers both load with the same logits; --stored-weights copies the bf16.
+TEST(CliSharding, ConsolidateWritesAHuggingFaceDirectoryFromZeroShards) {
+  using namespace tessera;
+  const fs::path run_dir = scratch() / "consolidate_run";
+  auto r = run(launch(2) + train_args("consolidate_run") +
+               "--batch 3 --steps 3 --dtype bf16 --zero-stage 3");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  const fs::path checkpoint = run_dir / "checkpoint-3", out = scratch() / "consolidated";
+  r = run("checkpoint consolidate " + checkpoint.string() + " --out " + out.string());
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("ZeRO-3, 2 process(es)"), std::string::npos) << r.output;
+  for (const char* f : {"config.json", "model.safetensors", "checksums.json"})
+    EXPECT_TRUE(fs::exists(out / f)) << f;
+
+  const auto stored = load_safetensors((checkpoint / "model.safetensors").string());
+  const auto whole = load_safetensors((out / "model.safetensors").string());
+  ASSERT_EQ(whole.tensors.size(), stored.tensors.size());
+  for (const auto& [name, weight] : stored.tensors) {
+    ASSERT_TRUE(whole.contains(name)) << name;
+    const Tensor master = whole.at(name);
+    EXPECT_EQ(master.dtype(), DType::f32) << name;
+    EXPECT_EQ(weight.dtype(), DType::bf16) << name;
+    ASSERT_EQ(master.shape(), weight.shape()) << name;
+    EXPECT_EQ(raw::to(master, Device::cpu(), DType::bf16).to_vector<float>(),
+              weight.to_vector<float>())
+        << name;
+  }
+
+  // Tessera's forward of the consolidated directory against transformers'.
+  Generator gen(5);
+  auto model = nn::GPT::from_pretrained(out.string());
+  const Tensor idx = randint(0, model->config().vocab_size, {2, 16}, {.dtype = DType::i64}, &gen);
+  NoGradGuard no_grad;
+  const Tensor logits = model->forward(idx);
+  if (test::python_can_import("transformers, torch, numpy")) {
+    save_safetensors((scratch() / "consolidate_batch.safetensors").string(), {{"idx", idx}});
+    const std::string cmd = test::python_interpreter() +
+                            " " TESSERA_SOURCE_DIR "/tests/nn/hf_gpt2_check.py --tessera-dir " +
+                            out.string() + " --hf-dir " + (scratch() / "consolidate_hf").string() +
+                            " --batch " + (scratch() / "consolidate_batch.safetensors").string() +
+                            " --out " + (scratch() / "consolidate_logits.safetensors").string();
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    const auto hf = load_safetensors((scratch() / "consolidate_logits.safetensors").string());
+    const double error = ops::max_rel_error(logits, hf.at("logits"));
+    std::printf(
+        "[ consolidate ] transformers vs Tessera logits of the consolidated directory: max "
+        "relative "
+        "error %.3g\n",
+        error);
+    EXPECT_LT(error, 1e-5);
+  } else {
+    std::printf(
+        "[ consolidate ] %s cannot import transformers: the transformers comparison is skipped\n",
+        test::python_interpreter().c_str());
+  }
+
+  // As stored: the bf16 weights, unchanged.
+  r = run("checkpoint consolidate " + checkpoint.string() + " --out " +
+          (scratch() / "as_stored").string() + " --stored-weights");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_EQ(load_safetensors((scratch() / "as_stored" / "model.safetensors").string())
+                .at("transformer.wte.weight")
+                .to_vector<float>(),
+            stored.at("transformer.wte.weight").to_vector<float>());
+  // A folder that is already there is not overwritten, and a damaged shard is refused by name.
+  r = run("checkpoint consolidate " + checkpoint.string() + " --out " + out.string());
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.output.find("already exists"), std::string::npos) << r.output;
+  std::string bytes = slurp(checkpoint / "optimizer_shard_1.safetensors");
+  bytes[bytes.size() - 2] ^= 0x11;
+  std::ofstream(checkpoint / "optimizer_shard_1.safetensors", std::ios::binary) << bytes;
+  r = run("checkpoint consolidate " + checkpoint.string() + " --out " +
+          (scratch() / "damaged").string());
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.output.find("optimizer_shard_1.safetensors"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(scratch() / "damaged"));
+}
+
+// --memory-report: each rank's bytes by category next to ZeRO's formula.
+TEST(CliSharding, MemoryReportPrintsEveryRankAndTheFormula) {
+  auto r = run(launch(2) + train_args("memory_report") +
+               "--batch 2 --steps 2 --zero-stage 2 --memory-report");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("under ZeRO-2 on 2 process(es)"), std::string::npos) << r.output;
+  for (const char* row : {"rank 0 now", "rank 1 peak", "ZeRO formula"})
+    EXPECT_NE(r.output.find(row), std::string::npos) << row << "\n" << r.output;
+}
+
+// `tessera plan` (a size-only dry run of rank 0, CPU routes) against the peak the allocator
+// counted in a real 2-rank run of the same GPT, batch and stage: within 10% at stages 0-3.
+TEST(CliSharding, PlanPredictsTheMeasuredPeakWithinTenPercent) {
+  const std::string shape = " --n-layer 3 --n-head 2 --n-embd 48 --seq 32 --batch 4 ";
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string out = "plan_measured_" + std::to_string(stage);
+    auto r = run(launch(2) + "train --data " + (prepared("byte") / "train.bin").string() + shape +
+                 " --steps 2 --memory-report --zero-stage " + std::to_string(stage) + " --out " +
+                 (scratch() / out).string());
+    ASSERT_EQ(r.rc, 0) << r.output;
+    const size_t vocab_at = r.output.find("vocab ");
+    ASSERT_NE(vocab_at, std::string::npos) << r.output;
+    const int64_t vocab = std::stoll(r.output.substr(vocab_at + 6));
+    const size_t peak_row = r.output.find("rank 0 peak");
+    ASSERT_NE(peak_row, std::string::npos) << r.output;
+    std::istringstream row(r.output.substr(peak_row + 11));
+    double mib[7];
+    for (double& v : mib) row >> v;
+    const double measured = mib[6] * (1 << 20);  // the total column
+
+    r = run("plan --device cpu --nproc 2 --zero-stage " + std::to_string(stage) + " --vocab " +
+            std::to_string(vocab) + " --n-layer 3 --n-head 2 --n-embd 48 --seq 32 --batch 4");
+    ASSERT_EQ(r.rc, 0) << r.output;
+    const size_t at = r.output.find("peak_bytes ");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const double predicted = std::stod(r.output.substr(at + 11));
+    std::printf("[ plan ] stage %d, 2 ranks: predicted peak %.0f bytes, measured %.0f (%+.2f%%)\n",
+                stage, predicted, measured, 100 * (predicted - measured) / measured);
+    EXPECT_NEAR(predicted, measured, 0.10 * measured) << "stage " << stage << "\n" << r.output;
+    EXPECT_NE(r.output.find("fits a 80 GiB card"), std::string::npos) << r.output;
+  }
+  // A model that cannot fit says so.
+  const auto big =
+      run("plan --device cuda --n-layer 48 --n-head 25 --n-embd 1600 --seq 1024 --batch 16 "
+          "--card-gib 80");
+  ASSERT_EQ(big.rc, 0) << big.output;
+  EXPECT_NE(big.output.find("does NOT fit"), std::string::npos) << big.output;
+}
+
+}  // namespace

@@ -1,0 +1,85 @@
+#include "tessera/train/consolidate.h"
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.h"
+#include "tessera/core/safetensors.h"
+#include "tessera/data/file_io.h"
+#include "tessera/dist/sharded_state.h"
+
+namespace tessera::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// World size and strategy as the checkpoint records them.
+void describe_checkpoint(const fs::path& checkpoint, ConsolidateReport& report) {
+  report.strategy = "DDP";
+  if (fs::exists(checkpoint / "optimizer_shards.json")) {
+    const auto index = nlohmann::json::parse(data::read_file(checkpoint / "optimizer_shards.json"));
+    report.saved_world_size = index.value("world_size", 1);
+    report.strategy = index.value("strategy", std::string("ZeRO"));
+  } else if (fs::exists(checkpoint / "accelerator_state.json")) {
+    const auto state =
+        nlohmann::json::parse(data::read_file(checkpoint / "accelerator_state.json"));
+    report.saved_world_size = state.at("state").value("num_processes", 1);
+  }
+}
+
+void check_output_folder(const fs::path& out) {
+  TESSERA_CHECK(!fs::exists(out) || (fs::is_directory(out) && fs::is_empty(out)), "consolidate: '",
+                out.string(), "' already exists and is not an empty folder");
+}
+
+}  // namespace
+
+ConsolidateReport consolidate_checkpoint(const fs::path& checkpoint, const fs::path& out,
+                                         ConsolidateOptions options) {
+  TESSERA_CHECK(fs::is_directory(checkpoint), "consolidate: '", checkpoint.string(),
+                "' is not a directory");
+  check_output_folder(out);
+  try {
+    data::verify_folder_checksums(checkpoint, {"config.json", "model.safetensors"});
+  } catch (const Error& e) {
+    TESSERA_FAIL("consolidate: checkpoint ", e.what());
+  }
+  ConsolidateReport report;
+  describe_checkpoint(checkpoint, report);
+  const SafetensorsContents model =
+      load_safetensors((checkpoint / "model.safetensors").string(), {.memory_map = true});
+  std::map<std::string, Tensor> masters;
+  if (options.from_masters && fs::exists(checkpoint / "optimizer_shards.json"))
+    masters = dist::assemble_sharded_field(checkpoint.string(), "master");
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [name, stored] : model.tensors) {
+    auto master = masters.find(name);
+    if (master == masters.end()) {
+      tensors.emplace_back(name, stored);
+      continue;
+    }
+    TESSERA_CHECK(master->second.numel() == stored.numel(), "consolidate: ", checkpoint.string(),
+                  ": the f32 master of '", name, "' has ", master->second.numel(),
+                  " elements but model.safetensors holds ", stored.numel());
+    tensors.emplace_back(name, raw::view(master->second, stored.shape()));
+    ++report.from_masters;
+  }
+  report.tensors = static_cast<int64_t>(tensors.size());
+
+  // Written beside the target and renamed into place, so a crash leaves no half folder.
+  const fs::path partial = out.string() + ".partial";
+  fs::remove_all(partial);
+  fs::create_directories(partial);
+  data::write_file_atomically(partial / "config.json", data::read_file(checkpoint / "config.json"));
+  save_safetensors((partial / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  if (fs::exists(checkpoint / "tokenizer.json"))
+    data::write_file_atomically(partial / "tokenizer.json",
+                                data::read_file(checkpoint / "tokenizer.json"));
+  data::write_folder_checksums(partial);
+  if (fs::exists(out)) fs::remove(out);  // empty (checked above)
+  if (out.has_parent_path()) fs::create_directories(out.parent_path());
+  fs::rename(partial, out);
+  return report;
+}
+
+}  // namespace tessera::train
