@@ -243,10 +243,10 @@ TEST(CliSharding, ConsolidateWritesAHuggingFaceDirectoryFromZeroShards) {
   bytes[bytes.size() - 2] ^= 0x11;
   std::ofstream(checkpoint / "optimizer_shard_1.safetensors", std::ios::binary) << bytes;
   r = run("checkpoint consolidate " + checkpoint.string() + " --out " +
-          (scratch() / "damaged").string());
+          (scratch() / "consolidated_from_damaged").string());
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.output.find("optimizer_shard_1.safetensors"), std::string::npos) << r.output;
-  EXPECT_FALSE(fs::exists(scratch() / "damaged"));
+  EXPECT_FALSE(fs::exists(scratch() / "consolidated_from_damaged"));
 }
 
 // --memory-report: each rank's bytes by category next to ZeRO's formula.
