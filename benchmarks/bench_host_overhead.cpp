@@ -6,7 +6,8 @@
 //
 //   bench_host_overhead [--benchmark_filter=...]   (Google Benchmark flags)
 //
-// Each benchmark reports us_per_op: for Forward/* one call without a tape; for
+// Each benchmark reports us_per_op (CPU time; Google Benchmark prints rate counters with an
+// "s" suffix: read "1.3s" as 1.3 µs): for Forward/* one call without a tape; for
 // ForwardBackward/* the op recorded on the tape plus its share of a backward (the backward
 // of the op and of the sum that makes a scalar, so two ops); for GPTStep the whole tiny
 // training step (forward, backward, clipping, AdamW) divided by the number of tape nodes it
