@@ -108,11 +108,11 @@ struct Node {
   std::string name;                    // e.g. "MatmulBackward"
   uint64_t sequence_nr = 0;            // creation order; later nodes run first in backward
   std::vector<Edge> next_edges;        // one per input
-  std::vector<TensorGeometry> inputs;  // one per input
   std::vector<TensorGeometry> outputs; // one per output
   BackwardFn backward;                 // reset after a backward without retain_graph
   bool released = false;
-  // Hooks on the outputs of this node (non-leaf tensor hooks), by output index.
+  // Hooks on the outputs of this node (non-leaf tensor hooks), by output index; empty until
+  // the first hook is registered.
   std::vector<std::vector<std::pair<uint64_t, GradHook>>> output_hooks;
   // Set only for the AccumulateGrad node of a leaf: the leaf whose .grad it fills.
   std::shared_ptr<TensorImpl> leaf;

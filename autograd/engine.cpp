@@ -59,9 +59,7 @@ Edge gradient_edge(const Tensor& t) {
     node = std::make_shared<Node>();
     node->name = "AccumulateGrad";
     node->sequence_nr = next_sequence_nr++;
-    node->inputs = {TensorGeometry::of(t)};
     node->outputs = {TensorGeometry::of(t)};
-    node->output_hooks.resize(1);
     node->leaf = t.impl_ptr();
     meta->accumulate_grad = node;
   }
@@ -82,12 +80,10 @@ std::shared_ptr<Node> record(const char* name, const std::vector<Tensor>& inputs
   node->name = name;
   node->sequence_nr = next_sequence_nr++;
   node->backward = std::move(backward);
-  for (const Tensor& input : inputs) {
-    node->next_edges.push_back(gradient_edge(input));
-    node->inputs.push_back(input.defined() ? TensorGeometry::of(input) : TensorGeometry{});
-  }
+  node->next_edges.reserve(inputs.size());
+  for (const Tensor& input : inputs) node->next_edges.push_back(gradient_edge(input));
+  node->outputs.reserve(outputs.size());
   for (const Tensor& output : outputs) node->outputs.push_back(TensorGeometry::of(output));
-  node->output_hooks.resize(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     // Integer outputs (indices, masks) carry no gradient.
     if (!is_floating(outputs[i].dtype())) continue;
@@ -141,7 +137,10 @@ HookHandle register_hook(const Tensor& t, GradHook hook) {
   if (meta.grad_fn) {
     std::weak_ptr<Node> weak_node = meta.grad_fn;
     const int output_nr = meta.output_nr;
-    meta.grad_fn->output_hooks.at(output_nr).emplace_back(id, std::move(hook));
+    // Sized on the first hook: most nodes never get one, and recording stays allocation-free.
+    auto& node_hooks = meta.grad_fn->output_hooks;
+    if (node_hooks.empty()) node_hooks.resize(meta.grad_fn->outputs.size());
+    node_hooks.at(output_nr).emplace_back(id, std::move(hook));
     return HookHandle([weak_node, output_nr, id] {
       if (auto node = weak_node.lock()) erase_hook(node->output_hooks[output_nr], id);
     });
@@ -219,6 +218,7 @@ class GraphTask {
 
   void run() {
     count_dependencies();
+    buffers_.reserve(dependencies_.size() + roots_.size());
     std::unordered_set<Node*> queued;
     for (const auto& root : roots_) {
       if (dependencies_[root.get()] == 0 && queued.insert(root.get()).second) ready_.push(root);
@@ -278,7 +278,8 @@ class GraphTask {
     for (size_t i = 0; i < grads.size(); ++i) {
       const TensorGeometry& out = node->outputs[i];
       if (!grads[i].defined()) grads[i] = zeros(out.shape, {.dtype = out.dtype, .device = out.device});
-      if (!node->output_hooks[i].empty()) grads[i] = apply_hooks(node->output_hooks[i], grads[i]);
+      if (i < node->output_hooks.size() && !node->output_hooks[i].empty())
+        grads[i] = apply_hooks(node->output_hooks[i], grads[i]);
     }
     args.grad_outputs = std::move(grads);
     for (const Edge& edge : node->next_edges) args.needs_input_grad.push_back(edge.valid());

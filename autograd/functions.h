@@ -197,7 +197,8 @@ namespace tessera {
 
 // softmax(q·kᵀ/√D [+ causal mask]) · v for q [B, H, Tq, D], k and v [B, H_kv, Tk, D], where
 // H_kv divides H (grouped-query attention: kv head j serves query heads j·H/H_kv onwards; the
-// fused kernels take H_kv == H only, GQA runs the composed path). With
+// fused kernels read the shared heads in place, no repeated copy, and sum dk, dv over each
+// group). With
 // causal, the queries are the last Tq of the Tk positions (Tq < Tk for a KV cache). Under
 // an AutocastGuard q, k, v are cast to the compute dtype first. On a GPU, for bf16/f16,
 // D of 64 or 128, causal and Tq == Tk, no dropout, it runs the flash-attention kernels

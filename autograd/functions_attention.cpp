@@ -200,7 +200,11 @@ Tensor lse_for(const Tensor& q) {
 // from q, k, v and the saved log-sum-exp. The backend is the one chosen at the forward.
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
   const AttentionBackend backend = attention_backend();
-  Tensor out = empty(q.shape(), {.dtype = q.dtype(), .device = q.device()});
+  // Written as [B, T, H, D] and returned as its [B, H, T, D] view: the caller's usual
+  // y.transpose(1, 2).reshape({B, T, H * D}) then costs no copy (nor does its gradient).
+  const Tensor out = raw::permute(
+      empty({q.size(0), q.size(2), q.size(1), q.size(3)}, {.dtype = q.dtype(), .device = q.device()}),
+      {0, 2, 1, 3});
   Tensor lse = lse_for(q);
   attention_forward_on(backend, q, k, v, scale, out, lse);
   using autograd::SavedTensor;
@@ -211,7 +215,8 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
         const char* op = "FlashAttentionBackward";
         const Tensor q = sq.unpack(op), k = sk.unpack(op), v = sv.unpack(op), o = so.unpack(op);
         const TensorOptions like{.dtype = q.dtype(), .device = q.device()};
-        Tensor dq = empty(q.shape(), like), dk = empty(q.shape(), like), dv = empty(q.shape(), like);
+        // dk, dv have k's Hkv heads: the kernels sum each group's query heads into them.
+        Tensor dq = empty(q.shape(), like), dk = empty(k.shape(), like), dv = empty(v.shape(), like);
         attention_backward_on(backend, q, k, v, o, readable_gradient(args.grad(), q.dtype()), lse,
                               scale, dq, dk, dv);
         return std::vector<Tensor>{dq, dk, dv};
@@ -256,8 +261,12 @@ bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, 
   if (q.dtype() != DType::bf16 && q.dtype() != DType::f16) return false;
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return false;
   if (k.size(2) != q.size(2) || (q.size(3) != 64 && q.size(3) != 128)) return false;
+  // Grouped-query attention runs in the kernels themselves: k, v [B, Hkv, T, D], Hkv | H.
+  if (k.shape() != v.shape() || k.size(0) != q.size(0) || k.size(3) != q.size(3) ||
+      k.size(1) == 0 || q.size(1) % k.size(1) != 0)
+    return false;
   for (const Tensor* t : {&q, &k, &v}) {
-    if (t->dtype() != q.dtype() || t->shape() != q.shape() || !rows_readable_by_kernels(*t)) return false;
+    if (t->dtype() != q.dtype() || !rows_readable_by_kernels(*t)) return false;
   }
   return true;
 }

@@ -1,8 +1,10 @@
 // Differentiable wrappers of fused kernels that replace a chain of ops in the training path.
 // The classifier's forward computes the per-row losses and the logits' gradient in one pass
 // (the device's fused `classifier`, core/fused_dispatch.h), so the backward is only a scaling.
+// SwiGLU runs one kernel forward and one backward where the device has them.
 #include "tessera/autograd/functions.h"
 #include "tessera/core/fused_dispatch.h"
+#include "tessera/core/graph_capture.h"
 
 namespace tessera {
 
@@ -31,23 +33,33 @@ Tensor fused_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t 
   const Tensor flat_targets = raw::contiguous(raw::reshape(targets, {rows}));
   const TensorOptions f32{.dtype = DType::f32, .device = logits.device()};
 
-  double dloss_scale = 1.0;
-  if (reduction == Reduction::Mean) {
-    // The mean is over counted rows; their number scales the gradient, so it is read on
-    // the host (the kernel synchronises anyway to report a bad target).
-    const Tensor counted = ops::sum(ops::binary(BinaryOp::Ne, flat_targets, double(ignore_index)));
-    dloss_scale = 1.0 / static_cast<double>(counted.item());
-  }
   // f16 would flush (softmax - onehot) / N to zero for large N: its kernel writes the
-  // unscaled gradient and the backward applies 1/N together with the incoming (loss-scaled)
-  // gradient. bf16 and f32 have the range to take the scale in the kernel.
-  const double kernel_scale = logits.dtype() == DType::f16 ? 1.0 : dloss_scale;
-  const double backward_scale = dloss_scale / kernel_scale;
+  // unscaled gradient and the backward applies 1/N (read on the host) together with the
+  // incoming (loss-scaled) gradient. bf16 and f32 have the range to take the scale in the
+  // kernel, which reads it from device memory: no host read of the row count, so the step
+  // needs no synchronisation here and a CUDA graph can record it (core/graph_capture.h).
+  const bool scale_in_kernel = logits.dtype() != DType::f16;
+  double dloss_scale = 1.0;
+  Tensor device_scale;  // 1 / counted rows, f32 on the device (the kernel's scale)
+  if (reduction == Reduction::Mean) {
+    const Tensor counted = ops::sum(ops::binary(BinaryOp::Ne, flat_targets, double(ignore_index)));
+    if (scale_in_kernel) {
+      // 1 / count in f64 rounded to f32: the value the host computed before, bit for bit.
+      const TensorOptions f64{.dtype = DType::f64, .device = logits.device()};
+      device_scale = raw::to(ops::binary(BinaryOp::Div, full({}, 1.0, f64),
+                                         raw::to(counted, logits.device(), DType::f64)),
+                             logits.device(), DType::f32);
+    } else {
+      dloss_scale = 1.0 / static_cast<double>(counted.item());
+    }
+  }
+  const double backward_scale = scale_in_kernel ? 1.0 : dloss_scale;
   Tensor row_losses = empty({rows}, f32);
-  fused_classifier(work, flat_targets, ignore_index, kernel_scale, row_losses);
+  fused_classifier(work, flat_targets, ignore_index, /*dloss_scale=*/1.0, row_losses, device_scale);
   Tensor loss = reduction == Reduction::None ? raw::reshape(row_losses, row_shape)
                 : reduction == Reduction::Sum ? ops::sum(row_losses)
-                                               : ops::mul(ops::sum(row_losses), dloss_scale);
+                : device_scale.defined()      ? ops::mul(ops::sum(row_losses), device_scale)
+                                              : ops::mul(ops::sum(row_losses), dloss_scale);
   const Shape logits_shape = logits.shape();
   autograd::record("FusedCrossEntropyBackward", {logits, targets}, {loss},
                    [dlogits = raw::reshape(work, logits_shape), reduction, backward_scale](const autograd::BackwardArgs& a) {
@@ -56,12 +68,52 @@ Tensor fused_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t 
                        const Tensor g = raw::to(a.grad(), dlogits.device(), dlogits.dtype());
                        return std::vector<Tensor>{ops::mul(dlogits, raw::unsqueeze(g, g.dim())), Tensor()};
                      }
+                     if (graph_capture_underway()) {
+                       // The incoming gradient stays on the device; rounded to the logits'
+                       // dtype first, as the host path's scalar is, so both give equal bits.
+                       Tensor scale = raw::to(a.grad(), dlogits.device(), dlogits.dtype());
+                       if (backward_scale != 1.0) scale = ops::mul(scale, backward_scale);
+                       return std::vector<Tensor>{ops::mul(dlogits, scale), Tensor()};
+                     }
                      // One scalar scales every row; reading it costs one sync, cheaper than
                      // a pass over [N, V] when it is 1 (the usual loss.backward()).
                      const double scale = a.grad().item() * backward_scale;
                      return std::vector<Tensor>{scale == 1.0 ? dlogits : ops::mul(dlogits, scale), Tensor()};
                    });
   return loss;
+}
+
+namespace {
+// True when the device's fused SwiGLU kernels take gate and up as they are.
+bool fused_swiglu_applies(const FusedKernelTable& fused, const Tensor& gate, const Tensor& up) {
+  return fused.swiglu_forward != nullptr && fused.swiglu_backward != nullptr && gate.defined() &&
+         up.defined() && gate.shape() == up.shape() && gate.dtype() == up.dtype() &&
+         gate.device() == up.device() && is_floating(gate.dtype()) && gate.is_contiguous() &&
+         up.is_contiguous();
+}
+}  // namespace
+
+Tensor swiglu(const Tensor& gate, const Tensor& up) {
+  TESSERA_CHECK(gate.defined() && up.defined(), "swiglu: gate and up must be defined tensors");
+  const FusedKernelTable& fused = fused_kernel_table(gate.device().type);
+  // Elsewhere (another device, views, mixed dtypes, broadcasting): the composition.
+  if (!fused_swiglu_applies(fused, gate, up)) return silu(gate) * up;
+  Tensor out = empty(gate.shape(), {.dtype = gate.dtype(), .device = gate.device()});
+  fused.swiglu_forward(gate, up, out);
+  if (!autograd::any_requires_grad({gate, up})) return out;
+  using autograd::SavedTensor;
+  autograd::record(
+      "SwigluBackward", {gate, up}, {out},
+      [sg = SavedTensor::input(gate), su = SavedTensor::input(up),
+       backward = fused.swiglu_backward](const autograd::BackwardArgs& a) {
+        const Tensor g = sg.unpack("SwigluBackward"), u = su.unpack("SwigluBackward");
+        const Tensor dout = raw::contiguous(raw::to(a.grad(), g.device(), g.dtype()));
+        const TensorOptions like{.dtype = g.dtype(), .device = g.device()};
+        Tensor dgate = empty(g.shape(), like), dup = empty(g.shape(), like);
+        backward(dout, g, u, dgate, dup);
+        return std::vector<Tensor>{dgate, dup};
+      });
+  return out;
 }
 
 }  // namespace tessera

@@ -93,7 +93,7 @@ Tensor silu(const Tensor& x) {
   return y;
 }
 
-Tensor swiglu(const Tensor& gate, const Tensor& up) { return silu(gate) * up; }
+// swiglu: autograd/functions_fused.cpp (one kernel each way where the device has it).
 
 // ---- comparisons (bool results, no gradient) ----
 

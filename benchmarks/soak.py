@@ -4,6 +4,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import statistics
 import struct
@@ -52,9 +53,13 @@ class Sampler:
 
 
 def train_command(a, out, resume):
+    # On the GPU a larger model than on the CPU: enough work per step that 2,000 steps take
+    # long enough (tens of seconds) for the allocator's steady state to show.
+    shape = (["--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--seq", "64", "--batch", "16"]
+             if a.device.startswith("cuda") else
+             ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--seq", "16", "--batch", "4"])
     cmd = [a.tessera, "train", "--data", os.path.join(a.work, "data", "train.bin"),
-           "--val-data", os.path.join(a.work, "data", "val.bin"),
-           "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--seq", "16", "--batch", "4",
+           "--val-data", os.path.join(a.work, "data", "val.bin")] + shape + [
            "--vocab-size", str(a.vocab), "--steps", str(a.steps), "--schedule", "cosine",
            "--warmup", "100", "--eval-every", str(a.every), "--eval-batches", "4",
            "--save-every", str(a.every), "--keep-last", "2", "--seed", "7",
@@ -80,14 +85,14 @@ def run_sampled(cmd, log, sampler, interval, kill_after=None):
 
 
 def has_checkpoint(out):
-    folder = os.path.join(out, "checkpoints")
-    return os.path.isdir(folder) and any(not n.endswith(".partial") for n in os.listdir(folder))
+    """Whether the run folder holds a complete checkpoint (checkpoint-N, not *.partial)."""
+    return os.path.isdir(out) and any(re.fullmatch(r"checkpoint-\d+", n) for n in os.listdir(out))
 
 
 def flatness(samples, warmup_fraction):
     """Resident memory and descriptors after warm-up: the median of the last fifth of the
     samples against the median of the first fifth (a trend, not one transient peak)."""
-    rest = samples[int(len(samples) * warmup_fraction):]
+    rest = samples[int(len(samples) * warmup_fraction):] or samples
     fifth = max(1, len(rest) // 5)
     first = statistics.median(s[1] for s in rest[:fifth])
     last = statistics.median(s[1] for s in rest[-fifth:])
@@ -107,6 +112,26 @@ def reserved_series(metrics_path, every):
             if "loss" in j and "reserved_bytes" in j and j["step"] % every == 0:
                 series.append((j["step"], j["reserved_bytes"]))
     return series
+
+
+def reserved_bytes_failures(a, metrics_path):
+    """The GPU check: the caching allocator's reserved bytes (core/memory_stats.h, logged by
+    the Trainer with every step on a device) never grow after warm-up."""
+    series = reserved_series(metrics_path, a.report_every)
+    if not series:
+        return ["metrics.jsonl has no reserved_bytes field (not a GPU run?)"]
+    print("soak: caching allocator reserved bytes (step: bytes): "
+          + ", ".join("%d: %d" % s for s in series), flush=True)
+    # Warm-up lasts until every kind of step (training, evaluation, checkpoint) has run once.
+    warmup = max(a.steps * a.warmup_fraction, a.every)
+    after = [b for s, b in series if s > warmup]
+    if len(after) < 2:
+        return ["too few reserved_bytes samples after warm-up (%d)" % len(after)]
+    print("soak: reserved bytes after warm-up (after step %d): %d -> %d (max %d) over %d samples"
+          % (warmup, after[0], after[-1], max(after), len(after)), flush=True)
+    if max(after) > after[0]:
+        return ["reserved bytes grew after warm-up: %d -> %d" % (after[0], max(after))]
+    return []
 
 
 def main():
@@ -156,20 +181,20 @@ def main():
           % (straight_s, flat["rss_first_kb"], flat["rss_last_kb"], flat["rss_growth_pct"],
              flat["rss_peak_kb"], flat["samples"], flat["fds_first"], flat["fds_last"],
              flat["fds_max"]), flush=True)
-    if flat["rss_growth_pct"] >= a.max_growth_pct:
-        failures.append("resident memory grew %.2f%% after warm-up" % flat["rss_growth_pct"])
-    if flat["fds_last"] > flat["fds_first"]:
-        failures.append("open descriptors grew from %d to %d" % (flat["fds_first"], flat["fds_last"]))
+    tenths = [sampler.samples[min(len(sampler.samples) - 1, len(sampler.samples) * k // 10)]
+              for k in range(11)]
+    print("soak: RSS (kB) at each tenth of the run: " + " ".join("%d" % s[1] for s in tenths),
+          flush=True)
     if cuda:
-        series = reserved_series(os.path.join(straight, "metrics.jsonl"), a.report_every)
-        if not series:
-            failures.append("metrics.jsonl has no reserved_bytes field")
-        else:
-            print("soak: caching allocator reserved bytes (step: bytes): "
-                  + ", ".join("%d: %d" % s for s in series), flush=True)
-            after = [b for s, b in series if s > a.steps * a.warmup_fraction]
-            if after and max(after) > after[0]:
-                failures.append("reserved bytes grew after warm-up: %d -> %d" % (after[0], max(after)))
+        # On the GPU the check is the caching allocator's (what the issue asks): the host
+        # process's RSS and descriptors move with the CUDA runtime's own start-up and are
+        # printed above for information only.
+        failures += reserved_bytes_failures(a, os.path.join(straight, "metrics.jsonl"))
+    else:
+        if flat["rss_growth_pct"] >= a.max_growth_pct:
+            failures.append("resident memory grew %.2f%% after warm-up" % flat["rss_growth_pct"])
+        if flat["fds_last"] > flat["fds_first"]:
+            failures.append("open descriptors grew from %d to %d" % (flat["fds_first"], flat["fds_last"]))
 
     # 2. Killed at random moments and resumed until it finishes.
     if kills:

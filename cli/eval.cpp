@@ -40,9 +40,9 @@ void run_eval(const EvalArgs& a) {
   // stored model, bf16/fp16 what a forward with low-precision parameters computes.
   model->to(dtype_from_name(a.dtype));
   const data::TokenFile file(a.data);
-  TESSERA_CHECK(file.max_token() < model->config().vocab_size, "tessera eval: '", a.data, "' holds token ",
-                file.max_token(), " but the model's vocab_size is ", model->config().vocab_size);
-  const int64_t seq = a.seq_given ? a.seq : std::min<int64_t>(model->config().block_size, 256);
+  TESSERA_CHECK(file.max_token() < model->vocab_size(), "tessera eval: '", a.data, "' holds token ",
+                file.max_token(), " but the model's vocab_size is ", model->vocab_size());
+  const int64_t seq = a.seq_given ? a.seq : std::min<int64_t>(model->context_length(), 256);
   // Default: one pass over the file (at least one micro-batch).
   const int64_t batches = a.batches_given ? a.batches : std::max<int64_t>(1, (file.size() - 1) / (a.batch * seq));
   const train::EvalTotals r =

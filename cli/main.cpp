@@ -13,7 +13,7 @@ std::vector<Command>& commands() {
 
 int main(int argc, char** argv) {
   using namespace tessera::cli;
-  CLI::App app{"tessera: train, evaluate and sample GPT models; launch distributed jobs"};
+  CLI::App app{"tessera: train, evaluate and sample GPT-2 and Llama models; launch distributed jobs"};
   app.require_subcommand(1);
   std::sort(commands().begin(), commands().end(),
             [](const Command& a, const Command& b) { return a.name < b.name; });

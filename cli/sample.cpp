@@ -20,15 +20,15 @@ struct SampleArgs {
 // Recomputes, in one pass over the last context window, the logits the sampled tokens
 // were drawn from. Non-finite logits make meaningless text (a NaN row samples one fixed
 // token), so they are an error naming where they appeared, never printed output.
-void check_logits_finite(nn::GPT& model, const std::vector<int64_t>& tokens, Device device,
+void check_logits_finite(nn::CausalLM& model, const std::vector<int64_t>& tokens, Device device,
                          const std::string& model_dir) {
   autograd::NoGradGuard no_grad;
   const int64_t length = static_cast<int64_t>(tokens.size());
-  const int64_t window = std::min(length, model.config().block_size);
+  const int64_t window = std::min(length, model.context_length());
   const std::vector<int64_t> last(tokens.end() - window, tokens.end());
   const Tensor logits = model.forward(from_vector(last, {1, window}, {.dtype = DType::i64, .device = device}));
   const std::vector<float> values = logits.to(Device::cpu(), DType::f32).contiguous().to_vector<float>();
-  const int64_t vocab = model.config().vocab_size;
+  const int64_t vocab = model.vocab_size();
   for (size_t i = 0; i < values.size(); ++i) {
     if (std::isfinite(values[i])) continue;
     const int64_t position = length - window + static_cast<int64_t>(i) / vocab;
@@ -53,8 +53,8 @@ void run_sample(const SampleArgs& a) {
   const std::vector<uint32_t> ids = tokenizer->encode(a.prompt);
   std::vector<int64_t> prompt(ids.begin(), ids.end());
   for (int64_t id : prompt)
-    TESSERA_CHECK(id < model->config().vocab_size, "tessera sample: the prompt encodes to token ", id,
-                  ", outside the model's vocabulary of ", model->config().vocab_size);
+    TESSERA_CHECK(id < model->vocab_size(), "tessera sample: the prompt encodes to token ", id,
+                  ", outside the model's vocabulary of ", model->vocab_size());
   Generator gen(static_cast<uint64_t>(a.seed));
   for (int64_t s = 0; s < a.num_samples; ++s) {
     const Tensor out = model->generate(from_vector(prompt, {1, static_cast<int64_t>(prompt.size())}, {.dtype = DType::i64}),

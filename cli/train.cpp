@@ -25,9 +25,18 @@ constexpr FlagSpec kValueFlags[] = {
     {"--val-data", "val_data", FlagType::Text,
      "validation token file (default: val.bin beside --data)"},
     {"--init", "init", FlagType::Text, "start from this model directory instead of a fresh model"},
+    {"--arch", "arch", FlagType::Text,
+     "model architecture: gpt2 (GPT-2: LayerNorm, GELU MLP, learned positions) | llama "
+     "(RMSNorm, SwiGLU MLP, rotary embeddings, grouped-query attention) (default gpt2)"},
     {"--n-layer", "n_layer", FlagType::Int, "transformer blocks (default 4)"},
     {"--n-head", "n_head", FlagType::Int, "attention heads (default 4)"},
     {"--n-embd", "n_embd", FlagType::Int, "channels (default 128)"},
+    {"--n-kv-head", "n_kv_head", FlagType::Int,
+     "llama: key/value heads, dividing --n-head (fewer = grouped-query attention; default "
+     "--n-head)"},
+    {"--intermediate-size", "intermediate_size", FlagType::Int,
+     "llama: SwiGLU MLP width (default 8/3 n_embd rounded up to a multiple of 64)"},
+    {"--rope-theta", "rope_theta", FlagType::Real, "llama: rotary embedding base (default 10000)"},
     {"--block-size", "block_size", FlagType::Int, "context length of the model (default: --seq)"},
     {"--vocab-size", "vocab_size", FlagType::Int,
      "vocabulary size (default: the tokenizer's, else the data's)"},
@@ -97,7 +106,7 @@ nlohmann::json flag_value(const FlagValues& v, const FlagSpec& f) {
 }
 
 const RegisterCommand reg(
-    "train", "Train a GPT on a token file (config file and/or flags)", [](CLI::App& sub) {
+    "train", "Train a GPT-2 or Llama model on a token file (config file and/or flags)", [](CLI::App& sub) {
       auto config_path = std::make_shared<std::string>();
       auto values = std::make_shared<FlagValues>();
       auto resume = std::make_shared<std::string>();
@@ -115,6 +124,11 @@ const RegisterCommand reg(
       auto* sequential = sub.add_flag("--sequential")
                              ->description("read the training data in order (the default)");
       shuffle->excludes(sequential);
+      auto* tie = sub.add_flag("--tie-word-embeddings")
+                      ->description("the output projection shares the token embeddings (default)");
+      auto* untie = sub.add_flag("--no-tie-word-embeddings")
+                        ->description("a separate output projection (lm_head.weight)");
+      tie->excludes(untie);
       auto* checkpointing = sub.add_flag("--gradient-checkpointing")
                                 ->description("recompute each block's activations in backward");
       auto* resume_opt =
@@ -134,6 +148,8 @@ const RegisterCommand reg(
             flags[kValueFlags[i].key] = flag_value(*values, kValueFlags[i]);
         if (shuffle->count() > 0) flags["shuffle"] = true;
         if (sequential->count() > 0) flags["shuffle"] = false;
+        if (tie->count() > 0) flags["tie_word_embeddings"] = true;
+        if (untie->count() > 0) flags["tie_word_embeddings"] = false;
         if (checkpointing->count() > 0) flags["gradient_checkpointing"] = true;
         if (resume_opt->count() > 0)
           flags["resume"] = resume->empty() ? std::string("latest") : *resume;

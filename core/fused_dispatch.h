@@ -9,6 +9,7 @@
 // The contracts (shapes, dtypes, alignment) are those of the CUDA functions each entry is
 // filled with: kernels/cuda/linear.h, fused.h and cudnn_attention.h.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,7 +32,18 @@ struct MultiTensorAdamWConfig {
   float weight_decay = 0.0f;
   int64_t step = 1;          // 1 on the first update
   float grad_scale = 1.0f;   // e.g. 1/loss_scale or a clipping factor
+  // For a launch recorded in a CUDA graph (core/graph_capture.h): page-locked host memory of
+  // 3 floats that outlives the graph. The launch writes lr, 1 - beta1^step and
+  // 1 - beta2^step there and copies them to the device for the kernel, so each replay uses
+  // what the host wrote there before it (optim::AdamW::prepare_graph_replay).
+  float* replay_scalars = nullptr;
 };
+
+// 1 - beta^step as the multi-tensor AdamW computes it (f32), shared with the host code that
+// fills replay_scalars so both give the same bits.
+inline float adamw_bias_correction(float beta, int64_t step) {
+  return 1.f - std::pow(beta, static_cast<float>(step));
+}
 
 struct FusedKernelTable {
   // ---- Linear: out[M, N] = x2d @ w (+ bias) with the bias in the GEMM's epilogue; and
@@ -42,9 +54,17 @@ struct FusedKernelTable {
                              const Tensor& dbias) = nullptr;
 
   // ---- the classifier head: per-row losses of logits [N, V], and the logits overwritten
-  // with dloss_scale * (softmax - onehot(target)).
+  // with dloss_scale * (softmax - onehot(target)); with device_scale defined (one f32 on the
+  // device) the scale is read from there when the kernel runs.
   void (*classifier)(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                     double dloss_scale, const Tensor& row_losses) = nullptr;
+                     double dloss_scale, const Tensor& row_losses,
+                     const Tensor& device_scale) = nullptr;
+
+  // ---- SwiGLU: out = silu(gate) * up and its backward (dgate, dup), one pass each; all
+  // operands contiguous, one shape and floating dtype.
+  void (*swiglu_forward)(const Tensor& gate, const Tensor& up, const Tensor& out) = nullptr;
+  void (*swiglu_backward)(const Tensor& dout, const Tensor& gate, const Tensor& up,
+                          const Tensor& dgate, const Tensor& dup) = nullptr;
 
   // ---- causal attention on [B, H, T, D] heads, O(T) memory; lse [B, H, T] f32. Two
   // implementations with one contract: the hand-written flash kernels and cuDNN's.
@@ -75,6 +95,11 @@ struct FusedKernelTable {
   Tensor (*global_grad_norm)(const std::vector<Tensor>& grads) = nullptr;
   // Every tensor *= factor in place.
   void (*multi_tensor_scale)(const std::vector<Tensor>& tensors, double factor) = nullptr;
+  // Gradient clipping without a host read: with n = norm (0-d f32 on the device, from
+  // global_grad_norm) and coef = max_norm / (n + 1e-6) in f64, every tensor *= min(coef, 1)
+  // when coef < 1 or n is not finite (optim::clip_grad_norm_'s rule, decided on the device).
+  void (*multi_tensor_clip)(const std::vector<Tensor>& tensors, const Tensor& norm,
+                            double max_norm) = nullptr;
 };
 
 // The row for a device type; entries are null where the device has no such fused kernel.

@@ -38,8 +38,10 @@ struct TensorOptions {
 
 // Counts in-place writes to a block of memory. Every view of one Storage shares the
 // counter, so a tensor saved for backward notices writes made through any alias.
+// raw::make points it at the storage's counter; it starts null so that creating a TensorImpl
+// costs no allocation of its own (every op creates several).
 struct VersionCounter {
-  std::shared_ptr<uint64_t> count = std::make_shared<uint64_t>(0);
+  std::shared_ptr<uint64_t> count;
   VersionCounter& operator++() {
     ++*count;
     return *this;

@@ -106,6 +106,20 @@ Batch DataLoader::batch_at(uint64_t k) const {
   return {from_vector(x, {B, T}, opts), from_vector(y, {B, T}, opts)};
 }
 
+uint64_t DataLoader::max_position() const {
+  // Every row r of micro-batch k starts at token r·T (row_starts), r < (k·W + rank + 1)·B.
+  const uint64_t rows = static_cast<uint64_t>(INT64_MAX / options_.seq) - 1;
+  const uint64_t per_batch = static_cast<uint64_t>(options_.batch);
+  const uint64_t world = static_cast<uint64_t>(options_.world_size);
+  return (rows / per_batch - 1 - static_cast<uint64_t>(options_.rank)) / world;
+}
+
+void DataLoader::set_position(uint64_t k) {
+  TESSERA_CHECK(k <= max_position(), "DataLoader: position ", k,
+                " is past the largest this loader can address (", max_position(), ")");
+  position_ = k;
+}
+
 Batch DataLoader::next() { return batch_at(position_++); }
 
 DataLoader::Iterator DataLoader::begin() {

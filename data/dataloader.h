@@ -72,13 +72,17 @@ class DataLoader {
   // The position is the number of micro-batches this rank has taken: the whole state
   // to save with a checkpoint and restore on resume.
   uint64_t position() const { return position_; }
-  void set_position(uint64_t k) { position_ = k; }
+  // Refuses a position past max_position() (error names both).
+  void set_position(uint64_t k);
+  // The largest position whose token offsets fit in 64 bits (far past any real run; a
+  // position restored from a file is checked against it).
+  uint64_t max_position() const;
   // Accelerate's skip_first_batches: the first n micro-batches of this rank's stream count
   // as done, so the next one taken (and the first of a loop) is micro-batch n. A library
   // loop that restores its step count from a checkpoint calls this (Accelerator::load_state
   // restores the position itself).
   DataLoader& skip_first_batches(uint64_t n) {
-    position_ = n;
+    set_position(n);
     return *this;
   }
 

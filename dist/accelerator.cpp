@@ -32,14 +32,17 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   zero_stage_ = options_.zero_stage >= 0 ? options_.zero_stage : env_int("TESSERA_ZERO_STAGE", 0);
   TESSERA_CHECK(zero_stage_ >= 0 && zero_stage_ <= 3, "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ",
                 zero_stage_, options_.zero_stage >= 0 ? "" : " (from TESSERA_ZERO_STAGE)");
+  TESSERA_CHECK(
+      zero_stage_ > 0 || !(options_.offload_optimizer || options_.offload_param),
+      "Accelerator: offload_optimizer and offload_param need a ZeRO stage (zero_stage >= 1); "
+      "zero_stage is 0 (DDP)");
   scaler_ = optim::LossScaler({.enabled = mixed_precision_ == "fp16"});
   env_ = read_dist_env();
   if (!is_initialized()) {
     InitOptions init;
     init.backend = options_.backend;
     // A CPU-only run must not pick NCCL just because a GPU is visible.
-    if (options_.cpu && init.backend == "auto" && env_.world_size > 1)
-      init.backend = (env_.launcher == Launcher::Mpirun && has_backend("mpi")) ? "mpi" : "tcp";
+    init.device = options_.cpu || !cuda_is_available() ? DeviceType::CPU : DeviceType::CUDA;
     init_process_group(init);
     owns_group_ = true;
   }
@@ -76,6 +79,9 @@ void Accelerator::prepare_one(nn::Module& model) {
     zero.bucket_bytes = options_.bucket_bytes;
     zero.find_unused_parameters = options_.find_unused_parameters;
     zero.reduce_dtype = policy_.reduce_dtype;
+    zero.offload_optimizer = options_.offload_optimizer;
+    zero.offload_param = options_.offload_param;
+    zero.prefetch_numel = options_.stage3_prefetch_bucket_size;
     models_[&model] = std::make_unique<ZeroStrategy>(model, world_ptr(), zero);
   }
   model_order_.push_back(&model);
@@ -221,6 +227,22 @@ double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double ma
   return optim::clip_grad_norm_(params, max_norm);
 }
 
+Tensor Accelerator::clip_grad_norm_on_device_(const std::vector<Tensor>& params, double max_norm) {
+  if (!sync_gradients_ || step_skipped_) return Tensor();
+  const std::string blocker = graph_capture_blocker();
+  TESSERA_CHECK(blocker.empty(), "Accelerator::clip_grad_norm_on_device_: ", blocker);
+  return optim::clip_grad_norm_on_device_(params, max_norm);
+}
+
+std::string Accelerator::graph_capture_blocker() const {
+  if (!device_.is_cuda()) return "the run is not on a CUDA device";
+  if (num_processes() > 1)
+    return "several processes (the collectives of DDP/ZeRO are not recorded in graphs yet)";
+  if (zero_stage_ > 0) return "ZeRO shards the optimizer step";
+  if (scaler_.enabled()) return "fp16 loss scaling checks gradients on the host";
+  return "";
+}
+
 void Accelerator::wait_for_everyone() { world().barrier()->wait(); }
 
 Tensor Accelerator::gather(const Tensor& t) {
@@ -321,6 +343,10 @@ uint64_t count_at(const nlohmann::json& j, const std::string& where, const std::
   return j.get<uint64_t>();
 }
 
+// A count stored as a double (schedule steps, loss-scaler counters): whole, 0 to 2^53 (the
+// doubles that hold every integer exactly, so converting it to int64 is exact).
+bool is_count(double v) { return v >= 0 && v <= 9007199254740992.0 && v == std::floor(v); }
+
 // Checks an optimizer state against the optimizer it is loaded into before anything is
 // copied: every state tensor belongs to a parameter, has its shape and a floating dtype,
 // every updated parameter has the same set of state tensors, and steps are counts.
@@ -347,8 +373,7 @@ void check_optimizer_state(const optim::OptimizerStateDict& state, const optim::
   for (const auto& [key, value] : state.scalars) {
     if (key.rfind("state.", 0) != 0) continue;
     TESSERA_CHECK(key.ends_with(".step"), where, ": unexpected scalar \"", key, "\"");
-    TESSERA_CHECK(std::isfinite(value) && value >= 0 && value == std::floor(value), where, ": \"", key,
-                  "\" must be a non-negative whole number, got ", value);
+    TESSERA_CHECK(is_count(value), where, ": \"", key, "\" must be a whole number from 0 to 2^53, got ", value);
     const size_t index = std::stoul(key.substr(6));
     for (const std::string& name : all_names)
       TESSERA_CHECK(names[index].count(name), where, ": tensor \"state.", index, ".", name,
@@ -466,6 +491,9 @@ void Accelerator::load_state(const std::string& dir) {
     TESSERA_CHECK(per_rank.is_array() && per_rank.size() == saved_world, state_where,
                   ": \"loader_positions\" must hold one position per process");
     positions.push_back(count_at(per_rank[process_index()], state_where, "loader_positions"));
+    const uint64_t most = loaders_[positions.size() - 1]->max_position();
+    TESSERA_CHECK(positions.back() <= most, state_where, ": \"loader_positions\" holds ",
+                  positions.back(), ", past the largest position the loader can address (", most, ")");
   }
   std::vector<std::map<std::string, double>> schedules;
   for (const nlohmann::json& s : state["schedules"]) {
@@ -474,8 +502,8 @@ void Accelerator::load_state(const std::string& dir) {
       TESSERA_CHECK(value.is_number() && std::isfinite(value.get<double>()), state_where, ": schedule \"", key,
                     "\" must be a finite number, got ", value.dump());
     if (s.contains("step"))  // a whole number (schedule states are stored as doubles)
-      TESSERA_CHECK(s["step"].get<double>() >= 0 && s["step"].get<double>() == std::floor(s["step"].get<double>()),
-                    state_where, ": schedule \"step\" must be a non-negative whole number, got ", s["step"].dump());
+      TESSERA_CHECK(is_count(s["step"].get<double>()), state_where,
+                    ": schedule \"step\" must be a whole number from 0 to 2^53, got ", s["step"].dump());
     schedules.push_back(s.get<std::map<std::string, double>>());
   }
   std::map<std::string, double> scaler_state;
@@ -484,6 +512,9 @@ void Accelerator::load_state(const std::string& dir) {
       TESSERA_CHECK(value.is_number() && std::isfinite(value.get<double>()) && value.get<double>() >= 0,
                     state_where, ": loss_scaler \"", key, "\" must be a non-negative number, got ", value.dump());
     scaler_state = state["loss_scaler"].get<std::map<std::string, double>>();
+    for (const char* key : {"growth_tracker", "growth_interval"})
+      TESSERA_CHECK(!scaler_state.count(key) || is_count(scaler_state[key]), state_where, ": loss_scaler \"",
+                    key, "\" must be a whole number from 0 to 2^53, got ", scaler_state[key]);
   }
   // Everything is read and checked before the first object changes.
   std::vector<std::map<std::string, Tensor>> weights;

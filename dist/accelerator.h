@@ -50,6 +50,14 @@ struct AcceleratorOptions {
   // 0 = DDP; 1 = optimizer state sharded, 2 = and gradients, 3 = and parameters (ZeRO);
   // -1 = TESSERA_ZERO_STAGE (set by the launch environment) or 0.
   int zero_stage = -1;
+  // ZeRO-Offload (dist/offload.h): this rank's optimizer state and f32 masters in (pinned)
+  // host memory and AdamW on the CPU; needs zero_stage >= 1.
+  bool offload_optimizer = false;
+  // And the rank's parameter shard on the host (zero_stage 3; implies offload_optimizer).
+  bool offload_param = false;
+  // Stage 3: elements of the next units' parameters all-gathered ahead of use (DeepSpeed's
+  // stage3_prefetch_bucket_size); 0 gathers each unit only when it runs.
+  int64_t stage3_prefetch_bucket_size = 50'000'000;
 };
 
 class Accelerator;
@@ -124,7 +132,21 @@ class Accelerator {
   bool optimizer_step_was_skipped() const { return step_skipped_; }
   // Global-norm clipping on syncing steps (returns the norm before clipping); 0 otherwise.
   double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+  // clip_grad_norm_ decided on the device (optim::clip_grad_norm_on_device_): the norm stays
+  // a 0-d f32 tensor there, so a CUDA graph can record the step; max_norm <= 0 only
+  // measures. Undefined on steps that do not sync. One process, DDP only (see
+  // graph_capture_blocker).
+  Tensor clip_grad_norm_on_device_(const std::vector<Tensor>& params, double max_norm);
   int gradient_accumulation_steps() const { return options_.gradient_accumulation_steps; }
+
+  // ---- whole steps as CUDA graphs (train/step_graph.h) ----
+  // Why an optimizer step of this Accelerator cannot be recorded in a CUDA graph (several
+  // processes, ZeRO, fp16 loss scaling, no GPU), or "" when it can.
+  std::string graph_capture_blocker() const;
+  // The micro-step counter: kept before a capture, restored when it fails, and advanced by
+  // gradient_accumulation_steps for each replay (the host side of the recorded accumulate()s).
+  int64_t micro_step() const { return micro_step_; }
+  void set_micro_step(int64_t micro_step) { micro_step_ = micro_step; }
   const std::string& mixed_precision() const { return mixed_precision_; }
 
   // ---- processes ----

@@ -299,14 +299,22 @@ Registry& registry() {
   return r;
 }
 
-std::string choose_backend(const DistEnv& env, const std::string& requested) {
-  if (requested != "auto") return requested;
-  if (env.world_size == 1) return "single";
-  if (cuda_is_available() && has_backend("nccl")) return "nccl";
-  if (env.launcher == Launcher::Mpirun && has_backend("mpi")) return "mpi";
-  return "tcp";
+std::string choose_backend(const DistEnv& env, const InitOptions& options) {
+  if (options.backend != "auto") return options.backend;
+  const int gpus = cuda_device_count();
+  const DeviceType device = options.device.value_or(gpus > 0 ? DeviceType::CUDA : DeviceType::CPU);
+  return resolve_auto_backend(env, device, gpus, has_backend);
 }
 }  // namespace
+
+std::string resolve_auto_backend(const DistEnv& env, DeviceType device, int cuda_devices,
+                                 const std::function<bool(const std::string&)>& built) {
+  if (env.world_size == 1) return "single";
+  const bool gpu_per_rank = cuda_devices > 0 && env.local_world_size <= cuda_devices;
+  if (device == DeviceType::CUDA && gpu_per_rank && built("nccl")) return "nccl";
+  if (env.launcher == Launcher::Mpirun && built("mpi")) return "mpi";
+  return "tcp";
+}
 
 void register_backend(const std::string& name, BackendFactory factory) {
   std::lock_guard<std::mutex> lock(registry().mutex);
@@ -339,7 +347,7 @@ void init_process_group(const InitOptions& options) {
   ++reg.generation;
   // Under mpirun the MPI library also bootstraps the other backends' rendezvous.
   if (ctx.env.launcher == Launcher::Mpirun) has_backend("mpi");
-  std::string backend = choose_backend(ctx.env, options.backend);
+  std::string backend = choose_backend(ctx.env, options);
   TESSERA_CHECK(has_backend(backend), "dist::init_process_group: backend '", backend,
                 "' is not available in this build (mpi needs MPI, nccl needs CUDA and NCCL)");
   // The store: from MASTER_ADDR/PORT, else from the MPI bootstrap; mpi itself needs none.

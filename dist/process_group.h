@@ -17,6 +17,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -158,12 +159,22 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 // ---- the default (world) group ----
 struct InitOptions {
   std::string backend = "auto";  // auto | nccl | mpi | tcp | single
+  // Where this rank's tensors live, for "auto" (NCCL moves CUDA tensors only); unset =
+  // CUDA when a GPU is visible. A job that gives each rank its own GPU through
+  // CUDA_VISIBLE_DEVICES (every rank sees one device) names "nccl": "auto" cannot tell it
+  // from ranks that share one GPU.
+  std::optional<DeviceType> device;
   ProcessGroupOptions group = ProcessGroupOptions::from_env();
 };
 // Reads the launch environment (dist/env.h), meets the other ranks and creates the world
-// group. auto = nccl when this process uses CUDA and NCCL is built; else mpi when started
-// by mpirun and MPI is built; else tcp for worlds > 1; else single.
+// group with the backend named, or for "auto" the one resolve_auto_backend picks.
 void init_process_group(const InitOptions& options = {});
+// What "auto" means: single for a world of one; nccl when the tensors are on CUDA, each
+// local rank has a GPU of its own (local_world_size <= cuda_devices: NCCL refuses two
+// ranks on one GPU) and NCCL is built; else mpi when started by mpirun and MPI is built;
+// else tcp. `built` says whether a backend is available (asked only when it matters).
+std::string resolve_auto_backend(const DistEnv& env, DeviceType device, int cuda_devices,
+                                 const std::function<bool(const std::string&)>& built);
 bool is_initialized();
 ProcessGroup& world();
 std::shared_ptr<ProcessGroup> world_ptr();

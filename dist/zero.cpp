@@ -6,6 +6,7 @@
 #include <set>
 
 #include "tessera/dist/ddp.h"
+#include "tessera/dist/zero_trace.h"
 #include "tessera/optim/clip.h"
 
 namespace tessera::dist {
@@ -40,6 +41,13 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, std::shared_ptr<ProcessGroup> gro
     : module_(module), group_(group ? std::move(group) : world_ptr()), options_(options) {
   TESSERA_CHECK(options_.stage >= 1 && options_.stage <= 3,
                 "ZeroStrategy: stage must be 1, 2 or 3, got ", options_.stage);
+  TESSERA_CHECK(!options_.offload_param || options_.stage == 3,
+                "ZeroStrategy: offload_param needs stage 3 (only stage 3 shards the parameters), "
+                "got stage ",
+                options_.stage);
+  TESSERA_CHECK(options_.prefetch_numel >= 0, "ZeroStrategy: prefetch_numel must be >= 0, got ",
+                options_.prefetch_numel);
+  options_.offload_optimizer = options_.offload_optimizer || options_.offload_param;
   broadcast_module_from_rank0(module_, *group_);
   auto [params, names] = trainable_parameters(module_);
   FlatBucketsOptions o;
@@ -49,6 +57,10 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, std::shared_ptr<ProcessGroup> gro
   o.shards = group_->size();
   if (options_.stage == 3) o.groups = stage3_units(params);
   buckets_ = std::make_unique<FlatBuckets>(std::move(params), std::move(names), group_, o);
+  // Stages 2/3 keep no full gradient between steps: a bucket's buffer comes back when its
+  // first gradient of the next backward arrives (at most the buckets in flight are held).
+  if (options_.stage >= 2)
+    for (auto& bucket : buckets_->buckets()) buckets_->release_gradients(bucket);
   flatten_parameters();
   install_comm_hooks();
   if (options_.stage == 3) install_unit_hooks();
@@ -123,24 +135,48 @@ void ZeroStrategy::flatten_parameters() {
           std::min(begin + size, bucket.offsets[j] + params[bucket.params[j]].numel());
       if (lo < hi) piece_layout_.push_back({bucket.params[j], b, lo, hi - lo});
     }
+    const bool low_precision = bucket.dtype != options_.reduce_dtype &&
+                               (bucket.dtype == DType::f16 || bucket.dtype == DType::bf16);
     if (options_.stage >= 2) {
-      shard.gradients = zeros({size}, opts);
-      if (bucket.dtype != options_.reduce_dtype &&
-          (bucket.dtype == DType::f16 || bucket.dtype == DType::bf16))
+      // Offloaded, the host rounds the f32 average itself: no device gradient slice.
+      if (!(options_.offload_optimizer && low_precision)) shard.gradients = zeros({size}, opts);
+      if (low_precision)
         shard.reduced = empty({size}, {.dtype = options_.reduce_dtype, .device = bucket.device});
     }
     if (options_.stage == 3) {
-      shard.owned_parameters = raw::clone(raw::narrow(shard.parameters, 0, begin, size));
-      release(b);
+      const Tensor mine = raw::narrow(shard.parameters, 0, begin, size);
+      shard.owned_parameters = options_.offload_param
+                                   ? pinned_host_empty(size, bucket.dtype, bucket.device)
+                                   : empty({size}, opts);
+      raw::copy_(shard.owned_parameters, mine);
+      release(b);  // one bucket's full parameters at a time
     }
   }
-  for (const Piece& piece : piece_layout_) {
-    const Shard& shard = shards_[piece.bucket];
-    pieces_.push_back(options_.stage == 3
-                          ? raw::narrow(shard.owned_parameters, 0,
-                                        piece.begin - slice_begin(piece.bucket), piece.numel)
-                          : raw::narrow(shard.parameters, 0, piece.begin, piece.numel));
+  if (options_.offload_optimizer) {
+    std::vector<OptimizerOffload::SliceLayout> layout;
+    for (const auto& bucket : buckets) layout.push_back({bucket.shard_numel(), bucket.dtype});
+    offload_ = std::make_unique<OptimizerOffload>(
+        buckets.empty() ? Device::cpu() : buckets.front().device, layout);
+    for (size_t b = 0; b < buckets.size(); ++b) offload_->load_master(b, owned_slice(b));
   }
+  for (const Piece& piece : piece_layout_) {
+    const int64_t at = piece.begin - slice_begin(piece.bucket);
+    pieces_.push_back(offload_ ? raw::narrow(offload_->master(piece.bucket), 0, at, piece.numel)
+                               : raw::narrow(owned_slice(piece.bucket), 0, at, piece.numel));
+  }
+}
+
+Tensor ZeroStrategy::owned_slice(size_t b) const {
+  if (options_.stage == 3) return shards_[b].owned_parameters;
+  return raw::narrow(shards_[b].parameters, 0, slice_begin(b),
+                     buckets_->buckets()[b].shard_numel());
+}
+
+Tensor ZeroStrategy::averaged_gradient(size_t b) {
+  const Shard& shard = shards_[b];
+  if (options_.stage >= 2) return shard.reduced.defined() ? shard.reduced : shard.gradients;
+  const auto& bucket = buckets_->buckets()[b];
+  return raw::narrow(bucket.communication_buffer(), 0, slice_begin(b), bucket.shard_numel());
 }
 
 // Stage 1 all-reduces a bucket (as DDP); stages 2 and 3 reduce-scatter it, so each
@@ -152,16 +188,25 @@ void ZeroStrategy::install_comm_hooks() {
   const bool scatter = options_.stage >= 2;
   buckets_->register_comm_hook(
       [this, scatter](FlatBuckets::Bucket& b) {
-        if (!scatter) return group_->all_reduce(b.communication_buffer(), ReduceOp::Avg);
-        Shard& shard = shards_[&b - buckets_->buckets().data()];
-        const Tensor& out = shard.reduced.defined() ? shard.reduced : shard.gradients;
-        return group_->reduce_scatter(out, b.communication_buffer(), ReduceOp::Avg);
+        const size_t index = &b - buckets_->buckets().data();
+        shards_[index].reduction_issued_us = ZeroTrace::enabled() ? ZeroTrace::now_us() : 0;
+        WorkPtr work = scatter ? group_->reduce_scatter(averaged_gradient(index),
+                                                        b.communication_buffer(), ReduceOp::Avg)
+                               : group_->all_reduce(b.communication_buffer(), ReduceOp::Avg);
+        // Offloaded: the host worker takes the averaged slice as soon as it is there.
+        if (offload_) return offload_->download_gradient(index, work, averaged_gradient(index));
+        return work;
       },
       [this, scatter](FlatBuckets::Bucket& b) {
         const size_t index = &b - buckets_->buckets().data();
         Shard& shard = shards_[index];
-        if (scatter && shard.reduced.defined()) raw::copy_(shard.gradients, shard.reduced);
-        if (!scatter && b.reduce_buffer.defined()) raw::copy_(b.gradients, b.reduce_buffer);
+        if (ZeroTrace::enabled())
+          ZeroTrace::record(scatter ? "reduce_scatter" : "all_reduce", static_cast<int>(index),
+                            shard.reduction_issued_us, ZeroTrace::now_us());
+        if (!offload_ && scatter && shard.reduced.defined())
+          raw::copy_(shard.gradients, shard.reduced);
+        if (!offload_ && !scatter && b.reduce_buffer.defined())
+          raw::copy_(b.gradients, b.reduce_buffer);
         point_pieces_at_gradients(index);
         buckets_->release_gradients(b);
       });
@@ -172,31 +217,54 @@ void ZeroStrategy::install_unit_hooks() {
   const size_t root = unit_module_.size() - 1;
   const bool has_root = unit_module_.back() == &module_;
   unit_waiting_.assign(shards_.size(), 0);
+  // Blocks were listed in reverse (backward) order: forward runs them from the last index.
+  for (size_t b = has_root ? root : unit_module_.size(); b-- > 0;) forward_order_.push_back(b);
   for (size_t b = 0; b < unit_module_.size(); ++b) {
     nn::Module* m = unit_module_[b];
     if (has_root && b == root) continue;
     m->register_forward_pre_hook([this, b, alive = alive_](nn::Module&, const Tensor&) {
-      if (*alive) gather(b);
+      if (!*alive) return;
+      gather(b);
+      prefetch_after(b, /*forward=*/true);
+      trace_unit_begin(b);
     });
     m->register_forward_hook([this, b, alive = alive_](nn::Module&, const Tensor&, const Tensor&) {
-      if (*alive) release(b);
+      if (!*alive) return;
+      trace_unit_end(b, /*forward=*/true);
+      release(b);
     });
     m->register_backward_pre_hook([this, b, alive = alive_](nn::Module&) {
-      if (*alive) gather(b);
+      if (!*alive) return;
+      gather(b);
+      prefetch_after(b, /*forward=*/false);
+      trace_unit_begin(b);
     });
   }
   // The model's own forward gathers the root unit and starts counting gradients; without
-  // grad mode nothing follows, so the root is released at once.
+  // grad mode nothing follows, so the root is released at once. With grad mode the first
+  // blocks backward needs are prefetched while the loss and the head's backward run.
+  const size_t first = has_root ? root : SIZE_MAX;  // what runs before every block
   module_.register_forward_pre_hook(
-      [this, root, has_root, alive = alive_](nn::Module&, const Tensor&) {
+      [this, root, first, has_root, alive = alive_](nn::Module&, const Tensor&) {
         if (!*alive) return;
         for (size_t b = 0; b < shards_.size(); ++b)
           unit_waiting_[b] = buckets_->buckets()[b].params.size();
         if (has_root) gather(root);
+        prefetch_after(first, /*forward=*/true);
+        if (has_root) trace_unit_begin(root);
       });
   module_.register_forward_hook(
-      [this, root, has_root, alive = alive_](nn::Module&, const Tensor&, const Tensor&) {
-        if (*alive && has_root && !autograd::is_grad_enabled()) release(root);
+      [this, root, first, has_root, alive = alive_](nn::Module&, const Tensor&, const Tensor&) {
+        if (!*alive) return;
+        if (has_root) {
+          trace_unit_end(root, /*forward=*/true);
+          trace_unit_begin(root);  // its backward starts with the loss's
+        }
+        if (!autograd::is_grad_enabled()) {
+          if (has_root) release(root);
+        } else {
+          prefetch_after(first, /*forward=*/false);
+        }
       });
   const auto& params = buckets_->parameters();
   for (size_t k = 0; k < params.size(); ++k) {
@@ -207,16 +275,70 @@ void ZeroStrategy::install_unit_hooks() {
 }
 
 void ZeroStrategy::on_unit_grad_ready(size_t b) {
-  if (unit_waiting_[b] > 0 && --unit_waiting_[b] == 0) release(b);
+  if (unit_waiting_[b] > 0 && --unit_waiting_[b] == 0) {
+    trace_unit_end(b, /*forward=*/false);
+    release(b);
+  }
+}
+
+void ZeroStrategy::trace_unit_begin(size_t b) {
+  if (!ZeroTrace::enabled()) return;
+  shards_[b].unit_began_us = ZeroTrace::now_us();
+  shards_[b].unit_began_event = ZeroTrace::device_event(buckets_->buckets()[b].device);
+}
+
+// Host span, and on a GPU the compute stream's span, of unit b's forward or backward.
+void ZeroStrategy::trace_unit_end(size_t b, bool forward) {
+  if (!ZeroTrace::enabled()) return;
+  Shard& shard = shards_[b];
+  const Device device = buckets_->buckets()[b].device;
+  ZeroTrace::record(forward ? "forward" : "backward", static_cast<int>(b), shard.unit_began_us,
+                    ZeroTrace::now_us());
+  ZeroTrace::record_device(forward ? "forward_gpu" : "backward_gpu", static_cast<int>(b), device,
+                           std::move(shard.unit_began_event), ZeroTrace::device_event(device));
+}
+
+// Starts unit b's all-gather without waiting for it (every rank issues the same sequence:
+// the hooks that call this fire in the same order everywhere).
+void ZeroStrategy::wait_for_upload(size_t b) {
+  if (b >= uploads_.size() || !uploads_[b]) return;
+  WorkPtr upload = std::move(uploads_[b]);
+  uploads_[b].reset();
+  upload->wait();
+}
+
+void ZeroStrategy::wait_for_uploads() {
+  for (size_t b = 0; b < uploads_.size(); ++b) wait_for_upload(b);
+}
+
+void ZeroStrategy::issue_gather(size_t b) {
+  Shard& shard = shards_[b];
+  if (shard.gathered || shard.gathering) return;
+  wait_for_upload(b);  // offload: the shard holds the step's result once it has landed
+  const auto& bucket = buckets_->buckets()[b];
+  // New memory each time: views that autograd saved keep the previous gather alive.
+  shard.parameters = empty({bucket.padded_numel}, {.dtype = bucket.dtype, .device = bucket.device});
+  // offload_param keeps the shard on the host: it travels to the device first.
+  const Tensor mine = shard.owned_parameters.device() == bucket.device
+                          ? shard.owned_parameters
+                          : raw::to(shard.owned_parameters, bucket.device, bucket.dtype);
+  shard.gather_issued_us = ZeroTrace::enabled() ? ZeroTrace::now_us() : 0;
+  shard.gathering = group_->all_gather(shard.parameters, mine);
 }
 
 void ZeroStrategy::gather(size_t b) {
   Shard& shard = shards_[b];
   if (shard.gathered) return;
+  issue_gather(b);
+  {
+    ZeroTrace::Span wait("gather_wait", static_cast<int>(b));
+    shard.gathering->wait();
+  }
+  shard.gathering.reset();
+  if (ZeroTrace::enabled())
+    ZeroTrace::record("all_gather", static_cast<int>(b), shard.gather_issued_us,
+                      ZeroTrace::now_us());
   const auto& bucket = buckets_->buckets()[b];
-  // New memory each time: views that autograd saved keep the previous gather alive.
-  shard.parameters = empty({bucket.padded_numel}, {.dtype = bucket.dtype, .device = bucket.device});
-  group_->all_gather(shard.parameters, shard.owned_parameters)->wait();
   const auto& params = buckets_->parameters();
   for (size_t j = 0; j < bucket.params.size(); ++j)
     repoint(params[bucket.params[j]],
@@ -224,15 +346,37 @@ void ZeroStrategy::gather(size_t b) {
   shard.gathered = true;
 }
 
+// Issues the gathers of the units that run after unit b (forward: the next blocks;
+// backward: the previous ones) until prefetch_numel elements are on their way.
+void ZeroStrategy::prefetch_after(size_t b, bool forward) {
+  if (options_.prefetch_numel <= 0 || forward_order_.empty()) return;
+  std::vector<size_t> order = forward_order_;
+  if (!forward) std::reverse(order.begin(), order.end());
+  auto at = std::find(order.begin(), order.end(), b);
+  at = at == order.end() ? order.begin() : at + 1;  // the root runs before every block
+  int64_t issued = 0;
+  for (; at != order.end() && issued < options_.prefetch_numel; ++at) {
+    issue_gather(*at);
+    issued += buckets_->buckets()[*at].padded_numel;
+  }
+}
+
 void ZeroStrategy::release(size_t b) {
   Shard& shard = shards_[b];
-  if (!shard.gathered || options_.stage < 3) return;
+  if (options_.stage < 3) return;
+  if (shard.gathering) {  // prefetched but not used (the unit did not run): drop it
+    shard.gathering->wait();
+    shard.gathering.reset();
+    shard.parameters = Tensor();
+  }
+  if (!shard.gathered) return;
   for (size_t k : buckets_->buckets()[b].params) point_at_nothing(buckets_->parameters()[k]);
   shard.parameters = Tensor();
   shard.gathered = false;
 }
 
 void ZeroStrategy::gather_full_parameters() {
+  for (size_t b = 0; b < shards_.size(); ++b) issue_gather(b);
   for (size_t b = 0; b < shards_.size(); ++b) gather(b);
 }
 
@@ -241,13 +385,16 @@ void ZeroStrategy::release_full_parameters() {
 }
 
 void ZeroStrategy::after_parameters_loaded() {
-  if (options_.stage < 3) return;  // the parameters are the flat buffers themselves
-  for (size_t b = 0; b < shards_.size(); ++b) {
+  wait_for_uploads();
+  // Stages 1/2: the parameters are the flat buffers themselves.
+  for (size_t b = 0; b < shards_.size() && options_.stage == 3; ++b) {
     TESSERA_CHECK(shards_[b].gathered, name(), ": parameters were loaded while released");
     raw::copy_(shards_[b].owned_parameters, raw::narrow(shards_[b].parameters, 0, slice_begin(b),
                                                         buckets_->buckets()[b].shard_numel()));
   }
-  release_full_parameters();
+  if (offload_)
+    for (size_t b = 0; b < shards_.size(); ++b) offload_->load_master(b, owned_slice(b));
+  if (options_.stage == 3) release_full_parameters();
 }
 
 void ZeroStrategy::prepare_optimizer(optim::Optimizer& optimizer) {
@@ -281,10 +428,13 @@ void ZeroStrategy::point_pieces_at_gradients(size_t b) {
     const Piece& piece = piece_layout_[i];
     if (piece.bucket != b) continue;
     const auto& bucket = buckets_->buckets()[piece.bucket];
-    pieces_[i].set_grad(options_.stage == 1
-                            ? raw::narrow(bucket.gradients, 0, piece.begin, piece.numel)
-                            : raw::narrow(shards_[piece.bucket].gradients, 0,
-                                          piece.begin - slice_begin(piece.bucket), piece.numel));
+    const int64_t at = piece.begin - slice_begin(piece.bucket);
+    if (offload_)
+      pieces_[i].set_grad(raw::narrow(offload_->gradient(b), 0, at, piece.numel));
+    else if (options_.stage == 1)
+      pieces_[i].set_grad(raw::narrow(bucket.gradients, 0, piece.begin, piece.numel));
+    else
+      pieces_[i].set_grad(raw::narrow(shards_[piece.bucket].gradients, 0, at, piece.numel));
   }
 }
 
@@ -295,6 +445,10 @@ void ZeroStrategy::finish_gradient_sync() {
                 ": the optimizer was not prepared with the model; call accelerator.prepare(model, "
                 "optimizer) so that it updates this rank's slices");
   buckets_->finish();
+  // The step about to run rewrites the masters that uploads still in flight read (a unit
+  // the last forward did not gather).
+  wait_for_uploads();
+  synced_at_us_ = ZeroTrace::enabled() ? ZeroTrace::now_us() : 0;
 }
 
 double ZeroStrategy::clip_grad_norm_(const std::vector<Tensor>&, double max_norm) {
@@ -306,24 +460,44 @@ double ZeroStrategy::clip_grad_norm_(const std::vector<Tensor>&, double max_norm
   group_->all_reduce(total, ReduceOp::Sum)->wait();
   const double norm = std::sqrt(raw::to(total, Device::cpu(), DType::f64).to_vector<double>()[0]);
   const double factor = max_norm / (norm + 1e-6);
-  if (factor < 1.0) optim::scale_grads_(pieces_, factor);
+  if (factor < 1.0) {
+    optim::scale_grads_(pieces_, factor);
+    // Offloaded f32 copies of bf16/f16 gradients round as the device's own would.
+    if (offload_) offload_->round_gradients();
+  }
   return norm;
 }
 
 void ZeroStrategy::after_optimizer_step() {
+  const double began = ZeroTrace::enabled() ? ZeroTrace::now_us() : 0;
+  if (ZeroTrace::enabled()) ZeroTrace::record("clip_and_step", -1, synced_at_us_, began);
+  if (offload_) {
+    // Stage 3: in the order the next forward gathers the units (the root first), so its
+    // first blocks can run while the last ones are still being copied.
+    std::vector<Tensor> targets;
+    std::vector<size_t> order;
+    for (size_t b = 0; b < shards_.size(); ++b) targets.push_back(owned_slice(b));
+    if (forward_order_.size() < shards_.size()) order.push_back(shards_.size() - 1);
+    order.insert(order.end(), forward_order_.begin(), forward_order_.end());
+    for (size_t b = 0; order.size() < shards_.size(); ++b) order.push_back(b);  // stages 1/2
+    uploads_ = offload_->upload_parameters(targets, order);
+  }
   if (options_.stage == 3) {
     // Anything still gathered holds the values from before the step.
     release_full_parameters();
-    return;
+  } else {
+    std::vector<WorkPtr> works;
+    for (size_t b = 0; b < shards_.size(); ++b) {
+      wait_for_upload(b);  // each bucket is all-gathered while the next one is copied
+      const Tensor mine = raw::clone(owned_slice(b));
+      works.push_back(group_->all_gather(shards_[b].parameters, mine));
+    }
+    for (auto& w : works) w->wait();
   }
-  std::vector<WorkPtr> works;
-  for (size_t b = 0; b < shards_.size(); ++b) {
-    const auto& bucket = buckets_->buckets()[b];
-    const Tensor mine =
-        raw::clone(raw::narrow(shards_[b].parameters, 0, slice_begin(b), bucket.shard_numel()));
-    works.push_back(group_->all_gather(shards_[b].parameters, mine));
+  if (ZeroTrace::enabled()) {
+    ZeroTrace::record("after_step", -1, began, ZeroTrace::now_us());
+    ZeroTrace::end_step(group_->rank());
   }
-  for (auto& w : works) w->wait();
 }
 
 std::vector<DataParallelStrategy::OptimizerSlice> ZeroStrategy::optimizer_slices(
@@ -348,8 +522,11 @@ MemoryUsage ZeroStrategy::memory() const {
   m.communication = buckets_->reduce_buffer_bytes();
   for (const Shard& s : shards_) {
     if (options_.stage == 3) {
-      m.parameters += s.owned_parameters.nbytes();
-      if (s.gathered) m.communication += s.parameters.nbytes();
+      // Counted where it lives: a shard kept on the host (offload_param) of a GPU run is no
+      // device memory.
+      if (!options_.offload_param || s.owned_parameters.device() == buckets_->buckets()[0].device)
+        m.parameters += s.owned_parameters.nbytes();
+      if (s.gathered || s.gathering) m.communication += s.parameters.nbytes();
     } else {
       m.parameters += s.parameters.nbytes();
     }

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "tessera/dist/flat_buckets.h"
+#include "tessera/dist/offload.h"
 #include "tessera/dist/strategy.h"
 
 namespace tessera::dist {
@@ -36,6 +37,17 @@ struct ZeroOptions {
   size_t bucket_bytes = size_t(25) << 20;
   bool find_unused_parameters = false;
   DType reduce_dtype = DType::f32;  // for f16/bf16 gradients
+  // ZeRO-Offload (dist/offload.h): this rank's f32 masters, gradients and AdamW moments in
+  // host memory, the update on the CPU.
+  bool offload_optimizer = false;
+  // Stage 3 only: the rank's parameter shard stays on the host as well (implies
+  // offload_optimizer); a unit's gather copies it to the device first.
+  bool offload_param = false;
+  // Stage 3: parameters (elements) of the units after the one running that are all-gathered
+  // ahead of use — forward: the next blocks, backward: the previous ones — so the gather
+  // overlaps compute (DeepSpeed's stage3_prefetch_bucket_size). At least one unit when > 0;
+  // 0 gathers each unit only when it is needed.
+  int64_t prefetch_numel = 0;
 };
 
 class ZeroStrategy : public DataParallelStrategy {
@@ -45,7 +57,9 @@ class ZeroStrategy : public DataParallelStrategy {
   ZeroStrategy(const ZeroStrategy&) = delete;
   ZeroStrategy& operator=(const ZeroStrategy&) = delete;
 
-  std::string name() const override { return "ZeRO-" + std::to_string(options_.stage); }
+  std::string name() const override {
+    return "ZeRO-" + std::to_string(options_.stage) + (offload_ ? "-Offload" : "");
+  }
   nn::Module& module() const override { return module_; }
   int stage() const { return options_.stage; }
 
@@ -64,8 +78,11 @@ class ZeroStrategy : public DataParallelStrategy {
   std::vector<OptimizerSlice> optimizer_slices(const optim::Optimizer& optimizer) const override;
 
   const FlatBuckets& buckets() const { return *buckets_; }
-  // This rank's slices, one per overlapped parameter (what the optimizer updates).
+  // This rank's slices, one per overlapped parameter (what the optimizer updates; host
+  // views of the offloaded masters under offload).
   const std::vector<Tensor>& pieces() const { return pieces_; }
+  // Host bytes of the offloaded masters, gradients and staging (0 without offload).
+  int64_t offloaded_bytes() const { return offload_ ? offload_->host_bytes() : 0; }
 
  private:
   // Per bucket: the flat parameters and this rank's gradient slice.
@@ -75,6 +92,11 @@ class ZeroStrategy : public DataParallelStrategy {
     Tensor gradients;         // [S] stage 2/3: the averaged slice, parameter dtype
     Tensor reduced;           // [S] in reduce_dtype when that differs (else undefined)
     bool gathered = false;
+    WorkPtr gathering;  // stage 3: an all-gather issued ahead of use (prefetch)
+    double gather_issued_us = 0;
+    double unit_began_us = 0;  // when the unit's forward or backward began (trace)
+    std::shared_ptr<void> unit_began_event;  // the same on the device's stream (trace, GPU)
+    double reduction_issued_us = 0;
   };
   // A parameter's overlap with this rank's slice of its bucket.
   struct Piece {
@@ -85,9 +107,20 @@ class ZeroStrategy : public DataParallelStrategy {
   void flatten_parameters();
   void install_comm_hooks();
   void install_unit_hooks();
+  void wait_for_upload(size_t bucket);
+  void wait_for_uploads();
+  void issue_gather(size_t bucket);
   void gather(size_t bucket);
+  void prefetch_after(size_t bucket, bool forward);
   void release(size_t bucket);
+  // This rank's slice of bucket b's parameters as kept between steps (stage 1/2: a view of
+  // the flat buffer; stage 3: the owned shard), and its averaged gradient after the bucket's
+  // collective.
+  Tensor owned_slice(size_t bucket) const;
+  Tensor averaged_gradient(size_t bucket);
   void on_unit_grad_ready(size_t bucket);
+  void trace_unit_begin(size_t bucket);
+  void trace_unit_end(size_t bucket, bool forward);
   void point_pieces_at_gradients(size_t bucket);
   int64_t slice_begin(size_t bucket) const;
 
@@ -102,6 +135,11 @@ class ZeroStrategy : public DataParallelStrategy {
   // and how many of a bucket's parameters still wait for their gradient.
   std::vector<nn::Module*> unit_module_;
   std::vector<size_t> unit_waiting_;
+  // Stage 3: the block units (not the root) in the order forward runs them.
+  std::vector<size_t> forward_order_;
+  std::unique_ptr<OptimizerOffload> offload_;
+  std::vector<WorkPtr> uploads_;  // per bucket: the offloaded master's copy back, in flight
+  double synced_at_us_ = 0;  // when the last gradient sync finished (trace)
   // Read by the hooks left on the module and optimizer: false once this is destroyed.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   std::vector<autograd::HookHandle> grad_hooks_;

@@ -31,12 +31,23 @@ header[2] = count
 width = 2 if header[1] == 1 else 4
 open(sys.argv[2], "wb").write(struct.pack("<256i", *header) + data[1024:1024 + count * width])
 PY
-# A tiny run: its model.safetensors and training_state.safetensors, and its settings.
-$T train --data $W/bpe/train.bin --n-layer 1 --n-head 1 --n-embd 4 --seq 4 --batch 1 --steps 2 \
-  --save-every 1 --eval-every 0 --out $W/run >/dev/null
-ckpt=$(ls -d $W/run/checkpoints/*/ | grep -v partial | tail -1)
+# A tiny run: its model.safetensors, its settings, and the training-state files of its
+# checkpoint with the model and data shape fuzz/fuzz_training_state.cpp loads them into
+# (1 layer, 2 heads, 4 channels, 13 tokens; batch 2 x 4; cosine schedule), so the seeds
+# pass the contents checks and the fuzzer starts deep in them.
+python3 - $W/tiny.bin <<'PY'
+import struct, sys
+tokens = [(i * 7 + i // 5) % 13 for i in range(512)]
+open(sys.argv[1], "wb").write(struct.pack("<256i", 20240520, 1, len(tokens), *[0] * 253) +
+                              struct.pack("<%dH" % len(tokens), *tokens))
+PY
+$T train --data $W/tiny.bin --vocab-size 13 --n-layer 1 --n-head 2 --n-embd 4 --seq 4 --batch 2 \
+  --steps 4 --warmup 1 --save-every 2 --eval-every 0 --out $W/run >/dev/null
+ckpt=$W/run/checkpoint-4
 cp $ckpt/model.safetensors $C/safetensors/gpt_tiny.safetensors
-cp $ckpt/training_state.safetensors $C/training_state/state.safetensors
-cp $W/run/config.train.json $C/train_config/run.json 2>/dev/null || true
+for f in model.safetensors optimizer.safetensors accelerator_state.json trainer_state.json; do
+  cp $ckpt/$f $C/training_state/$f
+done
+cp $ckpt/training_args.json $C/train_config/training_args.json
 python3 fuzz/make_seeds.py $C
 echo "fuzz corpus: $(find $C -type f | wc -l) files, $(du -sb $C | cut -f1) bytes"

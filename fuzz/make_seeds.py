@@ -51,6 +51,16 @@ config = {"data": "train.bin", "n_layer": 2, "n_head": 2, "n_embd": 32, "batch":
 put("train_config", "config.json", json.dumps(config))
 put("train_config", "config.yaml", "".join("%s: %s\n" % (k, json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v) for k, v in config.items()) + "# comment\n\nn-head: 4\n")
 
+# The same kind of run under Hugging Face TrainingArguments names.
+hf = {"output_dir": "runs/hf", "per_device_train_batch_size": 4, "learning_rate": 3e-4,
+      "max_steps": 10, "lr_scheduler_type": "linear", "warmup_ratio": 0.1, "eval_strategy": "steps",
+      "eval_steps": 5, "save_strategy": "steps", "save_steps": 5, "save_total_limit": 2,
+      "load_best_model_at_end": True, "metric_for_best_model": "val_loss", "greater_is_better": False,
+      "bf16": True, "data": "train.bin", "n_layer": 2, "n_head": 2, "n_embd": 32, "seq": 16}
+put("train_config", "hugging_face.json", json.dumps(dict(hf, report_to=["jsonl"])))
+put("train_config", "hugging_face.yaml", "".join(
+    "%s: %s\n" % (k, str(v).lower() if isinstance(v, bool) else v) for k, v in hf.items()))
+
 
 def byte_level_alphabet():
     """GPT-2's byte -> printable character map (the byte-level BPE vocabulary's alphabet)."""

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/functions.h"
@@ -75,6 +76,14 @@ void GPT::set_dropout(double p) {
   for (auto& [name, module] : named_modules())
     if (auto* drop = dynamic_cast<Dropout*>(module)) drop->p = p;
   cfg_.dropout = p;
+}
+
+std::string GPT::describe() const {
+  std::ostringstream out;
+  out << "GPT-2: " << cfg_.n_layer << " layers, " << cfg_.n_head << " heads, " << cfg_.n_embd
+      << " channels, context " << cfg_.block_size << ", vocab " << cfg_.vocab_size
+      << (cfg_.tie_word_embeddings ? ", tied head" : ", untied head");
+  return out.str();
 }
 
 Tensor GPT::run_block(Block& block, const Tensor& x) {

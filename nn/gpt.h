@@ -7,6 +7,7 @@
 #include <string>
 
 #include "tessera/nn/attention.h"
+#include "tessera/nn/causal_lm.h"
 
 namespace tessera::nn {
 
@@ -33,13 +34,11 @@ class LMHead : public Module {
   Tensor weight;
 };
 
-struct GenerateOptions {
-  double temperature = 1.0;  // 0 = greedy (argmax)
-  int64_t top_k = 0;         // 0 = no truncation
-  Generator* gen = nullptr;  // default generator when null
-};
+// config.json <-> GPTConfig (HF GPT-2 keys; unknown keys are ignored).
+GPTConfig gpt_config_from_json_file(const std::string& path);
+void save_gpt_config(const GPTConfig& cfg, const std::string& path);
 
-class GPT : public Module {
+class GPT : public CausalLM {
  public:
   explicit GPT(const GPTConfig& cfg, Generator* gen = nullptr, TensorOptions opts = {});
   std::string type_name() const override { return "GPT"; }
@@ -47,7 +46,7 @@ class GPT : public Module {
   // idx [B, T] (i32/i64, T <= block_size) -> logits [B, T, vocab_size].
   Tensor forward(const Tensor& idx) override;
   // Mean cross-entropy of the logits of idx against targets [B, T].
-  Tensor loss(const Tensor& idx, const Tensor& targets);
+  Tensor loss(const Tensor& idx, const Tensor& targets) override;
 
   // Incremental decoding: an empty cache for `batch` rows; forward_incremental feeds the
   // next tokens idx [B, Tn] (positions cache.length ...) and returns their logits
@@ -56,12 +55,18 @@ class GPT : public Module {
   Tensor forward_incremental(const Tensor& idx, KVCache& cache);
   // Appends max_new_tokens sampled tokens to idx [B, T] (as the model sees the last
   // block_size tokens, like nanoGPT); returns [B, T + max_new_tokens] (i64, CPU).
-  Tensor generate(const Tensor& idx, int64_t max_new_tokens, const GenerateOptions& opts = {});
+  Tensor generate(const Tensor& idx, int64_t max_new_tokens,
+                  const GenerateOptions& opts = {}) override;
 
   const GPTConfig& config() const { return cfg_; }
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
+  int64_t context_length() const override { return cfg_.block_size; }
+  std::string describe() const override;
   // Hugging Face's gradient_checkpointing_enable(): recompute every Block in backward (see
   // GPTConfig::gradient_checkpointing). Losses and gradients stay bit for bit the same.
-  void gradient_checkpointing_enable(bool on = true) { cfg_.gradient_checkpointing = on; }
+  void gradient_checkpointing_enable(bool on = true) override {
+    cfg_.gradient_checkpointing = on;
+  }
   bool is_gradient_checkpointing() const { return cfg_.gradient_checkpointing; }
   // Sets the probability of every dropout site (a model loaded from a directory brings the
   // dropout of its config.json; training may ask for another). Throws outside [0, 1).
@@ -70,11 +75,12 @@ class GPT : public Module {
   Tensor output_weight() const;
 
   // Model directory: config.json (HF GPT-2 keys) + model.safetensors.
-  void save_pretrained(const std::string& dir) const;
+  void save_pretrained(const std::string& dir) const override;
+  void save_config(const std::string& path) const override { save_gpt_config(cfg_, path); }
   static std::unique_ptr<GPT> from_pretrained(const std::string& dir, TensorOptions opts = {});
   // Loads weights from a safetensors file in HF GPT-2 layout (with or without the
   // "transformer." prefix; mask buffers and a tied lm_head.weight are ignored).
-  void load_safetensors_weights(const std::string& path);
+  void load_safetensors_weights(const std::string& path) override;
 
   GPTTransformer transformer;
 
@@ -85,9 +91,5 @@ class GPT : public Module {
   GPTConfig cfg_;
   std::unique_ptr<LMHead> lm_head_;
 };
-
-// config.json <-> GPTConfig (HF GPT-2 keys; unknown keys are ignored).
-GPTConfig gpt_config_from_json_file(const std::string& path);
-void save_gpt_config(const GPTConfig& cfg, const std::string& path);
 
 }  // namespace tessera::nn

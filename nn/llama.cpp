@@ -1,8 +1,10 @@
 #include "tessera/nn/llama.h"
 
 #include <cmath>
+#include <sstream>
 
 #include "tessera/autograd/autocast.h"
+#include "tessera/autograd/autograd.h"
 #include "tessera/autograd/functions.h"
 
 namespace tessera::nn {
@@ -155,9 +157,33 @@ Tensor Llama::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
   const ops::RopeTables rope =
       ops::rope_tables(past, T, cfg_.attention_head_dim(), cfg_.rope_theta, w.dtype(), w.device());
   Tensor x = model.embed_tokens(idx.contiguous());
-  for (size_t i = 0; i < model.decoder_layers.size(); ++i)
-    x = model.decoder_layers[i]->forward_at(x, rope, past, cache ? &cache->layers[i] : nullptr);
+  for (size_t i = 0; i < model.decoder_layers.size(); ++i) {
+    LlamaDecoderLayer& layer = *model.decoder_layers[i];
+    x = cache ? layer.forward_at(x, rope, past, &cache->layers[i]) : run_layer(layer, x, rope);
+  }
   return model.norm(x);
+}
+
+Tensor Llama::run_layer(LlamaDecoderLayer& layer, const Tensor& x, const ops::RopeTables& rope) {
+  if (!checkpointing_ || !is_training() || !autograd::is_grad_enabled())
+    return layer.forward_at(x, rope, 0, nullptr);
+  // The recompute replays the autocast policy; the layer has no randomness to replay. The
+  // rotary tables are constants of this forward, captured as they are.
+  return autograd::checkpoint(
+      [&layer, &rope](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{layer.forward_at(in[0], rope, 0, nullptr)};
+      },
+      {x})[0];
+}
+
+std::string Llama::describe() const {
+  std::ostringstream out;
+  out << "Llama: " << cfg_.num_hidden_layers << " layers, " << cfg_.num_attention_heads
+      << " heads (" << cfg_.num_key_value_heads << " key/value), " << cfg_.hidden_size
+      << " channels, MLP " << cfg_.intermediate_size << ", context " << cfg_.max_position_embeddings
+      << ", vocab " << cfg_.vocab_size << ", rope_theta " << cfg_.rope_theta
+      << (cfg_.tie_word_embeddings ? ", tied head" : ", untied head");
+  return out.str();
 }
 
 Tensor Llama::forward(const Tensor& idx) {
@@ -198,22 +224,25 @@ Tensor Llama::generate(const Tensor& idx, int64_t max_new_tokens, const Generate
   TESSERA_CHECK(idx.dim() == 2 && idx.size(1) > 0 && max_new_tokens >= 0,
                 "Llama::generate: idx must be [B, T] with T > 0 (got ", shape_str(idx.shape()),
                 ") and max_new_tokens >= 0 (got ", max_new_tokens, ")");
-  TESSERA_CHECK(idx.size(1) + max_new_tokens <= cfg_.max_position_embeddings,
-                "Llama::generate: ", idx.size(1), " prompt + ", max_new_tokens,
-                " new tokens exceed max_position_embeddings ", cfg_.max_position_embeddings);
   const Device device = model.embed_tokens.weight.device();
+  const int64_t context = cfg_.max_position_embeddings;
   KVCache cache = make_kv_cache(idx.size(0));
-  Tensor next_input = raw::to(idx, device, DType::i64);
-  std::vector<Tensor> pieces{next_input};
+  // Sampled where the logits are: the tokens stay on the device until the end.
+  Tensor tokens = raw::to(idx, device, DType::i64);
   for (int64_t step = 0; step < max_new_tokens; ++step) {
-    const Tensor logits = forward_incremental(next_input, cache);
+    const int64_t length = tokens.size(1);
+    // Within the context each new token costs one single-position forward on the cache;
+    // past it the positions shift every step, so the last window is recomputed (as
+    // GPT::generate does).
+    const Tensor logits =
+        length <= context ? forward_incremental(
+                                raw::narrow(tokens, 1, cache.length, length - cache.length), cache)
+                          : forward(raw::narrow(tokens, 1, length - context, context));
     const Tensor last = raw::select(logits, 1, logits.size(1) - 1);
-    // Sampled where the logits are: only the chosen ids ever leave the device (at the end).
-    next_input =
-        raw::unsqueeze(ops::sample_logits(last, opts.temperature, opts.top_k, opts.gen), 1);
-    pieces.push_back(next_input);
+    const Tensor next = ops::sample_logits(last, opts.temperature, opts.top_k, opts.gen);
+    tokens = ops::cat({tokens, raw::unsqueeze(next, 1)}, 1);
   }
-  return raw::to(ops::cat(pieces, 1), Device::cpu(), DType::i64);
+  return raw::to(tokens, Device::cpu(), DType::i64);
 }
 
 }  // namespace tessera::nn

@@ -8,7 +8,9 @@
 #include <string>
 
 #include "tessera/kernels/ops.h"
-#include "tessera/nn/gpt.h"  // GenerateOptions, KVCache
+#include "tessera/nn/attention.h"  // KVCache
+#include "tessera/nn/causal_lm.h"
+#include "tessera/nn/layers.h"
 
 namespace tessera::nn {
 
@@ -99,7 +101,14 @@ class LlamaModel : public Module {
   std::vector<LlamaDecoderLayer*> decoder_layers;
 };
 
-class Llama : public Module {
+// config.json <-> LlamaConfig (HF keys; model_type must be "llama"; unknown keys ignored,
+// rope_scaling other than null or {"rope_type": "default"} refused). The rotary base is read
+// from "rope_theta" or from transformers 5's "rope_parameters": {"rope_theta": ...}; both
+// are written, so transformers 4 and 5 read the same base.
+LlamaConfig llama_config_from_json_file(const std::string& path);
+void save_llama_config(const LlamaConfig& cfg, const std::string& path);
+
+class Llama : public CausalLM {
  public:
   explicit Llama(const LlamaConfig& cfg, Generator* gen = nullptr, TensorOptions opts = {});
   std::string type_name() const override { return "Llama"; }
@@ -107,7 +116,7 @@ class Llama : public Module {
   // idx [B, T] (i32/i64, T <= max_position_embeddings) -> logits [B, T, vocab_size].
   Tensor forward(const Tensor& idx) override;
   // Mean cross-entropy of the logits of idx against targets [B, T].
-  Tensor loss(const Tensor& idx, const Tensor& targets);
+  Tensor loss(const Tensor& idx, const Tensor& targets) override;
 
   // Incremental decoding (tape-free): k/v of layer l are [B, n_kv_head, max_positions, D].
   KVCache make_kv_cache(int64_t batch) const;
@@ -115,31 +124,36 @@ class Llama : public Module {
   Tensor forward_incremental(const Tensor& idx, KVCache& cache);
   // Appends max_new_tokens tokens (sampled on the model's device with ops::sample_logits:
   // temperature 0 = greedy, top_k 0 = all) to idx [B, T]; returns [B, T + max_new_tokens]
-  // (i64, CPU). Uses a KV cache: each new token costs one single-position forward.
-  Tensor generate(const Tensor& idx, int64_t max_new_tokens, const GenerateOptions& opts = {});
+  // (i64, CPU). Uses a KV cache: each new token costs one single-position forward; past
+  // max_position_embeddings the model sees the last max_position_embeddings tokens.
+  Tensor generate(const Tensor& idx, int64_t max_new_tokens,
+                  const GenerateOptions& opts = {}) override;
 
   const LlamaConfig& config() const { return cfg_; }
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
+  int64_t context_length() const override { return cfg_.max_position_embeddings; }
+  std::string describe() const override;
+  // Recompute every decoder layer in backward (autograd::checkpoint); training only.
+  void gradient_checkpointing_enable(bool on = true) override { checkpointing_ = on; }
   // The [V, C] matrix the logits are computed with (embed_tokens.weight when tied).
   Tensor output_weight() const;
 
   // Model directory: config.json (HF Llama keys) + model.safetensors (HF tensor names).
-  void save_pretrained(const std::string& dir) const;
+  void save_pretrained(const std::string& dir) const override;
+  void save_config(const std::string& path) const override { save_llama_config(cfg_, path); }
   static std::unique_ptr<Llama> from_pretrained(const std::string& dir, TensorOptions opts = {});
   // Loads weights from a safetensors file in HF LlamaForCausalLM layout (a tied
   // lm_head.weight and rotary inv_freq buffers of older files are ignored).
-  void load_safetensors_weights(const std::string& path);
+  void load_safetensors_weights(const std::string& path) override;
 
   LlamaModel model;
 
  private:
   Tensor hidden_states(const Tensor& idx, int64_t past, KVCache* cache);
+  Tensor run_layer(LlamaDecoderLayer& layer, const Tensor& x, const ops::RopeTables& rope);
   LlamaConfig cfg_;
+  bool checkpointing_ = false;
   std::unique_ptr<TorchLinear> lm_head_;
 };
-
-// config.json <-> LlamaConfig (HF keys; model_type must be "llama"; unknown keys ignored,
-// rope_scaling other than null refused).
-LlamaConfig llama_config_from_json_file(const std::string& path);
-void save_llama_config(const LlamaConfig& cfg, const std::string& path);
 
 }  // namespace tessera::nn

@@ -31,6 +31,29 @@ nlohmann::json read_json_object(const std::string& path) {
   TESSERA_CHECK(j.is_object(), "Llama config: '", path, "' is not a JSON object");
   return j;
 }
+// The rotary settings. transformers 4 writes a top-level "rope_theta" and "rope_scaling"
+// (null for plain RoPE); transformers 5 writes "rope_parameters": {"rope_type": "default",
+// "rope_theta": ...} and no top-level "rope_theta" (reading the old keys too). As there, the
+// dict's rope_theta wins over the top-level one. Scaled RoPE (linear, dynamic, yarn, llama3,
+// ...) is refused, naming the key.
+void read_rope_parameters(const nlohmann::json& j, const std::string& path, LlamaConfig& cfg) {
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    const nlohmann::json& rope = j[key];
+    TESSERA_CHECK(rope.is_object(), "Llama config: '", path, "': \"", key,
+                  "\" must be an object or null, got ", rope.dump());
+    const nlohmann::json type = rope.contains("rope_type") ? rope["rope_type"]
+                                : rope.contains("type")    ? rope["type"]
+                                                           : nlohmann::json("default");
+    TESSERA_CHECK(type == "default", "Llama config: '", path, "': \"", key, "\" = ", rope.dump(),
+                  " is not supported (plain RoPE only: rope_type \"default\")");
+    if (rope.contains("rope_theta") && !rope["rope_theta"].is_null()) {
+      TESSERA_CHECK(rope["rope_theta"].is_number(), "Llama config: '", path, "': \"", key,
+                    "\".rope_theta must be a number, got ", rope["rope_theta"].dump());
+      cfg.rope_theta = rope["rope_theta"].get<double>();
+    }
+  }
+}
 }  // namespace
 
 LlamaConfig llama_config_from_json_file(const std::string& path) {
@@ -66,14 +89,13 @@ LlamaConfig llama_config_from_json_file(const std::string& path) {
   read_number("rms_norm_eps", cfg.rms_norm_eps);
   read_number("rope_theta", cfg.rope_theta);
   read_number("initializer_range", cfg.initializer_range);
+  read_rope_parameters(j, path, cfg);
   if (j.contains("tie_word_embeddings"))
     cfg.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
   auto refuse_if = [&](const char* key, bool bad, const char* why) {
     TESSERA_CHECK(!bad, "Llama config: '", path, "': \"", key, "\" = ", j[key].dump(),
                   " is not supported (", why, ")");
   };
-  if (j.contains("rope_scaling"))
-    refuse_if("rope_scaling", !j["rope_scaling"].is_null(), "plain RoPE only");
   if (j.contains("hidden_act")) refuse_if("hidden_act", j["hidden_act"] != "silu", "SiLU only");
   for (const char* key : {"attention_bias", "mlp_bias"}) {
     if (j.contains(key)) refuse_if(key, j[key] != false, "projections without bias only");
@@ -99,8 +121,10 @@ void save_llama_config(const LlamaConfig& cfg, const std::string& path) {
   j["head_dim"] = cfg.attention_head_dim();
   j["max_position_embeddings"] = cfg.max_position_embeddings;
   j["rms_norm_eps"] = cfg.rms_norm_eps;
+  // The rotary base under both versions' keys (see read_rope_parameters).
   j["rope_theta"] = cfg.rope_theta;
   j["rope_scaling"] = nullptr;
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", cfg.rope_theta}};
   j["hidden_act"] = "silu";
   j["attention_bias"] = false;
   j["mlp_bias"] = false;

@@ -1,6 +1,7 @@
 // Everything in tessera::nn.
 #pragma once
 #include "tessera/nn/attention.h"
+#include "tessera/nn/causal_lm.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/layers.h"
 #include "tessera/nn/llama.h"

@@ -1,10 +1,12 @@
 #include "tessera/optim/adamw.h"
 
 #include <cmath>
+#include <functional>
 #include <map>
 
 #include "tessera/kernels/ops.h"
 #include "tessera/core/fused_dispatch.h"
+#include "tessera/core/graph_capture.h"
 #include "tessera/optim/fused_update.h"
 
 namespace tessera::optim {
@@ -68,7 +70,15 @@ namespace {
 struct MultiTensorItem {
   Tensor p, g, m, v, master;
   int64_t step;
+  size_t index;  // flat parameter index
 };
+
+// Where a launch being recorded in a CUDA graph reads its lr and bias corrections (given its
+// parameters' flat indices); empty outside a capture.
+using ReplaySlotFor = std::function<float*(std::vector<size_t> params)>;
+
+constexpr size_t kMaxRecordedLaunches = 256;
+constexpr size_t kSlotFloats = 4;  // lr, bias1, bias2 (+ padding)
 
 bool fits_multi_tensor(const Tensor& p, const Tensor& g, const Tensor& master) {
   return fused_kernel_table(p.device().type).multi_tensor_adamw != nullptr &&
@@ -79,13 +89,15 @@ bool fits_multi_tensor(const Tensor& p, const Tensor& g, const Tensor& master) {
 bool is_low_precision(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 void run_multi_tensor(std::vector<MultiTensorItem>& items, const ParamGroup& group,
-                      const AdamWOptions& opts) {
+                      const AdamWOptions& opts, const ReplaySlotFor& replay_slot_for) {
   // Parameters skipped in earlier steps have other step counts: one launch per count.
   std::map<int64_t, std::vector<MultiTensorItem*>> by_step;
   for (auto& item : items) by_step[item.step].push_back(&item);
   for (auto& [step, batch] : by_step) {
     std::vector<Tensor> ps, gs, ms, vs, masters;
+    std::vector<size_t> indices;
     for (auto* item : batch) {
+      indices.push_back(item->index);
       ps.push_back(item->p);
       gs.push_back(item->g);
       ms.push_back(item->m);
@@ -96,7 +108,8 @@ void run_multi_tensor(std::vector<MultiTensorItem>& items, const ParamGroup& gro
     MultiTensorAdamWConfig cfg{.lr = float(group.lr), .beta1 = float(opts.beta1),
                           .beta2 = float(opts.beta2), .eps = float(opts.eps),
                           .weight_decay = float(group.weight_decay), .step = step,
-                          .grad_scale = 1.0f};
+                          .grad_scale = 1.0f,
+                          .replay_scalars = replay_slot_for ? replay_slot_for(std::move(indices)) : nullptr};
     // fits_multi_tensor admitted only parameters whose device has the kernel.
     fused_kernel_table(ps.front().device().type)
         .multi_tensor_adamw(ps, gs, ms, vs, masters, std::vector<bool>(ps.size(), true), cfg);
@@ -130,9 +143,42 @@ void update_one(const Tensor& target, const Tensor& g, const Tensor& m, const Te
 }
 }  // namespace
 
+float* AdamW::replay_slot(size_t launch, Device device) {
+  TESSERA_CHECK(launch < kMaxRecordedLaunches, "AdamW: more than ", kMaxRecordedLaunches,
+                " multi-tensor launches in one step cannot be recorded in a CUDA graph");
+  if (!replay_slots_) {
+    Allocator* pinned = device_backend(device.type).pinned_host_allocator();
+    TESSERA_CHECK(pinned != nullptr, "AdamW: ", device.str(), " has no page-locked host memory "
+                  "for the values a CUDA graph replay reads");
+    const size_t bytes = kMaxRecordedLaunches * kSlotFloats * sizeof(float);
+    replay_slots_ = std::shared_ptr<float>(static_cast<float*>(pinned->allocate(bytes)),
+                                           [pinned, bytes](float* p) { pinned->deallocate(p, bytes); });
+  }
+  return replay_slots_.get() + launch * kSlotFloats;
+}
+
+void AdamW::prepare_graph_replay() {
+  if (!step_gate_open()) return;
+  TESSERA_CHECK(!recorded_.empty(), "AdamW::prepare_graph_replay: no step was recorded in a CUDA graph");
+  for (const RecordedLaunch& launch : recorded_) {
+    const int64_t step = state(launch.params.front()).step + 1;
+    for (size_t i : launch.params) {
+      TESSERA_CHECK(state(i).step + 1 == step, "AdamW::prepare_graph_replay: parameters of one "
+                    "recorded launch are at different steps (", state(i).step + 1, " vs ", step, ")");
+      state(i).step = step;
+    }
+    launch.scalars[0] = static_cast<float>(groups_[launch.group].lr);
+    launch.scalars[1] = adamw_bias_correction(static_cast<float>(opts_.beta1), step);
+    launch.scalars[2] = adamw_bias_correction(static_cast<float>(opts_.beta2), step);
+  }
+}
+
 void AdamW::apply_step() {
+  const bool recording = graph_capture_underway();
+  if (recording) recorded_.clear();
   size_t index = 0;
-  for (const auto& group : groups_) {
+  for (size_t group_index = 0; group_index < groups_.size(); ++group_index) {
+    const ParamGroup& group = groups_[group_index];
     std::vector<MultiTensorItem> multi_tensor;
     for (const auto& p : group.params) {
       ParamState& s = state(index++);
@@ -158,9 +204,13 @@ void AdamW::apply_step() {
       }
       const Tensor direct_grad = keep_master ? grad : detail::grad_like_param(p, grad, "AdamW::step");
       if (fits_multi_tensor(p, direct_grad, master)) {
-        multi_tensor.push_back({p, direct_grad, m, v, master, s.step});
+        multi_tensor.push_back({p, direct_grad, m, v, master, s.step, index - 1});
         continue;
       }
+      // Its coefficients would be frozen into the graph's kernel arguments.
+      TESSERA_CHECK(!recording, "AdamW: parameter ", index - 1, " (", shape_str(p.shape()), " ",
+                    dtype_name(p.dtype()), " on ", p.device().str(), ") has no multi-tensor "
+                    "update, which a CUDA graph needs");
       const double bc1 = 1.0 - std::pow(opts_.beta1, static_cast<double>(s.step));
       const double bc2 = 1.0 - std::pow(opts_.beta2, static_cast<double>(s.step));
       const AdamWCoeffs<double> c{1.0 - group.lr * group.weight_decay,
@@ -179,7 +229,16 @@ void AdamW::apply_step() {
         update_one(p, direct_grad, m, v, c);
       }
     }
-    run_multi_tensor(multi_tensor, group, opts_);
+    ReplaySlotFor slot_for;
+    if (recording && !multi_tensor.empty()) {
+      const Device device = multi_tensor.front().p.device();
+      slot_for = [this, group_index, device](std::vector<size_t> params) {
+        float* slot = replay_slot(recorded_.size(), device);
+        recorded_.push_back({group_index, std::move(params), slot});
+        return slot;
+      };
+    }
+    run_multi_tensor(multi_tensor, group, opts_, slot_for);
   }
 }
 

@@ -5,6 +5,8 @@
 // Moments are f32 (f64 for f64 parameters). Built from a parameter list, weight
 // decay applies to tensors of rank >= 2 only (see decay_groups).
 #pragma once
+#include <memory>
+
 #include "tessera/optim/optimizer.h"
 
 namespace tessera::optim {
@@ -31,9 +33,23 @@ class AdamW : public Optimizer {
 
   const AdamWOptions& options() const { return opts_; }
   void set_master_weights(bool on) override { opts_.master_weights = on; }
+  // Replays the multi-tensor launches recorded in the last capture: their parameters' step
+  // counts advance and each launch's lr and bias corrections go to its page-locked slot.
+  // Needs the previous replay to have finished reading the slots (the caller synchronises).
+  void prepare_graph_replay() override;
 
  private:
   void apply_step() override;
+  // One multi-tensor launch recorded in a graph: its group, its parameters (flat indices)
+  // and where it reads lr and bias corrections (MultiTensorAdamWConfig::replay_scalars).
+  struct RecordedLaunch {
+    size_t group;
+    std::vector<size_t> params;
+    float* scalars;
+  };
+  float* replay_slot(size_t launch, Device device);
+  std::vector<RecordedLaunch> recorded_;
+  std::shared_ptr<float> replay_slots_;  // page-locked, kMaxRecordedLaunches x 4 floats
   std::vector<std::string> state_tensor_names() const override {
     return {"exp_avg", "exp_avg_sq", "master"};
   }

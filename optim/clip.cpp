@@ -147,4 +147,21 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   return norm;
 }
 
+Tensor clip_grad_norm_on_device_(const std::vector<Tensor>& params, double max_norm) {
+  std::vector<Tensor> grads;
+  for_each_grad(params, [&](const Tensor& g) { grads.push_back(g); });
+  TESSERA_CHECK(!grads.empty(), "clip_grad_norm_on_device_: no parameter has a gradient");
+  const Device device = grads.front().device();
+  const FusedKernelTable& fused = fused_kernel_table(device.type);
+  TESSERA_CHECK(fused.global_grad_norm && fused.multi_tensor_clip, "clip_grad_norm_on_device_: ",
+                device.str(), " has no fused norm and clip kernels");
+  for (const Tensor& g : grads)
+    TESSERA_CHECK(g.device() == device && g.is_contiguous(), "clip_grad_norm_on_device_: gradients "
+                  "must be contiguous and on one device; got one of shape ", shape_str(g.shape()),
+                  " on ", g.device().str(), g.is_contiguous() ? "" : " (not contiguous)");
+  const Tensor norm = fused.global_grad_norm(grads);
+  if (max_norm > 0) fused.multi_tensor_clip(grads, norm, max_norm);
+  return norm;
+}
+
 }  // namespace tessera::optim

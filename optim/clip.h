@@ -18,6 +18,12 @@ void scale_grads_(const std::vector<Tensor>& params, double factor);
 // Scales gradients by max_norm / (norm + 1e-6) when that is below 1; returns the
 // norm before clipping (inf/NaN when a gradient is not finite, as PyTorch does).
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+// The same decided on the device, with no host read (so a CUDA graph can record it): returns
+// the norm before clipping as a 0-d f32 tensor on the gradients' device; max_norm <= 0 only
+// measures. The scaled gradients are bit for bit those of clip_grad_norm_. Needs contiguous
+// gradients on one device that has the fused norm and clip kernels (an error says which is
+// missing).
+Tensor clip_grad_norm_on_device_(const std::vector<Tensor>& params, double max_norm);
 
 // Multiplies every gradient by `factor` and reports whether all of them are finite
 // (one pass per gradient; the loss scaler's unscale).

@@ -40,6 +40,22 @@ void Optimizer::step() {
   if (post_step_) post_step_();
 }
 
+void Optimizer::prepare_graph_replay() {
+  TESSERA_FAIL(name(), " cannot be replayed in a CUDA graph");
+}
+
+std::vector<int64_t> Optimizer::step_counts() const {
+  std::vector<int64_t> steps;
+  for (const ParamState& s : states_) steps.push_back(s.step);
+  return steps;
+}
+
+void Optimizer::set_step_counts(const std::vector<int64_t>& steps) {
+  TESSERA_CHECK(steps.size() == states_.size(), name(), "::set_step_counts: ", steps.size(),
+                " counts for ", states_.size(), " parameters");
+  for (size_t i = 0; i < steps.size(); ++i) states_[i].step = steps[i];
+}
+
 void Optimizer::replace_param_groups(std::vector<ParamGroup> groups) {
   size_t count = 0;
   for (const auto& g : groups) count += g.params.size();

@@ -71,6 +71,16 @@ class Optimizer {
   void set_lr(double lr);
   double lr() const { return groups_.empty() ? 0.0 : groups_.front().lr; }
 
+  // ---- CUDA graphs (core/graph_capture.h) ----
+  // For a replay of a graph that recorded step(): the host side of step() without its
+  // launches (step counts advance; what changes per step, such as the lr and AdamW's bias
+  // corrections, is written where the recorded launches read it). Nothing while the step
+  // gate says no. Throws when this optimizer cannot be replayed (the default).
+  virtual void prepare_graph_replay();
+  // Every parameter's step count (kept before a capture, restored when it fails).
+  std::vector<int64_t> step_counts() const;
+  void set_step_counts(const std::vector<int64_t>& steps);
+
   OptimizerStateDict state_dict() const;
   // Restores what state_dict() saved; error naming the key on missing entries or on
   // parameters whose shape differs.

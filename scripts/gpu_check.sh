@@ -2,10 +2,13 @@
 # One call on a GPU machine does everything for the CUDA backend: build, run test_cuda,
 # compute-sanitizer (memcheck on the whole suite, racecheck on the shared-memory kernels),
 # the kernel benchmarks; logs go to $OUT (or ./gpu_check_out), a short table is printed last.
-#   usage: scripts/gpu_check.sh [test|bench|e2e|all|quick] [gtest filter for racecheck]
+#   usage: scripts/gpu_check.sh [test|bench|e2e|all|quick|ladders] [gtest filter for racecheck]
 #     test: test_cuda and the GPU tests of test_nn/test_autograd/test_cli, then the sanitizers;
 #     bench: the kernel benchmarks; e2e: the GPT-2 training benchmark next to PyTorch;
-#     quick: test without sanitizers, then e2e; all: everything.
+#     quick: test without sanitizers, then e2e; all: everything but the ladders;
+#     ladders: builds only tessera_ladders, runs every kernel ladder (ladders/README.md; about
+#     a minute), then memcheck and racecheck over their small shapes (--check-only);
+#     LADDERS_S=300 and LADDERS_SAN_S=120 (per sanitizer) limit them.
 #   time limits (s): MEMCHECK_S=150 RACECHECK_S=120 (0 skips) BENCH_S=150
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,8 +34,9 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
   -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
   > "$OUT/configure.log" 2>&1
-if ! cmake --build build-gpu -j "$JOBS" --target test_cuda test_nn test_autograd test_cli tessera_cli bench_cuda_kernels \
-    bench_gpt2_train > "$OUT/build.log" 2>&1; then
+targets=(test_cuda test_nn test_autograd test_cli tessera_cli bench_cuda_kernels bench_gpt2_train bench_llama_train)
+[[ $MODE == ladders ]] && targets=(tessera_ladders)
+if ! cmake --build build-gpu -j "$JOBS" --target "${targets[@]}" > "$OUT/build.log" 2>&1; then
   grep -E "error|FAILED" "$OUT/build.log" | head -40
   echo "BUILD FAILED (see build.log)"
   exit 1
@@ -80,11 +84,30 @@ fi
 if [[ $MODE == e2e || $MODE == all || $MODE == quick ]]; then
   timeout "${E2E_S:-300}" ./build-gpu/benchmarks/bench_gpt2_train --profile > "$OUT/e2e.log" 2>&1
   summary+=("bench_gpt2_train: rc=$?")
+  timeout "${E2E_S:-300}" ./build-gpu/benchmarks/bench_llama_train > "$OUT/e2e_llama.log" 2>&1
+  summary+=("bench_llama_train: rc=$?")
+fi
+
+if [[ $MODE == ladders ]]; then
+  ladders=./build-gpu/ladders/tessera_ladders
+  timeout "${LADDERS_S:-300}" "$ladders" all > "$OUT/ladders.log" 2>&1
+  summary+=("ladders: rc=$? ($(grep -c MISMATCH "$OUT/ladders.log") mismatching rungs)")
+  # Small shapes only; racecheck on the ladders' own kernels (test_cuda's covers production).
+  for tool in memcheck racecheck; do
+    flags=(--check-only)
+    [[ $tool == racecheck ]] && flags+=(--own-kernels)
+    timeout "${LADDERS_SAN_S:-120}" compute-sanitizer --tool $tool --error-exitcode 9 "$ladders" \
+      "${flags[@]}" all > "$OUT/ladders_$tool.log" 2>&1
+    summary+=("ladders $tool ${flags[*]}: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/ladders_$tool.log" | tail -1)")
+  done
 fi
 
 echo "==== summary ===="
 printf '%s\n' "${summary[@]}"
 [[ -f $OUT/e2e.log ]] && grep -vE "^GPT-2 training" "$OUT/e2e.log" | cut -c1-160
+[[ -f $OUT/ladders.log ]] && grep -E "^ceilings|^\||MISMATCH|FAILED|unwritten|every rung|do not match" \
+  "$OUT/ladders.log" | cut -c1-200
+[[ -f $OUT/e2e_llama.log ]] && grep -vE "^Llama training" "$OUT/e2e_llama.log" | cut -c1-160
 if [[ -f $OUT/bench.log ]]; then
   grep -E "ceilings|^BM_|^Benchmark" "$OUT/bench.log" | cut -c1-200
 fi

@@ -13,9 +13,11 @@ start=$(date +%s)
 sanitize="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
-# RelWithDebInfo: optimised enough that the training tests finish, line numbers in reports.
+# -O1 with line tables only (-g1): optimised enough that the training tests finish, line
+# numbers in reports, and quicker to compile than -O2 -g on CI's two cores.
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_CUDA=OFF \
-  -DTESSERA_BUILD_BENCHMARKS=OFF "${launcher[@]}" \
+  -DTESSERA_BUILD_BENCHMARKS=OFF -DTESSERA_CHECK_LAYERS=OFF "${launcher[@]}" \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DCMAKE_CXX_FLAGS="$sanitize" -DCMAKE_C_FLAGS="$sanitize" \
   -DCMAKE_EXE_LINKER_FLAGS="$sanitize" -DCMAKE_SHARED_LINKER_FLAGS="$sanitize" >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS"
@@ -28,7 +30,12 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export LSAN_OPTIONS="suppressions=$PWD/scripts/sanitize.supp:print_suppressions=0"
 
 # Tests excluded under the sanitizers, each with the reason (none are skipped elsewhere):
+#  - consumer_project installs the library and builds outside projects against it without
+#    the sanitizer flags; a program built so cannot load an ASan library (ASan's runtime must
+#    come first in the initial library list). It checks packaging, not memory safety; the
+#    normal suite runs it.
 excluded=(
+  "^consumer_project$"
 )
 # Tests whose processes start Open MPI: its components are shared objects it unloads in
 # MPI_Finalize, so their leaks can be matched to Open MPI's libraries (the suppressions) only

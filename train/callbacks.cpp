@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 
 #include "tessera/core/error.h"
 #include "tessera/data/file_io.h"
@@ -16,21 +17,40 @@ using Json = nlohmann::json;
 
 // ---- TrainerState ----
 
-Json TrainerState::to_json() const {
-  return {{"global_step", global_step},
-          {"max_steps", max_steps},
-          {"steps_per_epoch", steps_per_epoch},
-          {"epoch", epoch},
-          {"log_history", log_history},
-          {"best_metric", best_metric ? Json(*best_metric) : Json(nullptr)},
-          {"best_model_checkpoint",
-           best_model_checkpoint.empty() ? Json(nullptr) : Json(best_model_checkpoint)},
-          {"best_step", best_step},
-          {"schedule_total", schedule_total},
-          {"loss_since_log", loss_since_log},
-          {"steps_since_log", steps_since_log},
-          {"stateful_callbacks", stateful_callbacks}};
+void TrainerState::write(std::ostream& out) const {
+  // Everything but the history as JSON, then the history written where its key sits (keys
+  // are sorted, so the placeholder's line is the one to replace).
+  const Json rest = {{"global_step", global_step},
+                     {"max_steps", max_steps},
+                     {"steps_per_epoch", steps_per_epoch},
+                     {"epoch", epoch},
+                     {"log_history", nullptr},
+                     {"best_metric", best_metric ? Json(*best_metric) : Json(nullptr)},
+                     {"best_model_checkpoint",
+                      best_model_checkpoint.empty() ? Json(nullptr) : Json(best_model_checkpoint)},
+                     {"best_step", best_step},
+                     {"schedule_total", schedule_total},
+                     {"loss_since_log", loss_since_log},
+                     {"steps_since_log", steps_since_log},
+                     {"stateful_callbacks", stateful_callbacks}};
+  const std::string text = rest.dump(2);
+  const std::string placeholder = "\n  \"log_history\": null";
+  const size_t at = text.find(placeholder);
+  TESSERA_CHECK(at != std::string::npos, "TrainerState::write: no log_history key in ", text);
+  out.write(text.data(), static_cast<std::streamsize>(at));
+  out << "\n  \"log_history\": ";
+  log_history.write_array(out, 4);
+  out.write(text.data() + at + placeholder.size(),
+            static_cast<std::streamsize>(text.size() - at - placeholder.size()));
 }
+
+std::string TrainerState::to_text() const {
+  std::ostringstream out;
+  write(out);
+  return out.str();
+}
+
+Json TrainerState::to_json() const { return Json::parse(to_text()); }
 
 TrainerState TrainerState::from_json(const Json& j, const std::string& where) {
   TESSERA_CHECK(j.is_object(), where, ": expected a JSON object");
@@ -60,11 +80,12 @@ TrainerState TrainerState::from_json(const Json& j, const std::string& where) {
   s.steps_since_log = count("steps_since_log", 0);
   TESSERA_CHECK(j.contains("log_history") && j["log_history"].is_array(), where,
                 ": \"log_history\" must be a list");
-  for (const Json& entry : j["log_history"])
+  for (const Json& entry : j["log_history"]) {
     TESSERA_CHECK(entry.is_object() && entry.contains("step") && entry["step"].is_number_integer(),
                   where, ": every \"log_history\" entry needs an integer \"step\", got ",
                   entry.dump());
-  s.log_history = j["log_history"];
+    s.log_history.push_back(entry);
+  }
   if (j.contains("best_metric") && !j["best_metric"].is_null())
     s.best_metric = number("best_metric");
   if (j.contains("best_model_checkpoint") && !j["best_model_checkpoint"].is_null()) {
@@ -293,14 +314,14 @@ void ProgressCallback::message(const std::string& text) {
 void LossPlotCallback::on_train_end(const TrainingArguments& args, TrainerState& state,
                                     TrainerControl&) {
   LossCurves curves;
-  for (const Json& j : state.log_history) {
+  state.log_history.for_each([&](const Json& j) {
     const double step = j["step"].get<double>();
     // A step whose loss was not finite is logged as null: it has no point on the curve.
     if (j.contains("loss") && j["loss"].is_number())
       curves.train.emplace_back(step, j["loss"].get<double>());
     if (j.contains("val_loss") && j["val_loss"].is_number())
       curves.val.emplace_back(step, j["val_loss"].get<double>());
-  }
+  });
   write_loss_curve_png((fs::path(args.output_dir) / "loss.png").string(), curves);
 }
 

@@ -9,11 +9,13 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "tessera/train/log_history.h"
 #include "tessera/train/progress.h"
 #include "tessera/train/training_args.h"
 
@@ -27,8 +29,8 @@ struct TrainerState {
   int64_t steps_per_epoch = 1;
   double epoch = 0;
   // Every log and evaluation, without wall-clock figures (so a resumed run's history is
-  // bit-identical to an uninterrupted one).
-  nlohmann::json log_history = nlohmann::json::array();
+  // bit-identical to an uninterrupted one); kept on disk, not in memory (log_history.h).
+  LogHistory log_history;
   std::optional<double> best_metric;
   std::string best_model_checkpoint;  // a checkpoint folder name under output_dir
   int64_t best_step = -1;             // the step of best_metric
@@ -41,6 +43,11 @@ struct TrainerState {
   nlohmann::json stateful_callbacks = nlohmann::json::object();  // name -> state
   bool is_world_process_zero = true;
 
+  // What trainer_state.json holds. write() streams it (the log history is never held as
+  // JSON objects or as one string); to_text() and to_json() are the same, for short
+  // histories (tests, tools).
+  void write(std::ostream& out) const;
+  std::string to_text() const;
   nlohmann::json to_json() const;
   // Checks every field (types and ranges); errors name `where` and the key.
   static TrainerState from_json(const nlohmann::json& j, const std::string& where);
@@ -138,7 +145,7 @@ class Tracker {
 };
 struct TrackerContext {
   std::filesystem::path output_dir;
-  int64_t first_step = 0;  // > 0 when resuming: records after it are replaced
+  int64_t first_step = 0;   // > 0 when resuming: records after it are replaced
   nlohmann::json settings;  // the run's TrainingArguments
 };
 using TrackerFactory = std::function<std::unique_ptr<Tracker>(const TrackerContext&)>;

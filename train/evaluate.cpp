@@ -20,7 +20,7 @@ std::map<std::string, double> language_model_metrics(const EvalTotals& t) {
 namespace {
 
 // Loss sum, correct predictions and token count of one micro-batch, as doubles.
-std::vector<double> score_batch(nn::GPT& model, const data::Batch& b) {
+std::vector<double> score_batch(nn::CausalLM& model, const data::Batch& b) {
   const Tensor logits = model(b.x);
   const double mean_loss = tessera::cross_entropy(logits, b.y).item();
   const std::vector<int64_t> predicted =
@@ -34,13 +34,13 @@ std::vector<double> score_batch(nn::GPT& model, const data::Batch& b) {
 
 }  // namespace
 
-EvalTotals evaluate_tokens(nn::GPT& model, const data::TokenFile& file, int64_t batch, int64_t seq,
+EvalTotals evaluate_tokens(nn::CausalLM& model, const data::TokenFile& file, int64_t batch, int64_t seq,
                            int64_t batches, Device device, dist::Accelerator* acc) {
   TESSERA_CHECK(batch > 0 && seq > 0 && batches > 0,
                 "evaluate: batch, seq and batches must be positive (got ", batch, ", ", seq, ", ",
                 batches, ")");
-  TESSERA_CHECK(seq <= model.config().block_size, "evaluate: seq ", seq,
-                " is longer than the model context ", model.config().block_size);
+  TESSERA_CHECK(seq <= model.context_length(), "evaluate: seq ", seq,
+                " is longer than the model context ", model.context_length());
   autograd::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();

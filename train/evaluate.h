@@ -1,4 +1,4 @@
-// Evaluation of a GPT on a token file: the first `batches` sequential micro-batches
+// Evaluation of a language model (GPT, Llama) on a token file: the first `batches` sequential micro-batches
 // [batch, seq] (the data-order contract with one process), in eval mode without
 // gradients. Distributed, every process scores its contiguous share of the batches and
 // the per-batch sums are gathered in batch order, so every process gets exactly what one
@@ -10,7 +10,7 @@
 
 #include "tessera/data/token_file.h"
 #include "tessera/dist/accelerator.h"
-#include "tessera/nn/gpt.h"
+#include "tessera/nn/causal_lm.h"
 
 namespace tessera::train {
 
@@ -28,7 +28,7 @@ using ComputeMetrics = std::function<std::map<std::string, double>(const EvalTot
 std::map<std::string, double> language_model_metrics(const EvalTotals& totals);
 
 // `acc` null: this process scores every batch.
-EvalTotals evaluate_tokens(nn::GPT& model, const data::TokenFile& file, int64_t batch, int64_t seq,
+EvalTotals evaluate_tokens(nn::CausalLM& model, const data::TokenFile& file, int64_t batch, int64_t seq,
                            int64_t batches, Device device, dist::Accelerator* acc = nullptr);
 
 }  // namespace tessera::train

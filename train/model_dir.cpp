@@ -16,13 +16,13 @@ std::unique_ptr<data::Tokenizer> find_tokenizer(const fs::path& dir) {
   return nullptr;
 }
 
-std::unique_ptr<nn::GPT> load_model(const fs::path& dir, Device device) {
+std::unique_ptr<nn::CausalLM> load_model(const fs::path& dir, Device device) {
   TESSERA_CHECK(fs::exists(dir / "config.json"), "model directory '", dir.string(),
                 "': config.json is missing");
   // Tessera's exports and checkpoints carry checksums; a folder from another tool may not.
   if (fs::exists(dir / data::kFolderChecksumFile))
     data::verify_folder_checksums(dir, {"config.json", "model.safetensors"});
-  return nn::GPT::from_pretrained(dir.string(), {.device = device});
+  return nn::load_causal_lm(dir.string(), {.device = device});
 }
 
 }  // namespace tessera::train

@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "tessera/data/tokenizer.h"
-#include "tessera/nn/gpt.h"
+#include "tessera/nn/causal_lm.h"
 
 namespace tessera::train {
 
@@ -13,8 +13,9 @@ namespace tessera::train {
 // (a checkpoint sits in run/checkpoint-N); nullptr when there is none.
 std::unique_ptr<data::Tokenizer> find_tokenizer(const std::filesystem::path& dir);
 
-// A model directory (config.json + model.safetensors); when it holds checksums.json
-// (a training checkpoint) the files are verified first.
-std::unique_ptr<nn::GPT> load_model(const std::filesystem::path& dir, Device device);
+// A model directory (config.json + model.safetensors) as the architecture its model_type
+// names (GPT-2 or Llama); when it holds checksums.json (a training checkpoint or an export)
+// the files are verified first.
+std::unique_ptr<nn::CausalLM> load_model(const std::filesystem::path& dir, Device device);
 
 }  // namespace tessera::train

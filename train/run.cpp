@@ -7,6 +7,8 @@
 #include "tessera/core/error.h"
 #include "tessera/core/random.h"
 #include "tessera/data/file_io.h"
+#include "tessera/nn/gpt.h"
+#include "tessera/nn/llama.h"
 #include "tessera/train/checkpoint_files.h"
 #include "tessera/train/model_dir.h"
 #include "tessera/train/trainer.h"
@@ -53,7 +55,7 @@ TrainingArguments saved_arguments(const fs::path& checkpoint) {
 // Prints a sample continuing a newline every sample_every steps (main process).
 class SampleCallback : public TrainerCallback {
  public:
-  SampleCallback(nn::GPT& model, const data::Tokenizer* tokenizer,
+  SampleCallback(nn::CausalLM& model, const data::Tokenizer* tokenizer,
                  std::shared_ptr<ProgressCallback> console)
       : model_(model), tokenizer_(tokenizer), console_(std::move(console)) {}
   void on_step_end(const TrainingArguments& args, TrainerState& state, TrainerControl&) override {
@@ -83,7 +85,7 @@ class SampleCallback : public TrainerCallback {
     for (uint32_t id : fresh) ids << id << ' ';
     return ids.str();
   }
-  nn::GPT& model_;
+  nn::CausalLM& model_;
   const data::Tokenizer* tokenizer_;
   std::shared_ptr<ProgressCallback> console_;
 };
@@ -102,25 +104,56 @@ void check_tokens_fit(const data::TokenFile& file, const std::string& role, int6
                 "' holds token ", file.max_token(), " but the model's vocab_size is ", vocab_size);
 }
 
-std::unique_ptr<nn::GPT> build_model(const TrainingArguments& args,
-                                     const data::TokenFile& train_file,
-                                     const data::Tokenizer* tokenizer) {
+// A model from --init keeps its own config (a GPT's dropout included); Llama has no dropout
+// to set, so asking for one is an error rather than silently ignored.
+void check_dropout_applies(const nn::CausalLM& model, const TrainingArguments& args) {
+  TESSERA_CHECK(args.dropout == 0 || dynamic_cast<const nn::GPT*>(&model) != nullptr,
+                args.describe("dropout"), " must be 0 for a Llama model (got ", args.dropout, ")");
+}
+
+nn::LlamaConfig llama_config(const TrainingArguments& args, int64_t vocab_size) {
+  nn::LlamaConfig c;
+  c.vocab_size = vocab_size;
+  c.hidden_size = args.n_embd;
+  c.intermediate_size = args.llama_intermediate_size();
+  c.num_hidden_layers = args.n_layer;
+  c.num_attention_heads = args.n_head;
+  c.num_key_value_heads = args.n_kv_head > 0 ? args.n_kv_head : args.n_head;
+  c.max_position_embeddings = args.block_size > 0 ? args.block_size : args.seq;
+  c.rope_theta = args.rope_theta;
+  c.tie_word_embeddings = args.tie_word_embeddings;
+  return c;
+}
+
+std::unique_ptr<nn::CausalLM> build_model(const TrainingArguments& args,
+                                          const data::TokenFile& train_file,
+                                          const data::Tokenizer* tokenizer) {
   if (!args.resume_from_checkpoint.empty()) {  // weights come with the checkpoint's state
-    nn::GPTConfig g = nn::gpt_config_from_json_file(
-        (fs::path(args.resume_from_checkpoint) / "config.json").string());
+    const std::string config = (fs::path(args.resume_from_checkpoint) / "config.json").string();
+    if (nn::model_type_of(config) == "llama")
+      return std::make_unique<nn::Llama>(nn::llama_config_from_json_file(config));
+    nn::GPTConfig g = nn::gpt_config_from_json_file(config);
     g.dropout = args.dropout;
     return std::make_unique<nn::GPT>(g);
   }
-  if (!args.init.empty()) return load_model(args.init, Device::cpu());
+  if (!args.init.empty()) {
+    std::unique_ptr<nn::CausalLM> model = load_model(args.init, Device::cpu());
+    check_dropout_applies(*model, args);
+    return model;
+  }
+  const int64_t vocab_size = args.vocab_size > 0 ? args.vocab_size
+                             : tokenizer         ? tokenizer->vocab_size()
+                                                 : static_cast<int64_t>(train_file.max_token()) + 1;
+  Generator init_gen(static_cast<uint64_t>(args.seed));
+  if (args.arch == "llama")
+    return std::make_unique<nn::Llama>(llama_config(args, vocab_size), &init_gen);
   nn::GPTConfig g;
   g.n_layer = args.n_layer, g.n_head = args.n_head, g.n_embd = args.n_embd;
   g.dropout = args.dropout;
   g.block_size = args.block_size > 0 ? args.block_size : args.seq;
-  g.vocab_size = args.vocab_size > 0 ? args.vocab_size
-                 : tokenizer         ? tokenizer->vocab_size()
-                                     : static_cast<int64_t>(train_file.max_token()) + 1;
+  g.vocab_size = vocab_size;
+  g.tie_word_embeddings = args.tie_word_embeddings;
   g.validate();
-  Generator init_gen(static_cast<uint64_t>(args.seed));
   return std::make_unique<nn::GPT>(g, &init_gen);
 }
 
@@ -186,16 +219,15 @@ void run_training(const TrainingArguments& args) {
   if (!val_path.empty()) val_file.emplace(open_token_file(val_path.string(), "validation file"));
   const auto tokenizer = find_tokenizer(data_dir);
 
-  std::unique_ptr<nn::GPT> model = build_model(args, train_file, tokenizer.get());
-  const nn::GPTConfig& mcfg = model->config();
-  TESSERA_CHECK(args.seq <= mcfg.block_size, args.describe("seq"),
-                " is longer than the model context block_size = ", mcfg.block_size, " (got ",
-                args.seq, ")");
+  std::unique_ptr<nn::CausalLM> model = build_model(args, train_file, tokenizer.get());
+  TESSERA_CHECK(args.seq <= model->context_length(), args.describe("seq"),
+                " is longer than the model context = ", model->context_length(), " (got ", args.seq,
+                ")");
   if (args.vocab_size > 0)
-    TESSERA_CHECK(args.vocab_size == mcfg.vocab_size, args.describe("vocab_size"), " is ",
-                  args.vocab_size, " but the model has ", mcfg.vocab_size);
-  check_tokens_fit(train_file, "training file", mcfg.vocab_size);
-  if (val_file) check_tokens_fit(*val_file, "validation file", mcfg.vocab_size);
+    TESSERA_CHECK(args.vocab_size == model->vocab_size(), args.describe("vocab_size"), " is ",
+                  args.vocab_size, " but the model has ", model->vocab_size());
+  check_tokens_fit(train_file, "training file", model->vocab_size());
+  if (val_file) check_tokens_fit(*val_file, "validation file", model->vocab_size());
 
   std::map<std::string, std::string> extra_files;
   if (tokenizer) extra_files = tokenizer->files();  // tokenizer.json (+ Hugging Face's other files)
@@ -215,11 +247,9 @@ void run_training(const TrainingArguments& args) {
                                 args.to_json().dump(2));
     const int world = trainer.accelerator().num_processes();
     std::printf(
-        "model: %lld layers, %lld heads, %lld channels, context %lld, vocab %lld (%lld parameters) "
-        "on %s\n"
+        "model: %s (%lld parameters) on %s\n"
         "data: %lld tokens; %lldx%lld x %lld micro-batches%s = %lld tokens per step, %s\n",
-        (long long)mcfg.n_layer, (long long)mcfg.n_head, (long long)mcfg.n_embd,
-        (long long)mcfg.block_size, (long long)mcfg.vocab_size, (long long)model->num_parameters(),
+        model->describe().c_str(), (long long)model->num_parameters(),
         trainer.device().str().c_str(), (long long)train_file.size(),
         (long long)args.per_device_train_batch_size, (long long)args.seq,
         (long long)args.gradient_accumulation_steps,

@@ -1,12 +1,19 @@
 #include "tessera/train/trainer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <fstream>
 
 #include "tessera/core/error.h"
 #include "tessera/core/memory_stats.h"
 #include "tessera/core/random.h"
 #include "tessera/data/file_io.h"
+#include "tessera/kernels/ops.h"
 #include "tessera/train/checkpoint_files.h"
 
 namespace tessera::train {
@@ -38,9 +45,28 @@ TrainerState read_trainer_state(const fs::path& checkpoint) {
   return TrainerState::from_json(j, path.string());
 }
 
+// trainer_state.json grows with the log history, so it is streamed to disk rather than
+// built as one string (the resident memory of a long run stays flat). It is written inside
+// checkpoint-N.partial/, renamed into place only when complete, and flushed to disk like
+// the checkpoint's other files.
+void write_trainer_state(const fs::path& path, const TrainerState& state) {
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    TESSERA_CHECK(out.good(), "cannot create '", path.string(), "': ", std::strerror(errno));
+    state.write(out);
+    out.flush();
+    TESSERA_CHECK(out.good(), "error writing '", path.string(), "': ", std::strerror(errno));
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  const bool synced = fd >= 0 && ::fsync(fd) == 0;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  TESSERA_CHECK(synced, "error flushing '", path.string(), "': ", std::strerror(err));
+}
+
 }  // namespace
 
-Trainer::Trainer(TrainingArguments args, nn::GPT& model, data::TokenFile train_data,
+Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile train_data,
                  std::optional<data::TokenFile> eval_data, ComputeMetrics compute_metrics,
                  std::map<std::string, std::string> extra_files)
     : args_(std::move(args)),
@@ -112,6 +138,10 @@ Trainer::Trainer(TrainingArguments args, nn::GPT& model, data::TokenFile train_d
                                            .seed = static_cast<uint64_t>(args_.seed),
                                            .device = device_});
   acc_->prepare(model_, *optimizer_, *schedule_, *loader_);
+  if (device_.is_cuda() && StepGraphRunner::enabled_by_environment())
+    graphs_ = std::make_unique<StepGraphRunner>(
+        *acc_, *optimizer_, [this](const std::vector<data::Batch>& b) { return device_step(b); },
+        StepGraphRunner::Options{});
   handler_.add(std::make_shared<DefaultFlowCallback>());
 }
 
@@ -147,20 +177,24 @@ void Trainer::train() {
 }
 
 Trainer::StepResult Trainer::training_step() {
+  if (graphs_) return graphed_training_step();
   const auto t0 = std::chrono::steady_clock::now();
-  double loss_sum = 0;
+  // The micro-steps' losses are summed on the device (in f64, as the host would), so a step
+  // waits for the device once, for the reduced loss, not once per micro-step as well.
+  Tensor loss_sum;
   for (int64_t micro = 0; micro < args_.gradient_accumulation_steps; ++micro) {
     // Gradients are averaged over the processes on the last micro-step only.
     const dist::AccumulateScope scope = acc_->accumulate(model_);
     const data::Batch batch = loader_->next();
     const Tensor loss = model_.loss(batch.x, batch.y);
     acc_->backward(loss);  // of loss / gradient_accumulation_steps
-    loss_sum += loss.item();
+    const Tensor loss64 = raw::to(loss.detach(), device_, DType::f64);
+    loss_sum = micro == 0 ? loss64 : ops::add(loss_sum, loss64);
   }
   // The step's loss is the mean over all its target tokens, over every process's rows.
-  const double local = loss_sum / static_cast<double>(args_.gradient_accumulation_steps);
-  const double loss =
-      acc_->reduce(full({1}, local, {.dtype = DType::f64, .device = device_}), "mean").item();
+  const Tensor local = ops::binary(BinaryOp::Div, loss_sum,
+                                   static_cast<double>(args_.gradient_accumulation_steps));
+  const double loss = acc_->reduce(raw::reshape(local, {1}), "mean").item();
   const std::vector<Tensor> params = model_.parameters();
   const double norm = args_.max_grad_norm > 0 ? acc_->clip_grad_norm_(params, args_.max_grad_norm)
                                               : optim::grad_norm(params);
@@ -168,6 +202,46 @@ Trainer::StepResult Trainer::training_step() {
   optimizer_->step();  // skipped by the Accelerator when an fp16 gradient overflowed
   schedule_->step();
   optimizer_->zero_grad();
+  return {loss, lr, norm,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+// The device work of one step with no host read of device values, so that it can be
+// recorded in a CUDA graph; its results equal training_step's bit for bit (the loss summed
+// in f64 as there, the clipping decided on the device by the same rule).
+StepOutputs Trainer::device_step(const std::vector<data::Batch>& micro_batches) {
+  Tensor loss_sum;
+  for (const data::Batch& batch : micro_batches) {
+    const dist::AccumulateScope scope = acc_->accumulate(model_);
+    const Tensor loss = model_.loss(batch.x, batch.y);
+    acc_->backward(loss);
+    const Tensor loss64 = raw::to(loss.detach(), device_, DType::f64);
+    loss_sum = loss_sum.defined() ? ops::add(loss_sum, loss64) : loss64;
+  }
+  StepOutputs out;
+  out.loss = ops::binary(BinaryOp::Div, loss_sum, static_cast<double>(micro_batches.size()));
+  out.grad_norm = acc_->clip_grad_norm_on_device_(model_.parameters(), args_.max_grad_norm);
+  optimizer_->step();
+  optimizer_->zero_grad();
+  return out;
+}
+
+Trainer::StepResult Trainer::graphed_training_step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<data::Batch> micro_batches;
+  for (int64_t micro = 0; micro < args_.gradient_accumulation_steps; ++micro)
+    micro_batches.push_back(loader_->next());
+  const double lr = optimizer_->lr();
+  const StepOutputs out = graphs_->run(micro_batches);
+  const double loss = out.loss.item();
+  const double norm = out.grad_norm.defined() ? out.grad_norm.item() : 0.0;
+  schedule_->step();
+  if (graphs_->status() != graphs_status_ && acc_->is_main_process()) {
+    graphs_status_ = graphs_->status();
+    if (graphs_status_.rfind("eager: warming", 0) != 0)
+      std::printf("cuda graphs: %s (step %lld)\n", graphs_status_.c_str(),
+                  static_cast<long long>(state_.global_step + 1));
+  }
   return {loss, lr, norm,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
 }
@@ -226,11 +300,11 @@ fs::path Trainer::save_checkpoint() {
   if (acc_->is_main_process()) {
     if (state_.best_step == state_.global_step) state_.best_model_checkpoint = name;
     handler_.save_states(state_);
-    nn::save_gpt_config(model_.config(), (partial / "config.json").string());
+    model_.save_config((partial / "config.json").string());
     for (const auto& [file, contents] : extra_files_)
       data::write_file_atomically(partial / file, contents);
     data::write_file_atomically(partial / kTrainingArgsFile, args_.to_json().dump(2));
-    data::write_file_atomically(partial / kTrainerStateFile, state_.to_json().dump(2));
+    write_trainer_state(partial / kTrainerStateFile, state_);
     data::write_folder_checksums(partial);  // last: marks every other file complete
     fs::remove_all(final_dir);
     fs::rename(partial, final_dir);
@@ -250,14 +324,15 @@ void Trainer::resume_from(const fs::path& checkpoint) {
   TESSERA_CHECK(schedule_->current_step() <= saved.global_step, where,
                 ": the LR schedule is at step ", schedule_->current_step(),
                 " but trainer_state.json says global_step ", saved.global_step);
+  // First: it bounds the product below.
+  TESSERA_CHECK(saved.global_step <= state_.max_steps, "tessera train: the checkpoint is at step ",
+                saved.global_step, ", past max_steps ", state_.max_steps);
   const uint64_t want_position =
       static_cast<uint64_t>(saved.global_step * args_.gradient_accumulation_steps);
   TESSERA_CHECK(loader_->position() == want_position, where, ": the data position is ",
                 loader_->position(), " micro-batches but ", saved.global_step, " steps of ",
                 args_.gradient_accumulation_steps, " micro-batches took ", want_position,
                 " (was gradient_accumulation_steps changed?)");
-  TESSERA_CHECK(saved.global_step <= state_.max_steps, "tessera train: the checkpoint is at step ",
-                saved.global_step, ", past max_steps ", state_.max_steps);
   const int64_t max_steps = state_.max_steps, per_epoch = state_.steps_per_epoch;
   const int64_t schedule_total = state_.schedule_total;
   state_ = saved;

@@ -1,4 +1,4 @@
-// Trainer: the training loop of a GPT on token files, shaped like Hugging Face's Trainer
+// Trainer: the training loop of a language model (nn::CausalLM: GPT, Llama) on token files, shaped like Hugging Face's Trainer
 // and built on dist::Accelerator, so one process and N processes (under `tessera launch`,
 // mpirun or SLURM) run the same code: the Accelerator prepares the model (DDP), the
 // optimizer, the LR schedule and the loader (this rank's share of every step), applies the
@@ -21,10 +21,11 @@
 #include "tessera/data/dataloader.h"
 #include "tessera/data/token_file.h"
 #include "tessera/dist/accelerator.h"
-#include "tessera/nn/gpt.h"
+#include "tessera/nn/causal_lm.h"
 #include "tessera/optim/optim.h"
 #include "tessera/train/callbacks.h"
 #include "tessera/train/evaluate.h"
+#include "tessera/train/step_graph.h"
 #include "tessera/train/training_args.h"
 
 namespace tessera::train {
@@ -33,7 +34,7 @@ class Trainer {
  public:
   // The model is moved to the run's device. `extra_files` (name -> contents, e.g.
   // tokenizer.json) are copied into every checkpoint. args must have passed validate().
-  Trainer(TrainingArguments args, nn::GPT& model, data::TokenFile train_data,
+  Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile train_data,
           std::optional<data::TokenFile> eval_data = std::nullopt,
           ComputeMetrics compute_metrics = language_model_metrics,
           std::map<std::string, std::string> extra_files = {});
@@ -55,9 +56,11 @@ class Trainer {
   const TrainingArguments& args() const { return args_; }
   const TrainerState& state() const { return state_; }
   dist::Accelerator& accelerator() { return *acc_; }
-  nn::GPT& model() { return model_; }
+  nn::CausalLM& model() { return model_; }
   Device device() const { return device_; }
   int64_t tokens_per_step() const;
+  // The CUDA-graph runner of the steps (null when graphs are off: TESSERA_CUDA_GRAPHS).
+  const StepGraphRunner* step_graphs() const { return graphs_.get(); }
 
  private:
   struct StepResult {
@@ -65,12 +68,16 @@ class Trainer {
   };
   void resume_from(const std::filesystem::path& checkpoint);
   StepResult training_step();
+  // With CUDA graphs (TESSERA_CUDA_GRAPHS=1 on a GPU): the step through graphs_, whose
+  // device work is device_step's.
+  StepResult graphed_training_step();
+  StepOutputs device_step(const std::vector<data::Batch>& micro_batches);
   void log_step(const StepResult& step);
   void evaluate_and_track_best();
   void load_best_model();
 
   TrainingArguments args_;
-  nn::GPT& model_;
+  nn::CausalLM& model_;
   std::unique_ptr<dist::Accelerator> acc_;
   Device device_ = Device::cpu();
   data::TokenFile train_data_;
@@ -80,6 +87,8 @@ class Trainer {
   std::unique_ptr<optim::AdamW> optimizer_;
   std::unique_ptr<optim::LRSchedule> schedule_;
   std::unique_ptr<data::DataLoader> loader_;
+  std::unique_ptr<StepGraphRunner> graphs_;  // null unless CUDA graphs are on
+  std::string graphs_status_;                // the last status printed
   std::optional<TrainerState> resumed_;  // read before the schedule is built
   TrainerState state_;
   TrainerControl control_;

@@ -65,7 +65,12 @@ const std::map<std::string, Field>& fields() {
       {"data", field(Kind::Text, &Args::data)},
       {"val_data", field(Kind::Text, &Args::val_data)},
       {"init", field(Kind::Text, &Args::init)},
+      {"arch", field(Kind::Text, &Args::arch)},
       {"n_layer", field(Kind::Int, &Args::n_layer)},
+      {"n_kv_head", field(Kind::Int, &Args::n_kv_head)},
+      {"intermediate_size", field(Kind::Int, &Args::intermediate_size)},
+      {"rope_theta", field(Kind::Real, &Args::rope_theta)},
+      {"tie_word_embeddings", field(Kind::Flag, &Args::tie_word_embeddings)},
       {"n_head", field(Kind::Int, &Args::n_head)},
       {"n_embd", field(Kind::Int, &Args::n_embd)},
       {"block_size", field(Kind::Int, &Args::block_size)},
@@ -115,6 +120,9 @@ const std::map<std::string, std::string>& aliases() {
       {"keep_last", "save_total_limit"},
       {"resume", "resume_from_checkpoint"},
       {"evaluation_strategy", "eval_strategy"},
+      {"model_type", "arch"},
+      {"num_key_value_heads", "n_kv_head"},
+      {"tie", "tie_word_embeddings"},
   };
   return all;
 }
@@ -278,8 +286,9 @@ std::string canonical_key(const std::string& key) {
 }
 
 const std::vector<std::string>& model_shape_keys() {
-  static const std::vector<std::string> keys = {"n_layer",    "n_head",     "n_embd",
-                                                "block_size", "vocab_size", "init"};
+  static const std::vector<std::string> keys = {
+      "arch",       "n_layer",    "n_head",     "n_embd", "n_kv_head",          "intermediate_size",
+      "rope_theta", "block_size", "vocab_size", "init",   "tie_word_embeddings"};
   return keys;
 }
 
@@ -332,6 +341,33 @@ void apply_config_values(TrainingArguments& args, const Json& values, const std:
   }
 }
 
+namespace {
+// The architecture and its own settings: Llama's are refused for GPT-2 (which has no such
+// knob) rather than silently ignored.
+template <class Require>
+void validate_architecture(const TrainingArguments& a, Require& require) {
+  require(a.arch == "gpt2" || a.arch == "llama", "arch", "must be gpt2 or llama", a.arch);
+  require(a.n_kv_head >= 0 && a.intermediate_size >= 0,
+          a.n_kv_head < 0 ? "n_kv_head" : "intermediate_size", "must not be negative",
+          a.n_kv_head < 0 ? a.n_kv_head : a.intermediate_size);
+  require(std::isfinite(a.rope_theta) && a.rope_theta > 0, "rope_theta", "must be positive",
+          a.rope_theta);
+  if (a.arch == "gpt2") {
+    for (const char* key : {"n_kv_head", "intermediate_size", "rope_theta"})
+      require(!a.given.count(key), key, "is a Llama setting; add --arch llama",
+              fields().at(key).get(a));
+    return;
+  }
+  if (a.n_kv_head > 0)
+    require(a.n_head % a.n_kv_head == 0, "n_kv_head",
+            "must divide n_head = " + std::to_string(a.n_head) + " (grouped-query attention)",
+            a.n_kv_head);
+  require((a.n_embd / a.n_head) % 2 == 0, "n_head",
+          "must leave an even head size n_embd / n_head for rotary embeddings", a.n_head);
+  require(a.dropout == 0, "dropout", "must be 0 for Llama (it has no dropout)", a.dropout);
+}
+}  // namespace
+
 void validate(const TrainingArguments& a) {
   auto require = [&](bool ok, const std::string& key, const std::string& what, const Json& got) {
     TESSERA_CHECK(ok, a.describe(key), " ", what, " (got ", got.dump(), ")");
@@ -368,6 +404,7 @@ void validate(const TrainingArguments& a) {
     const int64_t context = a.block_size > 0 ? a.block_size : a.seq;
     require(a.seq <= context, "seq",
             "is longer than the model context block_size = " + std::to_string(context), a.seq);
+    validate_architecture(a, require);
   }
   require(a.learning_rate > 0, "learning_rate", "must be positive", a.learning_rate);
   require(a.min_lr <= a.learning_rate, "min_lr", "must not exceed learning_rate", a.min_lr);

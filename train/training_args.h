@@ -48,13 +48,19 @@ struct TrainingArguments {
   bool gradient_checkpointing = false;
   std::string resume_from_checkpoint;  // "" = fresh; "latest" = newest valid under output_dir
   std::vector<std::string> report_to = {"jsonl"};
-  // ---- GPT model and token data ----
-  std::string data;      // training token file
-  std::string val_data;  // validation token file ("" = val.bin beside `data` when present)
-  std::string init;      // start from this model directory
+  // ---- the model (GPT-2 or Llama) and token data ----
+  std::string data;           // training token file
+  std::string val_data;       // validation token file ("" = val.bin beside `data` when present)
+  std::string init;           // start from this model directory
+  std::string arch = "gpt2";  // gpt2 | llama (a fresh model's architecture)
   int64_t n_layer = 4, n_head = 4, n_embd = 128;
-  int64_t block_size = 0;  // 0 = seq
-  int64_t vocab_size = 0;  // 0 = the tokenizer's beside the data, else the data's
+  // Llama only: key/value heads (0 = n_head; fewer = grouped-query attention), the SwiGLU
+  // width (0 = 8/3 n_embd rounded up to a multiple of 64) and the rotary base.
+  int64_t n_kv_head = 0, intermediate_size = 0;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = true;  // the output projection shares the token embeddings
+  int64_t block_size = 0;           // 0 = seq
+  int64_t vocab_size = 0;           // 0 = the tokenizer's beside the data, else the data's
   int64_t seq = 64;
   bool shuffle = false;
   std::string sampling =
@@ -76,6 +82,9 @@ struct TrainingArguments {
                                           : per_device_train_batch_size;
   }
   std::string dtype() const { return bf16 ? "bf16" : fp16 ? "fp16" : "fp32"; }
+  int64_t llama_intermediate_size() const {
+    return intermediate_size > 0 ? intermediate_size : (8 * n_embd / 3 + 63) / 64 * 64;
+  }
   // The settings under their canonical names (what config.train.json holds).
   nlohmann::json to_json() const;
   // `key "steps" (command line)` for a key the user set, `key "max_steps"` otherwise.

@@ -19,14 +19,22 @@ size_t allocation_size_class(size_t nbytes) {
 }
 
 bool CachingAllocator::FreeKey::operator<(const FreeKey& o) const {
-  return std::tie(stream, size, ptr) < std::tie(o.stream, o.size, o.ptr);
+  return std::tie(pool, stream, size, ptr) < std::tie(o.pool, o.stream, o.size, o.ptr);
 }
 
 void* CachingAllocator::device_malloc(size_t size) {
   DeviceGuard guard(device_);
   void* ptr = nullptr;
-  cudaError_t s = cudaMalloc(&ptr, size);
-  if (s == cudaErrorMemoryAllocation) {
+  cudaError_t s = cudaSuccess;
+  {
+    // cudaMalloc is not stream work: allowed while a graph is captured, in relaxed mode.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    if (capture_pool_ != 0) cudaThreadExchangeStreamCaptureMode(&mode);
+    s = cudaMalloc(&ptr, size);
+    if (capture_pool_ != 0) cudaThreadExchangeStreamCaptureMode(&mode);
+  }
+  // During a capture, waiting for events or freeing memory would break the recording.
+  if (s == cudaErrorMemoryAllocation && capture_pool_ == 0) {
     // Cached blocks may be what is missing: give them back and try once more.
     cudaGetLastError();
     ++stats_.num_oom_retries;
@@ -54,15 +62,17 @@ void* CachingAllocator::device_malloc(size_t size) {
 void* CachingAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) return nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
-  collect_pending(/*wait=*/false);
+  if (capture_pool_ == 0) collect_pending(/*wait=*/false);
   const size_t size = allocation_size_class(nbytes);
   cudaStream_t stream = current_stream(device_);
 
   Block* block = nullptr;
-  // Best fit in this stream's bins, accepting at most a quarter of waste so a huge cached
-  // block is not tied up by a small request.
-  auto it = free_.lower_bound(FreeKey{stream, size, nullptr});
-  if (it != free_.end() && it->first.stream == stream && it->first.size <= size + size / 4) {
+  // Best fit in this stream's bins (of the capture's pool while a graph is captured),
+  // accepting at most a quarter of waste so a huge cached block is not tied up by a small
+  // request.
+  auto it = free_.lower_bound(FreeKey{capture_pool_, stream, size, nullptr});
+  if (it != free_.end() && it->first.pool == capture_pool_ && it->first.stream == stream &&
+      it->first.size <= size + size / 4) {
     block = it->second;
     free_.erase(it);
     ++stats_.num_cache_hits;
@@ -71,6 +81,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
     owned->ptr = device_malloc(size);
     owned->size = size;
     owned->stream = stream;
+    owned->pool = capture_pool_;
     block = owned.release();
   }
   block->other_streams.clear();
@@ -80,7 +91,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
   return block->ptr;
 }
 
-void CachingAllocator::to_free_bins(Block* b) { free_[FreeKey{b->stream, b->size, b->ptr}] = b; }
+void CachingAllocator::to_free_bins(Block* b) { free_[FreeKey{b->pool, b->stream, b->size, b->ptr}] = b; }
 
 void CachingAllocator::deallocate(void* ptr, size_t) {
   if (!ptr) return;
@@ -91,6 +102,17 @@ void CachingAllocator::deallocate(void* ptr, size_t) {
   Block* b = it->second;
   active_.erase(it);
   stats_.allocated_bytes -= b->size;
+  if (capture_pool_ != 0) {
+    // Freed while a graph is captured: its replays may still use the memory (an input
+    // allocated before the capture is read by every replay), so it joins the graph's pool.
+    b->pool = capture_pool_;
+    if (b->other_streams.empty()) {
+      to_free_bins(b);
+    } else {
+      capture_retired_.push_back(b);  // not reused before the side streams join again
+    }
+    return;
+  }
   if (b->other_streams.empty()) {
     to_free_bins(b);
     return;
@@ -133,17 +155,60 @@ void CachingAllocator::collect_pending(bool wait) {
 
 void CachingAllocator::release_free_blocks() {
   DeviceGuard guard(device_);
-  for (auto& [key, block] : free_) {
+  for (auto it = free_.begin(); it != free_.end();) {
+    Block* block = it->second;
+    if (block->pool != 0) {  // reserved for a graph's replays
+      ++it;
+      continue;
+    }
     TESSERA_CUDA_CHECK(cudaFree(block->ptr));
     ++stats_.num_device_frees;
     stats_.reserved_bytes -= block->size;
     delete block;
+    it = free_.erase(it);
   }
-  free_.clear();
+}
+
+void CachingAllocator::begin_graph_pool(uint64_t pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TESSERA_CHECK(pool != 0 && capture_pool_ == 0, "cuda:", device_,
+                ": a CUDA graph capture is already under way");
+  capture_pool_ = pool;
+}
+
+void CachingAllocator::end_graph_pool() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // The capture has joined every side stream: its retired blocks are ordered now.
+  for (Block* b : capture_retired_) {
+    b->other_streams.clear();
+    to_free_bins(b);
+  }
+  capture_retired_.clear();
+  capture_pool_ = 0;
+}
+
+void CachingAllocator::release_graph_pool(uint64_t pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [ptr, block] : active_)
+    if (block->pool == pool) block->pool = 0;  // back to the ordinary bins when freed
+  std::vector<Block*> released;
+  for (auto it = free_.begin(); it != free_.end();) {
+    if (it->first.pool == pool) {
+      released.push_back(it->second);
+      it = free_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (Block* b : released) {
+    b->pool = 0;
+    to_free_bins(b);
+  }
 }
 
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (capture_pool_ != 0) return;  // nothing may be waited for or freed during a capture
   collect_pending(/*wait=*/true);
   release_free_blocks();
 }

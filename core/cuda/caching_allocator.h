@@ -7,6 +7,12 @@
 // was allocated on, where kernels are ordered after every earlier use; a block
 // also used on another stream (record_stream) waits for an event on that stream
 // before it can be reused.
+//
+// CUDA graphs: between begin_graph_pool and end_graph_pool every allocation comes from a
+// pool private to the graph being captured, and so does every block freed meanwhile; the
+// pool's blocks are handed out again only to that capture, never to other work, because
+// each replay writes to the addresses the capture saw. release_graph_pool (when the graph
+// is destroyed) returns them to the ordinary bins.
 #pragma once
 #include <cstddef>
 #include <map>
@@ -32,14 +38,20 @@ class CachingAllocator final : public Allocator {
   void record_stream(const void* ptr, cudaStream_t stream);
   bool owns(const void* ptr);
 
+  void begin_graph_pool(uint64_t pool);
+  void end_graph_pool();
+  void release_graph_pool(uint64_t pool);
+
  private:
   struct Block {
     void* ptr = nullptr;
     size_t size = 0;            // size class, as obtained from cudaMalloc
+    uint64_t pool = 0;          // 0: ordinary; else the graph whose replays use it
     cudaStream_t stream = nullptr;  // the stream it was allocated on
     std::vector<cudaStream_t> other_streams;  // streams it was also used on
   };
   struct FreeKey {
+    uint64_t pool;
     cudaStream_t stream;
     size_t size;
     void* ptr;
@@ -60,6 +72,8 @@ class CachingAllocator final : public Allocator {
   std::unordered_map<void*, Block*> active_;
   std::map<FreeKey, Block*> free_;
   std::vector<PendingFree> pending_;
+  uint64_t capture_pool_ = 0;              // the pool allocations go to (0: none)
+  std::vector<Block*> capture_retired_;    // freed during capture after use on other streams
   MemoryStats stats_;
 };
 

@@ -1,6 +1,7 @@
 // CUDA runtime: device selection, streams, events, pinned memory, and the
 // DeviceBackend (caching allocator + byte copies) registered for DeviceType::CUDA.
 #include "tessera/core/cuda/cuda_runtime.h"
+#include "tessera/core/cuda/cuda_graph.h"
 
 #include <array>
 #include <atomic>
@@ -211,6 +212,16 @@ class CudaBackend final : public DeviceBackend {
     const int gpu = dst_device.is_cuda() ? dst_device.index : src_device.index;
     DeviceGuard guard(gpu);
     cudaStream_t stream = current_stream(gpu);
+    if (capturing(gpu)) {
+      // A graph replays the copy: its source must outlive the call, and a host read would
+      // see values the recorded kernels have not computed.
+      TESSERA_CHECK(!dst_device.is_cpu(), "cuda:", gpu, ": a device-to-host copy (",
+                    n, " bytes, e.g. .item() or .cpu()) cannot be recorded in a CUDA graph: "
+                    "the host would read values the recorded kernels have not computed yet");
+      if (src_device.is_cpu()) src = stage_for_capture(gpu, src, n);
+      TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream));
+      return;
+    }
     TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream));
     // A host side must see (or may reuse) its bytes when this returns.
     if (dst_device.is_cpu() || src_device.is_cpu()) {

@@ -4,7 +4,8 @@
 // log-sum-exp per query are stored. The backward recomputes the probabilities from the
 // saved log-sum-exp (attention_backward.cu). The matrix products run on the tensor cores
 // through mma.sync; naive_attention_forward below is the readable reference that stores the
-// whole [T, T] score matrix.
+// whole [T, T] score matrix. Grouped-query attention (k, v with H / group heads) costs
+// nothing extra: a query head's block simply streams the tiles of its key/value head.
 #include <algorithm>
 #include <cmath>
 
@@ -22,7 +23,7 @@ template <class T, int D>
 __global__ void __launch_bounds__(kFwdWarps * 32)
     flash_forward_tc_kernel(const T* q, const T* k, const T* v, HeadLayout Lq, HeadLayout Lk,
                             HeadLayout Lv, T* out, HeadLayout Lo, float* lse, int64_t H,
-                            int64_t seq_len, float scale) {
+                            int64_t group, int64_t seq_len, float scale) {
   constexpr int KSTEPS = D / 16;     // k-steps of S = Q K^T
   constexpr int SBLK = kTile / 8;    // 8-key blocks of S
   constexpr int OBLK = D / 8;        // 8-dim blocks of O
@@ -37,6 +38,7 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
   const int q_tile = gridDim.x - 1 - blockIdx.x;  // longest rows first
   const int64_t b = blockIdx.y / H, h = blockIdx.y % H;
+  const int64_t h_kv = h / group;  // the key/value head this query head reads (GQA)
   const int64_t q0 = int64_t(q_tile) * kFwdQueries;
   const int64_t r_lo = q0 + warp * 16 + g, r_hi = r_lo + 8;
   const int last_key_tile = static_cast<int>(std::min<int64_t>(q0 + kFwdQueries, seq_len) - 1) / kTile;
@@ -57,8 +59,8 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
   const float sc = scale * kLog2e;
 
   auto prefetch = [&](int kt) {
-    load_tile_async<T, D>(k_stage(kt), KP, k, Lk, b, h, int64_t(kt) * kTile, seq_len);
-    load_tile_async<T, D>(v_stage(kt), KP, v, Lv, b, h, int64_t(kt) * kTile, seq_len);
+    load_tile_async<T, D>(k_stage(kt), KP, k, Lk, b, h_kv, int64_t(kt) * kTile, seq_len);
+    load_tile_async<T, D>(v_stage(kt), KP, v, Lv, b, h_kv, int64_t(kt) * kTile, seq_len);
     cp_async_commit();
   };
   prefetch(0);
@@ -173,8 +175,8 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
 // ---- the naive reference: scores materialised in global memory ----
 template <class T>
 __global__ void naive_scores_kernel(const T* q, const T* k, HeadLayout Lq, HeadLayout Lk,
-                                    float* scores, int64_t BH, int64_t H, int64_t seq_len,
-                                    int64_t D, float scale) {
+                                    float* scores, int64_t BH, int64_t H, int64_t group,
+                                    int64_t seq_len, int64_t D, float scale) {
   const int64_t total = BH * seq_len * seq_len;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
@@ -183,7 +185,8 @@ __global__ void naive_scores_kernel(const T* q, const T* k, HeadLayout Lq, HeadL
     float s = -INFINITY;
     if (j <= i) {
       s = 0.f;
-      for (int64_t d = 0; d < D; ++d) s += to_float(q[Lq.row(b, h, i) + d]) * to_float(k[Lk.row(b, h, j) + d]);
+      for (int64_t d = 0; d < D; ++d)
+        s += to_float(q[Lq.row(b, h, i) + d]) * to_float(k[Lk.row(b, h / group, j) + d]);
       s *= scale;
     }
     scores[e] = s;
@@ -206,14 +209,15 @@ __global__ void naive_softmax_kernel(float* scores, float* lse, int64_t rows, in
 
 template <class T>
 __global__ void naive_pv_kernel(const float* probs, const T* v, HeadLayout Lv, T* out, HeadLayout Lo,
-                                int64_t BH, int64_t H, int64_t seq_len, int64_t D) {
+                                int64_t BH, int64_t H, int64_t group, int64_t seq_len, int64_t D) {
   const int64_t total = BH * seq_len * D;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t d = e % D, i = (e / D) % seq_len, bh = e / (D * seq_len);
     const int64_t b = bh / H, h = bh % H;
     float acc = 0.f;
-    for (int64_t j = 0; j <= i; ++j) acc += probs[(bh * seq_len + i) * seq_len + j] * to_float(v[Lv.row(b, h, j) + d]);
+    for (int64_t j = 0; j <= i; ++j)
+      acc += probs[(bh * seq_len + i) * seq_len + j] * to_float(v[Lv.row(b, h / group, j) + d]);
     out[Lo.row(b, h, i) + d] = from_float<T>(acc);
   }
 }
@@ -241,7 +245,7 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
     flash_forward_tc_kernel<T, D><<<grid, kFwdWarps * 32, smem, ctx.stream>>>(
         static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
         static_cast<const T*>(v.raw_data()), layout_of(q), layout_of(k), layout_of(v),
-        static_cast<T*>(out.raw_data()), layout_of(out), lse.data<float>(), s.H, s.T,
+        static_cast<T*>(out.raw_data()), layout_of(out), lse.data<float>(), s.H, s.group(), s.T,
         static_cast<float>(scale));
   });
   TESSERA_KERNEL_CHECK("flash_forward_tc_kernel");
@@ -260,12 +264,13 @@ void naive_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
     using T = decltype(tag);
     naive_scores_kernel<T><<<grid_for(BH * s.T * s.T), kThreads, 0, ctx.stream>>>(
         static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()), layout_of(q),
-        layout_of(k), scores.data<float>(), BH, s.H, s.T, s.D, static_cast<float>(scale));
+        layout_of(k), scores.data<float>(), BH, s.H, s.group(), s.T, s.D,
+        static_cast<float>(scale));
     naive_softmax_kernel<<<grid_for(BH * s.T), kThreads, 0, ctx.stream>>>(
         scores.data<float>(), lse.data<float>(), BH * s.T, s.T);
     naive_pv_kernel<T><<<grid_for(BH * s.T * s.D), kThreads, 0, ctx.stream>>>(
         scores.data<float>(), static_cast<const T*>(v.raw_data()), layout_of(v),
-        static_cast<T*>(out.raw_data()), layout_of(out), BH, s.H, s.T, s.D);
+        static_cast<T*>(out.raw_data()), layout_of(out), BH, s.H, s.group(), s.T, s.D);
   };
   if (q.dtype() == DType::bf16) run(BFloat16{});
   else run(Half{});

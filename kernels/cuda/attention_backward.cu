@@ -5,6 +5,10 @@
 //   dq kernel:  a block owns 64 queries and walks the key tiles up to the diagonal;
 //   dkv kernel: a block owns 64 keys and walks the query tiles from the diagonal on,
 //               computing S^T = K Q^T directly so P^T is already an A operand.
+// Grouped-query attention (k, v with Hkv = H / group heads): the dq kernel reads its query
+// head's key/value head; a dkv block owns 64 keys of one key/value head and walks the query
+// tiles of every query head of its group, so dK and dV are summed over the group in
+// registers (still no atomics, still bitwise repeatable).
 // Tiles live in shared memory row-major; operands that need the transpose are read with
 // ldmatrix.trans (same layout tricks as the forward in attention.cu).
 #include <cmath>
@@ -105,7 +109,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     flash_backward_dq_tc_kernel(const T* q, const T* k, const T* v, const T* dout, HeadLayout Lq,
                                 HeadLayout Lk, HeadLayout Lv, HeadLayout Ld, const float* lse,
                                 const float* delta, T* dq, HeadLayout Ldq, int64_t H,
-                                int64_t seq_len, float scale) {
+                                int64_t group, int64_t seq_len, float scale) {
   using Tiles = BwdTiles<D>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);      // [64][D] this block's queries
@@ -114,6 +118,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
   const int q_tile = gridDim.x - 1 - blockIdx.x;
   const int64_t b = blockIdx.y / H, h = blockIdx.y % H;
+  const int64_t h_kv = h / group;  // the key/value head this query head reads (GQA)
   const int64_t q0 = int64_t(q_tile) * kTile;
   const int64_t r_lo = q0 + warp * 16 + g, r_hi = r_lo + 8;
   const int64_t base = (b * H + h) * seq_len;
@@ -130,8 +135,9 @@ __global__ void __launch_bounds__(kTcWarps * 32)
 
   auto prefetch = [&](int kt) {
     T* st = kv_stage + (kt & 1) * 2 * Tiles::kRowTile;
-    load_tile_async<T, D>(st, Tiles::KP, k, Lk, b, h, int64_t(kt) * kTile, seq_len);
-    load_tile_async<T, D>(st + Tiles::kRowTile, Tiles::KP, v, Lv, b, h, int64_t(kt) * kTile, seq_len);
+    load_tile_async<T, D>(st, Tiles::KP, k, Lk, b, h_kv, int64_t(kt) * kTile, seq_len);
+    load_tile_async<T, D>(st + Tiles::kRowTile, Tiles::KP, v, Lv, b, h_kv, int64_t(kt) * kTile,
+                          seq_len);
     cp_async_commit();
   };
   prefetch(0);
@@ -173,7 +179,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     flash_backward_dkv_tc_kernel(const T* q, const T* k, const T* v, const T* dout, HeadLayout Lq,
                                  HeadLayout Lk, HeadLayout Lv, HeadLayout Ld, const float* lse,
                                  const float* delta, T* dk, HeadLayout Ldk, T* dv, HeadLayout Ldv,
-                                 int64_t H, int64_t seq_len, float scale) {
+                                 int64_t H, int64_t group, int64_t seq_len, float scale) {
   using Tiles = BwdTiles<D>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* ks = reinterpret_cast<T*>(smem_raw);      // [64][D] this block's keys
@@ -182,26 +188,33 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   float* stat_stage = reinterpret_cast<float*>(qdo_stage + 4 * Tiles::kRowTile);  // 2 x (lse, delta)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tq = lane & 3;
   const int k_tile = blockIdx.x;
-  const int64_t b = blockIdx.y / H, h = blockIdx.y % H;
+  const int64_t H_kv = H / group;
+  const int64_t b = blockIdx.y / H_kv, h_kv = blockIdx.y % H_kv;
   const int64_t k0 = int64_t(k_tile) * kTile;
   const int64_t key_lo = k0 + warp * 16 + g, key_hi = key_lo + 8;
-  const int64_t base = (b * H + h) * seq_len;
   const int num_tiles = static_cast<int>((seq_len + kTile - 1) / kTile);
+  // Step i visits query tile tile_of(i) of query head head_of(i): the tiles from the
+  // diagonal on of each of the group's query heads in turn, one pipeline over all of them.
+  const int tiles_per_head = num_tiles - k_tile;
+  const int steps = static_cast<int>(group) * tiles_per_head;
+  auto head_of = [&](int i) { return h_kv * group + i / tiles_per_head; };
+  auto tile_of = [&](int i) { return k_tile + i % tiles_per_head; };
   const float sc = scale * kLog2e;
-  load_tile_tc<T, D>(ks, Tiles::KP, k, Lk, b, h, k0, seq_len);
-  load_tile_tc<T, D>(vs, Tiles::KP, v, Lv, b, h, k0, seq_len);
+  load_tile_tc<T, D>(ks, Tiles::KP, k, Lk, b, h_kv, k0, seq_len);
+  load_tile_tc<T, D>(vs, Tiles::KP, v, Lv, b, h_kv, k0, seq_len);
   float dk_acc[D / 8][4], dv_acc[D / 8][4];
 #pragma unroll
   for (int j = 0; j < D / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk_acc[j][e] = dv_acc[j][e] = 0.f;
 
-  auto prefetch = [&](int qt) {
-    T* st = qdo_stage + (qt & 1) * 2 * Tiles::kRowTile;
-    const int64_t q0 = int64_t(qt) * kTile;
+  auto prefetch = [&](int i) {
+    T* st = qdo_stage + (i & 1) * 2 * Tiles::kRowTile;
+    const int64_t h = head_of(i), q0 = int64_t(tile_of(i)) * kTile;
+    const int64_t base = (b * H + h) * seq_len;  // of this query head's rows in lse and delta
     load_tile_async<T, D>(st, Tiles::KP, q, Lq, b, h, q0, seq_len);
     load_tile_async<T, D>(st + Tiles::kRowTile, Tiles::KP, dout, Ld, b, h, q0, seq_len);
-    float* stats = stat_stage + (qt & 1) * 2 * kTile;
+    float* stats = stat_stage + (i & 1) * 2 * kTile;
     for (int r = threadIdx.x; r < 2 * kTile; r += blockDim.x) {
       const int64_t t = q0 + r % kTile;
       const float* from = (r < kTile ? lse : delta) + base + (t < seq_len ? t : 0);
@@ -211,19 +224,20 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     }
     cp_async_commit();
   };
-  prefetch(k_tile);
-  for (int qt = k_tile; qt < num_tiles; ++qt) {
+  prefetch(0);
+  for (int i = 0; i < steps; ++i) {
+    const int qt = tile_of(i);
     const int64_t q0 = int64_t(qt) * kTile;
-    if (qt + 1 < num_tiles) {
-      prefetch(qt + 1);
+    if (i + 1 < steps) {
+      prefetch(i + 1);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    const T* qs = qdo_stage + (qt & 1) * 2 * Tiles::kRowTile;
+    const T* qs = qdo_stage + (i & 1) * 2 * Tiles::kRowTile;
     const T* dos = qs + Tiles::kRowTile;
-    const float* lse_s = stat_stage + (qt & 1) * 2 * kTile;  // natural-log lse
+    const float* lse_s = stat_stage + (i & 1) * 2 * kTile;  // natural-log lse
     const float* del_s = lse_s + kTile;
     const bool need_mask = qt == k_tile || q0 + kTile > seq_len;
     // S^T = K Q^T and dP^T = V dO^T: rows are this warp's keys, columns the tile's queries.
@@ -247,8 +261,8 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     accumulate_product<T, D>(dk_acc, dp, qs, lane);   // dK += dS^T Q
     __syncthreads();  // the next prefetch overwrites this stage
   }
-  store_rows<T, D>(dk, Ldk, b, h, dk_acc, scale, key_lo, seq_len, tq);
-  store_rows<T, D>(dv, Ldv, b, h, dv_acc, 1.f, key_lo, seq_len, tq);
+  store_rows<T, D>(dk, Ldk, b, h_kv, dk_acc, scale, key_lo, seq_len, tq);
+  store_rows<T, D>(dv, Ldv, b, h_kv, dv_acc, 1.f, key_lo, seq_len, tq);
 }
 
 template <class Kernel>
@@ -268,13 +282,15 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   check_head_view(op, "out", out, q, /*vector_rows=*/false, /*written=*/false);
   check_head_view(op, "dout", dout, q, /*vector_rows=*/true, /*written=*/false);
   check_head_view(op, "dq", dq, q, /*vector_rows=*/true, /*written=*/true);
-  check_head_view(op, "dk", dk, q, /*vector_rows=*/true, /*written=*/true);
-  check_head_view(op, "dv", dv, q, /*vector_rows=*/true, /*written=*/true);
+  check_head_view(op, "dk", dk, k, /*vector_rows=*/true, /*written=*/true);
+  check_head_view(op, "dv", dv, k, /*vector_rows=*/true, /*written=*/true);
   check_lse(op, lse, s, q.device());
   if (q.numel() == 0) return;
   KernelContext ctx(dq);
   Tensor delta = empty({s.B * s.H * s.T}, {.dtype = DType::f32, .device = q.device()});
-  const dim3 grid(static_cast<unsigned>((s.T + kTile - 1) / kTile), static_cast<unsigned>(s.B * s.H));
+  const unsigned tiles = static_cast<unsigned>((s.T + kTile - 1) / kTile);
+  const dim3 dq_grid(tiles, static_cast<unsigned>(s.B * s.H));     // per query head
+  const dim3 dkv_grid(tiles, static_cast<unsigned>(s.B * s.Hkv));  // per key/value head
   visit_attention(q.dtype(), s.D, [&](auto tag, auto dconst) {
     using T = decltype(tag);
     constexpr int D = decltype(dconst)::value;
@@ -289,18 +305,19 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
     // Over 48 KB of shared memory needs an opt-in (per device, so asked on every call: cheap).
     allow_shared(flash_backward_dq_tc_kernel<T, D>, dq_smem);
     allow_shared(flash_backward_dkv_tc_kernel<T, D>, dkv_smem);
-    flash_backward_dq_tc_kernel<T, D><<<grid, kTcWarps * 32, dq_smem, ctx.stream>>>(
+    flash_backward_dq_tc_kernel<T, D><<<dq_grid, kTcWarps * 32, dq_smem, ctx.stream>>>(
         static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
         static_cast<const T*>(v.raw_data()), static_cast<const T*>(dout.raw_data()), layout_of(q),
         layout_of(k), layout_of(v), layout_of(dout), lse.data<float>(), delta.data<float>(),
-        static_cast<T*>(dq.raw_data()), layout_of(dq), s.H, s.T, static_cast<float>(scale));
+        static_cast<T*>(dq.raw_data()), layout_of(dq), s.H, s.group(), s.T,
+        static_cast<float>(scale));
     TESSERA_KERNEL_CHECK("flash_backward_dq_tc_kernel");
-    flash_backward_dkv_tc_kernel<T, D><<<grid, kTcWarps * 32, dkv_smem, ctx.stream>>>(
+    flash_backward_dkv_tc_kernel<T, D><<<dkv_grid, kTcWarps * 32, dkv_smem, ctx.stream>>>(
         static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
         static_cast<const T*>(v.raw_data()), static_cast<const T*>(dout.raw_data()), layout_of(q),
         layout_of(k), layout_of(v), layout_of(dout), lse.data<float>(), delta.data<float>(),
         static_cast<T*>(dk.raw_data()), layout_of(dk), static_cast<T*>(dv.raw_data()),
-        layout_of(dv), s.H, s.T, static_cast<float>(scale));
+        layout_of(dv), s.H, s.group(), s.T, static_cast<float>(scale));
     TESSERA_KERNEL_CHECK("flash_backward_dkv_tc_kernel");
   });
 }

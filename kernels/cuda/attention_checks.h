@@ -12,15 +12,22 @@
 
 namespace tessera::cuda::attention_detail {
 
+// q is [B, H, T, D]; k and v are [B, Hkv, T, D] with Hkv dividing H (grouped-query
+// attention: query head h reads key/value head h / group, Hugging Face's repeat_kv order).
 struct AttnShape {
-  int64_t B, H, T, D;
+  int64_t B, H, T, D, Hkv;
+  int64_t group() const { return H / Hkv; }
 };
 
 inline AttnShape check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                       bool any_head_size) {
-  TESSERA_CHECK(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(), op,
-                ": q, k, v must all be [B, H, T, D], got ", shape_str(q.shape()), ", ",
-                shape_str(k.shape()), ", ", shape_str(v.shape()));
+                              bool any_head_size) {
+  TESSERA_CHECK(q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape() && k.size(0) == q.size(0) &&
+                    k.size(2) == q.size(2) && k.size(3) == q.size(3),
+                op, ": q must be [B, H, T, D] and k, v both [B, Hkv, T, D], got ",
+                shape_str(q.shape()), ", ", shape_str(k.shape()), ", ", shape_str(v.shape()));
+  TESSERA_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, op, ": the ", q.size(1),
+                " query heads are not a multiple of the ", k.size(1), " key/value heads (q ",
+                shape_str(q.shape()), ", k ", shape_str(k.shape()), ")");
   TESSERA_CHECK((q.dtype() == DType::bf16 || q.dtype() == DType::f16) && k.dtype() == q.dtype() &&
                     v.dtype() == q.dtype(),
                 op, ": q, k, v must be bfloat16 or float16 alike, got ", dtype_name(q.dtype()),
@@ -31,12 +38,13 @@ inline AttnShape check_inputs(const char* op, const Tensor& q, const Tensor& k, 
                 ": the head dimension must be contiguous (stride 1)");
   const int64_t D = q.size(3);
   TESSERA_CHECK(any_head_size || D == 64 || D == 128, op, ": head size must be 64 or 128, got ", D);
-  return {q.size(0), q.size(1), q.size(2), D};
+  return {q.size(0), q.size(1), q.size(2), D, k.size(1)};
 }
 
-// The [B, H, T, D] tensors besides q, k, v (out, dout, dq, dk, dv) may be views, e.g. the
+// The [B, H, T, D] tensors besides q, k, v (out, dout, dq; dk and dv are [B, Hkv, T, D])
+// may be views, e.g. the
 // heads of a [B, T, C] output or of a fused [B, T, 3C] gradient, so no layout copy is needed
-// around the kernels: they must match q in shape, dtype and device and have the head dim
+// around the kernels: they must match q (dk, dv: k) in shape, dtype and device and have the head dim
 // contiguous. With `vector_rows` their rows must also start on 16-byte boundaries (the
 // tensor-core kernels move 16-byte packs). A tensor the kernels write must not overlap itself
 // (different blocks write its elements, each once).
@@ -84,8 +92,8 @@ inline void check_head_view(const char* op, const char* name, const Tensor& t, c
 // q, k, v as the tensor-core kernels read them (16-byte packs along rows).
 inline void check_vector_rows(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
   check_head_view(op, "q", q, q, /*vector_rows=*/true, /*written=*/false);
-  check_head_view(op, "k", k, q, /*vector_rows=*/true, /*written=*/false);
-  check_head_view(op, "v", v, q, /*vector_rows=*/true, /*written=*/false);
+  check_head_view(op, "k", k, k, /*vector_rows=*/true, /*written=*/false);
+  check_head_view(op, "v", v, k, /*vector_rows=*/true, /*written=*/false);
 }
 
 inline void check_lse(const char* op, const Tensor& lse, const AttnShape& s, Device device) {

@@ -4,6 +4,7 @@
 // The second pass walks the row from its end, so it first re-reads what the first pass loaded
 // last (still in L1/L2); with 2 blocks of 1024 threads per SM, 132 x 2 rows x 100 KB (bf16,
 // V = 50304) = 26 MB are in flight, which the H100's 50 MB L2 holds.
+#include "tessera/core/graph_capture.h"
 #include "tessera/kernels/cuda/common.cuh"
 #include "tessera/kernels/cuda/fused.h"
 
@@ -15,8 +16,9 @@ constexpr int kClassifierThreads = 1024;
 template <class T>
 __global__ void __launch_bounds__(kClassifierThreads, 2)
     fused_classifier_kernel(T* logits, const void* targets, DType tt, int64_t vocab,
-                            int64_t ignore_index, float scale, float* row_losses, int* bad,
-                            bool packed) {
+                            int64_t ignore_index, float host_scale, const float* device_scale,
+                            float* row_losses, int* bad, bool packed) {
+  const float scale = device_scale ? *device_scale : host_scale;
   const int64_t r = blockIdx.x;
   T* row = logits + r * vocab;
   const int64_t target = load_as<int64_t>(targets, tt, r);
@@ -59,7 +61,7 @@ __global__ void __launch_bounds__(kClassifierThreads, 2)
 }  // namespace
 
 void fused_classifier(const Tensor& logits, const Tensor& targets_in, int64_t ignore_index,
-                      double dloss_scale, const Tensor& row_losses) {
+                      double dloss_scale, const Tensor& row_losses, const Tensor& device_scale) {
   TESSERA_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.device().is_cuda(),
                 "fused_classifier: logits must be a contiguous [N, V] CUDA tensor, got ",
                 shape_str(logits.shape()), " on ", logits.device().str());
@@ -72,15 +74,20 @@ void fused_classifier(const Tensor& logits, const Tensor& targets_in, int64_t ig
                     row_losses.is_contiguous(),
                 "fused_classifier: row_losses must be a contiguous float32 tensor of ", rows,
                 " elements");
+  TESSERA_CHECK(!device_scale.defined() ||
+                    (device_scale.numel() == 1 && device_scale.dtype() == DType::f32 &&
+                     device_scale.device() == logits.device()),
+                "fused_classifier: device_scale must be one float32 value on ", logits.device().str());
   if (rows == 0) return;
   KernelContext ctx(logits);
+  const float* scale_ptr = device_scale.defined() ? device_scale.data<float>() : nullptr;
   Tensor targets = raw::contiguous(targets_in);
   Tensor flag = zeros({1}, {.dtype = DType::i32, .device = logits.device()});
   auto launch = [&](auto tag) {
     using T = decltype(tag);
     fused_classifier_kernel<T><<<static_cast<unsigned>(rows), kClassifierThreads, 0, ctx.stream>>>(
         static_cast<T*>(logits.raw_data()), targets.raw_data(), targets.dtype(), vocab,
-        ignore_index, static_cast<float>(dloss_scale), row_losses.data<float>(),
+        ignore_index, static_cast<float>(dloss_scale), scale_ptr, row_losses.data<float>(),
         flag.data<int32_t>(), rows_packable(logits.raw_data(), vocab));
   };
   switch (logits.dtype()) {
@@ -91,6 +98,7 @@ void fused_classifier(const Tensor& logits, const Tensor& targets_in, int64_t ig
                           dtype_name(logits.dtype()));
   }
   TESSERA_KERNEL_CHECK("fused_classifier_kernel");
+  if (graph_capture_underway()) return;  // a graph cannot read the flag back (see graph_capture.h)
   int host_flag = 0;
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(&host_flag, flag.raw_data(), sizeof(int),
                                      cudaMemcpyDeviceToHost, ctx.stream));

@@ -113,7 +113,7 @@ struct GraphKey {
   std::vector<int64_t> strides;  // of every [B, H, T, D] operand, in a fixed order
 
   auto tie() const {
-    return std::tie(backward, dtype, device, p.B, p.H, p.T, p.D, scale_bits, deterministic,
+    return std::tie(backward, dtype, device, p.B, p.H, p.T, p.D, p.Hkv, scale_bits, deterministic,
                     strides);
   }
   bool operator<(const GraphKey& o) const { return tie() < o.tie(); }
@@ -125,6 +125,9 @@ struct BuiltGraph {
 };
 
 std::vector<int64_t> dims_of(const Problem& p) { return {p.B, p.H, p.T, p.D}; }
+// k, v, dk, dv: Hkv heads (grouped-query attention when Hkv < H; cuDNN reads query head h's
+// keys from head h / (H / Hkv) and sums dk, dv over each group, as the flash kernels do).
+std::vector<int64_t> kv_dims_of(const Problem& p) { return {p.B, p.Hkv, p.T, p.D}; }
 std::vector<int64_t> stats_dims(const Problem& p) { return {p.B, p.H, p.T, 1}; }
 std::vector<int64_t> stats_strides(const Problem& p) { return {p.H * p.T, p.T, 1, 1}; }
 
@@ -159,8 +162,8 @@ void mark_output(const TensorAttr& t, int64_t uid, std::vector<int64_t> dims,
 std::shared_ptr<fe::graph::Graph> forward_graph(const GraphKey& key) {
   auto graph = new_graph(key.dtype);
   auto q = input(*graph, "q", kQ, dims_of(key.p), strides_at(key, 0));
-  auto k = input(*graph, "k", kK, dims_of(key.p), strides_at(key, 1));
-  auto v = input(*graph, "v", kV, dims_of(key.p), strides_at(key, 2));
+  auto k = input(*graph, "k", kK, kv_dims_of(key.p), strides_at(key, 1));
+  auto v = input(*graph, "v", kV, kv_dims_of(key.p), strides_at(key, 2));
   auto attributes = fe::graph::SDPA_attributes()
                         .set_name("tessera_sdpa_forward")
                         .set_generate_stats(true)
@@ -179,8 +182,8 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const GraphKey& key) {
 std::shared_ptr<fe::graph::Graph> backward_graph(const GraphKey& key) {
   auto graph = new_graph(key.dtype);
   auto q = input(*graph, "q", kQ, dims_of(key.p), strides_at(key, 0));
-  auto k = input(*graph, "k", kK, dims_of(key.p), strides_at(key, 1));
-  auto v = input(*graph, "v", kV, dims_of(key.p), strides_at(key, 2));
+  auto k = input(*graph, "k", kK, kv_dims_of(key.p), strides_at(key, 1));
+  auto v = input(*graph, "v", kV, kv_dims_of(key.p), strides_at(key, 2));
   auto out = input(*graph, "out", kO, dims_of(key.p), strides_at(key, 3));
   auto dout = input(*graph, "dout", kDO, dims_of(key.p), strides_at(key, 4));
   auto stats = input(*graph, "lse", kStats, stats_dims(key.p), stats_strides(key.p));
@@ -193,8 +196,8 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const GraphKey& key) {
                         .set_deterministic_algorithm(key.deterministic);
   auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, out, dout, stats, attributes);
   mark_output(dq, kDQ, dims_of(key.p), strides_at(key, 5));
-  mark_output(dk, kDK, dims_of(key.p), strides_at(key, 6));
-  mark_output(dv, kDV, dims_of(key.p), strides_at(key, 7));
+  mark_output(dk, kDK, kv_dims_of(key.p), strides_at(key, 6));
+  mark_output(dv, kDV, kv_dims_of(key.p), strides_at(key, 7));
   return graph;
 }
 
@@ -272,7 +275,7 @@ Availability probe(int device) {
   try {
     DeviceGuard guard(device);
     cudnnHandle_t handle = handle_for(device);
-    const Problem p{1, 1, 64, 64};
+    const Problem p{1, 1, 64, 64, 1};
     const std::vector<int64_t> contiguous{64 * 64, 64 * 64, 64, 1};
     GraphKey key{false, DType::bf16, device, p, std::bit_cast<uint32_t>(0.125f), false, {}};
     for (int i = 0; i < 8; ++i) key.strides.insert(key.strides.end(), contiguous.begin(),
@@ -321,8 +324,9 @@ void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   const Problem p = check_qkv(op, q, k, v);
   for (auto [name, t] : NamedTensors{{"out", &out}, {"dout", &dout}})
     check_head_view(op, name, *t, q, /*vector_rows=*/true, /*written=*/false);
-  for (auto [name, t] : NamedTensors{{"dq", &dq}, {"dk", &dk}, {"dv", &dv}})
-    check_head_view(op, name, *t, q, /*vector_rows=*/true, /*written=*/true);
+  check_head_view(op, "dq", dq, q, /*vector_rows=*/true, /*written=*/true);
+  for (auto [name, t] : NamedTensors{{"dk", &dk}, {"dv", &dv}})
+    check_head_view(op, name, *t, k, /*vector_rows=*/true, /*written=*/true);
   check_lse(op, lse, p, q.device());
   const GraphKey key = make_key(true, q, p, scale, {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
   execute(op, key, q,

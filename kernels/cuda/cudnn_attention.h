@@ -1,7 +1,8 @@
 // cuDNN's fused (flash) attention through the cuDNN frontend graph API: the run-time
 // alternative to the hand-written kernels of attention.cu / attention_backward.cu, with the
 // same contract, so either can run the forward or the backward of the other:
-//   q, k, v, out, dout, dq, dk, dv: [B, H, T, D] bf16 or f16 views whose head dim is
+//   q, out, dout, dq: [B, H, T, D]; k, v, dk, dv: [B, Hkv, T, D] with Hkv dividing H
+//     (grouped-query attention; cuDNN sums dk, dv over each group); bf16 or f16 views whose head dim is
 //     contiguous and whose rows start on 16-byte boundaries (views of a fused [B, T, 3C]
 //     projection and of a [B, T, C] output work as they are); causal; D = 64 or 128.
 //   lse: f32 [B, H, T] contiguous, the natural-log log-sum-exp of each query's scaled scores.

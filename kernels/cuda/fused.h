@@ -22,9 +22,13 @@ void fused_residual_layer_norm(const Tensor& x, const Tensor& residual, const Te
 //   dlogits = dloss_scale * (softmax(logits) - onehot(target))   (0 for ignored rows)
 // without ever storing probabilities for the whole vocabulary. A target outside [0, V) that
 // is not ignore_index raises. The mean loss is sum(row_losses) / (number of counted rows);
-// pass dloss_scale = 1 / that count for its gradient.
+// pass dloss_scale = 1 / that count for its gradient. When device_scale (one f32 value on the
+// device) is given, the scale is read from it when the kernel runs instead, so the count need
+// not be read on the host (and a CUDA graph replays it with the value of the replay). Inside
+// a graph capture the bad-target check is skipped (reading its flag would synchronise).
 void fused_classifier(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                      double dloss_scale, const Tensor& row_losses);
+                      double dloss_scale, const Tensor& row_losses,
+                      const Tensor& device_scale = Tensor());
 
 // AdamW over many tensors in one launch; the formula and the config are
 // MultiTensorAdamWConfig's (core/fused_dispatch.h, the fused-kernel table this fills).
@@ -44,10 +48,22 @@ Tensor global_grad_norm(const std::vector<Tensor>& grads);
 // Multiplies every tensor in place by factor (f32 math, stored in each tensor's dtype), one
 // launch for all (gradient clipping). Contiguous floating tensors on one CUDA device.
 void multi_tensor_scale_(const std::vector<Tensor>& tensors, double factor);
+// Clipping by a global norm that stays on the device (FusedKernelTable::multi_tensor_clip):
+// every tensor *= min(max_norm / (norm + 1e-6), 1) when that is below 1 or norm is not finite.
+void multi_tensor_clip_(const std::vector<Tensor>& tensors, const Tensor& norm, double max_norm);
+
+// ---- SwiGLU (kernels/cuda/swiglu.cu): out = silu(gate) * up, and its backward
+// dgate = dout * up * silu'(gate), dup = dout * silu(gate), each one pass. All operands
+// contiguous floating tensors of one shape and dtype on one CUDA device.
+void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out);
+void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
+                     const Tensor& dup);
 
 // ---- causal attention, flash-attention style (O(T) memory) ----
-// q, k, v, out (and dout, dq, dk, dv of the backward): [B, H, T, D] bf16 or f16 of one
-// shape and dtype, D = 64 or 128, as VIEWS: any strides with the head dim contiguous and
+// q, out (and dout, dq of the backward): [B, H, T, D]; k, v (and dk, dv): [B, Hkv, T, D]
+// with Hkv dividing H (grouped-query attention: query head h reads key/value head
+// h / (H / Hkv), and dk, dv are summed over each group; Hkv = H is plain attention); bf16
+// or f16 of one dtype, D = 64 or 128, as VIEWS: any strides with the head dim contiguous and
 // every row starting on a 16-byte boundary (data 16-byte aligned, other strides multiples
 // of 8 elements). So q, k, v can be the heads of a fused [B, T, 3C] projection, out the heads
 // of a [B, T, C] output and dq | dk | dv the heads of one [B, T, 3C] gradient: no layout

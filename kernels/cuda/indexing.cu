@@ -6,13 +6,18 @@
 // order on the device.
 #include <algorithm>
 
+#include <cub/cub.cuh>
+
 #include "tessera/core/dispatch.h"
+#include "tessera/core/graph_capture.h"
 #include "tessera/kernels/cuda/common.cuh"
 
 namespace tessera::cuda {
 namespace {
 
 void check_flag(const int* flag, cudaStream_t stream, const std::string& message) {
+  // Inside a CUDA graph capture the flag cannot be read back (core/graph_capture.h).
+  if (graph_capture_underway()) return;
   int host = 0;
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(&host, flag, sizeof(int), cudaMemcpyDeviceToHost, stream));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -104,21 +109,111 @@ __global__ void index_add_atomic_kernel(void* out, DType ot, const void* src, DT
 
 // Deterministic: group g adds, in index order, the source slices listed in
 // order[group_start[g] .. group_start[g+1]) into destination slice group_dest[g].
+// With groups_on_device set, the number of groups is read from there (the tables were built
+// on the device; `groups` is then an upper bound for the grid) and a destination outside
+// [0, out_len) is skipped (nothing can report it inside a CUDA graph).
 template <class C>
 __global__ void index_add_grouped_kernel(void* out, DType ot, const void* src, DType st,
                                          const int64_t* group_start, const int64_t* group_dest,
                                          const int64_t* order, int64_t groups, int64_t pre,
-                                         int64_t n, int64_t post, int64_t out_len) {
+                                         int64_t n, int64_t post, int64_t out_len,
+                                         const int64_t* groups_on_device = nullptr) {
+  if (groups_on_device) groups = *groups_on_device;
   const int64_t total = groups * pre * post;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t p = e % post, a = (e / post) % pre, g = e / (post * pre);
+    if (groups_on_device && (group_dest[g] < 0 || group_dest[g] >= out_len)) continue;
     const int64_t o = (a * out_len + group_dest[g]) * post + p;
     C acc = load_as<C>(out, ot, o);
     for (int64_t k = group_start[g]; k < group_start[g + 1]; ++k)
       acc += load_as<C>(src, st, (a * n + order[k]) * post + p);
     store_as<C>(out, ot, o, acc);
   }
+}
+
+// ---- the deterministic grouping built on the device (no host read: CUDA graphs) ----
+__global__ void keys_and_positions_kernel(const void* idx, DType it, int64_t n, int64_t* keys,
+                                          int64_t* positions) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    keys[i] = load_as<int64_t>(idx, it, i);
+    positions[i] = i;
+  }
+}
+
+__global__ void group_starts_kernel(const int64_t* sorted_keys, int64_t n, int32_t* is_start) {
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
+       k += int64_t(gridDim.x) * blockDim.x)
+    is_start[k] = k == 0 || sorted_keys[k] != sorted_keys[k - 1];
+}
+
+// group_start (groups + 1 entries, the last = n) and group_dest from the inclusive scan of
+// is_start; *groups = the number of groups.
+__global__ void group_tables_kernel(const int64_t* sorted_keys, const int32_t* is_start,
+                                    const int32_t* group_number, int64_t n, int64_t* group_start,
+                                    int64_t* group_dest, int64_t* groups) {
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
+       k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t g = group_number[k] - 1;
+    if (is_start[k]) {
+      group_start[g] = k;
+      group_dest[g] = sorted_keys[k];
+    }
+    if (k == n - 1) {
+      group_start[g + 1] = n;
+      *groups = g + 1;
+    }
+  }
+}
+
+// The tables of the host's deterministic path (positions stably sorted by index, the start
+// and destination of each run of equal indices), computed on the device: a stable radix sort
+// keeps index order inside a group, so the sums are the host path's bit for bit.
+void index_add_grouped_on_device(const Tensor& out, const Tensor& idx, const Tensor& src,
+                                 int64_t pre, int64_t n, int64_t post, int64_t out_len,
+                                 cudaStream_t stream) {
+  const TensorOptions i64{.dtype = DType::i64, .device = out.device()};
+  const TensorOptions i32{.dtype = DType::i32, .device = out.device()};
+  Tensor keys = empty({n}, i64), positions = empty({n}, i64);
+  Tensor sorted_keys = empty({n}, i64), order = empty({n}, i64);
+  Tensor is_start = empty({n}, i32), group_number = empty({n}, i32);
+  Tensor group_start = empty({n + 1}, i64), group_dest = empty({n}, i64), groups = empty({1}, i64);
+  keys_and_positions_kernel<<<grid_for(n), kThreads, 0, stream>>>(
+      idx.raw_data(), idx.dtype(), n, keys.data<int64_t>(), positions.data<int64_t>());
+  TESSERA_KERNEL_CHECK("keys_and_positions_kernel");
+  size_t sort_bytes = 0, scan_bytes = 0;
+  TESSERA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, keys.data<int64_t>(), sorted_keys.data<int64_t>(),
+      positions.data<int64_t>(), order.data<int64_t>(), static_cast<int>(n), 0, 64, stream));
+  TESSERA_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, is_start.data<int32_t>(),
+                                                   group_number.data<int32_t>(),
+                                                   static_cast<int>(n), stream));
+  Tensor scratch = empty({static_cast<int64_t>(std::max(sort_bytes, scan_bytes))},
+                         {.dtype = DType::u8, .device = out.device()});
+  TESSERA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      scratch.raw_data(), sort_bytes, keys.data<int64_t>(), sorted_keys.data<int64_t>(),
+      positions.data<int64_t>(), order.data<int64_t>(), static_cast<int>(n), 0, 64, stream));
+  group_starts_kernel<<<grid_for(n), kThreads, 0, stream>>>(sorted_keys.data<int64_t>(), n,
+                                                            is_start.data<int32_t>());
+  TESSERA_KERNEL_CHECK("group_starts_kernel");
+  TESSERA_CUDA_CHECK(cub::DeviceScan::InclusiveSum(scratch.raw_data(), scan_bytes,
+                                                   is_start.data<int32_t>(),
+                                                   group_number.data<int32_t>(),
+                                                   static_cast<int>(n), stream));
+  group_tables_kernel<<<grid_for(n), kThreads, 0, stream>>>(
+      sorted_keys.data<int64_t>(), is_start.data<int32_t>(), group_number.data<int32_t>(), n,
+      group_start.data<int64_t>(), group_dest.data<int64_t>(), groups.data<int64_t>());
+  TESSERA_KERNEL_CHECK("group_tables_kernel");
+  const int64_t max_groups = std::min(n, out_len);
+  visit_compute(compute_kind({out.dtype(), src.dtype()}), [&](auto tag) {
+    using C = decltype(tag);
+    index_add_grouped_kernel<C><<<grid_for(max_groups * pre * post), kThreads, 0, stream>>>(
+        out.raw_data(), out.dtype(), src.raw_data(), src.dtype(), group_start.data<int64_t>(),
+        group_dest.data<int64_t>(), order.data<int64_t>(), max_groups, pre, n, post, out_len,
+        groups.data<int64_t>());
+  });
+  TESSERA_KERNEL_CHECK("index_add_grouped_kernel");
 }
 
 void index_add(const Tensor& out_in, int64_t dim, const Tensor& idx_in, const Tensor& src_in) {
@@ -151,6 +246,11 @@ void index_add(const Tensor& out_in, int64_t dim, const Tensor& idx_in, const Te
         n, post, out_len, flag.data<int32_t>());
     TESSERA_KERNEL_CHECK("index_add_atomic_kernel");
     check_flag(flag.data<int32_t>(), ctx.stream, bad_msg);
+  } else if (graph_capture_underway()) {
+    // A CUDA graph cannot read the indices on the host: the same tables, built on the device.
+    TESSERA_CHECK(n < (int64_t{1} << 31), "index_add (cuda): ", n,
+                  " indices are too many for the device-side grouping");
+    index_add_grouped_on_device(out, idx, src, pre, n, post, out_len, ctx.stream);
   } else {
     // Group source positions by destination on the host, keeping index order inside a group.
     std::vector<int64_t> ids = idx.to_vector<int64_t>();

@@ -15,7 +15,9 @@
 // grid stride, writes dx and keeps its dweight/dbias column partials in
 // registers; the block adds its warps' partials in warp order and writes one
 // partial row, then the finish kernel sums the blocks' rows in a fixed order.
-// Other rows (longer, odd lengths, f64) take the general kernels.
+// Other rows (longer, odd lengths, f64) take the general kernels. Their statistics (mean,
+// rstd) and column partials are kept in the accumulation type, so f64 inputs stay f64 end
+// to end (f64 mean/rstd, as on the CPU) and the other dtypes keep f32 ones.
 #include "tessera/core/dispatch.h"
 #include "tessera/kernels/cuda/common.cuh"
 #include "tessera/kernels/cuda/fused.h"
@@ -27,8 +29,8 @@ constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 
 template <class T>
 __global__ void layer_norm_kernel(const T* x, const T* residual, T* residual_out, const T* w,
-                                  const T* b, float eps, T* out, float* mean_out, float* rstd_out,
-                                  int64_t rows, int64_t C, bool packed) {
+                                  const T* b, double eps, T* out, acc_t<T>* mean_out,
+                                  acc_t<T>* rstd_out, int64_t rows, int64_t C, bool packed) {
   using A = acc_t<T>;
   const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.y;
   if (r >= rows) return;
@@ -60,8 +62,8 @@ __global__ void layer_norm_kernel(const T* x, const T* residual, T* residual_out
     return from_acc<T>(y);
   });
   if (lane == 0) {
-    mean_out[r] = static_cast<float>(mean);
-    rstd_out[r] = static_cast<float>(rstd);
+    mean_out[r] = mean;
+    rstd_out[r] = rstd;
   }
 }
 
@@ -168,12 +170,22 @@ void layer_norm_impl(const Tensor& x_in, const Tensor& residual_in, const Tensor
                     out.shape() == x_in.shape(),
                 "layer_norm (cuda): out must be contiguous, same shape and dtype as x ",
                 shape_str(x_in.shape()));
-  TESSERA_CHECK(mean.dtype() == DType::f32 && rstd.dtype() == DType::f32 && mean.is_contiguous() &&
-                    rstd.is_contiguous(),
-                "layer_norm (cuda): mean and rstd must be contiguous float32");
+  const DType stat_dtype = x_in.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  TESSERA_CHECK(is_floating(mean.dtype()) && mean.dtype() == rstd.dtype() &&
+                    mean.is_contiguous() && rstd.is_contiguous(),
+                "layer_norm (cuda): mean and rstd must be contiguous floating tensors of one dtype");
   check_param(w_in, x_in, "weight");
   check_param(b_in, x_in, "bias");
   if (x_in.numel() == 0) return;
+  if (mean.dtype() != stat_dtype) {
+    // The kernels write the statistics in their accumulation type (f64 for f64 inputs).
+    Tensor m = empty(mean.shape(), {.dtype = stat_dtype, .device = mean.device()});
+    Tensor r = empty(rstd.shape(), {.dtype = stat_dtype, .device = rstd.device()});
+    layer_norm_impl(x_in, residual_in, residual_out, w_in, b_in, eps, out, m, r);
+    raw::copy_(mean, m);
+    raw::copy_(rstd, r);
+    return;
+  }
   KernelContext ctx(out);
   Tensor x = raw::contiguous(x_in);
   Tensor residual = residual_in.defined() ? raw::contiguous(residual_in) : Tensor();
@@ -204,31 +216,21 @@ void layer_norm_impl(const Tensor& x_in, const Tensor& residual_in, const Tensor
     layer_norm_kernel<T><<<blocks, dim3(32, kRowsPerBlock), 0, ctx.stream>>>(
         static_cast<const T*>(x.raw_data()), ptr_or_null<T>(residual),
         residual.defined() ? static_cast<T*>(residual_out.raw_data()) : nullptr, ptr_or_null<T>(w),
-        ptr_or_null<T>(b), static_cast<float>(eps), static_cast<T*>(out.raw_data()),
-        mean.data<float>(), rstd.data<float>(), rows, C, packed);
+        ptr_or_null<T>(b), eps, static_cast<T*>(out.raw_data()), mean.data<acc_t<T>>(),
+        rstd.data<acc_t<T>>(), rows, C, packed);
   });
   TESSERA_KERNEL_CHECK("layer_norm_kernel");
 }
 
 void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,
                 const Tensor& mean, const Tensor& rstd) {
-  if (mean.dtype() == DType::f64) {
-    // f64 inputs get f64 statistics by the table's contract; these kernels keep them in f32
-    // (the CPU kernel is the f64-accurate one).
-    Tensor mean32 = empty(mean.shape(), {.dtype = DType::f32, .device = mean.device()});
-    Tensor rstd32 = empty(rstd.shape(), {.dtype = DType::f32, .device = rstd.device()});
-    layer_norm_impl(x, Tensor(), Tensor(), w, b, eps, out, mean32, rstd32);
-    raw::copy_(mean, mean32);
-    raw::copy_(rstd, rstd32);
-    return;
-  }
   layer_norm_impl(x, Tensor(), Tensor(), w, b, eps, out, mean, rstd);
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = w * dy.
 template <class T>
-__global__ void layer_norm_dx_kernel(const T* dy, const T* x, const T* w, const float* mean,
-                                     const float* rstd, T* dx, int64_t rows, int64_t C,
+__global__ void layer_norm_dx_kernel(const T* dy, const T* x, const T* w, const acc_t<T>* mean,
+                                     const acc_t<T>* rstd, T* dx, int64_t rows, int64_t C,
                                      bool packed) {
   using A = acc_t<T>;
   const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.y;
@@ -345,10 +347,10 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, kPacks >= 4 ? 3 : 2)
 
 // Stage 1: partial dweight/dbias over a chunk of rows, thread per column.
 template <class T>
-__global__ void layer_norm_dparams_partial_kernel(const T* dy, const T* x, const float* mean,
-                                                  const float* rstd, int64_t rows, int64_t C,
-                                                  int64_t rows_per_chunk, float* part_dw,
-                                                  float* part_db) {
+__global__ void layer_norm_dparams_partial_kernel(const T* dy, const T* x, const acc_t<T>* mean,
+                                                  const acc_t<T>* rstd, int64_t rows, int64_t C,
+                                                  int64_t rows_per_chunk, acc_t<T>* part_dw,
+                                                  acc_t<T>* part_db) {
   using A = acc_t<T>;
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t chunk = blockIdx.y;
@@ -360,8 +362,8 @@ __global__ void layer_norm_dparams_partial_kernel(const T* dy, const T* x, const
     dw += g * (to_acc<A>(x[r * C + c]) - A(mean[r])) * A(rstd[r]);
     db += g;
   }
-  part_dw[chunk * C + c] = static_cast<float>(dw);
-  part_db[chunk * C + c] = static_cast<float>(db);
+  part_dw[chunk * C + c] = dw;
+  part_db[chunk * C + c] = db;
 }
 
 // Stage 2: sum the chunks and accumulate into dweight (blockIdx.y 0) or dbias (1); either may
@@ -372,22 +374,23 @@ constexpr int kFinishCols = 8, kFinishLanes = 32;
 
 template <class T>
 __global__ void __launch_bounds__(kFinishCols * kFinishLanes)
-    layer_norm_dparams_finish_kernel(const float* part_dw, const float* part_db, int64_t chunks,
-                                     int64_t C, T* dw, T* db) {
-  __shared__ float lanes[kFinishLanes][kFinishCols];
-  const float* part = blockIdx.y == 0 ? part_dw : part_db;
+    layer_norm_dparams_finish_kernel(const acc_t<T>* part_dw, const acc_t<T>* part_db,
+                                     int64_t chunks, int64_t C, T* dw, T* db) {
+  using A = acc_t<T>;
+  __shared__ A lanes[kFinishLanes][kFinishCols];
+  const A* part = blockIdx.y == 0 ? part_dw : part_db;
   T* param = blockIdx.y == 0 ? dw : db;
   if (!param) return;  // uniform over the block
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c = blockIdx.x * int64_t(kFinishCols) + tx;
-  float s = 0;
+  A s = 0;
   if (c < C)
     for (int64_t k = ty; k < chunks; k += kFinishLanes) s += part[k * C + c];
   lanes[ty][tx] = s;
   __syncthreads();
   if (ty != 0 || c >= C) return;
   for (int y = 1; y < kFinishLanes; ++y) s += lanes[y][tx];
-  param[c] = from_float<T>(to_float(param[c]) + s);
+  param[c] = from_acc<T>(to_acc<A>(param[c]) + s);
 }
 
 void layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_in,
@@ -402,16 +405,18 @@ void layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& 
   KernelContext ctx(dx);
   Tensor dy = raw::contiguous(dy_in), x = raw::contiguous(x_in);
   Tensor w = w_in.defined() ? raw::contiguous(w_in) : Tensor();
-  // f64 statistics (of f64 inputs) are read as f32 here, as the forward produced them.
-  Tensor m = raw::contiguous(raw::to(mean, mean.device(), DType::f32));
-  Tensor rs = raw::contiguous(raw::to(rstd, rstd.device(), DType::f32));
+  // The statistics in the kernels' accumulation type: f64 for f64 inputs (no f32 detour).
+  const DType stat_dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor m = raw::contiguous(raw::to(mean, mean.device(), stat_dtype));
+  Tensor rs = raw::contiguous(raw::to(rstd, rstd.device(), stat_dtype));
   const int64_t C = x.size(-1), rows = x.numel() / C;
   const bool want_params = dw.defined() || db.defined();
   const bool fast = rows_packable(dy.raw_data(), C) && aligned16({x.raw_data(), dx.raw_data()}) &&
                     (!w.defined() || aligned16({w.raw_data()}));
   // Column partials [2, chunks, C] summed by the finish kernel; chunks = blocks of the fast
   // kernel or chunks of rows of the general one.
-  auto finish = [&](auto tag, const float* part_dw, const float* part_db, int64_t chunks) {
+  auto finish = [&](auto tag, const acc_t<decltype(tag)>* part_dw,
+                    const acc_t<decltype(tag)>* part_db, int64_t chunks) {
     using T = decltype(tag);
     const dim3 finish_grid(static_cast<unsigned>((C + kFinishCols - 1) / kFinishCols), 2);
     layer_norm_dparams_finish_kernel<T><<<finish_grid, dim3(kFinishCols, kFinishLanes), 0,
@@ -450,7 +455,7 @@ void layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& 
     }
     const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
     layer_norm_dx_kernel<T><<<blocks, dim3(32, kRowsPerBlock), 0, ctx.stream>>>(
-        dyp, xp, ptr_or_null<T>(w), m.data<float>(), rs.data<float>(),
+        dyp, xp, ptr_or_null<T>(w), m.data<acc_t<T>>(), rs.data<acc_t<T>>(),
         static_cast<T*>(dx.raw_data()), rows, C,
         rows_packable(dy.raw_data(), C) && aligned16({dx.raw_data()}));
     TESSERA_KERNEL_CHECK("layer_norm_dx_kernel");
@@ -460,13 +465,13 @@ void layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& 
     const int64_t want = std::max<int64_t>(1, 4 * multiprocessor_count() / col_blocks);
     const int64_t rows_per_chunk = std::max<int64_t>(32, (rows + want - 1) / want);
     const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
-    Tensor part = empty({2, chunks, C}, {.dtype = DType::f32, .device = dx.device()});
-    float* part_dw = part.data<float>();
-    float* part_db = part_dw + chunks * C;
+    Tensor part = empty({2, chunks, C}, {.dtype = stat_dtype, .device = dx.device()});
+    acc_t<T>* part_dw = part.data<acc_t<T>>();
+    acc_t<T>* part_db = part_dw + chunks * C;
     layer_norm_dparams_partial_kernel<T>
         <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)), 256, 0,
-           ctx.stream>>>(dyp, xp, m.data<float>(), rs.data<float>(), rows, C, rows_per_chunk,
-                         part_dw, part_db);
+           ctx.stream>>>(dyp, xp, m.data<acc_t<T>>(), rs.data<acc_t<T>>(), rows, C,
+                         rows_per_chunk, part_dw, part_db);
     TESSERA_KERNEL_CHECK("layer_norm_dparams_partial_kernel");
     finish(tag, part_dw, part_db, chunks);
   });

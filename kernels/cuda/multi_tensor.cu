@@ -51,7 +51,13 @@ void append_chunks(std::vector<ChunkRef>& chunks, int32_t slot, int64_t n) {
 
 __global__ void __launch_bounds__(kMultiThreads)
     adamw_kernel(const TensorSlot* slots, const ChunkRef* chunks, float lr, float beta1,
-                 float beta2, float eps, float bias1, float bias2, float grad_scale) {
+                 float beta2, float eps, float bias1, float bias2, float grad_scale,
+                 const float* replay_scalars) {
+  if (replay_scalars) {  // lr and bias corrections of this replay (AdamWConfig::replay_scalars)
+    lr = replay_scalars[0];
+    bias1 = replay_scalars[1];
+    bias2 = replay_scalars[2];
+  }
   const ChunkRef c = chunks[blockIdx.x];
   const TensorSlot s = slots[c.slot];
   const int64_t end = min(s.numel, c.start + kChunk);
@@ -93,8 +99,18 @@ __global__ void __launch_bounds__(kMultiThreads)
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
+// factor_of_norm: when set, the factor is clip_grad_norm_'s, computed from the norm on the
+// device in f64 exactly as the host computes it; blocks leave the data alone when no
+// clipping is due.
 __global__ void __launch_bounds__(kMultiThreads)
-    scale_kernel(const NormSlot* slots, const ChunkRef* chunks, float factor) {
+    scale_kernel(const NormSlot* slots, const ChunkRef* chunks, float factor,
+                 const float* factor_of_norm, double max_norm) {
+  if (factor_of_norm) {
+    const double norm = *factor_of_norm;
+    const double coef = max_norm / (norm + 1e-6);
+    if (!(coef < 1.0) && isfinite(norm)) return;
+    factor = static_cast<float>(1.0 < coef ? 1.0 : coef);  // std::min(coef, 1.0), NaN kept
+  }
   const ChunkRef c = chunks[blockIdx.x];
   const NormSlot s = slots[c.slot];
   void* data = const_cast<void*>(s.data);
@@ -152,14 +168,28 @@ void multi_tensor_adamw(const std::vector<Tensor>& params, const std::vector<Ten
   const TensorSlot* dslots;
   const ChunkRef* dchunks;
   Tensor tables = upload_tables(slots, chunks, device, &dslots, &dchunks);
-  const float bias1 = 1.f - std::pow(cfg.beta1, static_cast<float>(cfg.step));
-  const float bias2 = 1.f - std::pow(cfg.beta2, static_cast<float>(cfg.step));
+  const float bias1 = adamw_bias_correction(cfg.beta1, cfg.step);
+  const float bias2 = adamw_bias_correction(cfg.beta2, cfg.step);
+  Tensor scalars;  // the replay's lr and bias corrections, copied from page-locked memory
+  if (cfg.replay_scalars) {
+    cfg.replay_scalars[0] = cfg.lr;
+    cfg.replay_scalars[1] = bias1;
+    cfg.replay_scalars[2] = bias2;
+    scalars = empty({3}, {.dtype = DType::f32, .device = device});
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(scalars.raw_data(), cfg.replay_scalars, 3 * sizeof(float),
+                                       cudaMemcpyHostToDevice, ctx.stream));
+  }
   adamw_kernel<<<static_cast<unsigned>(chunks.size()), kMultiThreads, 0, ctx.stream>>>(
-      dslots, dchunks, cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, bias1, bias2, cfg.grad_scale);
+      dslots, dchunks, cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, bias1, bias2, cfg.grad_scale,
+      scalars.defined() ? scalars.data<float>() : nullptr);
   TESSERA_KERNEL_CHECK("adamw_kernel");
 }
 
-void multi_tensor_scale_(const std::vector<Tensor>& tensors, double factor) {
+namespace {
+// One launch of scale_kernel over every tensor: by `factor`, or by clipping's factor of
+// `norm` when norm is defined.
+void scale_tensors(const std::vector<Tensor>& tensors, double factor, const Tensor& norm,
+                   double max_norm) {
   std::vector<NormSlot> slots;
   std::vector<ChunkRef> chunks;
   Tensor first;
@@ -182,8 +212,22 @@ void multi_tensor_scale_(const std::vector<Tensor>& tensors, double factor) {
   const ChunkRef* dchunks;
   Tensor tables = upload_tables(slots, chunks, first.device(), &dslots, &dchunks);
   scale_kernel<<<static_cast<unsigned>(chunks.size()), kMultiThreads, 0, ctx.stream>>>(
-      dslots, dchunks, static_cast<float>(factor));
+      dslots, dchunks, static_cast<float>(factor), norm.defined() ? norm.data<float>() : nullptr,
+      max_norm);
   TESSERA_KERNEL_CHECK("scale_kernel");
+}
+}  // namespace
+
+void multi_tensor_scale_(const std::vector<Tensor>& tensors, double factor) {
+  scale_tensors(tensors, factor, Tensor(), 0.0);
+}
+
+void multi_tensor_clip_(const std::vector<Tensor>& tensors, const Tensor& norm, double max_norm) {
+  TESSERA_CHECK(norm.defined() && norm.numel() == 1 && norm.dtype() == DType::f32 &&
+                    norm.device().is_cuda(),
+                "multi_tensor_clip_: norm must be one float32 value on a CUDA device");
+  TESSERA_CHECK(max_norm > 0, "multi_tensor_clip_: max_norm must be > 0, got ", max_norm);
+  scale_tensors(tensors, 1.0, norm, max_norm);
 }
 
 Tensor global_grad_norm(const std::vector<Tensor>& grads) {

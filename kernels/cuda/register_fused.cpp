@@ -21,6 +21,9 @@ const bool registered = [] {
   t.multi_tensor_adamw = multi_tensor_adamw;
   t.global_grad_norm = global_grad_norm;
   t.multi_tensor_scale = multi_tensor_scale_;
+  t.swiglu_forward = swiglu_forward;
+  t.swiglu_backward = swiglu_backward;
+  t.multi_tensor_clip = multi_tensor_clip_;
   return true;
 }();
 

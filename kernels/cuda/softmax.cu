@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "tessera/core/dispatch.h"
+#include "tessera/core/graph_capture.h"
 #include "tessera/kernels/cuda/common.cuh"
 
 namespace tessera::cuda {
@@ -388,6 +389,8 @@ __global__ void cross_entropy_finish_kernel(const double* row_loss, const int* r
 
 // Reads a device error flag back (one small synchronous copy) and raises if it was set.
 void check_flag(const int* flag, cudaStream_t stream, const std::string& message) {
+  // Inside a CUDA graph capture the flag cannot be read back (core/graph_capture.h).
+  if (graph_capture_underway()) return;
   int host = 0;
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(&host, flag, sizeof(int), cudaMemcpyDeviceToHost, stream));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -516,6 +516,15 @@ TEST(Cli, ResumeChecksTheTrainingStateContents) {
       {edit_json("accelerator_state.json", [](auto& j) { j["state"]["loader_positions"][0][0] = 7; }),
        {"data position", "7"}},
       {edit_json("accelerator_state.json", [](auto& j) { j["state"].erase("rng"); }), {"\"rng\" is missing"}},
+      // Counts past what their int64 holders take (seen reading the paths fuzz_training_state covers).
+      {edit_json("accelerator_state.json", [](auto& j) { j["state"]["schedules"][0]["step"] = 1e300; }),
+       {"schedule \"step\"", "1e+300"}},
+      {edit_json("accelerator_state.json", [](auto& j) { j["state"]["loss_scaler"]["growth_interval"] = 1e300; }),
+       {"growth_interval", "1e+300"}},
+      {edit_json("accelerator_state.json", [](auto& j) { j["state"]["loader_positions"][0][0] = uint64_t{1} << 62; }),
+       {"loader_positions", "4611686018427387904", "past the largest"}},
+      {edit_optimizer([](auto& s) { s.scalars["state.0.step"] = 1e300; }), {"state.0.step", "1e+300"}},
+      {edit_json("trainer_state.json", [](auto& j) { j["global_step"] = int64_t{1} << 62; }), {"past max_steps"}},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const fs::path dir = tampered(cases[i].first);

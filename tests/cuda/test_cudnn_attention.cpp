@@ -7,6 +7,7 @@
 #include <string>
 
 #include "tessera/core/cuda/cuda_runtime.h"
+#include "attention_reference.h"
 #include "cuda_test_util.h"
 #include "tessera/kernels/cuda/cudnn_attention.h"
 #include "tessera/kernels/cuda/fused.h"
@@ -22,59 +23,6 @@ using namespace cuda_test;
     if (!cuda::cudnn_attention_available(&why_unavailable))                     \
       GTEST_SKIP() << "cuDNN attention unavailable: " << why_unavailable;       \
   } while (0)
-
-// Causal softmax attention in float64 over contiguous [BH, T, D] inputs: out, lse (natural
-// log of the scaled scores) and, for an upstream gradient dout, dq/dk/dv.
-struct Reference {
-  std::vector<double> out, lse, dq, dk, dv;
-};
-
-Reference reference_attention(const std::vector<double>& q, const std::vector<double>& k,
-                              const std::vector<double>& v, const std::vector<double>& dout,
-                              int64_t BH, int64_t T, int64_t D, double scale) {
-  Reference r;
-  r.out.assign(BH * T * D, 0.0);
-  r.lse.assign(BH * T, 0.0);
-  r.dq.assign(BH * T * D, 0.0);
-  r.dk.assign(BH * T * D, 0.0);
-  r.dv.assign(BH * T * D, 0.0);
-  std::vector<double> prob(T);
-  for (int64_t z = 0; z < BH; ++z) {
-    auto row = [&](const std::vector<double>& x, int64_t t) { return &x[(z * T + t) * D]; };
-    for (int64_t i = 0; i < T; ++i) {
-      double row_max = -INFINITY;
-      for (int64_t j = 0; j <= i; ++j) {
-        double dot = 0;
-        for (int64_t d = 0; d < D; ++d) dot += row(q, i)[d] * row(k, j)[d];
-        prob[j] = dot * scale;
-        row_max = std::max(row_max, prob[j]);
-      }
-      double sum = 0;
-      for (int64_t j = 0; j <= i; ++j) sum += std::exp(prob[j] - row_max);
-      r.lse[z * T + i] = row_max + std::log(sum);
-      double* out_i = &r.out[(z * T + i) * D];
-      for (int64_t j = 0; j <= i; ++j) {
-        prob[j] = std::exp(prob[j] - row_max) / sum;
-        for (int64_t d = 0; d < D; ++d) out_i[d] += prob[j] * row(v, j)[d];
-      }
-      // dS_ij = P_ij (dout_i . v_j - dout_i . out_i); dQ = scale dS K, dK = scale dS^T Q.
-      const double* dout_i = row(dout, i);
-      double dout_dot_out = 0;
-      for (int64_t d = 0; d < D; ++d) dout_dot_out += dout_i[d] * out_i[d];
-      for (int64_t j = 0; j <= i; ++j) {
-        double dout_dot_v = 0;
-        for (int64_t d = 0; d < D; ++d) dout_dot_v += dout_i[d] * row(v, j)[d];
-        const double dscore = prob[j] * (dout_dot_v - dout_dot_out) * scale;
-        for (int64_t d = 0; d < D; ++d) {
-          r.dv[(z * T + j) * D + d] += prob[j] * dout_i[d];
-          r.dq[(z * T + i) * D + d] += dscore * row(k, j)[d];
-          r.dk[(z * T + j) * D + d] += dscore * row(q, i)[d];
-        }
-      }
-    }
-  }
-  return r;
-}
 
 // [B, H, T, D] view `which` (0 = q, 1 = k, 2 = v) of a [B, T, 3, H, D] (= [B, T, 3C]) buffer.
 Tensor head_view(const Tensor& fused, int64_t which) {
@@ -108,10 +56,10 @@ void check_case(const Case& c) {
   Tensor dout = heads_of(to_gpu(dout_host));  // the gradient of a [B, T, C] output: strided
 
   const auto host_bhtd = [](const Tensor& x) { return values(raw::contiguous(x)); };
-  const Reference ref =
+  const AttentionReference ref =
       reference_attention(host_bhtd(head_view(qkv_host, 0)), host_bhtd(head_view(qkv_host, 1)),
-                          host_bhtd(head_view(qkv_host, 2)), host_bhtd(heads_of(dout_host)),
-                          B * H, T, D, scale);
+                          host_bhtd(head_view(qkv_host, 2)), host_bhtd(heads_of(dout_host)), B,
+                          H, H, T, D, scale);
 
   // cuDNN forward into a view of a [B, T, C] buffer.
   Tensor out = heads_of(poisoned({B, T, H, D}, t));

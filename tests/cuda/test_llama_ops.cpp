@@ -3,6 +3,7 @@
 // against the CPU kernels on the same inputs. Skipped without a GPU.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
 
@@ -130,6 +131,68 @@ TEST(CudaLlamaOps, PrecisionDefectsAreFixedOnTheGpuToo) {
   const Tensor u = uniform({1000000}, 0.0, 1.0, {.dtype = DType::f32}, &gen);
   const double exact = ops::sum(raw::to(u, Device::cpu(), DType::f64)).item();
   EXPECT_LE(std::fabs(ops::sum(to_gpu(u)).item() - exact) / exact, 1e-7);
+}
+
+// f64 layer norm on the GPU keeps f64 statistics (mean, rstd saved as f64, as on the CPU),
+// so its forward and backward agree with the CPU's to f64 rounding, not f32's. Rows of 1000
+// (the general kernels) and of 96 (a multiple of 8, where other dtypes take the fast path).
+TEST(CudaLlamaOps, Float64LayerNormKeepsFloat64Statistics) {
+  TESSERA_REQUIRE_GPU();
+  for (int64_t C : {1000, 96}) {
+    const Tensor x = cuda_test::host_randn({37, C}, DType::f64, 3.0, 2.0);
+    const Tensor w = cuda_test::host_randn({C}, DType::f64, 1.0, 0.5);
+    const Tensor b = cuda_test::host_randn({C}, DType::f64);
+    const Tensor dy = cuda_test::host_randn({37, C}, DType::f64);
+    const ops::LayerNormOutput cpu = ops::layer_norm(x, w, b, 1e-5);
+    const ops::LayerNormOutput gpu = ops::layer_norm(to_gpu(x), to_gpu(w), to_gpu(b), 1e-5);
+    ASSERT_EQ(gpu.mean.dtype(), DType::f64);
+    ASSERT_EQ(gpu.rstd.dtype(), DType::f64);
+    const double out_err = rel(gpu.out, cpu.out), mean_err = rel(gpu.mean, cpu.mean),
+                 rstd_err = rel(gpu.rstd, cpu.rstd);
+    const ops::LayerNormGrads cpu_g = ops::layer_norm_backward(dy, x, w, cpu.mean, cpu.rstd, true);
+    const ops::LayerNormGrads gpu_g = ops::layer_norm_backward(
+        to_gpu(dy), to_gpu(x), to_gpu(w), gpu.mean, gpu.rstd, true);
+    const double dx_err = rel(gpu_g.dx, cpu_g.dx), dw_err = rel(gpu_g.dweight, cpu_g.dweight),
+                 db_err = rel(gpu_g.dbias, cpu_g.dbias);
+    std::printf("f64 layer norm C=%lld: out %.2e mean %.2e rstd %.2e dx %.2e dw %.2e db %.2e\n",
+                (long long)C, out_err, mean_err, rstd_err, dx_err, dw_err, db_err);
+    for (double err : {out_err, mean_err, rstd_err, dx_err, dw_err, db_err})
+      EXPECT_LE(err, 1e-12) << "C=" << C << ": out " << out_err << " mean " << mean_err
+                            << " rstd " << rstd_err << " dx " << dx_err << " dw " << dw_err
+                            << " db " << db_err;
+  }
+}
+
+// swiglu on the GPU runs the fused kernels (one pass each way); its output and both input
+// gradients match the CPU's composition silu(gate) * up, in every float dtype, for packed
+// rows (a multiple of 8 elements) and odd sizes.
+TEST(CudaLlamaOps, FusedSwigluMatchesTheCpu) {
+  TESSERA_REQUIRE_GPU();
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64})
+    for (const Shape& shape : {Shape{16, 256}, Shape{7, 333}}) {
+      const Tensor gate = cuda_test::host_randn(shape, dt, 0.0, 3.0);
+      const Tensor up = cuda_test::host_randn(shape, dt);
+      const Tensor dout = cuda_test::host_randn(shape, dt);
+      auto run = [&](const Tensor& g_in, const Tensor& u_in, const Tensor& d) {
+        Tensor g = g_in, u = u_in;
+        g.requires_grad_();
+        u.requires_grad_();
+        const Tensor y = swiglu(g, u);
+        y.backward(d);
+        return std::vector<Tensor>{y, g.grad(), u.grad()};
+      };
+      const auto cpu = run(raw::clone(gate), raw::clone(up), dout);
+      const auto gpu = run(to_gpu(gate), to_gpu(up), to_gpu(dout));
+      const char* names[] = {"out", "dgate", "dup"};
+      for (int i = 0; i < 3; ++i) {
+        const double err = rel(gpu[i], cpu[i]);
+        std::printf("swiglu %s %s %s: max rel error %.2e\n", dtype_name(dt),
+                    shape_str(shape).c_str(), names[i], err);
+        EXPECT_LE(err, cuda_test::tolerance(dt))
+            << dtype_name(dt) << " " << shape_str(shape) << " " << names[i] << ": max rel error "
+            << err;
+      }
+    }
 }
 
 // The Llama layers through autograd on the GPU against the CPU (fp32).

@@ -293,3 +293,37 @@ TEST(DataLoader, RejectsBadOptions) {
   const auto tiny = write_tokens("one.bin", {1});
   EXPECT_THROW(DataLoader(TokenFile(tiny), {.batch = 1, .seq = 1}), Error);
 }
+
+// Issue 14 (training states with wrong contents): a position restored from a file whose token
+// offsets overflow 64 bits (row·T) is refused instead of reading before the token map. The
+// largest position allowed still follows the contract: offsets taken modulo the file size.
+TEST(DataLoader, PositionsPastTheAddressableRangeAreRefused) {
+  const auto tokens = random_tokens(997, 300, 4);
+  const auto path = write_tokens("far.bin", tokens);
+  for (auto [B, T, r, W] : std::vector<std::tuple<int64_t, int64_t, int, int>>{{4, 16, 0, 1}, {3, 7, 2, 3}}) {
+    DataLoader loader(TokenFile(path), {.batch = B, .seq = T, .rank = r, .world_size = W});
+    const uint64_t most = loader.max_position();
+    // (most·W + r + 1)·B rows of T tokens fit in int64, one more micro-batch does not.
+    const unsigned __int128 end_row = (static_cast<unsigned __int128>(most) * W + r + 1) * B;
+    EXPECT_LE(end_row * T, static_cast<unsigned __int128>(INT64_MAX));
+    EXPECT_GT((end_row + static_cast<unsigned __int128>(W * B)) * T, static_cast<unsigned __int128>(INT64_MAX));
+    loader.set_position(most);
+    const Batch batch = loader.next();
+    const auto x = batch.x.to_vector<int64_t>();
+    const auto starts = loader.row_starts(most);
+    for (int64_t b = 0; b < B; ++b) {
+      ASSERT_GE(starts[b], 0);
+      EXPECT_EQ(x[b * T], tokens[starts[b] % static_cast<int64_t>(tokens.size())]) << b;
+    }
+    for (const uint64_t bad : {most + 1, uint64_t{1} << 62, ~uint64_t{0}}) {
+      try {
+        loader.set_position(bad);
+        ADD_FAILURE() << "position " << bad << " was accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(std::to_string(bad)), std::string::npos) << e.what();
+      }
+      EXPECT_THROW(loader.skip_first_batches(bad), Error);
+    }
+    EXPECT_EQ(loader.position(), most + 1);  // unchanged by the refused ones
+  }
+}

@@ -180,6 +180,7 @@ int main(int argc, char** argv) {
   try {
     if (argc > 2 && std::string(argv[2]) == "cuda")
       g_device = Device::cuda(read_dist_env().local_rank % std::max(1, cuda_device_count()));
+    init.device = g_device.type;  // what "auto" chooses by
     init_process_group(init);
     ProcessGroup& pg = world();
     rank = pg.rank();

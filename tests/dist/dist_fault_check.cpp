@@ -19,7 +19,9 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   int rank = -1;
   try {
-    init_process_group();
+    InitOptions init;
+    init.device = DeviceType::CPU;  // its tensors are on the CPU, whatever the machine has
+    init_process_group(init);
     ProcessGroup& pg = world();
     rank = pg.rank();
     if (mode == "throw") {

@@ -15,6 +15,8 @@
 //                        [--clip C] [--bucket-bytes N] [--backend auto|tcp|mpi]
 //                        [--mixed-precision no|bf16] [--memory] [--untied]
 //                        [--save DIR --save-at K] [--resume DIR --start-step K]
+//                        [--offload none|optimizer|param] [--prefetch ELEMENTS] [--cuda]
+// --cuda: the model and batches on this rank's GPU (the nccl backend under auto).
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -59,7 +61,9 @@ int main(int argc, char** argv) {
   double clip = 0.2;           // below every step's gradient norm: clipping always acts
   size_t bucket_bytes = 3000;  // several buckets under stages 0-2
   std::string out_path, backend = "auto", precision = "no";
-  bool memory = false, tied = true;
+  bool memory = false, tied = true, on_cuda = false;
+  std::string offload = "none";
+  int64_t prefetch = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return std::string(argv[++i]); };
@@ -93,6 +97,16 @@ int main(int argc, char** argv) {
       resume_dir = next();
     else if (a == "--start-step")
       start_step = std::stoll(next());
+    else if (a == "--cuda")
+      on_cuda = true;
+    else if (a == "--offload")
+      offload = next();
+    else if (a == "--prefetch")
+      prefetch = std::stoll(next());
+  }
+  if (offload != "none" && offload != "optimizer" && offload != "param") {
+    std::cerr << "error: --offload must be none, optimizer or param; got '" << offload << "'\n";
+    return 2;
   }
   int rank = -1;
   try {
@@ -100,8 +114,11 @@ int main(int argc, char** argv) {
                            .gradient_accumulation_steps = static_cast<int>(accum),
                            .backend = backend,
                            .bucket_bytes = bucket_bytes,
-                           .cpu = true,
-                           .zero_stage = static_cast<int>(zero_stage)});
+                           .cpu = !on_cuda,
+                           .zero_stage = static_cast<int>(zero_stage),
+                           .offload_optimizer = offload == "optimizer",
+                           .offload_param = offload == "param",
+                           .stage3_prefetch_bucket_size = prefetch});
     rank = acc.process_index();
     zero_stage = acc.zero_stage();  // without --zero-stage: TESSERA_ZERO_STAGE
     // Different seeds per rank: the strategy must start every rank from rank 0's weights.
@@ -112,6 +129,7 @@ int main(int argc, char** argv) {
                                 .n_head = 1,
                                 .n_embd = 11,
                                 .tie_word_embeddings = tied});
+    model.to(acc.device());
     optim::AdamW opt(model.parameters(), {.lr = 2e-2, .weight_decay = 0.1});
     if (!resume_dir.empty())
       model.load_state_dict(load_safetensors(resume_dir + "/model.safetensors").tensors);  // the weights as saved
@@ -128,7 +146,7 @@ int main(int argc, char** argv) {
       for (int64_t a = 0; a < accum; ++a, ++micro) {
         auto scope = acc.accumulate(model);
         auto [x, y] = rows((micro * world + rank) * rows_per_rank, rows_per_rank);
-        Tensor loss = model.loss(x, y);
+        Tensor loss = model.loss(x.to(acc.device()), y.to(acc.device()));
         acc.backward(loss);
         step_loss += acc.reduce(loss.detach().to(DType::f32), "mean").item() / accum;
         if (scope.sync_gradients()) norm = acc.clip_grad_norm_(model.parameters(), clip);

@@ -20,6 +20,7 @@
 #include "tessera/optim/schedule.h"
 #include "tessera/optim/sgd.h"
 #include "tessera/dist/host_process_group.h"
+#include "tessera/dist/offload.h"
 #include "tessera/dist/process_group.h"
 #include "tessera/dist/store.h"
 
@@ -131,6 +132,51 @@ TEST_F(EnvTest, BadValuesNameTheVariable) {
   setenv("RANK", "1", 1);
   setenv("MASTER_PORT", "70000", 1);
   EXPECT_THROW(read_dist_env(), Error);
+}
+
+// "auto" picks NCCL only for CUDA tensors with a GPU per local rank: two CPU ranks (or two
+// ranks sharing the machine's one GPU) on a machine with a GPU used to get NCCL and fail in
+// ncclCommInitRank.
+TEST(AutoBackendTest, NcclOnlyForCudaTensorsWithAGpuPerLocalRank) {
+  std::vector<std::string> asked;
+  auto built = [&](const std::string& name) {
+    asked.push_back(name);
+    return true;
+  };
+  auto job = [](int world, int local_world, Launcher launcher) {
+    DistEnv e;
+    e.world_size = world;
+    e.local_world_size = local_world;
+    e.launcher = launcher;
+    return e;
+  };
+  const DistEnv two = job(2, 2, Launcher::Torchrun);
+  EXPECT_EQ(resolve_auto_backend(two, DeviceType::CUDA, 2, built), "nccl");
+  EXPECT_EQ(resolve_auto_backend(two, DeviceType::CUDA, 8, built), "nccl");
+  EXPECT_EQ(resolve_auto_backend(two, DeviceType::CUDA, 1, built), "tcp");  // one shared GPU
+  EXPECT_EQ(resolve_auto_backend(two, DeviceType::CPU, 2, built), "tcp");   // CPU tensors
+  EXPECT_EQ(resolve_auto_backend(two, DeviceType::CUDA, 0, built), "tcp");
+  // Two nodes of 4 ranks each: what counts is the ranks of one node.
+  EXPECT_EQ(resolve_auto_backend(job(8, 4, Launcher::Torchrun), DeviceType::CUDA, 4, built), "nccl");
+  EXPECT_EQ(resolve_auto_backend(job(8, 4, Launcher::Slurm), DeviceType::CUDA, 2, built), "tcp");
+  const DistEnv mpi = job(3, 3, Launcher::Mpirun);
+  EXPECT_EQ(resolve_auto_backend(mpi, DeviceType::CPU, 4, built), "mpi");
+  EXPECT_EQ(resolve_auto_backend(mpi, DeviceType::CUDA, 1, built), "mpi");
+  EXPECT_EQ(resolve_auto_backend(mpi, DeviceType::CUDA, 4, built), "nccl");
+  EXPECT_EQ(resolve_auto_backend(job(1, 1, Launcher::Torchrun), DeviceType::CUDA, 4, built),
+            "single");
+  // A backend that is not built is passed over; nothing is asked that cannot be chosen
+  // (asking loads the backend's library).
+  asked.clear();
+  auto without_nccl = [&](const std::string& name) {
+    asked.push_back(name);
+    return name != "nccl";
+  };
+  EXPECT_EQ(resolve_auto_backend(mpi, DeviceType::CUDA, 4, without_nccl), "mpi");
+  EXPECT_EQ(asked, (std::vector<std::string>{"nccl", "mpi"}));
+  asked.clear();
+  EXPECT_EQ(resolve_auto_backend(two, DeviceType::CPU, 2, without_nccl), "tcp");
+  EXPECT_TRUE(asked.empty());
 }
 
 TEST(StoreTest, SetGetAddWaitAcrossClients) {
@@ -646,6 +692,65 @@ TEST_F(CleanDistEnv, Fp16LossScalingUnscalesAndSkipsNonFiniteSteps) {
   EXPECT_FALSE(m.b.weight.grad().defined());
   EXPECT_EQ(acc.loss_scale(), 65536.0 / (2 << skipped));
   acc.end_training();
+}
+
+// ---- ZeRO-Offload's host side (dist/offload.h) ----
+
+TEST(HostWorker, RunsTasksInOrderAndReportsEachTasksError) {
+  HostWorker worker(Device::cpu());
+  std::vector<int> ran;
+  std::vector<WorkPtr> works;
+  for (int i = 0; i < 50; ++i) {
+    if (i == 20) works.push_back(worker.run([] { throw Error("task 20 failed"); }));
+    works.push_back(worker.run([&ran, i] { ran.push_back(i); }));
+  }
+  works.back()->wait();
+  std::vector<int> want(50);
+  for (int i = 0; i < 50; ++i) want[i] = i;
+  EXPECT_EQ(ran, want);
+  try {
+    works[20]->wait();
+    ADD_FAILURE() << "the failing task's Work did not rethrow";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("task 20 failed"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(works[21]->wait());
+}
+
+// Two buckets: bf16 parameters (5 elements: the f32 average is rounded through bf16, as the
+// device's bf16 gradient would be) and f32 (3 elements: copied as they are); then the masters
+// go back in each target's dtype, and a reduction that failed fails the download.
+TEST(OptimizerOffload, RoundsGradientsThroughTheParameterDtypeAndUploadsMasters) {
+  OptimizerOffload offload(Device::cpu(), {{5, DType::bf16}, {3, DType::f32}});
+  const std::vector<float> g0 = {0.1f, -1.0f / 3, 1e-3f, 2.7182817f, -123.456f};
+  const std::vector<float> g1 = {0.1f, -1.0f / 3, 3.14159f};
+  Tensor average0 = from_vector(g0, {5}), average1 = from_vector(g1, {3});
+  WorkPtr d0 = offload.download_gradient(0, completed_work(), average0);
+  WorkPtr d1 = offload.download_gradient(1, completed_work(), average1);
+  d0->wait();
+  d1->wait();
+  const std::vector<float> rounded = raw::to(raw::to(average0, Device::cpu(), DType::bf16),
+                                             Device::cpu(), DType::f32)
+                                         .to_vector<float>();
+  EXPECT_EQ(offload.gradient(0).to_vector<float>(), rounded);
+  EXPECT_NE(rounded, g0);  // the rounding did something
+  EXPECT_EQ(offload.gradient(1).to_vector<float>(), g1);
+
+  offload.load_master(0, raw::to(from_vector(g0, {5}), Device::cpu(), DType::bf16));
+  EXPECT_EQ(offload.master(0).to_vector<float>(), rounded);
+  raw::copy_(offload.master(0), from_vector(g0, {5}));
+  raw::copy_(offload.master(1), from_vector(g1, {3}));
+  Tensor target0 = zeros({5}, {.dtype = DType::bf16}), target1 = zeros({3});
+  std::vector<WorkPtr> uploads = offload.upload_parameters({target0, target1}, {1, 0});
+  for (auto& w : uploads) w->wait();
+  EXPECT_EQ(raw::to(target0, Device::cpu(), DType::f32).to_vector<float>(), rounded);
+  EXPECT_EQ(target1.to_vector<float>(), g1);
+
+  std::promise<void> failed;
+  failed.set_exception(std::make_exception_ptr(Error("reduce_scatter timed out")));
+  WorkPtr broken = std::make_shared<FutureWork>(failed.get_future().share());
+  EXPECT_THROW(offload.download_gradient(1, broken, average1)->wait(), Error);
+  EXPECT_THROW(offload.download_gradient(1, completed_work(), zeros({4})), Error);
 }
 
 }  // namespace

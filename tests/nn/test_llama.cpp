@@ -205,6 +205,42 @@ TEST(Llama, ConfigErrorsNameTheProblem) {
   EXPECT_THROW(nn::llama_config_from_json_file((dir / "config.json").string()), Error);
 }
 
+// transformers 5 saves the rotary base only as "rope_parameters": {"rope_theta": ...} (no
+// top-level "rope_theta"); transformers 4 only at the top level. Both read the same base, the
+// dict winning as in transformers 5; Tessera writes both keys; scaled RoPE is refused.
+TEST(Llama, ConfigReadsTheRotaryBaseOfTransformers4And5) {
+  const auto dir = scratch_dir("llama_rope_config");
+  const std::string base = R"("model_type": "llama", "vocab_size": 10, "hidden_size": 8,
+    "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2)";
+  auto read = [&](const std::string& extra) {
+    std::ofstream(dir / "config.json") << "{" << base << extra << "}";
+    return nn::llama_config_from_json_file((dir / "config.json").string());
+  };
+  EXPECT_EQ(read(R"(, "rope_parameters": {"rope_theta": 500.0, "rope_type": "default"})").rope_theta,
+            500.0);
+  EXPECT_EQ(read(R"(, "rope_theta": 500.0, "rope_scaling": null)").rope_theta, 500.0);
+  EXPECT_EQ(read(R"(, "rope_theta": 20.0, "rope_parameters": {"rope_theta": 500.0})").rope_theta,
+            500.0);
+  EXPECT_EQ(read("").rope_theta, 10000.0);
+  for (const char* bad : {R"(, "rope_parameters": {"rope_type": "linear", "factor": 2.0})",
+                          R"(, "rope_parameters": {"rope_type": "default", "rope_theta": "x"})",
+                          R"(, "rope_parameters": 3)"}) {
+    try {
+      read(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rope_parameters"), std::string::npos) << e.what();
+    }
+  }
+  nn::LlamaConfig cfg = small_config(false);
+  nn::save_llama_config(cfg, (dir / "saved.json").string());
+  std::ifstream in(dir / "saved.json");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"rope_theta\": 500.0"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"rope_parameters\""), std::string::npos) << text;
+  EXPECT_EQ(nn::llama_config_from_json_file((dir / "saved.json").string()).rope_theta, 500.0);
+}
+
 // A Llama trains: the loss on a fixed batch falls under AdamW (GQA and tied head included).
 TEST(Llama, LossFallsWhenTraining) {
   Generator gen(5);

@@ -7,6 +7,7 @@
 
 #include "tessera/core/safetensors.h"
 #include "tessera/data/token_file.h"
+#include "tessera/nn/gpt.h"
 #include "tessera/train/checkpoint_files.h"
 #include "tessera/train/trainer.h"
 
@@ -166,4 +167,65 @@ TEST(TrainingArguments, HuggingFaceNamesAndFlagNamesSetTheSameSetting) {
   EXPECT_EQ(c.dtype(), "fp16");
   EXPECT_THROW(train::apply_config_values(a, {{"max_steps", 2.5}}, "z"), Error);
   EXPECT_THROW(train::apply_config_values(a, {{"report_to", 3}}, "z"), Error);
+}
+
+// trainer_state.json keeps Hugging Face's layout while the log history lives on disk
+// (log_history.h): every entry comes back exactly, in order, through the file and a
+// resume, and a copy of a state is independent of the original.
+TEST(TrainerState, LogHistoryOnDiskRoundTripsThroughTrainerStateJson) {
+  Generator gen(11);
+  const std::vector<float> noise = randn({3000}, {}, &gen).to_vector<float>();
+  train::TrainerState state;
+  state.global_step = 1500, state.max_steps = 2000, state.schedule_total = 2000;
+  state.best_metric = 2.25, state.best_step = 1000, state.best_model_checkpoint = "checkpoint-1000";
+  std::vector<nlohmann::json> want;
+  for (int64_t step = 1; step <= 1500; ++step) {
+    nlohmann::json entry = {{"step", step},
+                            {"loss", 3.0 + noise[2 * step - 2]},
+                            {"lr", 1e-3 * step / 1500.0},
+                            {"grad_norm", std::abs(noise[2 * step - 1]) + 0.1}};
+    if (step == 77) entry["loss"] = nullptr;  // a non-finite step is logged as null
+    want.push_back(entry);
+    state.log_history.push_back(entry);
+    if (step % 500 == 0) {
+      want.push_back({{"step", step}, {"val_loss", 2.0 + noise[step]}});
+      state.log_history.push_back(want.back());
+    }
+  }
+  ASSERT_EQ(state.log_history.size(), want.size());
+  EXPECT_EQ(state.log_history.back(), want.back());
+
+  const std::string text = state.to_text();
+  const nlohmann::json j = nlohmann::json::parse(text);
+  for (const char* key :
+       {"global_step", "max_steps", "epoch", "log_history", "best_metric", "best_model_checkpoint"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  ASSERT_EQ(j["log_history"].size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(j["log_history"][i], want[i]) << i;
+  EXPECT_EQ(j["best_model_checkpoint"], "checkpoint-1000");
+  EXPECT_EQ(state.to_json(), j);
+
+  // Read back (as a resume does), then written again: the same text, byte for byte.
+  const train::TrainerState resumed = train::TrainerState::from_json(j, "trainer_state.json");
+  EXPECT_EQ(resumed.to_text(), text);
+  size_t visited = 0;
+  resumed.log_history.for_each([&](const nlohmann::json& entry) {
+    ASSERT_LT(visited, want.size());
+    EXPECT_EQ(entry, want[visited++]);
+  });
+  EXPECT_EQ(visited, want.size());
+
+  // Copies are independent (each keeps a file of its own).
+  train::TrainerState copy = state;
+  copy.log_history.push_back({{"step", 1501}, {"loss", 1.0}});
+  EXPECT_EQ(copy.log_history.size(), want.size() + 1);
+  EXPECT_EQ(state.log_history.size(), want.size());
+  EXPECT_EQ(state.to_text(), text);
+  copy = resumed;
+  EXPECT_EQ(copy.to_text(), text);
+
+  train::TrainerState empty;
+  EXPECT_TRUE(empty.log_history.empty());
+  EXPECT_EQ(nlohmann::json::parse(empty.to_text())["log_history"], nlohmann::json::array());
+  EXPECT_THROW(empty.log_history.back(), Error);
 }
