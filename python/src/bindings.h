@@ -62,5 +62,6 @@ void bind_optim(py::module_& m);
 void bind_data(py::module_& m);
 void bind_dist(py::module_& m);
 void bind_train(py::module_& m);
+void bind_bench(py::module_& m);
 
 }  // namespace tessera::python

@@ -85,4 +85,5 @@ PYBIND11_MODULE(_tessera, m) {
   bind_data(m);
   bind_dist(m);
   bind_train(m);
+  bind_bench(m);
 }
