@@ -209,7 +209,8 @@ std::string Accelerator::memory_report(const nn::Module& model) {
   mine.push_back(stats.peak);
   const int64_t width = static_cast<int64_t>(mine.size());
   const std::vector<int64_t> all =
-      gather(from_vector(mine, {1, width}, {.dtype = DType::i64})).to_vector<int64_t>();
+      gather(raw::to(from_vector(mine, {1, width}, {.dtype = DType::i64}), device_, DType::i64))
+          .to_vector<int64_t>();
   if (!is_main_process()) return "";
   std::vector<RankMemory> ranks(num_processes());
   for (int r = 0; r < num_processes(); ++r) {
@@ -330,9 +331,11 @@ Tensor Accelerator::gather(const Tensor& t) {
   ProcessGroup& pg = world();
   TESSERA_CHECK(t.dim() >= 1, "Accelerator::gather: needs a tensor with a leading dimension, got ",
                 shape_str(t.shape()));
-  // Every process's length along dim 0 first, then an uneven all_gather of the rows.
-  Tensor my_rows = full({1}, static_cast<double>(t.size(0)), {.dtype = DType::i64});
-  Tensor rows = empty({pg.size()}, {.dtype = DType::i64});
+  // Every process's length along dim 0 first, then an uneven all_gather of the rows. The
+  // lengths travel on t's device: NCCL moves device memory only.
+  Tensor my_rows =
+      full({1}, static_cast<double>(t.size(0)), {.dtype = DType::i64, .device = t.device()});
+  Tensor rows = empty({pg.size()}, {.dtype = DType::i64, .device = t.device()});
   pg.all_gather(rows, my_rows)->wait();
   std::vector<int64_t> counts = rows.to_vector<int64_t>();
   Shape out_shape = t.shape();

@@ -13,6 +13,7 @@
 #include "tessera/core/cuda/cuda_runtime.h"
 #include "tessera/data/token_file.h"
 #include "tessera/kernels/ops.h"
+#include "tessera/nn/gpt.h"
 #include "tessera/optim/adamw.h"
 #include "tessera/train/step_graph.h"
 #include "tessera/train/trainer.h"
@@ -112,11 +113,11 @@ TrainerRun train_with_graphs(const char* graphs, int64_t accumulation) {
   run.model = std::make_unique<nn::GPT>(tiny_config(), &gen);
   train::Trainer trainer(a, *run.model, tokens);
   trainer.train();
-  for (const auto& entry : trainer.state().log_history) {
+  trainer.state().log_history.for_each([&](const nlohmann::json& entry) {
     run.losses.push_back(entry.at("loss").get<double>());
     run.norms.push_back(entry.at("grad_norm").get<double>());
     run.lrs.push_back(entry.at("lr").get<double>());
-  }
+  });
   if (const train::StepGraphRunner* g = trainer.step_graphs()) {
     run.replayed = g->replayed_steps();
     run.status = g->status();
