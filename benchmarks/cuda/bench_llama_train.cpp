@@ -124,18 +124,7 @@ int main(int argc, char** argv) {
   const Tensor targets =
       randint(0, a.vocab, {a.batch, a.seq}, {.dtype = DType::i64, .device = gpu}, &gen);
   const bench::StepTiming timing =
-      bench::time_training_steps(a.warmup, a.steps, a.profile, [&](const bench::PhaseMark& phase) {
-        Tensor loss = model.loss(idx, targets);
-        phase("1 forward + loss");
-        loss.backward();
-        phase("2 backward");
-        optim::clip_grad_norm_(opt.parameters(), 1.0);
-        phase("3 clip");
-        opt.step();
-        opt.zero_grad();
-        phase("4 AdamW");
-        return loss;
-      });
+      bench::time_language_model_steps(a.warmup, a.steps, a.profile, model, opt, idx, targets);
 
   const double tokens = double(a.batch * a.seq);
   const double lookup_params = a.tied ? 0.0 : double(a.vocab * a.channels);

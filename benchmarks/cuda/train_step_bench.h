@@ -11,6 +11,9 @@
 #include "benchmarks/bench_common.h"
 #include "tessera/core/cuda/cuda_runtime.h"
 #include "tessera/core/tensor.h"
+#include "tessera/nn/causal_lm.h"
+#include "tessera/optim/adamw.h"
+#include "tessera/optim/clip.h"
 
 namespace tessera::bench {
 
@@ -55,6 +58,25 @@ inline StepTiming time_training_steps(int warmup, int steps, bool profile,
   timing.memory = cuda::memory_stats();
   for (auto& [name, total] : timing.phase_ms) total /= steps;
   return timing;
+}
+
+// The language-model step both training benchmarks time: forward + loss, backward, global
+// clipping at 1.0, AdamW.
+inline StepTiming time_language_model_steps(int warmup, int steps, bool profile,
+                                            nn::CausalLM& model, optim::AdamW& opt,
+                                            const Tensor& idx, const Tensor& targets) {
+  return time_training_steps(warmup, steps, profile, [&](const PhaseMark& phase) {
+    Tensor loss = model.loss(idx, targets);
+    phase("1 forward + loss");
+    loss.backward();
+    phase("2 backward");
+    optim::clip_grad_norm_(opt.parameters(), 1.0);
+    phase("3 clip");
+    opt.step();
+    opt.zero_grad();
+    phase("4 AdamW");
+    return loss;
+  });
 }
 
 struct TorchResult {
