@@ -26,6 +26,7 @@
 #include "tessera/nn/layers.h"
 #include "tessera/optim/adamw.h"
 #include "tessera/optim/schedule.h"
+#include "tests/dist/dump_parameters.h"
 
 using namespace tessera;
 
@@ -51,7 +52,8 @@ std::pair<Tensor, Tensor> rows(int64_t start, int64_t n) {
   std::vector<int64_t> y(n);
   for (int64_t b = 0; b < n; ++b) {
     int64_t i = (start + b) % kDatasetRows;
-    for (int64_t j = 0; j < kFeatures; ++j) x[b * kFeatures + j] = std::sin(0.37 * (i * kFeatures + j) + 0.1);
+    for (int64_t j = 0; j < kFeatures; ++j)
+      x[b * kFeatures + j] = std::sin(0.37 * (i * kFeatures + j) + 0.1);
     y[b] = (i * 7 + i / 3) % kClasses;
   }
   return {from_vector(x, {n, kFeatures}), from_vector(y, {n}, {.dtype = DType::i64})};
@@ -68,18 +70,30 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return std::string(argv[++i]); };
-    if (a == "--rows") rows_per_rank = std::stoll(next());
-    else if (a == "--accum") accum = std::stoll(next());
-    else if (a == "--steps") steps = std::stoll(next());
-    else if (a == "--out") out_path = next();
-    else if (a == "--bucket-bytes") bucket_bytes = std::stoull(next());
-    else if (a == "--backend") backend = next();
-    else if (a == "--unused") with_unused = true;
-    else if (a == "--find-unused") find_unused = true;
-    else if (a == "--cuda") on_cuda = true;  // GPU tensors (nccl backend under auto)
-    else if (a == "--schedule") with_schedule = true;
-    else if (a == "--literal") literal_loop = true;
-    else if (a == "--mixed-precision") precision = next();
+    if (a == "--rows")
+      rows_per_rank = std::stoll(next());
+    else if (a == "--accum")
+      accum = std::stoll(next());
+    else if (a == "--steps")
+      steps = std::stoll(next());
+    else if (a == "--out")
+      out_path = next();
+    else if (a == "--bucket-bytes")
+      bucket_bytes = std::stoull(next());
+    else if (a == "--backend")
+      backend = next();
+    else if (a == "--unused")
+      with_unused = true;
+    else if (a == "--find-unused")
+      find_unused = true;
+    else if (a == "--cuda")
+      on_cuda = true;  // GPU tensors (nccl backend under auto)
+    else if (a == "--schedule")
+      with_schedule = true;
+    else if (a == "--literal")
+      literal_loop = true;
+    else if (a == "--mixed-precision")
+      precision = next();
   }
   int rank = -1;
   try {
@@ -124,21 +138,12 @@ int main(int argc, char** argv) {
       }
       if (acc.is_main_process()) {
         char line[64];
-        std::snprintf(line, sizeof line, "loss %lld %.9g\n", static_cast<long long>(step), step_loss);
+        std::snprintf(line, sizeof line, "loss %lld %.9g\n", static_cast<long long>(step),
+                      step_loss);
         out << line;
       }
     }
-    if (acc.is_main_process()) {
-      for (auto& [name, p] : model.named_parameters()) {
-        out << "param " << name;
-        for (float v : raw::to(p.detach(), Device::cpu(), DType::f32).to_vector<float>()) {
-          char num[32];
-          std::snprintf(num, sizeof num, " %.9g", v);
-          out << num;
-        }
-        out << "\n";
-      }
-    }
+    if (acc.is_main_process()) dist_check::dump_parameters(model, out);
     acc.end_training();
   } catch (const std::exception& e) {
     // One write, so the line does not interleave with other ranks' output.

@@ -31,6 +31,7 @@
 #include "tessera/dist/accelerator.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/optim/adamw.h"
+#include "tests/dist/dump_parameters.h"
 
 using namespace tessera;
 
@@ -155,9 +156,9 @@ int main(int argc, char** argv) {
                         std::to_string(zero_stage) + " parameters " + std::to_string(m.parameters) +
                         " gradients " + std::to_string(m.gradients) + " optimizer " +
                         std::to_string(m.optimizer) + " communication " +
-                        std::to_string(m.communication) + "\n" + "allocator rank " + std::to_string(rank) +
-                        " stage " + std::to_string(zero_stage) + " parameters " +
-                        std::to_string(counted.of(C::Parameters)) + " gradients " +
+                        std::to_string(m.communication) + "\n" + "allocator rank " +
+                        std::to_string(rank) + " stage " + std::to_string(zero_stage) +
+                        " parameters " + std::to_string(counted.of(C::Parameters)) + " gradients " +
                         std::to_string(counted.of(C::Gradients)) + " optimizer " +
                         std::to_string(counted.of(C::OptimizerState)) + " communication " +
                         std::to_string(counted.of(C::Communication)) + "\n")
@@ -177,17 +178,7 @@ int main(int argc, char** argv) {
       if (step + 1 == save_at) acc.save_state(save_dir);
     }
     nn::Module& whole = acc.unwrap_model(model);
-    if (acc.is_main_process()) {
-      for (auto& [name, p] : whole.named_parameters()) {
-        out << "param " << name;
-        for (float v : raw::to(p.detach(), Device::cpu(), DType::f32).to_vector<float>()) {
-          char num[32];
-          std::snprintf(num, sizeof num, " %.9g", v);
-          out << num;
-        }
-        out << "\n";
-      }
-    }
+    if (acc.is_main_process()) dist_check::dump_parameters(whole, out);
     acc.end_training();
   } catch (const std::exception& e) {
     std::cerr << ("rank " + std::to_string(rank) + ": error: " + e.what() + "\n") << std::flush;
