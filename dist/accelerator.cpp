@@ -327,12 +327,21 @@ std::string Accelerator::graph_capture_blocker() const {
 
 void Accelerator::wait_for_everyone() { world().barrier()->wait(); }
 
+// NCCL moves the memory of its own GPU only: host tensors (evaluation totals, metrics,
+// flags) travel through the run's device there and come back.
+Device Accelerator::comm_device(const Tensor& t) const {
+  const Device here = t.defined() ? t.device() : Device::cpu();
+  return !world().handles(here) && world().handles(device_) ? device_ : here;
+}
+
 Tensor Accelerator::gather(const Tensor& t) {
   ProcessGroup& pg = world();
   TESSERA_CHECK(t.dim() >= 1, "Accelerator::gather: needs a tensor with a leading dimension, got ",
                 shape_str(t.shape()));
+  if (comm_device(t) != t.device())
+    return raw::to(gather(raw::to(t.detach(), comm_device(t), t.dtype())), t.device(), t.dtype());
   // Every process's length along dim 0 first, then an uneven all_gather of the rows. The
-  // lengths travel on t's device: NCCL moves device memory only.
+  // lengths travel on t's device.
   Tensor my_rows =
       full({1}, static_cast<double>(t.size(0)), {.dtype = DType::i64, .device = t.device()});
   Tensor rows = empty({pg.size()}, {.dtype = DType::i64, .device = t.device()});
@@ -388,16 +397,18 @@ Tensor Accelerator::reduce(const Tensor& t, const std::string& op) {
   auto it = ops.find(op);
   TESSERA_CHECK(it != ops.end(), "Accelerator::reduce: op must be sum, mean, max or min; got '",
                 op, "'");
-  Tensor out = raw::clone(t.detach());
+  Tensor out = raw::to(t.detach(), comm_device(t), t.dtype());
+  if (out.raw_data() == t.raw_data()) out = raw::clone(out);
   // Ordered on the device (the host goes on; a host read of `out` waits for it there).
   world().all_reduce(out, it->second)->wait_on_device();
-  return out;
+  return raw::to(out, t.device(), t.dtype());
 }
 
 Tensor Accelerator::pad_across_processes(const Tensor& t, int64_t dim, double pad_value,
                                          bool pad_first) {
   dim = wrap_dim(dim, t.dim(), "Accelerator::pad_across_processes");
-  Tensor size = full({1}, static_cast<double>(t.size(dim)), {.dtype = DType::i64});
+  Tensor size =
+      full({1}, static_cast<double>(t.size(dim)), {.dtype = DType::i64, .device = comm_device(t)});
   world().all_reduce(size, ReduceOp::Max)->wait();
   const int64_t longest = size.to_vector<int64_t>()[0];
   if (longest == t.size(dim)) return t;
@@ -409,7 +420,8 @@ Tensor Accelerator::pad_across_processes(const Tensor& t, int64_t dim, double pa
 }
 
 bool Accelerator::check_trigger() {
-  Tensor flag = full({1}, trigger_ ? 1.0 : 0.0, {.dtype = DType::u8});
+  Tensor flag =
+      full({1}, trigger_ ? 1.0 : 0.0, {.dtype = DType::u8, .device = comm_device(Tensor())});
   world().all_reduce(flag, ReduceOp::Max)->wait();
   trigger_ = false;
   return flag.to_vector<uint8_t>()[0] != 0;

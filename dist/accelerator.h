@@ -259,6 +259,9 @@ class Accelerator {
   };
   Share share_of(int64_t n, bool apply_padding) const;
   void unscale_gradients();
+  // Where a collective on `t` runs: its own device, or the run's device for a host tensor
+  // the backend cannot move (NCCL).
+  Device comm_device(const Tensor& t) const;
 
   AcceleratorOptions options_;
   std::string mixed_precision_;

@@ -127,6 +127,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   virtual void check_outstanding() {}
   // Whether this group's collectives can be recorded in a device graph (and replayed).
   virtual bool records_in_graphs() const { return false; }
+  // Whether the collectives take tensors on `device` (NCCL: its own GPU only).
+  bool handles(Device device) const { return supports_device(device); }
 
   // Collective over this group: every member calls it with the same sorted ranks. Returns
   // the sub-group (ranks renumbered 0..n-1 in the given order) on members, null elsewhere.
