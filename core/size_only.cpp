@@ -5,6 +5,7 @@
 #include <atomic>
 #include <memory>
 #include <type_traits>
+#include <vector>
 
 #include "tessera/core/allocator.h"
 #include "tessera/core/dispatch.h"
@@ -122,8 +123,10 @@ SizeOnlyMode::~SizeOnlyMode() {
   fused_kernel_table(DeviceType::CPU) = s.fused;
   set_cpu_allocator_override(nullptr);
   enable_memory_categories(s.counting);
-  // The allocator's region stays reserved: tensors of the dry run may outlive the mode.
-  (void)s.allocator.release();
+  // The allocator stays alive (and reachable, so leak checkers know it is kept on purpose):
+  // tensors of the dry run may outlive the mode.
+  static auto* kept = new std::vector<std::unique_ptr<SizeOnlyAllocator>>();
+  kept->push_back(std::move(s.allocator));
   g_active = false;
 }
 
