@@ -298,4 +298,26 @@ TEST(CliSharding, PlanPredictsTheMeasuredPeakWithinTenPercent) {
   EXPECT_NE(big.output.find("does NOT fit"), std::string::npos) << big.output;
 }
 
+// `tessera plan` on the GPU's routes against the peaks the allocator counted in real runs on
+// 2 H100s (benchmarks/cuda/bench_memory.sh: GPT-2 124M, bf16, 8x1024 rows per GPU; GiB, as
+// benchmarks/cuda/NOTES.md records them). The dry run must take the real run's routes: the
+// fused classifier (dlogits written over the logits) rather than the composed cross entropy,
+// which over-predicted every stage by the 0.68 GiB of a second logits-sized buffer.
+TEST(CliSharding, PlanOnTheGpuRouteMatchesPeaksMeasuredOnTwoH100s) {
+  const double measured_gib[4] = {5.448, 4.057, 4.405, 4.468};
+  for (int stage = 0; stage <= 3; ++stage) {
+    const auto r = run("plan --device cuda --dtype bf16 --nproc 2 --zero-stage " +
+                       std::to_string(stage) +
+                       " --vocab 50257 --n-layer 12 --n-head 12 --n-embd 768 --seq 1024 --batch 8");
+    ASSERT_EQ(r.rc, 0) << r.output;
+    const size_t at = r.output.find("peak_bytes ");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const double predicted = std::stod(r.output.substr(at + 11)) / double(1 << 30);
+    std::printf("[ plan ] 124M stage %d on the GPU route: %.3f GiB, measured %.3f (%+.2f%%)\n",
+                stage, predicted, measured_gib[stage],
+                100 * (predicted - measured_gib[stage]) / measured_gib[stage]);
+    EXPECT_NEAR(predicted, measured_gib[stage], 0.01 * measured_gib[stage]) << r.output;
+  }
+}
+
 }  // namespace
