@@ -1,11 +1,23 @@
 // `tessera plan`: each rank's peak memory for training a GPT at a ZeRO stage on N processes,
 // predicted by a size-only dry run of two real optimizer steps (dist/memory_plan.h), next to
-// ZeRO's formula, and whether it fits a card of --card-gib.
+// ZeRO's formula, and whether it fits the device's memory. With --all-strategies it plans
+// DDP, ZeRO-1/2/3 and ZeRO-3 with the optimizer (and the parameters) offloaded, and gives a
+// verdict for each: which strategies a model needs before any GPU is asked for. Nothing is
+// allocated for real, so it runs anywhere (a laptop, a login node, the CPU CI).
+//
+// The memory it compares with: --max-memory (as Accelerate's and transformers' max_memory:
+// "80GiB", "80GB", "81920MiB" or bytes), else the first CUDA device's own, else 80 GiB.
+#include <sys/resource.h>
+
+#include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
 #include "tessera/cli/command.h"
+#include "tessera/core/allocator.h"
 #include "tessera/core/error.h"
+#include "tessera/core/memory_stats.h"
 #include "tessera/dist/memory_plan.h"
 
 namespace tessera::cli {
@@ -15,18 +27,100 @@ struct PlanArgs {
   int64_t n_layer = 12, n_head = 12, n_embd = 768, vocab = 50304, block_size = 0;
   int zero_stage = 0, nproc = 1, grad_accum = 1;
   int64_t batch = 8, seq = 1024;
-  std::string dtype = "fp32", device = "cuda";
-  double card_gib = 80;
+  std::string dtype = "fp32", device = "cuda", offload = "none", max_memory;
+  double card_gib = 0;
   int64_t prefetch = -1;
+  bool all_strategies = false;
 };
 
 double gib(int64_t bytes) { return static_cast<double>(bytes) / double(1 << 30); }
 
-void print_plan(const PlanArgs& a, const dist::MemoryPlan& p) {
+// Bytes of "80GiB", "79.5 GiB", "80GB" (10^9), "81920MiB", "512MB", "85899345920".
+int64_t parse_memory_size(const std::string& text) {
+  size_t used = 0;
+  double value = -1;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+  }
+  std::string unit;
+  for (char c : text.substr(used))
+    if (!std::isspace(static_cast<unsigned char>(c))) unit += static_cast<char>(std::toupper(c));
+  const std::pair<const char*, double> units[] = {{"", 1},
+                                                  {"B", 1},
+                                                  {"KB", 1e3},
+                                                  {"MB", 1e6},
+                                                  {"GB", 1e9},
+                                                  {"TB", 1e12},
+                                                  {"KIB", 1024},
+                                                  {"MIB", 1024.0 * 1024},
+                                                  {"GIB", double(1 << 30)},
+                                                  {"TIB", double(int64_t(1) << 40)}};
+  for (const auto& [name, scale] : units)
+    if (unit == name && value > 0 && std::isfinite(value))
+      return static_cast<int64_t>(std::llround(value * scale));
+  TESSERA_CHECK(false, "tessera plan: --max-memory '", text,
+                "' is not a memory size (a positive number with GiB, GB, MiB, MB or bytes, e.g. "
+                "80GiB)");
+  return 0;
+}
+
+struct Capacity {
+  int64_t bytes;
+  std::string source;
+};
+
+Capacity device_capacity(const PlanArgs& a) {
+  if (!a.max_memory.empty()) return {parse_memory_size(a.max_memory), "--max-memory"};
+  if (a.card_gib > 0) return {static_cast<int64_t>(a.card_gib * double(1 << 30)), "--card-gib"};
+  if (a.device == "cuda" && cuda_device_count() > 0)
+    if (const auto stats = device_memory_stats(Device::cuda(0)); stats && stats->total_bytes > 0)
+      return {static_cast<int64_t>(stats->total_bytes), "cuda:0's memory"};
+  return {int64_t(80) << 30, "no device here: an 80 GiB card (set --max-memory)"};
+}
+
+// "fits a 80 GiB card (12.3 GiB to spare)" / "does NOT fit a 80 GiB card (over by 3.1 GiB)".
+std::string verdict(int64_t peak, int64_t capacity) {
+  char text[160];
+  const double card = std::round(gib(capacity) * 100) / 100;
+  if (peak <= capacity)
+    std::snprintf(text, sizeof(text), "fits a %g GiB card (%.3f GiB to spare)", card,
+                  gib(capacity - peak));
+  else
+    std::snprintf(text, sizeof(text), "does NOT fit a %g GiB card (over by %.3f GiB)", card,
+                  gib(peak - capacity));
+  return text;
+}
+
+dist::MemoryPlanOptions plan_options(const PlanArgs& a) {
+  dist::MemoryPlanOptions o;
+  o.model = nn::GPTConfig{.vocab_size = a.vocab,
+                          .block_size = a.block_size > 0 ? a.block_size : a.seq,
+                          .n_layer = a.n_layer,
+                          .n_head = a.n_head,
+                          .n_embd = a.n_embd};
+  o.zero_stage = a.zero_stage;
+  o.world = a.nproc;
+  o.batch = a.batch;
+  o.seq = a.seq;
+  o.gradient_accumulation_steps = a.grad_accum;
+  o.mixed_precision = a.dtype == "fp32" ? "no" : a.dtype;
+  o.gpu_routes = a.device == "cuda";
+  o.stage3_prefetch_bucket_size = a.prefetch;
+  o.offload_optimizer = a.offload != "none";
+  o.offload_param = a.offload == "param";
+  return o;
+}
+
+void print_header(const PlanArgs& a, int64_t psi) {
   std::printf(
       "plan: GPT %lld layers, %lld heads, %lld channels, vocab %lld: psi = %lld parameters\n",
       (long long)a.n_layer, (long long)a.n_head, (long long)a.n_embd, (long long)a.vocab,
-      (long long)p.psi);
+      (long long)psi);
+}
+
+void print_plan(const PlanArgs& a, const dist::MemoryPlan& p, const Capacity& capacity) {
+  print_header(a, p.psi);
   std::printf("      %s on %d process(es), %s, %lldx%lld rows x %d micro-batches, %s routes\n",
               p.strategy.c_str(), a.nproc, a.dtype.c_str(), (long long)a.batch, (long long)a.seq,
               a.grad_accum, a.device.c_str());
@@ -46,10 +140,45 @@ void print_plan(const PlanArgs& a, const dist::MemoryPlan& p) {
   formula[static_cast<int>(MemoryCategory::Gradients)] = p.formula.gradients;
   formula[static_cast<int>(MemoryCategory::OptimizerState)] = p.formula.optimizer;
   row("ZeRO formula", formula, p.formula.total());
-  const bool fits = gib(p.peak) <= a.card_gib;
-  std::printf("peak %.3f GiB per rank: %s a %.0f GiB card\n", gib(p.peak),
-              fits ? "fits" : "does NOT fit", a.card_gib);
+  if (p.host_peak > 0)
+    std::printf("host memory per rank (offloaded): %.3f GiB\n", gib(p.host_peak));
+  std::printf("peak %.3f GiB per rank: %s [%s]\n", gib(p.peak),
+              verdict(p.peak, capacity.bytes).c_str(), capacity.source.c_str());
   std::printf("peak_bytes %lld\n", (long long)p.peak);
+}
+
+// Every strategy for the same model, run and device: one dry run each.
+void print_all_strategies(PlanArgs a, const Capacity& capacity) {
+  struct Row {
+    const char* name;
+    int stage;
+    const char* offload;
+  };
+  const Row rows[] = {{"DDP", 0, "none"},
+                      {"ZeRO-1", 1, "none"},
+                      {"ZeRO-2", 2, "none"},
+                      {"ZeRO-3", 3, "none"},
+                      {"ZeRO-3 + offload optimizer", 3, "optimizer"},
+                      {"ZeRO-3 + offload param", 3, "param"}};
+  bool header = false;
+  for (const Row& r : rows) {
+    a.zero_stage = r.stage;
+    a.offload = r.offload;
+    const dist::MemoryPlan p = dist::plan_memory(plan_options(a));
+    if (!header) {
+      print_header(a, p.psi);
+      std::printf(
+          "      %d process(es), %s, %lldx%lld rows x %d micro-batches, %s routes; "
+          "device memory %.2f GiB (%s)\n",
+          a.nproc, a.dtype.c_str(), (long long)a.batch, (long long)a.seq, a.grad_accum,
+          a.device.c_str(), gib(capacity.bytes), capacity.source.c_str());
+      std::printf("%-28s %16s %14s  %s\n", "strategy", "peak GiB/rank", "host GiB/rank", "verdict");
+      header = true;
+    }
+    std::printf("%-28s %16.3f %14.3f  %s\n", r.name, gib(p.peak), gib(p.host_peak),
+                verdict(p.peak, capacity.bytes).c_str());
+    std::fflush(stdout);
+  }
 }
 
 const RegisterCommand reg(
@@ -66,6 +195,9 @@ const RegisterCommand reg(
       sub.add_option("--block-size", a->block_size, "context length (default: --seq)");
       sub.add_option("--zero-stage", a->zero_stage, "0 = DDP, 1, 2 or 3 (default 0)")
           ->check(CLI::Range(0, 3));
+      sub.add_option("--offload", a->offload,
+                     "ZeRO-Offload: none | optimizer (stage >= 1) | param (stage 3)")
+          ->check(CLI::IsMember({"none", "optimizer", "param"}));
       sub.add_option("--nproc", a->nproc, "processes (one per GPU; default 1)")
           ->check(CLI::PositiveNumber);
       sub.add_option("--batch", a->batch, "rows per micro-batch and process (default 8)")
@@ -81,26 +213,30 @@ const RegisterCommand reg(
           ->check(CLI::IsMember({"cuda", "cpu"}));
       sub.add_option("--prefetch", a->prefetch,
                      "stage 3: elements gathered ahead of use (default: the Accelerator's)");
-      sub.add_option("--card-gib", a->card_gib, "memory of one card in GiB (default 80)")
+      sub.add_option("--max-memory,--device-memory", a->max_memory,
+                     "memory of one device to plan for, e.g. 80GiB, 80GB, 81920MiB (default: "
+                     "the first CUDA device's, else 80GiB)");
+      sub.add_option("--card-gib", a->card_gib, "the same in GiB (older spelling)")
           ->check(CLI::PositiveNumber);
+      sub.add_flag("--all-strategies", a->all_strategies,
+                   "plan DDP, ZeRO-1/2/3 and ZeRO-3 with offload, one verdict each");
       sub.callback([a] {
         TESSERA_CHECK(a->n_embd % a->n_head == 0, "tessera plan: --n-head ", a->n_head,
                       " must divide --n-embd ", a->n_embd);
-        dist::MemoryPlanOptions o;
-        o.model = nn::GPTConfig{.vocab_size = a->vocab,
-                                .block_size = a->block_size > 0 ? a->block_size : a->seq,
-                                .n_layer = a->n_layer,
-                                .n_head = a->n_head,
-                                .n_embd = a->n_embd};
-        o.zero_stage = a->zero_stage;
-        o.world = a->nproc;
-        o.batch = a->batch;
-        o.seq = a->seq;
-        o.gradient_accumulation_steps = a->grad_accum;
-        o.mixed_precision = a->dtype == "fp32" ? "no" : a->dtype;
-        o.gpu_routes = a->device == "cuda";
-        o.stage3_prefetch_bucket_size = a->prefetch;
-        print_plan(*a, dist::plan_memory(o));
+        TESSERA_CHECK(a->all_strategies || a->offload == "none" || a->zero_stage >= 1,
+                      "tessera plan: --offload ", a->offload, " needs --zero-stage 1-3");
+        TESSERA_CHECK(a->all_strategies || a->offload != "param" || a->zero_stage == 3,
+                      "tessera plan: --offload param needs --zero-stage 3");
+        const Capacity capacity = device_capacity(*a);
+        if (a->all_strategies)
+          print_all_strategies(*a, capacity);
+        else
+          print_plan(*a, dist::plan_memory(plan_options(*a)), capacity);
+        // The dry run allocates nothing for real: its own footprint shows it.
+        rusage usage{};
+        getrusage(RUSAGE_SELF, &usage);
+        std::printf("dry run: this process used at most %.0f MiB of memory\n",
+                    static_cast<double>(usage.ru_maxrss) / 1024.0);
       });
     });
 

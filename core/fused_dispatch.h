@@ -14,35 +14,42 @@
 #include <string>
 #include <vector>
 
+#include "tessera/core/adamw_math.h"
 #include "tessera/core/tensor.h"
 
 namespace tessera {
 
 // One AdamW step over many tensors (PyTorch semantics: decoupled weight decay,
-// bias-corrected moments, eps after the square root). For tensor i:
-//   g = grads[i] * grad_scale (f32 math)
-//   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
-//   p = p - lr * (wd_i * p + (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps))
-// with wd_i = weight_decay when decay[i] is true.
+// bias-corrected moments, eps after the square root). For tensor i, with g = grads[i] *
+// grad_scale (f32), the update is core/adamw_math.h's adamw_update_element with the
+// coefficients adamw_coefficients(lr, beta1, beta2, eps, wd_i, step) rounded to float, where
+// wd_i = weight_decay when decay[i] is true and 0 otherwise: the same operations, in the same
+// order, as the CPU's AdamW, so both give the same bits for the same inputs.
 struct MultiTensorAdamWConfig {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
   int64_t step = 1;          // 1 on the first update
   float grad_scale = 1.0f;   // e.g. 1/loss_scale or a clipping factor
   // For a launch recorded in a CUDA graph (core/graph_capture.h): page-locked host memory of
-  // 3 floats that outlives the graph. The launch writes lr, 1 - beta1^step and
-  // 1 - beta2^step there and copies them to the device for the kernel, so each replay uses
-  // what the host wrote there before it (optim::AdamW::prepare_graph_replay).
+  // kAdamWReplayScalars floats that outlives the graph. The launch writes the step's
+  // coefficients that change with lr and step there (adamw_replay_scalars) and copies them to
+  // the device for the kernel, so each replay uses what the host wrote there before it
+  // (optim::AdamW::prepare_graph_replay).
   float* replay_scalars = nullptr;
 };
 
-// 1 - beta^step as the multi-tensor AdamW computes it (f32), shared with the host code that
-// fills replay_scalars so both give the same bits.
-inline float adamw_bias_correction(float beta, int64_t step) {
-  return 1.f - std::pow(beta, static_cast<float>(step));
+// What a replayed multi-tensor AdamW launch reads from replay_scalars: the decay factor of
+// the tensors with decay[i] set, the step size and sqrt(1 - beta2^step), as floats.
+constexpr int kAdamWReplayScalars = 3;
+inline void adamw_replay_scalars(const MultiTensorAdamWConfig& config, float* out) {
+  const AdamWCoefficients<float> c = rounded_to<float>(adamw_coefficients(
+      config.lr, config.beta1, config.beta2, config.eps, config.weight_decay, config.step));
+  out[0] = c.decay;
+  out[1] = c.step_size;
+  out[2] = c.bias_correction2_sqrt;
 }
 
 struct FusedKernelTable {

@@ -82,12 +82,12 @@ TESSERA_HD float half_bits_to_float(uint16_t h) {
 }
 
 // bfloat16: the top half of a float32, rounded to nearest even.
+// Branch-free (a select), so loops converting arrays vectorise.
 TESSERA_HD uint16_t float_to_bf16_bits(float f) {
-  uint32_t x = float_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
-  uint32_t lsb = (x >> 16) & 1u;
-  x += 0x7fffu + lsb;
-  return static_cast<uint16_t>(x >> 16);
+  const uint32_t x = float_bits(f);
+  const uint32_t quiet_nan = (x >> 16) | 0x40u;
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 TESSERA_HD float bf16_bits_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }

@@ -5,27 +5,31 @@
 #include <unordered_map>
 
 #include "tessera/core/allocator.h"
+#include "tessera/core/size_only.h"
 
 namespace tessera {
 
 namespace {
 
 thread_local MemoryCategory g_current = MemoryCategory::Other;
+thread_local bool g_host_scope = false;
 std::atomic<bool> g_enabled{false};
 
 struct Entry {
   size_t nbytes;
   DeviceType type;
   MemoryCategory category;
+  bool host_of_dry_run;  // filed under HostMemoryScope in a size-only dry run
 };
 
 struct Ledger {
   std::mutex mutex;
   std::unordered_map<const void*, Entry> storages;
   std::array<CategoryMemoryStats, kNumDeviceTypes> stats{};
+  CategoryMemoryStats dry_run_host;
 
   void add(const Entry& e, int64_t sign) {
-    CategoryMemoryStats& s = stats[static_cast<int>(e.type)];
+    CategoryMemoryStats& s = e.host_of_dry_run ? dry_run_host : stats[static_cast<int>(e.type)];
     s.in_use[static_cast<int>(e.category)] += sign * static_cast<int64_t>(e.nbytes);
     const int64_t total = s.total_in_use();
     if (total > s.peak) {
@@ -54,6 +58,14 @@ MemoryCategoryScope::MemoryCategoryScope(MemoryCategory category) : previous_(g_
 MemoryCategoryScope::~MemoryCategoryScope() { g_current = previous_; }
 MemoryCategory current_memory_category() { return g_current; }
 
+HostMemoryScope::HostMemoryScope(bool host) : previous_(g_host_scope) { g_host_scope = host; }
+HostMemoryScope::~HostMemoryScope() { g_host_scope = previous_; }
+
+CategoryMemoryStats host_memory_stats_of_dry_run() {
+  std::lock_guard lock(ledger().mutex);
+  return ledger().dry_run_host;
+}
+
 int64_t CategoryMemoryStats::total_in_use() const {
   int64_t total = 0;
   for (int64_t b : in_use) total += b;
@@ -70,9 +82,11 @@ CategoryMemoryStats category_memory_stats(DeviceType type) {
 
 void reset_category_peak(DeviceType type) {
   std::lock_guard lock(ledger().mutex);
-  CategoryMemoryStats& s = ledger().stats[static_cast<int>(type)];
-  s.peak = s.total_in_use();
-  s.at_peak = s.in_use;
+  for (CategoryMemoryStats* s : {&ledger().stats[static_cast<int>(type)], &ledger().dry_run_host}) {
+    if (s == &ledger().dry_run_host && type != DeviceType::CPU) continue;
+    s->peak = s->total_in_use();
+    s->at_peak = s->in_use;
+  }
 }
 
 void set_memory_category(const Storage& storage, MemoryCategory category) {
@@ -89,7 +103,8 @@ namespace detail {
 
 void record_storage_allocated(const void* storage, size_t nbytes, DeviceType type) {
   if (!memory_categories_enabled() || nbytes == 0) return;
-  const Entry e{nbytes, type, g_current};
+  const Entry e{nbytes, type, g_current,
+                g_host_scope && type == DeviceType::CPU && SizeOnlyMode::active()};
   std::lock_guard lock(ledger().mutex);
   ledger().storages[storage] = e;
   ledger().add(e, +1);

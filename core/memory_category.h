@@ -52,10 +52,30 @@ struct CategoryMemoryStats {
   int64_t at_peak_of(MemoryCategory c) const { return at_peak[static_cast<int>(c)]; }
 };
 
+// Host memory of a device run, in a size-only dry run (core/size_only.h): there every
+// storage is a CPU one, so what the real run keeps in host memory (ZeRO-Offload's masters,
+// gradients and moments, the optimizer's work on them) is filed apart by the code that
+// allocates it, with this scope (innermost wins; `false` files as device memory again). Its
+// bytes are counted in host_memory_stats_of_dry_run(), not in the CPU type's counters that
+// stand for the device. Outside a dry run the scope changes nothing: storages are filed by
+// their own device.
+class HostMemoryScope {
+ public:
+  explicit HostMemoryScope(bool host = true);
+  ~HostMemoryScope();
+  HostMemoryScope(const HostMemoryScope&) = delete;
+  HostMemoryScope& operator=(const HostMemoryScope&) = delete;
+
+ private:
+  bool previous_;
+};
+CategoryMemoryStats host_memory_stats_of_dry_run();
+
 void enable_memory_categories(bool on);
 bool memory_categories_enabled();
 CategoryMemoryStats category_memory_stats(DeviceType type);
-// Starts a new peak window at the bytes alive now.
+// Starts a new peak window at the bytes alive now (of the dry run's host counters too when
+// type is the CPU).
 void reset_category_peak(DeviceType type);
 // Re-files a live storage under another category (memory allocated before its role was
 // known: a model's parameters are built before the data-parallel strategy adopts them).

@@ -25,6 +25,7 @@ struct DeviceMemoryStats {
   size_t allocated_bytes = 0;  // held by live tensors
   size_t reserved_bytes = 0;   // obtained from the device (in use or cached)
   size_t peak_reserved_bytes = 0;
+  size_t total_bytes = 0;  // the device's memory as its driver reports it (0: unknown)
 };
 
 using DeviceMemoryStatsReader = DeviceMemoryStats (*)(int index);

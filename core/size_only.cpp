@@ -5,7 +5,6 @@
 #include <atomic>
 #include <memory>
 #include <type_traits>
-#include <vector>
 
 #include "tessera/core/allocator.h"
 #include "tessera/core/dispatch.h"
@@ -68,9 +67,20 @@ void make_noop(R (*&fn)(A...), bool even_if_null = false) {
   };
 }
 
+// Kernels writing one element run for real (fill, copy, unary, binary; their inputs are one
+// element too): they make the scalars host code reads back and branches on (the backward's
+// seed gradient of 1, a loss scale, a division by the accumulation steps), so the dry run
+// takes the branches a real one takes — the fused classifier's backward allocates a scaled
+// copy of the logits' gradient only when its incoming gradient is not 1. Writing them commits
+// next to no memory.
+void fill_scalar(const Tensor& out, double value);
+void copy_scalar(const Tensor& dst, const Tensor& src);
+void unary_scalar(UnaryOp op, const Tensor& x, const Tensor& out);
+void binary_scalar(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
+
 void silence(KernelTable& t) {
-  make_noop(t.fill), make_noop(t.copy), make_noop(t.random), make_noop(t.unary),
-      make_noop(t.binary);
+  t.fill = fill_scalar, t.copy = copy_scalar, t.unary = unary_scalar, t.binary = binary_scalar;
+  make_noop(t.random);
   make_noop(t.where), make_noop(t.add_scaled), make_noop(t.reduce), make_noop(t.arg_reduce);
   make_noop(t.softmax), make_noop(t.softmax_backward), make_noop(t.layer_norm),
       make_noop(t.layer_norm_backward);
@@ -95,11 +105,26 @@ struct Saved {
   KernelTable kernels;
   FusedKernelTable fused;
   bool counting = false;
-  std::unique_ptr<SizeOnlyAllocator> allocator;
+  // One region for the process, reused by every mode (a plan compares several strategies in
+  // one process) and never unmapped: tensors of a dry run may outlive the mode.
+  SizeOnlyAllocator* allocator = nullptr;
 };
 Saved& saved() {
   static Saved s;
   return s;
+}
+
+void fill_scalar(const Tensor& out, double value) {
+  if (out.numel() == 1) saved().kernels.fill(out, value);
+}
+void copy_scalar(const Tensor& dst, const Tensor& src) {
+  if (dst.numel() == 1) saved().kernels.copy(dst, src);
+}
+void unary_scalar(UnaryOp op, const Tensor& x, const Tensor& out) {
+  if (out.numel() == 1) saved().kernels.unary(op, x, out);
+}
+void binary_scalar(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (out.numel() == 1) saved().kernels.binary(op, a, b, out);
 }
 
 }  // namespace
@@ -110,10 +135,10 @@ SizeOnlyMode::SizeOnlyMode(bool fused_routes) {
   s.kernels = kernel_table(DeviceType::CPU);
   s.fused = fused_kernel_table(DeviceType::CPU);
   s.counting = memory_categories_enabled();
-  s.allocator = std::make_unique<SizeOnlyAllocator>();
+  if (s.allocator == nullptr) s.allocator = new SizeOnlyAllocator();
   silence(kernel_table(DeviceType::CPU));
   silence(fused_kernel_table(DeviceType::CPU), fused_routes);
-  set_cpu_allocator_override(s.allocator.get());
+  set_cpu_allocator_override(s.allocator);
   enable_memory_categories(true);
 }
 
@@ -123,10 +148,6 @@ SizeOnlyMode::~SizeOnlyMode() {
   fused_kernel_table(DeviceType::CPU) = s.fused;
   set_cpu_allocator_override(nullptr);
   enable_memory_categories(s.counting);
-  // The allocator stays alive (and reachable, so leak checkers know it is kept on purpose):
-  // tensors of the dry run may outlive the mode.
-  static auto* kept = new std::vector<std::unique_ptr<SizeOnlyAllocator>>();
-  kept->push_back(std::move(s.allocator));
   g_active = false;
 }
 

@@ -9,8 +9,12 @@
 //  - with `fused_routes` the CPU also offers the fused entries a GPU has (flash attention,
 //    the fused classifier, multi-tensor AdamW, ...), as no-ops, so the run takes the routes a
 //    CUDA device takes and allocates what they allocate (O(T) attention, no score matrices).
-// Values are meaningless in the mode: only sizes (and the per-category counters of
-// core/memory_category.h, which it turns on) are. One mode at a time, on one thread.
+//  - kernels that write a single element (fill, copy, unary, binary) do run, so scalars that
+//    host code reads back and branches on (the backward's seed gradient, a loss scale) hold
+//    what a real run holds, and the run takes the same branches.
+// Other values are meaningless in the mode: only sizes (and the per-category counters of
+// core/memory_category.h, which it turns on) are. One mode at a time, on one thread; modes
+// may follow one another in a process.
 #pragma once
 
 namespace tessera {

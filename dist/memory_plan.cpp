@@ -60,6 +60,8 @@ std::unique_ptr<DataParallelStrategy> make_strategy(nn::Module& model,
   zero.stage = o.zero_stage;
   zero.bucket_bytes = o.bucket_bytes;
   zero.reduce_dtype = reduce_dtype;
+  zero.offload_optimizer = o.offload_optimizer;
+  zero.offload_param = o.offload_param;
   zero.prefetch_numel = o.stage3_prefetch_bucket_size >= 0
                             ? o.stage3_prefetch_bucket_size
                             : AcceleratorOptions{}.stage3_prefetch_bucket_size;
@@ -86,6 +88,8 @@ void training_step(nn::GPT& model, DataParallelStrategy& strategy, optim::Optimi
     loss.backward();
     if (sync) strategy.finish_gradient_sync();
   }
+  // Offloaded, clipping and the update work on host slices: host memory in a real run.
+  const HostMemoryScope host(o.offload_optimizer || o.offload_param);
   strategy.clip_grad_norm_(model.parameters(), 1.0);
   opt.step();
   opt.zero_grad();
@@ -98,11 +102,16 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
       o.world >= 1 && o.zero_stage >= 0 && o.zero_stage <= 3 && o.batch > 0 && o.seq > 0 &&
           o.gradient_accumulation_steps >= 1,
       "plan_memory: needs world >= 1, zero_stage 0-3, positive batch, seq and accumulation");
+  TESSERA_CHECK(!(o.offload_optimizer || o.offload_param) || o.zero_stage >= 1,
+                "plan_memory: offload needs a ZeRO stage (1-3), got stage ", o.zero_stage);
+  TESSERA_CHECK(!o.offload_param || o.zero_stage == 3,
+                "plan_memory: offload_param needs stage 3, got stage ", o.zero_stage);
   TESSERA_CHECK(o.seq <= o.model.block_size, "plan_memory: seq ", o.seq,
                 " is longer than the context block_size ", o.model.block_size);
   const MixedPrecisionPolicy policy = MixedPrecisionPolicy::from_name(o.mixed_precision);
   SizeOnlyMode size_only(o.gpu_routes);
-  const int64_t before = category_memory_stats(DeviceType::CPU).total_in_use();
+  const int64_t before = category_memory_stats(DeviceType::CPU).total_in_use() +
+                         host_memory_stats_of_dry_run().total_in_use();
   TESSERA_CHECK(before == 0, "plan_memory: ", before,
                 " bytes were already counted; run it in a fresh process");
   reset_category_peak(DeviceType::CPU);
@@ -130,6 +139,7 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
     plan.peak = stats.peak;
     plan.at_peak = stats.at_peak;
     plan.steady = stats.in_use;
+    plan.host_peak = host_memory_stats_of_dry_run().peak;
     plan.strategy = strategy->name();
     std::set<const TensorImpl*> seen;
     for (const Tensor& p : model.parameters())

@@ -27,6 +27,10 @@ struct MemoryPlanOptions {
   // Stage 3: elements gathered ahead of use; -1 = the Accelerator's default (what a
   // `tessera train` run uses).
   int64_t stage3_prefetch_bucket_size = -1;
+  // ZeRO-Offload (stage >= 1; offload_param needs stage 3 and implies the optimizer's):
+  // AdamW's state and work in host memory, counted apart from the device's (host_peak).
+  bool offload_optimizer = false;
+  bool offload_param = false;
   // Take the routes a CUDA device takes (flash attention, fused classifier and AdamW): what a
   // GPU run allocates rather than what the CPU's composed ops do.
   bool gpu_routes = false;
@@ -37,6 +41,7 @@ struct MemoryPlan {
   int64_t peak = 0;                                     // bytes at the most
   std::array<int64_t, kNumMemoryCategories> at_peak{};  // by category at that moment
   std::array<int64_t, kNumMemoryCategories> steady{};   // between steps (after zero_grad)
+  int64_t host_peak = 0;  // host memory of the run under offload (0 without)
   ZeroMemoryFormula formula;
   std::string strategy;
 };

@@ -3,6 +3,7 @@
 #include <array>
 
 #include "tessera/core/allocator.h"
+#include "tessera/core/memory_category.h"
 #include "tessera/dist/zero_trace.h"
 
 namespace tessera::dist {
@@ -39,7 +40,10 @@ void register_copy_stream(DeviceType type, CopyStreamFactory factory) {
 Tensor pinned_host_empty(int64_t numel, DType dtype, Device device) {
   Allocator* pinned =
       device.is_cpu() ? nullptr : device_backend(device.type).pinned_host_allocator();
-  if (!pinned || numel == 0) return empty({numel}, {.dtype = dtype});
+  if (!pinned || numel == 0) {
+    const HostMemoryScope host;  // a size-only dry run files it as the host memory it is
+    return empty({numel}, {.dtype = dtype});
+  }
   const size_t nbytes = static_cast<size_t>(numel) * dtype_size(dtype);
   void* data = pinned->allocate(nbytes);
   std::shared_ptr<void> owner(data, [pinned, nbytes](void* p) { pinned->deallocate(p, nbytes); });

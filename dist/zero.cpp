@@ -474,6 +474,8 @@ double ZeroStrategy::clip_grad_norm_(const std::vector<Tensor>&, double max_norm
 }
 
 void ZeroStrategy::after_optimizer_step() {
+  // Device work again (the offloaded optimizer step ran on the host).
+  const HostMemoryScope device_side(false);
   const double began = ZeroTrace::enabled() ? ZeroTrace::now_us() : 0;
   if (ZeroTrace::enabled()) ZeroTrace::record("clip_and_step", -1, synced_at_us_, began);
   if (offload_) {

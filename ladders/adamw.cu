@@ -11,7 +11,9 @@
 //   v3 fused, 128-bit loads and stores (4 floats), a grid-stride loop over a grid sized to the
 //      GPU, and a scalar tail for n % 4.
 //   v4 production (tessera::cuda::multi_tensor_adamw, kernels/cuda/multi_tensor.cu): one launch
-//      for any number of tensors (a chunk table), here given one tensor.
+//      for any number of tensors (a chunk table), here given one tensor; PyTorch's order of
+//      the formula with host-computed coefficients, every operation rounded on its own
+//      (core/adamw_math.h), so it gives the CPU AdamW's bits.
 #include <algorithm>
 #include <cmath>
 

@@ -1,6 +1,7 @@
 #include "tessera/nn/layers.h"
 
 #include "tessera/autograd/functions.h"
+#include "tessera/core/fused_dispatch.h"
 
 namespace tessera::nn {
 
@@ -60,7 +61,10 @@ Tensor Dropout::forward(const Tensor& x) {
 }
 
 Tensor language_model_loss(const Tensor& logits, const Tensor& targets) {
-  if (logits.device().is_cuda())
+  // The device's fused classifier where it has one (CUDA; and a size-only dry run taking the
+  // GPU's routes, which must allocate what the GPU does), else the composed cross entropy.
+  if (fused_kernel_table(logits.device().type).classifier != nullptr &&
+      logits.dtype() != DType::f64)
     return fused_cross_entropy(logits, targets, -100, Reduction::Mean, /*consume_logits=*/true);
   return cross_entropy(logits, targets);
 }

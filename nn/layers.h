@@ -62,9 +62,9 @@ class Dropout : public Module {
 };
 
 // The causal language-model loss: mean cross-entropy of logits [B, T, V] against next-token
-// targets [B, T] (-100 ignored). On a GPU the fused classifier gives the loss and dlogits in
-// one pass, in the logits' memory (nothing else reads them), so no [B, T, V] gradient buffer
-// is allocated: the logits must not be used after this call.
+// targets [B, T] (-100 ignored). Where the device has a fused classifier (a GPU) it gives the
+// loss and dlogits in one pass, in the logits' memory (nothing else reads them), so no
+// [B, T, V] gradient buffer is allocated: the logits must not be used after this call.
 Tensor language_model_loss(const Tensor& logits, const Tensor& targets);
 
 }  // namespace tessera::nn

@@ -7,39 +7,16 @@
 #include "tessera/kernels/ops.h"
 #include "tessera/core/fused_dispatch.h"
 #include "tessera/core/graph_capture.h"
+#include "tessera/optim/adamw_cpu.h"
 #include "tessera/optim/fused_update.h"
 
 namespace tessera::optim {
 
 namespace {
 
-// Scalars of one AdamW step, in the moments' precision (as PyTorch's kernels use them).
-template <class A>
-struct AdamWCoeffs {
-  A decay, beta1, beta2, one_minus_beta1, one_minus_beta2, step_size, bias_correction2_sqrt, eps;
-};
-
-template <class T, class A>
-void adamw_cpu(T* p, const T* g, A* m, A* v, int64_t n, const AdamWCoeffs<A>& c) {
-  detail::parallel_ranges(n, [&](int64_t begin, int64_t end) {
-#pragma omp simd
-    for (int64_t i = begin; i < end; ++i) {
-      const A grad = static_cast<A>(g[i]);
-      A param = static_cast<A>(p[i]) * c.decay;
-      const A mi = c.beta1 * m[i] + c.one_minus_beta1 * grad;
-      const A vi = c.beta2 * v[i] + c.one_minus_beta2 * grad * grad;
-      m[i] = mi;
-      v[i] = vi;
-      const A denom = std::sqrt(vi) / c.bias_correction2_sqrt + c.eps;
-      param -= c.step_size * (mi / denom);
-      p[i] = static_cast<T>(param);
-    }
-  });
-}
-
 // Any device: the same formula from tape-free ops (one kernel launch per term).
 void adamw_generic(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
-                   const AdamWCoeffs<double>& c) {
+                   const AdamWCoefficients<double>& c) {
   const Tensor gs = raw::to(g, g.device(), m.dtype());
   ops::binary_(BinaryOp::Mul, p, c.decay);
   ops::binary_(BinaryOp::Mul, m, c.beta1);
@@ -78,7 +55,14 @@ struct MultiTensorItem {
 using ReplaySlotFor = std::function<float*(std::vector<size_t> params)>;
 
 constexpr size_t kMaxRecordedLaunches = 256;
-constexpr size_t kSlotFloats = 4;  // lr, bias1, bias2 (+ padding)
+constexpr size_t kSlotFloats = 4;  // kAdamWReplayScalars (+ padding)
+static_assert(kAdamWReplayScalars <= kSlotFloats);
+
+MultiTensorAdamWConfig multi_tensor_config(const ParamGroup& group, const AdamWOptions& opts,
+                                           int64_t step) {
+  return {.lr = group.lr, .beta1 = opts.beta1, .beta2 = opts.beta2, .eps = opts.eps,
+          .weight_decay = group.weight_decay, .step = step, .grad_scale = 1.0f};
+}
 
 bool fits_multi_tensor(const Tensor& p, const Tensor& g, const Tensor& master) {
   return fused_kernel_table(p.device().type).multi_tensor_adamw != nullptr &&
@@ -105,41 +89,39 @@ void run_multi_tensor(std::vector<MultiTensorItem>& items, const ParamGroup& gro
       masters.push_back(item->master);
       item->p.impl().version++;
     }
-    MultiTensorAdamWConfig cfg{.lr = float(group.lr), .beta1 = float(opts.beta1),
-                          .beta2 = float(opts.beta2), .eps = float(opts.eps),
-                          .weight_decay = float(group.weight_decay), .step = step,
-                          .grad_scale = 1.0f,
-                          .replay_scalars = replay_slot_for ? replay_slot_for(std::move(indices)) : nullptr};
+    MultiTensorAdamWConfig cfg = multi_tensor_config(group, opts, step);
+    cfg.replay_scalars = replay_slot_for ? replay_slot_for(std::move(indices)) : nullptr;
     // fits_multi_tensor admitted only parameters whose device has the kernel.
     fused_kernel_table(ps.front().device().type)
         .multi_tensor_adamw(ps, gs, ms, vs, masters, std::vector<bool>(ps.size(), true), cfg);
   }
 }
 
-// One update of `target` (the parameter, or its f32 master) from gradient g.
+// One update of `target` (a parameter without master) from gradient g.
 void update_one(const Tensor& target, const Tensor& g, const Tensor& m, const Tensor& v,
-                const AdamWCoeffs<double>& c) {
+                const AdamWCoefficients<double>& c) {
   detail::update_in_place(target, [&](const Tensor& pc) {
-    if (pc.device().is_cpu() && m.dtype() == detail::state_dtype(pc.dtype())) {
-      visit_dtype(pc.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        if constexpr (std::is_same_v<T, double>) {
-          adamw_cpu<T, double>(pc.data<T>(), g.data<T>(), m.data<double>(), v.data<double>(),
-                               pc.numel(), c);
-        } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, Half> ||
-                             std::is_same_v<T, BFloat16>) {
-          const AdamWCoeffs<float> cf{
-              float(c.decay),           float(c.beta1),     float(c.beta2),
-              float(c.one_minus_beta1), float(c.one_minus_beta2), float(c.step_size),
-              float(c.bias_correction2_sqrt), float(c.eps)};
-          adamw_cpu<T, float>(pc.data<T>(), g.data<T>(), m.data<float>(), v.data<float>(),
-                              pc.numel(), cf);
-        }
-      });
-    } else {
+    if (pc.device().is_cpu() && m.dtype() == detail::state_dtype(pc.dtype()))
+      detail::adamw_cpu(pc, g, m, v, c);
+    else
       adamw_generic(pc, g, m, v, c);
-    }
   });
+}
+
+// One update of an f16/bf16 parameter through its f32 master: on the CPU in one pass when the
+// operands allow it, else the master's update followed by the rounded copy (the same bits).
+void update_with_master(const Tensor& p, const Tensor& master, const Tensor& grad,
+                        const Tensor& m, const Tensor& v, const AdamWCoefficients<double>& c) {
+  if (p.device().is_cpu() && master.device().is_cpu() && p.is_contiguous() &&
+      grad.is_contiguous() && grad.shape() == p.shape() && grad.device().is_cpu() &&
+      (grad.dtype() == p.dtype() || grad.dtype() == DType::f32)) {
+    detail::adamw_cpu_master(p, master, grad, m, v, c);
+    master.impl().version++;
+  } else {
+    update_one(master, detail::grad_like_param(master, grad, "AdamW::step"), m, v, c);
+    raw::copy_(p, master);
+  }
+  p.impl().version++;
 }
 }  // namespace
 
@@ -167,9 +149,7 @@ void AdamW::prepare_graph_replay() {
                     "recorded launch are at different steps (", state(i).step + 1, " vs ", step, ")");
       state(i).step = step;
     }
-    launch.scalars[0] = static_cast<float>(groups_[launch.group].lr);
-    launch.scalars[1] = adamw_bias_correction(static_cast<float>(opts_.beta1), step);
-    launch.scalars[2] = adamw_bias_correction(static_cast<float>(opts_.beta2), step);
+    adamw_replay_scalars(multi_tensor_config(groups_[launch.group], opts_, step), launch.scalars);
   }
 }
 
@@ -211,23 +191,12 @@ void AdamW::apply_step() {
       TESSERA_CHECK(!recording, "AdamW: parameter ", index - 1, " (", shape_str(p.shape()), " ",
                     dtype_name(p.dtype()), " on ", p.device().str(), ") has no multi-tensor "
                     "update, which a CUDA graph needs");
-      const double bc1 = 1.0 - std::pow(opts_.beta1, static_cast<double>(s.step));
-      const double bc2 = 1.0 - std::pow(opts_.beta2, static_cast<double>(s.step));
-      const AdamWCoeffs<double> c{1.0 - group.lr * group.weight_decay,
-                                  opts_.beta1,
-                                  opts_.beta2,
-                                  1.0 - opts_.beta1,
-                                  1.0 - opts_.beta2,
-                                  group.lr / bc1,
-                                  std::sqrt(bc2),
-                                  opts_.eps};
-      if (keep_master) {
-        update_one(master, detail::grad_like_param(master, grad, "AdamW::step"), m, v, c);
-        raw::copy_(p, master);
-        p.impl().version++;
-      } else {
+      const AdamWCoefficients<double> c = adamw_coefficients(
+          group.lr, opts_.beta1, opts_.beta2, opts_.eps, group.weight_decay, s.step);
+      if (keep_master)
+        update_with_master(p, master, grad, m, v, c);
+      else
         update_one(p, direct_grad, m, v, c);
-      }
     }
     ReplaySlotFor slot_for;
     if (recording && !multi_tensor.empty()) {

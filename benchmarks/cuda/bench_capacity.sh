@@ -13,6 +13,10 @@
 # reduced slice, while each process holds ~54 GiB of host memory (f32 masters, gradients
 # and moments of its 3 billion elements, and bf16 staging) and runs AdamW on the CPU.
 #
+# First `tessera plan --all-strategies` predicts each strategy's outcome for the same model
+# and run (a size-only dry run: no GPU memory used) against this GPU's memory; its verdicts
+# are printed next to the measured outcomes at the end.
+#
 #   usage: benchmarks/cuda/bench_capacity.sh [BUILD_DIR] [N]      (default build-gpu, 2)
 #   env:   LAYERS EMBD HEADS SEQ BATCH STEPS (model and run size), OUT (logs)
 # Expected wall time on 2 H100s: under 5 minutes (DDP fails after ~1 minute of set-up and one
@@ -36,7 +40,16 @@ launch="$BUILD/tessera launch --nproc-per-node $N"
 program="$BUILD/examples/example_gpt_ddp_throughput"
 [[ -x $program ]] || program="$BUILD/example_gpt_ddp_throughput"
 [[ -x $program ]] || { echo "no example_gpt_ddp_throughput in $BUILD (ninja -C $BUILD example_gpt_ddp_throughput)"; exit 2; }
-model="--layers $LAYERS --n-embd $EMBD --n-head $HEADS --seq $SEQ --batch $BATCH --warmup 1 --memory 1"
+model="--layers $LAYERS --n-embd $EMBD --n-head $HEADS --seq $SEQ --batch $BATCH --warmup 1 --memory 1 --prefetch ${PREFETCH:-50000000}"
+
+# The prediction first (vocabulary and prefetch as example_gpt_ddp_throughput's defaults).
+PREFETCH=${PREFETCH:-50000000}
+"$BUILD/tessera" plan --all-strategies --device cuda --dtype bf16 --nproc "$N" --vocab 50304 \
+  --n-layer "$LAYERS" --n-embd "$EMBD" --n-head "$HEADS" --seq "$SEQ" --batch "$BATCH" \
+  --prefetch "$PREFETCH" > "$OUT/plan.txt" 2>&1
+echo "== tessera plan (size-only dry run):"
+sed 's/^/   /' "$OUT/plan.txt"
+verdict() { grep -E "^$1 {2,}" "$OUT/plan.txt" | grep -oE "(fits|does NOT fit).*" || echo "(no plan)"; }
 
 # run NAME TIMEOUT ARGS...: the job's output goes to $OUT/NAME.txt; prints its status.
 run() {
@@ -67,3 +80,13 @@ fi
 [[ $zero3 == 0 ]] && echo "ZeRO-3: trained" || echo "ZeRO-3: failed (status $zero3); see $OUT/zero3.txt"
 [[ $offload == 0 ]] && echo "ZeRO-3 + offload: trained" ||
   echo "ZeRO-3 + offload: failed (status $offload); see $OUT/zero3_offload.txt"
+
+echo
+echo "predicted (tessera plan) vs measured:"
+printf "   %-28s %-55s %s\n" strategy "plan" "measured"
+printf "   %-28s %-55s %s\n" DDP "$(verdict DDP)" \
+  "$(grep -q 'out of memory allocating' "$OUT/ddp.txt" && echo 'out of memory' || echo "status $ddp")"
+printf "   %-28s %-55s %s\n" ZeRO-3 "$(verdict ZeRO-3)" \
+  "$([[ $zero3 == 0 ]] && echo trained || echo "failed (status $zero3)")"
+printf "   %-28s %-55s %s\n" "ZeRO-3 + offload optimizer" "$(verdict 'ZeRO-3 \+ offload optimizer')" \
+  "$([[ $offload == 0 ]] && echo trained || echo "failed (status $offload)")"

@@ -1,5 +1,7 @@
 // Registers the caching allocator's counters with core/memory_stats, so code above core
 // (the trainer's metrics) can report reserved bytes without naming CUDA.
+#include <cuda_runtime_api.h>
+
 #include "tessera/core/cuda/cuda_runtime.h"
 #include "tessera/core/memory_stats.h"
 
@@ -8,7 +10,15 @@ namespace {
 
 DeviceMemoryStats read_caching_allocator(int index) {
   const MemoryStats s = memory_stats(index);
-  return {s.allocated_bytes, s.reserved_bytes, s.peak_reserved_bytes};
+  size_t free_bytes = 0, total_bytes = 0;
+  {
+    const DeviceGuard on(index);
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+      cudaGetLastError();
+      total_bytes = 0;
+    }
+  }
+  return {s.allocated_bytes, s.reserved_bytes, s.peak_reserved_bytes, total_bytes};
 }
 
 const bool registered = [] {

@@ -20,7 +20,7 @@ struct TensorSlot {
   float* exp_avg_sq;
   float* master;       // null when the param itself is f32
   int64_t numel;
-  float weight_decay;
+  bool decay;          // weight decay applies (else the decay factor is 1)
   DType param_dtype;
   DType grad_dtype;
 };
@@ -49,27 +49,29 @@ void append_chunks(std::vector<ChunkRef>& chunks, int32_t slot, int64_t n) {
   for (int64_t s = 0; s < n; s += kChunk) chunks.push_back({slot, s});
 }
 
+// The element update is adamw_update_element (core/adamw_math.h), the CPU's own, with the
+// host's coefficients: each operation an _rn intrinsic, so nvcc contracts nothing and the
+// result has the CPU's bits.
 __global__ void __launch_bounds__(kMultiThreads)
-    adamw_kernel(const TensorSlot* slots, const ChunkRef* chunks, float lr, float beta1,
-                 float beta2, float eps, float bias1, float bias2, float grad_scale,
-                 const float* replay_scalars) {
-  if (replay_scalars) {  // lr and bias corrections of this replay (AdamWConfig::replay_scalars)
-    lr = replay_scalars[0];
-    bias1 = replay_scalars[1];
-    bias2 = replay_scalars[2];
+    adamw_kernel(const TensorSlot* slots, const ChunkRef* chunks, AdamWCoefficients<float> coeffs,
+                 float grad_scale, const float* replay_scalars) {
+  if (replay_scalars) {  // this replay's coefficients (adamw_replay_scalars)
+    coeffs.decay = replay_scalars[0];
+    coeffs.step_size = replay_scalars[1];
+    coeffs.bias_correction2_sqrt = replay_scalars[2];
   }
   const ChunkRef c = chunks[blockIdx.x];
   const TensorSlot s = slots[c.slot];
+  AdamWCoefficients<float> tensor_coeffs = coeffs;
+  if (!s.decay) tensor_coeffs.decay = 1.f;  // 1 - lr·0, as the host computes it
   const int64_t end = min(s.numel, c.start + kChunk);
   for (int64_t i = c.start + threadIdx.x; i < end; i += blockDim.x) {
-    const float g = load_as<float>(s.grad, s.grad_dtype, i) * grad_scale;
-    const float m = beta1 * s.exp_avg[i] + (1.f - beta1) * g;
-    const float v = beta2 * s.exp_avg_sq[i] + (1.f - beta2) * g * g;
+    const float g = __fmul_rn(load_as<float>(s.grad, s.grad_dtype, i), grad_scale);
+    float m = s.exp_avg[i], v = s.exp_avg_sq[i];
+    const float p0 = s.master ? s.master[i] : static_cast<float*>(s.param)[i];
+    const float p = adamw_update_element(p0, g, m, v, tensor_coeffs);
     s.exp_avg[i] = m;
     s.exp_avg_sq[i] = v;
-    float p = s.master ? s.master[i] : static_cast<float*>(s.param)[i];
-    const float update = (m / bias1) / (sqrtf(v / bias2) + eps);
-    p -= lr * (s.weight_decay * p + update);
     if (s.master) {
       s.master[i] = p;
       store_as<float>(s.param, s.param_dtype, i, p);
@@ -160,7 +162,7 @@ void multi_tensor_adamw(const std::vector<Tensor>& params, const std::vector<Ten
     if (p.numel() == 0) continue;
     slots.push_back({p.raw_data(), grads[i].raw_data(), exp_avg[i].data<float>(),
                      exp_avg_sq[i].data<float>(), has_master ? master[i].data<float>() : nullptr,
-                     p.numel(), decay[i] ? cfg.weight_decay : 0.f, p.dtype(), grads[i].dtype()});
+                     p.numel(), decay[i], p.dtype(), grads[i].dtype()});
     append_chunks(chunks, static_cast<int32_t>(slots.size() - 1), p.numel());
   }
   if (chunks.empty()) return;
@@ -168,19 +170,18 @@ void multi_tensor_adamw(const std::vector<Tensor>& params, const std::vector<Ten
   const TensorSlot* dslots;
   const ChunkRef* dchunks;
   Tensor tables = upload_tables(slots, chunks, device, &dslots, &dchunks);
-  const float bias1 = adamw_bias_correction(cfg.beta1, cfg.step);
-  const float bias2 = adamw_bias_correction(cfg.beta2, cfg.step);
-  Tensor scalars;  // the replay's lr and bias corrections, copied from page-locked memory
+  const AdamWCoefficients<float> coeffs = rounded_to<float>(
+      adamw_coefficients(cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.step));
+  Tensor scalars;  // the replay's coefficients, copied from page-locked memory
   if (cfg.replay_scalars) {
-    cfg.replay_scalars[0] = cfg.lr;
-    cfg.replay_scalars[1] = bias1;
-    cfg.replay_scalars[2] = bias2;
-    scalars = empty({3}, {.dtype = DType::f32, .device = device});
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(scalars.raw_data(), cfg.replay_scalars, 3 * sizeof(float),
-                                       cudaMemcpyHostToDevice, ctx.stream));
+    adamw_replay_scalars(cfg, cfg.replay_scalars);
+    scalars = empty({kAdamWReplayScalars}, {.dtype = DType::f32, .device = device});
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(scalars.raw_data(), cfg.replay_scalars,
+                                       kAdamWReplayScalars * sizeof(float), cudaMemcpyHostToDevice,
+                                       ctx.stream));
   }
   adamw_kernel<<<static_cast<unsigned>(chunks.size()), kMultiThreads, 0, ctx.stream>>>(
-      dslots, dchunks, cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, bias1, bias2, cfg.grad_scale,
+      dslots, dchunks, coeffs, cfg.grad_scale,
       scalars.defined() ? scalars.data<float>() : nullptr);
   TESSERA_KERNEL_CHECK("adamw_kernel");
 }

@@ -886,11 +886,13 @@ TEST(GpuJobs, TrainOn2GpusRecordsDdpAllReducesInCudaGraphs) {
   }
 }
 
-// The ZeRO stages, offload and prefetch over NCCL against NCCL DDP (fp32). With 2 ranks
-// an all-reduce and a reduce-scatter add the same two values, so stages 1-3 match DDP as on
-// the CPU; offloaded, AdamW runs on the CPU (another rounding of the same formula than the
-// GPU's fused kernel), which the key bias, stepped by rounding noise alone, would amplify:
-// it is left out of the comparison (see worst_parameter_difference).
+// The ZeRO stages, offload and prefetch over NCCL against NCCL DDP (fp32), every one within
+// 1e-5. With 2 ranks an all-reduce and a reduce-scatter add the same two values, so stages
+// 1-3 match DDP as on the CPU; offloaded, AdamW runs on the CPU, whose update is the GPU
+// kernel's bit for bit (core/adamw_math.h, CudaAdamWBits.*). What is left is the clipping
+// norm, summed over shards in another order than DDP's, whose last-bit differences the key
+// bias, stepped by rounding noise alone, would amplify: it is left out of the comparison
+// (see worst_parameter_difference).
 TEST(GpuJobs, ZeroStagesOffloadAndPrefetchMatchDdpOn2Gpus) {
   if (tessera::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
   std::vector<ZeroVariant> variants = kPlainStages;

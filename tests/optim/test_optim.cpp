@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "tessera/autograd/functions.h"
@@ -149,6 +150,70 @@ TEST(AdamW, MasterWeightsKeepUpdatesSmallerThanABf16Ulp) {
   }
   // Rounding every step in bf16 drifts away from the f32 trajectory for many weights.
   EXPECT_GT(plain_moved, total / 10);
+}
+
+// AdamW's float update with every operation rounded on its own (each result forced through
+// a volatile float, so no compiler can fuse a multiply-add): the arithmetic the CUDA kernel
+// runs (core/adamw_math.h), written out independently.
+struct RoundedAdamWRef {
+  std::vector<float> p, m, v;
+  void step(const std::vector<float>& g, double lr, double b1, double b2, double eps, double wd,
+            int64_t t) {
+    if (m.empty()) m.assign(p.size(), 0.f), v.assign(p.size(), 0.f);
+    volatile double lr_wd = lr * wd;  // rounded before the subtraction, as the library does
+    const float decay = static_cast<float>(1.0 - lr_wd);
+    const float step_size = static_cast<float>(lr / (1.0 - std::pow(b1, double(t))));
+    const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, double(t))));
+    const float fb1 = float(b1), fb2 = float(b2), f1b1 = float(1.0 - b1), f1b2 = float(1.0 - b2);
+    for (size_t i = 0; i < p.size(); ++i) {
+      volatile float decayed = p[i] * decay;
+      volatile float m1 = fb1 * m[i], m2 = f1b1 * g[i];
+      volatile float new_m = m1 + m2;
+      volatile float v1 = fb2 * v[i], v2 = f1b2 * g[i];
+      volatile float v3 = v2 * g[i];
+      volatile float new_v = v1 + v3;
+      volatile float root = std::sqrt(float(new_v));
+      volatile float scaled = root / bc2_sqrt;
+      volatile float denom = scaled + float(eps);
+      volatile float ratio = new_m / denom;
+      volatile float delta = step_size * ratio;
+      m[i] = new_m;
+      v[i] = new_v;
+      p[i] = decayed - delta;
+    }
+  }
+};
+
+std::vector<float> as_f32(const Tensor& t) {
+  return raw::contiguous(raw::to(t, Device::cpu(), DType::f32)).to_vector<float>();
+}
+
+// Bit for bit what the CUDA kernel computes (tests/cuda/test_adamw_bits.cpp checks the GPU
+// side): this fails if the CPU loop fused a multiply-add or reordered the formula.
+TEST(AdamW, CpuUpdateRoundsEveryOperationAsTheCudaKernelDoes) {
+  Generator gen(21);
+  auto ps = make_params(gen);
+  std::vector<RoundedAdamWRef> ref(ps.size());
+  for (size_t i = 0; i < ps.size(); ++i) ref[i].p = as_f32(ps[i]);
+  const double b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+  optim::AdamW opt(ps, {.lr = 1e-3, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd});
+  for (int64_t t = 1; t <= 5; ++t) {
+    const double lr = 1e-3 * (1.0 + 0.37 * double(t));  // a schedule: coefficients change
+    opt.set_lr(lr);
+    set_random_grads(ps, gen, 0.1 * double(t));
+    for (size_t i = 0; i < ps.size(); ++i)
+      ref[i].step(as_f32(ps[i].grad()), lr, b1, b2, eps, ps[i].dim() >= 2 ? wd : 0.0, t);
+    opt.step();
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const std::vector<float> got = as_f32(ps[i]);
+      ASSERT_EQ(got.size(), ref[i].p.size());
+      int64_t differing = 0;  // compared as bits (memcmp): -0 vs 0 or NaNs would count too
+      for (size_t e = 0; e < got.size(); ++e)
+        differing += std::memcmp(&got[e], &ref[i].p[e], sizeof(float)) != 0;
+      ASSERT_EQ(differing, 0) << "of " << got.size() << " elements of parameter " << i
+                              << " after step " << t;
+    }
+  }
 }
 
 TEST(AdamW, SkipsParametersWithoutGradientAndUpdatesStridedViews) {
