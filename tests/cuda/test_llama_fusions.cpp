@@ -2,8 +2,10 @@
 // into RMSNorm (forward and the backward that adds the residual stream's gradient), the
 // register-resident RMSNorm paths with their parallel dweight reduction, RoPE reading strided
 // inputs in 16-byte packs and writing strided outputs, Llama's attention straight from its
-// fused q | k | v projection, and a bf16 Llama's gradients against the fp32 CPU model.
+// fused q | k | v projection, gradient clipping's packed kernels, and a bf16 Llama's
+// gradients against the fp32 CPU model.
 // Skipped without a GPU.
+#include <cmath>
 #include <map>
 #include <string>
 #include <tuple>
@@ -12,6 +14,7 @@
 #include "cuda_test_util.h"
 #include "tessera/autograd/functions.h"
 #include "tessera/core/fused_dispatch.h"
+#include "tessera/kernels/cuda/fused.h"
 #include "tessera/nn/llama.h"
 
 namespace tessera {
@@ -190,6 +193,45 @@ TEST(CudaLlamaFusions, RotaryAttentionFromTheFusedProjectionMatchesFloat64) {
     }
   }
   set_attention_backend(before);
+}
+
+// Gradient clipping's kernels move 16-byte packs where a chunk is aligned and single elements
+// elsewhere: odd sizes, views starting off a 16-byte boundary, every float dtype.
+TEST(CudaLlamaFusions, ClippingNormAndScaleMatchTheCpuInEveryAlignment) {
+  TESSERA_REQUIRE_GPU();
+  std::vector<Tensor> host, device;
+  double sum_squares = 0;
+  for (auto [n, offset, dt] :
+       std::vector<std::tuple<int64_t, int64_t, DType>>{{100003, 0, DType::bf16},
+                                                        {70001, 3, DType::bf16},
+                                                        {33, 0, DType::f16},
+                                                        {40000, 5, DType::f16},
+                                                        {65539, 1, DType::f32},
+                                                        {9, 0, DType::f32}}) {
+    // [offset, offset + n) of a longer buffer: contiguous, but off alignment when offset > 0.
+    const Tensor buffer = cuda_test::host_randn({offset + n}, dt);
+    host.push_back(raw::contiguous(raw::narrow(buffer, 0, offset, n)));
+    device.push_back(raw::narrow(to_gpu(buffer), 0, offset, n));
+    for (double x : cuda_test::values(host.back())) sum_squares += x * x;
+  }
+  const Tensor norm = cuda::global_grad_norm(device);
+  EXPECT_NEAR(norm.item(), std::sqrt(sum_squares), 1e-5 * std::sqrt(sum_squares));
+  EXPECT_EQ(cuda::global_grad_norm(device).item(), norm.item()) << "fixed summation order";
+  // Clipping to half the norm scales every element by the same factor (on the device).
+  const double max_norm = 0.5 * norm.item();
+  const double factor = max_norm / (norm.item() + 1e-6);
+  cuda::multi_tensor_clip_(device, norm, max_norm);
+  for (size_t i = 0; i < host.size(); ++i) {
+    SCOPED_TRACE(i);
+    const Tensor expected = ops::binary(BinaryOp::Mul, as_f64(host[i]), factor);
+    EXPECT_LE(ops::max_rel_error(as_f64(device[i]), expected),
+              cuda_test::tolerance(host[i].dtype()));
+  }
+  // A plain scale by 2 is exact in every dtype.
+  const std::vector<double> before = cuda_test::values(on_cpu(device[1]));
+  cuda::multi_tensor_scale_(device, 2.0);
+  const std::vector<double> after = cuda_test::values(on_cpu(device[1]));
+  for (size_t j = 0; j < before.size(); ++j) ASSERT_EQ(after[j], 2 * before[j]) << j;
 }
 
 // A bf16 Llama with head dim 64 runs the fused attention kernels, the residual-fused norms
