@@ -319,9 +319,9 @@ std::string Accelerator::device_clipping_blocker() const {
 }
 
 std::string Accelerator::graph_capture_blocker() const {
-  if (num_processes() > 1)
-    return "several processes (the collectives of DDP/ZeRO are not recorded in graphs yet)";
   if (zero_stage_ > 0) return "ZeRO shards the optimizer step";
+  if (num_processes() > 1 && !world().records_in_graphs())
+    return "the " + world().backend_name() + " backend's collectives cannot be recorded";
   return device_clipping_blocker();
 }
 
@@ -389,7 +389,8 @@ Tensor Accelerator::reduce(const Tensor& t, const std::string& op) {
   TESSERA_CHECK(it != ops.end(), "Accelerator::reduce: op must be sum, mean, max or min; got '",
                 op, "'");
   Tensor out = raw::clone(t.detach());
-  world().all_reduce(out, it->second)->wait();
+  // Ordered on the device (the host goes on; a host read of `out` waits for it there).
+  world().all_reduce(out, it->second)->wait_on_device();
   return out;
 }
 

@@ -164,8 +164,9 @@ class Accelerator {
   int gradient_accumulation_steps() const { return options_.gradient_accumulation_steps; }
 
   // ---- whole steps as CUDA graphs (train/step_graph.h) ----
-  // Why an optimizer step of this Accelerator cannot be recorded in a CUDA graph (several
-  // processes, ZeRO, fp16 loss scaling, no GPU), or "" when it can.
+  // Why an optimizer step of this Accelerator cannot be recorded in a CUDA graph (ZeRO,
+  // fp16 loss scaling, no GPU, several processes on a backend other than NCCL), or "" when
+  // it can (DDP's all-reduces over NCCL are recorded with the step).
   std::string graph_capture_blocker() const;
   // The micro-step counter: kept before a capture, restored when it fails, and advanced by
   // gradient_accumulation_steps for each replay (the host side of the recorded accumulate()s).

@@ -94,12 +94,14 @@ void FlatBuckets::build(const std::vector<std::vector<size_t>>& groups) {
   for (size_t k = 0; k < params_.size(); ++k) adopt_gradient(k, /*zero_when_missing=*/true);
 }
 
-void FlatBuckets::register_comm_hook(CommHook hook, CompletionHook done) {
+void FlatBuckets::register_comm_hook(CommHook hook, CompletionHook done, bool done_on_device) {
   if (hook) {
     hook_ = std::move(hook);
     done_ = std::move(done);
+    done_on_device_ = done_on_device;
     return;
   }
+  done_on_device_ = true;
   // The default: every rank ends with the average, in the gradients' own buffer.
   hook_ = [this](Bucket& b) { return group_->all_reduce(b.communication_buffer(), ReduceOp::Avg); };
   done_ = [](Bucket& b) {
@@ -220,7 +222,10 @@ void FlatBuckets::finish() {
   for (auto& b : buckets_) {
     try {
       if (b.work) {
-        b.work->wait();
+        if (done_on_device_)
+          b.work->wait_on_device();
+        else
+          b.work->wait();
         if (done_) done_(b);
       }
     } catch (...) {

@@ -74,8 +74,11 @@ class FlatBuckets {
   FlatBuckets& operator=(const FlatBuckets&) = delete;
 
   // Replaces the default (all-reduce of the average, result copied back into the
-  // gradients) with `hook`; `done` runs once its Work has completed.
-  void register_comm_hook(CommHook hook, CompletionHook done = {});
+  // gradients) with `hook`; `done` runs once its Work has completed. With `done_on_device`
+  // (what `done` does is device work, ordered after the collective on the stream) finish()
+  // does not wait on the host: it orders the device after each Work (Work::wait_on_device),
+  // as the default does.
+  void register_comm_hook(CommHook hook, CompletionHook done = {}, bool done_on_device = false);
   // While off, grad-ready hooks only let gradients accumulate where they are.
   void set_sync(bool on) { sync_ = on; }
   bool sync() const { return sync_; }
@@ -120,6 +123,7 @@ class FlatBuckets {
   bool sync_ = true;
   CommHook hook_;
   CompletionHook done_;
+  bool done_on_device_ = true;
   std::vector<autograd::HookHandle> hooks_;
 };
 

@@ -56,6 +56,10 @@ class ThenWork : public Work {
     inner_->wait();
     std::call_once(once_, then_);
   }
+  void wait_on_device() override {  // the copy-back is device work, ordered after the inner
+    inner_->wait_on_device();
+    std::call_once(once_, then_);
+  }
   bool is_completed() override { return inner_->is_completed(); }
 
  private:

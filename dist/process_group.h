@@ -32,10 +32,16 @@ const char* reduce_op_name(ReduceOp op);
 
 // A collective in flight. wait() blocks until its result is in the output tensors (for
 // CUDA tensors: until the device has finished it) and rethrows its error, if any.
+// wait_on_device() only orders the caller's current device stream after the collective,
+// so that the host can go on queueing work (DDP's end of backward, a reduced loss): for
+// collectives the device runs (NCCL) the host does not block; the group checks such works
+// later (ProcessGroup::check_outstanding), so a lost peer still ends in a timeout. For
+// host backends (TCP, MPI) it is wait().
 class Work {
  public:
   virtual ~Work() = default;
   virtual void wait() = 0;
+  virtual void wait_on_device() { wait(); }
   virtual bool is_completed() = 0;
 };
 using WorkPtr = std::shared_ptr<Work>;
@@ -114,6 +120,13 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // Point to point; pair each send with a recv of the same size on the peer, in order.
   WorkPtr send(const Tensor& tensor, int dst, int tag = 0);
   WorkPtr recv(const Tensor& tensor, int src, int tag = 0);
+
+  // Waits on the host (under the timeout) for the collectives that were only waited on by
+  // the device so far (Work::wait_on_device), rethrowing a failure or a timeout; called
+  // before the host reads results it did not wait for. Host backends have none.
+  virtual void check_outstanding() {}
+  // Whether this group's collectives can be recorded in a device graph (and replayed).
+  virtual bool records_in_graphs() const { return false; }
 
   // Collective over this group: every member calls it with the same sorted ranks. Returns
   // the sub-group (ranks renumbered 0..n-1 in the given order) on members, null elsewhere.

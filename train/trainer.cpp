@@ -205,6 +205,7 @@ void Trainer::add_step_loss(const Tensor& loss) {
 
 void Trainer::read_loss_since_log() {
   if (!loss_since_log_.defined()) return;
+  acc_->group().check_outstanding();
   state_.loss_since_log = loss_since_log_.item();
   TESSERA_CHECK(std::isfinite(state_.loss_since_log), "tessera train: the loss became ",
                 state_.loss_since_log, " in the ", state_.steps_since_log, " steps up to step ",
@@ -234,16 +235,15 @@ Trainer::StepResult Trainer::training_step() {
   }
   StepResult result;
   // The step's loss is the mean over all its target tokens, over every process's rows.
-  const Tensor local = ops::binary(BinaryOp::Div, loss_sum,
-                                   static_cast<double>(args_.gradient_accumulation_steps));
+  const Tensor local =
+      ops::binary(BinaryOp::Div, loss_sum, static_cast<double>(args_.gradient_accumulation_steps));
   result.loss = acc_->reduce(raw::reshape(local, {1}), "mean");
   const std::vector<Tensor> params = model_.parameters();
   if (acc_->device_clipping_blocker().empty()) {
     result.grad_norm = acc_->clip_grad_norm_on_device_(params, args_.max_grad_norm);
   } else {
-    const double norm = args_.max_grad_norm > 0
-                            ? acc_->clip_grad_norm_(params, args_.max_grad_norm)
-                            : optim::grad_norm(params);
+    const double norm = args_.max_grad_norm > 0 ? acc_->clip_grad_norm_(params, args_.max_grad_norm)
+                                                : optim::grad_norm(params);
     result.grad_norm = full({1}, norm, {.dtype = DType::f64});
   }
   result.lr = optimizer_->lr();
@@ -280,8 +280,10 @@ Trainer::StepResult Trainer::graphed_training_step() {
   StepResult result;
   result.lr = optimizer_->lr();
   const StepOutputs out = graphs_->run(micro_batches);
-  // A replay overwrites the graph's outputs: keep copies until they are read.
-  result.loss = raw::clone(raw::reshape(out.loss, {1}));
+  // A replay overwrites the graph's outputs: keep copies until they are read (reduce makes
+  // one too). The mean over the processes is taken outside the graph, as the eager step does.
+  result.loss = acc_->num_processes() > 1 ? acc_->reduce(raw::reshape(out.loss, {1}), "mean")
+                                          : raw::clone(raw::reshape(out.loss, {1}));
   if (out.grad_norm.defined()) result.grad_norm = raw::clone(out.grad_norm);
   schedule_->step();
   if (graphs_->status() != graphs_status_ && acc_->is_main_process()) {
@@ -294,8 +296,10 @@ Trainer::StepResult Trainer::graphed_training_step() {
 }
 
 void Trainer::log_step(const PendingLog& step) {
-  const double loss =
-      step.loss_sum.item() / static_cast<double>(std::max<int64_t>(1, step.steps));
+  // The step's collectives were only ordered on the device: a lost peer times out here
+  // rather than hanging the read below.
+  acc_->group().check_outstanding();
+  const double loss = step.loss_sum.item() / static_cast<double>(std::max<int64_t>(1, step.steps));
   const double grad_norm = step.grad_norm.defined() ? step.grad_norm.item() : 0.0;
   auto number = [](double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); };
   Json entry = {{"step", state_.global_step},
@@ -305,8 +309,9 @@ void Trainer::log_step(const PendingLog& step) {
   state_.log_history.push_back(entry);  // no wall-clock figures: resumed histories match
   // Wall clock per step since the previous log (the loss read above waited for this step).
   const auto now = std::chrono::steady_clock::now();
-  const double seconds = std::chrono::duration<double>(now - last_log_time_).count() /
-                         static_cast<double>(std::max<int64_t>(1, state_.global_step - last_log_step_));
+  const double seconds =
+      std::chrono::duration<double>(now - last_log_time_).count() /
+      static_cast<double>(std::max<int64_t>(1, state_.global_step - last_log_step_));
   last_log_time_ = now;
   last_log_step_ = state_.global_step;
   entry["ms"] = seconds * 1e3;

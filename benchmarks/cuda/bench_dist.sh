@@ -14,7 +14,9 @@
 #   env: BENCH_PARTS (default "allreduce,example,train"), OUT (logs; default ./bench_dist_out),
 #        TRAIN_STEPS=40 TRAIN_SKIP=10, TORCH_STEPS=20, RUN_CAP_S=150 (limit of one run),
 #        DEADLINE (absolute `date +%s` no run may pass), DDP_PROFILE=1 (phase times, 1 GPU vs
-#        N), TESSERA_PYTHON, BENCH_DRY_RUN=1 (CPU, tiny GPT: checks the script; see bench_lib.sh)
+#        N), TRAIN_VARIANTS="NCCL_MAX_CTAS=8;NCCL_MAX_CTAS=16 NCCL_MIN_CTAS=16" (train part: the
+#        N-GPU run again under each ';'-separated set of environment settings, for tuning),
+#        TESSERA_PYTHON, BENCH_DRY_RUN=1 (CPU, tiny GPT: checks the script; see bench_lib.sh)
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 BUILD=${1:-build-gpu}
@@ -99,6 +101,19 @@ if wants train; then
   }
   one=$(train_tps "$OUT/train_1gpu" 1)
   many=$(train_tps "$OUT/train_${N}gpu" "$N")
+  if [[ -n ${TRAIN_VARIANTS:-} ]]; then
+    IFS=';' read -ra variants <<< "$TRAIN_VARIANTS"
+    for k in "${!variants[@]}"; do
+      read -ra settings <<< "${variants[$k]}"
+      rm -rf "$OUT/train_${N}gpu_v$k"
+      run_limited "$CAP" "$OUT/train_${N}gpu_v$k.txt" env "${settings[@]}" "${launch[@]}" "$TESSERA" \
+        "${train_args[@]}" --out "$OUT/train_${N}gpu_v$k"
+      rate=$(train_tps "$OUT/train_${N}gpu_v$k" "$N")
+      awk -v one="$one" -v r="$rate" -v n="$N" -v what="${variants[$k]}" 'BEGIN {
+        if (r == "") printf "  variant %s: failed\n", what
+        else printf "  variant %s: %d GPUs %.0f per GPU (%.3fx of 1 GPU)\n", what, n, r, one == "" ? 0 : r / one }'
+    done
+  fi
   torch_launcher "$N"
   run_limited "$CAP" "$OUT/torch_train_ddp_${N}gpu.txt" "${TORCH_LAUNCH[@]}" benchmarks/cuda/gpt2_train_torch.py \
     --device "$BENCH_DEVICE" --layers "$layers" --heads "$heads" --channels "$channels" --batch "$BENCH_BATCH" \

@@ -139,7 +139,8 @@ size_t allocation_size_class(size_t nbytes);
 
 // ---- determinism ----
 // When on, kernels with a choice between atomics and a fixed-order reduction (index_add,
-// embedding backward) take the fixed order, so results are bitwise reproducible.
+// embedding backward) take the fixed order, so results are bitwise reproducible. Starts on
+// when the environment has TESSERA_DETERMINISTIC=1 (for whole programs: `tessera train`).
 void set_deterministic(bool on);
 bool deterministic();
 

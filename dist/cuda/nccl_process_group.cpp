@@ -3,8 +3,18 @@
 // on Tessera's current compute stream (cuda::current_stream: an event, so the
 // host does not block), and each Work records an event after the NCCL call:
 // wait() waits for that event up to the timeout (spinning briefly first, then
-// sleeping between checks; past the timeout it aborts the communicator with a clear message) and makes the current stream wait on it too. Tensors stay referenced by their
-// Work until it completes, so their memory is not reused while NCCL reads it.
+// sleeping between checks; past the timeout it aborts the communicator with a clear
+// message) and makes the current stream wait on it too. wait_on_device() only makes the
+// current stream wait: the group keeps such works and checks them without blocking when it
+// issues the next collective (a work past its deadline is waited for, so it times out as
+// above) and with blocking in check_outstanding(). Tensors stay referenced by their Work
+// until the current stream is ordered after it; from then on the caching allocator's
+// stream order keeps their memory from being reused while NCCL reads it.
+//
+// While a device graph is recorded (core/graph_capture.h) the collectives are recorded
+// too: the NCCL stream joins the capture through the event on the capture stream, and every
+// wait is a device wait (an event of a capture cannot be queried). Replays run them again;
+// their completion is not checked on the host.
 //
 // Rendezvous: rank 0 creates the NCCL unique id and publishes it in the store;
 // sub-groups get their own id the same way. Debug mode compares signatures
@@ -16,10 +26,13 @@
 #include <nccl.h>
 
 #include "tessera/core/cuda/cuda_runtime.h"
+#include "tessera/core/graph_capture.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <thread>
 
 namespace tessera::dist {
@@ -34,14 +47,21 @@ void check_nccl(ncclResult_t rc, const char* what) {
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::f32: return ncclFloat32;
-    case DType::f64: return ncclFloat64;
-    case DType::f16: return ncclFloat16;
-    case DType::bf16: return ncclBfloat16;
-    case DType::i32: return ncclInt32;
-    case DType::i64: return ncclInt64;
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
     case DType::u8:
-    case DType::boolean: return ncclUint8;
+    case DType::boolean:
+      return ncclUint8;
   }
   TESSERA_FAIL("dist(nccl): unsupported dtype ", dtype_name(t));
 }
@@ -50,10 +70,14 @@ ncclRedOp_t nccl_op(ReduceOp op, DType t) {
   // A sum of booleans is their "or", which for 0/1 bytes is the max.
   if (t == DType::boolean && op == ReduceOp::Sum) return ncclMax;
   switch (op) {
-    case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Avg: return ncclAvg;
-    case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Min: return ncclMin;
+    case ReduceOp::Sum:
+      return ncclSum;
+    case ReduceOp::Avg:
+      return ncclAvg;
+    case ReduceOp::Max:
+      return ncclMax;
+    case ReduceOp::Min:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -72,6 +96,7 @@ class NcclWork : public Work {
   ~NcclWork() override { cudaEventDestroy(done_); }
 
   void wait() override {
+    if (graph_capture_underway()) return wait_on_device();
     // Small collectives finish within microseconds: spin on the event for the first
     // 200 us (yielding the core), then back off to 50 us sleeps while the deadline runs.
     const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
@@ -90,9 +115,13 @@ class NcclWork : public Work {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+    wait_on_device();
+  }
+  void wait_on_device() override {
     check_cuda(cudaStreamWaitEvent(cuda::current_stream(device_), done_, 0), "cudaStreamWaitEvent");
     keep_alive_.clear();
   }
+  bool overdue() const { return deadline_.expired(); }
   bool is_completed() override {
     cudaError_t rc = cudaEventQuery(done_);
     if (rc == cudaErrorNotReady) return false;
@@ -146,6 +175,16 @@ class NcclProcessGroup final : public ProcessGroup {
     cudaStreamDestroy(stream_);
   }
   std::string backend_name() const override { return "nccl"; }
+  bool records_in_graphs() const override { return true; }
+
+  void check_outstanding() override {
+    std::deque<std::shared_ptr<NcclWork>> works;
+    {
+      std::lock_guard lock(outstanding_mutex_);
+      works.swap(outstanding_);
+    }
+    for (auto& w : works) w->wait();
+  }
 
  protected:
   bool supports_device(Device d) const override { return d.is_cuda() && d.index == device_; }
@@ -161,10 +200,10 @@ class NcclProcessGroup final : public ProcessGroup {
   WorkPtr do_reduce_scatter(const CollectiveSignature& sig, const Tensor& output,
                             const Tensor& input, ReduceOp op) override {
     return issue(&sig, sig.str(), {output, input}, [&] {
-      check_nccl(ncclReduceScatter(input.raw_data(), output.raw_data(), output.numel(),
-                                   nccl_type(output.dtype()), nccl_op(op, output.dtype()), comm_,
-                                   stream_),
-                 "ncclReduceScatter");
+      check_nccl(
+          ncclReduceScatter(input.raw_data(), output.raw_data(), output.numel(),
+                            nccl_type(output.dtype()), nccl_op(op, output.dtype()), comm_, stream_),
+          "ncclReduceScatter");
     });
   }
 
@@ -199,8 +238,9 @@ class NcclProcessGroup final : public ProcessGroup {
 
   WorkPtr do_broadcast(const CollectiveSignature& sig, const Tensor& t, int root) override {
     return issue(&sig, sig.str(), {t}, [&] {
-      check_nccl(ncclBroadcast(t.raw_data(), t.raw_data(), t.nbytes(), ncclUint8, root, comm_, stream_),
-                 "ncclBroadcast");
+      check_nccl(
+          ncclBroadcast(t.raw_data(), t.raw_data(), t.nbytes(), ncclUint8, root, comm_, stream_),
+          "ncclBroadcast");
     });
   }
 
@@ -229,10 +269,9 @@ class NcclProcessGroup final : public ProcessGroup {
                                              ProcessGroupOptions options) override {
     auto it = std::find(ranks.begin(), ranks.end(), rank());
     if (it == ranks.end()) return nullptr;
-    return std::make_shared<NcclProcessGroup>(static_cast<int>(it - ranks.begin()),
-                                              static_cast<int>(ranks.size()), std::move(options),
-                                              store_, prefix_ + "/sub" + std::to_string(group_id),
-                                              device_);
+    return std::make_shared<NcclProcessGroup>(
+        static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()), std::move(options),
+        store_, prefix_ + "/sub" + std::to_string(group_id), device_);
   }
 
  private:
@@ -242,14 +281,33 @@ class NcclProcessGroup final : public ProcessGroup {
                 std::vector<Tensor> keep_alive, const std::function<void()>& enqueue) {
     if (sig && options().debug_collectives && size() > 1) check_through_store(*sig);
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    if (!graph_capture_underway()) check_finished_outstanding();
     check_cuda(cudaEventRecord(ready_, cuda::current_stream(device_)), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
     enqueue();
     cudaEvent_t done;
     check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
     check_cuda(cudaEventRecord(done, stream_), "cudaEventRecord");
-    return std::make_shared<NcclWork>(done, device_, comm_, std::move(keep_alive), what,
-                                      timeout_message(what), options().timeout_s);
+    auto work = std::make_shared<NcclWork>(done, device_, comm_, std::move(keep_alive), what,
+                                           timeout_message(what), options().timeout_s);
+    if (!graph_capture_underway()) {
+      std::lock_guard lock(outstanding_mutex_);
+      outstanding_.push_back(work);
+    }
+    return work;
+  }
+
+  // Drops the finished works from the front of the outstanding ones; one past its deadline
+  // is waited for on the host, which ends in its timeout error (or its NCCL error).
+  void check_finished_outstanding() {
+    std::shared_ptr<NcclWork> late;
+    {
+      std::lock_guard lock(outstanding_mutex_);
+      while (!outstanding_.empty() && outstanding_.front()->is_completed())
+        outstanding_.pop_front();
+      if (!outstanding_.empty() && outstanding_.front()->overdue()) late = outstanding_.front();
+    }
+    if (late) late->wait();
   }
 
   void check_through_store(const CollectiveSignature& sig) {
@@ -262,8 +320,8 @@ class NcclProcessGroup final : public ProcessGroup {
       try {
         text = store_->get(base + std::to_string(r));
       } catch (const TimeoutError&) {
-        throw TimeoutError(timeout_message(sig.str() + " (rank " + std::to_string(r) +
-                                           " never reached it)"));
+        throw TimeoutError(
+            timeout_message(sig.str() + " (rank " + std::to_string(r) + " never reached it)"));
       }
       TESSERA_CHECK(text.size() == sizeof sig, "dist(nccl): corrupt signature in the store");
       std::memcpy(&all[r], text.data(), sizeof sig);
@@ -276,6 +334,9 @@ class NcclProcessGroup final : public ProcessGroup {
   int device_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  // Works issued outside a graph capture and not yet seen complete (oldest first).
+  std::mutex outstanding_mutex_;
+  std::deque<std::shared_ptr<NcclWork>> outstanding_;
   cudaEvent_t ready_ = nullptr;
 };
 
@@ -286,7 +347,8 @@ const bool registered = [] {
     check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
     TESSERA_CHECK(devices > 0, "dist: the nccl backend needs a CUDA device; none is visible");
     return std::make_shared<NcclProcessGroup>(ctx.env.rank, ctx.env.world_size, ctx.options,
-                                              ctx.store, "nccl/world", ctx.env.local_rank % devices);
+                                              ctx.store, "nccl/world",
+                                              ctx.env.local_rank % devices);
   });
   return true;
 }();
