@@ -179,6 +179,15 @@ Tensor apply_hooks(std::vector<std::pair<uint64_t, GradHook>> hooks, Tensor grad
   return grad;
 }
 
+// True when nothing but `grad` itself refers to its memory and that memory is exactly a
+// contiguous tensor of the leaf's geometry: then it can become the leaf's .grad as it is.
+bool can_adopt_as_grad(const Tensor& grad, const Tensor& leaf) {
+  return grad.impl_ptr().use_count() == 1 && grad.storage().use_count() == 1 &&
+         !grad.requires_grad() && grad.is_contiguous() && grad.impl().offset == 0 &&
+         grad.storage()->nbytes() == grad.nbytes() && grad.shape() == leaf.shape() &&
+         grad.dtype() == leaf.dtype() && grad.device() == leaf.device();
+}
+
 // Adds `grad` into the leaf's .grad (in place when one exists, so gradients that live
 // as views of a flat bucket stay there), then reports the leaf's gradient as final.
 void accumulate_into_leaf(Node& node, Tensor grad) {
@@ -187,10 +196,16 @@ void accumulate_into_leaf(Node& node, Tensor grad) {
   if (grad.defined()) grad = apply_hooks(meta.hooks, grad);
   if (grad.defined()) {
     if (!meta.grad.defined()) {
-      // A fresh tensor: the incoming gradient may alias memory other nodes still read.
-      Tensor fresh = empty(leaf.shape(), {.dtype = leaf.dtype(), .device = leaf.device()});
-      raw::copy_(fresh, grad);
-      meta.grad = fresh;
+      // A gradient nothing else refers to (a weight's GEMM output, say) is kept as it is, as
+      // PyTorch's AccumulateGrad steals it; one that may alias memory other nodes still read
+      // is copied into a fresh tensor.
+      if (can_adopt_as_grad(grad, leaf)) {
+        meta.grad = std::move(grad);
+      } else {
+        Tensor fresh = empty(leaf.shape(), {.dtype = leaf.dtype(), .device = leaf.device()});
+        raw::copy_(fresh, grad);
+        meta.grad = fresh;
+      }
     } else {
       TESSERA_CHECK(meta.grad.shape() == leaf.shape(), "backward: the .grad of a leaf (",
                     describe(leaf), ") has shape ", shape_str(meta.grad.shape()));
@@ -260,7 +275,7 @@ class GraphTask {
     auto& buffer = buffers_[edge.node.get()];
     buffer.resize(edge.node->outputs.size());
     Tensor& slot = buffer[edge.output_nr];
-    slot = slot.defined() ? ops::add(slot, grad) : grad;
+    slot = slot.defined() ? ops::add(slot, grad) : std::move(grad);
   }
 
   void execute(const std::shared_ptr<Node>& node) {
@@ -268,7 +283,7 @@ class GraphTask {
     buffers_.erase(node.get());
     grads.resize(node->outputs.size());
     if (node->is_accumulate_grad()) {
-      accumulate_into_leaf(*node, grads[0]);
+      accumulate_into_leaf(*node, std::move(grads[0]));
       return;
     }
     TESSERA_CHECK(!node->released && node->backward, "backward: trying to backward through the "
@@ -284,6 +299,9 @@ class GraphTask {
     args.grad_outputs = std::move(grads);
     for (const Edge& edge : node->next_edges) args.needs_input_grad.push_back(edge.valid());
     std::vector<Tensor> input_grads = node->backward(args);
+    // Drop the incoming gradients now: a leaf's gradient that holds the only reference to its
+    // memory can then be kept as the leaf's .grad without a copy (accumulate_into_leaf).
+    args.grad_outputs.clear();
     TESSERA_CHECK(input_grads.size() == node->next_edges.size(), node->name, ": returned ",
                   input_grads.size(), " gradients for ", node->next_edges.size(), " inputs");
     if (!retain_graph_) {
@@ -293,7 +311,7 @@ class GraphTask {
     for (size_t i = 0; i < input_grads.size(); ++i) {
       const Edge& edge = node->next_edges[i];
       if (!edge.valid()) continue;
-      if (input_grads[i].defined()) add_gradient(edge, input_grads[i], node->name);
+      if (input_grads[i].defined()) add_gradient(edge, std::move(input_grads[i]), node->name);
       if (--dependencies_[edge.node.get()] > 0) continue;
       // A leaf's last contribution: accumulate now, so its grad-ready hooks fire as
       // early as possible rather than when the leaf's (old) sequence number comes up.

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "tessera/autograd/autograd.h"
@@ -183,6 +184,11 @@ Tensor& div_(Tensor& self, double other);
 // ---- Llama-style layers (autograd/functions_llama.cpp) ----
 // x * rsqrt(mean(x^2, -1) + eps) * weight (weight [C] may be undefined); fused kernels.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+// The residual add of a pre-norm block with the RMSNorm after it, in one fused kernel where
+// the device has one: returns {x + residual, rms_norm(x + residual, weight, eps)}. Its backward
+// adds the gradient of the sum and the norm's input gradient in the same pass.
+std::pair<Tensor, Tensor> residual_rms_norm(const Tensor& x, const Tensor& residual,
+                                            const Tensor& weight, double eps = 1e-6);
 // Rotary embedding of x [B, T, H, D] (HF rotate_half pairing) with ops::rope_tables for its
 // T positions.
 Tensor rotary_embedding(const Tensor& x, const ops::RopeTables& tables);
@@ -221,6 +227,18 @@ Tensor causal_attention_qkv(const Tensor& qkv, int64_t n_head, double dropout_p 
                             Generator* gen = nullptr, bool allow_fused = true);
 // True when causal_attention_qkv(qkv, n_head) (no dropout) would take the fused kernels.
 bool causal_attention_qkv_fused_applies(const Tensor& qkv, int64_t n_head);
+
+// Llama's attention straight from its fused projection: qkv [B, T, (H + 2 Hkv) D] (q | k | v
+// along the last dim; Hkv key/value heads, Hkv dividing H) -> y [B, T, H D]. q and k are
+// rotated with the tables of their T positions (ops::rope_tables, head dim D), then causal
+// grouped-query attention. Where the fused attention kernels apply (as
+// scaled_dot_product_attention's flash condition, and allow_fused) one RoPE launch rotates q
+// and k together, the kernels read v in place and write y through a view, and the backward
+// writes dv and the rotated-back dq, dk straight into one d(qkv) buffer: no layout copies and
+// one gradient for the fused projection. Otherwise: split, rotary_embedding, heads,
+// scaled_dot_product_attention, merge (the reference).
+Tensor rotary_causal_attention_qkv(const Tensor& qkv, int64_t n_head, int64_t n_kv_head,
+                                   const ops::RopeTables& rope, bool allow_fused = true);
 
 // Which implementation the fused CUDA attention paths run (scaled_dot_product_attention and
 // causal_attention_qkv): the hand-written flash kernels (default) or cuDNN's fused attention

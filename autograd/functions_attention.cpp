@@ -1,7 +1,8 @@
-// Differentiable attention: scaled_dot_product_attention on [B, H, T, D] heads and
-// causal_attention_qkv straight from a fused [B, T, 3C] projection. Both run the fused CUDA
-// kernels (hand-written flash or cuDNN, chosen at run time) where they apply and the
-// composition of differentiable functions (the reference) everywhere else.
+// Differentiable attention: scaled_dot_product_attention on [B, H, T, D] heads, and
+// causal_attention_qkv (GPT-2) and rotary_causal_attention_qkv (Llama) straight from a fused
+// projection. They run the fused CUDA kernels (hand-written flash or cuDNN, chosen at run
+// time) where they apply and the composition of differentiable functions (the reference)
+// everywhere else.
 #include <algorithm>
 #include <atomic>
 #include <cctype>
@@ -192,6 +193,16 @@ Tensor readable_gradient(const Tensor& grad, DType dtype) {
   return rows_readable_by_kernels(g) ? g : raw::contiguous(g);
 }
 
+// An uninitialised [B, H, T, D] tensor shaped like heads, laid out as [B, T, H, D] and
+// returned as its [B, H, T, D] view: the layout of the projections the heads come from and go
+// to, so the caller's transpose(1, 2) and reshape to [B, T, H * D] cost no copy (nor does
+// rotating the result in place of a contiguous input).
+Tensor empty_heads_like(const Tensor& heads) {
+  const Tensor seq_major = empty({heads.size(0), heads.size(2), heads.size(1), heads.size(3)},
+                                 {.dtype = heads.dtype(), .device = heads.device()});
+  return raw::permute(seq_major, {0, 2, 1, 3});
+}
+
 Tensor lse_for(const Tensor& q) {
   return empty({q.size(0), q.size(1), q.size(2)}, {.dtype = DType::f32, .device = q.device()});
 }
@@ -200,11 +211,9 @@ Tensor lse_for(const Tensor& q) {
 // from q, k, v and the saved log-sum-exp. The backend is the one chosen at the forward.
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
   const AttentionBackend backend = attention_backend();
-  // Written as [B, T, H, D] and returned as its [B, H, T, D] view: the caller's usual
-  // y.transpose(1, 2).reshape({B, T, H * D}) then costs no copy (nor does its gradient).
-  const Tensor out = raw::permute(
-      empty({q.size(0), q.size(2), q.size(1), q.size(3)}, {.dtype = q.dtype(), .device = q.device()}),
-      {0, 2, 1, 3});
+  // The caller's usual y.transpose(1, 2).reshape({B, T, H * D}) costs no copy (nor does its
+  // gradient).
+  const Tensor out = empty_heads_like(q);
   Tensor lse = lse_for(q);
   attention_forward_on(backend, q, k, v, scale, out, lse);
   using autograd::SavedTensor;
@@ -214,9 +223,10 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
        so = SavedTensor::output(out), lse, scale, backend](const autograd::BackwardArgs& args) {
         const char* op = "FlashAttentionBackward";
         const Tensor q = sq.unpack(op), k = sk.unpack(op), v = sv.unpack(op), o = so.unpack(op);
-        const TensorOptions like{.dtype = q.dtype(), .device = q.device()};
-        // dk, dv have k's Hkv heads: the kernels sum each group's query heads into them.
-        Tensor dq = empty(q.shape(), like), dk = empty(k.shape(), like), dv = empty(v.shape(), like);
+        // dk, dv have k's Hkv heads: the kernels sum each group's query heads into them. In
+        // the projections' layout, the gradients flow back through the usual
+        // view/transpose of q, k, v (and rotary embeddings) without a layout copy.
+        Tensor dq = empty_heads_like(q), dk = empty_heads_like(k), dv = empty_heads_like(v);
         attention_backward_on(backend, q, k, v, o, readable_gradient(args.grad(), q.dtype()), lse,
                               scale, dq, dk, dv);
         return std::vector<Tensor>{dq, dk, dv};
@@ -249,6 +259,54 @@ Tensor fused_attention_qkv(const Tensor& qkv, int64_t n_head, double scale) {
         attention_backward_on(backend, heads(qkv, 0), heads(qkv, 1), heads(qkv, 2), heads(y, 0),
                               readable_gradient(heads(args.grad(), 0), y.dtype()), lse, scale, heads(dqkv, 0),
                               heads(dqkv, 1), heads(dqkv, 2));
+        return std::vector<Tensor>{dqkv};
+      });
+  return y;
+}
+
+// Channels [0, (H + Hkv) D) of qkv [B, T, *] (q | k) as [B, T, H + Hkv, D] heads.
+Tensor rotary_part(const Tensor& qkv, int64_t heads, int64_t D) {
+  return raw::view(raw::narrow(qkv, 2, 0, heads * D), {qkv.size(0), qkv.size(1), heads, D});
+}
+
+// Heads [first, first + count) of x [B, T, heads, D] as a [B, count, T, D] view.
+Tensor heads_of(const Tensor& x, int64_t first, int64_t count) {
+  return raw::permute(raw::narrow(x, 2, first, count), {0, 2, 1, 3});
+}
+
+// The fused path of rotary_causal_attention_qkv: q | k rotated into one [B, T, H + Hkv, D]
+// buffer (kept for the backward), v read in place from qkv.
+Tensor fused_rotary_attention_qkv(const Tensor& qkv, int64_t H, int64_t Hkv,
+                                  const ops::RopeTables& rope) {
+  const AttentionBackend backend = attention_backend();
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (H + 2 * Hkv);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const TensorOptions like{.dtype = qkv.dtype(), .device = qkv.device()};
+  Tensor qk = empty({B, T, H + Hkv, D}, like);
+  ops::rope_into(rotary_part(qkv, H + Hkv, D), rope, /*inverse=*/false, qk);
+  Tensor y = empty({B, T, H * D}, like);
+  const Tensor q = heads_of(qk, 0, H);
+  Tensor lse = lse_for(q);
+  attention_forward_on(backend, q, heads_of(qk, H, Hkv),
+                       head_view(qkv, (H + Hkv) * D, Hkv * D, Hkv), scale,
+                       head_view(y, 0, H * D, H), lse);
+  using autograd::SavedTensor;
+  autograd::record(
+      "RotaryAttentionQkvBackward", {qkv}, {y},
+      [sqkv = SavedTensor::input(qkv), sy = SavedTensor::output(y), qk, lse, scale, H, Hkv, D, rope,
+       backend](const autograd::BackwardArgs& args) {
+        const char* op = "RotaryAttentionQkvBackward";
+        const Tensor qkv = sqkv.unpack(op), y = sy.unpack(op);
+        Tensor dqkv = empty(qkv.shape(), {.dtype = qkv.dtype(), .device = qkv.device()});
+        Tensor dqk = empty(qk.shape(), {.dtype = qk.dtype(), .device = qk.device()});
+        const int64_t v_at = (H + Hkv) * D;
+        attention_backward_on(backend, heads_of(qk, 0, H), heads_of(qk, H, Hkv),
+                              head_view(qkv, v_at, Hkv * D, Hkv), head_view(y, 0, H * D, H),
+                              readable_gradient(head_view(args.grad(), 0, H * D, H), y.dtype()),
+                              lse, scale, heads_of(dqk, 0, H), heads_of(dqk, H, Hkv),
+                              head_view(dqkv, v_at, Hkv * D, Hkv));
+        // A rotation's gradient is the opposite rotation, written where q | k's gradient goes.
+        ops::rope_into(dqk, rope, /*inverse=*/true, rotary_part(dqkv, H + Hkv, D));
         return std::vector<Tensor>{dqkv};
       });
   return y;
@@ -306,6 +364,38 @@ Tensor causal_attention_qkv(const Tensor& qkv_in, int64_t n_head, double dropout
   const Tensor y = scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
                                                 /*causal=*/true, dropout_p, gen, allow_fused);
   return y.transpose(1, 2).reshape({B, T, C});
+}
+
+Tensor rotary_causal_attention_qkv(const Tensor& qkv_in, int64_t n_head, int64_t n_kv_head,
+                                   const ops::RopeTables& rope, bool allow_fused) {
+  const char* op = "rotary_causal_attention_qkv";
+  TESSERA_CHECK(n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0, op, ": n_kv_head (",
+                n_kv_head, ") must be positive and divide n_head (", n_head, ")");
+  const int64_t heads = n_head + 2 * n_kv_head;
+  TESSERA_CHECK(
+      qkv_in.dim() == 3 && qkv_in.size(2) % heads == 0 && (qkv_in.size(2) / heads) % 2 == 0 &&
+          is_floating(qkv_in.dtype()),
+      op, ": qkv must be a float [B, T, (n_head + 2 n_kv_head) D] tensor with an even D, got ",
+      autograd::describe(qkv_in), " for ", n_head, " + 2 x ", n_kv_head, " heads");
+  const Tensor qkv = autograd::autocast(qkv_in);
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / heads;
+  const int64_t q_width = n_head * D, kv_width = n_kv_head * D;
+  if (allow_fused && qkv.stride(2) == 1 && rope.cos.dim() == 2 && rope.cos.size(0) == T &&
+      rope.cos.size(1) == D / 2 &&
+      flash_attention_applies(head_view(qkv, 0, q_width, n_head),
+                              head_view(qkv, q_width, kv_width, n_kv_head),
+                              head_view(qkv, q_width + kv_width, kv_width, n_kv_head), true))
+    return fused_rotary_attention_qkv(qkv, n_head, n_kv_head, rope);
+  // The reference: the same computation from differentiable pieces.
+  const std::vector<Tensor> parts =
+      split(qkv, std::vector<int64_t>{q_width, kv_width, kv_width}, -1);
+  auto heads_of_part = [&](const Tensor& t, int64_t n) { return t.reshape({B, T, n, D}); };
+  const Tensor q = rotary_embedding(heads_of_part(parts[0], n_head), rope).transpose(1, 2);
+  const Tensor k = rotary_embedding(heads_of_part(parts[1], n_kv_head), rope).transpose(1, 2);
+  const Tensor v = heads_of_part(parts[2], n_kv_head).transpose(1, 2);
+  const Tensor y =
+      scaled_dot_product_attention(q, k, v, /*causal=*/true, 0.0, nullptr, allow_fused);
+  return y.transpose(1, 2).reshape({B, T, q_width});
 }
 
 }  // namespace tessera

@@ -38,15 +38,23 @@ Tensor fold_rows(const Tensor& t) {
   return raw::reshape(t, {shape_numel(leading), t.size(-1)});
 }
 
+// True when t [K, N] is the transpose of a contiguous [N, K] matrix (a torch-layout weight
+// used as weight.t()). Its gradient is then computed as the transpose of a contiguous [N, K]
+// product, so the weight's own gradient arrives contiguous and needs no layout copy.
+bool is_transposed_matrix(const Tensor& t) {
+  return t.dim() == 2 && !t.is_contiguous() && t.stride(0) == 1 && t.stride(1) == t.size(0);
+}
+
 // Gradients of y = a @ b for operands of rank >= 2 (broadcast batch dims summed back).
 Tensor matmul_grad_a(const Tensor& g, const Tensor& b, const Shape& a_shape) {
   return sum_to_shape(ops::matmul(g, mT(b)), a_shape);
 }
-Tensor matmul_grad_b(const Tensor& g, const Tensor& a, const Shape& b_shape) {
-  if (b_shape.size() == 2 && a.dim() > 2) {
+Tensor matmul_grad_b(const Tensor& g, const Tensor& a, const Shape& b_shape, bool b_transposed) {
+  if (b_shape.size() == 2 && a.dim() >= 2) {
     // A matrix shared by every batch: fold the batch into the rows, one [K, N] product
     // instead of a batch of them summed afterwards.
-    return ops::matmul(mT(fold_rows(a)), fold_rows(g));
+    if (b_transposed) return mT(ops::matmul(mT(fold_rows(g)), fold_rows(a)));
+    if (a.dim() > 2) return ops::matmul(mT(fold_rows(a)), fold_rows(g));
   }
   return sum_to_shape(ops::matmul(mT(a), g), b_shape);
 }
@@ -61,23 +69,29 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   if (!autograd::any_requires_grad({a, b})) return y;
   SavedTensor saved_a = b.requires_grad() ? SavedTensor::input(a) : SavedTensor();
   SavedTensor saved_b = a.requires_grad() ? SavedTensor::input(b) : SavedTensor();
-  record("MatmulBackward", {a, b}, {y}, [saved_a, saved_b, a_shape = a.shape(), b_shape = b.shape()](const BackwardArgs& x) {
-    // 1-D operands are a row (a) or a column (b); the gradient gets that dim back.
-    const bool a_vector = a_shape.size() == 1, b_vector = b_shape.size() == 1;
-    Tensor g = x.grad();
-    if (a_vector) g = raw::unsqueeze(g, g.dim() - (b_vector ? 0 : 1));
-    if (b_vector) g = raw::unsqueeze(g, g.dim());
-    const Shape a2 = a_vector ? Shape{1, a_shape[0]} : a_shape;
-    const Shape b2 = b_vector ? Shape{b_shape[0], 1} : b_shape;
-    Tensor grad_a, grad_b;
-    if (x.needs(0)) {
-      grad_a = raw::reshape(matmul_grad_a(g, raw::reshape(saved_b.unpack("MatmulBackward"), b2), a2), a_shape);
-    }
-    if (x.needs(1)) {
-      grad_b = raw::reshape(matmul_grad_b(g, raw::reshape(saved_a.unpack("MatmulBackward"), a2), b2), b_shape);
-    }
-    return Grads{grad_a, grad_b};
-  });
+  record("MatmulBackward", {a, b}, {y},
+         [saved_a, saved_b, a_shape = a.shape(), b_shape = b.shape(),
+          b_transposed = is_transposed_matrix(b)](const BackwardArgs& x) {
+           // 1-D operands are a row (a) or a column (b); the gradient gets that dim back.
+           const bool a_vector = a_shape.size() == 1, b_vector = b_shape.size() == 1;
+           Tensor g = x.grad();
+           if (a_vector) g = raw::unsqueeze(g, g.dim() - (b_vector ? 0 : 1));
+           if (b_vector) g = raw::unsqueeze(g, g.dim());
+           const Shape a2 = a_vector ? Shape{1, a_shape[0]} : a_shape;
+           const Shape b2 = b_vector ? Shape{b_shape[0], 1} : b_shape;
+           Tensor grad_a, grad_b;
+           if (x.needs(0)) {
+             grad_a = raw::reshape(
+                 matmul_grad_a(g, raw::reshape(saved_b.unpack("MatmulBackward"), b2), a2), a_shape);
+           }
+           if (x.needs(1)) {
+             grad_b =
+                 raw::reshape(matmul_grad_b(g, raw::reshape(saved_a.unpack("MatmulBackward"), a2),
+                                            b2, b_transposed),
+                              b_shape);
+           }
+           return Grads{grad_a, grad_b};
+         });
   return y;
 }
 
@@ -106,25 +120,40 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
   if (!autograd::any_requires_grad({x, weight, bias})) return y;
   SavedTensor saved_x = weight.requires_grad() ? SavedTensor::input(x) : SavedTensor();
   SavedTensor saved_w = x.requires_grad() ? SavedTensor::input(weight) : SavedTensor();
-  record("LinearBackward", {x, weight, bias}, {y}, [saved_x, saved_w, x_shape = x.shape(), in, out](const BackwardArgs& a) {
-    const Tensor g = fold_rows(a.grad());
-    Tensor grad_x, grad_w, grad_b;
-    if (a.needs(0)) grad_x = raw::reshape(ops::matmul(g, mT(saved_w.unpack("LinearBackward"))), x_shape);
-    if (a.needs(1)) {
-      const Tensor x2d = fold_rows(saved_x.unpack("LinearBackward"));
-      if (auto fused = fused_for(x2d).linear_weight_grad; fused && fused_linear_operands(x2d, g, Tensor())) {
-        // dW = x^T g and, when wanted, db = the column sums of g from the same GEMM.
-        const TensorOptions like{.dtype = g.dtype(), .device = g.device()};
-        grad_w = empty({in, out}, like);
-        if (a.needs(2)) grad_b = empty({out}, like);
-        fused(x2d, g, grad_w, grad_b);
-      } else {
-        grad_w = ops::matmul(mT(x2d), g);
-      }
-    }
-    if (a.needs(2) && !grad_b.defined()) grad_b = ops::sum(g, {0});
-    return Grads{grad_x, grad_w, grad_b};
-  });
+  record("LinearBackward", {x, weight, bias}, {y},
+         [saved_x, saved_w, x_shape = x.shape(), in, out,
+          w_transposed = is_transposed_matrix(weight)](const BackwardArgs& a) {
+           const Tensor g = fold_rows(a.grad());
+           Tensor grad_x, grad_w, grad_b;
+           if (a.needs(0))
+             grad_x = raw::reshape(ops::matmul(g, mT(saved_w.unpack("LinearBackward"))), x_shape);
+           if (a.needs(1)) {
+             const Tensor x2d = fold_rows(saved_x.unpack("LinearBackward"));
+             auto fused = fused_for(x2d).linear_weight_grad;
+             if (w_transposed && !a.needs(2)) {
+               // weight is a torch-layout [out, in] matrix seen as [in, out]: dWᵀ = gᵀ x is written
+               // contiguous [out, in], and its transpose is the gradient of the view.
+               Tensor grad_wt;
+               if (fused && fused_linear_operands(g, x2d, Tensor())) {
+                 grad_wt = empty({out, in}, {.dtype = g.dtype(), .device = g.device()});
+                 fused(g, x2d, grad_wt, Tensor());
+               } else {
+                 grad_wt = ops::matmul(mT(g), x2d);
+               }
+               grad_w = mT(grad_wt);
+             } else if (fused && fused_linear_operands(x2d, g, Tensor())) {
+               // dW = x^T g and, when wanted, db = the column sums of g from the same GEMM.
+               const TensorOptions like{.dtype = g.dtype(), .device = g.device()};
+               grad_w = empty({in, out}, like);
+               if (a.needs(2)) grad_b = empty({out}, like);
+               fused(x2d, g, grad_w, grad_b);
+             } else {
+               grad_w = ops::matmul(mT(x2d), g);
+             }
+           }
+           if (a.needs(2) && !grad_b.defined()) grad_b = ops::sum(g, {0});
+           return Grads{grad_x, grad_w, grad_b};
+         });
   return y;
 }
 

@@ -1,5 +1,6 @@
-// Differentiable Llama-style layers: RMSNorm and rotary position embeddings, each one
-// fused kernel forward and one backward (kernels/cpu/rms_norm_rope.cpp and the CUDA row).
+// Differentiable Llama-style layers: RMSNorm (alone or after a residual add) and rotary
+// position embeddings, each one fused kernel forward and one backward
+// (kernels/cpu/rms_norm_rope.cpp and the CUDA row).
 #include "tessera/autograd/function_util.h"
 #include "tessera/autograd/functions.h"
 
@@ -22,6 +23,24 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
            return Grads{a.needs(0) ? g.dx : Tensor(), g.dweight};
          });
   return r.out;
+}
+
+std::pair<Tensor, Tensor> residual_rms_norm(const Tensor& x, const Tensor& residual,
+                                            const Tensor& weight, double eps) {
+  ops::ResidualRmsNormOutput r = ops::residual_rms_norm(x, residual, weight, eps);
+  if (!autograd::any_requires_grad({x, residual, weight})) return {r.sum, r.out};
+  record("ResidualRmsNormBackward", {x, residual, weight}, {r.sum, r.out},
+         [ssum = SavedTensor::output(r.sum), sw = SavedTensor::input(weight),
+          rstd = r.rstd](const BackwardArgs& a) {
+           const char* op = "ResidualRmsNormBackward";
+           // The sum's own gradient (the residual stream) joins the norm's in one pass; both
+           // terms of the sum get the total.
+           ops::RmsNormGrads g =
+               ops::rms_norm_backward_residual(a.grad_outputs.at(1), ssum.unpack(op), sw.unpack(op),
+                                               rstd, a.grad_outputs.at(0), a.needs(2));
+           return Grads{a.needs(0) ? g.dx : Tensor(), a.needs(1) ? g.dx : Tensor(), g.dweight};
+         });
+  return {r.sum, r.out};
 }
 
 Tensor rotary_embedding(const Tensor& x, const ops::RopeTables& tables) {

@@ -95,7 +95,8 @@ struct KernelTable {
   // strides), cos and sin [T, D/2] contiguous (f32; f64 for f64 x); with h = D/2 and i < h,
   //   out[.., i]     = x[.., i] cos[t, i] - x[.., i + h] sin[t, i]
   //   out[.., i + h] = x[.., i + h] cos[t, i] + x[.., i] sin[t, i]
-  // out contiguous [B, T, H, D]. inverse rotates by -angle (the backward).
+  // out [B, T, H, D], any strides that do not overlap (and not x's memory). inverse rotates
+  // by -angle (the backward).
   void (*rope)(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse,
                const Tensor& out) = nullptr;
 

@@ -73,6 +73,18 @@ struct FusedKernelTable {
   void (*swiglu_backward)(const Tensor& dout, const Tensor& gate, const Tensor& up,
                           const Tensor& dgate, const Tensor& dup) = nullptr;
 
+  // ---- the residual add of a pre-norm block fused into RMSNorm (ops::residual_rms_norm):
+  // residual_out = x + residual (rounded to the dtype) and out = rms_norm(residual_out, w) with
+  // rstd as the plain kernel's (core/dispatch.h); residual_out, out, rstd contiguous.
+  void (*residual_rms_norm)(const Tensor& x, const Tensor& residual, const Tensor& residual_out,
+                            const Tensor& w, double eps, const Tensor& out,
+                            const Tensor& rstd) = nullptr;
+  // RMSNorm's backward with the residual stream's gradient added into dx in the same pass:
+  // dx = rms_norm_backward(dy) + dresidual; dw accumulates (+=) when defined.
+  void (*rms_norm_backward_residual)(const Tensor& dy, const Tensor& x, const Tensor& w,
+                                     const Tensor& rstd, const Tensor& dresidual, const Tensor& dx,
+                                     const Tensor& dw) = nullptr;
+
   // ---- causal attention on [B, H, T, D] heads, O(T) memory; lse [B, H, T] f32. Two
   // implementations with one contract: the hand-written flash kernels and cuDNN's.
   void (*flash_attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v, double scale,

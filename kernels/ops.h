@@ -118,6 +118,19 @@ struct RmsNormGrads {
 };
 RmsNormGrads rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                const Tensor& rstd, bool need_weight_grad);
+// The residual add of a pre-norm block and the RMSNorm after it: sum = x + residual (rounded
+// to the dtype), out = rms_norm(sum, weight). One fused kernel where the device has it
+// (FusedKernelTable::residual_rms_norm), the add and the norm otherwise.
+struct ResidualRmsNormOutput {
+  Tensor sum, out, rstd;
+};
+ResidualRmsNormOutput residual_rms_norm(const Tensor& x, const Tensor& residual,
+                                        const Tensor& weight, double eps);
+// rms_norm_backward of (dy, x = the normalised sum) with dresidual, the gradient reaching the
+// sum along the residual stream, added into dx: dx = rms_norm_backward(dy).dx + dresidual.
+RmsNormGrads rms_norm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                        const Tensor& rstd, const Tensor& dresidual,
+                                        bool need_weight_grad);
 struct RopeTables {
   Tensor cos, sin;  // [count, head_dim / 2], f32 (f64 when asked for f64)
 };
@@ -127,6 +140,9 @@ RopeTables rope_tables(int64_t start, int64_t count, int64_t head_dim, double th
 // Rotary embedding of x [B, T, H, D] with tables for its T positions (Hugging Face's
 // rotate_half pairing of element i with i + D/2); inverse rotates back (the backward).
 Tensor rope(const Tensor& x, const RopeTables& tables, bool inverse = false);
+// The same written into out (x's shape and dtype, any strides that do not overlap, memory
+// apart from x's): e.g. straight into the q|k part of a fused projection's gradient.
+void rope_into(const Tensor& x, const RopeTables& tables, bool inverse, const Tensor& out);
 
 // ---- joining and splitting (views where possible) ----
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);

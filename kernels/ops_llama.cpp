@@ -1,8 +1,10 @@
-// Front-end of the Llama-style layer kernels: RMSNorm (forward/backward) and rotary
-// position embeddings (tables and rotation).
+// Front-end of the Llama-style layer kernels: RMSNorm (forward/backward, alone or with the
+// residual add of a pre-norm block fused in) and rotary position embeddings (tables and
+// rotation).
 #include <cmath>
 #include <vector>
 
+#include "tessera/core/fused_dispatch.h"
 #include "tessera/kernels/ops.h"
 #include "tessera/kernels/ops_util.h"
 
@@ -41,26 +43,87 @@ RmsNormOutput rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return r;
 }
 
-RmsNormGrads rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                               const Tensor& rstd, bool need_weight_grad) {
-  const Device dev = detail::common_device("rms_norm_backward", {&dy, &x, &rstd});
-  check_rms_input("rms_norm_backward", x, weight);
-  TESSERA_CHECK(dy.shape() == x.shape(), "rms_norm_backward: gradient ", detail::describe(dy),
-                " must have the input's shape ", detail::describe(x));
-  TESSERA_CHECK(rstd.shape() == row_shape(x) && rstd.dtype() == stat_dtype(x.dtype()),
-                "rms_norm_backward: saved rstd ", detail::describe(rstd), " must be ",
+namespace {
+
+// A tensor that must match x (the residual stream's other term or its gradient): same shape,
+// device and dtype (a gradient in another dtype is converted).
+Tensor like_input(const char* op, const char* what, const Tensor& t, const Tensor& x) {
+  TESSERA_CHECK(t.defined() && t.shape() == x.shape() && t.device() == x.device(), op, ": ", what,
+                " ", t.defined() ? detail::describe(t) : std::string("(undefined)"),
+                " must have the input's shape and device ", detail::describe(x));
+  return t.dtype() == x.dtype() ? t : raw::to(t, x.device(), x.dtype());
+}
+
+// The checks and outputs of both backward forms; `kernel` fills them.
+template <class Kernel>
+RmsNormGrads rms_norm_backward_with(const char* op, const Tensor& dy, const Tensor& x,
+                                    const Tensor& weight, const Tensor& rstd, bool need_weight_grad,
+                                    Kernel&& kernel) {
+  const Device dev = detail::common_device(op, {&dy, &x, &rstd});
+  check_rms_input(op, x, weight);
+  TESSERA_CHECK(rstd.shape() == row_shape(x) && rstd.dtype() == stat_dtype(x.dtype()), op,
+                ": saved rstd ", detail::describe(rstd), " must be ",
                 dtype_name(stat_dtype(x.dtype())), shape_str(row_shape(x)));
+  const Tensor dyc = like_input(op, "gradient", dy, x);
   RmsNormGrads g;
-  const Tensor dyc = dy.dtype() == x.dtype() ? dy : raw::to(dy, dev, x.dtype());
   g.dx = empty(x.shape(), {.dtype = x.dtype(), .device = dev});
   if (need_weight_grad && weight.defined()) {
     g.dweight = zeros({x.shape().back()}, {.dtype = x.dtype(), .device = dev});
   }
-  if (x.numel() > 0) {
-    checked_kernel(detail::kernels_for(dev).rms_norm_backward, "rms_norm_backward", dev)(
-        dyc, x, weight, rstd, g.dx, g.dweight);
-  }
+  if (x.numel() > 0) kernel(dev, dyc, g);
   return g;
+}
+
+}  // namespace
+
+RmsNormGrads rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                               const Tensor& rstd, bool need_weight_grad) {
+  return rms_norm_backward_with("rms_norm_backward", dy, x, weight, rstd, need_weight_grad,
+                                [&](Device dev, const Tensor& dyc, RmsNormGrads& g) {
+                                  checked_kernel(detail::kernels_for(dev).rms_norm_backward,
+                                                 "rms_norm_backward",
+                                                 dev)(dyc, x, weight, rstd, g.dx, g.dweight);
+                                });
+}
+
+ResidualRmsNormOutput residual_rms_norm(const Tensor& x, const Tensor& residual,
+                                        const Tensor& weight, double eps) {
+  const char* op = "residual_rms_norm";
+  const Device dev = detail::common_device(op, {&x, &residual});
+  check_rms_input(op, x, weight);
+  TESSERA_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype(), op, ": residual ",
+                detail::describe(residual), " must match the input ", detail::describe(x));
+  TESSERA_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
+  const auto fused = fused_kernel_table(dev.type).residual_rms_norm;
+  if (fused == nullptr || x.numel() == 0) {
+    // The composition: the add, then the norm of the rounded sum (what the kernel computes).
+    Tensor sum = binary(BinaryOp::Add, x, residual);
+    RmsNormOutput r = rms_norm(sum, weight, eps);
+    return {sum, r.out, r.rstd};
+  }
+  const TensorOptions like{.dtype = x.dtype(), .device = dev};
+  ResidualRmsNormOutput r{empty(x.shape(), like), empty(x.shape(), like),
+                          empty(row_shape(x), {.dtype = stat_dtype(x.dtype()), .device = dev})};
+  fused(x, residual, r.sum, weight, eps, r.out, r.rstd);
+  return r;
+}
+
+RmsNormGrads rms_norm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                        const Tensor& rstd, const Tensor& dresidual,
+                                        bool need_weight_grad) {
+  const char* op = "rms_norm_backward_residual";
+  const Tensor dres = like_input(op, "residual gradient", dresidual, x);
+  return rms_norm_backward_with(
+      op, dy, x, weight, rstd, need_weight_grad,
+      [&](Device dev, const Tensor& dyc, RmsNormGrads& g) {
+        if (const auto fused = fused_kernel_table(dev.type).rms_norm_backward_residual) {
+          fused(dyc, x, weight, rstd, dres, g.dx, g.dweight);
+          return;
+        }
+        checked_kernel(detail::kernels_for(dev).rms_norm_backward, op, dev)(dyc, x, weight, rstd,
+                                                                            g.dx, g.dweight);
+        binary_(BinaryOp::Add, g.dx, dres);
+      });
 }
 
 RopeTables rope_tables(int64_t start, int64_t count, int64_t head_dim, double theta, DType dtype,
@@ -92,10 +155,14 @@ RopeTables rope_tables(int64_t start, int64_t count, int64_t head_dim, double th
   return t;
 }
 
-Tensor rope(const Tensor& x, const RopeTables& tables, bool inverse) {
-  const Device dev = detail::common_device("rope", {&x, &tables.cos, &tables.sin});
+void rope_into(const Tensor& x, const RopeTables& tables, bool inverse, const Tensor& out) {
+  const Device dev = detail::common_device("rope", {&x, &tables.cos, &tables.sin, &out});
   TESSERA_CHECK(is_floating(x.dtype()) && x.dim() == 4 && x.size(3) % 2 == 0, "rope: input ",
                 detail::describe(x), " must be a float [B, T, H, D] tensor with an even D");
+  TESSERA_CHECK(out.shape() == x.shape() && out.dtype() == x.dtype(), "rope: output ",
+                detail::describe(out), " must have the input's shape and dtype ",
+                detail::describe(x));
+  check_no_internal_overlap("rope", out);
   const Shape want{x.size(1), x.size(3) / 2};
   const DType table_dtype = stat_dtype(x.dtype());
   for (const Tensor* t : {&tables.cos, &tables.sin}) {
@@ -104,9 +171,13 @@ Tensor rope(const Tensor& x, const RopeTables& tables, bool inverse) {
   }
   const Tensor cos = raw::contiguous(raw::to(tables.cos, dev, table_dtype));
   const Tensor sin = raw::contiguous(raw::to(tables.sin, dev, table_dtype));
-  Tensor out = empty(x.shape(), {.dtype = x.dtype(), .device = dev});
   if (out.numel() > 0)
     checked_kernel(detail::kernels_for(dev).rope, "rope", dev)(x, cos, sin, inverse, out);
+}
+
+Tensor rope(const Tensor& x, const RopeTables& tables, bool inverse) {
+  Tensor out = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+  rope_into(x, tables, inverse, out);
   return out;
 }
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <tuple>
 
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/autograd.h"
@@ -55,6 +56,10 @@ RMSNorm::RMSNorm(int64_t dim, double eps_in, TensorOptions opts) : eps(eps_in) {
 
 Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, weight, eps); }
 
+std::pair<Tensor, Tensor> RMSNorm::forward_residual(const Tensor& x, const Tensor& residual) {
+  return residual_rms_norm(x, residual, weight, eps);
+}
+
 LlamaAttention::LlamaAttention(const LlamaConfig& cfg, Generator* gen, TensorOptions opts)
     : q_proj(cfg.hidden_size, cfg.num_attention_heads * cfg.attention_head_dim(),
              cfg.initializer_range, gen, opts),
@@ -75,18 +80,22 @@ LlamaAttention::LlamaAttention(const LlamaConfig& cfg, Generator* gen, TensorOpt
 
 Tensor LlamaAttention::forward_at(const Tensor& x, const ops::RopeTables& rope, int64_t past,
                                   KVCache::Layer* cache) {
+  if (!cache) {
+    // Training and full forwards: one GEMM for q | k | v (the three weights stacked), then
+    // rotary attention straight from that projection (one gradient flows back into it).
+    const Tensor w_qkv = cat({q_proj.weight, k_proj.weight, v_proj.weight}, 0);
+    return o_proj(rotary_causal_attention_qkv(linear(x, w_qkv.t()), n_head, n_kv_head, rope));
+  }
   const int64_t B = x.size(0), T = x.size(1);
   // [B, T, heads, D]: rotary embeddings act per position, then heads move to dim 1.
   auto heads = [&](TorchLinear& proj, int64_t n) { return proj(x).view({B, T, n, head_dim}); };
   Tensor q = rotary_embedding(heads(q_proj, n_head), rope).transpose(1, 2);
   Tensor k = rotary_embedding(heads(k_proj, n_kv_head), rope).transpose(1, 2);
   Tensor v = heads(v_proj, n_kv_head).transpose(1, 2);
-  if (cache) {
-    raw::copy_(raw::narrow(cache->k, 2, past, T), k);
-    raw::copy_(raw::narrow(cache->v, 2, past, T), v);
-    k = raw::narrow(cache->k, 2, 0, past + T);
-    v = raw::narrow(cache->v, 2, 0, past + T);
-  }
+  raw::copy_(raw::narrow(cache->k, 2, past, T), k);
+  raw::copy_(raw::narrow(cache->v, 2, past, T), v);
+  k = raw::narrow(cache->k, 2, 0, past + T);
+  v = raw::narrow(cache->v, 2, 0, past + T);
   // Queries at the last T of the past + T key positions; GQA shares each kv head.
   const Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true);
   return o_proj(y.transpose(1, 2).reshape({B, T, n_head * head_dim}));
@@ -116,8 +125,20 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& cfg, Generator* gen, Ten
 
 Tensor LlamaDecoderLayer::forward_at(const Tensor& x, const ops::RopeTables& rope, int64_t past,
                                      KVCache::Layer* cache) {
-  const Tensor h = x + self_attn.forward_at(input_layernorm(x), rope, past, cache);
-  return h + mlp(post_attention_layernorm(h));
+  const auto [h, mlp_out] = forward_deferred(x, Tensor(), rope, past, cache);
+  return h + mlp_out;
+}
+
+std::pair<Tensor, Tensor> LlamaDecoderLayer::forward_deferred(const Tensor& residual,
+                                                              const Tensor& delta,
+                                                              const ops::RopeTables& rope,
+                                                              int64_t past, KVCache::Layer* cache) {
+  // x = residual + delta; h = x + attn(input_layernorm(x)); out = h + mlp(post_norm(h)).
+  const auto [x, x_normed] = delta.defined() ? input_layernorm.forward_residual(residual, delta)
+                                             : std::pair{residual, input_layernorm(residual)};
+  const Tensor attn_out = self_attn.forward_at(x_normed, rope, past, cache);
+  const auto [h, h_normed] = post_attention_layernorm.forward_residual(x, attn_out);
+  return {h, mlp(h_normed)};
 }
 
 LlamaModel::LlamaModel(const LlamaConfig& cfg, Generator* gen, TensorOptions opts)
@@ -156,24 +177,34 @@ Tensor Llama::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
   // One table for every layer: the angles of positions [past, past + T).
   const ops::RopeTables rope =
       ops::rope_tables(past, T, cfg_.attention_head_dim(), cfg_.rope_theta, w.dtype(), w.device());
-  Tensor x = model.embed_tokens(idx.contiguous());
+  // The residual stream as residual + delta, the add left to the next RMSNorm (fused there).
+  Tensor residual = model.embed_tokens(idx.contiguous()), delta;
   for (size_t i = 0; i < model.decoder_layers.size(); ++i) {
     LlamaDecoderLayer& layer = *model.decoder_layers[i];
-    x = cache ? layer.forward_at(x, rope, past, &cache->layers[i]) : run_layer(layer, x, rope);
+    std::tie(residual, delta) =
+        cache ? layer.forward_deferred(residual, delta, rope, past, &cache->layers[i])
+              : run_layer(layer, residual, delta, rope);
   }
-  return model.norm(x);
+  return delta.defined() ? model.norm.forward_residual(residual, delta).second
+                         : model.norm(residual);
 }
 
-Tensor Llama::run_layer(LlamaDecoderLayer& layer, const Tensor& x, const ops::RopeTables& rope) {
+std::pair<Tensor, Tensor> Llama::run_layer(LlamaDecoderLayer& layer, const Tensor& residual,
+                                           const Tensor& delta, const ops::RopeTables& rope) {
   if (!checkpointing_ || !is_training() || !autograd::is_grad_enabled())
-    return layer.forward_at(x, rope, 0, nullptr);
+    return layer.forward_deferred(residual, delta, rope, 0, nullptr);
   // The recompute replays the autocast policy; the layer has no randomness to replay. The
   // rotary tables are constants of this forward, captured as they are.
-  return autograd::checkpoint(
+  std::vector<Tensor> inputs{residual};
+  if (delta.defined()) inputs.push_back(delta);
+  const std::vector<Tensor> out = autograd::checkpoint(
       [&layer, &rope](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{layer.forward_at(in[0], rope, 0, nullptr)};
+        const auto [h, mlp_out] =
+            layer.forward_deferred(in[0], in.size() > 1 ? in[1] : Tensor(), rope, 0, nullptr);
+        return std::vector<Tensor>{h, mlp_out};
       },
-      {x})[0];
+      inputs);
+  return {out[0], out[1]};
 }
 
 std::string Llama::describe() const {

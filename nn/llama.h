@@ -6,6 +6,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "tessera/kernels/ops.h"
 #include "tessera/nn/attention.h"  // KVCache
@@ -50,6 +51,8 @@ class RMSNorm : public Module {
  public:
   explicit RMSNorm(int64_t dim, double eps = 1e-6, TensorOptions opts = {});
   Tensor forward(const Tensor& x) override;
+  // {x + residual, forward(x + residual)} with the add fused into the norm's kernels.
+  std::pair<Tensor, Tensor> forward_residual(const Tensor& x, const Tensor& residual);
   std::string type_name() const override { return "RMSNorm"; }
   Tensor weight;
   double eps;
@@ -84,6 +87,13 @@ class LlamaDecoderLayer : public Module {
   LlamaDecoderLayer(const LlamaConfig& cfg, Generator* gen, TensorOptions opts);
   Tensor forward_at(const Tensor& x, const ops::RopeTables& rope, int64_t past,
                     KVCache::Layer* cache);
+  // The same layer on a residual stream whose last add is still pending: its input is
+  // residual + delta (delta undefined: residual alone), and it returns {h, mlp_out}, its
+  // output being h + mlp_out. Each add is left to the RMSNorm that reads the sum next, which
+  // does it in the same kernel (and its gradient in the norm's backward).
+  std::pair<Tensor, Tensor> forward_deferred(const Tensor& residual, const Tensor& delta,
+                                             const ops::RopeTables& rope, int64_t past,
+                                             KVCache::Layer* cache);
   std::string type_name() const override { return "LlamaDecoderLayer"; }
   LlamaAttention self_attn;
   LlamaMLP mlp;
@@ -150,7 +160,8 @@ class Llama : public CausalLM {
 
  private:
   Tensor hidden_states(const Tensor& idx, int64_t past, KVCache* cache);
-  Tensor run_layer(LlamaDecoderLayer& layer, const Tensor& x, const ops::RopeTables& rope);
+  std::pair<Tensor, Tensor> run_layer(LlamaDecoderLayer& layer, const Tensor& residual,
+                                      const Tensor& delta, const ops::RopeTables& rope);
   LlamaConfig cfg_;
   bool checkpointing_ = false;
   std::unique_ptr<TorchLinear> lm_head_;

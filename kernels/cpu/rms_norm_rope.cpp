@@ -135,7 +135,7 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const
 }
 
 void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse, const Tensor& out) {
-  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3), half = D / 2;
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), half = x.size(3) / 2;
   visit_dtype(x.dtype(), [&](auto tag) {
     using E = decltype(tag);
     if constexpr (is_float_type_v<E>) {
@@ -146,6 +146,7 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse, c
       const S* cp = static_cast<const S*>(cos.raw_data());
       const S* sp = static_cast<const S*>(sin.raw_data());
       const int64_t sb = x.stride(0), st = x.stride(1), sh = x.stride(2), sd = x.stride(3);
+      const int64_t ob = out.stride(0), ot = out.stride(1), oh = out.stride(2), od = out.stride(3);
       const C sign = inverse ? C(-1) : C(1);
 #pragma omp parallel for collapse(2) schedule(static) if (x.numel() >= kParallelGrain)
       for (int64_t b = 0; b < B; ++b) {
@@ -154,12 +155,12 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse, c
           const S* stab = sp + t * half;
           for (int64_t h = 0; h < H; ++h) {
             const E* in = xp + b * sb + t * st + h * sh;
-            E* o = op + ((b * T + t) * H + h) * D;
+            E* o = op + b * ob + t * ot + h * oh;
             for (int64_t i = 0; i < half; ++i) {
               const C x1 = convert<C>(in[i * sd]), x2 = convert<C>(in[(i + half) * sd]);
               const C c = C(ct[i]), s = sign * C(stab[i]);
-              o[i] = convert<E>(C(x1 * c - x2 * s));
-              o[i + half] = convert<E>(C(x2 * c + x1 * s));
+              o[i * od] = convert<E>(C(x1 * c - x2 * s));
+              o[(i + half) * od] = convert<E>(C(x2 * c + x1 * s));
             }
           }
         }

@@ -72,20 +72,6 @@ __global__ void layer_norm_kernel(const T* x, const T* residual, T* residual_out
 // A warp row of up to 32 * 8 * kPacks elements; the dispatcher picks the smallest kPacks.
 constexpr int kMaxForwardPacks = 8, kMaxBackwardPacks = 4;
 
-// Calls fn(std::integral_constant<int, K>{}) for the smallest K in {1, 2, 3, 4, 8} (up to
-// kMax) with 32 * 8 * K >= C and returns true; false when the row is longer.
-template <int kMax, class Fn>
-bool with_row_packs(int64_t C, Fn&& fn) {
-  const int64_t need = (C / kPack + 31) / 32;
-  if (need <= 1) return fn(std::integral_constant<int, 1>{}), true;
-  if (need <= 2) return fn(std::integral_constant<int, 2>{}), true;
-  if (need <= 3) return fn(std::integral_constant<int, 3>{}), true;
-  if (need <= 4) return fn(std::integral_constant<int, 4>{}), true;
-  if constexpr (kMax >= 8)
-    if (need <= 8) return fn(std::integral_constant<int, 8>{}), true;
-  return false;
-}
-
 template <class T, int kPacks>
 __global__ void __launch_bounds__(32 * kRowsPerBlock)
     layer_norm_regs_kernel(const T* x, const T* residual, T* residual_out, const T* w,

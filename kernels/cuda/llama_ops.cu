@@ -1,16 +1,21 @@
 // CUDA kernels of the Llama-style layers and of the scan/selection ops:
-//  * RMSNorm forward: one warp per row (sum of squares, then the scaled write).
-//  * RMSNorm backward: one warp per row for dx; dweight from per-chunk column partials
-//    [chunks, C] (f32, written once each) summed in chunk order by a second kernel, so the
+//  * RMSNorm forward, optionally with the residual add of a pre-norm block fused in front:
+//    one warp per row (sum of squares, then the scaled write); rows of up to 2048 elements
+//    stay in registers and move in 16-byte packs.
+//  * RMSNorm backward, optionally adding the residual stream's gradient into dx: one warp per
+//    row for dx; dweight from per-block (fast path) or per-chunk column partials (f32,
+//    written once each) summed in a fixed order by a second kernel over C / 8 blocks, so the
 //    result is the same bits on every run.
-//  * RoPE: one thread per rotated pair (i, i + D/2).
+//  * RoPE: one thread per 8 rotated pairs (16-byte packs), or per pair for odd layouts; the
+//    input is read through its strides, so no layout copy runs first.
 //  * cumsum: one thread per lane, walking it in order (f64 accumulation for float types).
 //  * topk: one block per lane, k rounds of a block-wide arg-max over the entries not taken
 //    yet (O(k n) per lane: meant for the small k of sampling).
-// Inputs are made contiguous first; the CPU kernels are the reference (tests/cuda).
+// Other inputs are made contiguous first; the CPU kernels are the reference (tests/cuda).
 #include <cmath>
 
 #include "tessera/core/dispatch.h"
+#include "tessera/core/fused_dispatch.h"
 #include "tessera/kernels/cuda/common.cuh"
 
 namespace tessera::cuda {
@@ -23,51 +28,49 @@ const T* ptr_or_null(const Tensor& t) {
   return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr;
 }
 
-// ---- RMSNorm ----
+// Element strides of the rotary input [B, T, H, D].
+struct RopeStrides {
+  int64_t b, t, h, d;
+};
 
+// ---- RMSNorm ----
+// With a residual (the fused add of a pre-norm block): residual_out = x + residual, rounded to
+// the dtype, and that stored sum is what gets normalised. The backward's dresidual (the
+// gradient reaching the sum from the residual stream) is added into dx in the same pass.
+
+// General kernels (any length, f64): one warp per row.
 template <class T, class S>
-__global__ void rms_norm_kernel(const T* x, const T* w, float eps, T* out, S* rstd_out,
-                                int64_t rows, int64_t C) {
+__global__ void rms_norm_kernel(const T* x, const T* residual, T* residual_out, const T* w,
+                                float eps, T* out, S* rstd_out, int64_t rows, int64_t C) {
   using A = acc_t<T>;
   const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.y;
   if (r >= rows) return;
   const T* xr = x + r * C;
   A sq = 0;
   for (int64_t i = threadIdx.x; i < C; i += 32) {
-    const A v = to_acc<A>(xr[i]);
+    T xi = xr[i];
+    if (residual) {
+      xi = from_acc<T>(to_acc<A>(xi) + to_acc<A>(residual[r * C + i]));
+      residual_out[r * C + i] = xi;
+    }
+    const A v = to_acc<A>(xi);
     sq += v * v;
   }
   const A rstd = A(1) / sqrt(warp_sum(sq) / A(C) + A(eps));
+  // Each lane re-reads only the sums it wrote itself.
+  const T* sr = residual ? residual_out + r * C : xr;
   for (int64_t i = threadIdx.x; i < C; i += 32) {
-    A y = to_acc<A>(xr[i]) * rstd;
+    A y = to_acc<A>(sr[i]) * rstd;
     if (w) y *= to_acc<A>(w[i]);
     out[r * C + i] = from_acc<T>(y);
   }
   if (threadIdx.x == 0) rstd_out[r] = static_cast<S>(rstd);
 }
 
-void rms_norm(const Tensor& x_in, const Tensor& w_in, double eps, const Tensor& out,
-              const Tensor& rstd) {
-  TESSERA_CHECK(out.is_contiguous() && rstd.is_contiguous(),
-                "rms_norm (cuda): out and rstd must be contiguous");
-  KernelContext ctx(out);
-  const Tensor x = raw::contiguous(x_in), w = w_in.defined() ? raw::contiguous(w_in) : Tensor();
-  const int64_t C = x.size(-1), rows = x.numel() / C;
-  const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
-  visit_float(x.dtype(), "rms_norm", [&](auto tag) {
-    using T = decltype(tag);
-    using S = acc_t<T>;  // f32 statistics, f64 for f64 (the table's contract)
-    rms_norm_kernel<T, S><<<blocks, dim3(32, kRowsPerBlock), 0, ctx.stream>>>(
-        static_cast<const T*>(x.raw_data()), ptr_or_null<T>(w), static_cast<float>(eps),
-        static_cast<T*>(out.raw_data()), static_cast<S*>(rstd.raw_data()), rows, C);
-  });
-  TESSERA_KERNEL_CHECK("rms_norm_kernel");
-}
-
-// dx = rstd * (g - x * rstd^2 * mean(g * x)), g = dy * w.
+// dx = rstd * (g - x * rstd^2 * mean(g * x)) (+ dresidual), g = dy * w.
 template <class T, class S>
-__global__ void rms_norm_dx_kernel(const T* dy, const T* x, const T* w, const S* rstd, T* dx,
-                                   int64_t rows, int64_t C) {
+__global__ void rms_norm_dx_kernel(const T* dy, const T* x, const T* w, const S* rstd,
+                                   const T* dresidual, T* dx, int64_t rows, int64_t C) {
   using A = acc_t<T>;
   const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.y;
   if (r >= rows) return;
@@ -82,7 +85,9 @@ __global__ void rms_norm_dx_kernel(const T* dy, const T* x, const T* w, const S*
   const A k = rs * rs * warp_sum(sum_gx) / A(C);
   for (int64_t i = threadIdx.x; i < C; i += 32) {
     const A g = to_acc<A>(gr[i]) * (w ? to_acc<A>(w[i]) : A(1));
-    dx[r * C + i] = from_acc<T>(rs * (g - to_acc<A>(xr[i]) * k));
+    A d = rs * (g - to_acc<A>(xr[i]) * k);
+    if (dresidual) d += to_acc<A>(dresidual[r * C + i]);
+    dx[r * C + i] = from_acc<T>(d);
   }
 }
 
@@ -100,35 +105,255 @@ __global__ void rms_norm_dw_partial_kernel(const T* dy, const T* x, const S* rst
   partial[blockIdx.y * C + c] = acc;
 }
 
-template <class T>
-__global__ void rms_norm_dw_finish_kernel(const acc_t<T>* partial, int64_t chunks, int64_t C,
-                                          T* dw) {
-  using A = acc_t<T>;
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  A acc = to_acc<A>(dw[c]);
-  for (int64_t k = 0; k < chunks; ++k) acc += partial[k * C + c];
-  dw[c] = from_acc<T>(acc);
+// Fast kernels (f32/f16/bf16, C a multiple of 8 up to 32 * 8 * kPacks, 16-byte aligned rows):
+// the row lives in registers, lane l of the warp holding 8-element packs l, l + 32, ..., so
+// every operand is read from global memory once, in 16-byte accesses.
+template <class T, int kPacks>
+__global__ void __launch_bounds__(32 * kRowsPerBlock)
+    rms_norm_regs_kernel(const T* x, const T* residual, T* residual_out, const T* w, float eps,
+                         T* out, float* rstd_out, int64_t rows, int64_t C) {
+  const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.y;
+  if (r >= rows) return;
+  const int lane = threadIdx.x;
+  const int64_t packs = C / kPack;
+  float v[kPacks][kPack];
+  float sq = 0;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = lane + 32 * k;
+    if (p >= packs) continue;
+    Pack8<T> a = load_pack(x + r * C, p);
+    if (residual) {
+      const Pack8<T> b = load_pack(residual + r * C, p);
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) a.v[j] = from_float<T>(to_float(a.v[j]) + to_float(b.v[j]));
+      store_pack(residual_out + r * C, p, a);
+    }
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) {
+      v[k][j] = to_float(a.v[j]);
+      sq += v[k][j] * v[k][j];
+    }
+  }
+  const float rstd = 1.f / sqrtf(warp_sum(sq) / float(C) + eps);
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = lane + 32 * k;
+    if (p >= packs) continue;
+    Pack8<T> wp, o;
+    if (w) wp = load_pack(w, p);
+#pragma unroll
+    for (int j = 0; j < kPack; ++j)
+      o.v[j] = from_float<T>(v[k][j] * rstd * (w ? to_float(wp.v[j]) : 1.f));
+    store_pack(out + r * C, p, o);
+  }
+  if (lane == 0) rstd_out[r] = rstd;
 }
 
-void rms_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_in,
-                       const Tensor& rstd_in, const Tensor& dx, const Tensor& dw) {
+// dx (+ dresidual) for the rows of this block's warps (grid-stride, persistent), and the
+// block's dweight partial row [C] in part_dw (null: dx only), its warps added in warp order.
+template <class T, int kPacks, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps)
+    rms_norm_backward_regs_kernel(const T* dy, const T* x, const T* w, const float* rstd,
+                                  const T* dresidual, T* dx, int64_t rows, int64_t C,
+                                  float* part_dw) {
+  extern __shared__ float block_dw[];  // [C]
+  const int lane = threadIdx.x, warp = threadIdx.y;
+  const int64_t packs = C / kPack;
+  float dw[kPacks][kPack];
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k)
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) dw[k][j] = 0.f;
+  const int64_t warps_total = int64_t(gridDim.x) * kWarps;
+  for (int64_t r = blockIdx.x * int64_t(kWarps) + warp; r < rows; r += warps_total) {
+    Pack8<T> dyp[kPacks], xp[kPacks];
+    const float rs = rstd[r];
+    float sum_gx = 0;
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t p = lane + 32 * k;
+      if (p >= packs) continue;
+      dyp[k] = load_pack(dy + r * C, p);
+      xp[k] = load_pack(x + r * C, p);
+      Pack8<T> wp;
+      if (w) wp = load_pack(w, p);
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) {
+        const float d = to_float(dyp[k].v[j]), xv = to_float(xp[k].v[j]);
+        sum_gx += d * (w ? to_float(wp.v[j]) : 1.f) * xv;
+        dw[k][j] += d * xv * rs;
+      }
+    }
+    const float scale = rs * rs * warp_sum(sum_gx) / float(C);
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t p = lane + 32 * k;
+      if (p >= packs) continue;
+      Pack8<T> wp, res, o;
+      if (w) wp = load_pack(w, p);
+      if (dresidual) res = load_pack(dresidual + r * C, p);
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) {
+        const float g = to_float(dyp[k].v[j]) * (w ? to_float(wp.v[j]) : 1.f);
+        float d = rs * (g - to_float(xp[k].v[j]) * scale);
+        if (dresidual) d += to_float(res.v[j]);
+        o.v[j] = from_float<T>(d);
+      }
+      store_pack(dx + r * C, p, o);
+    }
+  }
+  if (part_dw == nullptr) return;  // uniform over the grid
+  for (int turn = 0; turn < kWarps; ++turn) {
+    if (warp == turn) {
+#pragma unroll
+      for (int k = 0; k < kPacks; ++k) {
+        const int64_t p = lane + 32 * k;
+        if (p >= packs) continue;
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) {
+          const int64_t c = p * kPack + j;
+          block_dw[c] = (turn == 0 ? 0.f : block_dw[c]) + dw[k][j];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int64_t c = warp * 32 + lane; c < C; c += 32 * kWarps)
+    part_dw[blockIdx.x * C + c] = block_dw[c];
+}
+
+// dw += the sum of the partial rows [chunks, C]. Block (8 columns, 32 chunk lanes): lane y adds
+// chunks y, y + 32, ... in order, then lane 0 the 32 lane sums in order, so the result is
+// fixed by the shapes alone; C / 8 blocks keep the whole GPU busy even for small C.
+constexpr int kFinishCols = 8, kFinishLanes = 32;
+
+template <class T>
+__global__ void __launch_bounds__(kFinishCols* kFinishLanes)
+    rms_norm_dw_finish_kernel(const acc_t<T>* partial, int64_t chunks, int64_t C, T* dw) {
+  using A = acc_t<T>;
+  __shared__ A lanes[kFinishLanes][kFinishCols];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = blockIdx.x * int64_t(kFinishCols) + tx;
+  A s = 0;
+  if (c < C)
+    for (int64_t k = ty; k < chunks; k += kFinishLanes) s += partial[k * C + c];
+  lanes[ty][tx] = s;
+  __syncthreads();
+  if (ty != 0 || c >= C) return;
+  for (int y = 1; y < kFinishLanes; ++y) s += lanes[y][tx];
+  dw[c] = from_acc<T>(to_acc<A>(dw[c]) + s);
+}
+
+constexpr int kMaxRmsForwardPacks = 8, kMaxRmsBackwardPacks = 4;
+
+// Residual (and residual_out) may be undefined: plain RMSNorm.
+void rms_norm_impl(const Tensor& x_in, const Tensor& residual_in, const Tensor& residual_out,
+                   const Tensor& w_in, double eps, const Tensor& out, const Tensor& rstd) {
+  TESSERA_CHECK(out.is_contiguous() && rstd.is_contiguous() &&
+                    (!residual_out.defined() || residual_out.is_contiguous()),
+                "rms_norm (cuda): out, rstd and the residual sum must be contiguous");
+  KernelContext ctx(out);
+  const Tensor x = raw::contiguous(x_in), w = w_in.defined() ? raw::contiguous(w_in) : Tensor();
+  const Tensor residual = residual_in.defined() ? raw::contiguous(residual_in) : Tensor();
+  const int64_t C = x.size(-1), rows = x.numel() / C;
+  const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  const bool packed =
+      rows_packable(x.raw_data(), C) && aligned16({out.raw_data()}) &&
+      (!w.defined() || aligned16({w.raw_data()})) &&
+      (!residual.defined() || aligned16({residual.raw_data(), residual_out.raw_data()}));
+  visit_float(x.dtype(), "rms_norm", [&](auto tag) {
+    using T = decltype(tag);
+    using S = acc_t<T>;  // f32 statistics, f64 for f64 (the table's contract)
+    const T* xp = static_cast<const T*>(x.raw_data());
+    const T* rp = ptr_or_null<T>(residual);
+    T* rop = residual_out.defined() ? static_cast<T*>(residual_out.raw_data()) : nullptr;
+    if constexpr (!std::is_same_v<T, double>) {
+      if (packed && with_row_packs<kMaxRmsForwardPacks>(C, [&](auto packs) {
+            rms_norm_regs_kernel<T, decltype(packs)::value>
+                <<<blocks, dim3(32, kRowsPerBlock), 0, ctx.stream>>>(
+                    xp, rp, rop, ptr_or_null<T>(w), static_cast<float>(eps),
+                    static_cast<T*>(out.raw_data()), rstd.data<float>(), rows, C);
+          })) {
+        TESSERA_KERNEL_CHECK("rms_norm_regs_kernel");
+        return;
+      }
+    }
+    rms_norm_kernel<T, S><<<blocks, dim3(32, kRowsPerBlock), 0, ctx.stream>>>(
+        xp, rp, rop, ptr_or_null<T>(w), static_cast<float>(eps), static_cast<T*>(out.raw_data()),
+        static_cast<S*>(rstd.raw_data()), rows, C);
+    TESSERA_KERNEL_CHECK("rms_norm_kernel");
+  });
+}
+
+void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& out, const Tensor& rstd) {
+  rms_norm_impl(x, Tensor(), Tensor(), w, eps, out, rstd);
+}
+
+// The fast backward: dx and the blocks' dweight partials in one persistent kernel. False when
+// the rows do not suit it (then the general kernels run).
+template <class T>
+bool rms_norm_backward_fast(const KernelContext& ctx, const Tensor& dy, const Tensor& x,
+                            const Tensor& w, const Tensor& rstd, const Tensor& dres,
+                            const Tensor& dx, const Tensor& dw, int64_t rows, int64_t C) {
+  if constexpr (std::is_same_v<T, double>) {
+    return false;
+  } else {
+    const bool packed = rows_packable(dy.raw_data(), C) &&
+                        aligned16({x.raw_data(), dx.raw_data()}) &&
+                        (!w.defined() || aligned16({w.raw_data()})) &&
+                        (!dres.defined() || aligned16({dres.raw_data()}));
+    return packed && with_row_packs<kMaxRmsBackwardPacks>(C, [&](auto packs) {
+             constexpr int kPacks = decltype(packs)::value, kWarps = kPacks >= 4 ? 4 : 8;
+             auto kernel = rms_norm_backward_regs_kernel<T, kPacks, kWarps>;
+             const size_t smem = dw.defined() ? C * sizeof(float) : 0;
+             int per_sm = 0;
+             TESSERA_CUDA_CHECK(
+                 cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * kWarps, smem));
+             const int64_t blocks = std::max<int64_t>(
+                 1, std::min<int64_t>((rows + kWarps - 1) / kWarps,
+                                      int64_t(std::max(per_sm, 1)) * multiprocessor_count()));
+             Tensor part = dw.defined()
+                               ? empty({blocks, C}, {.dtype = DType::f32, .device = dx.device()})
+                               : Tensor();
+             float* part_dw = dw.defined() ? part.data<float>() : nullptr;
+             kernel<<<static_cast<unsigned>(blocks), dim3(32, kWarps), smem, ctx.stream>>>(
+                 static_cast<const T*>(dy.raw_data()), static_cast<const T*>(x.raw_data()),
+                 ptr_or_null<T>(w), rstd.data<float>(), ptr_or_null<T>(dres),
+                 static_cast<T*>(dx.raw_data()), rows, C, part_dw);
+             TESSERA_KERNEL_CHECK("rms_norm_backward_regs_kernel");
+             if (!part_dw) return;
+             rms_norm_dw_finish_kernel<T>
+                 <<<static_cast<unsigned>((C + kFinishCols - 1) / kFinishCols),
+                    dim3(kFinishCols, kFinishLanes), 0, ctx.stream>>>(
+                     part_dw, blocks, C, static_cast<T*>(dw.raw_data()));
+             TESSERA_KERNEL_CHECK("rms_norm_dw_finish_kernel");
+           });
+  }
+}
+
+// dresidual may be undefined (plain RMSNorm backward).
+void rms_norm_backward_impl(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_in,
+                            const Tensor& rstd_in, const Tensor& dres_in, const Tensor& dx,
+                            const Tensor& dw) {
   TESSERA_CHECK(dx.is_contiguous() && (!dw.defined() || dw.is_contiguous()),
                 "rms_norm_backward (cuda): dx and dweight must be contiguous");
   KernelContext ctx(dx);
   const Tensor dy = raw::contiguous(dy_in), x = raw::contiguous(x_in),
                rstd = raw::contiguous(rstd_in);
   const Tensor w = w_in.defined() ? raw::contiguous(w_in) : Tensor();
+  const Tensor dres = dres_in.defined() ? raw::contiguous(dres_in) : Tensor();
   const int64_t C = x.size(-1), rows = x.numel() / C;
   visit_float(x.dtype(), "rms_norm_backward", [&](auto tag) {
     using T = decltype(tag);
     using S = acc_t<T>;
     using A = acc_t<T>;
+    if (rms_norm_backward_fast<T>(ctx, dy, x, w, rstd, dres, dx, dw, rows, C)) return;
     const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
     rms_norm_dx_kernel<T, S><<<blocks, dim3(32, kRowsPerBlock), 0, ctx.stream>>>(
         static_cast<const T*>(dy.raw_data()), static_cast<const T*>(x.raw_data()),
-        ptr_or_null<T>(w), static_cast<const S*>(rstd.raw_data()), static_cast<T*>(dx.raw_data()),
-        rows, C);
+        ptr_or_null<T>(w), static_cast<const S*>(rstd.raw_data()), ptr_or_null<T>(dres),
+        static_cast<T*>(dx.raw_data()), rows, C);
     TESSERA_KERNEL_CHECK("rms_norm_dx_kernel");
     if (!dw.defined()) return;
     const int64_t col_blocks = (C + kThreads - 1) / kThreads;
@@ -142,45 +367,103 @@ void rms_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_
                          static_cast<const S*>(rstd.raw_data()), rows, C, rows_per_chunk,
                          partial.data<A>());
     TESSERA_KERNEL_CHECK("rms_norm_dw_partial_kernel");
-    rms_norm_dw_finish_kernel<T><<<static_cast<unsigned>(col_blocks), kThreads, 0, ctx.stream>>>(
+    rms_norm_dw_finish_kernel<T><<<static_cast<unsigned>((C + kFinishCols - 1) / kFinishCols),
+                                   dim3(kFinishCols, kFinishLanes), 0, ctx.stream>>>(
         partial.data<A>(), chunks, C, static_cast<T*>(dw.raw_data()));
     TESSERA_KERNEL_CHECK("rms_norm_dw_finish_kernel");
   });
 }
 
-// ---- RoPE ----
+void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                       const Tensor& dx, const Tensor& dw) {
+  rms_norm_backward_impl(dy, x, w, rstd, Tensor(), dx, dw);
+}
 
+// ---- RoPE ----
+// x [B, T, H, D] read and out written through their strides. Pair (i, i + D/2) of a head:
+//   out[i] = x[i] cos - x[i + D/2] sin,  out[i + D/2] = x[i + D/2] cos + x[i] sin.
+
+// The readable version: one thread per rotated pair, any strides.
 template <class T, class S>
 __global__ void rope_kernel(const T* x, const S* cos, const S* sin, float sign, T* out, int64_t B,
-                            int64_t Tn, int64_t H, int64_t D) {
+                            int64_t Tn, int64_t H, int64_t D, RopeStrides xs, RopeStrides os) {
   using A = acc_t<T>;
   const int64_t half = D / 2, pairs = B * Tn * H * half;
   for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < pairs;
        p += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = p % half, row = p / half;  // row = (b * Tn + t) * H + h
-    const int64_t t = (row / H) % Tn;
+    const int64_t h = row % H, t = (row / H) % Tn, b = row / (H * Tn);
+    const T* in = x + b * xs.b + t * xs.t + h * xs.h;
+    T* o = out + b * os.b + t * os.t + h * os.h;
     const A c = static_cast<A>(cos[t * half + i]), s = A(sign) * static_cast<A>(sin[t * half + i]);
-    const A x1 = to_acc<A>(x[row * D + i]), x2 = to_acc<A>(x[row * D + i + half]);
-    out[row * D + i] = from_acc<T>(x1 * c - x2 * s);
-    out[row * D + i + half] = from_acc<T>(x2 * c + x1 * s);
+    const A x1 = to_acc<A>(in[i * xs.d]), x2 = to_acc<A>(in[(i + half) * xs.d]);
+    o[i * os.d] = from_acc<T>(x1 * c - x2 * s);
+    o[(i + half) * os.d] = from_acc<T>(x2 * c + x1 * s);
   }
 }
 
-void rope(const Tensor& x_in, const Tensor& cos, const Tensor& sin, bool inverse,
-          const Tensor& out) {
-  TESSERA_CHECK(out.is_contiguous(), "rope (cuda): out must be contiguous");
+// The bandwidth-bound version (f32/f16/bf16, D/2 a multiple of 8, 16-byte aligned rows): one
+// thread per 8 pairs, moving 16-byte packs of x, out and the f32 tables.
+template <class T>
+__global__ void rope_packed_kernel(const T* x, const float* cos, const float* sin, float sign,
+                                   T* out, int64_t rows, int64_t Tn, int64_t H, int64_t D,
+                                   RopeStrides xs, RopeStrides os) {
+  const int64_t half = D / 2, row_packs = half / kPack, total = rows * row_packs;
+  for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < total;
+       p += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = p % row_packs, row = p / row_packs;
+    const int64_t h = row % H, t = (row / H) % Tn, b = row / (H * Tn);
+    const T* in = x + b * xs.b + t * xs.t + h * xs.h;
+    T* o = out + b * os.b + t * os.t + h * os.h;
+    const Pack8<T> a = load_pack(in, j), bpk = load_pack(in + half, j);
+    const Pack8<float> c = load_pack(cos + t * half, j), s = load_pack(sin + t * half, j);
+    Pack8<T> lo, hi;
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) {
+      const float x1 = to_float(a.v[k]), x2 = to_float(bpk.v[k]), sk = sign * s.v[k];
+      lo.v[k] = from_float<T>(x1 * c.v[k] - x2 * sk);
+      hi.v[k] = from_float<T>(x2 * c.v[k] + x1 * sk);
+    }
+    store_pack(o, j, lo);
+    store_pack(o + half, j, hi);
+  }
+}
+
+RopeStrides rope_strides(const Tensor& t) {
+  return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
+}
+
+// 16-byte packs along the head dim: unit stride, every head row on a 16-byte boundary.
+bool rope_rows_packable(const RopeStrides& s) {
+  return s.d == 1 && s.b % kPack == 0 && s.t % kPack == 0 && s.h % kPack == 0;
+}
+
+void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse, const Tensor& out) {
   KernelContext ctx(out);
-  const Tensor x = raw::contiguous(x_in);
-  const int64_t B = x.size(0), Tn = x.size(1), H = x.size(2), D = x.size(3);
+  const int64_t B = x.size(0), Tn = x.size(1), H = x.size(2), D = x.size(3), half = D / 2;
+  const RopeStrides xs = rope_strides(x), os = rope_strides(out);
+  const bool packed = x.dtype() != DType::f64 && half % kPack == 0 && rope_rows_packable(xs) &&
+                      rope_rows_packable(os) &&
+                      aligned16({x.raw_data(), out.raw_data(), cos.raw_data(), sin.raw_data()});
+  const float sign = inverse ? -1.f : 1.f;
   visit_float(x.dtype(), "rope", [&](auto tag) {
     using T = decltype(tag);
     using S = acc_t<T>;
-    rope_kernel<T, S><<<grid_for(B * Tn * H * (D / 2)), kThreads, 0, ctx.stream>>>(
-        static_cast<const T*>(x.raw_data()), static_cast<const S*>(cos.raw_data()),
-        static_cast<const S*>(sin.raw_data()), inverse ? -1.f : 1.f,
-        static_cast<T*>(out.raw_data()), B, Tn, H, D);
+    const T* xp = static_cast<const T*>(x.raw_data());
+    T* op = static_cast<T*>(out.raw_data());
+    if constexpr (!std::is_same_v<T, double>) {
+      if (packed) {
+        rope_packed_kernel<T><<<grid_for(B * Tn * H * (half / kPack)), kThreads, 0, ctx.stream>>>(
+            xp, cos.data<float>(), sin.data<float>(), sign, op, B * Tn * H, Tn, H, D, xs, os);
+        TESSERA_KERNEL_CHECK("rope_packed_kernel");
+        return;
+      }
+    }
+    rope_kernel<T, S><<<grid_for(B * Tn * H * half), kThreads, 0, ctx.stream>>>(
+        xp, static_cast<const S*>(cos.raw_data()), static_cast<const S*>(sin.raw_data()), sign, op,
+        B, Tn, H, D, xs, os);
+    TESSERA_KERNEL_CHECK("rope_kernel");
   });
-  TESSERA_KERNEL_CHECK("rope_kernel");
 }
 
 // ---- cumsum ----
@@ -307,6 +590,9 @@ const bool registered = [] {
   KernelTable& t = kernel_table(DeviceType::CUDA);
   t.rms_norm = rms_norm;
   t.rms_norm_backward = rms_norm_backward;
+  FusedKernelTable& fused = fused_kernel_table(DeviceType::CUDA);
+  fused.residual_rms_norm = rms_norm_impl;
+  fused.rms_norm_backward_residual = rms_norm_backward_impl;
   t.rope = rope;
   t.cumsum = cumsum;
   t.topk = topk;
