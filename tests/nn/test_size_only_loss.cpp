@@ -31,7 +31,9 @@ TEST(SizeOnlyLoss, GpuRouteAllocatesNoSecondLogitsSizedBuffer) {
   const int64_t logits_bytes = N * V * 2;
   const int64_t expected = logits_bytes + N * 4 + N * C * 2 + V * C * 2;
   const int64_t added = stats.peak - before;
-  EXPECT_GE(added, expected);
+  // At least the logits and the two gradients (the per-row losses may be freed before the
+  // gradients reach their peak).
+  EXPECT_GE(added, logits_bytes + N * C * 2 + V * C * 2);
   EXPECT_LE(added, expected + V * C * 2 + N * 8 + 1024)
       << "peak " << stats.peak << " bytes: another buffer (a logits-sized one is " << logits_bytes
       << " bytes) was allocated";
