@@ -193,6 +193,30 @@ template <class T>
 __device__ __forceinline__ void store_pack(T* p, int64_t pack_index, const Pack8<T>& v) {
   reinterpret_cast<Pack8<T>*>(p)[pack_index] = v;
 }
+// The per-column partial sums that each warp of a block kept in registers (`v[k][j]` for column
+// (lane + 32 k) * kPack + j, packs columns / kPack in all) added into `block` [columns] in warp
+// order, so the result depends on the shapes alone (the row-wise norm backwards' weight
+// gradients). Every thread of the block calls it; it ends with the block synchronised.
+template <int kWarps, int kPacks>
+__device__ __forceinline__ void add_warp_partials_in_order(float* block,
+                                                           const float (&v)[kPacks][kPack],
+                                                           int64_t packs, int warp, int lane) {
+  for (int turn = 0; turn < kWarps; ++turn) {
+    if (warp == turn) {
+#pragma unroll
+      for (int k = 0; k < kPacks; ++k) {
+        const int64_t p = lane + 32 * k;
+        if (p >= packs) continue;
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) {
+          const int64_t c = p * kPack + j;
+          block[c] = (turn == 0 ? 0.f : block[c]) + v[k][j];
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
 // True when every pointer is 16-byte aligned (packs may be used from element 0).
 inline bool aligned16(std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs)

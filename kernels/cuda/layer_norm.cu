@@ -307,23 +307,9 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, kPacks >= 4 ? 3 : 2)
     }
   }
   if (!want_params) return;  // uniform over the grid
-  // The block's partial: warps add theirs in warp order (fixed), then one row goes out.
-  for (int turn = 0; turn < kBackwardWarps; ++turn) {
-    if (warp == turn) {
-#pragma unroll
-      for (int k = 0; k < kPacks; ++k) {
-        const int64_t p = lane + 32 * k;
-        if (p >= packs) continue;
-#pragma unroll
-        for (int j = 0; j < kPack; ++j) {
-          const int64_t c = p * kPack + j;
-          block_partials[c] = (turn == 0 ? 0.f : block_partials[c]) + dw[k][j];
-          block_partials[C + c] = (turn == 0 ? 0.f : block_partials[C + c]) + db[k][j];
-        }
-      }
-    }
-    __syncthreads();
-  }
+  // The block's partials: warps add theirs in warp order (fixed), then one row goes out.
+  add_warp_partials_in_order<kBackwardWarps>(block_partials, dw, packs, warp, lane);
+  add_warp_partials_in_order<kBackwardWarps>(block_partials + C, db, packs, warp, lane);
   const int tid = warp * 32 + lane;
   for (int64_t c = tid; c < C; c += 32 * kBackwardWarps) {
     part_dw[blockIdx.x * C + c] = block_partials[c];

@@ -204,21 +204,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     }
   }
   if (part_dw == nullptr) return;  // uniform over the grid
-  for (int turn = 0; turn < kWarps; ++turn) {
-    if (warp == turn) {
-#pragma unroll
-      for (int k = 0; k < kPacks; ++k) {
-        const int64_t p = lane + 32 * k;
-        if (p >= packs) continue;
-#pragma unroll
-        for (int j = 0; j < kPack; ++j) {
-          const int64_t c = p * kPack + j;
-          block_dw[c] = (turn == 0 ? 0.f : block_dw[c]) + dw[k][j];
-        }
-      }
-    }
-    __syncthreads();
-  }
+  add_warp_partials_in_order<kWarps>(block_dw, dw, packs, warp, lane);
   for (int64_t c = warp * 32 + lane; c < C; c += 32 * kWarps)
     part_dw[blockIdx.x * C + c] = block_dw[c];
 }
