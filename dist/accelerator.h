@@ -44,6 +44,9 @@ namespace tessera::dist {
 struct AcceleratorOptions {
   // "no", "fp16" or "bf16"; empty = TESSERA_MIXED_PRECISION (set by tessera launch) or "no".
   std::string mixed_precision;
+  // The dtype gradients are averaged in across ranks: "fp32", or the parameters' own
+  // ("bf16" with mixed_precision bf16); empty = TESSERA_REDUCE_DTYPE or fp32.
+  std::string reduce_dtype;
   int gradient_accumulation_steps = 1;
   std::string backend = "auto";  // see init_process_group
   size_t bucket_bytes = size_t(25) << 20;

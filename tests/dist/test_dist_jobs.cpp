@@ -326,6 +326,8 @@ TEST(TrainCommand, Bf16TwoRanksTrackOneProcess) {
   // Mixed precision under launch: bf16 compute, f32 masters, gradients averaged in f32; the
   // two runs round differently, within bf16's resolution.
   expect_losses_close(train_one_and_two_ranks("bf16", "--dtype bf16"), 2e-2);
+  // Averaged in bf16 itself (--reduce-dtype bf16): one more rounding per step of the ring.
+  expect_losses_close(train_one_and_two_ranks("bf16r", "--dtype bf16 --reduce-dtype bf16"), 2e-2);
 }
 
 TEST(TrainCommand, RandomSamplingOnTwoRanksMatchesOneProcess) {
