@@ -209,7 +209,7 @@ const RegisterCommand reg(
       sub.add_option("--dtype", a->dtype, "fp32 | bf16 | fp16 (default fp32)")
           ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
       sub.add_option("--reduce-dtype", a->reduce_dtype,
-                     "dtype gradients are averaged in: fp32 (default) | the --dtype")
+                     "dtype gradients are averaged in: fp32 | the --dtype (default: bf16 for bf16, else fp32)")
           ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
       sub.add_option("--device", a->device,
                      "cuda: take a GPU's routes (flash attention, fused classifier); cpu: the "

@@ -6,12 +6,15 @@ namespace tessera::dist {
 
 MixedPrecisionPolicy MixedPrecisionPolicy::from_name(const std::string& name,
                                                      const std::string& reduce) {
-  // By default gradients are averaged and masters kept in f32 whatever the parameters'
-  // dtype: the low precision is for the memory and the matmuls, not for the sums.
+  // Masters are kept in f32 whatever the parameters' dtype. bf16 gradients are averaged in
+  // bf16 by default, as FSDP's and Accelerate's bf16 policies do (bf16 has f32's range; the
+  // sums round at each step of the ring, but no cast passes run and half the bytes travel);
+  // f16 gradients, whose range is narrow, in f32.
   MixedPrecisionPolicy policy;
-  if (name == "bf16") policy = {DType::bf16, DType::bf16, DType::f32, DType::f32};
+  if (name == "bf16") policy = {DType::bf16, DType::bf16, DType::bf16, DType::f32};
   else if (name == "fp16") policy = {DType::f16, DType::f16, DType::f32, DType::f32};
   else TESSERA_CHECK(name == "no", "mixed_precision must be no, fp16 or bf16; got '", name, "'");
+  if (reduce == "fp32") policy.reduce_dtype = DType::f32;
   if (reduce.empty() || reduce == "fp32") return policy;
   const std::string own = name == "no" ? "fp32" : name;
   TESSERA_CHECK(reduce == own, "reduce_dtype must be fp32 or the parameters' dtype (", own,

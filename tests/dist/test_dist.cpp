@@ -405,7 +405,8 @@ TEST_F(DdpTest, Bf16GradientsAreReducedThroughAnF32Buffer) {
 
 TEST(MixedPrecisionPolicy, GradientsAreAveragedInF32OrInTheParametersOwnDtype) {
   using dist::MixedPrecisionPolicy;
-  EXPECT_EQ(MixedPrecisionPolicy::from_name("bf16").reduce_dtype, DType::f32);
+  EXPECT_EQ(MixedPrecisionPolicy::from_name("bf16").reduce_dtype, DType::bf16);
+  EXPECT_EQ(MixedPrecisionPolicy::from_name("fp16").reduce_dtype, DType::f32);
   EXPECT_EQ(MixedPrecisionPolicy::from_name("bf16", "fp32").reduce_dtype, DType::f32);
   EXPECT_EQ(MixedPrecisionPolicy::from_name("bf16", "bf16").reduce_dtype, DType::bf16);
   EXPECT_EQ(MixedPrecisionPolicy::from_name("fp16", "fp16").reduce_dtype, DType::f16);
@@ -420,7 +421,7 @@ TEST(MixedPrecisionPolicy, GradientsAreAveragedInF32OrInTheParametersOwnDtype) {
   }
   EXPECT_THROW(MixedPrecisionPolicy::from_name("no", "bf16"), Error);
   // The Accelerator's DDP buckets follow the policy: no f32 reduce buffer for bf16.
-  dist::Accelerator acc({.mixed_precision = "bf16", .reduce_dtype = "bf16", .cpu = true});
+  dist::Accelerator acc({.mixed_precision = "bf16", .cpu = true});
   default_generator().manual_seed(6);
   TwoLayers model;
   acc.prepare(model);
