@@ -1,0 +1,514 @@
+// The Hopper (sm_90a) causal flash-attention forward: the FlashAttention-3 ideas written for this
+// repository. attention.cu's flash_attention_forward sends bf16/f16, head size 64/128 here on an
+// H100/H200 (see sm90_forward_unsupported) and keeps its mma.sync kernel everywhere else.
+//
+// Why a separate kernel: mma.sync reaches a fraction of Hopper's tensor-core rate (the kernel in
+// attention.cu peaks near 85 TFLOP/s). The full rate needs warpgroup MMA (wgmma) reading its
+// operands from shared memory through descriptors, fed by the TMA copy engine, with the loads
+// running in a separate warpgroup so the tensor cores never wait for memory.
+//
+// Block: one (batch, head) and kRows = 64 * kConsumers queries; 128 * (kConsumers + 1) threads.
+//   warpgroup 0 (producer): gives most of its registers away (setmaxnreg) and one thread issues
+//     the TMA copies: the block's Q tile once, then the K and V tiles of 128 keys into a ring of
+//     two stages, from the diagonal tile backwards (the only tiles needing a mask come first).
+//   warpgroups 1..kConsumers: 64 queries each (wgmma's M). Per K/V tile:
+//       S = Q K^T     wgmma m64n128k16, A = Q and B = K both from shared memory (K-major);
+//       online softmax on the S registers (row max / sum across the 4 threads of a quad);
+//       O += P V      wgmma m64nDk16 with A = P straight from registers (bf16/f16 pairs) and
+//                     B = V from shared memory, MN-major (the transpose bit).
+// Shared memory holds every tile as 128-byte-swizzled "panels" of 64 head dims (one 128-byte row
+// per query or key); D = 128 uses two panels per tile, one TMA box each.
+//
+// mbarriers (a phase completes, and flips, when its expected arrivals and bytes are in; waits name
+// the parity of the phase they wait for, see sm90::mbarrier_wait):
+//   q_full          1 arrival (the producer's expect_tx) + the Q bytes; used once: parity 0.
+//   k_full[s]       same for the K tile of stage s; v_full[s] for its V tile (separate so that
+//                   S = Q K^T starts before V has landed).
+//   kv_empty[s]     one arrival per consumer warp once it no longer reads stage s.
+// Tile iteration `it` (0, 1, ... in processing order) uses stage it % 2 for the (it / 2)-th time:
+// consumers wait for k_full / v_full with parity (it / 2) & 1; the producer, before refilling a
+// stage for use u = it / 2 >= 1, waits for kv_empty's completion number u - 1: parity (u - 1) & 1.
+// Every consumer warp waits for both full barriers of every tile (even one it skips) before it
+// arrives on kv_empty, so no copy into a stage can overlap a copy still landing there and no warp
+// can arrive twice within one phase.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "tessera/kernels/cuda/attention_common.cuh"
+#include "tessera/kernels/cuda/sm90_common.cuh"
+
+namespace tessera::cuda::attention_detail {
+namespace {
+using namespace sm90;
+
+template <int D>
+struct Sm90Forward {
+  // D = 64 does half the MMA work per softmax element of D = 128, so a third consumer warpgroup
+  // keeps the tensor cores busy while the others run their softmax.
+  static constexpr int kConsumers = D == 64 ? 3 : 2;
+  static constexpr int kRows = 64 * kConsumers;  // queries per block
+  static constexpr int kKeys = 128;              // keys per K/V tile (wgmma N of S = Q K^T)
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kPanels = D / 64;  // 128-byte swizzle rows hold 64 16-bit elements
+  static constexpr uint32_t kQPanelBytes = kRows * 128, kQBytes = kQPanelBytes * kPanels;
+  static constexpr uint32_t kKvPanelBytes = kKeys * 128, kKvBytes = kKvPanelBytes * kPanels;
+  static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * size_t(kKvBytes) + 1024;  // +align
+  // The launch gives every thread 65536 / kThreads registers (168 or 128); the producer keeps
+  // 24 (32) and the consumers take what it frees: 128 * 24 + 256 * 240 = 128 * 32 + 384 * 160
+  // <= 65536.
+  static constexpr int kProducerRegisters = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
+  static_assert(D == 64 || D == 128, "head size 64 or 128");
+  static_assert(kQPanelBytes % 1024 == 0 && kKvPanelBytes % 1024 == 0,
+                "every panel must start on a 1024-byte swizzle block");
+};
+
+// ---------------- the three warpgroup MMAs ----------------
+#define TESSERA_OPERANDS_0_31                                                                  \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define TESSERA_OPERANDS_32_63                                                                 \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
+  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define TESSERA_ACC32(acc, i)                                                               \
+  TESSERA_SM90_ACC8(acc, i), TESSERA_SM90_ACC8(acc, i + 8), TESSERA_SM90_ACC8(acc, i + 16), \
+      TESSERA_SM90_ACC8(acc, i + 24)
+
+// s (64 x 128 f32 per warpgroup) = Q (desc_q: 64 x 16, K-major) * K^T (desc_k: 128 keys x 16,
+// K-major), plus s when `accumulate`. Immediates: scale-a = scale-b = 1, transpose-a = 0,
+// transpose-b = 0 (both operands have their 16 k-elements contiguous per row).
+#define TESSERA_WGMMA_S(ELEM)                                                                  \
+  asm volatile(                                                                                \
+      "{\n .reg .pred accumulate;\n setp.ne.b32 accumulate, %66, 0;\n"                         \
+      " wgmma.mma_async.sync.aligned.m64n128k16.f32." ELEM "." ELEM " {" TESSERA_OPERANDS_0_31 \
+      ", " TESSERA_OPERANDS_32_63                                                              \
+      "}, %64, %65,"                                                                           \
+      " accumulate, 1, 1, 0, 0;\n}\n"                                                          \
+      : TESSERA_ACC32(s, 0), TESSERA_ACC32(s, 32)                                              \
+      : "l"(desc_q), "l"(desc_k), "r"(accumulate))
+template <class T>
+__device__ __forceinline__ void wgmma_scores(float (&s)[64], uint64_t desc_q, uint64_t desc_k,
+                                             int accumulate) {
+  if constexpr (std::is_same_v<T, BFloat16>)
+    TESSERA_WGMMA_S("bf16");
+  else
+    TESSERA_WGMMA_S("f16");
+}
+#undef TESSERA_WGMMA_S
+
+// o (64 x D f32 per warpgroup) += P (registers p: 64 x 16) * V (desc_v: 16 keys x D, MN-major).
+// The register form has no transpose-a; immediates scale-d (predicate, always 1 here), scale-a =
+// scale-b = 1, transpose-b = 1 (V rows are D-contiguous).
+#define TESSERA_WGMMA_PV_N128(ELEM)                                                            \
+  asm volatile(                                                                                \
+      "{\n .reg .pred accumulate;\n setp.ne.b32 accumulate, %69, 0;\n"                         \
+      " wgmma.mma_async.sync.aligned.m64n128k16.f32." ELEM "." ELEM " {" TESSERA_OPERANDS_0_31 \
+      ", " TESSERA_OPERANDS_32_63                                                              \
+      "},"                                                                                     \
+      " {%64, %65, %66, %67}, %68, accumulate, 1, 1, 1;\n}\n"                                  \
+      : TESSERA_ACC32(o, 0), TESSERA_ACC32(o, 32)                                              \
+      : "r"(p[0]), "r"(p[1]), "r"(p[2]), "r"(p[3]), "l"(desc_v), "r"(1))
+#define TESSERA_WGMMA_PV_N64(ELEM)                                                            \
+  asm volatile(                                                                               \
+      "{\n .reg .pred accumulate;\n setp.ne.b32 accumulate, %37, 0;\n"                        \
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32." ELEM "." ELEM " {" TESSERA_OPERANDS_0_31 \
+      "}, {%32, %33, %34, %35}, %36, accumulate, 1, 1, 1;\n}\n"                               \
+      : TESSERA_ACC32(o, 0)                                                                   \
+      : "r"(p[0]), "r"(p[1]), "r"(p[2]), "r"(p[3]), "l"(desc_v), "r"(1))
+template <class T, int D>
+__device__ __forceinline__ void wgmma_pv(float (&o)[D / 2], const uint32_t (&p)[4],
+                                         uint64_t desc_v) {
+  constexpr bool bf16 = std::is_same_v<T, BFloat16>;
+  if constexpr (D == 128) {
+    if constexpr (bf16)
+      TESSERA_WGMMA_PV_N128("bf16");
+    else
+      TESSERA_WGMMA_PV_N128("f16");
+  } else {
+    if constexpr (bf16)
+      TESSERA_WGMMA_PV_N64("bf16");
+    else
+      TESSERA_WGMMA_PV_N64("f16");
+  }
+}
+#undef TESSERA_WGMMA_PV_N128
+#undef TESSERA_WGMMA_PV_N64
+#undef TESSERA_ACC32
+#undef TESSERA_OPERANDS_0_31
+#undef TESSERA_OPERANDS_32_63
+
+// ---------------- shared memory map ----------------
+// 1024-aligned base: [Q panels][K stage 0][K stage 1][V stage 0][V stage 1]; barriers apart.
+template <int D>
+struct ForwardSmem {
+  using C = Sm90Forward<D>;
+  uint32_t base, bars;  // shared addresses of the tiles and of the 7 barriers
+  __device__ uint32_t q() const { return base; }
+  __device__ uint32_t k(int stage) const {
+    return base + C::kQBytes + uint32_t(stage) * C::kKvBytes;
+  }
+  __device__ uint32_t v(int stage) const {
+    return base + C::kQBytes + uint32_t(C::kStages + stage) * C::kKvBytes;
+  }
+  __device__ uint32_t q_full() const { return bars; }
+  __device__ uint32_t k_full(int stage) const { return bars + 8 * (1 + stage); }
+  __device__ uint32_t v_full(int stage) const { return bars + 8 * (3 + stage); }
+  __device__ uint32_t kv_empty(int stage) const { return bars + 8 * (5 + stage); }
+};
+constexpr int kForwardBarriers = 7;
+
+// Where the block's work lies: its (batch, head), the K/V head it reads, its first query and the
+// number of K/V tiles it visits (tile it = 0, 1, ... covers keys [(n_tiles - 1 - it) * 128, +128)).
+struct ForwardBlock {
+  int b, h, h_kv, q0, n_tiles;
+};
+
+// ---------------- producer: one thread issues every copy ----------------
+template <int D>
+__device__ __forceinline__ void produce_tiles(const ForwardSmem<D>& sm, const ForwardBlock& blk,
+                                              const CUtensorMap* q_map, const CUtensorMap* k_map,
+                                              const CUtensorMap* v_map) {
+  using C = Sm90Forward<D>;
+  // Tensor-map coordinates, innermost first: (head dim, time, head, batch). Rows past T arrive
+  // as zeros (and still count in the byte totals).
+  mbarrier_arrive_expect_bytes(sm.q_full(), C::kQBytes);
+  for (int p = 0; p < C::kPanels; ++p)
+    tma_load_4d(sm.q() + p * C::kQPanelBytes, q_map, sm.q_full(), p * 64, blk.q0, blk.h, blk.b);
+  for (int it = 0; it < blk.n_tiles; ++it) {
+    const int stage = it % C::kStages, use = it / C::kStages;
+    if (use > 0) mbarrier_wait(sm.kv_empty(stage), (use - 1) & 1);
+    const int key0 = (blk.n_tiles - 1 - it) * C::kKeys;
+    mbarrier_arrive_expect_bytes(sm.k_full(stage), C::kKvBytes);
+    for (int p = 0; p < C::kPanels; ++p)
+      tma_load_4d(sm.k(stage) + p * C::kKvPanelBytes, k_map, sm.k_full(stage), p * 64, key0,
+                  blk.h_kv, blk.b);
+    mbarrier_arrive_expect_bytes(sm.v_full(stage), C::kKvBytes);
+    for (int p = 0; p < C::kPanels; ++p)
+      tma_load_4d(sm.v(stage) + p * C::kKvPanelBytes, v_map, sm.v_full(stage), p * 64, key0,
+                  blk.h_kv, blk.b);
+  }
+}
+
+// ---------------- consumers ----------------
+// Register layouts (PTX ISA, "wgmma ... register fragments"): warp w of the warpgroup owns rows
+// 16w..16w+15 of the 64; lane l = 4g + t (g = l / 4, t = l % 4).
+//   accumulator m64nN (f32): element i of the thread's N/2 registers is row 16w + g + 8 * ((i / 2)
+//     % 2), column 8 * (i / 4) + 2t + i % 2 -- the mma.sync m16n8 C layout repeated over N.
+//   A operand m64k16 in registers (4 x 32 bits, two 16-bit elements each, low half first):
+//     a0 = (row g, k 2t..2t+1), a1 = (row g+8, k 2t..), a2 = (row g, k 2t+8..), a3 = (row g+8,
+//     k 2t+8..) -- the mma.sync m16n8k16 A layout.
+// So S's columns 16kk..16kk+15 (registers 8kk..8kk+7) are exactly P's k-step kk:
+//   a0 = (s[8kk], s[8kk+1]), a1 = (s[8kk+2], s[8kk+3]), a2 = (s[8kk+4], s[8kk+5]),
+//   a3 = (s[8kk+6], s[8kk+7]): no data moves between threads.
+struct SoftmaxRows {
+  float m_lo = -INFINITY, m_hi = -INFINITY;  // running max of the scaled scores (log2 units)
+  float l_lo = 0.f, l_hi = 0.f;              // this thread's part of the running sums
+};
+
+// S = Q K^T for this warpgroup's 64 queries (q_rows: their first row in Q's first panel).
+template <class T, int D>
+__device__ __forceinline__ void compute_scores(float (&s)[64], uint32_t q_rows, uint32_t k_tile) {
+  using C = Sm90Forward<D>;
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    // k-step kk = head dims 16kk..16kk+15: panel kk / 4, 32 bytes per step inside its rows.
+    const uint32_t offset = uint32_t(kk % 4) * 32;
+    const uint64_t desc_q =
+        swizzle128_descriptor(q_rows + uint32_t(kk / 4) * C::kQPanelBytes + offset, 16, 1024);
+    const uint64_t desc_k =
+        swizzle128_descriptor(k_tile + uint32_t(kk / 4) * C::kKvPanelBytes + offset, 16, 1024);
+    wgmma_scores<T>(s, desc_q, desc_k, kk > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  pin_registers(s);
+}
+
+// O += P V; V's k-step kk is keys 16kk..16kk+15 = 16 rows of 128 bytes in each panel; the next 64
+// head dims are one panel further (leading offset), 8-row swizzle blocks 1024 bytes apart.
+template <class T, int D>
+__device__ __forceinline__ void accumulate_pv(float (&o)[D / 2], uint32_t (&p)[8][4],
+                                              uint32_t v_tile) {
+  using C = Sm90Forward<D>;
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < C::kKeys / 16; ++kk)
+    wgmma_pv<T, D>(o, p[kk],
+                   swizzle128_descriptor(v_tile + uint32_t(kk) * 16 * 128, C::kKvPanelBytes, 1024));
+  wgmma_commit();
+  wgmma_wait<0>();
+  pin_registers(o);
+  // The MMAs read p asynchronously: keep its registers unchanged and alive until here.
+#pragma unroll
+  for (int kk = 0; kk < C::kKeys / 16; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(p[kk][r])::"memory");
+}
+
+// 2^x on the special-function unit (flushes results below 2^-126 to 0: P is rounded to 16 bits
+// anyway).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Scales the scores to log2 units, masks the future (key > query) and keys past T, folds the
+// tile into the running max and sums, rescales O by exp2(old max - new max) and leaves
+// P = exp2(s - max) as 16-bit pairs in p (the A-operand layout above). A row's values live in the
+// 4 threads of a quad, so the row max is reduced with two xor-shuffles.
+template <class T, int D>
+__device__ __forceinline__ void softmax_tile(float (&s)[64], float (&o)[D / 2], uint32_t (&p)[8][4],
+                                             SoftmaxRows& rows, bool mask, int key0, int r_lo,
+                                             int seq_len, float scale_log2) {
+  const int t = threadIdx.x % 4;
+  float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    float x = s[i] * scale_log2;
+    if (mask) {
+      const int key = key0 + 8 * (i / 4) + 2 * t + i % 2;
+      const int row = r_lo + 8 * ((i / 2) % 2);
+      if (key > row || key >= seq_len) x = -INFINITY;
+    }
+    s[i] = x;
+    if ((i / 2) % 2 == 0)
+      mx_lo = fmaxf(mx_lo, x);
+    else
+      mx_hi = fmaxf(mx_hi, x);
+  }
+#pragma unroll
+  for (int lane_mask = 1; lane_mask <= 2; lane_mask <<= 1) {
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, lane_mask));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, lane_mask));
+  }
+  const float new_lo = fmaxf(rows.m_lo, mx_lo), new_hi = fmaxf(rows.m_hi, mx_hi);
+  // A row with nothing visible yet keeps reference 0 so that no inf - inf appears.
+  const float ref_lo = new_lo == -INFINITY ? 0.f : new_lo;
+  const float ref_hi = new_hi == -INFINITY ? 0.f : new_hi;
+  const float corr_lo = fast_exp2(rows.m_lo - ref_lo), corr_hi = fast_exp2(rows.m_hi - ref_hi);
+  rows.m_lo = new_lo;
+  rows.m_hi = new_hi;
+  rows.l_lo *= corr_lo;
+  rows.l_hi *= corr_hi;
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] *= (i / 2) % 2 == 0 ? corr_lo : corr_hi;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const bool lo = (i / 2) % 2 == 0;
+    s[i] = fast_exp2(s[i] - (lo ? ref_lo : ref_hi));
+    if (lo)
+      rows.l_lo += s[i];
+    else
+      rows.l_hi += s[i];
+  }
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) p[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+
+// O / rowsum straight from registers (two elements per 32-bit store: row r_lo gets registers
+// 4j, 4j+1 of each 8-column block j, row r_lo + 8 gets 4j+2, 4j+3) and the natural-log
+// log-sum-exp of each row, as the mma.sync kernel writes them.
+template <class T, int D>
+__device__ __forceinline__ void store_rows(const float (&o)[D / 2], SoftmaxRows rows, int r_lo,
+                                           int seq_len, T* out, const HeadLayout& Lo, int b, int h,
+                                           float* lse_head) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int lane_mask = 1; lane_mask <= 2; lane_mask <<= 1) {
+    rows.l_lo += __shfl_xor_sync(0xffffffffu, rows.l_lo, lane_mask);
+    rows.l_hi += __shfl_xor_sync(0xffffffffu, rows.l_hi, lane_mask);
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = r_lo + 8 * half;
+    if (row >= seq_len) continue;
+    const float l = half == 0 ? rows.l_lo : rows.l_hi, m = half == 0 ? rows.m_lo : rows.m_hi;
+    const float inv = 1.f / l;
+    T* dst = out + Lo.row(b, h, row) + 2 * t;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<uint32_t*>(dst + 8 * j) =
+          pack2<T>(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
+    if (t == 0) lse_head[row] = (m + log2f(l)) / kLog2e;
+  }
+}
+
+// One consumer warpgroup: 64 queries from blk.q0 + 64 * consumer through every K/V tile.
+template <class T, int D>
+__device__ __forceinline__ void consume_tiles(const ForwardSmem<D>& sm, const ForwardBlock& blk,
+                                              int consumer, int seq_len, float scale_log2, T* out,
+                                              const HeadLayout& Lo, float* lse_head) {
+  using C = Sm90Forward<D>;
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+  const int row0 = blk.q0 + 64 * consumer;       // the warpgroup's first query
+  const int r_lo = row0 + 16 * warp + lane / 4;  // this thread's rows: r_lo and r_lo + 8
+  const bool active = row0 < seq_len;            // uniform over the warpgroup
+  float s[64], o[D / 2];
+  uint32_t p[8][4];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  SoftmaxRows rows;
+  mbarrier_wait(sm.q_full(), 0);
+  for (int it = 0; it < blk.n_tiles; ++it) {
+    const int stage = it % C::kStages;
+    const uint32_t parity = (it / C::kStages) & 1;
+    const int key0 = (blk.n_tiles - 1 - it) * C::kKeys;
+    // Keys all after the warpgroup's last query add nothing (only the first tiles can be such).
+    const bool visible = active && key0 <= row0 + 63;
+    mbarrier_wait(sm.k_full(stage), parity);
+    if (visible) {
+      compute_scores<T, D>(s, sm.q() + uint32_t(consumer) * 64 * 128, sm.k(stage));
+      const bool mask = key0 + C::kKeys - 1 > row0 || key0 + C::kKeys > seq_len;
+      softmax_tile<T, D>(s, o, p, rows, mask, key0, r_lo, seq_len, scale_log2);
+    }
+    mbarrier_wait(sm.v_full(stage), parity);
+    if (visible) accumulate_pv<T, D>(o, p, sm.v(stage));
+    if (lane == 0) mbarrier_arrive(sm.kv_empty(stage));  // this warp is done with the stage
+  }
+  if (active) store_rows<T, D>(o, rows, r_lo, seq_len, out, Lo, blk.b, blk.h, lse_head);
+}
+
+// q_map, k_map, v_map: the [B, heads, T, D] views as 4-D tensor maps (see encode_head_map).
+// __grid_constant__ keeps them in parameter space, where the TMA unit reads them by address.
+template <class T, int D>
+__global__ void __launch_bounds__(Sm90Forward<D>::kThreads, 1)
+    flash_forward_sm90_kernel(const __grid_constant__ CUtensorMap q_map,
+                              const __grid_constant__ CUtensorMap k_map,
+                              const __grid_constant__ CUtensorMap v_map, T* __restrict__ out,
+                              HeadLayout Lo, float* __restrict__ lse, int H, int group, int seq_len,
+                              float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = Sm90Forward<D>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t barriers[kForwardBarriers];
+  // The swizzle pattern repeats every 1024 bytes and TMA and the descriptors assume each panel
+  // starts on such a boundary: round the dynamic buffer up (kSmemBytes has the slack).
+  const ForwardSmem<D> sm{(smem_addr(smem_raw) + 1023u) & ~1023u, smem_addr(barriers)};
+  if (threadIdx.x == 0) {
+    mbarrier_init(sm.q_full(), 1);
+    for (int s = 0; s < C::kStages; ++s) {
+      mbarrier_init(sm.k_full(s), 1);
+      mbarrier_init(sm.v_full(s), 1);
+      mbarrier_init(sm.kv_empty(s), 4 * C::kConsumers);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  ForwardBlock blk;
+  blk.b = static_cast<int>(blockIdx.y) / H;
+  blk.h = static_cast<int>(blockIdx.y) % H;
+  blk.h_kv = blk.h / group;
+  blk.q0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * C::kRows;  // longest rows first
+  blk.n_tiles = (min(blk.q0 + C::kRows, seq_len) - 1) / C::kKeys + 1;
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    release_registers<C::kProducerRegisters>();
+    if (threadIdx.x == 0) produce_tiles<D>(sm, blk, &q_map, &k_map, &v_map);
+    return;
+  }
+  claim_registers<C::kConsumerRegisters>();
+  consume_tiles<T, D>(sm, blk, warpgroup - 1, seq_len, scale_log2, out, Lo,
+                      lse + int64_t(blockIdx.y) * seq_len);
+#else
+  __trap();  // built without sm_90a code: the host side never launches this (device_runs_sm90a)
+#endif
+}
+
+// ---------------- host side ----------------
+// A [B, heads, T, D] view (unit D stride) as a 4-D tensor map, innermost first (D, T, heads, B)
+// with the view's strides in bytes, read in boxes of 64 head dims x `rows` positions with the
+// 128-byte swizzle; positions past T read as zeros. False when TMA cannot describe the view (the
+// strides must be multiples of 16 bytes below 2^40, the data 16-byte aligned).
+bool encode_head_map(CUtensorMap& map, const Tensor& t, uint32_t rows) {
+  const cuuint64_t dims[4] = {cuuint64_t(t.size(3)), cuuint64_t(t.size(2)), cuuint64_t(t.size(1)),
+                              cuuint64_t(t.size(0))};
+  cuuint64_t strides[3];
+  for (int i = 0; i < 3; ++i) {
+    const int d = 2 - i;  // T, heads, B
+    // A dimension of size 1 is never stepped over: any valid stride describes it.
+    const int64_t stride = t.size(d) == 1 ? 8 : t.stride(d);
+    if (stride <= 0 || stride % 8 != 0 || stride >= (int64_t(1) << 39)) return false;
+    strides[i] = cuuint64_t(stride) * 2;
+  }
+  const cuuint32_t box[4] = {64, rows, 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  if (reinterpret_cast<uintptr_t>(t.raw_data()) % 16 != 0) return false;
+  return tensor_map_encoder()(&map, tensor_map_type(t.dtype()), 4, const_cast<void*>(t.raw_data()),
+                              dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+struct ForwardMaps {
+  CUtensorMap q, k, v;
+};
+
+// Empty when the kernel applies to these (already checked) inputs, with the tensor maps in
+// `maps`; otherwise the reason it does not.
+template <int D>
+std::string prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v, ForwardMaps& maps) {
+  using C = Sm90Forward<D>;
+  const int device = q.device().index;
+  if (!device_runs_sm90a(device, flash_forward_sm90_kernel<BFloat16, D>))
+    return "the device is not an sm_90 GPU (H100/H200) or this build holds no sm_90a code";
+  if (q.size(2) > INT32_MAX - C::kRows || q.size(0) * q.size(1) > 65535)
+    return "T must stay below 2^31 - 192 and B * H at most 65535";
+  if (!encode_head_map(maps.q, q, C::kRows) || !encode_head_map(maps.k, k, C::kKeys) ||
+      !encode_head_map(maps.v, v, C::kKeys))
+    return "the TMA unit cannot describe the q/k/v views (strides must be positive multiples of "
+           "16 bytes, data 16-byte aligned)";
+  return "";
+}
+
+template <class T, int D>
+void launch_forward(const ForwardMaps& maps, const AttnShape& s, double scale, const Tensor& out,
+                    const Tensor& lse, cudaStream_t stream) {
+  using C = Sm90Forward<D>;
+  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_sm90_kernel<T, D>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(C::kSmemBytes)));
+  const dim3 grid(static_cast<unsigned>((s.T + C::kRows - 1) / C::kRows),
+                  static_cast<unsigned>(s.B * s.H));
+  flash_forward_sm90_kernel<T, D><<<grid, C::kThreads, C::kSmemBytes, stream>>>(
+      maps.q, maps.k, maps.v, static_cast<T*>(out.raw_data()), layout_of(out), lse.data<float>(),
+      static_cast<int>(s.H), static_cast<int>(s.group()), static_cast<int>(s.T),
+      static_cast<float>(scale) * kLog2e);
+}
+
+}  // namespace
+
+std::string sm90_forward_unsupported(const Tensor& q, const Tensor& k, const Tensor& v) {
+  ForwardMaps maps;
+  if (q.size(3) == 64) return prepare_forward<64>(q, k, v, maps);
+  if (q.size(3) == 128) return prepare_forward<128>(q, k, v, maps);
+  return "head size must be 64 or 128";
+}
+
+bool launch_sm90_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                         const Tensor& out, const Tensor& lse, const AttnShape& s,
+                         cudaStream_t stream, std::string* why_not) {
+  ForwardMaps maps;
+  std::string reason = "head size must be 64 or 128";
+  if (s.D == 64 || s.D == 128)
+    reason = s.D == 64 ? prepare_forward<64>(q, k, v, maps) : prepare_forward<128>(q, k, v, maps);
+  if (!reason.empty()) {
+    if (why_not) *why_not = reason;
+    return false;
+  }
+  visit_attention(q.dtype(), s.D, [&](auto tag, auto dconst) {
+    launch_forward<decltype(tag), decltype(dconst)::value>(maps, s, scale, out, lse, stream);
+  });
+  return true;
+}
+
+}  // namespace tessera::cuda::attention_detail
