@@ -7,11 +7,11 @@
 // operands from shared memory through descriptors, fed by the TMA copy engine, with the loads
 // running in a separate warpgroup so the tensor cores never wait for memory.
 //
-// Block: one (batch, head) and kRows = 64 * kConsumers queries; 128 * (kConsumers + 1) threads.
+// Block: one (batch, head) and 128 queries; 384 threads = 3 warpgroups.
 //   warpgroup 0 (producer): gives most of its registers away (setmaxnreg) and one thread issues
 //     the TMA copies: the block's Q tile once, then the K and V tiles of 128 keys into a ring of
 //     two stages, from the diagonal tile backwards (the only tiles needing a mask come first).
-//   warpgroups 1..kConsumers: 64 queries each (wgmma's M). Per K/V tile:
+//   warpgroups 1, 2 (consumers): 64 queries each (wgmma's M). Per K/V tile:
 //       S = Q K^T     wgmma m64n128k16, A = Q and B = K both from shared memory (K-major);
 //       online softmax on the S registers (row max / sum across the 4 threads of a quad);
 //       O += P V      wgmma m64nDk16 with A = P straight from registers (bf16/f16 pairs) and
@@ -19,18 +19,25 @@
 // Shared memory holds every tile as 128-byte-swizzled "panels" of 64 head dims (one 128-byte row
 // per query or key); D = 128 uses two panels per tile, one TMA box each.
 //
+// Inside a consumer warpgroup the two MMAs of neighbouring tiles overlap the softmax
+// (FlashAttention-3's intra-warpgroup pipelining): in the step for tile it it issues S(it) =
+// Q K(it)^T and then O += P(it-1) V(it-1), waits only for S(it), runs the softmax of tile it
+// while the tensor cores still accumulate O, then waits for O, rescales it and keeps P(it) for
+// the next step. The other consumer warpgroups interleave with it on the tensor cores.
+//
 // mbarriers (a phase completes, and flips, when its expected arrivals and bytes are in; waits name
 // the parity of the phase they wait for, see sm90::mbarrier_wait):
 //   q_full          1 arrival (the producer's expect_tx) + the Q bytes; used once: parity 0.
-//   k_full[s]       same for the K tile of stage s; v_full[s] for its V tile (separate so that
-//                   S = Q K^T starts before V has landed).
-//   kv_empty[s]     one arrival per consumer warp once it no longer reads stage s.
+//   k_full[s]       same for the K tile of stage s; v_full[s] for its V tile.
+//   k_empty[s]      one arrival per consumer warp once its S(it) is complete (K is no longer
+//                   read); v_empty[s] once its O += P V of that tile is complete. Separate, so
+//                   the next K tile is loaded while the previous V tile is still being read.
 // Tile iteration `it` (0, 1, ... in processing order) uses stage it % 2 for the (it / 2)-th time:
 // consumers wait for k_full / v_full with parity (it / 2) & 1; the producer, before refilling a
-// stage for use u = it / 2 >= 1, waits for kv_empty's completion number u - 1: parity (u - 1) & 1.
-// Every consumer warp waits for both full barriers of every tile (even one it skips) before it
-// arrives on kv_empty, so no copy into a stage can overlap a copy still landing there and no warp
-// can arrive twice within one phase.
+// stage for use u = it / 2 >= 1, waits for completion number u - 1 of k_empty (v_empty) of that
+// stage: parity (u - 1) & 1. Every consumer warp waits for both full barriers of every tile (even
+// one it skips) before it arrives on the empties, so no copy into a stage can overlap a copy
+// still landing there and no warp can arrive twice within one phase.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -44,9 +51,10 @@ using namespace sm90;
 
 template <int D>
 struct Sm90Forward {
-  // D = 64 does half the MMA work per softmax element of D = 128, so a third consumer warpgroup
-  // keeps the tensor cores busy while the others run their softmax.
-  static constexpr int kConsumers = D == 64 ? 3 : 2;
+  // Two consumer warpgroups: while one runs its softmax the other's MMAs keep the tensor cores
+  // busy. (A third, as FlashAttention-3 uses at D = 64, would leave 160 registers per thread:
+  // S, two P register sets and O spill there.)
+  static constexpr int kConsumers = 2;
   static constexpr int kRows = 64 * kConsumers;  // queries per block
   static constexpr int kKeys = 128;              // keys per K/V tile (wgmma N of S = Q K^T)
   static constexpr int kStages = 2;
@@ -55,11 +63,11 @@ struct Sm90Forward {
   static constexpr uint32_t kQPanelBytes = kRows * 128, kQBytes = kQPanelBytes * kPanels;
   static constexpr uint32_t kKvPanelBytes = kKeys * 128, kKvBytes = kKvPanelBytes * kPanels;
   static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * size_t(kKvBytes) + 1024;  // +align
-  // The launch gives every thread 65536 / kThreads registers (168 or 128); the producer keeps
-  // 24 (32) and the consumers take what it frees: 128 * 24 + 256 * 240 = 128 * 32 + 384 * 160
-  // <= 65536.
-  static constexpr int kProducerRegisters = kConsumers == 2 ? 24 : 32;
-  static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
+  // The launch gives every thread 65536 / 384 -> 168 registers; the producer keeps 24 and the
+  // consumers take what it frees: 128 * 24 + 256 * 240 = 64512 <= 65536. (The consumers of
+  // the D = 128 kernel use up to ~220.)
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
   static_assert(D == 64 || D == 128, "head size 64 or 128");
   static_assert(kQPanelBytes % 1024 == 0 && kKvPanelBytes % 1024 == 0,
                 "every panel must start on a 1024-byte swizzle block");
@@ -144,7 +152,7 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 2], const uint32_t (&p)[
 template <int D>
 struct ForwardSmem {
   using C = Sm90Forward<D>;
-  uint32_t base, bars;  // shared addresses of the tiles and of the 7 barriers
+  uint32_t base, bars;  // shared addresses of the tiles and of the 9 barriers
   __device__ uint32_t q() const { return base; }
   __device__ uint32_t k(int stage) const {
     return base + C::kQBytes + uint32_t(stage) * C::kKvBytes;
@@ -155,9 +163,10 @@ struct ForwardSmem {
   __device__ uint32_t q_full() const { return bars; }
   __device__ uint32_t k_full(int stage) const { return bars + 8 * (1 + stage); }
   __device__ uint32_t v_full(int stage) const { return bars + 8 * (3 + stage); }
-  __device__ uint32_t kv_empty(int stage) const { return bars + 8 * (5 + stage); }
+  __device__ uint32_t k_empty(int stage) const { return bars + 8 * (5 + stage); }
+  __device__ uint32_t v_empty(int stage) const { return bars + 8 * (7 + stage); }
 };
-constexpr int kForwardBarriers = 7;
+constexpr int kForwardBarriers = 9;
 
 // Where the block's work lies: its (batch, head), the K/V head it reads, its first query and the
 // number of K/V tiles it visits (tile it = 0, 1, ... covers keys [(n_tiles - 1 - it) * 128, +128)).
@@ -178,12 +187,13 @@ __device__ __forceinline__ void produce_tiles(const ForwardSmem<D>& sm, const Fo
     tma_load_4d(sm.q() + p * C::kQPanelBytes, q_map, sm.q_full(), p * 64, blk.q0, blk.h, blk.b);
   for (int it = 0; it < blk.n_tiles; ++it) {
     const int stage = it % C::kStages, use = it / C::kStages;
-    if (use > 0) mbarrier_wait(sm.kv_empty(stage), (use - 1) & 1);
     const int key0 = (blk.n_tiles - 1 - it) * C::kKeys;
+    if (use > 0) mbarrier_wait(sm.k_empty(stage), (use - 1) & 1);
     mbarrier_arrive_expect_bytes(sm.k_full(stage), C::kKvBytes);
     for (int p = 0; p < C::kPanels; ++p)
       tma_load_4d(sm.k(stage) + p * C::kKvPanelBytes, k_map, sm.k_full(stage), p * 64, key0,
                   blk.h_kv, blk.b);
+    if (use > 0) mbarrier_wait(sm.v_empty(stage), (use - 1) & 1);
     mbarrier_arrive_expect_bytes(sm.v_full(stage), C::kKvBytes);
     for (int p = 0; p < C::kPanels; ++p)
       tma_load_4d(sm.v(stage) + p * C::kKvPanelBytes, v_map, sm.v_full(stage), p * 64, key0,
@@ -207,11 +217,13 @@ struct SoftmaxRows {
   float l_lo = 0.f, l_hi = 0.f;              // this thread's part of the running sums
 };
 
-// S = Q K^T for this warpgroup's 64 queries (q_rows: their first row in Q's first panel).
+using Fragments = uint32_t[8][4];  // P of one tile: 8 k-steps of A-operand registers
+
+// Issues S = Q K^T for this warpgroup's 64 queries (q_rows: their first row in Q's first panel);
+// the caller fences, commits and waits.
 template <class T, int D>
-__device__ __forceinline__ void compute_scores(float (&s)[64], uint32_t q_rows, uint32_t k_tile) {
+__device__ __forceinline__ void issue_scores(float (&s)[64], uint32_t q_rows, uint32_t k_tile) {
   using C = Sm90Forward<D>;
-  wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     // k-step kk = head dims 16kk..16kk+15: panel kk / 4, 32 bytes per step inside its rows.
@@ -222,28 +234,24 @@ __device__ __forceinline__ void compute_scores(float (&s)[64], uint32_t q_rows, 
         swizzle128_descriptor(k_tile + uint32_t(kk / 4) * C::kKvPanelBytes + offset, 16, 1024);
     wgmma_scores<T>(s, desc_q, desc_k, kk > 0);
   }
-  wgmma_commit();
-  wgmma_wait<0>();
-  pin_registers(s);
 }
 
-// O += P V; V's k-step kk is keys 16kk..16kk+15 = 16 rows of 128 bytes in each panel; the next 64
-// head dims are one panel further (leading offset), 8-row swizzle blocks 1024 bytes apart.
+// Issues O += P V; V's k-step kk is keys 16kk..16kk+15 = 16 rows of 128 bytes in each panel; the
+// next 64 head dims are one panel further (leading offset), 8-row swizzle blocks 1024 bytes apart.
 template <class T, int D>
-__device__ __forceinline__ void accumulate_pv(float (&o)[D / 2], uint32_t (&p)[8][4],
-                                              uint32_t v_tile) {
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const Fragments& p, uint32_t v_tile) {
   using C = Sm90Forward<D>;
-  wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < C::kKeys / 16; ++kk)
     wgmma_pv<T, D>(o, p[kk],
                    swizzle128_descriptor(v_tile + uint32_t(kk) * 16 * 128, C::kKvPanelBytes, 1024));
-  wgmma_commit();
-  wgmma_wait<0>();
-  pin_registers(o);
-  // The MMAs read p asynchronously: keep its registers unchanged and alive until here.
+}
+
+// The MMAs read P's registers asynchronously: this keeps them unchanged and alive until after
+// the wait that precedes it.
+__device__ __forceinline__ void pin_fragments(Fragments& p) {
 #pragma unroll
-  for (int kk = 0; kk < C::kKeys / 16; ++kk)
+  for (int kk = 0; kk < 8; ++kk)
 #pragma unroll
     for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(p[kk][r])::"memory");
 }
@@ -257,13 +265,14 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 // Scales the scores to log2 units, masks the future (key > query) and keys past T, folds the
-// tile into the running max and sums, rescales O by exp2(old max - new max) and leaves
-// P = exp2(s - max) as 16-bit pairs in p (the A-operand layout above). A row's values live in the
-// 4 threads of a quad, so the row max is reduced with two xor-shuffles.
-template <class T, int D>
-__device__ __forceinline__ void softmax_tile(float (&s)[64], float (&o)[D / 2], uint32_t (&p)[8][4],
-                                             SoftmaxRows& rows, bool mask, int key0, int r_lo,
-                                             int seq_len, float scale_log2) {
+// tile into the running max and sums and leaves P = exp2(s - new max) as 16-bit pairs in p (the
+// A-operand layout above). O is not touched (an MMA may still be accumulating it): corr_lo/hi
+// return exp2(old max - new max), by which the caller rescales O once that MMA is done. A row's
+// values live in the 4 threads of a quad, so its max is reduced with two xor-shuffles.
+template <class T>
+__device__ __forceinline__ void softmax_tile(float (&s)[64], Fragments& p, SoftmaxRows& rows,
+                                             bool mask, int key0, int r_lo, int seq_len,
+                                             float scale_log2, float& corr_lo, float& corr_hi) {
   const int t = threadIdx.x % 4;
   float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
@@ -289,26 +298,32 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], float (&o)[D / 2], 
   // A row with nothing visible yet keeps reference 0 so that no inf - inf appears.
   const float ref_lo = new_lo == -INFINITY ? 0.f : new_lo;
   const float ref_hi = new_hi == -INFINITY ? 0.f : new_hi;
-  const float corr_lo = fast_exp2(rows.m_lo - ref_lo), corr_hi = fast_exp2(rows.m_hi - ref_hi);
+  corr_lo = fast_exp2(rows.m_lo - ref_lo);
+  corr_hi = fast_exp2(rows.m_hi - ref_hi);
   rows.m_lo = new_lo;
   rows.m_hi = new_hi;
-  rows.l_lo *= corr_lo;
-  rows.l_hi *= corr_hi;
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] *= (i / 2) % 2 == 0 ? corr_lo : corr_hi;
+  float sum_lo = 0.f, sum_hi = 0.f;
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const bool lo = (i / 2) % 2 == 0;
     s[i] = fast_exp2(s[i] - (lo ? ref_lo : ref_hi));
     if (lo)
-      rows.l_lo += s[i];
+      sum_lo += s[i];
     else
-      rows.l_hi += s[i];
+      sum_hi += s[i];
   }
+  rows.l_lo = rows.l_lo * corr_lo + sum_lo;
+  rows.l_hi = rows.l_hi * corr_hi + sum_hi;
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk)
 #pragma unroll
     for (int r = 0; r < 4; ++r) p[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+
+template <int N>
+__device__ __forceinline__ void rescale_rows(float (&o)[N], float corr_lo, float corr_hi) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) o[i] *= (i / 2) % 2 == 0 ? corr_lo : corr_hi;
 }
 
 // O / rowsum straight from registers (two elements per 32-bit store: row r_lo gets registers
@@ -339,6 +354,88 @@ __device__ __forceinline__ void store_rows(const float (&o)[D / 2], SoftmaxRows 
   }
 }
 
+// The state of one consumer warpgroup: its queries, the running softmax and O.
+template <int D>
+struct ConsumerState {
+  using C = Sm90Forward<D>;
+  const ForwardSmem<D>& sm;
+  const ForwardBlock& blk;
+  int row0, r_lo, seq_len;  // the warpgroup's first query, this thread's rows r_lo and r_lo + 8
+  uint32_t q_rows;          // the warpgroup's 64 rows of Q in shared memory
+  float scale_log2;
+  bool releases;  // lane 0 of its warp: arrives on the empties for the warp
+  float s[64], o[D / 2];
+  SoftmaxRows rows;
+
+  __device__ static int stage(int it) { return it % C::kStages; }
+  __device__ static uint32_t parity(int it) { return (it / C::kStages) & 1; }
+  __device__ int key0(int it) const { return (blk.n_tiles - 1 - it) * C::kKeys; }
+  __device__ bool needs_mask(int it) const {
+    return key0(it) + C::kKeys - 1 > row0 || key0(it) + C::kKeys > seq_len;
+  }
+  __device__ void release_k(int it) const {
+    if (releases) mbarrier_arrive(sm.k_empty(stage(it)));
+  }
+  __device__ void release_v(int it) const {
+    if (releases) mbarrier_arrive(sm.v_empty(stage(it)));
+  }
+};
+
+// The first tile the warpgroup reads: S, then its P into p (O is still zero).
+template <class T, int D>
+__device__ __forceinline__ void first_tile(ConsumerState<D>& c, int it, Fragments& p) {
+  mbarrier_wait(c.sm.k_full(c.stage(it)), c.parity(it));
+  wgmma_fence();
+  issue_scores<T, D>(c.s, c.q_rows, c.sm.k(c.stage(it)));
+  wgmma_commit();
+  wgmma_wait<0>();
+  pin_registers(c.s);
+  c.release_k(it);
+  float corr_lo, corr_hi;  // 0: there is nothing to rescale yet
+  softmax_tile<T>(c.s, p, c.rows, c.needs_mask(it), c.key0(it), c.r_lo, c.seq_len, c.scale_log2,
+                  corr_lo, corr_hi);
+}
+
+// One pipelined step: S(it) and O += P(it-1) V(it-1) both issued; the softmax of tile it (into
+// p_next) runs while the second still accumulates; then O is rescaled to the new max.
+template <class T, int D>
+__device__ __forceinline__ void next_tile(ConsumerState<D>& c, int it, Fragments& p,
+                                          Fragments& p_next) {
+  const int prev = it - 1;
+  // Both waits first: no branch may separate the MMAs (ptxas would serialise them).
+  mbarrier_wait(c.sm.k_full(c.stage(it)), c.parity(it));
+  mbarrier_wait(c.sm.v_full(c.stage(prev)), c.parity(prev));
+  wgmma_fence();  // orders the register writes to o and p before both groups
+  issue_scores<T, D>(c.s, c.q_rows, c.sm.k(c.stage(it)));
+  wgmma_commit();
+  issue_pv<T, D>(c.o, p, c.sm.v(c.stage(prev)));
+  wgmma_commit();
+  wgmma_wait<1>();  // groups complete in order: S(it) is in, O += P V may still run
+  pin_registers(c.s);
+  c.release_k(it);
+  float corr_lo, corr_hi;
+  softmax_tile<T>(c.s, p_next, c.rows, c.needs_mask(it), c.key0(it), c.r_lo, c.seq_len,
+                  c.scale_log2, corr_lo, corr_hi);
+  wgmma_wait<0>();
+  pin_registers(c.o);
+  pin_fragments(p);
+  c.release_v(prev);
+  rescale_rows(c.o, corr_lo, corr_hi);
+}
+
+// The last tile's O += P V.
+template <class T, int D>
+__device__ __forceinline__ void last_pv(ConsumerState<D>& c, int it, Fragments& p) {
+  mbarrier_wait(c.sm.v_full(c.stage(it)), c.parity(it));
+  wgmma_fence();
+  issue_pv<T, D>(c.o, p, c.sm.v(c.stage(it)));
+  wgmma_commit();
+  wgmma_wait<0>();
+  pin_registers(c.o);
+  pin_fragments(p);
+  c.release_v(it);
+}
+
 // One consumer warpgroup: 64 queries from blk.q0 + 64 * consumer through every K/V tile.
 template <class T, int D>
 __device__ __forceinline__ void consume_tiles(const ForwardSmem<D>& sm, const ForwardBlock& blk,
@@ -346,34 +443,41 @@ __device__ __forceinline__ void consume_tiles(const ForwardSmem<D>& sm, const Fo
                                               const HeadLayout& Lo, float* lse_head) {
   using C = Sm90Forward<D>;
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
-  const int row0 = blk.q0 + 64 * consumer;       // the warpgroup's first query
-  const int r_lo = row0 + 16 * warp + lane / 4;  // this thread's rows: r_lo and r_lo + 8
-  const bool active = row0 < seq_len;            // uniform over the warpgroup
-  float s[64], o[D / 2];
-  uint32_t p[8][4];
+  const int row0 = blk.q0 + 64 * consumer;
+  ConsumerState<D> c{sm,         blk,
+                     row0,       row0 + 16 * warp + lane / 4,
+                     seq_len,    sm.q() + uint32_t(consumer) * 64 * 128,
+                     scale_log2, lane == 0};
 #pragma unroll
-  for (int i = 0; i < 64; ++i) s[i] = 0.f;
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  SoftmaxRows rows;
+  for (int i = 0; i < D / 2; ++i) c.o[i] = 0.f;
+  // Tiles before `first` hold only keys after the warpgroup's last query (or it has no query
+  // below T): waited for, so that their copies have landed, and released unread.
+  const int n = blk.n_tiles;
+  const int first = row0 < seq_len ? max(0, n - 1 - (row0 + 63) / C::kKeys) : n;
   mbarrier_wait(sm.q_full(), 0);
-  for (int it = 0; it < blk.n_tiles; ++it) {
-    const int stage = it % C::kStages;
-    const uint32_t parity = (it / C::kStages) & 1;
-    const int key0 = (blk.n_tiles - 1 - it) * C::kKeys;
-    // Keys all after the warpgroup's last query add nothing (only the first tiles can be such).
-    const bool visible = active && key0 <= row0 + 63;
-    mbarrier_wait(sm.k_full(stage), parity);
-    if (visible) {
-      compute_scores<T, D>(s, sm.q() + uint32_t(consumer) * 64 * 128, sm.k(stage));
-      const bool mask = key0 + C::kKeys - 1 > row0 || key0 + C::kKeys > seq_len;
-      softmax_tile<T, D>(s, o, p, rows, mask, key0, r_lo, seq_len, scale_log2);
-    }
-    mbarrier_wait(sm.v_full(stage), parity);
-    if (visible) accumulate_pv<T, D>(o, p, sm.v(stage));
-    if (lane == 0) mbarrier_arrive(sm.kv_empty(stage));  // this warp is done with the stage
+  for (int it = 0; it < first; ++it) {
+    mbarrier_wait(sm.k_full(c.stage(it)), c.parity(it));
+    mbarrier_wait(sm.v_full(c.stage(it)), c.parity(it));
+    c.release_k(it);
+    c.release_v(it);
   }
-  if (active) store_rows<T, D>(o, rows, r_lo, seq_len, out, Lo, blk.b, blk.h, lse_head);
+  if (first == n) return;
+  // P alternates between two register sets (one is read by an MMA while the other is written),
+  // so the loop runs two steps per trip.
+  Fragments p_a, p_b;
+  first_tile<T, D>(c, first, p_a);
+  int it = first + 1;
+  for (; it + 1 < n; it += 2) {
+    next_tile<T, D>(c, it, p_a, p_b);
+    next_tile<T, D>(c, it + 1, p_b, p_a);
+  }
+  if (it < n) {
+    next_tile<T, D>(c, it, p_a, p_b);
+    last_pv<T, D>(c, n - 1, p_b);
+  } else {
+    last_pv<T, D>(c, n - 1, p_a);
+  }
+  store_rows<T, D>(c.o, c.rows, c.r_lo, seq_len, out, Lo, blk.b, blk.h, lse_head);
 }
 
 // q_map, k_map, v_map: the [B, heads, T, D] views as 4-D tensor maps (see encode_head_map).
@@ -397,7 +501,8 @@ __global__ void __launch_bounds__(Sm90Forward<D>::kThreads, 1)
     for (int s = 0; s < C::kStages; ++s) {
       mbarrier_init(sm.k_full(s), 1);
       mbarrier_init(sm.v_full(s), 1);
-      mbarrier_init(sm.kv_empty(s), 4 * C::kConsumers);
+      mbarrier_init(sm.k_empty(s), 4 * C::kConsumers);  // one arrival per consumer warp
+      mbarrier_init(sm.v_empty(s), 4 * C::kConsumers);
     }
     mbarrier_init_fence();
   }
@@ -462,7 +567,7 @@ std::string prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v, F
   if (!device_runs_sm90a(device, flash_forward_sm90_kernel<BFloat16, D>))
     return "the device is not an sm_90 GPU (H100/H200) or this build holds no sm_90a code";
   if (q.size(2) > INT32_MAX - C::kRows || q.size(0) * q.size(1) > 65535)
-    return "T must stay below 2^31 - 192 and B * H at most 65535";
+    return "T must stay below 2^31 - 128 and B * H at most 65535";
   if (!encode_head_map(maps.q, q, C::kRows) || !encode_head_map(maps.k, k, C::kKeys) ||
       !encode_head_map(maps.v, v, C::kKeys))
     return "the TMA unit cannot describe the q/k/v views (strides must be positive multiples of "

@@ -1,5 +1,5 @@
 // The Hopper flash-attention forward (kernels/cuda/attention_sm90.cu: wgmma + TMA, a producer
-// warpgroup and 2 or 3 consumer warpgroups) called directly against the float64 reference
+// warpgroup and 2 consumer warpgroups) called directly against the float64 reference
 // (attention_reference.h): bf16 and f16, head sizes 64 and 128, lengths from 1 to past a
 // multiple of the 128-key tile, plain and grouped-query attention, q/k/v as views of one fused
 // [B, T, heads, D] projection and out written through a padded, NaN-poisoned view. Also that
@@ -99,8 +99,9 @@ void check_direct(const Sm90Case& c) {
 
 TEST(AttentionSm90Cuda, DirectAgainstFloat64) {
   REQUIRE_SM90_DEVICE();
-  // 1 query; a partial tile; exactly one tile; one and a half (D 64: a block of 192 queries
-  // whose 2nd and 3rd warpgroups have no rows); past 1024 (a warpgroup skips a whole tile).
+  // 1 query; a partial tile (the block's second consumer warpgroup has no rows below T and only
+  // releases the tiles); exactly one tile; one and a half (the second warpgroup holds 8 valid
+  // rows); past 1024 (9 tiles through both register sets of P, an odd number of steps).
   for (DType t : {DType::bf16, DType::f16})
     for (int64_t D : {64, 128})
       for (int64_t T : {1, 17, 128, 200, 1024 + 37})
