@@ -39,6 +39,8 @@
 // one it skips) before it arrives on the empties, so no copy into a stage can overlap a copy
 // still landing there and no warp can arrive twice within one phase.
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <string>
 
@@ -175,29 +177,45 @@ struct ForwardBlock {
 };
 
 // ---------------- producer: one thread issues every copy ----------------
+// Which tensor-map dimension (1, 2 or 3; 0 is the head dim) holds time, head and batch: the host
+// orders a view's outer dimensions by stride (see encode_head_map).
+struct MapSlots {
+  int t, h, b;
+};
+struct ForwardSlots {
+  MapSlots q, k, v;
+};
+
+// The box of 64 head dims from d0 x the map's rows from time t of (head h, batch b); rows past T
+// arrive as zeros (and still count in the byte total).
+__device__ __forceinline__ void load_head_box(uint32_t dst, const CUtensorMap* map, MapSlots slots,
+                                              uint32_t bar, int d0, int t, int h, int b) {
+  auto at = [&](int slot) { return slots.t == slot ? t : slots.h == slot ? h : b; };
+  tma_load_4d(dst, map, bar, d0, at(1), at(2), at(3));
+}
+
 template <int D>
 __device__ __forceinline__ void produce_tiles(const ForwardSmem<D>& sm, const ForwardBlock& blk,
                                               const CUtensorMap* q_map, const CUtensorMap* k_map,
-                                              const CUtensorMap* v_map) {
+                                              const CUtensorMap* v_map, const ForwardSlots& slots) {
   using C = Sm90Forward<D>;
-  // Tensor-map coordinates, innermost first: (head dim, time, head, batch). Rows past T arrive
-  // as zeros (and still count in the byte totals).
   mbarrier_arrive_expect_bytes(sm.q_full(), C::kQBytes);
   for (int p = 0; p < C::kPanels; ++p)
-    tma_load_4d(sm.q() + p * C::kQPanelBytes, q_map, sm.q_full(), p * 64, blk.q0, blk.h, blk.b);
+    load_head_box(sm.q() + p * C::kQPanelBytes, q_map, slots.q, sm.q_full(), p * 64, blk.q0, blk.h,
+                  blk.b);
   for (int it = 0; it < blk.n_tiles; ++it) {
     const int stage = it % C::kStages, use = it / C::kStages;
     const int key0 = (blk.n_tiles - 1 - it) * C::kKeys;
     if (use > 0) mbarrier_wait(sm.k_empty(stage), (use - 1) & 1);
     mbarrier_arrive_expect_bytes(sm.k_full(stage), C::kKvBytes);
     for (int p = 0; p < C::kPanels; ++p)
-      tma_load_4d(sm.k(stage) + p * C::kKvPanelBytes, k_map, sm.k_full(stage), p * 64, key0,
-                  blk.h_kv, blk.b);
+      load_head_box(sm.k(stage) + p * C::kKvPanelBytes, k_map, slots.k, sm.k_full(stage), p * 64,
+                    key0, blk.h_kv, blk.b);
     if (use > 0) mbarrier_wait(sm.v_empty(stage), (use - 1) & 1);
     mbarrier_arrive_expect_bytes(sm.v_full(stage), C::kKvBytes);
     for (int p = 0; p < C::kPanels; ++p)
-      tma_load_4d(sm.v(stage) + p * C::kKvPanelBytes, v_map, sm.v_full(stage), p * 64, key0,
-                  blk.h_kv, blk.b);
+      load_head_box(sm.v(stage) + p * C::kKvPanelBytes, v_map, slots.v, sm.v_full(stage), p * 64,
+                    key0, blk.h_kv, blk.b);
   }
 }
 
@@ -480,15 +498,16 @@ __device__ __forceinline__ void consume_tiles(const ForwardSmem<D>& sm, const Fo
   store_rows<T, D>(c.o, c.rows, c.r_lo, seq_len, out, Lo, blk.b, blk.h, lse_head);
 }
 
-// q_map, k_map, v_map: the [B, heads, T, D] views as 4-D tensor maps (see encode_head_map).
-// __grid_constant__ keeps them in parameter space, where the TMA unit reads them by address.
+// q_map, k_map, v_map: the [B, heads, T, D] views as 4-D tensor maps (see encode_head_map), with
+// the place of their time/head/batch dimensions in `slots`. __grid_constant__ keeps the maps in
+// parameter space, where the TMA unit reads them by address.
 template <class T, int D>
 __global__ void __launch_bounds__(Sm90Forward<D>::kThreads, 1)
     flash_forward_sm90_kernel(const __grid_constant__ CUtensorMap q_map,
                               const __grid_constant__ CUtensorMap k_map,
-                              const __grid_constant__ CUtensorMap v_map, T* __restrict__ out,
-                              HeadLayout Lo, float* __restrict__ lse, int H, int group, int seq_len,
-                              float scale_log2) {
+                              const __grid_constant__ CUtensorMap v_map, ForwardSlots slots,
+                              T* __restrict__ out, HeadLayout Lo, float* __restrict__ lse, int H,
+                              int group, int seq_len, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Sm90Forward<D>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -518,7 +537,7 @@ __global__ void __launch_bounds__(Sm90Forward<D>::kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     release_registers<C::kProducerRegisters>();
-    if (threadIdx.x == 0) produce_tiles<D>(sm, blk, &q_map, &k_map, &v_map);
+    if (threadIdx.x == 0) produce_tiles<D>(sm, blk, &q_map, &k_map, &v_map, slots);
     return;
   }
   claim_registers<C::kConsumerRegisters>();
@@ -530,41 +549,77 @@ __global__ void __launch_bounds__(Sm90Forward<D>::kThreads, 1)
 }
 
 // ---------------- host side ----------------
-// A [B, heads, T, D] view (unit D stride) as a 4-D tensor map, innermost first (D, T, heads, B)
-// with the view's strides in bytes, read in boxes of 64 head dims x `rows` positions with the
-// 128-byte swizzle; positions past T read as zeros. False when TMA cannot describe the view (the
-// strides must be multiples of 16 bytes below 2^40, the data 16-byte aligned).
-bool encode_head_map(CUtensorMap& map, const Tensor& t, uint32_t rows) {
-  const cuuint64_t dims[4] = {cuuint64_t(t.size(3)), cuuint64_t(t.size(2)), cuuint64_t(t.size(1)),
-                              cuuint64_t(t.size(0))};
+struct HeadMap {
+  CUtensorMap map;
+  MapSlots slots;
+};
+
+// A [B, heads, T, D] view (unit D stride) as a 4-D tensor map read in boxes of 64 head dims x
+// `rows` positions with the 128-byte swizzle (positions past T read as zeros). Dimension 0 is the
+// head dim; time, head and batch follow in order of increasing stride (a head view of a fused
+// [B, T, 3, H, D] projection steps over heads with a smaller stride than over time), so every
+// stride spans the ones before it, as in the driver's description of a packed tensor. A
+// dimension of size 1 is never stepped over and goes last. False when TMA cannot describe the
+// view: strides must be positive multiples of 16 bytes below 2^40, the data 16-byte aligned.
+bool encode_head_map(HeadMap& out, const Tensor& t, uint32_t rows) {
+  struct Outer {
+    int role;  // 0 time, 1 head, 2 batch
+    int64_t size, stride;
+  };
+  Outer outer[3] = {
+      {0, t.size(2), t.stride(2)}, {1, t.size(1), t.stride(1)}, {2, t.size(0), t.stride(0)}};
+  int64_t span = t.size(3);  // elements spanned by the dims of size > 1
+  for (const Outer& d : outer)
+    if (d.size > 1) span = std::max(span, d.stride * d.size);
+  for (Outer& d : outer)
+    if (d.size == 1) d.stride = (span + 7) / 8 * 8;
+  std::stable_sort(outer, outer + 3,
+                   [](const Outer& a, const Outer& b) { return a.stride < b.stride; });
+
+  cuuint64_t dims[4] = {cuuint64_t(t.size(3)), 0, 0, 0};
   cuuint64_t strides[3];
+  cuuint32_t box[4] = {64, 1, 1, 1};
+  int* slot_of[3] = {&out.slots.t, &out.slots.h, &out.slots.b};
   for (int i = 0; i < 3; ++i) {
-    const int d = 2 - i;  // T, heads, B
-    // A dimension of size 1 is never stepped over: any valid stride describes it.
-    const int64_t stride = t.size(d) == 1 ? 8 : t.stride(d);
-    if (stride <= 0 || stride % 8 != 0 || stride >= (int64_t(1) << 39)) return false;
-    strides[i] = cuuint64_t(stride) * 2;
+    const Outer& d = outer[i];
+    if (d.stride <= 0 || d.stride % 8 != 0 || d.stride >= (int64_t(1) << 39)) return false;
+    dims[i + 1] = cuuint64_t(d.size);
+    strides[i] = cuuint64_t(d.stride) * 2;
+    if (d.role == 0) box[i + 1] = rows;
+    *slot_of[d.role] = i + 1;
   }
-  const cuuint32_t box[4] = {64, rows, 1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   if (reinterpret_cast<uintptr_t>(t.raw_data()) % 16 != 0) return false;
-  return tensor_map_encoder()(&map, tensor_map_type(t.dtype()), 4, const_cast<void*>(t.raw_data()),
-                              dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+  return tensor_map_encoder()(&out.map, tensor_map_type(t.dtype()), 4,
+                              const_cast<void*>(t.raw_data()), dims, strides, box, element_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 struct ForwardMaps {
-  CUtensorMap q, k, v;
+  HeadMap q, k, v;
 };
+
+// Whether `device` runs the sm_90a kernels, asked once per device (the answer cannot change).
+bool runs_sm90_kernels(int device) {
+  static std::array<std::atomic<int>, 64> known{};  // 0 not asked yet, 1 no, 2 yes
+  if (device < 0 || device >= int(known.size()))
+    return device_runs_sm90a(device, flash_forward_sm90_kernel<BFloat16, 128>);
+  int answer = known[device].load(std::memory_order_relaxed);
+  if (answer == 0) {
+    answer = device_runs_sm90a(device, flash_forward_sm90_kernel<BFloat16, 128>) ? 2 : 1;
+    known[device].store(answer, std::memory_order_relaxed);
+  }
+  return answer == 2;
+}
 
 // Empty when the kernel applies to these (already checked) inputs, with the tensor maps in
 // `maps`; otherwise the reason it does not.
 template <int D>
 std::string prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v, ForwardMaps& maps) {
   using C = Sm90Forward<D>;
-  const int device = q.device().index;
-  if (!device_runs_sm90a(device, flash_forward_sm90_kernel<BFloat16, D>))
+  if (!runs_sm90_kernels(q.device().index))
     return "the device is not an sm_90 GPU (H100/H200) or this build holds no sm_90a code";
   if (q.size(2) > INT32_MAX - C::kRows || q.size(0) * q.size(1) > 65535)
     return "T must stay below 2^31 - 128 and B * H at most 65535";
@@ -585,9 +640,9 @@ void launch_forward(const ForwardMaps& maps, const AttnShape& s, double scale, c
   const dim3 grid(static_cast<unsigned>((s.T + C::kRows - 1) / C::kRows),
                   static_cast<unsigned>(s.B * s.H));
   flash_forward_sm90_kernel<T, D><<<grid, C::kThreads, C::kSmemBytes, stream>>>(
-      maps.q, maps.k, maps.v, static_cast<T*>(out.raw_data()), layout_of(out), lse.data<float>(),
-      static_cast<int>(s.H), static_cast<int>(s.group()), static_cast<int>(s.T),
-      static_cast<float>(scale) * kLog2e);
+      maps.q.map, maps.k.map, maps.v.map, ForwardSlots{maps.q.slots, maps.k.slots, maps.v.slots},
+      static_cast<T*>(out.raw_data()), layout_of(out), lse.data<float>(), static_cast<int>(s.H),
+      static_cast<int>(s.group()), static_cast<int>(s.T), static_cast<float>(scale) * kLog2e);
 }
 
 }  // namespace
