@@ -23,7 +23,8 @@
 // (FlashAttention-3's intra-warpgroup pipelining): in the step for tile it it issues S(it) =
 // Q K(it)^T and then O += P(it-1) V(it-1), waits only for S(it), runs the softmax of tile it
 // while the tensor cores still accumulate O, then waits for O, rescales it and keeps P(it) for
-// the next step. The other consumer warpgroups interleave with it on the tensor cores.
+// the next step. The two consumer warpgroups also take turns issuing their MMAs (ping-pong, see
+// ConsumerState::await_turn), so one's softmax runs under the other's MMAs.
 //
 // mbarriers (a phase completes, and flips, when its expected arrivals and bytes are in; waits name
 // the parity of the phase they wait for, see sm90::mbarrier_wait):
@@ -32,6 +33,7 @@
 //   k_empty[s]      one arrival per consumer warp once its S(it) is complete (K is no longer
 //                   read); v_empty[s] once its O += P V of that tile is complete. Separate, so
 //                   the next K tile is loaded while the previous V tile is still being read.
+//   turn[c]         the 4 warps of the other consumer warpgroup, once they issued their MMAs.
 // Tile iteration `it` (0, 1, ... in processing order) uses stage it % 2 for the (it / 2)-th time:
 // consumers wait for k_full / v_full with parity (it / 2) & 1; the producer, before refilling a
 // stage for use u = it / 2 >= 1, waits for completion number u - 1 of k_empty (v_empty) of that
@@ -60,6 +62,8 @@ struct Sm90Forward {
   static constexpr int kRows = 64 * kConsumers;  // queries per block
   static constexpr int kKeys = 128;              // keys per K/V tile (wgmma N of S = Q K^T)
   static constexpr int kStages = 2;
+  // Consumer warpgroups take turns issuing their MMAs (see ConsumerState::await_turn).
+  static constexpr bool kPingPong = true;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kPanels = D / 64;  // 128-byte swizzle rows hold 64 16-bit elements
   static constexpr uint32_t kQPanelBytes = kRows * 128, kQBytes = kQPanelBytes * kPanels;
@@ -154,7 +158,7 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 2], const uint32_t (&p)[
 template <int D>
 struct ForwardSmem {
   using C = Sm90Forward<D>;
-  uint32_t base, bars;  // shared addresses of the tiles and of the 9 barriers
+  uint32_t base, bars;  // shared addresses of the tiles and of the 11 barriers
   __device__ uint32_t q() const { return base; }
   __device__ uint32_t k(int stage) const {
     return base + C::kQBytes + uint32_t(stage) * C::kKvBytes;
@@ -167,8 +171,9 @@ struct ForwardSmem {
   __device__ uint32_t v_full(int stage) const { return bars + 8 * (3 + stage); }
   __device__ uint32_t k_empty(int stage) const { return bars + 8 * (5 + stage); }
   __device__ uint32_t v_empty(int stage) const { return bars + 8 * (7 + stage); }
+  __device__ uint32_t turn(int consumer) const { return bars + 8 * (9 + consumer); }
 };
-constexpr int kForwardBarriers = 9;
+constexpr int kForwardBarriers = 11;
 
 // Where the block's work lies: its (batch, head), the K/V head it reads, its first query and the
 // number of K/V tiles it visits (tile it = 0, 1, ... covers keys [(n_tiles - 1 - it) * 128, +128)).
@@ -382,8 +387,25 @@ struct ConsumerState {
   uint32_t q_rows;          // the warpgroup's 64 rows of Q in shared memory
   float scale_log2;
   bool releases;  // lane 0 of its warp: arrives on the empties for the warp
+  int consumer;   // 0 or 1
+  bool pingpong;  // both warpgroups have queries below T and take turns
   float s[64], o[D / 2];
   SoftmaxRows rows;
+  int turns = 0;  // how many times it waited for its turn
+
+  // Ping-pong (FlashAttention-3's inter-warpgroup schedule): a warpgroup issues its MMAs only
+  // once the other has issued its previous ones, so the tensor cores alternate between them and
+  // each one's softmax runs under the other's MMAs. turn(c) completes when the 4 warps of the
+  // other warpgroup arrive; its k-th completion lets warpgroup c issue for the k-th time (parity
+  // k & 1; the other cannot run two completions ahead, it needs this one's arrival in between).
+  // Both warpgroups issue n_tiles + 1 times; warpgroup 1 arrives once at the start so that
+  // warpgroup 0 goes first. An extra completion nobody waits for is harmless.
+  __device__ void await_turn() {
+    if (pingpong) mbarrier_wait(sm.turn(consumer), uint32_t(turns++) & 1);
+  }
+  __device__ void pass_turn() const {
+    if (pingpong && releases) mbarrier_arrive(sm.turn(1 - consumer));
+  }
 
   __device__ static int stage(int it) { return it % C::kStages; }
   __device__ static uint32_t parity(int it) { return (it / C::kStages) & 1; }
@@ -403,9 +425,11 @@ struct ConsumerState {
 template <class T, int D>
 __device__ __forceinline__ void first_tile(ConsumerState<D>& c, int it, Fragments& p) {
   mbarrier_wait(c.sm.k_full(c.stage(it)), c.parity(it));
+  c.await_turn();
   wgmma_fence();
   issue_scores<T, D>(c.s, c.q_rows, c.sm.k(c.stage(it)));
   wgmma_commit();
+  c.pass_turn();
   wgmma_wait<0>();
   pin_registers(c.s);
   c.release_k(it);
@@ -423,11 +447,13 @@ __device__ __forceinline__ void next_tile(ConsumerState<D>& c, int it, Fragments
   // Both waits first: no branch may separate the MMAs (ptxas would serialise them).
   mbarrier_wait(c.sm.k_full(c.stage(it)), c.parity(it));
   mbarrier_wait(c.sm.v_full(c.stage(prev)), c.parity(prev));
+  c.await_turn();
   wgmma_fence();  // orders the register writes to o and p before both groups
   issue_scores<T, D>(c.s, c.q_rows, c.sm.k(c.stage(it)));
   wgmma_commit();
   issue_pv<T, D>(c.o, p, c.sm.v(c.stage(prev)));
   wgmma_commit();
+  c.pass_turn();
   wgmma_wait<1>();  // groups complete in order: S(it) is in, O += P V may still run
   pin_registers(c.s);
   c.release_k(it);
@@ -445,9 +471,11 @@ __device__ __forceinline__ void next_tile(ConsumerState<D>& c, int it, Fragments
 template <class T, int D>
 __device__ __forceinline__ void last_pv(ConsumerState<D>& c, int it, Fragments& p) {
   mbarrier_wait(c.sm.v_full(c.stage(it)), c.parity(it));
+  c.await_turn();
   wgmma_fence();
   issue_pv<T, D>(c.o, p, c.sm.v(c.stage(it)));
   wgmma_commit();
+  c.pass_turn();
   wgmma_wait<0>();
   pin_registers(c.o);
   pin_fragments(p);
@@ -465,7 +493,9 @@ __device__ __forceinline__ void consume_tiles(const ForwardSmem<D>& sm, const Fo
   ConsumerState<D> c{sm,         blk,
                      row0,       row0 + 16 * warp + lane / 4,
                      seq_len,    sm.q() + uint32_t(consumer) * 64 * 128,
-                     scale_log2, lane == 0};
+                     scale_log2, lane == 0,
+                     consumer,   C::kPingPong && blk.q0 + 64 < seq_len};
+  if (c.pingpong && consumer == 1) c.pass_turn();  // warpgroup 0 issues first
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) c.o[i] = 0.f;
   // Tiles before `first` hold only keys after the warpgroup's last query (or it has no query
@@ -523,6 +553,7 @@ __global__ void __launch_bounds__(Sm90Forward<D>::kThreads, 1)
       mbarrier_init(sm.k_empty(s), 4 * C::kConsumers);  // one arrival per consumer warp
       mbarrier_init(sm.v_empty(s), 4 * C::kConsumers);
     }
+    for (int w = 0; w < C::kConsumers; ++w) mbarrier_init(sm.turn(w), 4);  // the other's 4 warps
     mbarrier_init_fence();
   }
   __syncthreads();
