@@ -7,10 +7,12 @@
 // operands from shared memory through descriptors, fed by the TMA copy engine, with the loads
 // running in a separate warpgroup so the tensor cores never wait for memory.
 //
-// Block: one (batch, head) and 128 queries; 384 threads = 3 warpgroups.
+// Block: one (batch, head) and two query tiles of 128 (the longest and the shortest left, so that
+// every block does the same causal work; see ForwardBlock); 384 threads = 3 warpgroups.
 //   warpgroup 0 (producer): gives most of its registers away (setmaxnreg) and one thread issues
-//     the TMA copies: the block's Q tile once, then the K and V tiles of 128 keys into a ring of
-//     two stages, from the diagonal tile backwards (the only tiles needing a mask come first).
+//     the TMA copies: a query tile's Q once, then its K and V tiles of 128 keys into a ring of
+//     two stages, from the diagonal tile backwards (the only tiles needing a mask come first); the
+//     ring runs on into the second query tile, whose loads overlap the end of the first.
 //   warpgroups 1, 2 (consumers): 64 queries each (wgmma's M). Per K/V tile:
 //       S = Q K^T     wgmma m64n128k16, A = Q and B = K both from shared memory (K-major);
 //       online softmax on the S registers (row max / sum across the 4 threads of a quad);
@@ -28,13 +30,15 @@
 //
 // mbarriers (a phase completes, and flips, when its expected arrivals and bytes are in; waits name
 // the parity of the phase they wait for, see sm90::mbarrier_wait):
-//   q_full          1 arrival (the producer's expect_tx) + the Q bytes; used once: parity 0.
+//   q_full[j]       1 arrival (the producer's expect_tx) + the bytes of query tile j's Q; used
+//                   once: parity 0.
 //   k_full[s]       same for the K tile of stage s; v_full[s] for its V tile.
 //   k_empty[s]      one arrival per consumer warp once its S(it) is complete (K is no longer
 //                   read); v_empty[s] once its O += P V of that tile is complete. Separate, so
 //                   the next K tile is loaded while the previous V tile is still being read.
 //   turn[c]         the 4 warps of the other consumer warpgroup, once they issued their MMAs.
-// Tile iteration `it` (0, 1, ... in processing order) uses stage it % 2 for the (it / 2)-th time:
+// Tile iteration `it` (0, 1, ... in processing order, counted over both query tiles of the block)
+// uses stage it % 2 for the (it / 2)-th time:
 // consumers wait for k_full / v_full with parity (it / 2) & 1; the producer, before refilling a
 // stage for use u = it / 2 >= 1, waits for completion number u - 1 of k_empty (v_empty) of that
 // stage: parity (u - 1) & 1. Every consumer warp waits for both full barriers of every tile (even
@@ -68,7 +72,9 @@ struct Sm90Forward {
   static constexpr int kPanels = D / 64;  // 128-byte swizzle rows hold 64 16-bit elements
   static constexpr uint32_t kQPanelBytes = kRows * 128, kQBytes = kQPanelBytes * kPanels;
   static constexpr uint32_t kKvPanelBytes = kKeys * 128, kKvBytes = kKvPanelBytes * kPanels;
-  static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * size_t(kKvBytes) + 1024;  // +align
+  // Two Q tiles (a block computes two query tiles, see ForwardBlock), the K and V rings, and
+  // slack to align the start to 1024 bytes.
+  static constexpr size_t kSmemBytes = 2 * kQBytes + 2 * kStages * size_t(kKvBytes) + 1024;
   // The launch gives every thread 65536 / 384 -> 168 registers; the producer keeps 24 and the
   // consumers take what it frees: 128 * 24 + 256 * 240 = 64512 <= 65536. (The consumers of
   // the D = 128 kernel use up to ~220.)
@@ -154,31 +160,52 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 2], const uint32_t (&p)[
 #undef TESSERA_OPERANDS_32_63
 
 // ---------------- shared memory map ----------------
-// 1024-aligned base: [Q panels][K stage 0][K stage 1][V stage 0][V stage 1]; barriers apart.
+// 1024-aligned base: [Q tile 0][Q tile 1][K stage 0][K stage 1][V stage 0][V stage 1] (each
+// tile kPanels panels); barriers apart.
 template <int D>
 struct ForwardSmem {
   using C = Sm90Forward<D>;
-  uint32_t base, bars;  // shared addresses of the tiles and of the 11 barriers
-  __device__ uint32_t q() const { return base; }
+  uint32_t base, bars;  // shared addresses of the tiles and of the 12 barriers
+  __device__ uint32_t q(int item) const { return base + uint32_t(item) * C::kQBytes; }
   __device__ uint32_t k(int stage) const {
-    return base + C::kQBytes + uint32_t(stage) * C::kKvBytes;
+    return base + 2 * C::kQBytes + uint32_t(stage) * C::kKvBytes;
   }
   __device__ uint32_t v(int stage) const {
-    return base + C::kQBytes + uint32_t(C::kStages + stage) * C::kKvBytes;
+    return base + 2 * C::kQBytes + uint32_t(C::kStages + stage) * C::kKvBytes;
   }
-  __device__ uint32_t q_full() const { return bars; }
-  __device__ uint32_t k_full(int stage) const { return bars + 8 * (1 + stage); }
-  __device__ uint32_t v_full(int stage) const { return bars + 8 * (3 + stage); }
-  __device__ uint32_t k_empty(int stage) const { return bars + 8 * (5 + stage); }
-  __device__ uint32_t v_empty(int stage) const { return bars + 8 * (7 + stage); }
-  __device__ uint32_t turn(int consumer) const { return bars + 8 * (9 + consumer); }
+  __device__ uint32_t q_full(int item) const { return bars + 8 * item; }
+  __device__ uint32_t k_full(int stage) const { return bars + 8 * (2 + stage); }
+  __device__ uint32_t v_full(int stage) const { return bars + 8 * (4 + stage); }
+  __device__ uint32_t k_empty(int stage) const { return bars + 8 * (6 + stage); }
+  __device__ uint32_t v_empty(int stage) const { return bars + 8 * (8 + stage); }
+  __device__ uint32_t turn(int consumer) const { return bars + 8 * (10 + consumer); }
 };
-constexpr int kForwardBarriers = 11;
+constexpr int kForwardBarriers = 12;
 
-// Where the block's work lies: its (batch, head), the K/V head it reads, its first query and the
-// number of K/V tiles it visits (tile it = 0, 1, ... covers keys [(n_tiles - 1 - it) * 128, +128)).
+// One query tile of a block: its first query, the K/V tiles it visits (its tile t = 0, 1, ...
+// covers keys [(n_tiles - 1 - t) * 128, +128): the diagonal tile first) and the block-wide index
+// of its first one (the K/V ring runs on from one query tile to the next).
+struct WorkItem {
+  int q0, n_tiles, first_it;
+};
+
+// A block's work: one (batch, head), the K/V head it reads, and two query tiles paired so that
+// every block visits the same number of K/V tiles under the causal mask: tile nq - 1 - x (the
+// longest) and then tile x, for block x of ceil(nq / 2) (the middle tile of an odd nq alone).
+// The producer loads the second tile's Q and first K/V tiles while the consumers finish the
+// first one, so only one start-up per block is exposed. It lives in shared memory: the consumers
+// read it when they need it rather than keeping it in registers over the main loop.
+template <int D>
 struct ForwardBlock {
-  int b, h, h_kv, q0, n_tiles;
+  using C = Sm90Forward<D>;
+  int b, h, h_kv, seq_len, long_tile, short_tile, n_items;
+  __device__ int tiles_of(int q_tile) const {
+    return (min((q_tile + 1) * C::kRows, seq_len) - 1) / C::kKeys + 1;
+  }
+  __device__ WorkItem item(int j) const {
+    const int q_tile = j == 0 ? long_tile : short_tile;
+    return {q_tile * C::kRows, tiles_of(q_tile), j == 0 ? 0 : tiles_of(long_tile)};
+  }
 };
 
 // ---------------- producer: one thread issues every copy ----------------
@@ -199,28 +226,42 @@ __device__ __forceinline__ void load_head_box(uint32_t dst, const CUtensorMap* m
   tma_load_4d(dst, map, bar, d0, at(1), at(2), at(3));
 }
 
+// K and V tile `it` (block-wide count: stage it % 2, used for the (it / 2)-th time) of keys
+// [key0, key0 + 128), each into its stage once the consumers released the stage's previous use.
 template <int D>
-__device__ __forceinline__ void produce_tiles(const ForwardSmem<D>& sm, const ForwardBlock& blk,
+__device__ __forceinline__ void produce_kv_tile(const ForwardSmem<D>& sm,
+                                                const ForwardBlock<D>& blk,
+                                                const CUtensorMap* k_map, const CUtensorMap* v_map,
+                                                const ForwardSlots& slots, int it, int key0) {
+  using C = Sm90Forward<D>;
+  const int stage = it % C::kStages, use = it / C::kStages;
+  if (use > 0) mbarrier_wait(sm.k_empty(stage), (use - 1) & 1);
+  mbarrier_arrive_expect_bytes(sm.k_full(stage), C::kKvBytes);
+  for (int p = 0; p < C::kPanels; ++p)
+    load_head_box(sm.k(stage) + p * C::kKvPanelBytes, k_map, slots.k, sm.k_full(stage), p * 64,
+                  key0, blk.h_kv, blk.b);
+  if (use > 0) mbarrier_wait(sm.v_empty(stage), (use - 1) & 1);
+  mbarrier_arrive_expect_bytes(sm.v_full(stage), C::kKvBytes);
+  for (int p = 0; p < C::kPanels; ++p)
+    load_head_box(sm.v(stage) + p * C::kKvPanelBytes, v_map, slots.v, sm.v_full(stage), p * 64,
+                  key0, blk.h_kv, blk.b);
+}
+
+// Each query tile's Q (its own buffer, used once) just before its K/V tiles: the producer runs up
+// to two K/V tiles ahead of the consumers, so the second Q lands while they finish the first.
+template <int D>
+__device__ __forceinline__ void produce_tiles(const ForwardSmem<D>& sm, const ForwardBlock<D>& blk,
                                               const CUtensorMap* q_map, const CUtensorMap* k_map,
                                               const CUtensorMap* v_map, const ForwardSlots& slots) {
   using C = Sm90Forward<D>;
-  mbarrier_arrive_expect_bytes(sm.q_full(), C::kQBytes);
-  for (int p = 0; p < C::kPanels; ++p)
-    load_head_box(sm.q() + p * C::kQPanelBytes, q_map, slots.q, sm.q_full(), p * 64, blk.q0, blk.h,
-                  blk.b);
-  for (int it = 0; it < blk.n_tiles; ++it) {
-    const int stage = it % C::kStages, use = it / C::kStages;
-    const int key0 = (blk.n_tiles - 1 - it) * C::kKeys;
-    if (use > 0) mbarrier_wait(sm.k_empty(stage), (use - 1) & 1);
-    mbarrier_arrive_expect_bytes(sm.k_full(stage), C::kKvBytes);
+  for (int j = 0; j < blk.n_items; ++j) {
+    const WorkItem w = blk.item(j);
+    mbarrier_arrive_expect_bytes(sm.q_full(j), C::kQBytes);
     for (int p = 0; p < C::kPanels; ++p)
-      load_head_box(sm.k(stage) + p * C::kKvPanelBytes, k_map, slots.k, sm.k_full(stage), p * 64,
-                    key0, blk.h_kv, blk.b);
-    if (use > 0) mbarrier_wait(sm.v_empty(stage), (use - 1) & 1);
-    mbarrier_arrive_expect_bytes(sm.v_full(stage), C::kKvBytes);
-    for (int p = 0; p < C::kPanels; ++p)
-      load_head_box(sm.v(stage) + p * C::kKvPanelBytes, v_map, slots.v, sm.v_full(stage), p * 64,
-                    key0, blk.h_kv, blk.b);
+      load_head_box(sm.q(j) + p * C::kQPanelBytes, q_map, slots.q, sm.q_full(j), p * 64, w.q0,
+                    blk.h, blk.b);
+    for (int t = 0; t < w.n_tiles; ++t)
+      produce_kv_tile(sm, blk, k_map, v_map, slots, w.first_it + t, (w.n_tiles - 1 - t) * C::kKeys);
   }
 }
 
@@ -377,12 +418,13 @@ __device__ __forceinline__ void store_rows(const float (&o)[D / 2], SoftmaxRows 
   }
 }
 
-// The state of one consumer warpgroup: its queries, the running softmax and O.
+// The state of one consumer warpgroup in one query tile: its queries, the running softmax and O.
 template <int D>
 struct ConsumerState {
   using C = Sm90Forward<D>;
   const ForwardSmem<D>& sm;
-  const ForwardBlock& blk;
+  WorkItem w;
+  int turns;                // how many times the warpgroup waited for its turn, over all items
   int row0, r_lo, seq_len;  // the warpgroup's first query, this thread's rows r_lo and r_lo + 8
   uint32_t q_rows;          // the warpgroup's 64 rows of Q in shared memory
   float scale_log2;
@@ -391,25 +433,27 @@ struct ConsumerState {
   bool pingpong;  // both warpgroups have queries below T and take turns
   float s[64], o[D / 2];
   SoftmaxRows rows;
-  int turns = 0;  // how many times it waited for its turn
 
   // Ping-pong (FlashAttention-3's inter-warpgroup schedule): a warpgroup issues its MMAs only
   // once the other has issued its previous ones, so the tensor cores alternate between them and
   // each one's softmax runs under the other's MMAs. turn(c) completes when the 4 warps of the
   // other warpgroup arrive; its k-th completion lets warpgroup c issue for the k-th time (parity
   // k & 1; the other cannot run two completions ahead, it needs this one's arrival in between).
-  // Both warpgroups issue n_tiles + 1 times; warpgroup 1 arrives once at the start so that
-  // warpgroup 0 goes first. An extra completion nobody waits for is harmless.
+  // Per query tile both warpgroups issue n_tiles + 1 times; warpgroup 1 arrives once at the
+  // start so that warpgroup 0 goes first, and not after its last issue, so each turn barrier
+  // completes exactly as often as its warpgroup waits and the next query tile starts afresh.
   __device__ void await_turn() {
     if (pingpong) mbarrier_wait(sm.turn(consumer), uint32_t(turns++) & 1);
   }
-  __device__ void pass_turn() const {
-    if (pingpong && releases) mbarrier_arrive(sm.turn(1 - consumer));
+  __device__ void pass_turn(bool last_issue = false) const {
+    if (pingpong && releases && !(last_issue && consumer == 1))
+      mbarrier_arrive(sm.turn(1 - consumer));
   }
 
-  __device__ static int stage(int it) { return it % C::kStages; }
-  __device__ static uint32_t parity(int it) { return (it / C::kStages) & 1; }
-  __device__ int key0(int it) const { return (blk.n_tiles - 1 - it) * C::kKeys; }
+  // Tile it of this query tile is block-wide tile w.first_it + it of the K/V ring.
+  __device__ int stage(int it) const { return (w.first_it + it) % C::kStages; }
+  __device__ uint32_t parity(int it) const { return ((w.first_it + it) / C::kStages) & 1; }
+  __device__ int key0(int it) const { return (w.n_tiles - 1 - it) * C::kKeys; }
   __device__ bool needs_mask(int it) const {
     return key0(it) + C::kKeys - 1 > row0 || key0(it) + C::kKeys > seq_len;
   }
@@ -475,41 +519,49 @@ __device__ __forceinline__ void last_pv(ConsumerState<D>& c, int it, Fragments& 
   wgmma_fence();
   issue_pv<T, D>(c.o, p, c.sm.v(c.stage(it)));
   wgmma_commit();
-  c.pass_turn();
+  c.pass_turn(/*last_issue=*/true);
   wgmma_wait<0>();
   pin_registers(c.o);
   pin_fragments(p);
   c.release_v(it);
 }
 
-// One consumer warpgroup: 64 queries from blk.q0 + 64 * consumer through every K/V tile.
+// One consumer warpgroup in query tile w (item j of the block): 64 queries from
+// w.q0 + 64 * consumer through every K/V tile of it. Returns the updated count of turn waits.
 template <class T, int D>
-__device__ __forceinline__ void consume_tiles(const ForwardSmem<D>& sm, const ForwardBlock& blk,
-                                              int consumer, int seq_len, float scale_log2, T* out,
-                                              const HeadLayout& Lo, float* lse_head) {
+__device__ __forceinline__ int consume_item(const ForwardSmem<D>& sm, const ForwardBlock<D>& blk,
+                                            int j, int consumer, int turns, float scale_log2,
+                                            T* out, const HeadLayout& Lo, float* lse) {
   using C = Sm90Forward<D>;
+  const WorkItem w = blk.item(j);
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
-  const int row0 = blk.q0 + 64 * consumer;
-  ConsumerState<D> c{sm,         blk,
-                     row0,       row0 + 16 * warp + lane / 4,
-                     seq_len,    sm.q() + uint32_t(consumer) * 64 * 128,
-                     scale_log2, lane == 0,
-                     consumer,   C::kPingPong && blk.q0 + 64 < seq_len};
+  const int row0 = w.q0 + 64 * consumer, seq_len = blk.seq_len;
+  ConsumerState<D> c{sm,
+                     w,
+                     turns,
+                     row0,
+                     row0 + 16 * warp + lane / 4,
+                     seq_len,
+                     sm.q(j) + uint32_t(consumer) * 64 * 128,
+                     scale_log2,
+                     lane == 0,
+                     consumer,
+                     C::kPingPong && w.q0 + 64 < seq_len};
   if (c.pingpong && consumer == 1) c.pass_turn();  // warpgroup 0 issues first
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) c.o[i] = 0.f;
   // Tiles before `first` hold only keys after the warpgroup's last query (or it has no query
   // below T): waited for, so that their copies have landed, and released unread.
-  const int n = blk.n_tiles;
+  const int n = w.n_tiles;
   const int first = row0 < seq_len ? max(0, n - 1 - (row0 + 63) / C::kKeys) : n;
-  mbarrier_wait(sm.q_full(), 0);
+  mbarrier_wait(sm.q_full(j), 0);
   for (int it = 0; it < first; ++it) {
     mbarrier_wait(sm.k_full(c.stage(it)), c.parity(it));
     mbarrier_wait(sm.v_full(c.stage(it)), c.parity(it));
     c.release_k(it);
     c.release_v(it);
   }
-  if (first == n) return;
+  if (first == n) return c.turns;
   // P alternates between two register sets (one is read by an MMA while the other is written),
   // so the loop runs two steps per trip.
   Fragments p_a, p_b;
@@ -525,7 +577,9 @@ __device__ __forceinline__ void consume_tiles(const ForwardSmem<D>& sm, const Fo
   } else {
     last_pv<T, D>(c, n - 1, p_a);
   }
-  store_rows<T, D>(c.o, c.rows, c.r_lo, seq_len, out, Lo, blk.b, blk.h, lse_head);
+  store_rows<T, D>(c.o, c.rows, c.r_lo, seq_len, out, Lo, blk.b, blk.h,
+                   lse + int64_t(blockIdx.y) * seq_len);
+  return c.turns;
 }
 
 // q_map, k_map, v_map: the [B, heads, T, D] views as 4-D tensor maps (see encode_head_map), with
@@ -542,11 +596,12 @@ __global__ void __launch_bounds__(Sm90Forward<D>::kThreads, 1)
   using C = Sm90Forward<D>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t barriers[kForwardBarriers];
+  __shared__ ForwardBlock<D> blk;
   // The swizzle pattern repeats every 1024 bytes and TMA and the descriptors assume each panel
   // starts on such a boundary: round the dynamic buffer up (kSmemBytes has the slack).
   const ForwardSmem<D> sm{(smem_addr(smem_raw) + 1023u) & ~1023u, smem_addr(barriers)};
   if (threadIdx.x == 0) {
-    mbarrier_init(sm.q_full(), 1);
+    for (int j = 0; j < 2; ++j) mbarrier_init(sm.q_full(j), 1);
     for (int s = 0; s < C::kStages; ++s) {
       mbarrier_init(sm.k_full(s), 1);
       mbarrier_init(sm.v_full(s), 1);
@@ -555,15 +610,15 @@ __global__ void __launch_bounds__(Sm90Forward<D>::kThreads, 1)
     }
     for (int w = 0; w < C::kConsumers; ++w) mbarrier_init(sm.turn(w), 4);  // the other's 4 warps
     mbarrier_init_fence();
+    blk.b = static_cast<int>(blockIdx.y) / H;
+    blk.h = static_cast<int>(blockIdx.y) % H;
+    blk.h_kv = blk.h / group;
+    blk.seq_len = seq_len;
+    blk.long_tile = (seq_len - 1) / C::kRows - static_cast<int>(blockIdx.x);
+    blk.short_tile = static_cast<int>(blockIdx.x);
+    blk.n_items = blk.short_tile < blk.long_tile ? 2 : 1;
   }
   __syncthreads();
-
-  ForwardBlock blk;
-  blk.b = static_cast<int>(blockIdx.y) / H;
-  blk.h = static_cast<int>(blockIdx.y) % H;
-  blk.h_kv = blk.h / group;
-  blk.q0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * C::kRows;  // longest rows first
-  blk.n_tiles = (min(blk.q0 + C::kRows, seq_len) - 1) / C::kKeys + 1;
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
@@ -572,8 +627,10 @@ __global__ void __launch_bounds__(Sm90Forward<D>::kThreads, 1)
     return;
   }
   claim_registers<C::kConsumerRegisters>();
-  consume_tiles<T, D>(sm, blk, warpgroup - 1, seq_len, scale_log2, out, Lo,
-                      lse + int64_t(blockIdx.y) * seq_len);
+  int turns = 0;
+#pragma unroll 1
+  for (int j = 0; j < blk.n_items; ++j)
+    turns = consume_item<T, D>(sm, blk, j, warpgroup - 1, turns, scale_log2, out, Lo, lse);
 #else
   __trap();  // built without sm_90a code: the host side never launches this (device_runs_sm90a)
 #endif
@@ -668,8 +725,8 @@ void launch_forward(const ForwardMaps& maps, const AttnShape& s, double scale, c
   TESSERA_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_sm90_kernel<T, D>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(C::kSmemBytes)));
-  const dim3 grid(static_cast<unsigned>((s.T + C::kRows - 1) / C::kRows),
-                  static_cast<unsigned>(s.B * s.H));
+  const int64_t q_tiles = (s.T + C::kRows - 1) / C::kRows;
+  const dim3 grid(static_cast<unsigned>((q_tiles + 1) / 2), static_cast<unsigned>(s.B * s.H));
   flash_forward_sm90_kernel<T, D><<<grid, C::kThreads, C::kSmemBytes, stream>>>(
       maps.q.map, maps.k.map, maps.v.map, ForwardSlots{maps.q.slots, maps.k.slots, maps.v.slots},
       static_cast<T*>(out.raw_data()), layout_of(out), lse.data<float>(), static_cast<int>(s.H),
