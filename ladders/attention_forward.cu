@@ -233,7 +233,7 @@ int climb_at(int B, int H, int T, bool timed) {
                                                                           tlse);
                         }});
   std::string why_not;
-  if (!tessera::cuda::flash_attention_forward_uses_sm90(tq, tk, tv, &why_not))
+  if (!tessera::cuda::flash_attention_forward_uses_sm90(tq, tk, tv, scale, &why_not))
     why_not = "sm_90 kernel: " + why_not;
   ladder.climb_library({"v5 production (sm_90: TMA + wgmma)", why_not, [&] {
                           tessera::cuda::flash_attention_forward(tq, tk, tv, scale, tout, tlse);

@@ -295,11 +295,11 @@ void flash_attention_forward_mma_sync(const Tensor& q, const Tensor& k, const Te
 }
 
 bool flash_attention_forward_uses_sm90(const Tensor& q, const Tensor& k, const Tensor& v,
-                                       std::string* why_not) {
+                                       double scale, std::string* why_not) {
   check_inputs("flash_attention_forward_uses_sm90", q, k, v, false);
   check_vector_rows("flash_attention_forward_uses_sm90", q, k, v);
   DeviceGuard guard(q.device().index);
-  const std::string reason = sm90_forward_unsupported(q, k, v);
+  const std::string reason = sm90_forward_unsupported(q, k, v, scale);
   if (why_not) *why_not = reason;
   return reason.empty();
 }

@@ -328,37 +328,42 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// Scales the scores to log2 units, masks the future (key > query) and keys past T, folds the
-// tile into the running max and sums and leaves P = exp2(s - new max) as 16-bit pairs in p (the
-// A-operand layout above). O is not touched (an MMA may still be accumulating it): corr_lo/hi
-// return exp2(old max - new max), by which the caller rescales O once that MMA is done. A row's
-// values live in the 4 threads of a quad, so its max is reduced with two xor-shuffles.
+// Masks the future (key > query) and keys past T, folds the tile into the running max and sums
+// and leaves P = exp2(s * scale_log2 - new max) as 16-bit pairs in p (the A-operand layout
+// above). The max is taken over the raw scores and scaled once, and the scaling is fused into the
+// exponent's subtraction (one FFMA per score): this needs scale_log2 > 0, which the host checks.
+// O is not touched (an MMA may still be accumulating it): corr_lo/hi return exp2(old max - new
+// max), by which the caller rescales O once that MMA is done. A row's values live in the 4
+// threads of a quad, so its max is reduced with two xor-shuffles.
 template <class T>
 __device__ __forceinline__ void softmax_tile(float (&s)[64], Fragments& p, SoftmaxRows& rows,
                                              bool mask, int key0, int r_lo, int seq_len,
                                              float scale_log2, float& corr_lo, float& corr_hi) {
-  const int t = threadIdx.x % 4;
+  if (mask) {  // uniform over the warpgroup: only the diagonal tile and the one holding T
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int key = key0 + 8 * (i / 4) + 2 * t + i % 2;
+      const int row = r_lo + 8 * ((i / 2) % 2);
+      if (key > row || key >= seq_len) s[i] = -INFINITY;
+    }
+  }
   float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
-    float x = s[i] * scale_log2;
-    if (mask) {
-      const int key = key0 + 8 * (i / 4) + 2 * t + i % 2;
-      const int row = r_lo + 8 * ((i / 2) % 2);
-      if (key > row || key >= seq_len) x = -INFINITY;
-    }
-    s[i] = x;
     if ((i / 2) % 2 == 0)
-      mx_lo = fmaxf(mx_lo, x);
+      mx_lo = fmaxf(mx_lo, s[i]);
     else
-      mx_hi = fmaxf(mx_hi, x);
+      mx_hi = fmaxf(mx_hi, s[i]);
   }
 #pragma unroll
   for (int lane_mask = 1; lane_mask <= 2; lane_mask <<= 1) {
     mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, lane_mask));
     mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, lane_mask));
   }
-  const float new_lo = fmaxf(rows.m_lo, mx_lo), new_hi = fmaxf(rows.m_hi, mx_hi);
+  // Running maxima in log2 units (scaled); -inf stays -inf.
+  const float new_lo = fmaxf(rows.m_lo, mx_lo * scale_log2);
+  const float new_hi = fmaxf(rows.m_hi, mx_hi * scale_log2);
   // A row with nothing visible yet keeps reference 0 so that no inf - inf appears.
   const float ref_lo = new_lo == -INFINITY ? 0.f : new_lo;
   const float ref_hi = new_hi == -INFINITY ? 0.f : new_hi;
@@ -370,7 +375,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], Fragments& p, Softm
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const bool lo = (i / 2) % 2 == 0;
-    s[i] = fast_exp2(s[i] - (lo ? ref_lo : ref_hi));
+    s[i] = fast_exp2(fmaf(s[i], scale_log2, -(lo ? ref_lo : ref_hi)));
     if (lo)
       sum_lo += s[i];
     else
@@ -705,10 +710,14 @@ bool runs_sm90_kernels(int device) {
 // Empty when the kernel applies to these (already checked) inputs, with the tensor maps in
 // `maps`; otherwise the reason it does not.
 template <int D>
-std::string prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v, ForwardMaps& maps) {
+std::string prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                            ForwardMaps& maps) {
   using C = Sm90Forward<D>;
   if (!runs_sm90_kernels(q.device().index))
     return "the device is not an sm_90 GPU (H100/H200) or this build holds no sm_90a code";
+  if (!(scale > 0.0) || !std::isfinite(scale))
+    return "the scale must be positive and finite (the kernel takes the row max of the unscaled "
+           "scores)";
   if (q.size(2) > INT32_MAX - C::kRows || q.size(0) * q.size(1) > 65535)
     return "T must stay below 2^31 - 128 and B * H at most 65535";
   if (!encode_head_map(maps.q, q, C::kRows) || !encode_head_map(maps.k, k, C::kKeys) ||
@@ -735,10 +744,11 @@ void launch_forward(const ForwardMaps& maps, const AttnShape& s, double scale, c
 
 }  // namespace
 
-std::string sm90_forward_unsupported(const Tensor& q, const Tensor& k, const Tensor& v) {
+std::string sm90_forward_unsupported(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     double scale) {
   ForwardMaps maps;
-  if (q.size(3) == 64) return prepare_forward<64>(q, k, v, maps);
-  if (q.size(3) == 128) return prepare_forward<128>(q, k, v, maps);
+  if (q.size(3) == 64) return prepare_forward<64>(q, k, v, scale, maps);
+  if (q.size(3) == 128) return prepare_forward<128>(q, k, v, scale, maps);
   return "head size must be 64 or 128";
 }
 
@@ -748,7 +758,8 @@ bool launch_sm90_forward(const Tensor& q, const Tensor& k, const Tensor& v, doub
   ForwardMaps maps;
   std::string reason = "head size must be 64 or 128";
   if (s.D == 64 || s.D == 128)
-    reason = s.D == 64 ? prepare_forward<64>(q, k, v, maps) : prepare_forward<128>(q, k, v, maps);
+    reason = s.D == 64 ? prepare_forward<64>(q, k, v, scale, maps)
+                       : prepare_forward<128>(q, k, v, scale, maps);
   if (!reason.empty()) {
     if (why_not) *why_not = reason;
     return false;

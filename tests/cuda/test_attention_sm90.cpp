@@ -123,7 +123,11 @@ TEST(AttentionSm90Cuda, DispatchTakesItOnHopper) {
     SCOPED_TRACE(describe(c));
     const FusedInputs in = make_inputs(c);
     std::string why;
-    EXPECT_TRUE(cuda::flash_attention_forward_uses_sm90(in.q, in.k, in.v, &why)) << why;
+    EXPECT_TRUE(cuda::flash_attention_forward_uses_sm90(in.q, in.k, in.v, in.scale, &why)) << why;
+    // A scale that is not positive stays with the mma.sync kernel (the Hopper one takes the row
+    // max of the unscaled scores), saying so.
+    EXPECT_FALSE(cuda::flash_attention_forward_uses_sm90(in.q, in.k, in.v, -in.scale, &why));
+    EXPECT_NE(why.find("scale"), std::string::npos) << why;
     const Shape bhtd{kB, kH, c.T, c.D}, bht{kB, kH, c.T};
     Tensor out_direct = poisoned(bhtd, c.dtype), lse_direct = poisoned(bht, DType::f32);
     Tensor out_dispatch = poisoned(bhtd, c.dtype), lse_dispatch = poisoned(bht, DType::f32);
@@ -147,7 +151,7 @@ TEST(AttentionSm90Cuda, OtherDevicesKeepTheMmaSyncKernel) {
   const Sm90Case c{DType::f16, 64, 77, 3};
   const FusedInputs in = make_inputs(c);
   std::string why;
-  EXPECT_FALSE(cuda::flash_attention_forward_uses_sm90(in.q, in.k, in.v, &why));
+  EXPECT_FALSE(cuda::flash_attention_forward_uses_sm90(in.q, in.k, in.v, in.scale, &why));
   EXPECT_NE(why.find("sm_90"), std::string::npos) << why;
   Tensor out = poisoned({kB, kH, c.T, c.D}, c.dtype), lse = poisoned({kB, kH, c.T}, DType::f32);
   try {
