@@ -8,6 +8,7 @@
 // nothing extra: a query head's block simply streams the tiles of its key/value head.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "tessera/kernels/cuda/attention_common.cuh"
@@ -258,16 +259,29 @@ void launch_mma_sync_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   TESSERA_KERNEL_CHECK("flash_forward_tc_kernel");
 }
 
+// TESSERA_ATTENTION_SM90=0 keeps the dispatch on the mma.sync forward on Hopper too (to compare,
+// or to rule the Hopper kernel out); 1 or unset lets it take the Hopper kernel.
+bool sm90_forward_switched_off() {
+  const char* value = std::getenv("TESSERA_ATTENTION_SM90");
+  const std::string v = value ? value : "";
+  TESSERA_CHECK(v.empty() || v == "0" || v == "1",
+                "TESSERA_ATTENTION_SM90 must be 0 (mma.sync forward) or 1 (the sm_90 kernel where it "
+                "runs), got '",
+                v, "'");
+  return v == "0";
+}
+
 }  // namespace
 
 // On an H100/H200 the wgmma/TMA kernel of attention_sm90.cu, elsewhere (or for views TMA cannot
-// read) the mma.sync kernel above.
+// read, or with TESSERA_ATTENTION_SM90=0) the mma.sync kernel above.
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                              const Tensor& out, const Tensor& lse) {
   const AttnShape s = check_forward("flash_attention_forward", q, k, v, out, lse);
   if (q.numel() == 0) return;
   KernelContext ctx(out);
-  if (launch_sm90_forward(q, k, v, scale, out, lse, s, ctx.stream, nullptr)) {
+  if (!sm90_forward_switched_off() &&
+      launch_sm90_forward(q, k, v, scale, out, lse, s, ctx.stream, nullptr)) {
     TESSERA_KERNEL_CHECK("flash_forward_sm90_kernel");
     return;
   }
@@ -299,7 +313,9 @@ bool flash_attention_forward_uses_sm90(const Tensor& q, const Tensor& k, const T
   check_inputs("flash_attention_forward_uses_sm90", q, k, v, false);
   check_vector_rows("flash_attention_forward_uses_sm90", q, k, v);
   DeviceGuard guard(q.device().index);
-  const std::string reason = sm90_forward_unsupported(q, k, v, scale);
+  const std::string reason = sm90_forward_switched_off()
+                                 ? "TESSERA_ATTENTION_SM90=0 keeps the mma.sync kernel"
+                                 : sm90_forward_unsupported(q, k, v, scale);
   if (why_not) *why_not = reason;
   return reason.empty();
 }

@@ -82,7 +82,8 @@ void flash_attention_forward_sm90(const Tensor& q, const Tensor& k, const Tensor
 void flash_attention_forward_mma_sync(const Tensor& q, const Tensor& k, const Tensor& v,
                                       double scale, const Tensor& out, const Tensor& lse);
 // Whether flash_attention_forward takes the Hopper kernel for these inputs and scale (out and
-// lse as the contract above; it needs scale > 0); when not and why_not is given, the reason.
+// lse as the contract above; it needs scale > 0; TESSERA_ATTENTION_SM90=0 in the environment
+// keeps the mma.sync kernel); when not and why_not is given, the reason.
 bool flash_attention_forward_uses_sm90(const Tensor& q, const Tensor& k, const Tensor& v,
                                        double scale, std::string* why_not = nullptr);
 // dq, dk, dv in the input dtype; out and lse from the forward.

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "attention_reference.h"
@@ -163,6 +164,35 @@ TEST(AttentionSm90Cuda, OtherDevicesKeepTheMmaSyncKernel) {
   cuda::flash_attention_forward(in.q, in.k, in.v, in.scale, out, lse);
   expect_within(values(out), in.ref.out, tolerance(c.dtype), "mma.sync out");
   expect_within(values(lse), in.ref.lse, 2e-5, "mma.sync lse");
+}
+
+// TESSERA_ATTENTION_SM90=0 keeps the dispatch on the mma.sync kernel (on any device), which still
+// computes the right thing; a value other than 0 or 1 is an error naming the variable.
+TEST(AttentionSm90Cuda, EnvironmentSwitch) {
+  TESSERA_REQUIRE_GPU();
+  const char* saved = std::getenv("TESSERA_ATTENTION_SM90");
+  const std::string before = saved ? saved : "";
+  const Sm90Case c{DType::bf16, 128, 130, 1};
+  const FusedInputs in = make_inputs(c);
+  ::setenv("TESSERA_ATTENTION_SM90", "0", 1);
+  std::string why;
+  EXPECT_FALSE(cuda::flash_attention_forward_uses_sm90(in.q, in.k, in.v, in.scale, &why));
+  EXPECT_NE(why.find("TESSERA_ATTENTION_SM90=0"), std::string::npos) << why;
+  Tensor out = poisoned({kB, kH, c.T, c.D}, c.dtype), lse = poisoned({kB, kH, c.T}, DType::f32);
+  cuda::flash_attention_forward(in.q, in.k, in.v, in.scale, out, lse);
+  expect_within(values(out), in.ref.out, tolerance(c.dtype), "out with TESSERA_ATTENTION_SM90=0");
+  ::setenv("TESSERA_ATTENTION_SM90", "yes", 1);
+  try {
+    cuda::flash_attention_forward(in.q, in.k, in.v, in.scale, out, lse);
+    ADD_FAILURE() << "TESSERA_ATTENTION_SM90=yes was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TESSERA_ATTENTION_SM90 must be 0"), std::string::npos)
+        << e.what();
+  }
+  if (saved)
+    ::setenv("TESSERA_ATTENTION_SM90", before.c_str(), 1);
+  else
+    ::unsetenv("TESSERA_ATTENTION_SM90");
 }
 
 }  // namespace
