@@ -188,6 +188,10 @@ void FlatBuckets::launch_ready_buckets() {
   // Strictly in bucket order, so every rank issues the same sequence of collectives.
   while (next_bucket_to_launch_ < buckets_.size() &&
          buckets_[next_bucket_to_launch_].pending == 0) {
+    // From the first collective to the end of backward, GEMMs leave the collectives' share
+    // of the device to them (core/compute_share.h).
+    if (next_bucket_to_launch_ == 0 && group_->concurrent_sms() > 0)
+      sm_reserve_ = std::make_unique<CommunicationSmReserveScope>(group_->concurrent_sms());
     Bucket& b = buckets_[next_bucket_to_launch_++];
     ensure_gradient_buffer(b);
     if (b.reduce_buffer.defined()) raw::copy_(b.reduce_buffer, b.gradients);
@@ -243,6 +247,7 @@ void FlatBuckets::reset_backward_state() {
     b.work.reset();
   }
   next_bucket_to_launch_ = 0;
+  sm_reserve_.reset();
 }
 
 }  // namespace tessera::dist

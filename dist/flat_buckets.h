@@ -18,11 +18,13 @@
 // install a reduce-scatter into the rank's gradient shard.
 #pragma once
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "tessera/autograd/autograd.h"
+#include "tessera/core/compute_share.h"
 #include "tessera/dist/process_group.h"
 
 namespace tessera::dist {
@@ -125,6 +127,7 @@ class FlatBuckets {
   CompletionHook done_;
   bool done_on_device_ = true;
   std::vector<autograd::HookHandle> hooks_;
+  std::unique_ptr<CommunicationSmReserveScope> sm_reserve_;  // while collectives overlap backward
 };
 
 }  // namespace tessera::dist

@@ -127,6 +127,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   virtual void check_outstanding() {}
   // Whether this group's collectives can be recorded in a device graph (and replayed).
   virtual bool records_in_graphs() const { return false; }
+  // Multiprocessors of the device its collectives may occupy while compute runs beside
+  // them (NCCL's CTAs); 0 for host backends.
+  virtual int concurrent_sms() const { return 0; }
   // Whether the collectives take tensors on `device` (NCCL: its own GPU only).
   bool handles(Device device) const { return supports_device(device); }
 

@@ -16,6 +16,11 @@
 // wait is a device wait (an event of a capture cannot be queried). Replays run them again;
 // their completion is not checked on the host.
 //
+// NCCL's kernels take up to `concurrent_sms()` CTAs (ncclConfig_t::maxCTAs, one
+// multiprocessor each): TESSERA_COMM_SMS (default 16; 0 leaves NCCL's own choice), or
+// NCCL_MAX_CTAS when the user set it. DDP plans the GEMMs that overlap its all-reduces for
+// the other multiprocessors (core/compute_share.h).
+//
 // Rendezvous: rank 0 creates the NCCL unique id and publishes it in the store;
 // sub-groups get their own id the same way. Debug mode compares signatures
 // through the store before each collective.
@@ -27,6 +32,7 @@
 
 #include "tessera/core/cuda/cuda_runtime.h"
 #include "tessera/core/graph_capture.h"
+#include "tessera/dist/env.h"
 
 #include <algorithm>
 #include <chrono>
@@ -37,6 +43,8 @@
 
 namespace tessera::dist {
 namespace {
+
+constexpr int kDefaultCommSms = 16;
 
 void check_cuda(cudaError_t rc, const char* what) {
   TESSERA_CHECK(rc == cudaSuccess, "dist(nccl): ", what, " failed: ", cudaGetErrorString(rc));
@@ -157,7 +165,16 @@ class NcclProcessGroup final : public ProcessGroup {
       TESSERA_CHECK(text.size() == sizeof id, "dist(nccl): corrupt unique id in the store");
       std::memcpy(&id, text.data(), sizeof id);
     }
-    check_nccl(ncclCommInitRank(&comm_, size, id, rank), "ncclCommInitRank");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    if (const int user_ctas = env_int("NCCL_MAX_CTAS", 0); user_ctas > 0) {
+      concurrent_sms_ = user_ctas;  // NCCL reads it itself
+    } else {
+      concurrent_sms_ = env_int("TESSERA_COMM_SMS", kDefaultCommSms);
+      TESSERA_CHECK(concurrent_sms_ >= 0 && concurrent_sms_ <= 64,
+                    "dist(nccl): TESSERA_COMM_SMS must lie in 0..64, got ", concurrent_sms_);
+      if (concurrent_sms_ > 0) config.maxCTAs = concurrent_sms_;
+    }
+    check_nccl(ncclCommInitRankConfig(&comm_, size, id, rank, &config), "ncclCommInitRankConfig");
     // The highest priority (as PyTorch's NCCL streams have): while backward kernels fill the
     // GPU, the collectives' blocks are scheduled first, so they overlap instead of queueing
     // behind the compute and landing, exposed, after the last backward kernel.
@@ -176,6 +193,7 @@ class NcclProcessGroup final : public ProcessGroup {
   }
   std::string backend_name() const override { return "nccl"; }
   bool records_in_graphs() const override { return true; }
+  int concurrent_sms() const override { return concurrent_sms_; }
 
   void check_outstanding() override {
     std::deque<std::shared_ptr<NcclWork>> works;
@@ -332,6 +350,7 @@ class NcclProcessGroup final : public ProcessGroup {
   std::shared_ptr<Store> store_;
   std::string prefix_;
   int device_;
+  int concurrent_sms_ = 0;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   // Works issued outside a graph capture and not yet seen complete (oldest first).

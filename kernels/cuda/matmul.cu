@@ -6,15 +6,18 @@
 //
 // cuBLASLt plans (matmul descriptor, matrix layouts, the algorithm from
 // cublasLtMatmulAlgoGetHeuristic) are cached per (device, dtypes, ops, sizes, leading
-// dims, batch strides, pointer alignment, epilogue), so the steady state does no
-// heuristic query. The Linear helpers of linear.h live here too: the same plans with a
+// dims, batch strides, pointer alignment, epilogue, multiprocessors), so the steady state
+// does no heuristic query. While collectives run beside the compute
+// (core/compute_share.h), the plans target the multiprocessors left to the GEMMs. The Linear helpers of linear.h live here too: the same plans with a
 // bias (CUBLASLT_EPILOGUE_BIAS) or bias-gradient (CUBLASLT_EPILOGUE_BGRADA) epilogue.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <map>
 #include <mutex>
 #include <utility>
 
+#include "tessera/core/compute_share.h"
 #include "tessera/core/dispatch.h"
 #include "tessera/kernels/cuda/common.cuh"
 #include "tessera/kernels/cuda/linear.h"
@@ -206,7 +209,7 @@ struct Epilogue {
   cudaDataType_t bias_type = CUDA_R_32F;
 };
 
-using PlanKey = std::array<int64_t, 19>;
+using PlanKey = std::array<int64_t, 20>;
 
 // Descriptors and algorithm for one cached problem. Never destroyed: like the handles they
 // live as long as the thread (destroying them at exit could run after the CUDA runtime).
@@ -232,9 +235,13 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
 
 // Builds the descriptors and asks the heuristic once; an unsupported problem is cached too,
 // so callers fall back without asking again.
-LtPlan build_plan(const GemmProblem& p, const Epilogue& e, size_t workspace_bytes) {
+LtPlan build_plan(const GemmProblem& p, const Epilogue& e, size_t workspace_bytes,
+                  int sm_target) {
   LtPlan plan;
   TESSERA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, p.types.compute, CUDA_R_32F));
+  if (sm_target > 0)
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sm_target, sizeof(sm_target)));
   // cuBLASLt's A is our b ([N, K] after op), its B our a ([K, M] after op).
   const int32_t op_a = p.b.op, op_b = p.a.op;
   TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
@@ -297,6 +304,10 @@ bool lt_matmul(const GemmProblem& p, const Epilogue& e, cudaStream_t stream) {
   if (p.types.data == CUDA_R_64F) return false;
   const int device = current_device();
   const auto [ws, ws_bytes] = workspace(device, stream);
+  // 0: the whole device; else the multiprocessors the collectives leave (at least half).
+  const int reserve = communication_sm_reserve();
+  const int sms = multiprocessor_count(device);
+  const int sm_target = reserve > 0 ? std::max(sms / 2, sms - reserve) : 0;
   const PlanKey key{device,
                     p.types.data,
                     p.b.op,
@@ -315,10 +326,11 @@ bool lt_matmul(const GemmProblem& p, const Epilogue& e, cudaStream_t stream) {
                     e.kind,
                     e.bias_type,
                     alignment_of(e.bias),
-                    static_cast<int64_t>(ws_bytes)};
+                    static_cast<int64_t>(ws_bytes),
+                    sm_target};
   thread_local std::map<PlanKey, LtPlan> plans;
   auto it = plans.find(key);
-  if (it == plans.end()) it = plans.emplace(key, build_plan(p, e, ws_bytes)).first;
+  if (it == plans.end()) it = plans.emplace(key, build_plan(p, e, ws_bytes, sm_target)).first;
   LtPlan& plan = it->second;
   if (!plan.supported) return false;
   if (e.kind != CUBLASLT_EPILOGUE_DEFAULT) {

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "tessera/autograd/functions.h"
+#include "tessera/core/compute_share.h"
 #include "tessera/core/random.h"
 #include "tessera/data/file_io.h"
 #include "tessera/dist/accelerator.h"
@@ -375,6 +376,60 @@ TEST_F(DdpTest, BucketsAreReverseOrderFlatBuffersHoldingTheGradients) {
     EXPECT_TRUE(grad.shares_storage(ddp.buckets()[i < 2 ? 1 : 0].gradients)) << ddp.parameter_names()[i];
     EXPECT_EQ(grad.raw_data(), ddp.gradient_slot(i).raw_data());
   }
+}
+
+// A world of one whose collectives, like NCCL's, occupy 12 multiprocessors beside the
+// compute; it notes the reserve the GEMMs were told about when each all-reduce was issued.
+class ReserveNotingGroup final : public dist::ProcessGroup {
+ public:
+  ReserveNotingGroup() : ProcessGroup(0, 1, {}) {}
+  std::string backend_name() const override { return "reserve-noting"; }
+  int concurrent_sms() const override { return 12; }
+  std::vector<int> reserve_at_all_reduce;
+
+ protected:
+  bool supports_device(Device) const override { return true; }
+  dist::WorkPtr do_all_reduce(const dist::CollectiveSignature&, const Tensor&, dist::ReduceOp) override {
+    reserve_at_all_reduce.push_back(communication_sm_reserve());
+    return dist::completed_work();
+  }
+  dist::WorkPtr do_reduce_scatter(const dist::CollectiveSignature&, const Tensor&, const Tensor&,
+                                  dist::ReduceOp) override {
+    return dist::completed_work();
+  }
+  dist::WorkPtr do_all_gather(const dist::CollectiveSignature&, const std::vector<Tensor>&,
+                              const Tensor&) override {
+    return dist::completed_work();
+  }
+  dist::WorkPtr do_broadcast(const dist::CollectiveSignature&, const Tensor&, int) override {
+    return dist::completed_work();
+  }
+  dist::WorkPtr do_barrier(const dist::CollectiveSignature&) override { return dist::completed_work(); }
+  dist::WorkPtr do_send(const Tensor&, int, int) override { return dist::completed_work(); }
+  dist::WorkPtr do_recv(const Tensor&, int, int) override { return dist::completed_work(); }
+  std::shared_ptr<dist::ProcessGroup> do_new_group(const std::vector<int>&, uint64_t,
+                                                   dist::ProcessGroupOptions) override {
+    return nullptr;
+  }
+};
+
+// From the first bucket's collective to the end of backward the GEMMs leave the
+// collectives' multiprocessors to them; outside a backward the whole device is theirs.
+TEST_F(DdpTest, GemmsLeaveTheCollectivesTheirMultiprocessorsDuringBackward) {
+  auto group = std::make_shared<ReserveNotingGroup>();
+  default_generator().manual_seed(3);
+  TwoLayers model;
+  dist::DistributedDataParallel ddp(model, group, {.bucket_bytes = 96, .broadcast_parameters = false});
+  ASSERT_EQ(ddp.buckets().size(), 2u);
+  Generator g(5);
+  Tensor x = randn({4, 5}, {}, &g);
+  Tensor y = from_vector(std::vector<int64_t>{0, 2, 1, 1}, {4}, {.dtype = DType::i64});
+  EXPECT_EQ(communication_sm_reserve(), 0);
+  Tensor loss = cross_entropy(ddp(x), y);
+  EXPECT_EQ(communication_sm_reserve(), 0) << "the forward runs on the whole device";
+  ddp.backward(loss);
+  EXPECT_EQ(group->reserve_at_all_reduce, (std::vector<int>{12, 12}));
+  EXPECT_EQ(communication_sm_reserve(), 0) << "restored after the gradient sync";
 }
 
 TEST_F(DdpTest, Bf16GradientsAreReducedThroughAnF32Buffer) {
