@@ -248,9 +248,9 @@ void BM_tensor_core_gemm_bf16(benchmark::State& s) {
 BENCHMARK(BM_tensor_core_gemm_bf16)->Arg(4096)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 
 // Causal attention, B=8 H=12 T=1024 bf16: range(0) = D, range(1) = the implementation:
-// 0 the hand-written flash kernels as dispatched (the forward: wgmma + TMA on an H100/H200),
-// 1 cuDNN's fused attention (kernels/cuda/cudnn_attention.h), 2 (forward only) the mma.sync
-// flash forward that other devices run.
+// 0 the hand-written flash kernels as dispatched (forward and backward: wgmma + TMA on an
+// H100/H200), 1 cuDNN's fused attention (kernels/cuda/cudnn_attention.h), 2 the mma.sync flash
+// kernels that other devices run.
 struct AttentionCase {
   Tensor q, k, v, o, lse;
   double scale;
@@ -296,11 +296,13 @@ void BM_attention_bwd_bf16(benchmark::State& s) {
   Tensor dq = empty_like(c.q), dk = empty_like(c.q), dv = empty_like(c.q);
   auto backward = [&] {
     if (c.cudnn) cuda::cudnn_attention_backward(c.q, c.k, c.v, c.o, dout, c.lse, c.scale, dq, dk, dv);
+    else if (c.mma_sync)
+      cuda::flash_attention_backward_mma_sync(c.q, c.k, c.v, c.o, dout, c.lse, c.scale, dq, dk, dv);
     else cuda::flash_attention_backward(c.q, c.k, c.v, c.o, dout, c.lse, c.scale, dq, dk, dv);
   };
   run(s, backward, 0, c.matmul_flops(5.0));  // 5 T*T*D matmul-equivalents, halved
 }
-BENCHMARK(BM_attention_bwd_bf16)->ArgsProduct({{64}, {0, 1}})->ArgNames({"D", "impl"})
+BENCHMARK(BM_attention_bwd_bf16)->ArgsProduct({{64, 128}, {0, 1, 2}})->ArgNames({"D", "impl"})
     ->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 
 // ---- the bias paths of Linear at GPT-2 sizes: gradient (a column sum) and the add ----

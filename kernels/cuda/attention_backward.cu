@@ -12,6 +12,8 @@
 // Tiles live in shared memory row-major; operands that need the transpose are read with
 // ldmatrix.trans (same layout tricks as the forward in attention.cu).
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "tessera/kernels/cuda/attention_common.cuh"
 #include "tessera/kernels/cuda/fused.h"
@@ -271,12 +273,58 @@ void allow_shared(Kernel kernel, size_t bytes) {
                                           static_cast<int>(bytes)));
 }
 
-}  // namespace
 
-void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& out, const Tensor& dout, const Tensor& lse,
-                              double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
-  const char* op = "flash_attention_backward";
+// TESSERA_ATTENTION_SM90_BWD=0 keeps the dispatch on the mma.sync backward on Hopper too (to
+// compare, or to rule the Hopper kernels out); 1 or unset lets it take the Hopper kernels.
+bool sm90_backward_switched_off() {
+  const char* value = std::getenv("TESSERA_ATTENTION_SM90_BWD");
+  const std::string v = value ? value : "";
+  TESSERA_CHECK(v.empty() || v == "0" || v == "1",
+                "TESSERA_ATTENTION_SM90_BWD must be 0 (mma.sync backward) or 1 (the sm_90 kernels "
+                "where they run), got '",
+                v, "'");
+  return v == "0";
+}
+
+enum class BackwardKernels { dispatch, sm90, mma_sync };
+
+void launch_mma_sync_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& dout, const Tensor& lse, const Tensor& delta,
+                              double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                              const AttnShape& s, cudaStream_t stream) {
+  const unsigned tiles = static_cast<unsigned>((s.T + kTile - 1) / kTile);
+  const dim3 dq_grid(tiles, static_cast<unsigned>(s.B * s.H));     // per query head
+  const dim3 dkv_grid(tiles, static_cast<unsigned>(s.B * s.Hkv));  // per key/value head
+  visit_attention(q.dtype(), s.D, [&](auto tag, auto dconst) {
+    using T = decltype(tag);
+    constexpr int D = decltype(dconst)::value;
+    using Tiles = BwdTiles<D>;
+    const size_t dq_smem = 6 * Tiles::kRowTile * sizeof(T);
+    const size_t dkv_smem = 6 * Tiles::kRowTile * sizeof(T) + 4 * kTile * sizeof(float);
+    // Over 48 KB of shared memory needs an opt-in (per device, so asked on every call: cheap).
+    allow_shared(flash_backward_dq_tc_kernel<T, D>, dq_smem);
+    allow_shared(flash_backward_dkv_tc_kernel<T, D>, dkv_smem);
+    flash_backward_dq_tc_kernel<T, D><<<dq_grid, kTcWarps * 32, dq_smem, stream>>>(
+        static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
+        static_cast<const T*>(v.raw_data()), static_cast<const T*>(dout.raw_data()), layout_of(q),
+        layout_of(k), layout_of(v), layout_of(dout), lse.data<float>(), delta.data<float>(),
+        static_cast<T*>(dq.raw_data()), layout_of(dq), s.H, s.group(), s.T,
+        static_cast<float>(scale));
+    TESSERA_KERNEL_CHECK("flash_backward_dq_tc_kernel");
+    flash_backward_dkv_tc_kernel<T, D><<<dkv_grid, kTcWarps * 32, dkv_smem, stream>>>(
+        static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
+        static_cast<const T*>(v.raw_data()), static_cast<const T*>(dout.raw_data()), layout_of(q),
+        layout_of(k), layout_of(v), layout_of(dout), lse.data<float>(), delta.data<float>(),
+        static_cast<T*>(dk.raw_data()), layout_of(dk), static_cast<T*>(dv.raw_data()),
+        layout_of(dv), s.H, s.group(), s.T, static_cast<float>(scale));
+    TESSERA_KERNEL_CHECK("flash_backward_dkv_tc_kernel");
+  });
+}
+
+// The checks, delta, then the chosen kernels.
+void run_backward(const char* op, BackwardKernels which, const Tensor& q, const Tensor& k,
+                  const Tensor& v, const Tensor& out, const Tensor& dout, const Tensor& lse,
+                  double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const AttnShape s = check_inputs(op, q, k, v, false);
   check_vector_rows(op, q, k, v);
   check_head_view(op, "out", out, q, /*vector_rows=*/false, /*written=*/false);
@@ -286,40 +334,69 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   check_head_view(op, "dv", dv, k, /*vector_rows=*/true, /*written=*/true);
   check_lse(op, lse, s, q.device());
   if (q.numel() == 0) return;
+  // The Hopper kernels where they run (a refusal launches nothing but the delta kernel below,
+  // whose output is scratch), else the mma.sync ones, unless they were asked for explicitly.
+  const bool try_sm90 = which == BackwardKernels::sm90 ||
+                        (which == BackwardKernels::dispatch && !sm90_backward_switched_off());
   KernelContext ctx(dq);
   Tensor delta = empty({s.B * s.H * s.T}, {.dtype = DType::f32, .device = q.device()});
-  const unsigned tiles = static_cast<unsigned>((s.T + kTile - 1) / kTile);
-  const dim3 dq_grid(tiles, static_cast<unsigned>(s.B * s.H));     // per query head
-  const dim3 dkv_grid(tiles, static_cast<unsigned>(s.B * s.Hkv));  // per key/value head
   visit_attention(q.dtype(), s.D, [&](auto tag, auto dconst) {
     using T = decltype(tag);
     constexpr int D = decltype(dconst)::value;
-    using Tiles = BwdTiles<D>;
     const int64_t rows = s.B * s.H * s.T;
     attention_delta_kernel<T, D><<<static_cast<unsigned>((rows + 7) / 8), dim3(32, 8), 0, ctx.stream>>>(
         static_cast<const T*>(out.raw_data()), static_cast<const T*>(dout.raw_data()),
         layout_of(out), layout_of(dout), delta.data<float>(), rows, s.H, s.T);
     TESSERA_KERNEL_CHECK("attention_delta_kernel");
-    const size_t dq_smem = 6 * Tiles::kRowTile * sizeof(T);
-    const size_t dkv_smem = 6 * Tiles::kRowTile * sizeof(T) + 4 * kTile * sizeof(float);
-    // Over 48 KB of shared memory needs an opt-in (per device, so asked on every call: cheap).
-    allow_shared(flash_backward_dq_tc_kernel<T, D>, dq_smem);
-    allow_shared(flash_backward_dkv_tc_kernel<T, D>, dkv_smem);
-    flash_backward_dq_tc_kernel<T, D><<<dq_grid, kTcWarps * 32, dq_smem, ctx.stream>>>(
-        static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
-        static_cast<const T*>(v.raw_data()), static_cast<const T*>(dout.raw_data()), layout_of(q),
-        layout_of(k), layout_of(v), layout_of(dout), lse.data<float>(), delta.data<float>(),
-        static_cast<T*>(dq.raw_data()), layout_of(dq), s.H, s.group(), s.T,
-        static_cast<float>(scale));
-    TESSERA_KERNEL_CHECK("flash_backward_dq_tc_kernel");
-    flash_backward_dkv_tc_kernel<T, D><<<dkv_grid, kTcWarps * 32, dkv_smem, ctx.stream>>>(
-        static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
-        static_cast<const T*>(v.raw_data()), static_cast<const T*>(dout.raw_data()), layout_of(q),
-        layout_of(k), layout_of(v), layout_of(dout), lse.data<float>(), delta.data<float>(),
-        static_cast<T*>(dk.raw_data()), layout_of(dk), static_cast<T*>(dv.raw_data()),
-        layout_of(dv), s.H, s.group(), s.T, static_cast<float>(scale));
-    TESSERA_KERNEL_CHECK("flash_backward_dkv_tc_kernel");
   });
+  std::string why_not;
+  if (try_sm90 && launch_sm90_backward(q, k, v, dout, lse, delta, scale, dq, dk, dv, s,
+                                       ctx.stream, &why_not))
+    return;
+  TESSERA_CHECK(which != BackwardKernels::sm90, op, ": the Hopper kernels cannot run here: ",
+                why_not);
+  launch_mma_sync_backward(q, k, v, dout, lse, delta, scale, dq, dk, dv, s, ctx.stream);
+}
+
+}  // namespace
+
+// On an H100/H200 the wgmma/TMA kernels of attention_sm90_backward.cu, elsewhere (or for views
+// TMA cannot read, or with TESSERA_ATTENTION_SM90_BWD=0) the mma.sync kernels above.
+void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& dout, const Tensor& lse,
+                              double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  run_backward("flash_attention_backward", BackwardKernels::dispatch, q, k, v, out, dout, lse,
+               scale, dq, dk, dv);
+}
+
+void flash_attention_backward_sm90(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                   double scale, const Tensor& dq, const Tensor& dk,
+                                   const Tensor& dv) {
+  run_backward("flash_attention_backward_sm90", BackwardKernels::sm90, q, k, v, out, dout, lse,
+               scale, dq, dk, dv);
+}
+
+void flash_attention_backward_mma_sync(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                       double scale, const Tensor& dq, const Tensor& dk,
+                                       const Tensor& dv) {
+  run_backward("flash_attention_backward_mma_sync", BackwardKernels::mma_sync, q, k, v, out, dout,
+               lse, scale, dq, dk, dv);
+}
+
+bool flash_attention_backward_uses_sm90(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& dout, std::string* why_not) {
+  const char* op = "flash_attention_backward_uses_sm90";
+  check_inputs(op, q, k, v, false);
+  check_vector_rows(op, q, k, v);
+  check_head_view(op, "dout", dout, q, /*vector_rows=*/true, /*written=*/false);
+  DeviceGuard guard(q.device().index);
+  const std::string reason = sm90_backward_switched_off()
+                                 ? "TESSERA_ATTENTION_SM90_BWD=0 keeps the mma.sync kernels"
+                                 : sm90_backward_unsupported(q, k, v, dout);
+  if (why_not) *why_not = reason;
+  return reason.empty();
 }
 
 }  // namespace tessera::cuda

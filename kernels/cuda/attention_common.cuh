@@ -143,6 +143,19 @@ bool launch_sm90_forward(const Tensor& q, const Tensor& k, const Tensor& v, doub
                          const Tensor& out, const Tensor& lse, const AttnShape& s,
                          cudaStream_t stream, std::string* why_not);
 
+// ---- the Hopper backward (attention_sm90_backward.cu: wgmma + TMA dkv and dq kernels) ----
+// Empty when the sm_90 kernels can run these checked inputs, otherwise why they cannot (not an
+// sm_90 device or no sm_90a code in this build, a head size other than 64/128, views TMA cannot
+// describe, sizes past the kernels' index range).
+std::string sm90_backward_unsupported(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor& dout);
+// Launches both kernels (delta: f32 [B, H, T], sum_d dO O per query) and returns true, or returns
+// false (with the reason in *why_not when given) and launches nothing.
+bool launch_sm90_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                          const Tensor& lse, const Tensor& delta, double scale, const Tensor& dq,
+                          const Tensor& dk, const Tensor& dv, const AttnShape& s,
+                          cudaStream_t stream, std::string* why_not);
+
 template <class Fn>
 void visit_attention(DType t, int64_t D, Fn&& fn) {
   auto with_d = [&](auto tag) {

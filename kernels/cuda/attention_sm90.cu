@@ -50,8 +50,7 @@
 #include <cmath>
 #include <string>
 
-#include "tessera/kernels/cuda/attention_common.cuh"
-#include "tessera/kernels/cuda/sm90_common.cuh"
+#include "tessera/kernels/cuda/attention_sm90_common.cuh"
 
 namespace tessera::cuda::attention_detail {
 namespace {
@@ -85,79 +84,21 @@ struct Sm90Forward {
                 "every panel must start on a 1024-byte swizzle block");
 };
 
-// ---------------- the three warpgroup MMAs ----------------
-#define TESSERA_OPERANDS_0_31                                                                  \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define TESSERA_OPERANDS_32_63                                                                 \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
-  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define TESSERA_ACC32(acc, i)                                                               \
-  TESSERA_SM90_ACC8(acc, i), TESSERA_SM90_ACC8(acc, i + 8), TESSERA_SM90_ACC8(acc, i + 16), \
-      TESSERA_SM90_ACC8(acc, i + 24)
-
+// ---------------- the warpgroup MMAs (forms in attention_sm90_common.cuh) ----------------
 // s (64 x 128 f32 per warpgroup) = Q (desc_q: 64 x 16, K-major) * K^T (desc_k: 128 keys x 16,
-// K-major), plus s when `accumulate`. Immediates: scale-a = scale-b = 1, transpose-a = 0,
-// transpose-b = 0 (both operands have their 16 k-elements contiguous per row).
-#define TESSERA_WGMMA_S(ELEM)                                                                  \
-  asm volatile(                                                                                \
-      "{\n .reg .pred accumulate;\n setp.ne.b32 accumulate, %66, 0;\n"                         \
-      " wgmma.mma_async.sync.aligned.m64n128k16.f32." ELEM "." ELEM " {" TESSERA_OPERANDS_0_31 \
-      ", " TESSERA_OPERANDS_32_63                                                              \
-      "}, %64, %65,"                                                                           \
-      " accumulate, 1, 1, 0, 0;\n}\n"                                                          \
-      : TESSERA_ACC32(s, 0), TESSERA_ACC32(s, 32)                                              \
-      : "l"(desc_q), "l"(desc_k), "r"(accumulate))
+// K-major), plus s when `accumulate`.
 template <class T>
 __device__ __forceinline__ void wgmma_scores(float (&s)[64], uint64_t desc_q, uint64_t desc_k,
                                              int accumulate) {
-  if constexpr (std::is_same_v<T, BFloat16>)
-    TESSERA_WGMMA_S("bf16");
-  else
-    TESSERA_WGMMA_S("f16");
+  wgmma_ss<T, 128>(s, desc_q, desc_k, accumulate);
 }
-#undef TESSERA_WGMMA_S
 
 // o (64 x D f32 per warpgroup) += P (registers p: 64 x 16) * V (desc_v: 16 keys x D, MN-major).
-// The register form has no transpose-a; immediates scale-d (predicate, always 1 here), scale-a =
-// scale-b = 1, transpose-b = 1 (V rows are D-contiguous).
-#define TESSERA_WGMMA_PV_N128(ELEM)                                                            \
-  asm volatile(                                                                                \
-      "{\n .reg .pred accumulate;\n setp.ne.b32 accumulate, %69, 0;\n"                         \
-      " wgmma.mma_async.sync.aligned.m64n128k16.f32." ELEM "." ELEM " {" TESSERA_OPERANDS_0_31 \
-      ", " TESSERA_OPERANDS_32_63                                                              \
-      "},"                                                                                     \
-      " {%64, %65, %66, %67}, %68, accumulate, 1, 1, 1;\n}\n"                                  \
-      : TESSERA_ACC32(o, 0), TESSERA_ACC32(o, 32)                                              \
-      : "r"(p[0]), "r"(p[1]), "r"(p[2]), "r"(p[3]), "l"(desc_v), "r"(1))
-#define TESSERA_WGMMA_PV_N64(ELEM)                                                            \
-  asm volatile(                                                                               \
-      "{\n .reg .pred accumulate;\n setp.ne.b32 accumulate, %37, 0;\n"                        \
-      " wgmma.mma_async.sync.aligned.m64n64k16.f32." ELEM "." ELEM " {" TESSERA_OPERANDS_0_31 \
-      "}, {%32, %33, %34, %35}, %36, accumulate, 1, 1, 1;\n}\n"                               \
-      : TESSERA_ACC32(o, 0)                                                                   \
-      : "r"(p[0]), "r"(p[1]), "r"(p[2]), "r"(p[3]), "l"(desc_v), "r"(1))
 template <class T, int D>
 __device__ __forceinline__ void wgmma_pv(float (&o)[D / 2], const uint32_t (&p)[4],
                                          uint64_t desc_v) {
-  constexpr bool bf16 = std::is_same_v<T, BFloat16>;
-  if constexpr (D == 128) {
-    if constexpr (bf16)
-      TESSERA_WGMMA_PV_N128("bf16");
-    else
-      TESSERA_WGMMA_PV_N128("f16");
-  } else {
-    if constexpr (bf16)
-      TESSERA_WGMMA_PV_N64("bf16");
-    else
-      TESSERA_WGMMA_PV_N64("f16");
-  }
+  wgmma_rs<T, D>(o, p, desc_v);
 }
-#undef TESSERA_WGMMA_PV_N128
-#undef TESSERA_WGMMA_PV_N64
-#undef TESSERA_ACC32
-#undef TESSERA_OPERANDS_0_31
-#undef TESSERA_OPERANDS_32_63
 
 // ---------------- shared memory map ----------------
 // 1024-aligned base: [Q tile 0][Q tile 1][K stage 0][K stage 1][V stage 0][V stage 1] (each
@@ -209,22 +150,9 @@ struct ForwardBlock {
 };
 
 // ---------------- producer: one thread issues every copy ----------------
-// Which tensor-map dimension (1, 2 or 3; 0 is the head dim) holds time, head and batch: the host
-// orders a view's outer dimensions by stride (see encode_head_map).
-struct MapSlots {
-  int t, h, b;
-};
 struct ForwardSlots {
   MapSlots q, k, v;
 };
-
-// The box of 64 head dims from d0 x the map's rows from time t of (head h, batch b); rows past T
-// arrive as zeros (and still count in the byte total).
-__device__ __forceinline__ void load_head_box(uint32_t dst, const CUtensorMap* map, MapSlots slots,
-                                              uint32_t bar, int d0, int t, int h, int b) {
-  auto at = [&](int slot) { return slots.t == slot ? t : slots.h == slot ? h : b; };
-  tma_load_4d(dst, map, bar, d0, at(1), at(2), at(3));
-}
 
 // K and V tile `it` (block-wide count: stage it % 2, used for the (it / 2)-th time) of keys
 // [key0, key0 + 128), each into its stage once the consumers released the stage's previous use.
@@ -266,22 +194,13 @@ __device__ __forceinline__ void produce_tiles(const ForwardSmem<D>& sm, const Fo
 }
 
 // ---------------- consumers ----------------
-// Register layouts (PTX ISA, "wgmma ... register fragments"): warp w of the warpgroup owns rows
-// 16w..16w+15 of the 64; lane l = 4g + t (g = l / 4, t = l % 4).
-//   accumulator m64nN (f32): element i of the thread's N/2 registers is row 16w + g + 8 * ((i / 2)
-//     % 2), column 8 * (i / 4) + 2t + i % 2 -- the mma.sync m16n8 C layout repeated over N.
-//   A operand m64k16 in registers (4 x 32 bits, two 16-bit elements each, low half first):
-//     a0 = (row g, k 2t..2t+1), a1 = (row g+8, k 2t..), a2 = (row g, k 2t+8..), a3 = (row g+8,
-//     k 2t+8..) -- the mma.sync m16n8k16 A layout.
-// So S's columns 16kk..16kk+15 (registers 8kk..8kk+7) are exactly P's k-step kk:
-//   a0 = (s[8kk], s[8kk+1]), a1 = (s[8kk+2], s[8kk+3]), a2 = (s[8kk+4], s[8kk+5]),
-//   a3 = (s[8kk+6], s[8kk+7]): no data moves between threads.
+// Register layouts: see attention_sm90_common.cuh (S's registers are P's A operand in place).
 struct SoftmaxRows {
   float m_lo = -INFINITY, m_hi = -INFINITY;  // running max of the scaled scores (log2 units)
   float l_lo = 0.f, l_hi = 0.f;              // this thread's part of the running sums
 };
 
-using Fragments = uint32_t[8][4];  // P of one tile: 8 k-steps of A-operand registers
+using Fragments = AFragments<8>;  // P of one tile: 8 k-steps of A-operand registers
 
 // Issues S = Q K^T for this warpgroup's 64 queries (q_rows: their first row in Q's first panel);
 // the caller fences, commits and waits.
@@ -309,23 +228,6 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const Fragments& p, 
   for (int kk = 0; kk < C::kKeys / 16; ++kk)
     wgmma_pv<T, D>(o, p[kk],
                    swizzle128_descriptor(v_tile + uint32_t(kk) * 16 * 128, C::kKvPanelBytes, 1024));
-}
-
-// The MMAs read P's registers asynchronously: this keeps them unchanged and alive until after
-// the wait that precedes it.
-__device__ __forceinline__ void pin_fragments(Fragments& p) {
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(p[kk][r])::"memory");
-}
-
-// 2^x on the special-function unit (flushes results below 2^-126 to 0: P is rounded to 16 bits
-// anyway).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // Masks the future (key > query) and keys past T, folds the tile into the running max and sums
@@ -383,10 +285,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], Fragments& p, Softm
   }
   rows.l_lo = rows.l_lo * corr_lo + sum_lo;
   rows.l_hi = rows.l_hi * corr_hi + sum_hi;
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) p[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+  to_a_fragments<T, 8>(s, p);
 }
 
 template <int N>
@@ -642,10 +541,7 @@ __global__ void __launch_bounds__(Sm90Forward<D>::kThreads, 1)
 }
 
 // ---------------- host side ----------------
-struct HeadMap {
-  CUtensorMap map;
-  MapSlots slots;
-};
+}  // namespace
 
 // A [B, heads, T, D] view (unit D stride) as a 4-D tensor map read in boxes of 64 head dims x
 // `rows` positions with the 128-byte swizzle (positions past T read as zeros). Dimension 0 is the
@@ -690,9 +586,12 @@ bool encode_head_map(HeadMap& out, const Tensor& t, uint32_t rows) {
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+namespace {
 struct ForwardMaps {
   HeadMap q, k, v;
 };
+
+}  // namespace
 
 // Whether `device` runs the sm_90a kernels, asked once per device (the answer cannot change).
 bool runs_sm90_kernels(int device) {
@@ -706,6 +605,8 @@ bool runs_sm90_kernels(int device) {
   }
   return answer == 2;
 }
+
+namespace {
 
 // Empty when the kernel applies to these (already checked) inputs, with the tensor maps in
 // `maps`; otherwise the reason it does not.

@@ -90,6 +90,23 @@ bool flash_attention_forward_uses_sm90(const Tensor& q, const Tensor& k, const T
 void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& dout, const Tensor& lse,
                               double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+// On an H100/H200 the backward runs the wgmma + TMA kernels of attention_sm90_backward.cu (a
+// dk/dv kernel and a dq kernel, no atomics, bitwise repeatable like the mma.sync ones); elsewhere,
+// for views the TMA unit cannot describe, or with TESSERA_ATTENTION_SM90_BWD=0 in the environment,
+// the mma.sync kernels. These pick one explicitly (tests, benchmarks):
+// flash_attention_backward_sm90 raises, saying why, where the Hopper kernels cannot run.
+void flash_attention_backward_sm90(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                   double scale, const Tensor& dq, const Tensor& dk,
+                                   const Tensor& dv);
+void flash_attention_backward_mma_sync(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                       double scale, const Tensor& dq, const Tensor& dk,
+                                       const Tensor& dv);
+// Whether flash_attention_backward takes the Hopper kernels for these inputs (dout as the
+// contract above); when not and why_not is given, the reason.
+bool flash_attention_backward_uses_sm90(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& dout, std::string* why_not = nullptr);
 // The readable reference: materialises the [T, T] scores per (b, h) in f32. Any head size;
 // out any non-overlapping view with the head dim contiguous.
 void naive_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
