@@ -187,30 +187,41 @@ struct ThreadRows {
   int t;     // lane % 4: columns 8j + 2t, 8j + 2t + 1
 };
 
-// x (S or S^T) becomes P (masked, 0 outside the causal triangle and past T) and y (dP or dP^T)
-// becomes dS = P (dP - delta), both in place. Element i is at row r_lo + 8 ((i / 2) % 2) and
-// column col0 + 8 (i / 4) + 2t + i % 2. dkv: rows are keys, columns queries (lse/delta per
-// column, from shared memory); dq: rows are queries (lse/delta per row, in registers).
+// x (S or S^T) becomes P in place: exp2(x scale log2e - lse log2e), 0 outside the causal triangle
+// and past T. Element i is at row r_lo + 8 ((i / 2) % 2) and column col0 + 8 (i / 4) + 2t + i % 2.
+// dkv: rows are keys, columns queries (lse per column, from shared memory); dq: rows are queries
+// (lse per row, in registers). ex2.approx flushes values below 2^-126 to 0: P is rounded to 16
+// bits anyway.
 template <int N, bool kDkv>
-__device__ __forceinline__ void probabilities_and_ds(float (&x)[N / 2], float (&y)[N / 2],
-                                                     ThreadRows tr, int col0, int seq_len,
-                                                     bool mask, float scale_log2,
-                                                     const float* stats, const float (&lse2)[2],
-                                                     const float (&dlt)[2]) {
+__device__ __forceinline__ void probabilities(float (&x)[N / 2], ThreadRows tr, int col0,
+                                              int seq_len, bool mask, float scale_log2,
+                                              const float* stats, const float (&lse2)[2]) {
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) {
     const int half = (i / 2) % 2;
     const int col = 8 * (i / 4) + 2 * tr.t + i % 2;  // inside the tile
     const float l = kDkv ? stats[col] : lse2[half];
-    const float d = kDkv ? stats[N + col] : dlt[half];
-    float p = exp2f(fmaf(x[i], scale_log2, -l));
+    float p = fast_exp2(fmaf(x[i], scale_log2, -l));
     if (mask) {  // uniform over the warpgroup: only tiles crossing the diagonal or T
       const int row = tr.r_lo + 8 * half, pos = col0 + col;
       const bool visible = kDkv ? pos >= row : pos <= row;
       if (!visible || pos >= seq_len) p = 0.f;
     }
     x[i] = p;
-    y[i] = p * (y[i] - d);
+  }
+}
+
+// y (dP or dP^T) becomes dS = P (dP - delta) in place (delta per column from shared memory in the
+// dkv kernel, per row in registers in the dq kernel).
+template <int N, bool kDkv>
+__device__ __forceinline__ void score_gradients(const float (&p)[N / 2], float (&y)[N / 2],
+                                                ThreadRows tr, const float* stats,
+                                                const float (&dlt)[2]) {
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {
+    const int col = 8 * (i / 4) + 2 * tr.t + i % 2;
+    const float d = kDkv ? stats[N + col] : dlt[(i / 2) % 2];
+    y[i] = p[i] * (y[i] - d);
   }
 }
 
@@ -232,7 +243,12 @@ __device__ __forceinline__ void store_acc_rows(const float (&acc)[D / 2], float 
 }
 
 // One step of one warpgroup: S and dP from shared memory, P and dS in registers, then
-// acc1 += dS C1 (dK or dQ) and, in the dkv kernel, acc2 += P C2 (dV).
+// acc1 += dS C1 (dK or dQ) and, in the dkv kernel, acc2 += P C2 (dV). Four commit groups,
+// completing in order: S, dP, [dV,] dK/dQ. The exp2 of P runs while the tensor cores still
+// compute dP (wait_group 1), and in the dkv kernel dS is computed while they accumulate dV.
+// Registers an MMA in flight reads or writes are not touched until the wait that retires it:
+// y after the second wait, acc1/acc2 and the fragments after the last (pin_* keep the compiler
+// from moving accesses across the waits or reusing the fragments' registers early).
 template <class T, int D, bool kDkv>
 __device__ __forceinline__ void backward_step(const BackwardSmem<D, kDkv>& sm, int stage,
                                               uint32_t a1, uint32_t a2, ThreadRows tr, int col0,
@@ -247,24 +263,34 @@ __device__ __forceinline__ void backward_step(const BackwardSmem<D, kDkv>& sm, i
   for (int kk = 0; kk < D / 16; ++kk)
     wgmma_ss<T, C::kCols>(x, k_major(a1, C::kRowPanelBytes, kk),
                           k_major(sm.c1(stage), C::kColPanelBytes, kk), kk > 0);
+  wgmma_commit();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
     wgmma_ss<T, C::kCols>(y, k_major(a2, C::kRowPanelBytes, kk),
                           k_major(sm.c2(stage), C::kColPanelBytes, kk), kk > 0);
   wgmma_commit();
-  wgmma_wait<0>();
+  wgmma_wait<1>();  // S is in; dP may still run
   pin_registers(x);
-  pin_registers(y);
-  probabilities_and_ds<C::kCols, kDkv>(x, y, tr, col0, seq_len, mask, scale_log2, stats, lse2, dlt);
+  probabilities<C::kCols, kDkv>(x, tr, col0, seq_len, mask, scale_log2, stats, lse2);
+  // Plain arithmetic may move across the (volatile) waits: this keeps the exp2 of P before the
+  // next one, under the dP MMA.
+  pin_registers(x);
   AFragments<C::kColSteps> p, ds;
   to_a_fragments<T, C::kColSteps>(x, p);
-  to_a_fragments<T, C::kColSteps>(y, ds);
-  wgmma_fence();  // the fragments (and the accumulators) are written: visible to the MMAs
   if constexpr (kDkv) {
+    wgmma_fence();  // the P fragments are written: visible to the MMAs
 #pragma unroll
     for (int kk = 0; kk < C::kColSteps; ++kk)
       wgmma_rs<T, D>(acc2, p[kk], mn_major(sm.c2(stage), C::kColPanelBytes, kk));  // dV += P^T dO
+    wgmma_commit();
+    wgmma_wait<1>();  // dP is in; dV may still run
+  } else {
+    wgmma_wait<0>();  // dP is in
   }
+  pin_registers(y);
+  score_gradients<C::kCols, kDkv>(x, y, tr, stats, dlt);
+  to_a_fragments<T, C::kColSteps>(y, ds);
+  wgmma_fence();  // the dS fragments are written: visible to the MMAs
 #pragma unroll
   for (int kk = 0; kk < C::kColSteps; ++kk)
     wgmma_rs<T, D>(acc1, ds[kk], mn_major(sm.c1(stage), C::kColPanelBytes, kk));  // dK / dQ
