@@ -21,6 +21,10 @@ const RegisterCommand reg(
       sub.add_option("--mixed-precision", options->mixed_precision,
                      "no | fp16 | bf16, passed to the Accelerator as TESSERA_MIXED_PRECISION")
           ->check(CLI::IsMember({"no", "fp16", "bf16"}));
+      sub.add_option("--reduce-dtype", options->reduce_dtype,
+                     "fp32 | bf16 | fp16: the dtype gradients are averaged in, passed to the "
+                     "Accelerator as TESSERA_REDUCE_DTYPE")
+          ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
       sub.add_option("--max-restarts", options->max_restarts,
                      "restart all ranks up to N times after a rank fails (the ranks see "
                      "TORCHELASTIC_RESTART_COUNT; `tessera train` resumes its newest checkpoint)")

@@ -27,7 +27,7 @@ struct PlanArgs {
   int64_t n_layer = 12, n_head = 12, n_embd = 768, vocab = 50304, block_size = 0;
   int zero_stage = 0, nproc = 1, grad_accum = 1;
   int64_t batch = 8, seq = 1024;
-  std::string dtype = "fp32", device = "cuda", offload = "none", max_memory;
+  std::string dtype = "fp32", device = "cuda", offload = "none", max_memory, reduce_dtype;
   double card_gib = 0;
   int64_t prefetch = -1;
   bool all_strategies = false;
@@ -105,6 +105,7 @@ dist::MemoryPlanOptions plan_options(const PlanArgs& a) {
   o.seq = a.seq;
   o.gradient_accumulation_steps = a.grad_accum;
   o.mixed_precision = a.dtype == "fp32" ? "no" : a.dtype;
+  o.reduce_dtype = a.reduce_dtype;
   o.gpu_routes = a.device == "cuda";
   o.stage3_prefetch_bucket_size = a.prefetch;
   o.offload_optimizer = a.offload != "none";
@@ -206,6 +207,9 @@ const RegisterCommand reg(
       sub.add_option("--grad-accum", a->grad_accum, "micro-batches per step (default 1)")
           ->check(CLI::PositiveNumber);
       sub.add_option("--dtype", a->dtype, "fp32 | bf16 | fp16 (default fp32)")
+          ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+      sub.add_option("--reduce-dtype", a->reduce_dtype,
+                     "dtype gradients are averaged in: fp32 | the --dtype (default: bf16 for bf16, else fp32)")
           ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
       sub.add_option("--device", a->device,
                      "cuda: take a GPU's routes (flash attention, fused classifier); cpu: the "

@@ -72,6 +72,9 @@ constexpr FlagSpec kValueFlags[] = {
      "windows (sequential or --shuffle) | random (a random offset per row, nanoGPT's get_batch)"},
     {"--report-to", "report_to", FlagType::Text,
      "comma-separated trackers: jsonl, tensorboard, none (default jsonl)"},
+    {"--reduce-dtype", "reduce_dtype", FlagType::Text,
+     "dtype gradients are averaged in across ranks: fp32 | the --dtype (half the bytes on the "
+     "wire, no cast passes); default bf16 for --dtype bf16, else fp32"},
     {"--zero-stage", "zero_stage", FlagType::Int,
      "0 = DDP; ZeRO 1 = optimizer state sharded, 2 = and gradients, 3 = and parameters"},
     {"--offload", "offload", FlagType::Text,

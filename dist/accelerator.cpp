@@ -31,7 +31,9 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
                          : options_.mixed_precision;
   TESSERA_CHECK(mixed_precision_ == "no" || mixed_precision_ == "fp16" || mixed_precision_ == "bf16",
                 "Accelerator: mixed_precision must be no, fp16 or bf16; got '", mixed_precision_, "'");
-  policy_ = MixedPrecisionPolicy::from_name(mixed_precision_);
+  policy_ = MixedPrecisionPolicy::from_name(
+      mixed_precision_, options_.reduce_dtype.empty() ? env_string("TESSERA_REDUCE_DTYPE", "")
+                                                      : options_.reduce_dtype);
   zero_stage_ = options_.zero_stage >= 0 ? options_.zero_stage : env_int("TESSERA_ZERO_STAGE", 0);
   TESSERA_CHECK(zero_stage_ >= 0 && zero_stage_ <= 3, "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ",
                 zero_stage_, options_.zero_stage >= 0 ? "" : " (from TESSERA_ZERO_STAGE)");
@@ -95,6 +97,7 @@ void Accelerator::prepare_one(nn::Module& model) {
     DDPOptions ddp;
     ddp.bucket_bytes = options_.bucket_bytes;
     ddp.find_unused_parameters = options_.find_unused_parameters;
+    ddp.reduce_dtype = policy_.reduce_dtype;
     models_[&model] = std::make_unique<DistributedDataParallel>(model, world_ptr(), ddp);
   } else {
     ZeroOptions zero;

@@ -16,8 +16,9 @@
 //
 // Mixed precision is one policy (MixedPrecisionPolicy): with "bf16"/"fp16" prepare()
 // casts the model's parameters to that dtype, the prepared optimizer keeps f32 masters
-// and updates them (AdamW's master-weights path), gradients are averaged in f32, and
-// fp16's dynamic loss scale lives here.
+// and updates them (AdamW's master-weights path), gradients are averaged in the policy's
+// reduce dtype (bf16 for bf16, f32 for fp16; `reduce_dtype` overrides), and fp16's dynamic
+// loss scale lives here.
 #pragma once
 #include <functional>
 #include <iostream>
@@ -44,6 +45,10 @@ namespace tessera::dist {
 struct AcceleratorOptions {
   // "no", "fp16" or "bf16"; empty = TESSERA_MIXED_PRECISION (set by tessera launch) or "no".
   std::string mixed_precision;
+  // The dtype gradients are averaged in across ranks: "fp32", or the parameters' own
+  // ("bf16" with mixed_precision bf16); empty = TESSERA_REDUCE_DTYPE or the policy's default
+  // (bf16 for bf16, fp32 otherwise).
+  std::string reduce_dtype;
   int gradient_accumulation_steps = 1;
   std::string backend = "auto";  // see init_process_group
   size_t bucket_bytes = size_t(25) << 20;

@@ -23,7 +23,7 @@ FlatBuckets make_ddp_buckets(nn::Module& module, const std::shared_ptr<ProcessGr
   FlatBucketsOptions o;
   o.bucket_bytes = options.bucket_bytes;
   o.find_unused_parameters = options.find_unused_parameters;
-  if (!options.reduce_low_precision_in_f32) o.reduce_dtype.reset();
+  o.reduce_dtype = options.reduce_dtype;
   return FlatBuckets(std::move(params), std::move(names), group, o);
 }
 }  // namespace

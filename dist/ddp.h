@@ -9,6 +9,7 @@
 // DDP.register_comm_hook does).
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,8 @@ struct DDPOptions {
   bool broadcast_parameters = true;
   // f16/bf16 gradients are averaged in f32 (each bucket is cast into an f32 buffer, reduced
   // and cast back), so they are rounded once rather than at every step of the reduction;
-  // false reduces them in their own dtype (half the bytes on the wire).
-  bool reduce_low_precision_in_f32 = true;
+  // their own dtype (or none) reduces them in place: half the bytes on the wire, no casts.
+  std::optional<DType> reduce_dtype = DType::f32;
 };
 
 class DistributedDataParallel : public DataParallelStrategy {

@@ -167,6 +167,7 @@ struct JobShape {
   set("TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts));
   set("TESSERA_RESTART_COUNT", std::to_string(job.restart_count));
   if (!o.mixed_precision.empty()) set("TESSERA_MIXED_PRECISION", o.mixed_precision);
+  if (!o.reduce_dtype.empty()) set("TESSERA_REDUCE_DTYPE", o.reduce_dtype);
   // Like torchrun: ranks sharing a node share its cores, so each one's OpenMP pool gets
   // its part (oversubscribed spinning pools slow every rank's host thread down).
   if (!::getenv("OMP_NUM_THREADS") && o.nproc_per_node > 1) {

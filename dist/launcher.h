@@ -32,6 +32,7 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;          // 0: a free port (single node) or 29500 (several nodes)
   std::string mixed_precision;  // passed on as TESSERA_MIXED_PRECISION when set
+  std::string reduce_dtype;     // passed on as TESSERA_REDUCE_DTYPE when set
   double stop_grace_s = 3;      // SIGTERM, then SIGKILL after this long
   // Once one rank has exited 0, the others must exit within this long (as torchrun's
   // --exit-barrier-timeout); then they are stopped and the job fails naming them.

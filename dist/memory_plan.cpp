@@ -54,6 +54,7 @@ std::unique_ptr<DataParallelStrategy> make_strategy(nn::Module& model,
   if (o.zero_stage == 0) {
     DDPOptions ddp;
     ddp.bucket_bytes = o.bucket_bytes;
+    ddp.reduce_dtype = reduce_dtype;
     return std::make_unique<DistributedDataParallel>(model, std::move(group), ddp);
   }
   ZeroOptions zero;
@@ -108,7 +109,7 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
                 "plan_memory: offload_param needs stage 3, got stage ", o.zero_stage);
   TESSERA_CHECK(o.seq <= o.model.block_size, "plan_memory: seq ", o.seq,
                 " is longer than the context block_size ", o.model.block_size);
-  const MixedPrecisionPolicy policy = MixedPrecisionPolicy::from_name(o.mixed_precision);
+  const MixedPrecisionPolicy policy = MixedPrecisionPolicy::from_name(o.mixed_precision, o.reduce_dtype);
   SizeOnlyMode size_only(o.gpu_routes);
   const int64_t before = category_memory_stats(DeviceType::CPU).total_in_use() +
                          host_memory_stats_of_dry_run().total_in_use();

@@ -23,6 +23,7 @@ struct MemoryPlanOptions {
   int64_t batch = 8, seq = 1024;
   int gradient_accumulation_steps = 1;
   std::string mixed_precision = "no";  // no | bf16 | fp16
+  std::string reduce_dtype;            // "" = the policy's default (MixedPrecisionPolicy::from_name)
   size_t bucket_bytes = size_t(25) << 20;
   // Stage 3: elements gathered ahead of use; -1 = the Accelerator's default (what a
   // `tessera train` run uses).

@@ -4,13 +4,23 @@
 
 namespace tessera::dist {
 
-MixedPrecisionPolicy MixedPrecisionPolicy::from_name(const std::string& name) {
-  // Gradients are averaged and masters kept in f32 whatever the parameters' dtype: the
-  // low precision is for the memory and the matmuls, not for the sums.
-  if (name == "no") return {};
-  if (name == "bf16") return {DType::bf16, DType::bf16, DType::f32, DType::f32};
-  if (name == "fp16") return {DType::f16, DType::f16, DType::f32, DType::f32};
-  TESSERA_FAIL("mixed_precision must be no, fp16 or bf16; got '", name, "'");
+MixedPrecisionPolicy MixedPrecisionPolicy::from_name(const std::string& name,
+                                                     const std::string& reduce) {
+  // Masters are kept in f32 whatever the parameters' dtype. bf16 gradients are averaged in
+  // bf16 by default, as FSDP's and Accelerate's bf16 policies do (bf16 has f32's range; the
+  // sums round at each step of the ring, but no cast passes run and half the bytes travel);
+  // f16 gradients, whose range is narrow, in f32.
+  MixedPrecisionPolicy policy;
+  if (name == "bf16") policy = {DType::bf16, DType::bf16, DType::bf16, DType::f32};
+  else if (name == "fp16") policy = {DType::f16, DType::f16, DType::f32, DType::f32};
+  else TESSERA_CHECK(name == "no", "mixed_precision must be no, fp16 or bf16; got '", name, "'");
+  if (reduce == "fp32") policy.reduce_dtype = DType::f32;
+  if (reduce.empty() || reduce == "fp32") return policy;
+  const std::string own = name == "no" ? "fp32" : name;
+  TESSERA_CHECK(reduce == own, "reduce_dtype must be fp32 or the parameters' dtype (", own,
+                " with mixed_precision ", name, "); got '", reduce, "'");
+  policy.reduce_dtype = policy.param_dtype;
+  return policy;
 }
 
 std::vector<DataParallelStrategy::OptimizerSlice> DataParallelStrategy::optimizer_slices(

@@ -35,8 +35,11 @@ struct MixedPrecisionPolicy {
   DType compute_dtype = DType::f32;
   DType reduce_dtype = DType::f32;
   DType master_dtype = DType::f32;
-  // "no" | "bf16" | "fp16"; anything else is an error naming the value.
-  static MixedPrecisionPolicy from_name(const std::string& name);
+  // "no" | "bf16" | "fp16"; anything else is an error naming the value. `reduce` picks the
+  // dtype gradients are averaged in: "" = the default (bf16 for "bf16", else f32), "fp32",
+  // or the parameters' own low precision (half the bytes on the wire and no cast passes, as
+  // FSDP's bf16 policy and llm.c; each step of the ring rounds).
+  static MixedPrecisionPolicy from_name(const std::string& name, const std::string& reduce = "");
   bool low_precision_parameters() const { return param_dtype != DType::f32; }
 };
 

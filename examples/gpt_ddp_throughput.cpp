@@ -21,7 +21,8 @@
 //
 // Synthetic tokens; the warm-up steps are not timed. With mixed precision (bf16 by default)
 // the Accelerator's policy holds the weights in bf16, AdamW keeps f32 masters and moments
-// (its fused master-weights update), and gradients are averaged in f32. Besides the human
+// (its fused master-weights update), and gradients are averaged in bf16 (TESSERA_REDUCE_DTYPE=fp32:
+// in f32). Besides the human
 // line, rank 0 prints one `RESULT stage=S world=W tokens_per_s_per_gpu=X ms_per_step=M
 // loss=L` line per strategy for scripts (benchmarks/cuda/bench_scaling.sh).
 #include <algorithm>

@@ -25,14 +25,14 @@ Device device_of(const std::vector<data::Batch>& batches) {
 }  // namespace
 
 bool StepGraphRunner::enabled_by_environment() {
-  return dist::env_string("TESSERA_CUDA_GRAPHS", "0") == "1";
+  return dist::env_string("TESSERA_CUDA_GRAPHS", "1") != "0";
 }
 
 StepGraphRunner::StepGraphRunner(dist::Accelerator& acc, optim::Optimizer& optimizer, StepFn step,
                                  Options options)
     : acc_(acc), optimizer_(optimizer), step_(std::move(step)), options_(options) {
   if (!options_.enabled)
-    turn_off("graphs are off (TESSERA_CUDA_GRAPHS=1 turns them on)");
+    turn_off("graphs are off (TESSERA_CUDA_GRAPHS=0)");
   else if (std::string blocker = acc_.graph_capture_blocker(); !blocker.empty())
     turn_off(blocker);
 }

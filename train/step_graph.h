@@ -48,7 +48,7 @@ class StepGraphRunner {
   };
   static constexpr size_t kMaxGraphs = 4;
 
-  // TESSERA_CUDA_GRAPHS: "1" turns graphs on, "0" (or unset) off.
+  // TESSERA_CUDA_GRAPHS: "0" turns graphs off; unset (or "1") they are on.
   static bool enabled_by_environment();
 
   StepGraphRunner(dist::Accelerator& acc, optim::Optimizer& optimizer, StepFn step,

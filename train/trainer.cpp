@@ -79,6 +79,7 @@ Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile tr
   const Device wanted = Device::parse(args_.device);
   dist::AcceleratorOptions options;
   options.mixed_precision = mixed_precision_of(args_);
+  options.reduce_dtype = args_.reduce_dtype;
   options.gradient_accumulation_steps = static_cast<int>(args_.gradient_accumulation_steps);
   options.cpu = wanted.is_cpu();
   options.zero_stage = static_cast<int>(args_.zero_stage);

@@ -60,7 +60,7 @@ class Trainer {
   nn::CausalLM& model() { return model_; }
   Device device() const { return device_; }
   int64_t tokens_per_step() const;
-  // The CUDA-graph runner of the steps (null when graphs are off: TESSERA_CUDA_GRAPHS).
+  // The CUDA-graph runner of the steps (null when graphs are off: TESSERA_CUDA_GRAPHS=0).
   const StepGraphRunner* step_graphs() const { return graphs_.get(); }
 
  private:
@@ -80,7 +80,7 @@ class Trainer {
   };
   void resume_from(const std::filesystem::path& checkpoint);
   StepResult training_step();
-  // With CUDA graphs (TESSERA_CUDA_GRAPHS=1 on a GPU): the step through graphs_, whose
+  // With CUDA graphs (on a GPU unless TESSERA_CUDA_GRAPHS=0): the step through graphs_, whose
   // device work is device_step's.
   StepResult graphed_training_step();
   StepOutputs device_step(const std::vector<data::Batch>& micro_batches);

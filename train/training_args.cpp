@@ -91,6 +91,7 @@ const std::map<std::string, Field>& fields() {
       {"deepspeed", field(Kind::Text, &Args::deepspeed)},
       {"fsdp", field(Kind::Text, &Args::fsdp)},
       {"memory_report", field(Kind::Flag, &Args::memory_report)},
+      {"reduce_dtype", field(Kind::Text, &Args::reduce_dtype)},
       // fp32 | bf16 | fp16: the `--dtype` flag, stored as Hugging Face's bf16/fp16 switches.
       {"dtype",
        {Kind::Text,
@@ -435,6 +436,8 @@ void validate(const TrainingArguments& a) {
     require(v == "no" || v == "steps" || v == "epoch", key, "must be no, steps or epoch", v);
   }
   require(!(a.bf16 && a.fp16), "fp16", "cannot be set together with bf16", a.fp16);
+  require(a.reduce_dtype.empty() || a.reduce_dtype == "fp32" || a.reduce_dtype == a.dtype(),
+          "reduce_dtype", "must be fp32 or the training dtype (" + a.dtype() + ")", a.reduce_dtype);
   for (const std::string& r : a.report_to)
     require(r == "jsonl" || r == "tensorboard" || r == "none", "report_to",
             "must list jsonl, tensorboard or none", a.report_to);

@@ -77,6 +77,9 @@ struct TrainingArguments {
   std::string offload = "none";    // none | optimizer | param (ZeRO-Offload)
   std::string deepspeed;           // a DeepSpeed JSON file (Hugging Face's `deepspeed`)
   std::string fsdp;                // Hugging Face's `fsdp`: full_shard|shard_grad_op|no_shard [offload] [auto_wrap]
+  // The dtype gradients are averaged in across ranks: fp32, or bf16/fp16 = the parameters'
+  // own (half the bytes, no cast passes); "" = bf16 in a bf16 run, else fp32.
+  std::string reduce_dtype;
   bool memory_report = false;      // print each rank's bytes by category next to ZeRO's formula
 
   // The name each setting was given under ("steps" for max_steps) and where

@@ -16,7 +16,7 @@
 //
 // usage: dist_zero_check [--zero-stage N] --out FILE [--rows B] [--accum A] [--steps S]
 //                        [--clip C] [--bucket-bytes N] [--backend auto|tcp|mpi]
-//                        [--mixed-precision no|bf16] [--memory] [--untied]
+//                        [--mixed-precision no|bf16] [--reduce-dtype fp32|bf16] [--memory] [--untied]
 //                        [--save DIR --save-at K] [--resume DIR --start-step K]
 //                        [--offload none|optimizer|param] [--prefetch ELEMENTS] [--cuda]
 // --cuda: the model and batches on this rank's GPU (the nccl backend under auto).
@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   size_t bucket_bytes = 3000;  // several buckets under stages 0-2
   std::string out_path, backend = "auto", precision = "no";
   bool memory = false, tied = true, on_cuda = false;
-  std::string offload = "none";
+  std::string offload = "none", reduce_dtype;
   int64_t prefetch = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -81,6 +81,8 @@ int main(int argc, char** argv) {
       backend = next();
     else if (a == "--mixed-precision")
       precision = next();
+    else if (a == "--reduce-dtype")
+      reduce_dtype = next();
     else if (a == "--memory")
       memory = true;
     else if (a == "--untied")
@@ -108,6 +110,7 @@ int main(int argc, char** argv) {
   if (memory) enable_memory_categories(true);  // before the model: every storage counted
   try {
     dist::Accelerator acc({.mixed_precision = precision,
+                           .reduce_dtype = reduce_dtype,
                            .gradient_accumulation_steps = static_cast<int>(accum),
                            .backend = backend,
                            .bucket_bytes = bucket_bytes,

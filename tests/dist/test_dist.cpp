@@ -399,8 +399,35 @@ TEST_F(DdpTest, Bf16GradientsAreReducedThroughAnF32Buffer) {
   // Opting out keeps the reduction in bf16.
   TwoLayers other;
   other.to(DType::bf16);
-  dist::DistributedDataParallel narrow(other, nullptr, {.reduce_low_precision_in_f32 = false});
+  dist::DistributedDataParallel narrow(other, nullptr, {.reduce_dtype = DType::bf16});
   EXPECT_FALSE(narrow.buckets()[0].reduce_buffer.defined());
+}
+
+TEST(MixedPrecisionPolicy, GradientsAreAveragedInF32OrInTheParametersOwnDtype) {
+  using dist::MixedPrecisionPolicy;
+  EXPECT_EQ(MixedPrecisionPolicy::from_name("bf16").reduce_dtype, DType::bf16);
+  EXPECT_EQ(MixedPrecisionPolicy::from_name("fp16").reduce_dtype, DType::f32);
+  EXPECT_EQ(MixedPrecisionPolicy::from_name("bf16", "fp32").reduce_dtype, DType::f32);
+  EXPECT_EQ(MixedPrecisionPolicy::from_name("bf16", "bf16").reduce_dtype, DType::bf16);
+  EXPECT_EQ(MixedPrecisionPolicy::from_name("fp16", "fp16").reduce_dtype, DType::f16);
+  EXPECT_EQ(MixedPrecisionPolicy::from_name("bf16", "bf16").master_dtype, DType::f32);
+  try {
+    MixedPrecisionPolicy::from_name("bf16", "fp16");
+    ADD_FAILURE() << "reduce_dtype fp16 with bf16 parameters was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("reduce_dtype must be fp32 or the parameters' dtype (bf16"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(MixedPrecisionPolicy::from_name("no", "bf16"), Error);
+  // The Accelerator's DDP buckets follow the policy: no f32 reduce buffer for bf16.
+  dist::Accelerator acc({.mixed_precision = "bf16", .cpu = true});
+  default_generator().manual_seed(6);
+  TwoLayers model;
+  acc.prepare(model);
+  auto& ddp = dynamic_cast<dist::DistributedDataParallel&>(*acc.strategy_of(model));
+  EXPECT_EQ(ddp.buckets()[0].gradients.dtype(), DType::bf16);
+  EXPECT_FALSE(ddp.buckets()[0].reduce_buffer.defined());
 }
 
 TEST_F(DdpTest, NoSyncAccumulatesAndZeroGradToNoneIsAdoptedAgain) {

@@ -323,9 +323,10 @@ TEST(TrainCommand, TwoRanksWithBatchBMatchOneProcessWithBatch2B) {
 }
 
 TEST(TrainCommand, Bf16TwoRanksTrackOneProcess) {
-  // Mixed precision under launch: bf16 compute, f32 masters, gradients averaged in f32; the
-  // two runs round differently, within bf16's resolution.
+  // Mixed precision under launch: bf16 compute, f32 masters, gradients averaged in bf16 (the
+  // default) and in f32; the runs round differently, within bf16's resolution.
   expect_losses_close(train_one_and_two_ranks("bf16", "--dtype bf16"), 2e-2);
+  expect_losses_close(train_one_and_two_ranks("bf16r", "--dtype bf16 --reduce-dtype fp32"), 2e-2);
 }
 
 TEST(TrainCommand, RandomSamplingOnTwoRanksMatchesOneProcess) {
@@ -370,7 +371,7 @@ TEST(DdpEquivalence, LiteralTemplateLoopWithAccumulationEqualsTheLargerBatch) {
 }
 
 // The mixed-precision policy under DDP: bf16 parameters and f32 masters; gradients
-// averaged in f32. One process with 8 rows and 2 ranks with 4 rows each round their bf16
+// averaged in bf16 (the policy's default). One process with 8 rows and 2 ranks with 4 rows each round their bf16
 // gradients differently (a sum of 8 rows vs. two sums of 4, each rounded to 8 significant
 // bits), so they agree to bf16's resolution, not bit for bit: 2e-2 of each loss and of
 // each tensor's largest weight (the f32 run must differ from it).
@@ -515,10 +516,12 @@ TEST(ZeroEquivalence, StagesMatchDdpThroughMpirun2And3Ranks) {
 }
 
 // The mixed-precision policy under every stage: bf16 parameters, f32 masters sharded with
-// the moments, gradients averaged in f32 (all-reduce or reduce-scatter) and rounded once
-// to bf16 for the update: the same arithmetic as DDP's.
+// the moments, gradients averaged in bf16 (the default) or in f32 and rounded once to bf16
+// for the update (all-reduce or reduce-scatter): the same arithmetic as DDP's.
 TEST(ZeroEquivalence, Bf16PolicyStagesMatchDdpThroughLaunch2Ranks) {
   expect_zero_stages_match_ddp(launch(2, DIST_ZERO_CHECK), 2, "bf16x2", " --mixed-precision bf16");
+  expect_zero_stages_match_ddp(launch(2, DIST_ZERO_CHECK), 2, "bf16x2f32",
+                               " --mixed-precision bf16 --reduce-dtype fp32");
 }
 
 // fp16: one loss scale for all ranks. Each rank unscales and checks its own slices, and the

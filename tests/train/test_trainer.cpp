@@ -169,6 +169,26 @@ TEST(TrainingArguments, HuggingFaceNamesAndFlagNamesSetTheSameSetting) {
   EXPECT_THROW(train::apply_config_values(a, {{"report_to", 3}}, "z"), Error);
 }
 
+TEST(TrainingArguments, ReduceDtypeIsFp32OrTheTrainingDtype) {
+  train::TrainingArguments a;
+  train::apply_config_values(a, {{"data", "t.bin"}, {"dtype", "bf16"}, {"reduce_dtype", "bf16"}}, "x");
+  EXPECT_NO_THROW(train::validate(a));
+  train::TrainingArguments b;
+  train::apply_config_values(b, {{"data", "t.bin"}, {"dtype", "bf16"}, {"reduce-dtype", "fp16"}},
+                             "cfg.json");
+  try {
+    train::validate(b);
+    ADD_FAILURE() << "reduce_dtype fp16 in a bf16 run was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cfg.json: key \"reduce-dtype\""), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("fp16"), std::string::npos) << e.what();
+  }
+  train::TrainingArguments c;  // an f32 run averages in f32 only
+  train::apply_config_values(c, {{"data", "t.bin"}, {"reduce_dtype", "bf16"}}, "x");
+  EXPECT_THROW(train::validate(c), Error);
+}
+
 // trainer_state.json keeps Hugging Face's layout while the log history lives on disk
 // (log_history.h): every entry comes back exactly, in order, through the file and a
 // resume, and a copy of a state is independent of the original.
