@@ -9,8 +9,10 @@
 //   v3 flash-attention tiling on the CUDA cores: a block of 64 queries loads tiles of 64 keys
 //      and values into shared memory once for all 64 threads, and rescales its running output
 //      once per 16 keys instead of once per key.
-//   v4 production (tessera::cuda::flash_attention_forward, kernels/cuda/attention.cu): the
-//      same tiling with both products on the tensor cores (mma.sync) and double-buffered tiles.
+//   v4 tensor cores (tessera::cuda::flash_attention_forward_mma_sync, kernels/cuda/attention.cu):
+//      the same tiling with both products on mma.sync and double-buffered tiles.
+//   v5 production (tessera::cuda::flash_attention_forward; on sm_90 kernels/cuda/attention_sm90.cu):
+//      warpgroup MMA fed by TMA from a producer warpgroup, P kept in registers as the A operand.
 //   cuDNN's fused attention where available, for comparison.
 #include <algorithm>
 #include <cmath>
@@ -226,10 +228,17 @@ int climb_at(int B, int H, int T, bool timed) {
   const tessera::Tensor tq = as_tensor(q, {B, H, T, kHead}), tk = as_tensor(k, {B, H, T, kHead}),
                         tv = as_tensor(v, {B, H, T, kHead}),
                         tout = as_tensor(out, {B, H, T, kHead}), tlse = as_tensor(lse, {B, H, T});
-  ladder.climb_library({"v4 production (tensor cores, mma.sync)", "", [&] {
-                          tessera::cuda::flash_attention_forward(tq, tk, tv, scale, tout, tlse);
+  ladder.climb_library({"v4 tensor cores (mma.sync)", "", [&] {
+                          tessera::cuda::flash_attention_forward_mma_sync(tq, tk, tv, scale, tout,
+                                                                          tlse);
                         }});
   std::string why_not;
+  if (!tessera::cuda::flash_attention_forward_uses_sm90(tq, tk, tv, scale, &why_not))
+    why_not = "sm_90 kernel: " + why_not;
+  ladder.climb_library({"v5 production (sm_90: TMA + wgmma)", why_not, [&] {
+                          tessera::cuda::flash_attention_forward(tq, tk, tv, scale, tout, tlse);
+                        }});
+  why_not.clear();
   if (!timed)
     why_not = "the timed shape (a comparison only)";
   else if (!tessera::cuda::cudnn_attention_available(&why_not))

@@ -295,13 +295,15 @@ void BM_tensor_core_gemm_bf16(benchmark::State& s) {
 }
 BENCHMARK(BM_tensor_core_gemm_bf16)->Arg(4096)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 
-// Causal attention, B=8 H=12 T=1024 bf16: range(0) = D, range(1) = 0 for the hand-written
-// flash kernels, 1 for cuDNN's fused attention (kernels/cuda/cudnn_attention.h).
+// Causal attention, B=8 H=12 T=1024 bf16: range(0) = D, range(1) = the implementation:
+// 0 the hand-written flash kernels as dispatched (the forward: wgmma + TMA on an H100/H200),
+// 1 cuDNN's fused attention (kernels/cuda/cudnn_attention.h), 2 (forward only) the mma.sync
+// flash forward that other devices run.
 struct AttentionCase {
   Tensor q, k, v, o, lse;
   double scale;
-  bool cudnn;
-  explicit AttentionCase(const benchmark::State& s) : cudnn(s.range(1) == 1) {
+  bool cudnn, mma_sync;
+  explicit AttentionCase(const benchmark::State& s) : cudnn(s.range(1) == 1), mma_sync(s.range(1) == 2) {
     const int64_t B = 8, H = 12, T = 1024, D = s.range(0);
     q = dev_randn({B, H, T, D}, DType::bf16), k = dev_randn({B, H, T, D}, DType::bf16);
     v = dev_randn({B, H, T, D}, DType::bf16), o = empty_like(q);
@@ -310,6 +312,7 @@ struct AttentionCase {
   }
   void forward() {
     if (cudnn) cuda::cudnn_attention_forward(q, k, v, scale, o, lse);
+    else if (mma_sync) cuda::flash_attention_forward_mma_sync(q, k, v, scale, o, lse);
     else cuda::flash_attention_forward(q, k, v, scale, o, lse);
   }
   double matmul_flops(double per_pair) const {  // causal: half of the T*T pairs
@@ -330,7 +333,7 @@ void BM_attention_fwd_bf16(benchmark::State& s) {
   AttentionCase c(s);
   run(s, [&] { c.forward(); }, 0, c.matmul_flops(2.0));  // 4 T*T*D multiply-adds, halved
 }
-BENCHMARK(BM_attention_fwd_bf16)->ArgsProduct({{64, 128}, {0, 1}})->ArgNames({"D", "cudnn"})
+BENCHMARK(BM_attention_fwd_bf16)->ArgsProduct({{64, 128}, {0, 1, 2}})->ArgNames({"D", "impl"})
     ->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 
 void BM_attention_bwd_bf16(benchmark::State& s) {
@@ -345,7 +348,7 @@ void BM_attention_bwd_bf16(benchmark::State& s) {
   };
   run(s, backward, 0, c.matmul_flops(5.0));  // 5 T*T*D matmul-equivalents, halved
 }
-BENCHMARK(BM_attention_bwd_bf16)->ArgsProduct({{64}, {0, 1}})->ArgNames({"D", "cudnn"})
+BENCHMARK(BM_attention_bwd_bf16)->ArgsProduct({{64}, {0, 1}})->ArgNames({"D", "impl"})
     ->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 
 // ---- the bias paths of Linear at GPT-2 sizes: gradient (a column sum) and the add ----

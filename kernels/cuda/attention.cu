@@ -8,6 +8,8 @@
 // nothing extra: a query head's block simply streams the tiles of its key/value head.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "tessera/kernels/cuda/attention_common.cuh"
 #include "tessera/kernels/cuda/fused.h"
@@ -224,15 +226,21 @@ __global__ void naive_pv_kernel(const float* probs, const T* v, HeadLayout Lv, T
 
 }  // namespace
 
-void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                             const Tensor& out, const Tensor& lse) {
-  const char* op = "flash_attention_forward";
+namespace {
+
+// The argument contract of every flash forward entry point; returns the shape.
+AttnShape check_forward(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse) {
   const AttnShape s = check_inputs(op, q, k, v, false);
   check_vector_rows(op, q, k, v);
   check_head_view(op, "out", out, q, /*vector_rows=*/true, /*written=*/true);
   check_lse(op, lse, s, q.device());
-  if (q.numel() == 0) return;
-  KernelContext ctx(out);
+  return s;
+}
+
+void launch_mma_sync_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                             const Tensor& out, const Tensor& lse, const AttnShape& s,
+                             cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((s.T + kFwdQueries - 1) / kFwdQueries),
                   static_cast<unsigned>(s.B * s.H));
   visit_attention(q.dtype(), s.D, [&](auto tag, auto dconst) {
@@ -242,13 +250,74 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
     TESSERA_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_tc_kernel<T, D>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
-    flash_forward_tc_kernel<T, D><<<grid, kFwdWarps * 32, smem, ctx.stream>>>(
+    flash_forward_tc_kernel<T, D><<<grid, kFwdWarps * 32, smem, stream>>>(
         static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
         static_cast<const T*>(v.raw_data()), layout_of(q), layout_of(k), layout_of(v),
         static_cast<T*>(out.raw_data()), layout_of(out), lse.data<float>(), s.H, s.group(), s.T,
         static_cast<float>(scale));
   });
   TESSERA_KERNEL_CHECK("flash_forward_tc_kernel");
+}
+
+// TESSERA_ATTENTION_SM90=0 keeps the dispatch on the mma.sync forward on Hopper too (to compare,
+// or to rule the Hopper kernel out); 1 or unset lets it take the Hopper kernel.
+bool sm90_forward_switched_off() {
+  const char* value = std::getenv("TESSERA_ATTENTION_SM90");
+  const std::string v = value ? value : "";
+  TESSERA_CHECK(v.empty() || v == "0" || v == "1",
+                "TESSERA_ATTENTION_SM90 must be 0 (mma.sync forward) or 1 (the sm_90 kernel where it "
+                "runs), got '",
+                v, "'");
+  return v == "0";
+}
+
+}  // namespace
+
+// On an H100/H200 the wgmma/TMA kernel of attention_sm90.cu, elsewhere (or for views TMA cannot
+// read, or with TESSERA_ATTENTION_SM90=0) the mma.sync kernel above.
+void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                             const Tensor& out, const Tensor& lse) {
+  const AttnShape s = check_forward("flash_attention_forward", q, k, v, out, lse);
+  if (q.numel() == 0) return;
+  KernelContext ctx(out);
+  if (!sm90_forward_switched_off() &&
+      launch_sm90_forward(q, k, v, scale, out, lse, s, ctx.stream, nullptr)) {
+    TESSERA_KERNEL_CHECK("flash_forward_sm90_kernel");
+    return;
+  }
+  launch_mma_sync_forward(q, k, v, scale, out, lse, s, ctx.stream);
+}
+
+void flash_attention_forward_sm90(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                                  const Tensor& out, const Tensor& lse) {
+  const char* op = "flash_attention_forward_sm90";
+  const AttnShape s = check_forward(op, q, k, v, out, lse);
+  if (q.numel() == 0) return;
+  KernelContext ctx(out);
+  std::string why_not;
+  const bool launched = launch_sm90_forward(q, k, v, scale, out, lse, s, ctx.stream, &why_not);
+  TESSERA_CHECK(launched, op, ": the Hopper kernel cannot run here: ", why_not);
+  TESSERA_KERNEL_CHECK("flash_forward_sm90_kernel");
+}
+
+void flash_attention_forward_mma_sync(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      double scale, const Tensor& out, const Tensor& lse) {
+  const AttnShape s = check_forward("flash_attention_forward_mma_sync", q, k, v, out, lse);
+  if (q.numel() == 0) return;
+  KernelContext ctx(out);
+  launch_mma_sync_forward(q, k, v, scale, out, lse, s, ctx.stream);
+}
+
+bool flash_attention_forward_uses_sm90(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       double scale, std::string* why_not) {
+  check_inputs("flash_attention_forward_uses_sm90", q, k, v, false);
+  check_vector_rows("flash_attention_forward_uses_sm90", q, k, v);
+  DeviceGuard guard(q.device().index);
+  const std::string reason = sm90_forward_switched_off()
+                                 ? "TESSERA_ATTENTION_SM90=0 keeps the mma.sync kernel"
+                                 : sm90_forward_unsupported(q, k, v, scale);
+  if (why_not) *why_not = reason;
+  return reason.empty();
 }
 
 void naive_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,

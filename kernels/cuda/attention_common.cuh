@@ -131,6 +131,18 @@ __device__ __forceinline__ void load_a_frag(uint32_t (&a)[4], const T* tile, int
   a[3] = load_pair(p + 8 * pitch + 8);
 }
 
+// ---- the Hopper forward (attention_sm90.cu: wgmma + TMA, warp-specialised) ----
+// Empty when the sm_90 kernel can run these checked inputs, otherwise why it cannot (not an
+// sm_90 device or no sm_90a code in this build, a head size other than 64/128, a scale that is
+// not positive, views TMA cannot describe, sizes past the kernel's index range).
+std::string sm90_forward_unsupported(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     double scale);
+// Launches it and returns true, or returns false (with the reason in *why_not when given) and
+// launches nothing.
+bool launch_sm90_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                         const Tensor& out, const Tensor& lse, const AttnShape& s,
+                         cudaStream_t stream, std::string* why_not);
+
 template <class Fn>
 void visit_attention(DType t, int64_t D, Fn&& fn) {
   auto with_d = [&](auto tag) {

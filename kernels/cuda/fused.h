@@ -4,6 +4,7 @@
 // composition of ops/kernels it is tested against. No autograd here.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tessera/core/fused_dispatch.h"
@@ -72,6 +73,19 @@ void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, c
 // is usually 1/sqrt(D). cudnn_attention.h offers cuDNN's kernels under the same contract.
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                              const Tensor& out, const Tensor& lse);
+// On an H100/H200 (sm_90 device, library built with sm_90a code) the forward runs a
+// warp-specialised wgmma + TMA kernel (attention_sm90.cu); elsewhere, and for views the TMA unit
+// cannot describe, the mma.sync kernel. These entry points pick one explicitly (tests, benchmarks):
+// flash_attention_forward_sm90 raises, saying why, where the Hopper kernel cannot run.
+void flash_attention_forward_sm90(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                                  const Tensor& out, const Tensor& lse);
+void flash_attention_forward_mma_sync(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      double scale, const Tensor& out, const Tensor& lse);
+// Whether flash_attention_forward takes the Hopper kernel for these inputs and scale (out and
+// lse as the contract above; it needs scale > 0; TESSERA_ATTENTION_SM90=0 in the environment
+// keeps the mma.sync kernel); when not and why_not is given, the reason.
+bool flash_attention_forward_uses_sm90(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       double scale, std::string* why_not = nullptr);
 // dq, dk, dv in the input dtype; out and lse from the forward.
 void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& dout, const Tensor& lse,

@@ -26,16 +26,14 @@
 // A barrier's phase flips each time it completes; waits name the parity of the phase they wait for.
 // Producer and consumers count the K-tiles they handled over all the block's tiles (`step`); step
 // uses stage step % kStages for the (step / kStages)-th time and waits for that phase's parity.
-#include <cuda.h>  // CUtensorMap and its enums only: the driver is reached through the runtime
-#include <cudaTypedefs.h>
-
 #include <algorithm>
 
-#include "tessera/kernels/cuda/common.cuh"
 #include "tessera/kernels/cuda/fused.h"
+#include "tessera/kernels/cuda/sm90_common.cuh"
 
 namespace tessera::cuda::detail {
 namespace {
+using namespace sm90;
 
 constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4;
 constexpr int kConsumerRows = 64;  // rows of C per consumer warpgroup (wgmma's M)
@@ -51,87 +49,9 @@ constexpr int kStageBytes = kATileBytes + kBTileBytes;  // 48 KiB, the TMA byte 
 constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes + 1024;  // +1024: alignment slack
 static_assert(kBK * 2 == 128, "a K-tile row of A must be exactly one 128-byte swizzle row");
 
-// ---------------- small PTX wrappers (each used by one role, see the kernel) ----------------
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals));
-}
-// Arrive (the producer's one arrival) and tell the barrier how many bytes the TMA will deliver;
-// the phase completes when both the arrival and the bytes are in.
-__device__ __forceinline__ void mbarrier_arrive_expect_bytes(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// try_wait suspends the thread for a while inside the instruction, so this loop does not hammer
-// the barrier. Real waits last microseconds; after ~2^35 cycles (> 10 s) something is broken
-// (a byte count or a phase that never completes) and a trap turns the hang into a launch error.
-__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
-  constexpr long long kHangCycles = 1LL << 35;
-  long long first_miss = 0;
-  while (true) {
-    uint32_t done = 0;
-    asm volatile(
-        "{\n .reg .pred complete;\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, complete;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    if (done) return;
-    const long long now = clock64();
-    if (first_miss == 0) first_miss = now;
-    else if (now - first_miss > kHangCycles) __trap();
-  }
-}
-
-// TMA: copy the box at element coordinates (inner, outer) of the tensor map into shared memory at
-// `dst`, counting the bytes on mbarrier `bar`. (A lone CTA is a cluster of one, hence ::cluster.)
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
-                                            int inner, int outer) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(inner), "r"(outer)
-      : "memory");
-}
-
-// Shared-memory matrix descriptor (PTX "matrix descriptor format"): start address, leading and
-// stride byte offsets (all >> 4), bits 62-63 = 1 for the 128-byte swizzle. With this swizzle the
-// 16-byte chunk c of 128-byte row r sits at chunk c ^ (r % 8), relative to a 1024-byte-aligned
-// block of 8 rows; TMA writes exactly that layout, so the base offset field stays 0.
-__device__ __forceinline__ uint64_t swizzle128_descriptor(uint32_t start, uint32_t leading_bytes,
-                                                          uint32_t stride_bytes) {
-  return uint64_t((start & 0x3FFFF) >> 4) | (uint64_t(leading_bytes >> 4) << 16) |
-         (uint64_t(stride_bytes >> 4) << 32) | (uint64_t(1) << 62);
-}
-
-// The accumulator registers are only ever named by wgmma; these empty asm statements stop the
-// compiler from moving ordinary reads/writes of them across a fence or a wait.
-__device__ __forceinline__ void pin_accumulators(float (&acc)[128]) {
-#pragma unroll
-  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(acc[i])::"memory");
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int Pending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
-}
-
 // acc[64 x 256 per warpgroup] += A(desc_a: 64x16, K-major) * B(desc_b: 16x256, N-major).
 // Immediates: scale-a = scale-b = 1 (no negation), transpose-a = 0 (A rows are K-contiguous),
 // transpose-b = 1 (B rows are N-contiguous, "MN-major"). scale-d = 1: accumulate.
-#define TESSERA_WGMMA_ACC_OPERANDS_8(i)                                                      \
-  "+f"(acc[i]), "+f"(acc[i + 1]), "+f"(acc[i + 2]), "+f"(acc[i + 3]), "+f"(acc[i + 4]),      \
-      "+f"(acc[i + 5]), "+f"(acc[i + 6]), "+f"(acc[i + 7])
 #define TESSERA_WGMMA_M64N256K16(ELEM)                                                           \
   asm volatile(                                                                                  \
       "{\n .reg .pred accumulate;\n setp.ne.b32 accumulate, %130, 0;\n"                          \
@@ -145,14 +65,14 @@ __device__ __forceinline__ void wgmma_wait() {
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "   \
       "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "     \
       "%125, %126, %127}, %128, %129, accumulate, 1, 1, 0, 1;\n}\n"                              \
-      : TESSERA_WGMMA_ACC_OPERANDS_8(0), TESSERA_WGMMA_ACC_OPERANDS_8(8),                        \
-        TESSERA_WGMMA_ACC_OPERANDS_8(16), TESSERA_WGMMA_ACC_OPERANDS_8(24),                      \
-        TESSERA_WGMMA_ACC_OPERANDS_8(32), TESSERA_WGMMA_ACC_OPERANDS_8(40),                      \
-        TESSERA_WGMMA_ACC_OPERANDS_8(48), TESSERA_WGMMA_ACC_OPERANDS_8(56),                      \
-        TESSERA_WGMMA_ACC_OPERANDS_8(64), TESSERA_WGMMA_ACC_OPERANDS_8(72),                      \
-        TESSERA_WGMMA_ACC_OPERANDS_8(80), TESSERA_WGMMA_ACC_OPERANDS_8(88),                      \
-        TESSERA_WGMMA_ACC_OPERANDS_8(96), TESSERA_WGMMA_ACC_OPERANDS_8(104),                     \
-        TESSERA_WGMMA_ACC_OPERANDS_8(112), TESSERA_WGMMA_ACC_OPERANDS_8(120)                     \
+      : TESSERA_SM90_ACC8(acc, 0), TESSERA_SM90_ACC8(acc, 8),                        \
+        TESSERA_SM90_ACC8(acc, 16), TESSERA_SM90_ACC8(acc, 24),                      \
+        TESSERA_SM90_ACC8(acc, 32), TESSERA_SM90_ACC8(acc, 40),                      \
+        TESSERA_SM90_ACC8(acc, 48), TESSERA_SM90_ACC8(acc, 56),                      \
+        TESSERA_SM90_ACC8(acc, 64), TESSERA_SM90_ACC8(acc, 72),                      \
+        TESSERA_SM90_ACC8(acc, 80), TESSERA_SM90_ACC8(acc, 88),                      \
+        TESSERA_SM90_ACC8(acc, 96), TESSERA_SM90_ACC8(acc, 104),                     \
+        TESSERA_SM90_ACC8(acc, 112), TESSERA_SM90_ACC8(acc, 120)                     \
       : "l"(desc_a), "l"(desc_b), "r"(1))
 
 template <class T>
@@ -161,7 +81,6 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&acc)[128], uint64_t des
   else TESSERA_WGMMA_M64N256K16("f16");
 }
 #undef TESSERA_WGMMA_M64N256K16
-#undef TESSERA_WGMMA_ACC_OPERANDS_8
 
 // Two f32 values rounded to T and packed into one 32-bit store.
 template <class T>
@@ -199,9 +118,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
       mbarrier_init(full(s), 1);                // the producer's arrive_expect_bytes
       mbarrier_init(empty(s), kConsumerWarps);  // one arrival per consumer warp
     }
-    // Make the initialised barriers visible to the TMA unit (the async proxy) before any copy.
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    mbarrier_init_fence();  // visible to the TMA unit (the async proxy) before any copy
   }
   __syncthreads();
 
@@ -239,7 +156,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
     const int m0 = (tile / n_tiles) * kBM, n0 = (tile % n_tiles) * kBN;
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-    pin_accumulators(acc);
+    pin_registers(acc);
 
     for (int kt = 0; kt < k_tiles; ++kt, ++step) {
       const int s = step % kStages;
@@ -266,7 +183,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
       if (kt > 0 && releases) mbarrier_arrive(empty((step - 1) % kStages));
     }
     wgmma_wait<0>();
-    pin_accumulators(acc);
+    pin_registers(acc);
     if (releases) mbarrier_arrive(empty((step - 1) % kStages));  // the tile's last K-tile
 
     // ---- epilogue: the wgmma accumulator layout, per warp of the warpgroup, is that of mma.sync
@@ -288,20 +205,6 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
 #endif
 }
 
-// cuTensorMapEncodeTiled comes from the driver through the runtime, so no -lcuda is needed.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    TESSERA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                                        cudaEnableDefault, &found));
-    TESSERA_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
-                  "tensor_core_gemm: the CUDA driver does not provide cuTensorMapEncodeTiled");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encoder;
-}
-
 // A row-major [rows][cols] matrix of 16-bit elements as a 2-D tensor map read in boxes of
 // box_rows x box_cols (box_cols * 2 must be 128 bytes for the 128-byte swizzle).
 CUtensorMap make_tensor_map(const Tensor& t, int64_t rows, int64_t cols, uint32_t box_rows,
@@ -311,9 +214,8 @@ CUtensorMap make_tensor_map(const Tensor& t, int64_t rows, int64_t cols, uint32_
   const cuuint64_t row_stride_bytes[1] = {static_cast<cuuint64_t>(cols) * 2};
   const cuuint32_t box[2] = {box_cols, box_rows};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUtensorMapDataType type = t.dtype() == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const CUresult status = tensor_map_encoder()(
+  const CUtensorMapDataType type = sm90::tensor_map_type(t.dtype());
+  const CUresult status = sm90::tensor_map_encoder()(
       &map, type, 2, const_cast<void*>(t.raw_data()), dims, row_stride_bytes, box, element_strides,
       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -321,17 +223,6 @@ CUtensorMap make_tensor_map(const Tensor& t, int64_t rows, int64_t cols, uint32_
                 static_cast<int>(status), ") for a ", rows, "x", cols, " ", dtype_name(t.dtype()),
                 " matrix, box ", box_rows, "x", box_cols);
   return map;
-}
-
-// The kernel exists as sm_90a code and the device is an sm_90 (H100/H200).
-bool device_runs_wgmma(int device) {
-  int major = 0, minor = 0;
-  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major != 9 || minor != 0) return false;
-  cudaFuncAttributes attributes{};
-  TESSERA_CUDA_CHECK(cudaFuncGetAttributes(&attributes, wgmma_gemm_kernel<BFloat16>));
-  return attributes.binaryVersion == 90;
 }
 
 }  // namespace
@@ -345,7 +236,7 @@ bool try_wgmma_gemm(const Tensor& a, const Tensor& b, const Tensor& c, cudaStrea
                     (M / kBM) * (N / kBN) <= INT32_MAX && M <= INT32_MAX && N <= INT32_MAX &&
                     K <= INT32_MAX &&
                     aligned16(a) && aligned16(b) && aligned16(c);
-  if (!fits || !device_runs_wgmma(a.device().index)) return false;
+  if (!fits || !sm90::device_runs_sm90a(a.device().index, wgmma_gemm_kernel<BFloat16>)) return false;
 
   const CUtensorMap a_map = make_tensor_map(a, M, K, kBM, kBK);
   const CUtensorMap b_map = make_tensor_map(b, K, N, kBK, kPanelCols);

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include "tessera/core/dispatch.h"
@@ -92,6 +94,26 @@ inline std::vector<double> ref_matmul(const std::vector<double>& a, const std::v
         for (int64_t j = 0; j < N; ++j) crow[j] += av * brow[j];
       }
   return c;
+}
+
+// max |got - ref| / max |ref|; infinite when got holds a NaN (an element left unwritten).
+inline double max_rel_error(const std::vector<double>& got, const std::vector<double>& ref) {
+  if (got.size() != ref.size()) return INFINITY;
+  double max_ref = 0, max_err = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(got[i])) return INFINITY;
+    max_ref = std::max(max_ref, std::fabs(ref[i]));
+    max_err = std::max(max_err, std::fabs(got[i] - ref[i]));
+  }
+  return max_err / std::max(max_ref, 1e-30);
+}
+
+// Compares, prints the figure and fails with it when over tol.
+inline void expect_within(const std::vector<double>& got, const std::vector<double>& ref, double tol,
+                          const std::string& what) {
+  const double err = max_rel_error(got, ref);
+  std::printf("  %-58s max rel error %.3e (tol %.1e)\n", what.c_str(), err, tol);
+  EXPECT_LE(err, tol) << what << ": max rel error " << err << " over the tolerance " << tol;
 }
 
 }  // namespace tessera::cuda_test

@@ -32,26 +32,6 @@ std::string describe(const GqaCase& c) {
          " Hkv=" + std::to_string(c.Hkv);
 }
 
-// max |got - ref| / max |ref|; infinite when got holds a NaN (an element left unwritten).
-double max_rel_error(const std::vector<double>& got, const std::vector<double>& ref) {
-  if (got.size() != ref.size()) return INFINITY;
-  double max_ref = 0, max_err = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (std::isnan(got[i])) return INFINITY;
-    max_ref = std::max(max_ref, std::fabs(ref[i]));
-    max_err = std::max(max_err, std::fabs(got[i] - ref[i]));
-  }
-  return max_err / std::max(max_ref, 1e-30);
-}
-
-// Compares, prints the figure and fails with it when over tol.
-void expect_within(const std::vector<double>& got, const std::vector<double>& ref, double tol,
-                   const std::string& what) {
-  const double err = max_rel_error(got, ref);
-  std::printf("  %-58s max rel error %.3e (tol %.1e)\n", what.c_str(), err, tol);
-  EXPECT_LE(err, tol) << what << ": max rel error " << err << " over the tolerance " << tol;
-}
-
 // [B, heads, T, D] view of a [B, T, heads, D] buffer (Llama's q, k, v after the projections).
 Tensor heads_of(const Tensor& bthd) { return raw::permute(bthd, {0, 2, 1, 3}); }
 std::vector<double> host_bhtd(const Tensor& bthd) {

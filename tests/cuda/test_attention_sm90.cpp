@@ -1,0 +1,199 @@
+// The Hopper flash-attention forward (kernels/cuda/attention_sm90.cu: wgmma + TMA, a producer
+// warpgroup and 2 consumer warpgroups) called directly against the float64 reference
+// (attention_reference.h): bf16 and f16, head sizes 64 and 128, lengths from 1 to past a
+// multiple of the 128-key tile, plain and grouped-query attention, q/k/v as views of one fused
+// [B, T, heads, D] projection and out written through a padded, NaN-poisoned view. Also that
+// flash_attention_forward takes it on an sm_90 device (and the mma.sync kernel elsewhere, with a
+// reason the query and the direct call both give). Every comparison prints its max error.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "attention_reference.h"
+#include "cuda_test_util.h"
+#include "tessera/kernels/cuda/fused.h"
+
+namespace tessera {
+namespace {
+using namespace cuda_test;
+
+// The device's compute capability as "sm_XY".
+std::string device_arch() {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  return "sm_" + std::to_string(major) + std::to_string(minor);
+}
+
+#define REQUIRE_SM90_DEVICE()                                                                \
+  do {                                                                                       \
+    TESSERA_REQUIRE_GPU();                                                                   \
+    if (device_arch() != "sm_90")                                                            \
+      GTEST_SKIP() << "the wgmma/TMA attention kernel needs an sm_90 GPU (H100/H200); this " \
+                   << "device is " << device_arch();                                         \
+  } while (0)
+
+constexpr int64_t kB = 2, kH = 3;
+
+struct Sm90Case {
+  DType dtype;
+  int64_t D, T, group;  // group: query heads per key/value head
+  int64_t kv_heads() const { return kH / group; }
+};
+
+std::string describe(const Sm90Case& c) {
+  return std::string(dtype_name(c.dtype)) + " D=" + std::to_string(c.D) +
+         " T=" + std::to_string(c.T) + " H=" + std::to_string(kH) +
+         " Hkv=" + std::to_string(c.kv_heads());
+}
+
+// q, k, v as [B, heads, T, D] views of one [B, T, H + 2 Hkv, D] buffer (for group 1 exactly a
+// fused [B, T, 3, H, D] projection): T strides of (H + 2 Hkv) D, head strides of D.
+struct FusedInputs {
+  Tensor q, k, v;
+  AttentionReference ref;
+  double scale;
+};
+
+FusedInputs make_inputs(const Sm90Case& c) {
+  const int64_t Hkv = c.kv_heads();
+  const Tensor host = host_randn({kB, c.T, kH + 2 * Hkv, c.D}, c.dtype);
+  const Tensor qkv = to_gpu(host);
+  auto heads = [&](const Tensor& x, int64_t first, int64_t n) {
+    return raw::permute(raw::narrow(x, 2, first, n), {0, 2, 1, 3});
+  };
+  auto host_bhtd = [&](int64_t first, int64_t n) {
+    return values(raw::contiguous(raw::to(heads(host, first, n), Device::cpu(), DType::f64)));
+  };
+  FusedInputs in;
+  in.q = heads(qkv, 0, kH);
+  in.k = heads(qkv, kH, Hkv);
+  in.v = heads(qkv, kH + Hkv, Hkv);
+  in.scale = 1.0 / std::sqrt(double(c.D));
+  const std::vector<double> no_dout(kB * kH * c.T * c.D, 0.0);  // the gradients are not checked
+  in.ref = reference_attention(host_bhtd(0, kH), host_bhtd(kH, Hkv), host_bhtd(kH + Hkv, Hkv),
+                               no_dout, kB, kH, Hkv, c.T, c.D, in.scale);
+  return in;
+}
+
+// The [B, H, T, D] heads of the first H * D channels of a [B, T, H * D + pad] buffer.
+Tensor out_view(const Tensor& buf, int64_t T, int64_t D) {
+  return raw::permute(raw::view(raw::narrow(buf, 2, 0, kH * D), {kB, T, kH, D}), {0, 2, 1, 3});
+}
+
+void check_direct(const Sm90Case& c) {
+  std::printf("%s\n", describe(c).c_str());
+  const FusedInputs in = make_inputs(c);
+  constexpr int64_t kPad = 8;
+  const Tensor y_buf = poisoned({kB, c.T, kH * c.D + kPad}, c.dtype);
+  const Tensor lse = poisoned({kB, kH, c.T}, DType::f32);
+  cuda::flash_attention_forward_sm90(in.q, in.k, in.v, in.scale, out_view(y_buf, c.T, c.D), lse);
+  expect_within(values(raw::contiguous(out_view(y_buf, c.T, c.D))), in.ref.out, tolerance(c.dtype),
+                "sm90 out");
+  expect_within(values(lse), in.ref.lse, 2e-5, "sm90 lse");
+  for (double x : values(raw::contiguous(raw::narrow(y_buf, 2, kH * c.D, kPad))))
+    ASSERT_TRUE(std::isnan(x)) << describe(c) << ": the padding next to out was written";
+}
+
+TEST(AttentionSm90Cuda, DirectAgainstFloat64) {
+  REQUIRE_SM90_DEVICE();
+  // 1 query; a partial tile (the block's second consumer warpgroup has no rows below T and only
+  // releases the tiles); exactly one tile; one and a half (the second warpgroup holds 8 valid
+  // rows); past 1024 (9 tiles through both register sets of P, an odd number of steps).
+  for (DType t : {DType::bf16, DType::f16})
+    for (int64_t D : {64, 128})
+      for (int64_t T : {1, 17, 128, 200, 1024 + 37})
+        for (int64_t group : {1, 3}) {
+          const Sm90Case c{t, D, T, group};
+          SCOPED_TRACE(describe(c));
+          check_direct(c);
+          if (HasFatalFailure()) return;
+        }
+}
+
+// On an sm_90 device flash_attention_forward takes the Hopper kernel: the query says so, and its
+// result is bitwise that of the direct call, not that of the mma.sync kernel (whose different
+// tiling rounds differently), which still matches the reference.
+TEST(AttentionSm90Cuda, DispatchTakesItOnHopper) {
+  REQUIRE_SM90_DEVICE();
+  for (int64_t D : {64, 128}) {
+    const Sm90Case c{DType::bf16, D, 300, 1};
+    SCOPED_TRACE(describe(c));
+    const FusedInputs in = make_inputs(c);
+    std::string why;
+    EXPECT_TRUE(cuda::flash_attention_forward_uses_sm90(in.q, in.k, in.v, in.scale, &why)) << why;
+    // A scale that is not positive stays with the mma.sync kernel (the Hopper one takes the row
+    // max of the unscaled scores), saying so.
+    EXPECT_FALSE(cuda::flash_attention_forward_uses_sm90(in.q, in.k, in.v, -in.scale, &why));
+    EXPECT_NE(why.find("scale"), std::string::npos) << why;
+    const Shape bhtd{kB, kH, c.T, c.D}, bht{kB, kH, c.T};
+    Tensor out_direct = poisoned(bhtd, c.dtype), lse_direct = poisoned(bht, DType::f32);
+    Tensor out_dispatch = poisoned(bhtd, c.dtype), lse_dispatch = poisoned(bht, DType::f32);
+    Tensor out_mma = poisoned(bhtd, c.dtype), lse_mma = poisoned(bht, DType::f32);
+    cuda::flash_attention_forward_sm90(in.q, in.k, in.v, in.scale, out_direct, lse_direct);
+    cuda::flash_attention_forward(in.q, in.k, in.v, in.scale, out_dispatch, lse_dispatch);
+    cuda::flash_attention_forward_mma_sync(in.q, in.k, in.v, in.scale, out_mma, lse_mma);
+    EXPECT_EQ(values(out_dispatch), values(out_direct));
+    EXPECT_EQ(values(lse_dispatch), values(lse_direct));
+    EXPECT_NE(values(out_mma), values(out_direct)) << "the two kernels agreed bitwise everywhere";
+    expect_within(values(out_mma), in.ref.out, tolerance(c.dtype), "mma.sync out");
+    expect_within(values(out_dispatch), in.ref.out, tolerance(c.dtype), "dispatched out");
+  }
+}
+
+// Elsewhere the query and the direct call say why, and flash_attention_forward still computes
+// the right thing with the mma.sync kernel.
+TEST(AttentionSm90Cuda, OtherDevicesKeepTheMmaSyncKernel) {
+  TESSERA_REQUIRE_GPU();
+  if (device_arch() == "sm_90") GTEST_SKIP() << "an sm_90 device runs the Hopper kernel";
+  const Sm90Case c{DType::f16, 64, 77, 3};
+  const FusedInputs in = make_inputs(c);
+  std::string why;
+  EXPECT_FALSE(cuda::flash_attention_forward_uses_sm90(in.q, in.k, in.v, in.scale, &why));
+  EXPECT_NE(why.find("sm_90"), std::string::npos) << why;
+  Tensor out = poisoned({kB, kH, c.T, c.D}, c.dtype), lse = poisoned({kB, kH, c.T}, DType::f32);
+  try {
+    cuda::flash_attention_forward_sm90(in.q, in.k, in.v, in.scale, out, lse);
+    ADD_FAILURE() << "the Hopper kernel ran on " << device_arch();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot run here"), std::string::npos) << e.what();
+  }
+  cuda::flash_attention_forward(in.q, in.k, in.v, in.scale, out, lse);
+  expect_within(values(out), in.ref.out, tolerance(c.dtype), "mma.sync out");
+  expect_within(values(lse), in.ref.lse, 2e-5, "mma.sync lse");
+}
+
+// TESSERA_ATTENTION_SM90=0 keeps the dispatch on the mma.sync kernel (on any device), which still
+// computes the right thing; a value other than 0 or 1 is an error naming the variable.
+TEST(AttentionSm90Cuda, EnvironmentSwitch) {
+  TESSERA_REQUIRE_GPU();
+  const char* saved = std::getenv("TESSERA_ATTENTION_SM90");
+  const std::string before = saved ? saved : "";
+  const Sm90Case c{DType::bf16, 128, 130, 1};
+  const FusedInputs in = make_inputs(c);
+  ::setenv("TESSERA_ATTENTION_SM90", "0", 1);
+  std::string why;
+  EXPECT_FALSE(cuda::flash_attention_forward_uses_sm90(in.q, in.k, in.v, in.scale, &why));
+  EXPECT_NE(why.find("TESSERA_ATTENTION_SM90=0"), std::string::npos) << why;
+  Tensor out = poisoned({kB, kH, c.T, c.D}, c.dtype), lse = poisoned({kB, kH, c.T}, DType::f32);
+  cuda::flash_attention_forward(in.q, in.k, in.v, in.scale, out, lse);
+  expect_within(values(out), in.ref.out, tolerance(c.dtype), "out with TESSERA_ATTENTION_SM90=0");
+  ::setenv("TESSERA_ATTENTION_SM90", "yes", 1);
+  try {
+    cuda::flash_attention_forward(in.q, in.k, in.v, in.scale, out, lse);
+    ADD_FAILURE() << "TESSERA_ATTENTION_SM90=yes was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TESSERA_ATTENTION_SM90 must be 0"), std::string::npos)
+        << e.what();
+  }
+  if (saved)
+    ::setenv("TESSERA_ATTENTION_SM90", before.c_str(), 1);
+  else
+    ::unsetenv("TESSERA_ATTENTION_SM90");
+}
+
+}  // namespace
+}  // namespace tessera
