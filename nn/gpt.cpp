@@ -96,18 +96,17 @@ std::pair<Tensor, Tensor> GPT::run_block(Block& block, const Tensor& residual,
                                          const Tensor& delta) {
   if (!cfg_.gradient_checkpointing || !is_training() || !autograd::is_grad_enabled())
     return block.call_deferred(residual, delta);
+  // Checkpointed, the graph keeps each block's input for the recompute: one tensor, the
+  // stream summed (two terms would keep twice the memory that checkpointing exists to save),
+  // so the add between blocks stays a separate op here; ln_2's add is still fused inside.
   // The recompute replays the default generator and the autocast policy of this run, so
   // the block's dropout masks and dtypes are the same twice. The block's forward hooks run
   // in both passes, so a hook that gathers the block's parameters does so for the recompute.
-  std::vector<Tensor> inputs{residual};
-  if (delta.defined()) inputs.push_back(delta);
-  const std::vector<Tensor> out = autograd::checkpoint(
-      [&block](const std::vector<Tensor>& in) {
-        const auto [h, mlp_out] = block.call_deferred(in[0], in.size() > 1 ? in[1] : Tensor());
-        return std::vector<Tensor>{h, mlp_out};
-      },
-      inputs);
-  return {out[0], out[1]};
+  const Tensor x = delta.defined() ? residual + delta : residual;
+  const Tensor out = autograd::checkpoint(
+      [&block](const std::vector<Tensor>& in) { return std::vector<Tensor>{block(in[0])}; },
+      {x})[0];
+  return {out, Tensor()};
 }
 
 Tensor GPT::forward(const Tensor& idx) {
