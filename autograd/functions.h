@@ -189,6 +189,13 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 // adds the gradient of the sum and the norm's input gradient in the same pass.
 std::pair<Tensor, Tensor> residual_rms_norm(const Tensor& x, const Tensor& residual,
                                             const Tensor& weight, double eps = 1e-6);
+// The same for LayerNorm (GPT-2's pre-norm blocks): {x + residual, layer_norm(x + residual,
+// weight, bias, eps)}, weight and bias [C] or undefined, one fused kernel forward and one
+// backward where the device has them. x and residual of two float dtypes add in the promoted
+// one (as x + residual does).
+std::pair<Tensor, Tensor> residual_layer_norm(const Tensor& x, const Tensor& residual,
+                                              const Tensor& weight, const Tensor& bias,
+                                              double eps = 1e-5);
 // Rotary embedding of x [B, T, H, D] (HF rotate_half pairing) with ops::rope_tables for its
 // T positions.
 Tensor rotary_embedding(const Tensor& x, const ops::RopeTables& tables);

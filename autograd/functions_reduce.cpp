@@ -1,5 +1,5 @@
 // Differentiable reductions and normalisations: sum, mean, amax, amin, softmax,
-// log_softmax, layer_norm.
+// log_softmax, layer_norm (alone or after a residual add).
 #include "tessera/autograd/function_util.h"
 #include "tessera/autograd/functions.h"
 
@@ -85,6 +85,39 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                         a.needs(2) ? g.dbias : Tensor()};
          });
   return r.out;
+}
+
+std::pair<Tensor, Tensor> residual_layer_norm(const Tensor& x_in, const Tensor& residual_in,
+                                              const Tensor& weight, const Tensor& bias,
+                                              double eps) {
+  const char* op = "residual_layer_norm";
+  TESSERA_CHECK(x_in.defined() && residual_in.defined(), op, ": x (",
+                x_in.defined() ? "defined" : "undefined", ") and residual (",
+                residual_in.defined() ? "defined" : "undefined", ") must both be tensors");
+  // Two float dtypes (an f32 residual stream and a bf16 block output under autocast) add in
+  // the promoted dtype, as x + residual would: the narrower operand is converted first
+  // (differentiably, so its gradient goes back in its own dtype).
+  Tensor x = x_in, residual = residual_in;
+  if (x.dtype() != residual.dtype() && is_floating(x.dtype()) && is_floating(residual.dtype())) {
+    const DType common = promote_types(x.dtype(), residual.dtype());
+    x = x.to(common);
+    residual = residual.to(common);
+  }
+  ops::ResidualLayerNormOutput r = ops::residual_layer_norm(x, residual, weight, bias, eps);
+  if (!autograd::any_requires_grad({x, residual, weight, bias})) return {r.sum, r.out};
+  record("ResidualLayerNormBackward", {x, residual, weight, bias}, {r.sum, r.out},
+         [ssum = SavedTensor::output(r.sum), sw = SavedTensor::input(weight), mean = r.mean,
+          rstd = r.rstd](const BackwardArgs& a) {
+           const char* name = "ResidualLayerNormBackward";
+           // The sum's own gradient (the residual stream) joins the norm's in one pass; both
+           // terms of the sum get the total.
+           ops::LayerNormGrads g = ops::layer_norm_backward_residual(
+               a.grad_outputs.at(1), ssum.unpack(name), sw.unpack(name), mean, rstd,
+               a.grad_outputs.at(0), a.needs(2) || a.needs(3));
+           return Grads{a.needs(0) ? g.dx : Tensor(), a.needs(1) ? g.dx : Tensor(),
+                        a.needs(2) ? g.dweight : Tensor(), a.needs(3) ? g.dbias : Tensor()};
+         });
+  return {r.sum, r.out};
 }
 
 }  // namespace tessera

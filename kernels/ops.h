@@ -66,6 +66,21 @@ struct LayerNormGrads {
 };
 LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                    const Tensor& mean, const Tensor& rstd, bool need_weight_grads);
+// The residual add of a pre-norm block and the LayerNorm after it (GPT-2's ln_1, ln_2, ln_f
+// fed by the residual stream): sum = x + residual (rounded to the dtype), out = layer_norm(sum,
+// weight, bias) with its mean and rstd. One fused kernel where the device has it
+// (FusedKernelTable::residual_layer_norm), the add and the norm otherwise. x and residual:
+// one shape, dtype and device.
+struct ResidualLayerNormOutput {
+  Tensor sum, out, mean, rstd;
+};
+ResidualLayerNormOutput residual_layer_norm(const Tensor& x, const Tensor& residual,
+                                            const Tensor& weight, const Tensor& bias, double eps);
+// layer_norm_backward of (dy, x = the normalised sum) with dresidual, the gradient reaching the
+// sum along the residual stream, added into dx: dx = layer_norm_backward(dy).dx + dresidual.
+LayerNormGrads layer_norm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                            const Tensor& mean, const Tensor& rstd,
+                                            const Tensor& dresidual, bool need_weight_grads);
 Tensor gelu(const Tensor& x);                                 // tanh approximation
 Tensor gelu_backward(const Tensor& x, const Tensor& dy);
 

@@ -49,6 +49,12 @@ Tensor scalar_tensor(double value, DType dtype, Device device) {
   return full({}, value, {.dtype = dtype, .device = device});
 }
 
+Tensor like_input(const char* op, const char* what, const Tensor& t, const Tensor& x) {
+  TESSERA_CHECK(t.defined() && t.shape() == x.shape() && t.device() == x.device(), op, ": ", what,
+                " ", describe(t), " must have the input's shape and device ", describe(x));
+  return t.dtype() == x.dtype() ? t : raw::to(t, x.device(), x.dtype());
+}
+
 }  // namespace detail
 
 using detail::describe;

@@ -45,15 +45,6 @@ RmsNormOutput rms_norm(const Tensor& x, const Tensor& weight, double eps) {
 
 namespace {
 
-// A tensor that must match x (the residual stream's other term or its gradient): same shape,
-// device and dtype (a gradient in another dtype is converted).
-Tensor like_input(const char* op, const char* what, const Tensor& t, const Tensor& x) {
-  TESSERA_CHECK(t.defined() && t.shape() == x.shape() && t.device() == x.device(), op, ": ", what,
-                " ", t.defined() ? detail::describe(t) : std::string("(undefined)"),
-                " must have the input's shape and device ", detail::describe(x));
-  return t.dtype() == x.dtype() ? t : raw::to(t, x.device(), x.dtype());
-}
-
 // The checks and outputs of both backward forms; `kernel` fills them.
 template <class Kernel>
 RmsNormGrads rms_norm_backward_with(const char* op, const Tensor& dy, const Tensor& x,
@@ -64,7 +55,7 @@ RmsNormGrads rms_norm_backward_with(const char* op, const Tensor& dy, const Tens
   TESSERA_CHECK(rstd.shape() == row_shape(x) && rstd.dtype() == stat_dtype(x.dtype()), op,
                 ": saved rstd ", detail::describe(rstd), " must be ",
                 dtype_name(stat_dtype(x.dtype())), shape_str(row_shape(x)));
-  const Tensor dyc = like_input(op, "gradient", dy, x);
+  const Tensor dyc = detail::like_input(op, "gradient", dy, x);
   RmsNormGrads g;
   g.dx = empty(x.shape(), {.dtype = x.dtype(), .device = dev});
   if (need_weight_grad && weight.defined()) {
@@ -112,7 +103,7 @@ RmsNormGrads rms_norm_backward_residual(const Tensor& dy, const Tensor& x, const
                                         const Tensor& rstd, const Tensor& dresidual,
                                         bool need_weight_grad) {
   const char* op = "rms_norm_backward_residual";
-  const Tensor dres = like_input(op, "residual gradient", dresidual, x);
+  const Tensor dres = detail::like_input(op, "residual gradient", dresidual, x);
   return rms_norm_backward_with(
       op, dy, x, weight, rstd, need_weight_grad,
       [&](Device dev, const Tensor& dyc, RmsNormGrads& g) {

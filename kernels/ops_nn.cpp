@@ -2,6 +2,7 @@
 // cross-entropy, forward and backward.
 #include <cmath>
 
+#include "tessera/core/fused_dispatch.h"
 #include "tessera/kernels/ops.h"
 #include "tessera/kernels/ops_util.h"
 
@@ -57,54 +58,51 @@ Tensor softmax_backward(const Tensor& y, const Tensor& dy, int64_t dim_in, bool 
 }
 
 namespace {
-void check_norm_param(const Tensor& p, const char* role, const Tensor& x) {
+void check_norm_param(const char* op, const Tensor& p, const char* role, const Tensor& x) {
   if (!p.defined()) return;
-  TESSERA_CHECK(p.dim() == 1 && p.shape()[0] == x.shape().back(), "layer_norm: ", role, " ",
+  TESSERA_CHECK(p.dim() == 1 && p.shape()[0] == x.shape().back(), op, ": ", role, " ",
                 detail::describe(p), " must be [", x.shape().back(), "] for input ",
                 detail::describe(x));
-  TESSERA_CHECK(p.dtype() == x.dtype(), "layer_norm: ", role, " ", detail::describe(p),
+  TESSERA_CHECK(p.dtype() == x.dtype(), op, ": ", role, " ", detail::describe(p),
                 " must have the input's dtype (input ", detail::describe(x), ")");
-  TESSERA_CHECK(p.device() == x.device(), "layer_norm: ", role, " ", detail::describe(p),
+  TESSERA_CHECK(p.device() == x.device(), op, ": ", role, " ", detail::describe(p),
                 " is on another device than the input ", detail::describe(x));
+}
+
+void check_layer_norm_operands(const char* op, const Tensor& x, const Tensor& weight,
+                               const Tensor& bias) {
+  check_float(op, x, "input");
+  TESSERA_CHECK(x.dim() >= 1 && x.shape().back() > 0, op, ": input ", detail::describe(x),
+                " needs a non-empty last dimension");
+  check_norm_param(op, weight, "weight", x);
+  check_norm_param(op, bias, "bias", x);
 }
 
 Shape row_shape(const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 1); }
 
 // Saved row statistics are f64 for f64 inputs (an f64 backward stays f64-accurate), f32 else.
 DType layer_norm_stat_dtype(DType x) { return x == DType::f64 ? DType::f64 : DType::f32; }
-}  // namespace
 
-LayerNormOutput layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  const Device dev = detail::common_device("layer_norm", {&x});
-  check_float("layer_norm", x, "input");
-  TESSERA_CHECK(x.dim() >= 1 && x.shape().back() > 0, "layer_norm: input ", detail::describe(x),
-                " needs a non-empty last dimension");
-  check_norm_param(weight, "weight", x);
-  check_norm_param(bias, "bias", x);
-  LayerNormOutput r;
-  r.out = empty(x.shape(), {.dtype = x.dtype(), .device = dev});
-  const DType stat_dtype = layer_norm_stat_dtype(x.dtype());
-  r.mean = empty(row_shape(x), {.dtype = stat_dtype, .device = dev});
-  r.rstd = empty(row_shape(x), {.dtype = stat_dtype, .device = dev});
-  if (x.numel() > 0) {
-    checked_kernel(detail::kernels_for(dev).layer_norm, "layer_norm", dev)(x, weight, bias, eps,
-                                                                          r.out, r.mean, r.rstd);
-  }
-  return r;
+Tensor layer_norm_stat(const Tensor& x, Device dev) {
+  return empty(row_shape(x), {.dtype = layer_norm_stat_dtype(x.dtype()), .device = dev});
 }
 
-LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                                   const Tensor& mean, const Tensor& rstd, bool need_weight_grads) {
-  const Device dev = detail::common_device("layer_norm_backward", {&dy, &x, &mean, &rstd});
-  check_float("layer_norm_backward", x, "input");
-  check_same_shape("layer_norm_backward", x, "input", dy, "gradient");
-  TESSERA_CHECK(x.dim() >= 1, "layer_norm_backward: input ", detail::describe(x), " has no dims");
-  check_norm_param(weight, "weight", x);
+// The checks and outputs of both backward forms; `kernel(dev, dy converted, grads)` fills them.
+template <class Kernel>
+LayerNormGrads layer_norm_backward_with(const char* op, const Tensor& dy, const Tensor& x,
+                                        const Tensor& weight, const Tensor& mean,
+                                        const Tensor& rstd, bool need_weight_grads,
+                                        Kernel&& kernel) {
+  const Device dev = detail::common_device(op, {&dy, &x, &mean, &rstd});
+  check_float(op, x, "input");
+  check_same_shape(op, x, "input", dy, "gradient");
+  TESSERA_CHECK(x.dim() >= 1, op, ": input ", detail::describe(x), " has no dims");
+  check_norm_param(op, weight, "weight", x);
   for (const Tensor* stat : {&mean, &rstd}) {
     const DType want = layer_norm_stat_dtype(x.dtype());
-    TESSERA_CHECK(stat->shape() == row_shape(x) && stat->dtype() == want,
-                  "layer_norm_backward: saved statistics ", detail::describe(*stat), " must be ",
-                  dtype_name(want), shape_str(row_shape(x)), " for input ", detail::describe(x));
+    TESSERA_CHECK(stat->shape() == row_shape(x) && stat->dtype() == want, op, ": saved statistics ",
+                  detail::describe(*stat), " must be ", dtype_name(want), shape_str(row_shape(x)),
+                  " for input ", detail::describe(x));
   }
   LayerNormGrads g;
   const Tensor dyc = dy.dtype() == x.dtype() ? dy : raw::to(dy, dev, x.dtype());
@@ -113,11 +111,73 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tens
     g.dweight = zeros({x.shape().back()}, {.dtype = x.dtype(), .device = dev});
     g.dbias = zeros({x.shape().back()}, {.dtype = x.dtype(), .device = dev});
   }
-  if (x.numel() > 0) {
-    checked_kernel(detail::kernels_for(dev).layer_norm_backward, "layer_norm_backward", dev)(
-        dyc, x, weight, mean, rstd, g.dx, g.dweight, g.dbias);
-  }
+  if (x.numel() > 0) kernel(dev, dyc, g);
   return g;
+}
+}  // namespace
+
+LayerNormOutput layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  const Device dev = detail::common_device("layer_norm", {&x});
+  check_layer_norm_operands("layer_norm", x, weight, bias);
+  LayerNormOutput r{empty(x.shape(), {.dtype = x.dtype(), .device = dev}), layer_norm_stat(x, dev),
+                    layer_norm_stat(x, dev)};
+  if (x.numel() > 0) {
+    checked_kernel(detail::kernels_for(dev).layer_norm, "layer_norm", dev)(x, weight, bias, eps,
+                                                                           r.out, r.mean, r.rstd);
+  }
+  return r;
+}
+
+LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                   const Tensor& mean, const Tensor& rstd, bool need_weight_grads) {
+  const char* op = "layer_norm_backward";
+  return layer_norm_backward_with(op, dy, x, weight, mean, rstd, need_weight_grads,
+                                  [&](Device dev, const Tensor& dyc, LayerNormGrads& g) {
+                                    checked_kernel(detail::kernels_for(dev).layer_norm_backward, op,
+                                                   dev)(dyc, x, weight, mean, rstd, g.dx, g.dweight,
+                                                        g.dbias);
+                                  });
+}
+
+ResidualLayerNormOutput residual_layer_norm(const Tensor& x, const Tensor& residual,
+                                            const Tensor& weight, const Tensor& bias, double eps) {
+  const char* op = "residual_layer_norm";
+  const Device dev = detail::common_device(op, {&x, &residual});
+  check_layer_norm_operands(op, x, weight, bias);
+  TESSERA_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype(), op, ": residual ",
+                detail::describe(residual), " must match the input ", detail::describe(x),
+                " (shape and dtype)");
+  TESSERA_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
+  const auto fused = fused_kernel_table(dev.type).residual_layer_norm;
+  if (fused == nullptr || x.numel() == 0) {
+    // The composition: the add, then the norm of the rounded sum (what the kernel computes).
+    Tensor sum = binary(BinaryOp::Add, x, residual);
+    LayerNormOutput r = layer_norm(sum, weight, bias, eps);
+    return {sum, r.out, r.mean, r.rstd};
+  }
+  const TensorOptions like{.dtype = x.dtype(), .device = dev};
+  ResidualLayerNormOutput r{empty(x.shape(), like), empty(x.shape(), like), layer_norm_stat(x, dev),
+                            layer_norm_stat(x, dev)};
+  fused(x, residual, weight, bias, eps, r.sum, r.out, r.mean, r.rstd);
+  return r;
+}
+
+LayerNormGrads layer_norm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                            const Tensor& mean, const Tensor& rstd,
+                                            const Tensor& dresidual, bool need_weight_grads) {
+  const char* op = "layer_norm_backward_residual";
+  const Tensor dres = detail::like_input(op, "residual gradient", dresidual, x);
+  return layer_norm_backward_with(
+      op, dy, x, weight, mean, rstd, need_weight_grads,
+      [&](Device dev, const Tensor& dyc, LayerNormGrads& g) {
+        if (const auto fused = fused_kernel_table(dev.type).layer_norm_backward_residual) {
+          fused(dyc, x, weight, mean, rstd, dres, g.dx, g.dweight, g.dbias);
+          return;
+        }
+        checked_kernel(detail::kernels_for(dev).layer_norm_backward, op, dev)(
+            dyc, x, weight, mean, rstd, g.dx, g.dweight, g.dbias);
+        binary_(BinaryOp::Add, g.dx, dres);
+      });
 }
 
 Tensor gelu(const Tensor& x) {

@@ -29,4 +29,9 @@ std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int64_t nd
 // A 0-d tensor holding `value` in `dtype` on `device`.
 Tensor scalar_tensor(double value, DType dtype, Device device);
 
+// A tensor that must match x (the residual stream's other term or its gradient, in the fused
+// residual norms): same shape and device, else an error naming `op` and `what`; one in another
+// dtype comes back converted to x's.
+Tensor like_input(const char* op, const char* what, const Tensor& t, const Tensor& x);
+
 }  // namespace tessera::ops::detail

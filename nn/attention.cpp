@@ -1,6 +1,7 @@
 #include "tessera/nn/attention.h"
 
 #include <cmath>
+#include <tuple>
 
 #include "tessera/autograd/functions.h"
 
@@ -108,13 +109,33 @@ Block::Block(const GPTConfig& cfg, Generator* gen, TensorOptions opts)
 }
 
 Tensor Block::forward(const Tensor& x) {
-  Tensor h = x + attn(ln_1(x));
-  return h + mlp(ln_2(h));
+  const auto [h, mlp_out] = forward_deferred(x, Tensor());
+  return h + mlp_out;
 }
 
 Tensor Block::forward_cached(const Tensor& x, KVCache::Layer& layer, int64_t past) {
-  Tensor h = x + attn.forward_cached(ln_1(x), layer, past);
-  return h + mlp(ln_2(h));
+  const auto [h, mlp_out] = forward_deferred(x, Tensor(), &layer, past);
+  return h + mlp_out;
+}
+
+std::pair<Tensor, Tensor> Block::call_deferred(const Tensor& residual, const Tensor& delta) {
+  Tensor h;
+  const Tensor mlp_out = call_with_hooks(residual, [&] {
+    Tensor out;
+    std::tie(h, out) = forward_deferred(residual, delta);
+    return out;
+  });
+  return {h, mlp_out};
+}
+
+std::pair<Tensor, Tensor> Block::forward_deferred(const Tensor& residual, const Tensor& delta,
+                                                  KVCache::Layer* cache, int64_t past) {
+  // x = residual + delta; h = x + attn(ln_1(x)); the output h + mlp(ln_2(h)) stays two terms.
+  const auto [x, x_normed] = delta.defined() ? ln_1.forward_residual(residual, delta)
+                                             : std::pair{residual, ln_1(residual)};
+  const Tensor attn_out = cache ? attn.forward_cached(x_normed, *cache, past) : attn(x_normed);
+  const auto [h, h_normed] = ln_2.forward_residual(x, attn_out);
+  return {h, mlp(h_normed)};
 }
 
 }  // namespace tessera::nn

@@ -82,6 +82,18 @@ class Block : public Module {
   Block(const GPTConfig& cfg, Generator* gen = nullptr, TensorOptions opts = {});
   Tensor forward(const Tensor& x) override;
   Tensor forward_cached(const Tensor& x, KVCache::Layer& layer, int64_t past);
+  // The block with its residual adds fused into the layer norms after them (GPT's stack):
+  // the input is residual + delta (delta undefined: residual alone), added inside ln_1, and
+  // the result is {h, mlp_out} whose sum is the block's output, that last add left to the
+  // next layer norm (the next block's ln_1 or ln_f). With a cache, attention appends to it at
+  // positions [past, past + T) as forward_cached does. forward(x) is h + mlp_out of (x, {}).
+  std::pair<Tensor, Tensor> forward_deferred(const Tensor& residual, const Tensor& delta,
+                                             KVCache::Layer* cache = nullptr, int64_t past = 0);
+  // forward_deferred(residual, delta) between the block's hooks, as operator() runs forward:
+  // they see residual as the input and mlp_out as the output, so the backward pre-hooks fire
+  // when mlp_out's gradient arrives, before any of the block's own ops run backward (ZeRO-3
+  // gathers the block's parameters there).
+  std::pair<Tensor, Tensor> call_deferred(const Tensor& residual, const Tensor& delta);
   std::string type_name() const override { return "Block"; }
 
   LayerNorm ln_1;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <tuple>
 
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/functions.h"
@@ -63,12 +64,17 @@ Tensor GPT::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
                             {.dtype = DType::i64, .device = idx.device()});
   // nanoGPT's dropout sites: here on the embeddings, then in every block on the attention
   // probabilities and after attn.c_proj and mlp.c_proj (all off in eval()).
-  Tensor x = transformer.drop(transformer.wte(tokens) + transformer.wpe(pos));
+  // The residual stream is carried as residual + delta, each block's last add left to the
+  // next layer norm (fused there: the next block's ln_1, then ln_f).
+  Tensor residual = transformer.drop(transformer.wte(tokens) + transformer.wpe(pos)), delta;
   for (size_t i = 0; i < transformer.blocks.size(); ++i) {
     Block& block = *transformer.blocks[i];
-    x = cache ? block.forward_cached(x, cache->layers[i], past) : run_block(block, x);
+    std::tie(residual, delta) =
+        cache ? block.forward_deferred(residual, delta, &cache->layers[i], past)
+              : run_block(block, residual, delta);
   }
-  return transformer.ln_f(x);
+  return delta.defined() ? transformer.ln_f.forward_residual(residual, delta).second
+                         : transformer.ln_f(residual);
 }
 
 void GPT::set_dropout(double p) {
@@ -86,15 +92,21 @@ std::string GPT::describe() const {
   return out.str();
 }
 
-Tensor GPT::run_block(Block& block, const Tensor& x) {
+std::pair<Tensor, Tensor> GPT::run_block(Block& block, const Tensor& residual,
+                                         const Tensor& delta) {
   if (!cfg_.gradient_checkpointing || !is_training() || !autograd::is_grad_enabled())
-    return block(x);
+    return block.call_deferred(residual, delta);
+  // Checkpointed, the graph keeps each block's input for the recompute: one tensor, the
+  // stream summed (two terms would keep twice the memory that checkpointing exists to save),
+  // so the add between blocks stays a separate op here; ln_2's add is still fused inside.
   // The recompute replays the default generator and the autocast policy of this run, so
   // the block's dropout masks and dtypes are the same twice. The block's forward hooks run
   // in both passes, so a hook that gathers the block's parameters does so for the recompute.
-  return autograd::checkpoint(
+  const Tensor x = delta.defined() ? residual + delta : residual;
+  const Tensor out = autograd::checkpoint(
       [&block](const std::vector<Tensor>& in) { return std::vector<Tensor>{block(in[0])}; },
       {x})[0];
+  return {out, Tensor()};
 }
 
 Tensor GPT::forward(const Tensor& idx) {

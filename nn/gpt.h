@@ -86,8 +86,9 @@ class GPT : public CausalLM {
 
  private:
   Tensor hidden_states(const Tensor& idx, int64_t past, KVCache* cache);
-  // block(x), recomputed in backward when gradient checkpointing applies.
-  Tensor run_block(Block& block, const Tensor& x);
+  // block.call_deferred(residual, delta); under gradient checkpointing {block(residual +
+  // delta) recomputed in backward, undefined}.
+  std::pair<Tensor, Tensor> run_block(Block& block, const Tensor& residual, const Tensor& delta);
   GPTConfig cfg_;
   std::unique_ptr<LMHead> lm_head_;
 };

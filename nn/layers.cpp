@@ -1,5 +1,7 @@
 #include "tessera/nn/layers.h"
 
+#include <tuple>
+
 #include "tessera/autograd/functions.h"
 #include "tessera/core/fused_dispatch.h"
 
@@ -48,6 +50,16 @@ LayerNorm::LayerNorm(int64_t dim, double eps_, bool with_bias, TensorOptions opt
 }
 
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight, bias, eps); }
+
+std::pair<Tensor, Tensor> LayerNorm::forward_residual(const Tensor& x, const Tensor& residual) {
+  Tensor sum;
+  Tensor normed = call_with_hooks(x, [&] {
+    Tensor out;
+    std::tie(sum, out) = residual_layer_norm(x, residual, weight, bias, eps);
+    return out;
+  });
+  return {sum, normed};
+}
 
 Tensor GELU::forward(const Tensor& x) { return gelu(x); }
 

@@ -1,6 +1,8 @@
 // The basic layers. Initialisation follows GPT-2 (weights N(0, 0.02), biases 0,
 // LayerNorm 1/0); `gen` = nullptr draws from the default generator.
 #pragma once
+#include <utility>
+
 #include "tessera/core/random.h"
 #include "tessera/nn/module.h"
 
@@ -34,6 +36,10 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t dim, double eps = 1e-5, bool bias = true, TensorOptions opts = {});
   Tensor forward(const Tensor& x) override;
+  // The residual add in front of this norm fused into it (residual_layer_norm): returns
+  // {x + residual, forward(x + residual)}. The module's hooks run around it, seeing x as the
+  // input and the normalised tensor as the output.
+  std::pair<Tensor, Tensor> forward_residual(const Tensor& x, const Tensor& residual);
   std::string type_name() const override { return "LayerNorm"; }
 
   Tensor weight, bias;

@@ -198,7 +198,7 @@ std::pair<Tensor, Tensor> Llama::run_layer(LlamaDecoderLayer& layer, const Tenso
   std::vector<Tensor> inputs{residual};
   if (delta.defined()) inputs.push_back(delta);
   const std::vector<Tensor> out = autograd::checkpoint(
-      [&layer, &rope](const std::vector<Tensor>& in) {
+      [&layer, rope](const std::vector<Tensor>& in) {
         const auto [h, mlp_out] =
             layer.forward_deferred(in[0], in.size() > 1 ? in[1] : Tensor(), rope, 0, nullptr);
         return std::vector<Tensor>{h, mlp_out};

@@ -10,6 +10,7 @@
 
 #include "tessera/core/cuda/cuda_runtime.h"
 #include "tessera/core/dispatch.h"
+#include "tessera/core/fused_dispatch.h"
 #include "tessera/core/random.h"
 #include "tessera/kernels/cuda/cudnn_attention.h"
 #include "tessera/kernels/cuda/fused.h"
@@ -151,6 +152,53 @@ void BM_layer_norm_bwd_bf16(benchmark::State& s) {
       rows * C * 2.0 * 3 + rows * 8.0, 0);
 }
 BENCHMARK(BM_layer_norm_bwd_bf16) TESSERA_LN_SIZES;
+
+// The residual add of a pre-norm block and the layer norm after it (GPT-2's ln_1/ln_2/ln_f),
+// fused (one kernel each way: FusedKernelTable::residual_layer_norm and
+// layer_norm_backward_residual) and composed (the add, then the norm; the norm's backward, then
+// the gradient of the residual stream added). Both report the fused form's minimum traffic
+// (forward: x and residual read, sum and out written; backward: dy, the sum and dresidual read,
+// dx written), so their GB/s compare as their speeds do.
+void BM_residual_layer_norm_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t rows = s.range(0), C = s.range(1);
+  const bool fused = s.range(2) != 0, backward = s.range(3) != 0;
+  const TensorOptions like{.dtype = DType::bf16, .device = Device::cuda(0)};
+  Tensor x = dev_randn({rows, C}, DType::bf16), r = dev_randn({rows, C}, DType::bf16);
+  Tensor w = dev_randn({C}, DType::bf16), b = dev_randn({C}, DType::bf16);
+  Tensor sum = empty({rows, C}, like), out = empty({rows, C}, like);
+  Tensor mean = empty({rows}, {.device = Device::cuda(0)}), rstd = empty_like(mean);
+  const FusedKernelTable& f = fused_kernel_table(DeviceType::CUDA);
+  f.residual_layer_norm(x, r, w, b, 1e-5, sum, out, mean, rstd);
+  Tensor dy = dev_randn({rows, C}, DType::bf16), dres = dev_randn({rows, C}, DType::bf16);
+  Tensor dx = empty({rows, C}, like), dw = zeros({C}, like), db = zeros_like(dw);
+  std::function<void()> fn;
+  if (!backward && fused)
+    fn = [&] { f.residual_layer_norm(x, r, w, b, 1e-5, sum, out, mean, rstd); };
+  if (!backward && !fused)
+    fn = [&] {
+      gpu().binary(BinaryOp::Add, x, r, sum);
+      gpu().layer_norm(sum, w, b, 1e-5, out, mean, rstd);
+    };
+  if (backward && fused)
+    fn = [&] { f.layer_norm_backward_residual(dy, sum, w, mean, rstd, dres, dx, dw, db); };
+  if (backward && !fused)
+    fn = [&] {
+      gpu().layer_norm_backward(dy, sum, w, mean, rstd, dx, dw, db);
+      gpu().binary(BinaryOp::Add, dx, dres, dx);
+    };
+  run(s, fn, rows * C * 2.0 * 4 + rows * 8.0, 0);
+}
+BENCHMARK(BM_residual_layer_norm_bf16)
+    ->ArgsProduct({{kRows}, {kC}, {1, 0}, {0, 1}})
+    ->Args({65536, 1024, 1, 0})
+    ->Args({65536, 1024, 0, 0})
+    ->Args({65536, 1024, 1, 1})
+    ->Args({65536, 1024, 0, 1})
+    ->ArgNames({"rows", "C", "fused", "backward"})
+    ->UseManualTime()
+    ->Iterations(3)
+    ->Unit(benchmark::kMillisecond);
 
 // Softmax over rows of range(1): x read once, y written once.
 template <DType kType>

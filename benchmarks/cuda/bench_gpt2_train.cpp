@@ -6,7 +6,8 @@
 // and the ratios.
 //
 //   bench_gpt2_train [--steps N] [--warmup N] [--batch N] [--seq N] [--layers N]
-//                    [--no-torch] [--no-compile] [--profile]
+//                    [--heads N] [--channels N] [--no-torch] [--no-compile] [--profile]
+//   GPT-2 350M: --layers 24 --heads 16 --channels 1024; 774M: --layers 36 --heads 20 --channels 1280
 //   --profile           also time the phases of a step (forward + loss, backward, clipping,
 //                       AdamW), synchronising the device after each
 //   TESSERA_PYTHON=...  the interpreter for the PyTorch side (default /usr/bin/python3)
@@ -45,12 +46,15 @@ Args parse(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--batch")) a.batch = value();
     else if (!std::strcmp(argv[i], "--seq")) a.seq = value();
     else if (!std::strcmp(argv[i], "--layers")) a.layers = value();
+    else if (!std::strcmp(argv[i], "--heads")) a.heads = value();
+    else if (!std::strcmp(argv[i], "--channels")) a.channels = value();
     else if (!std::strcmp(argv[i], "--no-torch")) a.torch = false;
     else if (!std::strcmp(argv[i], "--no-compile")) a.compile = false;
     else if (!std::strcmp(argv[i], "--profile")) a.profile = true;
     else {
       std::fprintf(stderr,
-                   "usage: %s [--steps N] [--warmup N] [--batch N] [--seq N] [--layers N] [--no-torch] "
+                   "usage: %s [--steps N] [--warmup N] [--batch N] [--seq N] [--layers N] [--heads N] "
+                   "[--channels N] [--no-torch] "
                    "[--no-compile] [--profile]\n",
                    argv[0]);
       std::exit(2);
@@ -93,7 +97,8 @@ int main(int argc, char** argv) {
               (long long)a.vocab, (long long)a.seq, (long long)a.batch, a.steps, a.warmup, (long long)n_params);
   const std::string torch_args = "--steps " + std::to_string(a.steps) + " --warmup " + std::to_string(a.warmup) +
                                  " --batch " + std::to_string(a.batch) + " --seq " + std::to_string(a.seq) +
-                                 " --layers " + std::to_string(a.layers);
+                                 " --layers " + std::to_string(a.layers) + " --heads " + std::to_string(a.heads) +
+                                 " --channels " + std::to_string(a.channels);
   bench::print_results(timing, tokens, flops_per_token, kPeakBf16Flops,
                        TESSERA_SOURCE_DIR "/benchmarks/cuda/gpt2_train_torch.py", torch_args, a.torch,
                        a.compile);

@@ -1,5 +1,7 @@
 // LayerNorm over the last dim, forward and backward, with an optional fused
-// residual add in front (residual_out = x + residual; out = LN(residual_out)).
+// residual add in front (residual_out = x + residual; out = LN(residual_out)) and, in the
+// backward, the residual stream's gradient added into dx in the same pass
+// (dx = LN_backward(dy) + dresidual): GPT-2's pre-norm blocks (ops::residual_layer_norm).
 //
 // Forward: one warp per row; the mean and then the variance of (x - mean) are
 // two warp reductions, so the variance does not suffer the cancellation of
@@ -19,8 +21,10 @@
 // rstd) and column partials are kept in the accumulation type, so f64 inputs stay f64 end
 // to end (f64 mean/rstd, as on the CPU) and the other dtypes keep f32 ones.
 #include "tessera/core/dispatch.h"
+#include "tessera/core/fused_dispatch.h"
 #include "tessera/kernels/cuda/common.cuh"
 #include "tessera/kernels/cuda/fused.h"
+#include "tessera/kernels/cuda/norm_common.cuh"
 
 namespace tessera::cuda {
 namespace {
@@ -213,11 +217,11 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, c
   layer_norm_impl(x, Tensor(), Tensor(), w, b, eps, out, mean, rstd);
 }
 
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = w * dy.
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dresidual), g = w * dy.
 template <class T>
 __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const T* w, const acc_t<T>* mean,
-                                     const acc_t<T>* rstd, T* dx, int64_t rows, int64_t C,
-                                     bool packed) {
+                                     const acc_t<T>* rstd, const T* dresidual, T* dx, int64_t rows,
+                                     int64_t C, bool packed) {
   using A = acc_t<T>;
   const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.y;
   if (r >= rows) return;
@@ -235,10 +239,11 @@ __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const T* w, const 
   row_map(dyr, dx + r * C, C, lane, 32, packed, [&](int64_t i, T d) {
     const A g = to_acc<A>(d) * (w ? to_acc<A>(w[i]) : A(1));
     const A xhat = (to_acc<A>(xr[i]) - m) * rs;
-    return from_acc<T>(rs * (g - mean_g - xhat * mean_gx));
+    A out = rs * (g - mean_g - xhat * mean_gx);
+    if (dresidual) out += to_acc<A>(dresidual[r * C + i]);
+    return from_acc<T>(out);
   });
 }
-
 
 // The backward fast path: dx as layer_norm_dx_kernel (same per-lane order, so dx is bitwise
 // equal), plus this block's dweight/dbias partial row [C] in part_dw/part_db (may be null:
@@ -251,8 +256,8 @@ constexpr int kBackwardWarpsFor = kPacks >= 4 ? 4 : 8;
 template <class T, int kPacks, int kBackwardWarps = kBackwardWarpsFor<kPacks>>
 __global__ void __launch_bounds__(32 * kBackwardWarps, kPacks >= 4 ? 3 : 2)
     layer_norm_backward_regs_kernel(const T* dy, const T* x, const T* w, const float* mean,
-                                    const float* rstd, T* dx, int64_t rows, int64_t C,
-                                    float* part_dw, float* part_db) {
+                                    const float* rstd, const T* dresidual, T* dx, int64_t rows,
+                                    int64_t C, float* part_dw, float* part_db) {
   extern __shared__ float block_partials[];  // [2][C]: dweight then dbias
   const int lane = threadIdx.x, warp = threadIdx.y;
   const int64_t packs = C / kPack;
@@ -295,13 +300,16 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, kPacks >= 4 ? 3 : 2)
     for (int k = 0; k < kPacks; ++k) {
       const int64_t p = lane + 32 * k;
       if (p >= packs) continue;
-      Pack8<T> wp, o;
+      Pack8<T> wp, res, o;
       if (w) wp = load_pack(w, p);
+      if (dresidual) res = load_pack(dresidual + r * C, p);
 #pragma unroll
       for (int j = 0; j < kPack; ++j) {
         const float g = to_float(dyp[k].v[j]) * (w ? to_float(wp.v[j]) : 1.f);
         const float xhat = (to_float(xp[k].v[j]) - m) * rs;
-        o.v[j] = from_float<T>(rs * (g - mean_g - xhat * mean_gx));
+        float d = rs * (g - mean_g - xhat * mean_gx);
+        if (dresidual) d += to_float(res.v[j]);
+        o.v[j] = from_float<T>(d);
       }
       store_pack(dx + r * C, p, o);
     }
@@ -338,36 +346,10 @@ __global__ void layer_norm_dparams_partial_kernel(const T* dy, const T* x, const
   part_db[chunk * C + c] = db;
 }
 
-// Stage 2: sum the chunks and accumulate into dweight (blockIdx.y 0) or dbias (1); either may
-// be absent. Block (8 columns, 32 chunk lanes): lane y adds chunks y, y+32, ... in order, then
-// lane 0 adds the 32 lane sums in order, so the result is fixed by the shapes alone. Columns
-// of 8 (one 32-byte segment of partials per row) give C/4 blocks, enough to fill the GPU.
-constexpr int kFinishCols = 8, kFinishLanes = 32;
-
-template <class T>
-__global__ void __launch_bounds__(kFinishCols * kFinishLanes)
-    layer_norm_dparams_finish_kernel(const acc_t<T>* part_dw, const acc_t<T>* part_db,
-                                     int64_t chunks, int64_t C, T* dw, T* db) {
-  using A = acc_t<T>;
-  __shared__ A lanes[kFinishLanes][kFinishCols];
-  const A* part = blockIdx.y == 0 ? part_dw : part_db;
-  T* param = blockIdx.y == 0 ? dw : db;
-  if (!param) return;  // uniform over the block
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t c = blockIdx.x * int64_t(kFinishCols) + tx;
-  A s = 0;
-  if (c < C)
-    for (int64_t k = ty; k < chunks; k += kFinishLanes) s += part[k * C + c];
-  lanes[ty][tx] = s;
-  __syncthreads();
-  if (ty != 0 || c >= C) return;
-  for (int y = 1; y < kFinishLanes; ++y) s += lanes[y][tx];
-  param[c] = from_acc<T>(to_acc<A>(param[c]) + s);
-}
-
-void layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_in,
-                         const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                         const Tensor& dw, const Tensor& db) {
+// dresidual may be undefined (the plain LayerNorm backward).
+void layer_norm_backward_impl(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_in,
+                              const Tensor& mean, const Tensor& rstd, const Tensor& dres_in,
+                              const Tensor& dx, const Tensor& dw, const Tensor& db) {
   TESSERA_CHECK(dx.is_contiguous() && dx.dtype() == x_in.dtype() && dy_in.dtype() == x_in.dtype(),
                 "layer_norm_backward (cuda): dx must be contiguous and dy, x, dx share a dtype");
   TESSERA_CHECK((!dw.defined() || dw.is_contiguous()) && (!db.defined() || db.is_contiguous()),
@@ -377,6 +359,11 @@ void layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& 
   KernelContext ctx(dx);
   Tensor dy = raw::contiguous(dy_in), x = raw::contiguous(x_in);
   Tensor w = w_in.defined() ? raw::contiguous(w_in) : Tensor();
+  TESSERA_CHECK(
+      !dres_in.defined() || (dres_in.shape() == x_in.shape() && dres_in.dtype() == x_in.dtype()),
+      "layer_norm_backward (cuda): the residual gradient ", shape_str(dres_in.shape()),
+      " must have the input's shape ", shape_str(x_in.shape()), " and dtype");
+  const Tensor dres = dres_in.defined() ? raw::contiguous(dres_in) : Tensor();
   // The statistics in the kernels' accumulation type: f64 for f64 inputs (no f32 detour).
   const DType stat_dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   Tensor m = raw::contiguous(raw::to(mean, mean.device(), stat_dtype));
@@ -384,18 +371,16 @@ void layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& 
   const int64_t C = x.size(-1), rows = x.numel() / C;
   const bool want_params = dw.defined() || db.defined();
   const bool fast = rows_packable(dy.raw_data(), C) && aligned16({x.raw_data(), dx.raw_data()}) &&
-                    (!w.defined() || aligned16({w.raw_data()}));
+                    (!w.defined() || aligned16({w.raw_data()})) &&
+                    (!dres.defined() || aligned16({dres.raw_data()}));
   // Column partials [2, chunks, C] summed by the finish kernel; chunks = blocks of the fast
   // kernel or chunks of rows of the general one.
   auto finish = [&](auto tag, const acc_t<decltype(tag)>* part_dw,
                     const acc_t<decltype(tag)>* part_db, int64_t chunks) {
     using T = decltype(tag);
-    const dim3 finish_grid(static_cast<unsigned>((C + kFinishCols - 1) / kFinishCols), 2);
-    layer_norm_dparams_finish_kernel<T><<<finish_grid, dim3(kFinishCols, kFinishLanes), 0,
-                                          ctx.stream>>>(
-        part_dw, part_db, chunks, C, dw.defined() ? static_cast<T*>(dw.raw_data()) : nullptr,
-        db.defined() ? static_cast<T*>(db.raw_data()) : nullptr);
-    TESSERA_KERNEL_CHECK("layer_norm_dparams_finish_kernel");
+    T* dwp = dw.defined() ? static_cast<T*>(dw.raw_data()) : nullptr;
+    T* dbp = db.defined() ? static_cast<T*>(db.raw_data()) : nullptr;
+    add_column_partials<T>(ctx.stream, part_dw, part_db, chunks, C, dwp, dbp);
   };
   visit_float(x.dtype(), "layer_norm_backward", [&](auto tag) {
     using T = decltype(tag);
@@ -406,19 +391,14 @@ void layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& 
             constexpr int kPacks = decltype(packs)::value, kWarps = kBackwardWarpsFor<kPacks>;
             auto kernel = layer_norm_backward_regs_kernel<T, kPacks>;
             const size_t smem = want_params ? 2 * C * sizeof(float) : 0;
-            int per_sm = 0;
-            TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &per_sm, kernel, 32 * kWarps, smem));
-            const int64_t blocks = std::max<int64_t>(
-                1, std::min<int64_t>((rows + kWarps - 1) / kWarps,
-                                     int64_t(std::max(per_sm, 1)) * multiprocessor_count()));
+            const int64_t blocks = persistent_norm_blocks(kernel, kWarps, smem, rows);
             Tensor part = want_params ? empty({2, blocks, C}, {.dtype = DType::f32,
                                                                .device = dx.device()})
                                       : Tensor();
             float* part_dw = want_params ? part.data<float>() : nullptr;
             float* part_db = want_params ? part_dw + blocks * C : nullptr;
             kernel<<<static_cast<unsigned>(blocks), dim3(32, kWarps), smem, ctx.stream>>>(
-                dyp, xp, ptr_or_null<T>(w), m.data<float>(), rs.data<float>(),
+                dyp, xp, ptr_or_null<T>(w), m.data<float>(), rs.data<float>(), ptr_or_null<T>(dres),
                 static_cast<T*>(dx.raw_data()), rows, C, part_dw, part_db);
             TESSERA_KERNEL_CHECK("layer_norm_backward_regs_kernel");
             if (want_params) finish(tag, part_dw, part_db, blocks);
@@ -427,34 +407,28 @@ void layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& 
     }
     const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
     layer_norm_dx_kernel<T><<<blocks, dim3(32, kRowsPerBlock), 0, ctx.stream>>>(
-        dyp, xp, ptr_or_null<T>(w), m.data<acc_t<T>>(), rs.data<acc_t<T>>(),
+        dyp, xp, ptr_or_null<T>(w), m.data<acc_t<T>>(), rs.data<acc_t<T>>(), ptr_or_null<T>(dres),
         static_cast<T*>(dx.raw_data()), rows, C,
         rows_packable(dy.raw_data(), C) && aligned16({dx.raw_data()}));
     TESSERA_KERNEL_CHECK("layer_norm_dx_kernel");
     if (!want_params) return;
-    // Enough chunks to give every SM a few blocks, each chunk at least 32 rows.
-    const int64_t col_blocks = (C + 255) / 256;
-    const int64_t want = std::max<int64_t>(1, 4 * multiprocessor_count() / col_blocks);
-    const int64_t rows_per_chunk = std::max<int64_t>(32, (rows + want - 1) / want);
-    const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
-    Tensor part = empty({2, chunks, C}, {.dtype = stat_dtype, .device = dx.device()});
+    const NormChunks chunks = norm_chunks(rows, C);
+    Tensor part = empty({2, chunks.count, C}, {.dtype = stat_dtype, .device = dx.device()});
     acc_t<T>* part_dw = part.data<acc_t<T>>();
-    acc_t<T>* part_db = part_dw + chunks * C;
+    acc_t<T>* part_db = part_dw + chunks.count * C;
     layer_norm_dparams_partial_kernel<T>
-        <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)), 256, 0,
-           ctx.stream>>>(dyp, xp, m.data<acc_t<T>>(), rs.data<acc_t<T>>(), rows, C,
-                         rows_per_chunk, part_dw, part_db);
+        <<<dim3(static_cast<unsigned>(chunks.col_blocks), static_cast<unsigned>(chunks.count)),
+           kThreads, 0, ctx.stream>>>(dyp, xp, m.data<acc_t<T>>(), rs.data<acc_t<T>>(), rows, C,
+                                      chunks.rows_per_chunk, part_dw, part_db);
     TESSERA_KERNEL_CHECK("layer_norm_dparams_partial_kernel");
-    finish(tag, part_dw, part_db, chunks);
+    finish(tag, part_dw, part_db, chunks.count);
   });
 }
 
-const bool registered = [] {
-  KernelTable& t = kernel_table(DeviceType::CUDA);
-  t.layer_norm = layer_norm;
-  t.layer_norm_backward = layer_norm_backward;
-  return true;
-}();
+void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  layer_norm_backward_impl(dy, x, w, mean, rstd, Tensor(), dx, dw, db);
+}
 
 }  // namespace
 
@@ -471,4 +445,17 @@ void fused_residual_layer_norm(const Tensor& x, const Tensor& residual, const Te
   layer_norm_impl(x, residual, residual_out, weight, bias, eps, out, mean, rstd);
 }
 
+namespace {
+
+const bool registered = [] {
+  KernelTable& t = kernel_table(DeviceType::CUDA);
+  t.layer_norm = layer_norm;
+  t.layer_norm_backward = layer_norm_backward;
+  FusedKernelTable& fused = fused_kernel_table(DeviceType::CUDA);
+  fused.residual_layer_norm = fused_residual_layer_norm;
+  fused.layer_norm_backward_residual = layer_norm_backward_impl;
+  return true;
+}();
+
+}  // namespace
 }  // namespace tessera::cuda

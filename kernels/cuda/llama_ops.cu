@@ -17,6 +17,7 @@
 #include "tessera/core/dispatch.h"
 #include "tessera/core/fused_dispatch.h"
 #include "tessera/kernels/cuda/common.cuh"
+#include "tessera/kernels/cuda/norm_common.cuh"
 
 namespace tessera::cuda {
 namespace {
@@ -209,28 +210,6 @@ __global__ void __launch_bounds__(32 * kWarps)
     part_dw[blockIdx.x * C + c] = block_dw[c];
 }
 
-// dw += the sum of the partial rows [chunks, C]. Block (8 columns, 32 chunk lanes): lane y adds
-// chunks y, y + 32, ... in order, then lane 0 the 32 lane sums in order, so the result is
-// fixed by the shapes alone; C / 8 blocks keep the whole GPU busy even for small C.
-constexpr int kFinishCols = 8, kFinishLanes = 32;
-
-template <class T>
-__global__ void __launch_bounds__(kFinishCols* kFinishLanes)
-    rms_norm_dw_finish_kernel(const acc_t<T>* partial, int64_t chunks, int64_t C, T* dw) {
-  using A = acc_t<T>;
-  __shared__ A lanes[kFinishLanes][kFinishCols];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t c = blockIdx.x * int64_t(kFinishCols) + tx;
-  A s = 0;
-  if (c < C)
-    for (int64_t k = ty; k < chunks; k += kFinishLanes) s += partial[k * C + c];
-  lanes[ty][tx] = s;
-  __syncthreads();
-  if (ty != 0 || c >= C) return;
-  for (int y = 1; y < kFinishLanes; ++y) s += lanes[y][tx];
-  dw[c] = from_acc<T>(to_acc<A>(dw[c]) + s);
-}
-
 constexpr int kMaxRmsForwardPacks = 8, kMaxRmsBackwardPacks = 4;
 
 // Residual (and residual_out) may be undefined: plain RMSNorm.
@@ -293,12 +272,7 @@ bool rms_norm_backward_fast(const KernelContext& ctx, const Tensor& dy, const Te
              constexpr int kPacks = decltype(packs)::value, kWarps = kPacks >= 4 ? 4 : 8;
              auto kernel = rms_norm_backward_regs_kernel<T, kPacks, kWarps>;
              const size_t smem = dw.defined() ? C * sizeof(float) : 0;
-             int per_sm = 0;
-             TESSERA_CUDA_CHECK(
-                 cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * kWarps, smem));
-             const int64_t blocks = std::max<int64_t>(
-                 1, std::min<int64_t>((rows + kWarps - 1) / kWarps,
-                                      int64_t(std::max(per_sm, 1)) * multiprocessor_count()));
+             const int64_t blocks = persistent_norm_blocks(kernel, kWarps, smem, rows);
              Tensor part = dw.defined()
                                ? empty({blocks, C}, {.dtype = DType::f32, .device = dx.device()})
                                : Tensor();
@@ -309,11 +283,8 @@ bool rms_norm_backward_fast(const KernelContext& ctx, const Tensor& dy, const Te
                  static_cast<T*>(dx.raw_data()), rows, C, part_dw);
              TESSERA_KERNEL_CHECK("rms_norm_backward_regs_kernel");
              if (!part_dw) return;
-             rms_norm_dw_finish_kernel<T>
-                 <<<static_cast<unsigned>((C + kFinishCols - 1) / kFinishCols),
-                    dim3(kFinishCols, kFinishLanes), 0, ctx.stream>>>(
-                     part_dw, blocks, C, static_cast<T*>(dw.raw_data()));
-             TESSERA_KERNEL_CHECK("rms_norm_dw_finish_kernel");
+             add_column_partials<T>(ctx.stream, part_dw, nullptr, blocks, C,
+                                    static_cast<T*>(dw.raw_data()), nullptr);
            });
   }
 }
@@ -342,21 +313,17 @@ void rms_norm_backward_impl(const Tensor& dy_in, const Tensor& x_in, const Tenso
         static_cast<T*>(dx.raw_data()), rows, C);
     TESSERA_KERNEL_CHECK("rms_norm_dx_kernel");
     if (!dw.defined()) return;
-    const int64_t col_blocks = (C + kThreads - 1) / kThreads;
-    const int64_t want = std::max<int64_t>(1, 4 * multiprocessor_count() / col_blocks);
-    const int64_t rows_per_chunk = std::max<int64_t>(32, (rows + want - 1) / want);
-    const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
-    Tensor partial = empty({chunks, C}, {.dtype = DTypeOf<A>::value, .device = dx.device()});
+    const NormChunks chunks = norm_chunks(rows, C);
+    Tensor partial = empty({chunks.count, C}, {.dtype = DTypeOf<A>::value, .device = dx.device()});
     rms_norm_dw_partial_kernel<T, S>
-        <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)), kThreads, 0,
-           ctx.stream>>>(static_cast<const T*>(dy.raw_data()), static_cast<const T*>(x.raw_data()),
-                         static_cast<const S*>(rstd.raw_data()), rows, C, rows_per_chunk,
-                         partial.data<A>());
+        <<<dim3(static_cast<unsigned>(chunks.col_blocks), static_cast<unsigned>(chunks.count)),
+           kThreads, 0, ctx.stream>>>(static_cast<const T*>(dy.raw_data()),
+                                      static_cast<const T*>(x.raw_data()),
+                                      static_cast<const S*>(rstd.raw_data()), rows, C,
+                                      chunks.rows_per_chunk, partial.data<A>());
     TESSERA_KERNEL_CHECK("rms_norm_dw_partial_kernel");
-    rms_norm_dw_finish_kernel<T><<<static_cast<unsigned>((C + kFinishCols - 1) / kFinishCols),
-                                   dim3(kFinishCols, kFinishLanes), 0, ctx.stream>>>(
-        partial.data<A>(), chunks, C, static_cast<T*>(dw.raw_data()));
-    TESSERA_KERNEL_CHECK("rms_norm_dw_finish_kernel");
+    add_column_partials<T>(ctx.stream, partial.data<A>(), nullptr, chunks.count, C,
+                           static_cast<T*>(dw.raw_data()), nullptr);
   });
 }
 

@@ -302,11 +302,12 @@ TEST(CliSharding, PlanPredictsTheMeasuredPeakWithinTenPercent) {
 // 2 H100s (benchmarks/cuda/bench_memory.sh: GPT-2 124M, bf16, 8x1024 rows per GPU; GiB, as
 // benchmarks/cuda/NOTES.md records them). The dry run must take the real run's routes: the
 // fused classifier (dlogits written over the logits) rather than the composed cross entropy,
-// which over-predicted every stage by the 0.68 GiB of a second logits-sized buffer.
+// which over-predicted every stage by the 0.68 GiB of a second logits-sized buffer. Those
+// runs averaged the bf16 gradients in f32 (the default then): --reduce-dtype fp32.
 TEST(CliSharding, PlanOnTheGpuRouteMatchesPeaksMeasuredOnTwoH100s) {
   const double measured_gib[4] = {5.448, 4.057, 4.405, 4.468};
   for (int stage = 0; stage <= 3; ++stage) {
-    const auto r = run("plan --device cuda --dtype bf16 --nproc 2 --zero-stage " +
+    const auto r = run("plan --device cuda --dtype bf16 --reduce-dtype fp32 --nproc 2 --zero-stage " +
                        std::to_string(stage) +
                        " --vocab 50257 --n-layer 12 --n-head 12 --n-embd 768 --seq 1024 --batch 8");
     ASSERT_EQ(r.rc, 0) << r.output;
@@ -324,9 +325,11 @@ TEST(CliSharding, PlanOnTheGpuRouteMatchesPeaksMeasuredOnTwoH100s) {
 // benchmarks/cuda/bench_capacity.sh (48 layers, 3200 channels, T 1024, batch 1, bf16 on 2
 // GPUs) against an 80 GiB device. On 2 H100s DDP ran out of memory at once and ZeRO-3 in its
 // first step, while ZeRO-3 with the optimizer offloaded trained (NOTES.md): the plan must say
-// so, size-only (this process stays far below the model's 90 GiB of training state).
+// so, size-only (this process stays far below the model's 90 GiB of training state). Those
+// runs averaged the bf16 gradients in f32 (the default then): --reduce-dtype fp32.
 TEST(CliSharding, PlanPredictsTheCapacityOutcomesOfA6BModel) {
-  const auto r = run("plan --all-strategies --device cuda --dtype bf16 --nproc 2 --vocab 50304 "
+  const auto r = run("plan --all-strategies --device cuda --dtype bf16 --reduce-dtype fp32 "
+                     "--nproc 2 --vocab 50304 "
                      "--n-layer 48 --n-head 25 --n-embd 3200 --seq 1024 --batch 1 "
                      "--max-memory 80GiB");
   ASSERT_EQ(r.rc, 0) << r.output;
