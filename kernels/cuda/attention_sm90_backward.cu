@@ -2,8 +2,11 @@
 // attention_backward.cu's flash_attention_backward sends bf16/f16, head size 64/128 here on an
 // H100/H200 (see sm90_backward_unsupported) and keeps its mma.sync kernels everywhere else.
 //
-// The same two-kernel split as the mma.sync backward, so no atomics and bitwise-repeatable results
-// (with P recomputed from the saved log-sum-exp and delta_i = sum_d dO_id O_id):
+// The same split as the mma.sync backward into a dk/dv part and a dq part, so no atomics and
+// bitwise-repeatable results (with P recomputed from the saved log-sum-exp and delta_i = sum_d
+// dO_id O_id). Here both parts are roles of the blocks of one launch (flash_backward_sm90_kernel:
+// the dk/dv blocks first, then the dq blocks, so the second fill the SMs as the first drain);
+// below they are called the dkv and dq kernels:
 //   dkv kernel: a block owns 128 keys of one key/value head (64 per consumer warpgroup) and walks
 //     the query tiles from the diagonal on, of every query head of its GQA group:
 //       S^T  = K Q^T       wgmma SS, A = K (block rows), B = Q (streamed), both K-major
@@ -100,24 +103,25 @@ template <int D, bool kDkv>
 struct BackwardBlock {
   using C = Sm90Backward<D, kDkv>;
   int b, row_head, row0, col_head0, first_col_tile, per_head, steps, seq_len;
-  __device__ static BackwardBlock make(int H, int group, int seq_len) {
+  // bx, by: the block's coordinates among the blocks of its kernel (see the launch).
+  __device__ static BackwardBlock make(int H, int group, int seq_len, int bx, int by, int grid_x) {
     BackwardBlock blk;
     blk.seq_len = seq_len;
     const int col_tiles = (seq_len + C::kCols - 1) / C::kCols;
     if constexpr (kDkv) {
       const int H_kv = H / group;
-      blk.b = static_cast<int>(blockIdx.y) / H_kv;
-      blk.row_head = static_cast<int>(blockIdx.y) % H_kv;
-      blk.row0 = static_cast<int>(blockIdx.x) * C::kRows;
+      blk.b = by / H_kv;
+      blk.row_head = by % H_kv;
+      blk.row0 = bx * C::kRows;
       blk.col_head0 = blk.row_head * group;
       blk.first_col_tile = blk.row0 / C::kCols;  // queries before row0 see none of these keys
       blk.per_head = col_tiles - blk.first_col_tile;
       blk.steps = group * blk.per_head;
     } else {
-      blk.b = static_cast<int>(blockIdx.y) / H;
-      blk.row_head = static_cast<int>(blockIdx.y) % H;
+      blk.b = by / H;
+      blk.row_head = by % H;
       // The longest blocks (most key tiles) first.
-      blk.row0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * C::kRows;
+      blk.row0 = (grid_x - 1 - bx) * C::kRows;
       blk.col_head0 = blk.row_head / group;
       blk.first_col_tile = 0;
       blk.per_head = (min(blk.row0 + C::kRows, seq_len) - 1) / C::kCols + 1;
@@ -302,29 +306,34 @@ __device__ __forceinline__ void backward_step(const BackwardSmem<D, kDkv>& sm, i
   pin_fragments(ds);
 }
 
-// r1_map .. c2_map: the [B, heads, T, D] views (see the shared memory map above) as 4-D tensor
-// maps with the place of their time/head/batch dimensions in `slots`; __grid_constant__ keeps them
-// in parameter space, where the TMA unit reads them by address. out1 = dK (dkv) or dQ, scaled by
+// What a block of either role needs: the tensor maps (pointers to the kernel's __grid_constant__
+// parameters: they stay in parameter space, where the TMA unit reads them by address) with the
+// place of their time/head/batch dimensions, and its outputs: out1 = dK (dkv) or dQ, scaled by
 // `scale`; out2 = dV (dkv only).
+template <class T>
+struct RoleArgs {
+  BackwardMaps maps;
+  BackwardSlots slots;
+  T* out1;
+  HeadLayout L1;
+  T* out2;
+  HeadLayout L2;
+};
+
+// One block of the dk/dv role (kDkv) or of the dq role: block (bx, by) of that role's grid.
 template <class T, int D, bool kDkv>
-__global__ void __launch_bounds__(Sm90Backward<D, kDkv>::kThreads, 1)
-    flash_backward_sm90_kernel(const __grid_constant__ CUtensorMap r1_map,
-                               const __grid_constant__ CUtensorMap r2_map,
-                               const __grid_constant__ CUtensorMap c1_map,
-                               const __grid_constant__ CUtensorMap c2_map, BackwardSlots slots,
-                               const float* __restrict__ lse, const float* __restrict__ delta,
-                               T* __restrict__ out1, HeadLayout L1, T* __restrict__ out2,
-                               HeadLayout L2, int H, int group, int seq_len, float scale) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void backward_block(const RoleArgs<T>& args, uint32_t smem_base,
+                                               uint32_t bars,
+                                               float (*stats)[2 * Sm90Backward<D, kDkv>::kCols],
+                                               const float* lse, const float* delta, int H,
+                                               int group, int seq_len, float scale, int bx, int by,
+                                               int grid_x) {
   using C = Sm90Backward<D, kDkv>;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t barriers[kBackwardBarriers];
-  __shared__ float stats[C::kStages][2 * C::kCols];  // dkv: lse * log2 e | delta per column
-  // The swizzle pattern repeats every 1024 bytes and TMA and the descriptors assume each panel
-  // starts on such a boundary: round the dynamic buffer up (kSmemBytes has the slack).
-  const BackwardSmem<D, kDkv> sm{(smem_addr(smem_raw) + 1023u) & ~1023u, smem_addr(barriers)};
-  const BackwardBlock<D, kDkv> blk = BackwardBlock<D, kDkv>::make(H, group, seq_len);
-  const BackwardMaps maps{&r1_map, &r2_map, &c1_map, &c2_map};
+  const BackwardSmem<D, kDkv> sm{smem_base, bars};
+  const BackwardBlock<D, kDkv> blk =
+      BackwardBlock<D, kDkv>::make(H, group, seq_len, bx, by, grid_x);
+  const BackwardMaps& maps = args.maps;
+  const BackwardSlots& slots = args.slots;
   if (threadIdx.x == 0) {
     mbarrier_init(sm.rows_full(), 1);
     for (int s = 0; s < C::kStages; ++s) mbarrier_init(sm.col_full(s), 1);
@@ -389,11 +398,49 @@ __global__ void __launch_bounds__(Sm90Backward<D, kDkv>::kThreads, 1)
     __syncthreads();  // stage i % 2 (tiles and stats) is free for step i + 2
   }
   if (!active) return;
-  if constexpr (kDkv) {
-    store_acc_rows<T, D>(acc1, scale, tr, seq_len, out1, L1, blk.b, blk.row_head);
-    store_acc_rows<T, D>(acc2, 1.f, tr, seq_len, out2, L2, blk.b, blk.row_head);
+  store_acc_rows<T, D>(acc1, scale, tr, seq_len, args.out1, args.L1, blk.b, blk.row_head);
+  if constexpr (kDkv)
+    store_acc_rows<T, D>(acc2, 1.f, tr, seq_len, args.out2, args.L2, blk.b, blk.row_head);
+}
+
+// Both roles in one launch (one launch and one tail instead of two): blocks with blockIdx.y <
+// dkv_blocks_y (= B Hkv) are the dk/dv kernel's grid (ceil(T / 128), B Hkv), the rest the dq
+// kernel's (ceil(T / 128), B H). Blocks start roughly in linear order, so the dq blocks fill the
+// SMs as the dk/dv blocks drain. The roles share the block shape and the shared memory size.
+// The maps: dkv_* = K, V (rows), Q, dO (columns); dq_* = Q, dO (rows), K, V (columns), each the
+// [B, heads, T, D] view as a 4-D tensor map.
+template <class T, int D>
+__global__ void __launch_bounds__(Sm90Backward<D, true>::kThreads, 1) flash_backward_sm90_kernel(
+    const __grid_constant__ CUtensorMap dkv_r1, const __grid_constant__ CUtensorMap dkv_r2,
+    const __grid_constant__ CUtensorMap dkv_c1, const __grid_constant__ CUtensorMap dkv_c2,
+    const __grid_constant__ CUtensorMap dq_r1, const __grid_constant__ CUtensorMap dq_r2,
+    const __grid_constant__ CUtensorMap dq_c1, const __grid_constant__ CUtensorMap dq_c2,
+    BackwardSlots dkv_slots, BackwardSlots dq_slots, const float* __restrict__ lse,
+    const float* __restrict__ delta, T* __restrict__ dq, HeadLayout Ldq, T* __restrict__ dk,
+    HeadLayout Ldk, T* __restrict__ dv, HeadLayout Ldv, int H, int group, int seq_len, float scale,
+    int dkv_blocks_y) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = Sm90Backward<D, true>;
+  static_assert(C::kThreads == Sm90Backward<D, false>::kThreads &&
+                    C::kSmemBytes == Sm90Backward<D, false>::kSmemBytes &&
+                    C::kCols == Sm90Backward<D, false>::kCols,
+                "both roles run in one launch: same block shape and shared memory");
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t barriers[kBackwardBarriers];
+  __shared__ float stats[C::kStages][2 * C::kCols];  // dkv: lse * log2 e | delta per column
+  // The swizzle pattern repeats every 1024 bytes and TMA and the descriptors assume each panel
+  // starts on such a boundary: round the dynamic buffer up (kSmemBytes has the slack).
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u, bars = smem_addr(barriers);
+  const int bx = static_cast<int>(blockIdx.x), by = static_cast<int>(blockIdx.y);
+  const int grid_x = static_cast<int>(gridDim.x);
+  if (by < dkv_blocks_y) {
+    const RoleArgs<T> args{{&dkv_r1, &dkv_r2, &dkv_c1, &dkv_c2}, dkv_slots, dk, Ldk, dv, Ldv};
+    backward_block<T, D, true>(args, base, bars, stats, lse, delta, H, group, seq_len, scale, bx,
+                               by, grid_x);
   } else {
-    store_acc_rows<T, D>(acc1, scale, tr, seq_len, out1, L1, blk.b, blk.row_head);
+    const RoleArgs<T> args{{&dq_r1, &dq_r2, &dq_c1, &dq_c2}, dq_slots, dq, Ldq, nullptr, {}};
+    backward_block<T, D, false>(args, base, bars, stats, lse, delta, H, group, seq_len, scale, bx,
+                                by - dkv_blocks_y, grid_x);
   }
 #else
   __trap();  // built without sm_90a code: the host side never launches this (runs_sm90_kernels)
@@ -419,8 +466,8 @@ std::string prepare_backward(const Tensor& q, const Tensor& k, const Tensor& v, 
   using Dq = Sm90Backward<D, false>;
   if (!runs_sm90_kernels(q.device().index))
     return "the device is not an sm_90 GPU (H100/H200) or this build holds no sm_90a code";
-  if (q.size(2) > INT32_MAX - 2 * Dkv::kRows || q.size(0) * q.size(1) > 65535)
-    return "T must stay below 2^31 - 256 and B * H at most 65535";
+  if (q.size(2) > INT32_MAX - 2 * Dkv::kRows || q.size(0) * (q.size(1) + k.size(1)) > 65535)
+    return "T must stay below 2^31 - 256 and B * (H + Hkv) at most 65535";
   if (!encode_head_map(plan.dkv.r1, k, Dkv::kRows) ||
       !encode_head_map(plan.dkv.r2, v, Dkv::kRows) ||
       !encode_head_map(plan.dkv.c1, q, Dkv::kCols) ||
@@ -432,27 +479,25 @@ std::string prepare_backward(const Tensor& q, const Tensor& k, const Tensor& v, 
   return "";
 }
 
-template <class T, int D, bool kDkv>
-void launch_kernel(const KernelMaps& maps, const AttnShape& s, const Tensor& lse,
-                   const Tensor& delta, double scale, const Tensor& out1, const Tensor* out2,
-                   cudaStream_t stream) {
-  using C = Sm90Backward<D, kDkv>;
-  auto kernel = flash_backward_sm90_kernel<T, D, kDkv>;
+template <class T, int D>
+void launch_backward(const BackwardPlan& plan, const AttnShape& s, const Tensor& lse,
+                     const Tensor& delta, double scale, const Tensor& dq, const Tensor& dk,
+                     const Tensor& dv, cudaStream_t stream) {
+  using C = Sm90Backward<D, true>;
+  auto kernel = flash_backward_sm90_kernel<T, D>;
   TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(C::kSmemBytes)));
+  const int dkv_blocks_y = static_cast<int>(s.B * s.Hkv);
   const dim3 grid(static_cast<unsigned>((s.T + C::kRows - 1) / C::kRows),
-                  static_cast<unsigned>(s.B * (kDkv ? s.Hkv : s.H)));
-  T* second = out2 ? static_cast<T*>(out2->raw_data()) : nullptr;
-  const HeadLayout second_layout = out2 ? layout_of(*out2) : HeadLayout{0, 0, 0};
+                  static_cast<unsigned>(s.B * s.Hkv + s.B * s.H));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(
-      maps.r1.map, maps.r2.map, maps.c1.map, maps.c2.map, maps.slots(), lse.data<float>(),
-      delta.data<float>(), static_cast<T*>(out1.raw_data()), layout_of(out1), second, second_layout,
+      plan.dkv.r1.map, plan.dkv.r2.map, plan.dkv.c1.map, plan.dkv.c2.map, plan.dq.r1.map,
+      plan.dq.r2.map, plan.dq.c1.map, plan.dq.c2.map, plan.dkv.slots(), plan.dq.slots(),
+      lse.data<float>(), delta.data<float>(), static_cast<T*>(dq.raw_data()), layout_of(dq),
+      static_cast<T*>(dk.raw_data()), layout_of(dk), static_cast<T*>(dv.raw_data()), layout_of(dv),
       static_cast<int>(s.H), static_cast<int>(s.group()), static_cast<int>(s.T),
-      static_cast<float>(scale));
-  if constexpr (kDkv)
-    TESSERA_KERNEL_CHECK("flash_backward_sm90_kernel (dk, dv)");
-  else
-    TESSERA_KERNEL_CHECK("flash_backward_sm90_kernel (dq)");
+      static_cast<float>(scale), dkv_blocks_y);
+  TESSERA_KERNEL_CHECK("flash_backward_sm90_kernel");
 }
 
 std::string prepare(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
@@ -483,8 +528,7 @@ bool launch_sm90_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
   visit_attention(q.dtype(), s.D, [&](auto tag, auto dconst) {
     using T = decltype(tag);
     constexpr int D = decltype(dconst)::value;
-    launch_kernel<T, D, true>(plan.dkv, s, lse, delta, scale, dk, &dv, stream);
-    launch_kernel<T, D, false>(plan.dq, s, lse, delta, scale, dq, nullptr, stream);
+    launch_backward<T, D>(plan, s, lse, delta, scale, dq, dk, dv, stream);
   });
   return true;
 }
