@@ -11,6 +11,9 @@
 // registers (still no atomics, still bitwise repeatable).
 // Tiles live in shared memory row-major; operands that need the transpose are read with
 // ldmatrix.trans (same layout tricks as the forward in attention.cu).
+// On an H100/H200 flash_attention_backward runs the wgmma + TMA kernels of
+// attention_sm90_backward.cu instead (same split, same contract); these mma.sync kernels run
+// everywhere else, for views TMA cannot describe, and with TESSERA_ATTENTION_SM90_BWD=0.
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -272,7 +275,6 @@ void allow_shared(Kernel kernel, size_t bytes) {
   TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(bytes)));
 }
-
 
 // TESSERA_ATTENTION_SM90_BWD=0 keeps the dispatch on the mma.sync backward on Hopper too (to
 // compare, or to rule the Hopper kernels out); 1 or unset lets it take the Hopper kernels.
