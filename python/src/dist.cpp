@@ -53,9 +53,10 @@ void bind_accelerator(py::module_& m) {
   py::class_<PythonAccelerator>(m, "_Accelerator")
       .def(py::init([](const std::string& mixed_precision, int accumulation,
                        const std::string& backend, size_t bucket_bytes, bool find_unused, bool cpu,
-                       int zero_stage) {
+                       int zero_stage, const std::string& reduce_dtype) {
              auto self = std::make_unique<PythonAccelerator>();
              dist::AcceleratorOptions o{.mixed_precision = mixed_precision,
+                                        .reduce_dtype = reduce_dtype,
                                         .gradient_accumulation_steps = accumulation,
                                         .backend = backend,
                                         .bucket_bytes = bucket_bytes,
@@ -69,7 +70,7 @@ void bind_accelerator(py::module_& m) {
            py::kw_only(), py::arg("mixed_precision") = "",
            py::arg("gradient_accumulation_steps") = 1, py::arg("backend") = "auto",
            py::arg("bucket_bytes") = size_t(25) << 20, py::arg("find_unused_parameters") = false,
-           py::arg("cpu") = false, py::arg("zero_stage") = -1)
+           py::arg("cpu") = false, py::arg("zero_stage") = -1, py::arg("reduce_dtype") = "")
       .def("_prepare",
            [](PythonAccelerator& self, py::args objects) {
              for (py::handle o : objects) prepare_one(self, o);
@@ -183,6 +184,10 @@ void bind_accelerator(py::module_& m) {
           [](const PythonAccelerator& s) { return s.acc->gradient_accumulation_steps(); })
       .def_property_readonly("mixed_precision",
                              [](const PythonAccelerator& s) { return s.acc->mixed_precision(); })
+      .def_property_readonly("reduce_dtype",
+                             [](const PythonAccelerator& s) {
+                               return dtype_name(s.acc->mixed_precision_policy().reduce_dtype);
+                             })
       .def_property_readonly("zero_stage",
                              [](const PythonAccelerator& s) { return s.acc->zero_stage(); })
       .def_property_readonly("loss_scale",

@@ -24,11 +24,12 @@ class Accelerator(_C._Accelerator):
     """
 
     def __init__(self, *, mixed_precision="", gradient_accumulation_steps=1, backend="auto",
-                 bucket_bytes=25 << 20, find_unused_parameters=False, cpu=False, zero_stage=-1):
+                 bucket_bytes=25 << 20, find_unused_parameters=False, cpu=False, zero_stage=-1,
+                 reduce_dtype=""):
         super().__init__(mixed_precision=mixed_precision,
                          gradient_accumulation_steps=gradient_accumulation_steps, backend=backend,
                          bucket_bytes=bucket_bytes, find_unused_parameters=find_unused_parameters,
-                         cpu=cpu, zero_stage=zero_stage)
+                         cpu=cpu, zero_stage=zero_stage, reduce_dtype=reduce_dtype)
 
     def prepare(self, *objects):
         """Prepares each object in place and returns them (one object alone, else a tuple)."""

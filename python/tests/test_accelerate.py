@@ -83,6 +83,17 @@ def test_load_state_of_a_damaged_checkpoint_is_refused(tokens, tmp_path):
     acc.end_training()
 
 
+def test_gradients_are_averaged_in_the_policys_reduce_dtype():
+    acc = tessera.Accelerator(mixed_precision="bf16", cpu=True)
+    assert acc.reduce_dtype == "bfloat16"
+    acc.end_training()
+    acc = tessera.Accelerator(mixed_precision="bf16", reduce_dtype="fp32", cpu=True)
+    assert acc.reduce_dtype == "float32"
+    acc.end_training()
+    with pytest.raises((RuntimeError, ValueError), match="reduce_dtype must be fp32 or the parameters"):
+        tessera.Accelerator(mixed_precision="bf16", reduce_dtype="fp16", cpu=True)
+
+
 def test_ddp_internals_walkthrough_one_and_two_processes():
     script = str(EXAMPLES / "ddp_internals.py")
     assert "all checks passed" in run([sys.executable, script])
