@@ -117,11 +117,29 @@ Gradients run_backward(const BwdCase& c, const Inputs& in, Path path) {
 }
 
 // The tolerance of the existing backward tests (test_gqa_attention.cpp): twice the forward's.
+// max |got - ref| over the larger of max |ref| and `scale`.
+void expect_within_scale(const std::vector<double>& got, const std::vector<double>& ref,
+                         double scale, double tol, const std::string& what) {
+  double max_ref = scale, max_err = got.size() == ref.size() ? 0 : INFINITY;
+  for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(ref[i]));
+    max_err = std::isnan(got[i]) ? INFINITY : std::max(max_err, std::fabs(got[i] - ref[i]));
+  }
+  const double err = max_err / std::max(max_ref, 1e-30);
+  std::printf("  %-58s max rel error %.3e (tol %.1e)\n", what.c_str(), err, tol);
+  EXPECT_LE(err, tol) << what << ": max rel error " << err << " over the tolerance " << tol;
+}
+
+// dq and dk are measured against the scale of the gradients (dv's largest element) as well as
+// their own: with one key (T = 1) the softmax is 1 whatever the score, so dq and dk are exactly
+// 0 and only the rounding of dP - delta (~1e-7 of |dO| |V|) is left to compare.
 void expect_gradients(const BwdCase& c, const Gradients& g, const AttentionReference& ref,
                       const std::string& what) {
   const double tol = 2 * tolerance(c.dtype);
-  expect_within(g.host(g.dq), ref.dq, tol, what + " dq");
-  expect_within(g.host(g.dk), ref.dk, tol, what + " dk (summed over the group)");
+  double scale = 0;
+  for (double x : ref.dv) scale = std::max(scale, std::fabs(x));
+  expect_within_scale(g.host(g.dq), ref.dq, scale, tol, what + " dq");
+  expect_within_scale(g.host(g.dk), ref.dk, scale, tol, what + " dk (summed over the group)");
   expect_within(g.host(g.dv), ref.dv, tol, what + " dv (summed over the group)");
 }
 
@@ -154,9 +172,11 @@ TEST(AttentionSm90BackwardCuda, DirectAgainstFloat64AndRepeatable) {
         }
 }
 
-// On an sm_90 device flash_attention_backward takes the Hopper kernels: the query says so, and
-// its result is bitwise that of the direct call, not that of the mma.sync kernels (whose
-// different tiling rounds differently), which still match the reference.
+// On an sm_90 device flash_attention_backward takes the Hopper kernels: the query (the
+// dispatch's own decision) says so, and its result is bitwise that of the direct call. The
+// mma.sync kernels still match the reference; their dk can agree with the Hopper kernels' bit
+// for bit (both sum the same 64-query tiles in the same order: seen on an H100), so whether
+// they differ is only printed.
 TEST(AttentionSm90BackwardCuda, DispatchTakesItOnHopper) {
   REQUIRE_SM90_DEVICE();
   for (int64_t D : {64, 128}) {
@@ -169,7 +189,9 @@ TEST(AttentionSm90BackwardCuda, DispatchTakesItOnHopper) {
     const Gradients dispatched = run_backward(c, in, Path::dispatch);
     const Gradients mma = run_backward(c, in, Path::mma_sync);
     expect_bitwise(dispatched, direct, "dispatch vs direct");
-    EXPECT_NE(mma.host(mma.dk), direct.host(direct.dk)) << "the two backwards agreed bitwise";
+    std::printf("  mma.sync vs Hopper bitwise equal: dq %d, dk %d, dv %d\n",
+                mma.host(mma.dq) == direct.host(direct.dq), mma.host(mma.dk) == direct.host(direct.dk),
+                mma.host(mma.dv) == direct.host(direct.dv));
     expect_gradients(c, mma, in.ref, "mma.sync backward");
     expect_gradients(c, dispatched, in.ref, "dispatched backward");
   }
