@@ -53,6 +53,16 @@ inline Tensor leaf(Tensor t) {
   return t;
 }
 
+// A non-contiguous float64 leaf: the transpose of a stored [.., b, a] tensor.
+inline Tensor transposed_leaf(const Shape& shape, uint64_t seed, double low = 0.0,
+                              double high = 0.0) {
+  Shape stored = shape;
+  std::swap(stored[stored.size() - 1], stored[stored.size() - 2]);
+  Tensor t = leaf(random_f64(stored, seed, low, high).transpose(-1, -2));
+  EXPECT_FALSE(t.is_contiguous());
+  return t;
+}
+
 namespace detail {
 
 // Storage offsets (relative to raw_data) of every element of t, in row-major order.

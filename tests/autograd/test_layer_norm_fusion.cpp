@@ -12,16 +12,8 @@ namespace {
 using testing::gradcheck;
 using testing::leaf;
 using testing::random_f64;
+using testing::transposed_leaf;
 using Xs = std::vector<Tensor>;
-
-// A non-contiguous float64 leaf: the transpose of a stored [.., b, a] tensor.
-Tensor transposed_leaf(const Shape& shape, uint64_t seed) {
-  Shape stored = shape;
-  std::swap(stored[stored.size() - 1], stored[stored.size() - 2]);
-  Tensor t = leaf(random_f64(stored, seed).transpose(-1, -2));
-  EXPECT_FALSE(t.is_contiguous());
-  return t;
-}
 
 TEST(LayerNormFusion, ResidualLayerNormGradientsMatchFiniteDifferences) {
   Tensor x = transposed_leaf({3, 5, 11}, 21), r = transposed_leaf({3, 5, 11}, 22);

@@ -13,45 +13,17 @@
 #include <string>
 
 #include "attention_reference.h"
+#include "attention_sm90_test_util.h"
 #include "cuda_test_util.h"
 #include "tessera/kernels/cuda/fused.h"
 
 namespace tessera {
 namespace {
 using namespace cuda_test;
+using namespace cuda_test::sm90;
+using Sm90Case = cuda_test::sm90::Case;
 
-// The device's compute capability as "sm_XY".
-std::string device_arch() {
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  return "sm_" + std::to_string(major) + std::to_string(minor);
-}
-
-#define REQUIRE_SM90_DEVICE()                                                                \
-  do {                                                                                       \
-    TESSERA_REQUIRE_GPU();                                                                   \
-    if (device_arch() != "sm_90")                                                            \
-      GTEST_SKIP() << "the wgmma/TMA attention kernel needs an sm_90 GPU (H100/H200); this " \
-                   << "device is " << device_arch();                                         \
-  } while (0)
-
-constexpr int64_t kB = 2, kH = 3;
-
-struct Sm90Case {
-  DType dtype;
-  int64_t D, T, group;  // group: query heads per key/value head
-  int64_t kv_heads() const { return kH / group; }
-};
-
-std::string describe(const Sm90Case& c) {
-  return std::string(dtype_name(c.dtype)) + " D=" + std::to_string(c.D) +
-         " T=" + std::to_string(c.T) + " H=" + std::to_string(kH) +
-         " Hkv=" + std::to_string(c.kv_heads());
-}
-
-// q, k, v as [B, heads, T, D] views of one [B, T, H + 2 Hkv, D] buffer (for group 1 exactly a
-// fused [B, T, 3, H, D] projection): T strides of (H + 2 Hkv) D, head strides of D.
+// q, k, v as [B, heads, T, D] views of one [B, T, H + 2 Hkv, D] buffer (heads()).
 struct FusedInputs {
   Tensor q, k, v;
   AttentionReference ref;
@@ -62,19 +34,14 @@ FusedInputs make_inputs(const Sm90Case& c) {
   const int64_t Hkv = c.kv_heads();
   const Tensor host = host_randn({kB, c.T, kH + 2 * Hkv, c.D}, c.dtype);
   const Tensor qkv = to_gpu(host);
-  auto heads = [&](const Tensor& x, int64_t first, int64_t n) {
-    return raw::permute(raw::narrow(x, 2, first, n), {0, 2, 1, 3});
-  };
-  auto host_bhtd = [&](int64_t first, int64_t n) {
-    return values(raw::contiguous(raw::to(heads(host, first, n), Device::cpu(), DType::f64)));
-  };
   FusedInputs in;
   in.q = heads(qkv, 0, kH);
   in.k = heads(qkv, kH, Hkv);
   in.v = heads(qkv, kH + Hkv, Hkv);
   in.scale = 1.0 / std::sqrt(double(c.D));
   const std::vector<double> no_dout(kB * kH * c.T * c.D, 0.0);  // the gradients are not checked
-  in.ref = reference_attention(host_bhtd(0, kH), host_bhtd(kH, Hkv), host_bhtd(kH + Hkv, Hkv),
+  in.ref = reference_attention(host_bhtd(host, 0, kH), host_bhtd(host, kH, Hkv),
+                               host_bhtd(host, kH + Hkv, Hkv),
                                no_dout, kB, kH, Hkv, c.T, c.D, in.scale);
   return in;
 }

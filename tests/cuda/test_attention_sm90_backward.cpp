@@ -15,50 +15,15 @@
 #include <string>
 
 #include "attention_reference.h"
+#include "attention_sm90_test_util.h"
 #include "cuda_test_util.h"
 #include "tessera/kernels/cuda/fused.h"
 
 namespace tessera {
 namespace {
 using namespace cuda_test;
-
-std::string device_arch() {
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  return "sm_" + std::to_string(major) + std::to_string(minor);
-}
-
-#define REQUIRE_SM90_DEVICE()                                                                  \
-  do {                                                                                         \
-    TESSERA_REQUIRE_GPU();                                                                     \
-    if (device_arch() != "sm_90")                                                              \
-      GTEST_SKIP() << "the wgmma/TMA attention backward needs an sm_90 GPU (H100/H200); this " \
-                   << "device is " << device_arch();                                           \
-  } while (0)
-
-constexpr int64_t kB = 2, kH = 3;
-
-struct BwdCase {
-  DType dtype;
-  int64_t D, T, group;  // group: query heads per key/value head
-  int64_t kv_heads() const { return kH / group; }
-};
-
-std::string describe(const BwdCase& c) {
-  return std::string(dtype_name(c.dtype)) + " D=" + std::to_string(c.D) +
-         " T=" + std::to_string(c.T) + " H=" + std::to_string(kH) +
-         " Hkv=" + std::to_string(c.kv_heads());
-}
-
-// The [B, n, T, D] heads first..first+n-1 of a [B, T, heads, D] buffer.
-Tensor heads(const Tensor& x, int64_t first, int64_t n) {
-  return raw::permute(raw::narrow(x, 2, first, n), {0, 2, 1, 3});
-}
-
-std::vector<double> host_bhtd(const Tensor& host, int64_t first, int64_t n) {
-  return values(raw::contiguous(raw::to(heads(host, first, n), Device::cpu(), DType::f64)));
-}
+using namespace cuda_test::sm90;
+using BwdCase = cuda_test::sm90::Case;
 
 // q | k | v as views of one [B, T, H + 2 Hkv, D] buffer (T strides of (H + 2 Hkv) D, head
 // strides of D), dout the heads of a [B, T, H, D] buffer, and the forward's out and lse.
