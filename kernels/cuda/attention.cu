@@ -259,18 +259,6 @@ void launch_mma_sync_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   TESSERA_KERNEL_CHECK("flash_forward_tc_kernel");
 }
 
-// TESSERA_ATTENTION_SM90=0 keeps the dispatch on the mma.sync forward on Hopper too (to compare,
-// or to rule the Hopper kernel out); 1 or unset lets it take the Hopper kernel.
-bool sm90_forward_switched_off() {
-  const char* value = std::getenv("TESSERA_ATTENTION_SM90");
-  const std::string v = value ? value : "";
-  TESSERA_CHECK(v.empty() || v == "0" || v == "1",
-                "TESSERA_ATTENTION_SM90 must be 0 (mma.sync forward) or 1 (the sm_90 kernel where it "
-                "runs), got '",
-                v, "'");
-  return v == "0";
-}
-
 }  // namespace
 
 // On an H100/H200 the wgmma/TMA kernel of attention_sm90.cu, elsewhere (or for views TMA cannot
@@ -280,7 +268,7 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   const AttnShape s = check_forward("flash_attention_forward", q, k, v, out, lse);
   if (q.numel() == 0) return;
   KernelContext ctx(out);
-  if (!sm90_forward_switched_off() &&
+  if (!sm90_switched_off("TESSERA_ATTENTION_SM90") &&
       launch_sm90_forward(q, k, v, scale, out, lse, s, ctx.stream, nullptr)) {
     TESSERA_KERNEL_CHECK("flash_forward_sm90_kernel");
     return;
@@ -313,7 +301,7 @@ bool flash_attention_forward_uses_sm90(const Tensor& q, const Tensor& k, const T
   check_inputs("flash_attention_forward_uses_sm90", q, k, v, false);
   check_vector_rows("flash_attention_forward_uses_sm90", q, k, v);
   DeviceGuard guard(q.device().index);
-  const std::string reason = sm90_forward_switched_off()
+  const std::string reason = sm90_switched_off("TESSERA_ATTENTION_SM90")
                                  ? "TESSERA_ATTENTION_SM90=0 keeps the mma.sync kernel"
                                  : sm90_forward_unsupported(q, k, v, scale);
   if (why_not) *why_not = reason;

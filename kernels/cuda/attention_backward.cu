@@ -276,18 +276,6 @@ void allow_shared(Kernel kernel, size_t bytes) {
                                           static_cast<int>(bytes)));
 }
 
-// TESSERA_ATTENTION_SM90_BWD=0 keeps the dispatch on the mma.sync backward on Hopper too (to
-// compare, or to rule the Hopper kernels out); 1 or unset lets it take the Hopper kernels.
-bool sm90_backward_switched_off() {
-  const char* value = std::getenv("TESSERA_ATTENTION_SM90_BWD");
-  const std::string v = value ? value : "";
-  TESSERA_CHECK(v.empty() || v == "0" || v == "1",
-                "TESSERA_ATTENTION_SM90_BWD must be 0 (mma.sync backward) or 1 (the sm_90 kernels "
-                "where they run), got '",
-                v, "'");
-  return v == "0";
-}
-
 enum class BackwardKernels { dispatch, sm90, mma_sync };
 
 void launch_mma_sync_backward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -339,7 +327,7 @@ void run_backward(const char* op, BackwardKernels which, const Tensor& q, const 
   // The Hopper kernels where they run (a refusal launches nothing but the delta kernel below,
   // whose output is scratch), else the mma.sync ones, unless they were asked for explicitly.
   const bool try_sm90 = which == BackwardKernels::sm90 ||
-                        (which == BackwardKernels::dispatch && !sm90_backward_switched_off());
+                        (which == BackwardKernels::dispatch && !sm90_switched_off("TESSERA_ATTENTION_SM90_BWD"));
   KernelContext ctx(dq);
   Tensor delta = empty({s.B * s.H * s.T}, {.dtype = DType::f32, .device = q.device()});
   visit_attention(q.dtype(), s.D, [&](auto tag, auto dconst) {
@@ -394,7 +382,7 @@ bool flash_attention_backward_uses_sm90(const Tensor& q, const Tensor& k, const 
   check_vector_rows(op, q, k, v);
   check_head_view(op, "dout", dout, q, /*vector_rows=*/true, /*written=*/false);
   DeviceGuard guard(q.device().index);
-  const std::string reason = sm90_backward_switched_off()
+  const std::string reason = sm90_switched_off("TESSERA_ATTENTION_SM90_BWD")
                                  ? "TESSERA_ATTENTION_SM90_BWD=0 keeps the mma.sync kernels"
                                  : sm90_backward_unsupported(q, k, v, dout);
   if (why_not) *why_not = reason;

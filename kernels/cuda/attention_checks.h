@@ -4,6 +4,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -101,6 +102,18 @@ inline void check_lse(const char* op, const Tensor& lse, const AttnShape& s, Dev
                     lse.device() == device,
                 op, ": lse must be a contiguous float32 [B, H, T] = [", s.B, ", ", s.H, ", ", s.T,
                 "] tensor on ", device.str());
+}
+
+// The switch `name` (TESSERA_ATTENTION_SM90, TESSERA_ATTENTION_SM90_BWD): "0" keeps the dispatch
+// on the mma.sync kernels on Hopper too (to compare, or to rule the Hopper kernels out); "1" or
+// unset lets it take them; anything else is an error naming the variable.
+inline bool sm90_switched_off(const char* name) {
+  const char* value = std::getenv(name);
+  const std::string v = value ? value : "";
+  TESSERA_CHECK(v.empty() || v == "0" || v == "1", name,
+                " must be 0 (the mma.sync kernels) or 1 (the sm_90 kernels where they run), got '",
+                v, "'");
+  return v == "0";
 }
 
 }  // namespace tessera::cuda::attention_detail

@@ -156,7 +156,8 @@ inline CUtensorMapDataType tensor_map_type(DType t) {
 }
 
 // True when `device` is an sm_90 (H100/H200) and `kernel` exists as sm_90a code in this
-// library (a build for other architectures holds only a trapping stub of it).
+// library (compiled for any other architecture, its body is only a __trap() guard that the host
+// never reaches, since this check fails there).
 template <class Kernel>
 bool device_runs_sm90a(int device, Kernel* kernel) {
   int major = 0, minor = 0;

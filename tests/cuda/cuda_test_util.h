@@ -96,10 +96,12 @@ inline std::vector<double> ref_matmul(const std::vector<double>& a, const std::v
   return c;
 }
 
-// max |got - ref| / max |ref|; infinite when got holds a NaN (an element left unwritten).
-inline double max_rel_error(const std::vector<double>& got, const std::vector<double>& ref) {
+// max |got - ref| / max(max |ref|, scale); infinite when got holds a NaN (an element left
+// unwritten). `scale` measures a reference that is exactly 0 against the size of the quantity.
+inline double max_rel_error(const std::vector<double>& got, const std::vector<double>& ref,
+                            double scale = 0) {
   if (got.size() != ref.size()) return INFINITY;
-  double max_ref = 0, max_err = 0;
+  double max_ref = scale, max_err = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     if (std::isnan(got[i])) return INFINITY;
     max_ref = std::max(max_ref, std::fabs(ref[i]));
@@ -110,8 +112,8 @@ inline double max_rel_error(const std::vector<double>& got, const std::vector<do
 
 // Compares, prints the figure and fails with it when over tol.
 inline void expect_within(const std::vector<double>& got, const std::vector<double>& ref, double tol,
-                          const std::string& what) {
-  const double err = max_rel_error(got, ref);
+                          const std::string& what, double scale = 0) {
+  const double err = max_rel_error(got, ref, scale);
   std::printf("  %-58s max rel error %.3e (tol %.1e)\n", what.c_str(), err, tol);
   EXPECT_LE(err, tol) << what << ": max rel error " << err << " over the tolerance " << tol;
 }
