@@ -195,7 +195,7 @@ TEST(KernelTraceReport, ChromeTraceParsesWithExactTimes) {
   EXPECT_EQ(kernels["name with \"quotes\" and \\ and \x01"], 1);
   EXPECT_EQ(json["kernelNames"]["gemm"], "gemm(float const*, float*, int)");
   // The first event in time: the memset at 0.5 us on rank 1's device 0 (pid 100), stream 9.
-  const auto& first = json["traceEvents"][1 + 3 + 2];  // marker, 2 process + 3 stream names
+  const auto& first = json["traceEvents"][3 + 2];  // after 2 process and 3 stream names
   EXPECT_EQ(first["name"], "memset");
   EXPECT_EQ(first["ts"].get<double>(), 0.5);
   EXPECT_EQ(first["dur"].get<double>(), 0.4);

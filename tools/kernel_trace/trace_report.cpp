@@ -172,29 +172,42 @@ uint64_t track_process(const Trace& trace, uint32_t device) {
   return trace.rank >= 0 ? 100 * static_cast<uint64_t>(trace.rank) + device : device;
 }
 
-void write_track_names(std::ostream& os, const Trace& trace) {
+// Writes the separator before each element of traceEvents: none before the first.
+struct EventList {
+  std::ostream& os;
+  bool empty = true;
+  std::ostream& next() {
+    os << (empty ? "\n" : ",\n");
+    empty = false;
+    return os;
+  }
+};
+
+void write_track_names(EventList& events, const Trace& trace) {
   std::set<std::pair<uint32_t, uint32_t>> streams;
   for (const Activity& activity : trace.activities)
     streams.insert({activity.device, activity.stream});
   std::set<uint32_t> devices;
   for (const auto& [device, stream] : streams) {
     if (devices.insert(device).second) {
-      os << format(",\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%" PRIu64
+      std::ostream& os = events.next();
+      os << format("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%" PRIu64
                    ",\"tid\":0,\"args\":{\"name\":",
                    track_process(trace, device));
       write_json_string(os, trace.process_label + " GPU " + std::to_string(device));
       os << "}}";
     }
-    os << format(",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%" PRIu64
-                 ",\"tid\":%u,\"args\":{\"name\":\"stream %u\"}}",
-                 track_process(trace, device), stream, stream);
+    events.next() << format("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%" PRIu64
+                            ",\"tid\":%u,\"args\":{\"name\":\"stream %u\"}}",
+                            track_process(trace, device), stream, stream);
   }
 }
 
-void write_event(std::ostream& os, const Trace& trace, const Activity& activity,
+void write_event(EventList& events, const Trace& trace, const Activity& activity,
                  const std::string& name) {
   const bool kernel = activity.kind == ActivityKind::kernel;
-  os << ",\n{\"name\":";
+  std::ostream& os = events.next();
+  os << "{\"name\":";
   write_json_string(os, name);
   os << ",\"cat\":\"" << (kernel ? "kernel" : "memory")
      << "\",\"ph\":\"X\",\"ts\":" << microseconds_exact(activity.start_ns)
@@ -260,14 +273,13 @@ void write_chrome_trace(std::ostream& os, const Trace& trace) {
     os << ":";
     write_json_string(os, full);
   }
-  // The first event is a metadata record, so every later one can start with ",".
-  os << "},\n\"traceEvents\":[\n{\"name\":\"tessera_kernel_trace\",\"ph\":\"M\",\"pid\":0,"
-        "\"tid\":0,\"args\":{}}";
-  write_track_names(os, trace);
+  os << "},\n\"traceEvents\":[";
+  EventList events{os};
+  write_track_names(events, trace);
   for (size_t index : order) {
     const Activity& activity = trace.activities[index];
     if (activity.name_id >= trace.names.size()) continue;
-    write_event(os, trace, activity, event_names[activity.name_id]);
+    write_event(events, trace, activity, event_names[activity.name_id]);
   }
   os << "\n]}\n";
 }
