@@ -86,6 +86,11 @@ class CompareTest(unittest.TestCase):
         self.assertEqual(compare.category("fmha_cutlassF_bf16_aligned_64x64_rf_sm80"), "attention/flash")
         self.assertEqual(compare.category("cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm>"), "gemm")
         self.assertEqual(compare.category("ncclDevKernel_AllGather_RING_LL"), "nccl")
+        self.assertEqual(compare.category("triton_tem_fused_addmm_gelu_3"), "gemm")
+        self.assertEqual(compare.category("triton_tem_fused_flex_attention_0"), "attention/flash")
+        self.assertEqual(compare.category("triton_per_fused_native_layer_norm_5"), "layer_norm")
+        self.assertEqual(compare.category("void multi_tensor_apply_kernel<FusedAdamMathFunctor>"),
+                         "adamw/multi_tensor")
         self.assertEqual(compare.category("at::native::cunn_SoftMaxForward<4>"),
                          "softmax/cross_entropy/classifier")
         self.assertEqual(compare.category("tessera::kernels::add"), "elementwise/other")

@@ -24,7 +24,8 @@ import sys
 CATEGORIES = [
     ("nccl", ("nccl",)),
     ("attention/flash", ("flash", "attention", "attn", "fmha", "sdpa", "mha_")),
-    ("gemm", ("gemm", "cutlass", "nvjet", "cublas", "xmma", "matmul", "gemv", "wgmma")),
+    # triton_tem_: torch.compile's matmul templates (its attention templates matched above).
+    ("gemm", ("gemm", "cutlass", "nvjet", "cublas", "xmma", "matmul", "gemv", "wgmma", "triton_tem_")),
     ("layer_norm", ("layer_norm", "layernorm", "rms_norm", "rmsnorm")),
     ("adamw/multi_tensor", ("adam", "multi_tensor", "optimizer")),
     ("softmax/cross_entropy/classifier",

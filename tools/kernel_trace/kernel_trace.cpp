@@ -14,6 +14,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <filesystem>
 #include <mutex>
 #include <set>
 #include <string>
@@ -138,24 +140,38 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
   *max_records = 0;
 }
 
+// Keeps the records of one completed buffer that fall in the window, up to the limit.
+void take_records(TracerState& tracer, uint8_t* buffer, size_t valid_bytes) {
+  std::lock_guard<std::mutex> lock(tracer.mutex);
+  CUpti_Activity* record = nullptr;
+  Activity activity;
+  while (cuptiActivityGetNextRecord(buffer, valid_bytes, &record) == CUPTI_SUCCESS) {
+    if (!to_activity(tracer, record, activity)) continue;
+    tracer.records_seen += 1;
+    if (!tracer.window.contains(activity.start_ns)) {
+      tracer.trace.outside_window += 1;
+    } else if (tracer.trace.activities.size() >= tracer.record_limit) {
+      tracer.trace.over_capacity += 1;
+    } else {
+      tracer.trace.activities.push_back(activity);
+    }
+  }
+}
+
+// Called on CUPTI's thread (or inside cuptiActivityFlushAll): nothing may escape into CUPTI.
 void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buffer, size_t,
                                size_t valid_bytes) {
+  if (buffer == nullptr) return;
   TracerState& tracer = state();
-  {
+  try {
+    take_records(tracer, buffer, valid_bytes);
+  } catch (const std::exception& error) {  // out of memory: stop keeping records
+    static std::atomic<bool> reported{false};
+    if (!reported.exchange(true))
+      warn(std::string("cannot keep more records (") + error.what() +
+           "); lower TESSERA_KERNEL_TRACE_MAX_RECORDS or the window");
     std::lock_guard<std::mutex> lock(tracer.mutex);
-    CUpti_Activity* record = nullptr;
-    Activity activity;
-    while (cuptiActivityGetNextRecord(buffer, valid_bytes, &record) == CUPTI_SUCCESS) {
-      if (!to_activity(tracer, record, activity)) continue;
-      tracer.records_seen += 1;
-      if (!tracer.window.contains(activity.start_ns)) {
-        tracer.trace.outside_window += 1;
-      } else if (tracer.trace.activities.size() >= tracer.record_limit) {
-        tracer.trace.over_capacity += 1;
-      } else {
-        tracer.trace.activities.push_back(activity);
-      }
-    }
+    tracer.record_limit = tracer.trace.activities.size();
   }
   size_t dropped = 0;
   if (check(cuptiActivityGetNumDroppedRecords(context, stream, &dropped),
@@ -167,10 +183,7 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
   std::free(buffer);
 }
 
-void write_at_exit() {
-  TracerState& tracer = state();
-  if (::getpid() != tracer.pid) return;  // a forked child: the parent writes the trace
-  check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
+void write_files(TracerState& tracer) {
   std::lock_guard<std::mutex> lock(tracer.mutex);
   if (tracer.records_seen == 0) {
     // Processes that only initialise CUDA (compile workers, launchers) leave no files
@@ -191,6 +204,17 @@ void write_at_exit() {
   }
   warn(trace.process_label + ": " + std::to_string(trace.activities.size()) +
        " activities written to " + json_path + " and " + summary_path);
+}
+
+void write_at_exit() {
+  TracerState& tracer = state();
+  if (::getpid() != tracer.pid) return;  // a forked child: the parent writes the trace
+  check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
+  try {
+    write_files(tracer);
+  } catch (const std::exception& error) {
+    warn(std::string("writing the trace failed: ") + error.what());
+  }
 }
 
 // Reads TESSERA_KERNEL_TRACE_START_S / _SECONDS / _MAX_RECORDS; a bad value is reported and
@@ -235,9 +259,17 @@ bool start_tracing() {
   TracerState& tracer = state();
   tracer.pid = ::getpid();
   std::string warning;
-  tracer.stem = output_stem(prefix, std::getenv("RANK"), std::getenv("LOCAL_RANK"), tracer.pid,
-                            &tracer.trace.rank, &warning);
+  // Absolute now: the program may change its working folder before it exits.
+  std::error_code ignored;
+  const std::filesystem::path absolute_prefix = std::filesystem::absolute(prefix, ignored);
+  tracer.stem =
+      output_stem(absolute_prefix.empty() ? prefix : absolute_prefix.string(), std::getenv("RANK"),
+                  std::getenv("LOCAL_RANK"), tracer.pid, &tracer.trace.rank, &warning);
   if (!warning.empty()) warn(warning);
+  const std::filesystem::path folder = std::filesystem::path(tracer.stem).parent_path();
+  if (::access(folder.empty() ? "." : folder.c_str(), W_OK) != 0)
+    warn("cannot write into " + folder.string() + " (from TESSERA_KERNEL_TRACE=" + prefix +
+         "); the trace will be lost unless it becomes writable before the program exits");
   tracer.trace.process_label = tracer.trace.rank >= 0 ? "rank " + std::to_string(tracer.trace.rank)
                                                       : "pid " + std::to_string(tracer.pid);
   if (!check(cuptiGetTimestamp(&tracer.trace.init_ns), "cuptiGetTimestamp")) return false;
@@ -268,6 +300,10 @@ bool start_tracing() {
 extern "C" __attribute__((visibility("default"))) int InitializeInjection(void) {
   static std::atomic<bool> initialised{false};
   if (initialised.exchange(true)) return 1;
-  tessera::kernel_trace::start_tracing();
+  try {
+    tessera::kernel_trace::start_tracing();
+  } catch (const std::exception& error) {
+    tessera::kernel_trace::warn(std::string("cannot start tracing: ") + error.what());
+  }
   return 1;
 }
