@@ -116,6 +116,8 @@ def check_full_trace(out_dir):
     for name, count in expected.items():
         expect(re.search(rf"^\s+{count}\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+%\s+{re.escape(name)}$", summary,
                          re.MULTILINE), f"summary row for {name} x{count} missing:\n{summary}")
+    expect(re.search(r"^  graph \d+: 6 kernel records of 2 nodes, 3\.0 replays$", summary, re.MULTILINE),
+           f"the graph's 3 replays of 2 nodes are not in the summary:\n{summary}")
     print(f"full trace: {len(kernels)} kernels, busy {figures['device 0: busy']:.3f} ms, "
           f"overlap {figures['two or more kernels at once']:.3f} ms")
 

@@ -174,6 +174,34 @@ TEST(KernelTraceReport, SummaryHoldsHandComputedFigures) {
   EXPECT_TRUE(contains(summary, "         1          0.400             4096  memset\n"));
 }
 
+TEST(KernelTraceReport, GraphReplaysCountedFromTheirNodes) {
+  // Graph 4 of three kernel nodes replayed twice, and cut by the window after one more
+  // node; graph 9 of one node replayed three times; kernels outside graphs are not counted.
+  Trace trace = hand_made_trace();
+  const uint64_t nodes_of_4[] = {11, 12, 13, 11, 12, 13, 11};
+  uint64_t time = 10000;
+  for (uint64_t node : nodes_of_4) {
+    trace.activities.push_back(trace.activities[0]);
+    trace.activities.back().graph_id = 4, trace.activities.back().graph_node_id = node;
+    trace.activities.back().start_ns = time, trace.activities.back().end_ns = time + 10;
+    time += 20;
+  }
+  for (int replay = 0; replay < 3; ++replay) {
+    trace.activities.push_back(trace.activities[0]);
+    trace.activities.back().graph_id = 9, trace.activities.back().graph_node_id = 70;
+  }
+  std::ostringstream out;
+  write_summary(out, trace);
+  EXPECT_TRUE(contains(out.str(),
+                       "CUDA graphs (kernel nodes only):\n"
+                       "  graph 4: 7 kernel records of 3 nodes, 2.3 replays\n"
+                       "  graph 9: 3 kernel records of 1 nodes, 3.0 replays\n\n"))
+      << out.str();
+  std::ostringstream none;
+  write_summary(none, hand_made_trace());
+  EXPECT_FALSE(contains(none.str(), "CUDA graphs")) << none.str();
+}
+
 TEST(KernelTraceReport, ChromeTraceParsesWithExactTimes) {
   std::ostringstream out;
   Trace trace = hand_made_trace();

@@ -97,6 +97,7 @@ bool to_activity(TracerState& tracer, const CUpti_Activity* record, Activity& ou
       out = Activity{ActivityKind::kernel,  kernel->deviceId, kernel->streamId,
                      kernel->start,         kernel->end,      name_id(tracer, kernel->name),
                      kernel->correlationId, kernel->graphId};
+      out.graph_node_id = kernel->graphNodeId;
       out.grid[0] = kernel->gridX, out.grid[1] = kernel->gridY, out.grid[2] = kernel->gridZ;
       out.block[0] = kernel->blockX, out.block[1] = kernel->blockY, out.block[2] = kernel->blockZ;
       out.registers = kernel->registersPerThread;

@@ -25,6 +25,7 @@ struct Activity {
   uint32_t name_id = 0;  // index into Trace::names (kernel name as recorded, or copy kind)
   uint32_t correlation_id = 0;
   uint32_t graph_id = 0;  // 0 when not launched from a CUDA graph
+  uint64_t graph_node_id = 0;
   int32_t grid[3] = {0, 0, 0};
   int32_t block[3] = {0, 0, 0};
   uint32_t registers = 0;

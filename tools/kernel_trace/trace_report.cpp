@@ -114,6 +114,29 @@ void write_device_use(std::ostream& os, const Trace& trace) {
   os << "\n";
 }
 
+// Kernel records per CUDA graph: its distinct kernel nodes and so how many times it was
+// replayed in the window (a training step recorded as one graph: the number of steps).
+void write_graphs(std::ostream& os, const Trace& trace) {
+  struct GraphUse {
+    uint64_t records = 0;
+    std::set<uint64_t> nodes;
+  };
+  std::map<uint32_t, GraphUse> graphs;
+  for (const Activity& activity : trace.activities) {
+    if (activity.kind != ActivityKind::kernel || activity.graph_id == 0) continue;
+    GraphUse& graph = graphs[activity.graph_id];
+    graph.records += 1;
+    graph.nodes.insert(activity.graph_node_id);
+  }
+  if (graphs.empty()) return;
+  os << "CUDA graphs (kernel nodes only):\n";
+  for (const auto& [id, graph] : graphs)
+    os << "  graph " << id << ": " << graph.records << " kernel records of " << graph.nodes.size()
+       << format(" nodes, %.1f replays\n",
+                 static_cast<double>(graph.records) / static_cast<double>(graph.nodes.size()));
+  os << "\n";
+}
+
 void write_kernel_table(std::ostream& os, const Trace& trace) {
   const std::vector<KernelStat> stats = kernel_stats(trace);
   const uint64_t summed =
@@ -224,7 +247,8 @@ void write_event(EventList& events, const Trace& trace, const Activity& activity
   } else {
     os << ",\"bytes\":" << activity.bytes;
   }
-  if (activity.graph_id != 0) os << ",\"graph_id\":" << activity.graph_id;
+  if (activity.graph_id != 0)
+    os << ",\"graph_id\":" << activity.graph_id << ",\"graph_node_id\":" << activity.graph_node_id;
   os << "}}";
 }
 
@@ -233,6 +257,7 @@ void write_event(EventList& events, const Trace& trace, const Activity& activity
 void write_summary(std::ostream& os, const Trace& trace) {
   write_header(os, trace);
   write_device_use(os, trace);
+  write_graphs(os, trace);
   write_kernel_table(os, trace);
   write_memory_table(os, trace);
 }
