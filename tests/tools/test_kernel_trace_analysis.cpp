@@ -152,7 +152,9 @@ TEST(KernelTraceReport, SummaryHoldsHandComputedFigures) {
   write_summary(out, hand_made_trace());
   const std::string summary = out.str();
   SCOPED_TRACE(summary);
-  EXPECT_TRUE(contains(summary, "records: 5 kernels, 0 memcpy, 1 memset"));
+  EXPECT_TRUE(contains(summary,
+                       "records: 5 kernels, 0 memcpy, 1 memset; left out: 0 outside the "
+                       "window, 0 over the record limit, 0 lost by CUPTI\n"));
   EXPECT_TRUE(contains(summary, "span of kernels (first start to last end): 0.007 ms"));
   // Device 0: kernels cover [1000,8000) = 7 us; two at once on [4000,5000) and [6000,7000).
   EXPECT_TRUE(contains(summary,
@@ -172,6 +174,21 @@ TEST(KernelTraceReport, SummaryHoldsHandComputedFigures) {
                        "         2          1.200        0.600  11.76%  "
                        "tessera::layer_norm<256>\n"));
   EXPECT_TRUE(contains(summary, "         1          0.400             4096  memset\n"));
+}
+
+TEST(KernelTraceReport, HeaderSaysWhatWasLeftOut) {
+  Trace trace = hand_made_trace();
+  trace.window_start_s = 20.0, trace.window_seconds = 5.0;
+  trace.outside_window = 7, trace.over_capacity = 3, trace.dropped_by_cupti = 2;
+  trace.without_times = 1;
+  std::ostringstream out;
+  write_summary(out, trace);
+  EXPECT_TRUE(contains(out.str(),
+                       "tessera kernel trace of rank 1\nwindow: activities starting "
+                       "from 20.000 s after CUDA initialisation for 5.000 s\nrecords: 5 "
+                       "kernels, 0 memcpy, 1 memset; left out: 7 outside the window, 3 "
+                       "over the record limit, 2 lost by CUPTI, 1 without timestamps\n"))
+      << out.str();
 }
 
 TEST(KernelTraceReport, GraphReplaysCountedFromTheirNodes) {

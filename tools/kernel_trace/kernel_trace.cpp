@@ -149,7 +149,9 @@ void take_records(TracerState& tracer, uint8_t* buffer, size_t valid_bytes) {
   while (cuptiActivityGetNextRecord(buffer, valid_bytes, &record) == CUPTI_SUCCESS) {
     if (!to_activity(tracer, record, activity)) continue;
     tracer.records_seen += 1;
-    if (!tracer.window.contains(activity.start_ns)) {
+    if (activity.start_ns == 0 || activity.end_ns < activity.start_ns) {
+      tracer.trace.without_times += 1;
+    } else if (!tracer.window.contains(activity.start_ns)) {
       tracer.trace.outside_window += 1;
     } else if (tracer.trace.activities.size() >= tracer.record_limit) {
       tracer.trace.over_capacity += 1;

@@ -51,6 +51,7 @@ struct Trace {
   uint64_t outside_window = 0;    // records dropped because they fell outside the window
   uint64_t over_capacity = 0;     // records dropped because the record limit was reached
   uint64_t dropped_by_cupti = 0;  // records CUPTI reported as lost (buffers full)
+  uint64_t without_times = 0;     // records whose timestamps CUPTI could not collect
 };
 
 // ---- interval arithmetic (all lengths in the intervals' unit) ----

@@ -83,7 +83,9 @@ void write_header(std::ostream& os, const Trace& trace) {
   os << "records: " << counts[0] << " kernels, " << counts[1] << " memcpy, " << counts[2]
      << " memset; left out: " << trace.outside_window << " outside the window, "
      << trace.over_capacity << " over the record limit, " << trace.dropped_by_cupti
-     << " lost by CUPTI\n\n";
+     << " lost by CUPTI";
+  if (trace.without_times > 0) os << ", " << trace.without_times << " without timestamps";
+  os << "\n\n";
 }
 
 void write_device_use(std::ostream& os, const Trace& trace) {
