@@ -24,10 +24,14 @@ device 0: busy {busy} ms (83.3% of its span {span} ms), two or more kernels at o
   communication (nccl) busy 0.800 ms, compute busy 10.700 ms, communication overlapped by compute 0.500 ms, exposed communication {exposed} ms
   stream 7: busy 10.000 ms, 50 kernels
 
-"""
+{graphs}"""
 
 ONE_GPU = HEADER.format(who="rank 0", span="12.000", busy="10.000", overlap="0.000",
-                        exposed="0.000") + """\
+                        exposed="0.000", graphs="""CUDA graphs (kernel nodes only):
+  graph 3: 86 kernel records of 43 nodes, 2.0 replays
+  graph 5: 1 kernel records of 1 nodes, 1.0 replays
+
+""") + """\
 kernels by total time (summed kernel time 10.000 ms):
      count       total_us      mean_us     pct  name
         10       4000.000      400.000  40.00%  nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT
@@ -43,7 +47,10 @@ memory operations:
 """
 
 TWO_GPU = HEADER.format(who="rank 0", span="13.000", busy="11.000", overlap="0.500",
-                        exposed="0.300") + """\
+                        exposed="0.300", graphs="""CUDA graphs (kernel nodes only):
+  graph 7: 188 kernel records of 47 nodes, 4.0 replays
+
+""") + """\
 kernels by total time (summed kernel time 11.500 ms):
      count       total_us      mean_us     pct  name
         10       4400.000      440.000  38.26%  nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT
@@ -134,9 +141,15 @@ class CompareTest(unittest.TestCase):
         self.assertEqual(self.row(table, "attention/flash")[:5], ["5", "1.000", "20.0%", "5", "0.500"])
         self.assertEqual(self.row(table, "total kernel time"),
                          ["43", "5.000", "100.0%", "47", "2.875", "100.0%", "-2.125", "0.57"])
-        # Whole-trace figures are not divided by steps.
-        self.assertEqual(self.row(table, "busy (kernels' union)"), ["10.000", "11.000", "+1.000"])
-        self.assertEqual(self.row(table, "exposed communication"), ["0.000", "0.300", "+0.300"])
+        # Whole-trace figures per step too: busy 10 / 2 and 11 / 4.
+        self.assertEqual(self.row(table, "busy (kernels' union)"), ["5.000", "2.750", "-2.250"])
+        self.assertEqual(self.row(table, "exposed communication"), ["0.000", "0.075", "+0.075"])
+        self.assertIn("steps: A 2, B 4\n", table)
+        # The summaries' graphs were replayed 2 (graph 3) and 4 times: auto finds the same.
+        code, auto_table, _ = self.run_main(a, b, "--labels", "1gpu", "2gpu", "--steps", "auto",
+                                            "--top", "3")
+        self.assertEqual(code, 0)
+        self.assertEqual(auto_table, table)
         self.assertIn("A = 1gpu: " + a, table)
         top = table[table.index("top 3 kernels"):].splitlines()[2:]
         self.assertEqual(len(top), 3)
@@ -154,6 +167,18 @@ class CompareTest(unittest.TestCase):
         for figure, value in {"span": 0.040, "busy": 0.030, "overlap": 0.005,
                               "exposed communication": 0.010}.items():
             self.assertAlmostEqual(stats.figures[figure], value, places=9, msg=figure)
+        self.assertIsNone(stats.graph_replays)
+        # Graph 2's two nodes replayed three times (six records), graph 8's one node once.
+        replayed = json.loads(json.dumps(CHROME_TRACE))
+        for replay in range(3):
+            for node in (40, 41):
+                replayed["traceEvents"].append({
+                    "name": "gelu", "cat": "kernel", "ph": "X", "ts": 200.0 + 10 * replay + node,
+                    "dur": 1.0, "pid": 0, "tid": 7, "args": {"graph_id": 2, "graph_node_id": node}})
+        replayed["traceEvents"].append({"name": "gelu", "cat": "kernel", "ph": "X", "ts": 300.0,
+                                        "dur": 1.0, "pid": 0, "tid": 7,
+                                        "args": {"graph_id": 8, "graph_node_id": 90}})
+        self.assertEqual(compare.read_stats(self.write("g.json", json.dumps(replayed))).graph_replays, 3)
         code, table, _ = self.run_main(path, self.write("one.summary.txt", ONE_GPU))
         self.assertEqual(code, 0)
         self.assertEqual(self.row(table, "gemm")[:3], ["1", "0.010", "28.6%"])
@@ -167,12 +192,24 @@ class CompareTest(unittest.TestCase):
                                                                   "        ten      4000.000"))
         code, _, err = self.run_main(broken, broken)
         self.assertEqual(code, 2)
-        self.assertIn("broken.summary.txt:12: not a kernel row", err)
+        self.assertIn("broken.summary.txt:16: not a kernel row", err)
         code, _, err = self.run_main(os.path.join(self.folder.name, "missing.json"), bad)
         self.assertEqual(code, 2)
         self.assertIn("cannot read", err)
         code, _, err = self.run_main(self.write("x.json", "{\"traceEvents\": 3"), bad)
         self.assertIn("x.json: not a Chrome trace", err)
+        one = self.write("one.summary.txt", ONE_GPU)
+        for steps, message in ((["2"], "two positive numbers or 'auto', got 2"),
+                               (["2", "0"], "got 2 0"), (["two", "4"], "got two 4")):
+            code, _, err = self.run_main(one, one, "--steps", *steps)
+            self.assertEqual(code, 2)
+            self.assertIn(message, err)
+        no_graphs = self.write("ng.summary.txt", HEADER.format(
+            who="pid 9", span="1.000", busy="1.000", overlap="0.000", exposed="0.000", graphs="")
+            + ONE_GPU[ONE_GPU.index("kernels by total time"):])
+        code, _, err = self.run_main(one, no_graphs, "--steps", "auto")
+        self.assertEqual(code, 2)
+        self.assertIn("ng.summary.txt: no CUDA graph replays to count steps by", err)
 
 
 class MergeTest(unittest.TestCase):

@@ -6,7 +6,9 @@ or a Chrome trace (<prefix>.rankR.json). Typical pairs: one GPU against rank 0 o
 or Tessera against torch.compile on the same model. Kernels are put in categories by name
 (gemm, attention, nccl, layer norm, optimizer, softmax/loss, the rest); the table gives each
 category's count and time in both, and B - A. With --steps the times are divided by the
-number of training steps each trace holds, so traces of different lengths compare.
+number of training steps each trace holds, so traces of different lengths compare;
+`--steps auto` takes each trace's steps from the replays of its most-replayed CUDA graph
+(a `tessera train` step is one graph).
 
     python3 tools/kernel_trace/compare.py one_gpu.rank0.summary.txt two_gpu.rank0.summary.txt \\
         --labels 1gpu 2gpu --steps 20 20 --top 15
@@ -50,6 +52,7 @@ class TraceStats:
         self.path = path
         self.kernels = {}  # name -> [count, total_us]
         self.figures = {}  # "busy", "span", "overlap", "exposed communication" -> ms
+        self.graph_replays = None  # replays of the most-replayed CUDA graph, when any
 
 
 def read_summary(path, text):
@@ -81,6 +84,10 @@ def read_summary(path, text):
         values = [float(v) for v in re.findall(pattern, text, re.MULTILINE)]
         if values:
             stats.figures[figure] = max(values) if figure == "span" else sum(values)
+    replays = re.findall(r"^  graph \d+: \d+ kernel records of \d+ nodes, ([0-9.]+) replays$",
+                         text, re.MULTILINE)
+    if replays:
+        stats.graph_replays = max(float(r) for r in replays)
     return stats
 
 
@@ -106,6 +113,7 @@ def read_chrome_trace(path, text):
     by_device = collections.defaultdict(list)
     communication = collections.defaultdict(list)
     compute = collections.defaultdict(list)
+    graphs = collections.defaultdict(lambda: [0, set()])  # graph id -> [records, node ids]
     for event in events:
         if event.get("ph") != "X" or event.get("cat", "kernel") != "kernel":
             continue
@@ -117,6 +125,13 @@ def read_chrome_trace(path, text):
         by_device[event.get("pid", 0)].append(interval)
         is_nccl = "nccl" in event["name"].lower()
         (communication if is_nccl else compute)[event.get("pid", 0)].append(interval)
+        args = event.get("args", {})
+        if args.get("graph_id"):
+            graph = graphs[(event.get("pid", 0), args["graph_id"])]
+            graph[0] += 1
+            graph[1].add(args.get("graph_node_id", 0))
+    if graphs:
+        stats.graph_replays = max(records / len(nodes) for records, nodes in graphs.values())
     if by_device:
         starts = [s for intervals in by_device.values() for s, _ in intervals]
         ends = [e for intervals in by_device.values() for _, e in intervals]
@@ -152,15 +167,17 @@ def by_category(stats):
 
 
 def format_tables(a, b, labels, steps, top):
-    per = ("ms/step", steps) if steps else ("ms", (1, 1))
-    unit, (steps_a, steps_b) = per
+    unit, (steps_a, steps_b) = ("ms/step", steps) if steps else ("ms", (1, 1))
     ms_a = lambda us: us / 1000 / steps_a  # noqa: E731
     ms_b = lambda us: us / 1000 / steps_b  # noqa: E731
     cat_a, cat_b = by_category(a), by_category(b)
     total_a = sum(v[1] for v in cat_a.values())
     total_b = sum(v[1] for v in cat_b.values())
     width = 34
-    out = [f"A = {labels[0]}: {a.path}", f"B = {labels[1]}: {b.path}", ""]
+    out = [f"A = {labels[0]}: {a.path}", f"B = {labels[1]}: {b.path}"]
+    if steps:
+        out.append(f"steps: A {steps_a:g}, B {steps_b:g}")
+    out.append("")
     head = f"{'category':<{width}} {'A count':>9} {'A ' + unit:>11} {'A %':>6} " \
            f"{'B count':>9} {'B ' + unit:>11} {'B %':>6} {'B - A':>10} {'B / A':>7}"
     out += [head, "-" * len(head)]
@@ -185,10 +202,10 @@ def format_tables(a, b, labels, steps, top):
                "overlap": "two or more kernels at once",
                "exposed communication": "exposed communication"}
     if any(f in a.figures or f in b.figures for f in figures):
-        out += ["", f"{'whole trace (ms, not per step)':<{width}} {'A':>11} {'B':>11} {'B - A':>10}"]
+        out += ["", f"{'whole trace (' + unit + ')':<{width}} {'A':>11} {'B':>11} {'B - A':>10}"]
         for figure, label in figures.items():
             if figure in a.figures and figure in b.figures:
-                va, vb = a.figures[figure], b.figures[figure]
+                va, vb = a.figures[figure] / steps_a, b.figures[figure] / steps_b
                 out.append(f"{label:<{width}} {va:>11.3f} {vb:>11.3f} {vb - va:>+10.3f}")
     if top:
         names = sorted(set(a.kernels) | set(b.kernels),
@@ -203,24 +220,43 @@ def format_tables(a, b, labels, steps, top):
     return "\n".join(out)
 
 
+def steps_of(values, a, b):
+    """(A steps, B steps) from --steps, or None when times are not to be divided."""
+    if not values:
+        return None
+    if values == ["auto"]:
+        for stats in (a, b):
+            if not stats.graph_replays:
+                raise ValueError(f"{stats.path}: no CUDA graph replays to count steps by; "
+                                 "give --steps A_STEPS B_STEPS")
+        return a.graph_replays, b.graph_replays
+    try:
+        steps = tuple(float(v) for v in values)
+    except ValueError:
+        steps = ()
+    if len(steps) != 2 or min(steps) <= 0:
+        raise ValueError(f"--steps takes two positive numbers or 'auto', got {' '.join(values)}")
+    return steps
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("a", help="first summary (.summary.txt) or trace (.json)")
     parser.add_argument("b", help="second summary or trace")
     parser.add_argument("--labels", nargs=2, default=["A", "B"], metavar=("A", "B"))
-    parser.add_argument("--steps", nargs=2, type=int, metavar=("A_STEPS", "B_STEPS"),
-                        help="training steps in each trace: times are shown per step")
+    parser.add_argument("--steps", nargs="+", metavar="STEPS",
+                        help="training steps in each trace (A_STEPS B_STEPS, or auto: the "
+                             "replays of each trace's most-replayed CUDA graph); times per step")
     parser.add_argument("--top", type=int, default=0, help="also list the N largest kernels")
     args = parser.parse_args(argv)
-    if args.steps and min(args.steps) <= 0:
-        parser.error(f"--steps must be positive, got {args.steps[0]} {args.steps[1]}")
     try:
         a, b = read_stats(args.a), read_stats(args.b)
+        steps = steps_of(args.steps, a, b)
     except ValueError as error:
         print(f"compare.py: {error}", file=sys.stderr)
         return 2
-    print(format_tables(a, b, args.labels, args.steps, args.top))
+    print(format_tables(a, b, args.labels, steps, args.top))
     return 0
 
 
