@@ -84,7 +84,8 @@ def check_full_trace(out_dir):
                 "probe_graph_second": 3, "probe_spin": 1, "ncclProbeSpin": 1}
     for name, count in expected.items():
         expect(counts[name] == count, f"{name}: {counts[name]} kernels in the trace, expected {count}")
-    expect(all(e["ts"] > 0 and e["dur"] > 0 for e in events), "an event with ts or dur <= 0")
+    expect(all(e["ts"] > 0 and e["dur"] > 0 for e in events if e["cat"] != "sync"),
+           "a GPU event with ts or dur <= 0")
     graph_nodes = [e for e in kernels if e["name"].startswith("probe_graph")]
     expect(all(e["args"].get("graph_id", 0) > 0 for e in graph_nodes), "graph nodes without graph_id")
     scale = [e for e in kernels if e["name"] == "probe_scale<3>"]
@@ -116,6 +117,12 @@ def check_full_trace(out_dir):
     for name, count in expected.items():
         expect(re.search(rf"^\s+{count}\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+%\s+{re.escape(name)}$", summary,
                          re.MULTILINE), f"summary row for {name} x{count} missing:\n{summary}")
+    # The probe's three cudaDeviceSynchronize calls blocked the host.
+    syncs = [e for e in events if e["cat"] == "sync" and e["name"] == "cudaDeviceSynchronize"]
+    expect(len(syncs) >= 3 and {e["pid"] for e in syncs} == {399},
+           f"host waits: {[(e['name'], e['pid']) for e in events if e['cat'] == 'sync']}")
+    expect(re.search(r"^host waits in CUDA synchronisation: [0-9.]+ ms in \d+ calls", summary,
+                     re.MULTILINE), f"no host waits in the summary:\n{summary}")
     expect(re.search(r"^  graph \d+: 6 kernel records of 2 nodes, 3\.0 replays$", summary, re.MULTILINE),
            f"the graph's 3 replays of 2 nodes are not in the summary:\n{summary}")
     print(f"full trace: {len(kernels)} kernels, busy {figures['device 0: busy']:.3f} ms, "

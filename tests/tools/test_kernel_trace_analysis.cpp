@@ -153,7 +153,8 @@ TEST(KernelTraceReport, SummaryHoldsHandComputedFigures) {
   const std::string summary = out.str();
   SCOPED_TRACE(summary);
   EXPECT_TRUE(contains(summary,
-                       "records: 5 kernels, 0 memcpy, 1 memset; left out: 0 outside the "
+                       "records: 5 kernels, 0 memcpy, 1 memset, 0 host synchronisations; "
+                       "left out: 0 outside the "
                        "window, 0 over the record limit, 0 lost by CUPTI\n"));
   EXPECT_TRUE(contains(summary, "span of kernels (first start to last end): 0.007 ms"));
   // Device 0: kernels cover [1000,8000) = 7 us; two at once on [4000,5000) and [6000,7000).
@@ -186,9 +187,56 @@ TEST(KernelTraceReport, HeaderSaysWhatWasLeftOut) {
   EXPECT_TRUE(contains(out.str(),
                        "tessera kernel trace of rank 1\nwindow: activities starting "
                        "from 20.000 s after CUDA initialisation for 5.000 s\nrecords: 5 "
-                       "kernels, 0 memcpy, 1 memset; left out: 7 outside the window, 3 "
-                       "over the record limit, 2 lost by CUPTI, 1 without timestamps\n"))
+                       "kernels, 0 memcpy, 1 memset, 0 host synchronisations; left out: "
+                       "7 outside the window, 3 over the record limit, 2 lost by CUPTI, "
+                       "1 without timestamps\n"))
       << out.str();
+}
+
+TEST(KernelTraceReport, HostWaitsAreReportedApartFromGpuWork) {
+  // Two stream synchronisations (1.0 and 3.0 us) and a device synchronisation (0.6 us) on
+  // the host track; the GPU figures and the memory table stay those of hand_made_trace.
+  Trace trace = hand_made_trace();
+  trace.names.push_back("cudaStreamSynchronize");
+  trace.names.push_back("cudaDeviceSynchronize");
+  auto wait = [](uint32_t name, uint64_t start, uint64_t end) {
+    Activity activity;
+    activity.kind = ActivityKind::synchronization, activity.device = kHostTrack;
+    activity.stream = 7, activity.name_id = name, activity.start_ns = start, activity.end_ns = end;
+    return activity;
+  };
+  trace.activities.push_back(wait(4, 2000, 3000));
+  trace.activities.push_back(wait(4, 5000, 8000));
+  trace.activities.push_back(wait(5, 9000, 9600));
+  std::ostringstream out;
+  write_summary(out, trace);
+  const std::string summary = out.str();
+  SCOPED_TRACE(summary);
+  EXPECT_TRUE(contains(summary, "1 memset, 3 host synchronisations;"));
+  EXPECT_TRUE(contains(summary, "device 0: busy 0.007 ms (100.0% of its span 0.007 ms)"));
+  EXPECT_FALSE(contains(summary, "device 4294967295"));
+  EXPECT_TRUE(contains(summary,
+                       "memory operations:\n     count       total_us            bytes  "
+                       "kind\n         1          0.400             4096  memset\n\n"));
+  EXPECT_TRUE(contains(summary,
+                       "host waits in CUDA synchronisation: 0.005 ms in 3 calls (CPU "
+                       "time blocked, not GPU time):\n     count       total_us  call\n"
+                       "         1          0.600  cudaDeviceSynchronize\n"
+                       "         2          4.000  cudaStreamSynchronize\n"));
+  std::ostringstream json_text;
+  write_chrome_trace(json_text, trace);
+  const nlohmann::json json = nlohmann::json::parse(json_text.str());
+  int waits = 0;
+  for (const auto& event : json["traceEvents"]) {
+    if (event["ph"] == "M" && event["pid"] == 199)
+      if (event["name"] == "process_name")
+        EXPECT_EQ(event["args"]["name"], "rank 1 host (CUDA synchronisation)");
+    if (event["ph"] != "X" || event["cat"] != "sync") continue;
+    waits += 1;
+    EXPECT_EQ(event["pid"], 199);  // rank 1's host track
+    EXPECT_FALSE(event["args"].contains("bytes"));
+  }
+  EXPECT_EQ(waits, 3);
 }
 
 TEST(KernelTraceReport, GraphReplaysCountedFromTheirNodes) {

@@ -44,6 +44,10 @@ kernels by total time (summed kernel time 10.000 ms):
 memory operations:
      count       total_us            bytes  kind
          1          0.100               64  memset
+
+host waits in CUDA synchronisation: 2.500 ms in 2 calls (CPU time blocked, not GPU time):
+     count       total_us  call
+         2       2500.000  cudaStreamSynchronize
 """
 
 TWO_GPU = HEADER.format(who="rank 0", span="13.000", busy="11.000", overlap="0.500",
@@ -60,6 +64,10 @@ kernels by total time (summed kernel time 11.500 ms):
          1       1000.000     1000.000   8.70%  tessera::optim::multi_tensor_adamw<4>
          4        800.000      200.000   6.96%  ncclDevKernel_AllReduce_Sum_bf16_RING_LL
          2        600.000      300.000   5.22%  at::native::cunn_SoftMaxForward<4, float, float>
+
+host waits in CUDA synchronisation: 0.400 ms in 4 calls (CPU time blocked, not GPU time):
+     count       total_us  call
+         4        400.000  cudaStreamSynchronize
 """
 
 # pid 0: gemm [100, 110) us, nccl [105, 120), gelu [130, 140); a memcpy that is no kernel.
@@ -75,6 +83,8 @@ CHROME_TRACE = {"traceEvents": [
      "tid": 7},
     {"name": "memcpy HtoD", "cat": "memory", "ph": "X", "ts": 1700000000000000.000, "dur": 500.0,
      "pid": 0, "tid": 7},
+    {"name": "cudaStreamSynchronize", "cat": "sync", "ph": "X", "ts": 1700000000000101.000,
+     "dur": 30.5, "pid": 99, "tid": 7},
 ]}
 
 
@@ -113,7 +123,7 @@ class CompareTest(unittest.TestCase):
         self.assertEqual(totals["elementwise/other"], [20, 1000.0])
         self.assertEqual(totals["nccl"], [0, 0.0])
         self.assertEqual(stats.figures, {"span": 12.0, "busy": 10.0, "overlap": 0.0,
-                                         "exposed communication": 0.0})
+                                         "exposed communication": 0.0, "host waits": 2.5})
 
     def run_main(self, *args):
         out, err = io.StringIO(), io.StringIO()
@@ -144,6 +154,7 @@ class CompareTest(unittest.TestCase):
         # Whole-trace figures per step too: busy 10 / 2 and 11 / 4.
         self.assertEqual(self.row(table, "busy (kernels' union)"), ["5.000", "2.750", "-2.250"])
         self.assertEqual(self.row(table, "exposed communication"), ["0.000", "0.075", "+0.075"])
+        self.assertEqual(self.row(table, "host blocked in CUDA syncs"), ["1.250", "0.100", "-1.150"])
         self.assertIn("steps: A 2, B 4\n", table)
         # The summaries' graphs were replayed 2 (graph 3) and 4 times: auto finds the same.
         code, auto_table, _ = self.run_main(a, b, "--labels", "1gpu", "2gpu", "--steps", "auto",
@@ -165,7 +176,7 @@ class CompareTest(unittest.TestCase):
                                          "ncclDevKernel_AllReduce_Sum_bf16_RING_LL": [1, 15.0],
                                          "gelu": [1, 10.0]})
         for figure, value in {"span": 0.040, "busy": 0.030, "overlap": 0.005,
-                              "exposed communication": 0.010}.items():
+                              "exposed communication": 0.010, "host waits": 0.0305}.items():
             self.assertAlmostEqual(stats.figures[figure], value, places=9, msg=figure)
         self.assertIsNone(stats.graph_replays)
         # Graph 2's two nodes replayed three times (six records), graph 8's one node once.

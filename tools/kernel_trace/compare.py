@@ -51,7 +51,7 @@ class TraceStats:
     def __init__(self, path):
         self.path = path
         self.kernels = {}  # name -> [count, total_us]
-        self.figures = {}  # "busy", "span", "overlap", "exposed communication" -> ms
+        self.figures = {}  # "busy", "span", "overlap", "exposed communication", "host waits": ms
         self.graph_replays = None  # replays of the most-replayed CUDA graph, when any
 
 
@@ -79,6 +79,7 @@ def read_summary(path, text):
         "busy": r"^device \d+: busy ([0-9.]+) ms",
         "overlap": r"two or more kernels at once ([0-9.]+) ms",
         "exposed communication": r"exposed communication ([0-9.]+) ms",
+        "host waits": r"^host waits in CUDA synchronisation: ([0-9.]+) ms",
     }
     for figure, pattern in patterns.items():
         values = [float(v) for v in re.findall(pattern, text, re.MULTILINE)]
@@ -114,7 +115,10 @@ def read_chrome_trace(path, text):
     communication = collections.defaultdict(list)
     compute = collections.defaultdict(list)
     graphs = collections.defaultdict(lambda: [0, set()])  # graph id -> [records, node ids]
+    host_waits = 0
     for event in events:
+        if event.get("ph") == "X" and event.get("cat") == "sync":
+            host_waits += event["dur"]
         if event.get("ph") != "X" or event.get("cat", "kernel") != "kernel":
             continue
         start, duration = event["ts"], event["dur"]
@@ -130,6 +134,8 @@ def read_chrome_trace(path, text):
             graph = graphs[(event.get("pid", 0), args["graph_id"])]
             graph[0] += 1
             graph[1].add(args.get("graph_node_id", 0))
+    if host_waits:
+        stats.figures["host waits"] = float(host_waits) / 1000
     if graphs:
         stats.graph_replays = max(records / len(nodes) for records, nodes in graphs.values())
     if by_device:
@@ -200,7 +206,8 @@ def format_tables(a, b, labels, steps, top):
 
     figures = {"span": "span (first to last kernel)", "busy": "busy (kernels' union)",
                "overlap": "two or more kernels at once",
-               "exposed communication": "exposed communication"}
+               "exposed communication": "exposed communication",
+               "host waits": "host blocked in CUDA syncs"}
     if any(f in a.figures or f in b.figures for f in figures):
         out += ["", f"{'whole trace (' + unit + ')':<{width}} {'A':>11} {'B':>11} {'B - A':>10}"]
         for figure, label in figures.items():

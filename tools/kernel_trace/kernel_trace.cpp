@@ -88,6 +88,23 @@ const char* memcpy_kind_name(uint8_t kind) {
   }
 }
 
+// The blocking synchronisation calls; nullptr for cudaStreamWaitEvent, which only orders
+// streams on the device and never blocks the host.
+const char* synchronization_name(CUpti_ActivitySynchronizationType type) {
+  switch (type) {
+    case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_EVENT_SYNCHRONIZE:
+      return "cudaEventSynchronize";
+    case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE:
+      return "cudaStreamSynchronize";
+    case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_CONTEXT_SYNCHRONIZE:
+      return "cudaDeviceSynchronize";
+    case CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT:
+      return nullptr;
+    default:
+      return "synchronize (unknown kind)";
+  }
+}
+
 // Converts one CUPTI record; false for kinds the tracer does not keep.
 bool to_activity(TracerState& tracer, const CUpti_Activity* record, Activity& out) {
   switch (record->kind) {
@@ -128,6 +145,15 @@ bool to_activity(TracerState& tracer, const CUpti_Activity* record, Activity& ou
                      set->start,           set->end,      name_id(tracer, "memset"),
                      set->correlationId,   set->graphId};
       out.bytes = set->bytes;
+      return true;
+    }
+    case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION: {
+      const auto* sync = reinterpret_cast<const CUpti_ActivitySynchronization2*>(record);
+      const char* name = synchronization_name(sync->type);
+      if (name == nullptr) return false;
+      out = Activity{
+          ActivityKind::synchronization, kHostTrack,         sync->streamId, sync->start, sync->end,
+          name_id(tracer, name),         sync->correlationId};
       return true;
     }
     default:
@@ -288,6 +314,8 @@ bool start_tracing() {
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "cuptiActivityEnable(MEMCPY)");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY2), "cuptiActivityEnable(MEMCPY2)");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "cuptiActivityEnable(MEMSET)");
+  check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION),
+        "cuptiActivityEnable(SYNCHRONIZATION)");
   if (std::atexit(write_at_exit) != 0) {
     warn("atexit failed; not tracing");
     check(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityDisable");

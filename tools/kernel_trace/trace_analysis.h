@@ -13,9 +13,13 @@
 
 namespace tessera::kernel_trace {
 
-enum class ActivityKind : uint8_t { kernel, memcpy, memset };
+// synchronization: a host thread blocked in cudaStreamSynchronize, cudaEventSynchronize or
+// cudaDeviceSynchronize (CPU time, on the host track), not GPU work.
+enum class ActivityKind : uint8_t { kernel, memcpy, memset, synchronization };
+// The `device` of synchronization records: they belong to the host.
+constexpr uint32_t kHostTrack = UINT32_MAX;
 
-// One GPU activity. Times are CUPTI timestamps in nanoseconds.
+// One GPU activity or host wait. Times are CUPTI timestamps in nanoseconds.
 struct Activity {
   ActivityKind kind = ActivityKind::kernel;
   uint32_t device = 0;

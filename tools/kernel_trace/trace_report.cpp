@@ -78,12 +78,12 @@ void write_header(std::ostream& os, const Trace& trace) {
   } else {
     os << "window: every activity from CUDA initialisation to exit\n";
   }
-  uint64_t counts[3] = {0, 0, 0};
+  uint64_t counts[4] = {0, 0, 0, 0};
   for (const Activity& activity : trace.activities) counts[static_cast<int>(activity.kind)] += 1;
   os << "records: " << counts[0] << " kernels, " << counts[1] << " memcpy, " << counts[2]
-     << " memset; left out: " << trace.outside_window << " outside the window, "
-     << trace.over_capacity << " over the record limit, " << trace.dropped_by_cupti
-     << " lost by CUPTI";
+     << " memset, " << counts[3] << " host synchronisations; left out: " << trace.outside_window
+     << " outside the window, " << trace.over_capacity << " over the record limit, "
+     << trace.dropped_by_cupti << " lost by CUPTI";
   if (trace.without_times > 0) os << ", " << trace.without_times << " without timestamps";
   os << "\n\n";
 }
@@ -155,24 +155,50 @@ void write_kernel_table(std::ostream& os, const Trace& trace) {
   os << "\n";
 }
 
-void write_memory_table(std::ostream& os, const Trace& trace) {
-  struct MemoryStat {
-    uint64_t count = 0, total_ns = 0, bytes = 0;
-  };
-  std::map<std::string, MemoryStat> by_name;
+struct NamedTotal {
+  uint64_t count = 0, total_ns = 0, bytes = 0;
+};
+
+// Count, time and bytes per name of the activities of the given kinds.
+std::map<std::string, NamedTotal> totals_by_name(const Trace& trace,
+                                                 std::initializer_list<ActivityKind> kinds) {
+  std::map<std::string, NamedTotal> by_name;
   for (const Activity& activity : trace.activities) {
-    if (activity.kind == ActivityKind::kernel || activity.name_id >= trace.names.size()) continue;
-    MemoryStat& stat = by_name[trace.names[activity.name_id]];
-    stat.count += 1;
-    stat.total_ns += duration(activity);
-    stat.bytes += activity.bytes;
+    if (std::find(kinds.begin(), kinds.end(), activity.kind) == kinds.end() ||
+        activity.name_id >= trace.names.size())
+      continue;
+    NamedTotal& total = by_name[trace.names[activity.name_id]];
+    total.count += 1;
+    total.total_ns += duration(activity);
+    total.bytes += activity.bytes;
   }
+  return by_name;
+}
+
+void write_memory_table(std::ostream& os, const Trace& trace) {
+  const auto by_name = totals_by_name(trace, {ActivityKind::memcpy, ActivityKind::memset});
   if (by_name.empty()) return;
   os << "memory operations:\n";
   os << format("%10s %14s %16s  %s\n", "count", "total_us", "bytes", "kind");
-  for (const auto& [name, stat] : by_name)
-    os << format("%10" PRIu64 " %14.3f %16" PRIu64 "  ", stat.count,
-                 static_cast<double>(stat.total_ns) * 1e-3, stat.bytes)
+  for (const auto& [name, total] : by_name)
+    os << format("%10" PRIu64 " %14.3f %16" PRIu64 "  ", total.count,
+                 static_cast<double>(total.total_ns) * 1e-3, total.bytes)
+       << name << "\n";
+  os << "\n";
+}
+
+// Time host threads spent blocked until the GPU caught up: large when the GPU is the
+// bottleneck, small when the host is (it then never has to wait).
+void write_host_waits(std::ostream& os, const Trace& trace) {
+  const auto by_name = totals_by_name(trace, {ActivityKind::synchronization});
+  if (by_name.empty()) return;
+  uint64_t total_ns = 0, calls = 0;
+  for (const auto& [name, total] : by_name) total_ns += total.total_ns, calls += total.count;
+  os << "host waits in CUDA synchronisation: " << milliseconds(total_ns) << " in " << calls
+     << " calls (CPU time blocked, not GPU time):\n";
+  os << format("%10s %14s  %s\n", "count", "total_us", "call");
+  for (const auto& [name, total] : by_name)
+    os << format("%10" PRIu64 " %14.3f  ", total.count, static_cast<double>(total.total_ns) * 1e-3)
        << name << "\n";
   os << "\n";
 }
@@ -192,9 +218,11 @@ void write_json_string(std::ostream& os, std::string_view text) {
 }
 
 // Chrome's "pid": the device, and for a ranked process 100 * rank + device, so the files of
-// several ranks can be loaded into one Perfetto view without their tracks colliding.
+// several ranks can be loaded into one Perfetto view without their tracks colliding; the
+// host's synchronisation waits go on track 99 (100 * rank + 99).
 uint64_t track_process(const Trace& trace, uint32_t device) {
-  return trace.rank >= 0 ? 100 * static_cast<uint64_t>(trace.rank) + device : device;
+  const uint64_t local = device == kHostTrack ? 99 : device;
+  return trace.rank >= 0 ? 100 * static_cast<uint64_t>(trace.rank) + local : local;
 }
 
 // Writes the separator before each element of traceEvents: none before the first.
@@ -219,7 +247,9 @@ void write_track_names(EventList& events, const Trace& trace) {
       os << format("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%" PRIu64
                    ",\"tid\":0,\"args\":{\"name\":",
                    track_process(trace, device));
-      write_json_string(os, trace.process_label + " GPU " + std::to_string(device));
+      write_json_string(os, trace.process_label + (device == kHostTrack
+                                                       ? std::string(" host (CUDA synchronisation)")
+                                                       : " GPU " + std::to_string(device)));
       os << "}}";
     }
     events.next() << format("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%" PRIu64
@@ -231,10 +261,14 @@ void write_track_names(EventList& events, const Trace& trace) {
 void write_event(EventList& events, const Trace& trace, const Activity& activity,
                  const std::string& name) {
   const bool kernel = activity.kind == ActivityKind::kernel;
+  const bool host = activity.kind == ActivityKind::synchronization;
   std::ostream& os = events.next();
   os << "{\"name\":";
   write_json_string(os, name);
-  os << ",\"cat\":\"" << (kernel ? "kernel" : "memory")
+  os << ",\"cat\":\""
+     << (kernel ? "kernel"
+         : host ? "sync"
+                : "memory")
      << "\",\"ph\":\"X\",\"ts\":" << microseconds_exact(activity.start_ns)
      << ",\"dur\":" << microseconds_exact(duration(activity))
      << format(",\"pid\":%" PRIu64 ",\"tid\":%u,\"args\":{\"correlation_id\":%u",
@@ -246,7 +280,7 @@ void write_event(EventList& events, const Trace& trace, const Activity& activity
         activity.grid[0], activity.grid[1], activity.grid[2], activity.block[0], activity.block[1],
         activity.block[2], activity.registers, activity.static_shared_bytes,
         activity.dynamic_shared_bytes);
-  } else {
+  } else if (!host) {
     os << ",\"bytes\":" << activity.bytes;
   }
   if (activity.graph_id != 0)
@@ -262,6 +296,7 @@ void write_summary(std::ostream& os, const Trace& trace) {
   write_graphs(os, trace);
   write_kernel_table(os, trace);
   write_memory_table(os, trace);
+  write_host_waits(os, trace);
 }
 
 void write_chrome_trace(std::ostream& os, const Trace& trace) {
