@@ -212,17 +212,26 @@ __global__ void __launch_bounds__(kMultiThreads)
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-// factor_of_norm: when set, the factor is clip_grad_norm_'s, computed from the norm on the
-// device in f64 exactly as the host computes it; blocks leave the data alone when no
-// clipping is due.
+// Where the factor of a scaling comes from.
+enum class FactorSource {
+  host,            // `factor` as given
+  clip_of_norm,    // clip_grad_norm_'s factor of the norm at `device_value`, computed in f64
+                   // exactly as the host computes it; nothing to do when no clipping is due
+  value_unless_one  // the f32 at `device_value`; nothing to do when it is exactly 1
+};
+
+// Blocks with nothing to do (decided on the device) leave the data alone.
 __global__ void __launch_bounds__(kMultiThreads)
     scale_kernel(const NormSlot* slots, const ChunkRef* chunks, float factor,
-                 const float* factor_of_norm, double max_norm) {
-  if (factor_of_norm) {
-    const double norm = *factor_of_norm;
+                 FactorSource source, const float* device_value, double max_norm) {
+  if (source == FactorSource::clip_of_norm) {
+    const double norm = *device_value;
     const double coef = max_norm / (norm + 1e-6);
     if (!(coef < 1.0) && isfinite(norm)) return;
     factor = static_cast<float>(1.0 < coef ? 1.0 : coef);  // std::min(coef, 1.0), NaN kept
+  } else if (source == FactorSource::value_unless_one) {
+    factor = *device_value;
+    if (factor == 1.f) return;
   }
   const ChunkRef c = chunks[blockIdx.x];
   const NormSlot s = slots[c.slot];
@@ -301,10 +310,10 @@ void multi_tensor_adamw(const std::vector<Tensor>& params, const std::vector<Ten
 }
 
 namespace {
-// One launch of scale_kernel over every tensor: by `factor`, or by clipping's factor of
-// `norm` when norm is defined.
-void scale_tensors(const std::vector<Tensor>& tensors, double factor, const Tensor& norm,
-                   double max_norm) {
+// One launch of scale_kernel over every tensor, by a factor from `source` (device_value: one
+// f32 on the tensors' device, for the device sources).
+void scale_tensors(const std::vector<Tensor>& tensors, double factor, FactorSource source,
+                   const Tensor& device_value = Tensor(), double max_norm = 0.0) {
   std::vector<NormSlot> slots;
   std::vector<ChunkRef> chunks;
   Tensor first;
@@ -327,14 +336,24 @@ void scale_tensors(const std::vector<Tensor>& tensors, double factor, const Tens
   const ChunkRef* dchunks;
   Tensor tables = upload_tables(slots, chunks, first.device(), &dslots, &dchunks);
   scale_kernel<<<static_cast<unsigned>(chunks.size()), kMultiThreads, 0, ctx.stream>>>(
-      dslots, dchunks, static_cast<float>(factor), norm.defined() ? norm.data<float>() : nullptr,
-      max_norm);
+      dslots, dchunks, static_cast<float>(factor), source,
+      device_value.defined() ? device_value.data<float>() : nullptr, max_norm);
   TESSERA_KERNEL_CHECK("scale_kernel");
 }
 }  // namespace
 
 void multi_tensor_scale_(const std::vector<Tensor>& tensors, double factor) {
-  scale_tensors(tensors, factor, Tensor(), 0.0);
+  scale_tensors(tensors, factor, FactorSource::host);
+}
+
+void scale_by_device_scalar_(const Tensor& t, const Tensor& scalar) {
+  TESSERA_CHECK(scalar.defined() && scalar.numel() == 1 && is_floating(scalar.dtype()) &&
+                    scalar.device() == t.device(),
+                "scale_by_device_scalar_: the scalar must be one floating value on ",
+                t.device().str(), ", got ", scalar.defined() ? shape_str(scalar.shape()) : "none",
+                scalar.defined() ? " on " + scalar.device().str() : "");
+  scale_tensors({t}, 1.0, FactorSource::value_unless_one,
+                raw::contiguous(raw::to(scalar, t.device(), DType::f32)));
 }
 
 void multi_tensor_clip_(const std::vector<Tensor>& tensors, const Tensor& norm, double max_norm) {
@@ -342,7 +361,7 @@ void multi_tensor_clip_(const std::vector<Tensor>& tensors, const Tensor& norm, 
                     norm.device().is_cuda(),
                 "multi_tensor_clip_: norm must be one float32 value on a CUDA device");
   TESSERA_CHECK(max_norm > 0, "multi_tensor_clip_: max_norm must be > 0, got ", max_norm);
-  scale_tensors(tensors, 1.0, norm, max_norm);
+  scale_tensors(tensors, 1.0, FactorSource::clip_of_norm, norm, max_norm);
 }
 
 Tensor global_grad_norm(const std::vector<Tensor>& grads) {
