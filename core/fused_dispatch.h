@@ -33,12 +33,12 @@ struct MultiTensorAdamWConfig {
   double weight_decay = 0.0;
   int64_t step = 1;          // 1 on the first update
   float grad_scale = 1.0f;   // e.g. 1/loss_scale or a clipping factor
-  // For a launch recorded in a CUDA graph (core/graph_capture.h): page-locked host memory of
-  // kAdamWReplayScalars floats that outlives the graph. The launch writes the step's
-  // coefficients that change with lr and step there (adamw_replay_scalars) and copies them to
-  // the device for the kernel, so each replay uses what the host wrote there before it
-  // (optim::AdamW::prepare_graph_replay).
-  float* replay_scalars = nullptr;
+  // For a launch recorded in a CUDA graph (core/graph_capture.h): device memory of
+  // kAdamWReplayScalars floats that outlives the graph, from which the kernel reads the
+  // coefficients that change with lr and step (adamw_replay_scalars) when it runs. The owner
+  // copies each replay's values there in stream order before the replay
+  // (optim::AdamW::prepare_graph_replay), so the host never waits for the previous replay.
+  const float* replay_scalars = nullptr;
 };
 
 // What a replayed multi-tensor AdamW launch reads from replay_scalars: the decay factor of

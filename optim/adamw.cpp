@@ -52,7 +52,7 @@ struct MultiTensorItem {
 
 // Where a launch being recorded in a CUDA graph reads its lr and bias corrections (given its
 // parameters' flat indices); empty outside a capture.
-using ReplaySlotFor = std::function<float*(std::vector<size_t> params)>;
+using ReplaySlotFor = std::function<const float*(std::vector<size_t> params)>;
 
 constexpr size_t kMaxRecordedLaunches = 256;
 constexpr size_t kSlotFloats = 4;  // kAdamWReplayScalars (+ padding)
@@ -125,21 +125,37 @@ void update_with_master(const Tensor& p, const Tensor& master, const Tensor& gra
 }
 }  // namespace
 
-float* AdamW::replay_slot(size_t launch, Device device) {
+const float* AdamW::replay_slot(size_t launch, Device device) {
   TESSERA_CHECK(launch < kMaxRecordedLaunches, "AdamW: more than ", kMaxRecordedLaunches,
                 " multi-tensor launches in one step cannot be recorded in a CUDA graph");
-  if (!replay_slots_) {
-    Allocator* pinned = device_backend(device.type).pinned_host_allocator();
-    TESSERA_CHECK(pinned != nullptr, "AdamW: ", device.str(), " has no page-locked host memory "
-                  "for the values a CUDA graph replay reads");
-    const size_t bytes = kMaxRecordedLaunches * kSlotFloats * sizeof(float);
-    replay_slots_ = std::shared_ptr<float>(static_cast<float*>(pinned->allocate(bytes)),
-                                           [pinned, bytes](float* p) { pinned->deallocate(p, bytes); });
+  if (!replay_scalars_.defined())
+    replay_scalars_ = zeros({int64_t(kMaxRecordedLaunches * kSlotFloats)},
+                            {.dtype = DType::f32, .device = device});
+  return replay_scalars_.data<float>() + launch * kSlotFloats;
+}
+
+void AdamW::upload_replay_scalars() {
+  std::vector<float> values(recorded_.size() * kSlotFloats, 0.f);
+  for (size_t k = 0; k < recorded_.size(); ++k) {
+    const RecordedLaunch& launch = recorded_[k];
+    const int64_t step = state(launch.params.front()).step;
+    adamw_replay_scalars(multi_tensor_config(groups_[launch.group], opts_, step),
+                         values.data() + k * kSlotFloats);
   }
-  return replay_slots_.get() + launch * kSlotFloats;
+  // A small host-to-device copy: staged and queued, so it lands after the previous replay
+  // (which read the old values) and before the next one.
+  raw::copy_(raw::narrow(replay_scalars_, 0, 0, int64_t(values.size())),
+             from_vector(values, {int64_t(values.size())}));
+}
+
+void AdamW::graph_recorded() {
+  // The capture ran apply_step: step counts are already those of the recorded step.
+  if (!recorded_.empty()) upload_replay_scalars();
 }
 
 void AdamW::prepare_graph_replay() {
+  // Replays the multi-tensor launches recorded in the last capture: their parameters' step
+  // counts advance and each launch's lr and bias corrections go to its device slot.
   if (!step_gate_open()) return;
   TESSERA_CHECK(!recorded_.empty(), "AdamW::prepare_graph_replay: no step was recorded in a CUDA graph");
   for (const RecordedLaunch& launch : recorded_) {
@@ -149,8 +165,8 @@ void AdamW::prepare_graph_replay() {
                     "recorded launch are at different steps (", state(i).step + 1, " vs ", step, ")");
       state(i).step = step;
     }
-    adamw_replay_scalars(multi_tensor_config(groups_[launch.group], opts_, step), launch.scalars);
   }
+  upload_replay_scalars();
 }
 
 void AdamW::apply_step() {
@@ -202,10 +218,14 @@ void AdamW::apply_step() {
     if (recording && !multi_tensor.empty()) {
       const Device device = multi_tensor.front().p.device();
       slot_for = [this, group_index, device](std::vector<size_t> params) {
-        float* slot = replay_slot(recorded_.size(), device);
-        recorded_.push_back({group_index, std::move(params), slot});
+        const float* slot = replay_slot(recorded_.size(), device);
+        recorded_.push_back({group_index, std::move(params)});
         return slot;
       };
+    } else if (!multi_tensor.empty() && !multi_tensor.front().p.device().is_cpu()) {
+      // Before any capture, so that the slots are ordinary device memory rather than part of
+      // a graph's private pool.
+      replay_slot(0, multi_tensor.front().p.device());
     }
     run_multi_tensor(multi_tensor, group, opts_, slot_for);
   }

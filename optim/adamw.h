@@ -40,16 +40,21 @@ class AdamW : public Optimizer {
 
  private:
   void apply_step() override;
-  // One multi-tensor launch recorded in a graph: its group, its parameters (flat indices)
-  // and where it reads lr and bias corrections (MultiTensorAdamWConfig::replay_scalars).
+  void graph_recorded() override;
+  // One multi-tensor launch recorded in a graph: its group and its parameters (flat indices);
+  // launch i reads its lr and bias corrections from slot i of replay_scalars_
+  // (MultiTensorAdamWConfig::replay_scalars).
   struct RecordedLaunch {
     size_t group;
     std::vector<size_t> params;
-    float* scalars;
   };
-  float* replay_slot(size_t launch, Device device);
+  // Slot `launch` of replay_scalars_ (allocated on `device` on first use).
+  const float* replay_slot(size_t launch, Device device);
+  // Copies each recorded launch's coefficients, for its parameters' current step, into its
+  // slot in stream order: the next replay reads them, and the host waits for nothing.
+  void upload_replay_scalars();
   std::vector<RecordedLaunch> recorded_;
-  std::shared_ptr<float> replay_slots_;  // page-locked, kMaxRecordedLaunches x 4 floats
+  Tensor replay_scalars_;  // f32 [kMaxRecordedLaunches x 4] on the parameters' device
   std::vector<std::string> state_tensor_names() const override {
     return {"exp_avg", "exp_avg_sq", "master"};
   }

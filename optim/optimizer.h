@@ -77,6 +77,9 @@ class Optimizer {
   // corrections, is written where the recorded launches read it). Nothing while the step
   // gate says no. Throws when this optimizer cannot be replayed (the default).
   virtual void prepare_graph_replay();
+  // After step() was recorded in a CUDA graph and before the graph's first replay: makes what
+  // the recorded launches read hold the recorded step's values (the capture ran nothing).
+  virtual void graph_recorded() {}
   // Every parameter's step count (kept before a capture, restored when it fails).
   std::vector<int64_t> step_counts() const;
   void set_step_counts(const std::vector<int64_t>& steps);

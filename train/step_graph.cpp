@@ -130,6 +130,7 @@ StepOutputs StepGraphRunner::record(Recorded& entry,
   }
   ++recorded_;
   status_ = "recording";
+  optimizer_.graph_recorded();
   entry.graph->replay();
   return entry.outputs;
 }
@@ -140,8 +141,9 @@ StepOutputs StepGraphRunner::replay(Recorded& entry,
     raw::copy_(entry.inputs[i].x, micro_batches[i].x);
     raw::copy_(entry.inputs[i].y, micro_batches[i].y);
   }
-  // The previous replay must be done reading what prepare_graph_replay rewrites.
-  device_backend(device_of(micro_batches).type).synchronize(device_of(micro_batches).index);
+  // What changes per step reaches the device through copies queued behind the previous
+  // replay: the host does not wait for it (a wait here left the GPU idle between steps while
+  // the host logged, loaded the next batch and launched the graph).
   optimizer_.prepare_graph_replay();
   acc_.set_micro_step(acc_.micro_step() + acc_.gradient_accumulation_steps());
   entry.graph->replay();

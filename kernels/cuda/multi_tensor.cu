@@ -295,17 +295,8 @@ void multi_tensor_adamw(const std::vector<Tensor>& params, const std::vector<Ten
   Tensor tables = upload_tables(slots, chunks, device, &dslots, &dchunks);
   const AdamWCoefficients<float> coeffs = rounded_to<float>(
       adamw_coefficients(cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.step));
-  Tensor scalars;  // the replay's coefficients, copied from page-locked memory
-  if (cfg.replay_scalars) {
-    adamw_replay_scalars(cfg, cfg.replay_scalars);
-    scalars = empty({kAdamWReplayScalars}, {.dtype = DType::f32, .device = device});
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(scalars.raw_data(), cfg.replay_scalars,
-                                       kAdamWReplayScalars * sizeof(float), cudaMemcpyHostToDevice,
-                                       ctx.stream));
-  }
   adamw_kernel<<<static_cast<unsigned>(chunks.size()), kMultiThreads, 0, ctx.stream>>>(
-      dslots, dchunks, coeffs, cfg.grad_scale,
-      scalars.defined() ? scalars.data<float>() : nullptr);
+      dslots, dchunks, coeffs, cfg.grad_scale, cfg.replay_scalars);
   TESSERA_KERNEL_CHECK("adamw_kernel");
 }
 
