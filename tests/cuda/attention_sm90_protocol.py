@@ -3,17 +3,20 @@
 interleavings (no GPU needed).
 
 The kernel cannot be stepped through on the CPU, but its synchronisation can: this script
-replays, step for step, what the producer thread and the two consumer warpgroups do with the
-mbarriers (q_full[2], k_full[2], v_full[2], k_empty[2], v_empty[2], turn[2]) -- the K/V ring of
-two stages counted over both query tiles of a block, the skip path of a warpgroup without rows
-below T, the ping-pong turns -- with each TMA copy landing at a random later moment. A barrier
-is modelled as the PTX ISA describes it: a phase completes when its pending arrivals reach zero
-and its transaction bytes are in; try_wait.parity(P) passes once the phase of parity P has
-completed, i.e. when the number of completions has the other parity.
+replays, step for step, what the producer thread and the two consumer warpgroups of one block do
+with the mbarriers (q_full[2], q_empty[2], k_full[2], v_full[2], k_empty[2], v_empty[2],
+turn[2]) -- the persistent walk over units (TileCursor: units block, block + grid, ...), the two
+Q buffers taken in turn by the block's query tiles, the K/V ring of two stages counted over all
+of them, K loaded one tile ahead of V (or not: Sm90Forward::kKeysAhead), the skip path of a
+warpgroup without rows below T, the ping-pong turns -- with each TMA copy landing at a random
+later moment. A barrier is modelled as the PTX ISA describes it: a phase completes when its
+pending arrivals reach zero and its transaction bytes are in; try_wait.parity(P) passes once the
+phase of parity P has completed, i.e. when the number of completions has the other parity.
 
-Checked for every T, block and many interleavings: nothing deadlocks, every consumer reads the
-tile it expects from a stage, and no copy lands in a stage a warpgroup is reading. The model
-also checks that it can fail: two deliberately broken protocols must be caught.
+Checked for every shape, block and many interleavings: nothing deadlocks, no phase gets more
+arrivals than it expects, every consumer reads the tile it expects from a stage or Q buffer, and
+no copy lands in a stage or Q buffer a warpgroup is reading. The model also checks that it can
+fail: four deliberately broken protocols must be caught.
 Keep it in step with the kernel when its protocol changes (the function names match).
 """
 import random
@@ -47,28 +50,37 @@ class Barrier:
         return (self.completions & 1) != parity
 
 
-def tiles_of(q_tile, T):
-    return (min((q_tile + 1) * ROWS, T) - 1) // KEYS + 1
-
-
-def simulate(T, block_x, seed, pingpong=True, broken=None):
-    """Runs one block; returns "ok" or what went wrong."""
-    rng = random.Random(seed)
+def block_items(T, heads, grid, block):
+    """TileCursor: the query tiles block `block` of `grid` walks over, as (j, q0, n_tiles,
+    first_it): units block, block + grid, ... of heads * ceil(nq / 2), each its long query tile
+    nq - 1 - x and then its short one x (the middle tile of an odd nq alone)."""
     nq = (T - 1) // ROWS + 1
-    long_tile, short_tile = nq - 1 - block_x, block_x
-    n_items = 2 if short_tile < long_tile else 1
+    units_per_head = (nq + 1) // 2
+    items, ring = [], 0
+    for unit in range(block, heads * units_per_head, grid):
+        x = unit % units_per_head
+        for q_tile in ([nq - 1 - x, x] if x < nq - 1 - x else [nq - 1 - x]):
+            n_tiles = q_tile + 1  # the causal tiles of query tile q_tile, whatever T
+            assert n_tiles == (min((q_tile + 1) * ROWS, T) - 1) // KEYS + 1
+            items.append((len(items), q_tile * ROWS, n_tiles, ring))
+            ring += n_tiles
+    return items
 
-    def item(j):  # ForwardBlock::item: (q0, n_tiles, first_it)
-        q_tile = long_tile if j == 0 else short_tile
-        return q_tile * ROWS, tiles_of(q_tile, T), 0 if j == 0 else tiles_of(long_tile, T)
 
-    q_full = [Barrier(f"q_full[{j}]", 1) for j in range(2)]
+def simulate(T, heads, grid, block, seed, pingpong=True, keys_ahead=True, broken=None):
+    """Runs one block of a grid of `grid` blocks over `heads` (batch, head) pairs; returns "ok"
+    or what went wrong."""
+    rng = random.Random(seed)
+    items = block_items(T, heads, grid, block)
+
+    q_full = [Barrier(f"q_full[{b}]", 1) for b in range(2)]
+    q_empty = [Barrier(f"q_empty[{b}]", 8) for b in range(2)]
     k_full = [Barrier(f"k_full[{s}]", 1) for s in range(2)]
     v_full = [Barrier(f"v_full[{s}]", 1) for s in range(2)]
     k_empty = [Barrier(f"k_empty[{s}]", 8) for s in range(2)]
     v_empty = [Barrier(f"v_empty[{s}]", 8) for s in range(2)]
     turn = [Barrier(f"turn[{c}]", 4) for c in range(2)]
-    stage_holds = {(kind, s): None for kind in "kv" for s in range(2)}
+    stage_holds = {(kind, s): None for kind in "qkv" for s in range(2)}
     readers = {key: set() for key in stage_holds}
     copies_in_flight = []
     errors = []
@@ -77,33 +89,36 @@ def simulate(T, block_x, seed, pingpong=True, broken=None):
     def tma(kind, stage, tile, bar):
         copies_in_flight.append((kind, stage, tile, bar))
 
-    def produce_kv_tile(it):
+    def produce_kv(kind, it):
         stage, use = it % 2, it // 2
-        if use > 0:
-            yield ("wait", k_empty[stage], (use - 1) & 1)
-        k_full[stage].arrive(1, BYTES)
-        tma("k", stage, it, k_full[stage])
-        if use > 0 and broken != "no v_empty wait":
-            yield ("wait", v_empty[stage], (use - 1) & 1)
-        v_full[stage].arrive(1, BYTES)
-        tma("v", stage, it, v_full[stage])
+        full, empty = (k_full, k_empty) if kind == "k" else (v_full, v_empty)
+        if use > 0 and not (kind == "v" and broken == "no v_empty wait"):
+            yield ("wait", empty[stage], (use - 1) & 1)
+        full[stage].arrive(1, BYTES)
+        tma(kind, stage, it, full[stage])
         yield ("step",)
 
     def produce_tiles():
-        for j in range(n_items):
-            q0, n, first_it = item(j)
-            q_full[j].arrive(1, BYTES)
-            tma("q", j, j, q_full[j])
-            for t in range(n):
-                yield from produce_kv_tile(first_it + t)
+        lag = 1 if keys_ahead else 0  # Sm90Forward::kKeysAhead: V tile t - lag after K tile t
+        for j, q0, n, first_it in items:
+            buffer = j % 2
+            if j >= 2 and broken != "no q_empty wait":
+                yield ("wait", q_empty[buffer], (j // 2 - 1) & 1)
+            q_full[buffer].arrive(1, BYTES)
+            tma("q", buffer, j, q_full[buffer])
+            for t in range(n + lag):
+                if t < n:
+                    yield from produce_kv("k", first_it + t)
+                if t >= lag:
+                    yield from produce_kv("v", first_it + t - lag)
 
     def consume(c):
         turns = 0
-        for j in range(n_items):
-            q0, n, first_it = item(j)
+        for j, q0, n, first_it in items:
             row0 = q0 + 64 * c
             first = max(0, n - 1 - (row0 + 63) // KEYS) if row0 < T else n
             pp = pingpong and q0 + 64 < T
+            buffer = j % 2
 
             def stage(it):
                 return (first_it + it) % 2
@@ -121,6 +136,12 @@ def simulate(T, block_x, seed, pingpong=True, broken=None):
             def end_read(kind, it):
                 readers[(kind, stage(it))].discard(c)
 
+            def read_q():  # an S MMA reads this query tile's Q
+                if stage_holds[("q", buffer)] != j:
+                    errors.append(f"warpgroup {c} reads Q of query tile {j} from buffer {buffer}, "
+                                  f"which holds query tile {stage_holds[('q', buffer)]}")
+                readers[("q", buffer)].add(c)
+
             def await_turn():
                 nonlocal turns
                 if not pp:
@@ -134,20 +155,27 @@ def simulate(T, block_x, seed, pingpong=True, broken=None):
                 if pp and not (skip_last and last_issue and c == 1):
                     turn[1 - c].arrive(4)
 
+            def release_q():
+                readers[("q", buffer)].discard(c)
+                q_empty[buffer].arrive(4)
+
             if pp and c == 1:
                 pass_turn()
-            yield ("wait", q_full[j], 0)
+            q_parity = 0 if broken == "q_full parity 0" else (j // 2) & 1
+            yield ("wait", q_full[buffer], q_parity)
             for it in range(first):  # tiles entirely in the future: released unread
                 yield ("wait", k_full[stage(it)], parity(it))
                 yield ("wait", v_full[stage(it)], parity(it))
                 k_empty[stage(it)].arrive(4)
                 v_empty[stage(it)].arrive(4)
             if first == n:
+                release_q()
                 continue
             # first_tile
             it = first
             yield ("wait", k_full[stage(it)], parity(it))
             yield await_turn()
+            read_q()
             begin_read("k", it)
             pass_turn()
             yield ("step",)
@@ -159,6 +187,7 @@ def simulate(T, block_x, seed, pingpong=True, broken=None):
                 yield ("wait", k_full[stage(it)], parity(it))
                 yield ("wait", v_full[stage(prev)], parity(prev))
                 yield await_turn()
+                read_q()
                 begin_read("k", it)
                 begin_read("v", prev)
                 pass_turn()
@@ -177,6 +206,7 @@ def simulate(T, block_x, seed, pingpong=True, broken=None):
             yield ("step",)
             end_read("v", it)
             v_empty[stage(it)].arrive(4)
+            release_q()
             yield ("step",)  # store_rows
 
     agents = {"producer": produce_tiles(), "consumer 0": consume(0), "consumer 1": consume(1)}
@@ -195,33 +225,45 @@ def simulate(T, block_x, seed, pingpong=True, broken=None):
         pick = rng.choice(choices)
         if pick == "copy":
             kind, stage, tile, bar = copies_in_flight.pop(rng.randrange(len(copies_in_flight)))
-            if kind != "q":
-                if readers[(kind, stage)]:
-                    errors.append(f"a copy of {kind} tile {tile} lands in stage {stage} while "
-                                  f"warpgroup(s) {readers[(kind, stage)]} read it")
-                stage_holds[(kind, stage)] = tile
+            if readers[(kind, stage)]:
+                errors.append(f"a copy of {kind} tile {tile} lands in stage {stage} while "
+                              f"warpgroup(s) {readers[(kind, stage)]} read it")
+            stage_holds[(kind, stage)] = tile
             bar.complete_tx(BYTES)
             continue
         try:
             waiting[pick] = next(agents[pick])
         except StopIteration:
             finished.add(pick)
+        except AssertionError as e:  # an arrival the phase does not expect
+            return str(e)
     else:
         return "no progress"
     return errors[0] if errors else "ok"
 
 
+# (T, heads, grid): one block per unit (the grid without kPersistentGrid), and persistent grids
+# smaller than the unit count so that blocks walk over several units, heads and ring wraps --
+# including a grid of one block and counts that do not divide the units.
+SHAPES = [(T, 1, None) for T in [1, 17, 64, 65, 128, 129, 192, 200, 256, 300, 1024, 1061, 2000]]
+SHAPES += [(1, 7, 3), (17, 5, 2), (100, 6, 4), (128, 4, 3), (129, 3, 2), (200, 5, 3),
+           (300, 4, 5), (385, 3, 2), (1024, 3, 5), (1061, 2, 3), (640, 6, 1)]
+
+
 def check_all(broken=None, seeds=40):
     """Returns the failures over all shapes and blocks ([] when the protocol holds)."""
     failures = []
-    for T in [1, 17, 64, 65, 128, 129, 192, 200, 256, 300, 1024, 1061, 2000]:
-        nq = (T - 1) // ROWS + 1
-        for block_x in range((nq + 1) // 2):
-            for pingpong in (True, False):
+    for T, heads, grid in SHAPES:
+        units = heads * (((T - 1) // ROWS + 2) // 2)
+        grid = grid or units
+        for block in range(min(grid, units)):
+            for pingpong, keys_ahead in ((True, True), (False, True), (True, False)):
                 for seed in range(seeds):
-                    result = simulate(T, block_x, seed * 7919 + block_x, pingpong, broken)
+                    result = simulate(T, heads, grid, block, seed * 7919 + block, pingpong,
+                                      keys_ahead, broken)
                     if result != "ok":
-                        failures.append(f"T={T} block {block_x} pingpong={pingpong} "
+                        failures.append(f"T={T} heads {heads} grid {grid} block {block} "
+                                        f"pingpong={pingpong} keys_ahead={keys_ahead} "
                                         f"seed {seed}: {result}")
                         break
     return failures
@@ -232,7 +274,8 @@ def main():
     for f in failures:
         print("FAIL", f)
     # The model must be able to fail: broken protocols have to be caught.
-    for broken in ["no v_empty wait", "wg1 passes after its last issue"]:
+    for broken in ["no v_empty wait", "wg1 passes after its last issue", "no q_empty wait",
+                   "q_full parity 0"]:
         caught = check_all(broken, seeds=10)
         print(f"broken protocol '{broken}': {'caught' if caught else 'NOT caught'}"
               + (f" ({caught[0]})" if caught else ""))
