@@ -12,9 +12,10 @@
 // persistent: one block per SM walks over units blockIdx.x + k * gridDim.x (TileCursor), so the
 // loads of the next unit overlap the end of the current one. 384 threads = 3 warpgroups.
 //   warpgroup 0 (producer): gives most of its registers away (setmaxnreg) and one thread issues
-//     the TMA copies: a query tile's Q once, then its K and V tiles of 128 keys into a ring of
-//     two stages, from the diagonal tile backwards (the only tiles needing a mask come first); the
-//     ring runs on from one query tile to the next, whose loads overlap the end of the current.
+//     the TMA copies: a query tile's Q once, then its K and V tiles of 128 keys into rings of
+//     two (K) and two or three (V, see kDeepValueRing) stages, from the diagonal tile backwards
+//     (the only tiles needing a mask come first); the ring runs on from one query tile to the next,
+//     whose loads overlap the end of the current.
 //   warpgroups 1, 2 (consumers): 64 queries each (wgmma's M). Per K/V tile:
 //       S = Q K^T     wgmma m64n128k16, A = Q and B = K both from shared memory (K-major);
 //       online softmax on the S registers (row max / sum across the 4 threads of a quad);
@@ -44,12 +45,12 @@
 //                   the next K tile is loaded while the previous V tile is still being read.
 //   turn[c]         the 4 warps of the other consumer warpgroup, once they issued their MMAs.
 // Tile iteration `it` (0, 1, ... in processing order, counted over all query tiles of the block)
-// uses stage it % 2 for the (it / 2)-th time:
-// consumers wait for k_full / v_full with parity (it / 2) & 1; the producer, before refilling a
-// stage for use u = it / 2 >= 1, waits for completion number u - 1 of k_empty (v_empty) of that
-// stage: parity (u - 1) & 1. Every consumer warp waits for both full barriers of every tile (even
-// one it skips) before it arrives on the empties, so no copy into a stage can overlap a copy
-// still landing there and no warp can arrive twice within one phase.
+// uses K stage it % n for the (it / n)-th time, n = kKStages (V alike with kVStages):
+// consumers wait for k_full with parity (it / n) & 1; the producer, before refilling a stage for
+// use u = it / n >= 1, waits for completion number u - 1 of k_empty of that stage: parity
+// (u - 1) & 1. Every consumer warp waits for both full barriers of every tile (even one it
+// skips) before it arrives on the empties, so no copy into a stage can overlap a copy still
+// landing there and no warp can arrive twice within one phase.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -70,24 +71,34 @@ struct Sm90Forward {
   static constexpr int kConsumers = 2;
   static constexpr int kRows = 64 * kConsumers;  // queries per block
   static constexpr int kKeys = 128;              // keys per K/V tile (wgmma N of S = Q K^T)
-  static constexpr int kStages = 2;
+  // Deeper K/V rings (kDeepRings; false: 2 stages each, as first measured). With 2 stages a copy
+  // gets about one step (one K/V tile of both warpgroups) between the release of its stage and
+  // the MMA that reads it; one more stage adds a step. D = 64: 3 K and 3 V stages (2 x 16 + 6 x
+  // 16 KiB). D = 128: 3 V stages but 2 K stages (2 x 32 + 5 x 32 = 224 KiB, the most one block
+  // gets), V being the copy with less lead (its stage frees only after O += P V).
+  static constexpr bool kDeepRings = true;
+  static constexpr int kKStages = kDeepRings && D == 64 ? 3 : 2;
+  static constexpr int kVStages = kDeepRings ? 3 : 2;
+  static constexpr int kMaxStages = 3;  // barrier slots per ring
   // Consumer warpgroups take turns issuing their MMAs (see ConsumerState::await_turn).
   static constexpr bool kPingPong = true;
   // One block per SM walking over the units (see TileCursor), so that a unit's start (its Q and
   // first K/V copies) overlaps the end of the previous one; false: one block per unit, as
   // before (kept to compare the two on a GPU).
   static constexpr bool kPersistentGrid = true;
-  // The producer loads K tile it + 1 before V tile it (FlashAttention-3's order): K(it + 2) then
-  // waits only for S(it) to complete, not also for O += P(it - 1) V(it - 1), and lands up to half
-  // a step earlier; false: K and V of a tile together, as before (to compare).
+  // The producer issues its copies in the order their stages free up. With as many K as V
+  // stages, K tile it + 1 goes before V tile it (FlashAttention-3's order): K(it + n) then waits
+  // only for S(it), not also for O += P(it - 1) V(it - 1). With one V stage more, V(it) frees up
+  // after K(it) and they go together. (kKeysAhead false: always together, as first measured.)
   static constexpr bool kKeysAhead = true;
+  static constexpr int kValueLag = kKeysAhead && kVStages == kKStages ? 1 : 0;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kPanels = D / 64;  // 128-byte swizzle rows hold 64 16-bit elements
   static constexpr uint32_t kQPanelBytes = kRows * 128, kQBytes = kQPanelBytes * kPanels;
   static constexpr uint32_t kKvPanelBytes = kKeys * 128, kKvBytes = kKvPanelBytes * kPanels;
   // Two Q buffers (the next query tile's Q loads during the current one), the K and V rings, and
   // slack to align the start to 1024 bytes.
-  static constexpr size_t kSmemBytes = 2 * kQBytes + 2 * kStages * size_t(kKvBytes) + 1024;
+  static constexpr size_t kSmemBytes = 2 * kQBytes + size_t(kKStages + kVStages) * kKvBytes + 1024;
   // The launch gives every thread 65536 / 384 -> 168 registers; the producer keeps 24 and the
   // consumers take what it frees: 128 * 24 + 256 * 240 = 64512 <= 65536. (The consumers of
   // the D = 128 kernel use up to ~220.)
@@ -115,28 +126,32 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 2], const uint32_t (&p)[
 }
 
 // ---------------- shared memory map ----------------
-// 1024-aligned base: [Q buffer 0][Q buffer 1][K stage 0][K stage 1][V stage 0][V stage 1] (each
-// tile kPanels panels); barriers apart.
+// 1024-aligned base: [Q buffer 0][Q buffer 1][K stages][V stages] (each tile kPanels panels);
+// barriers apart.
 template <int D>
 struct ForwardSmem {
   using C = Sm90Forward<D>;
-  uint32_t base, bars;  // shared addresses of the tiles and of the 14 barriers
+  uint32_t base, bars;  // shared addresses of the tiles and of the barriers
   __device__ uint32_t q(int buffer) const { return base + uint32_t(buffer) * C::kQBytes; }
   __device__ uint32_t k(int stage) const {
     return base + 2 * C::kQBytes + uint32_t(stage) * C::kKvBytes;
   }
   __device__ uint32_t v(int stage) const {
-    return base + 2 * C::kQBytes + uint32_t(C::kStages + stage) * C::kKvBytes;
+    return base + 2 * C::kQBytes + uint32_t(C::kKStages + stage) * C::kKvBytes;
   }
   __device__ uint32_t q_full(int buffer) const { return bars + 8 * buffer; }
-  __device__ uint32_t k_full(int stage) const { return bars + 8 * (2 + stage); }
-  __device__ uint32_t v_full(int stage) const { return bars + 8 * (4 + stage); }
-  __device__ uint32_t k_empty(int stage) const { return bars + 8 * (6 + stage); }
-  __device__ uint32_t v_empty(int stage) const { return bars + 8 * (8 + stage); }
-  __device__ uint32_t turn(int consumer) const { return bars + 8 * (10 + consumer); }
-  __device__ uint32_t q_empty(int buffer) const { return bars + 8 * (12 + buffer); }
+  __device__ uint32_t q_empty(int buffer) const { return bars + 8 * (2 + buffer); }
+  __device__ uint32_t turn(int consumer) const { return bars + 8 * (4 + consumer); }
+  __device__ uint32_t k_full(int stage) const { return bars + 8 * (6 + stage); }
+  __device__ uint32_t v_full(int stage) const { return bars + 8 * (6 + C::kMaxStages + stage); }
+  __device__ uint32_t k_empty(int stage) const {
+    return bars + 8 * (6 + 2 * C::kMaxStages + stage);
+  }
+  __device__ uint32_t v_empty(int stage) const {
+    return bars + 8 * (6 + 3 * C::kMaxStages + stage);
+  }
 };
-constexpr int kForwardBarriers = 14;
+constexpr int kForwardBarriers = 6 + 4 * 3;
 
 // The work of one launch: B * H heads, each split into units_per_head = ceil(q_tiles / 2) units
 // of equal causal work: unit x of a head is query tile q_tiles - 1 - x (the longest) and then
@@ -191,15 +206,16 @@ struct ForwardSlots {
   MapSlots q, k, v;
 };
 
-// The K (is_v false) or V tile `it` (block-wide count: stage it % 2, used for the (it / 2)-th
-// time) of keys [key0, key0 + 128) of K/V head (b, h_kv), into its stage once the consumers
-// released the stage's previous use.
+// The K (is_v false) or V tile `it` (block-wide count: stage it % n, used for the (it / n)-th
+// time, n its ring's stages) of keys [key0, key0 + 128) of K/V head (b, h_kv), into its stage once
+// the consumers released the stage's previous use.
 template <int D>
 __device__ __forceinline__ void produce_kv(const ForwardSmem<D>& sm, const CUtensorMap* map,
                                            MapSlots slots, bool is_v, int it, int key0, int h_kv,
                                            int b) {
   using C = Sm90Forward<D>;
-  const int stage = it % C::kStages, use = it / C::kStages;
+  const int stages = is_v ? C::kVStages : C::kKStages;
+  const int stage = it % stages, use = it / stages;
   const uint32_t full = is_v ? sm.v_full(stage) : sm.k_full(stage);
   const uint32_t tile = is_v ? sm.v(stage) : sm.k(stage);
   if (use > 0) mbarrier_wait(is_v ? sm.v_empty(stage) : sm.k_empty(stage), (use - 1) & 1);
@@ -220,7 +236,7 @@ __device__ __forceinline__ void produce_tiles(const ForwardSmem<D>& sm, ForwardS
                                               const CUtensorMap* k_map, const CUtensorMap* v_map,
                                               const ForwardSlots& slots) {
   using C = Sm90Forward<D>;
-  constexpr int lag = C::kKeysAhead ? 1 : 0;  // V tile t - lag follows K tile t
+  constexpr int lag = C::kValueLag;  // V tile t - lag follows K tile t
   for (cur = TileCursor::start(); !cur.done(s); cur.advance(s)) {
     const int buffer = cur.j % 2;
     if (cur.j >= 2) mbarrier_wait(sm.q_empty(buffer), (cur.j / 2 - 1) & 1);
@@ -403,17 +419,21 @@ struct ConsumerState {
   }
 
   // Tile it of this query tile is block-wide tile w.first_it + it of the K/V ring.
-  __device__ int stage(int it) const { return (w.first_it + it) % C::kStages; }
-  __device__ uint32_t parity(int it) const { return ((w.first_it + it) / C::kStages) & 1; }
+  // Stage and phase parity of the K and V copies of tile it (the rings count over all query
+  // tiles of the block).
+  __device__ int k_stage(int it) const { return (w.first_it + it) % C::kKStages; }
+  __device__ uint32_t k_parity(int it) const { return ((w.first_it + it) / C::kKStages) & 1; }
+  __device__ int v_stage(int it) const { return (w.first_it + it) % C::kVStages; }
+  __device__ uint32_t v_parity(int it) const { return ((w.first_it + it) / C::kVStages) & 1; }
   __device__ int key0(int it) const { return (w.n_tiles - 1 - it) * C::kKeys; }
   __device__ bool needs_mask(int it) const {
     return key0(it) + C::kKeys - 1 > row0 || key0(it) + C::kKeys > seq_len;
   }
   __device__ void release_k(int it) const {
-    if (releases) mbarrier_arrive(sm.k_empty(stage(it)));
+    if (releases) mbarrier_arrive(sm.k_empty(k_stage(it)));
   }
   __device__ void release_v(int it) const {
-    if (releases) mbarrier_arrive(sm.v_empty(stage(it)));
+    if (releases) mbarrier_arrive(sm.v_empty(v_stage(it)));
   }
   // Once per query tile, after its q_full wait (so no warp arrives twice in one phase: the
   // producer refills the buffer, and a warp can pass the next q_full wait, only after all 8
@@ -426,10 +446,10 @@ struct ConsumerState {
 // The first tile the warpgroup reads: S, then its P into p (O is still zero).
 template <class T, int D>
 __device__ __forceinline__ void first_tile(ConsumerState<D>& c, int it, Fragments& p) {
-  mbarrier_wait(c.sm.k_full(c.stage(it)), c.parity(it));
+  mbarrier_wait(c.sm.k_full(c.k_stage(it)), c.k_parity(it));
   c.await_turn();
   wgmma_fence();
-  issue_scores<T, D>(c.s, c.q_rows, c.sm.k(c.stage(it)));
+  issue_scores<T, D>(c.s, c.q_rows, c.sm.k(c.k_stage(it)));
   wgmma_commit();
   c.pass_turn();
   wgmma_wait<0>();
@@ -447,13 +467,13 @@ __device__ __forceinline__ void next_tile(ConsumerState<D>& c, int it, Fragments
                                           Fragments& p_next) {
   const int prev = it - 1;
   // Both waits first: no branch may separate the MMAs (ptxas would serialise them).
-  mbarrier_wait(c.sm.k_full(c.stage(it)), c.parity(it));
-  mbarrier_wait(c.sm.v_full(c.stage(prev)), c.parity(prev));
+  mbarrier_wait(c.sm.k_full(c.k_stage(it)), c.k_parity(it));
+  mbarrier_wait(c.sm.v_full(c.v_stage(prev)), c.v_parity(prev));
   c.await_turn();
   wgmma_fence();  // orders the register writes to o and p before both groups
-  issue_scores<T, D>(c.s, c.q_rows, c.sm.k(c.stage(it)));
+  issue_scores<T, D>(c.s, c.q_rows, c.sm.k(c.k_stage(it)));
   wgmma_commit();
-  issue_pv<T, D>(c.o, p, c.sm.v(c.stage(prev)));
+  issue_pv<T, D>(c.o, p, c.sm.v(c.v_stage(prev)));
   wgmma_commit();
   c.pass_turn();
   wgmma_wait<1>();  // groups complete in order: S(it) is in, O += P V may still run
@@ -472,10 +492,10 @@ __device__ __forceinline__ void next_tile(ConsumerState<D>& c, int it, Fragments
 // The last tile's O += P V.
 template <class T, int D>
 __device__ __forceinline__ void last_pv(ConsumerState<D>& c, int it, Fragments& p) {
-  mbarrier_wait(c.sm.v_full(c.stage(it)), c.parity(it));
+  mbarrier_wait(c.sm.v_full(c.v_stage(it)), c.v_parity(it));
   c.await_turn();
   wgmma_fence();
-  issue_pv<T, D>(c.o, p, c.sm.v(c.stage(it)));
+  issue_pv<T, D>(c.o, p, c.sm.v(c.v_stage(it)));
   wgmma_commit();
   c.pass_turn(/*last_issue=*/true);
   wgmma_wait<0>();
@@ -515,8 +535,8 @@ __device__ __forceinline__ int consume_item(const ForwardSmem<D>& sm, ForwardSch
   const int first = row0 < seq_len ? max(0, n - 1 - (row0 + 63) / C::kKeys) : n;
   mbarrier_wait(sm.q_full(buffer), (cur.j / 2) & 1);
   for (int it = 0; it < first; ++it) {
-    mbarrier_wait(sm.k_full(c.stage(it)), c.parity(it));
-    mbarrier_wait(sm.v_full(c.stage(it)), c.parity(it));
+    mbarrier_wait(sm.k_full(c.k_stage(it)), c.k_parity(it));
+    mbarrier_wait(sm.v_full(c.v_stage(it)), c.v_parity(it));
     c.release_k(it);
     c.release_v(it);
   }
@@ -571,10 +591,12 @@ __global__ void __launch_bounds__(Sm90Forward<D>::kThreads, 1)
       mbarrier_init(sm.q_full(j), 1);
       mbarrier_init(sm.q_empty(j), 4 * C::kConsumers);  // one arrival per consumer warp
     }
-    for (int s = 0; s < C::kStages; ++s) {
+    for (int s = 0; s < C::kKStages; ++s) {
       mbarrier_init(sm.k_full(s), 1);
-      mbarrier_init(sm.v_full(s), 1);
       mbarrier_init(sm.k_empty(s), 4 * C::kConsumers);
+    }
+    for (int s = 0; s < C::kVStages; ++s) {
+      mbarrier_init(sm.v_full(s), 1);
       mbarrier_init(sm.v_empty(s), 4 * C::kConsumers);
     }
     for (int w = 0; w < C::kConsumers; ++w) mbarrier_init(sm.turn(w), 4);  // the other's 4 warps
@@ -667,6 +689,28 @@ bool runs_sm90_kernels(int device) {
 
 namespace {
 
+// Whether the D kernel's shared memory (static + dynamic) fits what `device` gives one block:
+// with the deeper V ring the D = 128 kernel takes all 227 KiB of an H100. Asked once per device.
+template <int D>
+bool forward_smem_fits(int device) {
+  static std::array<std::atomic<int>, 64> known{};  // 0 not asked yet, 1 no, 2 yes
+  auto ask = [device] {
+    cudaFuncAttributes attr{};
+    int optin = 0;
+    TESSERA_CUDA_CHECK(cudaFuncGetAttributes(&attr, flash_forward_sm90_kernel<BFloat16, D>));
+    TESSERA_CUDA_CHECK(
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return attr.sharedSizeBytes + Sm90Forward<D>::kSmemBytes <= size_t(optin);
+  };
+  if (device < 0 || device >= int(known.size())) return ask();
+  int answer = known[device].load(std::memory_order_relaxed);
+  if (answer == 0) {
+    answer = ask() ? 2 : 1;
+    known[device].store(answer, std::memory_order_relaxed);
+  }
+  return answer == 2;
+}
+
 // Empty when the kernel applies to these (already checked) inputs, with the tensor maps in
 // `maps`; otherwise the reason it does not.
 template <int D>
@@ -675,6 +719,9 @@ std::string prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v, d
   using C = Sm90Forward<D>;
   if (!runs_sm90_kernels(q.device().index))
     return "the device is not an sm_90 GPU (H100/H200) or this build holds no sm_90a code";
+  if (!forward_smem_fits<D>(q.device().index))
+    return "the kernel's " + std::to_string(C::kSmemBytes / 1024) +
+           " KiB of shared memory exceed what this device gives one block";
   if (!(scale > 0.0) || !std::isfinite(scale))
     return "the scale must be positive and finite (the kernel takes the row max of the unscaled "
            "scores)";

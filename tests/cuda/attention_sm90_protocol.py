@@ -6,8 +6,9 @@ The kernel cannot be stepped through on the CPU, but its synchronisation can: th
 replays, step for step, what the producer thread and the two consumer warpgroups of one block do
 with the mbarriers (q_full[2], q_empty[2], k_full[2], v_full[2], k_empty[2], v_empty[2],
 turn[2]) -- the persistent walk over units (TileCursor: units block, block + grid, ...), the two
-Q buffers taken in turn by the block's query tiles, the K/V ring of two stages counted over all
-of them, K loaded one tile ahead of V (or not: Sm90Forward::kKeysAhead), the skip path of a
+Q buffers taken in turn by the block's query tiles, the K and V rings of two or three stages
+(Sm90Forward::kKStages, kVStages) counted over all of them, K loaded one tile ahead of V or
+together with it (kValueLag), the skip path of a
 warpgroup without rows below T, the ping-pong turns -- with each TMA copy landing at a random
 later moment. A barrier is modelled as the PTX ISA describes it: a phase completes when its
 pending arrivals reach zero and its transaction bytes are in; try_wait.parity(P) passes once the
@@ -16,7 +17,7 @@ phase of parity P has completed, i.e. when the number of completions has the oth
 Checked for every shape, block and many interleavings: nothing deadlocks, no phase gets more
 arrivals than it expects, every consumer reads the tile it expects from a stage or Q buffer, and
 no copy lands in a stage or Q buffer a warpgroup is reading. The model also checks that it can
-fail: four deliberately broken protocols must be caught.
+fail: five deliberately broken protocols must be caught.
 Keep it in step with the kernel when its protocol changes (the function names match).
 """
 import random
@@ -67,7 +68,8 @@ def block_items(T, heads, grid, block):
     return items
 
 
-def simulate(T, heads, grid, block, seed, pingpong=True, keys_ahead=True, broken=None):
+def simulate(T, heads, grid, block, seed, pingpong=True, keys_ahead=True, k_stages=2,
+             v_stages=2, broken=None):
     """Runs one block of a grid of `grid` blocks over `heads` (batch, head) pairs; returns "ok"
     or what went wrong."""
     rng = random.Random(seed)
@@ -75,12 +77,13 @@ def simulate(T, heads, grid, block, seed, pingpong=True, keys_ahead=True, broken
 
     q_full = [Barrier(f"q_full[{b}]", 1) for b in range(2)]
     q_empty = [Barrier(f"q_empty[{b}]", 8) for b in range(2)]
-    k_full = [Barrier(f"k_full[{s}]", 1) for s in range(2)]
-    v_full = [Barrier(f"v_full[{s}]", 1) for s in range(2)]
-    k_empty = [Barrier(f"k_empty[{s}]", 8) for s in range(2)]
-    v_empty = [Barrier(f"v_empty[{s}]", 8) for s in range(2)]
+    stages = {"k": k_stages, "v": v_stages}  # Sm90Forward::kKStages, kVStages
+    k_full = [Barrier(f"k_full[{s}]", 1) for s in range(k_stages)]
+    v_full = [Barrier(f"v_full[{s}]", 1) for s in range(v_stages)]
+    k_empty = [Barrier(f"k_empty[{s}]", 8) for s in range(k_stages)]
+    v_empty = [Barrier(f"v_empty[{s}]", 8) for s in range(v_stages)]
     turn = [Barrier(f"turn[{c}]", 4) for c in range(2)]
-    stage_holds = {(kind, s): None for kind in "qkv" for s in range(2)}
+    stage_holds = {(kind, s): None for kind in "qkv" for s in range(stages.get(kind, 2))}
     readers = {key: set() for key in stage_holds}
     copies_in_flight = []
     errors = []
@@ -90,7 +93,7 @@ def simulate(T, heads, grid, block, seed, pingpong=True, keys_ahead=True, broken
         copies_in_flight.append((kind, stage, tile, bar))
 
     def produce_kv(kind, it):
-        stage, use = it % 2, it // 2
+        stage, use = it % stages[kind], it // stages[kind]
         full, empty = (k_full, k_empty) if kind == "k" else (v_full, v_empty)
         if use > 0 and not (kind == "v" and broken == "no v_empty wait"):
             yield ("wait", empty[stage], (use - 1) & 1)
@@ -99,7 +102,8 @@ def simulate(T, heads, grid, block, seed, pingpong=True, keys_ahead=True, broken
         yield ("step",)
 
     def produce_tiles():
-        lag = 1 if keys_ahead else 0  # Sm90Forward::kKeysAhead: V tile t - lag after K tile t
+        # Sm90Forward::kValueLag: V tile t - lag after K tile t
+        lag = 1 if keys_ahead and v_stages == k_stages else 0
         for j, q0, n, first_it in items:
             buffer = j % 2
             if j >= 2 and broken != "no q_empty wait":
@@ -120,21 +124,26 @@ def simulate(T, heads, grid, block, seed, pingpong=True, keys_ahead=True, broken
             pp = pingpong and q0 + 64 < T
             buffer = j % 2
 
-            def stage(it):
-                return (first_it + it) % 2
+            def ring(kind):
+                if broken == "consumers count 2 V stages" and kind == "v":
+                    return 2
+                return stages[kind]
 
-            def parity(it):
-                return ((first_it + it) // 2) & 1
+            def stage(it, kind="k"):
+                return (first_it + it) % ring(kind)
+
+            def parity(it, kind="k"):
+                return ((first_it + it) // ring(kind)) & 1
 
             def begin_read(kind, it):
-                key = (kind, stage(it))
+                key = (kind, stage(it, kind))
                 if stage_holds[key] != first_it + it:
                     errors.append(f"warpgroup {c} reads {kind} tile {first_it + it} from stage "
-                                  f"{stage(it)}, which holds tile {stage_holds[key]}")
+                                  f"{stage(it, kind)}, which holds tile {stage_holds[key]}")
                 readers[key].add(c)
 
             def end_read(kind, it):
-                readers[(kind, stage(it))].discard(c)
+                readers[(kind, stage(it, kind))].discard(c)
 
             def read_q():  # an S MMA reads this query tile's Q
                 if stage_holds[("q", buffer)] != j:
@@ -165,9 +174,9 @@ def simulate(T, heads, grid, block, seed, pingpong=True, keys_ahead=True, broken
             yield ("wait", q_full[buffer], q_parity)
             for it in range(first):  # tiles entirely in the future: released unread
                 yield ("wait", k_full[stage(it)], parity(it))
-                yield ("wait", v_full[stage(it)], parity(it))
+                yield ("wait", v_full[stage(it, "v")], parity(it, "v"))
                 k_empty[stage(it)].arrive(4)
-                v_empty[stage(it)].arrive(4)
+                v_empty[stage(it, "v")].arrive(4)
             if first == n:
                 release_q()
                 continue
@@ -185,7 +194,7 @@ def simulate(T, heads, grid, block, seed, pingpong=True, keys_ahead=True, broken
             for it in range(first + 1, n):
                 prev = it - 1
                 yield ("wait", k_full[stage(it)], parity(it))
-                yield ("wait", v_full[stage(prev)], parity(prev))
+                yield ("wait", v_full[stage(prev, "v")], parity(prev, "v"))
                 yield await_turn()
                 read_q()
                 begin_read("k", it)
@@ -196,16 +205,16 @@ def simulate(T, heads, grid, block, seed, pingpong=True, keys_ahead=True, broken
                 k_empty[stage(it)].arrive(4)
                 yield ("step",)
                 end_read("v", prev)
-                v_empty[stage(prev)].arrive(4)
+                v_empty[stage(prev, "v")].arrive(4)
             # last_pv
             it = n - 1
-            yield ("wait", v_full[stage(it)], parity(it))
+            yield ("wait", v_full[stage(it, "v")], parity(it, "v"))
             yield await_turn()
             begin_read("v", it)
             pass_turn(last_issue=True)
             yield ("step",)
             end_read("v", it)
-            v_empty[stage(it)].arrive(4)
+            v_empty[stage(it, "v")].arrive(4)
             release_q()
             yield ("step",)  # store_rows
 
@@ -250,21 +259,27 @@ SHAPES += [(1, 7, 3), (17, 5, 2), (100, 6, 4), (128, 4, 3), (129, 3, 2), (200, 5
            (300, 4, 5), (385, 3, 2), (1024, 3, 5), (1061, 2, 3), (640, 6, 1)]
 
 
-def check_all(broken=None, seeds=40):
+# (ping-pong, kKeysAhead, kKStages, kVStages): D = 64 and D = 128 as built, each also without
+# ping-pong (a query tile whose second warpgroup has no rows), and the first-measured rings.
+VARIANTS = [(True, True, 3, 3), (True, True, 2, 3), (False, True, 3, 3), (False, True, 2, 3),
+            (True, True, 2, 2), (True, False, 2, 2)]
+
+
+def check_all(broken=None, seeds=30):
     """Returns the failures over all shapes and blocks ([] when the protocol holds)."""
     failures = []
     for T, heads, grid in SHAPES:
         units = heads * (((T - 1) // ROWS + 2) // 2)
         grid = grid or units
         for block in range(min(grid, units)):
-            for pingpong, keys_ahead in ((True, True), (False, True), (True, False)):
+            for pingpong, keys_ahead, k_stages, v_stages in VARIANTS:
                 for seed in range(seeds):
                     result = simulate(T, heads, grid, block, seed * 7919 + block, pingpong,
-                                      keys_ahead, broken)
+                                      keys_ahead, k_stages, v_stages, broken)
                     if result != "ok":
                         failures.append(f"T={T} heads {heads} grid {grid} block {block} "
                                         f"pingpong={pingpong} keys_ahead={keys_ahead} "
-                                        f"seed {seed}: {result}")
+                                        f"stages={k_stages}/{v_stages} seed {seed}: {result}")
                         break
     return failures
 
@@ -275,7 +290,7 @@ def main():
         print("FAIL", f)
     # The model must be able to fail: broken protocols have to be caught.
     for broken in ["no v_empty wait", "wg1 passes after its last issue", "no q_empty wait",
-                   "q_full parity 0"]:
+                   "q_full parity 0", "consumers count 2 V stages"]:
         caught = check_all(broken, seeds=10)
         print(f"broken protocol '{broken}': {'caught' if caught else 'NOT caught'}"
               + (f" ({caught[0]})" if caught else ""))
