@@ -13,7 +13,7 @@
 // loads of the next unit overlap the end of the current one. 384 threads = 3 warpgroups.
 //   warpgroup 0 (producer): gives most of its registers away (setmaxnreg) and one thread issues
 //     the TMA copies: a query tile's Q once, then its K and V tiles of 128 keys into rings of
-//     two (K) and two or three (V, see kDeepValueRing) stages, from the diagonal tile backwards
+//     two or three stages (see kDeepRings), from the diagonal tile backwards
 //     (the only tiles needing a mask come first); the ring runs on from one query tile to the next,
 //     whose loads overlap the end of the current.
 //   warpgroups 1, 2 (consumers): 64 queries each (wgmma's M). Per K/V tile:
@@ -227,8 +227,8 @@ __device__ __forceinline__ void produce_kv(const ForwardSmem<D>& sm, const CUten
 // Each query tile's Q just before its K/V tiles, into Q buffer j % 2 once the consumers released
 // that buffer's previous use (query tile j - 2): the producer runs up to two K/V tiles ahead of
 // the consumers, so the next Q lands while they finish the current query tile -- and, with a
-// persistent grid, the next unit's Q and first K/V tiles too. Within a query tile K runs one tile
-// ahead of V (see kKeysAhead). `cur` lives in shared memory: the producer has 24 registers, and
+// persistent grid, the next unit's Q and first K/V tiles too. Within a query tile K may run one
+// tile ahead of V (see kValueLag). `cur` lives in shared memory: the producer has 24 registers, and
 // held there over the loop the cursor spilled to local memory.
 template <int D>
 __device__ __forceinline__ void produce_tiles(const ForwardSmem<D>& sm, ForwardSchedule s,
@@ -407,15 +407,17 @@ struct ConsumerState {
   // each one's softmax runs under the other's MMAs. turn(c) completes when the 4 warps of the
   // other warpgroup arrive; its k-th completion lets warpgroup c issue for the k-th time (parity
   // k & 1; the other cannot run two completions ahead, it needs this one's arrival in between).
-  // Per query tile both warpgroups issue n_tiles + 1 times; warpgroup 1 arrives once at the
-  // start so that warpgroup 0 goes first, and not after its last issue, so each turn barrier
-  // completes exactly as often as its warpgroup waits and the next query tile starts afresh.
+  // In a query tile with ping-pong both warpgroups issue n_tiles + 1 times, so the alternation
+  // runs on over the block's query tiles: warpgroup 1 arrives once when the block starts (see the
+  // kernel), so that warpgroup 0 goes first, and both pass after every issue, the last of a query
+  // tile included: warpgroup 0 starts the next query tile as soon as warpgroup 1 issued its last
+  // O += P V, while warpgroup 1 still stores its rows. (The last arrivals of the block complete
+  // phases nobody waits for.)
   __device__ void await_turn() {
     if (pingpong) mbarrier_wait(sm.turn(consumer), uint32_t(turns++) & 1);
   }
-  __device__ void pass_turn(bool last_issue = false) const {
-    if (pingpong && releases && !(last_issue && consumer == 1))
-      mbarrier_arrive(sm.turn(1 - consumer));
+  __device__ void pass_turn() const {
+    if (pingpong && releases) mbarrier_arrive(sm.turn(1 - consumer));
   }
 
   // Tile it of this query tile is block-wide tile w.first_it + it of the K/V ring.
@@ -497,7 +499,7 @@ __device__ __forceinline__ void last_pv(ConsumerState<D>& c, int it, Fragments& 
   wgmma_fence();
   issue_pv<T, D>(c.o, p, c.sm.v(c.v_stage(it)));
   wgmma_commit();
-  c.pass_turn(/*last_issue=*/true);
+  c.pass_turn();
   wgmma_wait<0>();
   pin_registers(c.o);
   pin_fragments(p);
@@ -526,7 +528,6 @@ __device__ __forceinline__ int consume_item(const ForwardSmem<D>& sm, ForwardSch
                      lane == 0,
                      consumer,
                      C::kPingPong && w.q0 + 64 < seq_len};
-  if (c.pingpong && consumer == 1) c.pass_turn();  // warpgroup 0 issues first
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) c.o[i] = 0.f;
   // Tiles before `first` hold only keys after the warpgroup's last query (or it has no query
@@ -612,6 +613,8 @@ __global__ void __launch_bounds__(Sm90Forward<D>::kThreads, 1)
     return;
   }
   claim_registers<C::kConsumerRegisters>();
+  // Warpgroup 0 issues first (ConsumerState::await_turn): one arrival per warp of warpgroup 1.
+  if (C::kPingPong && warpgroup == 2 && threadIdx.x % 32 == 0) mbarrier_arrive(sm.turn(0));
   int turns = 0;
 #pragma unroll 1
   for (TileCursor cur = TileCursor::start(); !cur.done(sched); cur.advance(sched))

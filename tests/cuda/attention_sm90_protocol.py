@@ -9,7 +9,8 @@ turn[2]) -- the persistent walk over units (TileCursor: units block, block + gri
 Q buffers taken in turn by the block's query tiles, the K and V rings of two or three stages
 (Sm90Forward::kKStages, kVStages) counted over all of them, K loaded one tile ahead of V or
 together with it (kValueLag), the skip path of a
-warpgroup without rows below T, the ping-pong turns -- with each TMA copy landing at a random
+warpgroup without rows below T, the ping-pong turns running on over the query tiles (the
+tensor cores must see the warpgroups' issues alternate) -- with each TMA copy landing at a random
 later moment. A barrier is modelled as the PTX ISA describes it: a phase completes when its
 pending arrivals reach zero and its transaction bytes are in; try_wait.parity(P) passes once the
 phase of parity P has completed, i.e. when the number of completions has the other parity.
@@ -17,7 +18,7 @@ phase of parity P has completed, i.e. when the number of completions has the oth
 Checked for every shape, block and many interleavings: nothing deadlocks, no phase gets more
 arrivals than it expects, every consumer reads the tile it expects from a stage or Q buffer, and
 no copy lands in a stage or Q buffer a warpgroup is reading. The model also checks that it can
-fail: five deliberately broken protocols must be caught.
+fail: six deliberately broken protocols must be caught.
 Keep it in step with the kernel when its protocol changes (the function names match).
 """
 import random
@@ -83,6 +84,7 @@ def simulate(T, heads, grid, block, seed, pingpong=True, keys_ahead=True, k_stag
     k_empty = [Barrier(f"k_empty[{s}]", 8) for s in range(k_stages)]
     v_empty = [Barrier(f"v_empty[{s}]", 8) for s in range(v_stages)]
     turn = [Barrier(f"turn[{c}]", 4) for c in range(2)]
+    last_issuer = [1]  # warpgroup 0 issues first
     stage_holds = {(kind, s): None for kind in "qkv" for s in range(stages.get(kind, 2))}
     readers = {key: set() for key in stage_holds}
     copies_in_flight = []
@@ -118,6 +120,8 @@ def simulate(T, heads, grid, block, seed, pingpong=True, keys_ahead=True, k_stag
 
     def consume(c):
         turns = 0
+        if c == 1 and pingpong:  # once per block, so that warpgroup 0 issues first
+            turn[0].arrive(4)
         for j, q0, n, first_it in items:
             row0 = q0 + 64 * c
             first = max(0, n - 1 - (row0 + 63) // KEYS) if row0 < T else n
@@ -160,16 +164,19 @@ def simulate(T, heads, grid, block, seed, pingpong=True, keys_ahead=True, k_stag
                 return ("wait", turn[c], parity_)
 
             def pass_turn(last_issue=False):
-                skip_last = broken != "wg1 passes after its last issue"
-                if pp and not (skip_last and last_issue and c == 1):
+                if pp and not (broken == "wg0 keeps its last turn" and last_issue and c == 0):
                     turn[1 - c].arrive(4)
+                if pp:  # the tensor cores alternate between the warpgroups
+                    if last_issuer[0] == c:
+                        errors.append(f"warpgroup {c} issued twice in a row under ping-pong")
+                    last_issuer[0] = c
 
             def release_q():
                 readers[("q", buffer)].discard(c)
                 q_empty[buffer].arrive(4)
 
-            if pp and c == 1:
-                pass_turn()
+            if pp and c == 1 and broken == "wg1 arrives at every query tile's start":
+                turn[0].arrive(4)
             q_parity = 0 if broken == "q_full parity 0" else (j // 2) & 1
             yield ("wait", q_full[buffer], q_parity)
             for it in range(first):  # tiles entirely in the future: released unread
@@ -289,8 +296,9 @@ def main():
     for f in failures:
         print("FAIL", f)
     # The model must be able to fail: broken protocols have to be caught.
-    for broken in ["no v_empty wait", "wg1 passes after its last issue", "no q_empty wait",
-                   "q_full parity 0", "consumers count 2 V stages"]:
+    for broken in ["no v_empty wait", "wg0 keeps its last turn",
+                   "wg1 arrives at every query tile's start", "no q_empty wait", "q_full parity 0",
+                   "consumers count 2 V stages"]:
         caught = check_all(broken, seeds=10)
         print(f"broken protocol '{broken}': {'caught' if caught else 'NOT caught'}"
               + (f" ({caught[0]})" if caught else ""))
