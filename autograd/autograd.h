@@ -89,6 +89,9 @@ struct Edge {
 struct BackwardArgs {
   std::vector<Tensor> grad_outputs;    // one per output; zeros where no gradient flowed
   std::vector<bool> needs_input_grad;  // one per input
+  // The backward keeps the graph (retain_graph): this node may run again, so what it saved
+  // must not be changed in place.
+  bool retain_graph = false;
   const Tensor& grad() const { return grad_outputs.at(0); }
   bool needs(size_t input) const { return needs_input_grad.at(input); }
 };

@@ -297,6 +297,7 @@ class GraphTask {
         grads[i] = apply_hooks(node->output_hooks[i], grads[i]);
     }
     args.grad_outputs = std::move(grads);
+    args.retain_graph = retain_graph_;
     for (const Edge& edge : node->next_edges) args.needs_input_grad.push_back(edge.valid());
     std::vector<Tensor> input_grads = node->backward(args);
     // Drop the incoming gradients now: a leaf's gradient that holds the only reference to its

@@ -67,6 +67,11 @@ struct FusedKernelTable {
                      double dloss_scale, const Tensor& row_losses,
                      const Tensor& device_scale) = nullptr;
 
+  // ---- t *= scalar (one value on t's device, rounded to t's dtype by the caller), in
+  // place; t is left untouched when the value is exactly 1, decided on the device (no host
+  // read, so a CUDA graph can record it).
+  void (*scale_by_device_scalar_)(const Tensor& t, const Tensor& scalar) = nullptr;
+
   // ---- SwiGLU: out = silu(gate) * up and its backward (dgate, dup), one pass each; all
   // operands contiguous, one shape and floating dtype.
   void (*swiglu_forward)(const Tensor& gate, const Tensor& up, const Tensor& out) = nullptr;

@@ -63,6 +63,15 @@ if [[ $MODE == test || $MODE == all || $MODE == quick ]]; then
     summary+=("test_$suite (GPU filter): rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/test_$suite.log" | head -1) $(grep -cE '^\[  SKIPPED \] [A-Z]' "$OUT/test_$suite.log") skipped")
   done
 fi
+if [[ $MODE == test || $MODE == all || $MODE == quick ]]; then
+  # The kernel tracer (docs/profiling.md) on a probe with known kernels, graphs and overlap.
+  if cmake --build build-gpu -j "$JOBS" --target tessera_kernel_trace kernel_trace_probe >> "$OUT/build.log" 2>&1; then
+    (cd build-gpu && ctest -R '^kernel_trace_gpu$' --output-on-failure) > "$OUT/kernel_trace.log" 2>&1
+    summary+=("kernel tracer (ctest kernel_trace_gpu): rc=$? $(grep -E 'tests passed|Skipped' "$OUT/kernel_trace.log" | head -1)")
+  else
+    summary+=("kernel tracer: not built (see build.log)")
+  fi
+fi
 if [[ $MODE == test || $MODE == all ]]; then
   timeout "${MEMCHECK_S:-150}" compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
     ./build-gpu/tests/cuda/test_cuda --gtest_brief=1 \

@@ -52,6 +52,9 @@ void multi_tensor_scale_(const std::vector<Tensor>& tensors, double factor);
 // Clipping by a global norm that stays on the device (FusedKernelTable::multi_tensor_clip):
 // every tensor *= min(max_norm / (norm + 1e-6), 1) when that is below 1 or norm is not finite.
 void multi_tensor_clip_(const std::vector<Tensor>& tensors, const Tensor& norm, double max_norm);
+// t *= scalar (one floating value on t's device, taken as f32), in place; blocks leave t
+// alone when it is exactly 1 (FusedKernelTable::scale_by_device_scalar_).
+void scale_by_device_scalar_(const Tensor& t, const Tensor& scalar);
 
 // ---- SwiGLU (kernels/cuda/swiglu.cu): out = silu(gate) * up, and its backward
 // dgate = dout * up * silu'(gate), dup = dout * silu(gate), each one pass. All operands

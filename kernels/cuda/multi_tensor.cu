@@ -49,6 +49,69 @@ void append_chunks(std::vector<ChunkRef>& chunks, int32_t slot, int64_t n) {
   for (int64_t s = 0; s < n; s += kChunk) chunks.push_back({slot, s});
 }
 
+// Calls fn(typed pointer) for the f32/f16/bf16 slots; false for other dtypes.
+template <class Fn>
+__device__ bool with_half_float_pointer(const void* data, DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32:
+      fn(static_cast<float*>(const_cast<void*>(data)));
+      return true;
+    case DType::f16:
+      fn(static_cast<Half*>(const_cast<void*>(data)));
+      return true;
+    case DType::bf16:
+      fn(static_cast<BFloat16*>(const_cast<void*>(data)));
+      return true;
+    default:
+      return false;
+  }
+}
+
+// One chunk [start, end) of a tensor's AdamW update on typed pointers: 8-element packs when
+// every array is 16-byte aligned at the chunk's start (a 16-bit gradient or parameter one
+// 16-byte access per pack, the f32 moments and weights two), then single elements. The
+// per-element math is adamw_update_element either way, so the bits do not depend on the path;
+// the per-element loads of a run-time dtype used about 60% of the memory's bandwidth.
+// `weights` is the f32 copy updated (the master, or the f32 parameter itself); `param` gets
+// the rounded result when it is a separate low-precision tensor.
+template <class G, class P>
+__device__ void adamw_chunk(const G* grad, P* param, float* weights, float* exp_avg,
+                            float* exp_avg_sq, bool separate_param, int64_t start, int64_t end,
+                            const AdamWCoefficients<float>& coeffs, float grad_scale) {
+  auto aligned = [&](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  int64_t tail = start;
+  if (aligned(grad + start) && aligned(exp_avg + start) && aligned(exp_avg_sq + start) &&
+      aligned(weights + start) && (!separate_param || aligned(param + start))) {
+    const int64_t packs = (end - start) / kPack;
+    for (int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
+      const Pack8<G> g = load_pack(grad + start, k);
+      Pack8<float> m = load_pack(exp_avg + start, k), v = load_pack(exp_avg_sq + start, k);
+      Pack8<float> w = load_pack(weights + start, k);
+      Pack8<P> rounded;
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) {
+        w.v[j] = adamw_update_element(w.v[j], __fmul_rn(to_float(g.v[j]), grad_scale), m.v[j],
+                                      v.v[j], coeffs);
+        rounded.v[j] = from_float<P>(w.v[j]);
+      }
+      store_pack(exp_avg + start, k, m);
+      store_pack(exp_avg_sq + start, k, v);
+      store_pack(weights + start, k, w);
+      if (separate_param) store_pack(param + start, k, rounded);
+    }
+    tail = start + packs * kPack;
+  }
+  for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) {
+    float m = exp_avg[i], v = exp_avg_sq[i];
+    const float w = adamw_update_element(weights[i], __fmul_rn(to_float(grad[i]), grad_scale), m,
+                                         v, coeffs);
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    weights[i] = w;
+    if (separate_param) param[i] = from_float<P>(w);
+  }
+}
+
 // The element update is adamw_update_element (core/adamw_math.h), the CPU's own, with the
 // host's coefficients: each operation an _rn intrinsic, so nvcc contracts nothing and the
 // result has the CPU's bits.
@@ -65,19 +128,25 @@ __global__ void __launch_bounds__(kMultiThreads)
   AdamWCoefficients<float> tensor_coeffs = coeffs;
   if (!s.decay) tensor_coeffs.decay = 1.f;  // 1 - lr·0, as the host computes it
   const int64_t end = min(s.numel, c.start + kChunk);
-  for (int64_t i = c.start + threadIdx.x; i < end; i += blockDim.x) {
+  float* weights = s.master ? s.master : static_cast<float*>(s.param);
+  auto half_or_float = [](DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; };
+  if (half_or_float(s.grad_dtype) && half_or_float(s.param_dtype)) {
+    with_half_float_pointer(s.grad, s.grad_dtype, [&](auto* grad) {
+      with_half_float_pointer(s.param, s.param_dtype, [&](auto* param) {
+        adamw_chunk(grad, param, weights, s.exp_avg, s.exp_avg_sq, s.master != nullptr, c.start,
+                    end, tensor_coeffs, grad_scale);
+      });
+    });
+    return;
+  }
+  for (int64_t i = c.start + threadIdx.x; i < end; i += blockDim.x) {  // f64 gradients
     const float g = __fmul_rn(load_as<float>(s.grad, s.grad_dtype, i), grad_scale);
     float m = s.exp_avg[i], v = s.exp_avg_sq[i];
-    const float p0 = s.master ? s.master[i] : static_cast<float*>(s.param)[i];
-    const float p = adamw_update_element(p0, g, m, v, tensor_coeffs);
+    const float p = adamw_update_element(weights[i], g, m, v, tensor_coeffs);
     s.exp_avg[i] = m;
     s.exp_avg_sq[i] = v;
-    if (s.master) {
-      s.master[i] = p;
-      store_as<float>(s.param, s.param_dtype, i, p);
-    } else {
-      static_cast<float*>(s.param)[i] = p;
-    }
+    weights[i] = p;
+    if (s.master) store_as<float>(s.param, s.param_dtype, i, p);
   }
 }
 
@@ -126,24 +195,6 @@ __device__ void chunk_scale(T* p, int64_t start, int64_t end, float factor) {
     p[i] = from_float<T>(to_float(p[i]) * factor);
 }
 
-// Calls fn(typed pointer) for the f32/f16/bf16 slots; false for other dtypes.
-template <class Fn>
-__device__ bool with_half_float_pointer(const void* data, DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::f32:
-      fn(static_cast<float*>(const_cast<void*>(data)));
-      return true;
-    case DType::f16:
-      fn(static_cast<Half*>(const_cast<void*>(data)));
-      return true;
-    case DType::bf16:
-      fn(static_cast<BFloat16*>(const_cast<void*>(data)));
-      return true;
-    default:
-      return false;
-  }
-}
-
 __global__ void __launch_bounds__(kMultiThreads)
     sum_squares_kernel(const NormSlot* slots, const ChunkRef* chunks, float* partial) {
   const ChunkRef c = chunks[blockIdx.x];
@@ -161,17 +212,26 @@ __global__ void __launch_bounds__(kMultiThreads)
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-// factor_of_norm: when set, the factor is clip_grad_norm_'s, computed from the norm on the
-// device in f64 exactly as the host computes it; blocks leave the data alone when no
-// clipping is due.
+// Where the factor of a scaling comes from.
+enum class FactorSource {
+  host,            // `factor` as given
+  clip_of_norm,    // clip_grad_norm_'s factor of the norm at `device_value`, computed in f64
+                   // exactly as the host computes it; nothing to do when no clipping is due
+  value_unless_one  // the f32 at `device_value`; nothing to do when it is exactly 1
+};
+
+// Blocks with nothing to do (decided on the device) leave the data alone.
 __global__ void __launch_bounds__(kMultiThreads)
     scale_kernel(const NormSlot* slots, const ChunkRef* chunks, float factor,
-                 const float* factor_of_norm, double max_norm) {
-  if (factor_of_norm) {
-    const double norm = *factor_of_norm;
+                 FactorSource source, const float* device_value, double max_norm) {
+  if (source == FactorSource::clip_of_norm) {
+    const double norm = *device_value;
     const double coef = max_norm / (norm + 1e-6);
     if (!(coef < 1.0) && isfinite(norm)) return;
     factor = static_cast<float>(1.0 < coef ? 1.0 : coef);  // std::min(coef, 1.0), NaN kept
+  } else if (source == FactorSource::value_unless_one) {
+    factor = *device_value;
+    if (factor == 1.f) return;
   }
   const ChunkRef c = chunks[blockIdx.x];
   const NormSlot s = slots[c.slot];
@@ -250,10 +310,10 @@ void multi_tensor_adamw(const std::vector<Tensor>& params, const std::vector<Ten
 }
 
 namespace {
-// One launch of scale_kernel over every tensor: by `factor`, or by clipping's factor of
-// `norm` when norm is defined.
-void scale_tensors(const std::vector<Tensor>& tensors, double factor, const Tensor& norm,
-                   double max_norm) {
+// One launch of scale_kernel over every tensor, by a factor from `source` (device_value: one
+// f32 on the tensors' device, for the device sources).
+void scale_tensors(const std::vector<Tensor>& tensors, double factor, FactorSource source,
+                   const Tensor& device_value = Tensor(), double max_norm = 0.0) {
   std::vector<NormSlot> slots;
   std::vector<ChunkRef> chunks;
   Tensor first;
@@ -276,14 +336,24 @@ void scale_tensors(const std::vector<Tensor>& tensors, double factor, const Tens
   const ChunkRef* dchunks;
   Tensor tables = upload_tables(slots, chunks, first.device(), &dslots, &dchunks);
   scale_kernel<<<static_cast<unsigned>(chunks.size()), kMultiThreads, 0, ctx.stream>>>(
-      dslots, dchunks, static_cast<float>(factor), norm.defined() ? norm.data<float>() : nullptr,
-      max_norm);
+      dslots, dchunks, static_cast<float>(factor), source,
+      device_value.defined() ? device_value.data<float>() : nullptr, max_norm);
   TESSERA_KERNEL_CHECK("scale_kernel");
 }
 }  // namespace
 
 void multi_tensor_scale_(const std::vector<Tensor>& tensors, double factor) {
-  scale_tensors(tensors, factor, Tensor(), 0.0);
+  scale_tensors(tensors, factor, FactorSource::host);
+}
+
+void scale_by_device_scalar_(const Tensor& t, const Tensor& scalar) {
+  TESSERA_CHECK(scalar.defined() && scalar.numel() == 1 && is_floating(scalar.dtype()) &&
+                    scalar.device() == t.device(),
+                "scale_by_device_scalar_: the scalar must be one floating value on ",
+                t.device().str(), ", got ", scalar.defined() ? shape_str(scalar.shape()) : "none",
+                scalar.defined() ? " on " + scalar.device().str() : "");
+  scale_tensors({t}, 1.0, FactorSource::value_unless_one,
+                raw::contiguous(raw::to(scalar, t.device(), DType::f32)));
 }
 
 void multi_tensor_clip_(const std::vector<Tensor>& tensors, const Tensor& norm, double max_norm) {
@@ -291,7 +361,7 @@ void multi_tensor_clip_(const std::vector<Tensor>& tensors, const Tensor& norm, 
                     norm.device().is_cuda(),
                 "multi_tensor_clip_: norm must be one float32 value on a CUDA device");
   TESSERA_CHECK(max_norm > 0, "multi_tensor_clip_: max_norm must be > 0, got ", max_norm);
-  scale_tensors(tensors, 1.0, norm, max_norm);
+  scale_tensors(tensors, 1.0, FactorSource::clip_of_norm, norm, max_norm);
 }
 
 Tensor global_grad_norm(const std::vector<Tensor>& grads) {

@@ -24,6 +24,7 @@ const bool registered = [] {
   t.swiglu_forward = swiglu_forward;
   t.swiglu_backward = swiglu_backward;
   t.multi_tensor_clip = multi_tensor_clip_;
+  t.scale_by_device_scalar_ = scale_by_device_scalar_;
   return true;
 }();
 

@@ -164,6 +164,33 @@ TEST(AttentionCuda, FlashMatchesComposedInBf16) {
   }
 }
 
+// The mean/sum backward scales the gradient buffer in place by the incoming gradient on the
+// device (skipped when it is 1): a scale other than 1, and a graph kept for a second backward
+// (which must not see the first one's scaling), both still give the CPU's gradient.
+TEST(FusedCrossEntropyCuda, IncomingGradientScalesTheGradientOnce) {
+  if (!cuda_is_available()) GTEST_SKIP() << "no CUDA device";
+  const int64_t B = 2, T = 5, V = 131;
+  Generator gen(12);
+  const Tensor logits_cpu = randn({B, T, V}, {.dtype = DType::f32}, &gen) * 2.0;
+  const Tensor targets_cpu = randint(0, V, {B, T}, {.dtype = DType::i64}, &gen);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (Reduction reduction : {Reduction::Mean, Reduction::Sum}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " reduction " << int(reduction));
+      Tensor ref_in = leaf(logits_cpu.to(dtype).to(DType::f32));
+      (cross_entropy(ref_in, targets_cpu, -100, reduction) * 0.37).backward();
+      Tensor gpu_in = leaf(logits_cpu.to(Device::cuda(0), dtype));
+      Tensor loss = fused_cross_entropy(gpu_in, targets_cpu.to(Device::cuda(0)), -100, reduction);
+      (loss * 0.37).backward({}, /*retain_graph=*/true);
+      const Tensor first = gpu_in.grad().cpu().to(DType::f32);
+      const double tol = dtype == DType::f32 ? 1e-5 : 2e-2;
+      EXPECT_LT(relative_error(first, ref_in.grad()), tol);
+      gpu_in.set_grad(Tensor());
+      (loss * 0.37).backward();  // the kept graph again: the same gradient
+      EXPECT_EQ(relative_error(gpu_in.grad().cpu().to(DType::f32), first), 0.0);
+    }
+  }
+}
+
 TEST(FusedCrossEntropyCuda, MatchesTheCpuCrossEntropy) {
   if (!cuda_is_available()) GTEST_SKIP() << "no CUDA device";
   const int64_t B = 3, T = 7, V = 257;

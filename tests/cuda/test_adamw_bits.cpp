@@ -55,7 +55,9 @@ std::vector<Tensor> masters(const optim::AdamW& opt, const std::vector<Tensor>& 
 
 // Runs `steps` AdamW steps on both devices with the same random gradients (of grad_dtype)
 // and checks every parameter (and master, with master_weights) bit for bit after each step.
-void expect_same_bits(DType param_dtype, bool master_weights, int steps) {
+// offset_grads: the device gradients are views one element into a larger buffer (as DDP's
+// bucket views may be), so the kernel's unaligned path runs instead of its 16-byte packs.
+void expect_same_bits(DType param_dtype, bool master_weights, int steps, bool offset_grads = false) {
   Generator gen(7);
   std::vector<Tensor> host, device;
   for (const Shape& s : kShapes) {
@@ -74,7 +76,14 @@ void expect_same_bits(DType param_dtype, bool master_weights, int steps) {
       const Tensor g =
           raw::to(normal(host[i].shape(), 0.1, 0.5 / step, {}, &gen), Device::cpu(), param_dtype);
       host[i].set_grad(g);
-      device[i].set_grad(raw::to(g, dev(), param_dtype));
+      Tensor dg = raw::to(g, dev(), param_dtype);
+      if (offset_grads) {
+        Tensor buffer = zeros({g.numel() + 1}, {.dtype = param_dtype, .device = dev()});
+        Tensor view = raw::view(raw::narrow(buffer, 0, 1, g.numel()), g.shape());
+        raw::copy_(view, dg);
+        dg = view;
+      }
+      device[i].set_grad(dg);
     }
     host_opt.step();
     device_opt.step();
@@ -103,6 +112,12 @@ TEST(CudaAdamWBits, Float32ParametersMatchTheCpuBitForBit) {
 TEST(CudaAdamWBits, Bf16ParametersWithMastersMatchTheCpuBitForBit) {
   TESSERA_REQUIRE_GPU();
   expect_same_bits(DType::bf16, true, 6);
+}
+
+TEST(CudaAdamWBits, UnalignedGradientViewsMatchTheCpuBitForBit) {
+  TESSERA_REQUIRE_GPU();
+  expect_same_bits(DType::f32, false, 3, /*offset_grads=*/true);
+  expect_same_bits(DType::bf16, true, 3, /*offset_grads=*/true);
 }
 
 // ZeRO-Offload's form: the device keeps bf16 parameters with f32 masters (the fused kernel
