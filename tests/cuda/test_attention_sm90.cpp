@@ -51,9 +51,15 @@ Tensor out_view(const Tensor& buf, int64_t B, int64_t H, int64_t T, int64_t D) {
   return raw::permute(raw::view(raw::narrow(buf, 2, 0, H * D), {B, T, H, D}), {0, 2, 1, 3});
 }
 
+// describe() for B batches of H query heads.
+std::string describe_heads(const Sm90Case& c, int64_t B, int64_t H) {
+  return std::string(dtype_name(c.dtype)) + " D=" + std::to_string(c.D) +
+         " T=" + std::to_string(c.T) + " B=" + std::to_string(B) + " H=" + std::to_string(H) +
+         " Hkv=" + std::to_string(H / c.group);
+}
+
 void check_direct(const Sm90Case& c, int64_t B = kB, int64_t H = kH) {
-  std::printf("%s B=%lld H=%lld\n", describe(c).c_str(), static_cast<long long>(B),
-              static_cast<long long>(H));
+  std::printf("%s\n", describe_heads(c, B, H).c_str());
   const FusedInputs in = make_inputs(c, B, H);
   constexpr int64_t kPad = 8;
   const Tensor y_buf = poisoned({B, c.T, H * c.D + kPad}, c.dtype);
@@ -63,7 +69,8 @@ void check_direct(const Sm90Case& c, int64_t B = kB, int64_t H = kH) {
   expect_within(values(raw::contiguous(out)), in.ref.out, tolerance(c.dtype), "sm90 out");
   expect_within(values(lse), in.ref.lse, 2e-5, "sm90 lse");
   for (double x : values(raw::contiguous(raw::narrow(y_buf, 2, H * c.D, kPad))))
-    ASSERT_TRUE(std::isnan(x)) << describe(c) << ": the padding next to out was written";
+    ASSERT_TRUE(std::isnan(x)) << describe_heads(c, B, H)
+                               << ": the padding next to out was written";
 }
 
 TEST(AttentionSm90Cuda, DirectAgainstFloat64) {
@@ -104,7 +111,7 @@ TEST(AttentionSm90Cuda, PersistentGridWalksOverManyHeads) {
     int64_t H = c.group * ((2 * sms) / (walk.B * units_per_head * c.group) + 1);
     while ((walk.B * H * units_per_head) % sms == 0) H += c.group;  // a partial last round
     ASSERT_GT(walk.B * H * units_per_head, 2 * sms);
-    SCOPED_TRACE(describe(c) + " B=" + std::to_string(walk.B) + " H=" + std::to_string(H));
+    SCOPED_TRACE(describe_heads(c, walk.B, H));
     check_direct(c, walk.B, H);
     if (HasFatalFailure()) return;
   }
