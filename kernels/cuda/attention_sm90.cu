@@ -7,12 +7,15 @@
 // operands from shared memory through descriptors, fed by the TMA copy engine, with the loads
 // running in a separate warpgroup so the tensor cores never wait for memory.
 //
-// Block: one (batch, head) and two query tiles of 128 (the longest and the shortest left, so that
-// every block does the same causal work; see ForwardBlock); 384 threads = 3 warpgroups.
+// Work: units of one (batch, head) and two query tiles of 128 (the longest and the shortest
+// left, so that every unit does the same causal work; see ForwardSchedule). The grid is
+// persistent: one block per SM walks over units blockIdx.x + k * gridDim.x (TileCursor), so the
+// loads of the next unit overlap the end of the current one. 384 threads = 3 warpgroups.
 //   warpgroup 0 (producer): gives most of its registers away (setmaxnreg) and one thread issues
-//     the TMA copies: a query tile's Q once, then its K and V tiles of 128 keys into a ring of
-//     two stages, from the diagonal tile backwards (the only tiles needing a mask come first); the
-//     ring runs on into the second query tile, whose loads overlap the end of the first.
+//     the TMA copies: a query tile's Q once, then its K and V tiles of 128 keys into rings of
+//     two or three stages (see kDeepRings), from the diagonal tile backwards
+//     (the only tiles needing a mask come first); the ring runs on from one query tile to the next,
+//     whose loads overlap the end of the current.
 //   warpgroups 1, 2 (consumers): 64 queries each (wgmma's M). Per K/V tile:
 //       S = Q K^T     wgmma m64n128k16, A = Q and B = K both from shared memory (K-major);
 //       online softmax on the S registers (row max / sum across the 4 threads of a quad);
@@ -30,20 +33,24 @@
 //
 // mbarriers (a phase completes, and flips, when its expected arrivals and bytes are in; waits name
 // the parity of the phase they wait for, see sm90::mbarrier_wait):
-//   q_full[j]       1 arrival (the producer's expect_tx) + the bytes of query tile j's Q; used
-//                   once: parity 0.
+//   q_full[b]       1 arrival (the producer's expect_tx) + the bytes of a Q tile in buffer b;
+//                   query tile j of the block (TileCursor::j) uses buffer j % 2, waited for
+//                   with parity (j / 2) & 1.
+//   q_empty[b]      one arrival per consumer warp once it no longer reads query tile j's Q (at
+//                   its end); the producer waits for completion j / 2 - 1 before loading Q of
+//                   tile j >= 2 into buffer j % 2.
 //   k_full[s]       same for the K tile of stage s; v_full[s] for its V tile.
 //   k_empty[s]      one arrival per consumer warp once its S(it) is complete (K is no longer
 //                   read); v_empty[s] once its O += P V of that tile is complete. Separate, so
 //                   the next K tile is loaded while the previous V tile is still being read.
 //   turn[c]         the 4 warps of the other consumer warpgroup, once they issued their MMAs.
-// Tile iteration `it` (0, 1, ... in processing order, counted over both query tiles of the block)
-// uses stage it % 2 for the (it / 2)-th time:
-// consumers wait for k_full / v_full with parity (it / 2) & 1; the producer, before refilling a
-// stage for use u = it / 2 >= 1, waits for completion number u - 1 of k_empty (v_empty) of that
-// stage: parity (u - 1) & 1. Every consumer warp waits for both full barriers of every tile (even
-// one it skips) before it arrives on the empties, so no copy into a stage can overlap a copy
-// still landing there and no warp can arrive twice within one phase.
+// Tile iteration `it` (0, 1, ... in processing order, counted over all query tiles of the block)
+// uses K stage it % n for the (it / n)-th time, n = kKStages (V alike with kVStages):
+// consumers wait for k_full with parity (it / n) & 1; the producer, before refilling a stage for
+// use u = it / n >= 1, waits for completion number u - 1 of k_empty of that stage: parity
+// (u - 1) & 1. Every consumer warp waits for both full barriers of every tile (even one it
+// skips) before it arrives on the empties, so no copy into a stage can overlap a copy still
+// landing there and no warp can arrive twice within one phase.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -64,16 +71,34 @@ struct Sm90Forward {
   static constexpr int kConsumers = 2;
   static constexpr int kRows = 64 * kConsumers;  // queries per block
   static constexpr int kKeys = 128;              // keys per K/V tile (wgmma N of S = Q K^T)
-  static constexpr int kStages = 2;
+  // Deeper K/V rings (kDeepRings; false: 2 stages each, as first measured). With 2 stages a copy
+  // gets about one step (one K/V tile of both warpgroups) between the release of its stage and
+  // the MMA that reads it; one more stage adds a step. D = 64: 3 K and 3 V stages (2 x 16 + 6 x
+  // 16 KiB). D = 128: 3 V stages but 2 K stages (2 x 32 + 5 x 32 = 224 KiB, the most one block
+  // gets), V being the copy with less lead (its stage frees only after O += P V).
+  static constexpr bool kDeepRings = true;
+  static constexpr int kKStages = kDeepRings && D == 64 ? 3 : 2;
+  static constexpr int kVStages = kDeepRings ? 3 : 2;
+  static constexpr int kMaxStages = 3;  // barrier slots per ring
   // Consumer warpgroups take turns issuing their MMAs (see ConsumerState::await_turn).
   static constexpr bool kPingPong = true;
+  // One block per SM walking over the units (see TileCursor), so that a unit's start (its Q and
+  // first K/V copies) overlaps the end of the previous one; false: one block per unit, as
+  // before (kept to compare the two on a GPU).
+  static constexpr bool kPersistentGrid = true;
+  // The producer issues its copies in the order their stages free up. With as many K as V
+  // stages, K tile it + 1 goes before V tile it (FlashAttention-3's order): K(it + n) then waits
+  // only for S(it), not also for O += P(it - 1) V(it - 1). With one V stage more, V(it) frees up
+  // after K(it) and they go together. (kKeysAhead false: always together, as first measured.)
+  static constexpr bool kKeysAhead = true;
+  static constexpr int kValueLag = kKeysAhead && kVStages == kKStages ? 1 : 0;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kPanels = D / 64;  // 128-byte swizzle rows hold 64 16-bit elements
   static constexpr uint32_t kQPanelBytes = kRows * 128, kQBytes = kQPanelBytes * kPanels;
   static constexpr uint32_t kKvPanelBytes = kKeys * 128, kKvBytes = kKvPanelBytes * kPanels;
-  // Two Q tiles (a block computes two query tiles, see ForwardBlock), the K and V rings, and
+  // Two Q buffers (the next query tile's Q loads during the current one), the K and V rings, and
   // slack to align the start to 1024 bytes.
-  static constexpr size_t kSmemBytes = 2 * kQBytes + 2 * kStages * size_t(kKvBytes) + 1024;
+  static constexpr size_t kSmemBytes = 2 * kQBytes + size_t(kKStages + kVStages) * kKvBytes + 1024;
   // The launch gives every thread 65536 / 384 -> 168 registers; the producer keeps 24 and the
   // consumers take what it frees: 128 * 24 + 256 * 240 = 64512 <= 65536. (The consumers of
   // the D = 128 kernel use up to ~220.)
@@ -101,27 +126,40 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 2], const uint32_t (&p)[
 }
 
 // ---------------- shared memory map ----------------
-// 1024-aligned base: [Q tile 0][Q tile 1][K stage 0][K stage 1][V stage 0][V stage 1] (each
-// tile kPanels panels); barriers apart.
+// 1024-aligned base: [Q buffer 0][Q buffer 1][K stages][V stages] (each tile kPanels panels);
+// barriers apart.
 template <int D>
 struct ForwardSmem {
   using C = Sm90Forward<D>;
-  uint32_t base, bars;  // shared addresses of the tiles and of the 12 barriers
-  __device__ uint32_t q(int item) const { return base + uint32_t(item) * C::kQBytes; }
+  uint32_t base, bars;  // shared addresses of the tiles and of the barriers
+  __device__ uint32_t q(int buffer) const { return base + uint32_t(buffer) * C::kQBytes; }
   __device__ uint32_t k(int stage) const {
     return base + 2 * C::kQBytes + uint32_t(stage) * C::kKvBytes;
   }
   __device__ uint32_t v(int stage) const {
-    return base + 2 * C::kQBytes + uint32_t(C::kStages + stage) * C::kKvBytes;
+    return base + 2 * C::kQBytes + uint32_t(C::kKStages + stage) * C::kKvBytes;
   }
-  __device__ uint32_t q_full(int item) const { return bars + 8 * item; }
-  __device__ uint32_t k_full(int stage) const { return bars + 8 * (2 + stage); }
-  __device__ uint32_t v_full(int stage) const { return bars + 8 * (4 + stage); }
-  __device__ uint32_t k_empty(int stage) const { return bars + 8 * (6 + stage); }
-  __device__ uint32_t v_empty(int stage) const { return bars + 8 * (8 + stage); }
-  __device__ uint32_t turn(int consumer) const { return bars + 8 * (10 + consumer); }
+  __device__ uint32_t q_full(int buffer) const { return bars + 8 * buffer; }
+  __device__ uint32_t q_empty(int buffer) const { return bars + 8 * (2 + buffer); }
+  __device__ uint32_t turn(int consumer) const { return bars + 8 * (4 + consumer); }
+  __device__ uint32_t k_full(int stage) const { return bars + 8 * (6 + stage); }
+  __device__ uint32_t v_full(int stage) const { return bars + 8 * (6 + C::kMaxStages + stage); }
+  __device__ uint32_t k_empty(int stage) const {
+    return bars + 8 * (6 + 2 * C::kMaxStages + stage);
+  }
+  __device__ uint32_t v_empty(int stage) const {
+    return bars + 8 * (6 + 3 * C::kMaxStages + stage);
+  }
 };
-constexpr int kForwardBarriers = 12;
+constexpr int kForwardBarriers = 6 + 4 * 3;
+
+// The work of one launch: B * H heads, each split into units_per_head = ceil(q_tiles / 2) units
+// of equal causal work: unit x of a head is query tile q_tiles - 1 - x (the longest) and then
+// tile x (the middle tile of an odd q_tiles alone), together q_tiles + 1 K/V tiles. Kernel
+// parameters, so that nothing of it takes a consumer register over the main loop.
+struct ForwardSchedule {
+  int H, group, seq_len, q_tiles, units_per_head, units;
+};
 
 // One query tile of a block: its first query, the K/V tiles it visits (its tile t = 0, 1, ...
 // covers keys [(n_tiles - 1 - t) * 128, +128): the diagonal tile first) and the block-wide index
@@ -130,22 +168,36 @@ struct WorkItem {
   int q0, n_tiles, first_it;
 };
 
-// A block's work: one (batch, head), the K/V head it reads, and two query tiles paired so that
-// every block visits the same number of K/V tiles under the causal mask: tile nq - 1 - x (the
-// longest) and then tile x, for block x of ceil(nq / 2) (the middle tile of an odd nq alone).
-// The producer loads the second tile's Q and first K/V tiles while the consumers finish the
-// first one, so only one start-up per block is exposed. It lives in shared memory: the consumers
-// read it when they need it rather than keeping it in registers over the main loop.
-template <int D>
-struct ForwardBlock {
-  using C = Sm90Forward<D>;
-  int b, h, h_kv, seq_len, long_tile, short_tile, n_items;
-  __device__ int tiles_of(int q_tile) const {
-    return (min((q_tile + 1) * C::kRows, seq_len) - 1) / C::kKeys + 1;
+// A block's walk over its query tiles: units blockIdx.x, blockIdx.x + gridDim.x, ... (one unit
+// per block when the grid has a block per unit, see kPersistentGrid), each unit's long tile and
+// then its short one. Item j (counted over the whole walk) uses Q buffer j % 2; `ring` counts the
+// K/V tiles of the items before it. Neighbouring blocks take neighbouring units, so the blocks
+// running at any moment read the K/V of a few neighbouring heads (L2 keeps them).
+struct TileCursor {
+  int unit, second, j, ring;  // second: 0 the unit's long query tile, 1 its short one
+  __device__ static TileCursor start() { return {int(blockIdx.x), 0, 0, 0}; }
+  __device__ bool done(ForwardSchedule s) const { return unit >= s.units; }
+  __device__ int head(ForwardSchedule s) const { return unit / s.units_per_head; }  // b H + h
+  __device__ int q_tile(ForwardSchedule s) const {
+    const int x = unit % s.units_per_head;
+    return second ? x : s.q_tiles - 1 - x;
   }
-  __device__ WorkItem item(int j) const {
-    const int q_tile = j == 0 ? long_tile : short_tile;
-    return {q_tile * C::kRows, tiles_of(q_tile), j == 0 ? 0 : tiles_of(long_tile)};
+  // Query tile q covers queries up to min(128 (q + 1), T) - 1: under the causal mask it visits
+  // q + 1 K/V tiles of 128 keys (the last one only up to T).
+  __device__ WorkItem item(ForwardSchedule s, int rows) const {
+    const int q = q_tile(s);
+    return {q * rows, q + 1, ring};
+  }
+  __device__ void advance(ForwardSchedule s) {
+    const int x = unit % s.units_per_head;
+    ring += q_tile(s) + 1;
+    ++j;
+    if (!second && x < s.q_tiles - 1 - x) {
+      second = 1;
+    } else {
+      second = 0;
+      unit += int(gridDim.x);
+    }
   }
 };
 
@@ -154,42 +206,54 @@ struct ForwardSlots {
   MapSlots q, k, v;
 };
 
-// K and V tile `it` (block-wide count: stage it % 2, used for the (it / 2)-th time) of keys
-// [key0, key0 + 128), each into its stage once the consumers released the stage's previous use.
+// The K (is_v false) or V tile `it` (block-wide count: stage it % n, used for the (it / n)-th
+// time, n its ring's stages) of keys [key0, key0 + 128) of K/V head (b, h_kv), into its stage once
+// the consumers released the stage's previous use.
 template <int D>
-__device__ __forceinline__ void produce_kv_tile(const ForwardSmem<D>& sm,
-                                                const ForwardBlock<D>& blk,
-                                                const CUtensorMap* k_map, const CUtensorMap* v_map,
-                                                const ForwardSlots& slots, int it, int key0) {
+__device__ __forceinline__ void produce_kv(const ForwardSmem<D>& sm, const CUtensorMap* map,
+                                           MapSlots slots, bool is_v, int it, int key0, int h_kv,
+                                           int b) {
   using C = Sm90Forward<D>;
-  const int stage = it % C::kStages, use = it / C::kStages;
-  if (use > 0) mbarrier_wait(sm.k_empty(stage), (use - 1) & 1);
-  mbarrier_arrive_expect_bytes(sm.k_full(stage), C::kKvBytes);
+  const int stages = is_v ? C::kVStages : C::kKStages;
+  const int stage = it % stages, use = it / stages;
+  const uint32_t full = is_v ? sm.v_full(stage) : sm.k_full(stage);
+  const uint32_t tile = is_v ? sm.v(stage) : sm.k(stage);
+  if (use > 0) mbarrier_wait(is_v ? sm.v_empty(stage) : sm.k_empty(stage), (use - 1) & 1);
+  mbarrier_arrive_expect_bytes(full, C::kKvBytes);
   for (int p = 0; p < C::kPanels; ++p)
-    load_head_box(sm.k(stage) + p * C::kKvPanelBytes, k_map, slots.k, sm.k_full(stage), p * 64,
-                  key0, blk.h_kv, blk.b);
-  if (use > 0) mbarrier_wait(sm.v_empty(stage), (use - 1) & 1);
-  mbarrier_arrive_expect_bytes(sm.v_full(stage), C::kKvBytes);
-  for (int p = 0; p < C::kPanels; ++p)
-    load_head_box(sm.v(stage) + p * C::kKvPanelBytes, v_map, slots.v, sm.v_full(stage), p * 64,
-                  key0, blk.h_kv, blk.b);
+    load_head_box(tile + p * C::kKvPanelBytes, map, slots, full, p * 64, key0, h_kv, b);
 }
 
-// Each query tile's Q (its own buffer, used once) just before its K/V tiles: the producer runs up
-// to two K/V tiles ahead of the consumers, so the second Q lands while they finish the first.
+// Each query tile's Q just before its K/V tiles, into Q buffer j % 2 once the consumers released
+// that buffer's previous use (query tile j - 2): the producer runs up to two K/V tiles ahead of
+// the consumers, so the next Q lands while they finish the current query tile -- and, with a
+// persistent grid, the next unit's Q and first K/V tiles too. Within a query tile K may run one
+// tile ahead of V (see kValueLag). `cur` lives in shared memory: the producer has 24 registers, and
+// held there over the loop the cursor spilled to local memory.
 template <int D>
-__device__ __forceinline__ void produce_tiles(const ForwardSmem<D>& sm, const ForwardBlock<D>& blk,
-                                              const CUtensorMap* q_map, const CUtensorMap* k_map,
-                                              const CUtensorMap* v_map, const ForwardSlots& slots) {
+__device__ __forceinline__ void produce_tiles(const ForwardSmem<D>& sm, ForwardSchedule s,
+                                              TileCursor& cur, const CUtensorMap* q_map,
+                                              const CUtensorMap* k_map, const CUtensorMap* v_map,
+                                              const ForwardSlots& slots) {
   using C = Sm90Forward<D>;
-  for (int j = 0; j < blk.n_items; ++j) {
-    const WorkItem w = blk.item(j);
-    mbarrier_arrive_expect_bytes(sm.q_full(j), C::kQBytes);
+  constexpr int lag = C::kValueLag;  // V tile t - lag follows K tile t
+  for (cur = TileCursor::start(); !cur.done(s); cur.advance(s)) {
+    const int buffer = cur.j % 2;
+    if (cur.j >= 2) mbarrier_wait(sm.q_empty(buffer), (cur.j / 2 - 1) & 1);
+    mbarrier_arrive_expect_bytes(sm.q_full(buffer), C::kQBytes);
     for (int p = 0; p < C::kPanels; ++p)
-      load_head_box(sm.q(j) + p * C::kQPanelBytes, q_map, slots.q, sm.q_full(j), p * 64, w.q0,
-                    blk.h, blk.b);
-    for (int t = 0; t < w.n_tiles; ++t)
-      produce_kv_tile(sm, blk, k_map, v_map, slots, w.first_it + t, (w.n_tiles - 1 - t) * C::kKeys);
+      load_head_box(sm.q(buffer) + p * C::kQPanelBytes, q_map, slots.q, sm.q_full(buffer), p * 64,
+                    cur.item(s, C::kRows).q0, cur.head(s) % s.H, cur.head(s) / s.H);
+    // Tile t of the query tile's q_tile + 1 holds keys [(q_tile - t) * 128, +128).
+    for (int t = 0; t <= cur.q_tile(s) + lag; ++t) {
+      if (t <= cur.q_tile(s))
+        produce_kv(sm, k_map, slots.k, false, cur.ring + t, (cur.q_tile(s) - t) * C::kKeys,
+                   cur.head(s) % s.H / s.group, cur.head(s) / s.H);
+      if (t >= lag)
+        produce_kv(sm, v_map, slots.v, true, cur.ring + t - lag,
+                   (cur.q_tile(s) - t + lag) * C::kKeys, cur.head(s) % s.H / s.group,
+                   cur.head(s) / s.H);
+    }
   }
 }
 
@@ -343,39 +407,51 @@ struct ConsumerState {
   // each one's softmax runs under the other's MMAs. turn(c) completes when the 4 warps of the
   // other warpgroup arrive; its k-th completion lets warpgroup c issue for the k-th time (parity
   // k & 1; the other cannot run two completions ahead, it needs this one's arrival in between).
-  // Per query tile both warpgroups issue n_tiles + 1 times; warpgroup 1 arrives once at the
-  // start so that warpgroup 0 goes first, and not after its last issue, so each turn barrier
-  // completes exactly as often as its warpgroup waits and the next query tile starts afresh.
+  // In a query tile with ping-pong both warpgroups issue n_tiles + 1 times, so the alternation
+  // runs on over the block's query tiles: warpgroup 1 arrives once when the block starts (see the
+  // kernel), so that warpgroup 0 goes first, and both pass after every issue, the last of a query
+  // tile included: warpgroup 0 starts the next query tile as soon as warpgroup 1 issued its last
+  // O += P V, while warpgroup 1 still stores its rows. (The last arrivals of the block complete
+  // phases nobody waits for.)
   __device__ void await_turn() {
     if (pingpong) mbarrier_wait(sm.turn(consumer), uint32_t(turns++) & 1);
   }
-  __device__ void pass_turn(bool last_issue = false) const {
-    if (pingpong && releases && !(last_issue && consumer == 1))
-      mbarrier_arrive(sm.turn(1 - consumer));
+  __device__ void pass_turn() const {
+    if (pingpong && releases) mbarrier_arrive(sm.turn(1 - consumer));
   }
 
   // Tile it of this query tile is block-wide tile w.first_it + it of the K/V ring.
-  __device__ int stage(int it) const { return (w.first_it + it) % C::kStages; }
-  __device__ uint32_t parity(int it) const { return ((w.first_it + it) / C::kStages) & 1; }
+  // Stage and phase parity of the K and V copies of tile it (the rings count over all query
+  // tiles of the block).
+  __device__ int k_stage(int it) const { return (w.first_it + it) % C::kKStages; }
+  __device__ uint32_t k_parity(int it) const { return ((w.first_it + it) / C::kKStages) & 1; }
+  __device__ int v_stage(int it) const { return (w.first_it + it) % C::kVStages; }
+  __device__ uint32_t v_parity(int it) const { return ((w.first_it + it) / C::kVStages) & 1; }
   __device__ int key0(int it) const { return (w.n_tiles - 1 - it) * C::kKeys; }
   __device__ bool needs_mask(int it) const {
     return key0(it) + C::kKeys - 1 > row0 || key0(it) + C::kKeys > seq_len;
   }
   __device__ void release_k(int it) const {
-    if (releases) mbarrier_arrive(sm.k_empty(stage(it)));
+    if (releases) mbarrier_arrive(sm.k_empty(k_stage(it)));
   }
   __device__ void release_v(int it) const {
-    if (releases) mbarrier_arrive(sm.v_empty(stage(it)));
+    if (releases) mbarrier_arrive(sm.v_empty(v_stage(it)));
+  }
+  // Once per query tile, after its q_full wait (so no warp arrives twice in one phase: the
+  // producer refills the buffer, and a warp can pass the next q_full wait, only after all 8
+  // arrived).
+  __device__ void release_q(int buffer) const {
+    if (releases) mbarrier_arrive(sm.q_empty(buffer));
   }
 };
 
 // The first tile the warpgroup reads: S, then its P into p (O is still zero).
 template <class T, int D>
 __device__ __forceinline__ void first_tile(ConsumerState<D>& c, int it, Fragments& p) {
-  mbarrier_wait(c.sm.k_full(c.stage(it)), c.parity(it));
+  mbarrier_wait(c.sm.k_full(c.k_stage(it)), c.k_parity(it));
   c.await_turn();
   wgmma_fence();
-  issue_scores<T, D>(c.s, c.q_rows, c.sm.k(c.stage(it)));
+  issue_scores<T, D>(c.s, c.q_rows, c.sm.k(c.k_stage(it)));
   wgmma_commit();
   c.pass_turn();
   wgmma_wait<0>();
@@ -393,13 +469,13 @@ __device__ __forceinline__ void next_tile(ConsumerState<D>& c, int it, Fragments
                                           Fragments& p_next) {
   const int prev = it - 1;
   // Both waits first: no branch may separate the MMAs (ptxas would serialise them).
-  mbarrier_wait(c.sm.k_full(c.stage(it)), c.parity(it));
-  mbarrier_wait(c.sm.v_full(c.stage(prev)), c.parity(prev));
+  mbarrier_wait(c.sm.k_full(c.k_stage(it)), c.k_parity(it));
+  mbarrier_wait(c.sm.v_full(c.v_stage(prev)), c.v_parity(prev));
   c.await_turn();
   wgmma_fence();  // orders the register writes to o and p before both groups
-  issue_scores<T, D>(c.s, c.q_rows, c.sm.k(c.stage(it)));
+  issue_scores<T, D>(c.s, c.q_rows, c.sm.k(c.k_stage(it)));
   wgmma_commit();
-  issue_pv<T, D>(c.o, p, c.sm.v(c.stage(prev)));
+  issue_pv<T, D>(c.o, p, c.sm.v(c.v_stage(prev)));
   wgmma_commit();
   c.pass_turn();
   wgmma_wait<1>();  // groups complete in order: S(it) is in, O += P V may still run
@@ -418,54 +494,57 @@ __device__ __forceinline__ void next_tile(ConsumerState<D>& c, int it, Fragments
 // The last tile's O += P V.
 template <class T, int D>
 __device__ __forceinline__ void last_pv(ConsumerState<D>& c, int it, Fragments& p) {
-  mbarrier_wait(c.sm.v_full(c.stage(it)), c.parity(it));
+  mbarrier_wait(c.sm.v_full(c.v_stage(it)), c.v_parity(it));
   c.await_turn();
   wgmma_fence();
-  issue_pv<T, D>(c.o, p, c.sm.v(c.stage(it)));
+  issue_pv<T, D>(c.o, p, c.sm.v(c.v_stage(it)));
   wgmma_commit();
-  c.pass_turn(/*last_issue=*/true);
+  c.pass_turn();
   wgmma_wait<0>();
   pin_registers(c.o);
   pin_fragments(p);
   c.release_v(it);
 }
 
-// One consumer warpgroup in query tile w (item j of the block): 64 queries from
+// One consumer warpgroup in the block's current query tile (cur): 64 queries from
 // w.q0 + 64 * consumer through every K/V tile of it. Returns the updated count of turn waits.
 template <class T, int D>
-__device__ __forceinline__ int consume_item(const ForwardSmem<D>& sm, const ForwardBlock<D>& blk,
-                                            int j, int consumer, int turns, float scale_log2,
-                                            T* out, const HeadLayout& Lo, float* lse) {
+__device__ __forceinline__ int consume_item(const ForwardSmem<D>& sm, ForwardSchedule sched,
+                                            const TileCursor& cur, int consumer, int turns,
+                                            float scale_log2, T* out, const HeadLayout& Lo,
+                                            float* lse) {
   using C = Sm90Forward<D>;
-  const WorkItem w = blk.item(j);
+  const WorkItem w = cur.item(sched, C::kRows);
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
-  const int row0 = w.q0 + 64 * consumer, seq_len = blk.seq_len;
+  const int row0 = w.q0 + 64 * consumer, seq_len = sched.seq_len, buffer = cur.j % 2;
   ConsumerState<D> c{sm,
                      w,
                      turns,
                      row0,
                      row0 + 16 * warp + lane / 4,
                      seq_len,
-                     sm.q(j) + uint32_t(consumer) * 64 * 128,
+                     sm.q(buffer) + uint32_t(consumer) * 64 * 128,
                      scale_log2,
                      lane == 0,
                      consumer,
                      C::kPingPong && w.q0 + 64 < seq_len};
-  if (c.pingpong && consumer == 1) c.pass_turn();  // warpgroup 0 issues first
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) c.o[i] = 0.f;
   // Tiles before `first` hold only keys after the warpgroup's last query (or it has no query
   // below T): waited for, so that their copies have landed, and released unread.
   const int n = w.n_tiles;
   const int first = row0 < seq_len ? max(0, n - 1 - (row0 + 63) / C::kKeys) : n;
-  mbarrier_wait(sm.q_full(j), 0);
+  mbarrier_wait(sm.q_full(buffer), (cur.j / 2) & 1);
   for (int it = 0; it < first; ++it) {
-    mbarrier_wait(sm.k_full(c.stage(it)), c.parity(it));
-    mbarrier_wait(sm.v_full(c.stage(it)), c.parity(it));
+    mbarrier_wait(sm.k_full(c.k_stage(it)), c.k_parity(it));
+    mbarrier_wait(sm.v_full(c.v_stage(it)), c.v_parity(it));
     c.release_k(it);
     c.release_v(it);
   }
-  if (first == n) return c.turns;
+  if (first == n) {
+    c.release_q(buffer);
+    return c.turns;
+  }
   // P alternates between two register sets (one is read by an MMA while the other is written),
   // so the loop runs two steps per trip.
   Fragments p_a, p_b;
@@ -481,8 +560,12 @@ __device__ __forceinline__ int consume_item(const ForwardSmem<D>& sm, const Forw
   } else {
     last_pv<T, D>(c, n - 1, p_a);
   }
-  store_rows<T, D>(c.o, c.rows, c.r_lo, seq_len, out, Lo, blk.b, blk.h,
-                   lse + int64_t(blockIdx.y) * seq_len);
+  // Every S MMA of this query tile has completed (last_pv waited for all groups): Q's buffer
+  // may take the query tile after next.
+  c.release_q(buffer);
+  const int bh = cur.head(sched);
+  store_rows<T, D>(c.o, c.rows, c.r_lo, seq_len, out, Lo, bh / sched.H, bh % sched.H,
+                   lse + int64_t(bh) * seq_len);
   return c.turns;
 }
 
@@ -494,47 +577,48 @@ __global__ void __launch_bounds__(Sm90Forward<D>::kThreads, 1)
     flash_forward_sm90_kernel(const __grid_constant__ CUtensorMap q_map,
                               const __grid_constant__ CUtensorMap k_map,
                               const __grid_constant__ CUtensorMap v_map, ForwardSlots slots,
-                              T* __restrict__ out, HeadLayout Lo, float* __restrict__ lse, int H,
-                              int group, int seq_len, float scale_log2) {
+                              T* __restrict__ out, HeadLayout Lo, float* __restrict__ lse,
+                              ForwardSchedule sched, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Sm90Forward<D>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t barriers[kForwardBarriers];
-  __shared__ ForwardBlock<D> blk;
+  __shared__ TileCursor producer_cursor;
   // The swizzle pattern repeats every 1024 bytes and TMA and the descriptors assume each panel
   // starts on such a boundary: round the dynamic buffer up (kSmemBytes has the slack).
   const ForwardSmem<D> sm{(smem_addr(smem_raw) + 1023u) & ~1023u, smem_addr(barriers)};
   if (threadIdx.x == 0) {
-    for (int j = 0; j < 2; ++j) mbarrier_init(sm.q_full(j), 1);
-    for (int s = 0; s < C::kStages; ++s) {
+    for (int j = 0; j < 2; ++j) {
+      mbarrier_init(sm.q_full(j), 1);
+      mbarrier_init(sm.q_empty(j), 4 * C::kConsumers);  // one arrival per consumer warp
+    }
+    for (int s = 0; s < C::kKStages; ++s) {
       mbarrier_init(sm.k_full(s), 1);
+      mbarrier_init(sm.k_empty(s), 4 * C::kConsumers);
+    }
+    for (int s = 0; s < C::kVStages; ++s) {
       mbarrier_init(sm.v_full(s), 1);
-      mbarrier_init(sm.k_empty(s), 4 * C::kConsumers);  // one arrival per consumer warp
       mbarrier_init(sm.v_empty(s), 4 * C::kConsumers);
     }
     for (int w = 0; w < C::kConsumers; ++w) mbarrier_init(sm.turn(w), 4);  // the other's 4 warps
     mbarrier_init_fence();
-    blk.b = static_cast<int>(blockIdx.y) / H;
-    blk.h = static_cast<int>(blockIdx.y) % H;
-    blk.h_kv = blk.h / group;
-    blk.seq_len = seq_len;
-    blk.long_tile = (seq_len - 1) / C::kRows - static_cast<int>(blockIdx.x);
-    blk.short_tile = static_cast<int>(blockIdx.x);
-    blk.n_items = blk.short_tile < blk.long_tile ? 2 : 1;
   }
   __syncthreads();
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     release_registers<C::kProducerRegisters>();
-    if (threadIdx.x == 0) produce_tiles<D>(sm, blk, &q_map, &k_map, &v_map, slots);
+    if (threadIdx.x == 0)
+      produce_tiles<D>(sm, sched, producer_cursor, &q_map, &k_map, &v_map, slots);
     return;
   }
   claim_registers<C::kConsumerRegisters>();
+  // Warpgroup 0 issues first (ConsumerState::await_turn): one arrival per warp of warpgroup 1.
+  if (C::kPingPong && warpgroup == 2 && threadIdx.x % 32 == 0) mbarrier_arrive(sm.turn(0));
   int turns = 0;
 #pragma unroll 1
-  for (int j = 0; j < blk.n_items; ++j)
-    turns = consume_item<T, D>(sm, blk, j, warpgroup - 1, turns, scale_log2, out, Lo, lse);
+  for (TileCursor cur = TileCursor::start(); !cur.done(sched); cur.advance(sched))
+    turns = consume_item<T, D>(sm, sched, cur, warpgroup - 1, turns, scale_log2, out, Lo, lse);
 #else
   __trap();  // built without sm_90a code: the host side never launches this (device_runs_sm90a)
 #endif
@@ -608,6 +692,28 @@ bool runs_sm90_kernels(int device) {
 
 namespace {
 
+// Whether the D kernel's shared memory (static + dynamic) fits what `device` gives one block:
+// with the deeper V ring the D = 128 kernel takes all 227 KiB of an H100. Asked once per device.
+template <int D>
+bool forward_smem_fits(int device) {
+  static std::array<std::atomic<int>, 64> known{};  // 0 not asked yet, 1 no, 2 yes
+  auto ask = [device] {
+    cudaFuncAttributes attr{};
+    int optin = 0;
+    TESSERA_CUDA_CHECK(cudaFuncGetAttributes(&attr, flash_forward_sm90_kernel<BFloat16, D>));
+    TESSERA_CUDA_CHECK(
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return attr.sharedSizeBytes + Sm90Forward<D>::kSmemBytes <= size_t(optin);
+  };
+  if (device < 0 || device >= int(known.size())) return ask();
+  int answer = known[device].load(std::memory_order_relaxed);
+  if (answer == 0) {
+    answer = ask() ? 2 : 1;
+    known[device].store(answer, std::memory_order_relaxed);
+  }
+  return answer == 2;
+}
+
 // Empty when the kernel applies to these (already checked) inputs, with the tensor maps in
 // `maps`; otherwise the reason it does not.
 template <int D>
@@ -616,11 +722,15 @@ std::string prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v, d
   using C = Sm90Forward<D>;
   if (!runs_sm90_kernels(q.device().index))
     return "the device is not an sm_90 GPU (H100/H200) or this build holds no sm_90a code";
+  if (!forward_smem_fits<D>(q.device().index))
+    return "the kernel's " + std::to_string(C::kSmemBytes / 1024) +
+           " KiB of shared memory exceed what this device gives one block";
   if (!(scale > 0.0) || !std::isfinite(scale))
     return "the scale must be positive and finite (the kernel takes the row max of the unscaled "
            "scores)";
-  if (q.size(2) > INT32_MAX - C::kRows || q.size(0) * q.size(1) > 65535)
-    return "T must stay below 2^31 - 128 and B * H at most 65535";
+  const int64_t units = q.size(0) * q.size(1) * ((q.size(2) + 2 * C::kRows - 1) / (2 * C::kRows));
+  if (q.size(2) > INT32_MAX - C::kRows || units > INT32_MAX)
+    return "T must stay below 2^31 - 128 and B * H * ceil(T / 256) below 2^31";
   if (!encode_head_map(maps.q, q, C::kRows) || !encode_head_map(maps.k, k, C::kKeys) ||
       !encode_head_map(maps.v, v, C::kKeys))
     return "the TMA unit cannot describe the q/k/v views (strides must be positive multiples of "
@@ -630,17 +740,26 @@ std::string prepare_forward(const Tensor& q, const Tensor& k, const Tensor& v, d
 
 template <class T, int D>
 void launch_forward(const ForwardMaps& maps, const AttnShape& s, double scale, const Tensor& out,
-                    const Tensor& lse, cudaStream_t stream) {
+                    const Tensor& lse, int device, cudaStream_t stream) {
   using C = Sm90Forward<D>;
   TESSERA_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_sm90_kernel<T, D>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(C::kSmemBytes)));
-  const int64_t q_tiles = (s.T + C::kRows - 1) / C::kRows;
-  const dim3 grid(static_cast<unsigned>((q_tiles + 1) / 2), static_cast<unsigned>(s.B * s.H));
-  flash_forward_sm90_kernel<T, D><<<grid, C::kThreads, C::kSmemBytes, stream>>>(
+  ForwardSchedule sched{};
+  sched.H = static_cast<int>(s.H);
+  sched.group = static_cast<int>(s.group());
+  sched.seq_len = static_cast<int>(s.T);
+  sched.q_tiles = static_cast<int>((s.T + C::kRows - 1) / C::kRows);
+  sched.units_per_head = (sched.q_tiles + 1) / 2;
+  sched.units = static_cast<int>(s.B * s.H) * sched.units_per_head;
+  // Persistent: one block per SM (registers and shared memory allow no second one), each
+  // walking over units blockIdx.x + k * gridDim.x.
+  const int blocks =
+      C::kPersistentGrid ? std::min(sched.units, multiprocessor_count(device)) : sched.units;
+  flash_forward_sm90_kernel<T, D><<<blocks, C::kThreads, C::kSmemBytes, stream>>>(
       maps.q.map, maps.k.map, maps.v.map, ForwardSlots{maps.q.slots, maps.k.slots, maps.v.slots},
-      static_cast<T*>(out.raw_data()), layout_of(out), lse.data<float>(), static_cast<int>(s.H),
-      static_cast<int>(s.group()), static_cast<int>(s.T), static_cast<float>(scale) * kLog2e);
+      static_cast<T*>(out.raw_data()), layout_of(out), lse.data<float>(), sched,
+      static_cast<float>(scale) * kLog2e);
 }
 
 }  // namespace
@@ -666,7 +785,8 @@ bool launch_sm90_forward(const Tensor& q, const Tensor& k, const Tensor& v, doub
     return false;
   }
   visit_attention(q.dtype(), s.D, [&](auto tag, auto dconst) {
-    launch_forward<decltype(tag), decltype(dconst)::value>(maps, s, scale, out, lse, stream);
+    launch_forward<decltype(tag), decltype(dconst)::value>(maps, s, scale, out, lse,
+                                                           q.device().index, stream);
   });
   return true;
 }

@@ -15,7 +15,7 @@ struct AttentionReference {
 // q, dout: contiguous [B, H, T, D]; k, v: contiguous [B, Hkv, T, D] with Hkv dividing H
 // (query head h reads key/value head h / (H / Hkv)). Returns out and dq [B, H, T, D], lse
 // [B, H, T] (natural log of the scaled scores) and dk, dv [B, Hkv, T, D] (each summed over
-// the query heads of its group).
+// the query heads of its group). An empty dout leaves the gradients empty (forward only).
 inline AttentionReference reference_attention(const std::vector<double>& q,
                                               const std::vector<double>& k,
                                               const std::vector<double>& v,
@@ -24,9 +24,12 @@ inline AttentionReference reference_attention(const std::vector<double>& q,
   AttentionReference r;
   r.out.assign(B * H * T * D, 0.0);
   r.lse.assign(B * H * T, 0.0);
-  r.dq.assign(B * H * T * D, 0.0);
-  r.dk.assign(B * Hkv * T * D, 0.0);
-  r.dv.assign(B * Hkv * T * D, 0.0);
+  const bool gradients = !dout.empty();
+  if (gradients) {
+    r.dq.assign(B * H * T * D, 0.0);
+    r.dk.assign(B * Hkv * T * D, 0.0);
+    r.dv.assign(B * Hkv * T * D, 0.0);
+  }
   const int64_t group = H / Hkv;
   std::vector<double> prob(T);
   for (int64_t b = 0; b < B; ++b)
@@ -50,6 +53,7 @@ inline AttentionReference reference_attention(const std::vector<double>& q,
           prob[j] = std::exp(prob[j] - row_max) / sum;
           for (int64_t d = 0; d < D; ++d) out_i[d] += prob[j] * krow(v, j)[d];
         }
+        if (!gradients) continue;
         // dS_ij = P_ij (dout_i . v_j - dout_i . out_i); dQ = scale dS K, dK = scale dS^T Q.
         const double* dout_i = qrow(dout, i);
         double dout_dot_out = 0;

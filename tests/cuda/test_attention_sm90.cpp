@@ -30,39 +30,47 @@ struct FusedInputs {
   double scale;
 };
 
-FusedInputs make_inputs(const Sm90Case& c) {
-  const int64_t Hkv = c.kv_heads();
-  const Tensor host = host_randn({kB, c.T, kH + 2 * Hkv, c.D}, c.dtype);
+// B batches of H query heads (the shared test shape unless given).
+FusedInputs make_inputs(const Sm90Case& c, int64_t B = kB, int64_t H = kH) {
+  const int64_t Hkv = H / c.group;
+  const Tensor host = host_randn({B, c.T, H + 2 * Hkv, c.D}, c.dtype);
   const Tensor qkv = to_gpu(host);
   FusedInputs in;
-  in.q = heads(qkv, 0, kH);
-  in.k = heads(qkv, kH, Hkv);
-  in.v = heads(qkv, kH + Hkv, Hkv);
+  in.q = heads(qkv, 0, H);
+  in.k = heads(qkv, H, Hkv);
+  in.v = heads(qkv, H + Hkv, Hkv);
   in.scale = 1.0 / std::sqrt(double(c.D));
-  const std::vector<double> no_dout(kB * kH * c.T * c.D, 0.0);  // the gradients are not checked
-  in.ref = reference_attention(host_bhtd(host, 0, kH), host_bhtd(host, kH, Hkv),
-                               host_bhtd(host, kH + Hkv, Hkv),
-                               no_dout, kB, kH, Hkv, c.T, c.D, in.scale);
+  in.ref = reference_attention(host_bhtd(host, 0, H), host_bhtd(host, H, Hkv),
+                               host_bhtd(host, H + Hkv, Hkv), /*dout: forward only*/ {}, B, H, Hkv,
+                               c.T, c.D, in.scale);
   return in;
 }
 
 // The [B, H, T, D] heads of the first H * D channels of a [B, T, H * D + pad] buffer.
-Tensor out_view(const Tensor& buf, int64_t T, int64_t D) {
-  return raw::permute(raw::view(raw::narrow(buf, 2, 0, kH * D), {kB, T, kH, D}), {0, 2, 1, 3});
+Tensor out_view(const Tensor& buf, int64_t B, int64_t H, int64_t T, int64_t D) {
+  return raw::permute(raw::view(raw::narrow(buf, 2, 0, H * D), {B, T, H, D}), {0, 2, 1, 3});
 }
 
-void check_direct(const Sm90Case& c) {
-  std::printf("%s\n", describe(c).c_str());
-  const FusedInputs in = make_inputs(c);
+// describe() for B batches of H query heads.
+std::string describe_heads(const Sm90Case& c, int64_t B, int64_t H) {
+  return std::string(dtype_name(c.dtype)) + " D=" + std::to_string(c.D) +
+         " T=" + std::to_string(c.T) + " B=" + std::to_string(B) + " H=" + std::to_string(H) +
+         " Hkv=" + std::to_string(H / c.group);
+}
+
+void check_direct(const Sm90Case& c, int64_t B = kB, int64_t H = kH) {
+  std::printf("%s\n", describe_heads(c, B, H).c_str());
+  const FusedInputs in = make_inputs(c, B, H);
   constexpr int64_t kPad = 8;
-  const Tensor y_buf = poisoned({kB, c.T, kH * c.D + kPad}, c.dtype);
-  const Tensor lse = poisoned({kB, kH, c.T}, DType::f32);
-  cuda::flash_attention_forward_sm90(in.q, in.k, in.v, in.scale, out_view(y_buf, c.T, c.D), lse);
-  expect_within(values(raw::contiguous(out_view(y_buf, c.T, c.D))), in.ref.out, tolerance(c.dtype),
-                "sm90 out");
+  const Tensor y_buf = poisoned({B, c.T, H * c.D + kPad}, c.dtype);
+  const Tensor lse = poisoned({B, H, c.T}, DType::f32);
+  const Tensor out = out_view(y_buf, B, H, c.T, c.D);
+  cuda::flash_attention_forward_sm90(in.q, in.k, in.v, in.scale, out, lse);
+  expect_within(values(raw::contiguous(out)), in.ref.out, tolerance(c.dtype), "sm90 out");
   expect_within(values(lse), in.ref.lse, 2e-5, "sm90 lse");
-  for (double x : values(raw::contiguous(raw::narrow(y_buf, 2, kH * c.D, kPad))))
-    ASSERT_TRUE(std::isnan(x)) << describe(c) << ": the padding next to out was written";
+  for (double x : values(raw::contiguous(raw::narrow(y_buf, 2, H * c.D, kPad))))
+    ASSERT_TRUE(std::isnan(x)) << describe_heads(c, B, H)
+                               << ": the padding next to out was written";
 }
 
 TEST(AttentionSm90Cuda, DirectAgainstFloat64) {
@@ -79,6 +87,34 @@ TEST(AttentionSm90Cuda, DirectAgainstFloat64) {
           check_direct(c);
           if (HasFatalFailure()) return;
         }
+}
+
+// The grid is persistent: one block per SM walks over units (two query tiles of one batch and
+// head), so with more units than SMs a block takes several, of different heads and batches, its
+// K/V ring and Q buffers running on from one to the next. Here the head count is derived from the
+// device's SM count so that every block walks over two or three units and the last round is
+// partial: T below one tile (a unit of one query tile), T = 300 (three query tiles: the middle
+// one is a unit alone, the last one partial, grouped-query heads) and T = 520 (five).
+TEST(AttentionSm90Cuda, PersistentGridWalksOverManyHeads) {
+  REQUIRE_SM90_DEVICE();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  struct Walk {
+    Sm90Case c;
+    int64_t B;
+  };
+  for (const Walk& walk : {Walk{{DType::bf16, 128, 77, 1}, 3}, Walk{{DType::f16, 64, 300, 2}, 2},
+                           Walk{{DType::bf16, 128, 300, 1}, 2}, Walk{{DType::f16, 128, 520, 1}, 2},
+                           Walk{{DType::bf16, 64, 520, 2}, 1}}) {
+    const Sm90Case& c = walk.c;
+    const int64_t units_per_head = ((c.T + 127) / 128 + 1) / 2;
+    int64_t H = c.group * ((2 * sms) / (walk.B * units_per_head * c.group) + 1);
+    while ((walk.B * H * units_per_head) % sms == 0) H += c.group;  // a partial last round
+    ASSERT_GT(walk.B * H * units_per_head, 2 * sms);
+    SCOPED_TRACE(describe_heads(c, walk.B, H));
+    check_direct(c, walk.B, H);
+    if (HasFatalFailure()) return;
+  }
 }
 
 // On an sm_90 device flash_attention_forward takes the Hopper kernel: the query says so, and its
