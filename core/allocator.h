@@ -33,6 +33,15 @@ class DeviceBackend {
   // Page-locked host memory, for staging buffers that copy to and from this device at full
   // speed (dist stages device tensors through it); null when the device has none.
   virtual Allocator* pinned_host_allocator() { return nullptr; }
+  // Queues a copy of n bytes of device memory into page-locked host memory (from
+  // pinned_host_allocator) behind the work issued so far, and returns a function that blocks
+  // until that copy alone is done (not work issued after it). An empty function: the copy
+  // was made before returning (the default).
+  virtual std::function<void()> copy_to_host_async(void* pinned_host, const void* src,
+                                                   Device src_device, size_t n) {
+    copy_bytes(pinned_host, Device::cpu(), src, src_device, n);
+    return {};
+  }
 };
 
 Allocator* cpu_allocator();

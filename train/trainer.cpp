@@ -179,7 +179,10 @@ void Trainer::train() {
     ++state_.steps_since_log;
     handler_.call(&TrainerCallback::on_step_end, args_, state_, control_);
     if (control_.should_log) {
-      pending_log_ = PendingLog{loss_since_log_, state_.steps_since_log, step.grad_norm, step.lr};
+      // The copies queue right behind this step: reading them after the next step has been
+      // queued waits for this step alone (item() would wait for the next one too).
+      log_readback_.start({loss_since_log_, step.grad_norm});
+      pending_log_ = PendingLog{state_.steps_since_log, step.grad_norm.defined(), step.lr};
       loss_since_log_ = Tensor();
       state_.loss_since_log = 0;
       state_.steps_since_log = 0;
@@ -300,8 +303,9 @@ void Trainer::log_step(const PendingLog& step) {
   // The step's collectives were only ordered on the device: a lost peer times out here
   // rather than hanging the read below.
   acc_->group().check_outstanding();
-  const double loss = step.loss_sum.item() / static_cast<double>(std::max<int64_t>(1, step.steps));
-  const double grad_norm = step.grad_norm.defined() ? step.grad_norm.item() : 0.0;
+  const std::vector<double> values = log_readback_.wait();
+  const double loss = values[0] / static_cast<double>(std::max<int64_t>(1, step.steps));
+  const double grad_norm = step.has_grad_norm ? values[1] : 0.0;
   auto number = [](double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); };
   Json entry = {{"step", state_.global_step},
                 {"loss", number(loss)},

@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 
+#include "tessera/core/host_readback.h"
 #include "tessera/data/dataloader.h"
 #include "tessera/data/token_file.h"
 #include "tessera/dist/accelerator.h"
@@ -71,11 +72,12 @@ class Trainer {
     Tensor grad_norm;  // the norm before clipping (undefined when nothing was measured)
     double lr = 0;
   };
-  // A step to log, read once the next step has been queued (or before evaluating or saving).
+  // A step to log: its loss sum (f64, of `steps` steps) and gradient norm are copied to the
+  // host by log_readback_, started when the step was queued and read once the next step has
+  // been queued (or before evaluating or saving).
   struct PendingLog {
-    Tensor loss_sum;  // f64 sum of the losses of `steps` steps
     int64_t steps = 0;
-    Tensor grad_norm;
+    bool has_grad_norm = false;
     double lr = 0;
   };
   void resume_from(const std::filesystem::path& checkpoint);
@@ -110,6 +112,7 @@ class Trainer {
   TrainerState state_;
   Tensor loss_since_log_;  // on the device; state_.loss_since_log holds it once read
   std::optional<PendingLog> pending_log_;
+  HostReadback log_readback_;  // the pending log's loss sum and gradient norm
   std::chrono::steady_clock::time_point last_log_time_;  // for the logged ms per step
   int64_t last_log_step_ = 0;
   TrainerControl control_;

@@ -8,7 +8,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -286,6 +288,21 @@ class CudaBackend final : public DeviceBackend {
     if (dst_device.is_cpu() || src_device.is_cpu()) {
       TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
     }
+  }
+
+  std::function<void()> copy_to_host_async(void* pinned_host, const void* src, Device src_device,
+                                           size_t n) override {
+    const int gpu = src_device.index;
+    DeviceGuard guard(gpu);
+    TESSERA_CHECK(!capturing(gpu), "cuda:", gpu, ": a device-to-host read (", n,
+                  " bytes) cannot be recorded in a CUDA graph");
+    cudaStream_t stream = current_stream(gpu);
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(pinned_host, src, n, cudaMemcpyDeviceToHost, stream));
+    cudaEvent_t event = nullptr;
+    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    std::shared_ptr<CUevent_st> copied(event, [](cudaEvent_t e) { cudaEventDestroy(e); });
+    TESSERA_CUDA_CHECK(cudaEventRecord(event, stream));
+    return [copied] { TESSERA_CUDA_CHECK(cudaEventSynchronize(copied.get())); };
   }
 
   void synchronize(int index) override { cuda::synchronize(index); }
