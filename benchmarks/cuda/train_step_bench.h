@@ -61,8 +61,7 @@ inline StepTiming time_training_steps(int warmup, int steps, bool profile,
 }
 
 // The language-model step both training benchmarks time: forward + loss, backward, global
-// clipping at 1.0 decided on the device (as `tessera train` clips: no host read of the norm,
-// one multi-tensor launch each for the norm and the scaling), AdamW.
+// clipping at 1.0, AdamW.
 inline StepTiming time_language_model_steps(int warmup, int steps, bool profile,
                                             nn::CausalLM& model, optim::AdamW& opt,
                                             const Tensor& idx, const Tensor& targets) {
@@ -71,7 +70,7 @@ inline StepTiming time_language_model_steps(int warmup, int steps, bool profile,
     phase("1 forward + loss");
     loss.backward();
     phase("2 backward");
-    optim::clip_grad_norm_on_device_(opt.parameters(), 1.0);
+    optim::clip_grad_norm_(opt.parameters(), 1.0);
     phase("3 clip");
     opt.step();
     opt.zero_grad();
