@@ -72,7 +72,8 @@ Tensor fused_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t 
                        // routes round it), which the kernel skips when it is 1 (the usual
                        // loss.backward()). No host read and no second [N, V] buffer: a
                        // multiplication over the logits was 4% of a GPT-2 124M step.
-                       scale_in_place(dlogits, raw::to(a.grad(), dlogits.device(), dlogits.dtype()));
+                       scale_in_place(dlogits,
+                                      raw::to(a.grad(), dlogits.device(), dlogits.dtype()));
                        return std::vector<Tensor>{dlogits, Tensor()};
                      }
                      if (reduction == Reduction::None) {

@@ -33,14 +33,15 @@ void HostReadback::start(const std::vector<Tensor>& values) {
     }
     if (capacity_ < values.size()) {
       const size_t bytes = values.size() * sizeof(double);
-      pinned_ = std::shared_ptr<double>(static_cast<double*>(pinned->allocate(bytes)),
-                                        [pinned, bytes](double* p) { pinned->deallocate(p, bytes); });
+      pinned_ =
+          std::shared_ptr<double>(static_cast<double*>(pinned->allocate(bytes)),
+                                  [pinned, bytes](double* p) { pinned->deallocate(p, bytes); });
       capacity_ = values.size();
     }
     Tensor f64 = raw::contiguous(raw::to(v, v.device(), DType::f64));
-    std::function<void()> done = device_backend(v.device().type)
-                                     .copy_to_host_async(pinned_.get() + i, f64.raw_data(),
-                                                         v.device(), sizeof(double));
+    std::function<void()> done =
+        device_backend(v.device().type)
+            .copy_to_host_async(pinned_.get() + i, f64.raw_data(), v.device(), sizeof(double));
     if (done) waits_.push_back(std::move(done));  // else the copy has been made
     sources_.push_back(std::move(f64));
     async_.push_back(i);

@@ -31,11 +31,11 @@ class HostReadback {
   std::vector<double> wait();
 
  private:
-  std::vector<Tensor> sources_;            // f64 copies on the device, alive until copied
+  std::vector<Tensor> sources_;  // f64 copies on the device, alive until copied
   std::vector<std::function<void()>> waits_;
-  std::vector<double> values_;             // one per value; the asynchronous ones at wait()
-  std::vector<size_t> async_;              // which values come through pinned_
-  std::shared_ptr<double> pinned_;         // page-locked destination
+  std::vector<double> values_;      // one per value; the asynchronous ones at wait()
+  std::vector<size_t> async_;       // which values come through pinned_
+  std::shared_ptr<double> pinned_;  // page-locked destination
   size_t capacity_ = 0;
   bool pending_ = false;
 };

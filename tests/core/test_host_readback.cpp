@@ -15,8 +15,8 @@ TEST(HostReadback, ReadsHostValuesInOrder) {
   HostReadback read;
   EXPECT_FALSE(read.pending());
   EXPECT_THROW(read.wait(), Error);
-  read.start({full({1}, 2.5, {.dtype = DType::f64}), Tensor(), full({}, -3.0, {.dtype = DType::f32}),
-              full({1, 1}, 7.0, {.dtype = DType::i64})});
+  read.start({full({1}, 2.5, {.dtype = DType::f64}), Tensor(),
+              full({}, -3.0, {.dtype = DType::f32}), full({1, 1}, 7.0, {.dtype = DType::i64})});
   EXPECT_TRUE(read.pending());
   const std::vector<double> v = read.wait();
   ASSERT_EQ(v.size(), 4u);

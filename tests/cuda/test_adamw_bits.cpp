@@ -57,7 +57,8 @@ std::vector<Tensor> masters(const optim::AdamW& opt, const std::vector<Tensor>& 
 // and checks every parameter (and master, with master_weights) bit for bit after each step.
 // offset_grads: the device gradients are views one element into a larger buffer (as DDP's
 // bucket views may be), so the kernel's unaligned path runs instead of its 16-byte packs.
-void expect_same_bits(DType param_dtype, bool master_weights, int steps, bool offset_grads = false) {
+void expect_same_bits(DType param_dtype, bool master_weights, int steps,
+                      bool offset_grads = false) {
   Generator gen(7);
   std::vector<Tensor> host, device;
   for (const Shape& s : kShapes) {
