@@ -9,10 +9,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <set>
@@ -95,6 +95,30 @@ void drain(Rank& r, int& fd, std::string& partial, std::ostream& os) {
 
 // ---- descendants that left their rank's process group ----
 
+// /proc/<pid>/stat, or "" when the process is gone. A process may exit between the open and
+// the read, which then fails with ESRCH: read(2) reports it, where std::ifstream's buffer
+// throws from inside the library (a launcher that had just seen its ranks exit died of it).
+std::string read_proc_stat(const char* pid) {
+  const std::string path = std::string("/proc/") + pid + "/stat";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  std::string stat;
+  char buffer[512];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n > 0) {
+      stat.append(buffer, static_cast<size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      if (n < 0) stat.clear();
+      break;
+    }
+  }
+  ::close(fd);
+  return stat;
+}
+
 // This process's children other than `known` (ranks, and children it had before the job):
 // with PR_SET_CHILD_SUBREAPER set, orphaned descendants of the ranks are re-parented here.
 std::vector<pid_t> stray_children(const std::set<pid_t>& known) {
@@ -106,8 +130,7 @@ std::vector<pid_t> stray_children(const std::set<pid_t>& known) {
     char* end = nullptr;
     const long pid = std::strtol(entry->d_name, &end, 10);
     if (pid <= 0 || *end != '\0' || known.count(static_cast<pid_t>(pid))) continue;
-    std::ifstream stat_file(std::string("/proc/") + entry->d_name + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(stat_file)), {});
+    const std::string stat = read_proc_stat(entry->d_name);
     // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so parse from the last
     // ')'.
     const size_t close = stat.rfind(')');
