@@ -17,6 +17,10 @@ import re
 import subprocess
 import sys
 
+# The interval arithmetic of compare.py (pure Python, independent of the C++ summary checked here).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tools" / "kernel_trace"))
+from compare import covered  # noqa: E402
+
 SKIP = 77
 
 
@@ -36,17 +40,6 @@ def run_probe(probe, library, out_dir, prefix, **extra_env):
     if result.returncode != 0:
         sys.exit(f"probe failed (rc {result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
-
-
-def covered(intervals, min_depth=1):
-    """Length covered by at least min_depth of the [start, end) intervals."""
-    changes = sorted([(s, 1) for s, e in intervals if e > s] + [(e, -1) for s, e in intervals if e > s])
-    total, depth, previous = 0, 0, None
-    for time, delta in changes:
-        if previous is not None and depth >= min_depth:
-            total += time - previous
-        previous, depth = time, depth + delta
-    return total
 
 
 def intersection(a, b):
