@@ -105,6 +105,15 @@ const char* synchronization_name(CUpti_ActivitySynchronizationType type) {
   }
 }
 
+// A copy or memset record (CUPTI's memcpy, peer-to-peer memcpy and memset records name these
+// fields alike).
+template <class Record>
+Activity memory_activity(ActivityKind kind, const Record& r, uint32_t name) {
+  Activity out{kind, r.deviceId, r.streamId, r.start, r.end, name, r.correlationId, r.graphId};
+  out.bytes = r.bytes;
+  return out;
+}
+
 // Converts one CUPTI record; false for kinds the tracer does not keep.
 bool to_activity(TracerState& tracer, const CUpti_Activity* record, Activity& out) {
   switch (record->kind) {
@@ -124,27 +133,18 @@ bool to_activity(TracerState& tracer, const CUpti_Activity* record, Activity& ou
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
       const auto* copy = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-      out = Activity{
-          ActivityKind::memcpy, copy->deviceId, copy->streamId,
-          copy->start,          copy->end,      name_id(tracer, memcpy_kind_name(copy->copyKind)),
-          copy->correlationId,  copy->graphId};
-      out.bytes = copy->bytes;
+      out = memory_activity(ActivityKind::memcpy, *copy,
+                            name_id(tracer, memcpy_kind_name(copy->copyKind)));
       return true;
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY2: {
       const auto* copy = reinterpret_cast<const CUpti_ActivityMemcpyPtoP4*>(record);
-      out = Activity{ActivityKind::memcpy, copy->deviceId, copy->streamId,
-                     copy->start,          copy->end,      name_id(tracer, "memcpy PtoP"),
-                     copy->correlationId,  copy->graphId};
-      out.bytes = copy->bytes;
+      out = memory_activity(ActivityKind::memcpy, *copy, name_id(tracer, "memcpy PtoP"));
       return true;
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
       const auto* set = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-      out = Activity{ActivityKind::memset, set->deviceId, set->streamId,
-                     set->start,           set->end,      name_id(tracer, "memset"),
-                     set->correlationId,   set->graphId};
-      out.bytes = set->bytes;
+      out = memory_activity(ActivityKind::memset, *set, name_id(tracer, "memset"));
       return true;
     }
     case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION: {
