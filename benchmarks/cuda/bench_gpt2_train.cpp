@@ -7,9 +7,13 @@
 //
 //   bench_gpt2_train [--steps N] [--warmup N] [--batch N] [--seq N] [--layers N]
 //                    [--heads N] [--channels N] [--no-torch] [--no-compile] [--profile]
+//                    [--no-graphs]
 //   GPT-2 350M: --layers 24 --heads 16 --channels 1024; 774M: --layers 36 --heads 20 --channels 1280
 //   --profile           also time the phases of a step (forward + loss, backward, clipping,
-//                       AdamW), synchronising the device after each
+//                       AdamW), synchronising the device after each (eager steps)
+//   --no-graphs         time eager steps; by default the step runs as `tessera train` runs
+//                       it: recorded once as a CUDA graph and replayed (train::StepGraphRunner),
+//                       the clipping decided on the device
 //   TESSERA_PYTHON=...  the interpreter for the PyTorch side (default /usr/bin/python3)
 //
 // MFU counts 6·N + 12·L·C·T flops per token (N parameters without the position table,
@@ -20,10 +24,12 @@
 #include <cstring>
 #include <string>
 
-#include "tessera/autograd/functions.h"
 #include "benchmarks/cuda/train_step_bench.h"
+#include "tessera/autograd/functions.h"
+#include "tessera/dist/accelerator.h"
 #include "tessera/nn/nn.h"
 #include "tessera/optim/optim.h"
+#include "tessera/train/step_graph.h"
 
 using namespace tessera;
 
@@ -34,7 +40,7 @@ constexpr double kPeakBf16Flops = 989e12;
 struct Args {
   int steps = 10, warmup = 3;
   int64_t batch = 16, seq = 1024, layers = 12, heads = 12, channels = 768, vocab = 50304;
-  bool torch = true, compile = true, profile = false;
+  bool torch = true, compile = true, profile = false, graphs = true;
 };
 
 Args parse(int argc, char** argv) {
@@ -51,16 +57,47 @@ Args parse(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-torch")) a.torch = false;
     else if (!std::strcmp(argv[i], "--no-compile")) a.compile = false;
     else if (!std::strcmp(argv[i], "--profile")) a.profile = true;
+    else if (!std::strcmp(argv[i], "--no-graphs")) a.graphs = false;
     else {
       std::fprintf(stderr,
                    "usage: %s [--steps N] [--warmup N] [--batch N] [--seq N] [--layers N] [--heads N] "
                    "[--channels N] [--no-torch] "
-                   "[--no-compile] [--profile]\n",
+                   "[--no-compile] [--profile] [--no-graphs]\n",
                    argv[0]);
       std::exit(2);
     }
   }
   return a;
+}
+
+// The step of time_language_model_steps as `tessera train` runs it on one GPU: recorded as
+// a CUDA graph after a warm-up step and replayed, with the clipping coefficient computed on
+// the device (a host read of the norm could not be recorded).
+bench::StepTiming time_graphed_steps(const Args& a, nn::GPT& model, optim::AdamW& opt,
+                                     const Tensor& idx, const Tensor& targets) {
+  dist::Accelerator acc;
+  train::StepGraphRunner runner(
+      acc, opt,
+      [&](const std::vector<data::Batch>& batches) {
+        train::StepOutputs out;
+        out.loss = model.loss(batches[0].x, batches[0].y);
+        out.loss.backward();
+        out.grad_norm = optim::clip_grad_norm_on_device_(opt.parameters(), 1.0);
+        opt.step();
+        opt.zero_grad();
+        return out;
+      },
+      {.enabled = true});
+  const std::vector<data::Batch> batches{{idx, targets}};
+  bench::StepTiming timing = bench::time_training_steps(
+      a.warmup, a.steps, false, [&](const bench::PhaseMark&) { return runner.run(batches).loss; },
+      /*peak_from_start=*/true);
+  std::printf("CUDA graphs: %s, %lld steps replayed, %lld eager (peak memory: over the whole "
+              "run, the recorded step's included)\n",
+              runner.status().c_str(),
+              static_cast<long long>(runner.replayed_steps()),
+              static_cast<long long>(runner.eager_steps()));
+  return timing;
 }
 
 }  // namespace
@@ -86,7 +123,9 @@ int main(int argc, char** argv) {
   const Tensor idx = randint(0, a.vocab, {a.batch, a.seq}, {.dtype = DType::i64, .device = gpu}, &gen);
   const Tensor targets = randint(0, a.vocab, {a.batch, a.seq}, {.dtype = DType::i64, .device = gpu}, &gen);
   const bench::StepTiming timing =
-      bench::time_language_model_steps(a.warmup, a.steps, a.profile, model, opt, idx, targets);
+      a.graphs && !a.profile
+          ? time_graphed_steps(a, model, opt, idx, targets)
+          : bench::time_language_model_steps(a.warmup, a.steps, a.profile, model, opt, idx, targets);
 
   const double tokens = double(a.batch * a.seq);
   const double flops_per_token =

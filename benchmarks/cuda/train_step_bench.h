@@ -28,8 +28,11 @@ using PhaseMark = std::function<void(const char* name)>;
 
 // Runs `warmup` steps, then times `steps` between device synchronisations. step(mark) runs
 // one optimizer step and returns its loss; it calls mark(name) at the end of each phase.
+// The peak memory is that of the timed steps, or with `peak_from_start` of the whole run:
+// a replayed CUDA graph allocates nothing, its memory was taken while it was recorded.
 inline StepTiming time_training_steps(int warmup, int steps, bool profile,
-                                      const std::function<Tensor(const PhaseMark&)>& step) {
+                                      const std::function<Tensor(const PhaseMark&)>& step,
+                                      bool peak_from_start = false) {
   using Clock = std::chrono::steady_clock;
   StepTiming timing;
   auto phase_start = Clock::now();
@@ -44,10 +47,11 @@ inline StepTiming time_training_steps(int warmup, int steps, bool profile,
     phase_start = Clock::now();
     return step(mark);
   };
+  if (peak_from_start) cuda::reset_peak_memory_stats();
   for (int i = 0; i < warmup; ++i) timing.loss = one_step().item();
   timing.phase_ms.clear();
   cuda::synchronize();
-  cuda::reset_peak_memory_stats();
+  if (!peak_from_start) cuda::reset_peak_memory_stats();
   const auto start = Clock::now();
   Tensor last;
   for (int i = 0; i < steps; ++i) last = one_step();

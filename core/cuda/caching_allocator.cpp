@@ -70,11 +70,21 @@ void* CachingAllocator::allocate(size_t nbytes) {
   // Best fit in this stream's bins (of the capture's pool while a graph is captured),
   // accepting at most a quarter of waste so a huge cached block is not tied up by a small
   // request.
-  auto it = free_.lower_bound(FreeKey{capture_pool_, stream, size, nullptr});
-  if (it != free_.end() && it->first.pool == capture_pool_ && it->first.stream == stream &&
-      it->first.size <= size + size / 4) {
-    block = it->second;
+  auto best_fit = [&](uint64_t pool, cudaStream_t s) -> Block* {
+    auto it = free_.lower_bound(FreeKey{pool, s, size, nullptr});
+    if (it == free_.end() || it->first.pool != pool || it->first.stream != s ||
+        it->first.size > size + size / 4)
+      return nullptr;
+    Block* found = it->second;
     free_.erase(it);
+    return found;
+  };
+  block = best_fit(capture_pool_, stream);
+  if (!block && capture_pool_ != 0 && (block = best_fit(0, capture_origin_))) {
+    block->pool = capture_pool_;  // the capture's from now on (see the header)
+    block->stream = stream;
+  }
+  if (block) {
     ++stats_.num_cache_hits;
   } else {
     auto owned = std::make_unique<Block>();
@@ -169,11 +179,14 @@ void CachingAllocator::release_free_blocks() {
   }
 }
 
-void CachingAllocator::begin_graph_pool(uint64_t pool) {
+void CachingAllocator::begin_graph_pool(uint64_t pool, cudaStream_t origin) {
   std::lock_guard<std::mutex> lock(mutex_);
   TESSERA_CHECK(pool != 0 && capture_pool_ == 0, "cuda:", device_,
                 ": a CUDA graph capture is already under way");
+  collect_pending(/*wait=*/false);  // blocks whose other-stream uses are done are free to take
   capture_pool_ = pool;
+  capture_origin_ = origin;
+  pool_origin_[pool] = origin;
 }
 
 void CachingAllocator::end_graph_pool() {
@@ -185,6 +198,7 @@ void CachingAllocator::end_graph_pool() {
   }
   capture_retired_.clear();
   capture_pool_ = 0;
+  capture_origin_ = nullptr;
 }
 
 void CachingAllocator::release_graph_pool(uint64_t pool) {
@@ -200,10 +214,15 @@ void CachingAllocator::release_graph_pool(uint64_t pool) {
       ++it;
     }
   }
+  // The graph's replays are finished (CudaGraph synchronises before its pool goes), so the
+  // free blocks may serve the stream the capture came from again.
+  const auto origin = pool_origin_.find(pool);
   for (Block* b : released) {
     b->pool = 0;
+    if (origin != pool_origin_.end()) b->stream = origin->second;
     to_free_bins(b);
   }
+  if (origin != pool_origin_.end()) pool_origin_.erase(origin);
 }
 
 void CachingAllocator::empty_cache() {

@@ -11,8 +11,12 @@
 // CUDA graphs: between begin_graph_pool and end_graph_pool every allocation comes from a
 // pool private to the graph being captured, and so does every block freed meanwhile; the
 // pool's blocks are handed out again only to that capture, never to other work, because
-// each replay writes to the addresses the capture saw. release_graph_pool (when the graph
-// is destroyed) returns them to the ordinary bins.
+// each replay writes to the addresses the capture saw. Where the pool has no fitting block,
+// a free block of the stream the capture was started from is moved into it before the
+// driver is asked for new memory: every replay is ordered after that stream's earlier work,
+// so the blocks an eager warm-up step left in the cache serve the graph (a recorded step
+// then needs no second copy of the step's memory). release_graph_pool (when the graph is
+// destroyed, its replays finished) returns the blocks to the ordinary bins of that stream.
 #pragma once
 #include <cstddef>
 #include <map>
@@ -38,7 +42,8 @@ class CachingAllocator final : public Allocator {
   void record_stream(const void* ptr, cudaStream_t stream);
   bool owns(const void* ptr);
 
-  void begin_graph_pool(uint64_t pool);
+  // `origin`: the stream the capture is ordered after (its free blocks may join the pool).
+  void begin_graph_pool(uint64_t pool, cudaStream_t origin);
   void end_graph_pool();
   void release_graph_pool(uint64_t pool);
 
@@ -73,6 +78,8 @@ class CachingAllocator final : public Allocator {
   std::map<FreeKey, Block*> free_;
   std::vector<PendingFree> pending_;
   uint64_t capture_pool_ = 0;              // the pool allocations go to (0: none)
+  cudaStream_t capture_origin_ = nullptr;  // whose free blocks the capture may take
+  std::unordered_map<uint64_t, cudaStream_t> pool_origin_;  // where a pool's blocks go back
   std::vector<Block*> capture_retired_;    // freed during capture after use on other streams
   MemoryStats stats_;
 };

@@ -109,7 +109,7 @@ class CudaGraphBackend final : public GraphBackend {
     c->resources->device = device.index;
     order_after(c->stream, c->previous_stream);
     const uint64_t pool = next_pool_id++;
-    caching_allocator(device.index).begin_graph_pool(pool);
+    caching_allocator(device.index).begin_graph_pool(pool, c->previous_stream);
     c->resources->pool = pool;
     // Relaxed: cudaMalloc (the allocator's pool growing, cuBLAS workspaces) may run while
     // capturing; what truly conflicts (a synchronisation, a read-back) still fails it.

@@ -164,6 +164,47 @@ TEST(AttentionQkvCuda, KernelsWriteThroughStridedViews) {
   }
 }
 
+// The backward reads O only for its row term delta = rowsum(dO * O): an O whose rows do not
+// start on 16-byte boundaries (allowed there, unlike for the written tensors) takes the
+// element-wise reduction instead of the 16-byte packs, with the same gradients up to the
+// order of that f32 sum.
+TEST(AttentionQkvCuda, BackwardReadsOutputRowsOffSixteenBytes) {
+  TESSERA_REQUIRE_GPU();
+  for (DType t : {DType::bf16, DType::f16}) {
+    for (int64_t D : {64, 128}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " D " << D);
+      const int64_t T = 77, C = kH * D;
+      const double scale = 1.0 / std::sqrt(double(D));
+      const Tensor qkv_h = host_randn({kB, T, 3 * C}, t), dy_h = host_randn({kB, T, C}, t);
+      const Tensor qkv = to_gpu(qkv_h);
+      const Tensor q = heads(qkv, 0, C, kH), k = heads(qkv, 1, C, kH), v = heads(qkv, 2, C, kH);
+      const Shape bhtd{kB, kH, T, D}, bht{kB, kH, T};
+      Tensor out = poisoned(bhtd, t), lse = poisoned(bht, DType::f32);
+      cuda::flash_attention_forward(q, k, v, scale, out, lse);
+      const Tensor dout = raw::contiguous(heads(to_gpu(dy_h), 0, C, kH));
+      // The same values one element past a 16-byte boundary.
+      const Tensor flat = poisoned({out.numel() + 1}, t);
+      const Tensor out_odd = raw::as_strided(flat, bhtd, out.strides(), 1);
+      raw::copy_(out_odd, out);
+      ASSERT_EQ(host_values(out_odd), host_values(out));
+
+      Tensor dq = poisoned(bhtd, t), dk = poisoned(bhtd, t), dv = poisoned(bhtd, t);
+      cuda::flash_attention_backward(q, k, v, out, dout, lse, scale, dq, dk, dv);
+      Tensor dq_o = poisoned(bhtd, t), dk_o = poisoned(bhtd, t), dv_o = poisoned(bhtd, t);
+      cuda::flash_attention_backward(q, k, v, out_odd, dout, lse, scale, dq_o, dk_o, dv_o);
+      expect_close(host_values(dq_o), host_values(dq), tolerance(t), "dq");
+      expect_close(host_values(dk_o), host_values(dk), tolerance(t), "dk");
+      EXPECT_EQ(host_values(dv_o), host_values(dv)) << "dv = P^T dO does not read delta";
+      const Reference want = reference(qkv_h, dy_h, kH);
+      Tensor dqkv = poisoned({kB, T, 3 * C}, t);
+      raw::copy_(heads(dqkv, 0, C, kH), dq_o);
+      raw::copy_(heads(dqkv, 1, C, kH), dk_o);
+      raw::copy_(heads(dqkv, 2, C, kH), dv_o);
+      expect_close(host_values(dqkv), want.dqkv, 2 * tolerance(t), "d(qkv) against float64");
+    }
+  }
+}
+
 // The message of the Error fn raises (empty when it raises none).
 template <class Fn>
 std::string error_of(Fn&& fn) {

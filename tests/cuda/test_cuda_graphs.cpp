@@ -248,3 +248,45 @@ TEST(CudaGraphs, StepThatCannotBeRecordedFallsBackCleanly) {
     EXPECT_NE(graphed.status.find("random numbers"), std::string::npos) << graphed.status;
   }
 }
+
+// A capture takes the blocks an eager step left in the cache instead of asking the driver
+// for a second copy of the step's memory; while the graph lives those blocks serve only its
+// replays (eager work gets fresh memory), and once it is destroyed they serve eager work again.
+TEST(CudaGraphs, CaptureReusesTheCachedBlocksOfTheEagerStep) {
+  TESSERA_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  GraphBackend& backend = *graph_backend(DeviceType::CUDA);
+  const Tensor x = cuda_test::to_gpu(cuda_test::host_randn({1000, 257}, DType::f32));
+  auto step = [&] { return ops::mul(ops::add(x, 1.0), x); };  // two blocks of x's size
+  cuda::synchronize();
+  cuda::empty_cache();  // what earlier tests left cached would hide the driver calls
+  const std::vector<uint32_t> want = bits_of(step());  // its blocks go back to the cache
+  const size_t reserved_before = cuda::memory_stats(0).reserved_bytes;
+
+  backend.begin_capture(gpu);
+  Tensor recorded = step();
+  std::unique_ptr<DeviceGraph> graph = backend.end_capture(gpu);
+  EXPECT_EQ(cuda::memory_stats(0).reserved_bytes, reserved_before)
+      << "the capture asked the driver for memory although the eager step's blocks were cached";
+  graph->replay();
+  EXPECT_EQ(bits_of(recorded), want);
+
+  {
+    // The graph's blocks are not handed to eager work: this step needs new memory, and
+    // writing its result leaves what the next replay computes unchanged.
+    Tensor eager = step();
+    EXPECT_GT(cuda::memory_stats(0).reserved_bytes, reserved_before);
+    raw::fill_(eager, -1.0);
+    graph->replay();
+    EXPECT_EQ(bits_of(recorded), want);
+  }
+  cuda::synchronize();
+  cuda::empty_cache();  // drops the eager step's blocks; the graph's stay reserved
+  recorded = Tensor();
+  graph.reset();
+  const size_t reserved_after = cuda::memory_stats(0).reserved_bytes;
+  EXPECT_GE(reserved_after, reserved_before);
+  const Tensor after = step();  // served by the released graph blocks: no new driver memory
+  EXPECT_EQ(cuda::memory_stats(0).reserved_bytes, reserved_after);
+  EXPECT_EQ(bits_of(after), want);
+}
