@@ -287,6 +287,30 @@ void BM_cublas_gemm_bf16(benchmark::State& s) {
 }
 BENCHMARK(BM_cublas_gemm_bf16)->Arg(4096)->Arg(8192)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 
+// A Linear's weight gradient with its bias gradient, GPT-2 124M shapes (16384 rows): range(0)
+// = K (inputs), range(1) = N (outputs), range(2) = 0: the GEMM alone (no bias), 1: the bias
+// gradient in cuBLASLt's BGRADA epilogue, 2: the GEMM then Tessera's column sum. TFLOP/s
+// counts the GEMM's flops only, so the three rows show what the bias gradient costs each way.
+void BM_linear_weight_grad_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t K = s.range(0), N = s.range(1), mode = s.range(2);
+  Tensor x = dev_randn({kRows, K}, DType::bf16), g = dev_randn({kRows, N}, DType::bf16);
+  Tensor dw = empty({K, N}, {.dtype = DType::bf16, .device = Device::cuda(0)});
+  Tensor db = mode == 0 ? Tensor() : empty({N}, {.dtype = DType::bf16, .device = Device::cuda(0)});
+  cuda::set_linear_epilogues_enabled(mode != 2);
+  run(s, [&] { cuda::linear_weight_grad(x, g, dw, db); }, 0, 2.0 * kRows * K * N);
+  cuda::set_linear_epilogues_enabled(true);
+}
+BENCHMARK(BM_linear_weight_grad_bf16)
+    ->ArgsProduct({{768}, {768, 2304, 3072}, {0, 1, 2}})
+    ->Args({3072, 768, 0})
+    ->Args({3072, 768, 1})
+    ->Args({3072, 768, 2})
+    ->ArgNames({"K", "N", "bias"})
+    ->UseManualTime()
+    ->Iterations(3)
+    ->Unit(benchmark::kMillisecond);
+
 void BM_tensor_core_gemm_bf16(benchmark::State& s) {
   if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
   const int64_t n = s.range(0);
