@@ -463,6 +463,30 @@ void BM_embedding_backward_atomic_baseline(benchmark::State& s) {
 }
 TESSERA_CUDA_BENCH(BM_embedding_backward_atomic_baseline);
 
+// ---- GPT-2 124M's MLP GEMMs with the GELU in their epilogues (impl 1) or as separate
+// kernels after plain GEMMs (impl 0, the forced fallback): c_fc forward (GELU_AUX_BIAS) and
+// c_proj's input gradient through gelu' with db_fc (DGELU_BGRAD). Two GEMMs of
+// 2 * rows * 768 * 3072 flops each.
+void BM_mlp_gelu_gemms_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t H = 4 * kC;
+  const TensorOptions bf16{.dtype = DType::bf16, .device = Device::cuda(0)};
+  Tensor x = dev_randn({kRows, kC}, DType::bf16), w_fc = dev_randn({kC, H}, DType::bf16, 0.02);
+  Tensor b_fc = dev_randn({H}, DType::bf16, 0.1), w_proj = dev_randn({H, kC}, DType::bf16, 0.02);
+  Tensor g = dev_randn({kRows, kC}, DType::bf16);
+  Tensor pre = empty({kRows, H}, bf16), act = empty({kRows, H}, bf16);
+  Tensor dpre = empty({kRows, H}, bf16), db_fc = empty({H}, bf16);
+  cuda::set_linear_epilogues_enabled(s.range(0) == 1);
+  run(s,
+      [&] {
+        cuda::linear_gelu_forward(x, w_fc, b_fc, act, pre);
+        cuda::linear_input_grad_dgelu(g, w_proj, pre, dpre, db_fc);
+      },
+      0, 2 * 2.0 * kRows * kC * H);
+  cuda::set_linear_epilogues_enabled(true);
+}
+BENCHMARK(BM_mlp_gelu_gemms_bf16)->Arg(0)->Arg(1)->ArgNames({"fused"})->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 }  // namespace tessera
 
