@@ -87,7 +87,7 @@ void silence(KernelTable& t) {
   make_noop(t.matmul), make_noop(t.cumsum), make_noop(t.topk), make_noop(t.rms_norm),
       make_noop(t.rms_norm_backward);
   make_noop(t.rope), make_noop(t.embedding), make_noop(t.index_add), make_noop(t.cross_entropy);
-  make_noop(t.cross_entropy_backward);
+  make_noop(t.cross_entropy_backward), make_noop(t.embedding_backward);
 }
 
 void silence(FusedKernelTable& t, bool fused_routes) {
