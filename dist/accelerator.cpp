@@ -98,6 +98,7 @@ void Accelerator::prepare_one(nn::Module& model) {
     ddp.bucket_bytes = options_.bucket_bytes;
     ddp.find_unused_parameters = options_.find_unused_parameters;
     ddp.reduce_dtype = policy_.reduce_dtype;
+    ddp.sparse_embedding_gradients = options_.sparse_embedding_gradients;
     models_[&model] = std::make_unique<DistributedDataParallel>(model, world_ptr(), ddp);
   } else {
     ZeroOptions zero;
