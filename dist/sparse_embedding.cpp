@@ -28,14 +28,24 @@ class SparseEmbeddingSync::Sink final : public EmbeddingGradSink {
   Tensor tensor;
 };
 
+namespace {
+// out[indices[i]] += rows[i], in index order. Every rank runs it on the same data and must
+// get the same bits, so it has to be deterministic (CUDA's index_add_ is only under
+// TESSERA_DETERMINISTIC=1; the embedding-backward kernel that accumulates into its output
+// in a fixed order is the one to use here).
+void add_rows(const Tensor& out, const Tensor& indices, const Tensor& rows) {
+  ops::index_add_(out, 0, indices,
+                  rows.dtype() == out.dtype() ? rows : raw::to(rows, out.device(), out.dtype()));
+}
+}  // namespace
+
 void add_lookup_gradient(const Tensor& weight, const Tensor& indices, const Tensor& grad) {
   Tensor g = weight.grad();
   if (!g.defined()) {
     g = zeros(weight.shape(), {.dtype = weight.dtype(), .device = weight.device()});
     weight.set_grad(g);
   }
-  ops::index_add_(g, 0, indices,
-                  grad.dtype() == g.dtype() ? grad : raw::to(grad, g.device(), g.dtype()));
+  add_rows(g, indices, grad);
 }
 
 std::vector<size_t> SparseEmbeddingSync::embedding_weights(const nn::Module& module,
@@ -55,7 +65,7 @@ std::vector<size_t> SparseEmbeddingSync::embedding_weights(const nn::Module& mod
 SparseEmbeddingSync::SparseEmbeddingSync(nn::Module& module, FlatBuckets& buckets,
                                          std::shared_ptr<ProcessGroup> group,
                                          const std::vector<size_t>& weights)
-    : buckets_(buckets), group_(std::move(group)) {
+    : module_(module), buckets_(buckets), group_(std::move(group)) {
   for (size_t k : weights) {
     Weight w;
     w.param = k;
@@ -88,7 +98,9 @@ bool SparseEmbeddingSync::accepts(size_t index, const Tensor& weight, const Tens
   Weight& w = weights_.at(index);
   if (weight.impl_ptr() != w.tensor.impl_ptr()) return false;  // not the weight DDP holds
   const int64_t n = indices.numel();
-  const bool sparse = enabled_ && buckets_.sync() && n > 0 &&
+  // Only training lookups: a forward in eval mode may run on one rank alone (evaluation on the
+  // main process), where agreeing on a new N would wait for the others forever.
+  const bool sparse = enabled_ && buckets_.sync() && module_.is_training() && n > 0 &&
                       group_->size() * n < 2 * w.tensor.size(0) && agreed(n, w.tensor.device());
   if (!sparse) {
     ++stats_.dense_lookups;
@@ -170,9 +182,11 @@ void SparseEmbeddingSync::add_into_reduced(FlatBuckets::Bucket& bucket) {
       g.indices_work->wait_on_device();
       g.grads_work->wait_on_device();
       // Rank 0's rows first, then rank 1's, ...: the same order, so the same bits, everywhere.
+      // Scaled in the reduced buffer's dtype (f32 under a bf16 policy reducing in f32).
       const Tensor rows =
           g.grads.dtype() == slot.dtype() ? g.grads : raw::to(g.grads, slot.device(), slot.dtype());
-      ops::index_add_(slot, 0, g.indices, ops::mul(rows, scale));
+      ops::binary_(BinaryOp::Mul, rows, scale);
+      add_rows(slot, g.indices, rows);
     }
     w.gathered.clear();
   }

@@ -20,7 +20,8 @@
 // ranks agree on each new N once, with a blocking all-reduce (never inside a graph capture:
 // there an unagreed N goes dense); one disagreement turns the sparse path off for good, the
 // same decision on every rank. Agreed sizes are cached, so the ranks must meet the same
-// sequence of lookup sizes (the data loaders' equal batches do).
+// sequence of lookup sizes in training mode (the data loaders' equal batches do); a module in
+// eval mode always takes the dense path.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -89,6 +90,7 @@ class SparseEmbeddingSync {
   void add_into_reduced(FlatBuckets::Bucket& bucket);
   void reset();
 
+  nn::Module& module_;
   FlatBuckets& buckets_;
   std::shared_ptr<ProcessGroup> group_;
   std::vector<Weight> weights_;

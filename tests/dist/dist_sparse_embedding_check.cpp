@@ -8,7 +8,7 @@
 //     before the lookup's backward ran;
 //   - dense path taken, results bitwise the dense path's, for: world·N >= 2·V, mismatched N
 //     across ranks (and from then on), a no_sync micro-step (its final gradient after the
-//     synced one within 1e-6 of the dense path's); ZeRO 1-3 install no sink.
+//     synced one within 1e-6 of the dense path's), eval mode; ZeRO 1-3 install no sink.
 // Prints "sparse embedding checks passed" per rank, or FAILED lines.
 #include <cmath>
 #include <cstring>
@@ -145,7 +145,6 @@ void check_sparse_path(bool tied) {
 
 void check_dense_paths(bool tied) {
   const std::string what = tied ? "tied" : "untied";
-  const int world = dist::world().size();
   // world·N >= 2·V: 13 rows of 8 per rank against a vocabulary of 97.
   {
     const Run sparse = run_ddp(tied, true, {13}), dense = run_ddp(tied, false, {13});
@@ -178,7 +177,15 @@ void check_dense_paths(bool tied) {
     }
     check(ddp.sparse_embedding_stats().sparse_lookups == 0, what + ": mismatched N went sparse");
   }
-  (void)world;
+  // Eval mode (whose forward may run on one rank alone): dense.
+  {
+    auto model = make_gpt(tied);
+    dist::DistributedDataParallel ddp(*model, nullptr, {.bucket_bytes = 2000});
+    model->eval();
+    auto [x, y] = batch(2, kVocab, 0);
+    ddp.backward(model->loss(x, y));
+    check(ddp.sparse_embedding_stats().sparse_lookups == 0, what + ": eval mode went sparse");
+  }
 }
 
 void check_sinks_installed_and_removed() {
