@@ -80,6 +80,14 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullpt
 Tensor matmul(const Tensor& a, const Tensor& b);
 // y = x·W + b with W stored [in, out] (GPT-2's Conv1D layout); bias may be undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// GPT-2's MLP without its dropout: linear(gelu(linear(x, w_fc, b_fc)), w_proj, b_proj), GELU
+// the tanh form, biases optional. Where the device has the fused GEMMs
+// (FusedKernelTable::linear_gelu_forward / linear_input_grad_dgelu) it is one tape node: the
+// GELU rides in the first GEMM's epilogue forward, and backward the second GEMM's input
+// gradient comes out already through gelu' with db_fc beside it. Elsewhere (the CPU, f64,
+// mixed dtypes) it is exactly that composition. Autocast casts as linear does.
+Tensor mlp_gelu(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj,
+                const Tensor& b_proj);
 
 // ---- indexing and losses ----
 // weight [V, C], indices (i32/i64) of any shape -> indices.shape + [C].

@@ -60,6 +60,14 @@ struct FusedKernelTable {
   void (*linear_weight_grad)(const Tensor& x2d, const Tensor& g, const Tensor& dw,
                              const Tensor& dbias) = nullptr;
 
+  // ---- GPT-2's MLP: out = gelu_tanh(pre_activation) with pre_activation = x2d @ w (+ bias)
+  // written too (kept for the backward), one GEMM; and dpre = (g @ wᵀ) * gelu_tanh'(pre_activation)
+  // with dbias (when defined) = dpre's column sums from the same GEMM. Outputs contiguous.
+  void (*linear_gelu_forward)(const Tensor& x2d, const Tensor& w, const Tensor& bias,
+                              const Tensor& out, const Tensor& pre_activation) = nullptr;
+  void (*linear_input_grad_dgelu)(const Tensor& g, const Tensor& w, const Tensor& pre_activation,
+                                  const Tensor& dpre, const Tensor& dbias) = nullptr;
+
   // ---- the classifier head: per-row losses of logits [N, V], and the logits overwritten
   // with dloss_scale * (softmax - onehot(target)); with device_scale defined (one f32 on the
   // device) the scale is read from there when the kernel runs.

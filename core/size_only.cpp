@@ -92,6 +92,8 @@ void silence(KernelTable& t) {
 
 void silence(FusedKernelTable& t, bool fused_routes) {
   make_noop(t.linear_forward, fused_routes), make_noop(t.linear_weight_grad, fused_routes);
+  make_noop(t.linear_gelu_forward, fused_routes);
+  make_noop(t.linear_input_grad_dgelu, fused_routes);
   make_noop(t.classifier, fused_routes), make_noop(t.flash_attention_forward, fused_routes);
   make_noop(t.flash_attention_backward, fused_routes), make_noop(t.cudnn_attention_forward);
   make_noop(t.cudnn_attention_backward), make_noop(t.global_grad_norm, fused_routes);

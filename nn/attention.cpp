@@ -95,7 +95,14 @@ MLP::MLP(const GPTConfig& cfg, Generator* gen, TensorOptions opts)
   register_module("dropout", dropout);
 }
 
-Tensor MLP::forward(const Tensor& x) { return dropout(c_proj(act(c_fc(x)))); }
+Tensor MLP::forward(const Tensor& x) {
+  if (!use_fused_mlp || c_fc.has_hooks() || act.has_hooks() || c_proj.has_hooks())
+    return dropout(c_proj(act(c_fc(x))));
+  TESSERA_CHECK(x.dim() >= 1 && x.size(-1) == c_fc.weight.size(0), "MLP: input shape ",
+                shape_str(x.shape()), " does not end in n_embd = ", c_fc.weight.size(0));
+  ++fused_calls_;
+  return dropout(mlp_gelu(x, c_fc.weight, c_fc.bias, c_proj.weight, c_proj.bias));
+}
 
 Block::Block(const GPTConfig& cfg, Generator* gen, TensorOptions opts)
     : ln_1(cfg.n_embd, cfg.layer_norm_epsilon, cfg.bias, opts),

@@ -74,6 +74,16 @@ class MLP : public Module {
   Linear c_fc, c_proj;
   GELU act;
   Dropout dropout;
+  // Run c_fc -> act -> c_proj as one mlp_gelu node (the GELU and its backward in the GEMMs'
+  // epilogues where the device has them) unless one of the three carries hooks, which must
+  // see their module's own call; the MLP's own hooks run either way.
+  bool use_fused_mlp = true;
+  // How many forward calls went through mlp_gelu (one fused node where the device has the
+  // kernels, the composition elsewhere), to check the path is really taken.
+  int64_t fused_mlp_calls() const { return fused_calls_; }
+
+ private:
+  int64_t fused_calls_ = 0;
 };
 
 // x + attn(ln_1(x)), then + mlp(ln_2(·)).

@@ -114,6 +114,11 @@ class Module {
   uint64_t register_forward_hook(ForwardHook hook);
   uint64_t register_backward_pre_hook(BackwardPreHook hook);
   void remove_hook(uint64_t id);
+  // True when any forward or backward hook is registered on this module (not its children):
+  // a fused path that skips this module's own call must then not be taken.
+  bool has_hooks() const {
+    return !forward_pre_hooks_.empty() || !forward_hooks_.empty() || !backward_pre_hooks_.empty();
+  }
 
  protected:
   // Runs body() between the forward hooks, and arms the backward pre-hooks on its

@@ -27,8 +27,28 @@ void linear_forward(const Tensor& x2d, const Tensor& w, const Tensor& bias, cons
 void linear_weight_grad(const Tensor& x2d, const Tensor& g, const Tensor& dw,
                         const Tensor& dbias);
 
+// GPT-2's MLP up-projection with its activation, in one GEMM (CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+// or GELU_AUX without a bias): pre_activation[M, N] = x2d @ w (+ bias), kept for the backward,
+// and out[M, N] = gelu_tanh(pre_activation). Operands as linear_forward's; pre_activation:
+// contiguous, out's shape, dtype and device. The epilogue takes GELU from the f32 accumulator
+// (not from pre_activation rounded to a 16-bit dtype); cuBLASLt also needs N divisible by 8
+// (the aux matrix's leading dimension). Fallback: linear_forward into pre_activation, then the
+// GELU kernel.
+void linear_gelu_forward(const Tensor& x2d, const Tensor& w, const Tensor& bias, const Tensor& out,
+                         const Tensor& pre_activation);
+
+// The input gradient of the next Linear through the GELU, in one GEMM
+// (CUBLASLT_EPILOGUE_DGELU_BGRAD, or DGELU when dbias is undefined):
+// dpre[M, H] = (g[M, N] @ w[H, N]ᵀ) * gelu_tanh'(pre_activation[M, H]), and when dbias is
+// defined dbias[H] = the column sums of dpre (the gradient of the bias that made
+// pre_activation). dpre, dbias: contiguous, written (not accumulated), in g's dtype;
+// pre_activation contiguous. Needs H divisible by 8; fallback: plain GEMM, the GELU-backward
+// kernel and a column sum.
+void linear_input_grad_dgelu(const Tensor& g, const Tensor& w, const Tensor& pre_activation,
+                             const Tensor& dpre, const Tensor& dbias);
+
 // ---- visible to tests and benchmarks ----
-// When false, linear_forward/linear_weight_grad never use an epilogue (always the fallback);
+// When false, the functions above never use an epilogue (always the fallback);
 // for testing the fallback and for comparing. Default true. Per process.
 void set_linear_epilogues_enabled(bool enabled);
 bool linear_epilogues_enabled();
@@ -39,5 +59,8 @@ struct LinearPathCounts {
   int64_t fallback = 0;  // plain GEMM + separate bias add / reduction
 };
 LinearPathCounts linear_path_counts();
+// The same for linear_gelu_forward/linear_input_grad_dgelu calls: fused = the GELU (and bias)
+// work done in the epilogue. (Their fallback's linear_forward is counted above too.)
+LinearPathCounts linear_gelu_path_counts();
 
 }  // namespace tessera::cuda

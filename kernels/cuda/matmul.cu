@@ -199,14 +199,19 @@ int64_t alignment_of(const void* p) {
   return std::min<int64_t>(256, static_cast<int64_t>(v & (~v + 1)));
 }
 
-// The bias operand of an epilogue: none, BIAS (read, length N) or BGRADA (written, length N).
+// The operands of an epilogue. bias: none, BIAS (read, length N), BGRADA or DGELU_BGRAD
+// (written, length N). aux: the GELU input matrix, written by GELU_AUX(_BIAS) and read by
+// DGELU(_BGRAD), laid out like the output (our row-major [M, N] with aux_ld elements per
+// row; cuBLASLt wants aux_ld a multiple of 8 and at least N).
 struct Epilogue {
   cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
   void* bias = nullptr;
   cudaDataType_t bias_type = CUDA_R_32F;
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
 };
 
-using PlanKey = std::array<int64_t, 19>;
+using PlanKey = std::array<int64_t, 21>;
 
 // Descriptors and algorithm for one cached problem. Never destroyed: like the handles they
 // live as long as the thread (destroying them at exit could run after the CUDA runtime).
@@ -230,6 +235,17 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   return layout;
 }
 
+void set_epilogue_pointers(cublasLtMatmulDesc_t desc, const Epilogue& e) {
+  if (e.bias) {
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                        &e.bias, sizeof(e.bias)));
+  }
+  if (e.aux) {
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e.aux, sizeof(e.aux)));
+  }
+}
+
 // Builds the descriptors and asks the heuristic once; an unsupported problem is cached too,
 // so callers fall back without asking again.
 LtPlan build_plan(const GemmProblem& p, const Epilogue& e, size_t workspace_bytes) {
@@ -244,14 +260,17 @@ LtPlan build_plan(const GemmProblem& p, const Epilogue& e, size_t workspace_byte
   const uint32_t epilogue = e.kind;
   TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                       &epilogue, sizeof(epilogue)));
-  if (e.kind != CUBLASLT_EPILOGUE_DEFAULT) {
+  if (e.bias) {
     const int32_t bias_type = e.bias_type;
     TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
-    // The heuristic looks at the pointer's alignment; the real one is set before each call.
-    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof(e.bias)));
   }
+  if (e.aux) {
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &e.aux_ld, sizeof(e.aux_ld)));
+  }
+  // The heuristic looks at the pointers' alignment; the real ones are set before each call.
+  set_epilogue_pointers(plan.desc, e);
   const bool a_n = p.b.op == CUBLAS_OP_N, b_n = p.a.op == CUBLAS_OP_N;
   plan.layout_a = make_layout(p.types.data, a_n ? p.N : p.K, a_n ? p.K : p.N, p.b.ld, p.batch,
                               p.b.batch_stride);
@@ -315,16 +334,15 @@ bool lt_matmul(const GemmProblem& p, const Epilogue& e, cudaStream_t stream) {
                     e.kind,
                     e.bias_type,
                     alignment_of(e.bias),
+                    alignment_of(e.aux),
+                    e.aux_ld,
                     static_cast<int64_t>(ws_bytes)};
   thread_local std::map<PlanKey, LtPlan> plans;
   auto it = plans.find(key);
   if (it == plans.end()) it = plans.emplace(key, build_plan(p, e, ws_bytes)).first;
   LtPlan& plan = it->second;
   if (!plan.supported) return false;
-  if (e.kind != CUBLASLT_EPILOGUE_DEFAULT) {
-    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof(e.bias)));
-  }
+  set_epilogue_pointers(plan.desc, e);
   const float alpha = 1.f, beta = 0.f;
   const cublasStatus_t status = cublasLtMatmul(
       cublaslt_handle(), plan.desc, &alpha, p.b.t.raw_data(), plan.layout_a, p.a.t.raw_data(),
@@ -358,30 +376,55 @@ const bool registered = [] {
 
 std::atomic<bool> epilogues_enabled{true};
 std::atomic<int64_t> fused_calls{0}, fallback_calls{0};
+std::atomic<int64_t> gelu_fused_calls{0}, gelu_fallback_calls{0};
 
 cudaDataType_t bias_data_type(DType t) { return gemm_types(t, "linear").data; }
+
+// A bias added to out [M, N]: [N], out's dtype (or f32 for a 16-bit out, as under autocast).
+void check_bias(const char* op, const Tensor& bias, const Tensor& out) {
+  if (!bias.defined()) return;
+  const bool half_out = out.dtype() == DType::f16 || out.dtype() == DType::bf16;
+  TESSERA_CHECK(bias.shape() == Shape{out.size(-1)}, op, " (cuda): bias of shape ",
+                shape_str(bias.shape()), " for output ", shape_str(out.shape()));
+  TESSERA_CHECK(bias.dtype() == out.dtype() || (half_out && bias.dtype() == DType::f32), op,
+                " (cuda): bias dtype ", dtype_name(bias.dtype()), " for output dtype ",
+                dtype_name(out.dtype()),
+                " (expected the output's, or float32 for a 16-bit output)");
+  TESSERA_CHECK(bias.device() == out.device(), op, " (cuda): bias on ", bias.device().str(),
+                ", output on ", out.device().str());
+}
+
+// A tensor written beside out (the GELU input, a bias gradient): contiguous, `shape`, out's
+// dtype and device.
+void check_companion(const char* op, const char* name, const Tensor& t, const Shape& shape,
+                     const Tensor& out) {
+  TESSERA_CHECK(t.defined() && t.shape() == shape && t.dtype() == out.dtype() &&
+                    t.device() == out.device() && t.is_contiguous(),
+                op, " (cuda): ", name, " ",
+                t.defined()
+                    ? shape_str(t.shape()) + " " + dtype_name(t.dtype()) + " on " + t.device().str()
+                    : std::string("undefined"),
+                " must be contiguous ", shape_str(shape), " ", dtype_name(out.dtype()), " on ",
+                out.device().str());
+}
+
+// cuBLASLt takes a GELU input matrix only with a leading dimension divisible by 8.
+bool aux_ld_supported(int64_t ld) { return ld % 8 == 0; }
 
 }  // namespace
 
 void set_linear_epilogues_enabled(bool enabled) { epilogues_enabled = enabled; }
 bool linear_epilogues_enabled() { return epilogues_enabled; }
 LinearPathCounts linear_path_counts() { return {fused_calls.load(), fallback_calls.load()}; }
+LinearPathCounts linear_gelu_path_counts() {
+  return {gelu_fused_calls.load(), gelu_fallback_calls.load()};
+}
 
 void linear_forward(const Tensor& x2d, const Tensor& w, const Tensor& bias, const Tensor& out) {
   TESSERA_CHECK(x2d.dim() == 2 && w.dim() == 2, "linear_forward (cuda): x2d ",
                 shape_str(x2d.shape()), " and w ", shape_str(w.shape()), " must be matrices");
   const GemmProblem p = make_problem("linear_forward", x2d, w, out);
-  const bool half_out = out.dtype() == DType::f16 || out.dtype() == DType::bf16;
-  if (bias.defined()) {
-    TESSERA_CHECK(bias.shape() == Shape{p.N}, "linear_forward (cuda): bias of shape ",
-                  shape_str(bias.shape()), " for output ", shape_str(out.shape()));
-    TESSERA_CHECK(bias.dtype() == out.dtype() || (half_out && bias.dtype() == DType::f32),
-                  "linear_forward (cuda): bias dtype ", dtype_name(bias.dtype()),
-                  " for output dtype ", dtype_name(out.dtype()),
-                  " (expected the output's, or float32 for a 16-bit output)");
-    TESSERA_CHECK(bias.device() == out.device(), "linear_forward (cuda): bias on ",
-                  bias.device().str(), ", output on ", out.device().str());
-  }
+  check_bias("linear_forward", bias, out);
   if (out.numel() == 0) return;
   KernelContext ctx(out);
   if (bias.defined() && p.K > 0 && epilogues_enabled) {
@@ -427,6 +470,68 @@ void linear_weight_grad(const Tensor& x2d, const Tensor& g, const Tensor& dw,
     kernel_table(DeviceType::CUDA).copy(dbias, ops::sum(g, {0}));
     ++fallback_calls;
   }
+}
+
+void linear_gelu_forward(const Tensor& x2d, const Tensor& w, const Tensor& bias, const Tensor& out,
+                         const Tensor& pre_activation) {
+  const char* op = "linear_gelu_forward";
+  TESSERA_CHECK(x2d.dim() == 2 && w.dim() == 2, op, " (cuda): x2d ", shape_str(x2d.shape()),
+                " and w ", shape_str(w.shape()), " must be matrices");
+  const GemmProblem p = make_problem(op, x2d, w, out);
+  check_bias(op, bias, out);
+  check_companion(op, "pre_activation", pre_activation, out.shape(), out);
+  if (out.numel() == 0) return;
+  KernelContext ctx(out);
+  // The GEMM writes gelu(x2d @ w + bias) as its output and x2d @ w + bias as the aux matrix.
+  if (p.K > 0 && epilogues_enabled && aux_ld_supported(p.N)) {
+    const Tensor b = bias.defined() ? raw::contiguous(bias) : Tensor();
+    const Epilogue e{b.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX,
+                     b.defined() ? b.raw_data() : nullptr,
+                     b.defined() ? bias_data_type(b.dtype()) : CUDA_R_32F,
+                     pre_activation.raw_data(), p.N};
+    if (lt_matmul(p, e, ctx.stream)) {
+      ++gelu_fused_calls;
+      return;
+    }
+  }
+  linear_forward(x2d, w, bias, pre_activation);
+  kernel_table(DeviceType::CUDA).unary(UnaryOp::Gelu, pre_activation, out);
+  ++gelu_fallback_calls;
+}
+
+void linear_input_grad_dgelu(const Tensor& g, const Tensor& w, const Tensor& pre_activation,
+                             const Tensor& dpre, const Tensor& dbias) {
+  const char* op = "linear_input_grad_dgelu";
+  TESSERA_CHECK(g.dim() == 2 && w.dim() == 2, op, " (cuda): g ", shape_str(g.shape()), " and w ",
+                shape_str(w.shape()), " must be matrices");
+  // dpre [M, H] = g [M, N] @ wᵀ [N, H]: as a transposed view, wᵀ costs no copy.
+  const Tensor wT = raw::transpose(w, 0, 1);
+  const GemmProblem p = make_problem(op, g, wT, dpre);
+  check_companion(op, "pre_activation", pre_activation, dpre.shape(), dpre);
+  if (dbias.defined()) check_companion(op, "dbias", dbias, Shape{p.N}, dpre);
+  KernelContext ctx(dpre);
+  if (dpre.numel() == 0) {
+    if (dbias.defined() && dbias.numel() > 0)
+      TESSERA_CUDA_CHECK(cudaMemsetAsync(dbias.raw_data(), 0, dbias.nbytes(), ctx.stream));
+    return;
+  }
+  // In cuBLASLt's terms the output is dpreᵀ [H, M]: DGELU scales it by gelu' of the aux
+  // matrix laid out alike (pre_activation, row-major [M, H]), and BGRAD sums each of its H
+  // rows over the M columns, which are our column sums.
+  if (p.K > 0 && epilogues_enabled && aux_ld_supported(p.N)) {
+    const Epilogue e{dbias.defined() ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU,
+                     dbias.defined() ? dbias.raw_data() : nullptr, bias_data_type(dpre.dtype()),
+                     pre_activation.raw_data(), p.N};
+    if (lt_matmul(p, e, ctx.stream)) {
+      ++gelu_fused_calls;
+      return;
+    }
+  }
+  const Tensor dact = empty(dpre.shape(), {.dtype = dpre.dtype(), .device = dpre.device()});
+  matmul(g, wT, dact);
+  kernel_table(DeviceType::CUDA).binary(BinaryOp::GeluBackward, pre_activation, dact, dpre);
+  if (dbias.defined()) kernel_table(DeviceType::CUDA).copy(dbias, ops::sum(dpre, {0}));
+  ++gelu_fallback_calls;
 }
 
 }  // namespace tessera::cuda
