@@ -29,13 +29,11 @@ class SparseEmbeddingSync::Sink final : public EmbeddingGradSink {
 };
 
 namespace {
-// out[indices[i]] += rows[i], in index order. Every rank runs it on the same data and must
-// get the same bits, so it has to be deterministic (CUDA's index_add_ is only under
-// TESSERA_DETERMINISTIC=1; the embedding-backward kernel that accumulates into its output
-// in a fixed order is the one to use here).
+// out[indices[i]] += rows[i], each row's sum taken in position order in f32 and added once.
+// Every rank runs it on the same data and must get the same bits: embedding_backward_into is
+// deterministic on every device (index_add_ on CUDA is not).
 void add_rows(const Tensor& out, const Tensor& indices, const Tensor& rows) {
-  ops::index_add_(out, 0, indices,
-                  rows.dtype() == out.dtype() ? rows : raw::to(rows, out.device(), out.dtype()));
+  ops::embedding_backward_into(out, rows, indices, /*accumulate=*/true);
 }
 }  // namespace
 

@@ -541,7 +541,7 @@ TEST(SparseEmbeddingGradients, TrainLikeTheDensePathOn2Ranks) {
     std::printf("[ sparse ] %s: losses %.3g, norms %.3g (first step %.3g), weights %.3g\n", precision.c_str(),
                 d.losses, d.norms, first_norm, d.params);
     EXPECT_LE(d.losses, precision == "no" ? 1e-6 : 1e-2) << precision;
-    EXPECT_LE(first_norm, precision == "no" ? 1e-6 : 1e-4) << precision;
+    EXPECT_LE(first_norm, precision == "no" ? 1e-6 : 1e-3) << precision;
     if (precision == "no") EXPECT_LE(d.norms, 1e-5);
   }
 }
