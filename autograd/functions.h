@@ -9,6 +9,7 @@
 // (autograd/tensor_methods.cpp).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -91,6 +92,26 @@ Tensor mlp_gelu(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
 // ---- indexing and losses ----
 // weight [V, C], indices (i32/i64) of any shape -> indices.shape + [C].
 Tensor embedding(const Tensor& weight, const Tensor& indices);
+
+// Takes the gradient of an embedding lookup as (indices, dY) instead of the dense scatter
+// into the weight's gradient. DDP installs one on the embeddings it synchronises sparsely
+// (dist/sparse_embedding.h): the lookup then adds no edge into the weight, so the weight's
+// gradient (from its other uses, a tied output head) is final before the lookup's backward
+// runs, and its bucket can be sent while backward still runs.
+class EmbeddingGradSink {
+ public:
+  virtual ~EmbeddingGradSink() = default;
+  // Asked when the lookup is recorded: true = its gradient goes to take() in backward and
+  // the weight gets nothing from it through the graph; false = the ordinary dense backward.
+  virtual bool accepts(const Tensor& weight, const Tensor& indices) = 0;
+  // In backward, once per accepted lookup: indices [N] and dY [N, C] (contiguous). Must
+  // account for them (a sink that can no longer synchronise adds them into weight.grad).
+  virtual void take(const Tensor& indices, const Tensor& grad) = 0;
+};
+// embedding(weight, indices) whose weight gradient goes to `sink` when it accepts (a null
+// sink: the plain embedding). The sink is kept alive by the recorded graph.
+Tensor embedding(const Tensor& weight, const Tensor& indices,
+                 const std::shared_ptr<EmbeddingGradSink>& sink);
 // logits [..., V], targets [...] (i32/i64); Mean is over targets != ignore_index.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::Mean);

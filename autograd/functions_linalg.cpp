@@ -265,6 +265,25 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   return y;
 }
 
+Tensor embedding(const Tensor& weight, const Tensor& indices,
+                 const std::shared_ptr<EmbeddingGradSink>& sink) {
+  const bool recording = autograd::is_grad_enabled() && weight.requires_grad();
+  if (!sink || !recording || !sink->accepts(weight, indices)) return embedding(weight, indices);
+  Tensor y = ops::embedding(weight, indices);
+  // No edge into the weight: forced, so the output still carries dY back to the sink.
+  record(
+      "EmbeddingSinkBackward", {}, {y},
+      [sink, saved = SavedTensor::input(indices)](const BackwardArgs& a) {
+        const Tensor idx = saved.unpack("EmbeddingSinkBackward");
+        const int64_t n = idx.numel();
+        sink->take(raw::reshape(idx, {n}).contiguous(),
+                   raw::reshape(a.grad(), {n, a.grad().size(-1)}).contiguous());
+        return Grads{};
+      },
+      /*force=*/true);
+  return y;
+}
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                      Reduction reduction) {
   const ops::Reduction op_reduction = reduction == Reduction::Mean  ? ops::Reduction::Mean

@@ -98,6 +98,9 @@ void Accelerator::prepare_one(nn::Module& model) {
     ddp.bucket_bytes = options_.bucket_bytes;
     ddp.find_unused_parameters = options_.find_unused_parameters;
     ddp.reduce_dtype = policy_.reduce_dtype;
+    // TESSERA_SPARSE_EMBEDDING_GRADIENTS=0 turns them off for a whole job.
+    ddp.sparse_embedding_gradients = options_.sparse_embedding_gradients &&
+                                     env_int("TESSERA_SPARSE_EMBEDDING_GRADIENTS", 1) != 0;
     models_[&model] = std::make_unique<DistributedDataParallel>(model, world_ptr(), ddp);
   } else {
     ZeroOptions zero;

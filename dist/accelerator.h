@@ -53,6 +53,10 @@ struct AcceleratorOptions {
   std::string backend = "auto";  // see init_process_group
   size_t bucket_bytes = size_t(25) << 20;
   bool find_unused_parameters = false;
+  // DDP: embedding gradients all-gathered as rows where that moves fewer bytes than the
+  // all-reduce (dist/sparse_embedding.h); false (or TESSERA_SPARSE_EMBEDDING_GRADIENTS=0):
+  // averaged densely like every other gradient.
+  bool sparse_embedding_gradients = true;
   bool cpu = false;  // stay on the CPU even when a GPU is visible
   // 0 = DDP; 1 = optimizer state sharded, 2 = and gradients, 3 = and parameters (ZeRO);
   // -1 = TESSERA_ZERO_STAGE (set by the launch environment) or 0.

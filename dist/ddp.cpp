@@ -15,6 +15,10 @@ std::pair<std::vector<Tensor>, std::vector<std::string>> trainable_parameters(co
 }
 
 namespace {
+bool sparse_embeddings(const ProcessGroup& group, const DDPOptions& options) {
+  return options.sparse_embedding_gradients && group.size() > 1;
+}
+
 FlatBuckets make_ddp_buckets(nn::Module& module, const std::shared_ptr<ProcessGroup>& group,
                              const DDPOptions& options) {
   // Rank 0's weights first, so every rank's buckets start from the same model.
@@ -24,6 +28,8 @@ FlatBuckets make_ddp_buckets(nn::Module& module, const std::shared_ptr<ProcessGr
   o.bucket_bytes = options.bucket_bytes;
   o.find_unused_parameters = options.find_unused_parameters;
   o.reduce_dtype = options.reduce_dtype;
+  if (sparse_embeddings(*group, options))
+    o.solo = SparseEmbeddingSync::embedding_weights(module, params);
   return FlatBuckets(std::move(params), std::move(names), group, o);
 }
 }  // namespace
@@ -33,7 +39,29 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module,
                                                  DDPOptions options)
     : module_(module),
       group_(group ? std::move(group) : world_ptr()),
-      buckets_(make_ddp_buckets(module_, group_, options)) {}
+      buckets_(make_ddp_buckets(module_, group_, options)) {
+  if (sparse_embeddings(*group_, options))
+    sparse_ = std::make_unique<SparseEmbeddingSync>(
+        module_, buckets_, group_,
+        SparseEmbeddingSync::embedding_weights(module_, buckets_.parameters()));
+}
+
+void DistributedDataParallel::finish_gradient_sync() {
+  if (sparse_)
+    sparse_->finish();
+  else
+    buckets_.finish();
+}
+
+void DistributedDataParallel::register_comm_hook(FlatBuckets::CommHook hook,
+                                                 FlatBuckets::CompletionHook done) {
+  if (sparse_) sparse_->set_enabled(false);
+  buckets_.register_comm_hook(std::move(hook), std::move(done));
+}
+
+SparseEmbeddingSync::Stats DistributedDataParallel::sparse_embedding_stats() const {
+  return sparse_ ? sparse_->stats() : SparseEmbeddingSync::Stats{};
+}
 
 void DistributedDataParallel::backward(const Tensor& loss) {
   loss.backward();

@@ -6,7 +6,8 @@
 // filled in reverse registration order, and each bucket's all_reduce starts from
 // the autograd grad-ready hook as soon as its last gradient is final, while
 // backward still runs. register_comm_hook replaces the all-reduce (as PyTorch's
-// DDP.register_comm_hook does).
+// DDP.register_comm_hook does). The gradients of nn::Embedding weights are synchronised
+// sparsely where that moves fewer bytes (dist/sparse_embedding.h).
 #pragma once
 #include <memory>
 #include <optional>
@@ -15,6 +16,7 @@
 
 #include "tessera/dist/flat_buckets.h"
 #include "tessera/dist/process_group.h"
+#include "tessera/dist/sparse_embedding.h"
 #include "tessera/dist/strategy.h"
 #include "tessera/nn/module.h"
 
@@ -31,6 +33,10 @@ struct DDPOptions {
   // and cast back), so they are rounded once rather than at every step of the reduction;
   // their own dtype (or none) reduces them in place: half the bytes on the wire, no casts.
   std::optional<DType> reduce_dtype = DType::f32;
+  // Embedding lookups hand their gradient rows to an all-gather instead of scattering them
+  // into the weight's bucket, when that moves fewer bytes (dist/sparse_embedding.h); each
+  // Embedding weight gets a bucket of its own. false: every gradient is averaged densely.
+  bool sparse_embedding_gradients = true;
 };
 
 class DistributedDataParallel : public DataParallelStrategy {
@@ -54,10 +60,11 @@ class DistributedDataParallel : public DataParallelStrategy {
   // After a backward: launches buckets the hooks did not (unused parameters), waits for
   // every all_reduce and leaves each parameter's .grad holding the average over ranks.
   // Does nothing inside no_sync.
-  void finish_gradient_sync() override { buckets_.finish(); }
-  void register_comm_hook(FlatBuckets::CommHook hook, FlatBuckets::CompletionHook done = {}) {
-    buckets_.register_comm_hook(std::move(hook), std::move(done));
-  }
+  void finish_gradient_sync() override;
+  // A custom hook owns what the buckets carry: embedding gradients go densely from then on.
+  void register_comm_hook(FlatBuckets::CommHook hook, FlatBuckets::CompletionHook done = {});
+  // How the embedding lookups were synchronised (all zero when none is synchronised sparsely).
+  SparseEmbeddingSync::Stats sparse_embedding_stats() const;
 
   // DDP keeps the optimizer as the user built it.
   void prepare_optimizer(optim::Optimizer&) override {}
@@ -77,6 +84,7 @@ class DistributedDataParallel : public DataParallelStrategy {
   nn::Module& module_;
   std::shared_ptr<ProcessGroup> group_;
   FlatBuckets buckets_;
+  std::unique_ptr<SparseEmbeddingSync> sparse_;  // null: no sparse embedding gradients
 };
 
 // The parameters that require grad, with their names (tied tensors once).

@@ -2,6 +2,7 @@
 
 #include "tessera/core/memory_category.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace tessera::dist {
@@ -20,7 +21,12 @@ FlatBuckets::FlatBuckets(std::vector<Tensor> params, std::vector<std::string> na
   TESSERA_CHECK(options_.shards >= 1, "FlatBuckets: shards must be >= 1, got ", options_.shards);
   TESSERA_CHECK(params_.size() == names_.size(), "FlatBuckets: ", params_.size(),
                 " parameters but ", names_.size(), " names");
-  build(options_.groups.empty() ? groups_by_size() : options_.groups);
+  std::vector<std::vector<size_t>> groups =
+      options_.groups.empty() ? groups_by_size() : options_.groups;
+  for (size_t k : options_.solo) groups.push_back({k});
+  build(groups);
+  ordered_buckets_ = buckets_.size() - options_.solo.size();
+  for (size_t b = ordered_buckets_; b < buckets_.size(); ++b) buckets_[b].solo = true;
   register_comm_hook({}, {});
   for (size_t i = 0; i < params_.size(); ++i)
     hooks_.push_back(autograd::register_grad_ready_hook(
@@ -44,6 +50,7 @@ std::vector<std::vector<size_t>> FlatBuckets::groups_by_size() const {
   std::vector<std::vector<size_t>> groups;
   size_t bytes = 0;
   for (size_t k = params_.size(); k-- > 0;) {
+    if (std::find(options_.solo.begin(), options_.solo.end(), k) != options_.solo.end()) continue;
     const Tensor& p = params_[k];
     bool fits = !groups.empty() && bytes < options_.bucket_bytes &&
                 params_[groups.back().front()].dtype() == p.dtype() &&
@@ -174,6 +181,11 @@ void FlatBuckets::on_grad_ready(size_t i) {
     adopt_gradient(i, true);  // accumulate in the bucket (a released buffer comes back)
     return;
   }
+  if (!backward_started_) {
+    backward_started_ = true;
+    if (extension_.backward_started) extension_.backward_started();
+    if (ready_[i]) return;  // the extension reported it
+  }
   TESSERA_CHECK(!ready_[i], "FlatBuckets: the gradient of '", names_[i],
                 "' was reported final twice in one backward (is it used both inside and "
                 "outside a checkpoint region, or was backward run twice without "
@@ -181,18 +193,26 @@ void FlatBuckets::on_grad_ready(size_t i) {
   ready_[i] = true;
   adopt_gradient(i, true);
   Bucket& b = buckets_[bucket_of_[i]];
-  if (--b.pending == 0) launch_ready_buckets();
+  if (--b.pending > 0) return;
+  if (b.solo)
+    launch(b);
+  else
+    launch_ready_buckets();
 }
 
 void FlatBuckets::launch_ready_buckets() {
   // Strictly in bucket order, so every rank issues the same sequence of collectives.
-  while (next_bucket_to_launch_ < buckets_.size() &&
+  while (next_bucket_to_launch_ < ordered_buckets_ &&
          buckets_[next_bucket_to_launch_].pending == 0) {
-    Bucket& b = buckets_[next_bucket_to_launch_++];
-    ensure_gradient_buffer(b);
-    if (b.reduce_buffer.defined()) raw::copy_(b.reduce_buffer, b.gradients);
-    b.work = hook_(b);
+    launch(buckets_[next_bucket_to_launch_++]);
   }
+}
+
+void FlatBuckets::launch(Bucket& b) {
+  ensure_gradient_buffer(b);
+  if (b.reduce_buffer.defined()) raw::copy_(b.reduce_buffer, b.gradients);
+  b.launched = true;
+  b.work = hook_(b);
 }
 
 void FlatBuckets::finish() {
@@ -218,7 +238,14 @@ void FlatBuckets::finish() {
     --buckets_[bucket_of_[i]].pending;
   }
   launch_ready_buckets();
+  for (size_t k = ordered_buckets_; k < buckets_.size(); ++k)
+    if (!buckets_[k].launched) launch(buckets_[k]);
   std::exception_ptr error;
+  try {
+    if (extension_.buckets_launched) extension_.buckets_launched();
+  } catch (...) {
+    error = std::current_exception();
+  }
   for (auto& b : buckets_) {
     try {
       if (b.work) {
@@ -226,6 +253,7 @@ void FlatBuckets::finish() {
           b.work->wait_on_device();
         else
           b.work->wait();
+        if (extension_.bucket_reduced && !error) extension_.bucket_reduced(b);
         if (done_) done_(b);
       }
     } catch (...) {
@@ -241,8 +269,10 @@ void FlatBuckets::reset_backward_state() {
   for (auto& b : buckets_) {
     b.pending = b.params.size();
     b.work.reset();
+    b.launched = false;
   }
   next_bucket_to_launch_ = 0;
+  backward_started_ = false;
 }
 
 }  // namespace tessera::dist

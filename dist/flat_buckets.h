@@ -16,6 +16,13 @@
 // `register_comm_hook`, the hook gets the bucket and returns the Work of the
 // collective it started: the default all-reduces the average (DDP); ZeRO-2/3
 // install a reduce-scatter into the rank's gradient shard.
+//
+// Solo parameters (DDP's sparsely synchronised embedding weights, dist/sparse_embedding.h)
+// get a bucket each, outside that order: it is handed to the hook as soon as the parameter
+// is ready, since its gradient may be final at the start of backward (a tied output head)
+// or only at its end. Every rank issues the same sequence as long as the ranks run the same
+// graph, which DDP asks of them anyway. An Extension lets such a sync add its own
+// collectives after the buckets' and its results into a bucket before the completion hook.
 #pragma once
 #include <functional>
 #include <optional>
@@ -39,6 +46,9 @@ struct FlatBucketsOptions {
   std::optional<DType> reduce_dtype = DType::f32;
   // false: a parameter that gets no gradient in a synced backward is an error naming it.
   bool find_unused_parameters = false;
+  // Parameters (indices, not listed in `groups`) that get a bucket of their own, launched as
+  // soon as they are ready rather than in bucket order; these buckets come last.
+  std::vector<size_t> solo;
 };
 
 class FlatBuckets {
@@ -61,6 +71,8 @@ class FlatBuckets {
       return reduce_buffer.defined() ? reduce_buffer : gradients;
     }
     int shards = 1;
+    bool solo = false;      // launched when ready, outside the bucket order
+    bool launched = false;  // in this backward
   };
   // Starts the bucket's collective; called in bucket order on every rank.
   using CommHook = std::function<WorkPtr(Bucket& bucket)>;
@@ -79,6 +91,20 @@ class FlatBuckets {
   // does not wait on the host: it orders the device after each Work (Work::wait_on_device),
   // as the default does.
   void register_comm_hook(CommHook hook, CompletionHook done = {}, bool done_on_device = false);
+  // Plugs a gradient sync that rides along the buckets' (every member optional).
+  struct Extension {
+    // The first gradient of a synced backward is ready (the graph is complete).
+    std::function<void()> backward_started;
+    // finish(): every bucket's collective has been issued, none waited on yet.
+    std::function<void()> buckets_launched;
+    // finish(): the bucket's collective completed; runs before the completion hook.
+    std::function<void(Bucket&)> bucket_reduced;
+  };
+  void set_extension(Extension extension) { extension_ = std::move(extension); }
+  // Reports parameter i's gradient final for this backward (as its grad-ready hook does), for
+  // a gradient that the autograd graph does not deliver. With sync off: only adopts it.
+  void mark_ready(size_t i) { on_grad_ready(i); }
+  bool is_ready(size_t i) const { return ready_.at(i); }
   // While off, grad-ready hooks only let gradients accumulate where they are.
   void set_sync(bool on) { sync_ = on; }
   bool sync() const { return sync_; }
@@ -108,6 +134,7 @@ class FlatBuckets {
   void on_grad_ready(size_t param);
   void adopt_gradient(size_t param, bool zero_when_missing);
   void launch_ready_buckets();
+  void launch(Bucket& b);
   void reset_backward_state();
   void ensure_gradient_buffer(Bucket& b);
 
@@ -120,6 +147,9 @@ class FlatBuckets {
   std::vector<size_t> index_in_bucket_;
   std::vector<bool> ready_;
   size_t next_bucket_to_launch_ = 0;
+  size_t ordered_buckets_ = 0;  // the buckets before the solo ones
+  bool backward_started_ = false;
+  Extension extension_;
   bool sync_ = true;
   CommHook hook_;
   CompletionHook done_;

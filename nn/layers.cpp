@@ -41,7 +41,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, double init_std, Gener
   weight = register_parameter("weight", normal_init({num_embeddings, dim}, init_std, gen, opts));
 }
 
-Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices); }
+Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices, grad_sink); }
 
 LayerNorm::LayerNorm(int64_t dim, double eps_, bool with_bias, TensorOptions opts) : eps(eps_) {
   weight = register_parameter("weight", ones({dim}, {.dtype = opts.dtype, .device = opts.device}));

@@ -1,10 +1,15 @@
 // The basic layers. Initialisation follows GPT-2 (weights N(0, 0.02), biases 0,
 // LayerNorm 1/0); `gen` = nullptr draws from the default generator.
 #pragma once
+#include <memory>
 #include <utility>
 
 #include "tessera/core/random.h"
 #include "tessera/nn/module.h"
+
+namespace tessera {
+class EmbeddingGradSink;  // autograd/functions.h
+}
 
 namespace tessera::nn {
 
@@ -29,6 +34,9 @@ class Embedding : public Module {
   std::string type_name() const override { return "Embedding"; }
 
   Tensor weight;
+  // Where the lookup's weight gradient goes instead of weight.grad when it accepts (see
+  // EmbeddingGradSink); null: the ordinary backward. DDP sets and clears it.
+  std::shared_ptr<EmbeddingGradSink> grad_sink;
 };
 
 // Normalises over the last dimension; weight 1, bias 0 at init.

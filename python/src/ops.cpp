@@ -224,7 +224,10 @@ void bind_nn_functions(py::module_& m, py::class_<Tensor>& cls) {
         return rms_norm(x, w.value_or(Tensor()), eps);
       },
       py::arg("input"), py::arg("weight") = py::none(), py::arg("eps") = 1e-6);
-  m.def("embedding", &embedding, py::arg("weight"), py::arg("indices"));
+  m.def(
+      "embedding",
+      [](const Tensor& weight, const Tensor& indices) { return embedding(weight, indices); },
+      py::arg("weight"), py::arg("indices"));
   m.def(
       "dropout",
       [](const Tensor& x, double p, bool training, Generator* gen) {

@@ -297,5 +297,66 @@ TEST(Engine, SeveralRootsInOneBackward) {
   h.remove();
 }
 
+// An embedding lookup whose gradient goes to a sink (DDP's sparse embedding gradients): the
+// lookup adds no edge into the weight, so a tied head's gradient is final (its grad-ready hook
+// fires) before the lookup's backward hands over (indices, dY); the two together are the
+// plain embedding's gradient. A declining sink leaves the ordinary backward.
+struct RecordingSink : EmbeddingGradSink {
+  bool accept = true;
+  Tensor indices, grad;
+  bool accepts(const Tensor&, const Tensor&) override { return accept; }
+  void take(const Tensor& i, const Tensor& g) override {
+    indices = i.clone();
+    grad = g.clone();
+  }
+};
+
+TEST(Engine, EmbeddingGradSinkTakesTheLookupsGradientAfterTheWeightIsFinal) {
+  const Tensor w0 = random_f64({7, 3}, 31), r = random_f64({2, 3, 7}, 32);
+  // Ids with repeats, as a column slice (not contiguous).
+  const Tensor wide =
+      from_vector<int64_t>({9, 4, 4, 0, 6, 9, 2, 6, 4, 9}, {2, 5}, {.dtype = DType::i64});
+  const Tensor ids = wide.narrow(1, 1, 3);
+  auto tied_loss = [&](const Tensor& w, const std::shared_ptr<EmbeddingGradSink>& sink) {
+    const Tensor y = embedding(w, ids, sink);  // the lookup first, then a tied head
+    return sum(matmul(y, w.t()) * r);
+  };
+  Tensor plain_w = leaf(w0);
+  tied_loss(plain_w, nullptr).backward();
+
+  auto sink = std::make_shared<RecordingSink>();
+  Tensor w = leaf(w0);
+  bool taken_before_ready = true;
+  auto handle = autograd::register_grad_ready_hook(
+      w, [&](const Tensor&) { taken_before_ready = sink->grad.defined(); });
+  tied_loss(w, sink).backward();
+  handle.remove();
+  EXPECT_FALSE(taken_before_ready)
+      << "the weight's gradient was final only after the lookup's backward";
+  ASSERT_TRUE(sink->grad.defined());
+  EXPECT_EQ(sink->indices.to_vector<int64_t>(), (std::vector<int64_t>{4, 4, 0, 2, 6, 4}));
+  // dY = r · W for every looked-up row, by hand.
+  const std::vector<double> rv = values(r), wv = values(w0), dy = values(sink->grad);
+  ASSERT_EQ(dy.size(), 18u);
+  for (int n = 0; n < 6; ++n)
+    for (int c = 0; c < 3; ++c) {
+      double want = 0;
+      for (int v = 0; v < 7; ++v) want += rv[n * 7 + v] * wv[v * 3 + c];
+      EXPECT_NEAR(dy[n * 3 + c], want, 1e-12);
+    }
+  // Head gradient + scattered rows = the plain embedding's gradient.
+  Tensor combined = w.grad().clone();
+  ops::index_add_(combined, 0, sink->indices, sink->grad);
+  const std::vector<double> got = values(combined), want = values(plain_w.grad());
+  for (size_t k = 0; k < want.size(); ++k) EXPECT_NEAR(got[k], want[k], 1e-12) << k;
+
+  auto declining = std::make_shared<RecordingSink>();
+  declining->accept = false;
+  Tensor w2 = leaf(w0);
+  tied_loss(w2, declining).backward();
+  EXPECT_FALSE(declining->grad.defined());
+  EXPECT_EQ(values(w2.grad()), want);
+}
+
 }  // namespace
 }  // namespace tessera

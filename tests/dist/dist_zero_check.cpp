@@ -19,6 +19,10 @@
 //                        [--mixed-precision no|bf16] [--reduce-dtype fp32|bf16] [--memory] [--untied]
 //                        [--save DIR --save-at K] [--resume DIR --start-step K]
 //                        [--offload none|optimizer|param] [--prefetch ELEMENTS] [--cuda]
+//                        [--sparse-embedding-gradients]
+// DDP averages the embedding gradients densely here (the arithmetic ZeRO's stages reproduce
+// bit for bit); --sparse-embedding-gradients: all-gathers the looked-up rows instead
+// (dist/sparse_embedding.h), which rounds differently.
 // --cuda: the model and batches on this rank's GPU (the nccl backend under auto).
 #include <cstdio>
 #include <fstream>
@@ -57,7 +61,7 @@ int main(int argc, char** argv) {
   double clip = 0.2;           // below every step's gradient norm: clipping always acts
   size_t bucket_bytes = 3000;  // several buckets under stages 0-2
   std::string out_path, backend = "auto", precision = "no";
-  bool memory = false, tied = true, on_cuda = false;
+  bool memory = false, tied = true, on_cuda = false, sparse_embeddings = false;
   std::string offload = "none", reduce_dtype;
   int64_t prefetch = 0;
   for (int i = 1; i < argc; ++i) {
@@ -97,6 +101,8 @@ int main(int argc, char** argv) {
       start_step = std::stoll(next());
     else if (a == "--cuda")
       on_cuda = true;
+    else if (a == "--sparse-embedding-gradients")
+      sparse_embeddings = true;
     else if (a == "--offload")
       offload = next();
     else if (a == "--prefetch")
@@ -114,6 +120,7 @@ int main(int argc, char** argv) {
                            .gradient_accumulation_steps = static_cast<int>(accum),
                            .backend = backend,
                            .bucket_bytes = bucket_bytes,
+                           .sparse_embedding_gradients = sparse_embeddings,
                            .cpu = !on_cuda,
                            .zero_stage = static_cast<int>(zero_stage),
                            .offload_optimizer = offload == "optimizer",

@@ -504,6 +504,48 @@ void expect_zero_stages_match_ddp(const std::string& starter, int nproc, const s
   }
 }
 
+// ---- DDP's sparse embedding gradients (dist/sparse_embedding.h) ----
+
+// Tied and untied GPTs on 2 and 3 ranks: the sparse path against the dense one, and the cases
+// that must take the dense path (dist_sparse_embedding_check.cpp lists the checks).
+TEST(SparseEmbeddingGradients, MatchTheDensePathOn2And3Ranks) {
+  for (int nproc : {2, 3}) {
+    JobResult r =
+        run_job("env OMP_NUM_THREADS=1 " + launch(nproc, DIST_SPARSE_EMBEDDING_CHECK), 180);
+    EXPECT_EQ(r.status, 0) << r.output;
+    EXPECT_EQ(count(r.output, "sparse embedding checks passed"), nproc) << r.output;
+    EXPECT_EQ(count(r.output, "FAILED"), 0) << r.output;
+  }
+}
+
+// Training: 10 AdamW steps of the ZeRO check's GPT (tied, accumulation 2, clipping) under DDP
+// with the sparse path against the dense one on 2 ranks. f32: the same losses and gradient
+// norms up to rounding; bf16 (gradients reduced in bf16): the first step's norm agrees to
+// bf16 rounding and the losses stay within a few bf16 steps (the weights' rounding drifts).
+TEST(SparseEmbeddingGradients, TrainLikeTheDensePathOn2Ranks) {
+  for (const std::string precision : {"no", "bf16"}) {
+    auto run = [&](const std::string& tag, const std::string& flags) {
+      const std::string out = temp_file("sparse_train_" + precision + "_" + tag + ".txt");
+      std::remove(out.c_str());
+      JobResult r = run_job("env OMP_NUM_THREADS=1 " + launch(2, DIST_ZERO_CHECK) + " --zero-stage 0 --out " + out +
+                                " --mixed-precision " + precision + flags,
+                            180);
+      EXPECT_EQ(r.status, 0) << r.output;
+      return read_record(out);
+    };
+    const TrainRecord dense = run("dense", ""), sparse = run("sparse", " --sparse-embedding-gradients");
+    ASSERT_EQ(dense.losses.size(), 10u);
+    ASSERT_EQ(sparse.norms.size(), 10u);
+    const RelativeDifference d = relative_difference(sparse, dense);
+    const double first_norm = std::fabs(sparse.norms[0] - dense.norms[0]) / dense.norms[0];
+    std::printf("[ sparse ] %s: losses %.3g, norms %.3g (first step %.3g), weights %.3g\n", precision.c_str(),
+                d.losses, d.norms, first_norm, d.params);
+    EXPECT_LE(d.losses, precision == "no" ? 1e-6 : 1e-2) << precision;
+    EXPECT_LE(first_norm, precision == "no" ? 1e-6 : 1e-3) << precision;
+    if (precision == "no") EXPECT_LE(d.norms, 1e-5);
+  }
+}
+
 TEST(ZeroEquivalence, StagesMatchDdpThroughLaunch2And3Ranks) {
   expect_zero_stages_match_ddp(launch(2, DIST_ZERO_CHECK), 2, "tcp2");
   expect_zero_stages_match_ddp(launch(3, DIST_ZERO_CHECK), 3, "tcp3", "", /*stage_from_env=*/true);

@@ -1,0 +1,219 @@
+#include "tessera/dist/sparse_embedding.h"
+
+#include <algorithm>
+
+#include "tessera/autograd/functions.h"
+#include "tessera/core/graph_capture.h"
+
+namespace tessera::dist {
+
+// What the Embedding modules hold. It outlives the sync when a recorded graph keeps it; the
+// sync clears `owner` when it goes, and the sink then accumulates locally.
+class SparseEmbeddingSync::Sink final : public EmbeddingGradSink {
+ public:
+  Sink(SparseEmbeddingSync* owner, size_t weight, Tensor tensor)
+      : owner(owner), weight(weight), tensor(std::move(tensor)) {}
+  bool accepts(const Tensor& w, const Tensor& indices) override {
+    return owner != nullptr && owner->accepts(weight, w, indices);
+  }
+  void take(const Tensor& indices, const Tensor& grad) override {
+    if (owner)
+      owner->take(weight, indices, grad);
+    else
+      add_lookup_gradient(tensor, indices, grad);
+  }
+
+  SparseEmbeddingSync* owner;
+  size_t weight;
+  Tensor tensor;
+};
+
+namespace {
+// out[indices[i]] += rows[i], each row's sum taken in position order in f32 and added once.
+// Every rank runs it on the same data and must get the same bits: embedding_backward_into is
+// deterministic on every device (index_add_ on CUDA is not).
+void add_rows(const Tensor& out, const Tensor& indices, const Tensor& rows) {
+  ops::embedding_backward_into(out, rows, indices, /*accumulate=*/true);
+}
+}  // namespace
+
+void add_lookup_gradient(const Tensor& weight, const Tensor& indices, const Tensor& grad) {
+  Tensor g = weight.grad();
+  if (!g.defined()) {
+    g = zeros(weight.shape(), {.dtype = weight.dtype(), .device = weight.device()});
+    weight.set_grad(g);
+  }
+  add_rows(g, indices, grad);
+}
+
+std::vector<size_t> SparseEmbeddingSync::embedding_weights(const nn::Module& module,
+                                                           const std::vector<Tensor>& params) {
+  std::vector<size_t> out;
+  for (auto& [name, m] : module.named_modules()) {
+    auto* embedding = dynamic_cast<const nn::Embedding*>(m);
+    if (embedding == nullptr || !embedding->weight.defined()) continue;
+    for (size_t k = 0; k < params.size(); ++k)
+      if (params[k].impl_ptr() == embedding->weight.impl_ptr() &&
+          std::find(out.begin(), out.end(), k) == out.end())
+        out.push_back(k);
+  }
+  return out;
+}
+
+SparseEmbeddingSync::SparseEmbeddingSync(nn::Module& module, FlatBuckets& buckets,
+                                         std::shared_ptr<ProcessGroup> group,
+                                         const std::vector<size_t>& weights)
+    : module_(module), buckets_(buckets), group_(std::move(group)) {
+  for (size_t k : weights) {
+    Weight w;
+    w.param = k;
+    w.tensor = buckets_.parameters().at(k);
+    w.sink = std::make_shared<Sink>(this, weights_.size(), w.tensor);
+    for (auto& [name, m] : module.named_modules())
+      if (auto* e = dynamic_cast<nn::Embedding*>(m);
+          e && e->weight.impl_ptr() == w.tensor.impl_ptr()) {
+        e->grad_sink = w.sink;
+        w.modules.push_back(e);
+      }
+    weights_.push_back(std::move(w));
+  }
+  buckets_.set_extension(
+      {.backward_started = [this] { on_backward_started(); },
+       .buckets_launched = [this] { launch_all_gathers(); },
+       .bucket_reduced = [this](FlatBuckets::Bucket& b) { add_into_reduced(b); }});
+}
+
+SparseEmbeddingSync::~SparseEmbeddingSync() {
+  buckets_.set_extension({});
+  for (Weight& w : weights_) {
+    w.sink->owner = nullptr;
+    for (nn::Embedding* e : w.modules)
+      if (e->grad_sink == w.sink) e->grad_sink.reset();
+  }
+}
+
+bool SparseEmbeddingSync::accepts(size_t index, const Tensor& weight, const Tensor& indices) {
+  Weight& w = weights_.at(index);
+  if (weight.impl_ptr() != w.tensor.impl_ptr()) return false;  // not the weight DDP holds
+  const int64_t n = indices.numel();
+  // Only training lookups: a forward in eval mode may run on one rank alone (evaluation on the
+  // main process), where agreeing on a new N would wait for the others forever.
+  const bool sparse = enabled_ && buckets_.sync() && module_.is_training() && n > 0 &&
+                      group_->size() * n < 2 * w.tensor.size(0) && agreed(n, w.tensor.device());
+  if (!sparse) {
+    ++stats_.dense_lookups;
+    return false;
+  }
+  ++w.accepted;
+  ++stats_.sparse_lookups;
+  return true;
+}
+
+// One blocking all-reduce per new size: max of (n, -n) over the ranks is (n, -n) only when
+// every rank has n.
+bool SparseEmbeddingSync::agreed(int64_t n, Device device) {
+  if (agreed_sizes_.count(n)) return true;
+  if (sizes_disagree_ || graph_capture_underway()) return false;
+  Tensor both =
+      raw::to(from_vector<int64_t>({n, -n}, {2}, {.dtype = DType::i64}), device, DType::i64);
+  group_->all_reduce(both, ReduceOp::Max)->wait();
+  const std::vector<int64_t> max = raw::to(both, Device::cpu(), DType::i64).to_vector<int64_t>();
+  if (max[0] == n && max[1] == -n) {
+    agreed_sizes_.insert(n);
+    return true;
+  }
+  sizes_disagree_ = true;
+  return false;
+}
+
+void SparseEmbeddingSync::take(size_t index, const Tensor& indices, const Tensor& grad) {
+  Weight& w = weights_.at(index);
+  if (!buckets_.sync()) {  // sync was turned off after the forward: accumulate as no_sync does
+    add_lookup_gradient(w.tensor, indices, grad);
+    return;
+  }
+  w.taken.emplace_back(indices, grad);
+  if (buckets_.buckets()[buckets_.bucket_of(w.param)].launched)
+    ++stats_.launched_before_lookup_backward;
+  else
+    mark_ready_without_dense_use(w);
+}
+
+void SparseEmbeddingSync::mark_ready_without_dense_use(Weight& w) {
+  // A leaf's AccumulateGrad node lives while a recorded graph has an edge into it.
+  if (!buckets_.is_ready(w.param) && autograd::meta_of(w.tensor).accumulate_grad.expired())
+    buckets_.mark_ready(w.param);
+}
+
+// The graph of this backward is complete: a weight whose only uses went to the sink has its
+// dense gradient (zero, or what no_sync steps accumulated) final now, and its bucket goes.
+void SparseEmbeddingSync::on_backward_started() {
+  for (Weight& w : weights_)
+    if (w.accepted > 0) mark_ready_without_dense_use(w);
+}
+
+void SparseEmbeddingSync::launch_all_gathers() {
+  const int64_t world = group_->size();
+  for (Weight& w : weights_) {
+    for (auto& [indices, grad] : w.taken) {
+      const int64_t n = indices.numel(), c = grad.size(1);
+      Gathered g;
+      g.indices = empty({world * n}, {.dtype = indices.dtype(), .device = indices.device()});
+      g.grads = empty({world * n, c}, {.dtype = grad.dtype(), .device = grad.device()});
+      g.indices_work = group_->all_gather(g.indices, indices);
+      g.grads_work = group_->all_gather(g.grads, grad);
+      w.gathered.push_back(std::move(g));
+    }
+    w.taken.clear();
+  }
+}
+
+void SparseEmbeddingSync::add_into_reduced(FlatBuckets::Bucket& bucket) {
+  if (!bucket.solo) return;
+  for (Weight& w : weights_) {
+    if (w.param != bucket.params.front() || w.gathered.empty()) continue;
+    const Tensor& reduced = bucket.communication_buffer();
+    const Tensor slot = raw::view(raw::narrow(reduced, 0, bucket.offsets.front(), w.tensor.numel()),
+                                  w.tensor.shape());
+    const double scale = 1.0 / static_cast<double>(group_->size());
+    for (Gathered& g : w.gathered) {
+      g.indices_work->wait_on_device();
+      g.grads_work->wait_on_device();
+      // Rank 0's rows first, then rank 1's, ...: the same order, so the same bits, everywhere.
+      // Scaled in the reduced buffer's dtype (f32 under a bf16 policy reducing in f32).
+      const Tensor rows =
+          g.grads.dtype() == slot.dtype() ? g.grads : raw::to(g.grads, slot.device(), slot.dtype());
+      ops::binary_(BinaryOp::Mul, rows, scale);
+      add_rows(slot, g.indices, rows);
+    }
+    w.gathered.clear();
+  }
+}
+
+void SparseEmbeddingSync::finish() {
+  if (!buckets_.sync()) {
+    buckets_.finish();
+    return;
+  }
+  // A weight whose lookups all went to the sink and that nothing reported yet (its graph
+  // outlived by an older one that uses it densely, say) is complete now.
+  for (Weight& w : weights_)
+    if (w.accepted > 0 && !buckets_.is_ready(w.param)) buckets_.mark_ready(w.param);
+  try {
+    buckets_.finish();
+  } catch (...) {
+    reset();
+    throw;
+  }
+  reset();
+}
+
+void SparseEmbeddingSync::reset() {
+  for (Weight& w : weights_) {
+    w.accepted = 0;
+    w.taken.clear();
+    w.gathered.clear();
+  }
+}
+
+}  // namespace tessera::dist
