@@ -9,6 +9,8 @@ namespace tessera {
 using autograd::BackwardArgs;
 using autograd::record;
 using autograd::SavedTensor;
+using autograd::util::add_into_destination;
+using autograd::util::overwrite_target;
 using autograd::util::sum_to_shape;
 using Grads = std::vector<Tensor>;
 
@@ -45,18 +47,38 @@ bool is_transposed_matrix(const Tensor& t) {
   return t.dim() == 2 && !t.is_contiguous() && t.stride(0) == 1 && t.stride(1) == t.size(0);
 }
 
+// a @ b of two matrices: into `into` (contiguous, of the product's shape) when defined.
+Tensor product(const Tensor& a, const Tensor& b, const Tensor& into) {
+  if (!into.defined()) return ops::matmul(a, b);
+  ops::matmul_out(a, b, into);
+  return into;
+}
+
 // Gradients of y = a @ b for operands of rank >= 2 (broadcast batch dims summed back).
 Tensor matmul_grad_a(const Tensor& g, const Tensor& b, const Shape& a_shape) {
   return sum_to_shape(ops::matmul(g, mT(b)), a_shape);
 }
-Tensor matmul_grad_b(const Tensor& g, const Tensor& a, const Shape& b_shape, bool b_transposed) {
+// `into`: where a matrix b's gradient is written (matmul_weight_grad_target), or undefined.
+Tensor matmul_grad_b(const Tensor& g, const Tensor& a, const Shape& b_shape, bool b_transposed,
+                     const Tensor& into) {
   if (b_shape.size() == 2 && a.dim() >= 2) {
     // A matrix shared by every batch: fold the batch into the rows, one [K, N] product
     // instead of a batch of them summed afterwards.
-    if (b_transposed) return mT(ops::matmul(mT(fold_rows(g)), fold_rows(a)));
-    if (a.dim() > 2) return ops::matmul(mT(fold_rows(a)), fold_rows(g));
+    if (b_transposed) return mT(product(mT(fold_rows(g)), fold_rows(a), into));
+    if (a.dim() > 2) return product(mT(fold_rows(a)), fold_rows(g), into);
   }
-  return sum_to_shape(ops::matmul(mT(a), g), b_shape);
+  return sum_to_shape(product(mT(a), g, into), b_shape);
+}
+
+// The memory the gradient of a matrix b [K, N] (in matmul) is computed into: b's offered
+// destination when the product matmul_grad_b computes has its layout ([K, N], or [N, K] for a
+// transposed b); undefined otherwise (vectors, batched b).
+Tensor matmul_weight_grad_target(const BackwardArgs& x, const Shape& a_shape, const Shape& b_shape,
+                                 bool b_transposed, DType dtype) {
+  if (a_shape.size() < 2 || b_shape.size() != 2) return Tensor();
+  const Shape product_shape =
+      b_transposed ? Shape{b_shape[1], b_shape[0]} : Shape{b_shape[0], b_shape[1]};
+  return autograd::util::overwrite_target(x, 1, product_shape, dtype, b_transposed);
 }
 
 }  // namespace
@@ -85,12 +107,13 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
                  matmul_grad_a(g, raw::reshape(saved_b.unpack("MatmulBackward"), b2), a2), a_shape);
            }
            if (x.needs(1)) {
-             grad_b =
-                 raw::reshape(matmul_grad_b(g, raw::reshape(saved_a.unpack("MatmulBackward"), a2),
-                                            b2, b_transposed),
-                              b_shape);
+             const Tensor a = raw::reshape(saved_a.unpack("MatmulBackward"), a2);
+             const Tensor into = matmul_weight_grad_target(x, a_shape, b_shape, b_transposed, g.dtype());
+             grad_b = raw::reshape(matmul_grad_b(g, a, b2, b_transposed, into), b_shape);
+             // Written into b's destination: that tensor itself is the gradient.
+             if (into.defined()) grad_b = x.destination(1)->tensor;
            }
-           return Grads{grad_a, grad_b};
+           return Grads{grad_a, add_into_destination(x, 1, grad_b)};
          });
   return y;
 }
@@ -127,32 +150,45 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
            Tensor grad_x, grad_w, grad_b;
            if (a.needs(0))
              grad_x = raw::reshape(ops::matmul(g, mT(saved_w.unpack("LinearBackward"))), x_shape);
+           // Weight and bias gradients go straight into the memory the engine offers for them
+           // (a DDP bucket's slots) when its layout is the GEMM's.
+           const TensorOptions like{.dtype = g.dtype(), .device = g.device()};
+           const Tensor bias_into = overwrite_target(a, 2, {out}, g.dtype());
            if (a.needs(1)) {
              const Tensor x2d = fold_rows(saved_x.unpack("LinearBackward"));
              auto fused = fused_for(x2d).linear_weight_grad;
              if (w_transposed && !a.needs(2)) {
                // weight is a torch-layout [out, in] matrix seen as [in, out]: dWᵀ = gᵀ x is written
                // contiguous [out, in], and its transpose is the gradient of the view.
-               Tensor grad_wt;
+               Tensor grad_wt = overwrite_target(a, 1, {out, in}, g.dtype(), /*transposed=*/true);
+               const bool into_destination = grad_wt.defined();
                if (fused && fused_linear_operands(g, x2d, Tensor())) {
-                 grad_wt = empty({out, in}, {.dtype = g.dtype(), .device = g.device()});
+                 if (!into_destination) grad_wt = empty({out, in}, like);
                  fused(g, x2d, grad_wt, Tensor());
                } else {
-                 grad_wt = ops::matmul(mT(g), x2d);
+                 grad_wt = product(mT(g), x2d, grad_wt);
                }
-               grad_w = mT(grad_wt);
-             } else if (fused && fused_linear_operands(x2d, g, Tensor())) {
-               // dW = x^T g and, when wanted, db = the column sums of g from the same GEMM.
-               const TensorOptions like{.dtype = g.dtype(), .device = g.device()};
-               grad_w = empty({in, out}, like);
-               if (a.needs(2)) grad_b = empty({out}, like);
-               fused(x2d, g, grad_w, grad_b);
+               grad_w = into_destination ? a.destination(1)->tensor : mT(grad_wt);
              } else {
-               grad_w = ops::matmul(mT(x2d), g);
+               grad_w = overwrite_target(a, 1, {in, out}, g.dtype());
+               if (fused && fused_linear_operands(x2d, g, Tensor())) {
+                 // dW = x^T g and, when wanted, db = the column sums of g from the same GEMM.
+                 if (!grad_w.defined()) grad_w = empty({in, out}, like);
+                 if (a.needs(2)) grad_b = bias_into.defined() ? bias_into : empty({out}, like);
+                 fused(x2d, g, grad_w, grad_b);
+               } else {
+                 grad_w = product(mT(x2d), g, grad_w);
+               }
              }
            }
-           if (a.needs(2) && !grad_b.defined()) grad_b = ops::sum(g, {0});
-           return Grads{grad_x, grad_w, grad_b};
+           if (a.needs(2) && !grad_b.defined()) {
+             grad_b = ops::sum(g, {0});
+             if (bias_into.defined()) {
+               raw::copy_(bias_into, grad_b);  // [out] only: the weight's GEMM is what counts
+               grad_b = bias_into;
+             }
+           }
+           return Grads{grad_x, add_into_destination(a, 1, grad_w), add_into_destination(a, 2, grad_b)};
          });
   return y;
 }

@@ -29,6 +29,13 @@ FlatBuckets::FlatBuckets(std::vector<Tensor> params, std::vector<std::string> na
 
 FlatBuckets::~FlatBuckets() {
   for (auto& h : hooks_) h.remove();
+  // The parameters outlive the buckets: their gradients go back to memory of their own.
+  for (const Tensor& p : params_) {
+    try {
+      autograd::set_grad_destination(p, Tensor());
+    } catch (...) {  // a destructor must not throw (only a backward still running refuses)
+    }
+  }
   for (auto& b : buckets_)
     if (b.work) {
       try {
@@ -109,10 +116,18 @@ void FlatBuckets::register_comm_hook(CommHook hook, CompletionHook done, bool do
   };
 }
 
+Tensor FlatBuckets::slot_view(const Bucket& b, size_t index_in_bucket) const {
+  const Tensor& p = params_[b.params[index_in_bucket]];
+  return raw::view(raw::narrow(b.gradients, 0, b.offsets[index_in_bucket], p.numel()), p.shape());
+}
+
 void FlatBuckets::ensure_gradient_buffer(Bucket& b) {
   if (b.gradients.defined()) return;
   MemoryCategoryScope tag(MemoryCategory::Gradients);
   b.gradients = zeros({b.padded_numel}, {.dtype = b.dtype, .device = b.device});
+  // Backward writes the parameters' first gradients straight into their slots.
+  for (size_t j = 0; j < b.params.size(); ++j)
+    autograd::set_grad_destination(params_[b.params[j]], slot_view(b, j));
   MemoryCategoryScope reduce_tag(MemoryCategory::Communication);
   if (is_low_precision(b.dtype) && options_.reduce_dtype && *options_.reduce_dtype != b.dtype)
     b.reduce_buffer =
@@ -121,6 +136,7 @@ void FlatBuckets::ensure_gradient_buffer(Bucket& b) {
 
 void FlatBuckets::release_gradients(Bucket& b) {
   for (size_t k : b.params) {
+    autograd::set_grad_destination(params_[k], Tensor());  // it would keep the buffer alive
     const Tensor grad = params_[k].grad();
     if (grad.defined() && grad.shares_storage(b.gradients)) params_[k].set_grad(Tensor());
   }
@@ -136,9 +152,7 @@ int64_t FlatBuckets::offset_of(size_t i) const {
 Tensor FlatBuckets::gradient_slot(size_t i) {
   Bucket& b = buckets_.at(bucket_of_.at(i));
   ensure_gradient_buffer(b);
-  const Tensor& p = params_[i];
-  return raw::view(raw::narrow(b.gradients, 0, b.offsets[index_in_bucket_[i]], p.numel()),
-                   p.shape());
+  return slot_view(b, index_in_bucket_[i]);
 }
 
 int64_t FlatBuckets::gradient_bytes() const {
@@ -160,12 +174,16 @@ void FlatBuckets::adopt_gradient(size_t i, bool zero_when_missing) {
   Tensor slot = gradient_slot(i);
   Tensor grad = p.grad();
   if (grad.defined() && grad.raw_data() == slot.raw_data() && grad.strides() == slot.strides()) {
-    return;  // already accumulated in place
+    ++adoption_counts_.in_place;  // written or accumulated in place
+    return;
   }
-  if (grad.defined())
+  if (grad.defined()) {
     raw::copy_(slot, grad);
-  else if (zero_when_missing)
+    ++adoption_counts_.copied;
+  } else if (zero_when_missing) {
     raw::fill_(slot, 0.0);
+    ++adoption_counts_.zero_filled;
+  }
   p.set_grad(slot);
 }
 
