@@ -323,7 +323,10 @@ class GraphTask {
   }
 
   // Sums a gradient into the input buffer of edge.node; `from` names the producer.
-  void add_gradient(const Edge& edge, Tensor grad, const std::string& from) {
+  // `added_in_place`: grad is the partial gradient of this buffer slot, offered to the
+  // backward for accumulating, which added into it.
+  void add_gradient(const Edge& edge, Tensor grad, const std::string& from,
+                    bool added_in_place = false) {
     const TensorGeometry& want = edge.node->outputs.at(edge.output_nr);
     TESSERA_CHECK(grad.shape() == want.shape, from, ": produced a gradient of shape ",
                   shape_str(grad.shape()), " for ", edge.node->name, " whose output has shape ",
@@ -336,8 +339,8 @@ class GraphTask {
     Tensor& slot = buffer[edge.output_nr];
     if (!slot.defined()) {
       slot = std::move(grad);
-    } else if (grad.is_same(slot)) {
-      // The backward added into the partial gradient it was offered.
+    } else if (added_in_place && grad.is_same(slot)) {
+      // Already summed (x + x returns one tensor twice: that is not this case).
     } else if (holds_claimed_destination(*edge.node, grad)) {
       ops::binary_(BinaryOp::Add, grad, slot);  // the sum stays in the leaf's destination
       slot = std::move(grad);
@@ -458,6 +461,10 @@ class GraphTask {
     for (const Offer& offer : offers) args.destinations.push_back(offer.destination);
     std::vector<Tensor> input_grads = node->backward(args);
     claim_used_destinations(offers, input_grads);
+    std::vector<bool> added_in_place(input_grads.size(), false);
+    for (size_t i = 0; i < offers.size() && i < input_grads.size(); ++i)
+      added_in_place[i] = offers[i].destination.accumulate &&
+                          input_grads[i].is_same(offers[i].destination.tensor);
     // Drop the incoming gradients and the offers now: a gradient that holds the only reference
     // to its memory can then be kept as the leaf's .grad without a copy (accumulate_into_leaf)
     // or added into in place (add_gradient).
@@ -473,7 +480,8 @@ class GraphTask {
     for (size_t i = 0; i < input_grads.size(); ++i) {
       const Edge& edge = node->next_edges[i];
       if (!edge.valid()) continue;
-      if (input_grads[i].defined()) add_gradient(edge, std::move(input_grads[i]), node->name);
+      if (input_grads[i].defined())
+        add_gradient(edge, std::move(input_grads[i]), node->name, added_in_place[i]);
       if (--dependencies_[edge.node.get()] > 0) continue;
       // A leaf's last contribution: accumulate now, so its grad-ready hooks fire as
       // early as possible rather than when the leaf's (old) sequence number comes up.

@@ -97,8 +97,10 @@ void FlatBuckets::build(const std::vector<std::vector<size_t>>& groups) {
   for (size_t k = 0; k < params_.size(); ++k)
     TESSERA_CHECK(bucket_of_[k] != SIZE_MAX, "FlatBuckets: parameter '", names_[k],
                   "' is in no bucket group");
-  // Gradients live in the buckets from the start, so backward accumulates into them.
-  for (size_t k = 0; k < params_.size(); ++k) adopt_gradient(k, /*zero_when_missing=*/true);
+  // Gradients live in the buckets from the start: one a parameter already has is moved in (a
+  // backward adds into it there); a missing one is written there by the first backward (the
+  // slot is the parameter's gradient destination), so it is not zero-filled first.
+  for (size_t k = 0; k < params_.size(); ++k) adopt_gradient(k, /*zero_when_missing=*/false);
 }
 
 void FlatBuckets::register_comm_hook(CommHook hook, CompletionHook done, bool done_on_device) {
@@ -124,7 +126,11 @@ Tensor FlatBuckets::slot_view(const Bucket& b, size_t index_in_bucket) const {
 void FlatBuckets::ensure_gradient_buffer(Bucket& b) {
   if (b.gradients.defined()) return;
   MemoryCategoryScope tag(MemoryCategory::Gradients);
-  b.gradients = zeros({b.padded_numel}, {.dtype = b.dtype, .device = b.device});
+  // Not zero-filled: every slot is written before the bucket is launched (by backward, by
+  // adopt_gradient, or zeros for a parameter without a gradient); only the padding is zeroed.
+  b.gradients = empty({b.padded_numel}, {.dtype = b.dtype, .device = b.device});
+  if (b.padded_numel > b.numel)
+    raw::fill_(raw::narrow(b.gradients, 0, b.numel, b.padded_numel - b.numel), 0.0);
   // Backward writes the parameters' first gradients straight into their slots.
   for (size_t j = 0; j < b.params.size(); ++j)
     autograd::set_grad_destination(params_[b.params[j]], slot_view(b, j));
@@ -183,6 +189,8 @@ void FlatBuckets::adopt_gradient(size_t i, bool zero_when_missing) {
   } else if (zero_when_missing) {
     raw::fill_(slot, 0.0);
     ++adoption_counts_.zero_filled;
+  } else {
+    return;  // the slot (also its gradient destination) is allocated; .grad stays undefined
   }
   p.set_grad(slot);
 }

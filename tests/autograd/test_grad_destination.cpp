@@ -213,6 +213,22 @@ TEST(GradDestination, ALeafUsedInsideAndOutsideACheckpointSumsAllParts) {
     EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::fabs(want[i])));
 }
 
+TEST(GradDestination, OneTensorReturnedForTwoInputsCountsTwice) {
+  // y + y: the add's backward returns one tensor for both inputs, which must be summed (the
+  // engine adds into a buffer in place only where it offered that buffer to the backward).
+  const Tensor r = random_f32({3, 4}, 80);
+  for (bool with : {false, true}) {
+    Tensor w = leaf_from(random_f32({3, 4}, 81));
+    Bucket bucket({w}, 82);
+    if (with) set_grad_destination(w, bucket.slots[0]);
+    const Tensor y = w * 3.0;
+    sum((y + y) * r).backward();
+    const std::vector<float> got = raw::contiguous(w.grad()).to_vector<float>();
+    const std::vector<float> rv = r.to_vector<float>();
+    for (size_t i = 0; i < rv.size(); ++i) EXPECT_FLOAT_EQ(got[i], 6 * rv[i]) << i;
+  }
+}
+
 TEST(GradDestination, AWrongDestinationIsRefusedNamingWhatDiffers) {
   Tensor w = leaf_from(random_f32({3, 4}, 60));
   const std::string shape = error_of([&] { set_grad_destination(w, zeros({4, 3})); });
