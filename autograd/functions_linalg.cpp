@@ -197,7 +197,15 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Tensor y = ops::embedding(weight, indices);
   record("EmbeddingBackward", {weight, indices}, {y},
          [saved = SavedTensor::input(indices), rows = weight.size(0)](const BackwardArgs& a) {
-           return Grads{ops::embedding_backward(a.grad(), saved.unpack("EmbeddingBackward"), rows), Tensor()};
+           const Tensor& dy = a.grad();
+           // The gradient goes into a fresh tensor (accumulate=false writes every row). Where
+           // the engine offers a destination that already holds a gradient of this weight (a
+           // tied lm_head), writing there with accumulate=true saves the separate add.
+           Tensor grad_weight =
+               empty({rows, dy.shape().back()}, {.dtype = dy.dtype(), .device = dy.device()});
+           ops::embedding_backward_into(grad_weight, dy, saved.unpack("EmbeddingBackward"),
+                                        /*accumulate=*/false);
+           return Grads{grad_weight, Tensor()};
          });
   return y;
 }

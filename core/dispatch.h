@@ -104,6 +104,14 @@ struct KernelTable {
   void (*embedding)(const Tensor& weight, const Tensor& idx, const Tensor& out) = nullptr;
   // out.index_add_(dim, idx, src): out[..., idx[i], ...] += src[..., i, ...].
   void (*index_add)(const Tensor& out, int64_t dim, const Tensor& idx, const Tensor& src) = nullptr;
+  // The embedding's weight gradient: out[r, :] = (out[r, :] +) the sum over positions p with
+  // idx[p] == r of dy[p, :], summed in position order in f32 (f64 when out or dy is f64) and
+  // rounded once into out. dy [n, C] (any strides, f32/f16/bf16/f64), idx [n] (i32/i64, any
+  // strides), out [rows, C] contiguous (its dtype may differ from dy's). Without accumulate
+  // rows that no index names become 0. Deterministic: the same inputs give the same bits.
+  // An index outside [0, rows) is an error naming its value and position.
+  void (*embedding_backward)(const Tensor& dy, const Tensor& idx, bool accumulate,
+                             const Tensor& out) = nullptr;
 
   // Cross-entropy summed over the rows of logits [N, V] (any float dtype, computed in f32, f64
   // for f64) with targets [N] (i32/i64); rows whose target is ignore_index are skipped.

@@ -95,7 +95,14 @@ void matmul_out(const Tensor& a, const Tensor& b, const Tensor& out);
 
 // ---- indexing ----
 Tensor embedding(const Tensor& weight, const Tensor& indices);  // out: indices.shape + [C]
-// Gradient of embedding: zeros [num_rows, C] with dy rows added at their indices.
+// Gradient of embedding: out [num_rows, C] (f32/f16/bf16/f64, any dtype of dy's C) gets, for
+// each row r, the sum of the dy rows at the positions whose index is r, summed in position
+// order in f32 (f64 for f64) and rounded once: out[r] = out[r] + sum with accumulate, sum
+// without (rows no index names become 0). dy: indices.shape + [C], any strides. Deterministic
+// on every device (the same inputs give the same bits).
+void embedding_backward_into(const Tensor& out, const Tensor& dy, const Tensor& indices,
+                             bool accumulate);
+// embedding_backward_into a new [num_rows, C] tensor of dy's dtype.
 Tensor embedding_backward(const Tensor& dy, const Tensor& indices, int64_t num_rows);
 // out.index_add_(dim, index, src) in place.
 void index_add_(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);

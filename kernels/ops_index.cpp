@@ -30,16 +30,39 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   return raw::view(out, out_shape);
 }
 
-Tensor embedding_backward(const Tensor& dy, const Tensor& indices, int64_t num_rows) {
-  const Device dev = detail::common_device("embedding_backward", {&dy, &indices});
+void embedding_backward_into(const Tensor& out_in, const Tensor& dy, const Tensor& indices,
+                             bool accumulate) {
+  const Device dev = detail::common_device("embedding_backward", {&out_in, &dy, &indices});
   check_index_dtype("embedding_backward", indices);
   TESSERA_CHECK(dy.dim() == indices.dim() + 1 &&
                     Shape(dy.shape().begin(), dy.shape().end() - 1) == indices.shape(),
                 "embedding_backward: gradient ", detail::describe(dy),
                 " must have the indices' shape ", shape_str(indices.shape()), " plus one dim");
-  const int64_t C = dy.shape().back();
-  Tensor grad = zeros({num_rows, C}, {.dtype = dy.dtype(), .device = dev});
-  index_add_(grad, 0, raw::reshape(indices, {indices.numel()}), raw::reshape(dy, {indices.numel(), C}));
+  const int64_t C = dy.shape().back(), n = indices.numel();
+  TESSERA_CHECK(out_in.dim() == 2 && out_in.shape()[1] == C, "embedding_backward: destination ",
+                detail::describe(out_in), " must be [num_rows, ", C, "] for the gradient ",
+                detail::describe(dy));
+  TESSERA_CHECK(is_floating(dy.dtype()) && is_floating(out_in.dtype()),
+                "embedding_backward: gradient ", detail::describe(dy), " and destination ",
+                detail::describe(out_in), " must have floating dtypes");
+  // The kernels write a contiguous destination; a strided one goes through a copy.
+  const bool direct = out_in.is_contiguous();
+  Tensor out = direct ? out_in
+               : accumulate ? raw::contiguous(out_in)
+                            : empty(out_in.shape(), {.dtype = out_in.dtype(), .device = dev});
+  checked_kernel(detail::kernels_for(dev).embedding_backward, "embedding_backward", dev)(
+      raw::reshape(dy, {n, C}), raw::reshape(indices, {n}), accumulate, out);
+  if (!direct) raw::copy_(out_in, out);
+  ++out_in.impl().version;
+}
+
+Tensor embedding_backward(const Tensor& dy, const Tensor& indices, int64_t num_rows) {
+  TESSERA_CHECK(num_rows >= 0, "embedding_backward: num_rows must be non-negative, got ",
+                num_rows);
+  TESSERA_CHECK(dy.dim() >= 1, "embedding_backward: gradient ", detail::describe(dy),
+                " has no dims");
+  Tensor grad = empty({num_rows, dy.shape().back()}, {.dtype = dy.dtype(), .device = dy.device()});
+  embedding_backward_into(grad, dy, indices, /*accumulate=*/false);
   return grad;
 }
 

@@ -7,13 +7,16 @@
 #include <cmath>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "tessera/core/cuda/cuda_runtime.h"
 #include "tessera/core/dispatch.h"
 #include "tessera/core/fused_dispatch.h"
+#include "tessera/core/graph_capture.h"
 #include "tessera/core/random.h"
 #include "tessera/kernels/cuda/cudnn_attention.h"
 #include "tessera/kernels/cuda/fused.h"
+#include "tessera/kernels/cuda/linear.h"
 
 namespace tessera {
 namespace {
@@ -286,6 +289,30 @@ void BM_cublas_gemm_bf16(benchmark::State& s) {
 }
 BENCHMARK(BM_cublas_gemm_bf16)->Arg(4096)->Arg(8192)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 
+// A Linear's weight gradient with its bias gradient, GPT-2 124M shapes (16384 rows): range(0)
+// = K (inputs), range(1) = N (outputs), range(2) = 0: the GEMM alone (no bias), 1: the bias
+// gradient in cuBLASLt's BGRADA epilogue, 2: the GEMM then Tessera's column sum. TFLOP/s
+// counts the GEMM's flops only, so the three rows show what the bias gradient costs each way.
+void BM_linear_weight_grad_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t K = s.range(0), N = s.range(1), mode = s.range(2);
+  Tensor x = dev_randn({kRows, K}, DType::bf16), g = dev_randn({kRows, N}, DType::bf16);
+  Tensor dw = empty({K, N}, {.dtype = DType::bf16, .device = Device::cuda(0)});
+  Tensor db = mode == 0 ? Tensor() : empty({N}, {.dtype = DType::bf16, .device = Device::cuda(0)});
+  cuda::set_linear_epilogues_enabled(mode != 2);
+  run(s, [&] { cuda::linear_weight_grad(x, g, dw, db); }, 0, 2.0 * kRows * K * N);
+  cuda::set_linear_epilogues_enabled(true);
+}
+BENCHMARK(BM_linear_weight_grad_bf16)
+    ->ArgsProduct({{768}, {768, 2304, 3072}, {0, 1, 2}})
+    ->Args({3072, 768, 0})
+    ->Args({3072, 768, 1})
+    ->Args({3072, 768, 2})
+    ->ArgNames({"K", "N", "bias"})
+    ->UseManualTime()
+    ->Iterations(3)
+    ->Unit(benchmark::kMillisecond);
+
 void BM_tensor_core_gemm_bf16(benchmark::State& s) {
   if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
   const int64_t n = s.range(0);
@@ -378,6 +405,63 @@ void BM_bias_add_bf16(benchmark::State& s) {
   run(s, [&] { gpu().binary(BinaryOp::Add, y, broadcast, y); }, kRows * n * 4.0, 0);
 }
 BENCHMARK(BM_bias_add_bf16)->Arg(768)->Arg(3072)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+
+// ---- the embedding's weight gradient (tied wte / lm_head) at GPT-2 124M training size ----
+// 16384 token ids with a Zipf-like skew (frequent tokens fill whole sort tiles), bf16 dy.
+struct EmbeddingGradCase {
+  Tensor idx, dy;
+  int64_t unique = 0;  // rows the ids name
+  EmbeddingGradCase() {
+    std::vector<int64_t> ids(kRows);
+    std::vector<bool> named(kV, false);
+    uint64_t state = 2024;
+    for (int64_t& id : ids) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      id = static_cast<int64_t>(std::pow(static_cast<double>(state >> 11) * 0x1p-53, 4.0) * kV) % kV;
+      if (!named[id]) named[id] = true, ++unique;
+    }
+    idx = from_vector(ids, {kRows}, {.dtype = DType::i64, .device = Device::cuda(0)});
+    dy = dev_randn({kRows, kC}, DType::bf16);
+  }
+  double input_bytes() const { return kRows * kC * 2.0 + kRows * 8.0; }
+};
+
+// Arg accumulate 1: add into the f32 gradient the lm_head already wrote (bytes: dy and ids
+// read, the named rows read and written); 0: overwrite a bf16 gradient (every row written).
+// Arg graph 1: replayed from a CUDA graph as `tessera train` runs it (eager calls also wait
+// for the index range check's read-back).
+void BM_embedding_backward(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const bool accumulate = s.range(0) != 0, graphed = s.range(1) != 0;
+  EmbeddingGradCase c;
+  Tensor out = dev_randn({kV, kC}, accumulate ? DType::f32 : DType::bf16);
+  auto step = [&] { gpu().embedding_backward(c.dy, c.idx, accumulate, out); };
+  std::unique_ptr<DeviceGraph> graph;
+  if (graphed) {
+    step();  // the allocator's blocks, cached for the capture
+    GraphBackend& backend = *graph_backend(DeviceType::CUDA);
+    backend.begin_capture(Device::cuda(0));
+    step();
+    graph = backend.end_capture(Device::cuda(0));
+  }
+  const double out_bytes = accumulate ? 2.0 * c.unique * kC * 4 : double(kV) * kC * 2;
+  s.counters["unique_rows"] = static_cast<double>(c.unique);
+  run(s, [&] { graphed ? graph->replay() : step(); }, c.input_bytes() + out_bytes, 0);
+}
+BENCHMARK(BM_embedding_backward)->ArgsProduct({{1, 0}, {1, 0}})->ArgNames({"accumulate", "graph"})
+    ->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+
+// What it replaced: zero an f32 gradient, then add dy rows with atomics (not deterministic).
+void BM_embedding_backward_atomic_baseline(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  EmbeddingGradCase c;
+  Tensor out = empty({kV, kC}, {.device = Device::cuda(0)});
+  run(s, [&] {
+    gpu().fill(out, 0.0);
+    gpu().index_add(out, 0, c.idx, c.dy);
+  }, c.input_bytes() + double(kV) * kC * 4 + 2.0 * c.unique * kC * 4, 0);
+}
+TESSERA_CUDA_BENCH(BM_embedding_backward_atomic_baseline);
 
 }  // namespace
 }  // namespace tessera

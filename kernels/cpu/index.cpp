@@ -115,10 +115,69 @@ void index_add(const Tensor& out, int64_t dim, const Tensor& idx, const Tensor& 
   });
 }
 
+// Positions grouped by the row they name, in position order inside a row (a counting sort):
+// row r's positions are order[first[r] .. first[r + 1]).
+struct RowGroups {
+  std::vector<int64_t> first, order;
+};
+RowGroups group_by_row(const std::vector<int64_t>& ids, int64_t rows) {
+  RowGroups g{std::vector<int64_t>(rows + 1, 0), std::vector<int64_t>(ids.size())};
+  for (int64_t id : ids) ++g.first[id + 1];
+  for (int64_t r = 0; r < rows; ++r) g.first[r + 1] += g.first[r];
+  std::vector<int64_t> next(g.first.begin(), g.first.end() - 1);
+  for (size_t p = 0; p < ids.size(); ++p) g.order[next[ids[p]]++] = static_cast<int64_t>(p);
+  return g;
+}
+
+// out[r, :] (+)= the dy rows of r's positions, summed in position order in the compute type
+// and rounded once. Threads own whole rows of out, so the result does not depend on them.
+void embedding_backward(const Tensor& dy, const Tensor& idx, bool accumulate, const Tensor& out) {
+  const int64_t rows = out.shape()[0], C = out.shape()[1];
+  const std::vector<int64_t> ids = read_indices(idx, rows, "embedding_backward", "an embedding table");
+  const RowGroups groups = group_by_row(ids, rows);
+  const int64_t dy_row = dy.strides()[0], dy_col = dy.strides()[1];
+  visit_dtype(out.dtype(), [&](auto out_tag) {
+    visit_dtype(dy.dtype(), [&](auto dy_tag) {
+      using O = decltype(out_tag);
+      using T = decltype(dy_tag);
+      if constexpr (is_float_type_v<O> && is_float_type_v<T>) {
+        using A = std::conditional_t<std::is_same_v<O, double> || std::is_same_v<T, double>,
+                                     double, float>;
+        O* op = static_cast<O*>(out.raw_data());
+        const T* dp = static_cast<const T*>(dy.raw_data());
+#pragma omp parallel if (rows * C >= kParallelGrain)
+        {
+          std::vector<A> sum(C);
+#pragma omp for schedule(dynamic, 16)
+          for (int64_t r = 0; r < rows; ++r) {
+            O* dst = op + r * C;
+            const int64_t begin = groups.first[r], end = groups.first[r + 1];
+            if (begin == end) {
+              if (!accumulate) std::fill(dst, dst + C, convert<O>(A(0)));
+              continue;
+            }
+            std::fill(sum.begin(), sum.end(), A(0));
+            for (int64_t k = begin; k < end; ++k) {
+              const T* src = dp + groups.order[k] * dy_row;
+              for (int64_t c = 0; c < C; ++c) sum[c] += convert<A>(src[c * dy_col]);
+            }
+            for (int64_t c = 0; c < C; ++c)
+              dst[c] = convert<O>(accumulate ? A(convert<A>(dst[c]) + sum[c]) : sum[c]);
+          }
+        }
+      } else {
+        TESSERA_FAIL("embedding_backward: gradient ", dtype_name(dy.dtype()), " and destination ",
+                     dtype_name(out.dtype()), " must have floating dtypes");
+      }
+    });
+  });
+}
+
 const bool registered = [] {
   KernelTable& t = kernel_table(DeviceType::CPU);
   t.embedding = embedding;
   t.index_add = index_add;
+  t.embedding_backward = embedding_backward;
   return true;
 }();
 

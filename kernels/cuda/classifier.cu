@@ -1,9 +1,11 @@
 // The fused classifier: per row of logits, one online pass for (max, sum of exp), the loss,
 // then a second pass that overwrites the logits with their gradient. The probabilities are
 // never stored: for a 50k vocabulary that saves writing and re-reading an fp32 [N, V] tensor.
-// The second pass walks the row from its end, so it first re-reads what the first pass loaded
-// last (still in L1/L2); with 2 blocks of 1024 threads per SM, 132 x 2 rows x 100 KB (bf16,
-// V = 50304) = 26 MB are in flight, which the H100's 50 MB L2 holds.
+// A row of at most kStagedRowBytes (GPT-2's 50304 bf16 logits: 100 KB) is kept in shared
+// memory between the passes, so it is read from memory once: two such blocks of 1024 threads
+// fit an SM, one loading while the other reduces. (Re-reading it from L2 instead, walking the
+// row backwards, still went to DRAM for most of it: 1.56 ms per GPT-2 124M step, at the
+// traffic of three passes.) Longer or unaligned rows take the re-reading kernel.
 #include "tessera/core/graph_capture.h"
 #include "tessera/kernels/cuda/common.cuh"
 #include "tessera/kernels/cuda/fused.h"
@@ -58,6 +60,68 @@ __global__ void __launch_bounds__(kClassifierThreads, 2)
   });
 }
 
+// The row lives in dynamic shared memory between the passes (packed rows of at most
+// kStagedRowBytes). Each thread takes the packs it would in row_read, in the same order, so
+// the sums and the gradient are bit for bit those of fused_classifier_kernel.
+constexpr int64_t kStagedRowBytes = 110 * 1024;
+
+template <class T>
+__global__ void __launch_bounds__(kClassifierThreads, 2)
+    fused_classifier_staged_kernel(T* logits, const void* targets, DType tt, int64_t vocab,
+                                   int64_t ignore_index, float host_scale,
+                                   const float* device_scale, float* row_losses, int* bad) {
+  extern __shared__ __align__(16) unsigned char staged_bytes[];
+  Pack8<T>* staged = reinterpret_cast<Pack8<T>*>(staged_bytes);
+  const float scale = device_scale ? *device_scale : host_scale;
+  const int64_t r = blockIdx.x, packs = vocab / kPack;
+  T* row = logits + r * vocab;
+  const int64_t target = load_as<int64_t>(targets, tt, r);
+  if (target == ignore_index) {
+    Pack8<T> zero;
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) zero.v[k] = from_float<T>(0.f);
+    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) store_pack(row, p, zero);
+    if (threadIdx.x == 0) row_losses[r] = 0.f;
+    return;
+  }
+  if (target < 0 || target >= vocab) {
+    if (threadIdx.x == 0) *bad = 1;
+    return;
+  }
+  float m = -INFINITY, s = 0.f;
+  for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+    const Pack8<T> v = load_pack(row, p);
+    staged[p] = v;
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) {
+      const float x = to_float(v.v[k]);
+      if (x == -INFINITY) continue;
+      if (x > m) {
+        s = s * __expf(m - x) + 1.f;
+        m = x;
+      } else {
+        s += __expf(x - m);
+      }
+    }
+  }
+  const float row_max = block_max(m);
+  s = m == -INFINITY ? 0.f : s * __expf(m - row_max);
+  const float row_sum = block_sum(s);  // its barriers also publish `staged`
+  if (threadIdx.x == 0)
+    row_losses[r] = logf(row_sum) + row_max - to_float(staged[target / kPack].v[target % kPack]);
+  const float inv = 1.f / row_sum;
+  for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+    const Pack8<T> v = staged[p];
+    Pack8<T> g;
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) {
+      const float prob = __expf(to_float(v.v[k]) - row_max) * inv;
+      g.v[k] = from_float<T>(scale * (prob - (p * kPack + k == target ? 1.f : 0.f)));
+    }
+    store_pack(row, p, g);
+  }
+}
+
 }  // namespace
 
 void fused_classifier(const Tensor& logits, const Tensor& targets_in, int64_t ignore_index,
@@ -83,12 +147,29 @@ void fused_classifier(const Tensor& logits, const Tensor& targets_in, int64_t ig
   const float* scale_ptr = device_scale.defined() ? device_scale.data<float>() : nullptr;
   Tensor targets = raw::contiguous(targets_in);
   Tensor flag = zeros({1}, {.dtype = DType::i32, .device = logits.device()});
+  const bool packed = rows_packable(logits.raw_data(), vocab);
   auto launch = [&](auto tag) {
     using T = decltype(tag);
+    const size_t row_bytes = static_cast<size_t>(vocab) * sizeof(T);
+    if (packed && row_bytes <= static_cast<size_t>(kStagedRowBytes)) {
+      static const bool opted_in = [] {  // more than 48 KB of dynamic shared memory
+        TESSERA_CUDA_CHECK(cudaFuncSetAttribute(fused_classifier_staged_kernel<T>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(kStagedRowBytes)));
+        return true;
+      }();
+      (void)opted_in;
+      fused_classifier_staged_kernel<T>
+          <<<static_cast<unsigned>(rows), kClassifierThreads, row_bytes, ctx.stream>>>(
+              static_cast<T*>(logits.raw_data()), targets.raw_data(), targets.dtype(), vocab,
+              ignore_index, static_cast<float>(dloss_scale), scale_ptr, row_losses.data<float>(),
+              flag.data<int32_t>());
+      return;
+    }
     fused_classifier_kernel<T><<<static_cast<unsigned>(rows), kClassifierThreads, 0, ctx.stream>>>(
         static_cast<T*>(logits.raw_data()), targets.raw_data(), targets.dtype(), vocab,
         ignore_index, static_cast<float>(dloss_scale), scale_ptr, row_losses.data<float>(),
-        flag.data<int32_t>(), rows_packable(logits.raw_data(), vocab));
+        flag.data<int32_t>(), packed);
   };
   switch (logits.dtype()) {
     case DType::f32: launch(float{}); break;

@@ -68,8 +68,8 @@ void expect_same_weights(nn::Module& a, nn::Module& b) {
   }
 }
 
-// The embedding's backward adds with atomics unless deterministic: without this, two eager
-// runs already differ in the last bits.
+// index_add_ adds with atomics unless deterministic (the embedding's backward no longer uses
+// it and is deterministic by itself); kept so that nothing in a step varies between runs.
 class Deterministic {
  public:
   Deterministic() { cuda::set_deterministic(true); }
