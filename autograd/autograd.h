@@ -85,6 +85,13 @@ struct Edge {
   bool valid() const { return node != nullptr; }
 };
 
+// Memory a backward may write one input's gradient into instead of allocating it (the
+// engine offers it; see BackwardArgs::destinations).
+struct GradDestination {
+  Tensor tensor;            // undefined: none offered
+  bool accumulate = false;  // false: overwrite it; true: it already holds a partial gradient, add into it
+};
+
 // What the backward closure gets.
 struct BackwardArgs {
   std::vector<Tensor> grad_outputs;    // one per output; zeros where no gradient flowed
@@ -92,8 +99,20 @@ struct BackwardArgs {
   // The backward keeps the graph (retain_graph): this node may run again, so what it saved
   // must not be changed in place.
   bool retain_graph = false;
+  // One per input, or empty when none is offered. A backward may ignore a destination; if it
+  // uses one it returns that very tensor (same TensorImpl) as the input's gradient, having
+  // overwritten it (accumulate = false) or added into it (accumulate = true). The tensor has
+  // the input's shape and dtype but may be a view (the layout a transpose or reshape of a
+  // leaf maps the leaf's destination to): check its strides before writing a layout into it.
+  std::vector<GradDestination> destinations;
   const Tensor& grad() const { return grad_outputs.at(0); }
   bool needs(size_t input) const { return needs_input_grad.at(input); }
+  // The destination offered for `input`; nullptr when none.
+  const GradDestination* destination(size_t input) const {
+    return input < destinations.size() && destinations[input].tensor.defined()
+               ? &destinations[input]
+               : nullptr;
+  }
 };
 // Returns one gradient per input (undefined where not needed). A gradient may come
 // back in a different dtype: the engine converts it to the input's dtype.
@@ -119,6 +138,10 @@ struct Node {
   std::vector<std::vector<std::pair<uint64_t, GradHook>>> output_hooks;
   // Set only for the AccumulateGrad node of a leaf: the leaf whose .grad it fills.
   std::shared_ptr<TensorImpl> leaf;
+  // Set only for a view node that re-lays its input out without copying (transpose, permute,
+  // reshape): the forward view applied to a tensor of the input's geometry. A leaf's gradient
+  // destination reaches the producer of this node's output gradient as this view of it.
+  std::function<Tensor(const Tensor& input_like)> destination_view;
   bool is_accumulate_grad() const { return leaf != nullptr; }
 };
 
@@ -135,6 +158,12 @@ struct AutogradMeta {
   std::weak_ptr<Node> accumulate_grad;  // a leaf's AccumulateGrad node, while a graph uses it
   std::vector<std::pair<uint64_t, GradHook>> hooks;               // leaves only
   std::vector<std::pair<uint64_t, GradReadyHook>> ready_hooks;    // leaves only
+  // Leaves only: where the gradient is written when .grad is undefined at the start of its
+  // accumulation (set_grad_destination).
+  Tensor grad_destination;
+  // The backward whose partial gradient the destination holds (an overwrite offer was used),
+  // until that backward accumulates it; null otherwise.
+  const void* destination_claimed_by = nullptr;
 };
 
 // "shape [2, 3], float32, cpu": how error messages name a tensor.
@@ -192,6 +221,26 @@ class SavedTensor {
 // saved tensors are freed; a second backward through it raises, naming the node.
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots = {},
               bool retain_graph = false);
+
+// Where a leaf's gradient may be written when its .grad is undefined at the start of its
+// accumulation (FlatBuckets: the parameter's view of the bucket). Must be contiguous, of the
+// leaf's shape, dtype, device; an undefined tensor clears it. The backward then writes the
+// leaf's first gradient straight into it (the weight GEMMs of linear and matmul do) or copies
+// it there, and .grad becomes this tensor; a later backward with .grad undefined (zero_grad
+// with set_to_none) overwrites it, so a .grad kept from an earlier step changes too.
+// Not while a backward holds a partial gradient in the old destination.
+void set_grad_destination(const Tensor& leaf, Tensor destination);
+// The leaf's destination (undefined when none).
+Tensor grad_destination(const Tensor& leaf);
+
+// How leaves' first gradients reached their destinations (this process, since it started):
+// `written`: a backward wrote the gradient there (no copy, no add); `copied`: the engine
+// copied a gradient computed elsewhere into it.
+struct GradDestinationCounts {
+  int64_t written = 0;
+  int64_t copied = 0;
+};
+GradDestinationCounts grad_destination_counts();
 
 // Sets each tensor's .grad to undefined (set_to_none) or to zero in place.
 void zero_grad(const std::vector<Tensor>& tensors, bool set_to_none = true);

@@ -19,6 +19,32 @@ inline Tensor reshape_grad(const Tensor& grad, const Shape& shape) {
   return grad.dim() == 0 ? raw::expand(grad, shape) : raw::reshape(grad, shape);
 }
 
+// Where a backward may write input i's gradient, computed as a contiguous result of `shape`
+// and `dtype`, instead of allocating it: the destination offered for overwriting when its
+// memory is exactly that, or with `transposed` (a matrix) when its transpose is (a torch-layout
+// weight used as weight.t() sees its destination transposed); else undefined. The backward
+// fills the returned tensor, then returns a.destination(i)->tensor itself as the gradient.
+inline Tensor overwrite_target(const BackwardArgs& a, size_t i, const Shape& shape, DType dtype,
+                               bool transposed = false) {
+  const GradDestination* d = a.destination(i);
+  if (d == nullptr || d->accumulate || d->tensor.dtype() != dtype) return Tensor();
+  if (transposed && d->tensor.dim() != 2) return Tensor();
+  Tensor target = transposed ? raw::transpose(d->tensor, 0, 1) : d->tensor;
+  return target.shape() == shape && target.is_contiguous() ? target : Tensor();
+}
+
+// Input i's gradient `grad` as the backward returns it: added into the destination offered for
+// accumulating (and that destination returned) when there is one of grad's shape and dtype;
+// else grad itself. The same values as the engine's sum of the two.
+inline Tensor add_into_destination(const BackwardArgs& a, size_t i, const Tensor& grad) {
+  const GradDestination* d = a.destination(i);
+  if (d == nullptr || !d->accumulate || !grad.defined() || grad.is_same(d->tensor) ||
+      grad.shape() != d->tensor.shape() || grad.dtype() != d->tensor.dtype())
+    return grad;
+  ops::binary_(BinaryOp::Add, d->tensor, grad);
+  return d->tensor;
+}
+
 // A bool mask as 0/1 values of `dtype`, to multiply gradients with.
 inline Tensor mask_as(const Tensor& mask, DType dtype) { return raw::to(mask, mask.device(), dtype); }
 

@@ -9,6 +9,8 @@ namespace tessera {
 using autograd::BackwardArgs;
 using autograd::record;
 using autograd::SavedTensor;
+using autograd::util::add_into_destination;
+using autograd::util::overwrite_target;
 using autograd::util::sum_to_shape;
 using Grads = std::vector<Tensor>;
 
@@ -62,34 +64,64 @@ Tensor linear_rows(const Tensor& x2d, const Tensor& w, const Tensor& bias) {
   return y2;
 }
 
+// a @ b of two matrices: into `into` (contiguous, of the product's shape) when defined.
+Tensor product(const Tensor& a, const Tensor& b, const Tensor& into) {
+  if (!into.defined()) return ops::matmul(a, b);
+  ops::matmul_out(a, b, into);
+  return into;
+}
+
+// g's column sums, written into `into` when defined (a bias gradient's offered destination).
+Tensor column_sums(const Tensor& g, const Tensor& into) {
+  Tensor sums = ops::sum(g, {0});
+  if (!into.defined()) return sums;
+  raw::copy_(into, sums);  // [out] only: what counts is that the weight's GEMM writes in place
+  return into;
+}
+
 // {dW = x2dᵀ g, db = g's column sums}, each only when wanted (else undefined); both from one
-// GEMM (the bias gradient in its epilogue) where the device has it.
+// GEMM (the bias gradient in its epilogue) where the device has it. into_w / into_b: memory
+// they are written into (contiguous, of their shapes: offered destinations), or undefined.
 std::pair<Tensor, Tensor> weight_and_bias_grads(const Tensor& x2d, const Tensor& g, bool want_w,
-                                                bool want_b) {
-  if (!want_w) return {Tensor(), want_b ? ops::sum(g, {0}) : Tensor()};
+                                                bool want_b, const Tensor& into_w = Tensor(),
+                                                const Tensor& into_b = Tensor()) {
+  if (!want_w) return {Tensor(), want_b ? column_sums(g, into_b) : Tensor()};
   if (auto fused = fused_for(x2d).linear_weight_grad;
       fused && fused_linear_operands(x2d, g, Tensor())) {
     const TensorOptions like{.dtype = g.dtype(), .device = g.device()};
-    Tensor grad_w = empty({x2d.size(1), g.size(1)}, like);
-    Tensor grad_b = want_b ? empty({g.size(1)}, like) : Tensor();
+    Tensor grad_w = into_w.defined() ? into_w : empty({x2d.size(1), g.size(1)}, like);
+    Tensor grad_b = !want_b ? Tensor() : into_b.defined() ? into_b : empty({g.size(1)}, like);
     fused(x2d, g, grad_w, grad_b);
     return {grad_w, grad_b};
   }
-  return {ops::matmul(mT(x2d), g), want_b ? ops::sum(g, {0}) : Tensor()};
+  return {product(mT(x2d), g, into_w), want_b ? column_sums(g, into_b) : Tensor()};
 }
 
 // Gradients of y = a @ b for operands of rank >= 2 (broadcast batch dims summed back).
 Tensor matmul_grad_a(const Tensor& g, const Tensor& b, const Shape& a_shape) {
   return sum_to_shape(ops::matmul(g, mT(b)), a_shape);
 }
-Tensor matmul_grad_b(const Tensor& g, const Tensor& a, const Shape& b_shape, bool b_transposed) {
+// `into`: where a matrix b's gradient is written (matmul_weight_grad_target), or undefined.
+Tensor matmul_grad_b(const Tensor& g, const Tensor& a, const Shape& b_shape, bool b_transposed,
+                     const Tensor& into) {
   if (b_shape.size() == 2 && a.dim() >= 2) {
     // A matrix shared by every batch: fold the batch into the rows, one [K, N] product
     // instead of a batch of them summed afterwards.
-    if (b_transposed) return mT(ops::matmul(mT(fold_rows(g)), fold_rows(a)));
-    if (a.dim() > 2) return ops::matmul(mT(fold_rows(a)), fold_rows(g));
+    if (b_transposed) return mT(product(mT(fold_rows(g)), fold_rows(a), into));
+    if (a.dim() > 2) return product(mT(fold_rows(a)), fold_rows(g), into);
   }
-  return sum_to_shape(ops::matmul(mT(a), g), b_shape);
+  return sum_to_shape(product(mT(a), g, into), b_shape);
+}
+
+// The memory the gradient of a matrix b [K, N] (in matmul) is computed into: b's offered
+// destination when the product matmul_grad_b computes has its layout ([K, N], or [N, K] for a
+// transposed b); undefined otherwise (vectors, batched b).
+Tensor matmul_weight_grad_target(const BackwardArgs& x, const Shape& a_shape, const Shape& b_shape,
+                                 bool b_transposed, DType dtype) {
+  if (a_shape.size() < 2 || b_shape.size() != 2) return Tensor();
+  const Shape product_shape =
+      b_transposed ? Shape{b_shape[1], b_shape[0]} : Shape{b_shape[0], b_shape[1]};
+  return autograd::util::overwrite_target(x, 1, product_shape, dtype, b_transposed);
 }
 
 }  // namespace
@@ -118,12 +150,13 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
                  matmul_grad_a(g, raw::reshape(saved_b.unpack("MatmulBackward"), b2), a2), a_shape);
            }
            if (x.needs(1)) {
-             grad_b =
-                 raw::reshape(matmul_grad_b(g, raw::reshape(saved_a.unpack("MatmulBackward"), a2),
-                                            b2, b_transposed),
-                              b_shape);
+             const Tensor a = raw::reshape(saved_a.unpack("MatmulBackward"), a2);
+             const Tensor into = matmul_weight_grad_target(x, a_shape, b_shape, b_transposed, g.dtype());
+             grad_b = raw::reshape(matmul_grad_b(g, a, b2, b_transposed, into), b_shape);
+             // Written into b's destination: that tensor itself is the gradient.
+             if (into.defined()) grad_b = x.destination(1)->tensor;
            }
-           return Grads{grad_a, grad_b};
+           return Grads{grad_a, add_into_destination(x, 1, grad_b)};
          });
   return y;
 }
@@ -133,7 +166,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
   TESSERA_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(0),
                 "linear: input of shape ", shape_str(x.shape()), " does not match weight of shape ",
                 shape_str(weight.shape()), " (expected [in, out] with in = the input's last dim)");
-  const int64_t out = weight.size(1);
+  const int64_t in = weight.size(0), out = weight.size(1);
   TESSERA_CHECK(!bias.defined() || bias.shape() == Shape{out}, "linear: bias of shape ",
                 shape_str(bias.shape()), " for weight of shape ", shape_str(weight.shape()));
   // Rows of the input as one matrix: a single GEMM, and dW = x^T g without a batch.
@@ -145,24 +178,31 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
   SavedTensor saved_x = weight.requires_grad() ? SavedTensor::input(x) : SavedTensor();
   SavedTensor saved_w = x.requires_grad() ? SavedTensor::input(weight) : SavedTensor();
   record("LinearBackward", {x, weight, bias}, {y},
-         [saved_x, saved_w, x_shape = x.shape(),
+         [saved_x, saved_w, x_shape = x.shape(), in, out,
           w_transposed = is_transposed_matrix(weight)](const BackwardArgs& a) {
            const Tensor g = fold_rows(a.grad());
            Tensor grad_x, grad_w, grad_b;
            if (a.needs(0))
              grad_x = raw::reshape(ops::matmul(g, mT(saved_w.unpack("LinearBackward"))), x_shape);
+           // Weight and bias gradients go straight into the memory the engine offers for them
+           // (a DDP bucket's slots) when its layout is the GEMM's.
+           const Tensor bias_into = overwrite_target(a, 2, {out}, g.dtype());
            if (a.needs(1)) {
              const Tensor x2d = fold_rows(saved_x.unpack("LinearBackward"));
              if (w_transposed && !a.needs(2)) {
                // weight is a torch-layout [out, in] matrix seen as [in, out]: dWᵀ = gᵀ x is written
                // contiguous [out, in], and its transpose is the gradient of the view.
-               grad_w = mT(weight_and_bias_grads(g, x2d, true, false).first);
+               const Tensor into = overwrite_target(a, 1, {out, in}, g.dtype(), /*transposed=*/true);
+               const Tensor grad_wt = weight_and_bias_grads(g, x2d, true, false, into).first;
+               grad_w = into.defined() ? a.destination(1)->tensor : mT(grad_wt);
              } else {
-               std::tie(grad_w, grad_b) = weight_and_bias_grads(x2d, g, true, a.needs(2));
+               std::tie(grad_w, grad_b) =
+                   weight_and_bias_grads(x2d, g, true, a.needs(2),
+                                         overwrite_target(a, 1, {in, out}, g.dtype()), bias_into);
              }
            }
-           if (a.needs(2) && !grad_b.defined()) grad_b = ops::sum(g, {0});
-           return Grads{grad_x, grad_w, grad_b};
+           if (a.needs(2) && !grad_b.defined()) grad_b = column_sums(g, bias_into);
+           return Grads{grad_x, add_into_destination(a, 1, grad_w), add_into_destination(a, 2, grad_b)};
          });
   return y;
 }
@@ -188,19 +228,32 @@ struct MlpGeluBackward {
   Grads operator()(const BackwardArgs& a) const {
     const char* op = "MlpGeluBackward";
     const Tensor g = fold_rows(raw::to(a.grad(), act.device(), act.dtype()));
+    const int64_t in = x_shape.back(), hidden = pre.defined() ? pre.size(1) : act.size(1),
+                  out = g.size(1);
+    const DType t = g.dtype();
     Grads grads(5);
-    // c_proj: dW_proj and db_proj from one GEMM.
-    std::tie(grads[3], grads[4]) = weight_and_bias_grads(act, g, a.needs(3), a.needs(4));
-    if (!a.needs(0) && !a.needs(1) && !a.needs(2)) return grads;
-    // Through c_proj and the GELU into pre in one GEMM, db_fc from the same GEMM.
-    const TensorOptions like{.dtype = pre.dtype(), .device = pre.device()};
-    const Tensor dpre = empty(pre.shape(), like);
-    if (a.needs(2)) grads[2] = empty({pre.size(1)}, like);
-    fused_kernel_table(pre.device().type)
-        .linear_input_grad_dgelu(g, w_proj.unpack(op), pre, dpre, grads[2]);
-    if (a.needs(1))
-      grads[1] = weight_and_bias_grads(fold_rows(x.unpack(op)), dpre, true, false).first;
-    if (a.needs(0)) grads[0] = raw::reshape(ops::matmul(dpre, mT(w_fc.unpack(op))), x_shape);
+    // c_proj: dW_proj and db_proj from one GEMM (into the parameters' offered destinations,
+    // a DDP bucket's slots, where their layout is the GEMM's; so below).
+    std::tie(grads[3], grads[4]) =
+        weight_and_bias_grads(act, g, a.needs(3), a.needs(4),
+                              overwrite_target(a, 3, {hidden, out}, t), overwrite_target(a, 4, {out}, t));
+    if (a.needs(0) || a.needs(1) || a.needs(2)) {
+      // Through c_proj and the GELU into pre in one GEMM, db_fc from the same GEMM.
+      const TensorOptions like{.dtype = pre.dtype(), .device = pre.device()};
+      const Tensor dpre = empty(pre.shape(), like);
+      if (a.needs(2)) {
+        grads[2] = overwrite_target(a, 2, {hidden}, t);
+        if (!grads[2].defined()) grads[2] = empty({hidden}, like);
+      }
+      fused_kernel_table(pre.device().type)
+          .linear_input_grad_dgelu(g, w_proj.unpack(op), pre, dpre, grads[2]);
+      if (a.needs(1))
+        grads[1] = weight_and_bias_grads(fold_rows(x.unpack(op)), dpre, true, false,
+                                         overwrite_target(a, 1, {in, hidden}, t))
+                       .first;
+      if (a.needs(0)) grads[0] = raw::reshape(ops::matmul(dpre, mT(w_fc.unpack(op))), x_shape);
+    }
+    for (size_t i = 1; i < grads.size(); ++i) grads[i] = add_into_destination(a, i, grads[i]);
     return grads;
   }
 };
@@ -253,13 +306,18 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   record("EmbeddingBackward", {weight, indices}, {y},
          [saved = SavedTensor::input(indices), rows = weight.size(0)](const BackwardArgs& a) {
            const Tensor& dy = a.grad();
-           // The gradient goes into a fresh tensor (accumulate=false writes every row). Where
-           // the engine offers a destination that already holds a gradient of this weight (a
-           // tied lm_head), writing there with accumulate=true saves the separate add.
+           const Tensor indices = saved.unpack("EmbeddingBackward");
+           // Into the memory the engine offers for the weight's gradient: its DDP bucket slot
+           // (overwritten), or a tied lm_head's gradient already there (added into: no zero
+           // fill of the table, no separate add).
+           if (const autograd::GradDestination* d = a.destination(0);
+               d != nullptr && d->tensor.is_contiguous()) {
+             ops::embedding_backward_into(d->tensor, dy, indices, d->accumulate);
+             return Grads{d->tensor, Tensor()};
+           }
            Tensor grad_weight =
                empty({rows, dy.shape().back()}, {.dtype = dy.dtype(), .device = dy.device()});
-           ops::embedding_backward_into(grad_weight, dy, saved.unpack("EmbeddingBackward"),
-                                        /*accumulate=*/false);
+           ops::embedding_backward_into(grad_weight, dy, indices, /*accumulate=*/false);
            return Grads{grad_weight, Tensor()};
          });
   return y;

@@ -19,14 +19,21 @@ using autograd::meta_of;
 
 namespace {
 
-// Records a view op; `backward` maps the output gradient to the input's geometry.
-Tensor record_view(const char* name, const Tensor& input, const Tensor& out,
-                   std::function<Tensor(const Tensor& grad)> backward) {
+using ViewFn = std::function<Tensor(const Tensor&)>;
+
+// Records a view op; `backward` maps the output gradient to the input's geometry. For a view
+// that only re-lays its input out, `forward_view` is the op itself on a tensor of the input's
+// geometry (the gradient of the input is then exactly `backward` of that view's gradient), so
+// the engine can hand a leaf's gradient destination on through it (Node::destination_view).
+Tensor record_view(const char* name, const Tensor& input, const Tensor& out, ViewFn backward,
+                   ViewFn forward_view = nullptr) {
   if (out.is_same(input)) return out;  // the op was the identity (e.g. contiguous())
-  if (autograd::record(name, {input}, {out}, [backward = std::move(backward)](const BackwardArgs& a) {
-        return std::vector<Tensor>{backward(a.grad())};
-      })) {
+  auto node = autograd::record(name, {input}, {out}, [backward = std::move(backward)](const BackwardArgs& a) {
+    return std::vector<Tensor>{backward(a.grad())};
+  });
+  if (node) {
     if (out.shares_storage(input)) autograd::mark_view(out, input);
+    node->destination_view = std::move(forward_view);
   }
   return out;
 }
@@ -44,9 +51,10 @@ Tensor record_region_view(const char* name, const Tensor& input, const Tensor& o
 
 // Gradient of a view that only renames the elements' shape.
 Tensor record_reshape(const char* name, const Tensor& input, const Tensor& out) {
-  const Shape input_shape = input.shape();
-  return record_view(name, input, out,
-                     [input_shape](const Tensor& g) { return raw::reshape(g, input_shape); });
+  const Shape input_shape = input.shape(), out_shape = out.shape();
+  return record_view(
+      name, input, out, [input_shape](const Tensor& g) { return raw::reshape(g, input_shape); },
+      [out_shape](const Tensor& t) { return raw::reshape(t, out_shape); });
 }
 
 // Refuses in-place writes PyTorch refuses; `source` is the tensor copied from (if any).
@@ -79,16 +87,17 @@ Tensor Tensor::unsqueeze(int64_t d) const {
 }
 
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
-  return record_view("TransposeBackward", *this, raw::transpose(*this, d0, d1),
-                     [d0, d1](const Tensor& g) { return raw::transpose(g, d0, d1); });
+  const ViewFn swap = [d0, d1](const Tensor& t) { return raw::transpose(t, d0, d1); };
+  return record_view("TransposeBackward", *this, raw::transpose(*this, d0, d1), swap, swap);
 }
 
 Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
   Tensor out = raw::permute(*this, dims);
   std::vector<int64_t> inverse(dims.size());
   for (size_t i = 0; i < dims.size(); ++i) inverse[wrap_dim(dims[i], dim(), "permute")] = static_cast<int64_t>(i);
-  return record_view("PermuteBackward", *this, out,
-                     [inverse](const Tensor& g) { return raw::permute(g, inverse); });
+  return record_view(
+      "PermuteBackward", *this, out, [inverse](const Tensor& g) { return raw::permute(g, inverse); },
+      [dims](const Tensor& t) { return raw::permute(t, dims); });
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {

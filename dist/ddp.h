@@ -79,6 +79,8 @@ class DistributedDataParallel : public DataParallelStrategy {
   const std::vector<Bucket>& buckets() const { return buckets_.buckets(); }
   // The view of bucket memory that is parameter i's gradient.
   Tensor gradient_slot(size_t i) { return buckets_.gradient_slot(i); }
+  // How gradients reached the buckets (written in place vs copied in; FlatBuckets).
+  const FlatBuckets::AdoptionCounts& adoption_counts() const { return buckets_.adoption_counts(); }
 
  private:
   nn::Module& module_;

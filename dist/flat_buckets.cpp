@@ -35,6 +35,13 @@ FlatBuckets::FlatBuckets(std::vector<Tensor> params, std::vector<std::string> na
 
 FlatBuckets::~FlatBuckets() {
   for (auto& h : hooks_) h.remove();
+  // The parameters outlive the buckets: their gradients go back to memory of their own.
+  for (const Tensor& p : params_) {
+    try {
+      autograd::set_grad_destination(p, Tensor());
+    } catch (...) {  // a destructor must not throw (only a backward still running refuses)
+    }
+  }
   for (auto& b : buckets_)
     if (b.work) {
       try {
@@ -97,8 +104,10 @@ void FlatBuckets::build(const std::vector<std::vector<size_t>>& groups) {
   for (size_t k = 0; k < params_.size(); ++k)
     TESSERA_CHECK(bucket_of_[k] != SIZE_MAX, "FlatBuckets: parameter '", names_[k],
                   "' is in no bucket group");
-  // Gradients live in the buckets from the start, so backward accumulates into them.
-  for (size_t k = 0; k < params_.size(); ++k) adopt_gradient(k, /*zero_when_missing=*/true);
+  // Gradients live in the buckets from the start: one a parameter already has is moved in (a
+  // backward adds into it there); a missing one is written there by the first backward (the
+  // slot is the parameter's gradient destination), so it is not zero-filled first.
+  for (size_t k = 0; k < params_.size(); ++k) adopt_gradient(k, /*zero_when_missing=*/false);
 }
 
 void FlatBuckets::register_comm_hook(CommHook hook, CompletionHook done, bool done_on_device) {
@@ -116,10 +125,22 @@ void FlatBuckets::register_comm_hook(CommHook hook, CompletionHook done, bool do
   };
 }
 
+Tensor FlatBuckets::slot_view(const Bucket& b, size_t index_in_bucket) const {
+  const Tensor& p = params_[b.params[index_in_bucket]];
+  return raw::view(raw::narrow(b.gradients, 0, b.offsets[index_in_bucket], p.numel()), p.shape());
+}
+
 void FlatBuckets::ensure_gradient_buffer(Bucket& b) {
   if (b.gradients.defined()) return;
   MemoryCategoryScope tag(MemoryCategory::Gradients);
-  b.gradients = zeros({b.padded_numel}, {.dtype = b.dtype, .device = b.device});
+  // Not zero-filled: every slot is written before the bucket is launched (by backward, by
+  // adopt_gradient, or zeros for a parameter without a gradient); only the padding is zeroed.
+  b.gradients = empty({b.padded_numel}, {.dtype = b.dtype, .device = b.device});
+  if (b.padded_numel > b.numel)
+    raw::fill_(raw::narrow(b.gradients, 0, b.numel, b.padded_numel - b.numel), 0.0);
+  // Backward writes the parameters' first gradients straight into their slots.
+  for (size_t j = 0; j < b.params.size(); ++j)
+    autograd::set_grad_destination(params_[b.params[j]], slot_view(b, j));
   MemoryCategoryScope reduce_tag(MemoryCategory::Communication);
   if (is_low_precision(b.dtype) && options_.reduce_dtype && *options_.reduce_dtype != b.dtype)
     b.reduce_buffer =
@@ -128,6 +149,7 @@ void FlatBuckets::ensure_gradient_buffer(Bucket& b) {
 
 void FlatBuckets::release_gradients(Bucket& b) {
   for (size_t k : b.params) {
+    autograd::set_grad_destination(params_[k], Tensor());  // it would keep the buffer alive
     const Tensor grad = params_[k].grad();
     if (grad.defined() && grad.shares_storage(b.gradients)) params_[k].set_grad(Tensor());
   }
@@ -143,9 +165,7 @@ int64_t FlatBuckets::offset_of(size_t i) const {
 Tensor FlatBuckets::gradient_slot(size_t i) {
   Bucket& b = buckets_.at(bucket_of_.at(i));
   ensure_gradient_buffer(b);
-  const Tensor& p = params_[i];
-  return raw::view(raw::narrow(b.gradients, 0, b.offsets[index_in_bucket_[i]], p.numel()),
-                   p.shape());
+  return slot_view(b, index_in_bucket_[i]);
 }
 
 int64_t FlatBuckets::gradient_bytes() const {
@@ -167,12 +187,18 @@ void FlatBuckets::adopt_gradient(size_t i, bool zero_when_missing) {
   Tensor slot = gradient_slot(i);
   Tensor grad = p.grad();
   if (grad.defined() && grad.raw_data() == slot.raw_data() && grad.strides() == slot.strides()) {
-    return;  // already accumulated in place
+    ++adoption_counts_.in_place;  // written or accumulated in place
+    return;
   }
-  if (grad.defined())
+  if (grad.defined()) {
     raw::copy_(slot, grad);
-  else if (zero_when_missing)
+    ++adoption_counts_.copied;
+  } else if (zero_when_missing) {
     raw::fill_(slot, 0.0);
+    ++adoption_counts_.zero_filled;
+  } else {
+    return;  // the slot (also its gradient destination) is allocated; .grad stays undefined
+  }
   p.set_grad(slot);
 }
 

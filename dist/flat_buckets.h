@@ -9,6 +9,11 @@
 // a multiple of the shard count, so a ZeRO rank owns the contiguous slice
 // [rank·S, (rank+1)·S) of each bucket (S = padded / shards) whatever the sizes.
 //
+// Each parameter's slot is also its autograd gradient destination (set_grad_destination):
+// when .grad is undefined at backward (zero_grad with set_to_none, as the optimizers and the
+// Accelerator do), the weight GEMMs write the gradient straight into the bucket, with no copy
+// into it afterwards. A released bucket (ZeRO-2/3) offers none until its buffer comes back.
+//
 // Backward drives the buckets: the autograd grad-ready hook of each parameter marks
 // it ready, and when a bucket's last parameter is ready the buckets that are
 // complete are handed, strictly in bucket order (so every rank issues the same
@@ -124,6 +129,15 @@ class FlatBuckets {
   // Drops a bucket's gradient buffer and the .grad views into it (ZeRO-2/3 after the
   // reduce-scatter); the next backward allocates it again.
   void release_gradients(Bucket& bucket);
+  // How gradients reached the buckets since construction: `in_place` were already in their
+  // slot (written there by backward, or accumulated into it), `copied` were copied in,
+  // `zero_filled` got zeros (no gradient in a synced backward, or at construction).
+  struct AdoptionCounts {
+    int64_t in_place = 0;
+    int64_t copied = 0;
+    int64_t zero_filled = 0;
+  };
+  const AdoptionCounts& adoption_counts() const { return adoption_counts_; }
   // Bytes of the gradient buffers and of the reduce buffers currently allocated.
   int64_t gradient_bytes() const;
   int64_t reduce_buffer_bytes() const;
@@ -137,6 +151,7 @@ class FlatBuckets {
   void launch(Bucket& b);
   void reset_backward_state();
   void ensure_gradient_buffer(Bucket& b);
+  Tensor slot_view(const Bucket& b, size_t index_in_bucket) const;
 
   std::vector<Tensor> params_;
   std::vector<std::string> names_;
@@ -155,6 +170,7 @@ class FlatBuckets {
   CompletionHook done_;
   bool done_on_device_ = true;
   std::vector<autograd::HookHandle> hooks_;
+  AdoptionCounts adoption_counts_;
 };
 
 }  // namespace tessera::dist

@@ -88,6 +88,10 @@ Tensor gelu_backward(const Tensor& x, const Tensor& dy);
 // PyTorch matmul semantics: 1-D operands, batched with broadcast batch dims; transposed
 // operands are used without copies where the kernel allows.
 Tensor matmul(const Tensor& a, const Tensor& b);
+// out = a @ b for matrices a [M, K], b [K, N] (any strides) into a contiguous out [M, N] of
+// their dtype and device (a weight gradient written into the memory it will live in); the
+// same kernel and the same values as matmul(a, b).
+void matmul_out(const Tensor& a, const Tensor& b, const Tensor& out);
 
 // ---- indexing ----
 Tensor embedding(const Tensor& weight, const Tensor& indices);  // out: indices.shape + [C]

@@ -50,4 +50,18 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   return raw::view(out, result_shape);
 }
 
+void matmul_out(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const Device dev = detail::common_device("matmul_out", {&a, &b, &out});
+  TESSERA_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) &&
+                    out.shape() == Shape({a.size(0), b.size(1)}),
+                "matmul_out: expected a [M, K] @ b [K, N] into out [M, N], got ",
+                detail::describe(a), " @ ", detail::describe(b), " into ", detail::describe(out));
+  TESSERA_CHECK(a.dtype() == b.dtype() && out.dtype() == a.dtype() && out.is_contiguous(),
+                "matmul_out: out (", detail::describe(out), ") must be contiguous and of the "
+                "operands' dtype (", detail::describe(a), " @ ", detail::describe(b), ")");
+  TESSERA_CHECK(a.dtype() != DType::boolean && a.dtype() != DType::u8, "matmul_out: dtype ",
+                dtype_name(a.dtype()), " is not supported");
+  if (out.numel() > 0) checked_kernel(detail::kernels_for(dev).matmul, "matmul", dev)(a, b, out);
+}
+
 }  // namespace tessera::ops

@@ -9,9 +9,14 @@
 // on every micro-step, relying on the gates the Accelerator installs (otherwise the loop
 // calls them only when scope.sync_gradients()).
 //
+// --check-slots (DDP, A = 1) checks after every backward that each parameter's .grad lives
+// in its bucket slot, written there by backward (nothing copied into the buckets), and equals
+// the gradient of the whole global batch computed by one plain model on every rank.
+//
 // usage: dist_train_check --rows B --accum A --steps S --out FILE [--bucket-bytes N]
 //                         [--backend auto|tcp|mpi|nccl] [--unused [--find-unused]] [--cuda]
 //                         [--schedule] [--literal] [--mixed-precision no|bf16|fp16]
+//                         [--check-slots]
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -23,6 +28,7 @@
 #include "tessera/autograd/functions.h"
 #include "tessera/core/random.h"
 #include "tessera/dist/accelerator.h"
+#include "tessera/dist/ddp.h"
 #include "tessera/nn/layers.h"
 #include "tessera/optim/adamw.h"
 #include "tessera/optim/schedule.h"
@@ -59,6 +65,41 @@ std::pair<Tensor, Tensor> rows(int64_t start, int64_t n) {
   return {from_vector(x, {n, kFeatures}), from_vector(y, {n}, {.dtype = DType::i64})};
 }
 
+// --check-slots after the synced backward of rows [first, first + count) of the global batch.
+void check_gradients_in_bucket_slots(dist::Accelerator& acc, Mlp& model, int64_t first,
+                                     int64_t count) {
+  auto* ddp = dynamic_cast<dist::DistributedDataParallel*>(acc.strategy_of(model));
+  TESSERA_CHECK(ddp != nullptr, "--check-slots: the model is not wrapped in DDP");
+  Mlp plain(false);
+  plain.to(acc.device());
+  const std::vector<Tensor> from = model.parameters(), to = plain.parameters();
+  {
+    autograd::NoGradGuard no_grad;
+    for (size_t i = 0; i < to.size(); ++i) raw::copy_(to[i], from[i]);
+  }
+  auto [x, y] = rows(first, count);
+  cross_entropy(plain(raw::to(x, acc.device(), x.dtype())), raw::to(y, acc.device(), y.dtype()))
+      .backward();
+  const std::vector<Tensor>& params = ddp->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string& name = ddp->parameter_names()[i];
+    const Tensor grad = params[i].grad();
+    TESSERA_CHECK(grad.defined() && grad.raw_data() == ddp->gradient_slot(i).raw_data(),
+                  "--check-slots: the gradient of '", name, "' is not in its bucket slot");
+    const auto got = raw::to(grad, Device::cpu(), DType::f64).contiguous().to_vector<double>();
+    const auto want =
+        raw::to(to[i].grad(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
+    for (size_t k = 0; k < want.size(); ++k)
+      TESSERA_CHECK(std::fabs(got[k] - want[k]) <= 1e-6 * (1 + std::fabs(want[k])),
+                    "--check-slots: '", name, "' element ", k, " is ", got[k],
+                    ", the global batch's gradient ", want[k]);
+  }
+  TESSERA_CHECK(ddp->adoption_counts().copied == 0 && autograd::grad_destination_counts().copied == 0,
+                "--check-slots: ", ddp->adoption_counts().copied, " gradients were copied into "
+                "the buckets and ", autograd::grad_destination_counts().copied,
+                " into their slots by autograd");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -66,7 +107,7 @@ int main(int argc, char** argv) {
   size_t bucket_bytes = 1024;  // small, so the model spans several buckets
   std::string out_path, backend = "auto", precision = "no";
   bool with_unused = false, find_unused = false, on_cuda = false, with_schedule = false,
-       literal_loop = false;
+       literal_loop = false, check_slots = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return std::string(argv[++i]); };
@@ -94,6 +135,8 @@ int main(int argc, char** argv) {
       literal_loop = true;
     else if (a == "--mixed-precision")
       precision = next();
+    else if (a == "--check-slots")
+      check_slots = true;
   }
   int rank = -1;
   try {
@@ -129,6 +172,9 @@ int main(int argc, char** argv) {
         Tensor loss = cross_entropy(model(raw::to(x, acc.device(), x.dtype())),
                                     raw::to(y, acc.device(), y.dtype()));
         acc.backward(loss);
+        if (check_slots)
+          check_gradients_in_bucket_slots(acc, model, micro * world * rows_per_rank,
+                                          world * rows_per_rank);
         step_loss += acc.reduce(loss.detach().to(DType::f32), "mean").item() / accum;
         if (literal_loop || scope.sync_gradients()) {
           opt.step();
@@ -142,6 +188,15 @@ int main(int argc, char** argv) {
                       step_loss);
         out << line;
       }
+    }
+    if (check_slots) {
+      const auto& counts =
+          dynamic_cast<dist::DistributedDataParallel&>(*acc.strategy_of(model)).adoption_counts();
+      std::cout << ("rank " + std::to_string(rank) + ": " + std::to_string(counts.in_place) +
+                    " gradients written into their bucket slots, " +
+                    std::to_string(counts.copied) + " copied (by backward: " +
+                    std::to_string(autograd::grad_destination_counts().written) + ")\n")
+                << std::flush;
     }
     if (acc.is_main_process()) dist_check::dump_parameters(model, out);
     acc.end_training();

@@ -386,6 +386,22 @@ TEST(DdpEquivalence, Bf16TwoRanksMatchOneProcessWithTheLargerBatch) {
   EXPECT_TRUE(differs) << "the bf16 run must differ from the f32 run";
 }
 
+// Gradient destinations: each rank's backward writes every Linear's weight and bias gradient
+// straight into its bucket slot (nothing copied into the buckets), and after the all-reduce the
+// slot holds the average, equal to the whole global batch's gradient in one model.
+TEST(DdpEquivalence, GradientsAreWrittenStraightIntoTheBucketSlots) {
+  JobResult r = run_job(launch(2, DIST_TRAIN_CHECK " --rows 4 --steps 3 --check-slots --backend tcp --out " +
+                                      temp_file("slots.txt")),
+                        120);
+  ASSERT_EQ(r.status, 0) << r.output;
+  // 4 parameters x 3 steps on each rank.
+  for (int rank : {0, 1})
+    EXPECT_NE(r.output.find("rank " + std::to_string(rank) +
+                            ": 12 gradients written into their bucket slots, 0 copied (by backward: 12)"),
+              std::string::npos)
+        << r.output;
+}
+
 TEST(DdpEquivalence, OneProcessAccumulationEqualsTheLargerBatch) {
   expect_same_training(distributed_training("env -u RANK -u WORLD_SIZE " DIST_TRAIN_CHECK, 2, 4, "acc4"),
                        reference_training(8), kRtol);
