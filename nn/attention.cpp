@@ -1,6 +1,8 @@
 #include "tessera/nn/attention.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <tuple>
 
 #include "tessera/autograd/functions.h"
@@ -93,6 +95,11 @@ MLP::MLP(const GPTConfig& cfg, Generator* gen, TensorOptions opts)
   register_module("act", act);
   register_module("c_proj", c_proj);
   register_module("dropout", dropout);
+}
+
+bool MLP::fused_mlp_by_default() {
+  const char* v = std::getenv("TESSERA_FUSED_MLP");
+  return v != nullptr && std::string(v) == "1";
 }
 
 Tensor MLP::forward(const Tensor& x) {

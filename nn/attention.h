@@ -76,8 +76,13 @@ class MLP : public Module {
   Dropout dropout;
   // Run c_fc -> act -> c_proj as one mlp_gelu node (the GELU and its backward in the GEMMs'
   // epilogues where the device has them) unless one of the three carries hooks, which must
-  // see their module's own call; the MLP's own hooks run either way.
-  bool use_fused_mlp = true;
+  // see their module's own call; the MLP's own hooks run either way. Off unless
+  // TESSERA_FUSED_MLP=1: on an H100 cuBLASLt's GELU_AUX_BIAS + DGELU_BGRAD GEMMs of GPT-2
+  // 124M's MLP took 0.625 ms against 0.544 for the plain GEMMs and separate GELU kernels
+  // (bench_cuda_kernels BM_mlp_gelu_gemms_bf16), so the epilogues stay for devices where
+  // they pay, chosen by measurement.
+  bool use_fused_mlp = fused_mlp_by_default();
+  static bool fused_mlp_by_default();
   // How many forward calls went through mlp_gelu (one fused node where the device has the
   // kernels, the composition elsewhere), to check the path is really taken.
   int64_t fused_mlp_calls() const { return fused_calls_; }

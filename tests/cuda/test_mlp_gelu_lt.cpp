@@ -248,6 +248,7 @@ TEST(CudaMlpGeluLt, GptForwardBackwardMatchesTheComposedMlp) {
     Generator g1(3), g2(3);
     nn::GPT fused(cfg, &g1), plain(cfg, &g2);
     for (nn::GPT* m : {&fused, &plain}) m->to(dev(), t);
+    for (nn::Block* block : fused.transformer.blocks) block->mlp.use_fused_mlp = true;
     for (nn::Block* block : plain.transformer.blocks) block->mlp.use_fused_mlp = false;
     Generator data(4);
     const Tensor idx = randint(0, 101, {4, 64}, {.dtype = DType::i64}, &data).to(dev());

@@ -1,4 +1,4 @@
-// GPT's MLP through mlp_gelu (MLP::use_fused_mlp, the default) against the composed
+// GPT's MLP through mlp_gelu (MLP::use_fused_mlp, TESSERA_FUSED_MLP=1) against the composed
 // c_fc -> GELU -> c_proj: the same logits and gradients (bit for bit on the CPU, where
 // mlp_gelu is that composition; to rounding through the fused tape node, with CPU stand-ins
 // for the GPU's fused GEMMs), with gradient checkpointing too; hooks on c_fc/act/c_proj keep
