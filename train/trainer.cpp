@@ -144,7 +144,10 @@ Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile tr
                                            .seed = static_cast<uint64_t>(args_.seed),
                                            .device = device_});
   acc_->prepare(model_, *optimizer_, *schedule_, *loader_);
-  if (device_.is_cuda() && StepGraphRunner::enabled_by_environment())
+  // A recorded step decides the clipping on the device, which ZeRO's sharded gradients and
+  // fp16's loss scaling do not allow (device_clipping_blocker): such runs step eagerly.
+  if (device_.is_cuda() && StepGraphRunner::enabled_by_environment() &&
+      acc_->device_clipping_blocker().empty())
     graphs_ = std::make_unique<StepGraphRunner>(
         *acc_, *optimizer_, [this](const std::vector<data::Batch>& b) { return device_step(b); },
         StepGraphRunner::Options{});

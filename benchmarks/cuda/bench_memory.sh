@@ -4,7 +4,9 @@
 # allocator counted on GPU 0 in a real bf16 run of the same GPT (`tessera train
 # --memory-report`, two optimizer steps), for GPT-2 124M and 350M. Prints one table.
 #   usage: benchmarks/cuda/bench_memory.sh [BUILD_DIR] [N]   (default build-gpu, 2 GPUs)
-#   env: BATCH (rows per GPU, default 8), SEQ (default 1024), OUT (logs)
+#   env: BATCH (rows per GPU, default 8), SEQ (default 1024), OUT (logs), REDUCE_DTYPE (fp32
+#        or bf16: the dtype gradients are averaged in; default the policy's, bf16), MODELS
+#        ("124M" or "350M" for one of them)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build-gpu}
@@ -31,17 +33,20 @@ PY
 fi
 
 printf "%-6s %-6s %14s %14s %9s %16s\n" model stage "plan GiB" "measured GiB" "diff" "formula P+G+O GiB"
+reduce=()
+[[ -n ${REDUCE_DTYPE:-} ]] && reduce=(--reduce-dtype "$REDUCE_DTYPE")
 for model in "124M 12 12 768" "350M 24 16 1024"; do
   set -- $model
   name=$1 layers=$2 heads=$3 embd=$4
+  [[ -n ${MODELS:-} && " $MODELS " != *" $name "* ]] && continue
   shape="--n-layer $layers --n-head $heads --n-embd $embd --seq $SEQ --batch $BATCH"
   for stage in 0 1 2 3; do
-    plan=$("$tessera" plan --device cuda --dtype bf16 --nproc "$N" --zero-stage "$stage" --vocab 50257 $shape \
+    plan=$("$tessera" plan --device cuda --dtype bf16 --nproc "$N" --zero-stage "$stage" --vocab 50257 $shape "${reduce[@]}" \
            2>&1 | tee "$OUT/plan_${name}_$stage.txt")
     predicted=$(grep -oE '^peak_bytes [0-9]+' <<<"$plan" | awk '{print $2}')
     formula=$(grep -E '^ZeRO formula' <<<"$plan" | awk '{print $3 + $4 + $5}')
     "$tessera" launch --nproc-per-node "$N" "$tessera" train --data "$DATA" --vocab-size 50257 $shape \
-      --device cuda --dtype bf16 --steps 2 --eval-batches 1 --memory-report --zero-stage "$stage" \
+      --device cuda --dtype bf16 --steps 2 --eval-batches 1 --memory-report --zero-stage "$stage" "${reduce[@]}" \
       --out "$OUT/run_${name}_$stage" > "$OUT/train_${name}_$stage.txt" 2>&1
     measured=$(grep -E '^rank 0 peak' "$OUT/train_${name}_$stage.txt" | awk '{print $10 / 1024}')
     awk -v m="$name" -v s="$stage" -v p="$predicted" -v q="$measured" -v f="$formula" 'BEGIN {
