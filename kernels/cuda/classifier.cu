@@ -15,6 +15,17 @@ namespace {
 
 constexpr int kClassifierThreads = 1024;
 
+// One logit into this thread's running max m and sum s of exp(x - m).
+__device__ __forceinline__ void online_max_sum(float& m, float& s, float x) {
+  if (x == -INFINITY) return;  // adds nothing (and -inf - -inf would be NaN)
+  if (x > m) {
+    s = s * __expf(m - x) + 1.f;
+    m = x;
+  } else {
+    s += __expf(x - m);
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kClassifierThreads, 2)
     fused_classifier_kernel(T* logits, const void* targets, DType tt, int64_t vocab,
@@ -35,16 +46,8 @@ __global__ void __launch_bounds__(kClassifierThreads, 2)
   }
   // Pass 1: running max and sum of exp(x - max), merged across the block.
   float m = -INFINITY, s = 0.f;
-  row_read(row, vocab, threadIdx.x, blockDim.x, packed, [&](int64_t, T v) {
-    const float x = to_float(v);
-    if (x == -INFINITY) return;  // adds nothing (and -inf - -inf would be NaN)
-    if (x > m) {
-      s = s * __expf(m - x) + 1.f;
-      m = x;
-    } else {
-      s += __expf(x - m);
-    }
-  });
+  row_read(row, vocab, threadIdx.x, blockDim.x, packed,
+           [&](int64_t, T v) { online_max_sum(m, s, to_float(v)); });
   const float row_max = block_max(m);
   s = m == -INFINITY ? 0.f : s * __expf(m - row_max);
   const float row_sum = block_sum(s);
@@ -93,16 +96,7 @@ __global__ void __launch_bounds__(kClassifierThreads, 2)
     const Pack8<T> v = load_pack(row, p);
     staged[p] = v;
 #pragma unroll
-    for (int k = 0; k < kPack; ++k) {
-      const float x = to_float(v.v[k]);
-      if (x == -INFINITY) continue;
-      if (x > m) {
-        s = s * __expf(m - x) + 1.f;
-        m = x;
-      } else {
-        s += __expf(x - m);
-      }
-    }
+    for (int k = 0; k < kPack; ++k) online_max_sum(m, s, to_float(v.v[k]));
   }
   const float row_max = block_max(m);
   s = m == -INFINITY ? 0.f : s * __expf(m - row_max);
