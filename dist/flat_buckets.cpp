@@ -228,8 +228,9 @@ void FlatBuckets::on_grad_ready(size_t i) {
 
 void FlatBuckets::launch_ready_buckets() {
   // Strictly in bucket order, so every rank issues the same sequence of collectives.
-  while (next_bucket_to_launch_ < ordered_buckets_ &&
-         buckets_[next_bucket_to_launch_].pending == 0) {
+  const size_t end = hold_last_bucket_ && ordered_buckets_ > 0 ? ordered_buckets_ - 1
+                                                                : ordered_buckets_;
+  while (next_bucket_to_launch_ < end && buckets_[next_bucket_to_launch_].pending == 0) {
     launch(buckets_[next_bucket_to_launch_++]);
   }
 }
@@ -238,6 +239,7 @@ void FlatBuckets::launch(Bucket& b) {
   ensure_gradient_buffer(b);
   if (b.reduce_buffer.defined()) raw::copy_(b.reduce_buffer, b.gradients);
   b.launched = true;
+  launch_order_.push_back(static_cast<size_t>(&b - buckets_.data()));
   b.work = hook_(b);
 }
 
@@ -263,16 +265,15 @@ void FlatBuckets::finish() {
     adopt_gradient(i, true);  // what earlier no_sync steps accumulated, else zero
     --buckets_[bucket_of_[i]].pending;
   }
+  hold_last_bucket_ = false;
   launch_ready_buckets();
   for (size_t k = ordered_buckets_; k < buckets_.size(); ++k)
     if (!buckets_[k].launched) launch(buckets_[k]);
   std::exception_ptr error;
-  try {
-    if (extension_.buckets_launched) extension_.buckets_launched();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  for (auto& b : buckets_) {
+  // In launch order: the device waits for each collective in the order the NCCL stream runs
+  // them, so a bucket reduced early (a solo one) is finished without waiting for later ones.
+  for (size_t k : launch_order_) {
+    Bucket& b = buckets_[k];
     try {
       if (b.work) {
         if (done_on_device_)
@@ -298,6 +299,8 @@ void FlatBuckets::reset_backward_state() {
     b.launched = false;
   }
   next_bucket_to_launch_ = 0;
+  launch_order_.clear();
+  hold_last_bucket_ = false;
   backward_started_ = false;
 }
 

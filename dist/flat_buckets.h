@@ -27,7 +27,8 @@
 // is ready, since its gradient may be final at the start of backward (a tied output head)
 // or only at its end. Every rank issues the same sequence as long as the ranks run the same
 // graph, which DDP asks of them anyway. An Extension lets such a sync add its own
-// collectives after the buckets' and its results into a bucket before the completion hook.
+// collectives (the last bucket may be held back until finish() to let them go first) and
+// its results into a bucket before the completion hook.
 #pragma once
 #include <functional>
 #include <optional>
@@ -100,12 +101,14 @@ class FlatBuckets {
   struct Extension {
     // The first gradient of a synced backward is ready (the graph is complete).
     std::function<void()> backward_started;
-    // finish(): every bucket's collective has been issued, none waited on yet.
-    std::function<void()> buckets_launched;
     // finish(): the bucket's collective completed; runs before the completion hook.
     std::function<void(Bucket&)> bucket_reduced;
   };
   void set_extension(Extension extension) { extension_ = std::move(extension); }
+  // For this backward, the last bucket in bucket order is launched by finish() rather than
+  // when it is ready (an Extension whose own collectives, issued at the very end of backward,
+  // should run before it: their results are then applied while it is reduced).
+  void hold_last_bucket() { hold_last_bucket_ = true; }
   // Reports parameter i's gradient final for this backward (as its grad-ready hook does), for
   // a gradient that the autograd graph does not deliver. With sync off: only adopts it.
   void mark_ready(size_t i) { on_grad_ready(i); }
@@ -113,8 +116,9 @@ class FlatBuckets {
   // While off, grad-ready hooks only let gradients accumulate where they are.
   void set_sync(bool on) { sync_ = on; }
   bool sync() const { return sync_; }
-  // After a backward: launches what the hooks did not (unused parameters), waits for
-  // every bucket's Work and runs the completion hooks. Does nothing while sync is off.
+  // After a backward: launches what the hooks did not (unused parameters, a held bucket),
+  // waits for every bucket's Work in the order they were launched and runs the completion
+  // hooks. Does nothing while sync is off.
   void finish();
 
   const std::vector<Tensor>& parameters() const { return params_; }
@@ -163,6 +167,8 @@ class FlatBuckets {
   std::vector<bool> ready_;
   size_t next_bucket_to_launch_ = 0;
   size_t ordered_buckets_ = 0;  // the buckets before the solo ones
+  std::vector<size_t> launch_order_;  // of this backward's buckets
+  bool hold_last_bucket_ = false;
   bool backward_started_ = false;
   Extension extension_;
   bool sync_ = true;

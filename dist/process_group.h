@@ -123,8 +123,14 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
   // Waits on the host (under the timeout) for the collectives that were only waited on by
   // the device so far (Work::wait_on_device), rethrowing a failure or a timeout; called
-  // before the host reads results it did not wait for. Host backends have none.
-  virtual void check_outstanding() {}
+  // before the host reads results it did not wait for. `up_to` (a value of issued_count())
+  // limits the wait to the collectives issued until then, so that a host reading an older
+  // result does not also wait for work queued since (draining the device's queue). Host
+  // backends have none.
+  virtual void check_outstanding(uint64_t up_to = UINT64_MAX) { (void)up_to; }
+  // The number of collectives issued so far outside graph captures: a mark for
+  // check_outstanding.
+  virtual uint64_t issued_count() const { return 0; }
   // Whether this group's collectives can be recorded in a device graph (and replayed).
   virtual bool records_in_graphs() const { return false; }
   // Whether the collectives take tensors on `device` (NCCL: its own GPU only).

@@ -79,7 +79,6 @@ SparseEmbeddingSync::SparseEmbeddingSync(nn::Module& module, FlatBuckets& bucket
   }
   buckets_.set_extension(
       {.backward_started = [this] { on_backward_started(); },
-       .buckets_launched = [this] { launch_all_gathers(); },
        .bucket_reduced = [this](FlatBuckets::Bucket& b) { add_into_reduced(b); }});
 }
 
@@ -132,11 +131,11 @@ void SparseEmbeddingSync::take(size_t index, const Tensor& indices, const Tensor
     add_lookup_gradient(w.tensor, indices, grad);
     return;
   }
-  w.taken.emplace_back(indices, grad);
   if (buckets_.buckets()[buckets_.bucket_of(w.param)].launched)
     ++stats_.launched_before_lookup_backward;
   else
     mark_ready_without_dense_use(w);
+  gather(w, indices, grad);
 }
 
 void SparseEmbeddingSync::mark_ready_without_dense_use(Weight& w) {
@@ -147,25 +146,29 @@ void SparseEmbeddingSync::mark_ready_without_dense_use(Weight& w) {
 
 // The graph of this backward is complete: a weight whose only uses went to the sink has its
 // dense gradient (zero, or what no_sync steps accumulated) final now, and its bucket goes.
+// The lookups' gradients arrive at the end of backward, when the last bucket (the first
+// layers' gradients) is ready too: it waits until finish(), so that the all-gathers run
+// first and their rows are added while it is all-reduced.
 void SparseEmbeddingSync::on_backward_started() {
+  bool any = false;
   for (Weight& w : weights_)
-    if (w.accepted > 0) mark_ready_without_dense_use(w);
+    if (w.accepted > 0) {
+      mark_ready_without_dense_use(w);
+      any = true;
+    }
+  if (any) buckets_.hold_last_bucket();
 }
 
-void SparseEmbeddingSync::launch_all_gathers() {
-  const int64_t world = group_->size();
-  for (Weight& w : weights_) {
-    for (auto& [indices, grad] : w.taken) {
-      const int64_t n = indices.numel(), c = grad.size(1);
-      Gathered g;
-      g.indices = empty({world * n}, {.dtype = indices.dtype(), .device = indices.device()});
-      g.grads = empty({world * n, c}, {.dtype = grad.dtype(), .device = grad.device()});
-      g.indices_work = group_->all_gather(g.indices, indices);
-      g.grads_work = group_->all_gather(g.grads, grad);
-      w.gathered.push_back(std::move(g));
-    }
-    w.taken.clear();
-  }
+// Issued as soon as the lookup's backward hands its rows over: every rank reaches each take()
+// at the same place in its backward, so the collectives come in the same order everywhere.
+void SparseEmbeddingSync::gather(Weight& w, const Tensor& indices, const Tensor& grad) {
+  const int64_t world = group_->size(), n = indices.numel(), c = grad.size(1);
+  Gathered g;
+  g.indices = empty({world * n}, {.dtype = indices.dtype(), .device = indices.device()});
+  g.grads = empty({world * n, c}, {.dtype = grad.dtype(), .device = grad.device()});
+  g.indices_work = group_->all_gather(g.indices, indices);
+  g.grads_work = group_->all_gather(g.grads, grad);
+  w.gathered.push_back(std::move(g));
 }
 
 void SparseEmbeddingSync::add_into_reduced(FlatBuckets::Bucket& bucket) {
@@ -211,7 +214,6 @@ void SparseEmbeddingSync::finish() {
 void SparseEmbeddingSync::reset() {
   for (Weight& w : weights_) {
     w.accepted = 0;
-    w.taken.clear();
     w.gathered.clear();
   }
 }

@@ -9,8 +9,9 @@
 //   - the lookup hands (indices [N], dY [N, C]) to a sink (EmbeddingGradSink) instead of
 //     scattering them, so G_dense is final early: the weight's own bucket (a solo bucket,
 //     dist/flat_buckets.h) is all-reduced while the rest of backward runs;
-//   - after the buckets are launched, every rank all-gathers every rank's (indices, dY),
-//     and once the weight's all-reduce is done adds, in rank order, the scatter of
+//   - as the lookup's backward hands them over, every rank all-gathers every rank's
+//     (indices, dY) (ahead of the last bucket, which waits for finish()), and once the
+//     weight's all-reduce is done adds, in rank order, the scatter of
 //     dY_r / world_size at indices_r into the reduced bucket. Every rank computes the same
 //     bits (the scatter must be deterministic), equal to the dense average up to rounding.
 // It is worth it while world_size · N < 2 · V (the all-gather moves less than the ring
@@ -75,9 +76,8 @@ class SparseEmbeddingSync {
     Tensor tensor;
     std::shared_ptr<Sink> sink;
     std::vector<nn::Embedding*> modules;
-    int64_t accepted = 0;                          // lookups accepted since the last finish
-    std::vector<std::pair<Tensor, Tensor>> taken;  // (indices, dY) handed over in backward
-    std::vector<Gathered> gathered;
+    int64_t accepted = 0;            // lookups accepted since the last finish
+    std::vector<Gathered> gathered;  // their rows, all-gathered in backward
   };
 
   bool accepts(size_t w, const Tensor& weight, const Tensor& indices);
@@ -86,7 +86,8 @@ class SparseEmbeddingSync {
   // The weight's dense gradient is final when no recorded graph uses the weight densely.
   void mark_ready_without_dense_use(Weight& w);
   void on_backward_started();
-  void launch_all_gathers();
+  // All-gathers every rank's (indices, dY) of one lookup.
+  void gather(Weight& w, const Tensor& indices, const Tensor& grad);
   void add_into_reduced(FlatBuckets::Bucket& bucket);
   void reset();
 

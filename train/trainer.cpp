@@ -185,7 +185,8 @@ void Trainer::train() {
       // The copies queue right behind this step: reading them after the next step has been
       // queued waits for this step alone (item() would wait for the next one too).
       log_readback_.start({loss_since_log_, step.grad_norm});
-      pending_log_ = PendingLog{state_.steps_since_log, step.grad_norm.defined(), step.lr};
+      pending_log_ = PendingLog{state_.steps_since_log, step.grad_norm.defined(), step.lr,
+                                acc_->group().issued_count()};
       loss_since_log_ = Tensor();
       state_.loss_since_log = 0;
       state_.steps_since_log = 0;
@@ -304,8 +305,10 @@ Trainer::StepResult Trainer::graphed_training_step() {
 
 void Trainer::log_step(const PendingLog& step) {
   // The step's collectives were only ordered on the device: a lost peer times out here
-  // rather than hanging the read below.
-  acc_->group().check_outstanding();
+  // rather than hanging the read below. Only those up to the logged step: the next step is
+  // queued behind them, and waiting for its collectives too would leave the GPU idle while
+  // the host queues the step after it.
+  acc_->group().check_outstanding(step.collectives);
   const std::vector<double> values = log_readback_.wait();
   const double loss = values[0] / static_cast<double>(std::max<int64_t>(1, step.steps));
   const double grad_norm = step.has_grad_norm ? values[1] : 0.0;

@@ -71,6 +71,7 @@ class Trainer {
     Tensor loss;       // [1] f64: the mean over every process's rows of the step
     Tensor grad_norm;  // the norm before clipping (undefined when nothing was measured)
     double lr = 0;
+    uint64_t collectives = 0;  // the group's issued_count() once the step was queued
   };
   // A step to log: its loss sum (f64, of `steps` steps) and gradient norm are copied to the
   // host by log_readback_, started when the step was queued and read once the next step has
@@ -79,6 +80,7 @@ class Trainer {
     int64_t steps = 0;
     bool has_grad_norm = false;
     double lr = 0;
+    uint64_t collectives = 0;  // the group's issued_count() once the step was queued
   };
   void resume_from(const std::filesystem::path& checkpoint);
   StepResult training_step();

@@ -122,6 +122,8 @@ class NcclWork : public Work {
     keep_alive_.clear();
   }
   bool overdue() const { return deadline_.expired(); }
+  uint64_t sequence() const { return sequence_; }
+  void set_sequence(uint64_t n) { sequence_ = n; }
   bool is_completed() override {
     cudaError_t rc = cudaEventQuery(done_);
     if (rc == cudaErrorNotReady) return false;
@@ -136,6 +138,7 @@ class NcclWork : public Work {
   std::vector<Tensor> keep_alive_;
   std::string what_, timeout_message_;
   Deadline deadline_;
+  uint64_t sequence_ = 0;  // its place among the group's works issued outside captures
 };
 
 class NcclProcessGroup final : public ProcessGroup {
@@ -177,13 +180,20 @@ class NcclProcessGroup final : public ProcessGroup {
   std::string backend_name() const override { return "nccl"; }
   bool records_in_graphs() const override { return true; }
 
-  void check_outstanding() override {
-    std::deque<std::shared_ptr<NcclWork>> works;
+  void check_outstanding(uint64_t up_to) override {
+    std::vector<std::shared_ptr<NcclWork>> due;
     {
       std::lock_guard lock(outstanding_mutex_);
-      works.swap(outstanding_);
+      while (!outstanding_.empty() && outstanding_.front()->sequence() <= up_to) {
+        due.push_back(std::move(outstanding_.front()));
+        outstanding_.pop_front();
+      }
     }
-    for (auto& w : works) w->wait();
+    for (auto& w : due) w->wait();
+  }
+  uint64_t issued_count() const override {
+    std::lock_guard lock(outstanding_mutex_);
+    return issued_;
   }
 
  protected:
@@ -292,6 +302,7 @@ class NcclProcessGroup final : public ProcessGroup {
                                            timeout_message(what), options().timeout_s);
     if (!graph_capture_underway()) {
       std::lock_guard lock(outstanding_mutex_);
+      work->set_sequence(++issued_);
       outstanding_.push_back(work);
     }
     return work;
@@ -334,9 +345,11 @@ class NcclProcessGroup final : public ProcessGroup {
   int device_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  // Works issued outside a graph capture and not yet seen complete (oldest first).
-  std::mutex outstanding_mutex_;
+  // Works issued outside a graph capture and not yet seen complete (oldest first), and how
+  // many were issued (their sequence numbers count from 1).
+  mutable std::mutex outstanding_mutex_;
   std::deque<std::shared_ptr<NcclWork>> outstanding_;
+  uint64_t issued_ = 0;
   cudaEvent_t ready_ = nullptr;
 };
 

@@ -26,6 +26,30 @@ __device__ __forceinline__ void online_max_sum(float& m, float& s, float x) {
   }
 }
 
+// Whether row r takes part in the loss. An ignored row gets a zero gradient and loss, a
+// target out of range is flagged in *bad; either way the block has nothing more to do.
+template <class T>
+__device__ bool row_in_loss(T* row, int64_t r, int64_t target, int64_t vocab, int64_t ignore_index,
+                            bool packed, float* row_losses, int* bad) {
+  if (target == ignore_index) {
+    if (packed) {
+      Pack8<T> zero;
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) zero.v[k] = from_float<T>(0.f);
+      for (int64_t p = threadIdx.x; p < vocab / kPack; p += blockDim.x) store_pack(row, p, zero);
+    } else {
+      for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) row[i] = from_float<T>(0.f);
+    }
+    if (threadIdx.x == 0) row_losses[r] = 0.f;
+    return false;
+  }
+  if (target < 0 || target >= vocab) {
+    if (threadIdx.x == 0) *bad = 1;
+    return false;
+  }
+  return true;
+}
+
 template <class T>
 __global__ void __launch_bounds__(kClassifierThreads, 2)
     fused_classifier_kernel(T* logits, const void* targets, DType tt, int64_t vocab,
@@ -35,15 +59,7 @@ __global__ void __launch_bounds__(kClassifierThreads, 2)
   const int64_t r = blockIdx.x;
   T* row = logits + r * vocab;
   const int64_t target = load_as<int64_t>(targets, tt, r);
-  if (target == ignore_index) {
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) row[i] = from_float<T>(0.f);
-    if (threadIdx.x == 0) row_losses[r] = 0.f;
-    return;
-  }
-  if (target < 0 || target >= vocab) {
-    if (threadIdx.x == 0) *bad = 1;
-    return;
-  }
+  if (!row_in_loss(row, r, target, vocab, ignore_index, packed, row_losses, bad)) return;
   // Pass 1: running max and sum of exp(x - max), merged across the block.
   float m = -INFINITY, s = 0.f;
   row_read(row, vocab, threadIdx.x, blockDim.x, packed,
@@ -79,18 +95,7 @@ __global__ void __launch_bounds__(kClassifierThreads, 2)
   const int64_t r = blockIdx.x, packs = vocab / kPack;
   T* row = logits + r * vocab;
   const int64_t target = load_as<int64_t>(targets, tt, r);
-  if (target == ignore_index) {
-    Pack8<T> zero;
-#pragma unroll
-    for (int k = 0; k < kPack; ++k) zero.v[k] = from_float<T>(0.f);
-    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) store_pack(row, p, zero);
-    if (threadIdx.x == 0) row_losses[r] = 0.f;
-    return;
-  }
-  if (target < 0 || target >= vocab) {
-    if (threadIdx.x == 0) *bad = 1;
-    return;
-  }
+  if (!row_in_loss(row, r, target, vocab, ignore_index, /*packed=*/true, row_losses, bad)) return;
   float m = -INFINITY, s = 0.f;
   for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
     const Pack8<T> v = load_pack(row, p);

@@ -9,6 +9,7 @@
 
 #include "cpu_mlp_entries.h"
 #include "gradcheck.h"
+#include "tests/gelu_reference.h"
 #include "tessera/autograd/autocast.h"
 #include "tessera/core/fused_dispatch.h"
 
@@ -24,15 +25,8 @@ using Xs = std::vector<Tensor>;
 
 // ---- a float64 reference, loops only ----
 
-double gelu_tanh(double v) {
-  const double k = std::sqrt(2.0 / M_PI);
-  return 0.5 * v * (1.0 + std::tanh(k * (v + 0.044715 * v * v * v)));
-}
-double gelu_tanh_grad(double v) {
-  const double k = std::sqrt(2.0 / M_PI);
-  const double t = std::tanh(k * (v + 0.044715 * v * v * v));
-  return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * k * (1.0 + 3 * 0.044715 * v * v);
-}
+using test::gelu_tanh;
+using test::gelu_tanh_grad;
 
 struct Matrix {
   int64_t rows = 0, cols = 0;

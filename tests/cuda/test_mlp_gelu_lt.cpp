@@ -11,20 +11,14 @@
 #include "tessera/autograd/functions.h"
 #include "tessera/kernels/cuda/linear.h"
 #include "tessera/nn/gpt.h"
+#include "tests/gelu_reference.h"
 
 namespace tessera {
 namespace {
 using namespace cuda_test;
 
-double gelu_tanh(double v) {
-  const double k = std::sqrt(2.0 / M_PI);
-  return 0.5 * v * (1.0 + std::tanh(k * (v + 0.044715 * v * v * v)));
-}
-double gelu_tanh_grad(double v) {
-  const double k = std::sqrt(2.0 / M_PI);
-  const double t = std::tanh(k * (v + 0.044715 * v * v * v));
-  return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * k * (1.0 + 3 * 0.044715 * v * v);
-}
+using test::gelu_tanh;
+using test::gelu_tanh_grad;
 
 // The outputs are rounded once to the dtype; f32 allows for the epilogue's own tanh.
 double mlp_tolerance(DType t) {
