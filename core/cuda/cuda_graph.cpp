@@ -7,6 +7,7 @@
 
 #include "tessera/core/cuda/caching_allocator.h"
 #include "tessera/core/cuda/cuda_check.h"
+#include "tessera/core/cuda/graph_copy_nodes.h"
 #include "tessera/core/graph_capture.h"
 
 namespace tessera::cuda {
@@ -129,6 +130,14 @@ class CudaGraphBackend final : public GraphBackend {
     std::unique_ptr<Capture> c = take(device);
     DeviceGuard guard(c->device);
     cudaGraph_t graph = finish(*c);
+    if (graph_copy_kernels_enabled()) {
+      try {
+        replace_copy_nodes_with_kernels(graph);  // graph_copy_nodes.h says why
+      } catch (...) {
+        cudaGraphDestroy(graph);
+        throw;
+      }
+    }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);

@@ -10,7 +10,9 @@
 #include <cstring>
 #include <filesystem>
 
+#include "tessera/core/cuda/cuda_check.h"
 #include "tessera/core/cuda/cuda_runtime.h"
+#include "tessera/core/cuda/graph_copy_nodes.h"
 #include "tessera/data/token_file.h"
 #include "tessera/kernels/ops.h"
 #include "tessera/nn/gpt.h"
@@ -307,4 +309,51 @@ TEST(CudaGraphs, CaptureReusesTheCachedBlocksOfTheEagerStep) {
   const Tensor after = step();  // served by the released graph blocks: no new driver memory
   EXPECT_EQ(cuda::memory_stats(0).reserved_bytes, reserved_after);
   EXPECT_EQ(bits_of(after), want);
+}
+
+// A recorded step's small memsets and device-to-device copies replay as kernel nodes with
+// the same dependencies (core/cuda/graph_copy_nodes.h); large ones stay copy-engine nodes.
+// Results equal the eager step's and those of a graph recorded without the rewrite.
+TEST(CudaGraphs, SmallCopiesAndMemsetsReplayAsKernels) {
+  TESSERA_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  GraphBackend& backend = *graph_backend(DeviceType::CUDA);
+  const Tensor x = cuda_test::to_gpu(cuda_test::host_randn({1000, 257}, DType::f32));
+  const TensorOptions f32{.dtype = DType::f32, .device = gpu};
+  // Outputs written by the step (poisoned before each replay).
+  Tensor row = empty({257}, f32), ones_bits = empty({3, 100}, f32), big = empty({1000, 300}, f32);
+  Tensor out;
+  auto step = [&] {
+    const Tensor y = ops::add(x, 1.0);
+    raw::copy_(row, y.select(0, 3));  // 1,028 contiguous bytes: a memcpy node
+    // Bytes of 0x3f in a 2-D memset of 3 rows of 400 bytes: a memset node.
+    TESSERA_CUDA_CHECK(cudaMemset2DAsync(ones_bits.raw_data(), 400, 0x3f, 400, 3,
+                                         cuda::current_stream(0)));
+    // 1.2 MB: stays on the copy engine.
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(big.raw_data(), 0, big.nbytes(), cuda::current_stream(0)));
+    out = ops::add(ops::mul(row, ones_bits.select(0, 2).narrow(0, 0, 1)), 2.0);
+  };
+  step();
+  cuda::synchronize();
+  const std::vector<uint32_t> want_row = bits_of(row), want_ones = bits_of(ones_bits),
+                              want_out = bits_of(out);
+  for (const bool rewrite : {true, false}) {
+    SCOPED_TRACE(rewrite ? "rewritten" : "TESSERA_GRAPH_COPY_KERNELS=0");
+    if (!rewrite) setenv("TESSERA_GRAPH_COPY_KERNELS", "0", 1);
+    const int64_t before = cuda::graph_copy_nodes_rewritten();
+    backend.begin_capture(gpu);
+    step();
+    std::unique_ptr<DeviceGraph> graph = backend.end_capture(gpu);
+    unsetenv("TESSERA_GRAPH_COPY_KERNELS");
+    // The copy and the memset; not the 1.2 MB memset.
+    EXPECT_EQ(cuda::graph_copy_nodes_rewritten() - before, rewrite ? 2 : 0);
+    for (int replay = 0; replay < 2; ++replay) {
+      for (const Tensor* t : {&row, &ones_bits, &big, &out}) raw::fill_(*t, -7.0);
+      graph->replay();
+      EXPECT_EQ(bits_of(row), want_row);
+      EXPECT_EQ(bits_of(ones_bits), want_ones);
+      EXPECT_EQ(bits_of(out), want_out);
+      EXPECT_EQ(bits_of(big), std::vector<uint32_t>(big.numel(), 0u));
+    }
+  }
 }

@@ -2,7 +2,7 @@
 // dtype, non-contiguous operands, type promotion, in-place forms and bad input.
 #include <functional>
 
-#include "tests/gelu_tanherence.h"
+#include "tests/gelu_reference.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace tessera::test {

@@ -1,0 +1,173 @@
+#include "tessera/core/cuda/graph_copy_nodes.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "tessera/core/cuda/cuda_check.h"
+
+namespace tessera::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// cudaMemsetParams' work: `height` rows of `width` elements of `element_size` bytes (1, 2 or
+// 4), rows `pitch` bytes apart, each element set to the low bytes of `value`.
+__global__ void memset_node_kernel(char* dst, size_t pitch, unsigned value, int element_size,
+                                   size_t width, size_t height) {
+  const size_t n = width * height;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    char* p = dst + (i / width) * pitch + (i % width) * element_size;
+    if (element_size == 4)
+      *reinterpret_cast<unsigned*>(p) = value;
+    else if (element_size == 2)
+      *reinterpret_cast<unsigned short*>(p) = static_cast<unsigned short>(value);
+    else
+      *p = static_cast<char>(value);
+  }
+}
+
+// A 1-D copy of `bytes`; 16 bytes at a time when both ends and the size allow it.
+__global__ void copy_node_kernel(char* dst, const char* src, size_t bytes, bool wide) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  const size_t first = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  if (wide) {
+    for (size_t i = first; i < bytes / 16; i += stride)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+  } else {
+    for (size_t i = first; i < bytes; i += stride) dst[i] = src[i];
+  }
+}
+
+unsigned blocks_for(size_t items) {
+  const size_t blocks = (items + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 1024 ? 1024 : blocks));
+}
+
+std::atomic<int64_t> rewritten{0};
+
+bool plain(const std::vector<cudaGraphEdgeData>& edges) {
+  for (const cudaGraphEdgeData& e : edges)
+    if (e.type != cudaGraphDependencyTypeDefault || e.from_port != 0 || e.to_port != 0) return false;
+  return true;
+}
+
+bool is_device_memory(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice;
+}
+
+// The kernel launch doing a node's work, or false when the node is not one to rewrite. The
+// argument values live in `args`, which must outlive the node's creation.
+struct Launch {
+  void* func = nullptr;
+  unsigned blocks = 1;
+  std::vector<void*> params;
+  // Argument storage (the params point into it).
+  char* dst = nullptr;
+  const char* src = nullptr;
+  size_t pitch = 0, width = 0, height = 0, bytes = 0;
+  unsigned value = 0;
+  int element_size = 0;
+  bool wide = false;
+};
+
+bool memset_launch(cudaGraphNode_t node, Launch& l) {
+  cudaMemsetParams m{};
+  TESSERA_CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &m));
+  const size_t bytes = m.width * m.height * m.elementSize;
+  if (bytes == 0 || bytes > kGraphCopyKernelMaxBytes) return false;
+  if (m.elementSize != 1 && m.elementSize != 2 && m.elementSize != 4) return false;
+  l.dst = static_cast<char*>(m.dst);
+  l.pitch = m.height > 1 ? m.pitch : m.width * m.elementSize;
+  l.value = m.value;
+  l.element_size = static_cast<int>(m.elementSize);
+  l.width = m.width;
+  l.height = m.height;
+  l.func = reinterpret_cast<void*>(&memset_node_kernel);
+  l.blocks = blocks_for(m.width * m.height);
+  l.params = {&l.dst, &l.pitch, &l.value, &l.element_size, &l.width, &l.height};
+  return true;
+}
+
+bool memcpy_launch(cudaGraphNode_t node, Launch& l) {
+  cudaMemcpy3DParms p{};
+  TESSERA_CUDA_CHECK(cudaGraphMemcpyNodeGetParams(node, &p));
+  if (p.srcArray || p.dstArray || p.extent.height != 1 || p.extent.depth != 1) return false;
+  if (p.srcPos.y || p.srcPos.z || p.dstPos.y || p.dstPos.z) return false;
+  const size_t bytes = p.extent.width;
+  if (bytes == 0 || bytes > kGraphCopyKernelMaxBytes) return false;
+  char* dst = static_cast<char*>(p.dstPtr.ptr) + p.dstPos.x;
+  const char* src = static_cast<const char*>(p.srcPtr.ptr) + p.srcPos.x;
+  if (p.kind != cudaMemcpyDeviceToDevice &&
+      !(p.kind == cudaMemcpyDefault && is_device_memory(dst) && is_device_memory(src)))
+    return false;
+  l.dst = dst;
+  l.src = src;
+  l.bytes = bytes;
+  l.wide = (reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes) % 16 == 0;
+  l.func = reinterpret_cast<void*>(&copy_node_kernel);
+  l.blocks = blocks_for(l.wide ? bytes / 16 : bytes);
+  l.params = {&l.dst, &l.src, &l.bytes, &l.wide};
+  return true;
+}
+
+// Replaces `node` by a kernel node with the same incoming and outgoing dependencies.
+bool replace(cudaGraph_t graph, cudaGraphNode_t node, Launch& l) {
+  size_t n_in = 0, n_out = 0;
+  TESSERA_CUDA_CHECK(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &n_in));
+  TESSERA_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &n_out));
+  std::vector<cudaGraphNode_t> in(n_in), out(n_out);
+  std::vector<cudaGraphEdgeData> in_edges(n_in), out_edges(n_out);
+  TESSERA_CUDA_CHECK(cudaGraphNodeGetDependencies(node, in.data(), in_edges.data(), &n_in));
+  TESSERA_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, out.data(), out_edges.data(), &n_out));
+  if (!plain(in_edges) || !plain(out_edges)) return false;
+  cudaKernelNodeParams k{};
+  k.func = l.func;
+  k.gridDim = dim3(l.blocks);
+  k.blockDim = dim3(kThreads);
+  k.kernelParams = l.params.data();
+  cudaGraphNode_t kernel = nullptr;
+  TESSERA_CUDA_CHECK(cudaGraphAddKernelNode(&kernel, graph, in.data(), in.size(), &k));
+  if (!out.empty()) {
+    const std::vector<cudaGraphNode_t> from(out.size(), kernel);
+    TESSERA_CUDA_CHECK(cudaGraphAddDependencies(graph, from.data(), out.data(), nullptr, out.size()));
+  }
+  TESSERA_CUDA_CHECK(cudaGraphDestroyNode(node));  // and its edges
+  return true;
+}
+
+}  // namespace
+
+bool graph_copy_kernels_enabled() {
+  const char* v = std::getenv("TESSERA_GRAPH_COPY_KERNELS");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+int64_t replace_copy_nodes_with_kernels(cudaGraph_t graph) {
+  size_t count = 0;
+  TESSERA_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  TESSERA_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
+  int64_t done = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    TESSERA_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    Launch l;
+    const bool candidate = (type == cudaGraphNodeTypeMemset && memset_launch(node, l)) ||
+                           (type == cudaGraphNodeTypeMemcpy && memcpy_launch(node, l));
+    if (candidate && replace(graph, node, l)) ++done;
+  }
+  rewritten += done;
+  return done;
+}
+
+int64_t graph_copy_nodes_rewritten() { return rewritten.load(); }
+
+}  // namespace tessera::cuda
