@@ -99,7 +99,7 @@ MLP::MLP(const GPTConfig& cfg, Generator* gen, TensorOptions opts)
 
 bool MLP::fused_mlp_by_default() {
   const char* v = std::getenv("TESSERA_FUSED_MLP");
-  return v != nullptr && std::string(v) == "1";
+  return v == nullptr || std::string(v) != "0";
 }
 
 Tensor MLP::forward(const Tensor& x) {

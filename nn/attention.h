@@ -74,13 +74,10 @@ class MLP : public Module {
   Linear c_fc, c_proj;
   GELU act;
   Dropout dropout;
-  // Run c_fc -> act -> c_proj as one mlp_gelu node (the GELU and its backward in the GEMMs'
-  // epilogues where the device has them) unless one of the three carries hooks, which must
-  // see their module's own call; the MLP's own hooks run either way. Off unless
-  // TESSERA_FUSED_MLP=1: on an H100 cuBLASLt's GELU_AUX_BIAS + DGELU_BGRAD GEMMs of GPT-2
-  // 124M's MLP took 0.625 ms against 0.544 for the plain GEMMs and separate GELU kernels
-  // (bench_cuda_kernels BM_mlp_gelu_gemms_bf16), so the epilogues stay for devices where
-  // they pay, chosen by measurement.
+  // Run c_fc -> act -> c_proj as one mlp_gelu node (on a GPU: the GELU's backward and c_fc's
+  // bias gradient in one pass, kernels/cuda/linear.h) unless one of the three carries hooks,
+  // which must see their module's own call; the MLP's own hooks run either way. On unless
+  // TESSERA_FUSED_MLP=0 (where the device has no fused entries it is the composition).
   bool use_fused_mlp = fused_mlp_by_default();
   static bool fused_mlp_by_default();
   // How many forward calls went through mlp_gelu (one fused node where the device has the

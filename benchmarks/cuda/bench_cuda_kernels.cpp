@@ -17,6 +17,7 @@
 #include "tessera/kernels/cuda/cudnn_attention.h"
 #include "tessera/kernels/cuda/fused.h"
 #include "tessera/kernels/cuda/linear.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera {
 namespace {
@@ -463,29 +464,33 @@ void BM_embedding_backward_atomic_baseline(benchmark::State& s) {
 }
 TESSERA_CUDA_BENCH(BM_embedding_backward_atomic_baseline);
 
-// ---- GPT-2 124M's MLP GEMMs with the GELU in their epilogues (impl 1) or as separate
-// kernels after plain GEMMs (impl 0, the forced fallback): c_fc forward (GELU_AUX_BIAS) and
-// c_proj's input gradient through gelu' with db_fc (DGELU_BGRAD). Two GEMMs of
+// ---- GPT-2 124M's MLP GEMMs and GELU, forward and c_proj's input gradient through gelu'
+// with db_fc, three ways: impl 0 the default route (bias GEMM + GELU kernel; GEMM + one pass
+// for gelu' and the bias gradient), 1 cuBLASLt's GELU epilogues (GELU_AUX_BIAS, DGELU_BGRAD),
+// 2 the passes apart (GEMM + GELU-backward kernel + a column sum of dpre). Two GEMMs of
 // 2 * rows * 768 * 3072 flops each.
 void BM_mlp_gelu_gemms_bf16(benchmark::State& s) {
   if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
-  const int64_t H = 4 * kC;
+  const int64_t H = 4 * kC, impl = s.range(0);
   const TensorOptions bf16{.dtype = DType::bf16, .device = Device::cuda(0)};
   Tensor x = dev_randn({kRows, kC}, DType::bf16), w_fc = dev_randn({kC, H}, DType::bf16, 0.02);
   Tensor b_fc = dev_randn({H}, DType::bf16, 0.1), w_proj = dev_randn({H, kC}, DType::bf16, 0.02);
   Tensor g = dev_randn({kRows, kC}, DType::bf16);
   Tensor pre = empty({kRows, H}, bf16), act = empty({kRows, H}, bf16);
   Tensor dpre = empty({kRows, H}, bf16), db_fc = empty({H}, bf16);
-  cuda::set_linear_epilogues_enabled(s.range(0) == 1);
+  cuda::set_gelu_epilogues_enabled(impl == 1);
   run(s,
       [&] {
         cuda::linear_gelu_forward(x, w_fc, b_fc, act, pre);
-        cuda::linear_input_grad_dgelu(g, w_proj, pre, dpre, db_fc);
+        if (impl != 2) return cuda::linear_input_grad_dgelu(g, w_proj, pre, dpre, db_fc);
+        cuda::linear_forward(g, raw::transpose(w_proj, 0, 1), Tensor(), dpre);
+        gpu().binary(BinaryOp::GeluBackward, pre, dpre, dpre);
+        gpu().copy(db_fc, ops::sum(dpre, {0}));
       },
       0, 2 * 2.0 * kRows * kC * H);
-  cuda::set_linear_epilogues_enabled(true);
+  cuda::set_gelu_epilogues_enabled(false);
 }
-BENCHMARK(BM_mlp_gelu_gemms_bf16)->Arg(0)->Arg(1)->ArgNames({"fused"})->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_mlp_gelu_gemms_bf16)->Arg(0)->Arg(1)->Arg(2)->ArgNames({"impl"})->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace tessera

@@ -12,6 +12,8 @@
 #include "tessera/core/dispatch.h"
 #include "tessera/core/philox.h"
 #include "tessera/kernels/cuda/common.cuh"
+#include "tessera/kernels/cuda/fused.h"
+#include "tessera/kernels/cuda/norm_common.cuh"
 
 namespace tessera::cuda {
 
@@ -653,6 +655,39 @@ void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& o
   TESSERA_KERNEL_CHECK("where_kernel");
 }
 
+// ---- GELU backward with the bias gradient of the GEMM before it ----
+
+// In place over d [rows, H]: d = d * gelu'(pre), each element as binary(GeluBackward) computes
+// and rounds it, and the column sums of the rounded values over this block's chunk of rows
+// into partial[chunk, H]. A thread owns one pack of 8 columns down the chunk, so the sums need
+// no atomics and their order is fixed by the shapes.
+template <class T>
+__global__ void gelu_backward_columns_kernel(const T* __restrict__ pre, T* __restrict__ d,
+                                             int64_t rows, int64_t H, int64_t rows_per_chunk,
+                                             acc_t<T>* __restrict__ partial) {
+  using A = acc_t<T>;
+  const int64_t packs_per_row = H / kPack;
+  const int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (p >= packs_per_row) return;
+  const int64_t first = blockIdx.y * rows_per_chunk;
+  const int64_t last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
+  const BinaryFn<BinaryOp::GeluBackward> fn;
+  A sum[kPack] = {};
+  for (int64_t r = first; r < last; ++r) {
+    const int64_t i = r * packs_per_row + p;
+    const Pack8<T> x = load_pack(pre, i), g = load_pack(d, i);
+    Pack8<T> out;
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) {
+      out.v[k] = from_acc<T>(fn(to_acc<A>(x.v[k]), to_acc<A>(g.v[k])));
+      sum[k] += to_acc<A>(out.v[k]);
+    }
+    store_pack(d, i, out);
+  }
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) partial[blockIdx.y * H + p * kPack + k] = sum[k];
+}
+
 const bool registered = [] {
   KernelTable& t = kernel_table(DeviceType::CUDA);
   t.fill = fill;
@@ -665,4 +700,39 @@ const bool registered = [] {
 }();
 
 }  // namespace
+
+bool gelu_backward_with_bias_grad(const Tensor& pre, const Tensor& d, const Tensor& dbias) {
+  const DType t = d.dtype();
+  const bool fits = (t == DType::f32 || t == DType::bf16 || t == DType::f16) && d.dim() == 2 &&
+                    pre.shape() == d.shape() && pre.dtype() == t && pre.device() == d.device() &&
+                    pre.is_contiguous() && d.is_contiguous() && d.size(1) % kPack == 0 &&
+                    dbias.defined() && dbias.shape() == Shape{d.size(1)} && dbias.dtype() == t &&
+                    dbias.device() == d.device() && dbias.is_contiguous() &&
+                    (reinterpret_cast<uintptr_t>(pre.raw_data()) |
+                     reinterpret_cast<uintptr_t>(d.raw_data())) % 16 == 0;
+  if (!fits) return false;
+  const int64_t rows = d.size(0), H = d.size(1);
+  KernelContext ctx(d);
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(dbias.raw_data(), 0, dbias.nbytes(), ctx.stream));
+  if (rows == 0 || H == 0) return true;
+  // About four blocks per SM in all; chunks of at least 16 rows.
+  const int64_t col_blocks = (H / kPack + kThreads - 1) / kThreads;
+  const int64_t want = std::max<int64_t>(1, 4 * multiprocessor_count() / col_blocks);
+  const int64_t rows_per_chunk = std::max<int64_t>(16, (rows + want - 1) / want);
+  const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+  visit_half_float(t, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    Tensor partial = empty({chunks, H}, {.dtype = DType::f32, .device = d.device()});
+    gelu_backward_columns_kernel<T>
+        <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)), kThreads, 0,
+           ctx.stream>>>(static_cast<const T*>(pre.raw_data()), static_cast<T*>(d.raw_data()),
+                         rows, H, rows_per_chunk, partial.data<A>());
+    TESSERA_KERNEL_CHECK("gelu_backward_columns_kernel");
+    add_column_partials<T>(ctx.stream, partial.data<A>(), nullptr, chunks, H,
+                           static_cast<T*>(dbias.raw_data()), nullptr);
+  });
+  return true;
+}
+
 }  // namespace tessera::cuda

@@ -18,6 +18,13 @@ void fused_residual_layer_norm(const Tensor& x, const Tensor& residual, const Te
                                const Tensor& bias, double eps, const Tensor& residual_out,
                                const Tensor& out, const Tensor& mean, const Tensor& rstd);
 
+// The backward of GELU after a GEMM with a bias, in one pass: d [rows, H] holds dL/d act and
+// becomes dL/d pre = d * gelu'(pre) (the same values as binary(GeluBackward)), and dbias [H]
+// is overwritten with its column sums (the bias gradient), summed in a fixed order. False
+// (nothing done) unless pre and d are contiguous f32/f16/bf16 alike, 16-byte aligned, H a
+// multiple of 8, and dbias a contiguous [H] of their dtype.
+bool gelu_backward_with_bias_grad(const Tensor& pre, const Tensor& d, const Tensor& dbias);
+
 // The classifier head in one pass per row: reads logits [N, V] (f32/f16/bf16, contiguous),
 // writes each row's loss (f32 [N], 0 for ignored rows) and overwrites the logits with
 //   dlogits = dloss_scale * (softmax(logits) - onehot(target))   (0 for ignored rows)

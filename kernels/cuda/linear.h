@@ -27,23 +27,24 @@ void linear_forward(const Tensor& x2d, const Tensor& w, const Tensor& bias, cons
 void linear_weight_grad(const Tensor& x2d, const Tensor& g, const Tensor& dw,
                         const Tensor& dbias);
 
-// GPT-2's MLP up-projection with its activation, in one GEMM (CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
-// or GELU_AUX without a bias): pre_activation[M, N] = x2d @ w (+ bias), kept for the backward,
-// and out[M, N] = gelu_tanh(pre_activation). Operands as linear_forward's; pre_activation:
-// contiguous, out's shape, dtype and device. The epilogue takes GELU from the f32 accumulator
-// (not from pre_activation rounded to a 16-bit dtype); cuBLASLt also needs N divisible by 8
-// (the aux matrix's leading dimension). Fallback: linear_forward into pre_activation, then the
-// GELU kernel.
+// GPT-2's MLP up-projection with its activation: pre_activation[M, N] = x2d @ w (+ bias), kept
+// for the backward, and out[M, N] = gelu_tanh(pre_activation). Operands as linear_forward's;
+// pre_activation: contiguous, out's shape, dtype and device. By default linear_forward into
+// pre_activation, then the GELU kernel. With the GELU epilogues on (set_gelu_epilogues_enabled,
+// TESSERA_GELU_EPILOGUES=1) one GEMM (CUBLASLT_EPILOGUE_GELU_AUX_BIAS, or GELU_AUX without a
+// bias), which takes GELU from the f32 accumulator (not from pre_activation rounded to a
+// 16-bit dtype) and needs N divisible by 8 (the aux matrix's leading dimension).
 void linear_gelu_forward(const Tensor& x2d, const Tensor& w, const Tensor& bias, const Tensor& out,
                          const Tensor& pre_activation);
 
-// The input gradient of the next Linear through the GELU, in one GEMM
-// (CUBLASLT_EPILOGUE_DGELU_BGRAD, or DGELU when dbias is undefined):
+// The input gradient of the next Linear through the GELU:
 // dpre[M, H] = (g[M, N] @ w[H, N]ᵀ) * gelu_tanh'(pre_activation[M, H]), and when dbias is
 // defined dbias[H] = the column sums of dpre (the gradient of the bias that made
 // pre_activation). dpre, dbias: contiguous, written (not accumulated), in g's dtype;
-// pre_activation contiguous. Needs H divisible by 8; fallback: plain GEMM, the GELU-backward
-// kernel and a column sum.
+// pre_activation contiguous. By default a plain GEMM into dpre, then one pass that applies
+// gelu' in place and sums the bias gradient (gelu_backward_with_bias_grad, fused.h); with the
+// GELU epilogues on, one GEMM (CUBLASLT_EPILOGUE_DGELU_BGRAD, or DGELU without dbias; needs H
+// divisible by 8).
 void linear_input_grad_dgelu(const Tensor& g, const Tensor& w, const Tensor& pre_activation,
                              const Tensor& dpre, const Tensor& dbias);
 
@@ -52,6 +53,9 @@ void linear_input_grad_dgelu(const Tensor& g, const Tensor& w, const Tensor& pre
 // for testing the fallback and for comparing. Default true. Per process.
 void set_linear_epilogues_enabled(bool enabled);
 bool linear_epilogues_enabled();
+// cuBLASLt's GELU epilogues for the two functions above (also needs the switch above on).
+// Default off (TESSERA_GELU_EPILOGUES=1 turns it on). Per process.
+void set_gelu_epilogues_enabled(bool enabled);
 
 // How many linear_forward/linear_weight_grad calls (this process) took each path.
 struct LinearPathCounts {
@@ -60,7 +64,8 @@ struct LinearPathCounts {
 };
 LinearPathCounts linear_path_counts();
 // The same for linear_gelu_forward/linear_input_grad_dgelu calls: fused = the GELU (and bias)
-// work done in the epilogue. (Their fallback's linear_forward is counted above too.)
+// work done in a cuBLASLt epilogue, fallback = the default route with separate passes. (The
+// forward's linear_forward is counted above too.)
 LinearPathCounts linear_gelu_path_counts();
 
 }  // namespace tessera::cuda

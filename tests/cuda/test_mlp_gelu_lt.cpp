@@ -61,6 +61,7 @@ int64_t fused_delta(const cuda::LinearPathCounts& a, const cuda::LinearPathCount
 // at accepted shapes must take the fused path.
 void check_forward(bool epilogues) {
   cuda::set_linear_epilogues_enabled(epilogues);
+  cuda::set_gelu_epilogues_enabled(epilogues);
   for (DType t : {DType::f32, DType::bf16, DType::f16}) {
     for (const GemmShape& s : kShapes) {
       Tensor xh = host_randn({s.M, s.K}, t), wh = host_randn({s.K, s.N}, t, 0.0, 0.05),
@@ -101,11 +102,13 @@ void check_forward(bool epilogues) {
     }
   }
   cuda::set_linear_epilogues_enabled(true);
+  cuda::set_gelu_epilogues_enabled(false);
 }
 
 // linear_input_grad_dgelu: g [M, N] with w [H, N], pre [M, H] (H = s.N here, the aux ld).
 void check_backward(bool epilogues) {
   cuda::set_linear_epilogues_enabled(epilogues);
+  cuda::set_gelu_epilogues_enabled(epilogues);
   for (DType t : {DType::f32, DType::bf16, DType::f16}) {
     for (const GemmShape& s : kShapes) {
       // The 124M shape's backward: g [512, 768], w_proj [3072, 768], pre [512, 3072].
@@ -133,6 +136,12 @@ void check_backward(bool epilogues) {
         cuda::linear_input_grad_dgelu(to_gpu(gh), to_gpu(wh), to_gpu(preh), out, db);
         const auto after = cuda::linear_gelu_path_counts();
         expect_within(values(out), dpre, mlp_tolerance(t), what + " dpre");
+        if (!epilogues) {
+          // The default route's dpre is the GEMM then binary(GeluBackward), bit for bit.
+          const Tensor dact = empty({M, H}, {.dtype = t, .device = dev()});
+          cuda::linear_forward(to_gpu(gh), raw::transpose(to_gpu(wh), 0, 1), Tensor(), dact);
+          EXPECT_EQ(values(out), values(ops::gelu_backward(to_gpu(preh), dact)));
+        }
         // The bias gradient sums M rounded-or-not terms: relative to its largest element.
         if (with_db) expect_within(values(db), dbias, 2 * mlp_tolerance(t), what + " dbias");
         if (!epilogues || !s.aux_ok) {
@@ -150,6 +159,7 @@ void check_backward(bool epilogues) {
     }
   }
   cuda::set_linear_epilogues_enabled(true);
+  cuda::set_gelu_epilogues_enabled(false);
 }
 
 TEST(CudaMlpGeluLt, ForwardFusedAndFallbackMatchFloat64) {
