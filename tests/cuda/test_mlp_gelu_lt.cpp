@@ -211,12 +211,25 @@ TEST(CudaMlpGeluLt, BadInputsRaise) {
                Error);
 }
 
+// The GELU routes the MLP node's two calls take: the default passes (counted as fallback) or
+// cuBLASLt's epilogues (counted as fused where cuBLASLt takes them: bf16 at least).
+void expect_routes(bool epilogues, DType t, const cuda::LinearPathCounts& before,
+                   const cuda::LinearPathCounts& after, int64_t calls) {
+  if (!epilogues)
+    EXPECT_EQ(after.fallback - before.fallback, calls) << "the default GELU passes";
+  else if (t == DType::bf16)
+    EXPECT_EQ(after.fused - before.fused, calls) << "cuBLASLt's GELU epilogues";
+}
+
 // mlp_gelu on CUDA (one fused node) against the composed Linear -> GELU -> Linear on CUDA,
-// forward and all five gradients, at GPT-2 124M's MLP shape on 512 rows.
+// forward and all five gradients, at GPT-2 124M's MLP shape on 512 rows, through the default
+// GELU passes and through cuBLASLt's epilogues.
 TEST(CudaMlpGeluLt, AutogradMlpMatchesTheComposedMlp) {
   TESSERA_REQUIRE_GPU();
+  for (const bool epilogues : {false, true})
   for (DType t : {DType::f32, DType::bf16}) {
-    SCOPED_TRACE(dtype_name(t));
+    SCOPED_TRACE(std::string(dtype_name(t)) + (epilogues ? " epilogues" : " default passes"));
+    cuda::set_gelu_epilogues_enabled(epilogues);
     const int64_t B = 2, T = 256, C = 768, H = 3072;
     std::vector<Tensor> host = {host_randn({B, T, C}, t), host_randn({C, H}, t, 0.0, 0.02),
                                 host_randn({H}, t, 0.0, 0.1), host_randn({H, C}, t, 0.0, 0.02),
@@ -233,7 +246,8 @@ TEST(CudaMlpGeluLt, AutogradMlpMatchesTheComposedMlp) {
     autograd::backward({yf}, {dy});
     autograd::backward({yp}, {dy});
     const auto after = cuda::linear_gelu_path_counts();
-    if (t == DType::bf16) EXPECT_EQ(after.fused - before.fused, 2) << "forward and backward fused";
+    cuda::set_gelu_epilogues_enabled(false);
+    expect_routes(epilogues, t, before, after, 2);
     expect_within(values(yf), values(yp), mlp_tolerance(t), "y");
     const char* names[] = {"dx", "dw_fc", "db_fc", "dw_proj", "db_proj"};
     for (int i = 0; i < 5; ++i)
@@ -247,8 +261,10 @@ TEST(CudaMlpGeluLt, GptForwardBackwardMatchesTheComposedMlp) {
   TESSERA_REQUIRE_GPU();
   const nn::GPTConfig cfg{
       .vocab_size = 101, .block_size = 64, .n_layer = 2, .n_head = 2, .n_embd = 128};
+  for (const bool epilogues : {false, true})
   for (DType t : {DType::f32, DType::bf16}) {
-    SCOPED_TRACE(dtype_name(t));
+    SCOPED_TRACE(std::string(dtype_name(t)) + (epilogues ? " epilogues" : " default passes"));
+    cuda::set_gelu_epilogues_enabled(epilogues);
     Generator g1(3), g2(3);
     nn::GPT fused(cfg, &g1), plain(cfg, &g2);
     for (nn::GPT* m : {&fused, &plain}) m->to(dev(), t);
@@ -262,9 +278,10 @@ TEST(CudaMlpGeluLt, GptForwardBackwardMatchesTheComposedMlp) {
     lf.backward();
     lp.backward();
     const auto after = cuda::linear_gelu_path_counts();
+    cuda::set_gelu_epilogues_enabled(false);
     EXPECT_EQ(fused.transformer.blocks[0]->mlp.fused_mlp_calls(), 1);
     EXPECT_EQ(plain.transformer.blocks[0]->mlp.fused_mlp_calls(), 0);
-    if (t == DType::bf16) EXPECT_EQ(after.fused - before.fused, 2 * cfg.n_layer);
+    expect_routes(epilogues, t, before, after, 2 * cfg.n_layer);
     EXPECT_NEAR(lf.item(), lp.item(), (t == DType::f32 ? 1e-5 : 2e-2) * std::abs(lp.item()));
     for (auto& [name, p] : plain.named_parameters()) {
       const Tensor gf = fused.parameter(name).grad(), gp = p.grad();
