@@ -109,6 +109,10 @@ class FlatBuckets {
   // when it is ready (an Extension whose own collectives, issued at the very end of backward,
   // should run before it: their results are then applied while it is reduced).
   void hold_last_bucket() { hold_last_bucket_ = true; }
+  // Whether the last bucket in bucket order is held back and not launched yet.
+  bool last_bucket_held() const {
+    return hold_last_bucket_ && ordered_buckets_ > 0 && !buckets_[ordered_buckets_ - 1].launched;
+  }
   // Reports parameter i's gradient final for this backward (as its grad-ready hook does), for
   // a gradient that the autograd graph does not deliver. With sync off: only adopts it.
   void mark_ready(size_t i) { on_grad_ready(i); }

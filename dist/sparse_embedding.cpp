@@ -163,6 +163,7 @@ void SparseEmbeddingSync::on_backward_started() {
 // at the same place in its backward, so the collectives come in the same order everywhere.
 void SparseEmbeddingSync::gather(Weight& w, const Tensor& indices, const Tensor& grad) {
   const int64_t world = group_->size(), n = indices.numel(), c = grad.size(1);
+  if (buckets_.last_bucket_held()) ++stats_.gathered_before_last_bucket;
   Gathered g;
   g.indices = empty({world * n}, {.dtype = indices.dtype(), .device = indices.device()});
   g.grads = empty({world * n, c}, {.dtype = grad.dtype(), .device = grad.device()});

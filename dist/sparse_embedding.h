@@ -42,6 +42,8 @@ class SparseEmbeddingSync {
     int64_t dense_lookups = 0;   // lookups of a synchronised weight that took the dense path
     // Sparse lookups whose weight's bucket had been launched before their backward ran.
     int64_t launched_before_lookup_backward = 0;
+    // Lookups whose rows were all-gathered while the last bucket was still held back.
+    int64_t gathered_before_last_bucket = 0;
   };
 
   // The indices into `params` of the weights of `module`'s nn::Embedding modules.

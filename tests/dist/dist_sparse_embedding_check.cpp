@@ -5,7 +5,7 @@
 //   - sparse path taken: the embedding weight's averaged gradient equals the dense path's
 //     within 1e-6 (relative to its largest element) and is bitwise the same on every rank;
 //     every other gradient is bitwise the dense path's; the weight's bucket was launched
-//     before the lookup's backward ran;
+//     before the lookup's backward ran, and its rows all-gathered before the last bucket;
 //   - dense path taken, results bitwise the dense path's, for: world·N >= 2·V, mismatched N
 //     across ranks (and from then on), a no_sync micro-step (its final gradient after the
 //     synced one within 1e-6 of the dense path's), eval mode; ZeRO 1-3 install no sink.
@@ -138,6 +138,8 @@ void check_sparse_path(bool tied) {
   check(sparse.stats.sparse_lookups == 1, what + ": the lookup did not go sparse");
   check(sparse.stats.launched_before_lookup_backward == 1,
         what + ": the weight's bucket was not launched before the lookup's backward");
+  check(sparse.stats.gathered_before_last_bucket == 1,
+        what + ": the lookup's rows were not all-gathered ahead of the last bucket");
   // wte and wpe (whose N = T gives world·N >= 2·T: dense) have buckets of their own.
   check(sparse.solo_buckets == 2 && dense.solo_buckets == 0, what + ": solo buckets");
   check(dense.stats.sparse_lookups == 0, what + ": dense run went sparse");
