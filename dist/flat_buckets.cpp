@@ -228,8 +228,8 @@ void FlatBuckets::on_grad_ready(size_t i) {
 
 void FlatBuckets::launch_ready_buckets() {
   // Strictly in bucket order, so every rank issues the same sequence of collectives.
-  const size_t end = hold_last_bucket_ && ordered_buckets_ > 0 ? ordered_buckets_ - 1
-                                                                : ordered_buckets_;
+  const size_t end =
+      hold_last_bucket_ && ordered_buckets_ > 0 ? ordered_buckets_ - 1 : ordered_buckets_;
   while (next_bucket_to_launch_ < end && buckets_[next_bucket_to_launch_].pending == 0) {
     launch(buckets_[next_bucket_to_launch_++]);
   }

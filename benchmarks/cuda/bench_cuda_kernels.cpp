@@ -490,7 +490,14 @@ void BM_mlp_gelu_gemms_bf16(benchmark::State& s) {
       0, 2 * 2.0 * kRows * kC * H);
   cuda::set_gelu_epilogues_enabled(false);
 }
-BENCHMARK(BM_mlp_gelu_gemms_bf16)->Arg(0)->Arg(1)->Arg(2)->ArgNames({"impl"})->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_mlp_gelu_gemms_bf16)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->ArgNames({"impl"})
+    ->UseManualTime()
+    ->Iterations(3)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace tessera

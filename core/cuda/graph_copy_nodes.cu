@@ -50,7 +50,8 @@ std::atomic<int64_t> rewritten{0};
 
 bool plain(const std::vector<cudaGraphEdgeData>& edges) {
   for (const cudaGraphEdgeData& e : edges)
-    if (e.type != cudaGraphDependencyTypeDefault || e.from_port != 0 || e.to_port != 0) return false;
+    if (e.type != cudaGraphDependencyTypeDefault || e.from_port != 0 || e.to_port != 0)
+      return false;
   return true;
 }
 
@@ -137,7 +138,8 @@ bool replace(cudaGraph_t graph, cudaGraphNode_t node, Launch& l) {
   TESSERA_CUDA_CHECK(cudaGraphAddKernelNode(&kernel, graph, in.data(), in.size(), &k));
   if (!out.empty()) {
     const std::vector<cudaGraphNode_t> from(out.size(), kernel);
-    TESSERA_CUDA_CHECK(cudaGraphAddDependencies(graph, from.data(), out.data(), nullptr, out.size()));
+    TESSERA_CUDA_CHECK(
+        cudaGraphAddDependencies(graph, from.data(), out.data(), nullptr, out.size()));
   }
   TESSERA_CUDA_CHECK(cudaGraphDestroyNode(node));  // and its edges
   return true;

@@ -703,14 +703,18 @@ const bool registered = [] {
 
 bool gelu_backward_with_bias_grad(const Tensor& pre, const Tensor& d, const Tensor& dbias) {
   const DType t = d.dtype();
-  const bool fits = (t == DType::f32 || t == DType::bf16 || t == DType::f16) && d.dim() == 2 &&
-                    pre.shape() == d.shape() && pre.dtype() == t && pre.device() == d.device() &&
-                    pre.is_contiguous() && d.is_contiguous() && d.size(1) % kPack == 0 &&
-                    dbias.defined() && dbias.shape() == Shape{d.size(1)} && dbias.dtype() == t &&
-                    dbias.device() == d.device() && dbias.is_contiguous() &&
-                    (reinterpret_cast<uintptr_t>(pre.raw_data()) |
-                     reinterpret_cast<uintptr_t>(d.raw_data())) % 16 == 0;
-  if (!fits) return false;
+  const auto aligned = [](const Tensor& u) {
+    return reinterpret_cast<uintptr_t>(u.raw_data()) % 16 == 0;
+  };
+  if (!(t == DType::f32 || t == DType::bf16 || t == DType::f16) || d.dim() != 2 ||
+      !d.is_contiguous() || !aligned(d) || d.size(1) % kPack != 0)
+    return false;
+  const bool pre_fits = pre.shape() == d.shape() && pre.dtype() == t &&
+                        pre.device() == d.device() && pre.is_contiguous() && aligned(pre);
+  const bool bias_fits = dbias.defined() && dbias.shape() == Shape{d.size(1)} &&
+                         dbias.dtype() == t && dbias.device() == d.device() &&
+                         dbias.is_contiguous();
+  if (!pre_fits || !bias_fits) return false;
   const int64_t rows = d.size(0), H = d.size(1);
   KernelContext ctx(d);
   TESSERA_CUDA_CHECK(cudaMemsetAsync(dbias.raw_data(), 0, dbias.nbytes(), ctx.stream));
@@ -726,8 +730,8 @@ bool gelu_backward_with_bias_grad(const Tensor& pre, const Tensor& d, const Tens
     Tensor partial = empty({chunks, H}, {.dtype = DType::f32, .device = d.device()});
     gelu_backward_columns_kernel<T>
         <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)), kThreads, 0,
-           ctx.stream>>>(static_cast<const T*>(pre.raw_data()), static_cast<T*>(d.raw_data()),
-                         rows, H, rows_per_chunk, partial.data<A>());
+           ctx.stream>>>(static_cast<const T*>(pre.raw_data()), static_cast<T*>(d.raw_data()), rows,
+                         H, rows_per_chunk, partial.data<A>());
     TESSERA_KERNEL_CHECK("gelu_backward_columns_kernel");
     add_column_partials<T>(ctx.stream, partial.data<A>(), nullptr, chunks, H,
                            static_cast<T*>(dbias.raw_data()), nullptr);

@@ -9,9 +9,9 @@
 
 #include "cpu_mlp_entries.h"
 #include "gradcheck.h"
-#include "tests/gelu_reference.h"
 #include "tessera/autograd/autocast.h"
 #include "tessera/core/fused_dispatch.h"
+#include "tests/gelu_reference.h"
 
 namespace tessera {
 namespace {

@@ -327,8 +327,8 @@ TEST(CudaGraphs, SmallCopiesAndMemsetsReplayAsKernels) {
     const Tensor y = ops::add(x, 1.0);
     raw::copy_(row, y.select(0, 3));  // 1,028 contiguous bytes: a memcpy node
     // Bytes of 0x3f in a 2-D memset of 3 rows of 400 bytes: a memset node.
-    TESSERA_CUDA_CHECK(cudaMemset2DAsync(ones_bits.raw_data(), 400, 0x3f, 400, 3,
-                                         cuda::current_stream(0)));
+    TESSERA_CUDA_CHECK(
+        cudaMemset2DAsync(ones_bits.raw_data(), 400, 0x3f, 400, 3, cuda::current_stream(0)));
     // 1.2 MB: stays on the copy engine.
     TESSERA_CUDA_CHECK(cudaMemsetAsync(big.raw_data(), 0, big.nbytes(), cuda::current_stream(0)));
     out = ops::add(ops::mul(row, ones_bits.select(0, 2).narrow(0, 0, 1)), 2.0);

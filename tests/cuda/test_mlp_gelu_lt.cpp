@@ -227,33 +227,33 @@ void expect_routes(bool epilogues, DType t, const cuda::LinearPathCounts& before
 TEST(CudaMlpGeluLt, AutogradMlpMatchesTheComposedMlp) {
   TESSERA_REQUIRE_GPU();
   for (const bool epilogues : {false, true})
-  for (DType t : {DType::f32, DType::bf16}) {
-    SCOPED_TRACE(std::string(dtype_name(t)) + (epilogues ? " epilogues" : " default passes"));
-    cuda::set_gelu_epilogues_enabled(epilogues);
-    const int64_t B = 2, T = 256, C = 768, H = 3072;
-    std::vector<Tensor> host = {host_randn({B, T, C}, t), host_randn({C, H}, t, 0.0, 0.02),
-                                host_randn({H}, t, 0.0, 0.1), host_randn({H, C}, t, 0.0, 0.02),
-                                host_randn({C}, t, 0.0, 0.1)};
-    std::vector<Tensor> fused, plain;
-    for (const Tensor& h : host) {
-      fused.push_back(to_gpu(h).requires_grad_());
-      plain.push_back(to_gpu(h).requires_grad_());
+    for (DType t : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + (epilogues ? " epilogues" : " default passes"));
+      cuda::set_gelu_epilogues_enabled(epilogues);
+      const int64_t B = 2, T = 256, C = 768, H = 3072;
+      std::vector<Tensor> host = {host_randn({B, T, C}, t), host_randn({C, H}, t, 0.0, 0.02),
+                                  host_randn({H}, t, 0.0, 0.1), host_randn({H, C}, t, 0.0, 0.02),
+                                  host_randn({C}, t, 0.0, 0.1)};
+      std::vector<Tensor> fused, plain;
+      for (const Tensor& h : host) {
+        fused.push_back(to_gpu(h).requires_grad_());
+        plain.push_back(to_gpu(h).requires_grad_());
+      }
+      const auto before = cuda::linear_gelu_path_counts();
+      const Tensor yf = mlp_gelu(fused[0], fused[1], fused[2], fused[3], fused[4]);
+      const Tensor yp = linear(gelu(linear(plain[0], plain[1], plain[2])), plain[3], plain[4]);
+      const Tensor dy = to_gpu(host_randn({B, T, C}, t));
+      autograd::backward({yf}, {dy});
+      autograd::backward({yp}, {dy});
+      const auto after = cuda::linear_gelu_path_counts();
+      cuda::set_gelu_epilogues_enabled(false);
+      expect_routes(epilogues, t, before, after, 2);
+      expect_within(values(yf), values(yp), mlp_tolerance(t), "y");
+      const char* names[] = {"dx", "dw_fc", "db_fc", "dw_proj", "db_proj"};
+      for (int i = 0; i < 5; ++i)
+        expect_within(values(fused[i].grad()), values(plain[i].grad()), 2 * mlp_tolerance(t),
+                      names[i]);
     }
-    const auto before = cuda::linear_gelu_path_counts();
-    const Tensor yf = mlp_gelu(fused[0], fused[1], fused[2], fused[3], fused[4]);
-    const Tensor yp = linear(gelu(linear(plain[0], plain[1], plain[2])), plain[3], plain[4]);
-    const Tensor dy = to_gpu(host_randn({B, T, C}, t));
-    autograd::backward({yf}, {dy});
-    autograd::backward({yp}, {dy});
-    const auto after = cuda::linear_gelu_path_counts();
-    cuda::set_gelu_epilogues_enabled(false);
-    expect_routes(epilogues, t, before, after, 2);
-    expect_within(values(yf), values(yp), mlp_tolerance(t), "y");
-    const char* names[] = {"dx", "dw_fc", "db_fc", "dw_proj", "db_proj"};
-    for (int i = 0; i < 5; ++i)
-      expect_within(values(fused[i].grad()), values(plain[i].grad()), 2 * mlp_tolerance(t),
-                    names[i]);
-  }
 }
 
 // A small GPT's loss and gradients on CUDA with the fused MLP against the composed one.
@@ -262,33 +262,33 @@ TEST(CudaMlpGeluLt, GptForwardBackwardMatchesTheComposedMlp) {
   const nn::GPTConfig cfg{
       .vocab_size = 101, .block_size = 64, .n_layer = 2, .n_head = 2, .n_embd = 128};
   for (const bool epilogues : {false, true})
-  for (DType t : {DType::f32, DType::bf16}) {
-    SCOPED_TRACE(std::string(dtype_name(t)) + (epilogues ? " epilogues" : " default passes"));
-    cuda::set_gelu_epilogues_enabled(epilogues);
-    Generator g1(3), g2(3);
-    nn::GPT fused(cfg, &g1), plain(cfg, &g2);
-    for (nn::GPT* m : {&fused, &plain}) m->to(dev(), t);
-    for (nn::Block* block : fused.transformer.blocks) block->mlp.use_fused_mlp = true;
-    for (nn::Block* block : plain.transformer.blocks) block->mlp.use_fused_mlp = false;
-    Generator data(4);
-    const Tensor idx = randint(0, 101, {4, 64}, {.dtype = DType::i64}, &data).to(dev());
-    const Tensor targets = randint(0, 101, {4, 64}, {.dtype = DType::i64}, &data).to(dev());
-    const auto before = cuda::linear_gelu_path_counts();
-    const Tensor lf = fused.loss(idx, targets), lp = plain.loss(idx, targets);
-    lf.backward();
-    lp.backward();
-    const auto after = cuda::linear_gelu_path_counts();
-    cuda::set_gelu_epilogues_enabled(false);
-    EXPECT_EQ(fused.transformer.blocks[0]->mlp.fused_mlp_calls(), 1);
-    EXPECT_EQ(plain.transformer.blocks[0]->mlp.fused_mlp_calls(), 0);
-    expect_routes(epilogues, t, before, after, 2 * cfg.n_layer);
-    EXPECT_NEAR(lf.item(), lp.item(), (t == DType::f32 ? 1e-5 : 2e-2) * std::abs(lp.item()));
-    for (auto& [name, p] : plain.named_parameters()) {
-      const Tensor gf = fused.parameter(name).grad(), gp = p.grad();
-      ASSERT_TRUE(gf.defined() && gp.defined()) << name;
-      expect_within(values(gf), values(gp), t == DType::f32 ? 1e-3 : 5e-2, name);
+    for (DType t : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + (epilogues ? " epilogues" : " default passes"));
+      cuda::set_gelu_epilogues_enabled(epilogues);
+      Generator g1(3), g2(3);
+      nn::GPT fused(cfg, &g1), plain(cfg, &g2);
+      for (nn::GPT* m : {&fused, &plain}) m->to(dev(), t);
+      for (nn::Block* block : fused.transformer.blocks) block->mlp.use_fused_mlp = true;
+      for (nn::Block* block : plain.transformer.blocks) block->mlp.use_fused_mlp = false;
+      Generator data(4);
+      const Tensor idx = randint(0, 101, {4, 64}, {.dtype = DType::i64}, &data).to(dev());
+      const Tensor targets = randint(0, 101, {4, 64}, {.dtype = DType::i64}, &data).to(dev());
+      const auto before = cuda::linear_gelu_path_counts();
+      const Tensor lf = fused.loss(idx, targets), lp = plain.loss(idx, targets);
+      lf.backward();
+      lp.backward();
+      const auto after = cuda::linear_gelu_path_counts();
+      cuda::set_gelu_epilogues_enabled(false);
+      EXPECT_EQ(fused.transformer.blocks[0]->mlp.fused_mlp_calls(), 1);
+      EXPECT_EQ(plain.transformer.blocks[0]->mlp.fused_mlp_calls(), 0);
+      expect_routes(epilogues, t, before, after, 2 * cfg.n_layer);
+      EXPECT_NEAR(lf.item(), lp.item(), (t == DType::f32 ? 1e-5 : 2e-2) * std::abs(lp.item()));
+      for (auto& [name, p] : plain.named_parameters()) {
+        const Tensor gf = fused.parameter(name).grad(), gp = p.grad();
+        ASSERT_TRUE(gf.defined() && gp.defined()) << name;
+        expect_within(values(gf), values(gp), t == DType::f32 ? 1e-3 : 5e-2, name);
+      }
     }
-  }
 }
 
 }  // namespace
