@@ -48,6 +48,28 @@ unsigned blocks_for(size_t items) {
 
 std::atomic<int64_t> rewritten{0};
 
+// The graph API with edge data: the plain names from CUDA 13 on, `_v2` in 12.3-12.9; older
+// toolkits have none (and no rewrite).
+#if CUDART_VERSION >= 12030
+#if CUDART_VERSION >= 13000
+#define TESSERA_GRAPH_EDGE_API(name) name
+#else
+#define TESSERA_GRAPH_EDGE_API(name) name##_v2
+#endif
+cudaError_t node_dependencies(cudaGraphNode_t node, cudaGraphNode_t* nodes,
+                              cudaGraphEdgeData* edges, size_t* count) {
+  return TESSERA_GRAPH_EDGE_API(cudaGraphNodeGetDependencies)(node, nodes, edges, count);
+}
+cudaError_t node_dependents(cudaGraphNode_t node, cudaGraphNode_t* nodes, cudaGraphEdgeData* edges,
+                            size_t* count) {
+  return TESSERA_GRAPH_EDGE_API(cudaGraphNodeGetDependentNodes)(node, nodes, edges, count);
+}
+cudaError_t add_dependencies(cudaGraph_t graph, const cudaGraphNode_t* from,
+                             const cudaGraphNode_t* to, size_t count) {
+  return TESSERA_GRAPH_EDGE_API(cudaGraphAddDependencies)(graph, from, to, nullptr, count);
+}
+#undef TESSERA_GRAPH_EDGE_API
+
 bool plain(const std::vector<cudaGraphEdgeData>& edges) {
   for (const cudaGraphEdgeData& e : edges)
     if (e.type != cudaGraphDependencyTypeDefault || e.from_port != 0 || e.to_port != 0)
@@ -122,12 +144,12 @@ bool memcpy_launch(cudaGraphNode_t node, Launch& l) {
 // Replaces `node` by a kernel node with the same incoming and outgoing dependencies.
 bool replace(cudaGraph_t graph, cudaGraphNode_t node, Launch& l) {
   size_t n_in = 0, n_out = 0;
-  TESSERA_CUDA_CHECK(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &n_in));
-  TESSERA_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &n_out));
+  TESSERA_CUDA_CHECK(node_dependencies(node, nullptr, nullptr, &n_in));
+  TESSERA_CUDA_CHECK(node_dependents(node, nullptr, nullptr, &n_out));
   std::vector<cudaGraphNode_t> in(n_in), out(n_out);
   std::vector<cudaGraphEdgeData> in_edges(n_in), out_edges(n_out);
-  TESSERA_CUDA_CHECK(cudaGraphNodeGetDependencies(node, in.data(), in_edges.data(), &n_in));
-  TESSERA_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, out.data(), out_edges.data(), &n_out));
+  TESSERA_CUDA_CHECK(node_dependencies(node, in.data(), in_edges.data(), &n_in));
+  TESSERA_CUDA_CHECK(node_dependents(node, out.data(), out_edges.data(), &n_out));
   if (!plain(in_edges) || !plain(out_edges)) return false;
   cudaKernelNodeParams k{};
   k.func = l.func;
@@ -138,12 +160,13 @@ bool replace(cudaGraph_t graph, cudaGraphNode_t node, Launch& l) {
   TESSERA_CUDA_CHECK(cudaGraphAddKernelNode(&kernel, graph, in.data(), in.size(), &k));
   if (!out.empty()) {
     const std::vector<cudaGraphNode_t> from(out.size(), kernel);
-    TESSERA_CUDA_CHECK(
-        cudaGraphAddDependencies(graph, from.data(), out.data(), nullptr, out.size()));
+    TESSERA_CUDA_CHECK(add_dependencies(graph, from.data(), out.data(), out.size()));
   }
   TESSERA_CUDA_CHECK(cudaGraphDestroyNode(node));  // and its edges
   return true;
 }
+
+#endif  // CUDART_VERSION >= 12030
 
 }  // namespace
 
@@ -153,6 +176,10 @@ bool graph_copy_kernels_enabled() {
 }
 
 int64_t replace_copy_nodes_with_kernels(cudaGraph_t graph) {
+#if CUDART_VERSION < 12030
+  (void)graph;
+  return 0;
+#else
   size_t count = 0;
   TESSERA_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
   std::vector<cudaGraphNode_t> nodes(count);
@@ -168,6 +195,7 @@ int64_t replace_copy_nodes_with_kernels(cudaGraph_t graph) {
   }
   rewritten += done;
   return done;
+#endif
 }
 
 int64_t graph_copy_nodes_rewritten() { return rewritten.load(); }
