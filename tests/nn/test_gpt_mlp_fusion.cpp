@@ -1,9 +1,9 @@
-// GPT's MLP through mlp_gelu (MLP::use_fused_mlp, TESSERA_FUSED_MLP=1) against the composed
-// c_fc -> GELU -> c_proj: the same logits and gradients (bit for bit on the CPU, where
-// mlp_gelu is that composition; to rounding through the fused tape node, with CPU stand-ins
-// for the GPU's fused GEMMs), with gradient checkpointing too; hooks on c_fc/act/c_proj keep
-// the composed path (they must see their module's call), hooks on the MLP and its block
-// still fire.
+// GPT's MLP through mlp_gelu (MLP::use_fused_mlp: on by default, TESSERA_FUSED_MLP=0 turns
+// it off) against the composed c_fc -> GELU -> c_proj: the same logits and gradients (bit for
+// bit on the CPU, where mlp_gelu is that composition; to rounding through the fused tape
+// node, with CPU stand-ins for the GPU's fused GEMMs), with gradient checkpointing too; hooks
+// on c_fc/act/c_proj keep the composed path (they must see their module's call), hooks on
+// the MLP and its block still fire.
 #include <gtest/gtest.h>
 
 #include <memory>
