@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """tools/kernel_trace/compare.py on hand-written summaries and a hand-written Chrome trace,
-against category totals and whole-trace figures computed by hand; merge.py on three traces."""
+against category totals and whole-trace figures computed by hand; merge.py on three traces;
+gaps.py on a hand-written trace whose idle stretches are known."""
 import contextlib
 import io
 import json
@@ -13,6 +14,7 @@ import unittest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tools" / "kernel_trace"))
 import compare  # noqa: E402
+import gaps  # noqa: E402
 import merge  # noqa: E402
 
 HEADER = """tessera kernel trace of {who}
@@ -263,6 +265,62 @@ class MergeTest(unittest.TestCase):
         with contextlib.redirect_stderr(err):
             self.assertEqual(merge.main([bad, "-o", output]), 2)
         self.assertIn("bad.json is not a Chrome trace", err.getvalue())
+
+
+class GapsTest(unittest.TestCase):
+    def test_idle_time_by_pair_and_per_step(self):
+        def kernel(name, ts, dur, node, pid=0):
+            return {"name": name, "cat": "kernel", "ph": "X", "ts": ts, "dur": dur, "pid": pid,
+                    "tid": 7, "args": {"graph_id": 4, "graph_node_id": node}}
+        events = []
+        # Two replays of one step 101 us apart: layer_norm, a 4-byte memset 4 us after it, a
+        # GEMM 6 us after the memset, and an attention kernel overlapping the GEMM's end (no
+        # gap), then a second kernel on another stream inside the busy stretch.
+        for step in range(2):
+            t = 101.0 * step
+            events += [kernel("layer_norm", t, 10, 1),
+                       {"name": "memset", "cat": "memory", "ph": "X", "ts": t + 14, "dur": 1,
+                        "pid": 0, "tid": 7, "args": {"bytes": 4, "graph_id": 4}},
+                       kernel("gemm", t + 21, 30, 2), kernel("attention", t + 45, 20, 3),
+                       kernel("inner", t + 50, 5, 4)]
+        # Another device: one gap of 8 us.
+        events += [kernel("a", 0, 2, 9, pid=1), kernel("b", 10, 2, 10, pid=1)]
+        folder = tempfile.TemporaryDirectory()
+        self.addCleanup(folder.cleanup)
+        path = os.path.join(folder.name, "t.json")
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump({"traceEvents": events}, handle)
+        devices, replays = gaps.read_activities(path)
+        self.assertEqual(replays, 2)
+        span, idle, pairs = gaps.idle_by_pair(devices[0])
+        # Busy [0,10] [14,15] [21,65] | [101,111] [115,116] [122,166]; idle 4 + 6 + 36 + 4 + 6.
+        self.assertEqual(span, 166)
+        self.assertEqual(idle, 56)
+        self.assertEqual(dict(pairs), {("layer_norm", "memset 4 B"): [2, 8],
+                                       ("memset 4 B", "gemm"): [2, 12],
+                                       ("attention", "layer_norm"): [1, 36]})
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            self.assertEqual(gaps.main([path, "--steps", "auto", "--top", "2"]), 0)
+        lines = out.getvalue().splitlines()
+        self.assertEqual(lines[0], "device 0: span 0.083 ms, idle 0.028 ms per step (2.0 steps)")
+        self.assertEqual(lines[2].split(), ["0.018", "0.5", "36.00", "attention", "->",
+                                            "layer_norm"])
+        self.assertEqual(lines[3].split(), ["0.006", "1.0", "6.00", "memset", "4", "B", "->",
+                                            "gemm"])
+        self.assertEqual(len(lines), 7)  # two pairs per device
+        self.assertEqual(lines[4], "device 1: span 0.006 ms, idle 0.004 ms per step (2.0 steps)")
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            self.assertEqual(gaps.main([path, "--steps", "0"]), 2)
+            no_graph = os.path.join(folder.name, "n.json")
+            with open(no_graph, "w", encoding="utf-8") as handle:
+                json.dump({"traceEvents": [{"name": "k", "ph": "X", "ts": 0, "dur": 1}]}, handle)
+            self.assertEqual(gaps.main([no_graph, "--steps", "auto"]), 2)
+            self.assertEqual(gaps.main([os.path.join(folder.name, "missing.json")]), 2)
+        self.assertIn("positive number or 'auto', got 0", err.getvalue())
+        self.assertIn("n.json: no CUDA graph replays", err.getvalue())
+        self.assertIn("cannot read", err.getvalue())
 
 
 if __name__ == "__main__":
