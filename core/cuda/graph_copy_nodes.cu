@@ -86,13 +86,12 @@ bool is_device_memory(const void* p) {
   return a.type == cudaMemoryTypeDevice;
 }
 
-// The kernel launch doing a node's work, or false when the node is not one to rewrite. The
-// argument values live in `args`, which must outlive the node's creation.
+// The kernel launch that does a node's work. `params` points at the argument fields below,
+// so a Launch stays where it was filled until the kernel node is made from it.
 struct Launch {
   void* func = nullptr;
   unsigned blocks = 1;
   std::vector<void*> params;
-  // Argument storage (the params point into it).
   char* dst = nullptr;
   const char* src = nullptr;
   size_t pitch = 0, width = 0, height = 0, bytes = 0;
@@ -101,6 +100,7 @@ struct Launch {
   bool wide = false;
 };
 
+// Fill `l` for a memset / memcpy node; false when the node is not one to rewrite.
 bool memset_launch(cudaGraphNode_t node, Launch& l) {
   cudaMemsetParams m{};
   TESSERA_CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &m));
