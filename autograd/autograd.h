@@ -88,8 +88,9 @@ struct Edge {
 // Memory a backward may write one input's gradient into instead of allocating it (the
 // engine offers it; see BackwardArgs::destinations).
 struct GradDestination {
-  Tensor tensor;            // undefined: none offered
-  bool accumulate = false;  // false: overwrite it; true: it already holds a partial gradient, add into it
+  Tensor tensor;  // undefined: none offered
+  // false: overwrite it; true: it already holds a partial gradient, add into it.
+  bool accumulate = false;
 };
 
 // What the backward closure gets.
@@ -127,11 +128,11 @@ struct TensorGeometry {
 };
 
 struct Node {
-  std::string name;                    // e.g. "MatmulBackward"
-  uint64_t sequence_nr = 0;            // creation order; later nodes run first in backward
-  std::vector<Edge> next_edges;        // one per input
-  std::vector<TensorGeometry> outputs; // one per output
-  BackwardFn backward;                 // reset after a backward without retain_graph
+  std::string name;                     // e.g. "MatmulBackward"
+  uint64_t sequence_nr = 0;             // creation order; later nodes run first in backward
+  std::vector<Edge> next_edges;         // one per input
+  std::vector<TensorGeometry> outputs;  // one per output
+  BackwardFn backward;                  // reset after a backward without retain_graph
   bool released = false;
   // Hooks on the outputs of this node (non-leaf tensor hooks), by output index; empty until
   // the first hook is registered.
@@ -156,8 +157,8 @@ struct AutogradMeta {
   // into the view rewrites (see rebase_view_history).
   std::shared_ptr<TensorImpl> view_base;
   std::weak_ptr<Node> accumulate_grad;  // a leaf's AccumulateGrad node, while a graph uses it
-  std::vector<std::pair<uint64_t, GradHook>> hooks;               // leaves only
-  std::vector<std::pair<uint64_t, GradReadyHook>> ready_hooks;    // leaves only
+  std::vector<std::pair<uint64_t, GradHook>> hooks;             // leaves only
+  std::vector<std::pair<uint64_t, GradReadyHook>> ready_hooks;  // leaves only
   // Leaves only: where the gradient is written when .grad is undefined at the start of its
   // accumulation (set_grad_destination).
   Tensor grad_destination;

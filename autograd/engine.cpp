@@ -281,7 +281,8 @@ class GraphTask {
     // A backward that failed may leave claims: their destinations are free again.
     for (const auto& leaf : claimed_leaves_) {
       AutogradMeta* meta = leaf->autograd.get();
-      if (meta != nullptr && meta->destination_claimed_by == this) meta->destination_claimed_by = nullptr;
+      if (meta != nullptr && meta->destination_claimed_by == this)
+        meta->destination_claimed_by = nullptr;
     }
   }
 
@@ -394,8 +395,7 @@ class GraphTask {
     const bool hooked = std::any_of(target.output_hooks.begin(), target.output_hooks.end(),
                                     [](const auto& hooks) { return !hooks.empty(); });
     if (!target.destination_view || hooked || target.next_edges.size() != 1 ||
-        !target.next_edges[0].valid() || target.outputs.size() != 1 ||
-        dependencies_[&target] != 1)
+        !target.next_edges[0].valid() || target.outputs.size() != 1 || dependencies_[&target] != 1)
       return {};
     Offer inner = offer_for(target.next_edges[0]);
     if (inner.leaf == nullptr) return {};
@@ -444,13 +444,15 @@ class GraphTask {
       accumulate_into_leaf(*node, std::move(grads[0]), this);
       return;
     }
-    TESSERA_CHECK(!node->released && node->backward, "backward: trying to backward through the "
-                  "graph a second time: ", node->name, " already freed its saved tensors after "
-                  "the first backward; pass retain_graph=true to the first backward");
+    TESSERA_CHECK(!node->released && node->backward,
+                  "backward: trying to backward through the graph a second time: ", node->name,
+                  " already freed its saved tensors after the first backward; pass "
+                  "retain_graph=true to the first backward");
     BackwardArgs args;
     for (size_t i = 0; i < grads.size(); ++i) {
       const TensorGeometry& out = node->outputs[i];
-      if (!grads[i].defined()) grads[i] = zeros(out.shape, {.dtype = out.dtype, .device = out.device});
+      if (!grads[i].defined())
+        grads[i] = zeros(out.shape, {.dtype = out.dtype, .device = out.device});
       if (i < node->output_hooks.size() && !node->output_hooks[i].empty())
         grads[i] = apply_hooks(node->output_hooks[i], grads[i]);
     }
@@ -463,8 +465,8 @@ class GraphTask {
     claim_used_destinations(offers, input_grads);
     std::vector<bool> added_in_place(input_grads.size(), false);
     for (size_t i = 0; i < offers.size() && i < input_grads.size(); ++i)
-      added_in_place[i] = offers[i].destination.accumulate &&
-                          input_grads[i].is_same(offers[i].destination.tensor);
+      added_in_place[i] =
+          offers[i].destination.accumulate && input_grads[i].is_same(offers[i].destination.tensor);
     // Drop the incoming gradients and the offers now: a gradient that holds the only reference
     // to its memory can then be kept as the leaf's .grad without a copy (accumulate_into_leaf)
     // or added into in place (add_gradient).
@@ -506,8 +508,8 @@ class GraphTask {
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
               bool retain_graph) {
   TESSERA_CHECK(!roots.empty(), "backward: no tensors given");
-  TESSERA_CHECK(grad_roots.empty() || grad_roots.size() == roots.size(), "backward: ",
-                roots.size(), " tensors but ", grad_roots.size(), " gradients");
+  TESSERA_CHECK(grad_roots.empty() || grad_roots.size() == roots.size(), "backward: ", roots.size(),
+                " tensors but ", grad_roots.size(), " gradients");
   NoGradGuard no_grad;  // backward closures are tape-free
   GraphTask task(retain_graph);
   for (size_t i = 0; i < roots.size(); ++i) {
@@ -517,9 +519,10 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
                   ") does not require grad and has no grad_fn");
     Tensor grad = grad_roots.empty() ? Tensor() : grad_roots[i];
     if (!grad.defined()) {
-      TESSERA_CHECK(root.numel() == 1, "backward: a gradient can be created implicitly only for "
-                    "a scalar output, but the tensor has shape ", shape_str(root.shape()),
-                    "; pass a gradient of that shape");
+      TESSERA_CHECK(root.numel() == 1,
+                    "backward: a gradient can be created implicitly only for a scalar output, "
+                    "but the tensor has shape ",
+                    shape_str(root.shape()), "; pass a gradient of that shape");
       grad = ones(root.shape(), {.dtype = root.dtype(), .device = root.device()});
     }
     TESSERA_CHECK(grad.shape() == root.shape(), "backward: gradient of shape ",
@@ -531,7 +534,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
 }
 
 void set_grad_destination(const Tensor& leaf, Tensor destination) {
-  TESSERA_CHECK(leaf.defined() && leaf.is_leaf(), "set_grad_destination: expected a leaf tensor, got ",
+  TESSERA_CHECK(leaf.defined() && leaf.is_leaf(),
+                "set_grad_destination: expected a leaf tensor, got ",
                 leaf.defined() ? "a non-leaf tensor (" + describe(leaf) + ")" : "an undefined one");
   if (destination.defined()) {
     TESSERA_CHECK(destination.shape() == leaf.shape() && destination.dtype() == leaf.dtype() &&
@@ -545,9 +549,10 @@ void set_grad_destination(const Tensor& leaf, Tensor destination) {
                   describe(destination), ") must not require grad");
   }
   AutogradMeta& meta = meta_of(leaf);
-  TESSERA_CHECK(meta.destination_claimed_by == nullptr, "set_grad_destination: a backward "
-                "still holds a partial gradient of the leaf (", describe(leaf),
-                ") in its destination");
+  TESSERA_CHECK(meta.destination_claimed_by == nullptr,
+                "set_grad_destination: a backward "
+                "still holds a partial gradient of the leaf (",
+                describe(leaf), ") in its destination");
   meta.grad_destination = std::move(destination);
 }
 

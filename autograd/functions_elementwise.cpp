@@ -39,10 +39,14 @@ Tensor operator*(const Tensor& a, const Tensor& b) {
   // Each side's gradient needs the other side's values only.
   SavedTensor saved_a = b.requires_grad() ? SavedTensor::input(a) : SavedTensor();
   SavedTensor saved_b = a.requires_grad() ? SavedTensor::input(b) : SavedTensor();
-  record("MulBackward", {a, b}, {y}, [saved_a, saved_b, sa = a.shape(), sb = b.shape()](const BackwardArgs& x) {
-    return Grads{x.needs(0) ? sum_to_shape(ops::mul(x.grad(), saved_b.unpack("MulBackward")), sa) : Tensor(),
-                 x.needs(1) ? sum_to_shape(ops::mul(x.grad(), saved_a.unpack("MulBackward")), sb) : Tensor()};
-  });
+  record("MulBackward", {a, b}, {y},
+         [saved_a, saved_b, sa = a.shape(), sb = b.shape()](const BackwardArgs& x) {
+           return Grads{
+               x.needs(0) ? sum_to_shape(ops::mul(x.grad(), saved_b.unpack("MulBackward")), sa)
+                          : Tensor(),
+               x.needs(1) ? sum_to_shape(ops::mul(x.grad(), saved_a.unpack("MulBackward")), sb)
+                          : Tensor()};
+         });
   return y;
 }
 
@@ -51,14 +55,17 @@ Tensor operator/(const Tensor& a, const Tensor& b) {
   if (!autograd::any_requires_grad({a, b})) return y;
   SavedTensor saved_b = SavedTensor::input(b);
   SavedTensor saved_y = b.requires_grad() ? SavedTensor::output(y) : SavedTensor();
-  record("DivBackward", {a, b}, {y}, [saved_b, saved_y, sa = a.shape(), sb = b.shape()](const BackwardArgs& x) {
-    const Tensor b = saved_b.unpack("DivBackward");
-    const Tensor grad_a = ops::div(x.grad(), b);  // d(a/b)/db = -(a/b)/b, so db = -grad_a * y
-    Tensor grad_b;
-    if (x.needs(1)) grad_b = ops::unary(UnaryOp::Neg, ops::mul(grad_a, saved_y.unpack("DivBackward")));
-    return Grads{x.needs(0) ? sum_to_shape(grad_a, sa) : Tensor(),
-                 x.needs(1) ? sum_to_shape(grad_b, sb) : Tensor()};
-  });
+  record("DivBackward", {a, b}, {y},
+         [saved_b, saved_y, sa = a.shape(), sb = b.shape()](const BackwardArgs& x) {
+           const Tensor b = saved_b.unpack("DivBackward");
+           const Tensor grad_a =
+               ops::div(x.grad(), b);  // d(a/b)/db = -(a/b)/b, so db = -grad_a * y
+           Tensor grad_b;
+           if (x.needs(1))
+             grad_b = ops::unary(UnaryOp::Neg, ops::mul(grad_a, saved_y.unpack("DivBackward")));
+           return Grads{x.needs(0) ? sum_to_shape(grad_a, sa) : Tensor(),
+                        x.needs(1) ? sum_to_shape(grad_b, sb) : Tensor()};
+         });
   return y;
 }
 
@@ -71,15 +78,20 @@ static Tensor shift(const char* name, const Tensor& a, Tensor y) {
 }
 // y = a * s (also a / s = a * (1/s) in the backward): the gradient is scaled.
 static Tensor scale(const char* name, const Tensor& a, Tensor y, double factor) {
-  record(name, {a}, {y}, [factor](const BackwardArgs& x) { return Grads{ops::mul(x.grad(), factor)}; });
+  record(name, {a}, {y},
+         [factor](const BackwardArgs& x) { return Grads{ops::mul(x.grad(), factor)}; });
   return y;
 }
 
-Tensor operator+(const Tensor& a, double b) { return shift("AddScalarBackward", a, ops::add(a, b)); }
+Tensor operator+(const Tensor& a, double b) {
+  return shift("AddScalarBackward", a, ops::add(a, b));
+}
 Tensor operator-(const Tensor& a, double b) {
   return shift("SubScalarBackward", a, ops::binary(BinaryOp::Sub, a, b));
 }
-Tensor operator*(const Tensor& a, double b) { return scale("MulScalarBackward", a, ops::mul(a, b), b); }
+Tensor operator*(const Tensor& a, double b) {
+  return scale("MulScalarBackward", a, ops::mul(a, b), b);
+}
 Tensor operator/(const Tensor& a, double b) {
   return scale("DivScalarBackward", a, ops::binary(BinaryOp::Div, a, b), 1.0 / b);
 }
@@ -92,10 +104,13 @@ Tensor operator/(double a, const Tensor& b) {
   Tensor y = ops::div(scalar_like(a, b), b);
   if (!autograd::any_requires_grad({b})) return y;
   // d(a/b)/db = -y/b
-  record("RdivScalarBackward", {b}, {y}, [saved_b = SavedTensor::input(b), saved_y = SavedTensor::output(y)](const BackwardArgs& x) {
-    Tensor t = ops::div(ops::mul(x.grad(), saved_y.unpack("RdivScalarBackward")), saved_b.unpack("RdivScalarBackward"));
-    return Grads{ops::unary(UnaryOp::Neg, t)};
-  });
+  record(
+      "RdivScalarBackward", {b}, {y},
+      [saved_b = SavedTensor::input(b), saved_y = SavedTensor::output(y)](const BackwardArgs& x) {
+        Tensor t = ops::div(ops::mul(x.grad(), saved_y.unpack("RdivScalarBackward")),
+                            saved_b.unpack("RdivScalarBackward"));
+        return Grads{ops::unary(UnaryOp::Neg, t)};
+      });
   return y;
 }
 
@@ -134,30 +149,34 @@ Tensor log(const Tensor& x) {
                         [](const Tensor& g, const Tensor& x) { return ops::div(g, x); });
 }
 Tensor sqrt(const Tensor& x) {
-  return unary_function("SqrtBackward", UnaryOp::Sqrt, x, Saves::Output, [](const Tensor& g, const Tensor& y) {
-    return ops::div(ops::mul(g, 0.5), y);
-  });
+  return unary_function(
+      "SqrtBackward", UnaryOp::Sqrt, x, Saves::Output,
+      [](const Tensor& g, const Tensor& y) { return ops::div(ops::mul(g, 0.5), y); });
 }
 Tensor rsqrt(const Tensor& x) {
   // d(x^-1/2)/dx = -1/2 x^-3/2 = -1/2 y^3
-  return unary_function("RsqrtBackward", UnaryOp::Rsqrt, x, Saves::Output, [](const Tensor& g, const Tensor& y) {
-    return ops::mul(ops::mul(g, ops::mul(ops::unary(UnaryOp::Square, y), y)), -0.5);
-  });
+  return unary_function(
+      "RsqrtBackward", UnaryOp::Rsqrt, x, Saves::Output, [](const Tensor& g, const Tensor& y) {
+        return ops::mul(ops::mul(g, ops::mul(ops::unary(UnaryOp::Square, y), y)), -0.5);
+      });
 }
 Tensor tanh(const Tensor& x) {
-  return unary_function("TanhBackward", UnaryOp::Tanh, x, Saves::Output, [](const Tensor& g, const Tensor& y) {
-    return ops::mul(g, ops::sub(scalar_like(1.0, y), ops::unary(UnaryOp::Square, y)));
-  });
+  return unary_function(
+      "TanhBackward", UnaryOp::Tanh, x, Saves::Output, [](const Tensor& g, const Tensor& y) {
+        return ops::mul(g, ops::sub(scalar_like(1.0, y), ops::unary(UnaryOp::Square, y)));
+      });
 }
 Tensor sigmoid(const Tensor& x) {
-  return unary_function("SigmoidBackward", UnaryOp::Sigmoid, x, Saves::Output, [](const Tensor& g, const Tensor& y) {
-    return ops::mul(ops::mul(g, y), ops::sub(scalar_like(1.0, y), y));
-  });
+  return unary_function("SigmoidBackward", UnaryOp::Sigmoid, x, Saves::Output,
+                        [](const Tensor& g, const Tensor& y) {
+                          return ops::mul(ops::mul(g, y), ops::sub(scalar_like(1.0, y), y));
+                        });
 }
 Tensor relu(const Tensor& x) {
-  return unary_function("ReluBackward", UnaryOp::Relu, x, Saves::Output, [](const Tensor& g, const Tensor& y) {
-    return ops::mul(g, mask_as(ops::binary(BinaryOp::Gt, y, 0.0), g.dtype()));
-  });
+  return unary_function("ReluBackward", UnaryOp::Relu, x, Saves::Output,
+                        [](const Tensor& g, const Tensor& y) {
+                          return ops::mul(g, mask_as(ops::binary(BinaryOp::Gt, y, 0.0), g.dtype()));
+                        });
 }
 Tensor gelu(const Tensor& x) {
   Tensor y = ops::gelu(x);
@@ -167,24 +186,26 @@ Tensor gelu(const Tensor& x) {
   return y;
 }
 Tensor abs(const Tensor& x) {
-  return unary_function("AbsBackward", UnaryOp::Abs, x, Saves::Input, [](const Tensor& g, const Tensor& x) {
-    return ops::mul(g, ops::unary(UnaryOp::Sign, x));
-  });
+  return unary_function(
+      "AbsBackward", UnaryOp::Abs, x, Saves::Input,
+      [](const Tensor& g, const Tensor& x) { return ops::mul(g, ops::unary(UnaryOp::Sign, x)); });
 }
 Tensor square(const Tensor& x) {
-  return unary_function("SquareBackward", UnaryOp::Square, x, Saves::Input, [](const Tensor& g, const Tensor& x) {
-    return ops::mul(ops::mul(g, x), 2.0);
-  });
+  return unary_function(
+      "SquareBackward", UnaryOp::Square, x, Saves::Input,
+      [](const Tensor& g, const Tensor& x) { return ops::mul(ops::mul(g, x), 2.0); });
 }
 
 // ---- pow, maximum, minimum ----
 
 Tensor pow(const Tensor& base, double exponent) {
   Tensor y = ops::binary(BinaryOp::Pow, base, exponent);
-  record("PowScalarBackward", {base}, {y}, [saved = SavedTensor::input(base), exponent](const BackwardArgs& a) {
-    const Tensor x = saved.unpack("PowScalarBackward");
-    return Grads{ops::mul(ops::mul(a.grad(), ops::binary(BinaryOp::Pow, x, exponent - 1.0)), exponent)};
-  });
+  record("PowScalarBackward", {base}, {y},
+         [saved = SavedTensor::input(base), exponent](const BackwardArgs& a) {
+           const Tensor x = saved.unpack("PowScalarBackward");
+           return Grads{ops::mul(ops::mul(a.grad(), ops::binary(BinaryOp::Pow, x, exponent - 1.0)),
+                                 exponent)};
+         });
   return y;
 }
 
@@ -192,17 +213,21 @@ Tensor pow(const Tensor& base, const Tensor& exponent) {
   Tensor y = ops::binary(BinaryOp::Pow, base, exponent);
   if (!autograd::any_requires_grad({base, exponent})) return y;
   record("PowBackward", {base, exponent}, {y},
-         [sb = SavedTensor::input(base), se = SavedTensor::input(exponent), sy = SavedTensor::output(y),
-          base_shape = base.shape(), exp_shape = exponent.shape()](const BackwardArgs& a) {
+         [sb = SavedTensor::input(base), se = SavedTensor::input(exponent),
+          sy = SavedTensor::output(y), base_shape = base.shape(),
+          exp_shape = exponent.shape()](const BackwardArgs& a) {
            const Tensor b = sb.unpack("PowBackward"), e = se.unpack("PowBackward");
            Tensor grad_base, grad_exp;
            if (a.needs(0)) {  // e * b^(e-1)
              Tensor e_minus_1 = ops::binary(BinaryOp::Sub, e, 1.0);
-             grad_base = sum_to_shape(ops::mul(ops::mul(a.grad(), e), ops::binary(BinaryOp::Pow, b, e_minus_1)), base_shape);
+             grad_base = sum_to_shape(
+                 ops::mul(ops::mul(a.grad(), e), ops::binary(BinaryOp::Pow, b, e_minus_1)),
+                 base_shape);
            }
            if (a.needs(1)) {  // b^e * ln(b)
-             grad_exp = sum_to_shape(
-                 ops::mul(ops::mul(a.grad(), sy.unpack("PowBackward")), ops::unary(UnaryOp::Log, b)), exp_shape);
+             grad_exp = sum_to_shape(ops::mul(ops::mul(a.grad(), sy.unpack("PowBackward")),
+                                              ops::unary(UnaryOp::Log, b)),
+                                     exp_shape);
            }
            return Grads{grad_base, grad_exp};
          });
@@ -211,19 +236,21 @@ Tensor pow(const Tensor& base, const Tensor& exponent) {
 
 // The share of the gradient that goes to `a` of max(a, b) (or min): 1 where a wins,
 // 1/2 on ties, 0 where b wins; b gets the rest.
-static Tensor extremum(const char* name, BinaryOp op, BinaryOp a_wins, const Tensor& a, const Tensor& b) {
+static Tensor extremum(const char* name, BinaryOp op, BinaryOp a_wins, const Tensor& a,
+                       const Tensor& b) {
   Tensor y = ops::binary(op, a, b);
   if (!autograd::any_requires_grad({a, b})) return y;
-  record(name, {a, b}, {y}, [name, a_wins, sa = SavedTensor::input(a), sb = SavedTensor::input(b),
-                             a_shape = a.shape(), b_shape = b.shape()](const BackwardArgs& x) {
-    const Tensor va = sa.unpack(name), vb = sb.unpack(name);
-    const DType dt = x.grad().dtype();
-    Tensor share_a = ops::add(mask_as(ops::binary(a_wins, va, vb), dt),
-                              ops::mul(mask_as(ops::binary(BinaryOp::Eq, va, vb), dt), 0.5));
-    Tensor grad_a = ops::mul(x.grad(), share_a);
-    return Grads{x.needs(0) ? sum_to_shape(grad_a, a_shape) : Tensor(),
-                 x.needs(1) ? sum_to_shape(ops::sub(x.grad(), grad_a), b_shape) : Tensor()};
-  });
+  record(name, {a, b}, {y},
+         [name, a_wins, sa = SavedTensor::input(a), sb = SavedTensor::input(b), a_shape = a.shape(),
+          b_shape = b.shape()](const BackwardArgs& x) {
+           const Tensor va = sa.unpack(name), vb = sb.unpack(name);
+           const DType dt = x.grad().dtype();
+           Tensor share_a = ops::add(mask_as(ops::binary(a_wins, va, vb), dt),
+                                     ops::mul(mask_as(ops::binary(BinaryOp::Eq, va, vb), dt), 0.5));
+           Tensor grad_a = ops::mul(x.grad(), share_a);
+           return Grads{x.needs(0) ? sum_to_shape(grad_a, a_shape) : Tensor(),
+                        x.needs(1) ? sum_to_shape(ops::sub(x.grad(), grad_a), b_shape) : Tensor()};
+         });
   return y;
 }
 Tensor maximum(const Tensor& a, const Tensor& b) {
@@ -238,21 +265,27 @@ Tensor minimum(const Tensor& a, const Tensor& b) {
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor y = ops::where(cond, a, b);
   if (!autograd::any_requires_grad({a, b})) return y;
-  record("WhereBackward", {cond, a, b}, {y}, [saved_cond = SavedTensor::input(cond), sa = a.shape(),
-                                              sb = b.shape()](const BackwardArgs& x) {
-    const Tensor c = saved_cond.unpack("WhereBackward");
-    const Tensor zero = scalar_like(0.0, x.grad());
-    return Grads{Tensor(), x.needs(1) ? sum_to_shape(ops::where(c, x.grad(), zero), sa) : Tensor(),
-                 x.needs(2) ? sum_to_shape(ops::where(c, zero, x.grad()), sb) : Tensor()};
-  });
+  record("WhereBackward", {cond, a, b}, {y},
+         [saved_cond = SavedTensor::input(cond), sa = a.shape(),
+          sb = b.shape()](const BackwardArgs& x) {
+           const Tensor c = saved_cond.unpack("WhereBackward");
+           const Tensor zero = scalar_like(0.0, x.grad());
+           return Grads{Tensor(),
+                        x.needs(1) ? sum_to_shape(ops::where(c, x.grad(), zero), sa) : Tensor(),
+                        x.needs(2) ? sum_to_shape(ops::where(c, zero, x.grad()), sb) : Tensor()};
+         });
   return y;
 }
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   Tensor y = ops::masked_fill(x, mask, value);
-  record("MaskedFillBackward", {x, mask}, {y}, [saved_mask = SavedTensor::input(mask), sx = x.shape()](const BackwardArgs& a) {
-    return Grads{sum_to_shape(ops::masked_fill(a.grad(), saved_mask.unpack("MaskedFillBackward"), 0.0), sx), Tensor()};
-  });
+  record("MaskedFillBackward", {x, mask}, {y},
+         [saved_mask = SavedTensor::input(mask), sx = x.shape()](const BackwardArgs& a) {
+           return Grads{
+               sum_to_shape(
+                   ops::masked_fill(a.grad(), saved_mask.unpack("MaskedFillBackward"), 0.0), sx),
+               Tensor()};
+         });
   return y;
 }
 
@@ -266,7 +299,8 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   Tensor keep = mask_as(ops::binary(BinaryOp::Ge, uniform, p), x.dtype());
   Tensor mask = p < 1.0 ? ops::mul(keep, 1.0 / (1.0 - p)) : keep;
   Tensor y = ops::mul(x, mask);
-  record("DropoutBackward", {x}, {y}, [mask](const BackwardArgs& a) { return Grads{ops::mul(a.grad(), mask)}; });
+  record("DropoutBackward", {x}, {y},
+         [mask](const BackwardArgs& a) { return Grads{ops::mul(a.grad(), mask)}; });
   return y;
 }
 

@@ -18,7 +18,9 @@ namespace {
 
 // The fused Linear GEMMs of x2d's device (cuBLASLt epilogues on CUDA); null entries where the
 // device has none.
-const FusedKernelTable& fused_for(const Tensor& x2d) { return fused_kernel_table(x2d.device().type); }
+const FusedKernelTable& fused_for(const Tensor& x2d) {
+  return fused_kernel_table(x2d.device().type);
+}
 
 // True when operands suit the fused Linear GEMMs: tensors on one device of one 16/32-bit
 // float dtype (a bias in that dtype or f32, as under autocast); with allow_f64 also float64,
@@ -151,7 +153,8 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
            }
            if (x.needs(1)) {
              const Tensor a = raw::reshape(saved_a.unpack("MatmulBackward"), a2);
-             const Tensor into = matmul_weight_grad_target(x, a_shape, b_shape, b_transposed, g.dtype());
+             const Tensor into =
+                 matmul_weight_grad_target(x, a_shape, b_shape, b_transposed, g.dtype());
              grad_b = raw::reshape(matmul_grad_b(g, a, b2, b_transposed, into), b_shape);
              // Written into b's destination: that tensor itself is the gradient.
              if (into.defined()) grad_b = x.destination(1)->tensor;
@@ -177,33 +180,34 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
   if (!autograd::any_requires_grad({x, weight, bias})) return y;
   SavedTensor saved_x = weight.requires_grad() ? SavedTensor::input(x) : SavedTensor();
   SavedTensor saved_w = x.requires_grad() ? SavedTensor::input(weight) : SavedTensor();
-  record("LinearBackward", {x, weight, bias}, {y},
-         [saved_x, saved_w, x_shape = x.shape(), in, out,
-          w_transposed = is_transposed_matrix(weight)](const BackwardArgs& a) {
-           const Tensor g = fold_rows(a.grad());
-           Tensor grad_x, grad_w, grad_b;
-           if (a.needs(0))
-             grad_x = raw::reshape(ops::matmul(g, mT(saved_w.unpack("LinearBackward"))), x_shape);
-           // Weight and bias gradients go straight into the memory the engine offers for them
-           // (a DDP bucket's slots) when its layout is the GEMM's.
-           const Tensor bias_into = overwrite_target(a, 2, {out}, g.dtype());
-           if (a.needs(1)) {
-             const Tensor x2d = fold_rows(saved_x.unpack("LinearBackward"));
-             if (w_transposed && !a.needs(2)) {
-               // weight is a torch-layout [out, in] matrix seen as [in, out]: dWᵀ = gᵀ x is written
-               // contiguous [out, in], and its transpose is the gradient of the view.
-               const Tensor into = overwrite_target(a, 1, {out, in}, g.dtype(), /*transposed=*/true);
-               const Tensor grad_wt = weight_and_bias_grads(g, x2d, true, false, into).first;
-               grad_w = into.defined() ? a.destination(1)->tensor : mT(grad_wt);
-             } else {
-               std::tie(grad_w, grad_b) =
-                   weight_and_bias_grads(x2d, g, true, a.needs(2),
-                                         overwrite_target(a, 1, {in, out}, g.dtype()), bias_into);
-             }
-           }
-           if (a.needs(2) && !grad_b.defined()) grad_b = column_sums(g, bias_into);
-           return Grads{grad_x, add_into_destination(a, 1, grad_w), add_into_destination(a, 2, grad_b)};
-         });
+  record(
+      "LinearBackward", {x, weight, bias}, {y},
+      [saved_x, saved_w, x_shape = x.shape(), in, out,
+       w_transposed = is_transposed_matrix(weight)](const BackwardArgs& a) {
+        const Tensor g = fold_rows(a.grad());
+        Tensor grad_x, grad_w, grad_b;
+        if (a.needs(0))
+          grad_x = raw::reshape(ops::matmul(g, mT(saved_w.unpack("LinearBackward"))), x_shape);
+        // Weight and bias gradients go straight into the memory the engine offers for them
+        // (a DDP bucket's slots) when its layout is the GEMM's.
+        const Tensor bias_into = overwrite_target(a, 2, {out}, g.dtype());
+        if (a.needs(1)) {
+          const Tensor x2d = fold_rows(saved_x.unpack("LinearBackward"));
+          if (w_transposed && !a.needs(2)) {
+            // weight is a torch-layout [out, in] matrix seen as [in, out]: dWᵀ = gᵀ x is written
+            // contiguous [out, in], and its transpose is the gradient of the view.
+            const Tensor into = overwrite_target(a, 1, {out, in}, g.dtype(), /*transposed=*/true);
+            const Tensor grad_wt = weight_and_bias_grads(g, x2d, true, false, into).first;
+            grad_w = into.defined() ? a.destination(1)->tensor : mT(grad_wt);
+          } else {
+            std::tie(grad_w, grad_b) = weight_and_bias_grads(
+                x2d, g, true, a.needs(2), overwrite_target(a, 1, {in, out}, g.dtype()), bias_into);
+          }
+        }
+        if (a.needs(2) && !grad_b.defined()) grad_b = column_sums(g, bias_into);
+        return Grads{grad_x, add_into_destination(a, 1, grad_w),
+                     add_into_destination(a, 2, grad_b)};
+      });
   return y;
 }
 
@@ -234,9 +238,9 @@ struct MlpGeluBackward {
     Grads grads(5);
     // c_proj: dW_proj and db_proj from one GEMM (into the parameters' offered destinations,
     // a DDP bucket's slots, where their layout is the GEMM's; so below).
-    std::tie(grads[3], grads[4]) =
-        weight_and_bias_grads(act, g, a.needs(3), a.needs(4),
-                              overwrite_target(a, 3, {hidden, out}, t), overwrite_target(a, 4, {out}, t));
+    std::tie(grads[3], grads[4]) = weight_and_bias_grads(act, g, a.needs(3), a.needs(4),
+                                                         overwrite_target(a, 3, {hidden, out}, t),
+                                                         overwrite_target(a, 4, {out}, t));
     if (a.needs(0) || a.needs(1) || a.needs(2)) {
       // Through c_proj and the GELU into pre in one GEMM, db_fc from the same GEMM.
       const TensorOptions like{.dtype = pre.dtype(), .device = pre.device()};
@@ -349,15 +353,20 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
                                                                     : ops::Reduction::None;
   Tensor loss = ops::cross_entropy(logits, targets, ignore_index, op_reduction);
   record("CrossEntropyBackward", {logits, targets}, {loss},
-         [sl = SavedTensor::input(logits), st = SavedTensor::input(targets), ignore_index, op_reduction](const BackwardArgs& a) {
-           const Tensor logits = sl.unpack("CrossEntropyBackward"), targets = st.unpack("CrossEntropyBackward");
+         [sl = SavedTensor::input(logits), st = SavedTensor::input(targets), ignore_index,
+          op_reduction](const BackwardArgs& a) {
+           const Tensor logits = sl.unpack("CrossEntropyBackward"),
+                        targets = st.unpack("CrossEntropyBackward");
            if (op_reduction != ops::Reduction::None) {
-             // One scalar scales every row; reading it costs one sync, cheaper than a pass over [N, V].
-             return Grads{ops::cross_entropy_backward(logits, targets, a.grad().item(), ignore_index, op_reduction),
+             // One scalar scales every row; reading it costs one sync, cheaper than a pass over [N,
+             // V].
+             return Grads{ops::cross_entropy_backward(logits, targets, a.grad().item(),
+                                                      ignore_index, op_reduction),
                           Tensor()};
            }
            // Per-row losses: (softmax - onehot) of each row times that row's gradient.
-           Tensor per_row = ops::cross_entropy_backward(logits, targets, 1.0, ignore_index, ops::Reduction::Sum);
+           Tensor per_row =
+               ops::cross_entropy_backward(logits, targets, 1.0, ignore_index, ops::Reduction::Sum);
            return Grads{ops::mul(per_row, raw::unsqueeze(a.grad(), a.grad().dim())), Tensor()};
          });
   return loss;

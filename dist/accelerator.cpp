@@ -3,19 +3,19 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "tessera/autograd/autograd.h"
 #include "tessera/autograd/functions.h"
 #include "tessera/core/random.h"
 #include "tessera/core/safetensors.h"
 #include "tessera/data/file_io.h"
-#include "tessera/kernels/ops.h"
-#include "tessera/optim/clip.h"
 #include "tessera/dist/memory_report.h"
 #include "tessera/dist/sharded_state.h"
 #include "tessera/dist/zero.h"
+#include "tessera/kernels/ops.h"
+#include "tessera/optim/clip.h"
 
 namespace tessera::dist {
 
@@ -26,17 +26,18 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   TESSERA_CHECK(options_.gradient_accumulation_steps >= 1,
                 "Accelerator: gradient_accumulation_steps must be >= 1, got ",
                 options_.gradient_accumulation_steps);
-  mixed_precision_ = options_.mixed_precision.empty()
-                         ? env_string("TESSERA_MIXED_PRECISION", "no")
-                         : options_.mixed_precision;
-  TESSERA_CHECK(mixed_precision_ == "no" || mixed_precision_ == "fp16" || mixed_precision_ == "bf16",
-                "Accelerator: mixed_precision must be no, fp16 or bf16; got '", mixed_precision_, "'");
+  mixed_precision_ = options_.mixed_precision.empty() ? env_string("TESSERA_MIXED_PRECISION", "no")
+                                                      : options_.mixed_precision;
+  TESSERA_CHECK(
+      mixed_precision_ == "no" || mixed_precision_ == "fp16" || mixed_precision_ == "bf16",
+      "Accelerator: mixed_precision must be no, fp16 or bf16; got '", mixed_precision_, "'");
   policy_ = MixedPrecisionPolicy::from_name(
       mixed_precision_, options_.reduce_dtype.empty() ? env_string("TESSERA_REDUCE_DTYPE", "")
                                                       : options_.reduce_dtype);
   zero_stage_ = options_.zero_stage >= 0 ? options_.zero_stage : env_int("TESSERA_ZERO_STAGE", 0);
-  TESSERA_CHECK(zero_stage_ >= 0 && zero_stage_ <= 3, "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ",
-                zero_stage_, options_.zero_stage >= 0 ? "" : " (from TESSERA_ZERO_STAGE)");
+  TESSERA_CHECK(zero_stage_ >= 0 && zero_stage_ <= 3,
+                "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ", zero_stage_,
+                options_.zero_stage >= 0 ? "" : " (from TESSERA_ZERO_STAGE)");
   TESSERA_CHECK(
       zero_stage_ > 0 || !(options_.offload_optimizer || options_.offload_param),
       "Accelerator: offload_optimizer and offload_param need a ZeRO stage (zero_stage >= 1); "
@@ -63,9 +64,10 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
 void Accelerator::resolve_sharding_options() {
   if (!options_.fsdp_sharding_strategy.empty()) {
     const int stage = fsdp_sharding_stage(options_.fsdp_sharding_strategy);
-    TESSERA_CHECK(options_.zero_stage < 0 || options_.zero_stage == stage, "Accelerator: fsdp_sharding_strategy ",
-                  options_.fsdp_sharding_strategy, " is ZeRO stage ", stage, " but zero_stage is ",
-                  options_.zero_stage, "; they contradict each other");
+    TESSERA_CHECK(options_.zero_stage < 0 || options_.zero_stage == stage,
+                  "Accelerator: fsdp_sharding_strategy ", options_.fsdp_sharding_strategy,
+                  " is ZeRO stage ", stage, " but zero_stage is ", options_.zero_stage,
+                  "; they contradict each other");
     options_.zero_stage = stage;
   }
   if (!options_.deepspeed_config.empty()) {
@@ -157,13 +159,16 @@ void Accelerator::prepare_one(data::DataLoader& loader) {
   data::DataLoaderOptions o = loader.options();
   if (deepspeed_ && deepspeed_->train_micro_batch_size_per_gpu)
     TESSERA_CHECK(*deepspeed_->train_micro_batch_size_per_gpu == o.batch, deepspeed_->source,
-                  ": \"train_micro_batch_size_per_gpu\" is ", *deepspeed_->train_micro_batch_size_per_gpu,
-                  " but the loader's batch is ", o.batch);
+                  ": \"train_micro_batch_size_per_gpu\" is ",
+                  *deepspeed_->train_micro_batch_size_per_gpu, " but the loader's batch is ",
+                  o.batch);
   if (deepspeed_ && deepspeed_->train_batch_size)
-    TESSERA_CHECK(*deepspeed_->train_batch_size == o.batch * options_.gradient_accumulation_steps * num_processes(),
-                  deepspeed_->source, ": \"train_batch_size\" is ", *deepspeed_->train_batch_size, " but ", o.batch,
-                  " rows x ", options_.gradient_accumulation_steps, " micro-steps x ", num_processes(),
-                  " processes is ", o.batch * options_.gradient_accumulation_steps * num_processes());
+    TESSERA_CHECK(*deepspeed_->train_batch_size ==
+                      o.batch * options_.gradient_accumulation_steps * num_processes(),
+                  deepspeed_->source, ": \"train_batch_size\" is ", *deepspeed_->train_batch_size,
+                  " but ", o.batch, " rows x ", options_.gradient_accumulation_steps,
+                  " micro-steps x ", num_processes(), " processes is ",
+                  o.batch * options_.gradient_accumulation_steps * num_processes());
   if (o.rank != process_index() || o.world_size != num_processes()) {
     o.rank = process_index();
     o.world_size = num_processes();
@@ -181,7 +186,8 @@ DataParallelStrategy* Accelerator::strategy_of(const nn::Module& model) const {
 
 DataParallelStrategy& Accelerator::strategy_training(const optim::Optimizer& optimizer) const {
   auto it = optimizer_strategy_.find(&optimizer);
-  TESSERA_CHECK(it != optimizer_strategy_.end(), "Accelerator: the optimizer trains no prepared model "
+  TESSERA_CHECK(it != optimizer_strategy_.end(),
+                "Accelerator: the optimizer trains no prepared model "
                 "(prepare the model it was built from as well)");
   return *it->second;
 }
@@ -234,12 +240,15 @@ std::string Accelerator::memory_report(const nn::Module& model) {
       dtype = p.dtype();
     }
   const bool masters = policy_.low_precision_parameters();
-  const MemoryReportHeader header{
-      s->name(), num_processes(), psi,
-      masters ? std::string(dtype_name(dtype)) + " parameters + f32 masters" : std::string(dtype_name(dtype))};
+  const MemoryReportHeader header{s->name(), num_processes(), psi,
+                                  masters
+                                      ? std::string(dtype_name(dtype)) + " parameters + f32 masters"
+                                      : std::string(dtype_name(dtype))};
   std::string table = format_memory_report(
-      header, ranks, zero_memory_formula(psi, dtype_size(dtype), masters, zero_stage_, num_processes()));
-  if (!memory_categories_enabled()) table += "(counting was off: call enable_memory_categories(true) first)\n";
+      header, ranks,
+      zero_memory_formula(psi, dtype_size(dtype), masters, zero_stage_, num_processes()));
+  if (!memory_categories_enabled())
+    table += "(counting was off: call enable_memory_categories(true) first)\n";
   return table;
 }
 
@@ -261,8 +270,10 @@ void Accelerator::backward(const Tensor& loss) {
   const int steps = options_.gradient_accumulation_steps;
   const Tensor scaled = steps > 1 ? loss / static_cast<double>(steps) : loss;
   if (scaler_.enabled()) {
-    TESSERA_CHECK(optimizers_.size() == 1, "Accelerator::backward: fp16 loss scaling needs exactly "
-                  "one prepared optimizer (its gradients are unscaled), got ", optimizers_.size());
+    TESSERA_CHECK(optimizers_.size() == 1,
+                  "Accelerator::backward: fp16 loss scaling needs exactly "
+                  "one prepared optimizer (its gradients are unscaled), got ",
+                  optimizers_.size());
     scaler_.backward(scaled);
   } else {
     scaled.backward();
@@ -304,7 +315,8 @@ void Accelerator::unscale_gradients() {
 double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   if (!sync_gradients_ || step_skipped_) return 0.0;
   // A sharding strategy clips what its rank holds, with the norm summed over ranks.
-  if (model_order_.size() == 1) return models_.at(model_order_.front())->clip_grad_norm_(params, max_norm);
+  if (model_order_.size() == 1)
+    return models_.at(model_order_.front())->clip_grad_norm_(params, max_norm);
   return optim::clip_grad_norm_(params, max_norm);
 }
 
@@ -398,11 +410,13 @@ Accelerator::Share Accelerator::share_of(int64_t n, bool apply_padding) const {
 }
 
 Tensor Accelerator::reduce(const Tensor& t, const std::string& op) {
-  static const std::map<std::string, ReduceOp> ops = {
-      {"sum", ReduceOp::Sum}, {"mean", ReduceOp::Avg}, {"max", ReduceOp::Max}, {"min", ReduceOp::Min}};
+  static const std::map<std::string, ReduceOp> ops = {{"sum", ReduceOp::Sum},
+                                                      {"mean", ReduceOp::Avg},
+                                                      {"max", ReduceOp::Max},
+                                                      {"min", ReduceOp::Min}};
   auto it = ops.find(op);
-  TESSERA_CHECK(it != ops.end(), "Accelerator::reduce: op must be sum, mean, max or min; got '",
-                op, "'");
+  TESSERA_CHECK(it != ops.end(), "Accelerator::reduce: op must be sum, mean, max or min; got '", op,
+                "'");
   Tensor out = raw::to(t.detach(), comm_device(t), t.dtype());
   if (out.raw_data() == t.raw_data()) out = raw::clone(out);
   // Ordered on the device (the host goes on; a host read of `out` waits for it there).
@@ -454,10 +468,11 @@ bool is_count(double v) { return v >= 0 && v <= 9007199254740992.0 && v == std::
 // was saved takes its own state and a new rank keeps its seed (the user's, e.g. 42 + rank)
 // at saved rank 0's offset: per-rank streams (dropout masks) cannot be mapped between world
 // sizes, since each rank draws for its own rows.
-std::pair<uint64_t, uint64_t> saved_rng_state(const nlohmann::json& state, uint64_t saved_world, int rank,
-                                              const std::string& where) {
+std::pair<uint64_t, uint64_t> saved_rng_state(const nlohmann::json& state, uint64_t saved_world,
+                                              int rank, const std::string& where) {
   TESSERA_CHECK(state["rng"].is_array() && state["rng"].size() == 2 * saved_world, where,
-                ": \"rng\" must hold a seed and an offset for each of the ", saved_world, " processes");
+                ": \"rng\" must hold a seed and an offset for each of the ", saved_world,
+                " processes");
   const uint64_t source = static_cast<uint64_t>(rank) < saved_world ? rank : 0;
   const uint64_t seed = count_at(state["rng"][2 * source], where, "rng");
   const uint64_t offset = count_at(state["rng"][2 * source + 1], where, "rng");
@@ -469,8 +484,8 @@ std::pair<uint64_t, uint64_t> saved_rng_state(const nlohmann::json& state, uint6
 // k of the world covers rows [k·W·B, (k+1)·W·B)), so a checkpoint saved by W processes of B
 // rows resumes with W' processes of B' rows at k' = k·W·B / (W'·B') when that divides.
 std::vector<uint64_t> saved_loader_positions(const nlohmann::json& state, uint64_t saved_world,
-                                             const std::vector<data::DataLoader*>& loaders, int world,
-                                             int rank, const std::string& where) {
+                                             const std::vector<data::DataLoader*>& loaders,
+                                             int world, int rank, const std::string& where) {
   std::vector<uint64_t> positions;
   for (size_t i = 0; i < loaders.size(); ++i) {
     const nlohmann::json& per_rank = state["loader_positions"][i];
@@ -485,20 +500,26 @@ std::vector<uint64_t> saved_loader_positions(const nlohmann::json& state, uint64
       TESSERA_CHECK(count_at(p, where, "loader_positions") == k, where, ": loader ", i,
                     " stood at different positions on the ", saved_world,
                     " processes that saved it; it resumes only on as many");
-    TESSERA_CHECK(state.contains("loader_global_batch") && state["loader_global_batch"].size() == loaders.size(),
-                  where, " was saved by ", saved_world, " processes without \"loader_global_batch\"; it "
-                  "resumes only on as many (this job has ", world, ")");
-    const uint64_t rows = k * count_at(state["loader_global_batch"][i], where, "loader_global_batch");
+    TESSERA_CHECK(state.contains("loader_global_batch") &&
+                      state["loader_global_batch"].size() == loaders.size(),
+                  where, " was saved by ", saved_world,
+                  " processes without \"loader_global_batch\"; it "
+                  "resumes only on as many (this job has ",
+                  world, ")");
+    const uint64_t rows =
+        k * count_at(state["loader_global_batch"][i], where, "loader_global_batch");
     const uint64_t global_batch = static_cast<uint64_t>(world) * loaders[i]->options().batch;
-    TESSERA_CHECK(rows % global_batch == 0, where, ": loader ", i, " had taken ", rows, " rows (", k,
-                  " micro-steps on ", saved_world, " processes); ", world, " processes of ",
+    TESSERA_CHECK(rows % global_batch == 0, where, ": loader ", i, " had taken ", rows, " rows (",
+                  k, " micro-steps on ", saved_world, " processes); ", world, " processes of ",
                   loaders[i]->options().batch, " rows (", global_batch,
                   " per micro-step) cannot continue from there");
     positions.push_back(rows / global_batch);
   }
   for (size_t i = 0; i < loaders.size(); ++i)
-    TESSERA_CHECK(positions[i] <= loaders[i]->max_position(), where, ": \"loader_positions\" holds ", positions[i],
-                  ", past the largest position the loader can address (", loaders[i]->max_position(), ")");
+    TESSERA_CHECK(positions[i] <= loaders[i]->max_position(), where,
+                  ": \"loader_positions\" holds ", positions[i],
+                  ", past the largest position the loader can address (",
+                  loaders[i]->max_position(), ")");
   return positions;
 }
 
@@ -519,16 +540,19 @@ void check_optimizer_state(const optim::OptimizerStateDict& state, const optim::
     TESSERA_CHECK(index < params.size(), where, ": tensor \"", key, "\" names parameter ", index,
                   " but the optimizer has ", params.size());
     TESSERA_CHECK(t.shape() == params[index].shape(), where, ": tensor \"", key, "\" has shape ",
-                  shape_str(t.shape()), " but parameter ", index, " has shape ", shape_str(params[index].shape()));
+                  shape_str(t.shape()), " but parameter ", index, " has shape ",
+                  shape_str(params[index].shape()));
     TESSERA_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, where, ": tensor \"", key,
-                  "\" has dtype ", dtype_name(t.dtype()), "; optimizer state is f32 (f64 for f64 parameters)");
+                  "\" has dtype ", dtype_name(t.dtype()),
+                  "; optimizer state is f32 (f64 for f64 parameters)");
     names[index].insert(key.substr(dot + 1));
     all_names.insert(key.substr(dot + 1));
   }
   for (const auto& [key, value] : state.scalars) {
     if (key.rfind("state.", 0) != 0) continue;
     TESSERA_CHECK(key.ends_with(".step"), where, ": unexpected scalar \"", key, "\"");
-    TESSERA_CHECK(is_count(value), where, ": \"", key, "\" must be a whole number from 0 to 2^53, got ", value);
+    TESSERA_CHECK(is_count(value), where, ": \"", key,
+                  "\" must be a whole number from 0 to 2^53, got ", value);
     const size_t index = std::stoul(key.substr(6));
     for (const std::string& name : all_names)
       TESSERA_CHECK(names[index].count(name), where, ": tensor \"state.", index, ".", name,
@@ -548,8 +572,9 @@ void check_model_state(const std::map<std::string, Tensor>& saved, const nn::Mod
     TESSERA_CHECK(it != saved.end(), where, ": tensor \"", name, "\" is missing");
     TESSERA_CHECK(it->second.shape() == t.shape(), where, ": tensor \"", name, "\" has shape ",
                   shape_str(it->second.shape()), " but the model's is ", shape_str(t.shape()));
-    TESSERA_CHECK(is_floating(it->second.dtype()) == is_floating(t.dtype()), where, ": tensor \"", name,
-                  "\" has dtype ", dtype_name(it->second.dtype()), " but the model's is ", dtype_name(t.dtype()));
+    TESSERA_CHECK(is_floating(it->second.dtype()) == is_floating(t.dtype()), where, ": tensor \"",
+                  name, "\" has dtype ", dtype_name(it->second.dtype()), " but the model's is ",
+                  dtype_name(t.dtype()));
   }
 }
 }  // namespace
@@ -565,9 +590,9 @@ void Accelerator::save_state(const std::string& dir) {
   // Per-process values (RNG, loader positions) are gathered so the main process can
   // write them all.
   Generator& gen = default_generator();
-  Tensor mine = from_vector(std::vector<int64_t>{static_cast<int64_t>(gen.seed()),
-                                                 static_cast<int64_t>(gen.offset())},
-                            {2}, {.dtype = DType::i64});
+  Tensor mine = from_vector(
+      std::vector<int64_t>{static_cast<int64_t>(gen.seed()), static_cast<int64_t>(gen.offset())},
+      {2}, {.dtype = DType::i64});
   std::vector<int64_t> rng_signed = gather(mine.view({1, 2})).to_vector<int64_t>();
   std::vector<uint64_t> rng(rng_signed.begin(), rng_signed.end());
   std::vector<std::vector<int64_t>> positions;
@@ -579,7 +604,8 @@ void Accelerator::save_state(const std::string& dir) {
   // Under ZeRO every process writes the optimizer slices it holds (dist/sharded_state.h).
   const bool sharded = zero_stage_ > 0;
   if (sharded)
-    for (optim::Optimizer* opt : optimizers_) save_sharded_optimizer(dir, strategy_training(*opt), *opt, world());
+    for (optim::Optimizer* opt : optimizers_)
+      save_sharded_optimizer(dir, strategy_training(*opt), *opt, world());
   if (is_main_process()) {
     fs::create_directories(dir);
     if (!sharded) fs::remove(fs::path(dir) / "optimizer_shards.json");  // an older ZeRO save's
@@ -589,8 +615,9 @@ void Accelerator::save_state(const std::string& dir) {
                        {{"format", "pt"}});
     }
     for (size_t i = 0; i < optimizers_.size() && !sharded; ++i)
-      optim::save_optimizer_state(optimizers_[i]->state_dict(),
-                                  (fs::path(dir) / numbered("optimizer", i, ".safetensors")).string());
+      optim::save_optimizer_state(
+          optimizers_[i]->state_dict(),
+          (fs::path(dir) / numbered("optimizer", i, ".safetensors")).string());
     nlohmann::json state;
     state["micro_step"] = micro_step_;
     state["num_processes"] = num_processes();
@@ -599,20 +626,23 @@ void Accelerator::save_state(const std::string& dir) {
     // Rows of one micro-step of the whole world per loader: what makes a position valid
     // at another world size (the data order numbers rows globally).
     state["loader_global_batch"] = nlohmann::json::array();
-    for (data::DataLoader* l : loaders_) state["loader_global_batch"].push_back(num_processes() * l->options().batch);
+    for (data::DataLoader* l : loaders_)
+      state["loader_global_batch"].push_back(num_processes() * l->options().batch);
     // Which model parameter each optimizer tensor is, so a whole optimizer state can be
     // re-sliced under a ZeRO stage (sharded saves carry this in their index).
     state["optimizer_parameters"] = nlohmann::json::array();
     for (optim::Optimizer* opt : optimizers_) {
       nlohmann::json names = nlohmann::json::array();
       if (!sharded)
-        for (const auto& slice : strategy_training(*opt).optimizer_slices(*opt)) names.push_back(slice.name);
+        for (const auto& slice : strategy_training(*opt).optimizer_slices(*opt))
+          names.push_back(slice.name);
       state["optimizer_parameters"].push_back(names);
     }
     state["schedules"] = nlohmann::json::array();
     for (optim::LRSchedule* s : schedules_) state["schedules"].push_back(s->state_dict());
     state["loss_scaler"] = scaler_.state_dict();
-    data::write_file_atomically(fs::path(dir) / kStateFile, nlohmann::json{{"state", state}}.dump(2));
+    data::write_file_atomically(fs::path(dir) / kStateFile,
+                                nlohmann::json{{"state", state}}.dump(2));
   }
   wait_for_everyone();  // every rank's optimizer shards are written
   if (is_main_process()) data::write_folder_checksums(dir);
@@ -624,7 +654,8 @@ void Accelerator::load_state(const std::string& dir) {
   // Any number of processes at any stage may load it (optimizer states are re-sliced, data
   // positions re-counted): nothing here depends on how many processes saved it.
   std::vector<std::string> files = {kStateFile};
-  for (size_t i = 0; i < model_order_.size(); ++i) files.push_back(numbered("model", i, ".safetensors"));
+  for (size_t i = 0; i < model_order_.size(); ++i)
+    files.push_back(numbered("model", i, ".safetensors"));
   for (size_t i = 0; i < optimizers_.size() && !has_sharded_optimizer(dir); ++i)
     files.push_back(numbered("optimizer", i, ".safetensors"));
   try {
@@ -639,41 +670,48 @@ void Accelerator::load_state(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     TESSERA_FAIL(state_where, " is not valid JSON: ", e.what());
   }
-  TESSERA_CHECK(file.is_object() && file.contains("state") && file["state"].is_object(), state_where,
-                " has no \"state\" object");
+  TESSERA_CHECK(file.is_object() && file.contains("state") && file["state"].is_object(),
+                state_where, " has no \"state\" object");
   const nlohmann::json& state = file["state"];
   for (const char* key : {"micro_step", "num_processes", "rng", "loader_positions", "schedules"})
     TESSERA_CHECK(state.contains(key), state_where, ": \"", key, "\" is missing");
   const uint64_t saved_world = count_at(state["num_processes"], state_where, "num_processes");
   const uint64_t micro_step = count_at(state["micro_step"], state_where, "micro_step");
   TESSERA_CHECK(state["schedules"].is_array() && state["schedules"].size() == schedules_.size() &&
-                    state["loader_positions"].is_array() && state["loader_positions"].size() == loaders_.size(),
-                where, " holds ", state["schedules"].size(), " schedules and ", state["loader_positions"].size(),
-                " loaders, but this Accelerator prepared ", schedules_.size(), " and ", loaders_.size());
+                    state["loader_positions"].is_array() &&
+                    state["loader_positions"].size() == loaders_.size(),
+                where, " holds ", state["schedules"].size(), " schedules and ",
+                state["loader_positions"].size(), " loaders, but this Accelerator prepared ",
+                schedules_.size(), " and ", loaders_.size());
   const auto [rng_seed, rng_offset] =
       saved_rng_state(state, saved_world, process_index(), state_where);
-  const std::vector<uint64_t> positions =
-      saved_loader_positions(state, saved_world, loaders_, num_processes(), process_index(), state_where);
+  const std::vector<uint64_t> positions = saved_loader_positions(
+      state, saved_world, loaders_, num_processes(), process_index(), state_where);
   std::vector<std::map<std::string, double>> schedules;
   for (const nlohmann::json& s : state["schedules"]) {
-    TESSERA_CHECK(s.is_object(), state_where, ": a schedule state must be an object, got ", s.dump());
+    TESSERA_CHECK(s.is_object(), state_where, ": a schedule state must be an object, got ",
+                  s.dump());
     for (const auto& [key, value] : s.items())
-      TESSERA_CHECK(value.is_number() && std::isfinite(value.get<double>()), state_where, ": schedule \"", key,
-                    "\" must be a finite number, got ", value.dump());
+      TESSERA_CHECK(value.is_number() && std::isfinite(value.get<double>()), state_where,
+                    ": schedule \"", key, "\" must be a finite number, got ", value.dump());
     if (s.contains("step"))  // a whole number (schedule states are stored as doubles)
       TESSERA_CHECK(is_count(s["step"].get<double>()), state_where,
-                    ": schedule \"step\" must be a whole number from 0 to 2^53, got ", s["step"].dump());
+                    ": schedule \"step\" must be a whole number from 0 to 2^53, got ",
+                    s["step"].dump());
     schedules.push_back(s.get<std::map<std::string, double>>());
   }
   std::map<std::string, double> scaler_state;
   if (state.contains("loss_scaler")) {
     for (const auto& [key, value] : state["loss_scaler"].items())
-      TESSERA_CHECK(value.is_number() && std::isfinite(value.get<double>()) && value.get<double>() >= 0,
-                    state_where, ": loss_scaler \"", key, "\" must be a non-negative number, got ", value.dump());
+      TESSERA_CHECK(
+          value.is_number() && std::isfinite(value.get<double>()) && value.get<double>() >= 0,
+          state_where, ": loss_scaler \"", key, "\" must be a non-negative number, got ",
+          value.dump());
     scaler_state = state["loss_scaler"].get<std::map<std::string, double>>();
     for (const char* key : {"growth_tracker", "growth_interval"})
-      TESSERA_CHECK(!scaler_state.count(key) || is_count(scaler_state[key]), state_where, ": loss_scaler \"",
-                    key, "\" must be a whole number from 0 to 2^53, got ", scaler_state[key]);
+      TESSERA_CHECK(!scaler_state.count(key) || is_count(scaler_state[key]), state_where,
+                    ": loss_scaler \"", key, "\" must be a whole number from 0 to 2^53, got ",
+                    scaler_state[key]);
   }
   // Everything is read and checked before the first object changes.
   std::vector<std::map<std::string, Tensor>> weights;
@@ -681,14 +719,16 @@ void Accelerator::load_state(const std::string& dir) {
     models_.at(model_order_[i])->gather_full_parameters();  // ZeRO-3: checked and loaded whole
     const std::string path = (fs::path(dir) / numbered("model", i, ".safetensors")).string();
     weights.push_back(load_safetensors(path, {.memory_map = false}).tensors);
-    check_model_state(weights.back(), *model_order_[i], where + ": " + numbered("model", i, ".safetensors"));
+    check_model_state(weights.back(), *model_order_[i],
+                      where + ": " + numbered("model", i, ".safetensors"));
   }
   // Optimizer states are re-sliced to what this rank's strategy updates: ZeRO shards by
   // their index, a whole (DDP) state by the parameter names saved beside it.
   std::vector<optim::OptimizerStateDict> optimizer_states;
   const bool sharded = has_sharded_optimizer(dir);
   for (size_t i = 0; i < optimizers_.size(); ++i) {
-    const std::string name = sharded ? "optimizer_shards.json" : numbered("optimizer", i, ".safetensors");
+    const std::string name =
+        sharded ? "optimizer_shards.json" : numbered("optimizer", i, ".safetensors");
     const DataParallelStrategy& strategy = strategy_training(*optimizers_[i]);
     if (sharded) {
       optimizer_states.push_back(read_sharded_optimizer(dir, strategy, *optimizers_[i]));
@@ -696,12 +736,13 @@ void Accelerator::load_state(const std::string& dir) {
       optimizer_states.push_back(optim::load_optimizer_state((fs::path(dir) / name).string()));
       if (zero_stage_ > 0) {
         const nlohmann::json& names = state.value("optimizer_parameters", nlohmann::json::array());
-        TESSERA_CHECK(names.is_array() && names.size() == optimizers_.size() && !names[i].empty(), where, ": ",
-                      name, " holds a whole optimizer state without \"optimizer_parameters\" in ", kStateFile,
-                      "; it cannot be sliced for ZeRO stage ", zero_stage_);
-        optimizer_states.back() = reslice_whole_optimizer(optimizer_states.back(),
-                                                          names[i].get<std::vector<std::string>>(), strategy,
-                                                          *optimizers_[i], where + ": " + name);
+        TESSERA_CHECK(names.is_array() && names.size() == optimizers_.size() && !names[i].empty(),
+                      where, ": ", name,
+                      " holds a whole optimizer state without \"optimizer_parameters\" in ",
+                      kStateFile, "; it cannot be sliced for ZeRO stage ", zero_stage_);
+        optimizer_states.back() = reslice_whole_optimizer(
+            optimizer_states.back(), names[i].get<std::vector<std::string>>(), strategy,
+            *optimizers_[i], where + ": " + name);
       }
     }
     check_optimizer_state(optimizer_states.back(), *optimizers_[i], where + ": " + name);
@@ -710,7 +751,8 @@ void Accelerator::load_state(const std::string& dir) {
     model_order_[i]->load_state_dict(weights[i]);
     models_.at(model_order_[i])->after_parameters_loaded();
   }
-  for (size_t i = 0; i < optimizer_states.size(); ++i) optimizers_[i]->load_state_dict(optimizer_states[i]);
+  for (size_t i = 0; i < optimizer_states.size(); ++i)
+    optimizers_[i]->load_state_dict(optimizer_states[i]);
   for (size_t i = 0; i < schedules_.size(); ++i) schedules_[i]->load_state_dict(schedules[i]);
   for (size_t i = 0; i < loaders_.size(); ++i) loaders_[i]->set_position(positions[i]);
   default_generator().set_state(rng_seed, rng_offset);

@@ -170,7 +170,7 @@ class FlatBuckets {
   std::vector<size_t> index_in_bucket_;
   std::vector<bool> ready_;
   size_t next_bucket_to_launch_ = 0;
-  size_t ordered_buckets_ = 0;  // the buckets before the solo ones
+  size_t ordered_buckets_ = 0;        // the buckets before the solo ones
   std::vector<size_t> launch_order_;  // of this backward's buckets
   bool hold_last_bucket_ = false;
   bool backward_started_ = false;

@@ -47,7 +47,7 @@ void embedding_backward_into(const Tensor& out_in, const Tensor& dy, const Tenso
                 detail::describe(out_in), " must have floating dtypes");
   // The kernels write a contiguous destination; a strided one goes through a copy.
   const bool direct = out_in.is_contiguous();
-  Tensor out = direct ? out_in
+  Tensor out = direct       ? out_in
                : accumulate ? raw::contiguous(out_in)
                             : empty(out_in.shape(), {.dtype = out_in.dtype(), .device = dev});
   checked_kernel(detail::kernels_for(dev).embedding_backward, "embedding_backward", dev)(
@@ -57,8 +57,7 @@ void embedding_backward_into(const Tensor& out_in, const Tensor& dy, const Tenso
 }
 
 Tensor embedding_backward(const Tensor& dy, const Tensor& indices, int64_t num_rows) {
-  TESSERA_CHECK(num_rows >= 0, "embedding_backward: num_rows must be non-negative, got ",
-                num_rows);
+  TESSERA_CHECK(num_rows >= 0, "embedding_backward: num_rows must be non-negative, got ", num_rows);
   TESSERA_CHECK(dy.dim() >= 1, "embedding_backward: gradient ", detail::describe(dy),
                 " has no dims");
   Tensor grad = empty({num_rows, dy.shape().back()}, {.dtype = dy.dtype(), .device = dy.device()});
@@ -157,7 +156,8 @@ Tensor stack(const std::vector<Tensor>& xs, int64_t dim_in) {
   return cat(views, dim);
 }
 
-std::vector<Tensor> split_sizes(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim_in) {
+std::vector<Tensor> split_sizes(const Tensor& x, const std::vector<int64_t>& sizes,
+                                int64_t dim_in) {
   detail::common_device("split", {&x});
   TESSERA_CHECK(x.dim() >= 1, "split: zero-dimensional tensor cannot be split");
   const int64_t dim = wrap_dim(dim_in, x.dim(), "split");
