@@ -56,6 +56,27 @@ int64_t fused_delta(const cuda::LinearPathCounts& a, const cuda::LinearPathCount
   return b.fused - a.fused;
 }
 
+// The routes `calls` GELU calls took: with the epilogues off (or for a shape cuBLASLt refuses)
+// all took the default passes (counted as fallback); with them on bf16 (the training dtype)
+// must take the epilogue, while for f32/f16 it is cuBLASLt's choice.
+void expect_routes(bool epilogues, DType t, const cuda::LinearPathCounts& before,
+                   const cuda::LinearPathCounts& after, int64_t calls, const std::string& what) {
+  if (!epilogues) {
+    EXPECT_EQ(fused_delta(before, after), 0) << what;
+    EXPECT_EQ(after.fallback - before.fallback, calls) << "the default GELU passes for " << what;
+  } else if (t == DType::bf16) {
+    EXPECT_EQ(fused_delta(before, after), calls)
+        << "cuBLASLt refused the GELU epilogue for " << what;
+  }
+}
+
+// For the report: which route one call took where the epilogue was possible.
+void report_route(const std::string& what, const cuda::LinearPathCounts& before,
+                  const cuda::LinearPathCounts& after) {
+  std::printf("  %-58s %s\n", what.c_str(),
+              fused_delta(before, after) == 1 ? "took the epilogue" : "fell back");
+}
+
 // linear_gelu_forward for every dtype, shape and bias choice against float64; returns nothing,
 // checks counts: refused shapes and forced fallbacks count as fallback, and with epilogues bf16
 // at accepted shapes must take the fused path.
@@ -87,17 +108,8 @@ void check_forward(bool epilogues) {
         const auto after = cuda::linear_gelu_path_counts();
         expect_within(values(pre_out), pre, mlp_tolerance(t), what + " pre_activation");
         expect_within(values(out), act, mlp_tolerance(t), what + " gelu");
-        if (!epilogues || !s.aux_ok) {
-          EXPECT_EQ(fused_delta(before, after), 0);
-          EXPECT_EQ(after.fallback - before.fallback, 1);
-        } else {
-          // bf16 (the training dtype) must take the epilogue; for f32/f16 it is cuBLASLt's
-          // choice (the fallback is checked above either way), shown for the report.
-          if (t == DType::bf16)
-            EXPECT_EQ(fused_delta(before, after), 1) << "cuBLASLt refused GELU_AUX for " << what;
-          std::printf("  %-58s %s\n", what.c_str(),
-                      fused_delta(before, after) == 1 ? "took the epilogue" : "fell back");
-        }
+        expect_routes(epilogues && s.aux_ok, t, before, after, 1, what);
+        if (epilogues && s.aux_ok) report_route(what, before, after);
       }
     }
   }
@@ -144,17 +156,8 @@ void check_backward(bool epilogues) {
         }
         // The bias gradient sums M rounded-or-not terms: relative to its largest element.
         if (with_db) expect_within(values(db), dbias, 2 * mlp_tolerance(t), what + " dbias");
-        if (!epilogues || !s.aux_ok) {
-          EXPECT_EQ(fused_delta(before, after), 0);
-          EXPECT_EQ(after.fallback - before.fallback, 1);
-        } else {
-          // bf16 (the training dtype) must take the epilogue; for f32/f16 it is cuBLASLt's
-          // choice (the fallback is checked above either way), shown for the report.
-          if (t == DType::bf16)
-            EXPECT_EQ(fused_delta(before, after), 1) << "cuBLASLt refused DGELU for " << what;
-          std::printf("  %-58s %s\n", what.c_str(),
-                      fused_delta(before, after) == 1 ? "took the epilogue" : "fell back");
-        }
+        expect_routes(epilogues && s.aux_ok, t, before, after, 1, what);
+        if (epilogues && s.aux_ok) report_route(what, before, after);
       }
     }
   }
@@ -211,16 +214,6 @@ TEST(CudaMlpGeluLt, BadInputsRaise) {
                Error);
 }
 
-// The GELU routes the MLP node's two calls take: the default passes (counted as fallback) or
-// cuBLASLt's epilogues (counted as fused where cuBLASLt takes them: bf16 at least).
-void expect_routes(bool epilogues, DType t, const cuda::LinearPathCounts& before,
-                   const cuda::LinearPathCounts& after, int64_t calls) {
-  if (!epilogues)
-    EXPECT_EQ(after.fallback - before.fallback, calls) << "the default GELU passes";
-  else if (t == DType::bf16)
-    EXPECT_EQ(after.fused - before.fused, calls) << "cuBLASLt's GELU epilogues";
-}
-
 // mlp_gelu on CUDA (one fused node) against the composed Linear -> GELU -> Linear on CUDA,
 // forward and all five gradients, at GPT-2 124M's MLP shape on 512 rows, through the default
 // GELU passes and through cuBLASLt's epilogues.
@@ -247,7 +240,7 @@ TEST(CudaMlpGeluLt, AutogradMlpMatchesTheComposedMlp) {
       autograd::backward({yp}, {dy});
       const auto after = cuda::linear_gelu_path_counts();
       cuda::set_gelu_epilogues_enabled(false);
-      expect_routes(epilogues, t, before, after, 2);
+      expect_routes(epilogues, t, before, after, 2, "the MLP node");
       expect_within(values(yf), values(yp), mlp_tolerance(t), "y");
       const char* names[] = {"dx", "dw_fc", "db_fc", "dw_proj", "db_proj"};
       for (int i = 0; i < 5; ++i)
@@ -281,7 +274,7 @@ TEST(CudaMlpGeluLt, GptForwardBackwardMatchesTheComposedMlp) {
       cuda::set_gelu_epilogues_enabled(false);
       EXPECT_EQ(fused.transformer.blocks[0]->mlp.fused_mlp_calls(), 1);
       EXPECT_EQ(plain.transformer.blocks[0]->mlp.fused_mlp_calls(), 0);
-      expect_routes(epilogues, t, before, after, 2 * cfg.n_layer);
+      expect_routes(epilogues, t, before, after, 2 * cfg.n_layer, "the GPT's MLPs");
       EXPECT_NEAR(lf.item(), lp.item(), (t == DType::f32 ? 1e-5 : 2e-2) * std::abs(lp.item()));
       for (auto& [name, p] : plain.named_parameters()) {
         const Tensor gf = fused.parameter(name).grad(), gp = p.grad();
