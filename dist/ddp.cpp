@@ -30,6 +30,9 @@ FlatBuckets make_ddp_buckets(nn::Module& module, const std::shared_ptr<ProcessGr
   o.reduce_dtype = options.reduce_dtype;
   if (sparse_embeddings(*group, options))
     o.solo = SparseEmbeddingSync::embedding_weights(module, params);
+  // Opt-in: the buckets as NCCL symmetric windows. DDP keeps its buckets for the whole run, so
+  // they are registered once (the ZeRO stages release theirs and do not ask for this).
+  o.communication_buffers_from_group = group->backend_name() == "nccl" && nccl_symmetric_from_env();
   return FlatBuckets(std::move(params), std::move(names), group, o);
 }
 }  // namespace

@@ -55,6 +55,34 @@ bool env_flag(const char* name) {
   return v == "1" || v == "true" || v == "yes" || v == "on";
 }
 
+const char* nccl_cta_policy_name(NcclCtaPolicy policy) {
+  switch (policy) {
+    case NcclCtaPolicy::Default:
+      return "default";
+    case NcclCtaPolicy::Efficiency:
+      return "efficiency";
+    case NcclCtaPolicy::Zero:
+      return "zero";
+  }
+  return "?";
+}
+
+std::optional<NcclCtaPolicy> nccl_cta_policy_from_env() {
+  const std::string v = env_string("TESSERA_NCCL_CTA_POLICY");
+  if (v.empty()) return std::nullopt;
+  for (NcclCtaPolicy p : {NcclCtaPolicy::Default, NcclCtaPolicy::Efficiency, NcclCtaPolicy::Zero})
+    if (v == nccl_cta_policy_name(p)) return p;
+  TESSERA_FAIL("dist environment: TESSERA_NCCL_CTA_POLICY='", v,
+               "' is not one of default, efficiency, zero (or unset for NCCL's own choice)");
+}
+
+bool nccl_symmetric_from_env() {
+  const std::string v = env_string("TESSERA_NCCL_SYMMETRIC");
+  TESSERA_CHECK(v.empty() || v == "0" || v == "1", "dist environment: TESSERA_NCCL_SYMMETRIC='", v,
+                "' must be 0 or 1");
+  return v == "1";
+}
+
 std::string first_slurm_host(const std::string& nodelist) {
   // The first entry ends at a comma outside brackets; a bracket holds numbers or ranges
   // whose first number (with its zero padding) completes the name.

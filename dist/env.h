@@ -3,6 +3,8 @@
 // `mpirun` (OMPI_COMM_WORLD_*) or SLURM (SLURM_PROCID, ...). A process started
 // by hand with none of them is rank 0 of a world of 1.
 #pragma once
+#include <cstdint>
+#include <optional>
 #include <string>
 
 namespace tessera::dist {
@@ -36,5 +38,18 @@ std::string env_string(const char* name, const std::string& fallback = "");
 int env_int(const char* name, int fallback);
 double env_double(const char* name, double fallback);
 bool env_flag(const char* name);  // "1", "true", "yes", "on" (any case)
+
+// Opt-in NCCL settings, read here so that the NCCL group (dist/cuda) and DDP agree and a CPU
+// build can test the parsing. A bad value is an error naming the variable.
+//
+// TESSERA_NCCL_CTA_POLICY = default | efficiency | zero: the communicators are created with
+// ncclCommInitRankConfig and that CTA policy (NCCL 2.27+; zero: 2.28+); unset: no config.
+enum class NcclCtaPolicy : uint8_t { Default, Efficiency, Zero };
+const char* nccl_cta_policy_name(NcclCtaPolicy policy);
+std::optional<NcclCtaPolicy> nccl_cta_policy_from_env();
+// TESSERA_NCCL_SYMMETRIC = 0 | 1 (unset: 0): DDP's gradient buckets are NCCL symmetric
+// windows (ProcessGroup::allocate_communication_buffer), so NCCL can pick its symmetric
+// kernels (NCCL 2.27+).
+bool nccl_symmetric_from_env();
 
 }  // namespace tessera::dist

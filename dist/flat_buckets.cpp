@@ -132,22 +132,34 @@ Tensor FlatBuckets::slot_view(const Bucket& b, size_t index_in_bucket) const {
 
 void FlatBuckets::ensure_gradient_buffer(Bucket& b) {
   if (b.gradients.defined()) return;
+  const bool reduce_elsewhere =
+      is_low_precision(b.dtype) && options_.reduce_dtype && *options_.reduce_dtype != b.dtype;
+  // The buffer that is communicated may come from the group (an NCCL symmetric window). Such
+  // memory is not the caching allocator's: the category counters do not see it (the
+  // strategies' own byte counts, gradient_bytes() and reduce_buffer_bytes(), still do).
+  auto allocate = [&](bool communicated, DType dtype) {
+    if (communicated && options_.communication_buffers_from_group)
+      return group_->allocate_communication_buffer(b.padded_numel, dtype, b.device);
+    return empty({b.padded_numel}, {.dtype = dtype, .device = b.device});
+  };
   MemoryCategoryScope tag(MemoryCategory::Gradients);
   // Not zero-filled: every slot is written before the bucket is launched (by backward, by
   // adopt_gradient, or zeros for a parameter without a gradient); only the padding is zeroed.
-  b.gradients = empty({b.padded_numel}, {.dtype = b.dtype, .device = b.device});
+  b.gradients = allocate(!reduce_elsewhere, b.dtype);
   if (b.padded_numel > b.numel)
     raw::fill_(raw::narrow(b.gradients, 0, b.numel, b.padded_numel - b.numel), 0.0);
   // Backward writes the parameters' first gradients straight into their slots.
   for (size_t j = 0; j < b.params.size(); ++j)
     autograd::set_grad_destination(params_[b.params[j]], slot_view(b, j));
   MemoryCategoryScope reduce_tag(MemoryCategory::Communication);
-  if (is_low_precision(b.dtype) && options_.reduce_dtype && *options_.reduce_dtype != b.dtype)
-    b.reduce_buffer =
-        empty({b.padded_numel}, {.dtype = *options_.reduce_dtype, .device = b.device});
+  if (reduce_elsewhere) b.reduce_buffer = allocate(true, *options_.reduce_dtype);
 }
 
 void FlatBuckets::release_gradients(Bucket& b) {
+  TESSERA_CHECK(!options_.communication_buffers_from_group,
+                "FlatBuckets: release_gradients cannot be used with "
+                "communication_buffers_from_group (the buffers are allocated once, collectively: "
+                "releasing them would register them again every step)");
   for (size_t k : b.params) {
     autograd::set_grad_destination(params_[k], Tensor());  // it would keep the buffer alive
     const Tensor grad = params_[k].grad();

@@ -55,6 +55,12 @@ struct FlatBucketsOptions {
   // Parameters (indices, not listed in `groups`) that get a bucket of their own, launched as
   // soon as they are ready rather than in bucket order; these buckets come last.
   std::vector<size_t> solo;
+  // The buffer each bucket communicates (the gradients when reduced in place, else the
+  // reduce buffer) comes from group->allocate_communication_buffer (DDP with
+  // TESSERA_NCCL_SYMMETRIC=1: an NCCL symmetric window), once per bucket, at construction, in
+  // the parameters' order (the same on every rank). Such a buffer is never released
+  // (release_gradients refuses): allocating it again would be a collective every step.
+  bool communication_buffers_from_group = false;
 };
 
 class FlatBuckets {
@@ -135,7 +141,8 @@ class FlatBuckets {
   // buffer when it was released).
   Tensor gradient_slot(size_t i);
   // Drops a bucket's gradient buffer and the .grad views into it (ZeRO-2/3 after the
-  // reduce-scatter); the next backward allocates it again.
+  // reduce-scatter); the next backward allocates it again. Not with
+  // communication_buffers_from_group.
   void release_gradients(Bucket& bucket);
   // How gradients reached the buckets since construction: `in_place` were already in their
   // slot (written there by backward, or accumulated into it), `copied` were copied in,

@@ -127,6 +127,10 @@ ProcessGroup::ProcessGroup(int rank, int size, ProcessGroupOptions options)
                 options_.timeout_s, " s");
 }
 
+Tensor ProcessGroup::allocate_communication_buffer(int64_t numel, DType dtype, Device device) {
+  return empty({numel}, {.dtype = dtype, .device = device});
+}
+
 void ProcessGroup::check_tensor(const Tensor& t, const char* op) const {
   TESSERA_CHECK(t.defined(), "dist::", op, ": undefined tensor");
   TESSERA_CHECK(supports_device(t.device()), "dist::", op, ": the ", backend_name(),

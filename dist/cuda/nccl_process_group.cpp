@@ -19,6 +19,14 @@
 // Rendezvous: rank 0 creates the NCCL unique id and publishes it in the store;
 // sub-groups get their own id the same way. Debug mode compares signatures
 // through the store before each collective.
+//
+// Opt-in (dist/env.h), for the world group and its sub-groups alike:
+// TESSERA_NCCL_CTA_POLICY creates the communicators with ncclCommInitRankConfig and that CTA
+// policy (fewer CTAs for NCCL's kernels leaves more SMs to the backward's GEMMs they overlap);
+// TESSERA_NCCL_SYMMETRIC=1 makes allocate_communication_buffer return ncclMemAlloc memory
+// registered as a symmetric window, which lets NCCL pick its symmetric kernels for DDP's
+// buckets. The communicator is shared (NcclComm) by the group, its works and those windows,
+// so that it is destroyed only after the last window was deregistered.
 #include "tessera/dist/process_group.h"
 
 #if TESSERA_WITH_NCCL
@@ -29,11 +37,16 @@
 #include "tessera/core/graph_capture.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
+
+// Communicator configs with a CTA policy, ncclMemAlloc'd symmetric windows.
+#define TESSERA_NCCL_HAS_CTA_POLICY_AND_WINDOWS (NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0))
 
 namespace tessera::dist {
 namespace {
@@ -66,6 +79,101 @@ ncclDataType_t nccl_type(DType t) {
   TESSERA_FAIL("dist(nccl): unsupported dtype ", dtype_name(t));
 }
 
+// The opt-in settings of dist/env.h, checked against the NCCL Tessera was built with and the
+// one it runs with; read once for the world group and handed to its sub-groups.
+struct NcclSettings {
+  std::optional<NcclCtaPolicy> cta_policy;
+  bool symmetric = false;
+
+  static NcclSettings from_env() {
+    NcclSettings s{nccl_cta_policy_from_env(), nccl_symmetric_from_env()};
+    if (!s.cta_policy && !s.symmetric) return s;
+    const std::string what = s.cta_policy ? "TESSERA_NCCL_CTA_POLICY" : "TESSERA_NCCL_SYMMETRIC";
+#if !TESSERA_NCCL_HAS_CTA_POLICY_AND_WINDOWS
+    TESSERA_FAIL("dist(nccl): ", what, " needs NCCL 2.27 or newer; Tessera was built with NCCL ",
+                 NCCL_MAJOR, ".", NCCL_MINOR, ".", NCCL_PATCH);
+#endif
+#ifndef NCCL_CTA_POLICY_ZERO
+    TESSERA_CHECK(s.cta_policy != NcclCtaPolicy::Zero,
+                  "dist(nccl): TESSERA_NCCL_CTA_POLICY=zero needs NCCL 2.28 or newer; Tessera was "
+                  "built with NCCL ",
+                  NCCL_MAJOR, ".", NCCL_MINOR, ".", NCCL_PATCH);
+#endif
+    // The library loaded may be older than the headers.
+    int version = 0;
+    check_nccl(ncclGetVersion(&version), "ncclGetVersion");
+    TESSERA_CHECK(version >= NCCL_VERSION(2, 27, 0), "dist(nccl): ", what,
+                  " needs NCCL 2.27 or newer; the NCCL library loaded is version code ", version);
+    return s;
+  }
+};
+
+#if TESSERA_NCCL_HAS_CTA_POLICY_AND_WINDOWS
+int nccl_cta_policy(NcclCtaPolicy policy) {
+  switch (policy) {
+    case NcclCtaPolicy::Default:
+      return NCCL_CTA_POLICY_DEFAULT;
+    case NcclCtaPolicy::Efficiency:
+      return NCCL_CTA_POLICY_EFFICIENCY;
+    case NcclCtaPolicy::Zero:
+#ifdef NCCL_CTA_POLICY_ZERO
+      return NCCL_CTA_POLICY_ZERO;
+#else
+      break;  // refused by NcclSettings::from_env
+#endif
+  }
+  TESSERA_FAIL("dist(nccl): CTA policy ", nccl_cta_policy_name(policy),
+               " is not supported by this NCCL");
+}
+#endif
+
+// The communicator, shared by its group, the group's works and the windows registered with it:
+// a window must be deregistered while the communicator lives, and a window's buffer can
+// outlive the group (the parameters' .grad are views into DDP's buckets).
+class NcclComm {
+ public:
+  explicit NcclComm(ncclComm_t comm) : comm_(comm) {}
+  ~NcclComm() {
+    if (!aborted_) ncclCommDestroy(comm_);
+  }
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  ncclComm_t get() const { return comm_; }
+  // After a lost peer the communicator cannot be trusted; NCCL frees it, so nothing may use
+  // it afterwards (nor destroy it).
+  void abort() {
+    if (!aborted_.exchange(true)) ncclCommAbort(comm_);
+  }
+  bool aborted() const { return aborted_; }
+
+ private:
+  ncclComm_t comm_;
+  std::atomic<bool> aborted_{false};
+};
+
+#if TESSERA_NCCL_HAS_CTA_POLICY_AND_WINDOWS
+// The deleter of a buffer from allocate_communication_buffer. It must not throw: a failure is
+// reported on stderr (and the memory left registered rather than freed under NCCL's feet).
+void release_window(NcclComm& comm, ncclWindow_t window, void* data, int device) noexcept {
+  try {
+    int previous = 0;
+    // At process exit the runtime may be gone already; the driver reclaims everything then.
+    if (cudaGetDevice(&previous) == cudaErrorCudartUnloading) return;
+    check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    // Queued work (a collective on the NCCL stream, a kernel on the compute stream) may still
+    // use the buffer: it is not stream-ordered as the caching allocator's memory is.
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    if (!comm.aborted())  // an aborted communicator took its windows with it
+      check_nccl(ncclCommWindowDeregister(comm.get(), window), "ncclCommWindowDeregister");
+    check_nccl(ncclMemFree(data), "ncclMemFree");
+    check_cuda(cudaSetDevice(previous), "cudaSetDevice");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+  }
+}
+#endif
+
 ncclRedOp_t nccl_op(ReduceOp op, DType t) {
   // A sum of booleans is their "or", which for 0/1 bytes is the max.
   if (t == DType::boolean && op == ReduceOp::Sum) return ncclMax;
@@ -84,11 +192,12 @@ ncclRedOp_t nccl_op(ReduceOp op, DType t) {
 
 class NcclWork : public Work {
  public:
-  NcclWork(cudaEvent_t done, int device, ncclComm_t comm, std::vector<Tensor> keep_alive,
-           std::string what, std::string timeout_message, double timeout_s)
+  NcclWork(cudaEvent_t done, int device, std::shared_ptr<NcclComm> comm,
+           std::vector<Tensor> keep_alive, std::string what, std::string timeout_message,
+           double timeout_s)
       : done_(done),
         device_(device),
-        comm_(comm),
+        comm_(std::move(comm)),
         keep_alive_(std::move(keep_alive)),
         what_(std::move(what)),
         timeout_message_(std::move(timeout_message)),
@@ -105,12 +214,14 @@ class NcclWork : public Work {
         std::this_thread::yield();
         continue;
       }
+      TESSERA_CHECK(!comm_->aborted(), "dist(nccl): ", what_,
+                    " cannot complete: the communicator was aborted after a timeout");
       ncclResult_t async_error = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async_error);
+      ncclCommGetAsyncError(comm_->get(), &async_error);
       if (async_error != ncclSuccess && async_error != ncclInProgress)
         TESSERA_FAIL("dist(nccl): ", what_, " failed: ", ncclGetErrorString(async_error));
       if (deadline_.expired()) {
-        ncclCommAbort(comm_);  // the communicator cannot be trusted after a lost peer
+        comm_->abort();  // the communicator cannot be trusted after a lost peer
         throw TimeoutError(timeout_message_);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -134,7 +245,7 @@ class NcclWork : public Work {
  private:
   cudaEvent_t done_;
   int device_;
-  ncclComm_t comm_;
+  std::shared_ptr<NcclComm> comm_;
   std::vector<Tensor> keep_alive_;
   std::string what_, timeout_message_;
   Deadline deadline_;
@@ -144,11 +255,12 @@ class NcclWork : public Work {
 class NcclProcessGroup final : public ProcessGroup {
  public:
   NcclProcessGroup(int rank, int size, ProcessGroupOptions options, std::shared_ptr<Store> store,
-                   std::string prefix, int device)
+                   std::string prefix, int device, NcclSettings settings)
       : ProcessGroup(rank, size, std::move(options)),
         store_(std::move(store)),
         prefix_(std::move(prefix)),
-        device_(device) {
+        device_(device),
+        settings_(settings) {
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
     ncclUniqueId id;
     const std::string key = prefix_ + "/nccl_id";
@@ -160,7 +272,17 @@ class NcclProcessGroup final : public ProcessGroup {
       TESSERA_CHECK(text.size() == sizeof id, "dist(nccl): corrupt unique id in the store");
       std::memcpy(&id, text.data(), sizeof id);
     }
-    check_nccl(ncclCommInitRank(&comm_, size, id, rank), "ncclCommInitRank");
+    ncclComm_t comm = nullptr;
+    if (settings_.cta_policy) {
+#if TESSERA_NCCL_HAS_CTA_POLICY_AND_WINDOWS
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.CTAPolicy = nccl_cta_policy(*settings_.cta_policy);
+      check_nccl(ncclCommInitRankConfig(&comm, size, id, rank, &config), "ncclCommInitRankConfig");
+#endif
+    } else {
+      check_nccl(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank");
+    }
+    comm_ = std::make_shared<NcclComm>(comm);
     // The highest priority (as PyTorch's NCCL streams have): while backward kernels fill the
     // GPU, the collectives' blocks are scheduled first, so they overlap instead of queueing
     // behind the compute and landing, exposed, after the last backward kernel.
@@ -173,12 +295,43 @@ class NcclProcessGroup final : public ProcessGroup {
   }
   ~NcclProcessGroup() override {
     cudaStreamSynchronize(stream_);
-    ncclCommDestroy(comm_);
     cudaEventDestroy(ready_);
     cudaStreamDestroy(stream_);
+    // comm_ is destroyed with the last window (and work) that shares it.
   }
   std::string backend_name() const override { return "nccl"; }
   bool records_in_graphs() const override { return true; }
+
+  // With TESSERA_NCCL_SYMMETRIC=1, on this group's GPU: ncclMemAlloc memory registered as a
+  // symmetric window (collective). Not the caching allocator's memory: memory reports and the
+  // category counters do not see it.
+  Tensor allocate_communication_buffer(int64_t numel, DType dtype, Device device) override {
+    if (!settings_.symmetric || !supports_device(device))
+      return ProcessGroup::allocate_communication_buffer(numel, dtype, device);
+    TESSERA_CHECK(!graph_capture_underway(),
+                  "dist(nccl): allocate_communication_buffer cannot be called while a device graph "
+                  "is recorded (registering an NCCL window is a collective outside any stream)");
+    TESSERA_CHECK(numel >= 0, "dist(nccl): allocate_communication_buffer of ", numel, " elements");
+#if TESSERA_NCCL_HAS_CTA_POLICY_AND_WINDOWS
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    const size_t alignment = NCCL_WIN_REQUIRED_ALIGNMENT;
+    const size_t bytes = static_cast<size_t>(numel) * dtype_size(dtype);
+    const size_t rounded = std::max<size_t>(1, (bytes + alignment - 1) / alignment) * alignment;
+    void* data = nullptr;
+    check_nccl(ncclMemAlloc(&data, rounded), "ncclMemAlloc");
+    ncclWindow_t window = nullptr;
+    ncclResult_t rc =
+        ncclCommWindowRegister(comm_->get(), data, rounded, &window, NCCL_WIN_COLL_SYMMETRIC);
+    if (rc != ncclSuccess) ncclMemFree(data);
+    check_nccl(rc, "ncclCommWindowRegister");
+    std::shared_ptr<void> owner(data, [comm = comm_, window, device = device_](void* p) {
+      release_window(*comm, window, p, device);
+    });
+    return from_blob(data, {numel}, dtype, device, std::move(owner));
+#else
+    TESSERA_FAIL("dist(nccl): TESSERA_NCCL_SYMMETRIC needs NCCL 2.27 or newer");
+#endif
+  }
 
   void check_outstanding(uint64_t up_to) override {
     std::vector<std::shared_ptr<NcclWork>> due;
@@ -202,7 +355,7 @@ class NcclProcessGroup final : public ProcessGroup {
   WorkPtr do_all_reduce(const CollectiveSignature& sig, const Tensor& t, ReduceOp op) override {
     return issue(&sig, sig.str(), {t}, [&] {
       check_nccl(ncclAllReduce(t.raw_data(), t.raw_data(), t.numel(), nccl_type(t.dtype()),
-                               nccl_op(op, t.dtype()), comm_, stream_),
+                               nccl_op(op, t.dtype()), comm_->get(), stream_),
                  "ncclAllReduce");
     });
   }
@@ -210,10 +363,10 @@ class NcclProcessGroup final : public ProcessGroup {
   WorkPtr do_reduce_scatter(const CollectiveSignature& sig, const Tensor& output,
                             const Tensor& input, ReduceOp op) override {
     return issue(&sig, sig.str(), {output, input}, [&] {
-      check_nccl(
-          ncclReduceScatter(input.raw_data(), output.raw_data(), output.numel(),
-                            nccl_type(output.dtype()), nccl_op(op, output.dtype()), comm_, stream_),
-          "ncclReduceScatter");
+      check_nccl(ncclReduceScatter(input.raw_data(), output.raw_data(), output.numel(),
+                                   nccl_type(output.dtype()), nccl_op(op, output.dtype()),
+                                   comm_->get(), stream_),
+                 "ncclReduceScatter");
     });
   }
 
@@ -231,7 +384,7 @@ class NcclProcessGroup final : public ProcessGroup {
     return issue(&sig, sig.str(), keep, [&] {
       if (adjacent) {
         check_nccl(ncclAllGather(input.raw_data(), outputs[0].raw_data(), input.nbytes(), ncclUint8,
-                                 comm_, stream_),
+                                 comm_->get(), stream_),
                    "ncclAllGather");
         return;
       }
@@ -239,7 +392,7 @@ class NcclProcessGroup final : public ProcessGroup {
       for (int r = 0; r < size(); ++r) {
         const void* send = r == rank() ? input.raw_data() : outputs[r].raw_data();
         check_nccl(ncclBroadcast(send, outputs[r].raw_data(), outputs[r].nbytes(), ncclUint8, r,
-                                 comm_, stream_),
+                                 comm_->get(), stream_),
                    "ncclBroadcast");
       }
       check_nccl(ncclGroupEnd(), "ncclGroupEnd");
@@ -248,30 +401,32 @@ class NcclProcessGroup final : public ProcessGroup {
 
   WorkPtr do_broadcast(const CollectiveSignature& sig, const Tensor& t, int root) override {
     return issue(&sig, sig.str(), {t}, [&] {
-      check_nccl(
-          ncclBroadcast(t.raw_data(), t.raw_data(), t.nbytes(), ncclUint8, root, comm_, stream_),
-          "ncclBroadcast");
+      check_nccl(ncclBroadcast(t.raw_data(), t.raw_data(), t.nbytes(), ncclUint8, root,
+                               comm_->get(), stream_),
+                 "ncclBroadcast");
     });
   }
 
   WorkPtr do_barrier(const CollectiveSignature& sig) override {
     Tensor token = zeros({1}, {.dtype = DType::f32, .device = Device::cuda(device_)});
     return issue(&sig, sig.str(), {token}, [&] {
-      check_nccl(ncclAllReduce(token.raw_data(), token.raw_data(), 1, ncclFloat32, ncclSum, comm_,
-                               stream_),
+      check_nccl(ncclAllReduce(token.raw_data(), token.raw_data(), 1, ncclFloat32, ncclSum,
+                               comm_->get(), stream_),
                  "ncclAllReduce(barrier)");
     });
   }
 
   WorkPtr do_send(const Tensor& t, int dst, int tag) override {
     return issue(nullptr, detail::concat("send to rank ", dst), {t}, [&] {
-      check_nccl(ncclSend(t.raw_data(), t.nbytes(), ncclUint8, dst, comm_, stream_), "ncclSend");
+      check_nccl(ncclSend(t.raw_data(), t.nbytes(), ncclUint8, dst, comm_->get(), stream_),
+                 "ncclSend");
     });
   }
 
   WorkPtr do_recv(const Tensor& t, int src, int tag) override {
     return issue(nullptr, detail::concat("recv from rank ", src), {t}, [&] {
-      check_nccl(ncclRecv(t.raw_data(), t.nbytes(), ncclUint8, src, comm_, stream_), "ncclRecv");
+      check_nccl(ncclRecv(t.raw_data(), t.nbytes(), ncclUint8, src, comm_->get(), stream_),
+                 "ncclRecv");
     });
   }
 
@@ -281,7 +436,7 @@ class NcclProcessGroup final : public ProcessGroup {
     if (it == ranks.end()) return nullptr;
     return std::make_shared<NcclProcessGroup>(
         static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()), std::move(options),
-        store_, prefix_ + "/sub" + std::to_string(group_id), device_);
+        store_, prefix_ + "/sub" + std::to_string(group_id), device_, settings_);
   }
 
  private:
@@ -289,6 +444,8 @@ class NcclProcessGroup final : public ProcessGroup {
   // enqueues the NCCL call and returns a Work on an event after it.
   WorkPtr issue(const CollectiveSignature* sig, const std::string& what,
                 std::vector<Tensor> keep_alive, const std::function<void()>& enqueue) {
+    TESSERA_CHECK(!comm_->aborted(), "dist(nccl): cannot run ", what, ": the communicator of ",
+                  options().name, " was aborted after a collective timed out");
     if (sig && options().debug_collectives && size() > 1) check_through_store(*sig);
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
     if (!graph_capture_underway()) check_finished_outstanding();
@@ -343,7 +500,8 @@ class NcclProcessGroup final : public ProcessGroup {
   std::shared_ptr<Store> store_;
   std::string prefix_;
   int device_;
-  ncclComm_t comm_ = nullptr;
+  NcclSettings settings_;
+  std::shared_ptr<NcclComm> comm_;
   cudaStream_t stream_ = nullptr;
   // Works issued outside a graph capture and not yet seen complete (oldest first), and how
   // many were issued (their sequence numbers count from 1).
@@ -360,8 +518,8 @@ const bool registered = [] {
     check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
     TESSERA_CHECK(devices > 0, "dist: the nccl backend needs a CUDA device; none is visible");
     return std::make_shared<NcclProcessGroup>(ctx.env.rank, ctx.env.world_size, ctx.options,
-                                              ctx.store, "nccl/world",
-                                              ctx.env.local_rank % devices);
+                                              ctx.store, "nccl/world", ctx.env.local_rank % devices,
+                                              NcclSettings::from_env());
   });
   return true;
 }();

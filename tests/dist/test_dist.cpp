@@ -2,8 +2,10 @@
 // reductions the host backends use, and the single-process backend with its argument checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <thread>
 #include <tuple>
 
@@ -471,6 +473,201 @@ TEST_F(DdpTest, UnusedParameterIsNamed) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'extra.weight', 'extra.bias'"), std::string::npos) << e.what();
   }
+}
+
+// ---- communication buffers from the group (TESSERA_NCCL_SYMMETRIC's path, on the CPU) ----
+
+// A world of one that counts allocate_communication_buffer (the NCCL group answers it with
+// symmetric windows) and records which memory its all-reduces were given. `backend` stands in
+// for the name DDP looks at.
+class CountingGroup final : public ProcessGroup {
+ public:
+  explicit CountingGroup(std::string backend = "counting")
+      : ProcessGroup(0, 1, ProcessGroupOptions{}), backend_(std::move(backend)) {}
+  std::string backend_name() const override { return backend_; }
+  Tensor allocate_communication_buffer(int64_t numel, DType dtype, Device device) override {
+    Tensor t = ProcessGroup::allocate_communication_buffer(numel, dtype, device);
+    allocated.push_back({t.raw_data(), numel, dtype});
+    return t;
+  }
+  struct Allocation {
+    const void* data;
+    int64_t numel;
+    DType dtype;
+  };
+  std::vector<Allocation> allocated;
+  std::vector<const void*> reduced;
+
+  bool was_allocated(const Tensor& t) const {
+    for (const Allocation& a : allocated)
+      if (a.data == t.raw_data()) return true;
+    return false;
+  }
+
+ protected:
+  bool supports_device(Device) const override { return true; }
+  // One rank: every collective leaves its tensors as they are.
+  WorkPtr do_all_reduce(const CollectiveSignature&, const Tensor& t, ReduceOp) override {
+    reduced.push_back(t.raw_data());
+    return completed_work();
+  }
+  WorkPtr do_reduce_scatter(const CollectiveSignature&, const Tensor& out, const Tensor& in,
+                            ReduceOp) override {
+    raw::copy_(out, in);
+    return completed_work();
+  }
+  WorkPtr do_all_gather(const CollectiveSignature&, const std::vector<Tensor>& outputs,
+                        const Tensor& input) override {
+    raw::copy_(outputs[0], input);
+    return completed_work();
+  }
+  WorkPtr do_broadcast(const CollectiveSignature&, const Tensor&, int) override {
+    return completed_work();
+  }
+  WorkPtr do_barrier(const CollectiveSignature&) override { return completed_work(); }
+  WorkPtr do_send(const Tensor&, int, int) override { return completed_work(); }
+  WorkPtr do_recv(const Tensor&, int, int) override { return completed_work(); }
+  std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>&, uint64_t,
+                                             ProcessGroupOptions) override {
+    return std::make_shared<CountingGroup>(backend_);
+  }
+
+ private:
+  std::string backend_;
+};
+
+// Unsets the NCCL opt-in variables around each test.
+struct NcclEnvTest : ::testing::Test {
+  static void clear() {
+    unsetenv("TESSERA_NCCL_CTA_POLICY");
+    unsetenv("TESSERA_NCCL_SYMMETRIC");
+  }
+  void SetUp() override { clear(); }
+  void TearDown() override { clear(); }
+};
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// With communication_buffers_from_group, the buffer each bucket communicates (the gradients,
+// or the f32 reduce buffer of bf16 gradients) comes from the group once, at construction, and
+// is what the all-reduces get; the gradients are bit for bit those of buckets without it.
+TEST(FlatBucketsTest, CommunicationBuffersComeFromTheGroupOncePerBucket) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    default_generator().manual_seed(7);
+    TwoLayers plain;
+    default_generator().manual_seed(7);
+    TwoLayers windowed;
+    plain.to(dtype);
+    windowed.to(dtype);
+    auto plain_group = std::make_shared<CountingGroup>();
+    auto group = std::make_shared<CountingGroup>();
+    // b.bias and b.weight fill the first bucket, a.bias and a.weight the second.
+    auto make = [&](nn::Module& m, std::shared_ptr<ProcessGroup> g, bool from_group) {
+      auto [params, names] = trainable_parameters(m);
+      FlatBucketsOptions o;
+      o.bucket_bytes = 24 * dtype_size(dtype);
+      o.communication_buffers_from_group = from_group;
+      return std::make_unique<FlatBuckets>(std::move(params), std::move(names), std::move(g), o);
+    };
+    auto plain_buckets = make(plain, plain_group, false);
+    auto buckets = make(windowed, group, true);
+    ASSERT_EQ(buckets->buckets().size(), 2u);
+    ASSERT_EQ(group->allocated.size(), 2u);
+    EXPECT_TRUE(plain_group->allocated.empty());
+    // Allocated in the parameters' order (the same on every rank): a.weight's bucket first.
+    for (size_t k = 0; k < 2; ++k) {
+      const FlatBuckets::Bucket& b = buckets->buckets()[1 - k];
+      const CountingGroup::Allocation& a = group->allocated[k];
+      EXPECT_EQ(a.data, b.communication_buffer().raw_data());
+      EXPECT_EQ(a.numel, b.padded_numel);
+      EXPECT_EQ(a.dtype, DType::f32);  // bf16 gradients are reduced in f32 (the default)
+      // bf16: the gradients themselves are not communicated; they come from the allocator.
+      EXPECT_EQ(group->was_allocated(b.gradients), dtype == DType::f32);
+      EXPECT_EQ(b.reduce_buffer.defined(), dtype == DType::bf16);
+    }
+
+    Generator g(13);
+    Tensor x = raw::to(randn({4, 5}, {}, &g), Device::cpu(), dtype);
+    Tensor y = from_vector(std::vector<int64_t>{0, 2, 1, 2}, {4}, {.dtype = DType::i64});
+    for (int step = 0; step < 3; ++step) {
+      SCOPED_TRACE(step);
+      group->reduced.clear();
+      cross_entropy(plain(x), y).backward();
+      plain_buckets->finish();
+      cross_entropy(windowed(x), y).backward();
+      buckets->finish();
+      EXPECT_EQ(grads_of(windowed), grads_of(plain));
+      ASSERT_EQ(group->reduced.size(), 2u);
+      for (const void* data : group->reduced)
+        EXPECT_TRUE(std::any_of(group->allocated.begin(), group->allocated.end(),
+                                [&](const auto& a) { return a.data == data; }));
+      if (step == 1) {  // as an optimizer's zero_grad(set_to_none) does
+        plain.zero_grad(true);
+        windowed.zero_grad(true);
+      }
+    }
+    EXPECT_EQ(group->allocated.size(), 2u);  // never again after construction
+
+    const std::string message =
+        error_of([&] { buckets->release_gradients(buckets->buckets()[0]); });
+    EXPECT_NE(
+        message.find("release_gradients cannot be used with communication_buffers_from_group"),
+        std::string::npos)
+        << message;
+    EXPECT_NO_THROW(plain_buckets->release_gradients(plain_buckets->buckets()[0]));
+  }
+}
+
+// DDP asks for the buffers when the group's backend is nccl and TESSERA_NCCL_SYMMETRIC=1.
+TEST_F(NcclEnvTest, DdpTakesItsBucketsFromAnNcclGroupWhenSymmetricIsOn) {
+  auto ddp_allocations = [](const std::string& backend) {
+    auto group = std::make_shared<CountingGroup>(backend);
+    TwoLayers m;
+    dist::DistributedDataParallel ddp(m, group, {.bucket_bytes = 96});
+    EXPECT_EQ(ddp.buckets().size(), 2u);
+    return group->allocated.size();
+  };
+  EXPECT_EQ(ddp_allocations("nccl"), 0u);  // unset: off
+  setenv("TESSERA_NCCL_SYMMETRIC", "0", 1);
+  EXPECT_EQ(ddp_allocations("nccl"), 0u);
+  setenv("TESSERA_NCCL_SYMMETRIC", "1", 1);
+  EXPECT_EQ(ddp_allocations("nccl"), 2u);
+  EXPECT_EQ(ddp_allocations("tcp"), 0u);  // only NCCL has windows to offer
+  setenv("TESSERA_NCCL_SYMMETRIC", "on", 1);
+  const std::string message = error_of([&] { ddp_allocations("nccl"); });
+  EXPECT_NE(message.find("TESSERA_NCCL_SYMMETRIC='on' must be 0 or 1"), std::string::npos)
+      << message;
+}
+
+TEST_F(NcclEnvTest, BadValuesNameTheVariable) {
+  EXPECT_EQ(nccl_cta_policy_from_env(), std::nullopt);
+  EXPECT_FALSE(nccl_symmetric_from_env());
+  for (NcclCtaPolicy p : {NcclCtaPolicy::Default, NcclCtaPolicy::Efficiency, NcclCtaPolicy::Zero}) {
+    setenv("TESSERA_NCCL_CTA_POLICY", nccl_cta_policy_name(p), 1);
+    EXPECT_EQ(nccl_cta_policy_from_env(), p);
+  }
+  setenv("TESSERA_NCCL_CTA_POLICY", "Efficiency", 1);  // the names are lower case
+  std::string message = error_of([] { nccl_cta_policy_from_env(); });
+  EXPECT_NE(message.find("TESSERA_NCCL_CTA_POLICY='Efficiency' is not one of default, "
+                         "efficiency, zero"),
+            std::string::npos)
+      << message;
+  setenv("TESSERA_NCCL_SYMMETRIC", "1", 1);
+  EXPECT_TRUE(nccl_symmetric_from_env());
+  setenv("TESSERA_NCCL_SYMMETRIC", "0", 1);
+  EXPECT_FALSE(nccl_symmetric_from_env());
+  setenv("TESSERA_NCCL_SYMMETRIC", "true", 1);
+  message = error_of([] { nccl_symmetric_from_env(); });
+  EXPECT_NE(message.find("TESSERA_NCCL_SYMMETRIC='true' must be 0 or 1"), std::string::npos)
+      << message;
 }
 
 TEST_F(CleanDistEnv, AcceleratorRefusesADamagedState) {

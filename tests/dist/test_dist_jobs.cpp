@@ -893,6 +893,27 @@ TEST(GpuJobs, NcclCollectivesAndDdpEquivalenceOn2Gpus) {
                        read_record(one), kRtol);
 }
 
+// The opt-in NCCL settings (dist/env.h): DDP's gradient buckets as NCCL symmetric windows and
+// the communicators made with the efficiency CTA policy change how NCCL reduces, not what:
+// the collectives (sub-groups included) pass and 2 ranks train as one process with the larger
+// batch, as without them.
+TEST(GpuJobs, NcclSymmetricBucketsAndCtaPolicyKeepDdpEquivalenceOn2Gpus) {
+  if (tessera::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  const std::string nccl =
+      "env NCCL_NVLS_ENABLE=0 TESSERA_NCCL_SYMMETRIC=1 TESSERA_NCCL_CTA_POLICY=efficiency ";
+  expect_all_ranks_passed(run_job(nccl + launch(2, DIST_COLLECTIVES_CHECK " nccl cuda"), 180), 2);
+  const std::string one = temp_file("gpu_reference.txt");
+  JobResult r =
+      run_job("env -u RANK -u WORLD_SIZE " DIST_TRAIN_CHECK " --cuda --rows 8 --out " + one, 180);
+  ASSERT_EQ(r.status, 0) << r.output;
+  expect_same_training(
+      distributed_training(nccl + launch(2, DIST_TRAIN_CHECK), 4, 1, "symmetric2", " --cuda"),
+      read_record(one), kRtol);
+  expect_same_training(
+      distributed_training(nccl + launch(2, DIST_TRAIN_CHECK), 2, 2, "symmetric2acc", " --cuda"),
+      read_record(one), kRtol);
+}
+
 // `tessera train` on 2 GPUs with the step recorded in a CUDA graph, DDP's all-reduces
 // included, against the same run without graphs: the same losses and (deterministic
 // kernels, fp32) the same weights bit for bit; bf16 within its resolution. A replay that
