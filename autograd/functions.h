@@ -221,10 +221,12 @@ std::pair<Tensor, Tensor> residual_rms_norm(const Tensor& x, const Tensor& resid
 // The same for LayerNorm (GPT-2's pre-norm blocks): {x + residual, layer_norm(x + residual,
 // weight, bias, eps)}, weight and bias [C] or undefined, one fused kernel forward and one
 // backward where the device has them. x and residual of two float dtypes add in the promoted
-// one (as x + residual does).
+// one (as x + residual does). x_bias ([C] or undefined): the bias of the projection that
+// produced x, added here ((x + x_bias) + residual) so that its gradient comes out of the
+// norm's backward pass (ops::residual_layer_norm).
 std::pair<Tensor, Tensor> residual_layer_norm(const Tensor& x, const Tensor& residual,
                                               const Tensor& weight, const Tensor& bias,
-                                              double eps = 1e-5);
+                                              double eps = 1e-5, const Tensor& x_bias = Tensor());
 // Rotary embedding of x [B, T, H, D] (HF rotate_half pairing) with ops::rope_tables for its
 // T positions.
 Tensor rotary_embedding(const Tensor& x, const ops::RopeTables& tables);

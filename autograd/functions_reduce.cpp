@@ -88,34 +88,38 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 }
 
 std::pair<Tensor, Tensor> residual_layer_norm(const Tensor& x_in, const Tensor& residual_in,
-                                              const Tensor& weight, const Tensor& bias,
-                                              double eps) {
+                                              const Tensor& weight, const Tensor& bias, double eps,
+                                              const Tensor& x_bias_in) {
   const char* op = "residual_layer_norm";
   TESSERA_CHECK(x_in.defined() && residual_in.defined(), op, ": x (",
                 x_in.defined() ? "defined" : "undefined", ") and residual (",
                 residual_in.defined() ? "defined" : "undefined", ") must both be tensors");
   // Two float dtypes (an f32 residual stream and a bf16 block output under autocast) add in
   // the promoted dtype, as x + residual would: the narrower operand is converted first
-  // (differentiably, so its gradient goes back in its own dtype).
-  Tensor x = x_in, residual = residual_in;
+  // (differentiably, so its gradient goes back in its own dtype). x_bias joins x's dtype.
+  Tensor x = x_in, residual = residual_in, x_bias = x_bias_in;
   if (x.dtype() != residual.dtype() && is_floating(x.dtype()) && is_floating(residual.dtype())) {
     const DType common = promote_types(x.dtype(), residual.dtype());
     x = x.to(common);
     residual = residual.to(common);
   }
-  ops::ResidualLayerNormOutput r = ops::residual_layer_norm(x, residual, weight, bias, eps);
-  if (!autograd::any_requires_grad({x, residual, weight, bias})) return {r.sum, r.out};
-  record("ResidualLayerNormBackward", {x, residual, weight, bias}, {r.sum, r.out},
+  if (x_bias.defined() && x_bias.dtype() != x.dtype() && is_floating(x_bias.dtype()) &&
+      is_floating(x.dtype()))
+    x_bias = x_bias.to(x.dtype());
+  ops::ResidualLayerNormOutput r = ops::residual_layer_norm(x, residual, weight, bias, eps, x_bias);
+  if (!autograd::any_requires_grad({x, residual, weight, bias, x_bias})) return {r.sum, r.out};
+  record("ResidualLayerNormBackward", {x, residual, weight, bias, x_bias}, {r.sum, r.out},
          [ssum = SavedTensor::output(r.sum), sw = SavedTensor::input(weight), mean = r.mean,
           rstd = r.rstd](const BackwardArgs& a) {
            const char* name = "ResidualLayerNormBackward";
-           // The sum's own gradient (the residual stream) joins the norm's in one pass; both
-           // terms of the sum get the total.
+           // The sum's own gradient (the residual stream) joins the norm's in one pass; every
+           // term of the sum gets the total, x_bias its column sums (from the same pass).
            ops::LayerNormGrads g = ops::layer_norm_backward_residual(
                a.grad_outputs.at(1), ssum.unpack(name), sw.unpack(name), mean, rstd,
-               a.grad_outputs.at(0), a.needs(2) || a.needs(3));
+               a.grad_outputs.at(0), a.needs(2) || a.needs(3), a.needs(4));
            return Grads{a.needs(0) ? g.dx : Tensor(), a.needs(1) ? g.dx : Tensor(),
-                        a.needs(2) ? g.dweight : Tensor(), a.needs(3) ? g.dbias : Tensor()};
+                        a.needs(2) ? g.dweight : Tensor(), a.needs(3) ? g.dbias : Tensor(),
+                        a.needs(4) ? g.dx_bias : Tensor()};
          });
   return {r.sum, r.out};
 }

@@ -99,18 +99,21 @@ struct FusedKernelTable {
                                      const Tensor& dw) = nullptr;
 
   // ---- the same for LayerNorm (ops::residual_layer_norm, GPT-2's pre-norm blocks):
-  // residual_out = x + residual (rounded to the dtype), out = layer_norm(residual_out, w, b)
-  // with mean/rstd as the plain kernel's (core/dispatch.h); w, b may be undefined;
+  // residual_out = (x + x_bias) + residual (each add rounded to the dtype; x_bias [C], the
+  // bias of the projection that produced x, may be undefined), out = layer_norm(residual_out,
+  // w, b) with mean/rstd as the plain kernel's (core/dispatch.h); w, b may be undefined;
   // residual_out, out, mean, rstd contiguous.
-  void (*residual_layer_norm)(const Tensor& x, const Tensor& residual, const Tensor& w,
-                              const Tensor& b, double eps, const Tensor& residual_out,
-                              const Tensor& out, const Tensor& mean, const Tensor& rstd) = nullptr;
+  void (*residual_layer_norm)(const Tensor& x, const Tensor& residual, const Tensor& x_bias,
+                              const Tensor& w, const Tensor& b, double eps,
+                              const Tensor& residual_out, const Tensor& out, const Tensor& mean,
+                              const Tensor& rstd) = nullptr;
   // LayerNorm's backward with the residual stream's gradient added into dx in the same pass:
-  // dx = layer_norm_backward(dy) + dresidual; dw, db accumulate (+=) when defined.
+  // dx = layer_norm_backward(dy) + dresidual; dw, db and dsum (the column sums of dx: x_bias's
+  // gradient) accumulate (+=) when defined.
   void (*layer_norm_backward_residual)(const Tensor& dy, const Tensor& x, const Tensor& w,
                                        const Tensor& mean, const Tensor& rstd,
                                        const Tensor& dresidual, const Tensor& dx, const Tensor& dw,
-                                       const Tensor& db) = nullptr;
+                                       const Tensor& db, const Tensor& dsum) = nullptr;
 
   // ---- causal attention on [B, H, T, D] heads, O(T) memory; lse [B, H, T] f32. Two
   // implementations with one contract: the hand-written flash kernels and cuDNN's.

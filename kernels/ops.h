@@ -63,24 +63,31 @@ struct LayerNormOutput {
 LayerNormOutput layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
 struct LayerNormGrads {
   Tensor dx, dweight, dbias;
+  Tensor dx_bias;  // layer_norm_backward_residual with need_x_bias_grad: the column sums of dx
 };
 LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                    const Tensor& mean, const Tensor& rstd, bool need_weight_grads);
 // The residual add of a pre-norm block and the LayerNorm after it (GPT-2's ln_1, ln_2, ln_f
 // fed by the residual stream): sum = x + residual (rounded to the dtype), out = layer_norm(sum,
 // weight, bias) with its mean and rstd. One fused kernel where the device has it
-// (FusedKernelTable::residual_layer_norm), the add and the norm otherwise. x and residual:
-// one shape, dtype and device.
+// (FusedKernelTable::residual_layer_norm), the adds and the norm otherwise. x and residual:
+// one shape, dtype and device. x_bias (optional, [C] of x's dtype): the bias of the
+// projection that produced x, added here instead of in its GEMM: sum = (x + x_bias) +
+// residual, each add rounded, so its gradient (the column sums of the sum's) comes out of the
+// norm's backward pass instead of a pass of its own.
 struct ResidualLayerNormOutput {
   Tensor sum, out, mean, rstd;
 };
 ResidualLayerNormOutput residual_layer_norm(const Tensor& x, const Tensor& residual,
-                                            const Tensor& weight, const Tensor& bias, double eps);
+                                            const Tensor& weight, const Tensor& bias, double eps,
+                                            const Tensor& x_bias = Tensor());
 // layer_norm_backward of (dy, x = the normalised sum) with dresidual, the gradient reaching the
-// sum along the residual stream, added into dx: dx = layer_norm_backward(dy).dx + dresidual.
+// sum along the residual stream, added into dx: dx = layer_norm_backward(dy).dx + dresidual;
+// with need_x_bias_grad also dx_bias = dx summed over all rows.
 LayerNormGrads layer_norm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                             const Tensor& mean, const Tensor& rstd,
-                                            const Tensor& dresidual, bool need_weight_grads);
+                                            const Tensor& dresidual, bool need_weight_grads,
+                                            bool need_x_bias_grad = false);
 Tensor gelu(const Tensor& x);                                 // tanh approximation
 Tensor gelu_backward(const Tensor& x, const Tensor& dy);
 

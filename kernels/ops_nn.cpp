@@ -1,6 +1,7 @@
 // Front-end of the fused neural-network ops: softmax / log_softmax, layer norm, GELU and
 // cross-entropy, forward and backward.
 #include <cmath>
+#include <numeric>
 
 #include "tessera/core/fused_dispatch.h"
 #include "tessera/kernels/ops.h"
@@ -140,44 +141,58 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tens
 }
 
 ResidualLayerNormOutput residual_layer_norm(const Tensor& x, const Tensor& residual,
-                                            const Tensor& weight, const Tensor& bias, double eps) {
+                                            const Tensor& weight, const Tensor& bias, double eps,
+                                            const Tensor& x_bias) {
   const char* op = "residual_layer_norm";
   const Device dev = detail::common_device(op, {&x, &residual});
   check_layer_norm_operands(op, x, weight, bias);
   TESSERA_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype(), op, ": residual ",
                 detail::describe(residual), " must match the input ", detail::describe(x),
                 " (shape and dtype)");
+  check_norm_param(op, x_bias, "x_bias", x);
   TESSERA_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
   const auto fused = fused_kernel_table(dev.type).residual_layer_norm;
   if (fused == nullptr || x.numel() == 0) {
-    // The composition: the add, then the norm of the rounded sum (what the kernel computes).
-    Tensor sum = binary(BinaryOp::Add, x, residual);
+    // The composition: the adds, then the norm of the rounded sum (what the kernel computes).
+    const Tensor biased = x_bias.defined() ? binary(BinaryOp::Add, x, x_bias) : x;
+    Tensor sum = binary(BinaryOp::Add, biased, residual);
     LayerNormOutput r = layer_norm(sum, weight, bias, eps);
     return {sum, r.out, r.mean, r.rstd};
   }
   const TensorOptions like{.dtype = x.dtype(), .device = dev};
   ResidualLayerNormOutput r{empty(x.shape(), like), empty(x.shape(), like), layer_norm_stat(x, dev),
                             layer_norm_stat(x, dev)};
-  fused(x, residual, weight, bias, eps, r.sum, r.out, r.mean, r.rstd);
+  fused(x, residual, x_bias, weight, bias, eps, r.sum, r.out, r.mean, r.rstd);
   return r;
 }
 
 LayerNormGrads layer_norm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                             const Tensor& mean, const Tensor& rstd,
-                                            const Tensor& dresidual, bool need_weight_grads) {
+                                            const Tensor& dresidual, bool need_weight_grads,
+                                            bool need_x_bias_grad) {
   const char* op = "layer_norm_backward_residual";
   const Tensor dres = detail::like_input(op, "residual gradient", dresidual, x);
-  return layer_norm_backward_with(
+  LayerNormGrads grads = layer_norm_backward_with(
       op, dy, x, weight, mean, rstd, need_weight_grads,
       [&](Device dev, const Tensor& dyc, LayerNormGrads& g) {
         if (const auto fused = fused_kernel_table(dev.type).layer_norm_backward_residual) {
-          fused(dyc, x, weight, mean, rstd, dres, g.dx, g.dweight, g.dbias);
+          if (need_x_bias_grad)
+            g.dx_bias = zeros({x.shape().back()}, {.dtype = x.dtype(), .device = dev});
+          fused(dyc, x, weight, mean, rstd, dres, g.dx, g.dweight, g.dbias, g.dx_bias);
           return;
         }
         checked_kernel(detail::kernels_for(dev).layer_norm_backward, op, dev)(
             dyc, x, weight, mean, rstd, g.dx, g.dweight, g.dbias);
         binary_(BinaryOp::Add, g.dx, dres);
       });
+  if (need_x_bias_grad && !grads.dx_bias.defined()) {
+    // The composition (and an empty x): dx summed over every dim but the last, as a Linear's
+    // bias gradient is.
+    std::vector<int64_t> rows(static_cast<size_t>(x.dim() - 1));
+    std::iota(rows.begin(), rows.end(), int64_t(0));
+    grads.dx_bias = rows.empty() ? grads.dx : sum(grads.dx, rows, false);
+  }
+  return grads;
 }
 
 Tensor gelu(const Tensor& x) {

@@ -55,7 +55,7 @@ Tensor CausalSelfAttention::attend(const Tensor& q, const Tensor& k, const Tenso
                                       use_fused_attention);
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) {
+Tensor CausalSelfAttention::attention_heads(const Tensor& x) {
   TESSERA_CHECK(x.dim() == 3 && x.size(2) == n_embd, "CausalSelfAttention: input must be [B, T, ",
                 n_embd, "], got ", shape_str(x.shape()));
   TESSERA_CHECK(x.size(1) <= block_size_, "CausalSelfAttention: ", x.size(1),
@@ -69,8 +69,17 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   const Tensor qkv = c_attn(x);
   if (use_fused_attention && dropout_p == 0 && causal_attention_qkv_fused_applies(qkv, n_head))
     ++fused_calls_;
-  const Tensor y = causal_attention_qkv(qkv, n_head, dropout_p, nullptr, use_fused_attention);
-  return resid_dropout(c_proj(y));
+  return causal_attention_qkv(qkv, n_head, dropout_p, nullptr, use_fused_attention);
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  return resid_dropout(c_proj(attention_heads(x)));
+}
+
+Tensor CausalSelfAttention::forward_without_output_bias(const Tensor& x) {
+  TESSERA_CHECK(!resid_dropout.is_training() || resid_dropout.p == 0,
+                "CausalSelfAttention: the output bias cannot be deferred past an active dropout");
+  return linear(attention_heads(x), c_proj.weight, Tensor());
 }
 
 Tensor CausalSelfAttention::forward_cached(const Tensor& x, KVCache::Layer& layer, int64_t past) {
@@ -111,6 +120,14 @@ Tensor MLP::forward(const Tensor& x) {
   return dropout(mlp_gelu(x, c_fc.weight, c_fc.bias, c_proj.weight, c_proj.bias));
 }
 
+Tensor MLP::forward_without_output_bias(const Tensor& x) {
+  TESSERA_CHECK(!dropout.is_training() || dropout.p == 0,
+                "MLP: the output bias cannot be deferred past an active dropout");
+  if (!use_fused_mlp) return linear(act(c_fc(x)), c_proj.weight, Tensor());
+  ++fused_calls_;
+  return mlp_gelu(x, c_fc.weight, c_fc.bias, c_proj.weight, Tensor());
+}
+
 Block::Block(const GPTConfig& cfg, Generator* gen, TensorOptions opts)
     : ln_1(cfg.n_embd, cfg.layer_norm_epsilon, cfg.bias, opts),
       attn(cfg, gen, opts),
@@ -123,33 +140,43 @@ Block::Block(const GPTConfig& cfg, Generator* gen, TensorOptions opts)
 }
 
 Tensor Block::forward(const Tensor& x) {
-  const auto [h, mlp_out] = forward_deferred(x, Tensor());
-  return h + mlp_out;
+  const BlockOutput out = forward_deferred(x, Tensor());
+  return out.residual + out.delta;
 }
 
 Tensor Block::forward_cached(const Tensor& x, KVCache::Layer& layer, int64_t past) {
-  const auto [h, mlp_out] = forward_deferred(x, Tensor(), &layer, past);
-  return h + mlp_out;
+  const BlockOutput out = forward_deferred(x, Tensor(), Tensor(), false, &layer, past);
+  return out.residual + out.delta;
 }
 
-std::pair<Tensor, Tensor> Block::call_deferred(const Tensor& residual, const Tensor& delta) {
-  Tensor h;
-  const Tensor mlp_out = call_with_hooks(residual, [&] {
-    Tensor out;
-    std::tie(h, out) = forward_deferred(residual, delta);
-    return out;
+BlockOutput Block::call_deferred(const Tensor& residual, const Tensor& delta,
+                                 const Tensor& delta_bias, bool defer_biases) {
+  BlockOutput out;
+  out.delta = call_with_hooks(residual, [&] {
+    out = forward_deferred(residual, delta, delta_bias, defer_biases);
+    return out.delta;
   });
-  return {h, mlp_out};
+  return out;
 }
 
-std::pair<Tensor, Tensor> Block::forward_deferred(const Tensor& residual, const Tensor& delta,
-                                                  KVCache::Layer* cache, int64_t past) {
-  // x = residual + delta; h = x + attn(ln_1(x)); the output h + mlp(ln_2(h)) stays two terms.
-  const auto [x, x_normed] = delta.defined() ? ln_1.forward_residual(residual, delta)
+BlockOutput Block::forward_deferred(const Tensor& residual, const Tensor& delta,
+                                    const Tensor& delta_bias, bool defer_biases,
+                                    KVCache::Layer* cache, int64_t past) {
+  TESSERA_CHECK(delta.defined() || !delta_bias.defined(),
+                "Block: a delta bias needs the delta it belongs to");
+  TESSERA_CHECK(!(defer_biases && cache), "Block: biases are not deferred with a KV cache");
+  // x = residual + delta (+ delta_bias); h = x + attn(ln_1(x)); the output h + mlp(ln_2(h))
+  // stays two (or three) terms.
+  const auto [x, x_normed] = delta.defined() ? ln_1.forward_residual(residual, delta, delta_bias)
                                              : std::pair{residual, ln_1(residual)};
+  if (defer_biases) {
+    const auto [h, h_normed] =
+        ln_2.forward_residual(x, attn.forward_without_output_bias(x_normed), attn.c_proj.bias);
+    return {h, mlp.forward_without_output_bias(h_normed), mlp.c_proj.bias};
+  }
   const Tensor attn_out = cache ? attn.forward_cached(x_normed, *cache, past) : attn(x_normed);
   const auto [h, h_normed] = ln_2.forward_residual(x, attn_out);
-  return {h, mlp(h_normed)};
+  return {h, mlp(h_normed), Tensor()};
 }
 
 }  // namespace tessera::nn

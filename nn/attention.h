@@ -39,6 +39,10 @@ class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(const GPTConfig& cfg, Generator* gen = nullptr, TensorOptions opts = {});
   Tensor forward(const Tensor& x) override;  // x [B, T, C]
+  // forward(x) without c_proj's bias and without resid_dropout (which must be inactive), and
+  // without any module's hooks: the bias is added by the norm after it
+  // (LayerNorm::forward_residual's x_bias; Block::forward_deferred).
+  Tensor forward_without_output_bias(const Tensor& x);
   // x [B, Tn, C] at positions [cache.length, cache.length + Tn): appends its keys and values
   // to `layer` and attends over all of them. Tape-free.
   Tensor forward_cached(const Tensor& x, KVCache::Layer& layer, int64_t past);
@@ -61,6 +65,8 @@ class CausalSelfAttention : public Module {
   Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v);
   // [B, T, C] -> [B, H, T, D]
   Tensor split_heads(const Tensor& t) const;
+  // The heads' output [B, T, C] before c_proj.
+  Tensor attention_heads(const Tensor& x);
   int64_t fused_calls_ = 0;
   int64_t block_size_;  // longest sequence (keys) attended over
 };
@@ -69,6 +75,9 @@ class MLP : public Module {
  public:
   MLP(const GPTConfig& cfg, Generator* gen = nullptr, TensorOptions opts = {});
   Tensor forward(const Tensor& x) override;
+  // forward(x) without c_proj's bias, dropout (which must be inactive) and hooks, as
+  // CausalSelfAttention::forward_without_output_bias.
+  Tensor forward_without_output_bias(const Tensor& x);
   std::string type_name() const override { return "MLP"; }
 
   Linear c_fc, c_proj;
@@ -88,6 +97,13 @@ class MLP : public Module {
   int64_t fused_calls_ = 0;
 };
 
+// A block's output as three terms, its sum residual + delta + delta_bias: the last add of the
+// block (and the bias of its MLP's output projection, delta_bias, when that is deferred too;
+// else undefined) left to the next layer norm.
+struct BlockOutput {
+  Tensor residual, delta, delta_bias;
+};
+
 // x + attn(ln_1(x)), then + mlp(ln_2(·)).
 class Block : public Module {
  public:
@@ -95,17 +111,24 @@ class Block : public Module {
   Tensor forward(const Tensor& x) override;
   Tensor forward_cached(const Tensor& x, KVCache::Layer& layer, int64_t past);
   // The block with its residual adds fused into the layer norms after them (GPT's stack):
-  // the input is residual + delta (delta undefined: residual alone), added inside ln_1, and
-  // the result is {h, mlp_out} whose sum is the block's output, that last add left to the
-  // next layer norm (the next block's ln_1 or ln_f). With a cache, attention appends to it at
-  // positions [past, past + T) as forward_cached does. forward(x) is h + mlp_out of (x, {}).
-  std::pair<Tensor, Tensor> forward_deferred(const Tensor& residual, const Tensor& delta,
-                                             KVCache::Layer* cache = nullptr, int64_t past = 0);
-  // forward_deferred(residual, delta) between the block's hooks, as operator() runs forward:
-  // they see residual as the input and mlp_out as the output, so the backward pre-hooks fire
-  // when mlp_out's gradient arrives, before any of the block's own ops run backward (ZeRO-3
-  // gathers the block's parameters there).
-  std::pair<Tensor, Tensor> call_deferred(const Tensor& residual, const Tensor& delta);
+  // the input is residual + delta + delta_bias (delta undefined: residual alone; delta_bias
+  // undefined: no bias term), added inside ln_1, and the output is the terms of BlockOutput,
+  // its last add left to the next layer norm (the next block's ln_1 or ln_f). With
+  // defer_biases (only where no module has hooks and no dropout is active:
+  // GPT::output_biases_deferrable) the output projections' biases stay out of their GEMMs
+  // too: attn.c_proj's is added inside ln_2, mlp.c_proj's is returned as delta_bias, and
+  // their gradients come out of those norms' backward passes (no column-sum pass of their
+  // own). With a cache, attention appends to it at positions [past, past + T) as
+  // forward_cached does. forward(x) is the sum of the terms for (x, {}).
+  BlockOutput forward_deferred(const Tensor& residual, const Tensor& delta,
+                               const Tensor& delta_bias = Tensor(), bool defer_biases = false,
+                               KVCache::Layer* cache = nullptr, int64_t past = 0);
+  // forward_deferred(residual, delta, delta_bias, defer_biases) between the block's hooks, as
+  // operator() runs forward: they see residual as the input and the delta term as the output,
+  // so the backward pre-hooks fire when its gradient arrives, before any of the block's own
+  // ops run backward (ZeRO-3 gathers the block's parameters there).
+  BlockOutput call_deferred(const Tensor& residual, const Tensor& delta, const Tensor& delta_bias,
+                            bool defer_biases);
   std::string type_name() const override { return "Block"; }
 
   LayerNorm ln_1;

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
+#include <string>
 #include <tuple>
 
 #include "tessera/autograd/autocast.h"
@@ -66,15 +68,32 @@ Tensor GPT::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
   // probabilities and after attn.c_proj and mlp.c_proj (all off in eval()).
   // The residual stream is carried as residual + delta, each block's last add left to the
   // next layer norm (fused there: the next block's ln_1, then ln_f).
-  Tensor residual = transformer.drop(transformer.wte(tokens) + transformer.wpe(pos)), delta;
+  // Where nothing needs to see a projection's complete output (output_biases_deferrable),
+  // the output projections' biases are added inside the norms after them as well.
+  BlockOutput out{transformer.drop(transformer.wte(tokens) + transformer.wpe(pos)), {}, {}};
+  const bool defer_biases = !cache && output_biases_deferrable();
   for (size_t i = 0; i < transformer.blocks.size(); ++i) {
     Block& block = *transformer.blocks[i];
-    std::tie(residual, delta) =
-        cache ? block.forward_deferred(residual, delta, &cache->layers[i], past)
-              : run_block(block, residual, delta);
+    out = cache ? block.forward_deferred(out.residual, out.delta, out.delta_bias, false,
+                                         &cache->layers[i], past)
+                : run_block(block, out, defer_biases);
   }
-  return delta.defined() ? transformer.ln_f.forward_residual(residual, delta).second
-                         : transformer.ln_f(residual);
+  return out.delta.defined()
+             ? transformer.ln_f.forward_residual(out.residual, out.delta, out.delta_bias).second
+             : transformer.ln_f(out.residual);
+}
+
+bool GPT::output_biases_deferrable() const {
+  static const bool enabled = [] {
+    const char* v = std::getenv("TESSERA_DEFERRED_BIASES");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  if (!enabled || !cfg_.bias || any_hooks()) return false;
+  if (cfg_.gradient_checkpointing && is_training() && autograd::is_grad_enabled()) return false;
+  for (const Block* block : transformer.blocks)
+    for (const Dropout* d : {&block->attn.resid_dropout, &block->mlp.dropout})
+      if (d->is_training() && d->p > 0) return false;
+  return true;
 }
 
 void GPT::set_dropout(double p) {
@@ -92,10 +111,12 @@ std::string GPT::describe() const {
   return out.str();
 }
 
-std::pair<Tensor, Tensor> GPT::run_block(Block& block, const Tensor& residual,
-                                         const Tensor& delta) {
+BlockOutput GPT::run_block(Block& block, const BlockOutput& in, bool defer_biases) {
+  const Tensor &residual = in.residual, &delta = in.delta;
   if (!cfg_.gradient_checkpointing || !is_training() || !autograd::is_grad_enabled())
-    return block.call_deferred(residual, delta);
+    return block.call_deferred(residual, delta, in.delta_bias, defer_biases);
+  TESSERA_CHECK(!in.delta_bias.defined() && !defer_biases,
+                "GPT: biases are not deferred under gradient checkpointing");
   // Checkpointed, the graph keeps each block's input for the recompute: one tensor, the
   // stream summed (two terms would keep twice the memory that checkpointing exists to save),
   // so the add between blocks stays a separate op here; ln_2's add is still fused inside.
@@ -106,7 +127,7 @@ std::pair<Tensor, Tensor> GPT::run_block(Block& block, const Tensor& residual,
   const Tensor out = autograd::checkpoint(
       [&block](const std::vector<Tensor>& in) { return std::vector<Tensor>{block(in[0])}; },
       {x})[0];
-  return {out, Tensor()};
+  return {out, Tensor(), Tensor()};
 }
 
 Tensor GPT::forward(const Tensor& idx) {

@@ -83,12 +83,19 @@ class GPT : public CausalLM {
   void load_safetensors_weights(const std::string& path) override;
 
   GPTTransformer transformer;
+  // Whether forward leaves the output projections' biases to the norms after them
+  // (Block::forward_deferred's defer_biases): the model has biases, no module has hooks (they
+  // would see outputs without them; ZeRO-3 gathers parameters per block from its hooks), no
+  // dropout after a projection is active, no gradient checkpointing, and
+  // TESSERA_DEFERRED_BIASES is not 0.
+  bool output_biases_deferrable() const;
 
  private:
   Tensor hidden_states(const Tensor& idx, int64_t past, KVCache* cache);
-  // block.call_deferred(residual, delta); under gradient checkpointing {block(residual +
-  // delta) recomputed in backward, undefined}.
-  std::pair<Tensor, Tensor> run_block(Block& block, const Tensor& residual, const Tensor& delta);
+  // block.call_deferred(in..., defer_biases); under gradient checkpointing {block(residual +
+  // delta) recomputed in backward, undefined, undefined}.
+  BlockOutput run_block(Block& block, const BlockOutput& in, bool defer_biases);
+
   GPTConfig cfg_;
   std::unique_ptr<LMHead> lm_head_;
 };

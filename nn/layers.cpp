@@ -51,11 +51,15 @@ LayerNorm::LayerNorm(int64_t dim, double eps_, bool with_bias, TensorOptions opt
 
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight, bias, eps); }
 
-std::pair<Tensor, Tensor> LayerNorm::forward_residual(const Tensor& x, const Tensor& residual) {
+std::pair<Tensor, Tensor> LayerNorm::forward_residual(const Tensor& x, const Tensor& residual,
+                                                      const Tensor& residual_bias) {
   Tensor sum;
   Tensor normed = call_with_hooks(x, [&] {
     Tensor out;
-    std::tie(sum, out) = residual_layer_norm(x, residual, weight, bias, eps);
+    // The op adds its x_bias to its first operand: the projection's output goes first then.
+    std::tie(sum, out) = residual_bias.defined()
+                             ? residual_layer_norm(residual, x, weight, bias, eps, residual_bias)
+                             : residual_layer_norm(x, residual, weight, bias, eps);
     return out;
   });
   return {sum, normed};

@@ -45,9 +45,12 @@ class LayerNorm : public Module {
   explicit LayerNorm(int64_t dim, double eps = 1e-5, bool bias = true, TensorOptions opts = {});
   Tensor forward(const Tensor& x) override;
   // The residual add in front of this norm fused into it (residual_layer_norm): returns
-  // {x + residual, forward(x + residual)}. The module's hooks run around it, seeing x as the
-  // input and the normalised tensor as the output.
-  std::pair<Tensor, Tensor> forward_residual(const Tensor& x, const Tensor& residual);
+  // {x + residual, forward(x + residual)}; with residual_bias (the bias of the projection
+  // that produced residual, left out of it) {x + (residual + residual_bias), ...}. The
+  // module's hooks run around it, seeing x as the input and the normalised tensor as the
+  // output.
+  std::pair<Tensor, Tensor> forward_residual(const Tensor& x, const Tensor& residual,
+                                             const Tensor& residual_bias = Tensor());
   std::string type_name() const override { return "LayerNorm"; }
 
   Tensor weight, bias;

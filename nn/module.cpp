@@ -252,6 +252,13 @@ Module& Module::to(Device device, DType dtype) {
 
 void Module::zero_grad(bool set_to_none) { autograd::zero_grad(parameters(), set_to_none); }
 
+bool Module::any_hooks() const {
+  if (has_hooks()) return true;
+  for (const auto& [name, child] : children_)
+    if (child->any_hooks()) return true;
+  return false;
+}
+
 uint64_t Module::register_forward_pre_hook(ForwardPreHook hook) {
   forward_pre_hooks_.emplace_back(next_hook_id_, std::move(hook));
   return next_hook_id_++;

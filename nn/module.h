@@ -119,6 +119,8 @@ class Module {
   bool has_hooks() const {
     return !forward_pre_hooks_.empty() || !forward_hooks_.empty() || !backward_pre_hooks_.empty();
   }
+  // has_hooks() of this module or any descendant.
+  bool any_hooks() const;
 
  protected:
   // Runs body() between the forward hooks, and arms the backward pre-hooks on its

@@ -162,30 +162,33 @@ BENCHMARK(BM_layer_norm_bwd_bf16) TESSERA_LN_SIZES;
 // layer_norm_backward_residual) and composed (the add, then the norm; the norm's backward, then
 // the gradient of the residual stream added). Both report the fused form's minimum traffic
 // (forward: x and residual read, sum and out written; backward: dy, the sum and dresidual read,
-// dx written), so their GB/s compare as their speeds do.
+// dx written), so their GB/s compare as their speeds do. bias 1: the fused forms with a
+// projection's deferred bias (x_bias forward, its gradient, dx's column sums, backward).
 void BM_residual_layer_norm_bf16(benchmark::State& s) {
   if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
   const int64_t rows = s.range(0), C = s.range(1);
-  const bool fused = s.range(2) != 0, backward = s.range(3) != 0;
+  const bool fused = s.range(2) != 0, backward = s.range(3) != 0, with_bias = s.range(4) != 0;
   const TensorOptions like{.dtype = DType::bf16, .device = Device::cuda(0)};
   Tensor x = dev_randn({rows, C}, DType::bf16), r = dev_randn({rows, C}, DType::bf16);
   Tensor w = dev_randn({C}, DType::bf16), b = dev_randn({C}, DType::bf16);
   Tensor sum = empty({rows, C}, like), out = empty({rows, C}, like);
   Tensor mean = empty({rows}, {.device = Device::cuda(0)}), rstd = empty_like(mean);
+  const Tensor xb = with_bias ? dev_randn({C}, DType::bf16) : Tensor();
   const FusedKernelTable& f = fused_kernel_table(DeviceType::CUDA);
-  f.residual_layer_norm(x, r, w, b, 1e-5, sum, out, mean, rstd);
+  f.residual_layer_norm(x, r, xb, w, b, 1e-5, sum, out, mean, rstd);
   Tensor dy = dev_randn({rows, C}, DType::bf16), dres = dev_randn({rows, C}, DType::bf16);
   Tensor dx = empty({rows, C}, like), dw = zeros({C}, like), db = zeros_like(dw);
+  const Tensor dxb = with_bias ? zeros({C}, like) : Tensor();
   std::function<void()> fn;
   if (!backward && fused)
-    fn = [&] { f.residual_layer_norm(x, r, w, b, 1e-5, sum, out, mean, rstd); };
+    fn = [&] { f.residual_layer_norm(x, r, xb, w, b, 1e-5, sum, out, mean, rstd); };
   if (!backward && !fused)
     fn = [&] {
       gpu().binary(BinaryOp::Add, x, r, sum);
       gpu().layer_norm(sum, w, b, 1e-5, out, mean, rstd);
     };
   if (backward && fused)
-    fn = [&] { f.layer_norm_backward_residual(dy, sum, w, mean, rstd, dres, dx, dw, db); };
+    fn = [&] { f.layer_norm_backward_residual(dy, sum, w, mean, rstd, dres, dx, dw, db, dxb); };
   if (backward && !fused)
     fn = [&] {
       gpu().layer_norm_backward(dy, sum, w, mean, rstd, dx, dw, db);
@@ -194,12 +197,15 @@ void BM_residual_layer_norm_bf16(benchmark::State& s) {
   run(s, fn, rows * C * 2.0 * 4 + rows * 8.0, 0);
 }
 BENCHMARK(BM_residual_layer_norm_bf16)
-    ->ArgsProduct({{kRows}, {kC}, {1, 0}, {0, 1}})
-    ->Args({65536, 1024, 1, 0})
-    ->Args({65536, 1024, 0, 0})
-    ->Args({65536, 1024, 1, 1})
-    ->Args({65536, 1024, 0, 1})
-    ->ArgNames({"rows", "C", "fused", "backward"})
+    ->ArgsProduct({{kRows}, {kC, 1280}, {1, 0}, {0, 1}, {0}})
+    ->Args({kRows, kC, 1, 0, 1})
+    ->Args({kRows, kC, 1, 1, 1})
+    ->Args({kRows, 1280, 1, 1, 1})
+    ->Args({65536, 1024, 1, 0, 0})
+    ->Args({65536, 1024, 0, 0, 0})
+    ->Args({65536, 1024, 1, 1, 0})
+    ->Args({65536, 1024, 0, 1, 0})
+    ->ArgNames({"rows", "C", "fused", "backward", "bias"})
     ->UseManualTime()
     ->Iterations(3)
     ->Unit(benchmark::kMillisecond);

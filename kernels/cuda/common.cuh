@@ -293,7 +293,7 @@ __device__ __forceinline__ void row_map_from_end(const T* src, U* dst, int64_t l
 inline bool rows_packable(const void* base, int64_t len) { return len % kPack == 0 && aligned16({base}); }
 
 // For kernels that keep a row in registers, lane l of a warp holding packs l, l + 32, ...:
-// calls fn(std::integral_constant<int, K>{}) for the smallest K in {1, 2, 3, 4, 8} (up to
+// calls fn(std::integral_constant<int, K>{}) for the smallest K in {1, 2, 3, 4, 5, 8} (up to
 // kMax) with 32 * 8 * K >= C and returns true; false when the row is longer.
 template <int kMax, class Fn>
 bool with_row_packs(int64_t C, Fn&& fn) {
@@ -302,8 +302,10 @@ bool with_row_packs(int64_t C, Fn&& fn) {
   if (need <= 2) return fn(std::integral_constant<int, 2>{}), true;
   if (need <= 3) return fn(std::integral_constant<int, 3>{}), true;
   if (need <= 4) return fn(std::integral_constant<int, 4>{}), true;
-  if constexpr (kMax >= 8)
+  if constexpr (kMax >= 8) {
+    if (need <= 5) return fn(std::integral_constant<int, 5>{}), true;
     if (need <= 8) return fn(std::integral_constant<int, 8>{}), true;
+  }
   return false;
 }
 

@@ -12,11 +12,13 @@
 
 namespace tessera::cuda {
 
-// residual_out = x + residual; out = layer_norm(residual_out) over the last dim.
+// residual_out = (x + x_bias) + residual (x_bias [C] may be undefined); out =
+// layer_norm(residual_out) over the last dim.
 // mean/rstd: f32 [rows]. weight/bias may be undefined. out, residual_out contiguous.
-void fused_residual_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
-                               const Tensor& bias, double eps, const Tensor& residual_out,
-                               const Tensor& out, const Tensor& mean, const Tensor& rstd);
+void fused_residual_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& x_bias,
+                               const Tensor& weight, const Tensor& bias, double eps,
+                               const Tensor& residual_out, const Tensor& out, const Tensor& mean,
+                               const Tensor& rstd);
 
 // The backward of GELU after a GEMM with a bias, in one pass: d [rows, H] holds dL/d act and
 // becomes dL/d pre = d * gelu'(pre) (the same values as binary(GeluBackward)), and dbias [H]

@@ -9,13 +9,14 @@
 // over rows in two fixed-order stages (partial sums per block or chunk of rows,
 // then over those), so they repeat bitwise and need no atomics.
 //
-// Fast paths (f32/f16/bf16, rows of a multiple of 8 elements, 16-byte aligned):
-// the row lives in registers, lane l of the warp owning 8-element packs l,
+// Fast paths (f32/f16/bf16, rows of a multiple of 8 elements up to 2048, 16-byte
+// aligned): the row lives in registers, lane l of the warp owning 8-element packs l,
 // l + 32, ..., so x (and dy) are read from global memory exactly once. The
 // forward sums in the same order as the general kernel (bitwise equal
 // results). The backward is one persistent kernel: each warp walks rows with a
-// grid stride, writes dx and keeps its dweight/dbias column partials in
-// registers; the block adds its warps' partials in warp order and writes one
+// grid stride, writes dx and keeps its column partials (dweight, dbias, and the
+// column sums of dx when a projection's bias was added in the forward) in shared
+// memory; the block adds its warps' partials in warp order and writes one
 // partial row, then the finish kernel sums the blocks' rows in a fixed order.
 // Other rows (longer, odd lengths, f64) take the general kernels. Their statistics (mean,
 // rstd) and column partials are kept in the accumulation type, so f64 inputs stay f64 end
@@ -32,8 +33,8 @@ namespace {
 constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 
 template <class T>
-__global__ void layer_norm_kernel(const T* x, const T* residual, T* residual_out, const T* w,
-                                  const T* b, double eps, T* out, acc_t<T>* mean_out,
+__global__ void layer_norm_kernel(const T* x, const T* x_bias, const T* residual, T* residual_out,
+                                  const T* w, const T* b, double eps, T* out, acc_t<T>* mean_out,
                                   acc_t<T>* rstd_out, int64_t rows, int64_t C, bool packed) {
   using A = acc_t<T>;
   const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.y;
@@ -45,8 +46,10 @@ __global__ void layer_norm_kernel(const T* x, const T* residual, T* residual_out
   if (residual) {
     const T* rr = residual + r * C;
     T* ro = residual_out + r * C;
-    row_map(xr, ro, C, lane, 32, packed,
-            [&](int64_t i, T v) { return from_acc<T>(to_acc<A>(v) + to_acc<A>(rr[i])); });
+    row_map(xr, ro, C, lane, 32, packed, [&](int64_t i, T v) {
+      if (x_bias) v = from_acc<T>(to_acc<A>(v) + to_acc<A>(x_bias[i]));
+      return from_acc<T>(to_acc<A>(v) + to_acc<A>(rr[i]));
+    });
     __syncwarp();
     src = ro;
   }
@@ -71,16 +74,15 @@ __global__ void layer_norm_kernel(const T* x, const T* residual, T* residual_out
   }
 }
 
-
 // ---- register-resident fast path ----
 // A warp row of up to 32 * 8 * kPacks elements; the dispatcher picks the smallest kPacks.
-constexpr int kMaxForwardPacks = 8, kMaxBackwardPacks = 4;
+constexpr int kMaxForwardPacks = 8, kMaxBackwardPacks = 8;
 
 template <class T, int kPacks>
 __global__ void __launch_bounds__(32 * kRowsPerBlock)
-    layer_norm_regs_kernel(const T* x, const T* residual, T* residual_out, const T* w,
-                           const T* b, float eps, T* out, float* mean_out, float* rstd_out,
-                           int64_t rows, int64_t C) {
+    layer_norm_regs_kernel(const T* x, const T* x_bias, const T* residual, T* residual_out,
+                           const T* w, const T* b, float eps, T* out, float* mean_out,
+                           float* rstd_out, int64_t rows, int64_t C) {
   const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.y;
   if (r >= rows) return;
   const int lane = threadIdx.x;
@@ -93,6 +95,12 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
     Pack8<T> a = load_pack(x + r * C, p);
     if (residual) {  // the stored (rounded) sum is what gets normalised
       const Pack8<T> rr = load_pack(residual + r * C, p);
+      if (x_bias) {  // rounded first, as the composition (x + x_bias) + residual
+        const Pack8<T> xb = load_pack(x_bias, p);
+#pragma unroll
+        for (int j = 0; j < kPack; ++j)
+          a.v[j] = from_float<T>(to_float(a.v[j]) + to_float(xb.v[j]));
+      }
 #pragma unroll
       for (int j = 0; j < kPack; ++j) a.v[j] = from_float<T>(to_float(a.v[j]) + to_float(rr.v[j]));
       store_pack(residual_out + r * C, p, a);
@@ -153,9 +161,9 @@ void check_param(const Tensor& p, const Tensor& x, const char* what) {
                 " ", dtype_name(p.dtype()));
 }
 
-void layer_norm_impl(const Tensor& x_in, const Tensor& residual_in, const Tensor& residual_out,
-                     const Tensor& w_in, const Tensor& b_in, double eps, const Tensor& out,
-                     const Tensor& mean, const Tensor& rstd) {
+void layer_norm_impl(const Tensor& x_in, const Tensor& x_bias_in, const Tensor& residual_in,
+                     const Tensor& residual_out, const Tensor& w_in, const Tensor& b_in, double eps,
+                     const Tensor& out, const Tensor& mean, const Tensor& rstd) {
   TESSERA_CHECK(x_in.dim() >= 1 && out.is_contiguous() && out.dtype() == x_in.dtype() &&
                     out.shape() == x_in.shape(),
                 "layer_norm (cuda): out must be contiguous, same shape and dtype as x ",
@@ -166,12 +174,13 @@ void layer_norm_impl(const Tensor& x_in, const Tensor& residual_in, const Tensor
                 "layer_norm (cuda): mean and rstd must be contiguous floating tensors of one dtype");
   check_param(w_in, x_in, "weight");
   check_param(b_in, x_in, "bias");
+  check_param(x_bias_in, x_in, "x_bias");
   if (x_in.numel() == 0) return;
   if (mean.dtype() != stat_dtype) {
     // The kernels write the statistics in their accumulation type (f64 for f64 inputs).
     Tensor m = empty(mean.shape(), {.dtype = stat_dtype, .device = mean.device()});
     Tensor r = empty(rstd.shape(), {.dtype = stat_dtype, .device = rstd.device()});
-    layer_norm_impl(x_in, residual_in, residual_out, w_in, b_in, eps, out, m, r);
+    layer_norm_impl(x_in, x_bias_in, residual_in, residual_out, w_in, b_in, eps, out, m, r);
     raw::copy_(mean, m);
     raw::copy_(rstd, r);
     return;
@@ -181,21 +190,23 @@ void layer_norm_impl(const Tensor& x_in, const Tensor& residual_in, const Tensor
   Tensor residual = residual_in.defined() ? raw::contiguous(residual_in) : Tensor();
   Tensor w = w_in.defined() ? raw::contiguous(w_in) : Tensor();
   Tensor b = b_in.defined() ? raw::contiguous(b_in) : Tensor();
+  const Tensor xb = x_bias_in.defined() ? raw::contiguous(x_bias_in) : Tensor();
   const int64_t C = x.size(-1), rows = x.numel() / C;
   const bool packed = rows_packable(x.raw_data(), C) && aligned16({out.raw_data()}) &&
                       (!residual.defined() ||
                        aligned16({residual.raw_data(), residual_out.raw_data()}));
   const bool params_aligned = (!w.defined() || aligned16({w.raw_data()})) &&
-                              (!b.defined() || aligned16({b.raw_data()}));
+                              (!b.defined() || aligned16({b.raw_data()})) &&
+                              (!xb.defined() || aligned16({xb.raw_data()}));
   const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
   visit_float(x.dtype(), "layer_norm", [&](auto tag) {
     using T = decltype(tag);
     if constexpr (!std::is_same_v<T, double>) {
-      if (packed && params_aligned &&
-          with_row_packs<kMaxForwardPacks>(C, [&](auto packs) {
+      if (packed && params_aligned && with_row_packs<kMaxForwardPacks>(C, [&](auto packs) {
             layer_norm_regs_kernel<T, decltype(packs)::value>
                 <<<blocks, dim3(32, kRowsPerBlock), 0, ctx.stream>>>(
-                    static_cast<const T*>(x.raw_data()), ptr_or_null<T>(residual),
+                    static_cast<const T*>(x.raw_data()), ptr_or_null<T>(xb),
+                    ptr_or_null<T>(residual),
                     residual.defined() ? static_cast<T*>(residual_out.raw_data()) : nullptr,
                     ptr_or_null<T>(w), ptr_or_null<T>(b), static_cast<float>(eps),
                     static_cast<T*>(out.raw_data()), mean.data<float>(), rstd.data<float>(), rows,
@@ -204,7 +215,7 @@ void layer_norm_impl(const Tensor& x_in, const Tensor& residual_in, const Tensor
         return;
     }
     layer_norm_kernel<T><<<blocks, dim3(32, kRowsPerBlock), 0, ctx.stream>>>(
-        static_cast<const T*>(x.raw_data()), ptr_or_null<T>(residual),
+        static_cast<const T*>(x.raw_data()), ptr_or_null<T>(xb), ptr_or_null<T>(residual),
         residual.defined() ? static_cast<T*>(residual_out.raw_data()) : nullptr, ptr_or_null<T>(w),
         ptr_or_null<T>(b), eps, static_cast<T*>(out.raw_data()), mean.data<acc_t<T>>(),
         rstd.data<acc_t<T>>(), rows, C, packed);
@@ -214,7 +225,7 @@ void layer_norm_impl(const Tensor& x_in, const Tensor& residual_in, const Tensor
 
 void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,
                 const Tensor& mean, const Tensor& rstd) {
-  layer_norm_impl(x, Tensor(), Tensor(), w, b, eps, out, mean, rstd);
+  layer_norm_impl(x, Tensor(), Tensor(), Tensor(), w, b, eps, out, mean, rstd);
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ dresidual), g = w * dy.
@@ -246,36 +257,55 @@ __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const T* w, const 
 }
 
 // The backward fast path: dx as layer_norm_dx_kernel (same per-lane order, so dx is bitwise
-// equal), plus this block's dweight/dbias partial row [C] in part_dw/part_db (may be null:
-// then only dx). Persistent: the grid is what fits on the device, warps stride over rows.
-// Registers bound the occupancy: ~127 per thread up to 3 packs (two 8-warp blocks per SM),
-// ~166 at 4 packs, where 4-warp blocks let three fit (12 warps) instead of one of 8.
+// equal), plus this block's column partials [C] of dweight, dbias and dx itself (the sum's
+// gradient summed over rows: the bias gradient of a projection whose bias the forward added
+// inside the norm, ops::residual_layer_norm's x_bias) in part_dw/part_db/part_dsum (each may be
+// null). Persistent: the grid is what fits on the device, warps stride over rows.
+// Each warp keeps its column partials in shared memory ([kWarps][3][C] floats, a lane
+// touching only its own columns), not in registers, so the registers hold just the row's dy,
+// x and dresidual, all loaded before the row's reductions (one round trip to memory per row),
+// and rows up to 2048 wide take this path. 8-warp blocks up to 3 packs (C <= 768), 4-warp
+// blocks above, where the shared memory per block grows with C.
 template <int kPacks>
 constexpr int kBackwardWarpsFor = kPacks >= 4 ? 4 : 8;
+constexpr int kBackwardParts = 3;  // dweight, dbias, dsum
 
 template <class T, int kPacks, int kBackwardWarps = kBackwardWarpsFor<kPacks>>
-__global__ void __launch_bounds__(32 * kBackwardWarps, kPacks >= 4 ? 3 : 2)
+__global__ void __launch_bounds__(32 * kBackwardWarps)
     layer_norm_backward_regs_kernel(const T* dy, const T* x, const T* w, const float* mean,
                                     const float* rstd, const T* dresidual, T* dx, int64_t rows,
-                                    int64_t C, float* part_dw, float* part_db) {
-  extern __shared__ float block_partials[];  // [2][C]: dweight then dbias
+                                    int64_t C, float* part_dw, float* part_db, float* part_dsum) {
+  extern __shared__ float4 warp_partials_raw[];  // [kBackwardWarps][kBackwardParts][C]
+  float* const warp_partials = reinterpret_cast<float*>(warp_partials_raw);
   const int lane = threadIdx.x, warp = threadIdx.y;
   const int64_t packs = C / kPack;
-  const bool want_params = part_dw != nullptr;
-  float dw[kPacks][kPack], db[kPacks][kPack];
-#pragma unroll
-  for (int k = 0; k < kPacks; ++k)
-#pragma unroll
-    for (int j = 0; j < kPack; ++j) dw[k][j] = db[k][j] = 0.f;
+  const bool want_params = part_dw != nullptr || part_db != nullptr || part_dsum != nullptr;
+  float* const acc = warp_partials + int64_t(warp) * kBackwardParts * C;  // this warp's rows
+  // Adds v[0..7] into the warp's partial `part` at pack p. A partial keeps the first four
+  // columns of every pack in its first half and the last four in its second, so the lanes'
+  // 16-byte accesses are contiguous (no bank conflicts); the block sum below maps a column back.
+  const int64_t half = C / 2;
+  auto accumulate = [&](int part, int64_t p, const float(&v)[kPack]) {
+    float4* lo_at = reinterpret_cast<float4*>(acc + part * C) + p;
+    float4* hi_at = reinterpret_cast<float4*>(acc + part * C + half) + p;
+    float4 lo = *lo_at, hi = *hi_at;
+    lo.x += v[0], lo.y += v[1], lo.z += v[2], lo.w += v[3];
+    hi.x += v[4], hi.y += v[5], hi.z += v[6], hi.w += v[7];
+    *lo_at = lo, *hi_at = hi;
+  };
+  if (want_params)
+    for (int64_t c = lane; c < kBackwardParts * C; c += 32) acc[c] = 0.f;
+  __syncwarp();
   const int64_t warps_total = int64_t(gridDim.x) * kBackwardWarps;
   for (int64_t r = blockIdx.x * int64_t(kBackwardWarps) + warp; r < rows; r += warps_total) {
-    Pack8<T> dyp[kPacks], xp[kPacks];
+    Pack8<T> dyp[kPacks], xp[kPacks], res[kPacks];
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
       const int64_t p = lane + 32 * k;
       if (p >= packs) continue;
       dyp[k] = load_pack(dy + r * C, p);
       xp[k] = load_pack(x + r * C, p);
+      if (dresidual) res[k] = load_pack(dresidual + r * C, p);
     }
     const float m = mean[r], rs = rstd[r];
     float sum_g = 0, sum_gx = 0;
@@ -285,14 +315,19 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, kPacks >= 4 ? 3 : 2)
       if (p >= packs) continue;
       Pack8<T> wp;
       if (w) wp = load_pack(w, p);
+      float dwv[kPack], dbv[kPack];
 #pragma unroll
       for (int j = 0; j < kPack; ++j) {
         const float d = to_float(dyp[k].v[j]);
         const float g = d * (w ? to_float(wp.v[j]) : 1.f);
         sum_g += g;
         sum_gx += g * (to_float(xp[k].v[j]) - m) * rs;
-        dw[k][j] += d * (to_float(xp[k].v[j]) - m) * rs;
-        db[k][j] += d;
+        dwv[j] = d * (to_float(xp[k].v[j]) - m) * rs;
+        dbv[j] = d;
+      }
+      if (part_dw) {
+        accumulate(0, p, dwv);
+        accumulate(1, p, dbv);
       }
     }
     const float mean_g = warp_sum(sum_g) / float(C), mean_gx = warp_sum(sum_gx) / float(C);
@@ -300,60 +335,82 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, kPacks >= 4 ? 3 : 2)
     for (int k = 0; k < kPacks; ++k) {
       const int64_t p = lane + 32 * k;
       if (p >= packs) continue;
-      Pack8<T> wp, res, o;
+      Pack8<T> wp, o;
       if (w) wp = load_pack(w, p);
-      if (dresidual) res = load_pack(dresidual + r * C, p);
+      float outv[kPack];
 #pragma unroll
       for (int j = 0; j < kPack; ++j) {
         const float g = to_float(dyp[k].v[j]) * (w ? to_float(wp.v[j]) : 1.f);
         const float xhat = (to_float(xp[k].v[j]) - m) * rs;
         float d = rs * (g - mean_g - xhat * mean_gx);
-        if (dresidual) d += to_float(res.v[j]);
+        if (dresidual) d += to_float(res[k].v[j]);
         o.v[j] = from_float<T>(d);
+        outv[j] = to_float(o.v[j]);  // the sum's gradient as stored
       }
       store_pack(dx + r * C, p, o);
+      if (part_dsum) accumulate(2, p, outv);
     }
   }
   if (!want_params) return;  // uniform over the grid
-  // The block's partials: warps add theirs in warp order (fixed), then one row goes out.
-  add_warp_partials_in_order<kBackwardWarps>(block_partials, dw, packs, warp, lane);
-  add_warp_partials_in_order<kBackwardWarps>(block_partials + C, db, packs, warp, lane);
-  const int tid = warp * 32 + lane;
-  for (int64_t c = tid; c < C; c += 32 * kBackwardWarps) {
-    part_dw[blockIdx.x * C + c] = block_partials[c];
-    part_db[blockIdx.x * C + c] = block_partials[C + c];
+  // The block's partials: the warps' added in warp order (fixed), then one row goes out.
+  __syncthreads();
+  float* const outs[kBackwardParts] = {part_dw, part_db, part_dsum};
+  for (int part = 0; part < kBackwardParts; ++part) {
+    if (!outs[part]) continue;
+    for (int64_t c = warp * 32 + lane; c < C; c += 32 * kBackwardWarps) {
+      const int64_t at = (c % kPack < 4 ? 0 : half) + c / kPack * 4 + c % 4;
+      float s = 0.f;
+#pragma unroll
+      for (int v = 0; v < kBackwardWarps; ++v)
+        s += warp_partials[(v * kBackwardParts + part) * C + at];
+      outs[part][blockIdx.x * C + c] = s;
+    }
   }
 }
 
-// Stage 1: partial dweight/dbias over a chunk of rows, thread per column.
+// Stage 1 of the general path: column partials over a chunk of rows, a thread per column:
+// dweight/dbias (part_dw null: none) and the column sums of dx (dx null: none).
 template <class T>
 __global__ void layer_norm_dparams_partial_kernel(const T* dy, const T* x, const acc_t<T>* mean,
-                                                  const acc_t<T>* rstd, int64_t rows, int64_t C,
-                                                  int64_t rows_per_chunk, acc_t<T>* part_dw,
-                                                  acc_t<T>* part_db) {
+                                                  const acc_t<T>* rstd, const T* dx, int64_t rows,
+                                                  int64_t C, int64_t rows_per_chunk,
+                                                  acc_t<T>* part_dw, acc_t<T>* part_db,
+                                                  acc_t<T>* part_dsum) {
   using A = acc_t<T>;
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t chunk = blockIdx.y;
   if (c >= C) return;
   const int64_t r0 = chunk * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
-  A dw = 0, db = 0;
+  A dw = 0, db = 0, ds = 0;
   for (int64_t r = r0; r < r1; ++r) {
-    const A g = to_acc<A>(dy[r * C + c]);
-    dw += g * (to_acc<A>(x[r * C + c]) - A(mean[r])) * A(rstd[r]);
-    db += g;
+    if (part_dw) {
+      const A g = to_acc<A>(dy[r * C + c]);
+      dw += g * (to_acc<A>(x[r * C + c]) - A(mean[r])) * A(rstd[r]);
+      db += g;
+    }
+    if (dx) ds += to_acc<A>(dx[r * C + c]);
   }
-  part_dw[chunk * C + c] = dw;
-  part_db[chunk * C + c] = db;
+  if (part_dw) {
+    part_dw[chunk * C + c] = dw;
+    part_db[chunk * C + c] = db;
+  }
+  if (dx) part_dsum[chunk * C + c] = ds;
 }
 
-// dresidual may be undefined (the plain LayerNorm backward).
+// dresidual may be undefined (the plain LayerNorm backward); dsum (the column sums of dx,
+// added into it) may be undefined.
 void layer_norm_backward_impl(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_in,
                               const Tensor& mean, const Tensor& rstd, const Tensor& dres_in,
-                              const Tensor& dx, const Tensor& dw, const Tensor& db) {
+                              const Tensor& dx, const Tensor& dw, const Tensor& db,
+                              const Tensor& dsum) {
   TESSERA_CHECK(dx.is_contiguous() && dx.dtype() == x_in.dtype() && dy_in.dtype() == x_in.dtype(),
                 "layer_norm_backward (cuda): dx must be contiguous and dy, x, dx share a dtype");
-  TESSERA_CHECK((!dw.defined() || dw.is_contiguous()) && (!db.defined() || db.is_contiguous()),
-                "layer_norm_backward (cuda): dweight/dbias must be contiguous");
+  for (const Tensor* t : {&dw, &db, &dsum})
+    TESSERA_CHECK(!t->defined() || (t->is_contiguous() && t->numel() == x_in.size(-1) &&
+                                    t->dtype() == x_in.dtype()),
+                  "layer_norm_backward (cuda): dweight/dbias/dsum must be contiguous, ",
+                  x_in.size(-1), " elements of ", dtype_name(x_in.dtype()), ", got ",
+                  shape_str(t->shape()), " ", dtype_name(t->dtype()));
   check_param(w_in, x_in, "weight");
   if (x_in.numel() == 0) return;
   KernelContext ctx(dx);
@@ -369,18 +426,23 @@ void layer_norm_backward_impl(const Tensor& dy_in, const Tensor& x_in, const Ten
   Tensor m = raw::contiguous(raw::to(mean, mean.device(), stat_dtype));
   Tensor rs = raw::contiguous(raw::to(rstd, rstd.device(), stat_dtype));
   const int64_t C = x.size(-1), rows = x.numel() / C;
-  const bool want_params = dw.defined() || db.defined();
+  const bool want_params = dw.defined() || db.defined(), want_dsum = dsum.defined();
   const bool fast = rows_packable(dy.raw_data(), C) && aligned16({x.raw_data(), dx.raw_data()}) &&
                     (!w.defined() || aligned16({w.raw_data()})) &&
                     (!dres.defined() || aligned16({dres.raw_data()}));
-  // Column partials [2, chunks, C] summed by the finish kernel; chunks = blocks of the fast
-  // kernel or chunks of rows of the general one.
-  auto finish = [&](auto tag, const acc_t<decltype(tag)>* part_dw,
-                    const acc_t<decltype(tag)>* part_db, int64_t chunks) {
+  // Column partials [3, chunks, C] (dweight, dbias, dsum) summed by the finish kernel; chunks =
+  // blocks of the fast kernel or chunks of rows of the general one.
+  auto finish = [&](auto tag, const acc_t<decltype(tag)>* part, int64_t chunks) {
     using T = decltype(tag);
-    T* dwp = dw.defined() ? static_cast<T*>(dw.raw_data()) : nullptr;
-    T* dbp = db.defined() ? static_cast<T*>(db.raw_data()) : nullptr;
-    add_column_partials<T>(ctx.stream, part_dw, part_db, chunks, C, dwp, dbp);
+    auto out = [](const Tensor& t) {
+      return t.defined() ? static_cast<T*>(t.raw_data()) : nullptr;
+    };
+    add_column_partials<T>(ctx.stream, part, part + chunks * C, chunks, C, out(dw), out(db),
+                           part + 2 * chunks * C, out(dsum));
+  };
+  auto partials = [&](int64_t chunks, DType dtype) {
+    return want_params || want_dsum ? empty({3, chunks, C}, {.dtype = dtype, .device = dx.device()})
+                                    : Tensor();
   };
   visit_float(x.dtype(), "layer_norm_backward", [&](auto tag) {
     using T = decltype(tag);
@@ -390,18 +452,18 @@ void layer_norm_backward_impl(const Tensor& dy_in, const Tensor& x_in, const Ten
       if (fast && with_row_packs<kMaxBackwardPacks>(C, [&](auto packs) {
             constexpr int kPacks = decltype(packs)::value, kWarps = kBackwardWarpsFor<kPacks>;
             auto kernel = layer_norm_backward_regs_kernel<T, kPacks>;
-            const size_t smem = want_params ? 2 * C * sizeof(float) : 0;
+            const size_t smem =
+                want_params || want_dsum ? kWarps * kBackwardParts * C * sizeof(float) : 0;
+            allow_dynamic_shared_memory(kernel, smem);
             const int64_t blocks = persistent_norm_blocks(kernel, kWarps, smem, rows);
-            Tensor part = want_params ? empty({2, blocks, C}, {.dtype = DType::f32,
-                                                               .device = dx.device()})
-                                      : Tensor();
-            float* part_dw = want_params ? part.data<float>() : nullptr;
-            float* part_db = want_params ? part_dw + blocks * C : nullptr;
+            Tensor part = partials(blocks, DType::f32);
+            float* p = part.defined() ? part.data<float>() : nullptr;
             kernel<<<static_cast<unsigned>(blocks), dim3(32, kWarps), smem, ctx.stream>>>(
                 dyp, xp, ptr_or_null<T>(w), m.data<float>(), rs.data<float>(), ptr_or_null<T>(dres),
-                static_cast<T*>(dx.raw_data()), rows, C, part_dw, part_db);
+                static_cast<T*>(dx.raw_data()), rows, C, want_params ? p : nullptr,
+                want_params ? p + blocks * C : nullptr, want_dsum ? p + 2 * blocks * C : nullptr);
             TESSERA_KERNEL_CHECK("layer_norm_backward_regs_kernel");
-            if (want_params) finish(tag, part_dw, part_db, blocks);
+            if (p) finish(tag, p, blocks);
           }))
         return;
     }
@@ -411,30 +473,32 @@ void layer_norm_backward_impl(const Tensor& dy_in, const Tensor& x_in, const Ten
         static_cast<T*>(dx.raw_data()), rows, C,
         rows_packable(dy.raw_data(), C) && aligned16({dx.raw_data()}));
     TESSERA_KERNEL_CHECK("layer_norm_dx_kernel");
-    if (!want_params) return;
+    if (!want_params && !want_dsum) return;
     const NormChunks chunks = norm_chunks(rows, C);
-    Tensor part = empty({2, chunks.count, C}, {.dtype = stat_dtype, .device = dx.device()});
-    acc_t<T>* part_dw = part.data<acc_t<T>>();
-    acc_t<T>* part_db = part_dw + chunks.count * C;
+    Tensor part = partials(chunks.count, stat_dtype);
+    acc_t<T>* p = part.data<acc_t<T>>();
     layer_norm_dparams_partial_kernel<T>
         <<<dim3(static_cast<unsigned>(chunks.col_blocks), static_cast<unsigned>(chunks.count)),
-           kThreads, 0, ctx.stream>>>(dyp, xp, m.data<acc_t<T>>(), rs.data<acc_t<T>>(), rows, C,
-                                      chunks.rows_per_chunk, part_dw, part_db);
+           kThreads, 0, ctx.stream>>>(dyp, xp, m.data<acc_t<T>>(), rs.data<acc_t<T>>(),
+                                      want_dsum ? static_cast<const T*>(dx.raw_data()) : nullptr,
+                                      rows, C, chunks.rows_per_chunk, want_params ? p : nullptr,
+                                      p + chunks.count * C, p + 2 * chunks.count * C);
     TESSERA_KERNEL_CHECK("layer_norm_dparams_partial_kernel");
-    finish(tag, part_dw, part_db, chunks.count);
+    finish(tag, p, chunks.count);
   });
 }
 
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                          const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) {
-  layer_norm_backward_impl(dy, x, w, mean, rstd, Tensor(), dx, dw, db);
+  layer_norm_backward_impl(dy, x, w, mean, rstd, Tensor(), dx, dw, db, Tensor());
 }
 
 }  // namespace
 
-void fused_residual_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
-                               const Tensor& bias, double eps, const Tensor& residual_out,
-                               const Tensor& out, const Tensor& mean, const Tensor& rstd) {
+void fused_residual_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& x_bias,
+                               const Tensor& weight, const Tensor& bias, double eps,
+                               const Tensor& residual_out, const Tensor& out, const Tensor& mean,
+                               const Tensor& rstd) {
   TESSERA_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype() &&
                     residual_out.shape() == x.shape() && residual_out.dtype() == x.dtype() &&
                     residual_out.is_contiguous() && x.device().is_cuda(),
@@ -442,7 +506,7 @@ void fused_residual_layer_norm(const Tensor& x, const Tensor& residual, const Te
                 ", residual ", shape_str(residual.shape()), " ", dtype_name(residual.dtype()),
                 " and residual_out (contiguous) ", shape_str(residual_out.shape()),
                 " must match, on a CUDA device");
-  layer_norm_impl(x, residual, residual_out, weight, bias, eps, out, mean, rstd);
+  layer_norm_impl(x, x_bias, residual, residual_out, weight, bias, eps, out, mean, rstd);
 }
 
 namespace {

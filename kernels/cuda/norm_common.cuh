@@ -10,6 +10,15 @@
 
 namespace tessera::cuda {
 
+// Lets `kernel` launch with `smem` bytes of dynamic shared memory (above 48 KB it must opt in;
+// per device, so it is asked each time, which costs no device work).
+template <class Kernel>
+void allow_dynamic_shared_memory(Kernel kernel, size_t smem) {
+  if (smem > (size_t(48) << 10))
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem)));
+}
+
 // Blocks of a persistent backward kernel of `warps` warps (one row per warp at a time, grid
 // stride over `rows`): as many as fit on the device at once, at most one warp per row.
 template <class Kernel>
@@ -35,21 +44,26 @@ inline NormChunks norm_chunks(int64_t rows, int64_t C) {
   return {col_blocks, rows_per_chunk, (rows + rows_per_chunk - 1) / rows_per_chunk};
 }
 
-// out += the column sums of part [chunks, C], for up to two (part, out) pairs: blockIdx.y 0
-// takes the first, 1 the second (an absent out is skipped). Block (8 columns, 32 chunk lanes):
-// lane y adds chunks y, y + 32, ... in order, then lane 0 adds the 32 lane sums in order, so
-// the result is fixed by the shapes alone. Columns of 8 (one 32-byte segment of f32 partials
-// per row) give C / 8 blocks, enough to keep the whole GPU busy even for small C.
-constexpr int kFinishCols = 8, kFinishLanes = 32;
+// out += the column sums of part [chunks, C], for up to three (part, out) pairs: blockIdx.y k
+// takes pair k (an absent out is skipped). Block (8 columns, 32 chunk lanes): lane y adds
+// chunks y, y + 32, ... in order, then lane 0 adds the 32 lane sums in order, so the result is
+// fixed by the shapes alone. Columns of 8 (one 32-byte segment of f32 partials per row) give
+// C / 8 blocks, enough to keep the whole GPU busy even for small C.
+constexpr int kFinishCols = 8, kFinishLanes = 32, kFinishPairs = 3;
+
+template <class T>
+struct ColumnPartials {
+  const acc_t<T>* part[kFinishPairs] = {};
+  T* out[kFinishPairs] = {};
+};
 
 template <class T>
 __global__ void __launch_bounds__(kFinishCols* kFinishLanes)
-    add_column_partials_kernel(const acc_t<T>* part0, const acc_t<T>* part1, int64_t chunks,
-                               int64_t C, T* out0, T* out1) {
+    add_column_partials_kernel(ColumnPartials<T> pairs, int64_t chunks, int64_t C) {
   using A = acc_t<T>;
   __shared__ A lanes[kFinishLanes][kFinishCols];
-  const A* part = blockIdx.y == 0 ? part0 : part1;
-  T* out = blockIdx.y == 0 ? out0 : out1;
+  const A* part = pairs.part[blockIdx.y];
+  T* out = pairs.out[blockIdx.y];
   if (!out) return;  // uniform over the block
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c = blockIdx.x * int64_t(kFinishCols) + tx;
@@ -63,13 +77,16 @@ __global__ void __launch_bounds__(kFinishCols* kFinishLanes)
   out[c] = from_acc<T>(to_acc<A>(out[c]) + s);
 }
 
-// Launches add_column_partials_kernel; either out may be null (not computed).
+// Launches add_column_partials_kernel; any out may be null (not computed).
 template <class T>
 void add_column_partials(cudaStream_t stream, const acc_t<T>* part0, const acc_t<T>* part1,
-                         int64_t chunks, int64_t C, T* out0, T* out1) {
-  const dim3 grid(static_cast<unsigned>((C + kFinishCols - 1) / kFinishCols), out1 ? 2u : 1u);
+                         int64_t chunks, int64_t C, T* out0, T* out1,
+                         const acc_t<T>* part2 = nullptr, T* out2 = nullptr) {
+  const ColumnPartials<T> pairs{{part0, part1, part2}, {out0, out1, out2}};
+  const unsigned used = out2 ? 3u : out1 ? 2u : 1u;
+  const dim3 grid(static_cast<unsigned>((C + kFinishCols - 1) / kFinishCols), used);
   add_column_partials_kernel<T>
-      <<<grid, dim3(kFinishCols, kFinishLanes), 0, stream>>>(part0, part1, chunks, C, out0, out1);
+      <<<grid, dim3(kFinishCols, kFinishLanes), 0, stream>>>(pairs, chunks, C);
   TESSERA_KERNEL_CHECK("add_column_partials_kernel");
 }
 

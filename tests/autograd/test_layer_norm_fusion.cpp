@@ -47,6 +47,64 @@ TEST(LayerNormFusion, ResidualLayerNormGradientsMatchFiniteDifferences) {
       {x1, r1, w1, b1}));
 }
 
+TEST(LayerNormFusion, DeferredProjectionBiasGradientsMatchFiniteDifferences) {
+  // x_bias: a projection's bias added inside the norm; its gradient is the column sums of the
+  // sum's total gradient (both outputs used), from the same backward pass.
+  Tensor x = transposed_leaf({3, 5, 11}, 61), r = transposed_leaf({3, 5, 11}, 62);
+  Tensor w = leaf(random_f64({11}, 63)), b = leaf(random_f64({11}, 64));
+  Tensor xb = leaf(random_f64({11}, 65));
+  EXPECT_TRUE(gradcheck(
+      [](const Xs& v) {
+        const auto [sum, normed] = residual_layer_norm(v[0], v[1], v[2], v[3], 1e-5, v[4]);
+        return Xs{sum, normed};
+      },
+      {x, r, w, b, xb}));
+  // Only the normed output used (ln_f), no norm parameters, a 2-D input.
+  Tensor x2 = leaf(random_f64({4, 9}, 66)), r2 = leaf(random_f64({4, 9}, 67));
+  Tensor xb2 = leaf(random_f64({9}, 68));
+  EXPECT_TRUE(gradcheck(
+      [](const Xs& v) {
+        return residual_layer_norm(v[0], v[1], Tensor(), Tensor(), 1e-5, v[2]).second;
+      },
+      {x2, r2, xb2}));
+}
+
+TEST(LayerNormFusion, DeferredBiasEqualsAddingItFirst) {
+  // (x + x_bias) + residual, each add rounded: bit for bit the composition, forward and
+  // backward, in f64 and f32 (the CPU has no fused kernel; tests/cuda checks the GPU's).
+  for (DType dt : {DType::f64, DType::f32}) {
+    const Tensor x = leaf(random_f64({2, 3, 8}, 71).to(dt)),
+                 r = leaf(random_f64({2, 3, 8}, 72).to(dt));
+    const Tensor w = leaf(random_f64({8}, 73).to(dt)), xb = leaf(random_f64({8}, 74).to(dt));
+    const Tensor g_sum = random_f64({2, 3, 8}, 75).to(dt), g_out = random_f64({2, 3, 8}, 76).to(dt);
+    auto run = [&](bool deferred) {
+      for (const Tensor* t : {&x, &r, &w, &xb}) t->set_grad(Tensor());
+      Tensor s, n;
+      if (deferred) {
+        std::tie(s, n) = residual_layer_norm(x, r, w, Tensor(), 1e-5, xb);
+      } else {
+        std::tie(s, n) = residual_layer_norm(x + xb, r, w, Tensor(), 1e-5);
+      }
+      (sum(s * g_sum) + sum(n * g_out)).backward();
+      return Xs{s.detach(), n.detach(), x.grad(), r.grad(), w.grad(), xb.grad()};
+    };
+    const Xs deferred = run(true), composed = run(false);
+    for (size_t i = 0; i < deferred.size(); ++i) {
+      if (i == 5) {  // column sums in another order than the broadcast add's backward
+        EXPECT_LT(ops::max_rel_error(deferred[i].to(DType::f64), composed[i].to(DType::f64)),
+                  dt == DType::f64 ? 1e-13 : 1e-5);
+        continue;
+      }
+      EXPECT_EQ(testing::detail::values(deferred[i]), testing::detail::values(composed[i]))
+          << dtype_name(dt) << " output " << i;
+    }
+  }
+  const Tensor x = random_f64({2, 8}, 77);
+  const std::string error = testing::error_of(
+      [&] { residual_layer_norm(x, x, Tensor(), Tensor(), 1e-5, random_f64({7}, 78)); });
+  EXPECT_NE(error.find("x_bias"), std::string::npos) << error;
+}
+
 TEST(LayerNormFusion, ResidualLayerNormEqualsTheComposition) {
   const Tensor x = transposed_leaf({4, 7, 9}, 31), r = transposed_leaf({4, 7, 9}, 32);
   const Tensor w = leaf(random_f64({9}, 33)), b = leaf(random_f64({9}, 36));

@@ -34,19 +34,30 @@ HostDevice transposed_randn(int64_t a, int64_t b, int64_t C, DType dt) {
 // Runs the GPU's fused forward and backward on rows of length C in dtype dt and compares them
 // with the float64 composition (the add, then layer_norm, and its backward plus dresidual).
 void check_against_float64(DType dt, int64_t a, int64_t b, int64_t C, bool with_weight,
-                           bool with_bias) {
+                           bool with_bias, bool with_x_bias = false) {
   const HostDevice xs = transposed_randn(a, b, C, dt), rs = transposed_randn(a, b, C, dt);
   if (a > 1 && b > 1) ASSERT_FALSE(xs.gpu.is_contiguous());  // a size-1 dim leaves it dense
   const Tensor w = with_weight ? cuda_test::host_randn({C}, dt, 1.0, 0.2) : Tensor();
   const Tensor bias = with_bias ? cuda_test::host_randn({C}, dt, 0.0, 0.3) : Tensor();
+  // A projection's bias added inside the norm (GPT's deferred output biases).
+  const Tensor xb = with_x_bias ? cuda_test::host_randn({C}, dt, 0.0, 0.5) : Tensor();
   auto gpu_or_none = [](const Tensor& t) { return t.defined() ? to_gpu(t) : Tensor(); };
   auto f64_or_none = [](const Tensor& t) { return t.defined() ? as_f64(t) : Tensor(); };
-  const ops::ResidualLayerNormOutput gpu =
-      ops::residual_layer_norm(xs.gpu, rs.gpu, gpu_or_none(w), gpu_or_none(bias), 1e-5);
+  const ops::ResidualLayerNormOutput gpu = ops::residual_layer_norm(
+      xs.gpu, rs.gpu, gpu_or_none(w), gpu_or_none(bias), 1e-5, gpu_or_none(xb));
   const double tol = cuda_test::tolerance(dt);
-  // The float64 sum, once rounded to dt on the GPU.
-  const Tensor exact_sum = ops::binary(BinaryOp::Add, as_f64(xs.cpu), as_f64(rs.cpu));
-  cuda_test::expect_close(host_values(gpu.sum), host_values(exact_sum), tol, "sum");
+  // The float64 sum, rounded to dt on the GPU (twice with x_bias: after each add, as the
+  // composition on the device, which it equals bit for bit).
+  const Tensor x_biased =
+      with_x_bias ? ops::binary(BinaryOp::Add, as_f64(xs.cpu), as_f64(xb)) : as_f64(xs.cpu);
+  const Tensor exact_sum = ops::binary(BinaryOp::Add, x_biased, as_f64(rs.cpu));
+  cuda_test::expect_close(host_values(gpu.sum), host_values(exact_sum), with_x_bias ? 2 * tol : tol,
+                          "sum");
+  if (with_x_bias) {
+    const Tensor composed =
+        ops::binary(BinaryOp::Add, ops::binary(BinaryOp::Add, xs.gpu, to_gpu(xb)), rs.gpu);
+    EXPECT_EQ(host_values(gpu.sum), host_values(composed));
+  }
   // The norm of that (rounded) sum in float64.
   const Tensor sum64 = as_f64(gpu.sum);
   const ops::LayerNormOutput exact =
@@ -58,20 +69,30 @@ void check_against_float64(DType dt, int64_t a, int64_t b, int64_t C, bool with_
   const HostDevice dys = transposed_randn(a, b, C, dt), dress = transposed_randn(a, b, C, dt);
   auto backward = [&] {
     return ops::layer_norm_backward_residual(dys.gpu, gpu.sum, gpu_or_none(w), gpu.mean, gpu.rstd,
-                                             dress.gpu, true);
+                                             dress.gpu, true, with_x_bias);
   };
   const ops::LayerNormGrads gg = backward();
-  const ops::LayerNormGrads exact_grads = ops::layer_norm_backward_residual(
-      as_f64(dys.cpu), sum64, f64_or_none(w), exact.mean, exact.rstd, as_f64(dress.cpu), true);
+  const ops::LayerNormGrads exact_grads =
+      ops::layer_norm_backward_residual(as_f64(dys.cpu), sum64, f64_or_none(w), exact.mean,
+                                        exact.rstd, as_f64(dress.cpu), true, with_x_bias);
   cuda_test::expect_close(host_values(gg.dx), host_values(exact_grads.dx), 2 * tol, "dx");
   cuda_test::expect_close(host_values(gg.dweight), host_values(exact_grads.dweight), 4 * tol,
                           "dweight");
   cuda_test::expect_close(host_values(gg.dbias), host_values(exact_grads.dbias), 4 * tol, "dbias");
+  ASSERT_EQ(gg.dx_bias.defined(), with_x_bias);
+  if (with_x_bias) {
+    // The column sums of dx as the kernel stored it (rounded to dt), summed in float64.
+    std::vector<int64_t> rows_dims(static_cast<size_t>(gg.dx.dim() - 1));
+    for (size_t i = 0; i < rows_dims.size(); ++i) rows_dims[i] = static_cast<int64_t>(i);
+    const Tensor dx_sums = ops::sum(as_f64(gg.dx), rows_dims);
+    cuda_test::expect_close(host_values(gg.dx_bias), host_values(dx_sums), 2 * tol, "dx_bias");
+  }
   // Fixed-order sums: a second run gives the same bits.
   const ops::LayerNormGrads again = backward();
   EXPECT_EQ(host_values(again.dweight), host_values(gg.dweight));
   EXPECT_EQ(host_values(again.dbias), host_values(gg.dbias));
   EXPECT_EQ(host_values(again.dx), host_values(gg.dx));
+  if (with_x_bias) EXPECT_EQ(host_values(again.dx_bias), host_values(gg.dx_bias));
 }
 
 TEST(CudaLayerNormFusion, TheFusedKernelsAreRegistered) {
@@ -83,13 +104,28 @@ TEST(CudaLayerNormFusion, TheFusedKernelsAreRegistered) {
 TEST(CudaLayerNormFusion, ResidualLayerNormMatchesFloat64) {
   TESSERA_REQUIRE_GPU();
   for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
-    // 8..1024: registers in both directions (768: GPT-2 124M); 2048: registers forward only;
-    // 37, 4099: the general kernels.
-    for (int64_t C : {8, 37, 768, 2048, 4099}) {
+    // 8..2048: registers in both directions (768: GPT-2 124M, 1280: 774M); 37, 4099: the
+    // general kernels.
+    for (int64_t C : {8, 37, 768, 1280, 2048, 4099}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " C=" + std::to_string(C));
       check_against_float64(dt, 5, 7, C, /*with_weight=*/true, /*with_bias=*/true);
     }
   }
+}
+
+TEST(CudaLayerNormFusion, DeferredProjectionBiasMatchesFloat64) {
+  TESSERA_REQUIRE_GPU();
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    // Each backward kernel width (1, 2, 3, 4, 5, 8 packs per lane), and the general kernels
+    // (37, 2056).
+    for (int64_t C : {64, 37, 512, 768, 1024, 1280, 2048, 2056}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " C=" + std::to_string(C));
+      check_against_float64(dt, 5, 7, C, /*with_weight=*/true, /*with_bias=*/true,
+                            /*with_x_bias=*/true);
+    }
+  }
+  // More rows than the persistent grid holds warps, no weight.
+  check_against_float64(DType::bf16, 20011, 1, 768, false, false, true);
 }
 
 TEST(CudaLayerNormFusion, WithoutWeightOrBiasAndOddRowCounts) {
@@ -136,7 +172,7 @@ TEST(CudaLayerNormFusion, MismatchedOperandsAreNamed) {
   const Tensor out = empty({4, 16}, {.dtype = DType::bf16, .device = dev()});
   const Tensor stat = empty({4}, {.dtype = DType::f32, .device = dev()});
   try {
-    cuda::fused_residual_layer_norm(x, r, Tensor(), Tensor(), 1e-5, out, out, stat, stat);
+    cuda::fused_residual_layer_norm(x, r, Tensor(), Tensor(), Tensor(), 1e-5, out, out, stat, stat);
     ADD_FAILURE() << "a bf16 input with an f16 residual was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("float16"), std::string::npos) << e.what();

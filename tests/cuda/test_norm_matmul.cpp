@@ -91,8 +91,8 @@ TEST(CudaLayerNorm, FusedResidualMatchesAddThenNorm) {
     Tensor wh = host_randn({C}, t, 1.0, 0.2), bh = host_randn({C}, t);
     Tensor res_out = poisoned({rows, C}, t), out = poisoned({rows, C}, t);
     Tensor mean = poisoned({rows}, DType::f32), rstd = poisoned({rows}, DType::f32);
-    cuda::fused_residual_layer_norm(to_gpu(xh), to_gpu(rh), to_gpu(wh), to_gpu(bh), 1e-5, res_out,
-                                    out, mean, rstd);
+    cuda::fused_residual_layer_norm(to_gpu(xh), to_gpu(rh), Tensor(), to_gpu(wh), to_gpu(bh), 1e-5,
+                                    res_out, out, mean, rstd);
     auto x = values(xh), r = values(rh);
     std::vector<double> sum(x.size());
     for (size_t i = 0; i < x.size(); ++i) sum[i] = x[i] + r[i];

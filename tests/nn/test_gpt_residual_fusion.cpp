@@ -6,6 +6,7 @@
 // releases parameters from them).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -86,8 +87,46 @@ TEST(GPTResidualFusion, DeferredBlockOutputSumsToForward) {
   Generator g(9);
   const Tensor residual = normal({2, 5, 15}, 0, 1, {.dtype = DType::f64}, &g);
   const Tensor delta = normal({2, 5, 15}, 0, 1, {.dtype = DType::f64}, &g);
-  const auto [h, mlp_out] = block.forward_deferred(residual, delta);
-  EXPECT_EQ(values(h + mlp_out), values(block.forward(residual + delta)));
+  const nn::BlockOutput out = block.forward_deferred(residual, delta);
+  EXPECT_FALSE(out.delta_bias.defined());
+  EXPECT_EQ(values(out.residual + out.delta), values(block.forward(residual + delta)));
+}
+
+TEST(GPTResidualFusion, DeferredOutputBiasesGiveTheSameLossAndGradients) {
+  // Without hooks or active dropout the output projections' biases are added inside the norms
+  // after them; a hook anywhere turns that off. Both give the same loss and gradients.
+  auto model = make_model(odd_config(0.0), 21);
+  const Tensor idx = random_tokens(2, 11, 23, 22), targets = random_tokens(2, 11, 23, 23);
+  auto run = [&] {
+    model->zero_grad();
+    const Tensor loss = model->loss(idx, targets);
+    loss.backward();
+    std::vector<std::vector<double>> out{values(loss)};
+    for (const auto& [name, p] : model->named_parameters()) out.push_back(values(p.grad()));
+    return out;
+  };
+  ASSERT_TRUE(model->output_biases_deferrable());
+  const auto deferred = run();
+  const uint64_t hook = model->transformer.blocks[1]->mlp.c_proj.register_forward_hook(
+      [](nn::Module&, const Tensor&, const Tensor&) {});
+  ASSERT_FALSE(model->output_biases_deferrable());
+  const auto plain = run();
+  model->transformer.blocks[1]->mlp.c_proj.remove_hook(hook);
+  ASSERT_EQ(deferred.size(), plain.size());
+  EXPECT_NEAR(deferred[0][0], plain[0][0], 1e-13);
+  for (size_t i = 1; i < deferred.size(); ++i)
+    for (size_t j = 0; j < deferred[i].size(); ++j)
+      ASSERT_NEAR(deferred[i][j], plain[i][j], 1e-12 * (1 + std::abs(plain[i][j])))
+          << "parameter " << i - 1 << " element " << j;
+  // Active dropout after a projection, a model without biases, checkpointing: not deferred.
+  EXPECT_FALSE(make_model(odd_config(0.2), 24)->output_biases_deferrable());
+  auto evaluated = make_model(odd_config(0.2), 24);
+  evaluated->eval();
+  EXPECT_TRUE(evaluated->output_biases_deferrable());
+  EXPECT_FALSE(make_model(odd_config(0.0, /*bias=*/false), 25)->output_biases_deferrable());
+  auto checkpointed = make_model(odd_config(0.0), 26);
+  checkpointed->gradient_checkpointing_enable();
+  EXPECT_FALSE(checkpointed->output_biases_deferrable());
 }
 
 TEST(GPTResidualFusion, KVCacheForwardMatchesTheFullForward) {
