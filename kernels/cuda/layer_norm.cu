@@ -264,14 +264,25 @@ __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const T* w, const 
 // Each warp keeps its column partials in shared memory ([kWarps][3][C] floats, a lane
 // touching only its own columns), not in registers, so the registers hold just the row's dy,
 // x and dresidual, all loaded before the row's reductions (one round trip to memory per row),
-// and rows up to 2048 wide take this path. 8-warp blocks up to 3 packs (C <= 768), 4-warp
-// blocks above, where the shared memory per block grows with C.
+// and rows up to 2048 wide take this path. Blocks of 4 warps: up to 3 packs of a 2-byte
+// dtype (C <= 768) the registers are held to 96 so that 5 blocks (20 warps) fit on an SM;
+// warps resident bound the bandwidth here (ncu: 16 warps reached 52% of DRAM's).
 template <int kPacks>
-constexpr int kBackwardWarpsFor = kPacks >= 4 ? 4 : 8;
+constexpr int kBackwardWarpsFor = 4;
+// Makes the compiler forget what it knows of a pack in registers, so that a second pass over
+// it converts the elements to float again instead of keeping the first pass's floats alive:
+// fewer registers, and with them more warps per SM.
+template <class T>
+__device__ __forceinline__ void forget_pack(Pack8<T>& p) {
+  static_assert(sizeof(Pack8<T>) % 4 == 0);
+  uint32_t* words = reinterpret_cast<uint32_t*>(p.v);
+#pragma unroll
+  for (size_t i = 0; i < sizeof(Pack8<T>) / 4; ++i) asm volatile("" : "+r"(words[i]));
+}
 constexpr int kBackwardParts = 3;  // dweight, dbias, dsum
 
 template <class T, int kPacks, int kBackwardWarps = kBackwardWarpsFor<kPacks>>
-__global__ void __launch_bounds__(32 * kBackwardWarps)
+__global__ void __launch_bounds__(32 * kBackwardWarps, sizeof(T) == 2 && kPacks <= 3 ? 5 : 1)
     layer_norm_backward_regs_kernel(const T* dy, const T* x, const T* w, const float* mean,
                                     const float* rstd, const T* dresidual, T* dx, int64_t rows,
                                     int64_t C, float* part_dw, float* part_db, float* part_dsum) {
@@ -335,6 +346,8 @@ __global__ void __launch_bounds__(32 * kBackwardWarps)
     for (int k = 0; k < kPacks; ++k) {
       const int64_t p = lane + 32 * k;
       if (p >= packs) continue;
+      forget_pack(dyp[k]);
+      forget_pack(xp[k]);
       Pack8<T> wp, o;
       if (w) wp = load_pack(w, p);
       float outv[kPack];
