@@ -261,14 +261,13 @@ __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const T* w, const 
 // gradient summed over rows: the bias gradient of a projection whose bias the forward added
 // inside the norm, ops::residual_layer_norm's x_bias) in part_dw/part_db/part_dsum (each may be
 // null). Persistent: the grid is what fits on the device, warps stride over rows.
-// Each warp keeps its column partials in shared memory ([kWarps][3][C] floats, a lane
+// Each warp keeps its column partials in shared memory ([kBackwardWarps][3][C] floats, a lane
 // touching only its own columns), not in registers, so the registers hold just the row's dy,
 // x and dresidual, all loaded before the row's reductions (one round trip to memory per row),
 // and rows up to 2048 wide take this path. Blocks of 4 warps: up to 3 packs of a 2-byte
 // dtype (C <= 768) the registers are held to 96 so that 5 blocks (20 warps) fit on an SM;
 // warps resident bound the bandwidth here (ncu: 16 warps reached 52% of DRAM's).
-template <int kPacks>
-constexpr int kBackwardWarpsFor = 4;
+constexpr int kBackwardWarps = 4;
 // Makes the compiler forget what it knows of a pack in registers, so that a second pass over
 // it converts the elements to float again instead of keeping the first pass's floats alive:
 // fewer registers, and with them more warps per SM.
@@ -281,7 +280,7 @@ __device__ __forceinline__ void forget_pack(Pack8<T>& p) {
 }
 constexpr int kBackwardParts = 3;  // dweight, dbias, dsum
 
-template <class T, int kPacks, int kBackwardWarps = kBackwardWarpsFor<kPacks>>
+template <class T, int kPacks>
 __global__ void __launch_bounds__(32 * kBackwardWarps, sizeof(T) == 2 && kPacks <= 3 ? 5 : 1)
     layer_norm_backward_regs_kernel(const T* dy, const T* x, const T* w, const float* mean,
                                     const float* rstd, const T* dresidual, T* dx, int64_t rows,
@@ -463,15 +462,15 @@ void layer_norm_backward_impl(const Tensor& dy_in, const Tensor& x_in, const Ten
     const T* xp = static_cast<const T*>(x.raw_data());
     if constexpr (!std::is_same_v<T, double>) {
       if (fast && with_row_packs<kMaxBackwardPacks>(C, [&](auto packs) {
-            constexpr int kPacks = decltype(packs)::value, kWarps = kBackwardWarpsFor<kPacks>;
+            constexpr int kPacks = decltype(packs)::value;
             auto kernel = layer_norm_backward_regs_kernel<T, kPacks>;
             const size_t smem =
-                want_params || want_dsum ? kWarps * kBackwardParts * C * sizeof(float) : 0;
+                want_params || want_dsum ? kBackwardWarps * kBackwardParts * C * sizeof(float) : 0;
             allow_dynamic_shared_memory(kernel, smem);
-            const int64_t blocks = persistent_norm_blocks(kernel, kWarps, smem, rows);
+            const int64_t blocks = persistent_norm_blocks(kernel, kBackwardWarps, smem, rows);
             Tensor part = partials(blocks, DType::f32);
             float* p = part.defined() ? part.data<float>() : nullptr;
-            kernel<<<static_cast<unsigned>(blocks), dim3(32, kWarps), smem, ctx.stream>>>(
+            kernel<<<static_cast<unsigned>(blocks), dim3(32, kBackwardWarps), smem, ctx.stream>>>(
                 dyp, xp, ptr_or_null<T>(w), m.data<float>(), rs.data<float>(), ptr_or_null<T>(dres),
                 static_cast<T*>(dx.raw_data()), rows, C, want_params ? p : nullptr,
                 want_params ? p + blocks * C : nullptr, want_dsum ? p + 2 * blocks * C : nullptr);

@@ -9,22 +9,23 @@
 #include <thread>
 #include <tuple>
 
+#include "tessera/autograd/autocast.h"
+#include "tessera/autograd/autograd.h"
 #include "tessera/autograd/functions.h"
 #include "tessera/core/random.h"
 #include "tessera/data/file_io.h"
 #include "tessera/dist/accelerator.h"
 #include "tessera/dist/ddp.h"
 #include "tessera/dist/env.h"
-#include "tessera/nn/layers.h"
-#include "tessera/autograd/autocast.h"
-#include "tessera/autograd/autograd.h"
-#include "tessera/optim/adamw.h"
-#include "tessera/optim/schedule.h"
-#include "tessera/optim/sgd.h"
 #include "tessera/dist/host_process_group.h"
 #include "tessera/dist/offload.h"
 #include "tessera/dist/process_group.h"
+#include "tessera/dist/single_process_group.h"
 #include "tessera/dist/store.h"
+#include "tessera/nn/layers.h"
+#include "tessera/optim/adamw.h"
+#include "tessera/optim/schedule.h"
+#include "tessera/optim/sgd.h"
 
 using namespace tessera;
 using namespace tessera::dist;
@@ -480,10 +481,9 @@ TEST_F(DdpTest, UnusedParameterIsNamed) {
 // A world of one that counts allocate_communication_buffer (the NCCL group answers it with
 // symmetric windows) and records which memory its all-reduces were given. `backend` stands in
 // for the name DDP looks at.
-class CountingGroup final : public ProcessGroup {
+class CountingGroup final : public SingleProcessGroup {
  public:
-  explicit CountingGroup(std::string backend = "counting")
-      : ProcessGroup(0, 1, ProcessGroupOptions{}), backend_(std::move(backend)) {}
+  explicit CountingGroup(std::string backend = "counting") : backend_(std::move(backend)) {}
   std::string backend_name() const override { return backend_; }
   Tensor allocate_communication_buffer(int64_t numel, DType dtype, Device device) override {
     Tensor t = ProcessGroup::allocate_communication_buffer(numel, dtype, device);
@@ -505,31 +505,9 @@ class CountingGroup final : public ProcessGroup {
   }
 
  protected:
-  bool supports_device(Device) const override { return true; }
-  // One rank: every collective leaves its tensors as they are.
-  WorkPtr do_all_reduce(const CollectiveSignature&, const Tensor& t, ReduceOp) override {
+  WorkPtr do_all_reduce(const CollectiveSignature& sig, const Tensor& t, ReduceOp op) override {
     reduced.push_back(t.raw_data());
-    return completed_work();
-  }
-  WorkPtr do_reduce_scatter(const CollectiveSignature&, const Tensor& out, const Tensor& in,
-                            ReduceOp) override {
-    raw::copy_(out, in);
-    return completed_work();
-  }
-  WorkPtr do_all_gather(const CollectiveSignature&, const std::vector<Tensor>& outputs,
-                        const Tensor& input) override {
-    raw::copy_(outputs[0], input);
-    return completed_work();
-  }
-  WorkPtr do_broadcast(const CollectiveSignature&, const Tensor&, int) override {
-    return completed_work();
-  }
-  WorkPtr do_barrier(const CollectiveSignature&) override { return completed_work(); }
-  WorkPtr do_send(const Tensor&, int, int) override { return completed_work(); }
-  WorkPtr do_recv(const Tensor&, int, int) override { return completed_work(); }
-  std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>&, uint64_t,
-                                             ProcessGroupOptions) override {
-    return std::make_shared<CountingGroup>(backend_);
+    return SingleProcessGroup::do_all_reduce(sig, t, op);
   }
 
  private:
