@@ -109,7 +109,8 @@ struct FusedKernelTable {
                               const Tensor& rstd) = nullptr;
   // LayerNorm's backward with the residual stream's gradient added into dx in the same pass:
   // dx = layer_norm_backward(dy) + dresidual; dw, db and dsum (the column sums of dx: x_bias's
-  // gradient) accumulate (+=) when defined.
+  // gradient) are written (not accumulated: they need not be initialised) when defined and x
+  // has rows.
   void (*layer_norm_backward_residual)(const Tensor& dy, const Tensor& x, const Tensor& w,
                                        const Tensor& mean, const Tensor& rstd,
                                        const Tensor& dresidual, const Tensor& dx, const Tensor& dw,

@@ -90,10 +90,11 @@ Tensor layer_norm_stat(const Tensor& x, Device dev) {
 
 // The checks and outputs of both backward forms; `kernel(dev, dy converted, grads)` fills them.
 template <class Kernel>
+// kernel_writes_param_grads: the kernel overwrites dweight/dbias (else it adds into zeros).
 LayerNormGrads layer_norm_backward_with(const char* op, const Tensor& dy, const Tensor& x,
                                         const Tensor& weight, const Tensor& mean,
                                         const Tensor& rstd, bool need_weight_grads,
-                                        Kernel&& kernel) {
+                                        bool kernel_writes_param_grads, Kernel&& kernel) {
   const Device dev = detail::common_device(op, {&dy, &x, &mean, &rstd});
   check_float(op, x, "input");
   check_same_shape(op, x, "input", dy, "gradient");
@@ -109,8 +110,10 @@ LayerNormGrads layer_norm_backward_with(const char* op, const Tensor& dy, const 
   const Tensor dyc = dy.dtype() == x.dtype() ? dy : raw::to(dy, dev, x.dtype());
   g.dx = empty(x.shape(), {.dtype = x.dtype(), .device = dev});
   if (need_weight_grads) {
-    g.dweight = zeros({x.shape().back()}, {.dtype = x.dtype(), .device = dev});
-    g.dbias = zeros({x.shape().back()}, {.dtype = x.dtype(), .device = dev});
+    const TensorOptions like{.dtype = x.dtype(), .device = dev};
+    const bool written = kernel_writes_param_grads && x.numel() > 0;
+    g.dweight = written ? empty({x.shape().back()}, like) : zeros({x.shape().back()}, like);
+    g.dbias = written ? empty({x.shape().back()}, like) : zeros({x.shape().back()}, like);
   }
   if (x.numel() > 0) kernel(dev, dyc, g);
   return g;
@@ -133,6 +136,7 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tens
                                    const Tensor& mean, const Tensor& rstd, bool need_weight_grads) {
   const char* op = "layer_norm_backward";
   return layer_norm_backward_with(op, dy, x, weight, mean, rstd, need_weight_grads,
+                                  /*kernel_writes_param_grads=*/false,
                                   [&](Device dev, const Tensor& dyc, LayerNormGrads& g) {
                                     checked_kernel(detail::kernels_for(dev).layer_norm_backward, op,
                                                    dev)(dyc, x, weight, mean, rstd, g.dx, g.dweight,
@@ -172,12 +176,15 @@ LayerNormGrads layer_norm_backward_residual(const Tensor& dy, const Tensor& x, c
                                             bool need_x_bias_grad) {
   const char* op = "layer_norm_backward_residual";
   const Tensor dres = detail::like_input(op, "residual gradient", dresidual, x);
+  // The fused kernel writes the parameter gradients; the plain one adds into zeros.
+  const auto fused = fused_kernel_table(x.device().type).layer_norm_backward_residual;
   LayerNormGrads grads = layer_norm_backward_with(
       op, dy, x, weight, mean, rstd, need_weight_grads,
+      /*kernel_writes_param_grads=*/fused != nullptr,
       [&](Device dev, const Tensor& dyc, LayerNormGrads& g) {
-        if (const auto fused = fused_kernel_table(dev.type).layer_norm_backward_residual) {
+        if (fused) {
           if (need_x_bias_grad)
-            g.dx_bias = zeros({x.shape().back()}, {.dtype = x.dtype(), .device = dev});
+            g.dx_bias = empty({x.shape().back()}, {.dtype = x.dtype(), .device = dev});
           fused(dyc, x, weight, mean, rstd, dres, g.dx, g.dweight, g.dbias, g.dx_bias);
           return;
         }

@@ -396,6 +396,22 @@ void BM_bias_grad_column_sum_bf16(benchmark::State& s) {
 }
 BENCHMARK(BM_bias_grad_column_sum_bf16)->Arg(768)->Arg(3072)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 
+// GPT-2 124M's MLP backward pass after the GEMM: dpre = d * gelu'(pre) in place and c_fc's bias
+// gradient (the column sums of dpre) in one pass (gelu_backward_with_bias_grad); bytes: pre
+// and d read, d written.
+void BM_gelu_backward_bias_grad_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t H = 4 * kC;
+  Tensor pre = dev_randn({kRows, H}, DType::bf16), d = dev_randn({kRows, H}, DType::bf16);
+  Tensor db = empty({H}, {.dtype = DType::bf16, .device = Device::cuda(0)});
+  run(
+      s, [&] { cuda::gelu_backward_with_bias_grad(pre, d, db); }, 3.0 * kRows * H * 2, 0);
+}
+BENCHMARK(BM_gelu_backward_bias_grad_bf16)
+    ->UseManualTime()
+    ->Iterations(3)
+    ->Unit(benchmark::kMillisecond);
+
 void BM_full_sum_f32(benchmark::State& s) {
   if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
   const int64_t n = kV * kC;  // the size of the embedding gradient

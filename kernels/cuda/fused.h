@@ -27,6 +27,11 @@ void fused_residual_layer_norm(const Tensor& x, const Tensor& residual, const Te
 // multiple of 8, and dbias a contiguous [H] of their dtype.
 bool gelu_backward_with_bias_grad(const Tensor& pre, const Tensor& d, const Tensor& dbias);
 
+// sums [H] = the column sums of g [rows, H] (a Linear's bias gradient), overwritten, by the same
+// pass without the GELU: a thread per 8 columns down a chunk of rows, partials summed in a
+// fixed order. False (nothing done) under gelu_backward_with_bias_grad's conditions on d.
+bool column_sums(const Tensor& g, const Tensor& sums);
+
 // The classifier head in one pass per row: reads logits [N, V] (f32/f16/bf16, contiguous),
 // writes each row's loss (f32 [N], 0 for ignored rows) and overwrites the logits with
 //   dlogits = dloss_scale * (softmax(logits) - onehot(target))   (0 for ignored rows)

@@ -410,11 +410,12 @@ __global__ void layer_norm_dparams_partial_kernel(const T* dy, const T* x, const
 }
 
 // dresidual may be undefined (the plain LayerNorm backward); dsum (the column sums of dx,
-// added into it) may be undefined.
+// added into it) may be undefined. accumulate: dw, db and dsum get the sums added (the plain
+// kernel's contract), else overwritten (the fused one's: they need no zero fill first).
 void layer_norm_backward_impl(const Tensor& dy_in, const Tensor& x_in, const Tensor& w_in,
                               const Tensor& mean, const Tensor& rstd, const Tensor& dres_in,
                               const Tensor& dx, const Tensor& dw, const Tensor& db,
-                              const Tensor& dsum) {
+                              const Tensor& dsum, bool accumulate) {
   TESSERA_CHECK(dx.is_contiguous() && dx.dtype() == x_in.dtype() && dy_in.dtype() == x_in.dtype(),
                 "layer_norm_backward (cuda): dx must be contiguous and dy, x, dx share a dtype");
   for (const Tensor* t : {&dw, &db, &dsum})
@@ -449,8 +450,8 @@ void layer_norm_backward_impl(const Tensor& dy_in, const Tensor& x_in, const Ten
     auto out = [](const Tensor& t) {
       return t.defined() ? static_cast<T*>(t.raw_data()) : nullptr;
     };
-    add_column_partials<T>(ctx.stream, part, part + chunks * C, chunks, C, out(dw), out(db),
-                           part + 2 * chunks * C, out(dsum));
+    add_column_partials<T>(ctx.stream, accumulate, part, part + chunks * C, chunks, C, out(dw),
+                           out(db), part + 2 * chunks * C, out(dsum));
   };
   auto partials = [&](int64_t chunks, DType dtype) {
     return want_params || want_dsum ? empty({3, chunks, C}, {.dtype = dtype, .device = dx.device()})
@@ -502,7 +503,16 @@ void layer_norm_backward_impl(const Tensor& dy_in, const Tensor& x_in, const Ten
 
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                          const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) {
-  layer_norm_backward_impl(dy, x, w, mean, rstd, Tensor(), dx, dw, db, Tensor());
+  layer_norm_backward_impl(dy, x, w, mean, rstd, Tensor(), dx, dw, db, Tensor(),
+                           /*accumulate=*/true);
+}
+
+void fused_layer_norm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& w,
+                                        const Tensor& mean, const Tensor& rstd,
+                                        const Tensor& dresidual, const Tensor& dx, const Tensor& dw,
+                                        const Tensor& db, const Tensor& dsum) {
+  layer_norm_backward_impl(dy, x, w, mean, rstd, dresidual, dx, dw, db, dsum,
+                           /*accumulate=*/false);
 }
 
 }  // namespace
@@ -529,7 +539,7 @@ const bool registered = [] {
   t.layer_norm_backward = layer_norm_backward;
   FusedKernelTable& fused = fused_kernel_table(DeviceType::CUDA);
   fused.residual_layer_norm = fused_residual_layer_norm;
-  fused.layer_norm_backward_residual = layer_norm_backward_impl;
+  fused.layer_norm_backward_residual = fused_layer_norm_backward_residual;
   return true;
 }();
 

@@ -20,10 +20,11 @@ namespace tessera::cuda {
 // by CUBLASLT_EPILOGUE_BIAS. f64 is accepted and always takes the fallback.
 void linear_forward(const Tensor& x2d, const Tensor& w, const Tensor& bias, const Tensor& out);
 
-// dw[K, N] = x2d[M, K]^T @ g[M, N], and when dbias is defined also dbias[N] = sum of g's rows,
-// computed in the same GEMM by CUBLASLT_EPILOGUE_BGRADA (the reduction over the GEMM's k = M
-// of cuBLASLt's A operand, which is g). dw and dbias are overwritten (not accumulated),
-// contiguous, in g's dtype.
+// dw[K, N] = x2d[M, K]^T @ g[M, N], and when dbias is defined also dbias[N] = sum of g's rows:
+// by column_sums (fused.h) beside a plain GEMM where g is a contiguous, aligned matrix of
+// f32/f16/bf16 with N a multiple of 8, else in the same GEMM by CUBLASLT_EPILOGUE_BGRADA (the
+// reduction over the GEMM's k = M of cuBLASLt's A operand, which is g). dw and dbias are
+// overwritten (not accumulated), contiguous, in g's dtype.
 void linear_weight_grad(const Tensor& x2d, const Tensor& g, const Tensor& dw,
                         const Tensor& dbias);
 

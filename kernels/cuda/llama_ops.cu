@@ -283,7 +283,7 @@ bool rms_norm_backward_fast(const KernelContext& ctx, const Tensor& dy, const Te
                  static_cast<T*>(dx.raw_data()), rows, C, part_dw);
              TESSERA_KERNEL_CHECK("rms_norm_backward_regs_kernel");
              if (!part_dw) return;
-             add_column_partials<T>(ctx.stream, part_dw, nullptr, blocks, C,
+             add_column_partials<T>(ctx.stream, /*accumulate=*/true, part_dw, nullptr, blocks, C,
                                     static_cast<T*>(dw.raw_data()), nullptr);
            });
   }
@@ -322,8 +322,8 @@ void rms_norm_backward_impl(const Tensor& dy_in, const Tensor& x_in, const Tenso
                                       static_cast<const S*>(rstd.raw_data()), rows, C,
                                       chunks.rows_per_chunk, partial.data<A>());
     TESSERA_KERNEL_CHECK("rms_norm_dw_partial_kernel");
-    add_column_partials<T>(ctx.stream, partial.data<A>(), nullptr, chunks.count, C,
-                           static_cast<T*>(dw.raw_data()), nullptr);
+    add_column_partials<T>(ctx.stream, /*accumulate=*/true, partial.data<A>(), nullptr,
+                           chunks.count, C, static_cast<T*>(dw.raw_data()), nullptr);
   });
 }
 

@@ -9,17 +9,22 @@
 // dims, batch strides, pointer alignment, epilogue), so the steady state does no
 // heuristic query. The Linear helpers of linear.h live here too: the same plans with a
 // bias (CUBLASLT_EPILOGUE_BIAS) or bias-gradient (CUBLASLT_EPILOGUE_BGRADA) epilogue.
+// gemm_tuning.h says how a plan's algorithm is autotuned among the heuristic's bit-identical
+// candidates.
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tessera/core/dispatch.h"
 #include "tessera/kernels/cuda/common.cuh"
 #include "tessera/kernels/cuda/fused.h"
+#include "tessera/kernels/cuda/gemm_tuning.h"
 #include "tessera/kernels/cuda/linear.h"
 #include "tessera/kernels/ops.h"
 
@@ -214,7 +219,11 @@ struct Epilogue {
   int64_t aux_ld = 0;
 };
 
-using PlanKey = std::array<int64_t, 21>;
+using PlanKey = std::array<int64_t, 22>;
+
+// How many of the heuristic's candidates an autotuned plan compares (cuBLASLt 13 returned 8
+// for GPT-2's shapes when asked for 16).
+constexpr int kTuneCandidates = 8;
 
 // Descriptors and algorithm for one cached problem. Never destroyed: like the handles they
 // live as long as the thread (destroying them at exit could run after the CUDA runtime).
@@ -223,6 +232,11 @@ struct LtPlan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  // The heuristic's candidates in its order (algo is the first until tuned). A fixed array:
+  // nvcc 13.0's front end fails on a std::vector member here.
+  std::array<cublasLtMatmulAlgo_t, kTuneCandidates> candidates{};
+  int candidate_count = 0;
+  bool tuned = false;
 };
 
 cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
@@ -297,20 +311,163 @@ LtPlan build_plan(const GemmProblem& p, const Epilogue& e, size_t workspace_byte
     const uint32_t bytes = static_cast<uint32_t>(alignment_of(ptr));
     TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof(bytes)));
   }
-  cublasLtMatmulHeuristicResult_t result{};
+  std::array<cublasLtMatmulHeuristicResult_t, kTuneCandidates> results{};
   int count = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
       cublaslt_handle(), plan.desc, plan.layout_a, plan.layout_b, plan.layout_d, plan.layout_d,
-      pref, 1, &result, &count);
+      pref, kTuneCandidates, results.data(), &count);
   cublasLtMatmulPreferenceDestroy(pref);
   // NOT_SUPPORTED / INVALID_VALUE: cuBLASLt has no kernel for this combination (epilogue,
   // dtype, alignment, layout); the caller takes the plain path.
   if (status != CUBLAS_STATUS_NOT_SUPPORTED && status != CUBLAS_STATUS_INVALID_VALUE)
     TESSERA_CUBLAS_CHECK(status);
-  plan.supported = status == CUBLAS_STATUS_SUCCESS && count > 0 &&
-                   result.state == CUBLAS_STATUS_SUCCESS;
-  if (plan.supported) plan.algo = result.algo;
+  if (status != CUBLAS_STATUS_SUCCESS) return plan;
+  for (int i = 0; i < count; ++i) {
+    if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= workspace_bytes)
+      plan.candidates[plan.candidate_count++] = results[i].algo;
+  }
+  plan.supported = plan.candidate_count > 0;
+  if (plan.supported) plan.algo = plan.candidates[0];
   return plan;
+}
+
+// ---- autotuning among bit-identical candidates (gemm_tuning.h) ----
+
+std::atomic<bool> autotune_enabled{[] {
+  const char* v = std::getenv("TESSERA_GEMM_AUTOTUNE");
+  return v == nullptr || std::string(v) != "0";
+}()};
+const bool autotune_log = [] {
+  const char* v = std::getenv("TESSERA_GEMM_AUTOTUNE_LOG");
+  return v != nullptr && std::string(v) == "1";
+}();
+std::atomic<int64_t> plans_tuned{0}, plans_changed{0}, candidates_rejected{0};
+
+// An order-sensitive 64-bit fingerprint of a buffer's 32-bit words: each word is mixed with
+// its index (splitmix64's finaliser), and the mixes are summed (the sum is the same in any
+// order, so the atomics do not make it vary). Two buffers with one differing bit differ here
+// but with a chance of 2^-64.
+__global__ void fingerprint_words(const uint32_t* words, int64_t n, unsigned long long* out) {
+  unsigned long long h = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    unsigned long long x = words[i] ^ (static_cast<unsigned long long>(i) * 0x9E3779B97F4A7C15ull);
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    h += x;
+  }
+  for (int offset = 16; offset > 0; offset /= 2) h += __shfl_down_sync(0xffffffffu, h, offset);
+  if ((threadIdx.x & 31) == 0) atomicAdd(out, h);
+}
+
+size_t data_type_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : t == CUDA_R_64F ? 8 : 2; }
+
+// The buffers a GEMM with this epilogue writes: the output, and the bias gradient or the
+// GELU input where the epilogue writes one.
+std::vector<std::pair<const void*, size_t>> written_buffers(const GemmProblem& p,
+                                                            const Epilogue& e) {
+  std::vector<std::pair<const void*, size_t>> out{{p.out->raw_data(), p.out->nbytes()}};
+  if (e.kind == CUBLASLT_EPILOGUE_BGRADA || e.kind == CUBLASLT_EPILOGUE_BGRADB ||
+      e.kind == CUBLASLT_EPILOGUE_DGELU_BGRAD)
+    out.emplace_back(e.bias, static_cast<size_t>(p.N) * data_type_bytes(e.bias_type));
+  if (e.kind == CUBLASLT_EPILOGUE_GELU_AUX || e.kind == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+    out.emplace_back(e.aux,
+                     static_cast<size_t>(p.M * e.aux_ld * p.batch) * data_type_bytes(p.types.data));
+  return out;
+}
+
+// Runs the plan's candidates on the call's operands (nothing else is read or written: the
+// real call that follows overwrites what they wrote) and keeps the fastest of those that
+// write the first pick's bits. Host-synchronous; only outside captures.
+void tune_plan(LtPlan& plan, const GemmProblem& p, const Epilogue& e, void* ws, size_t ws_bytes,
+               cudaStream_t stream) {
+  plan.tuned = true;
+  const auto& candidates = plan.candidates;
+  const size_t count = static_cast<size_t>(plan.candidate_count);
+  const auto buffers = written_buffers(p, e);
+  for (const auto& buffer : buffers)
+    if (buffer.second % 4 != 0 || reinterpret_cast<uintptr_t>(buffer.first) % 4 != 0) return;
+  const float alpha = 1.f, beta = 0.f;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(cublaslt_handle(), plan.desc, &alpha, p.b.t.raw_data(), plan.layout_a,
+                          p.a.t.raw_data(), plan.layout_b, &beta, p.out->raw_data(), plan.layout_d,
+                          p.out->raw_data(), plan.layout_d, &algo, ws, ws_bytes, stream);
+  };
+  static thread_local unsigned long long* sums[64] = {};
+  unsigned long long*& sum = sums[current_device()];
+  if (!sum) TESSERA_CUDA_CHECK(cudaMalloc(&sum, sizeof(unsigned long long)));
+  auto fingerprint = [&] {
+    unsigned long long combined = 0;
+    for (const auto& buffer : buffers) {
+      unsigned long long h = 0;
+      TESSERA_CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof h, stream));
+      const int64_t words = static_cast<int64_t>(buffer.second / 4);
+      const int blocks = static_cast<int>(std::min<int64_t>((words + 255) / 256, 1024));
+      if (blocks > 0)
+        fingerprint_words<<<blocks, 256, 0, stream>>>(static_cast<const uint32_t*>(buffer.first),
+                                                      words, sum);
+      TESSERA_CUDA_CHECK(cudaGetLastError());
+      TESSERA_CUDA_CHECK(cudaMemcpyAsync(&h, sum, sizeof h, cudaMemcpyDeviceToHost, stream));
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      combined = combined * 0x100000001B3ull + h;
+    }
+    return combined;
+  };
+  if (run(candidates[0]) != CUBLAS_STATUS_SUCCESS) return;  // the real call reports it
+  const unsigned long long reference = fingerprint();
+  std::vector<size_t> same{0};
+  for (size_t i = 1; i < count; ++i) {
+    if (run(candidates[i]) != CUBLAS_STATUS_SUCCESS) continue;
+    if (fingerprint() != reference) {
+      ++candidates_rejected;
+      continue;
+    }
+    same.push_back(i);
+  }
+  ++plans_tuned;
+  if (same.size() < 2) return;
+  cudaEvent_t start, stop;
+  TESSERA_CUDA_CHECK(cudaEventCreate(&start));
+  TESSERA_CUDA_CHECK(cudaEventCreate(&stop));
+  constexpr int kRepeats = 3;
+  std::vector<float> ms(same.size());
+  for (size_t k = 0; k < same.size(); ++k) {
+    const cublasLtMatmulAlgo_t& algo = candidates[same[k]];
+    TESSERA_CUBLAS_CHECK(run(algo));  // warm-up
+    TESSERA_CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int r = 0; r < kRepeats; ++r) TESSERA_CUBLAS_CHECK(run(algo));
+    TESSERA_CUDA_CHECK(cudaEventRecord(stop, stream));
+    TESSERA_CUDA_CHECK(cudaEventSynchronize(stop));
+    TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms[k], start, stop));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  size_t best = 0;
+  for (size_t k = 1; k < same.size(); ++k)
+    if (ms[k] < ms[best]) best = k;
+  if (best != 0) {
+    ++plans_changed;
+    plan.algo = candidates[same[best]];
+  }
+  if (autotune_log) {
+    std::fprintf(stderr,
+                 "tessera gemm autotune: M %lld N %lld K %lld batch %lld ops %d%d epilogue %d: "
+                 "first pick %.1f us, best %.1f us (candidate %zu; %zu of %zu write the same "
+                 "bits)\n",
+                 static_cast<long long>(p.M), static_cast<long long>(p.N),
+                 static_cast<long long>(p.K), static_cast<long long>(p.batch),
+                 static_cast<int>(p.a.op), static_cast<int>(p.b.op), static_cast<int>(e.kind),
+                 1e3 * ms[0] / kRepeats, 1e3 * ms[best] / kRepeats, same[best], same.size(), count);
+  }
+}
+
+bool stream_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  TESSERA_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
 }
 
 // Runs the problem through cuBLASLt with the epilogue; false (nothing written) when
@@ -319,6 +476,9 @@ bool lt_matmul(const GemmProblem& p, const Epilogue& e, cudaStream_t stream) {
   if (p.types.data == CUDA_R_64F) return false;
   const int device = current_device();
   const auto [ws, ws_bytes] = workspace(device, stream);
+  const int64_t flops = 2 * p.M * p.N * p.K * p.batch;
+  // Part of the key, so a plan made with autotuning off keeps the heuristic's first pick.
+  const bool autotune = autotune_enabled.load();
   const PlanKey key{device,
                     p.types.data,
                     p.b.op,
@@ -339,13 +499,17 @@ bool lt_matmul(const GemmProblem& p, const Epilogue& e, cudaStream_t stream) {
                     alignment_of(e.bias),
                     alignment_of(e.aux),
                     e.aux_ld,
-                    static_cast<int64_t>(ws_bytes)};
+                    static_cast<int64_t>(ws_bytes),
+                    autotune};
   thread_local std::map<PlanKey, LtPlan> plans;
   auto it = plans.find(key);
   if (it == plans.end()) it = plans.emplace(key, build_plan(p, e, ws_bytes)).first;
   LtPlan& plan = it->second;
   if (!plan.supported) return false;
   set_epilogue_pointers(plan.desc, e);
+  if (!plan.tuned && (!autotune || plan.candidate_count < 2 || flops < int64_t(1e9)))
+    plan.tuned = true;
+  if (!plan.tuned && !stream_capturing(stream)) tune_plan(plan, p, e, ws, ws_bytes, stream);
   const float alpha = 1.f, beta = 0.f;
   const cublasStatus_t status = cublasLtMatmul(
       cublaslt_handle(), plan.desc, &alpha, p.b.t.raw_data(), plan.layout_a, p.a.t.raw_data(),
@@ -422,6 +586,12 @@ bool aux_ld_supported(int64_t ld) { return ld % 8 == 0; }
 
 }  // namespace
 
+void set_gemm_autotune_enabled(bool enabled) { autotune_enabled = enabled; }
+bool gemm_autotune_enabled() { return autotune_enabled; }
+GemmTuningCounts gemm_tuning_counts() {
+  return {plans_tuned.load(), plans_changed.load(), candidates_rejected.load()};
+}
+
 void set_linear_epilogues_enabled(bool enabled) { epilogues_enabled = enabled; }
 void set_gelu_epilogues_enabled(bool enabled) { gelu_epilogues_enabled = enabled; }
 bool linear_epilogues_enabled() { return epilogues_enabled; }
@@ -467,6 +637,14 @@ void linear_weight_grad(const Tensor& x2d, const Tensor& g, const Tensor& dw,
                   g.device().str());
   }
   KernelContext ctx(dw);
+  // The bias gradient as a column-sum pass of our own beside the plain GEMM where g allows:
+  // cuBLASLt's BGRADA epilogue also runs it as a kernel of its own, slower (GPT-2 124M's
+  // c_attn, g [16384, 2304] bf16: 40 us, 1.9 TB/s).
+  if (dbias.defined() && dw.numel() > 0 && p.K > 0 && column_sums(g, dbias)) {
+    matmul(xT, g, dw);
+    ++fallback_calls;
+    return;
+  }
   // p.K is the number of rows M of x2d and g: the GEMM's k, over which BGRADA reduces g.
   if (dbias.defined() && dw.numel() > 0 && p.K > 0 && epilogues_enabled) {
     const Epilogue e{CUBLASLT_EPILOGUE_BGRADA, dbias.raw_data(), bias_data_type(dbias.dtype())};

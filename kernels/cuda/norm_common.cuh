@@ -44,8 +44,9 @@ inline NormChunks norm_chunks(int64_t rows, int64_t C) {
   return {col_blocks, rows_per_chunk, (rows + rows_per_chunk - 1) / rows_per_chunk};
 }
 
-// out += the column sums of part [chunks, C], for up to three (part, out) pairs: blockIdx.y k
-// takes pair k (an absent out is skipped). Block (8 columns, 32 chunk lanes): lane y adds
+// out += the column sums of part [chunks, C] (out = them when not accumulating: out need not
+// be initialised), for up to three (part, out) pairs: blockIdx.y k takes pair k (an absent out
+// is skipped). Block (8 columns, 32 chunk lanes): lane y adds
 // chunks y, y + 32, ... in order, then lane 0 adds the 32 lane sums in order, so the result is
 // fixed by the shapes alone. Columns of 8 (one 32-byte segment of f32 partials per row) give
 // C / 8 blocks, enough to keep the whole GPU busy even for small C.
@@ -59,7 +60,8 @@ struct ColumnPartials {
 
 template <class T>
 __global__ void __launch_bounds__(kFinishCols* kFinishLanes)
-    add_column_partials_kernel(ColumnPartials<T> pairs, int64_t chunks, int64_t C) {
+    add_column_partials_kernel(ColumnPartials<T> pairs, int64_t chunks, int64_t C,
+                               bool accumulate) {
   using A = acc_t<T>;
   __shared__ A lanes[kFinishLanes][kFinishCols];
   const A* part = pairs.part[blockIdx.y];
@@ -74,19 +76,19 @@ __global__ void __launch_bounds__(kFinishCols* kFinishLanes)
   __syncthreads();
   if (ty != 0 || c >= C) return;
   for (int y = 1; y < kFinishLanes; ++y) s += lanes[y][tx];
-  out[c] = from_acc<T>(to_acc<A>(out[c]) + s);
+  out[c] = from_acc<T>(accumulate ? to_acc<A>(out[c]) + s : s);
 }
 
 // Launches add_column_partials_kernel; any out may be null (not computed).
 template <class T>
-void add_column_partials(cudaStream_t stream, const acc_t<T>* part0, const acc_t<T>* part1,
-                         int64_t chunks, int64_t C, T* out0, T* out1,
+void add_column_partials(cudaStream_t stream, bool accumulate, const acc_t<T>* part0,
+                         const acc_t<T>* part1, int64_t chunks, int64_t C, T* out0, T* out1,
                          const acc_t<T>* part2 = nullptr, T* out2 = nullptr) {
   const ColumnPartials<T> pairs{{part0, part1, part2}, {out0, out1, out2}};
   const unsigned used = out2 ? 3u : out1 ? 2u : 1u;
   const dim3 grid(static_cast<unsigned>((C + kFinishCols - 1) / kFinishCols), used);
   add_column_partials_kernel<T>
-      <<<grid, dim3(kFinishCols, kFinishLanes), 0, stream>>>(pairs, chunks, C);
+      <<<grid, dim3(kFinishCols, kFinishLanes), 0, stream>>>(pairs, chunks, C, accumulate);
   TESSERA_KERNEL_CHECK("add_column_partials_kernel");
 }
 

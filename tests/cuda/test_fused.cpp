@@ -46,6 +46,35 @@ TEST(CudaFused, ClassifierMatchesCrossEntropyAndItsGradient) {
                Error);
 }
 
+// column_sums (a Linear's bias gradient): one row, fewer rows than a chunk, and enough rows for
+// hundreds of chunks; and the layouts it declines.
+TEST(CudaFused, ColumnSumsMatchFloat64) {
+  TESSERA_REQUIRE_GPU();
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    for (const auto& [rows, H] :
+         std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {13, 40}, {5003, 776}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(t) << " rows " << rows << " H " << H);
+      const Tensor gh = host_randn({rows, H}, t);
+      const auto g = values(gh);
+      std::vector<double> ref(static_cast<size_t>(H), 0.0);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < H; ++c) ref[c] += g[r * H + c];
+      Tensor sums = poisoned({H}, t);
+      ASSERT_TRUE(cuda::column_sums(to_gpu(gh), sums));
+      // Sums of up to 5003 values, rounded once to the dtype.
+      expect_close(values(sums), ref, t == DType::f32 ? 1e-4 : tolerance(t), "column sums");
+    }
+  }
+  const Tensor g = to_gpu(host_randn({16, 24}, DType::bf16));
+  Tensor sums = poisoned({24}, DType::bf16);
+  EXPECT_FALSE(
+      cuda::column_sums(to_gpu(host_randn({16, 12}, DType::bf16)), poisoned({12}, DType::bf16)));
+  EXPECT_FALSE(
+      cuda::column_sums(raw::transpose(to_gpu(host_randn({24, 16}, DType::bf16)), 0, 1), sums));
+  EXPECT_FALSE(cuda::column_sums(g, poisoned({24}, DType::f32)));
+  EXPECT_FALSE(cuda::column_sums(g, poisoned({23}, DType::bf16)));
+}
+
 TEST(CudaFused, MultiTensorAdamWMatchesPyTorchFormula) {
   TESSERA_REQUIRE_GPU();
   cuda::AdamWConfig cfg;
