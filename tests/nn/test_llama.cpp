@@ -108,11 +108,16 @@ void check_against_reference(nn::Llama& model, const Batch& batch, const Safeten
     model.loss(batch.idx, batch.targets).backward();
     opt.step();
   }
+  // After 10 steps the parameters agree less closely than the gradients: AdamW's normalised
+  // step m / sqrt(v) turns last-bit differences of a near-zero gradient (Eigen's accumulation
+  // order against PyTorch's, which changes with the CPU's vector width) into differences of
+  // up to lr per step: 1.12e-4 on an AMD EPYC builder (below 1e-4 on others). A wrong setting
+  // stays far above the bound: half the weight decay gave 5.2e-4, beta2 0.99 for 0.95 1.2e-2.
   double worst_param = 0;
   for (const auto& [name, p] : params) {
     const double err = ops::max_rel_error(p, ref.at("param/" + name));
     worst_param = std::max(worst_param, err);
-    EXPECT_LT(err, 1e-4) << name;
+    EXPECT_LT(err, 2e-4) << name;
   }
   std::printf(
       "llama parity (%s): logits %.2e, loss %.2e, worst grad %.2e, worst param after 10 AdamW "
