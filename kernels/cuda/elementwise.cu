@@ -661,12 +661,12 @@ void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& o
 // computes and rounds it; then (and without kGelu, of d as it is) the column sums of the
 // values over this block's chunk of rows into partial[chunk, H]. A thread owns one pack of 8
 // columns down the chunk, so the sums need no atomics and their order (row order) is fixed by the
-// shapes. The loads of kGeluColumnRows rows are issued before any is used: with one row at a time a
+// shapes. The loads of kColumnSumRows rows are issued before any is used: with one row at a time a
 // thread had one pair of 16-byte loads in flight, and the kernel ran at 71% of the copy rate.
-constexpr int kGeluColumnThreads = 128, kGeluColumnRows = 4;
+constexpr int kColumnSumThreads = 128, kColumnSumRows = 4;
 
 template <class T, bool kGelu>
-__global__ void __launch_bounds__(kGeluColumnThreads)
+__global__ void __launch_bounds__(kColumnSumThreads)
     column_sums_kernel(const T* __restrict__ pre, T* __restrict__ d, int64_t rows, int64_t H,
                        int64_t rows_per_chunk, acc_t<T>* __restrict__ partial) {
   using A = acc_t<T>;
@@ -693,15 +693,15 @@ __global__ void __launch_bounds__(kGeluColumnThreads)
   };
   auto load_pre = [&](int64_t i) { return kGelu ? load_pack(pre, i) : Pack8<T>{}; };
   int64_t r = first;
-  for (; r + kGeluColumnRows <= last; r += kGeluColumnRows) {
-    Pack8<T> x[kGeluColumnRows], g[kGeluColumnRows];
+  for (; r + kColumnSumRows <= last; r += kColumnSumRows) {
+    Pack8<T> x[kColumnSumRows], g[kColumnSumRows];
 #pragma unroll
-    for (int j = 0; j < kGeluColumnRows; ++j) {
+    for (int j = 0; j < kColumnSumRows; ++j) {
       x[j] = load_pre((r + j) * packs_per_row + p);
       g[j] = load_pack(d, (r + j) * packs_per_row + p);
     }
 #pragma unroll
-    for (int j = 0; j < kGeluColumnRows; ++j) finish_row((r + j) * packs_per_row + p, x[j], g[j]);
+    for (int j = 0; j < kColumnSumRows; ++j) finish_row((r + j) * packs_per_row + p, x[j], g[j]);
   }
   for (; r < last; ++r) {
     const int64_t i = r * packs_per_row + p;
@@ -751,7 +751,7 @@ bool column_sums_pass(const Tensor& pre, const Tensor& d, const Tensor& sums) {
     return true;
   }
   // About eight blocks per SM in all; chunks of at least 16 rows.
-  const int64_t col_blocks = (H / kPack + kGeluColumnThreads - 1) / kGeluColumnThreads;
+  const int64_t col_blocks = (H / kPack + kColumnSumThreads - 1) / kColumnSumThreads;
   const int64_t want = std::max<int64_t>(1, 8 * multiprocessor_count() / col_blocks);
   const int64_t rows_per_chunk = std::max<int64_t>(16, (rows + want - 1) / want);
   const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
@@ -761,7 +761,7 @@ bool column_sums_pass(const Tensor& pre, const Tensor& d, const Tensor& sums) {
     Tensor partial = empty({chunks, H}, {.dtype = DType::f32, .device = d.device()});
     column_sums_kernel<T, kGelu>
         <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)),
-           kGeluColumnThreads, 0, ctx.stream>>>(
+           kColumnSumThreads, 0, ctx.stream>>>(
             kGelu ? static_cast<const T*>(pre.raw_data()) : nullptr, static_cast<T*>(d.raw_data()),
             rows, H, rows_per_chunk, partial.data<A>());
     TESSERA_KERNEL_CHECK("column_sums_kernel");

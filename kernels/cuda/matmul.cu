@@ -345,7 +345,7 @@ const bool autotune_log = [] {
 }();
 std::atomic<int64_t> plans_tuned{0}, plans_changed{0}, candidates_rejected{0};
 
-// An order-sensitive 64-bit fingerprint of a buffer's 32-bit words: each word is mixed with
+// A position-sensitive 64-bit fingerprint of a buffer's 32-bit words: each word is mixed with
 // its index (splitmix64's finaliser), and the mixes are summed (the sum is the same in any
 // order, so the atomics do not make it vary). Two buffers with one differing bit differ here
 // but with a chance of 2^-64.
