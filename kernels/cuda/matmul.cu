@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "tessera/core/dispatch.h"
+#include "tessera/core/graph_capture.h"
 #include "tessera/kernels/cuda/common.cuh"
 #include "tessera/kernels/cuda/fused.h"
 #include "tessera/kernels/cuda/gemm_tuning.h"
@@ -472,12 +473,6 @@ void tune_plan(LtPlan& plan, const GemmProblem& p, const Epilogue& e, void* ws, 
   }
 }
 
-bool stream_capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  TESSERA_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
 // Runs the problem through cuBLASLt with the epilogue; false (nothing written) when
 // cuBLASLt does not support it.
 bool lt_matmul(const GemmProblem& p, const Epilogue& e, cudaStream_t stream) {
@@ -517,7 +512,7 @@ bool lt_matmul(const GemmProblem& p, const Epilogue& e, cudaStream_t stream) {
   set_epilogue_pointers(plan.desc, e);
   if (!plan.tuned && (!autotune || plan.candidate_count < 2 || flops < int64_t(1e9)))
     plan.tuned = true;
-  if (!plan.tuned && !stream_capturing(stream)) tune_plan(plan, p, e, ws, ws_bytes, stream);
+  if (!plan.tuned && !graph_capture_underway()) tune_plan(plan, p, e, ws, ws_bytes, stream);
   const float alpha = 1.f, beta = 0.f;
   const cublasStatus_t status = cublasLtMatmul(
       cublaslt_handle(), plan.desc, &alpha, p.b.t.raw_data(), plan.layout_a, p.a.t.raw_data(),
