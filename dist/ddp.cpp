@@ -26,13 +26,15 @@ FlatBuckets make_ddp_buckets(nn::Module& module, const std::shared_ptr<ProcessGr
   auto [params, names] = trainable_parameters(module);
   FlatBucketsOptions o;
   o.bucket_bytes = options.bucket_bytes;
+  o.last_bucket_bytes = options.last_bucket_bytes;
   o.find_unused_parameters = options.find_unused_parameters;
   o.reduce_dtype = options.reduce_dtype;
   if (sparse_embeddings(*group, options))
     o.solo = SparseEmbeddingSync::embedding_weights(module, params);
-  // Opt-in: the buckets as NCCL symmetric windows. DDP keeps its buckets for the whole run, so
-  // they are registered once (the ZeRO stages release theirs and do not ask for this).
-  o.communication_buffers_from_group = group->backend_name() == "nccl" && nccl_symmetric_from_env();
+  // The buckets in the group's own memory where it offers some (NCCL symmetric windows, the
+  // two-rank copy-engine all-reduce's shared buffers). DDP keeps its buckets for the whole
+  // run, so they are allocated once (the ZeRO stages release theirs and do not ask for this).
+  o.communication_buffers_from_group = group->offers_communication_buffers();
   return FlatBuckets(std::move(params), std::move(names), group, o);
 }
 }  // namespace

@@ -24,6 +24,10 @@ namespace tessera::dist {
 
 struct DDPOptions {
   size_t bucket_bytes = size_t(25) << 20;
+  // The bucket reduced last (the first parameters, ready at the very end of backward) is kept
+  // to about this size, so that little communication is left after backward (see
+  // FlatBucketsOptions::last_bucket_bytes); at or above bucket_bytes: no such cap.
+  size_t last_bucket_bytes = size_t(4) << 20;
   // false: a parameter that gets no gradient in a synced backward is an error naming it.
   // true: its bucket slot counts as zero (or as what no_sync steps accumulated).
   bool find_unused_parameters = false;

@@ -83,6 +83,13 @@ bool nccl_symmetric_from_env() {
   return v == "1";
 }
 
+bool peer_all_reduce_from_env() {
+  const std::string v = env_string("TESSERA_PEER_ALLREDUCE");
+  TESSERA_CHECK(v.empty() || v == "0" || v == "1", "dist environment: TESSERA_PEER_ALLREDUCE='", v,
+                "' must be 0 or 1");
+  return v != "0";
+}
+
 std::string first_slurm_host(const std::string& nodelist) {
   // The first entry ends at a comma outside brackets; a bracket holds numbers or ranges
   // whose first number (with its zero padding) completes the name.

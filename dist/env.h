@@ -51,5 +51,9 @@ std::optional<NcclCtaPolicy> nccl_cta_policy_from_env();
 // windows (ProcessGroup::allocate_communication_buffer), so NCCL can pick its symmetric
 // kernels (NCCL 2.27+).
 bool nccl_symmetric_from_env();
+// TESSERA_PEER_ALLREDUCE = 0 | 1 (unset: 1): a group of two ranks on one host whose GPUs
+// reach each other all-reduces DDP's gradient buckets through the copy engines
+// (dist/cuda/peer_all_reduce.h) instead of NCCL's kernels; 0 keeps NCCL for them.
+bool peer_all_reduce_from_env();
 
 }  // namespace tessera::dist

@@ -54,10 +54,27 @@ FlatBuckets::~FlatBuckets() {
 std::vector<std::vector<size_t>> FlatBuckets::groups_by_size() const {
   // Reverse registration order; a new bucket when the current one is full or the
   // dtype/device changes (one buffer holds one dtype on one device).
+  auto solo = [&](size_t k) {
+    return std::find(options_.solo.begin(), options_.solo.end(), k) != options_.solo.end();
+  };
+  // The last bucket first, from the front: the first parameters up to last_bucket_bytes.
+  std::vector<size_t> last;
+  size_t first_rest = 0, bytes = 0;
+  if (options_.last_bucket_bytes > 0 && options_.last_bucket_bytes < options_.bucket_bytes) {
+    for (; first_rest < params_.size() && bytes < options_.last_bucket_bytes; ++first_rest) {
+      if (solo(first_rest)) continue;
+      const Tensor& p = params_[first_rest];
+      if (!last.empty() && (params_[last.front()].dtype() != p.dtype() ||
+                            params_[last.front()].device() != p.device()))
+        break;
+      last.insert(last.begin(), first_rest);  // reverse order inside, as in the others
+      bytes += p.nbytes();
+    }
+  }
   std::vector<std::vector<size_t>> groups;
-  size_t bytes = 0;
-  for (size_t k = params_.size(); k-- > 0;) {
-    if (std::find(options_.solo.begin(), options_.solo.end(), k) != options_.solo.end()) continue;
+  bytes = 0;
+  for (size_t k = params_.size(); k-- > first_rest;) {
+    if (solo(k)) continue;
     const Tensor& p = params_[k];
     bool fits = !groups.empty() && bytes < options_.bucket_bytes &&
                 params_[groups.back().front()].dtype() == p.dtype() &&
@@ -69,6 +86,7 @@ std::vector<std::vector<size_t>> FlatBuckets::groups_by_size() const {
     groups.back().push_back(k);
     bytes += p.nbytes();
   }
+  if (!last.empty()) groups.push_back(std::move(last));
   return groups;
 }
 

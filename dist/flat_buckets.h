@@ -42,6 +42,10 @@ namespace tessera::dist {
 
 struct FlatBucketsOptions {
   size_t bucket_bytes = size_t(25) << 20;
+  // When below bucket_bytes: the bucket launched last (the first parameters, whose gradients
+  // come at the very end of backward) holds about this many bytes, so that little
+  // communication is left once backward is done. 0: like the others.
+  size_t last_bucket_bytes = 0;
   // Explicit bucket membership (parameter indices, each listed once, in launch order);
   // empty: groups of about bucket_bytes in reverse order.
   std::vector<std::vector<size_t>> groups;

@@ -138,10 +138,15 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // A contiguous buffer of `numel` elements that will be communicated over and over (DDP's
   // gradient buckets), in memory the backend may prefer for its collectives: with
   // TESSERA_NCCL_SYMMETRIC=1 the NCCL group allocates it with ncclMemAlloc and registers it as
-  // a symmetric window. Collective: every rank calls it in the same order with the same sizes,
-  // and should drop the buffers in the same order too (freeing may deregister the window).
-  // Not while a device graph is recorded. The base returns empty({numel}).
+  // a symmetric window; two ranks of one host share it with each other through CUDA IPC.
+  // Collective: every rank calls it in the same order with the same sizes, and should drop the
+  // buffers in the same order too (freeing may deregister the window). Not while a device graph is
+  // recorded. The base returns empty({numel}).
   virtual Tensor allocate_communication_buffer(int64_t numel, DType dtype, Device device);
+  // Whether allocate_communication_buffer gives memory of the backend's own (DDP then takes
+  // its buckets from it): NCCL symmetric windows, or the buffers of a two-rank copy-engine
+  // all-reduce (dist/env.h).
+  virtual bool offers_communication_buffers() const { return false; }
 
   // Collective over this group: every member calls it with the same sorted ranks. Returns
   // the sub-group (ranks renumbered 0..n-1 in the given order) on members, null elsewhere.

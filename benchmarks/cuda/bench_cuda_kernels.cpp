@@ -4,6 +4,7 @@
 // GEMM rate at 8192^3. Timed with CUDA events, median of the repetitions.
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -28,9 +29,16 @@ Tensor dev_randn(const Shape& s, DType t, double std = 1.0) {
 }
 
 // Milliseconds per call of fn, from events around `reps` back-to-back calls.
+// The warm-up runs fn for at least 50 ms, so that the clocks have left their idle state and
+// both sides of a comparison are timed on a busy GPU.
 double time_ms(const std::function<void()>& fn, int reps = 20) {
-  fn();  // warm-up: handles, module load, allocator cache
+  fn();  // handles, module load, allocator cache
   cuda::synchronize(0);
+  for (auto t0 = std::chrono::steady_clock::now();
+       std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(50);) {
+    fn();
+    cuda::synchronize(0);
+  }
   cuda::Event start, stop;
   start.record(cuda::current_stream(0));
   for (int i = 0; i < reps; ++i) fn();

@@ -187,7 +187,14 @@ int64_t replace_copy_nodes_with_kernels(cudaGraph_t graph) {
   int64_t done = 0;
   for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType type{};
-    TESSERA_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    // The runtime names no type for some driver nodes (the stream memory operations of
+    // dist/cuda/peer_all_reduce.h: cudaErrorUnknown); they are not copies either way.
+    const cudaError_t rc = cudaGraphNodeGetType(node, &type);
+    if (rc == cudaErrorUnknown) {
+      cudaGetLastError();
+      continue;
+    }
+    TESSERA_CUDA_CHECK(rc);
     Launch l;
     const bool candidate = (type == cudaGraphNodeTypeMemset && memset_launch(node, l)) ||
                            (type == cudaGraphNodeTypeMemcpy && memcpy_launch(node, l));

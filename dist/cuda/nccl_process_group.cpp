@@ -27,6 +27,11 @@
 // registered as a symmetric window, which lets NCCL pick its symmetric kernels for DDP's
 // buckets. The communicator is shared (NcclComm) by the group, its works and those windows,
 // so that it is destroyed only after the last window was deregistered.
+//
+// A group of two ranks on one host (unless TESSERA_PEER_ALLREDUCE=0 or TESSERA_NCCL_SYMMETRIC=1)
+// gives DDP buffers that both ranks map (dist/cuda/peer_all_reduce.h) and all-reduces them
+// through the copy engines, leaving the SMs to the backward's kernels; every other collective
+// (and an all-reduce of any other tensor) is NCCL's.
 #include "tessera/dist/process_group.h"
 
 #if TESSERA_WITH_NCCL
@@ -35,6 +40,7 @@
 
 #include "tessera/core/cuda/cuda_runtime.h"
 #include "tessera/core/graph_capture.h"
+#include "tessera/dist/cuda/peer_all_reduce.h"
 
 #include <algorithm>
 #include <atomic>
@@ -84,9 +90,11 @@ ncclDataType_t nccl_type(DType t) {
 struct NcclSettings {
   std::optional<NcclCtaPolicy> cta_policy;
   bool symmetric = false;
+  bool peer_all_reduce = false;  // two ranks of one host: see PeerAllReduce
 
   static NcclSettings from_env() {
-    NcclSettings s{nccl_cta_policy_from_env(), nccl_symmetric_from_env()};
+    NcclSettings s{nccl_cta_policy_from_env(), nccl_symmetric_from_env(), false};
+    s.peer_all_reduce = !s.symmetric && peer_all_reduce_from_env();
     if (!s.cta_policy && !s.symmetric) return s;
     const std::string what = s.cta_policy ? "TESSERA_NCCL_CTA_POLICY" : "TESSERA_NCCL_SYMMETRIC";
 #if !TESSERA_NCCL_HAS_CTA_POLICY_AND_WINDOWS
@@ -292,11 +300,30 @@ class NcclProcessGroup final : public ProcessGroup {
     check_cuda(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest_priority),
                "cudaStreamCreateWithPriority");
     check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+    if (settings_.peer_all_reduce && size == 2) {
+      std::string why_not;
+      peer_ = PeerAllReduce::connect(*store_, prefix_, rank, device_, &why_not);
+      for (cudaStream_t& s : peer_streams_)
+        if (peer_)
+          check_cuda(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest_priority),
+                     "cudaStreamCreateWithPriority");
+      if (rank == 0)
+        std::fprintf(stderr, "dist: NCCL group %s: %s%s\n", prefix_.c_str(),
+                     peer_ ? "2 ranks of one host, DDP's buckets all-reduced through the copy "
+                             "engines (TESSERA_PEER_ALLREDUCE=0: NCCL)"
+                           : "NCCL all-reduces DDP's buckets; no copy-engine all-reduce: ",
+                     peer_ ? "" : why_not.c_str());
+    }
   }
   ~NcclProcessGroup() override {
     cudaStreamSynchronize(stream_);
     cudaEventDestroy(ready_);
     cudaStreamDestroy(stream_);
+    for (cudaStream_t s : peer_streams_)
+      if (s) {
+        cudaStreamSynchronize(s);
+        cudaStreamDestroy(s);
+      }
     // comm_ is destroyed with the last window (and work) that shares it.
   }
   std::string backend_name() const override { return "nccl"; }
@@ -306,6 +333,7 @@ class NcclProcessGroup final : public ProcessGroup {
   // symmetric window (collective). Not the caching allocator's memory: memory reports and the
   // category counters do not see it.
   Tensor allocate_communication_buffer(int64_t numel, DType dtype, Device device) override {
+    if (peer_ && supports_device(device)) return peer_->allocate(numel, dtype);
     if (!settings_.symmetric || !supports_device(device))
       return ProcessGroup::allocate_communication_buffer(numel, dtype, device);
     TESSERA_CHECK(!graph_capture_underway(),
@@ -333,6 +361,8 @@ class NcclProcessGroup final : public ProcessGroup {
 #endif
   }
 
+  bool offers_communication_buffers() const override { return settings_.symmetric || peer_; }
+
   void check_outstanding(uint64_t up_to) override {
     std::vector<std::shared_ptr<NcclWork>> due;
     {
@@ -353,6 +383,13 @@ class NcclProcessGroup final : public ProcessGroup {
   bool supports_device(Device d) const override { return d.is_cuda() && d.index == device_; }
 
   WorkPtr do_all_reduce(const CollectiveSignature& sig, const Tensor& t, ReduceOp op) override {
+    // The copy-engine exchanges take turns on two streams: a bucket's copies run while the
+    // previous one waits for the peer's flags.
+    if (peer_ && peer_->serves(t, op)) {
+      cudaStream_t s = peer_streams_[peer_turn_++ % 2];
+      return issue(
+          &sig, sig.str(), {t}, [&] { peer_->enqueue(t, op, s); }, s);
+    }
     return issue(&sig, sig.str(), {t}, [&] {
       check_nccl(ncclAllReduce(t.raw_data(), t.raw_data(), t.numel(), nccl_type(t.dtype()),
                                nccl_op(op, t.dtype()), comm_->get(), stream_),
@@ -443,18 +480,20 @@ class NcclProcessGroup final : public ProcessGroup {
   // Orders the NCCL stream after the current compute stream, checks signatures in debug mode,
   // enqueues the NCCL call and returns a Work on an event after it.
   WorkPtr issue(const CollectiveSignature* sig, const std::string& what,
-                std::vector<Tensor> keep_alive, const std::function<void()>& enqueue) {
+                std::vector<Tensor> keep_alive, const std::function<void()>& enqueue,
+                cudaStream_t stream = nullptr) {
+    if (!stream) stream = stream_;
     TESSERA_CHECK(!comm_->aborted(), "dist(nccl): cannot run ", what, ": the communicator of ",
                   options().name, " was aborted after a collective timed out");
     if (sig && options().debug_collectives && size() > 1) check_through_store(*sig);
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
     if (!graph_capture_underway()) check_finished_outstanding();
     check_cuda(cudaEventRecord(ready_, cuda::current_stream(device_)), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    check_cuda(cudaStreamWaitEvent(stream, ready_, 0), "cudaStreamWaitEvent");
     enqueue();
     cudaEvent_t done;
     check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventRecord(done, stream_), "cudaEventRecord");
+    check_cuda(cudaEventRecord(done, stream), "cudaEventRecord");
     auto work = std::make_shared<NcclWork>(done, device_, comm_, std::move(keep_alive), what,
                                            timeout_message(what), options().timeout_s);
     if (!graph_capture_underway()) {
@@ -502,6 +541,9 @@ class NcclProcessGroup final : public ProcessGroup {
   int device_;
   NcclSettings settings_;
   std::shared_ptr<NcclComm> comm_;
+  std::unique_ptr<PeerAllReduce> peer_;  // two ranks of one host (see the top)
+  cudaStream_t peer_streams_[2] = {nullptr, nullptr};
+  uint64_t peer_turn_ = 0;
   cudaStream_t stream_ = nullptr;
   // Works issued outside a graph capture and not yet seen complete (oldest first), and how
   // many were issued (their sequence numbers count from 1).

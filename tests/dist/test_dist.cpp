@@ -485,6 +485,7 @@ class CountingGroup final : public SingleProcessGroup {
  public:
   explicit CountingGroup(std::string backend = "counting") : backend_(std::move(backend)) {}
   std::string backend_name() const override { return backend_; }
+  bool offers_communication_buffers() const override { return offers; }
   Tensor allocate_communication_buffer(int64_t numel, DType dtype, Device device) override {
     Tensor t = ProcessGroup::allocate_communication_buffer(numel, dtype, device);
     allocated.push_back({t.raw_data(), numel, dtype});
@@ -497,6 +498,7 @@ class CountingGroup final : public SingleProcessGroup {
   };
   std::vector<Allocation> allocated;
   std::vector<const void*> reduced;
+  bool offers = false;  // what offers_communication_buffers() says
 
   bool was_allocated(const Tensor& t) const {
     for (const Allocation& a : allocated)
@@ -519,6 +521,7 @@ struct NcclEnvTest : ::testing::Test {
   static void clear() {
     unsetenv("TESSERA_NCCL_CTA_POLICY");
     unsetenv("TESSERA_NCCL_SYMMETRIC");
+    unsetenv("TESSERA_PEER_ALLREDUCE");
   }
   void SetUp() override { clear(); }
   void TearDown() override { clear(); }
@@ -604,25 +607,35 @@ TEST(FlatBucketsTest, CommunicationBuffersComeFromTheGroupOncePerBucket) {
   }
 }
 
-// DDP asks for the buffers when the group's backend is nccl and TESSERA_NCCL_SYMMETRIC=1.
-TEST_F(NcclEnvTest, DdpTakesItsBucketsFromAnNcclGroupWhenSymmetricIsOn) {
-  auto ddp_allocations = [](const std::string& backend) {
-    auto group = std::make_shared<CountingGroup>(backend);
+// DDP takes its buckets from the group exactly when the group offers buffers of its own (the
+// NCCL group: symmetric windows with TESSERA_NCCL_SYMMETRIC=1, or the shared buffers of two
+// ranks of one host; on two GPUs, GpuJobs.* check which one it takes).
+TEST_F(NcclEnvTest, DdpTakesItsBucketsFromAGroupThatOffersThem) {
+  auto ddp_allocations = [](bool offers) {
+    auto group = std::make_shared<CountingGroup>("nccl");
+    group->offers = offers;
     TwoLayers m;
     dist::DistributedDataParallel ddp(m, group, {.bucket_bytes = 96});
     EXPECT_EQ(ddp.buckets().size(), 2u);
     return group->allocated.size();
   };
-  EXPECT_EQ(ddp_allocations("nccl"), 0u);  // unset: off
-  setenv("TESSERA_NCCL_SYMMETRIC", "0", 1);
-  EXPECT_EQ(ddp_allocations("nccl"), 0u);
-  setenv("TESSERA_NCCL_SYMMETRIC", "1", 1);
-  EXPECT_EQ(ddp_allocations("nccl"), 2u);
-  EXPECT_EQ(ddp_allocations("tcp"), 0u);  // only NCCL has windows to offer
-  setenv("TESSERA_NCCL_SYMMETRIC", "on", 1);
-  const std::string message = error_of([&] { ddp_allocations("nccl"); });
-  EXPECT_NE(message.find("TESSERA_NCCL_SYMMETRIC='on' must be 0 or 1"), std::string::npos)
-      << message;
+  EXPECT_EQ(ddp_allocations(false), 0u);
+  EXPECT_EQ(ddp_allocations(true), 2u);
+}
+
+// The last bucket (the first parameters) is capped at last_bucket_bytes; the others fill up to
+// bucket_bytes in reverse order as before. TwoLayers: a.weight 35, a.bias 7, b.weight 21,
+// b.bias 3 floats.
+TEST_F(DdpTest, TheLastBucketIsCappedAtLastBucketBytes) {
+  TwoLayers m;
+  dist::DistributedDataParallel ddp(m, nullptr, {.bucket_bytes = 1000, .last_bucket_bytes = 100});
+  ASSERT_EQ(ddp.buckets().size(), 2u);
+  EXPECT_EQ(ddp.buckets()[0].params, (std::vector<size_t>{3, 2, 1}));
+  EXPECT_EQ(ddp.buckets()[1].params, (std::vector<size_t>{0}));  // 140 bytes >= 100: alone
+  dist::DistributedDataParallel uncapped(m, nullptr,
+                                         {.bucket_bytes = 1000, .last_bucket_bytes = 1000});
+  ASSERT_EQ(uncapped.buckets().size(), 1u);
+  EXPECT_EQ(uncapped.buckets()[0].params, (std::vector<size_t>{3, 2, 1, 0}));
 }
 
 TEST_F(NcclEnvTest, BadValuesNameTheVariable) {
@@ -645,6 +658,13 @@ TEST_F(NcclEnvTest, BadValuesNameTheVariable) {
   setenv("TESSERA_NCCL_SYMMETRIC", "true", 1);
   message = error_of([] { nccl_symmetric_from_env(); });
   EXPECT_NE(message.find("TESSERA_NCCL_SYMMETRIC='true' must be 0 or 1"), std::string::npos)
+      << message;
+  EXPECT_TRUE(peer_all_reduce_from_env());  // unset: on
+  setenv("TESSERA_PEER_ALLREDUCE", "0", 1);
+  EXPECT_FALSE(peer_all_reduce_from_env());
+  setenv("TESSERA_PEER_ALLREDUCE", "off", 1);
+  message = error_of([] { peer_all_reduce_from_env(); });
+  EXPECT_NE(message.find("TESSERA_PEER_ALLREDUCE='off' must be 0 or 1"), std::string::npos)
       << message;
 }
 

@@ -871,10 +871,20 @@ TEST(ZeroCheckpoint, DamagedShardAndUnevenBatchAreRefused) {
 
 // ---- on GPUs (skipped without two; NCCL_NVLS_ENABLE=0 as the multi-GPU machines need) ----
 
+// Two GPUs of one host all-reduce DDP's buckets through the copy engines by default
+// (dist/cuda/peer_all_reduce.h), every other collective through NCCL; with
+// TESSERA_PEER_ALLREDUCE=0 the buckets go through NCCL too. Both pass the collectives check.
 TEST(GpuJobs, NcclCollectivesAndDdpEquivalenceOn2Gpus) {
   if (tessera::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
   const std::string nccl = "env NCCL_NVLS_ENABLE=0 ";
-  expect_all_ranks_passed(run_job(nccl + launch(2, DIST_COLLECTIVES_CHECK " nccl cuda"), 180), 2);
+  JobResult peer = run_job(nccl + launch(2, DIST_COLLECTIVES_CHECK " nccl cuda"), 180);
+  expect_all_ranks_passed(peer, 2);
+  EXPECT_NE(peer.output.find("all-reduced through the copy engines"), std::string::npos)
+      << peer.output;
+  JobResult plain = run_job(
+      nccl + "TESSERA_PEER_ALLREDUCE=0 " + launch(2, DIST_COLLECTIVES_CHECK " nccl cuda"), 180);
+  expect_all_ranks_passed(plain, 2);
+  EXPECT_EQ(plain.output.find("through the copy engines"), std::string::npos) << plain.output;
   expect_all_ranks_passed(
       run_job("env TESSERA_DEBUG_COLLECTIVES=1 " + nccl + launch(2, DIST_COLLECTIVES_CHECK " nccl cuda"), 180),
       2);

@@ -1,0 +1,234 @@
+#include "tessera/dist/cuda/peer_all_reduce.h"
+
+#include <cuda.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "tessera/core/cuda/cuda_runtime.h"
+#include "tessera/core/dispatch.h"
+#include "tessera/core/graph_capture.h"
+
+namespace tessera::dist {
+namespace {
+
+void check_cuda(cudaError_t rc, const char* what) {
+  TESSERA_CHECK(rc == cudaSuccess, "dist(peer all-reduce): ", what,
+                " failed: ", cudaGetErrorString(rc));
+}
+
+// The stream memory operations, from the driver (the runtime has none).
+using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+struct MemOps {
+  WaitValue32 wait = nullptr;
+  WriteValue32 write = nullptr;
+};
+const MemOps& mem_ops() {
+  static const MemOps ops = [] {
+    MemOps m;
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault,
+                                         &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+      m.wait = reinterpret_cast<WaitValue32>(fn);
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault,
+                                         &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+      m.write = reinterpret_cast<WriteValue32>(fn);
+    return m;
+  }();
+  return ops;
+}
+
+void write_flag(cudaStream_t stream, const char* address, uint32_t value) {
+  CUresult rc = mem_ops().write(reinterpret_cast<CUstream>(stream),
+                                reinterpret_cast<CUdeviceptr>(address), value, 0);
+  TESSERA_CHECK(rc == CUDA_SUCCESS, "dist(peer all-reduce): cuStreamWriteValue32 failed (", int(rc),
+                ")");
+}
+void wait_flag(cudaStream_t stream, const char* address, uint32_t value) {
+  CUresult rc =
+      mem_ops().wait(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(address),
+                     value, CU_STREAM_WAIT_VALUE_EQ);
+  TESSERA_CHECK(rc == CUDA_SUCCESS, "dist(peer all-reduce): cuStreamWaitValue32 failed (", int(rc),
+                ")");
+}
+
+constexpr size_t kAlign = 256;
+size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+std::string hostname() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  return name;
+}
+
+// Publishes this rank's text under key/<rank> and returns the peer's.
+std::string exchange(Store& store, const std::string& key, int rank, const std::string& mine) {
+  store.set(key + "/" + std::to_string(rank), mine);
+  return store.get(key + "/" + std::to_string(1 - rank));
+}
+
+}  // namespace
+
+// [bucket: numel elements][staging: ceil(numel / 2)][flags: arrived, reduced], each part
+// 256-byte aligned, in one allocation of each rank; `peer` is the other rank's, mapped here.
+struct PeerAllReduce::Buffer {
+  char* local = nullptr;
+  char* peer = nullptr;
+  int64_t numel = 0;
+  DType dtype = DType::f32;
+  size_t staging = 0, flags = 0;  // byte offsets
+  Tensor half;                    // 0.5 in dtype, on the device (Avg)
+};
+
+PeerAllReduce::PeerAllReduce(Store& store, std::string prefix, int rank, int device)
+    : store_(store), prefix_(std::move(prefix)), rank_(rank), device_(device) {}
+
+std::unique_ptr<PeerAllReduce> PeerAllReduce::connect(Store& store, const std::string& prefix,
+                                                      int rank, int device, std::string* why_not) {
+  // Each rank says what it sees, then both decide on the same two answers.
+  char bus[64] = {};
+  check_cuda(cudaDeviceGetPCIBusId(bus, sizeof bus, device), "cudaDeviceGetPCIBusId");
+  const std::string hello = hostname() + "\n" + bus;
+  const std::string peer_hello = exchange(store, prefix + "/peer/hello", rank, hello);
+  std::string reason;
+  const size_t cut = peer_hello.find('\n');
+  if (cut == std::string::npos || peer_hello.substr(0, cut) != hostname()) {
+    reason = "the two ranks run on different hosts";
+  } else if (!mem_ops().wait || !mem_ops().write) {
+    reason = "the driver offers no stream memory operations";
+  } else {
+    int peer_device = -1, can_access = 0;
+    if (cudaDeviceGetByPCIBusId(&peer_device, peer_hello.substr(cut + 1).c_str()) != cudaSuccess) {
+      cudaGetLastError();
+      reason = "the peer's GPU is not visible to this process";
+    } else if (peer_device == device) {
+      reason = "both ranks use the same GPU";
+    } else {
+      check_cuda(cudaDeviceCanAccessPeer(&can_access, device, peer_device),
+                 "cudaDeviceCanAccessPeer");
+      if (!can_access) reason = "the GPUs cannot access each other's memory";
+    }
+  }
+  const std::string peer_reason = exchange(store, prefix + "/peer/verdict", rank, reason);
+  if (reason.empty()) reason = peer_reason.empty() ? "" : "on the other rank, " + peer_reason;
+  if (!reason.empty()) {
+    if (why_not) *why_not = reason;
+    return nullptr;
+  }
+  return std::unique_ptr<PeerAllReduce>(new PeerAllReduce(store, prefix, rank, device));
+}
+
+Tensor PeerAllReduce::allocate(int64_t numel, DType dtype) {
+  TESSERA_CHECK(!graph_capture_underway(),
+                "dist(peer all-reduce): a communication buffer cannot be allocated while a "
+                "device graph is recorded (the ranks exchange memory handles)");
+  TESSERA_CHECK(numel >= 0, "dist(peer all-reduce): a buffer of ", numel, " elements");
+  cuda::DeviceGuard guard(device_);
+  auto b = std::make_shared<Buffer>();
+  b->numel = numel;
+  b->dtype = dtype;
+  const size_t element = dtype_size(dtype);
+  b->staging = aligned(size_t(numel) * element);
+  b->flags = b->staging + aligned(size_t(numel + 1) / 2 * element);
+  void* base = nullptr;
+  check_cuda(cudaMalloc(&base, b->flags + kAlign), "cudaMalloc");
+  b->local = static_cast<char*>(base);
+  // Flags start cleared before the peer can see the handle.
+  check_cuda(cudaMemset(b->local + b->flags, 0, kAlign), "cudaMemset");
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  cudaIpcMemHandle_t mine{}, theirs{};
+  check_cuda(cudaIpcGetMemHandle(&mine, base), "cudaIpcGetMemHandle");
+  const std::string key = prefix_ + "/peer/buffer/" + std::to_string(allocated_++);
+  const std::string peer =
+      exchange(store_, key, rank_, std::string(reinterpret_cast<const char*>(&mine), sizeof mine));
+  TESSERA_CHECK(peer.size() == sizeof theirs,
+                "dist(peer all-reduce): corrupt memory handle in the store under ", key);
+  std::memcpy(&theirs, peer.data(), sizeof theirs);
+  void* mapped = nullptr;
+  cudaError_t rc = cudaIpcOpenMemHandle(&mapped, theirs, cudaIpcMemLazyEnablePeerAccess);
+  if (rc != cudaSuccess) cudaFree(base);
+  check_cuda(rc, "cudaIpcOpenMemHandle");
+  b->peer = static_cast<char*>(mapped);
+  b->half = full({}, 0.5, {.dtype = dtype, .device = Device::cuda(device_)});
+  {
+    std::lock_guard lock(registry_->mutex);
+    registry_->buffers[base] = b;
+  }
+  // The deleter must not throw. Queued work (this rank's or the peer's copies) may still use
+  // the memory: both finish every exchange before either can drop the buffer (each waits for
+  // the other's last flag), so this rank's own queue is what is waited for.
+  std::shared_ptr<void> owner(base, [registry = registry_, device = device_](void* p) {
+    std::shared_ptr<Buffer> buffer;
+    {
+      std::lock_guard lock(registry->mutex);
+      auto it = registry->buffers.find(p);
+      if (it == registry->buffers.end()) return;
+      buffer = std::move(it->second);
+      registry->buffers.erase(it);
+    }
+    int previous = 0;
+    if (cudaGetDevice(&previous) == cudaErrorCudartUnloading) return;
+    cudaSetDevice(device);
+    cudaDeviceSynchronize();
+    cudaIpcCloseMemHandle(buffer->peer);
+    cudaFree(p);
+    cudaSetDevice(previous);
+  });
+  return from_blob(base, {numel}, dtype, Device::cuda(device_), std::move(owner));
+}
+
+bool PeerAllReduce::serves(const Tensor& t, ReduceOp op) const {
+  if (op != ReduceOp::Sum && op != ReduceOp::Avg) return false;
+  if (!is_floating(t.dtype()) || t.dtype() == DType::f64 || !t.is_contiguous()) return false;
+  std::lock_guard lock(registry_->mutex);
+  auto it = registry_->buffers.find(t.raw_data());
+  return it != registry_->buffers.end() && it->second->numel == t.numel() &&
+         it->second->dtype == t.dtype();
+}
+
+void PeerAllReduce::enqueue(const Tensor& t, ReduceOp op, cudaStream_t stream) {
+  std::shared_ptr<Buffer> b;
+  {
+    std::lock_guard lock(registry_->mutex);
+    b = registry_->buffers.at(t.raw_data());
+  }
+  const size_t element = dtype_size(b->dtype);
+  const int64_t split = (b->numel + 1) / 2;  // rank 0 owns [0, split), rank 1 the rest
+  const int64_t mine = rank_ == 0 ? 0 : split, mine_len = rank_ == 0 ? split : b->numel - split;
+  const int64_t theirs = rank_ == 0 ? split : 0, theirs_len = b->numel - mine_len;
+  const char* arrived = b->local + b->flags;
+  const char* reduced = arrived + sizeof(uint32_t);
+  const char* peer_arrived = b->peer + b->flags;
+  const char* peer_reduced = peer_arrived + sizeof(uint32_t);
+  // 1-2: the peer's half of this bucket into its staging area, then its flag.
+  if (theirs_len > 0)
+    check_cuda(cudaMemcpyAsync(b->peer + b->staging, b->local + theirs * element,
+                               theirs_len * element, cudaMemcpyDeviceToDevice, stream),
+               "cudaMemcpyAsync (to the peer's staging area)");
+  write_flag(stream, peer_arrived, 1);
+  wait_flag(stream, arrived, 1);
+  write_flag(stream, arrived, 0);
+  // 3: own half += the peer's contribution (in the buffer's dtype, as NCCL's sum is).
+  if (mine_len > 0) {
+    cuda::StreamGuard on(stream, device_);
+    KernelTable& k = kernel_table(DeviceType::CUDA);
+    const Tensor own = raw::narrow(t, 0, mine, mine_len);
+    const Tensor staged = from_blob(b->local + b->staging, {mine_len}, b->dtype, t.device());
+    k.binary(BinaryOp::Add, own, staged, own);
+    if (op == ReduceOp::Avg) k.binary(BinaryOp::Mul, own, raw::expand(b->half, {mine_len}), own);
+  }
+  // 4-5: the reduced half into the peer's bucket, then its flag.
+  if (mine_len > 0)
+    check_cuda(cudaMemcpyAsync(b->peer + mine * element, b->local + mine * element,
+                               mine_len * element, cudaMemcpyDeviceToDevice, stream),
+               "cudaMemcpyAsync (to the peer's bucket)");
+  write_flag(stream, peer_reduced, 1);
+  wait_flag(stream, reduced, 1);
+  write_flag(stream, reduced, 0);
+}
+
+}  // namespace tessera::dist
