@@ -76,19 +76,19 @@ std::optional<NcclCtaPolicy> nccl_cta_policy_from_env() {
                "' is not one of default, efficiency, zero (or unset for NCCL's own choice)");
 }
 
-bool nccl_symmetric_from_env() {
-  const std::string v = env_string("TESSERA_NCCL_SYMMETRIC");
-  TESSERA_CHECK(v.empty() || v == "0" || v == "1", "dist environment: TESSERA_NCCL_SYMMETRIC='", v,
+namespace {
+// A switch that is 0 or 1 (anything else is an error naming it), `unset` when not set.
+bool zero_or_one(const char* name, bool unset) {
+  const std::string v = env_string(name);
+  TESSERA_CHECK(v.empty() || v == "0" || v == "1", "dist environment: ", name, "='", v,
                 "' must be 0 or 1");
-  return v == "1";
+  return v.empty() ? unset : v == "1";
 }
+}  // namespace
 
-bool peer_all_reduce_from_env() {
-  const std::string v = env_string("TESSERA_PEER_ALLREDUCE");
-  TESSERA_CHECK(v.empty() || v == "0" || v == "1", "dist environment: TESSERA_PEER_ALLREDUCE='", v,
-                "' must be 0 or 1");
-  return v != "0";
-}
+bool nccl_symmetric_from_env() { return zero_or_one("TESSERA_NCCL_SYMMETRIC", false); }
+
+bool peer_all_reduce_from_env() { return zero_or_one("TESSERA_PEER_ALLREDUCE", true); }
 
 std::string first_slurm_host(const std::string& nodelist) {
   // The first entry ends at a comma outside brackets; a bracket holds numbers or ranges

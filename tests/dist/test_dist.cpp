@@ -640,7 +640,6 @@ TEST_F(DdpTest, TheLastBucketIsCappedAtLastBucketBytes) {
 
 TEST_F(NcclEnvTest, BadValuesNameTheVariable) {
   EXPECT_EQ(nccl_cta_policy_from_env(), std::nullopt);
-  EXPECT_FALSE(nccl_symmetric_from_env());
   for (NcclCtaPolicy p : {NcclCtaPolicy::Default, NcclCtaPolicy::Efficiency, NcclCtaPolicy::Zero}) {
     setenv("TESSERA_NCCL_CTA_POLICY", nccl_cta_policy_name(p), 1);
     EXPECT_EQ(nccl_cta_policy_from_env(), p);
@@ -651,21 +650,24 @@ TEST_F(NcclEnvTest, BadValuesNameTheVariable) {
                          "efficiency, zero"),
             std::string::npos)
       << message;
-  setenv("TESSERA_NCCL_SYMMETRIC", "1", 1);
-  EXPECT_TRUE(nccl_symmetric_from_env());
-  setenv("TESSERA_NCCL_SYMMETRIC", "0", 1);
-  EXPECT_FALSE(nccl_symmetric_from_env());
-  setenv("TESSERA_NCCL_SYMMETRIC", "true", 1);
-  message = error_of([] { nccl_symmetric_from_env(); });
-  EXPECT_NE(message.find("TESSERA_NCCL_SYMMETRIC='true' must be 0 or 1"), std::string::npos)
-      << message;
-  EXPECT_TRUE(peer_all_reduce_from_env());  // unset: on
-  setenv("TESSERA_PEER_ALLREDUCE", "0", 1);
-  EXPECT_FALSE(peer_all_reduce_from_env());
-  setenv("TESSERA_PEER_ALLREDUCE", "off", 1);
-  message = error_of([] { peer_all_reduce_from_env(); });
-  EXPECT_NE(message.find("TESSERA_PEER_ALLREDUCE='off' must be 0 or 1"), std::string::npos)
-      << message;
+  // The two 0/1 switches: unset, 1, 0 and a bad value.
+  struct Switch {
+    const char* name;
+    bool (*read)();
+    bool unset;
+  };
+  for (const Switch& s : {Switch{"TESSERA_NCCL_SYMMETRIC", nccl_symmetric_from_env, false},
+                          Switch{"TESSERA_PEER_ALLREDUCE", peer_all_reduce_from_env, true}}) {
+    EXPECT_EQ(s.read(), s.unset) << s.name;
+    setenv(s.name, "1", 1);
+    EXPECT_TRUE(s.read()) << s.name;
+    setenv(s.name, "0", 1);
+    EXPECT_FALSE(s.read()) << s.name;
+    setenv(s.name, "true", 1);
+    message = error_of([&] { s.read(); });
+    EXPECT_NE(message.find(std::string(s.name) + "='true' must be 0 or 1"), std::string::npos)
+        << message;
+  }
 }
 
 TEST_F(CleanDistEnv, AcceleratorRefusesADamagedState) {
