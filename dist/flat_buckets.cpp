@@ -57,18 +57,18 @@ std::vector<std::vector<size_t>> FlatBuckets::groups_by_size() const {
   auto solo = [&](size_t k) {
     return std::find(options_.solo.begin(), options_.solo.end(), k) != options_.solo.end();
   };
+  auto same_buffer = [&](size_t a, size_t b) {
+    return params_[a].dtype() == params_[b].dtype() && params_[a].device() == params_[b].device();
+  };
   // The last bucket first, from the front: the first parameters up to last_bucket_bytes.
   std::vector<size_t> last;
   size_t first_rest = 0, bytes = 0;
   if (options_.last_bucket_bytes > 0 && options_.last_bucket_bytes < options_.bucket_bytes) {
     for (; first_rest < params_.size() && bytes < options_.last_bucket_bytes; ++first_rest) {
       if (solo(first_rest)) continue;
-      const Tensor& p = params_[first_rest];
-      if (!last.empty() && (params_[last.front()].dtype() != p.dtype() ||
-                            params_[last.front()].device() != p.device()))
-        break;
+      if (!last.empty() && !same_buffer(last.front(), first_rest)) break;
       last.insert(last.begin(), first_rest);  // reverse order inside, as in the others
-      bytes += p.nbytes();
+      bytes += params_[first_rest].nbytes();
     }
   }
   std::vector<std::vector<size_t>> groups;
@@ -76,9 +76,8 @@ std::vector<std::vector<size_t>> FlatBuckets::groups_by_size() const {
   for (size_t k = params_.size(); k-- > first_rest;) {
     if (solo(k)) continue;
     const Tensor& p = params_[k];
-    bool fits = !groups.empty() && bytes < options_.bucket_bytes &&
-                params_[groups.back().front()].dtype() == p.dtype() &&
-                params_[groups.back().front()].device() == p.device();
+    bool fits =
+        !groups.empty() && bytes < options_.bucket_bytes && same_buffer(groups.back().front(), k);
     if (!fits) {
       groups.emplace_back();
       bytes = 0;

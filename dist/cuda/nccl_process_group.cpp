@@ -303,8 +303,8 @@ class NcclProcessGroup final : public ProcessGroup {
     if (settings_.peer_all_reduce && size == 2) {
       std::string why_not;
       peer_ = PeerAllReduce::connect(*store_, prefix_, rank, device_, &why_not);
-      for (cudaStream_t& s : peer_streams_)
-        if (peer_)
+      if (peer_)
+        for (cudaStream_t& s : peer_streams_)
           check_cuda(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest_priority),
                      "cudaStreamCreateWithPriority");
       if (rank == 0)

@@ -5,17 +5,13 @@
 
 #include <cstring>
 
+#include "tessera/core/cuda/cuda_check.h"
 #include "tessera/core/cuda/cuda_runtime.h"
 #include "tessera/core/dispatch.h"
 #include "tessera/core/graph_capture.h"
 
 namespace tessera::dist {
 namespace {
-
-void check_cuda(cudaError_t rc, const char* what) {
-  TESSERA_CHECK(rc == cudaSuccess, "dist(peer all-reduce): ", what,
-                " failed: ", cudaGetErrorString(rc));
-}
 
 // The stream memory operations, from the driver (the runtime has none).
 using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
@@ -91,7 +87,7 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::connect(Store& store, const std::s
                                                       int rank, int device, std::string* why_not) {
   // Each rank says what it sees, then both decide on the same two answers.
   char bus[64] = {};
-  check_cuda(cudaDeviceGetPCIBusId(bus, sizeof bus, device), "cudaDeviceGetPCIBusId");
+  TESSERA_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, device));
   const std::string hello = hostname() + "\n" + bus;
   const std::string peer_hello = exchange(store, prefix + "/peer/hello", rank, hello);
   std::string reason;
@@ -108,8 +104,7 @@ std::unique_ptr<PeerAllReduce> PeerAllReduce::connect(Store& store, const std::s
     } else if (peer_device == device) {
       reason = "both ranks use the same GPU";
     } else {
-      check_cuda(cudaDeviceCanAccessPeer(&can_access, device, peer_device),
-                 "cudaDeviceCanAccessPeer");
+      TESSERA_CUDA_CHECK(cudaDeviceCanAccessPeer(&can_access, device, peer_device));
       if (!can_access) reason = "the GPUs cannot access each other's memory";
     }
   }
@@ -135,13 +130,13 @@ Tensor PeerAllReduce::allocate(int64_t numel, DType dtype) {
   b->staging = aligned(size_t(numel) * element);
   b->flags = b->staging + aligned(size_t(numel + 1) / 2 * element);
   void* base = nullptr;
-  check_cuda(cudaMalloc(&base, b->flags + kAlign), "cudaMalloc");
+  TESSERA_CUDA_CHECK(cudaMalloc(&base, b->flags + kAlign));
   b->local = static_cast<char*>(base);
   // Flags start cleared before the peer can see the handle.
-  check_cuda(cudaMemset(b->local + b->flags, 0, kAlign), "cudaMemset");
-  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  TESSERA_CUDA_CHECK(cudaMemset(b->local + b->flags, 0, kAlign));
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   cudaIpcMemHandle_t mine{}, theirs{};
-  check_cuda(cudaIpcGetMemHandle(&mine, base), "cudaIpcGetMemHandle");
+  TESSERA_CUDA_CHECK(cudaIpcGetMemHandle(&mine, base));
   const std::string key = prefix_ + "/peer/buffer/" + std::to_string(allocated_++);
   const std::string peer =
       exchange(store_, key, rank_, std::string(reinterpret_cast<const char*>(&mine), sizeof mine));
@@ -149,9 +144,10 @@ Tensor PeerAllReduce::allocate(int64_t numel, DType dtype) {
                 "dist(peer all-reduce): corrupt memory handle in the store under ", key);
   std::memcpy(&theirs, peer.data(), sizeof theirs);
   void* mapped = nullptr;
-  cudaError_t rc = cudaIpcOpenMemHandle(&mapped, theirs, cudaIpcMemLazyEnablePeerAccess);
-  if (rc != cudaSuccess) cudaFree(base);
-  check_cuda(rc, "cudaIpcOpenMemHandle");
+  const cudaError_t cudaIpcOpenMemHandle_of_the_peer =
+      cudaIpcOpenMemHandle(&mapped, theirs, cudaIpcMemLazyEnablePeerAccess);
+  if (cudaIpcOpenMemHandle_of_the_peer != cudaSuccess) cudaFree(base);
+  TESSERA_CUDA_CHECK(cudaIpcOpenMemHandle_of_the_peer);
   b->peer = static_cast<char*>(mapped);
   b->half = full({}, 0.5, {.dtype = dtype, .device = Device::cuda(device_)});
   {
@@ -206,9 +202,8 @@ void PeerAllReduce::enqueue(const Tensor& t, ReduceOp op, cudaStream_t stream) {
   const char* peer_reduced = peer_arrived + sizeof(uint32_t);
   // 1-2: the peer's half of this bucket into its staging area, then its flag.
   if (theirs_len > 0)
-    check_cuda(cudaMemcpyAsync(b->peer + b->staging, b->local + theirs * element,
-                               theirs_len * element, cudaMemcpyDeviceToDevice, stream),
-               "cudaMemcpyAsync (to the peer's staging area)");
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(b->peer + b->staging, b->local + theirs * element,
+                                       theirs_len * element, cudaMemcpyDeviceToDevice, stream));
   write_flag(stream, peer_arrived, 1);
   wait_flag(stream, arrived, 1);
   write_flag(stream, arrived, 0);
@@ -223,9 +218,8 @@ void PeerAllReduce::enqueue(const Tensor& t, ReduceOp op, cudaStream_t stream) {
   }
   // 4-5: the reduced half into the peer's bucket, then its flag.
   if (mine_len > 0)
-    check_cuda(cudaMemcpyAsync(b->peer + mine * element, b->local + mine * element,
-                               mine_len * element, cudaMemcpyDeviceToDevice, stream),
-               "cudaMemcpyAsync (to the peer's bucket)");
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(b->peer + mine * element, b->local + mine * element,
+                                       mine_len * element, cudaMemcpyDeviceToDevice, stream));
   write_flag(stream, peer_reduced, 1);
   wait_flag(stream, reduced, 1);
   write_flag(stream, reduced, 0);
