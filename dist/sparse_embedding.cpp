@@ -164,12 +164,35 @@ void SparseEmbeddingSync::on_backward_started() {
 void SparseEmbeddingSync::gather(Weight& w, const Tensor& indices, const Tensor& grad) {
   const int64_t world = group_->size(), n = indices.numel(), c = grad.size(1);
   if (buckets_.last_bucket_held()) ++stats_.gathered_before_last_bucket;
-  Gathered g;
-  g.indices = empty({world * n}, {.dtype = indices.dtype(), .device = indices.device()});
-  g.grads = empty({world * n, c}, {.dtype = grad.dtype(), .device = grad.device()});
+  Gathered g = destinations(world * n, indices, grad);
   g.indices_work = group_->all_gather(g.indices, indices);
   g.grads_work = group_->all_gather(g.grads, grad);
   w.gathered.push_back(std::move(g));
+}
+
+// Where the gather of one lookup goes: memory from the group where it offers some (two GPUs
+// of one host gather through the copy engines into it), one pair per lookup of a backward
+// and per size, kept for every later step and for the graphs that record them; otherwise (or
+// for a size first met while a graph is recorded: allocating it is a collective outside any
+// stream) fresh tensors. Every rank takes the same branch: the same lookups, sizes and
+// recordings come in the same order everywhere.
+SparseEmbeddingSync::Gathered SparseEmbeddingSync::destinations(int64_t rows,
+                                                                const Tensor& indices,
+                                                                const Tensor& grad) {
+  const int64_t c = grad.size(1);
+  const GatherKey key{gathers_++, rows, c, indices.dtype(), grad.dtype()};
+  auto it = gather_buffers_.find(key);
+  if (it == gather_buffers_.end() && group_->offers_communication_buffers() &&
+      !graph_capture_underway()) {
+    Gathered g;
+    g.indices = group_->allocate_communication_buffer(rows, indices.dtype(), indices.device());
+    g.grads = raw::view(
+        group_->allocate_communication_buffer(rows * c, grad.dtype(), grad.device()), {rows, c});
+    it = gather_buffers_.emplace(key, std::move(g)).first;
+  }
+  if (it != gather_buffers_.end()) return {.indices = it->second.indices, .grads = it->second.grads};
+  return {.indices = empty({rows}, {.dtype = indices.dtype(), .device = indices.device()}),
+          .grads = empty({rows, c}, {.dtype = grad.dtype(), .device = grad.device()})};
 }
 
 void SparseEmbeddingSync::add_into_reduced(FlatBuckets::Bucket& bucket) {
@@ -213,6 +236,7 @@ void SparseEmbeddingSync::finish() {
 }
 
 void SparseEmbeddingSync::reset() {
+  gathers_ = 0;
   for (Weight& w : weights_) {
     w.accepted = 0;
     w.gathered.clear();

@@ -25,8 +25,10 @@
 // eval mode always takes the dense path.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "tessera/dist/flat_buckets.h"
@@ -90,6 +92,8 @@ class SparseEmbeddingSync {
   void on_backward_started();
   // All-gathers every rank's (indices, dY) of one lookup.
   void gather(Weight& w, const Tensor& indices, const Tensor& grad);
+  // The tensors one gather of `rows` rows like (indices, grad) goes into.
+  Gathered destinations(int64_t rows, const Tensor& indices, const Tensor& grad);
   void add_into_reduced(FlatBuckets::Bucket& bucket);
   void reset();
 
@@ -98,6 +102,11 @@ class SparseEmbeddingSync {
   std::shared_ptr<ProcessGroup> group_;
   std::vector<Weight> weights_;
   std::set<int64_t> agreed_sizes_;
+  // Gather destinations from the group (see destinations()), by (lookup of the backward, rows,
+  // columns, index dtype, gradient dtype).
+  using GatherKey = std::tuple<int64_t, int64_t, int64_t, DType, DType>;
+  std::map<GatherKey, Gathered> gather_buffers_;
+  int64_t gathers_ = 0;  // gathers since the last finish()
   bool sizes_disagree_ = false;
   bool enabled_ = true;
   Stats stats_;

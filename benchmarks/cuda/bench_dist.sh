@@ -9,7 +9,10 @@
 #     file of random tokens) on one GPU and under `tessera launch --nproc-per-node N`, and
 #     PyTorch eager DDP on N GPUs; tokens/s per GPU from the wall clock of metrics.jsonl after
 #     TRAIN_SKIP warm-up steps, and the two ratios issue 10 asks for (N GPUs / 1 GPU >= 0.97,
-#     tessera train / PyTorch DDP >= 1.2).
+#     tessera train / PyTorch DDP >= 1.2). The one-GPU run goes on every card of the N-GPU run
+#     (--device cuda:g; TRAIN_EACH_GPU=0: on GPU 0 alone): cards of one host differ by a few
+#     percent, and an N-GPU job runs at its slowest card's pace, so the ratio is given against
+#     GPU 0's run and against the mean of the cards' runs.
 #   usage: benchmarks/cuda/bench_dist.sh [BUILD_DIR] [N] [example args...]  (build-gpu, 2 GPUs)
 #   env: BENCH_PARTS (default "allreduce,example,train"), OUT (logs; default ./bench_dist_out),
 #        TRAIN_STEPS=40 TRAIN_SKIP=10, TORCH_STEPS=20, RUN_CAP_S=150 (limit of one run),
@@ -94,6 +97,13 @@ if wants train; then
   rm -rf "$OUT/train_1gpu" "$OUT/train_${N}gpu"
   run_limited "$CAP" "$OUT/train_1gpu.txt" "$TESSERA" "${train_args[@]}" --out "$OUT/train_1gpu"
   run_limited "$CAP" "$OUT/train_${N}gpu.txt" "${launch[@]}" "$TESSERA" "${train_args[@]}" --out "$OUT/train_${N}gpu"
+  cards=1
+  [[ ${TRAIN_EACH_GPU:-1} == 1 && $BENCH_DEVICE == cuda ]] && cards=$N
+  for ((g = 1; g < cards; ++g)); do
+    rm -rf "$OUT/train_1gpu_cuda$g"
+    run_limited "$CAP" "$OUT/train_1gpu_cuda$g.txt" "$TESSERA" "${train_args[@]}" --device "cuda:$g" \
+      --out "$OUT/train_1gpu_cuda$g"
+  done
   train_tps() {  # tokens/s per GPU (wall clock) of a run directory, or nothing
     [[ -f $1/metrics.jsonl ]] || return 0
     "$PY" benchmarks/cuda/train_metrics.py rate "$1/metrics.jsonl" --world "$2" --skip "$skip" \
@@ -101,6 +111,8 @@ if wants train; then
   }
   one=$(train_tps "$OUT/train_1gpu" 1)
   many=$(train_tps "$OUT/train_${N}gpu" "$N")
+  each=$one  # the one-GPU run on every card, space-separated ("" for a failed one)
+  for ((g = 1; g < cards; ++g)); do each="$each $(train_tps "$OUT/train_1gpu_cuda$g" 1)"; done
   if [[ -n ${TRAIN_VARIANTS:-} ]]; then
     IFS=';' read -ra variants <<< "$TRAIN_VARIANTS"
     for k in "${!variants[@]}"; do
@@ -121,12 +133,18 @@ if wants train; then
   torch=$(grep -oE '"tokens_per_s": [0-9.e+]+' "$OUT/torch_train_ddp_${N}gpu.txt" | awk '{print $2}' | tail -1)
   echo "tessera train --dtype bf16, GPT-2 124M shape, B=$BENCH_BATCH x T=$BENCH_SEQ per GPU, $steps steps: tokens/s per GPU"
   echo "  (wall clock over steps $((skip + 1))..$steps of metrics.jsonl; logs and runs in $OUT)"
-  awk -v one="$one" -v many="$many" -v torch="$torch" -v n="$N" 'BEGIN {
+  awk -v one="$one" -v many="$many" -v torch="$torch" -v n="$N" -v cards="$cards" -v each="$each" 'BEGIN {
     printf "  tessera train, 1 GPU:           %s\n", one == "" ? "failed (see train_1gpu.txt)" : sprintf("%.0f", one)
+    k = split(each, e, " "); sum = 0
+    for (g = 2; g <= cards; ++g)
+      printf "  tessera train, 1 GPU (cuda:%d):  %s\n", g - 1, e[g] == "" ? "failed" : sprintf("%.0f", e[g])
+    for (g = 1; g <= k; ++g) sum += e[g]
     printf "  tessera train, %d GPUs (launch): %s\n", n, many == "" ? "failed (see train_" n "gpu.txt)" : sprintf("%.0f per GPU", many)
     printf "  PyTorch eager DDP, %d GPUs:      %s\n", n, torch == "" ? "failed (see torch_train_ddp_" n "gpu.txt)" : sprintf("%.0f per GPU", torch)
     if (one != "" && many != "")
-      printf "  %d GPUs / 1 GPU:        %.3fx  (goal >= 0.97x: %s)\n", n, many / one, (many / one >= 0.97) ? "met" : "NOT met"
+      printf "  %d GPUs / 1 GPU (cuda:0):        %.3fx  (goal >= 0.97x: %s)\n", n, many / one, (many / one >= 0.97) ? "met" : "NOT met"
+    if (cards > 1 && k == cards && many != "")
+      printf "  %d GPUs / mean of the %d cards: %.3fx  (goal >= 0.97x: %s)\n", n, cards, many * cards / sum, (many * cards / sum >= 0.97) ? "met" : "NOT met"
     if (many != "" && torch != "")
       printf "  tessera / PyTorch DDP: %.3fx  (goal >= 1.2x: %s)\n", many / torch, (many / torch >= 1.2) ? "met" : "NOT met"
   }'

@@ -3,12 +3,13 @@
 #include <cuda.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "tessera/core/cuda/cuda_check.h"
 #include "tessera/core/cuda/cuda_runtime.h"
-#include "tessera/core/dispatch.h"
 #include "tessera/core/graph_capture.h"
+#include "tessera/kernels/cuda/fused.h"
 
 namespace tessera::dist {
 namespace {
@@ -55,6 +56,10 @@ void wait_flag(cudaStream_t stream, const char* address, uint32_t value) {
 constexpr size_t kAlign = 256;
 size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
+// Rank 0 owns elements [0, split), rank 1 [split, numel): about half each, split a multiple of 8
+// elements so that both halves start 16-byte aligned (the add reads and writes 16-byte packs).
+int64_t split_of(int64_t numel) { return std::min(numel, ((numel + 1) / 2 + 7) / 8 * 8); }
+
 std::string hostname() {
   char name[256] = {};
   gethostname(name, sizeof name - 1);
@@ -69,7 +74,7 @@ std::string exchange(Store& store, const std::string& key, int rank, const std::
 
 }  // namespace
 
-// [bucket: numel elements][staging: ceil(numel / 2)][flags: arrived, reduced], each part
+// [bucket: numel elements][staging: split_of(numel)][flags: arrived, reduced], each part
 // 256-byte aligned, in one allocation of each rank; `peer` is the other rank's, mapped here.
 struct PeerAllReduce::Buffer {
   char* local = nullptr;
@@ -77,7 +82,6 @@ struct PeerAllReduce::Buffer {
   int64_t numel = 0;
   DType dtype = DType::f32;
   size_t staging = 0, flags = 0;  // byte offsets
-  Tensor half;                    // 0.5 in dtype, on the device (Avg)
 };
 
 PeerAllReduce::PeerAllReduce(Store& store, std::string prefix, int rank, int device)
@@ -128,7 +132,7 @@ Tensor PeerAllReduce::allocate(int64_t numel, DType dtype) {
   b->dtype = dtype;
   const size_t element = dtype_size(dtype);
   b->staging = aligned(size_t(numel) * element);
-  b->flags = b->staging + aligned(size_t(numel + 1) / 2 * element);
+  b->flags = b->staging + aligned(size_t(split_of(numel)) * element);
   void* base = nullptr;
   TESSERA_CUDA_CHECK(cudaMalloc(&base, b->flags + kAlign));
   b->local = static_cast<char*>(base);
@@ -149,7 +153,6 @@ Tensor PeerAllReduce::allocate(int64_t numel, DType dtype) {
   if (cudaIpcOpenMemHandle_of_the_peer != cudaSuccess) cudaFree(base);
   TESSERA_CUDA_CHECK(cudaIpcOpenMemHandle_of_the_peer);
   b->peer = static_cast<char*>(mapped);
-  b->half = full({}, 0.5, {.dtype = dtype, .device = Device::cuda(device_)});
   {
     std::lock_guard lock(registry_->mutex);
     registry_->buffers[base] = b;
@@ -177,23 +180,32 @@ Tensor PeerAllReduce::allocate(int64_t numel, DType dtype) {
   return from_blob(base, {numel}, dtype, Device::cuda(device_), std::move(owner));
 }
 
-bool PeerAllReduce::serves(const Tensor& t, ReduceOp op) const {
-  if (op != ReduceOp::Sum && op != ReduceOp::Avg) return false;
-  if (!is_floating(t.dtype()) || t.dtype() == DType::f64 || !t.is_contiguous()) return false;
+std::shared_ptr<PeerAllReduce::Buffer> PeerAllReduce::buffer_of(const Tensor& t) const {
   std::lock_guard lock(registry_->mutex);
   auto it = registry_->buffers.find(t.raw_data());
-  return it != registry_->buffers.end() && it->second->numel == t.numel() &&
-         it->second->dtype == t.dtype();
+  if (it == registry_->buffers.end() || !t.is_contiguous() || it->second->numel != t.numel() ||
+      it->second->dtype != t.dtype())
+    return nullptr;
+  return it->second;
+}
+
+bool PeerAllReduce::serves(const Tensor& t, ReduceOp op) const {
+  if (op != ReduceOp::Sum && op != ReduceOp::Avg) return false;
+  if (!is_floating(t.dtype()) || t.dtype() == DType::f64) return false;
+  return buffer_of(t) != nullptr;
+}
+
+bool PeerAllReduce::serves_all_gather(const Tensor& output, const Tensor& input) const {
+  return input.is_contiguous() && input.dtype() == output.dtype() &&
+         output.numel() == 2 * input.numel() && input.device() == output.device() &&
+         buffer_of(output) != nullptr;
 }
 
 void PeerAllReduce::enqueue(const Tensor& t, ReduceOp op, cudaStream_t stream) {
-  std::shared_ptr<Buffer> b;
-  {
-    std::lock_guard lock(registry_->mutex);
-    b = registry_->buffers.at(t.raw_data());
-  }
+  const std::shared_ptr<Buffer> b = buffer_of(t);
+  TESSERA_CHECK(b, "dist(peer all-reduce): not a communication buffer of this group");
   const size_t element = dtype_size(b->dtype);
-  const int64_t split = (b->numel + 1) / 2;  // rank 0 owns [0, split), rank 1 the rest
+  const int64_t split = split_of(b->numel);
   const int64_t mine = rank_ == 0 ? 0 : split, mine_len = rank_ == 0 ? split : b->numel - split;
   const int64_t theirs = rank_ == 0 ? split : 0, theirs_len = b->numel - mine_len;
   const char* arrived = b->local + b->flags;
@@ -207,14 +219,13 @@ void PeerAllReduce::enqueue(const Tensor& t, ReduceOp op, cudaStream_t stream) {
   write_flag(stream, peer_arrived, 1);
   wait_flag(stream, arrived, 1);
   write_flag(stream, arrived, 0);
-  // 3: own half += the peer's contribution (in the buffer's dtype, as NCCL's sum is).
+  // 3: own half = (own half + the peer's contribution) [/ 2], in one pass, rounded once into
+  // the buffer's dtype (the bits of NCCL's sum, then of a multiply by 1/2).
   if (mine_len > 0) {
     cuda::StreamGuard on(stream, device_);
-    KernelTable& k = kernel_table(DeviceType::CUDA);
     const Tensor own = raw::narrow(t, 0, mine, mine_len);
     const Tensor staged = from_blob(b->local + b->staging, {mine_len}, b->dtype, t.device());
-    k.binary(BinaryOp::Add, own, staged, own);
-    if (op == ReduceOp::Avg) k.binary(BinaryOp::Mul, own, raw::expand(b->half, {mine_len}), own);
+    cuda::sum_scaled(own, staged, op == ReduceOp::Avg ? 0.5 : 1.0, own);
   }
   // 4-5: the reduced half into the peer's bucket, then its flag.
   if (mine_len > 0)
@@ -223,6 +234,32 @@ void PeerAllReduce::enqueue(const Tensor& t, ReduceOp op, cudaStream_t stream) {
   write_flag(stream, peer_reduced, 1);
   wait_flag(stream, reduced, 1);
   write_flag(stream, reduced, 0);
+}
+
+void PeerAllReduce::enqueue_all_gather(const Tensor& output, const Tensor& input,
+                                       cudaStream_t stream) {
+  const std::shared_ptr<Buffer> b = buffer_of(output);
+  TESSERA_CHECK(b, "dist(peer all-gather): not a communication buffer of this group");
+  const size_t slot = input.nbytes(), mine = rank_ * slot;
+  const char* ready = b->local + b->flags + sizeof(uint32_t);  // the "reduced" flag
+  const char* arrived = b->local + b->flags;
+  const char* peer_ready = b->peer + b->flags + sizeof(uint32_t);
+  const char* peer_arrived = b->peer + b->flags;
+  // 1: both ranks are done with what the buffer held.
+  write_flag(stream, peer_ready, 1);
+  wait_flag(stream, ready, 1);
+  write_flag(stream, ready, 0);
+  // 2-3: this rank's part into the peer's buffer, the peer's flag, then into its own buffer
+  // while the peer's part comes.
+  if (slot > 0)
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(b->peer + mine, input.raw_data(), slot,
+                                       cudaMemcpyDeviceToDevice, stream));
+  write_flag(stream, peer_arrived, 1);
+  if (slot > 0 && input.raw_data() != b->local + mine)
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(b->local + mine, input.raw_data(), slot,
+                                       cudaMemcpyDeviceToDevice, stream));
+  wait_flag(stream, arrived, 1);
+  write_flag(stream, arrived, 0);
 }
 
 }  // namespace tessera::dist

@@ -1,4 +1,5 @@
-// PeerAllReduce: the all-reduce of the two ranks of one host through the copy engines.
+// PeerAllReduce: the all-reduce (and all-gather) of the two ranks of one host through the
+// copy engines.
 //
 // NCCL's all-reduce runs as kernels: while DDP's buckets are reduced during backward, its
 // blocks hold SMs that the backward's GEMMs would use (on two H100s, 24 SMs for ~1.4 ms of a
@@ -10,7 +11,7 @@
 // halves A (rank 0) and B (rank 1), rank r, on the group's stream:
 //   1. copies the peer's half of its bucket into the peer's staging area (copy engine),
 //   2. sets the peer's "arrived" flag, waits for its own, clears it,
-//   3. adds the staging area into its own half (a kernel; halved for Avg),
+//   3. adds the staging area into its own half (one pass, halving for Avg: cuda::sum_scaled),
 //   4. copies its reduced half into the peer's bucket (copy engine),
 //   5. sets the peer's "reduced" flag, waits for its own, clears it.
 // Both ranks end with the same bytes: each half is computed once, by its owner, and copied.
@@ -20,6 +21,14 @@
 // on the other; a flag is cleared by its owner before anything that lets the peer set it
 // again (the peer sets it in the next all-reduce of the buffer, which needs this rank's
 // later flags first). Every step of one all-reduce runs in stream order on each rank.
+//
+// An all-gather into a buffer (DDP's sparse embedding rows, dist/sparse_embedding.h) writes
+// into the peer's buffer, whose owner reads it after the collective, so each rank first says
+// it has come this far (everything before on its stream, reads of the buffer included, is done):
+//   1. sets the peer's "reduced" flag (here: ready), waits for its own, clears it,
+//   2. copies its input into its slot of the peer's buffer (copy engine), sets the peer's
+//      "arrived" flag, copies its input into its slot of its own buffer,
+//   3. waits for its own "arrived" flag, clears it.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -48,11 +57,17 @@ class PeerAllReduce {
   bool serves(const Tensor& t, ReduceOp op) const;
   // Enqueues the exchange of t (see serves) on `stream`, this group's GPU's stream.
   void enqueue(const Tensor& t, ReduceOp op, cudaStream_t stream);
+  // Whether `output` (rank 0's part, then rank 1's, each input.numel() elements) is (all of) a
+  // buffer from allocate() of input's dtype, and input a contiguous tensor the all-gather reads.
+  bool serves_all_gather(const Tensor& output, const Tensor& input) const;
+  // Enqueues the all-gather of input into output (see serves_all_gather) on `stream`.
+  void enqueue_all_gather(const Tensor& output, const Tensor& input, cudaStream_t stream);
 
   struct Buffer;  // one allocation of each rank, both mapped (peer_all_reduce.cpp)
 
  private:
   PeerAllReduce(Store& store, std::string prefix, int rank, int device);
+  std::shared_ptr<Buffer> buffer_of(const Tensor& t) const;
 
   Store& store_;
   std::string prefix_;

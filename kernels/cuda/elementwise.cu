@@ -781,4 +781,51 @@ bool column_sums(const Tensor& g, const Tensor& sums) {
   return column_sums_pass<false>(Tensor(), g, sums);
 }
 
+namespace {
+struct SumScaledFn {
+  float scale;
+  __device__ __forceinline__ float operator()(float x, float y) const { return (x + y) * scale; }
+};
+
+template <class T>
+__global__ void sum_scaled_unaligned_kernel(const T* a, const T* b, T* out, int64_t n,
+                                            SumScaledFn fn) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = from_acc<T>(fn(to_acc<float>(a[i]), to_acc<float>(b[i])));
+}
+}  // namespace
+
+void sum_scaled(const Tensor& a, const Tensor& b, double scale, const Tensor& out) {
+  const DType t = out.dtype();
+  TESSERA_CHECK((t == DType::f32 || t == DType::f16 || t == DType::bf16) && a.dtype() == t &&
+                    b.dtype() == t,
+                "sum_scaled: a, b and out must share one dtype of f32, f16 and bf16, got ",
+                dtype_name(a.dtype()), ", ", dtype_name(b.dtype()), " and ", dtype_name(t));
+  TESSERA_CHECK(a.numel() == out.numel() && b.numel() == out.numel(),
+                "sum_scaled: sizes differ: a ", shape_str(a.shape()), ", b ", shape_str(b.shape()),
+                ", out ", shape_str(out.shape()));
+  TESSERA_CHECK(a.is_contiguous() && b.is_contiguous() && out.is_contiguous(),
+                "sum_scaled: a, b and out must be contiguous");
+  TESSERA_CHECK(a.device() == out.device() && b.device() == out.device() && out.device().is_cuda(),
+                "sum_scaled: a, b and out must be on one CUDA device, got ", a.device().str(), ", ",
+                b.device().str(), " and ", out.device().str());
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  KernelContext ctx(out);
+  const SumScaledFn fn{static_cast<float>(scale)};
+  visit_half_float(t, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pa = static_cast<const T*>(a.raw_data());
+    const T* pb = static_cast<const T*>(b.raw_data());
+    T* po = static_cast<T*>(out.raw_data());
+    if (aligned16({pa, pb, po}))
+      dense_binary_kernel<T><<<grid_for((n + kPack - 1) / kPack), kThreads, 0, ctx.stream>>>(
+          pa, pb, po, n, fn);
+    else
+      sum_scaled_unaligned_kernel<T><<<grid_for(n), kThreads, 0, ctx.stream>>>(pa, pb, po, n, fn);
+  });
+  TESSERA_KERNEL_CHECK("sum_scaled");
+}
+
 }  // namespace tessera::cuda

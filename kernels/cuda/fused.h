@@ -32,6 +32,12 @@ bool gelu_backward_with_bias_grad(const Tensor& pre, const Tensor& d, const Tens
 // fixed order. False (nothing done) under gelu_backward_with_bias_grad's conditions on d.
 bool column_sums(const Tensor& g, const Tensor& sums);
 
+// out = (a + b) * scale in f32, rounded once into out's dtype: the sum (scale 1) or the average
+// (scale 1/2) of two ranks' halves of a bucket (dist/cuda/peer_all_reduce.h). The same bits as
+// an add and then a multiply by a power of two, in one pass instead of two. a, b and out:
+// contiguous f32/f16/bf16 tensors of one dtype and size on one CUDA device (out may be a).
+void sum_scaled(const Tensor& a, const Tensor& b, double scale, const Tensor& out);
+
 // The classifier head in one pass per row: reads logits [N, V] (f32/f16/bf16, contiguous),
 // writes each row's loss (f32 [N], 0 for ignored rows) and overwrites the logits with
 //   dlogits = dloss_scale * (softmax(logits) - onehot(target))   (0 for ignored rows)

@@ -75,6 +75,47 @@ TEST(CudaFused, ColumnSumsMatchFloat64) {
   EXPECT_FALSE(cuda::column_sums(g, poisoned({23}, DType::bf16)));
 }
 
+// sum_scaled (the two-rank all-reduce's add, dist/cuda/peer_all_reduce.h): (a + b) * scale
+// against float64, and bit for bit the add and then the multiply it replaces; sizes with and
+// without a tail after the 8-element packs, 16-byte aligned and not, in place as the
+// all-reduce calls it; and the operands it refuses.
+TEST(CudaFused, SumScaledIsAnAddAndAMultiplyInOnePass) {
+  TESSERA_REQUIRE_GPU();
+  for (DType t : {DType::f32, DType::bf16, DType::f16})
+    for (const int64_t n : {1, 7, 1001, 65539})
+      for (const int64_t skip : {0, 1})
+        for (const double scale : {1.0, 0.5}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(t) << " n " << n << " skip " << skip
+                                            << " scale " << scale);
+          const Tensor ah = host_randn({n + skip}, t, 0.0, 3.0);
+          const Tensor bh = host_randn({n + skip}, t, 0.0, 3.0);
+          const Tensor a = raw::narrow(to_gpu(ah), 0, skip, n);
+          const Tensor b = raw::narrow(to_gpu(bh), 0, skip, n);
+          const auto x = values(raw::narrow(ah, 0, skip, n)), y = values(raw::narrow(bh, 0, skip, n));
+          std::vector<double> ref(static_cast<size_t>(n));
+          for (int64_t i = 0; i < n; ++i) ref[i] = (x[i] + y[i]) * scale;
+          Tensor two_passes = poisoned({n}, t);
+          gpu().binary(BinaryOp::Add, a, b, two_passes);
+          gpu().binary(BinaryOp::Mul, two_passes,
+                       raw::expand(to_gpu(full({}, scale, {.dtype = t})), {n}), two_passes);
+          Tensor out = poisoned({n}, t);
+          cuda::sum_scaled(a, b, scale, out);
+          expect_close(values(out), ref, tolerance(t), "sum_scaled");
+          EXPECT_EQ(values(out), values(two_passes));
+          const Tensor in_place = raw::clone(a);
+          cuda::sum_scaled(in_place, b, scale, in_place);
+          EXPECT_EQ(values(in_place), values(two_passes));
+        }
+  const Tensor a = to_gpu(host_randn({16}, DType::bf16));
+  EXPECT_THROW(cuda::sum_scaled(a, to_gpu(host_randn({16}, DType::f32)), 1.0, poisoned({16}, DType::bf16)),
+               Error);
+  EXPECT_THROW(cuda::sum_scaled(a, a, 1.0, poisoned({15}, DType::bf16)), Error);
+  EXPECT_THROW(cuda::sum_scaled(a, raw::as_strided(a, {8}, {2}, 0), 1.0, poisoned({8}, DType::bf16)),
+               Error);
+  EXPECT_THROW(cuda::sum_scaled(a, raw::to(a, Device::cpu(), DType::bf16), 1.0, poisoned({16}, DType::bf16)),
+               Error);
+}
+
 TEST(CudaFused, MultiTensorAdamWMatchesPyTorchFormula) {
   TESSERA_REQUIRE_GPU();
   cuda::AdamWConfig cfg;

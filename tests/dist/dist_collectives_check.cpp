@@ -207,6 +207,39 @@ void check_communication_buffers(ProcessGroup& pg) {
       }
     }
   }
+  // All-gathers into a buffer (DDP's sparse embedding rows: through the copy engines on two
+  // GPUs of one host): every rank's part in its place, three rounds on one buffer (the peer
+  // writes into it again only after this rank read it), and on GPUs once from its own part
+  // where that part starts 16-byte aligned (NCCL 2.28.3's symmetric kernels,
+  // TESSERA_NCCL_SYMMETRIC=1, gathered garbage from a part at 4004 bytes into a window).
+  const int world = pg.size();
+  std::vector<int64_t> gather_sizes = sizes;
+  gather_sizes.push_back(1024);
+  for (DType dtype : {DType::f32, DType::bf16, DType::i64}) {
+    for (int64_t n : gather_sizes) {
+      Tensor buffer = pg.allocate_communication_buffer(world * n, dtype, g_device);
+      auto gathered = [&](int64_t round) {
+        std::vector<double> want;
+        for (int r = 0; r < world; ++r)
+          for (int64_t i = 0; i < n; ++i) want.push_back(value_of(r, i + round, dtype));
+        return want;
+      };
+      for (int64_t round = 0; round < 3; ++round) {
+        pg.all_gather(buffer, rank_tensor(pg.rank(), n, dtype, round))->wait();
+        expect_close(buffer, gathered(round),
+                     "all_gather into a communication buffer, n=" + std::to_string(n) + " round " +
+                         std::to_string(round));
+      }
+      if (g_device.is_cuda() && n * int64_t(dtype_size(dtype)) % 16 == 0) {
+        Tensor own = raw::narrow(buffer, 0, pg.rank() * n, n);
+        raw::copy_(own, rank_tensor(pg.rank(), n, dtype, 7));
+        pg.all_gather(buffer, own)->wait();
+        expect_close(buffer, gathered(7),
+                     "all_gather into a communication buffer from its own part, n=" +
+                         std::to_string(n));
+      }
+    }
+  }
 }
 
 }  // namespace
