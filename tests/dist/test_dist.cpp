@@ -623,6 +623,107 @@ TEST_F(NcclEnvTest, DdpTakesItsBucketsFromAGroupThatOffersThem) {
   EXPECT_EQ(ddp_allocations(true), 2u);
 }
 
+// A group of two ranks whose other rank mirrors this one (it contributes what this one does):
+// an all-reduce's sum doubles, its average, max and min keep the value, and an all-gather
+// repeats the input in every part. DDP over it computes what one process does, through the
+// paths that need two ranks (the sparse embedding rows' gather among them).
+class MirrorGroup final : public ProcessGroup {
+ public:
+  MirrorGroup() : ProcessGroup(0, 2, {}) {}
+  std::string backend_name() const override { return "mirror"; }
+  bool offers_communication_buffers() const override { return offers; }
+  Tensor allocate_communication_buffer(int64_t numel, DType dtype, Device device) override {
+    ++allocations;
+    return ProcessGroup::allocate_communication_buffer(numel, dtype, device);
+  }
+  bool offers = false;  // what offers_communication_buffers() says
+  int allocations = 0;
+  std::vector<const void*> gathered_into;  // outputs of every all-gather
+
+ protected:
+  bool supports_device(Device) const override { return true; }
+  WorkPtr do_all_reduce(const CollectiveSignature&, const Tensor& t, ReduceOp op) override {
+    if (op == ReduceOp::Sum) ops::binary_(BinaryOp::Mul, t, 2.0);
+    return completed_work();
+  }
+  WorkPtr do_reduce_scatter(const CollectiveSignature&, const Tensor& output, const Tensor& input,
+                            ReduceOp op) override {
+    raw::copy_(output, raw::narrow(raw::view(input, {input.numel()}), 0, 0, output.numel()));
+    if (op == ReduceOp::Sum) ops::binary_(BinaryOp::Mul, output, 2.0);
+    return completed_work();
+  }
+  WorkPtr do_all_gather(const CollectiveSignature&, const std::vector<Tensor>& outputs,
+                        const Tensor& input) override {
+    gathered_into.push_back(outputs[0].raw_data());
+    for (const Tensor& out : outputs) raw::copy_(out, raw::view(input, out.shape()));
+    return completed_work();
+  }
+  WorkPtr do_broadcast(const CollectiveSignature&, const Tensor&, int) override {
+    return completed_work();
+  }
+  WorkPtr do_barrier(const CollectiveSignature&) override { return completed_work(); }
+  WorkPtr do_send(const Tensor&, int, int) override { TESSERA_FAIL("MirrorGroup: no send"); }
+  WorkPtr do_recv(const Tensor&, int, int) override { TESSERA_FAIL("MirrorGroup: no recv"); }
+  std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>&, uint64_t,
+                                             ProcessGroupOptions) override {
+    TESSERA_FAIL("MirrorGroup: no subgroups");
+  }
+};
+
+struct LookupHead : nn::Module {
+  nn::Embedding emb{50, 6, 0.5};
+  nn::Linear head{6, 4, true, 0.5};
+  LookupHead() {
+    register_module("emb", emb);
+    register_module("head", head);
+  }
+  Tensor forward(const Tensor& idx) override { return head(tanh(emb(idx))); }
+};
+
+// DDP's sparse embedding rows go into memory from the group when it offers some (two GPUs of
+// one host then gather them through the copy engines): one pair of buffers (indices, rows) per
+// lookup and size, made at the first step of a size and reused at every later one; none from
+// a group that offers nothing. The gradients stay those of one process either way.
+TEST_F(DdpTest, SparseEmbeddingRowsGatherIntoBuffersFromAGroupThatOffersThem) {
+  for (bool offers : {false, true}) {
+    SCOPED_TRACE(offers ? "offers buffers" : "offers none");
+    default_generator().manual_seed(21);
+    LookupHead plain;
+    default_generator().manual_seed(21);
+    LookupHead wrapped;
+    auto group = std::make_shared<MirrorGroup>();
+    group->offers = offers;
+    dist::DistributedDataParallel ddp(wrapped, group);
+    const int buckets = offers ? static_cast<int>(ddp.buckets().size()) : 0;
+    EXPECT_EQ(group->allocations, buckets);
+    Generator g(22);
+    std::vector<const void*> first_gather;
+    const std::vector<std::pair<int64_t, int>> steps = {{12, 2}, {12, 2}, {7, 4}, {12, 4}};
+    for (const auto& [n, gather_buffers] : steps) {  // lookup size, buffers made by then
+      SCOPED_TRACE(n);
+      Tensor idx = randint(0, 50, {n}, {.dtype = DType::i64}, &g);
+      Tensor y = randint(0, 4, {n}, {.dtype = DType::i64}, &g);
+      plain.zero_grad(true);
+      wrapped.zero_grad(true);
+      cross_entropy(plain(idx), y).backward();
+      group->gathered_into.clear();
+      ddp.backward(cross_entropy(ddp(idx), y));
+      const auto want = grads_of(plain), got = grads_of(wrapped);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t p = 0; p < want.size(); ++p)
+        for (size_t i = 0; i < want[p].size(); ++i)
+          ASSERT_NEAR(got[p][i], want[p][i], 1e-6 * (1 + std::fabs(want[p][i])))
+              << ddp.parameter_names()[p] << "[" << i << "]";
+      ASSERT_EQ(group->gathered_into.size(), 2u);  // the lookup's indices and rows
+      // The first size's pair is made once and used again after the second size's.
+      EXPECT_EQ(group->allocations, buckets + (offers ? gather_buffers : 0));
+      if (n == 12 && first_gather.empty()) first_gather = group->gathered_into;
+      if (offers && n == 12) EXPECT_EQ(group->gathered_into, first_gather);
+    }
+    EXPECT_EQ(ddp.sparse_embedding_stats().sparse_lookups, 4);
+  }
+}
+
 // The last bucket (the first parameters) is capped at last_bucket_bytes; the others fill up to
 // bucket_bytes in reverse order as before. TwoLayers: a.weight 35, a.bias 7, b.weight 21,
 // b.bias 3 floats.
