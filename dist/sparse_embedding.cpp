@@ -176,8 +176,7 @@ void SparseEmbeddingSync::gather(Weight& w, const Tensor& indices, const Tensor&
 // for a size first met while a graph is recorded: allocating it is a collective outside any
 // stream) fresh tensors. Every rank takes the same branch: the same lookups, sizes and
 // recordings come in the same order everywhere.
-SparseEmbeddingSync::Gathered SparseEmbeddingSync::destinations(int64_t rows,
-                                                                const Tensor& indices,
+SparseEmbeddingSync::Gathered SparseEmbeddingSync::destinations(int64_t rows, const Tensor& indices,
                                                                 const Tensor& grad) {
   const int64_t c = grad.size(1);
   const GatherKey key{gathers_++, rows, c, indices.dtype(), grad.dtype()};
@@ -190,7 +189,8 @@ SparseEmbeddingSync::Gathered SparseEmbeddingSync::destinations(int64_t rows,
         group_->allocate_communication_buffer(rows * c, grad.dtype(), grad.device()), {rows, c});
     it = gather_buffers_.emplace(key, std::move(g)).first;
   }
-  if (it != gather_buffers_.end()) return {.indices = it->second.indices, .grads = it->second.grads};
+  if (it != gather_buffers_.end())
+    return {.indices = it->second.indices, .grads = it->second.grads};
   return {.indices = empty({rows}, {.dtype = indices.dtype(), .device = indices.device()}),
           .grads = empty({rows, c}, {.dtype = grad.dtype(), .device = grad.device()})};
 }

@@ -422,8 +422,8 @@ class NcclProcessGroup final : public ProcessGroup {
     for (const Tensor& part : outputs) one_storage &= part.shares_storage(outputs[0]);
     if (adjacent && one_storage && peer_) {
       // The parts as one tensor (a buffer from allocate_communication_buffer when it is one).
-      const Tensor whole = raw::as_strided(outputs[0], {size() * input.numel()}, {1},
-                                           outputs[0].offset());
+      const Tensor whole =
+          raw::as_strided(outputs[0], {size() * input.numel()}, {1}, outputs[0].offset());
       if (peer_->serves_all_gather(whole, input)) {
         cudaStream_t s = peer_streams_[peer_turn_++ % 2];
         return issue(

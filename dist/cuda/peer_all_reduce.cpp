@@ -252,12 +252,12 @@ void PeerAllReduce::enqueue_all_gather(const Tensor& output, const Tensor& input
   // 2-3: this rank's part into the peer's buffer, the peer's flag, then into its own buffer
   // while the peer's part comes.
   if (slot > 0)
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(b->peer + mine, input.raw_data(), slot,
-                                       cudaMemcpyDeviceToDevice, stream));
+    TESSERA_CUDA_CHECK(
+        cudaMemcpyAsync(b->peer + mine, input.raw_data(), slot, cudaMemcpyDeviceToDevice, stream));
   write_flag(stream, peer_arrived, 1);
   if (slot > 0 && input.raw_data() != b->local + mine)
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(b->local + mine, input.raw_data(), slot,
-                                       cudaMemcpyDeviceToDevice, stream));
+    TESSERA_CUDA_CHECK(
+        cudaMemcpyAsync(b->local + mine, input.raw_data(), slot, cudaMemcpyDeviceToDevice, stream));
   wait_flag(stream, arrived, 1);
   write_flag(stream, arrived, 0);
 }

@@ -85,13 +85,14 @@ TEST(CudaFused, SumScaledIsAnAddAndAMultiplyInOnePass) {
     for (const int64_t n : {1, 7, 1001, 65539})
       for (const int64_t skip : {0, 1})
         for (const double scale : {1.0, 0.5}) {
-          SCOPED_TRACE(::testing::Message() << dtype_name(t) << " n " << n << " skip " << skip
-                                            << " scale " << scale);
+          SCOPED_TRACE(::testing::Message()
+                       << dtype_name(t) << " n " << n << " skip " << skip << " scale " << scale);
           const Tensor ah = host_randn({n + skip}, t, 0.0, 3.0);
           const Tensor bh = host_randn({n + skip}, t, 0.0, 3.0);
           const Tensor a = raw::narrow(to_gpu(ah), 0, skip, n);
           const Tensor b = raw::narrow(to_gpu(bh), 0, skip, n);
-          const auto x = values(raw::narrow(ah, 0, skip, n)), y = values(raw::narrow(bh, 0, skip, n));
+          const auto x = values(raw::narrow(ah, 0, skip, n)),
+                     y = values(raw::narrow(bh, 0, skip, n));
           std::vector<double> ref(static_cast<size_t>(n));
           for (int64_t i = 0; i < n; ++i) ref[i] = (x[i] + y[i]) * scale;
           Tensor two_passes = poisoned({n}, t);
@@ -107,13 +108,15 @@ TEST(CudaFused, SumScaledIsAnAddAndAMultiplyInOnePass) {
           EXPECT_EQ(values(in_place), values(two_passes));
         }
   const Tensor a = to_gpu(host_randn({16}, DType::bf16));
-  EXPECT_THROW(cuda::sum_scaled(a, to_gpu(host_randn({16}, DType::f32)), 1.0, poisoned({16}, DType::bf16)),
-               Error);
+  EXPECT_THROW(
+      cuda::sum_scaled(a, to_gpu(host_randn({16}, DType::f32)), 1.0, poisoned({16}, DType::bf16)),
+      Error);
   EXPECT_THROW(cuda::sum_scaled(a, a, 1.0, poisoned({15}, DType::bf16)), Error);
-  EXPECT_THROW(cuda::sum_scaled(a, raw::as_strided(a, {8}, {2}, 0), 1.0, poisoned({8}, DType::bf16)),
-               Error);
-  EXPECT_THROW(cuda::sum_scaled(a, raw::to(a, Device::cpu(), DType::bf16), 1.0, poisoned({16}, DType::bf16)),
-               Error);
+  EXPECT_THROW(
+      cuda::sum_scaled(a, raw::as_strided(a, {8}, {2}, 0), 1.0, poisoned({8}, DType::bf16)), Error);
+  EXPECT_THROW(
+      cuda::sum_scaled(a, raw::to(a, Device::cpu(), DType::bf16), 1.0, poisoned({16}, DType::bf16)),
+      Error);
 }
 
 TEST(CudaFused, MultiTensorAdamWMatchesPyTorchFormula) {

@@ -234,9 +234,9 @@ void check_communication_buffers(ProcessGroup& pg) {
         Tensor own = raw::narrow(buffer, 0, pg.rank() * n, n);
         raw::copy_(own, rank_tensor(pg.rank(), n, dtype, 7));
         pg.all_gather(buffer, own)->wait();
-        expect_close(buffer, gathered(7),
-                     "all_gather into a communication buffer from its own part, n=" +
-                         std::to_string(n));
+        expect_close(
+            buffer, gathered(7),
+            "all_gather into a communication buffer from its own part, n=" + std::to_string(n));
       }
     }
   }
