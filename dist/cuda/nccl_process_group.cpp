@@ -411,6 +411,12 @@ class NcclProcessGroup final : public ProcessGroup {
                         const Tensor& input) override {
     std::vector<Tensor> keep = outputs;
     keep.push_back(input);
+    // Into a buffer both ranks of one host map (DDP's sparse embedding rows): the copy engines.
+    if (peer_ && peer_->serves_all_gather(outputs, input)) {
+      cudaStream_t s = peer_streams_[peer_turn_++ % 2];
+      return issue(
+          &sig, sig.str(), keep, [&] { peer_->enqueue_all_gather(outputs, input, s); }, s);
+    }
     // Equal chunks laid out one after another: one ncclAllGather; otherwise each rank
     // broadcasts its part (grouped so NCCL runs them together).
     bool adjacent = true;
@@ -418,18 +424,6 @@ class NcclProcessGroup final : public ProcessGroup {
     for (int r = 0; r < size(); ++r)
       adjacent &= outputs[r].nbytes() == input.nbytes() &&
                   static_cast<const char*>(outputs[r].raw_data()) == base + r * input.nbytes();
-    bool one_storage = true;
-    for (const Tensor& part : outputs) one_storage &= part.shares_storage(outputs[0]);
-    if (adjacent && one_storage && peer_) {
-      // The parts as one tensor (a buffer from allocate_communication_buffer when it is one).
-      const Tensor whole =
-          raw::as_strided(outputs[0], {size() * input.numel()}, {1}, outputs[0].offset());
-      if (peer_->serves_all_gather(whole, input)) {
-        cudaStream_t s = peer_streams_[peer_turn_++ % 2];
-        return issue(
-            &sig, sig.str(), keep, [&] { peer_->enqueue_all_gather(whole, input, s); }, s);
-      }
-    }
     return issue(&sig, sig.str(), keep, [&] {
       if (adjacent) {
         check_nccl(ncclAllGather(input.raw_data(), outputs[0].raw_data(), input.nbytes(), ncclUint8,

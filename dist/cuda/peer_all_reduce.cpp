@@ -180,13 +180,17 @@ Tensor PeerAllReduce::allocate(int64_t numel, DType dtype) {
   return from_blob(base, {numel}, dtype, Device::cuda(device_), std::move(owner));
 }
 
-std::shared_ptr<PeerAllReduce::Buffer> PeerAllReduce::buffer_of(const Tensor& t) const {
+std::shared_ptr<PeerAllReduce::Buffer> PeerAllReduce::buffer_at(const void* data, int64_t numel,
+                                                                DType dtype) const {
   std::lock_guard lock(registry_->mutex);
-  auto it = registry_->buffers.find(t.raw_data());
-  if (it == registry_->buffers.end() || !t.is_contiguous() || it->second->numel != t.numel() ||
-      it->second->dtype != t.dtype())
+  auto it = registry_->buffers.find(data);
+  if (it == registry_->buffers.end() || it->second->numel != numel || it->second->dtype != dtype)
     return nullptr;
   return it->second;
+}
+
+std::shared_ptr<PeerAllReduce::Buffer> PeerAllReduce::buffer_of(const Tensor& t) const {
+  return t.is_contiguous() ? buffer_at(t.raw_data(), t.numel(), t.dtype()) : nullptr;
 }
 
 bool PeerAllReduce::serves(const Tensor& t, ReduceOp op) const {
@@ -195,10 +199,21 @@ bool PeerAllReduce::serves(const Tensor& t, ReduceOp op) const {
   return buffer_of(t) != nullptr;
 }
 
-bool PeerAllReduce::serves_all_gather(const Tensor& output, const Tensor& input) const {
-  return input.is_contiguous() && input.dtype() == output.dtype() &&
-         output.numel() == 2 * input.numel() && input.device() == output.device() &&
-         buffer_of(output) != nullptr;
+std::shared_ptr<PeerAllReduce::Buffer> PeerAllReduce::gather_buffer(
+    const std::vector<Tensor>& outputs, const Tensor& input) const {
+  if (outputs.size() != 2 || !input.is_contiguous()) return nullptr;
+  const char* base = static_cast<const char*>(outputs[0].raw_data());
+  for (int r = 0; r < 2; ++r)
+    if (!outputs[r].is_contiguous() || outputs[r].numel() != input.numel() ||
+        outputs[r].dtype() != input.dtype() ||
+        static_cast<const char*>(outputs[r].raw_data()) != base + r * input.nbytes())
+      return nullptr;
+  return buffer_at(base, 2 * input.numel(), input.dtype());
+}
+
+bool PeerAllReduce::serves_all_gather(const std::vector<Tensor>& outputs,
+                                      const Tensor& input) const {
+  return gather_buffer(outputs, input) != nullptr;
 }
 
 void PeerAllReduce::enqueue(const Tensor& t, ReduceOp op, cudaStream_t stream) {
@@ -236,9 +251,9 @@ void PeerAllReduce::enqueue(const Tensor& t, ReduceOp op, cudaStream_t stream) {
   write_flag(stream, reduced, 0);
 }
 
-void PeerAllReduce::enqueue_all_gather(const Tensor& output, const Tensor& input,
+void PeerAllReduce::enqueue_all_gather(const std::vector<Tensor>& outputs, const Tensor& input,
                                        cudaStream_t stream) {
-  const std::shared_ptr<Buffer> b = buffer_of(output);
+  const std::shared_ptr<Buffer> b = gather_buffer(outputs, input);
   TESSERA_CHECK(b, "dist(peer all-gather): not a communication buffer of this group");
   const size_t slot = input.nbytes(), mine = rank_ * slot;
   const char* ready = b->local + b->flags + sizeof(uint32_t);  // the "reduced" flag

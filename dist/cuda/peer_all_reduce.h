@@ -36,6 +36,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "tessera/dist/process_group.h"
 #include "tessera/dist/store.h"
@@ -57,17 +58,21 @@ class PeerAllReduce {
   bool serves(const Tensor& t, ReduceOp op) const;
   // Enqueues the exchange of t (see serves) on `stream`, this group's GPU's stream.
   void enqueue(const Tensor& t, ReduceOp op, cudaStream_t stream);
-  // Whether `output` (rank 0's part, then rank 1's, each input.numel() elements) is (all of) a
-  // buffer from allocate() of input's dtype, and input a contiguous tensor the all-gather reads.
-  bool serves_all_gather(const Tensor& output, const Tensor& input) const;
-  // Enqueues the all-gather of input into output (see serves_all_gather) on `stream`.
-  void enqueue_all_gather(const Tensor& output, const Tensor& input, cudaStream_t stream);
+  // Whether `outputs` (rank 0's part, then rank 1's, each like input) are together (all of) a
+  // buffer from allocate(), and input a contiguous tensor the all-gather reads.
+  bool serves_all_gather(const std::vector<Tensor>& outputs, const Tensor& input) const;
+  // Enqueues the all-gather of input into outputs (see serves_all_gather) on `stream`.
+  void enqueue_all_gather(const std::vector<Tensor>& outputs, const Tensor& input,
+                          cudaStream_t stream);
 
   struct Buffer;  // one allocation of each rank, both mapped (peer_all_reduce.cpp)
 
  private:
   PeerAllReduce(Store& store, std::string prefix, int rank, int device);
-  std::shared_ptr<Buffer> buffer_of(const Tensor& t) const;
+  std::shared_ptr<Buffer> buffer_at(const void* data, int64_t numel, DType dtype) const;
+  std::shared_ptr<Buffer> buffer_of(const Tensor& t) const;  // null: t is not all of one
+  std::shared_ptr<Buffer> gather_buffer(const std::vector<Tensor>& outputs,
+                                        const Tensor& input) const;
 
   Store& store_;
   std::string prefix_;
