@@ -9,7 +9,10 @@
 // gradient, GELU input) equals the first pick's, times them and keeps the fastest for the
 // plan's lifetime. An algorithm that would change a result is never chosen, so the choice,
 // whatever each process measured, cannot make ranks, resumed runs or graph replays differ.
-// A plan first met inside a capture keeps the first pick there.
+// A plan first met inside a capture keeps the first pick there. The timings are taken on an
+// idle device (the tuning first waits for every stream of it, so a data-parallel run's gradient
+// exchanges do not run beside them) at working clocks (the first tuning of a process runs the
+// first pick for 200 ms before timing), best of 5 rounds in which the candidates take turns.
 
 #pragma once
 #include <cstdint>
