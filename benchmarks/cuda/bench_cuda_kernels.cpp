@@ -304,6 +304,37 @@ void BM_cublas_gemm_bf16(benchmark::State& s) {
 }
 BENCHMARK(BM_cublas_gemm_bf16)->Arg(4096)->Arg(8192)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 
+// The three GEMMs of a Linear (16384 rows) with the weight stored [in, out] (GPT-2's Conv1D
+// layout, layout 0) or [out, in] (torch's nn.Linear, layout 1), as cuBLASLt sees them:
+// range(0) = in, range(1) = out, range(2) = 0 forward y = x W, 1 input gradient g Wᵀ, 2 weight
+// gradient (xᵀ g, or gᵀ x for layout 1), range(3) = layout.
+void BM_linear_layouts_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
+  const int64_t in = s.range(0), out = s.range(1), which = s.range(2);
+  const bool torch_layout = s.range(3) == 1;
+  const TensorOptions bf16{.dtype = DType::bf16, .device = Device::cuda(0)};
+  Tensor x = dev_randn({kRows, in}, DType::bf16), g = dev_randn({kRows, out}, DType::bf16);
+  Tensor w = torch_layout ? dev_randn({out, in}, DType::bf16, 0.02)
+                          : dev_randn({in, out}, DType::bf16, 0.02);
+  const Tensor w_io = torch_layout ? raw::transpose(w, 0, 1) : w;  // [in, out] either way
+  Tensor y = empty({kRows, out}, bf16), dx = empty({kRows, in}, bf16), dw = empty_like(w);
+  run(s,
+      [&] {
+        if (which == 0) gpu().matmul(x, w_io, y);
+        else if (which == 1) gpu().matmul(g, raw::transpose(w_io, 0, 1), dx);
+        else if (torch_layout) gpu().matmul(raw::transpose(g, 0, 1), x, dw);
+        else gpu().matmul(raw::transpose(x, 0, 1), g, dw);
+      },
+      0, 2.0 * kRows * in * out);
+}
+BENCHMARK(BM_linear_layouts_bf16)
+    ->ArgsProduct({{768}, {768, 2304, 3072}, {0, 1, 2}, {0, 1}})
+    ->ArgsProduct({{3072}, {768}, {0, 1, 2}, {0, 1}})
+    ->ArgNames({"in", "out", "gemm", "layout"})
+    ->UseManualTime()
+    ->Iterations(3)
+    ->Unit(benchmark::kMillisecond);
+
 // A Linear's weight gradient with its bias gradient, GPT-2 124M shapes (16384 rows): range(0)
 // = K (inputs), range(1) = N (outputs), range(2) = 0: the GEMM alone (no bias), 1: with the
 // bias gradient (Tessera's column sums beside the GEMM; cuBLASLt's BGRADA epilogue only where
