@@ -318,12 +318,17 @@ void BM_linear_layouts_bf16(benchmark::State& s) {
                           : dev_randn({in, out}, DType::bf16, 0.02);
   const Tensor w_io = torch_layout ? raw::transpose(w, 0, 1) : w;  // [in, out] either way
   Tensor y = empty({kRows, out}, bf16), dx = empty({kRows, in}, bf16), dw = empty_like(w);
-  run(s,
+  run(
+      s,
       [&] {
-        if (which == 0) gpu().matmul(x, w_io, y);
-        else if (which == 1) gpu().matmul(g, raw::transpose(w_io, 0, 1), dx);
-        else if (torch_layout) gpu().matmul(raw::transpose(g, 0, 1), x, dw);
-        else gpu().matmul(raw::transpose(x, 0, 1), g, dw);
+        if (which == 0)
+          gpu().matmul(x, w_io, y);
+        else if (which == 1)
+          gpu().matmul(g, raw::transpose(w_io, 0, 1), dx);
+        else if (torch_layout)
+          gpu().matmul(raw::transpose(g, 0, 1), x, dw);
+        else
+          gpu().matmul(raw::transpose(x, 0, 1), g, dw);
       },
       0, 2.0 * kRows * in * out);
 }
