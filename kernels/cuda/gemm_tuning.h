@@ -12,7 +12,8 @@
 // A plan first met inside a capture keeps the first pick there. The timings are taken on an
 // idle device (the tuning first waits for every stream of it, so a data-parallel run's gradient
 // exchanges do not run beside them) at working clocks (the first tuning of a process runs the
-// first pick for 200 ms before timing), best of 5 rounds in which the candidates take turns.
+// first pick for at least 200 ms, or 32,767 calls, before timing), best of 5 rounds in which
+// the candidates take turns.
 
 #pragma once
 #include <cstdint>

@@ -449,10 +449,11 @@ void tune_plan(LtPlan& plan, const GemmProblem& p, const Epilogue& e, void* ws, 
     return elapsed;
   };
   // An idle GPU clocks down (an H100 to 345 of 1980 MHz) and takes a while to clock up: the
-  // first tuning of a process on each device first runs the first pick for kWarmMs, so the
-  // timings below are taken at working clocks. (Without it and with 3 rounds, one-GPU runs on
-  // the two cards of one host kept different candidates for 2 of GPT-2 124M's 15 tuned plans;
-  // with it and 5 rounds, the same for all 15.)
+  // first tuning of a process on each device first runs the first pick for kWarmMs (or 32,767
+  // calls, doubling their number until then), so the timings below are taken at working
+  // clocks. (Without it and with 3 rounds, one-GPU runs on the two cards of one host kept
+  // different candidates for 2 of GPT-2 124M's 15 tuned plans; with it and 5 rounds, the same
+  // for all 15.)
   constexpr float kWarmMs = 200.f;
   static std::array<std::atomic<bool>, 64> warmed{};
   if (!warmed[current_device()].exchange(true)) {
