@@ -420,8 +420,8 @@ void tune_plan(LtPlan& plan, const GemmProblem& p, const Epilogue& e, void* ws, 
     return combined;
   };
   // Candidates are timed on a quiet device: under data parallelism the first backward, where
-  // most plans are tuned, runs gradient exchanges on other streams, and timings taken beside
-  // them picked other kernels than a one-GPU run did.
+  // most plans are tuned, runs gradient exchanges on other streams, which would otherwise run
+  // beside the timings (the ranks of a 2-GPU run had kept other plans than a one-GPU run).
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   if (run(candidates[0]) != CUBLAS_STATUS_SUCCESS) return;  // the real call reports it
   const unsigned long long reference = fingerprint();
