@@ -55,11 +55,11 @@ __global__ void __launch_bounds__(kClassifierThreads, 2)
     fused_classifier_kernel(T* logits, const void* targets, DType tt, int64_t vocab,
                             int64_t ignore_index, float host_scale, const float* device_scale,
                             float* row_losses, int* bad, bool packed) {
+  // The target and the scale are first needed after pass 1: their loads overlap it.
   const float scale = device_scale ? *device_scale : host_scale;
   const int64_t r = blockIdx.x;
   T* row = logits + r * vocab;
   const int64_t target = load_as<int64_t>(targets, tt, r);
-  if (!row_in_loss(row, r, target, vocab, ignore_index, packed, row_losses, bad)) return;
   // Pass 1: running max and sum of exp(x - max), merged across the block.
   float m = -INFINITY, s = 0.f;
   row_read(row, vocab, threadIdx.x, blockDim.x, packed,
@@ -67,6 +67,7 @@ __global__ void __launch_bounds__(kClassifierThreads, 2)
   const float row_max = block_max(m);
   s = m == -INFINITY ? 0.f : s * __expf(m - row_max);
   const float row_sum = block_sum(s);
+  if (!row_in_loss(row, r, target, vocab, ignore_index, packed, row_losses, bad)) return;
   // Read the target's logit before pass 2 overwrites it.
   const float target_logit = to_float(row[target]);
   __syncthreads();
@@ -91,21 +92,30 @@ __global__ void __launch_bounds__(kClassifierThreads, 2)
                                    const float* device_scale, float* row_losses, int* bad) {
   extern __shared__ __align__(16) unsigned char staged_bytes[];
   Pack8<T>* staged = reinterpret_cast<Pack8<T>*>(staged_bytes);
+  // The target and the scale are first needed after pass 1: their loads overlap it.
   const float scale = device_scale ? *device_scale : host_scale;
   const int64_t r = blockIdx.x, packs = vocab / kPack;
   T* row = logits + r * vocab;
   const int64_t target = load_as<int64_t>(targets, tt, r);
-  if (!row_in_loss(row, r, target, vocab, ignore_index, /*packed=*/true, row_losses, bad)) return;
   float m = -INFINITY, s = 0.f;
-  for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-    const Pack8<T> v = load_pack(row, p);
+  auto take = [&](int64_t p, const Pack8<T>& v) {
     staged[p] = v;
 #pragma unroll
     for (int k = 0; k < kPack; ++k) online_max_sum(m, s, to_float(v.v[k]));
+  };
+  // Two packs in flight per thread: both loads are issued before either is used.
+  const int64_t step = blockDim.x;
+  int64_t p = threadIdx.x;
+  for (; p + step < packs; p += 2 * step) {
+    const Pack8<T> a = load_pack(row, p), b = load_pack(row, p + step);
+    take(p, a);
+    take(p + step, b);
   }
+  if (p < packs) take(p, load_pack(row, p));
   const float row_max = block_max(m);
   s = m == -INFINITY ? 0.f : s * __expf(m - row_max);
   const float row_sum = block_sum(s);  // its barriers also publish `staged`
+  if (!row_in_loss(row, r, target, vocab, ignore_index, /*packed=*/true, row_losses, bad)) return;
   if (threadIdx.x == 0)
     row_losses[r] = logf(row_sum) + row_max - to_float(staged[target / kPack].v[target % kPack]);
   const float inv = 1.f / row_sum;
