@@ -72,13 +72,8 @@ HookHandle register_hook(const Tensor& t, GradHook hook);
 // still runs (DDP launches a bucket's all-reduce from here). A leaf the backward
 // does not reach gets no call. Limitation: a leaf used both inside a checkpoint()
 // region and outside it is reported once per region.
-// A backward may compute a gradient off the critical path (BackwardArgs::mark_deferred): the
-// engine joins that work before a ready hook runs unless the hook says it joins it itself
-// (joins_deferred_work: it calls join_deferred_work, core/fused_dispatch.h, before the device
-// reads the gradient, as DDP does before a bucket's exchange).
 using GradReadyHook = std::function<void(const Tensor& leaf)>;
-HookHandle register_grad_ready_hook(const Tensor& leaf, GradReadyHook hook,
-                                    bool joins_deferred_work = false);
+HookHandle register_grad_ready_hook(const Tensor& leaf, GradReadyHook hook);
 
 // ---- graph nodes ----
 struct Node;
@@ -113,13 +108,6 @@ struct BackwardArgs {
   std::vector<GradDestination> destinations;
   const Tensor& grad() const { return grad_outputs.at(0); }
   bool needs(size_t input) const { return needs_input_grad.at(input); }
-  // Says that the gradient returned for `input` is still being computed off the critical path
-  // (run_deferred, core/fused_dispatch.h): the engine joins that work before anything reads it.
-  void mark_deferred(size_t input) const {
-    if (deferred.size() <= input) deferred.resize(input + 1, false);
-    deferred[input] = true;
-  }
-  mutable std::vector<bool> deferred;  // by input; empty when nothing was deferred
   // The destination offered for `input`; nullptr when none.
   const GradDestination* destination(size_t input) const {
     return input < destinations.size() && destinations[input].tensor.defined()
@@ -169,12 +157,8 @@ struct AutogradMeta {
   // into the view rewrites (see rebase_view_history).
   std::shared_ptr<TensorImpl> view_base;
   std::weak_ptr<Node> accumulate_grad;  // a leaf's AccumulateGrad node, while a graph uses it
-  std::vector<std::pair<uint64_t, GradHook>> hooks;  // leaves only
-  struct ReadyHook {
-    GradReadyHook fn;
-    bool joins_deferred_work = false;
-  };
-  std::vector<std::pair<uint64_t, ReadyHook>> ready_hooks;  // leaves only
+  std::vector<std::pair<uint64_t, GradHook>> hooks;             // leaves only
+  std::vector<std::pair<uint64_t, GradReadyHook>> ready_hooks;  // leaves only
   // Leaves only: where the gradient is written when .grad is undefined at the start of its
   // accumulation (set_grad_destination).
   Tensor grad_destination;

@@ -6,7 +6,6 @@
 #include <unordered_set>
 
 #include "tessera/autograd/autograd.h"
-#include "tessera/core/fused_dispatch.h"
 #include "tessera/kernels/ops.h"
 
 namespace tessera::autograd {
@@ -153,15 +152,14 @@ HookHandle register_hook(const Tensor& t, GradHook hook) {
   });
 }
 
-HookHandle register_grad_ready_hook(const Tensor& leaf, GradReadyHook hook,
-                                    bool joins_deferred_work) {
+HookHandle register_grad_ready_hook(const Tensor& leaf, GradReadyHook hook) {
   TESSERA_CHECK(leaf.requires_grad() && leaf.is_leaf(),
                 "register_grad_ready_hook: expected a leaf tensor that requires grad, got ",
                 leaf.is_leaf() ? "a leaf that does not require grad" : "a non-leaf tensor", " (",
                 describe(leaf), ")");
   const uint64_t id = next_hook_id++;
   AutogradMeta& meta = meta_of(leaf);
-  meta.ready_hooks.emplace_back(id, AutogradMeta::ReadyHook{std::move(hook), joins_deferred_work});
+  meta.ready_hooks.emplace_back(id, std::move(hook));
   std::weak_ptr<AutogradMeta> weak_meta = leaf.impl().autograd;
   return HookHandle([weak_meta, id] {
     if (auto m = weak_meta.lock()) erase_hook(m->ready_hooks, id);
@@ -226,32 +224,16 @@ void set_first_gradient(AutogradMeta& meta, const Tensor& leaf, Tensor grad) {
   }
 }
 
-// True when accumulating `grad` (the leaf's first gradient of this backward) and reporting it
-// final read nothing on the device: it becomes .grad where it already lies, no hook sees it
-// and every ready hook joins deferred work itself.
-bool accumulates_without_reading(const AutogradMeta& meta, const Tensor& leaf, const Tensor& grad,
-                                 bool claimed_by_outer) {
-  if (!meta.hooks.empty() || claimed_by_outer || meta.grad.defined()) return false;
-  for (const auto& [id, hook] : meta.ready_hooks)
-    if (!hook.joins_deferred_work) return false;
-  return meta.grad_destination.defined() ? same_memory(grad, meta.grad_destination)
-                                         : can_adopt_as_grad(grad, leaf);
-}
-
 // Adds `grad` into the leaf's .grad (in place when one exists, so gradients that live
 // as views of a flat bucket stay there), then reports the leaf's gradient as final.
 // `task` is the backward running this: a destination another (outer) backward claimed holds
-// that backward's partial gradient, which must survive. `deferred`: grad is still being
-// computed off the critical path; the device work is joined first unless nothing reads it.
-void accumulate_into_leaf(Node& node, Tensor grad, const void* task, bool deferred) {
+// that backward's partial gradient, which must survive.
+void accumulate_into_leaf(Node& node, Tensor grad, const void* task) {
   Tensor leaf(node.leaf);
   AutogradMeta& meta = meta_of(leaf);
+  if (grad.defined()) grad = apply_hooks(meta.hooks, grad);
   const bool claimed_by_outer =
       meta.destination_claimed_by != nullptr && meta.destination_claimed_by != task;
-  if (deferred && grad.defined() &&
-      !accumulates_without_reading(meta, leaf, grad, claimed_by_outer))
-    join_deferred_work(grad.device());
-  if (grad.defined()) grad = apply_hooks(meta.hooks, grad);
   if (meta.destination_claimed_by == task) meta.destination_claimed_by = nullptr;
   if (grad.defined()) {
     if (!meta.grad.defined() && claimed_by_outer) {
@@ -273,7 +255,7 @@ void accumulate_into_leaf(Node& node, Tensor grad, const void* task, bool deferr
     }
   }
   auto ready_hooks = meta.ready_hooks;
-  for (auto& [id, hook] : ready_hooks) hook.fn(leaf);
+  for (auto& [id, hook] : ready_hooks) hook(leaf);
 }
 
 // A destination offered to a backward for one input; `leaf` is set when it is (a view of) that
@@ -296,10 +278,6 @@ class GraphTask {
   GraphTask(const GraphTask&) = delete;
   GraphTask& operator=(const GraphTask&) = delete;
   ~GraphTask() {
-    try {
-      join_all_deferred();  // a backward that failed may leave work off the critical path
-    } catch (...) {         // a destructor must not throw; the device reports the error again later
-    }
     // A backward that failed may leave claims: their destinations are free again.
     for (const auto& leaf : claimed_leaves_) {
       AutogradMeta* meta = leaf->autograd.get();
@@ -325,33 +303,9 @@ class GraphTask {
       ready_.pop();
       execute(node);
     }
-    join_all_deferred();  // whatever reads .grad next (clipping, the optimizer) sees it whole
   }
 
  private:
-  // ---- gradients computed off the critical path (BackwardArgs::mark_deferred) ----
-  bool is_deferred(const Tensor& t) const {
-    return t.defined() && deferred_.count(t.impl_ptr().get()) != 0;
-  }
-  void mark_deferred(const Tensor& t) {
-    deferred_[t.impl_ptr().get()] = t.device();
-    if (std::find(deferral_devices_.begin(), deferral_devices_.end(), t.device()) ==
-        deferral_devices_.end())
-      deferral_devices_.push_back(t.device());
-  }
-  // Orders what is queued next on `device` after all of its deferred work.
-  void join_device(Device device) {
-    join_deferred_work(device);
-    std::erase_if(deferred_, [&](const auto& entry) { return entry.second == device; });
-  }
-  // Joins the deferred work t is computed by before t is read on the device.
-  void join_for(const Tensor& t) {
-    if (is_deferred(t)) join_device(t.device());
-  }
-  void join_all_deferred() {
-    for (Device d : deferral_devices_) join_device(d);
-  }
-
   void count_dependencies() {
     std::unordered_set<Node*> seen;
     std::vector<Node*> stack;
@@ -380,21 +334,15 @@ class GraphTask {
                   shape_str(want.shape));
     TESSERA_CHECK(grad.device() == want.device, from, ": produced a gradient on ",
                   grad.device().str(), " for a tensor on ", want.device.str());
-    if (grad.dtype() != want.dtype) {
-      join_for(grad);
-      grad = raw::to(grad, want.device, want.dtype);
-    }
+    if (grad.dtype() != want.dtype) grad = raw::to(grad, want.device, want.dtype);
     auto& buffer = buffers_[edge.node.get()];
     buffer.resize(edge.node->outputs.size());
     Tensor& slot = buffer[edge.output_nr];
     if (!slot.defined()) {
       slot = std::move(grad);
-      return;
-    }
-    if (added_in_place && grad.is_same(slot)) return;  // already summed (not x + x's one tensor)
-    join_for(grad);
-    join_for(slot);
-    if (holds_claimed_destination(*edge.node, grad)) {
+    } else if (added_in_place && grad.is_same(slot)) {
+      // Already summed (x + x returns one tensor twice: that is not this case).
+    } else if (holds_claimed_destination(*edge.node, grad)) {
       ops::binary_(BinaryOp::Add, grad, slot);  // the sum stays in the leaf's destination
       slot = std::move(grad);
     } else if ((is_private(slot) && slot.is_contiguous()) ||
@@ -429,10 +377,8 @@ class GraphTask {
     Node& target = *edge.node;
     if (const Tensor* partial = partial_for(edge)) {
       if (partial->is_contiguous() &&
-          (is_private(*partial) || holds_claimed_destination(target, *partial))) {
-        join_for(*partial);  // the backward will add into it
+          (is_private(*partial) || holds_claimed_destination(target, *partial)))
         return {{*partial, /*accumulate=*/true}, nullptr};
-      }
       return {};
     }
     if (target.is_accumulate_grad()) {
@@ -485,7 +431,6 @@ class GraphTask {
     for (size_t i = 0; i < offers.size() && i < grads.size(); ++i) {
       const Offer& offer = offers[i];
       if (offer.leaf == nullptr || !grads[i].is_same(offer.destination.tensor)) continue;
-      destination_grads_.insert(grads[i].impl_ptr().get());
       meta_of(Tensor(offer.leaf)).destination_claimed_by = this;
       claimed_leaves_.push_back(offer.leaf);
     }
@@ -496,8 +441,7 @@ class GraphTask {
     buffers_.erase(node.get());
     grads.resize(node->outputs.size());
     if (node->is_accumulate_grad()) {
-      const bool deferred = is_deferred(grads[0]);
-      accumulate_into_leaf(*node, std::move(grads[0]), this, deferred);
+      accumulate_into_leaf(*node, std::move(grads[0]), this);
       return;
     }
     TESSERA_CHECK(!node->released && node->backward,
@@ -505,38 +449,19 @@ class GraphTask {
                   " already freed its saved tensors after the first backward; pass "
                   "retain_graph=true to the first backward");
     BackwardArgs args;
-    // A gradient still computed off the critical path is joined before this backward reads it,
-    // except by the view node that hands a leaf's destination on (no device work: its
-    // gradient is then a view of the same memory, deferred as well).
-    const Tensor* passed_on = nullptr;
     for (size_t i = 0; i < grads.size(); ++i) {
       const TensorGeometry& out = node->outputs[i];
       if (!grads[i].defined())
         grads[i] = zeros(out.shape, {.dtype = out.dtype, .device = out.device});
-      const bool hooked = i < node->output_hooks.size() && !node->output_hooks[i].empty();
-      if (is_deferred(grads[i])) {
-        if (!hooked && node->destination_view && grads.size() == 1 &&
-            destination_grads_.count(grads[i].impl_ptr().get()) != 0)
-          passed_on = &grads[i];
-        else
-          join_for(grads[i]);
-      }
-      if (hooked) grads[i] = apply_hooks(node->output_hooks[i], grads[i]);
+      if (i < node->output_hooks.size() && !node->output_hooks[i].empty())
+        grads[i] = apply_hooks(node->output_hooks[i], grads[i]);
     }
-    const Tensor deferred_in = passed_on ? *passed_on : Tensor();
     args.grad_outputs = std::move(grads);
     args.retain_graph = retain_graph_;
     for (const Edge& edge : node->next_edges) args.needs_input_grad.push_back(edge.valid());
     std::vector<Offer> offers = offers_for(*node);
     for (const Offer& offer : offers) args.destinations.push_back(offer.destination);
     std::vector<Tensor> input_grads = node->backward(args);
-    for (size_t i = 0; i < args.deferred.size() && i < input_grads.size(); ++i)
-      if (args.deferred[i] && input_grads[i].defined()) mark_deferred(input_grads[i]);
-    if (deferred_in.defined()) {
-      TESSERA_CHECK(input_grads.size() == 1 && input_grads[0].shares_storage(deferred_in),
-                    node->name, ": a view's backward copied a gradient it was to pass on");
-      mark_deferred(input_grads[0]);
-    }
     claim_used_destinations(offers, input_grads);
     std::vector<bool> added_in_place(input_grads.size(), false);
     for (size_t i = 0; i < offers.size() && i < input_grads.size(); ++i)
@@ -571,11 +496,6 @@ class GraphTask {
   }
 
   bool retain_graph_;
-  // Gradients whose device work was deferred and not yet joined, with their device.
-  std::unordered_map<const TensorImpl*, Device> deferred_;
-  std::vector<Device> deferral_devices_;  // every device this backward deferred work on
-  // Gradients a backward returned as the (view of the) leaf destination it was offered.
-  std::unordered_set<const TensorImpl*> destination_grads_;
   std::vector<std::shared_ptr<TensorImpl>> claimed_leaves_;
   std::vector<std::shared_ptr<Node>> roots_;
   std::unordered_map<Node*, int> dependencies_;

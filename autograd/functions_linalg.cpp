@@ -66,12 +66,6 @@ Tensor linear_rows(const Tensor& x2d, const Tensor& w, const Tensor& bias) {
   return y2;
 }
 
-// True when the engine offers input i's gradient a destination to add into.
-bool destination_accumulates(const BackwardArgs& a, size_t i) {
-  const autograd::GradDestination* d = a.destination(i);
-  return d != nullptr && d->accumulate;
-}
-
 // a @ b of two matrices: into `into` (contiguous, of the product's shape) when defined.
 Tensor product(const Tensor& a, const Tensor& b, const Tensor& into) {
   if (!into.defined()) return ops::matmul(a, b);
@@ -186,58 +180,34 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
   if (!autograd::any_requires_grad({x, weight, bias})) return y;
   SavedTensor saved_x = weight.requires_grad() ? SavedTensor::input(x) : SavedTensor();
   SavedTensor saved_w = x.requires_grad() ? SavedTensor::input(weight) : SavedTensor();
-  record("LinearBackward", {x, weight, bias}, {y},
-         [saved_x, saved_w, x_shape = x.shape(), in, out,
-          w_transposed = is_transposed_matrix(weight)](const BackwardArgs& a) {
-           const Tensor g = fold_rows(a.grad());
-           Tensor grad_x, grad_w, grad_b;
-           // Weight and bias gradients go straight into the memory the engine offers for them
-           // (a DDP bucket's slots) when its layout is the GEMM's.
-           const Tensor bias_into = overwrite_target(a, 2, {out}, g.dtype());
-           if (a.needs(1)) {
-             // weight is a torch-layout [out, in] matrix seen as [in, out]: dWᵀ = gᵀ x is written
-             // contiguous [out, in], and its transpose is the gradient of the view.
-             const bool transposed = w_transposed && !a.needs(2);
-             const Tensor x2d = fold_rows(saved_x.unpack("LinearBackward"));
-             Tensor into_w = overwrite_target(a, 1, transposed ? Shape{out, in} : Shape{in, out},
-                                              g.dtype(), transposed);
-             Tensor into_b = a.needs(2) ? bias_into : Tensor();
-             const bool in_destination = into_w.defined();
-             // Computed first and, where the device can, off the critical path: nothing else in
-             // this backward reads them, so their GEMM runs beside the input gradient's and what
-             // follows it (the outputs are allocated here, on the current stream).
-             const auto run_deferred = fused_for(g).run_deferred;
-             const bool defer = run_deferred != nullptr && !destination_accumulates(a, 1) &&
-                                !(a.needs(2) && destination_accumulates(a, 2));
-             if (defer) {
-               const TensorOptions like{.dtype = g.dtype(), .device = g.device()};
-               if (!into_w.defined())
-                 into_w = empty(transposed ? Shape{out, in} : Shape{in, out}, like);
-               if (a.needs(2) && !into_b.defined()) into_b = empty({out}, like);
-             }
-             auto compute = [&] {
-               if (transposed) {
-                 grad_w = weight_and_bias_grads(g, x2d, true, false, into_w).first;
-               } else {
-                 std::tie(grad_w, grad_b) =
-                     weight_and_bias_grads(x2d, g, true, a.needs(2), into_w, into_b);
-               }
-             };
-             if (defer) {
-               run_deferred(g.device().index, compute, {x2d, g});
-               a.mark_deferred(1);
-               if (grad_b.defined()) a.mark_deferred(2);
-             } else {
-               compute();
-             }
-             if (transposed) grad_w = in_destination ? a.destination(1)->tensor : mT(grad_w);
-           }
-           if (a.needs(0))
-             grad_x = raw::reshape(ops::matmul(g, mT(saved_w.unpack("LinearBackward"))), x_shape);
-           if (a.needs(2) && !grad_b.defined()) grad_b = column_sums(g, bias_into);
-           return Grads{grad_x, add_into_destination(a, 1, grad_w),
-                        add_into_destination(a, 2, grad_b)};
-         });
+  record(
+      "LinearBackward", {x, weight, bias}, {y},
+      [saved_x, saved_w, x_shape = x.shape(), in, out,
+       w_transposed = is_transposed_matrix(weight)](const BackwardArgs& a) {
+        const Tensor g = fold_rows(a.grad());
+        Tensor grad_x, grad_w, grad_b;
+        if (a.needs(0))
+          grad_x = raw::reshape(ops::matmul(g, mT(saved_w.unpack("LinearBackward"))), x_shape);
+        // Weight and bias gradients go straight into the memory the engine offers for them
+        // (a DDP bucket's slots) when its layout is the GEMM's.
+        const Tensor bias_into = overwrite_target(a, 2, {out}, g.dtype());
+        if (a.needs(1)) {
+          const Tensor x2d = fold_rows(saved_x.unpack("LinearBackward"));
+          if (w_transposed && !a.needs(2)) {
+            // weight is a torch-layout [out, in] matrix seen as [in, out]: dWᵀ = gᵀ x is written
+            // contiguous [out, in], and its transpose is the gradient of the view.
+            const Tensor into = overwrite_target(a, 1, {out, in}, g.dtype(), /*transposed=*/true);
+            const Tensor grad_wt = weight_and_bias_grads(g, x2d, true, false, into).first;
+            grad_w = into.defined() ? a.destination(1)->tensor : mT(grad_wt);
+          } else {
+            std::tie(grad_w, grad_b) = weight_and_bias_grads(
+                x2d, g, true, a.needs(2), overwrite_target(a, 1, {in, out}, g.dtype()), bias_into);
+          }
+        }
+        if (a.needs(2) && !grad_b.defined()) grad_b = column_sums(g, bias_into);
+        return Grads{grad_x, add_into_destination(a, 1, grad_w),
+                     add_into_destination(a, 2, grad_b)};
+      });
   return y;
 }
 

@@ -9,8 +9,4 @@ FusedKernelTable& fused_kernel_table(DeviceType type) {
   return tables[static_cast<int>(type)];
 }
 
-void join_deferred_work(Device device) {
-  if (auto join = fused_kernel_table(device.type).join_deferred) join(device.index);
-}
-
 }  // namespace tessera

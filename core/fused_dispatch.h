@@ -11,7 +11,6 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -151,20 +150,7 @@ struct FusedKernelTable {
   // when coef < 1 or n is not finite (optim::clip_grad_norm_'s rule, decided on the device).
   void (*multi_tensor_clip)(const std::vector<Tensor>& tensors, const Tensor& norm,
                             double max_norm) = nullptr;
-
-  // ---- work off the critical path (a backward's weight gradients). run_deferred queues what
-  // `work` launches on `device` so that it may run beside the work queued after it (CUDA: on a
-  // second stream, after everything queued so far on the current one), keeping `operands`
-  // alive until it is joined; join_deferred makes the work queued next on the device's current
-  // stream wait for all of it. run_deferred joins what was deferred before, so at most one
-  // piece is outstanding. Both null where the device runs everything in order.
-  void (*run_deferred)(int device_index, const std::function<void()>& work,
-                       std::vector<Tensor> operands) = nullptr;
-  void (*join_deferred)(int device_index) = nullptr;
 };
-
-// join_deferred of `device`'s row where it has one.
-void join_deferred_work(Device device);
 
 // The row for a device type; entries are null where the device has no such fused kernel.
 FusedKernelTable& fused_kernel_table(DeviceType type);

@@ -1,6 +1,5 @@
 #include "tessera/dist/flat_buckets.h"
 
-#include "tessera/core/fused_dispatch.h"
 #include "tessera/core/memory_category.h"
 
 #include <algorithm>
@@ -31,8 +30,7 @@ FlatBuckets::FlatBuckets(std::vector<Tensor> params, std::vector<std::string> na
   register_comm_hook({}, {});
   for (size_t i = 0; i < params_.size(); ++i)
     hooks_.push_back(autograd::register_grad_ready_hook(
-        params_[i], [this, i](const Tensor&) { on_grad_ready(i); },
-        /*joins_deferred_work=*/true));  // adopt_gradient and launch join it
+        params_[i], [this, i](const Tensor&) { on_grad_ready(i); }));
 }
 
 FlatBuckets::~FlatBuckets() {
@@ -222,7 +220,6 @@ void FlatBuckets::adopt_gradient(size_t i, bool zero_when_missing) {
     return;
   }
   if (grad.defined()) {
-    join_deferred_work(grad.device());  // a weight gradient may still be computed beside
     raw::copy_(slot, grad);
     ++adoption_counts_.copied;
   } else if (zero_when_missing) {
@@ -268,9 +265,6 @@ void FlatBuckets::launch_ready_buckets() {
 }
 
 void FlatBuckets::launch(Bucket& b) {
-  // The bucket's gradients may still be computed off the critical path (LinearBackward's
-  // weight GEMMs): the exchange, queued after this point, must see them whole.
-  join_deferred_work(b.device);
   ensure_gradient_buffer(b);
   if (b.reduce_buffer.defined()) raw::copy_(b.reduce_buffer, b.gradients);
   b.launched = true;

@@ -1,11 +1,8 @@
 #include "tessera/core/cuda/graph_copy_nodes.h"
 
-#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <utility>
 #include <vector>
 
 #include "tessera/core/cuda/cuda_check.h"
@@ -50,20 +47,6 @@ unsigned blocks_for(size_t items) {
 }
 
 std::atomic<int64_t> rewritten{0};
-std::atomic<int64_t> hoisted{0};
-
-std::mutex scratch_mutex;
-std::vector<std::pair<uintptr_t, uintptr_t>>& scratch_ranges() {  // [begin, end)
-  static std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
-  return ranges;
-}
-
-bool in_library_scratch(const void* p, size_t bytes) {
-  const auto b = reinterpret_cast<uintptr_t>(p);
-  std::lock_guard<std::mutex> lock(scratch_mutex);
-  return std::any_of(scratch_ranges().begin(), scratch_ranges().end(),
-                     [&](const auto& r) { return b >= r.first && b + bytes <= r.second; });
-}
 
 // The graph API with edge data: the plain names from CUDA 13 on, `_v2` in 12.3-12.9; older
 // toolkits have none (and no rewrite).
@@ -158,54 +141,8 @@ bool memcpy_launch(cudaGraphNode_t node, Launch& l) {
   return true;
 }
 
-std::vector<cudaGraphNode_t> dependencies_of(cudaGraphNode_t node) {
-  size_t n = 0;
-  TESSERA_CUDA_CHECK(node_dependencies(node, nullptr, nullptr, &n));
-  std::vector<cudaGraphNode_t> in(n);
-  std::vector<cudaGraphEdgeData> edges(n);
-  TESSERA_CUDA_CHECK(node_dependencies(node, in.data(), edges.data(), &n));
-  return plain(edges) ? in : std::vector<cudaGraphNode_t>{nullptr};
-}
-
-// Whether `node` is a kernel of Tessera's own (which never touches library scratch memory);
-// the memset and copy kernels of this file are not counted, as they may have been rewritten
-// from the library's own nodes.
-bool is_tessera_kernel(cudaGraphNode_t node) {
-  cudaGraphNodeType type{};
-  if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeKernel) {
-    cudaGetLastError();
-    return false;
-  }
-  cudaKernelNodeParams k{};
-  const char* name = nullptr;
-  if (cudaGraphKernelNodeGetParams(node, &k) != cudaSuccess ||
-      cudaFuncGetName(&name, k.func) != cudaSuccess || name == nullptr) {
-    cudaGetLastError();  // a library's driver-API kernel, say
-    return false;
-  }
-  if (k.func == reinterpret_cast<void*>(&memset_node_kernel) ||
-      k.func == reinterpret_cast<void*>(&copy_node_kernel))
-    return false;
-  return std::strstr(name, "7tessera") != nullptr;  // in namespace tessera (mangled)
-}
-
-// The node a memset into library scratch must still follow: walking back from its single
-// dependency over Tessera kernels with one plain dependency each, the first node that is not
-// one (or the last such kernel, at the graph's start). `from` itself when it is not one.
-cudaGraphNode_t last_possible_user(cudaGraphNode_t from) {
-  constexpr int kMaxWalk = 16;
-  cudaGraphNode_t cur = from;
-  for (int i = 0; i < kMaxWalk && is_tessera_kernel(cur); ++i) {
-    const std::vector<cudaGraphNode_t> in = dependencies_of(cur);
-    if (in.size() != 1 || in[0] == nullptr) break;
-    cur = in[0];
-  }
-  return cur;
-}
-
-// Replaces `node` by a kernel node with the same incoming and outgoing dependencies; a memset
-// into library scratch memory (`hoist`) gets an earlier incoming one (see the header).
-bool replace(cudaGraph_t graph, cudaGraphNode_t node, Launch& l, bool hoist) {
+// Replaces `node` by a kernel node with the same incoming and outgoing dependencies.
+bool replace(cudaGraph_t graph, cudaGraphNode_t node, Launch& l) {
   size_t n_in = 0, n_out = 0;
   TESSERA_CUDA_CHECK(node_dependencies(node, nullptr, nullptr, &n_in));
   TESSERA_CUDA_CHECK(node_dependents(node, nullptr, nullptr, &n_out));
@@ -219,23 +156,8 @@ bool replace(cudaGraph_t graph, cudaGraphNode_t node, Launch& l, bool hoist) {
   k.gridDim = dim3(l.blocks);
   k.blockDim = dim3(kThreads);
   k.kernelParams = l.params.data();
-  std::vector<cudaGraphNode_t> kernel_in = in;
-  if (hoist && in.size() == 1 && !out.empty()) {
-    const cudaGraphNode_t before = last_possible_user(in[0]);
-    if (before != in[0]) {
-      kernel_in = {before};
-      // What followed the memset still follows what it followed.
-      for (cudaGraphNode_t o : out) {
-        const std::vector<cudaGraphNode_t> o_in = dependencies_of(o);
-        if (std::find(o_in.begin(), o_in.end(), in[0]) == o_in.end())
-          TESSERA_CUDA_CHECK(add_dependencies(graph, &in[0], &o, 1));
-      }
-      ++hoisted;
-    }
-  }
   cudaGraphNode_t kernel = nullptr;
-  TESSERA_CUDA_CHECK(
-      cudaGraphAddKernelNode(&kernel, graph, kernel_in.data(), kernel_in.size(), &k));
+  TESSERA_CUDA_CHECK(cudaGraphAddKernelNode(&kernel, graph, in.data(), in.size(), &k));
   if (!out.empty()) {
     const std::vector<cudaGraphNode_t> from(out.size(), kernel);
     TESSERA_CUDA_CHECK(add_dependencies(graph, from.data(), out.data(), out.size()));
@@ -246,18 +168,6 @@ bool replace(cudaGraph_t graph, cudaGraphNode_t node, Launch& l, bool hoist) {
 
 #endif  // CUDART_VERSION >= 12030
 
-}  // namespace
-
-namespace {
-// TESSERA_GRAPH_HOIST_SCRATCH_MEMSETS=0 keeps the memsets into library scratch in place (for
-// measuring what taking them off the chain saves).
-bool hoisting_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("TESSERA_GRAPH_HOIST_SCRATCH_MEMSETS");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return on;
-}
 }  // namespace
 
 bool graph_copy_kernels_enabled() {
@@ -288,9 +198,7 @@ int64_t replace_copy_nodes_with_kernels(cudaGraph_t graph) {
     Launch l;
     const bool candidate = (type == cudaGraphNodeTypeMemset && memset_launch(node, l)) ||
                            (type == cudaGraphNodeTypeMemcpy && memcpy_launch(node, l));
-    const bool hoist = type == cudaGraphNodeTypeMemset && hoisting_enabled() &&
-                       in_library_scratch(l.dst, l.pitch * l.height);
-    if (candidate && replace(graph, node, l, hoist)) ++done;
+    if (candidate && replace(graph, node, l)) ++done;
   }
   rewritten += done;
   return done;
@@ -298,12 +206,5 @@ int64_t replace_copy_nodes_with_kernels(cudaGraph_t graph) {
 }
 
 int64_t graph_copy_nodes_rewritten() { return rewritten.load(); }
-int64_t graph_scratch_memsets_hoisted() { return hoisted.load(); }
-
-void register_library_scratch(const void* ptr, size_t bytes) {
-  const auto b = reinterpret_cast<uintptr_t>(ptr);
-  std::lock_guard<std::mutex> lock(scratch_mutex);
-  scratch_ranges().emplace_back(b, b + bytes);
-}
 
 }  // namespace tessera::cuda

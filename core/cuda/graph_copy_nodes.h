@@ -16,14 +16,6 @@
 
 namespace tessera::cuda {
 
-//
-// A small memset into a library's scratch memory (register_library_scratch: cuBLASLt's
-// workspaces, whose semaphore it clears) is also taken off the chain: it need not wait for the
-// Tessera kernels recorded between the library's previous kernel and it, which never touch that
-// memory, so its kernel node depends on the last node before them instead and runs beside them
-// (the library's next kernel still waits for both). That saves the ~1.2 us the node took on the
-// step's critical path, before most of a step's GEMMs.
-
 // Nodes of at most this many bytes are rewritten.
 constexpr size_t kGraphCopyKernelMaxBytes = size_t(1) << 20;
 
@@ -32,13 +24,7 @@ constexpr size_t kGraphCopyKernelMaxBytes = size_t(1) << 20;
 int64_t replace_copy_nodes_with_kernels(cudaGraph_t graph);
 // Whether TESSERA_GRAPH_COPY_KERNELS leaves the rewrite on (default on).
 bool graph_copy_kernels_enabled();
-// Nodes rewritten so far in this process (for tests), and of those how many memsets into
-// library scratch memory were taken off the chain.
+// Nodes rewritten so far in this process (for tests).
 int64_t graph_copy_nodes_rewritten();
-int64_t graph_scratch_memsets_hoisted();
-
-// [ptr, ptr + bytes) is only ever read or written by a library's own kernels and memsets,
-// never by a Tessera kernel. Kept for the process.
-void register_library_scratch(const void* ptr, size_t bytes);
 
 }  // namespace tessera::cuda

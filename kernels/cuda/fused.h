@@ -135,17 +135,6 @@ bool flash_attention_backward_uses_sm90(const Tensor& q, const Tensor& k, const 
 void naive_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                              const Tensor& out, const Tensor& lse);
 
-// ---- work off the critical path (deferred.cpp; core/fused_dispatch.h's contract) ----
-// run_deferred: `work`'s launches go to a second stream of `device` (per thread), after the
-// work queued so far on the current stream; what was deferred before is joined first, and
-// `operands` are kept alive until the join. join_deferred: the current stream waits for it.
-void run_deferred(int device, const std::function<void()>& work, std::vector<Tensor> operands);
-void join_deferred(int device);
-// For tests: deferral on or off (TESSERA_DEFERRED_WORK=0 starts it off), and a delay the second
-// stream waits before each piece (TESSERA_DEFERRED_WORK_DELAY_US), so that a gradient read
-// without a join is read before it is written. Per process.
-void set_deferred_work(bool enabled, int64_t delay_microseconds = 0);
-
 // ---- hand-written tensor-core GEMM (teaching / benchmark; cuBLAS is the default) ----
 // c[M, N] = a[M, K] @ b[K, N], bf16 or f16 in, f32 accumulation, out in the input dtype.
 // All row-major contiguous.

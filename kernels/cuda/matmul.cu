@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "tessera/core/dispatch.h"
-#include "tessera/core/cuda/graph_copy_nodes.h"
 #include "tessera/core/graph_capture.h"
 #include "tessera/kernels/cuda/common.cuh"
 #include "tessera/kernels/cuda/fused.h"
@@ -200,9 +199,6 @@ std::pair<void*, size_t> workspace(int device, cudaStream_t stream) {
     cudaGetLastError();  // clear the failed allocation; go on without workspace
     it->second = nullptr;
   }
-  // Only cuBLASLt touches it: a recorded graph may clear its semaphores early
-  // (core/cuda/graph_copy_nodes.h).
-  if (inserted && it->second != nullptr) register_library_scratch(it->second, kWorkspaceBytes);
   return {it->second, it->second ? kWorkspaceBytes : 0};
 }
 

@@ -27,8 +27,6 @@ const bool registered = [] {
   t.swiglu_backward = swiglu_backward;
   t.multi_tensor_clip = multi_tensor_clip_;
   t.scale_by_device_scalar_ = scale_by_device_scalar_;
-  t.run_deferred = run_deferred;
-  t.join_deferred = join_deferred;
   return true;
 }();
 

@@ -10,12 +10,10 @@
 #include <cstring>
 #include <filesystem>
 
-#include "tessera/autograd/autocast.h"
 #include "tessera/core/cuda/cuda_check.h"
 #include "tessera/core/cuda/cuda_runtime.h"
 #include "tessera/core/cuda/graph_copy_nodes.h"
 #include "tessera/data/token_file.h"
-#include "tessera/kernels/cuda/fused.h"
 #include "tessera/kernels/ops.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/optim/adamw.h"
@@ -93,12 +91,10 @@ struct TrainerRun {
   std::string status;
 };
 
-TrainerRun train_with_graphs(const char* graphs, int64_t accumulation, int64_t zero_stage = 0,
-                             const std::string& tag = "") {
+TrainerRun train_with_graphs(const char* graphs, int64_t accumulation, int64_t zero_stage = 0) {
   GraphsEnv env(graphs);
-  const fs::path dir =
-      scratch(std::string("trainer_") + graphs + "_" + std::to_string(accumulation) + "_" +
-              std::to_string(zero_stage) + tag);
+  const fs::path dir = scratch(std::string("trainer_") + graphs + "_" +
+                               std::to_string(accumulation) + "_" + std::to_string(zero_stage));
   const data::TokenFile tokens = token_stream(dir);
   train::TrainingArguments a;
   a.data = (dir / "tokens.bin").string();
@@ -341,7 +337,6 @@ TEST(CudaGraphs, SmallCopiesAndMemsetsReplayAsKernels) {
   cuda::synchronize();
   const std::vector<uint32_t> want_row = bits_of(row), want_ones = bits_of(ones_bits),
                               want_out = bits_of(out);
-  const int64_t hoisted_before = cuda::graph_scratch_memsets_hoisted();
   for (const bool rewrite : {true, false}) {
     SCOPED_TRACE(rewrite ? "rewritten" : "TESSERA_GRAPH_COPY_KERNELS=0");
     if (!rewrite) setenv("TESSERA_GRAPH_COPY_KERNELS", "0", 1);
@@ -352,7 +347,6 @@ TEST(CudaGraphs, SmallCopiesAndMemsetsReplayAsKernels) {
     unsetenv("TESSERA_GRAPH_COPY_KERNELS");
     // The copy and the memset; not the 1.2 MB memset.
     EXPECT_EQ(cuda::graph_copy_nodes_rewritten() - before, rewrite ? 2 : 0);
-    EXPECT_EQ(cuda::graph_scratch_memsets_hoisted(), hoisted_before);  // not library scratch
     for (int replay = 0; replay < 2; ++replay) {
       for (const Tensor* t : {&row, &ones_bits, &big, &out}) raw::fill_(*t, -7.0);
       graph->replay();
@@ -362,115 +356,4 @@ TEST(CudaGraphs, SmallCopiesAndMemsetsReplayAsKernels) {
       EXPECT_EQ(bits_of(big), std::vector<uint32_t>(big.numel(), 0u));
     }
   }
-}
-
-// A memset into memory only a library touches (here a registered buffer standing in for
-// cuBLASLt's workspace) recorded after Tessera kernels is taken off the chain: it waits for
-// the GEMM before those kernels, not for them; the GEMM after it still waits for both. The
-// step's results are the eager step's, the memset's bytes land, and a memset into other
-// memory stays where it was (SmallCopiesAndMemsetsReplayAsKernels).
-TEST(CudaGraphs, ScratchMemsetsWaitOnlyForTheLibrarysPreviousWork) {
-  TESSERA_REQUIRE_GPU();
-  const Device gpu = Device::cuda(0);
-  GraphBackend& backend = *graph_backend(DeviceType::CUDA);
-  const Tensor x = cuda_test::to_gpu(cuda_test::host_randn({333, 257}, DType::f32));
-  const Tensor w = cuda_test::to_gpu(cuda_test::host_randn({257, 130}, DType::f32));
-  // Registered for the process, so never freed (as cuBLASLt's workspaces are not).
-  static void* const scratch_memory = [] {
-    void* p = nullptr;
-    TESSERA_CUDA_CHECK(cudaMalloc(&p, 256));
-    cuda::register_library_scratch(p, 256);
-    return p;
-  }();
-  const Tensor scratch = from_blob(scratch_memory, {64}, DType::i32, gpu);
-  Tensor out;
-  auto step = [&] {
-    const Tensor h = ops::matmul(x, w);                // the library's previous kernel
-    const Tensor a = ops::add(ops::mul(h, 0.5), 1.0);  // Tessera kernels
-    TESSERA_CUDA_CHECK(
-        cudaMemsetAsync(static_cast<char*>(scratch_memory) + 16, 0x5a, 8, cuda::current_stream(0)));
-    out = ops::matmul(raw::transpose(a, 0, 1), h);  // the library's next kernel
-  };
-  step();
-  cuda::synchronize();
-  const std::vector<uint32_t> want = bits_of(out);
-  const int64_t before = cuda::graph_scratch_memsets_hoisted();
-  backend.begin_capture(gpu);
-  step();
-  std::unique_ptr<DeviceGraph> graph = backend.end_capture(gpu);
-  EXPECT_GE(cuda::graph_scratch_memsets_hoisted() - before, 1);
-  for (int replay = 0; replay < 2; ++replay) {
-    raw::fill_(out, -7.0);
-    raw::fill_(scratch, 0.0);
-    graph->replay();
-    EXPECT_EQ(bits_of(out), want);
-    const std::vector<int32_t> bytes =
-        raw::to(scratch, Device::cpu(), DType::i32).to_vector<int32_t>();
-    for (int i = 0; i < 64; ++i) EXPECT_EQ(bytes[i], i == 4 || i == 5 ? 0x5a5a5a5a : 0) << i;
-  }
-}
-
-// ---- weight gradients off the critical path (kernels/cuda/deferred.cu) ----
-// The second stream waits 2 ms before each piece of deferred work, so a gradient the engine,
-// a hook or DDP read before joining it would be read before it is written. Each deferred run
-// goes first, so the memory it gets holds no gradients of an earlier run.
-class DeferredWork {
- public:
-  DeferredWork(bool on, int64_t delay_us) { cuda::set_deferred_work(on, delay_us); }
-  ~DeferredWork() { cuda::set_deferred_work(true, 0); }
-};
-
-// The Trainer's runs (eager and recorded steps, two micro-steps per step: the second backward
-// adds into the first's gradients) are those without deferral, bit for bit.
-TEST(DeferredWorkCuda, TrainerRunsEqualTheInOrderRuns) {
-  TESSERA_REQUIRE_GPU();
-  Deterministic deterministic;
-  for (const char* graphs : {"0", "1"}) {
-    SCOPED_TRACE(std::string("TESSERA_CUDA_GRAPHS=") + graphs);
-    TrainerRun deferred, in_order;
-    {
-      DeferredWork held(true, 2000);
-      deferred = train_with_graphs(graphs, 2, 0, "_deferred");
-    }
-    {
-      DeferredWork off(false, 0);
-      in_order = train_with_graphs(graphs, 2, 0, "_in_order");
-    }
-    EXPECT_EQ(deferred.losses, in_order.losses);
-    EXPECT_EQ(deferred.norms, in_order.norms);
-    expect_same_weights(*deferred.model, *in_order.model);
-  }
-}
-
-// Gradients read before the backward ends: a hook on a weight (it scales the gradient), a
-// second backward adding into .grad, and the casts of f32 weights under autocast (their
-// backwards read the bf16 weight gradients) all see the deferred gradients whole.
-TEST(DeferredWorkCuda, HooksAccumulationAndAutocastReadWholeGradients) {
-  TESSERA_REQUIRE_GPU();
-  const Device gpu = Device::cuda(0);
-  Generator data_gen(11);
-  const Tensor x = randint(0, kVocab, {3, 32}, {.dtype = DType::i64, .device = gpu}, &data_gen);
-  const Tensor y = randint(0, kVocab, {3, 32}, {.dtype = DType::i64, .device = gpu}, &data_gen);
-  auto gradients = [&](bool deferred) {
-    DeferredWork mode(deferred, deferred ? 2000 : 0);
-    Generator gen(3);
-    nn::GPT model(tiny_config(), &gen, {.device = gpu});
-    autograd::HookHandle hook =
-        autograd::register_hook(model.transformer.blocks[0]->mlp.c_fc.weight,
-                                [](const Tensor& g) { return ops::mul(g, 2.0); });
-    autograd::backward({model.loss(x, y)});  // f32 weights: the hooked leaf is the GEMM's
-    {
-      autograd::AutocastGuard autocast(DType::bf16);  // bf16 casts of them: their backwards
-      autograd::backward({model.loss(x, y)});         // read the gradients, added into .grad
-    }
-    std::vector<std::vector<uint32_t>> out;
-    for (const auto& [name, p] : model.named_parameters()) out.push_back(bits_of(p.grad()));
-    hook.remove();
-    return out;
-  };
-  const auto deferred = gradients(true);
-  const auto in_order = gradients(false);
-  ASSERT_EQ(deferred.size(), in_order.size());
-  for (size_t i = 0; i < deferred.size(); ++i)
-    EXPECT_EQ(deferred[i], in_order[i]) << "parameter " << i;
 }
