@@ -456,31 +456,26 @@ struct AttentionStepCase {
     };
     auto bhtd = [&] { return empty({B, H, T, D}, bf16); };
     if (s.range(0) == 1) {
-      const Tensor qkv = dev_randn({B, T, 3, H, D}, DType::bf16),
-                   dqkv = empty({B, T, 3, H, D}, bf16);
+      const Tensor qkv = dev_randn({B, T, 3, H, D}, DType::bf16);
+      const Tensor dqkv = empty({B, T, 3, H, D}, bf16);
       q = heads(qkv, 0), k = heads(qkv, 1), v = heads(qkv, 2);
       dq = heads(dqkv, 0), dk = heads(dqkv, 1), dv = heads(dqkv, 2);
       o = raw::transpose(empty({B, T, H, D}, bf16), 1, 2);
       dout = raw::transpose(dev_randn({B, T, H, D}, DType::bf16), 1, 2);
     } else {
       q = dev_randn({B, H, T, D}, DType::bf16), k = dev_randn({B, H, T, D}, DType::bf16);
-      v = dev_randn({B, H, T, D}, DType::bf16), o = bhtd(),
-      dout = dev_randn({B, H, T, D}, DType::bf16);
-      dq = bhtd(), dk = bhtd(), dv = bhtd();
+      v = dev_randn({B, H, T, D}, DType::bf16), dout = dev_randn({B, H, T, D}, DType::bf16);
+      o = bhtd(), dq = bhtd(), dk = bhtd(), dv = bhtd();
     }
     lse = empty({B, H, T}, {.device = Device::cuda(0)});
   }
   void forward() {
-    if (cudnn)
-      cuda::cudnn_attention_forward(q, k, v, scale, o, lse);
-    else
-      cuda::flash_attention_forward(q, k, v, scale, o, lse);
+    if (cudnn) cuda::cudnn_attention_forward(q, k, v, scale, o, lse);
+    else cuda::flash_attention_forward(q, k, v, scale, o, lse);
   }
   void backward() {
-    if (cudnn)
-      cuda::cudnn_attention_backward(q, k, v, o, dout, lse, scale, dq, dk, dv);
-    else
-      cuda::flash_attention_backward(q, k, v, o, dout, lse, scale, dq, dk, dv);
+    if (cudnn) cuda::cudnn_attention_backward(q, k, v, o, dout, lse, scale, dq, dk, dv);
+    else cuda::flash_attention_backward(q, k, v, o, dout, lse, scale, dq, dk, dv);
   }
   double matmul_flops(double per_pair) const {
     return per_pair * q.size(0) * q.size(1) * q.size(2) * q.size(2) * q.size(3);
@@ -490,28 +485,18 @@ struct AttentionStepCase {
 void BM_attention_step_fwd_bf16(benchmark::State& s) {
   if (skip_attention(s)) return;
   AttentionStepCase c(s);
-  run(
-      s, [&] { c.forward(); }, 0, c.matmul_flops(2.0));
+  run(s, [&] { c.forward(); }, 0, c.matmul_flops(2.0));
 }
 void BM_attention_step_bwd_bf16(benchmark::State& s) {
   if (skip_attention(s)) return;
   AttentionStepCase c(s);
   c.forward();
-  run(
-      s, [&] { c.backward(); }, 0, c.matmul_flops(5.0));
+  run(s, [&] { c.backward(); }, 0, c.matmul_flops(5.0));
 }
-BENCHMARK(BM_attention_step_fwd_bf16)
-    ->ArgsProduct({{0, 1}, {0, 1}})
-    ->ArgNames({"layout", "impl"})
-    ->UseManualTime()
-    ->Iterations(3)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_attention_step_bwd_bf16)
-    ->ArgsProduct({{0, 1}, {0, 1}})
-    ->ArgNames({"layout", "impl"})
-    ->UseManualTime()
-    ->Iterations(3)
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_attention_step_fwd_bf16)->ArgsProduct({{0, 1}, {0, 1}})->ArgNames({"layout", "impl"})
+    ->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_attention_step_bwd_bf16)->ArgsProduct({{0, 1}, {0, 1}})->ArgNames({"layout", "impl"})
+    ->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 
 // ---- the bias paths of Linear at GPT-2 sizes: gradient (a column sum) and the add ----
 void BM_bias_grad_column_sum_bf16(benchmark::State& s) {
