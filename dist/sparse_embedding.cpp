@@ -162,7 +162,7 @@ void SparseEmbeddingSync::on_backward_started() {
 // Issued as soon as the lookup's backward hands its rows over: every rank reaches each take()
 // at the same place in its backward, so the collectives come in the same order everywhere.
 void SparseEmbeddingSync::gather(Weight& w, const Tensor& indices, const Tensor& grad) {
-  const int64_t world = group_->size(), n = indices.numel(), c = grad.size(1);
+  const int64_t world = group_->size(), n = indices.numel();
   if (buckets_.last_bucket_held()) ++stats_.gathered_before_last_bucket;
   Gathered g = destinations(world * n, indices, grad);
   g.indices_work = group_->all_gather(g.indices, indices);
@@ -189,10 +189,14 @@ SparseEmbeddingSync::Gathered SparseEmbeddingSync::destinations(int64_t rows, co
         group_->allocate_communication_buffer(rows * c, grad.dtype(), grad.device()), {rows, c});
     it = gather_buffers_.emplace(key, std::move(g)).first;
   }
-  if (it != gather_buffers_.end())
-    return {.indices = it->second.indices, .grads = it->second.grads};
-  return {.indices = empty({rows}, {.dtype = indices.dtype(), .device = indices.device()}),
-          .grads = empty({rows, c}, {.dtype = grad.dtype(), .device = grad.device()})};
+  Gathered g;
+  if (it != gather_buffers_.end()) {
+    g.indices = it->second.indices, g.grads = it->second.grads;
+  } else {
+    g.indices = empty({rows}, {.dtype = indices.dtype(), .device = indices.device()});
+    g.grads = empty({rows, c}, {.dtype = grad.dtype(), .device = grad.device()});
+  }
+  return g;
 }
 
 void SparseEmbeddingSync::add_into_reduced(FlatBuckets::Bucket& bucket) {
