@@ -39,6 +39,12 @@ struct MultiTensorAdamWConfig {
   // copies each replay's values there in stream order before the replay
   // (optim::AdamW::prepare_graph_replay), so the host never waits for the previous replay.
   const float* replay_scalars = nullptr;
+  // Global-norm clipping folded into the update (optim::Optimizer::clip_grads_in_next_step):
+  // when set, every gradient is read times clip_grad_norm_'s factor of the norm at clip_norm
+  // (one f32 on the device), max_norm / (norm + 1e-6) when that is below 1, rounded to the
+  // gradient's dtype as multi_tensor_clip would have stored it. The gradients are not written.
+  const float* clip_norm = nullptr;
+  double clip_max_norm = 0.0;
 };
 
 // What a replayed multi-tensor AdamW launch reads from replay_scalars: the decay factor of

@@ -8,6 +8,7 @@
 #include "tessera/core/fused_dispatch.h"
 #include "tessera/core/graph_capture.h"
 #include "tessera/optim/adamw_cpu.h"
+#include "tessera/optim/clip.h"
 #include "tessera/optim/fused_update.h"
 
 namespace tessera::optim {
@@ -73,7 +74,8 @@ bool fits_multi_tensor(const Tensor& p, const Tensor& g, const Tensor& master) {
 bool is_low_precision(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 void run_multi_tensor(std::vector<MultiTensorItem>& items, const ParamGroup& group,
-                      const AdamWOptions& opts, const ReplaySlotFor& replay_slot_for) {
+                      const AdamWOptions& opts, const ReplaySlotFor& replay_slot_for,
+                      const Tensor& clip_norm, double clip_max_norm) {
   // Parameters skipped in earlier steps have other step counts: one launch per count.
   std::map<int64_t, std::vector<MultiTensorItem*>> by_step;
   for (auto& item : items) by_step[item.step].push_back(&item);
@@ -91,6 +93,10 @@ void run_multi_tensor(std::vector<MultiTensorItem>& items, const ParamGroup& gro
     }
     MultiTensorAdamWConfig cfg = multi_tensor_config(group, opts, step);
     cfg.replay_scalars = replay_slot_for ? replay_slot_for(std::move(indices)) : nullptr;
+    if (clip_norm.defined()) {
+      cfg.clip_norm = clip_norm.data<float>();
+      cfg.clip_max_norm = clip_max_norm;
+    }
     // fits_multi_tensor admitted only parameters whose device has the kernel.
     fused_kernel_table(ps.front().device().type)
         .multi_tensor_adamw(ps, gs, ms, vs, masters, std::vector<bool>(ps.size(), true), cfg);
@@ -172,6 +178,10 @@ void AdamW::prepare_graph_replay() {
 void AdamW::apply_step() {
   const bool recording = graph_capture_underway();
   if (recording) recorded_.clear();
+  // A pending clip (clip_grads_in_next_step): the multi-tensor kernel reads its norm where it
+  // lies when that is an f32 on the parameters' device; other gradients are clipped in place
+  // before their update.
+  const PendingClip& clip = pending_clip();
   size_t index = 0;
   for (size_t group_index = 0; group_index < groups_.size(); ++group_index) {
     const ParamGroup& group = groups_[group_index];
@@ -198,10 +208,16 @@ void AdamW::apply_step() {
                       shape_str(grad.shape()), " on ", grad.device().str(), " does not match parameter ",
                       shape_str(p.shape()), " on ", p.device().str());
       }
-      const Tensor direct_grad = keep_master ? grad : detail::grad_like_param(p, grad, "AdamW::step");
-      if (fits_multi_tensor(p, direct_grad, master)) {
+      Tensor direct_grad = keep_master ? grad : detail::grad_like_param(p, grad, "AdamW::step");
+      const bool norm_readable = !clip.norm.defined() ||
+                                 (clip.norm.device() == p.device() && clip.norm.dtype() == DType::f32);
+      if (norm_readable && fits_multi_tensor(p, direct_grad, master)) {
         multi_tensor.push_back({p, direct_grad, m, v, master, s.step, index - 1});
         continue;
+      }
+      if (clip.norm.defined()) {
+        clip_grads_by_norm_({grad}, clip.norm, clip.max_norm);
+        if (!keep_master) direct_grad = detail::grad_like_param(p, grad, "AdamW::step");
       }
       // Its coefficients would be frozen into the graph's kernel arguments.
       TESSERA_CHECK(!recording, "AdamW: parameter ", index - 1, " (", shape_str(p.shape()), " ",
@@ -227,7 +243,7 @@ void AdamW::apply_step() {
       // a graph's private pool.
       replay_slot(0, multi_tensor.front().p.device());
     }
-    run_multi_tensor(multi_tensor, group, opts_, slot_for);
+    run_multi_tensor(multi_tensor, group, opts_, slot_for, clip.norm, clip.max_norm);
   }
 }
 

@@ -40,6 +40,9 @@ class AdamW : public Optimizer {
 
  private:
   void apply_step() override;
+  // The multi-tensor kernel applies a pending clip as it reads the gradients; apply_step clips
+  // the gradients of the other updates in place first.
+  bool applies_pending_clip() const override { return true; }
   void graph_recorded() override;
   // One multi-tensor launch recorded in a graph: its group and its parameters (flat indices);
   // launch i reads its lr and bias corrections from slot i of replay_scalars_

@@ -80,15 +80,19 @@ double grad_norm(const std::vector<Tensor>& params) { return std::sqrt(grad_norm
 
 namespace {
 
+std::vector<Tensor> grads_of(const std::vector<Tensor>& params) {
+  std::vector<Tensor> grads;
+  for_each_grad(params, [&](const Tensor& g) { grads.push_back(g); });
+  return grads;
+}
+
 // Multiplies every gradient by factor; with check_finite, also reports whether all were finite
 // (on a device that costs a reduction and a host read, so clipping skips it).
-bool scale_grads(const std::vector<Tensor>& params, double factor, bool check_finite) {
+bool scale_grads(const std::vector<Tensor>& grads, double factor, bool check_finite) {
   bool finite = true;
   // Contiguous gradients on one device with a fused scale kernel: one launch instead of one
   // per tensor.
   if (!check_finite) {
-    std::vector<Tensor> grads;
-    for_each_grad(params, [&](const Tensor& g) { grads.push_back(g); });
     const auto fused_scale =
         grads.empty() ? nullptr : fused_kernel_table(grads.front().device().type).multi_tensor_scale;
     bool one_launch = fused_scale != nullptr;
@@ -100,7 +104,7 @@ bool scale_grads(const std::vector<Tensor>& params, double factor, bool check_fi
     }
   }
   Tensor device_probe;  // sum of g*0 over non-CPU grads: NaN iff some element is inf/NaN
-  for_each_grad(params, [&](const Tensor& g) {
+  for (const Tensor& g : grads) {
     if (g.device().is_cpu()) {
       with_cpu_floats(g, [&](auto* data, int64_t n) {
         using T = std::remove_pointer_t<decltype(data)>;
@@ -123,33 +127,52 @@ bool scale_grads(const std::vector<Tensor>& params, double factor, bool check_fi
       ops::binary_(BinaryOp::Mul, g, factor);
     }
     g.impl().version++;
-  });
+  }
   if (device_probe.defined() && !std::isfinite(device_probe.item())) finite = false;
   return finite;
+}
+
+// clip_grad_norm_'s scaling of `grads` for a norm read on the host.
+void clip_by_host_norm(const std::vector<Tensor>& grads, double norm, double max_norm) {
+  const double coef = max_norm / (norm + 1e-6);
+  // PyTorch multiplies by the clamped coefficient even for non-finite norms (NaN grads).
+  if (coef < 1.0 || !std::isfinite(norm)) scale_grads(grads, std::min(coef, 1.0), false);
 }
 
 }  // namespace
 
 void scale_grads_(const std::vector<Tensor>& params, double factor) {
-  scale_grads(params, factor, /*check_finite=*/false);
+  scale_grads(grads_of(params), factor, /*check_finite=*/false);
 }
 
 bool scale_grads_and_check_finite_(const std::vector<Tensor>& params, double factor) {
-  return scale_grads(params, factor, /*check_finite=*/true);
+  return scale_grads(grads_of(params), factor, /*check_finite=*/true);
 }
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   TESSERA_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be > 0, got ", max_norm);
   const double norm = grad_norm(params);
-  const double coef = max_norm / (norm + 1e-6);
-  // PyTorch multiplies by the clamped coefficient even for non-finite norms (NaN grads).
-  if (coef < 1.0 || !std::isfinite(norm)) scale_grads_(params, std::min(coef, 1.0));
+  clip_by_host_norm(grads_of(params), norm, max_norm);
   return norm;
 }
 
+void clip_grads_by_norm_(const std::vector<Tensor>& grads, const Tensor& norm, double max_norm) {
+  TESSERA_CHECK(max_norm > 0, "clip_grads_by_norm_: max_norm must be > 0, got ", max_norm);
+  TESSERA_CHECK(norm.defined() && norm.numel() == 1 && is_floating(norm.dtype()),
+                "clip_grads_by_norm_: the norm must be one floating value");
+  if (grads.empty()) return;
+  const Device device = grads.front().device();
+  const auto fused_clip = fused_kernel_table(device.type).multi_tensor_clip;
+  bool on_device = fused_clip != nullptr && norm.device() == device && norm.dtype() == DType::f32;
+  for (const Tensor& g : grads) on_device = on_device && g.device() == device && g.is_contiguous();
+  if (on_device)
+    fused_clip(grads, norm, max_norm);
+  else
+    clip_by_host_norm(grads, norm.item(), max_norm);
+}
+
 Tensor clip_grad_norm_on_device_(const std::vector<Tensor>& params, double max_norm) {
-  std::vector<Tensor> grads;
-  for_each_grad(params, [&](const Tensor& g) { grads.push_back(g); });
+  const std::vector<Tensor> grads = grads_of(params);
   TESSERA_CHECK(!grads.empty(), "clip_grad_norm_on_device_: no parameter has a gradient");
   const Device device = grads.front().device();
   const FusedKernelTable& fused = fused_kernel_table(device.type);

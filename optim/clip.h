@@ -25,6 +25,12 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
 // missing).
 Tensor clip_grad_norm_on_device_(const std::vector<Tensor>& params, double max_norm);
 
+// Clips `grads` in place by the factor of `norm` as clip_grad_norm_ would: times
+// max_norm / (norm + 1e-6) when that is below 1 (or the norm is not finite). `norm` is one
+// value: on the gradients' CUDA device (clip_grad_norm_on_device_'s) nothing waits for it;
+// elsewhere it is read on the host.
+void clip_grads_by_norm_(const std::vector<Tensor>& grads, const Tensor& norm, double max_norm);
+
 // Multiplies every gradient by `factor` and reports whether all of them are finite
 // (one pass per gradient; the loss scaler's unscale).
 bool scale_grads_and_check_finite_(const std::vector<Tensor>& params, double factor);

@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "tessera/core/safetensors.h"
+#include "tessera/optim/clip.h"
 
 #include "tessera/autograd/autograd.h"
 
@@ -36,10 +38,28 @@ std::vector<Tensor> Optimizer::parameters() const {
   return all;
 }
 
+void Optimizer::clip_grads_in_next_step(const Tensor& norm, double max_norm) {
+  TESSERA_CHECK(norm.defined() && norm.numel() == 1 && is_floating(norm.dtype()),
+                name(), "::clip_grads_in_next_step: the norm must be one floating value, got ",
+                norm.defined() ? shape_str(norm.shape()) + " " + dtype_name(norm.dtype()) : "none");
+  TESSERA_CHECK(max_norm > 0, name(), "::clip_grads_in_next_step: max_norm must be > 0, got ",
+                max_norm);
+  pending_clip_ = {norm, max_norm};
+}
+
 void Optimizer::step() {
+  const PendingClip clip = std::exchange(pending_clip_, PendingClip{});
   if (!step_gate_open()) return;
   MemoryCategoryScope tag(MemoryCategory::OptimizerState);  // moments and masters appear here
+  pending_clip_ = clip;
+  if (clip.norm.defined() && !applies_pending_clip()) {
+    std::vector<Tensor> grads;
+    for (const Tensor& p : parameters())
+      if (p.grad().defined()) grads.push_back(p.grad());
+    clip_grads_by_norm_(grads, clip.norm, clip.max_norm);
+  }
   apply_step();
+  pending_clip_ = PendingClip{};
   if (post_step_) post_step_();
 }
 

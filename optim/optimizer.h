@@ -54,6 +54,14 @@ class Optimizer {
   // removes the gate.
   void set_step_gate(std::function<bool()> gate) { gate_ = std::move(gate); }
   bool step_gate_open() const { return !gate_ || gate_(); }
+  // Global-norm clipping folded into the next step(): `norm` is the gradients' norm as
+  // clip_grad_norm_on_device_ measured it (max_norm 0 there only measures), and the update
+  // reads every gradient times max_norm / (norm + 1e-6) when that is below 1 -- the bits of
+  // clipping first -- without the clip's own pass over the gradients, which stay unclipped.
+  // AdamW's multi-tensor kernel applies the factor as it reads; gradients of any other update
+  // are clipped in place before it (clip_grads_by_norm_). The request ends with the next
+  // step(), also when the step gate is shut.
+  void clip_grads_in_next_step(const Tensor& norm, double max_norm);
   // Runs after every update step() made (ZeRO: all-gathers the updated shards).
   void set_post_step_hook(std::function<void()> hook) { post_step_ = std::move(hook); }
   // Replaces what the optimizer updates (ZeRO: this rank's slices of the parameters) and
@@ -92,6 +100,15 @@ class Optimizer {
  protected:
   // The update itself (step() calls it when the gate is open).
   virtual void apply_step() = 0;
+  // A clip requested by clip_grads_in_next_step for this step (norm undefined: none).
+  struct PendingClip {
+    Tensor norm;
+    double max_norm = 0.0;
+  };
+  const PendingClip& pending_clip() const { return pending_clip_; }
+  // Whether apply_step applies pending_clip() itself; otherwise step() clips every gradient
+  // in place first.
+  virtual bool applies_pending_clip() const { return false; }
   // Per-parameter state: named tensors and a step count.
   struct ParamState {
     std::map<std::string, Tensor> tensors;
@@ -107,6 +124,7 @@ class Optimizer {
   std::vector<ParamState> states_;  // by flat parameter index
 
  private:
+  PendingClip pending_clip_;
   std::function<bool()> gate_;
   std::function<void()> post_step_;
 };

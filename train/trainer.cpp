@@ -227,6 +227,15 @@ void Trainer::flush_pending_log() {
   log_step(step);
 }
 
+// The gradients' norm measured on the device; the clipping itself is left to the optimizer's
+// next step, which reads the gradients anyway (the bits of clipping first, one pass less).
+Tensor Trainer::device_clip(const std::vector<Tensor>& params) {
+  const Tensor norm = acc_->clip_grad_norm_on_device_(params, 0.0);
+  if (args_.max_grad_norm > 0 && norm.defined())
+    optimizer_->clip_grads_in_next_step(norm, args_.max_grad_norm);
+  return norm;
+}
+
 Trainer::StepResult Trainer::training_step() {
   if (graphs_) return graphed_training_step();
   // The micro-steps' losses are summed on the device (in f64, as the host would); nothing
@@ -248,7 +257,7 @@ Trainer::StepResult Trainer::training_step() {
   result.loss = acc_->reduce(raw::reshape(local, {1}), "mean");
   const std::vector<Tensor> params = model_.parameters();
   if (acc_->device_clipping_blocker().empty()) {
-    result.grad_norm = acc_->clip_grad_norm_on_device_(params, args_.max_grad_norm);
+    result.grad_norm = device_clip(params);
   } else {
     const double norm = args_.max_grad_norm > 0 ? acc_->clip_grad_norm_(params, args_.max_grad_norm)
                                                 : optim::grad_norm(params);
@@ -275,7 +284,7 @@ StepOutputs Trainer::device_step(const std::vector<data::Batch>& micro_batches) 
   }
   StepOutputs out;
   out.loss = ops::binary(BinaryOp::Div, loss_sum, static_cast<double>(micro_batches.size()));
-  out.grad_norm = acc_->clip_grad_norm_on_device_(model_.parameters(), args_.max_grad_norm);
+  out.grad_norm = device_clip(model_.parameters());
   optimizer_->step();
   optimizer_->zero_grad();
   return out;

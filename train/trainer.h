@@ -88,6 +88,8 @@ class Trainer {
   // device work is device_step's.
   StepResult graphed_training_step();
   StepOutputs device_step(const std::vector<data::Batch>& micro_batches);
+  // Global-norm clipping on the device: the norm now, the scaling in the optimizer's step.
+  Tensor device_clip(const std::vector<Tensor>& params);
   void add_step_loss(const Tensor& loss);
   // The device sum of the losses since the last log, folded into state_.loss_since_log
   // (checked finite: no checkpoint is written after a non-finite loss).

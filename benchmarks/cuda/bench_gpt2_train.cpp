@@ -72,7 +72,7 @@ Args parse(int argc, char** argv) {
 
 // The step of time_language_model_steps as `tessera train` runs it on one GPU: recorded as
 // a CUDA graph after a warm-up step and replayed, with the clipping coefficient computed on
-// the device (a host read of the norm could not be recorded).
+// the device (a host read of the norm could not be recorded) and applied by AdamW's kernel.
 bench::StepTiming time_graphed_steps(const Args& a, nn::GPT& model, optim::AdamW& opt,
                                      const Tensor& idx, const Tensor& targets) {
   dist::Accelerator acc;
@@ -82,7 +82,8 @@ bench::StepTiming time_graphed_steps(const Args& a, nn::GPT& model, optim::AdamW
         train::StepOutputs out;
         out.loss = model.loss(batches[0].x, batches[0].y);
         out.loss.backward();
-        out.grad_norm = optim::clip_grad_norm_on_device_(opt.parameters(), 1.0);
+        out.grad_norm = optim::clip_grad_norm_on_device_(opt.parameters(), 0.0);
+        opt.clip_grads_in_next_step(out.grad_norm, 1.0);  // as tessera train: in AdamW's pass
         opt.step();
         opt.zero_grad();
         return out;

@@ -67,6 +67,24 @@ __device__ bool with_half_float_pointer(const void* data, DType dtype, Fn&& fn) 
   }
 }
 
+// clip_grad_norm_'s factor of the norm at `norm_at`, computed in f64 exactly as the host
+// computes it; false when no clipping is due (the factor would be 1).
+__device__ bool clip_factor(const float* norm_at, double max_norm, float& factor) {
+  const double norm = *norm_at;
+  const double coef = max_norm / (norm + 1e-6);
+  if (!(coef < 1.0) && isfinite(norm)) return false;
+  factor = static_cast<float>(1.0 < coef ? 1.0 : coef);  // std::min(coef, 1.0), NaN kept
+  return true;
+}
+
+// A gradient element as the update reads it: clipped by `clip` first when `clipped` (rounded to
+// the gradient's dtype, as the clip's pass would have stored it), then times grad_scale.
+template <class G>
+__device__ __forceinline__ float read_grad(G g, bool clipped, float clip, float grad_scale) {
+  const float v = clipped ? to_float(from_float<G>(__fmul_rn(to_float(g), clip))) : to_float(g);
+  return __fmul_rn(v, grad_scale);
+}
+
 // One chunk [start, end) of a tensor's AdamW update on typed pointers: 8-element packs when
 // every array is 16-byte aligned at the chunk's start (a 16-bit gradient or parameter one
 // 16-byte access per pack, the f32 moments and weights two), then single elements. The
@@ -77,7 +95,8 @@ __device__ bool with_half_float_pointer(const void* data, DType dtype, Fn&& fn) 
 template <class G, class P>
 __device__ void adamw_chunk(const G* grad, P* param, float* weights, float* exp_avg,
                             float* exp_avg_sq, bool separate_param, int64_t start, int64_t end,
-                            const AdamWCoefficients<float>& coeffs, float grad_scale) {
+                            const AdamWCoefficients<float>& coeffs, bool clipped, float clip,
+                            float grad_scale) {
   auto aligned = [&](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   int64_t tail = start;
   if (aligned(grad + start) && aligned(exp_avg + start) && aligned(exp_avg_sq + start) &&
@@ -90,8 +109,8 @@ __device__ void adamw_chunk(const G* grad, P* param, float* weights, float* exp_
       Pack8<P> rounded;
 #pragma unroll
       for (int j = 0; j < kPack; ++j) {
-        w.v[j] = adamw_update_element(w.v[j], __fmul_rn(to_float(g.v[j]), grad_scale), m.v[j],
-                                      v.v[j], coeffs);
+        w.v[j] = adamw_update_element(w.v[j], read_grad(g.v[j], clipped, clip, grad_scale),
+                                      m.v[j], v.v[j], coeffs);
         rounded.v[j] = from_float<P>(w.v[j]);
       }
       store_pack(exp_avg + start, k, m);
@@ -103,8 +122,8 @@ __device__ void adamw_chunk(const G* grad, P* param, float* weights, float* exp_
   }
   for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) {
     float m = exp_avg[i], v = exp_avg_sq[i];
-    const float w = adamw_update_element(weights[i], __fmul_rn(to_float(grad[i]), grad_scale), m,
-                                         v, coeffs);
+    const float w = adamw_update_element(weights[i], read_grad(grad[i], clipped, clip, grad_scale),
+                                         m, v, coeffs);
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
     weights[i] = w;
@@ -117,7 +136,10 @@ __device__ void adamw_chunk(const G* grad, P* param, float* weights, float* exp_
 // result has the CPU's bits.
 __global__ void __launch_bounds__(kMultiThreads)
     adamw_kernel(const TensorSlot* slots, const ChunkRef* chunks, AdamWCoefficients<float> coeffs,
-                 float grad_scale, const float* replay_scalars) {
+                 float grad_scale, const float* replay_scalars, const float* clip_norm,
+                 double clip_max_norm) {
+  float clip = 1.f;
+  const bool clipped = clip_norm && clip_factor(clip_norm, clip_max_norm, clip);
   if (replay_scalars) {  // this replay's coefficients (adamw_replay_scalars)
     coeffs.decay = replay_scalars[0];
     coeffs.step_size = replay_scalars[1];
@@ -134,13 +156,15 @@ __global__ void __launch_bounds__(kMultiThreads)
     with_half_float_pointer(s.grad, s.grad_dtype, [&](auto* grad) {
       with_half_float_pointer(s.param, s.param_dtype, [&](auto* param) {
         adamw_chunk(grad, param, weights, s.exp_avg, s.exp_avg_sq, s.master != nullptr, c.start,
-                    end, tensor_coeffs, grad_scale);
+                    end, tensor_coeffs, clipped, clip, grad_scale);
       });
     });
     return;
   }
   for (int64_t i = c.start + threadIdx.x; i < end; i += blockDim.x) {  // f64 gradients
-    const float g = __fmul_rn(load_as<float>(s.grad, s.grad_dtype, i), grad_scale);
+    float g = load_as<float>(s.grad, s.grad_dtype, i);  // stored back as f32 by the clip's pass
+    if (clipped) g = __fmul_rn(g, clip);
+    g = __fmul_rn(g, grad_scale);
     float m = s.exp_avg[i], v = s.exp_avg_sq[i];
     const float p = adamw_update_element(weights[i], g, m, v, tensor_coeffs);
     s.exp_avg[i] = m;
@@ -225,10 +249,7 @@ __global__ void __launch_bounds__(kMultiThreads)
     scale_kernel(const NormSlot* slots, const ChunkRef* chunks, float factor,
                  FactorSource source, const float* device_value, double max_norm) {
   if (source == FactorSource::clip_of_norm) {
-    const double norm = *device_value;
-    const double coef = max_norm / (norm + 1e-6);
-    if (!(coef < 1.0) && isfinite(norm)) return;
-    factor = static_cast<float>(1.0 < coef ? 1.0 : coef);  // std::min(coef, 1.0), NaN kept
+    if (!clip_factor(device_value, max_norm, factor)) return;
   } else if (source == FactorSource::value_unless_one) {
     factor = *device_value;
     if (factor == 1.f) return;
@@ -296,7 +317,7 @@ void multi_tensor_adamw(const std::vector<Tensor>& params, const std::vector<Ten
   const AdamWCoefficients<float> coeffs = rounded_to<float>(
       adamw_coefficients(cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.step));
   adamw_kernel<<<static_cast<unsigned>(chunks.size()), kMultiThreads, 0, ctx.stream>>>(
-      dslots, dchunks, coeffs, cfg.grad_scale, cfg.replay_scalars);
+      dslots, dchunks, coeffs, cfg.grad_scale, cfg.replay_scalars, cfg.clip_norm, cfg.clip_max_norm);
   TESSERA_KERNEL_CHECK("adamw_kernel");
 }
 

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "tessera/optim/adamw.h"
+#include "tessera/optim/clip.h"
 #include "tests/cuda/cuda_test_util.h"
 
 using namespace tessera;
@@ -154,5 +155,84 @@ TEST(CudaAdamWBits, OffloadedMasterUpdateMatchesTheDeviceKernel) {
           0u)
           << "bf16 parameter " << i << " after step " << step;
     }
+  }
+}
+
+namespace {
+
+// Whether two tensors of one dtype hold the same bytes.
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  const Tensor ca = raw::contiguous(raw::to(a, Device::cpu(), a.dtype()));
+  const Tensor cb = raw::contiguous(raw::to(b, Device::cpu(), b.dtype()));
+  return ca.dtype() == cb.dtype() && ca.numel() == cb.numel() &&
+         std::memcmp(ca.raw_data(), cb.raw_data(), ca.numel() * dtype_size(ca.dtype())) == 0;
+}
+
+// Clipping folded into the step (Optimizer::clip_grads_in_next_step, what `tessera train` runs)
+// against clip_grad_norm_on_device_ followed by step: the same parameters, masters and moments
+// bit for bit, step after step. The folded form leaves the multi-tensor kernel's gradients as
+// they were; an f64 parameter (no multi-tensor update) has its gradient clipped in place first.
+void expect_folded_clip_matches(DType param_dtype, bool master_weights, double max_norm,
+                                bool offset_grads) {
+  Generator gen(11);
+  std::vector<Tensor> first, folded;
+  std::vector<Shape> shapes = kShapes;
+  shapes.push_back({6, 9});  // the f64 parameter
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const DType dtype = i + 1 == shapes.size() ? DType::f64 : param_dtype;
+    const Tensor start = raw::to(normal(shapes[i], 0, 1, {}, &gen), dev(), dtype);
+    first.push_back(raw::clone(start).requires_grad_(true));
+    folded.push_back(raw::clone(start).requires_grad_(true));
+  }
+  optim::AdamWOptions opts = kOptions;
+  opts.master_weights = master_weights;
+  optim::AdamW first_opt(first, opts), folded_opt(folded, opts);
+  bool clipped = false;
+  for (int step = 1; step <= 4; ++step) {
+    std::vector<Tensor> grads;
+    for (size_t i = 0; i < first.size(); ++i) {
+      const Tensor g = raw::to(normal(first[i].shape(), 0.1, 0.5 / step, {}, &gen), dev(),
+                               first[i].dtype());
+      grads.push_back(g);
+      first[i].set_grad(raw::clone(g));
+      Tensor dg = raw::clone(g);
+      if (offset_grads) {
+        Tensor buffer = zeros({g.numel() + 1}, {.dtype = g.dtype(), .device = dev()});
+        dg = raw::view(raw::narrow(buffer, 0, 1, g.numel()), g.shape());
+        raw::copy_(dg, g);
+      }
+      folded[i].set_grad(dg);
+    }
+    const Tensor norm_first = optim::clip_grad_norm_on_device_(first, max_norm);
+    first_opt.step();
+    const Tensor norm = optim::clip_grad_norm_on_device_(folded, 0.0);
+    folded_opt.clip_grads_in_next_step(norm, max_norm);
+    folded_opt.step();
+    ASSERT_TRUE(same_bytes(norm, norm_first)) << "the norms differ at step " << step;
+    clipped = clipped || max_norm / (norm.item() + 1e-6) < 1.0;
+    for (size_t i = 0; i + 1 < folded.size(); ++i)
+      ASSERT_TRUE(same_bytes(folded[i].grad(), grads[i]))
+          << "the folded clip wrote gradient " << i << " at step " << step;
+    const optim::OptimizerStateDict a = first_opt.state_dict(), b = folded_opt.state_dict();
+    for (const auto& [key, t] : a.tensors)
+      ASSERT_TRUE(same_bytes(t, b.tensors.at(key))) << key << " after step " << step;
+    for (size_t i = 0; i < first.size(); ++i)
+      ASSERT_TRUE(same_bytes(first[i], folded[i]))
+          << dtype_name(first[i].dtype()) << " parameter " << i << " after step " << step;
+  }
+  EXPECT_EQ(clipped, max_norm < 1.0) << "max_norm " << max_norm << " should "
+                                     << (max_norm < 1.0 ? "" : "not ") << "have clipped";
+}
+
+}  // namespace
+
+TEST(CudaAdamWBits, ClippingFoldedIntoTheStepMatchesClippingFirst) {
+  TESSERA_REQUIRE_GPU();
+  for (double max_norm : {0.5, 1e6}) {
+    SCOPED_TRACE("max_norm " + std::to_string(max_norm));
+    expect_folded_clip_matches(DType::f32, false, max_norm, false);
+    expect_folded_clip_matches(DType::bf16, true, max_norm, false);
+    expect_folded_clip_matches(DType::bf16, true, max_norm, /*offset_grads=*/true);
+    if (HasFatalFailure()) return;
   }
 }

@@ -369,6 +369,71 @@ TEST(Schedule, StateDictRestoresTheStep) {
   EXPECT_THROW(other.load_state_dict(sa.state_dict()), Error);
 }
 
+// Optimizer::clip_grads_in_next_step on the CPU: the step clips the gradients it reads by the
+// norm's factor, with the bits of clip_grad_norm_ followed by step (AdamW and SGD, a norm that
+// clips and one that does not); a gate that is shut drops the request.
+TEST(Clip, FoldedIntoTheNextStepMatchesClippingFirst) {
+  for (double max_norm : {0.5, 1e9}) {
+    Generator gen(21);
+    const std::vector<Tensor> start = make_params(gen);
+    auto copy_params = [&] {
+      std::vector<Tensor> ps;
+      for (const Tensor& p : start) ps.push_back(raw::clone(p).requires_grad_(true));
+      return ps;
+    };
+    std::vector<Tensor> a = copy_params(), b = copy_params(), c = copy_params(), d = copy_params();
+    optim::AdamW adam_a(a, {.lr = 1e-2}), adam_b(b, {.lr = 1e-2});
+    optim::SGD sgd_c(c, {.lr = 0.1, .momentum = 0.9}), sgd_d(d, {.lr = 0.1, .momentum = 0.9});
+    for (int step = 1; step <= 3; ++step) {
+      set_random_grads(a, gen, 2.0);
+      for (size_t i = 0; i < a.size(); ++i) {
+        b[i].set_grad(raw::clone(a[i].grad()));
+        c[i].set_grad(raw::clone(a[i].grad()));
+        d[i].set_grad(raw::clone(a[i].grad()));
+      }
+      const double norm = optim::clip_grad_norm_(a, max_norm);
+      adam_a.step();
+      optim::clip_grad_norm_(c, max_norm);
+      sgd_c.step();
+      const Tensor measured = full({}, norm, {.dtype = DType::f32});
+      adam_b.clip_grads_in_next_step(measured, max_norm);
+      adam_b.step();
+      sgd_d.clip_grads_in_next_step(measured, max_norm);
+      sgd_d.step();
+      for (size_t i = 0; i < a.size(); ++i) {
+        ASSERT_EQ(as_f64(a[i]), as_f64(b[i])) << "AdamW parameter " << i << " step " << step;
+        ASSERT_EQ(as_f64(c[i]), as_f64(d[i])) << "SGD parameter " << i << " step " << step;
+      }
+    }
+  }
+  // The norm must be one value and max_norm positive.
+  Generator gen(3);
+  std::vector<Tensor> ps = make_params(gen);
+  optim::SGD sgd(ps, {.lr = 0.1});
+  EXPECT_THROW(sgd.clip_grads_in_next_step(full({2}, 1.0), 1.0), Error);
+  EXPECT_THROW(sgd.clip_grads_in_next_step(full({}, 1.0), 0.0), Error);
+  // A shut gate: no step, and the request does not carry over to the next one (the step after
+  // it equals a twin's that was never asked to clip).
+  set_random_grads(ps, gen, 2.0);
+  std::vector<Tensor> twin;
+  for (const Tensor& p : ps) {
+    twin.push_back(raw::clone(p).requires_grad_(true));
+    twin.back().set_grad(raw::clone(p.grad()));
+  }
+  optim::SGD twin_sgd(twin, {.lr = 0.1});
+  const std::vector<double> before = as_f64(ps[0]);
+  bool open = false;
+  sgd.set_step_gate([&] { return open; });
+  sgd.clip_grads_in_next_step(full({}, 1e-3, {.dtype = DType::f32}), 1e-6);
+  sgd.step();
+  EXPECT_EQ(as_f64(ps[0]), before);
+  open = true;
+  sgd.step();
+  twin_sgd.step();
+  for (size_t i = 0; i < ps.size(); ++i) ASSERT_EQ(as_f64(ps[i]), as_f64(twin[i])) << i;
+  EXPECT_NE(as_f64(ps[0]), before);
+}
+
 TEST(Clip, GlobalNormMatchesFloat64AndScalesOnlyWhenAbove) {
   Generator gen(9);
   auto ps = make_params(gen);
