@@ -58,7 +58,12 @@ void Optimizer::step() {
       if (p.grad().defined()) grads.push_back(p.grad());
     clip_grads_by_norm_(grads, clip.norm, clip.max_norm);
   }
-  apply_step();
+  try {
+    apply_step();
+  } catch (...) {
+    pending_clip_ = PendingClip{};
+    throw;
+  }
   pending_clip_ = PendingClip{};
   if (post_step_) post_step_();
 }
