@@ -134,6 +134,9 @@ struct Node {
   std::vector<TensorGeometry> outputs;  // one per output
   BackwardFn backward;                  // reset after a backward without retain_graph
   bool released = false;
+  // The backward takes an undefined gradient for an output nothing used (and no hook
+  // watches) instead of a tensor of zeros the engine would fill for it.
+  bool takes_undefined_grads = false;
   // Hooks on the outputs of this node (non-leaf tensor hooks), by output index; empty until
   // the first hook is registered.
   std::vector<std::vector<std::pair<uint64_t, GradHook>>> output_hooks;

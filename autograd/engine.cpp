@@ -451,10 +451,10 @@ class GraphTask {
     BackwardArgs args;
     for (size_t i = 0; i < grads.size(); ++i) {
       const TensorGeometry& out = node->outputs[i];
-      if (!grads[i].defined())
+      const bool hooked = i < node->output_hooks.size() && !node->output_hooks[i].empty();
+      if (!grads[i].defined() && (hooked || !node->takes_undefined_grads))
         grads[i] = zeros(out.shape, {.dtype = out.dtype, .device = out.device});
-      if (i < node->output_hooks.size() && !node->output_hooks[i].empty())
-        grads[i] = apply_hooks(node->output_hooks[i], grads[i]);
+      if (hooked) grads[i] = apply_hooks(node->output_hooks[i], grads[i]);
     }
     args.grad_outputs = std::move(grads);
     args.retain_graph = retain_graph_;

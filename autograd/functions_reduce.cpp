@@ -108,19 +108,27 @@ std::pair<Tensor, Tensor> residual_layer_norm(const Tensor& x_in, const Tensor& 
     x_bias = x_bias.to(x.dtype());
   ops::ResidualLayerNormOutput r = ops::residual_layer_norm(x, residual, weight, bias, eps, x_bias);
   if (!autograd::any_requires_grad({x, residual, weight, bias, x_bias})) return {r.sum, r.out};
-  record("ResidualLayerNormBackward", {x, residual, weight, bias, x_bias}, {r.sum, r.out},
-         [ssum = SavedTensor::output(r.sum), sw = SavedTensor::input(weight), mean = r.mean,
-          rstd = r.rstd](const BackwardArgs& a) {
+  const std::shared_ptr<autograd::Node> node = record(
+      "ResidualLayerNormBackward", {x, residual, weight, bias, x_bias}, {r.sum, r.out},
+      [ssum = SavedTensor::output(r.sum), sw = SavedTensor::input(weight), mean = r.mean,
+       rstd = r.rstd](const BackwardArgs& a) {
            const char* name = "ResidualLayerNormBackward";
+           const Tensor sum = ssum.unpack(name);
+           // Undefined gradients (takes_undefined_grads): the sum unused (the residual stream
+           // ends at the last norm, ln_f) adds nothing; the norm unused is a zero dy.
+           const Tensor dy = a.grad_outputs.at(1).defined()
+                                 ? a.grad_outputs.at(1)
+                                 : zeros(sum.shape(), {.dtype = sum.dtype(), .device = sum.device()});
            // The sum's own gradient (the residual stream) joins the norm's in one pass; every
            // term of the sum gets the total, x_bias its column sums (from the same pass).
            ops::LayerNormGrads g = ops::layer_norm_backward_residual(
-               a.grad_outputs.at(1), ssum.unpack(name), sw.unpack(name), mean, rstd,
-               a.grad_outputs.at(0), a.needs(2) || a.needs(3), a.needs(4));
+               dy, sum, sw.unpack(name), mean, rstd, a.grad_outputs.at(0), a.needs(2) || a.needs(3),
+               a.needs(4));
            return Grads{a.needs(0) ? g.dx : Tensor(), a.needs(1) ? g.dx : Tensor(),
                         a.needs(2) ? g.dweight : Tensor(), a.needs(3) ? g.dbias : Tensor(),
                         a.needs(4) ? g.dx_bias : Tensor()};
          });
+  if (node) node->takes_undefined_grads = true;
   return {r.sum, r.out};
 }
 

@@ -82,8 +82,9 @@ ResidualLayerNormOutput residual_layer_norm(const Tensor& x, const Tensor& resid
                                             const Tensor& weight, const Tensor& bias, double eps,
                                             const Tensor& x_bias = Tensor());
 // layer_norm_backward of (dy, x = the normalised sum) with dresidual, the gradient reaching the
-// sum along the residual stream, added into dx: dx = layer_norm_backward(dy).dx + dresidual;
-// with need_x_bias_grad also dx_bias = dx summed over all rows.
+// sum along the residual stream, added into dx: dx = layer_norm_backward(dy).dx + dresidual
+// (an undefined dresidual adds nothing: the stream ends there); with need_x_bias_grad also
+// dx_bias = dx summed over all rows.
 LayerNormGrads layer_norm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                             const Tensor& mean, const Tensor& rstd,
                                             const Tensor& dresidual, bool need_weight_grads,

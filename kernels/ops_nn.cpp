@@ -175,7 +175,8 @@ LayerNormGrads layer_norm_backward_residual(const Tensor& dy, const Tensor& x, c
                                             const Tensor& dresidual, bool need_weight_grads,
                                             bool need_x_bias_grad) {
   const char* op = "layer_norm_backward_residual";
-  const Tensor dres = detail::like_input(op, "residual gradient", dresidual, x);
+  const Tensor dres =
+      dresidual.defined() ? detail::like_input(op, "residual gradient", dresidual, x) : Tensor();
   // The fused kernel writes the parameter gradients; the plain one adds into zeros.
   const auto fused = fused_kernel_table(x.device().type).layer_norm_backward_residual;
   LayerNormGrads grads = layer_norm_backward_with(
@@ -190,7 +191,7 @@ LayerNormGrads layer_norm_backward_residual(const Tensor& dy, const Tensor& x, c
         }
         checked_kernel(detail::kernels_for(dev).layer_norm_backward, op, dev)(
             dyc, x, weight, mean, rstd, g.dx, g.dweight, g.dbias);
-        binary_(BinaryOp::Add, g.dx, dres);
+        if (dres.defined()) binary_(BinaryOp::Add, g.dx, dres);
       });
   if (need_x_bias_grad && !grads.dx_bias.defined()) {
     // The composition (and an empty x): dx summed over every dim but the last, as a Linear's

@@ -32,9 +32,17 @@ TEST(LayerNormFusion, ResidualLayerNormGradientsMatchFiniteDifferences) {
         return Xs{sum, normed};
       },
       {x, r, w}));
-  // Neither, and only the normed output used (a final norm): the sum's gradient is absent.
+  // Neither, and only the normed output used (a final norm): the sum's gradient is absent
+  // (the backward gets it undefined: takes_undefined_grads).
   EXPECT_TRUE(gradcheck(
       [](const Xs& v) { return residual_layer_norm(v[0], v[1], Tensor(), Tensor(), 1e-5).second; },
+      {x, r}));
+  // Only the sum used, times a weight (the norm's output discarded): the norm adds nothing.
+  const Tensor scale = random_f64({11}, 29);
+  EXPECT_TRUE(gradcheck(
+      [&](const Xs& v) {
+        return residual_layer_norm(v[0], v[1], w.detach(), b.detach(), 1e-5).first * scale;
+      },
       {x, r}));
   // One row of odd length, contiguous operands.
   Tensor x1 = leaf(random_f64({1, 7}, 25)), r1 = leaf(random_f64({1, 7}, 26));
