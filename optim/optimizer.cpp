@@ -48,23 +48,22 @@ void Optimizer::clip_grads_in_next_step(const Tensor& norm, double max_norm) {
 }
 
 void Optimizer::step() {
-  const PendingClip clip = std::exchange(pending_clip_, PendingClip{});
+  PendingClip clip = std::exchange(pending_clip_, PendingClip{});  // ends here either way
   if (!step_gate_open()) return;
   MemoryCategoryScope tag(MemoryCategory::OptimizerState);  // moments and masters appear here
-  pending_clip_ = clip;
   if (clip.norm.defined() && !applies_pending_clip()) {
     std::vector<Tensor> grads;
     for (const Tensor& p : parameters())
       if (p.grad().defined()) grads.push_back(p.grad());
     clip_grads_by_norm_(grads, clip.norm, clip.max_norm);
+    clip = PendingClip{};
   }
-  try {
-    apply_step();
-  } catch (...) {
-    pending_clip_ = PendingClip{};
-    throw;
-  }
-  pending_clip_ = PendingClip{};
+  // apply_step reads the request through pending_clip(); cleared however it ends.
+  struct Clear {
+    PendingClip& pending;
+    ~Clear() { pending = PendingClip{}; }
+  } clear{pending_clip_ = std::move(clip)};
+  apply_step();
   if (post_step_) post_step_();
 }
 
