@@ -85,4 +85,10 @@ inline Shape drop_dims(const Shape& shape, const std::vector<int64_t>& sorted_di
   return out;
 }
 
+// The GEMMs of a Linear (functions_linalg.cpp), for fused nodes that own a projection:
+// y2 [rows, out] = x2d @ w (+ bias), one GEMM with the bias added in its epilogue where the
+// device has one; and dW = x2dᵀ g, written into `into` (contiguous [in, out]) when defined.
+Tensor linear_rows(const Tensor& x2d, const Tensor& w, const Tensor& bias);
+Tensor linear_weight_grad(const Tensor& x2d, const Tensor& g, const Tensor& into);
+
 }  // namespace tessera::autograd::util

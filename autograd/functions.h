@@ -266,6 +266,19 @@ Tensor causal_attention_qkv(const Tensor& qkv, int64_t n_head, double dropout_p 
 // True when causal_attention_qkv(qkv, n_head) (no dropout) would take the fused kernels.
 bool causal_attention_qkv_fused_applies(const Tensor& qkv, int64_t n_head);
 
+// causal_attention_qkv(linear(x, w, bias), n_head): a fused projection (GPT-2's c_attn, x
+// [B, T, in], w [in, 3C], bias [3C]) and the attention over its output. Where the fused
+// attention kernels apply with the flash backend (bf16/f16 in the compute dtype, D 64 or 128,
+// a bias, allow_fused) both are one node: its backward's attention kernels sum the bias's
+// gradient (the column sums of d(qkv)) as they write d(qkv), so no pass of its own reads that
+// [B T, 3C] gradient again; the sums run in a fixed order (bitwise repeatable), a different one
+// from the composition's. Elsewhere the composition itself. Autocast as linear's.
+Tensor causal_attention_qkv_projection(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                       int64_t n_head, bool allow_fused = true);
+// True when causal_attention_qkv_projection(x, w, bias, n_head) takes the one-node route.
+bool causal_attention_qkv_projection_fused_applies(const Tensor& x, const Tensor& w,
+                                                   const Tensor& bias, int64_t n_head);
+
 // Llama's attention straight from its fused projection: qkv [B, T, (H + 2 Hkv) D] (q | k | v
 // along the last dim; Hkv key/value heads, Hkv dividing H) -> y [B, T, H D]. q and k are
 // rotated with the tables of their T positions (ops::rope_tables, head dim D), then causal

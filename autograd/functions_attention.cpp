@@ -10,9 +10,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "tessera/autograd/autocast.h"
+#include "tessera/autograd/function_util.h"
 #include "tessera/autograd/functions.h"
 #include "tessera/core/fused_dispatch.h"
 
@@ -264,6 +266,104 @@ Tensor fused_attention_qkv(const Tensor& qkv, int64_t n_head, double scale) {
   return y;
 }
 
+// The backward of causal_attention_qkv_projection's one-node route: y = attention over the heads
+// of qkv = x w + bias. The attention kernels write d(qkv) and sum bias's gradient (its column
+// sums) as they store it; dW and dx are the Linear's two GEMMs on d(qkv). Inputs (x, w, bias).
+struct ProjectionAttentionBackward {
+  autograd::SavedTensor x, w, y;
+  Tensor qkv, lse;  // qkv [B, T, 3C] private to this node
+  double scale;
+  int64_t n_head;
+
+  std::vector<Tensor> operator()(const autograd::BackwardArgs& a) const {
+    using autograd::util::overwrite_target;
+    const char* op = "ProjectionAttentionQkvBackward";
+    const Tensor y = this->y.unpack(op);
+    const int64_t C = y.size(2), rows = qkv.size(0) * qkv.size(1);
+    const DType t = qkv.dtype();
+    const TensorOptions like{.dtype = t, .device = qkv.device()};
+    auto heads = [&](const Tensor& u, int64_t which) { return head_view(u, which * C, C, n_head); };
+    Tensor dqkv = empty(qkv.shape(), like);
+    const Tensor dy = readable_gradient(heads(a.grad(), 0), t);
+    const FusedKernelTable& fused = fused_for(qkv);
+    std::vector<Tensor> grads(3);
+    if (a.needs(2)) {
+      grads[2] = overwrite_target(a, 2, {3 * C}, t);
+      if (!grads[2].defined()) grads[2] = empty({3 * C}, like);
+      fused.flash_attention_backward_with_bias_grad(heads(qkv, 0), heads(qkv, 1), heads(qkv, 2),
+                                                    heads(y, 0), dy, lse, scale, heads(dqkv, 0),
+                                                    heads(dqkv, 1), heads(dqkv, 2), grads[2]);
+    } else {
+      fused.flash_attention_backward(heads(qkv, 0), heads(qkv, 1), heads(qkv, 2), heads(y, 0), dy,
+                                     lse, scale, heads(dqkv, 0), heads(dqkv, 1), heads(dqkv, 2));
+    }
+    const Tensor g = raw::reshape(dqkv, {rows, 3 * C});
+    if (a.needs(1)) {
+      const Tensor x = this->x.unpack(op);
+      grads[1] = autograd::util::linear_weight_grad(raw::reshape(x, {rows, x.size(2)}), g,
+                                                    overwrite_target(a, 1, {x.size(2), 3 * C}, t));
+    }
+    if (a.needs(0)) {
+      const Tensor w = this->w.unpack(op);
+      grads[0] = raw::reshape(ops::matmul(g, raw::transpose(w, 0, 1)),
+                              {qkv.size(0), qkv.size(1), w.size(0)});
+    }
+    for (size_t i = 1; i < grads.size(); ++i)
+      grads[i] = autograd::util::add_into_destination(a, i, grads[i]);
+    return grads;
+  }
+};
+
+// The dtype causal_attention_qkv_projection computes in: x's, or autocast's compute dtype where
+// it casts x.
+DType compute_dtype(const Tensor& x) {
+  const std::optional<DType> compute = autograd::autocast_dtype();
+  return compute && is_floating(x.dtype()) && x.dtype() != DType::f64 ? *compute : x.dtype();
+}
+
+// causal_attention_qkv_projection's one-node route for x [B, T, in], w [in, 3C], bias [3C] in
+// the compute dtype: it needs the flash backend (the bias sums come from its kernels) and the
+// fused attention's conditions, which qkv, a fresh contiguous [B, T, 3C], meets whenever its
+// dtype and head size do.
+bool projection_route_applies(const Tensor& x, const Tensor& w, const Tensor& bias, DType dtype,
+                              int64_t n_head) {
+  if (!bias.defined() || x.dim() != 3 || w.dim() != 2 || w.size(0) != x.size(2) ||
+      w.size(1) % 3 != 0 || bias.shape() != Shape{w.size(1)} || n_head <= 0 ||
+      (w.size(1) / 3) % n_head != 0 || x.size(1) == 0 || x.size(0) == 0)
+    return false;
+  const int64_t D = w.size(1) / 3 / n_head;
+  return (dtype == DType::bf16 || dtype == DType::f16) && (D == 64 || D == 128) &&
+         attention_backend() == AttentionBackend::Flash && has_fused_attention(x) &&
+         fused_for(x).flash_attention_backward_with_bias_grad != nullptr;
+}
+
+Tensor fused_projection_attention_qkv(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                      int64_t n_head) {
+  const int64_t B = x.size(0), T = x.size(1), C = w.size(1) / 3, D = C / n_head;
+  const Tensor qkv = raw::reshape(
+      autograd::util::linear_rows(raw::reshape(x, {B * T, x.size(2)}), w, bias), {B, T, 3 * C});
+  if (!causal_attention_qkv_fused_applies(qkv, n_head))  // not expected: see the route's check
+    return causal_attention_qkv(linear(x, w, bias), n_head);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  Tensor y = empty({B, T, C}, {.dtype = qkv.dtype(), .device = qkv.device()});
+  const Tensor q = head_view(qkv, 0, C, n_head);
+  Tensor lse = lse_for(q);
+  attention_forward_on(AttentionBackend::Flash, q, head_view(qkv, C, C, n_head),
+                       head_view(qkv, 2 * C, C, n_head), scale, head_view(y, 0, C, n_head), lse);
+  if (!autograd::any_requires_grad({x, w, bias})) return y;
+  using autograd::SavedTensor;
+  ProjectionAttentionBackward backward{
+      .x = w.requires_grad() ? SavedTensor::input(x) : SavedTensor(),
+      .w = x.requires_grad() ? SavedTensor::input(w) : SavedTensor(),
+      .y = SavedTensor::output(y),
+      .qkv = qkv,
+      .lse = lse,
+      .scale = scale,
+      .n_head = n_head};
+  autograd::record("ProjectionAttentionQkvBackward", {x, w, bias}, {y}, std::move(backward));
+  return y;
+}
+
 // Channels [0, (H + Hkv) D) of qkv [B, T, *] (q | k) as [B, T, H + Hkv, D] heads.
 Tensor rotary_part(const Tensor& qkv, int64_t heads, int64_t D) {
   return raw::view(raw::narrow(qkv, 2, 0, heads * D), {qkv.size(0), qkv.size(1), heads, D});
@@ -364,6 +464,20 @@ Tensor causal_attention_qkv(const Tensor& qkv_in, int64_t n_head, double dropout
   const Tensor y = scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
                                                 /*causal=*/true, dropout_p, gen, allow_fused);
   return y.transpose(1, 2).reshape({B, T, C});
+}
+
+bool causal_attention_qkv_projection_fused_applies(const Tensor& x, const Tensor& w,
+                                                   const Tensor& bias, int64_t n_head) {
+  return projection_route_applies(x, w, bias, compute_dtype(x), n_head) &&
+         compute_dtype(w) == compute_dtype(x);
+}
+
+Tensor causal_attention_qkv_projection(const Tensor& x_in, const Tensor& w_in, const Tensor& bias,
+                                       int64_t n_head, bool allow_fused) {
+  if (!allow_fused || !causal_attention_qkv_projection_fused_applies(x_in, w_in, bias, n_head))
+    return causal_attention_qkv(linear(x_in, w_in, bias), n_head, 0.0, nullptr, allow_fused);
+  return fused_projection_attention_qkv(autograd::autocast(x_in), autograd::autocast(w_in), bias,
+                                        n_head);
 }
 
 Tensor rotary_causal_attention_qkv(const Tensor& qkv_in, int64_t n_head, int64_t n_kv_head,

@@ -53,19 +53,6 @@ bool is_transposed_matrix(const Tensor& t) {
   return t.dim() == 2 && !t.is_contiguous() && t.stride(0) == 1 && t.stride(1) == t.size(0);
 }
 
-// y2 [rows, out] = x2d @ w (+ bias): one GEMM with the bias added in its epilogue where the
-// device has one, else a matmul and an add.
-Tensor linear_rows(const Tensor& x2d, const Tensor& w, const Tensor& bias) {
-  if (auto fused = fused_for(x2d).linear_forward; fused && fused_linear_operands(x2d, w, bias)) {
-    Tensor y2 = empty({x2d.size(0), w.size(1)}, {.dtype = x2d.dtype(), .device = x2d.device()});
-    fused(x2d, w, bias, y2);
-    return y2;
-  }
-  Tensor y2 = ops::matmul(x2d, w);
-  if (bias.defined()) ops::binary_(BinaryOp::Add, y2, bias);
-  return y2;
-}
-
 // a @ b of two matrices: into `into` (contiguous, of the product's shape) when defined.
 Tensor product(const Tensor& a, const Tensor& b, const Tensor& into) {
   if (!into.defined()) return ops::matmul(a, b);
@@ -127,6 +114,27 @@ Tensor matmul_weight_grad_target(const BackwardArgs& x, const Shape& a_shape, co
 }
 
 }  // namespace
+
+namespace autograd::util {
+
+Tensor linear_rows(const Tensor& x2d, const Tensor& w, const Tensor& bias) {
+  if (auto fused = fused_for(x2d).linear_forward; fused && fused_linear_operands(x2d, w, bias)) {
+    Tensor y2 = empty({x2d.size(0), w.size(1)}, {.dtype = x2d.dtype(), .device = x2d.device()});
+    fused(x2d, w, bias, y2);
+    return y2;
+  }
+  Tensor y2 = ops::matmul(x2d, w);
+  if (bias.defined()) ops::binary_(BinaryOp::Add, y2, bias);
+  return y2;
+}
+
+Tensor linear_weight_grad(const Tensor& x2d, const Tensor& g, const Tensor& into) {
+  return weight_and_bias_grads(x2d, g, true, false, into).first;
+}
+
+}  // namespace autograd::util
+
+using autograd::util::linear_rows;
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   // Under an AutocastGuard both operands run in the compute dtype; their casts are on the

@@ -130,6 +130,14 @@ struct FusedKernelTable {
                                    const Tensor& out, const Tensor& dout, const Tensor& lse,
                                    double scale, const Tensor& dq, const Tensor& dk,
                                    const Tensor& dv) = nullptr;
+  // flash_attention_backward, and dbias [3 H D] = the column sums of dq | dk | dv over their
+  // B T rows (H = Hkv; q's dtype; written): the bias gradient of the projection q | k | v come
+  // from, summed by the kernels as they store the gradients.
+  void (*flash_attention_backward_with_bias_grad)(const Tensor& q, const Tensor& k,
+                                                  const Tensor& v, const Tensor& out,
+                                                  const Tensor& dout, const Tensor& lse,
+                                                  double scale, const Tensor& dq, const Tensor& dk,
+                                                  const Tensor& dv, const Tensor& dbias) = nullptr;
   // True when cuDNN attention can run here; otherwise false and *reason says why.
   bool (*cudnn_attention_available)(std::string* reason) = nullptr;
   void (*cudnn_attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v, double scale,

@@ -66,10 +66,23 @@ Tensor CausalSelfAttention::attention_heads(const Tensor& x) {
   // (flash, cuDNN) draw no attention-probability dropout, so while training with dropout > 0
   // attention takes the composed path instead (the [B, H, T, T] probabilities are
   // materialised and dropped out there, from the default generator like every other mask).
+  // With c_attn and the attention as one node, the attention backward also sums c_attn's bias
+  // gradient (causal_attention_qkv_projection); c_attn's hooks need its own call.
+  if (use_fused_attention && use_fused_projection && dropout_p == 0 && !c_attn.has_hooks() &&
+      causal_attention_qkv_projection_fused_applies(x, c_attn.weight, c_attn.bias, n_head)) {
+    ++fused_calls_;
+    ++fused_projection_calls_;
+    return causal_attention_qkv_projection(x, c_attn.weight, c_attn.bias, n_head);
+  }
   const Tensor qkv = c_attn(x);
   if (use_fused_attention && dropout_p == 0 && causal_attention_qkv_fused_applies(qkv, n_head))
     ++fused_calls_;
   return causal_attention_qkv(qkv, n_head, dropout_p, nullptr, use_fused_attention);
+}
+
+bool CausalSelfAttention::fused_projection_by_default() {
+  const char* v = std::getenv("TESSERA_FUSED_QKV_PROJECTION");
+  return v == nullptr || std::string(v) != "0";
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {

@@ -58,6 +58,13 @@ class CausalSelfAttention : public Module {
   bool use_fused_attention = true;
   // How many forward/forward_cached calls took the fused path (to check it is really used).
   int64_t fused_attention_calls() const { return fused_calls_; }
+  // Run c_attn and the fused attention as one node where it applies
+  // (causal_attention_qkv_projection: the attention backward also sums c_attn's bias gradient)
+  // unless c_attn has hooks. On unless TESSERA_FUSED_QKV_PROJECTION=0.
+  bool use_fused_projection = fused_projection_by_default();
+  static bool fused_projection_by_default();
+  // How many forward calls took that one-node route.
+  int64_t fused_projection_calls() const { return fused_projection_calls_; }
 
  private:
   // softmax(q kᵀ / sqrt(D) masked) v for q [B,H,Tq,D], k/v [B,H,Tk,D], queries at
@@ -68,6 +75,7 @@ class CausalSelfAttention : public Module {
   // The heads' output [B, T, C] before c_proj.
   Tensor attention_heads(const Tensor& x);
   int64_t fused_calls_ = 0;
+  int64_t fused_projection_calls_ = 0;
   int64_t block_size_;  // longest sequence (keys) attended over
 };
 

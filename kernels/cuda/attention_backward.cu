@@ -20,6 +20,8 @@
 
 #include "tessera/kernels/cuda/attention_common.cuh"
 #include "tessera/kernels/cuda/fused.h"
+#include "tessera/kernels/cuda/norm_common.cuh"
+#include "tessera/kernels/ops.h"
 
 namespace tessera::cuda {
 namespace {
@@ -336,10 +338,22 @@ void launch_mma_sync_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   });
 }
 
-// The checks, delta, then the chosen kernels.
+// dbias = the column sums of dq | dk | dv over their B T rows, where the Hopper kernels did not
+// sum them as they wrote them.
+void column_sums_of_heads(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                          const Tensor& dbias) {
+  const int64_t width = dq.size(1) * dq.size(3);
+  const Tensor* parts[] = {&dq, &dk, &dv};
+  for (int64_t i = 0; i < 3; ++i)
+    raw::copy_(raw::narrow(dbias, 0, i * width, width),
+               raw::reshape(ops::sum(*parts[i], {0, 2}), {width}));
+}
+
+// The checks, delta, then the chosen kernels; with dbias also the column sums of dq | dk | dv.
 void run_backward(const char* op, BackwardKernels which, const Tensor& q, const Tensor& k,
                   const Tensor& v, const Tensor& out, const Tensor& dout, const Tensor& lse,
-                  double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                  double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                  const Tensor& dbias = Tensor()) {
   const AttnShape s = check_inputs(op, q, k, v, false);
   check_vector_rows(op, q, k, v);
   check_head_view(op, "out", out, q, /*vector_rows=*/false, /*written=*/false);
@@ -348,7 +362,18 @@ void run_backward(const char* op, BackwardKernels which, const Tensor& q, const 
   check_head_view(op, "dk", dk, k, /*vector_rows=*/true, /*written=*/true);
   check_head_view(op, "dv", dv, k, /*vector_rows=*/true, /*written=*/true);
   check_lse(op, lse, s, q.device());
-  if (q.numel() == 0) return;
+  TESSERA_CHECK(!dbias.defined() ||
+                    (s.Hkv == s.H && dbias.shape() == Shape{3 * s.H * s.D} &&
+                     dbias.dtype() == q.dtype() && dbias.device() == q.device() &&
+                     dbias.is_contiguous()),
+                op, ": the bias gradient must be a contiguous [3 H D] = [", 3 * s.H * s.D,
+                "] tensor of q's dtype and device with as many key/value heads as query heads; got ",
+                dbias.defined() ? shape_str(dbias.shape()) : "", " for q ", shape_str(q.shape()),
+                " and k ", shape_str(k.shape()));
+  if (q.numel() == 0) {
+    if (dbias.defined()) raw::fill_(dbias, 0.0);
+    return;
+  }
   // The Hopper kernels where they run (a refusal launches nothing but the delta kernel below,
   // whose output is scratch), else the mma.sync ones, unless they were asked for explicitly.
   const bool try_sm90 = which == BackwardKernels::sm90 ||
@@ -373,12 +398,27 @@ void run_backward(const char* op, BackwardKernels which, const Tensor& q, const 
       launch(attention_delta_kernel<T, D, false>, 32);
   });
   std::string why_not;
-  if (try_sm90 && launch_sm90_backward(q, k, v, dout, lse, delta, scale, dq, dk, dv, s,
-                                       ctx.stream, &why_not))
+  const int64_t bias_width = 3 * s.H * s.D;
+  const Tensor bias_partials =
+      dbias.defined() && try_sm90
+          ? empty({sm90_bias_partial_rows(s), bias_width}, {.dtype = DType::f32, .device = q.device()})
+          : Tensor();
+  if (try_sm90 && launch_sm90_backward(q, k, v, dout, lse, delta, scale, dq, dk, dv, bias_partials,
+                                       s, ctx.stream, &why_not)) {
+    if (dbias.defined()) {
+      visit_half_float(q.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        add_column_partials<T>(ctx.stream, /*accumulate=*/false, bias_partials.data<float>(),
+                               nullptr, bias_partials.size(0), bias_width,
+                               static_cast<T*>(dbias.raw_data()), nullptr);
+      });
+    }
     return;
+  }
   TESSERA_CHECK(which != BackwardKernels::sm90, op, ": the Hopper kernels cannot run here: ",
                 why_not);
   launch_mma_sync_backward(q, k, v, dout, lse, delta, scale, dq, dk, dv, s, ctx.stream);
+  if (dbias.defined()) column_sums_of_heads(dq, dk, dv, dbias);
 }
 
 }  // namespace
@@ -390,6 +430,16 @@ void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   run_backward("flash_attention_backward", BackwardKernels::dispatch, q, k, v, out, dout, lse,
                scale, dq, dk, dv);
+}
+
+void flash_attention_backward_with_bias_grad(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor& out, const Tensor& dout,
+                                             const Tensor& lse, double scale, const Tensor& dq,
+                                             const Tensor& dk, const Tensor& dv,
+                                             const Tensor& dbias) {
+  TESSERA_CHECK(dbias.defined(), "flash_attention_backward_with_bias_grad: no bias gradient given");
+  run_backward("flash_attention_backward_with_bias_grad", BackwardKernels::dispatch, q, k, v, out,
+               dout, lse, scale, dq, dk, dv, dbias);
 }
 
 void flash_attention_backward_sm90(const Tensor& q, const Tensor& k, const Tensor& v,

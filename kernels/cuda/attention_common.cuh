@@ -43,6 +43,16 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// The two values of a pack2 result, as floats.
+template <class T>
+__device__ __forceinline__ float2 unpack2(uint32_t packed) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    return make_float2(__uint_as_float(packed << 16), __uint_as_float(packed & 0xffff0000u));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&packed));
+  }
+}
+
 // c += a (16x16, row) * b (16x8, col), f32 accumulate.
 template <class T>
 __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -150,11 +160,17 @@ bool launch_sm90_forward(const Tensor& q, const Tensor& k, const Tensor& v, doub
 std::string sm90_backward_unsupported(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& dout);
 // Launches both kernels (delta: f32 [B, H, T], sum_d dO O per query) and returns true, or returns
-// false (with the reason in *why_not when given) and launches nothing.
+// false (with the reason in *why_not when given) and launches nothing. With bias_partials (f32
+// [B ceil(T / 128), 3 H D], H = Hkv) they also write the column sums of dq | dk | dv over each
+// 128 rows of every batch entry there (sm90_bias_partial_rows).
 bool launch_sm90_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
                           const Tensor& lse, const Tensor& delta, double scale, const Tensor& dq,
-                          const Tensor& dk, const Tensor& dv, const AttnShape& s,
-                          cudaStream_t stream, std::string* why_not);
+                          const Tensor& dk, const Tensor& dv, const Tensor& bias_partials,
+                          const AttnShape& s, cudaStream_t stream, std::string* why_not);
+constexpr int64_t kSm90BackwardRows = 128;  // rows (keys or queries) of one backward block
+inline int64_t sm90_bias_partial_rows(const AttnShape& s) {
+  return s.B * ((s.T + kSm90BackwardRows - 1) / kSm90BackwardRows);
+}
 
 template <class Fn>
 void visit_attention(DType t, int64_t D, Fn&& fn) {

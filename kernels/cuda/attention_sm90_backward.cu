@@ -229,20 +229,62 @@ __device__ __forceinline__ void score_gradients(const float (&p)[N / 2], float (
   }
 }
 
+// One round of store_acc_rows' reduce-scatter: with lane bit kBit set this lane keeps the upper
+// kKeep of its first 2 kKeep sums, else the lower, each plus the partner lane's same sum; the
+// kept ones move to sum[0, kKeep) (compile-time indices: the array stays in registers).
+template <int kKeep, int kBit, int V>
+__device__ __forceinline__ void scatter_round(float (&sum)[V], int lane, int& first) {
+  const bool upper = (lane & kBit) != 0;
+#pragma unroll
+  for (int k = 0; k < kKeep; ++k) {
+    const float lo = sum[k], hi = sum[k + kKeep];
+    const float theirs = __shfl_xor_sync(0xffffffffu, upper ? lo : hi, kBit);
+    sum[k] = (upper ? hi : lo) + theirs;
+  }
+  if (upper) first += kKeep;
+}
+
 // Stores a warpgroup's 64 rows of acc * mul (rows r_lo and r_lo + 8 of this thread, registers
-// 4j + 2 half and 4j + 2 half + 1 of 8-column block j) below T.
+// 4j + 2 half and 4j + 2 half + 1 of 8-column block j) below T, nothing where !active. With
+// warp_sums (shared memory, D floats for this warp) also the column sums of what this warp
+// stored over its 16 rows, as the stored (rounded) values: each thread adds its two rows, then
+// the 8 lanes sharing its columns reduce-scatter them (three shuffle rounds over lane bits 4, 3,
+// 2, each halving what a lane holds), so every lane ends with D / 32 whole column sums. A fixed
+// order: the sums repeat bitwise.
 template <class T, int D>
 __device__ __forceinline__ void store_acc_rows(const float (&acc)[D / 2], float mul, ThreadRows tr,
-                                               int seq_len, T* dst, HeadLayout L, int b, int h) {
+                                               int seq_len, bool active, T* dst, HeadLayout L,
+                                               int b, int h, float* warp_sums) {
+  constexpr int V = D / 4;  // this thread's columns 8j + 2t + e, as v = 2j + e
+  float sum[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) sum[v] = 0.f;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = tr.r_lo + 8 * half;
-    if (row >= seq_len) continue;
+    if (!active || row >= seq_len) continue;
     T* out = dst + L.row(b, h, row) + 2 * tr.t;
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<uint32_t*>(out + 8 * j) =
-          pack2<T>(acc[4 * j + 2 * half] * mul, acc[4 * j + 2 * half + 1] * mul);
+    for (int j = 0; j < D / 8; ++j) {
+      const uint32_t packed = pack2<T>(acc[4 * j + 2 * half] * mul, acc[4 * j + 2 * half + 1] * mul);
+      *reinterpret_cast<uint32_t*>(out + 8 * j) = packed;
+      if (warp_sums != nullptr) {
+        const float2 stored = unpack2<T>(packed);
+        sum[2 * j] += stored.x;
+        sum[2 * j + 1] += stored.y;
+      }
+    }
+  }
+  if (warp_sums == nullptr) return;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  int first = 0;  // the first v this lane keeps
+  scatter_round<V / 2, 16>(sum, lane, first);
+  scatter_round<V / 4, 8>(sum, lane, first);
+  scatter_round<V / 8, 4>(sum, lane, first);
+#pragma unroll
+  for (int k = 0; k < V / 8; ++k) {
+    const int v = first + k;
+    warp_sums[8 * (v / 2) + 2 * tr.t + v % 2] = sum[k];
   }
 }
 
@@ -309,7 +351,9 @@ __device__ __forceinline__ void backward_step(const BackwardSmem<D, kDkv>& sm, i
 // What a block of either role needs: the tensor maps (pointers to the kernel's __grid_constant__
 // parameters: they stay in parameter space, where the TMA unit reads them by address) with the
 // place of their time/head/batch dimensions, and its outputs: out1 = dK (dkv) or dQ, scaled by
-// `scale`; out2 = dV (dkv only).
+// `scale`; out2 = dV (dkv only). Optionally (bias_part non-null, H = Hkv) the column sums of
+// each output over the block's rows, into row (b, row tile) of bias_part [B ceil(T / 128),
+// 3 H D] at columns (bias_section + 0 / 1) H D + head D: sections 0 | 1 | 2 = dQ | dK | dV.
 template <class T>
 struct RoleArgs {
   BackwardMaps maps;
@@ -318,6 +362,8 @@ struct RoleArgs {
   HeadLayout L1;
   T* out2;
   HeadLayout L2;
+  float* bias_part;
+  int bias_section;
 };
 
 // One block of the dk/dv role (kDkv) or of the dq role: block (bx, by) of that role's grid.
@@ -327,7 +373,7 @@ __device__ __forceinline__ void backward_block(const RoleArgs<T>& args, uint32_t
                                                float (*stats)[2 * Sm90Backward<D, kDkv>::kCols],
                                                const float* lse, const float* delta, int H,
                                                int group, int seq_len, float scale, int bx, int by,
-                                               int grid_x) {
+                                               int grid_x, float* scratch) {
   using C = Sm90Backward<D, kDkv>;
   const BackwardSmem<D, kDkv> sm{smem_base, bars};
   const BackwardBlock<D, kDkv> blk =
@@ -397,10 +443,26 @@ __device__ __forceinline__ void backward_block(const RoleArgs<T>& args, uint32_t
                                 stats[stage], lse2, dlt, acc1, acc2);
     __syncthreads();  // stage i % 2 (tiles and stats) is free for step i + 2
   }
-  if (!active) return;
-  store_acc_rows<T, D>(acc1, scale, tr, seq_len, args.out1, args.L1, blk.b, blk.row_head);
+  // With bias sums: scratch [8 warps][kOuts D], then thread c < kOuts D adds output c / D's
+  // column c % D over the 8 warps in order into the bias partials (uniform over the grid).
+  constexpr int kOuts = kDkv ? 2 : 1;
+  const bool sums = args.bias_part != nullptr;
+  float* warp_sums = sums ? scratch + (threadIdx.x / 32) * kOuts * D : nullptr;
+  store_acc_rows<T, D>(acc1, scale, tr, seq_len, active, args.out1, args.L1, blk.b, blk.row_head,
+                       warp_sums);
   if constexpr (kDkv)
-    store_acc_rows<T, D>(acc2, 1.f, tr, seq_len, args.out2, args.L2, blk.b, blk.row_head);
+    store_acc_rows<T, D>(acc2, 1.f, tr, seq_len, active, args.out2, args.L2, blk.b, blk.row_head,
+                         sums ? warp_sums + D : nullptr);
+  if (!sums) return;
+  __syncthreads();
+  const int c = static_cast<int>(threadIdx.x);
+  if (c >= kOuts * D) return;
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < C::kThreads / 32; ++w) total += scratch[w * kOuts * D + c];
+  const int64_t row = int64_t(blk.b) * grid_x + blk.row0 / C::kRows;
+  args.bias_part[row * 3 * int64_t(H) * D + int64_t(args.bias_section + c / D) * H * D +
+                 int64_t(blk.row_head) * D + c % D] = total;
 }
 
 // Both roles in one launch (one launch and one tail instead of two): blocks with blockIdx.y <
@@ -418,7 +480,7 @@ __global__ void __launch_bounds__(Sm90Backward<D, true>::kThreads, 1) flash_back
     BackwardSlots dkv_slots, BackwardSlots dq_slots, const float* __restrict__ lse,
     const float* __restrict__ delta, T* __restrict__ dq, HeadLayout Ldq, T* __restrict__ dk,
     HeadLayout Ldk, T* __restrict__ dv, HeadLayout Ldv, int H, int group, int seq_len, float scale,
-    int dkv_blocks_y) {
+    int dkv_blocks_y, float* __restrict__ bias_part) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Sm90Backward<D, true>;
   static_assert(C::kThreads == Sm90Backward<D, false>::kThreads &&
@@ -428,19 +490,22 @@ __global__ void __launch_bounds__(Sm90Backward<D, true>::kThreads, 1) flash_back
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t barriers[kBackwardBarriers];
   __shared__ float stats[C::kStages][2 * C::kCols];  // dkv: lse * log2 e | delta per column
+  __shared__ float scratch[8 * 2 * D];                // the bias sums of each warp (dkv: dK | dV)
   // The swizzle pattern repeats every 1024 bytes and TMA and the descriptors assume each panel
   // starts on such a boundary: round the dynamic buffer up (kSmemBytes has the slack).
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u, bars = smem_addr(barriers);
   const int bx = static_cast<int>(blockIdx.x), by = static_cast<int>(blockIdx.y);
   const int grid_x = static_cast<int>(gridDim.x);
   if (by < dkv_blocks_y) {
-    const RoleArgs<T> args{{&dkv_r1, &dkv_r2, &dkv_c1, &dkv_c2}, dkv_slots, dk, Ldk, dv, Ldv};
+    const RoleArgs<T> args{{&dkv_r1, &dkv_r2, &dkv_c1, &dkv_c2}, dkv_slots, dk, Ldk, dv, Ldv,
+                           bias_part, 1};
     backward_block<T, D, true>(args, base, bars, stats, lse, delta, H, group, seq_len, scale, bx,
-                               by, grid_x);
+                               by, grid_x, scratch);
   } else {
-    const RoleArgs<T> args{{&dq_r1, &dq_r2, &dq_c1, &dq_c2}, dq_slots, dq, Ldq, nullptr, {}};
+    const RoleArgs<T> args{{&dq_r1, &dq_r2, &dq_c1, &dq_c2}, dq_slots, dq, Ldq, nullptr, {},
+                           bias_part, 0};
     backward_block<T, D, false>(args, base, bars, stats, lse, delta, H, group, seq_len, scale, bx,
-                                by - dkv_blocks_y, grid_x);
+                                by - dkv_blocks_y, grid_x, scratch);
   }
 #else
   __trap();  // built without sm_90a code: the host side never launches this (runs_sm90_kernels)
@@ -482,7 +547,7 @@ std::string prepare_backward(const Tensor& q, const Tensor& k, const Tensor& v, 
 template <class T, int D>
 void launch_backward(const BackwardPlan& plan, const AttnShape& s, const Tensor& lse,
                      const Tensor& delta, double scale, const Tensor& dq, const Tensor& dk,
-                     const Tensor& dv, cudaStream_t stream) {
+                     const Tensor& dv, const Tensor& bias_partials, cudaStream_t stream) {
   using C = Sm90Backward<D, true>;
   auto kernel = flash_backward_sm90_kernel<T, D>;
   TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -496,7 +561,8 @@ void launch_backward(const BackwardPlan& plan, const AttnShape& s, const Tensor&
       lse.data<float>(), delta.data<float>(), static_cast<T*>(dq.raw_data()), layout_of(dq),
       static_cast<T*>(dk.raw_data()), layout_of(dk), static_cast<T*>(dv.raw_data()), layout_of(dv),
       static_cast<int>(s.H), static_cast<int>(s.group()), static_cast<int>(s.T),
-      static_cast<float>(scale), dkv_blocks_y);
+      static_cast<float>(scale), dkv_blocks_y,
+      bias_partials.defined() ? bias_partials.data<float>() : nullptr);
   TESSERA_KERNEL_CHECK("flash_backward_sm90_kernel");
 }
 
@@ -517,8 +583,8 @@ std::string sm90_backward_unsupported(const Tensor& q, const Tensor& k, const Te
 
 bool launch_sm90_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
                           const Tensor& lse, const Tensor& delta, double scale, const Tensor& dq,
-                          const Tensor& dk, const Tensor& dv, const AttnShape& s,
-                          cudaStream_t stream, std::string* why_not) {
+                          const Tensor& dk, const Tensor& dv, const Tensor& bias_partials,
+                          const AttnShape& s, cudaStream_t stream, std::string* why_not) {
   BackwardPlan plan;
   const std::string reason = prepare(q, k, v, dout, plan);
   if (!reason.empty()) {
@@ -528,7 +594,7 @@ bool launch_sm90_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
   visit_attention(q.dtype(), s.D, [&](auto tag, auto dconst) {
     using T = decltype(tag);
     constexpr int D = decltype(dconst)::value;
-    launch_backward<T, D>(plan, s, lse, delta, scale, dq, dk, dv, stream);
+    launch_backward<T, D>(plan, s, lse, delta, scale, dq, dk, dv, bias_partials, stream);
   });
   return true;
 }

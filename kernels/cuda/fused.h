@@ -113,6 +113,15 @@ bool flash_attention_forward_uses_sm90(const Tensor& q, const Tensor& k, const T
 void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& dout, const Tensor& lse,
                               double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+// The same, and dbias [3 H D] (q's dtype, written) = the column sums of dq | dk | dv over their
+// B T rows: the bias gradient of the projection q, k and v come out of (H = Hkv). The Hopper
+// kernels sum each block's rows as they store them (a fixed order: bitwise repeatable); the
+// mma.sync route sums the three gradients afterwards.
+void flash_attention_backward_with_bias_grad(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor& out, const Tensor& dout,
+                                             const Tensor& lse, double scale, const Tensor& dq,
+                                             const Tensor& dk, const Tensor& dv,
+                                             const Tensor& dbias);
 // On an H100/H200 the backward runs the wgmma + TMA kernels of attention_sm90_backward.cu (a
 // dk/dv kernel and a dq kernel, no atomics, bitwise repeatable like the mma.sync ones); elsewhere,
 // for views the TMA unit cannot describe, or with TESSERA_ATTENTION_SM90_BWD=0 in the environment,

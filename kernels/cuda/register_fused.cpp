@@ -17,6 +17,7 @@ const bool registered = [] {
   t.classifier = fused_classifier;
   t.flash_attention_forward = flash_attention_forward;
   t.flash_attention_backward = flash_attention_backward;
+  t.flash_attention_backward_with_bias_grad = flash_attention_backward_with_bias_grad;
   t.cudnn_attention_available = [](std::string* reason) { return cudnn_attention_available(reason); };
   t.cudnn_attention_forward = cudnn_attention_forward;
   t.cudnn_attention_backward = cudnn_attention_backward;
