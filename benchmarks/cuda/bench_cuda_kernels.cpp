@@ -598,10 +598,11 @@ void BM_embedding_backward_atomic_baseline(benchmark::State& s) {
 TESSERA_CUDA_BENCH(BM_embedding_backward_atomic_baseline);
 
 // ---- GPT-2 124M's MLP GEMMs and GELU, forward and c_proj's input gradient through gelu'
-// with db_fc, three ways: impl 0 the default route (bias GEMM + GELU kernel; GEMM + one pass
-// for gelu' and the bias gradient), 1 cuBLASLt's GELU epilogues (GELU_AUX_BIAS, DGELU_BGRAD),
-// 2 the passes apart (GEMM + GELU-backward kernel + a column sum of dpre). Two GEMMs of
-// 2 * rows * 768 * 3072 flops each.
+// with db_fc, four ways: impl 0 no GELU epilogue (bias GEMM + GELU kernel; GEMM + one pass
+// for gelu' and the bias gradient), 1 cuBLASLt's GELU epilogues both ways (GELU_AUX_BIAS,
+// DGELU_BGRAD), 2 the passes apart (GEMM + GELU-backward kernel + a column sum of dpre), 3 the
+// default (the forward's epilogue, impl 0's backward). Two GEMMs of 2 * rows * 768 * 3072
+// flops each.
 void BM_mlp_gelu_gemms_bf16(benchmark::State& s) {
   if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
   const int64_t H = 4 * kC, impl = s.range(0);
@@ -611,7 +612,9 @@ void BM_mlp_gelu_gemms_bf16(benchmark::State& s) {
   Tensor g = dev_randn({kRows, kC}, DType::bf16);
   Tensor pre = empty({kRows, H}, bf16), act = empty({kRows, H}, bf16);
   Tensor dpre = empty({kRows, H}, bf16), db_fc = empty({H}, bf16);
-  cuda::set_gelu_epilogues_enabled(impl == 1);
+  cuda::set_gelu_epilogues(impl == 1   ? cuda::GeluEpilogues::both
+                           : impl == 3 ? cuda::GeluEpilogues::forward
+                                       : cuda::GeluEpilogues::none);
   run(s,
       [&] {
         cuda::linear_gelu_forward(x, w_fc, b_fc, act, pre);
@@ -621,12 +624,13 @@ void BM_mlp_gelu_gemms_bf16(benchmark::State& s) {
         gpu().copy(db_fc, ops::sum(dpre, {0}));
       },
       0, 2 * 2.0 * kRows * kC * H);
-  cuda::set_gelu_epilogues_enabled(false);
+  cuda::set_gelu_epilogues(cuda::GeluEpilogues::forward);
 }
 BENCHMARK(BM_mlp_gelu_gemms_bf16)
     ->Arg(0)
     ->Arg(1)
     ->Arg(2)
+    ->Arg(3)
     ->ArgNames({"impl"})
     ->UseManualTime()
     ->Iterations(3)

@@ -30,11 +30,11 @@ void linear_weight_grad(const Tensor& x2d, const Tensor& g, const Tensor& dw,
 
 // GPT-2's MLP up-projection with its activation: pre_activation[M, N] = x2d @ w (+ bias), kept
 // for the backward, and out[M, N] = gelu_tanh(pre_activation). Operands as linear_forward's;
-// pre_activation: contiguous, out's shape, dtype and device. By default linear_forward into
-// pre_activation, then the GELU kernel. With the GELU epilogues on (set_gelu_epilogues_enabled,
-// TESSERA_GELU_EPILOGUES=1) one GEMM (CUBLASLT_EPILOGUE_GELU_AUX_BIAS, or GELU_AUX without a
-// bias), which takes GELU from the f32 accumulator (not from pre_activation rounded to a
-// 16-bit dtype) and needs N divisible by 8 (the aux matrix's leading dimension).
+// pre_activation: contiguous, out's shape, dtype and device. By default (set_gelu_epilogues)
+// one GEMM (CUBLASLT_EPILOGUE_GELU_AUX_BIAS, or GELU_AUX without a bias), which takes GELU from
+// the f32 accumulator (not from pre_activation rounded to a 16-bit dtype) and needs N divisible
+// by 8 (the aux matrix's leading dimension); otherwise, and with the forward's epilogue off,
+// linear_forward into pre_activation, then the GELU kernel.
 void linear_gelu_forward(const Tensor& x2d, const Tensor& w, const Tensor& bias, const Tensor& out,
                          const Tensor& pre_activation);
 
@@ -43,7 +43,7 @@ void linear_gelu_forward(const Tensor& x2d, const Tensor& w, const Tensor& bias,
 // defined dbias[H] = the column sums of dpre (the gradient of the bias that made
 // pre_activation). dpre, dbias: contiguous, written (not accumulated), in g's dtype;
 // pre_activation contiguous. By default a plain GEMM into dpre, then one pass that applies
-// gelu' in place and sums the bias gradient (gelu_backward_with_bias_grad, fused.h); with the
+// gelu' in place and sums the bias gradient (gelu_backward_with_bias_grad, fused.h); with both
 // GELU epilogues on, one GEMM (CUBLASLT_EPILOGUE_DGELU_BGRAD, or DGELU without dbias; needs H
 // divisible by 8).
 void linear_input_grad_dgelu(const Tensor& g, const Tensor& w, const Tensor& pre_activation,
@@ -54,8 +54,12 @@ void linear_input_grad_dgelu(const Tensor& g, const Tensor& w, const Tensor& pre
 // for testing the fallback and for comparing. Default true. Per process.
 void set_linear_epilogues_enabled(bool enabled);
 bool linear_epilogues_enabled();
-// cuBLASLt's GELU epilogues for the two functions above (also needs the switch above on).
-// Default off (TESSERA_GELU_EPILOGUES=1 turns it on). Per process.
+// Which of the two functions above take cuBLASLt's GELU epilogues (also needs the switch above
+// on). Default: the forward's only, measured faster on an H100; the backward's was slower.
+// TESSERA_GELU_EPILOGUES=0 / forward / 1 picks none / the forward's / both. Per process.
+enum class GeluEpilogues { none, forward, both };
+void set_gelu_epilogues(GeluEpilogues which);
+// true: both, false: none.
 void set_gelu_epilogues_enabled(bool enabled);
 
 // How many linear_forward/linear_weight_grad calls (this process) took each path.

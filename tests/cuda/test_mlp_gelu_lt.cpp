@@ -114,7 +114,7 @@ void check_forward(bool epilogues) {
     }
   }
   cuda::set_linear_epilogues_enabled(true);
-  cuda::set_gelu_epilogues_enabled(false);
+  cuda::set_gelu_epilogues(cuda::GeluEpilogues::forward);  // the default
 }
 
 // linear_input_grad_dgelu: g [M, N] with w [H, N], pre [M, H] (H = s.N here, the aux ld).
@@ -162,7 +162,7 @@ void check_backward(bool epilogues) {
     }
   }
   cuda::set_linear_epilogues_enabled(true);
-  cuda::set_gelu_epilogues_enabled(false);
+  cuda::set_gelu_epilogues(cuda::GeluEpilogues::forward);  // the default
 }
 
 TEST(CudaMlpGeluLt, ForwardFusedAndFallbackMatchFloat64) {
@@ -239,7 +239,7 @@ TEST(CudaMlpGeluLt, AutogradMlpMatchesTheComposedMlp) {
       autograd::backward({yf}, {dy});
       autograd::backward({yp}, {dy});
       const auto after = cuda::linear_gelu_path_counts();
-      cuda::set_gelu_epilogues_enabled(false);
+      cuda::set_gelu_epilogues(cuda::GeluEpilogues::forward);  // the default
       expect_routes(epilogues, t, before, after, 2, "the MLP node");
       expect_within(values(yf), values(yp), mlp_tolerance(t), "y");
       const char* names[] = {"dx", "dw_fc", "db_fc", "dw_proj", "db_proj"};
@@ -271,7 +271,7 @@ TEST(CudaMlpGeluLt, GptForwardBackwardMatchesTheComposedMlp) {
       lf.backward();
       lp.backward();
       const auto after = cuda::linear_gelu_path_counts();
-      cuda::set_gelu_epilogues_enabled(false);
+      cuda::set_gelu_epilogues(cuda::GeluEpilogues::forward);  // the default
       EXPECT_EQ(fused.transformer.blocks[0]->mlp.fused_mlp_calls(), 1);
       EXPECT_EQ(plain.transformer.blocks[0]->mlp.fused_mlp_calls(), 0);
       expect_routes(epilogues, t, before, after, 2 * cfg.n_layer, "the GPT's MLPs");
