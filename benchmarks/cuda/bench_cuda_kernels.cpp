@@ -599,10 +599,10 @@ TESSERA_CUDA_BENCH(BM_embedding_backward_atomic_baseline);
 
 // ---- GPT-2 124M's MLP GEMMs and GELU, forward and c_proj's input gradient through gelu'
 // with db_fc, four ways: impl 0 no GELU epilogue (bias GEMM + GELU kernel; GEMM + one pass
-// for gelu' and the bias gradient), 1 cuBLASLt's GELU epilogues both ways (GELU_AUX_BIAS,
-// DGELU_BGRAD), 2 the passes apart (GEMM + GELU-backward kernel + a column sum of dpre), 3 the
-// default (the forward's epilogue, impl 0's backward). Two GEMMs of 2 * rows * 768 * 3072
-// flops each.
+// for gelu' and the bias gradient), 1 the default: cuBLASLt's GELU epilogues both ways
+// (GELU_AUX_BIAS; DGELU + a column sum of dpre), 2 the passes apart (GEMM + GELU-backward
+// kernel + a column sum of dpre), 3 the forward's epilogue with impl 0's backward. Two GEMMs
+// of 2 * rows * 768 * 3072 flops each.
 void BM_mlp_gelu_gemms_bf16(benchmark::State& s) {
   if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");
   const int64_t H = 4 * kC, impl = s.range(0);
@@ -624,7 +624,7 @@ void BM_mlp_gelu_gemms_bf16(benchmark::State& s) {
         gpu().copy(db_fc, ops::sum(dpre, {0}));
       },
       0, 2 * 2.0 * kRows * kC * H);
-  cuda::set_gelu_epilogues(cuda::GeluEpilogues::forward);
+  cuda::set_gelu_epilogues(cuda::GeluEpilogues::both);
 }
 BENCHMARK(BM_mlp_gelu_gemms_bf16)
     ->Arg(0)

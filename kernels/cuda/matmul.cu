@@ -210,9 +210,9 @@ int64_t alignment_of(const void* p) {
   return std::min<int64_t>(256, static_cast<int64_t>(v & (~v + 1)));
 }
 
-// The operands of an epilogue. bias: none, BIAS (read, length N), BGRADA or DGELU_BGRAD
-// (written, length N). aux: the GELU input matrix, written by GELU_AUX(_BIAS) and read by
-// DGELU(_BGRAD), laid out like the output (our row-major [M, N] with aux_ld elements per
+// The operands of an epilogue. bias: none, BIAS (read, length N), BGRADA (written, length
+// N). aux: the GELU input matrix, written by GELU_AUX(_BIAS) and read by DGELU, laid out like
+// the output (our row-major [M, N] with aux_ld elements per
 // row; cuBLASLt wants aux_ld a multiple of 8 and at least N).
 struct Epilogue {
   cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
@@ -373,8 +373,7 @@ size_t data_type_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : t == CUD
 std::vector<std::pair<const void*, size_t>> written_buffers(const GemmProblem& p,
                                                             const Epilogue& e) {
   std::vector<std::pair<const void*, size_t>> out{{p.out->raw_data(), p.out->nbytes()}};
-  if (e.kind == CUBLASLT_EPILOGUE_BGRADA || e.kind == CUBLASLT_EPILOGUE_BGRADB ||
-      e.kind == CUBLASLT_EPILOGUE_DGELU_BGRAD)
+  if (e.kind == CUBLASLT_EPILOGUE_BGRADA || e.kind == CUBLASLT_EPILOGUE_BGRADB)
     out.emplace_back(e.bias, static_cast<size_t>(p.N) * data_type_bytes(e.bias_type));
   if (e.kind == CUBLASLT_EPILOGUE_GELU_AUX || e.kind == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
     out.emplace_back(e.aux,
@@ -565,17 +564,18 @@ const bool registered = [] {
 // ---- Linear epilogues ----
 
 std::atomic<bool> epilogues_enabled{true};
-// On an H100 cuBLASLt's GELU_AUX_BIAS GEMM beats the bias GEMM and a separate GELU pass (GPT-2
-// 124M's step: 0.4 ms less GELU-and-c_fc time), but its DGELU_BGRAD GEMM is slower than the
-// plain GEMM and gelu_backward_with_bias_grad; so by default only the forward takes one.
+// On an H100 cuBLASLt's GELU epilogues beat a plain GEMM and a separate GELU pass both ways:
+// GELU_AUX_BIAS in the forward, DGELU in the backward with the bias gradient summed by a
+// column-sum pass over dpre (its DGELU_BGRAD GEMM was slower than the plain GEMM and
+// gelu_backward_with_bias_grad: benchmarks/cuda/NOTES.md).
 GeluEpilogues gelu_epilogues_from_environment() {
   const char* v = std::getenv("TESSERA_GELU_EPILOGUES");
   const std::string value = v ? v : "";
-  if (value.empty() || value == "forward") return GeluEpilogues::forward;
+  if (value.empty() || value == "1") return GeluEpilogues::both;
   if (value == "0") return GeluEpilogues::none;
-  if (value == "1") return GeluEpilogues::both;
-  TESSERA_FAIL("TESSERA_GELU_EPILOGUES must be 0 (none), forward (the default) or 1 (both), got '",
-               value, "'");
+  if (value == "forward") return GeluEpilogues::forward;
+  TESSERA_FAIL("TESSERA_GELU_EPILOGUES must be 1 (both ways, the default), forward or 0 (none), "
+               "got '", value, "'");
 }
 std::atomic<GeluEpilogues> gelu_epilogues{gelu_epilogues_from_environment()};
 std::atomic<int64_t> fused_calls{0}, fallback_calls{0};
@@ -738,14 +738,15 @@ void linear_input_grad_dgelu(const Tensor& g, const Tensor& w, const Tensor& pre
     return;
   }
   // In cuBLASLt's terms the output is dpreᵀ [H, M]: DGELU scales it by gelu' of the aux
-  // matrix laid out alike (pre_activation, row-major [M, H]), and BGRAD sums each of its H
-  // rows over the M columns, which are our column sums.
+  // matrix laid out alike (pre_activation, row-major [M, H]) before its one rounding; the bias
+  // gradient is then a column-sum pass over dpre.
   if (p.K > 0 && epilogues_enabled && gelu_epilogues == GeluEpilogues::both &&
       aux_ld_supported(p.N)) {
-    const Epilogue e{dbias.defined() ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU,
-                     dbias.defined() ? dbias.raw_data() : nullptr, bias_data_type(dpre.dtype()),
+    const Epilogue e{CUBLASLT_EPILOGUE_DGELU, nullptr, bias_data_type(dpre.dtype()),
                      pre_activation.raw_data(), p.N};
     if (lt_matmul(p, e, ctx.stream)) {
+      if (dbias.defined() && !column_sums(dpre, dbias))
+        kernel_table(DeviceType::CUDA).copy(dbias, ops::sum(dpre, {0}));
       ++gelu_fused_calls;
       return;
     }

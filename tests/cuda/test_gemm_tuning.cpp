@@ -54,7 +54,7 @@ TEST(CudaGemmTuning, TunedPlansWriteTheFirstPicksBits) {
       cuda::linear_gelu_forward(a, b, bias, act_first, pre_first);
       cuda::set_gemm_autotune_enabled(true);
       cuda::linear_gelu_forward(a, b, bias, act_tuned, pre_tuned);
-      cuda::set_gelu_epilogues(cuda::GeluEpilogues::forward);  // the default
+      cuda::set_gelu_epilogues(cuda::GeluEpilogues::both);  // the default
       expect_same_bits(act_first, act_tuned, "GELU output");
       expect_same_bits(pre_first, pre_tuned, "GELU input (the epilogue's second buffer)");
     }

@@ -1,6 +1,6 @@
 // GPT-2's MLP GEMMs with the GELU in cuBLASLt epilogues (kernels/cuda/linear.h):
-// linear_gelu_forward (GELU_AUX_BIAS / GELU_AUX) and linear_input_grad_dgelu (DGELU_BGRAD /
-// DGELU) against float64 CPU references, for f32, bf16 and f16, on the fused path and on the
+// linear_gelu_forward (GELU_AUX_BIAS / GELU_AUX) and linear_input_grad_dgelu (DGELU, then a
+// column sum for the bias gradient) against float64 CPU references, for f32, bf16 and f16, on the fused path and on the
 // forced fallback; shapes cuBLASLt refuses (an aux leading dimension not divisible by 8) fall
 // back and are counted; GPT-2 124M's shapes really take the fused path. Then mlp_gelu and a
 // small GPT's forward and backward on CUDA against the composed MLP.
@@ -114,7 +114,7 @@ void check_forward(bool epilogues) {
     }
   }
   cuda::set_linear_epilogues_enabled(true);
-  cuda::set_gelu_epilogues(cuda::GeluEpilogues::forward);  // the default
+  cuda::set_gelu_epilogues(cuda::GeluEpilogues::both);  // the default
 }
 
 // linear_input_grad_dgelu: g [M, N] with w [H, N], pre [M, H] (H = s.N here, the aux ld).
@@ -162,7 +162,7 @@ void check_backward(bool epilogues) {
     }
   }
   cuda::set_linear_epilogues_enabled(true);
-  cuda::set_gelu_epilogues(cuda::GeluEpilogues::forward);  // the default
+  cuda::set_gelu_epilogues(cuda::GeluEpilogues::both);  // the default
 }
 
 TEST(CudaMlpGeluLt, ForwardFusedAndFallbackMatchFloat64) {
@@ -239,7 +239,7 @@ TEST(CudaMlpGeluLt, AutogradMlpMatchesTheComposedMlp) {
       autograd::backward({yf}, {dy});
       autograd::backward({yp}, {dy});
       const auto after = cuda::linear_gelu_path_counts();
-      cuda::set_gelu_epilogues(cuda::GeluEpilogues::forward);  // the default
+      cuda::set_gelu_epilogues(cuda::GeluEpilogues::both);  // the default
       expect_routes(epilogues, t, before, after, 2, "the MLP node");
       expect_within(values(yf), values(yp), mlp_tolerance(t), "y");
       const char* names[] = {"dx", "dw_fc", "db_fc", "dw_proj", "db_proj"};
@@ -271,7 +271,7 @@ TEST(CudaMlpGeluLt, GptForwardBackwardMatchesTheComposedMlp) {
       lf.backward();
       lp.backward();
       const auto after = cuda::linear_gelu_path_counts();
-      cuda::set_gelu_epilogues(cuda::GeluEpilogues::forward);  // the default
+      cuda::set_gelu_epilogues(cuda::GeluEpilogues::both);  // the default
       EXPECT_EQ(fused.transformer.blocks[0]->mlp.fused_mlp_calls(), 1);
       EXPECT_EQ(plain.transformer.blocks[0]->mlp.fused_mlp_calls(), 0);
       expect_routes(epilogues, t, before, after, 2 * cfg.n_layer, "the GPT's MLPs");
