@@ -34,6 +34,17 @@ inline Tensor host_uniform(const Shape& shape, double lo, double hi, DType dtype
 }
 inline Tensor to_gpu(const Tensor& t) { return raw::to(t, dev(), t.dtype()); }
 
+// Any tensor's values (any device, dtype or layout) in row-major order, as doubles.
+inline std::vector<double> host_values(const Tensor& t) {
+  return raw::contiguous(raw::to(t, Device::cpu(), DType::f64)).to_vector<double>();
+}
+
+// t as a leaf that records gradients.
+inline Tensor requiring_grad(Tensor t) {
+  t.requires_grad_(true);
+  return t;
+}
+
 // A device tensor filled with NaN (floats) or a sentinel (integers): every element the kernel
 // fails to write stays visibly wrong.
 inline Tensor poisoned(const Shape& shape, DType dtype) {

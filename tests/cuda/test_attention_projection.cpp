@@ -19,15 +19,6 @@ namespace {
 
 using namespace cuda_test;
 
-std::vector<double> host_values(const Tensor& t) {
-  return raw::contiguous(raw::to(t, Device::cpu(), DType::f64)).to_vector<double>();
-}
-
-Tensor requiring_grad(Tensor t) {
-  t.requires_grad_(true);
-  return t;
-}
-
 struct Inputs {
   Tensor x, w, b, dy;  // host
   int64_t H;

@@ -22,16 +22,6 @@ Tensor heads(const Tensor& x, int64_t which, int64_t C, int64_t n_head) {
   return raw::permute(raw::view(part, {x.size(0), x.size(1), n_head, C / n_head}), {0, 2, 1, 3});
 }
 
-// Any tensor's values in row-major order, as doubles.
-std::vector<double> host_values(const Tensor& t) {
-  return raw::contiguous(raw::to(t, Device::cpu(), DType::f64)).to_vector<double>();
-}
-
-Tensor requiring_grad(Tensor t) {
-  t.requires_grad_(true);
-  return t;
-}
-
 // y and d(qkv) of causal attention in float64 on the CPU through the composed path (itself
 // checked against loops and finite differences in tests/autograd/test_attention_qkv.cpp).
 struct Reference {

@@ -17,9 +17,7 @@ using cuda_test::dev;
 using cuda_test::to_gpu;
 
 Tensor as_f64(const Tensor& t) { return raw::to(t, Device::cpu(), DType::f64); }
-std::vector<double> host_values(const Tensor& t) {
-  return raw::contiguous(as_f64(t)).to_vector<double>();
-}
+using cuda_test::host_values;
 
 // The same random values (rounded to dt) on the host and on the device, both seen through one
 // transpose: [a, b, C] views of stored [b, a, C] tensors (non-contiguous on both sides).
