@@ -12,6 +12,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/function_util.h"
@@ -236,17 +237,24 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
   return out;
 }
 
-// The fused kernels straight on qkv [B, T, 3C]: q, k, v, y and d(qkv) are only ever seen
-// through [B, H, T, D] views, so neither direction copies a layout.
-Tensor fused_attention_qkv(const Tensor& qkv, int64_t n_head, double scale) {
-  const AttentionBackend backend = attention_backend();
+// y [B, T, C] and the log-sum-exp of the attention over the heads of qkv [B, T, 3C], by
+// `backend`'s kernels reading q, k, v and writing y through [B, H, T, D] views.
+std::pair<Tensor, Tensor> attention_forward_qkv(AttentionBackend backend, const Tensor& qkv,
+                                                int64_t n_head, double scale) {
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
-  const TensorOptions like{.dtype = qkv.dtype(), .device = qkv.device()};
-  Tensor y = empty({B, T, C}, like);
+  Tensor y = empty({B, T, C}, {.dtype = qkv.dtype(), .device = qkv.device()});
   const Tensor q = head_view(qkv, 0, C, n_head);
   Tensor lse = lse_for(q);
   attention_forward_on(backend, q, head_view(qkv, C, C, n_head), head_view(qkv, 2 * C, C, n_head),
                        scale, head_view(y, 0, C, n_head), lse);
+  return {y, lse};
+}
+
+// The fused kernels straight on qkv [B, T, 3C]: q, k, v, y and d(qkv) are only ever seen
+// through [B, H, T, D] views, so neither direction copies a layout.
+Tensor fused_attention_qkv(const Tensor& qkv, int64_t n_head, double scale) {
+  const AttentionBackend backend = attention_backend();
+  auto [y, lse] = attention_forward_qkv(backend, qkv, n_head, scale);
   using autograd::SavedTensor;
   autograd::record(
       "CausalAttentionQkvBackward", {qkv}, {y},
@@ -345,11 +353,7 @@ Tensor fused_projection_attention_qkv(const Tensor& x, const Tensor& w, const Te
   if (!causal_attention_qkv_fused_applies(qkv, n_head))  // not expected: see the route's check
     return causal_attention_qkv(linear(x, w, bias), n_head);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  Tensor y = empty({B, T, C}, {.dtype = qkv.dtype(), .device = qkv.device()});
-  const Tensor q = head_view(qkv, 0, C, n_head);
-  Tensor lse = lse_for(q);
-  attention_forward_on(AttentionBackend::Flash, q, head_view(qkv, C, C, n_head),
-                       head_view(qkv, 2 * C, C, n_head), scale, head_view(y, 0, C, n_head), lse);
+  auto [y, lse] = attention_forward_qkv(AttentionBackend::Flash, qkv, n_head, scale);
   if (!autograd::any_requires_grad({x, w, bias})) return y;
   using autograd::SavedTensor;
   ProjectionAttentionBackward backward{
