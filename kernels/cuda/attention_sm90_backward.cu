@@ -72,6 +72,7 @@ struct Sm90Backward {
   static_assert(kRowPanelBytes % 1024 == 0 && kColPanelBytes % 1024 == 0,
                 "every panel must start on a 1024-byte swizzle block");
   static_assert(2 * kCols <= kThreads, "one thread per lse/delta value of a column tile");
+  static_assert(kRows == kSm90BackwardRows, "the bias partials' rows (sm90_bias_partial_rows)");
 };
 
 template <int D, bool kDkv>
