@@ -59,10 +59,11 @@ void Optimizer::step() {
     clip = PendingClip{};
   }
   // apply_step reads the request through pending_clip(); cleared however it ends.
+  pending_clip_ = std::move(clip);
   struct Clear {
     PendingClip& pending;
     ~Clear() { pending = PendingClip{}; }
-  } clear{pending_clip_ = std::move(clip)};
+  } clear{pending_clip_};
   apply_step();
   if (post_step_) post_step_();
 }

@@ -16,6 +16,8 @@
 //       dK  += dS^T Q      wgmma RS, A = dS^T from registers, B = Q MN-major
 //   dq kernel: a block owns 128 queries of one query head and walks the key tiles up to the
 //     diagonal: S = Q K^T, dP = dO V^T (SS), P, dS as above, dQ += dS K (RS, B = K MN-major).
+// With bias partials (GPT's c_attn: causal_attention_qkv_projection) each block also sums the
+// rows it stores, per column, into one row of partials (store_acc_rows, backward_block's end).
 // Both are one template (Sm90Backward<D, kDkv>): "rows" are the block's fixed 128 rows (keys or
 // queries, loaded once), "columns" the streamed tiles of kCols positions (queries or keys).
 // Because S^T / S are computed with the block's rows as wgmma's M, the probabilities land in the
@@ -491,7 +493,7 @@ __global__ void __launch_bounds__(Sm90Backward<D, true>::kThreads, 1) flash_back
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t barriers[kBackwardBarriers];
   __shared__ float stats[C::kStages][2 * C::kCols];  // dkv: lse * log2 e | delta per column
-  __shared__ float scratch[8 * 2 * D];                // the bias sums of each warp (dkv: dK | dV)
+  __shared__ float scratch[C::kThreads / 32 * 2 * D];  // each warp's bias sums (dkv: dK | dV)
   // The swizzle pattern repeats every 1024 bytes and TMA and the descriptors assume each panel
   // starts on such a boundary: round the dynamic buffer up (kSmemBytes has the slack).
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u, bars = smem_addr(barriers);
