@@ -448,8 +448,9 @@ struct AttentionStepCase {
   Tensor q, k, v, o, lse, dout, dq, dk, dv;
   double scale = 0.125;
   bool cudnn;
-  explicit AttentionStepCase(const benchmark::State& s) : cudnn(s.range(1) == 1) {
-    const int64_t B = 16, H = 12, T = 1024, D = 64;
+  explicit AttentionStepCase(const benchmark::State& s, int64_t B = 16, int64_t T = 1024)
+      : cudnn(s.range(1) == 1) {
+    const int64_t H = 12, D = 64;
     const TensorOptions bf16{.dtype = DType::bf16, .device = Device::cuda(0)};
     auto heads = [&](const Tensor& fused, int64_t i) {  // [B, T, 3, H, D] -> [B, H, T, D] view
       return raw::transpose(raw::select(fused, 2, i), 1, 2);
@@ -493,6 +494,24 @@ void BM_attention_step_bwd_bf16(benchmark::State& s) {
   c.forward();
   run(s, [&] { c.backward(); }, 0, c.matmul_flops(5.0));
 }
+// The backward at the step's 16384 tokens per call with the sequence length varied (batch
+// 16384 / T, the fused layout): every T launches 3,072 blocks of 128 rows (8 row tiles x 192
+// heads x 2 roles at T = 1024), whose walks grow with T (a causal block visits up to T / 128
+// tiles). The time against the number of tile steps is a line whose intercept is what the
+// blocks cost apart from their steps (start, first copies, stores, tail).
+void BM_attention_tokens_bwd_bf16(benchmark::State& s) {
+  if (skip_attention(s)) return;
+  const int64_t T = s.range(2);
+  AttentionStepCase c(s, 16384 / T, T);
+  c.forward();
+  run(s, [&] { c.backward(); }, 0, c.matmul_flops(5.0));
+  const double tiles = static_cast<double>(T / 128);
+  s.counters["tile_steps"] = static_cast<double>(16384 / T) * 12 * tiles * (tiles + 1);
+}
+BENCHMARK(BM_attention_tokens_bwd_bf16)
+    ->ArgsProduct({{1}, {0, 1}, {256, 512, 1024, 2048, 4096}})
+    ->ArgNames({"layout", "impl", "T"})
+    ->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention_step_fwd_bf16)->ArgsProduct({{0, 1}, {0, 1}})->ArgNames({"layout", "impl"})
     ->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention_step_bwd_bf16)->ArgsProduct({{0, 1}, {0, 1}})->ArgNames({"layout", "impl"})

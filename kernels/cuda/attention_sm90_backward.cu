@@ -383,14 +383,13 @@ __device__ __forceinline__ void backward_block(const RoleArgs<T>& args, uint32_t
       BackwardBlock<D, kDkv>::make(H, group, seq_len, bx, by, grid_x);
   const BackwardMaps& maps = args.maps;
   const BackwardSlots& slots = args.slots;
+  // Thread 0 issues the first copies as soon as it has set up the barriers, so they are on their
+  // way while the block loads lse/delta and meets at the __syncthreads (after which the other
+  // threads may wait on the barriers).
   if (threadIdx.x == 0) {
     mbarrier_init(sm.rows_full(), 1);
     for (int s = 0; s < C::kStages; ++s) mbarrier_init(sm.col_full(s), 1);
     mbarrier_init_fence();
-  }
-  if constexpr (kDkv) load_column_stats<D, kDkv>(stats, blk, H, lse, delta, 0);
-  __syncthreads();
-  if (threadIdx.x == 0) {
     mbarrier_arrive_expect_bytes(sm.rows_full(), 2 * C::kRowBytes);
     for (int p = 0; p < C::kPanels; ++p) {
       load_head_box(sm.r1() + p * C::kRowPanelBytes, maps.r1, slots.r1, sm.rows_full(), p * 64,
@@ -400,6 +399,8 @@ __device__ __forceinline__ void backward_block(const RoleArgs<T>& args, uint32_t
     }
     load_columns<D, kDkv>(sm, blk, maps, slots, 0);
   }
+  if constexpr (kDkv) load_column_stats<D, kDkv>(stats, blk, H, lse, delta, 0);
+  __syncthreads();
 
   const int warpgroup = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int wg_row0 = blk.row0 + 64 * warpgroup;
