@@ -427,6 +427,11 @@ struct ConsumerState {
   __device__ uint32_t k_parity(int it) const { return ((w.first_it + it) / C::kKStages) & 1; }
   __device__ int v_stage(int it) const { return (w.first_it + it) % C::kVStages; }
   __device__ uint32_t v_parity(int it) const { return ((w.first_it + it) / C::kVStages) & 1; }
+  // The K and V tiles of tile it as the MMAs read them: their stage broadcast from lane 0
+  // (sm90::uniform), so that the descriptors built from them stay in uniform registers. Only
+  // where the whole warp runs (as the MMAs need anyway).
+  __device__ uint32_t k_tile(int it) const { return sm.k(uniform(k_stage(it))); }
+  __device__ uint32_t v_tile(int it) const { return sm.v(uniform(v_stage(it))); }
   __device__ int key0(int it) const { return (w.n_tiles - 1 - it) * C::kKeys; }
   __device__ bool needs_mask(int it) const {
     return key0(it) + C::kKeys - 1 > row0 || key0(it) + C::kKeys > seq_len;
@@ -451,7 +456,7 @@ __device__ __forceinline__ void first_tile(ConsumerState<D>& c, int it, Fragment
   mbarrier_wait(c.sm.k_full(c.k_stage(it)), c.k_parity(it));
   c.await_turn();
   wgmma_fence();
-  issue_scores<T, D>(c.s, c.q_rows, c.sm.k(c.k_stage(it)));
+  issue_scores<T, D>(c.s, c.q_rows, c.k_tile(it));
   wgmma_commit();
   c.pass_turn();
   wgmma_wait<0>();
@@ -473,9 +478,9 @@ __device__ __forceinline__ void next_tile(ConsumerState<D>& c, int it, Fragments
   mbarrier_wait(c.sm.v_full(c.v_stage(prev)), c.v_parity(prev));
   c.await_turn();
   wgmma_fence();  // orders the register writes to o and p before both groups
-  issue_scores<T, D>(c.s, c.q_rows, c.sm.k(c.k_stage(it)));
+  issue_scores<T, D>(c.s, c.q_rows, c.k_tile(it));
   wgmma_commit();
-  issue_pv<T, D>(c.o, p, c.sm.v(c.v_stage(prev)));
+  issue_pv<T, D>(c.o, p, c.v_tile(prev));
   wgmma_commit();
   c.pass_turn();
   wgmma_wait<1>();  // groups complete in order: S(it) is in, O += P V may still run
@@ -497,7 +502,7 @@ __device__ __forceinline__ void last_pv(ConsumerState<D>& c, int it, Fragments& 
   mbarrier_wait(c.sm.v_full(c.v_stage(it)), c.v_parity(it));
   c.await_turn();
   wgmma_fence();
-  issue_pv<T, D>(c.o, p, c.sm.v(c.v_stage(it)));
+  issue_pv<T, D>(c.o, p, c.v_tile(it));
   wgmma_commit();
   c.pass_turn();
   wgmma_wait<0>();
@@ -516,7 +521,7 @@ __device__ __forceinline__ int consume_item(const ForwardSmem<D>& sm, ForwardSch
   using C = Sm90Forward<D>;
   const WorkItem w = cur.item(sched, C::kRows);
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
-  const int row0 = w.q0 + 64 * consumer, seq_len = sched.seq_len, buffer = cur.j % 2;
+  const int row0 = w.q0 + 64 * consumer, seq_len = sched.seq_len, buffer = uniform(cur.j % 2);
   ConsumerState<D> c{sm,
                      w,
                      turns,
@@ -618,7 +623,8 @@ __global__ void __launch_bounds__(Sm90Forward<D>::kThreads, 1)
   int turns = 0;
 #pragma unroll 1
   for (TileCursor cur = TileCursor::start(); !cur.done(sched); cur.advance(sched))
-    turns = consume_item<T, D>(sm, sched, cur, warpgroup - 1, turns, scale_log2, out, Lo, lse);
+    turns = consume_item<T, D>(sm, sched, cur, uniform(warpgroup - 1), turns, scale_log2, out, Lo,
+                               lse);
 #else
   __trap();  // built without sm_90a code: the host side never launches this (device_runs_sm90a)
 #endif
