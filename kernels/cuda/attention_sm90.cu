@@ -623,8 +623,8 @@ __global__ void __launch_bounds__(Sm90Forward<D>::kThreads, 1)
   int turns = 0;
 #pragma unroll 1
   for (TileCursor cur = TileCursor::start(); !cur.done(sched); cur.advance(sched))
-    turns = consume_item<T, D>(sm, sched, cur, uniform(warpgroup - 1), turns, scale_log2, out, Lo,
-                               lse);
+    turns =
+        consume_item<T, D>(sm, sched, cur, uniform(warpgroup - 1), turns, scale_log2, out, Lo, lse);
 #else
   __trap();  // built without sm_90a code: the host side never launches this (device_runs_sm90a)
 #endif

@@ -407,7 +407,8 @@ __device__ __forceinline__ void backward_block(const RoleArgs<T>& args, uint32_t
   const ThreadRows tr{wg_row0 + 16 * warp + lane / 4, lane % 4};
   const bool active = wg_row0 < seq_len;  // else: nothing to compute or store, only the waits
   // This warpgroup's 64 rows in the first panel of R1 and R2 (64 rows x 128 bytes: 8 KB, a
-  // multiple of the 1024-byte swizzle block).
+  // multiple of the 1024-byte swizzle block); uniform(): the MMAs' descriptors built from them
+  // stay in uniform registers.
   const uint32_t a1 = sm.r1() + uint32_t(uniform(warpgroup)) * 64 * 128;
   const uint32_t a2 = sm.r2() + uint32_t(uniform(warpgroup)) * 64 * 128;
   const float scale_log2 = scale * kLog2e;
