@@ -409,8 +409,8 @@ __device__ __forceinline__ void backward_block(const RoleArgs<T>& args, uint32_t
   // This warpgroup's 64 rows in the first panel of R1 and R2 (64 rows x 128 bytes: 8 KB, a
   // multiple of the 1024-byte swizzle block); uniform(): the MMAs' descriptors built from them
   // stay in uniform registers.
-  const uint32_t a1 = sm.r1() + uint32_t(uniform(warpgroup)) * 64 * 128;
-  const uint32_t a2 = sm.r2() + uint32_t(uniform(warpgroup)) * 64 * 128;
+  const uint32_t wg_offset = uint32_t(uniform(warpgroup)) * 64 * 128;
+  const uint32_t a1 = sm.r1() + wg_offset, a2 = sm.r2() + wg_offset;
   const float scale_log2 = scale * kLog2e;
   // dq kernel: this thread's two rows' lse (times log2 e) and delta.
   float lse2[2] = {0.f, 0.f}, dlt[2] = {0.f, 0.f};

@@ -155,13 +155,6 @@ struct MapSlots {
 
 // The box of 64 head dims from d0 x the map's rows from time t of (head h, batch b); rows past T
 // arrive as zeros (and still count in the byte total).
-// x as lane 0 of the warp holds it. For a value the same in every lane this changes nothing but
-// what ptxas knows: it keeps values that depend on a loop-carried count (a ring's stage in a
-// persistent kernel) in per-thread registers, and with them the shared-memory descriptors and
-// addresses built from them (moved into uniform registers before every wgmma); the result of a
-// broadcast it treats as warp-uniform, so those stay in uniform registers throughout.
-__device__ __forceinline__ int uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
-
 __device__ __forceinline__ void load_head_box(uint32_t dst, const CUtensorMap* map, MapSlots slots,
                                               uint32_t bar, int d0, int t, int h, int b) {
   auto at = [&](int slot) { return slots.t == slot ? t : slots.h == slot ? h : b; };

@@ -151,6 +151,14 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encoder;
 }
 
+// x as lane 0 of the warp holds it. For a value the same in every lane this changes nothing but
+// what ptxas knows: it keeps values that depend on a loop-carried count (a ring's stage in a
+// persistent kernel) in per-thread registers, and with them the shared-memory descriptors and
+// addresses built from them (moved into uniform registers before every wgmma); the result of a
+// broadcast it treats as warp-uniform, so those stay in uniform registers throughout. Every
+// lane of the warp must run it (never inside a branch only some lanes take).
+__device__ __forceinline__ int uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
+
 inline CUtensorMapDataType tensor_map_type(DType t) {
   return t == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }
