@@ -17,8 +17,9 @@
 #   env: BENCH_PARTS (default "allreduce,example,train"), OUT (logs; default ./bench_dist_out),
 #        TRAIN_STEPS=40 TRAIN_SKIP=10, TORCH_STEPS=20, RUN_CAP_S=150 (limit of one run),
 #        DEADLINE (absolute `date +%s` no run may pass), DDP_PROFILE=1 (phase times, 1 GPU vs
-#        N), TRAIN_VARIANTS="NCCL_MAX_CTAS=8;NCCL_MAX_CTAS=16 NCCL_MIN_CTAS=16" (train part: the
-#        N-GPU run again under each ';'-separated set of environment settings, for tuning),
+#        N), TRAIN_VARIANTS="NCCL_MAX_CTAS=8;--zero-stage 1" (train part: the N-GPU run again
+#        under each ';'-separated set of environment settings (NAME=value) and extra `tessera
+#        train` flags, for tuning and for other strategies),
 #        TESSERA_PYTHON, BENCH_DRY_RUN=1 (CPU, tiny GPT: checks the script; see bench_lib.sh)
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -116,10 +117,14 @@ if wants train; then
   if [[ -n ${TRAIN_VARIANTS:-} ]]; then
     IFS=';' read -ra variants <<< "$TRAIN_VARIANTS"
     for k in "${!variants[@]}"; do
-      read -ra settings <<< "${variants[$k]}"
+      read -ra words <<< "${variants[$k]}"
+      settings=() extra=()  # NAME=value: the environment; anything else: tessera train's flags
+      for w in "${words[@]}"; do
+        if [[ $w != -* && $w == *=* ]]; then settings+=("$w"); else extra+=("$w"); fi
+      done
       rm -rf "$OUT/train_${N}gpu_v$k"
       run_limited "$CAP" "$OUT/train_${N}gpu_v$k.txt" env "${settings[@]}" "${launch[@]}" "$TESSERA" \
-        "${train_args[@]}" --out "$OUT/train_${N}gpu_v$k"
+        "${train_args[@]}" "${extra[@]}" --out "$OUT/train_${N}gpu_v$k"
       rate=$(train_tps "$OUT/train_${N}gpu_v$k" "$N")
       awk -v one="$one" -v r="$rate" -v n="$N" -v what="${variants[$k]}" 'BEGIN {
         if (r == "") printf "  variant %s: failed\n", what
