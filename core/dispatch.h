@@ -109,8 +109,10 @@ struct KernelTable {
   // rounded once into out. dy [n, C] (any strides, f32/f16/bf16/f64), idx [n] (i32/i64, any
   // strides), out [rows, C] contiguous (its dtype may differ from dy's). Without accumulate
   // rows that no index names become 0. Deterministic: the same inputs give the same bits.
-  // An index outside [0, rows) is an error naming its value and position.
-  void (*embedding_backward)(const Tensor& dy, const Tensor& idx, bool accumulate,
+  // An index outside [0, rows) is an error naming its value and position. scale != 1: each dy
+  // element is multiplied by scale in the compute type and rounded to out's dtype before it
+  // is summed (ops::embedding_backward_into).
+  void (*embedding_backward)(const Tensor& dy, const Tensor& idx, bool accumulate, double scale,
                              const Tensor& out) = nullptr;
 
   // Cross-entropy summed over the rows of logits [N, V] (any float dtype, computed in f32, f64

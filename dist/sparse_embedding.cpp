@@ -29,11 +29,12 @@ class SparseEmbeddingSync::Sink final : public EmbeddingGradSink {
 };
 
 namespace {
-// out[indices[i]] += rows[i], each row's sum taken in position order in f32 and added once.
-// Every rank runs it on the same data and must get the same bits: embedding_backward_into is
-// deterministic on every device (index_add_ on CUDA is not).
-void add_rows(const Tensor& out, const Tensor& indices, const Tensor& rows) {
-  ops::embedding_backward_into(out, rows, indices, /*accumulate=*/true);
+// out[indices[i]] += scale · rows[i] (each product rounded to out's dtype), each row's sum taken
+// in position order in f32 and added once. Every rank runs it on the same data and must get
+// the same bits: embedding_backward_into is deterministic on every device (index_add_ on CUDA
+// is not).
+void add_rows(const Tensor& out, const Tensor& indices, const Tensor& rows, double scale = 1.0) {
+  ops::embedding_backward_into(out, rows, indices, /*accumulate=*/true, scale);
 }
 }  // namespace
 
@@ -211,11 +212,9 @@ void SparseEmbeddingSync::add_into_reduced(FlatBuckets::Bucket& bucket) {
       g.indices_work->wait_on_device();
       g.grads_work->wait_on_device();
       // Rank 0's rows first, then rank 1's, ...: the same order, so the same bits, everywhere.
-      // Scaled in the reduced buffer's dtype (f32 under a bf16 policy reducing in f32).
-      const Tensor rows =
-          g.grads.dtype() == slot.dtype() ? g.grads : raw::to(g.grads, slot.device(), slot.dtype());
-      ops::binary_(BinaryOp::Mul, rows, scale);
-      add_rows(slot, g.indices, rows);
+      // Each row is scaled and rounded in the reduced buffer's dtype (f32 under a bf16 policy
+      // reducing in f32) as the scatter reads it: no pass over the gathered rows before it.
+      add_rows(slot, g.indices, g.grads, scale);
     }
     w.gathered.clear();
   }

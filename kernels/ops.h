@@ -107,9 +107,11 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);  // out: indices.
 // each row r, the sum of the dy rows at the positions whose index is r, summed in position
 // order in f32 (f64 for f64) and rounded once: out[r] = out[r] + sum with accumulate, sum
 // without (rows no index names become 0). dy: indices.shape + [C], any strides. Deterministic
-// on every device (the same inputs give the same bits).
+// on every device (the same inputs give the same bits). scale != 1 multiplies each dy element
+// by scale and rounds it to out's dtype before it is summed: the bits of scaling dy in out's
+// dtype first (DDP's average of gathered rows), without that pass over dy.
 void embedding_backward_into(const Tensor& out, const Tensor& dy, const Tensor& indices,
-                             bool accumulate);
+                             bool accumulate, double scale = 1.0);
 // embedding_backward_into a new [num_rows, C] tensor of dy's dtype.
 Tensor embedding_backward(const Tensor& dy, const Tensor& indices, int64_t num_rows);
 // out.index_add_(dim, index, src) in place.

@@ -1,5 +1,6 @@
 // Front-end of the indexing ops (embedding gather, index_add_ scatter, index_select) and of
 // joining/splitting (cat, stack as cat of unsqueezed views, split/chunk as narrow views).
+#include <cmath>
 #include <numeric>
 
 #include "tessera/kernels/ops.h"
@@ -31,7 +32,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 }
 
 void embedding_backward_into(const Tensor& out_in, const Tensor& dy, const Tensor& indices,
-                             bool accumulate) {
+                             bool accumulate, double scale) {
   const Device dev = detail::common_device("embedding_backward", {&out_in, &dy, &indices});
   check_index_dtype("embedding_backward", indices);
   TESSERA_CHECK(dy.dim() == indices.dim() + 1 &&
@@ -45,13 +46,14 @@ void embedding_backward_into(const Tensor& out_in, const Tensor& dy, const Tenso
   TESSERA_CHECK(is_floating(dy.dtype()) && is_floating(out_in.dtype()),
                 "embedding_backward: gradient ", detail::describe(dy), " and destination ",
                 detail::describe(out_in), " must have floating dtypes");
+  TESSERA_CHECK(std::isfinite(scale), "embedding_backward: scale must be finite, got ", scale);
   // The kernels write a contiguous destination; a strided one goes through a copy.
   const bool direct = out_in.is_contiguous();
   Tensor out = direct       ? out_in
                : accumulate ? raw::contiguous(out_in)
                             : empty(out_in.shape(), {.dtype = out_in.dtype(), .device = dev});
   checked_kernel(detail::kernels_for(dev).embedding_backward, "embedding_backward", dev)(
-      raw::reshape(dy, {n, C}), raw::reshape(indices, {n}), accumulate, out);
+      raw::reshape(dy, {n, C}), raw::reshape(indices, {n}), accumulate, scale, out);
   if (!direct) raw::copy_(out_in, out);
   ++out_in.impl().version;
 }

@@ -589,7 +589,7 @@ void BM_embedding_backward(benchmark::State& s) {
   const bool accumulate = s.range(0) != 0, graphed = s.range(1) != 0;
   EmbeddingGradCase c;
   Tensor out = dev_randn({kV, kC}, accumulate ? DType::f32 : DType::bf16);
-  auto step = [&] { gpu().embedding_backward(c.dy, c.idx, accumulate, out); };
+  auto step = [&] { gpu().embedding_backward(c.dy, c.idx, accumulate, 1.0, out); };
   std::unique_ptr<DeviceGraph> graph;
   if (graphed) {
     step();  // the allocator's blocks, cached for the capture

@@ -14,7 +14,8 @@
 namespace tessera::cpu {
 namespace {
 
-std::vector<int64_t> read_indices(const Tensor& idx, int64_t size, const char* op, const char* what) {
+std::vector<int64_t> read_indices(const Tensor& idx, int64_t size, const char* op,
+                                  const char* what) {
   const Tensor& flat = idx;
   std::vector<int64_t> out(flat.numel());
   visit_dtype(flat.dtype(), [&](auto tag) {
@@ -95,7 +96,8 @@ void index_add(const Tensor& out, int64_t dim, const Tensor& idx, const Tensor& 
             T* dst = op + (o * out_len + ids[i]) * inner + c0;
             const T* s = sp + (o * n + i) * inner + c0;
 #pragma omp simd
-            for (int64_t c = 0; c < width; ++c) dst[c] = convert<T>(C(convert<C>(dst[c]) + convert<C>(s[c])));
+            for (int64_t c = 0; c < width; ++c)
+              dst[c] = convert<T>(C(convert<C>(dst[c]) + convert<C>(s[c])));
           }
         }
       }
@@ -129,11 +131,14 @@ RowGroups group_by_row(const std::vector<int64_t>& ids, int64_t rows) {
   return g;
 }
 
-// out[r, :] (+)= the dy rows of r's positions, summed in position order in the compute type
-// and rounded once. Threads own whole rows of out, so the result does not depend on them.
-void embedding_backward(const Tensor& dy, const Tensor& idx, bool accumulate, const Tensor& out) {
+// out[r, :] (+)= the dy rows of r's positions (each element times scale, rounded to out's dtype,
+// when scale != 1), summed in position order in the compute type and rounded once. Threads own
+// whole rows of out, so the result does not depend on them.
+void embedding_backward(const Tensor& dy, const Tensor& idx, bool accumulate, double scale,
+                        const Tensor& out) {
   const int64_t rows = out.shape()[0], C = out.shape()[1];
-  const std::vector<int64_t> ids = read_indices(idx, rows, "embedding_backward", "an embedding table");
+  const std::vector<int64_t> ids =
+      read_indices(idx, rows, "embedding_backward", "an embedding table");
   const RowGroups groups = group_by_row(ids, rows);
   const int64_t dy_row = dy.strides()[0], dy_col = dy.strides()[1];
   visit_dtype(out.dtype(), [&](auto out_tag) {
@@ -141,10 +146,12 @@ void embedding_backward(const Tensor& dy, const Tensor& idx, bool accumulate, co
       using O = decltype(out_tag);
       using T = decltype(dy_tag);
       if constexpr (is_float_type_v<O> && is_float_type_v<T>) {
-        using A = std::conditional_t<std::is_same_v<O, double> || std::is_same_v<T, double>,
-                                     double, float>;
+        using A = std::conditional_t<std::is_same_v<O, double> || std::is_same_v<T, double>, double,
+                                     float>;
         O* op = static_cast<O*>(out.raw_data());
         const T* dp = static_cast<const T*>(dy.raw_data());
+        const bool scaled = scale != 1.0;
+        const A s = static_cast<A>(scale);
 #pragma omp parallel if (rows * C >= kParallelGrain)
         {
           std::vector<A> sum(C);
@@ -159,7 +166,11 @@ void embedding_backward(const Tensor& dy, const Tensor& idx, bool accumulate, co
             std::fill(sum.begin(), sum.end(), A(0));
             for (int64_t k = begin; k < end; ++k) {
               const T* src = dp + groups.order[k] * dy_row;
-              for (int64_t c = 0; c < C; ++c) sum[c] += convert<A>(src[c * dy_col]);
+              if (scaled)
+                for (int64_t c = 0; c < C; ++c)
+                  sum[c] += convert<A>(convert<O>(A(convert<A>(src[c * dy_col]) * s)));
+              else
+                for (int64_t c = 0; c < C; ++c) sum[c] += convert<A>(src[c * dy_col]);
             }
             for (int64_t c = 0; c < C; ++c)
               dst[c] = convert<O>(accumulate ? A(convert<A>(dst[c]) + sum[c]) : sum[c]);

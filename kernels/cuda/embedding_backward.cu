@@ -40,17 +40,6 @@ __global__ void embedding_keys_kernel(const void* idx, DType it, int64_t n, int6
 
 // V consecutive columns per lane: 8 (one Pack8 per row) when every row is 16-byte aligned and C
 // is a multiple of 8, otherwise 1.
-template <int V, class T, class A>
-__device__ __forceinline__ void add_row(A (&acc)[V], const T* row) {
-  if constexpr (V == kPack) {
-    const Pack8<T> v = load_pack(row, 0);
-#pragma unroll
-    for (int j = 0; j < V; ++j) acc[j] += to_acc<A>(v.v[j]);
-  } else {
-    acc[0] += to_acc<A>(row[0]);
-  }
-}
-
 template <int V, class O, class A>
 __device__ __forceinline__ void write_row(O* dst, const A (&sum)[V], bool accumulate) {
   if constexpr (V == kPack) {
@@ -65,6 +54,23 @@ __device__ __forceinline__ void write_row(O* dst, const A (&sum)[V], bool accumu
   }
 }
 
+// A dy element in the compute type; times `scale` and rounded to out's dtype when `scaled`.
+template <class O, class A, class T>
+__device__ __forceinline__ A load_acc(T v, bool scaled, A scale) {
+  return scaled ? to_acc<A>(from_acc<O>(A(to_acc<A>(v) * scale))) : to_acc<A>(v);
+}
+
+template <int V, class O, class T, class A>
+__device__ __forceinline__ void add_row(A (&acc)[V], const T* row, bool scaled, A scale) {
+  if constexpr (V == kPack) {
+    const Pack8<T> v = load_pack(row, 0);
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[j] += load_acc<O>(v.v[j], scaled, scale);
+  } else {
+    acc[0] += load_acc<O>(row[0], scaled, scale);
+  }
+}
+
 // One warp per sorted position k; the warps at the start of a chunk (a new row, or a tile's
 // first position) sum it. partials: 2 slots of C per tile, slot 2t for the chunk continuing a
 // row from tile t - 1, slot 2t + 1 for the chunk that starts a row in tile t and runs on.
@@ -72,7 +78,8 @@ template <int V, class T, class O, class A>
 __global__ void embedding_backward_chunks_kernel(const T* dy, int64_t dy_row_stride,
                                                  const uint32_t* keys, const int32_t* positions,
                                                  int64_t n, int64_t rows, int64_t C,
-                                                 bool accumulate, O* out, A* partials) {
+                                                 bool accumulate, bool scaled, A scale, O* out,
+                                                 A* partials) {
   const int64_t k = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (k >= n) return;
@@ -100,14 +107,16 @@ __global__ void embedding_backward_chunks_kernel(const T* dy, int64_t dy_row_str
                        v3 = load_pack(r3, 0);
 #pragma unroll
         for (int j = 0; j < V; ++j)
-          acc[j] = acc[j] + to_acc<A>(v0.v[j]) + to_acc<A>(v1.v[j]) + to_acc<A>(v2.v[j]) +
-                   to_acc<A>(v3.v[j]);
+          acc[j] = acc[j] + load_acc<O>(v0.v[j], scaled, scale) +
+                   load_acc<O>(v1.v[j], scaled, scale) + load_acc<O>(v2.v[j], scaled, scale) +
+                   load_acc<O>(v3.v[j], scaled, scale);
       } else {
         const T v0 = *r0, v1 = *r1, v2 = *r2, v3 = *r3;
-        acc[0] = acc[0] + to_acc<A>(v0) + to_acc<A>(v1) + to_acc<A>(v2) + to_acc<A>(v3);
+        acc[0] = acc[0] + load_acc<O>(v0, scaled, scale) + load_acc<O>(v1, scaled, scale) +
+                 load_acc<O>(v2, scaled, scale) + load_acc<O>(v3, scaled, scale);
       }
     }
-    for (; p < end; ++p) add_row<V>(acc, dy + positions[p] * dy_row_stride + c);
+    for (; p < end; ++p) add_row<V, O>(acc, dy + positions[p] * dy_row_stride + c, scaled, scale);
     if (partial) {
 #pragma unroll
       for (int j = 0; j < V; ++j) partial[c + j] = acc[j];
@@ -167,7 +176,7 @@ void check_indices(const Tensor& first_bad, const Tensor& idx, int64_t rows, cud
 
 template <class T, class O>
 void launch_sums(const Tensor& dy, const Tensor& keys, const Tensor& positions, int64_t n,
-                 bool accumulate, const Tensor& out, cudaStream_t stream) {
+                 bool accumulate, double scale, const Tensor& out, cudaStream_t stream) {
   using A =
       std::conditional_t<std::is_same_v<T, double> || std::is_same_v<O, double>, double, float>;
   const int64_t rows = out.size(0), C = out.size(1), tiles = (n + kTile - 1) / kTile;
@@ -183,8 +192,8 @@ void launch_sums(const Tensor& dy, const Tensor& keys, const Tensor& positions, 
     embedding_backward_chunks_kernel<V, T, O, A>
         <<<static_cast<unsigned>((n + kWarpsPerBlock - 1) / kWarpsPerBlock), threads, 0, stream>>>(
             dy_data, dy.stride(0), static_cast<const uint32_t*>(keys.raw_data()),
-            positions.data<int32_t>(), n, rows, C, accumulate, out_data,
-            static_cast<A*>(partials.raw_data()));
+            positions.data<int32_t>(), n, rows, C, accumulate, scale != 1.0, static_cast<A>(scale),
+            out_data, static_cast<A*>(partials.raw_data()));
     TESSERA_KERNEL_CHECK("embedding_backward_chunks_kernel");
     embedding_backward_join_kernel<V, O, A>
         <<<static_cast<unsigned>((tiles + kWarpsPerBlock - 1) / kWarpsPerBlock), threads, 0,
@@ -198,7 +207,7 @@ void launch_sums(const Tensor& dy, const Tensor& keys, const Tensor& positions, 
     run(std::integral_constant<int, 1>{});
 }
 
-void embedding_backward(const Tensor& dy_in, const Tensor& idx_in, bool accumulate,
+void embedding_backward(const Tensor& dy_in, const Tensor& idx_in, bool accumulate, double scale,
                         const Tensor& out) {
   TESSERA_CHECK(out.is_contiguous() && out.dim() == 2 && dy_in.dim() == 2 &&
                     dy_in.size(1) == out.size(1) && idx_in.numel() == dy_in.size(0),
@@ -246,7 +255,7 @@ void embedding_backward(const Tensor& dy_in, const Tensor& idx_in, bool accumula
   visit_float(dy.dtype(), "embedding_backward", [&](auto dy_tag) {
     visit_float(out.dtype(), "embedding_backward", [&](auto out_tag) {
       launch_sums<decltype(dy_tag), decltype(out_tag)>(dy, sorted_keys, sorted_positions, n,
-                                                       accumulate, out, ctx.stream);
+                                                       accumulate, scale, out, ctx.stream);
     });
   });
 }

@@ -52,6 +52,32 @@ TEST(CudaEmbeddingBackward, MatchesFloat64) {
   test::expect_embedding_backward_matches(c, in, in.out);
 }
 
+// The scaled sums (DDP's average of gathered rows): against float64, and for a power-of-two
+// scale the bits of scaling dy in out's dtype first.
+TEST(CudaEmbeddingBackward, ScaledRowsMatchFloat64AndThePrescaledPass) {
+  TESSERA_REQUIRE_GPU();
+  uint64_t seed = 650;
+  for (double scale : {0.5, 1.0 / 3.0}) {
+    for (DType dy_dtype : {DType::bf16, DType::f32, DType::f16}) {
+      for (DType out_dtype : {DType::bf16, DType::f32}) {
+        for (int64_t C : {13, 768}) {
+          EmbeddingBackwardCase c;
+          c.C = C, c.dy_dtype = dy_dtype, c.out_dtype = out_dtype, c.scale = scale;
+          c.accumulate = seed % 2 == 0;
+          c.layout = seed % 3 == 0 ? DyLayout::RowPadded : DyLayout::Contiguous;
+          c.index_dtype = seed % 2 ? DType::i32 : DType::i64;
+          c.seed = seed++;
+          SCOPED_TRACE(c.name());
+          auto in = test::make_embedding_backward_inputs(c, cuda_test::dev());
+          ops::embedding_backward_into(in.out, in.dy, in.ids, c.accumulate, c.scale);
+          test::expect_embedding_backward_matches(c, in, in.out);
+          if (scale == 0.5) test::expect_scale_equals_prescaled_pass(c, in, in.out);
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaEmbeddingBackward, BadIndexNamesValueAndPosition) {
   TESSERA_REQUIRE_GPU();
   Tensor out = cuda_test::to_gpu(cuda_test::host_randn({37, 8}));

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@ struct EmbeddingBackwardCase {
   DType dy_dtype = DType::f32, out_dtype = DType::f32, index_dtype = DType::i64;
   DyLayout layout = DyLayout::Contiguous;
   bool accumulate = false;
+  double scale = 1.0;  // embedding_backward_into's scale
   uint64_t seed = 1;
 
   std::string name() const {
@@ -28,7 +30,8 @@ struct EmbeddingBackwardCase {
     return std::string("rows ") + std::to_string(rows) + " C " + std::to_string(C) + " n " +
            std::to_string(positions) + " dy " + dtype_name(dy_dtype) + " out " +
            dtype_name(out_dtype) + " idx " + dtype_name(index_dtype) + " " +
-           layouts[static_cast<int>(layout)] + (accumulate ? " accumulate" : " overwrite");
+           layouts[static_cast<int>(layout)] + (accumulate ? " accumulate" : " overwrite") +
+           (scale != 1.0 ? " scale " + std::to_string(scale) : "");
   }
 };
 
@@ -84,8 +87,9 @@ inline double unit_roundoff(DType t) {
 }
 
 // Element by element: |got - exact| within one rounding to out's dtype plus the error of a
-// running sum in the compute type (f32, f64 for f64): an op that rounded to bf16 after every
-// addition, or dropped or doubled a position, fails.
+// running sum in the compute type (f32, f64 for f64), and with a scale the rounding of each
+// scaled element to out's dtype: an op that rounded to bf16 after every addition, or dropped,
+// doubled or left unscaled a position, fails.
 inline void expect_embedding_backward_matches(const EmbeddingBackwardCase& c,
                                               const EmbeddingBackwardInputs& in,
                                               const Tensor& got_tensor) {
@@ -99,8 +103,8 @@ inline void expect_embedding_backward_matches(const EmbeddingBackwardCase& c,
     const int64_t r = static_cast<int64_t>(ids[p]);
     ++count[r];
     for (int64_t j = 0; j < c.C; ++j) {
-      sum[r * c.C + j] += dy[p * c.C + j];
-      magnitude[r * c.C + j] += std::fabs(dy[p * c.C + j]);
+      sum[r * c.C + j] += c.scale * dy[p * c.C + j];
+      magnitude[r * c.C + j] += std::fabs(c.scale * dy[p * c.C + j]);
     }
   }
   const bool f64 = c.out_dtype == DType::f64 || c.dy_dtype == DType::f64;
@@ -116,6 +120,7 @@ inline void expect_embedding_backward_matches(const EmbeddingBackwardCase& c,
       const double want = before + sum[e];
       const double bound = u_out * std::fabs(want) * 1.0001 +
                            (count[r] + 1) * u_acc * (magnitude[e] + std::fabs(before)) * 1.01 +
+                           (c.scale != 1.0 ? u_out * magnitude[e] * 1.0001 : 0.0) +
                            (c.out_dtype == DType::f16 ? std::ldexp(1.0, -24) : 0.0);
       if (!(std::fabs(got[e] - want) <= bound) && bad++ < 5)
         ADD_FAILURE() << c.name() << ": row " << r << " col " << j << " got " << got[e] << " want "
@@ -123,6 +128,24 @@ inline void expect_embedding_backward_matches(const EmbeddingBackwardCase& c,
     }
   }
   EXPECT_EQ(bad, 0) << c.name();
+}
+
+// With a power-of-two scale the fused scaling must give the bits of the pass it replaces: dy
+// converted to out's dtype, multiplied by the scale there, then summed unscaled.
+inline void expect_scale_equals_prescaled_pass(const EmbeddingBackwardCase& c,
+                                               const EmbeddingBackwardInputs& in,
+                                               const Tensor& got) {
+  Tensor prescaled = raw::contiguous(raw::to(in.dy, in.dy.device(), c.out_dtype));
+  ops::binary_(BinaryOp::Mul, prescaled, c.scale);
+  Tensor want = raw::to(raw::to(from_vector(in.out_before, in.out.shape(), {.dtype = DType::f64}),
+                                Device::cpu(), c.out_dtype),
+                        in.out.device(), c.out_dtype);
+  ops::embedding_backward_into(want, prescaled, in.ids, c.accumulate);
+  const Tensor a = raw::to(got, Device::cpu(), c.out_dtype).contiguous();
+  const Tensor b = raw::to(want, Device::cpu(), c.out_dtype).contiguous();
+  ASSERT_EQ(a.nbytes(), b.nbytes());
+  EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0)
+      << c.name() << ": differs from scaling dy first";
 }
 
 }  // namespace tessera::test

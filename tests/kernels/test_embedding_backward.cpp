@@ -10,9 +10,15 @@ void run_case(const EmbeddingBackwardCase& c) {
   SCOPED_TRACE(c.name());
   EmbeddingBackwardInputs in = make_embedding_backward_inputs(c, Device::cpu());
   const uint64_t version = in.out.impl().version;
-  ops::embedding_backward_into(in.out, in.dy, in.ids, c.accumulate);
+  ops::embedding_backward_into(in.out, in.dy, in.ids, c.accumulate, c.scale);
   EXPECT_GT(in.out.impl().version, version);
   expect_embedding_backward_matches(c, in, in.out);
+  // (Not into f16: halving an f16 subnormal rounds, so there the two orders may differ; nor
+  // f64 dy into a narrower out: its sum runs in f64, the pre-scaled copy's in f32.)
+  const bool comparable =
+      c.out_dtype != DType::f16 && (c.dy_dtype != DType::f64 || c.out_dtype == DType::f64);
+  if ((c.scale == 0.5 || c.scale == 0.25) && comparable)
+    expect_scale_equals_prescaled_pass(c, in, in.out);
 }
 
 TEST(EmbeddingBackwardInto, MatchesFloat64ForEveryDtypePair) {
@@ -24,6 +30,26 @@ TEST(EmbeddingBackwardInto, MatchesFloat64ForEveryDtypePair) {
         EmbeddingBackwardCase c;
         c.dy_dtype = dy_dtype, c.out_dtype = out_dtype, c.accumulate = accumulate;
         c.index_dtype = seed % 2 ? DType::i32 : DType::i64;
+        c.seed = seed++;
+        run_case(c);
+      }
+    }
+  }
+}
+
+// DDP's sparse embedding sync averages gathered rows with the scale: each element is scaled
+// and rounded to out's dtype as the scatter reads it.
+TEST(EmbeddingBackwardInto, ScaledRowsForEveryDtypePair) {
+  uint64_t seed = 150;
+  const std::vector<DType> dtypes = {DType::f32, DType::bf16, DType::f16, DType::f64};
+  for (double scale : {0.5, 1.0 / 3.0, 0.25}) {
+    for (DType dy_dtype : dtypes) {
+      for (DType out_dtype : dtypes) {
+        EmbeddingBackwardCase c;
+        c.dy_dtype = dy_dtype, c.out_dtype = out_dtype, c.scale = scale;
+        c.accumulate = seed % 2 == 0;
+        c.layout = seed % 3 == 0 ? DyLayout::ColumnStrided : DyLayout::Contiguous;
+        c.C = seed % 2 ? 13 : 16;
         c.seed = seed++;
         run_case(c);
       }
@@ -83,6 +109,9 @@ TEST(EmbeddingBackwardInto, BadInputsNameTheProblem) {
       {"embedding_backward", "-3", "position 0"});
   expect_error([&] { ops::embedding_backward_into(out, dy, zeros({3}), true); },
                {"embedding_backward", "int32 or int64", "float32"});
+  expect_error(
+      [&] { ops::embedding_backward_into(out, dy, zeros({3}, {.dtype = DType::i64}), true, NAN); },
+      {"embedding_backward", "scale must be finite", "nan"});
   expect_error(
       [&] {
         ops::embedding_backward_into(out, ones({3, 5}), zeros({3}, {.dtype = DType::i64}), true);
