@@ -137,8 +137,7 @@ inline void expect_scale_equals_prescaled_pass(const EmbeddingBackwardCase& c,
                                                const Tensor& got) {
   Tensor prescaled = raw::contiguous(raw::to(in.dy, in.dy.device(), c.out_dtype));
   ops::binary_(BinaryOp::Mul, prescaled, c.scale);
-  Tensor want = raw::to(raw::to(from_vector(in.out_before, in.out.shape(), {.dtype = DType::f64}),
-                                Device::cpu(), c.out_dtype),
+  Tensor want = raw::to(from_vector(in.out_before, in.out.shape(), {.dtype = DType::f64}),
                         in.out.device(), c.out_dtype);
   ops::embedding_backward_into(want, prescaled, in.ids, c.accumulate);
   const Tensor a = raw::to(got, Device::cpu(), c.out_dtype).contiguous();
