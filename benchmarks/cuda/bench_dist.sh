@@ -19,7 +19,9 @@
 #        DEADLINE (absolute `date +%s` no run may pass), DDP_PROFILE=1 (phase times, 1 GPU vs
 #        N), TRAIN_VARIANTS="NCCL_MAX_CTAS=8;--zero-stage 1" (train part: the N-GPU run again
 #        under each ';'-separated set of environment settings (NAME=value) and extra `tessera
-#        train` flags, for tuning and for other strategies),
+#        train` flags, for tuning and for other strategies), TRAIN_ACCUM=K (train part: K
+#        micro-batches per optimizer step in every run, Tessera's and PyTorch's, the gradients
+#        exchanged once per step as in a GPT-2 recipe's accumulation; default 1),
 #        TESSERA_PYTHON, BENCH_DRY_RUN=1 (CPU, tiny GPT: checks the script; see bench_lib.sh)
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -80,13 +82,14 @@ if wants example; then
 fi
 
 if wants train; then
-  steps=${TRAIN_STEPS:-40} skip=${TRAIN_SKIP:-10}
+  steps=${TRAIN_STEPS:-40} skip=${TRAIN_SKIP:-10} accum=${TRAIN_ACCUM:-1}
   read -r layers heads channels < <(gpt_shape 124M)
   data=$OUT/tokens/train.bin  # no val.bin beside it: no evaluation
   mkdir -p "$OUT/tokens"
   # Tokens below GPT-2's 50257 (the model's vocabulary is the padded 50304); enough that N
   # ranks read new rows at every step (the loader wraps past the end anyway).
-  count=$(( (N * BENCH_BATCH * BENCH_SEQ * steps + 1) < 4000000 ? (N * BENCH_BATCH * BENCH_SEQ * steps + 1) : 4000000 ))
+  count=$(( N * BENCH_BATCH * BENCH_SEQ * accum * steps + 1 ))
+  (( count > 4000000 )) && count=4000000
   [[ -f $data ]] || "$PY" benchmarks/cuda/train_metrics.py tokens "$data" --count "$count" \
     --vocab $((BENCH_VOCAB < 50257 ? BENCH_VOCAB : 50257)) || exit 1
   # No checkpoints and no evaluation: the run times the training loop (the final model is
@@ -94,7 +97,8 @@ if wants train; then
   echo '{"save_strategy": "no", "eval_strategy": "no"}' > "$OUT/bench_train.json"
   train_args=(train --config "$OUT/bench_train.json" --data "$data" --n-layer "$layers" --n-head "$heads"
               --n-embd "$channels" --vocab-size "$BENCH_VOCAB" --seq "$BENCH_SEQ" --batch "$BENCH_BATCH"
-              --steps "$steps" --lr 6e-4 --beta2 0.95 --dtype bf16 --device "$BENCH_DEVICE")
+              --grad-accum "$accum" --steps "$steps" --lr 6e-4 --beta2 0.95 --dtype bf16
+              --device "$BENCH_DEVICE")
   rm -rf "$OUT/train_1gpu" "$OUT/train_${N}gpu"
   run_limited "$CAP" "$OUT/train_1gpu.txt" "$TESSERA" "${train_args[@]}" --out "$OUT/train_1gpu"
   run_limited "$CAP" "$OUT/train_${N}gpu.txt" "${launch[@]}" "$TESSERA" "${train_args[@]}" --out "$OUT/train_${N}gpu"
@@ -134,9 +138,10 @@ if wants train; then
   torch_launcher "$N"
   run_limited "$CAP" "$OUT/torch_train_ddp_${N}gpu.txt" "${TORCH_LAUNCH[@]}" benchmarks/cuda/gpt2_train_torch.py \
     --device "$BENCH_DEVICE" --layers "$layers" --heads "$heads" --channels "$channels" --batch "$BENCH_BATCH" \
-    --seq "$BENCH_SEQ" --vocab "$BENCH_VOCAB" --steps "${TORCH_STEPS:-20}" --warmup 5 --strategies ddp
+    --seq "$BENCH_SEQ" --vocab "$BENCH_VOCAB" --grad-accum "$accum" --steps "${TORCH_STEPS:-20}" --warmup 5 \
+    --strategies ddp
   torch=$(grep -oE '"tokens_per_s": [0-9.e+]+' "$OUT/torch_train_ddp_${N}gpu.txt" | awk '{print $2}' | tail -1)
-  echo "tessera train --dtype bf16, GPT-2 124M shape, B=$BENCH_BATCH x T=$BENCH_SEQ per GPU, $steps steps: tokens/s per GPU"
+  echo "tessera train --dtype bf16, GPT-2 124M shape, B=$BENCH_BATCH x T=$BENCH_SEQ per GPU x $accum micro-batches per step, $steps steps: tokens/s per GPU"
   echo "  (wall clock over steps $((skip + 1))..$steps of metrics.jsonl; logs and runs in $OUT)"
   awk -v one="$one" -v many="$many" -v torch="$torch" -v n="$N" -v cards="$cards" -v each="$each" 'BEGIN {
     printf "  tessera train, 1 GPU:           %s\n", one == "" ? "failed (see train_1gpu.txt)" : sprintf("%.0f", one)

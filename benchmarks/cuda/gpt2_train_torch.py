@@ -6,7 +6,8 @@ memory is the allocator's peak over the timed steps).
 
 Prints one JSON line per strategy run:
   {"mode", "strategy", "world", "ms_per_step", "tokens_per_s", "peak_gib", "loss", "torch"}
-(tokens_per_s is per GPU). Under torch.distributed.run with WORLD_SIZE > 1 --strategies picks
+(tokens_per_s is per GPU; --grad-accum K runs K micro-batches per optimizer step, the
+gradient synchronised in the last one only). Under torch.distributed.run with WORLD_SIZE > 1 --strategies picks
 how the model is distributed (one after the other in this process, each on a fresh model):
   ddp   DistributedDataParallel (NCCL, one GPU per rank, default 25 MB buckets);
   zero  DDP with torch.distributed.optim.ZeroRedundancyOptimizer (optimizer state sharded,
@@ -19,6 +20,7 @@ and rank 0 prints its per-GPU figures. A single process runs the plain model ("s
 --device cpu (gloo, no fused AdamW) is for checking the script without a GPU.
 """
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -87,6 +89,9 @@ def common_arguments(description):
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--grad-accum", type=int, default=1,
+                    help="micro-batches of --batch rows per optimizer step; DDP and ZeRO all-reduce "
+                         "in the last one only (no_sync before it), as an accumulating user would")
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--heads", type=int, default=12)
@@ -176,10 +181,23 @@ def measure(make_model, args, strategy, world, rank, dev):
     targets = torch.randint(0, args.vocab, (args.batch, args.seq), device=dev)
     cuda = dev.type == "cuda"
 
-    def step():
+    accum = args.grad_accum
+    if accum < 1:
+        raise SystemExit(f"--grad-accum must be >= 1 (got {accum})")
+    # DDP's no_sync; FSDP2 and a single process have none and run the micro-steps as they are.
+    no_sync = getattr(run, "no_sync", contextlib.nullcontext)
+
+    def micro_step():
         with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
             loss = run(idx, targets)
-        loss.backward()
+        (loss / accum if accum > 1 else loss).backward()
+        return loss
+
+    def step():
+        for _ in range(accum - 1):
+            with no_sync():
+                micro_step()
+        loss = micro_step()
         clip()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -209,7 +227,7 @@ def measure(make_model, args, strategy, world, rank, dev):
               file=sys.stderr)
     if rank == 0:
         print(json.dumps({"mode": args.mode, "strategy": strategy if world > 1 else "single", "world": world,
-                          "ms_per_step": ms, "tokens_per_s": args.batch * args.seq / (ms / 1e3),
+                          "ms_per_step": ms, "tokens_per_s": args.batch * args.seq * accum / (ms / 1e3),
                           "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
                           "loss": loss.item(), "torch": torch.__version__}), flush=True)
 
