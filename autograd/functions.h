@@ -245,14 +245,18 @@ namespace tessera {
 // group). With
 // causal, the queries are the last Tq of the Tk positions (Tq < Tk for a KV cache). Under
 // an AutocastGuard q, k, v are cast to the compute dtype first. On a GPU, for bf16/f16,
-// D of 64 or 128, causal and Tq == Tk, no dropout, it runs the flash-attention kernels
-// (O(T) memory) unless allow_flash is false; otherwise matmul, mask, softmax, dropout
-// (p = dropout_p, from gen or the default generator) and matmul.
+// D of 64 or 128, causal and Tq == Tk, it runs the flash-attention kernels (O(T) memory)
+// unless allow_flash is false; otherwise matmul, mask, softmax, dropout (p = dropout_p, from
+// gen or the default generator) and matmul. With dropout the flash kernels drop the
+// probabilities the composition would (the same Philox numbers, the generator advanced alike)
+// and run the mma.sync kernels, whichever attention backend is chosen.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                     double dropout_p = 0.0, Generator* gen = nullptr,
                                     bool allow_flash = true);
-// True when scaled_dot_product_attention(q, k, v, causal) would take the flash kernels.
-bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
+// True when scaled_dot_product_attention(q, k, v, causal, dropout_p) would take the flash
+// kernels.
+bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                             double dropout_p = 0.0);
 
 // Causal self-attention straight from the fused projection: qkv [B, T, 3C] (q | k | v along
 // the last dim, each C = n_head * D wide) -> y [B, T, C], the heads merged back. On a GPU,
@@ -263,8 +267,9 @@ bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, 
 // Under an AutocastGuard qkv is cast to the compute dtype first.
 Tensor causal_attention_qkv(const Tensor& qkv, int64_t n_head, double dropout_p = 0.0,
                             Generator* gen = nullptr, bool allow_fused = true);
-// True when causal_attention_qkv(qkv, n_head) (no dropout) would take the fused kernels.
-bool causal_attention_qkv_fused_applies(const Tensor& qkv, int64_t n_head);
+// True when causal_attention_qkv(qkv, n_head, dropout_p) would take the fused kernels (with
+// dropout: through the reference's scaled_dot_product_attention).
+bool causal_attention_qkv_fused_applies(const Tensor& qkv, int64_t n_head, double dropout_p = 0.0);
 
 // causal_attention_qkv(linear(x, w, bias), n_head): a fused projection (GPT-2's c_attn, x
 // [B, T, in], w [in, 3C], bias [3C]) and the attention over its output. Where the fused

@@ -18,6 +18,7 @@
 #include "tessera/autograd/function_util.h"
 #include "tessera/autograd/functions.h"
 #include "tessera/core/fused_dispatch.h"
+#include "tessera/core/random.h"
 
 namespace tessera {
 
@@ -237,6 +238,40 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
   return out;
 }
 
+// The flash kernels with dropout on the probabilities: they draw the mask that composed
+// dropout would (the same Philox numbers, reserved from the generator in the same amount), so
+// both routes leave the generator in the same state and drop the same probabilities. The
+// backward regenerates the mask from the draw's (seed, offset).
+Tensor fused_attention_dropout(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                               double dropout_p, Generator* gen) {
+  Generator& g = gen ? *gen : default_generator();
+  const uint64_t probabilities = static_cast<uint64_t>(q.size(0) * q.size(1) * q.size(2) * k.size(2));
+  const AttentionDropout dropout{dropout_p, g.seed(), g.reserve((probabilities + 3) / 4)};
+  const Tensor out = empty_heads_like(q);
+  Tensor lse = lse_for(q);
+  fused_for(q).flash_attention_dropout_forward(q, k, v, scale, dropout, out, lse);
+  using autograd::SavedTensor;
+  autograd::record(
+      "FlashAttentionDropoutBackward", {q, k, v}, {out},
+      [sq = SavedTensor::input(q), sk = SavedTensor::input(k), sv = SavedTensor::input(v),
+       so = SavedTensor::output(out), lse, scale, dropout](const autograd::BackwardArgs& args) {
+        const char* op = "FlashAttentionDropoutBackward";
+        const Tensor q = sq.unpack(op), k = sk.unpack(op), v = sv.unpack(op), o = so.unpack(op);
+        Tensor dq = empty_heads_like(q), dk = empty_heads_like(k), dv = empty_heads_like(v);
+        fused_for(q).flash_attention_dropout_backward(
+            q, k, v, o, readable_gradient(args.grad(), q.dtype()), lse, scale, dropout, dq, dk, dv);
+        return std::vector<Tensor>{dq, dk, dv};
+      });
+  return out;
+}
+
+// True when q's device has the flash kernels with dropout, both directions.
+bool has_fused_attention_dropout(const Tensor& q) {
+  const FusedKernelTable& fused = fused_for(q);
+  return fused.flash_attention_dropout_forward != nullptr &&
+         fused.flash_attention_dropout_backward != nullptr;
+}
+
 // y [B, T, C] and the log-sum-exp of the attention over the heads of qkv [B, T, 3C], by
 // `backend`'s kernels reading q, k, v and writing y through [B, H, T, D] views.
 std::pair<Tensor, Tensor> attention_forward_qkv(AttentionBackend backend, const Tensor& qkv,
@@ -418,8 +453,11 @@ Tensor fused_rotary_attention_qkv(const Tensor& qkv, int64_t H, int64_t Hkv,
 
 }  // namespace
 
-bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                             double dropout_p) {
   if (!causal || !has_fused_attention(q)) return false;
+  if (dropout_p != 0 && !(dropout_p > 0 && dropout_p < 1 && has_fused_attention_dropout(q)))
+    return false;
   if (q.dtype() != DType::bf16 && q.dtype() != DType::f16) return false;
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return false;
   if (k.size(2) != q.size(2) || (q.size(3) != 64 && q.size(3) != 128)) return false;
@@ -441,17 +479,18 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   check_dropout("scaled_dot_product_attention", dropout_p);
   const Tensor q = autograd::autocast(q_in), k = autograd::autocast(k_in), v = autograd::autocast(v_in);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  if (allow_flash && dropout_p == 0 && flash_attention_applies(q, k, v, causal))
-    return fused_attention(q, k, v, scale);
+  if (allow_flash && flash_attention_applies(q, k, v, causal, dropout_p))
+    return dropout_p == 0 ? fused_attention(q, k, v, scale)
+                          : fused_attention_dropout(q, k, v, scale, dropout_p, gen);
   return composed_attention(q, k, v, causal, scale, dropout_p, gen);
 }
 
-bool causal_attention_qkv_fused_applies(const Tensor& qkv, int64_t n_head) {
+bool causal_attention_qkv_fused_applies(const Tensor& qkv, int64_t n_head, double dropout_p) {
   if (qkv.dim() != 3 || qkv.size(2) % 3 != 0 || n_head <= 0) return false;
   const int64_t C = qkv.size(2) / 3;
   if (C % n_head != 0 || qkv.stride(2) != 1) return false;
   return flash_attention_applies(head_view(qkv, 0, C, n_head), head_view(qkv, C, C, n_head),
-                                 head_view(qkv, 2 * C, C, n_head), /*causal=*/true);
+                                 head_view(qkv, 2 * C, C, n_head), /*causal=*/true, dropout_p);
 }
 
 Tensor causal_attention_qkv(const Tensor& qkv_in, int64_t n_head, double dropout_p, Generator* gen,
@@ -462,7 +501,8 @@ Tensor causal_attention_qkv(const Tensor& qkv_in, int64_t n_head, double dropout
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, D = C / n_head;
   if (allow_fused && dropout_p == 0 && causal_attention_qkv_fused_applies(qkv, n_head))
     return fused_attention_qkv(qkv, n_head, 1.0 / std::sqrt(static_cast<double>(D)));
-  // The reference: the same computation from differentiable pieces (copies included).
+  // The reference: the same computation from differentiable pieces (copies included), whose
+  // attention takes the flash kernels with dropout where they apply (the heads are views).
   const std::vector<Tensor> parts = split(qkv, C, -1);
   auto heads = [&](const Tensor& t) { return t.reshape({B, T, n_head, D}).transpose(1, 2); };
   const Tensor y = scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),

@@ -58,6 +58,16 @@ inline void adamw_replay_scalars(const MultiTensorAdamWConfig& config, float* ou
   out[2] = c.bias_correction2_sqrt;
 }
 
+// Dropout on the attention probabilities, drawn inside the flash kernels. Element u (row-major
+// index into the [B, H, T, T] probabilities) is kept when core/philox.h's uniform number u of a
+// draw starting at block `offset` under `seed`, rounded to f32, is >= p, and a kept probability
+// is scaled by 1 / (1 - p) in f32: the mask that dropout(softmax(...), p) draws with rand() from
+// the same generator state (dropout_keep_from gives the kernels that test on the 32-bit word).
+struct AttentionDropout {
+  double p = 0;  // in (0, 1)
+  uint64_t seed = 0, offset = 0;
+};
+
 struct FusedKernelTable {
   // ---- Linear: out[M, N] = x2d @ w (+ bias) with the bias in the GEMM's epilogue; and
   // dw = x2dᵀ @ g with dbias (when defined) = g's column sums from the same GEMM.
@@ -138,6 +148,16 @@ struct FusedKernelTable {
                                                   const Tensor& dout, const Tensor& lse,
                                                   double scale, const Tensor& dq, const Tensor& dk,
                                                   const Tensor& dv, const Tensor& dbias) = nullptr;
+  // The same with dropout on the probabilities (the mask of `dropout`, above); the backward
+  // regenerates it from the same (seed, offset).
+  void (*flash_attention_dropout_forward)(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          double scale, const AttentionDropout& dropout,
+                                          const Tensor& out, const Tensor& lse) = nullptr;
+  void (*flash_attention_dropout_backward)(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& out, const Tensor& dout,
+                                           const Tensor& lse, double scale,
+                                           const AttentionDropout& dropout, const Tensor& dq,
+                                           const Tensor& dk, const Tensor& dv) = nullptr;
   // True when cuDNN attention can run here; otherwise false and *reason says why.
   bool (*cudnn_attention_available)(std::string* reason) = nullptr;
   void (*cudnn_attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v, double scale,

@@ -50,7 +50,7 @@ TESSERA_HD double philox_normal_at(uint64_t seed, uint64_t offset, uint64_t i) {
   Philox4 b = philox4x32_10(seed, offset + i / 2);
   double u1 = philox_unit(b.v[2 * (i % 2)]);
   double u2 = philox_unit(b.v[2 * (i % 2) + 1]);
-  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+  return ::sqrt(-2.0 * ::log(u1)) * ::cos(6.283185307179586 * u2);
 }
 
 TESSERA_HD int64_t philox_randint_at(uint64_t seed, uint64_t offset, uint64_t i, int64_t low,
@@ -60,4 +60,18 @@ TESSERA_HD int64_t philox_randint_at(uint64_t seed, uint64_t offset, uint64_t i,
   return low + static_cast<int64_t>((static_cast<uint64_t>(w) * range) >> 32);
 }
 
+// The smallest 32-bit word w whose uniform number, rounded to f32, is >= f32(p) (2^32 when
+// there is none): "keep" of a dropout with probability p (kept when the uniform is >= p) as one
+// integer comparison, w >= this. For p < 1 it is below 2^32 (the largest uniform rounds to 1).
+// Rounding to f32 is monotonic, so the words that keep form one range; found by bisection.
+inline uint64_t dropout_keep_from(double p) {
+  const float threshold = static_cast<float>(p);
+  uint64_t lo = 0, hi = uint64_t{1} << 32;  // the answer lies in [lo, hi]
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (static_cast<float>(philox_unit(static_cast<uint32_t>(mid))) >= threshold) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
 }  // namespace tessera

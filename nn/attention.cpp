@@ -49,7 +49,7 @@ Tensor CausalSelfAttention::attend(const Tensor& q, const Tensor& k, const Tenso
   TESSERA_CHECK(k.size(2) <= block_size_, "CausalSelfAttention: ", k.size(2),
                 " positions exceed block_size ", block_size_);
   const double dropout_p = attn_dropout.is_training() ? attn_dropout.p : 0.0;
-  if (use_fused_attention && dropout_p == 0 && flash_attention_applies(q, k, v, /*causal=*/true))
+  if (use_fused_attention && flash_attention_applies(q, k, v, /*causal=*/true, dropout_p))
     ++fused_calls_;
   return scaled_dot_product_attention(q, k, v, /*causal=*/true, dropout_p, nullptr,
                                       use_fused_attention);
@@ -62,12 +62,12 @@ Tensor CausalSelfAttention::attention_heads(const Tensor& x) {
                 " positions exceed block_size ", block_size_);
   const double dropout_p = attn_dropout.is_training() ? attn_dropout.p : 0.0;
   // The fused path reads q, k, v out of c_attn's output and writes y [B, T, C] in place:
-  // no split, head transposes or merge copies in either direction. The fused CUDA kernels
-  // (flash, cuDNN) draw no attention-probability dropout, so while training with dropout > 0
-  // attention takes the composed path instead (the [B, H, T, T] probabilities are
-  // materialised and dropped out there, from the default generator like every other mask).
-  // With c_attn and the attention as one node, the attention backward also sums c_attn's bias
-  // gradient (causal_attention_qkv_projection); c_attn's hooks need its own call.
+  // no split, head transposes or merge copies in either direction. While training with
+  // dropout > 0 the attention takes the flash kernels that drop probabilities (the mask the
+  // composition would draw from the default generator) through causal_attention_qkv's
+  // reference route. With c_attn and the attention as one node (no dropout), the attention
+  // backward also sums c_attn's bias gradient (causal_attention_qkv_projection); c_attn's
+  // hooks need its own call.
   if (use_fused_attention && use_fused_projection && dropout_p == 0 && !c_attn.has_hooks() &&
       causal_attention_qkv_projection_fused_applies(x, c_attn.weight, c_attn.bias, n_head)) {
     ++fused_calls_;
@@ -75,7 +75,7 @@ Tensor CausalSelfAttention::attention_heads(const Tensor& x) {
     return causal_attention_qkv_projection(x, c_attn.weight, c_attn.bias, n_head);
   }
   const Tensor qkv = c_attn(x);
-  if (use_fused_attention && dropout_p == 0 && causal_attention_qkv_fused_applies(qkv, n_head))
+  if (use_fused_attention && causal_attention_qkv_fused_applies(qkv, n_head, dropout_p))
     ++fused_calls_;
   return causal_attention_qkv(qkv, n_head, dropout_p, nullptr, use_fused_attention);
 }

@@ -52,7 +52,8 @@ class CausalSelfAttention : public Module {
   Dropout attn_dropout, resid_dropout;
   int64_t n_head, n_embd;
   // Use the fused CUDA attention kernels (flash or cuDNN: see set_attention_backend) where
-  // they apply (bf16/f16 on a GPU, head size 64 or 128, no attention dropout): forward runs
+  // they apply (bf16/f16 on a GPU, head size 64 or 128; with attention dropout the flash
+  // kernels that draw it, whichever backend is chosen): forward runs
   // them straight on c_attn's output (causal_attention_qkv), forward_cached on the cache's
   // heads; otherwise the scores are materialised.
   bool use_fused_attention = true;

@@ -6,7 +6,7 @@
 # file split 90/10 as nanoGPT splits its characters. Prints the best validation loss and its
 # step, the run's steps and wall time, and where the loss curve (loss.png) lies.
 #   usage: benchmarks/cuda/shakespeare_char.sh TEXT [OUT]   (the figures use tinyshakespeare)
-#   env: BUILD_DIR (default build), DEVICE (default cuda), STEPS (default 5000)
+#   env: BUILD_DIR (default build), DEVICE (default cuda), STEPS (default 5000), SEED (default 1337)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 TEXT=${1:?usage: benchmarks/cuda/shakespeare_char.sh TEXT [OUT]}
@@ -20,7 +20,7 @@ start=$(date +%s.%N)
 "$T" train --data "$OUT/data/train.bin" --n-layer 6 --n-head 6 --n-embd 384 --seq 256 --batch 64 \
   --dtype bf16 --device "${DEVICE:-cuda}" --steps "$STEPS" --lr 1e-3 --min-lr 1e-4 --warmup 100 \
   --schedule cosine --beta2 0.99 --weight-decay 0.1 --grad-clip 1.0 --dropout 0.2 --sampling random \
-  --eval-every 250 --eval-batches 200 --out "$OUT/run" > "$OUT/train.log"
+  --eval-every 250 --eval-batches 200 --seed "${SEED:-1337}" --out "$OUT/run" > "$OUT/train.log"
 end=$(date +%s.%N)
 python3 - "$OUT/run" "$start" "$end" <<'PY'
 import json, sys

@@ -21,11 +21,13 @@ using namespace attention_detail;
 constexpr int kFwdWarps = 8;                // 8 warps x 16 queries
 constexpr int kFwdQueries = kFwdWarps * 16;  // queries per block
 
-template <class T, int D>
+// kDropout: the probabilities that multiply V are dropped and scaled by `drop` (the row sums,
+// and so the log-sum-exp kept for the backward, are those of the undropped probabilities).
+template <class T, int D, bool kDropout>
 __global__ void __launch_bounds__(kFwdWarps * 32)
     flash_forward_tc_kernel(const T* q, const T* k, const T* v, HeadLayout Lq, HeadLayout Lk,
                             HeadLayout Lv, T* out, HeadLayout Lo, float* lse, int64_t H,
-                            int64_t group, int64_t seq_len, float scale) {
+                            int64_t group, int64_t seq_len, float scale, DropoutMask drop) {
   constexpr int KSTEPS = D / 16;     // k-steps of S = Q K^T
   constexpr int SBLK = kTile / 8;    // 8-key blocks of S
   constexpr int OBLK = D / 8;        // 8-dim blocks of O
@@ -134,6 +136,14 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
       s[nb][3] = exp2f(s[nb][3] - ref_hi);
       l_lo += s[nb][0] + s[nb][1];
       l_hi += s[nb][2] + s[nb][3];
+      if constexpr (kDropout) {
+        const int64_t key = key0 + nb * 8 + tq * 2;
+        const float2 f_lo = drop.factors(b, h, r_lo, key), f_hi = drop.factors(b, h, r_hi, key);
+        s[nb][0] *= f_lo.x;
+        s[nb][1] *= f_lo.y;
+        s[nb][2] *= f_hi.x;
+        s[nb][3] *= f_hi.y;
+      }
     }
     // O += P V, 16 keys per step; P's accumulator layout is the A operand's layout.
 #pragma unroll
@@ -238,23 +248,28 @@ AttnShape check_forward(const char* op, const Tensor& q, const Tensor& k, const 
   return s;
 }
 
+// With `dropout`, the kernel that drops probabilities (the mask of that state).
 void launch_mma_sync_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                              const Tensor& out, const Tensor& lse, const AttnShape& s,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, const AttentionDropout* dropout = nullptr) {
   const dim3 grid(static_cast<unsigned>((s.T + kFwdQueries - 1) / kFwdQueries),
                   static_cast<unsigned>(s.B * s.H));
+  const DropoutMask drop = dropout ? dropout_mask(*dropout, s.H, s.T) : DropoutMask{};
   visit_attention(q.dtype(), s.D, [&](auto tag, auto dconst) {
     using T = decltype(tag);
     constexpr int D = decltype(dconst)::value;
     const size_t smem = 4 * kTile * (D + 8) * sizeof(T);
-    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_tc_kernel<T, D>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem)));
-    flash_forward_tc_kernel<T, D><<<grid, kFwdWarps * 32, smem, stream>>>(
-        static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
-        static_cast<const T*>(v.raw_data()), layout_of(q), layout_of(k), layout_of(v),
-        static_cast<T*>(out.raw_data()), layout_of(out), lse.data<float>(), s.H, s.group(), s.T,
-        static_cast<float>(scale));
+    auto launch = [&](auto kernel) {
+      TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(smem)));
+      kernel<<<grid, kFwdWarps * 32, smem, stream>>>(
+          static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
+          static_cast<const T*>(v.raw_data()), layout_of(q), layout_of(k), layout_of(v),
+          static_cast<T*>(out.raw_data()), layout_of(out), lse.data<float>(), s.H, s.group(), s.T,
+          static_cast<float>(scale), drop);
+    };
+    if (dropout) launch(flash_forward_tc_kernel<T, D, true>);
+    else launch(flash_forward_tc_kernel<T, D, false>);
   });
   TESSERA_KERNEL_CHECK("flash_forward_tc_kernel");
 }
@@ -294,6 +309,15 @@ void flash_attention_forward_mma_sync(const Tensor& q, const Tensor& k, const Te
   if (q.numel() == 0) return;
   KernelContext ctx(out);
   launch_mma_sync_forward(q, k, v, scale, out, lse, s, ctx.stream);
+}
+
+void flash_attention_dropout_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     double scale, const AttentionDropout& dropout,
+                                     const Tensor& out, const Tensor& lse) {
+  const AttnShape s = check_forward("flash_attention_dropout_forward", q, k, v, out, lse);
+  if (q.numel() == 0) return;
+  KernelContext ctx(out);
+  launch_mma_sync_forward(q, k, v, scale, out, lse, s, ctx.stream, &dropout);
 }
 
 bool flash_attention_forward_uses_sm90(const Tensor& q, const Tensor& k, const Tensor& v,

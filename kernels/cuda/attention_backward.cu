@@ -136,12 +136,15 @@ __device__ __forceinline__ void store_rows(T* dst, HeadLayout L, int64_t b, int6
   }
 }
 
-template <class T, int D>
+// kDropout (both kernels): the forward dropped the probabilities with `drop`'s mask M (scaled
+// by 1 / (1 - p)), so dV = (P * M)^T dO and dS = P * (M * dP - delta); delta = rowsum(dO * O)
+// is unchanged, O being the dropped output.
+template <class T, int D, bool kDropout>
 __global__ void __launch_bounds__(kTcWarps * 32)
     flash_backward_dq_tc_kernel(const T* q, const T* k, const T* v, const T* dout, HeadLayout Lq,
                                 HeadLayout Lk, HeadLayout Lv, HeadLayout Ld, const float* lse,
                                 const float* delta, T* dq, HeadLayout Ldq, int64_t H,
-                                int64_t group, int64_t seq_len, float scale) {
+                                int64_t group, int64_t seq_len, float scale, DropoutMask drop) {
   using Tiles = BwdTiles<D>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);      // [64][D] this block's queries
@@ -189,7 +192,15 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     scores_and_dp<T, D>(s, dp, qs, ks, dos, vs, warp * 16, g, tq);
     // dS = P * (dP - delta), P recomputed from the log-sum-exp, masked causally.
 #pragma unroll
-    for (int nb = 0; nb < kTile / 8; ++nb)
+    for (int nb = 0; nb < kTile / 8; ++nb) {
+      if constexpr (kDropout) {
+        const int64_t key = int64_t(kt) * kTile + nb * 8 + tq * 2;
+        const float2 f_lo = drop.factors(b, h, r_lo, key), f_hi = drop.factors(b, h, r_hi, key);
+        dp[nb][0] *= f_lo.x;
+        dp[nb][1] *= f_lo.y;
+        dp[nb][2] *= f_hi.x;
+        dp[nb][3] *= f_hi.y;
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float p = exp2f(s[nb][e] * sc - (e < 2 ? lse_lo : lse_hi));
@@ -200,18 +211,20 @@ __global__ void __launch_bounds__(kTcWarps * 32)
         }
         s[nb][e] = p * (dp[nb][e] - (e < 2 ? del_lo : del_hi));
       }
+    }
     accumulate_product<T, D>(acc, s, ks, lane);  // dQ += dS K
     __syncthreads();  // the next prefetch overwrites this stage
   }
   store_rows<T, D>(dq, Ldq, b, h, acc, scale, r_lo, seq_len, tq);
 }
 
-template <class T, int D>
+template <class T, int D, bool kDropout>
 __global__ void __launch_bounds__(kTcWarps * 32)
     flash_backward_dkv_tc_kernel(const T* q, const T* k, const T* v, const T* dout, HeadLayout Lq,
                                  HeadLayout Lk, HeadLayout Lv, HeadLayout Ld, const float* lse,
                                  const float* delta, T* dk, HeadLayout Ldk, T* dv, HeadLayout Ldv,
-                                 int64_t H, int64_t group, int64_t seq_len, float scale) {
+                                 int64_t H, int64_t group, int64_t seq_len, float scale,
+                                 DropoutMask drop) {
   using Tiles = BwdTiles<D>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* ks = reinterpret_cast<T*>(smem_raw);      // [64][D] this block's keys
@@ -286,8 +299,14 @@ __global__ void __launch_bounds__(kTcWarps * 32)
           const int64_t key = e < 2 ? key_lo : key_hi;
           if (query < key || query >= seq_len) p = 0.f;
         }
-        s[nb][e] = p;                              // P^T
-        dp[nb][e] = p * (dp[nb][e] - del_s[col]);  // dS^T
+        if constexpr (kDropout) {  // element (query, key) of head h's probabilities
+          const float f = drop.factor(b, head_of(i), q0 + col, e < 2 ? key_lo : key_hi);
+          s[nb][e] = p * f;                              // (P * M)^T
+          dp[nb][e] = p * (dp[nb][e] * f - del_s[col]);  // dS^T
+        } else {
+          s[nb][e] = p;                              // P^T
+          dp[nb][e] = p * (dp[nb][e] - del_s[col]);  // dS^T
+        }
       }
     accumulate_product<T, D>(dv_acc, s, dos, lane);   // dV += P^T dO
     accumulate_product<T, D>(dk_acc, dp, qs, lane);   // dK += dS^T Q
@@ -308,33 +327,40 @@ enum class BackwardKernels { dispatch, sm90, mma_sync };
 void launch_mma_sync_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& dout, const Tensor& lse, const Tensor& delta,
                               double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                              const AttnShape& s, cudaStream_t stream) {
+                              const AttnShape& s, cudaStream_t stream,
+                              const AttentionDropout* dropout) {
   const unsigned tiles = static_cast<unsigned>((s.T + kTile - 1) / kTile);
   const dim3 dq_grid(tiles, static_cast<unsigned>(s.B * s.H));     // per query head
   const dim3 dkv_grid(tiles, static_cast<unsigned>(s.B * s.Hkv));  // per key/value head
-  visit_attention(q.dtype(), s.D, [&](auto tag, auto dconst) {
+  const DropoutMask drop = dropout ? dropout_mask(*dropout, s.H, s.T) : DropoutMask{};
+  auto run = [&](auto tag, auto dconst, auto dropping) {
     using T = decltype(tag);
     constexpr int D = decltype(dconst)::value;
+    constexpr bool kDropout = decltype(dropping)::value;
     using Tiles = BwdTiles<D>;
     const size_t dq_smem = 6 * Tiles::kRowTile * sizeof(T);
     const size_t dkv_smem = 6 * Tiles::kRowTile * sizeof(T) + 4 * kTile * sizeof(float);
     // Over 48 KB of shared memory needs an opt-in (per device, so asked on every call: cheap).
-    allow_shared(flash_backward_dq_tc_kernel<T, D>, dq_smem);
-    allow_shared(flash_backward_dkv_tc_kernel<T, D>, dkv_smem);
-    flash_backward_dq_tc_kernel<T, D><<<dq_grid, kTcWarps * 32, dq_smem, stream>>>(
+    allow_shared(flash_backward_dq_tc_kernel<T, D, kDropout>, dq_smem);
+    allow_shared(flash_backward_dkv_tc_kernel<T, D, kDropout>, dkv_smem);
+    flash_backward_dq_tc_kernel<T, D, kDropout><<<dq_grid, kTcWarps * 32, dq_smem, stream>>>(
         static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
         static_cast<const T*>(v.raw_data()), static_cast<const T*>(dout.raw_data()), layout_of(q),
         layout_of(k), layout_of(v), layout_of(dout), lse.data<float>(), delta.data<float>(),
         static_cast<T*>(dq.raw_data()), layout_of(dq), s.H, s.group(), s.T,
-        static_cast<float>(scale));
+        static_cast<float>(scale), drop);
     TESSERA_KERNEL_CHECK("flash_backward_dq_tc_kernel");
-    flash_backward_dkv_tc_kernel<T, D><<<dkv_grid, kTcWarps * 32, dkv_smem, stream>>>(
+    flash_backward_dkv_tc_kernel<T, D, kDropout><<<dkv_grid, kTcWarps * 32, dkv_smem, stream>>>(
         static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
         static_cast<const T*>(v.raw_data()), static_cast<const T*>(dout.raw_data()), layout_of(q),
         layout_of(k), layout_of(v), layout_of(dout), lse.data<float>(), delta.data<float>(),
         static_cast<T*>(dk.raw_data()), layout_of(dk), static_cast<T*>(dv.raw_data()),
-        layout_of(dv), s.H, s.group(), s.T, static_cast<float>(scale));
+        layout_of(dv), s.H, s.group(), s.T, static_cast<float>(scale), drop);
     TESSERA_KERNEL_CHECK("flash_backward_dkv_tc_kernel");
+  };
+  visit_attention(q.dtype(), s.D, [&](auto tag, auto dconst) {
+    if (dropout) run(tag, dconst, std::true_type{});
+    else run(tag, dconst, std::false_type{});
   });
 }
 
@@ -350,10 +376,11 @@ void column_sums_of_heads(const Tensor& dq, const Tensor& dk, const Tensor& dv,
 }
 
 // The checks, delta, then the chosen kernels; with dbias also the column sums of dq | dk | dv.
+// With `dropout` (mma_sync only): the kernels that regenerate the forward's mask.
 void run_backward(const char* op, BackwardKernels which, const Tensor& q, const Tensor& k,
                   const Tensor& v, const Tensor& out, const Tensor& dout, const Tensor& lse,
                   double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                  const Tensor& dbias = Tensor()) {
+                  const Tensor& dbias = Tensor(), const AttentionDropout* dropout = nullptr) {
   const AttnShape s = check_inputs(op, q, k, v, false);
   check_vector_rows(op, q, k, v);
   check_head_view(op, "out", out, q, /*vector_rows=*/false, /*written=*/false);
@@ -417,7 +444,7 @@ void run_backward(const char* op, BackwardKernels which, const Tensor& q, const 
   }
   TESSERA_CHECK(which != BackwardKernels::sm90, op, ": the Hopper kernels cannot run here: ",
                 why_not);
-  launch_mma_sync_backward(q, k, v, dout, lse, delta, scale, dq, dk, dv, s, ctx.stream);
+  launch_mma_sync_backward(q, k, v, dout, lse, delta, scale, dq, dk, dv, s, ctx.stream, dropout);
   if (dbias.defined()) column_sums_of_heads(dq, dk, dv, dbias);
 }
 
@@ -456,6 +483,14 @@ void flash_attention_backward_mma_sync(const Tensor& q, const Tensor& k, const T
                                        const Tensor& dv) {
   run_backward("flash_attention_backward_mma_sync", BackwardKernels::mma_sync, q, k, v, out, dout,
                lse, scale, dq, dk, dv);
+}
+
+void flash_attention_dropout_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                      double scale, const AttentionDropout& dropout,
+                                      const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  run_backward("flash_attention_dropout_backward", BackwardKernels::mma_sync, q, k, v, out, dout,
+               lse, scale, dq, dk, dv, Tensor(), &dropout);
 }
 
 bool flash_attention_backward_uses_sm90(const Tensor& q, const Tensor& k, const Tensor& v,

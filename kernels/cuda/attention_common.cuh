@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/core/fused_dispatch.h"
+#include "tessera/core/philox.h"
 #include "tessera/kernels/cuda/attention_checks.h"
 #include "tessera/kernels/cuda/common.cuh"
 
@@ -23,6 +25,45 @@ struct HeadLayout {
 };
 
 inline HeadLayout layout_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+// Dropout on the probabilities (core/fused_dispatch.h's AttentionDropout, as the kernels take
+// it): probability (b, h, row, key) is multiplied by factor(), 1 / (1 - p) where it is kept and 0
+// where it is dropped. The mask is a pure function of the element's index, so the backward
+// regenerates what the forward drew.
+struct DropoutMask {
+  uint64_t seed = 0, offset = 0;
+  uint32_t keep_from = 0;  // a Philox word >= this keeps its element (dropout_keep_from)
+  float scale = 1.f;       // 1 / (1 - p)
+  int64_t heads = 0, seq_len = 0;
+
+  __device__ __forceinline__ float factor(int64_t b, int64_t h, int64_t row, int64_t key) const {
+    const uint64_t u = static_cast<uint64_t>(((b * heads + h) * seq_len + row) * seq_len + key);
+    const Philox4 r = philox4x32_10(seed, offset + u / 4);
+    const uint32_t w = (u & 2) ? ((u & 1) ? r.v[3] : r.v[2]) : ((u & 1) ? r.v[1] : r.v[0]);
+    return w >= keep_from ? scale : 0.f;
+  }
+  // factor() of (row, key) and (row, key + 1): one Philox block where both words lie in it.
+  __device__ __forceinline__ float2 factors(int64_t b, int64_t h, int64_t row, int64_t key) const {
+    const uint64_t u = static_cast<uint64_t>(((b * heads + h) * seq_len + row) * seq_len + key);
+    const Philox4 r = philox4x32_10(seed, offset + u / 4);
+    uint32_t w0, w1;
+    if (u & 1) {
+      w0 = (u & 2) ? r.v[3] : r.v[1];
+      w1 = (u & 2) ? philox4x32_10(seed, offset + u / 4 + 1).v[0] : r.v[2];
+    } else {
+      w0 = (u & 2) ? r.v[2] : r.v[0];
+      w1 = (u & 2) ? r.v[3] : r.v[1];
+    }
+    return make_float2(w0 >= keep_from ? scale : 0.f, w1 >= keep_from ? scale : 0.f);
+  }
+};
+
+inline DropoutMask dropout_mask(const AttentionDropout& d, int64_t heads, int64_t seq_len) {
+  TESSERA_CHECK(d.p > 0 && d.p < 1, "attention dropout: the probability must lie in (0, 1), got ",
+                d.p);
+  return {d.seed, d.offset, static_cast<uint32_t>(dropout_keep_from(d.p)),
+          static_cast<float>(1.0 / (1.0 - d.p)), heads, seq_len};
+}
 
 // ---- forward on the tensor cores (mma.sync m16n8k16, FlashAttention-2 register layout) ----
 // A block of 4 warps takes 64 queries, each warp 16 of them. S = Q K^T for a 64-key tile is

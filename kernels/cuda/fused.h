@@ -139,6 +139,18 @@ void flash_attention_backward_mma_sync(const Tensor& q, const Tensor& k, const T
 // contract above); when not and why_not is given, the reason.
 bool flash_attention_backward_uses_sm90(const Tensor& q, const Tensor& k, const Tensor& v,
                                         const Tensor& dout, std::string* why_not = nullptr);
+// Flash attention with dropout on the probabilities (core/fused_dispatch.h's AttentionDropout:
+// the mask dropout(softmax(...), p) draws from the same generator state), forward and backward,
+// on the mma.sync kernels on every GPU (the Hopper and cuDNN kernels draw no dropout). The
+// contract of flash_attention_forward / flash_attention_backward; the backward takes the
+// forward's `dropout` and regenerates its mask.
+void flash_attention_dropout_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     double scale, const AttentionDropout& dropout,
+                                     const Tensor& out, const Tensor& lse);
+void flash_attention_dropout_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                      double scale, const AttentionDropout& dropout,
+                                      const Tensor& dq, const Tensor& dk, const Tensor& dv);
 // The readable reference: materialises the [T, T] scores per (b, h) in f32. Any head size;
 // out any non-overlapping view with the head dim contiguous.
 void naive_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,

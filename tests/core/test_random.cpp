@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "tessera/core/philox.h"
 #include "tessera/core/random.h"
 
 using namespace tessera;
@@ -80,6 +81,30 @@ TEST(Random, MomentsAndRanges) {
   for (int64_t i = 0; i < 24; ++i) {
     if ((i % 6) % 2 == 1) EXPECT_EQ(bv[i], 0.0);
     else EXPECT_NE(bv[i], 0.0);
+  }
+}
+
+// dropout_keep_from(p) turns "the f32 uniform of word w is >= p" (the test composed dropout
+// makes on rand()'s numbers) into w >= keep_from: the words on either side of the boundary
+// fall on the right sides, and a draw's keep decisions agree with the f32 uniforms rand() gives.
+TEST(Random, DropoutKeepFromIsTheBoundaryOfTheKeptWords) {
+  auto keeps = [](uint64_t w, double p) {
+    return static_cast<float>(philox_unit(static_cast<uint32_t>(w))) >= static_cast<float>(p);
+  };
+  for (double p : {0.1, 0.2, 0.5, 1.0 / 3.0, 0.999, 1e-9, 0.75}) {
+    const uint64_t from = dropout_keep_from(p);
+    ASSERT_LT(from, uint64_t{1} << 32) << p;
+    EXPECT_TRUE(keeps(from, p)) << p;
+    if (from > 0) EXPECT_FALSE(keeps(from - 1, p)) << p;
+    EXPECT_NEAR(static_cast<double>(from) / 4294967296.0, p, 1e-7) << p;
+  }
+  Generator g(99);
+  const uint64_t offset = g.offset();
+  const std::vector<double> u = values(rand({1001}, {.dtype = DType::f32}, &g));
+  const uint64_t from = dropout_keep_from(0.3);
+  for (size_t i = 0; i < u.size(); ++i) {
+    const uint32_t w = philox4x32_10(99, offset + i / 4).v[i % 4];
+    EXPECT_EQ(w >= from, u[i] >= static_cast<float>(0.3)) << "element " << i;
   }
 }
 

@@ -16,11 +16,15 @@ struct AttentionReference {
 // (query head h reads key/value head h / (H / Hkv)). Returns out and dq [B, H, T, D], lse
 // [B, H, T] (natural log of the scaled scores) and dk, dv [B, Hkv, T, D] (each summed over
 // the query heads of its group). An empty dout leaves the gradients empty (forward only).
+// dropout: empty, or a factor per probability [B, H, T, T] (0 where dropped, 1 / (1 - p) where
+// kept) that multiplies the probabilities before they weight v; lse stays that of the
+// undropped probabilities.
 inline AttentionReference reference_attention(const std::vector<double>& q,
                                               const std::vector<double>& k,
                                               const std::vector<double>& v,
                                               const std::vector<double>& dout, int64_t B, int64_t H,
-                                              int64_t Hkv, int64_t T, int64_t D, double scale) {
+                                              int64_t Hkv, int64_t T, int64_t D, double scale,
+                                              const std::vector<double>& dropout = {}) {
   AttentionReference r;
   r.out.assign(B * H * T * D, 0.0);
   r.lse.assign(B * H * T, 0.0);
@@ -49,21 +53,24 @@ inline AttentionReference reference_attention(const std::vector<double>& q,
         for (int64_t j = 0; j <= i; ++j) sum += std::exp(prob[j] - row_max);
         r.lse[zq * T + i] = row_max + std::log(sum);
         double* out_i = &r.out[(zq * T + i) * D];
+        // The factor of probability (i, j): the mask's, or 1.
+        auto kept = [&](int64_t j) { return dropout.empty() ? 1.0 : dropout[(zq * T + i) * T + j]; };
         for (int64_t j = 0; j <= i; ++j) {
           prob[j] = std::exp(prob[j] - row_max) / sum;
-          for (int64_t d = 0; d < D; ++d) out_i[d] += prob[j] * krow(v, j)[d];
+          for (int64_t d = 0; d < D; ++d) out_i[d] += prob[j] * kept(j) * krow(v, j)[d];
         }
         if (!gradients) continue;
-        // dS_ij = P_ij (dout_i . v_j - dout_i . out_i); dQ = scale dS K, dK = scale dS^T Q.
+        // dS_ij = P_ij (M_ij dout_i . v_j - dout_i . out_i) with M the dropout factors (1
+        // without); dQ = scale dS K, dK = scale dS^T Q, dV = (P M)^T dout.
         const double* dout_i = qrow(dout, i);
         double dout_dot_out = 0;
         for (int64_t d = 0; d < D; ++d) dout_dot_out += dout_i[d] * out_i[d];
         for (int64_t j = 0; j <= i; ++j) {
           double dout_dot_v = 0;
           for (int64_t d = 0; d < D; ++d) dout_dot_v += dout_i[d] * krow(v, j)[d];
-          const double dscore = prob[j] * (dout_dot_v - dout_dot_out) * scale;
+          const double dscore = prob[j] * (kept(j) * dout_dot_v - dout_dot_out) * scale;
           for (int64_t d = 0; d < D; ++d) {
-            r.dv[(zk * T + j) * D + d] += prob[j] * dout_i[d];
+            r.dv[(zk * T + j) * D + d] += prob[j] * kept(j) * dout_i[d];
             r.dq[(zq * T + i) * D + d] += dscore * krow(k, j)[d];
             r.dk[(zk * T + j) * D + d] += dscore * qrow(q, i)[d];
           }

@@ -275,9 +275,9 @@ TEST(GradientCheckpointing, KeepsFewerActivationsForBackward) {
 }
 
 // On a GPU the masks are the CPU's (one Philox numbering for every device), training with
-// dropout takes the composed attention (the fused kernels draw no dropout), and gradient
+// dropout in bf16 takes the flash kernels that draw attention dropout, and gradient
 // checkpointing gives the plain run's gradients. Skips without a GPU.
-TEST(GPTDropout, CudaDrawsTheCpuMasksAndFallsBackToComposedAttention) {
+TEST(GPTDropout, CudaDrawsTheCpuMasksAndTakesTheDropoutAttentionKernels) {
   if (!cuda_is_available()) GTEST_SKIP() << "no CUDA device";
   // Head size 64: the fused attention applies in bf16 when dropout is off.
   const nn::GPTConfig cfg{.vocab_size = 101, .block_size = 64, .n_layer = 2, .n_head = 2, .n_embd = 128, .dropout = 0.2};
@@ -294,10 +294,10 @@ TEST(GPTDropout, CudaDrawsTheCpuMasksAndFallsBackToComposedAttention) {
   gpu->to(DType::bf16);
   const Tensor targets = random_tokens(3, 64, 101, 23).to(Device::cuda());
   gpu->loss(idx.to(Device::cuda()), targets);
-  EXPECT_EQ(gpu->transformer.blocks[0]->attn.fused_attention_calls(), 0) << "dropout in training: composed path";
+  EXPECT_EQ(gpu->transformer.blocks[0]->attn.fused_attention_calls(), 1) << "dropout in training: the flash kernels";
   gpu->eval();
   gpu->loss(idx.to(Device::cuda()), targets);
-  EXPECT_EQ(gpu->transformer.blocks[0]->attn.fused_attention_calls(), 1) << "eval: the fused kernels again";
+  EXPECT_EQ(gpu->transformer.blocks[0]->attn.fused_attention_calls(), 2) << "eval: the fused kernels without dropout";
   gpu->train();
 
   auto checkpointed = make_model(cfg, 21);
@@ -307,14 +307,16 @@ TEST(GPTDropout, CudaDrawsTheCpuMasksAndFallsBackToComposedAttention) {
   const LossAndGrads b = train_step(*checkpointed, idx.to(Device::cuda()), targets);
   EXPECT_EQ(a.loss, b.loss);
   // Not bit for bit: some CUDA backward kernels accumulate with atomics, and the gradients
-  // are bf16, so a different summation order moves a value by one bf16 step (2^-7 relative at
-  // the largest magnitude); a wrong recompute moves them by far more.
+  // are bf16, so a different summation order moves a value by a bf16 step or two (2^-7
+  // relative at the largest magnitude; the position embedding's, a sum over the batch of the
+  // first block's input gradient, moved by 1.4 steps on an H100); a wrong recompute (another
+  // dropout mask) moves them by far more.
   for (size_t i = 0; i < a.grads.size(); ++i) {
     double diff = 0, scale = 0;
     for (size_t j = 0; j < a.grads[i].size(); ++j) {
       diff = std::max(diff, std::abs(a.grads[i][j] - b.grads[i][j]));
       scale = std::max(scale, std::abs(a.grads[i][j]));
     }
-    EXPECT_LE(diff, 0x1p-7 * scale) << "parameter " << i;
+    EXPECT_LE(diff, 0x1p-6 * scale) << "parameter " << i;
   }
 }
