@@ -212,57 +212,50 @@ Tensor lse_for(const Tensor& q) {
 }
 
 // The fused kernels on [B, H, T, D] heads (O(T) memory); the backward recomputes the scores
-// from q, k, v and the saved log-sum-exp. The backend is the one chosen at the forward.
-Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
+// from q, k, v and the saved log-sum-exp. The backend is the one chosen at the forward. With
+// `dropout`, the flash kernels that drop the probabilities (whatever the backend); the backward
+// regenerates the mask from the draw's (seed, offset).
+Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                       const std::optional<AttentionDropout>& dropout = std::nullopt) {
   const AttentionBackend backend = attention_backend();
   // The caller's usual y.transpose(1, 2).reshape({B, T, H * D}) costs no copy (nor does its
   // gradient).
   const Tensor out = empty_heads_like(q);
   Tensor lse = lse_for(q);
-  attention_forward_on(backend, q, k, v, scale, out, lse);
+  if (dropout) fused_for(q).flash_attention_dropout_forward(q, k, v, scale, *dropout, out, lse);
+  else attention_forward_on(backend, q, k, v, scale, out, lse);
+  const char* name = dropout ? "FlashAttentionDropoutBackward" : "FlashAttentionBackward";
   using autograd::SavedTensor;
   autograd::record(
-      "FlashAttentionBackward", {q, k, v}, {out},
+      name, {q, k, v}, {out},
       [sq = SavedTensor::input(q), sk = SavedTensor::input(k), sv = SavedTensor::input(v),
-       so = SavedTensor::output(out), lse, scale, backend](const autograd::BackwardArgs& args) {
-        const char* op = "FlashAttentionBackward";
-        const Tensor q = sq.unpack(op), k = sk.unpack(op), v = sv.unpack(op), o = so.unpack(op);
+       so = SavedTensor::output(out), lse, scale, backend, dropout,
+       name](const autograd::BackwardArgs& args) {
+        const Tensor q = sq.unpack(name), k = sk.unpack(name), v = sv.unpack(name),
+                     o = so.unpack(name);
         // dk, dv have k's Hkv heads: the kernels sum each group's query heads into them. In
         // the projections' layout, the gradients flow back through the usual
         // view/transpose of q, k, v (and rotary embeddings) without a layout copy.
         Tensor dq = empty_heads_like(q), dk = empty_heads_like(k), dv = empty_heads_like(v);
-        attention_backward_on(backend, q, k, v, o, readable_gradient(args.grad(), q.dtype()), lse,
-                              scale, dq, dk, dv);
+        const Tensor dout = readable_gradient(args.grad(), q.dtype());
+        if (dropout)
+          fused_for(q).flash_attention_dropout_backward(q, k, v, o, dout, lse, scale, *dropout, dq,
+                                                        dk, dv);
+        else
+          attention_backward_on(backend, q, k, v, o, dout, lse, scale, dq, dk, dv);
         return std::vector<Tensor>{dq, dk, dv};
       });
   return out;
 }
 
-// The flash kernels with dropout on the probabilities: they draw the mask that composed
-// dropout would (the same Philox numbers, reserved from the generator in the same amount), so
-// both routes leave the generator in the same state and drop the same probabilities. The
-// backward regenerates the mask from the draw's (seed, offset).
-Tensor fused_attention_dropout(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                               double dropout_p, Generator* gen) {
+// The dropout on q k^T's probabilities that composed dropout would draw: the same Philox
+// numbers, reserved from the generator in the same amount, so both routes drop the same
+// probabilities and leave the generator in the same state.
+AttentionDropout draw_attention_dropout(const Tensor& q, const Tensor& k, double dropout_p,
+                                        Generator* gen) {
   Generator& g = gen ? *gen : default_generator();
   const uint64_t probabilities = static_cast<uint64_t>(q.size(0) * q.size(1) * q.size(2) * k.size(2));
-  const AttentionDropout dropout{dropout_p, g.seed(), g.reserve((probabilities + 3) / 4)};
-  const Tensor out = empty_heads_like(q);
-  Tensor lse = lse_for(q);
-  fused_for(q).flash_attention_dropout_forward(q, k, v, scale, dropout, out, lse);
-  using autograd::SavedTensor;
-  autograd::record(
-      "FlashAttentionDropoutBackward", {q, k, v}, {out},
-      [sq = SavedTensor::input(q), sk = SavedTensor::input(k), sv = SavedTensor::input(v),
-       so = SavedTensor::output(out), lse, scale, dropout](const autograd::BackwardArgs& args) {
-        const char* op = "FlashAttentionDropoutBackward";
-        const Tensor q = sq.unpack(op), k = sk.unpack(op), v = sv.unpack(op), o = so.unpack(op);
-        Tensor dq = empty_heads_like(q), dk = empty_heads_like(k), dv = empty_heads_like(v);
-        fused_for(q).flash_attention_dropout_backward(
-            q, k, v, o, readable_gradient(args.grad(), q.dtype()), lse, scale, dropout, dq, dk, dv);
-        return std::vector<Tensor>{dq, dk, dv};
-      });
-  return out;
+  return {dropout_p, g.seed(), g.reserve((probabilities + 3) / 4)};
 }
 
 // True when q's device has the flash kernels with dropout, both directions.
@@ -479,9 +472,10 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   check_dropout("scaled_dot_product_attention", dropout_p);
   const Tensor q = autograd::autocast(q_in), k = autograd::autocast(k_in), v = autograd::autocast(v_in);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  if (allow_flash && flash_attention_applies(q, k, v, causal, dropout_p))
-    return dropout_p == 0 ? fused_attention(q, k, v, scale)
-                          : fused_attention_dropout(q, k, v, scale, dropout_p, gen);
+  if (allow_flash && flash_attention_applies(q, k, v, causal, dropout_p)) {
+    if (dropout_p == 0) return fused_attention(q, k, v, scale);
+    return fused_attention(q, k, v, scale, draw_attention_dropout(q, k, dropout_p, gen));
+  }
   return composed_attention(q, k, v, causal, scale, dropout_p, gen);
 }
 
