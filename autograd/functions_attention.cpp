@@ -449,8 +449,9 @@ Tensor fused_rotary_attention_qkv(const Tensor& qkv, int64_t H, int64_t Hkv,
 bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                              double dropout_p) {
   if (!causal || !has_fused_attention(q)) return false;
-  if (dropout_p != 0 && !(dropout_p > 0 && dropout_p < 1 && has_fused_attention_dropout(q)))
-    return false;
+  const bool dropout_drawable =
+      dropout_p == 0 || (dropout_p > 0 && dropout_p < 1 && has_fused_attention_dropout(q));
+  if (!dropout_drawable) return false;
   if (q.dtype() != DType::bf16 && q.dtype() != DType::f16) return false;
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return false;
   if (k.size(2) != q.size(2) || (q.size(3) != 64 && q.size(3) != 128)) return false;

@@ -60,6 +60,7 @@ __device__ __forceinline__ A load_acc(T v, bool scaled, A scale) {
   return scaled ? to_acc<A>(from_acc<O>(A(to_acc<A>(v) * scale))) : to_acc<A>(v);
 }
 
+// acc += this lane's V columns of one dy row, each through load_acc.
 template <int V, class O, class T, class A>
 __device__ __forceinline__ void add_row(A (&acc)[V], const T* row, bool scaled, A scale) {
   if constexpr (V == kPack) {
