@@ -30,15 +30,7 @@ int moments_to_try() {
 }
 
 // Runs a shell script; stderr folded into the output.
-RunResult shell(const std::string& script) {
-  const std::string cmd = "sh -c '" + script + "' 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (pipe && fgets(buf, sizeof(buf), pipe)) out += buf;
-  const int status = pipe ? pclose(pipe) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+RunResult shell(const std::string& script) { return run_command_line("sh -c '" + script + "' 2>&1"); }
 
 std::string training_flags(const fs::path& out) {
   return "train --data " + (prepared("byte") / "train.bin").string() +
@@ -55,9 +47,17 @@ std::map<std::string, std::string> snapshot(const fs::path& dir) {
   return files;
 }
 
+std::vector<std::string> list_checkpoints_in(const fs::path& run) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(run))
+    if (e.path().filename().string().rfind("checkpoint-", 0) == 0 && !e.path().string().ends_with(".partial"))
+      names.push_back(e.path().filename().string());
+  return names;
+}
+
 int logged_steps(const fs::path& run) {
   int n = 0;
-  for (const auto& j : read_metrics(run)) n += j.contains("loss");
+  for (const auto& j : read_metrics(run)) n += j.contains("lr");  // train steps, not evaluations
   return n;
 }
 
@@ -65,7 +65,7 @@ int logged_steps(const fs::path& run) {
 // random delay; right after an evaluation step's log line (the evaluation runs then); or as
 // soon as a checkpoint is being written (checkpoint-N.partial/ exists).
 std::string moment_condition(int kind, std::mt19937& rng, const fs::path& out) {
-  const std::string steps = "$(grep -c loss " + (out / "metrics.jsonl").string() + " 2>/dev/null || echo 0)";
+  const std::string steps = "$(grep -c lr " + (out / "metrics.jsonl").string() + " 2>/dev/null || echo 0)";
   if (kind == 0) {
     const int after = 1 + static_cast<int>(rng() % 120);
     const double delay = static_cast<double>(rng() % 100) / 1000.0;
@@ -87,7 +87,7 @@ struct Interrupted {
 
 Interrupted interrupt(const std::string& command, const fs::path& out, const std::string& signal,
                       const std::string& condition) {
-  const RunResult r = shell(command + " & pid=$!; " + condition + "; echo observed=$(grep -c loss " +
+  const RunResult r = shell(command + " & pid=$!; " + condition + "; echo observed=$(grep -c lr " +
                             (out / "metrics.jsonl").string() + " 2>/dev/null); kill -" + signal +
                             " $pid; wait $pid; echo rc=$?");
   Interrupted result;
@@ -108,6 +108,7 @@ void expect_preemption_at_random_moments(const std::string& prefix, const std::s
   ASSERT_EQ(s.rc, 0) << s.output;
   const std::string want = slurp(straight / "model" / "model.safetensors");
   std::mt19937 rng(seed);
+  int interrupted = 0;
   for (int i = 0; i < moments_to_try(); ++i) {
     const fs::path out = scratch() / (name + "_" + std::to_string(i));
     const std::string signal = i % 2 ? "INT" : "TERM";
@@ -115,7 +116,10 @@ void expect_preemption_at_random_moments(const std::string& prefix, const std::s
                                     moment_condition(i % 3, rng, out));
     SCOPED_TRACE("moment " + std::to_string(i) + " (kind " + std::to_string(i % 3) + ", SIG" + signal +
                  ", after " + std::to_string(r.observed_step) + " steps)");
+    std::printf("[ moment   ] %s %d: SIG%s after %d steps -> %s\n", name.c_str(), i, signal.c_str(),
+                r.observed_step, r.rc == 0 ? "the run had ended" : ("exit " + std::to_string(r.rc)).c_str());
     if (r.rc == 0) continue;  // the run ended before the signal: nothing to resume
+    ++interrupted;
     ASSERT_EQ(r.rc, 75) << r.output;
     std::smatch m;
     ASSERT_TRUE(std::regex_search(r.output, m, std::regex("received SIG" + signal +
@@ -135,6 +139,7 @@ void expect_preemption_at_random_moments(const std::string& prefix, const std::s
         << "the resumed run's final weights differ from the uninterrupted run's";
     EXPECT_EQ(losses_after(out, 0), losses_after(straight, 0));
   }
+  EXPECT_GT(interrupted, 0) << "every moment came after the run had ended";
 }
 
 }  // namespace
@@ -150,12 +155,18 @@ TEST(Preemption, ALaunchedJobForwardsTheSignalAndEveryRankStopsAtTheSameStep) {
 
 TEST(Preemption, ASecondSignalEndsTheRunAtOnce) {
   const fs::path out = scratch() / "twice";
-  // The two signals arrive together: the second one comes before any save could finish.
-  std::mt19937 rng(1);
-  const Interrupted r = interrupt("OMP_NUM_THREADS=1 " + tessera_binary() + " " + training_flags(out), out, "TERM",
-                                  moment_condition(0, rng, out) + "; kill -TERM $pid; kill -TERM $pid");
+  // Steps long enough (a bigger model) that the second signal, 20 ms after the first, comes
+  // while the step is still running: it must end the process rather than wait for the save.
+  const std::string job = "OMP_NUM_THREADS=1 " + tessera_binary() + " train --data " +
+                          (prepared("byte") / "train.bin").string() +
+                          " --n-layer 4 --n-head 4 --n-embd 256 --seq 64 --batch 8 --steps 1000 --out " + out.string();
+  const Interrupted r = interrupt(job, out, "TERM",
+                                  "until [ $(grep -c lr " + (out / "metrics.jsonl").string() +
+                                      " 2>/dev/null || echo 0) -ge 2 ]; do sleep 0.01; done; "
+                                      "kill -TERM $pid; sleep 0.02; kill -TERM $pid");
   EXPECT_EQ(r.rc, 128 + SIGTERM) << r.output;
   EXPECT_EQ(r.output.find("received SIGTERM: saved"), std::string::npos) << r.output;
+  EXPECT_TRUE(list_checkpoints_in(out).empty());
 }
 
 TEST(Preemption, HelpDocumentsTheFlagsAndTheExitStatus) {
