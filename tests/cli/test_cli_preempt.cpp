@@ -101,8 +101,10 @@ Interrupted interrupt(const std::string& command, const fs::path& out, const std
 
 // Interrupts `command` (training into `out`) at random moments and checks each one: exit 75,
 // the message, a checkpoint at the step reached, and a resume that ends where `straight` did.
+// `slack`: steps that may run while the signal travels (a step of these models takes a few
+// milliseconds; through the launcher the signal takes a few more).
 void expect_preemption_at_random_moments(const std::string& prefix, const std::string& name,
-                                         uint32_t seed) {
+                                         uint32_t seed, int slack) {
   const fs::path straight = scratch() / (name + "_straight");
   const RunResult s = shell(prefix + tessera_binary() + " " + training_flags(straight));
   ASSERT_EQ(s.rc, 0) << s.output;
@@ -129,7 +131,7 @@ void expect_preemption_at_random_moments(const std::string& prefix, const std::s
     // The step reached: the one logged last when the signal left, or one of the steps in
     // progress while it travelled (a log line is written as the next step starts).
     EXPECT_GE(saved, r.observed_step) << r.output;
-    EXPECT_LE(saved, r.observed_step + 3) << r.output;
+    EXPECT_LE(saved, r.observed_step + slack) << r.output;
     EXPECT_EQ(logged_steps(out), saved);
     EXPECT_FALSE(fs::exists(out / "model")) << "a preempted run is not finished";
     const RunResult resumed = shell(prefix + tessera_binary() + " train --resume " + out.string());
@@ -145,12 +147,12 @@ void expect_preemption_at_random_moments(const std::string& prefix, const std::s
 }  // namespace
 
 TEST(Preemption, SignalsAtRandomMomentsSaveTheStepReachedAndResumeBitIdentically) {
-  expect_preemption_at_random_moments("OMP_NUM_THREADS=1 ", "single", 38);
+  expect_preemption_at_random_moments("OMP_NUM_THREADS=1 ", "single", 38, 3);
 }
 
 TEST(Preemption, ALaunchedJobForwardsTheSignalAndEveryRankStopsAtTheSameStep) {
   expect_preemption_at_random_moments("OMP_NUM_THREADS=1 " + tessera_binary() + " launch --nproc-per-node 2 ",
-                                      "launch", 138);
+                                      "launch", 138, 8);
 }
 
 TEST(Preemption, ASecondSignalEndsTheRunAtOnce) {
