@@ -36,7 +36,13 @@ const RegisterCommand reg(
       // PROGRAM and everything after it belong to the program, even options that look like
       // ours: they arrive in remaining().
       sub.prefix_command();
-      sub.footer("PROGRAM ARGS...   the program each rank runs, with its arguments");
+      sub.footer(
+          "PROGRAM ARGS...   the program each rank runs, with its arguments\n\n"
+          "SIGINT, SIGTERM or SIGUSR1 to the launcher is forwarded to every rank and the launcher "
+          "waits for them (`tessera train` finishes its step, saves a checkpoint and exits 75); "
+          "a second signal stops them at once. Exit status: 0 = every rank exited 0; 75 = "
+          "interrupted and every rank saved and exited 75; 128+N = interrupted by signal N "
+          "otherwise; else the first failing rank's status.");
       sub.callback([options, &sub] {
         options->command = sub.remaining();
         dist::validate(*options);

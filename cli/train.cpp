@@ -81,6 +81,12 @@ constexpr FlagSpec kValueFlags[] = {
      "ZeRO-Offload: optimizer (optimizer state in host memory) | param (and parameters; stage 3)"},
     {"--deepspeed", "deepspeed", FlagType::Text,
      "DeepSpeed JSON: zero_optimization.stage, offload_*.device, bucket sizes, bf16/fp16, ..."},
+    {"--preempt-signals", "preempt_signals", FlagType::Text,
+     "comma-separated signals that make training finish its step, save a checkpoint and exit "
+     "with status 75 (a second signal exits at once); none = off (default TERM,INT,USR1)"},
+    {"--preempt-grace", "preempt_grace", FlagType::Real,
+     "seconds from a preemption signal within which the checkpoint must be saved, else exit "
+     "without it (128 + signal); 0 = no bound (default 0)"},
     {"--fsdp", "fsdp", FlagType::Text,
      "FSDP sharding strategy: FULL_SHARD (ZeRO-3) | SHARD_GRAD_OP (ZeRO-2) | NO_SHARD (DDP) [offload]"},
 };
@@ -143,6 +149,10 @@ const RegisterCommand reg(
       auto* memory_report =
           sub.add_flag("--memory-report")
               ->description("print each rank's bytes by category next to ZeRO's formula after the first step");
+      auto* overwrite =
+          sub.add_flag("--overwrite-output-dir")
+              ->description("train into an --out that holds another run (or checkpoints later "
+                            "than the one resumed) by removing those files first");
       auto* checkpointing = sub.add_flag("--gradient-checkpointing")
                                 ->description("recompute each block's activations in backward");
       auto* resume_opt =
@@ -166,6 +176,7 @@ const RegisterCommand reg(
         if (untie->count() > 0) flags["tie_word_embeddings"] = false;
         if (checkpointing->count() > 0) flags["gradient_checkpointing"] = true;
         if (memory_report->count() > 0) flags["memory_report"] = true;
+        if (overwrite->count() > 0) flags["overwrite_output_dir"] = true;
         if (resume_opt->count() > 0)
           flags["resume"] = resume->empty() ? std::string("latest") : *resume;
         // A job restarted after a failure (`tessera launch --max-restarts`, torchrun) resumes
@@ -174,8 +185,14 @@ const RegisterCommand reg(
         if (resume_opt->count() == 0 && restart_count && std::atoi(restart_count) > 0)
           flags["resume"] = "latest";
         layers.push_back({flags, "command line"});
-        train::run_training(train::arguments_for_run(layers));
+        const int status = train::run_training(train::arguments_for_run(layers));
+        if (status != 0) std::exit(status);
       });
+      sub.footer(
+          "Exit status: 0 = trained to the end; 1 = an error (named on stderr, e.g. an --out in "
+          "use by another job or holding another run); 75 = stopped by a preemption signal "
+          "after saving a checkpoint (resume with --resume OUT); 128+N = killed by signal N "
+          "(a second signal, or --preempt-grace ran out).");
     });
 
 }  // namespace

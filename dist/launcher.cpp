@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
+#include <iterator>
 #include <optional>
 #include <set>
 #include <thread>
@@ -30,8 +31,15 @@ Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
+// The launcher's signal handler only records: the first signal and how many arrived.
 std::atomic<int> g_stop_signal{0};
-void on_stop_signal(int sig) { g_stop_signal = sig; }
+std::atomic<int> g_stop_signal_count{0};
+void on_stop_signal(int sig) {
+  int none = 0;
+  g_stop_signal.compare_exchange_strong(none, sig);
+  g_stop_signal_count.fetch_add(1);
+}
+constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGUSR1};
 
 struct Rank {
   int rank = 0;
@@ -172,8 +180,7 @@ struct JobShape {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a launcher that was killed
   if (::getppid() != parent) ::_exit(127);
   ::prctl(PR_SET_CHILD_SUBREAPER, 0);  // not inherited, but say so: ranks reap nothing of ours
-  ::signal(SIGINT, SIG_DFL);
-  ::signal(SIGTERM, SIG_DFL);
+  for (int sig : kForwardedSignals) ::signal(sig, SIG_DFL);
   if (out_pipe[1] >= 0) {
     ::dup2(out_pipe[1], STDOUT_FILENO);
     ::dup2(err_pipe[1], STDERR_FILENO);
@@ -260,7 +267,8 @@ class Attempt {
   void forward_available_output();
   void reap_exited();
   void decide_whether_to_stop();
-  void begin_stopping();
+  void forward_further_signals();
+  void begin_stopping(int sig);
   void signal_all(int sig);
   void kill_everything();
   bool pipes_open() const;
@@ -279,6 +287,10 @@ class Attempt {
   std::optional<Clock::time_point> barrier_deadline_;  // set when the first rank exits 0
   int first_finished_rank_ = -1;
   bool stopping_ = false;
+  // A signal reached the launcher and was forwarded to every rank: they stop in their own
+  // time (`tessera train` saves a checkpoint first), so their exits are not failures.
+  bool interrupted_ = false;
+  int signals_forwarded_ = 0;
   Clock::time_point kill_at_;
   Outcome outcome_ = Outcome::kSucceeded;
 };
@@ -307,7 +319,8 @@ Outcome Attempt::run() {
   while (running_ > 0 || pipes_open()) {
     forward_available_output();
     reap_exited();
-    if (!stopping_) decide_whether_to_stop();
+    if (interrupted_ && !stopping_) forward_further_signals();
+    if (!stopping_ && !interrupted_) decide_whether_to_stop();
     if (running_ == 0 && !strays_killed) {
       kill_strays(known_);  // they may hold the ranks' pipes open
       strays_killed = true;
@@ -336,6 +349,10 @@ int Attempt::exit_code() const {
     case Outcome::kExitBarrierTimedOut:
       return 1;
     case Outcome::kInterrupted:
+      if (std::all_of(ranks_.begin(), ranks_.end(), [](const Rank& r) {
+            return exit_code_of(r.status) == kPreemptedExitStatus;
+          }))
+        return kPreemptedExitStatus;
       return 128 + g_stop_signal;
   }
   return 1;
@@ -386,7 +403,7 @@ void Attempt::reap_exited() {
     r.status = status;
     --running_;
     ::kill(-r.pid, SIGKILL);  // leftovers of the rank's own children
-    if (stopping_) continue;
+    if (stopping_ || interrupted_) continue;
     if (exit_code_of(status) != 0) {
       if (failures_.empty()) settle_until_ = Clock::now() + std::chrono::milliseconds(500);
       failures_.push_back(&r);
@@ -407,8 +424,13 @@ void Attempt::decide_whether_to_stop() {
     if (running_ > 0) std::cerr << "tessera launch: stopping the other ranks\n";
   } else if (failures_.empty() && g_stop_signal) {
     outcome_ = Outcome::kInterrupted;
-    std::cerr << "tessera launch: interrupted (signal " << g_stop_signal.load()
-              << "); stopping all ranks\n";
+    interrupted_ = true;
+    signals_forwarded_ = g_stop_signal_count;
+    std::cerr << "tessera launch: interrupted (SIG" << sigabbrev_np(g_stop_signal.load())
+              << "): forwarded to every rank; waiting for them to exit (a second signal stops "
+                 "them at once)\n";
+    signal_all(g_stop_signal);
+    return;
   } else if (failures_.empty() && barrier_deadline_ && now >= *barrier_deadline_ && running_ > 0) {
     outcome_ = Outcome::kExitBarrierTimedOut;
     std::vector<int> late;
@@ -421,12 +443,20 @@ void Attempt::decide_whether_to_stop() {
   } else {
     return;
   }
-  begin_stopping();
+  begin_stopping(SIGTERM);
 }
 
-void Attempt::begin_stopping() {
+// After the first forwarded signal: a further one is forwarded too (a rank of `tessera train`
+// then ends at once) and the ranks are killed if they have not ended within the stop grace.
+void Attempt::forward_further_signals() {
+  if (g_stop_signal_count <= signals_forwarded_) return;
+  std::cerr << "tessera launch: signalled again; stopping all ranks now\n";
+  begin_stopping(g_stop_signal);
+}
+
+void Attempt::begin_stopping(int sig) {
   stopping_ = true;
-  signal_all(SIGTERM);
+  signal_all(sig);
   kill_at_ = Clock::now() + seconds(o_.stop_grace_s);
 }
 
@@ -457,23 +487,23 @@ class JobScope {
  public:
   JobScope() {
     g_stop_signal = 0;
+    g_stop_signal_count = 0;
     struct sigaction action {};
     action.sa_handler = on_stop_signal;
     sigemptyset(&action.sa_mask);
-    sigaction(SIGINT, &action, &old_int_);
-    sigaction(SIGTERM, &action, &old_term_);
+    for (size_t i = 0; i < std::size(kForwardedSignals); ++i)
+      sigaction(kForwardedSignals[i], &action, &old_actions_[i]);
     ::prctl(PR_GET_CHILD_SUBREAPER, &old_subreaper_);
     ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   }
   ~JobScope() {
     ::prctl(PR_SET_CHILD_SUBREAPER, old_subreaper_);
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
+    for (size_t i = 0; i < std::size(kForwardedSignals); ++i)
+      sigaction(kForwardedSignals[i], &old_actions_[i], nullptr);
   }
 
  private:
-  struct sigaction old_int_ {
-  }, old_term_{};
+  struct sigaction old_actions_[std::size(kForwardedSignals)] {};
   int old_subreaper_ = 0;
 };
 

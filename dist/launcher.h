@@ -3,8 +3,10 @@
 // MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS), forwards
 // their output (ranks other than 0 prefixed with "[rank r] "), and takes the job
 // down when one rank fails: the others are stopped within seconds and the
-// launcher exits non-zero naming the rank and how it ended. Ctrl-C
-// (SIGINT/SIGTERM to the launcher) stops every rank.
+// launcher exits non-zero naming the rank and how it ended. SIGINT (Ctrl-C), SIGTERM or
+// SIGUSR1 to the launcher is forwarded to every rank and the launcher waits for them (a
+// rank of `tessera train` finishes its step and saves a checkpoint); a second signal is
+// forwarded too and the ranks are killed after the stop grace.
 //
 // Every rank runs in its own process group and the launcher signals whole groups;
 // it is also a child subreaper, so descendants that left their rank's group are
@@ -24,6 +26,11 @@ namespace tessera::dist {
 constexpr int kMaxProcsPerNode = 1024;
 constexpr int kMaxNodes = 65536;
 constexpr int kMaxRestarts = 1000;
+
+// The exit status of a rank that stopped on a preemption signal after saving a checkpoint
+// (`tessera train`; sysexits' EX_TEMPFAIL: try again later). The launcher exits with it when
+// it forwarded a signal and every rank exited with it.
+constexpr int kPreemptedExitStatus = 75;
 
 struct LaunchOptions {
   int nproc_per_node = 1;
@@ -45,7 +52,8 @@ struct LaunchOptions {
 void validate(const LaunchOptions& options);
 
 // Runs the job to completion and returns the launcher's exit status: 0 when every rank
-// exited 0; else the last attempt's first failing rank's exit code (128 + signal when it
+// exited 0; after a forwarded signal kPreemptedExitStatus when every rank exited with it,
+// else 128 + the signal; else the last attempt's first failing rank's exit code (128 + signal when it
 // was killed), after printing which rank failed and how; 1 when ranks were stopped by the
 // exit barrier. Throws tessera::Error when the ranks cannot be started (after stopping
 // the ones that were).

@@ -9,10 +9,12 @@
 #include "tessera/core/error.h"
 #include "tessera/core/random.h"
 #include "tessera/data/file_io.h"
+#include "tessera/dist/env.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/llama.h"
 #include "tessera/train/checkpoint_files.h"
 #include "tessera/train/model_dir.h"
+#include "tessera/train/run_folder.h"
 #include "tessera/train/trainer.h"
 
 namespace tessera::train {
@@ -49,6 +51,7 @@ TrainingArguments saved_arguments(const fs::path& checkpoint) {
   }
   TESSERA_CHECK(saved.is_object(), path.string(), ": expected a JSON object of settings");
   saved.erase("resume_from_checkpoint");
+  saved.erase("overwrite_output_dir");  // a permission for one command, never carried on
   TrainingArguments args;
   apply_config_values(args, saved, path.string());
   args.given.clear();
@@ -223,7 +226,7 @@ TrainingArguments arguments_for_run(const std::vector<ArgumentLayer>& layers) {
   return args;
 }
 
-void run_training(const TrainingArguments& args) {
+int run_training(const TrainingArguments& args) {
   validate(args);
   for (const std::string& name : args.report_to)
     TESSERA_CHECK(name == "none" || tracker_available(name), args.describe("report_to"),
@@ -237,6 +240,10 @@ void run_training(const TrainingArguments& args) {
   std::optional<data::TokenFile> val_file;
   if (!val_path.empty()) val_file.emplace(open_token_file(val_path.string(), "validation file"));
   const auto tokenizer = find_tokenizer(data_dir);
+  // Before any work: a folder in use or holding another run is refused here. The main
+  // process holds the lock until it returns (its Trainer shares it).
+  std::shared_ptr<RunFolderLock> folder_lock;
+  if (dist::read_dist_env().rank == 0) folder_lock = claim_run_folder(args);
 
   // Counted from the model's first parameter on (the report's categories need every storage).
   if (args.memory_report) enable_memory_categories(true);
@@ -284,7 +291,8 @@ void run_training(const TrainingArguments& args) {
   }
   trainer.train();
   trainer.accelerator().wait_for_everyone();
-  if (!main_process) return;
+  if (trainer.preempted_by()) return kPreemptedExitStatus;
+  if (!main_process) return 0;
   // The final model as a plain model directory (what eval/sample/transformers load).
   const fs::path out(args.output_dir), model_dir = out / "model";
   model->save_pretrained(model_dir.string());
@@ -294,6 +302,7 @@ void run_training(const TrainingArguments& args) {
   std::printf("done: %lld steps; model in %s, metrics in %s, loss curve in %s\n",
               (long long)trainer.state().global_step, model_dir.string().c_str(),
               (out / "metrics.jsonl").string().c_str(), (out / "loss.png").string().c_str());
+  return 0;
 }
 
 }  // namespace tessera::train

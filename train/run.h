@@ -28,7 +28,9 @@ struct ArgumentLayer {
 TrainingArguments arguments_for_run(const std::vector<ArgumentLayer>& layers);
 
 // Trains as configured and writes output_dir/{metrics.jsonl, loss.png, config.train.json,
-// checkpoint-N/, model/}.
-void run_training(const TrainingArguments& args);
+// checkpoint-N/, model/}; output_dir is claimed first (run_folder.h). Returns the process's
+// exit status: 0, or kPreemptedExitStatus when a preemption signal stopped the run after its
+// checkpoint was saved (no model/ is written then: the run is not finished).
+int run_training(const TrainingArguments& args);
 
 }  // namespace tessera::train

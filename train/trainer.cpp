@@ -64,6 +64,36 @@ void write_trainer_state(const fs::path& path, const TrainerState& state) {
   TESSERA_CHECK(synced, "error flushing '", path.string(), "': ", std::strerror(err));
 }
 
+// The main process claims output_dir (run_folder.h); the others learn whether it could, so a
+// refused job ends on every rank, before any work, instead of waiting in a collective.
+std::shared_ptr<RunFolderLock> claim_output_dir(const TrainingArguments& args,
+                                                dist::Accelerator& acc) {
+  std::shared_ptr<RunFolderLock> lock;
+  std::string refusal;
+  if (acc.is_main_process()) {
+    try {
+      lock = claim_run_folder(args);
+    } catch (const Error& e) {
+      refusal = e.what();
+    }
+  }
+  if (acc.num_processes() > 1) {
+    const Tensor claimed =
+        acc.reduce(full({1}, refusal.empty() ? 1.0 : 0.0, {.dtype = DType::f32}), "min");
+    if (claimed.item() == 0 && refusal.empty())
+      refusal = "the main process refused output_dir '" + args.output_dir + "' (its message says why)";
+  }
+  TESSERA_CHECK(refusal.empty(), refusal);
+  return lock;
+}
+
+std::vector<int> preemption_signals_of(const TrainingArguments& args) {
+  std::vector<int> signals;
+  for (const std::string& name : args.preempt_signals)
+    if (name != "none") signals.push_back(preemption_signal_number(name));
+  return signals;
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile train_data,
@@ -87,6 +117,7 @@ Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile tr
   options.offload_param = args_.offload == "param";
   options.deepspeed_config = args_.deepspeed;  // its bucket sizes (the rest is in args_ already)
   acc_ = std::make_unique<dist::Accelerator>(options);
+  folder_lock_ = claim_output_dir(args_, *acc_);
   // One GPU per local rank when distributed; the named device otherwise.
   device_ = wanted.is_cuda() && acc_->num_processes() > 1 ? acc_->device() : wanted;
   model_.to(device_);
@@ -169,6 +200,9 @@ void Trainer::train() {
   pending_log_.reset();
   last_log_time_ = std::chrono::steady_clock::now();
   last_log_step_ = state_.global_step;
+  preempted_by_ = 0;
+  if (preemption_readback_.pending()) preemption_readback_.wait();  // of an earlier train()
+  PreemptionSignals signals(preemption_signals_of(args_), args_.preempt_grace);
   handler_.call(&TrainerCallback::on_train_begin, args_, state_, control_);
   while (state_.global_step < state_.max_steps && !control_.should_stop) {
     const StepResult step = training_step();
@@ -195,12 +229,52 @@ void Trainer::train() {
     if (control_.should_evaluate || control_.should_save || last) flush_pending_log();
     if (control_.should_evaluate) evaluate_and_track_best();
     if (control_.should_save) save_checkpoint();
+    const bool saved = control_.should_save;
     control_.should_log = control_.should_evaluate = control_.should_save = false;
+    // Checked after the evaluation and the save, so that a signal during either lets it
+    // finish and the checkpoint is of the step reached.
+    if (last) continue;
+    if (const int signal = agreed_preemption_signal()) {
+      stop_for_preemption(signal, saved, signals);
+      break;
+    }
   }
   flush_pending_log();
   read_loss_since_log();
-  if (args_.load_best_model_at_end) load_best_model();
+  if (args_.load_best_model_at_end && !preempted_by_) load_best_model();
   handler_.call(&TrainerCallback::on_train_end, args_, state_, control_);
+}
+
+int Trainer::agreed_preemption_signal() {
+  const int local = PreemptionSignals::received();
+  if (acc_->num_processes() == 1) return local;
+  // The largest signal number any rank received (0: none did), on every rank.
+  const Tensor agreed = acc_->reduce(
+      full({1}, static_cast<double>(local), {.dtype = DType::f32, .device = device_}), "max");
+  if (!device_.is_cuda()) return static_cast<int>(agreed.item());
+  int previous = 0;
+  if (preemption_readback_.pending()) {
+    acc_->group().check_outstanding(preemption_mark_);
+    previous = static_cast<int>(preemption_readback_.wait()[0]);
+  }
+  preemption_readback_.start({agreed});
+  preemption_mark_ = acc_->group().issued_count();
+  return previous;
+}
+
+void Trainer::stop_for_preemption(int signal, bool saved, PreemptionSignals& signals) {
+  flush_pending_log();
+  const fs::path checkpoint =
+      saved ? fs::path(args_.output_dir) / checkpoint_name(state_.global_step) : save_checkpoint();
+  signals.saved();
+  preempted_by_ = signal;
+  if (PreemptionSignals::received() != 0) preempted_by_ = PreemptionSignals::received();
+  if (acc_->is_main_process()) {
+    std::printf("received %s: saved %s, resume with --resume %s\n",
+                signal_name(preempted_by_).c_str(), checkpoint.filename().string().c_str(),
+                args_.output_dir.c_str());
+    std::fflush(stdout);
+  }
 }
 
 void Trainer::add_step_loss(const Tensor& loss) {

@@ -27,6 +27,8 @@
 #include "tessera/optim/optim.h"
 #include "tessera/train/callbacks.h"
 #include "tessera/train/evaluate.h"
+#include "tessera/train/preemption.h"
+#include "tessera/train/run_folder.h"
 #include "tessera/train/step_graph.h"
 #include "tessera/train/training_args.h"
 
@@ -48,8 +50,12 @@ class Trainer {
     handler_.add(std::move(callback));
   }
   // Trains until max_steps or until a callback stops it, then (load_best_model_at_end)
-  // restores the best checkpoint's weights.
+  // restores the best checkpoint's weights. A preemption signal (args.preempt_signals,
+  // preemption.h) stops it early at a step every process agrees on, after saving a
+  // checkpoint there; preempted_by() then names the signal.
   void train();
+  // The signal that stopped the last train() early (0: it was not preempted).
+  int preempted_by() const { return preempted_by_; }
   // Metrics of the evaluation data (every process scores its share; all get the same).
   Metrics evaluate();
   // Writes output_dir/checkpoint-<global_step> (every process takes part).
@@ -98,6 +104,12 @@ class Trainer {
   void log_step(const PendingLog& step);
   void evaluate_and_track_best();
   void load_best_model();
+  // The signal every process has agreed to stop for at this step boundary, or 0. Collective
+  // when distributed; on a GPU it answers for the previous boundary, so that the host never
+  // waits for the step just queued (every rank stops at the same step all the same).
+  int agreed_preemption_signal();
+  // Saves the checkpoint of this step (unless `saved` says it just was) and reports it.
+  void stop_for_preemption(int signal, bool saved, PreemptionSignals& signals);
 
   TrainingArguments args_;
   nn::CausalLM& model_;
@@ -121,6 +133,10 @@ class Trainer {
   int64_t last_log_step_ = 0;
   TrainerControl control_;
   CallbackHandler handler_;
+  std::shared_ptr<RunFolderLock> folder_lock_;  // the main process's claim on output_dir
+  HostReadback preemption_readback_;             // the agreed flag of the previous boundary
+  uint64_t preemption_mark_ = 0;                 // issued_count() once it was queued
+  int preempted_by_ = 0;
 };
 
 }  // namespace tessera::train

@@ -9,6 +9,7 @@
 #include "tessera/core/device.h"
 #include "tessera/core/error.h"
 #include "tessera/dist/deepspeed_config.h"
+#include "tessera/train/preemption.h"
 
 namespace tessera::train {
 
@@ -63,6 +64,9 @@ const std::map<std::string, Field>& fields() {
       {"gradient_checkpointing", field(Kind::Flag, &Args::gradient_checkpointing)},
       {"resume_from_checkpoint", field(Kind::Text, &Args::resume_from_checkpoint)},
       {"report_to", field(Kind::List, &Args::report_to)},
+      {"overwrite_output_dir", field(Kind::Flag, &Args::overwrite_output_dir)},
+      {"preempt_signals", field(Kind::List, &Args::preempt_signals)},
+      {"preempt_grace", field(Kind::Real, &Args::preempt_grace)},
       {"data", field(Kind::Text, &Args::data)},
       {"val_data", field(Kind::Text, &Args::val_data)},
       {"init", field(Kind::Text, &Args::init)},
@@ -443,6 +447,17 @@ void validate(const TrainingArguments& a) {
             "must list jsonl, tensorboard or none", a.report_to);
   require(!a.load_best_model_at_end || a.eval_strategy != "no", "load_best_model_at_end",
           "needs evaluations (eval_strategy steps or epoch)", a.load_best_model_at_end);
+  require(std::isfinite(a.preempt_grace) && a.preempt_grace >= 0, "preempt_grace",
+          "must be a number of seconds >= 0 (0 = no bound)", a.preempt_grace);
+  for (const std::string& name : a.preempt_signals) {
+    if (name == "none") continue;
+    try {
+      preemption_signal_number(name);
+    } catch (const Error& e) {
+      require(false, "preempt_signals", std::string("must list signal names: ") + e.what(),
+              a.preempt_signals);
+    }
+  }
   require(a.sampling == "windows" || a.sampling == "random", "sampling",
           "must be windows or random", a.sampling);
   require(a.dropout >= 0 && a.dropout < 1, "dropout", "must be in [0, 1)", a.dropout);

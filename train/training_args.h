@@ -47,6 +47,9 @@ struct TrainingArguments {
   bool bf16 = false, fp16 = false;
   bool gradient_checkpointing = false;
   std::string resume_from_checkpoint;  // "" = fresh; "latest" = newest valid under output_dir
+  // Train into an output_dir that holds another run (or later checkpoints than the one
+  // resumed) by removing those files first; otherwise that is refused (run_folder.h).
+  bool overwrite_output_dir = false;
   std::vector<std::string> report_to = {"jsonl"};
   // ---- the model (GPT-2 or Llama) and token data ----
   std::string data;           // training token file
@@ -81,6 +84,10 @@ struct TrainingArguments {
   // own (half the bytes, no cast passes); "" = bf16 in a bf16 run, else fp32.
   std::string reduce_dtype;
   bool memory_report = false;      // print each rank's bytes by category next to ZeRO's formula
+  // ---- preemption (preemption.h) ----
+  // Signals that make train() save a checkpoint and stop ("none" or empty: none).
+  std::vector<std::string> preempt_signals = {"TERM", "INT", "USR1"};
+  double preempt_grace = 0;  // seconds from the signal the save may take; 0 = no bound
 
   // The name each setting was given under ("steps" for max_steps) and where
   // ("command line" or "config 'f.yaml'"), for messages; only keys the user set.

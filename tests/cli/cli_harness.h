@@ -30,17 +30,21 @@ inline std::string tessera_binary() {
   return (fs::path(TESSERA_BINARY_DIR) / "tessera").string();
 }
 
-// Runs `tessera args` with stderr folded into the output. `shell_prefix` (e.g. a
-// `ulimit`) runs first in the same shell, so its limits apply to the program.
-inline RunResult run(const std::string& args, const std::string& shell_prefix = "") {
-  const std::string cmd =
-      shell_prefix + " OMP_NUM_THREADS=2 " + tessera_binary() + " " + args + " 2>&1";
+// Runs a shell command line (/bin/sh) and collects what it prints to stdout.
+inline RunResult run_command_line(const std::string& cmd) {
   FILE* pipe = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
   while (pipe && fgets(buf, sizeof(buf), pipe)) out += buf;
   const int status = pipe ? pclose(pipe) : -1;
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Runs `tessera args` with stderr folded into the output. `shell_prefix` (e.g. a
+// `ulimit`) runs first in the same shell, so its limits apply to the program.
+inline RunResult run(const std::string& args, const std::string& shell_prefix = "") {
+  return run_command_line(shell_prefix + " OMP_NUM_THREADS=2 " + tessera_binary() + " " + args +
+                          " 2>&1");
 }
 
 inline fs::path scratch() {

@@ -1,14 +1,17 @@
 // The library Trainer: early stopping, best-model tracking and reload, checkpoint rotation
 // that keeps the best, and the arguments' checks. Tiny GPTs on a synthetic token stream.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "tessera/core/safetensors.h"
 #include "tessera/data/token_file.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/train/checkpoint_files.h"
+#include "tessera/train/run_folder.h"
 #include "tessera/train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -119,6 +122,91 @@ TEST(Trainer, LoadBestModelAtEndRestoresTheBestCheckpointBitForBit) {
   EXPECT_GT(differing_from_last, 0u);  // step 20's weights were really replaced
   // trainer_state.json of the last checkpoint records the best.
   train::verify_checkpoint(run / "checkpoint-20");
+}
+
+namespace {
+
+// Signals this process at the end of one step, as a scheduler's SIGTERM would.
+class SignalAtStep : public train::TrainerCallback {
+ public:
+  SignalAtStep(int64_t step, int signal) : step_(step), signal_(signal) {}
+  void on_step_end(const train::TrainingArguments&, train::TrainerState& state,
+                   train::TrainerControl&) override {
+    if (state.global_step == step_) ::raise(signal_);
+  }
+
+ private:
+  int64_t step_;
+  int signal_;
+};
+
+std::vector<std::vector<float>> weights_of(nn::Module& model) {
+  std::vector<std::vector<float>> out;
+  for (const Tensor& p : model.parameters()) out.push_back(values_of(p));
+  return out;
+}
+
+}  // namespace
+
+TEST(Trainer, APreemptionSignalSavesTheStepReachedAndTheResumeEndsBitIdentical) {
+  const fs::path dir = scratch("preempt");
+  const data::TokenFile tokens = token_stream(dir);
+  train::TrainingArguments args = tiny_args(dir);
+  args.max_steps = 20, args.save_steps = 8, args.eval_steps = 5;
+  args.lr_scheduler_type = "cosine";
+  args.output_dir = (dir / "straight").string();
+  auto straight = tiny_gpt();
+  train::Trainer(args, *straight, tokens, tokens).train();
+
+  args.output_dir = (dir / "run").string();
+  {
+    auto model = tiny_gpt();
+    train::Trainer trainer(args, *model, tokens, tokens);
+    trainer.add_callback(std::make_shared<SignalAtStep>(11, SIGUSR1));
+    trainer.train();
+    EXPECT_EQ(trainer.preempted_by(), SIGUSR1);
+    EXPECT_EQ(trainer.state().global_step, 11);
+  }
+  train::verify_checkpoint(dir / "run" / "checkpoint-11");
+  EXPECT_FALSE(fs::exists(dir / "run" / "checkpoint-20"));
+
+  args.resume_from_checkpoint = (dir / "run" / "checkpoint-11").string();
+  auto resumed = tiny_gpt();
+  train::Trainer trainer(args, *resumed, tokens, tokens);
+  trainer.train();
+  EXPECT_EQ(trainer.preempted_by(), 0);
+  EXPECT_EQ(trainer.state().global_step, 20);
+  EXPECT_EQ(weights_of(*resumed), weights_of(*straight));
+}
+
+TEST(Trainer, AFreshRunIntoAFolderHoldingAnotherRunIsRefusedUnlessOverwriteOutputDir) {
+  const fs::path dir = scratch("owned");
+  const data::TokenFile tokens = token_stream(dir);
+  train::TrainingArguments args = tiny_args(dir);
+  args.max_steps = 4;
+  {
+    auto model = tiny_gpt();
+    train::Trainer(args, *model, tokens).train();
+  }
+  ASSERT_TRUE(fs::exists(dir / "run" / "checkpoint-4"));
+  args.max_steps = 3;
+  auto model = tiny_gpt();
+  try {
+    train::Trainer trainer(args, *model, tokens);
+    ADD_FAILURE() << "a second run was let into the first one's folder";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already holds a run (checkpoint-4)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(fs::exists(dir / "run" / "checkpoint-4"));
+  args.overwrite_output_dir = true;
+  train::Trainer trainer(args, *model, tokens);
+  EXPECT_FALSE(fs::exists(dir / "run" / "checkpoint-4"));
+  const std::string holder = [&] {
+    std::ifstream in(dir / "run" / train::kRunFolderLockFile);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  }();
+  EXPECT_EQ(holder.rfind("pid " + std::to_string(::getpid()) + " on host ", 0), 0u) << holder;
 }
 
 TEST(Trainer, EvaluateGivesLossPerplexityAndTokenAccuracy) {
