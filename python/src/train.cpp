@@ -68,6 +68,8 @@ void bind_train(py::module_& m) {
       .def(py::init([](py::kwargs kwargs) {
              TrainingArguments args;
              train::apply_config_values(args, json_of(kwargs), "TrainingArguments(...)");
+             // As transformers does, a `deepspeed` file's settings are read here.
+             train::apply_sharding_config(args);
              // The training data is usually given to the Trainer rather than here.
              TrainingArguments checked = args;
              if (checked.data.empty()) checked.data = "(the Trainer's train_dataset)";
