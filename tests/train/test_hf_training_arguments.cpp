@@ -255,11 +255,11 @@ TEST(HfTrainingArguments, SaveOnlyModelWritesModelOnlyCheckpointsThatCannotBeRes
   optim::AdamW reference_opt({w}, {.lr = 1e-3});
   auto reference = optim::get_linear_schedule_with_warmup(reference_opt, 2, 6);
   int64_t checked = 0;
-  for (const Json& entry : trainer.state().log_history) {
-    if (!entry.contains("lr")) continue;
+  trainer.state().log_history.for_each([&](const Json& entry) {
+    if (!entry.contains("lr")) return;
     const int64_t step = entry["step"].get<int64_t>();  // the lr step `step` trained with
     EXPECT_DOUBLE_EQ(entry["lr"].get<double>(), reference->lr_at(step - 1)) << "step " << step;
     ++checked;
-  }
+  });
   EXPECT_EQ(checked, 6);
 }
