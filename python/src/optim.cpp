@@ -2,6 +2,8 @@
 // global-norm clipping. step() runs with the GIL released.
 #include "bindings.h"
 
+#include <tuple>
+
 namespace tessera::python {
 namespace {
 
@@ -125,22 +127,20 @@ void bind_transformers_schedules(py::module_& om) {
       },
       py::arg("optimizer"), py::arg("num_warmup_steps"), py::arg("num_training_steps"),
       py::arg("last_epoch") = -1, py::keep_alive<0, 1>());
-  om.def(
-      "get_cosine_schedule_with_warmup",
-      [](Optimizer& opt, int64_t w, int64_t t, double cycles, int64_t last_epoch) -> Schedule {
-        no_last_epoch(last_epoch);
-        return get_cosine_schedule_with_warmup(opt, w, t, cycles);
-      },
-      py::arg("optimizer"), py::arg("num_warmup_steps"), py::arg("num_training_steps"),
-      py::arg("num_cycles") = 0.5, py::arg("last_epoch") = -1, py::keep_alive<0, 1>());
-  om.def(
-      "get_cosine_with_hard_restarts_schedule_with_warmup",
-      [](Optimizer& opt, int64_t w, int64_t t, double cycles, int64_t last_epoch) -> Schedule {
-        no_last_epoch(last_epoch);
-        return get_cosine_with_hard_restarts_schedule_with_warmup(opt, w, t, cycles);
-      },
-      py::arg("optimizer"), py::arg("num_warmup_steps"), py::arg("num_training_steps"),
-      py::arg("num_cycles") = 1, py::arg("last_epoch") = -1, py::keep_alive<0, 1>());
+  // The two cosines of (optimizer, warmup, total, num_cycles) differ in their default cycles.
+  using Cycles = Schedule (*)(Optimizer&, int64_t, int64_t, double);
+  for (const auto& [name, make, cycles] :
+       {std::tuple<const char*, Cycles, double>{"get_cosine_schedule_with_warmup", &get_cosine_schedule_with_warmup, 0.5},
+        {"get_cosine_with_hard_restarts_schedule_with_warmup",
+         &get_cosine_with_hard_restarts_schedule_with_warmup, 1.0}})
+    om.def(
+        name,
+        [make = make](Optimizer& opt, int64_t w, int64_t t, double num_cycles, int64_t last_epoch) -> Schedule {
+          no_last_epoch(last_epoch);
+          return make(opt, w, t, num_cycles);
+        },
+        py::arg("optimizer"), py::arg("num_warmup_steps"), py::arg("num_training_steps"),
+        py::arg("num_cycles") = cycles, py::arg("last_epoch") = -1, py::keep_alive<0, 1>());
   om.def(
       "get_cosine_with_min_lr_schedule_with_warmup",
       [](Optimizer& opt, int64_t w, int64_t t, double cycles, int64_t last_epoch, OptReal min_lr,

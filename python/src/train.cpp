@@ -114,6 +114,9 @@ void bind_train(py::module_& m) {
                return std::make_unique<train::Trainer>(run_args, gpt, std::move(train_file),
                                                        std::move(eval));
              });
+             // report_to's trackers (metrics.jsonl, TensorBoard), as `tessera train` has them.
+             if (self->trainer->accelerator().is_main_process())
+               self->trainer->add_callback(std::make_shared<train::TrackerCallback>());
              return self;
            }),
            py::arg("args"), py::arg("model"), py::arg("train_dataset"),
