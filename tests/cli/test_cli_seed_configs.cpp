@@ -24,15 +24,18 @@ nlohmann::json saved_settings(const std::string& out) {
   return nlohmann::json::parse(slurp(scratch() / out / "config.train.json"));
 }
 
+// The run's saved settings hold `want`'s values.
+void expect_saved(const std::string& out, const nlohmann::json& want) {
+  const auto saved = saved_settings(out);
+  for (const auto& [key, value] : want.items()) EXPECT_EQ(saved[key], value) << key;
+}
+
 }  // namespace
 
 TEST(CliSeedConfigs, DeepSpeedZero2FileTrainsAsZero2WithFp16) {
   const auto r = short_run("seed_zero2", "--deepspeed " + kConfigs + "deepspeed_zero2.json");
   ASSERT_EQ(r.rc, 0) << r.output;
-  const auto s = saved_settings("seed_zero2");
-  EXPECT_EQ(s["zero_stage"], 2);
-  EXPECT_EQ(s["fp16"], true);
-  EXPECT_EQ(s["max_grad_norm"], 1.0);
+  expect_saved("seed_zero2", {{"zero_stage", 2}, {"fp16", true}, {"max_grad_norm", 1.0}});
   EXPECT_NE(r.output.find("done: 2 steps"), std::string::npos) << r.output;
 }
 
@@ -47,21 +50,16 @@ TEST(CliSeedConfigs, DeepSpeedZero3FileTrainsAsZero3AndPrintsItsNote) {
 TEST(CliSeedConfigs, TrainerDeepSpeedFileTrainsWithOffloadBf16AndItsBatch) {
   const auto r = short_run("seed_trainer", "--deepspeed " + kConfigs + "ds_config_trainer.json");
   ASSERT_EQ(r.rc, 0) << r.output;
-  const auto s = saved_settings("seed_trainer");
-  EXPECT_EQ(s["offload"], "optimizer");
-  EXPECT_EQ(s["bf16"], true);
-  EXPECT_EQ(s["per_device_train_batch_size"], 4);
-  EXPECT_EQ(s["gradient_accumulation_steps"], 8);
+  expect_saved("seed_trainer", {{"offload", "optimizer"}, {"bf16", true}, {"per_device_train_batch_size", 4},
+                                {"gradient_accumulation_steps", 8}});
   EXPECT_NE(r.output.find("4x16 x 8 micro-batches"), std::string::npos) << r.output;
 }
 
 TEST(CliSeedConfigs, TrainingArgumentsFileTrainsWithTransformersSchedule) {
   const auto r = short_run("seed_args", "--config " + kConfigs + "training_arguments.json");
   ASSERT_EQ(r.rc, 0) << r.output;
-  const auto s = saved_settings("seed_args");
-  EXPECT_EQ(s["lr_scheduler_type"], "cosine");
-  EXPECT_EQ(s["metric_for_best_model"], "val_token_accuracy");
-  EXPECT_EQ(s["report_to"], nlohmann::json::array({"tensorboard"}));
+  expect_saved("seed_args", {{"lr_scheduler_type", "cosine"}, {"metric_for_best_model", "val_token_accuracy"},
+                             {"report_to", nlohmann::json::array({"tensorboard"})}});
   // warmup_ratio 0.1 of 2 steps = ceil(0.2) = 1 warmup step: transformers' first step trains at 0.
   EXPECT_TRUE(fs::is_directory(scratch() / "seed_args" / "tensorboard"));
   EXPECT_TRUE(fs::exists(scratch() / "seed_args" / "checkpoint-2" / "trainer_state.json"));
