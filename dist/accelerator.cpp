@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -45,7 +46,9 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   TESSERA_CHECK(options_.stage3_prefetch_bucket_size >= 0,
                 "Accelerator: stage3_prefetch_bucket_size must not be negative, got ",
                 options_.stage3_prefetch_bucket_size);
-  scaler_ = optim::LossScaler({.enabled = mixed_precision_ == "fp16"});
+  optim::LossScalerOptions scaling = options_.loss_scaler.value_or(optim::LossScalerOptions{});
+  scaling.enabled = mixed_precision_ == "fp16";
+  scaler_ = optim::LossScaler(scaling);
   env_ = read_dist_env();
   if (!is_initialized()) {
     InitOptions init;
@@ -57,6 +60,9 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   }
   if (!options_.cpu && cuda_is_available())
     device_ = Device::cuda(env_.local_rank % cuda_device_count());
+  if (deepspeed_ && is_main_process())
+    for (const std::string& note : deepspeed_->notes)
+      std::cerr << deepspeed_->source << ": note: " << note << "\n";
 }
 
 // FSDP's strategy name and a DeepSpeed file fill zero_stage, offload, buckets, accumulation
@@ -147,6 +153,13 @@ void Accelerator::prepare_one(optim::Optimizer& optimizer) {
   MemoryCategoryScope tag(MemoryCategory::OptimizerState);  // f32 masters
   optimizer.set_step_gate([open = gate_open_] { return *open; });
   if (policy_.low_precision_parameters()) optimizer.set_master_weights(true);
+  // The DeepSpeed file's optimizer.params.lr is the lr the loop's optimizer must have (tessera
+  // train builds it from the file; a loop of one's own builds it itself).
+  if (deepspeed_ && deepspeed_->optimizer_lr)
+    for (const auto& group : optimizer.param_groups())
+      TESSERA_CHECK(group.initial_lr == *deepspeed_->optimizer_lr, deepspeed_->source,
+                    ": \"optimizer.params.lr\" is ", *deepspeed_->optimizer_lr,
+                    " but the prepared optimizer's lr is ", group.initial_lr);
   optimizers_.push_back(&optimizer);
   attach_optimizers();
 }

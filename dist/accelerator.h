@@ -24,6 +24,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -71,6 +72,9 @@ struct AcceleratorOptions {
   int64_t stage3_prefetch_bucket_size = 50'000'000;
   // FSDP's name for the stage instead: FULL_SHARD (3), SHARD_GRAD_OP (2), NO_SHARD (DDP).
   std::string fsdp_sharding_strategy;
+  // fp16's dynamic loss scaler (Accelerate's GradScalerKwargs); unset = torch's GradScaler
+  // defaults, or the DeepSpeed file's fp16 block.
+  std::optional<optim::LossScalerOptions> loss_scaler;
   // A DeepSpeed JSON file (dist/deepspeed_config.h) whose settings fill the ones above;
   // a setting given both here and there must agree.
   std::string deepspeed_config;

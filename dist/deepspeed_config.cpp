@@ -53,8 +53,22 @@ std::optional<bool> boolean(const Json& v, const std::string& key, const std::st
 // {"device": "cpu" | "none", "pin_memory": bool}: whether the state goes to the host.
 std::optional<bool> offload_device(const Json& block, const std::string& prefix,
                                    const std::string& source) {
-  check_keys(block, {"device", "pin_memory"}, prefix, source);
+  check_keys(block,
+             {"device", "pin_memory", "ratio", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu",
+              "pipeline_read", "pipeline_write", "fast_init"},
+             prefix, source);
+  // Tessera pins the host copies whenever a GPU trains; on the CPU nothing needs pinning.
   if (block.contains("pin_memory")) boolean(block["pin_memory"], prefix + ".pin_memory", source);
+  for (const char* nvme : {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read",
+                           "pipeline_write", "fast_init"})
+    TESSERA_CHECK(!block.contains(nvme), source, ": \"", prefix, ".", nvme,
+                  "\" configures NVMe offload, which is not supported (device \"cpu\" keeps the "
+                  "state in host memory)");
+  if (block.contains("ratio")) {
+    const Json& ratio = block["ratio"];
+    TESSERA_CHECK(ratio.is_number() && ratio.get<double>() == 1.0, source, ": \"", prefix,
+                  ".ratio\" is ", ratio.dump(), "; only 1.0 (offload all of it) is supported");
+  }
   if (!block.contains("device")) return std::nullopt;
   const Json& device = block["device"];
   TESSERA_CHECK(device.is_string(), source, ": \"", prefix,
@@ -67,14 +81,102 @@ std::optional<bool> offload_device(const Json& block, const std::string& prefix,
   return d == "cpu";
 }
 
+// Keys of zero_optimization (and of the top level) Tessera does not read as values: what
+// it always does (true accepted, false refused), features it lacks (false accepted, true
+// refused), and numbers that must keep DeepSpeed's default.
+struct SwitchRule {
+  const char* key;
+  bool required;       // the only value accepted
+  const char* reason;  // why the other one is refused
+};
+
+const std::vector<SwitchRule>& zero_switch_rules() {
+  static const std::vector<SwitchRule> rules = {
+      {"overlap_comm", true, "Tessera always overlaps bucket reductions with backward"},
+      {"contiguous_gradients", true, "Tessera always keeps gradients in contiguous flat buckets"},
+      {"reduce_scatter", true, "Tessera always reduce-scatters gradients at stages 2 and 3"},
+      {"allgather_partitions", true, "Tessera always all-gathers the updated shards after a step"},
+      {"stage3_gather_16bit_weights_on_model_save", true,
+       "Tessera always gathers the full weights when it saves a model"},
+      {"stage3_gather_fp16_weights_on_model_save", true,
+       "Tessera always gathers the full weights when it saves a model"},
+      {"load_from_fp32_weights", true,
+       "Tessera always restores the f32 master weights from the optimizer state"},
+      {"grad_hooks", true, "Tessera always reduces buckets from gradient-ready hooks"},
+      {"elastic_checkpoint", true,
+       "Tessera's sharded optimizer checkpoints always load at another world size"},
+      {"memory_efficient_linear", true,
+       "Tessera always releases a block's gathered weights after its forward"},
+      {"round_robin_gradients", false, "round-robin gradient partitioning is not implemented"},
+      {"zero_quantized_weights", false, "ZeRO++ quantized weights are not implemented"},
+      {"zero_quantized_nontrainable_weights", false, "ZeRO++ quantized weights are not implemented"},
+      {"zero_quantized_gradients", false, "ZeRO++ quantized gradients are not implemented"},
+      {"mics_hierarchical_params_gather", false, "MiCS is not implemented"},
+  };
+  return rules;
+}
+
+const SwitchRule* find_rule(const std::vector<SwitchRule>& rules, const std::string& key) {
+  for (const SwitchRule& r : rules)
+    if (key == r.key) return &r;
+  return nullptr;
+}
+
+void check_switch(const Json& v, const SwitchRule& rule, const std::string& key, const std::string& source) {
+  const auto on = boolean(v, key, source);
+  TESSERA_CHECK(!on || *on == rule.required, source, ": \"", key, "\": ", *on ? "true" : "false",
+                " is not supported (", rule.reason, ")");
+}
+
+// A number given only in elements; "auto" and a missing key are nullopt.
+std::optional<int64_t> elements(const Json& z, const std::string& key, const std::string& p,
+                                const std::string& source, int64_t minimum) {
+  return z.contains(key) ? integer(z[key], p + "." + key, source, minimum) : std::nullopt;
+}
+
+void read_zero_buckets(DeepSpeedConfig& c, const Json& z, const std::string& p) {
+  c.reduce_bucket_size = elements(z, "reduce_bucket_size", p, c.source, 1);
+  // Tessera all-gathers the updated parameters in the buckets it reduced, so one size serves both.
+  const auto gather = elements(z, "allgather_bucket_size", p, c.source, 1);
+  if (gather && c.reduce_bucket_size)
+    TESSERA_CHECK(*gather == *c.reduce_bucket_size, c.source, ": \"", p,
+                  ".allgather_bucket_size\" is ", *gather, " but \"", p, ".reduce_bucket_size\" is ",
+                  *c.reduce_bucket_size,
+                  "; Tessera all-gathers the buckets it reduces, so they must be equal");
+  if (gather) c.reduce_bucket_size = gather;
+  c.stage3_prefetch_bucket_size = elements(z, "stage3_prefetch_bucket_size", p, c.source, 0);
+  c.stage3_max_live_parameters = elements(z, "stage3_max_live_parameters", p, c.source, 1);
+}
+
+// Memory tuning without a counterpart: accepted, each noted with what Tessera does.
+void note_memory_tuning(DeepSpeedConfig& c, const Json& z, const std::string& p) {
+  const auto note = [&](const char* key, int64_t keeps_results_when_at_most, const char* tessera) {
+    const auto v = elements(z, key, p, c.source, 0);
+    if (v && *v > keeps_results_when_at_most)
+      c.notes.push_back(p + "." + key + " = " + std::to_string(*v) + ": " + tessera +
+                        "; this changes memory and communication in DeepSpeed, not results");
+  };
+  note("stage3_max_reuse_distance", 0,
+       "Tessera's stage 3 releases a block after its forward and gathers it again for backward");
+  note("stage3_param_persistence_threshold", 0, "Tessera's stage 3 partitions every parameter");
+  const auto sub_group = elements(z, "sub_group_size", p, c.source, 1);
+  if (sub_group && *sub_group < 1'000'000'000)
+    c.notes.push_back(p + ".sub_group_size = " + std::to_string(*sub_group) +
+                      ": Tessera's optimizer steps each rank's whole shard at once (DeepSpeed's "
+                      "behaviour when the shard holds at most sub_group_size elements); this "
+                      "changes the step's peak memory in DeepSpeed, not results");
+}
+
 void read_zero_optimization(DeepSpeedConfig& c, const Json& z) {
   const std::string p = "zero_optimization";
-  check_keys(
-      z,
-      {"stage", "offload_optimizer", "offload_param", "reduce_bucket_size",
-       "stage3_prefetch_bucket_size", "overlap_comm", "contiguous_gradients", "reduce_scatter",
-       "allgather_partitions", "stage3_gather_16bit_weights_on_model_save"},
-      p, c.source);
+  std::set<std::string> known = {"stage", "offload_optimizer", "offload_param", "reduce_bucket_size",
+                                 "allgather_bucket_size", "stage3_prefetch_bucket_size",
+                                 "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                                 "stage3_param_persistence_threshold", "sub_group_size",
+                                 "ignore_unused_parameters", "cpu_offload", "zero_hpz_partition_size",
+                                 "mics_shard_size"};
+  for (const SwitchRule& r : zero_switch_rules()) known.insert(r.key);
+  check_keys(z, known, p, c.source);
   if (z.contains("stage")) {
     c.zero_stage = integer(z["stage"], p + ".stage", c.source, 0);
     TESSERA_CHECK(!c.zero_stage || *c.zero_stage <= 3, c.source, ": \"", p,
@@ -85,46 +187,137 @@ void read_zero_optimization(DeepSpeedConfig& c, const Json& z) {
         offload_device(z["offload_optimizer"], p + ".offload_optimizer", c.source);
   if (z.contains("offload_param"))
     c.offload_param = offload_device(z["offload_param"], p + ".offload_param", c.source);
-  if (z.contains("reduce_bucket_size"))
-    c.reduce_bucket_size = integer(z["reduce_bucket_size"], p + ".reduce_bucket_size", c.source, 1);
-  if (z.contains("stage3_prefetch_bucket_size"))
-    c.stage3_prefetch_bucket_size =
-        integer(z["stage3_prefetch_bucket_size"], p + ".stage3_prefetch_bucket_size", c.source, 0);
-  // What Tessera always does: true is accepted, false would be a promise it cannot keep.
-  for (const char* always : {"overlap_comm", "contiguous_gradients", "reduce_scatter",
-                             "allgather_partitions", "stage3_gather_16bit_weights_on_model_save"}) {
-    if (!z.contains(always)) continue;
-    const auto on = boolean(z[always], p + "." + always, c.source);
-    TESSERA_CHECK(!on || *on, c.source, ": \"", p, ".", always,
-                  "\": false is not supported (Tessera always ",
-                  std::string(always) == "overlap_comm" ? "overlaps bucket reductions with backward"
-                                                        : "does this",
-                  ")");
+  // DeepSpeed's older switch for the same ZeRO-Offload of the optimizer.
+  if (z.contains("cpu_offload")) {
+    const auto on = boolean(z["cpu_offload"], p + ".cpu_offload", c.source);
+    TESSERA_CHECK(!on || !c.offload_optimizer || *on == *c.offload_optimizer, c.source, ": \"", p,
+                  ".cpu_offload\" and \"", p, ".offload_optimizer.device\" contradict each other");
+    if (on) c.offload_optimizer = *on;
   }
+  read_zero_buckets(c, z, p);
+  note_memory_tuning(c, z, p);
+  if (z.contains("ignore_unused_parameters"))
+    c.ignore_unused_parameters = boolean(z["ignore_unused_parameters"], p + ".ignore_unused_parameters", c.source);
+  const auto hpz = elements(z, "zero_hpz_partition_size", p, c.source, 1);
+  TESSERA_CHECK(!hpz || *hpz == 1, c.source, ": \"", p, ".zero_hpz_partition_size\" is ", hpz.value_or(1),
+                "; only 1 is supported (ZeRO++ hierarchical partitioning is not implemented)");
+  if (z.contains("mics_shard_size")) {
+    const Json& v = z["mics_shard_size"];
+    TESSERA_CHECK(v.is_number() && v.get<double>() <= 0, c.source, ": \"", p,
+                  ".mics_shard_size\" is ", v.dump(), "; only -1 (off) is supported (MiCS is not implemented)");
+  }
+  for (const SwitchRule& rule : zero_switch_rules())
+    if (z.contains(rule.key)) check_switch(z[rule.key], rule, p + "." + rule.key, c.source);
 }
 
-// bf16.enabled / fp16.enabled.
-std::optional<bool> precision_enabled(const Json& config, const char* name,
-                                      const std::string& source) {
+double positive_number(const Json& v, const std::string& key, const std::string& source, double minimum) {
+  TESSERA_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= minimum, source,
+                ": \"", key, "\" must be a number >= ", minimum, ", got ", v.dump());
+  return v.get<double>();
+}
+
+// fp16's loss-scale keys, with DeepSpeed's defaults for the ones not given.
+optim::LossScalerOptions fp16_loss_scaler(const Json& block, const std::string& source) {
+  optim::LossScalerOptions o{.init_scale = 65536.0, .growth_interval = 1000, .hysteresis = 2, .min_scale = 1};
+  if (block.contains("initial_scale_power")) {
+    const auto power = integer(block["initial_scale_power"], "fp16.initial_scale_power", source, 0);
+    TESSERA_CHECK(!power || *power <= 64, source, ": \"fp16.initial_scale_power\" must be at most 64, got ", *power);
+    if (power) o.init_scale = std::ldexp(1.0, static_cast<int>(*power));
+  }
+  if (block.contains("loss_scale_window"))
+    o.growth_interval = integer(block["loss_scale_window"], "fp16.loss_scale_window", source, 1).value_or(1000);
+  if (block.contains("hysteresis"))
+    o.hysteresis = integer(block["hysteresis"], "fp16.hysteresis", source, 1).value_or(2);
+  if (block.contains("consecutive_hysteresis"))
+    o.consecutive_hysteresis =
+        boolean(block["consecutive_hysteresis"], "fp16.consecutive_hysteresis", source).value_or(false);
+  if (block.contains("min_loss_scale") && !is_auto(block["min_loss_scale"]))
+    o.min_scale = positive_number(block["min_loss_scale"], "fp16.min_loss_scale", source, 0);
+  if (block.contains("loss_scale") && !is_auto(block["loss_scale"])) {
+    const double fixed = positive_number(block["loss_scale"], "fp16.loss_scale", source, 0);
+    if (fixed > 0) {  // a static scale
+      o.dynamic = false;
+      o.init_scale = fixed;
+      o.min_scale = std::min(o.min_scale, fixed);
+    }
+  }
+  TESSERA_CHECK(o.min_scale <= o.init_scale, source, ": \"fp16.min_loss_scale\" (", o.min_scale,
+                ") exceeds the initial scale 2^initial_scale_power = ", o.init_scale);
+  return o;
+}
+
+// bf16.enabled / fp16.enabled (and fp16's loss scaler).
+std::optional<bool> precision_enabled(DeepSpeedConfig& c, const Json& config, const char* name) {
   if (!config.contains(name)) return std::nullopt;
   const Json& block = config[name];
-  if (std::string(name) == "fp16")
-    check_keys(block,
-               {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
-                "min_loss_scale"},
-               name, source);
-  else
+  const std::string& source = c.source;
+  if (std::string(name) != "fp16") {
     check_keys(block, {"enabled"}, name, source);
-  if (std::string(name) == "fp16" && block.contains("loss_scale")) {
-    const Json& scale = block["loss_scale"];
-    TESSERA_CHECK(
-        scale.is_number() && scale.get<double>() == 0, source,
-        ": \"fp16.loss_scale\" must be 0 (dynamic loss scaling, the only kind Tessera has), got ",
-        scale.dump());
+  } else {
+    check_keys(block,
+               {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window",
+                "hysteresis", "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"},
+               name, source);
+    // Tessera's autocast casts floating inputs and its models take integer token ids: either
+    // value computes the same.
+    if (block.contains("auto_cast")) boolean(block["auto_cast"], "fp16.auto_cast", source);
+    if (block.contains("fp16_master_weights_and_grads"))
+      check_switch(block["fp16_master_weights_and_grads"],
+                   {"fp16_master_weights_and_grads", false, "Tessera keeps f32 master weights"},
+                   "fp16.fp16_master_weights_and_grads", source);
+    c.loss_scaler = fp16_loss_scaler(block, source);
   }
   return block.contains("enabled")
              ? boolean(block["enabled"], std::string(name) + ".enabled", source)
              : std::nullopt;
+}
+
+std::optional<double> real_or_auto(const Json& v, const std::string& key, const std::string& source) {
+  if (is_auto(v)) return std::nullopt;
+  return positive_number(v, key, source, 0);
+}
+
+// optimizer: {"type": "AdamW" | "Adam", "params": {lr, betas, eps, weight_decay, ...}}.
+void read_optimizer(DeepSpeedConfig& c, const Json& block) {
+  const std::string& source = c.source;
+  check_keys(block, {"type", "params"}, "optimizer", source);
+  const std::string type = block.contains("type") && block["type"].is_string() ? block["type"].get<std::string>() : "";
+  std::string lower = type;
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  TESSERA_CHECK(lower == "adamw" || lower == "adam", source, ": \"optimizer.type\" is ",
+                block.contains("type") ? block["type"].dump() : "missing",
+                "; Tessera trains with AdamW (\"Adam\" or \"AdamW\"; other optimizers are not implemented)");
+  if (!block.contains("params")) return;
+  const Json& params = block["params"];
+  check_keys(params, {"lr", "betas", "eps", "weight_decay", "torch_adam", "adam_w_mode", "bias_correction", "amsgrad"},
+             "optimizer.params", source);
+  if (params.contains("lr")) c.optimizer_lr = real_or_auto(params["lr"], "optimizer.params.lr", source);
+  if (params.contains("eps")) c.optimizer_eps = real_or_auto(params["eps"], "optimizer.params.eps", source);
+  if (params.contains("weight_decay"))
+    c.optimizer_weight_decay = real_or_auto(params["weight_decay"], "optimizer.params.weight_decay", source);
+  if (params.contains("betas") && !is_auto(params["betas"])) {
+    const Json& b = params["betas"];
+    TESSERA_CHECK(b.is_array() && b.size() == 2 && b[0].is_number() && b[1].is_number(), source,
+                  ": \"optimizer.params.betas\" must be [beta1, beta2] or \"auto\", got ", b.dump());
+    c.optimizer_beta1 = b[0].get<double>();
+    c.optimizer_beta2 = b[1].get<double>();
+  }
+  // torch_adam picks DeepSpeed's kernel; both compute torch's AdamW.
+  if (params.contains("torch_adam")) boolean(params["torch_adam"], "optimizer.params.torch_adam", source);
+  const SwitchRule adam_rules[] = {
+      {"adam_w_mode", true, "Tessera's AdamW decouples weight decay; Adam with L2 decay is not implemented"},
+      {"bias_correction", true, "Tessera's AdamW always corrects the moments' bias"},
+      {"amsgrad", false, "AMSGrad is not implemented"}};
+  for (const SwitchRule& rule : adam_rules)
+    if (params.contains(rule.key)) check_switch(params[rule.key], rule, std::string("optimizer.params.") + rule.key, source);
+}
+
+void read_communication_dtype(DeepSpeedConfig& c, const Json& v) {
+  TESSERA_CHECK(v.is_string(), c.source, ": \"communication_data_type\" must be \"fp32\", \"fp16\" or \"bf16\", got ", v.dump());
+  const std::string d = v.get<std::string>();
+  TESSERA_CHECK(d == "fp32" || d == "fp16" || d == "bf16", c.source,
+                ": \"communication_data_type\" must be \"fp32\", \"fp16\" or \"bf16\", got \"", d, "\"");
+  c.communication_data_type = d;
 }
 
 std::string normalised(std::string name) {
@@ -151,10 +344,20 @@ DeepSpeedConfig DeepSpeedConfig::from_json(const Json& config, const std::string
   DeepSpeedConfig c;
   c.source = source;
   check_keys(config,
-             {"zero_optimization", "gradient_accumulation_steps", "gradient_clipping", "bf16",
-              "fp16", "train_micro_batch_size_per_gpu", "train_batch_size"},
+             {"zero_optimization", "gradient_accumulation_steps", "gradient_clipping", "bf16", "bfloat16",
+              "fp16", "amp", "optimizer", "scheduler", "communication_data_type",
+              "train_micro_batch_size_per_gpu", "train_batch_size"},
              "", source);
+  TESSERA_CHECK(!config.contains("amp"), source,
+                ": \"amp\" (NVIDIA Apex) is not supported; use \"fp16\" or \"bf16\"");
+  TESSERA_CHECK(!config.contains("scheduler"), source,
+                ": \"scheduler\" (DeepSpeed's WarmupLR, WarmupDecayLR, ...) is not supported; give "
+                "the schedule as lr_scheduler_type / warmup_steps (transformers' names) or --schedule");
+  TESSERA_CHECK(!(config.contains("bf16") && config.contains("bfloat16")), source,
+                ": \"bf16\" and \"bfloat16\" are the same block; give one");
   if (config.contains("zero_optimization")) read_zero_optimization(c, config["zero_optimization"]);
+  if (config.contains("optimizer")) read_optimizer(c, config["optimizer"]);
+  if (config.contains("communication_data_type")) read_communication_dtype(c, config["communication_data_type"]);
   if (config.contains("gradient_accumulation_steps"))
     c.gradient_accumulation_steps =
         integer(config["gradient_accumulation_steps"], "gradient_accumulation_steps", source, 1);
@@ -171,8 +374,8 @@ DeepSpeedConfig DeepSpeedConfig::from_json(const Json& config, const std::string
                                                "train_micro_batch_size_per_gpu", source, 1);
   if (config.contains("train_batch_size"))
     c.train_batch_size = integer(config["train_batch_size"], "train_batch_size", source, 1);
-  const auto bf16 = precision_enabled(config, "bf16", source);
-  const auto fp16 = precision_enabled(config, "fp16", source);
+  const auto bf16 = precision_enabled(c, config, config.contains("bfloat16") ? "bfloat16" : "bf16");
+  const auto fp16 = precision_enabled(c, config, "fp16");
   TESSERA_CHECK(!(bf16.value_or(false) && fp16.value_or(false)), source,
                 ": \"bf16.enabled\" and \"fp16.enabled\" are both true; choose one");
   if (bf16.value_or(false))
@@ -181,6 +384,12 @@ DeepSpeedConfig DeepSpeedConfig::from_json(const Json& config, const std::string
     c.mixed_precision = "fp16";
   else if (bf16 || fp16)
     c.mixed_precision = "no";
+  // Whole batches only: the three sizes are tied by train = micro x accumulation x world.
+  if (c.train_batch_size && c.train_micro_batch_size_per_gpu && c.gradient_accumulation_steps)
+    TESSERA_CHECK(*c.train_batch_size % (*c.train_micro_batch_size_per_gpu * *c.gradient_accumulation_steps) == 0,
+                  source, ": \"train_batch_size\" ", *c.train_batch_size,
+                  " is not a multiple of train_micro_batch_size_per_gpu x gradient_accumulation_steps = ",
+                  *c.train_micro_batch_size_per_gpu * *c.gradient_accumulation_steps);
   // Offload needs shards to move: parameters only exist sharded under stage 3.
   const int stage = c.zero_stage.value_or(-1);
   TESSERA_CHECK(
@@ -254,6 +463,16 @@ void DeepSpeedConfig::apply_to(AcceleratorOptions& o) const {
     o.bucket_bytes = bytes;
   }
   if (stage3_prefetch_bucket_size) o.stage3_prefetch_bucket_size = *stage3_prefetch_bucket_size;
+  // What is gathered ahead is live beside the running unit: the cap bounds the prefetch.
+  if (stage3_max_live_parameters)
+    o.stage3_prefetch_bucket_size = std::min(o.stage3_prefetch_bucket_size, *stage3_max_live_parameters);
+  if (ignore_unused_parameters) o.find_unused_parameters = o.find_unused_parameters || *ignore_unused_parameters;
+  if (communication_data_type) {
+    agree(!o.reduce_dtype.empty(), o.reduce_dtype == *communication_data_type, "communication_data_type",
+          "reduce_dtype", *communication_data_type, o.reduce_dtype);
+    o.reduce_dtype = *communication_data_type;
+  }
+  if (loss_scaler && !o.loss_scaler) o.loss_scaler = loss_scaler;
 }
 
 }  // namespace tessera::dist

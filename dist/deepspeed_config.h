@@ -1,14 +1,24 @@
 // Sharding configured as users already write it: a DeepSpeed JSON file and FSDP's
 // sharding-strategy names, mapped onto Tessera's ZeRO strategies.
 //
-//   zero_optimization.stage                       0 (DDP), 1, 2 or 3
-//   zero_optimization.offload_optimizer.device    "cpu" | "none"  (ZeRO-Offload)
-//   zero_optimization.offload_param.device        "cpu" | "none"  (stage 3 only)
-//   zero_optimization.reduce_bucket_size          elements per gradient bucket (f32: ×4 bytes)
-//   zero_optimization.stage3_prefetch_bucket_size elements gathered ahead under stage 3
-//   zero_optimization.overlap_comm                true (Tessera always overlaps; false is refused)
-//   gradient_accumulation_steps, gradient_clipping, bf16.enabled, fp16.enabled
+// Every key DeepSpeed documents for these blocks is either honoured or refused with the
+// reason; docs/distributed.md has the whole table. In short:
 //
+//   zero_optimization.stage                       0 (DDP), 1, 2 or 3
+//   zero_optimization.offload_optimizer/_param    device "cpu" | "none" (ZeRO-Offload); nvme refused
+//   zero_optimization.reduce_bucket_size          elements per gradient bucket (f32: ×4 bytes);
+//     allgather_bucket_size                       the same buckets (Tessera gathers what it reduces)
+//   zero_optimization.stage3_prefetch_bucket_size elements gathered ahead under stage 3, at most
+//     stage3_max_live_parameters
+//   zero_optimization.overlap_comm, contiguous_gradients, ...  what Tessera always does: true
+//   fp16.enabled, loss_scale (0 = dynamic), initial_scale_power, loss_scale_window, hysteresis,
+//     consecutive_hysteresis, min_loss_scale      the fp16 loss scaler (optim/loss_scaler.h)
+//   bf16.enabled; optimizer {type Adam/AdamW, params}; gradient_clipping;
+//   train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world
+//
+// Memory-tuning keys with no counterpart in Tessera (stage3_max_reuse_distance, a positive
+// stage3_param_persistence_threshold, a sub_group_size below DeepSpeed's default) change no
+// result; they are accepted and listed in `notes`, which the Accelerator prints.
 // "auto" (the Hugging Face integration's placeholder) leaves a value to the other settings.
 // A key Tessera does not know, a value of the wrong type and settings that contradict each
 // other (bf16 and fp16 both on, parameter offload below stage 3, offload under DDP, a value
@@ -19,6 +29,9 @@
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
+#include <vector>
+
+#include "tessera/optim/loss_scaler.h"
 
 namespace tessera::dist {
 
@@ -33,6 +46,18 @@ struct DeepSpeedConfig {
   std::optional<double> gradient_clipping;
   std::optional<std::string> mixed_precision;  // "bf16" | "fp16" | "no" from bf16/fp16.enabled
   std::optional<int64_t> train_micro_batch_size_per_gpu, train_batch_size;
+  std::optional<int64_t> stage3_max_live_parameters;        // caps the stage-3 prefetch
+  std::optional<bool> ignore_unused_parameters;             // = find_unused_parameters
+  std::optional<std::string> communication_data_type;       // fp32 | fp16 | bf16 (reduce dtype)
+  // fp16's loss scaler as DeepSpeed configures it (its defaults: 2^16, window 1000,
+  // hysteresis 2, min scale 1), whenever the file has an fp16 block.
+  std::optional<optim::LossScalerOptions> loss_scaler;
+  // optimizer.params (type Adam or AdamW).
+  std::optional<double> optimizer_lr, optimizer_beta1, optimizer_beta2, optimizer_eps,
+      optimizer_weight_decay;
+  // Accepted keys that change memory or speed in DeepSpeed but nothing in Tessera, each with
+  // what Tessera does instead.
+  std::vector<std::string> notes;
 
   static DeepSpeedConfig from_json(const nlohmann::json& config, const std::string& source);
   // Reads and checks a DeepSpeed JSON file; errors name the file and the key.

@@ -5,6 +5,13 @@
 // backoff_factor; after growth_interval clean steps in a row it is multiplied by
 // growth_factor.
 //
+// DeepSpeed's fp16 settings add to that policy (deepspeed_config.h maps them): `hysteresis`
+// overflows are absorbed before the scale backs off (each one still skips its step and
+// restarts the growth count; the allowance comes back at the next growth, or after every
+// clean step with consecutive_hysteresis), the scale never backs off below min_scale, and
+// a static scale (dynamic = false) never changes while overflowing steps are still skipped.
+// With the defaults (hysteresis 1, min_scale 0) this is exactly torch's GradScaler.
+//
 //   scaler.backward(loss);            // or scale_loss(loss).backward()
 //   scaler.unscale_(opt);             // optional: to clip the true gradients
 //   clip_grad_norm_(params, 1.0);
@@ -24,6 +31,10 @@ struct LossScalerOptions {
   double backoff_factor = 0.5;
   int64_t growth_interval = 2000;
   bool enabled = true;  // disabled: scale 1, nothing skipped (bf16/f32 runs)
+  int64_t hysteresis = 1;               // overflows per back-off (DeepSpeed's hysteresis)
+  bool consecutive_hysteresis = false;  // a clean step restores the allowance
+  double min_scale = 0;                 // floor of the back-off (DeepSpeed's min_loss_scale)
+  bool dynamic = true;                  // false: the scale stays init_scale
 };
 
 class LossScaler {
@@ -51,6 +62,9 @@ class LossScaler {
   // process holds are (a sharded optimizer: another rank's slice overflowed).
   void record_found_inf();
   int64_t growth_tracker() const { return growth_tracker_; }
+  // Overflows still absorbed before the next back-off (1: the next one backs off).
+  int64_t hysteresis_left() const { return hysteresis_left_; }
+  const LossScalerOptions& options() const { return opts_; }
 
   std::map<std::string, double> state_dict() const;
   void load_state_dict(const std::map<std::string, double>& state);
@@ -59,6 +73,7 @@ class LossScaler {
   LossScalerOptions opts_;
   double scale_;
   int64_t growth_tracker_ = 0;  // clean steps since the last change
+  int64_t hysteresis_left_;
   bool unscaled_ = false;
   bool stepped_ = false;
   bool found_inf_ = false;

@@ -6,3 +6,4 @@
 #include "tessera/optim/optimizer.h"
 #include "tessera/optim/schedule.h"
 #include "tessera/optim/sgd.h"
+#include "tessera/optim/transformers_schedules.h"

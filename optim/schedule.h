@@ -7,6 +7,10 @@
 // (factor (step+1)/warmup), then constant, cosine or linear decay reaching the
 // floor at step `total` and staying there. The floor is min_lr for a group whose
 // initial_lr is the first group's (groups with other lrs get the same fraction).
+//
+// Any other shape is a factor function of the step (torch's LambdaLR), e.g. transformers'
+// schedules in optim/transformers_schedules.h; its `identity` (numbers naming the shape and
+// its settings) is saved by state_dict and must match on load.
 #pragma once
 #include <functional>
 #include <map>
@@ -27,6 +31,8 @@ struct ScheduleOptions {
 class LRSchedule {
  public:
   LRSchedule(Optimizer& opt, DecayShape shape, ScheduleOptions opts);
+  using Factor = std::function<double(int64_t step)>;
+  LRSchedule(Optimizer& opt, Factor factor, std::map<std::string, double> identity);
   virtual ~LRSchedule() = default;
 
   // Advances one step and sets the optimizer's lr for it; nothing while the step gate
@@ -48,9 +54,9 @@ class LRSchedule {
  private:
   void apply();
   Optimizer& opt_;
-  DecayShape shape_;
-  ScheduleOptions opts_;
   double base_lr_;
+  Factor factor_;
+  std::map<std::string, double> identity_;  // all of state_dict but "step"
   int64_t step_ = 0;
   std::function<bool()> gate_;
 };

@@ -126,7 +126,8 @@ void DefaultFlowCallback::on_step_end(const TrainingArguments& args, TrainerStat
     if (last) return true;
     return strategy == "epoch" ? epoch_end : every > 0 && step % every == 0;
   };
-  if (step % args.logging_steps == 0 || last) control.should_log = true;
+  const bool log_due = args.logging_strategy == "epoch" ? epoch_end : step % args.logging_steps == 0;
+  if (args.logging_strategy != "no" && (log_due || last)) control.should_log = true;
   if (due(args.eval_strategy, args.eval_steps)) control.should_evaluate = true;
   if (due(args.save_strategy, args.save_steps)) control.should_save = true;
 }
@@ -206,7 +207,10 @@ class JsonlTracker : public Tracker {
 // event file beside the old ones (TensorBoard reads a folder's files as one run).
 class TensorBoardTracker : public Tracker {
  public:
-  explicit TensorBoardTracker(const TrackerContext& c) : writer_(c.output_dir / "tensorboard") {
+  explicit TensorBoardTracker(const TrackerContext& c)
+      : writer_(c.settings.value("logging_dir", std::string()).empty()
+                    ? c.output_dir / "tensorboard"
+                    : fs::path(c.settings["logging_dir"].get<std::string>())) {
     writer_.add_text("settings", "```\n" + c.settings.dump(2) + "\n```", c.first_step);
   }
   void log(const Json& record) override {

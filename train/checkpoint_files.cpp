@@ -5,6 +5,8 @@
 #include "tessera/core/error.h"
 #include "tessera/data/file_io.h"
 
+#include <nlohmann/json.hpp>
+
 namespace tessera::train {
 
 namespace fs = std::filesystem;
@@ -33,8 +35,21 @@ std::vector<fs::path> list_checkpoints(const fs::path& output_dir) {
   return out;
 }
 
+void drop_training_state(const fs::path& dir) {
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("optimizer") || name == "accelerator_state.json") fs::remove_all(entry.path());
+  }
+}
+
 void verify_checkpoint(const fs::path& dir) {
   TESSERA_CHECK(fs::is_directory(dir), "checkpoint '", dir.string(), "': not a directory");
+  if (!fs::exists(dir / "accelerator_state.json") && fs::exists(dir / kTrainingArgsFile)) {
+    const auto saved = nlohmann::json::parse(data::read_file(dir / kTrainingArgsFile), nullptr, false);
+    TESSERA_CHECK(!(saved.is_object() && saved.value("save_only_model", false)), "checkpoint '",
+                  dir.string(), "' holds the model only (save_only_model) and cannot be resumed; "
+                  "start a new run from it with --init");
+  }
   // Under ZeRO the optimizer is one shard per rank plus their index (dist/sharded_state.h).
   const char* optimizer =
       fs::exists(dir / "optimizer_shards.json") ? "optimizer_shards.json" : "optimizer.safetensors";

@@ -35,6 +35,9 @@ std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path&
 // Verifies every checksum and that every file of the layout is there; error names the
 // checkpoint and the damaged file.
 void verify_checkpoint(const std::filesystem::path& dir);
+// save_only_model: removes the training state (optimizer, accelerator_state.json) from a
+// checkpoint being written, leaving a model directory that cannot be resumed.
+void drop_training_state(const std::filesystem::path& dir);
 
 // The newest checkpoint of a run below `before_step` that verifies; damaged newer ones
 // are reported to `warnings`.

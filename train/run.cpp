@@ -52,6 +52,11 @@ TrainingArguments saved_arguments(const fs::path& checkpoint) {
   TESSERA_CHECK(saved.is_object(), path.string(), ": expected a JSON object of settings");
   saved.erase("resume_from_checkpoint");
   saved.erase("overwrite_output_dir");  // a permission for one command, never carried on
+  // Runs from before transformers' schedules: their lr_scheduler_type was Tessera's own.
+  if (!saved.contains("schedule") && saved.contains("lr_scheduler_type")) {
+    saved["schedule"] = saved["lr_scheduler_type"];
+    saved.erase("lr_scheduler_type");
+  }
   TrainingArguments args;
   apply_config_values(args, saved, path.string());
   args.given.clear();

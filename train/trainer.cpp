@@ -23,12 +23,6 @@ using Json = nlohmann::json;
 
 namespace {
 
-optim::DecayShape decay_shape(const std::string& name) {
-  if (name == "constant") return optim::DecayShape::Constant;
-  if (name == "linear") return optim::DecayShape::Linear;
-  return optim::DecayShape::Cosine;
-}
-
 std::string mixed_precision_of(const TrainingArguments& a) {
   return a.bf16 ? "bf16" : a.fp16 ? "fp16" : "no";
 }
@@ -130,11 +124,6 @@ Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile tr
           ? static_cast<int64_t>(
                 std::ceil(args_.num_train_epochs * static_cast<double>(state_.steps_per_epoch)))
           : 200;
-  const int64_t warmup = args_.warmup_steps > 0
-                             ? args_.warmup_steps
-                             : static_cast<int64_t>(std::ceil(
-                                   args_.warmup_ratio * static_cast<double>(state_.max_steps)));
-
   // A decaying schedule is shaped by the total step count, so a resumed run must keep it;
   // a constant one is not, so a run may be extended (its saved total is kept).
   int64_t schedule_total = state_.max_steps;
@@ -142,16 +131,17 @@ Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile tr
     verify_checkpoint(args_.resume_from_checkpoint);
     resumed_ = read_trainer_state(args_.resume_from_checkpoint);
     const int64_t saved_total = resumed_->schedule_total;
-    if (args_.lr_scheduler_type == "constant") {
+    if (!schedule_uses_total(args_)) {
       schedule_total = saved_total;
     } else {
       TESSERA_CHECK(saved_total == state_.max_steps, args_.describe("max_steps"), " is ",
-                    state_.max_steps, " but the checkpoint's ", args_.lr_scheduler_type,
+                    state_.max_steps, " but the checkpoint's ", schedule_name(args_),
                     " schedule decays over ", saved_total, " steps; resume with --steps ",
                     saved_total, " (or train with --schedule constant to extend runs)");
     }
   }
-  TESSERA_CHECK(args_.lr_scheduler_type == "constant" || warmup < schedule_total,
+  const int64_t warmup = warmup_steps_for(args_, schedule_total);
+  TESSERA_CHECK(!schedule_uses_total(args_) || warmup < schedule_total,
                 args_.describe("warmup_steps"), " must be shorter than the ", schedule_total,
                 " steps of a decaying schedule (got ", warmup, ")");
   optimizer_ = std::make_unique<optim::AdamW>(
@@ -160,12 +150,7 @@ Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile tr
                                                .beta2 = args_.adam_beta2,
                                                .eps = args_.adam_epsilon,
                                                .weight_decay = args_.weight_decay});
-  schedule_ = std::make_unique<optim::LRSchedule>(
-      *optimizer_, decay_shape(args_.lr_scheduler_type),
-      optim::ScheduleOptions{
-          .warmup = warmup,
-          .total = schedule_total,
-          .min_lr = args_.min_lr >= 0 ? args_.min_lr : args_.learning_rate / 10});
+  schedule_ = make_lr_schedule(args_, *optimizer_, schedule_total);
   state_.schedule_total = schedule_total;
   loader_ = std::make_unique<data::DataLoader>(
       train_data_, data::DataLoaderOptions{.batch = args_.per_device_train_batch_size,
@@ -452,6 +437,7 @@ fs::path Trainer::save_checkpoint() {
   acc_->wait_for_everyone();
   acc_->save_state(partial.string());  // model, optimizer, schedule, RNG and loader of every rank
   if (acc_->is_main_process()) {
+    if (args_.save_only_model) drop_training_state(partial);
     if (state_.best_step == state_.global_step) state_.best_model_checkpoint = name;
     handler_.save_states(state_);
     model_.save_config((partial / "config.json").string());

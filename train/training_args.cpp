@@ -10,6 +10,7 @@
 #include "tessera/core/error.h"
 #include "tessera/dist/deepspeed_config.h"
 #include "tessera/train/preemption.h"
+#include "tessera/optim/transformers_schedules.h"
 
 namespace tessera::train {
 
@@ -18,7 +19,9 @@ namespace {
 using Json = nlohmann::json;
 using Args = TrainingArguments;
 
-enum class Kind { Int, Real, Text, Flag, List };
+// TextOrFlag: resume_from_checkpoint (a path, or true = the newest); Object: a JSON object
+// (or its text, as transformers accepts for lr_scheduler_kwargs).
+enum class Kind { Int, Real, Text, Flag, List, TextOrFlag, Object };
 
 struct Field {
   Kind kind;
@@ -30,6 +33,25 @@ template <class T>
 Field field(Kind kind, T Args::*member) {
   return {kind, [member](Args& a, const Json& v) { a.*member = v.get<T>(); },
           [member](const Args& a) { return Json(a.*member); }};
+}
+
+// transformers names metrics as the evaluation returns them ("accuracy", "eval_accuracy");
+// Tessera's language-model evaluation calls them val_loss, val_perplexity and
+// val_token_accuracy. Other names (a compute_metrics of one's own) stay as given.
+std::string evaluation_metric_name(const std::string& name) {
+  std::string bare = name;
+  for (const char* prefix : {"eval_", "val_"})
+    if (bare.starts_with(prefix)) bare = bare.substr(std::string(prefix).size());
+  if (bare == "loss") return "val_loss";
+  if (bare == "perplexity") return "val_perplexity";
+  if (bare == "accuracy" || bare == "token_accuracy") return "val_token_accuracy";
+  return name;
+}
+
+// transformers' default for greater_is_better: true unless the metric is a loss (a
+// perplexity too, here).
+bool higher_is_better(const std::string& metric) {
+  return !(metric.ends_with("loss") || metric.ends_with("perplexity"));
 }
 
 const std::map<std::string, Field>& fields() {
@@ -47,6 +69,22 @@ const std::map<std::string, Field>& fields() {
       {"adam_epsilon", field(Kind::Real, &Args::adam_epsilon)},
       {"max_grad_norm", field(Kind::Real, &Args::max_grad_norm)},
       {"lr_scheduler_type", field(Kind::Text, &Args::lr_scheduler_type)},
+      {"lr_scheduler_kwargs", field(Kind::Object, &Args::lr_scheduler_kwargs)},
+      {"schedule", field(Kind::Text, &Args::schedule)},
+      {"logging_strategy", field(Kind::Text, &Args::logging_strategy)},
+      {"logging_dir", field(Kind::Text, &Args::logging_dir)},
+      {"save_only_model", field(Kind::Flag, &Args::save_only_model)},
+      {"dataloader_num_workers", field(Kind::Int, &Args::dataloader_num_workers)},
+      {"push_to_hub",
+       {Kind::Flag,
+        [](Args& a, const Json& v) {
+          TESSERA_CHECK(!v.get<bool>(), a.describe("push_to_hub"),
+                        " is true, but Tessera does not reach the network (no Hugging Face Hub "
+                        "uploads); train with push_to_hub false and upload the model folder "
+                        "yourself (e.g. huggingface-cli upload)");
+          a.push_to_hub = false;
+        },
+        [](const Args& a) { return Json(a.push_to_hub); }}},
       {"warmup_steps", field(Kind::Int, &Args::warmup_steps)},
       {"warmup_ratio", field(Kind::Real, &Args::warmup_ratio)},
       {"logging_steps", field(Kind::Int, &Args::logging_steps)},
@@ -56,14 +94,33 @@ const std::map<std::string, Field>& fields() {
       {"save_steps", field(Kind::Int, &Args::save_steps)},
       {"save_total_limit", field(Kind::Int, &Args::save_total_limit)},
       {"load_best_model_at_end", field(Kind::Flag, &Args::load_best_model_at_end)},
-      {"metric_for_best_model", field(Kind::Text, &Args::metric_for_best_model)},
+      {"metric_for_best_model",
+       {Kind::Text, [](Args& a, const Json& v) { a.metric_for_best_model = evaluation_metric_name(v.get<std::string>()); },
+        [](const Args& a) { return Json(a.metric_for_best_model); }}},
       {"greater_is_better", field(Kind::Flag, &Args::greater_is_better)},
       {"seed", field(Kind::Int, &Args::seed)},
       {"bf16", field(Kind::Flag, &Args::bf16)},
       {"fp16", field(Kind::Flag, &Args::fp16)},
       {"gradient_checkpointing", field(Kind::Flag, &Args::gradient_checkpointing)},
-      {"resume_from_checkpoint", field(Kind::Text, &Args::resume_from_checkpoint)},
-      {"report_to", field(Kind::List, &Args::report_to)},
+      {"resume_from_checkpoint",
+       {Kind::TextOrFlag,
+        [](Args& a, const Json& v) {
+          a.resume_from_checkpoint = v.is_boolean() ? (v.get<bool>() ? "latest" : "") : v.get<std::string>();
+        },
+        [](const Args& a) { return Json(a.resume_from_checkpoint); }}},
+      {"report_to",
+       {Kind::List,
+        [](Args& a, const Json& v) {
+          a.report_to.clear();
+          for (const Json& name : v) {
+            if (name == "all") {  // transformers: every integration installed
+              a.report_to.insert(a.report_to.end(), {"jsonl", "tensorboard"});
+              continue;
+            }
+            a.report_to.push_back(name.get<std::string>());
+          }
+        },
+        [](const Args& a) { return Json(a.report_to); }}},
       {"overwrite_output_dir", field(Kind::Flag, &Args::overwrite_output_dir)},
       {"preempt_signals", field(Kind::List, &Args::preempt_signals)},
       {"preempt_grace", field(Kind::Real, &Args::preempt_grace)},
@@ -124,7 +181,6 @@ const std::map<std::string, std::string>& aliases() {
       {"beta2", "adam_beta2"},
       {"eps", "adam_epsilon"},
       {"grad_clip", "max_grad_norm"},
-      {"schedule", "lr_scheduler_type"},
       {"warmup", "warmup_steps"},
       {"eval_every", "eval_steps"},
       {"save_every", "save_steps"},
@@ -150,6 +206,10 @@ const char* kind_name(Kind k) {
       return "true or false";
     case Kind::List:
       return "a list of strings";
+    case Kind::TextOrFlag:
+      return "a string or true/false";
+    case Kind::Object:
+      return "a JSON object";
   }
   return "?";
 }
@@ -182,6 +242,14 @@ Json typed_value(const std::string& what, Kind kind, const Json& value) {
       return value.is_string() ? value : fail();
     case Kind::Flag:
       return value.is_boolean() ? value : fail();
+    case Kind::TextOrFlag:
+      return value.is_string() || value.is_boolean() ? value : fail();
+    case Kind::Object: {
+      if (value.is_object()) return value;
+      if (!value.is_string()) return fail();
+      const Json parsed = Json::parse(value.get<std::string>(), nullptr, false);
+      return parsed.is_object() ? parsed : fail();
+    }
     case Kind::List: {
       if (value.is_string()) {  // "jsonl,tensorboard" from a flag or YAML
         Json list = Json::array();
@@ -350,9 +418,63 @@ void apply_config_values(TrainingArguments& args, const Json& values, const std:
     const Field& f = fields().at(key);
     f.set(args, typed_value(what, f.kind, value));
   }
+  if (seen.count("metric_for_best_model") && !args.given.count("greater_is_better"))
+    args.greater_is_better = higher_is_better(args.metric_for_best_model);
 }
 
 namespace {
+
+optim::SchedulerKwargs scheduler_kwargs(const TrainingArguments& a) {
+  optim::SchedulerKwargs k;
+  for (const auto& [key, value] : a.lr_scheduler_kwargs.items()) {
+    const bool number = value.is_number() && std::isfinite(value.get<double>());
+    TESSERA_CHECK(number, a.describe("lr_scheduler_kwargs"), ": \"", key, "\" must be a number, got ",
+                  value.dump());
+    const double v = value.get<double>();
+    if (key == "num_cycles") k.num_cycles = v;
+    else if (key == "min_lr") k.min_lr = v;
+    else if (key == "min_lr_rate") k.min_lr_rate = v;
+    else if (key == "lr_end") k.lr_end = v;
+    else if (key == "power") k.power = v;
+    else if (key == "timescale" && v == std::floor(v)) k.timescale = static_cast<int64_t>(v);
+    else
+      TESSERA_FAIL(a.describe("lr_scheduler_kwargs"), ": \"", key, "\" is not a keyword of any "
+                   "supported schedule (num_cycles, min_lr, min_lr_rate, lr_end, power, timescale "
+                   "as a whole number)");
+  }
+  return k;
+}
+
+// Tessera's `schedule` or transformers' lr_scheduler_type, not a mixture of their settings.
+template <class Require>
+void validate_schedule(const TrainingArguments& a, Require& require) {
+  require(a.schedule == "constant" || a.schedule == "cosine" || a.schedule == "linear", "schedule",
+          "must be constant, cosine or linear", a.schedule);
+  const std::string& type = a.lr_scheduler_type;
+  if (type.empty()) {
+    require(a.lr_scheduler_kwargs.empty(), "lr_scheduler_kwargs",
+            "needs lr_scheduler_type (transformers' schedules take them; --schedule does not)",
+            a.lr_scheduler_kwargs);
+    return;
+  }
+  try {
+    optim::check_scheduler(type, scheduler_kwargs(a));
+  } catch (const Error& e) {
+    require(false, "lr_scheduler_type", e.what(), type);
+  }
+  require(!a.given.count("schedule"), "schedule",
+          "is Tessera's own schedule, but lr_scheduler_type (transformers') is set too; give one",
+          a.schedule);
+  require(!a.given.count("min_lr"), "min_lr",
+          "is the floor of Tessera's --schedule; with lr_scheduler_type use cosine_with_min_lr and "
+          "lr_scheduler_kwargs {\"min_lr\": ...}",
+          a.min_lr);
+  require(type != "constant" || (a.warmup_steps == 0 && a.warmup_ratio == 0), "lr_scheduler_type",
+          "is constant, which has no warmup (transformers ignores warmup_steps/warmup_ratio for it); "
+          "use constant_with_warmup",
+          type);
+}
+
 // The architecture and its own settings: Llama's are refused for GPT-2 (which has no such
 // knob) rather than silently ignored.
 template <class Require>
@@ -427,24 +549,27 @@ void validate(const TrainingArguments& a) {
           a.max_grad_norm);
   require(a.early_stopping_threshold >= 0, "early_stopping_threshold", "must not be negative",
           a.early_stopping_threshold);
-  const std::string& s = a.lr_scheduler_type;
-  require(s == "constant" || s == "cosine" || s == "linear", "lr_scheduler_type",
-          "must be constant, cosine or linear", s);
-  if (s != "constant" && a.max_steps > 0)
+  validate_schedule(a, require);
+  if (schedule_uses_total(a) && a.max_steps > 0)
     require(a.warmup_steps < a.max_steps, "warmup_steps",
             "must be shorter than max_steps = " + std::to_string(a.max_steps) +
                 " for a decaying schedule",
             a.warmup_steps);
-  for (const char* key : {"eval_strategy", "save_strategy"}) {
+  for (const char* key : {"eval_strategy", "save_strategy", "logging_strategy"}) {
     const std::string v = fields().at(key).get(a).get<std::string>();
     require(v == "no" || v == "steps" || v == "epoch", key, "must be no, steps or epoch", v);
   }
+  require(a.dataloader_num_workers >= 0, "dataloader_num_workers", "must not be negative",
+          a.dataloader_num_workers);
   require(!(a.bf16 && a.fp16), "fp16", "cannot be set together with bf16", a.fp16);
   require(a.reduce_dtype.empty() || a.reduce_dtype == "fp32" || a.reduce_dtype == a.dtype(),
           "reduce_dtype", "must be fp32 or the training dtype (" + a.dtype() + ")", a.reduce_dtype);
   for (const std::string& r : a.report_to)
     require(r == "jsonl" || r == "tensorboard" || r == "none", "report_to",
-            "must list jsonl, tensorboard or none", a.report_to);
+            "names \"" + r + "\", which is not supported (Tessera writes metrics.jsonl and "
+            "TensorBoard event files itself and reaches no tracking service; supported: jsonl, "
+            "tensorboard, all = both, none)",
+            a.report_to);
   require(!a.load_best_model_at_end || a.eval_strategy != "no", "load_best_model_at_end",
           "needs evaluations (eval_strategy steps or epoch)", a.load_best_model_at_end);
   require(std::isfinite(a.preempt_grace) && a.preempt_grace >= 0, "preempt_grace",
@@ -535,6 +660,44 @@ void apply_sharding_config(TrainingArguments& a) {
   if (ds.train_micro_batch_size_per_gpu)
     take_setting(a, "per_device_train_batch_size", *ds.train_micro_batch_size_per_gpu,
                  in + "train_micro_batch_size_per_gpu\"");
+  if (ds.communication_data_type)
+    take_setting(a, "reduce_dtype", *ds.communication_data_type, in + "communication_data_type\"");
+  const std::pair<const std::optional<double>*, const char*> optimizer_params[] = {
+      {&ds.optimizer_lr, "learning_rate"},      {&ds.optimizer_beta1, "adam_beta1"},
+      {&ds.optimizer_beta2, "adam_beta2"},      {&ds.optimizer_eps, "adam_epsilon"},
+      {&ds.optimizer_weight_decay, "weight_decay"}};
+  for (const auto& [value, key] : optimizer_params)
+    if (*value) take_setting(a, key, **value, in + "optimizer.params\" (" + key + ")");
+}
+
+int64_t warmup_steps_for(const TrainingArguments& a, int64_t total) {
+  return a.warmup_steps > 0 ? a.warmup_steps
+                            : static_cast<int64_t>(std::ceil(a.warmup_ratio * static_cast<double>(total)));
+}
+
+bool schedule_uses_total(const TrainingArguments& a) {
+  return a.lr_scheduler_type.empty() ? a.schedule != "constant"
+                                     : optim::scheduler_uses_training_steps(a.lr_scheduler_type);
+}
+
+std::string schedule_name(const TrainingArguments& a) {
+  return a.lr_scheduler_type.empty() ? "--schedule " + a.schedule
+                                     : "lr_scheduler_type " + a.lr_scheduler_type;
+}
+
+std::unique_ptr<optim::LRSchedule> make_lr_schedule(const TrainingArguments& a, optim::Optimizer& optimizer,
+                                                    int64_t total) {
+  const int64_t warmup = warmup_steps_for(a, total);
+  if (!a.lr_scheduler_type.empty())
+    return optim::get_scheduler(a.lr_scheduler_type, optimizer, warmup, total, scheduler_kwargs(a));
+  const optim::DecayShape shape = a.schedule == "constant" ? optim::DecayShape::Constant
+                                  : a.schedule == "linear" ? optim::DecayShape::Linear
+                                                           : optim::DecayShape::Cosine;
+  return std::make_unique<optim::LRSchedule>(
+      optimizer, shape,
+      optim::ScheduleOptions{.warmup = warmup,
+                             .total = total,
+                             .min_lr = a.min_lr >= 0 ? a.min_lr : a.learning_rate / 10});
 }
 
 }  // namespace tessera::train

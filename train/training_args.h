@@ -12,10 +12,13 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "tessera/optim/schedule.h"
 
 namespace tessera::train {
 
@@ -31,10 +34,16 @@ struct TrainingArguments {
   double weight_decay = 0.1;
   double adam_beta1 = 0.9, adam_beta2 = 0.99, adam_epsilon = 1e-8;
   double max_grad_norm = 1.0;                // 0 = no clipping
-  std::string lr_scheduler_type = "cosine";  // constant | cosine | linear
+  // transformers' schedule names (optim/transformers_schedules.h: linear, cosine,
+  // cosine_with_min_lr, polynomial, constant_with_warmup, ...) with their meaning: warmup
+  // from lr 0, decay to 0 (or to lr_scheduler_kwargs' min_lr). "" = Tessera's `schedule`.
+  std::string lr_scheduler_type;
+  nlohmann::json lr_scheduler_kwargs = nlohmann::json::object();  // num_cycles, min_lr, power, ...
   int64_t warmup_steps = 0;
-  double warmup_ratio = 0;  // used when warmup_steps is 0
+  double warmup_ratio = 0;  // used when warmup_steps is 0: ceil(warmup_ratio * steps)
   int64_t logging_steps = 1;
+  std::string logging_strategy = "steps";  // steps | epoch | no (train-loss log entries)
+  std::string logging_dir;                 // TensorBoard's folder; "" = output_dir/tensorboard
   std::string eval_strategy = "steps";  // no | steps | epoch (steps/epoch also evaluate at the end)
   int64_t eval_steps = 0;               // 0 = at the end only
   std::string save_strategy = "steps";  // no | steps | epoch (steps/epoch also save at the end)
@@ -46,11 +55,17 @@ struct TrainingArguments {
   int64_t seed = 1337;
   bool bf16 = false, fp16 = false;
   bool gradient_checkpointing = false;
-  std::string resume_from_checkpoint;  // "" = fresh; "latest" = newest valid under output_dir
+  // "" = fresh; "latest" (or true) = newest valid under output_dir; else a checkpoint folder.
+  std::string resume_from_checkpoint;
+  std::vector<std::string> report_to = {"jsonl"};  // jsonl, tensorboard ("all": both), none
+  bool save_only_model = false;  // checkpoints hold the model only (they cannot be resumed)
+  // Accepted for Hugging Face configs: batches are cut from the memory-mapped token file on
+  // the training thread, so there are no loader workers to start (docs/python.md).
+  int64_t dataloader_num_workers = 0;
+  bool push_to_hub = false;  // true is refused: Tessera does not reach the network
   // Train into an output_dir that holds another run (or later checkpoints than the one
   // resumed) by removing those files first; otherwise that is refused (run_folder.h).
   bool overwrite_output_dir = false;
-  std::vector<std::string> report_to = {"jsonl"};
   // ---- the model (GPT-2 or Llama) and token data ----
   std::string data;           // training token file
   std::string val_data;       // validation token file ("" = val.bin beside `data` when present)
@@ -69,7 +84,10 @@ struct TrainingArguments {
   std::string sampling =
       "windows";       // windows (sequential or shuffled) | random (nanoGPT's get_batch)
   double dropout = 0;  // embedding, attention and residual dropout (nanoGPT's)
-  double min_lr = -1;  // < 0: learning_rate / 10
+  // Tessera's own schedule (`--schedule`), used when lr_scheduler_type is "": warmup from
+  // lr/warmup, then constant | cosine | linear decay to min_lr (< 0: learning_rate / 10).
+  std::string schedule = "cosine";
+  double min_lr = -1;
   int64_t eval_batches = 8;
   int64_t sample_every = 0;             // 0 = never
   int64_t early_stopping_patience = 0;  // 0 = no early stopping
@@ -129,6 +147,17 @@ void apply_config_values(TrainingArguments& args, const nlohmann::json& values,
 // accumulation and clipping. A value set both there and elsewhere must agree: the error
 // names the file's key and the other setting.
 void apply_sharding_config(TrainingArguments& args);
+
+// The run's learning-rate schedule over `total` optimizer steps: transformers'
+// get_scheduler(lr_scheduler_type, ...) when that is set, else Tessera's `schedule`. Warmup
+// is warmup_steps, or ceil(warmup_ratio * total) when warmup_steps is 0.
+int64_t warmup_steps_for(const TrainingArguments& args, int64_t total);
+std::unique_ptr<optim::LRSchedule> make_lr_schedule(const TrainingArguments& args,
+                                                    optim::Optimizer& optimizer, int64_t total);
+// Whether the schedule's shape depends on the total step count (else a run may be extended).
+bool schedule_uses_total(const TrainingArguments& args);
+// The name of the schedule for messages ("cosine (transformers')", "--schedule cosine").
+std::string schedule_name(const TrainingArguments& args);
 
 // Checks ranges and consistency (positive sizes, heads dividing channels, finite numbers,
 // known schedule/strategy/device/precision, ...); errors name the key.

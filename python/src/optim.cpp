@@ -2,6 +2,8 @@
 // global-norm clipping. step() runs with the GIL released.
 #include "bindings.h"
 
+#include <tuple>
+
 namespace tessera::python {
 namespace {
 
@@ -72,6 +74,101 @@ void bind_optimizers(py::module_& om) {
       py::arg("dampening") = 0.0, py::arg("weight_decay") = 0.0, py::arg("nesterov") = false);
 }
 
+// transformers' last_epoch resumes a LambdaLR; here load_state_dict does.
+void no_last_epoch(int64_t last_epoch) {
+  TESSERA_CHECK(last_epoch == -1, "last_epoch = ", last_epoch,
+                " is not supported: build the schedule, then load_state_dict(saved) to resume");
+}
+
+// transformers.optimization's schedule functions, same names, arguments and defaults.
+void bind_transformers_schedules(py::module_& om) {
+  using namespace optim;
+  using Schedule = std::unique_ptr<LRSchedule>;
+  using OptInt = std::optional<int64_t>;
+  using OptReal = std::optional<double>;
+  om.def(
+      "get_scheduler",
+      [](const std::string& name, Optimizer& opt, OptInt warmup, OptInt total, std::optional<py::dict> kwargs) {
+        SchedulerKwargs k;
+        for (const auto& [key, value] : kwargs.value_or(py::dict())) {
+          const std::string n = py::str(key);
+          if (n == "num_cycles") k.num_cycles = value.cast<double>();
+          else if (n == "min_lr") k.min_lr = value.cast<double>();
+          else if (n == "min_lr_rate") k.min_lr_rate = value.cast<double>();
+          else if (n == "lr_end") k.lr_end = value.cast<double>();
+          else if (n == "power") k.power = value.cast<double>();
+          else if (n == "timescale") k.timescale = value.cast<int64_t>();
+          else throw py::type_error("get_scheduler: unexpected scheduler_specific_kwargs key '" + n + "'");
+        }
+        return get_scheduler(name, opt, warmup, total, k);
+      },
+      py::arg("name"), py::arg("optimizer"), py::arg("num_warmup_steps") = py::none(),
+      py::arg("num_training_steps") = py::none(), py::arg("scheduler_specific_kwargs") = py::none(),
+      py::keep_alive<0, 2>());
+  om.def(
+      "get_constant_schedule",
+      [](Optimizer& opt, int64_t last_epoch) -> Schedule {
+        no_last_epoch(last_epoch);
+        return get_constant_schedule(opt);
+      },
+      py::arg("optimizer"), py::arg("last_epoch") = -1, py::keep_alive<0, 1>());
+  om.def(
+      "get_constant_schedule_with_warmup",
+      [](Optimizer& opt, int64_t w, int64_t last_epoch) -> Schedule {
+        no_last_epoch(last_epoch);
+        return get_constant_schedule_with_warmup(opt, w);
+      },
+      py::arg("optimizer"), py::arg("num_warmup_steps"), py::arg("last_epoch") = -1, py::keep_alive<0, 1>());
+  om.def(
+      "get_linear_schedule_with_warmup",
+      [](Optimizer& opt, int64_t w, int64_t t, int64_t last_epoch) -> Schedule {
+        no_last_epoch(last_epoch);
+        return get_linear_schedule_with_warmup(opt, w, t);
+      },
+      py::arg("optimizer"), py::arg("num_warmup_steps"), py::arg("num_training_steps"),
+      py::arg("last_epoch") = -1, py::keep_alive<0, 1>());
+  // The two cosines of (optimizer, warmup, total, num_cycles) differ in their default cycles.
+  using Cycles = Schedule (*)(Optimizer&, int64_t, int64_t, double);
+  for (const auto& [name, make, cycles] :
+       {std::tuple<const char*, Cycles, double>{"get_cosine_schedule_with_warmup", &get_cosine_schedule_with_warmup, 0.5},
+        {"get_cosine_with_hard_restarts_schedule_with_warmup",
+         &get_cosine_with_hard_restarts_schedule_with_warmup, 1.0}})
+    om.def(
+        name,
+        [make = make](Optimizer& opt, int64_t w, int64_t t, double num_cycles, int64_t last_epoch) -> Schedule {
+          no_last_epoch(last_epoch);
+          return make(opt, w, t, num_cycles);
+        },
+        py::arg("optimizer"), py::arg("num_warmup_steps"), py::arg("num_training_steps"),
+        py::arg("num_cycles") = cycles, py::arg("last_epoch") = -1, py::keep_alive<0, 1>());
+  om.def(
+      "get_cosine_with_min_lr_schedule_with_warmup",
+      [](Optimizer& opt, int64_t w, int64_t t, double cycles, int64_t last_epoch, OptReal min_lr,
+         OptReal min_lr_rate) -> Schedule {
+        no_last_epoch(last_epoch);
+        return get_cosine_with_min_lr_schedule_with_warmup(opt, w, t, cycles, min_lr, min_lr_rate);
+      },
+      py::arg("optimizer"), py::arg("num_warmup_steps"), py::arg("num_training_steps"),
+      py::arg("num_cycles") = 0.5, py::arg("last_epoch") = -1, py::arg("min_lr") = py::none(),
+      py::arg("min_lr_rate") = py::none(), py::keep_alive<0, 1>());
+  om.def(
+      "get_polynomial_decay_schedule_with_warmup",
+      [](Optimizer& opt, int64_t w, int64_t t, double lr_end, double power, int64_t last_epoch) -> Schedule {
+        no_last_epoch(last_epoch);
+        return get_polynomial_decay_schedule_with_warmup(opt, w, t, lr_end, power);
+      },
+      py::arg("optimizer"), py::arg("num_warmup_steps"), py::arg("num_training_steps"),
+      py::arg("lr_end") = 1e-7, py::arg("power") = 1.0, py::arg("last_epoch") = -1, py::keep_alive<0, 1>());
+  om.def(
+      "get_inverse_sqrt_schedule",
+      [](Optimizer& opt, int64_t w, OptInt timescale, int64_t last_epoch) -> Schedule {
+        no_last_epoch(last_epoch);
+        return get_inverse_sqrt_schedule(opt, w, timescale);
+      },
+      py::arg("optimizer"), py::arg("num_warmup_steps"), py::arg("timescale") = py::none(),
+      py::arg("last_epoch") = -1, py::keep_alive<0, 1>());
+}
+
 void bind_schedules(py::module_& om) {
   using namespace optim;
   py::class_<LRSchedule>(om, "LRSchedule")
@@ -95,6 +192,7 @@ void bind_schedules(py::module_& om) {
   TESSERA_SCHEDULE(CosineSchedule);
   TESSERA_SCHEDULE(LinearSchedule);
 #undef TESSERA_SCHEDULE
+  bind_transformers_schedules(om);
 }
 
 }  // namespace

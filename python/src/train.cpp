@@ -68,6 +68,8 @@ void bind_train(py::module_& m) {
       .def(py::init([](py::kwargs kwargs) {
              TrainingArguments args;
              train::apply_config_values(args, json_of(kwargs), "TrainingArguments(...)");
+             // As transformers does, a `deepspeed` file's settings are read here.
+             train::apply_sharding_config(args);
              // The training data is usually given to the Trainer rather than here.
              TrainingArguments checked = args;
              if (checked.data.empty()) checked.data = "(the Trainer's train_dataset)";
@@ -112,6 +114,9 @@ void bind_train(py::module_& m) {
                return std::make_unique<train::Trainer>(run_args, gpt, std::move(train_file),
                                                        std::move(eval));
              });
+             // report_to's trackers (metrics.jsonl, TensorBoard), as `tessera train` has them.
+             if (self->trainer->accelerator().is_main_process())
+               self->trainer->add_callback(std::make_shared<train::TrackerCallback>());
              return self;
            }),
            py::arg("args"), py::arg("model"), py::arg("train_dataset"),

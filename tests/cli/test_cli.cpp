@@ -383,7 +383,8 @@ TEST(Cli, ResumeFromTheRunFolderAloneIsBitIdenticalIncludingTrainerState) {
 }
 
 // A config file written with Hugging Face TrainingArguments names trains the same run as
-// the flags.
+// the flags. The schedule is named by its Tessera key: lr_scheduler_type is transformers'
+// schedule (warmup from 0, no --min-lr floor), a different run.
 TEST(Cli, HuggingFaceNamedConfigTrainsTheSameRunAsTheFlags) {
   const fs::path data = prepared("byte");
   const fs::path by_flags = scratch() / "hf_flags", by_config = scratch() / "hf_config";
@@ -396,7 +397,7 @@ TEST(Cli, HuggingFaceNamedConfigTrainsTheSameRunAsTheFlags) {
   std::ofstream(config) << nlohmann::json{
       {"data", (data / "train.bin").string()}, {"n_layer", 1}, {"n_head", 2}, {"n_embd", 16}, {"seq", 16},
       {"per_device_train_batch_size", 4}, {"gradient_accumulation_steps", 2}, {"max_steps", 12},
-      {"learning_rate", 2e-3}, {"min_lr", 1e-4}, {"warmup_steps", 2}, {"lr_scheduler_type", "linear"},
+      {"learning_rate", 2e-3}, {"min_lr", 1e-4}, {"warmup_steps", 2}, {"schedule", "linear"},
       {"weight_decay", 0.05}, {"adam_beta1", 0.8}, {"adam_beta2", 0.95}, {"adam_epsilon", 1e-7},
       {"max_grad_norm", 0.5}, {"seed", 7}, {"eval_strategy", "steps"}, {"eval_steps", 6}, {"eval_batches", 2},
       {"save_strategy", "steps"}, {"save_steps", 6}, {"save_total_limit", 1}, {"shuffle", true},
