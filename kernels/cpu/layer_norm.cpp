@@ -7,6 +7,13 @@
 //   dx   = rstd * (g - mean(g) - xhat * mean(g * xhat))
 // while dw += dy * xhat and db += dy are summed over rows in per-thread buffers that are
 // added in thread order (deterministic for a given thread count).
+//
+// The row statistics are summed in f64 whatever the dtype, and x - mean is taken in f64
+// before it is rounded: a row with a large mean (1e3 over C = 4096) summed in f32 loses the
+// mean's low digits, and every xhat of the row is then off by the same amount (worse than
+// PyTorch's f32). The saved mean is f32 for non-f64 inputs (the table's contract), so
+// the backward recovers the exact mean as saved mean + mean(x - saved mean), in the pass
+// that sums g and g * xhat anyway.
 #include <cmath>
 #include <vector>
 
@@ -28,6 +35,30 @@ Shape row_stat_strides(const Tensor& stat) {
 // The saved mean/rstd: f64 for f64 inputs, f32 for the others (the table's contract).
 template <class T>
 using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// What the row statistics are summed and x - mean is taken in (see the top).
+using Acc = double;
+
+struct RowMoments {
+  Acc mean, rstd;
+};
+
+// The mean and 1 / sqrt(variance + eps) of the n elements row[0], row[step], ...
+template <class T>
+RowMoments row_moments(const T* row, int64_t n, int64_t step, double eps) {
+  using C = compute_t<T>;
+  Acc sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += Acc(convert<C>(row[i * step]));
+  const Acc mean = sum / Acc(n);
+  Acc sq = 0;
+#pragma omp simd reduction(+ : sq)
+  for (int64_t i = 0; i < n; ++i) {
+    const Acc d = Acc(convert<C>(row[i * step])) - mean;
+    sq += d * d;
+  }
+  return {mean, Acc(1) / std::sqrt(sq / Acc(n) + Acc(eps))};
+}
 
 template <class T>
 const T* optional_data(const Tensor& t) {
@@ -58,22 +89,13 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, c
           const int64_t sw = unit ? 1 : ws, sb = unit ? 1 : bs;
           const T* in = xp + off[0];
           T* o = op + off[1];
-          C sum = 0;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t i = 0; i < n; ++i) sum += convert<C>(in[i * sx]);
-          const C mu = sum / C(n);
-          C sq = 0;
-#pragma omp simd reduction(+ : sq)
-          for (int64_t i = 0; i < n; ++i) {
-            const C d = convert<C>(in[i * sx]) - mu;
-            sq += d * d;
-          }
-          const C r = C(1) / std::sqrt(sq / C(n) + C(eps));
-          mp[off[2]] = static_cast<S>(mu);
-          rp[off[3]] = static_cast<S>(r);
+          const RowMoments m = row_moments(in, n, sx, eps);
+          mp[off[2]] = static_cast<S>(m.mean);
+          rp[off[3]] = static_cast<S>(m.rstd);
+          const C r = C(m.rstd);
 #pragma omp simd
           for (int64_t i = 0; i < n; ++i) {
-            C v = (convert<C>(in[i * sx]) - mu) * r;
+            C v = C(Acc(convert<C>(in[i * sx])) - m.mean) * r;
             if (wp) v *= convert<C>(wp[i * sw]);
             if (bp) v += convert<C>(bp[i * sb]);
             o[i * so] = convert<T>(v);
@@ -124,19 +146,27 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
             const T* xr = xp + off[0];
             const T* gr = gp + off[1];
             T* dr = dxp + off[2];
-            const C mu = mp[off[3]], r = rp[off[4]];
-            C sum_g = 0, sum_gx = 0;
-#pragma omp simd reduction(+ : sum_g, sum_gx)
+            // Shifted by the saved (rounded) mean, x - saved stays small, so its sum gives the
+            // exact mean's remainder and g * (x - saved) the exact sum of g * xhat after the
+            // shift is taken back out.
+            const Acc saved = Acc(mp[off[3]]);
+            const C r = rp[off[4]];
+            C sum_g = 0;
+            Acc sum_d = 0, sum_gd = 0;
+#pragma omp simd reduction(+ : sum_g, sum_d, sum_gd)
             for (int64_t i = 0; i < n; ++i) {
-              const C xhat = (convert<C>(xr[i * sx]) - mu) * r;
+              const Acc d = Acc(convert<C>(xr[i * sx])) - saved;
               const C g = convert<C>(gr[i * sg]) * (wp ? convert<C>(wp[i * sw]) : C(1));
               sum_g += g;
-              sum_gx += g * xhat;
+              sum_d += d;
+              sum_gd += Acc(g) * d;
             }
-            const C mean_g = sum_g / C(n), mean_gx = sum_gx / C(n);
+            const Acc shift = sum_d / Acc(n), mu = saved + shift;
+            const C mean_g = sum_g / C(n);
+            const C mean_gx = C(Acc(r) * (sum_gd - shift * Acc(sum_g)) / Acc(n));
 #pragma omp simd
             for (int64_t i = 0; i < n; ++i) {
-              const C xhat = (convert<C>(xr[i * sx]) - mu) * r;
+              const C xhat = C(Acc(convert<C>(xr[i * sx])) - mu) * r;
               const C dyv = convert<C>(gr[i * sg]);
               const C g = dyv * (wp ? convert<C>(wp[i * sw]) : C(1));
               dr[i * sd] = convert<T>(C(r * (g - mean_g - xhat * mean_gx)));

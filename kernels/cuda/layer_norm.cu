@@ -5,7 +5,11 @@
 //
 // Forward: one warp per row; the mean and then the variance of (x - mean) are
 // two warp reductions, so the variance does not suffer the cancellation of
-// E[x^2] - E[x]^2. Backward: dx one warp per row; dweight and dbias are summed
+// E[x^2] - E[x]^2. Both sum the row shifted by its first element, and x - mean is taken
+// as (x - shift) - (mean - shift): with a large mean (1e3 over C = 4096) a plain f32 sum
+// of x loses the mean's low digits and (x - rounded mean) carries that error into every
+// element, while the shifted values are of the row's spread, whose sum stays exact to
+// f32 precision. The saved mean (shift + offset) is rounded once. Backward: dx one warp per row; dweight and dbias are summed
 // over rows in two fixed-order stages (partial sums per block or chunk of rows,
 // then over those), so they repeat bitwise and need no atomics.
 //
@@ -53,17 +57,20 @@ __global__ void layer_norm_kernel(const T* x, const T* x_bias, const T* residual
     __syncwarp();
     src = ro;
   }
+  // The statistics of the row shifted by its first element (see the top).
+  const A shift = to_acc<A>(src[0]);
   A sum = 0;
-  row_read(src, C, lane, 32, packed, [&](int64_t, T v) { sum += to_acc<A>(v); });
-  const A mean = warp_sum(sum) / A(C);
+  row_read(src, C, lane, 32, packed, [&](int64_t, T v) { sum += to_acc<A>(v) - shift; });
+  const A offset = warp_sum(sum) / A(C);  // mean - shift
+  const A mean = shift + offset;
   A sq = 0;
   row_read(src, C, lane, 32, packed, [&](int64_t, T v) {
-    const A d = to_acc<A>(v) - mean;
+    const A d = (to_acc<A>(v) - shift) - offset;
     sq += d * d;
   });
   const A rstd = A(1) / sqrt(warp_sum(sq) / A(C) + A(eps));
   row_map(src, out + r * C, C, lane, 32, packed, [&](int64_t i, T v) {
-    A y = (to_acc<A>(v) - mean) * rstd;
+    A y = ((to_acc<A>(v) - shift) - offset) * rstd;
     if (w) y *= to_acc<A>(w[i]);
     if (b) y += to_acc<A>(b[i]);
     return from_acc<T>(y);
@@ -108,21 +115,24 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
 #pragma unroll
     for (int j = 0; j < kPack; ++j) v[k][j] = to_float(a.v[j]);
   }
-  // Same per-lane order as row_read in the general kernel, so the statistics are bitwise equal.
+  // Same per-lane order and shift (the row's first element, lane 0's first value) as the
+  // general kernel, so the statistics are bitwise equal.
+  const float shift = __shfl_sync(0xffffffffu, v[0][0], 0);
   float sum = 0;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k)
     if (lane + 32 * k < packs)
 #pragma unroll
-      for (int j = 0; j < kPack; ++j) sum += v[k][j];
-  const float mean = warp_sum(sum) / float(C);
+      for (int j = 0; j < kPack; ++j) sum += v[k][j] - shift;
+  const float offset = warp_sum(sum) / float(C);
+  const float mean = shift + offset;
   float sq = 0;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k)
     if (lane + 32 * k < packs)
 #pragma unroll
       for (int j = 0; j < kPack; ++j) {
-        const float d = v[k][j] - mean;
+        const float d = (v[k][j] - shift) - offset;
         sq += d * d;
       }
   const float rstd = 1.f / sqrt(warp_sum(sq) / float(C) + eps);
@@ -135,7 +145,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
     if (b) bp = load_pack(b, p);
 #pragma unroll
     for (int j = 0; j < kPack; ++j) {
-      float y = (v[k][j] - mean) * rstd;
+      float y = ((v[k][j] - shift) - offset) * rstd;
       if (w) y *= to_float(wp.v[j]);
       if (b) y += to_float(bp.v[j]);
       o.v[j] = from_float<T>(y);
