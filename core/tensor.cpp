@@ -443,7 +443,8 @@ void fill_(const Tensor& dst, double value) {
   for (int64_t d = 0; d < dst.dim(); ++d)
     if (dst.stride(d) == 0) distinct[d] = 1;
   checked_kernel(kernel_table(dst.device().type).fill, "fill_", dst.device())(
-      distinct == dst.shape() ? dst : as_strided(dst, distinct, dst.strides(), dst.offset()), value);
+      distinct == dst.shape() ? dst : as_strided(dst, distinct, dst.strides(), dst.offset()),
+      value);
   ++dst.impl().version;
 }
 

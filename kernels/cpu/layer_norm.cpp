@@ -12,7 +12,7 @@
 // before it is rounded: a row with a large mean (1e3 over C = 4096) summed in f32 loses the
 // mean's low digits, and every xhat of the row is then off by the same amount (worse than
 // PyTorch's f32). The saved mean is f32 for non-f64 inputs (the table's contract), so
-// the backward recovers the exact mean as saved mean + mean(x - saved mean), in the pass
+// the backward recovers the f64 mean as saved mean + mean(x - saved mean), in the pass
 // that sums g and g * xhat anyway.
 #include <cmath>
 #include <vector>
@@ -146,9 +146,9 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
             const T* xr = xp + off[0];
             const T* gr = gp + off[1];
             T* dr = dxp + off[2];
-            // Shifted by the saved (rounded) mean, x - saved stays small, so its sum gives the
-            // exact mean's remainder and g * (x - saved) the exact sum of g * xhat after the
-            // shift is taken back out.
+            // Shifted by the saved (rounded) mean, x - saved stays small: its sum gives what the
+            // rounding took off the mean, and sum(g * (x - saved)) less that shift times sum(g)
+            // gives sum(g * xhat) / rstd without cancellation.
             const Acc saved = Acc(mp[off[3]]);
             const C r = rp[off[4]];
             C sum_g = 0;

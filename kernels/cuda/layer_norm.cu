@@ -8,10 +8,11 @@
 // E[x^2] - E[x]^2. Both sum the row shifted by its first element, and x - mean is taken
 // as (x - shift) - (mean - shift): with a large mean (1e3 over C = 4096) a plain f32 sum
 // of x loses the mean's low digits and (x - rounded mean) carries that error into every
-// element, while the shifted values are of the row's spread, whose sum stays exact to
-// f32 precision. The saved mean (shift + offset) is rounded once. Backward: dx one warp per row; dweight and dbias are summed
-// over rows in two fixed-order stages (partial sums per block or chunk of rows,
-// then over those), so they repeat bitwise and need no atomics.
+// element, while the shifted values are of the size of the row's spread, so their sum
+// keeps f32 precision relative to it. The saved mean (shift + offset) is rounded once.
+// Backward: dx one warp per row; dweight and dbias are summed over rows in two
+// fixed-order stages (partial sums per block or chunk of rows, then over those), so they
+// repeat bitwise and need no atomics.
 //
 // Fast paths (f32/f16/bf16, rows of a multiple of 8 elements up to 2048, 16-byte
 // aligned): the row lives in registers, lane l of the warp owning 8-element packs l,

@@ -65,7 +65,8 @@ void bind_accelerator(py::module_& m) {
                        const std::string& backend, size_t bucket_bytes, bool find_unused, bool cpu,
                        int zero_stage, const std::string& reduce_dtype) {
              // DDP/ZeRO would refuse it only at the first backward.
-             if (bucket_bytes == 0) throw py::value_error("Accelerator: bucket_bytes must be > 0, got 0");
+             if (bucket_bytes == 0)
+               throw py::value_error("Accelerator: bucket_bytes must be > 0, got 0");
              auto self = std::make_unique<PythonAccelerator>();
              dist::AcceleratorOptions o{.mixed_precision = mixed_precision,
                                         .reduce_dtype = reduce_dtype,

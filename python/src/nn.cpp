@@ -82,9 +82,10 @@ void bind_module(py::module_& nn_module) {
       // Assigning a module to an attribute of a Python subclass registers it, as in PyTorch.
       .def("__setattr__",
            [](py::object self, py::str name, py::object value) {
-             if (py::isinstance<Module>(value) && !std::string(name).starts_with("_") &&
-                 !py::hasattr(self, name))
-               constructed_module(self, "module").register_module(name, value.cast<Module&>());
+             if (py::isinstance<Module>(value) && !std::string(name).starts_with("_")) {
+               Module& m = constructed_module(self, "module");  // before hasattr reads it
+               if (!py::hasattr(self, name)) m.register_module(name, value.cast<Module&>());
+             }
              py::module_::import("builtins").attr("object").attr("__setattr__")(self, name, value);
            })
       .def(

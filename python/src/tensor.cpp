@@ -19,8 +19,9 @@ Tensor select_by_tensor(const Tensor& x, int64_t dim, const Tensor& index) {
         throw py::index_error("index " + std::to_string(bad) + " is out of bounds for dimension " +
                               std::to_string(dim) + " with size " + std::to_string(n));
     if (low < 0)
-      return index_select(x, dim, ops::where(ops::binary(BinaryOp::Lt, index, 0.0),
-                                             ops::add(index, double(n)), index));
+      return index_select(
+          x, dim,
+          ops::where(ops::binary(BinaryOp::Lt, index, 0.0), ops::add(index, double(n)), index));
   }
   return index_select(x, dim, index);
 }

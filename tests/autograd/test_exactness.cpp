@@ -10,9 +10,9 @@
 namespace tessera {
 namespace {
 
-using testing::leaf;
 using testing::error_of;
 using testing::gradcheck;
+using testing::leaf;
 using testing::random_f64;
 
 TEST(Exactness, CopyIntoExpandedViewIsRefused) {
@@ -210,9 +210,9 @@ TEST(Exactness, FillIntoAnExpandedViewWritesTheSharedLocations) {
   row.unsqueeze(0).expand({5, 4}).zero_();  // also the zero_ spelling
   EXPECT_TRUE(gradcheck(
       [](const std::vector<Tensor>& v) {
-        Tensor y = v[0] * 2.0;                                  // [2, 3]
+        Tensor y = v[0] * 2.0;  // [2, 3]
         Tensor shared = y.select(0, 1).unsqueeze(0).expand({4, 3});
-        shared.fill_(5.0);                                      // y[1] = 5
+        shared.fill_(5.0);  // y[1] = 5
         return sum(shared * v[1]) + sum(y * v[2]);
       },
       {leaf(random_f64({2, 3}, 14)), leaf(random_f64({4, 3}, 15)), leaf(random_f64({2, 3}, 16))}));
