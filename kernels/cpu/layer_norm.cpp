@@ -1,19 +1,22 @@
 // CPU layer norm over the last dim, forward and backward.
 //
-// Forward, per row: mean, then the variance from (x - mean)^2 (two passes over a row held
-// in cache: more accurate than E[x^2] - mean^2 at the same cost), then one fused write of
-// (x - mean) * rstd * w + b. Backward, per row:
+// Forward, per row: a first mean, then the mean and variance of x - that mean (two passes
+// over a row held in cache: more accurate than E[x^2] - mean^2 at the same cost), then one
+// fused write of (x - mean) * rstd * w + b. Backward, per row:
 //   xhat = (x - mean) * rstd,  g = dy * w
 //   dx   = rstd * (g - mean(g) - xhat * mean(g * xhat))
 // while dw += dy * xhat and db += dy are summed over rows in per-thread buffers that are
 // added in thread order (deterministic for a given thread count).
 //
-// The row statistics are summed in f64 whatever the dtype, and x - mean is taken in f64
-// before it is rounded: a row with a large mean (1e3 over C = 4096) summed in f32 loses the
-// mean's low digits, and every xhat of the row is then off by the same amount (worse than
-// PyTorch's f32). The saved mean is f32 for non-f64 inputs (the table's contract), so
-// the backward recovers the f64 mean as saved mean + mean(x - saved mean), in the pass
-// that sums g and g * xhat anyway.
+// A row with a large mean (1e3 over C = 4096) summed in f32 loses the mean's low digits, and
+// every xhat of the row was off by the same amount (worse than PyTorch's f32). So the first
+// mean is only a shift: the second pass sums d = x - shift as well as d^2 (d is of the
+// size of the row's spread, so its sum keeps f32 precision relative to it), the mean is
+// shift + mean(d), the variance mean(d^2) - mean(d)^2 (the corrected two-pass algorithm),
+// and x - mean is taken as d - mean(d). The backward does the same with the saved mean
+// (rounded to f32 for non-f64 inputs, the table's contract) as its shift, in the pass that
+// sums g and g * xhat anyway.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -36,28 +39,30 @@ Shape row_stat_strides(const Tensor& stat) {
 template <class T>
 using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-// What the row statistics are summed and x - mean is taken in (see the top).
-using Acc = double;
-
+// A row's statistics: x - mean is (x - shift) - offset (see the top).
+template <class C>
 struct RowMoments {
-  Acc mean, rstd;
+  C shift, offset, rstd;
 };
 
-// The mean and 1 / sqrt(variance + eps) of the n elements row[0], row[step], ...
+// The moments of the n elements row[0], row[step], ...
 template <class T>
-RowMoments row_moments(const T* row, int64_t n, int64_t step, double eps) {
+RowMoments<compute_t<T>> row_moments(const T* row, int64_t n, int64_t step, double eps) {
   using C = compute_t<T>;
-  Acc sum = 0;
+  C sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += Acc(convert<C>(row[i * step]));
-  const Acc mean = sum / Acc(n);
-  Acc sq = 0;
-#pragma omp simd reduction(+ : sq)
+  for (int64_t i = 0; i < n; ++i) sum += convert<C>(row[i * step]);
+  const C shift = sum / C(n);
+  C sum_d = 0, sum_dd = 0;
+#pragma omp simd reduction(+ : sum_d, sum_dd)
   for (int64_t i = 0; i < n; ++i) {
-    const Acc d = Acc(convert<C>(row[i * step])) - mean;
-    sq += d * d;
+    const C d = convert<C>(row[i * step]) - shift;
+    sum_d += d;
+    sum_dd += d * d;
   }
-  return {mean, Acc(1) / std::sqrt(sq / Acc(n) + Acc(eps))};
+  const C offset = sum_d / C(n);
+  const C variance = std::max(C(0), sum_dd / C(n) - offset * offset);
+  return {shift, offset, C(1) / std::sqrt(variance + C(eps))};
 }
 
 template <class T>
@@ -89,13 +94,12 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, c
           const int64_t sw = unit ? 1 : ws, sb = unit ? 1 : bs;
           const T* in = xp + off[0];
           T* o = op + off[1];
-          const RowMoments m = row_moments(in, n, sx, eps);
-          mp[off[2]] = static_cast<S>(m.mean);
+          const RowMoments<C> m = row_moments(in, n, sx, eps);
+          mp[off[2]] = static_cast<S>(m.shift + m.offset);
           rp[off[3]] = static_cast<S>(m.rstd);
-          const C r = C(m.rstd);
 #pragma omp simd
           for (int64_t i = 0; i < n; ++i) {
-            C v = C(Acc(convert<C>(in[i * sx])) - m.mean) * r;
+            C v = ((convert<C>(in[i * sx]) - m.shift) - m.offset) * m.rstd;
             if (wp) v *= convert<C>(wp[i * sw]);
             if (bp) v += convert<C>(bp[i * sb]);
             o[i * so] = convert<T>(v);
@@ -146,27 +150,23 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
             const T* xr = xp + off[0];
             const T* gr = gp + off[1];
             T* dr = dxp + off[2];
-            // Shifted by the saved (rounded) mean, x - saved stays small: its sum gives what the
-            // rounding took off the mean, and sum(g * (x - saved)) less that shift times sum(g)
-            // gives sum(g * xhat) / rstd without cancellation.
-            const Acc saved = Acc(mp[off[3]]);
-            const C r = rp[off[4]];
-            C sum_g = 0;
-            Acc sum_d = 0, sum_gd = 0;
+            // d = x - saved: mean(d) is what rounding took off the saved mean, and
+            // sum(g * d) - mean(d) sum(g) is sum(g * xhat) / rstd.
+            const C saved = mp[off[3]], r = rp[off[4]];
+            C sum_g = 0, sum_d = 0, sum_gd = 0;
 #pragma omp simd reduction(+ : sum_g, sum_d, sum_gd)
             for (int64_t i = 0; i < n; ++i) {
-              const Acc d = Acc(convert<C>(xr[i * sx])) - saved;
+              const C d = convert<C>(xr[i * sx]) - saved;
               const C g = convert<C>(gr[i * sg]) * (wp ? convert<C>(wp[i * sw]) : C(1));
               sum_g += g;
               sum_d += d;
-              sum_gd += Acc(g) * d;
+              sum_gd += g * d;
             }
-            const Acc shift = sum_d / Acc(n), mu = saved + shift;
-            const C mean_g = sum_g / C(n);
-            const C mean_gx = C(Acc(r) * (sum_gd - shift * Acc(sum_g)) / Acc(n));
+            const C offset = sum_d / C(n);
+            const C mean_g = sum_g / C(n), mean_gx = r * (sum_gd - offset * sum_g) / C(n);
 #pragma omp simd
             for (int64_t i = 0; i < n; ++i) {
-              const C xhat = C(Acc(convert<C>(xr[i * sx])) - mu) * r;
+              const C xhat = ((convert<C>(xr[i * sx]) - saved) - offset) * r;
               const C dyv = convert<C>(gr[i * sg]);
               const C g = dyv * (wp ? convert<C>(wp[i * sw]) : C(1));
               dr[i * sd] = convert<T>(C(r * (g - mean_g - xhat * mean_gx)));
