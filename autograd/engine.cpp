@@ -15,6 +15,31 @@ thread_local bool grad_enabled = true;
 std::atomic<uint64_t> next_sequence_nr{1};
 std::atomic<uint64_t> next_hook_id{1};
 
+// Deletes a node once nothing refers to it. Left to ~Node, the last reference to a node
+// destroyed its inputs' nodes, and theirs, recursively: a graph of 200,000 ops overflowed the
+// stack when it was let go. Instead this takes over the edges of each node it holds the last
+// reference to and drops that node's closures (whose captured tensors may hold the same
+// input nodes, which `pending` still holds) before the node goes, so every node of a chain
+// is deleted from this one loop. PyTorch's deleteNode does the same.
+void delete_node(Node* first) {
+  std::vector<std::shared_ptr<Node>> pending;
+  const auto take_over = [&pending](Node& node) {
+    for (Edge& edge : node.next_edges)
+      if (edge.node) pending.push_back(std::move(edge.node));
+    node.backward = nullptr;
+    node.output_hooks.clear();
+  };
+  take_over(*first);
+  delete first;
+  while (!pending.empty()) {
+    std::shared_ptr<Node> node = std::move(pending.back());
+    pending.pop_back();
+    if (node.use_count() == 1) take_over(*node);
+  }  // the last reference goes here: back into delete_node, with nothing left to take over
+}
+
+std::shared_ptr<Node> new_node() { return std::shared_ptr<Node>(new Node(), delete_node); }
+
 // Erases the entry with `id` from a vector of (id, hook) pairs.
 template <class Hook>
 void erase_hook(std::vector<std::pair<uint64_t, Hook>>& hooks, uint64_t id) {
@@ -56,7 +81,7 @@ Edge gradient_edge(const Tensor& t) {
   // so one backward sees all of the leaf's uses and knows when its gradient is final.
   std::shared_ptr<Node> node = meta->accumulate_grad.lock();
   if (!node) {
-    node = std::make_shared<Node>();
+    node = new_node();
     node->name = "AccumulateGrad";
     node->sequence_nr = next_sequence_nr++;
     node->outputs = {TensorGeometry::of(t)};
@@ -76,7 +101,7 @@ std::shared_ptr<Node> record(const char* name, const std::vector<Tensor>& inputs
                              const std::vector<Tensor>& outputs, BackwardFn backward, bool force) {
   if (!grad_enabled) return nullptr;
   if (!force && !any_requires_grad(inputs)) return nullptr;
-  auto node = std::make_shared<Node>();
+  auto node = new_node();
   node->name = name;
   node->sequence_nr = next_sequence_nr++;
   node->backward = std::move(backward);

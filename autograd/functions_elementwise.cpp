@@ -163,7 +163,15 @@ Tensor rsqrt(const Tensor& x) {
 Tensor tanh(const Tensor& x) {
   return unary_function(
       "TanhBackward", UnaryOp::Tanh, x, Saves::Output, [](const Tensor& g, const Tensor& y) {
-        return ops::mul(g, ops::sub(scalar_like(1.0, y), ops::unary(UnaryOp::Square, y)));
+        // dy (1 - y^2) for f16/bf16 in f32, rounded once as PyTorch's tanh_backward: the three
+        // ops in the dtype itself rounded three times.
+        const DType dt = y.dtype();
+        const bool half = dt == DType::f16 || dt == DType::bf16;
+        const Tensor yc = half ? raw::to(y, y.device(), DType::f32) : y;
+        const Tensor gc = half ? raw::to(g, g.device(), DType::f32) : g;
+        const Tensor d =
+            ops::mul(gc, ops::sub(scalar_like(1.0, yc), ops::unary(UnaryOp::Square, yc)));
+        return half ? raw::to(d, d.device(), dt) : d;
       });
 }
 Tensor sigmoid(const Tensor& x) {

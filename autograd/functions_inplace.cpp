@@ -39,6 +39,14 @@ Tensor view_region(const Tensor& like_base, const Tensor& base, const Shape& sha
   return raw::as_strided(like_base, shape, strides, like_base.offset() + offset - base.offset());
 }
 
+// t's shape with each expanded (stride-0) dim cut to 1: every location t covers, once.
+Shape distinct_shape(const Tensor& t) {
+  Shape shape = t.shape();
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.stride(d) == 0) shape[d] = 1;
+  return shape;
+}
+
 }  // namespace
 
 void check_view_write_allowed(const char* op, const Tensor& view) {
@@ -56,7 +64,10 @@ void check_view_write_allowed(const char* op, const Tensor& view) {
 void rebase_view_history(const char* op, const Tensor& view) {
   check_view_write_allowed(op, view);
   const Tensor base(meta_of(view).view_base);
-  const Shape shape = view.shape(), strides = view.strides();
+  const Shape shape = view.shape(), strides = view.strides(), distinct = distinct_shape(view);
+  // An expanded view (fill_) is handled below; other shared locations would need their
+  // gradients summed per location.
+  ops::check_no_internal_overlap(op, raw::as_strided(view, distinct, strides, view.offset()));
   const int64_t offset = view.offset();
   const Tensor base_geometry = raw::alias(base);  // geometry only (shape, offset)
   // New base = old base with the region replaced by the view's new value.
@@ -67,11 +78,13 @@ void rebase_view_history(const char* op, const Tensor& view) {
     raw::fill_(region, 0.0);
     return Grads{grad_base, grad_view};
   });
-  // The view reads the new base from now on.
+  // The view reads the new base from now on; the elements of an expanded dim read one
+  // location, which gets their summed gradient.
   record("AsStridedBackward", {base}, {view}, [=](const BackwardArgs& a) {
     Tensor grad_base =
         zeros(base_geometry.shape(), {.dtype = a.grad().dtype(), .device = a.grad().device()});
-    raw::copy_(view_region(grad_base, base_geometry, shape, strides, offset), a.grad());
+    const Tensor region = view_region(grad_base, base_geometry, distinct, strides, offset);
+    raw::copy_(region, distinct == shape ? a.grad() : ops::sum_to(a.grad(), distinct));
     return Grads{grad_base};
   });
 }

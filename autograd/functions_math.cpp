@@ -132,7 +132,17 @@ Tensor var(const Tensor& x, const std::vector<int64_t>& dims, double correction,
 }
 
 Tensor std_dev(const Tensor& x, const std::vector<int64_t>& dims, double correction, bool keepdim) {
-  return sqrt(var(x, dims, correction, keepdim));
+  const Tensor variance = var(x, dims, correction, keepdim);
+  Tensor y = ops::unary(UnaryOp::Sqrt, variance);
+  if (!autograd::any_requires_grad({variance})) return y;
+  // d sqrt(v) = g / (2 y), and 0 where y == 0 as PyTorch's std_backward: sqrt's inf there
+  // times var's zero gradient (x - mean = 0) made a constant feature's gradient NaN.
+  record("StdBackward", {variance}, {y}, [sy = SavedTensor::output(y)](const BackwardArgs& a) {
+    const Tensor y = sy.unpack("StdBackward");
+    const Tensor dv = ops::div(ops::mul(a.grad(), 0.5), y);
+    return Grads{ops::where(ops::binary(BinaryOp::Eq, y, 0.0), scalar_like(0.0, dv), dv)};
+  });
+  return y;
 }
 
 Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {

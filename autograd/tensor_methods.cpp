@@ -57,9 +57,10 @@ Tensor record_reshape(const char* name, const Tensor& input, const Tensor& out) 
       [out_shape](const Tensor& t) { return raw::reshape(t, out_shape); });
 }
 
-// Refuses in-place writes PyTorch refuses; `source` is the tensor copied from (if any).
-void check_inplace_allowed(const char* op, const Tensor& self, const Tensor& source) {
-  ops::check_no_internal_overlap(op, self);
+// Refuses in-place writes PyTorch refuses. `may_overlap`: a write of one value (fill_), which
+// PyTorch lets into memory that several elements share (an expanded view).
+void check_inplace_allowed(const char* op, const Tensor& self, bool may_overlap = false) {
+  if (!may_overlap) ops::check_no_internal_overlap(op, self);
   if (!autograd::is_grad_enabled()) return;
   const autograd::AutogradMeta* meta = self.impl().autograd.get();
   if (meta == nullptr) return;
@@ -139,7 +140,7 @@ Tensor Tensor::to(Device d) const { return to(d, dtype()); }
 Tensor Tensor::to(DType t) const { return to(device(), t); }
 
 Tensor& Tensor::copy_(const Tensor& src) {
-  check_inplace_allowed("copy_", *this, src);
+  check_inplace_allowed("copy_", *this);
   const bool rewrites_history = autograd::any_requires_grad({*this, src});
   raw::copy_(*this, src);
   if (rewrites_history) {
@@ -154,7 +155,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 }
 
 Tensor& Tensor::fill_(double value) {
-  check_inplace_allowed("fill_", *this, Tensor());
+  check_inplace_allowed("fill_", *this, /*may_overlap=*/true);
   const bool rewrites_history = autograd::any_requires_grad({*this});
   raw::fill_(*this, value);
   if (rewrites_history) {

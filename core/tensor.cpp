@@ -435,9 +435,16 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   return out;
 }
 
+// dst may be an expanded view (fill_ writes one value, so PyTorch allows it): its stride-0
+// dims are cut to size 1 first, so the kernel writes each memory location once.
 void fill_(const Tensor& dst, double value) {
   if (dst.numel() == 0) return;
-  checked_kernel(kernel_table(dst.device().type).fill, "fill_", dst.device())(dst, value);
+  Shape distinct = dst.shape();
+  for (int64_t d = 0; d < dst.dim(); ++d)
+    if (dst.stride(d) == 0) distinct[d] = 1;
+  checked_kernel(kernel_table(dst.device().type).fill, "fill_", dst.device())(
+      distinct == dst.shape() ? dst : as_strided(dst, distinct, dst.strides(), dst.offset()),
+      value);
   ++dst.impl().version;
 }
 

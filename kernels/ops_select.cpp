@@ -152,7 +152,12 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, Generator* gen) {
   TESSERA_CHECK(num_samples > 0, "multinomial: num_samples must be positive, got ", num_samples);
   const DType acc = probs.dtype() == DType::f64 ? DType::f64 : DType::f32;
   const Tensor p = raw::to(probs, dev, acc);
-  TESSERA_CHECK(amin(p).item() >= 0, "multinomial: probabilities must be non-negative (",
+  const double smallest = amin(p).item();  // NaN when any is NaN
+  TESSERA_CHECK(!std::isnan(smallest), "multinomial: probabilities contain NaN (",
+                detail::describe(probs), ")");
+  TESSERA_CHECK(smallest >= 0, "multinomial: probabilities must be non-negative (",
+                detail::describe(probs), ")");
+  TESSERA_CHECK(std::isfinite(amax(p).item()), "multinomial: probabilities contain infinity (",
                 detail::describe(probs), ")");
   const Tensor cdf = cumsum(p, -1);
   const Tensor total = raw::narrow(cdf, -1, cdf.size(-1) - 1, 1);  // [..., 1]

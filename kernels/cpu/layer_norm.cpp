@@ -1,12 +1,22 @@
 // CPU layer norm over the last dim, forward and backward.
 //
-// Forward, per row: mean, then the variance from (x - mean)^2 (two passes over a row held
-// in cache: more accurate than E[x^2] - mean^2 at the same cost), then one fused write of
-// (x - mean) * rstd * w + b. Backward, per row:
+// Forward, per row: a first mean, then the mean and variance of x - that mean (two passes
+// over a row held in cache: more accurate than E[x^2] - mean^2 at the same cost), then one
+// fused write of (x - mean) * rstd * w + b. Backward, per row:
 //   xhat = (x - mean) * rstd,  g = dy * w
 //   dx   = rstd * (g - mean(g) - xhat * mean(g * xhat))
 // while dw += dy * xhat and db += dy are summed over rows in per-thread buffers that are
 // added in thread order (deterministic for a given thread count).
+//
+// A row with a large mean (1e3 over C = 4096) summed in f32 loses the mean's low digits, and
+// every xhat of the row was off by the same amount (worse than PyTorch's f32). So the first
+// mean is only a shift: the second pass sums d = x - shift as well as d^2 (d is of the
+// size of the row's spread, so its sum keeps f32 precision relative to it), the mean is
+// shift + mean(d), the variance mean(d^2) - mean(d)^2 (the corrected two-pass algorithm),
+// and x - mean is taken as d - mean(d). The backward does the same with the saved mean
+// (rounded to f32 for non-f64 inputs, the table's contract) as its shift, in the pass that
+// sums g and g * xhat anyway.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -28,6 +38,32 @@ Shape row_stat_strides(const Tensor& stat) {
 // The saved mean/rstd: f64 for f64 inputs, f32 for the others (the table's contract).
 template <class T>
 using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// A row's statistics: x - mean is (x - shift) - offset (see the top).
+template <class C>
+struct RowMoments {
+  C shift, offset, rstd;
+};
+
+// The moments of the n elements row[0], row[step], ...
+template <class T>
+RowMoments<compute_t<T>> row_moments(const T* row, int64_t n, int64_t step, double eps) {
+  using C = compute_t<T>;
+  C sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += convert<C>(row[i * step]);
+  const C shift = sum / C(n);
+  C sum_d = 0, sum_dd = 0;
+#pragma omp simd reduction(+ : sum_d, sum_dd)
+  for (int64_t i = 0; i < n; ++i) {
+    const C d = convert<C>(row[i * step]) - shift;
+    sum_d += d;
+    sum_dd += d * d;
+  }
+  const C offset = sum_d / C(n);
+  const C variance = std::max(C(0), sum_dd / C(n) - offset * offset);
+  return {shift, offset, C(1) / std::sqrt(variance + C(eps))};
+}
 
 template <class T>
 const T* optional_data(const Tensor& t) {
@@ -58,22 +94,12 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, c
           const int64_t sw = unit ? 1 : ws, sb = unit ? 1 : bs;
           const T* in = xp + off[0];
           T* o = op + off[1];
-          C sum = 0;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t i = 0; i < n; ++i) sum += convert<C>(in[i * sx]);
-          const C mu = sum / C(n);
-          C sq = 0;
-#pragma omp simd reduction(+ : sq)
-          for (int64_t i = 0; i < n; ++i) {
-            const C d = convert<C>(in[i * sx]) - mu;
-            sq += d * d;
-          }
-          const C r = C(1) / std::sqrt(sq / C(n) + C(eps));
-          mp[off[2]] = static_cast<S>(mu);
-          rp[off[3]] = static_cast<S>(r);
+          const RowMoments<C> m = row_moments(in, n, sx, eps);
+          mp[off[2]] = static_cast<S>(m.shift + m.offset);
+          rp[off[3]] = static_cast<S>(m.rstd);
 #pragma omp simd
           for (int64_t i = 0; i < n; ++i) {
-            C v = (convert<C>(in[i * sx]) - mu) * r;
+            C v = ((convert<C>(in[i * sx]) - m.shift) - m.offset) * m.rstd;
             if (wp) v *= convert<C>(wp[i * sw]);
             if (bp) v += convert<C>(bp[i * sb]);
             o[i * so] = convert<T>(v);
@@ -124,19 +150,23 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
             const T* xr = xp + off[0];
             const T* gr = gp + off[1];
             T* dr = dxp + off[2];
-            const C mu = mp[off[3]], r = rp[off[4]];
-            C sum_g = 0, sum_gx = 0;
-#pragma omp simd reduction(+ : sum_g, sum_gx)
+            // d = x - saved: mean(d) is what rounding took off the saved mean, and
+            // sum(g * d) - mean(d) sum(g) is sum(g * xhat) / rstd.
+            const C saved = mp[off[3]], r = rp[off[4]];
+            C sum_g = 0, sum_d = 0, sum_gd = 0;
+#pragma omp simd reduction(+ : sum_g, sum_d, sum_gd)
             for (int64_t i = 0; i < n; ++i) {
-              const C xhat = (convert<C>(xr[i * sx]) - mu) * r;
+              const C d = convert<C>(xr[i * sx]) - saved;
               const C g = convert<C>(gr[i * sg]) * (wp ? convert<C>(wp[i * sw]) : C(1));
               sum_g += g;
-              sum_gx += g * xhat;
+              sum_d += d;
+              sum_gd += g * d;
             }
-            const C mean_g = sum_g / C(n), mean_gx = sum_gx / C(n);
+            const C offset = sum_d / C(n);
+            const C mean_g = sum_g / C(n), mean_gx = r * (sum_gd - offset * sum_g) / C(n);
 #pragma omp simd
             for (int64_t i = 0; i < n; ++i) {
-              const C xhat = (convert<C>(xr[i * sx]) - mu) * r;
+              const C xhat = ((convert<C>(xr[i * sx]) - saved) - offset) * r;
               const C dyv = convert<C>(gr[i * sg]);
               const C g = dyv * (wp ? convert<C>(wp[i * sw]) : C(1));
               dr[i * sd] = convert<T>(C(r * (g - mean_g - xhat * mean_gx)));

@@ -3,11 +3,16 @@
 // backward, the residual stream's gradient added into dx in the same pass
 // (dx = LN_backward(dy) + dresidual): GPT-2's pre-norm blocks (ops::residual_layer_norm).
 //
-// Forward: one warp per row; the mean and then the variance of (x - mean) are
-// two warp reductions, so the variance does not suffer the cancellation of
-// E[x^2] - E[x]^2. Backward: dx one warp per row; dweight and dbias are summed
-// over rows in two fixed-order stages (partial sums per block or chunk of rows,
-// then over those), so they repeat bitwise and need no atomics.
+// Forward: one warp per row; a first mean, then the mean and variance of d = x - that
+// mean are warp reductions, so the variance does not suffer the cancellation of
+// E[x^2] - E[x]^2. The first mean is only a shift: with a large mean (1e3 over C = 4096) a
+// plain f32 sum of x loses the mean's low digits, and x - that mean carried the error into
+// every element. d is of the size of the row's spread, so its sum keeps f32 precision
+// relative to it: the mean is shift + mean(d), the variance mean(d^2) - mean(d)^2 (the
+// corrected two-pass algorithm), and x - mean is taken as d - mean(d), as on the CPU.
+// Backward: dx one warp per row; dweight and dbias are summed over rows in two
+// fixed-order stages (partial sums per block or chunk of rows, then over those), so they
+// repeat bitwise and need no atomics.
 //
 // Fast paths (f32/f16/bf16, rows of a multiple of 8 elements up to 2048, 16-byte
 // aligned): the row lives in registers, lane l of the warp owning 8-element packs l,
@@ -55,15 +60,19 @@ __global__ void layer_norm_kernel(const T* x, const T* x_bias, const T* residual
   }
   A sum = 0;
   row_read(src, C, lane, 32, packed, [&](int64_t, T v) { sum += to_acc<A>(v); });
-  const A mean = warp_sum(sum) / A(C);
-  A sq = 0;
+  const A shift = warp_sum(sum) / A(C);  // the first mean (see the top)
+  A sum_d = 0, sum_dd = 0;
   row_read(src, C, lane, 32, packed, [&](int64_t, T v) {
-    const A d = to_acc<A>(v) - mean;
-    sq += d * d;
+    const A d = to_acc<A>(v) - shift;
+    sum_d += d;
+    sum_dd += d * d;
   });
-  const A rstd = A(1) / sqrt(warp_sum(sq) / A(C) + A(eps));
+  const A offset = warp_sum(sum_d) / A(C);  // mean - shift
+  const A mean = shift + offset;
+  const A variance = warp_sum(sum_dd) / A(C) - offset * offset;
+  const A rstd = A(1) / sqrt((variance > A(0) ? variance : A(0)) + A(eps));
   row_map(src, out + r * C, C, lane, 32, packed, [&](int64_t i, T v) {
-    A y = (to_acc<A>(v) - mean) * rstd;
+    A y = ((to_acc<A>(v) - shift) - offset) * rstd;
     if (w) y *= to_acc<A>(w[i]);
     if (b) y += to_acc<A>(b[i]);
     return from_acc<T>(y);
@@ -115,17 +124,21 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
     if (lane + 32 * k < packs)
 #pragma unroll
       for (int j = 0; j < kPack; ++j) sum += v[k][j];
-  const float mean = warp_sum(sum) / float(C);
-  float sq = 0;
+  const float shift = warp_sum(sum) / float(C);
+  float sum_d = 0, sum_dd = 0;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k)
     if (lane + 32 * k < packs)
 #pragma unroll
       for (int j = 0; j < kPack; ++j) {
-        const float d = v[k][j] - mean;
-        sq += d * d;
+        const float d = v[k][j] - shift;
+        sum_d += d;
+        sum_dd += d * d;
       }
-  const float rstd = 1.f / sqrt(warp_sum(sq) / float(C) + eps);
+  const float offset = warp_sum(sum_d) / float(C);
+  const float mean = shift + offset;
+  const float variance = warp_sum(sum_dd) / float(C) - offset * offset;
+  const float rstd = 1.f / sqrt((variance > 0.f ? variance : 0.f) + eps);
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
     const int64_t p = lane + 32 * k;
@@ -135,7 +148,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
     if (b) bp = load_pack(b, p);
 #pragma unroll
     for (int j = 0; j < kPack; ++j) {
-      float y = (v[k][j] - mean) * rstd;
+      float y = ((v[k][j] - shift) - offset) * rstd;
       if (w) y *= to_float(wp.v[j]);
       if (b) y += to_float(bp.v[j]);
       o.v[j] = from_float<T>(y);

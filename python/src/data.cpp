@@ -106,6 +106,8 @@ void bind_token_files(py::module_& dm) {
         for (size_t i = 0; i < ids.size(); ++i) {
           TESSERA_CHECK(v[i] >= 0 && v[i] <= int64_t(UINT32_MAX), "write_token_file: token ", i,
                         " is ", v[i], "; tokens must be in [0, 2^32)");
+          TESSERA_CHECK(vocab_size <= 0 || v[i] < vocab_size, "write_token_file: token ", i, " is ",
+                        v[i], ", not below vocab_size ", vocab_size);
           ids[i] = static_cast<uint32_t>(v[i]);
         }
         runtime_call([&] { write_token_file(path, ids, vocab_size); });

@@ -13,7 +13,17 @@ struct PythonAccelerator {
   std::vector<py::object> prepared;
   std::unique_ptr<dist::Accelerator> acc;
   std::unique_ptr<dist::AccumulateScope> scope;  // the open accumulate() micro-step
+  bool training_ended = false;  // end_training() ran: a second call does nothing (Accelerate)
 };
+
+// `obj` as a Module for `method`, or a TypeError naming the argument.
+nn::Module& module_argument(py::handle obj, const char* method, const char* argument) {
+  if (!py::isinstance<nn::Module>(obj))
+    throw py::type_error(std::string("Accelerator.") + method + ": " + argument +
+                         " must be a tessera.nn.Module, got " +
+                         std::string(py::str(py::type::of(obj).attr("__name__"))));
+  return obj.cast<nn::Module&>();
+}
 
 dist::ReduceOp reduce_op(const std::string& name) {
   if (name == "sum") return dist::ReduceOp::Sum;
@@ -54,6 +64,9 @@ void bind_accelerator(py::module_& m) {
       .def(py::init([](const std::string& mixed_precision, int accumulation,
                        const std::string& backend, size_t bucket_bytes, bool find_unused, bool cpu,
                        int zero_stage, const std::string& reduce_dtype) {
+             // DDP/ZeRO would refuse it only at the first backward.
+             if (bucket_bytes == 0)
+               throw py::value_error("Accelerator: bucket_bytes must be > 0, got 0");
              auto self = std::make_unique<PythonAccelerator>();
              dist::AcceleratorOptions o{.mixed_precision = mixed_precision,
                                         .reduce_dtype = reduce_dtype,
@@ -142,7 +155,11 @@ void bind_accelerator(py::module_& m) {
           },
           py::arg("input_dir"))
       .def("end_training",
-           [](PythonAccelerator& self) { collective([&] { self.acc->end_training(); }); })
+           [](PythonAccelerator& self) {
+             if (self.training_ended) return;
+             collective([&] { self.acc->end_training(); });
+             self.training_ended = true;
+           })
       .def("free_memory",
            [](PythonAccelerator& self) {
              self.acc->free_memory();
@@ -156,7 +173,8 @@ void bind_accelerator(py::module_& m) {
       .def(
           "unwrap_model",
           [](PythonAccelerator& self, py::object model) {
-            collective([&] { self.acc->unwrap_model(model.cast<nn::Module&>()); });
+            nn::Module& m = module_argument(model, "unwrap_model", "model");
+            collective([&] { self.acc->unwrap_model(m); });
             return model;
           },
           py::arg("model"))

@@ -17,6 +17,19 @@ class PythonModule : public nn::Module {
   }
 };
 
+// The C++ Module of `self`, a Python subclass instance. Until Module.__init__ has run there is
+// none (pybind11 would hand out uninitialised memory and the call would crash), so assigning
+// `what` then raises AttributeError, as PyTorch does.
+nn::Module& constructed_module(py::handle self, const char* what) {
+  auto* instance = reinterpret_cast<py::detail::instance*>(self.ptr());
+  // The first (for these single-inheritance classes, the only) C++ object of the instance.
+  const py::detail::value_and_holder holder = instance->get_value_and_holder(nullptr, false);
+  if (!holder || !holder.holder_constructed())
+    throw py::attribute_error(std::string("cannot assign ") + what +
+                              " before Module.__init__() call");
+  return self.cast<nn::Module&>();
+}
+
 TensorOptions layer_options(py::handle device, py::handle dtype) {
   return {.dtype = to_dtype(dtype, DType::f32), .device = to_device(device, Device::cpu())};
 }
@@ -47,23 +60,32 @@ void bind_module(py::module_& nn_module) {
       .def(
           "forward", [](Module& m, const Tensor& x) { return m.forward(x); }, py::arg("input"))
       .def("type_name", &Module::type_name)
-      .def("register_parameter", &Module::register_parameter, py::arg("name"), py::arg("tensor"),
-           py::arg("requires_grad") = true)
-      .def("register_buffer", &Module::register_buffer, py::arg("name"), py::arg("tensor"),
-           py::arg("persistent") = true)
+      .def(
+          "register_parameter",
+          [](py::handle self, const std::string& name, const Tensor& t, bool requires_grad) {
+            return constructed_module(self, "parameter").register_parameter(name, t, requires_grad);
+          },
+          py::arg("name"), py::arg("tensor"), py::arg("requires_grad") = true)
+      .def(
+          "register_buffer",
+          [](py::handle self, const std::string& name, const Tensor& t, bool persistent) {
+            return constructed_module(self, "buffer").register_buffer(name, t, persistent);
+          },
+          py::arg("name"), py::arg("tensor"), py::arg("persistent") = true)
       .def(
           "register_module",
-          [](Module& m, const std::string& name, Module& child) -> Module& {
-            return m.register_module(name, child);
+          [](py::handle self, const std::string& name, Module& child) -> Module& {
+            return constructed_module(self, "module").register_module(name, child);
           },
           py::arg("name"), py::arg("module"), py::keep_alive<1, 3>(),
           py::return_value_policy::reference)
       // Assigning a module to an attribute of a Python subclass registers it, as in PyTorch.
       .def("__setattr__",
            [](py::object self, py::str name, py::object value) {
-             if (py::isinstance<Module>(value) && !std::string(name).starts_with("_") &&
-                 !py::hasattr(self, name))
-               self.cast<Module&>().register_module(name, value.cast<Module&>());
+             if (py::isinstance<Module>(value) && !std::string(name).starts_with("_")) {
+               Module& m = constructed_module(self, "module");  // before hasattr reads it
+               if (!py::hasattr(self, name)) m.register_module(name, value.cast<Module&>());
+             }
              py::module_::import("builtins").attr("object").attr("__setattr__")(self, name, value);
            })
       .def(
@@ -233,6 +255,9 @@ void bind_gpt(py::module_& nn_module) {
           "generate",
           [](GPT& m, const Tensor& idx, int64_t n, double temperature, int64_t top_k,
              Generator* gen) {
+            if (n < 0)
+              throw py::value_error("generate: max_new_tokens must be >= 0, got " +
+                                    std::to_string(n));
             py::gil_scoped_release release;
             return m.generate(idx, n, {.temperature = temperature, .top_k = top_k, .gen = gen});
           },

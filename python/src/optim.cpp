@@ -1,5 +1,7 @@
 // tessera.optim: AdamW and SGD with PyTorch's argument names, the LR schedules and
 // global-norm clipping. step() runs with the GIL released.
+#include <unordered_map>
+
 #include "bindings.h"
 
 #include <tuple>
@@ -12,6 +14,48 @@ py::dict state_dict_to_python(const optim::OptimizerStateDict& s) {
   out["tensors"] = s.tensors;
   out["scalars"] = s.scalars;
   return out;
+}
+
+// Refuses what torch.optim refuses before building an optimizer, with its messages: no
+// parameters, a learning rate or weight decay below 0 (or NaN). A tensor listed twice is refused
+// too: torch refuses it across parameter groups, and within one it only warns and then updates
+// the tensor twice per step.
+const std::vector<Tensor>& checked_params(const char* optimizer, const std::vector<Tensor>& params,
+                                          double lr, double weight_decay) {
+  const auto fail = [optimizer](const std::string& what) {
+    throw py::value_error(std::string(optimizer) + ": " + what);
+  };
+  const auto shown = [](double v) { return std::string(py::str(py::float_(v))); };
+  if (params.empty()) fail("optimizer got an empty parameter list");
+  if (!(lr >= 0)) fail("Invalid learning rate: " + shown(lr));
+  if (!(weight_decay >= 0)) fail("Invalid weight_decay value: " + shown(weight_decay));
+  std::unordered_map<const void*, size_t> first_position;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto [at, inserted] = first_position.emplace(params[i].impl_ptr().get(), i);
+    if (!inserted)
+      fail("some parameters appear more than once in the parameter list (parameter " +
+           std::to_string(i) + " is parameter " + std::to_string(at->second) + ")");
+  }
+  return params;
+}
+
+// An Optimizer.state_dict() given back to load_state_dict.
+optim::OptimizerStateDict state_dict_from_python(const py::dict& d) {
+  const auto expected = [&d] {
+    return py::value_error(
+        "load_state_dict: expected what state_dict() returns, a dict with the keys 'tensors' "
+        "(name -> tensor) and 'scalars' (name -> number), got one with the keys " +
+        std::string(py::str(py::list(d.attr("keys")()))));
+  };
+  if (d.size() != 2 || !d.contains("tensors") || !d.contains("scalars")) throw expected();
+  optim::OptimizerStateDict s;
+  try {
+    s.tensors = d["tensors"].cast<std::map<std::string, Tensor>>();
+    s.scalars = d["scalars"].cast<std::map<std::string, double>>();
+  } catch (const py::cast_error&) {
+    throw expected();
+  }
+  return s;
 }
 
 void bind_optimizers(py::module_& om) {
@@ -42,21 +86,17 @@ void bind_optimizers(py::module_& om) {
       .def("state_dict", [](const Optimizer& o) { return state_dict_to_python(o.state_dict()); })
       .def(
           "load_state_dict",
-          [](Optimizer& o, py::dict d) {
-            OptimizerStateDict s;
-            s.tensors = d["tensors"].cast<std::map<std::string, Tensor>>();
-            s.scalars = d["scalars"].cast<std::map<std::string, double>>();
-            o.load_state_dict(s);
-          },
+          [](Optimizer& o, py::dict d) { o.load_state_dict(state_dict_from_python(d)); },
           py::arg("state_dict"));
   py::class_<AdamW, Optimizer>(om, "AdamW")
       .def(py::init([](const std::vector<Tensor>& params, double lr,
                        std::pair<double, double> betas, double eps, double weight_decay) {
-             return std::make_unique<AdamW>(params, AdamWOptions{.lr = lr,
-                                                                 .beta1 = betas.first,
-                                                                 .beta2 = betas.second,
-                                                                 .eps = eps,
-                                                                 .weight_decay = weight_decay});
+             return std::make_unique<AdamW>(checked_params("AdamW", params, lr, weight_decay),
+                                            AdamWOptions{.lr = lr,
+                                                         .beta1 = betas.first,
+                                                         .beta2 = betas.second,
+                                                         .eps = eps,
+                                                         .weight_decay = weight_decay});
            }),
            py::arg("params"), py::arg("lr") = 1e-3, py::arg("betas") = std::pair{0.9, 0.999},
            py::arg("eps") = 1e-8, py::arg("weight_decay") = 0.01,
@@ -64,11 +104,15 @@ void bind_optimizers(py::module_& om) {
   py::class_<SGD, Optimizer>(om, "SGD").def(
       py::init([](const std::vector<Tensor>& params, double lr, double momentum, double dampening,
                   double weight_decay, bool nesterov) {
-        return std::make_unique<SGD>(params, SGDOptions{.lr = lr,
-                                                        .momentum = momentum,
-                                                        .dampening = dampening,
-                                                        .weight_decay = weight_decay,
-                                                        .nesterov = nesterov});
+        if (!(momentum >= 0))
+          throw py::value_error("SGD: Invalid momentum value: " +
+                                std::string(py::str(py::float_(momentum))));
+        return std::make_unique<SGD>(checked_params("SGD", params, lr, weight_decay),
+                                     SGDOptions{.lr = lr,
+                                                .momentum = momentum,
+                                                .dampening = dampening,
+                                                .weight_decay = weight_decay,
+                                                .nesterov = nesterov});
       }),
       py::arg("params"), py::arg("lr") = 1e-2, py::arg("momentum") = 0.0,
       py::arg("dampening") = 0.0, py::arg("weight_decay") = 0.0, py::arg("nesterov") = false);

@@ -7,6 +7,25 @@
 namespace tessera::python {
 namespace {
 
+// x[index] along dim for a 1-D integer tensor: negative entries count from the end and one
+// outside [-size, size) is an IndexError naming it and the size, as PyTorch's.
+Tensor select_by_tensor(const Tensor& x, int64_t dim, const Tensor& index) {
+  const int64_t n = x.size(dim);
+  if (index.numel() > 0 && is_integral(index.dtype()) && index.dtype() != DType::boolean) {
+    const int64_t low = static_cast<int64_t>(ops::amin(index).item());
+    const int64_t high = static_cast<int64_t>(ops::amax(index).item());
+    for (int64_t bad : {low, high})
+      if (bad < -n || bad >= n)
+        throw py::index_error("index " + std::to_string(bad) + " is out of bounds for dimension " +
+                              std::to_string(dim) + " with size " + std::to_string(n));
+    if (low < 0)
+      return index_select(
+          x, dim,
+          ops::where(ops::binary(BinaryOp::Lt, index, 0.0), ops::add(index, double(n)), index));
+  }
+  return index_select(x, dim, index);
+}
+
 // x[key] for key an int, a slice (positive step), None, Ellipsis, a 1-D integer tensor or a
 // tuple of these, as NumPy and PyTorch read it.
 Tensor index_tensor(const Tensor& t, py::handle key) {
@@ -46,7 +65,7 @@ Tensor index_tensor(const Tensor& t, py::handle key) {
           length == 0 ? first : first + (static_cast<int64_t>(length) - 1) * step + 1;
       out = out.slice(dim++, first, end, static_cast<int64_t>(step));
     } else if (py::isinstance<Tensor>(item)) {
-      out = index_select(out, dim++, item.cast<Tensor>());
+      out = select_by_tensor(out, dim++, item.cast<Tensor>());
     } else if (py::isinstance<py::int_>(item) || py::hasattr(item, "__index__")) {
       int64_t i = py::reinterpret_borrow<py::object>(item).attr("__index__")().cast<int64_t>();
       const int64_t n = out.size(dim);
@@ -215,10 +234,17 @@ void bind_views(py::class_<Tensor>& cls) {
               // dtype.
               bool names_device = py::isinstance<Device>(first);
               if (py::isinstance<py::str>(first)) {
+                const std::string spec = first.cast<std::string>();
                 try {
-                  Device::parse(first.cast<std::string>());
+                  Device::parse(spec);
                   names_device = true;
-                } catch (const Error&) {
+                } catch (const Error& device_error) {
+                  try {
+                    dtype_from_name(spec);
+                  } catch (const Error&) {  // neither: say what a device would have been
+                    throw py::value_error("Tensor.to: '" + spec + "' is not a dtype, and " +
+                                          device_error.what());
+                  }
                 }
               }
               if (names_device)
@@ -349,6 +375,15 @@ void bind_tensor(py::module_& m) {
            [](const Tensor& t) {
              if (t.dim() == 0) throw py::type_error("len() of a 0-d tensor");
              return t.size(0);
+           })
+      // The sub-tensors along dim 0, as PyTorch (without it Python would index until an
+      // IndexError, and a 0-d tensor would give an empty list).
+      .def("__iter__",
+           [](const Tensor& t) {
+             if (t.dim() == 0) throw py::type_error("iteration over a 0-d tensor");
+             py::list rows;
+             for (int64_t i = 0; i < t.size(0); ++i) rows.append(t.select(0, i));
+             return py::iter(rows);
            })
       .def_property_readonly("dtype", &Tensor::dtype)
       .def_property_readonly("device", &Tensor::device)

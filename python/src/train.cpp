@@ -1,6 +1,8 @@
 // tessera.Trainer and tessera.TrainingArguments: Hugging Face's names over train::Trainer.
 // Arguments are given as keywords (any name the config file or `tessera train` accepts) and
 // checked by the library; Python callbacks see logs, evaluations and saves.
+#include <cmath>
+
 #include "bindings.h"
 #include "tessera/train/trainer.h"
 #include "tessera/train/training_args.h"
@@ -11,6 +13,29 @@ namespace {
 nlohmann::json json_of(py::handle value) {
   return nlohmann::json::parse(
       py::module_::import("json").attr("dumps")(value).cast<std::string>());
+}
+
+// JSON has no NaN or infinity (json.dumps would write NaN, which the parser then refuses
+// without naming the setting): a non-finite number anywhere in `value` is refused here.
+void check_finite(py::handle value, const std::string& key) {
+  if (py::isinstance<py::float_>(value) && !std::isfinite(value.cast<double>()))
+    throw py::value_error("TrainingArguments: " + key + " must be a finite number, got " +
+                          std::string(py::repr(value)));
+  if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value))
+    for (py::handle item : value) check_finite(item, key);
+  if (py::isinstance<py::dict>(value))
+    for (auto [k, item] : py::reinterpret_borrow<py::dict>(value))
+      check_finite(item, key + "." + std::string(py::str(k)));
+}
+
+// The callback object Trainer.add_callback was given, when it has a method the Trainer calls.
+void check_callback(py::handle callback) {
+  for (const char* method : {"on_log", "on_evaluate", "on_save", "on_step_end"})
+    if (py::hasattr(callback, method)) return;
+  throw py::type_error(
+      "Trainer.add_callback: callback must have at least one of on_log, on_evaluate, on_save, "
+      "on_step_end; got " +
+      std::string(py::str(py::type::of(callback).attr("__name__"))));
 }
 
 py::object python_of(const nlohmann::json& j) {
@@ -66,6 +91,7 @@ void bind_train(py::module_& m) {
   using train::TrainingArguments;
   py::class_<TrainingArguments>(m, "TrainingArguments")
       .def(py::init([](py::kwargs kwargs) {
+             for (auto [key, value] : kwargs) check_finite(value, std::string(py::str(key)));
              TrainingArguments args;
              train::apply_config_values(args, json_of(kwargs), "TrainingArguments(...)");
              // As transformers does, a `deepspeed` file's settings are read here.
@@ -95,6 +121,9 @@ void bind_train(py::module_& m) {
   py::class_<PythonTrainer>(m, "Trainer")
       .def(py::init([](const TrainingArguments& args, py::object model, py::object train_data,
                        py::object eval_data) {
+             if (!py::isinstance<nn::GPT>(model))
+               throw py::type_error("Trainer: model must be a tessera.nn.GPT, got " +
+                                    std::string(py::str(py::type::of(model).attr("__name__"))));
              auto to_file = [](py::handle f) {
                return py::isinstance<data::TokenFile>(f) ? f.cast<data::TokenFile>()
                                                          : data::TokenFile(f.cast<std::string>());
@@ -124,6 +153,7 @@ void bind_train(py::module_& m) {
       .def(
           "add_callback",
           [](PythonTrainer& t, py::object cb) {
+            check_callback(cb);
             t.trainer->add_callback(std::make_shared<PythonCallback>(std::move(cb)));
           },
           py::arg("callback"))

@@ -358,5 +358,24 @@ TEST(Engine, EmbeddingGradSinkTakesTheLookupsGradientAfterTheWeightIsFinal) {
   EXPECT_EQ(values(w2.grad()), want);
 }
 
+// Letting go of a graph 200,000 ops deep: each node's destructor used to destroy its inputs'
+// nodes, recursively, and overflowed the stack. Run in a child process so that a regression
+// fails this test alone.
+TEST(Engine, ReleasingADeepGraphDoesNotOverflowTheStack) {
+  ::testing::GTEST_FLAG(death_test_style) = "threadsafe";
+  EXPECT_EXIT(
+      {
+        const Tensor x = leaf(ones({2}));
+        Tensor y = x;
+        for (int i = 0; i < 200000; ++i) y = y * 1.0;  // edges only
+        y = Tensor();
+        Tensor z = x;
+        for (int i = 0; i < 200000; ++i) z = z * x;  // closures holding their inputs too
+        z = Tensor();
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
 }  // namespace
 }  // namespace tessera

@@ -1,6 +1,7 @@
-// Defects found by a differential test against PyTorch (issue 17), each pinned down:
+// Defects found by a differential test against PyTorch (issues 17 and 38), each pinned down:
 // writes into self-overlapping views, empty inner/outer matmul dims under autograd, f64
-// precision of cross-entropy and layer norm, long f32 sums, GELU's gradient at +-inf.
+// precision of cross-entropy and layer norm, long f32 sums, GELU's gradient at +-inf, std's
+// gradient where the std is 0, tanh's f16/bf16 gradient rounding, fill_ into expanded views.
 #include <cmath>
 #include <limits>
 
@@ -9,8 +10,9 @@
 namespace tessera {
 namespace {
 
-using testing::leaf;
 using testing::error_of;
+using testing::gradcheck;
+using testing::leaf;
 using testing::random_f64;
 
 TEST(Exactness, CopyIntoExpandedViewIsRefused) {
@@ -21,9 +23,8 @@ TEST(Exactness, CopyIntoExpandedViewIsRefused) {
       << message;
   EXPECT_NE(message.find("copy_"), std::string::npos) << message;
   EXPECT_EQ(ops::sum(ops::unary(UnaryOp::Abs, base)).item(), 0.0) << "nothing may be written";
-  // In-place arithmetic and fill_ refuse the same destinations.
+  // In-place arithmetic refuses the same destinations (fill_ writes one value: see below).
   EXPECT_NE(error_of([&] { ops::binary_(BinaryOp::Add, base.expand({4, 3}), 1.0); }), "");
-  EXPECT_NE(error_of([&] { base.expand({2, 3}).fill_(2.0); }), "");
   // An as_strided view whose rows overlap ([3, 2] over 4 elements) is refused too.
   Tensor flat = zeros({4});
   EXPECT_NE(error_of([&] { raw::as_strided(flat, {3, 2}, {1, 1}, 0).copy_(ones({3, 2})); }), "");
@@ -149,6 +150,72 @@ TEST(Exactness, GeluGradientAtInfinityIsItsLimit) {
     EXPECT_EQ(yv[0], inf);
     EXPECT_EQ(yv[1], 0.0);  // the limit, not -inf * 0
   }
+}
+
+// PyTorch's std_backward masks grad / (2 std) to 0 where std == 0, so a constant feature gets
+// a zero gradient; sqrt's derivative there is inf and inf * 0 made it NaN.
+TEST(Exactness, StdGradientIsZeroWhereTheStdIsZero) {
+  const std::vector<double> rows = {2, 2, 2, 2, 1, 2, 3, 4};
+  for (double correction : {0.0, 1.0}) {
+    Tensor x = leaf(from_vector<double>(rows, {2, 4}, {.dtype = DType::f64}));
+    sum(std_dev(x, {1}, correction)).backward();
+    // Row 1 against (x - mean) / ((N - correction) std), its float64 value.
+    const double n = 4, mean = 2.5, ss = 5.0, sd = std::sqrt(ss / (n - correction));
+    const std::vector<double> g = testing::detail::values(x.grad());
+    for (int c = 0; c < 4; ++c) {
+      EXPECT_EQ(g[c], 0.0) << "constant row, correction " << correction;
+      EXPECT_NEAR(g[4 + c], (rows[4 + c] - mean) / ((n - correction) * sd), 1e-15);
+    }
+  }
+  // A constant f32 tensor reduced over every dim, under an upstream gradient of inf.
+  Tensor y = leaf(full({3, 5}, 0.25));
+  (std_dev(y) * INFINITY).backward();
+  for (double v : testing::detail::values(y.grad())) EXPECT_EQ(v, 0.0);
+  // N - correction = 0: the std is NaN (0 / 0) and so is its gradient, as PyTorch's.
+  Tensor z = leaf(from_vector<double>({1, 2, 3}, {3}, {.dtype = DType::f64}));
+  std_dev(z, {}, 3.0).backward();
+  EXPECT_TRUE(std::isnan(testing::detail::values(z.grad())[0]));
+}
+
+// tanh's gradient dy (1 - y^2) for f16/bf16 is computed in f32 and rounded once, as PyTorch's
+// tanh_backward; rounding y^2, 1 - y^2 and the product each to the dtype lost up to 2 ulps.
+TEST(Exactness, TanhHalfPrecisionGradientIsRoundedOnce) {
+  for (DType dt : {DType::f16, DType::bf16}) {
+    Tensor x = leaf(random_f64({4096}, 12, -3, 3).to(dt));
+    const Tensor dy = random_f64({4096}, 13).to(dt);
+    Tensor y = tanh(x);
+    y.backward(dy);
+    const std::vector<double> yv = testing::detail::values(y), gv = testing::detail::values(dy);
+    std::vector<float> want(yv.size());
+    for (size_t i = 0; i < yv.size(); ++i) {
+      const float yf = static_cast<float>(yv[i]);
+      want[i] = static_cast<float>(gv[i]) * (1.0f - yf * yf);
+    }
+    const std::vector<double> rounded = testing::detail::values(from_vector(want, {4096}).to(dt));
+    const std::vector<double> got = testing::detail::values(x.grad());
+    int64_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != rounded[i];
+    EXPECT_EQ(differ, 0) << dtype_name(dt) << ": elements not rounded once from f32";
+  }
+}
+
+// fill_ into an expanded view writes its value to every location the view covers, as
+// PyTorch's (it was refused as an overlapping write); in a graph the base's history is
+// rewritten and the gradient of the view's shared locations summed.
+TEST(Exactness, FillIntoAnExpandedViewWritesTheSharedLocations) {
+  Tensor base = zeros({3, 1, 2});
+  base.expand({3, 4, 2}).fill_(2.5);
+  for (double v : testing::detail::values(base)) EXPECT_EQ(v, 2.5);
+  Tensor row = zeros({4});
+  row.unsqueeze(0).expand({5, 4}).zero_();  // also the zero_ spelling
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& v) {
+        Tensor y = v[0] * 2.0;  // [2, 3]
+        Tensor shared = y.select(0, 1).unsqueeze(0).expand({4, 3});
+        shared.fill_(5.0);  // y[1] = 5
+        return sum(shared * v[1]) + sum(y * v[2]);
+      },
+      {leaf(random_f64({2, 3}, 14)), leaf(random_f64({4, 3}, 15)), leaf(random_f64({2, 3}, 16))}));
 }
 
 }  // namespace

@@ -241,6 +241,50 @@ TEST(LayerNorm, BackwardMatchesReferenceAndFiniteDifferences) {
   }
 }
 
+// Rows with a large mean (1e3 over C = 4096, spread 1): a plain f32 sum of the row loses the
+// mean's low digits and every xhat of the row is off by the same amount. The forward and
+// backward against float64 must stay within a few f32 ulps of the result; PyTorch's f32 CPU
+// kernels are off by up to 2.6e-4 (out), 8.9e-5 (dx) and 4.7e-4 (dweight) on these inputs.
+TEST(LayerNorm, RowsWithALargeMeanKeepFloat32Accuracy) {
+  const int64_t rows = 8, C = 4096;
+  Generator gen(17);
+  const auto f32 = [](const Tensor& t) { return t.to(DType::f32); };
+  const Tensor x = f32(ops::add(randn({rows, C}, {.dtype = DType::f64}, &gen), 1e3));
+  const Tensor w = f32(ops::add(ops::mul(randn({C}, {.dtype = DType::f64}, &gen), 0.5), 1.0));
+  const Tensor b = f32(randn({C}, {.dtype = DType::f64}, &gen));
+  const Tensor dy = f32(randn({rows, C}, {.dtype = DType::f64}, &gen));
+  const auto xv = host(x), wv = host(w), bv = host(b), gv = host(dy);
+  const auto ref = layer_norm_ref(xv, &wv, &bv, C, 1e-5);
+  std::vector<double> dx(xv.size()), dw(C, 0), db(C, 0);
+  for (int64_t i = 0; i < rows; ++i) {
+    double mg = 0, mgx = 0;
+    std::vector<double> xhat(C);
+    for (int64_t c = 0; c < C; ++c) {
+      xhat[c] = (xv[i * C + c] - ref.mean[i]) * ref.rstd[i];
+      mg += gv[i * C + c] * wv[c] / C;
+      mgx += gv[i * C + c] * wv[c] * xhat[c] / C;
+      dw[c] += gv[i * C + c] * xhat[c];
+      db[c] += gv[i * C + c];
+    }
+    for (int64_t c = 0; c < C; ++c)
+      dx[i * C + c] = ref.rstd[i] * (gv[i * C + c] * wv[c] - mg - xhat[c] * mgx);
+  }
+  const auto max_error = [](const Tensor& got, const std::vector<double>& want) {
+    const auto g = host(got);
+    double worst = 0;
+    for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::fabs(g[i] - want[i]));
+    return worst;
+  };
+  const auto fwd = ops::layer_norm(x, w, b, 1e-5);
+  const auto grads = ops::layer_norm_backward(dy, x, w, fwd.mean, fwd.rstd, true);
+  // About 1e-6 each here (out, dx, dweight, dbias).
+  EXPECT_LE(max_error(fwd.out, ref.out), 4e-6);
+  EXPECT_LE(max_error(fwd.mean, ref.mean), 3.1e-5);  // the f32 mean itself: half an ulp of 1e3
+  EXPECT_LE(max_error(grads.dx, dx), 4e-6);
+  EXPECT_LE(max_error(grads.dweight, dw), 1e-5);
+  EXPECT_LE(max_error(grads.dbias, db), 1e-5);
+}
+
 TEST(LayerNorm, BadInput) {
   expect_error([] { ops::layer_norm(ones({3, 4}), ones({5}), Tensor(), 1e-5); },
                {"layer_norm", "weight", "[5]", "[3, 4]"});
