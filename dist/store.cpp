@@ -14,11 +14,17 @@ namespace {
 enum Command : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kWait = 4, kCheck = 5, kHello = 6 };
 
 // Requests are a command byte, an argument count and length-prefixed strings; replies are
-// one length-prefixed string.
+// one length-prefixed string. A request goes out in one write: a client stopped between
+// several writes (SIGSTOP) would hold the server's one thread in the middle of a request.
 void send_request(Socket& s, uint8_t command, const std::vector<std::string>& args, Deadline d) {
-  s.send_all(&command, 1, d);
-  s.send_u64(args.size(), d);
-  for (const std::string& a : args) s.send_string(a, d);
+  std::string request(1, static_cast<char>(command));
+  auto append_u64 = [&](uint64_t v) { request.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  append_u64(args.size());
+  for (const std::string& a : args) {
+    append_u64(a.size());
+    request += a;
+  }
+  s.send_all(request.data(), request.size(), d);
 }
 }  // namespace
 

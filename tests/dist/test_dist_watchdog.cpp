@@ -198,12 +198,14 @@ class LoopJob {
       ::_exit(127);
     }
   }
+  // A job that has not ended is stopped: its stopped ranks killed (still the launcher's
+  // children, so the pids are theirs), then the launcher through `timeout`, which passes
+  // SIGTERM on; the launcher takes every rank down with it.
   ~LoopJob() {
-    for (pid_t p : stopped_) ::kill(p, SIGCONT), ::kill(p, SIGKILL);
-    if (!ended_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
+    if (ended_) return;
+    for (pid_t p : stopped_) ::kill(p, SIGKILL);
+    ::kill(pid_, SIGTERM);
+    ::waitpid(pid_, nullptr, 0);
   }
 
   // The pid rank `rank` wrote once the job was running, or -1 if the job ended first.
