@@ -15,8 +15,9 @@
 // prints the report and keeps waiting, up to the collective timeout. When the store itself
 // stops answering (it lives in rank 0), the report names rank 0 with its last heartbeat.
 //
-// The host backends (tcp, mpi) record their collectives here; NCCL collectives run on the
-// device and are bounded by the collective timeout alone.
+// The host backends record their collectives here; the watchdog runs where the job also has
+// a rendezvous store (tcp). Under mpi (no store) and NCCL (collectives on the device) the
+// collective timeout alone bounds a hang.
 #pragma once
 #include <condition_variable>
 #include <cstdint>

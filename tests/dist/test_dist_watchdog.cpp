@@ -20,6 +20,8 @@
 #include "tessera/dist/store.h"
 #include "tessera/dist/watchdog.h"
 
+#include "run_job.h"
+
 using namespace tessera;
 using namespace tessera::dist;
 namespace fs = std::filesystem;
@@ -151,23 +153,8 @@ TEST(Rendezvous, TwoProcessesWithOneRankAreAnError) {
 
 // ---- real jobs ----
 
-struct JobResult {
-  int status = -1;  // 124/137: killed by the timeout
-  std::string output;
-};
-
-JobResult run_job(const std::string& command, int timeout_s) {
-  const std::string full = "timeout -k 2 " + std::to_string(timeout_s) + " " + command + " 2>&1";
-  JobResult result;
-  FILE* pipe = popen(full.c_str(), "r");
-  if (!pipe) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
-}
+using tessera::test_jobs::JobResult;
+using tessera::test_jobs::run_job;
 
 std::string slurp(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -325,38 +312,31 @@ TEST(WatchdogJobs, ReportActionKeepsWaitingAndTheJobFinishesOnceTheRankResumes) 
   EXPECT_EQ(job.status(), 0) << job.output();
 }
 
-std::string lone_rank(int rank, int port) {
-  return "env RANK=" + std::to_string(rank) + " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-         std::to_string(port) + " TESSERA_RENDEZVOUS_TIMEOUT=3 " DIST_FAULT_CHECK " loop " +
-         fresh_dir("lone" + std::to_string(rank)).string();
+// A rank of a 2-rank job started alone: it says what it waits for, then fails with `error`.
+void lone_rank_waits_then_fails(int rank, const std::string& progress, const std::string& error) {
+  const int port = find_free_port();
+  const std::string where = "127.0.0.1:" + std::to_string(port);
+  JobResult r = run_job("env RANK=" + std::to_string(rank) +
+                            " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                            std::to_string(port) + " TESSERA_RENDEZVOUS_TIMEOUT=3 " +
+                            DIST_FAULT_CHECK " loop " + fresh_dir("lone").string(),
+                        30);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("dist: rank " + std::to_string(rank) + " waiting for " + progress +
+                          " at " + where + " ("),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("the rendezvous at " + where + " timed out after 3 s: " + error),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(RendezvousJobs, Rank0WithoutItsPeerSaysSoAndEndsNamingIt) {
-  const int port = find_free_port();
-  JobResult r = run_job(lone_rank(0, port), 30);
-  EXPECT_EQ(r.status, 1) << r.output;
-  const std::string where = "127.0.0.1:" + std::to_string(port);
-  EXPECT_NE(r.output.find("dist: rank 0 waiting for 1 of 2 ranks at " + where + " ("),
-            std::string::npos)
-      << r.output;
-  EXPECT_NE(r.output.find("the rendezvous at " + where +
-                          " timed out after 3 s: 1 of 2 ranks joined; rank 1 never joined"),
-            std::string::npos)
-      << r.output;
+  lone_rank_waits_then_fails(0, "1 of 2 ranks", "1 of 2 ranks joined; rank 1 never joined");
 }
 
 TEST(RendezvousJobs, RankWithoutRank0SaysSoAndEnds) {
-  const int port = find_free_port();
-  JobResult r = run_job(lone_rank(1, port), 30);
-  EXPECT_EQ(r.status, 1) << r.output;
-  const std::string where = "127.0.0.1:" + std::to_string(port);
-  EXPECT_NE(r.output.find("dist: rank 1 waiting for rank 0's store at " + where + " ("),
-            std::string::npos)
-      << r.output;
-  EXPECT_NE(r.output.find("the rendezvous at " + where +
-                          " timed out after 3 s: rank 0 never served its store there"),
-            std::string::npos)
-      << r.output;
+  lone_rank_waits_then_fails(1, "rank 0's store", "rank 0 never served its store there");
 }
 
 }  // namespace
