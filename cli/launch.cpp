@@ -15,9 +15,11 @@ const RegisterCommand reg(
           "processes on this node (1 to " + std::to_string(dist::kMaxProcsPerNode) + ")");
       sub.add_option("--nnodes", options->nnodes, "number of nodes");
       sub.add_option("--node-rank", options->node_rank, "this node's index");
-      sub.add_option("--master-addr", options->master_addr, "address of rank 0's node");
+      sub.add_option("--master-addr", options->master_addr,
+                     "address of rank 0's node (default: MASTER_ADDR, else 127.0.0.1)");
       sub.add_option("--master-port", options->master_port,
-                     "rendezvous port (default: a free port on one node, 29500 on several)");
+                     "rendezvous port (default: MASTER_PORT, else a free port on one node, 29500 "
+                     "on several)");
       sub.add_option("--mixed-precision", options->mixed_precision,
                      "no | fp16 | bf16, passed to the Accelerator as TESSERA_MIXED_PRECISION")
           ->check(CLI::IsMember({"no", "fp16", "bf16"}));
@@ -33,6 +35,14 @@ const RegisterCommand reg(
                      "seconds the other ranks may take to exit after one exited 0; then they "
                      "are stopped and the job fails naming them")
           ->capture_default_str();
+      sub.add_option_function<double>(
+             "--watchdog-timeout", [options](double s) { options->watchdog_timeout_s = s; },
+             "seconds ranks may wait in one collective before the watchdog names the ranks "
+             "they wait for and ends the job (default 60, TESSERA_WATCHDOG_TIMEOUT; 0: off)");
+      sub.add_option("--watchdog-action", options->watchdog_action,
+                     "end | report: end the job on a hang (default), or only print the report "
+                     "and keep waiting (TESSERA_WATCHDOG_ACTION)")
+          ->check(CLI::IsMember({"end", "report"}));
       // PROGRAM and everything after it belong to the program, even options that look like
       // ours: they arrive in remaining().
       sub.prefix_command();
@@ -45,6 +55,8 @@ const RegisterCommand reg(
           "otherwise; else the first failing rank's status.");
       sub.callback([options, &sub] {
         options->command = sub.remaining();
+        dist::take_master_from_environment(*options, sub.count("--master-addr") > 0,
+                                           sub.count("--master-port") > 0);
         dist::validate(*options);
         int status = dist::launch(*options);
         if (status != 0) std::exit(status);

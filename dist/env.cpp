@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 
 #include "tessera/core/error.h"
@@ -26,26 +27,43 @@ std::string env_string(const char* name, const std::string& fallback) {
 namespace {
 bool has_env(const char* name) { return !env_string(name).empty(); }
 
-long parse_long(const char* name, const std::string& text) {
+// `text` (the value of variable `name`) as an integer in [min, max]; `note` says where the
+// range comes from when another variable sets it.
+long long parse_integer(const char* name, const std::string& text, long long min, long long max,
+                        const std::string& note = "") {
   char* end = nullptr;
-  long value = std::strtol(text.c_str(), &end, 10);
+  errno = 0;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
   TESSERA_CHECK(end && *end == '\0' && !text.empty(), "dist environment: ", name, "='", text,
                 "' is not an integer");
+  TESSERA_CHECK(errno != ERANGE && value >= min && value <= max, "dist environment: ", name, "=",
+                text, " is out of range: it must be in [", min, ", ", max, "]", note);
   return value;
+}
+
+long long bounded(const char* name, long long fallback, long long min, long long max,
+                  const std::string& note = "") {
+  const std::string v = env_string(name);
+  return v.empty() ? fallback : parse_integer(name, v, min, max, note);
 }
 }  // namespace
 
-int env_int(const char* name, int fallback) {
-  std::string v = env_string(name);
-  return v.empty() ? fallback : static_cast<int>(parse_long(name, v));
+long long env_integer(const char* name, long long fallback, long long min, long long max) {
+  return bounded(name, fallback, min, max);
 }
 
-double env_double(const char* name, double fallback) {
+int env_int(const char* name, int fallback, int min, int max) {
+  return static_cast<int>(bounded(name, fallback, min, max));
+}
+
+double env_double(const char* name, double fallback, double min, double max) {
   std::string v = env_string(name);
   if (v.empty()) return fallback;
   char* end = nullptr;
   double value = std::strtod(v.c_str(), &end);
   TESSERA_CHECK(end && *end == '\0', "dist environment: ", name, "='", v, "' is not a number");
+  TESSERA_CHECK(value >= min && value <= max, "dist environment: ", name, "=", v,
+                " is out of range: it must be in [", min, ", ", max, "]");
   return value;
 }
 
@@ -53,6 +71,12 @@ bool env_flag(const char* name) {
   std::string v = env_string(name);
   std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
   return v == "1" || v == "true" || v == "yes" || v == "on";
+}
+
+double rendezvous_timeout_from_env() {
+  const double seconds = env_double("TESSERA_RENDEZVOUS_TIMEOUT", 600, 0, 1e9);
+  TESSERA_CHECK(seconds > 0, "dist environment: TESSERA_RENDEZVOUS_TIMEOUT must be positive");
+  return seconds;
 }
 
 const char* nccl_cta_policy_name(NcclCtaPolicy policy) {
@@ -103,49 +127,74 @@ std::string first_slurm_host(const std::string& nodelist) {
   return nodelist.substr(0, bracket) + nodelist.substr(bracket + 1, end - bracket - 1);
 }
 
+namespace {
+// The variables one starter uses for a process's place in the job.
+struct PlaceVariables {
+  Launcher launcher;
+  const char* rank;
+  const char* world_size;
+  const char* local_rank;
+  const char* local_world_size;  // null: read specially (SLURM)
+};
+constexpr PlaceVariables kTorchrun{Launcher::Torchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                   "LOCAL_WORLD_SIZE"};
+constexpr PlaceVariables kMpirun{Launcher::Mpirun, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                 "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
+constexpr PlaceVariables kSlurm{Launcher::Slurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                                nullptr};
+
+// SLURM_NTASKS_PER_NODE may read "4" or "4(x2)" (or "2,1" on uneven nodes); the leading
+// number is what we want.
+int slurm_tasks_per_node(int world_size) {
+  const std::string text = env_string("SLURM_NTASKS_PER_NODE");
+  const std::string leading = text.substr(0, text.find_first_not_of("0123456789"));
+  if (leading.empty()) return world_size;
+  return static_cast<int>(parse_integer("SLURM_NTASKS_PER_NODE", leading, 1, kMaxWorldSize));
+}
+
+// Every value is range-checked as it is read, so a value too large for an int is named as
+// out of range instead of wrapping (WORLD_SIZE=99999999999999999999 once read as -1).
+void read_place(const PlaceVariables& v, DistEnv& env) {
+  env.launcher = v.launcher;
+  env.world_size = static_cast<int>(bounded(v.world_size, 1, 1, kMaxWorldSize));
+  const std::string world = detail::concat(" (", v.world_size, "=", env.world_size, ")");
+  env.rank = static_cast<int>(bounded(v.rank, 0, 0, env.world_size - 1, world));
+  env.local_world_size = v.local_world_size
+                             ? static_cast<int>(bounded(v.local_world_size, env.world_size, 1,
+                                                        kMaxWorldSize))
+                             : slurm_tasks_per_node(env.world_size);
+  const std::string local =
+      v.local_world_size
+          ? detail::concat(" (", v.local_world_size, "=", env.local_world_size, ")")
+          : detail::concat(" (", env.local_world_size, " tasks per node)");
+  // A starter that gives no local rank runs every rank on one node (torchrun, mpirun) or
+  // says so (SLURM always sets SLURM_LOCALID).
+  const long long local_fallback = v.launcher == Launcher::Slurm ? 0 : env.rank;
+  env.local_rank =
+      static_cast<int>(bounded(v.local_rank, local_fallback, 0, env.local_world_size - 1, local));
+  TESSERA_CHECK(env.local_rank < env.local_world_size, "dist environment: ", v.local_rank,
+                " is not set and rank ", env.rank, " is outside the ", env.local_world_size,
+                " local processes", local, " (launcher: ", launcher_name(v.launcher), ")");
+}
+}  // namespace
+
 DistEnv read_dist_env() {
   DistEnv env;
   if (has_env("RANK") || has_env("WORLD_SIZE")) {
-    env.launcher = Launcher::Torchrun;
-    env.rank = env_int("RANK", 0);
-    env.world_size = env_int("WORLD_SIZE", 1);
-    env.local_rank = env_int("LOCAL_RANK", env.rank);
-    env.local_world_size = env_int("LOCAL_WORLD_SIZE", env.world_size);
+    read_place(kTorchrun, env);
   } else if (has_env("OMPI_COMM_WORLD_RANK")) {
-    env.launcher = Launcher::Mpirun;
-    env.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
-    env.world_size = env_int("OMPI_COMM_WORLD_SIZE", 1);
-    env.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env.rank);
-    env.local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env.world_size);
+    read_place(kMpirun, env);
   } else if (has_env("SLURM_PROCID")) {
-    env.launcher = Launcher::Slurm;
-    env.rank = env_int("SLURM_PROCID", 0);
-    env.world_size = env_int("SLURM_NTASKS", 1);
-    env.local_rank = env_int("SLURM_LOCALID", 0);
-    // SLURM_NTASKS_PER_NODE may read "4" or "4(x2)"; the leading number is what we want.
-    std::string per_node = env_string("SLURM_NTASKS_PER_NODE");
-    env.local_world_size = per_node.empty() ? env.world_size : std::atoi(per_node.c_str());
-    if (env.local_world_size <= 0) env.local_world_size = env.world_size;
+    read_place(kSlurm, env);
   }
   env.master_addr = env_string("MASTER_ADDR");
-  env.master_port = env_int("MASTER_PORT", 0);
+  env.master_port = env_int("MASTER_PORT", 0, 0, 65535);
   if (env.launcher == Launcher::Slurm) {
     if (env.master_addr.empty())
       env.master_addr = first_slurm_host(env_string("SLURM_JOB_NODELIST", env_string("SLURM_NODELIST")));
     if (env.master_port == 0 && !env.master_addr.empty())
-      env.master_port = 29500 + env_int("SLURM_JOB_ID", 0) % 1000;
+      env.master_port = 29500 + static_cast<int>(env_integer("SLURM_JOB_ID", 0, 0, LLONG_MAX) % 1000);
   }
-  TESSERA_CHECK(env.world_size >= 1, "dist environment: world size ", env.world_size,
-                " must be >= 1 (launcher: ", launcher_name(env.launcher), ")");
-  TESSERA_CHECK(env.rank >= 0 && env.rank < env.world_size, "dist environment: rank ", env.rank,
-                " is outside the world of ", env.world_size, " (launcher: ",
-                launcher_name(env.launcher), ")");
-  TESSERA_CHECK(env.local_rank >= 0 && env.local_rank < std::max(env.local_world_size, 1),
-                "dist environment: local rank ", env.local_rank, " is outside the ",
-                env.local_world_size, " local processes (launcher: ", launcher_name(env.launcher),
-                ")");
-  TESSERA_CHECK(env.master_port >= 0 && env.master_port < 65536, "dist environment: MASTER_PORT=",
-                env.master_port, " is not a TCP port");
   return env;
 }
 

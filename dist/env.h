@@ -3,6 +3,8 @@
 // `mpirun` (OMPI_COMM_WORLD_*) or SLURM (SLURM_PROCID, ...). A process started
 // by hand with none of them is rank 0 of a world of 1.
 #pragma once
+#include <climits>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -33,11 +35,24 @@ DistEnv read_dist_env();
 // The first host name of a SLURM host list: "node[07-09,12],gpu1" -> "node07".
 std::string first_slurm_host(const std::string& nodelist);
 
+// The most ranks a job may have (1024 processes on each of 65536 nodes); a WORLD_SIZE beyond
+// it is a typo or an overflow, not a job.
+constexpr long long kMaxWorldSize = 1LL << 26;
+
 // Environment lookup helpers shared by dist/: the value, or the fallback when unset/empty.
+// A value that is not a number, or lies outside [min, max], is an error naming the variable,
+// its text and the range (an integer too large for int is out of range, never wrapped).
 std::string env_string(const char* name, const std::string& fallback = "");
-int env_int(const char* name, int fallback);
-double env_double(const char* name, double fallback);
+long long env_integer(const char* name, long long fallback, long long min, long long max);
+int env_int(const char* name, int fallback, int min = INT_MIN, int max = INT_MAX);
+double env_double(const char* name, double fallback, double min = -HUGE_VAL,
+                  double max = HUGE_VAL);
 bool env_flag(const char* name);  // "1", "true", "yes", "on" (any case)
+
+// TESSERA_RENDEZVOUS_TIMEOUT (seconds, default 600): how long init_process_group waits for
+// rank 0's store and for every rank to join it, printing progress, before an error naming
+// the ranks that never joined.
+double rendezvous_timeout_from_env();
 
 // Opt-in NCCL settings, read here so that the NCCL group (dist/cuda) and DDP agree and a CPU
 // build can test the parsing. A bad value is an error naming the variable.

@@ -6,9 +6,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <type_traits>
 
 #include "tessera/core/allocator.h"
+#include "tessera/dist/watchdog.h"
 
 namespace tessera::dist {
 
@@ -140,6 +142,7 @@ WorkPtr HostProcessGroup::enqueue(const std::string& what, const CollectiveSigna
   auto job = std::make_unique<Job>();
   job->what = what;
   job->check_signature = sig != nullptr && options().debug_collectives && size() > 1;
+  job->collective = sig != nullptr;
   if (sig) job->signature = *sig;
   job->body = std::move(body);
   auto done = job->done.get_future().share();
@@ -177,6 +180,8 @@ void HostProcessGroup::run_job(Job& job) {
                   " cannot run: an earlier collective in group '", options().name,
                   "' failed: ", broken_reason_);
     Deadline deadline = Deadline::after(options().timeout_s);
+    std::optional<TrackedCollective> tracked;  // where the watchdog's heartbeat says we are
+    if (job.collective) tracked.emplace(options().name, job.signature);
     try {
       if (job.check_signature) {
         std::vector<CollectiveSignature> all(size());

@@ -63,6 +63,7 @@ class HostProcessGroup : public ProcessGroup {
   struct Job {
     std::string what;                 // for error messages
     bool check_signature = false;
+    bool collective = false;          // has a signature: the watchdog tracks it
     CollectiveSignature signature;
     std::function<void(Deadline)> body;
     std::promise<void> done;

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "tessera/core/error.h"
+#include "tessera/dist/env.h"
 #include "tessera/dist/socket.h"
 
 namespace tessera::dist {
@@ -198,6 +199,8 @@ struct JobShape {
   set("TESSERA_RESTART_COUNT", std::to_string(job.restart_count));
   if (!o.mixed_precision.empty()) set("TESSERA_MIXED_PRECISION", o.mixed_precision);
   if (!o.reduce_dtype.empty()) set("TESSERA_REDUCE_DTYPE", o.reduce_dtype);
+  if (o.watchdog_timeout_s) set("TESSERA_WATCHDOG_TIMEOUT", detail::concat(*o.watchdog_timeout_s));
+  if (!o.watchdog_action.empty()) set("TESSERA_WATCHDOG_ACTION", o.watchdog_action);
   // Like torchrun: ranks sharing a node share its cores, so each one's OpenMP pool gets
   // its part (oversubscribed spinning pools slow every rank's host thread down).
   if (!::getenv("OMP_NUM_THREADS") && o.nproc_per_node > 1) {
@@ -457,6 +460,7 @@ void Attempt::forward_further_signals() {
 void Attempt::begin_stopping(int sig) {
   stopping_ = true;
   signal_all(sig);
+  signal_all(SIGCONT);  // a stopped rank (SIGSTOP, a debugger let go) gets its signal now
   kill_at_ = Clock::now() + seconds(o_.stop_grace_s);
 }
 
@@ -521,6 +525,16 @@ void validate(const LaunchOptions& o) {
   check_range("--max-restarts", o.max_restarts, 0, kMaxRestarts);
   check_range("--exit-barrier-timeout", o.exit_barrier_timeout_s, 0, 1e9);
   check_range("--master-port", o.master_port, 0, 65535);
+  if (o.watchdog_timeout_s) check_range("--watchdog-timeout", *o.watchdog_timeout_s, 0, 1e9);
+  TESSERA_CHECK(o.watchdog_action.empty() || o.watchdog_action == "end" ||
+                    o.watchdog_action == "report",
+                "tessera launch: --watchdog-action must be end or report; got '",
+                o.watchdog_action, "'");
+}
+
+void take_master_from_environment(LaunchOptions& o, bool addr_flag_given, bool port_flag_given) {
+  if (!addr_flag_given) o.master_addr = env_string("MASTER_ADDR", o.master_addr);
+  if (!port_flag_given) o.master_port = env_int("MASTER_PORT", o.master_port, 0, 65535);
 }
 
 int launch(const LaunchOptions& o) {

@@ -17,6 +17,7 @@
 // that many times, each attempt seeing its number in TORCHELASTIC_RESTART_COUNT (and
 // TESSERA_RESTART_COUNT); `tessera train` resumes from its newest checkpoint then.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,11 +46,20 @@ struct LaunchOptions {
   // --exit-barrier-timeout); then they are stopped and the job fails naming them.
   double exit_barrier_timeout_s = 300;
   int max_restarts = 0;              // restarts of the whole job after a rank fails
+  // Passed on as TESSERA_WATCHDOG_TIMEOUT / TESSERA_WATCHDOG_ACTION when set (dist/watchdog.h).
+  std::optional<double> watchdog_timeout_s;
+  std::string watchdog_action;       // end | report
   std::vector<std::string> command;  // program and its arguments
 };
 
 // Throws tessera::Error naming the option and its valid range when a value is out of it.
 void validate(const LaunchOptions& options);
+
+// Takes master_addr / master_port from MASTER_ADDR / MASTER_PORT of the launcher's
+// environment where no flag gave them (flags win), as torchrun does; a MASTER_PORT that is
+// no port is an error naming the variable.
+void take_master_from_environment(LaunchOptions& options, bool addr_flag_given,
+                                  bool port_flag_given);
 
 // Runs the job to completion and returns the launcher's exit status: 0 when every rank
 // exited 0; after a forwarded signal kPreemptedExitStatus when every rank exited with it,

@@ -301,10 +301,24 @@ struct Registry {
   std::shared_ptr<ProcessGroup> world;
   std::shared_ptr<Store> store;
   uint64_t generation = 0;  // init_process_group calls so far in this process
+  std::unique_ptr<Watchdog> watchdog;  // last: stops before the group and store go
 };
 Registry& registry() {
   static Registry r;
   return r;
+}
+
+// Rank 0 serves the store, the others wait for it to come up; then every rank joins the
+// rendezvous, so a missing rank is named within the rendezvous timeout, not found out by a
+// silent collective timeout later.
+std::shared_ptr<Store> meet_the_other_ranks(const DistEnv& env, double store_timeout_s,
+                                            double rendezvous_timeout_s, uint64_t generation) {
+  if (env.rank != 0) wait_for_store(env.master_addr, env.master_port, env.rank, rendezvous_timeout_s);
+  auto store = std::make_shared<TCPStore>(env.master_addr, env.master_port, env.rank == 0,
+                                          store_timeout_s, generation);
+  join_rendezvous(*store, env.rank, env.world_size,
+                  detail::concat(env.master_addr, ":", store->port()), rendezvous_timeout_s);
+  return store;
 }
 
 std::string choose_backend(const DistEnv& env, const InitOptions& options) {
@@ -369,9 +383,8 @@ void init_process_group(const InitOptions& options) {
                   "' with ", ctx.env.world_size,
                   " ranks needs MASTER_ADDR and MASTER_PORT (run under `tessera launch`, or "
                   "set them)");
-    ctx.store = std::make_shared<TCPStore>(ctx.env.master_addr, ctx.env.master_port,
-                                           ctx.env.rank == 0, ctx.options.timeout_s,
-                                           reg.generation);
+    ctx.store = meet_the_other_ranks(ctx.env, ctx.options.timeout_s, options.rendezvous_timeout_s,
+                                     reg.generation);
   } else if (ctx.env.world_size == 1) {
     ctx.store = std::make_shared<LocalStore>();
   }
@@ -382,6 +395,11 @@ void init_process_group(const InitOptions& options) {
   }
   reg.world = factory(ctx);
   reg.store = ctx.store;
+  auto* tcp_store = dynamic_cast<TCPStore*>(ctx.store.get());
+  if (tcp_store && ctx.env.world_size > 1 && options.watchdog.timeout_s > 0)
+    reg.watchdog = std::make_unique<Watchdog>(options.watchdog, ctx.env.rank, ctx.env.world_size,
+                                              ctx.env.master_addr, tcp_store->port(),
+                                              reg.generation);
 }
 
 bool is_initialized() { return registry().world != nullptr; }
@@ -400,6 +418,7 @@ void destroy_process_group() {
   Registry& reg = registry();
   if (!reg.world) return;
   reg.world->barrier()->wait();
+  reg.watchdog.reset();
   reg.world.reset();
   reg.store.reset();
 }

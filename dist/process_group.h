@@ -8,7 +8,8 @@
 // of one). init_process_group() picks one from the launch environment.
 //
 // Every collective has a timeout (TESSERA_COLLECTIVE_TIMEOUT seconds, default
-// 1800) and ends in a clear error instead of hanging. With
+// 1800) and ends in a clear error instead of hanging; well before it, the watchdog
+// (dist/watchdog.h, 60 s) names the rank a hung job waits for. With
 // TESSERA_DEBUG_COLLECTIVES=1 the ranks first compare what they are about to
 // call (op, dtype, shape, sequence number) and raise an error naming the ranks
 // that differ.
@@ -24,6 +25,7 @@
 #include "tessera/core/tensor.h"
 #include "tessera/dist/env.h"
 #include "tessera/dist/store.h"
+#include "tessera/dist/watchdog.h"
 
 namespace tessera::dist {
 
@@ -198,9 +200,15 @@ struct InitOptions {
   // from ranks that share one GPU.
   std::optional<DeviceType> device;
   ProcessGroupOptions group = ProcessGroupOptions::from_env();
+  // The hang watchdog of a job with a rendezvous store (dist/watchdog.h).
+  WatchdogOptions watchdog = WatchdogOptions::from_env();
+  // How long ranks wait for each other to join (dist/env.h).
+  double rendezvous_timeout_s = rendezvous_timeout_from_env();
 };
-// Reads the launch environment (dist/env.h), meets the other ranks and creates the world
-// group with the backend named, or for "auto" the one resolve_auto_backend picks.
+// Reads the launch environment (dist/env.h), meets the other ranks (join_rendezvous, with
+// progress and an error naming the ranks that never came) and creates the world group with
+// the backend named, or for "auto" the one resolve_auto_backend picks; then starts the
+// watchdog.
 void init_process_group(const InitOptions& options = {});
 // What "auto" means: single for a world of one; nccl when the tensors are on CUDA, each
 // local rank has a GPU of its own (local_world_size <= cuda_devices: NCCL refuses two

@@ -184,7 +184,7 @@ Listener::Listener(const std::string& host, int port) {
   }
   TESSERA_CHECK(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0,
                 "dist: cannot listen on ", host.empty() ? "*" : host, ":", port, ": ",
-                std::strerror(errno), " (is another job using this port? set MASTER_PORT)");
+                std::strerror(errno), " (is another job using this port? set MASTER_PORT, or `tessera launch --master-port`)");
   TESSERA_CHECK(::listen(fd, 128) == 0, "dist: listen failed: ", std::strerror(errno));
   socklen_t len = sizeof addr;
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);

@@ -2,6 +2,10 @@
 
 #include <poll.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <map>
 
 namespace tessera::dist {
@@ -10,11 +14,17 @@ namespace {
 enum Command : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kWait = 4, kCheck = 5, kHello = 6 };
 
 // Requests are a command byte, an argument count and length-prefixed strings; replies are
-// one length-prefixed string.
+// one length-prefixed string. A request goes out in one write: a client stopped between
+// several writes (SIGSTOP) would hold the server's one thread in the middle of a request.
 void send_request(Socket& s, uint8_t command, const std::vector<std::string>& args, Deadline d) {
-  s.send_all(&command, 1, d);
-  s.send_u64(args.size(), d);
-  for (const std::string& a : args) s.send_string(a, d);
+  std::string request(1, static_cast<char>(command));
+  auto append_u64 = [&](uint64_t v) { request.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  append_u64(args.size());
+  for (const std::string& a : args) {
+    append_u64(a.size());
+    request += a;
+  }
+  s.send_all(request.data(), request.size(), d);
 }
 }  // namespace
 
@@ -145,6 +155,100 @@ void Store::barrier(const std::string& name, int world_size) {
     throw TimeoutError(detail::concat("dist: barrier '", name, "' timed out after ",
                                       timeout_seconds(), " s: only ", arrived, " of ", world_size,
                                       " ranks arrived"));
+  }
+}
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+// Progress lines come every tenth of the timeout, at least 1 s and at most 30 s apart.
+Clock::duration progress_interval(double timeout_s) {
+  return std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(std::clamp(timeout_s / 10, 1.0, 30.0)));
+}
+
+long whole_seconds(Clock::duration d) {
+  return std::lround(std::chrono::duration<double>(d).count());
+}
+
+void print_progress(const std::string& line) {
+  std::fputs((line + "\n").c_str(), stderr);  // one write: lines of several ranks stay whole
+  std::fflush(stderr);
+}
+
+std::string rendezvous_key(int rank) { return "rendezvous/rank/" + std::to_string(rank); }
+
+// "rank 1" / "ranks 1,3" of the ranks that have not joined, or "" where this rank does not
+// look (only rank 0 of a large job asks the store about every rank).
+std::string missing_ranks(Store& store, int rank, int world_size) {
+  if (rank != 0 && world_size > 64) return "";
+  std::vector<int> missing;
+  for (int r = 0; r < world_size; ++r)
+    if (!store.check({rendezvous_key(r)})) missing.push_back(r);
+  std::string text;
+  for (size_t i = 0; i < missing.size() && i < 32; ++i)
+    text += (i ? "," : "") + std::to_string(missing[i]);
+  if (missing.size() > 32) text += ",... (" + std::to_string(missing.size()) + " in all)";
+  return missing.empty() ? "" : (missing.size() > 1 ? "ranks " : "rank ") + text;
+}
+}  // namespace
+
+void join_rendezvous(Store& store, int rank, int world_size, const std::string& where,
+                     double timeout_s) {
+  TESSERA_CHECK(store.add(rendezvous_key(rank), 1) == 1, "dist: two processes joined the "
+                "rendezvous at ", where, " as rank ", rank, " (do two ranks have the same RANK?)");
+  store.add("rendezvous/joined", 1);
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                                 std::chrono::duration<double>(timeout_s));
+  Clock::time_point next_progress = start + progress_interval(timeout_s);
+  auto pause = std::chrono::milliseconds(2);
+  for (;;) {
+    const int64_t joined = store.add("rendezvous/joined", 0);
+    if (joined >= world_size) return;
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) {
+      const std::string missing = missing_ranks(store, rank, world_size);
+      throw TimeoutError(detail::concat(
+          "dist: rank ", rank, ": the rendezvous at ", where, " timed out after ", timeout_s,
+          " s: ", joined, " of ", world_size, " ranks joined",
+          missing.empty() ? "" : "; " + missing + " never joined",
+          " (were they started, with this MASTER_ADDR and MASTER_PORT? "
+          "TESSERA_RENDEZVOUS_TIMEOUT sets the limit)"));
+    }
+    if (now >= next_progress) {
+      const std::string missing = missing_ranks(store, rank, world_size);
+      print_progress(detail::concat("dist: rank ", rank, " waiting for ", world_size - joined,
+                                    " of ", world_size, " ranks at ", where, " (",
+                                    whole_seconds(now - start), " s of ", timeout_s, " s)",
+                                    missing.empty() ? "" : ": " + missing + " not joined yet"));
+      next_progress += progress_interval(timeout_s);
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+  }
+}
+
+void wait_for_store(const std::string& host, int port, int rank, double timeout_s) {
+  const std::string where = detail::concat(host, ":", port);
+  const Clock::time_point start = Clock::now();
+  const Deadline deadline = Deadline::after(timeout_s);
+  for (;;) {
+    const double step = std::chrono::duration<double>(progress_interval(timeout_s)).count();
+    try {
+      Socket::connect(host, port, Deadline::after(std::min(step, deadline.remaining_ms() / 1e3)),
+                      "the rendezvous store (rank 0, MASTER_ADDR:MASTER_PORT)");
+      return;  // it listens; the store's own connection follows
+    } catch (const TimeoutError&) {
+      if (deadline.expired())
+        throw TimeoutError(detail::concat(
+            "dist: rank ", rank, ": the rendezvous at ", where, " timed out after ", timeout_s,
+            " s: rank 0 never served its store there (was it started, with this MASTER_ADDR "
+            "and MASTER_PORT? TESSERA_RENDEZVOUS_TIMEOUT sets the limit)"));
+      print_progress(detail::concat("dist: rank ", rank, " waiting for rank 0's store at ", where,
+                                    " (", whole_seconds(Clock::now() - start), " s of ", timeout_s,
+                                    " s)"));
+    }
   }
 }
 

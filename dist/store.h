@@ -32,6 +32,16 @@ class Store {
   virtual double timeout_seconds() const = 0;
 };
 
+// The rendezvous of init_process_group: rank `rank` announces itself in `store` and waits
+// until all `world_size` ranks have, printing "waiting for K of N ranks at WHERE (30 s of
+// T s)" every so often (rank 0 also names them); after `timeout_s` it throws a TimeoutError
+// naming the ranks that never joined. Two processes with the same rank are an error.
+void join_rendezvous(Store& store, int rank, int world_size, const std::string& where,
+                     double timeout_s);
+// Waits until rank 0's store accepts connections at host:port, printing progress likewise;
+// after `timeout_s` a TimeoutError says that rank 0 never served it there.
+void wait_for_store(const std::string& host, int port, int rank, double timeout_s);
+
 class TCPStoreServer;
 
 class TCPStore : public Store {

@@ -4,8 +4,15 @@
 //                                      (run with TESSERA_DEBUG_COLLECTIVES=1)
 //   dist_fault_check silent            rank 1 never joins rank 0's all_reduce (run with a
 //                                      short TESSERA_COLLECTIVE_TIMEOUT)
+//   dist_fault_check loop DIR          every rank writes its pid to DIR/pid.RANK after a first
+//                                      all_reduce, then all-reduces in a loop, 10 ms apart, until
+//                                      DIR/stop exists (a test stops one rank for the watchdog)
 // Errors are printed as "rank R: error: ..." and end the process with status 1.
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -45,6 +52,20 @@ int main(int argc, char** argv) {
       if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
       Tensor t = full({4}, 1.0);
       pg.all_reduce(t)->wait();
+    } else if (mode == "loop" && argc > 2) {
+      Tensor t = full({4}, 1.0);
+      pg.all_reduce(t)->wait();  // every rank is in before any is stopped
+      const std::string pid_file = std::string(argv[2]) + "/pid." + std::to_string(rank);
+      std::ofstream(pid_file + ".partial") << ::getpid() << "\n";
+      std::filesystem::rename(pid_file + ".partial", pid_file);  // the test reads it whole
+      // Until the test creates DIR/stop (rank 0 looks; the sum tells every rank).
+      for (int step = 0; step < 60000; ++step) {
+        const bool asked = rank == 0 && std::filesystem::exists(std::string(argv[2]) + "/stop");
+        Tensor stop = full({1}, asked ? 1.0 : 0.0);
+        pg.all_reduce(stop)->wait();
+        if (stop.item() > 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
     } else {
       TESSERA_FAIL("unknown mode '", mode, "'");
     }

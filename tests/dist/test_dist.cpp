@@ -22,6 +22,7 @@
 #include "tessera/dist/process_group.h"
 #include "tessera/dist/single_process_group.h"
 #include "tessera/dist/store.h"
+#include "tessera/dist/watchdog.h"
 #include "tessera/nn/layers.h"
 #include "tessera/optim/adamw.h"
 #include "tessera/optim/schedule.h"
@@ -135,6 +136,88 @@ TEST_F(EnvTest, BadValuesNameTheVariable) {
   setenv("RANK", "1", 1);
   setenv("MASTER_PORT", "70000", 1);
   EXPECT_THROW(read_dist_env(), Error);
+}
+
+// WORLD_SIZE=99999999999999999999 was read as -1 ("world size -1"): every integer of the
+// launch environment is range-checked as it is read, naming the variable, its value and the
+// range.
+TEST_F(EnvTest, OutOfRangeIntegersNameTheVariableTheValueAndTheRange) {
+  auto error_of = [] {
+    try {
+      read_dist_env();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  setenv("WORLD_SIZE", "99999999999999999999", 1);
+  EXPECT_NE(error_of().find("WORLD_SIZE=99999999999999999999 is out of range: it must be in [1, "),
+            std::string::npos)
+      << error_of();
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("RANK", "4", 1);
+  EXPECT_NE(error_of().find("RANK=4 is out of range: it must be in [0, 3] (WORLD_SIZE=4)"),
+            std::string::npos)
+      << error_of();
+  setenv("RANK", "-1", 1);
+  EXPECT_NE(error_of().find("RANK=-1 is out of range"), std::string::npos) << error_of();
+  setenv("RANK", "1", 1);
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  setenv("LOCAL_RANK", "2", 1);
+  EXPECT_NE(error_of().find("LOCAL_RANK=2 is out of range: it must be in [0, 1] "
+                            "(LOCAL_WORLD_SIZE=2)"),
+            std::string::npos)
+      << error_of();
+  setenv("LOCAL_RANK", "1", 1);
+  setenv("MASTER_PORT", "4294967297", 1);  // 2^32 + 1 once wrapped to port 1
+  EXPECT_NE(error_of().find("MASTER_PORT=4294967297 is out of range: it must be in [0, 65535]"),
+            std::string::npos)
+      << error_of();
+  clear();
+  setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "-2", 1);
+  EXPECT_NE(error_of().find("OMPI_COMM_WORLD_SIZE=-2 is out of range"), std::string::npos)
+      << error_of();
+  clear();
+  setenv("SLURM_PROCID", "0", 1);
+  setenv("SLURM_NTASKS", "2", 1);
+  setenv("SLURM_LOCALID", "0", 1);
+  setenv("SLURM_JOB_NODELIST", "n1", 1);
+  setenv("SLURM_JOB_ID", "99999999999999999999", 1);
+  EXPECT_NE(error_of().find("SLURM_JOB_ID=99999999999999999999 is out of range"), std::string::npos)
+      << error_of();
+}
+
+TEST(DistSettings, WatchdogAndRendezvousSettingsAreRangeChecked) {
+  auto error_of = [](const char* name, const char* value, const std::function<void()>& read) {
+    setenv(name, value, 1);
+    std::string message = "no error";
+    try {
+      read();
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    unsetenv(name);
+    return message;
+  };
+  auto watchdog = [] { WatchdogOptions::from_env(); };
+  EXPECT_NE(error_of("TESSERA_WATCHDOG_TIMEOUT", "-1", watchdog)
+                .find("TESSERA_WATCHDOG_TIMEOUT=-1 is out of range"),
+            std::string::npos);
+  EXPECT_NE(error_of("TESSERA_WATCHDOG_ACTION", "abort", watchdog)
+                .find("TESSERA_WATCHDOG_ACTION='abort' is not one of end, report"),
+            std::string::npos);
+  EXPECT_NE(error_of("TESSERA_RENDEZVOUS_TIMEOUT", "0", [] { rendezvous_timeout_from_env(); })
+                .find("TESSERA_RENDEZVOUS_TIMEOUT must be positive"),
+            std::string::npos);
+  setenv("TESSERA_WATCHDOG_TIMEOUT", "7", 1);
+  setenv("TESSERA_WATCHDOG_ACTION", "report", 1);
+  const WatchdogOptions o = WatchdogOptions::from_env();
+  unsetenv("TESSERA_WATCHDOG_TIMEOUT");
+  unsetenv("TESSERA_WATCHDOG_ACTION");
+  EXPECT_EQ(o.timeout_s, 7);
+  EXPECT_FALSE(o.end_job);
+  EXPECT_EQ(WatchdogOptions::from_env().timeout_s, 60);
 }
 
 // "auto" picks NCCL only for CUDA tensors with a GPU per local rank: two CPU ranks (or two

@@ -22,25 +22,12 @@
 #include "tessera/data/file_io.h"
 #include "tessera/data/token_file.h"
 
+#include "run_job.h"
+
 namespace {
 
-struct JobResult {
-  int status = -1;  // exit status of the job (124/137: killed by the timeout)
-  std::string output;
-};
-
-JobResult run_job(const std::string& command, int timeout_s) {
-  std::string full = "timeout -k 2 " + std::to_string(timeout_s) + " " + command + " 2>&1";
-  JobResult result;
-  FILE* pipe = popen(full.c_str(), "r");
-  if (!pipe) return result;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
-  int status = pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
-}
+using tessera::test_jobs::JobResult;
+using tessera::test_jobs::run_job;
 
 std::string launch(int nproc, const std::string& program) {
   return std::string(TESSERA_CLI) + " launch --nproc-per-node " + std::to_string(nproc) + " " +

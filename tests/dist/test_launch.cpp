@@ -17,28 +17,14 @@
 
 #include "tessera/data/token_file.h"
 
+#include "run_job.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct JobResult {
-  int status = -1;  // exit status of the job (124/137: killed by the timeout)
-  std::string output;
-};
-
-JobResult run_job(const std::string& command, int timeout_s) {
-  const std::string full = "timeout -k 2 " + std::to_string(timeout_s) + " " + command + " 2>&1";
-  JobResult result;
-  FILE* pipe = popen(full.c_str(), "r");
-  if (!pipe) return result;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-    result.output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
-}
+using tessera::test_jobs::JobResult;
+using tessera::test_jobs::run_job;
 
 int count(const std::string& text, const std::string& what) {
   int n = 0;
@@ -112,6 +98,39 @@ TEST(Launch, BadJobShapesAreClearErrorsWithTheValidRange) {
       run_job(std::string(TESSERA_CLI) + " launch --nproc-per-node 99999999999999 true", 20);
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("99999999999999"), std::string::npos) << r.output;
+}
+
+// The "address already in use" error says "set MASTER_PORT": `tessera launch` takes
+// MASTER_ADDR and MASTER_PORT from its environment, and its flags win over them.
+TEST(Launch, MasterAddrAndPortComeFromTheEnvironmentUnlessFlagsGiveThem) {
+  const std::string show = " sh -c 'echo at $MASTER_ADDR:$MASTER_PORT'";
+  const std::string launch = std::string(TESSERA_CLI) + " launch --nproc-per-node 2";
+  JobResult from_env = run_job("env MASTER_ADDR=localhost MASTER_PORT=29517 " + launch + show, 20);
+  EXPECT_EQ(from_env.status, 0) << from_env.output;
+  EXPECT_EQ(count(from_env.output, "at localhost:29517\n"), 2) << from_env.output;
+  JobResult flags = run_job("env MASTER_ADDR=localhost MASTER_PORT=29517 " + launch +
+                                " --master-addr 127.0.0.1 --master-port 29518" + show,
+                            20);
+  EXPECT_EQ(flags.status, 0) << flags.output;
+  EXPECT_EQ(count(flags.output, "at 127.0.0.1:29518\n"), 2) << flags.output;
+  JobResult bad = run_job("env MASTER_PORT=70000 " + launch + show, 20);
+  EXPECT_EQ(bad.status, 1) << bad.output;
+  EXPECT_NE(bad.output.find("MASTER_PORT=70000 is out of range: it must be in [0, 65535]"),
+            std::string::npos)
+      << bad.output;
+}
+
+TEST(Launch, WatchdogFlagsReachTheRanksAndAreChecked) {
+  const std::string launch = std::string(TESSERA_CLI) + " launch --nproc-per-node 1";
+  JobResult r = run_job(launch + " --watchdog-timeout 7.5 --watchdog-action report sh -c 'echo "
+                                 "$TESSERA_WATCHDOG_TIMEOUT $TESSERA_WATCHDOG_ACTION'",
+                        20);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("7.5 report\n"), std::string::npos) << r.output;
+  JobResult bad = run_job(launch + " --watchdog-timeout -1 true", 20);
+  EXPECT_EQ(bad.status, 1) << bad.output;
+  EXPECT_NE(bad.output.find("--watchdog-timeout must be in [0, 1e+09]; got -1"), std::string::npos)
+      << bad.output;
 }
 
 TEST(Launch, ExitBarrierStopsARankThatHangsAfterTheOthersExitedAndNamesIt) {
