@@ -308,8 +308,8 @@ Encoding WordPieceTokenizer::post_process(std::vector<uint32_t> a,
       truncate(a, pair ? &*b : nullptr, max_length - added, options);
     }
   }
-  static const std::vector<TemplatePiece> kSingle = {{TemplatePiece::SequenceA}},
-                                          kPair = {{TemplatePiece::SequenceA},
+  static const std::vector<TemplatePiece> kSingle = {{TemplatePiece::SequenceA, "", 0}},
+                                          kPair = {{TemplatePiece::SequenceA, "", 0},
                                                    {TemplatePiece::SequenceB, "", 1}};
   const PostProcessorTemplate& tpl = config_.post_processor;
   const std::vector<TemplatePiece>& pieces =
@@ -351,8 +351,18 @@ void WordPieceTokenizer::pad(Encoding& e, size_t length, const EncodeOptions& op
   extend(e.special_tokens_mask, 1);
 }
 
+// transformers refuses a truncation length that padding would round up past.
+void WordPieceTokenizer::check_options(const EncodeOptions& options) const {
+  const size_t max_length = resolved_max_length(options, false), multiple = options.pad_to_multiple_of;
+  TESSERA_CHECK(!options.truncation || options.padding == PaddingStrategy::DoNotPad ||
+                    multiple == 0 || max_length == 0 || max_length % multiple == 0,
+                "truncation and padding: max_length ", max_length,
+                " is not a multiple of pad_to_multiple_of ", multiple);
+}
+
 Encoding WordPieceTokenizer::encode_one(std::string_view text, const std::string_view* pair,
                                         const EncodeOptions& options) const {
+  check_options(options);
   std::vector<uint32_t> a;
   encode_sequence(text, a);
   if (!pair) return post_process(std::move(a), std::nullopt, options);

@@ -158,6 +158,7 @@ class WordPieceTokenizer final : public Tokenizer {
   Encoding encode_one(std::string_view text, const std::string_view* pair,
                       const EncodeOptions& options) const;
   size_t resolved_max_length(const EncodeOptions& options, bool for_padding) const;
+  void check_options(const EncodeOptions& options) const;
   void pad(Encoding& e, size_t length, const EncodeOptions& options) const;
 
   WordPieceConfig config_;
