@@ -99,7 +99,8 @@ std::unique_ptr<Tokenizer> load_tokenizer_from(const std::filesystem::path& file
       try {
         config = nlohmann::json::parse(read_file(config_path));
       } catch (const nlohmann::json::parse_error& e) {
-        TESSERA_FAIL("tokenizer config '", config_path.string(), "': not valid JSON at byte ", e.byte);
+        TESSERA_FAIL("tokenizer config '", config_path.string(), "': not valid JSON at byte ",
+                     e.byte);
       }
     }
     const fs::path path = file_or_dir / "tokenizer.json";

@@ -138,11 +138,11 @@ std::string alphabet_to_bytes(std::string_view text, const std::string& what) {
 std::unique_ptr<Tokenizer> bpe_from_hugging_face_json(const nlohmann::json& j,
                                                       const std::string& source) {
   const nlohmann::json& model = j["model"];
-  TESSERA_CHECK(model.is_object() && is_null_or(model, "type", "BPE"), "tokenizer '", source,
-                "': model type ",
-                model.is_object() && model.contains("type") ? model["type"].dump() : "?",
-                " is not supported; Tessera reads byte-level BPE (model type \"BPE\") and WordPiece "
-                "tokenizers");
+  TESSERA_CHECK(
+      model.is_object() && is_null_or(model, "type", "BPE"), "tokenizer '", source,
+      "': model type ", model.is_object() && model.contains("type") ? model["type"].dump() : "?",
+      " is not supported; Tessera reads byte-level BPE (model type \"BPE\") and WordPiece "
+      "tokenizers");
   TESSERA_CHECK(j.contains("pre_tokenizer") && j["pre_tokenizer"].is_object() &&
                     j["pre_tokenizer"].value("type", "") == "ByteLevel",
                 "tokenizer '", source, "': pre_tokenizer ",

@@ -15,9 +15,8 @@ namespace {
 bool is_continuation_byte(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
 
 size_t count_chars(std::string_view s) {
-  return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) {
-    return !is_continuation_byte(c);
-  }));
+  return static_cast<size_t>(
+      std::count_if(s.begin(), s.end(), [](char c) { return !is_continuation_byte(c); }));
 }
 
 void keep_first(std::vector<uint32_t>& ids, size_t n, Side side) {
@@ -74,8 +73,8 @@ void replace_all(std::string& s, std::string_view from, std::string_view to) {
 // The WordPiece decoder's cleanup, applied to each token as `tokenizers` applies it.
 void clean_up(std::string& token) {
   static const std::pair<std::string_view, std::string_view> kReplacements[] = {
-      {" .", "."},   {" ?", "?"},     {" !", "!"},         {" ,", ","},
-      {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},       {" do not", " don't"},
+      {" .", "."},   {" ?", "?"},     {" !", "!"},     {" ,", ","},
+      {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},   {" do not", " don't"},
       {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"},
   };
   for (const auto& [from, to] : kReplacements) replace_all(token, from, to);
@@ -89,28 +88,38 @@ char32_t code_point_before(std::string_view text, size_t end, size_t& start) {
   return decode_utf8_at(text, start, length);
 }
 
+template <typename Choice>
+Choice parse_choice(const std::string& name,
+                    std::initializer_list<std::pair<const char*, Choice>> choices,
+                    const std::string& what) {
+  std::string expected;
+  for (const auto& [spelling, choice] : choices) {
+    if (name == spelling) return choice;
+    expected += (expected.empty() ? "\"" : ", \"") + std::string(spelling) + "\"";
+  }
+  TESSERA_FAIL(what, " '", name, "' is not one of ", expected);
+}
+
 }  // namespace
 
 TruncationStrategy parse_truncation_strategy(const std::string& name) {
-  if (name == "longest_first") return TruncationStrategy::LongestFirst;
-  if (name == "only_first") return TruncationStrategy::OnlyFirst;
-  if (name == "only_second") return TruncationStrategy::OnlySecond;
-  TESSERA_FAIL("truncation '", name,
-               "' is not a strategy (expected \"longest_first\", \"only_first\" or \"only_second\")");
+  return parse_choice<TruncationStrategy>(name,
+                                          {{"longest_first", TruncationStrategy::LongestFirst},
+                                           {"only_first", TruncationStrategy::OnlyFirst},
+                                           {"only_second", TruncationStrategy::OnlySecond}},
+                                          "truncation");
 }
 
 PaddingStrategy parse_padding_strategy(const std::string& name) {
-  if (name == "do_not_pad") return PaddingStrategy::DoNotPad;
-  if (name == "longest") return PaddingStrategy::Longest;
-  if (name == "max_length") return PaddingStrategy::MaxLength;
-  TESSERA_FAIL("padding '", name,
-               "' is not a strategy (expected \"do_not_pad\", \"longest\" or \"max_length\")");
+  return parse_choice<PaddingStrategy>(name,
+                                       {{"do_not_pad", PaddingStrategy::DoNotPad},
+                                        {"longest", PaddingStrategy::Longest},
+                                        {"max_length", PaddingStrategy::MaxLength}},
+                                       "padding");
 }
 
 Side parse_side(const std::string& name, const std::string& what) {
-  if (name == "right") return Side::Right;
-  if (name == "left") return Side::Left;
-  TESSERA_FAIL(what, " '", name, "' is neither \"right\" nor \"left\"");
+  return parse_choice<Side>(name, {{"right", Side::Right}, {"left", Side::Left}}, what);
 }
 
 WordPieceTokenizer::WordPieceTokenizer(WordPieceConfig config) : config_(std::move(config)) {
@@ -136,9 +145,8 @@ WordPieceTokenizer::WordPieceTokenizer(WordPieceConfig config) : config_(std::mo
   }
   std::sort(beyond.begin(), beyond.end(), [](auto* x, auto* y) { return x->id < y->id; });
   for (const AddedToken* t : beyond) {
-    TESSERA_CHECK(t->id == tokens_.size(), where, "added_tokens entry '", t->content,
-                  "' has id ", t->id, "; ids must continue the vocabulary (next is ",
-                  tokens_.size(), ")");
+    TESSERA_CHECK(t->id == tokens_.size(), where, "added_tokens entry '", t->content, "' has id ",
+                  t->id, "; ids must continue the vocabulary (next is ", tokens_.size(), ")");
     tokens_.push_back(t->content);
   }
   special_.assign(tokens_.size(), false);
@@ -186,7 +194,8 @@ std::optional<uint32_t> WordPieceTokenizer::role_id(const std::string& role) con
 
 size_t WordPieceTokenizer::num_special_tokens_to_add(bool pair) const {
   size_t n = 0;
-  for (const TemplatePiece& piece : pair ? config_.post_processor.pair : config_.post_processor.single)
+  for (const TemplatePiece& piece :
+       pair ? config_.post_processor.pair : config_.post_processor.single)
     if (piece.kind == TemplatePiece::SpecialToken) n += special_ids_.at(piece.special).size();
   return n;
 }
@@ -208,7 +217,8 @@ std::vector<WordPieceTokenizer::Segment> WordPieceTokenizer::split_on_added_toke
       }
     if (!match) continue;
     size_t start = i, end = i + match->content.size(), before = 0;
-    while (match->lstrip && start > done && is_bert_whitespace(code_point_before(text, start, before)))
+    while (match->lstrip && start > done &&
+           is_bert_whitespace(code_point_before(text, start, before)))
       start = before;
     for (size_t length = 0; match->rstrip && end < text.size() &&
                             is_bert_whitespace(decode_utf8_at(text, end, length));)
@@ -336,7 +346,8 @@ Encoding WordPieceTokenizer::post_process(std::vector<uint32_t> a,
 }
 
 void WordPieceTokenizer::pad(Encoding& e, size_t length, const EncodeOptions& options) const {
-  if (const size_t m = options.pad_to_multiple_of; m > 0 && length % m != 0) length += m - length % m;
+  if (const size_t m = options.pad_to_multiple_of; m > 0 && length % m != 0)
+    length += m - length % m;
   if (e.input_ids.size() >= length) return;
   const std::optional<uint32_t> pad_id = role_id("pad_token");
   TESSERA_CHECK(pad_id.has_value(), "padding: tokenizer '", config_.source,
@@ -353,7 +364,8 @@ void WordPieceTokenizer::pad(Encoding& e, size_t length, const EncodeOptions& op
 
 // transformers refuses a truncation length that padding would round up past.
 void WordPieceTokenizer::check_options(const EncodeOptions& options) const {
-  const size_t max_length = resolved_max_length(options, false), multiple = options.pad_to_multiple_of;
+  const size_t max_length = resolved_max_length(options, false),
+               multiple = options.pad_to_multiple_of;
   TESSERA_CHECK(!options.truncation || options.padding == PaddingStrategy::DoNotPad ||
                     multiple == 0 || max_length == 0 || max_length % multiple == 0,
                 "truncation and padding: max_length ", max_length,
@@ -401,8 +413,8 @@ std::vector<Encoding> WordPieceTokenizer::encode_batch(const std::vector<std::st
 }
 
 std::string WordPieceTokenizer::token_bytes(uint32_t id) const {
-  TESSERA_CHECK(id < tokens_.size(), "tokenizer decode: id ", id,
-                " is outside the vocabulary of ", tokens_.size());
+  TESSERA_CHECK(id < tokens_.size(), "tokenizer decode: id ", id, " is outside the vocabulary of ",
+                tokens_.size());
   return tokens_[id];
 }
 

@@ -29,7 +29,7 @@ enum class PaddingStrategy { DoNotPad, Longest, MaxLength };
 enum class Side { Right, Left };
 
 TruncationStrategy parse_truncation_strategy(const std::string& name);  // "longest_first", ...
-PaddingStrategy parse_padding_strategy(const std::string& name);  // "do_not_pad", "longest", ...
+PaddingStrategy parse_padding_strategy(const std::string& name);    // "do_not_pad", "longest", ...
 Side parse_side(const std::string& name, const std::string& what);  // "right" / "left"
 
 // How a text (or a pair) becomes an Encoding; transformers' __call__ arguments.
@@ -92,7 +92,7 @@ struct WordPieceConfig {
   bool decoder_cleanup = true;
   // The roles transformers gives tokens (tokenizer_config.json's cls_token, ...): role -> token.
   std::map<std::string, std::string> roles;
-  size_t model_max_length = 0;  // 0: none
+  size_t model_max_length = 0;      // 0: none
   std::string source = "<config>";  // named in errors
 };
 
@@ -164,7 +164,7 @@ class WordPieceTokenizer final : public Tokenizer {
   WordPieceConfig config_;
   std::vector<std::string> tokens_;  // id -> token: the vocabulary, then added tokens beyond it
   std::unordered_map<std::string, uint32_t> vocab_ids_;  // the model's vocabulary only
-  std::vector<bool> special_;                             // id -> an added special token
+  std::vector<bool> special_;                            // id -> an added special token
   uint32_t unk_id_ = 0;
   std::map<std::string, std::vector<uint32_t>> special_ids_;  // the template's, resolved
   // Indices into config_.added_tokens matched in the raw / normalized text, longest first.

@@ -31,12 +31,16 @@ class Reader {
     if (!has(key)) return fallback;
     const nlohmann::json& v = j_[key];
     bool ok = false;
-    if constexpr (std::is_same_v<T, bool>) ok = v.is_boolean();
-    else if constexpr (std::is_same_v<T, std::string>) ok = v.is_string();
-    else ok = v.is_number_unsigned();
+    if constexpr (std::is_same_v<T, bool>)
+      ok = v.is_boolean();
+    else if constexpr (std::is_same_v<T, std::string>)
+      ok = v.is_string();
+    else
+      ok = v.is_number_unsigned();
     TESSERA_CHECK(ok, where_, key, " is ", v.dump().substr(0, 60), ", not a ",
-                  std::is_same_v<T, bool> ? "boolean" : std::is_same_v<T, std::string> ? "string"
-                                                                                     : "count");
+                  std::is_same_v<T, bool>          ? "boolean"
+                  : std::is_same_v<T, std::string> ? "string"
+                                                   : "count");
     return v.get<T>();
   }
   std::string type() const { return has("type") && j_["type"].is_string() ? j_["type"] : "?"; }
@@ -52,8 +56,8 @@ std::vector<std::string> read_vocab_object(const nlohmann::json& vocab, const st
   std::vector<bool> present(vocab.size(), false);
   for (const auto& [token, id] : vocab.items()) {
     TESSERA_CHECK(id.is_number_unsigned() && id.get<uint64_t>() < vocab.size(), where,
-                  "model.vocab entry '", token, "' has id ", id.dump(),
-                  "; ids must run 0..", vocab.size() - 1, " without gaps");
+                  "model.vocab entry '", token, "' has id ", id.dump(), "; ids must run 0..",
+                  vocab.size() - 1, " without gaps");
     TESSERA_CHECK(!present[id.get<size_t>()], where, "model.vocab gives id ", id.dump(),
                   " to two tokens");
     tokens[id.get<size_t>()] = token;
@@ -62,7 +66,8 @@ std::vector<std::string> read_vocab_object(const nlohmann::json& vocab, const st
   return tokens;
 }
 
-std::optional<BertNormalizerOptions> read_normalizer(const nlohmann::json& j, const std::string& where) {
+std::optional<BertNormalizerOptions> read_normalizer(const nlohmann::json& j,
+                                                     const std::string& where) {
   if (!j.contains("normalizer") || j["normalizer"].is_null()) return std::nullopt;
   const Reader n(j["normalizer"], where + "normalizer.");
   TESSERA_CHECK(n.type() == "BertNormalizer", where, "normalizer type '", n.type(),
@@ -126,8 +131,9 @@ PostProcessorTemplate read_post_processor(const nlohmann::json& j, const std::st
     roles["sep_token"] = names[1];
     return bert_template(names[0], names[1]);
   }
-  TESSERA_CHECK(r.type() == "TemplateProcessing", where, "post_processor type '", r.type(),
-                "' is not supported; Tessera's WordPiece reads TemplateProcessing or BertProcessing");
+  TESSERA_CHECK(
+      r.type() == "TemplateProcessing", where, "post_processor type '", r.type(),
+      "' is not supported; Tessera's WordPiece reads TemplateProcessing or BertProcessing");
   PostProcessorTemplate t;
   t.single = read_template(r.at("single"), where + "post_processor.single");
   t.pair = read_template(r.at("pair"), where + "post_processor.pair");
@@ -135,8 +141,8 @@ PostProcessorTemplate read_post_processor(const nlohmann::json& j, const std::st
   TESSERA_CHECK(specials.is_object(), where, "post_processor.special_tokens is not an object");
   for (const auto& [name, entry] : specials.items()) {
     const std::string key = where + "post_processor.special_tokens '" + name + "': ";
-    TESSERA_CHECK(entry.is_object() && entry.contains("tokens") && entry["tokens"].is_array(),
-                  key, "needs \"tokens\"");
+    TESSERA_CHECK(entry.is_object() && entry.contains("tokens") && entry["tokens"].is_array(), key,
+                  "needs \"tokens\"");
     for (const nlohmann::json& token : entry["tokens"]) {
       TESSERA_CHECK(token.is_string(), key, "tokens holds ", token.dump(), ", not a string");
       t.special_tokens[name].push_back(token);
@@ -177,7 +183,8 @@ void apply_tokenizer_config(const nlohmann::json& c, const std::string& source,
     (void)name;
     if (!c.contains(role) || c[role].is_null()) continue;
     const nlohmann::json& v = c[role];
-    const bool ok = v.is_string() || (v.is_object() && v.contains("content") && v["content"].is_string());
+    const bool ok =
+        v.is_string() || (v.is_object() && v.contains("content") && v["content"].is_string());
     TESSERA_CHECK(ok, "tokenizer config '", source, "': ", role, " is ", v.dump().substr(0, 60),
                   ", not a token");
     config.roles[role] = v.is_string() ? v.get<std::string>() : v["content"].get<std::string>();
@@ -221,9 +228,8 @@ std::map<std::string, std::string> bert_role_names() {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> wordpiece_from_hugging_face_json(const nlohmann::json& j,
-                                                            const std::string& source,
-                                                            const nlohmann::json* tokenizer_config) {
+std::unique_ptr<Tokenizer> wordpiece_from_hugging_face_json(
+    const nlohmann::json& j, const std::string& source, const nlohmann::json* tokenizer_config) {
   const std::string where = "tokenizer '" + source + "': ";
   const Reader model(j["model"], where + "model.");
   WordPieceConfig c;
@@ -307,27 +313,33 @@ std::string WordPieceTokenizer::to_json() const {
   std::vector<AddedToken> sorted = c.added_tokens;
   std::sort(sorted.begin(), sorted.end(), [](auto& a, auto& b) { return a.id < b.id; });
   for (const AddedToken& t : sorted)
-    added.push_back({{"id", t.id}, {"content", t.content}, {"single_word", false},
-                     {"lstrip", t.lstrip}, {"rstrip", t.rstrip}, {"normalized", t.normalized},
+    added.push_back({{"id", t.id},
+                     {"content", t.content},
+                     {"single_word", false},
+                     {"lstrip", t.lstrip},
+                     {"rstrip", t.rstrip},
+                     {"normalized", t.normalized},
                      {"special", t.special}});
   nlohmann::json normalizer = nullptr;
   if (c.normalizer)
-    normalizer = {{"type", "BertNormalizer"},
-                  {"clean_text", c.normalizer->clean_text},
-                  {"handle_chinese_chars", c.normalizer->handle_chinese_chars},
-                  {"strip_accents", c.normalizer->strip_accents
-                                        ? nlohmann::json(*c.normalizer->strip_accents)
-                                        : nlohmann::json(nullptr)},
-                  {"lowercase", c.normalizer->lowercase}};
+    normalizer = {
+        {"type", "BertNormalizer"},
+        {"clean_text", c.normalizer->clean_text},
+        {"handle_chinese_chars", c.normalizer->handle_chinese_chars},
+        {"strip_accents", c.normalizer->strip_accents ? nlohmann::json(*c.normalizer->strip_accents)
+                                                      : nlohmann::json(nullptr)},
+        {"lowercase", c.normalizer->lowercase}};
   nlohmann::json post_processor = nullptr;
   if (!c.post_processor.empty()) {
     const auto pieces = [](const std::vector<TemplatePiece>& list) {
       nlohmann::json out = nlohmann::json::array();
       for (const TemplatePiece& p : list)
-        out.push_back(p.kind == TemplatePiece::SpecialToken
-                          ? nlohmann::json{{"SpecialToken", {{"id", p.special}, {"type_id", p.type_id}}}}
-                          : nlohmann::json{{"Sequence", {{"id", p.kind == TemplatePiece::SequenceA ? "A" : "B"},
-                                                         {"type_id", p.type_id}}}});
+        out.push_back(
+            p.kind == TemplatePiece::SpecialToken
+                ? nlohmann::json{{"SpecialToken", {{"id", p.special}, {"type_id", p.type_id}}}}
+                : nlohmann::json{{"Sequence",
+                                  {{"id", p.kind == TemplatePiece::SequenceA ? "A" : "B"},
+                                   {"type_id", p.type_id}}}});
       return out;
     };
     nlohmann::json specials = nlohmann::json::object();
@@ -340,29 +352,30 @@ std::string WordPieceTokenizer::to_json() const {
   }
   nlohmann::json decoder = nullptr;
   if (c.decoder_prefix)
-    decoder = {{"type", "WordPiece"}, {"prefix", *c.decoder_prefix}, {"cleanup", c.decoder_cleanup}};
-  const nlohmann::json j = {
-      {"version", "1.0"},
-      {"truncation", nullptr},
-      {"padding", nullptr},
-      {"added_tokens", added},
-      {"normalizer", normalizer},
-      {"pre_tokenizer", {{"type", "BertPreTokenizer"}}},
-      {"post_processor", post_processor},
-      {"decoder", decoder},
-      {"model", {{"type", "WordPiece"},
-                 {"unk_token", c.unk_token},
-                 {"continuing_subword_prefix", c.continuing_subword_prefix},
-                 {"max_input_chars_per_word", c.max_input_chars_per_word},
-                 {"vocab", vocab}}}};
+    decoder = {
+        {"type", "WordPiece"}, {"prefix", *c.decoder_prefix}, {"cleanup", c.decoder_cleanup}};
+  const nlohmann::json j = {{"version", "1.0"},
+                            {"truncation", nullptr},
+                            {"padding", nullptr},
+                            {"added_tokens", added},
+                            {"normalizer", normalizer},
+                            {"pre_tokenizer", {{"type", "BertPreTokenizer"}}},
+                            {"post_processor", post_processor},
+                            {"decoder", decoder},
+                            {"model",
+                             {{"type", "WordPiece"},
+                              {"unk_token", c.unk_token},
+                              {"continuing_subword_prefix", c.continuing_subword_prefix},
+                              {"max_input_chars_per_word", c.max_input_chars_per_word},
+                              {"vocab", vocab}}}};
   return j.dump();
 }
 
 std::map<std::string, std::string> WordPieceTokenizer::files() const {
   std::string vocab_txt;
   for (const std::string& token : config_.vocab) {
-    TESSERA_CHECK(token.find_first_of("\r\n") == std::string::npos, "tokenizer '",
-                  config_.source, "': the token '", token, "' holds a line break; vocab.txt cannot");
+    TESSERA_CHECK(token.find_first_of("\r\n") == std::string::npos, "tokenizer '", config_.source,
+                  "': the token '", token, "' holds a line break; vocab.txt cannot");
     vocab_txt += token + "\n";
   }
   // BertTokenizerFast takes do_lower_case & co. from here and rebuilds the normalizer when

@@ -17,7 +17,8 @@ py::tuple batch_tuple(const data::Batch& b) { return py::make_tuple(b.x, b.y); }
 // True/False or "longest"/"max_length"/"do_not_pad", max_length None or a count.
 data::EncodeOptions encode_options(bool add_special_tokens, py::handle truncation,
                                    py::handle max_length, py::handle padding,
-                                   py::handle pad_to_multiple_of, const std::string& truncation_side,
+                                   py::handle pad_to_multiple_of,
+                                   const std::string& truncation_side,
                                    const std::string& padding_side) {
   data::EncodeOptions o;
   o.add_special_tokens = add_special_tokens;
@@ -31,7 +32,8 @@ data::EncodeOptions encode_options(bool add_special_tokens, py::handle truncatio
   if (py::isinstance<py::str>(padding))
     o.padding = data::parse_padding_strategy(padding.cast<std::string>());
   else
-    o.padding = padding.cast<bool>() ? data::PaddingStrategy::Longest : data::PaddingStrategy::DoNotPad;
+    o.padding =
+        padding.cast<bool>() ? data::PaddingStrategy::Longest : data::PaddingStrategy::DoNotPad;
   if (!max_length.is_none()) o.max_length = max_length.cast<size_t>();
   if (!pad_to_multiple_of.is_none()) o.pad_to_multiple_of = pad_to_multiple_of.cast<size_t>();
   o.truncation_side = data::parse_side(truncation_side, "truncation_side");
@@ -51,7 +53,8 @@ py::dict encodings_dict(const std::vector<data::Encoding>& batch, bool single,
   column("input_ids", &data::Encoding::input_ids);
   column("token_type_ids", &data::Encoding::token_type_ids);
   column("attention_mask", &data::Encoding::attention_mask);
-  if (return_special_tokens_mask) column("special_tokens_mask", &data::Encoding::special_tokens_mask);
+  if (return_special_tokens_mask)
+    column("special_tokens_mask", &data::Encoding::special_tokens_mask);
   return out;
 }
 
@@ -65,23 +68,23 @@ void bind_wordpiece(py::module_& dm) {
   using namespace data;
   py::class_<WordPieceTokenizer, Tokenizer> cls(dm, "WordPieceTokenizer");
   cls.def_static(
-          "from_vocab_file",
-          [](const std::string& vocab, std::optional<std::string> config) {
-            return runtime_call([&] {
-              return WordPieceTokenizer::from_vocab_file(
-                  vocab, config ? std::optional<std::filesystem::path>(*config) : std::nullopt);
-            });
-          },
-          py::arg("vocab_file"), py::arg("tokenizer_config") = py::none())
+         "from_vocab_file",
+         [](const std::string& vocab, std::optional<std::string> config) {
+           return runtime_call([&] {
+             return WordPieceTokenizer::from_vocab_file(
+                 vocab, config ? std::optional<std::filesystem::path>(*config) : std::nullopt);
+           });
+         },
+         py::arg("vocab_file"), py::arg("tokenizer_config") = py::none())
       .def(
           "__call__",
           [](const WordPieceTokenizer& t, py::handle text, py::handle text_pair,
              bool add_special_tokens, py::handle truncation, py::handle max_length,
              py::handle padding, py::handle pad_to_multiple_of, const std::string& truncation_side,
              const std::string& padding_side, bool return_special_tokens_mask) {
-            const EncodeOptions o = encode_options(add_special_tokens, truncation, max_length,
-                                                   padding, pad_to_multiple_of, truncation_side,
-                                                   padding_side);
+            const EncodeOptions o =
+                encode_options(add_special_tokens, truncation, max_length, padding,
+                               pad_to_multiple_of, truncation_side, padding_side);
             const std::vector<std::string> texts = texts_of(text, "text");
             const std::vector<std::string> pairs =
                 text_pair.is_none() ? std::vector<std::string>() : texts_of(text_pair, "text_pair");
@@ -117,8 +120,9 @@ void bind_wordpiece(py::module_& dm) {
       .def("token_to_id", &WordPieceTokenizer::token_to_id, py::arg("token"))
       .def("num_special_tokens_to_add", &WordPieceTokenizer::num_special_tokens_to_add,
            py::arg("pair") = false)
-      .def_property_readonly("model_max_length",
-                             [](const WordPieceTokenizer& t) { return t.config().model_max_length; })
+      .def_property_readonly(
+          "model_max_length",
+          [](const WordPieceTokenizer& t) { return t.config().model_max_length; })
       .def(
           "save_pretrained",
           [](const WordPieceTokenizer& t, const std::string& d) {
@@ -126,7 +130,8 @@ void bind_wordpiece(py::module_& dm) {
           },
           py::arg("save_directory"));
   // transformers' cls_token / cls_token_id, ... (None when the tokenizer has none).
-  for (const std::string role : {"cls_token", "sep_token", "pad_token", "unk_token", "mask_token"}) {
+  for (const std::string role :
+       {"cls_token", "sep_token", "pad_token", "unk_token", "mask_token"}) {
     cls.def_property_readonly(role.c_str(),
                               [role](const WordPieceTokenizer& t) { return t.role_token(role); });
     cls.def_property_readonly((role + "_id").c_str(),
@@ -202,7 +207,8 @@ void bind_tokenizers(py::module_& dm) {
         });
       },
       py::arg("path"),
-      "A tokenizer.json file, or a folder holding Hugging Face's, OpenAI's or BERT's tokenizer files");
+      "A tokenizer.json file, or a folder holding Hugging Face's, OpenAI's or BERT's tokenizer "
+      "files");
 }
 
 void bind_token_files(py::module_& dm) {

@@ -115,9 +115,8 @@ TEST(HfTokenizer, RefusesWhatItCannotEncodeNamingTheKey) {
       file(R"({"type": "BPE", "vocab": )" + ok_vocab + R"(, "merges": ["a b"]})")));
   expect_error(file(R"({"type": "Unigram", "vocab": []})"), "Unigram");
   // WordPiece (BERT's, data/wordpiece.h) is read; without its unknown token it is refused.
-  const std::string bert_pieces =
-      R"("normalizer": {"type": "BertNormalizer", "lowercase": true}, )"
-      R"("pre_tokenizer": {"type": "BertPreTokenizer"}, )";
+  const std::string bert_pieces = R"("normalizer": {"type": "BertNormalizer", "lowercase": true}, )"
+                                  R"("pre_tokenizer": {"type": "BertPreTokenizer"}, )";
   const std::string vocab_pieces = R"("vocab": {"[UNK]": 0, "hello": 1, "##s": 2})";
   EXPECT_EQ(tokenizer_from_json("{" + bert_pieces + R"("model": {"type": "WordPiece", )" +
                                 R"("unk_token": "[UNK]", )" + vocab_pieces + "}}")

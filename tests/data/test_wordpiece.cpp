@@ -19,9 +19,9 @@ namespace {
 // ids 0..4 are BERT's special tokens.
 WordPieceTokenizer small_bert(bool lowercase = true) {
   return WordPieceTokenizer(WordPieceTokenizer::bert_config(
-      {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "un", "##aff", "##able", "a", "##b", "b",
-       ",", ".", "'", "s", "cafe", "caf", "##é", "中", "文", "x", "y", "z", "##z", "do", "n", "##'",
-       "t"},
+      {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "un",   "##aff", "##able", "a",  "##b",
+       "b",     ",",     ".",     "'",     "s",      "cafe", "caf",   "##é",    "中", "文",
+       "x",     "y",     "z",     "##z",   "do",     "n",    "##'",   "t"},
       lowercase));
 }
 
@@ -46,12 +46,13 @@ void expect_error(F&& f, const std::vector<std::string>& fragments) {
 }  // namespace
 
 // The expected values in these tests are what `tokenizers` 0.20.3 gave for the same
-// vocabulary and input. The expected strings here are what tokenizers.normalizers.BertNormalizer(...).normalize_str
-// returned for the same input.
+// vocabulary and input. The expected strings here are what
+// tokenizers.normalizers.BertNormalizer(...).normalize_str returned for the same input.
 TEST(WordPiece, NormalizesAsBertNormalizerDoes) {
   const std::string text =
       "H\u00e9llo\tWORLD\x01\u200b \u4e2d\u6587!\ufb01 \u0130stanbul \u01c5 e\u0301\u0323 "
-      "\ud55c\uad6d \ufffd" + std::string(1, '\0') + "x\u3000y";
+      "\ud55c\uad6d \ufffd" +
+      std::string(1, '\0') + "x\u3000y";
   BertNormalizerOptions uncased;
   EXPECT_EQ(bert_normalize(text, uncased),
             "hello world  \u4e2d  \u6587 !\ufb01 istanbul \u01c6 e "
@@ -70,8 +71,8 @@ TEST(WordPiece, NormalizesAsBertNormalizerDoes) {
 TEST(WordPiece, PreTokenizesAtWhiteSpaceAndAroundPunctuation) {
   std::vector<std::string_view> words;
   bert_pre_tokenize("a,b  c\u00bfd\u2026e$f\u00a0g's", words);
-  EXPECT_EQ(words, (std::vector<std::string_view>{"a", ",", "b", "c", "\u00bf", "d", "\u2026",
-                                                   "e", "$", "f", "g", "'", "s"}));
+  EXPECT_EQ(words, (std::vector<std::string_view>{"a", ",", "b", "c", "\u00bf", "d", "\u2026", "e",
+                                                  "$", "f", "g", "'", "s"}));
 }
 
 TEST(WordPiece, TakesTheLongestPieceFirstAndAWholeWordAsUnknown) {
@@ -209,10 +210,13 @@ TEST(WordPiece, RefusesBadFilesNamingTheFileAndKey) {
         j["model"]["vocab"]["[KLS]"] = 2;
         j["added_tokens"].erase(2);
       },
-          {"post_processor.special_tokens '[CLS]'", "model.vocab"});
+      {"post_processor.special_tokens '[CLS]'", "model.vocab"});
   refused([](auto& j) { j["normalizer"] = {{"type", "NFC"}}; }, {"normalizer", "NFC"});
-  refused([](auto& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; },
-          {"pre_tokenizer", "Whitespace"});
+  refused(
+      [](auto& j) {
+        j["pre_tokenizer"] = {{"type", "Whitespace"}};
+      },
+      {"pre_tokenizer", "Whitespace"});
   refused([](auto& j) { j["model"]["vocab"]["zz"] = 900; }, {"model.vocab", "zz"});
   refused([](auto& j) { j["normalizer"]["lowercase"] = "yes"; }, {"normalizer.lowercase"});
   const fs::path dir = scratch_dir() / "wordpiece_no_cls";

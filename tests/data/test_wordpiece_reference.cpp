@@ -27,11 +27,30 @@ bool run_wordpiece_reference(const std::string& args) {
 // generated_corpus plus what BERT's normalizer treats specially: combining marks, Hangul,
 // controls, zero-width and format characters, special tokens written in the text.
 std::string bert_corpus(uint32_t seed, size_t bytes) {
-  const std::vector<std::string> extras = {
-      "e\u0301\u0323",  "\u1e9b\u0323", "\u0130", "\u01c5",   "\ud55c\uad6d\uc5b4", "\u00c5ngstr\u00f6m",
-      "\x01\x7f",       "\u0085\u009f", "\u200b", "\u200d",   "\ufeff",             "\ufffd",
-      std::string(1, '\0'), "[MASK]",  "[CLS]",  "[mask]",   "\u3002\u300c\u300d", "\u00bfQu\u00e9?",
-      "\u2014\u2026",   "\U0002B820",   "\U0002B920", "\u0f73", "\u1734",            "\u2e43"};
+  const std::vector<std::string> extras = {"e\u0301\u0323",
+                                           "\u1e9b\u0323",
+                                           "\u0130",
+                                           "\u01c5",
+                                           "\ud55c\uad6d\uc5b4",
+                                           "\u00c5ngstr\u00f6m",
+                                           "\x01\x7f",
+                                           "\u0085\u009f",
+                                           "\u200b",
+                                           "\u200d",
+                                           "\ufeff",
+                                           "\ufffd",
+                                           std::string(1, '\0'),
+                                           "[MASK]",
+                                           "[CLS]",
+                                           "[mask]",
+                                           "\u3002\u300c\u300d",
+                                           "\u00bfQu\u00e9?",
+                                           "\u2014\u2026",
+                                           "\U0002B820",
+                                           "\U0002B920",
+                                           "\u0f73",
+                                           "\u1734",
+                                           "\u2e43"};
   std::mt19937 rng(seed);
   const std::string base = generated_corpus(seed, bytes, false);
   std::string out;
@@ -92,17 +111,22 @@ void expect_same_as_transformers(const WordPieceTokenizer& tok, const fs::path& 
   const fs::path in = scratch_dir() / "wp_cases.json", out = scratch_dir() / "wp_out.json";
   write_bytes(in, requests.dump());
   fs::remove(out);
-  ASSERT_TRUE(run_wordpiece_reference("cases " + quoted(dir) + " " + quoted(in) + " " + quoted(out)));
+  ASSERT_TRUE(
+      run_wordpiece_reference("cases " + quoted(dir) + " " + quoted(in) + " " + quoted(out)));
   const nlohmann::json expected = nlohmann::json::parse(read_bytes(out));
   for (size_t k = 0; k < cases.size(); ++k) {
-    const nlohmann::json ours = to_json(tok.encode_batch(cases[k].texts, cases[k].pairs, cases[k].options));
+    const nlohmann::json ours =
+        to_json(tok.encode_batch(cases[k].texts, cases[k].pairs, cases[k].options));
     for (const char* key : {"input_ids", "token_type_ids", "attention_mask"})
       for (size_t i = 0; i < cases[k].texts.size(); ++i)
         if (ours[key][i] != expected[k][key][i]) {
           ADD_FAILURE() << what << ", case " << k << " " << cases[k].kwargs.dump() << ", " << key
                         << " of text " << i << " " << nlohmann::json(cases[k].texts[i]).dump()
-                        << (cases[k].pairs.empty() ? "" : " + " + nlohmann::json(cases[k].pairs[i]).dump())
-                        << "\n ours:   " << ours[key][i].dump() << "\n theirs: " << expected[k][key][i].dump();
+                        << (cases[k].pairs.empty()
+                                ? ""
+                                : " + " + nlohmann::json(cases[k].pairs[i]).dump())
+                        << "\n ours:   " << ours[key][i].dump()
+                        << "\n theirs: " << expected[k][key][i].dump();
           break;
         }
   }
@@ -120,11 +144,16 @@ std::vector<Case> megabyte_cases(uint32_t seed) {
   o.truncation = true;
   o.max_length = 48;
   o.padding = PaddingStrategy::Longest;
-  cases.push_back({first, second, o, {{"truncation", "longest_first"}, {"max_length", 48}, {"padding", "longest"}}});
+  cases.push_back({first,
+                   second,
+                   o,
+                   {{"truncation", "longest_first"}, {"max_length", 48}, {"padding", "longest"}}});
   o.truncation_strategy = TruncationStrategy::OnlySecond;
   o.max_length = 40;
   o.padding = PaddingStrategy::MaxLength;
-  cases.push_back({short_texts, few, o,
+  cases.push_back({short_texts,
+                   few,
+                   o,
                    {{"truncation", "only_second"}, {"max_length", 40}, {"padding", "max_length"}}});
   o = {};
   o.padding = PaddingStrategy::Longest;
@@ -136,12 +165,14 @@ std::vector<Case> megabyte_cases(uint32_t seed) {
   o.max_length = 24;
   o.truncation_side = o.padding_side = Side::Left;
   o.padding = PaddingStrategy::Longest;
-  cases.push_back({few, short_texts, o, {{"truncation", "only_first"}, {"max_length", 24}, {"padding", true}}});
+  cases.push_back(
+      {few, short_texts, o, {{"truncation", "only_first"}, {"max_length", 24}, {"padding", true}}});
   o = {};
   o.add_special_tokens = false;
   o.truncation = true;
   o.max_length = 20;
-  cases.push_back({few, {}, o, {{"add_special_tokens", false}, {"truncation", true}, {"max_length", 20}}});
+  cases.push_back(
+      {few, {}, o, {{"add_special_tokens", false}, {"truncation", true}, {"max_length", 20}}});
   return cases;
 }
 
@@ -178,11 +209,13 @@ TEST(WordPieceReference, EncodesAMegabyteAsBertTokenizerFastUncasedAndCased) {
 
 TEST(WordPieceReference, VocabTxtLoadsAsBertTokenizerFastReadsIt) {
   skip_without_transformers();
-  const fs::path trained_dir = trained("wp_vocab_source", false), dir = scratch_dir() / "wp_vocab_only";
+  const fs::path trained_dir = trained("wp_vocab_source", false),
+                 dir = scratch_dir() / "wp_vocab_only";
   ASSERT_FALSE(trained_dir.empty());
   fs::create_directories(dir);
   fs::copy_file(trained_dir / "vocab.txt", dir / "vocab.txt", fs::copy_options::overwrite_existing);
-  write_bytes(dir / "tokenizer_config.json", R"({"tokenizer_class": "BertTokenizer", "do_lower_case": false})");
+  write_bytes(dir / "tokenizer_config.json",
+              R"({"tokenizer_class": "BertTokenizer", "do_lower_case": false})");
   const WordPieceTokenizer tok =
       WordPieceTokenizer::from_vocab_file(dir / "vocab.txt", dir / "tokenizer_config.json");
   std::vector<Case> cases = megabyte_cases(45);
@@ -198,7 +231,8 @@ TEST(WordPieceReference, WhatTesseraSavesLoadsInTransformersWithTheSameIds) {
   const auto loaded = load_tokenizer_from(trained_dir);
   fs::remove_all(dir);
   loaded->save_files(dir);
-  for (const char* f : {"tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"})
+  for (const char* f :
+       {"tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"})
     EXPECT_TRUE(fs::exists(dir / f)) << f;
   const auto& tok = dynamic_cast<const WordPieceTokenizer&>(*loaded);
   std::vector<Case> cases = megabyte_cases(46);
@@ -215,10 +249,12 @@ TEST(WordPieceReference, WhatTesseraSavesLoadsInTransformersWithTheSameIds) {
   }
   const fs::path in = scratch_dir() / "wp_decode.json", out = scratch_dir() / "wp_decoded.json";
   write_bytes(in, requests.dump());
-  ASSERT_TRUE(run_wordpiece_reference("cases " + quoted(dir) + " " + quoted(in) + " " + quoted(out)));
+  ASSERT_TRUE(
+      run_wordpiece_reference("cases " + quoted(dir) + " " + quoted(in) + " " + quoted(out)));
   const nlohmann::json expected = nlohmann::json::parse(read_bytes(out));
   for (size_t k = 0; k < 2; ++k)
     for (size_t i = 0; i < encoded.size(); ++i)
-      EXPECT_EQ(tok.decode(encoded[i].input_ids, k == 1), expected[k]["texts"][i].get<std::string>())
+      EXPECT_EQ(tok.decode(encoded[i].input_ids, k == 1),
+                expected[k]["texts"][i].get<std::string>())
           << "text " << i << " skip_special_tokens " << k;
 }
