@@ -159,13 +159,15 @@ WordPieceTokenizer::WordPieceTokenizer(WordPieceConfig config) : config_(std::mo
     std::stable_sort(list->begin(), list->end(), [&](size_t x, size_t y) {
       return config_.added_tokens[x].content.size() > config_.added_tokens[y].content.size();
     });
-  for (const auto& [name, tokens] : config_.post_processor.special_tokens)
+  for (const auto& [name, tokens] : config_.post_processor.special_tokens) {
+    special_ids_[name];  // defined even when it stands for no token
     for (const std::string& token : tokens) {
       const std::optional<uint32_t> id = token_to_id(token);
       TESSERA_CHECK(id.has_value(), where, "post_processor.special_tokens '", name,
                     "': the template needs '", token, "', which is not in model.vocab");
       special_ids_[name].push_back(*id);
     }
+  }
   for (const auto* pieces : {&config_.post_processor.single, &config_.post_processor.pair})
     for (const TemplatePiece& piece : *pieces)
       TESSERA_CHECK(piece.kind != TemplatePiece::SpecialToken || special_ids_.count(piece.special),

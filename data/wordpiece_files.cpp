@@ -1,5 +1,6 @@
 // WordPiece files: Hugging Face's tokenizer.json (model "WordPiece"), BERT's vocab.txt and
 // transformers' tokenizer_config.json, both ways.
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
@@ -36,7 +37,7 @@ class Reader {
     else if constexpr (std::is_same_v<T, std::string>)
       ok = v.is_string();
     else
-      ok = v.is_number_unsigned();
+      ok = v.is_number_unsigned() && v.get<uint64_t>() <= std::numeric_limits<T>::max();
     TESSERA_CHECK(ok, where_, key, " is ", v.dump().substr(0, 60), ", not a ",
                   std::is_same_v<T, bool>          ? "boolean"
                   : std::is_same_v<T, std::string> ? "string"
@@ -193,6 +194,24 @@ void apply_tokenizer_config(const nlohmann::json& c, const std::string& source,
     config.model_max_length = c["model_max_length"].get<size_t>();
 }
 
+// BertTokenizer's do_lower_case (default true), strip_accents and tokenize_chinese_chars,
+// which BertTokenizerFast imposes on tokenizer.json's normalizer as well.
+void apply_bert_switches(const nlohmann::json& c, const std::string& source,
+                         BertNormalizerOptions& normalizer) {
+  const Reader r(c, "tokenizer config '" + source + "': ");
+  normalizer.lowercase = r.get("do_lower_case", true);
+  normalizer.strip_accents.reset();
+  if (r.has("strip_accents")) normalizer.strip_accents = r.get("strip_accents", false);
+  normalizer.handle_chinese_chars = r.get("tokenize_chinese_chars", true);
+}
+
+bool is_bert_class(const nlohmann::json& c) {
+  if (!c.contains("tokenizer_class") || !c["tokenizer_class"].is_string()) return false;
+  const std::string name = c["tokenizer_class"];
+  return name == "BertTokenizer" || name == "BertTokenizerFast" || name == "DistilBertTokenizer" ||
+         name == "DistilBertTokenizerFast";
+}
+
 nlohmann::json parse_json_file(const std::filesystem::path& path) {
   try {
     return nlohmann::json::parse(read_file(path));
@@ -260,7 +279,12 @@ std::unique_ptr<Tokenizer> wordpiece_from_hugging_face_json(
   for (const auto& [role, name] : kBertRoles)
     if (!c.roles.count(role) && std::find(c.vocab.begin(), c.vocab.end(), name) != c.vocab.end())
       c.roles[role] = name;
-  if (tokenizer_config) apply_tokenizer_config(*tokenizer_config, source, c);
+  if (tokenizer_config) {
+    apply_tokenizer_config(*tokenizer_config, source, c);
+    // As AutoTokenizer loads the folder: BertTokenizerFast's switches win over tokenizer.json's.
+    if (c.normalizer && is_bert_class(*tokenizer_config))
+      apply_bert_switches(*tokenizer_config, source, *c.normalizer);
+  }
   return std::make_unique<WordPieceTokenizer>(std::move(c));
 }
 
@@ -289,10 +313,7 @@ WordPieceTokenizer WordPieceTokenizer::from_vocab_file(
     const nlohmann::json c = parse_json_file(*tokenizer_config_json);
     const std::string source = tokenizer_config_json->string();
     apply_tokenizer_config(c, source, base);
-    const Reader r(c, "tokenizer config '" + source + "': ");
-    normalizer.lowercase = r.get("do_lower_case", true);
-    if (r.has("strip_accents")) normalizer.strip_accents = r.get("strip_accents", false);
-    normalizer.handle_chinese_chars = r.get("tokenize_chinese_chars", true);
+    apply_bert_switches(c, source, normalizer);
   }
   for (const char* role : {"unk_token", "cls_token", "sep_token"})
     TESSERA_CHECK(std::find(vocab.begin(), vocab.end(), base.roles[role]) != vocab.end(),

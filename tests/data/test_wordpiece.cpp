@@ -182,6 +182,13 @@ TEST(WordPiece, WritesFilesItReadsBack) {
   const auto from_json = load_tokenizer(dir / "tokenizer.json");
   EXPECT_EQ(from_json->type(), "wordpiece");
   EXPECT_EQ(from_json->encode(text), tok.encode(text));
+  // Loaded as a folder, as BertTokenizerFast loads it: tokenizer_config.json's do_lower_case
+  // (true when left out) overrides tokenizer.json's normalizer.
+  EXPECT_EQ(load_tokenizer_from(dir)->encode(text), tok.encode(text));
+  const std::string config = read_bytes(dir / "tokenizer_config.json");
+  write_bytes(dir / "tokenizer_config.json", R"({"tokenizer_class": "BertTokenizer"})");
+  EXPECT_EQ(load_tokenizer_from(dir)->encode(text), small_bert(true).encode(text));
+  write_bytes(dir / "tokenizer_config.json", config);
   fs::remove(dir / "tokenizer.json");  // vocab.txt + tokenizer_config.json (do_lower_case false)
   const auto from_vocab = load_tokenizer_from(dir);
   ASSERT_NE(from_vocab, nullptr);
