@@ -47,7 +47,8 @@ std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& json_text,
 // A tokenizer file, or a folder holding tokenizer.json, vocab.json + merges.txt (Hugging
 // Face), encoder.json + vocab.bpe (OpenAI) or BERT's vocab.txt; nullptr when the folder has
 // none of them. A tokenizer_config.json beside them names a WordPiece tokenizer's special
-// tokens (and, with vocab.txt, its do_lower_case), as transformers reads it.
+// tokens and model_max_length and, for a BertTokenizer (or vocab.txt alone), its
+// do_lower_case, strip_accents and tokenize_chinese_chars, as transformers reads it.
 std::unique_ptr<Tokenizer> load_tokenizer_from(const std::filesystem::path& file_or_dir);
 
 class ByteTokenizer final : public Tokenizer {

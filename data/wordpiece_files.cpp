@@ -326,6 +326,35 @@ WordPieceTokenizer WordPieceTokenizer::from_vocab_file(
 
 // ---- writing ----
 
+namespace {
+
+nlohmann::json optional_json(const std::optional<bool>& value) {
+  return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
+}
+
+nlohmann::json normalizer_json(const std::optional<BertNormalizerOptions>& n) {
+  if (!n) return nullptr;
+  return {{"type", "BertNormalizer"},
+          {"clean_text", n->clean_text},
+          {"handle_chinese_chars", n->handle_chinese_chars},
+          {"strip_accents", optional_json(n->strip_accents)},
+          {"lowercase", n->lowercase}};
+}
+
+nlohmann::json template_json(const std::vector<TemplatePiece>& pieces) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const TemplatePiece& p : pieces)
+    out.push_back(
+        p.kind == TemplatePiece::SpecialToken
+            ? nlohmann::json{{"SpecialToken", {{"id", p.special}, {"type_id", p.type_id}}}}
+            : nlohmann::json{{"Sequence",
+                              {{"id", p.kind == TemplatePiece::SequenceA ? "A" : "B"},
+                               {"type_id", p.type_id}}}});
+  return out;
+}
+
+}  // namespace
+
 std::string WordPieceTokenizer::to_json() const {
   const WordPieceConfig& c = config_;
   nlohmann::json vocab = nlohmann::json::object();
@@ -341,34 +370,14 @@ std::string WordPieceTokenizer::to_json() const {
                      {"rstrip", t.rstrip},
                      {"normalized", t.normalized},
                      {"special", t.special}});
-  nlohmann::json normalizer = nullptr;
-  if (c.normalizer)
-    normalizer = {
-        {"type", "BertNormalizer"},
-        {"clean_text", c.normalizer->clean_text},
-        {"handle_chinese_chars", c.normalizer->handle_chinese_chars},
-        {"strip_accents", c.normalizer->strip_accents ? nlohmann::json(*c.normalizer->strip_accents)
-                                                      : nlohmann::json(nullptr)},
-        {"lowercase", c.normalizer->lowercase}};
   nlohmann::json post_processor = nullptr;
   if (!c.post_processor.empty()) {
-    const auto pieces = [](const std::vector<TemplatePiece>& list) {
-      nlohmann::json out = nlohmann::json::array();
-      for (const TemplatePiece& p : list)
-        out.push_back(
-            p.kind == TemplatePiece::SpecialToken
-                ? nlohmann::json{{"SpecialToken", {{"id", p.special}, {"type_id", p.type_id}}}}
-                : nlohmann::json{{"Sequence",
-                                  {{"id", p.kind == TemplatePiece::SequenceA ? "A" : "B"},
-                                   {"type_id", p.type_id}}}});
-      return out;
-    };
     nlohmann::json specials = nlohmann::json::object();
     for (const auto& [name, tokens] : c.post_processor.special_tokens)
       specials[name] = {{"id", name}, {"ids", special_ids_.at(name)}, {"tokens", tokens}};
     post_processor = {{"type", "TemplateProcessing"},
-                      {"single", pieces(c.post_processor.single)},
-                      {"pair", pieces(c.post_processor.pair)},
+                      {"single", template_json(c.post_processor.single)},
+                      {"pair", template_json(c.post_processor.pair)},
                       {"special_tokens", specials}};
   }
   nlohmann::json decoder = nullptr;
@@ -379,7 +388,7 @@ std::string WordPieceTokenizer::to_json() const {
                             {"truncation", nullptr},
                             {"padding", nullptr},
                             {"added_tokens", added},
-                            {"normalizer", normalizer},
+                            {"normalizer", normalizer_json(c.normalizer)},
                             {"pre_tokenizer", {{"type", "BertPreTokenizer"}}},
                             {"post_processor", post_processor},
                             {"decoder", decoder},
@@ -407,9 +416,7 @@ std::map<std::string, std::string> WordPieceTokenizer::files() const {
   if (bert) {
     config["do_lower_case"] = config_.normalizer->lowercase;
     config["tokenize_chinese_chars"] = config_.normalizer->handle_chinese_chars;
-    config["strip_accents"] = config_.normalizer->strip_accents
-                                  ? nlohmann::json(*config_.normalizer->strip_accents)
-                                  : nlohmann::json(nullptr);
+    config["strip_accents"] = optional_json(config_.normalizer->strip_accents);
   }
   if (config_.model_max_length > 0) config["model_max_length"] = config_.model_max_length;
   nlohmann::json special_map = nlohmann::json::object();
