@@ -45,8 +45,26 @@ size_t utf8_sequence(std::string_view bytes, size_t i, size_t& subpart) {
   return length;
 }
 
-// Decodes the code point at text[i] of valid UTF-8; `length` receives its byte count.
-char32_t decode_at(std::string_view text, size_t i, size_t& length) {
+// One class per code point (1.1 MB, built once from the generated range tables): a
+// lookup is one load, which keeps the pre-tokenizer fast on non-Latin text.
+const std::vector<CharClass>& class_table() {
+  static const std::vector<CharClass> table = [] {
+    std::vector<CharClass> t(0x110000, CharClass::Other);
+    const auto fill = [&](const unicode::CodePointRange* ranges, size_t count, CharClass c) {
+      for (size_t r = 0; r < count; ++r)
+        std::fill(t.begin() + ranges[r].first, t.begin() + ranges[r].last + 1, c);
+    };
+    fill(unicode::kLetterRanges, unicode::kLetterRangeCount, CharClass::Letter);
+    fill(unicode::kNumberRanges, unicode::kNumberRangeCount, CharClass::Number);
+    fill(unicode::kWhiteSpaceRanges, unicode::kWhiteSpaceRangeCount, CharClass::Space);
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+char32_t decode_utf8_at(std::string_view text, size_t i, size_t& length) {
   const auto at = [&](size_t k) {
     return static_cast<char32_t>(static_cast<unsigned char>(text[k]));
   };
@@ -68,24 +86,23 @@ char32_t decode_at(std::string_view text, size_t i, size_t& length) {
          (at(i + 3) & 0x3F);
 }
 
-// One class per code point (1.1 MB, built once from the generated range tables): a
-// lookup is one load, which keeps the pre-tokenizer fast on non-Latin text.
-const std::vector<CharClass>& class_table() {
-  static const std::vector<CharClass> table = [] {
-    std::vector<CharClass> t(0x110000, CharClass::Other);
-    const auto fill = [&](const unicode::CodePointRange* ranges, size_t count, CharClass c) {
-      for (size_t r = 0; r < count; ++r)
-        std::fill(t.begin() + ranges[r].first, t.begin() + ranges[r].last + 1, c);
-    };
-    fill(unicode::kLetterRanges, unicode::kLetterRangeCount, CharClass::Letter);
-    fill(unicode::kNumberRanges, unicode::kNumberRangeCount, CharClass::Number);
-    fill(unicode::kWhiteSpaceRanges, unicode::kWhiteSpaceRangeCount, CharClass::Space);
-    return t;
-  }();
-  return table;
+void append_utf8(std::string& out, char32_t c) {
+  if (c < 0x80) {
+    out += static_cast<char>(c);
+  } else if (c < 0x800) {
+    out += static_cast<char>(0xC0 | (c >> 6));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else if (c < 0x10000) {
+    out += static_cast<char>(0xE0 | (c >> 12));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (c >> 18));
+    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  }
 }
-
-}  // namespace
 
 size_t find_invalid_utf8(std::string_view bytes) {
   size_t i = 0, subpart = 0;
@@ -130,7 +147,7 @@ bool GptPieces::next(std::string_view& piece) {
   if (start >= n) return false;
   static const CharClass* const classes = class_table().data();
   size_t length = 0;
-  const auto class_at = [&](size_t i, size_t& len) { return classes[decode_at(t, i, len)]; };
+  const auto class_at = [&](size_t i, size_t& len) { return classes[decode_utf8_at(t, i, len)]; };
   // The end of the run of characters of class `c` that starts at byte i.
   const auto run_end = [&](size_t i, CharClass c) {
     size_t len = 0;

@@ -20,6 +20,11 @@ std::string replace_invalid_utf8(std::string_view bytes);
 // Byte offset of the first ill-formed sequence, or npos when `bytes` is valid UTF-8.
 size_t find_invalid_utf8(std::string_view bytes);
 
+// The code point at byte i of valid UTF-8; `length` receives its byte count.
+char32_t decode_utf8_at(std::string_view valid_utf8, size_t i, size_t& length);
+// Appends the UTF-8 of a code point (below 0x110000).
+void append_utf8(std::string& out, char32_t code_point);
+
 enum class CharClass : uint8_t { Letter, Number, Space, Other };
 // \p{L}, \p{N}, \s (White_Space) or none of them.
 CharClass char_class(char32_t code_point);

@@ -1,5 +1,6 @@
-// Tokenizers: byte-level (ids 0..255 are the bytes) and byte-level BPE, the family of
-// GPT-2, tiktoken's `gpt2` and Hugging Face's ByteLevel BPE. A BPE tokenizer is trained
+// Tokenizers: byte-level (ids 0..255 are the bytes), byte-level BPE, the family of
+// GPT-2, tiktoken's `gpt2` and Hugging Face's ByteLevel BPE, and WordPiece (BERT's;
+// data/wordpiece.h). A BPE tokenizer is trained
 // here, read from OpenAI's encoder.json + vocab.bpe, or read from a Hugging Face
 // tokenizer.json, and it writes Hugging Face's files (tokenizer.json, vocab.json,
 // merges.txt, tokenizer_config.json) so `transformers` and `tokenizers` load it.
@@ -19,7 +20,7 @@ namespace tessera::data {
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  virtual std::string type() const = 0;  // "byte" or "bpe"
+  virtual std::string type() const = 0;  // "byte", "bpe" or "wordpiece"
   virtual int64_t vocab_size() const = 0;
   virtual std::vector<uint32_t> encode(std::string_view text) const = 0;
   // Error naming the id when an id is outside the vocabulary.
@@ -37,13 +38,17 @@ class Tokenizer {
 };
 
 // Reads tokenizer.json: Tessera's byte tokenizer ({"type": "byte"}), a Hugging Face BPE
-// tokenizer with a ByteLevel pre-tokenizer, or Tessera's older {"type": "bpe", "merges"}.
+// tokenizer with a ByteLevel pre-tokenizer, a Hugging Face WordPiece tokenizer (BERT's), or
+// Tessera's older {"type": "bpe", "merges"}.
 // Errors name the file and the key.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& path);
 std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& json_text,
                                                const std::string& source_name = "<json>");
 // A tokenizer file, or a folder holding tokenizer.json, vocab.json + merges.txt (Hugging
-// Face) or encoder.json + vocab.bpe (OpenAI); nullptr when the folder has none of them.
+// Face), encoder.json + vocab.bpe (OpenAI) or BERT's vocab.txt; nullptr when the folder has
+// none of them. A tokenizer_config.json beside them names a WordPiece tokenizer's special
+// tokens and model_max_length and, for a BertTokenizer (or vocab.txt alone), its
+// do_lower_case, strip_accents and tokenize_chinese_chars, as transformers reads it.
 std::unique_ptr<Tokenizer> load_tokenizer_from(const std::filesystem::path& file_or_dir);
 
 class ByteTokenizer final : public Tokenizer {

@@ -6,6 +6,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/data/file_io.h"
+#include "tessera/data/pretokenizer.h"
 #include "tessera/data/tokenizer.h"
 
 namespace tessera::data {
@@ -30,15 +31,6 @@ struct Alphabet {
 const Alphabet& alphabet() {
   static const Alphabet a;
   return a;
-}
-
-void append_utf8(std::string& out, char32_t c) {  // c < 0x800 here
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else {
-    out += static_cast<char>(0xC0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  }
 }
 
 // "a b" or ["a", "b"]: one merge of a vocab.bpe/merges.txt line or a tokenizer.json entry.
@@ -146,10 +138,11 @@ std::string alphabet_to_bytes(std::string_view text, const std::string& what) {
 std::unique_ptr<Tokenizer> bpe_from_hugging_face_json(const nlohmann::json& j,
                                                       const std::string& source) {
   const nlohmann::json& model = j["model"];
-  TESSERA_CHECK(model.is_object() && is_null_or(model, "type", "BPE"), "tokenizer '", source,
-                "': model type ",
-                model.is_object() && model.contains("type") ? model["type"].dump() : "?",
-                " is not supported; Tessera reads byte-level BPE tokenizers (model type \"BPE\")");
+  TESSERA_CHECK(
+      model.is_object() && is_null_or(model, "type", "BPE"), "tokenizer '", source,
+      "': model type ", model.is_object() && model.contains("type") ? model["type"].dump() : "?",
+      " is not supported; Tessera reads byte-level BPE (model type \"BPE\") and WordPiece "
+      "tokenizers");
   TESSERA_CHECK(j.contains("pre_tokenizer") && j["pre_tokenizer"].is_object() &&
                     j["pre_tokenizer"].value("type", "") == "ByteLevel",
                 "tokenizer '", source, "': pre_tokenizer ",

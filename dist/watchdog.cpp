@@ -387,21 +387,36 @@ std::string Watchdog::store_silent_report(const CollectivePosition& stuck, int64
 void Watchdog::on_hang(const Heartbeat& mine, const CollectivePosition& stuck,
                        bool store_answers) {
   const std::string hang = stuck.group + "#" + std::to_string(stuck.sequence);
+  // A job ends only when a rank is silent (stopped, hung in the kernel, gone): a rank whose
+  // heartbeat is alive is busy outside the collective (a long save, evaluation on one rank),
+  // so the report is printed and the wait goes on, bounded by the collective timeout.
+  const double stale_after_s = std::max(2.0, 3 * options_.heartbeat_interval_s());
+  std::vector<std::optional<Heartbeat>> beats;
+  if (store_answers) beats = read_heartbeats(mine);
+  const int64_t now_ms = wall_clock_ms();
+  const bool a_rank_is_silent =
+      !store_answers || std::any_of(beats.begin(), beats.end(), [&](const auto& h) {
+        return !h || now_ms - h->wall_ms > stale_after_s * 1000;
+      });
+  const bool end_job = options_.end_job && a_rank_is_silent;
   const std::string ending =
-      options_.end_job
+      end_job
           ? "tessera watchdog: ending the job (TESSERA_WATCHDOG_TIMEOUT or `tessera launch "
             "--watchdog-timeout` sets the timeout, 0 turns it off; TESSERA_WATCHDOG_ACTION=report "
             "only reports)\n"
-          : "tessera watchdog: waiting on (TESSERA_COLLECTIVE_TIMEOUT bounds the wait)\n";
+          : options_.end_job
+              ? "tessera watchdog: every rank's heartbeat is alive, so the ranks not here are busy "
+                "outside the collective: waiting on (TESSERA_COLLECTIVE_TIMEOUT bounds the wait)\n"
+              : "tessera watchdog: waiting on (TESSERA_COLLECTIVE_TIMEOUT bounds the wait)\n";
   auto end_process = [&] {
-    if (!options_.end_job) return;
+    if (!end_job) return;
     std::fflush(stdout);
     std::_Exit(1);  // the launcher takes the other ranks down
   };
   if (handled_ == hang) {
     // Another rank claimed the report: its process ends, and the launcher the job. Without
     // a launcher that does, this rank ends itself a timeout later.
-    if (options_.end_job && mine.wall_ms - handled_at_ms_ >= options_.timeout_s * 1000) {
+    if (end_job && mine.wall_ms - handled_at_ms_ >= options_.timeout_s * 1000) {
       print(detail::concat("tessera watchdog: rank ", rank_, " still waits in ", stuck.str(),
                            " after another rank reported the hang; ending this process\n"));
       end_process();
@@ -425,10 +440,7 @@ void Watchdog::on_hang(const Heartbeat& mine, const CollectivePosition& stuck,
   handled_ = hang;
   handled_at_ms_ = mine.wall_ms;
   if (claims != 1) return;  // another waiting rank reports
-  const double stale_after_s = std::max(2.0, 3 * options_.heartbeat_interval_s());
-  print(hang_report(rank_, stuck, read_heartbeats(mine), wall_clock_ms(), stale_after_s,
-                    options_.timeout_s) +
-        ending);
+  print(hang_report(rank_, stuck, beats, now_ms, stale_after_s, options_.timeout_s) + ending);
   end_process();
 }
 

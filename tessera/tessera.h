@@ -11,6 +11,7 @@
 #include "tessera/data/dataloader.h"
 #include "tessera/data/token_file.h"
 #include "tessera/data/tokenizer.h"
+#include "tessera/data/wordpiece.h"
 #include "tessera/dist/accelerator.h"
 #include "tessera/dist/ddp.h"
 #include "tessera/dist/process_group.h"

@@ -13,6 +13,132 @@ struct LoaderIterator {
 
 py::tuple batch_tuple(const data::Batch& b) { return py::make_tuple(b.x, b.y); }
 
+// transformers' __call__ arguments: truncation True/False or a strategy's name, padding
+// True/False or "longest"/"max_length"/"do_not_pad", max_length None or a count.
+data::EncodeOptions encode_options(bool add_special_tokens, py::handle truncation,
+                                   py::handle max_length, py::handle padding,
+                                   py::handle pad_to_multiple_of,
+                                   const std::string& truncation_side,
+                                   const std::string& padding_side) {
+  data::EncodeOptions o;
+  o.add_special_tokens = add_special_tokens;
+  if (py::isinstance<py::str>(truncation)) {
+    const std::string name = truncation.cast<std::string>();
+    o.truncation = name != "do_not_truncate";
+    if (o.truncation) o.truncation_strategy = data::parse_truncation_strategy(name);
+  } else {
+    o.truncation = truncation.cast<bool>();
+  }
+  if (py::isinstance<py::str>(padding))
+    o.padding = data::parse_padding_strategy(padding.cast<std::string>());
+  else
+    o.padding =
+        padding.cast<bool>() ? data::PaddingStrategy::Longest : data::PaddingStrategy::DoNotPad;
+  if (!max_length.is_none()) o.max_length = max_length.cast<size_t>();
+  if (!pad_to_multiple_of.is_none()) o.pad_to_multiple_of = pad_to_multiple_of.cast<size_t>();
+  o.truncation_side = data::parse_side(truncation_side, "truncation_side");
+  o.padding_side = data::parse_side(padding_side, "padding_side");
+  return o;
+}
+
+// A dict of lists (one text) or of lists of lists (a batch), as transformers returns them.
+py::dict encodings_dict(const std::vector<data::Encoding>& batch, bool single,
+                        bool return_special_tokens_mask) {
+  py::dict out;
+  const auto column = [&](const char* key, std::vector<uint32_t> data::Encoding::*field) {
+    py::list rows;
+    for (const data::Encoding& e : batch) rows.append(py::cast(e.*field));
+    out[key] = single ? rows[0] : py::object(rows);
+  };
+  column("input_ids", &data::Encoding::input_ids);
+  column("token_type_ids", &data::Encoding::token_type_ids);
+  column("attention_mask", &data::Encoding::attention_mask);
+  if (return_special_tokens_mask)
+    column("special_tokens_mask", &data::Encoding::special_tokens_mask);
+  return out;
+}
+
+std::vector<std::string> texts_of(py::handle text, const char* what) {
+  if (py::isinstance<py::str>(text)) return {text.cast<std::string>()};
+  TESSERA_CHECK(py::isinstance<py::sequence>(text), what, " must be a str or a list of str");
+  return text.cast<std::vector<std::string>>();
+}
+
+void bind_wordpiece(py::module_& dm) {
+  using namespace data;
+  py::class_<WordPieceTokenizer, Tokenizer> cls(dm, "WordPieceTokenizer");
+  cls.def_static(
+         "from_vocab_file",
+         [](const std::string& vocab, std::optional<std::string> config) {
+           return runtime_call([&] {
+             return WordPieceTokenizer::from_vocab_file(
+                 vocab, config ? std::optional<std::filesystem::path>(*config) : std::nullopt);
+           });
+         },
+         py::arg("vocab_file"), py::arg("tokenizer_config") = py::none())
+      .def(
+          "__call__",
+          [](const WordPieceTokenizer& t, py::handle text, py::handle text_pair,
+             bool add_special_tokens, py::handle truncation, py::handle max_length,
+             py::handle padding, py::handle pad_to_multiple_of, const std::string& truncation_side,
+             const std::string& padding_side, bool return_special_tokens_mask) {
+            const EncodeOptions o =
+                encode_options(add_special_tokens, truncation, max_length, padding,
+                               pad_to_multiple_of, truncation_side, padding_side);
+            const std::vector<std::string> texts = texts_of(text, "text");
+            const std::vector<std::string> pairs =
+                text_pair.is_none() ? std::vector<std::string>() : texts_of(text_pair, "text_pair");
+            std::vector<Encoding> batch;
+            {
+              py::gil_scoped_release release;
+              batch = runtime_call([&] { return t.encode_batch(texts, pairs, o); });
+            }
+            return encodings_dict(batch, py::isinstance<py::str>(text), return_special_tokens_mask);
+          },
+          py::arg("text"), py::arg("text_pair") = py::none(), py::kw_only(),
+          py::arg("add_special_tokens") = true, py::arg("truncation") = false,
+          py::arg("max_length") = py::none(), py::arg("padding") = false,
+          py::arg("pad_to_multiple_of") = py::none(), py::arg("truncation_side") = "right",
+          py::arg("padding_side") = "right", py::arg("return_special_tokens_mask") = false,
+          "transformers' tokenizer call: a dict of input_ids, token_type_ids, attention_mask")
+      .def(
+          "encode",
+          [](const WordPieceTokenizer& t, const std::string& text, std::optional<std::string> pair,
+             bool add_special_tokens) {
+            EncodeOptions o;
+            o.add_special_tokens = add_special_tokens;
+            py::gil_scoped_release release;
+            return (pair ? t.encode_pair(text, *pair, o) : t.encode(text, o)).input_ids;
+          },
+          py::arg("text"), py::arg("text_pair") = py::none(), py::arg("add_special_tokens") = true)
+      .def(
+          "decode",
+          [](const WordPieceTokenizer& t, const std::vector<uint32_t>& ids, bool skip) {
+            return runtime_call([&] { return t.decode(ids, skip); });
+          },
+          py::arg("ids"), py::arg("skip_special_tokens") = false)
+      .def("token_to_id", &WordPieceTokenizer::token_to_id, py::arg("token"))
+      .def("num_special_tokens_to_add", &WordPieceTokenizer::num_special_tokens_to_add,
+           py::arg("pair") = false)
+      .def_property_readonly(
+          "model_max_length",
+          [](const WordPieceTokenizer& t) { return t.config().model_max_length; })
+      .def(
+          "save_pretrained",
+          [](const WordPieceTokenizer& t, const std::string& d) {
+            runtime_call([&] { t.save_files(d); });
+          },
+          py::arg("save_directory"));
+  // transformers' cls_token / cls_token_id, ... (None when the tokenizer has none).
+  for (const std::string role :
+       {"cls_token", "sep_token", "pad_token", "unk_token", "mask_token"}) {
+    cls.def_property_readonly(role.c_str(),
+                              [role](const WordPieceTokenizer& t) { return t.role_token(role); });
+    cls.def_property_readonly((role + "_id").c_str(),
+                              [role](const WordPieceTokenizer& t) { return t.role_id(role); });
+  }
+}
+
 void bind_tokenizers(py::module_& dm) {
   using namespace data;
   py::class_<Tokenizer>(dm, "Tokenizer")
@@ -68,19 +194,21 @@ void bind_tokenizers(py::module_& dm) {
       .def(
           "token_id", [](const BpeTokenizer& t, const std::string& b) { return t.token_id(b); },
           py::arg("token_bytes"));
+  bind_wordpiece(dm);
   dm.def(
       "load_tokenizer",
       [](const std::string& path) {
         return runtime_call([&] {
           std::unique_ptr<Tokenizer> t = load_tokenizer_from(path);
           TESSERA_CHECK(t != nullptr, "load_tokenizer: '", path,
-                        "' holds no tokenizer.json, vocab.json + merges.txt ",
-                        "or encoder.json + vocab.bpe");
+                        "' holds no tokenizer.json, vocab.json + merges.txt, ",
+                        "encoder.json + vocab.bpe or vocab.txt");
           return t;
         });
       },
       py::arg("path"),
-      "A tokenizer.json file, or a folder holding Hugging Face's or OpenAI's tokenizer files");
+      "A tokenizer.json file, or a folder holding Hugging Face's, OpenAI's or BERT's tokenizer "
+      "files");
 }
 
 void bind_token_files(py::module_& dm) {

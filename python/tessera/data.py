@@ -1,4 +1,5 @@
 """tessera.data: token files (llm.c's layout), tokenizers and the DataLoader."""
 from ._tessera.data import (  # noqa: F401
-    Tokenizer, ByteTokenizer, BpeTokenizer, load_tokenizer, TokenFile, write_token_file, DataLoader,
+    Tokenizer, ByteTokenizer, BpeTokenizer, WordPieceTokenizer, load_tokenizer, TokenFile,
+    write_token_file, DataLoader,
 )

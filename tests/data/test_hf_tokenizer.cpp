@@ -1,6 +1,7 @@
 // Hugging Face tokenizer files both ways: what Tessera writes loads in `tokenizers` and
 // transformers.AutoTokenizer and encodes the same ids there; what `tokenizers` trains
 // (ByteLevel BPE) and GPT-2's files load in Tessera and encode the same ids here.
+// (WordPiece files: test_wordpiece.cpp and test_wordpiece_reference.cpp.)
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -112,7 +113,19 @@ TEST(HfTokenizer, RefusesWhatItCannotEncodeNamingTheKey) {
   };
   EXPECT_NO_THROW(tokenizer_from_json(
       file(R"({"type": "BPE", "vocab": )" + ok_vocab + R"(, "merges": ["a b"]})")));
-  expect_error(file(R"({"type": "WordPiece", "vocab": {}})"), "WordPiece");
+  expect_error(file(R"({"type": "Unigram", "vocab": []})"), "Unigram");
+  // WordPiece (BERT's, data/wordpiece.h) is read; without its unknown token it is refused.
+  const std::string bert_pieces = R"("normalizer": {"type": "BertNormalizer", "lowercase": true}, )"
+                                  R"("pre_tokenizer": {"type": "BertPreTokenizer"}, )";
+  const std::string vocab_pieces = R"("vocab": {"[UNK]": 0, "hello": 1, "##s": 2})";
+  EXPECT_EQ(tokenizer_from_json("{" + bert_pieces + R"("model": {"type": "WordPiece", )" +
+                                R"("unk_token": "[UNK]", )" + vocab_pieces + "}}")
+                ->encode("Hellos, hello"),
+            (std::vector<uint32_t>{1, 2, 0, 1}));
+  expect_error("{" + bert_pieces + R"("model": {"type": "WordPiece", )" + vocab_pieces + "}}",
+               "model.unk_token");
+  expect_error(file(R"({"type": "WordPiece", "unk_token": "[UNK]", )" + vocab_pieces + "}"),
+               "pre_tokenizer");
   expect_error(
       R"({"pre_tokenizer": {"type": "Whitespace"}, "model": {"type": "BPE", "vocab": {}, "merges": []}})",
       "Whitespace");

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/data/pretokenizer.h"
 #include "tests/nn/python_reference.h"
 
 namespace tessera::test {
@@ -62,23 +63,7 @@ inline bool run_reference(const std::string& args) {
 
 inline std::string quoted(const fs::path& p) { return "'" + p.string() + "'"; }
 
-inline void append_utf8(std::string& out, char32_t c) {
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xC0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    out += static_cast<char>(0xE0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (c >> 18));
-    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  }
-}
+using data::append_utf8;
 
 // About `bytes` bytes of text mixing scripts, emoji (ZWJ sequences, flags, skin tones),
 // digits of several kinds, contractions, punctuation, whitespace runs of every White_Space
