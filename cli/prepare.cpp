@@ -96,7 +96,7 @@ std::unique_ptr<data::Tokenizer> make_tokenizer(const PrepareArgs& a, std::strin
                 "' is not byte, bpe, gpt2 or an existing tokenizer file or folder");
   auto tok = data::load_tokenizer_from(a.tokenizer);
   TESSERA_CHECK(tok != nullptr, "tessera prepare: folder '", a.tokenizer,
-                "' holds no tokenizer.json, vocab.json + merges.txt or encoder.json + vocab.bpe");
+                "' holds no tokenizer.json, vocab.json + merges.txt, encoder.json + vocab.bpe or vocab.txt");
   return tok;
 }
 

@@ -10,9 +10,10 @@
 // (TESSERA_WATCHDOG_TIMEOUT, default 60 s; `tessera launch --watchdog-timeout`), one of the
 // waiting ranks (the first to claim it in the store) reads every rank's heartbeat and prints
 // which ranks have not reached that collective, since when their heartbeat is silent, and
-// where every other rank is. Then it ends its process (status 1), so the launcher takes the
-// job down, unless TESSERA_WATCHDOG_ACTION=report (`--watchdog-action report`), which only
-// prints the report and keeps waiting, up to the collective timeout. When the store itself
+// where every other rank is. When a rank is silent (stopped, gone) it then ends its process
+// (status 1), so the launcher takes the job down; when every heartbeat is alive (a rank busy
+// outside the collectives) it only reports and waits on, up to the collective timeout, as
+// TESSERA_WATCHDOG_ACTION=report (`--watchdog-action report`) always does. When the store itself
 // stops answering (it lives in rank 0), the report names rank 0 with its last heartbeat.
 //
 // The host backends record their collectives here; the watchdog runs where the job also has

@@ -52,6 +52,13 @@ int main(int argc, char** argv) {
       if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
       Tensor t = full({4}, 1.0);
       pg.all_reduce(t)->wait();
+    } else if (mode == "busy") {
+      // Rank 1 works 9 s outside the collectives (a long save, say): its heartbeat stays alive.
+      for (int step = 0; step < 10; ++step) {
+        if (rank == 1 && step == 5) std::this_thread::sleep_for(std::chrono::seconds(9));
+        Tensor t = full({1}, 1.0);
+        pg.all_reduce(t)->wait();
+      }
     } else if (mode == "loop" && argc > 2) {
       Tensor t = full({4}, 1.0);
       pg.all_reduce(t)->wait();  // every rank is in before any is stopped

@@ -312,6 +312,16 @@ TEST(WatchdogJobs, ReportActionKeepsWaitingAndTheJobFinishesOnceTheRankResumes) 
   EXPECT_EQ(job.status(), 0) << job.output();
 }
 
+TEST(WatchdogJobs, ARankBusyOutsideTheCollectivesIsReportedButTheJobGoesOn) {
+  JobResult r = run_job(std::string(TESSERA_CLI) + " launch --nproc-per-node 2 --watchdog-timeout 3 " +
+                            DIST_FAULT_CHECK " busy",
+                        60);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1 (pid "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("every rank's heartbeat is alive"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("ending the job"), std::string::npos) << r.output;
+}
+
 // A rank of a 2-rank job started alone: it says what it waits for, then fails with `error`.
 void lone_rank_waits_then_fails(int rank, const std::string& progress, const std::string& error) {
   const int port = find_free_port();
