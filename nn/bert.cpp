@@ -146,11 +146,9 @@ BertModel::BertModel(const BertConfig& cfg, Generator* gen, TensorOptions opts)
 
 BertOutputs BertModel::encode(const Tensor& input_ids, const Tensor& attention_mask,
                               const Tensor& token_type_ids) {
-  TESSERA_CHECK(input_ids.dim() == 2 && is_integral(input_ids.dtype()) &&
-                    input_ids.dtype() != DType::boolean,
-                "BertModel: input_ids must be integer [B, T], got ", describe(input_ids));
+  check_token_ids(input_ids, "BertModel");
   TESSERA_CHECK(!token_type_ids.defined() || token_type_ids.shape() == input_ids.shape(),
-                "BertModel: token_type_ids ", describe(token_type_ids),
+                "BertModel: token_type_ids ", autograd::describe(token_type_ids),
                 " must have input_ids' shape ", shape_str(input_ids.shape()));
   const Tensor mask = key_padding_mask(attention_mask, input_ids, "BertModel");
   Tensor x = embeddings.forward_embeddings(input_ids, token_type_ids);

@@ -17,10 +17,6 @@ LlamaConfig without_output_head(LlamaConfig cfg) {
   return cfg;
 }
 
-void check_no_token_types(const Tensor& token_type_ids, const char* model) {
-  TESSERA_CHECK(!token_type_ids.defined(), model, ": the model takes no token_type_ids");
-}
-
 // hidden [B, T, C] at one position per row -> [B, C].
 Tensor rows_at(const Tensor& hidden, const std::vector<int64_t>& positions) {
   const int64_t B = hidden.size(0), T = hidden.size(1);
@@ -28,18 +24,6 @@ Tensor rows_at(const Tensor& hidden, const std::vector<int64_t>& positions) {
   for (int64_t b = 0; b < B; ++b) flat[b] = b * T + positions[b];
   const Tensor index = from_vector(flat, {B}, {.dtype = DType::i64, .device = hidden.device()});
   return index_select(hidden.reshape({B * T, hidden.size(2)}), 0, index);
-}
-
-// The label keys and pad_token_id written over a body's config.json, and its architecture.
-nlohmann::ordered_json classification_keys(const char* architecture,
-                                           const SequenceClassificationConfig& labels,
-                                           int64_t pad_token_id, bool tie_word_embeddings) {
-  nlohmann::ordered_json j;
-  j["architectures"] = {architecture};
-  j["pad_token_id"] = pad_token_id >= 0 ? nlohmann::ordered_json(pad_token_id) : nlohmann::ordered_json();
-  j["tie_word_embeddings"] = tie_word_embeddings;
-  hf::write_labels(j, labels);
-  return j;
 }
 
 bool ends_with(const std::string& s, const char* suffix) {
@@ -50,9 +34,7 @@ bool ends_with(const std::string& s, const char* suffix) {
 
 std::vector<int64_t> last_token_positions(const Tensor& input_ids, const Tensor& attention_mask,
                                           int64_t pad_token_id, const char* model) {
-  TESSERA_CHECK(input_ids.dim() == 2 && is_integral(input_ids.dtype()) &&
-                    input_ids.dtype() != DType::boolean,
-                model, ": input_ids must be integer [B, T], got ", describe(input_ids));
+  check_token_ids(input_ids, model);
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
   TESSERA_CHECK(T > 0, model, ": input_ids must hold at least one token per row");
   TESSERA_CHECK(pad_token_id >= 0 || B == 1, model,
@@ -61,7 +43,7 @@ std::vector<int64_t> last_token_positions(const Tensor& input_ids, const Tensor&
   const std::vector<int64_t> ids = raw::to(input_ids, Device::cpu(), DType::i64).contiguous().to_vector<int64_t>();
   if (attention_mask.defined()) {
     TESSERA_CHECK(attention_mask.shape() == input_ids.shape(), model, ": attention_mask ",
-                  describe(attention_mask), " must have input_ids' shape ", shape_str(input_ids.shape()));
+                  autograd::describe(attention_mask), " must have input_ids' shape ", shape_str(input_ids.shape()));
     const std::vector<int64_t> keep =
         raw::to(attention_mask, Device::cpu(), DType::i64).contiguous().to_vector<int64_t>();
     for (int64_t b = 0; b < B; ++b)
@@ -84,35 +66,58 @@ std::vector<int64_t> last_token_positions(const Tensor& input_ids, const Tensor&
   return positions;
 }
 
+DecoderForSequenceClassification::DecoderForSequenceClassification(
+    int64_t hidden_size, double init_std, const SequenceClassificationConfig& labels,
+    int64_t pad_token_id, bool tie_word_embeddings, Generator* gen, TensorOptions opts)
+    : score(hidden_size, labels.num_labels, init_std, gen, opts),
+      labels_(labels),
+      pad_token_id_(pad_token_id),
+      tie_word_embeddings_(tie_word_embeddings) {
+  labels_.validate();
+}
+
+Tensor DecoderForSequenceClassification::logits(const Tensor& input_ids,
+                                                const Tensor& attention_mask,
+                                                const Tensor& token_type_ids) {
+  const std::string model = type_name();
+  TESSERA_CHECK(!token_type_ids.defined(), model, ": the model takes no token_type_ids");
+  const std::vector<int64_t> last =
+      last_token_positions(input_ids, attention_mask, pad_token_id_, model.c_str());
+  return score(rows_at(body_hidden_states(input_ids), last));
+}
+
+void DecoderForSequenceClassification::save_pretrained(const std::string& dir) const {
+  hf::save_model_directory(dir, *this, [&](const std::string& path) {
+    save_body_config(path);
+    nlohmann::ordered_json keys;
+    keys["architectures"] = {type_name()};
+    keys["pad_token_id"] = hf::nullable_id(pad_token_id_);
+    keys["tie_word_embeddings"] = tie_word_embeddings_;
+    hf::write_labels(keys, labels_);
+    hf::merge_into_config(path, keys);
+  });
+}
+
+void DecoderForSequenceClassification::load_weights(
+    const std::string& dir, const std::string& base_prefix,
+    const std::function<bool(const std::string&)>& ignored) {
+  fresh_keys_ = load_classifier_checkpoint(*this, hf::weights_path(dir), base_prefix, ignored, {"score."});
+}
+
 GPT2ForSequenceClassification::GPT2ForSequenceClassification(
     const GPTConfig& cfg, const SequenceClassificationConfig& labels, int64_t pad_token_id,
     Generator* gen, TensorOptions opts)
-    : score(cfg.n_embd, labels.num_labels, 0.02, gen, opts),
-      body_(std::make_unique<GPT>(without_output_head(cfg), gen, opts)),
-      labels_(labels),
-      pad_token_id_(pad_token_id),
-      tie_word_embeddings_(cfg.tie_word_embeddings) {
-  labels_.validate();
+    : DecoderForSequenceClassification(cfg.n_embd, 0.02, labels, pad_token_id,
+                                       cfg.tie_word_embeddings, gen, opts),
+      body_(std::make_unique<GPT>(without_output_head(cfg), gen, opts)) {
   TESSERA_CHECK(pad_token_id < cfg.vocab_size, "GPT2ForSequenceClassification: pad_token_id (",
                 pad_token_id, ") must be below vocab_size (", cfg.vocab_size, ")");
   register_module("transformer", body_->transformer);
   register_module("score", score);
 }
 
-Tensor GPT2ForSequenceClassification::logits(const Tensor& input_ids, const Tensor& attention_mask,
-                                             const Tensor& token_type_ids) {
-  check_no_token_types(token_type_ids, "GPT2ForSequenceClassification");
-  const std::vector<int64_t> last =
-      last_token_positions(input_ids, attention_mask, pad_token_id_, "GPT2ForSequenceClassification");
-  return score(rows_at(body_->hidden_states(input_ids), last));
-}
-
-void GPT2ForSequenceClassification::save_pretrained(const std::string& dir) const {
-  hf::save_model_directory(dir, *this, [&](const std::string& path) {
-    save_gpt_config(body_->config(), path);
-    hf::merge_into_config(path, classification_keys("GPT2ForSequenceClassification", labels_,
-                                                    pad_token_id_, tie_word_embeddings_));
-  });
+void GPT2ForSequenceClassification::save_body_config(const std::string& path) const {
+  save_gpt_config(body_->config(), path);
 }
 
 std::unique_ptr<GPT2ForSequenceClassification> GPT2ForSequenceClassification::from_pretrained(
@@ -122,43 +127,26 @@ std::unique_ptr<GPT2ForSequenceClassification> GPT2ForSequenceClassification::fr
   auto model = std::make_unique<GPT2ForSequenceClassification>(
       gpt_config_from_json_file(path), file.labels(), file.optional_id("pad_token_id", -1),
       nullptr, opts);
-  auto ignored = [](const std::string& name) {
+  model->load_weights(dir, "transformer.", [](const std::string& name) {
     return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
            name == "lm_head.weight";
-  };
-  model->fresh_keys_ =
-      load_classifier_checkpoint(*model, hf::weights_path(dir), "transformer.", ignored, {"score."});
+  });
   return model;
 }
 
 LlamaForSequenceClassification::LlamaForSequenceClassification(
     const LlamaConfig& cfg, const SequenceClassificationConfig& labels, int64_t pad_token_id,
     Generator* gen, TensorOptions opts)
-    : score(cfg.hidden_size, labels.num_labels, cfg.initializer_range, gen, opts),
-      body_(std::make_unique<Llama>(without_output_head(cfg), gen, opts)),
-      labels_(labels),
-      pad_token_id_(pad_token_id),
-      tie_word_embeddings_(cfg.tie_word_embeddings) {
-  labels_.validate();
+    : DecoderForSequenceClassification(cfg.hidden_size, cfg.initializer_range, labels,
+                                       pad_token_id, cfg.tie_word_embeddings, gen, opts),
+      body_(std::make_unique<Llama>(without_output_head(cfg), gen, opts)) {
   body_->model.embed_tokens.set_padding_idx(pad_token_id);
   register_module("model", body_->model);
   register_module("score", score);
 }
 
-Tensor LlamaForSequenceClassification::logits(const Tensor& input_ids, const Tensor& attention_mask,
-                                              const Tensor& token_type_ids) {
-  check_no_token_types(token_type_ids, "LlamaForSequenceClassification");
-  const std::vector<int64_t> last = last_token_positions(input_ids, attention_mask, pad_token_id_,
-                                                         "LlamaForSequenceClassification");
-  return score(rows_at(body_->hidden_states(input_ids), last));
-}
-
-void LlamaForSequenceClassification::save_pretrained(const std::string& dir) const {
-  hf::save_model_directory(dir, *this, [&](const std::string& path) {
-    save_llama_config(body_->config(), path);
-    hf::merge_into_config(path, classification_keys("LlamaForSequenceClassification", labels_,
-                                                    pad_token_id_, tie_word_embeddings_));
-  });
+void LlamaForSequenceClassification::save_body_config(const std::string& path) const {
+  save_llama_config(body_->config(), path);
 }
 
 std::unique_ptr<LlamaForSequenceClassification> LlamaForSequenceClassification::from_pretrained(
@@ -168,11 +156,9 @@ std::unique_ptr<LlamaForSequenceClassification> LlamaForSequenceClassification::
   auto model = std::make_unique<LlamaForSequenceClassification>(
       llama_config_from_json_file(path), file.labels(), file.optional_id("pad_token_id", -1),
       nullptr, opts);
-  auto ignored = [](const std::string& name) {
+  model->load_weights(dir, "model.", [](const std::string& name) {
     return ends_with(name, ".rotary_emb.inv_freq") || name == "lm_head.weight";
-  };
-  model->fresh_keys_ =
-      load_classifier_checkpoint(*model, hf::weights_path(dir), "model.", ignored, {"score."});
+  });
   return model;
 }
 

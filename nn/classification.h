@@ -10,6 +10,7 @@
 // an attention_mask adds nothing and is only checked to be right-padded (a left-padded mask
 // is refused: the bodies take no mask).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -25,60 +26,75 @@ namespace tessera::nn {
 std::vector<int64_t> last_token_positions(const Tensor& input_ids, const Tensor& attention_mask,
                                           int64_t pad_token_id, const char* model);
 
-class GPT2ForSequenceClassification : public SequenceClassifier {
+// What both share: the bias-free score head [num_labels, hidden] read at each row's last
+// token, the label keys and pad_token_id, and the directory format (the body's config.json
+// with the classification keys written over it).
+class DecoderForSequenceClassification : public SequenceClassifier {
+ public:
+  // token_type_ids must be undefined.
+  Tensor logits(const Tensor& input_ids, const Tensor& attention_mask = Tensor(),
+                const Tensor& token_type_ids = Tensor()) override;
+  const SequenceClassificationConfig& labels_config() const override { return labels_; }
+  int64_t pad_token_id() const { return pad_token_id_; }
+  void save_pretrained(const std::string& dir) const override;
+
+  TorchLinear score;
+
+ protected:
+  DecoderForSequenceClassification(int64_t hidden_size, double init_std,
+                                   const SequenceClassificationConfig& labels, int64_t pad_token_id,
+                                   bool tie_word_embeddings, Generator* gen, TensorOptions opts);
+  // The body's final hidden states [B, T, hidden_size] for input_ids.
+  virtual Tensor body_hidden_states(const Tensor& input_ids) = 0;
+  virtual void save_body_config(const std::string& path) const = 0;
+  // Loads dir's weights, the body under base_prefix; score may be missing (left fresh).
+  void load_weights(const std::string& dir, const std::string& base_prefix,
+                    const std::function<bool(const std::string&)>& ignored);
+
+ private:
+  SequenceClassificationConfig labels_;
+  int64_t pad_token_id_;
+  bool tie_word_embeddings_;  // the config's, written back (the body is built without a head)
+};
+
+class GPT2ForSequenceClassification : public DecoderForSequenceClassification {
  public:
   GPT2ForSequenceClassification(const GPTConfig& cfg, const SequenceClassificationConfig& labels,
                                 int64_t pad_token_id, Generator* gen = nullptr,
                                 TensorOptions opts = {});
-  // token_type_ids must be undefined.
-  Tensor logits(const Tensor& input_ids, const Tensor& attention_mask = Tensor(),
-                const Tensor& token_type_ids = Tensor()) override;
   std::string type_name() const override { return "GPT2ForSequenceClassification"; }
-  const SequenceClassificationConfig& labels_config() const override { return labels_; }
+  // The body's config (tie_word_embeddings as built: true).
   const GPTConfig& config() const { return body_->config(); }
-  int64_t pad_token_id() const { return pad_token_id_; }
-
-  void save_pretrained(const std::string& dir) const override;
   // A transformers directory: this class's, or a GPT-2 language model's (the score head then
   // keeps its initialisation, listed by newly_initialized_keys()).
   static std::unique_ptr<GPT2ForSequenceClassification> from_pretrained(const std::string& dir,
                                                                         TensorOptions opts = {});
 
-  TorchLinear score;
+ protected:
+  Tensor body_hidden_states(const Tensor& input_ids) override { return body_->hidden_states(input_ids); }
+  void save_body_config(const std::string& path) const override;
 
  private:
-  // Built without an output head (tied); its transformer is this module's "transformer".
-  std::unique_ptr<GPT> body_;
-  SequenceClassificationConfig labels_;
-  int64_t pad_token_id_;
-  bool tie_word_embeddings_;  // the config's, written back
+  std::unique_ptr<GPT> body_;  // its transformer is this module's "transformer"
 };
 
-class LlamaForSequenceClassification : public SequenceClassifier {
+class LlamaForSequenceClassification : public DecoderForSequenceClassification {
  public:
   // The body's embed_tokens takes pad_token_id as its padding_idx, as HF's LlamaModel does.
   LlamaForSequenceClassification(const LlamaConfig& cfg, const SequenceClassificationConfig& labels,
                                  int64_t pad_token_id, Generator* gen = nullptr,
                                  TensorOptions opts = {});
-  Tensor logits(const Tensor& input_ids, const Tensor& attention_mask = Tensor(),
-                const Tensor& token_type_ids = Tensor()) override;
   std::string type_name() const override { return "LlamaForSequenceClassification"; }
-  const SequenceClassificationConfig& labels_config() const override { return labels_; }
   const LlamaConfig& config() const { return body_->config(); }
-  int64_t pad_token_id() const { return pad_token_id_; }
-
-  void save_pretrained(const std::string& dir) const override;
   static std::unique_ptr<LlamaForSequenceClassification> from_pretrained(const std::string& dir,
                                                                          TensorOptions opts = {});
 
-  TorchLinear score;
+ protected:
+  Tensor body_hidden_states(const Tensor& input_ids) override { return body_->hidden_states(input_ids); }
+  void save_body_config(const std::string& path) const override;
 
  private:
-  // Built without an output head (tied); its model is this module's "model".
-  std::unique_ptr<Llama> body_;
-  SequenceClassificationConfig labels_;
-  int64_t pad_token_id_;
-  bool tie_word_embeddings_;  // the config's, written back
+  std::unique_ptr<Llama> body_;  // its model is this module's "model"
 };
 
 }  // namespace tessera::nn

@@ -114,9 +114,7 @@ DistilBertModel::DistilBertModel(const DistilBertConfig& cfg, Generator* gen, Te
 }
 
 Tensor DistilBertModel::encode(const Tensor& input_ids, const Tensor& attention_mask) {
-  TESSERA_CHECK(input_ids.dim() == 2 && is_integral(input_ids.dtype()) &&
-                    input_ids.dtype() != DType::boolean,
-                "DistilBertModel: input_ids must be integer [B, T], got ", describe(input_ids));
+  check_token_ids(input_ids, "DistilBertModel");
   const Tensor mask = key_padding_mask(attention_mask, input_ids, "DistilBertModel");
   Tensor x = embeddings(input_ids);
   for (DistilBertBlock* block : blocks) x = block->forward_masked(x, mask);

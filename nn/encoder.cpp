@@ -101,7 +101,7 @@ Tensor sequence_classification_loss(const Tensor& logits, const Tensor& labels,
                         labels.dim() <= 1 && labels.numel() == logits.size(0),
                     "sequence_classification_loss: single-label classification needs integer "
                     "labels [B = ",
-                    logits.size(0), "], got ", describe(labels));
+                    logits.size(0), "], got ", autograd::describe(labels));
       return cross_entropy(logits, raw::reshape(labels, {logits.size(0)}));
   }
 }
@@ -127,12 +127,18 @@ Tensor activate(Activation act, const Tensor& x) {
   }
 }
 
+void check_token_ids(const Tensor& input_ids, const char* model) {
+  TESSERA_CHECK(input_ids.dim() == 2 && is_integral(input_ids.dtype()) &&
+                    input_ids.dtype() != DType::boolean,
+                model, ": input_ids must be integer [B, T], got ", autograd::describe(input_ids));
+}
+
 Tensor key_padding_mask(const Tensor& attention_mask, const Tensor& input_ids, const char* model) {
   if (!attention_mask.defined()) return Tensor();
   TESSERA_CHECK(attention_mask.shape() == input_ids.shape() &&
                     (is_integral(attention_mask.dtype()) || attention_mask.dtype() == DType::boolean),
                 model, ": attention_mask must be an integer or bool tensor of input_ids' shape ",
-                shape_str(input_ids.shape()), ", got ", describe(attention_mask));
+                shape_str(input_ids.shape()), ", got ", autograd::describe(attention_mask));
   const Tensor keep = ops::binary(BinaryOp::Ne, attention_mask, 0.0);
   return raw::reshape(keep, {keep.size(0), 1, 1, keep.size(1)});
 }

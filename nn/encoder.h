@@ -81,6 +81,9 @@ Activation parse_activation(const std::string& name, const std::string& source);
 const char* activation_name(Activation act);
 Tensor activate(Activation act, const Tensor& x);
 
+// Raises, naming `model`, unless input_ids is an integer [B, T] tensor.
+void check_token_ids(const Tensor& input_ids, const char* model);
+
 // attention_mask [B, T] (any integer or bool dtype, 1 = token) as scaled_dot_product_attention's
 // bool key-padding mask [B, 1, 1, T]; undefined stays undefined (nothing masked). `model`
 // names the caller in errors (a mask of another shape than input_ids' [B, T]).

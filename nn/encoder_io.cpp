@@ -154,6 +154,17 @@ bool ignored_encoder_tensor(const std::string& name) {
   return false;
 }
 
+// cfg after its validate(), whose error then names the file.
+template <class Config>
+Config validated(const Config& cfg, const std::string& path, const char* model) {
+  try {
+    cfg.validate();
+  } catch (const Error& e) {
+    TESSERA_FAIL(model, " config: '", path, "': ", e.what());
+  }
+  return cfg;
+}
+
 // The config's dropout in [0, 1), or a clear error naming the key.
 double dropout_key(const hf::ConfigFile& file, const char* key, double fallback) {
   const double p = file.number(key, fallback);
@@ -186,12 +197,7 @@ BertConfig bert_config_from_json_file(const std::string& path) {
   file.refuse_unless(!file.boolean("is_decoder", false), "is_decoder",
                      "is not supported (the encoder only)");
   cfg.labels = file.labels();
-  try {
-    cfg.validate();
-  } catch (const Error& e) {
-    TESSERA_FAIL("BERT config: '", path, "': ", e.what());
-  }
-  return cfg;
+  return validated(cfg, path, "BERT");
 }
 
 void save_bert_config(const BertConfig& cfg, const std::string& path) {
@@ -212,7 +218,7 @@ void save_bert_config(const BertConfig& cfg, const std::string& path) {
   j["type_vocab_size"] = cfg.type_vocab_size;
   j["initializer_range"] = cfg.initializer_range;
   j["layer_norm_eps"] = cfg.layer_norm_eps;
-  j["pad_token_id"] = cfg.pad_token_id >= 0 ? nlohmann::ordered_json(cfg.pad_token_id) : nlohmann::ordered_json();
+  j["pad_token_id"] = hf::nullable_id(cfg.pad_token_id);
   j["position_embedding_type"] = "absolute";
   j["torch_dtype"] = "float32";
   hf::write_labels(j, cfg.labels);
@@ -252,12 +258,7 @@ DistilBertConfig distilbert_config_from_json_file(const std::string& path) {
   file.refuse_unless(!file.boolean("sinusoidal_pos_embds", false), "sinusoidal_pos_embds",
                      "is not supported (learned position embeddings only)");
   cfg.labels = file.labels();
-  try {
-    cfg.validate();
-  } catch (const Error& e) {
-    TESSERA_FAIL("DistilBERT config: '", path, "': ", e.what());
-  }
-  return cfg;
+  return validated(cfg, path, "DistilBERT");
 }
 
 void save_distilbert_config(const DistilBertConfig& cfg, const std::string& path) {
@@ -276,7 +277,7 @@ void save_distilbert_config(const DistilBertConfig& cfg, const std::string& path
   j["seq_classif_dropout"] = cfg.seq_classif_dropout;
   j["activation"] = activation_name(cfg.activation);
   j["initializer_range"] = cfg.initializer_range;
-  j["pad_token_id"] = cfg.pad_token_id >= 0 ? nlohmann::ordered_json(cfg.pad_token_id) : nlohmann::ordered_json();
+  j["pad_token_id"] = hf::nullable_id(cfg.pad_token_id);
   j["torch_dtype"] = "float32";
   hf::write_labels(j, cfg.labels);
   hf::write_config(path, j);

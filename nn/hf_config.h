@@ -44,6 +44,10 @@ class ConfigFile {
   nlohmann::json json_;
 };
 
+// A token id, or null for -1.
+inline nlohmann::ordered_json nullable_id(int64_t id) {
+  return id >= 0 ? nlohmann::ordered_json(id) : nlohmann::ordered_json();
+}
 // id2label, label2id and problem_type (null when unspecified) as HF writes them.
 void write_labels(nlohmann::ordered_json& j, const SequenceClassificationConfig& labels);
 // j as a config.json at path (written atomically).

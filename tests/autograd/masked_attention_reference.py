@@ -5,15 +5,14 @@ torch 1.13 has no torch.nn.functional.scaled_dot_product_attention, so the refer
 math it documents, written out: softmax(q k^T / sqrt(D) with a causal mask and attn_mask
 (bool: False -> -inf; float: added)) v, grouped-query heads repeated.
 
-For every case "<name>/q", "/k", "/v", "/mask", "/dy" (and a JSON list of {name, causal}) it
-writes:
+Usage: masked_attention_reference.py CASES_JSON INPUTS OUT. For every case of CASES_JSON (a
+list of {name, causal}), from INPUTS' "<name>/q", "/k", "/v", "/mask", "/dy", OUT gets:
   <name>/naive_out            the plain composition: NaN in a row whose keys are all masked
                               (what torch 1.13, and SDPA before PyTorch 2.5, give);
   <name>/out, /dq, /dk, /dv   PyTorch 2.5's _safe_softmax semantics: such rows give 0 and pass
                               no gradient (their scores are set to 0 before the softmax and
                               their probabilities to 0 after, so no NaN reaches backward).
 """
-import argparse
 import json
 import math
 import os
@@ -40,16 +39,11 @@ def attend(p, v, groups):
     return p @ v.repeat_interleave(groups, dim=1)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cases", required=True)
-    ap.add_argument("--inputs", required=True)
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args()
+def main(cases_path, inputs_path, out_path):
     torch.set_num_threads(2)
-    with open(a.cases) as f:
+    with open(cases_path) as f:
         cases = json.load(f)
-    t = read_safetensors(a.inputs)
+    t = read_safetensors(inputs_path)
     out = {}
     for c in cases:
         n, causal = c["name"], c["causal"]
@@ -66,8 +60,8 @@ def main():
         out[f"{n}/out"] = y.detach()
         for name, x in zip(("dq", "dk", "dv"), (q, k, v)):
             out[f"{n}/{name}"] = x.grad
-    write_safetensors(a.out, {k: v.contiguous() for k, v in out.items()})
+    write_safetensors(out_path, {k: v.contiguous() for k, v in out.items()})
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:])

@@ -109,9 +109,9 @@ TEST(MaskedAttention, MatchesPyTorchForwardAndBackward) {
   std::ofstream((dir / "cases.json").string()) << cases + "]";
   save_safetensors((dir / "inputs.safetensors").string(), files);
   const std::string cmd = test::python_interpreter() + " " TESSERA_SOURCE_DIR
-                          "/tests/autograd/masked_attention_reference.py --cases " +
-                          (dir / "cases.json").string() + " --inputs " +
-                          (dir / "inputs.safetensors").string() + " --out " +
+                          "/tests/autograd/masked_attention_reference.py " +
+                          (dir / "cases.json").string() + " " +
+                          (dir / "inputs.safetensors").string() + " " +
                           (dir / "ref.safetensors").string();
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const SafetensorsContents ref = load_safetensors((dir / "ref.safetensors").string());

@@ -105,7 +105,7 @@ def main():
     ap.add_argument("--batch")
     ap.add_argument("--out")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--lr", type=float, default=5e-5)
     args = ap.parse_args()
     if args.make:
         make(args.make, args.arch, json.loads(args.config))

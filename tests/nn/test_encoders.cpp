@@ -12,39 +12,22 @@
 #include "tessera/autograd/functions.h"
 #include "tessera/core/safetensors.h"
 #include "tessera/nn/nn.h"
+#include "python_reference.h"
 
 using namespace tessera;
 
 namespace {
 
-std::filesystem::path scratch_dir(const std::string& name) {
-  auto dir = std::filesystem::path(TESSERA_BINARY_DIR) / "test_scratch" / name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+using test::scratch_dir;
 
 nn::BertConfig small_bert() {
-  nn::BertConfig cfg;
-  cfg.vocab_size = 50;
-  cfg.hidden_size = 32;
-  cfg.num_hidden_layers = 2;
-  cfg.num_attention_heads = 4;
-  cfg.intermediate_size = 48;
-  cfg.max_position_embeddings = 16;
-  cfg.labels.num_labels = 3;
-  return cfg;
+  return {.vocab_size = 50, .hidden_size = 32, .num_hidden_layers = 2, .num_attention_heads = 4,
+          .intermediate_size = 48, .max_position_embeddings = 16, .labels = {.num_labels = 3}};
 }
 
 nn::DistilBertConfig small_distilbert() {
-  nn::DistilBertConfig cfg;
-  cfg.vocab_size = 50;
-  cfg.dim = 32;
-  cfg.n_layers = 2;
-  cfg.n_heads = 4;
-  cfg.hidden_dim = 48;
-  cfg.max_position_embeddings = 16;
-  return cfg;
+  return {.vocab_size = 50, .max_position_embeddings = 16, .n_layers = 2, .n_heads = 4, .dim = 32,
+          .hidden_dim = 48};
 }
 
 Tensor ids(std::vector<int64_t> values, int64_t rows) {
@@ -61,8 +44,13 @@ std::string error_of(const std::function<void()>& f) {
   return "no error";
 }
 
+double max_abs(const Tensor& t) { return ops::amax(ops::unary(UnaryOp::Abs, t)).item(); }
+
 // One sequence alone and with three pad tokens behind it (attention_mask 0 there) gives the
-// same logits, and the same gradients for every parameter.
+// same logits, and the same gradients for every parameter. The key projections' biases get
+// none, by symmetry (a bias shifts all of a query's scores alike, which the softmax ignores):
+// their gradients are rounding noise on both sides, so each gradient is compared relative to
+// the largest gradient of the model where its own is below 1e-3 of that.
 void check_padding_invariance(nn::SequenceClassifier& model, bool segments) {
   model.eval();
   const Tensor alone = ids({7, 3, 9, 4, 12}, 1), padded = ids({7, 3, 9, 4, 12, 0, 0, 0}, 1);
@@ -72,14 +60,19 @@ void check_padding_invariance(nn::SequenceClassifier& model, bool segments) {
   const Tensor a = model.logits(alone, Tensor(), types);
   sum(a).backward();
   std::map<std::string, Tensor> grads;
-  for (auto& [name, p] : model.named_parameters()) grads[name] = p.grad();
+  double largest = 0;
+  for (auto& [name, p] : model.named_parameters()) {
+    grads[name] = p.grad();
+    largest = std::max(largest, max_abs(p.grad()));
+  }
   model.zero_grad();
   const Tensor b = model.logits(padded, mask, padded_types);
   sum(b).backward();
   EXPECT_LT(ops::max_rel_error(b, a), 1e-6);
   for (auto& [name, p] : model.named_parameters()) {
     ASSERT_TRUE(p.grad().defined()) << name;
-    EXPECT_LT(ops::max_rel_error(p.grad(), grads[name]), 1e-5) << name;
+    const double scale = std::max(max_abs(grads[name]), 1e-3 * largest);
+    EXPECT_LT(max_abs(ops::sub(p.grad(), grads[name])), 1e-5 * scale) << name;
   }
 }
 
