@@ -164,8 +164,8 @@ def test_attention_with_a_key_padding_mask_matches_pytorch():
     q, k, v = (RNG.standard_normal((2, 3, 5, 4)) for _ in range(3))
     keep = np.ones((2, 1, 1, 5), dtype=bool)
     keep[1, ..., 3:] = False  # row 1 has two pad keys
-    ours = tessera.scaled_dot_product_attention(t64(q), t64(k), t64(v),
-                                                attn_mask=tessera.tensor(keep))
+    ours = tessera.nn.functional.scaled_dot_product_attention(t64(q), t64(k), t64(v),
+                                                              attn_mask=tessera.tensor(keep))
     tq, tk, tv = (torch.tensor(x) for x in (q, k, v))
     scores = (tq @ tk.transpose(-2, -1) / 2.0).masked_fill(~torch.tensor(keep), float("-inf"))
     close(ours, (torch.softmax(scores, -1) @ tv).numpy())
