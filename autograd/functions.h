@@ -56,6 +56,9 @@ Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x);  // tanh approximation (GPT-2)
+// The exact GELU, x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)): PyTorch's gelu(approximate='none'),
+// Hugging Face's "gelu" (BERT, DistilBERT).
+Tensor gelu_erf(const Tensor& x);
 Tensor abs(const Tensor& x);
 Tensor square(const Tensor& x);
 
@@ -132,6 +135,7 @@ Tensor sin(const Tensor& x);
 Tensor cos(const Tensor& x);
 Tensor log1p(const Tensor& x);
 Tensor expm1(const Tensor& x);
+Tensor erf(const Tensor& x);
 Tensor reciprocal(const Tensor& x);
 // min(max(x, min), max) with either bound optional; the gradient passes where
 // min <= x <= max.
@@ -253,6 +257,17 @@ namespace tessera {
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                     double dropout_p = 0.0, Generator* gen = nullptr,
                                     bool allow_flash = true);
+// The same with PyTorch's attn_mask, broadcastable to [B, H, Tq, Tk] (a key-padding mask is
+// [B, 1, 1, Tk]): bool, true = attend (false positions get -inf before the softmax), or an
+// additive float mask of q's dtype (HF's (1 - mask) * finfo.min, or -inf). Combinable with
+// causal (both apply). A query row left with no key to attend to (every score -inf) gives 0
+// and passes no gradient, as PyTorch 2.5's _safe_softmax in SDPA's math path; torch 1.13 has no
+// SDPA, and the explicit softmax there (as older SDPA) gives NaN for such rows. An undefined
+// mask is the call above. A masked call always runs the composed path, on every device (the
+// fused kernels take no mask).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& attn_mask, bool causal = false,
+                                    double dropout_p = 0.0, Generator* gen = nullptr);
 // True when scaled_dot_product_attention(q, k, v, causal, dropout_p) would take the flash
 // kernels.
 bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,

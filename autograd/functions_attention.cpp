@@ -132,17 +132,52 @@ Tensor repeat_kv_heads(const Tensor& kv, int64_t groups) {
   return kv.unsqueeze(2).expand({B, H_kv, groups, T, D}).reshape({B, H_kv * groups, T, D});
 }
 
-// softmax(q·kᵀ·scale [+ causal mask]) v from the differentiable functions. q is scaled
-// rather than the scores: [.., T, D] is cheaper than [.., T, T].
+// attn_mask against q [B, H, Tq, D] and k [B, H_kv, Tk, D]: bool or q's float dtype, on q's
+// device, broadcastable to [B, H, Tq, Tk]; raises naming the problem otherwise.
+void check_attention_mask(const Tensor& mask, const Tensor& q, const Tensor& k) {
+  const char* op = "scaled_dot_product_attention";
+  const Shape scores{q.size(0), q.size(1), q.size(2), k.size(2)};
+  TESSERA_CHECK(mask.dtype() == DType::boolean || mask.dtype() == q.dtype(), op,
+                ": attn_mask must be bool (true = attend) or q's dtype ", dtype_name(q.dtype()),
+                " (added to the scores), got ", autograd::describe(mask));
+  TESSERA_CHECK(mask.device() == q.device(), op, ": attn_mask is on ", mask.device().str(),
+                " but q on ", q.device().str());
+  bool broadcastable = mask.dim() <= 4;
+  for (int64_t d = 1; broadcastable && d <= mask.dim(); ++d) {
+    const int64_t m = mask.size(mask.dim() - d), s = scores[4 - d];
+    broadcastable = m == 1 || m == s;
+  }
+  TESSERA_CHECK(broadcastable, op, ": attn_mask ", shape_str(mask.shape()),
+                " does not broadcast to the scores' [B, H, Tq, Tk] = ", shape_str(scores));
+}
+
+// softmax over the last dim where a row whose scores are all -inf (no key left to attend to)
+// gives 0 instead of NaN, and no gradient (PyTorch's _safe_softmax). Such rows are set to 0
+// before the softmax, so its backward never sees -inf - -inf either.
+Tensor softmax_without_empty_rows(const Tensor& scores) {
+  const Tensor row_max = ops::amax(scores.detach(), {-1}, /*keepdim=*/true);
+  const Tensor empty_rows = ops::binary(BinaryOp::Eq, row_max, -std::numeric_limits<double>::infinity());
+  return masked_fill(softmax(masked_fill(scores, empty_rows, 0.0), -1), empty_rows, 0.0);
+}
+
+// softmax(q·kᵀ·scale [+ causal mask] [+ attn_mask]) v from the differentiable functions. q is
+// scaled rather than the scores: [.., T, D] is cheaper than [.., T, T].
 Tensor composed_attention(const Tensor& q, const Tensor& k_in, const Tensor& v_in, bool causal,
-                          double scale, double dropout_p, Generator* gen) {
+                          double scale, double dropout_p, Generator* gen,
+                          const Tensor& attn_mask = Tensor()) {
   const int64_t groups = q.size(1) / k_in.size(1);
   const Tensor k = repeat_kv_heads(k_in, groups), v = repeat_kv_heads(v_in, groups);
+  constexpr double kMasked = -std::numeric_limits<double>::infinity();
   Tensor att = matmul(q * scale, k.transpose(-2, -1));
-  if (causal)
-    att = masked_fill(att, causal_mask(q.size(2), k.size(2), q.device()),
-                      -std::numeric_limits<double>::infinity());
-  att = softmax(att, -1);
+  if (causal) att = masked_fill(att, causal_mask(q.size(2), k.size(2), q.device()), kMasked);
+  if (!attn_mask.defined()) {
+    att = softmax(att, -1);
+  } else {
+    att = attn_mask.dtype() == DType::boolean
+              ? masked_fill(att, ops::unary(UnaryOp::LogicalNot, attn_mask), kMasked)
+              : att + attn_mask;
+    att = softmax_without_empty_rows(att);
+  }
   if (dropout_p > 0) att = dropout(att, dropout_p, true, gen);
   return matmul(att, v);
 }
@@ -465,19 +500,46 @@ bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, 
   return true;
 }
 
+namespace {
+struct Heads {
+  Tensor q, k, v;
+};
+// scaled_dot_product_attention's q, k, v checked and cast by autocast.
+Heads checked_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                               double dropout_p) {
+  check_attention_inputs(q, k, v);
+  TESSERA_CHECK(!causal || q.size(2) <= k.size(2), "scaled_dot_product_attention: causal with ",
+                q.size(2), " queries but only ", k.size(2), " keys");
+  check_dropout("scaled_dot_product_attention", dropout_p);
+  return {autograd::autocast(q), autograd::autocast(k), autograd::autocast(v)};
+}
+}  // namespace
+
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                     bool causal, double dropout_p, Generator* gen, bool allow_flash) {
-  check_attention_inputs(q_in, k_in, v_in);
-  TESSERA_CHECK(!causal || q_in.size(2) <= k_in.size(2), "scaled_dot_product_attention: causal with ",
-                q_in.size(2), " queries but only ", k_in.size(2), " keys");
-  check_dropout("scaled_dot_product_attention", dropout_p);
-  const Tensor q = autograd::autocast(q_in), k = autograd::autocast(k_in), v = autograd::autocast(v_in);
+  const auto [q, k, v] = checked_attention_inputs(q_in, k_in, v_in, causal, dropout_p);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   if (allow_flash && flash_attention_applies(q, k, v, causal, dropout_p)) {
     if (dropout_p == 0) return fused_attention(q, k, v, scale);
     return fused_attention(q, k, v, scale, draw_attention_dropout(q, k, dropout_p, gen));
   }
   return composed_attention(q, k, v, causal, scale, dropout_p, gen);
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                    const Tensor& attn_mask, bool causal, double dropout_p,
+                                    Generator* gen) {
+  if (!attn_mask.defined())
+    return scaled_dot_product_attention(q_in, k_in, v_in, causal, dropout_p, gen);
+  const auto [q, k, v] = checked_attention_inputs(q_in, k_in, v_in, causal, dropout_p);
+  // An additive mask follows the scores' dtype under autocast, as the scores it is added to.
+  const Tensor mask = attn_mask.dtype() == DType::boolean || attn_mask.dtype() == q.dtype()
+                          ? attn_mask
+                          : autograd::autocast(attn_mask);
+  check_attention_mask(mask, q, k);
+  // The fused kernels take no mask: a masked call is the composition on every device.
+  return composed_attention(q, k, v, causal, 1.0 / std::sqrt(static_cast<double>(q.size(3))),
+                            dropout_p, gen, mask);
 }
 
 bool causal_attention_qkv_fused_applies(const Tensor& qkv, int64_t n_head, double dropout_p) {

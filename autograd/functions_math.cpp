@@ -1,5 +1,5 @@
-// Differentiable element-wise maths beyond the basics (sin, cos, log1p, expm1, reciprocal,
-// clamp, silu, swiglu), comparisons (no gradient), where with scalars, and the reductions
+// Differentiable element-wise maths beyond the basics (sin, cos, log1p, expm1, erf, the exact
+// GELU, reciprocal, clamp, silu, swiglu), comparisons (no gradient), where with scalars, and the reductions
 // built from them (var, std_dev, logsumexp, prod, cumsum).
 #include <cmath>
 
@@ -54,6 +54,16 @@ Tensor expm1(const Tensor& x) {
     return ops::mul(g, ops::unary(UnaryOp::Exp, x));
   });
 }
+Tensor erf(const Tensor& x) {
+  return unary_of_input("ErfBackward", UnaryOp::Erf, x, [](const Tensor& g, const Tensor& x) {
+    // d/dx erf(x) = 2 / sqrt(pi) exp(-x^2)
+    const Tensor bell = ops::unary(UnaryOp::Exp, ops::unary(UnaryOp::Neg, ops::unary(UnaryOp::Square, x)));
+    return ops::mul(g, ops::mul(bell, 2.0 / std::sqrt(M_PI)));
+  });
+}
+// PyTorch's order of operations, x * 0.5 * (1 + erf(x * (1 / sqrt 2))), so the f32 results
+// round alike; the gradient is the composition's, Phi(x) + x phi(x) up to rounding.
+Tensor gelu_erf(const Tensor& x) { return x * 0.5 * (1.0 + erf(x * M_SQRT1_2)); }
 Tensor reciprocal(const Tensor& x) {
   return unary_of_input(
       "ReciprocalBackward", UnaryOp::Reciprocal, x, [](const Tensor& g, const Tensor& x) {

@@ -13,7 +13,7 @@ const char* unary_op_name(UnaryOp op) {
   static const char* names[] = {"neg",  "exp",  "log",        "sqrt",  "rsqrt", "abs",   "tanh",
                                 "sigmoid", "relu", "gelu",    "sin",   "cos",   "square",
                                 "reciprocal", "sign", "floor", "ceil", "round", "logical_not",
-                                "log1p", "expm1"};
+                                "log1p", "expm1", "erf"};
   return names[static_cast<int>(op)];
 }
 

@@ -19,7 +19,7 @@ namespace tessera {
 
 enum class UnaryOp : uint8_t {
   Neg, Exp, Log, Sqrt, Rsqrt, Abs, Tanh, Sigmoid, Relu, Gelu, Sin, Cos, Square, Reciprocal,
-  Sign, Floor, Ceil, Round, LogicalNot, Log1p, Expm1,
+  Sign, Floor, Ceil, Round, LogicalNot, Log1p, Expm1, Erf,
 };
 enum class BinaryOp : uint8_t {
   Add, Sub, Mul, Div, Pow, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr,

@@ -67,6 +67,7 @@ bool unary_needs_float(UnaryOp op) {
     case UnaryOp::Exp: case UnaryOp::Log: case UnaryOp::Sqrt: case UnaryOp::Rsqrt:
     case UnaryOp::Tanh: case UnaryOp::Sigmoid: case UnaryOp::Gelu: case UnaryOp::Sin:
     case UnaryOp::Cos: case UnaryOp::Reciprocal: case UnaryOp::Log1p: case UnaryOp::Expm1:
+    case UnaryOp::Erf:
       return true;
     default:
       return false;

@@ -89,7 +89,8 @@ bool GPT::output_biases_deferrable() const {
     return v == nullptr || std::string(v) != "0";
   }();
   if (!enabled || !cfg_.bias || any_hooks()) return false;
-  if (cfg_.gradient_checkpointing && is_training() && autograd::is_grad_enabled()) return false;
+  if (cfg_.gradient_checkpointing && transformer.is_training() && autograd::is_grad_enabled())
+    return false;
   for (const Block* block : transformer.blocks)
     for (const Dropout* d : {&block->attn.resid_dropout, &block->mlp.dropout})
       if (d->is_training() && d->p > 0) return false;
@@ -113,7 +114,8 @@ std::string GPT::describe() const {
 
 BlockOutput GPT::run_block(Block& block, const BlockOutput& in, bool defer_biases) {
   const Tensor &residual = in.residual, &delta = in.delta;
-  if (!cfg_.gradient_checkpointing || !is_training() || !autograd::is_grad_enabled())
+  // The mode of the transformer (a classification model registers only it: nn/classification.h).
+  if (!cfg_.gradient_checkpointing || !transformer.is_training() || !autograd::is_grad_enabled())
     return block.call_deferred(residual, delta, in.delta_bias, defer_biases);
   TESSERA_CHECK(!in.delta_bias.defined() && !defer_biases,
                 "GPT: biases are not deferred under gradient checkpointing");

@@ -47,6 +47,9 @@ class GPT : public CausalLM {
   Tensor forward(const Tensor& idx) override;
   // Mean cross-entropy of the logits of idx against targets [B, T].
   Tensor loss(const Tensor& idx, const Tensor& targets) override;
+  // idx [B, T] -> the final LayerNorm's output [B, T, n_embd], what the head reads (a
+  // sequence-classification head reads it too: nn/classification.h).
+  Tensor hidden_states(const Tensor& idx) { return hidden_states(idx, 0, nullptr); }
 
   // Incremental decoding: an empty cache for `batch` rows; forward_incremental feeds the
   // next tokens idx [B, Tn] (positions cache.length ...) and returns their logits

@@ -34,6 +34,22 @@ Tensor Linear::forward(const Tensor& x) {
   return linear(x, weight, bias);
 }
 
+TorchLinear::TorchLinear(int64_t in_features, int64_t out_features, double init_std, Generator* gen,
+                         TensorOptions opts, bool with_bias) {
+  TESSERA_CHECK(in_features > 0 && out_features > 0,
+                "TorchLinear: features must be positive, got in=", in_features, " out=", out_features);
+  weight = register_parameter("weight", normal_init({out_features, in_features}, init_std, gen, opts));
+  if (with_bias)
+    bias = register_parameter("bias",
+                              zeros({out_features}, {.dtype = opts.dtype, .device = opts.device}));
+}
+
+Tensor TorchLinear::forward(const Tensor& x) {
+  TESSERA_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "TorchLinear: input shape ",
+                shape_str(x.shape()), " does not end in in_features = ", weight.size(1));
+  return linear(x, weight.t(), bias);
+}
+
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, double init_std, Generator* gen,
                      TensorOptions opts) {
   TESSERA_CHECK(num_embeddings > 0 && dim > 0, "Embedding: sizes must be positive, got ",
@@ -41,7 +57,22 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, double init_std, Gener
   weight = register_parameter("weight", normal_init({num_embeddings, dim}, init_std, gen, opts));
 }
 
-Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices, grad_sink); }
+void Embedding::set_padding_idx(int64_t index) {
+  TESSERA_CHECK(index >= -1 && index < weight.size(0), "Embedding: padding_idx ", index,
+                " is outside [0, ", weight.size(0), ") (-1: none)");
+  padding_idx = index;
+  if (index < 0) return;
+  raw::fill_(raw::narrow(weight, 0, index, 1), 0.0);
+}
+
+Tensor Embedding::forward(const Tensor& indices) {
+  const Tensor rows = embedding(weight, indices, grad_sink);
+  if (padding_idx < 0) return rows;
+  // The padding positions take their rows from a detached copy of the lookup: same values, no
+  // path back into the weight.
+  const Tensor is_padding = raw::unsqueeze(ops::binary(BinaryOp::Eq, indices, double(padding_idx)), -1);
+  return where(is_padding, rows.detach(), rows);
+}
 
 LayerNorm::LayerNorm(int64_t dim, double eps_, bool with_bias, TensorOptions opts) : eps(eps_) {
   weight = register_parameter("weight", ones({dim}, {.dtype = opts.dtype, .device = opts.device}));
@@ -65,7 +96,7 @@ std::pair<Tensor, Tensor> LayerNorm::forward_residual(const Tensor& x, const Ten
   return {sum, normed};
 }
 
-Tensor GELU::forward(const Tensor& x) { return gelu(x); }
+Tensor GELU::forward(const Tensor& x) { return exact ? gelu_erf(x) : gelu(x); }
 
 Dropout::Dropout(double p_, Generator* gen) : p(p_), gen_(gen) {
   TESSERA_CHECK(p >= 0 && p < 1, "Dropout: p must lie in [0, 1), got ", p);

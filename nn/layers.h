@@ -25,6 +25,18 @@ class Linear : public Module {
   Tensor bias;    // [out], undefined without bias
 };
 
+// y = x · weightᵀ + bias with weight [out, in] (torch.nn.Linear's layout, the layout Hugging
+// Face files hold for Llama's and BERT's projections); bias [out] only when asked for (zeros).
+class TorchLinear : public Module {
+ public:
+  TorchLinear(int64_t in_features, int64_t out_features, double init_std, Generator* gen,
+              TensorOptions opts, bool bias = false);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "TorchLinear"; }
+  Tensor weight;  // [out, in]
+  Tensor bias;    // [out], undefined without bias
+};
+
 // Rows of weight [num_embeddings, dim] picked by integer indices.
 class Embedding : public Module {
  public:
@@ -34,6 +46,12 @@ class Embedding : public Module {
   std::string type_name() const override { return "Embedding"; }
 
   Tensor weight;
+  // torch.nn.Embedding's padding_idx: lookups of this row pass no gradient to it (its values
+  // are looked up as usual). -1: none.
+  int64_t padding_idx = -1;
+  // torch.nn.Embedding(padding_idx = index) at construction: sets padding_idx and zeroes that
+  // row (-1: no padding row).
+  void set_padding_idx(int64_t index);
   // Where the lookup's weight gradient goes instead of weight.grad when it accepts (see
   // EmbeddingGradSink); null: the ordinary backward. DDP sets and clears it.
   std::shared_ptr<EmbeddingGradSink> grad_sink;
@@ -57,11 +75,14 @@ class LayerNorm : public Module {
   double eps;
 };
 
-// GELU, tanh approximation (GPT-2's "gelu_new").
+// GELU: the tanh approximation by default (GPT-2's "gelu_new"), or with exact = true the erf
+// form (torch.nn.GELU(), Hugging Face's "gelu": BERT, DistilBERT).
 class GELU : public Module {
  public:
+  explicit GELU(bool exact = false) : exact(exact) {}
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "GELU"; }
+  bool exact;
 };
 
 // Zeroes elements with probability p while training (scaling the rest by 1/(1-p));

@@ -41,15 +41,6 @@ const LlamaConfig& validated(const LlamaConfig& cfg) {
 }
 }  // namespace
 
-TorchLinear::TorchLinear(int64_t in_features, int64_t out_features, double init_std, Generator* gen,
-                         TensorOptions opts) {
-  Tensor w = empty({out_features, in_features}, {.dtype = opts.dtype, .device = opts.device});
-  normal_(w, 0.0, init_std, gen);
-  weight = register_parameter("weight", w);
-}
-
-Tensor TorchLinear::forward(const Tensor& x) { return linear(x, weight.t()); }
-
 RMSNorm::RMSNorm(int64_t dim, double eps_in, TensorOptions opts) : eps(eps_in) {
   weight = register_parameter("weight", ones({dim}, {.dtype = opts.dtype, .device = opts.device}));
 }
@@ -191,7 +182,8 @@ Tensor Llama::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
 
 std::pair<Tensor, Tensor> Llama::run_layer(LlamaDecoderLayer& layer, const Tensor& residual,
                                            const Tensor& delta, const ops::RopeTables& rope) {
-  if (!checkpointing_ || !is_training() || !autograd::is_grad_enabled())
+  // The mode of the body (a classification model registers only it: nn/classification.h).
+  if (!checkpointing_ || !model.is_training() || !autograd::is_grad_enabled())
     return layer.forward_deferred(residual, delta, rope, 0, nullptr);
   // The recompute replays the autocast policy; the layer has no randomness to replay. The
   // rotary tables are constants of this forward, captured as they are.

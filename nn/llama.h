@@ -35,17 +35,6 @@ struct LlamaConfig {
   }
 };
 
-// y = x · weightᵀ with weight [out, in] (torch.nn.Linear's layout), no bias: Llama's
-// projections.
-class TorchLinear : public Module {
- public:
-  TorchLinear(int64_t in_features, int64_t out_features, double init_std, Generator* gen,
-              TensorOptions opts);
-  Tensor forward(const Tensor& x) override;
-  std::string type_name() const override { return "TorchLinear"; }
-  Tensor weight;  // [out, in]
-};
-
 // x * rsqrt(mean(x^2) + eps) * weight over the last dim; weight 1 at init.
 class RMSNorm : public Module {
  public:
@@ -127,6 +116,8 @@ class Llama : public CausalLM {
   Tensor forward(const Tensor& idx) override;
   // Mean cross-entropy of the logits of idx against targets [B, T].
   Tensor loss(const Tensor& idx, const Tensor& targets) override;
+  // idx [B, T] -> the final RMSNorm's output [B, T, hidden_size], what the head reads.
+  Tensor hidden_states(const Tensor& idx) { return hidden_states(idx, 0, nullptr); }
 
   // Incremental decoding (tape-free): k/v of layer l are [B, n_kv_head, max_positions, D].
   KVCache make_kv_cache(int64_t batch) const;

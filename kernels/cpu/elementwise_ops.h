@@ -12,7 +12,7 @@
 
 namespace tessera::cpu {
 
-constexpr int kNumUnaryOps = static_cast<int>(UnaryOp::Expm1) + 1;
+constexpr int kNumUnaryOps = static_cast<int>(UnaryOp::Erf) + 1;
 constexpr int kNumBinaryOps = static_cast<int>(BinaryOp::GeluBackward) + 1;
 
 constexpr bool unary_returns_bool(UnaryOp op) { return op == UnaryOp::LogicalNot; }
@@ -93,6 +93,7 @@ inline auto apply_unary(C x) {
   else if constexpr (op == UnaryOp::LogicalNot) return !(x != C(0));
   else if constexpr (op == UnaryOp::Log1p) return C(std::log1p(x));
   else if constexpr (op == UnaryOp::Expm1) return C(std::expm1(x));
+  else if constexpr (op == UnaryOp::Erf) return C(std::erf(x));
 }
 
 template <class C>

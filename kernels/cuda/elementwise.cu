@@ -232,6 +232,7 @@ __device__ __forceinline__ C apply_unary(UnaryOp op, C x) {
       case UnaryOp::LogicalNot: return x == C(0) ? C(1) : C(0);
       case UnaryOp::Log1p: return log1p(x);
       case UnaryOp::Expm1: return expm1(x);
+      case UnaryOp::Erf: return erf(x);
     }
     return x;
   }
@@ -305,7 +306,7 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& out) {
     visit_half_float(x.dtype(), [&](auto tag) {
       using T = decltype(tag);
       dense_unary<T>(op, static_cast<const T*>(x.raw_data()), static_cast<T*>(out.raw_data()), n,
-                     ctx.stream, std::make_index_sequence<static_cast<size_t>(UnaryOp::Expm1) + 1>{});
+                     ctx.stream, std::make_index_sequence<static_cast<size_t>(UnaryOp::Erf) + 1>{});
     });
     TESSERA_KERNEL_CHECK("dense_unary_kernel");
     return;

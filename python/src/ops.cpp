@@ -252,12 +252,14 @@ void bind_nn_functions(py::module_& m, py::class_<Tensor>& cls) {
   m.def(
       "scaled_dot_product_attention",
       [](const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
-         Generator* gen) {
+         Generator* gen, std::optional<Tensor> attn_mask) {
         py::gil_scoped_release release;
-        return scaled_dot_product_attention(q, k, v, causal, dropout_p, gen);
+        return scaled_dot_product_attention(q, k, v, attn_mask.value_or(Tensor()), causal,
+                                            dropout_p, gen);
       },
       py::arg("query"), py::arg("key"), py::arg("value"), py::arg("is_causal") = false,
-      py::arg("dropout_p") = 0.0, py::arg("generator") = nullptr);
+      py::arg("dropout_p") = 0.0, py::arg("generator") = nullptr,
+      py::arg("attn_mask") = py::none());
   m.def("cat", &cat, py::arg("tensors"), py::arg("dim") = 0);
   m.def("stack", &stack, py::arg("tensors"), py::arg("dim") = 0);
   auto split_fn = [](const Tensor& x, py::handle size, int64_t dim) {

@@ -159,6 +159,18 @@ def test_gradients_match_pytorch_float64():
     assert ours[0].is_leaf and ours[0].grad_fn is None
 
 
+def test_attention_with_a_key_padding_mask_matches_pytorch():
+    torch = pytest.importorskip("torch")
+    q, k, v = (RNG.standard_normal((2, 3, 5, 4)) for _ in range(3))
+    keep = np.ones((2, 1, 1, 5), dtype=bool)
+    keep[1, ..., 3:] = False  # row 1 has two pad keys
+    ours = tessera.nn.functional.scaled_dot_product_attention(t64(q), t64(k), t64(v),
+                                                              attn_mask=tessera.tensor(keep))
+    tq, tk, tv = (torch.tensor(x) for x in (q, k, v))
+    scores = (tq @ tk.transpose(-2, -1) / 2.0).masked_fill(~torch.tensor(keep), float("-inf"))
+    close(ours, (torch.softmax(scores, -1) @ tv).numpy())
+
+
 def test_gradient_matches_finite_differences():
     x = RNG.standard_normal((3, 4))
     w = RNG.standard_normal((4, 2))

@@ -21,6 +21,8 @@ TEST(NewOps, ElementwiseMathGradients) {
   EXPECT_TRUE(gradcheck([](const Xs& v) { return sin(v[0]); }, {x}));
   EXPECT_TRUE(gradcheck([](const Xs& v) { return cos(v[0]); }, {x}));
   EXPECT_TRUE(gradcheck([](const Xs& v) { return expm1(v[0]); }, {x}));
+  EXPECT_TRUE(gradcheck([](const Xs& v) { return erf(v[0]); }, {x}));
+  EXPECT_TRUE(gradcheck([](const Xs& v) { return gelu_erf(v[0]); }, {x}));
   EXPECT_TRUE(gradcheck([](const Xs& v) { return log1p(v[0]); }, {pos}));
   EXPECT_TRUE(gradcheck([](const Xs& v) { return reciprocal(v[0]); }, {pos}));
   EXPECT_TRUE(gradcheck([](const Xs& v) { return silu(v[0]); }, {x}));
@@ -28,9 +30,12 @@ TEST(NewOps, ElementwiseMathGradients) {
   EXPECT_TRUE(gradcheck([](const Xs& v) { return swiglu(v[0], v[1]); }, {x, up}));
   // Forward values against std:: maths.
   const std::vector<double> xv = values(x), s = values(silu(x)), e = values(expm1(x));
+  const std::vector<double> erfs = values(erf(x)), gelus = values(gelu_erf(x));
   for (size_t i = 0; i < xv.size(); ++i) {
     EXPECT_NEAR(s[i], xv[i] / (1 + std::exp(-xv[i])), 1e-15);
     EXPECT_NEAR(e[i], std::expm1(xv[i]), 1e-15);
+    EXPECT_NEAR(erfs[i], std::erf(xv[i]), 1e-15);
+    EXPECT_NEAR(gelus[i], 0.5 * xv[i] * (1 + std::erf(xv[i] / std::sqrt(2.0))), 1e-15);
   }
 }
 

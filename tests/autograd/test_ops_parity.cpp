@@ -103,6 +103,9 @@ std::vector<OpCase> op_cases() {
        [](auto& x) {
          return rotary_embedding(x[0], ops::rope_tables(0, 3, 8, 10000.0, x[0].dtype()));
        }},
+      // Last, so the cases above keep the inputs their seeds drew before these were added.
+      {"erf", "{}", {{6, 5}}, [](auto& x) { return erf(x[0]); }},
+      {"gelu_erf", "{}", {{6, 5}}, [](auto& x) { return gelu_erf(x[0]); }},
   };
 }
 

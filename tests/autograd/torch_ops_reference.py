@@ -33,8 +33,8 @@ def rope(x, theta):  # x [B, T, H, D], positions 0..T-1
 
 
 def run(op, p, xs, index):
-    if op in ("sin", "cos", "log1p", "expm1", "reciprocal", "silu"):
-        f = {"silu": torch.nn.functional.silu}.get(op) or getattr(torch, op)
+    if op in ("sin", "cos", "log1p", "expm1", "reciprocal", "silu", "erf", "gelu_erf"):
+        f = {"silu": torch.nn.functional.silu, "gelu_erf": torch.nn.functional.gelu}.get(op) or getattr(torch, op)
         return f(xs[0])
     if op == "clamp":
         return torch.clamp(xs[0], min=p.get("min"), max=p.get("max"))

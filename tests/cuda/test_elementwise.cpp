@@ -110,6 +110,7 @@ double ref_unary(UnaryOp op, double x) {
     case UnaryOp::LogicalNot: return x == 0;
     case UnaryOp::Log1p: return std::log1p(x);
     case UnaryOp::Expm1: return std::expm1(x);
+    case UnaryOp::Erf: return std::erf(x);
   }
   return 0;
 }
@@ -117,7 +118,7 @@ double ref_unary(UnaryOp op, double x) {
 TEST(CudaElementwise, UnaryOpsAgainstFloat64) {
   TESSERA_REQUIRE_GPU();
   for (DType t : {DType::f32, DType::bf16, DType::f16}) {
-    for (int o = 0; o <= static_cast<int>(UnaryOp::Expm1); ++o) {
+    for (int o = 0; o <= static_cast<int>(UnaryOp::Erf); ++o) {
       const UnaryOp op = static_cast<UnaryOp>(o);
       const bool positive = op == UnaryOp::Log || op == UnaryOp::Sqrt || op == UnaryOp::Rsqrt ||
                             op == UnaryOp::Reciprocal || op == UnaryOp::Log1p;

@@ -185,6 +185,7 @@ TEST(Unary, EveryFloatOpInEveryDTypeAndLayout) {
       {UnaryOp::Round, [](double x) { return std::nearbyint(x); }},
       {UnaryOp::Log1p, [](double x) { return std::log1p(x); }, true},
       {UnaryOp::Expm1, [](double x) { return std::expm1(x); }},
+      {UnaryOp::Erf, [](double x) { return std::erf(x); }},
   };
   uint64_t seed = 100;
   for (DType dt : kFloatDTypes) {

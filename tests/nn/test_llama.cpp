@@ -21,22 +21,11 @@ namespace {
 
 const std::string kScript = TESSERA_SOURCE_DIR "/tests/nn/hf_llama_check.py";
 
-std::filesystem::path scratch_dir(const std::string& name) {
-  auto dir = std::filesystem::path(TESSERA_BINARY_DIR) / "test_scratch" / name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+using test::scratch_dir;
 
-// Runs the reference; GTEST_SKIPs the caller's test (returns false) when transformers'
-// Llama is not usable with this Python.
-bool run_reference(const std::string& args) {
-  const std::string cmd = test::python_interpreter() + " " + kScript + " " + args;
-  const int status = std::system(cmd.c_str());
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 3) return false;
-  EXPECT_EQ(status, 0) << "reference failed: " << cmd;
-  return status == 0;
-}
+// Runs the reference; false (the caller skips) when transformers' Llama is not usable with
+// this Python.
+bool run_reference(const std::string& args) { return test::run_reference_script(kScript, args); }
 
 // A small GQA Llama: 4 query heads sharing 2 key/value heads, head dim 8.
 nn::LlamaConfig small_config(bool tied) {
