@@ -90,16 +90,15 @@ void read_zero_optimization(DeepSpeedConfig& c, const Json& z) {
   if (z.contains("stage3_prefetch_bucket_size"))
     c.stage3_prefetch_bucket_size =
         integer(z["stage3_prefetch_bucket_size"], p + ".stage3_prefetch_bucket_size", c.source, 0);
+  // overlap_comm: whether a bucket's reduction overlaps the next bucket's gradients.
+  if (z.contains("overlap_comm")) c.overlap_comm = boolean(z["overlap_comm"], p + ".overlap_comm", c.source);
   // What Tessera always does: true is accepted, false would be a promise it cannot keep.
-  for (const char* always : {"overlap_comm", "contiguous_gradients", "reduce_scatter",
-                             "allgather_partitions", "stage3_gather_16bit_weights_on_model_save"}) {
+  for (const char* always : {"contiguous_gradients", "reduce_scatter", "allgather_partitions",
+                             "stage3_gather_16bit_weights_on_model_save"}) {
     if (!z.contains(always)) continue;
     const auto on = boolean(z[always], p + "." + always, c.source);
     TESSERA_CHECK(!on || *on, c.source, ": \"", p, ".", always,
-                  "\": false is not supported (Tessera always ",
-                  std::string(always) == "overlap_comm" ? "overlaps bucket reductions with backward"
-                                                        : "does this",
-                  ")");
+                  "\": false is not supported (Tessera always does this)");
   }
 }
 
@@ -254,6 +253,17 @@ void DeepSpeedConfig::apply_to(AcceleratorOptions& o) const {
     o.bucket_bytes = bytes;
   }
   if (stage3_prefetch_bucket_size) o.stage3_prefetch_bucket_size = *stage3_prefetch_bucket_size;
+  // DeepSpeed double-buffers its buckets under overlap_comm: one filling, one being reduced.
+  if (overlap_comm) {
+    const size_t buckets = *overlap_comm ? 2 : 1;
+    const size_t default_buckets = AcceleratorOptions{}.max_buckets_in_flight;
+    agree(o.max_buckets_in_flight != default_buckets, o.max_buckets_in_flight == buckets,
+          "zero_optimization.overlap_comm", "max_buckets_in_flight",
+          std::string(*overlap_comm ? "true" : "false") + " (" + std::to_string(buckets) +
+              " bucket(s) in flight)",
+          std::to_string(o.max_buckets_in_flight));
+    o.max_buckets_in_flight = buckets;
+  }
 }
 
 }  // namespace tessera::dist

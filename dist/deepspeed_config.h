@@ -6,7 +6,8 @@
 //   zero_optimization.offload_param.device        "cpu" | "none"  (stage 3 only)
 //   zero_optimization.reduce_bucket_size          elements per gradient bucket (f32: ×4 bytes)
 //   zero_optimization.stage3_prefetch_bucket_size elements gathered ahead under stage 3
-//   zero_optimization.overlap_comm                true (Tessera always overlaps; false is refused)
+//   zero_optimization.overlap_comm                true: 2 gradient buckets in flight (one filling,
+//                                                 one reduced); false: 1 (max_buckets_in_flight)
 //   gradient_accumulation_steps, gradient_clipping, bf16.enabled, fp16.enabled
 //
 // "auto" (the Hugging Face integration's placeholder) leaves a value to the other settings.
@@ -30,6 +31,7 @@ struct DeepSpeedConfig {
   std::optional<bool> offload_optimizer, offload_param;
   std::optional<int64_t> reduce_bucket_size, stage3_prefetch_bucket_size;  // elements
   std::optional<int64_t> gradient_accumulation_steps;
+  std::optional<bool> overlap_comm;
   std::optional<double> gradient_clipping;
   std::optional<std::string> mixed_precision;  // "bf16" | "fp16" | "no" from bf16/fp16.enabled
   std::optional<int64_t> train_micro_batch_size_per_gpu, train_batch_size;

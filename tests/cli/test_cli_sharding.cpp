@@ -55,7 +55,7 @@ TEST(CliSharding, BadShardingSettingsFailBeforeTrainingNamingTheKey) {
                  R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})"),
        "NVMe"},
       {"--deepspeed " + write("ds_overlap.json",
-                              R"({"zero_optimization": {"stage": 2, "overlap_comm": false}})"),
+                              R"({"zero_optimization": {"stage": 2, "overlap_comm": "sometimes"}})"),
        "overlap_comm"},
       {"--deepspeed " + write("ds_stage.json", R"({"zero_optimization": {"stage": 5}})"),
        "zero_optimization.stage"},
@@ -263,35 +263,61 @@ TEST(CliSharding, MemoryReportPrintsEveryRankAndTheFormula) {
 }
 
 // `tessera plan` (a size-only dry run of rank 0, CPU routes) against the peak the allocator
-// counted in a real 2-rank run of the same GPT, batch and stage: within 10% at stages 0-3.
-TEST(CliSharding, PlanPredictsTheMeasuredPeakWithinTenPercent) {
-  const std::string shape = " --n-layer 3 --n-head 2 --n-embd 48 --seq 32 --batch 4 ";
-  for (int stage = 0; stage <= 3; ++stage) {
-    const std::string out = "plan_measured_" + std::to_string(stage);
-    auto r = run(launch(2) + "train --data " + (prepared("byte") / "train.bin").string() + shape +
-                 " --steps 2 --memory-report --zero-stage " + std::to_string(stage) + " --out " +
-                 (scratch() / out).string());
-    ASSERT_EQ(r.rc, 0) << r.output;
-    const size_t vocab_at = r.output.find("vocab ");
-    ASSERT_NE(vocab_at, std::string::npos) << r.output;
-    const int64_t vocab = std::stoll(r.output.substr(vocab_at + 6));
-    const size_t peak_row = r.output.find("rank 0 peak");
-    ASSERT_NE(peak_row, std::string::npos) << r.output;
-    std::istringstream row(r.output.substr(peak_row + 11));
-    double mib[7];
-    for (double& v : mib) row >> v;
-    const double measured = mib[6] * (1 << 20);  // the total column
+// counted in real runs of the same 8-block GPT, batch and stage on 2 and 3 ranks over TCP,
+// with buckets small enough that each block has several: every category at the peak within
+// 2% (and 2 KiB: the report prints MiB to 3 decimals) at stages 0-3, and under stages 2/3
+// the gradients at the peak no more than the shard plus the buckets in flight.
+std::vector<double> numbers_after(const std::string& text, const std::string& label, int count) {
+  const size_t at = text.find(label);
+  EXPECT_NE(at, std::string::npos) << label << "\n" << text;
+  std::vector<double> values(count, -1);
+  if (at == std::string::npos) return values;
+  std::istringstream row(text.substr(at + label.size()));
+  for (double& v : values) row >> v;
+  return values;
+}
 
-    r = run("plan --device cpu --nproc 2 --zero-stage " + std::to_string(stage) + " --vocab " +
-            std::to_string(vocab) + " --n-layer 3 --n-head 2 --n-embd 48 --seq 32 --batch 4");
-    ASSERT_EQ(r.rc, 0) << r.output;
-    const size_t at = r.output.find("peak_bytes ");
-    ASSERT_NE(at, std::string::npos) << r.output;
-    const double predicted = std::stod(r.output.substr(at + 11));
-    std::printf("[ plan ] stage %d, 2 ranks: predicted peak %.0f bytes, measured %.0f (%+.2f%%)\n",
-                stage, predicted, measured, 100 * (predicted - measured) / measured);
-    EXPECT_NEAR(predicted, measured, 0.10 * measured) << "stage " << stage << "\n" << r.output;
-    EXPECT_NE(r.output.find("fits a 80 GiB card"), std::string::npos) << r.output;
+TEST(CliSharding, PlanPredictsTheMeasuredPeakByCategoryWithinTwoPercent) {
+  const std::string shape = " --n-layer 8 --n-head 2 --n-embd 64 --seq 32 --batch 4 ";
+  const int64_t bucket_elements = 12000;  // a block holds 49,920 parameters
+  const std::string ds = write("ds_small_buckets.json",
+                               R"({"zero_optimization": {"reduce_bucket_size": )" +
+                                   std::to_string(bucket_elements) + "}}");
+  const char* names[] = {"parameters", "gradients", "optimizer", "activations", "communication",
+                         "other"};
+  for (int nproc : {2, 3}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      SCOPED_TRACE(std::to_string(nproc) + " ranks, stage " + std::to_string(stage));
+      const std::string out =
+          "plan_measured_" + std::to_string(nproc) + "_" + std::to_string(stage);
+      auto r = run(launch(nproc) + "train --data " + (prepared("byte") / "train.bin").string() +
+                   shape + " --steps 2 --memory-report --deepspeed " + ds + " --zero-stage " +
+                   std::to_string(stage) + " --out " + (scratch() / out).string());
+      ASSERT_EQ(r.rc, 0) << r.output;
+      const int64_t vocab = static_cast<int64_t>(numbers_after(r.output, "vocab ", 1)[0]);
+      const std::vector<double> measured_mib = numbers_after(r.output, "rank 0 peak", 7);
+
+      r = run("plan --device cpu --nproc " + std::to_string(nproc) + " --zero-stage " +
+              std::to_string(stage) + " --vocab " + std::to_string(vocab) + shape +
+              " --bucket-bytes " + std::to_string(4 * bucket_elements));
+      ASSERT_EQ(r.rc, 0) << r.output;
+      const std::vector<double> predicted = numbers_after(r.output, "peak_bytes_by_category", 6);
+      for (int c = 0; c < 6; ++c) {
+        const double measured = measured_mib[c] * (1 << 20);
+        std::printf("[ plan ] %d ranks, stage %d, %-13s predicted %9.0f bytes, measured %9.0f\n",
+                    nproc, stage, names[c], predicted[c], measured);
+        EXPECT_NEAR(predicted[c], measured, std::max(0.02 * measured, 2048.0))
+            << names[c] << "\n" << r.output;
+      }
+      const double total = numbers_after(r.output, "peak_bytes ", 1)[0];
+      EXPECT_NEAR(total, measured_mib[6] * (1 << 20), 0.02 * measured_mib[6] * (1 << 20));
+      if (stage >= 2) {
+        const double shard = numbers_after(r.output, "shard_gradient_bytes", 1)[0];
+        const double in_flight = numbers_after(r.output, "buckets_in_flight_bound_bytes", 1)[0];
+        EXPECT_GT(in_flight, 0);
+        EXPECT_LE(measured_mib[1] * (1 << 20), shard + in_flight + 1024) << r.output;
+      }
+    }
   }
   // A model that cannot fit says so.
   const auto big =
