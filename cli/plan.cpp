@@ -158,11 +158,14 @@ void print_terms(const PlanArgs& a, const dist::MemoryPlan& p) {
                 gib(p.largest_bucket_bytes),
                 gib(static_cast<int64_t>(p.max_buckets_in_flight) * p.largest_bucket_bytes));
   std::printf("\n  %-20s %.3f\n", "other", gib(t.other));
+  std::printf("  %-20s %.3f GiB at the steps' peak; %.3f GiB while the model is built in "
+              "f32 and sharded\n",
+              "sum", gib(p.step_peak), gib(p.setup_peak));
   if (a.zero_stage == 3) {
     const int64_t bound = p.expected_stage3_bound();
     std::printf("  formula + activations + two units + buckets in flight = %.3f GiB; "
-                "peak / that = %.3f\n",
-                gib(bound), static_cast<double>(p.peak) / static_cast<double>(bound));
+                "steps' peak / that = %.3f\n",
+                gib(bound), static_cast<double>(p.step_peak) / static_cast<double>(bound));
   }
 }
 
@@ -182,6 +185,9 @@ void print_plan(const PlanArgs& a, const dist::MemoryPlan& p, const Capacity& ca
                 at(C::Communication), at(C::Other), gib(total));
   };
   row("predicted peak", p.at_peak, p.peak);
+  // The f32 model before the cast and the sharding can be the higher point (ZeRO-3 on many
+  // ranks): the training steps' own peak then follows.
+  if (p.setup_peak > p.step_peak) row("  steps' peak", p.step_at_peak, p.step_peak);
   std::array<int64_t, kNumMemoryCategories> formula{};
   formula[static_cast<int>(MemoryCategory::Parameters)] = p.formula.parameters;
   formula[static_cast<int>(MemoryCategory::Gradients)] = p.formula.gradients;
@@ -200,7 +206,9 @@ void print_plan(const PlanArgs& a, const dist::MemoryPlan& p, const Capacity& ca
   for (C c : {C::Parameters, C::Gradients, C::OptimizerState, C::Activations, C::Communication,
               C::Other})
     std::printf(" %lld", (long long)p.at_peak[static_cast<int>(c)]);
-  std::printf("\nbuckets_in_flight_bound_bytes %lld\nshard_gradient_bytes %lld\n",
+  std::printf("\nstep_peak_bytes %lld\nsetup_peak_bytes %lld\n", (long long)p.step_peak,
+              (long long)p.setup_peak);
+  std::printf("buckets_in_flight_bound_bytes %lld\nshard_gradient_bytes %lld\n",
               (long long)(static_cast<int64_t>(p.max_buckets_in_flight) * p.largest_bucket_bytes),
               (long long)p.terms().shard_gradients);
 }

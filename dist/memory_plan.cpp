@@ -119,13 +119,15 @@ void record_layout(MemoryPlan& plan, const DataParallelStrategy& strategy, DType
 
 MemoryPlan::Terms MemoryPlan::terms() const {
   using C = MemoryCategory;
-  auto peak_of = [&](C c) { return at_peak[static_cast<int>(c)]; };
+  auto peak_of = [&](C c) { return step_at_peak[static_cast<int>(c)]; };
   Terms t;
   t.shard_parameters = peak_of(C::Parameters);
   t.optimizer = peak_of(C::OptimizerState);
-  // What stays between steps is the shard (all of it under DDP); the rest at the peak is
-  // buckets of full gradients being filled or reduced.
-  t.shard_gradients = std::min(peak_of(C::Gradients), steady[static_cast<int>(C::Gradients)]);
+  // Under stages 2/3 what stays between steps is the shard; the rest at the peak is buckets
+  // of full gradients being filled or reduced. DDP and stage 1 hold the full gradient.
+  t.shard_gradients = max_buckets_in_flight == 0
+                          ? peak_of(C::Gradients)
+                          : std::min(peak_of(C::Gradients), steady[static_cast<int>(C::Gradients)]);
   t.buckets_in_flight = peak_of(C::Gradients) - t.shard_gradients;
   t.activations = peak_of(C::Activations);
   t.gathered_units = peak_of(C::Communication);
@@ -175,11 +177,18 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
       if (policy.low_precision_parameters()) opt.set_master_weights(true);
       strategy->prepare_optimizer(opt);
     }
+    // The model is built in f32 before the policy casts it and the strategy shards it (as
+    // `tessera train` does on its device): a peak of its own, which can be the run's.
+    const CategoryMemoryStats setup = category_memory_stats(DeviceType::CPU);
+    plan.setup_peak = setup.peak;
+    reset_category_peak(DeviceType::CPU);
     // Two steps: the optimizer state appears in the first, the second's backward runs with it.
     for (int step = 0; step < 2; ++step) training_step(model, *strategy, opt, o, policy);
     const CategoryMemoryStats stats = category_memory_stats(DeviceType::CPU);
-    plan.peak = stats.peak;
-    plan.at_peak = stats.at_peak;
+    plan.step_peak = stats.peak;
+    plan.step_at_peak = stats.at_peak;
+    plan.peak = std::max(setup.peak, stats.peak);
+    plan.at_peak = setup.peak > stats.peak ? setup.at_peak : stats.at_peak;
     plan.steady = stats.in_use;
     plan.host_peak = host_memory_stats_of_dry_run().peak;
     plan.strategy = strategy->name();

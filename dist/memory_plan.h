@@ -46,6 +46,10 @@ struct MemoryPlan {
   int64_t psi = 0;                                      // trainable parameters
   int64_t peak = 0;                                     // bytes at the most
   std::array<int64_t, kNumMemoryCategories> at_peak{};  // by category at that moment
+  // The setup (the model built in f32, cast and sharded) and the training steps apart:
+  // peak is the larger of the two.
+  int64_t setup_peak = 0, step_peak = 0;
+  std::array<int64_t, kNumMemoryCategories> step_at_peak{};
   std::array<int64_t, kNumMemoryCategories> steady{};   // between steps (after zero_grad)
   int64_t host_peak = 0;  // host memory of the run under offload (0 without)
   ZeroMemoryFormula formula;
@@ -56,7 +60,8 @@ struct MemoryPlan {
   int64_t largest_bucket_bytes = 0;
   int64_t largest_unit_bytes = 0;
   size_t max_buckets_in_flight = 0;
-  // What the peak is made of, by the terms ZeRO's analysis uses (per rank, bytes).
+  // What the training steps' peak is made of, by the terms ZeRO's analysis uses (per rank,
+  // bytes).
   struct Terms {
     int64_t shard_parameters = 0, shard_gradients = 0, optimizer = 0;  // kept between steps
     int64_t activations = 0;
@@ -65,8 +70,8 @@ struct MemoryPlan {
     int64_t other = 0;
   };
   Terms terms() const;
-  // ZeRO's formula plus activations at the peak, two gathered units and the bound on the
-  // buckets in flight: what a stage-3 peak should stay close to.
+  // ZeRO's formula plus activations at the steps' peak, two gathered units and the bound on
+  // the buckets in flight: what a stage-3 step's peak should stay close to.
   int64_t expected_stage3_bound() const;
 };
 
