@@ -72,6 +72,7 @@ TEST(CliSharding, BadShardingSettingsFailBeforeTrainingNamingTheKey) {
       {"--dtype fp32 --deepspeed " + write("ds_bf16.json", R"({"bf16": {"enabled": true}})"),
        "bf16.enabled"},
       {"--zero-stage 4", "\"zero_stage\""},
+      {"--zero-stage 2 --zero-accumulation sometimes", "\"zero_accumulation\""},
       {"--offload disk --zero-stage 2", "\"offload\""},
       {"--offload param --zero-stage 2", "\"offload\""},
       {"--offload optimizer", "\"offload\""},
@@ -119,12 +120,13 @@ TEST(CliSharding, DeepSpeedFileFsdpNameAndFlagSelectTheStage) {
     EXPECT_NEAR(zero2[i].second, ddp[i].second, 1e-6 * std::fabs(ddp[i].second))
         << "step " << ddp[i].first;
 
+  // FSDP's accumulation (no_sync) reduces the summed micro-batches once, as DDP does.
   r = run(launch(2) + train_args("fsdp_three") + common +
-          "--batch 3 --grad-accum 2 --grad-clip 0.5 --fsdp "
+          "--batch 3 --grad-accum 2 --grad-clip 0.5 --zero-accumulation no_sync --fsdp "
           "\"full_shard auto_wrap\"");
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("ZeRO-3 over 2 processes"), std::string::npos) << r.output;
-  // The exported model is whole (gathered from the shards) and equals DDP's.
+  // The exported model is whole (gathered from the shards) and equals DDP's bit for bit.
   EXPECT_EQ(slurp(scratch() / "fsdp_three" / "model" / "model.safetensors"),
             slurp(scratch() / "ds_ddp" / "model" / "model.safetensors"));
   const auto zero3 = losses_after(scratch() / "fsdp_three", 0);
@@ -252,10 +254,14 @@ TEST(CliSharding, ConsolidateWritesAHuggingFaceDirectoryFromZeroShards) {
   EXPECT_FALSE(fs::exists(scratch() / "consolidated_from_damaged"));
 }
 
-// --memory-report: each rank's bytes by category next to ZeRO's formula.
+// --memory-report: each rank's bytes by category next to ZeRO's formula (with accumulation:
+// the micro-steps reduce-scattered as they come, then once more with no_sync).
 TEST(CliSharding, MemoryReportPrintsEveryRankAndTheFormula) {
-  auto r = run(launch(2) + train_args("memory_report") +
-               "--batch 2 --steps 2 --zero-stage 2 --memory-report");
+  auto r = run(launch(2) + train_args("memory_report_no_sync") +
+               "--batch 2 --steps 2 --grad-accum 2 --zero-stage 2 --zero-accumulation no_sync");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  r = run(launch(2) + train_args("memory_report") +
+          "--batch 2 --steps 2 --grad-accum 2 --zero-stage 2 --memory-report");
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("under ZeRO-2 on 2 process(es)"), std::string::npos) << r.output;
   for (const char* row : {"rank 0 now", "rank 1 peak", "ZeRO formula"})
