@@ -13,6 +13,10 @@
 #include "tessera/autograd/autograd.h"
 #include "tessera/autograd/functions.h"
 #include "tessera/core/random.h"
+#include <nlohmann/json.hpp>
+
+#include "tessera/dist/accelerator.h"
+#include "tessera/dist/deepspeed_config.h"
 #include "tessera/dist/process_group.h"
 #include "tessera/dist/zero.h"
 #include "tessera/nn/layers.h"
@@ -190,6 +194,29 @@ TEST(ZeroOptionsTest, AccumulationNamesAreCheckedNamingTheValue) {
     ADD_FAILURE() << "accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'sometimes'"), std::string::npos) << e.what();
+  }
+}
+
+// DeepSpeed's overlap_comm is the number of buckets in flight: true double-buffers (2),
+// false reduces each bucket before the next one's first gradient (1).
+TEST(ZeroOptionsTest, OverlapCommSetsTheBucketsInFlight) {
+  auto applied = [](bool overlap, size_t given) {
+    AcceleratorOptions o;
+    o.max_buckets_in_flight = given;
+    DeepSpeedConfig::from_json(nlohmann::json{{"zero_optimization", {{"overlap_comm", overlap}}}},
+                               "ds.json")
+        .apply_to(o);
+    return o.max_buckets_in_flight;
+  };
+  EXPECT_EQ(applied(false, 2), 1u);
+  EXPECT_EQ(applied(true, 2), 2u);
+  EXPECT_EQ(applied(false, 1), 1u);
+  try {
+    applied(true, 1);
+    ADD_FAILURE() << "a contradiction was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_optimization.overlap_comm"), std::string::npos)
+        << e.what();
   }
 }
 
