@@ -123,8 +123,12 @@ void FlatBuckets::build(const std::vector<std::vector<size_t>>& groups) {
                   "' is in no bucket group");
   // Gradients live in the buckets from the start: one a parameter already has is moved in (a
   // backward adds into it there); a missing one is written there by the first backward (the
-  // slot is the parameter's gradient destination), so it is not zero-filled first.
-  for (size_t k = 0; k < params_.size(); ++k) adopt_gradient(k, /*zero_when_missing=*/false);
+  // slot is the parameter's gradient destination), so it is not zero-filled first. Bounded
+  // buckets (ZeRO-2/3) take their memory only with their first gradient: allocating them all
+  // here would hold the full gradient (and its reduce buffers) once at setup.
+  for (size_t k = 0; k < params_.size(); ++k)
+    if (options_.max_buckets_in_flight == 0 || params_[k].grad().defined())
+      adopt_gradient(k, /*zero_when_missing=*/false);
 }
 
 void FlatBuckets::register_comm_hook(CommHook hook, CompletionHook done, bool done_on_device) {

@@ -387,6 +387,10 @@ TEST(CliSharding, PlanPredictsTheCapacityOutcomesOfA6BModel) {
   EXPECT_GT(peak_of("DDP"), peak_of("ZeRO-1"));
   EXPECT_GT(peak_of("ZeRO-1"), peak_of("ZeRO-2"));
   EXPECT_GT(peak_of("ZeRO-2"), peak_of("ZeRO-3"));
+  // Offloaded, the setup decides: ZeRO-2/3 buckets are allocated with their first gradient,
+  // not all at once when the strategy is built (45.2 GiB of full gradients and f32 reduce
+  // buffers that way).
+  EXPECT_LT(peak_of("ZeRO-3 + offload optimizer"), 30.0);
   EXPECT_NE(verdict_of("ZeRO-3 + offload optimizer").find(" fits a 80 GiB card"),
             std::string::npos)
       << r.output;
