@@ -31,6 +31,8 @@ struct PlanArgs {
   double card_gib = 0;
   int64_t prefetch = -1;
   bool all_strategies = false;
+  std::string accumulation = "reduce_every_micro_batch";
+  int64_t max_buckets_in_flight = 2, bucket_bytes = int64_t(25) << 20;
 };
 
 double gib(int64_t bytes) { return static_cast<double>(bytes) / double(1 << 30); }
@@ -108,6 +110,9 @@ dist::MemoryPlanOptions plan_options(const PlanArgs& a) {
   o.reduce_dtype = a.reduce_dtype;
   o.gpu_routes = a.device == "cuda";
   o.stage3_prefetch_bucket_size = a.prefetch;
+  o.accumulation = dist::gradient_accumulation_from_name(a.accumulation);
+  o.max_buckets_in_flight = static_cast<size_t>(a.max_buckets_in_flight);
+  o.bucket_bytes = static_cast<size_t>(a.bucket_bytes);
   o.offload_optimizer = a.offload != "none";
   o.offload_param = a.offload == "param";
   return o;
@@ -118,6 +123,50 @@ void print_header(const PlanArgs& a, int64_t psi) {
       "plan: GPT %lld layers, %lld heads, %lld channels, vocab %lld: psi = %lld parameters\n",
       (long long)a.n_layer, (long long)a.n_head, (long long)a.n_embd, (long long)a.vocab,
       (long long)psi);
+}
+
+// ZeRO's formula as the paper writes it, e.g. "2Ψ + 14Ψ/W" for stage 2 with bf16 Adam.
+std::string formula_text(const PlanArgs& a) {
+  const int p = a.dtype == "fp32" ? 4 : 2;
+  const int k = a.dtype == "fp32" ? 2 * p : 12;  // Adam's moments (+ f32 masters)
+  const int whole[] = {p + p + k, p + p, p, 0};
+  const int sharded[] = {0, k, p + k, p + p + k};
+  std::string text;
+  const int s = a.zero_stage;
+  if (whole[s] > 0) text = std::to_string(whole[s]) + "Ψ";
+  if (sharded[s] > 0) text += (text.empty() ? "" : " + ") + std::to_string(sharded[s]) + "Ψ/W";
+  return text;
+}
+
+// The peak by the terms of ZeRO's analysis: the state a rank keeps (its shard), the
+// activations, what is gathered or being reduced, and the full gradient buckets in flight.
+void print_terms(const PlanArgs& a, const dist::MemoryPlan& p) {
+  const dist::MemoryPlan::Terms t = p.terms();
+  std::printf("terms of the peak per rank (GiB):\n");
+  std::printf("  %-20s parameters %.3f, gradients %.3f, optimizer %.3f = %.3f"
+              " (ZeRO's formula %s = %.3f)\n",
+              "kept state", gib(t.shard_parameters), gib(t.shard_gradients), gib(t.optimizer),
+              gib(t.shard_parameters + t.shard_gradients + t.optimizer), formula_text(a).c_str(),
+              gib(p.formula.total()));
+  std::printf("  %-20s %.3f\n", "activations", gib(t.activations));
+  std::printf("  %-20s %.3f", "gathered / reducing", gib(t.gathered_units));
+  if (p.largest_unit_bytes > 0)
+    std::printf(" (two gathered units: %.3f)", gib(2 * p.largest_unit_bytes));
+  std::printf("\n  %-20s %.3f", "buckets in flight", gib(t.buckets_in_flight));
+  if (p.max_buckets_in_flight > 0)
+    std::printf(" (at most %zu x the largest bucket, %.3f: %.3f)", p.max_buckets_in_flight,
+                gib(p.largest_bucket_bytes),
+                gib(static_cast<int64_t>(p.max_buckets_in_flight) * p.largest_bucket_bytes));
+  std::printf("\n  %-20s %.3f\n", "other", gib(t.other));
+  std::printf("  %-20s %.3f GiB at the steps' peak; %.3f GiB while the model is built in "
+              "f32 and sharded\n",
+              "sum", gib(p.step_peak), gib(p.setup_peak));
+  if (a.zero_stage == 3) {
+    const int64_t bound = p.expected_stage3_bound();
+    std::printf("  formula + activations + two units + buckets in flight = %.3f GiB; "
+                "steps' peak / that = %.3f\n",
+                gib(bound), static_cast<double>(p.step_peak) / static_cast<double>(bound));
+  }
 }
 
 void print_plan(const PlanArgs& a, const dist::MemoryPlan& p, const Capacity& capacity) {
@@ -136,6 +185,9 @@ void print_plan(const PlanArgs& a, const dist::MemoryPlan& p, const Capacity& ca
                 at(C::Communication), at(C::Other), gib(total));
   };
   row("predicted peak", p.at_peak, p.peak);
+  // The f32 model before the cast and the sharding can be the higher point (ZeRO-3 on many
+  // ranks): the training steps' own peak then follows.
+  if (p.setup_peak > p.step_peak) row("  steps' peak", p.step_at_peak, p.step_peak);
   std::array<int64_t, kNumMemoryCategories> formula{};
   formula[static_cast<int>(MemoryCategory::Parameters)] = p.formula.parameters;
   formula[static_cast<int>(MemoryCategory::Gradients)] = p.formula.gradients;
@@ -143,9 +195,22 @@ void print_plan(const PlanArgs& a, const dist::MemoryPlan& p, const Capacity& ca
   row("ZeRO formula", formula, p.formula.total());
   if (p.host_peak > 0)
     std::printf("host memory per rank (offloaded): %.3f GiB\n", gib(p.host_peak));
+  print_terms(a, p);
   std::printf("peak %.3f GiB per rank: %s [%s]\n", gib(p.peak),
               verdict(p.peak, capacity.bytes).c_str(), capacity.source.c_str());
   std::printf("peak_bytes %lld\n", (long long)p.peak);
+  // By category, in the memory report's column order (parameters gradients optimizer
+  // activations communication other), for scripts and tests.
+  using C = MemoryCategory;
+  std::printf("peak_bytes_by_category");
+  for (C c : {C::Parameters, C::Gradients, C::OptimizerState, C::Activations, C::Communication,
+              C::Other})
+    std::printf(" %lld", (long long)p.at_peak[static_cast<int>(c)]);
+  std::printf("\nstep_peak_bytes %lld\nsetup_peak_bytes %lld\n", (long long)p.step_peak,
+              (long long)p.setup_peak);
+  std::printf("buckets_in_flight_bound_bytes %lld\nshard_gradient_bytes %lld\n",
+              (long long)(static_cast<int64_t>(p.max_buckets_in_flight) * p.largest_bucket_bytes),
+              (long long)p.terms().shard_gradients);
 }
 
 // Every strategy for the same model, run and device: one dry run each.
@@ -217,6 +282,17 @@ const RegisterCommand reg(
           ->check(CLI::IsMember({"cuda", "cpu"}));
       sub.add_option("--prefetch", a->prefetch,
                      "stage 3: elements gathered ahead of use (default: the Accelerator's)");
+      sub.add_option("--zero-accumulation", a->accumulation,
+                     "ZeRO-2/3 with --grad-accum: reduce_every_micro_batch (default) | no_sync")
+          ->check(CLI::IsMember({"reduce_every_micro_batch", "no_sync"}));
+      sub.add_option("--max-buckets-in-flight", a->max_buckets_in_flight,
+                     "ZeRO-2/3: full gradient buckets a backward holds at once (default 2; 0: "
+                     "no bound)")
+          ->check(CLI::NonNegativeNumber);
+      sub.add_option("--bucket-bytes", a->bucket_bytes,
+                     "gradient bucket size in bytes (default 25 MiB; DeepSpeed's "
+                     "reduce_bucket_size x 4)")
+          ->check(CLI::PositiveNumber);
       sub.add_option("--max-memory,--device-memory", a->max_memory,
                      "memory of one device to plan for, e.g. 80GiB, 80GB, 81920MiB (default: "
                      "the first CUDA device's, else 80GiB)");

@@ -79,6 +79,9 @@ constexpr FlagSpec kValueFlags[] = {
      "0 = DDP; ZeRO 1 = optimizer state sharded, 2 = and gradients, 3 = and parameters"},
     {"--offload", "offload", FlagType::Text,
      "ZeRO-Offload: optimizer (optimizer state in host memory) | param (and parameters; stage 3)"},
+    {"--zero-accumulation", "zero_accumulation", FlagType::Text,
+     "ZeRO-2/3 with --grad-accum: reduce_every_micro_batch (DeepSpeed's, default: no full "
+     "gradient kept) | no_sync (FSDP's: full local gradients until the last micro-batch)"},
     {"--deepspeed", "deepspeed", FlagType::Text,
      "DeepSpeed JSON: zero_optimization.stage, offload_*.device, bucket sizes, bf16/fp16, ..."},
     {"--preempt-signals", "preempt_signals", FlagType::Text,

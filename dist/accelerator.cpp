@@ -119,6 +119,8 @@ void Accelerator::prepare_one(nn::Module& model) {
     zero.offload_optimizer = options_.offload_optimizer;
     zero.offload_param = options_.offload_param;
     zero.prefetch_numel = options_.stage3_prefetch_bucket_size;
+    zero.accumulation = options_.zero_accumulation;
+    zero.max_buckets_in_flight = options_.max_buckets_in_flight;
     models_[&model] = std::make_unique<ZeroStrategy>(model, world_ptr(), zero);
   }
   model_order_.push_back(&model);
@@ -291,8 +293,9 @@ void Accelerator::backward(const Tensor& loss) {
   } else {
     scaled.backward();
   }
-  if (!sync_gradients_) return;
+  // Inside no_sync too: ZeRO-2/3 reduce every micro-batch by default (DDP's does nothing).
   for (nn::Module* m : model_order_) models_.at(m)->finish_gradient_sync();
+  if (!sync_gradients_) return;
   if (scaler_.enabled()) unscale_gradients();
 }
 

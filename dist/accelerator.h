@@ -36,6 +36,7 @@
 #include "tessera/dist/deepspeed_config.h"
 #include "tessera/dist/strategy.h"
 #include "tessera/dist/process_group.h"
+#include "tessera/dist/zero.h"
 #include "tessera/nn/module.h"
 #include "tessera/optim/loss_scaler.h"
 #include "tessera/optim/optimizer.h"
@@ -70,6 +71,11 @@ struct AcceleratorOptions {
   // Stage 3: elements of the next units' parameters all-gathered ahead of use (DeepSpeed's
   // stage3_prefetch_bucket_size); 0 gathers each unit only when it runs.
   int64_t stage3_prefetch_bucket_size = 50'000'000;
+  // ZeRO-2/3 (dist/zero.h): how accumulation micro-steps reach the shard
+  // (reduce_every_micro_batch, DeepSpeed's; no_sync, FSDP's), and the full gradient buckets a
+  // backward holds at once (2: DeepSpeed's overlap_comm; 1: overlap_comm false; 0: no bound).
+  GradientAccumulation zero_accumulation = GradientAccumulation::reduce_every_micro_batch;
+  size_t max_buckets_in_flight = 2;
   // FSDP's name for the stage instead: FULL_SHARD (3), SHARD_GRAD_OP (2), NO_SHARD (DDP).
   std::string fsdp_sharding_strategy;
   // fp16's dynamic loss scaler (Accelerate's GradScalerKwargs); unset = torch's GradScaler

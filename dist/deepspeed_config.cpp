@@ -92,7 +92,6 @@ struct SwitchRule {
 
 const std::vector<SwitchRule>& zero_switch_rules() {
   static const std::vector<SwitchRule> rules = {
-      {"overlap_comm", true, "Tessera always overlaps bucket reductions with backward"},
       {"contiguous_gradients", true, "Tessera always keeps gradients in contiguous flat buckets"},
       {"reduce_scatter", true, "Tessera always reduce-scatters gradients at stages 2 and 3"},
       {"allgather_partitions", true, "Tessera always all-gathers the updated shards after a step"},
@@ -193,6 +192,11 @@ void read_zero_optimization(DeepSpeedConfig& c, const Json& z) {
     TESSERA_CHECK(!on || !c.offload_optimizer || *on == *c.offload_optimizer, c.source, ": \"", p,
                   ".cpu_offload\" and \"", p, ".offload_optimizer.device\" contradict each other");
     if (on) c.offload_optimizer = *on;
+  }
+  // overlap_comm: whether a bucket's reduction overlaps the next bucket's gradients
+  // (max_buckets_in_flight 2 or 1, applied in apply_to).
+  if (z.contains("overlap_comm")) {
+    c.overlap_comm = boolean(z["overlap_comm"], p + ".overlap_comm", c.source);
   }
   read_zero_buckets(c, z, p);
   note_memory_tuning(c, z, p);
@@ -473,6 +477,17 @@ void DeepSpeedConfig::apply_to(AcceleratorOptions& o) const {
     o.reduce_dtype = *communication_data_type;
   }
   if (loss_scaler && !o.loss_scaler) o.loss_scaler = loss_scaler;
+  // DeepSpeed double-buffers its buckets under overlap_comm: one filling, one being reduced.
+  if (overlap_comm) {
+    const size_t buckets = *overlap_comm ? 2 : 1;
+    const size_t default_buckets = AcceleratorOptions{}.max_buckets_in_flight;
+    agree(o.max_buckets_in_flight != default_buckets, o.max_buckets_in_flight == buckets,
+          "zero_optimization.overlap_comm", "max_buckets_in_flight",
+          std::string(*overlap_comm ? "true" : "false") + " (" + std::to_string(buckets) +
+              " bucket(s) in flight)",
+          std::to_string(o.max_buckets_in_flight));
+    o.max_buckets_in_flight = buckets;
+  }
 }
 
 }  // namespace tessera::dist

@@ -10,7 +10,9 @@
 //     allgather_bucket_size                       the same buckets (Tessera gathers what it reduces)
 //   zero_optimization.stage3_prefetch_bucket_size elements gathered ahead under stage 3, at most
 //     stage3_max_live_parameters
-//   zero_optimization.overlap_comm, contiguous_gradients, ...  what Tessera always does: true
+//   zero_optimization.overlap_comm                true: 2 gradient buckets in flight (one filling,
+//                                                 one reduced); false: 1 (max_buckets_in_flight)
+//   zero_optimization.contiguous_gradients, ...   what Tessera always does: true
 //   fp16.enabled, loss_scale (0 = dynamic), initial_scale_power, loss_scale_window, hysteresis,
 //     consecutive_hysteresis, min_loss_scale      the fp16 loss scaler (optim/loss_scaler.h)
 //   bf16.enabled; optimizer {type Adam/AdamW, params}; gradient_clipping;
@@ -43,6 +45,7 @@ struct DeepSpeedConfig {
   std::optional<bool> offload_optimizer, offload_param;
   std::optional<int64_t> reduce_bucket_size, stage3_prefetch_bucket_size;  // elements
   std::optional<int64_t> gradient_accumulation_steps;
+  std::optional<bool> overlap_comm;
   std::optional<double> gradient_clipping;
   std::optional<std::string> mixed_precision;  // "bf16" | "fp16" | "no" from bf16/fp16.enabled
   std::optional<int64_t> train_micro_batch_size_per_gpu, train_batch_size;

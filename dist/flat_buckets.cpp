@@ -123,8 +123,12 @@ void FlatBuckets::build(const std::vector<std::vector<size_t>>& groups) {
                   "' is in no bucket group");
   // Gradients live in the buckets from the start: one a parameter already has is moved in (a
   // backward adds into it there); a missing one is written there by the first backward (the
-  // slot is the parameter's gradient destination), so it is not zero-filled first.
-  for (size_t k = 0; k < params_.size(); ++k) adopt_gradient(k, /*zero_when_missing=*/false);
+  // slot is the parameter's gradient destination), so it is not zero-filled first. Bounded
+  // buckets (ZeRO-2/3) take their memory only with their first gradient: allocating them all
+  // here would hold the full gradient (and its reduce buffers) once at setup.
+  for (size_t k = 0; k < params_.size(); ++k)
+    if (options_.max_buckets_in_flight == 0 || params_[k].grad().defined())
+      adopt_gradient(k, /*zero_when_missing=*/false);
 }
 
 void FlatBuckets::register_comm_hook(CommHook hook, CompletionHook done, bool done_on_device) {
@@ -147,8 +151,30 @@ Tensor FlatBuckets::slot_view(const Bucket& b, size_t index_in_bucket) const {
   return raw::view(raw::narrow(b.gradients, 0, b.offsets[index_in_bucket], p.numel()), p.shape());
 }
 
+void FlatBuckets::make_room_for_a_buffer() {
+  const size_t bound = options_.max_buckets_in_flight;
+  if (bound == 0 || !sync_) return;
+  auto held = [&] {
+    return static_cast<size_t>(std::count_if(buckets_.begin(), buckets_.end(),
+                                             [](const Bucket& b) { return b.gradients.defined(); }));
+  };
+  while (completed_ < launch_order_.size() && held() >= bound)
+    complete(buckets_[launch_order_[completed_++]]);
+}
+
+void FlatBuckets::complete(Bucket& b, bool run_extension) {
+  if (!b.work) return;
+  if (done_on_device_)
+    b.work->wait_on_device();
+  else
+    b.work->wait();
+  if (run_extension && extension_.bucket_reduced) extension_.bucket_reduced(b);
+  if (done_) done_(b);
+}
+
 void FlatBuckets::ensure_gradient_buffer(Bucket& b) {
   if (b.gradients.defined()) return;
+  make_room_for_a_buffer();
   const bool reduce_elsewhere =
       is_low_precision(b.dtype) && options_.reduce_dtype && *options_.reduce_dtype != b.dtype;
   // The buffer that is communicated may come from the group (an NCCL symmetric window). Such
@@ -301,17 +327,10 @@ void FlatBuckets::finish() {
   std::exception_ptr error;
   // In launch order: the device waits for each collective in the order the NCCL stream runs
   // them, so a bucket reduced early (a solo one) is finished without waiting for later ones.
-  for (size_t k : launch_order_) {
-    Bucket& b = buckets_[k];
+  // Those make_room_for_a_buffer completed during backward are done already.
+  for (; completed_ < launch_order_.size(); ++completed_) {
     try {
-      if (b.work) {
-        if (done_on_device_)
-          b.work->wait_on_device();
-        else
-          b.work->wait();
-        if (extension_.bucket_reduced && !error) extension_.bucket_reduced(b);
-        if (done_) done_(b);
-      }
+      complete(buckets_[launch_order_[completed_]], /*run_extension=*/!error);
     } catch (...) {
       if (!error) error = std::current_exception();
     }
@@ -329,6 +348,7 @@ void FlatBuckets::reset_backward_state() {
   }
   next_bucket_to_launch_ = 0;
   launch_order_.clear();
+  completed_ = 0;
   hold_last_bucket_ = false;
   backward_started_ = false;
 }

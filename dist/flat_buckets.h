@@ -22,6 +22,13 @@
 // collective it started: the default all-reduces the average (DDP); ZeRO-2/3
 // install a reduce-scatter into the rank's gradient shard.
 //
+// With max_buckets_in_flight (ZeRO-2/3, whose completion hook releases the bucket's buffer),
+// a synced backward holds at most that many full gradient buffers: before another bucket's
+// buffer is allocated (its first gradient), the oldest collectives are waited for and their
+// completion hooks run, so a bucket's memory lives from its first gradient until its
+// reduction is done rather than until the end of backward (DeepSpeed's double-buffered
+// ipg buckets under overlap_comm: one filling, one being reduced).
+//
 // Solo parameters (DDP's sparsely synchronised embedding weights, dist/sparse_embedding.h)
 // get a bucket each, outside that order: it is handed to the hook as soon as the parameter
 // is ready, since its gradient may be final at the start of backward (a tied output head)
@@ -65,6 +72,10 @@ struct FlatBucketsOptions {
   // the parameters' order (the same on every rank). Such a buffer is never released
   // (release_gradients refuses): allocating it again would be a collective every step.
   bool communication_buffers_from_group = false;
+  // Full gradient buffers a synced backward may hold at once (buckets being filled plus
+  // buckets whose collective is in flight); 0: no bound, every collective is waited for in
+  // finish(). Only bounds memory when the completion hook releases the buffer (ZeRO-2/3).
+  size_t max_buckets_in_flight = 0;
 };
 
 class FlatBuckets {
@@ -170,6 +181,12 @@ class FlatBuckets {
   void launch(Bucket& b);
   void reset_backward_state();
   void ensure_gradient_buffer(Bucket& b);
+  // Before a new buffer in a synced backward: completes the oldest launched buckets until
+  // fewer than max_buckets_in_flight buffers are held (or nothing launched is left).
+  void make_room_for_a_buffer();
+  // Waits for a launched bucket's Work and runs the extension's (unless an earlier bucket
+  // failed) and the completion hooks.
+  void complete(Bucket& b, bool run_extension = true);
   Tensor slot_view(const Bucket& b, size_t index_in_bucket) const;
 
   std::vector<Tensor> params_;
@@ -183,6 +200,7 @@ class FlatBuckets {
   size_t next_bucket_to_launch_ = 0;
   size_t ordered_buckets_ = 0;        // the buckets before the solo ones
   std::vector<size_t> launch_order_;  // of this backward's buckets
+  size_t completed_ = 0;              // launch_order_[0, completed_) completed already
   bool hold_last_bucket_ = false;
   bool backward_started_ = false;
   Extension extension_;

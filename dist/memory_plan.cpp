@@ -1,5 +1,6 @@
 #include "tessera/dist/memory_plan.h"
 
+#include <algorithm>
 #include <optional>
 #include <set>
 
@@ -63,6 +64,8 @@ std::unique_ptr<DataParallelStrategy> make_strategy(nn::Module& model,
   zero.reduce_dtype = reduce_dtype;
   zero.offload_optimizer = o.offload_optimizer;
   zero.offload_param = o.offload_param;
+  zero.accumulation = o.accumulation;
+  zero.max_buckets_in_flight = o.max_buckets_in_flight;
   zero.prefetch_numel = o.stage3_prefetch_bucket_size >= 0
                             ? o.stage3_prefetch_bucket_size
                             : AcceleratorOptions{}.stage3_prefetch_bucket_size;
@@ -87,7 +90,7 @@ void training_step(nn::GPT& model, DataParallelStrategy& strategy, optim::Optimi
     if (o.gradient_accumulation_steps > 1)
       loss = loss / static_cast<double>(o.gradient_accumulation_steps);
     loss.backward();
-    if (sync) strategy.finish_gradient_sync();
+    strategy.finish_gradient_sync();  // as Accelerator::backward: inside no_sync too
   }
   // Offloaded, clipping and the update work on host slices: host memory in a real run.
   const HostMemoryScope host(o.offload_optimizer || o.offload_param);
@@ -96,7 +99,47 @@ void training_step(nn::GPT& model, DataParallelStrategy& strategy, optim::Optimi
   opt.zero_grad();
 }
 
+// The bucket and unit sizes the peak's terms are bounded by.
+void record_layout(MemoryPlan& plan, const DataParallelStrategy& strategy, DType reduce_dtype) {
+  const auto* zero = dynamic_cast<const ZeroStrategy*>(&strategy);
+  if (zero == nullptr) return;
+  for (const auto& b : zero->buckets().buckets()) {
+    const int64_t gradients = b.padded_numel * static_cast<int64_t>(dtype_size(b.dtype));
+    const bool reduced_elsewhere =
+        (b.dtype == DType::bf16 || b.dtype == DType::f16) && reduce_dtype != b.dtype;
+    const int64_t reduce =
+        reduced_elsewhere ? b.padded_numel * static_cast<int64_t>(dtype_size(reduce_dtype)) : 0;
+    plan.largest_bucket_bytes = std::max(plan.largest_bucket_bytes, gradients + reduce);
+    if (zero->stage() == 3) plan.largest_unit_bytes = std::max(plan.largest_unit_bytes, gradients);
+  }
+  plan.max_buckets_in_flight = zero->stage() >= 2 ? zero->max_buckets_in_flight() : 0;
+}
+
 }  // namespace
+
+MemoryPlan::Terms MemoryPlan::terms() const {
+  using C = MemoryCategory;
+  auto peak_of = [&](C c) { return step_at_peak[static_cast<int>(c)]; };
+  Terms t;
+  t.shard_parameters = peak_of(C::Parameters);
+  t.optimizer = peak_of(C::OptimizerState);
+  // Under stages 2/3 what stays between steps is the shard; the rest at the peak is buckets
+  // of full gradients being filled or reduced. DDP and stage 1 hold the full gradient.
+  t.shard_gradients = max_buckets_in_flight == 0
+                          ? peak_of(C::Gradients)
+                          : std::min(peak_of(C::Gradients), steady[static_cast<int>(C::Gradients)]);
+  t.buckets_in_flight = peak_of(C::Gradients) - t.shard_gradients;
+  t.activations = peak_of(C::Activations);
+  t.gathered_units = peak_of(C::Communication);
+  t.other = peak_of(C::Other);
+  return t;
+}
+
+int64_t MemoryPlan::expected_stage3_bound() const {
+  const size_t in_flight = max_buckets_in_flight > 0 ? max_buckets_in_flight : 1;
+  return formula.total() + terms().activations + 2 * largest_unit_bytes +
+         static_cast<int64_t>(in_flight) * largest_bucket_bytes;
+}
 
 MemoryPlan plan_memory(const MemoryPlanOptions& o) {
   TESSERA_CHECK(
@@ -134,14 +177,22 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
       if (policy.low_precision_parameters()) opt.set_master_weights(true);
       strategy->prepare_optimizer(opt);
     }
+    // The model is built in f32 before the policy casts it and the strategy shards it (as
+    // `tessera train` does on its device): a peak of its own, which can be the run's.
+    const CategoryMemoryStats setup = category_memory_stats(DeviceType::CPU);
+    plan.setup_peak = setup.peak;
+    reset_category_peak(DeviceType::CPU);
     // Two steps: the optimizer state appears in the first, the second's backward runs with it.
     for (int step = 0; step < 2; ++step) training_step(model, *strategy, opt, o, policy);
     const CategoryMemoryStats stats = category_memory_stats(DeviceType::CPU);
-    plan.peak = stats.peak;
-    plan.at_peak = stats.at_peak;
+    plan.step_peak = stats.peak;
+    plan.step_at_peak = stats.at_peak;
+    plan.peak = std::max(setup.peak, stats.peak);
+    plan.at_peak = setup.peak > stats.peak ? setup.at_peak : stats.at_peak;
     plan.steady = stats.in_use;
     plan.host_peak = host_memory_stats_of_dry_run().peak;
     plan.strategy = strategy->name();
+    record_layout(plan, *strategy, policy.reduce_dtype);
     std::set<const TensorImpl*> seen;
     for (const Tensor& p : model.parameters())
       if (seen.insert(p.impl_ptr().get()).second) plan.psi += p.numel();

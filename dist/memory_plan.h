@@ -12,6 +12,7 @@
 
 #include "tessera/core/memory_category.h"
 #include "tessera/dist/memory_report.h"
+#include "tessera/dist/zero.h"
 #include "tessera/nn/gpt.h"
 
 namespace tessera::dist {
@@ -25,6 +26,10 @@ struct MemoryPlanOptions {
   std::string mixed_precision = "no";  // no | bf16 | fp16
   std::string reduce_dtype;            // "" = the policy's default (MixedPrecisionPolicy::from_name)
   size_t bucket_bytes = size_t(25) << 20;
+  // ZeRO-2/3 (dist/zero.h): how accumulation micro-steps reach the shard, and the full
+  // gradient buckets a backward holds at once.
+  GradientAccumulation accumulation = GradientAccumulation::reduce_every_micro_batch;
+  size_t max_buckets_in_flight = 2;
   // Stage 3: elements gathered ahead of use; -1 = the Accelerator's default (what a
   // `tessera train` run uses).
   int64_t stage3_prefetch_bucket_size = -1;
@@ -41,10 +46,33 @@ struct MemoryPlan {
   int64_t psi = 0;                                      // trainable parameters
   int64_t peak = 0;                                     // bytes at the most
   std::array<int64_t, kNumMemoryCategories> at_peak{};  // by category at that moment
+  // The setup (the model built in f32, cast and sharded) and the training steps apart:
+  // peak is the larger of the two.
+  int64_t setup_peak = 0, step_peak = 0;
+  std::array<int64_t, kNumMemoryCategories> step_at_peak{};
   std::array<int64_t, kNumMemoryCategories> steady{};   // between steps (after zero_grad)
   int64_t host_peak = 0;  // host memory of the run under offload (0 without)
   ZeroMemoryFormula formula;
   std::string strategy;
+  // The layout behind the peak: the largest bucket's gradient (and reduce) buffers, the
+  // largest stage-3 unit's gathered parameters, and how many buckets a backward may hold
+  // (0: all of them, DDP and stage 1).
+  int64_t largest_bucket_bytes = 0;
+  int64_t largest_unit_bytes = 0;
+  size_t max_buckets_in_flight = 0;
+  // What the training steps' peak is made of, by the terms ZeRO's analysis uses (per rank,
+  // bytes).
+  struct Terms {
+    int64_t shard_parameters = 0, shard_gradients = 0, optimizer = 0;  // kept between steps
+    int64_t activations = 0;
+    int64_t gathered_units = 0;    // communication at the peak: gathered parameters, reduce buffers
+    int64_t buckets_in_flight = 0; // full gradient buckets alive at the peak
+    int64_t other = 0;
+  };
+  Terms terms() const;
+  // ZeRO's formula plus activations at the steps' peak, two gathered units and the bound on
+  // the buckets in flight: what a stage-3 step's peak should stay close to.
+  int64_t expected_stage3_bound() const;
 };
 
 MemoryPlan plan_memory(const MemoryPlanOptions& options);

@@ -8,6 +8,7 @@
 #include "tessera/core/memory_category.h"
 #include "tessera/dist/ddp.h"
 #include "tessera/dist/zero_trace.h"
+#include "tessera/kernels/ops.h"
 #include "tessera/optim/clip.h"
 
 namespace tessera::dist {
@@ -37,6 +38,17 @@ Tensor slot_view(const Tensor& flat, int64_t offset, const Tensor& like) {
 
 }  // namespace
 
+GradientAccumulation gradient_accumulation_from_name(const std::string& name) {
+  if (name == "reduce_every_micro_batch") return GradientAccumulation::reduce_every_micro_batch;
+  if (name == "no_sync") return GradientAccumulation::no_sync;
+  TESSERA_FAIL("ZeRO gradient accumulation must be reduce_every_micro_batch or no_sync, got '",
+               name, "'");
+}
+
+const char* gradient_accumulation_name(GradientAccumulation accumulation) {
+  return accumulation == GradientAccumulation::no_sync ? "no_sync" : "reduce_every_micro_batch";
+}
+
 ZeroStrategy::ZeroStrategy(nn::Module& module, std::shared_ptr<ProcessGroup> group,
                            ZeroOptions options)
     : module_(module), group_(group ? std::move(group) : world_ptr()), options_(options) {
@@ -56,6 +68,8 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, std::shared_ptr<ProcessGroup> gro
   o.find_unused_parameters = options_.find_unused_parameters;
   o.reduce_dtype = options_.reduce_dtype;
   o.shards = group_->size();
+  // Stage 1 keeps its full gradients until the step: holding them all is what it is.
+  if (options_.stage >= 2) o.max_buckets_in_flight = options_.max_buckets_in_flight;
   if (options_.stage == 3) o.groups = stage3_units(params);
   buckets_ = std::make_unique<FlatBuckets>(std::move(params), std::move(names), group_, o);
   // Stages 2/3 keep no full gradient between steps: a bucket's buffer comes back when its
@@ -176,6 +190,35 @@ Tensor ZeroStrategy::owned_slice(size_t b) const {
                      buckets_->buckets()[b].shard_numel());
 }
 
+bool ZeroStrategy::reduces_every_micro_batch() const {
+  return options_.stage >= 2 && !offload_ &&
+         options_.accumulation == GradientAccumulation::reduce_every_micro_batch;
+}
+
+void ZeroStrategy::set_gradient_sync(bool on) {
+  sync_requested_ = on;
+  buckets_->set_sync(on || reduces_every_micro_batch());
+}
+
+Tensor ZeroStrategy::reduce_scatter_target(size_t b) {
+  Shard& shard = shards_[b];
+  if (!shard.holds_earlier_micro_batches) return averaged_gradient(b);
+  const Tensor sum = averaged_gradient(b);
+  MemoryCategoryScope tag(MemoryCategory::Communication);
+  shard.incoming = empty({sum.numel()}, {.dtype = sum.dtype(), .device = sum.device()});
+  return shard.incoming;
+}
+
+void ZeroStrategy::add_incoming(size_t b) {
+  Shard& shard = shards_[b];
+  if (shard.incoming.defined()) {
+    ops::binary_(BinaryOp::Add, averaged_gradient(b), shard.incoming);
+    shard.incoming = Tensor();
+  }
+  // The next micro-step of this optimizer step adds to what is there now.
+  shard.holds_earlier_micro_batches = !sync_requested_;
+}
+
 Tensor ZeroStrategy::averaged_gradient(size_t b) {
   const Shard& shard = shards_[b];
   if (options_.stage >= 2) return shard.reduced.defined() ? shard.reduced : shard.gradients;
@@ -184,17 +227,19 @@ Tensor ZeroStrategy::averaged_gradient(size_t b) {
 }
 
 // Stage 1 all-reduces a bucket (as DDP); stages 2 and 3 reduce-scatter it, so each
-// rank receives the average of its own slice only. Either way this rank's pieces then
+// rank receives the average of its own slice only (added to the shard's earlier
+// micro-batches under reduce_every_micro_batch). Either way this rank's pieces then
 // take their gradients from the result and the bucket lets its full buffer go (the
 // next backward starts from a fresh one; stage 1's pieces keep viewing theirs until
-// the optimizer's zero_grad).
+// the optimizer's zero_grad). Under stages 2/3 the completion runs as soon as the
+// buckets in flight need room (FlatBuckets::max_buckets_in_flight), during backward.
 void ZeroStrategy::install_comm_hooks() {
   const bool scatter = options_.stage >= 2;
   buckets_->register_comm_hook(
       [this, scatter](FlatBuckets::Bucket& b) {
         const size_t index = &b - buckets_->buckets().data();
         shards_[index].reduction_issued_us = ZeroTrace::enabled() ? ZeroTrace::now_us() : 0;
-        WorkPtr work = scatter ? group_->reduce_scatter(averaged_gradient(index),
+        WorkPtr work = scatter ? group_->reduce_scatter(reduce_scatter_target(index),
                                                         b.communication_buffer(), ReduceOp::Avg)
                                : group_->all_reduce(b.communication_buffer(), ReduceOp::Avg);
         // Offloaded: the host worker takes the averaged slice as soon as it is there.
@@ -207,6 +252,7 @@ void ZeroStrategy::install_comm_hooks() {
         if (ZeroTrace::enabled())
           ZeroTrace::record(scatter ? "reduce_scatter" : "all_reduce", static_cast<int>(index),
                             shard.reduction_issued_us, ZeroTrace::now_us());
+        if (scatter) add_incoming(index);
         if (!offload_ && scatter && shard.reduced.defined())
           raw::copy_(shard.gradients, shard.reduced);
         if (!offload_ && !scatter && b.reduce_buffer.defined())
@@ -446,7 +492,7 @@ void ZeroStrategy::point_pieces_at_gradients(size_t b) {
 void ZeroStrategy::finish_gradient_sync() {
   // Without its optimizer re-pointed at this rank's slices nothing would be updated: the
   // full gradients are gone after the reduce-scatter.
-  TESSERA_CHECK(optimizer_ != nullptr || !buckets_->sync(), name(),
+  TESSERA_CHECK(optimizer_ != nullptr || !buckets_->sync() || !sync_requested_, name(),
                 ": the optimizer was not prepared with the model; call accelerator.prepare(model, "
                 "optimizer) so that it updates this rank's slices");
   buckets_->finish();

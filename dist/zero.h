@@ -10,17 +10,33 @@
 //   stage 1  gradients all-reduced in full (the DDP hook); each rank updates its slice
 //            of the flat parameter buffer; after the step the slices are all-gathered.
 //   stage 2  the bucket hook reduce-scatters instead: each rank receives the average of
-//            its slice only, and the full gradient buffer is released after the sync.
+//            its slice only. A bucket's full gradient buffer exists from its first
+//            gradient until its own reduce-scatter is done, then goes back to the
+//            allocator (and the parameters' .grad views with it); at most
+//            max_buckets_in_flight buffers are held at once (one filling, one being
+//            reduced by default), so backward waits for the oldest reduce-scatter before
+//            it takes another. Per rank: the shard's gradients plus those buckets, not the
+//            full gradient.
 //   stage 3  parameters are sharded too: a parameter holds its full value only while
 //            its unit (a block of a ModuleList, or the rest of the model: the root) is
 //            gathered — from the unit's forward pre-hook to its forward hook, and again
 //            from its backward pre-hook until its gradients are final. The root unit
 //            (embeddings, final norm, head; tied weights live there once) stays
-//            gathered from the model's forward until its gradients are final.
+//            gathered from the model's forward until its gradients are final. Gradients
+//            as stage 2, one bucket per unit.
 //
-// Gradient accumulation (no_sync) keeps full local gradients until the syncing
-// micro-step, as FSDP's no_sync does. Global-norm clipping sums the squares of every
-// rank's slices.
+// Gradient accumulation (micro-steps inside no_sync), stages 2 and 3, two semantics:
+//   reduce_every_micro_batch (the default; DeepSpeed's) every micro-batch's buckets are
+//            reduce-scattered as backward produces them and the averaged slices summed
+//            into the shard (in the f32 reduce buffer when there is one): no full
+//            gradient outlives its bucket. Sums across ranks come before the sum over
+//            micro-batches, so it rounds differently from DDP (same value up to rounding).
+//   no_sync  (FSDP's no_sync) full local gradients accumulate until the syncing
+//            micro-step, which reduces them once: DDP's arithmetic bit for bit, at the
+//            cost of the full gradient's memory during accumulation.
+// Stage 1 holds full gradients anyway and always accumulates as no_sync; so does
+// ZeRO-Offload (the host takes the averaged slice once per optimizer step).
+// Global-norm clipping sums the squares of every rank's slices.
 #pragma once
 #include <memory>
 #include <string>
@@ -31,6 +47,11 @@
 #include "tessera/dist/strategy.h"
 
 namespace tessera::dist {
+
+enum class GradientAccumulation { reduce_every_micro_batch, no_sync };
+// "reduce_every_micro_batch" | "no_sync"; anything else is an error naming the value.
+GradientAccumulation gradient_accumulation_from_name(const std::string& name);
+const char* gradient_accumulation_name(GradientAccumulation accumulation);
 
 struct ZeroOptions {
   int stage = 1;  // 1, 2 or 3
@@ -48,6 +69,13 @@ struct ZeroOptions {
   // overlaps compute (DeepSpeed's stage3_prefetch_bucket_size). At least one unit when > 0;
   // 0 gathers each unit only when it is needed.
   int64_t prefetch_numel = 0;
+  // Stages 2/3 (see the header): how micro-steps inside no_sync accumulate.
+  GradientAccumulation accumulation = GradientAccumulation::reduce_every_micro_batch;
+  // Stages 2/3: full gradient buckets held at once in a backward (filling or being
+  // reduce-scattered); 2 overlaps one bucket's reduction with the next one's gradients
+  // (DeepSpeed's overlap_comm), 1 reduces each before the next begins; 0: no bound (every
+  // bucket kept until the end of backward).
+  size_t max_buckets_in_flight = 2;
 };
 
 class ZeroStrategy : public DataParallelStrategy {
@@ -62,10 +90,15 @@ class ZeroStrategy : public DataParallelStrategy {
   }
   nn::Module& module() const override { return module_; }
   int stage() const { return options_.stage; }
+  size_t max_buckets_in_flight() const { return options_.max_buckets_in_flight; }
 
   void prepare_optimizer(optim::Optimizer& optimizer) override;
-  void set_gradient_sync(bool on) override { buckets_->set_sync(on); }
-  bool gradient_sync() const override { return buckets_->sync(); }
+  // Under reduce_every_micro_batch the buckets keep reducing inside no_sync: only the shard
+  // accumulates.
+  void set_gradient_sync(bool on) override;
+  bool gradient_sync() const override { return sync_requested_; }
+  // Whether micro-steps inside no_sync are reduce-scattered (see the header).
+  bool reduces_every_micro_batch() const;
   void finish_gradient_sync() override;
   double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) override;
   void after_optimizer_step() override;
@@ -91,6 +124,10 @@ class ZeroStrategy : public DataParallelStrategy {
     Tensor owned_parameters;  // [S] stage 3: this rank's slice, kept between steps
     Tensor gradients;         // [S] stage 2/3: the averaged slice, parameter dtype
     Tensor reduced;           // [S] in reduce_dtype when that differs (else undefined)
+    // Stage 2/3, reduce_every_micro_batch: the shard holds earlier micro-batches of this
+    // optimizer step, so the next reduce-scatter lands in `incoming` and is added to it.
+    bool holds_earlier_micro_batches = false;
+    Tensor incoming;
     bool gathered = false;
     WorkPtr gathering;  // stage 3: an all-gather issued ahead of use (prefetch)
     double gather_issued_us = 0;
@@ -118,6 +155,10 @@ class ZeroStrategy : public DataParallelStrategy {
   // collective.
   Tensor owned_slice(size_t bucket) const;
   Tensor averaged_gradient(size_t bucket);
+  // Where bucket b's reduce-scatter writes: the averaged slice, or `incoming` when the
+  // shard accumulates micro-batches; add_incoming folds that in once it has landed.
+  Tensor reduce_scatter_target(size_t bucket);
+  void add_incoming(size_t bucket);
   void on_unit_grad_ready(size_t bucket);
   void trace_unit_begin(size_t bucket);
   void trace_unit_end(size_t bucket, bool forward);
@@ -140,6 +181,7 @@ class ZeroStrategy : public DataParallelStrategy {
   std::unique_ptr<OptimizerOffload> offload_;
   std::vector<WorkPtr> uploads_;  // per bucket: the offloaded master's copy back, in flight
   double synced_at_us_ = 0;  // when the last gradient sync finished (trace)
+  bool sync_requested_ = true;  // false inside no_sync
   // Read by the hooks left on the module and optimizer: false once this is destroyed.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   std::vector<autograd::HookHandle> grad_hooks_;

@@ -109,6 +109,7 @@ Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile tr
   options.zero_stage = static_cast<int>(args_.zero_stage);
   options.offload_optimizer = args_.offload != "none";
   options.offload_param = args_.offload == "param";
+  options.zero_accumulation = dist::gradient_accumulation_from_name(args_.zero_accumulation);
   options.deepspeed_config = args_.deepspeed;  // its bucket sizes (the rest is in args_ already)
   acc_ = std::make_unique<dist::Accelerator>(options);
   folder_lock_ = claim_output_dir(args_, *acc_);

@@ -149,6 +149,7 @@ const std::map<std::string, Field>& fields() {
       {"device", field(Kind::Text, &Args::device)},
       {"zero_stage", field(Kind::Int, &Args::zero_stage)},
       {"offload", field(Kind::Text, &Args::offload)},
+      {"zero_accumulation", field(Kind::Text, &Args::zero_accumulation)},
       {"deepspeed", field(Kind::Text, &Args::deepspeed)},
       {"fsdp", field(Kind::Text, &Args::fsdp)},
       {"memory_report", field(Kind::Flag, &Args::memory_report)},
@@ -592,6 +593,8 @@ void validate(const TrainingArguments& a) {
   require(a.offload == "none" || a.zero_stage >= 1, "offload",
           "needs a ZeRO stage (zero_stage 1, 2 or 3; param: 3)", a.offload);
   require(a.offload != "param" || a.zero_stage == 3, "offload", "param needs zero_stage 3", a.offload);
+  require(a.zero_accumulation == "reduce_every_micro_batch" || a.zero_accumulation == "no_sync",
+          "zero_accumulation", "must be reduce_every_micro_batch or no_sync", a.zero_accumulation);
   try {
     Device::parse(a.device);
   } catch (const Error&) {

@@ -96,6 +96,9 @@ struct TrainingArguments {
   // ---- data-parallel sharding (dist/deepspeed_config.h) ----
   int64_t zero_stage = -1;         // 0 = DDP, 1-3 = ZeRO; -1 = TESSERA_ZERO_STAGE or 0
   std::string offload = "none";    // none | optimizer | param (ZeRO-Offload)
+  // ZeRO-2/3 accumulation micro-steps (dist/zero.h): reduce_every_micro_batch (DeepSpeed's: no
+  // full gradient kept) | no_sync (FSDP's: full local gradients, DDP's arithmetic exactly).
+  std::string zero_accumulation = "reduce_every_micro_batch";
   std::string deepspeed;           // a DeepSpeed JSON file (Hugging Face's `deepspeed`)
   std::string fsdp;                // Hugging Face's `fsdp`: full_shard|shard_grad_op|no_shard [offload] [auto_wrap]
   // The dtype gradients are averaged in across ranks: fp32, or bf16/fp16 = the parameters'

@@ -20,6 +20,8 @@
 //                        [--save DIR --save-at K] [--resume DIR --start-step K]
 //                        [--offload none|optimizer|param] [--prefetch ELEMENTS] [--cuda]
 //                        [--sparse-embedding-gradients]
+//                        [--zero-accumulation reduce_every_micro_batch|no_sync]
+//                        [--max-buckets-in-flight N]
 // DDP averages the embedding gradients densely here (the arithmetic ZeRO's stages reproduce
 // bit for bit); --sparse-embedding-gradients: all-gathers the looked-up rows instead
 // (dist/sparse_embedding.h), which rounds differently.
@@ -64,6 +66,8 @@ int main(int argc, char** argv) {
   bool memory = false, tied = true, on_cuda = false, sparse_embeddings = false;
   std::string offload = "none", reduce_dtype;
   int64_t prefetch = 0;
+  std::string zero_accumulation = "reduce_every_micro_batch";
+  size_t max_buckets_in_flight = dist::AcceleratorOptions{}.max_buckets_in_flight;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return std::string(argv[++i]); };
@@ -107,6 +111,10 @@ int main(int argc, char** argv) {
       offload = next();
     else if (a == "--prefetch")
       prefetch = std::stoll(next());
+    else if (a == "--zero-accumulation")
+      zero_accumulation = next();
+    else if (a == "--max-buckets-in-flight")
+      max_buckets_in_flight = std::stoull(next());
   }
   if (offload != "none" && offload != "optimizer" && offload != "param") {
     std::cerr << "error: --offload must be none, optimizer or param; got '" << offload << "'\n";
@@ -125,7 +133,10 @@ int main(int argc, char** argv) {
                            .zero_stage = static_cast<int>(zero_stage),
                            .offload_optimizer = offload == "optimizer",
                            .offload_param = offload == "param",
-                           .stage3_prefetch_bucket_size = prefetch});
+                           .stage3_prefetch_bucket_size = prefetch,
+                           .zero_accumulation =
+                               dist::gradient_accumulation_from_name(zero_accumulation),
+                           .max_buckets_in_flight = max_buckets_in_flight});
     rank = acc.process_index();
     zero_stage = acc.zero_stage();  // without --zero-stage: TESSERA_ZERO_STAGE
     // Different seeds per rank: the strategy must start every rank from rank 0's weights.

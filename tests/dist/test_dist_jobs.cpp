@@ -468,8 +468,22 @@ RelativeDifference relative_difference(const TrainRecord& got, const TrainRecord
 struct ZeroVariant {
   int stage;
   std::string flags;
+  // The largest relative difference from DDP allowed: 0 where the arithmetic is DDP's.
+  double tolerance = 1e-5;
+  // Rounds differently from DDP: the attention's key bias, whose exact gradient is zero
+  // (softmax ignores a constant per query), gets rounding noise that AdamW turns into
+  // lr-sized steps of either sign, so it is left out of the comparison.
+  bool rounds_differently = false;
 };
-const std::vector<ZeroVariant> kPlainStages = {{1, ""}, {2, ""}, {3, ""}};
+// The checks accumulate 2 micro-batches. Stages 2/3 by default reduce-scatter each of them
+// (reduce_every_micro_batch): across ranks first, then over micro-batches, where DDP sums the
+// micro-batches locally first, so they round differently; under no_sync they reduce the
+// accumulated gradient once, as DDP does, bit for bit.
+const std::vector<ZeroVariant> kPlainStages = {{1, "", 0},
+                                               {2, "", 1e-5, true},
+                                               {3, "", 1e-5, true},
+                                               {2, " --zero-accumulation no_sync", 0},
+                                               {3, " --zero-accumulation no_sync", 0}};
 
 // DDP and the variants (stages 1, 2, 3 by default) on `nproc` ranks (2 rows each,
 // accumulation 2, clipping at 0.2 which every step hits): each within 1e-5 of DDP.
@@ -498,12 +512,21 @@ void expect_zero_stages_match_ddp(const std::string& starter, int nproc, const s
   for (double n : ddp.norms) EXPECT_TRUE(n > 0.2 || (n == 0 && extra.find("fp16") != std::string::npos)) << n;
   EXPECT_GE(std::count_if(ddp.norms.begin(), ddp.norms.end(), [](double n) { return n > 0.2; }), 5);
   EXPECT_LT(ddp.losses.back(), 0.9 * ddp.losses.front()) << "it trains";
+  // In bf16/fp16 a different rounding moves the weights by some of their ulps each step, which
+  // training then carries on: there only the losses are compared, within 2%.
+  const bool low_precision =
+      extra.find("bf16") != std::string::npos || extra.find("fp16") != std::string::npos;
   for (const ZeroVariant& v : variants) {
-    const double worst = relative_difference(run(v.stage, v.flags), ddp, skip_key_bias).worst();
-    std::printf("[ zero ] %s, %d ranks: stage %d%s vs DDP, worst relative difference %.3g\n",
-                tag.c_str(), nproc, v.stage, v.flags.c_str(), worst);
-    EXPECT_LE(worst, 1e-5) << "stage " << v.stage << v.flags << " on " << nproc << " ranks (" << tag
-                           << ")";
+    const RelativeDifference d =
+        relative_difference(run(v.stage, v.flags), ddp, skip_key_bias || v.rounds_differently);
+    const bool losses_only = v.rounds_differently && low_precision;
+    const double worst = losses_only ? d.losses : d.worst();
+    std::printf("[ zero ] %s, %d ranks: stage %d%s vs DDP, worst relative difference %.3g "
+                "(losses %.3g, norms %.3g, weights %.3g)\n",
+                tag.c_str(), nproc, v.stage, v.flags.c_str(), d.worst(), d.losses, d.norms,
+                d.params);
+    EXPECT_LE(worst, losses_only ? 2e-2 : v.tolerance)
+        << "stage " << v.stage << v.flags << " on " << nproc << " ranks (" << tag << ")";
   }
 }
 
@@ -585,12 +608,13 @@ TEST(ZeroEquivalence, UntiedHeadAndOneProcess) {
 // ZeRO-Offload and stage-3 prefetch: stage 2 and 3 with the optimizer (AdamW on the CPU,
 // masters and moments in host memory, gradients streamed out by the worker thread), stage 3
 // with the parameter shard on the host too, and stage 3 gathering the next units ahead of use
-// (1,000 elements: one block ahead; 10^8: every unit at once).
+// (1,000 elements: one block ahead; 10^8: every unit at once). Offloaded, accumulation is
+// no_sync's (DDP's arithmetic); the prefetch runs reduce every micro-batch (see kPlainStages).
 const std::vector<ZeroVariant> kOffloadAndPrefetch = {{2, " --offload optimizer"},
                                                       {3, " --offload optimizer"},
                                                       {3, " --offload param --prefetch 1000"},
-                                                      {3, " --prefetch 1000"},
-                                                      {3, " --prefetch 100000000"}};
+                                                      {3, " --prefetch 1000", 1e-5, true},
+                                                      {3, " --prefetch 100000000", 1e-5, true}};
 
 TEST(ZeroOffload, OffloadAndPrefetchMatchDdpThroughLaunch2And3Ranks) {
   expect_zero_stages_match_ddp(launch(2, DIST_ZERO_CHECK), 2, "offload_tcp2", "", false,
@@ -770,7 +794,8 @@ TEST(ZeroMemory, PerRankBytesFollowTheFormula) {
 // Weights: within 1e-5 on 2 ranks. On 1, 3 or 4 ranks the batch's sums round in another
 // order, and AdamW turns tiny rounding in near-zero gradients into O(lr) steps: the
 // uninterrupted 1- and 4-rank DDP runs already differ from the 2-rank run by 2e-4-4e-4
-// per tensor (measured), so there the bound is 2e-3.
+// per tensor (measured), so there the bound is 2e-3. Every run accumulates as no_sync, DDP's
+// arithmetic at every stage (reduce_every_micro_batch rounds differently; ZeroEquivalence).
 struct Resume {
   int nproc, stage;
 };
@@ -785,7 +810,8 @@ void expect_checkpoint_reshards(int saved_stage, const std::vector<Resume>& resu
   constexpr int kGlobalRows = 12;
   const std::string tag = "reshard" + std::to_string(saved_stage) + (mpi ? "_mpi" : "");
   const std::string ckpt = temp_file(tag + "_ckpt"), full_out = temp_file(tag + "_full.txt");
-  JobResult r = run_job("env OMP_NUM_THREADS=1 " + zero_check_on(2, mpi) + " --rows 6 --zero-stage " +
+  const std::string no_sync = " --zero-accumulation no_sync";
+  JobResult r = run_job("env OMP_NUM_THREADS=1 " + zero_check_on(2, mpi) + no_sync + " --rows 6 --zero-stage " +
                             std::to_string(saved_stage) + " --out " + full_out + " --save " + ckpt + " --save-at 5",
                         180);
   ASSERT_EQ(r.status, 0) << r.output;
@@ -801,7 +827,7 @@ void expect_checkpoint_reshards(int saved_stage, const std::vector<Resume>& resu
   for (const Resume& resume : resumes) {
     const int rows = kGlobalRows / resume.nproc;
     const std::string out = temp_file(tag + "_resumed_" + std::to_string(resume.nproc) + ".txt");
-    r = run_job("env OMP_NUM_THREADS=1 " + zero_check_on(resume.nproc, mpi) + " --zero-stage " +
+    r = run_job("env OMP_NUM_THREADS=1 " + zero_check_on(resume.nproc, mpi) + no_sync + " --zero-stage " +
                     std::to_string(resume.stage) + " --rows " + std::to_string(rows) + " --resume " + ckpt +
                     " --start-step 5 --out " + out,
                 180);
@@ -976,6 +1002,7 @@ TEST(GpuJobs, ZeroStagesOffloadAndPrefetchMatchDdpOn2Gpus) {
   if (tessera::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
   std::vector<ZeroVariant> variants = kPlainStages;
   variants.insert(variants.end(), kOffloadAndPrefetch.begin(), kOffloadAndPrefetch.end());
+  for (ZeroVariant& v : variants) v.tolerance = std::max(v.tolerance, 1e-5);  // the clip norm
   expect_zero_stages_match_ddp("env NCCL_NVLS_ENABLE=0 " + launch(2, DIST_ZERO_CHECK), 2, "nccl2",
                                " --cuda", false, variants, /*skip_key_bias=*/true);
 }
