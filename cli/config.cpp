@@ -183,7 +183,7 @@ const RegisterCommand reg(
       auto answers = std::make_shared<std::map<std::string, std::string>>();
       sub.add_option("--config-file,--config_file", *path,
                      "where to write it (default: " + default_config_path() + ")");
-      auto* defaults = sub.add_flag("--default", "write the default answers without asking");
+      auto* defaults = sub.add_flag("--default")->description("write the default answers without asking");
       for (const char* key : kAnswerFlags)
         sub.add_option(std::string("--") + key, (*answers)[key],
                        "the answer to the questionnaire's question on " + std::string(key));

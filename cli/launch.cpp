@@ -93,7 +93,7 @@ CLI::Option* add_launch_flag(CLI::App& sub, FlagValues& v, const LaunchFlag& f) 
     case FlagType::Switch:
       break;
   }
-  return sub.add_flag(f.names, f.help);
+  return sub.add_flag(f.names)->description(f.help);
 }
 
 nlohmann::json flag_value(const FlagValues& v, const LaunchFlag& f) {
