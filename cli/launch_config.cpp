@@ -48,8 +48,8 @@ ConfigKey only(std::vector<Json> harmless, std::string why) {
 
 // A key that maps onto a Tessera setting (null: not set).
 ConfigKey to(std::string key) {
-  return {[key](const Json& v, const std::string&, LaunchSettings& out, const std::string& source) {
-    if (!v.is_null()) out.set(key, v, source);
+  return {[key](const Json& v, const std::string& what, LaunchSettings& out, const std::string& source) {
+    if (!v.is_null()) out.set(key, v, source, what);
   }};
 }
 
@@ -61,18 +61,18 @@ void take_distributed_type(const Json& v, const std::string& what, LaunchSetting
                            const std::string& source) {
   const std::string type = v.is_string() ? v.get<std::string>() : "";
   if (type == "NO" || type == "MULTI_GPU") return;
-  if (type == "MULTI_CPU") return out.set("use_cpu", true, source);
-  if (type == "DEEPSPEED") return out.set("use_deepspeed", true, source);
-  if (type == "FSDP") return out.set("use_fsdp", true, source);
+  if (type == "MULTI_CPU") return out.set("use_cpu", true, source, what);
+  if (type == "DEEPSPEED") return out.set("use_deepspeed", true, source, what);
+  if (type == "FSDP") return out.set("use_fsdp", true, source, what);
   refuse(what, v, "Tessera runs NO, MULTI_CPU, MULTI_GPU, DEEPSPEED or FSDP");
 }
 
 void take_gpu_ids(const Json& v, const std::string& what, LaunchSettings& out,
                   const std::string& source) {
   if (v.is_null()) return;
-  if (v.is_number_integer()) return out.set("gpu_ids", std::to_string(v.get<int64_t>()), source);
+  if (v.is_number_integer()) return out.set("gpu_ids", std::to_string(v.get<int64_t>()), source, what);
   if (!v.is_string()) refuse(what, v, "must be all or a list of device numbers like 0,1");
-  out.set("gpu_ids", v, source);
+  out.set("gpu_ids", v, source, what);
 }
 
 // The keys of Accelerate's deepspeed_config block.
@@ -123,9 +123,9 @@ void take_fsdp(const Json& block, const std::string& what, LaunchSettings& out,
          // Accelerate writes the strategy's name, older versions its number.
          static const char* by_number[] = {"", "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"};
          if (v.is_number_integer() && v.get<int>() >= 1 && v.get<int>() <= 3)
-           return out.set("fsdp_sharding_strategy", by_number[v.get<int>()], source);
+           return out.set("fsdp_sharding_strategy", by_number[v.get<int>()], source, what);
          if (!v.is_string()) refuse(what, v, "must be FULL_SHARD, SHARD_GRAD_OP or NO_SHARD");
-         out.set("fsdp_sharding_strategy", v, source);
+         out.set("fsdp_sharding_strategy", v, source, what);
        }}},
       {"fsdp_offload_params", only({false, kNone}, "use `tessera train --fsdp \"FULL_SHARD offload\"`")},
       {"fsdp_activation_checkpointing",
@@ -197,13 +197,16 @@ const std::set<std::string>& tessera_keys() {
 
 }  // namespace
 
-void LaunchSettings::set(const std::string& key, Json value, const std::string& source) {
+void LaunchSettings::set(const std::string& key, Json value, const std::string& source,
+                         const std::string& description) {
   for (const auto& group : linked_keys())
     if (group.count(key))
       for (const std::string& other : group)
-        if (other != key && sources[other] != source) values.erase(other), sources.erase(other);
+        if (other != key && sources.count(other) && sources[other] != source)
+          values.erase(other), sources.erase(other), descriptions.erase(other);
   values[key] = std::move(value);
   sources[key] = source;
+  descriptions[key] = description.empty() ? source + ": key \"" + key + "\"" : description;
 }
 
 std::string default_config_path() {
@@ -230,7 +233,7 @@ LaunchSettings read_launch_config(const std::string& path) {
     } else {
       TESSERA_CHECK(tessera_keys().count(key), what,
                     " is not a setting of Accelerate's config schema nor of `tessera launch`");
-      if (!value.is_null()) out.set(key, value, source);
+      if (!value.is_null()) out.set(key, value, source, what);
     }
   }
   return out;
@@ -243,9 +246,7 @@ class SettingReader {
  public:
   explicit SettingReader(const LaunchSettings& s) : s_(s) {}
   bool has(const std::string& key) const { return s_.values.contains(key); }
-  std::string what(const std::string& key) const {
-    return s_.sources.at(key) + ": key \"" + key + "\"";
-  }
+  std::string what(const std::string& key) const { return s_.descriptions.at(key); }
   int integer(const std::string& key) const {
     const Json& v = s_.values.at(key);
     if (v.is_string()) {  // PyYAML writes ports as text sometimes: '29500'

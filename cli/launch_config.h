@@ -18,11 +18,14 @@ namespace tessera::cli {
 struct LaunchSettings {
   nlohmann::json values = nlohmann::json::object();
   std::map<std::string, std::string> sources;  // key -> "config 'f.yaml'" / "command line"
+  // key -> how messages name it: `config 'f.yaml': key "main_process_port"`.
+  std::map<std::string, std::string> descriptions;
 
-  // Sets `key` from `source`; a later source replaces what an earlier one said about the same
-  // thing (num_processes and nproc_per_node are one setting, so are rdzv_endpoint and the
-  // master address and port).
-  void set(const std::string& key, nlohmann::json value, const std::string& source);
+  // Sets `key` from `source` (`description`: how its source names it; default the key); a
+  // later source replaces what an earlier one said about the same thing (num_processes and
+  // nproc_per_node are one setting, so are rdzv_endpoint and the master address and port).
+  void set(const std::string& key, nlohmann::json value, const std::string& source,
+           const std::string& description = "");
 };
 
 // Accelerate's default file: $HF_HOME/accelerate/default_config.yaml, HF_HOME defaulting to

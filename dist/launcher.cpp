@@ -375,6 +375,15 @@ void Attempt::report_failures() const {
   for (const Rank* f : failures_)
     std::cerr << "tessera launch: job failed: rank " << f->rank << " " << describe_exit(f->status)
               << "\n";
+  // A rank that lost another node names the peer rank it lost; say which node that is.
+  if (o_.nnodes > 1) {
+    std::cerr << "tessera launch: this is node " << o_.node_rank << " of " << o_.nnodes
+              << "; ranks by node:";
+    for (int node = 0; node < o_.nnodes && node < 16; ++node)
+      std::cerr << (node ? "," : "") << " node " << node << " = ranks " << node * o_.nproc_per_node
+                << "-" << (node + 1) * o_.nproc_per_node - 1;
+    std::cerr << (o_.nnodes > 16 ? ", ...\n" : "\n");
+  }
 }
 
 bool Attempt::pipes_open() const {

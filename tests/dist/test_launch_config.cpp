@@ -198,7 +198,7 @@ TEST(TesseraConfig, DefaultAndFlagsWriteWithoutAskingToAccelerateDefaultPath) {
   ASSERT_TRUE(fs::exists(file)) << r.output;
   std::ifstream in(file);
   const std::string text((std::istreambuf_iterator<char>(in)), {});
-  for (const char* line : {"compute_environment: LOCAL_MACHINE\n", "distributed_type: NO\n",
+  for (const char* line : {"compute_environment: LOCAL_MACHINE\n", "distributed_type: 'NO'\n",
                            "mixed_precision: 'no'\n", "num_processes: 1\n", "use_cpu: false\n"})
     EXPECT_NE(text.find(line), std::string::npos) << line << "in:\n" << text;
   const std::string deepspeed = (scratch() / "ds.yaml").string();
