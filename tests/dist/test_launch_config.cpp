@@ -21,12 +21,7 @@ using tessera::test_jobs::JobResult;
 using tessera::test_jobs::run_job;
 
 fs::path scratch() {
-  static const fs::path dir = [] {
-    auto d = fs::temp_directory_path() / ("tessera_test_launch_config_" + std::to_string(::getpid()));
-    fs::remove_all(d);
-    fs::create_directories(d / "hf");
-    return d;
-  }();
+  static const fs::path dir = tessera::test_jobs::fresh_scratch_folder("tessera_test_launch_config");
   return dir;
 }
 
@@ -246,6 +241,26 @@ TEST(LaunchConfig, AccelerateWrittenConfigLaunchesTheTrainingTemplate) {
       run_job("env HF_HOME=" + home.string() + " " + TESSERA_CLI + " launch" + kShowEnvironment, 30);
   EXPECT_EQ(launched.status, 0) << launched.output;
   EXPECT_NE(launched.output.find("R=0 W=1 L=1"), std::string::npos) << launched.output;
+}
+
+// `tessera train --config` reads YAML through the same library: block lists and mappings are
+// values (the flat reader refused them as "nested YAML"), and errors name the file and line.
+TEST(TrainConfigYaml, NestedValuesAreReadAndErrorsNameTheFileAndLine) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"steps: 3\nreport_to:\n  - wandb\n", "key \"report_to\""},
+      {"steps: 3\nlr: [0.1\n", "line 3: not valid YAML"},
+      {"steps: 3\n\nsteps: 4\n", "line 3: key \"steps\" is given twice"},
+      {"lr: 1e999\n", "line 1: key \"lr\": number 1e999 is out of range"},
+      {"- steps\n", "expected a YAML mapping of settings"},
+  };
+  int i = 0;
+  for (const auto& [text, message] : cases) {
+    const std::string path = write("train" + std::to_string(i++) + ".yaml", text);
+    const JobResult r = run_job(tessera("train --data /nonexistent.bin --config " + path), 20);
+    EXPECT_EQ(r.status, 1) << text << r.output;
+    EXPECT_NE(r.output.find("config '" + path + "'"), std::string::npos) << text << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << text << r.output;
+  }
 }
 
 TEST(TesseraEnv, ReportsVersionMachineBackendsAndTheActiveConfig) {

@@ -24,12 +24,7 @@ using tessera::test_jobs::JobResult;
 using tessera::test_jobs::run_job;
 
 fs::path scratch() {
-  static const fs::path dir = [] {
-    auto d = fs::temp_directory_path() / ("tessera_test_launch_nodes_" + std::to_string(::getpid()));
-    fs::remove_all(d);
-    fs::create_directories(d / "hf");
-    return d;
-  }();
+  static const fs::path dir = tessera::test_jobs::fresh_scratch_folder("tessera_test_launch_nodes");
   return dir;
 }
 
