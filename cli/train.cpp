@@ -1,4 +1,4 @@
-// `tessera train`: a thin mapping of a config file (JSON or flat YAML, Hugging Face
+// `tessera train`: a thin mapping of a config file (JSON or YAML, Hugging Face
 // TrainingArguments names or the flag names) and of the flags onto train::TrainingArguments;
 // train::run_training does the rest.
 #include <cstdlib>
@@ -131,7 +131,7 @@ const RegisterCommand reg(
       auto values = std::make_shared<FlagValues>();
       auto resume = std::make_shared<std::string>();
       sub.add_option("--config", *config_path,
-                     "settings file: JSON, or flat YAML (key: value), with Hugging Face "
+                     "settings file: JSON or YAML, with Hugging Face "
                      "TrainingArguments names "
                      "or the flag names; flags override it");
       std::vector<CLI::Option*> options;

@@ -22,7 +22,22 @@ namespace tessera::dist {
 
 namespace fs = std::filesystem;
 
+namespace {
+// What `tessera launch` passed on (its --deepspeed_config_file, --fsdp_sharding_strategy,
+// --gradient_accumulation_steps, --cpu; Accelerate's ACCELERATE_* variables play this part) for
+// the settings the program left at their defaults.
+void take_launch_settings(AcceleratorOptions& o) {
+  if (o.deepspeed_config.empty()) o.deepspeed_config = env_string("TESSERA_DEEPSPEED_CONFIG");
+  if (o.fsdp_sharding_strategy.empty())
+    o.fsdp_sharding_strategy = env_string("TESSERA_FSDP_SHARDING_STRATEGY");
+  if (o.gradient_accumulation_steps == 1)
+    o.gradient_accumulation_steps = env_int("TESSERA_GRADIENT_ACCUMULATION_STEPS", 1, 1, 1000000);
+  o.cpu = o.cpu || env_flag("TESSERA_USE_CPU");
+}
+}  // namespace
+
 Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
+  take_launch_settings(options_);
   resolve_sharding_options();
   TESSERA_CHECK(options_.gradient_accumulation_steps >= 1,
                 "Accelerator: gradient_accumulation_steps must be >= 1, got ",

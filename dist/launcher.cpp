@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "tessera/core/error.h"
+#include "tessera/dist/deepspeed_config.h"
 #include "tessera/dist/env.h"
 #include "tessera/dist/socket.h"
 
@@ -201,6 +202,14 @@ struct JobShape {
   if (!o.reduce_dtype.empty()) set("TESSERA_REDUCE_DTYPE", o.reduce_dtype);
   if (o.watchdog_timeout_s) set("TESSERA_WATCHDOG_TIMEOUT", detail::concat(*o.watchdog_timeout_s));
   if (!o.watchdog_action.empty()) set("TESSERA_WATCHDOG_ACTION", o.watchdog_action);
+  if (o.zero_stage) set("TESSERA_ZERO_STAGE", std::to_string(*o.zero_stage));
+  if (!o.deepspeed_config_file.empty()) set("TESSERA_DEEPSPEED_CONFIG", o.deepspeed_config_file);
+  if (!o.fsdp_sharding_strategy.empty())
+    set("TESSERA_FSDP_SHARDING_STRATEGY", o.fsdp_sharding_strategy);
+  if (o.gradient_accumulation_steps)
+    set("TESSERA_GRADIENT_ACCUMULATION_STEPS", std::to_string(*o.gradient_accumulation_steps));
+  if (o.use_cpu) set("TESSERA_USE_CPU", "1");
+  if (!o.gpu_ids.empty() && o.gpu_ids != "all") set("CUDA_VISIBLE_DEVICES", o.gpu_ids);
   // Like torchrun: ranks sharing a node share its cores, so each one's OpenMP pool gets
   // its part (oversubscribed spinning pools slow every rank's host thread down).
   if (!::getenv("OMP_NUM_THREADS") && o.nproc_per_node > 1) {
@@ -366,6 +375,15 @@ void Attempt::report_failures() const {
   for (const Rank* f : failures_)
     std::cerr << "tessera launch: job failed: rank " << f->rank << " " << describe_exit(f->status)
               << "\n";
+  // A rank that lost another node names the peer rank it lost; say which node that is.
+  if (o_.nnodes > 1) {
+    std::cerr << "tessera launch: this is node " << o_.node_rank << " of " << o_.nnodes
+              << "; ranks by node:";
+    for (int node = 0; node < o_.nnodes && node < 16; ++node)
+      std::cerr << (node ? "," : "") << " node " << node << " = ranks " << node * o_.nproc_per_node
+                << "-" << (node + 1) * o_.nproc_per_node - 1;
+    std::cerr << (o_.nnodes > 16 ? ", ...\n" : "\n");
+  }
 }
 
 bool Attempt::pipes_open() const {
@@ -526,6 +544,20 @@ void validate(const LaunchOptions& o) {
   check_range("--exit-barrier-timeout", o.exit_barrier_timeout_s, 0, 1e9);
   check_range("--master-port", o.master_port, 0, 65535);
   if (o.watchdog_timeout_s) check_range("--watchdog-timeout", *o.watchdog_timeout_s, 0, 1e9);
+  if (o.zero_stage) check_range("--zero_stage", *o.zero_stage, 0, 3);
+  if (o.gradient_accumulation_steps)
+    check_range("--gradient_accumulation_steps", *o.gradient_accumulation_steps, 1, 1e6);
+  if (!o.fsdp_sharding_strategy.empty()) {
+    try {
+      fsdp_sharding_stage(o.fsdp_sharding_strategy);
+    } catch (const Error& e) {
+      TESSERA_FAIL("tessera launch: --fsdp_sharding_strategy: ", e.what());
+    }
+  }
+  TESSERA_CHECK(o.gpu_ids.find_first_not_of("0123456789,") == std::string::npos ||
+                    o.gpu_ids == "all",
+                "tessera launch: --gpu_ids must be all or a comma-separated list of device "
+                "numbers; got '", o.gpu_ids, "'");
   TESSERA_CHECK(o.watchdog_action.empty() || o.watchdog_action == "end" ||
                     o.watchdog_action == "report",
                 "tessera launch: --watchdog-action must be end or report; got '",

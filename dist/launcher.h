@@ -49,6 +49,17 @@ struct LaunchOptions {
   // Passed on as TESSERA_WATCHDOG_TIMEOUT / TESSERA_WATCHDOG_ACTION when set (dist/watchdog.h).
   std::optional<double> watchdog_timeout_s;
   std::string watchdog_action;       // end | report
+  // Accelerate's settings (`--zero_stage`, `--deepspeed_config_file`, `--fsdp_sharding_strategy`,
+  // `--gradient_accumulation_steps`, `--cpu`), passed on as TESSERA_ZERO_STAGE,
+  // TESSERA_DEEPSPEED_CONFIG, TESSERA_FSDP_SHARDING_STRATEGY, TESSERA_GRADIENT_ACCUMULATION_STEPS
+  // and TESSERA_USE_CPU=1 when set; the Accelerator takes each one its program left unset.
+  std::optional<int> zero_stage;
+  std::string deepspeed_config_file;
+  std::string fsdp_sharding_strategy;
+  std::optional<int> gradient_accumulation_steps;
+  bool use_cpu = false;
+  // Accelerate's gpu_ids: "all" (or empty) leaves CUDA_VISIBLE_DEVICES alone, "0,2" sets it.
+  std::string gpu_ids;
   std::vector<std::string> command;  // program and its arguments
 };
 

@@ -9,7 +9,7 @@ PACKAGES=(build-essential cmake ninja-build pkg-config git
   libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
   libopenmpi-dev openmpi-bin
   python3 python3-numpy python3-torch libopenblas0-pthread
-  unzip python3-pip fortunes zlib1g-dev
+  unzip python3-pip fortunes zlib1g-dev libyaml-cpp-dev
   python3-dev python3-pybind11 python3-pytest python3-venv)
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -85,5 +85,19 @@ then
     echo "setup: tiktoken, transformers, tokenizers and tensorboard installed for the tests"
   else
     echo "setup: could not pip-install tiktoken/transformers/tokenizers/tensorboard; their tests skip"
+  fi
+fi
+
+# Hugging Face Accelerate, for the tests that check `tessera launch --config_file` reads what
+# `accelerate config` writes and that Accelerate reads what `tessera config` writes (they skip
+# without it). Pinned and without its dependencies: newer releases and their requirements would
+# replace Debian's PyTorch 1.13; the modules it needs come with transformers above.
+if ! "$test_python" -c 'import accelerate; assert accelerate.__version__ == "0.34.2"' >/dev/null 2>&1; then
+  accelerate_args=(-m pip install -q --no-deps accelerate==0.34.2)
+  if "$test_python" "${accelerate_args[@]}" >/dev/null 2>&1 ||
+     "$test_python" "${accelerate_args[@]}" --break-system-packages >/dev/null 2>&1; then
+    echo "setup: accelerate 0.34.2 installed for the tests"
+  else
+    echo "setup: could not pip-install accelerate; its interop tests skip"
   fi
 fi

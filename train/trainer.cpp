@@ -112,6 +112,13 @@ Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile tr
   options.zero_accumulation = dist::gradient_accumulation_from_name(args_.zero_accumulation);
   options.deepspeed_config = args_.deepspeed;  // its bucket sizes (the rest is in args_ already)
   acc_ = std::make_unique<dist::Accelerator>(options);
+  // `tessera launch --gradient_accumulation_steps N` (or its DeepSpeed file) reaches the
+  // Accelerator only; the Trainer's loop counts micro-batches by its own setting.
+  TESSERA_CHECK(acc_->gradient_accumulation_steps() == args_.gradient_accumulation_steps,
+                "the launch environment asks for ", acc_->gradient_accumulation_steps(),
+                " gradient accumulation steps but the training arguments say ",
+                args_.gradient_accumulation_steps, "; set gradient_accumulation_steps (--grad-accum) "
+                "for `tessera train` instead");
   folder_lock_ = claim_output_dir(args_, *acc_);
   // One GPU per local rank when distributed; the named device otherwise.
   device_ = wanted.is_cuda() && acc_->num_processes() > 1 ? acc_->device() : wanted;

@@ -10,6 +10,7 @@
 #include "tessera/core/error.h"
 #include "tessera/dist/deepspeed_config.h"
 #include "tessera/train/preemption.h"
+#include "tessera/train/yaml_file.h"
 #include "tessera/optim/transformers_schedules.h"
 
 namespace tessera::train {
@@ -222,7 +223,7 @@ std::string underscored(std::string key) {
 }
 
 // Checks a value against the key's type: a number in quotes is text, not a number (flags
-// arrive typed from CLI11; YAML scalars are parsed as JSON first).
+// arrive typed from CLI11; YAML scalars are typed by train/yaml_file.h).
 Json typed_value(const std::string& what, Kind kind, const Json& value) {
   auto fail = [&]() -> Json {
     TESSERA_FAIL(what, " must be ", kind_name(kind), ", got ", value.dump());
@@ -267,61 +268,6 @@ Json typed_value(const std::string& what, Kind kind, const Json& value) {
     }
   }
   return fail();
-}
-
-std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t\r");
-  const auto e = s.find_last_not_of(" \t\r");
-  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
-}
-
-// One flat YAML line: `key: value`, with '#' comments; the value is a JSON scalar when it
-// parses as one (numbers, true/false, "quoted"), otherwise the bare text.
-Json parse_flat_yaml(const std::string& text, const std::string& path) {
-  Json out = Json::object();
-  std::istringstream in(text);
-  std::string line;
-  int line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (!line.empty() && line[0] != '"' && line[0] != '\'') {
-      const auto hash = line.find(" #");
-      if (hash != std::string::npos) line = line.substr(0, hash);
-    }
-    line = trim(line);
-    if (line.empty() || line[0] == '#' || line == "---") continue;
-    const auto colon = line.find(':');
-    TESSERA_CHECK(colon != std::string::npos && colon > 0, "config '", path, "' line ", line_no,
-                  ": expected `key: value` (only flat YAML is supported), got '", line, "'");
-    const std::string key = trim(line.substr(0, colon));
-    std::string value = trim(line.substr(colon + 1));
-    TESSERA_CHECK(!value.empty(), "config '", path, "' line ", line_no, ": key \"", key,
-                  "\" has no value (nested YAML is not supported)");
-    TESSERA_CHECK(!out.contains(key), "config '", path, "' line ", line_no, ": key \"", key,
-                  "\" is given twice");
-    if (value.size() >= 2 && value.front() == '\'' && value.back() == '\'')
-      value = "\"" + value.substr(1, value.size() - 2) + "\"";
-    Json parsed;
-    try {
-      parsed = Json::parse(value);
-    } catch (const Json::out_of_range&) {
-      TESSERA_FAIL("config '", path, "' line ", line_no, ": key \"", key, "\": number ", value,
-                   " is out of range");
-    } catch (const Json::exception&) {
-      parsed = Json(value);  // bare text
-    }
-    if (value == "yes" || value == "no") parsed = (value == "yes");
-    if (value.front() == '[') {  // a flow list: [jsonl, tensorboard]
-      std::string inner = value.substr(1, value.size() - (value.back() == ']' ? 2 : 1));
-      parsed = Json::array();
-      std::stringstream items(inner);
-      std::string item;
-      while (std::getline(items, item, ','))
-        if (!trim(item).empty()) parsed.push_back(trim(item));
-    }
-    out[key] = parsed;
-  }
-  return out;
 }
 
 // Strict JSON: a key given twice in the settings object is an error (nlohmann would keep
@@ -389,9 +335,10 @@ Json read_config_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TESSERA_CHECK(in.good(), "config '", path, "': cannot open");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (path.ends_with(".yaml") || path.ends_with(".yml")) return parse_flat_yaml(text, path);
-  Json j = parse_strict_json(text, path);
-  TESSERA_CHECK(j.is_object(), "config '", path, "': expected a JSON object of settings");
+  const bool yaml = path.ends_with(".yaml") || path.ends_with(".yml");
+  Json j = yaml ? parse_yaml(text, path) : parse_strict_json(text, path);
+  TESSERA_CHECK(j.is_object(), "config '", path, "': expected ", yaml ? "a YAML mapping" : "a JSON object",
+                " of settings");
   return j;
 }
 

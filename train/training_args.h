@@ -3,7 +3,7 @@
 // learning_rate, eval_strategy, save_total_limit, ...), plus the GPT model and token-data
 // settings `tessera train` has always had.
 //
-// Settings come from a config file (JSON, or flat YAML `key: value` lines) and from
+// Settings come from a config file (JSON or YAML) and from
 // command-line flags. Both accept the Hugging Face names and the short names of the
 // `tessera train` flags ("lr" = "learning_rate", "steps" = "max_steps", ...); '-' and '_'
 // are interchangeable. Everything is checked before any work: unknown keys, values of
@@ -135,7 +135,7 @@ std::string canonical_key(const std::string& key);
 // Model-shape settings: fixed by the run's first checkpoint (an error to change on resume).
 const std::vector<std::string>& model_shape_keys();
 
-// Reads a config file (.json, or .yaml/.yml as flat `key: value` lines) into a JSON
+// Reads a config file (.json, or .yaml/.yml through yaml-cpp) into a JSON
 // object. Refuses duplicate keys, numbers out of double range and malformed text, naming
 // the file, the key and (JSON) the byte offset or (YAML) the line.
 nlohmann::json read_config_file(const std::string& path);

@@ -3,8 +3,11 @@
 #pragma once
 #include <sys/wait.h>
 
+#include <unistd.h>
+
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 namespace tessera::test_jobs {
@@ -26,6 +29,15 @@ inline JobResult run_job(const std::string& command, int timeout_s) {
   const int status = pclose(pipe);
   result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
+}
+
+// A fresh folder for this test process, /tmp/<name>_<pid>, with an empty hf/ inside (an
+// HF_HOME with no Accelerate default config in it).
+inline std::filesystem::path fresh_scratch_folder(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "hf");
+  return dir;
 }
 
 }  // namespace tessera::test_jobs
