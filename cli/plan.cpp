@@ -33,6 +33,10 @@ struct PlanArgs {
   bool all_strategies = false;
 };
 
+// The dry run builds every block's modules (microseconds each): a bound that answers at
+// once, far above any published model's few hundred layers.
+constexpr int64_t kMaxLayers = 10000;
+
 double gib(int64_t bytes) { return static_cast<double>(bytes) / double(1 << 30); }
 
 // Bytes of "80GiB", "79.5 GiB", "80GB" (10^9), "81920MiB", "512MB", "85899345920".
@@ -187,7 +191,7 @@ const RegisterCommand reg(
     [](CLI::App& sub) {
       auto a = std::make_shared<PlanArgs>();
       sub.add_option("--n-layer", a->n_layer, "transformer blocks (default 12)")
-          ->check(CLI::PositiveNumber);
+          ->check(CLI::Range(int64_t(1), kMaxLayers));
       sub.add_option("--n-head", a->n_head, "attention heads (default 12)")
           ->check(CLI::PositiveNumber);
       sub.add_option("--n-embd", a->n_embd, "channels (default 768)")->check(CLI::PositiveNumber);
@@ -216,7 +220,8 @@ const RegisterCommand reg(
                      "CPU's (default cuda)")
           ->check(CLI::IsMember({"cuda", "cpu"}));
       sub.add_option("--prefetch", a->prefetch,
-                     "stage 3: elements gathered ahead of use (default: the Accelerator's)");
+                     "stage 3: elements gathered ahead of use (default: the Accelerator's)")
+          ->check(CLI::NonNegativeNumber);
       sub.add_option("--max-memory,--device-memory", a->max_memory,
                      "memory of one device to plan for, e.g. 80GiB, 80GB, 81920MiB (default: "
                      "the first CUDA device's, else 80GiB)");
