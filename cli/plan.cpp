@@ -191,7 +191,7 @@ const RegisterCommand reg(
     [](CLI::App& sub) {
       auto a = std::make_shared<PlanArgs>();
       sub.add_option("--n-layer", a->n_layer, "transformer blocks (default 12)")
-          ->check(CLI::Range(int64_t(1), kMaxLayers));
+          ->check(CLI::PositiveNumber);
       sub.add_option("--n-head", a->n_head, "attention heads (default 12)")
           ->check(CLI::PositiveNumber);
       sub.add_option("--n-embd", a->n_embd, "channels (default 768)")->check(CLI::PositiveNumber);
@@ -219,9 +219,8 @@ const RegisterCommand reg(
                      "cuda: take a GPU's routes (flash attention, fused classifier); cpu: the "
                      "CPU's (default cuda)")
           ->check(CLI::IsMember({"cuda", "cpu"}));
-      sub.add_option("--prefetch", a->prefetch,
-                     "stage 3: elements gathered ahead of use (default: the Accelerator's)")
-          ->check(CLI::NonNegativeNumber);
+      CLI::Option* prefetch = sub.add_option(
+          "--prefetch", a->prefetch, "stage 3: elements gathered ahead of use (default: the Accelerator's)");
       sub.add_option("--max-memory,--device-memory", a->max_memory,
                      "memory of one device to plan for, e.g. 80GiB, 80GB, 81920MiB (default: "
                      "the first CUDA device's, else 80GiB)");
@@ -229,7 +228,12 @@ const RegisterCommand reg(
           ->check(CLI::PositiveNumber);
       sub.add_flag("--all-strategies", a->all_strategies,
                    "plan DDP, ZeRO-1/2/3 and ZeRO-3 with offload, one verdict each");
-      sub.callback([a] {
+      sub.callback([a, prefetch] {
+        TESSERA_CHECK(a->n_layer <= kMaxLayers, "tessera plan: --n-layer ", a->n_layer,
+                      " is more than the ", kMaxLayers, " blocks a plan builds (each one's modules are "
+                      "built for the dry run)");
+        TESSERA_CHECK(prefetch->count() == 0 || a->prefetch >= 0, "tessera plan: --prefetch must not be "
+                      "negative (elements gathered ahead of use), got ", a->prefetch);
         TESSERA_CHECK(a->n_embd % a->n_head == 0, "tessera plan: --n-head ", a->n_head,
                       " must divide --n-embd ", a->n_embd);
         TESSERA_CHECK(a->all_strategies || a->offload == "none" || a->zero_stage >= 1,

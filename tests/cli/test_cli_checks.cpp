@@ -68,7 +68,7 @@ TEST(CliChecks, MetricForBestModelIsCheckedBeforeAnyWorkNamingTheMetrics) {
 TEST(CliChecks, InitRefusesShapeFlagsThatDisagreeWithItsDirectory) {
   const fs::path model = trained_run("init_source") / "model";
   expect_refused(train_cmd("init_shape") + "--steps 1 --n-layer 3 --init " + model.string(),
-                 {"n-layer", "3", "has 1", model.string()});
+                 {"n_layer", "3", "has 1", model.string()});
   // The same shape, given explicitly, is fine.
   const RunResult r = run(train_cmd("init_same") + "--steps 1 --init " + model.string());
   EXPECT_EQ(r.rc, 0) << r.output;
@@ -124,11 +124,11 @@ TEST(CliChecks, NumberFlagsAreRangeCheckedBeforeAnyWork) {
   expect_refused(train_cmd("batch_big") + "--steps 1 --batch 4294967298", {"batch 4294967298", "68719476769 tokens"});
   expect_refused(train_cmd("layers_big") + "--steps 1 --n-layer 1000000", {"n_layer 1000000", "GiB", "parameters"});
   expect_refused(train_cmd("steps_minus") + "--steps -1", {"steps", "num_train_epochs"});
-  expect_refused(train_cmd("inter_zero") + "--steps 1 --arch llama --intermediate-size 0", {"intermediate-size", "positive"});
+  expect_refused(train_cmd("inter_zero") + "--steps 1 --arch llama --intermediate-size 0", {"intermediate_size", "positive"});
   const std::string config = write("unsigned.json", R"({"max_steps": 18446744073709551615})");
   expect_refused(train_cmd("unsigned_steps") + "--config " + config, {"max_steps", "out of range"});
-  expect_refused("plan --n-layer 1000000 --device cpu", {"--n-layer"});
-  expect_refused("plan --prefetch -5 --device cpu", {"--prefetch"});
+  expect_refused("plan --n-layer 1000000 --device cpu", {"--n-layer 1000000", "10000"});
+  expect_refused("plan --prefetch -5 --device cpu", {"--prefetch", "-5"});
   const fs::path model = trained_run("sample_source") / "model";
   expect_refused("sample --model " + model.string() + " --max-new-tokens 2 --temperature nan",
                  {"--temperature", "finite"});
@@ -208,7 +208,7 @@ TEST(CliChecks, AnUnreadableCheckpointIsAPermissionErrorNotDamage) {
 TEST(CliChecks, ResumeRefusesSettingsItCannotChangeNamingThem) {
   const fs::path run_dir = trained_run("resume_changes", "--schedule constant");
   const std::string resume = train_cmd("resume_changes") + "--steps 4 --schedule constant --resume ";
-  expect_refused(resume + "--lr 0.5", {"--lr", "0.5", "cannot change on resume"});
+  expect_refused(resume + "--lr 0.5", {"\"lr\"", "0.5", "cannot change on resume"});
   expect_refused(train_cmd("resume_changes") + "--steps 4 --schedule linear --resume",
                  {"schedule", "linear", "constant", "cannot change on resume"});
   expect_refused(resume + "--sampling random", {"sampling", "random", "windows"});
@@ -250,4 +250,22 @@ TEST(CliChecks, ResumingOnAnotherWorldSizeNamesItOrKeepsTheGlobalBatchQuietly) {
           " --resume " + checkpoint);
   EXPECT_EQ(r.rc, 0) << r.output;
   EXPECT_EQ(r.output.find("will not match"), std::string::npos) << r.output;
+}
+
+// Small finding: with the best checkpoint removed by hand, load_best_model_at_end failed the
+// finished run ("not a directory"); the final weights are kept, with a warning.
+TEST(CliChecks, ABestCheckpointRemovedByHandIsSkippedWithAWarning) {
+  const std::string config = write("best_first.yaml", "load_best_model_at_end: true\ngreater_is_better: true\n");
+  const std::string common = "--eval-every 2 --save-every 2 --schedule constant --config " + config + " ";
+  RunResult r = run(train_cmd("best_removed") + "--steps 4 --keep-last 3 " + common);
+  ASSERT_EQ(r.rc, 0) << r.output;
+  const fs::path run_dir = scratch() / "best_removed";
+  const auto state = nlohmann::json::parse(slurp(run_dir / "checkpoint-4" / "trainer_state.json"));
+  const std::string best = state["best_model_checkpoint"];
+  ASSERT_NE(best, "checkpoint-4");  // greater_is_better on a falling loss: an early one
+  fs::remove_all(run_dir / best);
+  r = run(train_cmd("best_removed") + "--steps 8 --keep-last 1 --resume " + common);
+  EXPECT_EQ(r.rc, 0) << r.output;
+  expect_mentions(r, {best, "is gone", "final weights"});
+  EXPECT_TRUE(fs::exists(run_dir / "model" / "model.safetensors"));
 }
