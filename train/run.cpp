@@ -311,7 +311,14 @@ int run_training(const TrainingArguments& args) {
 
   std::map<std::string, std::string> extra_files;
   if (tokenizer) extra_files = tokenizer->files();  // tokenizer.json (+ Hugging Face's other files)
-  Trainer trainer(args, *model, train_file, val_file, language_model_metrics, extra_files);
+  // Checkpoints also record the training file, so a resume notices a replaced one.
+  std::map<std::string, std::string> checkpoint_files = extra_files;
+  if (dist::read_dist_env().rank == 0) {
+    const std::string fingerprint = data_fingerprint(train_file);
+    if (!args.resume_from_checkpoint.empty()) warn_if_data_replaced(args.resume_from_checkpoint, fingerprint);
+    checkpoint_files[kDataFingerprintFile] = fingerprint;
+  }
+  Trainer trainer(args, *model, train_file, val_file, language_model_metrics, checkpoint_files);
   const bool main_process = trainer.accelerator().is_main_process();
   if (args.memory_report)  // every rank: the report gathers each one's counters
     trainer.add_callback(std::make_shared<MemoryReportCallback>(trainer.accelerator(), *model));

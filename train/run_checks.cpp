@@ -3,7 +3,11 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <span>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -107,6 +111,34 @@ void check_fits_in_memory(const TrainingArguments& a, int64_t parameters, int64_
   TESSERA_CHECK(needed <= memory, "tessera train: the model and batch need at least ", text,
                 "; choose fewer/smaller layers (n_layer ", a.n_layer, ", n_embd ", a.n_embd, ") or a smaller batch (",
                 a.per_device_train_batch_size, " x ", a.seq, " tokens)");
+}
+
+std::string data_fingerprint(const data::TokenFile& file) {
+  std::ifstream in(file.path(), std::ios::binary);
+  std::vector<char> chunk(size_t(1) << 20);
+  uint32_t crc = 0;
+  int64_t bytes = 0;
+  while (in.read(chunk.data(), static_cast<std::streamsize>(chunk.size())) || in.gcount() > 0) {
+    crc = data::crc32(std::as_bytes(std::span<const char>(chunk.data(), static_cast<size_t>(in.gcount()))), crc);
+    bytes += in.gcount();
+  }
+  return Json{{"path", file.path().string()}, {"bytes", bytes}, {"crc32", crc}}.dump(1);
+}
+
+void warn_if_data_replaced(const fs::path& checkpoint, const std::string& fingerprint) {
+  const fs::path recorded_path = checkpoint / kDataFingerprintFile;
+  if (!fs::exists(recorded_path)) return;  // written before fingerprints were recorded
+  const Json then = Json::parse(data::read_file(recorded_path), nullptr, false);
+  const Json now = Json::parse(fingerprint);
+  if (!then.is_object() || (then.value("bytes", Json()) == now["bytes"] && then.value("crc32", Json()) == now["crc32"]))
+    return;
+  std::fprintf(stderr,
+               "tessera train: warning: the training file '%s' is not the one the checkpoint was "
+               "trained on ('%s': %s bytes, CRC-32 %s then; %s bytes, CRC-32 %s now); the run will "
+               "not match an uninterrupted one\n",
+               now["path"].get<std::string>().c_str(), then.value("path", std::string("?")).c_str(),
+               then.value("bytes", Json()).dump().c_str(), then.value("crc32", Json()).dump().c_str(),
+               now["bytes"].dump().c_str(), now["crc32"].dump().c_str());
 }
 
 void check_weights_finite(const nn::CausalLM& model, const std::string& what) {

@@ -4,6 +4,7 @@
 // the machine, and weights are finite when loaded from --init or exported.
 #pragma once
 #include <cstdint>
+#include <filesystem>
 #include <string>
 
 #include "tessera/data/token_file.h"
@@ -29,6 +30,12 @@ double estimated_training_bytes(const TrainingArguments& args, int64_t parameter
 
 // Refuses a run whose estimate exceeds this machine's memory, before anything is allocated.
 void check_fits_in_memory(const TrainingArguments& args, int64_t parameters, int64_t vocab_size);
+
+// The training file's size and CRC-32 as a checkpoint records them (data_fingerprint.json),
+// and the warning a resume gives when the file is no longer the one trained on.
+inline constexpr const char* kDataFingerprintFile = "data_fingerprint.json";
+std::string data_fingerprint(const data::TokenFile& file);
+void warn_if_data_replaced(const std::filesystem::path& checkpoint, const std::string& fingerprint);
 
 // Every parameter of `model` must be finite; the error names the first tensor that is not
 // and `what` says whose weights they are ("the initial weights from --init 'DIR'").

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/safetensors.h"
+#include "tessera/data/file_io.h"
 #include "tests/cli/cli_harness.h"
 
 namespace fs = std::filesystem;
@@ -185,10 +186,22 @@ TEST(CliChecks, NonFiniteWeightsAreNamedAtInitAndNeverExported) {
   }
   tessera::save_safetensors((model / "model.safetensors").string(), poisoned, {{"format", "pt"}});
   fs::remove(model / "checksums.json");
-  const RunResult r = run(train_cmd("nan_init") + "--steps 1 --init " + model.string());
+  RunResult r = run(train_cmd("nan_init") + "--steps 1 --init " + model.string());
   EXPECT_EQ(r.rc, 1) << r.output;
   expect_mentions(r, {"initial weights", "wte", "nan"});
   EXPECT_EQ(r.output.find("lower --lr"), std::string::npos) << r.output;
+  // The finished run's last checkpoint with the same damage, under valid checksums: resuming
+  // it only exports, and the export is refused.
+  const fs::path checkpoint = scratch() / "nan_checkpoint";
+  fs::remove_all(checkpoint);
+  fs::copy(source / "checkpoint-2", checkpoint, fs::copy_options::recursive);
+  fs::copy_file(model / "model.safetensors", checkpoint / "model.safetensors", fs::copy_options::overwrite_existing);
+  tessera::data::write_folder_checksums(checkpoint);
+  const fs::path out = scratch() / "nan_export";
+  r = run("train --steps 2 --out " + out.string() + " --resume " + checkpoint.string());
+  EXPECT_EQ(r.rc, 1) << r.output;
+  expect_mentions(r, {"final weights", "wte", "nan"});
+  EXPECT_FALSE(fs::exists(out / "model" / "model.safetensors"));
 }
 
 // Small findings: an unreadable checkpoint was treated as damaged (and later overwritten).
@@ -222,7 +235,7 @@ TEST(CliChecks, ResumeRefusesSettingsItCannotChangeNamingThem) {
 TEST(CliChecks, CheckpointSubcommandsNameWhatTheyWereGiven) {
   expect_refused("checkpoint merge x", {"unknown subcommand 'merge'", "consolidate"});
   const fs::path run_dir = trained_run("consolidate_src");
-  const fs::path out = scratch() / "consolidated";
+  const fs::path out = scratch() / "checks_consolidated";
   expect_refused("checkpoint consolidate " + run_dir.string() + " --out " + out.string(),
                  {"run folder", "checkpoint-2"});
   fs::create_directories(out.string() + ".partial");
@@ -268,4 +281,24 @@ TEST(CliChecks, ABestCheckpointRemovedByHandIsSkippedWithAWarning) {
   EXPECT_EQ(r.rc, 0) << r.output;
   expect_mentions(r, {best, "is gone", "final weights"});
   EXPECT_TRUE(fs::exists(run_dir / "model" / "model.safetensors"));
+}
+
+// Small finding: resuming on a replaced training file (same path, other tokens) said nothing.
+TEST(CliChecks, ATrainingFileReplacedSinceTheCheckpointIsNamedOnResume) {
+  const fs::path data = scratch() / "replaced_data";
+  fs::create_directories(data);
+  fs::copy_file(train_bin(), data / "train.bin", fs::copy_options::overwrite_existing);
+  const std::string cmd = "train --data " + (data / "train.bin").string() + kTiny + "--schedule constant --out " +
+                          (scratch() / "replaced_run").string() + " ";
+  RunResult r = run(cmd + "--steps 2");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  r = run(cmd + "--steps 3 --resume");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_EQ(r.output.find("is not the one"), std::string::npos) << r.output;
+  std::string bytes = slurp(data / "train.bin");
+  bytes[2000] ^= 1;  // one token changed
+  std::ofstream(data / "train.bin", std::ios::binary | std::ios::trunc) << bytes;
+  r = run(cmd + "--steps 4 --resume");
+  EXPECT_EQ(r.rc, 0) << r.output;
+  expect_mentions(r, {"warning", (data / "train.bin").string(), "is not the one the checkpoint was trained on"});
 }
