@@ -532,8 +532,13 @@ void validate_sizes(const TrainingArguments& a, Require& require) {
 
 int64_t TrainingArguments::total_steps(int64_t steps_per_epoch) const {
   if (max_steps > 0) return max_steps;
-  if (num_train_epochs > 0)
-    return static_cast<int64_t>(std::ceil(num_train_epochs * static_cast<double>(steps_per_epoch)));
+  if (num_train_epochs > 0) {
+    const double steps = std::ceil(num_train_epochs * static_cast<double>(steps_per_epoch));
+    TESSERA_CHECK(steps <= static_cast<double>(kMaxCount), describe("num_train_epochs"), " is ",
+                  num_train_epochs, ", which makes ", steps, " steps of ", steps_per_epoch,
+                  " per epoch, more than 2^53");
+    return static_cast<int64_t>(steps);
+  }
   return kDefaultMaxSteps;
 }
 

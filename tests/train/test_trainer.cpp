@@ -445,6 +445,8 @@ TEST(TrainerChecks, SizesWhoseProductsOverflowAreRefusedNamingTheKey) {
   train::apply_config_values(fine, {{"max_steps", -1}, {"num_train_epochs", 1.0}}, "config 'c.json'");
   train::validate(fine);
   EXPECT_EQ(fine.total_steps(7), 7);
+  fine.num_train_epochs = 1e300;
+  EXPECT_THROW(fine.total_steps(7), Error);
   EXPECT_EQ(tiny_args(dir).total_steps(7), train::kDefaultMaxSteps);
 }
 
