@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "tessera/cli/command.h"
+#include "tessera/core/error.h"
 #include "tessera/train/consolidate.h"
 
 namespace tessera::cli {
@@ -16,7 +17,17 @@ struct ConsolidateArgs {
 
 const RegisterCommand reg(
     "checkpoint", "Work with training checkpoints (consolidate)", [](CLI::App& sub) {
-      sub.require_subcommand(1);
+      // An unknown word is named rather than reported as a missing subcommand.
+      sub.require_subcommand(0, 1);
+      sub.allow_extras();
+      CLI::App* self = &sub;
+      sub.callback([self] {
+        if (!self->get_subcommands().empty()) return;
+        const std::vector<std::string> extras = self->remaining();
+        TESSERA_CHECK(!extras.empty(), "tessera checkpoint: a subcommand is required: consolidate");
+        TESSERA_FAIL("tessera checkpoint: unknown subcommand '", extras.front(),
+                     "' (valid: consolidate)");
+      });
       auto args = std::make_shared<ConsolidateArgs>();
       CLI::App* consolidate =
           sub.add_subcommand("consolidate",

@@ -43,8 +43,18 @@ void run_eval(const EvalArgs& a) {
   TESSERA_CHECK(file.max_token() < model->vocab_size(), "tessera eval: '", a.data, "' holds token ",
                 file.max_token(), " but the model's vocab_size is ", model->vocab_size());
   const int64_t seq = a.seq_given ? a.seq : std::min<int64_t>(model->context_length(), 256);
-  // Default: one pass over the file (at least one micro-batch).
-  const int64_t batches = a.batches_given ? a.batches : std::max<int64_t>(1, (file.size() - 1) / (a.batch * seq));
+  TESSERA_CHECK(a.batch <= (INT64_MAX - 1) / seq, "tessera eval: --batch ", a.batch, " x --seq ", seq,
+                " tokens overflows a 64-bit count");
+  // Each token is scored once: the batches the file holds, never a tiling that repeats it.
+  const int64_t in_file = (file.size() - 1) / (a.batch * seq);
+  TESSERA_CHECK(in_file >= 1, "tessera eval: '", a.data, "' holds ", file.size(),
+                " tokens, fewer than one micro-batch of --batch ", a.batch, " x --seq ", seq,
+                " + 1 = ", a.batch * seq + 1, "; use a smaller --batch or --seq");
+  if (a.batches_given && a.batches > in_file && (!acc || acc->is_main_process()))
+    std::cerr << "tessera eval: note: --batches " << a.batches << " but '" << a.data << "' holds "
+              << file.size() << " tokens, " << in_file << " micro-batch(es) of " << a.batch << " x "
+              << seq << "; scoring those " << in_file << " (each token once)\n";
+  const int64_t batches = a.batches_given ? std::min(a.batches, in_file) : in_file;
   const train::EvalTotals r =
       train::evaluate_tokens(*model, file, a.batch, seq, batches, device, acc ? &*acc : nullptr);
   // NaN would print as null with exit status 0: a damaged or diverged model is an error.

@@ -35,6 +35,10 @@ struct PlanArgs {
   int64_t max_buckets_in_flight = 2, bucket_bytes = int64_t(25) << 20;
 };
 
+// The dry run builds every block's modules (microseconds each): a bound that answers at
+// once, far above any published model's few hundred layers.
+constexpr int64_t kMaxLayers = 10000;
+
 double gib(int64_t bytes) { return static_cast<double>(bytes) / double(1 << 30); }
 
 // Bytes of "80GiB", "79.5 GiB", "80GB" (10^9), "81920MiB", "512MB", "85899345920".
@@ -280,8 +284,8 @@ const RegisterCommand reg(
                      "cuda: take a GPU's routes (flash attention, fused classifier); cpu: the "
                      "CPU's (default cuda)")
           ->check(CLI::IsMember({"cuda", "cpu"}));
-      sub.add_option("--prefetch", a->prefetch,
-                     "stage 3: elements gathered ahead of use (default: the Accelerator's)");
+      CLI::Option* prefetch = sub.add_option(
+          "--prefetch", a->prefetch, "stage 3: elements gathered ahead of use (default: the Accelerator's)");
       sub.add_option("--zero-accumulation", a->accumulation,
                      "ZeRO-2/3 with --grad-accum: reduce_every_micro_batch (default) | no_sync")
           ->check(CLI::IsMember({"reduce_every_micro_batch", "no_sync"}));
@@ -300,7 +304,12 @@ const RegisterCommand reg(
           ->check(CLI::PositiveNumber);
       sub.add_flag("--all-strategies", a->all_strategies,
                    "plan DDP, ZeRO-1/2/3 and ZeRO-3 with offload, one verdict each");
-      sub.callback([a] {
+      sub.callback([a, prefetch] {
+        TESSERA_CHECK(a->n_layer <= kMaxLayers, "tessera plan: --n-layer ", a->n_layer,
+                      " is more than the ", kMaxLayers, " blocks a plan builds (each one's modules are "
+                      "built for the dry run)");
+        TESSERA_CHECK(prefetch->count() == 0 || a->prefetch >= 0, "tessera plan: --prefetch must not be "
+                      "negative (elements gathered ahead of use), got ", a->prefetch);
         TESSERA_CHECK(a->n_embd % a->n_head == 0, "tessera plan: --n-head ", a->n_head,
                       " must divide --n-embd ", a->n_embd);
         TESSERA_CHECK(a->all_strategies || a->offload == "none" || a->zero_stage >= 1,

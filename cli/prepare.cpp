@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -58,7 +59,15 @@ void write_outputs_as_one_set(const fs::path& out, const std::function<void(cons
 // the build folder of this program (where scripts/setup.sh puts them).
 std::unique_ptr<data::Tokenizer> gpt2_tokenizer() {
   std::vector<fs::path> places;
-  if (const char* env = std::getenv("TESSERA_GPT2_DIR"); env && *env) places.emplace_back(env);
+  if (const char* env = std::getenv("TESSERA_GPT2_DIR"); env && *env) {
+    // Set means meant: a wrong folder is an error, not a quiet fall-back to another copy.
+    const fs::path dir(env);
+    TESSERA_CHECK(fs::exists(dir / "encoder.json") && fs::exists(dir / "vocab.bpe"),
+                  "tessera prepare: TESSERA_GPT2_DIR is '", env, "', which ",
+                  fs::is_directory(dir) ? "holds no encoder.json + vocab.bpe" : "is not a folder",
+                  "; point it at GPT-2's files or unset it");
+    places.emplace_back(dir);
+  }
   places.emplace_back(fs::path(".deps") / "gpt2");
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
@@ -100,9 +109,28 @@ std::unique_ptr<data::Tokenizer> make_tokenizer(const PrepareArgs& a, std::strin
   return tok;
 }
 
+// Each --input must be a text file that this run does not replace.
+void check_input(const fs::path& input, const fs::path& out) {
+  TESSERA_CHECK(fs::exists(input), "tessera prepare: --input '", input.string(), "' does not exist");
+  TESSERA_CHECK(!fs::is_directory(input), "tessera prepare: --input '", input.string(),
+                "' is a directory; name the text file(s) in it");
+  for (const char* name : kOutputs) {
+    std::error_code ec;
+    TESSERA_CHECK(!fs::equivalent(input, out / name, ec), "tessera prepare: --input '", input.string(),
+                  "' is one of the files this prepare writes into --out '", out.string(),
+                  "' and would be overwritten; give another --out");
+  }
+  int32_t magic = 0;
+  std::ifstream(input, std::ios::binary).read(reinterpret_cast<char*>(&magic), sizeof(magic));
+  TESSERA_CHECK(magic != data::kTokenFileMagic, "tessera prepare: --input '", input.string(),
+                "' is a token file (llm.c layout, already tokenized), not text; train on it with "
+                "`tessera train --data` or prepare from the original text");
+}
+
 void prepare(const PrepareArgs& a) {
   TESSERA_CHECK(a.val_fraction >= 0 && a.val_fraction < 1,
                 "tessera prepare: --val-fraction must be in [0, 1), got ", a.val_fraction);
+  for (const auto& input : a.inputs) check_input(input, a.out);
   std::string text;
   for (const auto& input : a.inputs) text += data::read_file(input);
   TESSERA_CHECK(text.size() >= 2, "tessera prepare: the input has ", text.size(),
@@ -131,6 +159,9 @@ void prepare(const PrepareArgs& a) {
     data::write_token_file(folder / "train.bin", train_ids, tok->vocab_size());
     if (!val_ids.empty()) data::write_token_file(folder / "val.bin", val_ids, tok->vocab_size());
   });
+  if (val_ids.empty())
+    std::cerr << "tessera prepare: note: no val.bin written (--val-fraction " << a.val_fraction
+              << "), so `tessera train` on this folder will not evaluate\n";
   std::cout << nlohmann::json{{"tokenizer", tok->type()},
                               {"vocab_size", tok->vocab_size()},
                               {"bytes", text.size()},

@@ -41,6 +41,8 @@ void check_logits_finite(nn::CausalLM& model, const std::vector<int64_t>& tokens
 void run_sample(const SampleArgs& a) {
   TESSERA_CHECK(a.num_samples >= 1, "tessera sample: --num-samples must be at least 1, got ", a.num_samples);
   TESSERA_CHECK(a.max_new_tokens >= 0, "tessera sample: --max-new-tokens must not be negative, got ", a.max_new_tokens);
+  TESSERA_CHECK(std::isfinite(a.temperature), "tessera sample: --temperature must be a finite number, got ",
+                a.temperature);
   TESSERA_CHECK(a.temperature >= 0, "tessera sample: --temperature must not be negative, got ", a.temperature);
   TESSERA_CHECK(a.top_k >= 0, "tessera sample: --top-k must not be negative, got ", a.top_k);
   const Device device = Device::parse(a.device);

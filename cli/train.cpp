@@ -1,10 +1,13 @@
 // `tessera train`: a thin mapping of a config file (JSON or YAML, Hugging Face
 // TrainingArguments names or the flag names) and of the flags onto train::TrainingArguments;
 // train::run_training does the rest.
+#include <charconv>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 
 #include "tessera/cli/command.h"
+#include "tessera/core/error.h"
 #include "tessera/train/run.h"
 
 namespace tessera::cli {
@@ -43,7 +46,7 @@ constexpr FlagSpec kValueFlags[] = {
     {"--batch", "batch", FlagType::Int, "rows per micro-batch and process (default 8)"},
     {"--seq", "seq", FlagType::Int, "tokens per row (default 64)"},
     {"--grad-accum", "grad_accum", FlagType::Int, "micro-batches per optimizer step (default 1)"},
-    {"--steps", "steps", FlagType::Int, "optimizer steps (default 200)"},
+    {"--steps", "steps", FlagType::Int, nullptr},  // steps_help(): the default is a constant
     {"--lr", "lr", FlagType::Real, "peak learning rate (default 1e-3)"},
     {"--min-lr", "min_lr", FlagType::Real, "floor of the decay (default lr/10)"},
     {"--warmup", "warmup", FlagType::Int, "linear warmup steps (default 0)"},
@@ -94,17 +97,24 @@ constexpr FlagSpec kValueFlags[] = {
      "FSDP sharding strategy: FULL_SHARD (ZeRO-3) | SHARD_GRAD_OP (ZeRO-2) | NO_SHARD (DDP) [offload]"},
 };
 
-// Typed storage for the flags, so CLI11 parses and documents numbers as numbers.
+// Typed storage for the flags, so CLI11 parses and documents numbers as numbers. Integers
+// are kept as typed: CLI11 would saturate one beyond int64 (99999999999999999999 -> 2^63-1).
 struct FlagValues {
-  std::map<std::string, int64_t> ints;
+  std::map<std::string, std::string> ints;
   std::map<std::string, double> reals;
   std::map<std::string, std::string> texts;
 };
 
+std::string steps_help() {
+  return "optimizer steps (default: num_train_epochs' worth when set, else " +
+         std::to_string(train::kDefaultMaxSteps) + "); -1 = train for num_train_epochs";
+}
+
 CLI::Option* add_flag_option(CLI::App& sub, FlagValues& v, const FlagSpec& f) {
+  if (!f.help) return add_flag_option(sub, v, {f.flag, f.key, f.type, steps_help().c_str()});
   switch (f.type) {
     case FlagType::Int:
-      return sub.add_option(f.flag, v.ints[f.key], f.help);
+      return sub.add_option(f.flag, v.ints[f.key], f.help)->type_name("INT");
     case FlagType::Real:
       return sub.add_option(f.flag, v.reals[f.key], f.help);
     case FlagType::Text:
@@ -113,10 +123,20 @@ CLI::Option* add_flag_option(CLI::App& sub, FlagValues& v, const FlagSpec& f) {
   return sub.add_option(f.flag, v.texts[f.key], f.help);
 }
 
+int64_t integer_flag(const FlagSpec& f, const std::string& text) {
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  TESSERA_CHECK(error != std::errc::result_out_of_range, "command line: ", f.flag, " ", text,
+                " is out of range (an integer from ", INT64_MIN, " to ", INT64_MAX, ")");
+  TESSERA_CHECK(error == std::errc() && end == text.data() + text.size(), "command line: ",
+                f.flag, " must be an integer, got '", text, "'");
+  return value;
+}
+
 nlohmann::json flag_value(const FlagValues& v, const FlagSpec& f) {
   switch (f.type) {
     case FlagType::Int:
-      return v.ints.at(f.key);
+      return integer_flag(f, v.ints.at(f.key));
     case FlagType::Real:
       return v.reals.at(f.key);
     case FlagType::Text:
@@ -166,6 +186,10 @@ const RegisterCommand reg(
               ->expected(0, 1);
       sub.callback([=] {
         std::vector<train::ArgumentLayer> layers;
+        // A folder would read as an empty stream ("basic_filebuf::underflow").
+        TESSERA_CHECK(config_path->empty() || !std::filesystem::is_directory(*config_path),
+                      "tessera train: --config '", *config_path,
+                      "' is a directory; name the settings file (.json, .yaml)");
         if (!config_path->empty())
           layers.push_back(
               {train::read_config_file(*config_path), "config '" + *config_path + "'"});

@@ -88,6 +88,7 @@ std::vector<int64_t> DataLoader::row_starts(uint64_t k) const {
 }
 
 Batch DataLoader::batch_at(uint64_t k) const {
+  file_.check_not_shrunk();  // a shrunk map would fault (SIGBUS) in the reads below
   const int64_t B = options_.batch, T = options_.seq, n = file_.size();
   std::vector<int64_t> x(B * T), y(B * T);
   const std::vector<int64_t> starts = row_starts(k);

@@ -48,7 +48,7 @@ void write_token_file(const std::filesystem::path& path, std::span<const uint32_
 TokenFile::TokenFile(const std::filesystem::path& path)
     : path_(path), max_token_(std::make_shared<int64_t>(-1)) {
   const std::string name = path.string();
-  int fd = ::open(path.c_str(), O_RDONLY);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   TESSERA_CHECK(fd >= 0, "token file '", name, "': cannot open: ", std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -71,8 +71,13 @@ TokenFile::TokenFile(const std::filesystem::path& path)
   }
   void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   int map_errno = errno;
-  ::close(fd);  // the mapping stays valid after close
+  if (map == MAP_FAILED) ::close(fd);
   TESSERA_CHECK(map != MAP_FAILED, "token file '", name, "': mmap failed: ", std::strerror(map_errno));
+  descriptor_ = std::shared_ptr<int>(new int(fd), [](int* d) {
+    ::close(*d);
+    delete d;
+  });
+  bytes_ = static_cast<int64_t>(file_bytes);
   mapping_ = std::shared_ptr<void>(map, [file_bytes](void* p) { ::munmap(p, file_bytes); });
 
   int32_t header[3];
@@ -99,6 +104,16 @@ uint32_t TokenFile::operator[](int64_t i) const {
   TESSERA_CHECK(i >= 0 && i < count_, "token file '", path_.string(), "': index ", i,
                 " out of range [0, ", count_, ")");
   return at_unchecked(i);
+}
+
+void TokenFile::check_not_shrunk() const {
+  if (!descriptor_) return;
+  struct stat st {};
+  if (::fstat(*descriptor_, &st) != 0 || st.st_size >= bytes_) return;
+  TESSERA_FAIL("token file '", path_.string(), "' shrank while in use: it had ", bytes_,
+               " bytes when opened but now has ", static_cast<int64_t>(st.st_size),
+               " (was it truncated or rewritten in place? write a new file and rename it "
+               "instead)");
 }
 
 uint32_t TokenFile::max_token() const {

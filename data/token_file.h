@@ -37,10 +37,16 @@ class TokenFile {
   }
   // Largest token id in the file (computed once, on first call).
   uint32_t max_token() const;
+  // Throws, naming the file and its expected and actual size, when the file has shrunk since
+  // it was opened (truncated by another program): reading the map past its new end would
+  // end the process with SIGBUS and no message. One fstat; called before each batch read.
+  void check_not_shrunk() const;
 
  private:
   std::filesystem::path path_;
   std::shared_ptr<void> mapping_;  // unmaps when the last copy goes
+  std::shared_ptr<int> descriptor_;  // kept open for check_not_shrunk; closed with the map
+  int64_t bytes_ = 0;
   const void* tokens_ = nullptr;
   int version_ = 0;
   int64_t count_ = 0;

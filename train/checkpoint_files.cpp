@@ -1,6 +1,10 @@
 #include "tessera/train/checkpoint_files.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "tessera/core/error.h"
 #include "tessera/data/file_io.h"
@@ -62,12 +66,29 @@ void verify_checkpoint(const fs::path& dir) {
   }
 }
 
+namespace {
+
+// A file this user may not read is no sign of damage: falling back past it would later
+// overwrite a checkpoint that is intact. Refused naming the file (root reads everything).
+void check_readable(const fs::path& dir) {
+  std::error_code ec;
+  TESSERA_CHECK(::access(dir.c_str(), R_OK | X_OK) == 0, "checkpoint '", dir.string(),
+                "': permission denied (", std::strerror(errno), "); fix its permissions to resume from it");
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    TESSERA_CHECK(::access(entry.path().c_str(), R_OK) == 0, "checkpoint '", dir.string(), "': cannot read '",
+                  entry.path().filename().string(), "': ", std::strerror(errno),
+                  "; fix its permissions to resume from it (it is not treated as damaged)");
+}
+
+}  // namespace
+
 std::optional<fs::path> latest_valid_checkpoint(const fs::path& output_dir,
                                                 std::vector<std::string>& warnings,
                                                 int64_t before_step) {
   const std::vector<fs::path> all = list_checkpoints(output_dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     if (*checkpoint_step(*it) >= before_step) continue;
+    check_readable(*it);
     try {
       verify_checkpoint(*it);
       return *it;
@@ -88,6 +109,7 @@ fs::path resolve_checkpoint(const fs::path& target, std::vector<std::string>& wa
                   target.string(), "'");
     return *latest;
   }
+  check_readable(target);
   try {
     verify_checkpoint(target);
     return target;
@@ -105,10 +127,25 @@ fs::path resolve_checkpoint(const fs::path& target, std::vector<std::string>& wa
   }
 }
 
+std::pair<int64_t, int64_t> saved_world_and_global_batch(const fs::path& checkpoint) {
+  if (!fs::exists(checkpoint / "accelerator_state.json")) return {0, 0};
+  const auto file = nlohmann::json::parse(data::read_file(checkpoint / "accelerator_state.json"), nullptr, false);
+  if (!file.is_object() || !file.contains("state") || !file["state"].is_object()) return {0, 0};
+  const nlohmann::json& state = file["state"];
+  const nlohmann::json global = state.value("loader_global_batch", nlohmann::json::array());
+  const bool has_rows = global.is_array() && !global.empty() && global[0].is_number_integer();
+  return {state.value("num_processes", int64_t(0)), has_rows ? global[0].get<int64_t>() : 0};
+}
+
 void rotate_checkpoints(const fs::path& output_dir, int64_t limit, const std::string& keep) {
   std::vector<fs::path> complete = list_checkpoints(output_dir);
-  std::erase_if(complete,
-                [](const fs::path& d) { return !fs::exists(d / data::kFolderChecksumFile); });
+  // A checkpoint-N/ folder without its checksums is the rest of one a killed rotation was
+  // removing (one being written is still named .partial): it can never be resumed.
+  std::erase_if(complete, [&](const fs::path& d) {
+    if (fs::exists(d / data::kFolderChecksumFile)) return false;
+    if (d.filename() != keep) fs::remove_all(d);
+    return true;
+  });
   int64_t excess = static_cast<int64_t>(complete.size()) - limit;
   // The oldest go first; the best and the newest always stay (so with limit 1 and an older
   // best, two remain, as in Hugging Face's Trainer).

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tessera::train {
@@ -50,6 +51,10 @@ std::optional<std::filesystem::path> latest_valid_checkpoint(
 // warning saying so; no valid checkpoint at all is an error.
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& target,
                                          std::vector<std::string>& warnings);
+
+// How many processes wrote a checkpoint and the rows of one micro-step of them all
+// (accelerator_state.json); {0, 0} where it does not say.
+std::pair<int64_t, int64_t> saved_world_and_global_batch(const std::filesystem::path& checkpoint);
 
 // Removes the oldest checkpoints beyond `limit`, never `keep` (the best checkpoint's name).
 void rotate_checkpoints(const std::filesystem::path& output_dir, int64_t limit,

@@ -6,6 +6,7 @@
 #include "tessera/core/safetensors.h"
 #include "tessera/data/file_io.h"
 #include "tessera/dist/sharded_state.h"
+#include "tessera/train/checkpoint_files.h"
 
 namespace tessera::train {
 
@@ -32,13 +33,43 @@ void check_output_folder(const fs::path& out) {
                 out.string(), "' already exists and is not an empty folder");
 }
 
+// A run folder holds checkpoint-N/ folders rather than being one.
+void check_not_run_folder(const fs::path& checkpoint) {
+  if (fs::exists(checkpoint / data::kFolderChecksumFile)) return;
+  const std::vector<fs::path> checkpoints = list_checkpoints(checkpoint);
+  TESSERA_CHECK(checkpoints.empty(), "consolidate: '", checkpoint.string(),
+                "' is a run folder, not a checkpoint; its newest checkpoint is '",
+                checkpoints.back().string(), "' (pass that, or the run's model/ is already a model directory)");
+}
+
+// Writes the model directory into `partial`; a failure removes what it wrote.
+void write_model_directory(const fs::path& checkpoint, const fs::path& partial,
+                           const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  try {
+    fs::create_directories(partial);
+    data::write_file_atomically(partial / "config.json", data::read_file(checkpoint / "config.json"));
+    save_safetensors((partial / "model.safetensors").string(), tensors, {{"format", "pt"}});
+    if (fs::exists(checkpoint / "tokenizer.json"))
+      data::write_file_atomically(partial / "tokenizer.json", data::read_file(checkpoint / "tokenizer.json"));
+    data::write_folder_checksums(partial);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(partial, ignored);
+    throw;
+  }
+}
+
 }  // namespace
 
 ConsolidateReport consolidate_checkpoint(const fs::path& checkpoint, const fs::path& out,
                                          ConsolidateOptions options) {
   TESSERA_CHECK(fs::is_directory(checkpoint), "consolidate: '", checkpoint.string(),
                 "' is not a directory");
+  check_not_run_folder(checkpoint);
   check_output_folder(out);
+  const fs::path partial = out.string() + ".partial";
+  TESSERA_CHECK(!fs::exists(partial), "consolidate: '", partial.string(),
+                "' exists (left by an interrupted consolidate?); remove it or choose another --out");
   try {
     data::verify_folder_checksums(checkpoint, {"config.json", "model.safetensors"});
   } catch (const Error& e) {
@@ -67,15 +98,7 @@ ConsolidateReport consolidate_checkpoint(const fs::path& checkpoint, const fs::p
   report.tensors = static_cast<int64_t>(tensors.size());
 
   // Written beside the target and renamed into place, so a crash leaves no half folder.
-  const fs::path partial = out.string() + ".partial";
-  fs::remove_all(partial);
-  fs::create_directories(partial);
-  data::write_file_atomically(partial / "config.json", data::read_file(checkpoint / "config.json"));
-  save_safetensors((partial / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  if (fs::exists(checkpoint / "tokenizer.json"))
-    data::write_file_atomically(partial / "tokenizer.json",
-                                data::read_file(checkpoint / "tokenizer.json"));
-  data::write_folder_checksums(partial);
+  write_model_directory(checkpoint, partial, tensors);
   if (fs::exists(out)) fs::remove(out);  // empty (checked above)
   if (out.has_parent_path()) fs::create_directories(out.parent_path());
   fs::rename(partial, out);

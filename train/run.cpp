@@ -14,6 +14,7 @@
 #include "tessera/nn/llama.h"
 #include "tessera/train/checkpoint_files.h"
 #include "tessera/train/model_dir.h"
+#include "tessera/train/run_checks.h"
 #include "tessera/train/run_folder.h"
 #include "tessera/train/trainer.h"
 
@@ -152,6 +153,13 @@ nn::LlamaConfig llama_config(const TrainingArguments& args, int64_t vocab_size) 
   return c;
 }
 
+int64_t fresh_vocab_size(const TrainingArguments& args, const data::TokenFile& train_file,
+                         const data::Tokenizer* tokenizer) {
+  return args.vocab_size > 0 ? args.vocab_size
+         : tokenizer         ? tokenizer->vocab_size()
+                             : static_cast<int64_t>(train_file.max_token()) + 1;
+}
+
 std::unique_ptr<nn::CausalLM> build_model(const TrainingArguments& args,
                                           const data::TokenFile& train_file,
                                           const data::Tokenizer* tokenizer) {
@@ -166,11 +174,10 @@ std::unique_ptr<nn::CausalLM> build_model(const TrainingArguments& args,
   if (!args.init.empty()) {
     std::unique_ptr<nn::CausalLM> model = load_model(args.init, Device::cpu());
     check_dropout_applies(*model, args);
+    check_weights_finite(*model, "the initial weights from --init '" + args.init + "'");
     return model;
   }
-  const int64_t vocab_size = args.vocab_size > 0 ? args.vocab_size
-                             : tokenizer         ? tokenizer->vocab_size()
-                                                 : static_cast<int64_t>(train_file.max_token()) + 1;
+  const int64_t vocab_size = fresh_vocab_size(args, train_file, tokenizer);
   Generator init_gen(static_cast<uint64_t>(args.seed));
   if (args.arch == "llama")
     return std::make_unique<nn::Llama>(llama_config(args, vocab_size), &init_gen);
@@ -182,6 +189,29 @@ std::unique_ptr<nn::CausalLM> build_model(const TrainingArguments& args,
   g.tie_word_embeddings = args.tie_word_embeddings;
   g.validate();
   return std::make_unique<nn::GPT>(g, &init_gen);
+}
+
+// Settings the optimizer, the LR schedule or the data order were built from: the checkpoint's
+// state holds their effect, so a resumed run cannot take another value (Tessera does not
+// re-base a schedule on a new learning rate as a fresh one would be).
+void check_unchanged_on_resume(const TrainingArguments& requested, const TrainingArguments& saved,
+                               const fs::path& checkpoint) {
+  auto refuse = [&](const std::string& key, const std::string& now, const std::string& then,
+                    const std::string& why) {
+    TESSERA_FAIL(requested.describe(key), " is ", now, " but the run being resumed (",
+                 checkpoint.string(), ") was trained with ", then, "; ", why,
+                 " cannot change on resume: leave it out, or start a new run (--init)");
+  };
+  const Json want = requested.to_json(), had = saved.to_json();
+  for (const char* key : {"learning_rate", "schedule", "lr_scheduler_type", "lr_scheduler_kwargs",
+                          "min_lr", "warmup_steps", "warmup_ratio"})
+    if (requested.given.count(key) && want[key] != had[key])
+      refuse(key, want[key].dump(), had[key].dump(), "the learning-rate schedule");
+  if (requested.given.count("sampling") && requested.sampling != saved.sampling)
+    refuse("sampling", requested.sampling, saved.sampling, "the data order (sampling)");
+  for (const char* key : {"dtype", "bf16", "fp16"})
+    if (requested.given.count(key) && requested.dtype() != saved.dtype())
+      refuse(key, requested.dtype(), saved.dtype(), "the precision (dtype)");
 }
 
 }  // namespace
@@ -221,9 +251,16 @@ TrainingArguments arguments_for_run(const std::vector<ArgumentLayer>& layers) {
                   args.describe(key), " is ", args_json[key].dump(), " but the run being resumed (",
                   checkpoint.string(), ") has ", saved_json[key].dump(),
                   "; leave it out to resume, or start a new run");
+  check_unchanged_on_resume(requested, saved, checkpoint);
+  // Another world size keeps the data order when the global batch is kept (the positions
+  // are re-counted): only a changed global batch makes the run differ.
+  const auto [saved_world, saved_rows] = saved_world_and_global_batch(checkpoint);
+  const int64_t world = dist::read_dist_env().world_size;
+  const bool same_global_batch = saved_world > 0 && saved_rows == world * args.per_device_train_batch_size;
   for (const char* key : {"per_device_train_batch_size", "seq", "gradient_accumulation_steps",
                           "shuffle", "seed", "data"})
-    if (args_json[key] != saved_json[key])
+    if (args_json[key] != saved_json[key] &&
+        !(same_global_batch && std::string(key) == "per_device_train_batch_size"))
       std::cerr << "tessera train: warning: resuming with " << key << " = " << args_json[key].dump()
                 << " but the checkpoint was trained with " << saved_json[key].dump()
                 << "; the run will not match an uninterrupted one\n";
@@ -236,7 +273,10 @@ int run_training(const TrainingArguments& args) {
   for (const std::string& name : args.report_to)
     TESSERA_CHECK(name == "none" || tracker_available(name), args.describe("report_to"),
                   ": tracker \"", name, "\" is not available in this build");
+  check_metric_for_best_model(args, language_model_metrics);
+  check_init_shape(args);
   const data::TokenFile train_file = open_token_file(args.data, "training file");
+  check_training_file_size(train_file, args);
   fs::path val_path = args.val_data;
   const fs::path data_dir = fs::path(args.data).parent_path();
   if (val_path.empty() && fs::exists(data_dir / "val.bin") &&
@@ -245,6 +285,13 @@ int run_training(const TrainingArguments& args) {
   std::optional<data::TokenFile> val_file;
   if (!val_path.empty()) val_file.emplace(open_token_file(val_path.string(), "validation file"));
   const auto tokenizer = find_tokenizer(data_dir);
+  if (args.resume_from_checkpoint.empty() && args.init.empty()) {
+    const int64_t vocab_size = fresh_vocab_size(args, train_file, tokenizer.get());
+    check_fits_in_memory(args, estimated_parameters(args, vocab_size), vocab_size);
+  }
+  if (!val_file && args.eval_strategy != "no" && dist::read_dist_env().rank == 0)
+    std::cerr << "tessera train: note: no validation file (no --val-data and no val.bin beside '"
+              << args.data << "'), so the run is not evaluated\n";
   // Before any work: a folder in use or holding another run is refused here. The main
   // process holds the lock until it returns (its Trainer shares it).
   std::shared_ptr<RunFolderLock> folder_lock;
@@ -264,7 +311,14 @@ int run_training(const TrainingArguments& args) {
 
   std::map<std::string, std::string> extra_files;
   if (tokenizer) extra_files = tokenizer->files();  // tokenizer.json (+ Hugging Face's other files)
-  Trainer trainer(args, *model, train_file, val_file, language_model_metrics, extra_files);
+  // Checkpoints also record the training file, so a resume notices a replaced one.
+  std::map<std::string, std::string> checkpoint_files = extra_files;
+  if (dist::read_dist_env().rank == 0) {
+    const std::string fingerprint = data_fingerprint(train_file);
+    if (!args.resume_from_checkpoint.empty()) warn_if_data_replaced(args.resume_from_checkpoint, fingerprint);
+    checkpoint_files[kDataFingerprintFile] = fingerprint;
+  }
+  Trainer trainer(args, *model, train_file, val_file, language_model_metrics, checkpoint_files);
   const bool main_process = trainer.accelerator().is_main_process();
   if (args.memory_report)  // every rank: the report gathers each one's counters
     trainer.add_callback(std::make_shared<MemoryReportCallback>(trainer.accelerator(), *model));
@@ -300,6 +354,9 @@ int run_training(const TrainingArguments& args) {
   if (!main_process) return 0;
   // The final model as a plain model directory (what eval/sample/transformers load).
   const fs::path out(args.output_dir), model_dir = out / "model";
+  // A resumed finished run exports the checkpoint's weights: non-finite ones are refused
+  // rather than written with valid checksums.
+  check_weights_finite(*model, "the final weights (to be exported to '" + model_dir.string() + "')");
   model->save_pretrained(model_dir.string());
   for (const auto& [name, contents] : extra_files)
     data::write_file_atomically(model_dir / name, contents);

@@ -90,6 +90,19 @@ std::vector<int> preemption_signals_of(const TrainingArguments& args) {
 
 }  // namespace
 
+void check_metric_for_best_model(const TrainingArguments& args, const ComputeMetrics& compute_metrics) {
+  const Metrics metrics = compute_metrics(EvalTotals{});  // only the names matter
+  if (metrics.count(args.metric_for_best_model)) return;
+  std::string names;
+  for (const auto& [name, value] : metrics) names += (names.empty() ? "" : ", ") + name;
+  const bool language_model = metrics.count("val_loss") > 0;
+  TESSERA_FAIL(args.describe("metric_for_best_model"), " is \"", args.metric_for_best_model,
+               "\", which the evaluation does not return; it returns ", names,
+               language_model ? " (also accepted with the eval_ prefix or none: eval_loss, loss, "
+                                "eval_accuracy, ...)"
+                              : "");
+}
+
 Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile train_data,
                  std::optional<data::TokenFile> eval_data, ComputeMetrics compute_metrics,
                  std::map<std::string, std::string> extra_files)
@@ -126,17 +139,13 @@ Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile tr
   model_.gradient_checkpointing_enable(args_.gradient_checkpointing);
   state_.is_world_process_zero = acc_->is_main_process();
   state_.steps_per_epoch = std::max<int64_t>(1, (train_data_.size() - 1) / tokens_per_step());
-  state_.max_steps =
-      args_.max_steps > 0 ? args_.max_steps
-      : args_.num_train_epochs > 0
-          ? static_cast<int64_t>(
-                std::ceil(args_.num_train_epochs * static_cast<double>(state_.steps_per_epoch)))
-          : 200;
+  state_.max_steps = args_.total_steps(state_.steps_per_epoch);
   // A decaying schedule is shaped by the total step count, so a resumed run must keep it;
   // a constant one is not, so a run may be extended (its saved total is kept).
   int64_t schedule_total = state_.max_steps;
   if (!args_.resume_from_checkpoint.empty()) {
     verify_checkpoint(args_.resume_from_checkpoint);
+    check_world_size_of(args_.resume_from_checkpoint);
     resumed_ = read_trainer_state(args_.resume_from_checkpoint);
     const int64_t saved_total = resumed_->schedule_total;
     if (!schedule_uses_total(args_)) {
@@ -181,6 +190,7 @@ Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile tr
 Trainer::~Trainer() = default;
 
 int64_t Trainer::tokens_per_step() const {
+  // validate() bounds the product without the world size (2^40) and a world is far below 2^23.
   return args_.per_device_train_batch_size * args_.seq * args_.gradient_accumulation_steps *
          acc_->num_processes();
 }
@@ -193,6 +203,7 @@ void Trainer::train() {
   pending_log_.reset();
   last_log_time_ = std::chrono::steady_clock::now();
   last_log_step_ = state_.global_step;
+  seconds_outside_steps_ = 0;
   preempted_by_ = 0;
   if (preemption_readback_.pending()) preemption_readback_.wait();  // of an earlier train()
   PreemptionSignals signals(preemption_signals_of(args_), args_.preempt_grace);
@@ -213,15 +224,18 @@ void Trainer::train() {
       // queued waits for this step alone (item() would wait for the next one too).
       log_readback_.start({loss_since_log_, step.grad_norm});
       pending_log_ = PendingLog{state_.steps_since_log, step.grad_norm.defined(), step.lr,
-                                acc_->group().issued_count()};
+                                acc_->group().issued_count(), std::chrono::steady_clock::now()};
       loss_since_log_ = Tensor();
       state_.loss_since_log = 0;
       state_.steps_since_log = 0;
     }
     const bool last = state_.global_step >= state_.max_steps || control_.should_stop;
     if (control_.should_evaluate || control_.should_save || last) flush_pending_log();
+    const auto outside_steps = std::chrono::steady_clock::now();
     if (control_.should_evaluate) evaluate_and_track_best();
     if (control_.should_save) save_checkpoint();
+    seconds_outside_steps_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - outside_steps).count();
     const bool saved = control_.should_save;
     control_.should_log = control_.should_evaluate = control_.should_save = false;
     // Checked after the evaluation and the save, so that a signal during either lets it
@@ -394,12 +408,16 @@ void Trainer::log_step(const PendingLog& step) {
                 {"lr", step.lr},
                 {"grad_norm", number(grad_norm)}};
   state_.log_history.push_back(entry);  // no wall-clock figures: resumed histories match
-  // Wall clock per step since the previous log (the loss read above waited for this step).
-  const auto now = std::chrono::steady_clock::now();
-  const double seconds =
-      std::chrono::duration<double>(now - last_log_time_).count() /
-      static_cast<double>(std::max<int64_t>(1, state_.global_step - last_log_step_));
-  last_log_time_ = now;
+  // Wall clock per step since the previous log, less evaluations and saves. A step ends when
+  // its results are on the host: on a GPU when the read above returns (it waited for the
+  // step), on the CPU when the host had done its work and queued the read (this log may come
+  // a step later, or right after it, before an evaluation).
+  const auto done = device_.is_cuda() ? std::chrono::steady_clock::now() : step.queued_at;
+  const double elapsed = std::chrono::duration<double>(done - last_log_time_).count();
+  const double seconds = std::max(elapsed - seconds_outside_steps_, 1e-9) /
+                         static_cast<double>(std::max<int64_t>(1, state_.global_step - last_log_step_));
+  last_log_time_ = done;
+  seconds_outside_steps_ = 0;
   last_log_step_ = state_.global_step;
   entry["ms"] = seconds * 1e3;
   entry["tokens_per_s"] = static_cast<double>(tokens_per_step()) / seconds;
@@ -463,6 +481,21 @@ fs::path Trainer::save_checkpoint() {
   return final_dir;
 }
 
+void Trainer::check_world_size_of(const fs::path& checkpoint) const {
+  const auto [saved_world, saved_rows] = saved_world_and_global_batch(checkpoint);
+  const int64_t world = acc_->num_processes(), batch = args_.per_device_train_batch_size;
+  if (saved_world <= 0 || saved_world == world || saved_rows <= 0 || saved_rows == world * batch) return;
+  const std::string keep =
+      saved_rows % world == 0
+          ? "keep the global batch of " + std::to_string(saved_rows) + " rows (--batch " +
+                std::to_string(saved_rows / world) + " on " + std::to_string(world) + " process(es))"
+          : "run on " + std::to_string(saved_world) + " processes";
+  TESSERA_FAIL("checkpoint '", checkpoint.string(), "' was written by ", saved_world,
+               " processes (", saved_rows, " rows per micro-step) but this job has ", world,
+               " process(es) of ", batch, " rows (", world * batch,
+               " per micro-step): the world size changed; to resume, ", keep);
+}
+
 void Trainer::resume_from(const fs::path& checkpoint) {
   const TrainerState saved = *resumed_;
   const std::string where = "checkpoint '" + checkpoint.string() + "'";
@@ -498,6 +531,14 @@ void Trainer::resume_from(const fs::path& checkpoint) {
 void Trainer::load_best_model() {
   if (state_.best_model_checkpoint.empty()) return;
   const fs::path dir = fs::path(args_.output_dir) / state_.best_model_checkpoint;
+  if (!fs::exists(dir)) {  // removed by hand: the run's own weights are still a model
+    if (acc_->is_main_process())
+      std::fprintf(stderr,
+                   "tessera train: warning: the best checkpoint %s is gone (removed by hand?); "
+                   "keeping the final weights instead of the best ones\n",
+                   dir.string().c_str());
+    return;
+  }
   verify_checkpoint(dir);
   model_.load_safetensors_weights((dir / "model.safetensors").string());
   if (acc_->is_main_process())

@@ -34,6 +34,12 @@
 
 namespace tessera::train {
 
+// Refuses a metric_for_best_model that `compute_metrics` does not return, naming those it
+// does, so that a misspelt name fails before any work rather than at the first evaluation.
+// Calls compute_metrics once on empty totals: for one without side effects (such as
+// language_model_metrics); the Trainer itself checks the name at its first evaluation.
+void check_metric_for_best_model(const TrainingArguments& args, const ComputeMetrics& compute_metrics);
+
 class Trainer {
  public:
   // The model is moved to the run's device. `extra_files` (name -> contents, e.g.
@@ -87,7 +93,12 @@ class Trainer {
     bool has_grad_norm = false;
     double lr = 0;
     uint64_t collectives = 0;  // the group's issued_count() once the step was queued
+    // When the host had queued the step (on the CPU: when its work was done).
+    std::chrono::steady_clock::time_point queued_at;
   };
+  // A checkpoint written by another number of processes resumes only with the same global
+  // batch; otherwise the error names the world size change (before anything is loaded).
+  void check_world_size_of(const std::filesystem::path& checkpoint) const;
   void resume_from(const std::filesystem::path& checkpoint);
   StepResult training_step();
   // With CUDA graphs (on a GPU unless TESSERA_CUDA_GRAPHS=0): the step through graphs_, whose
@@ -130,6 +141,8 @@ class Trainer {
   std::optional<PendingLog> pending_log_;
   HostReadback log_readback_;  // the pending log's loss sum and gradient norm
   std::chrono::steady_clock::time_point last_log_time_;  // for the logged ms per step
+  // Evaluation and checkpoint time since the last log: not part of any step's own time.
+  double seconds_outside_steps_ = 0;
   int64_t last_log_step_ = 0;
   TrainerControl control_;
   CallbackHandler handler_;

@@ -230,6 +230,9 @@ Json typed_value(const std::string& what, Kind kind, const Json& value) {
   };
   switch (kind) {
     case Kind::Int:
+      // An unsigned number above int64's range would wrap to a negative one in get<int64_t>().
+      if (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(INT64_MAX))
+        TESSERA_FAIL(what, " is ", value.dump(), ", out of range (at most ", INT64_MAX, ")");
       if (value.is_number_integer()) return value;
       if (value.is_number_float()) {
         const double d = value.get<double>();
@@ -428,6 +431,10 @@ void validate_schedule(const TrainingArguments& a, Require& require) {
 template <class Require>
 void validate_architecture(const TrainingArguments& a, Require& require) {
   require(a.arch == "gpt2" || a.arch == "llama", "arch", "must be gpt2 or llama", a.arch);
+  require(!a.given.count("intermediate_size") || a.intermediate_size > 0, "intermediate_size",
+          "must be positive (leave it out for the default, 8/3 n_embd rounded up to a multiple of "
+          "64)",
+          a.intermediate_size);
   require(a.n_kv_head >= 0 && a.intermediate_size >= 0,
           a.n_kv_head < 0 ? "n_kv_head" : "intermediate_size", "must not be negative",
           a.n_kv_head < 0 ? a.n_kv_head : a.intermediate_size);
@@ -447,7 +454,41 @@ void validate_architecture(const TrainingArguments& a, Require& require) {
           "must leave an even head size n_embd / n_head for rotary embeddings", a.n_head);
   require(a.dropout == 0, "dropout", "must be 0 for Llama (it has no dropout)", a.dropout);
 }
+// Whole numbers a schedule counts in doubles, and the most tokens one step may take: the
+// products a run computes from its sizes must fit, so that no loop or message works with a
+// wrapped number.
+constexpr int64_t kMaxCount = int64_t(1) << 53;
+constexpr int64_t kMaxTokensPerStep = int64_t(1) << 40;
+
+template <class Require>
+void validate_sizes(const TrainingArguments& a, Require& require) {
+  const int64_t batch = a.per_device_train_batch_size, accum = a.gradient_accumulation_steps;
+  if (batch <= 0 || a.seq <= 0 || accum <= 0) return;  // refused by their own checks
+  int64_t tokens = 0;
+  const bool overflow = __builtin_mul_overflow(batch, a.seq, &tokens) ||
+                        __builtin_mul_overflow(tokens, accum, &tokens);
+  require(!overflow && tokens <= kMaxTokensPerStep, "per_device_train_batch_size",
+          "times seq = " + std::to_string(a.seq) + " times gradient_accumulation_steps = " +
+              std::to_string(accum) + " is more than the 2^40 tokens a step may take",
+          batch);
+  require(a.eval_batch_size() <= kMaxTokensPerStep / a.seq, "per_device_eval_batch_size",
+          "times seq = " + std::to_string(a.seq) + " is more than 2^40 tokens",
+          a.eval_batch_size());
+}
+
 }  // namespace
+
+int64_t TrainingArguments::total_steps(int64_t steps_per_epoch) const {
+  if (max_steps > 0) return max_steps;
+  if (num_train_epochs > 0) {
+    const double steps = std::ceil(num_train_epochs * static_cast<double>(steps_per_epoch));
+    TESSERA_CHECK(steps <= static_cast<double>(kMaxCount), describe("num_train_epochs"), " is ",
+                  num_train_epochs, ", which makes ", steps, " steps of ", steps_per_epoch,
+                  " per epoch, more than 2^53");
+    return static_cast<int64_t>(steps);
+  }
+  return kDefaultMaxSteps;
+}
 
 void validate(const TrainingArguments& a) {
   auto require = [&](bool ok, const std::string& key, const std::string& what, const Json& got) {
@@ -473,6 +514,13 @@ void validate(const TrainingArguments& a) {
     require(value >= 0, key, "must not be negative", value);
   require(a.max_steps != 0 && a.max_steps >= -1, "max_steps",
           "must be positive (or -1: use num_train_epochs)", a.max_steps);
+  // Schedules count their steps in doubles (whole numbers up to 2^53).
+  require(a.max_steps <= kMaxCount, "max_steps", "must be at most 2^53", a.max_steps);
+  require(!(a.given.count("max_steps") && a.max_steps == -1 && a.num_train_epochs <= 0),
+          "max_steps",
+          "is -1, which means \"train for num_train_epochs\", but num_train_epochs is not set",
+          a.max_steps);
+  validate_sizes(a, require);
   require(a.num_train_epochs >= 0, "num_train_epochs", "must not be negative", a.num_train_epochs);
   require(a.warmup_ratio >= 0 && a.warmup_ratio < 1, "warmup_ratio", "must be in [0, 1)",
           a.warmup_ratio);
@@ -590,6 +638,10 @@ void apply_fsdp_words(TrainingArguments& a) {
 }  // namespace
 
 void apply_sharding_config(TrainingArguments& a) {
+  // Accelerate refuses a DeepSpeed and an FSDP plugin together: each is a whole sharding plan.
+  TESSERA_CHECK(a.fsdp.empty() || a.deepspeed.empty(), a.describe("deepspeed"), " (", a.deepspeed,
+                ") and ", a.describe("fsdp"), " (", a.fsdp,
+                ") are two sharding configs; give one of them");
   if (!a.fsdp.empty()) apply_fsdp_words(a);
   if (a.deepspeed.empty()) return;
   const dist::DeepSpeedConfig ds = dist::DeepSpeedConfig::read(a.deepspeed);

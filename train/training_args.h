@@ -22,13 +22,16 @@
 
 namespace tessera::train {
 
+// Optimizer steps of a run that sets neither max_steps nor num_train_epochs (`--help` says it).
+inline constexpr int64_t kDefaultMaxSteps = 200;
+
 struct TrainingArguments {
   // ---- Hugging Face names ----
   std::string output_dir = "runs/train";
   int64_t per_device_train_batch_size = 8;
   int64_t per_device_eval_batch_size = 0;  // 0 = per_device_train_batch_size
   int64_t gradient_accumulation_steps = 1;
-  int64_t max_steps = -1;       // > 0 wins over num_train_epochs
+  int64_t max_steps = -1;       // > 0 wins over num_train_epochs; -1 = epochs, else kDefaultMaxSteps
   double num_train_epochs = 0;  // passes over the training tokens when max_steps <= 0
   double learning_rate = 1e-3;
   double weight_decay = 0.1;
@@ -119,6 +122,8 @@ struct TrainingArguments {
                                           : per_device_train_batch_size;
   }
   std::string dtype() const { return bf16 ? "bf16" : fp16 ? "fp16" : "fp32"; }
+  // Optimizer steps of the run, given the steps one pass over the data takes.
+  int64_t total_steps(int64_t steps_per_epoch) const;
   int64_t llama_intermediate_size() const {
     return intermediate_size > 0 ? intermediate_size : (8 * n_embd / 3 + 63) / 64 * 64;
   }

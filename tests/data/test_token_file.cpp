@@ -9,6 +9,7 @@
 #include <random>
 
 #include "tessera/core/error.h"
+#include "tessera/data/dataloader.h"
 #include "tessera/data/file_io.h"
 #include "tessera/data/token_file.h"
 
@@ -196,4 +197,29 @@ TEST(FileIo, FolderChecksumsCatchDamageNamingTheFile) {
   expect_refused({"config.json", "missing"});
   dump(dir / "checksums.json", "{\"files\": 3");
   expect_refused({"checksums.json", "damaged"});
+}
+
+// Issue 38 item 5: a token file truncated while it is read (memory-mapped) ended the process
+// with SIGBUS and no message; the next batch read now fails naming the file and both sizes.
+TEST(TokenFile, AFileThatShrinksWhileInUseIsAnErrorNamingItsSizes) {
+  const auto path = temp_path("shrinks.bin");
+  std::vector<uint32_t> tokens(4096);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i % 200);
+  write_token_file(path, tokens);
+  const TokenFile file(path);
+  DataLoader loader(file, {.batch = 2, .seq = 16});
+  loader.next();
+  const auto full_bytes = std::filesystem::file_size(path);
+  std::filesystem::resize_file(path, 1024);  // another program truncates it in place
+  try {
+    loader.set_position(100);  // rows far past the new end of the map
+    loader.next();
+    FAIL() << "read a shrunk file";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(path.string()), std::string::npos) << what;
+    EXPECT_NE(what.find("shrank"), std::string::npos) << what;
+    EXPECT_NE(what.find(std::to_string(full_bytes)), std::string::npos) << what;
+    EXPECT_NE(what.find("1024"), std::string::npos) << what;
+  }
 }
