@@ -7,6 +7,9 @@
 #   usage: benchmarks/cuda/bench_paired.sh PREV_SRC [build|time|all]
 #     PREV_SRC: a source tree of the earlier commit (e.g. `git archive OLD | tar -x -C .prev`)
 #     build: build both trees only; time: time only (the builds exist); all (default): both.
+#     On the lent GPU machine PREV_SRC travels as a carried, git-ignored folder; a later call
+#     that carries it again replaces it there, its build-gpu/ included: carry it once, or use
+#     `all` in every call.
 #   env: MODELS (default "124M llama shakespeare"; also 350M, 774M), STEPS (default 20),
 #        TESSERA_PYTHON (python with CUDA PyTorch), OUT (logs; default ./paired_out).
 set -uo pipefail
