@@ -69,12 +69,12 @@ struct ExampleImage {
 };
 
 struct ExampleDatasetOptions {
-  std::optional<TableFormat> format;  // unset: from the file's extension
+  std::optional<TableFormat> format{};  // unset: from the file's extension
   std::string text_column = "text";
-  std::string text_pair_column;        // empty: single texts
+  std::string text_pair_column{};        // empty: single texts
   std::string label_column = "label";  // empty: no labels (a test set)
   LabelType label_type = LabelType::Auto;
-  std::vector<std::string> label_list;  // string labels: id = position (HF's label2id)
+  std::vector<std::string> label_list{};  // string labels: id = position (HF's label2id)
   int64_t num_labels = 0;               // 0: from the labels
   // How texts are tokenised (transformers' __call__ arguments); padding is the collator's
   // business and is refused here. max_length 0: the tokenizer's model_max_length.
@@ -86,7 +86,7 @@ struct ExampleDatasetOptions {
   // row, and it would train on [CLS] [SEP] alone. true keeps it.
   bool allow_empty_text = false;
   bool use_cache = true;
-  std::filesystem::path cache_dir;  // empty: <file>.tessera-cache next to the source
+  std::filesystem::path cache_dir{};  // empty: <file>.tessera-cache next to the source
 };
 
 class ExampleDataset {

@@ -45,7 +45,7 @@ struct DistributedSamplerOptions {
   bool drop_last = false;
   // Non-empty (one length per example): group by length; then batch_size (per rank) sets
   // the megabatch, batch_size × num_replicas × up to 50.
-  std::vector<int64_t> lengths;
+  std::vector<int64_t> lengths{};
   int64_t batch_size = 1;
 };
 

@@ -220,7 +220,9 @@ TEST(Sampler, TrainingFollowsTorchDistributedSamplerSemantics) {
         s.set_epoch(3);
         const std::vector<int64_t> mine = s.indices();
         EXPECT_EQ(static_cast<int64_t>(mine.size()), s.size());
-        if (per_rank >= 0) EXPECT_EQ(static_cast<int64_t>(mine.size()), per_rank);
+        if (per_rank >= 0) {
+          EXPECT_EQ(static_cast<int64_t>(mine.size()), per_rank);
+        }
         per_rank = static_cast<int64_t>(mine.size());
         seen.insert(mine.begin(), mine.end());
         EXPECT_EQ(mine, s.indices()) << "deterministic";
@@ -228,9 +230,12 @@ TEST(Sampler, TrainingFollowsTorchDistributedSamplerSemantics) {
       // torch: ceil(n / W) per rank padded by repeats, or floor(n / W) with drop_last.
       EXPECT_EQ(per_rank, drop_last ? n / world : (n + world - 1) / world);
       std::set<int64_t> distinct(seen.begin(), seen.end());
-      if (!drop_last) EXPECT_EQ(static_cast<int64_t>(distinct.size()), n);  // all covered
+      if (drop_last) {
+        EXPECT_EQ(distinct.size(), seen.size());  // none twice
+      } else {
+        EXPECT_EQ(static_cast<int64_t>(distinct.size()), n);  // all covered
+      }
       EXPECT_EQ(static_cast<int64_t>(seen.size()), per_rank * world);
-      if (drop_last) EXPECT_EQ(distinct.size(), seen.size());  // none twice
     }
   }
 }
