@@ -39,12 +39,13 @@ def test_dataset_refuses_a_bad_row_naming_file_line_and_column(tokenizer, tmp_pa
         data.ExampleDataset(str(path), tokenizer, num_labels=2)
 
 
-def features(tokenizer):
+def features(tokenizer, numpy=False):
+    """Encoded texts; `numpy`: token_type_ids as NumPy arrays (transformers pads lists only)."""
     texts = ["the cat sat on the mat", "a dog", "good film !"]
     out = []
     for i, text in enumerate(texts):
         enc = tokenizer(text)
-        out.append({"input_ids": enc["input_ids"], "token_type_ids": np.array(enc["token_type_ids"]),
+        out.append({"input_ids": enc["input_ids"], "token_type_ids": np.array(enc["token_type_ids"]) if numpy else enc["token_type_ids"],
                     "label": i})
     return out
 
@@ -56,7 +57,7 @@ def test_collator_with_padding_equals_transformers(tokenizer, tmp_path):
     for kwargs in ({}, {"pad_to_multiple_of": 8}, {"padding": "max_length", "max_length": 12}):
         theirs = transformers.DataCollatorWithPadding(reference, return_tensors="np", **kwargs)(
             features(tokenizer))
-        ours = data.DataCollatorWithPadding(tokenizer, **kwargs)(features(tokenizer))
+        ours = data.DataCollatorWithPadding(tokenizer, **kwargs)(features(tokenizer, numpy=True))
         assert sorted(ours) == sorted(theirs)
         for key, value in theirs.items():
             assert ours[key].numpy().tolist() == value.tolist(), (kwargs, key)
@@ -77,7 +78,7 @@ def test_lm_collator_labels_equal_transformers(tokenizer, tmp_path):
 
 
 def test_loader_accepts_datasets_dicts_of_columns_and_lists_of_dicts(tokenizer, tmp_path):
-    rows = features(tokenizer) * 3  # 9 rows
+    rows = features(tokenizer, numpy=True) * 3  # 9 rows
     collate = data.DataCollatorWithPadding(tokenizer)
     columns = {"input_ids": [r["input_ids"] for r in rows],
                "token_type_ids": [r["token_type_ids"] for r in rows],
