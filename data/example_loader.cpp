@@ -20,15 +20,16 @@ ExampleLoader::ExampleLoader(ExampleDataset dataset, Collator collator,
                           options_.world_size);
     return;
   }
-  DistributedSamplerOptions s;
-  s.num_replicas = options_.world_size;
-  s.rank = options_.rank;
-  s.shuffle = options_.shuffle;
-  s.seed = options_.seed;
-  s.drop_last = options_.drop_last;
-  s.batch_size = options_.batch_size;
-  if (options_.group_by_length) s.lengths = dataset_.lengths();
-  train_sampler_.emplace(dataset_.size(), std::move(s));
+  train_sampler_.emplace(
+      dataset_.size(),
+      DistributedSamplerOptions{
+          .num_replicas = options_.world_size,
+          .rank = options_.rank,
+          .shuffle = options_.shuffle,
+          .seed = options_.seed,
+          .drop_last = options_.drop_last,
+          .lengths = options_.group_by_length ? dataset_.lengths() : std::vector<int64_t>{},
+          .batch_size = options_.batch_size});
   set_epoch(0);
 }
 

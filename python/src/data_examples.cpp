@@ -175,7 +175,19 @@ data::ExampleDatasetOptions dataset_options(py::handle format, const std::string
   if (!text_pair_column.is_none()) o.text_pair_column = text_pair_column.cast<std::string>();
   o.label_column = label_column.is_none() ? "" : label_column.cast<std::string>();
   o.label_type = data::parse_label_type(label_type);
-  if (!label_list.is_none()) o.label_list = label_list.cast<std::vector<std::string>>();
+  if (py::isinstance<py::dict>(label_list)) {  // transformers' label2id: name -> id
+    const auto label2id = label_list.cast<std::map<std::string, int64_t>>();
+    o.label_list.resize(label2id.size());
+    for (const auto& [name, id] : label2id) {
+      TESSERA_CHECK(id >= 0 && id < static_cast<int64_t>(label2id.size()) &&
+                        o.label_list[static_cast<size_t>(id)].empty(),
+                    "label2id: the ids must be 0 .. ", label2id.size() - 1, " once each; '", name,
+                    "' has ", id);
+      o.label_list[static_cast<size_t>(id)] = name;
+    }
+  } else if (!label_list.is_none()) {
+    o.label_list = label_list.cast<std::vector<std::string>>();
+  }
   o.num_labels = num_labels;
   o.add_special_tokens = add_special_tokens;
   if (py::isinstance<py::str>(truncation)) {

@@ -30,6 +30,8 @@ def test_dataset_reads_tokenises_and_caches(tokenizer, tmp_path):
     assert second.loaded_from_cache and second.tokenized_examples == 0
     assert [second[i] for i in range(2)] == [first[i] for i in range(2)]
     assert first.lengths() == [len(first[0]["input_ids"]), len(first[1]["input_ids"])]
+    mapped = data.ExampleDataset(str(path), tokenizer, label_list={"good": 0, "bad": 1})
+    assert [mapped[0]["label"], mapped[1]["label"]] == [0, 1] and mapped.label_names == ["good", "bad"]
 
 
 def test_dataset_refuses_a_bad_row_naming_file_line_and_column(tokenizer, tmp_path):
