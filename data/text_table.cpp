@@ -208,7 +208,7 @@ Table json_lines_table(std::string_view bytes, const std::string& source,
     nlohmann::json object;
     try {
       object = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range (1e999)
       TESSERA_FAIL(source, ":", line, ": invalid JSON: ", e.what());
     }
     TESSERA_CHECK(object.is_object(), source, ":", line, ": a JSON ", object.type_name(),
