@@ -6,6 +6,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/philox.h"
+#include "tessera/data/sampler.h"
 
 namespace tessera::data {
 
@@ -47,14 +48,7 @@ DataLoader::DataLoader(TokenFile file, DataLoaderOptions options)
 
 const std::vector<int64_t>& DataLoader::epoch_permutation(uint64_t epoch) const {
   if (cached_epoch_ != epoch) {
-    cached_permutation_.resize(windows_);
-    std::iota(cached_permutation_.begin(), cached_permutation_.end(), int64_t{0});
-    const uint64_t block_offset = epoch << 32;
-    for (int64_t i = windows_ - 1; i > 0; --i) {
-      const int64_t j =
-          philox_randint_at(options_.seed, block_offset, static_cast<uint64_t>(i), 0, i + 1);
-      std::swap(cached_permutation_[i], cached_permutation_[j]);
-    }
+    cached_permutation_ = seeded_permutation(windows_, options_.seed, epoch);
     cached_epoch_ = epoch;
   }
   return cached_permutation_;

@@ -1,6 +1,8 @@
 #include "tessera/data/file_io.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +23,24 @@ std::string read_file(const std::filesystem::path& path) {
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   TESSERA_CHECK(!in.bad(), "error reading '", path.string(), "'");
   return bytes;
+}
+
+MappedFile map_file(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  TESSERA_CHECK(fd >= 0, "cannot open '", path.string(), "': ", std::strerror(errno));
+  struct stat st {};
+  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  if (!regular || st.st_size == 0) {
+    ::close(fd);
+    TESSERA_FAIL("cannot map '", path.string(), "': ", regular ? "empty file" : "not a regular file");
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_errno = errno;
+  ::close(fd);  // the mapping outlives the descriptor
+  TESSERA_CHECK(map != MAP_FAILED, "cannot map '", path.string(), "': ", std::strerror(map_errno));
+  return {std::shared_ptr<const void>(map, [size](const void* p) { ::munmap(const_cast<void*>(p), size); }),
+          size};
 }
 
 void fsync_directory(const std::filesystem::path& dir) {

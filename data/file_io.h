@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,6 +21,15 @@ void write_file_atomically(const std::filesystem::path& path, std::span<const st
 inline void write_file_atomically(const std::filesystem::path& path, const std::string& text) {
   write_file_atomically(path, std::as_bytes(std::span<const char>(text.data(), text.size())));
 }
+
+// A whole regular file mapped read-only (copies share the map; it stays valid when the file
+// is replaced by a rename). Error names the file and why it cannot be mapped.
+struct MappedFile {
+  std::shared_ptr<const void> mapping;
+  size_t size = 0;
+  const std::byte* data() const { return static_cast<const std::byte*>(mapping.get()); }
+};
+MappedFile map_file(const std::filesystem::path& path);
 
 // Makes renames and creations in `dir` durable (best effort: some file systems refuse).
 void fsync_directory(const std::filesystem::path& dir);

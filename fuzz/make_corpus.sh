@@ -8,7 +8,7 @@ T=$(realpath "${1:-build-cpu/tessera}")
 C=fuzz/corpus
 W=$(mktemp -d /tmp/tessera-corpus.XXXXXX)
 trap 'rm -rf "$W"' EXIT
-rm -rf $C && mkdir -p $C/safetensors $C/token_file $C/tokenizer $C/train_config $C/training_state
+rm -rf $C && mkdir -p $C/safetensors $C/text_table $C/token_file $C/tokenizer $C/train_config $C/training_state
 
 python3 - "$W/text.txt" <<'PY'
 import random, sys

@@ -91,3 +91,11 @@ put("tokenizer", "hugging_face.json", json.dumps({
     "decoder": {"type": "ByteLevel"},
     "model": {"type": "BPE", "dropout": None, "vocab": vocab, "merges": merges},
 }, ensure_ascii=False))
+
+# Tables of labelled examples (fuzz/fuzz_text_table.cpp: the first byte picks JSON Lines (0),
+# CSV (1) or TSV (2)): quoting, line breaks inside quotes, a BOM, unicode, blank lines.
+put("text_table", "jsonl.txt", b"\x00" + "\ufeff{\"text\": \"caf\\u00e9 \\\"q\\\"\", \"label\": 1}\n\n"
+    "{\"label\": 2.5, \"text\": \"\u65e5\u672c\", \"x\": [1, {}]}\r\n{\"text\": null, \"label\": \"a\"}".encode())
+put("text_table", "csv.txt", b"\x01" + "text,label\r\n\"a,\"\"b\"\"\nc\",1\nx\"y\"z,\"2\"\r\r\n,\u2615\n\"open".encode())
+put("text_table", "tsv.txt", b"\x02" + "label\ttext\n0\t\"tab\there\"\n1\tplain \"quote\"\n\n2\t\"\"\"\"".encode())
+put("text_table", "number_overflow.txt", b"\x00" + b'{"text": "a", "label": 2e313}\n')  # a finding once

@@ -2,6 +2,9 @@
 #include "bindings.h"
 
 namespace tessera::python {
+
+void bind_examples(py::module_& dm);  // data_examples.cpp
+
 namespace {
 
 // Python iteration over a DataLoader: the same bound as the C++ range-for (stops when the
@@ -319,6 +322,7 @@ void bind_data(py::module_& m) {
   bind_tokenizers(dm);
   bind_token_files(dm);
   bind_loader(dm);
+  bind_examples(dm);
 }
 
 }  // namespace tessera::python
