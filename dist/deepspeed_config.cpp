@@ -173,7 +173,7 @@ void read_zero_optimization(DeepSpeedConfig& c, const Json& z) {
                                  "stage3_max_live_parameters", "stage3_max_reuse_distance",
                                  "stage3_param_persistence_threshold", "sub_group_size",
                                  "ignore_unused_parameters", "cpu_offload", "zero_hpz_partition_size",
-                                 "mics_shard_size"};
+                                 "mics_shard_size", "overlap_comm"};
   for (const SwitchRule& r : zero_switch_rules()) known.insert(r.key);
   check_keys(z, known, p, c.source);
   if (z.contains("stage")) {
@@ -195,9 +195,7 @@ void read_zero_optimization(DeepSpeedConfig& c, const Json& z) {
   }
   // overlap_comm: whether a bucket's reduction overlaps the next bucket's gradients
   // (max_buckets_in_flight 2 or 1, applied in apply_to).
-  if (z.contains("overlap_comm")) {
-    c.overlap_comm = boolean(z["overlap_comm"], p + ".overlap_comm", c.source);
-  }
+  if (z.contains("overlap_comm")) c.overlap_comm = boolean(z["overlap_comm"], p + ".overlap_comm", c.source);
   read_zero_buckets(c, z, p);
   note_memory_tuning(c, z, p);
   if (z.contains("ignore_unused_parameters"))

@@ -4,7 +4,8 @@
 # executions, coverage and findings of every target. New inputs go to
 # $FUZZ_BUILD_DIR/corpus/<reader>/, crashing inputs to $FUZZ_BUILD_DIR/findings/<reader>/.
 #   scripts/fuzz.sh [SECONDS] [READER...]   readers: safetensors text_table token_file
-#                                           tokenizer train_config training_state (default: all)
+#                                           tokenizer train_config training_state
+#                                           deepspeed_config (default: all)
 #   FUZZ_PARALLEL=N   targets run at once (default 1)
 #   FUZZ_BUILD_DIR    build folder (default build-fuzz)
 #   FUZZ_BUILD_ONLY=1 build the targets, run nothing
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-60}
 shift || true
 READERS=("$@")
-[ ${#READERS[@]} -gt 0 ] || READERS=(safetensors text_table token_file tokenizer train_config training_state)
+[ ${#READERS[@]} -gt 0 ] || READERS=(safetensors text_table token_file tokenizer train_config training_state deepspeed_config)
 BUILD_DIR=${FUZZ_BUILD_DIR:-build-fuzz}
 PARALLEL=${FUZZ_PARALLEL:-1}
 CLANG_VERSION=${CLANG_VERSION:-14}

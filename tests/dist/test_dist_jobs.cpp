@@ -279,6 +279,9 @@ OneAndTwoRanks train_one_and_two_ranks(const std::string& tag, const std::string
   OneAndTwoRanks r;
   const std::string one_dir = temp_file("train_one_" + tag);
   r.two_dir = temp_file("train_two_" + tag);
+  // A run folder left by an earlier run of the suite would be refused as another run's.
+  std::filesystem::remove_all(one_dir);
+  std::filesystem::remove_all(r.two_dir);
   r.one = run_job("env -u RANK -u WORLD_SIZE " TESSERA_CLI + args + one_dir + " --batch 4", 180);
   r.two = run_job(launch(2, TESSERA_CLI + args + r.two_dir + " --batch 2"), 180);
   if (r.one.status == 0) r.one_losses = train_losses(one_dir);
