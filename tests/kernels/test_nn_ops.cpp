@@ -277,10 +277,11 @@ TEST(LayerNorm, RowsWithALargeMeanKeepFloat32Accuracy) {
   };
   const auto fwd = ops::layer_norm(x, w, b, 1e-5);
   const auto grads = ops::layer_norm_backward(dy, x, w, fwd.mean, fwd.rstd, true);
-  // About 1e-6 each here (out, dx, dweight, dbias).
-  EXPECT_LE(max_error(fwd.out, ref.out), 4e-6);
+  // About 1e-6 each in the -march=native release build, 9e-6 (out) and 7e-6 (dx) in the -O1
+  // sanitizer build; the plain f32 row sum gave 3.8e-4 and 1.4e-5, PyTorch's f32 1e-4 and more.
+  EXPECT_LE(max_error(fwd.out, ref.out), 2e-5);
   EXPECT_LE(max_error(fwd.mean, ref.mean), 3.1e-5);  // the f32 mean itself: half an ulp of 1e3
-  EXPECT_LE(max_error(grads.dx, dx), 4e-6);
+  EXPECT_LE(max_error(grads.dx, dx), 1.2e-5);
   EXPECT_LE(max_error(grads.dweight, dw), 1e-5);
   EXPECT_LE(max_error(grads.dbias, db), 1e-5);
 }
