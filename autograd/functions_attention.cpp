@@ -321,7 +321,8 @@ Tensor fused_attention_qkv(const Tensor& qkv, int64_t n_head, double scale) {
   using autograd::SavedTensor;
   autograd::record(
       "CausalAttentionQkvBackward", {qkv}, {y},
-      [sqkv = SavedTensor::input(qkv), sy = SavedTensor::output(y), lse, scale, n_head,
+      // lse by init-capture: clang 14 (the fuzz and sanitizer builds) cannot capture a binding.
+      [sqkv = SavedTensor::input(qkv), sy = SavedTensor::output(y), lse = lse, scale, n_head,
        backend](const autograd::BackwardArgs& args) {
         const char* op = "CausalAttentionQkvBackward";
         const Tensor qkv = sqkv.unpack(op), y = sy.unpack(op);

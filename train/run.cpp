@@ -214,9 +214,25 @@ void check_unchanged_on_resume(const TrainingArguments& requested, const Trainin
       refuse(key, requested.dtype(), saved.dtype(), "the precision (dtype)");
 }
 
+// `tessera launch --mixed-precision X` (as `accelerate launch --mixed_precision X` under a
+// Hugging Face Trainer): the run's precision unless its own flags or config name one, which
+// come later and win. A layer in front of them, so that a resume checks it like a flag.
+std::vector<ArgumentLayer> with_launch_precision(const std::vector<ArgumentLayer>& layers) {
+  const std::string launched = dist::env_string("TESSERA_MIXED_PRECISION");
+  if (launched.empty()) return layers;
+  TESSERA_CHECK(launched == "no" || launched == "bf16" || launched == "fp16",
+                "TESSERA_MIXED_PRECISION (set by tessera launch --mixed-precision) must be no, bf16 "
+                "or fp16 (got \"", launched, "\")");
+  std::vector<ArgumentLayer> all{
+      {Json{{"dtype", launched == "no" ? "fp32" : launched}}, "tessera launch --mixed-precision"}};
+  all.insert(all.end(), layers.begin(), layers.end());
+  return all;
+}
+
 }  // namespace
 
-TrainingArguments arguments_for_run(const std::vector<ArgumentLayer>& layers) {
+TrainingArguments arguments_for_run(const std::vector<ArgumentLayer>& given_layers) {
+  const std::vector<ArgumentLayer> layers = with_launch_precision(given_layers);
   const TrainingArguments requested = apply_layers(TrainingArguments{}, layers);
   if (requested.resume_from_checkpoint.empty()) {
     validate(requested);
@@ -242,8 +258,12 @@ TrainingArguments arguments_for_run(const std::vector<ArgumentLayer>& layers) {
   if (!requested.given.count("output_dir")) saved.output_dir = checkpoint.parent_path().string();
   TrainingArguments args = apply_layers(saved, layers);
   args.resume_from_checkpoint = checkpoint.string();
-  TESSERA_CHECK(requested.init.empty(), requested.describe("init"),
-                " cannot be combined with --resume (the weights come from the checkpoint)");
+  // As Hugging Face's resume_from_checkpoint next to model_name_or_path: a job script re-run
+  // with --resume appended resumes, and the checkpoint's weights win over --init's.
+  if (!requested.init.empty() && requested.init != saved.init && dist::read_dist_env().rank == 0)
+    std::cerr << "tessera train: note: " << requested.describe("init") << " '" << requested.init
+              << "' is not read: the weights come from the checkpoint (its run started from "
+              << (saved.init.empty() ? "a fresh model" : "'" + saved.init + "'") << ")\n";
   // The model's shape is the checkpoint's; a flag that says otherwise is a mistake.
   const Json saved_json = saved.to_json(), args_json = args.to_json();
   for (const std::string& key : model_shape_keys())
@@ -274,7 +294,7 @@ int run_training(const TrainingArguments& args) {
     TESSERA_CHECK(name == "none" || tracker_available(name), args.describe("report_to"),
                   ": tracker \"", name, "\" is not available in this build");
   check_metric_for_best_model(args, language_model_metrics);
-  check_init_shape(args);
+  if (args.resume_from_checkpoint.empty()) check_init_shape(args);  // resumed: the checkpoint's shape
   const data::TokenFile train_file = open_token_file(args.data, "training file");
   check_training_file_size(train_file, args);
   fs::path val_path = args.val_data;

@@ -217,6 +217,52 @@ TEST(CliChecks, AnUnreadableCheckpointIsAPermissionErrorNotDamage) {
   EXPECT_TRUE(fs::exists(run_dir / "checkpoint-2"));
 }
 
+// Issue 39: a job script re-run after an interruption with --resume appended, its --init
+// included, was refused; as Hugging Face's resume_from_checkpoint it resumes, and the
+// checkpoint's weights win over the --init model's.
+TEST(CliChecks, TheSameCommandWithResumeAppendedResumesFromTheCheckpointNotTheInit) {
+  const fs::path init = trained_run("resume_init_source") / "model";
+  const std::string common = " --schedule constant --save-every 3 --init " + init.string() + " ";
+  const fs::path whole = scratch() / "resume_init_whole", split = scratch() / "resume_init_split";
+  ASSERT_EQ(run(train_cmd("resume_init_whole") + common + "--steps 6").rc, 0);
+  ASSERT_EQ(run(train_cmd("resume_init_split") + common + "--steps 3").rc, 0);
+  const RunResult r = run(train_cmd("resume_init_split") + common + "--steps 6 --resume");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  expect_mentions(r, {"resuming from"});
+  // The training losses (the split run also evaluated at the end of its first part).
+  auto train_losses = [](const fs::path& run_dir) {
+    std::vector<std::pair<int64_t, double>> train;
+    for (const auto& step_loss : losses_after(run_dir, 0))
+      if (step_loss.second > 0) train.push_back(step_loss);
+    return train;
+  };
+  EXPECT_EQ(train_losses(whole).size(), 6u);
+  EXPECT_EQ(train_losses(whole), train_losses(split));
+  EXPECT_EQ(slurp(whole / "model" / "model.safetensors"), slurp(split / "model" / "model.safetensors"));
+}
+
+// Issue 39: `tessera launch --mixed-precision bf16 tessera train ...` trained in fp32 (the
+// launcher's TESSERA_MIXED_PRECISION reached the Accelerator, never the Trainer's settings).
+// As under `accelerate launch` with a Hugging Face Trainer it is the run's precision unless the
+// run's own flags name one.
+TEST(CliChecks, TheLaunchersMixedPrecisionIsTheRunsUnlessItsFlagsSayOtherwise) {
+  const std::string bf16_launch = "TESSERA_MIXED_PRECISION=bf16 ";
+  auto dtype_of = [](const std::string& run_name) {
+    const auto saved = nlohmann::json::parse(slurp(scratch() / run_name / "config.train.json"));
+    return saved.at("bf16").get<bool>() ? "bf16" : saved.at("fp16").get<bool>() ? "fp16" : "fp32";
+  };
+  RunResult r = run(train_cmd("launch_bf16") + "--steps 1", bf16_launch);
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_EQ(dtype_of("launch_bf16"), "bf16");
+  r = run(train_cmd("launch_bf16_flag_wins") + "--steps 1 --dtype fp32", bf16_launch);
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_EQ(dtype_of("launch_bf16_flag_wins"), "fp32");
+  r = run(train_cmd("launch_bad_precision") + "--steps 1", "TESSERA_MIXED_PRECISION=fp8 ");
+  EXPECT_EQ(r.rc, 1) << r.output;
+  expect_mentions(r, {"TESSERA_MIXED_PRECISION", "fp8"});
+  EXPECT_FALSE(fs::exists(scratch() / "launch_bad_precision")) << "refused before any work";
+}
+
 // Small findings: a changed lr/schedule/dtype/sampling on resume gave internal messages or none.
 TEST(CliChecks, ResumeRefusesSettingsItCannotChangeNamingThem) {
   const fs::path run_dir = trained_run("resume_changes", "--schedule constant");
