@@ -321,7 +321,7 @@ Tensor fused_attention_qkv(const Tensor& qkv, int64_t n_head, double scale) {
   using autograd::SavedTensor;
   autograd::record(
       "CausalAttentionQkvBackward", {qkv}, {y},
-      // lse by init-capture: clang 14 (the fuzz and sanitizer builds) cannot capture a binding.
+      // lse by init-capture: clang 14 (the fuzz build) cannot capture a structured binding.
       [sqkv = SavedTensor::input(qkv), sy = SavedTensor::output(y), lse = lse, scale, n_head,
        backend](const autograd::BackwardArgs& args) {
         const char* op = "CausalAttentionQkvBackward";
