@@ -1,7 +1,8 @@
 // Multi-node jobs on one machine: two `tessera launch` processes as two nodes of 2 ranks each
 // (Tessera's and Accelerate's spellings) train the same weights, bit for bit, as one launcher
 // of 4 ranks; killing one node's launcher ends the other node's job naming the node; and
-// ranks started by SLURM's srun (its environment set by hand) train what the launcher does.
+// ranks started by SLURM's srun (its environment set by hand) train what the launcher does;
+// mpirun's ranks placed as two nodes train what one node of them does.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -157,6 +158,30 @@ TEST(LaunchNodes, RanksStartedBySrunTrainWhatTheLauncherTrains) {
   ASSERT_FALSE(want.empty());
   EXPECT_TRUE(slurp(srun_out / "model" / "model.safetensors") == want)
       << "the srun-started ranks trained other weights than `tessera launch --nproc-per-node 2`";
+}
+
+// Over MPI there is one starter for every node (mpirun), so a second machine cannot be
+// simulated by a second launcher: here mpirun's 4 local ranks are told they sit on two nodes
+// of 2 (OMPI_COMM_WORLD_LOCAL_RANK/LOCAL_SIZE as mpirun sets them on two machines), and the
+// MPI backend's run must equal one node of 4 bit for bit.
+TEST(LaunchNodes, MpirunRanksPlacedOnTwoNodesTrainTheWeightsOfOneNodeOfFour) {
+  if (std::string(DIST_MPIRUN).empty()) GTEST_SKIP() << "built without MPI";
+  auto mpirun = [](const std::string& placement, const fs::path& out) {
+    return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " +
+           std::string(DIST_MPIRUN) + " --oversubscribe --bind-to none -np 4 sh -c '" + placement +
+           " exec " + tiny_training(out) + "'";
+  };
+  const fs::path one = scratch() / "mpi_one_node", two = scratch() / "mpi_two_nodes";
+  const JobResult a = run_job(mpirun("", one), 240);
+  ASSERT_EQ(a.status, 0) << a.output;
+  const JobResult b = run_job(
+      mpirun("OMPI_COMM_WORLD_LOCAL_RANK=$((OMPI_COMM_WORLD_RANK % 2)) OMPI_COMM_WORLD_LOCAL_SIZE=2", two), 240);
+  ASSERT_EQ(b.status, 0) << b.output;
+  EXPECT_NE(a.output.find("over 4 processes"), std::string::npos) << a.output;
+  const std::string want = slurp(one / "model" / "model.safetensors");
+  ASSERT_FALSE(want.empty());
+  EXPECT_TRUE(slurp(two / "model" / "model.safetensors") == want)
+      << "MPI ranks on two nodes of 2 trained other weights than one node of 4";
 }
 
 TEST(LaunchNodes, TrainRefusesAnAccumulationOnlyTheLaunchAskedFor) {
