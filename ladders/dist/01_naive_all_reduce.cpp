@@ -1,0 +1,47 @@
+// Step 1: data parallelism, the naive way (picotron's DataParallelNaive).
+//
+// Every rank holds the whole model and trains on its own rows of the global batch. After
+// backward, each rank's gradients are the gradients of ITS rows' mean loss; averaging them
+// over the W ranks gives the gradient of the global batch's mean loss (every rank has the
+// same number of rows), so after one all-reduce per parameter every rank takes the same
+// AdamW step and the replicas never drift apart.
+//
+// What it costs: one collective per parameter tensor, all of them after backward has
+// finished, so the network idles during backward and the compute idles during the
+// all-reduces. Steps 2 and 3 fix those two problems.
+//
+// Run: tessera launch --nproc-per-node 2 build/ladders/dist/ladder_01_naive_all_reduce
+#include "ladder.h"
+
+using namespace ladder;
+
+int main(int argc, char** argv) {
+  return run_ladder(argc, argv, {"01_naive_all_reduce", "dist/ddp.cpp (DistributedDataParallel)"},
+                    [](Job& job, CountingGroup& comm) {
+    TinyMlp model(job.device);  // the same seed on every rank: identical replicas
+    optim::AdamW opt(model.parameters(), adamw_options());
+    const int64_t rows = job.options.rows_per_rank;
+
+    std::vector<double> losses;
+    for (int step = 0; step < job.options.steps; ++step) {
+      Batch mine = global_batch(step, job.size * rows, job.device).rows(job.rank * rows, rows);
+      Tensor loss = cross_entropy(model(mine.x), mine.y);
+      loss.backward();
+
+      // The whole idea: average every gradient over the ranks, one tensor at a time.
+      for (const Tensor& p : model.parameters()) comm.all_reduce(p.grad(), dist::ReduceOp::Avg)->wait();
+
+      opt.step();
+      opt.zero_grad();
+      comm.end_step();
+      losses.push_back(job.mean_over_ranks(loss.item()));
+    }
+
+    Outcome out;
+    out.theory.add(kAllReduce, kMlpTensors, 4 * kMlpParameters);
+    out.theory_reason = "one all_reduce per parameter tensor (" + std::to_string(kMlpTensors) +
+                        "), 4 bytes x " + std::to_string(kMlpParameters) + " parameters";
+    check_against(out.check, losses, model, train_one_process(job));
+    return out;
+  });
+}

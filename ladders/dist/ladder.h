@@ -1,0 +1,342 @@
+// The shared harness of the distributed ladders (ladders/dist/README.md). Everything here is
+// the part every step repeats and no step is about: the command line, joining the job, the
+// small model and its seeded data, the one-process reference run, the traffic counter and
+// the final comparison. What a step teaches (which collectives it calls, when, on what)
+// stays in its own file, readable top to bottom.
+//
+// Only Tessera's public API is used: tensors, autograd, nn::Linear, optim::AdamW and the
+// process group's collectives (dist/process_group.h).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/autograd/functions.h"
+#include "tessera/core/random.h"
+#include "tessera/dist/env.h"
+#include "tessera/dist/process_group.h"
+#include "tessera/nn/layers.h"
+#include "tessera/optim/adamw.h"
+
+namespace ladder {
+
+using namespace tessera;
+using dist::WorkPtr;
+
+// ---- the command line: [--steps N] [--rows N] [--device cpu|cuda] ----
+struct Options {
+  int steps = 3;              // AdamW steps
+  int64_t rows_per_rank = 5;  // odd on purpose: nothing divides evenly by accident
+  bool cuda = false;          // --device cuda: one GPU per rank over NCCL (untested on CPU CI)
+};
+
+inline Options parse_options(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    TESSERA_CHECK(i + 1 < argc, "ladder: ", flag, " needs a value (usage: [--steps N] [--rows N] "
+                  "[--device cpu|cuda])");
+    const std::string value = argv[++i];
+    if (flag == "--steps") o.steps = std::stoi(value);
+    else if (flag == "--rows") o.rows_per_rank = std::stoll(value);
+    else if (flag == "--device" && (value == "cpu" || value == "cuda")) o.cuda = value == "cuda";
+    else TESSERA_CHECK(false, "ladder: unknown argument '", flag, " ", value, "'");
+  }
+  TESSERA_CHECK(o.steps > 0 && o.rows_per_rank > 0, "ladder: --steps and --rows must be positive");
+  return o;
+}
+
+// ---- counting what a step sends ----
+// The convention: payload bytes are the bytes of the tensor handed to the collective (for
+// all_reduce the tensor reduced in place, for reduce_scatter its full input, for all_gather
+// its full output). That number is exact whatever algorithm the backend runs. A ring
+// implementation then sends, from each rank, 2(W-1)/W of the payload for an all-reduce and
+// (W-1)/W of it for a reduce-scatter or an all-gather; we print that too.
+enum Collective { kAllReduce, kReduceScatter, kAllGather, kCollectives };
+inline const char* collective_name(int c) {
+  static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather"};
+  return names[c];
+}
+
+struct Traffic {
+  int64_t calls[kCollectives] = {};
+  int64_t payload_bytes[kCollectives] = {};
+  void add(Collective c, int64_t calls_made, int64_t bytes) {
+    calls[c] += calls_made;
+    payload_bytes[c] += bytes;
+  }
+  bool operator==(const Traffic&) const = default;
+};
+
+// The world group with a tally in front: steps call the collectives through this.
+class CountingGroup {
+ public:
+  explicit CountingGroup(dist::ProcessGroup& pg) : pg_(pg) {}
+  int rank() const { return pg_.rank(); }
+  int size() const { return pg_.size(); }
+
+  WorkPtr all_reduce(const Tensor& t, dist::ReduceOp op) {
+    now_.add(kAllReduce, 1, static_cast<int64_t>(t.nbytes()));
+    return pg_.all_reduce(t, op);
+  }
+  WorkPtr reduce_scatter(const Tensor& output, const Tensor& input, dist::ReduceOp op) {
+    now_.add(kReduceScatter, 1, static_cast<int64_t>(input.nbytes()));
+    return pg_.reduce_scatter(output, input, op);
+  }
+  WorkPtr all_gather(const Tensor& output, const Tensor& input) {
+    now_.add(kAllGather, 1, static_cast<int64_t>(output.nbytes()));
+    return pg_.all_gather(output, input);
+  }
+  // Closes one training step's tally.
+  void end_step() {
+    per_step_.push_back(now_);
+    now_ = Traffic();
+  }
+  const std::vector<Traffic>& per_step() const { return per_step_; }
+
+ private:
+  dist::ProcessGroup& pg_;
+  Traffic now_;
+  std::vector<Traffic> per_step_;
+};
+
+// ---- the job ----
+struct Job {
+  Options options;
+  Device device = Device::cpu();
+  dist::ProcessGroup* world = nullptr;
+  int rank = 0, size = 1;
+  TensorOptions floats() const { return {.dtype = DType::f32, .device = device}; }
+  // The mean of one number over the ranks (the printed loss); not counted as a step's traffic.
+  double mean_over_ranks(double value) const {
+    Tensor t = raw::to(from_vector(std::vector<float>{static_cast<float>(value)}, {1}), device,
+                       DType::f32);
+    world->all_reduce(t, dist::ReduceOp::Avg)->wait();
+    return raw::to(t, Device::cpu(), DType::f64).to_vector<double>()[0];
+  }
+};
+
+// The same AdamW everywhere, so the distributed run and the reference can be compared.
+inline optim::AdamWOptions adamw_options() { return {.lr = 1e-2, .weight_decay = 0.1}; }
+
+// ---- the model of steps 1-6: the MLP half of a GPT block, three times, and a classifier ----
+// x -> x + proj(gelu(fc(x))) per block -> head -> cross-entropy. Every parameter is the weight
+// ([in, out]) or bias of one of the model's linears, listed in the order forward uses them.
+constexpr int64_t kFeatures = 20, kHidden = 44, kClasses = 7, kBlocks = 3;
+constexpr uint64_t kInitSeed = 2026;
+
+struct LinearShape {
+  int64_t in, out;
+};
+inline std::vector<LinearShape> mlp_linear_shapes() {
+  std::vector<LinearShape> shapes;
+  for (int64_t b = 0; b < kBlocks; ++b) {
+    shapes.push_back({kFeatures, kHidden});  // fc
+    shapes.push_back({kHidden, kFeatures});  // proj
+  }
+  shapes.push_back({kFeatures, kClasses});  // head
+  return shapes;
+}
+// Written out from the dimensions (not counted from the model): the theory's N.
+constexpr int64_t kMlpParameters =
+    kBlocks * (kFeatures * kHidden + kHidden + kHidden * kFeatures + kFeatures) +
+    kFeatures * kClasses + kClasses;
+constexpr int64_t kMlpTensors = 2 * (2 * kBlocks + 1);  // a weight and a bias per linear
+
+// The forward, given how to apply linear number `layer` (steps 1-5: nn::Linear; step 6: a
+// linear whose parameters are gathered just in time).
+using LinearFn = std::function<Tensor(size_t layer, const Tensor& x)>;
+inline Tensor mlp_forward(const Tensor& x, const LinearFn& linear) {
+  Tensor h = x;
+  size_t layer = 0;
+  for (int64_t b = 0; b < kBlocks; ++b, layer += 2) h = h + linear(layer + 1, gelu(linear(layer, h)));
+  return linear(layer, h);
+}
+
+struct TinyMlp : nn::Module {
+  std::vector<nn::Linear*> linears;
+  explicit TinyMlp(Device device) {
+    Generator gen(kInitSeed);  // every rank and the reference start from the same weights
+    const auto shapes = mlp_linear_shapes();
+    for (size_t l = 0; l < shapes.size(); ++l) {
+      auto linear = std::make_unique<nn::Linear>(shapes[l].in, shapes[l].out, true,
+                                                 1.0 / std::sqrt(double(shapes[l].in)), &gen);
+      linears.push_back(&register_module("linear" + std::to_string(l), std::move(linear)));
+    }
+    to(device);
+  }
+  Tensor forward(const Tensor& x) override {
+    return mlp_forward(x, [&](size_t l, const Tensor& h) { return (*linears[l])(h); });
+  }
+};
+
+// Training step `step`'s global batch: rows of seeded random features and class targets, the
+// same on every rank. Rank r trains on rows [r·B, (r+1)·B).
+struct Batch {
+  Tensor x, y;
+  Batch rows(int64_t first, int64_t count) const {
+    return {x.narrow(0, first, count), y.narrow(0, first, count)};
+  }
+};
+inline Batch global_batch(int step, int64_t rows, Device device) {
+  Generator gen(7000 + step);
+  Tensor x = randn({rows, kFeatures}, {}, &gen);
+  Tensor y = randint(0, kClasses, {rows}, {.dtype = DType::i64}, &gen);
+  return {raw::to(x, device, DType::f32), raw::to(y, device, DType::i64)};
+}
+
+// What one process computes on the whole global batch of W·B rows: the losses and the
+// model after the steps, the answer every distributed step must reproduce.
+struct Reference {
+  std::vector<double> losses;
+  std::unique_ptr<TinyMlp> model;
+};
+inline Reference train_one_process(const Job& job) {
+  Reference ref{{}, std::make_unique<TinyMlp>(job.device)};
+  optim::AdamW opt(ref.model->parameters(), adamw_options());
+  for (int s = 0; s < job.options.steps; ++s) {
+    Batch batch = global_batch(s, job.size * job.options.rows_per_rank, job.device);
+    Tensor loss = cross_entropy((*ref.model)(batch.x), batch.y);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    ref.losses.push_back(loss.item());
+  }
+  return ref;
+}
+
+// ---- comparing with the reference ----
+// Per tensor, the norm-wise relative difference ||got - want||₂ / ||want||₂, which must stay
+// within 1e-6. Norm-wise, because AdamW divides each gradient by its own running magnitude:
+// an element whose gradient nearly cancels over the batch gets a full-size update out of a
+// last-bit difference in the summation order, so a single element's error says little about
+// the run. Also reports the largest single-element difference and counts the values that are
+// not bit-identical.
+class ResultCheck {
+ public:
+  static constexpr double kLimit = 1e-6;
+  void values(const std::string& what, const std::vector<double>& got,
+              const std::vector<double>& want) {
+    TESSERA_CHECK(got.size() == want.size(), what, ": ", got.size(), " values, want ", want.size());
+    double diff_squares = 0, want_squares = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double diff = got[i] - want[i];
+      diff_squares += diff * diff;
+      want_squares += want[i] * want[i];
+      largest_element_diff_ = std::max(largest_element_diff_, std::fabs(diff));
+      not_bit_exact_ += static_cast<float>(got[i]) != static_cast<float>(want[i]);
+    }
+    elements_ += static_cast<int64_t>(want.size());
+    ++tensors_;
+    const double relative = std::sqrt(diff_squares / std::max(want_squares, 1e-300));
+    if (relative > worst_) worst_ = relative, worst_name_ = what;
+  }
+  void tensor(const std::string& what, const Tensor& got, const Tensor& want) {
+    values(what, to_doubles(got), to_doubles(want));
+  }
+  static std::vector<double> to_doubles(const Tensor& t) {
+    return raw::to(t.detach(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
+  }
+  bool passed() const { return worst_ <= kLimit; }
+  std::string summary() const {
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "%d tensors (losses included): largest relative difference %.3g in %s (limit "
+                  "%g), largest element difference %.3g; %lld of %lld values not bit-identical",
+                  tensors_, worst_, worst_name_.c_str(), kLimit, largest_element_diff_,
+                  static_cast<long long>(not_bit_exact_), static_cast<long long>(elements_));
+    return line;
+  }
+
+ private:
+  double worst_ = 0, largest_element_diff_ = 0;
+  std::string worst_name_ = "-";
+  int tensors_ = 0;
+  int64_t elements_ = 0, not_bit_exact_ = 0;
+};
+
+// Compares every parameter of a replicated model (and the losses) with the reference.
+inline void check_against(ResultCheck& check, const std::vector<double>& losses, TinyMlp& model,
+                          const Reference& ref) {
+  check.values("losses", losses, ref.losses);
+  const auto got = model.named_parameters(), want = ref.model->named_parameters();
+  for (size_t i = 0; i < want.size(); ++i) check.tensor(want[i].first, got[i].second, want[i].second);
+}
+
+// ---- running a step ----
+struct LadderInfo {
+  const char* name;        // "01_naive_all_reduce"
+  const char* production;  // the Tessera file doing this for real
+};
+// What a step hands back: the theory of one training step's traffic (with a sentence saying
+// where it comes from) and the comparison with one process.
+struct Outcome {
+  Traffic theory;
+  std::string theory_reason;
+  ResultCheck check;
+};
+
+inline void print_traffic(const Job& job, const Traffic& got, const Traffic& theory,
+                          const std::string& reason) {
+  const double w = job.size;
+  for (int c = 0; c < kCollectives; ++c) {
+    if (got.calls[c] == 0 && theory.calls[c] == 0) continue;
+    const double ring = (c == kAllReduce ? 2 : 1) * (w - 1) / w * double(got.payload_bytes[c]);
+    std::printf("  per step: %-14s %4lld calls %9lld payload bytes | theory %4lld calls %9lld "
+                "bytes | a ring sends %s(W-1)/W of it: %.1f bytes per rank\n",
+                collective_name(c), static_cast<long long>(got.calls[c]),
+                static_cast<long long>(got.payload_bytes[c]),
+                static_cast<long long>(theory.calls[c]),
+                static_cast<long long>(theory.payload_bytes[c]), c == kAllReduce ? "2" : "",
+                ring);
+  }
+  std::printf("  theory: %s\n", reason.c_str());
+}
+
+// Joins the job, runs `train` (the step's own code) and prints and checks what it did. Exits
+// non-zero when the traffic differs from the theory or the result from one process.
+inline int run_ladder(int argc, char** argv, const LadderInfo& info,
+                      const std::function<Outcome(Job&, CountingGroup&)>& train) {
+  try {
+    Job job;
+    job.options = parse_options(argc, argv);
+    dist::InitOptions init;
+    init.device = job.options.cuda ? DeviceType::CUDA : DeviceType::CPU;
+    dist::init_process_group(init);
+    job.world = &dist::world();
+    job.rank = job.world->rank();
+    job.size = job.world->size();
+    if (job.options.cuda) job.device = Device::cuda(dist::read_dist_env().local_rank);
+    CountingGroup comm(*job.world);
+    Outcome outcome = train(job, comm);
+    bool traffic_ok = !comm.per_step().empty();
+    for (const Traffic& t : comm.per_step()) traffic_ok = traffic_ok && t == outcome.theory;
+    if (job.rank == 0) {
+      std::printf("%s: %d ranks over %s, %d AdamW steps, %lld rows per rank\n", info.name,
+                  job.size, job.world->backend_name().c_str(), job.options.steps,
+                  static_cast<long long>(job.options.rows_per_rank));
+      print_traffic(job, comm.per_step().empty() ? Traffic() : comm.per_step().front(), outcome.theory,
+                    outcome.theory_reason);
+      std::printf("  production: %s\n", info.production);
+    }
+    std::printf("  rank %d: traffic %s theory in all %zu steps; vs one process: %s -> %s\n",
+                job.rank, traffic_ok ? "equals" : "DIFFERS FROM", comm.per_step().size(),
+                outcome.check.summary().c_str(),
+                traffic_ok && outcome.check.passed() ? "OK" : "FAILED");
+    std::fflush(stdout);
+    const bool ok = traffic_ok && outcome.check.passed();
+    dist::destroy_process_group();
+    return ok ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: FAILED: %s\n", info.name, e.what());
+    return 1;
+  }
+}
+
+}  // namespace ladder
