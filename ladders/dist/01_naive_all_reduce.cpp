@@ -19,23 +19,15 @@ int main(int argc, char** argv) {
   return run_ladder(argc, argv, {"01_naive_all_reduce", "dist/ddp.cpp (DistributedDataParallel)"},
                     [](Job& job, CountingGroup& comm) {
     TinyMlp model(job.device);  // the same seed on every rank: identical replicas
-    optim::AdamW opt(model.parameters(), adamw_options());
-    const int64_t rows = job.options.rows_per_rank;
-
-    std::vector<double> losses;
-    for (int step = 0; step < job.options.steps; ++step) {
-      Batch mine = global_batch(step, job.size * rows, job.device).rows(job.rank * rows, rows);
-      Tensor loss = cross_entropy(model(mine.x), mine.y);
-      loss.backward();
-
-      // The whole idea: average every gradient over the ranks, one tensor at a time.
-      for (const Tensor& p : model.parameters()) comm.all_reduce(p.grad(), dist::ReduceOp::Avg)->wait();
-
+    optim::AdamW opt(one_group(model.parameters()), adamw_options());
+    const std::vector<double> losses = train_data_parallel(job, comm, model, [&] {
+      // The whole idea: average every gradient over the ranks, one tensor at a time, after
+      // backward has finished.
+      for (const Tensor& p : model.parameters())
+        comm.all_reduce(p.grad(), dist::ReduceOp::Avg)->wait();
       opt.step();
       opt.zero_grad();
-      comm.end_step();
-      losses.push_back(job.mean_over_ranks(loss.item()));
-    }
+    });
 
     Outcome out;
     out.theory.add(kAllReduce, kMlpTensors, 4 * kMlpParameters);

@@ -24,9 +24,7 @@ int main(int argc, char** argv) {
   return run_ladder(argc, argv, {"02_grad_ready_hooks", "dist/ddp.cpp (the grad-ready hooks of DistributedDataParallel)"},
                     [](Job& job, CountingGroup& comm) {
     TinyMlp model(job.device);
-    optim::AdamW opt(model.parameters(), adamw_options());
-    const int64_t rows = job.options.rows_per_rank;
-
+    optim::AdamW opt(one_group(model.parameters()), adamw_options());
     // The collectives launched by the hooks during the current backward, in launch order.
     // The hooks fire in the same order on every rank (the same graph), so every rank issues
     // the same collectives in the same order, which collectives require.
@@ -40,22 +38,16 @@ int main(int argc, char** argv) {
       });
     }
 
-    std::vector<double> losses;
-    for (int step = 0; step < job.options.steps; ++step) {
-      Batch mine = global_batch(step, job.size * rows, job.device).rows(job.rank * rows, rows);
-      Tensor loss = cross_entropy(model(mine.x), mine.y);
-      loss.backward();  // the all-reduces start inside this call
-
+    // The all-reduces start inside backward (from the hooks); after it, wait for them.
+    const std::vector<double> losses = train_data_parallel(job, comm, model, [&] {
       for (WorkPtr& work : in_flight) work->wait();
       in_flight.clear();
       opt.step();
       opt.zero_grad();
-      comm.end_step();
-      losses.push_back(job.mean_over_ranks(loss.item()));
-      if (step == 0 && job.rank == 0)
-        std::printf("  launch order (the last layer's gradients are ready first): %s ... %s\n",
-                    launch_order.front().c_str(), launch_order.back().c_str());
-    }
+    });
+    if (job.rank == 0)
+      std::printf("  launch order (the last layer's gradients are ready first): %s ... %s\n",
+                  launch_order.front().c_str(), launch_order[kMlpTensors - 1].c_str());
 
     Outcome out;
     out.theory.add(kAllReduce, kMlpTensors, 4 * kMlpParameters);

@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   return run_ladder(argc, argv, {"03_buckets", "dist/flat_buckets.cpp (the bucket layout), dist/ddp.cpp (launching them)"},
                     [](Job& job, CountingGroup& comm) {
     TinyMlp model(job.device);
-    optim::AdamW opt(model.parameters(), adamw_options());
+    optim::AdamW opt(one_group(model.parameters()), adamw_options());
     std::vector<Bucket> buckets = make_buckets(model.parameters(), job);
     size_t next_to_launch = 0;
 
@@ -80,13 +80,7 @@ int main(int argc, char** argv) {
           launch_ready_buckets();
         });
 
-    const int64_t rows = job.options.rows_per_rank;
-    std::vector<double> losses;
-    for (int step = 0; step < job.options.steps; ++step) {
-      Batch mine = global_batch(step, job.size * rows, job.device).rows(job.rank * rows, rows);
-      Tensor loss = cross_entropy(model(mine.x), mine.y);
-      loss.backward();
-
+    const std::vector<double> losses = train_data_parallel(job, comm, model, [&] {
       // Wait for every bucket and unpack the averaged gradients back into .grad.
       TESSERA_CHECK(next_to_launch == buckets.size(), "a bucket was never launched");
       for (Bucket& b : buckets) {
@@ -99,9 +93,7 @@ int main(int argc, char** argv) {
       next_to_launch = 0;
       opt.step();
       opt.zero_grad();
-      comm.end_step();
-      losses.push_back(job.mean_over_ranks(loss.item()));
-    }
+    });
 
     // The theory, from the sizes alone: the same greedy packing over the tensor sizes, in
     // reverse order of the shapes the model is made of.

@@ -122,8 +122,17 @@ struct Job {
   }
 };
 
-// The same AdamW everywhere, so the distributed run and the reference can be compared.
-inline optim::AdamWOptions adamw_options() { return {.lr = 1e-2, .weight_decay = 0.1}; }
+// The same AdamW everywhere, so the distributed run and the reference can be compared: one
+// parameter group with weight decay on every parameter, biases too. (AdamW's default groups
+// decay only matrices; a flat ZeRO shard mixes weights and biases, and would need a flat
+// buffer per group, as production keeps.)
+constexpr double kLearningRate = 1e-2, kWeightDecay = 0.1;
+inline optim::AdamWOptions adamw_options() {
+  return {.lr = kLearningRate, .weight_decay = kWeightDecay};
+}
+inline std::vector<optim::ParamGroup> one_group(const std::vector<Tensor>& params) {
+  return {{.params = params, .lr = kLearningRate, .weight_decay = kWeightDecay, .name = "all"}};
+}
 
 // ---- the model of steps 1-6: the MLP half of a GPT block, three times, and a classifier ----
 // x -> x + proj(gelu(fc(x))) per block -> head -> cross-entropy. Every parameter is the weight
@@ -199,7 +208,7 @@ struct Reference {
 };
 inline Reference train_one_process(const Job& job) {
   Reference ref{{}, std::make_unique<TinyMlp>(job.device)};
-  optim::AdamW opt(ref.model->parameters(), adamw_options());
+  optim::AdamW opt(one_group(ref.model->parameters()), adamw_options());
   for (int s = 0; s < job.options.steps; ++s) {
     Batch batch = global_batch(s, job.size * job.options.rows_per_rank, job.device);
     Tensor loss = cross_entropy((*ref.model)(batch.x), batch.y);
@@ -209,6 +218,25 @@ inline Reference train_one_process(const Job& job) {
     ref.losses.push_back(loss.item());
   }
   return ref;
+}
+
+// The data-parallel loop of steps 1-5: each rank runs its own rows of every step's global
+// batch through its replica and backward; then `after_backward` does what the step is about
+// (synchronise the gradients, update the parameters). Returns the losses, averaged over the
+// ranks as the one process sees them.
+inline std::vector<double> train_data_parallel(Job& job, CountingGroup& comm, TinyMlp& model,
+                                               const std::function<void()>& after_backward) {
+  const int64_t rows = job.options.rows_per_rank;
+  std::vector<double> losses;
+  for (int step = 0; step < job.options.steps; ++step) {
+    Batch mine = global_batch(step, job.size * rows, job.device).rows(job.rank * rows, rows);
+    Tensor loss = cross_entropy(model(mine.x), mine.y);
+    loss.backward();
+    after_backward();
+    comm.end_step();
+    losses.push_back(job.mean_over_ranks(loss.item()));
+  }
+  return losses;
 }
 
 // ---- comparing with the reference ----
@@ -268,6 +296,33 @@ inline void check_against(ResultCheck& check, const std::vector<double>& losses,
   const auto got = model.named_parameters(), want = ref.model->named_parameters();
   for (size_t i = 0; i < want.size(); ++i) check.tensor(want[i].first, got[i].second, want[i].second);
 }
+
+// ---- the flat layout of ZeRO (steps 4 and 5) ----
+// The model's parameters laid end to end in one flat vector, padded with zeros to W equal
+// shards of `shard` values; rank r owns [r·shard, (r+1)·shard). The padding stays zero (zero
+// gradient, zero weight: AdamW leaves it there).
+struct FlatLayout {
+  std::vector<Tensor> params;
+  int64_t shard = 0, padded = 0;
+  FlatLayout(std::vector<Tensor> model_params, int world) : params(std::move(model_params)) {
+    int64_t numel = 0;
+    for (const Tensor& p : params) numel += p.numel();
+    shard = (numel + world - 1) / world;
+    padded = shard * world;
+  }
+  Tensor owned(const Tensor& flat, int rank) const { return flat.narrow(0, rank * shard, shard); }
+  // Copies each parameter's gradient (or value) into its place in `flat`, or back out.
+  void pack_grads(const Tensor& flat) const { walk(flat, [](const Tensor& p, const Tensor& place) { raw::copy_(place, p.grad().reshape({-1})); }); }
+  void pack_values(const Tensor& flat) const { walk(flat, [](const Tensor& p, const Tensor& place) { raw::copy_(place, p.detach().reshape({-1})); }); }
+  void unpack_values(const Tensor& flat) const { walk(flat, [](const Tensor& p, const Tensor& place) { raw::copy_(p, place.view(p.shape())); }); }
+
+ private:
+  void walk(const Tensor& flat, const std::function<void(const Tensor&, const Tensor&)>& f) const {
+    int64_t offset = 0;
+    for (const Tensor& p : params) f(p, flat.narrow(0, offset, p.numel())), offset += p.numel();
+  }
+};
+constexpr int64_t padded_to(int64_t n, int world) { return (n + world - 1) / world * world; }
 
 // ---- running a step ----
 struct LadderInfo {
