@@ -224,8 +224,9 @@ inline Reference train_one_process(const Job& job) {
 // batch through its replica and backward; then `after_backward` does what the step is about
 // (synchronise the gradients, update the parameters). Returns the losses, averaged over the
 // ranks as the one process sees them.
-inline std::vector<double> train_data_parallel(Job& job, CountingGroup& comm, TinyMlp& model,
-                                               const std::function<void()>& after_backward) {
+template <typename Model>  // TinyMlp, or anything else called as model(x)
+std::vector<double> train_data_parallel(Job& job, CountingGroup& comm, Model& model,
+                                        const std::function<void()>& after_backward) {
   const int64_t rows = job.options.rows_per_rank;
   std::vector<double> losses;
   for (int step = 0; step < job.options.steps; ++step) {
