@@ -15,25 +15,27 @@
 
 using namespace ladder;
 
+Outcome run_step(Job& job, CountingGroup& comm) {
+  TinyMlp model(job.device);  // the same seed on every rank: identical replicas
+  optim::AdamW opt(one_group(model.parameters()), adamw_options());
+  const std::vector<double> losses = train_data_parallel(job, comm, model, [&] {
+    // The whole idea: average every gradient over the ranks, one tensor at a
+    // time, after backward has finished.
+    for (const Tensor& p : model.parameters())
+      comm.all_reduce(p.grad(), dist::ReduceOp::Avg)->wait();
+    opt.step();
+    opt.zero_grad();
+  });
+
+  Outcome out;
+  out.theory.add(kAllReduce, kMlpTensors, 4 * kMlpParameters);
+  out.theory_reason = "one all_reduce per parameter tensor (" + std::to_string(kMlpTensors) +
+                      "), 4 bytes x " + std::to_string(kMlpParameters) + " parameters";
+  check_against(out.check, losses, model, train_one_process(job));
+  return out;
+}
+
 int main(int argc, char** argv) {
   return run_ladder(argc, argv, {"01_naive_all_reduce", "dist/ddp.cpp (DistributedDataParallel)"},
-                    [](Job& job, CountingGroup& comm) {
-    TinyMlp model(job.device);  // the same seed on every rank: identical replicas
-    optim::AdamW opt(one_group(model.parameters()), adamw_options());
-    const std::vector<double> losses = train_data_parallel(job, comm, model, [&] {
-      // The whole idea: average every gradient over the ranks, one tensor at a time, after
-      // backward has finished.
-      for (const Tensor& p : model.parameters())
-        comm.all_reduce(p.grad(), dist::ReduceOp::Avg)->wait();
-      opt.step();
-      opt.zero_grad();
-    });
-
-    Outcome out;
-    out.theory.add(kAllReduce, kMlpTensors, 4 * kMlpParameters);
-    out.theory_reason = "one all_reduce per parameter tensor (" + std::to_string(kMlpTensors) +
-                        "), 4 bytes x " + std::to_string(kMlpParameters) + " parameters";
-    check_against(out.check, losses, model, train_one_process(job));
-    return out;
-  });
+                    run_step);
 }

@@ -20,41 +20,47 @@
 
 using namespace ladder;
 
-int main(int argc, char** argv) {
-  return run_ladder(argc, argv, {"02_grad_ready_hooks", "dist/ddp.cpp (the grad-ready hooks of DistributedDataParallel)"},
-                    [](Job& job, CountingGroup& comm) {
-    TinyMlp model(job.device);
-    optim::AdamW opt(one_group(model.parameters()), adamw_options());
-    // The collectives launched by the hooks during the current backward, in launch order.
-    // The hooks fire in the same order on every rank (the same graph), so every rank issues
-    // the same collectives in the same order, which collectives require.
-    std::vector<WorkPtr> in_flight;
-    std::vector<std::string> launch_order;
-    const auto named = model.named_parameters();
-    for (const auto& [name, p] : named) {
-      autograd::register_grad_ready_hook(p, [&, name = name](const Tensor& leaf) {
-        in_flight.push_back(comm.all_reduce(leaf.grad(), dist::ReduceOp::Avg));
-        launch_order.push_back(name);
-      });
-    }
-
-    // The all-reduces start inside backward (from the hooks); after it, wait for them.
-    const std::vector<double> losses = train_data_parallel(job, comm, model, [&] {
-      for (WorkPtr& work : in_flight) work->wait();
-      in_flight.clear();
-      opt.step();
-      opt.zero_grad();
+Outcome run_step(Job& job, CountingGroup& comm) {
+  TinyMlp model(job.device);
+  optim::AdamW opt(one_group(model.parameters()), adamw_options());
+  // The collectives launched by the hooks during the current backward, in launch order.
+  // The hooks fire in the same order on every rank (the same graph), so every rank issues
+  // the same collectives in the same order, which collectives require.
+  std::vector<WorkPtr> in_flight;
+  std::vector<std::string> launch_order;
+  const auto named = model.named_parameters();
+  for (const auto& [name, p] : named) {
+    autograd::register_grad_ready_hook(p, [&, name = name](const Tensor& leaf) {
+      in_flight.push_back(comm.all_reduce(leaf.grad(), dist::ReduceOp::Avg));
+      launch_order.push_back(name);
     });
-    if (job.rank == 0)
-      std::printf("  launch order (the last layer's gradients are ready first): %s ... %s\n",
-                  launch_order.front().c_str(), launch_order[kMlpTensors - 1].c_str());
+  }
 
-    Outcome out;
-    out.theory.add(kAllReduce, kMlpTensors, 4 * kMlpParameters);
-    out.theory_reason = "as step 1 (the same collectives, started earlier): one all_reduce per "
-                        "parameter tensor (" + std::to_string(kMlpTensors) + "), 4 bytes x " +
-                        std::to_string(kMlpParameters) + " parameters";
-    check_against(out.check, losses, model, train_one_process(job));
-    return out;
+  // The all-reduces start inside backward (from the hooks); after it, wait for them.
+  const std::vector<double> losses = train_data_parallel(job, comm, model, [&] {
+    for (WorkPtr& work : in_flight) work->wait();
+    in_flight.clear();
+    opt.step();
+    opt.zero_grad();
   });
+  if (job.rank == 0)
+    std::printf("  launch order (the last layer's gradients are ready first): %s ... %s\n",
+                launch_order.front().c_str(), launch_order[kMlpTensors - 1].c_str());
+
+  Outcome out;
+  out.theory.add(kAllReduce, kMlpTensors, 4 * kMlpParameters);
+  out.theory_reason =
+      "as step 1 (the same collectives, started earlier): one all_reduce per "
+      "parameter tensor (" +
+      std::to_string(kMlpTensors) + "), 4 bytes x " + std::to_string(kMlpParameters) +
+      " parameters";
+  check_against(out.check, losses, model, train_one_process(job));
+  return out;
+}
+
+int main(int argc, char** argv) {
+  return run_ladder(
+      argc, argv,
+      {"02_grad_ready_hooks", "dist/ddp.cpp (the grad-ready hooks of DistributedDataParallel)"},
+      run_step);
 }

@@ -23,10 +23,10 @@ namespace {
 constexpr int64_t kBucketBytes = 4096;  // small, so that this tiny model spans several buckets
 
 struct Bucket {
-  std::vector<Tensor> params;   // in reverse model order
-  std::vector<int64_t> offsets; // where each one's gradient lives in `flat`
-  Tensor flat;                  // the bucket's gradients, side by side
-  size_t ready = 0;             // how many of its gradients this backward has produced
+  std::vector<Tensor> params;    // in reverse model order
+  std::vector<int64_t> offsets;  // where each one's gradient lives in `flat`
+  Tensor flat;                   // the bucket's gradients, side by side
+  size_t ready = 0;              // how many of its gradients this backward has produced
   WorkPtr work;
 };
 
@@ -52,65 +52,70 @@ std::vector<Bucket> make_buckets(const std::vector<Tensor>& params, const Job& j
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  return run_ladder(argc, argv, {"03_buckets", "dist/flat_buckets.cpp (the bucket layout), dist/ddp.cpp (launching them)"},
-                    [](Job& job, CountingGroup& comm) {
-    TinyMlp model(job.device);
-    optim::AdamW opt(one_group(model.parameters()), adamw_options());
-    std::vector<Bucket> buckets = make_buckets(model.parameters(), job);
-    size_t next_to_launch = 0;
+Outcome run_step(Job& job, CountingGroup& comm) {
+  TinyMlp model(job.device);
+  optim::AdamW opt(one_group(model.parameters()), adamw_options());
+  std::vector<Bucket> buckets = make_buckets(model.parameters(), job);
+  size_t next_to_launch = 0;
 
-    // A bucket whose gradients are all ready is packed and launched, but only once every
-    // bucket before it has been launched.
-    auto launch_ready_buckets = [&] {
-      while (next_to_launch < buckets.size() &&
-             buckets[next_to_launch].ready == buckets[next_to_launch].params.size()) {
-        Bucket& b = buckets[next_to_launch++];
-        autograd::NoGradGuard no_grad;
-        for (size_t i = 0; i < b.params.size(); ++i)
-          raw::copy_(b.flat.narrow(0, b.offsets[i], b.params[i].numel()),
-                     b.params[i].grad().reshape({-1}));
-        b.work = comm.all_reduce(b.flat, dist::ReduceOp::Avg);
-      }
-    };
-    for (Bucket& b : buckets)
-      for (const Tensor& p : b.params)
-        autograd::register_grad_ready_hook(p, [&b, &launch_ready_buckets](const Tensor&) {
-          ++b.ready;
-          launch_ready_buckets();
-        });
-
-    const std::vector<double> losses = train_data_parallel(job, comm, model, [&] {
-      // Wait for every bucket and unpack the averaged gradients back into .grad.
-      TESSERA_CHECK(next_to_launch == buckets.size(), "a bucket was never launched");
-      for (Bucket& b : buckets) {
-        b.work->wait();
-        for (size_t i = 0; i < b.params.size(); ++i)
-          raw::copy_(b.params[i].grad(),
-                     b.flat.narrow(0, b.offsets[i], b.params[i].numel()).view(b.params[i].shape()));
-        b.ready = 0;
-      }
-      next_to_launch = 0;
-      opt.step();
-      opt.zero_grad();
-    });
-
-    // The theory, from the sizes alone: the same greedy packing over the tensor sizes, in
-    // reverse order of the shapes the model is made of.
-    std::vector<int64_t> sizes;
-    for (const LinearShape& s : mlp_linear_shapes()) sizes.push_back(s.in * s.out), sizes.push_back(s.out);
-    int64_t bucket_count = 1, filled = 0;
-    for (auto n = sizes.rbegin(); n != sizes.rend(); ++n) {
-      if (filled > 0 && filled + 4 * *n > kBucketBytes) ++bucket_count, filled = 0;
-      filled += 4 * *n;
+  // A bucket whose gradients are all ready is packed and launched, but only once every
+  // bucket before it has been launched.
+  auto launch_ready_buckets = [&] {
+    while (next_to_launch < buckets.size() &&
+           buckets[next_to_launch].ready == buckets[next_to_launch].params.size()) {
+      Bucket& b = buckets[next_to_launch++];
+      autograd::NoGradGuard no_grad;
+      for (size_t i = 0; i < b.params.size(); ++i)
+        raw::copy_(b.flat.narrow(0, b.offsets[i], b.params[i].numel()),
+                   b.params[i].grad().reshape({-1}));
+      b.work = comm.all_reduce(b.flat, dist::ReduceOp::Avg);
     }
-    Outcome out;
-    out.theory.add(kAllReduce, bucket_count, 4 * kMlpParameters);
-    out.theory_reason = "one all_reduce per bucket of <= " + std::to_string(kBucketBytes) +
-                        " bytes (" + std::to_string(bucket_count) + " buckets instead of " +
-                        std::to_string(kMlpTensors) + " tensors), the same 4 x " +
-                        std::to_string(kMlpParameters) + " bytes in all";
-    check_against(out.check, losses, model, train_one_process(job));
-    return out;
+  };
+  for (Bucket& b : buckets)
+    for (const Tensor& p : b.params)
+      autograd::register_grad_ready_hook(p, [&b, &launch_ready_buckets](const Tensor&) {
+        ++b.ready;
+        launch_ready_buckets();
+      });
+
+  const std::vector<double> losses = train_data_parallel(job, comm, model, [&] {
+    // Wait for every bucket and unpack the averaged gradients back into .grad.
+    TESSERA_CHECK(next_to_launch == buckets.size(), "a bucket was never launched");
+    for (Bucket& b : buckets) {
+      b.work->wait();
+      for (size_t i = 0; i < b.params.size(); ++i)
+        raw::copy_(b.params[i].grad(),
+                   b.flat.narrow(0, b.offsets[i], b.params[i].numel()).view(b.params[i].shape()));
+      b.ready = 0;
+    }
+    next_to_launch = 0;
+    opt.step();
+    opt.zero_grad();
   });
+
+  // The theory, from the sizes alone: the same greedy packing over the tensor sizes, in
+  // reverse order of the shapes the model is made of.
+  std::vector<int64_t> sizes;
+  for (const LinearShape& s : mlp_linear_shapes())
+    sizes.push_back(s.in * s.out), sizes.push_back(s.out);
+  int64_t bucket_count = 1, filled = 0;
+  for (auto n = sizes.rbegin(); n != sizes.rend(); ++n) {
+    if (filled > 0 && filled + 4 * *n > kBucketBytes) ++bucket_count, filled = 0;
+    filled += 4 * *n;
+  }
+  Outcome out;
+  out.theory.add(kAllReduce, bucket_count, 4 * kMlpParameters);
+  out.theory_reason = "one all_reduce per bucket of <= " + std::to_string(kBucketBytes) +
+                      " bytes (" + std::to_string(bucket_count) + " buckets instead of " +
+                      std::to_string(kMlpTensors) + " tensors), the same 4 x " +
+                      std::to_string(kMlpParameters) + " bytes in all";
+  check_against(out.check, losses, model, train_one_process(job));
+  return out;
+}
+
+int main(int argc, char** argv) {
+  return run_ladder(
+      argc, argv,
+      {"03_buckets", "dist/flat_buckets.cpp (the bucket layout), dist/ddp.cpp (launching them)"},
+      run_step);
 }

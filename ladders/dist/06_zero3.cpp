@@ -85,80 +85,89 @@ Tensor zero3_linear(size_t l, const Tensor& x, std::vector<ShardedLinear>& layer
     gatherer.release(l);
   }
   const ShardedLinear& layer = layers[l];
-  autograd::record("Zero3LinearBackward", {x, layer.my_shard}, {y},
-                   [l, x = x.detach(), &layer, &gatherer, &comm, &job](const autograd::BackwardArgs& a) {
-    auto [weight, bias] = gatherer.whole(l);  // gathered again: forward freed it
-    if (l > 0) gatherer.prefetch(l - 1);      // backward goes from the last layer to the first
-    const Tensor& dy = a.grad();
-    Tensor dx = a.needs(0) ? matmul(dy, weight.transpose(0, 1)) : Tensor();
-    // This rank's weight and bias gradients, laid out as the parameters are, then averaged
-    // over the ranks shard by shard: rank r keeps only shard r.
-    Tensor flat_grad = zeros({layer.padded(job.size)}, job.floats());
-    raw::copy_(flat_grad.narrow(0, 0, layer.in * layer.out).view({layer.in, layer.out}),
-               matmul(x.transpose(0, 1), dy));
-    raw::copy_(flat_grad.narrow(0, layer.in * layer.out, layer.out), sum(dy, {0}));
-    Tensor shard_grad = zeros({layer.shard}, job.floats());
-    comm.reduce_scatter(shard_grad, flat_grad, dist::ReduceOp::Avg)->wait();
-    gatherer.release(l);
-    return std::vector<Tensor>{dx, shard_grad};
-  });
+  autograd::record(
+      "Zero3LinearBackward", {x, layer.my_shard}, {y},
+      [l, x = x.detach(), &layer, &gatherer, &comm, &job](const autograd::BackwardArgs& a) {
+        auto [weight, bias] = gatherer.whole(l);  // gathered again: forward freed it
+        if (l > 0) gatherer.prefetch(l - 1);      // backward goes from the last layer to the first
+        const Tensor& dy = a.grad();
+        Tensor dx = a.needs(0) ? matmul(dy, weight.transpose(0, 1)) : Tensor();
+        // This rank's weight and bias gradients, laid out as the parameters are, then averaged
+        // over the ranks shard by shard: rank r keeps only shard r.
+        Tensor flat_grad = zeros({layer.padded(job.size)}, job.floats());
+        raw::copy_(flat_grad.narrow(0, 0, layer.in * layer.out).view({layer.in, layer.out}),
+                   matmul(x.transpose(0, 1), dy));
+        raw::copy_(flat_grad.narrow(0, layer.in * layer.out, layer.out), sum(dy, {0}));
+        Tensor shard_grad = zeros({layer.shard}, job.floats());
+        comm.reduce_scatter(shard_grad, flat_grad, dist::ReduceOp::Avg)->wait();
+        gatherer.release(l);
+        return std::vector<Tensor>{dx, shard_grad};
+      });
   return y;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  return run_ladder(argc, argv, {"06_zero3", "dist/zero.cpp (stage 3: the gathers of nn::Module's hooks), dist/sharded_state.cpp"},
-                    [](Job& job, CountingGroup& comm) {
-    // Start from the same weights as everyone (TinyMlp's seed), keep this rank's shards only.
-    std::vector<ShardedLinear> layers;
-    {
-      TinyMlp whole(job.device);
-      for (nn::Linear* linear : whole.linears) {
-        ShardedLinear layer{linear->weight.size(0), linear->weight.size(1), 0, {}};
-        const FlatLayout layout({linear->weight, linear->bias}, job.size);
-        Tensor flat = zeros({layout.padded}, job.floats());
-        layout.pack_values(flat);
-        layer.shard = layout.shard;
-        layer.my_shard = layout.owned(flat, job.rank).clone().requires_grad_();
-        layers.push_back(layer);
-      }
-    }  // the whole model is gone: from here on this rank holds 1/W of it
-    std::vector<Tensor> shards;
-    for (const ShardedLinear& layer : layers) shards.push_back(layer.my_shard);
-    optim::AdamW opt(one_group(shards), adamw_options());
-
-    Gatherer gatherer(layers, comm, job);
-    auto model = [&](const Tensor& x) {
-      return mlp_forward(x, [&](size_t l, const Tensor& h) {
-        return zero3_linear(l, h, layers, gatherer, comm, job);
-      });
-    };
-    const std::vector<double> losses = train_data_parallel(job, comm, model, [&] {
-      opt.step();  // on the shards, where the reduce-scatters left their gradients
-      opt.zero_grad();
-    });
-
-    // The check: gather every layer once more (not part of training) and compare.
-    Outcome out;
-    const Reference ref = train_one_process(job);
-    out.check.values("losses", losses, ref.losses);
-    for (size_t l = 0; l < layers.size(); ++l) {
-      auto [weight, bias] = gatherer.whole(l);
-      out.check.tensor("linear" + std::to_string(l) + ".weight", weight, ref.model->linears[l]->weight);
-      out.check.tensor("linear" + std::to_string(l) + ".bias", bias, ref.model->linears[l]->bias);
-      gatherer.release(l);
+Outcome run_step(Job& job, CountingGroup& comm) {
+  // Start from the same weights as everyone (TinyMlp's seed), keep this rank's shards only.
+  std::vector<ShardedLinear> layers;
+  {
+    TinyMlp whole(job.device);
+    for (nn::Linear* linear : whole.linears) {
+      ShardedLinear layer{linear->weight.size(0), linear->weight.size(1), 0, {}};
+      const FlatLayout layout({linear->weight, linear->bias}, job.size);
+      Tensor flat = zeros({layout.padded}, job.floats());
+      layout.pack_values(flat);
+      layer.shard = layout.shard;
+      layer.my_shard = layout.owned(flat, job.rank).clone().requires_grad_();
+      layers.push_back(layer);
     }
-    int64_t padded_total = 0;
-    for (const LinearShape& s : mlp_linear_shapes()) padded_total += padded_to(s.in * s.out + s.out, job.size);
-    const int64_t layer_count = static_cast<int64_t>(mlp_linear_shapes().size());
-    out.theory.add(kAllGather, 2 * layer_count, 2 * 4 * padded_total);
-    out.theory.add(kReduceScatter, layer_count, 4 * padded_total);
-    out.theory_reason = "per layer (" + std::to_string(layer_count) + "): an all_gather forward, "
-                        "one again backward and a reduce_scatter of its gradients, each 4 x its "
-                        "weight and bias padded to W shards (" + std::to_string(padded_total) +
-                        " values in all); at most " + std::to_string(gatherer.most_whole()) +
-                        " layers were whole at once";
-    return out;
+  }  // the whole model is gone: from here on this rank holds 1/W of it
+  std::vector<Tensor> shards;
+  for (const ShardedLinear& layer : layers) shards.push_back(layer.my_shard);
+  optim::AdamW opt(one_group(shards), adamw_options());
+
+  Gatherer gatherer(layers, comm, job);
+  auto model = [&](const Tensor& x) {
+    return mlp_forward(x, [&](size_t l, const Tensor& h) {
+      return zero3_linear(l, h, layers, gatherer, comm, job);
+    });
+  };
+  const std::vector<double> losses = train_data_parallel(job, comm, model, [&] {
+    opt.step();  // on the shards, where the reduce-scatters left their gradients
+    opt.zero_grad();
   });
+
+  // The check: gather every layer once more (not part of training) and compare.
+  Outcome out;
+  const Reference ref = train_one_process(job);
+  out.check.values("losses", losses, ref.losses);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    auto [weight, bias] = gatherer.whole(l);
+    out.check.tensor("linear" + std::to_string(l) + ".weight", weight,
+                     ref.model->linears[l]->weight);
+    out.check.tensor("linear" + std::to_string(l) + ".bias", bias, ref.model->linears[l]->bias);
+    gatherer.release(l);
+  }
+  int64_t padded_total = 0;
+  for (const LinearShape& s : mlp_linear_shapes())
+    padded_total += padded_to(s.in * s.out + s.out, job.size);
+  const int64_t layer_count = static_cast<int64_t>(mlp_linear_shapes().size());
+  out.theory.add(kAllGather, 2 * layer_count, 2 * 4 * padded_total);
+  out.theory.add(kReduceScatter, layer_count, 4 * padded_total);
+  out.theory_reason = "per layer (" + std::to_string(layer_count) +
+                      "): an all_gather forward, "
+                      "one again backward and a reduce_scatter of its gradients, each 4 x its "
+                      "weight and bias padded to W shards (" +
+                      std::to_string(padded_total) + " values in all); at most " +
+                      std::to_string(gatherer.most_whole()) + " layers were whole at once";
+  return out;
+}
+
+int main(int argc, char** argv) {
+  return run_ladder(
+      argc, argv,
+      {"06_zero3",
+       "dist/zero.cpp (ZeroStrategy, stage 3: units gathered by nn::Module hooks, prefetch_numel)"},
+      run_step);
 }

@@ -40,11 +40,12 @@ constexpr int64_t kTokens = 7, kVocab = 11;
 Tensor copy_to_parallel_region(const Tensor& x, CountingGroup* comm) {
   if (!comm) return x;
   Tensor y = raw::alias(x);
-  autograd::record("CopyToParallelRegionBackward", {x}, {y}, [comm](const autograd::BackwardArgs& a) {
-    Tensor summed = a.grad().contiguous().clone();
-    comm->all_reduce(summed, dist::ReduceOp::Sum)->wait();
-    return std::vector<Tensor>{summed};
-  });
+  autograd::record("CopyToParallelRegionBackward", {x}, {y},
+                   [comm](const autograd::BackwardArgs& a) {
+                     Tensor summed = a.grad().contiguous().clone();
+                     comm->all_reduce(summed, dist::ReduceOp::Sum)->wait();
+                     return std::vector<Tensor>{summed};
+                   });
   return y;
 }
 
@@ -70,14 +71,14 @@ struct Parameter {
 
 std::vector<Parameter> block_parameter_list() {
   using S = Split;
-  return {{"ln1.weight", {kModel}, S::Whole, {}}, {"ln1.bias", {kModel}, S::Whole, {}},
-          {"q.weight", {kModel, kModel}, S::Columns, {}}, {"q.bias", {kModel}, S::Columns, {}},
+  return {{"ln1.weight", {kModel}, S::Whole, {}},          {"ln1.bias", {kModel}, S::Whole, {}},
+          {"q.weight", {kModel, kModel}, S::Columns, {}},  {"q.bias", {kModel}, S::Columns, {}},
           {"k.weight", {kModel, kModel}, S::Columns, {}},  // no k.bias: see block_loss
-          {"v.weight", {kModel, kModel}, S::Columns, {}}, {"v.bias", {kModel}, S::Columns, {}},
-          {"o.weight", {kModel, kModel}, S::Rows, {}},    {"o.bias", {kModel}, S::Whole, {}},
-          {"ln2.weight", {kModel}, S::Whole, {}}, {"ln2.bias", {kModel}, S::Whole, {}},
+          {"v.weight", {kModel, kModel}, S::Columns, {}},  {"v.bias", {kModel}, S::Columns, {}},
+          {"o.weight", {kModel, kModel}, S::Rows, {}},     {"o.bias", {kModel}, S::Whole, {}},
+          {"ln2.weight", {kModel}, S::Whole, {}},          {"ln2.bias", {kModel}, S::Whole, {}},
           {"fc.weight", {kModel, kInner}, S::Columns, {}}, {"fc.bias", {kInner}, S::Columns, {}},
-          {"proj.weight", {kInner, kModel}, S::Rows, {}}, {"proj.bias", {kModel}, S::Whole, {}},
+          {"proj.weight", {kInner, kModel}, S::Rows, {}},  {"proj.bias", {kModel}, S::Whole, {}},
           {"head.weight", {kModel, kVocab}, S::Whole, {}}, {"head.bias", {kVocab}, S::Whole, {}}};
 }
 
@@ -96,8 +97,10 @@ std::vector<Parameter> whole_block(Device device) {
   std::vector<Parameter> params = block_parameter_list();
   for (Parameter& p : params) {
     const bool norm = p.name.rfind("ln", 0) == 0;
-    Tensor t = norm ? (p.name.ends_with("weight") ? ones(p.shape) : zeros(p.shape))
-                    : normal(p.shape, 0.0, p.shape.size() == 2 ? 1.0 / std::sqrt(double(p.shape[0])) : 0.1, {}, &gen);
+    Tensor t =
+        norm ? (p.name.ends_with("weight") ? ones(p.shape) : zeros(p.shape))
+             : normal(p.shape, 0.0, p.shape.size() == 2 ? 1.0 / std::sqrt(double(p.shape[0])) : 0.1,
+                      {}, &gen);
     p.value = raw::to(t, device, DType::f32).requires_grad_();
   }
   return params;
@@ -112,10 +115,14 @@ Tensor block_loss(const std::vector<Parameter>& params, const Batch& batch, Coun
   };
   const int64_t B = batch.x.size(0), T = batch.x.size(1);
   const int64_t heads_here = w("q.weight").size(1) / kHeadDim;  // kHeads / W
-  auto split_heads = [&](const Tensor& t) { return t.reshape({B, T, heads_here, kHeadDim}).transpose(1, 2); };
+  auto split_heads = [&](const Tensor& t) {
+    return t.reshape({B, T, heads_here, kHeadDim}).transpose(1, 2);
+  };
 
-  Tensor h = copy_to_parallel_region(layer_norm(batch.x, w("ln1.weight"), w("ln1.bias")), comm);  // f
-  Tensor q = split_heads(linear(h, w("q.weight"), w("q.bias")));  // column-parallel: this rank's heads
+  Tensor h =
+      copy_to_parallel_region(layer_norm(batch.x, w("ln1.weight"), w("ln1.bias")), comm);  // f
+  Tensor q =
+      split_heads(linear(h, w("q.weight"), w("q.bias")));  // column-parallel: this rank's heads
   // k has no bias: adding b to every key adds q·b to a whole row of scores, which the softmax
   // ignores, so its gradient is zero up to rounding, and AdamW would blow that noise up into
   // full-size steps that no two summation orders agree on.
@@ -123,11 +130,13 @@ Tensor block_loss(const std::vector<Parameter>& params, const Batch& batch, Coun
   Tensor v = split_heads(linear(h, w("v.weight"), w("v.bias")));
   Tensor att = scaled_dot_product_attention(q, k, v, /*causal=*/true);
   att = att.transpose(1, 2).reshape({B, T, heads_here * kHeadDim});
-  Tensor a = batch.x + reduce_from_parallel_region(linear(att, w("o.weight")), comm) + w("o.bias");  // g, row-parallel
+  Tensor a = batch.x + reduce_from_parallel_region(linear(att, w("o.weight")), comm) +
+             w("o.bias");  // g, row-parallel
 
   Tensor h2 = copy_to_parallel_region(layer_norm(a, w("ln2.weight"), w("ln2.bias")), comm);  // f
-  Tensor hidden = gelu(linear(h2, w("fc.weight"), w("fc.bias")));                            // column-parallel
-  Tensor y = a + reduce_from_parallel_region(linear(hidden, w("proj.weight")), comm) + w("proj.bias");  // g
+  Tensor hidden = gelu(linear(h2, w("fc.weight"), w("fc.bias")));  // column-parallel
+  Tensor y = a + reduce_from_parallel_region(linear(hidden, w("proj.weight")), comm) +
+             w("proj.bias");  // g
 
   Tensor logits = linear(y, w("head.weight"), w("head.bias"));
   return cross_entropy(logits.reshape({B * T, kVocab}), batch.y.reshape({B * T}));
@@ -157,32 +166,39 @@ std::vector<double> train(std::vector<Parameter>& params, const Job& job, Counti
 
 }  // namespace
 
+Outcome run_step(Job& job, CountingGroup& comm) {
+  TESSERA_CHECK(kHeads % job.size == 0 && kInner % job.size == 0, "07_tensor_parallel: ", job.size,
+                " ranks do not divide ", kHeads, " heads and ", kInner, " hidden units");
+  // Every rank builds the whole block from the seed and keeps its slices as its parameters.
+  std::vector<Parameter> mine = whole_block(job.device);
+  for (Parameter& p : mine)
+    p.value = slice_of(p.value.detach(), p.split, job.rank, job.size).clone().requires_grad_();
+  const std::vector<double> losses = train(mine, job, &comm);
+
+  std::vector<Parameter> reference = whole_block(job.device);
+  const std::vector<double> reference_losses = train(reference, job, nullptr);
+
+  Outcome out;
+  out.check.values("losses", losses, reference_losses);
+  for (size_t i = 0; i < mine.size(); ++i)
+    out.check.tensor(mine[i].name, mine[i].value,
+                     slice_of(reference[i].value.detach(), mine[i].split, job.rank, job.size));
+  const int64_t activation_bytes = 4 * job.options.rows_per_rank * kTokens * kModel;
+  out.theory.add(kAllReduce, 4, 4 * activation_bytes);
+  out.theory_reason = "4 all_reduces of B x T x d = " + std::to_string(job.options.rows_per_rank) +
+                      " x " + std::to_string(kTokens) + " x " + std::to_string(kModel) +
+                      " floats (" + std::to_string(activation_bytes) +
+                      " bytes): forward after the "
+                      "row-parallel attention output and MLP proj, backward at the input of the "
+                      "column-parallel q/k/v and fc";
+  return out;
+}
+
 int main(int argc, char** argv) {
-  return run_ladder(argc, argv, {"07_tensor_parallel", "no production counterpart yet: Tessera has data parallelism and ZeRO (dist/ddp.cpp, dist/zero.cpp), no tensor parallelism"},
-                    [](Job& job, CountingGroup& comm) {
-    TESSERA_CHECK(kHeads % job.size == 0 && kInner % job.size == 0, "07_tensor_parallel: ",
-                  job.size, " ranks do not divide ", kHeads, " heads and ", kInner, " hidden units");
-    // Every rank builds the whole block from the seed and keeps its slices as its parameters.
-    std::vector<Parameter> mine = whole_block(job.device);
-    for (Parameter& p : mine)
-      p.value = slice_of(p.value.detach(), p.split, job.rank, job.size).clone().requires_grad_();
-    const std::vector<double> losses = train(mine, job, &comm);
-
-    std::vector<Parameter> reference = whole_block(job.device);
-    const std::vector<double> reference_losses = train(reference, job, nullptr);
-
-    Outcome out;
-    out.check.values("losses", losses, reference_losses);
-    for (size_t i = 0; i < mine.size(); ++i)
-      out.check.tensor(mine[i].name, mine[i].value,
-                       slice_of(reference[i].value.detach(), mine[i].split, job.rank, job.size));
-    const int64_t activation_bytes = 4 * job.options.rows_per_rank * kTokens * kModel;
-    out.theory.add(kAllReduce, 4, 4 * activation_bytes);
-    out.theory_reason = "4 all_reduces of B x T x d = " + std::to_string(job.options.rows_per_rank) +
-                        " x " + std::to_string(kTokens) + " x " + std::to_string(kModel) +
-                        " floats (" + std::to_string(activation_bytes) + " bytes): forward after the "
-                        "row-parallel attention output and MLP proj, backward at the input of the "
-                        "column-parallel q/k/v and fc";
-    return out;
-  });
+  return run_ladder(
+      argc, argv,
+      {"07_tensor_parallel",
+       "no production counterpart yet: Tessera has data parallelism and ZeRO (dist/ddp.cpp, "
+       "dist/zero.cpp), no tensor parallelism"},
+      run_step);
 }

@@ -40,13 +40,18 @@ inline Options parse_options(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    TESSERA_CHECK(i + 1 < argc, "ladder: ", flag, " needs a value (usage: [--steps N] [--rows N] "
+    TESSERA_CHECK(i + 1 < argc, "ladder: ", flag,
+                  " needs a value (usage: [--steps N] [--rows N] "
                   "[--device cpu|cuda])");
     const std::string value = argv[++i];
-    if (flag == "--steps") o.steps = std::stoi(value);
-    else if (flag == "--rows") o.rows_per_rank = std::stoll(value);
-    else if (flag == "--device" && (value == "cpu" || value == "cuda")) o.cuda = value == "cuda";
-    else TESSERA_CHECK(false, "ladder: unknown argument '", flag, " ", value, "'");
+    if (flag == "--steps")
+      o.steps = std::stoi(value);
+    else if (flag == "--rows")
+      o.rows_per_rank = std::stoll(value);
+    else if (flag == "--device" && (value == "cpu" || value == "cuda"))
+      o.cuda = value == "cuda";
+    else
+      TESSERA_CHECK(false, "ladder: unknown argument '", flag, " ", value, "'");
   }
   TESSERA_CHECK(o.steps > 0 && o.rows_per_rank > 0, "ladder: --steps and --rows must be positive");
   return o;
@@ -124,8 +129,8 @@ struct Job {
 
 // The same AdamW everywhere, so the distributed run and the reference can be compared: one
 // parameter group with weight decay on every parameter, biases too. (AdamW's default groups
-// decay only matrices; a flat ZeRO shard mixes weights and biases, and would need a flat
-// buffer per group, as production keeps.)
+// decay only matrices; a flat ZeRO shard mixes weights and biases. dist/zero.cpp keeps one
+// view per parameter piece of a shard, each in its parameter's own group.)
 constexpr double kLearningRate = 1e-2, kWeightDecay = 0.1;
 inline optim::AdamWOptions adamw_options() {
   return {.lr = kLearningRate, .weight_decay = kWeightDecay};
@@ -164,7 +169,8 @@ using LinearFn = std::function<Tensor(size_t layer, const Tensor& x)>;
 inline Tensor mlp_forward(const Tensor& x, const LinearFn& linear) {
   Tensor h = x;
   size_t layer = 0;
-  for (int64_t b = 0; b < kBlocks; ++b, layer += 2) h = h + linear(layer + 1, gelu(linear(layer, h)));
+  for (int64_t b = 0; b < kBlocks; ++b, layer += 2)
+    h = h + linear(layer + 1, gelu(linear(layer, h)));
   return linear(layer, h);
 }
 
@@ -295,7 +301,8 @@ inline void check_against(ResultCheck& check, const std::vector<double>& losses,
                           const Reference& ref) {
   check.values("losses", losses, ref.losses);
   const auto got = model.named_parameters(), want = ref.model->named_parameters();
-  for (size_t i = 0; i < want.size(); ++i) check.tensor(want[i].first, got[i].second, want[i].second);
+  for (size_t i = 0; i < want.size(); ++i)
+    check.tensor(want[i].first, got[i].second, want[i].second);
 }
 
 // ---- the flat layout of ZeRO (steps 4 and 5) ----
@@ -313,9 +320,17 @@ struct FlatLayout {
   }
   Tensor owned(const Tensor& flat, int rank) const { return flat.narrow(0, rank * shard, shard); }
   // Copies each parameter's gradient (or value) into its place in `flat`, or back out.
-  void pack_grads(const Tensor& flat) const { walk(flat, [](const Tensor& p, const Tensor& place) { raw::copy_(place, p.grad().reshape({-1})); }); }
-  void pack_values(const Tensor& flat) const { walk(flat, [](const Tensor& p, const Tensor& place) { raw::copy_(place, p.detach().reshape({-1})); }); }
-  void unpack_values(const Tensor& flat) const { walk(flat, [](const Tensor& p, const Tensor& place) { raw::copy_(p, place.view(p.shape())); }); }
+  void pack_grads(const Tensor& flat) const {
+    walk(flat,
+         [](const Tensor& p, const Tensor& place) { raw::copy_(place, p.grad().reshape({-1})); });
+  }
+  void pack_values(const Tensor& flat) const {
+    walk(flat,
+         [](const Tensor& p, const Tensor& place) { raw::copy_(place, p.detach().reshape({-1})); });
+  }
+  void unpack_values(const Tensor& flat) const {
+    walk(flat, [](const Tensor& p, const Tensor& place) { raw::copy_(p, place.view(p.shape())); });
+  }
 
  private:
   void walk(const Tensor& flat, const std::function<void(const Tensor&, const Tensor&)>& f) const {
@@ -344,13 +359,12 @@ inline void print_traffic(const Job& job, const Traffic& got, const Traffic& the
   for (int c = 0; c < kCollectives; ++c) {
     if (got.calls[c] == 0 && theory.calls[c] == 0) continue;
     const double ring = (c == kAllReduce ? 2 : 1) * (w - 1) / w * double(got.payload_bytes[c]);
-    std::printf("  per step: %-14s %4lld calls %9lld payload bytes | theory %4lld calls %9lld "
-                "bytes | a ring sends %s(W-1)/W of it: %.1f bytes per rank\n",
-                collective_name(c), static_cast<long long>(got.calls[c]),
-                static_cast<long long>(got.payload_bytes[c]),
-                static_cast<long long>(theory.calls[c]),
-                static_cast<long long>(theory.payload_bytes[c]), c == kAllReduce ? "2" : "",
-                ring);
+    std::printf(
+        "  per step: %-14s %4lld calls %9lld payload bytes | theory %4lld calls %9lld "
+        "bytes | a ring sends %s(W-1)/W of it: %.1f bytes per rank\n",
+        collective_name(c), static_cast<long long>(got.calls[c]),
+        static_cast<long long>(got.payload_bytes[c]), static_cast<long long>(theory.calls[c]),
+        static_cast<long long>(theory.payload_bytes[c]), c == kAllReduce ? "2" : "", ring);
   }
   std::printf("  theory: %s\n", reason.c_str());
 }
@@ -374,11 +388,11 @@ inline int run_ladder(int argc, char** argv, const LadderInfo& info,
     bool traffic_ok = !comm.per_step().empty();
     for (const Traffic& t : comm.per_step()) traffic_ok = traffic_ok && t == outcome.theory;
     if (job.rank == 0) {
-      std::printf("%s: %d ranks over %s, %d AdamW steps, %lld rows per rank\n", info.name,
-                  job.size, job.world->backend_name().c_str(), job.options.steps,
+      std::printf("%s: %d ranks over %s, %d AdamW steps, %lld rows per rank\n", info.name, job.size,
+                  job.world->backend_name().c_str(), job.options.steps,
                   static_cast<long long>(job.options.rows_per_rank));
-      print_traffic(job, comm.per_step().empty() ? Traffic() : comm.per_step().front(), outcome.theory,
-                    outcome.theory_reason);
+      print_traffic(job, comm.per_step().empty() ? Traffic() : comm.per_step().front(),
+                    outcome.theory, outcome.theory_reason);
       std::printf("  production: %s\n", info.production);
     }
     std::printf("  rank %d: traffic %s theory in all %zu steps; vs one process: %s -> %s\n",
