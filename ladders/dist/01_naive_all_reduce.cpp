@@ -15,6 +15,8 @@
 
 using namespace ladder;
 
+const LadderInfo kStep = {"01_naive_all_reduce", "dist/ddp.cpp (DistributedDataParallel)"};
+
 Outcome run_step(Job& job, CountingGroup& comm) {
   TinyMlp model(job.device);  // the same seed on every rank: identical replicas
   optim::AdamW opt(one_group(model.parameters()), adamw_options());
@@ -27,15 +29,11 @@ Outcome run_step(Job& job, CountingGroup& comm) {
     opt.zero_grad();
   });
 
-  Outcome out;
-  out.theory.add(kAllReduce, kMlpTensors, 4 * kMlpParameters);
-  out.theory_reason = "one all_reduce per parameter tensor (" + std::to_string(kMlpTensors) +
-                      "), 4 bytes x " + std::to_string(kMlpParameters) + " parameters";
-  check_against(out.check, losses, model, train_one_process(job));
-  return out;
+  Traffic theory;
+  theory.add(kAllReduce, kMlpTensors, 4 * kMlpParameters);
+  return replicated_outcome(job, losses, model, theory,
+                            "one all_reduce per parameter tensor (" + std::to_string(kMlpTensors) +
+                                "), 4 bytes x " + std::to_string(kMlpParameters) + " parameters");
 }
 
-int main(int argc, char** argv) {
-  return run_ladder(argc, argv, {"01_naive_all_reduce", "dist/ddp.cpp (DistributedDataParallel)"},
-                    run_step);
-}
+int main(int argc, char** argv) { return run_ladder(argc, argv, kStep, run_step); }

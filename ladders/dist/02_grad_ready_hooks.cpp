@@ -20,6 +20,9 @@
 
 using namespace ladder;
 
+const LadderInfo kStep = {"02_grad_ready_hooks",
+                          "dist/ddp.cpp (the grad-ready hooks of DistributedDataParallel)"};
+
 Outcome run_step(Job& job, CountingGroup& comm) {
   TinyMlp model(job.device);
   optim::AdamW opt(one_group(model.parameters()), adamw_options());
@@ -47,20 +50,13 @@ Outcome run_step(Job& job, CountingGroup& comm) {
     std::printf("  launch order (the last layer's gradients are ready first): %s ... %s\n",
                 launch_order.front().c_str(), launch_order[kMlpTensors - 1].c_str());
 
-  Outcome out;
-  out.theory.add(kAllReduce, kMlpTensors, 4 * kMlpParameters);
-  out.theory_reason =
-      "as step 1 (the same collectives, started earlier): one all_reduce per "
-      "parameter tensor (" +
-      std::to_string(kMlpTensors) + "), 4 bytes x " + std::to_string(kMlpParameters) +
-      " parameters";
-  check_against(out.check, losses, model, train_one_process(job));
-  return out;
+  Traffic theory;
+  theory.add(kAllReduce, kMlpTensors, 4 * kMlpParameters);
+  return replicated_outcome(
+      job, losses, model, theory,
+      "as step 1 (the same collectives, started earlier): one all_reduce per parameter tensor (" +
+          std::to_string(kMlpTensors) + "), 4 bytes x " + std::to_string(kMlpParameters) +
+          " parameters");
 }
 
-int main(int argc, char** argv) {
-  return run_ladder(
-      argc, argv,
-      {"02_grad_ready_hooks", "dist/ddp.cpp (the grad-ready hooks of DistributedDataParallel)"},
-      run_step);
-}
+int main(int argc, char** argv) { return run_ladder(argc, argv, kStep, run_step); }

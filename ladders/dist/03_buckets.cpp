@@ -18,6 +18,9 @@
 
 using namespace ladder;
 
+const LadderInfo kStep = {
+    "03_buckets", "dist/flat_buckets.cpp (the bucket layout), dist/ddp.cpp (launching them)"};
+
 namespace {
 
 constexpr int64_t kBucketBytes = 4096;  // small, so that this tiny model spans several buckets
@@ -103,19 +106,13 @@ Outcome run_step(Job& job, CountingGroup& comm) {
     if (filled > 0 && filled + 4 * *n > kBucketBytes) ++bucket_count, filled = 0;
     filled += 4 * *n;
   }
-  Outcome out;
-  out.theory.add(kAllReduce, bucket_count, 4 * kMlpParameters);
-  out.theory_reason = "one all_reduce per bucket of <= " + std::to_string(kBucketBytes) +
-                      " bytes (" + std::to_string(bucket_count) + " buckets instead of " +
-                      std::to_string(kMlpTensors) + " tensors), the same 4 x " +
-                      std::to_string(kMlpParameters) + " bytes in all";
-  check_against(out.check, losses, model, train_one_process(job));
-  return out;
+  Traffic theory;
+  theory.add(kAllReduce, bucket_count, 4 * kMlpParameters);
+  return replicated_outcome(job, losses, model, theory,
+                            "one all_reduce per bucket of <= " + std::to_string(kBucketBytes) +
+                                " bytes (" + std::to_string(bucket_count) + " buckets instead of " +
+                                std::to_string(kMlpTensors) + " tensors), the same 4 x " +
+                                std::to_string(kMlpParameters) + " bytes in all");
 }
 
-int main(int argc, char** argv) {
-  return run_ladder(
-      argc, argv,
-      {"03_buckets", "dist/flat_buckets.cpp (the bucket layout), dist/ddp.cpp (launching them)"},
-      run_step);
-}
+int main(int argc, char** argv) { return run_ladder(argc, argv, kStep, run_step); }

@@ -18,44 +18,30 @@
 
 using namespace ladder;
 
+const LadderInfo kStep = {"04_zero1", "dist/zero.cpp (ZeroStrategy, stage 1)"};
+
 Outcome run_step(Job& job, CountingGroup& comm) {
-  TinyMlp model(job.device);
-  const FlatLayout layout(model.parameters(), job.size);
-  Tensor flat_grads = zeros({layout.padded}, job.floats());
-  Tensor flat_params = zeros({layout.padded}, job.floats());
-  layout.pack_values(flat_params);
+  FlatZeroReplica zero(job);  // the model, its flat buffers, this rank's shard and its AdamW
 
-  // This rank's shard is a parameter of its own: the optimizer sees only it, so AdamW's
-  // moments exist for `layout.shard` values here, not for the whole model.
-  Tensor my_shard = layout.owned(flat_params, job.rank).clone().requires_grad_();
-  optim::AdamW opt(one_group({my_shard}), adamw_options());
-
-  const std::vector<double> losses = train_data_parallel(job, comm, model, [&] {
+  const std::vector<double> losses = train_data_parallel(job, comm, zero.model, [&] {
     autograd::NoGradGuard no_grad;
-    layout.pack_grads(flat_grads);
-    comm.all_reduce(flat_grads, dist::ReduceOp::Avg)->wait();       // everyone: all gradients
-    my_shard.set_grad(layout.owned(flat_grads, job.rank).clone());  // keep only my part
-    opt.step();                                                     // update my part
-    comm.all_gather(flat_params, my_shard.detach())->wait();        // everyone: all weights
-    layout.unpack_values(flat_params);
-    model.zero_grad();
+    zero.layout.pack_grads(zero.flat_grads);
+    // Every rank receives the average of ALL the gradients...
+    comm.all_reduce(zero.flat_grads, dist::ReduceOp::Avg)->wait();
+    // ...keeps its own part, updates its own shard of the parameters with it (AdamW),
+    zero.my_shard.set_grad(zero.layout.owned(zero.flat_grads, job.rank).clone());
+    // then everyone collects everyone's updated shard: the whole new model again.
+    zero.update_shard_and_all_gather(comm);
   });
 
-  Outcome out;
   const int64_t padded = padded_to(kMlpParameters, job.size);
-  out.theory.add(kAllReduce, 1, 4 * padded);
-  out.theory.add(kAllGather, 1, 4 * padded);
-  out.theory_reason =
-      "one all_reduce of the flat gradients and one all_gather of the flat "
-      "weights, each 4 x " +
-      std::to_string(padded) + " bytes (" + std::to_string(kMlpParameters) +
-      " parameters padded to W equal shards); "
-      "AdamW state on this rank: 2 x " +
-      std::to_string(layout.shard) + " values instead of 2 x " + std::to_string(kMlpParameters);
-  check_against(out.check, losses, model, train_one_process(job));
-  return out;
+  return replicated_outcome(
+      job, losses, zero.model, zero_theory(kAllReduce, job.size),
+      "one all_reduce of the flat gradients and one all_gather of the flat weights, each 4 x " +
+          std::to_string(padded) + " bytes (" + std::to_string(kMlpParameters) +
+          " parameters padded to W equal shards); AdamW state on this rank: 2 x " +
+          std::to_string(zero.layout.shard) + " values instead of 2 x " +
+          std::to_string(kMlpParameters));
 }
 
-int main(int argc, char** argv) {
-  return run_ladder(argc, argv, {"04_zero1", "dist/zero.cpp (ZeroStrategy, stage 1)"}, run_step);
-}
+int main(int argc, char** argv) { return run_ladder(argc, argv, kStep, run_step); }

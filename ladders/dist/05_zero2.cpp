@@ -16,46 +16,28 @@
 
 using namespace ladder;
 
+const LadderInfo kStep = {"05_zero2",
+                          "dist/zero.cpp (ZeroStrategy, stage 2: reduce-scatter of the buckets)"};
+
 Outcome run_step(Job& job, CountingGroup& comm) {
-  TinyMlp model(job.device);
-  const FlatLayout layout(model.parameters(), job.size);
-  Tensor flat_grads = zeros({layout.padded}, job.floats());
-  Tensor flat_params = zeros({layout.padded}, job.floats());
-  layout.pack_values(flat_params);
+  FlatZeroReplica zero(job);  // as step 4 (ladder.h)
 
-  Tensor my_shard = layout.owned(flat_params, job.rank).clone().requires_grad_();
-  Tensor my_grad = zeros({layout.shard}, job.floats());  // only 1/W of the reduced gradients
-  optim::AdamW opt(one_group({my_shard}), adamw_options());
-
-  const std::vector<double> losses = train_data_parallel(job, comm, model, [&] {
+  const std::vector<double> losses = train_data_parallel(job, comm, zero.model, [&] {
     autograd::NoGradGuard no_grad;
-    layout.pack_grads(flat_grads);
-    // Rank r receives the average over ranks of shard r, and nothing else.
-    comm.reduce_scatter(my_grad, flat_grads, dist::ReduceOp::Avg)->wait();
-    my_shard.set_grad(my_grad);
-    opt.step();
-    comm.all_gather(flat_params, my_shard.detach())->wait();
-    layout.unpack_values(flat_params);
-    model.zero_grad();
+    zero.layout.pack_grads(zero.flat_grads);
+    // The one change from step 4: rank r receives the average over the ranks of shard r of
+    // the gradients, and nothing else.
+    comm.reduce_scatter(zero.my_grad, zero.flat_grads, dist::ReduceOp::Avg)->wait();
+    zero.my_shard.set_grad(zero.my_grad);
+    zero.update_shard_and_all_gather(comm);  // AdamW on the shard, all_gather: as step 4
   });
 
-  Outcome out;
-  const int64_t padded = padded_to(kMlpParameters, job.size);
-  out.theory.add(kReduceScatter, 1, 4 * padded);
-  out.theory.add(kAllGather, 1, 4 * padded);
-  out.theory_reason =
-      "one reduce_scatter of the flat gradients and one all_gather of the "
-      "flat weights, each 4 x " +
-      std::to_string(padded) +
-      " bytes: on a ring "
-      "2(W-1)/W x payload in all, what the all-reduce of step 3 moves";
-  check_against(out.check, losses, model, train_one_process(job));
-  return out;
+  return replicated_outcome(job, losses, zero.model, zero_theory(kReduceScatter, job.size),
+                            "one reduce_scatter of the flat gradients and one all_gather of the "
+                            "flat weights, each 4 x " +
+                                std::to_string(padded_to(kMlpParameters, job.size)) +
+                                " bytes: on a ring 2(W-1)/W x payload in all, what the "
+                                "all-reduce of step 3 moves");
 }
 
-int main(int argc, char** argv) {
-  return run_ladder(
-      argc, argv,
-      {"05_zero2", "dist/zero.cpp (ZeroStrategy, stage 2: reduce-scatter of the buckets)"},
-      run_step);
-}
+int main(int argc, char** argv) { return run_ladder(argc, argv, kStep, run_step); }

@@ -22,6 +22,10 @@
 
 using namespace ladder;
 
+const LadderInfo kStep = {
+    "06_zero3",
+    "dist/zero.cpp (ZeroStrategy, stage 3: units gathered by nn::Module hooks, prefetch_numel)"};
+
 namespace {
 
 // One linear, sharded: its weight [in, out] then its bias [out], flat, padded, cut in W.
@@ -164,10 +168,4 @@ Outcome run_step(Job& job, CountingGroup& comm) {
   return out;
 }
 
-int main(int argc, char** argv) {
-  return run_ladder(
-      argc, argv,
-      {"06_zero3",
-       "dist/zero.cpp (ZeroStrategy, stage 3: units gathered by nn::Module hooks, prefetch_numel)"},
-      run_step);
-}
+int main(int argc, char** argv) { return run_ladder(argc, argv, kStep, run_step); }

@@ -29,6 +29,11 @@
 
 using namespace ladder;
 
+const LadderInfo kStep = {
+    "07_tensor_parallel",
+    "no production counterpart yet: Tessera has data parallelism and ZeRO (dist/ddp.cpp, "
+    "dist/zero.cpp), no tensor parallelism"};
+
 namespace {
 
 constexpr int64_t kModel = 24, kHeads = 6, kHeadDim = kModel / kHeads, kInner = 4 * kModel;
@@ -194,11 +199,4 @@ Outcome run_step(Job& job, CountingGroup& comm) {
   return out;
 }
 
-int main(int argc, char** argv) {
-  return run_ladder(
-      argc, argv,
-      {"07_tensor_parallel",
-       "no production counterpart yet: Tessera has data parallelism and ZeRO (dist/ddp.cpp, "
-       "dist/zero.cpp), no tensor parallelism"},
-      run_step);
-}
+int main(int argc, char** argv) { return run_ladder(argc, argv, kStep, run_step); }

@@ -340,6 +340,38 @@ struct FlatLayout {
 };
 constexpr int64_t padded_to(int64_t n, int world) { return (n + world - 1) / world * world; }
 
+// What a ZeRO-1/2 rank holds: the whole model (for forward and backward), its flat gradient
+// and parameter buffers, its own shard of the parameters as the only thing the optimizer
+// updates (so AdamW's moments exist for `layout.shard` values, not for the whole model), and
+// the reduced gradient of that shard.
+struct FlatZeroReplica {
+  TinyMlp model;
+  FlatLayout layout;
+  Tensor flat_grads, flat_params, my_shard, my_grad;
+  optim::AdamW opt;
+  explicit FlatZeroReplica(const Job& job)
+      : model(job.device),
+        layout(model.parameters(), job.size),
+        flat_grads(zeros({layout.padded}, job.floats())),
+        flat_params(flat_values(layout, job)),
+        my_shard(layout.owned(flat_params, job.rank).clone().requires_grad_()),
+        my_grad(zeros({layout.shard}, job.floats())),
+        opt(one_group({my_shard}), adamw_options()) {}
+  // After the gradient's collective: AdamW on this rank's shard, then the all-gather of every
+  // rank's updated shard, so that every rank holds the whole new model again.
+  void update_shard_and_all_gather(CountingGroup& comm) {
+    opt.step();
+    comm.all_gather(flat_params, my_shard.detach())->wait();
+    layout.unpack_values(flat_params);
+    model.zero_grad();
+  }
+  static Tensor flat_values(const FlatLayout& layout, const Job& job) {
+    Tensor flat = zeros({layout.padded}, job.floats());
+    layout.pack_values(flat);
+    return flat;
+  }
+};
+
 // ---- running a step ----
 struct LadderInfo {
   const char* name;        // "01_naive_all_reduce"
@@ -352,6 +384,24 @@ struct Outcome {
   std::string theory_reason;
   ResultCheck check;
 };
+
+// The outcome of a data-parallel step (1-6) whose replica `model` holds the whole trained
+// model: the theory, and the comparison with one process.
+// The traffic of ZeRO-1/2 per step: the gradients' collective and the parameters' all-gather,
+// each over the flat buffer of all parameters padded to W equal shards.
+inline Traffic zero_theory(Collective gradient_collective, int world) {
+  Traffic theory;
+  theory.add(gradient_collective, 1, 4 * padded_to(kMlpParameters, world));
+  theory.add(kAllGather, 1, 4 * padded_to(kMlpParameters, world));
+  return theory;
+}
+
+inline Outcome replicated_outcome(const Job& job, const std::vector<double>& losses, TinyMlp& model,
+                                  const Traffic& theory, std::string reason) {
+  Outcome out{theory, std::move(reason), {}};
+  check_against(out.check, losses, model, train_one_process(job));
+  return out;
+}
 
 inline void print_traffic(const Job& job, const Traffic& got, const Traffic& theory,
                           const std::string& reason) {
