@@ -63,9 +63,10 @@ inline Options parse_options(int argc, char** argv) {
 // its full output). That number is exact whatever algorithm the backend runs. A ring
 // implementation then sends, from each rank, 2(W-1)/W of the payload for an all-reduce and
 // (W-1)/W of it for a reduce-scatter or an all-gather; we print that too.
-enum Collective { kAllReduce, kReduceScatter, kAllGather, kCollectives };
+// send and recv (point to point, the pipeline's) count the tensor sent or received.
+enum Collective { kAllReduce, kReduceScatter, kAllGather, kSend, kRecv, kCollectives };
 inline const char* collective_name(int c) {
-  static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather"};
+  static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "send", "recv"};
   return names[c];
 }
 
@@ -98,6 +99,14 @@ class CountingGroup {
     now_.add(kAllGather, 1, static_cast<int64_t>(output.nbytes()));
     return pg_.all_gather(output, input);
   }
+  WorkPtr send(const Tensor& t, int dst) {
+    now_.add(kSend, 1, static_cast<int64_t>(t.nbytes()));
+    return pg_.send(t, dst);
+  }
+  WorkPtr recv(const Tensor& t, int src) {
+    now_.add(kRecv, 1, static_cast<int64_t>(t.nbytes()));
+    return pg_.recv(t, src);
+  }
   // Closes one training step's tally.
   void end_step() {
     per_step_.push_back(now_);
@@ -123,6 +132,12 @@ struct Job {
     Tensor t = raw::to(from_vector(std::vector<float>{static_cast<float>(value)}, {1}), device,
                        DType::f32);
     world->all_reduce(t, dist::ReduceOp::Avg)->wait();
+    return raw::to(t, Device::cpu(), DType::f64).to_vector<double>()[0];
+  }
+  // Rank `root`'s number on every rank (a pipeline's loss lives on its last stage); not counted.
+  double from_rank(double value, int root) const {
+    Tensor t = raw::to(from_vector(std::vector<double>{value}, {1}), device, DType::f64);
+    world->broadcast(t, root)->wait();
     return raw::to(t, Device::cpu(), DType::f64).to_vector<double>()[0];
   }
 };
@@ -166,12 +181,17 @@ constexpr int64_t kMlpTensors = 2 * (2 * kBlocks + 1);  // a weight and a bias p
 // The forward, given how to apply linear number `layer` (steps 1-5: nn::Linear; step 6: a
 // linear whose parameters are gathered just in time).
 using LinearFn = std::function<Tensor(size_t layer, const Tensor& x)>;
-inline Tensor mlp_forward(const Tensor& x, const LinearFn& linear) {
+// Units [first, end) of the model: units 0..kBlocks-1 are the blocks, unit kBlocks the head
+// (a pipeline stage runs some of them; everyone else runs all).
+constexpr int kUnits = kBlocks + 1;
+inline Tensor mlp_forward(const Tensor& x, const LinearFn& linear, int first = 0,
+                          int end = kUnits) {
   Tensor h = x;
-  size_t layer = 0;
-  for (int64_t b = 0; b < kBlocks; ++b, layer += 2)
-    h = h + linear(layer + 1, gelu(linear(layer, h)));
-  return linear(layer, h);
+  for (int unit = first; unit < end; ++unit) {
+    const size_t layer = 2 * static_cast<size_t>(unit);  // a block's fc, proj; or the head
+    h = unit == kBlocks ? linear(layer, h) : h + linear(layer + 1, gelu(linear(layer, h)));
+  }
+  return h;
 }
 
 struct TinyMlp : nn::Module {
@@ -212,11 +232,13 @@ struct Reference {
   std::vector<double> losses;
   std::unique_ptr<TinyMlp> model;
 };
-inline Reference train_one_process(const Job& job) {
+// `global_rows`: the rows of a step's batch (0: W·B, each rank's B rows of data parallelism).
+inline Reference train_one_process(const Job& job, int64_t global_rows = 0) {
+  if (global_rows == 0) global_rows = job.size * job.options.rows_per_rank;
   Reference ref{{}, std::make_unique<TinyMlp>(job.device)};
   optim::AdamW opt(one_group(ref.model->parameters()), adamw_options());
   for (int s = 0; s < job.options.steps; ++s) {
-    Batch batch = global_batch(s, job.size * job.options.rows_per_rank, job.device);
+    Batch batch = global_batch(s, global_rows, job.device);
     Tensor loss = cross_entropy((*ref.model)(batch.x), batch.y);
     loss.backward();
     opt.step();
@@ -408,13 +430,16 @@ inline void print_traffic(const Job& job, const Traffic& got, const Traffic& the
   const double w = job.size;
   for (int c = 0; c < kCollectives; ++c) {
     if (got.calls[c] == 0 && theory.calls[c] == 0) continue;
-    const double ring = (c == kAllReduce ? 2 : 1) * (w - 1) / w * double(got.payload_bytes[c]);
     std::printf(
-        "  per step: %-14s %4lld calls %9lld payload bytes | theory %4lld calls %9lld "
-        "bytes | a ring sends %s(W-1)/W of it: %.1f bytes per rank\n",
+        "  per step: %-14s %4lld calls %9lld payload bytes | theory %4lld calls %9lld bytes",
         collective_name(c), static_cast<long long>(got.calls[c]),
         static_cast<long long>(got.payload_bytes[c]), static_cast<long long>(theory.calls[c]),
-        static_cast<long long>(theory.payload_bytes[c]), c == kAllReduce ? "2" : "", ring);
+        static_cast<long long>(theory.payload_bytes[c]));
+    const double ring = (c == kAllReduce ? 2 : 1) * (w - 1) / w * double(got.payload_bytes[c]);
+    if (c <= kAllGather)
+      std::printf(" | a ring sends %s(W-1)/W of it: %.1f bytes per rank",
+                  c == kAllReduce ? "2" : "", ring);
+    std::printf("\n");
   }
   std::printf("  theory: %s\n", reason.c_str());
 }
