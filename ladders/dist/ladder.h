@@ -425,6 +425,149 @@ inline Outcome replicated_outcome(const Job& job, const std::vector<double>& los
   return out;
 }
 
+// ---- a pipeline stage (steps 9 and 10: the same stage, two schedules) ----
+// Rank s is stage s: it owns units [first, end) of the model (contiguous, as even as they come;
+// the last stage has the head and the loss). A step's batch is cut into kMicroBatches
+// micro-batches; forward(m) and backward(m) run micro-batch m through this stage, receiving
+// from and sending to the neighbour stages. Sends are not waited for until the step ends, so
+// no schedule can deadlock on two stages sending to each other at once.
+constexpr int kMicroBatches = 6;
+constexpr const char* kPipelineProduction =
+    "no production counterpart yet: Tessera has no pipeline parallelism (ProcessGroup::send/recv, "
+    "dist/process_group.h, are its transport)";
+
+class PipelineStage {
+ public:
+  PipelineStage(Job& job, CountingGroup& comm)
+      : job_(job), comm_(comm), stage_(job.rank), stages_(job.size), model_(job.device) {
+    TESSERA_CHECK(stages_ <= kUnits, "pipeline: ", stages_, " stages for ", kUnits, " units (",
+                  kBlocks, " blocks and the head)");
+    first_ = stage_ * kUnits / stages_, end_ = (stage_ + 1) * kUnits / stages_;
+    std::vector<Tensor> params;
+    for (size_t l = 2 * first_; l < std::min<size_t>(2 * end_, model_.linears.size()); ++l) {
+      my_linears_.push_back(l);
+      params.push_back(model_.linears[l]->weight);
+      params.push_back(model_.linears[l]->bias);
+    }
+    opt_ = std::make_unique<optim::AdamW>(one_group(params), adamw_options());
+  }
+  int stage() const { return stage_; }
+  int stages() const { return stages_; }
+  bool first() const { return stage_ == 0; }
+  bool last() const { return stage_ == stages_ - 1; }
+
+  // The training steps, `schedule` running this stage's forward(m) and backward(m) of every
+  // micro-batch in its order; returns the losses.
+  std::vector<double> train(const std::function<void()>& schedule) {
+    std::vector<double> losses;
+    for (int step = 0; step < job_.options.steps; ++step) {
+      start_step(step);
+      schedule();
+      losses.push_back(finish_step());
+    }
+    return losses;
+  }
+  void start_step(int step) {
+    batch_ = global_batch(step, kMicroBatches * rows(), job_.device);
+    inputs_.assign(kMicroBatches, Tensor());
+    outputs_.assign(kMicroBatches, Tensor());
+    loss_ = 0;
+  }
+  // Receive (or read) micro-batch m, run my units, pass the result on (or take the loss).
+  void forward(int m) {
+    const Batch micro = batch_.rows(m * rows(), rows());
+    if (first()) {
+      inputs_[m] = micro.x;
+    } else {
+      inputs_[m] = zeros(activation(), job_.floats());
+      comm_.recv(inputs_[m], stage_ - 1)->wait();
+      inputs_[m].requires_grad_();  // stage - 1 needs the gradient of this input
+    }
+    outputs_[m] = mlp_forward(
+        inputs_[m], [&](size_t l, const Tensor& x) { return (*model_.linears[l])(x); }, first_,
+        end_);
+    if (last()) {
+      // Each micro-batch's mean loss / M: the gradients add up to the batch's mean loss's.
+      outputs_[m] = cross_entropy(outputs_[m], micro.y) / double(kMicroBatches);
+      loss_ += outputs_[m].item();
+    } else {
+      send(outputs_[m].detach().contiguous(), stage_ + 1);
+    }
+    in_flight_now_++;
+    most_in_flight_ = std::max(most_in_flight_, in_flight_now_);
+  }
+  // The output's gradient comes from stage + 1 (the last stage starts from its loss); the
+  // input's goes to stage - 1. Then micro-batch m's activations can go.
+  void backward(int m) {
+    if (last()) {
+      outputs_[m].backward();
+    } else {
+      Tensor grad = zeros(activation(), job_.floats());
+      comm_.recv(grad, stage_ + 1)->wait();
+      outputs_[m].backward(grad);
+    }
+    if (!first()) send(inputs_[m].grad().contiguous(), stage_ - 1);
+    inputs_[m] = outputs_[m] = Tensor();
+    in_flight_now_--;
+  }
+  // Every stage steps its own parameters (no collective); returns the step's loss.
+  double finish_step() {
+    for (WorkPtr& w : sends_) w->wait();
+    sends_.clear();
+    sent_.clear();
+    opt_->step();
+    opt_->zero_grad();
+    comm_.end_step();
+    return job_.from_rank(loss_, stages_ - 1);
+  }
+
+  // This stage's parameters against one process on the whole batch, and the theory: per
+  // micro-batch a stage sends its output forward unless it is last and its input's gradient
+  // backward unless it is first, and receives the same.
+  Outcome outcome(const std::vector<double>& losses, const std::string& schedule) const {
+    Outcome out;
+    const Reference ref = train_one_process(job_, kMicroBatches * rows());
+    out.check.values("losses", losses, ref.losses);
+    for (size_t l : my_linears_) {
+      const std::string name = "linear" + std::to_string(l);
+      out.check.tensor(name + ".weight", model_.linears[l]->weight, ref.model->linears[l]->weight);
+      out.check.tensor(name + ".bias", model_.linears[l]->bias, ref.model->linears[l]->bias);
+    }
+    const int64_t messages = kMicroBatches * (int(!last()) + int(!first()));
+    const int64_t bytes = 4 * rows() * kFeatures;
+    out.theory.add(kSend, messages, messages * bytes);
+    out.theory.add(kRecv, messages, messages * bytes);
+    out.theory_reason = "stage " + std::to_string(stage_) + " of " + std::to_string(stages_) +
+                        " (units " + std::to_string(first_) + ".." + std::to_string(end_ - 1) +
+                        "), " + std::to_string(kMicroBatches) + " micro-batches of " +
+                        std::to_string(rows()) + " x " + std::to_string(kFeatures) + " floats (" +
+                        std::to_string(bytes) + " bytes) each way; " + schedule + "; at most " +
+                        std::to_string(most_in_flight_) +
+                        " micro-batches' activations held at once on this stage";
+    return out;
+  }
+
+ private:
+  int64_t rows() const { return job_.options.rows_per_rank; }  // per micro-batch
+  Shape activation() const { return {rows(), kFeatures}; }     // what crosses a boundary
+  void send(const Tensor& t, int peer) {
+    sent_.push_back(t);  // alive until the send is done
+    sends_.push_back(comm_.send(t, peer));
+  }
+
+  Job& job_;
+  CountingGroup& comm_;
+  int stage_, stages_, first_ = 0, end_ = 0;
+  TinyMlp model_;  // whole and seeded; this stage uses and trains only its units
+  std::vector<size_t> my_linears_;
+  std::unique_ptr<optim::AdamW> opt_;
+  Batch batch_;
+  std::vector<Tensor> inputs_, outputs_, sent_;
+  std::vector<WorkPtr> sends_;
+  double loss_ = 0;
+  int in_flight_now_ = 0, most_in_flight_ = 0;
+};
+
 inline void print_traffic(const Job& job, const Traffic& got, const Traffic& theory,
                           const std::string& reason) {
   const double w = job.size;
