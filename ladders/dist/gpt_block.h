@@ -1,6 +1,6 @@
-// The GPT block of steps 7 and 8 (tensor and sequence parallelism): its parameters, which
-// slice of each a tensor-parallel rank owns, its forward (one code for the one process and for
-// every rank, the communication left to the step) and its training loop.
+// The GPT block of steps 7, 8 and 11 (tensor, sequence and context parallelism): its parameters,
+// which slice of each a tensor-parallel rank owns, its forward (one code for the one process and
+// for every rank, the communication left to the step) and its training loop.
 //
 // Activations are sequence-first, [T, B, d] (Megatron-LM's layout): a slice of the sequence is
 // then one contiguous block of memory, which is what reduce-scatter and all-gather chunk.
@@ -13,7 +13,7 @@ constexpr int64_t kModel = 24, kHeads = 6, kHeadDim = kModel / kHeads, kInner = 
 constexpr int64_t kTokens = 6, kVocab = 11;
 constexpr const char* kBlockProduction =
     "no production counterpart yet: Tessera has data parallelism and ZeRO (dist/ddp.cpp, "
-    "dist/zero.cpp), neither tensor nor sequence parallelism";
+    "dist/zero.cpp), no tensor, sequence or context parallelism";
 
 // ---- the block's parameters, and which slice of each a rank owns ----
 enum class Split { Whole, Columns, Rows };  // columns: of [in, out] weights (and their bias)
@@ -69,10 +69,15 @@ inline const Tensor& parameter(const std::vector<Parameter>& params, const std::
 
 // Where the tensor-parallel regions of the block begin (before the column-parallel linears)
 // and end (after the row-parallel ones): what step 7 and step 8 each fill in. Identity both
-// for the one process.
+// for the one process. And how attention runs (step 11).
 struct Regions {
   std::function<Tensor(const Tensor&)> enter = [](const Tensor& x) { return x; };
   std::function<Tensor(const Tensor&)> leave = [](const Tensor& x) { return x; };
+  // Causal attention of q, k, v [B, H', T, D] (step 11 replaces it with ring attention).
+  std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)> attention =
+      [](const Tensor& q, const Tensor& k, const Tensor& v) {
+        return scaled_dot_product_attention(q, k, v, /*causal=*/true);
+      };
 };
 
 // x [T', B, d] -> the mean cross-entropy of its tokens' predictions of y [T', B]; T' = T, or
@@ -92,7 +97,8 @@ inline Tensor block_loss(const std::vector<Parameter>& params, const Tensor& x, 
   // full-size steps that no two summation orders agree on.
   Tensor k = split_heads(linear(h, w("k.weight")));
   Tensor v = split_heads(linear(h, w("v.weight"), w("v.bias")));
-  Tensor att = scaled_dot_product_attention(q, k, v, /*causal=*/true)  // [B, H', T, D]
+  Tensor att = regions
+                   .attention(q, k, v)  // [B, H', T, D]
                    .permute({2, 0, 1, 3})
                    .reshape({T, B, heads_here * kHeadDim});
   Tensor a = x + regions.leave(linear(att, w("o.weight"))) + w("o.bias");  // row-parallel
