@@ -263,11 +263,21 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // causal (both apply). A query row left with no key to attend to (every score -inf) gives 0
 // and passes no gradient, as PyTorch 2.5's _safe_softmax in SDPA's math path; torch 1.13 has no
 // SDPA, and the explicit softmax there (as older SDPA) gives NaN for such rows. An undefined
-// mask is the call above. A masked call always runs the composed path, on every device (the
-// fused kernels take no mask).
+// mask is the call above (where, on a GPU, non-causal calls of the flash kernels' shapes
+// without dropout run cuDNN's attention). A masked call runs the composed path on every
+// device: the fused kernels take no mask tensor (but see key_padded_attention).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& attn_mask, bool causal = false,
                                     double dropout_p = 0.0, Generator* gen = nullptr);
+// The masked call above where attn_mask is a key-padding mask of keys padded on the right and
+// kv_lengths (int32 [B] on q's device, each in [1, Tk], or undefined) says the same as lengths:
+// key j of row b is attended iff j < kv_lengths[b]. On a GPU, for the flash kernels' shapes
+// without dropout, cuDNN's fused attention runs with its padding mask (O(T) memory, causal or
+// not); everywhere else the composition with attn_mask. The caller vouches that the two agree
+// (nn::padding_of_attention_mask builds both from one attention_mask).
+Tensor key_padded_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& attn_mask, const Tensor& kv_lengths, bool causal = false,
+                            double dropout_p = 0.0, Generator* gen = nullptr);
 // True when scaled_dot_product_attention(q, k, v, causal, dropout_p) would take the flash
 // kernels.
 bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,

@@ -246,25 +246,38 @@ Tensor lse_for(const Tensor& q) {
   return empty({q.size(0), q.size(1), q.size(2)}, {.dtype = DType::f32, .device = q.device()});
 }
 
+// What a fused call masks beyond causal self-attention: non-causal attention and keys padded
+// on the right run cuDNN's masked graphs (the hand-written kernels are causal and unpadded).
+struct FusedMasking {
+  bool causal = true;
+  Tensor kv_lengths;  // i32 [B]: key j of row b is attended iff j < kv_lengths[b]; or undefined
+  bool beyond_causal() const { return !causal || kv_lengths.defined(); }
+};
+
 // The fused kernels on [B, H, T, D] heads (O(T) memory); the backward recomputes the scores
 // from q, k, v and the saved log-sum-exp. The backend is the one chosen at the forward. With
 // `dropout`, the flash kernels that drop the probabilities (whatever the backend); the backward
 // regenerates the mask from the draw's (seed, offset).
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                       const std::optional<AttentionDropout>& dropout = std::nullopt) {
+                       const std::optional<AttentionDropout>& dropout = std::nullopt,
+                       const FusedMasking& masking = {}) {
   const AttentionBackend backend = attention_backend();
   // The caller's usual y.transpose(1, 2).reshape({B, T, H * D}) costs no copy (nor does its
   // gradient).
   const Tensor out = empty_heads_like(q);
   Tensor lse = lse_for(q);
   if (dropout) fused_for(q).flash_attention_dropout_forward(q, k, v, scale, *dropout, out, lse);
+  else if (masking.beyond_causal())
+    fused_for(q).cudnn_masked_attention_forward(q, k, v, scale, masking.causal, masking.kv_lengths, out, lse);
   else attention_forward_on(backend, q, k, v, scale, out, lse);
-  const char* name = dropout ? "FlashAttentionDropoutBackward" : "FlashAttentionBackward";
+  const char* name = dropout                   ? "FlashAttentionDropoutBackward"
+                     : masking.beyond_causal() ? "CudnnMaskedAttentionBackward"
+                                               : "FlashAttentionBackward";
   using autograd::SavedTensor;
   autograd::record(
       name, {q, k, v}, {out},
       [sq = SavedTensor::input(q), sk = SavedTensor::input(k), sv = SavedTensor::input(v),
-       so = SavedTensor::output(out), lse, scale, backend, dropout,
+       so = SavedTensor::output(out), lse, scale, backend, dropout, masking,
        name](const autograd::BackwardArgs& args) {
         const Tensor q = sq.unpack(name), k = sk.unpack(name), v = sv.unpack(name),
                      o = so.unpack(name);
@@ -276,6 +289,9 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
         if (dropout)
           fused_for(q).flash_attention_dropout_backward(q, k, v, o, dout, lse, scale, *dropout, dq,
                                                         dk, dv);
+        else if (masking.beyond_causal())
+          fused_for(q).cudnn_masked_attention_backward(q, k, v, o, dout, lse, scale, masking.causal,
+                                                       masking.kv_lengths, dq, dk, dv);
         else
           attention_backward_on(backend, q, k, v, o, dout, lse, scale, dq, dk, dv);
         return std::vector<Tensor>{dq, dk, dv};
@@ -480,14 +496,9 @@ Tensor fused_rotary_attention_qkv(const Tensor& qkv, int64_t H, int64_t Hkv,
   return y;
 }
 
-}  // namespace
-
-bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                             double dropout_p) {
-  if (!causal || !has_fused_attention(q)) return false;
-  const bool dropout_drawable =
-      dropout_p == 0 || (dropout_p > 0 && dropout_p < 1 && has_fused_attention_dropout(q));
-  if (!dropout_drawable) return false;
+// The shapes and layouts every fused attention kernel takes: bf16/f16 [B, H, T, D] self-attention
+// views with D of 64 or 128, grouped-query heads, rows the kernels can read.
+bool fused_shapes_fit(const Tensor& q, const Tensor& k, const Tensor& v) {
   if (q.dtype() != DType::bf16 && q.dtype() != DType::f16) return false;
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return false;
   if (k.size(2) != q.size(2) || (q.size(3) != 64 && q.size(3) != 128)) return false;
@@ -499,6 +510,26 @@ bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, 
     if (t->dtype() != q.dtype() || !rows_readable_by_kernels(*t)) return false;
   }
   return true;
+}
+
+// True when cuDNN's masked graphs run q, k, v on their device (no dropout: cuDNN's would draw
+// other numbers than the composition).
+bool cudnn_masked_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, double dropout_p) {
+  const FusedKernelTable& fused = fused_for(q);
+  return dropout_p == 0 && fused.cudnn_masked_attention_available != nullptr &&
+         fused.cudnn_masked_attention_forward != nullptr &&
+         fused.cudnn_masked_attention_backward != nullptr && fused_shapes_fit(q, k, v) &&
+         fused.cudnn_masked_attention_available(nullptr);
+}
+
+}  // namespace
+
+bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                             double dropout_p) {
+  if (!causal || !has_fused_attention(q)) return false;
+  const bool dropout_drawable =
+      dropout_p == 0 || (dropout_p > 0 && dropout_p < 1 && has_fused_attention_dropout(q));
+  return dropout_drawable && fused_shapes_fit(q, k, v);
 }
 
 namespace {
@@ -524,12 +555,20 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
     if (dropout_p == 0) return fused_attention(q, k, v, scale);
     return fused_attention(q, k, v, scale, draw_attention_dropout(q, k, dropout_p, gen));
   }
+  if (allow_flash && !causal && cudnn_masked_attention_applies(q, k, v, dropout_p))
+    return fused_attention(q, k, v, scale, std::nullopt, {.causal = false});
   return composed_attention(q, k, v, causal, scale, dropout_p, gen);
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                     const Tensor& attn_mask, bool causal, double dropout_p,
                                     Generator* gen) {
+  return key_padded_attention(q_in, k_in, v_in, attn_mask, Tensor(), causal, dropout_p, gen);
+}
+
+Tensor key_padded_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                            const Tensor& attn_mask, const Tensor& kv_lengths, bool causal,
+                            double dropout_p, Generator* gen) {
   if (!attn_mask.defined())
     return scaled_dot_product_attention(q_in, k_in, v_in, causal, dropout_p, gen);
   const auto [q, k, v] = checked_attention_inputs(q_in, k_in, v_in, causal, dropout_p);
@@ -538,9 +577,19 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
                           ? attn_mask
                           : autograd::autocast(attn_mask);
   check_attention_mask(mask, q, k);
-  // The fused kernels take no mask: a masked call is the composition on every device.
-  return composed_attention(q, k, v, causal, 1.0 / std::sqrt(static_cast<double>(q.size(3))),
-                            dropout_p, gen, mask);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  // Keys padded on the right, as the lengths say: cuDNN's padding mask where it runs. Any
+  // other mask is the composition on every device (the fused kernels take no mask tensor).
+  if (kv_lengths.defined()) {
+    TESSERA_CHECK(kv_lengths.dtype() == DType::i32 && kv_lengths.dim() == 1 &&
+                      kv_lengths.size(0) == q.size(0) && kv_lengths.device() == q.device(),
+                  "key_padded_attention: kv_lengths must be int32 [B] = [", q.size(0), "] on ",
+                  q.device().str(), ", got ", autograd::describe(kv_lengths));
+    if (cudnn_masked_attention_applies(q, k, v, dropout_p))
+      return fused_attention(q, k, v, scale, std::nullopt,
+                             {.causal = causal, .kv_lengths = raw::contiguous(kv_lengths)});
+  }
+  return composed_attention(q, k, v, causal, scale, dropout_p, gen, mask);
 }
 
 bool causal_attention_qkv_fused_applies(const Tensor& qkv, int64_t n_head, double dropout_p) {

@@ -166,6 +166,17 @@ struct FusedKernelTable {
                                    const Tensor& out, const Tensor& dout, const Tensor& lse,
                                    double scale, const Tensor& dq, const Tensor& dk,
                                    const Tensor& dv) = nullptr;
+  // cuDNN's attention causal or not, with keys padded on the right when kv_lengths (i32 [B])
+  // is defined (kernels/cuda/cudnn_attention.h).
+  bool (*cudnn_masked_attention_available)(std::string* reason) = nullptr;
+  void (*cudnn_masked_attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v,
+                                         double scale, bool causal, const Tensor& kv_lengths,
+                                         const Tensor& out, const Tensor& lse) = nullptr;
+  void (*cudnn_masked_attention_backward)(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& out, const Tensor& dout,
+                                          const Tensor& lse, double scale, bool causal,
+                                          const Tensor& kv_lengths, const Tensor& dq,
+                                          const Tensor& dk, const Tensor& dv) = nullptr;
 
   // ---- optimizers and clipping, one launch for many contiguous tensors on one device ----
   // exp_avg/exp_avg_sq f32; params f32, or f16/bf16 with an f32 master (updated, then rounded

@@ -77,9 +77,9 @@ BertSelfAttention::BertSelfAttention(const BertConfig& cfg, Generator* gen, Tens
   register_module("dropout", dropout);
 }
 
-Tensor BertSelfAttention::forward_masked(const Tensor& x, const Tensor& attn_mask) {
+Tensor BertSelfAttention::forward_masked(const Tensor& x, const AttentionPadding& padding) {
   const double p = dropout.is_training() ? dropout.p : 0.0;
-  return multi_head_attention(query(x), key(x), value(x), num_heads, attn_mask, p);
+  return multi_head_attention(query(x), key(x), value(x), num_heads, padding, p);
 }
 
 BertResidualOutput::BertResidualOutput(int64_t in_features, const BertConfig& cfg, Generator* gen,
@@ -119,8 +119,8 @@ BertLayer::BertLayer(const BertConfig& cfg, Generator* gen, TensorOptions opts)
   register_module("output", output);
 }
 
-Tensor BertLayer::forward_masked(const Tensor& x, const Tensor& attn_mask) {
-  const Tensor heads = attention.self_attention.forward_masked(x, attn_mask);
+Tensor BertLayer::forward_masked(const Tensor& x, const AttentionPadding& padding) {
+  const Tensor heads = attention.self_attention.forward_masked(x, padding);
   const Tensor attended = attention.output.forward_residual(heads, x);
   return output.forward_residual(intermediate(attended), attended);
 }
@@ -150,9 +150,9 @@ BertOutputs BertModel::encode(const Tensor& input_ids, const Tensor& attention_m
   TESSERA_CHECK(!token_type_ids.defined() || token_type_ids.shape() == input_ids.shape(),
                 "BertModel: token_type_ids ", autograd::describe(token_type_ids),
                 " must have input_ids' shape ", shape_str(input_ids.shape()));
-  const Tensor mask = key_padding_mask(attention_mask, input_ids, "BertModel");
+  const AttentionPadding padding = padding_of_attention_mask(attention_mask, input_ids, "BertModel");
   Tensor x = embeddings.forward_embeddings(input_ids, token_type_ids);
-  for (BertLayer* l : layers) x = l->forward_masked(x, mask);
+  for (BertLayer* l : layers) x = l->forward_masked(x, padding);
   return {x, pooler(x)};
 }
 

@@ -53,7 +53,7 @@ class BertEmbeddings : public Module {
 class BertSelfAttention : public Module {
  public:
   BertSelfAttention(const BertConfig& cfg, Generator* gen, TensorOptions opts);
-  Tensor forward_masked(const Tensor& x, const Tensor& attn_mask);
+  Tensor forward_masked(const Tensor& x, const AttentionPadding& padding);
   std::string type_name() const override { return "BertSelfAttention"; }
   TorchLinear query, key, value;
   Dropout dropout;  // on the attention probabilities
@@ -94,8 +94,8 @@ class BertIntermediate : public Module {
 class BertLayer : public Module {
  public:
   BertLayer(const BertConfig& cfg, Generator* gen, TensorOptions opts);
-  // x [B, T, C] -> [B, T, C]; attn_mask as scaled_dot_product_attention takes it.
-  Tensor forward_masked(const Tensor& x, const Tensor& attn_mask);
+  // x [B, T, C] -> [B, T, C], attention masked by `padding`.
+  Tensor forward_masked(const Tensor& x, const AttentionPadding& padding);
   std::string type_name() const override { return "BertLayer"; }
   BertAttention attention;
   BertIntermediate intermediate;

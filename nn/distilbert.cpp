@@ -71,9 +71,9 @@ DistilBertAttention::DistilBertAttention(const DistilBertConfig& cfg, Generator*
   register_module("out_lin", out_lin);
 }
 
-Tensor DistilBertAttention::forward_masked(const Tensor& x, const Tensor& attn_mask) {
+Tensor DistilBertAttention::forward_masked(const Tensor& x, const AttentionPadding& padding) {
   const double p = dropout.is_training() ? dropout.p : 0.0;
-  return out_lin(multi_head_attention(q_lin(x), k_lin(x), v_lin(x), n_heads, attn_mask, p));
+  return out_lin(multi_head_attention(q_lin(x), k_lin(x), v_lin(x), n_heads, padding, p));
 }
 
 DistilBertFFN::DistilBertFFN(const DistilBertConfig& cfg, Generator* gen, TensorOptions opts)
@@ -99,8 +99,8 @@ DistilBertBlock::DistilBertBlock(const DistilBertConfig& cfg, Generator* gen, Te
   register_module("output_layer_norm", output_layer_norm);
 }
 
-Tensor DistilBertBlock::forward_masked(const Tensor& x, const Tensor& attn_mask) {
-  const Tensor attended = sa_layer_norm(attention.forward_masked(x, attn_mask) + x);
+Tensor DistilBertBlock::forward_masked(const Tensor& x, const AttentionPadding& padding) {
+  const Tensor attended = sa_layer_norm(attention.forward_masked(x, padding) + x);
   return output_layer_norm(ffn(attended) + attended);
 }
 
@@ -115,9 +115,9 @@ DistilBertModel::DistilBertModel(const DistilBertConfig& cfg, Generator* gen, Te
 
 Tensor DistilBertModel::encode(const Tensor& input_ids, const Tensor& attention_mask) {
   check_token_ids(input_ids, "DistilBertModel");
-  const Tensor mask = key_padding_mask(attention_mask, input_ids, "DistilBertModel");
+  const AttentionPadding padding = padding_of_attention_mask(attention_mask, input_ids, "DistilBertModel");
   Tensor x = embeddings(input_ids);
-  for (DistilBertBlock* block : blocks) x = block->forward_masked(x, mask);
+  for (DistilBertBlock* block : blocks) x = block->forward_masked(x, padding);
   return x;
 }
 

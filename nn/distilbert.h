@@ -50,7 +50,7 @@ class DistilBertEmbeddings : public Module {
 class DistilBertAttention : public Module {
  public:
   DistilBertAttention(const DistilBertConfig& cfg, Generator* gen, TensorOptions opts);
-  Tensor forward_masked(const Tensor& x, const Tensor& attn_mask);
+  Tensor forward_masked(const Tensor& x, const AttentionPadding& padding);
   std::string type_name() const override { return "MultiHeadSelfAttention"; }
   TorchLinear q_lin, k_lin, v_lin, out_lin;
   Dropout dropout;  // on the attention probabilities
@@ -71,7 +71,7 @@ class DistilBertFFN : public Module {
 class DistilBertBlock : public Module {
  public:
   DistilBertBlock(const DistilBertConfig& cfg, Generator* gen, TensorOptions opts);
-  Tensor forward_masked(const Tensor& x, const Tensor& attn_mask);
+  Tensor forward_masked(const Tensor& x, const AttentionPadding& padding);
   std::string type_name() const override { return "TransformerBlock"; }
   DistilBertAttention attention;
   LayerNorm sa_layer_norm;

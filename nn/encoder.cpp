@@ -133,22 +133,45 @@ void check_token_ids(const Tensor& input_ids, const char* model) {
                 model, ": input_ids must be integer [B, T], got ", autograd::describe(input_ids));
 }
 
-Tensor key_padding_mask(const Tensor& attention_mask, const Tensor& input_ids, const char* model) {
-  if (!attention_mask.defined()) return Tensor();
+namespace {
+
+// Each row's token count when every row of keep [B, T] is padded on the right and keeps a
+// token, as int32 [B] on keep's device; undefined otherwise.
+Tensor right_padded_lengths(const Tensor& keep) {
+  const int64_t B = keep.size(0), T = keep.size(1);
+  const std::vector<uint8_t> host = raw::to(keep, Device::cpu(), DType::u8).to_vector<uint8_t>();
+  std::vector<int32_t> lengths(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const uint8_t* row = host.data() + b * T;
+    const int64_t length = std::find(row, row + T, uint8_t{0}) - row;
+    if (length == 0 || std::find(row + length, row + T, uint8_t{1}) != row + T) return Tensor();
+    lengths[static_cast<size_t>(b)] = static_cast<int32_t>(length);
+  }
+  return raw::to(from_vector(lengths, {B}, {.dtype = DType::i32}), keep.device(), DType::i32);
+}
+
+}  // namespace
+
+AttentionPadding padding_of_attention_mask(const Tensor& attention_mask, const Tensor& input_ids,
+                                           const char* model) {
+  if (!attention_mask.defined()) return {};
   TESSERA_CHECK(attention_mask.shape() == input_ids.shape() &&
                     (is_integral(attention_mask.dtype()) || attention_mask.dtype() == DType::boolean),
                 model, ": attention_mask must be an integer or bool tensor of input_ids' shape ",
                 shape_str(input_ids.shape()), ", got ", autograd::describe(attention_mask));
   const Tensor keep = ops::binary(BinaryOp::Ne, attention_mask, 0.0);
-  return raw::reshape(keep, {keep.size(0), 1, 1, keep.size(1)});
+  AttentionPadding padding{raw::reshape(keep, {keep.size(0), 1, 1, keep.size(1)}), Tensor()};
+  // Only a GPU has a fused padded attention to hand the lengths to; the CPU never reads back.
+  if (keep.device().is_cuda()) padding.kv_lengths = right_padded_lengths(keep);
+  return padding;
 }
 
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_head,
-                            const Tensor& attn_mask, double dropout_p) {
+                            const AttentionPadding& padding, double dropout_p) {
   const int64_t B = q.size(0), T = q.size(1), C = q.size(2);
   auto heads = [&](const Tensor& x) { return x.reshape({B, T, n_head, C / n_head}).transpose(1, 2); };
-  const Tensor y = scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask,
-                                                /*causal=*/false, dropout_p);
+  const Tensor y = key_padded_attention(heads(q), heads(k), heads(v), padding.keep,
+                                        padding.kv_lengths, /*causal=*/false, dropout_p);
   return y.transpose(1, 2).reshape({B, T, C});
 }
 

@@ -84,16 +84,25 @@ Tensor activate(Activation act, const Tensor& x);
 // Raises, naming `model`, unless input_ids is an integer [B, T] tensor.
 void check_token_ids(const Tensor& input_ids, const char* model);
 
-// attention_mask [B, T] (any integer or bool dtype, 1 = token) as scaled_dot_product_attention's
-// bool key-padding mask [B, 1, 1, T]; undefined stays undefined (nothing masked). `model`
-// names the caller in errors (a mask of another shape than input_ids' [B, T]).
-Tensor key_padding_mask(const Tensor& attention_mask, const Tensor& input_ids, const char* model);
+// An attention_mask as the attention takes it. `keep`: scaled_dot_product_attention's bool
+// key-padding mask [B, 1, 1, T] (undefined: nothing masked). `kv_lengths`: on a GPU, when every
+// row is padded on the right and keeps at least one token, each row's token count (int32 [B]
+// on the mask's device: key_padded_attention's fused form); undefined otherwise.
+struct AttentionPadding {
+  Tensor keep, kv_lengths;
+};
 
-// Bidirectional attention of q, k, v [B, T, C] split into n_head heads, the mask as
-// scaled_dot_product_attention takes it, dropout on the probabilities with dropout_p -> the
-// heads merged back [B, T, C].
+// attention_mask [B, T] (any integer or bool dtype, 1 = token) as AttentionPadding; undefined
+// stays undefined. On a GPU the mask is read to the host once (for the lengths), so a model
+// builds this once per forward and hands it to every layer. `model` names the caller in
+// errors (a mask of another shape than input_ids' [B, T]).
+AttentionPadding padding_of_attention_mask(const Tensor& attention_mask, const Tensor& input_ids,
+                                           const char* model);
+
+// Bidirectional attention of q, k, v [B, T, C] split into n_head heads, masked by `padding`,
+// dropout on the probabilities with dropout_p -> the heads merged back [B, T, C].
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_head,
-                            const Tensor& attn_mask, double dropout_p);
+                            const AttentionPadding& padding, double dropout_p);
 
 // Copies a checkpoint into `model`, which names its parameters as HF does. Tensors whose names
 // do not start with base_prefix ("bert.") get it when none does (a bare BertModel's file).

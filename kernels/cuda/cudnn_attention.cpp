@@ -61,6 +61,20 @@ void cudnn_attention_backward(const Tensor&, const Tensor&, const Tensor&, const
   TESSERA_FAIL("cudnn_attention_backward: ", kNotBuilt);
 }
 
+bool cudnn_masked_attention_available(std::string* reason) { return cudnn_attention_available(reason); }
+
+void cudnn_masked_attention_forward(const Tensor&, const Tensor&, const Tensor&, double, bool,
+                                    const Tensor&, const Tensor&, const Tensor&) {
+  TESSERA_FAIL("cudnn_masked_attention_forward: ", kNotBuilt);
+}
+
+void cudnn_masked_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                     const Tensor&, const Tensor&, double, bool, const Tensor&,
+                                     const Tensor&, const Tensor&, const Tensor&) {
+  TESSERA_FAIL("cudnn_masked_attention_backward: ", kNotBuilt);
+}
+
+
 #else  // TESSERA_WITH_CUDNN_FRONTEND
 
 namespace {
@@ -68,7 +82,7 @@ namespace fe = cudnn_frontend;
 using TensorAttr = std::shared_ptr<fe::graph::Tensor_attributes>;
 
 // Tensor ids in the graphs' variant packs.
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqQ, kSeqKV };
 
 // A frontend call that failed becomes a tessera::Error naming the op and the call.
 void check_frontend(fe::error_t status, const char* op, const char* call) {
@@ -111,10 +125,12 @@ struct GraphKey {
   uint32_t scale_bits;
   bool deterministic;
   std::vector<int64_t> strides;  // of every [B, H, T, D] operand, in a fixed order
+  bool causal = true;
+  bool padded = false;  // keys padded on the right: seq_len_q / seq_len_kv inputs
 
   auto tie() const {
     return std::tie(backward, dtype, device, p.B, p.H, p.T, p.D, p.Hkv, scale_bits, deterministic,
-                    strides);
+                    strides, causal, padded);
   }
   bool operator<(const GraphKey& o) const { return tie() < o.tie(); }
 };
@@ -158,6 +174,25 @@ void mark_output(const TensorAttr& t, int64_t uid, std::vector<int64_t> dims,
   t->set_output(true).set_uid(uid).set_dim(std::move(dims)).set_stride(std::move(strides));
 }
 
+// The per-row sequence lengths of a padded graph: i32 [B, 1, 1, 1].
+TensorAttr sequence_lengths(fe::graph::Graph& graph, const char* name, int64_t uid, int64_t B) {
+  auto t = input(graph, name, uid, {B, 1, 1, 1}, {1, 1, 1, 1});
+  t->set_data_type(fe::DataType_t::INT32);
+  return t;
+}
+
+// The key's masking on either direction's attributes: the causal band (key j <= query i) and
+// cuDNN's padding mask over the seq_len_q / seq_len_kv inputs.
+template <class Attributes>
+void set_masking(Attributes& attributes, fe::graph::Graph& graph, const GraphKey& key) {
+  if (key.causal)
+    attributes.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+  if (key.padded)
+    attributes.set_padding_mask(true)
+        .set_seq_len_q(sequence_lengths(graph, "seq_len_q", kSeqQ, key.p.B))
+        .set_seq_len_kv(sequence_lengths(graph, "seq_len_kv", kSeqKV, key.p.B));
+}
+
 // Forward: operands q, k, v, out in key.strides.
 std::shared_ptr<fe::graph::Graph> forward_graph(const GraphKey& key) {
   auto graph = new_graph(key.dtype);
@@ -168,9 +203,8 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const GraphKey& key) {
                         .set_name("tessera_sdpa_forward")
                         .set_generate_stats(true)
                         .set_stats_use_log2(false)  // natural log, as Tessera's lse
-                        .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-                        .set_diagonal_band_right_bound(0)  // causal: key j <= query i
                         .set_attn_scale(std::bit_cast<float>(key.scale_bits));
+  set_masking(attributes, *graph, key);
   auto [out, stats] = graph->sdpa(q, k, v, attributes);
   mark_output(out, kO, dims_of(key.p), strides_at(key, 3));
   mark_output(stats, kStats, stats_dims(key.p), stats_strides(key.p));
@@ -190,10 +224,9 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const GraphKey& key) {
   stats->set_data_type(fe::DataType_t::FLOAT);
   auto attributes = fe::graph::SDPA_backward_attributes()
                         .set_name("tessera_sdpa_backward")
-                        .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-                        .set_diagonal_band_right_bound(0)
                         .set_attn_scale(std::bit_cast<float>(key.scale_bits))
                         .set_deterministic_algorithm(key.deterministic);
+  set_masking(attributes, *graph, key);
   auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, out, dout, stats, attributes);
   mark_output(dq, kDQ, dims_of(key.p), strides_at(key, 5));
   mark_output(dk, kDK, kv_dims_of(key.p), strides_at(key, 6));
@@ -225,13 +258,34 @@ const BuiltGraph& cached_graph(const char* op, const GraphKey& key, cudnnHandle_
 }
 
 GraphKey make_key(bool backward, const Tensor& q, const Problem& p, double scale,
-                  std::initializer_list<const Tensor*> operands) {
+                  std::initializer_list<const Tensor*> operands, bool causal = true,
+                  bool padded = false) {
   GraphKey key{backward, q.dtype(), q.device().index, p,
                std::bit_cast<uint32_t>(static_cast<float>(scale)),
-               backward && deterministic(), {}};
+               backward && deterministic(), {}, causal, padded};
   for (const Tensor* t : operands) key.strides.insert(key.strides.end(), t->strides().begin(),
                                                       t->strides().end());
   return key;
+}
+
+// kv_lengths as the masked entries take it (see cudnn_attention.h).
+void check_kv_lengths(const char* op, const Tensor& kv_lengths, const Problem& p, Device device) {
+  TESSERA_CHECK(kv_lengths.dtype() == DType::i32 && kv_lengths.dim() == 1 &&
+                    kv_lengths.size(0) == p.B && kv_lengths.is_contiguous() &&
+                    kv_lengths.device() == device,
+                op, ": kv_lengths must be a contiguous int32 [B] = [", p.B, "] tensor on ",
+                device.str(), ", got ", shape_str(kv_lengths.shape()), " ", dtype_name(kv_lengths.dtype()),
+                " on ", kv_lengths.device().str());
+}
+
+// The variant pack's sequence lengths of a padded graph: every query row counts (T), the keys
+// up to kv_lengths. The T-filled tensor lives until the caller's call has been queued, which is
+// enough: the caching allocator reuses its memory only in stream order.
+void add_sequence_lengths(std::unordered_map<int64_t, void*>& pointers, const Problem& p,
+                          const Tensor& kv_lengths, Tensor& seq_len_q) {
+  seq_len_q = full({p.B}, static_cast<double>(p.T), {.dtype = DType::i32, .device = kv_lengths.device()});
+  pointers[kSeqQ] = seq_len_q.raw_data();
+  pointers[kSeqKV] = kv_lengths.raw_data();
 }
 
 // Runs a built graph on the current stream with a workspace from the caching allocator.
@@ -259,7 +313,7 @@ struct Availability {
   std::string reason;
 };
 
-Availability probe(int device) {
+Availability probe(int device, bool masked) {
   const size_t version = cudnnGetVersion();
   if (version < 90000)
     return {false, "cuDNN " + std::to_string(version) +
@@ -277,7 +331,8 @@ Availability probe(int device) {
     cudnnHandle_t handle = handle_for(device);
     const Problem p{1, 1, 64, 64, 1};
     const std::vector<int64_t> contiguous{64 * 64, 64 * 64, 64, 1};
-    GraphKey key{false, DType::bf16, device, p, std::bit_cast<uint32_t>(0.125f), false, {}};
+    GraphKey key{false, DType::bf16, device, p, std::bit_cast<uint32_t>(0.125f), false, {},
+                 /*causal=*/!masked, /*padded=*/masked};
     for (int i = 0; i < 8; ++i) key.strides.insert(key.strides.end(), contiguous.begin(),
                                                    contiguous.end());
     build("cudnn_attention_available", forward_graph(key), handle);
@@ -289,38 +344,40 @@ Availability probe(int device) {
   return {true, ""};
 }
 
-}  // namespace
-
-bool cudnn_attention_available(std::string* reason) {
+// The availability answer per device and graph family (causal / masked), computed once.
+bool available(bool masked, std::string* reason) {
   if (device_count() == 0) {
     if (reason) *reason = "no CUDA device";
     return false;
   }
   static std::mutex mutex;
-  static std::map<int, Availability> answers;
+  static std::map<std::pair<int, bool>, Availability> answers;
   const int device = current_device();
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = answers.find(device);
-  if (it == answers.end()) it = answers.emplace(device, probe(device)).first;
+  auto it = answers.find({device, masked});
+  if (it == answers.end()) it = answers.emplace(std::pair{device, masked}, probe(device, masked)).first;
   if (reason) *reason = it->second.reason;
   return it->second.ok;
 }
 
-void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                             const Tensor& out, const Tensor& lse) {
-  constexpr const char* op = "cudnn_attention_forward";
+void forward(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+             bool causal, const Tensor& kv_lengths, const Tensor& out, const Tensor& lse) {
   const Problem p = check_qkv(op, q, k, v);
   check_head_view(op, "out", out, q, /*vector_rows=*/true, /*written=*/true);
   check_lse(op, lse, p, q.device());
-  const GraphKey key = make_key(false, q, p, scale, {&q, &k, &v, &out});
-  execute(op, key, q,
-          {{kQ, ptr(q)}, {kK, ptr(k)}, {kV, ptr(v)}, {kO, ptr(out)}, {kStats, ptr(lse)}});
+  const bool padded = kv_lengths.defined();
+  if (padded) check_kv_lengths(op, kv_lengths, p, q.device());
+  const GraphKey key = make_key(false, q, p, scale, {&q, &k, &v, &out}, causal, padded);
+  std::unordered_map<int64_t, void*> pointers{
+      {kQ, ptr(q)}, {kK, ptr(k)}, {kV, ptr(v)}, {kO, ptr(out)}, {kStats, ptr(lse)}};
+  Tensor seq_len_q;
+  if (padded) add_sequence_lengths(pointers, p, kv_lengths, seq_len_q);
+  execute(op, key, q, std::move(pointers));
 }
 
-void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& out, const Tensor& dout, const Tensor& lse,
-                              double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
-  constexpr const char* op = "cudnn_attention_backward";
+void backward(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+              const Tensor& dout, const Tensor& lse, double scale, bool causal,
+              const Tensor& kv_lengths, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const Problem p = check_qkv(op, q, k, v);
   for (auto [name, t] : NamedTensors{{"out", &out}, {"dout", &dout}})
     check_head_view(op, name, *t, q, /*vector_rows=*/true, /*written=*/false);
@@ -328,10 +385,47 @@ void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   for (auto [name, t] : NamedTensors{{"dk", &dk}, {"dv", &dv}})
     check_head_view(op, name, *t, k, /*vector_rows=*/true, /*written=*/true);
   check_lse(op, lse, p, q.device());
-  const GraphKey key = make_key(true, q, p, scale, {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
-  execute(op, key, q,
-          {{kQ, ptr(q)}, {kK, ptr(k)}, {kV, ptr(v)}, {kO, ptr(out)}, {kDO, ptr(dout)},
-           {kStats, ptr(lse)}, {kDQ, ptr(dq)}, {kDK, ptr(dk)}, {kDV, ptr(dv)}});
+  const bool padded = kv_lengths.defined();
+  if (padded) check_kv_lengths(op, kv_lengths, p, q.device());
+  const GraphKey key =
+      make_key(true, q, p, scale, {&q, &k, &v, &out, &dout, &dq, &dk, &dv}, causal, padded);
+  std::unordered_map<int64_t, void*> pointers{
+      {kQ, ptr(q)},  {kK, ptr(k)},       {kV, ptr(v)},   {kO, ptr(out)}, {kDO, ptr(dout)},
+      {kStats, ptr(lse)}, {kDQ, ptr(dq)}, {kDK, ptr(dk)}, {kDV, ptr(dv)}};
+  Tensor seq_len_q;
+  if (padded) add_sequence_lengths(pointers, p, kv_lengths, seq_len_q);
+  execute(op, key, q, std::move(pointers));
+}
+
+}  // namespace
+
+bool cudnn_attention_available(std::string* reason) { return available(false, reason); }
+bool cudnn_masked_attention_available(std::string* reason) { return available(true, reason); }
+
+void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                             const Tensor& out, const Tensor& lse) {
+  forward("cudnn_attention_forward", q, k, v, scale, /*causal=*/true, Tensor(), out, lse);
+}
+
+void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& dout, const Tensor& lse,
+                              double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  backward("cudnn_attention_backward", q, k, v, out, dout, lse, scale, /*causal=*/true, Tensor(),
+           dq, dk, dv);
+}
+
+void cudnn_masked_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                                    bool causal, const Tensor& kv_lengths, const Tensor& out,
+                                    const Tensor& lse) {
+  forward("cudnn_masked_attention_forward", q, k, v, scale, causal, kv_lengths, out, lse);
+}
+
+void cudnn_masked_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                     double scale, bool causal, const Tensor& kv_lengths,
+                                     const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  backward("cudnn_masked_attention_backward", q, k, v, out, dout, lse, scale, causal, kv_lengths,
+           dq, dk, dv);
 }
 
 #endif  // TESSERA_WITH_CUDNN_FRONTEND

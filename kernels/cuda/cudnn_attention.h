@@ -29,4 +29,18 @@ void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& dout, const Tensor& lse,
                               double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv);
 
+// The same beyond causal self-attention: `causal` or not, and keys padded on the right when
+// kv_lengths is defined (i32 [B], contiguous on q's device, each in [1, T]): key j of batch row
+// b is attended iff j < kv_lengths[b] (and, causal, j <= i). Every query row is computed (a
+// padded query attends to row b's real keys, as a key-padding attn_mask makes it), so the
+// outputs equal the masked composition on every row. cuDNN's padding mask takes the lengths.
+bool cudnn_masked_attention_available(std::string* reason = nullptr);
+void cudnn_masked_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                                    bool causal, const Tensor& kv_lengths, const Tensor& out,
+                                    const Tensor& lse);
+void cudnn_masked_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                     double scale, bool causal, const Tensor& kv_lengths,
+                                     const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
 }  // namespace tessera::cuda

@@ -23,6 +23,11 @@ const bool registered = [] {
   t.cudnn_attention_available = [](std::string* reason) { return cudnn_attention_available(reason); };
   t.cudnn_attention_forward = cudnn_attention_forward;
   t.cudnn_attention_backward = cudnn_attention_backward;
+  t.cudnn_masked_attention_available = [](std::string* reason) {
+    return cudnn_masked_attention_available(reason);
+  };
+  t.cudnn_masked_attention_forward = cudnn_masked_attention_forward;
+  t.cudnn_masked_attention_backward = cudnn_masked_attention_backward;
   t.multi_tensor_adamw = multi_tensor_adamw;
   t.global_grad_norm = global_grad_norm;
   t.multi_tensor_scale = multi_tensor_scale_;
