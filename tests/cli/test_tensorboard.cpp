@@ -13,11 +13,11 @@
 
 #include "tessera/core/error.h"
 #include "tests/nn/python_reference.h"
-#include "tessera/train/tensorboard.h"
+#include "tessera/dist/tensorboard.h"
 
 namespace fs = std::filesystem;
-using tessera::train::crc32c;
-using tessera::train::TensorBoardWriter;
+using tessera::dist::crc32c;
+using tessera::dist::TensorBoardWriter;
 
 namespace {
 
