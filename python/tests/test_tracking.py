@@ -105,3 +105,36 @@ def test_the_python_trainers_report_to_reaches_csv(tmp_path):
         for key, value in record.items():
             if key not in ("step", "time") and isinstance(value, (int, float)):
                 assert float(row[key]) == value, key
+
+
+def test_a_subclass_of_accelerates_general_tracker_is_accepted(tmp_path):
+    tracking = pytest.importorskip("accelerate.tracking")
+
+    class Mine(tracking.GeneralTracker):
+        name = "mine"
+        requires_logging_directory = False
+
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        @property
+        def tracker(self):
+            return self.seen
+
+        def store_init_configuration(self, values):
+            self.seen.append(("config", values))
+
+        def log(self, values, step=None, **kwargs):
+            self.seen.append(("log", values, step))
+
+        def finish(self):
+            self.seen.append(("finish",))
+
+    mine = Mine()
+    acc = tessera.Accelerator(cpu=True, log_with=mine)
+    acc.init_trackers("p", config={"a": 1})
+    acc.log({"loss": 1.5}, step=2)
+    assert acc.get_tracker("mine", unwrap=True) is mine.seen
+    acc.end_training()
+    assert mine.seen == [("config", {"a": 1}), ("log", {"loss": 1.5}, 2), ("finish",)]
