@@ -14,10 +14,11 @@
 #include "tessera/dist/accelerator.h"
 #include "tessera/dist/mlflow_store.h"
 #include "tessera/dist/trackers.h"
+#include "tests/autograd/gradcheck.h"  // error_of
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using tessera::Error;
+using tessera::testing::error_of;
 namespace dist = tessera::dist;
 
 namespace {
@@ -27,15 +28,6 @@ fs::path fresh_dir(const std::string& name) {
       fs::temp_directory_path() / ("tessera_trackers_" + std::to_string(::getpid()) + "_" + name);
   fs::remove_all(dir);
   return dir;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 std::vector<std::vector<std::string>> read_csv(const fs::path& file) {  // no quoted cells
