@@ -3,10 +3,12 @@ get_tracker, end_training) and the Python Trainer's report_to."""
 import csv
 import json
 import random
+import textwrap
 
 import pytest
 import tessera
 from tessera.tracking import GeneralTracker
+from conftest import launch
 
 
 class RecordingTracker(GeneralTracker):
@@ -138,3 +140,32 @@ def test_a_subclass_of_accelerates_general_tracker_is_accepted(tmp_path):
     assert acc.get_tracker("mine", unwrap=True) is mine.seen
     acc.end_training()
     assert mine.seen == [("config", {"a": 1}), ("log", {"loss": 1.5}, 2), ("finish",)]
+
+
+def test_only_the_main_process_writes_on_two_processes(tmp_path):
+    # Each rank logs its own rank as the value; only rank 0's rows may reach the table, and a
+    # tracker object with main_process_only = False is called on both ranks.
+    script = tmp_path / "two.py"
+    script.write_text(textwrap.dedent(f"""
+        import tessera
+        from tessera.tracking import GeneralTracker
+
+        class Everywhere(GeneralTracker):
+            name = "everywhere"
+            main_process_only = False
+
+            def log(self, values, step=None, **kwargs):
+                print(f"rank {{values['rank']}} logged at {{step}}", flush=True)
+
+        acc = tessera.Accelerator(cpu=True, log_with=["csv", Everywhere()], project_dir={str(tmp_path)!r})
+        acc.init_trackers("proj", config={{"world": acc.num_processes}})
+        for step in range(3):
+            acc.log({{"rank": acc.process_index}}, step=step)
+        assert acc.get_tracker("csv").name == ("csv" if acc.is_main_process else "")
+        acc.end_training()
+    """))
+    out = launch(2, str(script))
+    assert sum(f"rank {r} logged at {s}" in out for r in (0, 1) for s in range(3)) == 6, out
+    with open(tmp_path / "proj" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["step"], r["rank"]) for r in rows] == [("0", "0"), ("1", "0"), ("2", "0")]
