@@ -74,7 +74,7 @@ constexpr FlagSpec kValueFlags[] = {
     {"--sampling", "sampling", FlagType::Text,
      "windows (sequential or --shuffle) | random (a random offset per row, nanoGPT's get_batch)"},
     {"--report-to", "report_to", FlagType::Text,
-     "comma-separated trackers: jsonl, tensorboard, none (default jsonl)"},
+     "comma-separated trackers: jsonl, tensorboard, csv, mlflow, all, none (default jsonl)"},
     {"--reduce-dtype", "reduce_dtype", FlagType::Text,
      "dtype gradients are averaged in across ranks: fp32 | the --dtype (half the bytes on the "
      "wire, no cast passes); default bf16 for --dtype bf16, else fp32"},

@@ -37,6 +37,7 @@ void take_launch_settings(AcceleratorOptions& o) {
 }  // namespace
 
 Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
+  check_tracker_options();  // before anything is created
   take_launch_settings(options_);
   resolve_sharding_options();
   TESSERA_CHECK(options_.gradient_accumulation_steps >= 1,
@@ -806,6 +807,7 @@ void Accelerator::free_memory() {
 }
 
 void Accelerator::end_training() {
+  finish_trackers();
   wait_for_everyone();
   free_memory();
   if (owns_group_) {

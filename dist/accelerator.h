@@ -36,6 +36,7 @@
 #include "tessera/dist/deepspeed_config.h"
 #include "tessera/dist/strategy.h"
 #include "tessera/dist/process_group.h"
+#include "tessera/dist/trackers.h"
 #include "tessera/dist/zero.h"
 #include "tessera/nn/module.h"
 #include "tessera/optim/loss_scaler.h"
@@ -84,6 +85,14 @@ struct AcceleratorOptions {
   // A DeepSpeed JSON file (dist/deepspeed_config.h) whose settings fill the ones above;
   // a setting given both here and there must agree.
   std::string deepspeed_config;
+  // Experiment trackers (dist/trackers.h), Accelerate's log_with: built-in names
+  // ("tensorboard", "csv", "mlflow", "all") and trackers of one's own, used on the main
+  // process only. Names are checked when the Accelerator is made.
+  std::vector<std::string> log_with;
+  std::vector<std::shared_ptr<GeneralTracker>> log_with_trackers;
+  // Accelerate's ProjectConfiguration: where trackers write (logging_dir; "" = project_dir).
+  std::string project_dir;
+  std::string logging_dir;
 };
 
 class Accelerator;
@@ -252,8 +261,29 @@ class Accelerator {
   void load_state(const std::string& dir);
   // Forgets prepared objects (DDP buffers are released).
   void free_memory();
-  // Waits for everyone and tears down the process group this Accelerator created.
+  // Finishes the trackers, waits for everyone and tears down the process group this
+  // Accelerator created.
   void end_training();
+
+  // ---- experiment trackers (Accelerate's names; main process only, no-ops elsewhere) ----
+  // Creates the log_with trackers for `project_name` (TensorBoard and CSV under
+  // logging_dir/project_name, MLflow's store in logging_dir/mlruns) and hands `config` (a
+  // JSON object; null = none) to every tracker's store_init_configuration. init_kwargs:
+  // {tracker name: {its settings}}; a name not in log_with is refused.
+  void init_trackers(const std::string& project_name,
+                     const nlohmann::json& config = nullptr,
+                     const nlohmann::json& init_kwargs = nlohmann::json::object());
+  // values: {name: number, ...} to every tracker at `step` (0 when not given, as Accelerate's
+  // trackers store step None).
+  void log(const nlohmann::json& values, std::optional<int64_t> step = std::nullopt);
+  // The tracker of that name (an error naming the ones there are); on other processes a
+  // tracker that does nothing, as Accelerate's.
+  GeneralTracker& get_tracker(const std::string& name);
+  const std::vector<std::shared_ptr<GeneralTracker>>& trackers() const { return trackers_; }
+  // The log_with names with "all" expanded.
+  const std::vector<std::string>& log_with() const { return log_with_names_; }
+  // Where trackers write: logging_dir, else project_dir.
+  std::string logging_dir() const;
 
   // Calls fn(batch_size), halving batch_size after an out-of-memory error until it runs
   // (or reaches 0, which is an error). Returns what fn returned.
@@ -300,6 +330,10 @@ class Accelerator {
   bool trigger_ = false;
   void attach_optimizers();
   void resolve_sharding_options();
+  void check_tracker_options();
+  void finish_trackers();
+  std::vector<std::string> log_with_names_;
+  std::vector<std::shared_ptr<GeneralTracker>> trackers_;
   DataParallelStrategy& strategy_training(const optim::Optimizer& optimizer) const;
   std::map<const nn::Module*, std::unique_ptr<DataParallelStrategy>> models_;
   std::map<const optim::Optimizer*, DataParallelStrategy*> optimizer_strategy_;

@@ -8,7 +8,8 @@
 #include "tessera/core/error.h"
 #include "tessera/data/file_io.h"
 #include "tessera/train/plot.h"
-#include "tessera/train/tensorboard.h"
+#include "tessera/train/report_to.h"
+#include "tessera/dist/tensorboard.h"
 
 namespace tessera::train {
 
@@ -219,14 +220,16 @@ class TensorBoardTracker : public Tracker {
   }
 
  private:
-  TensorBoardWriter writer_;
+  dist::TensorBoardWriter writer_;
 };
 
 std::map<std::string, TrackerFactory>& tracker_factories() {
   static std::map<std::string, TrackerFactory> all = {
       {"jsonl", [](const TrackerContext& c) { return std::make_unique<JsonlTracker>(c); }},
       {"tensorboard",
-       [](const TrackerContext& c) { return std::make_unique<TensorBoardTracker>(c); }}};
+       [](const TrackerContext& c) { return std::make_unique<TensorBoardTracker>(c); }},
+      {"csv", general_tracker_factory("csv")},
+      {"mlflow", general_tracker_factory("mlflow")}};
   return all;
 }
 
@@ -251,7 +254,7 @@ void TrackerCallback::on_train_begin(const TrainingArguments& args, TrainerState
 void TrackerCallback::on_log(const TrainingArguments&, TrainerState&, TrainerControl&,
                              const Json& logs) {
   Json record = logs;
-  record["time"] = unix_time_now();
+  record["time"] = dist::unix_time_now();
   for (auto& t : trackers_) t->log(record);
 }
 
@@ -259,7 +262,7 @@ void TrackerCallback::on_evaluate(const TrainingArguments&, TrainerState& state,
                                   const Metrics& metrics) {
   Json record = {{"step", state.global_step}};
   for (const auto& [k, v] : metrics) record[k] = v;
-  record["time"] = unix_time_now();
+  record["time"] = dist::unix_time_now();
   for (auto& t : trackers_) t->log(record);
 }
 

@@ -134,8 +134,8 @@ bool metric_improves(const TrainingArguments& args, double value, const std::opt
 // ---- trackers (report_to) ----
 // A tracker receives every log line and evaluation as one JSON object with a "step".
 // Every record carries "time" (wall clock, seconds since the Unix epoch). Built in:
-// "jsonl" (output_dir/metrics.jsonl) and "tensorboard" (event files in output_dir/tensorboard,
-// the run's settings as text); others plug in by name:
+// "jsonl" (output_dir/metrics.jsonl), "tensorboard" (event files in output_dir/tensorboard,
+// the run's settings as text), "csv" and "mlflow" (train/report_to.h); others plug in by name:
 //   register_tracker("mine", [](const TrackerContext& c) { return std::make_unique<Mine>(c); });
 class Tracker {
  public:

@@ -23,7 +23,7 @@ namespace {
 
 // The files a run writes into its folder besides its checkpoints (run.cpp, callbacks.cpp).
 constexpr const char* kRunFiles[] = {"config.train.json", "metrics.jsonl", "loss.png", "model",
-                                     "tensorboard"};
+                                     "tensorboard", "metrics.csv", "metrics.config.json", "mlruns"};
 
 std::string read_holder(int fd) {
   char buffer[256] = {};

@@ -115,7 +115,7 @@ const std::map<std::string, Field>& fields() {
           a.report_to.clear();
           for (const Json& name : v) {
             if (name == "all") {  // transformers: every integration installed
-              a.report_to.insert(a.report_to.end(), {"jsonl", "tensorboard"});
+              a.report_to.insert(a.report_to.end(), {"jsonl", "tensorboard", "csv", "mlflow"});
               continue;
             }
             a.report_to.push_back(name.get<std::string>());
@@ -561,10 +561,11 @@ void validate(const TrainingArguments& a) {
   require(a.reduce_dtype.empty() || a.reduce_dtype == "fp32" || a.reduce_dtype == a.dtype(),
           "reduce_dtype", "must be fp32 or the training dtype (" + a.dtype() + ")", a.reduce_dtype);
   for (const std::string& r : a.report_to)
-    require(r == "jsonl" || r == "tensorboard" || r == "none", "report_to",
-            "names \"" + r + "\", which is not supported (Tessera writes metrics.jsonl and "
-            "TensorBoard event files itself and reaches no tracking service; supported: jsonl, "
-            "tensorboard, all = both, none)",
+    require(r == "jsonl" || r == "tensorboard" || r == "csv" || r == "mlflow" || r == "none",
+            "report_to",
+            "names \"" + r + "\", which is not supported (Tessera writes its trackers' files "
+            "itself and reaches no tracking service; supported: jsonl, tensorboard, csv, mlflow "
+            "(a file store in output_dir/mlruns), all = every one, none)",
             a.report_to);
   require(!a.load_best_model_at_end || a.eval_strategy != "no", "load_best_model_at_end",
           "needs evaluations (eval_strategy steps or epoch)", a.load_best_model_at_end);

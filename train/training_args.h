@@ -60,7 +60,8 @@ struct TrainingArguments {
   bool gradient_checkpointing = false;
   // "" = fresh; "latest" (or true) = newest valid under output_dir; else a checkpoint folder.
   std::string resume_from_checkpoint;
-  std::vector<std::string> report_to = {"jsonl"};  // jsonl, tensorboard ("all": both), none
+  // jsonl, tensorboard, csv, mlflow ("all": every one), none (train/report_to.h)
+  std::vector<std::string> report_to = {"jsonl"};
   bool save_only_model = false;  // checkpoints hold the model only (they cannot be resumed)
   // Accepted for Hugging Face configs: batches are cut from the memory-mapped token file on
   // the training thread, so there are no loader workers to start (docs/python.md).

@@ -60,10 +60,25 @@ void prepare_one(PythonAccelerator& self, py::handle obj) {
 
 void bind_accelerator(py::module_& m) {
   using dist::Accelerator;
+  py::class_<dist::GeneralTracker>(m, "_GeneralTracker")
+      .def_property_readonly("name", &dist::GeneralTracker::name)
+      .def_property_readonly("requires_logging_directory",
+                             &dist::GeneralTracker::requires_logging_directory)
+      .def("_store_init_configuration",
+           [](dist::GeneralTracker& t, const std::string& values) {
+             runtime_call([&] { t.store_init_configuration(nlohmann::json::parse(values)); });
+           })
+      .def("_log",
+           [](dist::GeneralTracker& t, const std::string& values, int64_t step) {
+             runtime_call([&] { t.log(nlohmann::json::parse(values), step); });
+           })
+      .def("finish", [](dist::GeneralTracker& t) { runtime_call([&] { t.finish(); }); });
   py::class_<PythonAccelerator>(m, "_Accelerator")
       .def(py::init([](const std::string& mixed_precision, int accumulation,
                        const std::string& backend, size_t bucket_bytes, bool find_unused, bool cpu,
-                       int zero_stage, const std::string& reduce_dtype) {
+                       int zero_stage, const std::string& reduce_dtype,
+                       const std::vector<std::string>& log_with, const std::string& project_dir,
+                       const std::string& logging_dir) {
              // DDP/ZeRO would refuse it only at the first backward.
              if (bucket_bytes == 0)
                throw py::value_error("Accelerator: bucket_bytes must be > 0, got 0");
@@ -75,7 +90,11 @@ void bind_accelerator(py::module_& m) {
                                         .bucket_bytes = bucket_bytes,
                                         .find_unused_parameters = find_unused,
                                         .cpu = cpu,
-                                        .zero_stage = zero_stage};
+                                        .zero_stage = zero_stage,
+                                        .log_with = log_with,
+                                        .project_dir = project_dir,
+                                        .logging_dir = logging_dir};
+             dist::resolve_tracker_names(log_with, "Accelerator: log_with");  // ValueError
              py::gil_scoped_release release;
              self->acc = runtime_call([&] { return std::make_unique<Accelerator>(o); });
              return self;
@@ -83,7 +102,27 @@ void bind_accelerator(py::module_& m) {
            py::kw_only(), py::arg("mixed_precision") = "",
            py::arg("gradient_accumulation_steps") = 1, py::arg("backend") = "auto",
            py::arg("bucket_bytes") = size_t(25) << 20, py::arg("find_unused_parameters") = false,
-           py::arg("cpu") = false, py::arg("zero_stage") = -1, py::arg("reduce_dtype") = "")
+           py::arg("cpu") = false, py::arg("zero_stage") = -1, py::arg("reduce_dtype") = "",
+           py::arg("log_with") = std::vector<std::string>{}, py::arg("project_dir") = "",
+           py::arg("logging_dir") = "")
+      // The built-in trackers; python/tessera/tracking.py adds tracker objects and JSON.
+      .def("_init_trackers",
+           [](PythonAccelerator& self, const std::string& project, const std::string& config,
+              const std::string& init_kwargs) {
+             self.acc->init_trackers(project, nlohmann::json::parse(config),
+                                     nlohmann::json::parse(init_kwargs));
+           })
+      .def("_log",
+           [](PythonAccelerator& self, const std::string& values, std::optional<int64_t> step) {
+             self.acc->log(nlohmann::json::parse(values), step);
+           })
+      .def("_get_tracker",
+           [](PythonAccelerator& self, const std::string& name) -> dist::GeneralTracker& {
+             return self.acc->get_tracker(name);
+           },
+           py::return_value_policy::reference_internal)
+      .def_property_readonly("_builtin_tracker_names",
+                             [](const PythonAccelerator& s) { return s.acc->log_with(); })
       .def("_prepare",
            [](PythonAccelerator& self, py::args objects) {
              for (py::handle o : objects) prepare_one(self, o);

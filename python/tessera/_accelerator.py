@@ -5,9 +5,10 @@ import builtins
 import contextlib
 
 from . import _tessera as _C
+from .tracking import TrackingMixin, split_log_with
 
 
-class Accelerator(_C._Accelerator):
+class Accelerator(TrackingMixin, _C._Accelerator):
     """Prepares a model, optimizer, DataLoader and LR schedule for the launch environment.
 
     The process group comes from ``tessera launch`` / torchrun / mpirun / SLURM variables
@@ -25,11 +26,18 @@ class Accelerator(_C._Accelerator):
 
     def __init__(self, *, mixed_precision="", gradient_accumulation_steps=1, backend="auto",
                  bucket_bytes=25 << 20, find_unused_parameters=False, cpu=False, zero_stage=-1,
-                 reduce_dtype=""):
+                 reduce_dtype="", log_with=None, project_dir=None, logging_dir=None,
+                 project_config=None):
+        # Trackers (tessera.tracking): names go to C++, tracker objects stay here.
+        names, objects = split_log_with(log_with)
+        project_dir = project_dir or getattr(project_config, "project_dir", None) or ""
+        logging_dir = logging_dir or getattr(project_config, "logging_dir", None) or ""
         super().__init__(mixed_precision=mixed_precision,
                          gradient_accumulation_steps=gradient_accumulation_steps, backend=backend,
                          bucket_bytes=bucket_bytes, find_unused_parameters=find_unused_parameters,
-                         cpu=cpu, zero_stage=zero_stage, reduce_dtype=reduce_dtype)
+                         cpu=cpu, zero_stage=zero_stage, reduce_dtype=reduce_dtype,
+                         log_with=names, project_dir=str(project_dir), logging_dir=str(logging_dir))
+        self._set_tracker_objects(objects)
 
     def prepare(self, *objects):
         """Prepares each object in place and returns them (one object alone, else a tuple)."""

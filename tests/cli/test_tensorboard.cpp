@@ -13,11 +13,12 @@
 
 #include "tessera/core/error.h"
 #include "tests/nn/python_reference.h"
-#include "tessera/train/tensorboard.h"
+#include "tessera/dist/accelerator.h"
+#include "tessera/dist/tensorboard.h"
 
 namespace fs = std::filesystem;
-using tessera::train::crc32c;
-using tessera::train::TensorBoardWriter;
+using tessera::dist::crc32c;
+using tessera::dist::TensorBoardWriter;
 
 namespace {
 
@@ -136,4 +137,51 @@ TEST(TensorBoard, ReadsEveryScalarOfARealMetricsFile) {
       << read["texts"]["settings"][0][1];
   EXPECT_THROW(TensorBoardWriter(dir / "tb2").add_metrics_row({{"loss", 1.0}}), tessera::Error);
   fs::remove_all(dir);
+}
+
+// Accelerator(log_with = tensorboard).log(values, step) writes what the TensorBoardWriter
+// writes for the same metrics rows: every tag with the same steps and values, read back by
+// TensorBoard's own reader (wall times differ: the tracker stamps its own).
+TEST(TensorBoard, LogWithTensorBoardEqualsTheWritersOutput) {
+  if (!tessera::test::python_can_import("tensorboard")) GTEST_SKIP() << "no tensorboard package";
+  const fs::path dir = tessera::test::scratch_dir("tb_log_with");
+  std::mt19937 rng(11);
+  std::normal_distribution<double> normal(2.0, 1.5);
+  std::vector<nlohmann::json> rows;
+  for (int64_t step = 1; step <= 17; step += 2) {
+    nlohmann::json row = {{"step", step}, {"loss", normal(rng)}, {"lr", 1e-3 / step}};
+    if (step % 5 == 0) row["eval_loss"] = normal(rng);
+    rows.push_back(row);
+  }
+  {
+    TensorBoardWriter writer(dir / "writer");
+    for (const auto& row : rows) writer.add_metrics_row(row);
+  }
+  {
+    tessera::dist::Accelerator acc(
+        {.cpu = true, .log_with = {"tensorboard"}, .logging_dir = dir.string()});
+    acc.init_trackers("tracker", {{"lr", 1e-3}});
+    for (auto row : rows) {
+      const int64_t step = row["step"];
+      row.erase("step");
+      acc.log(row, step);
+    }
+    acc.end_training();
+  }
+  const nlohmann::json by_writer = read_with_tensorboard(dir / "writer");
+  const nlohmann::json by_tracker = read_with_tensorboard(dir / "tracker");
+  ASSERT_EQ(by_writer["scalars"].size(), 3u);
+  ASSERT_EQ(by_tracker["scalars"].size(), by_writer["scalars"].size());
+  for (const auto& [tag, events] : by_writer["scalars"].items()) {
+    ASSERT_TRUE(by_tracker["scalars"].contains(tag)) << tag;
+    const auto& mine = by_tracker["scalars"][tag];
+    ASSERT_EQ(mine.size(), events.size()) << tag;
+    for (size_t i = 0; i < events.size(); ++i) {
+      EXPECT_EQ(mine[i][0], events[i][0]) << tag;  // step
+      EXPECT_EQ(mine[i][1], events[i][1]) << tag;  // value (float32, as TensorBoard keeps it)
+    }
+  }
+  EXPECT_NE(by_tracker["texts"]["hparams"][0][1].get<std::string>().find("\"lr\": 0.001"),
+            std::string::npos);
+  EXPECT_TRUE(fs::exists(dir / "tracker" / "hparams.yml"));
 }

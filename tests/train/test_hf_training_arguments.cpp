@@ -156,8 +156,10 @@ TEST(HfTrainingArguments, ResumeFromCheckpointTrueMeansTheNewestAndAPathMeansTha
 TEST(HfTrainingArguments, ReportToRefusesServicesNamingWhatIsSupported) {
   const std::string e = error_of({{"report_to", "wandb"}});
   EXPECT_NE(e.find("\"wandb\""), std::string::npos) << e;
-  EXPECT_NE(e.find("supported: jsonl, tensorboard, all"), std::string::npos) << e;
-  EXPECT_EQ(from({{"report_to", "all"}}).report_to, (std::vector<std::string>{"jsonl", "tensorboard"}));
+  EXPECT_NE(e.find("supported: jsonl, tensorboard, csv, mlflow"), std::string::npos) << e;
+  EXPECT_EQ(from({{"report_to", "all"}}).report_to,
+            (std::vector<std::string>{"jsonl", "tensorboard", "csv", "mlflow"}));
+  EXPECT_EQ(from({{"report_to", "csv,mlflow"}}).report_to, (std::vector<std::string>{"csv", "mlflow"}));
   EXPECT_EQ(from({{"report_to", "none"}}).report_to, std::vector<std::string>{"none"});
   EXPECT_EQ(from({{"report_to", {"tensorboard"}}}).report_to, std::vector<std::string>{"tensorboard"});
 }

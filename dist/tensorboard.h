@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace tessera::train {
+namespace tessera::dist {
 
 // CRC-32C (Castagnoli), the checksum of TFRecord framing; pass the previous value to continue.
 uint32_t crc32c(std::span<const std::byte> bytes, uint32_t previous = 0);
@@ -45,4 +45,4 @@ class TensorBoardWriter {
   std::FILE* file_ = nullptr;
 };
 
-}  // namespace tessera::train
+}  // namespace tessera::dist

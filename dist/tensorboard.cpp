@@ -1,4 +1,4 @@
-#include "tessera/train/tensorboard.h"
+#include "tessera/dist/tensorboard.h"
 
 #include <unistd.h>
 
@@ -10,7 +10,7 @@
 
 #include "tessera/core/error.h"
 
-namespace tessera::train {
+namespace tessera::dist {
 
 namespace {
 
@@ -163,4 +163,4 @@ void TensorBoardWriter::flush() {
                 "': ", std::strerror(errno));
 }
 
-}  // namespace tessera::train
+}  // namespace tessera::dist
