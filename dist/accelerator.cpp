@@ -13,6 +13,7 @@
 #include "tessera/core/safetensors.h"
 #include "tessera/data/file_io.h"
 #include "tessera/dist/memory_report.h"
+#include "tessera/dist/sharded_model.h"
 #include "tessera/dist/sharded_state.h"
 #include "tessera/dist/zero.h"
 #include "tessera/kernels/ops.h"
@@ -612,7 +613,9 @@ void check_model_state(const std::map<std::string, Tensor>& saved, const nn::Mod
 
 // The layout (one folder, written by the main process, verified before anything loads):
 //   model.safetensors (model_1.safetensors, ...)  each prepared model's state_dict, as
-//       Hugging Face names it for GPT (so with config.json the folder is a model directory)
+//       Hugging Face names it for GPT (so with config.json the folder is a model directory);
+//       under ZeRO instead model_shards.json + model_shards/ (dist/sharded_model.h): every
+//       process writes the slices it keeps, nothing is gathered
 //   optimizer.safetensors (optimizer_1, ...)      optimizer moments and steps
 //   accelerator_state.json                        micro-step, every process's RNG state and
 //       loader positions, schedules, loss scaler
@@ -631,16 +634,22 @@ void Accelerator::save_state(const std::string& dir) {
     Tensor p = full({1}, static_cast<double>(l->position()), {.dtype = DType::i64});
     positions.push_back(gather(p).to_vector<int64_t>());
   }
-  for (nn::Module* m : model_order_) models_.at(m)->gather_full_parameters();  // ZeRO-3: whole
-  // Under ZeRO every process writes the optimizer slices it holds (dist/sharded_state.h).
+  // Under ZeRO every process writes the parameter and optimizer slices it holds
+  // (dist/sharded_model.h, dist/sharded_state.h): the model is never gathered.
   const bool sharded = zero_stage_ > 0;
-  if (sharded)
+  if (sharded) {
+    for (size_t i = 0; i < model_order_.size(); ++i)
+      save_sharded_model(dir, i, *models_.at(model_order_[i]), world());
     for (optim::Optimizer* opt : optimizers_)
       save_sharded_optimizer(dir, strategy_training(*opt), *opt, world());
+  }
   if (is_main_process()) {
     fs::create_directories(dir);
-    if (!sharded) fs::remove(fs::path(dir) / "optimizer_shards.json");  // an older ZeRO save's
-    for (size_t i = 0; i < model_order_.size(); ++i) {
+    // What an older save of the other kind left would be read instead of this one's.
+    if (!sharded) fs::remove(fs::path(dir) / "optimizer_shards.json");
+    for (size_t i = 0; i < model_order_.size(); ++i)
+      fs::remove(fs::path(dir) / (sharded ? numbered("model", i, ".safetensors") : sharded_model_index_name(i)));
+    for (size_t i = 0; i < model_order_.size() && !sharded; ++i) {
       const nn::NamedTensors weights = model_order_[i]->state_dict();
       save_safetensors((fs::path(dir) / numbered("model", i, ".safetensors")).string(), weights,
                        {{"format", "pt"}});
@@ -680,13 +689,40 @@ void Accelerator::save_state(const std::string& dir) {
   wait_for_everyone();
 }
 
+// Model i's weights read from dir and checked; the returned function loads them. A sharded
+// save is read in the slices this process keeps; a whole one (DDP) is loaded whole (under
+// ZeRO-3 into the gathered parameters, which are sliced again after).
+std::function<void()> Accelerator::stage_model_weights(const std::string& dir, size_t i) {
+  const std::string where = "Accelerator::load_state: '" + dir + "'";
+  nn::Module& model = *model_order_[i];
+  DataParallelStrategy& strategy = *models_.at(&model);
+  if (has_sharded_model(dir, i)) {
+    try {
+      return stage_sharded_model(read_sharded_model_index(dir, i), strategy,
+                                 where + ": " + sharded_model_index_name(i));
+    } catch (const Error& e) {
+      TESSERA_FAIL("Accelerator::load_state: ", e.what());
+    }
+  }
+  strategy.gather_full_parameters();
+  const std::string name = numbered("model", i, ".safetensors");
+  std::map<std::string, Tensor> weights =
+      load_safetensors((fs::path(dir) / name).string(), {.memory_map = false}).tensors;
+  check_model_state(weights, model, where + ": " + name);
+  return [&model, &strategy, weights = std::move(weights)] {
+    model.load_state_dict(weights);
+    strategy.after_parameters_loaded();
+  };
+}
+
 void Accelerator::load_state(const std::string& dir) {
   const std::string where = "Accelerator::load_state: '" + dir + "'";
   // Any number of processes at any stage may load it (optimizer states are re-sliced, data
   // positions re-counted): nothing here depends on how many processes saved it.
   std::vector<std::string> files = {kStateFile};
   for (size_t i = 0; i < model_order_.size(); ++i)
-    files.push_back(numbered("model", i, ".safetensors"));
+    files.push_back(has_sharded_model(dir, i) ? sharded_model_index_name(i)
+                                              : numbered("model", i, ".safetensors"));
   for (size_t i = 0; i < optimizers_.size() && !has_sharded_optimizer(dir); ++i)
     files.push_back(numbered("optimizer", i, ".safetensors"));
   try {
@@ -745,14 +781,9 @@ void Accelerator::load_state(const std::string& dir) {
                     scaler_state[key]);
   }
   // Everything is read and checked before the first object changes.
-  std::vector<std::map<std::string, Tensor>> weights;
-  for (size_t i = 0; i < model_order_.size(); ++i) {
-    models_.at(model_order_[i])->gather_full_parameters();  // ZeRO-3: checked and loaded whole
-    const std::string path = (fs::path(dir) / numbered("model", i, ".safetensors")).string();
-    weights.push_back(load_safetensors(path, {.memory_map = false}).tensors);
-    check_model_state(weights.back(), *model_order_[i],
-                      where + ": " + numbered("model", i, ".safetensors"));
-  }
+  std::vector<std::function<void()>> load_models;
+  for (size_t i = 0; i < model_order_.size(); ++i)
+    load_models.push_back(stage_model_weights(dir, i));
   // Optimizer states are re-sliced to what this rank's strategy updates: ZeRO shards by
   // their index, a whole (DDP) state by the parameter names saved beside it.
   std::vector<optim::OptimizerStateDict> optimizer_states;
@@ -778,10 +809,7 @@ void Accelerator::load_state(const std::string& dir) {
     }
     check_optimizer_state(optimizer_states.back(), *optimizers_[i], where + ": " + name);
   }
-  for (size_t i = 0; i < model_order_.size(); ++i) {
-    model_order_[i]->load_state_dict(weights[i]);
-    models_.at(model_order_[i])->after_parameters_loaded();
-  }
+  for (const auto& load : load_models) load();
   for (size_t i = 0; i < optimizer_states.size(); ++i)
     optimizers_[i]->load_state_dict(optimizer_states[i]);
   for (size_t i = 0; i < schedules_.size(); ++i) schedules_[i]->load_state_dict(schedules[i]);

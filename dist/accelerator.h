@@ -299,6 +299,7 @@ class Accelerator {
   bool step_skipped_ = false;
   bool trigger_ = false;
   void attach_optimizers();
+  std::function<void()> stage_model_weights(const std::string& dir, size_t model_index);
   void resolve_sharding_options();
   DataParallelStrategy& strategy_training(const optim::Optimizer& optimizer) const;
   std::map<const nn::Module*, std::unique_ptr<DataParallelStrategy>> models_;
