@@ -614,8 +614,9 @@ void check_model_state(const std::map<std::string, Tensor>& saved, const nn::Mod
 // The layout (one folder, written by the main process, verified before anything loads):
 //   model.safetensors (model_1.safetensors, ...)  each prepared model's state_dict, as
 //       Hugging Face names it for GPT (so with config.json the folder is a model directory);
-//       under ZeRO instead model_shards.json + model_shards/ (dist/sharded_model.h): every
-//       process writes the slices it keeps, nothing is gathered
+//       under ZeRO also model_shards.json + model_shards/ (dist/sharded_model.h): every
+//       process writes the slices it keeps, nothing is gathered, and the main process
+//       streams model.safetensors from them; load_state reads the shards
 //   optimizer.safetensors (optimizer_1, ...)      optimizer moments and steps
 //   accelerator_state.json                        micro-step, every process's RNG state and
 //       loader positions, schedules, loss scaler
@@ -647,12 +648,14 @@ void Accelerator::save_state(const std::string& dir) {
     fs::create_directories(dir);
     // What an older save of the other kind left would be read instead of this one's.
     if (!sharded) fs::remove(fs::path(dir) / "optimizer_shards.json");
-    for (size_t i = 0; i < model_order_.size(); ++i)
-      fs::remove(fs::path(dir) / (sharded ? numbered("model", i, ".safetensors") : sharded_model_index_name(i)));
-    for (size_t i = 0; i < model_order_.size() && !sharded; ++i) {
-      const nn::NamedTensors weights = model_order_[i]->state_dict();
-      save_safetensors((fs::path(dir) / numbered("model", i, ".safetensors")).string(), weights,
-                       {{"format", "pt"}});
+    for (size_t i = 0; i < model_order_.size(); ++i) {
+      const std::string weights_file = (fs::path(dir) / numbered("model", i, ".safetensors")).string();
+      if (sharded) {  // streamed from the shards just written, a range at a time
+        write_whole_model(read_sharded_model_index(dir, i), weights_file);
+        continue;
+      }
+      fs::remove(fs::path(dir) / sharded_model_index_name(i));
+      save_safetensors(weights_file, model_order_[i]->state_dict(), {{"format", "pt"}});
     }
     for (size_t i = 0; i < optimizers_.size() && !sharded; ++i)
       optim::save_optimizer_state(

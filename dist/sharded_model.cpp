@@ -227,6 +227,41 @@ ShardedModelIndex read_sharded_model_index(const std::string& dir, size_t model_
   return index;
 }
 
+namespace {
+
+// One saved range whole (its checksum covers it whole), 1-D on the CPU.
+Tensor read_saved_range(const ShardedModelIndex& index, const std::string& name, DType dtype,
+                        const ShardedModelIndex::Range& range) {
+  Tensor saved = empty({range.numel}, {.dtype = dtype});
+  const fs::path path = fs::path(index.dir) / range.file;
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(range.offset));
+  in.read(static_cast<char*>(saved.raw_data()), static_cast<std::streamsize>(saved.nbytes()));
+  TESSERA_CHECK(in.good(), "sharded checkpoint: ", path.string(), ": cannot read tensor '", name, "' at byte ",
+                range.offset);
+  TESSERA_CHECK(crc_of(saved) == range.crc32, "sharded checkpoint: ", path.string(), ": the bytes of tensor '",
+                name, "' [", range.begin, ", ", range.begin + range.numel,
+                ") differ from their checksum in the index (damaged); refusing to load");
+  return saved;
+}
+
+}  // namespace
+
+void write_whole_model(const ShardedModelIndex& index, const std::string& path) {
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, entry] : index.tensors) entries.push_back({name, entry.dtype, entry.shape});
+  save_safetensors_streamed(
+      path, entries,
+      [&](const SafetensorsEntry& e, const ByteWriter& write) {
+        // The ranges tile the tensor in order: their bytes one after the other are its bytes.
+        for (const auto& range : index.tensors.at(e.name).ranges) {
+          const Tensor saved = read_saved_range(index, e.name, e.dtype, range);
+          write({saved.raw_data(), saved.nbytes()});
+        }
+      },
+      {{"format", "pt"}});
+}
+
 Tensor read_sharded_range(const ShardedModelIndex& index, const std::string& name, int64_t begin, int64_t numel) {
   auto it = index.tensors.find(name);
   TESSERA_CHECK(it != index.tensors.end(), "sharded checkpoint '", index.dir, "': tensor '", name,
@@ -238,17 +273,7 @@ Tensor read_sharded_range(const ShardedModelIndex& index, const std::string& nam
   for (const auto& range : entry.ranges) {
     const int64_t lo = std::max(begin, range.begin), hi = std::min(begin + numel, range.begin + range.numel);
     if (lo >= hi) continue;
-    // The whole saved range is read: its checksum covers it whole.
-    Tensor saved = empty({range.numel}, {.dtype = entry.dtype});
-    const fs::path path = fs::path(index.dir) / range.file;
-    std::ifstream in(path, std::ios::binary);
-    in.seekg(static_cast<std::streamoff>(range.offset));
-    in.read(static_cast<char*>(saved.raw_data()), static_cast<std::streamsize>(saved.nbytes()));
-    TESSERA_CHECK(in.good(), "sharded checkpoint: ", path.string(), ": cannot read tensor '", name, "' at byte ",
-                  range.offset);
-    TESSERA_CHECK(crc_of(saved) == range.crc32, "sharded checkpoint: ", path.string(), ": the bytes of tensor '",
-                  name, "' [", range.begin, ", ", range.begin + range.numel,
-                  ") differ from their checksum in the index (damaged); refusing to load");
+    const Tensor saved = read_saved_range(index, name, entry.dtype, range);
     raw::copy_(raw::narrow(out, 0, lo - begin, hi - lo), raw::narrow(saved, 0, lo - range.begin, hi - lo));
   }
   return out;

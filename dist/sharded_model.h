@@ -9,7 +9,9 @@
 // (model_1_shards.json and model_1_shards/ for a second prepared model). `offset` is the
 // range's first byte in its file and crc32 covers the range's bytes, so a reader verifies
 // exactly what it reads: each rank reads only the ranges that overlap what it keeps, at
-// whatever world size and stage it runs (DDP: everything). The shard folder is not in the
+// whatever world size and stage it runs (DDP: everything). The main process then streams the
+// shards into model.safetensors as well (write_whole_model), one range in memory at a time, so
+// the folder stays a model directory for every other reader. The shard folder is not in the
 // checkpoint's checksums.json (which every rank verifies whole); the index is.
 //
 // The index is checked against its shards before anything is read: a missing shard file, a
@@ -61,6 +63,11 @@ ShardedModelIndex read_sharded_model_index(const std::string& dir, size_t model_
 // from the byte ranges that hold them (each range's checksum verified).
 Tensor read_sharded_range(const ShardedModelIndex& index, const std::string& name, int64_t begin,
                           int64_t numel);
+
+// The whole model as one safetensors file (Hugging Face names, "format": "pt"), written one
+// saved range at a time: what keeps a sharded checkpoint a model directory for every reader of
+// model.safetensors, and what consolidation streams.
+void write_whole_model(const ShardedModelIndex& index, const std::string& path);
 
 // Reads and checks what `strategy`'s model keeps on this rank (names, shapes, floating-ness
 // against the model; every range's checksum) and returns what loads it: nothing in the model

@@ -106,8 +106,9 @@ void expect_bit_identical_resumes(int saved_nproc, int saved_stage, const std::v
   if (!fs::exists(whole)) run_ok(job(saved_nproc, 0, "ddp_x" + std::to_string(saved_nproc) + "_full.txt", save + whole));
   expect_same_weights(tag + "_full.txt", "ddp_x" + std::to_string(saved_nproc) + "_full.txt",
                       tag + " uninterrupted vs DDP uninterrupted");
-  // Sharded: no whole model file, one shard a rank.
-  EXPECT_FALSE(fs::exists(sharded + "/model.safetensors"));
+  // One shard a rank, and model.safetensors streamed from them: the whole save's file byte for byte.
+  EXPECT_EQ(tessera::data::read_file(sharded + "/model.safetensors"),
+            tessera::data::read_file(whole + "/model.safetensors"));
   std::ifstream index_file(sharded + "/model_shards.json");
   const auto index = nlohmann::json::parse(index_file);
   EXPECT_EQ(index["world_size"].get<int>(), saved_nproc);
