@@ -718,6 +718,22 @@ std::function<void()> Accelerator::stage_model_weights(const std::string& dir, s
   };
 }
 
+void Accelerator::save_model(nn::Module& model, const std::string& dir) {
+  const fs::path weights = fs::path(dir) / "model.safetensors";
+  const bool sharded = zero_stage_ > 0 && models_.count(&model);
+  if (sharded) save_sharded_model(dir, 0, *models_.at(&model), world());
+  if (is_main_process()) {
+    fs::create_directories(dir);
+    if (sharded) {
+      write_whole_model(read_sharded_model_index(dir, 0), weights.string());
+      remove_sharded_model(dir, 0);
+    } else {
+      save_safetensors(weights.string(), model.state_dict(), {{"format", "pt"}});
+    }
+  }
+  wait_for_everyone();
+}
+
 void Accelerator::load_state(const std::string& dir) {
   const std::string where = "Accelerator::load_state: '" + dir + "'";
   // Any number of processes at any stage may load it (optimizer states are re-sliced, data

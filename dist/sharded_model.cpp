@@ -262,6 +262,11 @@ void write_whole_model(const ShardedModelIndex& index, const std::string& path) 
       {{"format", "pt"}});
 }
 
+void remove_sharded_model(const std::string& dir, size_t model_index) {
+  fs::remove_all(fs::path(dir) / shard_folder(model_index));
+  fs::remove(fs::path(dir) / sharded_model_index_name(model_index));
+}
+
 Tensor read_sharded_range(const ShardedModelIndex& index, const std::string& name, int64_t begin, int64_t numel) {
   auto it = index.tensors.find(name);
   TESSERA_CHECK(it != index.tensors.end(), "sharded checkpoint '", index.dir, "': tensor '", name,

@@ -69,6 +69,9 @@ Tensor read_sharded_range(const ShardedModelIndex& index, const std::string& nam
 // model.safetensors, and what consolidation streams.
 void write_whole_model(const ShardedModelIndex& index, const std::string& path);
 
+// Removes model `model_index`'s shards and index from dir (once they were streamed elsewhere).
+void remove_sharded_model(const std::string& dir, size_t model_index);
+
 // Reads and checks what `strategy`'s model keeps on this rank (names, shapes, floating-ness
 // against the model; every range's checksum) and returns what loads it: nothing in the model
 // changes until that is called.
