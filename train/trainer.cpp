@@ -540,7 +540,11 @@ void Trainer::load_best_model() {
     return;
   }
   verify_checkpoint(dir);
+  // ZeRO-3: whole while they load (every process is here), then each rank keeps its slice of
+  // the best weights (which the model/ export reads; save_state no longer leaves them gathered).
+  acc_->unwrap_model(model_);
   model_.load_safetensors_weights((dir / "model.safetensors").string());
+  if (dist::DataParallelStrategy* strategy = acc_->strategy_of(model_)) strategy->after_parameters_loaded();
   if (acc_->is_main_process())
     std::printf("loaded the best model (%s = %.6g) from %s\n", args_.metric_for_best_model.c_str(),
                 state_.best_metric.value_or(NAN), dir.string().c_str());
