@@ -462,9 +462,10 @@ fs::path Trainer::save_checkpoint() {
   if (acc_->is_main_process()) fs::remove_all(partial);
   acc_->wait_for_everyone();
   acc_->save_state(partial.string());  // model, optimizer, schedule, RNG and loader of every rank
+  // On every process: load_best_model_at_end loads it on all of them (ZeRO-3: collectively).
+  if (state_.best_step == state_.global_step) state_.best_model_checkpoint = name;
   if (acc_->is_main_process()) {
     if (args_.save_only_model) drop_training_state(partial);
-    if (state_.best_step == state_.global_step) state_.best_model_checkpoint = name;
     handler_.save_states(state_);
     model_.save_config((partial / "config.json").string());
     for (const auto& [file, contents] : extra_files_)
