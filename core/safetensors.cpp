@@ -230,6 +230,42 @@ SafetensorsContents load_safetensors(const std::string& path, SafetensorsLoadOpt
   return out;
 }
 
+namespace {
+
+uint64_t entry_bytes(const SafetensorsEntry& entry) {
+  uint64_t n = dtype_size(entry.dtype);
+  for (int64_t d : entry.shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+// The 8-byte length and the JSON header of tensors laid out in the given order.
+std::string safetensors_header(const std::vector<SafetensorsEntry>& entries,
+                               const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    header["__metadata__"] = m;
+  }
+  uint64_t offset = 0;
+  for (const SafetensorsEntry& entry : entries) {
+    nlohmann::ordered_json e;
+    e["dtype"] = safetensors_dtype_name(entry.dtype);
+    e["shape"] = entry.shape;
+    e["data_offsets"] = {offset, offset + entry_bytes(entry)};
+    offset += entry_bytes(entry);
+    header[entry.name] = e;
+  }
+  std::string json = header.dump();
+  // Pad with spaces so the buffer starts 8-byte aligned (as the reference writer does).
+  json.append((8 - json.size() % 8) % 8, ' ');
+  std::string prefix(8, '\0');
+  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
+  return prefix + json;
+}
+
+}  // namespace
+
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
@@ -248,33 +284,43 @@ void save_safetensors(const std::string& path,
     TESSERA_CHECK(sorted[i].first != sorted[i - 1].first, "save_safetensors: '", path,
                   "': tensor name '", sorted[i].first, "' given twice");
 
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json m = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-    header["__metadata__"] = m;
-  }
-  uint64_t offset = 0;
-  for (const auto& [name, t] : sorted) {
-    nlohmann::ordered_json e;
-    e["dtype"] = safetensors_dtype_name(t.dtype());
-    e["shape"] = t.shape();
-    e["data_offsets"] = {offset, offset + t.nbytes()};
-    offset += t.nbytes();
-    header[name] = e;
-  }
-  std::string json = header.dump();
-  // Pad with spaces so the buffer starts 8-byte aligned (as the reference writer does).
-  json.append((8 - json.size() % 8) % 8, ' ');
-  std::string prefix(8, '\0');
-  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
-
-  std::vector<ByteSpan> pieces{{prefix.data(), prefix.size()}, {json.data(), json.size()}};
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, t] : sorted) entries.push_back({name, t.dtype(), t.shape()});
+  const std::string header = safetensors_header(entries, metadata);
+  std::vector<ByteSpan> pieces{{header.data(), header.size()}};
   for (const auto& [name, t] : sorted) pieces.push_back({t.raw_data(), t.nbytes()});
   write_file_atomic(path, pieces);
 }
 
+void save_safetensors_streamed(const std::string& path, std::vector<SafetensorsEntry> entries,
+                               const std::function<void(const SafetensorsEntry&, const ByteWriter&)>& write_data,
+                               const std::map<std::string, std::string>& metadata) {
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  for (size_t i = 1; i < entries.size(); ++i)
+    TESSERA_CHECK(entries[i].name != entries[i - 1].name, "save_safetensors: '", path, "': tensor name '",
+                  entries[i].name, "' given twice");
+  const std::string header = safetensors_header(entries, metadata);
+  write_file_atomic_streamed(path, [&](const ByteWriter& write) {
+    write({header.data(), header.size()});
+    for (const SafetensorsEntry& entry : entries) {
+      uint64_t written = 0;
+      write_data(entry, [&](const ByteSpan& piece) {
+        written += piece.size;
+        write(piece);
+      });
+      TESSERA_CHECK(written == entry_bytes(entry), "save_safetensors: '", path, "': tensor '", entry.name,
+                    "' got ", written, " bytes, its dtype and shape take ", entry_bytes(entry));
+    }
+  });
+}
+
 void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces) {
+  write_file_atomic_streamed(path, [&](const ByteWriter& write) {
+    for (const auto& piece : pieces) write(piece);
+  });
+}
+
+void write_file_atomic_streamed(const std::string& path, const std::function<void(const ByteWriter&)>& produce) {
   namespace fs = std::filesystem;
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -284,19 +330,29 @@ void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pie
   auto fail = [&](const char* what) {
     std::string why = errno_text();
     ::close(fd);
+    fd = -1;
     ::unlink(tmp.c_str());
     TESSERA_FAIL("write_file_atomic: ", what, " '", tmp, "' (for '", path, "') failed: ", why);
   };
-  for (const auto& piece : pieces) {
-    const char* p = static_cast<const char*>(piece.data);
-    size_t left = piece.size;
-    while (left > 0) {
-      ssize_t n = ::write(fd, p, left);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) fail("writing");
-      p += n;
-      left -= static_cast<size_t>(n);
+  try {
+    produce([&](const ByteSpan& piece) {
+      const char* p = static_cast<const char*>(piece.data);
+      size_t left = piece.size;
+      while (left > 0) {
+        ssize_t n = ::write(fd, p, left);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) fail("writing");
+        p += n;
+        left -= static_cast<size_t>(n);
+      }
+    });
+  } catch (...) {
+    // A failed write already closed and removed the file (fail); a failing producer did not.
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(tmp.c_str());
     }
+    throw;
   }
   if (::fsync(fd) != 0) fail("fsync of");
   if (::close(fd) != 0) {

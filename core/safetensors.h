@@ -10,6 +10,7 @@
 // half-loaded. Writing is atomic: a temporary file next to the target is
 // written, fsync'ed and renamed over it.
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -48,6 +49,21 @@ void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+// The same file written one tensor at a time, never holding them all: the header comes from
+// `entries` (dtype and shape; written in name order), then write_data(entry, write) is called
+// for each entry in that order and must pass its bytes (little-endian, contiguous) to `write`
+// in one or more pieces, exactly as many as the dtype and shape take.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+};
+struct ByteSpan;
+using ByteWriter = std::function<void(const ByteSpan&)>;
+void save_safetensors_streamed(const std::string& path, std::vector<SafetensorsEntry> entries,
+                               const std::function<void(const SafetensorsEntry&, const ByteWriter&)>& write_data,
+                               const std::map<std::string, std::string>& metadata = {});
+
 // Writes `bytes` to `path` atomically: temporary file in the same folder,
 // fsync, rename, fsync of the folder. Used for every file Tessera saves.
 struct ByteSpan {
@@ -58,5 +74,7 @@ void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pie
 inline void write_file_atomic(const std::string& path, const std::string& bytes) {
   write_file_atomic(path, {ByteSpan{bytes.data(), bytes.size()}});
 }
+// The same with the bytes produced by `produce`, which passes them to its writer piece by piece.
+void write_file_atomic_streamed(const std::string& path, const std::function<void(const ByteWriter&)>& produce);
 
 }  // namespace tessera

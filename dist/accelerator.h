@@ -258,6 +258,11 @@ class Accelerator {
   // process waits). load_state verifies the checksums and checks every value (dtypes,
   // shapes, ranges, missing tensors) before it changes anything; errors name the file.
   void save_state(const std::string& dir);
+  // Collective (Accelerate's save_model): the prepared model's state_dict as
+  // dir/model.safetensors, written by the main process. Under ZeRO every process first writes
+  // the slices it keeps (dist/sharded_model.h) and the main process streams the file from them
+  // one saved range at a time, so no process holds the gathered model; the shards are removed.
+  void save_model(nn::Module& model, const std::string& dir);
   void load_state(const std::string& dir);
   // Forgets prepared objects (DDP buffers are released).
   void free_memory();
@@ -329,6 +334,7 @@ class Accelerator {
   bool step_skipped_ = false;
   bool trigger_ = false;
   void attach_optimizers();
+  std::function<void()> stage_model_weights(const std::string& dir, size_t model_index);
   void resolve_sharding_options();
   void check_tracker_options();
   void finish_trackers();

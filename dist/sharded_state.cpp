@@ -1,5 +1,6 @@
 #include "tessera/dist/sharded_state.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -142,8 +143,9 @@ nlohmann::json read_index(const std::string& dir) {
   }
 }
 
-// Every saved slice of every parameter in dir's shards (checksums verified first).
-Sources read_sources(const std::string& dir, const nlohmann::json& index) {
+// Every saved slice of every parameter in dir's shards (checksums verified first); mapped
+// rather than read in with memory_map.
+Sources read_sources(const std::string& dir, const nlohmann::json& index, bool memory_map = false) {
   Sources sources;
   for (const auto& entry : index.at("files")) {
     const fs::path path = fs::path(dir) / entry.at("name").get<std::string>();
@@ -151,7 +153,7 @@ Sources read_sources(const std::string& dir, const nlohmann::json& index) {
                   "load_sharded_optimizer: ", path.string(),
                   " is damaged (checksum differs from the index); refusing to load it");
     if (!entry.contains("slices")) continue;
-    const SafetensorsContents file = load_safetensors(path.string(), {.memory_map = false});
+    const SafetensorsContents file = load_safetensors(path.string(), {.memory_map = memory_map});
     for (auto& [name, text] : entry.at("slices").items()) {
       Source src{{}, parse_slice(text.get<std::string>(), path.string(), name)};
       for (const std::string& field : kFields)
@@ -207,27 +209,41 @@ optim::OptimizerStateDict reslice_whole_optimizer(const optim::OptimizerStateDic
   return reslice(sources, std::move(scalars), strategy, optimizer, where);
 }
 
-std::map<std::string, Tensor> assemble_sharded_field(const std::string& dir, const std::string& field) {
-  const Sources sources = read_sources(dir, read_index(dir));
-  std::map<std::string, Tensor> whole;
-  for (const auto& [name, slices] : sources) {
-    int64_t numel = 0;
-    for (const Source& src : slices)
-      if (src.fields.count(field)) numel = std::max(numel, src.slice.begin + src.slice.numel);
-    if (numel == 0) continue;
-    Tensor out = zeros({numel}, {.dtype = DType::f32});
-    int64_t covered = 0;
-    for (const Source& src : slices) {
-      auto it = src.fields.find(field);
-      if (it == src.fields.end()) continue;
-      raw::copy_(raw::narrow(out, 0, src.slice.begin, src.slice.numel), it->second);
-      covered += src.slice.numel;
-    }
-    TESSERA_CHECK(covered == numel, dir, ": the shards hold ", covered, " of the ", numel, " elements of '", name,
-                  "' for ", field, " (a shard file is missing from the index?)");
-    whole[name] = out;
+struct ShardedFieldReader::SlicesByName {
+  Sources sources;
+};
+
+ShardedFieldReader::ShardedFieldReader(const std::string& dir, std::string field)
+    : slices_(std::make_unique<SlicesByName>(SlicesByName{read_sources(dir, read_index(dir), true)})),
+      dir_(dir),
+      field_(std::move(field)) {}
+
+ShardedFieldReader::~ShardedFieldReader() = default;
+
+bool ShardedFieldReader::holds(const std::string& parameter) const {
+  auto it = slices_->sources.find(parameter);
+  if (it == slices_->sources.end()) return false;
+  return std::any_of(it->second.begin(), it->second.end(),
+                     [&](const Source& src) { return src.fields.count(field_) != 0; });
+}
+
+Tensor ShardedFieldReader::assemble(const std::string& parameter) const {
+  TESSERA_CHECK(holds(parameter), dir_, ": the shards hold no ", field_, " of '", parameter, "'");
+  const std::vector<Source>& slices = slices_->sources.at(parameter);
+  int64_t numel = 0;
+  for (const Source& src : slices)
+    if (src.fields.count(field_)) numel = std::max(numel, src.slice.begin + src.slice.numel);
+  Tensor out = zeros({numel}, {.dtype = DType::f32});
+  int64_t covered = 0;
+  for (const Source& src : slices) {
+    auto it = src.fields.find(field_);
+    if (it == src.fields.end()) continue;
+    raw::copy_(raw::narrow(out, 0, src.slice.begin, src.slice.numel), it->second);
+    covered += src.slice.numel;
   }
-  return whole;
+  TESSERA_CHECK(covered == numel, dir_, ": the shards hold ", covered, " of the ", numel, " elements of '", parameter,
+                "' for ", field_, " (a shard file is missing from the index?)");
+  return out;
 }
 
 }  // namespace tessera::dist

@@ -17,6 +17,7 @@
 // its parameter (reslice_whole_optimizer).
 #pragma once
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,11 +44,23 @@ optim::OptimizerStateDict reslice_whole_optimizer(const optim::OptimizerStateDic
                                                   const DataParallelStrategy& strategy,
                                                   const optim::Optimizer& optimizer,
                                                   const std::string& where);
-// Offline, on the CPU: one optimizer field ("master", "exp_avg", "exp_avg_sq") of every
-// parameter, assembled whole (1-D, f32) from all the shards of dir (checksums verified). A
-// parameter whose saved slices leave a gap is an error naming it; parameters the shards do
-// not hold that field for are absent (no masters without mixed precision).
-std::map<std::string, Tensor> assemble_sharded_field(const std::string& dir, const std::string& field);
+// Offline, on the CPU: one optimizer field ("master", "exp_avg", "exp_avg_sq") of a
+// parameter, assembled whole (1-D, f32) from the shards of dir, one parameter at a time: the
+// shards are memory-mapped (checksums verified when opened), so only what is assembled is
+// held. A parameter whose saved slices leave a gap is an error naming it; the shards hold no
+// field for some parameters (no masters without mixed precision).
+class ShardedFieldReader {
+ public:
+  ShardedFieldReader(const std::string& dir, std::string field);
+  ~ShardedFieldReader();
+  bool holds(const std::string& parameter) const;
+  Tensor assemble(const std::string& parameter) const;
+
+ private:
+  struct SlicesByName;
+  std::unique_ptr<SlicesByName> slices_;
+  std::string dir_, field_;
+};
 // Whether dir holds a sharded optimizer checkpoint.
 bool has_sharded_optimizer(const std::string& dir);
 

@@ -37,6 +37,17 @@ std::vector<DataParallelStrategy::OptimizerSlice> DataParallelStrategy::optimize
   return slices;
 }
 
+std::vector<DataParallelStrategy::ParameterShard> DataParallelStrategy::parameter_shards() {
+  std::vector<ParameterShard> shards;
+  for (auto& [param_name, p] : module().named_parameters()) {
+    if (!p.requires_grad()) continue;
+    TESSERA_CHECK(p.is_contiguous(), name(), ": parameter '", param_name,
+                  "' is not contiguous; a checkpoint cannot view it as one range");
+    shards.push_back({param_name, 0, p.numel(), raw::view(p.detach(), {p.numel()})});
+  }
+  return shards;
+}
+
 int64_t optimizer_state_bytes(const optim::Optimizer& optimizer) {
   int64_t bytes = 0;
   for (const auto& [key, t] : optimizer.state_dict().tensors)

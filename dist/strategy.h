@@ -84,6 +84,21 @@ class DataParallelStrategy {
   };
   virtual std::vector<OptimizerSlice> optimizer_slices(const optim::Optimizer& optimizer) const;
 
+  // The parameter values this rank keeps between steps, as sharded checkpoints write and
+  // read them (dist/sharded_model.h): elements [begin, begin + numel) of the flattened
+  // trainable parameter `name`, and a 1-D view of where they live. DDP: every parameter
+  // whole; ZeRO: this rank's slices only (stages 1/2 too: the slices of all ranks tile the
+  // model once).
+  struct ParameterShard {
+    std::string name;
+    int64_t begin = 0, numel = 0;
+    Tensor values;
+  };
+  virtual std::vector<ParameterShard> parameter_shards();
+  // After the views parameter_shards() returned were overwritten: ZeRO-1/2 all-gather the
+  // full parameters from them, ZeRO-3 drops stale gathered copies, offload refreshes its masters.
+  virtual void after_parameter_shards_loaded() {}
+
   // While the guard lives, backward only accumulates gradients locally.
   class NoSyncGuard {
    public:

@@ -539,18 +539,41 @@ void ZeroStrategy::after_optimizer_step() {
     // Anything still gathered holds the values from before the step.
     release_full_parameters();
   } else {
-    std::vector<WorkPtr> works;
-    for (size_t b = 0; b < shards_.size(); ++b) {
-      wait_for_upload(b);  // each bucket is all-gathered while the next one is copied
-      const Tensor mine = raw::clone(owned_slice(b));
-      works.push_back(group_->all_gather(shards_[b].parameters, mine));
-    }
-    for (auto& w : works) w->wait();
+    all_gather_owned_slices();
   }
   if (ZeroTrace::enabled()) {
     ZeroTrace::record("after_step", -1, began, ZeroTrace::now_us());
     ZeroTrace::end_step(group_->rank());
   }
+}
+
+void ZeroStrategy::all_gather_owned_slices() {
+  std::vector<WorkPtr> works;
+  for (size_t b = 0; b < shards_.size(); ++b) {
+    wait_for_upload(b);  // each bucket is all-gathered while the next one is copied
+    const Tensor mine = raw::clone(owned_slice(b));
+    works.push_back(group_->all_gather(shards_[b].parameters, mine));
+  }
+  for (auto& w : works) w->wait();
+}
+
+std::vector<DataParallelStrategy::ParameterShard> ZeroStrategy::parameter_shards() {
+  wait_for_uploads();  // the offloaded step's results must have landed in the owned slices
+  std::vector<ParameterShard> shards;
+  for (const Piece& piece : piece_layout_) {
+    const int64_t at = piece.begin - slice_begin(piece.bucket);
+    shards.push_back({buckets_->parameter_names()[piece.param],
+                      piece.begin - buckets_->offset_of(piece.param), piece.numel,
+                      raw::narrow(owned_slice(piece.bucket), 0, at, piece.numel)});
+  }
+  return shards;
+}
+
+void ZeroStrategy::after_parameter_shards_loaded() {
+  if (options_.stage == 3) release_full_parameters();  // gathered copies hold the old values
+  if (offload_)
+    for (size_t b = 0; b < shards_.size(); ++b) offload_->load_master(b, owned_slice(b));
+  if (options_.stage < 3) all_gather_owned_slices();
 }
 
 std::vector<DataParallelStrategy::OptimizerSlice> ZeroStrategy::optimizer_slices(

@@ -109,6 +109,8 @@ class ZeroStrategy : public DataParallelStrategy {
   void after_parameters_loaded() override;
   MemoryUsage memory() const override;
   std::vector<OptimizerSlice> optimizer_slices(const optim::Optimizer& optimizer) const override;
+  std::vector<ParameterShard> parameter_shards() override;
+  void after_parameter_shards_loaded() override;
 
   const FlatBuckets& buckets() const { return *buckets_; }
   // This rank's slices, one per overlapped parameter (what the optimizer updates; host
@@ -163,6 +165,8 @@ class ZeroStrategy : public DataParallelStrategy {
   void trace_unit_begin(size_t bucket);
   void trace_unit_end(size_t bucket, bool forward);
   void point_pieces_at_gradients(size_t bucket);
+  // Stages 1/2: every bucket's flat parameters from all ranks' owned slices.
+  void all_gather_owned_slices();
   int64_t slice_begin(size_t bucket) const;
 
   nn::Module& module_;

@@ -1,6 +1,8 @@
 #include "tessera/train/consolidate.h"
 
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "tessera/core/error.h"
 #include "tessera/core/safetensors.h"
@@ -42,13 +44,15 @@ void check_not_run_folder(const fs::path& checkpoint) {
                 checkpoints.back().string(), "' (pass that, or the run's model/ is already a model directory)");
 }
 
-// Writes the model directory into `partial`; a failure removes what it wrote.
-void write_model_directory(const fs::path& checkpoint, const fs::path& partial,
-                           const std::vector<std::pair<std::string, Tensor>>& tensors) {
+// Writes the model directory into `partial`, model.safetensors one tensor at a time
+// (write_tensor passes each entry's bytes on); a failure removes what it wrote.
+void write_model_directory(
+    const fs::path& checkpoint, const fs::path& partial, const std::vector<SafetensorsEntry>& entries,
+    const std::function<void(const SafetensorsEntry&, const ByteWriter&)>& write_tensor) {
   try {
     fs::create_directories(partial);
     data::write_file_atomically(partial / "config.json", data::read_file(checkpoint / "config.json"));
-    save_safetensors((partial / "model.safetensors").string(), tensors, {{"format", "pt"}});
+    save_safetensors_streamed((partial / "model.safetensors").string(), entries, write_tensor, {{"format", "pt"}});
     if (fs::exists(checkpoint / "tokenizer.json"))
       data::write_file_atomically(partial / "tokenizer.json", data::read_file(checkpoint / "tokenizer.json"));
     data::write_folder_checksums(partial);
@@ -77,28 +81,34 @@ ConsolidateReport consolidate_checkpoint(const fs::path& checkpoint, const fs::p
   }
   ConsolidateReport report;
   describe_checkpoint(checkpoint, report);
+  // Memory-mapped, and the masters assembled one at a time: the process holds one tensor.
   const SafetensorsContents model =
       load_safetensors((checkpoint / "model.safetensors").string(), {.memory_map = true});
-  std::map<std::string, Tensor> masters;
+  std::optional<dist::ShardedFieldReader> masters;
   if (options.from_masters && fs::exists(checkpoint / "optimizer_shards.json"))
-    masters = dist::assemble_sharded_field(checkpoint.string(), "master");
-  std::vector<std::pair<std::string, Tensor>> tensors;
+    masters.emplace(checkpoint.string(), "master");
+  std::vector<SafetensorsEntry> entries;
   for (const auto& [name, stored] : model.tensors) {
-    auto master = masters.find(name);
-    if (master == masters.end()) {
-      tensors.emplace_back(name, stored);
-      continue;
-    }
-    TESSERA_CHECK(master->second.numel() == stored.numel(), "consolidate: ", checkpoint.string(),
-                  ": the f32 master of '", name, "' has ", master->second.numel(),
-                  " elements but model.safetensors holds ", stored.numel());
-    tensors.emplace_back(name, raw::view(master->second, stored.shape()));
-    ++report.from_masters;
+    const bool from_master = masters && masters->holds(name);
+    entries.push_back({name, from_master ? DType::f32 : stored.dtype(), stored.shape()});
+    report.from_masters += from_master;
   }
-  report.tensors = static_cast<int64_t>(tensors.size());
+  report.tensors = static_cast<int64_t>(entries.size());
+  auto write_tensor = [&](const SafetensorsEntry& entry, const ByteWriter& write) {
+    const Tensor& stored = model.at(entry.name);
+    if (!masters || !masters->holds(entry.name)) {
+      const Tensor bytes = raw::contiguous(stored);
+      write({bytes.raw_data(), bytes.nbytes()});
+      return;
+    }
+    const Tensor master = masters->assemble(entry.name);
+    TESSERA_CHECK(master.numel() == stored.numel(), "consolidate: ", checkpoint.string(), ": the f32 master of '",
+                  entry.name, "' has ", master.numel(), " elements but model.safetensors holds ", stored.numel());
+    write({master.raw_data(), master.nbytes()});
+  };
 
   // Written beside the target and renamed into place, so a crash leaves no half folder.
-  write_model_directory(checkpoint, partial, tensors);
+  write_model_directory(checkpoint, partial, entries, write_tensor);
   if (fs::exists(out)) fs::remove(out);  // empty (checked above)
   if (out.has_parent_path()) fs::create_directories(out.parent_path());
   fs::rename(partial, out);

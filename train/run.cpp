@@ -371,13 +371,22 @@ int run_training(const TrainingArguments& args) {
   trainer.train();
   trainer.accelerator().wait_for_everyone();
   if (trainer.preempted_by()) return kPreemptedExitStatus;
-  if (!main_process) return 0;
-  // The final model as a plain model directory (what eval/sample/transformers load).
+  // The final model as a plain model directory (what eval/sample/transformers load). Every
+  // process takes part: under ZeRO the weights are streamed from each rank's shard, never
+  // gathered (Accelerator::save_model).
   const fs::path out(args.output_dir), model_dir = out / "model";
+  trainer.accelerator().save_model(*model, model_dir.string());
+  if (!main_process) return 0;
   // A resumed finished run exports the checkpoint's weights: non-finite ones are refused
-  // rather than written with valid checksums.
-  check_weights_finite(*model, "the final weights (to be exported to '" + model_dir.string() + "')");
-  model->save_pretrained(model_dir.string());
+  // rather than given valid checksums.
+  try {
+    check_weights_finite(model_dir / "model.safetensors",
+                         "the final weights (to be exported to '" + model_dir.string() + "')");
+  } catch (const Error&) {
+    fs::remove(model_dir / "model.safetensors");
+    throw;
+  }
+  model->save_config((model_dir / "config.json").string());
   for (const auto& [name, contents] : extra_files)
     data::write_file_atomically(model_dir / name, contents);
   data::write_folder_checksums(model_dir);  // verified by every load, as a checkpoint's are

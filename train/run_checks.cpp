@@ -13,6 +13,7 @@
 
 #include "tessera/core/device.h"
 #include "tessera/core/error.h"
+#include "tessera/core/safetensors.h"
 #include "tessera/data/file_io.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/llama.h"
@@ -141,13 +142,23 @@ void warn_if_data_replaced(const fs::path& checkpoint, const std::string& finger
                now["bytes"].dump().c_str(), now["crc32"].dump().c_str());
 }
 
+namespace {
+void check_tensor_finite(const std::string& name, const Tensor& tensor, const std::string& what) {
+  const std::vector<float> values = tensor.to(Device::cpu(), DType::f32).contiguous().to_vector<float>();
+  for (size_t i = 0; i < values.size(); ++i)
+    TESSERA_CHECK(std::isfinite(values[i]), what, " hold ", values[i], " in '", name, "' (element ", i, " of ",
+                  values.size(), "): the weights are damaged or diverged");
+}
+}  // namespace
+
 void check_weights_finite(const nn::CausalLM& model, const std::string& what) {
-  for (const auto& [name, tensor] : model.named_parameters()) {
-    const std::vector<float> values = tensor.to(Device::cpu(), DType::f32).contiguous().to_vector<float>();
-    for (size_t i = 0; i < values.size(); ++i)
-      TESSERA_CHECK(std::isfinite(values[i]), what, " hold ", values[i], " in '", name, "' (element ", i, " of ",
-                    values.size(), "): the weights are damaged or diverged");
-  }
+  for (const auto& [name, tensor] : model.named_parameters()) check_tensor_finite(name, tensor, what);
+}
+
+void check_weights_finite(const std::filesystem::path& weights_file, const std::string& what) {
+  const SafetensorsContents file = load_safetensors(weights_file.string(), {.memory_map = true});
+  for (const auto& [name, tensor] : file.tensors)
+    if (is_floating(tensor.dtype())) check_tensor_finite(name, tensor, what);
 }
 
 }  // namespace tessera::train

@@ -40,5 +40,7 @@ void warn_if_data_replaced(const std::filesystem::path& checkpoint, const std::s
 // Every parameter of `model` must be finite; the error names the first tensor that is not
 // and `what` says whose weights they are ("the initial weights from --init 'DIR'").
 void check_weights_finite(const nn::CausalLM& model, const std::string& what);
+// The same for the tensors of a safetensors file, read one at a time (memory-mapped).
+void check_weights_finite(const std::filesystem::path& weights_file, const std::string& what);
 
 }  // namespace tessera::train

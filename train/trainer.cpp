@@ -462,9 +462,10 @@ fs::path Trainer::save_checkpoint() {
   if (acc_->is_main_process()) fs::remove_all(partial);
   acc_->wait_for_everyone();
   acc_->save_state(partial.string());  // model, optimizer, schedule, RNG and loader of every rank
+  // On every process: load_best_model_at_end loads it on all of them (ZeRO-3: collectively).
+  if (state_.best_step == state_.global_step) state_.best_model_checkpoint = name;
   if (acc_->is_main_process()) {
     if (args_.save_only_model) drop_training_state(partial);
-    if (state_.best_step == state_.global_step) state_.best_model_checkpoint = name;
     handler_.save_states(state_);
     model_.save_config((partial / "config.json").string());
     for (const auto& [file, contents] : extra_files_)
@@ -540,7 +541,11 @@ void Trainer::load_best_model() {
     return;
   }
   verify_checkpoint(dir);
+  // ZeRO-3: whole while they load (every process is here), then each rank keeps its slice of
+  // the best weights (which the model/ export reads; save_state no longer leaves them gathered).
+  acc_->unwrap_model(model_);
   model_.load_safetensors_weights((dir / "model.safetensors").string());
+  if (dist::DataParallelStrategy* strategy = acc_->strategy_of(model_)) strategy->after_parameters_loaded();
   if (acc_->is_main_process())
     std::printf("loaded the best model (%s = %.6g) from %s\n", args_.metric_for_best_model.c_str(),
                 state_.best_metric.value_or(NAN), dir.string().c_str());

@@ -12,7 +12,10 @@
 // --save DIR --save-at K writes the Accelerator's state (ZeRO: sharded optimizer) after
 // step K and trains on; --resume DIR --start-step K continues from such a checkpoint through
 // Accelerator::load_state, at this run's world size and stage (the optimizer state is
-// re-sliced, the loader position re-counted), and trains steps K.. .
+// re-sliced, the loader position re-counted), and trains steps K.. . --save-memory: every
+// rank prints its allocator peak of the training steps before the save, the peak while
+// save_state runs (a window starting at the bytes alive then) and its largest ZeRO unit.
+// --layers N: blocks of the GPT (2).
 //
 // usage: dist_zero_check [--zero-stage N] --out FILE [--rows B] [--accum A] [--steps S]
 //                        [--clip C] [--bucket-bytes N] [--backend auto|tcp|mpi]
@@ -21,11 +24,12 @@
 //                        [--offload none|optimizer|param] [--prefetch ELEMENTS] [--cuda]
 //                        [--sparse-embedding-gradients]
 //                        [--zero-accumulation reduce_every_micro_batch|no_sync]
-//                        [--max-buckets-in-flight N]
+//                        [--max-buckets-in-flight N] [--layers N] [--save-memory]
 // DDP averages the embedding gradients densely here (the arithmetic ZeRO's stages reproduce
 // bit for bit); --sparse-embedding-gradients: all-gathers the looked-up rows instead
 // (dist/sparse_embedding.h), which rounds differently.
 // --cuda: the model and batches on this rank's GPU (the nccl backend under auto).
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -55,6 +59,25 @@ std::string write_tokens(const std::string& path) {
   return path;
 }
 
+// save_state between two allocator peak windows: the training steps' and its own.
+void save_reporting_memory(dist::Accelerator& acc, nn::Module& model, const std::string& dir) {
+  const DeviceType type = acc.device().type;
+  const int64_t training_peak = category_memory_stats(type).peak;
+  const int64_t alive = category_memory_stats(type).total_in_use();
+  int64_t unit = 0;
+  if (auto* zero = dynamic_cast<dist::ZeroStrategy*>(acc.strategy_of(model)))
+    for (const auto& bucket : zero->buckets().buckets())
+      unit = std::max<int64_t>(unit, bucket.padded_numel * static_cast<int64_t>(dtype_size(bucket.dtype)));
+  reset_category_peak(type);
+  acc.save_state(dir);
+  const CategoryMemoryStats during = category_memory_stats(type);
+  std::cout << ("save memory rank " + std::to_string(acc.process_index()) + " training_peak " +
+                std::to_string(training_peak) + " alive_before_save " + std::to_string(alive) + " save_peak " +
+                std::to_string(during.peak) + " unit " + std::to_string(unit) + " parameters_at_save_peak " +
+                std::to_string(during.at_peak_of(MemoryCategory::Parameters)) + "\n")
+            << std::flush;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,7 +86,8 @@ int main(int argc, char** argv) {
   double clip = 0.2;           // below every step's gradient norm: clipping always acts
   size_t bucket_bytes = 3000;  // several buckets under stages 0-2
   std::string out_path, backend = "auto", precision = "no";
-  bool memory = false, tied = true, on_cuda = false, sparse_embeddings = false;
+  bool memory = false, tied = true, on_cuda = false, sparse_embeddings = false, save_memory = false;
+  int64_t layers = 2;
   std::string offload = "none", reduce_dtype;
   int64_t prefetch = 0;
   std::string zero_accumulation = "reduce_every_micro_batch";
@@ -115,13 +139,17 @@ int main(int argc, char** argv) {
       zero_accumulation = next();
     else if (a == "--max-buckets-in-flight")
       max_buckets_in_flight = std::stoull(next());
+    else if (a == "--layers")
+      layers = std::stoll(next());
+    else if (a == "--save-memory")
+      save_memory = true;
   }
   if (offload != "none" && offload != "optimizer" && offload != "param") {
     std::cerr << "error: --offload must be none, optimizer or param; got '" << offload << "'\n";
     return 2;
   }
   int rank = -1;
-  if (memory) enable_memory_categories(true);  // before the model: every storage counted
+  if (memory || save_memory) enable_memory_categories(true);  // before the model: every storage counted
   try {
     dist::Accelerator acc({.mixed_precision = precision,
                            .reduce_dtype = reduce_dtype,
@@ -143,7 +171,7 @@ int main(int argc, char** argv) {
     default_generator().manual_seed(77 + rank);
     nn::GPT model(nn::GPTConfig{.vocab_size = kVocab,
                                 .block_size = kSeq,
-                                .n_layer = 2,
+                                .n_layer = layers,
                                 .n_head = 1,
                                 .n_embd = 11,
                                 .tie_word_embeddings = tied});
@@ -156,6 +184,7 @@ int main(int argc, char** argv) {
                             {.batch = rows_per_rank, .seq = kSeq, .device = acc.device()});
     acc.prepare(model, opt, loader);
     if (!resume_dir.empty()) acc.load_state(resume_dir);
+    if (save_memory) reset_category_peak(acc.device().type);  // the training steps' window
 
     std::ofstream out;
     if (acc.is_main_process()) out.open(out_path);
@@ -196,7 +225,11 @@ int main(int argc, char** argv) {
                       static_cast<long long>(step), step_loss, static_cast<long long>(step), norm);
         out << line;
       }
-      if (step + 1 == save_at) acc.save_state(save_dir);
+      if (step + 1 == save_at && save_memory) {
+        save_reporting_memory(acc, model, save_dir);
+      } else if (step + 1 == save_at) {
+        acc.save_state(save_dir);
+      }
     }
     nn::Module& whole = acc.unwrap_model(model);
     if (acc.is_main_process()) dist_check::dump_parameters(whole, out);

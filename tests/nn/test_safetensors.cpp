@@ -165,3 +165,39 @@ TEST(Safetensors, LoadsZeroByteTensorsAtAnyOffset) {
   EXPECT_EQ(c.at("e").numel(), 0);
   EXPECT_EQ(c.at("a").to_vector<uint8_t>(), (std::vector<uint8_t>{1, 1, 1}));
 }
+
+// The streamed writer (one tensor's bytes at a time, in pieces) writes what save_safetensors
+// writes, byte for byte; a tensor given too few bytes is refused naming it, leaving no file.
+TEST(Safetensors, StreamedWriterMatchesTheWholeWriterAndRefusesShortTensors) {
+  Generator gen(3);
+  const Tensor a = randn({5, 3}, {}, &gen), b = randn({7}, {.dtype = DType::f64}, &gen);
+  const auto whole = scratch("whole.safetensors").string(), streamed = scratch("streamed.safetensors").string();
+  save_safetensors(whole, {{"b", b}, {"a", a}}, {{"format", "pt"}});
+  const std::map<std::string, Tensor> by_name{{"a", a}, {"b", b}};
+  save_safetensors_streamed(
+      streamed, {{"b", DType::f64, {7}}, {"a", DType::f32, {5, 3}}},
+      [&](const SafetensorsEntry& e, const ByteWriter& write) {
+        const auto* bytes = static_cast<const char*>(by_name.at(e.name).raw_data());
+        const size_t n = by_name.at(e.name).nbytes();
+        write({bytes, n / 2});  // in two pieces
+        write({bytes + n / 2, n - n / 2});
+      },
+      {{"format", "pt"}});
+  auto slurp = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_EQ(slurp(streamed), slurp(whole));
+  const auto short_file = scratch("short.safetensors").string();
+  std::filesystem::remove(short_file);
+  try {
+    save_safetensors_streamed(short_file, {{"a", DType::f32, {5, 3}}},
+                              [&](const SafetensorsEntry&, const ByteWriter& write) { write({a.raw_data(), 8}); });
+    FAIL() << "a short tensor was written";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'a' got 8 bytes"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(short_file));
+  for (const auto& entry : std::filesystem::directory_iterator(scratch("")))
+    EXPECT_EQ(entry.path().filename().string().find("short.safetensors.tmp"), std::string::npos);
+}
