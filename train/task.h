@@ -13,9 +13,11 @@
 // The Trainer's constructors build the task; a task of one's own can be passed to
 // Trainer(args, std::unique_ptr<TrainingTask>, extra_files).
 //
-// The training stream is counted in micro-batches from the start of training: micro-batch m
-// is batch m % len of epoch m / len (len = micro_batches_per_epoch()), so a resumed run seeks
-// to global_step × gradient_accumulation_steps and continues with the same batches.
+// The training stream is counted in micro-batches from the start of training (for a
+// classifier micro-batch m is batch m % len of epoch m / len, len = len(train_dataloader)),
+// so a resumed run seeks to global_step × gradient_accumulation_steps and continues with the
+// same batches: the position is the loader's whole state (the model's RNG is the
+// Accelerator's).
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -66,8 +68,9 @@ class TrainingTask {
   // Called once, after the Accelerator exists and the model is on `device`: builds this
   // process's training loader (and prepares it with `acc` where the loader needs it).
   virtual void prepare(dist::Accelerator& acc, const TrainingArguments& args, Device device) = 0;
-  // Micro-batches of one epoch on this process (len(train_dataloader)).
-  virtual int64_t micro_batches_per_epoch() const = 0;
+  // Optimizer steps of one epoch (prepared): a language model's whole windows per step;
+  // a classifier's ceil(len(train_dataloader) / gradient_accumulation_steps), as transformers.
+  virtual int64_t steps_per_epoch(const TrainingArguments& args, int world_size) const = 0;
   // The training stream's position in micro-batches since the start, and a seek to one.
   virtual uint64_t position() const = 0;
   virtual void seek(uint64_t position) = 0;
@@ -82,8 +85,9 @@ class TrainingTask {
   // Every process takes part; every process gets the same result.
   virtual TaskEvaluation evaluate(dist::Accelerator& acc, const TrainingArguments& args) = 0;
   // The metric names an evaluation returns, without the eval_ prefix ("loss" among them),
-  // learnt before any training step (a user compute_metrics is called once on a small
-  // synthetic input).
+  // learnt before any training step (a classifier's user compute_metrics is called once on a
+  // small synthetic EvalPrediction). Empty: not known before the first evaluation (a
+  // language model's own compute_metrics, which may count its calls), checked there.
   virtual std::vector<std::string> metric_names() const = 0;
   // Prediction over `dataset` (classification only; other tasks refuse it, naming the task).
   virtual PredictionOutput predict(dist::Accelerator& acc, const TrainingArguments& args,
