@@ -130,7 +130,7 @@ Trainer::Trainer(TrainingArguments args, std::unique_ptr<TrainingTask> task,
                  std::map<std::string, std::string> extra_files)
     : args_(std::move(args)), task_(std::move(task)), extra_files_(std::move(extra_files)) {
   TESSERA_CHECK(task_ != nullptr, "Trainer: no task");
-  validate(args_);
+  validate(args_, /*needs_token_file=*/task_->name() == "causal_lm");
   // Bad data and a misspelt metric fail here, before any work.
   task_->check_data(args_);
   if (args_.eval_strategy != "no" || args_.load_best_model_at_end)
