@@ -185,8 +185,15 @@ Trainer::Trainer(TrainingArguments args, std::unique_ptr<TrainingTask> task,
   TESSERA_CHECK(!schedule_uses_total(args_) || warmup < schedule_total,
                 args_.describe("warmup_steps"), " must be shorter than the ", schedule_total,
                 " steps of a decaying schedule (got ", warmup, ")");
+  // Frozen parameters (requires_grad false) are left out, as transformers' Trainer does: they
+  // get no optimizer state and no update, and DDP and ZeRO (trainable_parameters) leave them
+  // whole on every rank.
+  std::vector<Tensor> trainable;
+  for (const Tensor& p : model.parameters())
+    if (p.requires_grad()) trainable.push_back(p);
+  TESSERA_CHECK(!trainable.empty(), "Trainer: every parameter of the model is frozen (requires_grad false)");
   optimizer_ = std::make_unique<optim::AdamW>(
-      model.parameters(), optim::AdamWOptions{.lr = args_.learning_rate,
+      trainable, optim::AdamWOptions{.lr = args_.learning_rate,
                                                .beta1 = args_.adam_beta1,
                                                .beta2 = args_.adam_beta2,
                                                .eps = args_.adam_epsilon,
