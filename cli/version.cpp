@@ -47,6 +47,19 @@ void print_settings() {
   TESSERA_CHECK(refused.empty(), "tessera env: ", refused);
 }
 
+// The table of docs/settings.md, one row a setting (tests/cli checks that the page holds it).
+void print_settings_markdown() {
+  std::cout << "| variable | default | accepted values | read by | what it does |\n"
+            << "| --- | --- | --- | --- | --- |\n";
+  for (const SettingInfo& info : setting_table()) {
+    const std::string default_value = *info.default_value
+                                          ? detail::concat("`", info.default_value, "`")
+                                          : std::string("unset");
+    std::cout << "| `" << info.name << "` | " << default_value << " | " << accepted_values(info)
+              << " | " << info.layer << " | " << info.description << " |\n";
+  }
+}
+
 void print_environment(const std::string& config_file) {
   utsname system{};
   ::uname(&system);
@@ -79,7 +92,15 @@ const RegisterCommand env("env", "Print the version, the machine, the backends b
                             auto config_file = std::make_shared<std::string>();
                             sub.add_option("--config-file,--config_file", *config_file,
                                            "the config to show (default: " + default_config_path() + ")");
-                            sub.callback([config_file] { print_environment(*config_file); });
+                            auto markdown = std::make_shared<bool>(false);
+                            sub.add_flag("--markdown", *markdown,
+                                         "print only the table of settings of docs/settings.md");
+                            sub.callback([config_file, markdown] {
+                              if (*markdown)
+                                print_settings_markdown();
+                              else
+                                print_environment(*config_file);
+                            });
                           });
 
 }  // namespace

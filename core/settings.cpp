@@ -25,7 +25,7 @@ constexpr double kForever = 1e9;  // seconds: the largest timeout a setting take
 // In the order of the Setting enum (checked below), bottom layer first.
 constexpr std::array<SettingInfo, kSettingCount> kTable{{
     {Setting::Deterministic, "TESSERA_DETERMINISTIC", K::Switch, "0", "", 0, 0, false, "kernels",
-     "1: CUDA kernels take only their run-to-run deterministic paths (also set_deterministic)"},
+     "1: CUDA kernels that could add with atomics add in a fixed order (also set_deterministic)"},
     {Setting::GraphCopyKernels, "TESSERA_GRAPH_COPY_KERNELS", K::Switch, "1", "", 0, 0, false,
      "core", "1: a captured CUDA graph's copy and memset nodes become kernel nodes; 0 keeps them"},
     {Setting::GemmAutotune, "TESSERA_GEMM_AUTOTUNE", K::Switch, "1", "", 0, 0, false, "kernels",
@@ -79,7 +79,7 @@ constexpr std::array<SettingInfo, kSettingCount> kTable{{
     {Setting::UseCpu, "TESSERA_USE_CPU", K::Flag, "0", "", 0, 0, false, "dist",
      "1: the Accelerator stays on the CPU even where a GPU is visible (tessera launch --cpu)"},
     {Setting::SparseEmbeddingGradients, "TESSERA_SPARSE_EMBEDDING_GRADIENTS", K::Switch, "1", "", 0,
-     0, false, "dist", "1: DDP all-reduces only the touched rows of embedding gradients; 0: all"},
+     0, false, "dist", "1: DDP syncs embedding gradients sparsely where that moves fewer bytes; 0: densely"},
     {Setting::ZeroTrace, "TESSERA_ZERO_TRACE", K::Text, "", "a file to write", 0, 0, false, "dist",
      "writes a Chrome trace of ZeRO's communication to this file; unset: no trace"},
     {Setting::ZeroTraceSteps, "TESSERA_ZERO_TRACE_STEPS", K::Integer, "3", "", 1, 1000000, false,
@@ -181,8 +181,10 @@ std::optional<std::string> option_of(Setting setting) {
   return o.values[static_cast<size_t>(setting)];
 }
 
-std::string number_text(double value, SettingKind kind) {
-  if (kind == K::Integer) return std::to_string(static_cast<long long>(value));
+// A bound as a reader writes it: 1000000000, not 1e+09.
+std::string number_text(double value) {
+  if (value == static_cast<double>(static_cast<long long>(value)))
+    return std::to_string(static_cast<long long>(value));
   return detail::concat(value);
 }
 
@@ -223,8 +225,7 @@ std::string accepted_values(const SettingInfo& info) {
     case K::Integer:
     case K::Number:
       return detail::concat(info.kind == K::Integer ? "an integer" : "a number", " in [",
-                            number_text(info.min, info.kind), ", ",
-                            number_text(info.max, info.kind), "]");
+                            number_text(info.min), ", ", number_text(info.max), "]");
     case K::Text: return info.values;
   }
   return "";
