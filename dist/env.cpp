@@ -1,7 +1,5 @@
 #include "tessera/dist/env.h"
 
-#include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 
@@ -55,23 +53,6 @@ long long env_integer(const char* name, long long fallback, long long min, long 
 
 int env_int(const char* name, int fallback, int min, int max) {
   return static_cast<int>(bounded(name, fallback, min, max));
-}
-
-double env_double(const char* name, double fallback, double min, double max) {
-  std::string v = env_string(name);
-  if (v.empty()) return fallback;
-  char* end = nullptr;
-  double value = std::strtod(v.c_str(), &end);
-  TESSERA_CHECK(end && *end == '\0', "dist environment: ", name, "='", v, "' is not a number");
-  TESSERA_CHECK(value >= min && value <= max, "dist environment: ", name, "=", v,
-                " is out of range: it must be in [", min, ", ", max, "]");
-  return value;
-}
-
-bool env_flag(const char* name) {
-  std::string v = env_string(name);
-  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
-  return v == "1" || v == "true" || v == "yes" || v == "on";
 }
 
 double rendezvous_timeout_from_env() {
