@@ -54,9 +54,8 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
                                                       : options_.reduce_dtype);
   zero_stage_ = options_.zero_stage >= 0 ? options_.zero_stage
                                          : static_cast<int>(setting_integer(Setting::ZeroStage));
-  TESSERA_CHECK(zero_stage_ >= 0 && zero_stage_ <= 3,
-                "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ", zero_stage_,
-                options_.zero_stage >= 0 ? "" : " (from TESSERA_ZERO_STAGE)");
+  TESSERA_CHECK(zero_stage_ >= 0 && zero_stage_ <= 3,  // TESSERA_ZERO_STAGE is checked as read
+                "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ", zero_stage_);
   TESSERA_CHECK(
       zero_stage_ > 0 || !(options_.offload_optimizer || options_.offload_param),
       "Accelerator: offload_optimizer and offload_param need a ZeRO stage (zero_stage >= 1); "
