@@ -19,6 +19,7 @@
 #include "tessera/autograd/functions.h"
 #include "tessera/core/fused_dispatch.h"
 #include "tessera/core/random.h"
+#include "tessera/core/settings.h"
 
 namespace tessera {
 
@@ -47,12 +48,14 @@ const char* attention_backend_name(AttentionBackend backend) {
 }
 
 AttentionBackend attention_backend_from_environment() {
-  const char* value = std::getenv("TESSERA_ATTENTION");
-  if (value == nullptr || *value == '\0') return AttentionBackend::Flash;
-  return parse_attention_backend(value, "TESSERA_ATTENTION");
+  return parse_attention_backend(setting_value_from_environment(Setting::Attention).text,
+                                 "TESSERA_ATTENTION");
 }
 
-void set_attention_backend(AttentionBackend backend) { backend_slot().store(static_cast<int>(backend)); }
+void set_attention_backend(AttentionBackend backend) {
+  set_setting_option(Setting::Attention, attention_backend_name(backend));
+  backend_slot().store(static_cast<int>(backend));
+}
 
 AttentionBackend attention_backend() {
   std::atomic<int>& slot = backend_slot();

@@ -11,6 +11,7 @@
 
 #include "tessera/cli/command.h"
 #include "tessera/core/error.h"
+#include "tessera/core/settings.h"
 #include "tessera/dist/env.h"
 #include "tessera/data/file_io.h"
 #include "tessera/data/token_file.h"
@@ -60,7 +61,7 @@ void write_outputs_as_one_set(const fs::path& out, const std::function<void(cons
 // the build folder of this program (where scripts/setup.sh puts them).
 std::unique_ptr<data::Tokenizer> gpt2_tokenizer() {
   std::vector<fs::path> places;
-  if (const std::string env = dist::env_string("TESSERA_GPT2_DIR"); !env.empty()) {
+  if (const std::string env = setting_text(Setting::Gpt2Dir); !env.empty()) {
     // Set means meant: a wrong folder is an error, not a quiet fall-back to another copy.
     const fs::path dir(env);
     TESSERA_CHECK(fs::exists(dir / "encoder.json") && fs::exists(dir / "vocab.bpe"),

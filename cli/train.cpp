@@ -8,6 +8,7 @@
 
 #include "tessera/cli/command.h"
 #include "tessera/core/error.h"
+#include "tessera/dist/env.h"
 #include "tessera/train/run.h"
 
 namespace tessera::cli {
@@ -208,8 +209,7 @@ const RegisterCommand reg(
           flags["resume"] = resume->empty() ? std::string("latest") : *resume;
         // A job restarted after a failure (`tessera launch --max-restarts`, torchrun) resumes
         // from its newest checkpoint by itself.
-        const char* restart_count = std::getenv("TORCHELASTIC_RESTART_COUNT");
-        if (resume_opt->count() == 0 && restart_count && std::atoi(restart_count) > 0)
+        if (resume_opt->count() == 0 && dist::env_int("TORCHELASTIC_RESTART_COUNT", 0, 0) > 0)
           flags["resume"] = "latest";
         layers.push_back({flags, "command line"});
         const int status = train::run_training(train::arguments_for_run(layers));

@@ -1,5 +1,8 @@
-# The layers of Tessera as CMake targets, so the build says what DESIGN says:
-#   core <- kernels <- autograd <- nn/optim <- data <- dist <- train <- cli
+# The layers of Tessera as CMake targets, so the build says what docs/architecture.md says:
+#   core <- kernels <- autograd <- {nn, optim};  core <- data;  {nn, optim, data} <- dist
+#   <- train <- cli
+# (data, the datasets and tokenizers, uses only core.) A layer's DEPENDS names the layers it
+# includes; tests/layering checks that an upward include fails to compile.
 # Each layer is an OBJECT library compiled against an include root of its own that holds
 # only itself and the layers below it (symbolic links under ${TESSERA_LAYER_ROOTS}), so a
 # layer that includes an upper layer's header fails to compile. The objects are combined

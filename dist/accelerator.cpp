@@ -11,6 +11,7 @@
 #include "tessera/autograd/functions.h"
 #include "tessera/core/random.h"
 #include "tessera/core/safetensors.h"
+#include "tessera/core/settings.h"
 #include "tessera/data/file_io.h"
 #include "tessera/dist/memory_report.h"
 #include "tessera/dist/zero.h"
@@ -26,12 +27,13 @@ namespace {
 // --gradient_accumulation_steps, --cpu; Accelerate's ACCELERATE_* variables play this part) for
 // the settings the program left at their defaults.
 void take_launch_settings(AcceleratorOptions& o) {
-  if (o.deepspeed_config.empty()) o.deepspeed_config = env_string("TESSERA_DEEPSPEED_CONFIG");
+  if (o.deepspeed_config.empty()) o.deepspeed_config = setting_text(Setting::DeepSpeedConfig);
   if (o.fsdp_sharding_strategy.empty())
-    o.fsdp_sharding_strategy = env_string("TESSERA_FSDP_SHARDING_STRATEGY");
+    o.fsdp_sharding_strategy = setting_text(Setting::FsdpShardingStrategy);
   if (o.gradient_accumulation_steps == 1)
-    o.gradient_accumulation_steps = env_int("TESSERA_GRADIENT_ACCUMULATION_STEPS", 1, 1, 1000000);
-  o.cpu = o.cpu || env_flag("TESSERA_USE_CPU");
+    o.gradient_accumulation_steps =
+        static_cast<int>(setting_integer(Setting::GradientAccumulationSteps));
+  o.cpu = o.cpu || setting_enabled(Setting::UseCpu);
 }
 }  // namespace
 
@@ -42,18 +44,18 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   TESSERA_CHECK(options_.gradient_accumulation_steps >= 1,
                 "Accelerator: gradient_accumulation_steps must be >= 1, got ",
                 options_.gradient_accumulation_steps);
-  mixed_precision_ = options_.mixed_precision.empty() ? env_string("TESSERA_MIXED_PRECISION", "no")
+  mixed_precision_ = options_.mixed_precision.empty() ? setting_text(Setting::MixedPrecision)
                                                       : options_.mixed_precision;
   TESSERA_CHECK(
       mixed_precision_ == "no" || mixed_precision_ == "fp16" || mixed_precision_ == "bf16",
       "Accelerator: mixed_precision must be no, fp16 or bf16; got '", mixed_precision_, "'");
   policy_ = MixedPrecisionPolicy::from_name(
-      mixed_precision_, options_.reduce_dtype.empty() ? env_string("TESSERA_REDUCE_DTYPE", "")
+      mixed_precision_, options_.reduce_dtype.empty() ? setting_text(Setting::ReduceDtype)
                                                       : options_.reduce_dtype);
-  zero_stage_ = options_.zero_stage >= 0 ? options_.zero_stage : env_int("TESSERA_ZERO_STAGE", 0);
-  TESSERA_CHECK(zero_stage_ >= 0 && zero_stage_ <= 3,
-                "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ", zero_stage_,
-                options_.zero_stage >= 0 ? "" : " (from TESSERA_ZERO_STAGE)");
+  zero_stage_ = options_.zero_stage >= 0 ? options_.zero_stage
+                                         : static_cast<int>(setting_integer(Setting::ZeroStage));
+  TESSERA_CHECK(zero_stage_ >= 0 && zero_stage_ <= 3,  // TESSERA_ZERO_STAGE is checked as read
+                "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ", zero_stage_);
   TESSERA_CHECK(
       zero_stage_ > 0 || !(options_.offload_optimizer || options_.offload_param),
       "Accelerator: offload_optimizer and offload_param need a ZeRO stage (zero_stage >= 1); "
@@ -123,7 +125,7 @@ void Accelerator::prepare_one(nn::Module& model) {
     ddp.reduce_dtype = policy_.reduce_dtype;
     // TESSERA_SPARSE_EMBEDDING_GRADIENTS=0 turns them off for a whole job.
     ddp.sparse_embedding_gradients = options_.sparse_embedding_gradients &&
-                                     env_int("TESSERA_SPARSE_EMBEDDING_GRADIENTS", 1) != 0;
+                                     setting_enabled(Setting::SparseEmbeddingGradients);
     models_[&model] = std::make_unique<DistributedDataParallel>(model, world_ptr(), ddp);
   } else {
     ZeroOptions zero;

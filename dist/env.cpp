@@ -1,11 +1,10 @@
 #include "tessera/dist/env.h"
 
-#include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 
 #include "tessera/core/error.h"
+#include "tessera/core/settings.h"
 
 namespace tessera::dist {
 
@@ -20,8 +19,8 @@ const char* launcher_name(Launcher l) {
 }
 
 std::string env_string(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return (v && *v) ? std::string(v) : fallback;
+  const std::string value = environment_variable(name).value_or("");
+  return value.empty() ? fallback : value;
 }
 
 namespace {
@@ -56,25 +55,8 @@ int env_int(const char* name, int fallback, int min, int max) {
   return static_cast<int>(bounded(name, fallback, min, max));
 }
 
-double env_double(const char* name, double fallback, double min, double max) {
-  std::string v = env_string(name);
-  if (v.empty()) return fallback;
-  char* end = nullptr;
-  double value = std::strtod(v.c_str(), &end);
-  TESSERA_CHECK(end && *end == '\0', "dist environment: ", name, "='", v, "' is not a number");
-  TESSERA_CHECK(value >= min && value <= max, "dist environment: ", name, "=", v,
-                " is out of range: it must be in [", min, ", ", max, "]");
-  return value;
-}
-
-bool env_flag(const char* name) {
-  std::string v = env_string(name);
-  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
-  return v == "1" || v == "true" || v == "yes" || v == "on";
-}
-
 double rendezvous_timeout_from_env() {
-  const double seconds = env_double("TESSERA_RENDEZVOUS_TIMEOUT", 600, 0, 1e9);
+  const double seconds = setting_number(Setting::RendezvousTimeout);
   TESSERA_CHECK(seconds > 0, "dist environment: TESSERA_RENDEZVOUS_TIMEOUT must be positive");
   return seconds;
 }
@@ -92,27 +74,15 @@ const char* nccl_cta_policy_name(NcclCtaPolicy policy) {
 }
 
 std::optional<NcclCtaPolicy> nccl_cta_policy_from_env() {
-  const std::string v = env_string("TESSERA_NCCL_CTA_POLICY");
-  if (v.empty()) return std::nullopt;
+  const std::string v = setting_text(Setting::NcclCtaPolicy);  // validated: one of the three
   for (NcclCtaPolicy p : {NcclCtaPolicy::Default, NcclCtaPolicy::Efficiency, NcclCtaPolicy::Zero})
     if (v == nccl_cta_policy_name(p)) return p;
-  TESSERA_FAIL("dist environment: TESSERA_NCCL_CTA_POLICY='", v,
-               "' is not one of default, efficiency, zero (or unset for NCCL's own choice)");
+  return std::nullopt;
 }
 
-namespace {
-// A switch that is 0 or 1 (anything else is an error naming it), `unset` when not set.
-bool zero_or_one(const char* name, bool unset) {
-  const std::string v = env_string(name);
-  TESSERA_CHECK(v.empty() || v == "0" || v == "1", "dist environment: ", name, "='", v,
-                "' must be 0 or 1");
-  return v.empty() ? unset : v == "1";
-}
-}  // namespace
+bool nccl_symmetric_from_env() { return setting_enabled(Setting::NcclSymmetric); }
 
-bool nccl_symmetric_from_env() { return zero_or_one("TESSERA_NCCL_SYMMETRIC", false); }
-
-bool peer_all_reduce_from_env() { return zero_or_one("TESSERA_PEER_ALLREDUCE", true); }
+bool peer_all_reduce_from_env() { return setting_enabled(Setting::PeerAllReduce); }
 
 std::string first_slurm_host(const std::string& nodelist) {
   // The first entry ends at a comma outside brackets; a bracket holds numbers or ranges

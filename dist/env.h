@@ -39,23 +39,23 @@ std::string first_slurm_host(const std::string& nodelist);
 // it is a typo or an overflow, not a job.
 constexpr long long kMaxWorldSize = 1LL << 26;
 
-// Environment lookup helpers shared by dist/: the value, or the fallback when unset/empty.
-// A value that is not a number, or lies outside [min, max], is an error naming the variable,
-// its text and the range (an integer too large for int is out of range, never wrapped).
+// Lookups of the launch environment (RANK, MASTER_PORT, SLURM_*, HF_HOME: the variables of
+// the launchers, not Tessera's settings), through tessera::environment_variable
+// (core/settings.h). The value, or the fallback when unset/empty. A value that is not a
+// number, or lies outside [min, max], is an error naming the variable, its text and the range
+// (an integer too large for int is out of range, never wrapped). TESSERA_* settings are read
+// through core/settings.h instead.
 std::string env_string(const char* name, const std::string& fallback = "");
 long long env_integer(const char* name, long long fallback, long long min, long long max);
 int env_int(const char* name, int fallback, int min = INT_MIN, int max = INT_MAX);
-double env_double(const char* name, double fallback, double min = -HUGE_VAL,
-                  double max = HUGE_VAL);
-bool env_flag(const char* name);  // "1", "true", "yes", "on" (any case)
 
 // TESSERA_RENDEZVOUS_TIMEOUT (seconds, default 600): how long init_process_group waits for
 // rank 0's store and for every rank to join it, printing progress, before an error naming
 // the ranks that never joined.
 double rendezvous_timeout_from_env();
 
-// Opt-in NCCL settings, read here so that the NCCL group (dist/cuda) and DDP agree and a CPU
-// build can test the parsing. A bad value is an error naming the variable.
+// Opt-in NCCL settings (core/settings.h), read here so that the NCCL group (dist/cuda) and
+// DDP agree and a CPU build can test the parsing. A bad value is an error naming the variable.
 //
 // TESSERA_NCCL_CTA_POLICY = default | efficiency | zero: the communicators are created with
 // ncclCommInitRankConfig and that CTA policy (NCCL 2.27+; zero: 2.28+); unset: no config.

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "tessera/core/error.h"
+#include "tessera/core/settings.h"
 #include "tessera/dist/deepspeed_config.h"
 #include "tessera/dist/env.h"
 #include "tessera/dist/socket.h"
@@ -212,7 +213,7 @@ struct JobShape {
   if (!o.gpu_ids.empty() && o.gpu_ids != "all") set("CUDA_VISIBLE_DEVICES", o.gpu_ids);
   // Like torchrun: ranks sharing a node share its cores, so each one's OpenMP pool gets
   // its part (oversubscribed spinning pools slow every rank's host thread down).
-  if (!::getenv("OMP_NUM_THREADS") && o.nproc_per_node > 1) {
+  if (!environment_variable("OMP_NUM_THREADS") && o.nproc_per_node > 1) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     set("OMP_NUM_THREADS", std::to_string(std::max<unsigned>(1, cores / o.nproc_per_node)));
   }

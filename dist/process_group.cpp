@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "tessera/core/backend_library.h"
+#include "tessera/core/settings.h"
 
 namespace tessera::dist {
 
@@ -113,8 +114,8 @@ bool CollectiveSignature::operator==(const CollectiveSignature& o) const {
 
 ProcessGroupOptions ProcessGroupOptions::from_env() {
   ProcessGroupOptions o;
-  o.timeout_s = env_double("TESSERA_COLLECTIVE_TIMEOUT", o.timeout_s);
-  o.debug_collectives = env_flag("TESSERA_DEBUG_COLLECTIVES");
+  o.timeout_s = setting_number(Setting::CollectiveTimeout);
+  o.debug_collectives = setting_enabled(Setting::DebugCollectives);
   return o;
 }
 

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "tessera/core/settings.h"
 #include "tessera/dist/env.h"
 #include "tessera/dist/process_group.h"
 #include "tessera/dist/store.h"
@@ -256,11 +257,8 @@ std::string hang_report(int reporter, const CollectivePosition& stuck,
 // ---- options ----
 WatchdogOptions WatchdogOptions::from_env() {
   WatchdogOptions o;
-  o.timeout_s = env_double("TESSERA_WATCHDOG_TIMEOUT", o.timeout_s, 0, 1e9);
-  const std::string action = env_string("TESSERA_WATCHDOG_ACTION", "end");
-  TESSERA_CHECK(action == "end" || action == "report", "dist environment: TESSERA_WATCHDOG_ACTION='",
-                action, "' is not one of end, report");
-  o.end_job = action == "end";
+  o.timeout_s = setting_number(Setting::WatchdogTimeout);
+  o.end_job = setting_text(Setting::WatchdogAction) == "end";
   return o;
 }
 

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <vector>
 
+#include "tessera/core/settings.h"
 #include "tessera/data/file_io.h"
 #include "tessera/dist/env.h"
 
@@ -34,8 +35,8 @@ std::array<DeviceClock, kNumDeviceTypes>& device_clocks() {
 
 struct TraceState {
   std::mutex mutex;
-  std::string path = env_string("TESSERA_ZERO_TRACE", "");
-  int max_steps = env_int("TESSERA_ZERO_TRACE_STEPS", 3);
+  std::string path = setting_text(Setting::ZeroTrace);
+  int max_steps = static_cast<int>(setting_integer(Setting::ZeroTraceSteps));
   std::atomic<int> step{0};  // read without the lock by enabled()
   std::vector<TraceEvent> events;
   std::vector<DeviceSpan> device_spans;  // resolved into events at the step's end

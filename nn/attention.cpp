@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "tessera/autograd/functions.h"
+#include "tessera/core/settings.h"
 
 namespace tessera::nn {
 
@@ -81,8 +82,7 @@ Tensor CausalSelfAttention::attention_heads(const Tensor& x) {
 }
 
 bool CausalSelfAttention::fused_projection_by_default() {
-  const char* v = std::getenv("TESSERA_FUSED_QKV_PROJECTION");
-  return v == nullptr || std::string(v) != "0";
+  return setting_enabled(Setting::FusedQkvProjection);
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
@@ -120,8 +120,7 @@ MLP::MLP(const GPTConfig& cfg, Generator* gen, TensorOptions opts)
 }
 
 bool MLP::fused_mlp_by_default() {
-  const char* v = std::getenv("TESSERA_FUSED_MLP");
-  return v == nullptr || std::string(v) != "0";
+  return setting_enabled(Setting::FusedMlp);
 }
 
 Tensor MLP::forward(const Tensor& x) {

@@ -9,6 +9,7 @@
 
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/functions.h"
+#include "tessera/core/settings.h"
 
 namespace tessera::nn {
 
@@ -84,10 +85,7 @@ Tensor GPT::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
 }
 
 bool GPT::output_biases_deferrable() const {
-  static const bool enabled = [] {
-    const char* v = std::getenv("TESSERA_DEFERRED_BIASES");
-    return v == nullptr || std::string(v) != "0";
-  }();
+  static const bool enabled = setting_enabled(Setting::DeferredBiases);
   if (!enabled || !cfg_.bias || any_hooks()) return false;
   if (cfg_.gradient_checkpointing && transformer.is_training() && autograd::is_grad_enabled())
     return false;

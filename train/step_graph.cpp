@@ -1,6 +1,7 @@
 #include "tessera/train/step_graph.h"
 
 #include "tessera/core/random.h"
+#include "tessera/core/settings.h"
 #include "tessera/dist/env.h"
 
 namespace tessera::train {
@@ -25,7 +26,7 @@ Device device_of(const std::vector<data::Batch>& batches) {
 }  // namespace
 
 bool StepGraphRunner::enabled_by_environment() {
-  return dist::env_string("TESSERA_CUDA_GRAPHS", "1") != "0";
+  return setting_enabled(Setting::CudaGraphs);
 }
 
 StepGraphRunner::StepGraphRunner(dist::Accelerator& acc, optim::Optimizer& optimizer, StepFn step,

@@ -17,6 +17,7 @@
 #include "tessera/core/allocator.h"
 #include "tessera/core/cuda/caching_allocator.h"
 #include "tessera/core/cuda/cuda_check.h"
+#include "tessera/core/settings.h"
 
 namespace tessera::cuda {
 
@@ -175,12 +176,12 @@ void memcpy_async(void* dst, const void* src, size_t nbytes, cudaStream_t stream
 
 // ---- determinism ----
 namespace {
-std::atomic<bool> g_deterministic{[] {
-  const char* v = std::getenv("TESSERA_DETERMINISTIC");
-  return v != nullptr && std::strcmp(v, "1") == 0;
-}()};
+std::atomic<bool> g_deterministic{setting_enabled(Setting::Deterministic)};
 }
-void set_deterministic(bool on) { g_deterministic = on; }
+void set_deterministic(bool on) {
+  set_setting_option(Setting::Deterministic, on ? "1" : "0");
+  g_deterministic = on;
+}
 bool deterministic() { return g_deterministic; }
 
 // ---- the backend ----

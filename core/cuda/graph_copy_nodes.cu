@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tessera/core/cuda/cuda_check.h"
+#include "tessera/core/settings.h"
 
 namespace tessera::cuda {
 namespace {
@@ -171,8 +172,7 @@ bool replace(cudaGraph_t graph, cudaGraphNode_t node, Launch& l) {
 }  // namespace
 
 bool graph_copy_kernels_enabled() {
-  const char* v = std::getenv("TESSERA_GRAPH_COPY_KERNELS");
-  return v == nullptr || std::strcmp(v, "0") != 0;
+  return setting_enabled(Setting::GraphCopyKernels);
 }
 
 int64_t replace_copy_nodes_with_kernels(cudaGraph_t graph) {

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/core/settings.h"
 #include "tessera/core/tensor.h"
 
 namespace tessera::cuda::attention_detail {
@@ -108,12 +109,9 @@ inline void check_lse(const char* op, const Tensor& lse, const AttnShape& s, Dev
 // on the mma.sync kernels on Hopper too (to compare, or to rule the Hopper kernels out); "1" or
 // unset lets it take them; anything else is an error naming the variable.
 inline bool sm90_switched_off(const char* name) {
-  const char* value = std::getenv(name);
-  const std::string v = value ? value : "";
-  TESSERA_CHECK(v.empty() || v == "0" || v == "1", name,
-                " must be 0 (the mma.sync kernels) or 1 (the sm_90 kernels where they run), got '",
-                v, "'");
-  return v == "0";
+  const SettingInfo* setting = find_setting(name);
+  TESSERA_CHECK(setting != nullptr, "sm90_switched_off: ", name, " is not a setting");
+  return !setting_enabled(setting->id);
 }
 
 }  // namespace tessera::cuda::attention_detail

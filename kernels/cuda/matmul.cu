@@ -25,6 +25,7 @@
 
 #include "tessera/core/dispatch.h"
 #include "tessera/core/graph_capture.h"
+#include "tessera/core/settings.h"
 #include "tessera/kernels/cuda/common.cuh"
 #include "tessera/kernels/cuda/fused.h"
 #include "tessera/kernels/cuda/gemm_tuning.h"
@@ -336,14 +337,8 @@ LtPlan build_plan(const GemmProblem& p, const Epilogue& e, size_t workspace_byte
 
 // ---- autotuning among bit-identical candidates (gemm_tuning.h) ----
 
-std::atomic<bool> autotune_enabled{[] {
-  const char* v = std::getenv("TESSERA_GEMM_AUTOTUNE");
-  return v == nullptr || std::string(v) != "0";
-}()};
-const bool autotune_log = [] {
-  const char* v = std::getenv("TESSERA_GEMM_AUTOTUNE_LOG");
-  return v != nullptr && std::string(v) == "1";
-}();
+std::atomic<bool> autotune_enabled{setting_enabled(Setting::GemmAutotune)};
+const bool autotune_log = setting_enabled(Setting::GemmAutotuneLog);
 std::atomic<int64_t> plans_tuned{0}, plans_changed{0}, candidates_rejected{0};
 
 // A position-sensitive 64-bit fingerprint of a buffer's 32-bit words: each word is mixed with
@@ -569,13 +564,9 @@ std::atomic<bool> epilogues_enabled{true};
 // column-sum pass over dpre (its DGELU_BGRAD GEMM was slower than the plain GEMM and
 // gelu_backward_with_bias_grad: benchmarks/cuda/NOTES.md).
 GeluEpilogues gelu_epilogues_from_environment() {
-  const char* v = std::getenv("TESSERA_GELU_EPILOGUES");
-  const std::string value = v ? v : "";
-  if (value.empty() || value == "1") return GeluEpilogues::both;
+  const std::string value = setting_text(Setting::GeluEpilogues);  // validated: 1, forward or 0
   if (value == "0") return GeluEpilogues::none;
-  if (value == "forward") return GeluEpilogues::forward;
-  TESSERA_FAIL("TESSERA_GELU_EPILOGUES must be 1 (both ways, the default), forward or 0 (none), "
-               "got '", value, "'");
+  return value == "forward" ? GeluEpilogues::forward : GeluEpilogues::both;
 }
 std::atomic<GeluEpilogues> gelu_epilogues{gelu_epilogues_from_environment()};
 std::atomic<int64_t> fused_calls{0}, fallback_calls{0};
