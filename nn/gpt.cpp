@@ -1,15 +1,11 @@
 #include "tessera/nn/gpt.h"
 
-#include <algorithm>
-#include <cmath>
-#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <tuple>
 
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/functions.h"
-#include "tessera/core/settings.h"
 
 namespace tessera::nn {
 
@@ -47,6 +43,7 @@ Tensor LMHead::forward(const Tensor& x) {
 GPT::GPT(const GPTConfig& cfg, Generator* gen, TensorOptions opts)
     : transformer(validated(cfg), gen, opts), cfg_(cfg) {
   register_module("transformer", transformer);
+  for (Block* block : transformer.blocks) fast_blocks.emplace_back(*block);
   if (!cfg.tie_word_embeddings) {
     lm_head_ = std::make_unique<LMHead>(cfg.vocab_size, cfg.n_embd, gen, opts);
     register_module("lm_head", *lm_head_);
@@ -67,32 +64,25 @@ Tensor GPT::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
                             {.dtype = DType::i64, .device = idx.device()});
   // nanoGPT's dropout sites: here on the embeddings, then in every block on the attention
   // probabilities and after attn.c_proj and mlp.c_proj (all off in eval()).
-  // The residual stream is carried as residual + delta, each block's last add left to the
-  // next layer norm (fused there: the next block's ln_1, then ln_f).
-  // Where nothing needs to see a projection's complete output (output_biases_deferrable),
-  // the output projections' biases are added inside the norms after them as well.
-  BlockOutput out{transformer.drop(transformer.wte(tokens) + transformer.wpe(pos)), {}, {}};
-  const bool defer_biases = !cache && output_biases_deferrable();
+  Tensor x = transformer.drop(transformer.wte(tokens) + transformer.wpe(pos));
+  if (runs_fast_blocks()) return gpt_fast_hidden_states(*this, x, past, cache);
   for (size_t i = 0; i < transformer.blocks.size(); ++i) {
     Block& block = *transformer.blocks[i];
-    out = cache ? block.forward_deferred(out.residual, out.delta, out.delta_bias, false,
-                                         &cache->layers[i], past)
-                : run_block(block, out, defer_biases);
+    x = cache ? block.forward(x, &cache->layers[i], past) : run_block(block, x);
   }
-  return out.delta.defined()
-             ? transformer.ln_f.forward_residual(out.residual, out.delta, out.delta_bias).second
-             : transformer.ln_f(out.residual);
+  return transformer.ln_f(x);
 }
 
-bool GPT::output_biases_deferrable() const {
-  static const bool enabled = setting_enabled(Setting::DeferredBiases);
-  if (!enabled || !cfg_.bias || any_hooks()) return false;
-  if (cfg_.gradient_checkpointing && transformer.is_training() && autograd::is_grad_enabled())
-    return false;
-  for (const Block* block : transformer.blocks)
-    for (const Dropout* d : {&block->attn.resid_dropout, &block->mlp.dropout})
-      if (d->is_training() && d->p > 0) return false;
-  return true;
+Tensor GPT::run_block(Block& block, const Tensor& x) {
+  // The mode of the transformer (a classification model registers only it: nn/classification.h).
+  if (!cfg_.gradient_checkpointing || !transformer.is_training() || !autograd::is_grad_enabled())
+    return block(x);
+  // The recompute replays the default generator and the autocast policy of this run, so
+  // the block's dropout masks and dtypes are the same twice. The block's forward hooks run
+  // in both passes, so a hook that gathers the block's parameters does so for the recompute.
+  return autograd::checkpoint(
+      [&block](const std::vector<Tensor>& in) { return std::vector<Tensor>{block(in[0])}; },
+      {x})[0];
 }
 
 void GPT::set_dropout(double p) {
@@ -110,26 +100,6 @@ std::string GPT::describe() const {
   return out.str();
 }
 
-BlockOutput GPT::run_block(Block& block, const BlockOutput& in, bool defer_biases) {
-  const Tensor &residual = in.residual, &delta = in.delta;
-  // The mode of the transformer (a classification model registers only it: nn/classification.h).
-  if (!cfg_.gradient_checkpointing || !transformer.is_training() || !autograd::is_grad_enabled())
-    return block.call_deferred(residual, delta, in.delta_bias, defer_biases);
-  TESSERA_CHECK(!in.delta_bias.defined() && !defer_biases,
-                "GPT: biases are not deferred under gradient checkpointing");
-  // Checkpointed, the graph keeps each block's input for the recompute: one tensor, the
-  // stream summed (two terms would keep twice the memory that checkpointing exists to save),
-  // so the add between blocks stays a separate op here; ln_2's add is still fused inside.
-  // The recompute replays the default generator and the autocast policy of this run, so
-  // the block's dropout masks and dtypes are the same twice. The block's forward hooks run
-  // in both passes, so a hook that gathers the block's parameters does so for the recompute.
-  const Tensor x = delta.defined() ? residual + delta : residual;
-  const Tensor out = autograd::checkpoint(
-      [&block](const std::vector<Tensor>& in) { return std::vector<Tensor>{block(in[0])}; },
-      {x})[0];
-  return {out, Tensor(), Tensor()};
-}
-
 Tensor GPT::forward(const Tensor& idx) {
   Tensor x = hidden_states(idx, 0, nullptr);
   // Under autocast the head (the largest matmul) runs in the compute dtype.
@@ -145,14 +115,9 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
 
 KVCache GPT::make_kv_cache(int64_t batch) const {
   TESSERA_CHECK(batch > 0, "GPT::make_kv_cache: batch must be > 0, got ", batch);
-  KVCache cache;
-  cache.batch = batch;
   const Tensor w = transformer.wte.weight;
-  const Shape shape{batch, cfg_.n_head, cfg_.block_size, cfg_.n_embd / cfg_.n_head};
-  for (int64_t i = 0; i < cfg_.n_layer; ++i)
-    cache.layers.push_back({zeros(shape, {.dtype = w.dtype(), .device = w.device()}),
-                            zeros(shape, {.dtype = w.dtype(), .device = w.device()})});
-  return cache;
+  return nn::make_kv_cache(cfg_.n_layer, {batch, cfg_.n_head, cfg_.block_size, cfg_.n_embd / cfg_.n_head},
+                           {.dtype = w.dtype(), .device = w.device()});
 }
 
 Tensor GPT::forward_incremental(const Tensor& idx, KVCache& cache) {
@@ -162,89 +127,6 @@ Tensor GPT::forward_incremental(const Tensor& idx, KVCache& cache) {
   Tensor x = hidden_states(idx, cache.length, &cache);
   cache.length += idx.size(1);
   return matmul(x, output_weight().t());
-}
-
-namespace {
-// Picks one token per row of logits [B, V] (host floats).
-std::vector<int64_t> sample_rows(const Tensor& logits, const GenerateOptions& opts) {
-  const Tensor host = raw::contiguous(raw::to(logits, Device::cpu(), DType::f64));
-  const int64_t B = host.size(0), V = host.size(1);
-  const double* data = host.data<double>();
-  std::vector<int64_t> picked(B);
-  std::vector<double> uniforms;
-  if (opts.temperature > 0)
-    uniforms = rand({B}, {.dtype = DType::f64}, opts.gen).to_vector<double>();
-  for (int64_t b = 0; b < B; ++b) {
-    const double* row = data + b * V;
-    if (opts.temperature <= 0) {
-      picked[b] = std::max_element(row, row + V) - row;
-      continue;
-    }
-    std::vector<double> z(row, row + V);
-    for (auto& v : z) v /= opts.temperature;
-    if (opts.top_k > 0 && opts.top_k < V) {
-      std::vector<double> sorted = z;
-      std::nth_element(sorted.begin(), sorted.begin() + (opts.top_k - 1), sorted.end(),
-                       std::greater<>());
-      const double kth = sorted[opts.top_k - 1];
-      for (auto& v : z)
-        if (v < kth) v = -INFINITY;
-    }
-    const double mx = *std::max_element(z.begin(), z.end());
-    double total = 0;
-    for (auto& v : z) total += (v = std::exp(v - mx));
-    double target = uniforms[b] * total, acc = 0;
-    picked[b] = V - 1;
-    for (int64_t i = 0; i < V; ++i) {
-      acc += z[i];
-      if (target < acc && z[i] > 0) {
-        picked[b] = i;
-        break;
-      }
-    }
-  }
-  return picked;
-}
-}  // namespace
-
-Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, const GenerateOptions& opts) {
-  NoGradGuard no_grad;
-  TESSERA_CHECK(idx.dim() == 2 && idx.size(1) > 0,
-                "GPT::generate: idx must be [B, T] with T > 0, got ", shape_str(idx.shape()));
-  const int64_t B = idx.size(0);
-  const Device device = transformer.wte.weight.device();
-  std::vector<int64_t> tokens =
-      raw::to(idx, Device::cpu(), DType::i64).contiguous().to_vector<int64_t>();
-  int64_t length = idx.size(1);
-  // Token rows [B, n] of the last n tokens, on the model's device.
-  auto last_tokens = [&](int64_t n) {
-    std::vector<int64_t> rows;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = length - n; t < length; ++t) rows.push_back(tokens[b * length + t]);
-    return from_vector(rows, {B, n}, {.dtype = DType::i64, .device = device});
-  };
-  KVCache cache = make_kv_cache(B);
-  Tensor logits;
-  for (int64_t step = 0; step < max_new_tokens; ++step) {
-    if (length <= cfg_.block_size) {
-      // Everything fits: feed the tokens the cache has not seen.
-      logits = forward_incremental(last_tokens(length - cache.length), cache);
-    } else {
-      // Past the context the positions shift every step: recompute on the last block.
-      logits = forward(last_tokens(cfg_.block_size));
-    }
-    const Tensor last = raw::select(logits, 1, logits.size(1) - 1);
-    const std::vector<int64_t> next = sample_rows(last, opts);
-    std::vector<int64_t> grown;
-    grown.reserve(B * (length + 1));
-    for (int64_t b = 0; b < B; ++b) {
-      grown.insert(grown.end(), tokens.begin() + b * length, tokens.begin() + (b + 1) * length);
-      grown.push_back(next[b]);
-    }
-    tokens = std::move(grown);
-    ++length;
-  }
-  return from_vector(tokens, {B, length}, {.dtype = DType::i64});
 }
 
 }  // namespace tessera::nn

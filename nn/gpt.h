@@ -1,5 +1,6 @@
 // GPT-2: token + position embeddings, n_layer pre-LN blocks, a final LayerNorm and
-// the output projection (tied to the token embedding unless configured otherwise).
+// the output projection (tied to the token embedding unless configured otherwise), as nanoGPT
+// writes it; the fast blocks (nn/gpt_fast.h) run by default on the same parameters.
 // Parameter names and layouts are Hugging Face GPT-2's, so a model directory
 // (config.json + model.safetensors) moves between Tessera and `transformers`.
 #pragma once
@@ -8,6 +9,7 @@
 
 #include "tessera/nn/attention.h"
 #include "tessera/nn/causal_lm.h"
+#include "tessera/nn/gpt_fast.h"
 
 namespace tessera::nn {
 
@@ -51,15 +53,9 @@ class GPT : public CausalLM {
   // sequence-classification head reads it too: nn/classification.h).
   Tensor hidden_states(const Tensor& idx) { return hidden_states(idx, 0, nullptr); }
 
-  // Incremental decoding: an empty cache for `batch` rows; forward_incremental feeds the
-  // next tokens idx [B, Tn] (positions cache.length ...) and returns their logits
-  // [B, Tn, V]. Tape-free.
-  KVCache make_kv_cache(int64_t batch) const;
-  Tensor forward_incremental(const Tensor& idx, KVCache& cache);
-  // Appends max_new_tokens sampled tokens to idx [B, T] (as the model sees the last
-  // block_size tokens, like nanoGPT); returns [B, T + max_new_tokens] (i64, CPU).
-  Tensor generate(const Tensor& idx, int64_t max_new_tokens,
-                  const GenerateOptions& opts = {}) override;
+  // Incremental decoding (CausalLM's): k/v of layer l are [B, n_head, block_size, D].
+  KVCache make_kv_cache(int64_t batch) const override;
+  Tensor forward_incremental(const Tensor& idx, KVCache& cache) override;
 
   const GPTConfig& config() const { return cfg_; }
   int64_t vocab_size() const override { return cfg_.vocab_size; }
@@ -86,18 +82,14 @@ class GPT : public CausalLM {
   void load_safetensors_weights(const std::string& path) override;
 
   GPTTransformer transformer;
-  // Whether forward leaves the output projections' biases to the norms after them
-  // (Block::forward_deferred's defer_biases): the model has biases, no module has hooks (they
-  // would see outputs without them; ZeRO-3 gathers parameters per block from its hooks), no
-  // dropout after a projection is active, no gradient checkpointing, and
-  // TESSERA_DEFERRED_BIASES is not 0.
-  bool output_biases_deferrable() const;
+  // The fast implementation of transformer.blocks[i] (runs_fast_blocks): its switches and
+  // counters.
+  std::vector<GPTFastBlock> fast_blocks;
 
  private:
   Tensor hidden_states(const Tensor& idx, int64_t past, KVCache* cache);
-  // block.call_deferred(in..., defer_biases); under gradient checkpointing {block(residual +
-  // delta) recomputed in backward, undefined, undefined}.
-  BlockOutput run_block(Block& block, const BlockOutput& in, bool defer_biases);
+  // block(x), recomputed in backward under gradient checkpointing while training.
+  Tensor run_block(Block& block, const Tensor& x);
 
   GPTConfig cfg_;
   std::unique_ptr<LMHead> lm_head_;

@@ -7,6 +7,7 @@
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/autograd.h"
 #include "tessera/autograd/functions.h"
+#include "tessera/nn/llama_fast.h"
 
 namespace tessera::nn {
 
@@ -47,10 +48,6 @@ RMSNorm::RMSNorm(int64_t dim, double eps_in, TensorOptions opts) : eps(eps_in) {
 
 Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, weight, eps); }
 
-std::pair<Tensor, Tensor> RMSNorm::forward_residual(const Tensor& x, const Tensor& residual) {
-  return residual_rms_norm(x, residual, weight, eps);
-}
-
 LlamaAttention::LlamaAttention(const LlamaConfig& cfg, Generator* gen, TensorOptions opts)
     : q_proj(cfg.hidden_size, cfg.num_attention_heads * cfg.attention_head_dim(),
              cfg.initializer_range, gen, opts),
@@ -69,25 +66,16 @@ LlamaAttention::LlamaAttention(const LlamaConfig& cfg, Generator* gen, TensorOpt
   register_module("o_proj", o_proj);
 }
 
-Tensor LlamaAttention::forward_at(const Tensor& x, const ops::RopeTables& rope, int64_t past,
-                                  KVCache::Layer* cache) {
-  if (!cache) {
-    // Training and full forwards: one GEMM for q | k | v (the three weights stacked), then
-    // rotary attention straight from that projection (one gradient flows back into it).
-    const Tensor w_qkv = cat({q_proj.weight, k_proj.weight, v_proj.weight}, 0);
-    return o_proj(rotary_causal_attention_qkv(linear(x, w_qkv.t()), n_head, n_kv_head, rope));
-  }
+Tensor LlamaAttention::forward(const Tensor& x, const ops::RopeTables& rope, int64_t past,
+                               KVCache::Layer* cache) {
   const int64_t B = x.size(0), T = x.size(1);
   // [B, T, heads, D]: rotary embeddings act per position, then heads move to dim 1.
   auto heads = [&](TorchLinear& proj, int64_t n) { return proj(x).view({B, T, n, head_dim}); };
-  Tensor q = rotary_embedding(heads(q_proj, n_head), rope).transpose(1, 2);
+  const Tensor q = rotary_embedding(heads(q_proj, n_head), rope).transpose(1, 2);
   Tensor k = rotary_embedding(heads(k_proj, n_kv_head), rope).transpose(1, 2);
   Tensor v = heads(v_proj, n_kv_head).transpose(1, 2);
-  raw::copy_(raw::narrow(cache->k, 2, past, T), k);
-  raw::copy_(raw::narrow(cache->v, 2, past, T), v);
-  k = raw::narrow(cache->k, 2, 0, past + T);
-  v = raw::narrow(cache->v, 2, 0, past + T);
-  // Queries at the last T of the past + T key positions; GQA shares each kv head.
+  if (cache) std::tie(k, v) = cache->append(k, v, past);
+  // Queries at the last T of the keys' positions; GQA shares each kv head.
   const Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true);
   return o_proj(y.transpose(1, 2).reshape({B, T, n_head * head_dim}));
 }
@@ -114,22 +102,10 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& cfg, Generator* gen, Ten
   register_module("post_attention_layernorm", post_attention_layernorm);
 }
 
-Tensor LlamaDecoderLayer::forward_at(const Tensor& x, const ops::RopeTables& rope, int64_t past,
-                                     KVCache::Layer* cache) {
-  const auto [h, mlp_out] = forward_deferred(x, Tensor(), rope, past, cache);
-  return h + mlp_out;
-}
-
-std::pair<Tensor, Tensor> LlamaDecoderLayer::forward_deferred(const Tensor& residual,
-                                                              const Tensor& delta,
-                                                              const ops::RopeTables& rope,
-                                                              int64_t past, KVCache::Layer* cache) {
-  // x = residual + delta; h = x + attn(input_layernorm(x)); out = h + mlp(post_norm(h)).
-  const auto [x, x_normed] = delta.defined() ? input_layernorm.forward_residual(residual, delta)
-                                             : std::pair{residual, input_layernorm(residual)};
-  const Tensor attn_out = self_attn.forward_at(x_normed, rope, past, cache);
-  const auto [h, h_normed] = post_attention_layernorm.forward_residual(x, attn_out);
-  return {h, mlp(h_normed)};
+Tensor LlamaDecoderLayer::forward(const Tensor& input, const ops::RopeTables& rope, int64_t past,
+                                  KVCache::Layer* cache) {
+  const Tensor x = input + self_attn.forward(input_layernorm(input), rope, past, cache);
+  return x + mlp(post_attention_layernorm(x));
 }
 
 LlamaModel::LlamaModel(const LlamaConfig& cfg, Generator* gen, TensorOptions opts)
@@ -168,35 +144,26 @@ Tensor Llama::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
   // One table for every layer: the angles of positions [past, past + T).
   const ops::RopeTables rope =
       ops::rope_tables(past, T, cfg_.attention_head_dim(), cfg_.rope_theta, w.dtype(), w.device());
-  // The residual stream as residual + delta, the add left to the next RMSNorm (fused there).
-  Tensor residual = model.embed_tokens(idx.contiguous()), delta;
+  Tensor x = model.embed_tokens(idx.contiguous());
+  if (runs_fast_blocks()) return llama_fast_hidden_states(*this, x, rope, past, cache);
   for (size_t i = 0; i < model.decoder_layers.size(); ++i) {
     LlamaDecoderLayer& layer = *model.decoder_layers[i];
-    std::tie(residual, delta) =
-        cache ? layer.forward_deferred(residual, delta, rope, past, &cache->layers[i])
-              : run_layer(layer, residual, delta, rope);
+    x = cache ? layer.forward(x, rope, past, &cache->layers[i]) : run_layer(layer, x, rope);
   }
-  return delta.defined() ? model.norm.forward_residual(residual, delta).second
-                         : model.norm(residual);
+  return model.norm(x);
 }
 
-std::pair<Tensor, Tensor> Llama::run_layer(LlamaDecoderLayer& layer, const Tensor& residual,
-                                           const Tensor& delta, const ops::RopeTables& rope) {
+Tensor Llama::run_layer(LlamaDecoderLayer& layer, const Tensor& x, const ops::RopeTables& rope) {
   // The mode of the body (a classification model registers only it: nn/classification.h).
   if (!checkpointing_ || !model.is_training() || !autograd::is_grad_enabled())
-    return layer.forward_deferred(residual, delta, rope, 0, nullptr);
+    return layer.forward(x, rope, 0, nullptr);
   // The recompute replays the autocast policy; the layer has no randomness to replay. The
   // rotary tables are constants of this forward, captured as they are.
-  std::vector<Tensor> inputs{residual};
-  if (delta.defined()) inputs.push_back(delta);
-  const std::vector<Tensor> out = autograd::checkpoint(
+  return autograd::checkpoint(
       [&layer, rope](const std::vector<Tensor>& in) {
-        const auto [h, mlp_out] =
-            layer.forward_deferred(in[0], in.size() > 1 ? in[1] : Tensor(), rope, 0, nullptr);
-        return std::vector<Tensor>{h, mlp_out};
+        return std::vector<Tensor>{layer.forward(in[0], rope, 0, nullptr)};
       },
-      inputs);
-  return {out[0], out[1]};
+      {x})[0];
 }
 
 std::string Llama::describe() const {
@@ -222,15 +189,11 @@ Tensor Llama::loss(const Tensor& idx, const Tensor& targets) {
 
 KVCache Llama::make_kv_cache(int64_t batch) const {
   TESSERA_CHECK(batch > 0, "Llama::make_kv_cache: batch must be > 0, got ", batch);
-  KVCache cache;
-  cache.batch = batch;
   const Tensor w = model.embed_tokens.weight;
-  const Shape shape{batch, cfg_.num_key_value_heads, cfg_.max_position_embeddings,
-                    cfg_.attention_head_dim()};
-  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i)
-    cache.layers.push_back({zeros(shape, {.dtype = w.dtype(), .device = w.device()}),
-                            zeros(shape, {.dtype = w.dtype(), .device = w.device()})});
-  return cache;
+  return nn::make_kv_cache(cfg_.num_hidden_layers,
+                           {batch, cfg_.num_key_value_heads, cfg_.max_position_embeddings,
+                            cfg_.attention_head_dim()},
+                           {.dtype = w.dtype(), .device = w.device()});
 }
 
 Tensor Llama::forward_incremental(const Tensor& idx, KVCache& cache) {
@@ -240,32 +203,6 @@ Tensor Llama::forward_incremental(const Tensor& idx, KVCache& cache) {
   const Tensor x = hidden_states(idx, cache.length, &cache);
   cache.length += idx.size(1);
   return matmul(x, output_weight().t());
-}
-
-Tensor Llama::generate(const Tensor& idx, int64_t max_new_tokens, const GenerateOptions& opts) {
-  NoGradGuard no_grad;
-  TESSERA_CHECK(idx.dim() == 2 && idx.size(1) > 0 && max_new_tokens >= 0,
-                "Llama::generate: idx must be [B, T] with T > 0 (got ", shape_str(idx.shape()),
-                ") and max_new_tokens >= 0 (got ", max_new_tokens, ")");
-  const Device device = model.embed_tokens.weight.device();
-  const int64_t context = cfg_.max_position_embeddings;
-  KVCache cache = make_kv_cache(idx.size(0));
-  // Sampled where the logits are: the tokens stay on the device until the end.
-  Tensor tokens = raw::to(idx, device, DType::i64);
-  for (int64_t step = 0; step < max_new_tokens; ++step) {
-    const int64_t length = tokens.size(1);
-    // Within the context each new token costs one single-position forward on the cache;
-    // past it the positions shift every step, so the last window is recomputed (as
-    // GPT::generate does).
-    const Tensor logits =
-        length <= context ? forward_incremental(
-                                raw::narrow(tokens, 1, cache.length, length - cache.length), cache)
-                          : forward(raw::narrow(tokens, 1, length - context, context));
-    const Tensor last = raw::select(logits, 1, logits.size(1) - 1);
-    const Tensor next = ops::sample_logits(last, opts.temperature, opts.top_k, opts.gen);
-    tokens = ops::cat({tokens, raw::unsqueeze(next, 1)}, 1);
-  }
-  return raw::to(tokens, Device::cpu(), DType::i64);
 }
 
 }  // namespace tessera::nn

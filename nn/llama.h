@@ -2,14 +2,15 @@
 // attention and a SwiGLU MLP), a final RMSNorm and the output projection (tied to the
 // embeddings or not). Parameter names and layouts are Hugging Face LlamaForCausalLM's, so a
 // model directory (config.json + model.safetensors) moves between Tessera and
-// `transformers`: projections are stored [out, in] as torch.nn.Linear stores them.
+// `transformers`: projections are stored [out, in] as torch.nn.Linear stores them. The layers
+// here are the reference; the fast layers (nn/llama_fast.h) run by default on the same
+// parameters.
 #pragma once
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "tessera/kernels/ops.h"
-#include "tessera/nn/attention.h"  // KVCache
 #include "tessera/nn/causal_lm.h"
 #include "tessera/nn/layers.h"
 
@@ -40,21 +41,21 @@ class RMSNorm : public Module {
  public:
   explicit RMSNorm(int64_t dim, double eps = 1e-6, TensorOptions opts = {});
   Tensor forward(const Tensor& x) override;
-  // {x + residual, forward(x + residual)} with the add fused into the norm's kernels.
-  std::pair<Tensor, Tensor> forward_residual(const Tensor& x, const Tensor& residual);
   std::string type_name() const override { return "RMSNorm"; }
   Tensor weight;
   double eps;
 };
 
-// Causal self-attention with rotary embeddings and num_key_value_heads key/value heads.
+// Causal self-attention with rotary embeddings and num_key_value_heads key/value heads, as
+// Hugging Face's LlamaAttention: q, k, v projections, rotary embeddings on q and k,
+// grouped-query scaled_dot_product_attention, o_proj.
 class LlamaAttention : public Module {
  public:
   LlamaAttention(const LlamaConfig& cfg, Generator* gen, TensorOptions opts);
   // x [B, T, C] at positions [past, past + T) with their rotary tables. With a cache layer
   // (tape-free decoding) the keys and values are appended there and all past ones attended.
-  Tensor forward_at(const Tensor& x, const ops::RopeTables& rope, int64_t past,
-                    KVCache::Layer* cache);
+  Tensor forward(const Tensor& x, const ops::RopeTables& rope, int64_t past,
+                 KVCache::Layer* cache);
   std::string type_name() const override { return "LlamaAttention"; }
 
   TorchLinear q_proj, k_proj, v_proj, o_proj;
@@ -70,19 +71,13 @@ class LlamaMLP : public Module {
   TorchLinear gate_proj, up_proj, down_proj;
 };
 
-// x + attn(input_layernorm(x)), then + mlp(post_attention_layernorm(·)).
+// x = x + self_attn(input_layernorm(x)); x = x + mlp(post_attention_layernorm(x)). The fast
+// layer (nn/llama_fast.h) computes the same with fewer kernels.
 class LlamaDecoderLayer : public Module {
  public:
   LlamaDecoderLayer(const LlamaConfig& cfg, Generator* gen, TensorOptions opts);
-  Tensor forward_at(const Tensor& x, const ops::RopeTables& rope, int64_t past,
-                    KVCache::Layer* cache);
-  // The same layer on a residual stream whose last add is still pending: its input is
-  // residual + delta (delta undefined: residual alone), and it returns {h, mlp_out}, its
-  // output being h + mlp_out. Each add is left to the RMSNorm that reads the sum next, which
-  // does it in the same kernel (and its gradient in the norm's backward).
-  std::pair<Tensor, Tensor> forward_deferred(const Tensor& residual, const Tensor& delta,
-                                             const ops::RopeTables& rope, int64_t past,
-                                             KVCache::Layer* cache);
+  Tensor forward(const Tensor& x, const ops::RopeTables& rope, int64_t past,
+                 KVCache::Layer* cache);
   std::string type_name() const override { return "LlamaDecoderLayer"; }
   LlamaAttention self_attn;
   LlamaMLP mlp;
@@ -119,16 +114,9 @@ class Llama : public CausalLM {
   // idx [B, T] -> the final RMSNorm's output [B, T, hidden_size], what the head reads.
   Tensor hidden_states(const Tensor& idx) { return hidden_states(idx, 0, nullptr); }
 
-  // Incremental decoding (tape-free): k/v of layer l are [B, n_kv_head, max_positions, D].
-  KVCache make_kv_cache(int64_t batch) const;
-  // Feeds idx [B, Tn] at positions cache.length...; returns their logits [B, Tn, V].
-  Tensor forward_incremental(const Tensor& idx, KVCache& cache);
-  // Appends max_new_tokens tokens (sampled on the model's device with ops::sample_logits:
-  // temperature 0 = greedy, top_k 0 = all) to idx [B, T]; returns [B, T + max_new_tokens]
-  // (i64, CPU). Uses a KV cache: each new token costs one single-position forward; past
-  // max_position_embeddings the model sees the last max_position_embeddings tokens.
-  Tensor generate(const Tensor& idx, int64_t max_new_tokens,
-                  const GenerateOptions& opts = {}) override;
+  // Incremental decoding (CausalLM's): k/v of layer l are [B, n_kv_head, max_positions, D].
+  KVCache make_kv_cache(int64_t batch) const override;
+  Tensor forward_incremental(const Tensor& idx, KVCache& cache) override;
 
   const LlamaConfig& config() const { return cfg_; }
   int64_t vocab_size() const override { return cfg_.vocab_size; }
@@ -136,6 +124,7 @@ class Llama : public CausalLM {
   std::string describe() const override;
   // Recompute every decoder layer in backward (autograd::checkpoint); training only.
   void gradient_checkpointing_enable(bool on = true) override { checkpointing_ = on; }
+  bool is_gradient_checkpointing() const { return checkpointing_; }
   // The [V, C] matrix the logits are computed with (embed_tokens.weight when tied).
   Tensor output_weight() const;
 
@@ -151,8 +140,8 @@ class Llama : public CausalLM {
 
  private:
   Tensor hidden_states(const Tensor& idx, int64_t past, KVCache* cache);
-  std::pair<Tensor, Tensor> run_layer(LlamaDecoderLayer& layer, const Tensor& residual,
-                                      const Tensor& delta, const ops::RopeTables& rope);
+  // layer(x) at positions [0, T), recomputed in backward under gradient checkpointing.
+  Tensor run_layer(LlamaDecoderLayer& layer, const Tensor& x, const ops::RopeTables& rope);
   LlamaConfig cfg_;
   bool checkpointing_ = false;
   std::unique_ptr<TorchLinear> lm_head_;

@@ -121,11 +121,12 @@ class Module {
   }
   // has_hooks() of this module or any descendant.
   bool any_hooks() const;
+  // Runs body() between the forward hooks, and arms the backward pre-hooks on its
+  // output. Entry points other than operator() (GPT::loss; the fast blocks, nn/gpt_fast.h,
+  // which compute a module's output their own way) use it too.
+  Tensor call_with_hooks(const Tensor& input, const std::function<Tensor()>& body);
 
  protected:
-  // Runs body() between the forward hooks, and arms the backward pre-hooks on its
-  // output. Entry points other than operator() (GPT::loss) use it too.
-  Tensor call_with_hooks(const Tensor& input, const std::function<Tensor()>& body);
 
  private:
   struct Entry {

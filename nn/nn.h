@@ -7,6 +7,8 @@
 #include "tessera/nn/distilbert.h"
 #include "tessera/nn/encoder.h"
 #include "tessera/nn/gpt.h"
+#include "tessera/nn/gpt_fast.h"
 #include "tessera/nn/layers.h"
 #include "tessera/nn/llama.h"
+#include "tessera/nn/llama_fast.h"
 #include "tessera/nn/module.h"

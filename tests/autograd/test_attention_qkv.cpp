@@ -139,24 +139,35 @@ TEST(AttentionQkv, BadInputsRaiseClearly) {
   EXPECT_FALSE(causal_attention_qkv_fused_applies(random_f64({5, 18}, 1), 1));
 }
 
-// CausalSelfAttention::forward (now on causal_attention_qkv) equals the projection, the
-// composition and the output projection written out, and its KV-cache path agrees.
+// CausalSelfAttention::forward (the reference) and the fast block's attention (on
+// causal_attention_qkv) equal the projection, the composition and the output projection
+// written out, and their KV-cache paths agree.
 TEST(AttentionQkv, CausalSelfAttentionUsesIt) {
   const nn::GPTConfig cfg{.vocab_size = 11, .block_size = 9, .n_layer = 1, .n_head = 3, .n_embd = 12};
   Generator gen(12);
-  nn::CausalSelfAttention attn(cfg, &gen, {.dtype = DType::f64});
+  nn::Block block(cfg, &gen, {.dtype = DType::f64});
+  nn::CausalSelfAttention& attn = block.attn;
+  nn::GPTFastBlock fast(block);
   const Tensor x = random_f64({2, 9, 12}, 13);
   const Tensor y = attn.forward(x);
   const Tensor want = attn.c_proj(composed(attn.c_attn(x), 3));
   EXPECT_EQ(testing::detail::values(y), testing::detail::values(want));
-  EXPECT_EQ(attn.fused_attention_calls(), 0);
-  nn::KVCache::Layer layer{zeros({2, 3, 9, 4}, {.dtype = DType::f64}), zeros({2, 3, 9, 4}, {.dtype = DType::f64})};
-  const Tensor first = attn.forward_cached(x.narrow(1, 0, 5), layer, 0);
-  const Tensor rest = attn.forward_cached(x.narrow(1, 5, 4), layer, 5);
-  const auto cached = testing::detail::values(cat({first, rest}, 1));
+  EXPECT_EQ(testing::detail::values(fast.attention(x, false)), testing::detail::values(want));
+  EXPECT_EQ(fast.fused_attention_calls(), 0);
   const auto full = testing::detail::values(y);
-  for (size_t i = 0; i < full.size(); ++i) ASSERT_NEAR(cached[i], full[i], 1e-12) << "element " << i;
+  for (bool fast_path : {false, true}) {
+    SCOPED_TRACE(fast_path ? "fast" : "reference");
+    nn::KVCache::Layer layer{zeros({2, 3, 9, 4}, {.dtype = DType::f64}), zeros({2, 3, 9, 4}, {.dtype = DType::f64})};
+    auto step = [&](int64_t past, int64_t n) {
+      const Tensor piece = x.narrow(1, past, n);
+      return fast_path ? fast.attention_cached(piece, layer, past) : attn.forward(piece, &layer, past);
+    };
+    const Tensor first = step(0, 5), rest = step(5, 4);
+    const auto cached = testing::detail::values(cat({first, rest}, 1));
+    for (size_t i = 0; i < full.size(); ++i) ASSERT_NEAR(cached[i], full[i], 1e-12) << "element " << i;
+  }
   EXPECT_THROW(attn.forward(random_f64({1, 10, 12}, 14)), Error);  // past block_size
+  EXPECT_THROW(fast.attention(random_f64({1, 10, 12}, 14), false), Error);
 }
 
 // Restores the process-wide backend when a test ends.

@@ -215,16 +215,16 @@ TEST(ProjectionAttentionCuda, GptTrainsTheSameThroughTheNode) {
   Generator g1(5), g2(5);
   nn::GPT fused(cfg, &g1), plain(cfg, &g2);
   for (nn::GPT* m : {&fused, &plain}) m->to(dev(), DType::bf16);
-  for (nn::Block* block : fused.transformer.blocks) block->attn.use_fused_projection = true;
-  for (nn::Block* block : plain.transformer.blocks) block->attn.use_fused_projection = false;
+  for (nn::GPTFastBlock& block : fused.fast_blocks) block.use_fused_projection = true;
+  for (nn::GPTFastBlock& block : plain.fast_blocks) block.use_fused_projection = false;
   Generator data(6);
   const Tensor idx = randint(0, 101, {3, 96}, {.dtype = DType::i64}, &data).to(dev());
   const Tensor targets = randint(0, 101, {3, 96}, {.dtype = DType::i64}, &data).to(dev());
   const Tensor lf = fused.loss(idx, targets), lp = plain.loss(idx, targets);
   lf.backward();
   lp.backward();
-  EXPECT_EQ(fused.transformer.blocks[0]->attn.fused_projection_calls(), 1);
-  EXPECT_EQ(plain.transformer.blocks[0]->attn.fused_projection_calls(), 0);
+  EXPECT_EQ(fused.fast_blocks[0].fused_projection_calls(), 1);
+  EXPECT_EQ(plain.fast_blocks[0].fused_projection_calls(), 0);
   EXPECT_EQ(lf.item(), lp.item());
   for (auto& [name, p] : plain.named_parameters()) {
     SCOPED_TRACE(name);

@@ -261,8 +261,8 @@ TEST(CudaMlpGeluLt, GptForwardBackwardMatchesTheComposedMlp) {
       Generator g1(3), g2(3);
       nn::GPT fused(cfg, &g1), plain(cfg, &g2);
       for (nn::GPT* m : {&fused, &plain}) m->to(dev(), t);
-      for (nn::Block* block : fused.transformer.blocks) block->mlp.use_fused_mlp = true;
-      for (nn::Block* block : plain.transformer.blocks) block->mlp.use_fused_mlp = false;
+      for (nn::GPTFastBlock& block : fused.fast_blocks) block.use_fused_mlp = true;
+      for (nn::GPTFastBlock& block : plain.fast_blocks) block.use_fused_mlp = false;
       Generator data(4);
       const Tensor idx = randint(0, 101, {4, 64}, {.dtype = DType::i64}, &data).to(dev());
       const Tensor targets = randint(0, 101, {4, 64}, {.dtype = DType::i64}, &data).to(dev());
@@ -272,8 +272,8 @@ TEST(CudaMlpGeluLt, GptForwardBackwardMatchesTheComposedMlp) {
       lp.backward();
       const auto after = cuda::linear_gelu_path_counts();
       cuda::set_gelu_epilogues(cuda::GeluEpilogues::both);  // the default
-      EXPECT_EQ(fused.transformer.blocks[0]->mlp.fused_mlp_calls(), 1);
-      EXPECT_EQ(plain.transformer.blocks[0]->mlp.fused_mlp_calls(), 0);
+      EXPECT_EQ(fused.fast_blocks[0].fused_mlp_calls(), 1);
+      EXPECT_EQ(plain.fast_blocks[0].fused_mlp_calls(), 0);
       expect_routes(epilogues, t, before, after, 2 * cfg.n_layer, "the GPT's MLPs");
       EXPECT_NEAR(lf.item(), lp.item(), (t == DType::f32 ? 1e-5 : 2e-2) * std::abs(lp.item()));
       for (auto& [name, p] : plain.named_parameters()) {

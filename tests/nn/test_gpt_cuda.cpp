@@ -50,14 +50,14 @@ TEST(GPTCuda, FlashAttentionPathMatchesMaterialisedScores) {
   Generator g1(9), g2(9);
   nn::GPT fused(cfg, &g1), plain(cfg, &g2);
   for (nn::GPT* m : {&fused, &plain}) m->to(Device::cuda(), DType::bf16);
-  for (auto* block : plain.transformer.blocks) block->attn.use_fused_attention = false;
+  for (nn::GPTFastBlock& block : plain.fast_blocks) block.use_fused_attention = false;
   Generator data(10);
   Tensor idx = randint(0, 101, {3, 64}, {.dtype = DType::i64}, &data).to(Device::cuda());
   Tensor targets = randint(0, 101, {3, 64}, {.dtype = DType::i64}, &data).to(Device::cuda());
   Tensor lf = fused.loss(idx, targets), lp = plain.loss(idx, targets);
   EXPECT_NEAR(lf.item(), lp.item(), 2e-2 * std::abs(lp.item()));
-  EXPECT_EQ(fused.transformer.blocks[0]->attn.fused_attention_calls(), 1);
-  EXPECT_EQ(plain.transformer.blocks[0]->attn.fused_attention_calls(), 0);
+  EXPECT_EQ(fused.fast_blocks[0].fused_attention_calls(), 1);
+  EXPECT_EQ(plain.fast_blocks[0].fused_attention_calls(), 0);
   lf.backward();
   lp.backward();
   for (auto& [name, p] : plain.named_parameters()) {

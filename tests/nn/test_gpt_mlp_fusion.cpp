@@ -1,4 +1,4 @@
-// GPT's MLP through mlp_gelu (MLP::use_fused_mlp: on by default, TESSERA_FUSED_MLP=0 turns
+// GPT's fast MLP through mlp_gelu (GPTFastBlock::use_fused_mlp: on by default, TESSERA_FUSED_MLP=0 turns
 // it off) against the composed c_fc -> GELU -> c_proj: the same logits and gradients (bit for
 // bit on the CPU, where mlp_gelu is that composition; to rounding through the fused tape
 // node, with CPU stand-ins for the GPU's fused GEMMs), with gradient checkpointing too; hooks
@@ -38,7 +38,7 @@ std::unique_ptr<nn::GPT> make_model(const nn::GPTConfig& cfg, bool fused_mlp) {
       NoGradGuard no_grad;
       raw::copy_(p, normal(p.shape(), 0.0, 0.3, {.dtype = DType::f64}, &g));
     }
-  for (nn::Block* block : model->transformer.blocks) block->mlp.use_fused_mlp = fused_mlp;
+  for (nn::GPTFastBlock& block : model->fast_blocks) block.use_fused_mlp = fused_mlp;
   return model;
 }
 
@@ -90,8 +90,8 @@ TEST(GPTMlpFusion, SameLogitsAndGradientsAsTheComposedMlp) {
       plain->gradient_checkpointing_enable(checkpointing);
       const Pass pf = train_pass(*fused), pp = train_pass(*plain);
       // One forward for the logits and one for the loss (and one more per block recomputed).
-      EXPECT_EQ(fused->transformer.blocks[0]->mlp.fused_mlp_calls(), checkpointing ? 3 : 2);
-      EXPECT_EQ(plain->transformer.blocks[0]->mlp.fused_mlp_calls(), 0);
+      EXPECT_EQ(fused->fast_blocks[0].fused_mlp_calls(), checkpointing ? 3 : 2);
+      EXPECT_EQ(plain->fast_blocks[0].fused_mlp_calls(), 0);
       // On the CPU mlp_gelu is the composition: the same operations, the same bits.
       expect_close(pf, pp, 0.0);
       // Through the fused tape node (CPU stand-ins for the GPU's GEMMs): equal to rounding.
@@ -116,8 +116,8 @@ TEST(GPTMlpFusion, HooksOnTheInnerModulesKeepTheComposedPath) {
   EXPECT_EQ(c_fc_calls, 2);  // the logits' forward and the loss's
   EXPECT_EQ(mlp_calls, 2);
   EXPECT_EQ(block_calls, 2);
-  EXPECT_EQ(mlp.fused_mlp_calls(), 0);                                // hooked c_fc: composed
-  EXPECT_EQ(model->transformer.blocks[1]->mlp.fused_mlp_calls(), 2);  // hooks only around it
+  EXPECT_EQ(model->fast_blocks[0].fused_mlp_calls(), 0);  // hooked c_fc: composed
+  EXPECT_EQ(model->fast_blocks[1].fused_mlp_calls(), 2);  // hooks only around it
   expect_close(p, train_pass(*reference), 0.0);
 }
 

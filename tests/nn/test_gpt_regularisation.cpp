@@ -294,10 +294,10 @@ TEST(GPTDropout, CudaDrawsTheCpuMasksAndTakesTheDropoutAttentionKernels) {
   gpu->to(DType::bf16);
   const Tensor targets = random_tokens(3, 64, 101, 23).to(Device::cuda());
   gpu->loss(idx.to(Device::cuda()), targets);
-  EXPECT_EQ(gpu->transformer.blocks[0]->attn.fused_attention_calls(), 1) << "dropout in training: the flash kernels";
+  EXPECT_EQ(gpu->fast_blocks[0].fused_attention_calls(), 1) << "dropout in training: the flash kernels";
   gpu->eval();
   gpu->loss(idx.to(Device::cuda()), targets);
-  EXPECT_EQ(gpu->transformer.blocks[0]->attn.fused_attention_calls(), 2) << "eval: the fused kernels without dropout";
+  EXPECT_EQ(gpu->fast_blocks[0].fused_attention_calls(), 2) << "eval: the fused kernels without dropout";
   gpu->train();
 
   auto checkpointed = make_model(cfg, 21);

@@ -3,7 +3,8 @@
 // out from their layers with every add separate (x + attn(ln_1(x)), + mlp(ln_2(.))), with and
 // without dropout; Block::forward equal to its deferred form; the KV-cache path equal to the
 // full forward; and the blocks' hooks still firing once per pass in order (ZeRO-3 gathers and
-// releases parameters from them).
+// releases parameters from them). These are the fast blocks' (nn/gpt_fast.h), GPT's default;
+// blockwise_logits is the reference path written out.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -83,7 +84,7 @@ TEST(GPTResidualFusion, SameLogitsAsSeparateAddsAndNorms) {
 
 TEST(GPTResidualFusion, DeferredBlockOutputSumsToForward) {
   auto model = make_model(odd_config(0.0), 8);
-  nn::Block& block = *model->transformer.blocks[1];
+  nn::GPTFastBlock& block = model->fast_blocks[1];
   Generator g(9);
   const Tensor residual = normal({2, 5, 15}, 0, 1, {.dtype = DType::f64}, &g);
   const Tensor delta = normal({2, 5, 15}, 0, 1, {.dtype = DType::f64}, &g);
@@ -105,11 +106,11 @@ TEST(GPTResidualFusion, DeferredOutputBiasesGiveTheSameLossAndGradients) {
     for (const auto& [name, p] : model->named_parameters()) out.push_back(values(p.grad()));
     return out;
   };
-  ASSERT_TRUE(model->output_biases_deferrable());
+  ASSERT_TRUE(nn::output_biases_deferrable(*model));
   const auto deferred = run();
   const uint64_t hook = model->transformer.blocks[1]->mlp.c_proj.register_forward_hook(
       [](nn::Module&, const Tensor&, const Tensor&) {});
-  ASSERT_FALSE(model->output_biases_deferrable());
+  ASSERT_FALSE(nn::output_biases_deferrable(*model));
   const auto plain = run();
   model->transformer.blocks[1]->mlp.c_proj.remove_hook(hook);
   ASSERT_EQ(deferred.size(), plain.size());
@@ -119,14 +120,14 @@ TEST(GPTResidualFusion, DeferredOutputBiasesGiveTheSameLossAndGradients) {
       ASSERT_NEAR(deferred[i][j], plain[i][j], 1e-12 * (1 + std::abs(plain[i][j])))
           << "parameter " << i - 1 << " element " << j;
   // Active dropout after a projection, a model without biases, checkpointing: not deferred.
-  EXPECT_FALSE(make_model(odd_config(0.2), 24)->output_biases_deferrable());
+  EXPECT_FALSE(nn::output_biases_deferrable(*make_model(odd_config(0.2), 24)));
   auto evaluated = make_model(odd_config(0.2), 24);
   evaluated->eval();
-  EXPECT_TRUE(evaluated->output_biases_deferrable());
-  EXPECT_FALSE(make_model(odd_config(0.0, /*bias=*/false), 25)->output_biases_deferrable());
+  EXPECT_TRUE(nn::output_biases_deferrable(*evaluated));
+  EXPECT_FALSE(nn::output_biases_deferrable(*make_model(odd_config(0.0, /*bias=*/false), 25)));
   auto checkpointed = make_model(odd_config(0.0), 26);
   checkpointed->gradient_checkpointing_enable();
-  EXPECT_FALSE(checkpointed->output_biases_deferrable());
+  EXPECT_FALSE(nn::output_biases_deferrable(*checkpointed));
 }
 
 TEST(GPTResidualFusion, KVCacheForwardMatchesTheFullForward) {
