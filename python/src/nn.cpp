@@ -3,6 +3,8 @@
 #include "bindings.h"
 
 namespace tessera::python {
+
+void bind_llama(py::module_& nn_module);  // llama.cpp
 namespace {
 
 // Lets a Python subclass of tessera.nn.Module define forward(); the GIL is taken back
@@ -283,7 +285,11 @@ void bind_gpt(py::module_& nn_module) {
           [](const std::string& dir, py::object device, py::object dtype) {
             TensorOptions opts = layer_options(device, dtype);
             py::gil_scoped_release release;
-            return runtime_call([&] { return GPT::from_pretrained(dir, opts); });
+            return runtime_call([&] {
+              std::unique_ptr<GPT> model = GPT::from_pretrained(dir, opts);
+              model->eval();  // as transformers returns it: dropout off until model.train()
+              return model;
+            });
           },
           py::arg("model_dir"), py::arg("device") = py::none(), py::arg("dtype") = py::none());
   py::class_<GPTTransformer, Module>(nn_module, "GPTTransformer")
@@ -310,6 +316,7 @@ void bind_nn(py::module_& m) {
   bind_module(nn_module);
   bind_layers(nn_module);
   bind_gpt(nn_module);
+  bind_llama(nn_module);
 }
 
 }  // namespace tessera::python

@@ -96,6 +96,12 @@ void bind_train(py::module_& m) {
              train::apply_config_values(args, json_of(kwargs), "TrainingArguments(...)");
              // As transformers does, a `deepspeed` file's settings are read here.
              train::apply_sharding_config(args);
+             // An unknown tracker would otherwise be found only when training starts.
+             for (const std::string& name : args.report_to)
+               if (name != "none" && !train::tracker_available(name))
+                 throw py::value_error("TrainingArguments: report_to names the tracker '" + name +
+                                       "', which is not available in this build (jsonl, "
+                                       "tensorboard, all or none)");
              // The training data is usually given to the Trainer rather than here.
              TrainingArguments checked = args;
              if (checked.data.empty()) checked.data = "(the Trainer's train_dataset)";
@@ -118,8 +124,19 @@ void bind_train(py::module_& m) {
         return "TrainingArguments(" + a.to_json().dump() + ")";
       });
 
-  py::class_<PythonTrainer>(m, "Trainer")
-      .def(py::init([](const TrainingArguments& args, py::object model, py::object train_data,
+  py::class_<train::EarlyStoppingCallback, std::shared_ptr<train::EarlyStoppingCallback>>(
+      m, "EarlyStoppingCallback",
+      "transformers' EarlyStoppingCallback: stops when metric_for_best_model has not improved "
+      "by more than early_stopping_threshold for early_stopping_patience evaluations")
+      .def(py::init([](int64_t patience, double threshold) {
+             return std::make_shared<train::EarlyStoppingCallback>(patience, threshold);
+           }),
+           py::arg("early_stopping_patience") = 1, py::arg("early_stopping_threshold") = 0.0)
+      .def_property_readonly("early_stopping_patience_counter",
+                             &train::EarlyStoppingCallback::patience_counter);
+
+  py::class_<PythonTrainer>(m, "_Trainer")
+      .def(py::init([](py::object model, const TrainingArguments& args, py::object train_data,
                        py::object eval_data) {
              if (!py::isinstance<nn::GPT>(model))
                throw py::type_error("Trainer: model must be a tessera.nn.GPT, got " +
@@ -146,13 +163,21 @@ void bind_train(py::module_& m) {
              // report_to's trackers (metrics.jsonl, TensorBoard), as `tessera train` has them.
              if (self->trainer->accelerator().is_main_process())
                self->trainer->add_callback(std::make_shared<train::TrackerCallback>());
+             // As `tessera train` has it (transformers needs the callback given explicitly).
+             if (run_args.early_stopping_patience > 0)
+               self->trainer->add_callback(std::make_shared<train::EarlyStoppingCallback>(
+                   run_args.early_stopping_patience, run_args.early_stopping_threshold));
              return self;
            }),
-           py::arg("args"), py::arg("model"), py::arg("train_dataset"),
+           py::arg("model"), py::arg("args"), py::arg("train_dataset"),
            py::arg("eval_dataset") = py::none())
       .def(
           "add_callback",
           [](PythonTrainer& t, py::object cb) {
+            if (py::isinstance<train::EarlyStoppingCallback>(cb)) {
+              t.trainer->add_callback(cb.cast<std::shared_ptr<train::EarlyStoppingCallback>>());
+              return;
+            }
             check_callback(cb);
             t.trainer->add_callback(std::make_shared<PythonCallback>(std::move(cb)));
           },

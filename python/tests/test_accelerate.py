@@ -117,7 +117,7 @@ def test_trainer_trains_logs_and_evaluates(tokens, tmp_path):
                                      eval_strategy="no", report_to=[])
     assert args.max_steps == 4 and args.per_device_train_batch_size == 4
     model = tessera.nn.GPT(tessera.nn.GPTConfig(vocab_size=256, block_size=16, n_layer=1, n_head=2, n_embd=16))
-    trainer = tessera.Trainer(args, model, tokens, eval_dataset=tokens)
+    trainer = tessera.Trainer(model, args, train_dataset=tokens, eval_dataset=tokens)
 
     class Recorder:
         logs = []
