@@ -1,14 +1,10 @@
 // tessera.nn.Llama and LlamaConfig: transformers' LlamaForCausalLM and LlamaConfig names over
-// nn::Llama (the same Hugging Face model directories). Forward, loss and sampling run with the
-// GIL released.
-#include "bindings.h"
+// nn::Llama (the same Hugging Face model directories); its methods are GPT's
+// (causal_lm_bindings.h).
+#include "causal_lm_bindings.h"
 
 namespace tessera::python {
 namespace {
-
-TensorOptions llama_options(py::handle device, py::handle dtype) {
-  return {.dtype = to_dtype(dtype, DType::f32), .device = to_device(device, Device::cpu())};
-}
 
 void bind_llama_config(py::module_& nn_module) {
   using nn::LlamaConfig;
@@ -65,55 +61,7 @@ void bind_llama_config(py::module_& nn_module) {
 void bind_llama(py::module_& nn_module) {
   using nn::Llama;
   bind_llama_config(nn_module);
-  py::class_<Llama, nn::Module>(nn_module, "Llama")
-      .def(py::init([](const nn::LlamaConfig& cfg, Generator* gen, py::object device,
-                       py::object dtype) {
-             return std::make_unique<Llama>(cfg, gen, llama_options(device, dtype));
-           }),
-           py::arg("config"), py::arg("generator") = nullptr, py::arg("device") = py::none(),
-           py::arg("dtype") = py::none(), py::keep_alive<1, 3>())
-      .def(
-          "loss",
-          [](Llama& m, const Tensor& idx, const Tensor& targets) {
-            py::gil_scoped_release release;
-            return m.loss(idx, targets);
-          },
-          py::arg("idx"), py::arg("targets"),
-          "Mean cross-entropy of the logits of idx [B, T] against targets [B, T]")
-      .def(
-          "generate",
-          [](Llama& m, const Tensor& idx, int64_t n, double temperature, int64_t top_k,
-             Generator* gen) {
-            if (n < 0)
-              throw py::value_error("generate: max_new_tokens must be >= 0, got " +
-                                    std::to_string(n));
-            py::gil_scoped_release release;
-            return m.generate(idx, n, {.temperature = temperature, .top_k = top_k, .gen = gen});
-          },
-          py::arg("idx"), py::arg("max_new_tokens"), py::arg("temperature") = 1.0,
-          py::arg("top_k") = 0, py::arg("generator") = nullptr)
-      .def_property_readonly("config", &Llama::config)
-      .def("gradient_checkpointing_enable", &Llama::gradient_checkpointing_enable,
-           py::arg("enable") = true)
-      .def(
-          "save_pretrained",
-          [](const Llama& m, const std::string& dir) {
-            py::gil_scoped_release release;
-            runtime_call([&] { m.save_pretrained(dir); });
-          },
-          py::arg("save_directory"))
-      .def_static(
-          "from_pretrained",
-          [](const std::string& dir, py::object device, py::object dtype) {
-            TensorOptions opts = llama_options(device, dtype);
-            py::gil_scoped_release release;
-            return runtime_call([&] {
-              std::unique_ptr<Llama> model = Llama::from_pretrained(dir, opts);
-              model->eval();  // as transformers returns it
-              return model;
-            });
-          },
-          py::arg("model_dir"), py::arg("device") = py::none(), py::arg("dtype") = py::none());
+  bind_causal_lm<Llama, nn::LlamaConfig>(nn_module, "Llama");
 }
 
 }  // namespace tessera::python
