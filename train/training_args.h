@@ -53,7 +53,7 @@ struct TrainingArguments {
   int64_t save_steps = 0;               // 0 = at the end only
   int64_t save_total_limit = 3;         // never removes the best checkpoint
   bool load_best_model_at_end = false;
-  std::string metric_for_best_model = "val_loss";
+  std::string metric_for_best_model = "eval_loss";  // "loss" reads as eval_loss (HF)
   bool greater_is_better = false;
   int64_t seed = 1337;
   bool bf16 = false, fp16 = false;
@@ -133,6 +133,10 @@ struct TrainingArguments {
   std::string describe(const std::string& canonical) const;
 };
 
+// metric_for_best_model as transformers reads it: "eval_" before a name without it; the old
+// val_loss / val_perplexity / val_token_accuracy as eval_loss / eval_perplexity / eval_accuracy.
+std::string evaluation_metric_name(const std::string& name);
+
 // Canonical names of every setting.
 const std::vector<std::string>& training_argument_keys();
 // The canonical name of `key` (an alias, dashes or underscores); "" when unknown.
@@ -169,6 +173,7 @@ std::string schedule_name(const TrainingArguments& args);
 
 // Checks ranges and consistency (positive sizes, heads dividing channels, finite numbers,
 // known schedule/strategy/device/precision, ...); errors name the key.
-void validate(const TrainingArguments& args);
+// needs_token_file false: `data` may be empty (a task whose data is not a token file).
+void validate(const TrainingArguments& args, bool needs_token_file = true);
 
 }  // namespace tessera::train
