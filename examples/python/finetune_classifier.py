@@ -1,11 +1,11 @@
 """Fine-tuning a sequence classifier with transformers' Trainer API ("workflows 5 and 6" of the
 Hugging Face guides) in Tessera:
 
-    python3 finetune_classifier.py [--out run] [--epochs 3] [--train-rows 256]
+    python3 finetune_classifier.py [--out run] [--epochs 4] [--train-rows 160]
     tessera launch --nproc-per-node 2 python3 finetune_classifier.py
 
 A small BERT-shaped classifier (BertForSequenceClassification) learns generated labelled text:
-reviews made of positive and negative words, labelled by which kind is in the majority.
+reviews of neutral words with a few positive or negative ones, labelled by their kind.
 Trainer(model=..., args=TrainingArguments(...), train_dataset=..., eval_dataset=...,
 data_collator=DataCollatorWithPadding(tokenizer), tokenizer=..., compute_metrics=...,
 callbacks=[EarlyStoppingCallback(early_stopping_patience=2), LogPrinter()]) trains it with an
@@ -29,17 +29,18 @@ NEUTRAL = ["the", "film", "was", "and", "a", "plot", "with", "cast", "very", "qu
 
 
 def write_reviews(path, rows, seed):
-    """JSON Lines of {"text", "label"}: label 1 when positive words outnumber negative ones."""
+    """JSON Lines of {"text", "label"}: 1-3 positive (label 1) or negative (label 0) words among
+    neutral ones, with one word of the other kind in a fifth of the reviews."""
     rng = np.random.default_rng(seed)
     with open(path, "w") as f:
         for _ in range(rows):
-            good, bad = rng.integers(0, 4, 2)
-            if good == bad:
-                good += 1
-            words = (list(rng.choice(POSITIVE, good)) + list(rng.choice(NEGATIVE, bad)) +
-                     list(rng.choice(NEUTRAL, rng.integers(2, 8))))
+            label = int(rng.integers(0, 2))
+            own, other = (POSITIVE, NEGATIVE) if label else (NEGATIVE, POSITIVE)
+            words = list(rng.choice(own, rng.integers(1, 4))) + list(rng.choice(NEUTRAL, rng.integers(2, 8)))
+            if rng.random() < 0.2:
+                words.append(rng.choice(other))
             rng.shuffle(words)
-            f.write(json.dumps({"text": " ".join(words), "label": int(good > bad)}) + "\n")
+            f.write(json.dumps({"text": " ".join(words), "label": label}) + "\n")
 
 
 def write_vocab(path):
@@ -77,8 +78,8 @@ class LogPrinter:
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "tessera_finetune"))
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--train-rows", type=int, default=256)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--train-rows", type=int, default=160)
     p.add_argument("--eval-rows", type=int, default=64)
     p.add_argument("--patience", type=int, default=2)
     args = p.parse_args()
@@ -100,7 +101,7 @@ def main():
         intermediate_size=64, max_position_embeddings=64, num_labels=2, id2label={0: "negative", 1: "positive"}))
     training_args = tessera.TrainingArguments(
         output_dir=os.path.join(args.out, "run"), num_train_epochs=args.epochs, per_device_train_batch_size=16,
-        per_device_eval_batch_size=32, learning_rate=1e-3, warmup_ratio=0.1, weight_decay=0.01,
+        per_device_eval_batch_size=32, learning_rate=1e-2, warmup_ratio=0.1, weight_decay=0.01,
         eval_strategy="epoch", save_strategy="epoch", logging_steps=5, load_best_model_at_end=True,
         metric_for_best_model="f1", report_to="none", seed=0)
     printer = LogPrinter(state.is_main_process)

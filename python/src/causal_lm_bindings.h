@@ -8,6 +8,31 @@ namespace tessera::python {
 
 TensorOptions layer_options(py::handle device, py::handle dtype);  // nn.cpp
 
+// load(dir, options) with the GIL released, the model returned in eval mode (dropout off until
+// model.train()), as transformers' from_pretrained returns it.
+template <class Load>
+auto load_in_eval_mode(const std::string& dir, py::handle device, py::handle dtype, Load load) {
+  TensorOptions opts = layer_options(device, dtype);
+  py::gil_scoped_release release;
+  return runtime_call([&] {
+    auto model = load(dir, opts);
+    model->eval();
+    return model;
+  });
+}
+
+// save_pretrained(save_directory) of any model with a Hugging Face directory.
+template <class Model>
+void def_save_pretrained(py::class_<Model, nn::Module>& cls) {
+  cls.def(
+      "save_pretrained",
+      [](const Model& m, const std::string& dir) {
+        py::gil_scoped_release release;
+        runtime_call([&] { m.save_pretrained(dir); });
+      },
+      py::arg("save_directory"));
+}
+
 template <class Model, class Config>
 py::class_<Model, nn::Module> bind_causal_lm(py::module_& nn_module, const char* name) {
   py::class_<Model, nn::Module> cls(nn_module, name);
@@ -39,25 +64,13 @@ py::class_<Model, nn::Module> bind_causal_lm(py::module_& nn_module, const char*
       .def_property_readonly("config", &Model::config)
       .def("gradient_checkpointing_enable", &Model::gradient_checkpointing_enable,
            py::arg("enable") = true)
-      .def(
-          "save_pretrained",
-          [](const Model& m, const std::string& dir) {
-            py::gil_scoped_release release;
-            runtime_call([&] { m.save_pretrained(dir); });
-          },
-          py::arg("save_directory"))
       .def_static(
           "from_pretrained",
           [](const std::string& dir, py::object device, py::object dtype) {
-            TensorOptions opts = layer_options(device, dtype);
-            py::gil_scoped_release release;
-            return runtime_call([&] {
-              std::unique_ptr<Model> model = Model::from_pretrained(dir, opts);
-              model->eval();  // dropout off until model.train()
-              return model;
-            });
+            return load_in_eval_mode(dir, device, dtype, &Model::from_pretrained);
           },
           py::arg("model_dir"), py::arg("device") = py::none(), py::arg("dtype") = py::none());
+  def_save_pretrained(cls);
   return cls;
 }
 

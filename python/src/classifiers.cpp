@@ -4,6 +4,8 @@
 // DistilBERT, GPT-2 or Llama). Calling a classifier returns transformers' output object
 // (python/tessera/nn.py). from_pretrained returns the model in eval mode, as transformers does.
 #include "causal_lm_bindings.h"
+#include "tessera/nn/bert.h"
+#include "tessera/nn/encoder.h"
 
 namespace tessera::python {
 namespace {
@@ -20,7 +22,7 @@ nn::SequenceClassificationConfig labels_config(int64_t num_labels, py::handle id
     auto names = py::reinterpret_borrow<py::dict>(id2label);
     labels.id2label.resize(names.size());
     for (auto [key, name] : names) {
-      const int64_t id = py::int_(key).cast<int64_t>();
+      const int64_t id = py::module_::import("builtins").attr("int")(key).cast<int64_t>();
       TESSERA_CHECK(id >= 0 && id < int64_t(names.size()), "BertConfig: id2label key ", id,
                     " is outside [0, ", names.size(), ")");
       labels.id2label[id] = name.cast<std::string>();
@@ -48,7 +50,7 @@ void bind_bert_config(py::module_& nn_module) {
                           .num_hidden_layers = num_hidden_layers,
                           .num_attention_heads = num_attention_heads,
                           .intermediate_size = intermediate_size,
-                          .hidden_act = nn::parse_activation(hidden_act, "BertConfig"),
+                          .hidden_act = nn::parse_activation(hidden_act, "BertConfig hidden_act"),
                           .hidden_dropout_prob = hidden_dropout_prob,
                           .attention_probs_dropout_prob = attention_probs_dropout_prob,
                           .classifier_dropout = classifier_dropout.value_or(-1),
@@ -83,8 +85,8 @@ void bind_bert_config(py::module_& nn_module) {
 
 void bind_classifiers(py::module_& nn_module) {
   using nn::SequenceClassifier;
-  py::class_<SequenceClassifier, nn::Module>(nn_module, "SequenceClassifier")
-      .def(
+  py::class_<SequenceClassifier, nn::Module> classifier(nn_module, "SequenceClassifier");
+  classifier.def(
           "logits",
           [](SequenceClassifier& m, const Tensor& input_ids, py::object attention_mask,
              py::object token_type_ids) {
@@ -105,14 +107,8 @@ void bind_classifiers(py::module_& nn_module) {
           "transformers' loss for the config's problem_type (cross-entropy, MSE or BCE)")
       .def_property_readonly("num_labels",
                              [](const SequenceClassifier& m) { return m.labels_config().num_labels; })
-      .def_property_readonly("newly_initialized_keys", &SequenceClassifier::newly_initialized_keys)
-      .def(
-          "save_pretrained",
-          [](const SequenceClassifier& m, const std::string& dir) {
-            py::gil_scoped_release release;
-            runtime_call([&] { m.save_pretrained(dir); });
-          },
-          py::arg("save_directory"));
+      .def_property_readonly("newly_initialized_keys", &SequenceClassifier::newly_initialized_keys);
+  def_save_pretrained(classifier);
   bind_bert_config(nn_module);
   py::class_<nn::BertForSequenceClassification, SequenceClassifier>(nn_module,
                                                                    "BertForSequenceClassification")
@@ -127,25 +123,14 @@ void bind_classifiers(py::module_& nn_module) {
       .def_static(
           "from_pretrained",
           [](const std::string& dir, py::object device, py::object dtype) {
-            TensorOptions opts = layer_options(device, dtype);
-            py::gil_scoped_release release;
-            return runtime_call([&] {
-              auto model = nn::BertForSequenceClassification::from_pretrained(dir, opts);
-              model->eval();
-              return model;
-            });
+            return load_in_eval_mode(dir, device, dtype,
+                                     &nn::BertForSequenceClassification::from_pretrained);
           },
           py::arg("model_dir"), py::arg("device") = py::none(), py::arg("dtype") = py::none());
   nn_module.def(
       "_load_sequence_classifier",
       [](const std::string& dir, py::object device, py::object dtype) {
-        TensorOptions opts = layer_options(device, dtype);
-        py::gil_scoped_release release;
-        return runtime_call([&] {
-          std::unique_ptr<SequenceClassifier> model = nn::load_sequence_classifier(dir, opts);
-          model->eval();
-          return model;
-        });
+        return load_in_eval_mode(dir, device, dtype, &nn::load_sequence_classifier);
       },
       py::arg("model_dir"), py::arg("device") = py::none(), py::arg("dtype") = py::none());
 }

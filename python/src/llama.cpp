@@ -2,6 +2,7 @@
 // nn::Llama (the same Hugging Face model directories); its methods are GPT's
 // (causal_lm_bindings.h).
 #include "causal_lm_bindings.h"
+#include "tessera/nn/llama.h"
 
 namespace tessera::python {
 namespace {

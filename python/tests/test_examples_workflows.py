@@ -39,3 +39,14 @@ def test_a_preempted_run_resumed_ends_with_the_uninterrupted_weights(tmp_path):
     assert a.keys() == b.keys() and len(a) > 10
     for name in a:
         assert np.array_equal(a[name], b[name]), name
+
+
+def test_fine_tuning_a_classifier_reports_metrics_and_stops_early(tmp_path):
+    script = EXAMPLES / "finetune_classifier.py"
+    out = run([sys.executable, script, "--out", tmp_path / "one", "--epochs", "4", "--train-rows", "160",
+               "--eval-rows", "32"])
+    evaluations = [line for line in out.splitlines() if line.startswith("epoch ")]
+    assert 1 <= len(evaluations) <= 4 and "eval_f1" in evaluations[0]  # the on_log callback saw them
+    assert "predict: 32 rows" in out and "loaded the best model" in out
+    accuracy = float(out.split("evaluate: eval_accuracy ")[1].split()[0])
+    assert accuracy > 0.8  # the label is the kind of the review's words: learnt in 4 epochs
