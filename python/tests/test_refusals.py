@@ -174,7 +174,7 @@ def tiny_run(tmp_path):
 
 def test_trainer_of_a_non_model_is_a_type_error_naming_the_argument(tmp_path):
     args, tokens = tiny_run(tmp_path)
-    with pytest.raises(TypeError, match="Trainer: model must be a tessera.nn.GPT, got str"):
+    with pytest.raises(TypeError, match="Trainer: model must be a tessera.nn.GPT, Llama or a sequence classifier.*got str"):
         tessera.Trainer("gpt2", args, train_dataset=tokens)
 
 
