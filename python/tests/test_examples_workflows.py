@@ -50,3 +50,7 @@ def test_fine_tuning_a_classifier_reports_metrics_and_stops_early(tmp_path):
     assert "predict: 32 rows" in out and "loaded the best model" in out
     accuracy = float(out.split("evaluate: eval_accuracy ")[1].split()[0])
     assert accuracy > 0.8  # the label is the kind of the review's words: learnt in 4 epochs
+    # Two processes: each trains on its share of every batch, the evaluation gathers every row once.
+    two = launch(2, script, "--out", tmp_path / "two", "--epochs", "4", "--train-rows", "160", "--eval-rows", "32")
+    assert "predict: 32 rows" in two and "on 2 process(es)" in two
+    assert float(two.split("evaluate: eval_accuracy ")[1].split()[0]) > 0.8
