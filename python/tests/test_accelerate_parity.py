@@ -299,7 +299,7 @@ def test_deepspeed_and_fsdp_plugins_set_the_zero_stage(tmp_path):
         tessera.FullyShardedDataParallelPlugin(sharding_strategy="HALF_SHARD")
 
 
-def test_llama_matches_its_config_and_trains():
+def test_llama_takes_transformers_config_names_and_starts_near_uniform():
     config = nn.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
     assert config.head_dim == 4 and config.num_key_value_heads == 2
