@@ -287,7 +287,18 @@ void bind_loader(py::module_& dm) {
       .def_property("position", &DataLoader::position, &DataLoader::set_position)
       .def(
           "skip_first_batches",
-          [](DataLoader& l, uint64_t n) -> DataLoader& { return l.skip_first_batches(n); },
+          // Of the current epoch (Accelerate skips the first batches of the next iteration):
+          // after load_state, which restored the position, this is the same position again.
+          [](DataLoader& l, uint64_t n) -> DataLoader& {
+            const int64_t per_epoch = l.options().max_batches;
+            if (per_epoch <= 0) return runtime_call([&]() -> DataLoader& { return l.skip_first_batches(n); });
+            if (n >= uint64_t(per_epoch))
+              throw py::value_error("skip_first_batches: num_batches " + std::to_string(n) +
+                                    " is not below the epoch's " + std::to_string(per_epoch) +
+                                    " batches");
+            const uint64_t epoch_start = l.position() - l.position() % uint64_t(per_epoch);
+            return l.skip_first_batches(epoch_start + n);
+          },
           py::arg("num_batches"), py::return_value_policy::reference_internal)
       .def("tokens_per_step", &DataLoader::tokens_per_step)
       .def_property_readonly("batch_size", [](const DataLoader& l) { return l.options().batch; })
@@ -298,19 +309,39 @@ void bind_loader(py::module_& dm) {
       .def_property_readonly("max_batches",
                              [](const DataLoader& l) { return l.options().max_batches; })
       .def_property_readonly("file", &DataLoader::file)
+      // PyTorch's epochs: with max_batches set, an epoch is max_batches micro-batches of
+      // the stream; len() is that count and each `for` runs to the end of the epoch the
+      // position is in (so a second `for` is the next epoch, and one after a resume or
+      // skip_first_batches finishes the interrupted one).
       .def("__len__",
            [](const DataLoader& l) {
-             const int64_t max = l.options().max_batches;
-             if (max <= 0)
+             if (l.options().max_batches <= 0)
                throw py::type_error("len(): this DataLoader is endless (max_batches = 0)");
-             return std::max<int64_t>(0, max - static_cast<int64_t>(l.position()));
+             return l.options().max_batches;
            })
+      .def_property_readonly("epoch",
+                             [](const DataLoader& l) {
+                               const int64_t per_epoch = l.options().max_batches;
+                               return per_epoch > 0 ? int64_t(l.position()) / per_epoch : 0;
+                             })
+      .def(
+          "set_epoch",
+          [](DataLoader& l, int64_t epoch) {
+            const int64_t per_epoch = l.options().max_batches;
+            if (epoch < 0) throw py::value_error("set_epoch: epoch must be >= 0, got " +
+                                                 std::to_string(epoch));
+            if (per_epoch <= 0)
+              throw py::value_error("set_epoch: this DataLoader is endless (max_batches = 0)");
+            // Inside epoch `epoch` already (a resumed run): keep the position.
+            if (int64_t(l.position()) / per_epoch != epoch) l.set_position(epoch * per_epoch);
+          },
+          py::arg("epoch"))
       .def(
           "__iter__",
           [](DataLoader& l) {
-            const int64_t max = l.options().max_batches;
-            return LoaderIterator{
-                &l, max > 0 ? std::max<int64_t>(0, max - static_cast<int64_t>(l.position())) : -1};
+            const int64_t per_epoch = l.options().max_batches;
+            const int64_t done = static_cast<int64_t>(l.position()) % std::max<int64_t>(1, per_epoch);
+            return LoaderIterator{&l, per_epoch > 0 ? per_epoch - done : -1};
           },
           py::keep_alive<0, 1>());
 }

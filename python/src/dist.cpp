@@ -13,6 +13,9 @@ struct PythonAccelerator {
   std::vector<py::object> prepared;
   std::unique_ptr<dist::Accelerator> acc;
   std::unique_ptr<dist::AccumulateScope> scope;  // the open accumulate() micro-step
+  // The open autocast() and no_sync() blocks, innermost last (they may nest).
+  std::vector<std::unique_ptr<autograd::AutocastGuard>> autocasts;
+  std::vector<dist::DataParallelStrategy::NoSyncGuard> no_syncs;
   bool training_ended = false;  // end_training() ran: a second call does nothing (Accelerate)
 };
 
@@ -76,7 +79,9 @@ void bind_accelerator(py::module_& m) {
   py::class_<PythonAccelerator>(m, "_Accelerator")
       .def(py::init([](const std::string& mixed_precision, int accumulation,
                        const std::string& backend, size_t bucket_bytes, bool find_unused, bool cpu,
-                       int zero_stage, const std::string& reduce_dtype,
+                       int zero_stage, const std::string& reduce_dtype, bool offload_optimizer,
+                       bool offload_param, const std::string& deepspeed_config,
+                       const std::string& fsdp_sharding_strategy,
                        const std::vector<std::string>& log_with, const std::string& project_dir,
                        const std::string& logging_dir) {
              // DDP/ZeRO would refuse it only at the first backward.
@@ -91,6 +96,10 @@ void bind_accelerator(py::module_& m) {
                                         .find_unused_parameters = find_unused,
                                         .cpu = cpu,
                                         .zero_stage = zero_stage,
+                                        .offload_optimizer = offload_optimizer,
+                                        .offload_param = offload_param,
+                                        .fsdp_sharding_strategy = fsdp_sharding_strategy,
+                                        .deepspeed_config = deepspeed_config,
                                         .log_with = log_with,
                                         .project_dir = project_dir,
                                         .logging_dir = logging_dir};
@@ -103,6 +112,8 @@ void bind_accelerator(py::module_& m) {
            py::arg("gradient_accumulation_steps") = 1, py::arg("backend") = "auto",
            py::arg("bucket_bytes") = size_t(25) << 20, py::arg("find_unused_parameters") = false,
            py::arg("cpu") = false, py::arg("zero_stage") = -1, py::arg("reduce_dtype") = "",
+           py::arg("offload_optimizer") = false, py::arg("offload_param") = false,
+           py::arg("deepspeed_config") = "", py::arg("fsdp_sharding_strategy") = "",
            py::arg("log_with") = std::vector<std::string>{}, py::arg("project_dir") = "",
            py::arg("logging_dir") = "")
       // The built-in trackers; python/tessera/tracking.py adds tracker objects and JSON.
@@ -138,6 +149,22 @@ void bind_accelerator(py::module_& m) {
           },
           py::arg("model"))
       .def("_exit_accumulate", [](PythonAccelerator& self) { self.scope.reset(); })
+      .def("_enter_autocast",
+           [](PythonAccelerator& self) {
+             self.autocasts.push_back(std::make_unique<autograd::AutocastGuard>(
+                 self.acc->mixed_precision_policy().compute_dtype));
+           })
+      .def("_exit_autocast", [](PythonAccelerator& self) { self.autocasts.pop_back(); })
+      .def(
+          "_enter_no_sync",
+          [](PythonAccelerator& self, const nn::Module& model) {
+            dist::DataParallelStrategy* strategy = self.acc->strategy_of(model);
+            if (!strategy) return false;  // not prepared: nothing synchronises its gradients
+            self.no_syncs.push_back(strategy->no_sync());
+            return true;
+          },
+          py::arg("model"))
+      .def("_exit_no_sync", [](PythonAccelerator& self) { self.no_syncs.pop_back(); })
       .def(
           "backward",
           [](PythonAccelerator& self, const Tensor& loss) {
@@ -291,10 +318,13 @@ void bind_process_group(py::module_& dm) {
       .def("barrier", [](ProcessGroup& g) { return collective([&] { return g.barrier(); }); });
   dm.def(
       "init_process_group",
-      [](const std::string& backend) {
-        collective([&] { init_process_group({.backend = backend}); });
+      [](const std::string& backend, bool cpu) {
+        InitOptions init{.backend = backend};
+        // A CPU-only run must not pick NCCL just because a GPU is visible.
+        if (cpu || !cuda_is_available()) init.device = DeviceType::CPU;
+        collective([&] { init_process_group(init); });
       },
-      py::arg("backend") = "auto");
+      py::arg("backend") = "auto", py::arg("cpu") = false);
   dm.def("is_initialized", &is_initialized);
   dm.def("destroy_process_group", [] { collective([] { destroy_process_group(); }); });
   dm.def("world", &world_ptr,
@@ -342,6 +372,14 @@ void bind_ddp(py::module_& dm) {
 
 void bind_dist(py::module_& m) {
   bind_accelerator(m);
+  // Accelerator.save_model's writer (one shard of named tensors, in the order given).
+  m.def(
+      "_save_safetensors",
+      [](const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+         const std::map<std::string, std::string>& metadata) {
+        collective([&] { save_safetensors(path, tensors, metadata); });
+      },
+      py::arg("path"), py::arg("tensors"), py::arg("metadata"));
   py::module_ dm = m.def_submodule("dist", "Process groups, collectives and DDP's buckets");
   bind_process_group(dm);
   bind_ddp(dm);

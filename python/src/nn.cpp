@@ -1,8 +1,16 @@
 // tessera.nn: Module (subclassable from Python), the layers and GPT with its Hugging Face
 // model directories. Forward and loss run with the GIL released.
-#include "bindings.h"
+#include "causal_lm_bindings.h"
 
 namespace tessera::python {
+
+void bind_llama(py::module_& nn_module);        // llama.cpp
+void bind_classifiers(py::module_& nn_module);  // classifiers.cpp
+
+TensorOptions layer_options(py::handle device, py::handle dtype) {
+  return {.dtype = to_dtype(dtype, DType::f32), .device = to_device(device, Device::cpu())};
+}
+
 namespace {
 
 // Lets a Python subclass of tessera.nn.Module define forward(); the GIL is taken back
@@ -30,9 +38,6 @@ nn::Module& constructed_module(py::handle self, const char* what) {
   return self.cast<nn::Module&>();
 }
 
-TensorOptions layer_options(py::handle device, py::handle dtype) {
-  return {.dtype = to_dtype(dtype, DType::f32), .device = to_device(device, Device::cpu())};
-}
 
 py::dict named_tensors_dict(const nn::NamedTensors& named) {
   py::dict out;
@@ -237,55 +242,12 @@ void bind_gpt(py::module_& nn_module) {
                               ", n_layer=", c.n_layer, ", n_head=", c.n_head, ", n_embd=", c.n_embd,
                               ")");
       });
-  py::class_<GPT, Module>(nn_module, "GPT")
-      .def(py::init([](const GPTConfig& cfg, Generator* gen, py::object device, py::object dtype) {
-             return std::make_unique<GPT>(cfg, gen, layer_options(device, dtype));
-           }),
-           py::arg("config"), py::arg("generator") = nullptr, py::arg("device") = py::none(),
-           py::arg("dtype") = py::none(), py::keep_alive<1, 3>())
-      .def(
-          "loss",
-          [](GPT& m, const Tensor& idx, const Tensor& targets) {
-            py::gil_scoped_release release;
-            return m.loss(idx, targets);
-          },
-          py::arg("idx"), py::arg("targets"),
-          "Mean cross-entropy of the logits of idx [B, T] against targets [B, T]")
-      .def(
-          "generate",
-          [](GPT& m, const Tensor& idx, int64_t n, double temperature, int64_t top_k,
-             Generator* gen) {
-            if (n < 0)
-              throw py::value_error("generate: max_new_tokens must be >= 0, got " +
-                                    std::to_string(n));
-            py::gil_scoped_release release;
-            return m.generate(idx, n, {.temperature = temperature, .top_k = top_k, .gen = gen});
-          },
-          py::arg("idx"), py::arg("max_new_tokens"), py::arg("temperature") = 1.0,
-          py::arg("top_k") = 0, py::arg("generator") = nullptr)
-      .def_property_readonly("config", &GPT::config)
-      .def("gradient_checkpointing_enable", &GPT::gradient_checkpointing_enable,
-           py::arg("enable") = true)
+  bind_causal_lm<GPT, GPTConfig>(nn_module, "GPT")
       .def("set_dropout", &GPT::set_dropout, py::arg("p"))
       .def("output_weight", &GPT::output_weight)
       .def_property_readonly(
           "transformer", [](GPT& m) -> Module& { return m.transformer; },
-          py::return_value_policy::reference_internal)
-      .def(
-          "save_pretrained",
-          [](const GPT& m, const std::string& dir) {
-            py::gil_scoped_release release;
-            runtime_call([&] { m.save_pretrained(dir); });
-          },
-          py::arg("save_directory"))
-      .def_static(
-          "from_pretrained",
-          [](const std::string& dir, py::object device, py::object dtype) {
-            TensorOptions opts = layer_options(device, dtype);
-            py::gil_scoped_release release;
-            return runtime_call([&] { return GPT::from_pretrained(dir, opts); });
-          },
-          py::arg("model_dir"), py::arg("device") = py::none(), py::arg("dtype") = py::none());
+          py::return_value_policy::reference_internal);
   py::class_<GPTTransformer, Module>(nn_module, "GPTTransformer")
       .def_property_readonly(
           "wte", [](GPTTransformer& t) -> Module& { return t.wte; },
@@ -310,6 +272,8 @@ void bind_nn(py::module_& m) {
   bind_module(nn_module);
   bind_layers(nn_module);
   bind_gpt(nn_module);
+  bind_llama(nn_module);
+  bind_classifiers(nn_module);
 }
 
 }  // namespace tessera::python

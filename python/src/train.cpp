@@ -1,10 +1,13 @@
 // tessera.Trainer and tessera.TrainingArguments: Hugging Face's names over train::Trainer.
 // Arguments are given as keywords (any name the config file or `tessera train` accepts) and
-// checked by the library; Python callbacks see logs, evaluations and saves.
+// checked by the library; Python callbacks see logs, evaluations and saves. The model picks
+// the task: a causal LM (GPT, Llama) on token files, or a sequence classifier on
+// ExampleDatasets with a collator and compute_metrics over transformers' EvalPrediction.
 #include <cmath>
 
 #include "bindings.h"
 #include "tessera/train/trainer.h"
+#include "tessera/train/metrics.h"
 #include "tessera/train/training_args.h"
 
 namespace tessera::python {
@@ -55,8 +58,15 @@ class PythonCallback : public train::TrainerCallback {
               const nlohmann::json& logs) override {
     call(c, "on_log", [&] { return python_of(logs); });
   }
-  void on_evaluate(const train::TrainingArguments&, train::TrainerState&, train::TrainerControl& c,
-                   const train::Metrics& metrics) override {
+  void on_evaluate(const train::TrainingArguments&, train::TrainerState& s,
+                   train::TrainerControl& c, const train::Metrics& metrics) override {
+    // transformers logs an evaluation too: on_log sees the eval_* metrics with epoch and step.
+    call(c, "on_log", [&] {
+      nlohmann::json logs(metrics);
+      logs["epoch"] = s.epoch;
+      logs["step"] = s.global_step;
+      return python_of(logs);
+    });
     call(c, "on_evaluate", [&] { return py::cast(metrics); });
   }
   void on_save(const train::TrainingArguments&, train::TrainerState&, train::TrainerControl& c,
@@ -85,6 +95,97 @@ struct PythonTrainer {
   std::unique_ptr<train::Trainer> trainer;
 };
 
+// A Python compute_metrics(eval_pred) -> dict as the C++ hook: eval_pred is transformers'
+// EvalPrediction (tessera._trainer) of NumPy arrays. Copies of the hook travel without the
+// GIL, so the callable is held through hold_python_object.
+train::ComputePredictionMetrics python_compute_metrics(py::object fn) {
+  if (fn.is_none()) return {};
+  if (!PyCallable_Check(fn.ptr()))
+    throw py::type_error("Trainer: compute_metrics must be callable, got " +
+                         std::string(py::str(py::type::of(fn).attr("__name__"))));
+  std::shared_ptr<void> held = hold_python_object(fn);
+  return [held](const train::EvalPrediction& p) {
+    py::gil_scoped_acquire gil;
+    py::object numpy_array = py::module_::import("numpy").attr("array");
+    py::object labels = p.label_ids.defined() ? numpy_array(py::cast(p.label_ids)) : py::none();
+    py::object eval_pred = py::module_::import("tessera._trainer")
+                               .attr("EvalPrediction")(numpy_array(py::cast(p.predictions)), labels);
+    py::object result = (*static_cast<py::object*>(held.get()))(eval_pred);
+    if (!py::isinstance<py::dict>(result))
+      throw py::type_error("Trainer: compute_metrics must return a dict of name -> number, got " +
+                           std::string(py::str(py::type::of(result).attr("__name__"))));
+    train::Metrics metrics;
+    for (auto [name, value] : py::reinterpret_borrow<py::dict>(result))
+      metrics[std::string(py::str(name))] =
+          py::module_::import("builtins").attr("float")(value).cast<double>();
+    return metrics;
+  };
+}
+
+data::Collator collator_of(py::handle collator) {
+  if (!py::isinstance<data::DataCollatorWithPadding>(collator))
+    throw py::type_error(
+        "Trainer: data_collator must be a tessera.data.DataCollatorWithPadding for a sequence "
+        "classifier, got " + std::string(py::str(py::type::of(collator).attr("__name__"))));
+  auto padding = collator.cast<data::DataCollatorWithPadding>();
+  return [padding](std::span<const data::Example> examples) { return padding(examples); };
+}
+
+data::ExampleDataset example_dataset(py::handle dataset, const char* argument) {
+  if (!py::isinstance<data::ExampleDataset>(dataset))
+    throw py::type_error(std::string("Trainer: ") + argument +
+                         " must be a tessera.data.ExampleDataset for a sequence classifier, got " +
+                         std::string(py::str(py::type::of(dataset).attr("__name__"))));
+  return dataset.cast<data::ExampleDataset>();
+}
+
+data::TokenFile token_file(py::handle f) {
+  return runtime_call([&] {
+    return py::isinstance<data::TokenFile>(f) ? f.cast<data::TokenFile>()
+                                              : data::TokenFile(f.cast<std::string>());
+  });
+}
+
+// The Trainer of a causal language model (GPT, Llama) on token files.
+std::unique_ptr<train::Trainer> language_model_trainer(train::TrainingArguments args,
+                                                       nn::CausalLM& model, py::handle train_data,
+                                                       py::handle eval_data) {
+  std::optional<data::TokenFile> eval;
+  if (!eval_data.is_none()) eval = token_file(eval_data);
+  data::TokenFile train_file = token_file(train_data);
+  args.data = train_file.path().string();
+  if (eval) args.val_data = eval->path().string();
+  train::validate(args);
+  py::gil_scoped_release release;
+  return runtime_call([&] {
+    return std::make_unique<train::Trainer>(args, model, std::move(train_file), std::move(eval));
+  });
+}
+
+std::unique_ptr<train::Trainer> classifier_trainer(train::TrainingArguments args,
+                                                   nn::SequenceClassifier& model,
+                                                   py::handle train_data, py::handle eval_data,
+                                                   py::handle collator, py::object compute_metrics) {
+  data::ExampleDataset train_set = example_dataset(train_data, "train_dataset");
+  std::optional<data::ExampleDataset> eval_set;
+  if (!eval_data.is_none()) eval_set = example_dataset(eval_data, "eval_dataset");
+  data::Collator collate = collator_of(collator);
+  train::ComputePredictionMetrics metrics = python_compute_metrics(std::move(compute_metrics));
+  train::validate(args, /*needs_token_file=*/false);
+  py::gil_scoped_release release;
+  return runtime_call([&] {
+    return std::make_unique<train::Trainer>(args, model, std::move(train_set), std::move(eval_set),
+                                            std::move(collate), std::move(metrics));
+  });
+}
+
+py::tuple prediction_tuple(const train::PredictionOutput& out) {
+  py::object numpy_array = py::module_::import("numpy").attr("array");
+  return py::make_tuple(numpy_array(py::cast(out.predictions)),
+                        out.label_ids.defined() ? numpy_array(py::cast(out.label_ids)) : py::none(),
+                        py::cast(out.metrics));
+}
+
 }  // namespace
 
 void bind_train(py::module_& m) {
@@ -96,6 +197,12 @@ void bind_train(py::module_& m) {
              train::apply_config_values(args, json_of(kwargs), "TrainingArguments(...)");
              // As transformers does, a `deepspeed` file's settings are read here.
              train::apply_sharding_config(args);
+             // An unknown tracker would otherwise be found only when training starts.
+             for (const std::string& name : args.report_to)
+               if (name != "none" && !train::tracker_available(name))
+                 throw py::value_error("TrainingArguments: report_to names the tracker '" + name +
+                                       "', which is not available in this build (jsonl, "
+                                       "tensorboard, all or none)");
              // The training data is usually given to the Trainer rather than here.
              TrainingArguments checked = args;
              if (checked.data.empty()) checked.data = "(the Trainer's train_dataset)";
@@ -118,41 +225,57 @@ void bind_train(py::module_& m) {
         return "TrainingArguments(" + a.to_json().dump() + ")";
       });
 
-  py::class_<PythonTrainer>(m, "Trainer")
-      .def(py::init([](const TrainingArguments& args, py::object model, py::object train_data,
-                       py::object eval_data) {
-             if (!py::isinstance<nn::GPT>(model))
-               throw py::type_error("Trainer: model must be a tessera.nn.GPT, got " +
-                                    std::string(py::str(py::type::of(model).attr("__name__"))));
-             auto to_file = [](py::handle f) {
-               return py::isinstance<data::TokenFile>(f) ? f.cast<data::TokenFile>()
-                                                         : data::TokenFile(f.cast<std::string>());
-             };
-             std::optional<data::TokenFile> eval;
-             if (!eval_data.is_none()) eval = runtime_call([&] { return to_file(eval_data); });
-             data::TokenFile train_file = runtime_call([&] { return to_file(train_data); });
+  py::class_<train::EarlyStoppingCallback, std::shared_ptr<train::EarlyStoppingCallback>>(
+      m, "EarlyStoppingCallback",
+      "transformers' EarlyStoppingCallback: stops when metric_for_best_model has not improved "
+      "by more than early_stopping_threshold for early_stopping_patience evaluations")
+      .def(py::init([](int64_t patience, double threshold) {
+             return std::make_shared<train::EarlyStoppingCallback>(patience, threshold);
+           }),
+           py::arg("early_stopping_patience") = 1, py::arg("early_stopping_threshold") = 0.0)
+      .def_property_readonly("early_stopping_patience_counter",
+                             &train::EarlyStoppingCallback::patience_counter);
+
+  py::class_<PythonTrainer>(m, "_Trainer")
+      .def(py::init([](py::object model, const TrainingArguments& args, py::object train_data,
+                       py::object eval_data, py::object collator, py::object compute_metrics) {
              auto self = std::make_unique<PythonTrainer>();
              self->model = model;
-             nn::GPT& gpt = model.cast<nn::GPT&>();
-             TrainingArguments run_args = args;
-             run_args.data = train_file.path().string();
-             if (eval) run_args.val_data = eval->path().string();
-             train::validate(run_args);
-             py::gil_scoped_release release;
-             self->trainer = runtime_call([&] {
-               return std::make_unique<train::Trainer>(run_args, gpt, std::move(train_file),
-                                                       std::move(eval));
-             });
+             if (py::isinstance<nn::SequenceClassifier>(model)) {
+               self->trainer = classifier_trainer(args, model.cast<nn::SequenceClassifier&>(),
+                                                  train_data, eval_data, collator,
+                                                  std::move(compute_metrics));
+             } else if (py::isinstance<nn::GPT>(model) || py::isinstance<nn::Llama>(model)) {
+               nn::CausalLM& lm = py::isinstance<nn::GPT>(model)
+                                      ? static_cast<nn::CausalLM&>(model.cast<nn::GPT&>())
+                                      : static_cast<nn::CausalLM&>(model.cast<nn::Llama&>());
+               self->trainer = language_model_trainer(args, lm, train_data, eval_data);
+             } else {
+               throw py::type_error(
+                   "Trainer: model must be a tessera.nn.GPT, Llama or a sequence classifier "
+                   "(BertForSequenceClassification, ...), got " +
+                   std::string(py::str(py::type::of(model).attr("__name__"))));
+             }
+             const TrainingArguments& run_args = self->trainer->args();
              // report_to's trackers (metrics.jsonl, TensorBoard), as `tessera train` has them.
              if (self->trainer->accelerator().is_main_process())
                self->trainer->add_callback(std::make_shared<train::TrackerCallback>());
+             // As `tessera train` has it (transformers needs the callback given explicitly).
+             if (run_args.early_stopping_patience > 0)
+               self->trainer->add_callback(std::make_shared<train::EarlyStoppingCallback>(
+                   run_args.early_stopping_patience, run_args.early_stopping_threshold));
              return self;
            }),
-           py::arg("args"), py::arg("model"), py::arg("train_dataset"),
-           py::arg("eval_dataset") = py::none())
+           py::arg("model"), py::arg("args"), py::arg("train_dataset"),
+           py::arg("eval_dataset") = py::none(), py::arg("data_collator") = py::none(),
+           py::arg("compute_metrics") = py::none())
       .def(
           "add_callback",
           [](PythonTrainer& t, py::object cb) {
+            if (py::isinstance<train::EarlyStoppingCallback>(cb)) {
+              t.trainer->add_callback(cb.cast<std::shared_ptr<train::EarlyStoppingCallback>>());
+              return;
+            }
             check_callback(cb);
             t.trainer->add_callback(std::make_shared<PythonCallback>(std::move(cb)));
           },
@@ -167,6 +290,18 @@ void bind_train(py::module_& m) {
              py::gil_scoped_release release;
              return runtime_call([&] { return t.trainer->evaluate(); });
            })
+      .def(
+          "_predict",
+          [](PythonTrainer& t, py::object dataset) {
+            data::ExampleDataset examples = example_dataset(dataset, "predict's test_dataset");
+            train::PredictionOutput out;
+            {
+              py::gil_scoped_release release;
+              out = runtime_call([&] { return t.trainer->predict(examples); });
+            }
+            return prediction_tuple(out);
+          },
+          py::arg("test_dataset"))
       .def("save_checkpoint",
            [](PythonTrainer& t) {
              py::gil_scoped_release release;

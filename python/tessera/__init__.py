@@ -10,6 +10,10 @@ import builtins as _builtins
 import contextlib as _contextlib
 
 from . import _tessera as _C
+from ._keywords import name_wrong_keywords as _name_wrong_keywords
+
+for _native in (_C, _C.nn, _C.optim, _C.data, _C.dist):
+    _name_wrong_keywords(_native, functions=_native is not _C)
 from ._tessera import (  # noqa: F401  (re-exported)
     Tensor,
     Generator,
@@ -37,10 +41,16 @@ from ._tessera import (  # noqa: F401  (re-exported)
     masked_fill, sum, mean, amax, amin, logsumexp, prod, var, std, max, min, argmax, topk, cumsum,
     softmax, log_softmax, matmul, cat, stack, split, chunk, gather, index_select, multinomial,
 )
-from ._tessera import TrainingArguments, Trainer  # noqa: F401
+from ._tessera import TrainingArguments, EarlyStoppingCallback  # noqa: F401
 
-from . import nn, optim, data, dist  # noqa: E402,F401
+from . import nn, optim, data, dist, utils  # noqa: E402,F401
+from .state import PartialState  # noqa: E402,F401
 from ._accelerator import Accelerator  # noqa: E402,F401
+from ._trainer import Trainer  # noqa: E402,F401
+from .utils import (  # noqa: E402,F401
+    DeepSpeedPlugin, FullyShardedDataParallelPlugin, find_executable_batch_size, gather_object,
+)
+from .launchers import notebook_launcher  # noqa: E402,F401
 
 __version__ = "0.1.0"
 

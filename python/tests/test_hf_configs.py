@@ -93,7 +93,7 @@ def test_seed_deepspeed_files_train_unchanged(tokens, tmp_path, name, stage, dty
                                      deepspeed=str(CONFIGS / name))
     assert args.zero_stage == stage and getattr(args, dtype) is True
     model = tessera.nn.GPT(tessera.nn.GPTConfig(vocab_size=256, block_size=16, n_layer=1, n_head=2, n_embd=16))
-    trainer = tessera.Trainer(args, model, tokens)
+    trainer = tessera.Trainer(model, args, train_dataset=tokens)
     trainer.train()
     assert trainer.state["global_step"] == 2
     assert (tmp_path / "run" / "checkpoint-2" / "model.safetensors").exists()
@@ -104,7 +104,7 @@ def test_seed_training_arguments_file_trains(tokens, tmp_path):
     settings.update(output_dir=str(tmp_path / "run"), max_steps=2, seq=16, n_layer=1, n_head=2, n_embd=16,
                     eval_batches=1)
     model = tessera.nn.GPT(tessera.nn.GPTConfig(vocab_size=256, block_size=16, n_layer=1, n_head=2, n_embd=16))
-    trainer = tessera.Trainer(tessera.TrainingArguments(**settings), model, tokens, eval_dataset=tokens)
+    trainer = tessera.Trainer(model, tessera.TrainingArguments(**settings), train_dataset=tokens, eval_dataset=tokens)
     trainer.train()
     assert trainer.state["global_step"] == 2
     assert (tmp_path / "run" / "tensorboard").is_dir()

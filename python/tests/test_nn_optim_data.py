@@ -127,7 +127,10 @@ def test_token_file_and_loader_follow_the_data_order():
             window = np.array([tokens[(start + i) % 1001] for i in range(B * T + 1)])
             np.testing.assert_array_equal(np.asarray(x), window[:-1].reshape(B, T))
             np.testing.assert_array_equal(np.asarray(y), window[1:].reshape(B, T))
-        assert list(loader) == []  # the position reached max_batches
+        # A second pass is the next epoch: the stream goes on (batches 5..9).
+        again = list(loader)
+        assert len(again) == 5 and len(loader) == 5
+        np.testing.assert_array_equal(np.asarray(again[0][0]), np.asarray(loader.batch_at(5)[0]))
         with pytest.raises(RuntimeError, match="nonexistent"):
             data.TokenFile("/nonexistent/file.bin")
     finally:

@@ -174,13 +174,13 @@ def tiny_run(tmp_path):
 
 def test_trainer_of_a_non_model_is_a_type_error_naming_the_argument(tmp_path):
     args, tokens = tiny_run(tmp_path)
-    with pytest.raises(TypeError, match="Trainer: model must be a tessera.nn.GPT, got str"):
-        tessera.Trainer(args, "gpt2", tokens)
+    with pytest.raises(TypeError, match="Trainer: model must be a tessera.nn.GPT, Llama or a sequence classifier.*got str"):
+        tessera.Trainer("gpt2", args, train_dataset=tokens)
 
 
 def test_add_callback_of_a_non_callback_is_a_type_error(tmp_path):
     args, tokens = tiny_run(tmp_path)
-    trainer = tessera.Trainer(args, tiny_gpt(), tokens)
+    trainer = tessera.Trainer(tiny_gpt(), args, train_dataset=tokens)
     with pytest.raises(TypeError, match="add_callback: callback must have .*on_log.*got int"):
         trainer.add_callback(5)
 
