@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/train/log_history.h"
+#include "tessera/train/metrics.h"
 #include "tessera/train/progress.h"
 #include "tessera/train/training_args.h"
 
@@ -61,14 +62,12 @@ struct TrainerControl {
   bool should_log = false;
 };
 
-using Metrics = std::map<std::string, double>;
-
 class TrainerCallback {
  public:
   virtual ~TrainerCallback() = default;
   virtual void on_train_begin(const TrainingArguments&, TrainerState&, TrainerControl&) {}
   virtual void on_step_end(const TrainingArguments&, TrainerState&, TrainerControl&) {}
-  // `logs`: {"step", "loss", "lr", "grad_norm", "ms", "tokens_per_s"}.
+  // `logs`: {"step", "epoch", "loss", "learning_rate", "grad_norm", "ms", "tokens_per_s"}.
   virtual void on_log(const TrainingArguments&, TrainerState&, TrainerControl&,
                       const nlohmann::json& logs) {}
   virtual void on_evaluate(const TrainingArguments&, TrainerState&, TrainerControl&,

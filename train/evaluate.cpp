@@ -11,9 +11,9 @@
 namespace tessera::train {
 
 std::map<std::string, double> language_model_metrics(const EvalTotals& t) {
-  return {{"val_loss", t.loss()},
-          {"val_perplexity", std::exp(t.loss())},
-          {"val_token_accuracy",
+  return {{"loss", t.loss()},
+          {"perplexity", std::exp(t.loss())},
+          {"accuracy",
            t.tokens > 0 ? static_cast<double>(t.correct) / static_cast<double>(t.tokens) : 0.0}};
 }
 

@@ -21,10 +21,11 @@ struct EvalTotals {
   double loss() const { return tokens > 0 ? loss_sum / static_cast<double>(tokens) : 0.0; }
 };
 
-// The metrics of an evaluation from its totals (Hugging Face's compute_metrics hook).
+// The metrics of a language model's evaluation from its totals (its compute_metrics hook),
+// named without a prefix; the Trainer adds "eval_" (and eval_loss when it is missing).
 using ComputeMetrics = std::function<std::map<std::string, double>(const EvalTotals&)>;
-// val_loss (mean cross-entropy per token), val_perplexity = exp(val_loss) and
-// val_token_accuracy (share of targets predicted by argmax).
+// As transformers' run_clm reports them: loss (mean cross-entropy per token), perplexity =
+// exp(loss) and accuracy (share of targets predicted by argmax).
 std::map<std::string, double> language_model_metrics(const EvalTotals& totals);
 
 // `acc` null: this process scores every batch.

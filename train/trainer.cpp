@@ -90,29 +90,52 @@ std::vector<int> preemption_signals_of(const TrainingArguments& args) {
 
 }  // namespace
 
-void check_metric_for_best_model(const TrainingArguments& args, const ComputeMetrics& compute_metrics) {
-  const Metrics metrics = compute_metrics(EvalTotals{});  // only the names matter
-  if (metrics.count(args.metric_for_best_model)) return;
+void check_metric_for_best_model(const TrainingArguments& args,
+                                 const std::vector<std::string>& metric_names) {
+  const std::string wanted = evaluation_metric_name(args.metric_for_best_model);
   std::string names;
-  for (const auto& [name, value] : metrics) names += (names.empty() ? "" : ", ") + name;
-  const bool language_model = metrics.count("val_loss") > 0;
+  for (const std::string& name : metric_names) {
+    const std::string prefixed = with_prefix({{name, 0.0}}, "eval_").begin()->first;
+    if (prefixed == wanted) return;
+    names += (names.empty() ? "" : ", ") + prefixed;
+  }
   TESSERA_FAIL(args.describe("metric_for_best_model"), " is \"", args.metric_for_best_model,
                "\", which the evaluation does not return; it returns ", names,
-               language_model ? " (also accepted with the eval_ prefix or none: eval_loss, loss, "
-                                "eval_accuracy, ...)"
-                              : "");
+               " (a name without the eval_ prefix gets it: loss is eval_loss)");
+}
+
+void check_metric_for_best_model(const TrainingArguments& args, const ComputeMetrics& compute_metrics) {
+  std::vector<std::string> names = {"loss"};
+  for (const auto& [name, value] : compute_metrics(EvalTotals{}))  // only the names matter
+    if (name != "loss") names.push_back(name);
+  check_metric_for_best_model(args, names);
 }
 
 Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile train_data,
                  std::optional<data::TokenFile> eval_data, ComputeMetrics compute_metrics,
                  std::map<std::string, std::string> extra_files)
-    : args_(std::move(args)),
-      model_(model),
-      train_data_(std::move(train_data)),
-      eval_data_(std::move(eval_data)),
-      compute_metrics_(std::move(compute_metrics)),
-      extra_files_(std::move(extra_files)) {
+    : Trainer(std::move(args),
+              make_causal_lm_task(model, std::move(train_data), std::move(eval_data), std::move(compute_metrics)),
+              std::move(extra_files)) {}
+
+Trainer::Trainer(TrainingArguments args, nn::SequenceClassifier& model, data::ExampleDataset train_data,
+                 std::optional<data::ExampleDataset> eval_data, data::Collator collator,
+                 ComputePredictionMetrics compute_metrics, std::map<std::string, std::string> extra_files)
+    : Trainer(std::move(args),
+              make_sequence_classification_task(model, std::move(train_data), std::move(eval_data),
+                                                std::move(collator), std::move(compute_metrics)),
+              std::move(extra_files)) {}
+
+Trainer::Trainer(TrainingArguments args, std::unique_ptr<TrainingTask> task,
+                 std::map<std::string, std::string> extra_files)
+    : args_(std::move(args)), task_(std::move(task)), extra_files_(std::move(extra_files)) {
+  TESSERA_CHECK(task_ != nullptr, "Trainer: no task");
   validate(args_);
+  // Bad data and a misspelt metric fail here, before any work.
+  task_->check_data(args_);
+  if (args_.eval_strategy != "no" || args_.load_best_model_at_end)
+    if (const std::vector<std::string> names = task_->metric_names(); !names.empty())
+      check_metric_for_best_model(args_, names);
   const Device wanted = Device::parse(args_.device);
   dist::AcceleratorOptions options;
   options.mixed_precision = mixed_precision_of(args_);
@@ -135,10 +158,11 @@ Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile tr
   folder_lock_ = claim_output_dir(args_, *acc_);
   // One GPU per local rank when distributed; the named device otherwise.
   device_ = wanted.is_cuda() && acc_->num_processes() > 1 ? acc_->device() : wanted;
-  model_.to(device_);
-  model_.gradient_checkpointing_enable(args_.gradient_checkpointing);
+  nn::Module& model = task_->model();
+  model.to(device_);
+  task_->prepare(*acc_, args_, device_);
   state_.is_world_process_zero = acc_->is_main_process();
-  state_.steps_per_epoch = std::max<int64_t>(1, (train_data_.size() - 1) / tokens_per_step());
+  state_.steps_per_epoch = task_->steps_per_epoch(args_, acc_->num_processes());
   state_.max_steps = args_.total_steps(state_.steps_per_epoch);
   // A decaying schedule is shaped by the total step count, so a resumed run must keep it;
   // a constant one is not, so a run may be extended (its saved total is kept).
@@ -162,24 +186,17 @@ Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile tr
                 args_.describe("warmup_steps"), " must be shorter than the ", schedule_total,
                 " steps of a decaying schedule (got ", warmup, ")");
   optimizer_ = std::make_unique<optim::AdamW>(
-      model_.parameters(), optim::AdamWOptions{.lr = args_.learning_rate,
+      model.parameters(), optim::AdamWOptions{.lr = args_.learning_rate,
                                                .beta1 = args_.adam_beta1,
                                                .beta2 = args_.adam_beta2,
                                                .eps = args_.adam_epsilon,
                                                .weight_decay = args_.weight_decay});
   schedule_ = make_lr_schedule(args_, *optimizer_, schedule_total);
   state_.schedule_total = schedule_total;
-  loader_ = std::make_unique<data::DataLoader>(
-      train_data_, data::DataLoaderOptions{.batch = args_.per_device_train_batch_size,
-                                           .seq = args_.seq,
-                                           .sampling = data::parse_sampling(args_.sampling),
-                                           .shuffle = args_.shuffle,
-                                           .seed = static_cast<uint64_t>(args_.seed),
-                                           .device = device_});
-  acc_->prepare(model_, *optimizer_, *schedule_, *loader_);
+  acc_->prepare(model, *optimizer_, *schedule_);
   // A recorded step decides the clipping on the device, which ZeRO's sharded gradients and
   // fp16's loss scaling do not allow (device_clipping_blocker): such runs step eagerly.
-  if (device_.is_cuda() && StepGraphRunner::enabled_by_environment() &&
+  if (task_->graphable_model() && device_.is_cuda() && StepGraphRunner::enabled_by_environment() &&
       acc_->device_clipping_blocker().empty())
     graphs_ = std::make_unique<StepGraphRunner>(
         *acc_, *optimizer_, [this](const std::vector<data::Batch>& b) { return device_step(b); },
@@ -191,13 +208,12 @@ Trainer::~Trainer() = default;
 
 int64_t Trainer::tokens_per_step() const {
   // validate() bounds the product without the world size (2^40) and a world is far below 2^23.
-  return args_.per_device_train_batch_size * args_.seq * args_.gradient_accumulation_steps *
-         acc_->num_processes();
+  return task_->units_per_micro_batch() * args_.gradient_accumulation_steps * acc_->num_processes();
 }
 
 void Trainer::train() {
   if (resumed_) resume_from(args_.resume_from_checkpoint);
-  model_.train();
+  task_->model().train();
   control_ = {};
   loss_since_log_ = Tensor();
   pending_log_.reset();
@@ -317,26 +333,30 @@ Tensor Trainer::device_clip(const std::vector<Tensor>& params) {
   return norm;
 }
 
-Trainer::StepResult Trainer::training_step() {
-  if (graphs_) return graphed_training_step();
+Tensor Trainer::accumulate_micro_batches(int64_t count,
+                                         const std::function<Tensor(int64_t)>& loss_of) {
   // The micro-steps' losses are summed on the device (in f64, as the host would); nothing
   // here waits for the device.
   Tensor loss_sum;
-  for (int64_t micro = 0; micro < args_.gradient_accumulation_steps; ++micro) {
+  for (int64_t micro = 0; micro < count; ++micro) {
     // Gradients are averaged over the processes on the last micro-step only.
-    const dist::AccumulateScope scope = acc_->accumulate(model_);
-    const data::Batch batch = loader_->next();
-    const Tensor loss = model_.loss(batch.x, batch.y);
+    const dist::AccumulateScope scope = acc_->accumulate(task_->model());
+    const Tensor loss = loss_of(micro);
     acc_->backward(loss);  // of loss / gradient_accumulation_steps
     const Tensor loss64 = raw::to(loss.detach(), device_, DType::f64);
     loss_sum = micro == 0 ? loss64 : ops::add(loss_sum, loss64);
   }
+  return ops::binary(BinaryOp::Div, loss_sum, static_cast<double>(count));
+}
+
+Trainer::StepResult Trainer::training_step() {
+  if (graphs_) return graphed_training_step();
+  const Tensor local = accumulate_micro_batches(args_.gradient_accumulation_steps,
+                                                [this](int64_t) { return task_->next_loss(); });
   StepResult result;
   // The step's loss is the mean over all its target tokens, over every process's rows.
-  const Tensor local =
-      ops::binary(BinaryOp::Div, loss_sum, static_cast<double>(args_.gradient_accumulation_steps));
   result.loss = acc_->reduce(raw::reshape(local, {1}), "mean");
-  const std::vector<Tensor> params = model_.parameters();
+  const std::vector<Tensor> params = task_->model().parameters();
   if (acc_->device_clipping_blocker().empty()) {
     result.grad_norm = device_clip(params);
   } else {
@@ -352,20 +372,15 @@ Trainer::StepResult Trainer::training_step() {
 }
 
 // The device work of one step with no host read of device values, so that it can be
-// recorded in a CUDA graph; its results equal training_step's bit for bit (the loss summed
-// in f64 as there, the clipping decided on the device by the same rule).
+// recorded in a CUDA graph; its results equal training_step's bit for bit (the same
+// micro-batch loop, the clipping decided on the device by the same rule).
 StepOutputs Trainer::device_step(const std::vector<data::Batch>& micro_batches) {
-  Tensor loss_sum;
-  for (const data::Batch& batch : micro_batches) {
-    const dist::AccumulateScope scope = acc_->accumulate(model_);
-    const Tensor loss = model_.loss(batch.x, batch.y);
-    acc_->backward(loss);
-    const Tensor loss64 = raw::to(loss.detach(), device_, DType::f64);
-    loss_sum = loss_sum.defined() ? ops::add(loss_sum, loss64) : loss64;
-  }
+  nn::CausalLM& model = *task_->graphable_model();
   StepOutputs out;
-  out.loss = ops::binary(BinaryOp::Div, loss_sum, static_cast<double>(micro_batches.size()));
-  out.grad_norm = device_clip(model_.parameters());
+  out.loss = accumulate_micro_batches(static_cast<int64_t>(micro_batches.size()), [&](int64_t k) {
+    return model.loss(micro_batches[k].x, micro_batches[k].y);
+  });
+  out.grad_norm = device_clip(model.parameters());
   optimizer_->step();
   optimizer_->zero_grad();
   return out;
@@ -374,7 +389,7 @@ StepOutputs Trainer::device_step(const std::vector<data::Batch>& micro_batches) 
 Trainer::StepResult Trainer::graphed_training_step() {
   std::vector<data::Batch> micro_batches;
   for (int64_t micro = 0; micro < args_.gradient_accumulation_steps; ++micro)
-    micro_batches.push_back(loader_->next());
+    micro_batches.push_back(task_->token_loader()->next());
   StepResult result;
   result.lr = optimizer_->lr();
   const StepOutputs out = graphs_->run(micro_batches);
@@ -404,8 +419,9 @@ void Trainer::log_step(const PendingLog& step) {
   const double grad_norm = step.has_grad_norm ? values[1] : 0.0;
   auto number = [](double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); };
   Json entry = {{"step", state_.global_step},
+                {"epoch", state_.epoch},
                 {"loss", number(loss)},
-                {"lr", step.lr},
+                {"learning_rate", step.lr},
                 {"grad_norm", number(grad_norm)}};
   state_.log_history.push_back(entry);  // no wall-clock figures: resumed histories match
   // Wall clock per step since the previous log, less evaluations and saves. A step ends when
@@ -420,7 +436,7 @@ void Trainer::log_step(const PendingLog& step) {
   seconds_outside_steps_ = 0;
   last_log_step_ = state_.global_step;
   entry["ms"] = seconds * 1e3;
-  entry["tokens_per_s"] = static_cast<double>(tokens_per_step()) / seconds;
+  entry[task_->unit_name() + "_per_s"] = static_cast<double>(tokens_per_step()) / seconds;
   // On a GPU, what the caching allocator holds (benchmarks/soak.sh checks it stays flat).
   if (const auto memory = device_memory_stats(device_))
     entry["reserved_bytes"] = memory->reserved_bytes;
@@ -429,21 +445,46 @@ void Trainer::log_step(const PendingLog& step) {
                 state_.global_step, " (try a lower --lr or --grad-clip)");
 }
 
+// The wall-clock figures of an evaluation: reported, kept out of the resumable history.
+static bool is_wall_clock_metric(const std::string& name) {
+  for (const char* suffix : {"_runtime", "_samples_per_second", "_steps_per_second"})
+    if (name.ends_with(suffix)) return true;
+  return false;
+}
+
 Metrics Trainer::evaluate() {
-  TESSERA_CHECK(eval_data_.has_value(), "Trainer::evaluate: no evaluation data");
-  const EvalTotals totals = evaluate_tokens(model_, *eval_data_, args_.eval_batch_size(), args_.seq,
-                                            args_.eval_batches, device_, acc_.get());
-  return compute_metrics_(totals);
+  TESSERA_CHECK(task_->has_eval_data(), "Trainer::evaluate: no evaluation data");
+  const auto start = std::chrono::steady_clock::now();
+  const TaskEvaluation result = task_->evaluate(*acc_, args_);
+  const double seconds = std::max(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1e-9);
+  Metrics metrics = with_prefix(result.metrics, "eval_");
+  metrics["eval_runtime"] = seconds;
+  metrics["eval_samples_per_second"] = static_cast<double>(result.samples) / seconds;
+  metrics["eval_steps_per_second"] = static_cast<double>(result.batches) / seconds;
+  return metrics;
+}
+
+PredictionOutput Trainer::predict(const data::ExampleDataset& dataset) {
+  const auto start = std::chrono::steady_clock::now();
+  PredictionOutput out = task_->predict(*acc_, args_, dataset);
+  const double seconds = std::max(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1e-9);
+  out.metrics = with_prefix(out.metrics, "test_");
+  out.metrics["test_runtime"] = seconds;
+  out.metrics["test_samples_per_second"] = static_cast<double>(dataset.size()) / seconds;
+  return out;
 }
 
 void Trainer::evaluate_and_track_best() {
-  if (!eval_data_) return;
+  if (!task_->has_eval_data()) return;
   const Metrics metrics = evaluate();
-  Json entry = {{"step", state_.global_step}};
-  for (const auto& [k, v] : metrics) entry[k] = std::isfinite(v) ? Json(v) : Json(nullptr);
+  Json entry = {{"step", state_.global_step}, {"epoch", state_.epoch}};
+  for (const auto& [k, v] : metrics)
+    if (!is_wall_clock_metric(k)) entry[k] = std::isfinite(v) ? Json(v) : Json(nullptr);
   state_.log_history.push_back(entry);
   handler_.call(&TrainerCallback::on_evaluate, args_, state_, control_, metrics);
-  auto it = metrics.find(args_.metric_for_best_model);
+  auto it = metrics.find(evaluation_metric_name(args_.metric_for_best_model));
   TESSERA_CHECK(it != metrics.end(), args_.describe("metric_for_best_model"), ": \"",
                 args_.metric_for_best_model, "\" is not among the evaluation's metrics");
   if (metric_improves(args_, it->second, state_.best_metric)) {
@@ -466,7 +507,7 @@ fs::path Trainer::save_checkpoint() {
     if (args_.save_only_model) drop_training_state(partial);
     if (state_.best_step == state_.global_step) state_.best_model_checkpoint = name;
     handler_.save_states(state_);
-    model_.save_config((partial / "config.json").string());
+    task_->save_config(partial);
     for (const auto& [file, contents] : extra_files_)
       data::write_file_atomically(partial / file, contents);
     data::write_file_atomically(partial / kTrainingArgsFile, args_.to_json().dump(2));
@@ -510,8 +551,11 @@ void Trainer::resume_from(const fs::path& checkpoint) {
                 saved.global_step, ", past max_steps ", state_.max_steps);
   const uint64_t want_position =
       static_cast<uint64_t>(saved.global_step * args_.gradient_accumulation_steps);
-  TESSERA_CHECK(loader_->position() == want_position, where, ": the data position is ",
-                loader_->position(), " micro-batches but ", saved.global_step, " steps of ",
+  // A token loader's position is restored with the Accelerator's state; other tasks' streams
+  // are positioned by the step alone.
+  if (!task_->token_loader()) task_->seek(want_position);
+  TESSERA_CHECK(task_->position() == want_position, where, ": the data position is ",
+                task_->position(), " micro-batches but ", saved.global_step, " steps of ",
                 args_.gradient_accumulation_steps, " micro-batches took ", want_position,
                 " (was gradient_accumulation_steps changed?)");
   const int64_t max_steps = state_.max_steps, per_epoch = state_.steps_per_epoch;
@@ -540,7 +584,7 @@ void Trainer::load_best_model() {
     return;
   }
   verify_checkpoint(dir);
-  model_.load_safetensors_weights((dir / "model.safetensors").string());
+  task_->load_weights(dir / "model.safetensors");
   if (acc_->is_main_process())
     std::printf("loaded the best model (%s = %.6g) from %s\n", args_.metric_for_best_model.c_str(),
                 state_.best_metric.value_or(NAN), dir.string().c_str());

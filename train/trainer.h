@@ -1,5 +1,6 @@
-// Trainer: the training loop of a language model (nn::CausalLM: GPT, Llama) on token files, shaped like Hugging Face's Trainer
-// and built on dist::Accelerator, so one process and N processes (under `tessera launch`,
+// Trainer: one training loop, shaped like Hugging Face's Trainer, for a causal language model
+// (nn::CausalLM: GPT, Llama) on token files or a sequence classifier (nn::SequenceClassifier:
+// BERT, DistilBERT, GPT-2, Llama) on labelled examples (the task: task.h), built on dist::Accelerator, so one process and N processes (under `tessera launch`,
 // mpirun or SLURM) run the same code: the Accelerator prepares the model (DDP), the
 // optimizer, the LR schedule and the loader (this rank's share of every step), applies the
 // mixed-precision policy and the fp16 loss scale, and saves/loads their state.
@@ -7,13 +8,25 @@
 //   train::Trainer trainer(args, model, data::TokenFile("train.bin"), data::TokenFile("val.bin"));
 //   trainer.add_callback(std::make_shared<train::EarlyStoppingCallback>(3));
 //   trainer.train();                       // resumes from args.resume_from_checkpoint when set
-//   auto metrics = trainer.evaluate();     // {"val_loss", "val_perplexity", "val_token_accuracy"}
+//   auto metrics = trainer.evaluate();     // {"eval_loss", "eval_perplexity", "eval_accuracy", ...}
+//
+//   train::Trainer classifier_trainer(args, bert, train_set, eval_set,
+//                                     data::DataCollatorWithPadding(tokenizer, {}));
+//   classifier_trainer.train();
+//   auto m = classifier_trainer.evaluate();  // {"eval_loss", "eval_accuracy", "eval_f1", ...,
+//                                            //  "eval_runtime", "eval_samples_per_second", ...}
+//   train::PredictionOutput out = classifier_trainer.predict(test_set);  // logits [N, num_labels]
+//
+// Logs use transformers' names: {"loss", "learning_rate", "grad_norm", "epoch", "step"} per
+// logging step and eval_<metric> per evaluation (old checkpoints' "lr" / "val_*" keys are
+// still read).
 //
 // The loop only steps; logging, evaluation, checkpoints and stopping are decided by
 // callbacks through TrainerControl (see callbacks.h). Checkpoints: checkpoint_files.h.
 #pragma once
 #include <filesystem>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -30,14 +43,17 @@
 #include "tessera/train/preemption.h"
 #include "tessera/train/run_folder.h"
 #include "tessera/train/step_graph.h"
+#include "tessera/train/task.h"
 #include "tessera/train/training_args.h"
 
 namespace tessera::train {
 
-// Refuses a metric_for_best_model that `compute_metrics` does not return, naming those it
-// does, so that a misspelt name fails before any work rather than at the first evaluation.
-// Calls compute_metrics once on empty totals: for one without side effects (such as
-// language_model_metrics); the Trainer itself checks the name at its first evaluation.
+// Refuses a metric_for_best_model (eval_ prefixed as transformers does) that is not among
+// `metric_names` (as a task's metric_names() gives them, without the prefix), naming those
+// there are, so that a misspelt name fails before any work.
+void check_metric_for_best_model(const TrainingArguments& args,
+                                 const std::vector<std::string>& metric_names);
+// The same for a language model's compute_metrics, called once on empty totals.
 void check_metric_for_best_model(const TrainingArguments& args, const ComputeMetrics& compute_metrics);
 
 class Trainer {
@@ -47,6 +63,17 @@ class Trainer {
   Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile train_data,
           std::optional<data::TokenFile> eval_data = std::nullopt,
           ComputeMetrics compute_metrics = language_model_metrics,
+          std::map<std::string, std::string> extra_files = {});
+  // Sequence classification: `collator` pads the examples into batches (for instance
+  // data::DataCollatorWithPadding); compute_metrics empty: classification_metrics.
+  // A user compute_metrics is called once, before any work, on a small synthetic
+  // EvalPrediction to learn its metric names (for metric_for_best_model).
+  Trainer(TrainingArguments args, nn::SequenceClassifier& model, data::ExampleDataset train_data,
+          std::optional<data::ExampleDataset> eval_data, data::Collator collator,
+          ComputePredictionMetrics compute_metrics = {},
+          std::map<std::string, std::string> extra_files = {});
+  // Any task (task.h).
+  Trainer(TrainingArguments args, std::unique_ptr<TrainingTask> task,
           std::map<std::string, std::string> extra_files = {});
   ~Trainer();
   Trainer(const Trainer&) = delete;
@@ -62,16 +89,22 @@ class Trainer {
   void train();
   // The signal that stopped the last train() early (0: it was not preempted).
   int preempted_by() const { return preempted_by_; }
-  // Metrics of the evaluation data (every process scores its share; all get the same).
+  // Metrics of the evaluation data, named eval_* as transformers' trainer.evaluate(): the
+  // task's metrics plus eval_runtime, eval_samples_per_second and eval_steps_per_second
+  // (every process scores its share; all get the same).
   Metrics evaluate();
+  // Classification: logits and labels of `dataset` in its order, metrics named test_*.
+  PredictionOutput predict(const data::ExampleDataset& dataset);
   // Writes output_dir/checkpoint-<global_step> (every process takes part).
   std::filesystem::path save_checkpoint();
 
   const TrainingArguments& args() const { return args_; }
   const TrainerState& state() const { return state_; }
   dist::Accelerator& accelerator() { return *acc_; }
-  nn::CausalLM& model() { return model_; }
+  nn::Module& model() { return task_->model(); }
+  TrainingTask& task() { return *task_; }
   Device device() const { return device_; }
+  // Tokens (language model) or examples (classifier) of one optimizer step, every process.
   int64_t tokens_per_step() const;
   // The CUDA-graph runner of the steps (null when graphs are off: TESSERA_CUDA_GRAPHS=0).
   const StepGraphRunner* step_graphs() const { return graphs_.get(); }
@@ -105,6 +138,12 @@ class Trainer {
   // device work is device_step's.
   StepResult graphed_training_step();
   StepOutputs device_step(const std::vector<data::Batch>& micro_batches);
+  // The micro-batch loop of a step, written once for the eager and the recorded step: the
+  // loss of micro-batch k comes from `loss_of(k)`; backward under the Accelerator's
+  // accumulation; returns the mean of the micro-batches' losses (f64, on the device).
+  Tensor accumulate_micro_batches(int64_t count, const std::function<Tensor(int64_t)>& loss_of);
+  // The prefixed metrics of an evaluation with its wall-clock figures.
+  Metrics evaluate_with_prefix(const std::string& prefix);
   // Global-norm clipping on the device: the norm now, the scaling in the optimizer's step.
   Tensor device_clip(const std::vector<Tensor>& params);
   void add_step_loss(const Tensor& loss);
@@ -123,16 +162,12 @@ class Trainer {
   void stop_for_preemption(int signal, bool saved, PreemptionSignals& signals);
 
   TrainingArguments args_;
-  nn::CausalLM& model_;
+  std::unique_ptr<TrainingTask> task_;
   std::unique_ptr<dist::Accelerator> acc_;
   Device device_ = Device::cpu();
-  data::TokenFile train_data_;
-  std::optional<data::TokenFile> eval_data_;
-  ComputeMetrics compute_metrics_;
   std::map<std::string, std::string> extra_files_;
   std::unique_ptr<optim::AdamW> optimizer_;
   std::unique_ptr<optim::LRSchedule> schedule_;
-  std::unique_ptr<data::DataLoader> loader_;
   std::unique_ptr<StepGraphRunner> graphs_;  // null unless CUDA graphs are on
   std::string graphs_status_;                // the last status printed
   std::optional<TrainerState> resumed_;  // read before the schedule is built

@@ -36,19 +36,6 @@ Field field(Kind kind, T Args::*member) {
           [member](const Args& a) { return Json(a.*member); }};
 }
 
-// transformers names metrics as the evaluation returns them ("accuracy", "eval_accuracy");
-// Tessera's language-model evaluation calls them val_loss, val_perplexity and
-// val_token_accuracy. Other names (a compute_metrics of one's own) stay as given.
-std::string evaluation_metric_name(const std::string& name) {
-  std::string bare = name;
-  for (const char* prefix : {"eval_", "val_"})
-    if (bare.starts_with(prefix)) bare = bare.substr(std::string(prefix).size());
-  if (bare == "loss") return "val_loss";
-  if (bare == "perplexity") return "val_perplexity";
-  if (bare == "accuracy" || bare == "token_accuracy") return "val_token_accuracy";
-  return name;
-}
-
 // transformers' default for greater_is_better: true unless the metric is a loss (a
 // perplexity too, here).
 bool higher_is_better(const std::string& metric) {
@@ -297,6 +284,16 @@ Json parse_strict_json(const std::string& text, const std::string& path) {
 }
 
 }  // namespace
+
+// transformers' rule: a name without "eval_" gets it (metric_for_best_model "accuracy" is
+// the evaluation's eval_accuracy). Tessera's old names (val_loss, val_perplexity,
+// val_token_accuracy, token_accuracy) still read as their eval_ counterparts.
+std::string evaluation_metric_name(const std::string& name) {
+  std::string bare = name.starts_with("val_") ? name.substr(4) : name;
+  if (bare == "token_accuracy") bare = "accuracy";
+  return bare.starts_with("eval_") ? bare : "eval_" + bare;
+}
+
 
 const std::vector<std::string>& training_argument_keys() {
   static const std::vector<std::string> keys = [] {

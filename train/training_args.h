@@ -53,7 +53,7 @@ struct TrainingArguments {
   int64_t save_steps = 0;               // 0 = at the end only
   int64_t save_total_limit = 3;         // never removes the best checkpoint
   bool load_best_model_at_end = false;
-  std::string metric_for_best_model = "val_loss";
+  std::string metric_for_best_model = "eval_loss";  // "loss" reads as eval_loss (HF)
   bool greater_is_better = false;
   int64_t seed = 1337;
   bool bf16 = false, fp16 = false;
@@ -132,6 +132,10 @@ struct TrainingArguments {
   // `key "steps" (command line)` for a key the user set, `key "max_steps"` otherwise.
   std::string describe(const std::string& canonical) const;
 };
+
+// metric_for_best_model as transformers reads it: "eval_" before a name without it; the old
+// val_loss / val_perplexity / val_token_accuracy as eval_loss / eval_perplexity / eval_accuracy.
+std::string evaluation_metric_name(const std::string& name);
 
 // Canonical names of every setting.
 const std::vector<std::string>& training_argument_keys();
