@@ -10,6 +10,7 @@
 #include "tessera/data/collator.h"
 #include "tessera/data/example_loader.h"
 #include "tessera/data/wordpiece.h"
+#include "tessera/train/metrics.h"
 
 namespace tessera::cli {
 
@@ -196,38 +197,20 @@ nlohmann::json classification_metrics(const std::vector<float>& logits, const st
   TESSERA_CHECK(n > 0 && static_cast<int64_t>(logits.size()) == n * num_labels,
                 "classification metrics: ", logits.size(), " logits for ", n, " labels of ", num_labels,
                 " classes");
-  std::vector<int64_t> true_positive(num_labels), predicted(num_labels), actual(num_labels);
+  // Mean cross-entropy in float64 (what HF's eval_loss averages), then the Trainer's metrics.
   double loss = 0;
-  int64_t correct = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float* row = logits.data() + i * num_labels;
-    const int64_t guess = std::max_element(row, row + num_labels) - row;
-    const double top = row[guess];
+    const double top = *std::max_element(row, row + num_labels);
     double sum = 0;
     for (int64_t c = 0; c < num_labels; ++c) sum += std::exp(static_cast<double>(row[c]) - top);
     loss += std::log(sum) + top - row[labels[i]];
-    correct += guess == labels[i];
-    ++predicted[guess];
-    ++actual[labels[i]];
-    true_positive[guess] += guess == labels[i];
   }
-  // sklearn's macro average: over the classes that occur among the labels or the predictions.
-  double precision = 0, recall = 0, f1 = 0, classes = 0;
-  for (int64_t c = 0; c < num_labels; ++c) {
-    if (predicted[c] == 0 && actual[c] == 0) continue;
-    ++classes;
-    const double p = predicted[c] ? static_cast<double>(true_positive[c]) / predicted[c] : 0.0;
-    const double r = actual[c] ? static_cast<double>(true_positive[c]) / actual[c] : 0.0;
-    precision += p;
-    recall += r;
-    f1 += p + r > 0 ? 2 * p * r / (p + r) : 0.0;
-  }
-  return {{"eval_loss", loss / n},
-          {"eval_accuracy", static_cast<double>(correct) / n},
-          {"eval_precision", precision / classes},
-          {"eval_recall", recall / classes},
-          {"eval_f1", f1 / classes},
-          {"eval_samples", n}};
+  const train::EvalPrediction prediction{from_vector(logits, {n, num_labels}), from_vector(labels, {n})};
+  nlohmann::json out = train::with_prefix(train::classification_metrics(prediction), "eval_");
+  out["eval_loss"] = loss / n;
+  out["eval_samples"] = n;
+  return out;
 }
 
 }  // namespace tessera::cli

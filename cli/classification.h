@@ -64,9 +64,9 @@ std::vector<float> predict_logits(nn::SequenceClassifier& model, const data::Exa
                                   uint32_t pad_id, int64_t batch_size, Device device,
                                   dist::Accelerator* acc);
 
-// eval_loss (mean cross-entropy) and HF's metric names: accuracy and the macro averages of
-// precision, recall and f1 (sklearn's average="macro": over the classes among the labels or
-// the predictions; a class never predicted has precision 0).
+// eval_loss (mean cross-entropy) and train::classification_metrics under HF's eval_ names
+// (eval_accuracy, macro eval_precision / eval_recall / eval_f1, eval_f1_micro, eval_f1_weighted),
+// the same figures the Trainer logs when it evaluates.
 nlohmann::json classification_metrics(const std::vector<float>& logits, const std::vector<int64_t>& labels,
                                       int64_t num_labels);
 std::vector<int64_t> dataset_labels(const data::ExampleDataset& dataset);

@@ -104,10 +104,10 @@ Json reference_metrics(const std::vector<Json>& predictions, const std::vector<J
     ++actual[label];
     tp[guess] += guess == label;
   }
-  double p = 0, r = 0, f = 0, present = 0;
+  // Over every class (sklearn's labels=range(num_labels), zero_division=0).
+  const double present = classes;
+  double p = 0, r = 0, f = 0;
   for (size_t c = 0; c < classes; ++c) {
-    if (predicted[c] == 0 && actual[c] == 0) continue;
-    ++present;
     const double pc = predicted[c] ? tp[c] / predicted[c] : 0, rc = actual[c] ? tp[c] / actual[c] : 0;
     p += pc;
     r += rc;
