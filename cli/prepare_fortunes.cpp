@@ -2,8 +2,11 @@
 // corpus (Debian's fortunes-min/fortunes packages, /usr/share/games/fortunes): one class per
 // fortune file, the fortunes split on their `%` lines, a held-out split fixed by a seeded
 // hash of each text (so it does not depend on the file order), written as train.jsonl and
-// val.jsonl ({"text", "label" (class id), "topic" (file name)}), with a WordPiece vocabulary
-// counted from the training text (data/wordpiece_vocab.h) saved as a BERT tokenizer.
+// val.jsonl ({"text", "label" (class id), "topic" (file name)}; the training rows in a seeded
+// random order, the validation rows by class), with a WordPiece vocabulary
+// counted from the training text (data/wordpiece_vocab.h) saved as a BERT tokenizer, and the
+// training fortunes as plain text (train.txt, a blank line between them) for pretraining a
+// language model on them with `tessera prepare` + `tessera train`.
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -12,6 +15,7 @@
 
 #include "tessera/cli/command.h"
 #include "tessera/core/error.h"
+#include "tessera/data/sampler.h"
 #include "tessera/data/wordpiece.h"
 #include "tessera/data/wordpiece_vocab.h"
 
@@ -84,18 +88,29 @@ void prepare_fortunes(const FortuneArgs& a) {
   fs::create_directories(a.out);
   std::ofstream train(fs::path(a.out) / "train.jsonl"), val(fs::path(a.out) / "val.jsonl");
   TESSERA_CHECK(train.good() && val.good(), "tessera prepare-fortunes: cannot write into '", a.out, "'");
-  std::vector<std::string> train_texts;
+  std::vector<std::string> train_texts, train_rows;
   nlohmann::json counts = nlohmann::json::object();
   for (size_t label = 0; label < classes.size(); ++label) {
     int64_t in_train = 0, in_val = 0;
     for (const std::string& text : classes[label]) {
       const bool held_out = split_hash(a.seed, text) < a.val_fraction;
-      (held_out ? val : train) << nlohmann::json{{"text", text}, {"label", label}, {"topic", a.files[label]}}.dump()
-                               << "\n";
-      if (!held_out) train_texts.push_back(text);
+      const std::string row = nlohmann::json{{"text", text}, {"label", label}, {"topic", a.files[label]}}.dump();
+      if (held_out) {
+        val << row << "\n";
+      } else {
+        train_texts.push_back(text);
+        train_rows.push_back(row);
+      }
       ++(held_out ? in_val : in_train);
     }
     counts[a.files[label]] = {{"train", in_train}, {"val", in_val}};
+  }
+  // The training rows in a seeded random order, so that reading them in file order (a run
+  // without shuffling, the same order for every framework) does not see one class at a time.
+  std::ofstream text(fs::path(a.out) / "train.txt");
+  for (int64_t i : data::seeded_permutation(static_cast<int64_t>(train_rows.size()), a.seed, 0)) {
+    train << train_rows[i] << "\n";
+    text << train_texts[i] << "\n\n";
   }
   train.close();
   val.close();

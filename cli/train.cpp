@@ -39,6 +39,9 @@ constexpr FlagSpec kValueFlags[] = {
      "classification: the class column, ids or names of id2label (default label)"},
     {"--max-length", "max_length", FlagType::Int,
      "classification: tokens per example with the special tokens (default: the model's positions)"},
+    {"--pad-token-id", "pad_token_id", FlagType::Int,
+     "classification: the pad id of a model whose config.json and tokenizer name none (a GPT-2 "
+     "language model trained here; no text may hold it)"},
     {"--truncation", "truncation", FlagType::Text,
      "classification: true (cut longer texts to --max-length; the default) | false (refuse them)"},
     {"--init", "init", FlagType::Text, "start from this model directory instead of a fresh model"},
@@ -233,7 +236,7 @@ const RegisterCommand reg(
         layers.push_back({flags, "command line"});
         const TaskSettings task = take_task_settings(layers);
         const int status = task.task == Task::Classification
-                               ? run_classification_training(train::arguments_for_run(layers), task.columns)
+                               ? run_classification_training(train::arguments_for_run(layers), task)
                                : train::run_training(train::arguments_for_run(layers));
         if (status != 0) std::exit(status);
       });

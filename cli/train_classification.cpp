@@ -85,13 +85,27 @@ struct ClassificationRun {
 };
 
 // Everything checked and loaded before the Trainer exists (so before any training work).
-ClassificationRun load_run(const train::TrainingArguments& args, const ClassificationColumns& columns) {
+// A decoder reads each row at the token before its first pad (HF's rule), so a pad id that
+// occurs in a text would cut it short: refused, naming the line.
+void check_pad_not_in_texts(const data::ExampleDataset& set, const ModelFacts& facts, uint32_t pad_id) {
+  if (facts.model_type != "gpt2" && facts.model_type != "llama") return;
+  for (int64_t i = 0; i < set.size(); ++i)
+    for (uint32_t id : set[i].input_ids)
+      TESSERA_CHECK(id != pad_id, "data file '", set.source().string(), "' line ", set.source_line(i),
+                    ": the text holds the pad token id ", pad_id, ", which ends a ", facts.model_type,
+                    " row early; choose a pad_token_id that no text uses");
+}
+
+ClassificationRun load_run(const train::TrainingArguments& args, const TaskSettings& settings) {
+  const ClassificationColumns& columns = settings.columns;
   TESSERA_CHECK(!args.init.empty(), "tessera train --task classification: --init must name the model "
                                     "directory to fine-tune (config.json, model.safetensors and its tokenizer)");
   TESSERA_CHECK(args.resume_from_checkpoint.empty(),
                 "tessera train --task classification: --resume is not supported yet; start again with --init");
   ClassificationRun run;
   run.facts = read_model_facts(args.init);
+  const bool pad_from_settings = !run.facts.pad_token_id && settings.pad_token_id;
+  if (pad_from_settings) run.facts.pad_token_id = settings.pad_token_id;
   run.tokenizer = load_model_tokenizer(run.facts);
   run.pad_id = padding_id(*run.tokenizer, run.facts);
   const bool labels_from_data = !run.facts.num_labels.has_value();
@@ -102,8 +116,10 @@ ClassificationRun load_run(const train::TrainingArguments& args, const Classific
   if (!args.val_data.empty())
     run.val_set.emplace(load_classification_data(args.val_data, *run.tokenizer, run.facts, columns, true,
                                                  *run.facts.num_labels, run.facts.id2label));
+  check_pad_not_in_texts(*run.train_set, run.facts, run.pad_id);
+  if (run.val_set) check_pad_not_in_texts(*run.val_set, run.facts, run.pad_id);
   const Device device = Device::parse(args.device);
-  if (labels_from_data) {
+  if (labels_from_data || pad_from_settings) {
     const LabelledInit init(run.facts, run.pad_id);
     run.model = nn::load_sequence_classifier(init.dir(), {.device = device});
   } else {
@@ -161,14 +177,17 @@ TaskSettings take_task_settings(std::vector<train::ArgumentLayer>& layers) {
     take("max_seq_length", settings.columns.max_length);
     take("max_length", settings.columns.max_length);
     take("truncation", settings.columns.truncation);
+    int64_t pad = -1;
+    take("pad_token_id", pad);
+    if (pad != -1) settings.pad_token_id = pad;
   }
   TESSERA_CHECK(settings.task == Task::Classification || column_source.empty(), "tessera train: ", column_source,
                 " applies to --task classification only (this run trains a causal_lm)");
   return settings;
 }
 
-int run_classification_training(const train::TrainingArguments& args, const ClassificationColumns& columns) {
-  ClassificationRun run = load_run(args, columns);
+int run_classification_training(const train::TrainingArguments& args, const TaskSettings& settings) {
+  ClassificationRun run = load_run(args, settings);
   std::shared_ptr<train::RunFolderLock> folder_lock;
   if (dist::read_dist_env().rank == 0) folder_lock = train::claim_run_folder(args);
   const std::map<std::string, std::string> tokenizer_files = run.tokenizer->files();
