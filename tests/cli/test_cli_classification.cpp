@@ -156,6 +156,57 @@ TEST(CliClassification, TwoRanksPrintTheSameEvalLineAsOneProcess) {
   EXPECT_NEAR(a.at("eval_loss").get<double>(), b.at("eval_loss").get<double>(), 1e-6);
 }
 
+// Trains the tiny BERT on the topics (the same file as validation): the run's last evaluation
+// equals `tessera eval` of model/, which loses less than the initial weights did, and model/
+// carries the labels and the tokenizer.
+TEST(CliClassification, TrainWritesAModelThatEvalAndPredictRead) {
+  const fs::path init = tiny_bert("train_init"), out = scratch() / "train_run";
+  const fs::path config = scratch() / "finetune.json";
+  std::ofstream(config) << R"({"task": "classification", "num_train_epochs": 4, "per_device_train_batch_size": 8,
+    "learning_rate": 0.01, "weight_decay": 0.01, "lr_scheduler_type": "linear", "eval_strategy": "epoch",
+    "save_strategy": "no", "metric_for_best_model": "accuracy", "logging_steps": 5, "max_length": 16})";
+  const std::string data = topics_file().string();
+  const auto before = run("eval --task classification --model " + init.string() + " --data " + data);
+  ASSERT_EQ(before.rc, 0) << before.output;
+  const auto trained = run("train --config " + config.string() + " --init " + init.string() + " --data " + data +
+                           " --val-data " + data + " --out " + out.string());
+  ASSERT_EQ(trained.rc, 0) << trained.output;
+  for (const char* file : {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json"})
+    EXPECT_TRUE(fs::exists(out / "model" / file)) << file;
+  std::ifstream config_in(out / "model" / "config.json");
+  EXPECT_EQ(Json::parse(config_in)["id2label"]["1"], "colour");
+  Json last_eval;
+  for (const Json& row : read_jsonl(out / "metrics.jsonl"))
+    if (row.contains("eval_accuracy")) last_eval = row;
+  ASSERT_FALSE(last_eval.is_null());
+  const auto after = run("eval --task classification --model " + (out / "model").string() + " --data " + data);
+  ASSERT_EQ(after.rc, 0) << after.output;
+  const Json a = last_json_line(after.output), b = last_json_line(before.output);
+  for (const char* key : {"eval_accuracy", "eval_f1", "eval_precision", "eval_recall"})
+    EXPECT_NEAR(a.at(key).get<double>(), last_eval.at(key).get<double>(), 1e-9) << key;
+  EXPECT_NEAR(a.at("eval_loss").get<double>(), last_eval.at("eval_loss").get<double>(), 1e-4);
+  EXPECT_LT(a.at("eval_loss").get<double>(), b.at("eval_loss").get<double>() - 0.05);
+  const auto predicted = run("predict --model " + (out / "model").string() + " --data " + data);
+  ASSERT_EQ(predicted.rc, 0) << predicted.output;
+}
+
+TEST(CliClassification, TrainRefusesALabelOutsideNumLabelsBeforeAnyWork) {
+  const fs::path init = tiny_bert("train_bad_init"), data = scratch() / "train_bad.jsonl";
+  const fs::path out = scratch() / "train_bad_run";
+  std::ofstream(data) << "{\"text\": \"red\", \"label\": 0}\n{\"text\": \"plum\", \"label\": 7}\n";
+  const auto r = run("train --task classification --init " + init.string() + " --data " + data.string() +
+                     " --out " + out.string());
+  EXPECT_EQ(r.rc, 1) << r.output;
+  EXPECT_NE(r.output.find("train_bad.jsonl:2: label 7"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out));
+}
+
+TEST(CliClassification, ClassificationSettingsForACausalLmRunAreRefusedNamingTheKey) {
+  const auto r = run("train --data x.bin --text-column body");
+  EXPECT_EQ(r.rc, 1) << r.output;
+  EXPECT_NE(r.output.find("text_column applies to --task classification only"), std::string::npos) << r.output;
+}
+
 // A bad input fails with status 1, the message naming what is wrong, and --out not written.
 void expect_refused(const std::string& args, const std::vector<std::string>& named) {
   const fs::path out = scratch() / "refused.jsonl";
