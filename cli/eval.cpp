@@ -64,8 +64,8 @@ void run_eval(const EvalArgs& a) {
                 "' gives non-finite logits (damaged or diverged weights)");
   const auto metrics = train::language_model_metrics(r);
   if (!acc || acc->is_main_process())
-    std::cout << nlohmann::json{{"loss", r.loss()}, {"tokens", r.tokens}, {"perplexity", metrics.at("val_perplexity")},
-                                {"token_accuracy", metrics.at("val_token_accuracy")}}.dump()
+    std::cout << nlohmann::json{{"loss", r.loss()}, {"tokens", r.tokens}, {"perplexity", metrics.at("perplexity")},
+                                {"token_accuracy", metrics.at("accuracy")}}.dump()
               << "\n";
   if (acc) acc->end_training();
 }
