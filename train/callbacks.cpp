@@ -151,7 +151,7 @@ EarlyStoppingCallback::EarlyStoppingCallback(int64_t patience, double threshold)
 
 void EarlyStoppingCallback::on_evaluate(const TrainingArguments& args, TrainerState& state,
                                         TrainerControl& control, const Metrics& metrics) {
-  auto it = metrics.find(args.metric_for_best_model);
+  auto it = metrics.find(evaluation_metric_name(args.metric_for_best_model));
   TESSERA_CHECK(it != metrics.end(), "EarlyStoppingCallback: metric_for_best_model \"",
                 args.metric_for_best_model, "\" is not among the evaluation's metrics");
   // Compared with the best before this evaluation (the Trainer records it afterwards).
@@ -281,7 +281,9 @@ void ProgressCallback::on_log(const TrainingArguments&, TrainerState& state, Tra
     return logs[key].is_number() ? logs[key].get<double>() : NAN;
   };
   if (progress_)
-    progress_->update(state.global_step, number("loss"), number("tokens_per_s"), number("lr"));
+    progress_->update(state.global_step, number("loss"),
+                      logs.contains("tokens_per_s") ? number("tokens_per_s") : number("samples_per_s"),
+                      number("learning_rate"));
 }
 
 void ProgressCallback::on_evaluate(const TrainingArguments&, TrainerState& state, TrainerControl&,
@@ -323,8 +325,9 @@ void LossPlotCallback::on_train_end(const TrainingArguments& args, TrainerState&
     // A step whose loss was not finite is logged as null: it has no point on the curve.
     if (j.contains("loss") && j["loss"].is_number())
       curves.train.emplace_back(step, j["loss"].get<double>());
-    if (j.contains("val_loss") && j["val_loss"].is_number())
-      curves.val.emplace_back(step, j["val_loss"].get<double>());
+    // eval_loss; val_loss in the history of a run resumed from an older checkpoint.
+    for (const char* key : {"eval_loss", "val_loss"})
+      if (j.contains(key) && j[key].is_number()) curves.val.emplace_back(step, j[key].get<double>());
   });
   write_loss_curve_png((fs::path(args.output_dir) / "loss.png").string(), curves);
 }

@@ -4,6 +4,7 @@
 
 #include "tessera/autograd/autograd.h"
 #include "tessera/core/error.h"
+#include "tessera/core/random.h"
 #include "tessera/core/safetensors.h"
 #include "tessera/kernels/ops.h"
 #include "tessera/nn/bert.h"
@@ -74,6 +75,8 @@ class SequenceClassificationTask : public TrainingTask {
   void prepare(dist::Accelerator& acc, const TrainingArguments& args, Device device) override {
     args_ = &args;
     device_ = device;
+    // transformers' Trainer seeds the generator (dropout) with args.seed when it starts.
+    default_generator().manual_seed(static_cast<uint64_t>(args.seed));
     // transformers' training sampler always shuffles, seeded by args.seed.
     loader_.emplace(train_data_, collator_,
                     data::ExampleLoaderOptions{.batch_size = args.per_device_train_batch_size,

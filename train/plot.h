@@ -13,7 +13,7 @@ std::string encode_png(int width, int height, const std::vector<uint8_t>& rgb);
 
 struct LossCurves {
   std::vector<std::pair<double, double>> train;  // (step, loss)
-  std::vector<std::pair<double, double>> val;    // (step, val_loss)
+  std::vector<std::pair<double, double>> val;    // (step, eval_loss)
 };
 
 // Pixel rectangle with inclusive corners, e.g. the extent of a drawn text.

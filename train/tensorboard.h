@@ -32,7 +32,7 @@ class TensorBoardWriter {
   void add_text(const std::string& tag, const std::string& text, int64_t step,
                 double wall_time = unix_time_now());
   // One metrics.jsonl row: every number in it except "step" and "time" becomes a scalar of
-  // that name (loss, lr, grad_norm, tokens_per_s, val_loss, ...) at the row's "step", with
+  // that name (loss, learning_rate, grad_norm, epoch, tokens_per_s, eval_loss, ...) at the row's "step", with
   // the row's "time" as wall time when it has one. Error naming the row without a step.
   void add_metrics_row(const nlohmann::json& row);
   void flush();  // hands written events to the OS, so a reading TensorBoard sees them

@@ -130,7 +130,7 @@ Trainer::Trainer(TrainingArguments args, std::unique_ptr<TrainingTask> task,
                  std::map<std::string, std::string> extra_files)
     : args_(std::move(args)), task_(std::move(task)), extra_files_(std::move(extra_files)) {
   TESSERA_CHECK(task_ != nullptr, "Trainer: no task");
-  validate(args_);
+  validate(args_, /*needs_token_file=*/task_->name() == "causal_lm");
   // Bad data and a misspelt metric fail here, before any work.
   task_->check_data(args_);
   if (args_.eval_strategy != "no" || args_.load_best_model_at_end)
@@ -185,8 +185,15 @@ Trainer::Trainer(TrainingArguments args, std::unique_ptr<TrainingTask> task,
   TESSERA_CHECK(!schedule_uses_total(args_) || warmup < schedule_total,
                 args_.describe("warmup_steps"), " must be shorter than the ", schedule_total,
                 " steps of a decaying schedule (got ", warmup, ")");
+  // Frozen parameters (requires_grad false) are left out, as transformers' Trainer does: they
+  // get no optimizer state and no update, and DDP and ZeRO (trainable_parameters) leave them
+  // whole on every rank.
+  std::vector<Tensor> trainable;
+  for (const Tensor& p : model.parameters())
+    if (p.requires_grad()) trainable.push_back(p);
+  TESSERA_CHECK(!trainable.empty(), "Trainer: every parameter of the model is frozen (requires_grad false)");
   optimizer_ = std::make_unique<optim::AdamW>(
-      model.parameters(), optim::AdamWOptions{.lr = args_.learning_rate,
+      trainable, optim::AdamWOptions{.lr = args_.learning_rate,
                                                .beta1 = args_.adam_beta1,
                                                .beta2 = args_.adam_beta2,
                                                .eps = args_.adam_epsilon,

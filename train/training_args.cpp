@@ -487,11 +487,11 @@ int64_t TrainingArguments::total_steps(int64_t steps_per_epoch) const {
   return kDefaultMaxSteps;
 }
 
-void validate(const TrainingArguments& a) {
+void validate(const TrainingArguments& a, bool needs_token_file) {
   auto require = [&](bool ok, const std::string& key, const std::string& what, const Json& got) {
     TESSERA_CHECK(ok, a.describe(key), " ", what, " (got ", got.dump(), ")");
   };
-  require(!a.data.empty(), "data", "must name the training token file (--data)", a.data);
+  require(!needs_token_file || !a.data.empty(), "data", "must name the training token file (--data)", a.data);
   for (auto [key, value] : {std::pair{"per_device_train_batch_size", a.per_device_train_batch_size},
                             {"seq", a.seq},
                             {"gradient_accumulation_steps", a.gradient_accumulation_steps},

@@ -173,6 +173,7 @@ std::string schedule_name(const TrainingArguments& args);
 
 // Checks ranges and consistency (positive sizes, heads dividing channels, finite numbers,
 // known schedule/strategy/device/precision, ...); errors name the key.
-void validate(const TrainingArguments& args);
+// needs_token_file false: `data` may be empty (a task whose data is not a token file).
+void validate(const TrainingArguments& args, bool needs_token_file = true);
 
 }  // namespace tessera::train

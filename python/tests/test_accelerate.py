@@ -132,7 +132,7 @@ def test_trainer_trains_logs_and_evaluates(tokens, tmp_path):
     assert [entry["step"] for entry in recorder.logs] == [1, 2, 3, 4]
     assert recorder.logs[-1]["loss"] < recorder.logs[0]["loss"]
     metrics = trainer.evaluate()
-    assert 0 < metrics["val_loss"] < 6
+    assert 0 < metrics["eval_loss"] < 6
     assert (tmp_path / "run" / "checkpoint-4" / "model.safetensors").exists()
     json.loads((tmp_path / "run" / "checkpoint-4" / "trainer_state.json").read_text())
 

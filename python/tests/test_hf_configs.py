@@ -68,7 +68,7 @@ def test_seed_training_arguments_json_as_keyword_arguments():
     settings = json.loads((CONFIGS / "training_arguments.json").read_text())
     args = tessera.TrainingArguments(**settings)
     assert args.lr_scheduler_type == "cosine" and args.warmup_ratio == 0.1
-    assert args.metric_for_best_model == "val_token_accuracy" and args.greater_is_better is True
+    assert args.metric_for_best_model == "eval_accuracy" and args.greater_is_better is True
     assert args.push_to_hub is False and args.report_to == ["tensorboard"]
     with pytest.raises(ValueError, match="network"):
         tessera.TrainingArguments(**{**settings, "push_to_hub": True})

@@ -106,13 +106,13 @@ inline std::vector<nlohmann::json> read_metrics(const fs::path& run_dir) {
   return out;
 }
 
-// (loss or val_loss) of every metrics line with step > after, as exact doubles.
+// (loss or eval_loss) of every metrics line with step > after, as exact doubles.
 inline std::vector<std::pair<int64_t, double>> losses_after(const fs::path& run_dir, int64_t after) {
   std::vector<std::pair<int64_t, double>> out;
   for (const auto& j : read_metrics(run_dir)) {
     const int64_t step = j["step"];
     if (step <= after) continue;
-    out.emplace_back(step, j.contains("loss") ? j["loss"].get<double>() : -j["val_loss"].get<double>());
+    out.emplace_back(step, j.contains("loss") ? j["loss"].get<double>() : -j["eval_loss"].get<double>());
   }
   return out;
 }

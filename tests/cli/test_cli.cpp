@@ -103,11 +103,11 @@ TEST(Cli, PrepareTrainEvalSampleEndToEnd) {
   std::vector<double> train_loss, val_loss;
   for (const auto& j : metrics) {
     if (j.contains("loss")) {
-      for (const char* key : {"step", "loss", "lr", "grad_norm", "ms", "tokens_per_s"}) EXPECT_TRUE(j.contains(key)) << key;
+      for (const char* key : {"step", "epoch", "loss", "learning_rate", "grad_norm", "ms", "tokens_per_s"}) EXPECT_TRUE(j.contains(key)) << key;
       train_loss.push_back(j["loss"]);
     } else {
-      EXPECT_TRUE(j.contains("val_loss"));
-      val_loss.push_back(j["val_loss"]);
+      EXPECT_TRUE(j.contains("eval_loss"));
+      val_loss.push_back(j["eval_loss"]);
     }
   }
   ASSERT_EQ(train_loss.size(), 200u);
@@ -580,7 +580,7 @@ TEST(Cli, EvalDtypeScoresTheWeightsInThatDtype) {
   ASSERT_EQ(r.rc, 0) << r.output;
   double trained_val_loss = NAN;
   for (const auto& j : read_metrics(out))
-    if (j.contains("val_loss")) trained_val_loss = j["val_loss"].get<double>();
+    if (j.contains("eval_loss")) trained_val_loss = j["eval_loss"].get<double>();
   ASSERT_FALSE(std::isnan(trained_val_loss));
 
   std::map<std::string, double> loss;

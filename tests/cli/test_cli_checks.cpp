@@ -57,7 +57,7 @@ TEST(CliChecks, MetricForBestModelIsCheckedBeforeAnyWorkNamingTheMetrics) {
   const std::string config = write("bad_metric.yaml", "metric_for_best_model: eval_los\n");
   const RunResult r = run(train_cmd("bad_metric") + "--steps 50 --eval-every 40 --config " + config);
   EXPECT_EQ(r.rc, 1) << r.output;
-  expect_mentions(r, {"eval_los", "val_loss", "val_perplexity", "val_token_accuracy"});
+  expect_mentions(r, {"eval_los", "eval_loss", "eval_perplexity", "eval_accuracy"});
   EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << r.output;
   const std::string hf = write("hf_metric.yaml", "metric_for_best_model: eval_loss\nload_best_model_at_end: true\n");
   const RunResult ok = run(train_cmd("hf_metric") + "--steps 4 --eval-every 2 --save-every 2 --config " + hf);

@@ -96,7 +96,7 @@ TEST(CliLlama, TrainResumeEvalSampleAndLoadInTransformers) {
     for (const auto& j : metrics_of(dir))
       if (j["step"].get<int64_t>() > 5)
         lines.push_back(j.contains("loss") ? j["loss"].dump() + "/" + j["grad_norm"].dump()
-                                           : "val " + j["val_loss"].dump());
+                                           : "val " + j["eval_loss"].dump());
     return lines;
   };
   ASSERT_EQ(after_5(straight).size(), 5u + 1u);  // steps 6..10 and the evaluation at 10
@@ -107,7 +107,7 @@ TEST(CliLlama, TrainResumeEvalSampleAndLoadInTransformers) {
   // eval scores the trainer's last evaluation batches with the same loss.
   double last_val = 0;
   for (const auto& j : metrics_of(straight))
-    if (j.contains("val_loss")) last_val = j["val_loss"];
+    if (j.contains("eval_loss")) last_val = j["eval_loss"];
   const fs::path val = fs::exists(data / "val.bin") ? data / "val.bin" : data / "train.bin";
   r = run("eval --model " + (straight / "model").string() + " --data " + val.string() +
           " --batch 4 --seq 16 --batches 2");

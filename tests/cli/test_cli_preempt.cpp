@@ -57,7 +57,7 @@ std::vector<std::string> list_checkpoints_in(const fs::path& run) {
 
 int logged_steps(const fs::path& run) {
   int n = 0;
-  for (const auto& j : read_metrics(run)) n += j.contains("lr");  // train steps, not evaluations
+  for (const auto& j : read_metrics(run)) n += j.contains("learning_rate");  // train steps, not evaluations
   return n;
 }
 

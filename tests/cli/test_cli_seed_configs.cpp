@@ -58,7 +58,7 @@ TEST(CliSeedConfigs, TrainerDeepSpeedFileTrainsWithOffloadBf16AndItsBatch) {
 TEST(CliSeedConfigs, TrainingArgumentsFileTrainsWithTransformersSchedule) {
   const auto r = short_run("seed_args", "--config " + kConfigs + "training_arguments.json");
   ASSERT_EQ(r.rc, 0) << r.output;
-  expect_saved("seed_args", {{"lr_scheduler_type", "cosine"}, {"metric_for_best_model", "val_token_accuracy"},
+  expect_saved("seed_args", {{"lr_scheduler_type", "cosine"}, {"metric_for_best_model", "eval_accuracy"},
                              {"report_to", nlohmann::json::array({"tensorboard"})}});
   // warmup_ratio 0.1 of 2 steps = ceil(0.2) = 1 warmup step: transformers' first step trains at 0.
   EXPECT_TRUE(fs::is_directory(scratch() / "seed_args" / "tensorboard"));
@@ -67,7 +67,7 @@ TEST(CliSeedConfigs, TrainingArgumentsFileTrainsWithTransformersSchedule) {
   ASSERT_TRUE(state.contains("log_history")) << state.dump();
   std::vector<double> lrs;
   for (const auto& entry : state["log_history"])
-    if (entry.contains("lr")) lrs.push_back(entry["lr"].get<double>());
+    if (entry.contains("learning_rate")) lrs.push_back(entry["learning_rate"].get<double>());
   ASSERT_EQ(lrs.size(), 1u);  // logging_steps 100: only the last step logs
   EXPECT_DOUBLE_EQ(lrs[0], 2e-5);  // step 2 trains at the peak (warmup 1 step), cosine at progress 0
 }

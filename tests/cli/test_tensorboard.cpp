@@ -127,7 +127,7 @@ TEST(TensorBoard, ReadsEveryScalarOfARealMetricsFile) {
       EXPECT_DOUBLE_EQ(got[2].get<double>(), row["time"].get<double>()) << key;
     }
   }
-  for (const char* key : {"loss", "lr", "grad_norm", "tokens_per_s", "val_loss"}) {
+  for (const char* key : {"loss", "learning_rate", "grad_norm", "tokens_per_s", "eval_loss"}) {
     EXPECT_GT(seen[key], 0u) << key;
     EXPECT_EQ(read["scalars"][key].size(), seen[key]) << key;
   }

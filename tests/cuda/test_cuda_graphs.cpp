@@ -119,7 +119,7 @@ TrainerRun train_with_graphs(const char* graphs, int64_t accumulation, int64_t z
   trainer.state().log_history.for_each([&](const nlohmann::json& entry) {
     run.losses.push_back(entry.at("loss").get<double>());
     run.norms.push_back(entry.at("grad_norm").get<double>());
-    run.lrs.push_back(entry.at("lr").get<double>());
+    run.lrs.push_back(entry.at("learning_rate").get<double>());
   });
   if (const train::StepGraphRunner* g = trainer.step_graphs()) {
     run.replayed = g->replayed_steps();

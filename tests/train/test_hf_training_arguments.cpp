@@ -87,7 +87,7 @@ TEST(HfTrainingArguments, SeedTrainingArgumentsJsonMapsToTheExpectedSettings) {
   EXPECT_TRUE(a.load_best_model_at_end);
   // transformers' "accuracy" is the evaluation's accuracy: here the next-token accuracy,
   // and (greater_is_better left out) higher is better, as transformers decides.
-  EXPECT_EQ(a.metric_for_best_model, "val_token_accuracy");
+  EXPECT_EQ(a.metric_for_best_model, "eval_accuracy");
   EXPECT_TRUE(a.greater_is_better);
   EXPECT_EQ(a.seed, 42);
   EXPECT_FALSE(a.push_to_hub);
@@ -163,12 +163,12 @@ TEST(HfTrainingArguments, ReportToRefusesServicesNamingWhatIsSupported) {
 }
 
 TEST(HfTrainingArguments, MetricNamesAndGreaterIsBetterFollowTransformers) {
-  EXPECT_EQ(from({{"metric_for_best_model", "eval_loss"}}).metric_for_best_model, "val_loss");
+  EXPECT_EQ(from({{"metric_for_best_model", "eval_loss"}}).metric_for_best_model, "eval_loss");
   EXPECT_FALSE(from({{"metric_for_best_model", "eval_loss"}}).greater_is_better);
   EXPECT_TRUE(from({{"metric_for_best_model", "eval_accuracy"}}).greater_is_better);
   EXPECT_FALSE(from({{"metric_for_best_model", "accuracy"}, {"greater_is_better", false}}).greater_is_better);
   EXPECT_FALSE(from({{"greater_is_better", false}, {"metric_for_best_model", "accuracy"}}).greater_is_better);
-  EXPECT_EQ(from({{"metric_for_best_model", "f1"}}).metric_for_best_model, "f1");
+  EXPECT_EQ(from({{"metric_for_best_model", "f1"}}).metric_for_best_model, "eval_f1");  // transformers adds eval_
 }
 
 // logging_strategy: steps logs every logging_steps, epoch at each epoch's end, no never.
@@ -256,9 +256,9 @@ TEST(HfTrainingArguments, SaveOnlyModelWritesModelOnlyCheckpointsThatCannotBeRes
   auto reference = optim::get_linear_schedule_with_warmup(reference_opt, 2, 6);
   int64_t checked = 0;
   trainer.state().log_history.for_each([&](const Json& entry) {
-    if (!entry.contains("lr")) return;
+    if (!entry.contains("learning_rate")) return;
     const int64_t step = entry["step"].get<int64_t>();  // the lr step `step` trained with
-    EXPECT_DOUBLE_EQ(entry["lr"].get<double>(), reference->lr_at(step - 1)) << "step " << step;
+    EXPECT_DOUBLE_EQ(entry["learning_rate"].get<double>(), reference->lr_at(step - 1)) << "step " << step;
     ++checked;
   });
   EXPECT_EQ(checked, 6);

@@ -58,13 +58,13 @@ std::unique_ptr<nn::GPT> tiny_gpt() {
   return std::make_unique<nn::GPT>(g, &gen);
 }
 
-// compute_metrics returning a scripted val_loss per evaluation (the model is still
+// compute_metrics returning a scripted loss (eval_loss) per evaluation (the model is still
 // evaluated: the hook replaces only the metrics).
 train::ComputeMetrics scripted(std::vector<double> values) {
   auto next = std::make_shared<size_t>(0);
   return [values, next](const train::EvalTotals& totals) {
     EXPECT_GT(totals.tokens, 0);
-    return train::Metrics{{"val_loss", values.at(std::min(*next, values.size() - 1))},
+    return train::Metrics{{"loss", values.at(std::min(*next, values.size() - 1))},
                           {"evals", double((*next)++)}};
   };
 }
@@ -91,7 +91,7 @@ TEST(Trainer, EarlyStoppingStopsAtTheRightStep) {
     EXPECT_EQ(trainer.state().global_step, stop_step) << "threshold " << threshold;
     const auto& last = trainer.state().log_history.back();
     EXPECT_EQ(last["step"], stop_step);
-    EXPECT_TRUE(last.contains("val_loss"));
+    EXPECT_TRUE(last.contains("eval_loss"));
     // Best tracking takes any improvement (no threshold).
     EXPECT_EQ(trainer.state().best_metric.value(), threshold > 0 ? 3.98 : 3.98);
     EXPECT_EQ(trainer.state().best_step, 20);
@@ -239,9 +239,9 @@ TEST(Trainer, EvaluateGivesLossPerplexityAndTokenAccuracy) {
       hits += static_cast<int64_t>(best) == y[row];
     }
   }
-  EXPECT_NEAR(m.at("val_loss"), loss, 1e-6);
-  EXPECT_NEAR(m.at("val_perplexity"), std::exp(loss), 1e-5);
-  EXPECT_DOUBLE_EQ(m.at("val_token_accuracy"), static_cast<double>(hits) / (2 * 4 * 16));
+  EXPECT_NEAR(m.at("eval_loss"), loss, 1e-6);
+  EXPECT_NEAR(m.at("eval_perplexity"), std::exp(loss), 1e-5);
+  EXPECT_DOUBLE_EQ(m.at("eval_accuracy"), static_cast<double>(hits) / (2 * 4 * 16));
 }
 
 TEST(TrainingArguments, HuggingFaceNamesAndFlagNamesSetTheSameSetting) {
@@ -483,6 +483,6 @@ TEST(TrainerChecks, MetricForBestModelIsCheckedAgainstTheEvaluationsMetrics) {
   } catch (const Error& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("eval_bleu"), std::string::npos) << what;
-    EXPECT_NE(what.find("val_loss, val_perplexity, val_token_accuracy"), std::string::npos) << what;
+    EXPECT_NE(what.find("eval_loss, eval_accuracy, eval_perplexity"), std::string::npos) << what;
   }
 }
