@@ -4,9 +4,9 @@
 One data set (`tessera prepare-fortunes`), one initial model directory (`tessera
 init-classifier`, seeded, dropout 0) and its WordPiece tokenizer, trained by both with the
 same recipe: AdamW (betas 0.9/0.999, eps 1e-8, weight decay 0.01 on the matrices), a linear
-schedule without warmup, gradient clipping at 1.0, the same batch size and epochs, the
-training rows in file order (no shuffling: prepare-fortunes wrote them shuffled, so both see
-the same batches), dynamic padding to the batch's longest row and truncation at
+schedule without warmup, gradient clipping at 1.0, the same batch size and epochs, the same
+batches (Tessera's Trainer shuffles each epoch with a seeded Philox permutation, which the
+transformers side draws too), dynamic padding to the batch's longest row and truncation at
 --max-length. Prints accuracy and macro-F1 of each on the held-out split, the training wall
 time per epoch of each and their ratio, then one JSON line.
 
@@ -43,6 +43,49 @@ def metrics(logits, labels, num_labels):
     return {"accuracy": float(np.mean(pred == labels)), "f1": float(np.mean(f1s))}
 
 
+M32 = 0xFFFFFFFF
+
+
+def philox4x32_10(seed, counter):
+    """core/philox.h's Philox4x32-10 block `counter` under key `seed`."""
+    c = [counter & M32, (counter >> 32) & M32, 0, 0]
+    k0, k1 = seed & M32, (seed >> 32) & M32
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k0, p1 & M32, (p0 >> 32) ^ c[3] ^ k1, p0 & M32]
+        k0, k1 = (k0 + 0x9E3779B9) & M32, (k1 + 0xBB67AE85) & M32
+    return c
+
+
+def tessera_permutation(n, seed, epoch):
+    """data::seeded_permutation: the order Tessera's Trainer reads epoch `epoch` in."""
+    out = list(range(n))
+    for i in range(n - 1, 0, -1):
+        word = philox4x32_10(seed, (epoch << 32) + i // 4)[i % 4]
+        j = (word * (i + 1)) >> 32
+        out[i], out[j] = out[j], out[i]
+    return out
+
+
+class TesseraOrder:
+    """A sampler drawing Tessera's permutation of each epoch, so both trainers see the same
+    batches (transformers' own RandomSampler would draw another order)."""
+
+    def __init__(self, n, seed):
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        order = tessera_permutation(self.n, self.seed, self.epoch)
+        self.epoch += 1  # transformers 4.46 calls set_epoch only for some samplers
+        return iter(order)
+
+
 def read_jsonl(path):
     with open(path) as f:
         return [json.loads(line) for line in f]
@@ -73,7 +116,6 @@ def tessera_run(a, work, env):
 def transformers_run(a, work):
     import torch
     import transformers
-    from torch.utils.data import SequentialSampler
 
     torch.set_num_threads(a.threads)
     init = os.path.join(work, "init")
@@ -88,9 +130,9 @@ def transformers_run(a, work):
     train_set = encode(read_jsonl(os.path.join(work, "data", "train.jsonl")))
     val_set = encode(read_jsonl(os.path.join(work, "data", "val.jsonl")))
 
-    class InOrderTrainer(transformers.Trainer):  # the file's order, as Tessera reads it
+    class InOrderTrainer(transformers.Trainer):  # Tessera's order of the batches
         def _get_train_sampler(self):
-            return SequentialSampler(self.train_dataset)
+            return TesseraOrder(len(self.train_dataset), a.seed)
 
     args = transformers.TrainingArguments(
         output_dir=os.path.join(work, "hf_run"), num_train_epochs=a.epochs,
