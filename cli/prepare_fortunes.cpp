@@ -105,8 +105,8 @@ void prepare_fortunes(const FortuneArgs& a) {
     }
     counts[a.files[label]] = {{"train", in_train}, {"val", in_val}};
   }
-  // The training rows in a seeded random order, so that reading them in file order (a run
-  // without shuffling, the same order for every framework) does not see one class at a time.
+  // The training rows in a seeded random order, so that a reader in file order (a script, a
+  // loader without shuffling) does not see one class at a time.
   std::ofstream text(fs::path(a.out) / "train.txt");
   for (int64_t i : data::seeded_permutation(static_cast<int64_t>(train_rows.size()), a.seed, 0)) {
     train << train_rows[i] << "\n";
