@@ -155,7 +155,7 @@ def main():
     p.add_argument("--tessera", default="build-cpu/tessera")
     p.add_argument("--work", default="runs/fortunes_vs_transformers")
     p.add_argument("--files", default="computers,definitions,politics,songs-poems,startrek,zippy")
-    p.add_argument("--max-per-class", type=int, default=200)
+    p.add_argument("--max-per-class", type=int, default=150)
     p.add_argument("--vocab-size", type=int, default=3000)
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
