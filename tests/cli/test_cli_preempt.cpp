@@ -65,7 +65,7 @@ int logged_steps(const fs::path& run) {
 // random delay; right after an evaluation step's log line (the evaluation runs then); or as
 // soon as a checkpoint is being written (checkpoint-N.partial/ exists).
 std::string moment_condition(int kind, std::mt19937& rng, const fs::path& out) {
-  const std::string steps = "$(grep -c lr " + (out / "metrics.jsonl").string() + " 2>/dev/null || echo 0)";
+  const std::string steps = "$(grep -c learning_rate " + (out / "metrics.jsonl").string() + " 2>/dev/null || echo 0)";
   if (kind == 0) {
     const int after = 1 + static_cast<int>(rng() % 120);
     const double delay = static_cast<double>(rng() % 100) / 1000.0;
@@ -87,7 +87,7 @@ struct Interrupted {
 
 Interrupted interrupt(const std::string& command, const fs::path& out, const std::string& signal,
                       const std::string& condition) {
-  const RunResult r = shell(command + " & pid=$!; " + condition + "; echo observed=$(grep -c lr " +
+  const RunResult r = shell(command + " & pid=$!; " + condition + "; echo observed=$(grep -c learning_rate " +
                             (out / "metrics.jsonl").string() + " 2>/dev/null); kill -" + signal +
                             " $pid; wait $pid; echo rc=$?");
   Interrupted result;
@@ -163,7 +163,7 @@ TEST(Preemption, ASecondSignalEndsTheRunAtOnce) {
                           (prepared("byte") / "train.bin").string() +
                           " --n-layer 4 --n-head 4 --n-embd 256 --seq 64 --batch 8 --steps 1000 --out " + out.string();
   const Interrupted r = interrupt(job, out, "TERM",
-                                  "until [ $(grep -c lr " + (out / "metrics.jsonl").string() +
+                                  "until [ $(grep -c learning_rate " + (out / "metrics.jsonl").string() +
                                       " 2>/dev/null || echo 0) -ge 2 ]; do sleep 0.01; done; "
                                       "kill -TERM $pid; sleep 0.02; kill -TERM $pid");
   EXPECT_EQ(r.rc, 128 + SIGTERM) << r.output;
