@@ -133,8 +133,8 @@ void print_setup(const ClassificationRun& run, const train::Trainer& trainer, co
   if (!fresh.empty()) {
     std::string names;
     for (const std::string& key : fresh) names += (names.empty() ? "" : ", ") + key;
-    std::printf("note: %s were not in '%s' and are newly initialized (a new classification head)\n",
-                names.c_str(), args.init.c_str());
+    std::printf("note: newly initialized (not in '%s'): %s; a new classification head to train\n",
+                args.init.c_str(), names.c_str());
   }
   std::printf("model: %s (%lld parameters, %lld labels) on %s\ndata: %lld training examples%s, %lld per step\n",
               run.model->type_name().c_str(), (long long)run.model->num_parameters(),
