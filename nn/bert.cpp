@@ -119,10 +119,14 @@ BertLayer::BertLayer(const BertConfig& cfg, Generator* gen, TensorOptions opts)
   register_module("output", output);
 }
 
+// Between this layer's forward hooks, as operator() would run it: ZeRO-3 gathers a layer's
+// parameters in them.
 Tensor BertLayer::forward_masked(const Tensor& x, const Tensor& attn_mask) {
-  const Tensor heads = attention.self_attention.forward_masked(x, attn_mask);
-  const Tensor attended = attention.output.forward_residual(heads, x);
-  return output.forward_residual(intermediate(attended), attended);
+  return call_with_hooks(x, [&] {
+    const Tensor heads = attention.self_attention.forward_masked(x, attn_mask);
+    const Tensor attended = attention.output.forward_residual(heads, x);
+    return output.forward_residual(intermediate(attended), attended);
+  });
 }
 
 BertPooler::BertPooler(const BertConfig& cfg, Generator* gen, TensorOptions opts)

@@ -99,9 +99,13 @@ DistilBertBlock::DistilBertBlock(const DistilBertConfig& cfg, Generator* gen, Te
   register_module("output_layer_norm", output_layer_norm);
 }
 
+// Between this block's forward hooks, as operator() would run it (ZeRO-3 gathers its
+// parameters in them).
 Tensor DistilBertBlock::forward_masked(const Tensor& x, const Tensor& attn_mask) {
-  const Tensor attended = sa_layer_norm(attention.forward_masked(x, attn_mask) + x);
-  return output_layer_norm(ffn(attended) + attended);
+  return call_with_hooks(x, [&] {
+    const Tensor attended = sa_layer_norm(attention.forward_masked(x, attn_mask) + x);
+    return output_layer_norm(ffn(attended) + attended);
+  });
 }
 
 DistilBertModel::DistilBertModel(const DistilBertConfig& cfg, Generator* gen, TensorOptions opts)

@@ -53,6 +53,13 @@ class SequenceClassifier : public Module {
   virtual Tensor logits(const Tensor& input_ids, const Tensor& attention_mask = Tensor(),
                         const Tensor& token_type_ids = Tensor()) = 0;
   Tensor forward(const Tensor& input_ids) override { return logits(input_ids); }
+  // logits() between this module's forward hooks, as operator() runs forward(): the entry for
+  // callers that pass a mask (the Trainer), so that hooks on the root module (ZeRO-3's gather
+  // of its parameters) run for them too.
+  Tensor hooked_logits(const Tensor& input_ids, const Tensor& attention_mask = Tensor(),
+                       const Tensor& token_type_ids = Tensor()) {
+    return call_with_hooks(input_ids, [&] { return logits(input_ids, attention_mask, token_type_ids); });
+  }
   // sequence_classification_loss with this model's label settings.
   Tensor loss(const Tensor& logits, const Tensor& labels) const {
     return sequence_classification_loss(logits, labels, labels_config());

@@ -102,6 +102,7 @@ class SequenceClassificationTask : public TrainingTask {
   }
   int64_t units_per_micro_batch() const override { return args_->per_device_train_batch_size; }
   std::string unit_name() const override { return "samples"; }
+  bool equal_batch_shapes() const override { return false; }  // padded to each batch's longest
 
   bool has_eval_data() const override { return eval_data_.has_value(); }
   TaskEvaluation evaluate(dist::Accelerator& acc, const TrainingArguments& args) override {
@@ -152,8 +153,8 @@ class SequenceClassificationTask : public TrainingTask {
  private:
   Tensor logits_of(const data::ExampleBatch& batch) {
     const auto on_device = [&](const Tensor& t) { return t.defined() ? t.to(device_) : t; };
-    return model_.logits(on_device(batch.input_ids), on_device(batch.attention_mask),
-                         on_device(batch.token_type_ids));
+    return model_.hooked_logits(on_device(batch.input_ids), on_device(batch.attention_mask),
+                                on_device(batch.token_type_ids));
   }
 
   // Labels within the model's classes, texts within its positions: refused before any work,

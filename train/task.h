@@ -96,6 +96,10 @@ class TrainingTask {
   // config.json of a checkpoint, and the reload of a checkpoint's weights (load_best_model).
   virtual void save_config(const std::filesystem::path& dir) const = 0;
   virtual void load_weights(const std::filesystem::path& safetensors) = 0;
+  // Whether every process's micro-batches have the same shape at every step (token windows do;
+  // padded examples do not). DDP's sparse embedding-gradient sync needs it
+  // (dist/sparse_embedding.h: the ranks must meet the same lookup sizes), so it is off otherwise.
+  virtual bool equal_batch_shapes() const { return true; }
   // The causal LM whose steps CUDA graphs may record (null: the steps run eagerly).
   virtual nn::CausalLM* graphable_model() { return nullptr; }
   virtual data::DataLoader* token_loader() { return nullptr; }

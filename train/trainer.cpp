@@ -146,6 +146,7 @@ Trainer::Trainer(TrainingArguments args, std::unique_ptr<TrainingTask> task,
   options.offload_optimizer = args_.offload != "none";
   options.offload_param = args_.offload == "param";
   options.zero_accumulation = dist::gradient_accumulation_from_name(args_.zero_accumulation);
+  options.sparse_embedding_gradients = task_->equal_batch_shapes();
   options.deepspeed_config = args_.deepspeed;  // its bucket sizes (the rest is in args_ already)
   acc_ = std::make_unique<dist::Accelerator>(options);
   // `tessera launch --gradient_accumulation_steps N` (or its DeepSpeed file) reaches the

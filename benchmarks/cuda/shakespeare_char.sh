@@ -27,11 +27,11 @@ import json, sys
 run, start, end = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 records = [json.loads(line) for line in open(f"{run}/metrics.jsonl")]
 steps = [r for r in records if "loss" in r]
-evals = [r for r in records if "val_loss" in r]
-best = min(evals, key=lambda r: r["val_loss"])
+evals = [r for r in records if "eval_loss" in r]
+best = min(evals, key=lambda r: r["eval_loss"])
 print(f"steps: {len(steps)}; wall time {end - start:.1f} s (training steps {sum(r['ms'] for r in steps) / 1e3:.1f} s, "
       f"{sum(r['ms'] for r in steps) / len(steps):.2f} ms/step)")
-print(f"best validation loss: {best['val_loss']:.4f} at step {best['step']} (nanoGPT publishes 1.4697)")
-print("validation loss by step: " + ", ".join(f"{r['step']}: {r['val_loss']:.3f}" for r in evals))
+print(f"best validation loss: {best['eval_loss']:.4f} at step {best['step']} (nanoGPT publishes 1.4697)")
+print("validation loss by step: " + ", ".join(f"{r['step']}: {r['eval_loss']:.3f}" for r in evals))
 print(f"loss curve: {run}/loss.png")
 PY

@@ -1,7 +1,8 @@
 // One rank of a classification Trainer job (tests/train/test_classification_ranks.cpp launches
 // it on 1, 2 and 3 processes): trains a tiny BERT a few steps with a global batch of 6, then
 // writes what evaluate(), predict() and compute_metrics gave to OUT/rank<r>.json. With a ZeRO
-// stage and "freeze", the word embeddings are frozen and the run saves OUT/run/checkpoint-3.
+// stage and "freeze" (or "train"), the word embeddings are frozen (or not) and the run saves
+// OUT/run/checkpoint-3.
 //   classify_ranks_check TRAIN.jsonl EVAL.jsonl OUT PER_RANK_BATCH [ZERO_STAGE freeze]
 #include <cstdio>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "tests/train/classify_fixture.h"
 
 using namespace tessera;
+namespace fs = std::filesystem;
 
 int main(int argc, char** argv) {
   if (argc != 5 && argc != 7) {
@@ -29,7 +31,7 @@ int main(int argc, char** argv) {
       args.zero_stage = std::stoll(argv[5]);
       args.save_strategy = "steps";  // save_steps 0: at the end
       for (auto& [name, p] : model->named_parameters())
-        if (name == "bert.embeddings.word_embeddings.weight") p.requires_grad_(false);
+        if (name == "bert.embeddings.word_embeddings.weight" && std::string(argv[6]) == "freeze") p.requires_grad_(false);
     }
     std::vector<double> seen_logits;
     std::vector<int64_t> seen_labels;

@@ -486,3 +486,50 @@ TEST(TrainerChecks, MetricForBestModelIsCheckedAgainstTheEvaluationsMetrics) {
     EXPECT_NE(what.find("eval_loss, eval_accuracy, eval_perplexity"), std::string::npos) << what;
   }
 }
+
+// Issue 40 item 6: logs use transformers' names now (learning_rate, eval_loss); a checkpoint
+// of an older run, whose history says lr and val_loss and whose metric is val_loss, resumes,
+// keeps its history as written and tracks the best by eval_loss.
+TEST(Trainer, ACheckpointWithTheOldLogKeysResumes) {
+  const fs::path dir = scratch("old_keys");
+  const data::TokenFile tokens = token_stream(dir);
+  train::TrainingArguments args = tiny_args(dir);
+  args.max_steps = 6, args.eval_steps = 2, args.save_steps = 2;
+  train::apply_config_values(args, {{"metric_for_best_model", "val_loss"}}, "config 'old.yaml'");
+  EXPECT_EQ(args.metric_for_best_model, "eval_loss");
+  {
+    auto model = tiny_gpt();
+    train::TrainingArguments first = args;
+    first.max_steps = 2;
+    train::Trainer(first, *model, tokens, tokens).train();
+  }
+  const fs::path checkpoint = fs::path(args.output_dir) / "checkpoint-2";
+  nlohmann::json state = nlohmann::json::parse(data::read_file(checkpoint / train::kTrainerStateFile));
+  for (auto& entry : state["log_history"]) {
+    if (entry.contains("learning_rate")) entry["lr"] = entry["learning_rate"], entry.erase("learning_rate");
+    for (const char* key : {"loss", "perplexity", "accuracy"})
+      if (entry.contains(std::string("eval_") + key)) {
+        entry[std::string("val_") + (std::string(key) == "accuracy" ? "token_accuracy" : key)] =
+            entry[std::string("eval_") + key];
+        entry.erase(std::string("eval_") + key);
+      }
+    entry.erase("epoch");
+  }
+  data::write_file_atomically(checkpoint / train::kTrainerStateFile, state.dump(2));
+  data::write_folder_checksums(checkpoint);
+
+  args.resume_from_checkpoint = checkpoint.string();
+  auto model = tiny_gpt();
+  train::Trainer trainer(args, *model, tokens, tokens);
+  trainer.train();
+  EXPECT_EQ(trainer.state().global_step, 6);
+  std::vector<std::string> keys;
+  trainer.state().log_history.for_each([&](const nlohmann::json& j) {
+    keys.push_back(j.contains("lr") ? "lr" : j.contains("val_loss") ? "val_loss"
+                                         : j.contains("eval_loss") ? "eval_loss" : "learning_rate");
+  });
+  // Steps 1-2 and the evaluation at 2 as the old run wrote them, then the new names.
+  EXPECT_EQ(keys, (std::vector<std::string>{"lr", "lr", "val_loss", "learning_rate", "learning_rate", "eval_loss",
+                                            "learning_rate", "learning_rate", "eval_loss"}));
+  EXPECT_GE(trainer.state().best_step, 2);
+}
