@@ -4,6 +4,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "tessera/cli/classification.h"
 #include "tessera/cli/command.h"
 #include "tessera/core/error.h"
 #include "tessera/dist/env.h"
@@ -69,18 +70,32 @@ void run_eval(const EvalArgs& a) {
   if (acc) acc->end_training();
 }
 
-const RegisterCommand reg("eval", "Print a model's mean loss on a token file as JSON", [](CLI::App& sub) {
+const RegisterCommand reg("eval", "Print a model's loss and metrics on a token file or labelled examples as JSON", [](CLI::App& sub) {
   auto args = std::make_shared<EvalArgs>();
+  auto task = std::make_shared<std::string>("causal_lm");
+  auto classify = std::make_shared<ClassifyRunArgs>();
+  sub.add_option("--task", *task,
+                 "causal_lm (a token file: loss, perplexity) | classification (a JSONL/CSV/TSV file of "
+                 "labelled texts: eval_loss, eval_accuracy, eval_f1, ...) (default causal_lm)");
   sub.add_option("--model", args->model, "model directory (config.json + model.safetensors)")->required();
-  sub.add_option("--data", args->data, "token file to score")->required();
-  sub.add_option("--batch", args->batch, "rows per micro-batch (default 8)");
+  sub.add_option("--data", args->data, "token file, or labelled examples for classification")->required();
+  CLI::Option* batch = sub.add_option("--batch", args->batch, "rows per micro-batch (default 8; classification 32)");
+  add_column_options(sub, classify->columns, /*with_labels=*/true);
   CLI::Option* seq = sub.add_option("--seq", args->seq, "tokens per row (default: min(context, 256))");
   CLI::Option* batches =
       sub.add_option("--batches", args->batches, "micro-batches to score (default: one pass over the file)");
   sub.add_option("--device", args->device, "cpu|cuda|cuda:N (default cpu)");
   sub.add_option("--dtype", args->dtype, "weights and compute dtype (default fp32)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  sub.callback([args, seq, batches] {
+  sub.callback([args, seq, batches, task, classify, batch] {
+    if (parse_task(*task, "tessera eval") == Task::Classification) {
+      classify->model = args->model;
+      classify->data = args->data;
+      classify->device = args->device;
+      if (batch->count() > 0) classify->batch = args->batch;
+      run_classification_eval(*classify);
+      return;
+    }
     args->seq_given = seq->count() > 0;
     args->batches_given = batches->count() > 0;
     run_eval(*args);

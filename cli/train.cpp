@@ -7,6 +7,7 @@
 #include <map>
 
 #include "tessera/cli/command.h"
+#include "tessera/cli/train_classification.h"
 #include "tessera/core/error.h"
 #include "tessera/dist/env.h"
 #include "tessera/train/run.h"
@@ -24,10 +25,26 @@ struct FlagSpec {
 };
 
 constexpr FlagSpec kValueFlags[] = {
+    {"--task", "task", FlagType::Text,
+     "causal_lm (a GPT-2/Llama language model on token files; the default) | classification "
+     "(fine-tune --init's sequence classifier on labelled texts: JSONL/CSV/TSV)"},
     {"--data", "data", FlagType::Text,
-     "training token file (llm.c layout, e.g. from `tessera prepare`)"},
+     "training token file (llm.c layout, e.g. from `tessera prepare`); classification: the "
+     "labelled examples (.jsonl, .csv, .tsv)"},
     {"--val-data", "val_data", FlagType::Text,
-     "validation token file (default: val.bin beside --data)"},
+     "validation token file (default: val.bin beside --data); classification: labelled examples"},
+    {"--text-column", "text_column", FlagType::Text, "classification: the text's column (default text)"},
+    {"--text-pair-column", "text_pair_column", FlagType::Text,
+     "classification: the second text of a pair (BERT's sentence B; default none)"},
+    {"--label-column", "label_column", FlagType::Text,
+     "classification: the class column, ids or names of id2label (default label)"},
+    {"--max-length", "max_length", FlagType::Int,
+     "classification: tokens per example with the special tokens (default: the model's positions)"},
+    {"--pad-token-id", "pad_token_id", FlagType::Int,
+     "classification: the pad id of a model whose config.json and tokenizer name none (a GPT-2 "
+     "language model trained here; no text may hold it)"},
+    {"--truncation", "truncation", FlagType::Text,
+     "classification: true (cut longer texts to --max-length; the default) | false (refuse them)"},
     {"--init", "init", FlagType::Text, "start from this model directory instead of a fresh model"},
     {"--arch", "arch", FlagType::Text,
      "model architecture: gpt2 (GPT-2: LayerNorm, GELU MLP, learned positions) | llama "
@@ -147,7 +164,7 @@ nlohmann::json flag_value(const FlagValues& v, const FlagSpec& f) {
 }
 
 const RegisterCommand reg(
-    "train", "Train a GPT-2 or Llama model on a token file (config file and/or flags)", [](CLI::App& sub) {
+    "train", "Train a GPT-2 or Llama model on a token file, or fine-tune a classifier on labelled texts (config file and/or flags)", [](CLI::App& sub) {
       auto config_path = std::make_shared<std::string>();
       auto values = std::make_shared<FlagValues>();
       auto resume = std::make_shared<std::string>();
@@ -211,8 +228,16 @@ const RegisterCommand reg(
         // from its newest checkpoint by itself.
         if (resume_opt->count() == 0 && dist::env_int("TORCHELASTIC_RESTART_COUNT", 0, 0) > 0)
           flags["resume"] = "latest";
+        if (flags.contains("truncation")) {
+          const std::string t = flags["truncation"];
+          TESSERA_CHECK(t == "true" || t == "false", "command line: --truncation must be true or false, got '", t, "'");
+          flags["truncation"] = t == "true";
+        }
         layers.push_back({flags, "command line"});
-        const int status = train::run_training(train::arguments_for_run(layers));
+        const TaskSettings task = take_task_settings(layers);
+        const int status = task.task == Task::Classification
+                               ? run_classification_training(train::arguments_for_run(layers), task)
+                               : train::run_training(train::arguments_for_run(layers));
         if (status != 0) std::exit(status);
       });
       sub.footer(
