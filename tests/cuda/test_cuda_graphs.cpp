@@ -116,6 +116,9 @@ TrainerRun train_with_graphs(const char* graphs, int64_t accumulation, int64_t z
   run.model = std::make_unique<nn::GPT>(tiny_config(), &gen);
   train::Trainer trainer(a, *run.model, tokens);
   trainer.train();
+  // ZeRO-3 keeps only each rank's slice between steps (a checkpoint no longer gathers the
+  // model): the whole weights for the comparison.
+  trainer.accelerator().unwrap_model(*run.model);
   trainer.state().log_history.for_each([&](const nlohmann::json& entry) {
     run.losses.push_back(entry.at("loss").get<double>());
     run.norms.push_back(entry.at("grad_norm").get<double>());
