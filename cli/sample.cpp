@@ -57,6 +57,9 @@ void run_sample(const SampleArgs& a) {
   for (int64_t id : prompt)
     TESSERA_CHECK(id < model->vocab_size(), "tessera sample: the prompt encodes to token ", id,
                   ", outside the model's vocabulary of ", model->vocab_size());
+  // The prompt's logits first: the sampler itself refuses NaN probabilities with a message
+  // that does not name the model.
+  check_logits_finite(*model, prompt, device, a.model);
   Generator gen(static_cast<uint64_t>(a.seed));
   for (int64_t s = 0; s < a.num_samples; ++s) {
     const Tensor out = model->generate(from_vector(prompt, {1, static_cast<int64_t>(prompt.size())}, {.dtype = DType::i64}),

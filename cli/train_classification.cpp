@@ -210,9 +210,11 @@ int run_classification_training(const train::TrainingArguments& args, const Task
   trainer.train();
   trainer.accelerator().wait_for_everyone();
   if (trainer.preempted_by()) return train::kPreemptedExitStatus;
-  if (!main_process) return 0;
+  // Every process writes its part (under ZeRO-3 no process holds the whole weights).
   const fs::path model_dir = fs::path(args.output_dir) / "model";
-  run.model->save_pretrained(model_dir.string());
+  trainer.accelerator().save_model(*run.model, model_dir.string());
+  if (!main_process) return 0;
+  run.model->save_config((model_dir / "config.json").string());
   for (const auto& [name, contents] : tokenizer_files) data::write_file_atomically(model_dir / name, contents);
   std::printf("done: %lld steps; model in %s, metrics in %s\n", (long long)trainer.state().global_step,
               model_dir.string().c_str(), (fs::path(args.output_dir) / "metrics.jsonl").string().c_str());

@@ -86,16 +86,14 @@ Tensor DecoderForSequenceClassification::logits(const Tensor& input_ids,
   return score(rows_at(body_hidden_states(input_ids), last));
 }
 
-void DecoderForSequenceClassification::save_pretrained(const std::string& dir) const {
-  hf::save_model_directory(dir, *this, [&](const std::string& path) {
-    save_body_config(path);
-    nlohmann::ordered_json keys;
-    keys["architectures"] = {type_name()};
-    keys["pad_token_id"] = hf::nullable_id(pad_token_id_);
-    keys["tie_word_embeddings"] = tie_word_embeddings_;
-    hf::write_labels(keys, labels_);
-    hf::merge_into_config(path, keys);
-  });
+void DecoderForSequenceClassification::save_config(const std::string& path) const {
+  save_body_config(path);
+  nlohmann::ordered_json keys;
+  keys["architectures"] = {type_name()};
+  keys["pad_token_id"] = hf::nullable_id(pad_token_id_);
+  keys["tie_word_embeddings"] = tie_word_embeddings_;
+  hf::write_labels(keys, labels_);
+  hf::merge_into_config(path, keys);
 }
 
 void DecoderForSequenceClassification::load_weights(

@@ -36,7 +36,7 @@ class DecoderForSequenceClassification : public SequenceClassifier {
                 const Tensor& token_type_ids = Tensor()) override;
   const SequenceClassificationConfig& labels_config() const override { return labels_; }
   int64_t pad_token_id() const { return pad_token_id_; }
-  void save_pretrained(const std::string& dir) const override;
+  void save_config(const std::string& path) const override;
 
   TorchLinear score;
 

@@ -112,7 +112,7 @@ class DistilBertForSequenceClassification : public SequenceClassifier {
   const SequenceClassificationConfig& labels_config() const override { return cfg_.labels; }
   const DistilBertConfig& config() const { return cfg_; }
 
-  void save_pretrained(const std::string& dir) const override;
+  void save_config(const std::string& path) const override;
   // config.json + model.safetensors written by transformers: this class's, or a pretrained
   // body's (DistilBertModel, DistilBertForMaskedLM: the head keeps its initialisation, listed
   // by newly_initialized_keys()).

@@ -5,6 +5,7 @@
 
 #include "tessera/autograd/functions.h"
 #include "tessera/core/safetensors.h"
+#include "tessera/nn/hf_config.h"
 
 namespace tessera::nn {
 
@@ -131,6 +132,10 @@ void check_token_ids(const Tensor& input_ids, const char* model) {
   TESSERA_CHECK(input_ids.dim() == 2 && is_integral(input_ids.dtype()) &&
                     input_ids.dtype() != DType::boolean,
                 model, ": input_ids must be integer [B, T], got ", autograd::describe(input_ids));
+}
+
+void SequenceClassifier::save_pretrained(const std::string& dir) const {
+  hf::save_model_directory(dir, *this, [&](const std::string& path) { save_config(path); });
 }
 
 namespace {

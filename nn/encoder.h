@@ -66,7 +66,9 @@ class SequenceClassifier : public Module {
   }
   virtual const SequenceClassificationConfig& labels_config() const = 0;
   // Model directory: config.json (HF keys) + model.safetensors (HF tensor names).
-  virtual void save_pretrained(const std::string& dir) const = 0;
+  void save_pretrained(const std::string& dir) const;
+  // Its config.json alone (a checkpoint's: the weights are written by whoever holds them).
+  virtual void save_config(const std::string& path) const = 0;
   // The parameters from_pretrained left at their initialisation because the checkpoint had
   // none (a classification head over a pretrained body, as HF's "newly initialized" warning).
   const std::vector<std::string>& newly_initialized_keys() const { return fresh_keys_; }

@@ -225,9 +225,8 @@ void save_bert_config(const BertConfig& cfg, const std::string& path) {
   hf::write_config(path, j);
 }
 
-void BertForSequenceClassification::save_pretrained(const std::string& dir) const {
-  hf::save_model_directory(dir, *this,
-                           [&](const std::string& path) { save_bert_config(cfg_, path); });
+void BertForSequenceClassification::save_config(const std::string& path) const {
+  save_bert_config(cfg_, path);
 }
 
 std::unique_ptr<BertForSequenceClassification> BertForSequenceClassification::from_pretrained(
@@ -283,9 +282,8 @@ void save_distilbert_config(const DistilBertConfig& cfg, const std::string& path
   hf::write_config(path, j);
 }
 
-void DistilBertForSequenceClassification::save_pretrained(const std::string& dir) const {
-  hf::save_model_directory(dir, *this,
-                           [&](const std::string& path) { save_distilbert_config(cfg_, path); });
+void DistilBertForSequenceClassification::save_config(const std::string& path) const {
+  save_distilbert_config(cfg_, path);
 }
 
 std::unique_ptr<DistilBertForSequenceClassification>

@@ -138,13 +138,9 @@ class SequenceClassificationTask : public TrainingTask {
   }
 
   void save_config(const fs::path& dir) const override {
-    // save_pretrained writes config.json with the weights; only its config.json is kept (the
-    // checkpoint's weights are the Accelerator's).
-    const fs::path scratch = dir / ".pretrained";
-    fs::remove_all(scratch);
-    model_.save_pretrained(scratch.string());
-    fs::rename(scratch / "config.json", dir / "config.json");
-    fs::remove_all(scratch);
+    // The config alone: the checkpoint's weights are the Accelerator's (under ZeRO-3 no
+    // process holds them whole).
+    model_.save_config((dir / "config.json").string());
   }
   void load_weights(const fs::path& safetensors) override {
     model_.load_state_dict(load_safetensors(safetensors.string()).tensors);

@@ -176,13 +176,21 @@ void memcpy_async(void* dst, const void* src, size_t nbytes, cudaStream_t stream
 
 // ---- determinism ----
 namespace {
-std::atomic<bool> g_deterministic{setting_enabled(Setting::Deterministic)};
+// Read at the first use, not while the backend loads (a bad value is then that call's error
+// naming TESSERA_DETERMINISTIC, not the end of the program); -1: not read yet.
+std::atomic<int> g_deterministic{-1};
 }
 void set_deterministic(bool on) {
   set_setting_option(Setting::Deterministic, on ? "1" : "0");
-  g_deterministic = on;
+  g_deterministic = on ? 1 : 0;
 }
-bool deterministic() { return g_deterministic; }
+bool deterministic() {
+  if (g_deterministic.load() < 0) {
+    int unread = -1;
+    g_deterministic.compare_exchange_strong(unread, setting_enabled(Setting::Deterministic) ? 1 : 0);
+  }
+  return g_deterministic.load() == 1;
+}
 
 // ---- the backend ----
 namespace {

@@ -337,8 +337,21 @@ LtPlan build_plan(const GemmProblem& p, const Epilogue& e, size_t workspace_byte
 
 // ---- autotuning among bit-identical candidates (gemm_tuning.h) ----
 
-std::atomic<bool> autotune_enabled{setting_enabled(Setting::GemmAutotune)};
-const bool autotune_log = setting_enabled(Setting::GemmAutotuneLog);
+// The switches are read at their first use, not while the backend loads: a bad value is then
+// the first GEMM's error naming the variable (a static initialiser's would end the program),
+// and a setter called before that use wins. -1: not read yet.
+std::atomic<int> autotune_state{-1};
+bool autotune_enabled() {
+  if (autotune_state.load() < 0) {
+    int unread = -1;
+    autotune_state.compare_exchange_strong(unread, setting_enabled(Setting::GemmAutotune) ? 1 : 0);
+  }
+  return autotune_state.load() == 1;
+}
+bool autotune_log() {
+  static const bool on = setting_enabled(Setting::GemmAutotuneLog);
+  return on;
+}
 std::atomic<int64_t> plans_tuned{0}, plans_changed{0}, candidates_rejected{0};
 
 // A position-sensitive 64-bit fingerprint of a buffer's 32-bit words: each word is mixed with
@@ -475,7 +488,7 @@ void tune_plan(LtPlan& plan, const GemmProblem& p, const Epilogue& e, void* ws, 
     ++plans_changed;
     plan.algo = candidates[same[best]];
   }
-  if (autotune_log) {
+  if (autotune_log()) {
     std::fprintf(stderr,
                  "tessera gemm autotune: M %lld N %lld K %lld batch %lld ops %d%d epilogue %d: "
                  "first pick %.1f us, best %.1f us (candidate %zu; %zu of %zu write the same "
@@ -495,7 +508,7 @@ bool lt_matmul(const GemmProblem& p, const Epilogue& e, cudaStream_t stream) {
   const auto [ws, ws_bytes] = workspace(device, stream);
   const int64_t flops = 2 * p.M * p.N * p.K * p.batch;
   // Part of the key, so a plan made with autotuning off keeps the heuristic's first pick.
-  const bool autotune = autotune_enabled.load();
+  const bool autotune = autotune_enabled();
   const PlanKey key{device,
                     p.types.data,
                     p.b.op,
@@ -568,7 +581,14 @@ GeluEpilogues gelu_epilogues_from_environment() {
   if (value == "0") return GeluEpilogues::none;
   return value == "forward" ? GeluEpilogues::forward : GeluEpilogues::both;
 }
-std::atomic<GeluEpilogues> gelu_epilogues{gelu_epilogues_from_environment()};
+std::atomic<int> gelu_state{-1};  // a GeluEpilogues, read at first use as the switches above
+GeluEpilogues gelu_epilogues() {
+  if (gelu_state.load() < 0) {
+    int unread = -1;
+    gelu_state.compare_exchange_strong(unread, static_cast<int>(gelu_epilogues_from_environment()));
+  }
+  return static_cast<GeluEpilogues>(gelu_state.load());
+}
 std::atomic<int64_t> fused_calls{0}, fallback_calls{0};
 std::atomic<int64_t> gelu_fused_calls{0}, gelu_fallback_calls{0};
 
@@ -607,14 +627,14 @@ bool aux_ld_supported(int64_t ld) { return ld % 8 == 0; }
 
 }  // namespace
 
-void set_gemm_autotune_enabled(bool enabled) { autotune_enabled = enabled; }
-bool gemm_autotune_enabled() { return autotune_enabled; }
+void set_gemm_autotune_enabled(bool enabled) { autotune_state = enabled ? 1 : 0; }
+bool gemm_autotune_enabled() { return autotune_enabled(); }
 GemmTuningCounts gemm_tuning_counts() {
   return {plans_tuned.load(), plans_changed.load(), candidates_rejected.load()};
 }
 
 void set_linear_epilogues_enabled(bool enabled) { epilogues_enabled = enabled; }
-void set_gelu_epilogues(GeluEpilogues which) { gelu_epilogues = which; }
+void set_gelu_epilogues(GeluEpilogues which) { gelu_state = static_cast<int>(which); }
 void set_gelu_epilogues_enabled(bool enabled) {
   set_gelu_epilogues(enabled ? GeluEpilogues::both : GeluEpilogues::none);
 }
@@ -695,7 +715,7 @@ void linear_gelu_forward(const Tensor& x2d, const Tensor& w, const Tensor& bias,
   if (out.numel() == 0) return;
   KernelContext ctx(out);
   // The GEMM writes gelu(x2d @ w + bias) as its output and x2d @ w + bias as the aux matrix.
-  if (p.K > 0 && epilogues_enabled && gelu_epilogues != GeluEpilogues::none &&
+  if (p.K > 0 && epilogues_enabled && gelu_epilogues() != GeluEpilogues::none &&
       aux_ld_supported(p.N)) {
     const Tensor b = bias.defined() ? raw::contiguous(bias) : Tensor();
     const Epilogue e{b.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX,
@@ -731,7 +751,7 @@ void linear_input_grad_dgelu(const Tensor& g, const Tensor& w, const Tensor& pre
   // In cuBLASLt's terms the output is dpreᵀ [H, M]: DGELU scales it by gelu' of the aux
   // matrix laid out alike (pre_activation, row-major [M, H]) before its one rounding; the bias
   // gradient is then a column-sum pass over dpre.
-  if (p.K > 0 && epilogues_enabled && gelu_epilogues == GeluEpilogues::both &&
+  if (p.K > 0 && epilogues_enabled && gelu_epilogues() == GeluEpilogues::both &&
       aux_ld_supported(p.N)) {
     const Epilogue e{CUBLASLT_EPILOGUE_DGELU, nullptr, bias_data_type(dpre.dtype()),
                      pre_activation.raw_data(), p.N};
