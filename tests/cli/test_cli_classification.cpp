@@ -190,6 +190,23 @@ TEST(CliClassification, TrainWritesAModelThatEvalAndPredictRead) {
   ASSERT_EQ(predicted.rc, 0) << predicted.output;
 }
 
+// Under ZeRO-3 no process holds the whole weights after training: the export streams them from
+// every rank's slice (it read the freed parameters before), and what it wrote evaluates.
+TEST(CliClassification, TwoRanksUnderZero3ExportAModelThatEvalReads) {
+  const fs::path init = tiny_bert("zero3_init"), out = scratch() / "zero3_run";
+  const fs::path config = scratch() / "zero3.json";
+  std::ofstream(config) << R"({"task": "classification", "num_train_epochs": 1, "per_device_train_batch_size": 4,
+    "zero_stage": 3, "eval_strategy": "no", "save_strategy": "no", "max_length": 16})";
+  const std::string data = topics_file().string();
+  const auto trained = run("launch --nproc-per-node 2 " + tessera_binary() + " train --config " + config.string() +
+                           " --init " + init.string() + " --data " + data + " --out " + out.string());
+  ASSERT_EQ(trained.rc, 0) << trained.output;
+  const auto evaluated = run("eval --task classification --model " + (out / "model").string() + " --data " + data);
+  ASSERT_EQ(evaluated.rc, 0) << evaluated.output;
+  EXPECT_EQ(last_json_line(evaluated.output).at("eval_samples"), 37);
+  EXPECT_NE(slurp(out / "model" / "model.safetensors"), slurp(init / "model.safetensors")) << "trained";
+}
+
 TEST(CliClassification, TrainRefusesALabelOutsideNumLabelsBeforeAnyWork) {
   const fs::path init = tiny_bert("train_bad_init"), data = scratch() / "train_bad.jsonl";
   const fs::path out = scratch() / "train_bad_run";
