@@ -97,7 +97,7 @@ def test_the_python_trainers_report_to_reaches_csv(tmp_path):
                                      report_to=["jsonl", "csv"])
     model = tessera.nn.GPT(tessera.nn.GPTConfig(vocab_size=256, block_size=16, n_layer=1, n_head=2,
                                                 n_embd=16))
-    tessera.Trainer(args, model, str(path), eval_dataset=str(path)).train()
+    tessera.Trainer(model=model, args=args, train_dataset=str(path), eval_dataset=str(path)).train()
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     with open(tmp_path / "run" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
