@@ -249,6 +249,10 @@ std::string stopped_rank_is_named(const std::string& env, const std::string& fla
   const pid_t pid = job.rank_pid(victim);
   for (int r = 0; r < nproc; ++r) EXPECT_GT(job.rank_pid(r), 0) << job.output();
   if (pid <= 0) return job.output();
+  // Three heartbeat intervals (timeout / 5 each) first, so that every watchdog has read the
+  // victim's heartbeat before it stops, also on a loaded machine under the sanitizers (a
+  // stopped rank 0 is then named with its last heartbeat, not "never read").
+  std::this_thread::sleep_for(std::chrono::duration<double>(3 * kWatchdogTimeout / 5));
   job.stop(pid);
   EXPECT_TRUE(job.ended_within(kWatchdogTimeout + 10))
       << "the job still waits " << kWatchdogTimeout + 10 << " s after rank " << victim
