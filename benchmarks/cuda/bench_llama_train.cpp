@@ -11,7 +11,8 @@
 // cuBLASLt / sm90 GEMMs and the fused classifier.
 //
 //   bench_llama_train [--steps N] [--warmup N] [--batch N] [--seq N] [--layers N]
-//                     [--kv-heads N] [--tied] [--attention flash|cudnn]
+//                     [--heads N] [--kv-heads N] [--channels N] [--intermediate N] [--tied]
+//                     [--attention flash|cudnn]
 //                     [--no-torch] [--no-compile] [--profile]
 //   TESSERA_PYTHON=...  the interpreter for the PyTorch side (default /usr/bin/python3)
 //
@@ -46,7 +47,8 @@ struct Args {
 [[noreturn]] void usage(const char* program) {
   std::fprintf(stderr,
                "usage: %s [--steps N] [--warmup N] [--batch N] [--seq N] [--layers N] "
-               "[--kv-heads N] [--tied] [--attention flash|cudnn] [--no-torch] [--no-compile] "
+               "[--heads N] [--kv-heads N] [--channels N] [--intermediate N] [--tied] [--attention "
+               "flash|cudnn] [--no-torch] [--no-compile] "
                "[--profile]\n",
                program);
   std::exit(2);
@@ -66,8 +68,14 @@ Args parse(int argc, char** argv) {
       a.seq = value();
     else if (!std::strcmp(argv[i], "--layers"))
       a.layers = value();
+    else if (!std::strcmp(argv[i], "--heads"))
+      a.heads = value();
     else if (!std::strcmp(argv[i], "--kv-heads"))
       a.kv_heads = value();
+    else if (!std::strcmp(argv[i], "--channels"))
+      a.channels = value();
+    else if (!std::strcmp(argv[i], "--intermediate"))
+      a.intermediate = value();
     else if (!std::strcmp(argv[i], "--tied"))
       a.tied = true;
     else if (!std::strcmp(argv[i], "--attention") && i + 1 < argc)
