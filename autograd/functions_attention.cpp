@@ -328,8 +328,9 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
     masked_entries(q, masking.kernels)
         .forward(q, k, v, scale, masking.causal, masking.kv_lengths, out, lse);
   else attention_forward_on(backend, q, k, v, scale, out, lse);
-  const char* masked_name = masking.kernels == MaskedKernels::cudnn ? "CudnnMaskedAttentionBackward"
-                                                                    : "FlashMaskedAttentionBackward";
+  const char* masked_name = masking.kernels == MaskedKernels::cudnn
+                                ? "CudnnMaskedAttentionBackward"
+                                : "FlashMaskedAttentionBackward";
   const char* name = dropout                   ? "FlashAttentionDropoutBackward"
                      : masking.beyond_causal() ? masked_name
                                                : "FlashAttentionBackward";
@@ -609,7 +610,8 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   }
   if (allow_flash && !causal)
     if (const std::optional<MaskedKernels> kernels = masked_kernels_for(q, k, v, dropout_p))
-      return fused_attention(q, k, v, scale, std::nullopt, {.causal = false, .kv_lengths = Tensor(), .kernels = *kernels});
+      return fused_attention(q, k, v, scale, std::nullopt,
+                             {.causal = false, .kv_lengths = Tensor(), .kernels = *kernels});
   return composed_attention(q, k, v, causal, scale, dropout_p, gen);
 }
 

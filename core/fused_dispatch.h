@@ -167,10 +167,10 @@ struct FusedKernelTable {
                                          double scale, bool causal, const Tensor& kv_lengths,
                                          const Tensor& out, const Tensor& lse) = nullptr;
   void (*flash_masked_attention_backward)(const Tensor& q, const Tensor& k, const Tensor& v,
-                                          const Tensor& out, const Tensor& dout,
-                                          const Tensor& lse, double scale, bool causal,
-                                          const Tensor& kv_lengths, const Tensor& dq,
-                                          const Tensor& dk, const Tensor& dv) = nullptr;
+                                          const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                          double scale, bool causal, const Tensor& kv_lengths,
+                                          const Tensor& dq, const Tensor& dk,
+                                          const Tensor& dv) = nullptr;
   // True when cuDNN attention can run here; otherwise false and *reason says why.
   bool (*cudnn_attention_available)(std::string* reason) = nullptr;
   void (*cudnn_attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v, double scale,

@@ -333,9 +333,9 @@ void flash_attention_dropout_forward(const Tensor& q, const Tensor& k, const Ten
   launch_mma_sync_forward(q, k, v, scale, out, lse, s, ctx.stream, &dropout);
 }
 
-void flash_masked_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    double scale, bool causal, const Tensor& kv_lengths,
-                                    const Tensor& out, const Tensor& lse) {
+void flash_masked_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                                    bool causal, const Tensor& kv_lengths, const Tensor& out,
+                                    const Tensor& lse) {
   const char* op = "flash_masked_attention_forward";
   const AttnShape s = check_forward(op, q, k, v, out, lse);
   if (kv_lengths.defined()) check_kv_lengths(op, kv_lengths, s, q.device());

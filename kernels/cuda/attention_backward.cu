@@ -146,9 +146,8 @@ template <class T, int D, bool kDropout>
 __global__ void __launch_bounds__(kTcWarps * 32)
     flash_backward_dq_tc_kernel(const T* q, const T* k, const T* v, const T* dout, HeadLayout Lq,
                                 HeadLayout Lk, HeadLayout Lv, HeadLayout Ld, const float* lse,
-                                const float* delta, T* dq, HeadLayout Ldq, int64_t H,
-                                int64_t group, int64_t seq_len, float scale, DropoutMask drop,
-                                KeyMask mask) {
+                                const float* delta, T* dq, HeadLayout Ldq, int64_t H, int64_t group,
+                                int64_t seq_len, float scale, DropoutMask drop, KeyMask mask) {
   using Tiles = BwdTiles<D>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);      // [64][D] this block's queries
@@ -194,8 +193,8 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     const T* vs = ks + Tiles::kRowTile;
     // Only the diagonal tile (causal), rows past T and a tile reaching past the real keys
     // need the mask.
-    const bool need_mask = (mask.causal && kt == q_tile) || q0 + kTile > seq_len ||
-                           int64_t(kt + 1) * kTile > key_end;
+    const bool need_mask =
+        (mask.causal && kt == q_tile) || q0 + kTile > seq_len || int64_t(kt + 1) * kTile > key_end;
     float s[kTile / 8][4], dp[kTile / 8][4];
     scores_and_dp<T, D>(s, dp, qs, ks, dos, vs, warp * 16, g, tq);
     // dS = P * (dP - delta), P recomputed from the log-sum-exp, masked causally.
@@ -297,8 +296,8 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     const T* dos = qs + Tiles::kRowTile;
     const float* lse_s = stat_stage + (i & 1) * 2 * kTile;  // natural-log lse
     const float* del_s = lse_s + kTile;
-    const bool need_mask = (mask.causal && qt == k_tile) || q0 + kTile > seq_len ||
-                           k0 + kTile > key_end;
+    const bool need_mask =
+        (mask.causal && qt == k_tile) || q0 + kTile > seq_len || k0 + kTile > key_end;
     // S^T = K Q^T and dP^T = V dO^T: rows are this warp's keys, columns the tile's queries.
     float s[kTile / 8][4], dp[kTile / 8][4];
     scores_and_dp<T, D>(s, dp, ks, qs, vs, dos, warp * 16, g, tq);
@@ -338,9 +337,9 @@ void allow_shared(Kernel kernel, size_t bytes) {
 
 enum class BackwardKernels { dispatch, sm90, mma_sync };
 
-void launch_mma_sync_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& dout, const Tensor& lse, const Tensor& delta,
-                              double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+void launch_mma_sync_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                              const Tensor& lse, const Tensor& delta, double scale,
+                              const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const AttnShape& s, cudaStream_t stream,
                               const AttentionDropout* dropout, KeyMask mask) {
   const unsigned tiles = static_cast<unsigned>((s.T + kTile - 1) / kTile);

@@ -113,8 +113,8 @@ inline void check_kv_lengths(const char* op, const Tensor& kv_lengths, const Att
                     kv_lengths.size(0) == s.B && kv_lengths.is_contiguous() &&
                     kv_lengths.device() == device,
                 op, ": kv_lengths must be a contiguous int32 [B] = [", s.B, "] tensor on ",
-                device.str(), ", got ", shape_str(kv_lengths.shape()), " ", dtype_name(kv_lengths.dtype()),
-                " on ", kv_lengths.device().str());
+                device.str(), ", got ", shape_str(kv_lengths.shape()), " ",
+                dtype_name(kv_lengths.dtype()), " on ", kv_lengths.device().str());
 }
 
 // The switch `name` (TESSERA_ATTENTION_SM90, TESSERA_ATTENTION_SM90_BWD): "0" keeps the dispatch

@@ -92,8 +92,8 @@ void check_frontend(fe::error_t status, const char* op, const char* call) {
 
 // ---- argument checks: the contract of the hand-written kernels (attention_checks.h) ----
 using attention_detail::check_head_view;
-using attention_detail::check_lse;
 using attention_detail::check_kv_lengths;
+using attention_detail::check_lse;
 using Problem = attention_detail::AttnShape;
 
 Problem check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {

@@ -163,9 +163,9 @@ void flash_attention_dropout_backward(const Tensor& q, const Tensor& k, const Te
 // safe softmax gives the same 0) and it passes no gradient. Lengths are clamped to [0, T] on the
 // device (reading them on the host would wait for the GPU). Causal without kv_lengths is
 // flash_attention_forward / flash_attention_backward (the Hopper kernels where they run).
-void flash_masked_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    double scale, bool causal, const Tensor& kv_lengths,
-                                    const Tensor& out, const Tensor& lse);
+void flash_masked_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                                    bool causal, const Tensor& kv_lengths, const Tensor& out,
+                                    const Tensor& lse);
 void flash_masked_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& out, const Tensor& dout, const Tensor& lse,
                                      double scale, bool causal, const Tensor& kv_lengths,

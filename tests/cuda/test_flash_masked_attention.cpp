@@ -131,8 +131,10 @@ void expect_exact_zeros(const Problem& p, const Results& gpu) {
     }
     for (int64_t j = p.lengths[b]; j < p.T; ++j)
       for (int64_t e = 0; e < HkvD; ++e) {
-        ASSERT_EQ(gpu.dk[(b * p.T + j) * HkvD + e], 0.0) << "dk of padded key " << j << " row " << b;
-        ASSERT_EQ(gpu.dv[(b * p.T + j) * HkvD + e], 0.0) << "dv of padded key " << j << " row " << b;
+        ASSERT_EQ(gpu.dk[(b * p.T + j) * HkvD + e], 0.0)
+            << "dk of padded key " << j << " row " << b;
+        ASSERT_EQ(gpu.dv[(b * p.T + j) * HkvD + e], 0.0)
+            << "dv of padded key " << j << " row " << b;
       }
   }
 }
@@ -218,11 +220,13 @@ TEST(FlashMaskedAttention, KernelEntriesWriteTheLogSumExp) {
   const int64_t B = 3, H = 2, T = 77, D = 64;
   Generator gen(42);
   const std::vector<int32_t> lengths = random_lengths(B, T, gen);
-  const Tensor q_h = host_randn({B, H, T, D}, DType::bf16), k_h = host_randn({B, H, T, D}, DType::bf16),
+  const Tensor q_h = host_randn({B, H, T, D}, DType::bf16),
+               k_h = host_randn({B, H, T, D}, DType::bf16),
                v_h = host_randn({B, H, T, D}, DType::bf16);
   const Tensor q = raw::to(q_h, dev(), DType::bf16), k = raw::to(k_h, dev(), DType::bf16),
                v = raw::to(v_h, dev(), DType::bf16);
-  const Tensor kv_lengths = raw::to(from_vector(lengths, {B}, {.dtype = DType::i32}), dev(), DType::i32);
+  const Tensor kv_lengths =
+      raw::to(from_vector(lengths, {B}, {.dtype = DType::i32}), dev(), DType::i32);
   const double scale = 1.0 / std::sqrt(double(D));
   const std::vector<double> qv = host_values(q_h), kv = host_values(k_h);
   for (bool causal : {false, true}) {
@@ -255,21 +259,26 @@ TEST(FlashMaskedAttention, KernelEntriesWriteTheLogSumExp) {
       }
     }
     expect_within(finite_got, finite_want, 1e-3, causal ? "lse (causal)" : "lse (bidirectional)");
-    for (double x : host_values(raw::select(out, 0, 1))) ASSERT_EQ(x, 0.0) << "out of the empty row";
+    for (double x : host_values(raw::select(out, 0, 1)))
+      ASSERT_EQ(x, 0.0) << "out of the empty row";
   }
   // Causal without lengths: the dispatching entry's bits (the Hopper kernel where it runs).
-  Tensor out_a = cuda_test::poisoned({B, H, T, D}, DType::bf16), lse_a = cuda_test::poisoned({B, H, T}, DType::f32);
-  Tensor out_b = cuda_test::poisoned({B, H, T, D}, DType::bf16), lse_b = cuda_test::poisoned({B, H, T}, DType::f32);
+  Tensor out_a = cuda_test::poisoned({B, H, T, D}, DType::bf16),
+         lse_a = cuda_test::poisoned({B, H, T}, DType::f32);
+  Tensor out_b = cuda_test::poisoned({B, H, T, D}, DType::bf16),
+         lse_b = cuda_test::poisoned({B, H, T}, DType::f32);
   cuda::flash_masked_attention_forward(q, k, v, scale, true, Tensor(), out_a, lse_a);
   cuda::flash_attention_forward(q, k, v, scale, out_b, lse_b);
   EXPECT_EQ(host_values(out_a), host_values(out_b));
   EXPECT_EQ(host_values(lse_a), host_values(lse_b));
   // Lengths of the wrong dtype or size are refused before any work.
-  Tensor out = cuda_test::poisoned({B, H, T, D}, DType::bf16), lse = cuda_test::poisoned({B, H, T}, DType::f32);
+  Tensor out = cuda_test::poisoned({B, H, T, D}, DType::bf16),
+         lse = cuda_test::poisoned({B, H, T}, DType::f32);
   const Tensor as_i64 = raw::to(kv_lengths, dev(), DType::i64);
-  EXPECT_THROW(cuda::flash_masked_attention_forward(q, k, v, scale, false, as_i64, out, lse), Error);
-  EXPECT_THROW(cuda::flash_masked_attention_forward(q, k, v, scale, false, raw::narrow(kv_lengths, 0, 0, 2),
-                                                    out, lse),
+  EXPECT_THROW(cuda::flash_masked_attention_forward(q, k, v, scale, false, as_i64, out, lse),
+               Error);
+  EXPECT_THROW(cuda::flash_masked_attention_forward(q, k, v, scale, false,
+                                                    raw::narrow(kv_lengths, 0, 0, 2), out, lse),
                Error);
 }
 
