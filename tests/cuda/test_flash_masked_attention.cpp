@@ -139,6 +139,18 @@ void expect_exact_zeros(const Problem& p, const Results& gpu) {
   }
 }
 
+// p on the GPU against the float64 composition on the CPU, printing the problem and the max
+// errors; the flash kernels must have run, and the masking's exact zeros hold.
+void check_against_the_composition(const Problem& p) {
+  SCOPED_TRACE(p.str());
+  std::printf("%s\n", p.str().c_str());
+  const Inputs in = random_inputs(p);
+  const Results gpu = run(p, in, dev(), p.dtype);
+  EXPECT_EQ(gpu.node, kFlashNode);
+  expect_matches(gpu, run(p, in, Device::cpu(), DType::f64), p.dtype);
+  if (!p.lengths.empty()) expect_exact_zeros(p, gpu);
+}
+
 TEST(FlashMaskedAttention, MatchesTheFloat64CompositionWithPaddedKeys) {
   TESSERA_REQUIRE_GPU();
   BackendRestorer restore;
@@ -150,14 +162,8 @@ TEST(FlashMaskedAttention, MatchesTheFloat64CompositionWithPaddedKeys) {
         for (bool causal : {false, true}) {
           // Grouped-query heads for the short sequences, plain heads for the long one.
           const int64_t H = T < 1000 ? 4 : 2, Hkv = 2;
-          const Problem p{dtype, 4, H, Hkv, T, D, causal, random_lengths(4, T, gen)};
-          SCOPED_TRACE(p.str());
-          std::printf("%s\n", p.str().c_str());
-          const Inputs in = random_inputs(p);
-          const Results gpu = run(p, in, dev(), dtype);
-          EXPECT_EQ(gpu.node, kFlashNode);
-          expect_matches(gpu, run(p, in, Device::cpu(), DType::f64), dtype);
-          expect_exact_zeros(p, gpu);
+          check_against_the_composition(
+              {dtype, 4, H, Hkv, T, D, causal, random_lengths(4, T, gen)});
         }
 }
 
@@ -168,15 +174,7 @@ TEST(FlashMaskedAttention, UnmaskedBidirectionalAttentionRunsTheFlashKernels) {
   BackendRestorer restore;
   set_attention_backend(AttentionBackend::Flash);
   for (DType dtype : {DType::bf16, DType::f16})
-    for (int64_t D : {64, 128}) {
-      const Problem p{dtype, 2, 3, 1, 200, D, /*causal=*/false, {}};
-      SCOPED_TRACE(p.str());
-      std::printf("%s\n", p.str().c_str());
-      const Inputs in = random_inputs(p);
-      const Results gpu = run(p, in, dev(), dtype);
-      EXPECT_EQ(gpu.node, kFlashNode);
-      expect_matches(gpu, run(p, in, Device::cpu(), DType::f64), dtype);
-    }
+    for (int64_t D : {64, 128}) check_against_the_composition({dtype, 2, 3, 1, 200, D, false, {}});
 }
 
 // k and v with every padded key and value replaced by NaN: no bit of the outputs nor of any
