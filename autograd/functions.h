@@ -250,9 +250,9 @@ namespace tessera {
 // causal, the queries are the last Tq of the Tk positions (Tq < Tk for a KV cache). Under
 // an AutocastGuard q, k, v are cast to the compute dtype first. On a GPU, for bf16/f16,
 // D of 64 or 128, causal and Tq == Tk, it runs the flash-attention kernels (O(T) memory)
-// unless allow_flash is false (not causal and without dropout: the masked kernels that
-// key_padded_attention names); otherwise matmul, mask, softmax, dropout (p = dropout_p, from
-// gen or the default generator) and matmul. With dropout the flash kernels drop the
+// unless allow_flash is false (non-causal calls without dropout take the fused masked kernels
+// that key_padded_attention describes); otherwise matmul, mask, softmax, dropout (p = dropout_p,
+// from gen or the default generator) and matmul. With dropout the flash kernels drop the
 // probabilities the composition would (the same Philox numbers, the generator advanced alike)
 // and run the mma.sync kernels, whichever attention backend is chosen.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
@@ -277,8 +277,9 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // hand-written flash kernels (kernels/cuda/fused.h, flash_masked_attention_*), or cuDNN's padding
 // mask where the cudnn attention backend is chosen (TESSERA_ATTENTION) or the flash kernels are
 // missing (cuDNN takes lengths of at least 1); everywhere else the composition with attn_mask.
-// A row of length 0 gives 0 outputs and passes no gradient on every route. The caller vouches
-// that mask and lengths agree (nn::padding_of_attention_mask builds both from one attention_mask).
+// A row of length 0 gives 0 outputs and passes no gradient (flash and composition). The caller
+// vouches that mask and lengths agree (nn::padding_of_attention_mask builds both from one
+// attention_mask).
 Tensor key_padded_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& attn_mask, const Tensor& kv_lengths, bool causal = false,
                             double dropout_p = 0.0, Generator* gen = nullptr);
