@@ -250,8 +250,9 @@ namespace tessera {
 // causal, the queries are the last Tq of the Tk positions (Tq < Tk for a KV cache). Under
 // an AutocastGuard q, k, v are cast to the compute dtype first. On a GPU, for bf16/f16,
 // D of 64 or 128, causal and Tq == Tk, it runs the flash-attention kernels (O(T) memory)
-// unless allow_flash is false; otherwise matmul, mask, softmax, dropout (p = dropout_p, from
-// gen or the default generator) and matmul. With dropout the flash kernels drop the
+// unless allow_flash is false (non-causal calls without dropout take the fused masked kernels
+// that key_padded_attention describes); otherwise matmul, mask, softmax, dropout (p = dropout_p,
+// from gen or the default generator) and matmul. With dropout the flash kernels drop the
 // probabilities the composition would (the same Philox numbers, the generator advanced alike)
 // and run the mma.sync kernels, whichever attention backend is chosen.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
@@ -264,22 +265,26 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // and passes no gradient, as PyTorch 2.5's _safe_softmax in SDPA's math path; torch 1.13 has no
 // SDPA, and the explicit softmax there (as older SDPA) gives NaN for such rows. An undefined
 // mask is the call above (where, on a GPU, non-causal calls of the flash kernels' shapes
-// without dropout run cuDNN's attention). A masked call runs the composed path on every
+// without dropout run the fused masked kernels). A masked call runs the composed path on every
 // device: the fused kernels take no mask tensor (but see key_padded_attention).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& attn_mask, bool causal = false,
                                     double dropout_p = 0.0, Generator* gen = nullptr);
 // The masked call above where attn_mask is a key-padding mask of keys padded on the right and
-// kv_lengths (int32 [B] on q's device, each in [1, Tk], or undefined) says the same as lengths:
+// kv_lengths (int32 [B] on q's device, each in [0, Tk], or undefined) says the same as lengths:
 // key j of row b is attended iff j < kv_lengths[b]. On a GPU, for the flash kernels' shapes
-// without dropout, cuDNN's fused attention runs with its padding mask (O(T) memory, causal or
-// not); everywhere else the composition with attn_mask. The caller vouches that the two agree
-// (nn::padding_of_attention_mask builds both from one attention_mask).
+// without dropout, fused O(T)-memory kernels run with the lengths, causal or not: the
+// hand-written flash kernels (kernels/cuda/fused.h, flash_masked_attention_*), or cuDNN's padding
+// mask where the cudnn attention backend is chosen (TESSERA_ATTENTION) or the flash kernels are
+// missing (cuDNN takes lengths of at least 1); everywhere else the composition with attn_mask.
+// A row of length 0 gives 0 outputs and passes no gradient (flash and composition). The caller
+// vouches that mask and lengths agree (nn::padding_of_attention_mask builds both from one
+// attention_mask).
 Tensor key_padded_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& attn_mask, const Tensor& kv_lengths, bool causal = false,
                             double dropout_p = 0.0, Generator* gen = nullptr);
-// True when scaled_dot_product_attention(q, k, v, causal, dropout_p) would take the flash
-// kernels.
+// True when scaled_dot_product_attention(q, k, v, causal, dropout_p) would take the fused
+// kernels (flash, or cuDNN's under the cudnn backend).
 bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                              double dropout_p = 0.0);
 

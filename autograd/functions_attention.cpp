@@ -249,13 +249,66 @@ Tensor lse_for(const Tensor& q) {
   return empty({q.size(0), q.size(1), q.size(2)}, {.dtype = DType::f32, .device = q.device()});
 }
 
+// The kernels that run attention beyond causal self-attention (masked_kernels_for chooses).
+enum class MaskedKernels { flash, cudnn };
+
+bool fused_shapes_fit(const Tensor& q, const Tensor& k, const Tensor& v);
+
 // What a fused call masks beyond causal self-attention: non-causal attention and keys padded
-// on the right run cuDNN's masked graphs (the hand-written kernels are causal and unpadded).
+// on the right run the masked entries of `kernels` (hand-written flash or cuDNN's graphs).
 struct FusedMasking {
   bool causal = true;
   Tensor kv_lengths;  // i32 [B]: key j of row b is attended iff j < kv_lengths[b]; or undefined
+  MaskedKernels kernels = MaskedKernels::flash;
   bool beyond_causal() const { return !causal || kv_lengths.defined(); }
 };
+
+// The masked forward and backward entries of masking.kernels (one contract, core/fused_dispatch.h).
+struct MaskedEntries {
+  decltype(FusedKernelTable::flash_masked_attention_forward) forward;
+  decltype(FusedKernelTable::flash_masked_attention_backward) backward;
+};
+MaskedEntries masked_entries(const Tensor& q, MaskedKernels kernels) {
+  const FusedKernelTable& fused = fused_for(q);
+  if (kernels == MaskedKernels::cudnn)
+    return {fused.cudnn_masked_attention_forward, fused.cudnn_masked_attention_backward};
+  return {fused.flash_masked_attention_forward, fused.flash_masked_attention_backward};
+}
+
+// The one place that chooses who runs attention beyond causal self-attention (not causal, or
+// keys padded on the right) on q's device, by the rule of causal attention: the hand-written
+// flash kernels, or cuDNN's masked graphs where the cudnn backend is chosen (TESSERA_ATTENTION,
+// set_attention_backend; it raises at the call when cuDNN cannot run) or the device has no
+// masked flash kernels; nothing (the caller composes) with dropout (only the causal flash
+// kernels draw it), for shapes no fused kernel takes, or on a device without such kernels.
+std::optional<MaskedKernels> masked_kernels_for(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                double dropout_p) {
+  if (dropout_p != 0 || !fused_shapes_fit(q, k, v)) return std::nullopt;
+  const FusedKernelTable& fused = fused_for(q);
+  const bool flash = fused.flash_masked_attention_forward != nullptr &&
+                     fused.flash_masked_attention_backward != nullptr;
+  const bool cudnn_entries = fused.cudnn_masked_attention_available != nullptr &&
+                             fused.cudnn_masked_attention_forward != nullptr &&
+                             fused.cudnn_masked_attention_backward != nullptr;
+  if (!flash && !cudnn_entries) return std::nullopt;
+  if (attention_backend() == AttentionBackend::Cudnn) return MaskedKernels::cudnn;
+  if (flash) return MaskedKernels::flash;
+  if (fused.cudnn_masked_attention_available(nullptr)) return MaskedKernels::cudnn;
+  return std::nullopt;
+}
+
+// Raises, naming the reason, when the cudnn backend was chosen but its masked graphs cannot run.
+void require_masked_kernels(const Tensor& q, MaskedKernels kernels) {
+  if (kernels != MaskedKernels::cudnn) return;
+  const FusedKernelTable& fused = fused_for(q);
+  std::string why = "no cuDNN masked attention for " + q.device().str();
+  const bool available = fused.cudnn_masked_attention_available != nullptr &&
+                         fused.cudnn_masked_attention_available(&why);
+  TESSERA_CHECK(available,
+                "attention: the cudnn backend was chosen (TESSERA_ATTENTION or "
+                "set_attention_backend) but cuDNN's masked attention is not available: ",
+                why, "; choose the flash backend instead");
+}
 
 // The fused kernels on [B, H, T, D] heads (O(T) memory); the backward recomputes the scores
 // from q, k, v and the saved log-sum-exp. The backend is the one chosen at the forward. With
@@ -269,12 +322,17 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
   // gradient).
   const Tensor out = empty_heads_like(q);
   Tensor lse = lse_for(q);
+  if (masking.beyond_causal()) require_masked_kernels(q, masking.kernels);
   if (dropout) fused_for(q).flash_attention_dropout_forward(q, k, v, scale, *dropout, out, lse);
   else if (masking.beyond_causal())
-    fused_for(q).cudnn_masked_attention_forward(q, k, v, scale, masking.causal, masking.kv_lengths, out, lse);
+    masked_entries(q, masking.kernels)
+        .forward(q, k, v, scale, masking.causal, masking.kv_lengths, out, lse);
   else attention_forward_on(backend, q, k, v, scale, out, lse);
+  const char* masked_name = masking.kernels == MaskedKernels::cudnn
+                                ? "CudnnMaskedAttentionBackward"
+                                : "FlashMaskedAttentionBackward";
   const char* name = dropout                   ? "FlashAttentionDropoutBackward"
-                     : masking.beyond_causal() ? "CudnnMaskedAttentionBackward"
+                     : masking.beyond_causal() ? masked_name
                                                : "FlashAttentionBackward";
   using autograd::SavedTensor;
   autograd::record(
@@ -293,8 +351,9 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
           fused_for(q).flash_attention_dropout_backward(q, k, v, o, dout, lse, scale, *dropout, dq,
                                                         dk, dv);
         else if (masking.beyond_causal())
-          fused_for(q).cudnn_masked_attention_backward(q, k, v, o, dout, lse, scale, masking.causal,
-                                                       masking.kv_lengths, dq, dk, dv);
+          masked_entries(q, masking.kernels)
+              .backward(q, k, v, o, dout, lse, scale, masking.causal, masking.kv_lengths, dq, dk,
+                        dv);
         else
           attention_backward_on(backend, q, k, v, o, dout, lse, scale, dq, dk, dv);
         return std::vector<Tensor>{dq, dk, dv};
@@ -515,21 +574,12 @@ bool fused_shapes_fit(const Tensor& q, const Tensor& k, const Tensor& v) {
   return true;
 }
 
-// True when cuDNN's masked graphs run q, k, v on their device (no dropout: cuDNN's would draw
-// other numbers than the composition).
-bool cudnn_masked_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, double dropout_p) {
-  const FusedKernelTable& fused = fused_for(q);
-  return dropout_p == 0 && fused.cudnn_masked_attention_available != nullptr &&
-         fused.cudnn_masked_attention_forward != nullptr &&
-         fused.cudnn_masked_attention_backward != nullptr && fused_shapes_fit(q, k, v) &&
-         fused.cudnn_masked_attention_available(nullptr);
-}
-
 }  // namespace
 
 bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                              double dropout_p) {
-  if (!causal || !has_fused_attention(q)) return false;
+  if (!causal) return masked_kernels_for(q, k, v, dropout_p).has_value();
+  if (!has_fused_attention(q)) return false;
   const bool dropout_drawable =
       dropout_p == 0 || (dropout_p > 0 && dropout_p < 1 && has_fused_attention_dropout(q));
   return dropout_drawable && fused_shapes_fit(q, k, v);
@@ -554,12 +604,14 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
                                     bool causal, double dropout_p, Generator* gen, bool allow_flash) {
   const auto [q, k, v] = checked_attention_inputs(q_in, k_in, v_in, causal, dropout_p);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  if (allow_flash && flash_attention_applies(q, k, v, causal, dropout_p)) {
+  if (allow_flash && causal && flash_attention_applies(q, k, v, causal, dropout_p)) {
     if (dropout_p == 0) return fused_attention(q, k, v, scale);
     return fused_attention(q, k, v, scale, draw_attention_dropout(q, k, dropout_p, gen));
   }
-  if (allow_flash && !causal && cudnn_masked_attention_applies(q, k, v, dropout_p))
-    return fused_attention(q, k, v, scale, std::nullopt, {.causal = false});
+  if (allow_flash && !causal)
+    if (const std::optional<MaskedKernels> kernels = masked_kernels_for(q, k, v, dropout_p))
+      return fused_attention(q, k, v, scale, std::nullopt,
+                             {.causal = false, .kv_lengths = Tensor(), .kernels = *kernels});
   return composed_attention(q, k, v, causal, scale, dropout_p, gen);
 }
 
@@ -581,16 +633,18 @@ Tensor key_padded_attention(const Tensor& q_in, const Tensor& k_in, const Tensor
                           : autograd::autocast(attn_mask);
   check_attention_mask(mask, q, k);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  // Keys padded on the right, as the lengths say: cuDNN's padding mask where it runs. Any
-  // other mask is the composition on every device (the fused kernels take no mask tensor).
+  // Keys padded on the right, as the lengths say: the fused kernels' padding where they run
+  // (masked_kernels_for). Any other mask is the composition on every device (the fused kernels
+  // take no mask tensor).
   if (kv_lengths.defined()) {
     TESSERA_CHECK(kv_lengths.dtype() == DType::i32 && kv_lengths.dim() == 1 &&
                       kv_lengths.size(0) == q.size(0) && kv_lengths.device() == q.device(),
                   "key_padded_attention: kv_lengths must be int32 [B] = [", q.size(0), "] on ",
                   q.device().str(), ", got ", autograd::describe(kv_lengths));
-    if (cudnn_masked_attention_applies(q, k, v, dropout_p))
-      return fused_attention(q, k, v, scale, std::nullopt,
-                             {.causal = causal, .kv_lengths = raw::contiguous(kv_lengths)});
+    if (const std::optional<MaskedKernels> kernels = masked_kernels_for(q, k, v, dropout_p))
+      return fused_attention(
+          q, k, v, scale, std::nullopt,
+          {.causal = causal, .kv_lengths = raw::contiguous(kv_lengths), .kernels = *kernels});
   }
   return composed_attention(q, k, v, causal, scale, dropout_p, gen, mask);
 }

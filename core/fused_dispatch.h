@@ -158,6 +158,19 @@ struct FusedKernelTable {
                                            const Tensor& lse, double scale,
                                            const AttentionDropout& dropout, const Tensor& dq,
                                            const Tensor& dk, const Tensor& dv) = nullptr;
+  // ---- attention beyond causal self-attention in the hand-written flash kernels: `causal` or
+  // not, with keys padded on the right when kv_lengths (i32 [B]) is defined: key j of batch row
+  // b is attended iff j < kv_lengths[b] (and, causal, j <= i). cuDNN's masked entries below have
+  // the same contract, except that these also take a length of 0: such a row's outputs are 0,
+  // its lse +inf, and it passes no gradient (kernels/cuda/fused.h).
+  void (*flash_masked_attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v,
+                                         double scale, bool causal, const Tensor& kv_lengths,
+                                         const Tensor& out, const Tensor& lse) = nullptr;
+  void (*flash_masked_attention_backward)(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                          double scale, bool causal, const Tensor& kv_lengths,
+                                          const Tensor& dq, const Tensor& dk,
+                                          const Tensor& dv) = nullptr;
   // True when cuDNN attention can run here; otherwise false and *reason says why.
   bool (*cudnn_attention_available)(std::string* reason) = nullptr;
   void (*cudnn_attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v, double scale,

@@ -518,6 +518,72 @@ BENCHMARK(BM_attention_step_fwd_bf16)->ArgsProduct({{0, 1}, {0, 1}})->ArgNames({
 BENCHMARK(BM_attention_step_bwd_bf16)->ArgsProduct({{0, 1}, {0, 1}})->ArgNames({"layout", "impl"})
     ->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 
+// Attention over keys padded on the right (a BERT-style batch), forward + backward, B=8 H=12
+// T=1024 bf16: the hand-written flash kernels (flash_masked_attention_*, mma.sync) against
+// cuDNN's masked graphs, timed in the same run. range(0) = D, range(1) = causal. Row b holds
+// T - 96 b real keys (1024 down to 352). TFLOP/s counts only the (query, real key) pairs each
+// query attends to (under causal, also only keys up to the query), 7 matmuls of 2 D flops per
+// pair (2 forward, 5 backward); cudnn_over_flash is cuDNN's time over the flash kernels' (above
+// 1: the flash kernels are faster).
+void BM_attention_padded_fwd_bwd_bf16(benchmark::State& s) {
+  if (cuda_device_count() == 0) {
+    s.SkipWithError("no CUDA device");
+    return;
+  }
+  const int64_t B = 8, H = 12, T = 1024, D = s.range(0);
+  const bool causal = s.range(1) == 1;
+  const Tensor q = dev_randn({B, H, T, D}, DType::bf16), k = dev_randn({B, H, T, D}, DType::bf16),
+               v = dev_randn({B, H, T, D}, DType::bf16),
+               dout = dev_randn({B, H, T, D}, DType::bf16);
+  const Tensor o = empty_like(q), dq = empty_like(q), dk = empty_like(q), dv = empty_like(q);
+  const Tensor lse = empty({B, H, T}, {.device = Device::cuda(0)});
+  std::vector<int32_t> lengths(B);
+  double pairs = 0;  // (query, real key) pairs attended, per head
+  for (int64_t b = 0; b < B; ++b) {
+    lengths[b] = static_cast<int32_t>(T - 96 * b);
+    for (int64_t i = 0; i < T; ++i)
+      pairs += causal ? std::min<int64_t>(i + 1, lengths[b]) : lengths[b];
+  }
+  const Tensor kv_lengths =
+      raw::to(from_vector(lengths, {B}, {.dtype = DType::i32}), Device::cuda(0), DType::i32);
+  const double scale = 1.0 / std::sqrt(double(D)), flops = 14.0 * D * H * pairs;
+  auto flash = [&] {
+    cuda::flash_masked_attention_forward(q, k, v, scale, causal, kv_lengths, o, lse);
+    cuda::flash_masked_attention_backward(q, k, v, o, dout, lse, scale, causal, kv_lengths, dq, dk,
+                                          dv);
+  };
+  run(s, flash, 0, flops);
+  std::string why;
+  if (!cuda::cudnn_masked_attention_available(&why)) {
+    std::printf("attention padded D %lld %s: cuDNN masked attention not available (%s)\n",
+                static_cast<long long>(D), causal ? "causal" : "bidirectional", why.c_str());
+    return;
+  }
+  const double flash_ms = time_ms(flash, 10);
+  const double cudnn_ms = time_ms(
+      [&] {
+        cuda::cudnn_masked_attention_forward(q, k, v, scale, causal, kv_lengths, o, lse);
+        cuda::cudnn_masked_attention_backward(q, k, v, o, dout, lse, scale, causal, kv_lengths, dq,
+                                              dk, dv);
+      },
+      10);
+  s.counters["cudnn_ms"] = cudnn_ms;
+  s.counters["cudnn_TFLOP/s"] = flops / (cudnn_ms * 1e-3) / 1e12;
+  s.counters["cudnn_over_flash"] = cudnn_ms / flash_ms;
+  std::printf(
+      "attention padded D %lld %s fwd+bwd (real-key flops only): flash %.3f ms %.1f TFLOP/s, "
+      "cuDNN %.3f ms %.1f TFLOP/s, cuDNN / flash time %.2f\n",
+      static_cast<long long>(D), causal ? "causal" : "bidirectional", flash_ms,
+      flops / (flash_ms * 1e-3) / 1e12, cudnn_ms, flops / (cudnn_ms * 1e-3) / 1e12,
+      cudnn_ms / flash_ms);
+}
+BENCHMARK(BM_attention_padded_fwd_bwd_bf16)
+    ->ArgsProduct({{64, 128}, {0, 1}})
+    ->ArgNames({"D", "causal"})
+    ->UseManualTime()
+    ->Iterations(3)
+    ->Unit(benchmark::kMillisecond);
+
 // ---- the bias paths of Linear at GPT-2 sizes: gradient (a column sum) and the add ----
 void BM_bias_grad_column_sum_bf16(benchmark::State& s) {
   if (cuda_device_count() == 0) return s.SkipWithError("no CUDA device");

@@ -23,11 +23,14 @@ constexpr int kFwdQueries = kFwdWarps * 16;  // queries per block
 
 // kDropout: the probabilities that multiply V are dropped and scaled by `drop` (the row sums,
 // and so the log-sum-exp kept for the backward, are those of the undropped probabilities).
+// `mask` says which keys a query sees (causal or not, keys padded on the right): the block
+// streams only the key tiles some of its queries see, and masks scores inside a tile.
 template <class T, int D, bool kDropout>
 __global__ void __launch_bounds__(kFwdWarps * 32)
     flash_forward_tc_kernel(const T* q, const T* k, const T* v, HeadLayout Lq, HeadLayout Lk,
                             HeadLayout Lv, T* out, HeadLayout Lo, float* lse, int64_t H,
-                            int64_t group, int64_t seq_len, float scale, DropoutMask drop) {
+                            int64_t group, int64_t seq_len, float scale, DropoutMask drop,
+                            KeyMask mask) {
   constexpr int KSTEPS = D / 16;     // k-steps of S = Q K^T
   constexpr int SBLK = kTile / 8;    // 8-key blocks of S
   constexpr int OBLK = D / 8;        // 8-dim blocks of O
@@ -45,7 +48,10 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
   const int64_t h_kv = h / group;  // the key/value head this query head reads (GQA)
   const int64_t q0 = int64_t(q_tile) * kFwdQueries;
   const int64_t r_lo = q0 + warp * 16 + g, r_hi = r_lo + 8;
-  const int last_key_tile = static_cast<int>(std::min<int64_t>(q0 + kFwdQueries, seq_len) - 1) / kTile;
+  // Keys at key_end and past it (padding, or past T) are never loaded: their tiles are
+  // zero-filled and their scores -inf.
+  const int64_t key_end = mask.key_end(b, seq_len);
+  const int key_tiles = mask.key_tiles(q0 + kFwdQueries, key_end);
 
   uint32_t qf[KSTEPS][4];
 #pragma unroll
@@ -63,14 +69,14 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
   const float sc = scale * kLog2e;
 
   auto prefetch = [&](int kt) {
-    load_tile_async<T, D>(k_stage(kt), KP, k, Lk, b, h_kv, int64_t(kt) * kTile, seq_len);
-    load_tile_async<T, D>(v_stage(kt), KP, v, Lv, b, h_kv, int64_t(kt) * kTile, seq_len);
+    load_tile_async<T, D>(k_stage(kt), KP, k, Lk, b, h_kv, int64_t(kt) * kTile, key_end);
+    load_tile_async<T, D>(v_stage(kt), KP, v, Lv, b, h_kv, int64_t(kt) * kTile, key_end);
     cp_async_commit();
   };
-  prefetch(0);
+  if (key_tiles > 0) prefetch(0);  // a row with no real key streams nothing
   const int64_t warp_first = q0 + warp * 16;
-  for (int kt = 0; kt <= last_key_tile; ++kt) {
-    if (kt < last_key_tile) {
+  for (int kt = 0; kt < key_tiles; ++kt) {
+    if (kt + 1 < key_tiles) {
       prefetch(kt + 1);
       cp_async_wait<1>();
     } else {
@@ -80,9 +86,11 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
     const T* ks = k_stage(kt);
     const T* vs = v_stage(kt);
     const int64_t key0 = int64_t(kt) * kTile;
-    // A tile entirely in this warp's future adds nothing; one entirely in its past needs no mask.
-    if (key0 <= warp_first + 15) {
-    const bool need_mask = key0 + kTile - 1 > warp_first || key0 + kTile > seq_len;
+    // Causal: a tile entirely in this warp's future adds nothing; one entirely in its past
+    // needs no mask unless it reaches past the real keys.
+    if (!mask.causal || key0 <= warp_first + 15) {
+    const bool need_mask =
+        (mask.causal && key0 + kTile - 1 > warp_first) || key0 + kTile > key_end;
 
     float s[SBLK][4];
 #pragma unroll
@@ -93,7 +101,7 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
       for (int kk = 0; kk < KSTEPS; ++kk)
         mma_16816<T>(s[nb], qf[kk], load_pair(krow + kk * 16), load_pair(krow + kk * 16 + 8));
     }
-    // Scale to log2 units and mask the future (and keys past T).
+    // Scale to log2 units and mask the future (causal) and keys past the real ones.
     float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
     for (int nb = 0; nb < SBLK; ++nb)
@@ -103,7 +111,7 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
         if (need_mask) {
           const int64_t key = key0 + nb * 8 + tq * 2 + (e & 1);
           const int64_t row = e < 2 ? r_lo : r_hi;
-          if (key > row || key >= seq_len) s[nb][e] = -INFINITY;
+          if ((mask.causal && key > row) || key >= key_end) s[nb][e] = -INFINITY;
         }
         if (e < 2) mx_lo = fmaxf(mx_lo, s[nb][e]);
         else mx_hi = fmaxf(mx_hi, s[nb][e]);
@@ -168,19 +176,22 @@ __global__ void __launch_bounds__(kFwdWarps * 32)
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
   }
   const int64_t base = (b * H + h) * seq_len;  // of this head's rows in the contiguous lse
+  // A row that saw no key (its batch row has length 0) has l = 0 and o = 0: it stores 0 (o / 1)
+  // and lse +inf, so the backward's exp(s - lse) is 0 for it (FlashAttention's convention).
+  const float div_lo = l_lo == 0.f ? 1.f : l_lo, div_hi = l_hi == 0.f ? 1.f : l_hi;
   if (r_lo < seq_len) {
     T* orow = out + Lo.row(b, h, r_lo) + tq * 2;
 #pragma unroll
     for (int j = 0; j < OBLK; ++j)
-      *reinterpret_cast<uint32_t*>(orow + j * 8) = pack2<T>(o[j][0] / l_lo, o[j][1] / l_lo);
-    if (tq == 0) lse[base + r_lo] = (m_lo + log2f(l_lo)) / kLog2e;
+      *reinterpret_cast<uint32_t*>(orow + j * 8) = pack2<T>(o[j][0] / div_lo, o[j][1] / div_lo);
+    if (tq == 0) lse[base + r_lo] = l_lo == 0.f ? INFINITY : (m_lo + log2f(l_lo)) / kLog2e;
   }
   if (r_hi < seq_len) {
     T* orow = out + Lo.row(b, h, r_hi) + tq * 2;
 #pragma unroll
     for (int j = 0; j < OBLK; ++j)
-      *reinterpret_cast<uint32_t*>(orow + j * 8) = pack2<T>(o[j][2] / l_hi, o[j][3] / l_hi);
-    if (tq == 0) lse[base + r_hi] = (m_hi + log2f(l_hi)) / kLog2e;
+      *reinterpret_cast<uint32_t*>(orow + j * 8) = pack2<T>(o[j][2] / div_hi, o[j][3] / div_hi);
+    if (tq == 0) lse[base + r_hi] = l_hi == 0.f ? INFINITY : (m_hi + log2f(l_hi)) / kLog2e;
   }
 }
 
@@ -248,10 +259,12 @@ AttnShape check_forward(const char* op, const Tensor& q, const Tensor& k, const 
   return s;
 }
 
-// With `dropout`, the kernel that drops probabilities (the mask of that state).
+// With `dropout`, the kernel that drops probabilities (the mask of that state); `mask` says
+// which keys each query sees (plain causal by default).
 void launch_mma_sync_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                              const Tensor& out, const Tensor& lse, const AttnShape& s,
-                             cudaStream_t stream, const AttentionDropout* dropout = nullptr) {
+                             cudaStream_t stream, const AttentionDropout* dropout = nullptr,
+                             KeyMask mask = {}) {
   const dim3 grid(static_cast<unsigned>((s.T + kFwdQueries - 1) / kFwdQueries),
                   static_cast<unsigned>(s.B * s.H));
   const DropoutMask drop = dropout ? dropout_mask(*dropout, s.H, s.T) : DropoutMask{};
@@ -266,7 +279,7 @@ void launch_mma_sync_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
           static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
           static_cast<const T*>(v.raw_data()), layout_of(q), layout_of(k), layout_of(v),
           static_cast<T*>(out.raw_data()), layout_of(out), lse.data<float>(), s.H, s.group(), s.T,
-          static_cast<float>(scale), drop);
+          static_cast<float>(scale), drop, mask);
     };
     if (dropout) launch(flash_forward_tc_kernel<T, D, true>);
     else launch(flash_forward_tc_kernel<T, D, false>);
@@ -318,6 +331,21 @@ void flash_attention_dropout_forward(const Tensor& q, const Tensor& k, const Ten
   if (q.numel() == 0) return;
   KernelContext ctx(out);
   launch_mma_sync_forward(q, k, v, scale, out, lse, s, ctx.stream, &dropout);
+}
+
+void flash_masked_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                                    bool causal, const Tensor& kv_lengths, const Tensor& out,
+                                    const Tensor& lse) {
+  const char* op = "flash_masked_attention_forward";
+  const AttnShape s = check_forward(op, q, k, v, out, lse);
+  if (kv_lengths.defined()) check_kv_lengths(op, kv_lengths, s, q.device());
+  // Plain causal attention is the dispatching entry (the Hopper kernel where it runs); the
+  // Hopper kernels take no mask, so anything else runs the mma.sync kernel.
+  if (causal && !kv_lengths.defined()) return flash_attention_forward(q, k, v, scale, out, lse);
+  if (q.numel() == 0) return;
+  KernelContext ctx(out);
+  const KeyMask mask{causal, kv_lengths.defined() ? kv_lengths.data<int32_t>() : nullptr};
+  launch_mma_sync_forward(q, k, v, scale, out, lse, s, ctx.stream, nullptr, mask);
 }
 
 bool flash_attention_forward_uses_sm90(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -139,12 +139,15 @@ __device__ __forceinline__ void store_rows(T* dst, HeadLayout L, int64_t b, int6
 // kDropout (both kernels): the forward dropped the probabilities with `drop`'s mask M (scaled
 // by 1 / (1 - p)), so dV = (P * M)^T dO and dS = P * (M * dP - delta); delta = rowsum(dO * O)
 // is unchanged, O being the dropped output.
+// `mask` (both kernels) is the forward's: P is 0 wherever it masked a score, so a masked pair
+// adds nothing to dQ, dK or dV; tiles no pair of which is visible are skipped, and keys at or
+// past key_end are never loaded (zero-filled), so padding gets exactly zero dK, dV.
 template <class T, int D, bool kDropout>
 __global__ void __launch_bounds__(kTcWarps * 32)
     flash_backward_dq_tc_kernel(const T* q, const T* k, const T* v, const T* dout, HeadLayout Lq,
                                 HeadLayout Lk, HeadLayout Lv, HeadLayout Ld, const float* lse,
-                                const float* delta, T* dq, HeadLayout Ldq, int64_t H,
-                                int64_t group, int64_t seq_len, float scale, DropoutMask drop) {
+                                const float* delta, T* dq, HeadLayout Ldq, int64_t H, int64_t group,
+                                int64_t seq_len, float scale, DropoutMask drop, KeyMask mask) {
   using Tiles = BwdTiles<D>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);      // [64][D] this block's queries
@@ -168,16 +171,18 @@ __global__ void __launch_bounds__(kTcWarps * 32)
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
+  const int64_t key_end = mask.key_end(b, seq_len);
+  const int key_tiles = mask.key_tiles(q0 + kTile, key_end);  // causal: up to the diagonal
   auto prefetch = [&](int kt) {
     T* st = kv_stage + (kt & 1) * 2 * Tiles::kRowTile;
-    load_tile_async<T, D>(st, Tiles::KP, k, Lk, b, h_kv, int64_t(kt) * kTile, seq_len);
+    load_tile_async<T, D>(st, Tiles::KP, k, Lk, b, h_kv, int64_t(kt) * kTile, key_end);
     load_tile_async<T, D>(st + Tiles::kRowTile, Tiles::KP, v, Lv, b, h_kv, int64_t(kt) * kTile,
-                          seq_len);
+                          key_end);
     cp_async_commit();
   };
-  prefetch(0);
-  for (int kt = 0; kt <= q_tile; ++kt) {
-    if (kt < q_tile) {
+  if (key_tiles > 0) prefetch(0);  // a row with no real key has dQ = 0
+  for (int kt = 0; kt < key_tiles; ++kt) {
+    if (kt + 1 < key_tiles) {
       prefetch(kt + 1);
       cp_async_wait<1>();
     } else {
@@ -186,8 +191,10 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     __syncthreads();
     const T* ks = kv_stage + (kt & 1) * 2 * Tiles::kRowTile;
     const T* vs = ks + Tiles::kRowTile;
-    // Only the diagonal tile (and rows past T) need the causal mask.
-    const bool need_mask = kt == q_tile || q0 + kTile > seq_len;
+    // Only the diagonal tile (causal), rows past T and a tile reaching past the real keys
+    // need the mask.
+    const bool need_mask =
+        (mask.causal && kt == q_tile) || q0 + kTile > seq_len || int64_t(kt + 1) * kTile > key_end;
     float s[kTile / 8][4], dp[kTile / 8][4];
     scores_and_dp<T, D>(s, dp, qs, ks, dos, vs, warp * 16, g, tq);
     // dS = P * (dP - delta), P recomputed from the log-sum-exp, masked causally.
@@ -207,7 +214,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
         if (need_mask) {
           const int64_t key = int64_t(kt) * kTile + nb * 8 + tq * 2 + (e & 1);
           const int64_t row = e < 2 ? r_lo : r_hi;
-          if (key > row || row >= seq_len) p = 0.f;
+          if ((mask.causal && key > row) || row >= seq_len || key >= key_end) p = 0.f;
         }
         s[nb][e] = p * (dp[nb][e] - (e < 2 ? del_lo : del_hi));
       }
@@ -224,7 +231,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
                                  HeadLayout Lk, HeadLayout Lv, HeadLayout Ld, const float* lse,
                                  const float* delta, T* dk, HeadLayout Ldk, T* dv, HeadLayout Ldv,
                                  int64_t H, int64_t group, int64_t seq_len, float scale,
-                                 DropoutMask drop) {
+                                 DropoutMask drop, KeyMask mask) {
   using Tiles = BwdTiles<D>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* ks = reinterpret_cast<T*>(smem_raw);      // [64][D] this block's keys
@@ -238,15 +245,20 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   const int64_t k0 = int64_t(k_tile) * kTile;
   const int64_t key_lo = k0 + warp * 16 + g, key_hi = key_lo + 8;
   const int num_tiles = static_cast<int>((seq_len + kTile - 1) / kTile);
+  // Keys at or past key_end are padding: loaded as zeros, their P masked to 0; a block of
+  // padding only walks nothing and stores zeros.
+  const int64_t key_end = mask.key_end(b, seq_len);
   // Step i visits query tile tile_of(i) of query head head_of(i): the tiles from the
-  // diagonal on of each of the group's query heads in turn, one pipeline over all of them.
-  const int tiles_per_head = num_tiles - k_tile;
-  const int steps = static_cast<int>(group) * tiles_per_head;
+  // diagonal on (causal; every tile otherwise) of each of the group's query heads in turn,
+  // one pipeline over all of them.
+  const int first_tile = mask.causal ? k_tile : 0;
+  const int tiles_per_head = num_tiles - first_tile;
+  const int steps = k0 < key_end ? static_cast<int>(group) * tiles_per_head : 0;
   auto head_of = [&](int i) { return h_kv * group + i / tiles_per_head; };
-  auto tile_of = [&](int i) { return k_tile + i % tiles_per_head; };
+  auto tile_of = [&](int i) { return first_tile + i % tiles_per_head; };
   const float sc = scale * kLog2e;
-  load_tile_tc<T, D>(ks, Tiles::KP, k, Lk, b, h_kv, k0, seq_len);
-  load_tile_tc<T, D>(vs, Tiles::KP, v, Lv, b, h_kv, k0, seq_len);
+  load_tile_tc<T, D>(ks, Tiles::KP, k, Lk, b, h_kv, k0, key_end);
+  load_tile_tc<T, D>(vs, Tiles::KP, v, Lv, b, h_kv, k0, key_end);
   float dk_acc[D / 8][4], dv_acc[D / 8][4];
 #pragma unroll
   for (int j = 0; j < D / 8; ++j)
@@ -269,7 +281,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     }
     cp_async_commit();
   };
-  prefetch(0);
+  if (steps > 0) prefetch(0);
   for (int i = 0; i < steps; ++i) {
     const int qt = tile_of(i);
     const int64_t q0 = int64_t(qt) * kTile;
@@ -284,7 +296,8 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     const T* dos = qs + Tiles::kRowTile;
     const float* lse_s = stat_stage + (i & 1) * 2 * kTile;  // natural-log lse
     const float* del_s = lse_s + kTile;
-    const bool need_mask = qt == k_tile || q0 + kTile > seq_len;
+    const bool need_mask =
+        (mask.causal && qt == k_tile) || q0 + kTile > seq_len || k0 + kTile > key_end;
     // S^T = K Q^T and dP^T = V dO^T: rows are this warp's keys, columns the tile's queries.
     float s[kTile / 8][4], dp[kTile / 8][4];
     scores_and_dp<T, D>(s, dp, ks, qs, vs, dos, warp * 16, g, tq);
@@ -297,7 +310,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
         if (need_mask) {
           const int64_t query = q0 + col;
           const int64_t key = e < 2 ? key_lo : key_hi;
-          if (query < key || query >= seq_len) p = 0.f;
+          if ((mask.causal && query < key) || query >= seq_len || key >= key_end) p = 0.f;
         }
         if constexpr (kDropout) {  // element (query, key) of head h's probabilities
           const float f = drop.factor(b, head_of(i), q0 + col, e < 2 ? key_lo : key_hi);
@@ -324,11 +337,11 @@ void allow_shared(Kernel kernel, size_t bytes) {
 
 enum class BackwardKernels { dispatch, sm90, mma_sync };
 
-void launch_mma_sync_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& dout, const Tensor& lse, const Tensor& delta,
-                              double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+void launch_mma_sync_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                              const Tensor& lse, const Tensor& delta, double scale,
+                              const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const AttnShape& s, cudaStream_t stream,
-                              const AttentionDropout* dropout) {
+                              const AttentionDropout* dropout, KeyMask mask) {
   const unsigned tiles = static_cast<unsigned>((s.T + kTile - 1) / kTile);
   const dim3 dq_grid(tiles, static_cast<unsigned>(s.B * s.H));     // per query head
   const dim3 dkv_grid(tiles, static_cast<unsigned>(s.B * s.Hkv));  // per key/value head
@@ -348,14 +361,14 @@ void launch_mma_sync_backward(const Tensor& q, const Tensor& k, const Tensor& v,
         static_cast<const T*>(v.raw_data()), static_cast<const T*>(dout.raw_data()), layout_of(q),
         layout_of(k), layout_of(v), layout_of(dout), lse.data<float>(), delta.data<float>(),
         static_cast<T*>(dq.raw_data()), layout_of(dq), s.H, s.group(), s.T,
-        static_cast<float>(scale), drop);
+        static_cast<float>(scale), drop, mask);
     TESSERA_KERNEL_CHECK("flash_backward_dq_tc_kernel");
     flash_backward_dkv_tc_kernel<T, D, kDropout><<<dkv_grid, kTcWarps * 32, dkv_smem, stream>>>(
         static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
         static_cast<const T*>(v.raw_data()), static_cast<const T*>(dout.raw_data()), layout_of(q),
         layout_of(k), layout_of(v), layout_of(dout), lse.data<float>(), delta.data<float>(),
         static_cast<T*>(dk.raw_data()), layout_of(dk), static_cast<T*>(dv.raw_data()),
-        layout_of(dv), s.H, s.group(), s.T, static_cast<float>(scale), drop);
+        layout_of(dv), s.H, s.group(), s.T, static_cast<float>(scale), drop, mask);
     TESSERA_KERNEL_CHECK("flash_backward_dkv_tc_kernel");
   };
   visit_attention(q.dtype(), s.D, [&](auto tag, auto dconst) {
@@ -376,12 +389,17 @@ void column_sums_of_heads(const Tensor& dq, const Tensor& dk, const Tensor& dv,
 }
 
 // The checks, delta, then the chosen kernels; with dbias also the column sums of dq | dk | dv.
-// With `dropout` (mma_sync only): the kernels that regenerate the forward's mask.
+// With `dropout` (mma_sync only): the kernels that regenerate the forward's mask. Not causal or
+// with kv_lengths (mma_sync only): the keys flash_masked_attention_forward attended to.
 void run_backward(const char* op, BackwardKernels which, const Tensor& q, const Tensor& k,
                   const Tensor& v, const Tensor& out, const Tensor& dout, const Tensor& lse,
                   double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                  const Tensor& dbias = Tensor(), const AttentionDropout* dropout = nullptr) {
+                  const Tensor& dbias = Tensor(), const AttentionDropout* dropout = nullptr,
+                  bool causal = true, const Tensor& kv_lengths = Tensor()) {
   const AttnShape s = check_inputs(op, q, k, v, false);
+  if (kv_lengths.defined()) check_kv_lengths(op, kv_lengths, s, q.device());
+  TESSERA_CHECK(which == BackwardKernels::mma_sync || (causal && !kv_lengths.defined()), op,
+                ": the Hopper backward kernels take no mask (causal, unpadded attention only)");
   check_vector_rows(op, q, k, v);
   check_head_view(op, "out", out, q, /*vector_rows=*/false, /*written=*/false);
   check_head_view(op, "dout", dout, q, /*vector_rows=*/true, /*written=*/false);
@@ -444,7 +462,9 @@ void run_backward(const char* op, BackwardKernels which, const Tensor& q, const 
   }
   TESSERA_CHECK(which != BackwardKernels::sm90, op, ": the Hopper kernels cannot run here: ",
                 why_not);
-  launch_mma_sync_backward(q, k, v, dout, lse, delta, scale, dq, dk, dv, s, ctx.stream, dropout);
+  const KeyMask mask{causal, kv_lengths.defined() ? kv_lengths.data<int32_t>() : nullptr};
+  launch_mma_sync_backward(q, k, v, dout, lse, delta, scale, dq, dk, dv, s, ctx.stream, dropout,
+                           mask);
   if (dbias.defined()) column_sums_of_heads(dq, dk, dv, dbias);
 }
 
@@ -491,6 +511,18 @@ void flash_attention_dropout_backward(const Tensor& q, const Tensor& k, const Te
                                       const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   run_backward("flash_attention_dropout_backward", BackwardKernels::mma_sync, q, k, v, out, dout,
                lse, scale, dq, dk, dv, Tensor(), &dropout);
+}
+
+void flash_masked_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                     double scale, bool causal, const Tensor& kv_lengths,
+                                     const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  // Plain causal attention dispatches (the Hopper kernels where they run); they take no mask,
+  // so anything else runs the mma.sync kernels.
+  const bool plain_causal = causal && !kv_lengths.defined();
+  run_backward("flash_masked_attention_backward",
+               plain_causal ? BackwardKernels::dispatch : BackwardKernels::mma_sync, q, k, v, out,
+               dout, lse, scale, dq, dk, dv, Tensor(), nullptr, causal, kv_lengths);
 }
 
 bool flash_attention_backward_uses_sm90(const Tensor& q, const Tensor& k, const Tensor& v,

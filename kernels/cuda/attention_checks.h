@@ -105,6 +105,18 @@ inline void check_lse(const char* op, const Tensor& lse, const AttnShape& s, Dev
                 "] tensor on ", device.str());
 }
 
+// kv_lengths as the masked entries (hand-written and cuDNN's) take it: key j of batch row b is
+// real iff j < kv_lengths[b].
+inline void check_kv_lengths(const char* op, const Tensor& kv_lengths, const AttnShape& s,
+                             Device device) {
+  TESSERA_CHECK(kv_lengths.dtype() == DType::i32 && kv_lengths.dim() == 1 &&
+                    kv_lengths.size(0) == s.B && kv_lengths.is_contiguous() &&
+                    kv_lengths.device() == device,
+                op, ": kv_lengths must be a contiguous int32 [B] = [", s.B, "] tensor on ",
+                device.str(), ", got ", shape_str(kv_lengths.shape()), " ",
+                dtype_name(kv_lengths.dtype()), " on ", kv_lengths.device().str());
+}
+
 // The switch `name` (TESSERA_ATTENTION_SM90, TESSERA_ATTENTION_SM90_BWD): "0" keeps the dispatch
 // on the mma.sync kernels on Hopper too (to compare, or to rule the Hopper kernels out); "1" or
 // unset lets it take them; anything else is an error naming the variable.

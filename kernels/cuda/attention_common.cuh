@@ -65,6 +65,29 @@ inline DropoutMask dropout_mask(const AttentionDropout& d, int64_t heads, int64_
           static_cast<float>(1.0 / (1.0 - d.p)), heads, seq_len};
 }
 
+// Which keys a query row attends to, besides keys past the sequence: causal (key <= row) or all
+// of them, and, with kv_lengths, only the real keys of a row padded on the right (key <
+// kv_lengths[b]). The default is the plain causal self-attention of flash_attention_forward.
+// Every kernel reads keys (and values) only below key_end(): the tiles past it are zero-filled
+// on loading and their scores masked, so nothing the padding holds (even NaN) reaches a result.
+struct KeyMask {
+  bool causal = true;
+  const int32_t* kv_lengths = nullptr;  // i32 [B] on the device, or null (no padding)
+
+  // The number of real keys of batch row b: kv_lengths[b] clamped to [0, seq_len], or seq_len.
+  __device__ __forceinline__ int64_t key_end(int64_t b, int64_t seq_len) const {
+    if (kv_lengths == nullptr) return seq_len;
+    const int64_t n = kv_lengths[b];
+    return n < 0 ? 0 : n > seq_len ? seq_len : n;
+  }
+  // How many kTile-key tiles the queries [q0, q_end) attend to: up to their last query under
+  // causal, up to key_end either way (0 when the row has no real key).
+  __device__ __forceinline__ int key_tiles(int64_t q_end, int64_t key_end) const {
+    const int64_t end = causal && q_end < key_end ? q_end : key_end;
+    return static_cast<int>((end + kTile - 1) / kTile);
+  }
+};
+
 // ---- forward on the tensor cores (mma.sync m16n8k16, FlashAttention-2 register layout) ----
 // A block of 4 warps takes 64 queries, each warp 16 of them. S = Q K^T for a 64-key tile is
 // 8 accumulator fragments per warp; the online softmax runs on those registers (a row lives

@@ -92,6 +92,7 @@ void check_frontend(fe::error_t status, const char* op, const char* call) {
 
 // ---- argument checks: the contract of the hand-written kernels (attention_checks.h) ----
 using attention_detail::check_head_view;
+using attention_detail::check_kv_lengths;
 using attention_detail::check_lse;
 using Problem = attention_detail::AttnShape;
 
@@ -266,16 +267,6 @@ GraphKey make_key(bool backward, const Tensor& q, const Problem& p, double scale
   for (const Tensor* t : operands) key.strides.insert(key.strides.end(), t->strides().begin(),
                                                       t->strides().end());
   return key;
-}
-
-// kv_lengths as the masked entries take it (see cudnn_attention.h).
-void check_kv_lengths(const char* op, const Tensor& kv_lengths, const Problem& p, Device device) {
-  TESSERA_CHECK(kv_lengths.dtype() == DType::i32 && kv_lengths.dim() == 1 &&
-                    kv_lengths.size(0) == p.B && kv_lengths.is_contiguous() &&
-                    kv_lengths.device() == device,
-                op, ": kv_lengths must be a contiguous int32 [B] = [", p.B, "] tensor on ",
-                device.str(), ", got ", shape_str(kv_lengths.shape()), " ", dtype_name(kv_lengths.dtype()),
-                " on ", kv_lengths.device().str());
 }
 
 // The variant pack's sequence lengths of a padded graph: every query row counts (T), the keys

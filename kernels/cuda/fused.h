@@ -151,6 +151,25 @@ void flash_attention_dropout_backward(const Tensor& q, const Tensor& k, const Te
                                       const Tensor& out, const Tensor& dout, const Tensor& lse,
                                       double scale, const AttentionDropout& dropout,
                                       const Tensor& dq, const Tensor& dk, const Tensor& dv);
+// Attention beyond causal self-attention on the mma.sync kernels (every GPU): `causal` or not
+// (bidirectional), and keys padded on the right when kv_lengths is defined (i32 [B], contiguous,
+// on q's device): key j of batch row b is attended iff j < kv_lengths[b] (and, causal, j <= i).
+// The contract of flash_attention_forward / flash_attention_backward otherwise. Every query row
+// is computed, padded ones too: a query past its row's length attends to the row's real keys
+// (as a key-padding attn_mask makes it), so the outputs and gradients equal the masked
+// composition's on every row, and keys at j >= kv_lengths[b] get exactly zero dk, dv. What the
+// padded keys and values hold is never read (NaN there changes nothing). A length of 0 leaves a
+// row no key: its outputs are 0, its lse +inf (FlashAttention's convention; the composition's
+// safe softmax gives the same 0) and it passes no gradient. Lengths are clamped to [0, T] on the
+// device (reading them on the host would wait for the GPU). Causal without kv_lengths is
+// flash_attention_forward / flash_attention_backward (the Hopper kernels where they run).
+void flash_masked_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                                    bool causal, const Tensor& kv_lengths, const Tensor& out,
+                                    const Tensor& lse);
+void flash_masked_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                     double scale, bool causal, const Tensor& kv_lengths,
+                                     const Tensor& dq, const Tensor& dk, const Tensor& dv);
 // The readable reference: materialises the [T, T] scores per (b, h) in f32. Any head size;
 // out any non-overlapping view with the head dim contiguous.
 void naive_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,

@@ -2,8 +2,10 @@
 // rows with no key) takes the composed path: the result and the gradients match the CPU's
 // masked composition of the same inputs, a row with no key left is exactly 0 and masked keys
 // get no gradient. Keys padded on the right with their lengths (key_padded_attention) and
-// unmasked non-causal attention run cuDNN's fused attention: they match the CPU composition,
-// padded keys get no gradient, and what the padded keys hold changes no output.
+// unmasked non-causal attention run the fused masked kernels: here cuDNN's, under the cudnn
+// backend (test_flash_masked_attention.cpp tests the hand-written ones, the default); they match
+// the CPU composition, padded keys get no gradient, and what the padded keys hold changes no
+// output.
 #include <gtest/gtest.h>
 
 #include "cuda_test_util.h"
@@ -76,6 +78,12 @@ void expect_close_to_cpu(const std::vector<Tensor>& gpu, const std::vector<Tenso
   }
 }
 
+// Restores the process-wide attention backend when a test ends.
+struct BackendRestorer {
+  AttentionBackend saved = attention_backend();
+  ~BackendRestorer() { set_attention_backend(saved); }
+};
+
 bool cudnn_masked_available() {
   const FusedKernelTable& fused = fused_kernel_table(DeviceType::CUDA);
   return fused.cudnn_masked_attention_available && fused.cudnn_masked_attention_available(nullptr);
@@ -114,6 +122,8 @@ PaddedRun padded_run(const std::vector<Tensor>& host, const std::vector<int32_t>
 TEST(CudaMaskedAttention, RightPaddedKeysRunCudnnAndMatchTheComposition) {
   TESSERA_REQUIRE_GPU();
   if (!cudnn_masked_available()) GTEST_SKIP() << "cuDNN masked attention is not available";
+  BackendRestorer restore;
+  set_attention_backend(AttentionBackend::Cudnn);
   const int64_t B = 3, H = 4, Hkv = 2, T = 77;
   const std::vector<int32_t> lengths{77, 40, 1};
   for (int64_t D : {64, 128}) {
@@ -154,6 +164,8 @@ TEST(CudaMaskedAttention, RightPaddedKeysRunCudnnAndMatchTheComposition) {
 TEST(CudaMaskedAttention, UnmaskedBidirectionalAttentionRunsCudnn) {
   TESSERA_REQUIRE_GPU();
   if (!cudnn_masked_available()) GTEST_SKIP() << "cuDNN masked attention is not available";
+  BackendRestorer restore;
+  set_attention_backend(AttentionBackend::Cudnn);
   const int64_t B = 2, H = 3, T = 130, D = 64;
   std::vector<Tensor> host;
   for (int i = 0; i < 4; ++i) host.push_back(host_randn({B, H, T, D}, DType::bf16));
@@ -163,11 +175,10 @@ TEST(CudaMaskedAttention, UnmaskedBidirectionalAttentionRunsCudnn) {
 }
 
 // A BERT classifier in bf16 on the GPU over a right-padded batch: the logits of the CPU's f32
-// model (the fused padded attention inside), and a row's logits do not depend on the padding
-// of the others.
+// model (the fused padded attention inside: the hand-written flash kernels, the default backend),
+// and a row's logits do not depend on the padding of the others.
 TEST(CudaMaskedAttention, BertOnAPaddedBatchMatchesTheCpu) {
   TESSERA_REQUIRE_GPU();
-  if (!cudnn_masked_available()) GTEST_SKIP() << "cuDNN masked attention is not available";
   nn::BertConfig cfg;
   cfg.vocab_size = 97, cfg.hidden_size = 128, cfg.num_hidden_layers = 2, cfg.num_attention_heads = 2;
   cfg.intermediate_size = 256, cfg.max_position_embeddings = 64;
