@@ -274,9 +274,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // kv_lengths (int32 [B] on q's device, each in [0, Tk], or undefined) says the same as lengths:
 // key j of row b is attended iff j < kv_lengths[b]. On a GPU, for the flash kernels' shapes
 // without dropout, fused O(T)-memory kernels run with the lengths, causal or not: the
-// hand-written flash kernels (kernels/cuda/fused.h, flash_masked_attention_*), or cuDNN's padding
-// mask where the cudnn attention backend is chosen (TESSERA_ATTENTION) or the flash kernels are
-// missing (cuDNN takes lengths of at least 1); everywhere else the composition with attn_mask.
+// hand-written flash kernels (kernels/cuda/fused.h, flash_masked_attention_*) where the flash
+// backend is named (TESSERA_ATTENTION=flash, set_attention_backend) or cuDNN cannot run, else
+// cuDNN's padding mask (the faster on Hopper; it takes lengths of at least 1); everywhere else
+// the composition with attn_mask.
 // A row of length 0 gives 0 outputs and passes no gradient (flash and composition). The caller
 // vouches that mask and lengths agree (nn::padding_of_attention_mask builds both from one
 // attention_mask).

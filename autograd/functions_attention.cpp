@@ -276,11 +276,14 @@ MaskedEntries masked_entries(const Tensor& q, MaskedKernels kernels) {
 }
 
 // The one place that chooses who runs attention beyond causal self-attention (not causal, or
-// keys padded on the right) on q's device, by the rule of causal attention: the hand-written
-// flash kernels, or cuDNN's masked graphs where the cudnn backend is chosen (TESSERA_ATTENTION,
-// set_attention_backend; it raises at the call when cuDNN cannot run) or the device has no
-// masked flash kernels; nothing (the caller composes) with dropout (only the causal flash
-// kernels draw it), for shapes no fused kernel takes, or on a device without such kernels.
+// keys padded on the right) on q's device: cuDNN's masked graphs where the cudnn backend is
+// chosen (TESSERA_ATTENTION, set_attention_backend; it raises at the call when cuDNN cannot
+// run); the hand-written flash kernels where the flash backend is chosen in so many words (the
+// environment or set_attention_backend) or cuDNN cannot run; by default, cuDNN where it runs:
+// the hand-written masked kernels are the portable mma.sync ones (the Hopper kernels take no
+// mask), 2-2.6x slower than cuDNN's graphs on an H200 (benchmarks/cuda/NOTES.md). Nothing (the
+// caller composes) with dropout (only the causal flash kernels draw it), for shapes no fused
+// kernel takes, or on a device without such kernels.
 std::optional<MaskedKernels> masked_kernels_for(const Tensor& q, const Tensor& k, const Tensor& v,
                                                 double dropout_p) {
   if (dropout_p != 0 || !fused_shapes_fit(q, k, v)) return std::nullopt;
@@ -292,8 +295,10 @@ std::optional<MaskedKernels> masked_kernels_for(const Tensor& q, const Tensor& k
                              fused.cudnn_masked_attention_backward != nullptr;
   if (!flash && !cudnn_entries) return std::nullopt;
   if (attention_backend() == AttentionBackend::Cudnn) return MaskedKernels::cudnn;
+  const bool flash_chosen = setting_value(Setting::Attention).source != SettingSource::Default;
+  if (flash && flash_chosen) return MaskedKernels::flash;
+  if (cudnn_entries && fused.cudnn_masked_attention_available(nullptr)) return MaskedKernels::cudnn;
   if (flash) return MaskedKernels::flash;
-  if (fused.cudnn_masked_attention_available(nullptr)) return MaskedKernels::cudnn;
   return std::nullopt;
 }
 
