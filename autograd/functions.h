@@ -344,6 +344,21 @@ const char* attention_backend_name(AttentionBackend backend);
 // The backend TESSERA_ATTENTION names now (Flash when unset or empty); raises on an unknown
 // name. attention_backend() calls it once, at its first use.
 AttentionBackend attention_backend_from_environment();
+// Saves the attention backend and where its choice came from, and restores both when it goes
+// out of scope: a choice left to the default or the environment is theirs again (masked
+// attention tells a backend named by set_attention_backend from the default, see
+// key_padded_attention). For tests and tools that switch backends for a while.
+class AttentionBackendRestorer {
+ public:
+  AttentionBackendRestorer();
+  ~AttentionBackendRestorer();
+  AttentionBackendRestorer(const AttentionBackendRestorer&) = delete;
+  AttentionBackendRestorer& operator=(const AttentionBackendRestorer&) = delete;
+
+ private:
+  AttentionBackend saved_;
+  bool was_option_;
+};
 
 }  // namespace tessera
 

@@ -57,6 +57,16 @@ void set_attention_backend(AttentionBackend backend) {
   backend_slot().store(static_cast<int>(backend));
 }
 
+AttentionBackendRestorer::AttentionBackendRestorer()
+    : saved_(attention_backend()),
+      was_option_(setting_value(Setting::Attention).source == SettingSource::Option) {}
+
+AttentionBackendRestorer::~AttentionBackendRestorer() {
+  set_attention_backend(saved_);
+  // The default or the environment chose it: drop the option, so they choose again.
+  if (!was_option_) clear_setting_option(Setting::Attention);
+}
+
 AttentionBackend attention_backend() {
   std::atomic<int>& slot = backend_slot();
   if (slot.load() < 0) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "gradcheck.h"
+#include "tessera/core/settings.h"
 #include "tessera/nn/nn.h"
 
 namespace tessera {
@@ -170,12 +171,6 @@ TEST(AttentionQkv, CausalSelfAttentionUsesIt) {
   EXPECT_THROW(fast.attention(random_f64({1, 10, 12}, 14), false), Error);
 }
 
-// Restores the process-wide backend when a test ends.
-struct BackendRestorer {
-  AttentionBackend saved = attention_backend();
-  ~BackendRestorer() { set_attention_backend(saved); }
-};
-
 TEST(AttentionBackendSwitch, ParsesNamesAndRejectsUnknownOnes) {
   EXPECT_EQ(parse_attention_backend("flash"), AttentionBackend::Flash);
   EXPECT_EQ(parse_attention_backend("cudnn"), AttentionBackend::Cudnn);
@@ -190,7 +185,7 @@ TEST(AttentionBackendSwitch, ParsesNamesAndRejectsUnknownOnes) {
 }
 
 TEST(AttentionBackendSwitch, ReadsTheEnvironmentAndCanBeSet) {
-  BackendRestorer restore;
+  AttentionBackendRestorer restore;
   const char* before = std::getenv("TESSERA_ATTENTION");
   const std::string saved_env = before ? before : "";
   ::setenv("TESSERA_ATTENTION", "cudnn", 1);
@@ -212,6 +207,33 @@ TEST(AttentionBackendSwitch, ReadsTheEnvironmentAndCanBeSet) {
   EXPECT_EQ(testing::detail::values(causal_attention_qkv(qkv, 2)), testing::detail::values(composed(qkv, 2)));
   set_attention_backend(AttentionBackend::Flash);
   EXPECT_EQ(attention_backend(), AttentionBackend::Flash);
+}
+
+TEST(AttentionBackendSwitch, TheRestorerGivesTheChoiceBackToWhereItCameFrom) {
+  ::unsetenv("TESSERA_ATTENTION");
+  {
+    AttentionBackendRestorer outer;  // the test leaves the process's choice as it found it
+    clear_setting_option(Setting::Attention);
+    set_attention_backend(AttentionBackend::Flash);
+    clear_setting_option(Setting::Attention);
+    ASSERT_EQ(setting_value(Setting::Attention).source, SettingSource::Default);
+    {
+      AttentionBackendRestorer restore;
+      set_attention_backend(AttentionBackend::Cudnn);
+      EXPECT_EQ(setting_value(Setting::Attention).source, SettingSource::Option);
+    }
+    // Left to the default again (masked attention tells the two apart), with its backend.
+    EXPECT_EQ(setting_value(Setting::Attention).source, SettingSource::Default);
+    EXPECT_EQ(attention_backend(), AttentionBackend::Flash);
+    set_attention_backend(AttentionBackend::Cudnn);
+    {
+      AttentionBackendRestorer restore;
+      set_attention_backend(AttentionBackend::Flash);
+    }
+    // Named before: named again.
+    EXPECT_EQ(setting_value(Setting::Attention).source, SettingSource::Option);
+    EXPECT_EQ(attention_backend(), AttentionBackend::Cudnn);
+  }
 }
 
 }  // namespace

@@ -104,14 +104,9 @@ struct EnvRestorer {
   }
 };
 
-struct BackendRestorer {
-  AttentionBackend saved = attention_backend();
-  ~BackendRestorer() { set_attention_backend(saved); }
-};
-
 TEST(ProjectionAttentionCuda, OneNodeMatchesTheComposition) {
   TESSERA_REQUIRE_GPU();
-  BackendRestorer restore_backend;
+  AttentionBackendRestorer restore_backend;
   set_attention_backend(AttentionBackend::Flash);
   EnvRestorer restore_env("TESSERA_ATTENTION_SM90_BWD");
   constexpr int64_t kB = 2, kH = 3, kIn = 72;
@@ -143,7 +138,7 @@ TEST(ProjectionAttentionCuda, OneNodeMatchesTheComposition) {
 // GPT-2 124M's attention shape (12 heads of 64, 768 channels, T 1024): many row tiles per head.
 TEST(ProjectionAttentionCuda, Gpt2SmallShape) {
   TESSERA_REQUIRE_GPU();
-  BackendRestorer restore_backend;
+  AttentionBackendRestorer restore_backend;
   set_attention_backend(AttentionBackend::Flash);
   const Inputs in = make_inputs(DType::bf16, 2, 1024, 768, 12, 64);
   const Result fused = run_node(in, true), composed = run_node(in, false);
@@ -160,7 +155,7 @@ TEST(ProjectionAttentionCuda, Gpt2SmallShape) {
 // close to the composition's (also under autocast).
 TEST(ProjectionAttentionCuda, AutocastOverFloat32Parameters) {
   TESSERA_REQUIRE_GPU();
-  BackendRestorer restore_backend;
+  AttentionBackendRestorer restore_backend;
   set_attention_backend(AttentionBackend::Flash);
   const Inputs in = make_inputs(DType::f32, 2, 200, 64, 2, 64);
   Result runs[2];
@@ -188,7 +183,7 @@ TEST(ProjectionAttentionCuda, AutocastOverFloat32Parameters) {
 // a head size the kernels lack.
 TEST(ProjectionAttentionCuda, OtherCasesAreTheComposition) {
   TESSERA_REQUIRE_GPU();
-  BackendRestorer restore_backend;
+  AttentionBackendRestorer restore_backend;
   set_attention_backend(AttentionBackend::Flash);
   const Inputs in = make_inputs(DType::bf16, 1, 33, 64, 2, 64);
   const Tensor x = to_gpu(in.x), w = to_gpu(in.w), b = to_gpu(in.b);
@@ -208,7 +203,7 @@ TEST(ProjectionAttentionCuda, OtherCasesAreTheComposition) {
 // the same gradients bit for bit, except c_attn's bias gradients (summed in another order).
 TEST(ProjectionAttentionCuda, GptTrainsTheSameThroughTheNode) {
   TESSERA_REQUIRE_GPU();
-  BackendRestorer restore_backend;
+  AttentionBackendRestorer restore_backend;
   set_attention_backend(AttentionBackend::Flash);
   const nn::GPTConfig cfg{
       .vocab_size = 101, .block_size = 96, .n_layer = 2, .n_head = 2, .n_embd = 128};

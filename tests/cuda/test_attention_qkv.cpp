@@ -45,12 +45,6 @@ Reference on_gpu(const Tensor& qkv_host, const Tensor& dy_host, int64_t n_head) 
   return {host_values(y), host_values(qkv.grad())};
 }
 
-// Restores the process-wide attention backend when a test ends.
-struct BackendRestorer {
-  AttentionBackend saved = attention_backend();
-  ~BackendRestorer() { set_attention_backend(saved); }
-};
-
 struct Case {
   DType dtype;
   int64_t T, D;
@@ -66,7 +60,7 @@ constexpr int64_t kB = 2, kH = 3;
 
 TEST(AttentionQkvCuda, MatchesTheFloat64Composition) {
   TESSERA_REQUIRE_GPU();
-  BackendRestorer restore;
+  AttentionBackendRestorer restore;
   set_attention_backend(AttentionBackend::Flash);
   for (const Case& c : all_cases()) {
     SCOPED_TRACE(::testing::Message() << dtype_name(c.dtype) << " T " << c.T << " D " << c.D);
@@ -82,7 +76,7 @@ TEST(AttentionQkvCuda, MatchesTheFloat64Composition) {
 // (which the kernels cannot read) copied first: both give the right d(qkv).
 TEST(AttentionQkvCuda, StridedAndExpandedOutputGradients) {
   TESSERA_REQUIRE_GPU();
-  BackendRestorer restore;
+  AttentionBackendRestorer restore;
   set_attention_backend(AttentionBackend::Flash);
   const DType t = DType::bf16;
   const int64_t T = 77, D = 64, C = kH * D;
@@ -252,7 +246,7 @@ TEST(AttentionQkvCuda, CudnnBackendMatchesFlash) {
   TESSERA_REQUIRE_GPU();
   std::string why;
   if (!cuda::cudnn_attention_available(&why)) GTEST_SKIP() << "cuDNN attention unavailable: " << why;
-  BackendRestorer restore;
+  AttentionBackendRestorer restore;
   for (const Case& c : all_cases()) {
     SCOPED_TRACE(::testing::Message() << dtype_name(c.dtype) << " T " << c.T << " D " << c.D);
     const int64_t C = kH * c.D;
@@ -288,7 +282,7 @@ TEST(AttentionQkvCuda, UnavailableCudnnRaisesSayingWhy) {
   TESSERA_REQUIRE_GPU();
   std::string why;
   if (cuda::cudnn_attention_available(&why)) GTEST_SKIP() << "cuDNN attention is available here";
-  BackendRestorer restore;
+  AttentionBackendRestorer restore;
   set_attention_backend(AttentionBackend::Cudnn);
   const Tensor qkv = to_gpu(host_randn({1, 9, 3 * 128}, DType::bf16));
   const std::string message = error_of([&] { causal_attention_qkv(qkv, 2); });

@@ -32,12 +32,6 @@ using cuda_test::tolerance;
 
 constexpr const char* kFlashNode = "FlashMaskedAttentionBackward";
 
-// Restores the process-wide attention backend when a test ends.
-struct BackendRestorer {
-  AttentionBackend saved = attention_backend();
-  ~BackendRestorer() { set_attention_backend(saved); }
-};
-
 struct Problem {
   DType dtype;
   int64_t B, H, Hkv, T, D;
@@ -156,7 +150,7 @@ void check_against_the_composition(const Problem& p) {
 
 TEST(FlashMaskedAttention, MatchesTheFloat64CompositionWithPaddedKeys) {
   TESSERA_REQUIRE_GPU();
-  BackendRestorer restore;
+  AttentionBackendRestorer restore;
   set_attention_backend(AttentionBackend::Flash);
   Generator gen(40);
   for (DType dtype : {DType::bf16, DType::f16})
@@ -174,7 +168,7 @@ TEST(FlashMaskedAttention, MatchesTheFloat64CompositionWithPaddedKeys) {
 // the same kernels.
 TEST(FlashMaskedAttention, UnmaskedBidirectionalAttentionRunsTheFlashKernels) {
   TESSERA_REQUIRE_GPU();
-  BackendRestorer restore;
+  AttentionBackendRestorer restore;
   set_attention_backend(AttentionBackend::Flash);
   for (DType dtype : {DType::bf16, DType::f16})
     for (int64_t D : {64, 128}) check_against_the_composition({dtype, 2, 3, 1, 200, D, false, {}});
@@ -184,7 +178,7 @@ TEST(FlashMaskedAttention, UnmaskedBidirectionalAttentionRunsTheFlashKernels) {
 // gradient changes (the kernels never read past a row's length), and padded keys still get 0.
 TEST(FlashMaskedAttention, WhatThePaddingHoldsChangesNothing) {
   TESSERA_REQUIRE_GPU();
-  BackendRestorer restore;
+  AttentionBackendRestorer restore;
   set_attention_backend(AttentionBackend::Flash);
   Generator gen(41);
   for (int64_t D : {64, 128})
@@ -290,7 +284,7 @@ TEST(FlashMaskedAttention, TheCudnnBackendRunsCudnnsMaskedGraphs) {
   const FusedKernelTable& fused = fused_kernel_table(DeviceType::CUDA);
   if (!fused.cudnn_masked_attention_available || !fused.cudnn_masked_attention_available(nullptr))
     GTEST_SKIP() << "cuDNN masked attention is not available";
-  BackendRestorer restore;
+  AttentionBackendRestorer restore;
   set_attention_backend(AttentionBackend::Cudnn);
   Generator gen(43);
   std::vector<int32_t> lengths = random_lengths(3, 64, gen);

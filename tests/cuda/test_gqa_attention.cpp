@@ -151,7 +151,7 @@ TEST(GqaAttentionCuda, AutogradPathTakesTheFusedKernels) {
   const Inputs in = make_inputs(c);
   std::vector<AttentionBackend> backends{AttentionBackend::Flash};
   if (cuda::cudnn_attention_available()) backends.push_back(AttentionBackend::Cudnn);
-  const AttentionBackend before = attention_backend();
+  const AttentionBackendRestorer restore_backend;
   for (AttentionBackend backend : backends) {
     set_attention_backend(backend);
     const std::string what = std::string("sdpa (") + attention_backend_name(backend) + ")";
@@ -169,7 +169,6 @@ TEST(GqaAttentionCuda, AutogradPathTakesTheFusedKernels) {
     expect_within(host_bhtd(k_leaf.grad()), in.ref.dk, 2 * tolerance(c.dtype), what + " dk");
     expect_within(host_bhtd(v_leaf.grad()), in.ref.dv, 2 * tolerance(c.dtype), what + " dv");
   }
-  set_attention_backend(before);
 }
 
 TEST(GqaAttentionCuda, BadHeadCountsAndGradientShapesRaiseClearly) {

@@ -160,7 +160,7 @@ TEST(CudaLlamaFusions, RotaryAttentionFromTheFusedProjectionMatchesFloat64) {
   const FusedKernelTable& fused = fused_kernel_table(DeviceType::CUDA);
   if (fused.cudnn_attention_available && fused.cudnn_attention_available(&why))
     backends.push_back(AttentionBackend::Cudnn);
-  const AttentionBackend before = attention_backend();
+  const AttentionBackendRestorer restore_backend;
   const std::tuple<int64_t, int64_t, int64_t> shapes[] = {{77, 6, 2}, {130, 4, 4}};
   for (AttentionBackend backend : backends) {
     set_attention_backend(backend);
@@ -192,7 +192,6 @@ TEST(CudaLlamaFusions, RotaryAttentionFromTheFusedProjectionMatchesFloat64) {
       }
     }
   }
-  set_attention_backend(before);
 }
 
 // Gradient clipping's kernels move 16-byte packs where a chunk is aligned and single elements

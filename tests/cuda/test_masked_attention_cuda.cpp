@@ -78,12 +78,6 @@ void expect_close_to_cpu(const std::vector<Tensor>& gpu, const std::vector<Tenso
   }
 }
 
-// Restores the process-wide attention backend when a test ends.
-struct BackendRestorer {
-  AttentionBackend saved = attention_backend();
-  ~BackendRestorer() { set_attention_backend(saved); }
-};
-
 bool cudnn_masked_available() {
   const FusedKernelTable& fused = fused_kernel_table(DeviceType::CUDA);
   return fused.cudnn_masked_attention_available && fused.cudnn_masked_attention_available(nullptr);
@@ -122,7 +116,7 @@ PaddedRun padded_run(const std::vector<Tensor>& host, const std::vector<int32_t>
 TEST(CudaMaskedAttention, RightPaddedKeysRunCudnnAndMatchTheComposition) {
   TESSERA_REQUIRE_GPU();
   if (!cudnn_masked_available()) GTEST_SKIP() << "cuDNN masked attention is not available";
-  BackendRestorer restore;
+  AttentionBackendRestorer restore;
   set_attention_backend(AttentionBackend::Cudnn);
   const int64_t B = 3, H = 4, Hkv = 2, T = 77;
   const std::vector<int32_t> lengths{77, 40, 1};
@@ -164,7 +158,7 @@ TEST(CudaMaskedAttention, RightPaddedKeysRunCudnnAndMatchTheComposition) {
 TEST(CudaMaskedAttention, UnmaskedBidirectionalAttentionRunsCudnn) {
   TESSERA_REQUIRE_GPU();
   if (!cudnn_masked_available()) GTEST_SKIP() << "cuDNN masked attention is not available";
-  BackendRestorer restore;
+  AttentionBackendRestorer restore;
   set_attention_backend(AttentionBackend::Cudnn);
   const int64_t B = 2, H = 3, T = 130, D = 64;
   std::vector<Tensor> host;
