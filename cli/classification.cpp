@@ -175,7 +175,7 @@ std::vector<float> predict_logits(nn::SequenceClassifier& model, const data::Exa
   for (const data::ExampleBatch& batch : loader) {
     const Tensor type_ids = batch.token_type_ids.defined() ? batch.token_type_ids.to(device) : Tensor();
     const Tensor logits =
-        model.logits(batch.input_ids.to(device), batch.attention_mask.to(device), type_ids);
+        model.batch_logits(batch.input_ids.to(device), batch.attention_mask.to(device), type_ids);
     gather_round(logits, batch, acc, gathered, order);
   }
   model.train(was_training);

@@ -234,10 +234,11 @@ const RegisterCommand reg(
           flags["truncation"] = t == "true";
         }
         layers.push_back({flags, "command line"});
-        const TaskSettings task = take_task_settings(layers);
-        const int status = task.task == Task::Classification
-                               ? run_classification_training(train::arguments_for_run(layers), task)
-                               : train::run_training(train::arguments_for_run(layers));
+        const TaskSettings requested = take_task_settings(layers);
+        const train::TrainingArguments args = train::arguments_for_run(layers);
+        const TaskSettings task = settings_for_run(requested, args);  // resumed: the checkpoint's
+        const int status = task.task == Task::Classification ? run_classification_training(args, task)
+                                                             : train::run_training(args);
         if (status != 0) std::exit(status);
       });
       sub.footer(

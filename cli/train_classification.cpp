@@ -100,8 +100,6 @@ ClassificationRun load_run(const train::TrainingArguments& args, const TaskSetti
   const ClassificationColumns& columns = settings.columns;
   TESSERA_CHECK(!args.init.empty(), "tessera train --task classification: --init must name the model "
                                     "directory to fine-tune (config.json, model.safetensors and its tokenizer)");
-  TESSERA_CHECK(args.resume_from_checkpoint.empty(),
-                "tessera train --task classification: --resume is not supported yet; start again with --init");
   ClassificationRun run;
   run.facts = read_model_facts(args.init);
   const bool pad_from_settings = !run.facts.pad_token_id && settings.pad_token_id;
@@ -113,6 +111,12 @@ ClassificationRun load_run(const train::TrainingArguments& args, const TaskSetti
                                                  run.facts.num_labels.value_or(0), run.facts.id2label));
   TESSERA_CHECK(run.train_set->size() > 0, "tessera train: training file '", args.data, "' holds no examples");
   if (labels_from_data) take_labels_from(*run.train_set, run.facts);
+  // A resumed run's head has the checkpoint's classes: the training file must still name them.
+  if (settings.id2label && *settings.id2label != run.facts.id2label)
+    TESSERA_FAIL("tessera train --resume: the labels are now ", nlohmann::json(run.facts.id2label).dump(),
+                 " (from ", labels_from_data ? "'" + args.data + "'" : "'" + args.init + "/config.json'",
+                 ") but the run being resumed (", args.resume_from_checkpoint, ") trained ",
+                 nlohmann::json(*settings.id2label).dump(), "; resume with the same data and --init");
   if (!args.val_data.empty())
     run.val_set.emplace(load_classification_data(args.val_data, *run.tokenizer, run.facts, columns, true,
                                                  *run.facts.num_labels, run.facts.id2label));
@@ -154,7 +158,58 @@ T typed_value(const nlohmann::json& value, const std::string& key, const std::st
   }
 }
 
+// task_settings.json: the settings as take_task_settings reads them, and the labels.
+nlohmann::json task_settings_json(const TaskSettings& settings, const ModelFacts& facts) {
+  const ClassificationColumns& c = settings.columns;
+  return {{"task", "classification"},
+          {"text_column", c.text_column},
+          {"text_pair_column", c.text_pair_column},
+          {"label_column", c.label_column},
+          {"max_length", c.max_length},
+          {"truncation", c.truncation},
+          {"pad_token_id", settings.pad_token_id ? nlohmann::json(*settings.pad_token_id) : nlohmann::json()},
+          {"id2label", facts.id2label}};
+}
+
 }  // namespace
+
+TaskSettings settings_for_run(const TaskSettings& requested, const train::TrainingArguments& args) {
+  if (args.resume_from_checkpoint.empty()) return requested;
+  const fs::path path = fs::path(args.resume_from_checkpoint) / kTaskSettingsFile;
+  if (!fs::exists(path)) {
+    TESSERA_CHECK(requested.task == Task::CausalLM, "tessera train --resume: checkpoint '",
+                  args.resume_from_checkpoint, "' was written by a causal_lm run (it has no ", kTaskSettingsFile,
+                  "), not by --task classification; start a new run, or resume it without the classification "
+                  "settings");
+    return requested;
+  }
+  nlohmann::json saved;
+  try {
+    saved = nlohmann::json::parse(data::read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    TESSERA_FAIL(path.string(), ": not valid JSON: ", e.what());
+  }
+  TESSERA_CHECK(saved.is_object() && saved.value("task", "") == "classification", path.string(),
+                ": expected {\"task\": \"classification\", ...}, got ", saved.dump());
+  // The saved values as one more layer under the requested ones, read with the same rules.
+  std::vector<train::ArgumentLayer> layers{{saved, path.string()}};
+  layers[0].values.erase("id2label");
+  if (layers[0].values["pad_token_id"].is_null()) layers[0].values.erase("pad_token_id");
+  TaskSettings resumed = take_task_settings(layers);
+  const nlohmann::json was = task_settings_json(resumed, {}), now = task_settings_json(requested, {});
+  for (const std::string& key : requested.given)
+    TESSERA_CHECK(key == "task" ? requested.task == Task::Classification : now[key] == was[key],
+                  "tessera train --resume: ", key, " is ", key == "task" ? "\"causal_lm\"" : now[key].dump(),
+                  " but the run being resumed (", args.resume_from_checkpoint, ") has ", was[key].dump(),
+                  "; leave it out to resume, or start a new run");
+  try {
+    resumed.id2label = saved.at("id2label").get<std::vector<std::string>>();
+  } catch (const nlohmann::json::exception&) {
+    TESSERA_FAIL(path.string(), ": id2label must be a list of label names, got ", saved.value("id2label", nlohmann::json()).dump());
+  }
+  resumed.given.clear();
+  return resumed;
+}
 
 TaskSettings take_task_settings(std::vector<train::ArgumentLayer>& layers) {
   TaskSettings settings;
@@ -166,6 +221,7 @@ TaskSettings take_task_settings(std::vector<train::ArgumentLayer>& layers) {
       if (!v.contains(key)) return;
       field = typed_value<std::decay_t<decltype(field)>>(v[key], key, layer.source);
       v.erase(key);
+      settings.given.insert(std::string(key) == "max_seq_length" ? "max_length" : key);
       if (std::string(key) != "task" && column_source.empty()) column_source = layer.source + " key " + key;
     };
     std::string task;
@@ -191,10 +247,12 @@ int run_classification_training(const train::TrainingArguments& args, const Task
   std::shared_ptr<train::RunFolderLock> folder_lock;
   if (dist::read_dist_env().rank == 0) folder_lock = train::claim_run_folder(args);
   const std::map<std::string, std::string> tokenizer_files = run.tokenizer->files();
+  std::map<std::string, std::string> checkpoint_files = tokenizer_files;
+  checkpoint_files[kTaskSettingsFile] = task_settings_json(settings, run.facts).dump(2);
   data::PaddingOptions padding;
   padding.pad_token_id = run.pad_id;
   train::Trainer trainer(args, *run.model, std::move(*run.train_set), std::move(run.val_set),
-                         data::DataCollatorWithPadding(padding), {}, tokenizer_files);
+                         data::DataCollatorWithPadding(padding), {}, checkpoint_files);
   const bool main_process = trainer.accelerator().is_main_process();
   if (args.early_stopping_patience > 0)
     trainer.add_callback(

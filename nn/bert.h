@@ -146,6 +146,7 @@ class BertForSequenceClassification : public SequenceClassifier {
   Tensor logits(const Tensor& input_ids, const Tensor& attention_mask = Tensor(),
                 const Tensor& token_type_ids = Tensor()) override;
   std::string type_name() const override { return "BertForSequenceClassification"; }
+  bool takes_token_type_ids() const override { return true; }
   const SequenceClassificationConfig& labels_config() const override { return cfg_.labels; }
   const BertConfig& config() const { return cfg_; }
 

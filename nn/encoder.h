@@ -60,6 +60,16 @@ class SequenceClassifier : public Module {
                        const Tensor& token_type_ids = Tensor()) {
     return call_with_hooks(input_ids, [&] { return logits(input_ids, attention_mask, token_type_ids); });
   }
+  // Whether logits() takes token_type_ids (BERT's segments); the others refuse them.
+  virtual bool takes_token_type_ids() const { return false; }
+  // The logits of a collated batch, as the Trainer, `tessera eval` and `tessera predict` compute
+  // them: like Hugging Face's Trainer, which drops the columns the model's forward does not take
+  // (remove_unused_columns), token_type_ids reach only a model that takes them, so a BERT-style
+  // tokenizer's batches train a DistilBERT, GPT-2 or Llama head too. (transformers' GPT-2 would
+  // add wte(token_type_ids) to its input; here a decoder's batch is read without them.)
+  Tensor batch_logits(const Tensor& input_ids, const Tensor& attention_mask, const Tensor& token_type_ids) {
+    return hooked_logits(input_ids, attention_mask, takes_token_type_ids() ? token_type_ids : Tensor());
+  }
   // sequence_classification_loss with this model's label settings.
   Tensor loss(const Tensor& logits, const Tensor& labels) const {
     return sequence_classification_loss(logits, labels, labels_config());

@@ -283,10 +283,10 @@ void ProgressCallback::on_log(const TrainingArguments&, TrainerState& state, Tra
   auto number = [&](const char* key) {
     return logs[key].is_number() ? logs[key].get<double>() : NAN;
   };
+  const bool tokens = logs.contains("tokens_per_s");
   if (progress_)
-    progress_->update(state.global_step, number("loss"),
-                      logs.contains("tokens_per_s") ? number("tokens_per_s") : number("samples_per_s"),
-                      number("learning_rate"));
+    progress_->update(state.global_step, number("loss"), number(tokens ? "tokens_per_s" : "samples_per_s"),
+                      number("learning_rate"), tokens ? "tok" : "samples");
 }
 
 void ProgressCallback::on_evaluate(const TrainingArguments&, TrainerState& state, TrainerControl&,

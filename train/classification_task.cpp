@@ -149,7 +149,7 @@ class SequenceClassificationTask : public TrainingTask {
  private:
   Tensor logits_of(const data::ExampleBatch& batch) {
     const auto on_device = [&](const Tensor& t) { return t.defined() ? t.to(device_) : t; };
-    return model_.hooked_logits(on_device(batch.input_ids), on_device(batch.attention_mask),
+    return model_.batch_logits(on_device(batch.input_ids), on_device(batch.attention_mask),
                                 on_device(batch.token_type_ids));
   }
 

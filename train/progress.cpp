@@ -30,7 +30,7 @@ Progress::Progress(int64_t total_steps, int64_t first_step, std::FILE* out)
       print_every_(std::max<int64_t>(1, total_steps / 100)), last_update_(std::chrono::steady_clock::now()),
       last_step_(first_step) {}
 
-void Progress::update(int64_t step, double loss, double tokens_per_s, double lr) {
+void Progress::update(int64_t step, double loss, double tokens_per_s, double lr, const char* unit) {
   const auto now = std::chrono::steady_clock::now();
   if (step > last_step_) {  // seconds per step, smoothed, make the ETA
     seconds_per_step_.add(std::chrono::duration<double>(now - last_update_).count() /
@@ -46,13 +46,13 @@ void Progress::update(int64_t step, double loss, double tokens_per_s, double lr)
     const int filled = static_cast<int>(kWidth * static_cast<double>(step) / std::max<int64_t>(1, total_));
     std::string bar(filled, '#');
     bar.resize(kWidth, '.');
-    std::fprintf(out_, "\r[%s] %lld/%lld loss %.4f | %.0f tok/s | ETA %s   ", bar.c_str(),
-                 static_cast<long long>(step), static_cast<long long>(total_), loss, tokens_per_s,
+    std::fprintf(out_, "\r[%s] %lld/%lld loss %.4f | %.0f %s/s | ETA %s   ", bar.c_str(),
+                 static_cast<long long>(step), static_cast<long long>(total_), loss, tokens_per_s, unit,
                  format_duration(eta).c_str());
     bar_drawn_ = true;
   } else if (step % print_every_ == 0 || step == total_ || step == first_ + 1) {
-    std::fprintf(out_, "step %lld/%lld | loss %.4f | lr %.3e | %.0f tok/s | ETA %s\n",
-                 static_cast<long long>(step), static_cast<long long>(total_), loss, lr, tokens_per_s,
+    std::fprintf(out_, "step %lld/%lld | loss %.4f | lr %.3e | %.0f %s/s | ETA %s\n",
+                 static_cast<long long>(step), static_cast<long long>(total_), loss, lr, tokens_per_s, unit,
                  format_duration(eta).c_str());
   }
   std::fflush(out_);

@@ -22,14 +22,15 @@ class MovingAverage {
   int64_t count_ = 0;
 };
 
-// Shows a smoothed tokens/s (the measured value of each step, averaged) and an ETA from the
+// Shows a smoothed tokens/s (or samples/s) (the measured value of each step, averaged) and an ETA from the
 // smoothed time per step, so one slow step (an evaluation, a checkpoint) or one fast one
 // does not make the line jump.
 class Progress {
  public:
   // `first_step` is where a resumed run starts counting (ETA uses only this run's pace).
   Progress(int64_t total_steps, int64_t first_step, std::FILE* out = stdout);
-  void update(int64_t step, double loss, double tokens_per_s, double lr);
+  // `rate` is in `unit` per second: tokens for a language model, samples for a classifier.
+  void update(int64_t step, double loss, double rate, double lr, const char* unit = "tok");
   // Prints a message on its own line (above the bar on a terminal).
   void message(const std::string& text);
   void finish();

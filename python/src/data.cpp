@@ -1,5 +1,6 @@
 // tessera.data: token files, tokenizers and the DataLoader (iterable, like PyTorch's).
 #include "bindings.h"
+#include "tessera/data/wordpiece_vocab.h"
 
 namespace tessera::python {
 
@@ -132,6 +133,26 @@ void bind_wordpiece(py::module_& dm) {
             runtime_call([&] { t.save_files(d); });
           },
           py::arg("save_directory"));
+  // A vocabulary counted from text (data/wordpiece_vocab.h), for a model trained from scratch:
+  // WordPieceTokenizer.from_vocab_list(build_wordpiece_vocab(texts)).
+  dm.def(
+      "build_wordpiece_vocab",
+      [](const std::vector<std::string>& texts, int64_t vocab_size, int64_t min_frequency, bool lowercase) {
+        py::gil_scoped_release release;
+        return runtime_call([&] {
+          return build_wordpiece_vocab(texts, {.vocab_size = vocab_size, .min_frequency = min_frequency,
+                                               .lowercase = lowercase});
+        });
+      },
+      py::arg("texts"), py::kw_only(), py::arg("vocab_size") = 4000, py::arg("min_frequency") = 2,
+      py::arg("lowercase") = true);
+  cls.def_static(
+      "from_vocab_list",
+      [](const std::vector<std::string>& vocab, bool lowercase) {
+        return runtime_call([&] { return WordPieceTokenizer(WordPieceTokenizer::bert_config(vocab, lowercase)); });
+      },
+      py::arg("vocab"), py::kw_only(), py::arg("do_lower_case") = true,
+      "a BERT tokenizer ([CLS] text [SEP], BertNormalizer) over this id -> token list");
   // transformers' cls_token / cls_token_id, ... (None when the tokenizer has none).
   for (const std::string role :
        {"cls_token", "sep_token", "pad_token", "unk_token", "mask_token"}) {

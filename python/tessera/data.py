@@ -5,7 +5,7 @@ from collections.abc import Mapping
 from ._tessera.data import (  # noqa: F401
     Tokenizer, ByteTokenizer, BpeTokenizer, WordPieceTokenizer, load_tokenizer, TokenFile,
     write_token_file, DataLoader, ExampleDataset, DistributedSampler, EvalSampler,
-    seeded_permutation, DataCollatorWithPadding, DataCollatorForLanguageModeling,
+    seeded_permutation, DataCollatorWithPadding, DataCollatorForLanguageModeling, build_wordpiece_vocab,
 )
 
 

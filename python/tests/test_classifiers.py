@@ -123,3 +123,35 @@ def test_trainer_refuses_wrong_dataset_and_collator_types(review_sets, tmp_path)
         tessera.Trainer(model=model, train_dataset=train_set, tokenizer=tokenizer,
                         args=tessera.TrainingArguments(output_dir=str(tmp_path / "r2"), max_steps=1, report_to="none",
                                                        metric_for_best_model="f2"))
+
+
+@pytest.mark.skipif(not have_torch(), reason="PyTorch is not installed")
+def test_a_language_models_directory_with_from_pretrained_overrides_gets_a_head_transformers_reads(tmp_path):
+    """transformers' from_pretrained(dir, num_labels=..., id2label=..., pad_token_id=...) over a
+    GPT-2 language model: a new score head with those classes; what it saves, transformers loads
+    with the same logits on right-padded rows (each row read at its last token before the pad)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    tessera.manual_seed(5)
+    nn.GPT(nn.GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16)).save_pretrained(
+        str(tmp_path / "lm"))
+    model = nn.AutoModelForSequenceClassification.from_pretrained(
+        tmp_path / "lm", id2label={0: "neg", 1: "neu", 2: "pos"}, pad_token_id=0)
+    assert model.num_labels == 3 and "score.weight" in model.newly_initialized_keys
+    model.save_pretrained(str(tmp_path / "clf"))
+    reference = transformers.GPT2ForSequenceClassification.from_pretrained(str(tmp_path / "clf")).eval()
+    assert reference.config.id2label == {0: "neg", 1: "neu", 2: "pos"} and reference.config.pad_token_id == 0
+    ids = RNG.integers(1, 50, (3, 9))
+    ids[0, 4:] = 0
+    ids[2, 7:] = 0
+    mask = (ids != 0).astype(np.int64)
+    out = nn.AutoModelForSequenceClassification.from_pretrained(tmp_path / "clf")(
+        tessera.tensor(ids.tolist()), attention_mask=tessera.tensor(mask.tolist()))
+    with torch.no_grad():
+        expected = reference(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(out.logits), expected, rtol=1e-5, atol=1e-6)
+    # The lm directory itself is untouched, and contradictory overrides are refused.
+    assert "id2label" not in (tmp_path / "lm" / "config.json").read_text()
+    with pytest.raises(ValueError, match="num_labels=4 but id2label names 3 labels"):
+        nn.AutoModelForSequenceClassification.from_pretrained(tmp_path / "lm", num_labels=4,
+                                                              id2label={0: "a", 1: "b", 2: "c"})

@@ -44,7 +44,7 @@ void write_topics(const fs::path& path, int count, uint32_t seed) {
 }
 
 // A seeded tiny BertForSequenceClassification with its tokenizer: 3 labels, 16 positions.
-fs::path tiny_bert(const std::string& name, int64_t vocab_extra = 0) {
+fs::path tiny_bert(const std::string& name, int64_t vocab_extra = 0, double dropout = 0) {
   const fs::path dir = scratch() / name;
   tessera::nn::BertConfig cfg;
   const auto vocab = vocabulary();
@@ -54,7 +54,7 @@ fs::path tiny_bert(const std::string& name, int64_t vocab_extra = 0) {
   cfg.num_attention_heads = 2;
   cfg.intermediate_size = 24;
   cfg.max_position_embeddings = 16;
-  cfg.hidden_dropout_prob = cfg.attention_probs_dropout_prob = 0;
+  cfg.hidden_dropout_prob = cfg.attention_probs_dropout_prob = dropout;
   cfg.labels.num_labels = 3;
   cfg.labels.id2label = {"fruit", "colour", "motion"};
   tessera::Generator gen(11);
@@ -205,6 +205,50 @@ TEST(CliClassification, TwoRanksUnderZero3ExportAModelThatEvalReads) {
   ASSERT_EQ(evaluated.rc, 0) << evaluated.output;
   EXPECT_EQ(last_json_line(evaluated.output).at("eval_samples"), 37);
   EXPECT_NE(slurp(out / "model" / "model.safetensors"), slurp(init / "model.safetensors")) << "trained";
+}
+
+// The training rows of metrics.jsonl: (step, loss).
+std::vector<std::pair<int64_t, double>> training_losses(const fs::path& run_dir) {
+  std::vector<std::pair<int64_t, double>> losses;
+  for (const Json& row : read_jsonl(run_dir / "metrics.jsonl"))
+    if (row.contains("loss")) losses.emplace_back(row.at("step").get<int64_t>(), row.at("loss").get<double>());
+  return losses;
+}
+
+// Six steps in one go against three, then `--resume` with nothing else: the task, columns and
+// labels come from the checkpoint's task_settings.json; with dropout and a shuffled epoch
+// boundary at step 5 (37 rows, batches of 8) every loss and the final weights are the same bits.
+// A task setting given again with another value is refused, naming it, and the run is kept.
+TEST(CliClassification, ResumeContinuesBitIdenticallyAndRefusesAChangedTaskSetting) {
+  const fs::path init = tiny_bert("resume_init", 0, 0.1), config = scratch() / "resume.json";
+  std::ofstream(config) << R"({"task": "classification", "per_device_train_batch_size": 8, "learning_rate": 0.01,
+    "lr_scheduler_type": "constant", "save_strategy": "steps", "save_steps": 3, "eval_strategy": "no",
+    "shuffle": true, "seed": 3, "max_length": 16, "logging_steps": 1, "text_column": "text"})";
+  const fs::path whole = scratch() / "resume_whole", split = scratch() / "resume_split";
+  const std::string common = "train --config " + config.string() + " --init " + init.string() + " --data " +
+                             topics_file().string() + " --out ";
+  auto r = run(common + whole.string() + " --steps 6");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("samples/s"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("tok/s"), std::string::npos) << r.output;
+  ASSERT_EQ(run(common + split.string() + " --steps 3").rc, 0);
+  EXPECT_TRUE(fs::exists(split / "checkpoint-3" / "task_settings.json"));
+  r = run("train --resume " + split.string() + " --steps 6");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_EQ(training_losses(whole).size(), 6u);
+  EXPECT_EQ(training_losses(whole), training_losses(split));
+  EXPECT_EQ(slurp(whole / "model" / "model.safetensors"), slurp(split / "model" / "model.safetensors"));
+
+  const std::string weights = slurp(split / "model" / "model.safetensors");
+  r = run(common + split.string() + " --steps 9 --resume --text-column body");
+  EXPECT_EQ(r.rc, 1) << r.output;
+  for (const char* named : {"text_column", "\"body\"", "\"text\"", "checkpoint-6"})
+    EXPECT_NE(r.output.find(named), std::string::npos) << named << "\n" << r.output;
+  EXPECT_FALSE(fs::exists(split / "checkpoint-9"));
+  EXPECT_EQ(slurp(split / "model" / "model.safetensors"), weights) << "the run is kept";
+  r = run("train --task causal_lm --resume " + split.string() + " --steps 9");
+  EXPECT_EQ(r.rc, 1) << r.output;
+  EXPECT_NE(r.output.find("task is \"causal_lm\""), std::string::npos) << r.output;
 }
 
 TEST(CliClassification, TrainRefusesALabelOutsideNumLabelsBeforeAnyWork) {

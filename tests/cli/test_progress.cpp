@@ -1,5 +1,5 @@
 // The progress line's smoothing: the bias-corrected moving average against values worked
-// out by hand, and a line that names the smoothed tokens/s and an ETA.
+// out by hand, and a line that names the smoothed tokens/s (samples/s for a classifier) and an ETA.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -44,4 +44,21 @@ TEST(Progress, LineShowsSmoothedTokensPerSecondAndEta) {
   EXPECT_NE(text.find("step 2/4 | loss 2.4000 | lr 1.000e-03 | 2053 tok/s | ETA "),
             std::string::npos)
       << text;
+}
+
+// A classifier's rate is samples per second, and the line says so.
+TEST(Progress, ClassifierLineCountsSamples) {
+  std::FILE* out = std::tmpfile();
+  ASSERT_NE(out, nullptr);
+  {
+    Progress progress(2, 0, out);
+    progress.update(1, 0.7, 96, 5e-4, "samples");
+    progress.finish();
+  }
+  std::rewind(out);
+  std::string text(4096, '\0');
+  text.resize(std::fread(text.data(), 1, text.size(), out));
+  std::fclose(out);
+  EXPECT_NE(text.find("step 1/2 | loss 0.7000 | lr 5.000e-04 | 96 samples/s | ETA "), std::string::npos) << text;
+  EXPECT_EQ(text.find("tok/s"), std::string::npos) << text;
 }

@@ -8,11 +8,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <random>
 
 #include "tessera/autograd/autograd.h"
 #include "tessera/data/file_io.h"
 #include "tessera/nn/bert.h"
+#include "tessera/nn/classification.h"
+#include "tessera/nn/distilbert.h"
 #include "tessera/train/trainer.h"
 #include "tests/dist/run_job.h"
 #include "tests/train/classify_fixture.h"
@@ -86,6 +89,54 @@ TEST(ClassificationTrainer, TrainingLowersTheLossAndLogsUseTransformersNames) {
   EXPECT_EQ(trainer.state().steps_per_epoch, 8);
   EXPECT_DOUBLE_EQ(epochs[2], 3.0 / 8.0);
   EXPECT_DOUBLE_EQ(epochs.back(), 5.0);
+}
+
+// The WordPiece batches carry token_type_ids (BERT's segments). As transformers' Trainer drops
+// the columns a model's forward does not take, DistilBERT, GPT-2 and Llama heads train on them,
+// and predict() gives the logits of the model called without them; called directly with
+// token_type_ids, those models still refuse them.
+TEST(ClassificationTrainer, ModelsWithoutSegmentsTrainOnBatchesThatCarryTokenTypes) {
+  const fs::path dir = scratch("segments");
+  const data::ExampleDataset train_set = load(write_rows(dir / "train.jsonl", 24, 4));
+  ASSERT_FALSE(train_set[0].token_type_ids.empty()) << "the batches must carry token types";
+  const int64_t vocab = static_cast<int64_t>(kVocab.size());
+  nn::SequenceClassificationConfig labels;
+  labels.num_labels = kClasses;
+  Generator gen(9);
+  nn::DistilBertConfig d;
+  d.vocab_size = vocab, d.max_position_embeddings = 16, d.n_layers = 1, d.n_heads = 2, d.dim = 16;
+  d.hidden_dim = 24, d.dropout = d.attention_dropout = d.seq_classif_dropout = 0, d.labels = labels;
+  nn::GPTConfig g{.vocab_size = vocab, .block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 16};
+  nn::LlamaConfig l;
+  l.vocab_size = vocab, l.hidden_size = 16, l.intermediate_size = 24, l.num_hidden_layers = 1;
+  l.num_attention_heads = 2, l.num_key_value_heads = 1, l.max_position_embeddings = 16;
+  std::vector<std::unique_ptr<nn::SequenceClassifier>> models;
+  models.push_back(std::make_unique<nn::DistilBertForSequenceClassification>(d, &gen));
+  models.push_back(std::make_unique<nn::GPT2ForSequenceClassification>(g, labels, 0, &gen));
+  models.push_back(std::make_unique<nn::LlamaForSequenceClassification>(l, labels, 0, &gen));
+  for (auto& model : models) {
+    SCOPED_TRACE(model->type_name());
+    train::TrainingArguments args = tiny_args(dir / model->type_name());
+    args.max_steps = 36, args.learning_rate = 1e-2;
+    train::Trainer trainer(args, *model, train_set, std::nullopt, padding_collator());
+    trainer.train();
+    std::vector<double> losses;
+    trainer.state().log_history.for_each([&](const nlohmann::json& j) { losses.push_back(j["loss"].get<double>()); });
+    ASSERT_EQ(losses.size(), 36u);
+    const double first = std::accumulate(losses.begin(), losses.begin() + 6, 0.0);
+    EXPECT_LT(std::accumulate(losses.end() - 6, losses.end(), 0.0), 0.85 * first);
+    const std::vector<float> predicted = trainer.predict(train_set).predictions.to(DType::f32).to_vector<float>();
+    const data::Example e = train_set[5];
+    std::vector<int64_t> ids(e.input_ids.begin(), e.input_ids.end());
+    const Tensor one = from_vector(ids, {1, static_cast<int64_t>(ids.size())}, {.dtype = DType::i64});
+    autograd::NoGradGuard no_grad;
+    model->eval();
+    const std::vector<float> alone = model->logits(one).to(DType::f32).to_vector<float>();
+    for (int64_t c = 0; c < kClasses; ++c)
+      EXPECT_NEAR(predicted[5 * kClasses + c], alone[c], 1e-5) << c;
+    const Tensor types = from_vector(std::vector<int64_t>(ids.size(), 0), one.shape(), {.dtype = DType::i64});
+    EXPECT_THROW(model->logits(one, Tensor(), types), Error);
+  }
 }
 
 TEST(ClassificationTrainer, EvaluateAndPredictGiveTransformersKeysAndShapes) {
