@@ -265,19 +265,20 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // and passes no gradient, as PyTorch 2.5's _safe_softmax in SDPA's math path; torch 1.13 has no
 // SDPA, and the explicit softmax there (as older SDPA) gives NaN for such rows. An undefined
 // mask is the call above (where, on a GPU, non-causal calls of the flash kernels' shapes
-// without dropout run the fused masked kernels). A masked call runs the composed path on every
+// run the fused masked kernels; with dropout the hand-written ones). A masked call runs the composed path on every
 // device: the fused kernels take no mask tensor (but see key_padded_attention).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& attn_mask, bool causal = false,
                                     double dropout_p = 0.0, Generator* gen = nullptr);
 // The masked call above where attn_mask is a key-padding mask of keys padded on the right and
 // kv_lengths (int32 [B] on q's device, each in [0, Tk], or undefined) says the same as lengths:
-// key j of row b is attended iff j < kv_lengths[b]. On a GPU, for the flash kernels' shapes
-// without dropout, fused O(T)-memory kernels run with the lengths, causal or not: the
-// hand-written flash kernels (kernels/cuda/fused.h, flash_masked_attention_*) where the flash
-// backend is named (TESSERA_ATTENTION=flash, set_attention_backend) or cuDNN cannot run, else
-// cuDNN's padding mask (the faster on Hopper; it takes lengths of at least 1); everywhere else
-// the composition with attn_mask.
+// key j of row b is attended iff j < kv_lengths[b]. On a GPU, for the flash kernels' shapes,
+// fused O(T)-memory kernels run with the lengths, causal or not: the hand-written flash kernels
+// (kernels/cuda/fused.h, flash_masked_attention_*) where the flash backend is named
+// (TESSERA_ATTENTION=flash, set_attention_backend) or cuDNN cannot run, else cuDNN's padding
+// mask (the faster on Hopper; it takes lengths of at least 1); with dropout the hand-written
+// kernels that drop what the composition would (flash_masked_attention_dropout_*), whatever the
+// backend; everywhere else the composition with attn_mask.
 // A row of length 0 gives 0 outputs and passes no gradient (flash and composition). The caller
 // vouches that mask and lengths agree (nn::padding_of_attention_mask builds both from one
 // attention_mask).

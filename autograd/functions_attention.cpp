@@ -291,13 +291,19 @@ MaskedEntries masked_entries(const Tensor& q, MaskedKernels kernels) {
 // run); the hand-written flash kernels where the flash backend is chosen in so many words (the
 // environment or set_attention_backend) or cuDNN cannot run; by default, cuDNN where it runs:
 // the hand-written masked kernels are the portable mma.sync ones (the Hopper kernels take no
-// mask), 2-2.6x slower than cuDNN's graphs on an H200 (benchmarks/cuda/NOTES.md). Nothing (the
-// caller composes) with dropout (only the causal flash kernels draw it), for shapes no fused
-// kernel takes, or on a device without such kernels.
+// mask), 2-2.6x slower than cuDNN's graphs on an H200 (benchmarks/cuda/NOTES.md). With dropout
+// the hand-written kernels whatever the backend (cuDNN draws no dropout of Tessera's generator).
+// Nothing (the caller composes) for shapes no fused kernel takes, or on a device without such
+// kernels.
 std::optional<MaskedKernels> masked_kernels_for(const Tensor& q, const Tensor& k, const Tensor& v,
                                                 double dropout_p) {
-  if (dropout_p != 0 || !fused_shapes_fit(q, k, v)) return std::nullopt;
+  if (!fused_shapes_fit(q, k, v)) return std::nullopt;
   const FusedKernelTable& fused = fused_for(q);
+  if (dropout_p != 0) {
+    const bool drawable = fused.flash_masked_attention_dropout_forward != nullptr &&
+                          fused.flash_masked_attention_dropout_backward != nullptr;
+    return drawable && dropout_p > 0 && dropout_p < 1 ? std::optional(MaskedKernels::flash) : std::nullopt;
+  }
   const bool flash = fused.flash_masked_attention_forward != nullptr &&
                      fused.flash_masked_attention_backward != nullptr;
   const bool cudnn_entries = fused.cudnn_masked_attention_available != nullptr &&
@@ -338,7 +344,10 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
   const Tensor out = empty_heads_like(q);
   Tensor lse = lse_for(q);
   if (masking.beyond_causal()) require_masked_kernels(q, masking.kernels);
-  if (dropout) fused_for(q).flash_attention_dropout_forward(q, k, v, scale, *dropout, out, lse);
+  if (dropout && masking.beyond_causal())
+    fused_for(q).flash_masked_attention_dropout_forward(q, k, v, scale, masking.causal, masking.kv_lengths,
+                                                        *dropout, out, lse);
+  else if (dropout) fused_for(q).flash_attention_dropout_forward(q, k, v, scale, *dropout, out, lse);
   else if (masking.beyond_causal())
     masked_entries(q, masking.kernels)
         .forward(q, k, v, scale, masking.causal, masking.kv_lengths, out, lse);
@@ -346,9 +355,10 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
   const char* masked_name = masking.kernels == MaskedKernels::cudnn
                                 ? "CudnnMaskedAttentionBackward"
                                 : "FlashMaskedAttentionBackward";
-  const char* name = dropout                   ? "FlashAttentionDropoutBackward"
-                     : masking.beyond_causal() ? masked_name
-                                               : "FlashAttentionBackward";
+  const char* name = dropout && masking.beyond_causal() ? "FlashMaskedAttentionDropoutBackward"
+                     : dropout                            ? "FlashAttentionDropoutBackward"
+                     : masking.beyond_causal()            ? masked_name
+                                                          : "FlashAttentionBackward";
   using autograd::SavedTensor;
   autograd::record(
       name, {q, k, v}, {out},
@@ -362,7 +372,10 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
         // view/transpose of q, k, v (and rotary embeddings) without a layout copy.
         Tensor dq = empty_heads_like(q), dk = empty_heads_like(k), dv = empty_heads_like(v);
         const Tensor dout = readable_gradient(args.grad(), q.dtype());
-        if (dropout)
+        if (dropout && masking.beyond_causal())
+          fused_for(q).flash_masked_attention_dropout_backward(q, k, v, o, dout, lse, scale, masking.causal,
+                                                               masking.kv_lengths, *dropout, dq, dk, dv);
+        else if (dropout)
           fused_for(q).flash_attention_dropout_backward(q, k, v, o, dout, lse, scale, *dropout, dq,
                                                         dk, dv);
         else if (masking.beyond_causal())
@@ -384,6 +397,13 @@ AttentionDropout draw_attention_dropout(const Tensor& q, const Tensor& k, double
   Generator& g = gen ? *gen : default_generator();
   const uint64_t probabilities = static_cast<uint64_t>(q.size(0) * q.size(1) * q.size(2) * k.size(2));
   return {dropout_p, g.seed(), g.reserve((probabilities + 3) / 4)};
+}
+
+// draw_attention_dropout for dropout_p > 0; none for 0.
+std::optional<AttentionDropout> maybe_draw_attention_dropout(const Tensor& q, const Tensor& k,
+                                                             double dropout_p, Generator* gen) {
+  if (dropout_p == 0) return std::nullopt;
+  return draw_attention_dropout(q, k, dropout_p, gen);
 }
 
 // True when q's device has the flash kernels with dropout, both directions.
@@ -625,7 +645,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   }
   if (allow_flash && !causal)
     if (const std::optional<MaskedKernels> kernels = masked_kernels_for(q, k, v, dropout_p))
-      return fused_attention(q, k, v, scale, std::nullopt,
+      return fused_attention(q, k, v, scale, maybe_draw_attention_dropout(q, k, dropout_p, gen),
                              {.causal = false, .kv_lengths = Tensor(), .kernels = *kernels});
   return composed_attention(q, k, v, causal, scale, dropout_p, gen);
 }
@@ -658,7 +678,7 @@ Tensor key_padded_attention(const Tensor& q_in, const Tensor& k_in, const Tensor
                   q.device().str(), ", got ", autograd::describe(kv_lengths));
     if (const std::optional<MaskedKernels> kernels = masked_kernels_for(q, k, v, dropout_p))
       return fused_attention(
-          q, k, v, scale, std::nullopt,
+          q, k, v, scale, maybe_draw_attention_dropout(q, k, dropout_p, gen),
           {.causal = causal, .kv_lengths = raw::contiguous(kv_lengths), .kernels = *kernels});
   }
   return composed_attention(q, k, v, causal, scale, dropout_p, gen, mask);

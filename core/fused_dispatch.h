@@ -171,6 +171,18 @@ struct FusedKernelTable {
                                           double scale, bool causal, const Tensor& kv_lengths,
                                           const Tensor& dq, const Tensor& dk,
                                           const Tensor& dv) = nullptr;
+  // The same with dropout on the probabilities (the mask of `dropout`, as the causal dropout
+  // entries above draw it); the backward regenerates it from the same (seed, offset).
+  void (*flash_masked_attention_dropout_forward)(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 double scale, bool causal, const Tensor& kv_lengths,
+                                                 const AttentionDropout& dropout, const Tensor& out,
+                                                 const Tensor& lse) = nullptr;
+  void (*flash_masked_attention_dropout_backward)(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                  const Tensor& out, const Tensor& dout,
+                                                  const Tensor& lse, double scale, bool causal,
+                                                  const Tensor& kv_lengths,
+                                                  const AttentionDropout& dropout, const Tensor& dq,
+                                                  const Tensor& dk, const Tensor& dv) = nullptr;
   // True when cuDNN attention can run here; otherwise false and *reason says why.
   bool (*cudnn_attention_available)(std::string* reason) = nullptr;
   void (*cudnn_attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v, double scale,

@@ -348,6 +348,19 @@ void flash_masked_attention_forward(const Tensor& q, const Tensor& k, const Tens
   launch_mma_sync_forward(q, k, v, scale, out, lse, s, ctx.stream, nullptr, mask);
 }
 
+void flash_masked_attention_dropout_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                            double scale, bool causal, const Tensor& kv_lengths,
+                                            const AttentionDropout& dropout, const Tensor& out,
+                                            const Tensor& lse) {
+  const char* op = "flash_masked_attention_dropout_forward";
+  const AttnShape s = check_forward(op, q, k, v, out, lse);
+  if (kv_lengths.defined()) check_kv_lengths(op, kv_lengths, s, q.device());
+  if (q.numel() == 0) return;
+  KernelContext ctx(out);
+  const KeyMask mask{causal, kv_lengths.defined() ? kv_lengths.data<int32_t>() : nullptr};
+  launch_mma_sync_forward(q, k, v, scale, out, lse, s, ctx.stream, &dropout, mask);
+}
+
 bool flash_attention_forward_uses_sm90(const Tensor& q, const Tensor& k, const Tensor& v,
                                        double scale, std::string* why_not) {
   check_inputs("flash_attention_forward_uses_sm90", q, k, v, false);

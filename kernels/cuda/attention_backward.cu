@@ -525,6 +525,15 @@ void flash_masked_attention_backward(const Tensor& q, const Tensor& k, const Ten
                dout, lse, scale, dq, dk, dv, Tensor(), nullptr, causal, kv_lengths);
 }
 
+void flash_masked_attention_dropout_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                             double scale, bool causal, const Tensor& kv_lengths,
+                                             const AttentionDropout& dropout, const Tensor& dq,
+                                             const Tensor& dk, const Tensor& dv) {
+  run_backward("flash_masked_attention_dropout_backward", BackwardKernels::mma_sync, q, k, v, out,
+               dout, lse, scale, dq, dk, dv, Tensor(), &dropout, causal, kv_lengths);
+}
+
 bool flash_attention_backward_uses_sm90(const Tensor& q, const Tensor& k, const Tensor& v,
                                         const Tensor& dout, std::string* why_not) {
   const char* op = "flash_attention_backward_uses_sm90";

@@ -170,6 +170,19 @@ void flash_masked_attention_backward(const Tensor& q, const Tensor& k, const Ten
                                      const Tensor& out, const Tensor& dout, const Tensor& lse,
                                      double scale, bool causal, const Tensor& kv_lengths,
                                      const Tensor& dq, const Tensor& dk, const Tensor& dv);
+// Both at once: the masking above with dropout on the probabilities (the mask of
+// flash_attention_dropout_forward: the one the composition dropout(softmax(masked scores), p)
+// draws from the same generator state; masked probabilities are 0 and stay 0). Every case,
+// plain causal included, runs the mma.sync kernels.
+void flash_masked_attention_dropout_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                            double scale, bool causal, const Tensor& kv_lengths,
+                                            const AttentionDropout& dropout, const Tensor& out,
+                                            const Tensor& lse);
+void flash_masked_attention_dropout_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                             double scale, bool causal, const Tensor& kv_lengths,
+                                             const AttentionDropout& dropout, const Tensor& dq,
+                                             const Tensor& dk, const Tensor& dv);
 // The readable reference: materialises the [T, T] scores per (b, h) in f32. Any head size;
 // out any non-overlapping view with the head dim contiguous.
 void naive_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,

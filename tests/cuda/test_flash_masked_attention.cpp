@@ -294,5 +294,52 @@ TEST(FlashMaskedAttention, TheCudnnBackendRunsCudnnsMaskedGraphs) {
   EXPECT_EQ(gpu.node, "CudnnMaskedAttentionBackward");
 }
 
+// Dropout with padded keys (BERT fine-tuning's attention, dropout 0.1): the kernels
+// (key_padded_attention with kv_lengths) against the composition on the same GPU from the same
+// generator state (the same mask without kv_lengths composes), forward and backward, under every
+// backend (cuDNN draws no dropout of Tessera's generator, so the kernels run there too); both
+// routes leave the generator in the same state, and the dropout does drop (the outputs differ
+// from p = 0's).
+TEST(FlashMaskedAttention, DropoutWithPaddedKeysMatchesTheComposedDropout) {
+  TESSERA_REQUIRE_GPU();
+  AttentionBackendRestorer restore;
+  Generator lengths_gen(44);
+  for (AttentionBackend backend : {AttentionBackend::Flash, AttentionBackend::Cudnn})
+    for (int64_t D : {64, 128})
+      for (bool causal : {false, true}) {
+        set_attention_backend(backend);
+        const Problem p{DType::bf16, 3, 4, 2, 97, D, causal, random_lengths(3, 97, lengths_gen)};
+        SCOPED_TRACE(p.str());
+        const Inputs in = random_inputs(p);
+        const Tensor kv_lengths =
+            raw::to(from_vector(p.lengths, {p.B}, {.dtype = DType::i32}), dev(), DType::i32);
+        std::vector<std::vector<double>> results[3];
+        uint64_t offsets[2] = {0, 0};
+        for (int route = 0; route < 3; ++route) {  // kernels, composition, kernels with p = 0
+          Generator gen(2025);
+          gen.reserve(7);  // a draw that starts past zero
+          auto leaf = [&](const Tensor& h) { return cuda_test::requiring_grad(raw::to(h, dev(), p.dtype)); };
+          const Tensor q = leaf(in.q), k = leaf(in.k), v = leaf(in.v);
+          const Tensor out = key_padded_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  padding_mask(p, dev()), route == 1 ? Tensor() : kv_lengths,
+                                                  p.causal, route == 2 ? 0.0 : 0.1, &gen);
+          if (route == 0) EXPECT_EQ(autograd::meta_of(out).grad_fn->name, "FlashMaskedAttentionDropoutBackward");
+          out.backward(raw::to(in.dout, dev(), p.dtype));
+          if (route < 2) offsets[route] = gen.offset();
+          results[route] = {host_values(out), host_values(q.grad()), host_values(k.grad()),
+                            host_values(v.grad())};
+        }
+        EXPECT_EQ(offsets[0], offsets[1]) << "both routes reserve the same Philox blocks";
+        const char* names[] = {"out", "dq", "dk", "dv"};
+        for (int i = 0; i < 4; ++i)
+          expect_within(results[0][i], results[1][i], (i == 0 ? 2 : 4) * tolerance(p.dtype),
+                        std::string(names[i]) + ", kernels vs composed dropout", 1.0);
+        double moved = 0;
+        for (size_t e = 0; e < results[0][0].size(); ++e)
+          moved = std::max(moved, std::abs(results[0][0][e] - results[2][0][e]));
+        EXPECT_GT(moved, 0.05) << "dropout 0.1 changes the outputs";
+      }
+}
+
 }  // namespace
 }  // namespace tessera
