@@ -105,8 +105,19 @@ TEST(CliCheckpointing, BadPoliciesAreRefusedBeforeAnyWorkNamingThem) {
     EXPECT_EQ(r.output.find("peak_bytes"), std::string::npos) << r.output;
   }
   // every_k:K with K > n_layer says how many blocks the model has.
-  const auto r = run(train_args("checkpointing_bad") + "--gradient-checkpointing every_k:5");
+  auto r = run(train_args("checkpointing_bad") + "--gradient-checkpointing every_k:5");
   EXPECT_NE(r.output.find("4 blocks"), std::string::npos) << r.output;
+  // A model from --init is held to its own blocks when the run enables the policy on it.
+  r = run(train_args("checkpointing_init_source"));
+  ASSERT_EQ(r.rc, 0) << r.output;
+  const std::string init = " --init " + (scratch() / "checkpointing_init_source" / "model").string();
+  r = run(train_args("checkpointing_init") + init + " --gradient-checkpointing every_k:6");
+  EXPECT_NE(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("'every_k:6'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("4 blocks"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << r.output;
+  r = run(train_args("checkpointing_init") + init + " --gradient-checkpointing every_k:4");
+  EXPECT_EQ(r.rc, 0) << r.output;
 }
 
 }  // namespace
