@@ -2,7 +2,8 @@
 // [POLICY]`: the activations the allocator counted at the peak of a real fp32 CPU training
 // step fall as the policy recomputes more (none > attention, mlp > every_k:2 > full), the
 // plan of the same shape predicts each within 2%, the policy reaches the run (the same losses
-// under every policy), and bad policies are refused before any work, naming them.
+// under every policy, also under ZeRO-3), and bad policies are refused before any work, naming
+// them.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -87,6 +88,31 @@ TEST(CliCheckpointing, EveryPolicyLogsTheSameLosses) {
   const auto r = run(train_args("checkpointing_flag_only") + "--gradient-checkpointing --dropout 0.1");
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_EQ(losses_after(scratch() / "checkpointing_flag_only", 0), plain);
+}
+
+// ZeRO-3 gathers each block's parameters from the block's hooks, in forward and again before its
+// backward: a recomputed block or sub-layer must find them there. On 2 ranks every policy trains
+// the run without checkpointing's model, bit for bit.
+TEST(CliCheckpointing, ZeroStage3TrainsTheSameModelUnderEveryPolicy) {
+  const std::string launch = "launch --nproc-per-node 2 " + tessera_binary() + " ";
+  std::vector<std::pair<int64_t, double>> plain;
+  std::string plain_model;
+  for (const std::string& policy : {"none", "every_k:2", "attention", "mlp", "full"}) {
+    SCOPED_TRACE(policy);
+    const std::string out = "checkpointing_zero3_" + policy.substr(0, policy.find(':'));
+    const auto r = run(launch + train_args(out) + "--zero-stage 3 --dropout 0.1" + policy_flag(policy));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_NE(r.output.find("ZeRO-3 over 2 processes"), std::string::npos) << r.output;
+    const auto losses = losses_after(scratch() / out, 0);
+    const std::string model = slurp(scratch() / out / "model" / "model.safetensors");
+    ASSERT_GE(losses.size(), 2u);
+    if (plain.empty()) {
+      plain = losses;
+      plain_model = model;
+    }
+    EXPECT_EQ(losses, plain);
+    EXPECT_TRUE(model == plain_model) << "the exported weights differ";
+  }
 }
 
 TEST(CliCheckpointing, BadPoliciesAreRefusedBeforeAnyWorkNamingThem) {
