@@ -33,7 +33,24 @@ struct PlanArgs {
   bool all_strategies = false;
   std::string accumulation = "reduce_every_micro_batch";
   int64_t max_buckets_in_flight = 2, bucket_bytes = int64_t(25) << 20;
+  // --gradient-checkpointing [POLICY], read by checkpoint_policy().
+  bool checkpointing = false;
+  std::string checkpoint_policy;
 };
+
+// The policy of --gradient-checkpointing (full when given without a value, none when absent),
+// refused naming the flag and the value when it is not one or cannot apply to --n-layer.
+nn::CheckpointPolicy checkpoint_policy(const PlanArgs& a) {
+  if (!a.checkpointing) return {};
+  try {
+    const nn::CheckpointPolicy policy =
+        nn::CheckpointPolicy::parse(a.checkpoint_policy.empty() ? "full" : a.checkpoint_policy);
+    policy.check_model(a.n_layer);
+    return policy;
+  } catch (const Error& e) {
+    TESSERA_FAIL("tessera plan: --gradient-checkpointing: ", e.what());
+  }
+}
 
 // The dry run builds every block's modules (microseconds each): a bound that answers at
 // once, far above any published model's few hundred layers.
@@ -119,6 +136,7 @@ dist::MemoryPlanOptions plan_options(const PlanArgs& a) {
   o.bucket_bytes = static_cast<size_t>(a.bucket_bytes);
   o.offload_optimizer = a.offload != "none";
   o.offload_param = a.offload == "param";
+  o.gradient_checkpointing = checkpoint_policy(a);
   return o;
 }
 
@@ -175,9 +193,10 @@ void print_terms(const PlanArgs& a, const dist::MemoryPlan& p) {
 
 void print_plan(const PlanArgs& a, const dist::MemoryPlan& p, const Capacity& capacity) {
   print_header(a, p.psi);
-  std::printf("      %s on %d process(es), %s, %lldx%lld rows x %d micro-batches, %s routes\n",
+  std::printf("      %s on %d process(es), %s, %lldx%lld rows x %d micro-batches, %s routes, "
+              "gradient checkpointing %s\n",
               p.strategy.c_str(), a.nproc, a.dtype.c_str(), (long long)a.batch, (long long)a.seq,
-              a.grad_accum, a.device.c_str());
+              a.grad_accum, a.device.c_str(), checkpoint_policy(a).name().c_str());
   std::printf("%-22s %12s %12s %12s %12s %14s %10s %12s\n", "per rank (GiB)", "parameters",
               "gradients", "optimizer", "activations", "communication", "other", "total");
   auto row = [](const char* label, const std::array<int64_t, kNumMemoryCategories>& b,
@@ -238,10 +257,11 @@ void print_all_strategies(PlanArgs a, const Capacity& capacity) {
     if (!header) {
       print_header(a, p.psi);
       std::printf(
-          "      %d process(es), %s, %lldx%lld rows x %d micro-batches, %s routes; "
-          "device memory %.2f GiB (%s)\n",
+          "      %d process(es), %s, %lldx%lld rows x %d micro-batches, %s routes, gradient "
+          "checkpointing %s; device memory %.2f GiB (%s)\n",
           a.nproc, a.dtype.c_str(), (long long)a.batch, (long long)a.seq, a.grad_accum,
-          a.device.c_str(), gib(capacity.bytes), capacity.source.c_str());
+          a.device.c_str(), checkpoint_policy(a).name().c_str(), gib(capacity.bytes),
+          capacity.source.c_str());
       std::printf("%-28s %16s %14s  %s\n", "strategy", "peak GiB/rank", "host GiB/rank", "verdict");
       header = true;
     }
@@ -304,7 +324,13 @@ const RegisterCommand reg(
           ->check(CLI::PositiveNumber);
       sub.add_flag("--all-strategies", a->all_strategies,
                    "plan DDP, ZeRO-1/2/3 and ZeRO-3 with offload, one verdict each");
-      sub.callback([a, prefetch] {
+      CLI::Option* checkpointing = sub.add_option(
+          "--gradient-checkpointing", a->checkpoint_policy,
+          "plan the activations of a recompute policy, as `tessera train` takes it: full (the "
+          "default when no value is given) | every_k:K | attention | mlp | none")
+          ->expected(0, 1);
+      sub.callback([a, prefetch, checkpointing] {
+        a->checkpointing = checkpointing->count() > 0;
         TESSERA_CHECK(a->n_layer <= kMaxLayers, "tessera plan: --n-layer ", a->n_layer,
                       " is more than the ", kMaxLayers, " blocks a plan builds (each one's modules are "
                       "built for the dry run)");
@@ -316,6 +342,7 @@ const RegisterCommand reg(
                       "tessera plan: --offload ", a->offload, " needs --zero-stage 1-3");
         TESSERA_CHECK(a->all_strategies || a->offload != "param" || a->zero_stage == 3,
                       "tessera plan: --offload param needs --zero-stage 3");
+        checkpoint_policy(*a);  // a bad policy is refused before any dry run
         const Capacity capacity = device_capacity(*a);
         if (a->all_strategies)
           print_all_strategies(*a, capacity);

@@ -194,8 +194,13 @@ const RegisterCommand reg(
           sub.add_flag("--overwrite-output-dir")
               ->description("train into an --out that holds another run (or checkpoints later "
                             "than the one resumed) by removing those files first");
-      auto* checkpointing = sub.add_flag("--gradient-checkpointing")
-                                ->description("recompute each block's activations in backward");
+      auto checkpoint_policy = std::make_shared<std::string>();
+      auto* checkpointing =
+          sub.add_option("--gradient-checkpointing", *checkpoint_policy,
+                         "recompute activations in backward by a policy: full (every block; the "
+                         "default when no value is given) | every_k:K (blocks 0, K, 2K, ...) | "
+                         "attention | mlp (that sub-layer of every block) | none")
+              ->expected(0, 1);
       auto* resume_opt =
           sub.add_option("--resume", *resume,
                          "continue a run: a checkpoint-N folder, a run folder (its newest valid "
@@ -219,7 +224,13 @@ const RegisterCommand reg(
         if (sequential->count() > 0) flags["shuffle"] = false;
         if (tie->count() > 0) flags["tie_word_embeddings"] = true;
         if (untie->count() > 0) flags["tie_word_embeddings"] = false;
-        if (checkpointing->count() > 0) flags["gradient_checkpointing"] = true;
+        // Hugging Face's switch, and the policy in its gradient_checkpointing_kwargs (read and
+        // checked there, with the other settings, before any work).
+        if (checkpointing->count() > 0) {
+          flags["gradient_checkpointing"] = true;
+          if (!checkpoint_policy->empty())
+            flags["gradient_checkpointing_kwargs"] = {{"policy", *checkpoint_policy}};
+        }
         if (memory_report->count() > 0) flags["memory_report"] = true;
         if (overwrite->count() > 0) flags["overwrite_output_dir"] = true;
         if (resume_opt->count() > 0)

@@ -152,6 +152,7 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
                 "plan_memory: offload_param needs stage 3, got stage ", o.zero_stage);
   TESSERA_CHECK(o.seq <= o.model.block_size, "plan_memory: seq ", o.seq,
                 " is longer than the context block_size ", o.model.block_size);
+  o.gradient_checkpointing.check_model(o.model.n_layer);
   const MixedPrecisionPolicy policy = MixedPrecisionPolicy::from_name(o.mixed_precision, o.reduce_dtype);
   SizeOnlyMode size_only(o.gpu_routes);
   const int64_t before = category_memory_stats(DeviceType::CPU).total_in_use() +
@@ -162,6 +163,7 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
   MemoryPlan plan;
   {
     nn::GPT model(o.model);
+    model.gradient_checkpointing_enable(o.gradient_checkpointing);
     auto group = std::make_shared<SizeOnlyProcessGroup>(o.world);
     std::unique_ptr<DataParallelStrategy> strategy;
     {

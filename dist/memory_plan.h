@@ -40,6 +40,10 @@ struct MemoryPlanOptions {
   // Take the routes a CUDA device takes (flash attention, fused classifier and AdamW): what a
   // GPU run allocates rather than what the CPU's composed ops do.
   bool gpu_routes = false;
+  // What backward recomputes (the model's gradient_checkpointing_enable): the activations
+  // term follows the policy, its recomputes included. Refused, naming it, when it cannot apply
+  // to model.n_layer blocks.
+  nn::CheckpointPolicy gradient_checkpointing;
 };
 
 struct MemoryPlan {

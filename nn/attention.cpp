@@ -91,10 +91,15 @@ Block::Block(const GPTConfig& cfg, Generator* gen, TensorOptions opts)
   register_module("mlp", mlp);
 }
 
-Tensor Block::forward(const Tensor& input, KVCache::Layer* cache, int64_t past) {
+Tensor Block::forward(const Tensor& input, KVCache::Layer* cache, int64_t past,
+                      CheckpointRegion recompute) {
   const Tensor normed = ln_1(input);
-  const Tensor x = input + (cache ? attn.forward(normed, cache, past) : attn(normed));
-  return x + mlp(ln_2(x));
+  const Tensor x =
+      input + (cache ? attn.forward(normed, cache, past)
+                     : checkpointed(recompute == CheckpointRegion::attention,
+                                    [this](const Tensor& t) { return attn(t); }, normed));
+  return x + checkpointed(recompute == CheckpointRegion::mlp,
+                          [this](const Tensor& t) { return mlp(t); }, ln_2(x));
 }
 
 }  // namespace tessera::nn

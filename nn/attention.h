@@ -15,9 +15,6 @@ struct GPTConfig {
   bool tie_word_embeddings = true;
   bool bias = true;      // biases in Linear and LayerNorm
   double dropout = 0.0;  // embedding, attention and residual dropout
-  // Training only: each Block's activations are recomputed in backward instead of kept
-  // (autograd::checkpoint), trading one more forward for memory. Not saved in config.json.
-  bool gradient_checkpointing = false;
   // Throws naming the field when the configuration cannot build a model.
   void validate() const;
 };
@@ -65,8 +62,11 @@ class Block : public Module {
  public:
   Block(const GPTConfig& cfg, Generator* gen = nullptr, TensorOptions opts = {});
   Tensor forward(const Tensor& x) override { return forward(x, nullptr, 0); }
-  // With a cache layer, attention appends to it at positions [past, past + T).
-  Tensor forward(const Tensor& x, KVCache::Layer* cache, int64_t past);
+  // With a cache layer, attention appends to it at positions [past, past + T). `recompute`
+  // attention or mlp (training: CausalLM::checkpoint_region) runs that sub-layer under
+  // activation checkpointing; a whole block's checkpoint is the caller's (GPT::run_block).
+  Tensor forward(const Tensor& x, KVCache::Layer* cache, int64_t past,
+                 CheckpointRegion recompute = CheckpointRegion::none);
   std::string type_name() const override { return "Block"; }
 
   LayerNorm ln_1;

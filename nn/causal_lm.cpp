@@ -50,6 +50,17 @@ BlockImplementation chosen_block_implementation(BlockImplementation requested) {
   return requested == BlockImplementation::automatic ? BlockImplementation::fast : requested;
 }
 
+void CausalLM::gradient_checkpointing_enable(const CheckpointPolicy& policy) {
+  policy.check_model(num_blocks());
+  checkpointing_ = policy;
+}
+
+CheckpointRegion CausalLM::checkpoint_region(int64_t index, const Module& body) const {
+  if (!checkpointing_.enabled() || !body.is_training() || !autograd::is_grad_enabled())
+    return CheckpointRegion::none;
+  return checkpointing_.region(index);
+}
+
 Tensor CausalLM::generate(const Tensor& idx, int64_t max_new_tokens, const GenerateOptions& opts) {
   NoGradGuard no_grad;
   TESSERA_CHECK(idx.dim() == 2 && idx.size(1) > 0 && max_new_tokens >= 0, type_name(),

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tessera/core/random.h"
+#include "tessera/nn/checkpoint_policy.h"
 #include "tessera/nn/module.h"
 
 namespace tessera::nn {
@@ -75,8 +76,31 @@ class CausalLM : public Module {
   // The most positions one forward can see (GPT-2's n_positions, Llama's
   // max_position_embeddings).
   virtual int64_t context_length() const = 0;
-  // Hugging Face's gradient_checkpointing_enable(): recompute every layer in backward.
-  virtual void gradient_checkpointing_enable(bool on = true) = 0;
+  // Decoder blocks (GPT-2's n_layer, Llama's num_hidden_layers).
+  virtual int64_t num_blocks() const = 0;
+  // Hugging Face's gradient_checkpointing_enable(): which activations backward recomputes while
+  // training (nn/checkpoint_policy.h); `full` (every block) by default. A policy that cannot
+  // apply to this model (every_k:K with K > num_blocks()) is refused, naming it, and the
+  // model keeps the policy it had. Losses and gradients stay bit for bit the same.
+  void gradient_checkpointing_enable(const CheckpointPolicy& policy = CheckpointPolicy::full());
+  // transformers' gradient_checkpointing_enable(gradient_checkpointing_kwargs): {"policy":
+  // "every_k:2"}, {"use_reentrant": false} (CheckpointPolicy::from_kwargs reads them).
+  void gradient_checkpointing_enable(const nlohmann::json& gradient_checkpointing_kwargs) {
+    gradient_checkpointing_enable(CheckpointPolicy::from_kwargs(gradient_checkpointing_kwargs));
+  }
+  // true = full, false = none (the switch gradient checkpointing was before policies).
+  void gradient_checkpointing_enable(bool on) {
+    gradient_checkpointing_enable(on ? CheckpointPolicy::full() : CheckpointPolicy());
+  }
+  // A policy's name would convert to bool (and mean full) here: say CheckpointPolicy::parse.
+  void gradient_checkpointing_enable(const char*) = delete;
+  void gradient_checkpointing_disable() { checkpointing_ = CheckpointPolicy(); }
+  bool is_gradient_checkpointing() const { return checkpointing_.enabled(); }
+  const CheckpointPolicy& gradient_checkpointing_policy() const { return checkpointing_; }
+  // What block `index` recomputes in this forward: the policy's region while `body` (the
+  // module whose mode counts: a classification model registers only the body) trains with
+  // grad mode on, else none (evaluation and tape-free passes keep nothing to recompute).
+  CheckpointRegion checkpoint_region(int64_t index, const Module& body) const;
   // Model directory: config.json + model.safetensors in the architecture's HF layout.
   virtual void save_pretrained(const std::string& dir) const = 0;
   virtual void save_config(const std::string& path) const = 0;
@@ -94,6 +118,7 @@ class CausalLM : public Module {
 
  private:
   BlockImplementation requested_blocks_ = BlockImplementation::automatic;
+  CheckpointPolicy checkpointing_;
 };
 
 // The model_type of a config.json ("gpt2", "llama", ...); errors name the file.

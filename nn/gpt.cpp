@@ -68,21 +68,23 @@ Tensor GPT::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
   if (runs_fast_blocks()) return gpt_fast_hidden_states(*this, x, past, cache);
   for (size_t i = 0; i < transformer.blocks.size(); ++i) {
     Block& block = *transformer.blocks[i];
-    x = cache ? block.forward(x, &cache->layers[i], past) : run_block(block, x);
+    x = cache ? block.forward(x, &cache->layers[i], past) : run_block(i, x);
   }
   return transformer.ln_f(x);
 }
 
-Tensor GPT::run_block(Block& block, const Tensor& x) {
+Tensor GPT::run_block(size_t index, const Tensor& x) {
+  Block& block = *transformer.blocks[index];
   // The mode of the transformer (a classification model registers only it: nn/classification.h).
-  if (!cfg_.gradient_checkpointing || !transformer.is_training() || !autograd::is_grad_enabled())
-    return block(x);
+  const CheckpointRegion region = checkpoint_region(static_cast<int64_t>(index), transformer);
+  if (region == CheckpointRegion::none) return block(x);
+  // A sub-layer's checkpoint sits inside the block's call, between its hooks.
+  if (region != CheckpointRegion::block)
+    return block.call_with_hooks(x, [&] { return block.forward(x, nullptr, 0, region); });
   // The recompute replays the default generator and the autocast policy of this run, so
   // the block's dropout masks and dtypes are the same twice. The block's forward hooks run
   // in both passes, so a hook that gathers the block's parameters does so for the recompute.
-  return autograd::checkpoint(
-      [&block](const std::vector<Tensor>& in) { return std::vector<Tensor>{block(in[0])}; },
-      {x})[0];
+  return checkpointed(true, [&block](const Tensor& in) { return block(in); }, x);
 }
 
 void GPT::set_dropout(double p) {

@@ -61,12 +61,7 @@ class GPT : public CausalLM {
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t context_length() const override { return cfg_.block_size; }
   std::string describe() const override;
-  // Hugging Face's gradient_checkpointing_enable(): recompute every Block in backward (see
-  // GPTConfig::gradient_checkpointing). Losses and gradients stay bit for bit the same.
-  void gradient_checkpointing_enable(bool on = true) override {
-    cfg_.gradient_checkpointing = on;
-  }
-  bool is_gradient_checkpointing() const { return cfg_.gradient_checkpointing; }
+  int64_t num_blocks() const override { return cfg_.n_layer; }
   // Sets the probability of every dropout site (a model loaded from a directory brings the
   // dropout of its config.json; training may ask for another). Throws outside [0, 1).
   void set_dropout(double p);
@@ -88,8 +83,8 @@ class GPT : public CausalLM {
 
  private:
   Tensor hidden_states(const Tensor& idx, int64_t past, KVCache* cache);
-  // block(x), recomputed in backward under gradient checkpointing while training.
-  Tensor run_block(Block& block, const Tensor& x);
+  // Block `index` on x, with what the checkpointing policy recomputes in backward.
+  Tensor run_block(size_t index, const Tensor& x);
 
   GPTConfig cfg_;
   std::unique_ptr<LMHead> lm_head_;

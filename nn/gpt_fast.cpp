@@ -98,10 +98,11 @@ Tensor GPTFastBlock::call(const Tensor& x) {
 }
 
 BlockOutput GPTFastBlock::call_deferred(const Tensor& residual, const Tensor& delta,
-                                        const Tensor& delta_bias, bool defer_biases) {
+                                        const Tensor& delta_bias, bool defer_biases,
+                                        CheckpointRegion recompute) {
   BlockOutput out;
   out.delta = block_->call_with_hooks(residual, [&] {
-    out = forward_deferred(residual, delta, delta_bias, defer_biases);
+    out = forward_deferred(residual, delta, delta_bias, defer_biases, nullptr, 0, recompute);
     return out.delta;
   });
   return out;
@@ -109,10 +110,13 @@ BlockOutput GPTFastBlock::call_deferred(const Tensor& residual, const Tensor& de
 
 BlockOutput GPTFastBlock::forward_deferred(const Tensor& residual, const Tensor& delta,
                                            const Tensor& delta_bias, bool defer_biases,
-                                           KVCache::Layer* cache, int64_t past) {
+                                           KVCache::Layer* cache, int64_t past,
+                                           CheckpointRegion recompute) {
   TESSERA_CHECK(delta.defined() || !delta_bias.defined(),
                 "Block: a delta bias needs the delta it belongs to");
   TESSERA_CHECK(!(defer_biases && cache), "Block: biases are not deferred with a KV cache");
+  TESSERA_CHECK(!(defer_biases || cache) || recompute == CheckpointRegion::none,
+                "Block: a sub-layer is recomputed only in training without deferred biases");
   Block& b = *block_;
   // x = residual + delta (+ delta_bias); h = x + attn(ln_1(x)); the output h + mlp(ln_2(h))
   // stays two (or three) terms.
@@ -123,16 +127,25 @@ BlockOutput GPTFastBlock::forward_deferred(const Tensor& residual, const Tensor&
         b.ln_2.forward_residual(x, attention(x_normed, true), b.attn.c_proj.bias);
     return {h, mlp(h_normed, true), b.mlp.c_proj.bias};
   }
-  const Tensor attn_out = cache ? attention_cached(x_normed, *cache, past) : attention(x_normed, false);
+  // A recomputed sub-layer keeps only its input (the norm's output) for backward.
+  const Tensor attn_out =
+      cache ? attention_cached(x_normed, *cache, past)
+            : checkpointed(recompute == CheckpointRegion::attention,
+                           [this](const Tensor& t) { return attention(t, false); }, x_normed);
   const auto [h, h_normed] = b.ln_2.forward_residual(x, attn_out);
-  return {h, mlp(h_normed, false), Tensor()};
+  return {h,
+          checkpointed(recompute == CheckpointRegion::mlp,
+                       [this](const Tensor& t) { return mlp(t, false); }, h_normed),
+          Tensor()};
 }
 
 bool output_biases_deferrable(const GPT& model) {
   const GPTConfig& cfg = model.config();
   if (!deferred_biases_by_default() || !cfg.bias || model.any_hooks()) return false;
-  if (cfg.gradient_checkpointing && model.transformer.is_training() && autograd::is_grad_enabled())
-    return false;
+  // A recomputed block keeps its input as one summed tensor, and a recomputed sub-layer's output
+  // must be whole: checkpointing anywhere keeps the biases in their GEMMs.
+  for (int64_t i = 0; i < cfg.n_layer; ++i)
+    if (model.checkpoint_region(i, model.transformer) != CheckpointRegion::none) return false;
   for (const Block* block : model.transformer.blocks)
     for (const Dropout* d : {&block->attn.resid_dropout, &block->mlp.dropout})
       if (d->is_training() && d->p > 0) return false;
@@ -140,15 +153,15 @@ bool output_biases_deferrable(const GPT& model) {
 }
 
 namespace {
-// block.call_deferred(in..., defer_biases); under gradient checkpointing {block(residual +
-// delta) recomputed in backward, undefined, undefined}.
-BlockOutput run_block(const GPT& model, GPTFastBlock& block, const BlockOutput& in,
+// Block `index` as block.call_deferred(in..., defer_biases), with what the checkpointing policy
+// recomputes; a whole block recomputed gives {block(residual + delta), undefined, undefined}.
+BlockOutput run_block(const GPT& model, size_t index, GPTFastBlock& block, const BlockOutput& in,
                       bool defer_biases) {
   const Tensor &residual = in.residual, &delta = in.delta;
   // The mode of the transformer (a classification model registers only it: nn/classification.h).
-  if (!model.is_gradient_checkpointing() || !model.transformer.is_training() ||
-      !autograd::is_grad_enabled())
-    return block.call_deferred(residual, delta, in.delta_bias, defer_biases);
+  const CheckpointRegion region = model.checkpoint_region(static_cast<int64_t>(index), model.transformer);
+  if (region != CheckpointRegion::block)
+    return block.call_deferred(residual, delta, in.delta_bias, defer_biases, region);
   TESSERA_CHECK(!in.delta_bias.defined() && !defer_biases,
                 "GPT: biases are not deferred under gradient checkpointing");
   // Checkpointed, the graph keeps each block's input for the recompute: one tensor, the
@@ -158,12 +171,8 @@ BlockOutput run_block(const GPT& model, GPTFastBlock& block, const BlockOutput& 
   // the block's dropout masks and dtypes are the same twice. The block's forward hooks run
   // in both passes, so a hook that gathers the block's parameters does so for the recompute.
   const Tensor x = delta.defined() ? residual + delta : residual;
-  const Tensor out = autograd::checkpoint(
-      [&block](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{block.call(in[0])};
-      },
-      {x})[0];
-  return {out, Tensor(), Tensor()};
+  return {checkpointed(true, [&block](const Tensor& t) { return block.call(t); }, x), Tensor(),
+          Tensor()};
 }
 }  // namespace
 
@@ -178,7 +187,7 @@ Tensor gpt_fast_hidden_states(GPT& model, const Tensor& embedded, int64_t past, 
     GPTFastBlock& block = model.fast_blocks[i];
     out = cache ? block.forward_deferred(out.residual, out.delta, out.delta_bias, false,
                                          &cache->layers[i], past)
-                : run_block(model, block, out, defer_biases);
+                : run_block(model, i, block, out, defer_biases);
   }
   LayerNorm& ln_f = model.transformer.ln_f;
   return out.delta.defined() ? ln_f.forward_residual(out.residual, out.delta, out.delta_bias).second

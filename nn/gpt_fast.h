@@ -45,16 +45,20 @@ class GPTFastBlock {
   // left to the next layer norm. With defer_biases (only where output_biases_deferrable) the
   // output projections' biases stay out of their GEMMs too: attn.c_proj's is added inside
   // ln_2, mlp.c_proj's is returned as delta_bias. With a cache, attention appends to it at
-  // positions [past, past + T) (tape-free decoding).
+  // positions [past, past + T) (tape-free decoding). `recompute` attention or mlp (training,
+  // without deferred biases: CausalLM::checkpoint_region) runs that sub-layer under activation
+  // checkpointing; a whole block's checkpoint is the caller's.
   BlockOutput forward_deferred(const Tensor& residual, const Tensor& delta,
                                const Tensor& delta_bias = Tensor(), bool defer_biases = false,
-                               KVCache::Layer* cache = nullptr, int64_t past = 0);
+                               KVCache::Layer* cache = nullptr, int64_t past = 0,
+                               CheckpointRegion recompute = CheckpointRegion::none);
   // forward_deferred between the block's hooks, as the block's operator() runs forward: they
   // see residual as the input and the delta term as the output, so the backward pre-hooks fire
   // when its gradient arrives, before any of the block's own ops run backward (ZeRO-3 gathers
   // the block's parameters there).
   BlockOutput call_deferred(const Tensor& residual, const Tensor& delta, const Tensor& delta_bias,
-                            bool defer_biases);
+                            bool defer_biases,
+                            CheckpointRegion recompute = CheckpointRegion::none);
   // The attention's output for ln_1's output x; without_output_bias leaves c_proj's bias out
   // (resid_dropout must then be inactive).
   Tensor attention(const Tensor& x, bool without_output_bias);
@@ -103,8 +107,8 @@ Tensor gpt_fast_hidden_states(GPT& model, const Tensor& x, int64_t past, KVCache
 // Whether the fast stack leaves the output projections' biases to the norms after them
 // (GPTFastBlock::forward_deferred's defer_biases): the model has biases, no module has hooks
 // (they would see outputs without them; ZeRO-3 gathers parameters per block from its hooks), no
-// dropout after a projection is active, no gradient checkpointing while training, and
-// TESSERA_DEFERRED_BIASES is not 0.
+// dropout after a projection is active, no block recomputes anything under the gradient
+// checkpointing policy (CausalLM::checkpoint_region), and TESSERA_DEFERRED_BIASES is not 0.
 bool output_biases_deferrable(const GPT& model);
 // TESSERA_DEFERRED_BIASES: on unless "0" (read once).
 bool deferred_biases_by_default();

@@ -103,9 +103,16 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& cfg, Generator* gen, Ten
 }
 
 Tensor LlamaDecoderLayer::forward(const Tensor& input, const ops::RopeTables& rope, int64_t past,
-                                  KVCache::Layer* cache) {
-  const Tensor x = input + self_attn.forward(input_layernorm(input), rope, past, cache);
-  return x + mlp(post_attention_layernorm(x));
+                                  KVCache::Layer* cache, CheckpointRegion recompute) {
+  // The rotary tables are constants of this forward, captured as they are.
+  const Tensor x =
+      input + checkpointed(recompute == CheckpointRegion::attention,
+                           [this, rope, past, cache](const Tensor& t) {
+                             return self_attn.forward(t, rope, past, cache);
+                           },
+                           input_layernorm(input));
+  return x + checkpointed(recompute == CheckpointRegion::mlp,
+                          [this](const Tensor& t) { return mlp(t); }, post_attention_layernorm(x));
 }
 
 LlamaModel::LlamaModel(const LlamaConfig& cfg, Generator* gen, TensorOptions opts)
@@ -148,22 +155,20 @@ Tensor Llama::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
   if (runs_fast_blocks()) return llama_fast_hidden_states(*this, x, rope, past, cache);
   for (size_t i = 0; i < model.decoder_layers.size(); ++i) {
     LlamaDecoderLayer& layer = *model.decoder_layers[i];
-    x = cache ? layer.forward(x, rope, past, &cache->layers[i]) : run_layer(layer, x, rope);
+    x = cache ? layer.forward(x, rope, past, &cache->layers[i]) : run_layer(i, x, rope);
   }
   return model.norm(x);
 }
 
-Tensor Llama::run_layer(LlamaDecoderLayer& layer, const Tensor& x, const ops::RopeTables& rope) {
+Tensor Llama::run_layer(size_t index, const Tensor& x, const ops::RopeTables& rope) {
+  LlamaDecoderLayer& layer = *model.decoder_layers[index];
   // The mode of the body (a classification model registers only it: nn/classification.h).
-  if (!checkpointing_ || !model.is_training() || !autograd::is_grad_enabled())
-    return layer.forward(x, rope, 0, nullptr);
+  const CheckpointRegion region = checkpoint_region(static_cast<int64_t>(index), model);
+  if (region != CheckpointRegion::block) return layer.forward(x, rope, 0, nullptr, region);
   // The recompute replays the autocast policy; the layer has no randomness to replay. The
   // rotary tables are constants of this forward, captured as they are.
-  return autograd::checkpoint(
-      [&layer, rope](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{layer.forward(in[0], rope, 0, nullptr)};
-      },
-      {x})[0];
+  return checkpointed(
+      true, [&layer, rope](const Tensor& in) { return layer.forward(in, rope, 0, nullptr); }, x);
 }
 
 std::string Llama::describe() const {

@@ -76,8 +76,10 @@ class LlamaMLP : public Module {
 class LlamaDecoderLayer : public Module {
  public:
   LlamaDecoderLayer(const LlamaConfig& cfg, Generator* gen, TensorOptions opts);
+  // `recompute` attention or mlp (training: CausalLM::checkpoint_region) runs that sub-layer
+  // under activation checkpointing; a whole layer's checkpoint is the caller's.
   Tensor forward(const Tensor& x, const ops::RopeTables& rope, int64_t past,
-                 KVCache::Layer* cache);
+                 KVCache::Layer* cache, CheckpointRegion recompute = CheckpointRegion::none);
   std::string type_name() const override { return "LlamaDecoderLayer"; }
   LlamaAttention self_attn;
   LlamaMLP mlp;
@@ -122,9 +124,7 @@ class Llama : public CausalLM {
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t context_length() const override { return cfg_.max_position_embeddings; }
   std::string describe() const override;
-  // Recompute every decoder layer in backward (autograd::checkpoint); training only.
-  void gradient_checkpointing_enable(bool on = true) override { checkpointing_ = on; }
-  bool is_gradient_checkpointing() const { return checkpointing_; }
+  int64_t num_blocks() const override { return cfg_.num_hidden_layers; }
   // The [V, C] matrix the logits are computed with (embed_tokens.weight when tied).
   Tensor output_weight() const;
 
@@ -140,10 +140,9 @@ class Llama : public CausalLM {
 
  private:
   Tensor hidden_states(const Tensor& idx, int64_t past, KVCache* cache);
-  // layer(x) at positions [0, T), recomputed in backward under gradient checkpointing.
-  Tensor run_layer(LlamaDecoderLayer& layer, const Tensor& x, const ops::RopeTables& rope);
+  // Layer `index` on x at positions [0, T), with what the checkpointing policy recomputes.
+  Tensor run_layer(size_t index, const Tensor& x, const ops::RopeTables& rope);
   LlamaConfig cfg_;
-  bool checkpointing_ = false;
   std::unique_ptr<TorchLinear> lm_head_;
 };
 

@@ -18,25 +18,36 @@ Tensor llama_fast_attention(LlamaAttention& attn, const Tensor& x, const ops::Ro
 
 std::pair<Tensor, Tensor> llama_fast_layer(LlamaDecoderLayer& layer, const Tensor& residual,
                                            const Tensor& delta, const ops::RopeTables& rope,
-                                           int64_t past, KVCache::Layer* cache) {
+                                           int64_t past, KVCache::Layer* cache,
+                                           CheckpointRegion recompute) {
+  TESSERA_CHECK(!cache || recompute == CheckpointRegion::none,
+                "LlamaDecoderLayer: a sub-layer is recomputed only in training, without a cache");
   // x = residual + delta; h = x + attn(input_layernorm(x)); out = h + mlp(post_norm(h)).
   const RMSNorm &norm_1 = layer.input_layernorm, &norm_2 = layer.post_attention_layernorm;
   const auto [x, x_normed] = delta.defined()
                                  ? residual_rms_norm(residual, delta, norm_1.weight, norm_1.eps)
                                  : std::pair{residual, layer.input_layernorm(residual)};
-  const Tensor attn_out = llama_fast_attention(layer.self_attn, x_normed, rope, past, cache);
+  // A recomputed sub-layer keeps only its input (the norm's output) for backward; the rotary
+  // tables are constants of this forward, captured as they are.
+  LlamaAttention& attn = layer.self_attn;
+  const Tensor attn_out = checkpointed(
+      recompute == CheckpointRegion::attention,
+      [&attn, rope, past, cache](const Tensor& t) { return llama_fast_attention(attn, t, rope, past, cache); },
+      x_normed);
   const auto [h, h_normed] = residual_rms_norm(x, attn_out, norm_2.weight, norm_2.eps);
-  return {h, layer.mlp(h_normed)};
+  LlamaMLP& mlp = layer.mlp;
+  return {h, checkpointed(recompute == CheckpointRegion::mlp,
+                          [&mlp](const Tensor& t) { return mlp(t); }, h_normed)};
 }
 
 namespace {
-std::pair<Tensor, Tensor> run_layer(const Llama& model, LlamaDecoderLayer& layer,
-                                    const Tensor& residual, const Tensor& delta,
-                                    const ops::RopeTables& rope) {
+std::pair<Tensor, Tensor> run_layer(const Llama& model, size_t index, const Tensor& residual,
+                                    const Tensor& delta, const ops::RopeTables& rope) {
+  LlamaDecoderLayer& layer = *model.model.decoder_layers[index];
   // The mode of the body (a classification model registers only it: nn/classification.h).
-  if (!model.is_gradient_checkpointing() || !model.model.is_training() ||
-      !autograd::is_grad_enabled())
-    return llama_fast_layer(layer, residual, delta, rope, 0, nullptr);
+  const CheckpointRegion region = model.checkpoint_region(static_cast<int64_t>(index), model.model);
+  if (region != CheckpointRegion::block)
+    return llama_fast_layer(layer, residual, delta, rope, 0, nullptr, region);
   // The recompute replays the autocast policy; the layer has no randomness to replay. The
   // rotary tables are constants of this forward, captured as they are.
   std::vector<Tensor> inputs{residual};
@@ -60,7 +71,7 @@ Tensor llama_fast_hidden_states(Llama& model, const Tensor& embedded, const ops:
   for (size_t i = 0; i < layers.size(); ++i) {
     std::tie(residual, delta) =
         cache ? llama_fast_layer(*layers[i], residual, delta, rope, past, &cache->layers[i])
-              : run_layer(model, *layers[i], residual, delta, rope);
+              : run_layer(model, i, residual, delta, rope);
   }
   const RMSNorm& norm = model.model.norm;
   return delta.defined() ? residual_rms_norm(residual, delta, norm.weight, norm.eps).second

@@ -24,10 +24,12 @@ Tensor llama_fast_attention(LlamaAttention& attn, const Tensor& x, const ops::Ro
                             int64_t past, KVCache::Layer* cache);
 // The layer on a residual stream whose last add is still pending: its input is residual +
 // delta (delta undefined: residual alone), and it returns {h, mlp_out}, its output being
-// h + mlp_out.
+// h + mlp_out. `recompute` attention or mlp (training, no cache: CausalLM::checkpoint_region)
+// runs that sub-layer under activation checkpointing; a whole layer's is the caller's.
 std::pair<Tensor, Tensor> llama_fast_layer(LlamaDecoderLayer& layer, const Tensor& residual,
                                            const Tensor& delta, const ops::RopeTables& rope,
-                                           int64_t past, KVCache::Layer* cache);
+                                           int64_t past, KVCache::Layer* cache,
+                                           CheckpointRegion recompute = CheckpointRegion::none);
 // Llama's fast stack: the embeddings' output x [B, T, C] through every decoder layer to the
 // final norm's output; with a cache, positions [past, past + T).
 Tensor llama_fast_hidden_states(Llama& model, const Tensor& x, const ops::RopeTables& rope,

@@ -31,7 +31,7 @@ class CausalLMTask : public TrainingTask {
 
   void prepare(dist::Accelerator& acc, const TrainingArguments& args, Device device) override {
     args_ = &args;
-    model_.gradient_checkpointing_enable(args.gradient_checkpointing);
+    model_.gradient_checkpointing_enable(gradient_checkpointing_policy(args));
     loader_ = std::make_unique<data::DataLoader>(
         train_data_, data::DataLoaderOptions{.batch = args.per_device_train_batch_size,
                                              .seq = args.seq,

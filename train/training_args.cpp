@@ -90,6 +90,7 @@ const std::map<std::string, Field>& fields() {
       {"bf16", field(Kind::Flag, &Args::bf16)},
       {"fp16", field(Kind::Flag, &Args::fp16)},
       {"gradient_checkpointing", field(Kind::Flag, &Args::gradient_checkpointing)},
+      {"gradient_checkpointing_kwargs", field(Kind::Object, &Args::gradient_checkpointing_kwargs)},
       {"resume_from_checkpoint",
        {Kind::TextOrFlag,
         [](Args& a, const Json& v) {
@@ -487,6 +488,16 @@ int64_t TrainingArguments::total_steps(int64_t steps_per_epoch) const {
   return kDefaultMaxSteps;
 }
 
+nn::CheckpointPolicy gradient_checkpointing_policy(const TrainingArguments& a) {
+  nn::CheckpointPolicy policy;
+  try {  // read even when off, so a bad policy is refused wherever it is written
+    policy = nn::CheckpointPolicy::from_kwargs(a.gradient_checkpointing_kwargs);
+  } catch (const Error& e) {
+    TESSERA_FAIL(a.describe("gradient_checkpointing_kwargs"), ": ", e.what());
+  }
+  return a.gradient_checkpointing ? policy : nn::CheckpointPolicy();
+}
+
 void validate(const TrainingArguments& a, bool needs_token_file) {
   auto require = [&](bool ok, const std::string& key, const std::string& what, const Json& got) {
     TESSERA_CHECK(ok, a.describe(key), " ", what, " (got ", got.dump(), ")");
@@ -580,6 +591,21 @@ void validate(const TrainingArguments& a, bool needs_token_file) {
   require(a.sampling == "windows" || a.sampling == "random", "sampling",
           "must be windows or random", a.sampling);
   require(a.dropout >= 0 && a.dropout < 1, "dropout", "must be in [0, 1)", a.dropout);
+  // The checkpointing policy, before any work: its name, and for a fresh model its blocks (a
+  // model from `init` is checked against its own when the run enables it on it).
+  const nn::CheckpointPolicy policy = gradient_checkpointing_policy(a);
+  require(a.gradient_checkpointing || !a.gradient_checkpointing_kwargs.contains("policy"),
+          "gradient_checkpointing_kwargs",
+          "names a policy, but gradient_checkpointing is false (turn it on: "
+          "--gradient-checkpointing POLICY)",
+          a.gradient_checkpointing_kwargs);
+  if (a.init.empty() && a.n_layer > 0) {
+    try {
+      policy.check_model(a.n_layer);
+    } catch (const Error& e) {
+      TESSERA_FAIL(a.describe("gradient_checkpointing_kwargs"), ": ", e.what());
+    }
+  }
   require(a.zero_stage >= -1 && a.zero_stage <= 3, "zero_stage", "must be 0 (DDP), 1, 2 or 3", a.zero_stage);
   require(a.offload == "none" || a.offload == "optimizer" || a.offload == "param", "offload",
           "must be none, optimizer or param", a.offload);

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessera/nn/checkpoint_policy.h"
 #include "tessera/optim/schedule.h"
 
 namespace tessera::train {
@@ -58,6 +59,10 @@ struct TrainingArguments {
   int64_t seed = 1337;
   bool bf16 = false, fp16 = false;
   bool gradient_checkpointing = false;
+  // Hugging Face's dict for gradient checkpointing: Tessera's "policy" (none | full |
+  // every_k:K | attention | mlp, nn/checkpoint_policy.h; full when absent) and torch's
+  // "use_reentrant" (accepted and ignored: Tessera has one implementation).
+  nlohmann::json gradient_checkpointing_kwargs = nlohmann::json::object();
   // "" = fresh; "latest" (or true) = newest valid under output_dir; else a checkpoint folder.
   std::string resume_from_checkpoint;
   // jsonl, tensorboard, csv, mlflow ("all": every one), none (train/report_to.h)
@@ -171,6 +176,10 @@ std::unique_ptr<optim::LRSchedule> make_lr_schedule(const TrainingArguments& arg
 bool schedule_uses_total(const TrainingArguments& args);
 // The name of the schedule for messages ("cosine (transformers')", "--schedule cosine").
 std::string schedule_name(const TrainingArguments& args);
+
+// What the run recomputes in backward: gradient_checkpointing_kwargs' policy when
+// gradient_checkpointing is on, else none. A bad policy is refused naming the key and the value.
+nn::CheckpointPolicy gradient_checkpointing_policy(const TrainingArguments& args);
 
 // Checks ranges and consistency (positive sizes, heads dividing channels, finite numbers,
 // known schedule/strategy/device/precision, ...); errors name the key.

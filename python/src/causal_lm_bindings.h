@@ -62,8 +62,28 @@ py::class_<Model, nn::Module> bind_causal_lm(py::module_& nn_module, const char*
           py::arg("idx"), py::arg("max_new_tokens"), py::arg("temperature") = 1.0,
           py::arg("top_k") = 0, py::arg("generator") = nullptr)
       .def_property_readonly("config", &Model::config)
-      .def("gradient_checkpointing_enable", &Model::gradient_checkpointing_enable,
-           py::arg("enable") = true)
+      .def(
+          "gradient_checkpointing_enable",
+          [](Model& m, py::object kwargs) {
+            // transformers' signature; the dict is read by CheckpointPolicy::from_kwargs
+            // ({"policy": "every_k:2"}; torch's "use_reentrant" is accepted and ignored).
+            nlohmann::json j = nlohmann::json::object();
+            if (!kwargs.is_none())
+              j = nlohmann::json::parse(
+                  py::module_::import("json").attr("dumps")(kwargs).cast<std::string>());
+            m.gradient_checkpointing_enable(j);
+          },
+          py::arg("gradient_checkpointing_kwargs") = py::none(),
+          "Recompute activations in backward while training, by the policy in "
+          "gradient_checkpointing_kwargs[\"policy\"]: full (default), every_k:K, attention, mlp, "
+          "none")
+      .def("gradient_checkpointing_disable", [](Model& m) { m.gradient_checkpointing_disable(); })
+      .def_property_readonly("is_gradient_checkpointing",
+                             [](const Model& m) { return m.is_gradient_checkpointing(); })
+      .def_property_readonly(
+          "gradient_checkpointing_policy",
+          [](const Model& m) { return m.gradient_checkpointing_policy().name(); },
+          "The policy's name (\"none\" when off)")
       .def_static(
           "from_pretrained",
           [](const std::string& dir, py::object device, py::object dtype) {

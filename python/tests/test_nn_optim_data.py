@@ -185,6 +185,67 @@ def test_gpt_loss_is_cross_entropy_of_the_logits():
     assert out.shape == (2, 9) and out[:, :4].tolist() == idx[:, :4].tolist()
 
 
+def _checkpointed_step(model, idx, targets):
+    model.zero_grad()
+    tessera.manual_seed(7)
+    loss = model.loss(idx, targets)
+    loss.backward()
+    return loss.item(), [np.asarray(p.grad).copy() for p in model.parameters()]
+
+
+def test_gradient_checkpointing_enable_takes_transformers_kwargs():
+    # Every policy gives the plain step's loss and gradients bit for bit (GPT with dropout, so
+    # the recompute replays the draws; Llama with grouped-query attention), on 3 blocks.
+    gpt = nn.GPT(nn.GPTConfig(vocab_size=50, block_size=16, n_layer=3, n_head=2, n_embd=24),
+                 generator=tessera.Generator(3))
+    gpt.set_dropout(0.1)
+    llama = nn.Llama(nn.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=40, num_hidden_layers=3,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16))
+    idx = tessera.tensor(RNG.integers(0, 50, (3, 13)))
+    targets = tessera.tensor(RNG.integers(0, 50, (3, 13)))
+    for model in (gpt, llama):
+        model.train()
+        assert not model.is_gradient_checkpointing and model.gradient_checkpointing_policy == "none"
+        plain_loss, plain_grads = _checkpointed_step(model, idx, targets)
+        for kwargs, policy in ((None, "full"), ({"use_reentrant": False}, "full"),
+                               ({"policy": "every_k:2"}, "every_k:2"),
+                               ({"policy": "attention", "use_reentrant": True}, "attention"),
+                               ({"policy": "mlp"}, "mlp")):
+            if kwargs is None:
+                model.gradient_checkpointing_enable()
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            assert model.is_gradient_checkpointing and model.gradient_checkpointing_policy == policy
+            loss, grads = _checkpointed_step(model, idx, targets)
+            assert loss == plain_loss, policy
+            for got, want in zip(grads, plain_grads):
+                assert np.array_equal(got, want), policy
+        # Refused naming the value; the model keeps the policy it had.
+        with pytest.raises(ValueError, match="'every_k:0'"):
+            model.gradient_checkpointing_enable({"policy": "every_k:0"})
+        with pytest.raises(ValueError, match="'every_k:4'.*3 blocks"):
+            model.gradient_checkpointing_enable({"policy": "every_k:4"})
+        with pytest.raises(ValueError, match="'sometimes'"):
+            model.gradient_checkpointing_enable({"policy": "sometimes"})
+        with pytest.raises(ValueError, match="preserve_rng_state"):
+            model.gradient_checkpointing_enable({"preserve_rng_state": True})
+        with pytest.raises(ValueError, match="dict"):
+            model.gradient_checkpointing_enable(True)
+        assert model.gradient_checkpointing_policy == "mlp"
+        model.gradient_checkpointing_disable()
+        assert not model.is_gradient_checkpointing
+
+
+def test_training_arguments_take_gradient_checkpointing_kwargs(tmp_path):
+    args = tessera.TrainingArguments(output_dir=str(tmp_path), gradient_checkpointing=True,
+                                     gradient_checkpointing_kwargs={"policy": "every_k:2", "use_reentrant": False})
+    assert args.gradient_checkpointing_kwargs == {"policy": "every_k:2", "use_reentrant": False}
+    for bad in ("every_k:0", "every_k:x", "every_k:9", "bogus"):
+        with pytest.raises(ValueError, match="gradient_checkpointing_kwargs.*'" + bad + "'"):
+            tessera.TrainingArguments(output_dir=str(tmp_path), gradient_checkpointing=True,
+                                      gradient_checkpointing_kwargs={"policy": bad})
+
+
 def test_module_errors():
     with pytest.raises(ValueError, match="n_head"):
         nn.GPTConfig(n_embd=30, n_head=4)

@@ -265,3 +265,52 @@ TEST(HfTrainingArguments, SaveOnlyModelWritesModelOnlyCheckpointsThatCannotBeRes
   });
   EXPECT_EQ(checked, 6);
 }
+
+namespace {
+
+// gradient_checkpointing with Hugging Face's gradient_checkpointing_kwargs: torch's
+// use_reentrant is accepted (and ignored: Tessera has one implementation), Tessera's "policy"
+// selects what is recomputed, and a bad policy is refused by validate() naming the key and
+// the value, before any work.
+TEST(HfTrainingArguments, GradientCheckpointingKwargsSelectThePolicy) {
+  EXPECT_EQ(train::gradient_checkpointing_policy(from(Json::object())), nn::CheckpointPolicy());
+  EXPECT_EQ(train::gradient_checkpointing_policy(from({{"gradient_checkpointing", true}})),
+            nn::CheckpointPolicy::full());
+  const Json reentrant = {{"gradient_checkpointing", true},
+                          {"gradient_checkpointing_kwargs", {{"use_reentrant", false}}}};
+  EXPECT_EQ(error_of(reentrant), "(no error)");
+  EXPECT_EQ(train::gradient_checkpointing_policy(from(reentrant)), nn::CheckpointPolicy::full());
+  // HF configs often carry the kwargs with checkpointing off: nothing is recomputed then.
+  const Json off = {{"gradient_checkpointing_kwargs", {{"use_reentrant", false}}}};
+  EXPECT_EQ(error_of(off), "(no error)");
+  EXPECT_EQ(train::gradient_checkpointing_policy(from(off)), nn::CheckpointPolicy());
+  const Json every_2 = {{"gradient_checkpointing", true},
+                        {"gradient_checkpointing_kwargs", {{"policy", "every_k:2"}, {"use_reentrant", true}}}};
+  EXPECT_EQ(error_of(every_2), "(no error)");
+  EXPECT_EQ(train::gradient_checkpointing_policy(from(every_2)), nn::CheckpointPolicy::every_k(2));
+  // As text, as transformers' command line passes a dict.
+  const Json text = {{"gradient_checkpointing", true}, {"gradient_checkpointing_kwargs", R"({"policy": "mlp"})"}};
+  EXPECT_EQ(train::gradient_checkpointing_policy(from(text)), nn::CheckpointPolicy::mlp());
+  EXPECT_EQ(from(every_2).to_json()["gradient_checkpointing_kwargs"]["policy"], "every_k:2");
+
+  // n_layer is 4 by default.
+  for (const std::string bad : {"every_k:0", "every_k:two", "every_k:1.5", "sometimes", "every_k:5"}) {
+    const std::string e = error_of({{"gradient_checkpointing", true},
+                                    {"gradient_checkpointing_kwargs", {{"policy", bad}}}});
+    EXPECT_NE(e.find("key \"gradient_checkpointing_kwargs\""), std::string::npos) << bad << ": " << e;
+    EXPECT_NE(e.find("'" + bad + "'"), std::string::npos) << bad << ": " << e;
+  }
+  // The same K fits a deeper model.
+  EXPECT_EQ(error_of({{"gradient_checkpointing", true}, {"n_layer", 8},
+                      {"gradient_checkpointing_kwargs", {{"policy", "every_k:5"}}}}),
+            "(no error)");
+  const std::string unknown = error_of({{"gradient_checkpointing", true},
+                                        {"gradient_checkpointing_kwargs", {{"preserve_rng_state", true}}}});
+  EXPECT_NE(unknown.find("\"preserve_rng_state\""), std::string::npos) << unknown;
+  const std::string not_on = error_of({{"gradient_checkpointing_kwargs", {{"policy", "mlp"}}}});
+  EXPECT_NE(not_on.find("gradient_checkpointing is false"), std::string::npos) << not_on;
+  const std::string not_dict = error_of({{"gradient_checkpointing", true}, {"gradient_checkpointing_kwargs", 3}});
+  EXPECT_NE(not_dict.find("gradient_checkpointing_kwargs"), std::string::npos) << not_dict;
+}
+
+}  // namespace
