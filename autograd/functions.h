@@ -47,8 +47,7 @@ Tensor pow(const Tensor& base, double exponent);
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
 
-// ---- element-wise functions (autograd/functions_elementwise.cpp; gelu, gelu_erf:
-// functions_activation.cpp) ----
+// ---- element-wise functions (functions_elementwise.cpp; gelu: functions_activation.cpp) ----
 Tensor exp(const Tensor& x);
 Tensor log(const Tensor& x);
 Tensor sqrt(const Tensor& x);
@@ -131,8 +130,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // x with `value` where mask (bool, broadcast to x) is true.
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
-// ---- more element-wise maths (autograd/functions_math.cpp; silu, swiglu and gelu_erf:
-// functions_activation.cpp) ----
+// ---- more element-wise maths (functions_math.cpp; silu, swiglu: functions_activation.cpp) ----
 Tensor sin(const Tensor& x);
 Tensor cos(const Tensor& x);
 Tensor log1p(const Tensor& x);
@@ -365,7 +363,6 @@ class AttentionBackendRestorer {
 }  // namespace tessera
 
 namespace tessera {
-
 // ---- the fused loss (autograd/functions_loss.cpp) ----
 // cross_entropy for CUDA logits through the fused classifier kernel: the forward writes
 // the per-row losses and the gradient of the logits in one pass and the backward only
