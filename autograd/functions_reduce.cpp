@@ -144,4 +144,6 @@ Tensor prod(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
     return Grads{ops::mul(g, ops::where(is_zero, at_zero, elsewhere))};
   });
   return y;
+}
+
 }  // namespace tessera

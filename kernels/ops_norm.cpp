@@ -44,7 +44,7 @@ void check_layer_norm_operands(const char* op, const Tensor& x, const Tensor& we
 
 // A saved per-row statistic (mean, rstd) of x, uninitialised.
 Tensor row_stat(const Tensor& x, Device dev) {
-  return row_stat(x, dev);
+  return empty(row_shape(x), {.dtype = stat_dtype(x.dtype()), .device = dev});
 }
 
 // The checks and outputs of both backward forms; `kernel(dev, dy converted, grads)` fills them.
