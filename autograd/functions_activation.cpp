@@ -14,15 +14,8 @@ namespace tessera {
 using autograd::BackwardArgs;
 using autograd::record;
 using autograd::SavedTensor;
-using autograd::util::add_into_destination;
-using autograd::util::fold_rows;
-using autograd::util::fused_linear_operands;
-using autograd::util::linear_rows;
-using autograd::util::mT;
-using autograd::util::overwrite_target;
-using autograd::util::scalar_like;
-using autograd::util::weight_and_bias_grads;
 using Grads = std::vector<Tensor>;
+namespace util = autograd::util;
 
 Tensor gelu(const Tensor& x) {
   Tensor y = ops::gelu(x);
@@ -44,7 +37,8 @@ Tensor silu(const Tensor& x) {
   record("SiluBackward", {x}, {y}, [sx = SavedTensor::input(x)](const BackwardArgs& a) {
     const Tensor x = sx.unpack("SiluBackward");
     const Tensor s = ops::unary(UnaryOp::Sigmoid, x);
-    const Tensor slope = ops::mul(s, ops::add(ops::mul(x, ops::sub(scalar_like(1.0, s), s)), 1.0));
+    const Tensor slope =
+        ops::mul(s, ops::add(ops::mul(x, ops::sub(util::scalar_like(1.0, s), s)), 1.0));
     return Grads{ops::mul(a.grad(), slope)};
   });
   return y;
@@ -68,17 +62,16 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
   Tensor out = empty(gate.shape(), {.dtype = gate.dtype(), .device = gate.device()});
   fused.swiglu_forward(gate, up, out);
   if (!autograd::any_requires_grad({gate, up})) return out;
-  record(
-      "SwigluBackward", {gate, up}, {out},
-      [sg = SavedTensor::input(gate), su = SavedTensor::input(up),
-       backward = fused.swiglu_backward](const BackwardArgs& a) {
-        const Tensor g = sg.unpack("SwigluBackward"), u = su.unpack("SwigluBackward");
-        const Tensor dout = raw::contiguous(raw::to(a.grad(), g.device(), g.dtype()));
-        const TensorOptions like{.dtype = g.dtype(), .device = g.device()};
-        Tensor dgate = empty(g.shape(), like), dup = empty(g.shape(), like);
-        backward(dout, g, u, dgate, dup);
-        return std::vector<Tensor>{dgate, dup};
-      });
+  record("SwigluBackward", {gate, up}, {out},
+         [sg = SavedTensor::input(gate), su = SavedTensor::input(up),
+          backward = fused.swiglu_backward](const BackwardArgs& a) {
+           const Tensor g = sg.unpack("SwigluBackward"), u = su.unpack("SwigluBackward");
+           const Tensor dout = raw::contiguous(raw::to(a.grad(), g.device(), g.dtype()));
+           const TensorOptions like{.dtype = g.dtype(), .device = g.device()};
+           Tensor dgate = empty(g.shape(), like), dup = empty(g.shape(), like);
+           backward(dout, g, u, dgate, dup);
+           return std::vector<Tensor>{dgate, dup};
+         });
   return out;
 }
 
@@ -89,8 +82,8 @@ namespace {
 bool fused_mlp_applies(const FusedKernelTable& fused, const Tensor& x2d, const Tensor& w_fc,
                        const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj) {
   return fused.linear_gelu_forward != nullptr && fused.linear_input_grad_dgelu != nullptr &&
-         fused_linear_operands(x2d, w_fc, b_fc, /*allow_f64=*/true) &&
-         fused_linear_operands(x2d, w_proj, b_proj, /*allow_f64=*/true);
+         util::fused_linear_operands(x2d, w_fc, b_fc, /*allow_f64=*/true) &&
+         util::fused_linear_operands(x2d, w_proj, b_proj, /*allow_f64=*/true);
 }
 
 // The backward of mlp_gelu's fused route: y = act @ w_proj + b_proj with act = gelu(pre) and
@@ -102,33 +95,34 @@ struct MlpGeluBackward {
 
   Grads operator()(const BackwardArgs& a) const {
     const char* op = "MlpGeluBackward";
-    const Tensor g = fold_rows(raw::to(a.grad(), act.device(), act.dtype()));
+    const Tensor g = util::fold_rows(raw::to(a.grad(), act.device(), act.dtype()));
     const int64_t in = x_shape.back(), hidden = pre.defined() ? pre.size(1) : act.size(1),
                   out = g.size(1);
     const DType t = g.dtype();
     Grads grads(5);
     // c_proj: dW_proj and db_proj from one GEMM (into the parameters' offered destinations,
     // a DDP bucket's slots, where their layout is the GEMM's; so below).
-    std::tie(grads[3], grads[4]) = weight_and_bias_grads(act, g, a.needs(3), a.needs(4),
-                                                         overwrite_target(a, 3, {hidden, out}, t),
-                                                         overwrite_target(a, 4, {out}, t));
+    std::tie(grads[3], grads[4]) = util::weight_and_bias_grads(
+        act, g, a.needs(3), a.needs(4), util::overwrite_target(a, 3, {hidden, out}, t),
+        util::overwrite_target(a, 4, {out}, t));
     if (a.needs(0) || a.needs(1) || a.needs(2)) {
       // Through c_proj and the GELU into pre in one GEMM, db_fc from the same GEMM.
       const TensorOptions like{.dtype = pre.dtype(), .device = pre.device()};
       const Tensor dpre = empty(pre.shape(), like);
       if (a.needs(2)) {
-        grads[2] = overwrite_target(a, 2, {hidden}, t);
+        grads[2] = util::overwrite_target(a, 2, {hidden}, t);
         if (!grads[2].defined()) grads[2] = empty({hidden}, like);
       }
       fused_kernel_table(pre.device().type)
           .linear_input_grad_dgelu(g, w_proj.unpack(op), pre, dpre, grads[2]);
       if (a.needs(1))
-        grads[1] = weight_and_bias_grads(fold_rows(x.unpack(op)), dpre, true, false,
-                                         overwrite_target(a, 1, {in, hidden}, t))
+        grads[1] = util::weight_and_bias_grads(util::fold_rows(x.unpack(op)), dpre, true, false,
+                                               util::overwrite_target(a, 1, {in, hidden}, t))
                        .first;
-      if (a.needs(0)) grads[0] = raw::reshape(ops::matmul(dpre, mT(w_fc.unpack(op))), x_shape);
+      if (a.needs(0))
+        grads[0] = raw::reshape(ops::matmul(dpre, util::mT(w_fc.unpack(op))), x_shape);
     }
-    for (size_t i = 1; i < grads.size(); ++i) grads[i] = add_into_destination(a, i, grads[i]);
+    for (size_t i = 1; i < grads.size(); ++i) grads[i] = util::add_into_destination(a, i, grads[i]);
     return grads;
   }
 };
@@ -151,7 +145,7 @@ Tensor mlp_gelu(const Tensor& x_in, const Tensor& w_fc_in, const Tensor& b_fc,
                 shape_str(b_fc.shape()), " for hidden size ", hidden);
   TESSERA_CHECK(!b_proj.defined() || b_proj.shape() == Shape{out}, "mlp_gelu: b_proj of shape ",
                 shape_str(b_proj.shape()), " for output size ", out);
-  const Tensor x2d = fold_rows(x);
+  const Tensor x2d = util::fold_rows(x);
   const FusedKernelTable& fused = fused_kernel_table(x2d.device().type);
   if (!fused_mlp_applies(fused, x2d, w_fc, b_fc, w_proj, b_proj))
     return linear(gelu(linear(x, w_fc, b_fc)), w_proj, b_proj);
@@ -161,7 +155,7 @@ Tensor mlp_gelu(const Tensor& x_in, const Tensor& w_fc_in, const Tensor& b_fc,
   fused.linear_gelu_forward(x2d, w_fc, b_fc, act, pre);
   Shape out_shape = x.shape();
   out_shape.back() = out;
-  Tensor y = raw::reshape(linear_rows(act, w_proj, b_proj), out_shape);
+  Tensor y = raw::reshape(util::linear_rows(act, w_proj, b_proj), out_shape);
   if (!autograd::any_requires_grad({x, w_fc, b_fc, w_proj, b_proj})) return y;
   // What the composed graph keeps: x (for dW_fc), the pre-activation, the activation (for
   // dW_proj) and the weights the input gradients need.

@@ -1,6 +1,6 @@
 // Differentiable scans and selection: gather, scatter, scatter_add, index_select, max/min over
-// a dim with their indices, topk, cumsum. The gradient of a selection scatters back to the positions it
-// read (scatter_add), and that of a scatter gathers from the positions it wrote.
+// a dim with their indices, topk, cumsum. The gradient of a selection scatters back to the
+// positions it read (scatter_add), and that of a scatter gathers from the positions it wrote.
 #include "tessera/autograd/function_util.h"
 #include "tessera/autograd/functions.h"
 

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "tessera/core/dispatch.h"
-#include "tessera/core/graph_capture.h"
 #include "tessera/kernels/cuda/common.cuh"
+#include "tessera/kernels/cuda/device_flag.cuh"
 #include "tessera/kernels/cuda/row_softmax.cuh"
 
 namespace tessera::cuda {
@@ -64,16 +64,6 @@ __global__ void cross_entropy_finish_kernel(const double* row_loss, const int* r
     store_as<double>(loss, lt, 0, s);  // the sum, as the CPU kernel: the front-end divides for Mean
     store_as<double>(count, ct, 0, static_cast<double>(c));
   }
-}
-
-// Reads a device error flag back (one small synchronous copy) and raises if it was set.
-void check_flag(const int* flag, cudaStream_t stream, const std::string& message) {
-  // Inside a CUDA graph capture the flag cannot be read back (core/graph_capture.h).
-  if (graph_capture_underway()) return;
-  int host = 0;
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(&host, flag, sizeof(int), cudaMemcpyDeviceToHost, stream));
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  TESSERA_CHECK(host == 0, message);
 }
 
 void cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t ignore_index,
