@@ -3,6 +3,7 @@
 // layer norm, the bias of the projection before it). Kernels: kernels/cpu/layer_norm.cpp,
 // rms_norm.cpp; kernels/cuda/layer_norm.cu, rms_norm.cu.
 #include <numeric>
+#include <vector>
 
 #include "tessera/core/fused_dispatch.h"
 #include "tessera/kernels/ops.h"
@@ -12,8 +13,8 @@ namespace tessera::ops {
 
 using detail::check_float;
 using detail::check_same_shape;
-using detail::stat_dtype;
 using detail::row_shape;
+using detail::stat_dtype;
 
 namespace {
 
@@ -179,8 +180,7 @@ RmsNormOutput rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   const Device dev = detail::common_device("rms_norm", {&x});
   check_rms_input("rms_norm", x, weight);
   TESSERA_CHECK(eps >= 0, "rms_norm: eps must be non-negative, got ", eps);
-  RmsNormOutput r{empty(x.shape(), {.dtype = x.dtype(), .device = dev}),
-                  row_stat(x, dev)};
+  RmsNormOutput r{empty(x.shape(), {.dtype = x.dtype(), .device = dev}), row_stat(x, dev)};
   if (x.numel() > 0) {
     checked_kernel(detail::kernels_for(dev).rms_norm, "rms_norm", dev)(x, weight, eps, r.out,
                                                                        r.rstd);
@@ -238,8 +238,7 @@ ResidualRmsNormOutput residual_rms_norm(const Tensor& x, const Tensor& residual,
     return {sum, r.out, r.rstd};
   }
   const TensorOptions like{.dtype = x.dtype(), .device = dev};
-  ResidualRmsNormOutput r{empty(x.shape(), like), empty(x.shape(), like),
-                          row_stat(x, dev)};
+  ResidualRmsNormOutput r{empty(x.shape(), like), empty(x.shape(), like), row_stat(x, dev)};
   fused(x, residual, r.sum, weight, eps, r.out, r.rstd);
   return r;
 }

@@ -42,8 +42,8 @@ inline void check_float(const char* op, const Tensor& t, const char* role) {
 
 inline void check_same_shape(const char* op, const Tensor& a, const char* a_role, const Tensor& b,
                              const char* b_role) {
-  TESSERA_CHECK(a.shape() == b.shape(), op, ": ", a_role, " ", describe(a), " and ",
-                b_role, " ", describe(b), " must have the same shape");
+  TESSERA_CHECK(a.shape() == b.shape(), op, ": ", a_role, " ", describe(a), " and ", b_role, " ",
+                describe(b), " must have the same shape");
 }
 
 // `what` ("indices", "index", ...) of an indexing op must be int32 or int64.
