@@ -1,5 +1,6 @@
 // Small helpers shared by the differentiable functions (internal to autograd/).
 #pragma once
+#include <utility>
 #include <vector>
 
 #include "tessera/autograd/autograd.h"
@@ -85,10 +86,33 @@ inline Shape drop_dims(const Shape& shape, const std::vector<int64_t>& sorted_di
   return out;
 }
 
-// The GEMMs of a Linear (functions_linalg.cpp), for fused nodes that own a projection:
+// The matrix transpose of the last two dims.
+inline Tensor mT(const Tensor& t) { return raw::transpose(t, -2, -1); }
+
+// t as a matrix [rows, last dim] with every leading dim folded into the rows; unlike a
+// reshape to {-1, n} this also holds when a dim is 0 (the -1 would be ambiguous).
+inline Tensor fold_rows(const Tensor& t) {
+  const Shape leading(t.shape().begin(), t.shape().end() - 1);
+  return raw::reshape(t, {shape_numel(leading), t.size(-1)});
+}
+
+// The GEMMs of a Linear (functions_linalg.cpp), for fused nodes that own a projection
+// (mlp_gelu in functions_activation.cpp, the attention's c_attn in functions_attention.cpp).
+//
+// True when operands suit the fused Linear GEMMs: tensors on one device of one 16/32-bit
+// float dtype (a bias in that dtype or f32, as under autocast); with allow_f64 also float64,
+// which the kernels take through their plain fallback.
+bool fused_linear_operands(const Tensor& x2d, const Tensor& w, const Tensor& bias,
+                           bool allow_f64 = false);
 // y2 [rows, out] = x2d @ w (+ bias), one GEMM with the bias added in its epilogue where the
 // device has one; and dW = x2dᵀ g, written into `into` (contiguous [in, out]) when defined.
 Tensor linear_rows(const Tensor& x2d, const Tensor& w, const Tensor& bias);
 Tensor linear_weight_grad(const Tensor& x2d, const Tensor& g, const Tensor& into);
+// {dW = x2dᵀ g, db = g's column sums}, each only when wanted (else undefined); both from one
+// GEMM (the bias gradient in its epilogue) where the device has it. into_w / into_b: memory
+// they are written into (contiguous, of their shapes: offered destinations), or undefined.
+std::pair<Tensor, Tensor> weight_and_bias_grads(const Tensor& x2d, const Tensor& g, bool want_w,
+                                                bool want_b, const Tensor& into_w = Tensor(),
+                                                const Tensor& into_b = Tensor());
 
 }  // namespace tessera::autograd::util

@@ -47,7 +47,7 @@ Tensor pow(const Tensor& base, double exponent);
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
 
-// ---- element-wise functions ----
+// ---- element-wise functions (functions_elementwise.cpp; gelu: functions_activation.cpp) ----
 Tensor exp(const Tensor& x);
 Tensor log(const Tensor& x);
 Tensor sqrt(const Tensor& x);
@@ -69,7 +69,7 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim
 Tensor amax(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor amin(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 
-// ---- normalisation, activations, regularisation ----
+// ---- softmax (functions_reduce.cpp), layer_norm (functions_norm.cpp), dropout ----
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
 // Normalises over the last dimension; weight and bias may be undefined.
@@ -78,7 +78,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // identity otherwise. gen = nullptr draws from the default generator.
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
 
-// ---- linear algebra ----
+// ---- linear algebra (autograd/functions_linalg.cpp; mlp_gelu: functions_activation.cpp) ----
 // PyTorch matmul semantics (1-D operands, broadcast batch dimensions).
 Tensor matmul(const Tensor& a, const Tensor& b);
 // y = x·W + b with W stored [in, out] (GPT-2's Conv1D layout); bias may be undefined.
@@ -92,7 +92,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 Tensor mlp_gelu(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj,
                 const Tensor& b_proj);
 
-// ---- indexing and losses ----
+// ---- embedding (autograd/functions_embedding.cpp) and losses (functions_loss.cpp) ----
 // weight [V, C], indices (i32/i64) of any shape -> indices.shape + [C].
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 
@@ -130,7 +130,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // x with `value` where mask (bool, broadcast to x) is true.
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
-// ---- more element-wise maths (autograd/functions_math.cpp) ----
+// ---- more element-wise maths (functions_math.cpp; silu, swiglu: functions_activation.cpp) ----
 Tensor sin(const Tensor& x);
 Tensor cos(const Tensor& x);
 Tensor log1p(const Tensor& x);
@@ -173,7 +173,7 @@ inline Tensor operator>=(const Tensor& a, double b) { return ge(a, b); }
 Tensor where(const Tensor& cond, const Tensor& a, double b);
 Tensor where(const Tensor& cond, double a, const Tensor& b);
 
-// ---- more reductions ----
+// ---- more reductions (autograd/functions_reduce.cpp; cumsum: functions_select.cpp) ----
 // Variance over dims (empty = all) divided by N - correction (1: unbiased, 0: population).
 Tensor var(const Tensor& x, const std::vector<int64_t>& dims = {}, double correction = 1.0,
            bool keepdim = false);
@@ -214,7 +214,7 @@ Tensor& sub_(Tensor& self, double other);
 Tensor& mul_(Tensor& self, double other);
 Tensor& div_(Tensor& self, double other);
 
-// ---- Llama-style layers (autograd/functions_llama.cpp) ----
+// ---- row norms (autograd/functions_norm.cpp) and rotary embeddings (functions_rope.cpp) ----
 // x * rsqrt(mean(x^2, -1) + eps) * weight (weight [C] may be undefined); fused kernels.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 // The residual add of a pre-norm block with the RMSNorm after it, in one fused kernel where
@@ -240,7 +240,7 @@ using autograd::NoGradGuard;
 
 }  // namespace tessera
 
-// ---- attention and fused CUDA paths (autograd/functions_attention.cpp, functions_fused.cpp) ----
+// ---- attention (autograd/functions_attention.cpp) ----
 namespace tessera {
 
 // softmax(q·kᵀ/√D [+ causal mask]) · v for q [B, H, Tq, D], k and v [B, H_kv, Tk, D], where
@@ -364,7 +364,7 @@ class AttentionBackendRestorer {
 }  // namespace tessera
 
 namespace tessera {
-
+// ---- the fused loss (autograd/functions_loss.cpp) ----
 // cross_entropy for CUDA logits through the fused classifier kernel: the forward writes
 // the per-row losses and the gradient of the logits in one pass and the backward only
 // scales that gradient (no [N, V] probabilities kept or recomputed). Losses are f32

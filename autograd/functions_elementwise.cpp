@@ -1,5 +1,6 @@
-// Differentiable element-wise functions: arithmetic (broadcasting), unary maths,
-// activations, pow, maximum/minimum, where, masked_fill, dropout.
+// Differentiable element-wise functions: arithmetic (broadcasting), unary maths (relu, sigmoid
+// and tanh among them), pow, maximum/minimum, where, masked_fill, dropout. (GELU, SiLU, SwiGLU:
+// autograd/functions_activation.cpp.)
 #include "tessera/autograd/function_util.h"
 #include "tessera/autograd/functions.h"
 
@@ -185,13 +186,6 @@ Tensor relu(const Tensor& x) {
                         [](const Tensor& g, const Tensor& y) {
                           return ops::mul(g, mask_as(ops::binary(BinaryOp::Gt, y, 0.0), g.dtype()));
                         });
-}
-Tensor gelu(const Tensor& x) {
-  Tensor y = ops::gelu(x);
-  record("GeluBackward", {x}, {y}, [saved_x = SavedTensor::input(x)](const BackwardArgs& a) {
-    return Grads{ops::gelu_backward(saved_x.unpack("GeluBackward"), a.grad())};
-  });
-  return y;
 }
 Tensor abs(const Tensor& x) {
   return unary_function(

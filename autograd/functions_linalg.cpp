@@ -1,4 +1,4 @@
-// Differentiable matmul, linear, embedding and cross_entropy.
+// Differentiable matmul and linear (the fused MLP mlp_gelu: autograd/functions_activation.cpp).
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/function_util.h"
 #include "tessera/autograd/functions.h"
@@ -10,8 +10,12 @@ using autograd::BackwardArgs;
 using autograd::record;
 using autograd::SavedTensor;
 using autograd::util::add_into_destination;
+using autograd::util::fold_rows;
+using autograd::util::fused_linear_operands;
+using autograd::util::mT;
 using autograd::util::overwrite_target;
 using autograd::util::sum_to_shape;
+using autograd::util::weight_and_bias_grads;
 using Grads = std::vector<Tensor>;
 
 namespace {
@@ -20,30 +24,6 @@ namespace {
 // device has none.
 const FusedKernelTable& fused_for(const Tensor& x2d) {
   return fused_kernel_table(x2d.device().type);
-}
-
-// True when operands suit the fused Linear GEMMs: tensors on one device of one 16/32-bit
-// float dtype (a bias in that dtype or f32, as under autocast); with allow_f64 also float64,
-// which the kernels take through their plain fallback.
-bool fused_linear_operands(const Tensor& x2d, const Tensor& w, const Tensor& bias,
-                           bool allow_f64 = false) {
-  const DType t = x2d.dtype();
-  const bool float_type =
-      t == DType::f32 || t == DType::f16 || t == DType::bf16 || (allow_f64 && t == DType::f64);
-  const bool bias_ok =
-      !bias.defined() || (bias.device() == x2d.device() &&
-                          (bias.dtype() == t || (bias.dtype() == DType::f32 && t != DType::f64)));
-  return float_type && w.dtype() == t && w.device() == x2d.device() && bias_ok;
-}
-
-// The matrix transpose of the last two dims.
-Tensor mT(const Tensor& t) { return raw::transpose(t, -2, -1); }
-
-// t as a matrix [rows, last dim] with every leading dim folded into the rows; unlike a
-// reshape to {-1, n} this also holds when a dim is 0 (the -1 would be ambiguous).
-Tensor fold_rows(const Tensor& t) {
-  const Shape leading(t.shape().begin(), t.shape().end() - 1);
-  return raw::reshape(t, {shape_numel(leading), t.size(-1)});
 }
 
 // True when t [K, N] is the transpose of a contiguous [N, K] matrix (a torch-layout weight
@@ -66,24 +46,6 @@ Tensor column_sums(const Tensor& g, const Tensor& into) {
   if (!into.defined()) return sums;
   raw::copy_(into, sums);  // [out] only: what counts is that the weight's GEMM writes in place
   return into;
-}
-
-// {dW = x2dᵀ g, db = g's column sums}, each only when wanted (else undefined); both from one
-// GEMM (the bias gradient in its epilogue) where the device has it. into_w / into_b: memory
-// they are written into (contiguous, of their shapes: offered destinations), or undefined.
-std::pair<Tensor, Tensor> weight_and_bias_grads(const Tensor& x2d, const Tensor& g, bool want_w,
-                                                bool want_b, const Tensor& into_w = Tensor(),
-                                                const Tensor& into_b = Tensor()) {
-  if (!want_w) return {Tensor(), want_b ? column_sums(g, into_b) : Tensor()};
-  if (auto fused = fused_for(x2d).linear_weight_grad;
-      fused && fused_linear_operands(x2d, g, Tensor())) {
-    const TensorOptions like{.dtype = g.dtype(), .device = g.device()};
-    Tensor grad_w = into_w.defined() ? into_w : empty({x2d.size(1), g.size(1)}, like);
-    Tensor grad_b = !want_b ? Tensor() : into_b.defined() ? into_b : empty({g.size(1)}, like);
-    fused(x2d, g, grad_w, grad_b);
-    return {grad_w, grad_b};
-  }
-  return {product(mT(x2d), g, into_w), want_b ? column_sums(g, into_b) : Tensor()};
 }
 
 // Gradients of y = a @ b for operands of rank >= 2 (broadcast batch dims summed back).
@@ -116,6 +78,32 @@ Tensor matmul_weight_grad_target(const BackwardArgs& x, const Shape& a_shape, co
 }  // namespace
 
 namespace autograd::util {
+
+bool fused_linear_operands(const Tensor& x2d, const Tensor& w, const Tensor& bias,
+                           bool allow_f64) {
+  const DType t = x2d.dtype();
+  const bool float_type =
+      t == DType::f32 || t == DType::f16 || t == DType::bf16 || (allow_f64 && t == DType::f64);
+  const bool bias_ok =
+      !bias.defined() || (bias.device() == x2d.device() &&
+                          (bias.dtype() == t || (bias.dtype() == DType::f32 && t != DType::f64)));
+  return float_type && w.dtype() == t && w.device() == x2d.device() && bias_ok;
+}
+
+std::pair<Tensor, Tensor> weight_and_bias_grads(const Tensor& x2d, const Tensor& g, bool want_w,
+                                                bool want_b, const Tensor& into_w,
+                                                const Tensor& into_b) {
+  if (!want_w) return {Tensor(), want_b ? column_sums(g, into_b) : Tensor()};
+  if (auto fused = fused_for(x2d).linear_weight_grad;
+      fused && fused_linear_operands(x2d, g, Tensor())) {
+    const TensorOptions like{.dtype = g.dtype(), .device = g.device()};
+    Tensor grad_w = into_w.defined() ? into_w : empty({x2d.size(1), g.size(1)}, like);
+    Tensor grad_b = !want_b ? Tensor() : into_b.defined() ? into_b : empty({g.size(1)}, like);
+    fused(x2d, g, grad_w, grad_b);
+    return {grad_w, grad_b};
+  }
+  return {product(mT(x2d), g, into_w), want_b ? column_sums(g, into_b) : Tensor()};
+}
 
 Tensor linear_rows(const Tensor& x2d, const Tensor& w, const Tensor& bias) {
   if (auto fused = fused_for(x2d).linear_forward; fused && fused_linear_operands(x2d, w, bias)) {
@@ -219,165 +207,5 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
   return y;
 }
 
-namespace {
-
-// True when the device has the MLP's fused GEMMs (GELU epilogues) and the operands suit them
-// (float64 included: one node either way, and the fused route can be checked in float64).
-bool fused_mlp_applies(const FusedKernelTable& fused, const Tensor& x2d, const Tensor& w_fc,
-                       const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj) {
-  return fused.linear_gelu_forward != nullptr && fused.linear_input_grad_dgelu != nullptr &&
-         fused_linear_operands(x2d, w_fc, b_fc, /*allow_f64=*/true) &&
-         fused_linear_operands(x2d, w_proj, b_proj, /*allow_f64=*/true);
-}
-
-// The backward of mlp_gelu's fused route: y = act @ w_proj + b_proj with act = gelu(pre) and
-// pre = x @ w_fc + b_fc. Inputs in mlp_gelu's order (x, w_fc, b_fc, w_proj, b_proj).
-struct MlpGeluBackward {
-  SavedTensor x, w_fc, w_proj;
-  Tensor pre, act;  // [rows, hidden], private to this node
-  Shape x_shape;
-
-  Grads operator()(const BackwardArgs& a) const {
-    const char* op = "MlpGeluBackward";
-    const Tensor g = fold_rows(raw::to(a.grad(), act.device(), act.dtype()));
-    const int64_t in = x_shape.back(), hidden = pre.defined() ? pre.size(1) : act.size(1),
-                  out = g.size(1);
-    const DType t = g.dtype();
-    Grads grads(5);
-    // c_proj: dW_proj and db_proj from one GEMM (into the parameters' offered destinations,
-    // a DDP bucket's slots, where their layout is the GEMM's; so below).
-    std::tie(grads[3], grads[4]) = weight_and_bias_grads(act, g, a.needs(3), a.needs(4),
-                                                         overwrite_target(a, 3, {hidden, out}, t),
-                                                         overwrite_target(a, 4, {out}, t));
-    if (a.needs(0) || a.needs(1) || a.needs(2)) {
-      // Through c_proj and the GELU into pre in one GEMM, db_fc from the same GEMM.
-      const TensorOptions like{.dtype = pre.dtype(), .device = pre.device()};
-      const Tensor dpre = empty(pre.shape(), like);
-      if (a.needs(2)) {
-        grads[2] = overwrite_target(a, 2, {hidden}, t);
-        if (!grads[2].defined()) grads[2] = empty({hidden}, like);
-      }
-      fused_kernel_table(pre.device().type)
-          .linear_input_grad_dgelu(g, w_proj.unpack(op), pre, dpre, grads[2]);
-      if (a.needs(1))
-        grads[1] = weight_and_bias_grads(fold_rows(x.unpack(op)), dpre, true, false,
-                                         overwrite_target(a, 1, {in, hidden}, t))
-                       .first;
-      if (a.needs(0)) grads[0] = raw::reshape(ops::matmul(dpre, mT(w_fc.unpack(op))), x_shape);
-    }
-    for (size_t i = 1; i < grads.size(); ++i) grads[i] = add_into_destination(a, i, grads[i]);
-    return grads;
-  }
-};
-
-}  // namespace
-
-Tensor mlp_gelu(const Tensor& x_in, const Tensor& w_fc_in, const Tensor& b_fc,
-                const Tensor& w_proj_in, const Tensor& b_proj) {
-  // The casts linear makes under autocast, made once here: both routes then see the same
-  // operands (biases stay as they are, which the GEMM epilogues accept in f32).
-  const Tensor x = autograd::autocast(x_in), w_fc = autograd::autocast(w_fc_in),
-               w_proj = autograd::autocast(w_proj_in);
-  TESSERA_CHECK(w_fc.dim() == 2 && w_proj.dim() == 2 && x.dim() >= 1 &&
-                    x.size(-1) == w_fc.size(0) && w_proj.size(0) == w_fc.size(1),
-                "mlp_gelu: input ", shape_str(x.shape()), ", w_fc ", shape_str(w_fc.shape()),
-                " and w_proj ", shape_str(w_proj.shape()),
-                " do not chain (expected [.., in], [in, hidden], [hidden, out])");
-  const int64_t hidden = w_fc.size(1), out = w_proj.size(1);
-  TESSERA_CHECK(!b_fc.defined() || b_fc.shape() == Shape{hidden}, "mlp_gelu: b_fc of shape ",
-                shape_str(b_fc.shape()), " for hidden size ", hidden);
-  TESSERA_CHECK(!b_proj.defined() || b_proj.shape() == Shape{out}, "mlp_gelu: b_proj of shape ",
-                shape_str(b_proj.shape()), " for output size ", out);
-  const Tensor x2d = fold_rows(x);
-  const FusedKernelTable& fused = fused_kernel_table(x2d.device().type);
-  if (!fused_mlp_applies(fused, x2d, w_fc, b_fc, w_proj, b_proj))
-    return linear(gelu(linear(x, w_fc, b_fc)), w_proj, b_proj);
-
-  const TensorOptions like{.dtype = x2d.dtype(), .device = x2d.device()};
-  const Tensor pre = empty({x2d.size(0), hidden}, like), act = empty({x2d.size(0), hidden}, like);
-  fused.linear_gelu_forward(x2d, w_fc, b_fc, act, pre);
-  Shape out_shape = x.shape();
-  out_shape.back() = out;
-  Tensor y = raw::reshape(linear_rows(act, w_proj, b_proj), out_shape);
-  if (!autograd::any_requires_grad({x, w_fc, b_fc, w_proj, b_proj})) return y;
-  // What the composed graph keeps: x (for dW_fc), the pre-activation, the activation (for
-  // dW_proj) and the weights the input gradients need.
-  const bool into_fc = x.requires_grad() || w_fc.requires_grad() || b_fc.requires_grad();
-  MlpGeluBackward backward{.x = w_fc.requires_grad() ? SavedTensor::input(x) : SavedTensor(),
-                           .w_fc = x.requires_grad() ? SavedTensor::input(w_fc) : SavedTensor(),
-                           .w_proj = into_fc ? SavedTensor::input(w_proj) : SavedTensor(),
-                           .pre = into_fc ? pre : Tensor(),
-                           .act = act,
-                           .x_shape = x.shape()};
-  record("MlpGeluBackward", {x, w_fc, b_fc, w_proj, b_proj}, {y}, std::move(backward));
-  return y;
-}
-
-Tensor embedding(const Tensor& weight, const Tensor& indices) {
-  Tensor y = ops::embedding(weight, indices);
-  record("EmbeddingBackward", {weight, indices}, {y},
-         [saved = SavedTensor::input(indices), rows = weight.size(0)](const BackwardArgs& a) {
-           const Tensor& dy = a.grad();
-           const Tensor indices = saved.unpack("EmbeddingBackward");
-           // Into the memory the engine offers for the weight's gradient: its DDP bucket slot
-           // (overwritten), or a tied lm_head's gradient already there (added into: no zero
-           // fill of the table, no separate add).
-           if (const autograd::GradDestination* d = a.destination(0);
-               d != nullptr && d->tensor.is_contiguous()) {
-             ops::embedding_backward_into(d->tensor, dy, indices, d->accumulate);
-             return Grads{d->tensor, Tensor()};
-           }
-           Tensor grad_weight =
-               empty({rows, dy.shape().back()}, {.dtype = dy.dtype(), .device = dy.device()});
-           ops::embedding_backward_into(grad_weight, dy, indices, /*accumulate=*/false);
-           return Grads{grad_weight, Tensor()};
-         });
-  return y;
-}
-
-Tensor embedding(const Tensor& weight, const Tensor& indices,
-                 const std::shared_ptr<EmbeddingGradSink>& sink) {
-  const bool recording = autograd::is_grad_enabled() && weight.requires_grad();
-  if (!sink || !recording || !sink->accepts(weight, indices)) return embedding(weight, indices);
-  Tensor y = ops::embedding(weight, indices);
-  // No edge into the weight: forced, so the output still carries dY back to the sink.
-  record(
-      "EmbeddingSinkBackward", {}, {y},
-      [sink, saved = SavedTensor::input(indices)](const BackwardArgs& a) {
-        const Tensor idx = saved.unpack("EmbeddingSinkBackward");
-        const int64_t n = idx.numel();
-        sink->take(raw::reshape(idx, {n}).contiguous(),
-                   raw::reshape(a.grad(), {n, a.grad().size(-1)}).contiguous());
-        return Grads{};
-      },
-      /*force=*/true);
-  return y;
-}
-
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                     Reduction reduction) {
-  const ops::Reduction op_reduction = reduction == Reduction::Mean  ? ops::Reduction::Mean
-                                      : reduction == Reduction::Sum ? ops::Reduction::Sum
-                                                                    : ops::Reduction::None;
-  Tensor loss = ops::cross_entropy(logits, targets, ignore_index, op_reduction);
-  record("CrossEntropyBackward", {logits, targets}, {loss},
-         [sl = SavedTensor::input(logits), st = SavedTensor::input(targets), ignore_index,
-          op_reduction](const BackwardArgs& a) {
-           const Tensor logits = sl.unpack("CrossEntropyBackward"),
-                        targets = st.unpack("CrossEntropyBackward");
-           if (op_reduction != ops::Reduction::None) {
-             // One scalar scales every row; reading it costs one sync, cheaper than a pass over [N,
-             // V].
-             return Grads{ops::cross_entropy_backward(logits, targets, a.grad().item(),
-                                                      ignore_index, op_reduction),
-                          Tensor()};
-           }
-           // Per-row losses: (softmax - onehot) of each row times that row's gradient.
-           Tensor per_row =
-               ops::cross_entropy_backward(logits, targets, 1.0, ignore_index, ops::Reduction::Sum);
-           return Grads{ops::mul(per_row, raw::unsqueeze(a.grad(), a.grad().dim())), Tensor()};
-         });
-  return loss;
-}
 
 }  // namespace tessera

@@ -1,5 +1,8 @@
-// Differentiable reductions and normalisations: sum, mean, amax, amin, softmax,
-// log_softmax, layer_norm (alone or after a residual add).
+// Differentiable reductions: sum, mean, amax, amin, var, std_dev, logsumexp, prod, softmax,
+// log_softmax. (layer_norm and rms_norm: autograd/functions_norm.cpp; cumsum:
+// autograd/functions_select.cpp.)
+#include <cmath>
+
 #include "tessera/autograd/function_util.h"
 #include "tessera/autograd/functions.h"
 
@@ -13,6 +16,7 @@ using autograd::util::keepdim_shape;
 using autograd::util::mask_as;
 using autograd::util::reduced_dims;
 using autograd::util::reshape_grad;
+using autograd::util::scalar_like;
 using Grads = std::vector<Tensor>;
 
 // The gradient of a reduction, broadcast back over the reduced dims of `input_shape`.
@@ -73,63 +77,73 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
   return softmax_function("LogSoftmaxBackward", true, x, dim);
 }
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  ops::LayerNormOutput r = ops::layer_norm(x, weight, bias, eps);
-  if (!autograd::any_requires_grad({x, weight, bias})) return r.out;
-  record("LayerNormBackward", {x, weight, bias}, {r.out},
-         [sx = SavedTensor::input(x), sw = SavedTensor::input(weight), mean = r.mean, rstd = r.rstd](const BackwardArgs& a) {
-           const bool weight_grads = a.needs(1) || a.needs(2);
-           ops::LayerNormGrads g = ops::layer_norm_backward(a.grad(), sx.unpack("LayerNormBackward"),
-                                                            sw.unpack("LayerNormBackward"), mean, rstd, weight_grads);
-           return Grads{a.needs(0) ? g.dx : Tensor(), a.needs(1) ? g.dweight : Tensor(),
-                        a.needs(2) ? g.dbias : Tensor()};
-         });
-  return r.out;
+Tensor var(const Tensor& x, const std::vector<int64_t>& dims, double correction, bool keepdim) {
+  const std::vector<int64_t> d = reduced_dims(dims, x.dim(), "var");
+  int64_t count = 1;
+  for (int64_t i : d) count *= x.size(i);
+  // Two passes (mean, then squared deviations): composed from differentiable functions, so
+  // the gradient 2 (x - mean) / (N - correction) comes from their backward.
+  const Tensor centered = x - mean(x, dims, true);
+  return sum(square(centered), dims, keepdim) / (static_cast<double>(count) - correction);
 }
 
-std::pair<Tensor, Tensor> residual_layer_norm(const Tensor& x_in, const Tensor& residual_in,
-                                              const Tensor& weight, const Tensor& bias, double eps,
-                                              const Tensor& x_bias_in) {
-  const char* op = "residual_layer_norm";
-  TESSERA_CHECK(x_in.defined() && residual_in.defined(), op, ": x (",
-                x_in.defined() ? "defined" : "undefined", ") and residual (",
-                residual_in.defined() ? "defined" : "undefined", ") must both be tensors");
-  // Two float dtypes (an f32 residual stream and a bf16 block output under autocast) add in
-  // the promoted dtype, as x + residual would: the narrower operand is converted first
-  // (differentiably, so its gradient goes back in its own dtype). x_bias joins x's dtype.
-  Tensor x = x_in, residual = residual_in, x_bias = x_bias_in;
-  if (x.dtype() != residual.dtype() && is_floating(x.dtype()) && is_floating(residual.dtype())) {
-    const DType common = promote_types(x.dtype(), residual.dtype());
-    x = x.to(common);
-    residual = residual.to(common);
-  }
-  if (x_bias.defined() && x_bias.dtype() != x.dtype() && is_floating(x_bias.dtype()) &&
-      is_floating(x.dtype()))
-    x_bias = x_bias.to(x.dtype());
-  ops::ResidualLayerNormOutput r = ops::residual_layer_norm(x, residual, weight, bias, eps, x_bias);
-  if (!autograd::any_requires_grad({x, residual, weight, bias, x_bias})) return {r.sum, r.out};
-  const std::shared_ptr<autograd::Node> node = record(
-      "ResidualLayerNormBackward", {x, residual, weight, bias, x_bias}, {r.sum, r.out},
-      [ssum = SavedTensor::output(r.sum), sw = SavedTensor::input(weight), mean = r.mean,
-       rstd = r.rstd](const BackwardArgs& a) {
-           const char* name = "ResidualLayerNormBackward";
-           const Tensor sum = ssum.unpack(name);
-           // Undefined gradients (takes_undefined_grads): the sum unused (the residual stream
-           // ends at the last norm, ln_f) adds nothing; the norm unused is a zero dy.
-           const Tensor dy = a.grad_outputs.at(1).defined()
-                                 ? a.grad_outputs.at(1)
-                                 : zeros(sum.shape(), {.dtype = sum.dtype(), .device = sum.device()});
-           // The sum's own gradient (the residual stream) joins the norm's in one pass; every
-           // term of the sum gets the total, x_bias its column sums (from the same pass).
-           ops::LayerNormGrads g = ops::layer_norm_backward_residual(
-               dy, sum, sw.unpack(name), mean, rstd, a.grad_outputs.at(0), a.needs(2) || a.needs(3),
-               a.needs(4));
-           return Grads{a.needs(0) ? g.dx : Tensor(), a.needs(1) ? g.dx : Tensor(),
-                        a.needs(2) ? g.dweight : Tensor(), a.needs(3) ? g.dbias : Tensor(),
-                        a.needs(4) ? g.dx_bias : Tensor()};
+Tensor std_dev(const Tensor& x, const std::vector<int64_t>& dims, double correction, bool keepdim) {
+  const Tensor variance = var(x, dims, correction, keepdim);
+  Tensor y = ops::unary(UnaryOp::Sqrt, variance);
+  if (!autograd::any_requires_grad({variance})) return y;
+  // d sqrt(v) = g / (2 y), and 0 where y == 0 as PyTorch's std_backward: sqrt's inf there
+  // times var's zero gradient (x - mean = 0) made a constant feature's gradient NaN.
+  record("StdBackward", {variance}, {y}, [sy = SavedTensor::output(y)](const BackwardArgs& a) {
+    const Tensor y = sy.unpack("StdBackward");
+    const Tensor dv = ops::div(ops::mul(a.grad(), 0.5), y);
+    return Grads{ops::where(ops::binary(BinaryOp::Eq, y, 0.0), scalar_like(0.0, dv), dv)};
+  });
+  return y;
+}
+
+Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  const std::vector<int64_t> d = reduced_dims(dims, x.dim(), "logsumexp");
+  Tensor m = x.numel() > 0 ? ops::amax(x, dims, true)
+                           : zeros(keepdim_shape(x.shape(), d), {.dtype = x.dtype()});
+  // An infinite maximum (a row of -inf, or +inf) shifts by 0 instead, as PyTorch.
+  m = ops::where(ops::binary(BinaryOp::Eq, ops::unary(UnaryOp::Abs, m), INFINITY),
+                 scalar_like(0.0, m), m);
+  Tensor kept = ops::add(
+      ops::unary(UnaryOp::Log, ops::sum(ops::unary(UnaryOp::Exp, ops::sub(x, m)), dims, true)), m);
+  Tensor y = keepdim ? kept : raw::reshape(kept, autograd::util::drop_dims(x.shape(), d));
+  if (!autograd::any_requires_grad({x})) return y;
+  // d/dx = softmax over the reduced dims = exp(x - logsumexp).
+  record("LogsumexpBackward", {x}, {y},
+         [d, sx = SavedTensor::input(x), sk = SavedTensor::output(kept)](const BackwardArgs& a) {
+           const Tensor x = sx.unpack("LogsumexpBackward");
+           const Tensor g = reshape_grad(a.grad(), keepdim_shape(x.shape(), d));
+           return Grads{
+               ops::mul(g, ops::unary(UnaryOp::Exp, ops::sub(x, sk.unpack("LogsumexpBackward"))))};
          });
-  if (node) node->takes_undefined_grads = true;
-  return {r.sum, r.out};
+  return y;
+}
+
+Tensor prod(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  const std::vector<int64_t> d = reduced_dims(dims, x.dim(), "prod");
+  Tensor y = ops::prod(x, dims, keepdim);
+  if (!autograd::any_requires_grad({x})) return y;
+  // d/dx_i = product of the others: y / x_i without zeros; with one zero in a lane only that
+  // element gets the product of the rest; with two or more, none.
+  record("ProdBackward", {x}, {y}, [d, sx = SavedTensor::input(x)](const BackwardArgs& a) {
+    const Tensor x = sx.unpack("ProdBackward");
+    const Tensor g = reshape_grad(a.grad(), keepdim_shape(x.shape(), d));
+    const Tensor is_zero = ops::binary(BinaryOp::Eq, x, 0.0);
+    const Tensor zeros_in_lane = ops::sum(is_zero, d, true);
+    const Tensor others =
+        ops::prod(ops::where(is_zero, scalar_like(1.0, x), x), d, true);  // excl. zeros
+    const Tensor zero = scalar_like(0.0, x);
+    const Tensor at_zero = ops::where(ops::binary(BinaryOp::Eq, zeros_in_lane, 1.0), others, zero);
+    const Tensor elsewhere =
+        ops::where(ops::binary(BinaryOp::Eq, zeros_in_lane, 0.0),
+                   ops::div(others, ops::where(is_zero, scalar_like(1.0, x), x)), zero);
+    return Grads{ops::mul(g, ops::where(is_zero, at_zero, elsewhere))};
+  });
+  return y;
 }
 
 }  // namespace tessera

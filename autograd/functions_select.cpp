@@ -1,6 +1,6 @@
-// Differentiable selection: gather, scatter, scatter_add, index_select, max/min over a dim
-// with their indices, topk. The gradient of a selection scatters back to the positions it
-// read (scatter_add), and that of a scatter gathers from the positions it wrote.
+// Differentiable scans and selection: gather, scatter, scatter_add, index_select, max/min over
+// a dim with their indices, topk, cumsum. The gradient of a selection scatters back to the
+// positions it read (scatter_add), and that of a scatter gathers from the positions it wrote.
 #include "tessera/autograd/function_util.h"
 #include "tessera/autograd/functions.h"
 
@@ -125,6 +125,16 @@ ValuesIndices topk(const Tensor& x, int64_t k, int64_t dim, bool largest) {
   ops::TopK r = ops::topk(x, k, dim, largest);
   if (!autograd::any_requires_grad({x}) || x.dim() == 0) return {r.values, r.indices};
   return record_selection("TopkBackward", x, wrap_dim(dim, x.dim(), "topk"), r.values, r.indices);
+}
+
+Tensor cumsum(const Tensor& x, int64_t dim) {
+  Tensor y = ops::cumsum(x, dim);
+  if (!autograd::any_requires_grad({x})) return y;
+  // Element i feeds every output j >= i: the gradient is the running sum from the end.
+  record("CumsumBackward", {x}, {y}, [dim](const BackwardArgs& a) {
+    return Grads{ops::cumsum(a.grad(), dim, /*reverse=*/true)};
+  });
+  return y;
 }
 
 }  // namespace tessera

@@ -15,7 +15,7 @@
 
 namespace tessera::ops {
 
-// ---- element-wise (broadcasting, type promotion; comparisons return bool) ----
+// ---- element-wise (kernels/ops_elementwise.cpp; broadcasting, promotion; comparisons: bool) ----
 Tensor unary(UnaryOp op, const Tensor& x);
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
 Tensor binary(BinaryOp op, const Tensor& a, double b);  // scalar keeps a's dtype
@@ -40,7 +40,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 // a + alpha * b, fused
 Tensor add_scaled(const Tensor& a, const Tensor& b, double alpha);
 
-// ---- reductions (float accumulation: f32 at least, f64 for f64) ----
+// ---- reductions (kernels/ops_reduce.cpp; float accumulation: f32 at least, f64 for f64) ----
 // Empty `dims` reduces over all dimensions.
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
@@ -52,7 +52,7 @@ Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
 // Sums a broadcast gradient back down to `shape` (the inverse of broadcasting).
 Tensor sum_to(const Tensor& x, const Shape& shape);
 
-// ---- normalisation and activations ----
+// ---- softmax (kernels/ops_reduce.cpp), layer norm (ops_norm.cpp), GELU (ops_activation.cpp) ----
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
 Tensor softmax_backward(const Tensor& y, const Tensor& dy, int64_t dim, bool log);
@@ -92,7 +92,7 @@ LayerNormGrads layer_norm_backward_residual(const Tensor& dy, const Tensor& x, c
 Tensor gelu(const Tensor& x);                                 // tanh approximation
 Tensor gelu_backward(const Tensor& x, const Tensor& dy);
 
-// ---- linear algebra ----
+// ---- linear algebra (kernels/ops_linalg.cpp) ----
 // PyTorch matmul semantics: 1-D operands, batched with broadcast batch dims; transposed
 // operands are used without copies where the kernel allows.
 Tensor matmul(const Tensor& a, const Tensor& b);
@@ -101,7 +101,7 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // same kernel and the same values as matmul(a, b).
 void matmul_out(const Tensor& a, const Tensor& b, const Tensor& out);
 
-// ---- indexing ----
+// ---- indexing (kernels/ops_index.cpp) ----
 Tensor embedding(const Tensor& weight, const Tensor& indices);  // out: indices.shape + [C]
 // Gradient of embedding: out [num_rows, C] (f32/f16/bf16/f64, any dtype of dy's C) gets, for
 // each row r, the sum of the dy rows at the positions whose index is r, summed in position
@@ -143,7 +143,7 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, Generator* gen = nu
 Tensor sample_logits(const Tensor& logits, double temperature, int64_t top_k,
                      Generator* gen = nullptr);
 
-// ---- Llama-style layers (kernels/ops_llama.cpp) ----
+// ---- RMSNorm (kernels/ops_norm.cpp) and rotary embeddings (ops_rope.cpp) ----
 struct RmsNormOutput {
   Tensor out, rstd;  // rstd: f32 (f64 for f64 x), x's shape without the last dim
 };
@@ -180,14 +180,14 @@ Tensor rope(const Tensor& x, const RopeTables& tables, bool inverse = false);
 // apart from x's): e.g. straight into the q|k part of a fused projection's gradient.
 void rope_into(const Tensor& x, const RopeTables& tables, bool inverse, const Tensor& out);
 
-// ---- joining and splitting (views where possible) ----
+// ---- joining and splitting (kernels/ops_index.cpp; views where possible) ----
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 Tensor stack(const std::vector<Tensor>& xs, int64_t dim);
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim);
 std::vector<Tensor> split_sizes(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim);
 
-// ---- losses ----
+// ---- losses (kernels/ops_loss.cpp) ----
 enum class Reduction { Mean, Sum, None };
 // logits [..., V], targets [...] (i32/i64). Mean is over non-ignored targets.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,

@@ -7,20 +7,12 @@
 #include "tessera/kernels/ops_util.h"
 
 namespace tessera::ops {
-namespace {
-
-void check_index_dtype(const char* op, const Tensor& index) {
-  TESSERA_CHECK(index.dtype() == DType::i32 || index.dtype() == DType::i64, op,
-                ": indices must be int32 or int64, got ", detail::describe(index));
-}
-
-}  // namespace
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   const Device dev = detail::common_device("embedding", {&weight, &indices});
   TESSERA_CHECK(weight.dim() == 2, "embedding: weight must be 2-D [num_embeddings, dim], got ",
                 detail::describe(weight));
-  check_index_dtype("embedding", indices);
+  detail::check_index_dtype("embedding", indices, "indices");
   const int64_t C = weight.shape()[1];
   Shape out_shape = indices.shape();
   out_shape.push_back(C);
@@ -34,7 +26,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 void embedding_backward_into(const Tensor& out_in, const Tensor& dy, const Tensor& indices,
                              bool accumulate, double scale) {
   const Device dev = detail::common_device("embedding_backward", {&out_in, &dy, &indices});
-  check_index_dtype("embedding_backward", indices);
+  detail::check_index_dtype("embedding_backward", indices, "indices");
   TESSERA_CHECK(dy.dim() == indices.dim() + 1 &&
                     Shape(dy.shape().begin(), dy.shape().end() - 1) == indices.shape(),
                 "embedding_backward: gradient ", detail::describe(dy),
@@ -69,7 +61,7 @@ Tensor embedding_backward(const Tensor& dy, const Tensor& indices, int64_t num_r
 
 void index_add_(const Tensor& out, int64_t dim_in, const Tensor& index, const Tensor& src) {
   const Device dev = detail::common_device("index_add_", {&out, &index, &src});
-  check_index_dtype("index_add_", index);
+  detail::check_index_dtype("index_add_", index, "indices");
   TESSERA_CHECK(index.dim() <= 1, "index_add_: index must be 1-D, got ", detail::describe(index));
   TESSERA_CHECK(out.dim() == src.dim() && out.dim() >= 1, "index_add_: source ",
                 detail::describe(src), " and destination ", detail::describe(out),
@@ -91,7 +83,7 @@ void index_add_(const Tensor& out, int64_t dim_in, const Tensor& index, const Te
 
 Tensor index_select(const Tensor& x, int64_t dim_in, const Tensor& index) {
   detail::common_device("index_select", {&x, &index});
-  check_index_dtype("index_select", index);
+  detail::check_index_dtype("index_select", index, "indices");
   TESSERA_CHECK(index.dim() <= 1, "index_select: index must be 1-D, got ", detail::describe(index));
   TESSERA_CHECK(x.dim() >= 1, "index_select: input ", detail::describe(x), " has no dims");
   const int64_t dim = wrap_dim(dim_in, x.dim(), "index_select");

@@ -1,11 +1,15 @@
 // Front-end of the reductions: dims normalised, output allocated with the reduced dims kept
-// as size 1 (the kernel contract), then viewed without them unless keepdim.
+// as size 1 (the kernel contract), then viewed without them unless keepdim; and softmax /
+// log_softmax along one dim, forward and backward.
 #include <cmath>
 
 #include "tessera/kernels/ops.h"
 #include "tessera/kernels/ops_util.h"
 
 namespace tessera::ops {
+
+using detail::check_float;
+using detail::check_same_shape;
 namespace {
 
 Shape kept_shape(const Shape& shape, const std::vector<int64_t>& dims) {
@@ -104,6 +108,45 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
   }
   if (dims.empty()) return raw::view(x, shape);
   return raw::view(sum(x, dims, /*keepdim=*/true), shape);
+}
+
+namespace {
+
+Tensor softmax_impl(const Tensor& x, int64_t dim_in, bool log) {
+  const char* name = log ? "log_softmax" : "softmax";
+  const Device dev = detail::common_device(name, {&x});
+  check_float(name, x, "input");
+  Tensor out = empty(x.shape(), {.dtype = x.dtype(), .device = dev});
+  if (x.dim() == 0) {  // a scalar is a one-element row
+    raw::fill_(out, log ? 0.0 : 1.0);
+    return out;
+  }
+  const int64_t dim = wrap_dim(dim_in, x.dim(), name);
+  if (out.numel() > 0) checked_kernel(detail::kernels_for(dev).softmax, name, dev)(x, dim, log, out);
+  return out;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false); }
+Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, true); }
+
+Tensor softmax_backward(const Tensor& y, const Tensor& dy, int64_t dim_in, bool log) {
+  const char* name = log ? "log_softmax_backward" : "softmax_backward";
+  const Device dev = detail::common_device(name, {&y, &dy});
+  check_float(name, y, "output");
+  check_same_shape(name, y, "output", dy, "gradient");
+  Tensor dyc = dy.dtype() == y.dtype() ? dy : raw::to(dy, dev, y.dtype());
+  Tensor dx = empty(y.shape(), {.dtype = y.dtype(), .device = dev});
+  if (y.dim() == 0) {
+    raw::fill_(dx, 0.0);  // softmax of one element is constant
+    return dx;
+  }
+  const int64_t dim = wrap_dim(dim_in, y.dim(), name);
+  if (dx.numel() > 0) {
+    checked_kernel(detail::kernels_for(dev).softmax_backward, name, dev)(y, dyc, dim, log, dx);
+  }
+  return dx;
 }
 
 }  // namespace tessera::ops

@@ -13,15 +13,10 @@
 namespace tessera::ops {
 namespace {
 
-void check_index_dtype(const char* op, const Tensor& index) {
-  TESSERA_CHECK(index.dtype() == DType::i32 || index.dtype() == DType::i64, op,
-                ": index must be int32 or int64, got ", detail::describe(index));
-}
-
 // Checks an index for gather/scatter along dim of x (PyTorch's rule: same rank, each size at
 // most x's except along dim) and its values in [0, x.size(dim)).
 void check_gather_index(const char* op, const Tensor& x, int64_t dim, const Tensor& index) {
-  check_index_dtype(op, index);
+  detail::check_index_dtype(op, index, "index");
   TESSERA_CHECK(index.dim() == x.dim(), op, ": index ", detail::describe(index),
                 " must have as many dims as the input ", detail::describe(x));
   for (int64_t d = 0; d < x.dim(); ++d) {

@@ -34,4 +34,29 @@ Tensor scalar_tensor(double value, DType dtype, Device device);
 // dtype comes back converted to x's.
 Tensor like_input(const char* op, const char* what, const Tensor& t, const Tensor& x);
 
+// The checks the op families share, each naming the op and the operand's role.
+inline void check_float(const char* op, const Tensor& t, const char* role) {
+  TESSERA_CHECK(is_floating(t.dtype()), op, ": ", role, " must be a float tensor, got ",
+                describe(t));
+}
+
+inline void check_same_shape(const char* op, const Tensor& a, const char* a_role, const Tensor& b,
+                             const char* b_role) {
+  TESSERA_CHECK(a.shape() == b.shape(), op, ": ", a_role, " ", describe(a), " and ", b_role, " ",
+                describe(b), " must have the same shape");
+}
+
+// `what` ("indices", "index", ...) of an indexing op must be int32 or int64.
+inline void check_index_dtype(const char* op, const Tensor& index, const char* what) {
+  TESSERA_CHECK(index.dtype() == DType::i32 || index.dtype() == DType::i64, op, ": ", what,
+                " must be int32 or int64, got ", describe(index));
+}
+
+// x's shape without its last dim: the rows of an op over the last dim (norms, losses).
+inline Shape row_shape(const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 1); }
+
+// The dtype of saved row statistics (norms) and of rotary tables: f64 for f64 inputs (an f64
+// backward stays f64-accurate), f32 otherwise.
+inline DType stat_dtype(DType x) { return x == DType::f64 ? DType::f64 : DType::f32; }
+
 }  // namespace tessera::ops::detail

@@ -24,20 +24,10 @@
 
 #include "tessera/core/dispatch.h"
 #include "tessera/kernels/cpu/lanes.h"
+#include "tessera/kernels/cpu/row_stats.h"
 
 namespace tessera::cpu {
 namespace {
-
-// Strides of a [..., ] per-row tensor (mean/rstd) extended with a 0 for the normalised dim.
-Shape row_stat_strides(const Tensor& stat) {
-  Shape s = stat.strides();
-  s.push_back(0);
-  return s;
-}
-
-// The saved mean/rstd: f64 for f64 inputs, f32 for the others (the table's contract).
-template <class T>
-using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 // A row's statistics: x - mean is (x - shift) - offset (see the top).
 template <class C>

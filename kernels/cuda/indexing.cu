@@ -11,18 +11,10 @@
 #include "tessera/core/dispatch.h"
 #include "tessera/core/graph_capture.h"
 #include "tessera/kernels/cuda/common.cuh"
+#include "tessera/kernels/cuda/device_flag.cuh"
 
 namespace tessera::cuda {
 namespace {
-
-void check_flag(const int* flag, cudaStream_t stream, const std::string& message) {
-  // Inside a CUDA graph capture the flag cannot be read back (core/graph_capture.h).
-  if (graph_capture_underway()) return;
-  int host = 0;
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(&host, flag, sizeof(int), cudaMemcpyDeviceToHost, stream));
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  TESSERA_CHECK(host == 0, message);
-}
 
 // ---- embedding: block per looked-up row, threads across the channels ----
 template <class Word>

@@ -35,8 +35,6 @@
 namespace tessera::cuda {
 namespace {
 
-constexpr int kRowsPerBlock = 8;  // warps per block, one row each
-
 template <class T>
 __global__ void layer_norm_kernel(const T* x, const T* x_bias, const T* residual, T* residual_out,
                                   const T* w, const T* b, double eps, T* out, acc_t<T>* mean_out,
@@ -159,11 +157,6 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
     mean_out[r] = mean;
     rstd_out[r] = rstd;
   }
-}
-
-template <class T>
-const T* ptr_or_null(const Tensor& t) {
-  return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr;
 }
 
 void check_param(const Tensor& p, const Tensor& x, const char* what) {

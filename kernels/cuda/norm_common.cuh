@@ -1,5 +1,6 @@
-// The pieces the row-norm backwards (LayerNorm in layer_norm.cu, RMSNorm in llama_ops.cu)
-// share: how many blocks their persistent register-resident kernel gets, how the general path
+// The pieces the row norms (LayerNorm in layer_norm.cu, RMSNorm in rms_norm.cu) share: the
+// rows per block of their warp-per-row kernels, optional operands as null pointers, and, for the
+// backwards, how many blocks their persistent register-resident kernel gets, how the general path
 // cuts the rows into chunks for the column partials, and the kernel that sums those partials
 // into the weight (and bias) gradient in a fixed order, so the result is the same bits on
 // every run.
@@ -9,6 +10,14 @@
 #include "tessera/kernels/cuda/common.cuh"
 
 namespace tessera::cuda {
+
+constexpr int kRowsPerBlock = 8;  // warps per block of the warp-per-row kernels, one row each
+
+// An optional operand's data, or null when it is undefined.
+template <class T>
+const T* ptr_or_null(const Tensor& t) {
+  return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr;
+}
 
 // Lets `kernel` launch with `smem` bytes of dynamic shared memory (above 48 KB it must opt in;
 // per device, so it is asked each time, which costs no device work).

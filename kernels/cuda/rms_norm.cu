@@ -1,17 +1,13 @@
-// CUDA kernels of the Llama-style layers and of the scan/selection ops:
-//  * RMSNorm forward, optionally with the residual add of a pre-norm block fused in front:
-//    one warp per row (sum of squares, then the scaled write); rows of up to 2048 elements
-//    stay in registers and move in 16-byte packs.
-//  * RMSNorm backward, optionally adding the residual stream's gradient into dx: one warp per
-//    row for dx; dweight from per-block (fast path) or per-chunk column partials (f32,
-//    written once each) summed in a fixed order by a second kernel over C / 8 blocks, so the
-//    result is the same bits on every run.
-//  * RoPE: one thread per 8 rotated pairs (16-byte packs), or per pair for odd layouts; the
-//    input is read through its strides, so no layout copy runs first.
-//  * cumsum: one thread per lane, walking it in order (f64 accumulation for float types).
-//  * topk: one block per lane, k rounds of a block-wide arg-max over the entries not taken
-//    yet (O(k n) per lane: meant for the small k of sampling).
-// Other inputs are made contiguous first; the CPU kernels are the reference (tests/cuda).
+// CUDA kernels of RMSNorm:
+//  * forward, optionally with the residual add of a pre-norm block fused in front: one warp
+//    per row (sum of squares, then the scaled write); rows of up to 2048 elements stay in
+//    registers and move in 16-byte packs.
+//  * backward, optionally adding the residual stream's gradient into dx: one warp per row for
+//    dx; dweight from per-block (fast path) or per-chunk column partials (f32, written once
+//    each) summed in a fixed order by a second kernel over C / 8 blocks, so the result is the
+//    same bits on every run.
+// Other inputs are made contiguous first; the CPU kernels (kernels/cpu/rms_norm.cpp) are the
+// reference (tests/cuda).
 #include <cmath>
 
 #include "tessera/core/dispatch.h"
@@ -21,18 +17,6 @@
 
 namespace tessera::cuda {
 namespace {
-
-constexpr int kRowsPerBlock = 8;  // warps per block, one row each
-
-template <class T>
-const T* ptr_or_null(const Tensor& t) {
-  return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr;
-}
-
-// Element strides of the rotary input [B, T, H, D].
-struct RopeStrides {
-  int64_t b, t, h, d;
-};
 
 // ---- RMSNorm ----
 // With a residual (the fused add of a pre-norm block): residual_out = x + residual, rounded to
@@ -332,213 +316,6 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const
   rms_norm_backward_impl(dy, x, w, rstd, Tensor(), dx, dw);
 }
 
-// ---- RoPE ----
-// x [B, T, H, D] read and out written through their strides. Pair (i, i + D/2) of a head:
-//   out[i] = x[i] cos - x[i + D/2] sin,  out[i + D/2] = x[i + D/2] cos + x[i] sin.
-
-// The readable version: one thread per rotated pair, any strides.
-template <class T, class S>
-__global__ void rope_kernel(const T* x, const S* cos, const S* sin, float sign, T* out, int64_t B,
-                            int64_t Tn, int64_t H, int64_t D, RopeStrides xs, RopeStrides os) {
-  using A = acc_t<T>;
-  const int64_t half = D / 2, pairs = B * Tn * H * half;
-  for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < pairs;
-       p += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = p % half, row = p / half;  // row = (b * Tn + t) * H + h
-    const int64_t h = row % H, t = (row / H) % Tn, b = row / (H * Tn);
-    const T* in = x + b * xs.b + t * xs.t + h * xs.h;
-    T* o = out + b * os.b + t * os.t + h * os.h;
-    const A c = static_cast<A>(cos[t * half + i]), s = A(sign) * static_cast<A>(sin[t * half + i]);
-    const A x1 = to_acc<A>(in[i * xs.d]), x2 = to_acc<A>(in[(i + half) * xs.d]);
-    o[i * os.d] = from_acc<T>(x1 * c - x2 * s);
-    o[(i + half) * os.d] = from_acc<T>(x2 * c + x1 * s);
-  }
-}
-
-// The bandwidth-bound version (f32/f16/bf16, D/2 a multiple of 8, 16-byte aligned rows): one
-// thread per 8 pairs, moving 16-byte packs of x, out and the f32 tables.
-template <class T>
-__global__ void rope_packed_kernel(const T* x, const float* cos, const float* sin, float sign,
-                                   T* out, int64_t rows, int64_t Tn, int64_t H, int64_t D,
-                                   RopeStrides xs, RopeStrides os) {
-  const int64_t half = D / 2, row_packs = half / kPack, total = rows * row_packs;
-  for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < total;
-       p += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t j = p % row_packs, row = p / row_packs;
-    const int64_t h = row % H, t = (row / H) % Tn, b = row / (H * Tn);
-    const T* in = x + b * xs.b + t * xs.t + h * xs.h;
-    T* o = out + b * os.b + t * os.t + h * os.h;
-    const Pack8<T> a = load_pack(in, j), bpk = load_pack(in + half, j);
-    const Pack8<float> c = load_pack(cos + t * half, j), s = load_pack(sin + t * half, j);
-    Pack8<T> lo, hi;
-#pragma unroll
-    for (int k = 0; k < kPack; ++k) {
-      const float x1 = to_float(a.v[k]), x2 = to_float(bpk.v[k]), sk = sign * s.v[k];
-      lo.v[k] = from_float<T>(x1 * c.v[k] - x2 * sk);
-      hi.v[k] = from_float<T>(x2 * c.v[k] + x1 * sk);
-    }
-    store_pack(o, j, lo);
-    store_pack(o + half, j, hi);
-  }
-}
-
-RopeStrides rope_strides(const Tensor& t) {
-  return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
-}
-
-// 16-byte packs along the head dim: unit stride, every head row on a 16-byte boundary.
-bool rope_rows_packable(const RopeStrides& s) {
-  return s.d == 1 && s.b % kPack == 0 && s.t % kPack == 0 && s.h % kPack == 0;
-}
-
-void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse, const Tensor& out) {
-  KernelContext ctx(out);
-  const int64_t B = x.size(0), Tn = x.size(1), H = x.size(2), D = x.size(3), half = D / 2;
-  const RopeStrides xs = rope_strides(x), os = rope_strides(out);
-  const bool packed = x.dtype() != DType::f64 && half % kPack == 0 && rope_rows_packable(xs) &&
-                      rope_rows_packable(os) &&
-                      aligned16({x.raw_data(), out.raw_data(), cos.raw_data(), sin.raw_data()});
-  const float sign = inverse ? -1.f : 1.f;
-  visit_float(x.dtype(), "rope", [&](auto tag) {
-    using T = decltype(tag);
-    using S = acc_t<T>;
-    const T* xp = static_cast<const T*>(x.raw_data());
-    T* op = static_cast<T*>(out.raw_data());
-    if constexpr (!std::is_same_v<T, double>) {
-      if (packed) {
-        rope_packed_kernel<T><<<grid_for(B * Tn * H * (half / kPack)), kThreads, 0, ctx.stream>>>(
-            xp, cos.data<float>(), sin.data<float>(), sign, op, B * Tn * H, Tn, H, D, xs, os);
-        TESSERA_KERNEL_CHECK("rope_packed_kernel");
-        return;
-      }
-    }
-    rope_kernel<T, S><<<grid_for(B * Tn * H * half), kThreads, 0, ctx.stream>>>(
-        xp, static_cast<const S*>(cos.raw_data()), static_cast<const S*>(sin.raw_data()), sign, op,
-        B, Tn, H, D, xs, os);
-    TESSERA_KERNEL_CHECK("rope_kernel");
-  });
-}
-
-// ---- cumsum ----
-
-// Lanes of a contiguous tensor viewed as [outer, n, inner]; one thread per (outer, inner).
-template <class T, class A>
-__global__ void cumsum_kernel(const T* x, T* out, int64_t outer, int64_t n, int64_t inner,
-                              bool reverse) {
-  const int64_t lanes = outer * inner;
-  for (int64_t lane = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; lane < lanes;
-       lane += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t base = (lane / inner) * n * inner + lane % inner;
-    A acc = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t at = base + (reverse ? n - 1 - j : j) * inner;
-      if constexpr (std::is_same_v<A, double>) {
-        acc += static_cast<double>(to_acc<acc_t<T>>(x[at]));
-        out[at] = from_acc<T>(static_cast<acc_t<T>>(acc));
-      } else {
-        acc += static_cast<A>(x[at]);
-        out[at] = static_cast<T>(acc);
-      }
-    }
-  }
-}
-
-void cumsum(const Tensor& x_in, int64_t dim, bool reverse, const Tensor& out_in) {
-  KernelContext ctx(out_in);
-  const Tensor x = raw::contiguous(x_in);
-  const Tensor out =
-      out_in.is_contiguous()
-          ? out_in
-          : empty(out_in.shape(), {.dtype = out_in.dtype(), .device = out_in.device()});
-  int64_t outer = 1, inner = 1;
-  for (int64_t d = 0; d < dim; ++d) outer *= x.size(d);
-  for (int64_t d = dim + 1; d < x.dim(); ++d) inner *= x.size(d);
-  const int64_t n = x.size(dim);
-  auto launch = [&](auto tag, auto acc_tag) {
-    using T = decltype(tag);
-    cumsum_kernel<T, decltype(acc_tag)><<<grid_for(outer * inner), kThreads, 0, ctx.stream>>>(
-        static_cast<const T*>(x.raw_data()), static_cast<T*>(out.raw_data()), outer, n, inner,
-        reverse);
-  };
-  if (x.dtype() == DType::i64)
-    launch(int64_t{}, int64_t{});
-  else
-    visit_float(x.dtype(), "cumsum", [&](auto tag) { launch(tag, double{}); });
-  TESSERA_KERNEL_CHECK("cumsum_kernel");
-  if (!out.is_same(out_in)) raw::copy_(out_in, out);
-}
-
-// ---- topk ----
-
-// Entry a beats entry b: larger (smaller) value first, NaN as the largest, then lower index.
-template <class A>
-__device__ __forceinline__ bool topk_beats(A va, int64_t ia, A vb, int64_t ib, bool largest) {
-  const bool na = va != va, nb = vb != vb;
-  if (ib < 0) return ia >= 0;
-  if (ia < 0) return false;
-  if (na || nb) return na && nb ? ia < ib : (largest ? na : nb);
-  if (va != vb) return largest ? va > vb : va < vb;
-  return ia < ib;
-}
-
-template <class T>
-__global__ void topk_kernel(const T* x, int64_t n, int64_t k, bool largest, unsigned char* taken,
-                            T* values, int64_t* indices) {
-  using A = acc_t<T>;
-  __shared__ A best_v[32];
-  __shared__ int64_t best_i[32];
-  const T* lane = x + blockIdx.x * n;
-  unsigned char* used = taken + blockIdx.x * n;
-  const int warp = threadIdx.x / 32, lane_id = threadIdx.x % 32, warps = blockDim.x / 32;
-  for (int64_t j = 0; j < k; ++j) {
-    A v = 0;
-    int64_t idx = -1;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      if (used[i]) continue;
-      const A c = to_acc<A>(lane[i]);
-      if (topk_beats(c, i, v, idx, largest)) v = c, idx = i;
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-      const A ov = __shfl_xor_sync(0xffffffffu, v, o);
-      const int64_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
-      if (topk_beats(ov, oi, v, idx, largest)) v = ov, idx = oi;
-    }
-    if (lane_id == 0) best_v[warp] = v, best_i[warp] = idx;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int w = 1; w < warps; ++w)
-        if (topk_beats(best_v[w], best_i[w], v, idx, largest)) v = best_v[w], idx = best_i[w];
-      values[blockIdx.x * k + j] = lane[idx];
-      indices[blockIdx.x * k + j] = idx;
-      used[idx] = 1;
-    }
-    __syncthreads();
-  }
-}
-
-void topk(const Tensor& x_in, int64_t k, int64_t dim, bool largest, const Tensor& values,
-          const Tensor& indices) {
-  KernelContext ctx(values);
-  // The lanes as contiguous rows: dim moved last.
-  const int64_t last = x_in.dim() - 1;
-  const Tensor rows = raw::contiguous(raw::transpose(x_in, dim, last));
-  const int64_t n = rows.size(last), lanes = rows.numel() / n;
-  Shape moved = values.shape();
-  std::swap(moved[dim], moved[last]);
-  Tensor v = empty(moved, {.dtype = values.dtype(), .device = values.device()});
-  Tensor i = empty(moved, {.dtype = DType::i64, .device = values.device()});
-  Tensor taken = zeros({lanes, n}, {.dtype = DType::u8, .device = values.device()});
-  visit_float(rows.dtype(), "topk", [&](auto tag) {
-    using T = decltype(tag);
-    topk_kernel<T><<<static_cast<unsigned>(lanes), kThreads, 0, ctx.stream>>>(
-        static_cast<const T*>(rows.raw_data()), n, k, largest, taken.data<uint8_t>(),
-        static_cast<T*>(v.raw_data()), i.data<int64_t>());
-  });
-  TESSERA_KERNEL_CHECK("topk_kernel");
-  raw::copy_(values, raw::transpose(v, dim, last));
-  raw::copy_(indices, raw::transpose(i, dim, last));
-}
-
 const bool registered = [] {
   KernelTable& t = kernel_table(DeviceType::CUDA);
   t.rms_norm = rms_norm;
@@ -546,9 +323,6 @@ const bool registered = [] {
   FusedKernelTable& fused = fused_kernel_table(DeviceType::CUDA);
   fused.residual_rms_norm = rms_norm_impl;
   fused.rms_norm_backward_residual = rms_norm_backward_impl;
-  t.rope = rope;
-  t.cumsum = cumsum;
-  t.topk = topk;
   return true;
 }();
 

@@ -1,12 +1,43 @@
-// Differentiable wrappers of fused kernels that replace a chain of ops in the training path.
-// The classifier's forward computes the per-row losses and the logits' gradient in one pass
-// (the device's fused `classifier`, core/fused_dispatch.h), so the backward is only a scaling.
-// SwiGLU runs one kernel forward and one backward where the device has them.
+// Differentiable losses: cross_entropy (ops::cross_entropy forward, its backward from the
+// saved logits) and fused_cross_entropy, whose forward computes the per-row losses and the
+// logits' gradient in one pass (the device's fused `classifier`, core/fused_dispatch.h), so
+// the backward is only a scaling.
 #include "tessera/autograd/functions.h"
 #include "tessera/core/fused_dispatch.h"
 #include "tessera/core/graph_capture.h"
 
 namespace tessera {
+
+using autograd::BackwardArgs;
+using autograd::record;
+using autograd::SavedTensor;
+using Grads = std::vector<Tensor>;
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                     Reduction reduction) {
+  const ops::Reduction op_reduction = reduction == Reduction::Mean  ? ops::Reduction::Mean
+                                      : reduction == Reduction::Sum ? ops::Reduction::Sum
+                                                                    : ops::Reduction::None;
+  Tensor loss = ops::cross_entropy(logits, targets, ignore_index, op_reduction);
+  record("CrossEntropyBackward", {logits, targets}, {loss},
+         [sl = SavedTensor::input(logits), st = SavedTensor::input(targets), ignore_index,
+          op_reduction](const BackwardArgs& a) {
+           const Tensor logits = sl.unpack("CrossEntropyBackward"),
+                        targets = st.unpack("CrossEntropyBackward");
+           if (op_reduction != ops::Reduction::None) {
+             // One scalar scales every row; reading it costs one sync, cheaper than a pass over [N,
+             // V].
+             return Grads{ops::cross_entropy_backward(logits, targets, a.grad().item(),
+                                                      ignore_index, op_reduction),
+                          Tensor()};
+           }
+           // Per-row losses: (softmax - onehot) of each row times that row's gradient.
+           Tensor per_row =
+               ops::cross_entropy_backward(logits, targets, 1.0, ignore_index, ops::Reduction::Sum);
+           return Grads{ops::mul(per_row, raw::unsqueeze(a.grad(), a.grad().dim())), Tensor()};
+         });
+  return loss;
+}
 
 Tensor fused_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                            Reduction reduction, bool consume_logits) {
@@ -94,39 +125,6 @@ Tensor fused_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t 
                      return std::vector<Tensor>{scale == 1.0 ? dlogits : ops::mul(dlogits, scale), Tensor()};
                    });
   return loss;
-}
-
-namespace {
-// True when the device's fused SwiGLU kernels take gate and up as they are.
-bool fused_swiglu_applies(const FusedKernelTable& fused, const Tensor& gate, const Tensor& up) {
-  return fused.swiglu_forward != nullptr && fused.swiglu_backward != nullptr && gate.defined() &&
-         up.defined() && gate.shape() == up.shape() && gate.dtype() == up.dtype() &&
-         gate.device() == up.device() && is_floating(gate.dtype()) && gate.is_contiguous() &&
-         up.is_contiguous();
-}
-}  // namespace
-
-Tensor swiglu(const Tensor& gate, const Tensor& up) {
-  TESSERA_CHECK(gate.defined() && up.defined(), "swiglu: gate and up must be defined tensors");
-  const FusedKernelTable& fused = fused_kernel_table(gate.device().type);
-  // Elsewhere (another device, views, mixed dtypes, broadcasting): the composition.
-  if (!fused_swiglu_applies(fused, gate, up)) return silu(gate) * up;
-  Tensor out = empty(gate.shape(), {.dtype = gate.dtype(), .device = gate.device()});
-  fused.swiglu_forward(gate, up, out);
-  if (!autograd::any_requires_grad({gate, up})) return out;
-  using autograd::SavedTensor;
-  autograd::record(
-      "SwigluBackward", {gate, up}, {out},
-      [sg = SavedTensor::input(gate), su = SavedTensor::input(up),
-       backward = fused.swiglu_backward](const autograd::BackwardArgs& a) {
-        const Tensor g = sg.unpack("SwigluBackward"), u = su.unpack("SwigluBackward");
-        const Tensor dout = raw::contiguous(raw::to(a.grad(), g.device(), g.dtype()));
-        const TensorOptions like{.dtype = g.dtype(), .device = g.device()};
-        Tensor dgate = empty(g.shape(), like), dup = empty(g.shape(), like);
-        backward(dout, g, u, dgate, dup);
-        return std::vector<Tensor>{dgate, dup};
-      });
-  return out;
 }
 
 }  // namespace tessera

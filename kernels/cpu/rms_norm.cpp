@@ -1,5 +1,4 @@
-// CPU kernels of the Llama-style layers: RMSNorm over the last dim (forward and backward)
-// and rotary position embeddings (Hugging Face's rotate_half pairing).
+// CPU RMSNorm over the last dim, forward and backward.
 //
 // RMSNorm, per row of n elements:
 //   rstd = 1 / sqrt(mean(x^2) + eps),  y = x * rstd * w
@@ -13,19 +12,10 @@
 
 #include "tessera/core/dispatch.h"
 #include "tessera/kernels/cpu/lanes.h"
+#include "tessera/kernels/cpu/row_stats.h"
 
 namespace tessera::cpu {
 namespace {
-
-// The saved rstd: f64 for f64 inputs, f32 otherwise (the table's contract).
-template <class T>
-using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-Shape row_stat_strides(const Tensor& stat) {
-  Shape s = stat.strides();
-  s.push_back(0);
-  return s;
-}
 
 void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& out, const Tensor& rstd) {
   visit_dtype(x.dtype(), [&](auto tag) {
@@ -134,48 +124,10 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const
   });
 }
 
-void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse, const Tensor& out) {
-  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), half = x.size(3) / 2;
-  visit_dtype(x.dtype(), [&](auto tag) {
-    using E = decltype(tag);
-    if constexpr (is_float_type_v<E>) {
-      using C = compute_t<E>;
-      using S = stat_t<E>;
-      const E* xp = static_cast<const E*>(x.raw_data());
-      E* op = static_cast<E*>(out.raw_data());
-      const S* cp = static_cast<const S*>(cos.raw_data());
-      const S* sp = static_cast<const S*>(sin.raw_data());
-      const int64_t sb = x.stride(0), st = x.stride(1), sh = x.stride(2), sd = x.stride(3);
-      const int64_t ob = out.stride(0), ot = out.stride(1), oh = out.stride(2), od = out.stride(3);
-      const C sign = inverse ? C(-1) : C(1);
-#pragma omp parallel for collapse(2) schedule(static) if (x.numel() >= kParallelGrain)
-      for (int64_t b = 0; b < B; ++b) {
-        for (int64_t t = 0; t < T; ++t) {
-          const S* ct = cp + t * half;
-          const S* stab = sp + t * half;
-          for (int64_t h = 0; h < H; ++h) {
-            const E* in = xp + b * sb + t * st + h * sh;
-            E* o = op + b * ob + t * ot + h * oh;
-            for (int64_t i = 0; i < half; ++i) {
-              const C x1 = convert<C>(in[i * sd]), x2 = convert<C>(in[(i + half) * sd]);
-              const C c = C(ct[i]), s = sign * C(stab[i]);
-              o[i * od] = convert<E>(C(x1 * c - x2 * s));
-              o[(i + half) * od] = convert<E>(C(x2 * c + x1 * s));
-            }
-          }
-        }
-      }
-    } else {
-      TESSERA_FAIL("rope: dtype ", dtype_name(x.dtype()), " is not a float type");
-    }
-  });
-}
-
 const bool registered = [] {
   KernelTable& t = kernel_table(DeviceType::CPU);
   t.rms_norm = rms_norm;
   t.rms_norm_backward = rms_norm_backward;
-  t.rope = rope;
   return true;
 }();
 
