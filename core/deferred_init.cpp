@@ -125,16 +125,16 @@ DeferredInitGuard::DeferredInitGuard() { ++guard_depth; }
 DeferredInitGuard::~DeferredInitGuard() { --guard_depth; }
 bool DeferredInitGuard::active() { return guard_depth > 0; }
 
-Tensor init_normal(const Shape& shape, double mean, double std, Generator* gen, TensorOptions opts) {
+Tensor init_normal(const Shape& shape, double mean, double stddev, Generator* gen, TensorOptions opts) {
   TESSERA_CHECK(is_floating(opts.dtype), "init_normal: needs a floating dtype, got ", dtype_name(opts.dtype));
   if (!DeferredInitGuard::active()) {
     Tensor t = empty(shape, {.dtype = opts.dtype, .device = opts.device});
-    normal_(t, mean, std, gen);
+    normal_(t, mean, stddev, gen);
     return t;
   }
   // The blocks normal_ would reserve (two normals a block), so later draws stay the same.
   Generator& g = gen ? *gen : default_generator();
-  InitRecipe recipe{.kind = InitRecipe::Kind::Normal, .a = mean, .b = std};
+  InitRecipe recipe{.kind = InitRecipe::Kind::Normal, .a = mean, .b = stddev};
   const uint64_t n = static_cast<uint64_t>(shape_numel(shape));
   if (n > 0) recipe.offset = g.reserve((n + 1) / 2);
   recipe.seed = g.seed();

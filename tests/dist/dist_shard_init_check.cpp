@@ -36,7 +36,6 @@
 #include "tessera/core/memory_stats.h"
 #include "tessera/core/random.h"
 #include "tessera/dist/accelerator.h"
-#include "tessera/dist/ddp.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/llama.h"
 #include "tessera/optim/adamw.h"
@@ -294,14 +293,17 @@ int run_refusals() {
     }
     model->loss(zeros({1, 4}, {.dtype = DType::i64}), zeros({1, 4}, {.dtype = DType::i64}));
   }, "was built under sharded initialisation");
-  refused("DDP of a deferred model", [] {
-    std::unique_ptr<nn::GPT> model;
-    {
-      DeferredInitGuard deferred;
-      model = std::make_unique<nn::GPT>(gpt_config(false));
-    }
-    dist::DistributedDataParallel ddp(*model);
-  }, "only ZeRO stage 3");
+  // Built under the guard by hand, then prepared at a stage that needs whole parameters.
+  for (int stage : {0, 1})
+    refused("a deferred model prepared at stage " + std::to_string(stage), [stage] {
+      dist::Accelerator acc({.cpu = true, .zero_stage = stage});
+      std::unique_ptr<nn::GPT> model;
+      {
+        DeferredInitGuard deferred;
+        model = std::make_unique<nn::GPT>(gpt_config(false));
+      }
+      acc.prepare(*model);
+    }, "only ZeRO stage 3");
   std::cout << (failures == 0 ? "shard init refusals passed" : "shard init refusals FAILED") << "\n";
   return failures == 0 ? 0 : 1;
 }

@@ -147,7 +147,7 @@ TEST(ShardedInit, ConstructionPeakIsTheShardPlusOneUnit) {
 TEST(ShardedInit, RefusedOutsideStage3AndWithoutAnAccelerator) {
   JobResult r = run_job("env -u RANK -u WORLD_SIZE " + std::string(DIST_SHARD_INIT_CHECK) + " --refuse", 60);
   EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_EQ(count(r.output, "refused:"), 5) << r.output;
+  EXPECT_EQ(count(r.output, "refused:"), 6) << r.output;
   EXPECT_EQ(count(r.output, "shard init refusals passed"), 1) << r.output;
 }
 
