@@ -14,12 +14,13 @@
 // Then the main process writes each step's loss and the final parameters (gathered by
 // unwrap_model) to --out, for the test to compare runs line for line.
 //
-// --heavy-gb X: instead, a GPT of at least X GB of f32 parameters built under sharded_init
-// and prepared (no training), every rank printing its peak resident memory (ru_maxrss).
+// --heavy-gb X: instead, a GPT of at least X GB of f32 parameters built (--init sharded:
+// under sharded_init) and prepared at stage 3 (no training), every rank printing its peak
+// resident memory (ru_maxrss).
 //
 // usage: dist_shard_init_check --model gpt|llama --init eager|sharded --zero-stage N
 //          --out FILE [--pretrained DIR] [--steps S] [--mixed-precision no|bf16] [--memory]
-//        dist_shard_init_check --heavy-gb X
+//        dist_shard_init_check --heavy-gb X [--init eager|sharded]
 //        dist_shard_init_check --refuse (one process: the refusals, named)
 #include <sys/resource.h>
 
@@ -234,7 +235,7 @@ int run_training(const Args& a) {
 
 // A GPT of at least `gb` GB of f32 parameters, built under sharded_init and prepared; every
 // rank prints its peak resident set (ru_maxrss) against the full model's bytes.
-int run_heavy(double gb) {
+int run_heavy(double gb, bool sharded) {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   const int64_t rss_at_start = static_cast<int64_t>(usage.ru_maxrss) * 1024;
@@ -250,13 +251,14 @@ int run_heavy(double gb) {
   cfg.n_layer = std::max<int64_t>(1, static_cast<int64_t>((gb * 1e9 / 4 - root) / per_block) + 1);
   getrusage(RUSAGE_SELF, &usage);
   const int64_t rss_before = static_cast<int64_t>(usage.ru_maxrss) * 1024;
-  auto model = acc.sharded_init([&] { return std::make_unique<nn::GPT>(cfg); });
+  auto model = sharded ? acc.sharded_init([&] { return std::make_unique<nn::GPT>(cfg); })
+                       : std::make_unique<nn::GPT>(cfg);
   acc.prepare(*model);
   getrusage(RUSAGE_SELF, &usage);
   const int64_t peak = static_cast<int64_t>(usage.ru_maxrss) * 1024;
   const int64_t full = model->num_parameters() * 4;
   const dist::MemoryUsage m = acc.memory_usage(*model);
-  std::cout << "heavy rank " << acc.process_index() << " layers " << cfg.n_layer << " full_model_bytes " << full
+  std::cout << "heavy rank " << acc.process_index() << " init " << (sharded ? "sharded" : "eager") << " layers " << cfg.n_layer << " full_model_bytes " << full
             << " rss_at_start " << rss_at_start << " rss_before_construction " << rss_before << " peak_rss " << peak
             << " shard_bytes " << m.parameters + m.gradients << "\n"
             << std::flush;
@@ -314,7 +316,7 @@ int main(int argc, char** argv) {
   try {
     const Args a = parse(argc, argv);
     if (a.refuse) return run_refusals();
-    if (a.heavy_gb > 0) return run_heavy(a.heavy_gb);
+    if (a.heavy_gb > 0) return run_heavy(a.heavy_gb, a.init == "sharded");
     return run_training(a);
   } catch (const std::exception& e) {
     std::cout << "FAILED: " << e.what() << "\n" << std::flush;

@@ -151,21 +151,23 @@ TEST(ShardedInit, RefusedOutsideStage3AndWithoutAnAccelerator) {
   EXPECT_EQ(count(r.output, "shard init refusals passed"), 1) << r.output;
 }
 
-// The acceptance, heavy (TESSERA_HEAVY_TESTS=1; ctest label "heavy"): a GPT of at
-// least 1 GB of f32 parameters built under stage 3 on 8 CPU ranks; each rank's peak resident
-// set stays below 0.6 x the full model's bytes plus a fixed overhead of 256 MiB (the process
-// with its libraries and the process group, measured at about 60 MiB before construction).
+// The acceptance, heavy (skipped unless TESSERA_HEAVY_TESTS=1): a GPT of at least
+// 1 GB of f32 parameters built under sharded_init and prepared at stage 3 on 8 CPU ranks;
+// each rank's peak resident set stays below 0.6 x the full model's f32 bytes plus a fixed
+// overhead of 64 MiB (the process, its libraries and the process group: about 7 MiB before
+// construction when measured). Measured: 270 MB a rank for a 1.05 GB model (its parameter
+// and gradient slices are 262 MB), 25 s on 2 cores.
 TEST(ShardedInit, HeavyOneGigabyteGptOn8Ranks) {
   const char* heavy = std::getenv("TESSERA_HEAVY_TESTS");
   if (!heavy || std::string(heavy) != "1") GTEST_SKIP() << "heavy: set TESSERA_HEAVY_TESTS=1";
-  JobResult r = run_job(launch(8) + " --heavy-gb 1", 600);
+  JobResult r = run_job(launch(8) + " --heavy-gb 1 --init sharded", 600);
   ASSERT_EQ(r.status, 0) << r.output;
   std::printf("%s", r.output.c_str());
   std::istringstream lines(r.output);
   std::string line;
   int ranks = 0;
   while (std::getline(lines, line)) {
-    if (line.rfind("heavy rank", 0) != 0 && line.find("heavy rank") == std::string::npos) continue;
+    if (line.find("heavy rank") == std::string::npos) continue;  // "[rank r] " prefixes the others
     std::istringstream words(line.substr(line.find("heavy rank")));
     std::string w;
     long long full = 0, peak = 0;
@@ -174,7 +176,7 @@ TEST(ShardedInit, HeavyOneGigabyteGptOn8Ranks) {
       if (w == "peak_rss") words >> peak;
     }
     ASSERT_GE(full, 1000000000LL) << line;
-    EXPECT_LT(peak, 0.6 * static_cast<double>(full) + 256.0 * (1 << 20)) << line;
+    EXPECT_LT(peak, 0.6 * static_cast<double>(full) + 64.0 * (1 << 20)) << line;
     ++ranks;
   }
   EXPECT_EQ(ranks, 8) << r.output;
