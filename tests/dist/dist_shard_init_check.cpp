@@ -20,6 +20,7 @@
 //
 // usage: dist_shard_init_check --model gpt|llama --init eager|sharded --zero-stage N
 //          --out FILE [--pretrained DIR] [--steps S] [--mixed-precision no|bf16] [--memory]
+//          [--tied] [--offload-param]
 //        dist_shard_init_check --heavy-gb X [--init eager|sharded]
 //        dist_shard_init_check --refuse (one process: the refusals, named)
 #include <sys/resource.h>
@@ -51,7 +52,7 @@ constexpr int64_t kVocab = 53, kSeq = 8, kRows = 2;
 struct Args {
   std::string model = "gpt", init = "eager", out, pretrained, precision = "no";
   int stage = 3, steps = 2;
-  bool memory = false, refuse = false;
+  bool memory = false, refuse = false, tied = false, offload_param = false;
   double heavy_gb = 0;
 };
 
@@ -71,6 +72,8 @@ Args parse(int argc, char** argv) {
     else if (flag == "--steps") a.steps = std::stoi(value());
     else if (flag == "--mixed-precision") a.precision = value();
     else if (flag == "--memory") a.memory = true;
+    else if (flag == "--tied") a.tied = true;
+    else if (flag == "--offload-param") a.offload_param = true;
     else if (flag == "--refuse") a.refuse = true;
     else if (flag == "--heavy-gb") a.heavy_gb = std::stod(value());
     else TESSERA_FAIL("dist_shard_init_check: unknown flag ", flag);
@@ -79,8 +82,8 @@ Args parse(int argc, char** argv) {
 }
 
 // Sizes that shard unevenly on 2 and 3 ranks, an untied head (a root unit of three
-// tensors), 2 blocks.
-nn::GPTConfig gpt_config(bool memory) {
+// tensors; --tied: two), 2 blocks.
+nn::GPTConfig gpt_config(bool memory, bool tied = false) {
   nn::GPTConfig cfg;
   cfg.vocab_size = kVocab;
   cfg.block_size = 16;
@@ -88,11 +91,11 @@ nn::GPTConfig gpt_config(bool memory) {
   cfg.n_head = memory ? 4 : 2;
   cfg.n_embd = memory ? 64 : 14;
   cfg.dropout = 0.0;
-  cfg.tie_word_embeddings = false;
+  cfg.tie_word_embeddings = tied;
   return cfg;
 }
 
-nn::LlamaConfig llama_config() {
+nn::LlamaConfig llama_config(bool tied) {
   nn::LlamaConfig cfg;
   cfg.vocab_size = kVocab;
   cfg.hidden_size = 12;
@@ -101,7 +104,7 @@ nn::LlamaConfig llama_config() {
   cfg.num_attention_heads = 2;
   cfg.num_key_value_heads = 1;
   cfg.max_position_embeddings = 16;
-  cfg.tie_word_embeddings = false;
+  cfg.tie_word_embeddings = tied;
   return cfg;
 }
 
@@ -110,8 +113,8 @@ std::unique_ptr<nn::Module> build(const Args& a) {
     if (a.model == "gpt") return nn::GPT::from_pretrained(a.pretrained);
     return nn::Llama::from_pretrained(a.pretrained);
   }
-  if (a.model == "gpt") return std::make_unique<nn::GPT>(gpt_config(a.memory));
-  return std::make_unique<nn::Llama>(llama_config());
+  if (a.model == "gpt") return std::make_unique<nn::GPT>(gpt_config(a.memory, a.tied));
+  return std::make_unique<nn::Llama>(llama_config(a.tied));
 }
 
 Tensor model_loss(nn::Module& m, const Tensor& x, const Tensor& y) {
@@ -165,7 +168,7 @@ int64_t largest_unit_bytes(dist::DataParallelStrategy& strategy) {
 
 int run_training(const Args& a) {
   dist::Accelerator acc({.mixed_precision = a.precision, .sparse_embedding_gradients = false, .cpu = true,
-                         .zero_stage = a.stage});
+                         .zero_stage = a.stage, .offload_param = a.offload_param});
   const int rank = acc.process_index(), world = acc.num_processes();
   manual_seed(1000 + 7 * static_cast<uint64_t>(rank));
   const uint64_t read_before = deferred_bytes_read();

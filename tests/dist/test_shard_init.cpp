@@ -81,6 +81,17 @@ TEST(ShardedInit, LlamaSlicesAndTrainingMatchEagerAndDdpOn2And3Ranks) {
   for (int nproc : {2, 3}) expect_sharded_equals_eager_and_ddp("llama", nproc);
 }
 
+// Tied embeddings (the head is wte), and the shard kept on the host (offload_param: the
+// slices are computed into pinned host memory), on 3 ranks.
+TEST(ShardedInit, TiedHeadsAndOffloadedShardsOn3Ranks) {
+  for (const std::string model : {"gpt", "llama"}) {
+    const std::string tied = "--model " + model + " --tied --zero-stage 3";
+    EXPECT_EQ(run(3, tied + " --init sharded"), run(3, tied + " --init eager")) << model << " tied";
+  }
+  const std::string offload = "--model gpt --zero-stage 3 --offload-param";
+  EXPECT_EQ(run(3, offload + " --init sharded"), run(3, offload + " --init eager")) << "offload_param";
+}
+
 // The known bug of issue 36: Llama's fast layer ran no hooks, so ZeRO-3 never gathered its
 // parameters. Two steps under stage 3 on 2 ranks equal DDP bit for bit.
 TEST(ShardedInit, LlamaTrainsUnderStage3LikeDdp) {
