@@ -20,7 +20,9 @@
 //
 // usage: dist_shard_init_check --model gpt|llama --init eager|sharded --zero-stage N
 //          --out FILE [--pretrained DIR] [--steps S] [--mixed-precision no|bf16] [--memory]
-//          [--tied] [--offload-param]
+//          [--tied] [--offload-param] [--reference] [--checkpointing]
+// (--reference: the reference blocks instead of the fast ones; --checkpointing: gradient
+// checkpointing, each layer's hooks running again for its recompute.)
 //        dist_shard_init_check --heavy-gb X [--init eager|sharded]
 //        dist_shard_init_check --refuse (one process: the refusals, named)
 #include <sys/resource.h>
@@ -29,6 +31,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -52,7 +55,8 @@ constexpr int64_t kVocab = 53, kSeq = 8, kRows = 2;
 struct Args {
   std::string model = "gpt", init = "eager", out, pretrained, precision = "no";
   int stage = 3, steps = 2;
-  bool memory = false, refuse = false, tied = false, offload_param = false;
+  bool memory = false, refuse = false, tied = false, offload_param = false, reference = false,
+       checkpointing = false;
   double heavy_gb = 0;
 };
 
@@ -74,6 +78,8 @@ Args parse(int argc, char** argv) {
     else if (flag == "--memory") a.memory = true;
     else if (flag == "--tied") a.tied = true;
     else if (flag == "--offload-param") a.offload_param = true;
+    else if (flag == "--reference") a.reference = true;
+    else if (flag == "--checkpointing") a.checkpointing = true;
     else if (flag == "--refuse") a.refuse = true;
     else if (flag == "--heavy-gb") a.heavy_gb = std::stod(value());
     else TESSERA_FAIL("dist_shard_init_check: unknown flag ", flag);
@@ -108,13 +114,20 @@ nn::LlamaConfig llama_config(bool tied) {
   return cfg;
 }
 
-std::unique_ptr<nn::Module> build(const Args& a) {
+std::unique_ptr<nn::CausalLM> construct(const Args& a) {
   if (!a.pretrained.empty()) {
     if (a.model == "gpt") return nn::GPT::from_pretrained(a.pretrained);
     return nn::Llama::from_pretrained(a.pretrained);
   }
   if (a.model == "gpt") return std::make_unique<nn::GPT>(gpt_config(a.memory, a.tied));
   return std::make_unique<nn::Llama>(llama_config(a.tied));
+}
+
+std::unique_ptr<nn::Module> build(const Args& a) {
+  std::unique_ptr<nn::CausalLM> model = construct(a);
+  if (a.reference) model->set_block_implementation(nn::BlockImplementation::reference);
+  if (a.checkpointing) model->gradient_checkpointing_enable();
+  return model;
 }
 
 Tensor model_loss(nn::Module& m, const Tensor& x, const Tensor& y) {

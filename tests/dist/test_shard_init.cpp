@@ -98,6 +98,16 @@ TEST(ShardedInit, LlamaTrainsUnderStage3LikeDdp) {
   const std::string stage3 = run(2, "--model llama --init eager --zero-stage 3");
   const std::string ddp = run(2, "--model llama --init eager --zero-stage 0");
   EXPECT_EQ(stage3, ddp);
+  // The reference layers and gradient checkpointing (hooks again in the recompute), both
+  // paths; sharded construction as well.
+  for (const std::string path : {" --reference", ""}) {
+    const std::string flags = "--model llama --checkpointing" + path;
+    const std::string want = run(2, flags + " --init eager --zero-stage 0");
+    EXPECT_EQ(run(2, flags + " --init eager --zero-stage 3"), want) << path;
+    EXPECT_EQ(run(2, flags + " --init sharded --zero-stage 3"), want) << path;
+  }
+  EXPECT_EQ(run(2, "--model llama --reference --init eager --zero-stage 3"),
+            run(2, "--model llama --reference --init eager --zero-stage 0"));
 }
 
 // bf16 parameters: placeholders are converted as the eager model is (f32 init, then bf16).
