@@ -41,3 +41,11 @@ def test_sharded_init_is_refused_outside_stage_3():
     acc = tessera.Accelerator(cpu=True, zero_stage=2)
     with pytest.raises(Exception, match="needs ZeRO stage 3"):
         acc.sharded_init(lambda: nn.GPT(config()))
+
+
+def test_an_unprepared_sharded_model_is_refused_by_name():
+    acc = tessera.Accelerator(cpu=True, zero_stage=3)
+    model = acc.sharded_init(lambda: nn.GPT(config()))
+    idx = tessera.tensor([[1, 2, 3]])
+    with pytest.raises(Exception, match="transformer.wte.weight' was built under sharded initialisation"):
+        model.loss(idx, idx)
