@@ -69,7 +69,8 @@ InitRecipe recipe_of(const Tensor& t, const std::string& what) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   const Entry* e = find_locked(t);
-  TESSERA_CHECK(e, "deferred init: ", what, " of shape ", t.defined() ? shape_str(t.shape()) : "(undefined)",
+  TESSERA_CHECK(e, "deferred init: ", what, " of shape ",
+                t.defined() ? shape_str(t.shape()) : "(undefined)",
                 " is not a placeholder of deferred initialisation");
   return e->recipe;
 }
@@ -106,7 +107,8 @@ void fill_from_recipe(const InitRecipe& recipe, int64_t begin, const Tensor& tar
       };
       int64_t done = 0;
       if (const int64_t lead = begin % per_block; lead != 0) {
-        const Tensor block = empty({per_block}, {.dtype = target.dtype(), .device = target.device()});
+        const Tensor block =
+            empty({per_block}, {.dtype = target.dtype(), .device = target.device()});
         draw(block, recipe.offset + static_cast<uint64_t>(begin / per_block));
         done = std::min(per_block - lead, n);
         raw::copy_(raw::narrow(target, 0, 0, done), raw::narrow(block, 0, lead, done));
@@ -125,8 +127,10 @@ DeferredInitGuard::DeferredInitGuard() { ++guard_depth; }
 DeferredInitGuard::~DeferredInitGuard() { --guard_depth; }
 bool DeferredInitGuard::active() { return guard_depth > 0; }
 
-Tensor init_normal(const Shape& shape, double mean, double stddev, Generator* gen, TensorOptions opts) {
-  TESSERA_CHECK(is_floating(opts.dtype), "init_normal: needs a floating dtype, got ", dtype_name(opts.dtype));
+Tensor init_normal(const Shape& shape, double mean, double stddev, Generator* gen,
+                   TensorOptions opts) {
+  TESSERA_CHECK(is_floating(opts.dtype), "init_normal: needs a floating dtype, got ",
+                dtype_name(opts.dtype));
   if (!DeferredInitGuard::active()) {
     Tensor t = empty(shape, {.dtype = opts.dtype, .device = opts.device});
     normal_(t, mean, stddev, gen);
@@ -142,7 +146,8 @@ Tensor init_normal(const Shape& shape, double mean, double stddev, Generator* ge
 }
 
 Tensor init_constant(const Shape& shape, double value, TensorOptions opts) {
-  if (!DeferredInitGuard::active()) return full(shape, value, {.dtype = opts.dtype, .device = opts.device});
+  if (!DeferredInitGuard::active())
+    return full(shape, value, {.dtype = opts.dtype, .device = opts.device});
   return make_placeholder(shape, opts, InitRecipe{.kind = InitRecipe::Kind::Constant, .a = value});
 }
 
@@ -175,9 +180,11 @@ void set_deferred_recipe(const Tensor& t, InitRecipe recipe) {
 
 void set_deferred_source(const Tensor& t, const Tensor& source) {
   TESSERA_CHECK(source.defined() && source.numel() == t.numel(), "deferred init: a source of ",
-                source.defined() ? source.numel() : 0, " elements for a placeholder of ", t.numel());
+                source.defined() ? source.numel() : 0, " elements for a placeholder of ",
+                t.numel());
   // Loading converts the source to the tensor's dtype now: that is where its value starts.
-  set_deferred_recipe(t, InitRecipe{.kind = InitRecipe::Kind::Copy, .source = source, .dtypes = {t.dtype()}});
+  set_deferred_recipe(
+      t, InitRecipe{.kind = InitRecipe::Kind::Copy, .source = source, .dtypes = {t.dtype()}});
 }
 
 void retarget_deferred(const Tensor& t, Device device, DType dtype) {
@@ -195,16 +202,19 @@ void retarget_deferred(const Tensor& t, Device device, DType dtype) {
 void materialize_deferred_range(const Tensor& t, int64_t begin, const Tensor& out) {
   const InitRecipe recipe = recipe_of(t, "materialize_deferred_range: the tensor");
   const int64_t n = out.numel();
-  TESSERA_CHECK(out.dim() == 1 && out.is_contiguous(), "materialize_deferred_range: out must be 1-D and contiguous, got ",
+  TESSERA_CHECK(out.dim() == 1 && out.is_contiguous(),
+                "materialize_deferred_range: out must be 1-D and contiguous, got ",
                 shape_str(out.shape()));
-  TESSERA_CHECK(begin >= 0 && begin + n <= t.numel(), "materialize_deferred_range: elements [", begin, ", ",
-                begin + n, ") of a tensor of ", t.numel());
+  TESSERA_CHECK(begin >= 0 && begin + n <= t.numel(), "materialize_deferred_range: elements [",
+                begin, ", ", begin + n, ") of a tensor of ", t.numel());
   // Computed in the dtype the eager construction computed in, then converted as it was.
   const bool direct = recipe.dtypes.size() == 1 && out.dtype() == recipe.dtypes.front();
-  Tensor value = direct ? out : empty({n}, {.dtype = recipe.dtypes.front(), .device = out.device()});
+  Tensor value =
+      direct ? out : empty({n}, {.dtype = recipe.dtypes.front(), .device = out.device()});
   fill_from_recipe(recipe, begin, value);
   if (direct) return;
-  for (size_t i = 1; i < recipe.dtypes.size(); ++i) value = raw::to(value, out.device(), recipe.dtypes[i]);
+  for (size_t i = 1; i < recipe.dtypes.size(); ++i)
+    value = raw::to(value, out.device(), recipe.dtypes[i]);
   raw::copy_(out, value);
 }
 
@@ -226,10 +236,11 @@ void forget_deferred(const Tensor& t) {
 }
 
 void check_not_deferred(const Tensor& t, const std::string& name, const std::string& who) {
-  TESSERA_CHECK(!is_deferred(t), who, ": parameter '", name,
-                "' was built under sharded initialisation (Accelerator::sharded_init) and holds no "
-                "values yet; prepare the model with that Accelerator (ZeRO stage 3), which fills each "
-                "rank's slice, before using it");
+  TESSERA_CHECK(
+      !is_deferred(t), who, ": parameter '", name,
+      "' was built under sharded initialisation (Accelerator::sharded_init) and holds no "
+      "values yet; prepare the model with that Accelerator (ZeRO stage 3), which fills each "
+      "rank's slice, before using it");
 }
 
 uint64_t deferred_bytes_read() { return bytes_read.load(); }

@@ -60,7 +60,8 @@ class DeferredInitGuard {
 };
 
 // Parameter factories: filled tensors, or placeholders under the guard.
-Tensor init_normal(const Shape& shape, double mean, double stddev, Generator* gen, TensorOptions opts);
+Tensor init_normal(const Shape& shape, double mean, double stddev, Generator* gen,
+                   TensorOptions opts);
 Tensor init_constant(const Shape& shape, double value, TensorOptions opts);
 
 // True for a placeholder not yet materialised or repointed.

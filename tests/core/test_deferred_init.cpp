@@ -40,7 +40,8 @@ TEST(DeferredInit, EveryRangeOfANormalDrawMatchesTheEagerOne) {
   EXPECT_TRUE(is_deferred(placeholder));
   EXPECT_EQ(placeholder.shape(), (Shape{37, 5}));
   EXPECT_EQ(placeholder.storage()->nbytes(), 0u);
-  EXPECT_EQ(default_generator().offset(), eager_next) << "the generator advances as the eager factory's";
+  EXPECT_EQ(default_generator().offset(), eager_next)
+      << "the generator advances as the eager factory's";
   for (int64_t begin = 0; begin < 9; ++begin)
     for (int64_t n = 1; n < 11; ++n) {
       const Tensor out = empty({n});
@@ -68,7 +69,8 @@ TEST(DeferredInit, ConversionsConstantsAndCopySources) {
   EXPECT_EQ(p.dtype(), DType::bf16);
   const Tensor out = empty({13}, {.dtype = DType::bf16});
   materialize_deferred_range(p, 5, out);
-  EXPECT_TRUE(same_bits(out, raw::narrow(flat(raw::to(eager, Device::cpu(), DType::bf16)), 0, 5, 13)));
+  EXPECT_TRUE(
+      same_bits(out, raw::narrow(flat(raw::to(eager, Device::cpu(), DType::bf16)), 0, 5, 13)));
   const Tensor o = empty({3});
   materialize_deferred_range(ones, 1, o);
   EXPECT_EQ(o.to_vector<float>(), (std::vector<float>{1, 1, 1}));

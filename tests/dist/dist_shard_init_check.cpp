@@ -68,21 +68,36 @@ Args parse(int argc, char** argv) {
       TESSERA_CHECK(i + 1 < argc, "dist_shard_init_check: ", flag, " needs a value");
       return argv[++i];
     };
-    if (flag == "--model") a.model = value();
-    else if (flag == "--init") a.init = value();
-    else if (flag == "--zero-stage") a.stage = std::stoi(value());
-    else if (flag == "--out") a.out = value();
-    else if (flag == "--pretrained") a.pretrained = value();
-    else if (flag == "--steps") a.steps = std::stoi(value());
-    else if (flag == "--mixed-precision") a.precision = value();
-    else if (flag == "--memory") a.memory = true;
-    else if (flag == "--tied") a.tied = true;
-    else if (flag == "--offload-param") a.offload_param = true;
-    else if (flag == "--reference") a.reference = true;
-    else if (flag == "--checkpointing") a.checkpointing = true;
-    else if (flag == "--refuse") a.refuse = true;
-    else if (flag == "--heavy-gb") a.heavy_gb = std::stod(value());
-    else TESSERA_FAIL("dist_shard_init_check: unknown flag ", flag);
+    if (flag == "--model")
+      a.model = value();
+    else if (flag == "--init")
+      a.init = value();
+    else if (flag == "--zero-stage")
+      a.stage = std::stoi(value());
+    else if (flag == "--out")
+      a.out = value();
+    else if (flag == "--pretrained")
+      a.pretrained = value();
+    else if (flag == "--steps")
+      a.steps = std::stoi(value());
+    else if (flag == "--mixed-precision")
+      a.precision = value();
+    else if (flag == "--memory")
+      a.memory = true;
+    else if (flag == "--tied")
+      a.tied = true;
+    else if (flag == "--offload-param")
+      a.offload_param = true;
+    else if (flag == "--reference")
+      a.reference = true;
+    else if (flag == "--checkpointing")
+      a.checkpointing = true;
+    else if (flag == "--refuse")
+      a.refuse = true;
+    else if (flag == "--heavy-gb")
+      a.heavy_gb = std::stod(value());
+    else
+      TESSERA_FAIL("dist_shard_init_check: unknown flag ", flag);
   }
   return a;
 }
@@ -155,19 +170,24 @@ int64_t check_slices(dist::DataParallelStrategy& strategy, const Args& a, int ra
   std::unique_ptr<nn::Module> eager = build(a);
   if (a.precision == "bf16") eager->to(DType::bf16);
   std::map<std::string, Tensor> want;
-  for (auto& [name, p] : eager->named_parameters()) want[name] = raw::reshape(p.detach(), {p.numel()});
+  for (auto& [name, p] : eager->named_parameters())
+    want[name] = raw::reshape(p.detach(), {p.numel()});
   int64_t checked = 0, bytes = 0;
   for (const auto& shard : strategy.parameter_shards()) {
-    expect(want.count(shard.name) == 1, "rank " + std::to_string(rank) + ": no eager parameter " + shard.name);
+    expect(want.count(shard.name) == 1,
+           "rank " + std::to_string(rank) + ": no eager parameter " + shard.name);
     if (!want.count(shard.name)) continue;
     const Tensor expected = raw::narrow(want[shard.name], 0, shard.begin, shard.numel);
-    expect(same_bits(shard.values, expected), "rank " + std::to_string(rank) + ": slice [" +
-                                                  std::to_string(shard.begin) + ", +" + std::to_string(shard.numel) +
-                                                  ") of " + shard.name + " differs from the eager construction");
+    expect(same_bits(shard.values, expected),
+           "rank " + std::to_string(rank) + ": slice [" + std::to_string(shard.begin) + ", +" +
+               std::to_string(shard.numel) + ") of " + shard.name +
+               " differs from the eager construction");
     checked += shard.numel;
     bytes += shard.numel * 4;
   }
-  std::cout << "rank " << rank << ": " << checked << " elements of its slices equal the eager model's\n" << std::flush;
+  std::cout << "rank " << rank << ": " << checked
+            << " elements of its slices equal the eager model's\n"
+            << std::flush;
   return bytes;
 }
 
@@ -175,13 +195,17 @@ int64_t largest_unit_bytes(dist::DataParallelStrategy& strategy) {
   int64_t unit = 0;
   if (auto* zero = dynamic_cast<dist::ZeroStrategy*>(&strategy))
     for (const auto& bucket : zero->buckets().buckets())
-      unit = std::max<int64_t>(unit, bucket.padded_numel * static_cast<int64_t>(dtype_size(bucket.dtype)));
+      unit = std::max<int64_t>(
+          unit, bucket.padded_numel * static_cast<int64_t>(dtype_size(bucket.dtype)));
   return unit;
 }
 
 int run_training(const Args& a) {
-  dist::Accelerator acc({.mixed_precision = a.precision, .sparse_embedding_gradients = false, .cpu = true,
-                         .zero_stage = a.stage, .offload_param = a.offload_param});
+  dist::Accelerator acc({.mixed_precision = a.precision,
+                         .sparse_embedding_gradients = false,
+                         .cpu = true,
+                         .zero_stage = a.stage,
+                         .offload_param = a.offload_param});
   const int rank = acc.process_index(), world = acc.num_processes();
   manual_seed(1000 + 7 * static_cast<uint64_t>(rank));
   const uint64_t read_before = deferred_bytes_read();
@@ -196,35 +220,40 @@ int run_training(const Args& a) {
   dist::DataParallelStrategy& strategy = *acc.strategy_of(*model);
   if (a.memory) {
     const dist::MemoryUsage m = acc.memory_usage(*model);
-    const int64_t shard = m.parameters + m.gradients + m.communication, unit = largest_unit_bytes(strategy);
+    const int64_t shard = m.parameters + m.gradients + m.communication,
+                  unit = largest_unit_bytes(strategy);
     int64_t full = 0;
     for (const Tensor& p : model->parameters()) full += p.numel() * 4;
-    std::cout << "memory rank " << rank << " init " << a.init << " construction_peak " << construction_peak
-              << " shard " << shard << " unit " << unit << " full_model " << full << "\n"
+    std::cout << "memory rank " << rank << " init " << a.init << " construction_peak "
+              << construction_peak << " shard " << shard << " unit " << unit << " full_model "
+              << full << "\n"
               << std::flush;
     if (a.init == "sharded")
-      expect(construction_peak <= shard + unit, "rank " + std::to_string(rank) + ": construction peak " +
-                                                    std::to_string(construction_peak) + " exceeds shard " +
-                                                    std::to_string(shard) + " + one unit " + std::to_string(unit));
+      expect(construction_peak <= shard + unit,
+             "rank " + std::to_string(rank) + ": construction peak " +
+                 std::to_string(construction_peak) + " exceeds shard " + std::to_string(shard) +
+                 " + one unit " + std::to_string(unit));
   }
   if (a.init == "sharded") {
     const int64_t slice_bytes = check_slices(strategy, a, rank);
     if (!a.pretrained.empty()) {
-      std::cout << "rank " << rank << ": read " << read << " bytes of model.safetensors for " << slice_bytes
-                << " bytes of slices\n"
+      std::cout << "rank " << rank << ": read " << read << " bytes of model.safetensors for "
+                << slice_bytes << " bytes of slices\n"
                 << std::flush;
       expect(static_cast<int64_t>(read) == slice_bytes,
-             "rank " + std::to_string(rank) + " read " + std::to_string(read) + " bytes, its slices hold " +
-                 std::to_string(slice_bytes));
+             "rank " + std::to_string(rank) + " read " + std::to_string(read) +
+                 " bytes, its slices hold " + std::to_string(slice_bytes));
     }
   }
   // The same rows whatever the world size: global rows (step·W + rank)·kRows ...
   Generator data(42);
-  const Tensor tokens = randint(0, kVocab, {a.steps * world * kRows, kSeq + 1}, {.dtype = DType::i64}, &data);
+  const Tensor tokens =
+      randint(0, kVocab, {a.steps * world * kRows, kSeq + 1}, {.dtype = DType::i64}, &data);
   std::vector<double> losses;
   for (int step = 0; step < a.steps; ++step) {
     const Tensor rows = raw::narrow(tokens, 0, (step * world + rank) * kRows, kRows);
-    const Tensor x = raw::contiguous(raw::narrow(rows, 1, 0, kSeq)), y = raw::contiguous(raw::narrow(rows, 1, 1, kSeq));
+    const Tensor x = raw::contiguous(raw::narrow(rows, 1, 0, kSeq)),
+                 y = raw::contiguous(raw::narrow(rows, 1, 1, kSeq));
     auto micro = acc.accumulate(*model);
     const Tensor loss = model_loss(*model, x, y);
     acc.backward(loss);
@@ -243,8 +272,8 @@ int run_training(const Args& a) {
     dist_check::dump_parameters(whole, out);
   }
   acc.wait_for_everyone();
-  std::cout << (failures == 0 ? "shard init checks passed" : "shard init checks FAILED") << " (rank " << rank
-            << ")\n"
+  std::cout << (failures == 0 ? "shard init checks passed" : "shard init checks FAILED")
+            << " (rank " << rank << ")\n"
             << std::flush;
   return failures == 0 ? 0 : 1;
 }
@@ -274,8 +303,9 @@ int run_heavy(double gb, bool sharded) {
   const int64_t peak = static_cast<int64_t>(usage.ru_maxrss) * 1024;
   const int64_t full = model->num_parameters() * 4;
   const dist::MemoryUsage m = acc.memory_usage(*model);
-  std::cout << "heavy rank " << acc.process_index() << " init " << (sharded ? "sharded" : "eager") << " layers " << cfg.n_layer << " full_model_bytes " << full
-            << " rss_at_start " << rss_at_start << " rss_before_construction " << rss_before << " peak_rss " << peak
+  std::cout << "heavy rank " << acc.process_index() << " init " << (sharded ? "sharded" : "eager")
+            << " layers " << cfg.n_layer << " full_model_bytes " << full << " rss_at_start "
+            << rss_at_start << " rss_before_construction " << rss_before << " peak_rss " << peak
             << " shard_bytes " << m.parameters + m.gradients << "\n"
             << std::flush;
   acc.wait_for_everyone();
@@ -284,7 +314,8 @@ int run_heavy(double gb, bool sharded) {
 
 // One process: what is refused, with the message naming why.
 int run_refusals() {
-  auto refused = [](const std::string& what, const std::function<void()>& body, const std::string& says) {
+  auto refused = [](const std::string& what, const std::function<void()>& body,
+                    const std::string& says) {
     try {
       body();
     } catch (const Error& e) {
@@ -296,33 +327,46 @@ int run_refusals() {
     expect(false, what + " was not refused");
   };
   for (int stage : {0, 1, 2})
-    refused("sharded_init at stage " + std::to_string(stage), [stage] {
-      dist::Accelerator acc({.cpu = true, .zero_stage = stage});
-      bool built = false;
-      acc.sharded_init([&] { built = true; return std::make_unique<nn::GPT>(gpt_config(false)); });
-      expect(!built, "the model was built before the refusal");
-    }, "needs ZeRO stage 3");
+    refused(
+        "sharded_init at stage " + std::to_string(stage),
+        [stage] {
+          dist::Accelerator acc({.cpu = true, .zero_stage = stage});
+          bool built = false;
+          acc.sharded_init([&] {
+            built = true;
+            return std::make_unique<nn::GPT>(gpt_config(false));
+          });
+          expect(!built, "the model was built before the refusal");
+        },
+        "needs ZeRO stage 3");
   // The guard on its own (no Accelerator): the placeholders are refused by name when used.
-  refused("a forward of a deferred model without an Accelerator", [] {
-    std::unique_ptr<nn::GPT> model;
-    {
-      DeferredInitGuard deferred;
-      model = std::make_unique<nn::GPT>(gpt_config(false));
-    }
-    model->loss(zeros({1, 4}, {.dtype = DType::i64}), zeros({1, 4}, {.dtype = DType::i64}));
-  }, "was built under sharded initialisation");
+  refused(
+      "a forward of a deferred model without an Accelerator",
+      [] {
+        std::unique_ptr<nn::GPT> model;
+        {
+          DeferredInitGuard deferred;
+          model = std::make_unique<nn::GPT>(gpt_config(false));
+        }
+        model->loss(zeros({1, 4}, {.dtype = DType::i64}), zeros({1, 4}, {.dtype = DType::i64}));
+      },
+      "was built under sharded initialisation");
   // Built under the guard by hand, then prepared at a stage that needs whole parameters.
   for (int stage : {0, 1})
-    refused("a deferred model prepared at stage " + std::to_string(stage), [stage] {
-      dist::Accelerator acc({.cpu = true, .zero_stage = stage});
-      std::unique_ptr<nn::GPT> model;
-      {
-        DeferredInitGuard deferred;
-        model = std::make_unique<nn::GPT>(gpt_config(false));
-      }
-      acc.prepare(*model);
-    }, "only ZeRO stage 3");
-  std::cout << (failures == 0 ? "shard init refusals passed" : "shard init refusals FAILED") << "\n";
+    refused(
+        "a deferred model prepared at stage " + std::to_string(stage),
+        [stage] {
+          dist::Accelerator acc({.cpu = true, .zero_stage = stage});
+          std::unique_ptr<nn::GPT> model;
+          {
+            DeferredInitGuard deferred;
+            model = std::make_unique<nn::GPT>(gpt_config(false));
+          }
+          acc.prepare(*model);
+        },
+        "only ZeRO stage 3");
+  std::cout << (failures == 0 ? "shard init refusals passed" : "shard init refusals FAILED")
+            << "\n";
   return failures == 0 ? 0 : 1;
 }
 

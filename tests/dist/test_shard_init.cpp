@@ -64,12 +64,14 @@ std::string run(int nproc, const std::string& flags, JobResult* result = nullptr
 }
 
 // Sharded construction, the eager model under stage 3, and DDP: the same record.
-void expect_sharded_equals_eager_and_ddp(const std::string& model, int nproc, const std::string& extra = "") {
+void expect_sharded_equals_eager_and_ddp(const std::string& model, int nproc,
+                                         const std::string& extra = "") {
   const std::string flags = "--model " + model + extra;
   const std::string sharded = run(nproc, flags + " --init sharded --zero-stage 3");
   const std::string eager = run(nproc, flags + " --init eager --zero-stage 3");
   const std::string ddp = run(nproc, flags + " --init eager --zero-stage 0");
-  EXPECT_EQ(sharded, eager) << model << " on " << nproc << " ranks: sharded construction vs eager (stage 3)";
+  EXPECT_EQ(sharded, eager) << model << " on " << nproc
+                            << " ranks: sharded construction vs eager (stage 3)";
   EXPECT_EQ(eager, ddp) << model << " on " << nproc << " ranks: stage 3 vs DDP";
 }
 
@@ -89,7 +91,8 @@ TEST(ShardedInit, TiedHeadsAndOffloadedShardsOn3Ranks) {
     EXPECT_EQ(run(3, tied + " --init sharded"), run(3, tied + " --init eager")) << model << " tied";
   }
   const std::string offload = "--model gpt --zero-stage 3 --offload-param";
-  EXPECT_EQ(run(3, offload + " --init sharded"), run(3, offload + " --init eager")) << "offload_param";
+  EXPECT_EQ(run(3, offload + " --init sharded"), run(3, offload + " --init eager"))
+      << "offload_param";
 }
 
 // The known bug of issue 36: Llama's fast layer ran no hooks, so ZeRO-3 never gathered its
@@ -112,8 +115,10 @@ TEST(ShardedInit, LlamaTrainsUnderStage3LikeDdp) {
 
 // bf16 parameters: placeholders are converted as the eager model is (f32 init, then bf16).
 TEST(ShardedInit, Bf16PolicySlicesMatchOn2Ranks) {
-  const std::string sharded = run(2, "--model gpt --init sharded --zero-stage 3 --mixed-precision bf16");
-  const std::string eager = run(2, "--model gpt --init eager --zero-stage 3 --mixed-precision bf16");
+  const std::string sharded =
+      run(2, "--model gpt --init sharded --zero-stage 3 --mixed-precision bf16");
+  const std::string eager =
+      run(2, "--model gpt --init eager --zero-stage 3 --mixed-precision bf16");
   EXPECT_EQ(sharded, eager);
 }
 
@@ -143,13 +148,15 @@ TEST(ShardedInit, FromPretrainedReadsOnlyEachRanksRanges) {
     lcfg.max_position_embeddings = 16;
     nn::Llama(lcfg).save_pretrained(llama_dir);
   }
-  for (const auto& [model, dir] : {std::pair{std::string("gpt"), gpt_dir}, std::pair{std::string("llama"), llama_dir}})
+  for (const auto& [model, dir] :
+       {std::pair{std::string("gpt"), gpt_dir}, std::pair{std::string("llama"), llama_dir}})
     for (int nproc : {2, 3}) {
       JobResult r;
       const std::string flags = "--model " + model + " --pretrained " + dir + " --zero-stage 3";
       const std::string sharded = run(nproc, flags + " --init sharded", &r);
       EXPECT_EQ(count(r.output, "bytes of model.safetensors for"), nproc) << r.output;
-      EXPECT_EQ(sharded, run(nproc, flags + " --init eager")) << model << " on " << nproc << " ranks";
+      EXPECT_EQ(sharded, run(nproc, flags + " --init eager"))
+          << model << " on " << nproc << " ranks";
     }
 }
 
@@ -166,7 +173,8 @@ TEST(ShardedInit, ConstructionPeakIsTheShardPlusOneUnit) {
 }
 
 TEST(ShardedInit, RefusedOutsideStage3AndWithoutAnAccelerator) {
-  JobResult r = run_job("env -u RANK -u WORLD_SIZE " + std::string(DIST_SHARD_INIT_CHECK) + " --refuse", 60);
+  JobResult r =
+      run_job("env -u RANK -u WORLD_SIZE " + std::string(DIST_SHARD_INIT_CHECK) + " --refuse", 60);
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count(r.output, "refused:"), 6) << r.output;
   EXPECT_EQ(count(r.output, "shard init refusals passed"), 1) << r.output;
