@@ -113,6 +113,12 @@ Accelerator::~Accelerator() {
 int Accelerator::process_index() const { return world().rank(); }
 int Accelerator::num_processes() const { return world().size(); }
 
+void Accelerator::check_sharded_init() const {
+  TESSERA_CHECK(zero_stage_ == 3, "Accelerator::sharded_init: sharded construction needs ZeRO stage 3 "
+                "(only stage 3 keeps a slice of each parameter instead of the whole), but zero_stage is ",
+                zero_stage_, zero_stage_ == 0 ? " (DDP)" : "", "; set zero_stage = 3 or build the model without it");
+}
+
 void Accelerator::prepare_one(nn::Module& model) {
   if (models_.count(&model)) return;
   MemoryCategoryScope tag(MemoryCategory::Parameters);

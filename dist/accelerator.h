@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "tessera/autograd/autocast.h"
+#include "tessera/core/deferred_init.h"
 #include "tessera/core/memory_category.h"
 #include "tessera/data/dataloader.h"
 #include "tessera/dist/ddp.h"
@@ -139,6 +140,20 @@ class Accelerator {
   // Re-creates the loader with this process's rank and world size (sequential order:
   // W ranks × B rows see what one process × W·B rows sees).
   void prepare_one(data::DataLoader& loader);
+  // Sharded construction (DeepSpeed's zero.Init; docs/distributed.md): runs build() with
+  // deferred initialisation on (core/deferred_init.h), so the parameters it creates are
+  // shape-only placeholders that remember their init (or, from from_pretrained, the file
+  // bytes they would be loaded from); prepare(model) then fills only this rank's slice of
+  // each flat parameter, with the bits the eager construction gives, and no rank ever holds
+  // the whole model. Needs zero_stage 3 (refused before build() runs otherwise).
+  //   auto model = acc.sharded_init([&] { return std::make_unique<nn::GPT>(cfg); });
+  //   acc.prepare(*model, opt);
+  template <class Build>
+  auto sharded_init(Build&& build) -> decltype(build()) {
+    check_sharded_init();
+    DeferredInitGuard deferred;
+    return build();
+  }
   // The model itself; under ZeRO-3 its parameters are gathered first (so every process
   // must call it), and stay whole until its next forward.
   nn::Module& unwrap_model(nn::Module& model);
@@ -312,6 +327,7 @@ class Accelerator {
     int64_t begin, end, padded;
   };
   Share share_of(int64_t n, bool apply_padding) const;
+  void check_sharded_init() const;
   void unscale_gradients();
   // Where a collective on `t` runs: its own device, or the run's device for a host tensor
   // the backend cannot move (NCCL).

@@ -21,6 +21,7 @@ bool sparse_embeddings(const ProcessGroup& group, const DDPOptions& options) {
 
 FlatBuckets make_ddp_buckets(nn::Module& module, const std::shared_ptr<ProcessGroup>& group,
                              const DDPOptions& options) {
+  refuse_deferred_parameters(module, "DDP");
   // Rank 0's weights first, so every rank's buckets start from the same model.
   if (options.broadcast_parameters) broadcast_module_from_rank0(module, *group);
   auto [params, names] = trainable_parameters(module);

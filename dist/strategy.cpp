@@ -1,6 +1,9 @@
 #include "tessera/dist/strategy.h"
 
+#include <cstring>
 #include <map>
+
+#include "tessera/core/deferred_init.h"
 
 namespace tessera::dist {
 
@@ -55,12 +58,67 @@ int64_t optimizer_state_bytes(const optim::Optimizer& optimizer) {
   return bytes;
 }
 
+namespace {
+
+// Rank 0's recipes for the placeholders of sharded construction: what broadcasting their
+// values would have given every rank (rank 0's generator), without any values. Five words a
+// placeholder: kind, seed, first block, and the two parameters' bits. A copy recipe's source
+// is each rank's own (every rank reads the same files): only its kind is compared.
+void broadcast_recipes_from_rank0(const nn::NamedTensors& deferred, ProcessGroup& group, Device device) {
+  constexpr int64_t kWords = 5;
+  Tensor words = empty({static_cast<int64_t>(deferred.size()) * kWords}, {.dtype = DType::i64});
+  int64_t* w = words.data<int64_t>();
+  std::vector<InitRecipe> recipes;
+  for (size_t i = 0; i < deferred.size(); ++i) {
+    recipes.push_back(deferred_recipe(deferred[i].second, deferred[i].first));
+    const InitRecipe& r = recipes.back();
+    w[i * kWords] = static_cast<int64_t>(r.kind);
+    w[i * kWords + 1] = static_cast<int64_t>(r.seed);
+    w[i * kWords + 2] = static_cast<int64_t>(r.offset);
+    std::memcpy(&w[i * kWords + 3], &r.a, sizeof(double));
+    std::memcpy(&w[i * kWords + 4], &r.b, sizeof(double));
+  }
+  const Tensor on_device = device == Device::cpu() ? words : raw::to(words, device, DType::i64);
+  group.broadcast(on_device, 0)->wait();
+  if (!on_device.is_same(words)) raw::copy_(words, raw::to(on_device, Device::cpu(), DType::i64));
+  for (size_t i = 0; i < deferred.size(); ++i) {
+    InitRecipe r = recipes[i];
+    const auto kind = static_cast<InitRecipe::Kind>(w[i * kWords]);
+    TESSERA_CHECK(kind == r.kind, "sharded construction: parameter '", deferred[i].first, "' is ",
+                  r.kind == InitRecipe::Kind::Copy ? "loaded from a file" : "initialised", " on rank ",
+                  group.rank(), " but ", kind == InitRecipe::Kind::Copy ? "loaded" : "initialised",
+                  " on rank 0: every rank must build the same model the same way");
+    if (kind == InitRecipe::Kind::Copy) continue;
+    r.seed = static_cast<uint64_t>(w[i * kWords + 1]);
+    r.offset = static_cast<uint64_t>(w[i * kWords + 2]);
+    std::memcpy(&r.a, &w[i * kWords + 3], sizeof(double));
+    std::memcpy(&r.b, &w[i * kWords + 4], sizeof(double));
+    set_deferred_recipe(deferred[i].second, std::move(r));
+  }
+}
+
+}  // namespace
+
 void broadcast_module_from_rank0(nn::Module& module, ProcessGroup& group) {
   if (group.size() == 1) return;
   std::vector<WorkPtr> works;
-  for (const Tensor& p : module.parameters()) works.push_back(group.broadcast(p.detach(), 0));
+  nn::NamedTensors deferred;
+  for (auto& [name, p] : module.named_parameters()) {
+    if (is_deferred(p)) deferred.emplace_back(name, p);
+    else works.push_back(group.broadcast(p.detach(), 0));
+  }
   for (auto& [name, b] : module.named_buffers()) works.push_back(group.broadcast(b.detach(), 0));
   for (auto& w : works) w->wait();
+  if (!deferred.empty()) broadcast_recipes_from_rank0(deferred, group, deferred.front().second.device());
+}
+
+void refuse_deferred_parameters(const nn::Module& module, const std::string& strategy) {
+  if (!any_deferred()) return;
+  for (auto& [name, p] : module.named_parameters())
+    TESSERA_CHECK(!is_deferred(p), strategy, ": parameter '", name,
+                  "' was built under sharded initialisation (Accelerator::sharded_init) and holds no "
+                  "values; only ZeRO stage 3 shards parameters, so only it can prepare such a model "
+                  "(build it without sharded_init for this strategy)");
 }
 
 }  // namespace tessera::dist

@@ -124,7 +124,12 @@ class DataParallelStrategy {
 // Sum of nbytes over the optimizer's state tensors (moments, masters).
 int64_t optimizer_state_bytes(const optim::Optimizer& optimizer);
 
-// Copies rank 0's parameters and buffers to every rank of the group.
+// Copies rank 0's parameters and buffers to every rank of the group; placeholders of
+// sharded construction (core/deferred_init.h) receive rank 0's init recipes instead.
 void broadcast_module_from_rank0(nn::Module& module, ProcessGroup& group);
+
+// An error naming the first placeholder of sharded construction in `module`: every
+// strategy but ZeRO-3 needs the parameters' values whole.
+void refuse_deferred_parameters(const nn::Module& module, const std::string& strategy);
 
 }  // namespace tessera::dist

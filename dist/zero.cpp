@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "tessera/core/deferred_init.h"
 #include "tessera/core/memory_category.h"
 #include "tessera/dist/ddp.h"
 #include "tessera/dist/zero_trace.h"
@@ -61,6 +62,7 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, std::shared_ptr<ProcessGroup> gro
   TESSERA_CHECK(options_.prefetch_numel >= 0, "ZeroStrategy: prefetch_numel must be >= 0, got ",
                 options_.prefetch_numel);
   options_.offload_optimizer = options_.offload_optimizer || options_.offload_param;
+  if (options_.stage < 3) refuse_deferred_parameters(module_, name());
   broadcast_module_from_rank0(module_, *group_);
   auto [params, names] = trainable_parameters(module_);
   FlatBucketsOptions o;
@@ -77,6 +79,10 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, std::shared_ptr<ProcessGroup> gro
   if (options_.stage >= 2)
     for (auto& bucket : buckets_->buckets()) buckets_->release_gradients(bucket);
   flatten_parameters();
+  // What no bucket holds (frozen parameters) is kept whole on every rank, as without
+  // sharded construction.
+  for (const Tensor& p : module_.parameters())
+    if (is_deferred(p)) materialize_deferred(p);
   install_comm_hooks();
   if (options_.stage == 3) install_unit_hooks();
 }
@@ -125,6 +131,31 @@ int64_t ZeroStrategy::slice_begin(size_t bucket) const {
   return group_->rank() * buckets_->buckets()[bucket].shard_numel();
 }
 
+// Stage 3: this rank's slice of bucket b straight from the parameters, never the whole
+// bucket: each parameter's elements that fall in the slice are copied, or, for a placeholder
+// of sharded construction, computed (core/deferred_init.h: the same bits as the eager
+// construction, only these elements), and the padding is zero.
+void ZeroStrategy::fill_owned_slice(size_t b) {
+  const auto& bucket = buckets_->buckets()[b];
+  const auto& params = buckets_->parameters();
+  const Tensor& owned = shards_[b].owned_parameters;
+  const int64_t begin = slice_begin(b), end = begin + bucket.shard_numel();
+  raw::fill_(owned, 0.0);
+  for (size_t j = 0; j < bucket.params.size(); ++j) {
+    const Tensor& p = params[bucket.params[j]];
+    const int64_t lo = std::max(begin, bucket.offsets[j]), hi = std::min(end, bucket.offsets[j] + p.numel());
+    if (lo >= hi) continue;
+    const Tensor into = raw::narrow(owned, 0, lo - begin, hi - lo);
+    const int64_t first = lo - bucket.offsets[j];
+    if (is_deferred(p)) {
+      materialize_deferred_range(p, first, into);
+    } else {
+      raw::copy_(into, raw::narrow(raw::reshape(p.detach(), {p.numel()}), 0, first, hi - lo));
+    }
+  }
+  for (size_t k : bucket.params) forget_deferred(params[k]);
+}
+
 // Moves every parameter into its bucket's flat buffer (stage 3: keeps only this rank's
 // slice) and lays out the pieces this rank updates.
 void ZeroStrategy::flatten_parameters() {
@@ -135,15 +166,17 @@ void ZeroStrategy::flatten_parameters() {
     const auto& bucket = buckets[b];
     Shard& shard = shards_[b];
     const TensorOptions opts{.dtype = bucket.dtype, .device = bucket.device};
-    shard.parameters = zeros({bucket.padded_numel}, opts);
-    for (size_t j = 0; j < bucket.params.size(); ++j) {
-      const Tensor& p = params[bucket.params[j]];
-      const Tensor slot = slot_view(shard.parameters, bucket.offsets[j], p);
-      raw::copy_(slot, p.detach());
-      repoint(p, slot);
-    }
-    shard.gathered = true;
     const int64_t begin = slice_begin(b), size = bucket.shard_numel();
+    if (options_.stage < 3) {
+      shard.parameters = zeros({bucket.padded_numel}, opts);
+      for (size_t j = 0; j < bucket.params.size(); ++j) {
+        const Tensor& p = params[bucket.params[j]];
+        const Tensor slot = slot_view(shard.parameters, bucket.offsets[j], p);
+        raw::copy_(slot, p.detach());
+        repoint(p, slot);
+      }
+      shard.gathered = true;
+    }
     for (size_t j = 0; j < bucket.params.size(); ++j) {
       const int64_t lo = std::max(begin, bucket.offsets[j]);
       const int64_t hi =
@@ -162,12 +195,13 @@ void ZeroStrategy::flatten_parameters() {
       }
     }
     if (options_.stage == 3) {
-      const Tensor mine = raw::narrow(shard.parameters, 0, begin, size);
       shard.owned_parameters = options_.offload_param
                                    ? pinned_host_empty(size, bucket.dtype, bucket.device)
                                    : empty({size}, opts);
-      raw::copy_(shard.owned_parameters, mine);
-      release(b);  // one bucket's full parameters at a time
+      fill_owned_slice(b);
+      // Released from the start: the first forward gathers each unit.
+      for (size_t k : bucket.params) point_at_nothing(params[k]);
+      shard.gathered = false;
     }
   }
   if (options_.offload_optimizer) {

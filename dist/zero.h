@@ -144,6 +144,7 @@ class ZeroStrategy : public DataParallelStrategy {
   };
   std::vector<std::vector<size_t>> stage3_units(const std::vector<Tensor>& params);
   void flatten_parameters();
+  void fill_owned_slice(size_t bucket);
   void install_comm_hooks();
   void install_unit_hooks();
   void wait_for_upload(size_t bucket);

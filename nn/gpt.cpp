@@ -6,6 +6,7 @@
 
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/functions.h"
+#include "tessera/core/deferred_init.h"
 
 namespace tessera::nn {
 
@@ -31,9 +32,7 @@ GPTTransformer::GPTTransformer(const GPTConfig& cfg, Generator* gen, TensorOptio
 }
 
 LMHead::LMHead(int64_t vocab_size, int64_t n_embd, Generator* gen, TensorOptions opts) {
-  Tensor w = empty({vocab_size, n_embd}, {.dtype = opts.dtype, .device = opts.device});
-  normal_(w, 0.0, 0.02, gen);
-  weight = register_parameter("weight", w);
+  weight = register_parameter("weight", init_normal({vocab_size, n_embd}, 0.0, 0.02, gen, opts));
 }
 
 Tensor LMHead::forward(const Tensor& x) {

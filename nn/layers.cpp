@@ -3,6 +3,7 @@
 #include <tuple>
 
 #include "tessera/autograd/functions.h"
+#include "tessera/core/deferred_init.h"
 #include "tessera/core/fused_dispatch.h"
 
 namespace tessera::nn {
@@ -11,9 +12,8 @@ namespace {
 Tensor normal_init(const Shape& shape, double std, Generator* gen, TensorOptions opts) {
   TESSERA_CHECK(is_floating(opts.dtype), "nn: parameters must be floating point, got ",
                 dtype_name(opts.dtype));
-  Tensor t = empty(shape, {.dtype = opts.dtype, .device = opts.device});
-  normal_(t, 0.0, std, gen);
-  return t;
+  // A placeholder under deferred initialisation (core/deferred_init.h).
+  return init_normal(shape, 0.0, std, gen, opts);
 }
 }  // namespace
 
@@ -25,7 +25,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, double
       register_parameter("weight", normal_init({in_features, out_features}, init_std, gen, opts));
   if (with_bias)
     bias = register_parameter("bias",
-                              zeros({out_features}, {.dtype = opts.dtype, .device = opts.device}));
+                              init_constant({out_features}, 0.0, opts));
 }
 
 Tensor Linear::forward(const Tensor& x) {
@@ -41,7 +41,7 @@ TorchLinear::TorchLinear(int64_t in_features, int64_t out_features, double init_
   weight = register_parameter("weight", normal_init({out_features, in_features}, init_std, gen, opts));
   if (with_bias)
     bias = register_parameter("bias",
-                              zeros({out_features}, {.dtype = opts.dtype, .device = opts.device}));
+                              init_constant({out_features}, 0.0, opts));
 }
 
 Tensor TorchLinear::forward(const Tensor& x) {
@@ -62,6 +62,7 @@ void Embedding::set_padding_idx(int64_t index) {
                 " is outside [0, ", weight.size(0), ") (-1: none)");
   padding_idx = index;
   if (index < 0) return;
+  check_not_deferred(weight, "weight", "Embedding::set_padding_idx");
   raw::fill_(raw::narrow(weight, 0, index, 1), 0.0);
 }
 
@@ -75,9 +76,9 @@ Tensor Embedding::forward(const Tensor& indices) {
 }
 
 LayerNorm::LayerNorm(int64_t dim, double eps_, bool with_bias, TensorOptions opts) : eps(eps_) {
-  weight = register_parameter("weight", ones({dim}, {.dtype = opts.dtype, .device = opts.device}));
+  weight = register_parameter("weight", init_constant({dim}, 1.0, opts));
   if (with_bias)
-    bias = register_parameter("bias", zeros({dim}, {.dtype = opts.dtype, .device = opts.device}));
+    bias = register_parameter("bias", init_constant({dim}, 0.0, opts));
 }
 
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight, bias, eps); }

@@ -7,6 +7,7 @@
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/autograd.h"
 #include "tessera/autograd/functions.h"
+#include "tessera/core/deferred_init.h"
 #include "tessera/nn/llama_fast.h"
 
 namespace tessera::nn {
@@ -43,7 +44,7 @@ const LlamaConfig& validated(const LlamaConfig& cfg) {
 }  // namespace
 
 RMSNorm::RMSNorm(int64_t dim, double eps_in, TensorOptions opts) : eps(eps_in) {
-  weight = register_parameter("weight", ones({dim}, {.dtype = opts.dtype, .device = opts.device}));
+  weight = register_parameter("weight", init_constant({dim}, 1.0, opts));
 }
 
 Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, weight, eps); }
@@ -162,13 +163,17 @@ Tensor Llama::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
 
 Tensor Llama::run_layer(size_t index, const Tensor& x, const ops::RopeTables& rope) {
   LlamaDecoderLayer& layer = *model.decoder_layers[index];
+  // The layer's hooks run around it (ZeRO-3 gathers its parameters there), in both passes
+  // under checkpointing, as GPT's blocks do.
+  auto call = [&layer, rope](const Tensor& in, CheckpointRegion region) {
+    return layer.call_with_hooks(in, [&] { return layer.forward(in, rope, 0, nullptr, region); });
+  };
   // The mode of the body (a classification model registers only it: nn/classification.h).
   const CheckpointRegion region = checkpoint_region(static_cast<int64_t>(index), model);
-  if (region != CheckpointRegion::block) return layer.forward(x, rope, 0, nullptr, region);
+  if (region != CheckpointRegion::block) return call(x, region);
   // The recompute replays the autocast policy; the layer has no randomness to replay. The
   // rotary tables are constants of this forward, captured as they are.
-  return checkpointed(
-      true, [&layer, rope](const Tensor& in) { return layer.forward(in, rope, 0, nullptr); }, x);
+  return checkpointed(true, [call](const Tensor& in) { return call(in, CheckpointRegion::none); }, x);
 }
 
 std::string Llama::describe() const {

@@ -41,21 +41,33 @@ std::pair<Tensor, Tensor> llama_fast_layer(LlamaDecoderLayer& layer, const Tenso
 }
 
 namespace {
+// llama_fast_layer between the layer's hooks (ZeRO-3 gathers its parameters there, and
+// arms its backward pre-hook on the output's second term, which backward reaches first),
+// as GPT's fast blocks call theirs.
+std::pair<Tensor, Tensor> call_layer(LlamaDecoderLayer& layer, const Tensor& residual, const Tensor& delta,
+                                     const ops::RopeTables& rope,
+                                     CheckpointRegion recompute = CheckpointRegion::none) {
+  std::pair<Tensor, Tensor> out;
+  out.second = layer.call_with_hooks(residual, [&] {
+    out = llama_fast_layer(layer, residual, delta, rope, 0, nullptr, recompute);
+    return out.second;
+  });
+  return out;
+}
+
 std::pair<Tensor, Tensor> run_layer(const Llama& model, size_t index, const Tensor& residual,
                                     const Tensor& delta, const ops::RopeTables& rope) {
   LlamaDecoderLayer& layer = *model.model.decoder_layers[index];
   // The mode of the body (a classification model registers only it: nn/classification.h).
   const CheckpointRegion region = model.checkpoint_region(static_cast<int64_t>(index), model.model);
-  if (region != CheckpointRegion::block)
-    return llama_fast_layer(layer, residual, delta, rope, 0, nullptr, region);
+  if (region != CheckpointRegion::block) return call_layer(layer, residual, delta, rope, region);
   // The recompute replays the autocast policy; the layer has no randomness to replay. The
   // rotary tables are constants of this forward, captured as they are.
   std::vector<Tensor> inputs{residual};
   if (delta.defined()) inputs.push_back(delta);
   const std::vector<Tensor> out = autograd::checkpoint(
       [&layer, rope](const std::vector<Tensor>& in) {
-        const auto [h, mlp_out] =
-            llama_fast_layer(layer, in[0], in.size() > 1 ? in[1] : Tensor(), rope, 0, nullptr);
+        const auto [h, mlp_out] = call_layer(layer, in[0], in.size() > 1 ? in[1] : Tensor(), rope);
         return std::vector<Tensor>{h, mlp_out};
       },
       inputs);

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "tessera/autograd/autograd.h"
+#include "tessera/core/deferred_init.h"
 
 namespace tessera::nn {
 
@@ -37,6 +38,10 @@ Tensor Module::forward(const Tensor&) {
 
 Tensor Module::call_with_hooks(const Tensor& input, const std::function<Tensor()>& body) {
   for (auto& [id, hook] : forward_pre_hooks_) hook(*this, input);
+  // A placeholder of sharded construction (core/deferred_init.h) holds no values: refused
+  // by name here instead of read out of bounds by a kernel. One atomic load when none lives.
+  if (any_deferred())
+    for (const auto& [name, p] : named_parameters()) check_not_deferred(p, name, type_name());
   Tensor output = body();
   for (auto& [id, hook] : forward_hooks_) hook(*this, input, output);
   // An identity call (Dropout off returns its input) has no backward of its own.
@@ -206,6 +211,12 @@ LoadStateDictResult Module::load_state_dict(const std::map<std::string, Tensor>&
   for (const auto& [name, t] : mine) {
     auto it = state.find(name);
     if (it == state.end() || it->second.is_same(t)) continue;
+    // A placeholder keeps the source as its future value: a sharded strategy then copies
+    // only the slice a rank keeps (for a memory-mapped file: only those pages are read).
+    if (is_deferred(t)) {
+      set_deferred_source(t, it->second);
+      continue;
+    }
     raw::copy_(t, it->second.device() == t.device() ? it->second
                                                     : raw::to(it->second, t.device(),
                                                               it->second.dtype()));
@@ -224,6 +235,10 @@ void Module::convert_tensors(Device device, DType dtype, bool change_dtype) {
     const DType target = change_dtype && is_floating(t.dtype()) ? dtype : t.dtype();
     if (t.device() == device && t.dtype() == target) continue;
     t.set_grad(Tensor());
+    if (is_deferred(t)) {  // still no values: only what they will be converted to
+      retarget_deferred(t, device, target);
+      continue;
+    }
     repoint(t, raw::contiguous(raw::to(t, device, target)));
   }
 }

@@ -237,6 +237,14 @@ void bind_accelerator(py::module_& m) {
              return collective([&] { return self.acc->check_trigger(); });
            })
       .def(
+          "sharded_init",
+          [](PythonAccelerator& self, const py::function& build) {
+            // build() runs with deferred initialisation on (Accelerator::sharded_init): the
+            // parameters it creates hold recipes until prepare fills this rank's slices.
+            return self.acc->sharded_init([&] { return build(); });
+          },
+          py::arg("build"))
+      .def(
           "unwrap_model",
           [](PythonAccelerator& self, py::object model) {
             nn::Module& m = module_argument(model, "unwrap_model", "model");
