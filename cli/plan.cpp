@@ -9,10 +9,12 @@
 // "80GiB", "80GB", "81920MiB" or bytes), else the first CUDA device's own, else 80 GiB.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "tessera/cli/command.h"
 #include "tessera/core/allocator.h"
@@ -31,6 +33,7 @@ struct PlanArgs {
   double card_gib = 0;
   int64_t prefetch = -1;
   bool all_strategies = false;
+  bool fit = false;
   std::string accumulation = "reduce_every_micro_batch";
   int64_t max_buckets_in_flight = 2, bucket_bytes = int64_t(25) << 20;
   // --gradient-checkpointing [POLICY], read by checkpoint_policy().
@@ -236,21 +239,23 @@ void print_plan(const PlanArgs& a, const dist::MemoryPlan& p, const Capacity& ca
               (long long)p.terms().shard_gradients);
 }
 
+// The strategies a plan compares (--all-strategies, --fit), in the order of their memory.
+struct Strategy {
+  const char* name;
+  int stage;
+  const char* offload;
+};
+constexpr Strategy kStrategies[] = {{"DDP", 0, "none"},
+                                    {"ZeRO-1", 1, "none"},
+                                    {"ZeRO-2", 2, "none"},
+                                    {"ZeRO-3", 3, "none"},
+                                    {"ZeRO-3 + offload optimizer", 3, "optimizer"},
+                                    {"ZeRO-3 + offload param", 3, "param"}};
+
 // Every strategy for the same model, run and device: one dry run each.
 void print_all_strategies(PlanArgs a, const Capacity& capacity) {
-  struct Row {
-    const char* name;
-    int stage;
-    const char* offload;
-  };
-  const Row rows[] = {{"DDP", 0, "none"},
-                      {"ZeRO-1", 1, "none"},
-                      {"ZeRO-2", 2, "none"},
-                      {"ZeRO-3", 3, "none"},
-                      {"ZeRO-3 + offload optimizer", 3, "optimizer"},
-                      {"ZeRO-3 + offload param", 3, "param"}};
   bool header = false;
-  for (const Row& r : rows) {
+  for (const Strategy& r : kStrategies) {
     a.zero_stage = r.stage;
     a.offload = r.offload;
     const dist::MemoryPlan p = dist::plan_memory(plan_options(a));
@@ -269,6 +274,72 @@ void print_all_strategies(PlanArgs a, const Capacity& capacity) {
                 verdict(p.peak, capacity.bytes).c_str());
     std::fflush(stdout);
   }
+}
+
+// DeepSpeed's estimator of the model states' memory per GPU for the same setting, on one node
+// (deepspeed.runtime.zero's estimate_zero2_model_states_mem_needs and
+// estimate_zero3_model_states_mem_needs; it assumes fp16/bf16 training with Adam and counts no
+// activations): ZeRO-2 4Ψ + 16Ψ/W; ZeRO-3 4 x the largest layer + 18Ψ/W, with the optimizer
+// offloaded + 2Ψ/W, with the parameters offloaded too the largest layer alone. None for DDP
+// and ZeRO-1, which it does not estimate. The largest layer is the module with the most
+// parameters of its own: the token embedding, or a block's MLP input projection.
+std::optional<int64_t> deepspeed_estimate(const Strategy& s, const PlanArgs& a, int64_t psi) {
+  const int64_t block_size = a.block_size > 0 ? a.block_size : a.seq;
+  const int64_t largest_layer = std::max({a.vocab * a.n_embd, 4 * a.n_embd * a.n_embd + 4 * a.n_embd,
+                                          block_size * a.n_embd});
+  const int64_t w = a.nproc;
+  if (s.stage == 2) return 4 * psi + 16 * psi / w;
+  if (s.stage != 3) return std::nullopt;
+  const std::string offload = s.offload;
+  if (offload == "param") return 4 * largest_layer;
+  if (offload == "optimizer") return 4 * largest_layer + 2 * psi / w;
+  return 4 * largest_layer + 18 * psi / w;
+}
+
+// --fit: for each strategy the deepest GPT of the given width (heads, vocabulary, run and
+// device) whose planned peak fits the device, by dry runs: the peak grows by the same bytes
+// with each block, so two plans (1 and 2 blocks) place the answer and a few more confirm it
+// (the last that fits, the next that does not).
+void print_fits(PlanArgs a, const Capacity& capacity) {
+  const auto peak_of = [&](int64_t layers) {
+    a.n_layer = layers;
+    return dist::plan_memory(plan_options(a));
+  };
+  std::printf("plan --fit: the deepest GPT of %lld channels, %lld heads, vocab %lld that fits %.2f GiB (%s)\n"
+              "      on %d process(es), %s, %lldx%lld rows x %d micro-batches, %s routes, gradient "
+              "checkpointing %s; by dry runs\n",
+              (long long)a.n_embd, (long long)a.n_head, (long long)a.vocab, gib(capacity.bytes),
+              capacity.source.c_str(), a.nproc, a.dtype.c_str(), (long long)a.batch, (long long)a.seq,
+              a.grad_accum, a.device.c_str(), checkpoint_policy(a).name().c_str());
+  std::printf("%-28s %8s %16s %16s %26s\n", "strategy", "layers", "parameters", "peak GiB/rank",
+              "DeepSpeed estimator GiB/GPU");
+  for (const Strategy& s : kStrategies) {
+    a.zero_stage = s.stage;
+    a.offload = s.offload;
+    const dist::MemoryPlan one = peak_of(1);
+    if (one.peak > capacity.bytes) {
+      std::printf("%-28s %8s %16s %16.3f %26s\n", s.name, "none", "-", gib(one.peak), "-");
+      continue;
+    }
+    const int64_t per_block = std::max<int64_t>(1, peak_of(2).peak - one.peak);
+    int64_t layers = std::clamp<int64_t>(1 + (capacity.bytes - one.peak) / per_block, 1, kMaxLayers);
+    dist::MemoryPlan at = peak_of(layers);
+    while (layers > 1 && at.peak > capacity.bytes) at = peak_of(--layers);
+    while (layers < kMaxLayers) {
+      const dist::MemoryPlan next = peak_of(layers + 1);
+      if (next.peak > capacity.bytes) break;
+      at = next;
+      ++layers;
+    }
+    const std::optional<int64_t> ds = deepspeed_estimate(s, a, at.psi);
+    char estimate[32] = "-";
+    if (ds) std::snprintf(estimate, sizeof(estimate), "%.3f", gib(*ds));
+    std::printf("%-28s %8lld %16lld %16.3f %26s\n", s.name, (long long)layers, (long long)at.psi,
+                gib(at.peak), estimate);
+    std::fflush(stdout);
+  }
+  std::printf("(the estimator counts the model states alone, as DeepSpeed's does: no activations, "
+              "buffers or construction)\n");
 }
 
 const RegisterCommand reg(
@@ -324,6 +395,9 @@ const RegisterCommand reg(
           ->check(CLI::PositiveNumber);
       sub.add_flag("--all-strategies", a->all_strategies,
                    "plan DDP, ZeRO-1/2/3 and ZeRO-3 with offload, one verdict each");
+      sub.add_flag("--fit", a->fit,
+                   "for each of those strategies the most --n-layer blocks (of this width) that fit the "
+                   "device, next to DeepSpeed's estimator for that model");
       CLI::Option* checkpointing = sub.add_option(
           "--gradient-checkpointing", a->checkpoint_policy,
           "plan the activations of a recompute policy, as `tessera train` takes it: full (the "
@@ -338,13 +412,17 @@ const RegisterCommand reg(
                       "negative (elements gathered ahead of use), got ", a->prefetch);
         TESSERA_CHECK(a->n_embd % a->n_head == 0, "tessera plan: --n-head ", a->n_head,
                       " must divide --n-embd ", a->n_embd);
-        TESSERA_CHECK(a->all_strategies || a->offload == "none" || a->zero_stage >= 1,
+        TESSERA_CHECK(a->all_strategies || a->fit || a->offload == "none" || a->zero_stage >= 1,
                       "tessera plan: --offload ", a->offload, " needs --zero-stage 1-3");
-        TESSERA_CHECK(a->all_strategies || a->offload != "param" || a->zero_stage == 3,
+        TESSERA_CHECK(a->all_strategies || a->fit || a->offload != "param" || a->zero_stage == 3,
                       "tessera plan: --offload param needs --zero-stage 3");
         checkpoint_policy(*a);  // a bad policy is refused before any dry run
         const Capacity capacity = device_capacity(*a);
-        if (a->all_strategies)
+        TESSERA_CHECK(!(a->fit && a->all_strategies), "tessera plan: --fit and --all-strategies are two "
+                      "reports; ask for one");
+        if (a->fit)
+          print_fits(*a, capacity);
+        else if (a->all_strategies)
           print_all_strategies(*a, capacity);
         else
           print_plan(*a, dist::plan_memory(plan_options(*a)), capacity);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -477,6 +478,61 @@ TEST(CliSharding, PlanAllStrategiesOfASmallModelAndBadSizes) {
   EXPECT_NE(offload_ddp.output.find("--offload optimizer needs --zero-stage 1-3"),
             std::string::npos)
       << offload_ddp.output;
+}
+
+// --fit: each strategy's row names the deepest GPT of the width whose plan fits --max-memory
+// (its plan fits, one more block's does not: checked with plain plans), and DeepSpeed's
+// estimator for that row's parameters as DeepSpeed writes it (ZeRO-2 4Ψ + 16Ψ/W, ZeRO-3
+// 4 x largest layer + 18Ψ/W, + 2Ψ/W with the optimizer offloaded, the largest layer alone with
+// the parameters offloaded too).
+TEST(CliSharding, PlanFitFindsTheDeepestModelThatEachStrategyFits) {
+  const std::string width = " --device cpu --n-embd 64 --n-head 2 --vocab 256 --seq 32 --batch 2 --nproc 2 ";
+  const int64_t capacity = int64_t(64) << 20;
+  const auto r = run("plan --fit" + width + "--max-memory 64MiB");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  std::printf("%s", r.output.c_str());
+  struct Row {
+    const char* name;
+    const char* flags;
+  };
+  const Row rows[] = {{"DDP", "--zero-stage 0"},
+                      {"ZeRO-2", "--zero-stage 2"},
+                      {"ZeRO-3", "--zero-stage 3"},
+                      {"ZeRO-3 + offload optimizer", "--zero-stage 3 --offload optimizer"},
+                      {"ZeRO-3 + offload param", "--zero-stage 3 --offload param"}};
+  const int64_t largest_layer = std::max<int64_t>(256 * 64, 4 * 64 * 64 + 4 * 64);
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.name);
+    const size_t at = r.output.find(std::string("\n") + row.name + "  ");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    std::istringstream line(r.output.substr(at + 1 + std::strlen(row.name)));
+    int64_t layers = 0, psi = 0;
+    double peak_gib = 0;
+    std::string estimate;
+    line >> layers >> psi >> peak_gib >> estimate;
+    ASSERT_GT(layers, 1);
+    auto peak_with = [&](int64_t n) {
+      const auto p = run("plan" + width + row.flags + " --n-layer " + std::to_string(n));
+      EXPECT_EQ(p.rc, 0) << p.output;
+      return std::stoll(p.output.substr(p.output.find("\npeak_bytes ") + 12));
+    };
+    EXPECT_LE(peak_with(layers), capacity) << layers << " blocks";
+    EXPECT_GT(peak_with(layers + 1), capacity) << layers + 1 << " blocks";
+    const std::string stage_flags = row.flags;
+    double expected = -1;
+    if (stage_flags == "--zero-stage 2") expected = 4.0 * psi + 16.0 * psi / 2;
+    if (stage_flags == "--zero-stage 3") expected = 4.0 * largest_layer + 18.0 * psi / 2;
+    if (stage_flags == "--zero-stage 3 --offload optimizer") expected = 4.0 * largest_layer + 2.0 * psi / 2;
+    if (stage_flags == "--zero-stage 3 --offload param") expected = 4.0 * largest_layer;
+    if (expected < 0) {
+      EXPECT_EQ(estimate, "-");
+    } else {
+      EXPECT_NEAR(std::stod(estimate), expected / double(1 << 30), 6e-4) << estimate;
+    }
+  }
+  const auto both = run("plan --fit --all-strategies" + width);
+  EXPECT_EQ(both.rc, 1) << both.output;
+  EXPECT_NE(both.output.find("--fit and --all-strategies are two reports"), std::string::npos) << both.output;
 }
 
 }  // namespace
