@@ -52,7 +52,8 @@ Tensor pinned_host_empty(int64_t numel, DType dtype, Device device) {
 
 // ---- the worker ----
 
-HostWorker::HostWorker(Device device) : thread_([this, device] { loop(device); }) {}
+HostWorker::HostWorker(Device device, int trace_lane)
+    : thread_([this, device, trace_lane] { loop(device, trace_lane); }) {}
 
 HostWorker::~HostWorker() {
   {
@@ -74,8 +75,8 @@ WorkPtr HostWorker::run(std::function<void()> task) {
   return std::make_shared<FutureWork>(std::move(done));
 }
 
-void HostWorker::loop(Device device) {
-  ZeroTrace::set_thread_lane(1);
+void HostWorker::loop(Device device, int trace_lane) {
+  ZeroTrace::set_thread_lane(trace_lane);
   std::shared_ptr<void> stream;  // the device's copy stream, current for this thread
   if (const CopyStreamFactory& make = copy_streams()[static_cast<int>(device.type)]) {
     try {
@@ -99,7 +100,11 @@ void HostWorker::loop(Device device) {
 // ---- the offloaded optimizer state ----
 
 OptimizerOffload::OptimizerOffload(Device device, const std::vector<SliceLayout>& slices)
-    : device_(device), slices_(slices), worker_(device) {
+    : device_(device),
+      slices_(slices),
+      threads_(HostThreadPool::for_this_rank()),
+      worker_(device, /*trace_lane=*/1),
+      stepper_(Device::cpu(), /*trace_lane=*/3) {
   for (const SliceLayout& s : slices_) {
     masters_.push_back(pinned_host_empty(s.numel, DType::f32, device_));
     gradients_.push_back(pinned_host_empty(s.numel, DType::f32, device_));
@@ -177,6 +182,16 @@ std::vector<WorkPtr> OptimizerOffload::upload_parameters(const std::vector<Tenso
     });
   }
   return works;
+}
+
+WorkPtr OptimizerOffload::step_after(size_t b, WorkPtr landed, std::function<void()> step) {
+  TESSERA_CHECK(b < slices_.size(), "OptimizerOffload: bucket ", b, " of ", slices_.size());
+  return stepper_.run([b, landed = std::move(landed), step = std::move(step),
+                       trace_step = ZeroTrace::current_step()] {
+    if (landed) landed->wait();
+    ZeroTrace::Span span("offload_step", static_cast<int>(b), trace_step);
+    step();
+  });
 }
 
 int64_t OptimizerOffload::host_bytes() const {

@@ -61,6 +61,9 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, std::shared_ptr<ProcessGroup> gro
   TESSERA_CHECK(options_.prefetch_numel >= 0, "ZeroStrategy: prefetch_numel must be >= 0, got ",
                 options_.prefetch_numel);
   options_.offload_optimizer = options_.offload_optimizer || options_.offload_param;
+  TESSERA_CHECK(!options_.offload_step_during_backward || options_.offload_optimizer,
+                "ZeroStrategy: offload_step_during_backward needs offload_optimizer (only the host "
+                "optimizer steps bucket by bucket)");
   broadcast_module_from_rank0(module_, *group_);
   auto [params, names] = trainable_parameters(module_);
   FlatBucketsOptions o;
@@ -243,8 +246,16 @@ void ZeroStrategy::install_comm_hooks() {
                                                         b.communication_buffer(), ReduceOp::Avg)
                                : group_->all_reduce(b.communication_buffer(), ReduceOp::Avg);
         // Offloaded: the host worker takes the averaged slice as soon as it is there.
-        if (offload_) return offload_->download_gradient(index, work, averaged_gradient(index));
-        return work;
+        if (!offload_) return work;
+        WorkPtr landed = offload_->download_gradient(index, work, averaged_gradient(index));
+        // And, stepping during backward, the stepper updates the bucket's pieces once it has
+        // landed (the gate says whether this backward ends in a step).
+        if (options_.offload_step_during_backward && optimizer_ && optimizer_->step_gate_open())
+          early_steps_.push_back(offload_->step_after(index, landed, [this, index] {
+            point_pieces_at_gradients(index);  // here, not in the completion hook: no race
+            optimizer_->step_parameters(bucket_pieces_[index]);
+          }));
+        return landed;
       },
       [this, scatter](FlatBuckets::Bucket& b) {
         const size_t index = &b - buckets_->buckets().data();
@@ -257,7 +268,8 @@ void ZeroStrategy::install_comm_hooks() {
           raw::copy_(shard.gradients, shard.reduced);
         if (!offload_ && !scatter && b.reduce_buffer.defined())
           raw::copy_(b.gradients, b.reduce_buffer);
-        point_pieces_at_gradients(index);
+        // Stepping during backward, the step task points them (on the stepper thread).
+        if (!options_.offload_step_during_backward) point_pieces_at_gradients(index);
         buckets_->release_gradients(b);
       });
 }
@@ -468,6 +480,18 @@ void ZeroStrategy::prepare_optimizer(optim::Optimizer& optimizer) {
     g.params = std::move(mine);
   }
   optimizer.replace_param_groups(std::move(groups));
+  if (offload_) optimizer.set_range_runner(&offload_->host_threads());
+  if (options_.offload_step_during_backward) {
+    TESSERA_CHECK(optimizer.supports_partial_steps(), name(), ": offload_step_during_backward "
+                  "steps each bucket on its own, which this optimizer cannot (AdamW can)");
+    std::map<const TensorImpl*, size_t> flat_index;
+    const std::vector<Tensor> flat = optimizer.parameters();
+    for (size_t i = 0; i < flat.size(); ++i) flat_index[flat[i].impl_ptr().get()] = i;
+    bucket_pieces_.assign(shards_.size(), {});
+    for (size_t i = 0; i < piece_layout_.size(); ++i)
+      if (auto it = flat_index.find(pieces_[i].impl_ptr().get()); it != flat_index.end())
+        bucket_pieces_[piece_layout_[i].bucket].push_back(it->second);
+  }
   optimizer.set_post_step_hook([this, alive = alive_] {
     if (*alive) after_optimizer_step();
   });
@@ -496,6 +520,10 @@ void ZeroStrategy::finish_gradient_sync() {
                 ": the optimizer was not prepared with the model; call accelerator.prepare(model, "
                 "optimizer) so that it updates this rank's slices");
   buckets_->finish();
+  // Steps queued during this backward end before anything reads the optimizer again (the
+  // clip's norm, opt.step()); the last bucket's is all that is usually left.
+  for (WorkPtr& step : early_steps_) step->wait();
+  early_steps_.clear();
   // The step about to run rewrites the masters that uploads still in flight read (a unit
   // the last forward did not gather).
   wait_for_uploads();
@@ -511,6 +539,10 @@ double ZeroStrategy::clip_grad_norm_(const std::vector<Tensor>&, double max_norm
   group_->all_reduce(total, ReduceOp::Sum)->wait();
   const double norm = std::sqrt(raw::to(total, Device::cpu(), DType::f64).to_vector<double>()[0]);
   const double factor = max_norm / (norm + 1e-6);
+  TESSERA_CHECK(factor >= 1.0 || !(optimizer_ && optimizer_->has_early_steps()), name(),
+                ": clip_grad_norm_ with max_norm ", max_norm, " would scale gradients of norm ",
+                norm, ", but offload_step_during_backward already stepped with them; turn that "
+                "option off to clip");
   if (factor < 1.0) {
     optim::scale_grads_(pieces_, factor);
     // Offloaded f32 copies of bf16/f16 gradients round as the device's own would.

@@ -64,6 +64,12 @@ struct ZeroOptions {
   // Stage 3 only: the rank's parameter shard stays on the host as well (implies
   // offload_optimizer); a unit's gather copies it to the device first.
   bool offload_param = false;
+  // Offloaded: each bucket's AdamW step runs on the host as soon as its averaged slice has
+  // landed there, during backward, instead of in opt.step() after it. The caller promises
+  // that nothing changes the gradients or the learning rate between backward and opt.step():
+  // no clipping (a clip_grad_norm_ that would scale is then an error; measuring is fine), no
+  // fp16 loss scaling. The result is the same bits as the step after backward.
+  bool offload_step_during_backward = false;
   // Stage 3: parameters (elements) of the units after the one running that are all-gathered
   // ahead of use — forward: the next blocks, backward: the previous ones — so the gather
   // overlaps compute (DeepSpeed's stage3_prefetch_bucket_size). At least one unit when > 0;
@@ -184,6 +190,10 @@ class ZeroStrategy : public DataParallelStrategy {
   std::vector<size_t> forward_order_;
   std::unique_ptr<OptimizerOffload> offload_;
   std::vector<WorkPtr> uploads_;  // per bucket: the offloaded master's copy back, in flight
+  // offload_step_during_backward: per bucket, the flat indices of its pieces in the prepared
+  // optimizer, and the steps queued in this backward (finish_gradient_sync waits for them).
+  std::vector<std::vector<size_t>> bucket_pieces_;
+  std::vector<WorkPtr> early_steps_;
   double synced_at_us_ = 0;  // when the last gradient sync finished (trace)
   bool sync_requested_ = true;  // false inside no_sync
   // Read by the hooks left on the module and optimizer: false once this is destroyed.

@@ -21,7 +21,8 @@
 //                        [--clip C] [--bucket-bytes N] [--backend auto|tcp|mpi]
 //                        [--mixed-precision no|bf16] [--reduce-dtype fp32|bf16] [--memory] [--untied]
 //                        [--save DIR --save-at K] [--resume DIR --start-step K]
-//                        [--offload none|optimizer|param] [--prefetch ELEMENTS] [--cuda]
+//                        [--offload none|optimizer|param] [--offload-step-during-backward]
+//                        [--prefetch ELEMENTS] [--cuda]
 //                        [--sparse-embedding-gradients]
 //                        [--zero-accumulation reduce_every_micro_batch|no_sync]
 //                        [--max-buckets-in-flight N] [--layers N] [--save-memory]
@@ -89,6 +90,7 @@ int main(int argc, char** argv) {
   bool memory = false, tied = true, on_cuda = false, sparse_embeddings = false, save_memory = false;
   int64_t layers = 2;
   std::string offload = "none", reduce_dtype;
+  bool step_during_backward = false;
   int64_t prefetch = 0;
   std::string zero_accumulation = "reduce_every_micro_batch";
   size_t max_buckets_in_flight = dist::AcceleratorOptions{}.max_buckets_in_flight;
@@ -133,6 +135,8 @@ int main(int argc, char** argv) {
       sparse_embeddings = true;
     else if (a == "--offload")
       offload = next();
+    else if (a == "--offload-step-during-backward")
+      step_during_backward = true;
     else if (a == "--prefetch")
       prefetch = std::stoll(next());
     else if (a == "--zero-accumulation")
@@ -161,6 +165,7 @@ int main(int argc, char** argv) {
                            .zero_stage = static_cast<int>(zero_stage),
                            .offload_optimizer = offload == "optimizer",
                            .offload_param = offload == "param",
+                           .offload_step_during_backward = step_during_backward,
                            .stage3_prefetch_bucket_size = prefetch,
                            .zero_accumulation =
                                dist::gradient_accumulation_from_name(zero_accumulation),
