@@ -643,9 +643,10 @@ TEST(ZeroOffload, Bf16PolicyOffloadMatchesDdpThroughLaunch2Ranks) {
 }
 
 // The host AdamW on 1, 2 and 3 pinned threads (TESSERA_OFFLOAD_THREADS) against ZeRO without
-// offload on 2 ranks: stepped after backward with clipping (0.2: it acts on every step), and
-// bucket by bucket during backward without it (1e9 only measures the norm). The same bits:
-// losses, gradient norms and every parameter.
+// offload on 2 ranks: stepped after backward with clipping (0.2), and bucket by bucket during
+// backward without it (1e9 only measures the norm). The GPT is 192 wide, so the MLP weights'
+// slices (73,728 elements per rank) are split over the threads, and stage 2 has buckets of
+// 400 kB (several per backward). The same bits: losses, gradient norms and every parameter.
 TEST(ZeroOffload, HostThreadsAndPerBucketStepsMatchZeroBitForBitOn2Ranks) {
   for (const std::string clip : {"0.2", "1e9"}) {
     const bool during_backward = clip == "1e9";
@@ -654,7 +655,8 @@ TEST(ZeroOffload, HostThreadsAndPerBucketStepsMatchZeroBitForBitOn2Ranks) {
         const std::string out = temp_file("offload_threads_" + stage + "_" + clip + "_" + tag + ".txt");
         std::remove(out.c_str());
         JobResult r = run_job("env OMP_NUM_THREADS=1 " + env + " " + launch(2, DIST_ZERO_CHECK) +
-                                  " --zero-stage " + stage + " --clip " + clip + " --out " + out + flags,
+                                  " --zero-stage " + stage + " --clip " + clip +
+                                  " --n-embd 192 --bucket-bytes 400000 --out " + out + flags,
                               180);
         EXPECT_EQ(r.status, 0) << r.output;
         return read_record(out);
