@@ -155,16 +155,22 @@ void OptimizerOffload::round_gradients() {
 }
 
 std::vector<WorkPtr> OptimizerOffload::upload_parameters(const std::vector<Tensor>& targets,
-                                                         const std::vector<size_t>& order) {
-  TESSERA_CHECK(targets.size() == slices_.size() && order.size() == slices_.size(),
-                "OptimizerOffload: ", targets.size(), " upload targets and ", order.size(),
-                " positions for ", slices_.size(), " buckets");
+                                                         const std::vector<size_t>& order,
+                                                         const std::vector<WorkPtr>& after) {
+  TESSERA_CHECK(targets.size() == slices_.size() && order.size() == slices_.size() &&
+                    (after.empty() || after.size() == slices_.size()),
+                "OptimizerOffload: ", targets.size(), " upload targets, ", order.size(),
+                " positions and ", after.size(), " steps to wait for, for ", slices_.size(),
+                " buckets");
   // The targets were last read by kernels of the compute stream (forward, backward): the
   // copy stream must not overwrite them before those finished.
   if (!device_.is_cpu()) device_backend(device_.type).synchronize(device_.index);
   std::vector<WorkPtr> works(targets.size());
   for (size_t b : order) {
-    works.at(b) = worker_.run([this, b, target = targets[b], step = ZeroTrace::current_step()] {
+    WorkPtr updated = after.empty() ? nullptr : after[b];
+    works.at(b) = worker_.run([this, b, target = targets[b], updated = std::move(updated),
+                               step = ZeroTrace::current_step()] {
+      if (updated) updated->wait();  // the bucket's step, on the stepper
       ZeroTrace::Span span("offload_h2d", static_cast<int>(b), step);
       if (target.device().is_cpu()) {
         raw::copy_(target, masters_[b]);  // a host shard (offload_param, or a CPU run)

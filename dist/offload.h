@@ -18,7 +18,9 @@
 //                                                    AdamW on b's pieces (step_after), while
 //                                                    later buckets are still reduced/copied
 //   step       clip + AdamW on the host slices (the user's opt.step()); the clip needs every
-//              slice's norm, so with clipping the update waits for the end of backward
+//              slice's norm, so with clipping the update waits for the end of backward. The
+//              buckets not stepped yet are stepped one by one on the stepper, each one's copy
+//              back queued behind its own update
 //   after it   worker: each bucket's master → the device slice (stage 1/2: the flat
 //              parameters, each bucket all-gathered as soon as it landed; stage 3: the
 //              owned shard, in the order the next forward gathers the units, each unit's
@@ -102,9 +104,11 @@ class OptimizerOffload {
   void round_gradients();
   // Queues master(b) → targets[b] (the device slice, or a host shard under offload_param) in
   // targets[b]'s dtype for every bucket, in the given order of buckets, and returns at once:
-  // works[b] completes when bucket b has landed. The masters must not change before then.
+  // works[b] completes when bucket b has landed. Bucket b's copy first waits for after[b]
+  // when there is one (its step). The masters must not change before then.
   std::vector<WorkPtr> upload_parameters(const std::vector<Tensor>& targets,
-                                         const std::vector<size_t>& order);
+                                         const std::vector<size_t>& order,
+                                         const std::vector<WorkPtr>& after = {});
 
   // Once `landed` (a download_gradient's Work) has completed, runs `step` (AdamW on that
   // bucket's pieces) on the stepper thread, one step at a time in the order queued; returns

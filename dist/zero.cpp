@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "tessera/core/memory_category.h"
 #include "tessera/dist/ddp.h"
@@ -250,11 +251,13 @@ void ZeroStrategy::install_comm_hooks() {
         WorkPtr landed = offload_->download_gradient(index, work, averaged_gradient(index));
         // And, stepping during backward, the stepper updates the bucket's pieces once it has
         // landed (the gate says whether this backward ends in a step).
-        if (options_.offload_step_during_backward && optimizer_ && optimizer_->step_gate_open())
+        if (options_.offload_step_during_backward && optimizer_ && optimizer_->step_gate_open()) {
           early_steps_.push_back(offload_->step_after(index, landed, [this, index] {
             point_pieces_at_gradients(index);  // here, not in the completion hook: no race
             optimizer_->step_parameters(bucket_pieces_[index]);
           }));
+          stepped_in_backward_.at(index) = 1;
+        }
         return landed;
       },
       [this, scatter](FlatBuckets::Bucket& b) {
@@ -481,9 +484,10 @@ void ZeroStrategy::prepare_optimizer(optim::Optimizer& optimizer) {
   }
   optimizer.replace_param_groups(std::move(groups));
   if (offload_) optimizer.set_range_runner(&offload_->host_threads());
-  if (options_.offload_step_during_backward) {
-    TESSERA_CHECK(optimizer.supports_partial_steps(), name(), ": offload_step_during_backward "
-                  "steps each bucket on its own, which this optimizer cannot (AdamW can)");
+  TESSERA_CHECK(!options_.offload_step_during_backward || optimizer.supports_partial_steps(),
+                name(), ": offload_step_during_backward steps each bucket on its own, which this "
+                "optimizer cannot (AdamW can)");
+  if (offload_ && optimizer.supports_partial_steps()) {
     std::map<const TensorImpl*, size_t> flat_index;
     const std::vector<Tensor> flat = optimizer.parameters();
     for (size_t i = 0; i < flat.size(); ++i) flat_index[flat[i].impl_ptr().get()] = i;
@@ -491,6 +495,10 @@ void ZeroStrategy::prepare_optimizer(optim::Optimizer& optimizer) {
     for (size_t i = 0; i < piece_layout_.size(); ++i)
       if (auto it = flat_index.find(pieces_[i].impl_ptr().get()); it != flat_index.end())
         bucket_pieces_[piece_layout_[i].bucket].push_back(it->second);
+    stepped_in_backward_.assign(shards_.size(), 0);
+    optimizer.set_pre_step_hook([this, alive = alive_] {
+      if (*alive) step_offloaded_buckets();
+    });
   }
   optimizer.set_post_step_hook([this, alive = alive_] {
     if (*alive) after_optimizer_step();
@@ -556,17 +564,9 @@ void ZeroStrategy::after_optimizer_step() {
   const HostMemoryScope device_side(false);
   const double began = ZeroTrace::enabled() ? ZeroTrace::now_us() : 0;
   if (ZeroTrace::enabled()) ZeroTrace::record("clip_and_step", -1, synced_at_us_, began);
-  if (offload_) {
-    // Stage 3: in the order the next forward gathers the units (the root first), so its
-    // first blocks can run while the last ones are still being copied.
-    std::vector<Tensor> targets;
-    std::vector<size_t> order;
-    for (size_t b = 0; b < shards_.size(); ++b) targets.push_back(owned_slice(b));
-    if (forward_order_.size() < shards_.size()) order.push_back(shards_.size() - 1);
-    order.insert(order.end(), forward_order_.begin(), forward_order_.end());
-    for (size_t b = 0; order.size() < shards_.size(); ++b) order.push_back(b);  // stages 1/2
-    uploads_ = offload_->upload_parameters(targets, order);
-  }
+  // Offloaded: the copies back, unless the pre-step hook queued them behind its steps.
+  if (offload_ && !std::exchange(uploads_queued_, false))
+    uploads_ = offload_->upload_parameters(upload_targets(), upload_order());
   if (options_.stage == 3) {
     // Anything still gathered holds the values from before the step.
     release_full_parameters();
@@ -577,6 +577,39 @@ void ZeroStrategy::after_optimizer_step() {
     ZeroTrace::record("after_step", -1, began, ZeroTrace::now_us());
     ZeroTrace::end_step(group_->rank());
   }
+}
+
+std::vector<Tensor> ZeroStrategy::upload_targets() const {
+  std::vector<Tensor> targets;
+  for (size_t b = 0; b < shards_.size(); ++b) targets.push_back(owned_slice(b));
+  return targets;
+}
+
+std::vector<size_t> ZeroStrategy::upload_order() const {
+  // Stage 3: in the order the next forward gathers the units (the root first), so its first
+  // blocks can run while the last ones are still being copied.
+  std::vector<size_t> order;
+  if (forward_order_.size() < shards_.size()) order.push_back(shards_.size() - 1);
+  order.insert(order.end(), forward_order_.begin(), forward_order_.end());
+  for (size_t b = 0; order.size() < shards_.size(); ++b) order.push_back(b);  // stages 1/2
+  return order;
+}
+
+void ZeroStrategy::step_offloaded_buckets() {
+  const std::vector<size_t> order = upload_order();
+  std::vector<WorkPtr> steps(shards_.size());
+  for (size_t b : order)
+    if (!std::exchange(stepped_in_backward_[b], 0))
+      steps[b] = offload_->step_after(b, nullptr, [this, b] {
+        optimizer_->step_parameters(bucket_pieces_[b]);
+      });
+  // Bucket b's copy back overlaps the update of the buckets after it.
+  uploads_ = offload_->upload_parameters(upload_targets(), order, steps);
+  uploads_queued_ = true;
+  // step() goes on with what the buckets left (frozen parameters, none usually) once they are
+  // all updated: the optimizer is not shared between threads.
+  for (const WorkPtr& step : steps)
+    if (step) step->wait();
 }
 
 void ZeroStrategy::all_gather_owned_slices() {

@@ -190,10 +190,19 @@ class ZeroStrategy : public DataParallelStrategy {
   std::vector<size_t> forward_order_;
   std::unique_ptr<OptimizerOffload> offload_;
   std::vector<WorkPtr> uploads_;  // per bucket: the offloaded master's copy back, in flight
-  // offload_step_during_backward: per bucket, the flat indices of its pieces in the prepared
-  // optimizer, and the steps queued in this backward (finish_gradient_sync waits for them).
+  // Offloaded with an optimizer that steps a subset (AdamW): per bucket, the flat indices of
+  // its pieces in the prepared optimizer. offload_step_during_backward: the steps queued in
+  // this backward (finish_gradient_sync waits for them) and which buckets they were.
   std::vector<std::vector<size_t>> bucket_pieces_;
   std::vector<WorkPtr> early_steps_;
+  std::vector<char> stepped_in_backward_;
+  bool uploads_queued_ = false;  // this step's copies back were queued in the pre-step hook
+  // The copies back: each bucket's target (its owned slice) and the order they go in.
+  std::vector<Tensor> upload_targets() const;
+  std::vector<size_t> upload_order() const;
+  // opt.step()'s pre-step hook, offloaded: steps each bucket not stepped in backward on the
+  // stepper, in upload order, with each bucket's copy back queued behind its own update.
+  void step_offloaded_buckets();
   double synced_at_us_ = 0;  // when the last gradient sync finished (trace)
   bool sync_requested_ = true;  // false inside no_sync
   // Read by the hooks left on the module and optimizer: false once this is destroyed.

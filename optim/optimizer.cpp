@@ -64,13 +64,6 @@ void Optimizer::step() {
     PendingClip& pending;
     ~Clear() { pending = PendingClip{}; }
   } clear{pending_clip_};
-  // Parameters step_parameters already updated are skipped this once.
-  if (!stepped_early_.empty()) {
-    TESSERA_CHECK(!pending_clip_.norm.defined(), name(), "::step: a clip was requested after "
-                  "some parameters were already updated (step_parameters)");
-    pass_.assign(stepped_early_.size(), 1);
-    for (size_t i = 0; i < stepped_early_.size(); ++i) pass_[i] = !stepped_early_[i];
-  }
   struct Forget {
     std::vector<char>& pass;
     std::vector<char>& early;
@@ -79,6 +72,14 @@ void Optimizer::step() {
       early.clear();
     }
   } forget{pass_, stepped_early_};
+  if (pre_step_ && !pending_clip_.norm.defined()) pre_step_();
+  // Parameters step_parameters already updated are skipped this once.
+  if (!stepped_early_.empty()) {
+    TESSERA_CHECK(!pending_clip_.norm.defined(), name(), "::step: a clip was requested after "
+                  "some parameters were already updated (step_parameters)");
+    pass_.assign(stepped_early_.size(), 1);
+    for (size_t i = 0; i < stepped_early_.size(); ++i) pass_[i] = !stepped_early_[i];
+  }
   const RangeRunnerScope threads(runner_);
   apply_step();
   if (post_step_) post_step_();

@@ -77,6 +77,10 @@ class Optimizer {
   // (optim/host_parallel.h; ZeRO-Offload: the rank's pinned threads); null: OpenMP. It must
   // outlive its use.
   void set_range_runner(const RangeRunner* runner) { runner_ = runner; }
+  // Runs in step() once the gate is open and no clip is pending, before the update (ZeRO-
+  // Offload: steps bucket by bucket through step_parameters, each bucket's copy back queued
+  // behind its own update).
+  void set_pre_step_hook(std::function<void()> hook) { pre_step_ = std::move(hook); }
   // Runs after every update step() made (ZeRO: all-gathers the updated shards).
   void set_post_step_hook(std::function<void()> hook) { post_step_ = std::move(hook); }
   // Replaces what the optimizer updates (ZeRO: this rank's slices of the parameters) and
@@ -144,7 +148,7 @@ class Optimizer {
  private:
   PendingClip pending_clip_;
   std::function<bool()> gate_;
-  std::function<void()> post_step_;
+  std::function<void()> pre_step_, post_step_;
   const RangeRunner* runner_ = nullptr;
   std::vector<char> pass_;           // by flat index: updated in this pass; empty: every one
   std::vector<char> stepped_early_;  // by flat index: updated by step_parameters; empty: none
