@@ -196,6 +196,9 @@ WorkPtr OptimizerOffload::step_after(size_t b, WorkPtr landed, std::function<voi
                        trace_step = ZeroTrace::current_step()] {
     if (landed) landed->wait();
     ZeroTrace::Span span("offload_step", static_cast<int>(b), trace_step);
+    // Host work on host slices: a size-only dry run files the moments it creates as host
+    // memory, as it does when the training thread steps (dist/memory_plan.cpp).
+    const HostMemoryScope host;
     step();
   });
 }
