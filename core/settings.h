@@ -58,6 +58,7 @@ enum class Setting : uint8_t {
   SparseEmbeddingGradients,
   ZeroTrace,
   ZeroTraceSteps,
+  OffloadThreads,
   // train, cli
   CudaGraphs,
   Gpt2Dir,

@@ -60,6 +60,9 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
       zero_stage_ > 0 || !(options_.offload_optimizer || options_.offload_param),
       "Accelerator: offload_optimizer and offload_param need a ZeRO stage (zero_stage >= 1); "
       "zero_stage is 0 (DDP)");
+  TESSERA_CHECK(!options_.offload_step_during_backward || mixed_precision_ != "fp16",
+                "Accelerator: offload_step_during_backward steps before fp16's loss scaler has "
+                "checked the gradients; use bf16 or no mixed precision");
   TESSERA_CHECK(options_.stage3_prefetch_bucket_size >= 0,
                 "Accelerator: stage3_prefetch_bucket_size must not be negative, got ",
                 options_.stage3_prefetch_bucket_size);
@@ -141,6 +144,7 @@ void Accelerator::prepare_one(nn::Module& model) {
     zero.reduce_dtype = policy_.reduce_dtype;
     zero.offload_optimizer = options_.offload_optimizer;
     zero.offload_param = options_.offload_param;
+    zero.offload_step_during_backward = options_.offload_step_during_backward;
     zero.prefetch_numel = options_.stage3_prefetch_bucket_size;
     zero.accumulation = options_.zero_accumulation;
     zero.max_buckets_in_flight = options_.max_buckets_in_flight;

@@ -70,6 +70,9 @@ struct AcceleratorOptions {
   bool offload_optimizer = false;
   // And the rank's parameter shard on the host (zero_stage 3; implies offload_optimizer).
   bool offload_param = false;
+  // Offloaded: each bucket's host AdamW step runs as soon as its gradient slice has landed,
+  // during backward (ZeroOptions::offload_step_during_backward: no clipping, no fp16).
+  bool offload_step_during_backward = false;
   // Stage 3: elements of the next units' parameters all-gathered ahead of use (DeepSpeed's
   // stage3_prefetch_bucket_size); 0 gathers each unit only when it runs.
   int64_t stage3_prefetch_bucket_size = 50'000'000;

@@ -52,7 +52,8 @@ Tensor pinned_host_empty(int64_t numel, DType dtype, Device device) {
 
 // ---- the worker ----
 
-HostWorker::HostWorker(Device device) : thread_([this, device] { loop(device); }) {}
+HostWorker::HostWorker(Device device, int trace_lane)
+    : thread_([this, device, trace_lane] { loop(device, trace_lane); }) {}
 
 HostWorker::~HostWorker() {
   {
@@ -74,8 +75,8 @@ WorkPtr HostWorker::run(std::function<void()> task) {
   return std::make_shared<FutureWork>(std::move(done));
 }
 
-void HostWorker::loop(Device device) {
-  ZeroTrace::set_thread_lane(1);
+void HostWorker::loop(Device device, int trace_lane) {
+  ZeroTrace::set_thread_lane(trace_lane);
   std::shared_ptr<void> stream;  // the device's copy stream, current for this thread
   if (const CopyStreamFactory& make = copy_streams()[static_cast<int>(device.type)]) {
     try {
@@ -99,7 +100,11 @@ void HostWorker::loop(Device device) {
 // ---- the offloaded optimizer state ----
 
 OptimizerOffload::OptimizerOffload(Device device, const std::vector<SliceLayout>& slices)
-    : device_(device), slices_(slices), worker_(device) {
+    : device_(device),
+      slices_(slices),
+      threads_(HostThreadPool::for_this_rank()),
+      worker_(device, /*trace_lane=*/1),
+      stepper_(Device::cpu(), /*trace_lane=*/3) {
   for (const SliceLayout& s : slices_) {
     masters_.push_back(pinned_host_empty(s.numel, DType::f32, device_));
     gradients_.push_back(pinned_host_empty(s.numel, DType::f32, device_));
@@ -150,16 +155,22 @@ void OptimizerOffload::round_gradients() {
 }
 
 std::vector<WorkPtr> OptimizerOffload::upload_parameters(const std::vector<Tensor>& targets,
-                                                         const std::vector<size_t>& order) {
-  TESSERA_CHECK(targets.size() == slices_.size() && order.size() == slices_.size(),
-                "OptimizerOffload: ", targets.size(), " upload targets and ", order.size(),
-                " positions for ", slices_.size(), " buckets");
+                                                         const std::vector<size_t>& order,
+                                                         const std::vector<WorkPtr>& after) {
+  TESSERA_CHECK(targets.size() == slices_.size() && order.size() == slices_.size() &&
+                    (after.empty() || after.size() == slices_.size()),
+                "OptimizerOffload: ", targets.size(), " upload targets, ", order.size(),
+                " positions and ", after.size(), " steps to wait for, for ", slices_.size(),
+                " buckets");
   // The targets were last read by kernels of the compute stream (forward, backward): the
   // copy stream must not overwrite them before those finished.
   if (!device_.is_cpu()) device_backend(device_.type).synchronize(device_.index);
   std::vector<WorkPtr> works(targets.size());
   for (size_t b : order) {
-    works.at(b) = worker_.run([this, b, target = targets[b], step = ZeroTrace::current_step()] {
+    WorkPtr updated = after.empty() ? nullptr : after[b];
+    works.at(b) = worker_.run([this, b, target = targets[b], updated = std::move(updated),
+                               step = ZeroTrace::current_step()] {
+      if (updated) updated->wait();  // the bucket's step, on the stepper
       ZeroTrace::Span span("offload_h2d", static_cast<int>(b), step);
       if (target.device().is_cpu()) {
         raw::copy_(target, masters_[b]);  // a host shard (offload_param, or a CPU run)
@@ -177,6 +188,19 @@ std::vector<WorkPtr> OptimizerOffload::upload_parameters(const std::vector<Tenso
     });
   }
   return works;
+}
+
+WorkPtr OptimizerOffload::step_after(size_t b, WorkPtr landed, std::function<void()> step) {
+  TESSERA_CHECK(b < slices_.size(), "OptimizerOffload: bucket ", b, " of ", slices_.size());
+  return stepper_.run([b, landed = std::move(landed), step = std::move(step),
+                       trace_step = ZeroTrace::current_step()] {
+    if (landed) landed->wait();
+    ZeroTrace::Span span("offload_step", static_cast<int>(b), trace_step);
+    // Host work on host slices: a size-only dry run files the moments it creates as host
+    // memory, as it does when the training thread steps (dist/memory_plan.cpp).
+    const HostMemoryScope host;
+    step();
+  });
 }
 
 int64_t OptimizerOffload::host_bytes() const {

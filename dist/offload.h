@@ -5,14 +5,22 @@
 // when the device has pinned memory, so the copies run as DMA — and the prepared
 // optimizer is re-pointed at 1-D views of those host buffers. Its moments are created
 // next to them, on the host: the device keeps no optimizer state at all. The update is
-// AdamW's CPU path (one fused loop per slice piece, OpenMP over the cores, vectorised).
+// AdamW's CPU path (one fused loop per slice piece, vectorised), its elements split in
+// contiguous chunks over the rank's pinned host threads (dist/host_threads.h): the ranks of
+// one host share its cores.
 //
 // One host worker thread moves the bytes, so the training thread never waits for them:
 //
 //   backward   bucket b's reduction is launched    → worker: wait for it, copy the averaged
 //              (the bucket comm hook)                slice device→host, round it through the
 //                                                    parameter dtype, while backward goes on
-//   step       clip + AdamW on the host slices (the user's opt.step())
+//              with offload_step_during_backward   → stepper: once b's slice has landed,
+//                                                    AdamW on b's pieces (step_after), while
+//                                                    later buckets are still reduced/copied
+//   step       clip + AdamW on the host slices (the user's opt.step()); the clip needs every
+//              slice's norm, so with clipping the update waits for the end of backward. The
+//              buckets not stepped yet are stepped one by one on the stepper, each one's copy
+//              back queued behind its own update
 //   after it   worker: each bucket's master → the device slice (stage 1/2: the flat
 //              parameters, each bucket all-gathered as soon as it landed; stage 3: the
 //              owned shard, in the order the next forward gathers the units, each unit's
@@ -35,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "tessera/dist/host_threads.h"
 #include "tessera/dist/process_group.h"
 
 namespace tessera::dist {
@@ -53,7 +62,8 @@ Tensor pinned_host_empty(int64_t numel, DType dtype, Device device);
 // run with the device's copy stream current.
 class HostWorker {
  public:
-  explicit HostWorker(Device device);
+  // Its spans go to ZeroTrace lane `trace_lane` (1: the copies).
+  explicit HostWorker(Device device, int trace_lane = 1);
   ~HostWorker();
   HostWorker(const HostWorker&) = delete;
   HostWorker& operator=(const HostWorker&) = delete;
@@ -61,7 +71,7 @@ class HostWorker {
   WorkPtr run(std::function<void()> task);
 
  private:
-  void loop(Device device);
+  void loop(Device device, int trace_lane);
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::packaged_task<void()>> queue_;
@@ -94,9 +104,19 @@ class OptimizerOffload {
   void round_gradients();
   // Queues master(b) → targets[b] (the device slice, or a host shard under offload_param) in
   // targets[b]'s dtype for every bucket, in the given order of buckets, and returns at once:
-  // works[b] completes when bucket b has landed. The masters must not change before then.
+  // works[b] completes when bucket b has landed. Bucket b's copy first waits for after[b]
+  // when there is one (its step). The masters must not change before then.
   std::vector<WorkPtr> upload_parameters(const std::vector<Tensor>& targets,
-                                         const std::vector<size_t>& order);
+                                         const std::vector<size_t>& order,
+                                         const std::vector<WorkPtr>& after = {});
+
+  // Once `landed` (a download_gradient's Work) has completed, runs `step` (AdamW on that
+  // bucket's pieces) on the stepper thread, one step at a time in the order queued; returns
+  // at once, and the Work completes when the step has run (rethrowing its exception).
+  WorkPtr step_after(size_t b, WorkPtr landed, std::function<void()> step);
+  // The rank's pinned host threads, as the optimizer's RangeRunner (set_range_runner).
+  const optim::RangeRunner& host_threads() const { return threads_->runner(); }
+  int host_thread_count() const { return threads_->size(); }
 
   // Bytes of host memory held (masters, gradients, staging).
   int64_t host_bytes() const;
@@ -107,7 +127,9 @@ class OptimizerOffload {
   std::vector<Tensor> masters_, gradients_;
   // Per bucket, in the parameter dtype when it is not f32: the rounding and upload staging.
   std::vector<Tensor> staging_;
-  HostWorker worker_;
+  std::unique_ptr<HostThreadPool> threads_;
+  HostWorker worker_;   // the copies
+  HostWorker stepper_;  // the per-bucket steps: a step never holds up the next bucket's copy
 };
 
 }  // namespace tessera::dist

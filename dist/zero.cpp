@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "tessera/core/deferred_init.h"
 #include "tessera/core/memory_category.h"
@@ -63,6 +64,9 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, std::shared_ptr<ProcessGroup> gro
                 options_.prefetch_numel);
   options_.offload_optimizer = options_.offload_optimizer || options_.offload_param;
   if (options_.stage < 3) refuse_deferred_parameters(module_, name());
+  TESSERA_CHECK(!options_.offload_step_during_backward || options_.offload_optimizer,
+                "ZeroStrategy: offload_step_during_backward needs offload_optimizer (only the host "
+                "optimizer steps bucket by bucket)");
   broadcast_module_from_rank0(module_, *group_);
   auto [params, names] = trainable_parameters(module_);
   FlatBucketsOptions o;
@@ -277,8 +281,18 @@ void ZeroStrategy::install_comm_hooks() {
                                                         b.communication_buffer(), ReduceOp::Avg)
                                : group_->all_reduce(b.communication_buffer(), ReduceOp::Avg);
         // Offloaded: the host worker takes the averaged slice as soon as it is there.
-        if (offload_) return offload_->download_gradient(index, work, averaged_gradient(index));
-        return work;
+        if (!offload_) return work;
+        WorkPtr landed = offload_->download_gradient(index, work, averaged_gradient(index));
+        // And, stepping during backward, the stepper updates the bucket's pieces once it has
+        // landed (the gate says whether this backward ends in a step).
+        if (options_.offload_step_during_backward && optimizer_ && optimizer_->step_gate_open()) {
+          early_steps_.push_back(offload_->step_after(index, landed, [this, index] {
+            point_pieces_at_gradients(index);  // here, not in the completion hook: no race
+            optimizer_->step_parameters(bucket_pieces_[index]);
+          }));
+          stepped_in_backward_.at(index) = 1;
+        }
+        return landed;
       },
       [this, scatter](FlatBuckets::Bucket& b) {
         const size_t index = &b - buckets_->buckets().data();
@@ -291,7 +305,8 @@ void ZeroStrategy::install_comm_hooks() {
           raw::copy_(shard.gradients, shard.reduced);
         if (!offload_ && !scatter && b.reduce_buffer.defined())
           raw::copy_(b.gradients, b.reduce_buffer);
-        point_pieces_at_gradients(index);
+        // Stepping during backward, the step task points them (on the stepper thread).
+        if (!options_.offload_step_during_backward) point_pieces_at_gradients(index);
         buckets_->release_gradients(b);
       });
 }
@@ -502,6 +517,23 @@ void ZeroStrategy::prepare_optimizer(optim::Optimizer& optimizer) {
     g.params = std::move(mine);
   }
   optimizer.replace_param_groups(std::move(groups));
+  if (offload_) optimizer.set_range_runner(&offload_->host_threads());
+  TESSERA_CHECK(!options_.offload_step_during_backward || optimizer.supports_partial_steps(),
+                name(), ": offload_step_during_backward steps each bucket on its own, which this "
+                "optimizer cannot (AdamW can)");
+  if (offload_ && optimizer.supports_partial_steps()) {
+    std::map<const TensorImpl*, size_t> flat_index;
+    const std::vector<Tensor> flat = optimizer.parameters();
+    for (size_t i = 0; i < flat.size(); ++i) flat_index[flat[i].impl_ptr().get()] = i;
+    bucket_pieces_.assign(shards_.size(), {});
+    for (size_t i = 0; i < piece_layout_.size(); ++i)
+      if (auto it = flat_index.find(pieces_[i].impl_ptr().get()); it != flat_index.end())
+        bucket_pieces_[piece_layout_[i].bucket].push_back(it->second);
+    stepped_in_backward_.assign(shards_.size(), 0);
+    optimizer.set_pre_step_hook([this, alive = alive_] {
+      if (*alive) step_offloaded_buckets();
+    });
+  }
   optimizer.set_post_step_hook([this, alive = alive_] {
     if (*alive) after_optimizer_step();
   });
@@ -530,6 +562,10 @@ void ZeroStrategy::finish_gradient_sync() {
                 ": the optimizer was not prepared with the model; call accelerator.prepare(model, "
                 "optimizer) so that it updates this rank's slices");
   buckets_->finish();
+  // Steps queued during this backward end before anything reads the optimizer again (the
+  // clip's norm, opt.step()); the last bucket's is all that is usually left.
+  for (WorkPtr& step : early_steps_) step->wait();
+  early_steps_.clear();
   // The step about to run rewrites the masters that uploads still in flight read (a unit
   // the last forward did not gather).
   wait_for_uploads();
@@ -545,6 +581,10 @@ double ZeroStrategy::clip_grad_norm_(const std::vector<Tensor>&, double max_norm
   group_->all_reduce(total, ReduceOp::Sum)->wait();
   const double norm = std::sqrt(raw::to(total, Device::cpu(), DType::f64).to_vector<double>()[0]);
   const double factor = max_norm / (norm + 1e-6);
+  TESSERA_CHECK(factor >= 1.0 || !(optimizer_ && optimizer_->has_early_steps()), name(),
+                ": clip_grad_norm_ with max_norm ", max_norm, " would scale gradients of norm ",
+                norm, ", but offload_step_during_backward already stepped with them; turn that "
+                "option off to clip");
   if (factor < 1.0) {
     optim::scale_grads_(pieces_, factor);
     // Offloaded f32 copies of bf16/f16 gradients round as the device's own would.
@@ -558,17 +598,9 @@ void ZeroStrategy::after_optimizer_step() {
   const HostMemoryScope device_side(false);
   const double began = ZeroTrace::enabled() ? ZeroTrace::now_us() : 0;
   if (ZeroTrace::enabled()) ZeroTrace::record("clip_and_step", -1, synced_at_us_, began);
-  if (offload_) {
-    // Stage 3: in the order the next forward gathers the units (the root first), so its
-    // first blocks can run while the last ones are still being copied.
-    std::vector<Tensor> targets;
-    std::vector<size_t> order;
-    for (size_t b = 0; b < shards_.size(); ++b) targets.push_back(owned_slice(b));
-    if (forward_order_.size() < shards_.size()) order.push_back(shards_.size() - 1);
-    order.insert(order.end(), forward_order_.begin(), forward_order_.end());
-    for (size_t b = 0; order.size() < shards_.size(); ++b) order.push_back(b);  // stages 1/2
-    uploads_ = offload_->upload_parameters(targets, order);
-  }
+  // Offloaded: the copies back, unless the pre-step hook queued them behind its steps.
+  if (offload_ && !std::exchange(uploads_queued_, false))
+    uploads_ = offload_->upload_parameters(upload_targets(), upload_order());
   if (options_.stage == 3) {
     // Anything still gathered holds the values from before the step.
     release_full_parameters();
@@ -579,6 +611,39 @@ void ZeroStrategy::after_optimizer_step() {
     ZeroTrace::record("after_step", -1, began, ZeroTrace::now_us());
     ZeroTrace::end_step(group_->rank());
   }
+}
+
+std::vector<Tensor> ZeroStrategy::upload_targets() const {
+  std::vector<Tensor> targets;
+  for (size_t b = 0; b < shards_.size(); ++b) targets.push_back(owned_slice(b));
+  return targets;
+}
+
+std::vector<size_t> ZeroStrategy::upload_order() const {
+  // Stage 3: in the order the next forward gathers the units (the root first), so its first
+  // blocks can run while the last ones are still being copied.
+  std::vector<size_t> order;
+  if (forward_order_.size() < shards_.size()) order.push_back(shards_.size() - 1);
+  order.insert(order.end(), forward_order_.begin(), forward_order_.end());
+  for (size_t b = 0; order.size() < shards_.size(); ++b) order.push_back(b);  // stages 1/2
+  return order;
+}
+
+void ZeroStrategy::step_offloaded_buckets() {
+  const std::vector<size_t> order = upload_order();
+  std::vector<WorkPtr> steps(shards_.size());
+  for (size_t b : order)
+    if (!std::exchange(stepped_in_backward_[b], 0))
+      steps[b] = offload_->step_after(b, nullptr, [this, b] {
+        optimizer_->step_parameters(bucket_pieces_[b]);
+      });
+  // Bucket b's copy back overlaps the update of the buckets after it.
+  uploads_ = offload_->upload_parameters(upload_targets(), order, steps);
+  uploads_queued_ = true;
+  // step() goes on with what the buckets left (frozen parameters, none usually) once they are
+  // all updated: the optimizer is not shared between threads.
+  for (const WorkPtr& step : steps)
+    if (step) step->wait();
 }
 
 void ZeroStrategy::all_gather_owned_slices() {

@@ -64,6 +64,12 @@ struct ZeroOptions {
   // Stage 3 only: the rank's parameter shard stays on the host as well (implies
   // offload_optimizer); a unit's gather copies it to the device first.
   bool offload_param = false;
+  // Offloaded: each bucket's AdamW step runs on the host as soon as its averaged slice has
+  // landed there, during backward, instead of in opt.step() after it. The caller promises
+  // that nothing changes the gradients or the learning rate between backward and opt.step():
+  // no clipping (a clip_grad_norm_ that would scale is then an error; measuring is fine), no
+  // fp16 loss scaling. The result is the same bits as the step after backward.
+  bool offload_step_during_backward = false;
   // Stage 3: parameters (elements) of the units after the one running that are all-gathered
   // ahead of use — forward: the next blocks, backward: the previous ones — so the gather
   // overlaps compute (DeepSpeed's stage3_prefetch_bucket_size). At least one unit when > 0;
@@ -185,6 +191,19 @@ class ZeroStrategy : public DataParallelStrategy {
   std::vector<size_t> forward_order_;
   std::unique_ptr<OptimizerOffload> offload_;
   std::vector<WorkPtr> uploads_;  // per bucket: the offloaded master's copy back, in flight
+  // Offloaded with an optimizer that steps a subset (AdamW): per bucket, the flat indices of
+  // its pieces in the prepared optimizer. offload_step_during_backward: the steps queued in
+  // this backward (finish_gradient_sync waits for them) and which buckets they were.
+  std::vector<std::vector<size_t>> bucket_pieces_;
+  std::vector<WorkPtr> early_steps_;
+  std::vector<char> stepped_in_backward_;
+  bool uploads_queued_ = false;  // this step's copies back were queued in the pre-step hook
+  // The copies back: each bucket's target (its owned slice) and the order they go in.
+  std::vector<Tensor> upload_targets() const;
+  std::vector<size_t> upload_order() const;
+  // opt.step()'s pre-step hook, offloaded: steps each bucket not stepped in backward on the
+  // stepper, in upload order, with each bucket's copy back queued behind its own update.
+  void step_offloaded_buckets();
   double synced_at_us_ = 0;  // when the last gradient sync finished (trace)
   bool sync_requested_ = true;  // false inside no_sync
   // Read by the hooks left on the module and optimizer: false once this is destroyed.

@@ -188,6 +188,7 @@ void AdamW::apply_step() {
     std::vector<MultiTensorItem> multi_tensor;
     for (const auto& p : group.params) {
       ParamState& s = state(index++);
+      if (!in_this_pass(index - 1)) continue;
       const Tensor grad = p.grad();
       if (!grad.defined()) continue;
       const bool keep_master = opts_.master_weights && is_low_precision(p.dtype());

@@ -33,6 +33,7 @@ class AdamW : public Optimizer {
 
   const AdamWOptions& options() const { return opts_; }
   void set_master_weights(bool on) override { opts_.master_weights = on; }
+  bool supports_partial_steps() const override { return true; }
   // Replays the multi-tensor launches recorded in the last capture: their parameters' step
   // counts advance and each launch's lr and bias corrections go to its page-locked slot.
   // Needs the previous replay to have finished reading the slots (the caller synchronises).

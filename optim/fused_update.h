@@ -1,7 +1,8 @@
 // Shared plumbing of the optimizers' fused per-parameter loops (internal to optim/).
 //
 // Each optimizer walks every element of a parameter once per step in one loop
-// (CPU: OpenMP over chunks); what differs is the per-element formula. These helpers
+// (CPU: OpenMP over chunks, or the calling thread's RangeRunner: optim/host_parallel.h);
+// what differs is the per-element formula. These helpers
 // give that loop its operands: the parameter's memory (contiguous), its gradient
 // in the parameter's dtype, and moment buffers.
 #pragma once
@@ -11,14 +12,24 @@
 #include <functional>
 
 #include "tessera/core/tensor.h"
+#include "tessera/optim/host_parallel.h"
 
 namespace tessera::optim::detail {
 
-// Splits [0, n) into one contiguous range per OpenMP thread; small tensors run inline.
+// Splits [0, n) into one contiguous range per thread — the calling thread's RangeRunner's
+// when it has one, else OpenMP's; small tensors run inline.
 template <class Fn>
 void parallel_ranges(int64_t n, Fn&& fn) {
   constexpr int64_t kSerialBelow = 1 << 15;
-  if (n < kSerialBelow || omp_get_max_threads() == 1) {
+  if (n < kSerialBelow) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  if (const RangeRunner* runner = current_range_runner()) {
+    (*runner)(n, [&fn](int64_t begin, int64_t end) { fn(begin, end); });
+    return;
+  }
+  if (omp_get_max_threads() == 1) {
     fn(int64_t{0}, n);
     return;
   }

@@ -64,8 +64,49 @@ void Optimizer::step() {
     PendingClip& pending;
     ~Clear() { pending = PendingClip{}; }
   } clear{pending_clip_};
+  struct Forget {
+    std::vector<char>& pass;
+    std::vector<char>& early;
+    ~Forget() {
+      pass.clear();
+      early.clear();
+    }
+  } forget{pass_, stepped_early_};
+  if (pre_step_ && !pending_clip_.norm.defined()) pre_step_();
+  // Parameters step_parameters already updated are skipped this once.
+  if (!stepped_early_.empty()) {
+    TESSERA_CHECK(!pending_clip_.norm.defined(), name(), "::step: a clip was requested after "
+                  "some parameters were already updated (step_parameters)");
+    pass_.assign(stepped_early_.size(), 1);
+    for (size_t i = 0; i < stepped_early_.size(); ++i) pass_[i] = !stepped_early_[i];
+  }
+  const RangeRunnerScope threads(runner_);
   apply_step();
   if (post_step_) post_step_();
+}
+
+void Optimizer::step_parameters(const std::vector<size_t>& indices) {
+  TESSERA_CHECK(supports_partial_steps(), name(), " cannot update a subset of its parameters "
+                "(step_parameters); AdamW can");
+  TESSERA_CHECK(!pending_clip_.norm.defined(), name(), "::step_parameters: a clip is pending; "
+                "it needs every gradient before any update");
+  MemoryCategoryScope tag(MemoryCategory::OptimizerState);
+  pass_.assign(states_.size(), 0);
+  if (stepped_early_.empty()) stepped_early_.assign(states_.size(), 0);
+  for (size_t i : indices) {
+    TESSERA_CHECK(i < states_.size(), name(), "::step_parameters: parameter index ", i,
+                  " out of range (", states_.size(), " parameters)");
+    TESSERA_CHECK(!stepped_early_[i], name(), "::step_parameters: parameter ", i,
+                  " was already updated in this step");
+    pass_[i] = 1;
+    stepped_early_[i] = 1;
+  }
+  struct Clear {
+    std::vector<char>& pass;
+    ~Clear() { pass.clear(); }
+  } clear{pass_};
+  const RangeRunnerScope threads(runner_);
+  apply_step();
 }
 
 void Optimizer::prepare_graph_replay() {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tessera/core/tensor.h"
+#include "tessera/optim/host_parallel.h"
 
 namespace tessera::optim {
 
@@ -62,6 +63,24 @@ class Optimizer {
   // are clipped in place before it (clip_grads_by_norm_). The request ends with the next
   // step(), also when the step gate is shut.
   void clip_grads_in_next_step(const Tensor& norm, double max_norm);
+  // ZeRO-Offload's per-bucket step: updates now, as step() would, only the parameters at
+  // `indices` (flat order) that have a gradient — the gate and the post-step hook are not
+  // asked — and the next step() skips them (then forgets them). Only an optimizer whose
+  // supports_partial_steps() (AdamW) can; a pending clip is an error (a clip needs every
+  // gradient before any update). Calls must not overlap each other or step(): the caller
+  // waits for one before the next.
+  void step_parameters(const std::vector<size_t>& indices);
+  virtual bool supports_partial_steps() const { return false; }
+  // Whether step_parameters updated some parameters that the next step() will skip.
+  bool has_early_steps() const { return !stepped_early_.empty(); }
+  // The runner the CPU loops of step() and step_parameters() split their elements with
+  // (optim/host_parallel.h; ZeRO-Offload: the rank's pinned threads); null: OpenMP. It must
+  // outlive its use.
+  void set_range_runner(const RangeRunner* runner) { runner_ = runner; }
+  // Runs in step() once the gate is open and no clip is pending, before the update (ZeRO-
+  // Offload: steps bucket by bucket through step_parameters, each bucket's copy back queued
+  // behind its own update).
+  void set_pre_step_hook(std::function<void()> hook) { pre_step_ = std::move(hook); }
   // Runs after every update step() made (ZeRO: all-gathers the updated shards).
   void set_post_step_hook(std::function<void()> hook) { post_step_ = std::move(hook); }
   // Replaces what the optimizer updates (ZeRO: this rank's slices of the parameters) and
@@ -106,6 +125,9 @@ class Optimizer {
     double max_norm = 0.0;
   };
   const PendingClip& pending_clip() const { return pending_clip_; }
+  // Whether apply_step updates parameter `index` (flat order) in this pass: step_parameters
+  // selects a few, and the step() after it skips those.
+  bool in_this_pass(size_t index) const { return pass_.empty() || pass_[index] != 0; }
   // Whether apply_step applies pending_clip() itself; otherwise step() clips every gradient
   // in place first.
   virtual bool applies_pending_clip() const { return false; }
@@ -126,7 +148,10 @@ class Optimizer {
  private:
   PendingClip pending_clip_;
   std::function<bool()> gate_;
-  std::function<void()> post_step_;
+  std::function<void()> pre_step_, post_step_;
+  const RangeRunner* runner_ = nullptr;
+  std::vector<char> pass_;           // by flat index: updated in this pass; empty: every one
+  std::vector<char> stepped_early_;  // by flat index: updated by step_parameters; empty: none
 };
 
 // An optimizer state as one safetensors file: tensors as they are, scalars in the

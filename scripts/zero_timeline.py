@@ -17,11 +17,11 @@ import sys
 
 ROWS = ["all_gather", "gather_wait", "forward", "backward", "forward_gpu", "backward_gpu",
         "reduce_scatter", "all_reduce",
-        "offload_d2h", "clip_and_step", "offload_h2d", "after_step"]
+        "offload_d2h", "offload_step", "clip_and_step", "offload_h2d", "after_step"]
 COLOURS = {"all_gather": "#4e79a7", "gather_wait": "#e15759", "forward": "#59a14f",
            "backward": "#8cd17d", "forward_gpu": "#2e7d32", "backward_gpu": "#66bb6a",
            "reduce_scatter": "#f28e2b", "all_reduce": "#f28e2b",
-           "offload_d2h": "#b07aa1", "clip_and_step": "#9c755f", "offload_h2d": "#d4a6c8",
+           "offload_d2h": "#b07aa1", "offload_step": "#76b7b2", "clip_and_step": "#9c755f", "offload_h2d": "#d4a6c8",
            "after_step": "#bab0ac"}
 
 

@@ -15,16 +15,18 @@
 // re-sliced, the loader position re-counted), and trains steps K.. . --save-memory: every
 // rank prints its allocator peak of the training steps before the save, the peak while
 // save_state runs (a window starting at the bytes alive then) and its largest ZeRO unit.
-// --layers N: blocks of the GPT (2).
+// --layers N: blocks of the GPT (2). --n-embd N: its width (11; 192 gives MLP weights of
+// 147,456 elements, whose slices the host AdamW splits over its threads).
 //
 // usage: dist_zero_check [--zero-stage N] --out FILE [--rows B] [--accum A] [--steps S]
 //                        [--clip C] [--bucket-bytes N] [--backend auto|tcp|mpi]
 //                        [--mixed-precision no|bf16] [--reduce-dtype fp32|bf16] [--memory] [--untied]
 //                        [--save DIR --save-at K] [--resume DIR --start-step K]
-//                        [--offload none|optimizer|param] [--prefetch ELEMENTS] [--cuda]
+//                        [--offload none|optimizer|param] [--offload-step-during-backward]
+//                        [--prefetch ELEMENTS] [--cuda]
 //                        [--sparse-embedding-gradients]
 //                        [--zero-accumulation reduce_every_micro_batch|no_sync]
-//                        [--max-buckets-in-flight N] [--layers N] [--save-memory]
+//                        [--max-buckets-in-flight N] [--layers N] [--n-embd N] [--save-memory]
 // DDP averages the embedding gradients densely here (the arithmetic ZeRO's stages reproduce
 // bit for bit); --sparse-embedding-gradients: all-gathers the looked-up rows instead
 // (dist/sparse_embedding.h), which rounds differently.
@@ -87,8 +89,9 @@ int main(int argc, char** argv) {
   size_t bucket_bytes = 3000;  // several buckets under stages 0-2
   std::string out_path, backend = "auto", precision = "no";
   bool memory = false, tied = true, on_cuda = false, sparse_embeddings = false, save_memory = false;
-  int64_t layers = 2;
+  int64_t layers = 2, n_embd = 11;
   std::string offload = "none", reduce_dtype;
+  bool step_during_backward = false;
   int64_t prefetch = 0;
   std::string zero_accumulation = "reduce_every_micro_batch";
   size_t max_buckets_in_flight = dist::AcceleratorOptions{}.max_buckets_in_flight;
@@ -133,6 +136,8 @@ int main(int argc, char** argv) {
       sparse_embeddings = true;
     else if (a == "--offload")
       offload = next();
+    else if (a == "--offload-step-during-backward")
+      step_during_backward = true;
     else if (a == "--prefetch")
       prefetch = std::stoll(next());
     else if (a == "--zero-accumulation")
@@ -141,6 +146,8 @@ int main(int argc, char** argv) {
       max_buckets_in_flight = std::stoull(next());
     else if (a == "--layers")
       layers = std::stoll(next());
+    else if (a == "--n-embd")
+      n_embd = std::stoll(next());
     else if (a == "--save-memory")
       save_memory = true;
   }
@@ -161,6 +168,7 @@ int main(int argc, char** argv) {
                            .zero_stage = static_cast<int>(zero_stage),
                            .offload_optimizer = offload == "optimizer",
                            .offload_param = offload == "param",
+                           .offload_step_during_backward = step_during_backward,
                            .stage3_prefetch_bucket_size = prefetch,
                            .zero_accumulation =
                                dist::gradient_accumulation_from_name(zero_accumulation),
@@ -173,7 +181,7 @@ int main(int argc, char** argv) {
                                 .block_size = kSeq,
                                 .n_layer = layers,
                                 .n_head = 1,
-                                .n_embd = 11,
+                                .n_embd = n_embd,
                                 .tie_word_embeddings = tied});
     model.to(acc.device());
     optim::AdamW opt(model.parameters(), {.lr = 2e-2, .weight_decay = 0.1});

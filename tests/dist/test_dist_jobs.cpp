@@ -642,6 +642,55 @@ TEST(ZeroOffload, Bf16PolicyOffloadMatchesDdpThroughLaunch2Ranks) {
       {{1, " --offload optimizer"}, {2, " --offload optimizer"}, {3, " --offload param"}});
 }
 
+// The host AdamW on 1, 2 and 3 pinned threads (TESSERA_OFFLOAD_THREADS) against ZeRO without
+// offload on 2 ranks: stepped after backward with clipping (0.2), and bucket by bucket during
+// backward without it (1e9 only measures the norm). The GPT is 192 wide, so the MLP weights'
+// slices (73,728 elements per rank) are split over the threads, and stage 2 has buckets of
+// 400 kB (several per backward). The same bits: losses, gradient norms and every parameter.
+TEST(ZeroOffload, HostThreadsAndPerBucketStepsMatchZeroBitForBitOn2Ranks) {
+  for (const std::string clip : {"0.2", "1e9"}) {
+    const bool during_backward = clip == "1e9";
+    for (const std::string stage : {"2", "3"}) {
+      auto train = [&](const std::string& tag, const std::string& env, const std::string& flags) {
+        const std::string out = temp_file("offload_threads_" + stage + "_" + clip + "_" + tag + ".txt");
+        std::remove(out.c_str());
+        JobResult r = run_job("env OMP_NUM_THREADS=1 " + env + " " + launch(2, DIST_ZERO_CHECK) +
+                                  " --zero-stage " + stage + " --clip " + clip +
+                                  " --n-embd 192 --bucket-bytes 400000 --out " + out + flags,
+                              180);
+        EXPECT_EQ(r.status, 0) << r.output;
+        return read_record(out);
+      };
+      // Offloaded, accumulation is no_sync's (DDP's arithmetic): the reference's too.
+      const TrainRecord zero = train("zero", "", " --zero-accumulation no_sync");
+      ASSERT_EQ(zero.losses.size(), 10u);
+      for (int threads : {1, 2, 3}) {
+        const std::string flags =
+            std::string(" --offload optimizer") + (during_backward ? " --offload-step-during-backward" : "");
+        const TrainRecord offloaded = train(std::to_string(threads),
+                                            "TESSERA_OFFLOAD_THREADS=" + std::to_string(threads), flags);
+        ASSERT_EQ(offloaded.losses.size(), zero.losses.size());
+        const RelativeDifference d = relative_difference(offloaded, zero);
+        EXPECT_EQ(d.losses, 0) << "stage " << stage << " clip " << clip << ", " << threads << " threads";
+        EXPECT_EQ(d.norms, 0) << "stage " << stage << " clip " << clip << ", " << threads << " threads";
+        EXPECT_EQ(d.params, 0) << "stage " << stage << " clip " << clip << ", " << threads << " threads";
+      }
+    }
+  }
+}
+
+// A clip that would scale the gradients after they were stepped during backward is refused,
+// naming the option.
+TEST(ZeroOffload, ClipAfterPerBucketStepsFailsNamingTheOption) {
+  JobResult r = run_job("env OMP_NUM_THREADS=1 " + launch(2, DIST_ZERO_CHECK) +
+                            " --zero-stage 2 --offload optimizer --offload-step-during-backward"
+                            " --steps 2 --out " + temp_file("clip_early.txt"),
+                        120);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("offload_step_during_backward already stepped"), std::string::npos)
+      << r.output;
+}
+
 // The stage-3 timeline (TESSERA_ZERO_TRACE): every rank writes its spans, and they show the
 // prefetch. The test GPT has two blocks (units 0 and 1; forward runs 1 then 0) and the root
 // (unit 2). Without prefetch block 0's first all-gather starts after block 1's forward
