@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,18 @@ inline std::vector<std::pair<int64_t, double>> losses_after(const fs::path& run_
     out.emplace_back(step, j.contains("loss") ? j["loss"].get<double>() : -j["eval_loss"].get<double>());
   }
   return out;
+}
+
+// The `count` numbers printed after the first `label` in `text` (-1 for each when it is
+// missing, which fails the test naming the label).
+inline std::vector<double> numbers_after(const std::string& text, const std::string& label, int count) {
+  const size_t at = text.find(label);
+  EXPECT_NE(at, std::string::npos) << label << "\n" << text;
+  std::vector<double> values(count, -1);
+  if (at == std::string::npos) return values;
+  std::istringstream row(text.substr(at + label.size()));
+  for (double& v : values) row >> v;
+  return values;
 }
 
 }  // namespace tessera_cli_test

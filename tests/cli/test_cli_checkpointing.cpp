@@ -20,16 +20,6 @@ namespace {
 // 4 blocks of 64 channels: the blocks' activations outweigh the embeddings and the logits.
 const std::string kShape = " --n-layer 4 --n-head 2 --n-embd 64 --seq 64 --batch 4 ";
 
-std::vector<double> numbers_after(const std::string& text, const std::string& label, int count) {
-  const size_t at = text.find(label);
-  EXPECT_NE(at, std::string::npos) << label << "\n" << text;
-  std::vector<double> values(count, -1);
-  if (at == std::string::npos) return values;
-  std::istringstream row(text.substr(at + label.size()));
-  for (double& v : values) row >> v;
-  return values;
-}
-
 std::string train_args(const std::string& out) {
   return "train --data " + (prepared("byte") / "train.bin").string() + kShape + " --steps 2 --out " +
          (scratch() / out).string() + " --overwrite-output-dir ";

@@ -298,15 +298,6 @@ TEST(CliSharding, MemoryReportPrintsEveryRankAndTheFormula) {
 // with buckets small enough that each block has several: every category at the peak within
 // 2% (and 2 KiB: the report prints MiB to 3 decimals) at stages 0-3, and under stages 2/3
 // the gradients at the peak no more than the shard plus the buckets in flight.
-std::vector<double> numbers_after(const std::string& text, const std::string& label, int count) {
-  const size_t at = text.find(label);
-  EXPECT_NE(at, std::string::npos) << label << "\n" << text;
-  std::vector<double> values(count, -1);
-  if (at == std::string::npos) return values;
-  std::istringstream row(text.substr(at + label.size()));
-  for (double& v : values) row >> v;
-  return values;
-}
 
 TEST(CliSharding, PlanPredictsTheMeasuredPeakByCategoryWithinTwoPercent) {
   const std::string shape = " --n-layer 8 --n-head 2 --n-embd 64 --seq 32 --batch 4 ";
