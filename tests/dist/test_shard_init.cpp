@@ -14,6 +14,7 @@
 #include <string>
 
 #include "tessera/core/random.h"
+#include "tessera/core/settings.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/llama.h"
 
@@ -188,8 +189,8 @@ TEST(ShardedInit, RefusedOutsideStage3AndWithoutAnAccelerator) {
 // construction when measured). Measured: 270 MB a rank for a 1.05 GB model (its parameter
 // and gradient slices are 262 MB), 9-25 s on 2 shared cores.
 TEST(ShardedInit, HeavyOneGigabyteGptOn8Ranks) {
-  const char* heavy = std::getenv("TESSERA_HEAVY_TESTS");
-  if (!heavy || std::string(heavy) != "1") GTEST_SKIP() << "heavy: set TESSERA_HEAVY_TESTS=1";
+  // Read through the library's one environment reader, as every switch is.
+  if (tessera::environment_variable("TESSERA_HEAVY_TESTS") != "1") GTEST_SKIP() << "heavy: set TESSERA_HEAVY_TESTS=1";
   JobResult r = run_job(launch(8) + " --heavy-gb 1 --init sharded", 600);
   ASSERT_EQ(r.status, 0) << r.output;
   std::printf("%s", r.output.c_str());
