@@ -639,10 +639,8 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
                                     bool causal, double dropout_p, Generator* gen, bool allow_flash) {
   const auto [q, k, v] = checked_attention_inputs(q_in, k_in, v_in, causal, dropout_p);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  if (allow_flash && causal && flash_attention_applies(q, k, v, causal, dropout_p)) {
-    if (dropout_p == 0) return fused_attention(q, k, v, scale);
-    return fused_attention(q, k, v, scale, draw_attention_dropout(q, k, dropout_p, gen));
-  }
+  if (allow_flash && causal && flash_attention_applies(q, k, v, causal, dropout_p))
+    return fused_attention(q, k, v, scale, maybe_draw_attention_dropout(q, k, dropout_p, gen));
   if (allow_flash && !causal)
     if (const std::optional<MaskedKernels> kernels = masked_kernels_for(q, k, v, dropout_p))
       return fused_attention(q, k, v, scale, maybe_draw_attention_dropout(q, k, dropout_p, gen),
