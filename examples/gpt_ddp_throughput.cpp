@@ -6,11 +6,14 @@
 //                              [--mixed-precision bf16|fp16|no] [--zero-stages 0,1,2,3]
 //                              [--memory-report 1] [--profile 1] [--memory 1]
 //                              [--offload none|optimizer|param] [--prefetch ELEMENTS]
+//                              [--grad-accum 1]
 //   --zero-stages: run these strategies one after the other in this process (0 = DDP), each
 //                  with a fresh model; default: TESSERA_ZERO_STAGE (or DDP);
 //                  --zero-stage N is the same for one stage
 //   --offload: ZeRO-Offload of the optimizer state (and, with param, of the stage-3 shard)
 //   --prefetch: stage 3's prefetch of the next units' gathers, in elements
+//   --grad-accum N: N micro-batches of --batch rows per optimizer step (acc.accumulate), so a
+//                   step trains N x batch x seq tokens per process
 //   --memory 1: every process prints its device's peak and its host memory (resident set now
 //               and at its peak); an out-of-memory error is printed, naming the size asked
 //               for, and the program exits with status 3
@@ -48,7 +51,7 @@ namespace {
 struct Settings {
   int64_t batch = 16, seq = 1024, steps = 10, warmup = 3;
   int64_t layers = 12, heads = 12, channels = 768, vocab = 50304;
-  int64_t prefetch = 50'000'000;
+  int64_t prefetch = 50'000'000, grad_accum = 1;
   std::string mixed_precision = "bf16", offload = "none";
   std::vector<int> stages;  // empty: TESSERA_ZERO_STAGE
   bool profile = false, memory_report = false, memory = false;
@@ -73,7 +76,7 @@ Settings parse(int argc, char** argv) {
           {"--batch", &s.batch},       {"--seq", &s.seq},          {"--steps", &s.steps},
           {"--warmup", &s.warmup},     {"--layers", &s.layers},    {"--heads", &s.heads},
           {"--channels", &s.channels}, {"--vocab", &s.vocab},      {"--n-embd", &s.channels},
-          {"--n-head", &s.heads},      {"--prefetch", &s.prefetch}};
+          {"--n-head", &s.heads},      {"--prefetch", &s.prefetch}, {"--grad-accum", &s.grad_accum}};
       int64_t on = 0;
       if (flag == "--profile" || flag == "--memory-report" || flag == "--memory")
         numbers[flag] = &on;
@@ -133,12 +136,13 @@ void report_memory(dist::Accelerator& acc, const nn::Module& model, int64_t psi)
 
 void print_result(const dist::Accelerator& acc, const Settings& s, int64_t psi, double seconds,
                   double loss) {
-  const double tokens_per_s = static_cast<double>(s.batch * s.seq * s.steps) / seconds;
+  const double tokens_per_s = static_cast<double>(s.batch * s.seq * s.grad_accum * s.steps) / seconds;
   const double ms = seconds / static_cast<double>(s.steps) * 1000;
   acc.print(acc.num_processes(), " process(es) on ", acc.device().str(), ", ",
             acc.zero_stage() == 0 ? "DDP" : "ZeRO-" + std::to_string(acc.zero_stage()), ": ",
             tokens_per_s, " tokens/s per process (B=", s.batch, ", T=", s.seq, ", ", s.layers,
-            " layers, ", s.channels, " channels, ", psi, " parameters, mixed precision ",
+            " layers, ", s.channels, " channels, ", s.grad_accum, " micro-batch(es) per step, ", psi,
+            " parameters, mixed precision ",
             acc.mixed_precision(), ", ", ms, " ms/step, last loss ", loss, ")");
   if (acc.is_main_process()) {
     std::printf("RESULT stage=%d world=%d tokens_per_s_per_gpu=%.1f ms_per_step=%.3f loss=%.4f\n",
@@ -182,11 +186,14 @@ void run_strategy(dist::Accelerator& acc, const Settings& s) {
   // them; zero_grad releases them).
   auto train_step = [&](bool timed, bool keep_gradients) {
     phase("", false);
-    auto micro = acc.accumulate(model);
-    Tensor l = model.loss(x, y);
-    phase("1 forward + loss", timed);
-    acc.backward(l);
-    phase("2 backward + gradient sync", timed);
+    Tensor l;
+    for (int64_t m = 0; m < s.grad_accum; ++m) {
+      auto micro = acc.accumulate(model);
+      l = model.loss(x, y);
+      phase("1 forward + loss", timed);
+      acc.backward(l);
+      phase("2 backward + gradient sync", timed);
+    }
     acc.clip_grad_norm_(model.parameters(), 1.0);
     opt.step();
     if (!keep_gradients) opt.zero_grad();
@@ -216,7 +223,10 @@ void run_strategy(dist::Accelerator& acc, const Settings& s) {
 // One strategy (stage -1: TESSERA_ZERO_STAGE) on a fresh model; rank 0 prints the figures.
 // Returns 3 after an out-of-memory error (printed by every rank that met it).
 int run(const Settings& s, int stage) {
+  TESSERA_CHECK(s.grad_accum >= 1, "example_gpt_ddp_throughput: --grad-accum must be at least 1, got ",
+                s.grad_accum);
   dist::Accelerator acc({.mixed_precision = s.mixed_precision,
+                         .gradient_accumulation_steps = static_cast<int>(s.grad_accum),
                          .zero_stage = stage,
                          .offload_optimizer = s.offload == "optimizer",
                          .offload_param = s.offload == "param",

@@ -381,16 +381,16 @@ BENCHMARK(BM_tensor_core_gemm_bf16)
     ->Iterations(3)
     ->Unit(benchmark::kMillisecond);
 
-// Causal attention, B=8 H=12 T=1024 bf16: range(0) = D, range(1) = the implementation:
-// 0 the hand-written flash kernels as dispatched (forward and backward: wgmma + TMA on an
-// H100/H200), 1 cuDNN's fused attention (kernels/cuda/cudnn_attention.h), 2 the mma.sync flash
-// kernels that other devices run.
+// Causal attention, H=12 bf16, 8192 tokens per call: range(0) = D, range(1) = the
+// implementation: 0 the hand-written flash kernels as dispatched (forward and backward: wgmma +
+// TMA on an H100/H200), 1 cuDNN's fused attention (kernels/cuda/cudnn_attention.h), 2 the
+// mma.sync flash kernels that other devices run; range(2) = T (B = 8192 / T: 8 x 1024, 1 x 8192).
 struct AttentionCase {
   Tensor q, k, v, o, lse;
   double scale;
   bool cudnn, mma_sync;
   explicit AttentionCase(const benchmark::State& s) : cudnn(s.range(1) == 1), mma_sync(s.range(1) == 2) {
-    const int64_t B = 8, H = 12, T = 1024, D = s.range(0);
+    const int64_t T = s.range(2), B = 8192 / T, H = 12, D = s.range(0);
     q = dev_randn({B, H, T, D}, DType::bf16), k = dev_randn({B, H, T, D}, DType::bf16);
     v = dev_randn({B, H, T, D}, DType::bf16), o = empty_like(q);
     lse = empty({B, H, T}, {.device = Device::cuda(0)});
@@ -419,7 +419,8 @@ void BM_attention_fwd_bf16(benchmark::State& s) {
   AttentionCase c(s);
   run(s, [&] { c.forward(); }, 0, c.matmul_flops(2.0));  // 4 T*T*D multiply-adds, halved
 }
-BENCHMARK(BM_attention_fwd_bf16)->ArgsProduct({{64, 128}, {0, 1, 2}})->ArgNames({"D", "impl"})
+BENCHMARK(BM_attention_fwd_bf16)->ArgsProduct({{64, 128}, {0, 1, 2}, {1024, 8192}})
+    ->ArgNames({"D", "impl", "T"})
     ->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 
 void BM_attention_bwd_bf16(benchmark::State& s) {
@@ -436,7 +437,8 @@ void BM_attention_bwd_bf16(benchmark::State& s) {
   };
   run(s, backward, 0, c.matmul_flops(5.0));  // 5 T*T*D matmul-equivalents, halved
 }
-BENCHMARK(BM_attention_bwd_bf16)->ArgsProduct({{64, 128}, {0, 1, 2}})->ArgNames({"D", "impl"})
+BENCHMARK(BM_attention_bwd_bf16)->ArgsProduct({{64, 128}, {0, 1, 2}, {1024, 8192}})
+    ->ArgNames({"D", "impl", "T"})
     ->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
 
 // The attention of one GPT-2 124M layer as the training step calls it: batch 16, q, k and v

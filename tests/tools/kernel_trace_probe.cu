@@ -43,15 +43,24 @@ __global__ void probe_graph_second(float* x, int n) {
   if (i < n) x[i] = x[i] - 1.0f;
 }
 
-__device__ void spin(long long cycles, float* sink) {
-  const long long begin = clock64();
-  while (clock64() - begin < cycles) {
-  }
-  if (threadIdx.x == 0) sink[blockIdx.x] = static_cast<float>(clock64() - begin);
+// Spins for `ns` nanoseconds of the GPU's global timer. (Counting SM cycles against
+// cudaDevAttrClockRate spun for almost nothing under CUDA 13, whose attribute no longer gives
+// the SM clock on every device, so the two spins ran one after the other.)
+__device__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }
 
-__global__ void probe_spin(long long cycles, float* sink) { spin(cycles, sink); }
-__global__ void ncclProbeSpin(long long cycles, float* sink) { spin(cycles, sink); }
+__device__ void spin(long long ns, float* sink) {
+  const unsigned long long begin = global_ns();
+  while (global_ns() - begin < static_cast<unsigned long long>(ns)) {
+  }
+  if (threadIdx.x == 0) sink[blockIdx.x] = static_cast<float>(global_ns() - begin);
+}
+
+__global__ void probe_spin(long long ns, float* sink) { spin(ns, sink); }
+__global__ void ncclProbeSpin(long long ns, float* sink) { spin(ns, sink); }
 
 int main() {
   int devices = 0;
@@ -88,9 +97,13 @@ int main() {
   for (int i = 0; i < 3; ++i) check(cudaGraphLaunch(graph_exec, a), "cudaGraphLaunch");
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 
-  int clock_khz = 0;
-  check(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0), "cudaDeviceGetAttribute");
-  const long long five_ms = static_cast<long long>(clock_khz) * 5;
+  const long long five_ms = 5'000'000;
+  // Load both spinning kernels before launching either: under CUDA's lazy loading (the default
+  // since CUDA 12.2) the first launch of a kernel loads it, and that load waited for the other
+  // stream's spin to end, so the two never ran side by side.
+  cudaFuncAttributes attributes;
+  check(cudaFuncGetAttributes(&attributes, probe_spin), "cudaFuncGetAttributes");
+  check(cudaFuncGetAttributes(&attributes, ncclProbeSpin), "cudaFuncGetAttributes");
   probe_spin<<<1, 32, 0, a>>>(five_ms, sink);
   ncclProbeSpin<<<1, 32, 0, b>>>(five_ms, sink + 1);
   check(cudaGetLastError(), "kernel launch");
