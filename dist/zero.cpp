@@ -187,17 +187,9 @@ void ZeroStrategy::flatten_parameters() {
           std::min(begin + size, bucket.offsets[j] + params[bucket.params[j]].numel());
       if (lo < hi) piece_layout_.push_back({bucket.params[j], b, lo, hi - lo});
     }
-    const bool low_precision = bucket.dtype != options_.reduce_dtype &&
-                               (bucket.dtype == DType::f16 || bucket.dtype == DType::bf16);
-    if (options_.stage >= 2) {
-      MemoryCategoryScope tag(MemoryCategory::Gradients);
-      // Offloaded, the host rounds the f32 average itself: no device gradient slice.
-      if (!(options_.offload_optimizer && low_precision)) shard.gradients = zeros({size}, opts);
-      if (low_precision) {
-        MemoryCategoryScope reduce_tag(MemoryCategory::Communication);
-        shard.reduced = empty({size}, {.dtype = options_.reduce_dtype, .device = bucket.device});
-      }
-    }
+    // Offloaded, the host takes the averaged slice from the same device buffers every step:
+    // they stay. Otherwise they exist only from a step's first reduce-scatter to its update.
+    if (options_.stage >= 2 && options_.offload_optimizer) allocate_shard_gradient(b);
     if (options_.stage == 3) {
       shard.owned_parameters = options_.offload_param
                                    ? pinned_host_empty(size, bucket.dtype, bucket.device)
@@ -222,6 +214,35 @@ void ZeroStrategy::flatten_parameters() {
   }
 }
 
+// Stages 2/3: the slice the bucket's reduce-scatter averages into, in the parameters' dtype,
+// and beside it the reduce dtype's when that differs (bf16/f16 gradients averaged in f32).
+void ZeroStrategy::allocate_shard_gradient(size_t b) {
+  Shard& shard = shards_[b];
+  if (shard.gradients.defined() || shard.reduced.defined()) return;
+  const auto& bucket = buckets_->buckets()[b];
+  const int64_t size = bucket.shard_numel();
+  const bool low_precision = bucket.dtype != options_.reduce_dtype &&
+                             (bucket.dtype == DType::f16 || bucket.dtype == DType::bf16);
+  MemoryCategoryScope tag(MemoryCategory::Gradients);
+  // Offloaded, the host rounds the f32 average itself: no device gradient slice.
+  if (!(options_.offload_optimizer && low_precision))
+    shard.gradients = empty({size}, {.dtype = bucket.dtype, .device = bucket.device});
+  if (low_precision) {
+    MemoryCategoryScope reduce_tag(MemoryCategory::Communication);
+    shard.reduced = empty({size}, {.dtype = options_.reduce_dtype, .device = bucket.device});
+  }
+}
+
+// After the update the averaged slices have done their work: stages 2/3 let them go (as
+// DeepSpeed frees its averaged partitions after the step), so between steps and through the
+// next forward a rank holds no gradient at all; the next backward's first reduce-scatter of
+// each bucket allocates its slice again. The pieces' .grad views go with them.
+void ZeroStrategy::release_shard_gradients() {
+  if (options_.stage < 2 || offload_) return;
+  for (Shard& shard : shards_) shard.gradients = shard.reduced = Tensor();
+  for (Tensor& piece : pieces_) piece.set_grad(Tensor());
+}
+
 Tensor ZeroStrategy::owned_slice(size_t b) const {
   if (options_.stage == 3) return shards_[b].owned_parameters;
   return raw::narrow(shards_[b].parameters, 0, slice_begin(b),
@@ -239,6 +260,7 @@ void ZeroStrategy::set_gradient_sync(bool on) {
 }
 
 Tensor ZeroStrategy::reduce_scatter_target(size_t b) {
+  allocate_shard_gradient(b);
   Shard& shard = shards_[b];
   if (!shard.holds_earlier_micro_batches) return averaged_gradient(b);
   const Tensor sum = averaged_gradient(b);
@@ -607,6 +629,7 @@ void ZeroStrategy::after_optimizer_step() {
   } else {
     all_gather_owned_slices();
   }
+  release_shard_gradients();
   if (ZeroTrace::enabled()) {
     ZeroTrace::record("after_step", -1, began, ZeroTrace::now_us());
     ZeroTrace::end_step(group_->rank());

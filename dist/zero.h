@@ -16,7 +16,8 @@
 //            max_buckets_in_flight buffers are held at once (one filling, one being
 //            reduced by default), so backward waits for the oldest reduce-scatter before
 //            it takes another. Per rank: the shard's gradients plus those buckets, not the
-//            full gradient.
+//            full gradient; and the shard itself only from the step's first reduce-scatter
+//            until its update (none between steps or through the forward).
 //   stage 3  parameters are sharded too: a parameter holds its full value only while
 //            its unit (a block of a ModuleList, or the rest of the model: the root) is
 //            gathered — from the unit's forward pre-hook to its forward hook, and again
@@ -130,8 +131,11 @@ class ZeroStrategy : public DataParallelStrategy {
   struct Shard {
     Tensor parameters;        // [padded] stage 1/2 always; stage 3 while gathered
     Tensor owned_parameters;  // [S] stage 3: this rank's slice, kept between steps
-    Tensor gradients;         // [S] stage 2/3: the averaged slice, parameter dtype
-    Tensor reduced;           // [S] in reduce_dtype when that differs (else undefined)
+    // [S] stage 2/3: the averaged slice, parameter dtype, and the same in reduce_dtype when
+    // that differs (else undefined); from a step's first reduce-scatter until its update
+    // (kept between steps when offloaded).
+    Tensor gradients;
+    Tensor reduced;
     // Stage 2/3, reduce_every_micro_batch: the shard holds earlier micro-batches of this
     // optimizer step, so the next reduce-scatter lands in `incoming` and is added to it.
     bool holds_earlier_micro_batches = false;
@@ -150,6 +154,8 @@ class ZeroStrategy : public DataParallelStrategy {
   };
   std::vector<std::vector<size_t>> stage3_units(const std::vector<Tensor>& params);
   void flatten_parameters();
+  void allocate_shard_gradient(size_t bucket);
+  void release_shard_gradients();
   void fill_owned_slice(size_t bucket);
   void install_comm_hooks();
   void install_unit_hooks();
