@@ -55,6 +55,73 @@ Tensor gather_from_tensor_parallel_region(const Tensor& x, const std::vector<int
   return y;
 }
 
+// ---- sequence parallelism ----
+
+void check_sequence_split(int64_t tokens, int world) {
+  TESSERA_CHECK(world >= 1 && tokens % world == 0, "sequence parallelism: T = ", tokens,
+                " tokens do not split evenly over tp_size ", world);
+}
+
+namespace {
+std::vector<int64_t> first_two_swapped(int64_t dims) {
+  std::vector<int64_t> order(dims);
+  for (int64_t i = 0; i < dims; ++i) order[i] = i;
+  std::swap(order[0], order[1]);
+  return order;
+}
+// [B, T, ...] -> [W, B, T/W, ...]: rank r's slice of every sequence made one block, which is
+// what reduce-scatter and all-gather chunk (the cost of the batch-first layout: one copy).
+Tensor slices_first(const Tensor& x, int world) {
+  Shape split = x.shape();
+  split[1] /= world;
+  split.insert(split.begin() + 1, world);  // [B, W, T/W, ...]
+  return raw::contiguous(raw::permute(raw::reshape(raw::contiguous(x), split),
+                                      first_two_swapped(static_cast<int64_t>(split.size()))));
+}
+// The inverse: [W, B, T/W, ...] -> [B, T, ...].
+Tensor slices_back(const Tensor& blocks) {
+  Shape whole(blocks.shape().begin() + 1, blocks.shape().end());
+  whole[1] *= blocks.size(0);
+  return raw::reshape(raw::contiguous(raw::permute(blocks, first_two_swapped(blocks.dim()))),
+                      whole);
+}
+Tensor all_gather_sequence(const Tensor& slice, ProcessGroup& group) {
+  Shape blocks = slice.shape();
+  blocks.insert(blocks.begin(), group.size());
+  Tensor out = empty(blocks, {.dtype = slice.dtype(), .device = slice.device()});
+  group.all_gather(out, raw::contiguous(slice))->wait();
+  return slices_back(out);
+}
+Tensor reduce_scatter_sequence(const Tensor& whole, ProcessGroup& group) {
+  check_sequence_split(whole.size(1), group.size());
+  Shape slice = whole.shape();
+  slice[1] /= group.size();
+  Tensor out = empty(slice, {.dtype = whole.dtype(), .device = whole.device()});
+  group.reduce_scatter(out, slices_first(whole, group.size()), ReduceOp::Sum)->wait();
+  return out;
+}
+}  // namespace
+
+Tensor gather_from_sequence_parallel_region(const Tensor& x, const GroupPtr& group) {
+  TESSERA_CHECK(x.dim() >= 2, "gather_from_sequence_parallel_region: x must be [B, T/W, ...], got ",
+                autograd::describe(x));
+  Tensor y = all_gather_sequence(x, *group);
+  record("GatherFromSequenceParallelRegionBackward", {x}, {y}, [group](const BackwardArgs& a) {
+    return Grads{reduce_scatter_sequence(a.grad(), *group)};
+  });
+  return y;
+}
+
+Tensor reduce_scatter_to_sequence_parallel_region(const Tensor& partial, const GroupPtr& group) {
+  TESSERA_CHECK(partial.dim() >= 2,
+                "reduce_scatter_to_sequence_parallel_region: partial must be [B, T, ...], got ",
+                autograd::describe(partial));
+  Tensor y = reduce_scatter_sequence(partial, *group);
+  record("ReduceScatterToSequenceParallelRegionBackward", {partial}, {y},
+         [group](const BackwardArgs& a) { return Grads{all_gather_sequence(a.grad(), *group)}; });
+  return y;
+}
+
 // ---- shard specs ----
 
 int64_t ShardSpec::local_size(int rank) const {
@@ -162,9 +229,12 @@ RowParallelLinear::RowParallelLinear(const Tensor& full_weight, const Tensor& fu
   if (full_bias.defined()) bias = register_parameter("bias", raw::clone(full_bias));
 }
 
+Tensor RowParallelLinear::partial(const Tensor& x_local) {
+  return project(x_local, weight, layout, Tensor());
+}
+
 Tensor RowParallelLinear::forward(const Tensor& x_local) {
-  const Tensor y =
-      reduce_from_tensor_parallel_region(project(x_local, weight, layout, Tensor()), group_);
+  const Tensor y = reduce_from_tensor_parallel_region(partial(x_local), group_);
   // Added once, after the sum: on every rank the same whole bias, so its gradient (the sum of
   // dy over the rows) is the same everywhere and the replicas stay equal.
   return bias.defined() ? y + bias : y;
@@ -194,22 +264,58 @@ Tensor local_ids(const Tensor& ids, const Tensor& in_range, int64_t begin) {
 }
 }  // namespace
 
-Tensor VocabParallelEmbedding::forward(const Tensor& ids_in) {
+Tensor VocabParallelEmbedding::forward(const Tensor& ids) {
+  return reduce_from_tensor_parallel_region(partial(ids), group_);
+}
+
+Tensor VocabParallelEmbedding::partial(const Tensor& ids_in) {
   TESSERA_CHECK(is_integral(ids_in.dtype()) && ids_in.dtype() != DType::boolean,
                 "VocabParallelEmbedding: ids must be integers, got ", autograd::describe(ids_in));
   const Tensor ids = raw::contiguous(ids_in);
   const Tensor in_range = in_vocab_range(ids, range_.begin, range_.end);
   const Tensor rows = embedding(weight, local_ids(ids, in_range, range_.begin));
   // Other ranks' ids contribute zeros, so the sum is every id's own row, exactly.
-  const Tensor mine =
-      masked_fill(rows, raw::unsqueeze(ops::unary(UnaryOp::LogicalNot, in_range), -1), 0.0);
-  return reduce_from_tensor_parallel_region(mine, group_);
+  return masked_fill(rows, raw::unsqueeze(ops::unary(UnaryOp::LogicalNot, in_range), -1), 0.0);
 }
 
 Tensor VocabParallelEmbedding::logits(const Tensor& h) {
+  return logits_in_region(copy_to_tensor_parallel_region(h, group_));
+}
+
+Tensor VocabParallelEmbedding::logits_in_region(const Tensor& h) {
   // Under autocast the head (the largest matmul) runs in the compute dtype, as GPT's does.
-  return matmul(autograd::autocast(copy_to_tensor_parallel_region(h, group_)),
-                autograd::autocast(weight).t());
+  return matmul(autograd::autocast(h), autograd::autocast(weight).t());
+}
+
+// ---- entering and leaving the regions ----
+
+Tensor Regions::enter(const Tensor& x) const {
+  return sequence_parallel ? gather_from_sequence_parallel_region(x, group)
+                           : copy_to_tensor_parallel_region(x, group);
+}
+
+Tensor Regions::leave(RowParallelLinear& row, const Tensor& x_local) const {
+  const Tensor y = sequence_parallel
+                       ? reduce_scatter_to_sequence_parallel_region(row.partial(x_local), group)
+                       : reduce_from_tensor_parallel_region(row.partial(x_local), group);
+  return row.bias.defined() ? y + whole(row.bias) : y;
+}
+
+Tensor Regions::whole(const Tensor& parameter) const {
+  return sequence_parallel && parameter.defined() ? copy_to_tensor_parallel_region(parameter, group)
+                                                  : parameter;
+}
+
+Tensor Regions::embed(VocabParallelEmbedding& embedding, const Tensor& ids) const {
+  const Tensor rows = embedding.partial(ids);
+  return sequence_parallel ? reduce_scatter_to_sequence_parallel_region(rows, group)
+                           : reduce_from_tensor_parallel_region(rows, group);
+}
+
+Tensor Regions::positions(const Tensor& rows) const {
+  if (!sequence_parallel) return rows;
+  const int64_t slice = rows.size(0) / group->size();
+  return copy_to_tensor_parallel_region(rows, group).narrow(0, group->rank() * slice, slice);
 }
 
 // ---- the loss ----

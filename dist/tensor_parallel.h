@@ -46,6 +46,18 @@ Tensor reduce_from_tensor_parallel_region(const Tensor& partial, const GroupPtr&
 Tensor gather_from_tensor_parallel_region(const Tensor& x, const std::vector<int64_t>& widths,
                                           const GroupPtr& group);
 
+// ---- sequence parallelism (Korthikanti et al. 2022) ----
+// Outside the tensor-parallel regions each rank keeps tokens [r·T/W, (r+1)·T/W) of every
+// sequence ([B, T/W, C]), so the norms, residuals and biases run on a slice, not W times over.
+// Entering a region: x [B, T/W, ...] -> [B, T, ...] on every rank (all-gather); backward, the
+// reduce-scatter of the gradient into the slices (the sum over ranks f did, kept per slice).
+Tensor gather_from_sequence_parallel_region(const Tensor& x, const GroupPtr& group);
+// Leaving a region: partial sums [B, T, ...] -> this rank's [B, T/W, ...] of their sum over the
+// ranks (reduce-scatter); backward, the all-gather of the slices' gradients.
+Tensor reduce_scatter_to_sequence_parallel_region(const Tensor& partial, const GroupPtr& group);
+// Refuses T tokens that W ranks cannot split evenly, naming both (before any communication).
+void check_sequence_split(int64_t tokens, int world);
+
 // ---- how a full parameter is cut ----
 struct ShardSpec {
   struct Range {
@@ -106,6 +118,8 @@ class RowParallelLinear : public nn::Module {
   RowParallelLinear(const Tensor& full_weight, const Tensor& full_bias, WeightLayout layout,
                     const ShardSpec& inputs, GroupPtr group);
   Tensor forward(const Tensor& x_local) override;
+  // x_local · W[my inputs, :]: this rank's partial sum, before any reduction and the bias.
+  Tensor partial(const Tensor& x_local);
   std::string type_name() const override { return "RowParallelLinear"; }
   Tensor weight, bias;
   WeightLayout layout;
@@ -124,6 +138,10 @@ class VocabParallelEmbedding : public nn::Module {
   VocabParallelEmbedding(const Tensor& full_weight, GroupPtr group);
   Tensor forward(const Tensor& ids) override;
   Tensor logits(const Tensor& h);
+  // The lookup's rows of this rank's range, zeros elsewhere, before any reduction.
+  Tensor partial(const Tensor& ids);
+  // This rank's logit columns of an h that already went through f (or a sequence gather).
+  Tensor logits_in_region(const Tensor& h);
   std::string type_name() const override { return "VocabParallelEmbedding"; }
   int64_t vocab_begin() const { return range_.begin; }
   int64_t vocab_end() const { return range_.end; }
@@ -146,6 +164,26 @@ class VocabParallelEmbedding : public nn::Module {
 Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& targets,
                                     int64_t vocab_begin, const GroupPtr& group,
                                     int64_t ignore_index = -100);
+
+// ---- entering and leaving the regions ----
+// What a parallel block does at the borders of its regions: with tensor parallelism alone,
+// f on entry and g after a row-parallel linear (then its bias), every activation outside the
+// regions whole ([B, T, C]); with sequence parallelism, the sequence gather on entry and the
+// reduce-scatter on exit, activations outside in slices ([B, T/W, C]), and `whole` applies f to
+// each parameter kept whole (norms, row-parallel biases): each rank's gradient of it then
+// covers only its tokens, and f's backward sums them over the ranks.
+struct Regions {
+  GroupPtr group;
+  bool sequence_parallel = false;
+  Tensor enter(const Tensor& x) const;
+  Tensor leave(RowParallelLinear& row, const Tensor& x_local) const;
+  Tensor whole(const Tensor& parameter) const;
+  // The embedding's partial rows: all-reduced, or reduce-scattered into this rank's slice.
+  Tensor embed(VocabParallelEmbedding& embedding, const Tensor& ids) const;
+  // GPT-2's position rows [T, C] (the same on every rank): whole, or this rank's slice of them
+  // (their gradient summed over the ranks by f).
+  Tensor positions(const Tensor& rows) const;
+};
 
 // ---- the groups ----
 // Collective over `world`: splits it into world.size() / tp_size groups of consecutive ranks

@@ -27,6 +27,11 @@ namespace {
 
 TensorOptions options_of(const Tensor& t) { return {.dtype = t.dtype(), .device = t.device()}; }
 
+// A LayerNorm kept whole on every rank, on whatever part of the sequence this rank holds.
+Tensor norm(nn::LayerNorm& ln, const Tensor& x, const Regions& regions) {
+  return layer_norm(x, regions.whole(ln.weight), regions.whole(ln.bias), ln.eps);
+}
+
 // A module holding copies of a full module's whole parameters.
 void copy_values(nn::Module& into, const nn::Module& from) {
   autograd::NoGradGuard no_grad;
@@ -49,18 +54,21 @@ struct Attention : nn::Module {
     register_module("c_attn", c_attn);
     register_module("c_proj", c_proj);
   }
-  Tensor forward(const Tensor& x, KVCache::Layer* cache, int64_t past) {
+  // x: the block's normed input, [B, T, C], or this rank's [B, T/W, C] under sequence
+  // parallelism.
+  Tensor forward(const Tensor& x_in, KVCache::Layer* cache, int64_t past, const Regions& regions) {
+    const Tensor x = regions.enter(x_in);  // [B, T, C] on every rank
     const int64_t B = x.size(0), T = x.size(1);
     TESSERA_CHECK(past + T <= block_size, "GPT (tensor-parallel): ", past + T,
                   " positions exceed block_size ", block_size);
     auto split_heads = [&](const Tensor& t) {
       return t.reshape({B, T, heads, head_dim}).transpose(1, 2);
     };
-    const std::vector<Tensor> qkv = split(c_attn(x), heads * head_dim, -1);
+    const std::vector<Tensor> qkv = split(c_attn.forward_in_region(x), heads * head_dim, -1);
     Tensor q = split_heads(qkv[0]), k = split_heads(qkv[1]), v = split_heads(qkv[2]);
     if (cache) std::tie(k, v) = cache->append(k, v, past);
     const Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true);
-    return c_proj(y.transpose(1, 2).reshape({B, T, heads * head_dim}));
+    return regions.leave(c_proj, y.transpose(1, 2).reshape({B, T, heads * head_dim}));
   }
   ColumnParallelLinear c_attn;
   RowParallelLinear c_proj;
@@ -76,7 +84,9 @@ struct MLP : nn::Module {
     register_module("c_fc", c_fc);
     register_module("c_proj", c_proj);
   }
-  Tensor forward(const Tensor& x) override { return c_proj(gelu(c_fc(x))); }
+  Tensor forward(const Tensor& x, const Regions& regions) {
+    return regions.leave(c_proj, gelu(c_fc.forward_in_region(regions.enter(x))));
+  }
   ColumnParallelLinear c_fc;
   RowParallelLinear c_proj;
 };
@@ -96,17 +106,18 @@ struct Block : nn::Module {
     copy_values(ln_1, full.ln_1);
     copy_values(ln_2, full.ln_2);
   }
-  Tensor forward(const Tensor& x) override { return forward(x, nullptr, 0); }
-  Tensor forward(const Tensor& input, KVCache::Layer* cache, int64_t past,
+  Tensor forward(const Tensor& input, KVCache::Layer* cache, int64_t past, const Regions& regions,
                  nn::CheckpointRegion recompute = nn::CheckpointRegion::none) {
-    const Tensor x =
-        input + nn::checkpointed(
-                    recompute == nn::CheckpointRegion::attention,
-                    [this, cache, past](const Tensor& t) { return attn.forward(t, cache, past); },
-                    ln_1(input));
+    const Tensor x = input + nn::checkpointed(
+                                 recompute == nn::CheckpointRegion::attention,
+                                 [this, cache, past, regions](const Tensor& t) {
+                                   return attn.forward(t, cache, past, regions);
+                                 },
+                                 norm(ln_1, input, regions));
     return x + nn::checkpointed(
                    recompute == nn::CheckpointRegion::mlp,
-                   [this](const Tensor& t) { return mlp(t); }, ln_2(x));
+                   [this, regions](const Tensor& t) { return mlp.forward(t, regions); },
+                   norm(ln_2, x, regions));
   }
   nn::LayerNorm ln_1;
   Attention attn;
@@ -158,50 +169,54 @@ TensorParallelGPT::TensorParallelGPT(const nn::GPT& full, GroupPtr group)
 
 TensorParallelGPT::~TensorParallelGPT() = default;
 
-Tensor TensorParallelGPT::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
+Tensor TensorParallelGPT::head_input(const Tensor& idx, int64_t past, KVCache* cache) {
   TESSERA_CHECK(idx.dim() == 2 && is_integral(idx.dtype()) && idx.dtype() != DType::boolean,
                 "GPT (tensor-parallel): idx must be integer [B, T], got ", dtype_name(idx.dtype()),
                 " ", shape_str(idx.shape()));
   const int64_t T = idx.size(1);
   TESSERA_CHECK(past + T <= cfg_.block_size, "GPT (tensor-parallel): sequence of ", past + T,
                 " tokens exceeds block_size ", cfg_.block_size);
+  const Regions regions = regions_of_this_forward(T, cache != nullptr);
   const Tensor pos = arange(static_cast<double>(past), static_cast<double>(past + T), 1.0,
                             {.dtype = DType::i64, .device = idx.device()});
-  Tensor x = transformer_->wte(idx) + transformer_->wpe(pos);
+  Tensor x = regions.embed(transformer_->wte, idx) + regions.positions(transformer_->wpe(pos));
   for (size_t i = 0; i < transformer_->blocks.size(); ++i) {
     tp_detail::Block& block = *transformer_->blocks[i];
     if (cache) {
-      x = block.forward(x, &cache->layers[i], past);
+      x = block.forward(x, &cache->layers[i], past, regions);
       continue;
     }
     // A policy's recompute runs the block's collectives again, in the same order on every
     // rank (backward visits the nodes in one order).
     const nn::CheckpointRegion region = checkpoint_region(static_cast<int64_t>(i), *transformer_);
-    x = region == nn::CheckpointRegion::block
-            ? nn::checkpointed(
-                  true, [&block](const Tensor& in) { return block(in); }, x)
-            : block.forward(x, nullptr, 0, region);
+    x = region == nn::CheckpointRegion::block ? nn::checkpointed(
+                                                    true,
+                                                    [&block, regions](const Tensor& in) {
+                                                      return block.forward(in, nullptr, 0, regions);
+                                                    },
+                                                    x)
+                                              : block.forward(x, nullptr, 0, regions, region);
   }
-  return transformer_->ln_f(x);
+  const nn::LayerNorm& ln_f = transformer_->ln_f;
+  return regions.enter(
+      layer_norm(x, regions.whole(ln_f.weight), regions.whole(ln_f.bias), ln_f.eps));
 }
 
-Tensor TensorParallelGPT::local_logits(const Tensor& hidden) {
-  return (lm_head_ ? *lm_head_ : transformer_->wte).logits(hidden);
+VocabParallelEmbedding& TensorParallelGPT::head() const {
+  return lm_head_ ? *lm_head_ : transformer_->wte;
 }
 
 Tensor TensorParallelGPT::forward(const Tensor& idx) {
-  const VocabParallelEmbedding& rows = lm_head_ ? *lm_head_ : transformer_->wte;
-  return gather_from_tensor_parallel_region(local_logits(hidden_states(idx, 0, nullptr)),
-                                            rows.vocab_widths(), group());
+  return gather_from_tensor_parallel_region(head().logits_in_region(head_input(idx, 0, nullptr)),
+                                            head().vocab_widths(), group());
 }
 
 Tensor TensorParallelGPT::loss(const Tensor& idx, const Tensor& targets) {
   TESSERA_CHECK(targets.shape() == idx.shape(), "GPT::loss: targets ", shape_str(targets.shape()),
                 " must have idx's shape ", shape_str(idx.shape()));
-  const VocabParallelEmbedding& rows = lm_head_ ? *lm_head_ : transformer_->wte;
   return call_with_hooks(idx, [&] {
-    return vocab_parallel_cross_entropy(local_logits(hidden_states(idx, 0, nullptr)), targets,
-                                        rows.vocab_begin(), group());
+    return vocab_parallel_cross_entropy(head().logits_in_region(head_input(idx, 0, nullptr)),
+                                        targets, head().vocab_begin(), group());
   });
 }
 
@@ -217,10 +232,10 @@ Tensor TensorParallelGPT::forward_incremental(const Tensor& idx, KVCache& cache)
   autograd::NoGradGuard no_grad;
   TESSERA_CHECK(idx.dim() == 2 && idx.size(0) == cache.batch, "GPT::forward_incremental: idx ",
                 shape_str(idx.shape()), " does not match the cache's batch of ", cache.batch);
-  const Tensor x = hidden_states(idx, cache.length, &cache);
+  const Tensor h = head_input(idx, cache.length, &cache);
   cache.length += idx.size(1);
-  const VocabParallelEmbedding& rows = lm_head_ ? *lm_head_ : transformer_->wte;
-  return gather_from_tensor_parallel_region(local_logits(x), rows.vocab_widths(), group());
+  return gather_from_tensor_parallel_region(head().logits_in_region(h), head().vocab_widths(),
+                                            group());
 }
 
 std::string TensorParallelGPT::describe() const {

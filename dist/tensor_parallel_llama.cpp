@@ -47,18 +47,17 @@ struct Attention : nn::Module {
                ShardSpec::contiguous(1, full.o_proj.weight.size(1), group->size()), group),
         heads(full.n_head / group->size()),
         kv_heads(full.n_kv_head / group->size()),
-        head_dim(full.head_dim),
-        group_(group) {
+        head_dim(full.head_dim) {
     register_module("q_proj", q_proj);
     register_module("k_proj", k_proj);
     register_module("v_proj", v_proj);
     register_module("o_proj", o_proj);
   }
   Tensor forward(const Tensor& x_in, const ops::RopeTables& rope, int64_t past,
-                 KVCache::Layer* cache) {
-    const int64_t B = x_in.size(0), T = x_in.size(1);
-    // One f for q, k and v: one all-reduce of the input's gradient backward.
-    const Tensor x = copy_to_tensor_parallel_region(x_in, group_);
+                 KVCache::Layer* cache, const Regions& regions) {
+    // One entry for q, k and v: one all-reduce (or reduce-scatter) of the input's gradient.
+    const Tensor x = regions.enter(x_in);
+    const int64_t B = x.size(0), T = x.size(1);
     auto split_heads = [&](ColumnParallelLinear& proj, int64_t n) {
       return proj.forward_in_region(x).view({B, T, n, head_dim});
     };
@@ -67,12 +66,11 @@ struct Attention : nn::Module {
     Tensor v = split_heads(v_proj, kv_heads).transpose(1, 2);
     if (cache) std::tie(k, v) = cache->append(k, v, past);
     const Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true);
-    return o_proj(y.transpose(1, 2).reshape({B, T, heads * head_dim}));
+    return regions.leave(o_proj, y.transpose(1, 2).reshape({B, T, heads * head_dim}));
   }
   ColumnParallelLinear q_proj, k_proj, v_proj;
   RowParallelLinear o_proj;
   int64_t heads, kv_heads, head_dim;
-  GroupPtr group_;
 };
 
 struct MLP : nn::Module {
@@ -82,20 +80,24 @@ struct MLP : nn::Module {
         up_proj(full.up_proj.weight, full.up_proj.bias, WeightLayout::out_in,
                 outputs_of(full.up_proj, group), group),
         down_proj(full.down_proj.weight, full.down_proj.bias, WeightLayout::out_in,
-                  ShardSpec::contiguous(1, full.down_proj.weight.size(1), group->size()), group),
-        group_(group) {
+                  ShardSpec::contiguous(1, full.down_proj.weight.size(1), group->size()), group) {
     register_module("gate_proj", gate_proj);
     register_module("up_proj", up_proj);
     register_module("down_proj", down_proj);
   }
-  Tensor forward(const Tensor& x_in) override {
-    const Tensor x = copy_to_tensor_parallel_region(x_in, group_);  // one f for gate and up
-    return down_proj(swiglu(gate_proj.forward_in_region(x), up_proj.forward_in_region(x)));
+  Tensor forward(const Tensor& x_in, const Regions& regions) {
+    const Tensor x = regions.enter(x_in);  // one entry for gate and up
+    return regions.leave(down_proj,
+                         swiglu(gate_proj.forward_in_region(x), up_proj.forward_in_region(x)));
   }
   ColumnParallelLinear gate_proj, up_proj;
   RowParallelLinear down_proj;
-  GroupPtr group_;
 };
+
+// An RMSNorm kept whole on every rank, on whatever part of the sequence this rank holds.
+Tensor norm(nn::RMSNorm& rms, const Tensor& x, const Regions& regions) {
+  return rms_norm(x, regions.whole(rms.weight), rms.eps);
+}
 
 nn::RMSNorm& copied(nn::RMSNorm& norm, const nn::RMSNorm& full) {
   autograd::NoGradGuard no_grad;
@@ -119,17 +121,18 @@ struct DecoderLayer : nn::Module {
                     copied(post_attention_layernorm, full.post_attention_layernorm));
   }
   Tensor forward(const Tensor& input, const ops::RopeTables& rope, int64_t past,
-                 KVCache::Layer* cache,
+                 KVCache::Layer* cache, const Regions& regions,
                  nn::CheckpointRegion recompute = nn::CheckpointRegion::none) {
     const Tensor x = input + nn::checkpointed(
                                  recompute == nn::CheckpointRegion::attention,
-                                 [this, rope, past, cache](const Tensor& t) {
-                                   return self_attn.forward(t, rope, past, cache);
+                                 [this, rope, past, cache, regions](const Tensor& t) {
+                                   return self_attn.forward(t, rope, past, cache, regions);
                                  },
-                                 input_layernorm(input));
+                                 norm(input_layernorm, input, regions));
     return x + nn::checkpointed(
                    recompute == nn::CheckpointRegion::mlp,
-                   [this](const Tensor& t) { return mlp(t); }, post_attention_layernorm(x));
+                   [this, regions](const Tensor& t) { return mlp.forward(t, regions); },
+                   norm(post_attention_layernorm, x, regions));
   }
   Attention self_attn;
   MLP mlp;
@@ -172,51 +175,53 @@ TensorParallelLlama::TensorParallelLlama(const nn::Llama& full, GroupPtr group)
 
 TensorParallelLlama::~TensorParallelLlama() = default;
 
-Tensor TensorParallelLlama::hidden_states(const Tensor& idx, int64_t past, KVCache* cache) {
+Tensor TensorParallelLlama::head_input(const Tensor& idx, int64_t past, KVCache* cache) {
   TESSERA_CHECK(idx.dim() == 2 && is_integral(idx.dtype()) && idx.dtype() != DType::boolean,
                 "Llama (tensor-parallel): idx must be integer [B, T], got ",
                 dtype_name(idx.dtype()), " ", shape_str(idx.shape()));
   const int64_t T = idx.size(1);
   TESSERA_CHECK(past + T <= cfg_.max_position_embeddings, "Llama (tensor-parallel): sequence of ",
                 past + T, " tokens exceeds max_position_embeddings ", cfg_.max_position_embeddings);
+  const Regions regions = regions_of_this_forward(T, cache != nullptr);
   const Tensor w = model_->norm.weight;
+  // The attention sees the whole sequence (inside the regions), so the tables cover all T.
   const ops::RopeTables rope =
       ops::rope_tables(past, T, cfg_.attention_head_dim(), cfg_.rope_theta, w.dtype(), w.device());
-  Tensor x = model_->embed_tokens(idx);
+  Tensor x = regions.embed(model_->embed_tokens, idx);
   for (size_t i = 0; i < model_->decoder_layers.size(); ++i) {
     tp_detail::DecoderLayer& layer = *model_->decoder_layers[i];
     if (cache) {
-      x = layer.forward(x, rope, past, &cache->layers[i]);
+      x = layer.forward(x, rope, past, &cache->layers[i], regions);
       continue;
     }
     const nn::CheckpointRegion region = checkpoint_region(static_cast<int64_t>(i), *model_);
     x = region == nn::CheckpointRegion::block
             ? nn::checkpointed(
                   true,
-                  [&layer, rope](const Tensor& in) { return layer.forward(in, rope, 0, nullptr); },
+                  [&layer, rope, regions](const Tensor& in) {
+                    return layer.forward(in, rope, 0, nullptr, regions);
+                  },
                   x)
-            : layer.forward(x, rope, 0, nullptr, region);
+            : layer.forward(x, rope, 0, nullptr, regions, region);
   }
-  return model_->norm(x);
+  return regions.enter(tp_detail::norm(model_->norm, x, regions));
 }
 
-Tensor TensorParallelLlama::local_logits(const Tensor& hidden) {
-  return (lm_head_ ? *lm_head_ : model_->embed_tokens).logits(hidden);
+VocabParallelEmbedding& TensorParallelLlama::head() const {
+  return lm_head_ ? *lm_head_ : model_->embed_tokens;
 }
 
 Tensor TensorParallelLlama::forward(const Tensor& idx) {
-  const VocabParallelEmbedding& rows = lm_head_ ? *lm_head_ : model_->embed_tokens;
-  return gather_from_tensor_parallel_region(local_logits(hidden_states(idx, 0, nullptr)),
-                                            rows.vocab_widths(), group());
+  return gather_from_tensor_parallel_region(head().logits_in_region(head_input(idx, 0, nullptr)),
+                                            head().vocab_widths(), group());
 }
 
 Tensor TensorParallelLlama::loss(const Tensor& idx, const Tensor& targets) {
   TESSERA_CHECK(targets.shape() == idx.shape(), "Llama::loss: targets ", shape_str(targets.shape()),
                 " must have idx's shape ", shape_str(idx.shape()));
-  const VocabParallelEmbedding& rows = lm_head_ ? *lm_head_ : model_->embed_tokens;
   return call_with_hooks(idx, [&] {
-    return vocab_parallel_cross_entropy(local_logits(hidden_states(idx, 0, nullptr)), targets,
-                                        rows.vocab_begin(), group());
+    return vocab_parallel_cross_entropy(head().logits_in_region(head_input(idx, 0, nullptr)),
+                                        targets, head().vocab_begin(), group());
   });
 }
 
@@ -233,10 +238,10 @@ Tensor TensorParallelLlama::forward_incremental(const Tensor& idx, KVCache& cach
   autograd::NoGradGuard no_grad;
   TESSERA_CHECK(idx.dim() == 2 && idx.size(0) == cache.batch, "Llama::forward_incremental: idx ",
                 shape_str(idx.shape()), " does not match the cache's batch of ", cache.batch);
-  const Tensor x = hidden_states(idx, cache.length, &cache);
+  const Tensor h = head_input(idx, cache.length, &cache);
   cache.length += idx.size(1);
-  const VocabParallelEmbedding& rows = lm_head_ ? *lm_head_ : model_->embed_tokens;
-  return gather_from_tensor_parallel_region(local_logits(x), rows.vocab_widths(), group());
+  return gather_from_tensor_parallel_region(head().logits_in_region(h), head().vocab_widths(),
+                                            group());
 }
 
 std::string TensorParallelLlama::describe() const {

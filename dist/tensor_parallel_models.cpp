@@ -45,6 +45,12 @@ void TensorParallelCausalLM::record_shards(const nn::Module& full) {
                 full_params.begin()->first, " has no counterpart");
 }
 
+Regions TensorParallelCausalLM::regions_of_this_forward(int64_t tokens, bool decoding) const {
+  const bool split = sequence_parallel_ && !decoding;
+  if (split) check_sequence_split(tokens, tp_size());
+  return {group_, split};
+}
+
 const ShardSpec& TensorParallelCausalLM::spec_of(const std::string& name) const {
   auto it = shards_.find(name);
   TESSERA_CHECK(it != shards_.end(), "tensor parallelism: no parameter ", name);

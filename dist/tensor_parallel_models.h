@@ -59,6 +59,13 @@ class TensorParallelCausalLM : public nn::CausalLM {
   // A full model of the same configuration holding full_state_dict() (collective).
   std::unique_ptr<nn::CausalLM> gather_full_model() const;
 
+  // Sequence parallelism (off by default): loss() and forward() keep the activations outside
+  // the tensor-parallel regions in slices of the sequence ([B, T/W, C]; T must divide by W),
+  // the all-reduces becoming all-gathers and reduce-scatters (docs/parallelism.md). The same
+  // parameters, losses and gradients; decoding from a KV cache runs without it.
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
+  bool sequence_parallel() const { return sequence_parallel_; }
+
   // Collective: rank 0 writes the full model directory; every rank waits for it.
   void save_pretrained(const std::string& dir) const override;
   // Every rank reads the full file and keeps its slices.
@@ -69,12 +76,16 @@ class TensorParallelCausalLM : public nn::CausalLM {
   // After the modules are registered: each parameter's spec (from the parallel layers) and
   // full shape (from `full`, whose names they share).
   void record_shards(const nn::Module& full);
+  // How this forward of T tokens enters and leaves the regions (refusing, before any
+  // communication, T that sequence parallelism cannot split).
+  Regions regions_of_this_forward(int64_t tokens, bool decoding) const;
   // A fresh full model of this configuration (its values overwritten by the caller).
   virtual std::unique_ptr<nn::CausalLM> new_full_model() const = 0;
 
  private:
   GroupPtr group_;
   std::map<std::string, std::pair<ShardSpec, Shape>> shards_;
+  bool sequence_parallel_ = false;
 };
 
 namespace tp_detail {
@@ -100,8 +111,10 @@ class TensorParallelGPT : public TensorParallelCausalLM {
 
  private:
   std::unique_ptr<nn::CausalLM> new_full_model() const override;
-  Tensor hidden_states(const Tensor& idx, int64_t past, KVCache* cache);
-  Tensor local_logits(const Tensor& hidden);
+  // The final norm's output as the head reads it: [B, T, C] after f, or gathered from the
+  // sequence slices.
+  Tensor head_input(const Tensor& idx, int64_t past, KVCache* cache);
+  VocabParallelEmbedding& head() const;  // wte (tied) or lm_head
   nn::GPTConfig cfg_;
   tp_detail::GPTTransformer* transformer_ = nullptr;
   VocabParallelEmbedding* lm_head_ = nullptr;  // untied only
@@ -125,8 +138,8 @@ class TensorParallelLlama : public TensorParallelCausalLM {
 
  private:
   std::unique_ptr<nn::CausalLM> new_full_model() const override;
-  Tensor hidden_states(const Tensor& idx, int64_t past, KVCache* cache);
-  Tensor local_logits(const Tensor& hidden);
+  Tensor head_input(const Tensor& idx, int64_t past, KVCache* cache);
+  VocabParallelEmbedding& head() const;  // embed_tokens (tied) or lm_head
   nn::LlamaConfig cfg_;
   tp_detail::LlamaBody* model_ = nullptr;
   VocabParallelEmbedding* lm_head_ = nullptr;  // untied only

@@ -11,6 +11,7 @@
 // usage: dist_tp_check [--model gpt|llama] [--tp N (world size)] [--steps S] [--vocab V]
 //                      [--heads H] [--kv-heads K] [--untied] [--tied] [--rtol R]
 //                      [--checkpointing] [--lr LR (1e-3)] [--eps EPS (1e-8)]
+//                      [--sequence-parallel] [--tokens T (11)]
 //                      [--verbose (rank 0 prints every figure)]
 #include <cmath>
 #include <cstdio>
@@ -32,7 +33,9 @@ struct Options {
   std::string model = "gpt";
   int tp = 0, steps = 10;
   int64_t vocab = 97, heads = 0, kv_heads = 0;
-  bool untied = false, tied = false, checkpointing = false, verbose = false;
+  bool untied = false, tied = false, checkpointing = false, verbose = false,
+       sequence_parallel = false;
+  int64_t tokens = 11;
   double rtol = 1e-6, lr = 1e-3, eps = 1e-8;
 };
 
@@ -66,11 +69,11 @@ std::unique_ptr<nn::CausalLM> build(const Options& o) {
   return model;
 }
 
-// Every step's batch, the same on every rank: B = 3 rows of T = 11 tokens.
-std::pair<Tensor, Tensor> batch(int step, int64_t vocab) {
+// Every step's batch, the same on every rank: B = 3 rows of T = --tokens tokens.
+std::pair<Tensor, Tensor> batch(int step, const Options& o) {
   Generator gen(7000 + step);
-  return {randint(0, vocab, {3, 11}, {.dtype = DType::i64}, &gen),
-          randint(0, vocab, {3, 11}, {.dtype = DType::i64}, &gen)};
+  return {randint(0, o.vocab, {3, o.tokens}, {.dtype = DType::i64}, &gen),
+          randint(0, o.vocab, {3, o.tokens}, {.dtype = DType::i64}, &gen)};
 }
 
 double relative_difference(const Tensor& got, const Tensor& want) {
@@ -115,6 +118,10 @@ int main(int argc, char** argv) {
       o.checkpointing = true;
     else if (a == "--verbose")
       o.verbose = true;
+    else if (a == "--sequence-parallel")
+      o.sequence_parallel = true;
+    else if (a == "--tokens")
+      o.tokens = std::stoll(next());
     else if (a == "--lr")
       o.lr = std::stod(next());
     else if (a == "--eps")
@@ -130,6 +137,7 @@ int main(int argc, char** argv) {
     dist::GroupPtr group = dist::tensor_parallel_group(world, tp_size);
     std::unique_ptr<dist::TensorParallelCausalLM> tp = dist::tensor_parallel(*build(o), group);
     if (o.checkpointing) tp->gradient_checkpointing_enable(nn::CheckpointPolicy::every_k(2));
+    tp->set_sequence_parallel(o.sequence_parallel);
     optim::AdamW opt_one = adamw(one->parameters(), o), opt_tp = adamw(tp->parameters(), o);
 
     double worst = 0;
@@ -139,7 +147,7 @@ int main(int argc, char** argv) {
       if (relative > worst || std::isnan(relative)) worst = relative, worst_name = name;
     };
     for (int step = 0; step < o.steps; ++step) {
-      auto [x, y] = batch(step, o.vocab);
+      auto [x, y] = batch(step, o);
       Tensor loss_one = one->loss(x, y), loss_tp = tp->loss(x, y);
       loss_one.backward();
       loss_tp.backward();
@@ -156,17 +164,18 @@ int main(int argc, char** argv) {
     }
     TESSERA_CHECK(gathered.size() == static_cast<size_t>(tensors),
                   "dist_tp_check: ", gathered.size(), " tensors gathered for ", tensors);
-    auto [x, y] = batch(o.steps, o.vocab);
+    auto [x, y] = batch(o.steps, o);
     {
       autograd::NoGradGuard no_grad;
       note("logits", relative_difference(tp->forward(x), one->forward(x)));
     }
     const bool ok = worst <= o.rtol;
     std::printf(
-        "rank %d: %s tp %d of %d ranks, %d AdamW steps, %d parameters and %d losses and "
+        "rank %d: %s%s; tp %d of %d ranks, %d AdamW steps, %d parameters and %d losses and "
         "the logits: largest relative difference %.3g in %s (limit %g) -> %s\n",
-        rank, tp->describe().c_str(), tp_size, world.size(), o.steps, tensors, o.steps, worst,
-        worst_name.c_str(), o.rtol, ok ? "OK" : "FAILED");
+        rank, tp->describe().c_str(), o.sequence_parallel ? ", sequence-parallel" : "", tp_size,
+        world.size(), o.steps, tensors, o.steps, worst, worst_name.c_str(), o.rtol,
+        ok ? "OK" : "FAILED");
     status = ok ? 0 : 1;
   } catch (const std::exception& e) {
     std::printf("rank %d: refused: %s\n", rank, e.what());

@@ -120,16 +120,30 @@ TEST(TensorParallel, VocabParallelCrossEntropyOfOneRankIsCrossEntropy) {
   for (size_t i = 0; i < ga.size(); ++i) EXPECT_NEAR(gb[i], ga[i], 1e-7) << i;
 }
 
-// A group of one that counts what it is asked to all-reduce.
+// A group of one that counts what it is asked to do: calls and payload bytes (the tensor
+// reduced, the reduce-scatter's input, the all-gather's output) per collective.
 class CountingGroup : public dist::SingleProcessGroup {
  public:
-  int64_t calls = 0, bytes = 0;
+  int64_t calls = 0, bytes = 0;               // all-reduce
+  int64_t gathers = 0, gathered_bytes = 0;    // all-gather
+  int64_t scatters = 0, scattered_bytes = 0;  // reduce-scatter
 
  protected:
   dist::WorkPtr do_all_reduce(const dist::CollectiveSignature& sig, const Tensor& t,
                               dist::ReduceOp op) override {
     ++calls, bytes += static_cast<int64_t>(t.nbytes());
     return SingleProcessGroup::do_all_reduce(sig, t, op);
+  }
+  dist::WorkPtr do_all_gather(const dist::CollectiveSignature& sig,
+                              const std::vector<Tensor>& outputs, const Tensor& input) override {
+    ++gathers;
+    for (const Tensor& t : outputs) gathered_bytes += static_cast<int64_t>(t.nbytes());
+    return SingleProcessGroup::do_all_gather(sig, outputs, input);
+  }
+  dist::WorkPtr do_reduce_scatter(const dist::CollectiveSignature& sig, const Tensor& output,
+                                  const Tensor& input, dist::ReduceOp op) override {
+    ++scatters, scattered_bytes += static_cast<int64_t>(input.nbytes());
+    return SingleProcessGroup::do_reduce_scatter(sig, output, input, op);
   }
 };
 
@@ -157,6 +171,25 @@ TEST(TensorParallel, OneStepAllReducesWhatTheDocsCount) {
     tp->loss(x, y).backward();
     EXPECT_EQ(group->calls, 4 * L + 2 + 2) << model->describe();
     EXPECT_EQ(group->bytes, 4 * ((4 * L + 2) * N * d + 3 * N)) << model->describe();
+    EXPECT_EQ(group->gathers + group->scatters, 0) << model->describe();
+
+    // Sequence parallelism: every N x d all-reduce becomes a reduce-scatter plus an all-gather
+    // (the embedding's: a reduce-scatter forward, an all-gather backward; the head's input: an
+    // all-gather forward, a reduce-scatter backward), and each parameter kept whole has its
+    // gradient all-reduced (GPT-2: 4 norm vectors and 2 biases of d per block, ln_f's 2, the
+    // T x d position rows; Llama: 2 norm weights per block and the final one).
+    group = std::make_shared<CountingGroup>();
+    tp = dist::tensor_parallel(*model, group);
+    tp->set_sequence_parallel(true);
+    tp->loss(x, y).backward();
+    const bool is_gpt = model == &gpt;
+    const int64_t whole = is_gpt ? 6 * L + 2 : 2 * L + 1;
+    EXPECT_EQ(group->gathers, 4 * L + 2) << model->describe();
+    EXPECT_EQ(group->scatters, 4 * L + 2) << model->describe();
+    EXPECT_EQ(group->gathered_bytes, 4 * (4 * L + 2) * N * d) << model->describe();
+    EXPECT_EQ(group->scattered_bytes, 4 * (4 * L + 2) * N * d) << model->describe();
+    EXPECT_EQ(group->calls, 2 + whole + (is_gpt ? 1 : 0)) << model->describe();
+    EXPECT_EQ(group->bytes, 4 * (3 * N + whole * d + (is_gpt ? T * d : 0))) << model->describe();
   }
 }
 
@@ -216,6 +249,17 @@ TEST(TensorParallelJobs, LlamaTiedAndGpt2CheckpointedOn2Ranks) {
   EXPECT_LE(expect_equal_to_one_process(2, kGpt + " --checkpointing"), 1e-6);
 }
 
+// Sequence parallelism needs T = 12 (11 does not split over 2 or 4 ranks).
+TEST(TensorParallelJobs, SequenceParallelGpt2AndLlamaOn2And4RanksEqualOneProcess) {
+  EXPECT_LE(expect_equal_to_one_process(2, kGpt + " --sequence-parallel --tokens 12"), 1e-6);
+  EXPECT_LE(expect_equal_to_one_process(4, kGpt + " --sequence-parallel --tokens 12"), 1e-6);
+  EXPECT_LE(expect_equal_to_one_process(2, "--model llama --sequence-parallel --tokens 12"), 1e-6);
+  EXPECT_LE(expect_equal_to_one_process(4, "--model llama --sequence-parallel --tokens 12"), 1e-6);
+  EXPECT_LE(expect_equal_to_one_process(
+                2, kGpt + " --sequence-parallel --tokens 12 --checkpointing --untied"),
+            1e-6);
+}
+
 void expect_refused(int nproc, const std::string& args, const std::string& message) {
   const JobResult r = run_job(launch(nproc, args), 120);
   EXPECT_NE(r.status, 0) << r.output;
@@ -228,6 +272,8 @@ TEST(TensorParallelJobs, BadShapesAreRefusedOnEveryRankNamingTheNumbers) {
   expect_refused(4, "--model llama --kv-heads 2",
                  "tp_size 4 does not divide Llama's num_key_value_heads 2");
   expect_refused(4, "--model gpt --tp 3", "tp_size 3 does not divide the world size 4");
+  expect_refused(2, "--model llama --sequence-parallel",
+                 "sequence parallelism: T = 11 tokens do not split evenly over tp_size 2");
 }
 
 }  // namespace
