@@ -13,7 +13,7 @@ constexpr int64_t kModel = 24, kHeads = 6, kHeadDim = kModel / kHeads, kInner = 
 constexpr int64_t kTokens = 6, kVocab = 11;
 constexpr const char* kBlockProduction =
     "no production counterpart yet: Tessera has data parallelism, ZeRO (dist/ddp.cpp, "
-    "dist/zero.cpp) and tensor parallelism (dist/tensor_parallel.h), no sequence or context "
+    "dist/zero.cpp) and tensor and sequence parallelism (dist/tensor_parallel.h), no context "
     "parallelism";
 
 // ---- the block's parameters, and which slice of each a rank owns ----
