@@ -206,36 +206,12 @@ VocabParallelEmbedding& TensorParallelGPT::head() const {
   return lm_head_ ? *lm_head_ : transformer_->wte;
 }
 
-Tensor TensorParallelGPT::forward(const Tensor& idx) {
-  return gather_from_tensor_parallel_region(head().logits_in_region(head_input(idx, 0, nullptr)),
-                                            head().vocab_widths(), group());
-}
-
-Tensor TensorParallelGPT::loss(const Tensor& idx, const Tensor& targets) {
-  TESSERA_CHECK(targets.shape() == idx.shape(), "GPT::loss: targets ", shape_str(targets.shape()),
-                " must have idx's shape ", shape_str(idx.shape()));
-  return call_with_hooks(idx, [&] {
-    return vocab_parallel_cross_entropy(head().logits_in_region(head_input(idx, 0, nullptr)),
-                                        targets, head().vocab_begin(), group());
-  });
-}
-
 KVCache TensorParallelGPT::make_kv_cache(int64_t batch) const {
   TESSERA_CHECK(batch > 0, "GPT::make_kv_cache: batch must be > 0, got ", batch);
   const Tensor w = transformer_->wpe.weight;
   return nn::make_kv_cache(
       cfg_.n_layer, {batch, cfg_.n_head / tp_size(), cfg_.block_size, cfg_.n_embd / cfg_.n_head},
       {.dtype = w.dtype(), .device = w.device()});
-}
-
-Tensor TensorParallelGPT::forward_incremental(const Tensor& idx, KVCache& cache) {
-  autograd::NoGradGuard no_grad;
-  TESSERA_CHECK(idx.dim() == 2 && idx.size(0) == cache.batch, "GPT::forward_incremental: idx ",
-                shape_str(idx.shape()), " does not match the cache's batch of ", cache.batch);
-  const Tensor h = head_input(idx, cache.length, &cache);
-  cache.length += idx.size(1);
-  return gather_from_tensor_parallel_region(head().logits_in_region(h), head().vocab_widths(),
-                                            group());
 }
 
 std::string TensorParallelGPT::describe() const {

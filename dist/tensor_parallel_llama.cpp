@@ -211,20 +211,6 @@ VocabParallelEmbedding& TensorParallelLlama::head() const {
   return lm_head_ ? *lm_head_ : model_->embed_tokens;
 }
 
-Tensor TensorParallelLlama::forward(const Tensor& idx) {
-  return gather_from_tensor_parallel_region(head().logits_in_region(head_input(idx, 0, nullptr)),
-                                            head().vocab_widths(), group());
-}
-
-Tensor TensorParallelLlama::loss(const Tensor& idx, const Tensor& targets) {
-  TESSERA_CHECK(targets.shape() == idx.shape(), "Llama::loss: targets ", shape_str(targets.shape()),
-                " must have idx's shape ", shape_str(idx.shape()));
-  return call_with_hooks(idx, [&] {
-    return vocab_parallel_cross_entropy(head().logits_in_region(head_input(idx, 0, nullptr)),
-                                        targets, head().vocab_begin(), group());
-  });
-}
-
 KVCache TensorParallelLlama::make_kv_cache(int64_t batch) const {
   TESSERA_CHECK(batch > 0, "Llama::make_kv_cache: batch must be > 0, got ", batch);
   const Tensor w = model_->norm.weight;
@@ -232,16 +218,6 @@ KVCache TensorParallelLlama::make_kv_cache(int64_t batch) const {
                            {batch, cfg_.num_key_value_heads / tp_size(),
                             cfg_.max_position_embeddings, cfg_.attention_head_dim()},
                            {.dtype = w.dtype(), .device = w.device()});
-}
-
-Tensor TensorParallelLlama::forward_incremental(const Tensor& idx, KVCache& cache) {
-  autograd::NoGradGuard no_grad;
-  TESSERA_CHECK(idx.dim() == 2 && idx.size(0) == cache.batch, "Llama::forward_incremental: idx ",
-                shape_str(idx.shape()), " does not match the cache's batch of ", cache.batch);
-  const Tensor h = head_input(idx, cache.length, &cache);
-  cache.length += idx.size(1);
-  return gather_from_tensor_parallel_region(head().logits_in_region(h), head().vocab_widths(),
-                                            group());
 }
 
 std::string TensorParallelLlama::describe() const {

@@ -45,6 +45,31 @@ void TensorParallelCausalLM::record_shards(const nn::Module& full) {
                 full_params.begin()->first, " has no counterpart");
 }
 
+Tensor TensorParallelCausalLM::forward(const Tensor& idx) {
+  return gather_from_tensor_parallel_region(head().logits_in_region(head_input(idx, 0, nullptr)),
+                                            head().vocab_widths(), group_);
+}
+
+Tensor TensorParallelCausalLM::loss(const Tensor& idx, const Tensor& targets) {
+  TESSERA_CHECK(targets.shape() == idx.shape(), type_name(), "::loss: targets ",
+                shape_str(targets.shape()), " must have idx's shape ", shape_str(idx.shape()));
+  return call_with_hooks(idx, [&] {
+    return vocab_parallel_cross_entropy(head().logits_in_region(head_input(idx, 0, nullptr)),
+                                        targets, head().vocab_begin(), group_);
+  });
+}
+
+Tensor TensorParallelCausalLM::forward_incremental(const Tensor& idx, KVCache& cache) {
+  autograd::NoGradGuard no_grad;
+  TESSERA_CHECK(idx.dim() == 2 && idx.size(0) == cache.batch, type_name(),
+                "::forward_incremental: idx ", shape_str(idx.shape()),
+                " does not match the cache's batch of ", cache.batch);
+  const Tensor h = head_input(idx, cache.length, &cache);
+  cache.length += idx.size(1);
+  return gather_from_tensor_parallel_region(head().logits_in_region(h), head().vocab_widths(),
+                                            group_);
+}
+
 Regions TensorParallelCausalLM::regions_of_this_forward(int64_t tokens, bool decoding) const {
   const bool split = sequence_parallel_ && !decoding;
   if (split) check_sequence_split(tokens, tp_size());

@@ -48,6 +48,12 @@ class TensorParallelCausalLM : public nn::CausalLM {
   const GroupPtr& group() const { return group_; }
   int tp_rank() const { return group_->rank(); }
   int tp_size() const { return group_->size(); }
+  // The full logits [B, T, V] on every rank (one all-gather over the vocabulary).
+  Tensor forward(const Tensor& idx) override;
+  // The mean cross-entropy, vocabulary-parallel: the logits are never gathered.
+  Tensor loss(const Tensor& idx, const Tensor& targets) override;
+  // Decoding on a KV cache of this rank's heads; the full logits of the new tokens.
+  Tensor forward_incremental(const Tensor& idx, KVCache& cache) override;
   // How the full parameter `name` is cut, and its full shape.
   const ShardSpec& spec_of(const std::string& name) const;
   const Shape& full_shape_of(const std::string& name) const;
@@ -79,6 +85,11 @@ class TensorParallelCausalLM : public nn::CausalLM {
   // How this forward of T tokens enters and leaves the regions (refusing, before any
   // communication, T that sequence parallelism cannot split).
   Regions regions_of_this_forward(int64_t tokens, bool decoding) const;
+  // The final norm's output as the head reads it: [B, T, C] after f, or gathered from the
+  // sequence slices (with a cache: positions [past, past + T), appended to it).
+  virtual Tensor head_input(const Tensor& idx, int64_t past, KVCache* cache) = 0;
+  // The vocabulary-parallel rows the logits are computed with (tied: the token embedding).
+  virtual VocabParallelEmbedding& head() const = 0;
   // A fresh full model of this configuration (its values overwritten by the caller).
   virtual std::unique_ptr<nn::CausalLM> new_full_model() const = 0;
 
@@ -98,10 +109,7 @@ class TensorParallelGPT : public TensorParallelCausalLM {
   TensorParallelGPT(const nn::GPT& full, GroupPtr group);
   ~TensorParallelGPT() override;
   std::string type_name() const override { return "TensorParallelGPT"; }
-  Tensor forward(const Tensor& idx) override;  // full logits [B, T, V] on every rank
-  Tensor loss(const Tensor& idx, const Tensor& targets) override;
   KVCache make_kv_cache(int64_t batch) const override;  // this rank's heads
-  Tensor forward_incremental(const Tensor& idx, KVCache& cache) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t context_length() const override { return cfg_.block_size; }
   int64_t num_blocks() const override { return cfg_.n_layer; }
@@ -111,10 +119,8 @@ class TensorParallelGPT : public TensorParallelCausalLM {
 
  private:
   std::unique_ptr<nn::CausalLM> new_full_model() const override;
-  // The final norm's output as the head reads it: [B, T, C] after f, or gathered from the
-  // sequence slices.
-  Tensor head_input(const Tensor& idx, int64_t past, KVCache* cache);
-  VocabParallelEmbedding& head() const;  // wte (tied) or lm_head
+  Tensor head_input(const Tensor& idx, int64_t past, KVCache* cache) override;
+  VocabParallelEmbedding& head() const override;  // wte (tied) or lm_head
   nn::GPTConfig cfg_;
   tp_detail::GPTTransformer* transformer_ = nullptr;
   VocabParallelEmbedding* lm_head_ = nullptr;  // untied only
@@ -125,10 +131,7 @@ class TensorParallelLlama : public TensorParallelCausalLM {
   TensorParallelLlama(const nn::Llama& full, GroupPtr group);
   ~TensorParallelLlama() override;
   std::string type_name() const override { return "TensorParallelLlama"; }
-  Tensor forward(const Tensor& idx) override;
-  Tensor loss(const Tensor& idx, const Tensor& targets) override;
   KVCache make_kv_cache(int64_t batch) const override;
-  Tensor forward_incremental(const Tensor& idx, KVCache& cache) override;
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t context_length() const override { return cfg_.max_position_embeddings; }
   int64_t num_blocks() const override { return cfg_.num_hidden_layers; }
@@ -138,8 +141,8 @@ class TensorParallelLlama : public TensorParallelCausalLM {
 
  private:
   std::unique_ptr<nn::CausalLM> new_full_model() const override;
-  Tensor head_input(const Tensor& idx, int64_t past, KVCache* cache);
-  VocabParallelEmbedding& head() const;  // embed_tokens (tied) or lm_head
+  Tensor head_input(const Tensor& idx, int64_t past, KVCache* cache) override;
+  VocabParallelEmbedding& head() const override;  // embed_tokens (tied) or lm_head
   nn::LlamaConfig cfg_;
   tp_detail::LlamaBody* model_ = nullptr;
   VocabParallelEmbedding* lm_head_ = nullptr;  // untied only

@@ -6,12 +6,14 @@
 // whole (full_state_dict) and the full logits of forward() must equal the one process's within
 // --rtol, each tensor compared norm-wise: ||tp - one||₂ / ||one||₂. Each rank prints one line,
 // "rank R: ... largest relative difference ... -> OK" (or FAILED, exit 1), and an error
-// (tensor_parallel's refusals) as "rank R: refused: MESSAGE" (exit 2).
+// (tensor_parallel's refusals) as "rank R: refused: MESSAGE" (exit 2). Greedy generation (the
+// KV cache of the rank's heads) must give the one process's tokens; with --save-dir, the model
+// directory save_pretrained writes, read back by a fresh split model, the same parameters.
 //
 // usage: dist_tp_check [--model gpt|llama] [--tp N (world size)] [--steps S] [--vocab V]
 //                      [--heads H] [--kv-heads K] [--untied] [--tied] [--rtol R]
 //                      [--checkpointing] [--lr LR (1e-3)] [--eps EPS (1e-8)]
-//                      [--sequence-parallel] [--tokens T (11)]
+//                      [--sequence-parallel] [--tokens T (11)] [--save-dir DIR]
 //                      [--verbose (rank 0 prints every figure)]
 #include <cmath>
 #include <cstdio>
@@ -36,6 +38,7 @@ struct Options {
   bool untied = false, tied = false, checkpointing = false, verbose = false,
        sequence_parallel = false;
   int64_t tokens = 11;
+  std::string save_dir;
   double rtol = 1e-6, lr = 1e-3, eps = 1e-8;
 };
 
@@ -122,6 +125,8 @@ int main(int argc, char** argv) {
       o.sequence_parallel = true;
     else if (a == "--tokens")
       o.tokens = std::stoll(next());
+    else if (a == "--save-dir")
+      o.save_dir = next();
     else if (a == "--lr")
       o.lr = std::stod(next());
     else if (a == "--eps")
@@ -169,13 +174,29 @@ int main(int argc, char** argv) {
       autograd::NoGradGuard no_grad;
       note("logits", relative_difference(tp->forward(x), one->forward(x)));
     }
-    const bool ok = worst <= o.rtol;
+    // Greedy decoding on a KV cache of this rank's heads gives the one process's tokens.
+    const Tensor prompt = raw::contiguous(raw::narrow(x, 1, 0, 4));
+    const nn::GenerateOptions greedy{.temperature = 0};
+    const bool same_tokens = tp->generate(prompt, 6, greedy).to_vector<int64_t>() ==
+                             one->generate(prompt, 6, greedy).to_vector<int64_t>();
+    // The model directory rank 0 of the group writes holds the gathered parameters: a fresh
+    // split model reading it back has them all, to the bit.
+    if (!o.save_dir.empty()) {
+      const std::string dir = o.save_dir + "/group" + std::to_string(rank / tp_size);
+      tp->save_pretrained(dir);
+      std::unique_ptr<dist::TensorParallelCausalLM> fresh = dist::tensor_parallel(*build(o), group);
+      fresh->load_safetensors_weights(dir + "/model.safetensors");
+      for (const auto& [name, value] : fresh->full_state_dict())
+        note("reloaded " + name, relative_difference(value, gathered.at(name)) == 0 ? 0 : 1);
+    }
+    const bool ok = worst <= o.rtol && same_tokens;
     std::printf(
         "rank %d: %s%s; tp %d of %d ranks, %d AdamW steps, %d parameters and %d losses and "
-        "the logits: largest relative difference %.3g in %s (limit %g) -> %s\n",
+        "the logits: largest relative difference %.3g in %s (limit %g); greedy tokens %s -> "
+        "%s\n",
         rank, tp->describe().c_str(), o.sequence_parallel ? ", sequence-parallel" : "", tp_size,
         world.size(), o.steps, tensors, o.steps, worst, worst_name.c_str(), o.rtol,
-        ok ? "OK" : "FAILED");
+        same_tokens ? "equal" : "DIFFER", ok ? "OK" : "FAILED");
     status = ok ? 0 : 1;
   } catch (const std::exception& e) {
     std::printf("rank %d: refused: %s\n", rank, e.what());

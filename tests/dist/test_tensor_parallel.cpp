@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <regex>
 #include <string>
 
@@ -233,9 +234,14 @@ TEST(TensorParallelJobs, Gpt2TiedUnevenVocabularyOn2And4RanksEqualsOneProcess) {
   EXPECT_LE(expect_equal_to_one_process(4, kGpt), 1e-6);
 }
 
-TEST(TensorParallelJobs, Gpt2UntiedHeadAndTwoGroupsOfTwoOn4Ranks) {
-  EXPECT_LE(expect_equal_to_one_process(2, kGpt + " --untied"), 1e-6);
-  EXPECT_LE(expect_equal_to_one_process(4, kGpt + " --tp 2"), 1e-6);
+// With the model directory save_pretrained writes read back (one per group of 2 on 4 ranks).
+TEST(TensorParallelJobs, Gpt2UntiedHeadAndTwoGroupsOfTwoOn4RanksSavedAndReloaded) {
+  const auto dir = tessera::test_jobs::fresh_scratch_folder("tp_save").string();
+  EXPECT_LE(expect_equal_to_one_process(2, kGpt + " --untied --save-dir " + dir + "/untied"), 1e-6);
+  EXPECT_LE(expect_equal_to_one_process(4, kGpt + " --tp 2 --save-dir " + dir + "/groups"), 1e-6);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/groups/group1/model.safetensors"));
+  EXPECT_LE(expect_equal_to_one_process(2, "--model llama --save-dir " + dir + "/llama"), 1e-6);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TensorParallelJobs, LlamaGroupedQueryAttentionOn2And4RanksEqualsOneProcess) {
