@@ -2,7 +2,6 @@
 // pre-LayerNorm block, the reference of nn/attention.cpp, on this rank's heads and hidden
 // units: per block, forward, one all-reduce after attention's c_proj and one after the MLP's;
 // backward, one at the input of c_attn and one at the input of c_fc.
-#include <sstream>
 #include <tuple>
 
 #include "tessera/autograd/functions.h"
@@ -155,7 +154,7 @@ struct GPTTransformer : nn::Module {
 }  // namespace tp_detail
 
 TensorParallelGPT::TensorParallelGPT(const nn::GPT& full, GroupPtr group)
-    : TensorParallelCausalLM(std::move(group)), cfg_(full.config()) {
+    : TensorParallelCausalLM(std::move(group), full), cfg_(full.config()) {
   check_tensor_parallel(cfg_, tp_size());
   transformer_ = &register_module(
       "transformer", std::make_unique<tp_detail::GPTTransformer>(full.transformer, this->group()));
@@ -212,15 +211,6 @@ KVCache TensorParallelGPT::make_kv_cache(int64_t batch) const {
   return nn::make_kv_cache(
       cfg_.n_layer, {batch, cfg_.n_head / tp_size(), cfg_.block_size, cfg_.n_embd / cfg_.n_head},
       {.dtype = w.dtype(), .device = w.device()});
-}
-
-std::string TensorParallelGPT::describe() const {
-  std::ostringstream out;
-  out << "GPT-2: " << cfg_.n_layer << " layers, " << cfg_.n_head << " heads, " << cfg_.n_embd
-      << " channels, context " << cfg_.block_size << ", vocab " << cfg_.vocab_size
-      << (cfg_.tie_word_embeddings ? ", tied head" : ", untied head") << "; tensor-parallel rank "
-      << tp_rank() << " of " << tp_size();
-  return out.str();
 }
 
 std::unique_ptr<nn::CausalLM> TensorParallelGPT::new_full_model() const {

@@ -2,7 +2,6 @@
 // layer of nn/llama.cpp on this rank's heads and MLP units. Grouped-query attention splits
 // consistently: kv head j serves query heads [j·g, (j+1)·g) (g = H / H_kv), so rank r's query
 // heads [r·H/W, (r+1)·H/W) read exactly its kv heads [r·H_kv/W, (r+1)·H_kv/W).
-#include <sstream>
 #include <tuple>
 
 #include "tessera/autograd/functions.h"
@@ -161,7 +160,7 @@ struct LlamaBody : nn::Module {
 }  // namespace tp_detail
 
 TensorParallelLlama::TensorParallelLlama(const nn::Llama& full, GroupPtr group)
-    : TensorParallelCausalLM(std::move(group)), cfg_(full.config()) {
+    : TensorParallelCausalLM(std::move(group), full), cfg_(full.config()) {
   check_tensor_parallel(cfg_, tp_size());
   model_ =
       &register_module("model", std::make_unique<tp_detail::LlamaBody>(full.model, this->group()));
@@ -218,16 +217,6 @@ KVCache TensorParallelLlama::make_kv_cache(int64_t batch) const {
                            {batch, cfg_.num_key_value_heads / tp_size(),
                             cfg_.max_position_embeddings, cfg_.attention_head_dim()},
                            {.dtype = w.dtype(), .device = w.device()});
-}
-
-std::string TensorParallelLlama::describe() const {
-  std::ostringstream out;
-  out << "Llama: " << cfg_.num_hidden_layers << " layers, " << cfg_.num_attention_heads
-      << " heads (" << cfg_.num_key_value_heads << " key/value), " << cfg_.hidden_size
-      << " channels, MLP " << cfg_.intermediate_size << ", vocab " << cfg_.vocab_size
-      << (cfg_.tie_word_embeddings ? ", tied head" : ", untied head") << "; tensor-parallel rank "
-      << tp_rank() << " of " << tp_size();
-  return out.str();
 }
 
 std::unique_ptr<nn::CausalLM> TensorParallelLlama::new_full_model() const {

@@ -6,9 +6,15 @@
 
 namespace tessera::dist {
 
-TensorParallelCausalLM::TensorParallelCausalLM(GroupPtr group) : group_(std::move(group)) {
+TensorParallelCausalLM::TensorParallelCausalLM(GroupPtr group, const nn::CausalLM& full)
+    : group_(std::move(group)), full_description_(full.describe()) {
   TESSERA_CHECK(group_ != nullptr,
                 "tensor parallelism: no group (this rank is not a member of the one given)");
+}
+
+std::string TensorParallelCausalLM::describe() const {
+  return full_description_ + "; tensor-parallel rank " + std::to_string(tp_rank()) + " of " +
+         std::to_string(tp_size());
 }
 
 void TensorParallelCausalLM::record_shards(const nn::Module& full) {

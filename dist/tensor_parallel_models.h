@@ -48,6 +48,8 @@ class TensorParallelCausalLM : public nn::CausalLM {
   const GroupPtr& group() const { return group_; }
   int tp_rank() const { return group_->rank(); }
   int tp_size() const { return group_->size(); }
+  // The full model's description, and this rank's place in the group.
+  std::string describe() const override;
   // The full logits [B, T, V] on every rank (one all-gather over the vocabulary).
   Tensor forward(const Tensor& idx) override;
   // The mean cross-entropy, vocabulary-parallel: the logits are never gathered.
@@ -78,7 +80,7 @@ class TensorParallelCausalLM : public nn::CausalLM {
   void load_safetensors_weights(const std::string& path) override;
 
  protected:
-  explicit TensorParallelCausalLM(GroupPtr group);
+  TensorParallelCausalLM(GroupPtr group, const nn::CausalLM& full);
   // After the modules are registered: each parameter's spec (from the parallel layers) and
   // full shape (from `full`, whose names they share).
   void record_shards(const nn::Module& full);
@@ -96,6 +98,7 @@ class TensorParallelCausalLM : public nn::CausalLM {
  private:
   GroupPtr group_;
   std::map<std::string, std::pair<ShardSpec, Shape>> shards_;
+  std::string full_description_;
   bool sequence_parallel_ = false;
 };
 
@@ -114,7 +117,6 @@ class TensorParallelGPT : public TensorParallelCausalLM {
   int64_t context_length() const override { return cfg_.block_size; }
   int64_t num_blocks() const override { return cfg_.n_layer; }
   void save_config(const std::string& path) const override { nn::save_gpt_config(cfg_, path); }
-  std::string describe() const override;
   const nn::GPTConfig& config() const { return cfg_; }
 
  private:
@@ -136,7 +138,6 @@ class TensorParallelLlama : public TensorParallelCausalLM {
   int64_t context_length() const override { return cfg_.max_position_embeddings; }
   int64_t num_blocks() const override { return cfg_.num_hidden_layers; }
   void save_config(const std::string& path) const override { nn::save_llama_config(cfg_, path); }
-  std::string describe() const override;
   const nn::LlamaConfig& config() const { return cfg_; }
 
  private:
