@@ -169,13 +169,8 @@ TensorParallelGPT::TensorParallelGPT(const nn::GPT& full, GroupPtr group)
 TensorParallelGPT::~TensorParallelGPT() = default;
 
 Tensor TensorParallelGPT::head_input(const Tensor& idx, int64_t past, KVCache* cache) {
-  TESSERA_CHECK(idx.dim() == 2 && is_integral(idx.dtype()) && idx.dtype() != DType::boolean,
-                "GPT (tensor-parallel): idx must be integer [B, T], got ", dtype_name(idx.dtype()),
-                " ", shape_str(idx.shape()));
+  const Regions regions = regions_of_this_forward(idx, past, cache != nullptr);
   const int64_t T = idx.size(1);
-  TESSERA_CHECK(past + T <= cfg_.block_size, "GPT (tensor-parallel): sequence of ", past + T,
-                " tokens exceeds block_size ", cfg_.block_size);
-  const Regions regions = regions_of_this_forward(T, cache != nullptr);
   const Tensor pos = arange(static_cast<double>(past), static_cast<double>(past + T), 1.0,
                             {.dtype = DType::i64, .device = idx.device()});
   Tensor x = regions.embed(transformer_->wte, idx) + regions.positions(transformer_->wpe(pos));

@@ -175,13 +175,8 @@ TensorParallelLlama::TensorParallelLlama(const nn::Llama& full, GroupPtr group)
 TensorParallelLlama::~TensorParallelLlama() = default;
 
 Tensor TensorParallelLlama::head_input(const Tensor& idx, int64_t past, KVCache* cache) {
-  TESSERA_CHECK(idx.dim() == 2 && is_integral(idx.dtype()) && idx.dtype() != DType::boolean,
-                "Llama (tensor-parallel): idx must be integer [B, T], got ",
-                dtype_name(idx.dtype()), " ", shape_str(idx.shape()));
+  const Regions regions = regions_of_this_forward(idx, past, cache != nullptr);
   const int64_t T = idx.size(1);
-  TESSERA_CHECK(past + T <= cfg_.max_position_embeddings, "Llama (tensor-parallel): sequence of ",
-                past + T, " tokens exceeds max_position_embeddings ", cfg_.max_position_embeddings);
-  const Regions regions = regions_of_this_forward(T, cache != nullptr);
   const Tensor w = model_->norm.weight;
   // The attention sees the whole sequence (inside the regions), so the tables cover all T.
   const ops::RopeTables rope =

@@ -76,9 +76,15 @@ Tensor TensorParallelCausalLM::forward_incremental(const Tensor& idx, KVCache& c
                                             group_);
 }
 
-Regions TensorParallelCausalLM::regions_of_this_forward(int64_t tokens, bool decoding) const {
+Regions TensorParallelCausalLM::regions_of_this_forward(const Tensor& idx, int64_t past,
+                                                        bool decoding) const {
+  TESSERA_CHECK(idx.dim() == 2 && is_integral(idx.dtype()) && idx.dtype() != DType::boolean,
+                type_name(), ": idx must be integer [B, T], got ", dtype_name(idx.dtype()), " ",
+                shape_str(idx.shape()));
+  TESSERA_CHECK(past + idx.size(1) <= context_length(), type_name(), ": sequence of ",
+                past + idx.size(1), " tokens exceeds the context of ", context_length());
   const bool split = sequence_parallel_ && !decoding;
-  if (split) check_sequence_split(tokens, tp_size());
+  if (split) check_sequence_split(idx.size(1), tp_size());
   return {group_, split};
 }
 

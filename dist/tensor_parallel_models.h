@@ -84,9 +84,10 @@ class TensorParallelCausalLM : public nn::CausalLM {
   // After the modules are registered: each parameter's spec (from the parallel layers) and
   // full shape (from `full`, whose names they share).
   void record_shards(const nn::Module& full);
-  // How this forward of T tokens enters and leaves the regions (refusing, before any
-  // communication, T that sequence parallelism cannot split).
-  Regions regions_of_this_forward(int64_t tokens, bool decoding) const;
+  // How this forward of idx [B, T] at positions [past, past + T) enters and leaves the
+  // regions; refuses, before any communication, idx that is not integer [B, T], positions past
+  // the context, and T that sequence parallelism cannot split.
+  Regions regions_of_this_forward(const Tensor& idx, int64_t past, bool decoding) const;
   // The final norm's output as the head reads it: [B, T, C] after f, or gathered from the
   // sequence slices (with a cache: positions [past, past + T), appended to it).
   virtual Tensor head_input(const Tensor& idx, int64_t past, KVCache* cache) = 0;

@@ -103,6 +103,24 @@ TEST(TensorParallel, ShardSpecsCoverEveryIndexOnce) {
   EXPECT_EQ(got, want);
 }
 
+TEST(TensorParallel, RefusesInputsBeforeAnyCommunication) {
+  Generator gen(3);
+  nn::GPT gpt({.vocab_size = 97, .block_size = 16, .n_layer = 1, .n_head = 4, .n_embd = 32}, &gen);
+  auto tp = dist::tensor_parallel(gpt, std::make_shared<dist::SingleProcessGroup>());
+  const Tensor long_ids = zeros({1, 17}, {.dtype = DType::i64});
+  EXPECT_NE(error_of([&] {
+              tp->loss(long_ids, long_ids);
+            }).find("TensorParallelGPT: sequence of 17 tokens exceeds the context of 16"),
+            std::string::npos);
+  const Tensor floats = zeros({1, 4});
+  EXPECT_NE(error_of([&] { tp->forward(floats); }).find("idx must be integer [B, T]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              tp->loss(zeros({1, 4}, {.dtype = DType::i64}), zeros({4}, {.dtype = DType::i64}));
+            }).find("TensorParallelGPT::loss: targets [4] must have idx's shape [1, 4]"),
+            std::string::npos);
+}
+
 // In a group of one the vocabulary-parallel loss is the plain cross-entropy: value and
 // gradient, with ignored targets.
 TEST(TensorParallel, VocabParallelCrossEntropyOfOneRankIsCrossEntropy) {
