@@ -30,7 +30,10 @@
 using namespace ladder;
 using namespace ladder::block;
 
-const LadderInfo kStep = {"07_tensor_parallel", kBlockProduction};
+const LadderInfo kStep = {
+    "07_tensor_parallel",
+    "dist/tensor_parallel.cpp (ColumnParallelLinear, RowParallelLinear, the f and g of this step) "
+    "and dist/tensor_parallel_models.h (GPT-2 and Llama split whole, docs/parallelism.md)"};
 
 namespace {
 

@@ -24,7 +24,11 @@
 using namespace ladder;
 using namespace ladder::block;
 
-const LadderInfo kStep = {"08_sequence_parallel", kBlockProduction};
+const LadderInfo kStep = {
+    "08_sequence_parallel",
+    "dist/tensor_parallel.cpp (Regions: gather_from_sequence_parallel_region, "
+    "reduce_scatter_to_sequence_parallel_region), TensorParallelCausalLM::set_sequence_parallel "
+    "(docs/parallelism.md)"};
 
 namespace {
 

@@ -12,8 +12,9 @@ namespace ladder::block {
 constexpr int64_t kModel = 24, kHeads = 6, kHeadDim = kModel / kHeads, kInner = 4 * kModel;
 constexpr int64_t kTokens = 6, kVocab = 11;
 constexpr const char* kBlockProduction =
-    "no production counterpart yet: Tessera has data parallelism and ZeRO (dist/ddp.cpp, "
-    "dist/zero.cpp), no tensor, sequence or context parallelism";
+    "no production counterpart yet: Tessera has data parallelism, ZeRO (dist/ddp.cpp, "
+    "dist/zero.cpp) and tensor and sequence parallelism (dist/tensor_parallel.h), no context "
+    "parallelism";
 
 // ---- the block's parameters, and which slice of each a rank owns ----
 enum class Split { Whole, Columns, Rows };  // columns: of [in, out] weights (and their bias)

@@ -1,0 +1,208 @@
+// Helper program for the tensor-parallelism tests of test_dist: on every rank, a small GPT-2
+// (tied embeddings) or Llama (grouped-query attention) is built from one seed, its parameters
+// perturbed (so biases and norms start away from 0 and 1), and trained for --steps AdamW steps
+// twice: in one process on the whole batch, and tensor-parallel over groups of --tp ranks
+// (dist::tensor_parallel). Every step's loss and, after the steps, every parameter gathered
+// whole (full_state_dict) and the full logits of forward() must equal the one process's within
+// --rtol, each tensor compared norm-wise: ||tp - one||₂ / ||one||₂. Each rank prints one line,
+// "rank R: ... largest relative difference ... -> OK" (or FAILED, exit 1), and an error
+// (tensor_parallel's refusals) as "rank R: refused: MESSAGE" (exit 2). Greedy generation (the
+// KV cache of the rank's heads) must give the one process's tokens; with --save-dir, the model
+// directory save_pretrained writes, read back by a fresh split model, the same parameters.
+//
+// usage: dist_tp_check [--model gpt|llama] [--tp N (world size)] [--steps S] [--vocab V]
+//                      [--heads H] [--kv-heads K] [--untied] [--tied] [--rtol R]
+//                      [--checkpointing] [--lr LR (1e-3)] [--eps EPS (1e-8)]
+//                      [--sequence-parallel] [--tokens T (11)] [--save-dir DIR]
+//                      [--verbose (rank 0 prints every figure)]
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "tessera/autograd/functions.h"
+#include "tessera/core/random.h"
+#include "tessera/dist/process_group.h"
+#include "tessera/dist/tensor_parallel_models.h"
+#include "tessera/optim/adamw.h"
+
+using namespace tessera;
+
+namespace {
+
+struct Options {
+  std::string model = "gpt";
+  int tp = 0, steps = 10;
+  int64_t vocab = 97, heads = 0, kv_heads = 0;
+  bool untied = false, tied = false, checkpointing = false, verbose = false,
+       sequence_parallel = false;
+  int64_t tokens = 11;
+  std::string save_dir;
+  double rtol = 1e-6, lr = 1e-3, eps = 1e-8;
+};
+
+std::unique_ptr<nn::CausalLM> build(const Options& o) {
+  Generator gen(2026);
+  std::unique_ptr<nn::CausalLM> model;
+  if (o.model == "gpt") {
+    nn::GPTConfig cfg{.vocab_size = o.vocab,
+                      .block_size = 16,
+                      .n_layer = 2,
+                      .n_head = o.heads ? o.heads : 4,
+                      .n_embd = 32};
+    cfg.tie_word_embeddings = !o.untied;
+    model = std::make_unique<nn::GPT>(cfg, &gen);
+  } else {
+    nn::LlamaConfig cfg{.vocab_size = o.vocab,
+                        .hidden_size = 32,
+                        .intermediate_size = 48,
+                        .num_hidden_layers = 2,
+                        .num_attention_heads = o.heads ? o.heads : 8,
+                        .num_key_value_heads = o.kv_heads ? o.kv_heads : 4,
+                        .max_position_embeddings = 16};
+    cfg.tie_word_embeddings = o.tied;
+    model = std::make_unique<nn::Llama>(cfg, &gen);
+  }
+  // Away from the initial 0 biases and 1 norms: every path of the forward carries weight.
+  autograd::NoGradGuard no_grad;
+  for (const Tensor& p : model->parameters())
+    raw::copy_(p, ops::add(p, normal(p.shape(), 0.0, 0.05, {}, &gen)));
+  if (o.checkpointing) model->gradient_checkpointing_enable(nn::CheckpointPolicy::every_k(2));
+  return model;
+}
+
+// Every step's batch, the same on every rank: B = 3 rows of T = --tokens tokens.
+std::pair<Tensor, Tensor> batch(int step, const Options& o) {
+  Generator gen(7000 + step);
+  return {randint(0, o.vocab, {3, o.tokens}, {.dtype = DType::i64}, &gen),
+          randint(0, o.vocab, {3, o.tokens}, {.dtype = DType::i64}, &gen)};
+}
+
+double relative_difference(const Tensor& got, const Tensor& want) {
+  const auto g = raw::to(got.detach(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
+  const auto w = raw::to(want.detach(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
+  TESSERA_CHECK(g.size() == w.size(), "dist_tp_check: ", g.size(), " values against ", w.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < w.size(); ++i) diff += (g[i] - w[i]) * (g[i] - w[i]), norm += w[i] * w[i];
+  return std::sqrt(diff / std::max(norm, 1e-300));
+}
+
+optim::AdamW adamw(const std::vector<Tensor>& params, const Options& o) {
+  return optim::AdamW(params, {.lr = o.lr, .eps = o.eps, .weight_decay = 0.1});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return std::string(argv[++i]); };
+    if (a == "--model")
+      o.model = next();
+    else if (a == "--tp")
+      o.tp = std::stoi(next());
+    else if (a == "--steps")
+      o.steps = std::stoi(next());
+    else if (a == "--vocab")
+      o.vocab = std::stoll(next());
+    else if (a == "--heads")
+      o.heads = std::stoll(next());
+    else if (a == "--kv-heads")
+      o.kv_heads = std::stoll(next());
+    else if (a == "--untied")
+      o.untied = true;
+    else if (a == "--tied")
+      o.tied = true;
+    else if (a == "--rtol")
+      o.rtol = std::stod(next());
+    else if (a == "--checkpointing")
+      o.checkpointing = true;
+    else if (a == "--verbose")
+      o.verbose = true;
+    else if (a == "--sequence-parallel")
+      o.sequence_parallel = true;
+    else if (a == "--tokens")
+      o.tokens = std::stoll(next());
+    else if (a == "--save-dir")
+      o.save_dir = next();
+    else if (a == "--lr")
+      o.lr = std::stod(next());
+    else if (a == "--eps")
+      o.eps = std::stod(next());
+  }
+  dist::init_process_group();
+  dist::ProcessGroup& world = dist::world();
+  const int rank = world.rank();
+  int status = 0;
+  try {
+    const int tp_size = o.tp ? o.tp : world.size();
+    std::unique_ptr<nn::CausalLM> one = build(o);
+    dist::GroupPtr group = dist::tensor_parallel_group(world, tp_size);
+    std::unique_ptr<dist::TensorParallelCausalLM> tp = dist::tensor_parallel(*build(o), group);
+    if (o.checkpointing) tp->gradient_checkpointing_enable(nn::CheckpointPolicy::every_k(2));
+    tp->set_sequence_parallel(o.sequence_parallel);
+    optim::AdamW opt_one = adamw(one->parameters(), o), opt_tp = adamw(tp->parameters(), o);
+
+    double worst = 0;
+    std::string worst_name = "-";
+    auto note = [&](const std::string& name, double relative) {
+      if (o.verbose && rank == 0) std::printf("  %-40s %.3g\n", name.c_str(), relative);
+      if (relative > worst || std::isnan(relative)) worst = relative, worst_name = name;
+    };
+    for (int step = 0; step < o.steps; ++step) {
+      auto [x, y] = batch(step, o);
+      Tensor loss_one = one->loss(x, y), loss_tp = tp->loss(x, y);
+      loss_one.backward();
+      loss_tp.backward();
+      opt_one.step(), opt_tp.step();
+      opt_one.zero_grad(), opt_tp.zero_grad();
+      note("loss " + std::to_string(step), relative_difference(loss_tp, loss_one));
+    }
+    int tensors = 0;
+    const std::map<std::string, Tensor> gathered = tp->full_state_dict();
+    for (const auto& [name, want] : one->named_parameters()) {
+      auto it = gathered.find(name);
+      TESSERA_CHECK(it != gathered.end(), "dist_tp_check: ", name, " was not gathered");
+      note(name, relative_difference(it->second, want)), ++tensors;
+    }
+    TESSERA_CHECK(gathered.size() == static_cast<size_t>(tensors),
+                  "dist_tp_check: ", gathered.size(), " tensors gathered for ", tensors);
+    auto [x, y] = batch(o.steps, o);
+    {
+      autograd::NoGradGuard no_grad;
+      note("logits", relative_difference(tp->forward(x), one->forward(x)));
+    }
+    // Greedy decoding on a KV cache of this rank's heads gives the one process's tokens.
+    const Tensor prompt = raw::contiguous(raw::narrow(x, 1, 0, 4));
+    const nn::GenerateOptions greedy{.temperature = 0};
+    const bool same_tokens = tp->generate(prompt, 6, greedy).to_vector<int64_t>() ==
+                             one->generate(prompt, 6, greedy).to_vector<int64_t>();
+    // The model directory rank 0 of the group writes holds the gathered parameters: a fresh
+    // split model reading it back has them all, to the bit.
+    if (!o.save_dir.empty()) {
+      const std::string dir = o.save_dir + "/group" + std::to_string(rank / tp_size);
+      tp->save_pretrained(dir);
+      std::unique_ptr<dist::TensorParallelCausalLM> fresh = dist::tensor_parallel(*build(o), group);
+      fresh->load_safetensors_weights(dir + "/model.safetensors");
+      for (const auto& [name, value] : fresh->full_state_dict())
+        note("reloaded " + name, relative_difference(value, gathered.at(name)) == 0 ? 0 : 1);
+    }
+    const bool ok = worst <= o.rtol && same_tokens;
+    std::printf(
+        "rank %d: %s%s; tp %d of %d ranks, %d AdamW steps, %d parameters and %d losses and "
+        "the logits: largest relative difference %.3g in %s (limit %g); greedy tokens %s -> "
+        "%s\n",
+        rank, tp->describe().c_str(), o.sequence_parallel ? ", sequence-parallel" : "", tp_size,
+        world.size(), o.steps, tensors, o.steps, worst, worst_name.c_str(), o.rtol,
+        same_tokens ? "equal" : "DIFFER", ok ? "OK" : "FAILED");
+    status = ok ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::printf("rank %d: refused: %s\n", rank, e.what());
+    status = 2;
+  }
+  std::fflush(stdout);
+  dist::destroy_process_group();
+  return status;
+}
