@@ -158,12 +158,7 @@ TensorParallelGPT::TensorParallelGPT(const nn::GPT& full, GroupPtr group)
   check_tensor_parallel(cfg_, tp_size());
   transformer_ = &register_module(
       "transformer", std::make_unique<tp_detail::GPTTransformer>(full.transformer, this->group()));
-  if (!cfg_.tie_word_embeddings)
-    lm_head_ = &register_module(
-        "lm_head", std::make_unique<VocabParallelEmbedding>(full.output_weight(), this->group()));
-  record_shards(full);
-  set_block_implementation(nn::BlockImplementation::reference);
-  train(full.is_training());
+  finish_construction(full, cfg_.tie_word_embeddings, full.output_weight());
 }
 
 TensorParallelGPT::~TensorParallelGPT() = default;
@@ -180,16 +175,10 @@ Tensor TensorParallelGPT::head_input(const Tensor& idx, int64_t past, KVCache* c
       x = block.forward(x, &cache->layers[i], past, regions);
       continue;
     }
-    // A policy's recompute runs the block's collectives again, in the same order on every
-    // rank (backward visits the nodes in one order).
-    const nn::CheckpointRegion region = checkpoint_region(static_cast<int64_t>(i), *transformer_);
-    x = region == nn::CheckpointRegion::block ? nn::checkpointed(
-                                                    true,
-                                                    [&block, regions](const Tensor& in) {
-                                                      return block.forward(in, nullptr, 0, regions);
-                                                    },
-                                                    x)
-                                              : block.forward(x, nullptr, 0, regions, region);
+    x = run_block(static_cast<int64_t>(i), *transformer_, x,
+                  [&block, regions](const Tensor& in, nn::CheckpointRegion region) {
+                    return block.forward(in, nullptr, 0, regions, region);
+                  });
   }
   const nn::LayerNorm& ln_f = transformer_->ln_f;
   return regions.enter(

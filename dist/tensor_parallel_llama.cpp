@@ -164,12 +164,7 @@ TensorParallelLlama::TensorParallelLlama(const nn::Llama& full, GroupPtr group)
   check_tensor_parallel(cfg_, tp_size());
   model_ =
       &register_module("model", std::make_unique<tp_detail::LlamaBody>(full.model, this->group()));
-  if (!cfg_.tie_word_embeddings)
-    lm_head_ = &register_module(
-        "lm_head", std::make_unique<VocabParallelEmbedding>(full.output_weight(), this->group()));
-  record_shards(full);
-  set_block_implementation(nn::BlockImplementation::reference);
-  train(full.is_training());
+  finish_construction(full, cfg_.tie_word_embeddings, full.output_weight());
 }
 
 TensorParallelLlama::~TensorParallelLlama() = default;
@@ -188,15 +183,10 @@ Tensor TensorParallelLlama::head_input(const Tensor& idx, int64_t past, KVCache*
       x = layer.forward(x, rope, past, &cache->layers[i], regions);
       continue;
     }
-    const nn::CheckpointRegion region = checkpoint_region(static_cast<int64_t>(i), *model_);
-    x = region == nn::CheckpointRegion::block
-            ? nn::checkpointed(
-                  true,
-                  [&layer, rope, regions](const Tensor& in) {
-                    return layer.forward(in, rope, 0, nullptr, regions);
-                  },
-                  x)
-            : layer.forward(x, rope, 0, nullptr, regions, region);
+    x = run_block(static_cast<int64_t>(i), *model_, x,
+                  [&layer, rope, regions](const Tensor& in, nn::CheckpointRegion region) {
+                    return layer.forward(in, rope, 0, nullptr, regions, region);
+                  });
   }
   return regions.enter(tp_detail::norm(model_->norm, x, regions));
 }

@@ -17,6 +17,25 @@ std::string TensorParallelCausalLM::describe() const {
          std::to_string(tp_size());
 }
 
+void TensorParallelCausalLM::finish_construction(const nn::CausalLM& full, bool tied,
+                                                 const Tensor& output_weight) {
+  if (!tied)
+    lm_head_ = &register_module("lm_head", std::make_unique<VocabParallelEmbedding>(output_weight, group_));
+  record_shards(full);
+  set_block_implementation(nn::BlockImplementation::reference);
+  train(full.is_training());
+}
+
+Tensor TensorParallelCausalLM::run_block(
+    int64_t i, const nn::Module& blocks, const Tensor& x,
+    const std::function<Tensor(const Tensor&, nn::CheckpointRegion)>& forward) {
+  const nn::CheckpointRegion region = checkpoint_region(i, blocks);
+  if (region != nn::CheckpointRegion::block) return forward(x, region);
+  // By value: backward's recompute calls it after this returns.
+  return nn::checkpointed(
+      true, [forward](const Tensor& in) { return forward(in, nn::CheckpointRegion::none); }, x);
+}
+
 void TensorParallelCausalLM::record_shards(const nn::Module& full) {
   for (const auto& [prefix, module] : named_modules()) {
     // named_modules names a module "a.b." (or "" for the root): its parameters are "a.b.weight".

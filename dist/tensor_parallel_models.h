@@ -25,6 +25,7 @@
 // vocabulary; dropout (the ranks' draws could not be those of one process); a rank outside
 // the group.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -84,6 +85,16 @@ class TensorParallelCausalLM : public nn::CausalLM {
   // After the modules are registered: each parameter's spec (from the parallel layers) and
   // full shape (from `full`, whose names they share).
   void record_shards(const nn::Module& full);
+  // The end of both constructors, after the body's modules: the untied head's rows (from
+  // the full model's output weight), each parameter's spec, the reference blocks, and the
+  // full model's train/eval mode.
+  void finish_construction(const nn::CausalLM& full, bool tied, const Tensor& output_weight);
+  // Block i of `blocks` (the module a checkpointing policy numbers) under that policy: the
+  // whole block recomputed in backward, or `forward` told which of its parts to recompute.
+  // Recomputation runs the block's collectives again, in the same order on every rank.
+  Tensor run_block(int64_t i, const nn::Module& blocks, const Tensor& x,
+                   const std::function<Tensor(const Tensor&, nn::CheckpointRegion)>& forward);
+  VocabParallelEmbedding* lm_head_ = nullptr;  // untied only
   // How this forward of idx [B, T] at positions [past, past + T) enters and leaves the
   // regions; refuses, before any communication, idx that is not integer [B, T], positions past
   // the context, and T that sequence parallelism cannot split.
@@ -126,7 +137,6 @@ class TensorParallelGPT : public TensorParallelCausalLM {
   VocabParallelEmbedding& head() const override;  // wte (tied) or lm_head
   nn::GPTConfig cfg_;
   tp_detail::GPTTransformer* transformer_ = nullptr;
-  VocabParallelEmbedding* lm_head_ = nullptr;  // untied only
 };
 
 class TensorParallelLlama : public TensorParallelCausalLM {
@@ -147,7 +157,6 @@ class TensorParallelLlama : public TensorParallelCausalLM {
   VocabParallelEmbedding& head() const override;  // embed_tokens (tied) or lm_head
   nn::LlamaConfig cfg_;
   tp_detail::LlamaBody* model_ = nullptr;
-  VocabParallelEmbedding* lm_head_ = nullptr;  // untied only
 };
 
 // The tensor-parallel form of `model` (an nn::GPT or nn::Llama; anything else is refused,

@@ -43,9 +43,8 @@ __global__ void probe_graph_second(float* x, int n) {
   if (i < n) x[i] = x[i] - 1.0f;
 }
 
-// Spins for `ns` nanoseconds of the GPU's global timer. (Counting SM cycles against
-// cudaDevAttrClockRate spun for almost nothing under CUDA 13, whose attribute no longer gives
-// the SM clock on every device, so the two spins ran one after the other.)
+// Spins for `ns` nanoseconds of the GPU's global timer, whatever the SM clock runs at (a
+// cycle count against cudaDevAttrClockRate depends on that attribute being the real clock).
 __device__ unsigned long long global_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
