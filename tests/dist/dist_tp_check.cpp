@@ -14,6 +14,7 @@
 //                      [--heads H] [--kv-heads K] [--untied] [--tied] [--rtol R]
 //                      [--checkpointing] [--lr LR (1e-3)] [--eps EPS (1e-8)]
 //                      [--sequence-parallel] [--tokens T (11)] [--save-dir DIR]
+//                      [--f64 (both models in float64)]
 //                      [--verbose (rank 0 prints every figure)]
 #include <cmath>
 #include <cstdio>
@@ -36,7 +37,7 @@ struct Options {
   int tp = 0, steps = 10;
   int64_t vocab = 97, heads = 0, kv_heads = 0;
   bool untied = false, tied = false, checkpointing = false, verbose = false,
-       sequence_parallel = false;
+       sequence_parallel = false, f64 = false;
   int64_t tokens = 11;
   std::string save_dir;
   double rtol = 1e-6, lr = 1e-3, eps = 1e-8;
@@ -65,9 +66,10 @@ std::unique_ptr<nn::CausalLM> build(const Options& o) {
     model = std::make_unique<nn::Llama>(cfg, &gen);
   }
   // Away from the initial 0 biases and 1 norms: every path of the forward carries weight.
+  if (o.f64) model->to(DType::f64);
   autograd::NoGradGuard no_grad;
   for (const Tensor& p : model->parameters())
-    raw::copy_(p, ops::add(p, normal(p.shape(), 0.0, 0.05, {}, &gen)));
+    raw::copy_(p, ops::add(p, normal(p.shape(), 0.0, 0.05, {.dtype = p.dtype()}, &gen)));
   if (o.checkpointing) model->gradient_checkpointing_enable(nn::CheckpointPolicy::every_k(2));
   return model;
 }
@@ -127,6 +129,8 @@ int main(int argc, char** argv) {
       o.tokens = std::stoll(next());
     else if (a == "--save-dir")
       o.save_dir = next();
+    else if (a == "--f64")
+      o.f64 = true;
     else if (a == "--lr")
       o.lr = std::stod(next());
     else if (a == "--eps")
