@@ -10,6 +10,7 @@
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/autograd.h"
 #include "tessera/core/random.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera::autograd {
 
@@ -44,42 +45,44 @@ std::vector<Tensor> checkpoint(CheckpointFn fn, const std::vector<Tensor>& input
     outputs = fn(inputs);
   }
   // Fresh TensorImpls: an output may be one of the inputs, whose history must stay as is.
-  for (Tensor& out : outputs) out = raw::alias(out);
+  for (Tensor& out : outputs) out = ops::alias(out);
 
   std::vector<SavedTensor> saved_inputs;
   for (const Tensor& in : inputs) saved_inputs.push_back(SavedTensor::input(in));
-  record("CheckpointBackward", inputs, outputs,
-         [fn = std::move(fn), saved_inputs, seed, offset, compute_dtype](const BackwardArgs& args) {
-           // Detached copies of the inputs as leaves, so the nested backward stops at them.
-           std::vector<Tensor> leaves;
-           for (size_t i = 0; i < saved_inputs.size(); ++i) {
-             Tensor in = saved_inputs[i].unpack("CheckpointBackward");
-             Tensor leaf = in.defined() ? in.detach() : in;
-             if (args.needs(i)) leaf.requires_grad_(true);
-             leaves.push_back(leaf);
-           }
-           std::vector<Tensor> recomputed;
-           {
-             GeneratorStateGuard same_random_draws(seed, offset);
-             AutocastGuard same_compute_dtype(compute_dtype);
-             GradModeGuard grad_on(true);
-             recomputed = fn(leaves);
-           }
-           TESSERA_CHECK(recomputed.size() == args.grad_outputs.size(), "CheckpointBackward: the "
-                         "recompute returned ", recomputed.size(), " outputs, the first run ",
-                         args.grad_outputs.size());
-           std::vector<Tensor> roots, root_grads;
-           for (size_t i = 0; i < recomputed.size(); ++i) {
-             if (!recomputed[i].requires_grad()) continue;
-             roots.push_back(recomputed[i]);
-             root_grads.push_back(args.grad_outputs[i]);
-           }
-           if (!roots.empty()) backward(roots, root_grads);
-           std::vector<Tensor> grads;
-           for (const Tensor& leaf : leaves) grads.push_back(leaf.defined() ? leaf.grad() : Tensor());
-           return grads;
-         },
-         /*force=*/true);
+  record(
+      "CheckpointBackward", inputs, outputs,
+      [fn = std::move(fn), saved_inputs, seed, offset, compute_dtype](const BackwardArgs& args) {
+        // Detached copies of the inputs as leaves, so the nested backward stops at them.
+        std::vector<Tensor> leaves;
+        for (size_t i = 0; i < saved_inputs.size(); ++i) {
+          Tensor in = saved_inputs[i].unpack("CheckpointBackward");
+          Tensor leaf = in.defined() ? in.detach() : in;
+          if (args.needs(i)) leaf.requires_grad_(true);
+          leaves.push_back(leaf);
+        }
+        std::vector<Tensor> recomputed;
+        {
+          GeneratorStateGuard same_random_draws(seed, offset);
+          AutocastGuard same_compute_dtype(compute_dtype);
+          GradModeGuard grad_on(true);
+          recomputed = fn(leaves);
+        }
+        TESSERA_CHECK(recomputed.size() == args.grad_outputs.size(),
+                      "CheckpointBackward: the "
+                      "recompute returned ",
+                      recomputed.size(), " outputs, the first run ", args.grad_outputs.size());
+        std::vector<Tensor> roots, root_grads;
+        for (size_t i = 0; i < recomputed.size(); ++i) {
+          if (!recomputed[i].requires_grad()) continue;
+          roots.push_back(recomputed[i]);
+          root_grads.push_back(args.grad_outputs[i]);
+        }
+        if (!roots.empty()) backward(roots, root_grads);
+        std::vector<Tensor> grads;
+        for (const Tensor& leaf : leaves) grads.push_back(leaf.defined() ? leaf.grad() : Tensor());
+        return grads;
+      },
+      /*force=*/true);
   return outputs;
 }
 

@@ -134,7 +134,7 @@ SavedTensor SavedTensor::input(const Tensor& t) {
 SavedTensor SavedTensor::output(const Tensor& t) {
   SavedTensor saved;
   if (!t.defined()) return saved;
-  saved.data_ = raw::alias(t);
+  saved.data_ = ops::alias(t);
   saved.owner_ = t.impl_ptr();
   saved.version_ = t.impl().version;
   return saved;
@@ -236,7 +236,7 @@ void set_first_gradient(AutogradMeta& meta, const Tensor& leaf, Tensor grad) {
     if (same_memory(grad, destination)) {
       ++destination_written;
     } else {
-      raw::copy_(destination, grad);
+      ops::copy_(destination, grad);
       ++destination_copied;
     }
     meta.grad = destination;
@@ -244,7 +244,7 @@ void set_first_gradient(AutogradMeta& meta, const Tensor& leaf, Tensor grad) {
     meta.grad = std::move(grad);
   } else {
     Tensor fresh = empty(leaf.shape(), {.dtype = leaf.dtype(), .device = leaf.device()});
-    raw::copy_(fresh, grad);
+    ops::copy_(fresh, grad);
     meta.grad = fresh;
   }
 }
@@ -359,7 +359,7 @@ class GraphTask {
                   shape_str(want.shape));
     TESSERA_CHECK(grad.device() == want.device, from, ": produced a gradient on ",
                   grad.device().str(), " for a tensor on ", want.device.str());
-    if (grad.dtype() != want.dtype) grad = raw::to(grad, want.device, want.dtype);
+    if (grad.dtype() != want.dtype) grad = ops::to(grad, want.device, want.dtype);
     auto& buffer = buffers_[edge.node.get()];
     buffer.resize(edge.node->outputs.size());
     Tensor& slot = buffer[edge.output_nr];
@@ -597,7 +597,7 @@ void zero_grad(const std::vector<Tensor>& tensors, bool set_to_none) {
     if (set_to_none) {
       meta->grad = Tensor();
     } else {
-      raw::fill_(meta->grad, 0.0);
+      ops::fill_(meta->grad, 0.0);
     }
   }
 }

@@ -13,11 +13,11 @@ inline Tensor sum_to_shape(const Tensor& grad, const Shape& shape) {
   return grad.shape() == shape ? grad : ops::sum_to(grad, shape);
 }
 
-// raw::reshape that also handles a 0-d tensor (whose raw::reshape to an all-ones shape
+// ops::reshape that also handles a 0-d tensor (whose ops::reshape to an all-ones shape
 // such as [1, 1] is refused by core at the time of writing): one element, any shape of
 // numel 1, as a broadcast view.
 inline Tensor reshape_grad(const Tensor& grad, const Shape& shape) {
-  return grad.dim() == 0 ? raw::expand(grad, shape) : raw::reshape(grad, shape);
+  return grad.dim() == 0 ? ops::expand(grad, shape) : ops::reshape(grad, shape);
 }
 
 // Where a backward may write input i's gradient, computed as a contiguous result of `shape`
@@ -30,7 +30,7 @@ inline Tensor overwrite_target(const BackwardArgs& a, size_t i, const Shape& sha
   const GradDestination* d = a.destination(i);
   if (d == nullptr || d->accumulate || d->tensor.dtype() != dtype) return Tensor();
   if (transposed && d->tensor.dim() != 2) return Tensor();
-  Tensor target = transposed ? raw::transpose(d->tensor, 0, 1) : d->tensor;
+  Tensor target = transposed ? ops::transpose(d->tensor, 0, 1) : d->tensor;
   return target.shape() == shape && target.is_contiguous() ? target : Tensor();
 }
 
@@ -47,7 +47,9 @@ inline Tensor add_into_destination(const BackwardArgs& a, size_t i, const Tensor
 }
 
 // A bool mask as 0/1 values of `dtype`, to multiply gradients with.
-inline Tensor mask_as(const Tensor& mask, DType dtype) { return raw::to(mask, mask.device(), dtype); }
+inline Tensor mask_as(const Tensor& mask, DType dtype) {
+  return ops::to(mask, mask.device(), dtype);
+}
 
 // A 0-d tensor holding `value`, of t's dtype and device.
 inline Tensor scalar_like(double value, const Tensor& t) {
@@ -87,13 +89,13 @@ inline Shape drop_dims(const Shape& shape, const std::vector<int64_t>& sorted_di
 }
 
 // The matrix transpose of the last two dims.
-inline Tensor mT(const Tensor& t) { return raw::transpose(t, -2, -1); }
+inline Tensor mT(const Tensor& t) { return ops::transpose(t, -2, -1); }
 
 // t as a matrix [rows, last dim] with every leading dim folded into the rows; unlike a
 // reshape to {-1, n} this also holds when a dim is 0 (the -1 would be ambiguous).
 inline Tensor fold_rows(const Tensor& t) {
   const Shape leading(t.shape().begin(), t.shape().end() - 1);
-  return raw::reshape(t, {shape_numel(leading), t.size(-1)});
+  return ops::reshape(t, {shape_numel(leading), t.size(-1)});
 }
 
 // The GEMMs of a Linear (functions_linalg.cpp), for fused nodes that own a projection

@@ -66,7 +66,7 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
          [sg = SavedTensor::input(gate), su = SavedTensor::input(up),
           backward = fused.swiglu_backward](const BackwardArgs& a) {
            const Tensor g = sg.unpack("SwigluBackward"), u = su.unpack("SwigluBackward");
-           const Tensor dout = raw::contiguous(raw::to(a.grad(), g.device(), g.dtype()));
+           const Tensor dout = ops::contiguous(ops::to(a.grad(), g.device(), g.dtype()));
            const TensorOptions like{.dtype = g.dtype(), .device = g.device()};
            Tensor dgate = empty(g.shape(), like), dup = empty(g.shape(), like);
            backward(dout, g, u, dgate, dup);
@@ -95,7 +95,7 @@ struct MlpGeluBackward {
 
   Grads operator()(const BackwardArgs& a) const {
     const char* op = "MlpGeluBackward";
-    const Tensor g = util::fold_rows(raw::to(a.grad(), act.device(), act.dtype()));
+    const Tensor g = util::fold_rows(ops::to(a.grad(), act.device(), act.dtype()));
     const int64_t in = x_shape.back(), hidden = pre.defined() ? pre.size(1) : act.size(1),
                   out = g.size(1);
     const DType t = g.dtype();
@@ -120,7 +120,7 @@ struct MlpGeluBackward {
                                                util::overwrite_target(a, 1, {in, hidden}, t))
                        .first;
       if (a.needs(0))
-        grads[0] = raw::reshape(ops::matmul(dpre, util::mT(w_fc.unpack(op))), x_shape);
+        grads[0] = ops::reshape(ops::matmul(dpre, util::mT(w_fc.unpack(op))), x_shape);
     }
     for (size_t i = 1; i < grads.size(); ++i) grads[i] = util::add_into_destination(a, i, grads[i]);
     return grads;
@@ -155,7 +155,7 @@ Tensor mlp_gelu(const Tensor& x_in, const Tensor& w_fc_in, const Tensor& b_fc,
   fused.linear_gelu_forward(x2d, w_fc, b_fc, act, pre);
   Shape out_shape = x.shape();
   out_shape.back() = out;
-  Tensor y = raw::reshape(util::linear_rows(act, w_proj, b_proj), out_shape);
+  Tensor y = ops::reshape(util::linear_rows(act, w_proj, b_proj), out_shape);
   if (!autograd::any_requires_grad({x, w_fc, b_fc, w_proj, b_proj})) return y;
   // What the composed graph keeps: x (for dW_fc), the pre-activation, the activation (for
   // dW_proj) and the weights the input gradients need.

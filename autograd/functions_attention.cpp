@@ -81,10 +81,11 @@ namespace {
 
 void check_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
   const char* op = "scaled_dot_product_attention";
-  TESSERA_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op, ": q, k, v must be [B, H, T, D], got ",
-                autograd::describe(q), "; ", autograd::describe(k), "; ", autograd::describe(v));
-  TESSERA_CHECK(k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(3) == k.size(3),
-                op, ": q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), " and v ",
+  TESSERA_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op,
+                ": q, k, v must be [B, H, T, D], got ", autograd::describe(q), "; ",
+                autograd::describe(k), "; ", autograd::describe(v));
+  TESSERA_CHECK(k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(3) == k.size(3), op,
+                ": q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), " and v ",
                 shape_str(v.shape()), " disagree on B or D");
   // Grouped-query attention: each of k's heads serves H / H_kv consecutive query heads.
   TESSERA_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, op, ": the ", q.size(1),
@@ -97,25 +98,28 @@ void check_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
 }
 
 void check_dropout(const char* op, double dropout_p) {
-  TESSERA_CHECK(dropout_p >= 0 && dropout_p < 1, op, ": dropout_p must lie in [0, 1), got ", dropout_p);
+  TESSERA_CHECK(dropout_p >= 0 && dropout_p < 1, op, ": dropout_p must lie in [0, 1), got ",
+                dropout_p);
 }
 
 void check_qkv_input(const Tensor& qkv, int64_t n_head) {
   const char* op = "causal_attention_qkv";
   TESSERA_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, op,
-                ": qkv must be [B, T, 3C] (q | k | v along the last dim), got ", autograd::describe(qkv));
+                ": qkv must be [B, T, 3C] (q | k | v along the last dim), got ",
+                autograd::describe(qkv));
   const int64_t C = qkv.size(2) / 3;
   TESSERA_CHECK(n_head > 0 && C % n_head == 0, op, ": n_head (", n_head,
                 ") must be positive and divide the width C = ", C, " of q, k and v (qkv ",
                 shape_str(qkv.shape()), ")");
-  TESSERA_CHECK(is_floating(qkv.dtype()), op, ": qkv must be floating point, got ", autograd::describe(qkv));
+  TESSERA_CHECK(is_floating(qkv.dtype()), op, ": qkv must be floating point, got ",
+                autograd::describe(qkv));
 }
 
 // The [B, H, T, D] heads of channels [first, first + C) of x [B, T, *] as a view (no copy):
 // the shape the attention kernels take. Needs x's last dim contiguous.
 Tensor head_view(const Tensor& x, int64_t first, int64_t C, int64_t n_head) {
-  const Tensor part = raw::narrow(x, 2, first, C);
-  return raw::permute(raw::view(part, {x.size(0), x.size(1), n_head, C / n_head}), {0, 2, 1, 3});
+  const Tensor part = ops::narrow(x, 2, first, C);
+  return ops::permute(ops::view(part, {x.size(0), x.size(1), n_head, C / n_head}), {0, 2, 1, 3});
 }
 
 // True when the fused kernels can read t as it is: last dim contiguous, every row starting on
@@ -131,8 +135,8 @@ bool rows_readable_by_kernels(const Tensor& t) {
 // Tk positions (a KV cache holds the earlier ones), so query i sits at position Tk - Tq + i.
 Tensor causal_mask(int64_t Tq, int64_t Tk, Device device) {
   const TensorOptions opts{.dtype = DType::i64, .device = device};
-  const Tensor query_pos = raw::reshape(arange(double(Tk - Tq), double(Tk), 1.0, opts), {Tq, 1});
-  const Tensor key_pos = raw::reshape(arange(0.0, double(Tk), 1.0, opts), {1, Tk});
+  const Tensor query_pos = ops::reshape(arange(double(Tk - Tq), double(Tk), 1.0, opts), {Tq, 1});
+  const Tensor key_pos = ops::reshape(arange(0.0, double(Tk), 1.0, opts), {1, Tk});
   return ops::binary(BinaryOp::Gt, key_pos, query_pos);
 }
 
@@ -169,7 +173,8 @@ void check_attention_mask(const Tensor& mask, const Tensor& q, const Tensor& k) 
 // before the softmax, so its backward never sees -inf - -inf either.
 Tensor softmax_without_empty_rows(const Tensor& scores) {
   const Tensor row_max = ops::amax(scores.detach(), {-1}, /*keepdim=*/true);
-  const Tensor empty_rows = ops::binary(BinaryOp::Eq, row_max, -std::numeric_limits<double>::infinity());
+  const Tensor empty_rows =
+      ops::binary(BinaryOp::Eq, row_max, -std::numeric_limits<double>::infinity());
   return masked_fill(softmax(masked_fill(scores, empty_rows, 0.0), -1), empty_rows, 0.0);
 }
 
@@ -209,27 +214,29 @@ void require_backend(AttentionBackend backend, const Tensor& q) {
   if (backend != AttentionBackend::Cudnn) return;
   const FusedKernelTable& fused = fused_for(q);
   std::string why = "no cuDNN attention kernels for " + q.device().str();
-  const bool available = fused.cudnn_attention_available != nullptr &&
-                         fused.cudnn_attention_forward != nullptr &&
-                         fused.cudnn_attention_backward != nullptr &&
-                         fused.cudnn_attention_available(&why);
+  const bool available =
+      fused.cudnn_attention_available != nullptr && fused.cudnn_attention_forward != nullptr &&
+      fused.cudnn_attention_backward != nullptr && fused.cudnn_attention_available(&why);
   TESSERA_CHECK(available,
                 "attention: the cudnn backend was chosen (TESSERA_ATTENTION or "
                 "set_attention_backend) but cuDNN attention is not available: ",
                 why, "; choose the flash backend instead");
 }
 
-void attention_forward_on(AttentionBackend backend, const Tensor& q, const Tensor& k, const Tensor& v,
-                          double scale, const Tensor& out, const Tensor& lse) {
+void attention_forward_on(AttentionBackend backend, const Tensor& q, const Tensor& k,
+                          const Tensor& v, double scale, const Tensor& out, const Tensor& lse) {
   require_backend(backend, q);
   const FusedKernelTable& fused = fused_for(q);
-  if (backend == AttentionBackend::Cudnn) fused.cudnn_attention_forward(q, k, v, scale, out, lse);
-  else fused.flash_attention_forward(q, k, v, scale, out, lse);
+  if (backend == AttentionBackend::Cudnn)
+    fused.cudnn_attention_forward(q, k, v, scale, out, lse);
+  else
+    fused.flash_attention_forward(q, k, v, scale, out, lse);
 }
 
 void attention_backward_on(AttentionBackend backend, const Tensor& q, const Tensor& k,
-                           const Tensor& v, const Tensor& out, const Tensor& dout, const Tensor& lse,
-                           double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                           const Tensor& v, const Tensor& out, const Tensor& dout,
+                           const Tensor& lse, double scale, const Tensor& dq, const Tensor& dk,
+                           const Tensor& dv) {
   require_backend(backend, q);
   const FusedKernelTable& fused = fused_for(q);
   if (backend == AttentionBackend::Cudnn)
@@ -241,8 +248,8 @@ void attention_backward_on(AttentionBackend backend, const Tensor& q, const Tens
 // The incoming gradient in the kernels' dtype, copied only when the kernels cannot read it
 // as it is (an expanded or otherwise unaligned gradient).
 Tensor readable_gradient(const Tensor& grad, DType dtype) {
-  const Tensor g = grad.dtype() == dtype ? grad : raw::to(grad, grad.device(), dtype);
-  return rows_readable_by_kernels(g) ? g : raw::contiguous(g);
+  const Tensor g = grad.dtype() == dtype ? grad : ops::to(grad, grad.device(), dtype);
+  return rows_readable_by_kernels(g) ? g : ops::contiguous(g);
 }
 
 // An uninitialised [B, H, T, D] tensor shaped like heads, laid out as [B, T, H, D] and
@@ -252,7 +259,7 @@ Tensor readable_gradient(const Tensor& grad, DType dtype) {
 Tensor empty_heads_like(const Tensor& heads) {
   const Tensor seq_major = empty({heads.size(0), heads.size(2), heads.size(1), heads.size(3)},
                                  {.dtype = heads.dtype(), .device = heads.device()});
-  return raw::permute(seq_major, {0, 2, 1, 3});
+  return ops::permute(seq_major, {0, 2, 1, 3});
 }
 
 Tensor lse_for(const Tensor& q) {
@@ -302,7 +309,8 @@ std::optional<MaskedKernels> masked_kernels_for(const Tensor& q, const Tensor& k
   if (dropout_p != 0) {
     const bool drawable = fused.flash_masked_attention_dropout_forward != nullptr &&
                           fused.flash_masked_attention_dropout_backward != nullptr;
-    return drawable && dropout_p > 0 && dropout_p < 1 ? std::optional(MaskedKernels::flash) : std::nullopt;
+    return drawable && dropout_p > 0 && dropout_p < 1 ? std::optional(MaskedKernels::flash)
+                                                      : std::nullopt;
   }
   const bool flash = fused.flash_masked_attention_forward != nullptr &&
                      fused.flash_masked_attention_backward != nullptr;
@@ -345,47 +353,50 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
   Tensor lse = lse_for(q);
   if (masking.beyond_causal()) require_masked_kernels(q, masking.kernels);
   if (dropout && masking.beyond_causal())
-    fused_for(q).flash_masked_attention_dropout_forward(q, k, v, scale, masking.causal, masking.kv_lengths,
-                                                        *dropout, out, lse);
-  else if (dropout) fused_for(q).flash_attention_dropout_forward(q, k, v, scale, *dropout, out, lse);
+    fused_for(q).flash_masked_attention_dropout_forward(q, k, v, scale, masking.causal,
+                                                        masking.kv_lengths, *dropout, out, lse);
+  else if (dropout)
+    fused_for(q).flash_attention_dropout_forward(q, k, v, scale, *dropout, out, lse);
   else if (masking.beyond_causal())
     masked_entries(q, masking.kernels)
         .forward(q, k, v, scale, masking.causal, masking.kv_lengths, out, lse);
-  else attention_forward_on(backend, q, k, v, scale, out, lse);
+  else
+    attention_forward_on(backend, q, k, v, scale, out, lse);
   const char* masked_name = masking.kernels == MaskedKernels::cudnn
                                 ? "CudnnMaskedAttentionBackward"
                                 : "FlashMaskedAttentionBackward";
   const char* name = dropout && masking.beyond_causal() ? "FlashMaskedAttentionDropoutBackward"
-                     : dropout                            ? "FlashAttentionDropoutBackward"
-                     : masking.beyond_causal()            ? masked_name
-                                                          : "FlashAttentionBackward";
+                     : dropout                          ? "FlashAttentionDropoutBackward"
+                     : masking.beyond_causal()          ? masked_name
+                                                        : "FlashAttentionBackward";
   using autograd::SavedTensor;
-  autograd::record(
-      name, {q, k, v}, {out},
-      [sq = SavedTensor::input(q), sk = SavedTensor::input(k), sv = SavedTensor::input(v),
-       so = SavedTensor::output(out), lse, scale, backend, dropout, masking,
-       name](const autograd::BackwardArgs& args) {
-        const Tensor q = sq.unpack(name), k = sk.unpack(name), v = sv.unpack(name),
-                     o = so.unpack(name);
-        // dk, dv have k's Hkv heads: the kernels sum each group's query heads into them. In
-        // the projections' layout, the gradients flow back through the usual
-        // view/transpose of q, k, v (and rotary embeddings) without a layout copy.
-        Tensor dq = empty_heads_like(q), dk = empty_heads_like(k), dv = empty_heads_like(v);
-        const Tensor dout = readable_gradient(args.grad(), q.dtype());
-        if (dropout && masking.beyond_causal())
-          fused_for(q).flash_masked_attention_dropout_backward(q, k, v, o, dout, lse, scale, masking.causal,
-                                                               masking.kv_lengths, *dropout, dq, dk, dv);
-        else if (dropout)
-          fused_for(q).flash_attention_dropout_backward(q, k, v, o, dout, lse, scale, *dropout, dq,
-                                                        dk, dv);
-        else if (masking.beyond_causal())
-          masked_entries(q, masking.kernels)
-              .backward(q, k, v, o, dout, lse, scale, masking.causal, masking.kv_lengths, dq, dk,
-                        dv);
-        else
-          attention_backward_on(backend, q, k, v, o, dout, lse, scale, dq, dk, dv);
-        return std::vector<Tensor>{dq, dk, dv};
-      });
+  autograd::record(name, {q, k, v}, {out},
+                   [sq = SavedTensor::input(q), sk = SavedTensor::input(k),
+                    sv = SavedTensor::input(v), so = SavedTensor::output(out), lse, scale, backend,
+                    dropout, masking, name](const autograd::BackwardArgs& args) {
+                     const Tensor q = sq.unpack(name), k = sk.unpack(name), v = sv.unpack(name),
+                                  o = so.unpack(name);
+                     // dk, dv have k's Hkv heads: the kernels sum each group's query heads into
+                     // them. In the projections' layout, the gradients flow back through the usual
+                     // view/transpose of q, k, v (and rotary embeddings) without a layout copy.
+                     Tensor dq = empty_heads_like(q), dk = empty_heads_like(k),
+                            dv = empty_heads_like(v);
+                     const Tensor dout = readable_gradient(args.grad(), q.dtype());
+                     if (dropout && masking.beyond_causal())
+                       fused_for(q).flash_masked_attention_dropout_backward(
+                           q, k, v, o, dout, lse, scale, masking.causal, masking.kv_lengths,
+                           *dropout, dq, dk, dv);
+                     else if (dropout)
+                       fused_for(q).flash_attention_dropout_backward(q, k, v, o, dout, lse, scale,
+                                                                     *dropout, dq, dk, dv);
+                     else if (masking.beyond_causal())
+                       masked_entries(q, masking.kernels)
+                           .backward(q, k, v, o, dout, lse, scale, masking.causal,
+                                     masking.kv_lengths, dq, dk, dv);
+                     else
+                       attention_backward_on(backend, q, k, v, o, dout, lse, scale, dq, dk, dv);
+                     return std::vector<Tensor>{dq, dk, dv};
+                   });
   return out;
 }
 
@@ -395,7 +406,8 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
 AttentionDropout draw_attention_dropout(const Tensor& q, const Tensor& k, double dropout_p,
                                         Generator* gen) {
   Generator& g = gen ? *gen : default_generator();
-  const uint64_t probabilities = static_cast<uint64_t>(q.size(0) * q.size(1) * q.size(2) * k.size(2));
+  const uint64_t probabilities =
+      static_cast<uint64_t>(q.size(0) * q.size(1) * q.size(2) * k.size(2));
   return {dropout_p, g.seed(), g.reserve((probabilities + 3) / 4)};
 }
 
@@ -441,11 +453,13 @@ Tensor fused_attention_qkv(const Tensor& qkv, int64_t n_head, double scale) {
         const Tensor qkv = sqkv.unpack(op), y = sy.unpack(op);
         const int64_t C = y.size(2);
         // [B, H, T, D] views of qkv's, y's, dy's and d(qkv)'s q (0), k (1) or v (2) part.
-        auto heads = [&](const Tensor& x, int64_t which) { return head_view(x, which * C, C, n_head); };
+        auto heads = [&](const Tensor& x, int64_t which) {
+          return head_view(x, which * C, C, n_head);
+        };
         Tensor dqkv = empty(qkv.shape(), {.dtype = qkv.dtype(), .device = qkv.device()});
         attention_backward_on(backend, heads(qkv, 0), heads(qkv, 1), heads(qkv, 2), heads(y, 0),
-                              readable_gradient(heads(args.grad(), 0), y.dtype()), lse, scale, heads(dqkv, 0),
-                              heads(dqkv, 1), heads(dqkv, 2));
+                              readable_gradient(heads(args.grad(), 0), y.dtype()), lse, scale,
+                              heads(dqkv, 0), heads(dqkv, 1), heads(dqkv, 2));
         return std::vector<Tensor>{dqkv};
       });
   return y;
@@ -482,15 +496,15 @@ struct ProjectionAttentionBackward {
       fused.flash_attention_backward(heads(qkv, 0), heads(qkv, 1), heads(qkv, 2), heads(y, 0), dy,
                                      lse, scale, heads(dqkv, 0), heads(dqkv, 1), heads(dqkv, 2));
     }
-    const Tensor g = raw::reshape(dqkv, {rows, 3 * C});
+    const Tensor g = ops::reshape(dqkv, {rows, 3 * C});
     if (a.needs(1)) {
       const Tensor x = this->x.unpack(op);
-      grads[1] = autograd::util::linear_weight_grad(raw::reshape(x, {rows, x.size(2)}), g,
+      grads[1] = autograd::util::linear_weight_grad(ops::reshape(x, {rows, x.size(2)}), g,
                                                     overwrite_target(a, 1, {x.size(2), 3 * C}, t));
     }
     if (a.needs(0)) {
       const Tensor w = this->w.unpack(op);
-      grads[0] = raw::reshape(ops::matmul(g, raw::transpose(w, 0, 1)),
+      grads[0] = ops::reshape(ops::matmul(g, ops::transpose(w, 0, 1)),
                               {qkv.size(0), qkv.size(1), w.size(0)});
     }
     for (size_t i = 1; i < grads.size(); ++i)
@@ -525,8 +539,8 @@ bool projection_route_applies(const Tensor& x, const Tensor& w, const Tensor& bi
 Tensor fused_projection_attention_qkv(const Tensor& x, const Tensor& w, const Tensor& bias,
                                       int64_t n_head) {
   const int64_t B = x.size(0), T = x.size(1), C = w.size(1) / 3, D = C / n_head;
-  const Tensor qkv = raw::reshape(
-      autograd::util::linear_rows(raw::reshape(x, {B * T, x.size(2)}), w, bias), {B, T, 3 * C});
+  const Tensor qkv = ops::reshape(
+      autograd::util::linear_rows(ops::reshape(x, {B * T, x.size(2)}), w, bias), {B, T, 3 * C});
   if (!causal_attention_qkv_fused_applies(qkv, n_head))  // not expected: see the route's check
     return causal_attention_qkv(linear(x, w, bias), n_head);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
@@ -547,12 +561,12 @@ Tensor fused_projection_attention_qkv(const Tensor& x, const Tensor& w, const Te
 
 // Channels [0, (H + Hkv) D) of qkv [B, T, *] (q | k) as [B, T, H + Hkv, D] heads.
 Tensor rotary_part(const Tensor& qkv, int64_t heads, int64_t D) {
-  return raw::view(raw::narrow(qkv, 2, 0, heads * D), {qkv.size(0), qkv.size(1), heads, D});
+  return ops::view(ops::narrow(qkv, 2, 0, heads * D), {qkv.size(0), qkv.size(1), heads, D});
 }
 
 // Heads [first, first + count) of x [B, T, heads, D] as a [B, count, T, D] view.
 Tensor heads_of(const Tensor& x, int64_t first, int64_t count) {
-  return raw::permute(raw::narrow(x, 2, first, count), {0, 2, 1, 3});
+  return ops::permute(ops::narrow(x, 2, first, count), {0, 2, 1, 3});
 }
 
 // The fused path of rotary_causal_attention_qkv: q | k rotated into one [B, T, H + Hkv, D]
@@ -636,7 +650,8 @@ Heads checked_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
-                                    bool causal, double dropout_p, Generator* gen, bool allow_flash) {
+                                    bool causal, double dropout_p, Generator* gen,
+                                    bool allow_flash) {
   const auto [q, k, v] = checked_attention_inputs(q_in, k_in, v_in, causal, dropout_p);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   if (allow_flash && causal && flash_attention_applies(q, k, v, causal, dropout_p))
@@ -677,7 +692,7 @@ Tensor key_padded_attention(const Tensor& q_in, const Tensor& k_in, const Tensor
     if (const std::optional<MaskedKernels> kernels = masked_kernels_for(q, k, v, dropout_p))
       return fused_attention(
           q, k, v, scale, maybe_draw_attention_dropout(q, k, dropout_p, gen),
-          {.causal = causal, .kv_lengths = raw::contiguous(kv_lengths), .kernels = *kernels});
+          {.causal = causal, .kv_lengths = ops::contiguous(kv_lengths), .kernels = *kernels});
   }
   return composed_attention(q, k, v, causal, scale, dropout_p, gen, mask);
 }

@@ -168,11 +168,11 @@ Tensor tanh(const Tensor& x) {
         // ops in the dtype itself rounded three times.
         const DType dt = y.dtype();
         const bool half = dt == DType::f16 || dt == DType::bf16;
-        const Tensor yc = half ? raw::to(y, y.device(), DType::f32) : y;
-        const Tensor gc = half ? raw::to(g, g.device(), DType::f32) : g;
+        const Tensor yc = half ? ops::to(y, y.device(), DType::f32) : y;
+        const Tensor gc = half ? ops::to(g, g.device(), DType::f32) : g;
         const Tensor d =
             ops::mul(gc, ops::sub(scalar_like(1.0, yc), ops::unary(UnaryOp::Square, yc)));
-        return half ? raw::to(d, d.device(), dt) : d;
+        return half ? ops::to(d, d.device(), dt) : d;
       });
 }
 Tensor sigmoid(const Tensor& x) {

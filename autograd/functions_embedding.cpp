@@ -43,8 +43,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices,
       [sink, saved = SavedTensor::input(indices)](const BackwardArgs& a) {
         const Tensor idx = saved.unpack("EmbeddingSinkBackward");
         const int64_t n = idx.numel();
-        sink->take(raw::reshape(idx, {n}).contiguous(),
-                   raw::reshape(a.grad(), {n, a.grad().size(-1)}).contiguous());
+        sink->take(ops::reshape(idx, {n}).contiguous(),
+                   ops::reshape(a.grad(), {n, a.grad().size(-1)}).contiguous());
         return Grads{};
       },
       /*force=*/true);

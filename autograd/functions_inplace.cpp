@@ -36,7 +36,7 @@ namespace {
 // The view's elements inside a contiguous tensor of the base's shape.
 Tensor view_region(const Tensor& like_base, const Tensor& base, const Shape& shape,
                    const Shape& strides, int64_t offset) {
-  return raw::as_strided(like_base, shape, strides, like_base.offset() + offset - base.offset());
+  return ops::as_strided(like_base, shape, strides, like_base.offset() + offset - base.offset());
 }
 
 // t's shape with each expanded (stride-0) dim cut to 1: every location t covers, once.
@@ -67,15 +67,15 @@ void rebase_view_history(const char* op, const Tensor& view) {
   const Shape shape = view.shape(), strides = view.strides(), distinct = distinct_shape(view);
   // An expanded view (fill_) is handled below; other shared locations would need their
   // gradients summed per location.
-  ops::check_no_internal_overlap(op, raw::as_strided(view, distinct, strides, view.offset()));
+  ops::check_no_internal_overlap(op, ops::as_strided(view, distinct, strides, view.offset()));
   const int64_t offset = view.offset();
-  const Tensor base_geometry = raw::alias(base);  // geometry only (shape, offset)
+  const Tensor base_geometry = ops::alias(base);  // geometry only (shape, offset)
   // New base = old base with the region replaced by the view's new value.
   record("CopySlices", {base, view}, {base}, [=](const BackwardArgs& a) {
-    Tensor grad_base = raw::clone(a.grad());  // contiguous, the base's shape
+    Tensor grad_base = ops::clone(a.grad());  // contiguous, the base's shape
     Tensor region = view_region(grad_base, base_geometry, shape, strides, offset);
-    Tensor grad_view = a.needs(1) ? raw::clone(region) : Tensor();
-    raw::fill_(region, 0.0);
+    Tensor grad_view = a.needs(1) ? ops::clone(region) : Tensor();
+    ops::fill_(region, 0.0);
     return Grads{grad_base, grad_view};
   });
   // The view reads the new base from now on; the elements of an expanded dim read one
@@ -84,7 +84,7 @@ void rebase_view_history(const char* op, const Tensor& view) {
     Tensor grad_base =
         zeros(base_geometry.shape(), {.dtype = a.grad().dtype(), .device = a.grad().device()});
     const Tensor region = view_region(grad_base, base_geometry, distinct, strides, offset);
-    raw::copy_(region, distinct == shape ? a.grad() : ops::sum_to(a.grad(), distinct));
+    ops::copy_(region, distinct == shape ? a.grad() : ops::sum_to(a.grad(), distinct));
     return Grads{grad_base};
   });
 }
@@ -118,7 +118,7 @@ Tensor& inplace_binary(const char* name, BinaryOp op, Tensor& self, const Tensor
   if ((op == BinaryOp::Mul && self_grad) || op == BinaryOp::Div)
     saved_other = SavedTensor::input(other);
   if ((op == BinaryOp::Mul || op == BinaryOp::Div) && other_grad)
-    saved_old_self = SavedTensor::input(raw::clone(self));
+    saved_old_self = SavedTensor::input(ops::clone(self));
   const Shape self_shape = self.shape(), other_shape = other.shape();
   ops::binary_(op, self, other);
   record(name, {self, other}, {self}, [=](const BackwardArgs& a) {

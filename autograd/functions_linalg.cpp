@@ -44,7 +44,7 @@ Tensor product(const Tensor& a, const Tensor& b, const Tensor& into) {
 Tensor column_sums(const Tensor& g, const Tensor& into) {
   Tensor sums = ops::sum(g, {0});
   if (!into.defined()) return sums;
-  raw::copy_(into, sums);  // [out] only: what counts is that the weight's GEMM writes in place
+  ops::copy_(into, sums);  // [out] only: what counts is that the weight's GEMM writes in place
   return into;
 }
 
@@ -79,8 +79,7 @@ Tensor matmul_weight_grad_target(const BackwardArgs& x, const Shape& a_shape, co
 
 namespace autograd::util {
 
-bool fused_linear_operands(const Tensor& x2d, const Tensor& w, const Tensor& bias,
-                           bool allow_f64) {
+bool fused_linear_operands(const Tensor& x2d, const Tensor& w, const Tensor& bias, bool allow_f64) {
   const DType t = x2d.dtype();
   const bool float_type =
       t == DType::f32 || t == DType::f16 || t == DType::bf16 || (allow_f64 && t == DType::f64);
@@ -138,20 +137,20 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
            // 1-D operands are a row (a) or a column (b); the gradient gets that dim back.
            const bool a_vector = a_shape.size() == 1, b_vector = b_shape.size() == 1;
            Tensor g = x.grad();
-           if (a_vector) g = raw::unsqueeze(g, g.dim() - (b_vector ? 0 : 1));
-           if (b_vector) g = raw::unsqueeze(g, g.dim());
+           if (a_vector) g = ops::unsqueeze(g, g.dim() - (b_vector ? 0 : 1));
+           if (b_vector) g = ops::unsqueeze(g, g.dim());
            const Shape a2 = a_vector ? Shape{1, a_shape[0]} : a_shape;
            const Shape b2 = b_vector ? Shape{b_shape[0], 1} : b_shape;
            Tensor grad_a, grad_b;
            if (x.needs(0)) {
-             grad_a = raw::reshape(
-                 matmul_grad_a(g, raw::reshape(saved_b.unpack("MatmulBackward"), b2), a2), a_shape);
+             grad_a = ops::reshape(
+                 matmul_grad_a(g, ops::reshape(saved_b.unpack("MatmulBackward"), b2), a2), a_shape);
            }
            if (x.needs(1)) {
-             const Tensor a = raw::reshape(saved_a.unpack("MatmulBackward"), a2);
+             const Tensor a = ops::reshape(saved_a.unpack("MatmulBackward"), a2);
              const Tensor into =
                  matmul_weight_grad_target(x, a_shape, b_shape, b_transposed, g.dtype());
-             grad_b = raw::reshape(matmul_grad_b(g, a, b2, b_transposed, into), b_shape);
+             grad_b = ops::reshape(matmul_grad_b(g, a, b2, b_transposed, into), b_shape);
              // Written into b's destination: that tensor itself is the gradient.
              if (into.defined()) grad_b = x.destination(1)->tensor;
            }
@@ -172,7 +171,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
   const Tensor y2 = linear_rows(fold_rows(x), weight, bias);
   Shape out_shape = x.shape();
   out_shape.back() = out;
-  Tensor y = raw::reshape(y2, out_shape);
+  Tensor y = ops::reshape(y2, out_shape);
   if (!autograd::any_requires_grad({x, weight, bias})) return y;
   SavedTensor saved_x = weight.requires_grad() ? SavedTensor::input(x) : SavedTensor();
   SavedTensor saved_w = x.requires_grad() ? SavedTensor::input(weight) : SavedTensor();
@@ -183,7 +182,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
         const Tensor g = fold_rows(a.grad());
         Tensor grad_x, grad_w, grad_b;
         if (a.needs(0))
-          grad_x = raw::reshape(ops::matmul(g, mT(saved_w.unpack("LinearBackward"))), x_shape);
+          grad_x = ops::reshape(ops::matmul(g, mT(saved_w.unpack("LinearBackward"))), x_shape);
         // Weight and bias gradients go straight into the memory the engine offers for them
         // (a DDP bucket's slots) when its layout is the GEMM's.
         const Tensor bias_into = overwrite_target(a, 2, {out}, g.dtype());
@@ -206,6 +205,5 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
       });
   return y;
 }
-
 
 }  // namespace tessera

@@ -55,7 +55,8 @@ Tensor expm1(const Tensor& x) {
 Tensor erf(const Tensor& x) {
   return unary_of_input("ErfBackward", UnaryOp::Erf, x, [](const Tensor& g, const Tensor& x) {
     // d/dx erf(x) = 2 / sqrt(pi) exp(-x^2)
-    const Tensor bell = ops::unary(UnaryOp::Exp, ops::unary(UnaryOp::Neg, ops::unary(UnaryOp::Square, x)));
+    const Tensor bell =
+        ops::unary(UnaryOp::Exp, ops::unary(UnaryOp::Neg, ops::unary(UnaryOp::Square, x)));
     return ops::mul(g, ops::mul(bell, 2.0 / std::sqrt(M_PI)));
   });
 }
@@ -71,7 +72,7 @@ Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> m
   Tensor y = x;
   if (min) y = ops::binary(BinaryOp::Maximum, y, *min);
   if (max) y = ops::binary(BinaryOp::Minimum, y, *max);
-  if (y.is_same(x)) y = raw::clone(x);
+  if (y.is_same(x)) y = ops::clone(x);
   if (!autograd::any_requires_grad({x})) return y;
   // The gradient passes where min <= x <= max (both ends included, as PyTorch).
   record("ClampBackward", {x}, {y}, [sx = SavedTensor::input(x), min, max](const BackwardArgs& a) {

@@ -20,15 +20,17 @@ using autograd::util::scalar_like;
 using Grads = std::vector<Tensor>;
 
 // The gradient of a reduction, broadcast back over the reduced dims of `input_shape`.
-static Tensor spread(const Tensor& grad, const Shape& input_shape, const std::vector<int64_t>& dims) {
-  return raw::expand(reshape_grad(grad, keepdim_shape(input_shape, dims)), input_shape);
+static Tensor spread(const Tensor& grad, const Shape& input_shape,
+                     const std::vector<int64_t>& dims) {
+  return ops::expand(reshape_grad(grad, keepdim_shape(input_shape, dims)), input_shape);
 }
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   Tensor y = ops::sum(x, dims, keepdim);
-  record("SumBackward", {x}, {y}, [shape = x.shape(), d = reduced_dims(dims, x.dim(), "sum")](const BackwardArgs& a) {
-    return Grads{spread(a.grad(), shape, d)};
-  });
+  record("SumBackward", {x}, {y},
+         [shape = x.shape(), d = reduced_dims(dims, x.dim(), "sum")](const BackwardArgs& a) {
+           return Grads{spread(a.grad(), shape, d)};
+         });
   return y;
 }
 
@@ -44,18 +46,21 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 // amax/amin: the gradient goes to every position holding the extreme value, split evenly.
-static Tensor extreme(const char* name, bool is_max, const Tensor& x, const std::vector<int64_t>& dims,
-                      bool keepdim) {
+static Tensor extreme(const char* name, bool is_max, const Tensor& x,
+                      const std::vector<int64_t>& dims, bool keepdim) {
   Tensor kept = is_max ? ops::amax(x, dims, true) : ops::amin(x, dims, true);
   const std::vector<int64_t> d = reduced_dims(dims, x.dim(), name);
-  Tensor y = keepdim ? kept : raw::reshape(kept, drop_dims(x.shape(), d));
+  Tensor y = keepdim ? kept : ops::reshape(kept, drop_dims(x.shape(), d));
   if (!autograd::any_requires_grad({x})) return y;
-  record(name, {x}, {y}, [name, d, sx = SavedTensor::input(x), sk = SavedTensor::output(kept)](const BackwardArgs& a) {
-    const Tensor x = sx.unpack(name);
-    Tensor hits = mask_as(ops::binary(BinaryOp::Eq, x, sk.unpack(name)), a.grad().dtype());
-    Tensor per_hit = ops::div(reshape_grad(a.grad(), keepdim_shape(x.shape(), d)), ops::sum(hits, d, true));
-    return Grads{ops::mul(hits, per_hit)};
-  });
+  record(
+      name, {x}, {y},
+      [name, d, sx = SavedTensor::input(x), sk = SavedTensor::output(kept)](const BackwardArgs& a) {
+        const Tensor x = sx.unpack(name);
+        Tensor hits = mask_as(ops::binary(BinaryOp::Eq, x, sk.unpack(name)), a.grad().dtype());
+        Tensor per_hit =
+            ops::div(reshape_grad(a.grad(), keepdim_shape(x.shape(), d)), ops::sum(hits, d, true));
+        return Grads{ops::mul(hits, per_hit)};
+      });
   return y;
 }
 Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
@@ -72,7 +77,9 @@ static Tensor softmax_function(const char* name, bool log, const Tensor& x, int6
   });
   return y;
 }
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_function("SoftmaxBackward", false, x, dim); }
+Tensor softmax(const Tensor& x, int64_t dim) {
+  return softmax_function("SoftmaxBackward", false, x, dim);
+}
 Tensor log_softmax(const Tensor& x, int64_t dim) {
   return softmax_function("LogSoftmaxBackward", true, x, dim);
 }
@@ -110,7 +117,7 @@ Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim
                  scalar_like(0.0, m), m);
   Tensor kept = ops::add(
       ops::unary(UnaryOp::Log, ops::sum(ops::unary(UnaryOp::Exp, ops::sub(x, m)), dims, true)), m);
-  Tensor y = keepdim ? kept : raw::reshape(kept, autograd::util::drop_dims(x.shape(), d));
+  Tensor y = keepdim ? kept : ops::reshape(kept, autograd::util::drop_dims(x.shape(), d));
   if (!autograd::any_requires_grad({x})) return y;
   // d/dx = softmax over the reduced dims = exp(x - logsumexp).
   record("LogsumexpBackward", {x}, {y},

@@ -24,8 +24,8 @@ Tensor pad_to(const Tensor& g, const Shape& shape) {
   if (g.shape() == shape) return g;
   Tensor full_grad = zeros(shape, {.dtype = g.dtype(), .device = g.device()});
   Tensor corner = full_grad;
-  for (int64_t d = 0; d < g.dim(); ++d) corner = raw::narrow(corner, d, 0, g.size(d));
-  raw::copy_(corner, g);
+  for (int64_t d = 0; d < g.dim(); ++d) corner = ops::narrow(corner, d, 0, g.size(d));
+  ops::copy_(corner, g);
   return full_grad;
 }
 
@@ -93,7 +93,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   record("IndexSelectBackward", {x, index}, {y},
          [d, shape = x.shape(), si = SavedTensor::input(index)](const BackwardArgs& a) {
            Tensor grad = zeros(shape, {.dtype = a.grad().dtype(), .device = a.grad().device()});
-           ops::index_add_(grad, d, si.unpack("IndexSelectBackward"), raw::contiguous(a.grad()));
+           ops::index_add_(grad, d, si.unpack("IndexSelectBackward"), ops::contiguous(a.grad()));
            return Grads{grad, Tensor()};
          });
   return y;
@@ -110,7 +110,7 @@ ValuesIndices extreme_along(const char* name, bool is_max, const Tensor& x, int6
   if (autograd::any_requires_grad({x}))
     r = record_selection(is_max ? "MaxBackward" : "MinBackward", x, d, r.values, r.indices);
   if (keepdim) return r;
-  return {r.values.squeeze(d), raw::squeeze(r.indices, d)};
+  return {r.values.squeeze(d), ops::squeeze(r.indices, d)};
 }
 }  // namespace
 

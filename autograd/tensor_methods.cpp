@@ -1,6 +1,6 @@
 // Tensor's view/copy members and autograd interface (declared in core/tensor.h).
 //
-// Views compute with the tape-free raw:: versions and record a node whose backward
+// Views compute with the tape-free ops:: versions and record a node whose backward
 // maps the gradient back to the input's geometry. In-place writes (copy_, fill_)
 // follow PyTorch: refused on a leaf that requires grad while grad mode is on, and
 // otherwise they rewrite the tensor's history (its new grad_fn cuts the old value
@@ -28,9 +28,10 @@ using ViewFn = std::function<Tensor(const Tensor&)>;
 Tensor record_view(const char* name, const Tensor& input, const Tensor& out, ViewFn backward,
                    ViewFn forward_view = nullptr) {
   if (out.is_same(input)) return out;  // the op was the identity (e.g. contiguous())
-  auto node = autograd::record(name, {input}, {out}, [backward = std::move(backward)](const BackwardArgs& a) {
-    return std::vector<Tensor>{backward(a.grad())};
-  });
+  auto node = autograd::record(name, {input}, {out},
+                               [backward = std::move(backward)](const BackwardArgs& a) {
+                                 return std::vector<Tensor>{backward(a.grad())};
+                               });
   if (node) {
     if (out.shares_storage(input)) autograd::mark_view(out, input);
     node->destination_view = std::move(forward_view);
@@ -42,19 +43,20 @@ Tensor record_view(const char* name, const Tensor& input, const Tensor& out, Vie
 Tensor record_region_view(const char* name, const Tensor& input, const Tensor& out,
                           std::function<Tensor(const Tensor&)> same_view) {
   const Shape input_shape = input.shape();
-  return record_view(name, input, out, [input_shape, same_view = std::move(same_view)](const Tensor& g) {
-    Tensor full_grad = zeros(input_shape, {.dtype = g.dtype(), .device = g.device()});
-    raw::copy_(same_view(full_grad), g);
-    return full_grad;
-  });
+  return record_view(
+      name, input, out, [input_shape, same_view = std::move(same_view)](const Tensor& g) {
+        Tensor full_grad = zeros(input_shape, {.dtype = g.dtype(), .device = g.device()});
+        ops::copy_(same_view(full_grad), g);
+        return full_grad;
+      });
 }
 
 // Gradient of a view that only renames the elements' shape.
 Tensor record_reshape(const char* name, const Tensor& input, const Tensor& out) {
   const Shape input_shape = input.shape(), out_shape = out.shape();
   return record_view(
-      name, input, out, [input_shape](const Tensor& g) { return raw::reshape(g, input_shape); },
-      [out_shape](const Tensor& t) { return raw::reshape(t, out_shape); });
+      name, input, out, [input_shape](const Tensor& g) { return ops::reshape(g, input_shape); },
+      [out_shape](const Tensor& t) { return ops::reshape(t, out_shape); });
 }
 
 // Refuses in-place writes PyTorch refuses. `may_overlap`: a write of one value (fill_), which
@@ -74,67 +76,74 @@ void check_inplace_allowed(const char* op, const Tensor& self, bool may_overlap 
 
 // ---- views ----
 
-Tensor Tensor::view(const Shape& s) const { return record_reshape("ViewBackward", *this, raw::view(*this, s)); }
+Tensor Tensor::view(const Shape& s) const {
+  return record_reshape("ViewBackward", *this, ops::view(*this, s));
+}
 Tensor Tensor::reshape(const Shape& s) const {
-  return record_reshape("ReshapeBackward", *this, raw::reshape(*this, s));
+  return record_reshape("ReshapeBackward", *this, ops::reshape(*this, s));
 }
 Tensor Tensor::flatten(int64_t start, int64_t end) const {
-  return record_reshape("FlattenBackward", *this, raw::flatten(*this, start, end));
+  return record_reshape("FlattenBackward", *this, ops::flatten(*this, start, end));
 }
-Tensor Tensor::squeeze(int64_t d) const { return record_reshape("SqueezeBackward", *this, raw::squeeze(*this, d)); }
-Tensor Tensor::squeeze() const { return record_reshape("SqueezeBackward", *this, raw::squeeze(*this)); }
+Tensor Tensor::squeeze(int64_t d) const {
+  return record_reshape("SqueezeBackward", *this, ops::squeeze(*this, d));
+}
+Tensor Tensor::squeeze() const {
+  return record_reshape("SqueezeBackward", *this, ops::squeeze(*this));
+}
 Tensor Tensor::unsqueeze(int64_t d) const {
-  return record_reshape("UnsqueezeBackward", *this, raw::unsqueeze(*this, d));
+  return record_reshape("UnsqueezeBackward", *this, ops::unsqueeze(*this, d));
 }
 
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
-  const ViewFn swap = [d0, d1](const Tensor& t) { return raw::transpose(t, d0, d1); };
-  return record_view("TransposeBackward", *this, raw::transpose(*this, d0, d1), swap, swap);
+  const ViewFn swap = [d0, d1](const Tensor& t) { return ops::transpose(t, d0, d1); };
+  return record_view("TransposeBackward", *this, ops::transpose(*this, d0, d1), swap, swap);
 }
 
 Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
-  Tensor out = raw::permute(*this, dims);
+  Tensor out = ops::permute(*this, dims);
   std::vector<int64_t> inverse(dims.size());
-  for (size_t i = 0; i < dims.size(); ++i) inverse[wrap_dim(dims[i], dim(), "permute")] = static_cast<int64_t>(i);
+  for (size_t i = 0; i < dims.size(); ++i)
+    inverse[wrap_dim(dims[i], dim(), "permute")] = static_cast<int64_t>(i);
   return record_view(
-      "PermuteBackward", *this, out, [inverse](const Tensor& g) { return raw::permute(g, inverse); },
-      [dims](const Tensor& t) { return raw::permute(t, dims); });
+      "PermuteBackward", *this, out,
+      [inverse](const Tensor& g) { return ops::permute(g, inverse); },
+      [dims](const Tensor& t) { return ops::permute(t, dims); });
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
-  return record_region_view("NarrowBackward", *this, raw::narrow(*this, d, start, length),
-                            [=](const Tensor& t) { return raw::narrow(t, d, start, length); });
+  return record_region_view("NarrowBackward", *this, ops::narrow(*this, d, start, length),
+                            [=](const Tensor& t) { return ops::narrow(t, d, start, length); });
 }
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
-  return record_region_view("SliceBackward", *this, raw::slice(*this, d, start, end, step),
-                            [=](const Tensor& t) { return raw::slice(t, d, start, end, step); });
+  return record_region_view("SliceBackward", *this, ops::slice(*this, d, start, end, step),
+                            [=](const Tensor& t) { return ops::slice(t, d, start, end, step); });
 }
 Tensor Tensor::select(int64_t d, int64_t index) const {
-  return record_region_view("SelectBackward", *this, raw::select(*this, d, index),
-                            [=](const Tensor& t) { return raw::select(t, d, index); });
+  return record_region_view("SelectBackward", *this, ops::select(*this, d, index),
+                            [=](const Tensor& t) { return ops::select(t, d, index); });
 }
 
 Tensor Tensor::expand(const Shape& s) const {
   const Shape input_shape = shape();
-  return record_view("ExpandBackward", *this, raw::expand(*this, s),
+  return record_view("ExpandBackward", *this, ops::expand(*this, s),
                      [input_shape](const Tensor& g) { return ops::sum_to(g, input_shape); });
 }
 
 // ---- copies ----
 
 Tensor Tensor::contiguous() const {
-  return record_view("ContiguousBackward", *this, raw::contiguous(*this),
+  return record_view("ContiguousBackward", *this, ops::contiguous(*this),
                      [](const Tensor& g) { return g; });
 }
 Tensor Tensor::clone() const {
-  return record_view("CloneBackward", *this, raw::clone(*this), [](const Tensor& g) { return g; });
+  return record_view("CloneBackward", *this, ops::clone(*this), [](const Tensor& g) { return g; });
 }
 Tensor Tensor::to(Device d, DType t) const {
   const Device input_device = device();
   const DType input_dtype = dtype();
-  return record_view("ToBackward", *this, raw::to(*this, d, t), [=](const Tensor& g) {
-    return raw::to(g, input_device, input_dtype);
-  });
+  return record_view("ToBackward", *this, ops::to(*this, d, t),
+                     [=](const Tensor& g) { return ops::to(g, input_device, input_dtype); });
 }
 Tensor Tensor::to(Device d) const { return to(d, dtype()); }
 Tensor Tensor::to(DType t) const { return to(device(), t); }
@@ -142,12 +151,13 @@ Tensor Tensor::to(DType t) const { return to(device(), t); }
 Tensor& Tensor::copy_(const Tensor& src) {
   check_inplace_allowed("copy_", *this);
   const bool rewrites_history = autograd::any_requires_grad({*this, src});
-  raw::copy_(*this, src);
+  ops::copy_(*this, src);
   if (rewrites_history) {
     // Inputs are the old value (fully overwritten: no gradient) and the source.
     const Shape src_shape = src.shape();
     autograd::record("CopyBackward", {*this, src}, {*this}, [src_shape](const BackwardArgs& a) {
-      return std::vector<Tensor>{Tensor(), a.needs(1) ? ops::sum_to(a.grad(), src_shape) : Tensor()};
+      return std::vector<Tensor>{Tensor(),
+                                 a.needs(1) ? ops::sum_to(a.grad(), src_shape) : Tensor()};
     });
     if (autograd::is_graph_view(*this)) autograd::rebase_view_history("copy_", *this);
   }
@@ -157,7 +167,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 Tensor& Tensor::fill_(double value) {
   check_inplace_allowed("fill_", *this, /*may_overlap=*/true);
   const bool rewrites_history = autograd::any_requires_grad({*this});
-  raw::fill_(*this, value);
+  ops::fill_(*this, value);
   if (rewrites_history) {
     autograd::record("FillBackward", {*this}, {*this},
                      [](const BackwardArgs&) { return std::vector<Tensor>{Tensor()}; });
@@ -175,12 +185,16 @@ bool Tensor::requires_grad() const {
 
 Tensor& Tensor::requires_grad_(bool on) {
   if (!is_leaf()) {
-    TESSERA_CHECK(on, "requires_grad_: only leaf tensors can stop requiring grad; this one was "
-                  "made by ", impl().autograd->grad_fn->name, " (use detach())");
+    TESSERA_CHECK(on,
+                  "requires_grad_: only leaf tensors can stop requiring grad; this one was "
+                  "made by ",
+                  impl().autograd->grad_fn->name, " (use detach())");
     return *this;
   }
-  TESSERA_CHECK(!on || is_floating(dtype()), "requires_grad_: only floating-point tensors can "
-                "require grad, got ", describe(*this));
+  TESSERA_CHECK(!on || is_floating(dtype()),
+                "requires_grad_: only floating-point tensors can "
+                "require grad, got ",
+                describe(*this));
   if (on || impl().autograd) meta_of(*this).requires_grad = on;
   return *this;
 }
@@ -218,6 +232,6 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
   autograd::backward({*this}, {gradient}, retain_graph);
 }
 
-Tensor Tensor::detach() const { return raw::alias(*this); }
+Tensor Tensor::detach() const { return ops::alias(*this); }
 
 }  // namespace tessera

@@ -165,7 +165,8 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptio
 Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device,
                  std::shared_ptr<void> keep_alive = nullptr);
 
-// ---- tape-free operations used by core/ and kernels/ ----
+// ---- tape-free views and copies, for core/ and kernels/ (the layers above call them as ops::,
+// kernels/ops.h) ----
 namespace raw {
 Tensor make(std::shared_ptr<Storage> storage, const Shape& shape, const Shape& strides,
             int64_t offset, DType dtype);

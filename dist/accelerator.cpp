@@ -50,8 +50,8 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
       mixed_precision_ == "no" || mixed_precision_ == "fp16" || mixed_precision_ == "bf16",
       "Accelerator: mixed_precision must be no, fp16 or bf16; got '", mixed_precision_, "'");
   policy_ = MixedPrecisionPolicy::from_name(
-      mixed_precision_, options_.reduce_dtype.empty() ? setting_text(Setting::ReduceDtype)
-                                                      : options_.reduce_dtype);
+      mixed_precision_,
+      options_.reduce_dtype.empty() ? setting_text(Setting::ReduceDtype) : options_.reduce_dtype);
   zero_stage_ = options_.zero_stage >= 0 ? options_.zero_stage
                                          : static_cast<int>(setting_integer(Setting::ZeroStage));
   TESSERA_CHECK(zero_stage_ >= 0 && zero_stage_ <= 3,  // TESSERA_ZERO_STAGE is checked as read
@@ -117,9 +117,12 @@ int Accelerator::process_index() const { return world().rank(); }
 int Accelerator::num_processes() const { return world().size(); }
 
 void Accelerator::check_sharded_init() const {
-  TESSERA_CHECK(zero_stage_ == 3, "Accelerator::sharded_init: sharded construction needs ZeRO stage 3 "
-                "(only stage 3 keeps a slice of each parameter instead of the whole), but zero_stage is ",
-                zero_stage_, zero_stage_ == 0 ? " (DDP)" : "", "; set zero_stage = 3 or build the model without it");
+  TESSERA_CHECK(
+      zero_stage_ == 3,
+      "Accelerator::sharded_init: sharded construction needs ZeRO stage 3 "
+      "(only stage 3 keeps a slice of each parameter instead of the whole), but zero_stage is ",
+      zero_stage_, zero_stage_ == 0 ? " (DDP)" : "",
+      "; set zero_stage = 3 or build the model without it");
 }
 
 void Accelerator::prepare_one(nn::Module& model) {
@@ -133,8 +136,8 @@ void Accelerator::prepare_one(nn::Module& model) {
     ddp.find_unused_parameters = options_.find_unused_parameters;
     ddp.reduce_dtype = policy_.reduce_dtype;
     // TESSERA_SPARSE_EMBEDDING_GRADIENTS=0 turns them off for a whole job.
-    ddp.sparse_embedding_gradients = options_.sparse_embedding_gradients &&
-                                     setting_enabled(Setting::SparseEmbeddingGradients);
+    ddp.sparse_embedding_gradients =
+        options_.sparse_embedding_gradients && setting_enabled(Setting::SparseEmbeddingGradients);
     models_[&model] = std::make_unique<DistributedDataParallel>(model, world_ptr(), ddp);
   } else {
     ZeroOptions zero;
@@ -263,7 +266,7 @@ std::string Accelerator::memory_report(const nn::Module& model) {
   mine.push_back(stats.peak);
   const int64_t width = static_cast<int64_t>(mine.size());
   const std::vector<int64_t> all =
-      gather(raw::to(from_vector(mine, {1, width}, {.dtype = DType::i64}), device_, DType::i64))
+      gather(ops::to(from_vector(mine, {1, width}, {.dtype = DType::i64}), device_, DType::i64))
           .to_vector<int64_t>();
   if (!is_main_process()) return "";
   std::vector<RankMemory> ranks(num_processes());
@@ -337,7 +340,7 @@ void Accelerator::unscale_gradients() {
     // A ZeRO rank checks only its slices: the step is skipped everywhere if any overflowed.
     Tensor overflow = full({1}, finite ? 0.0 : 1.0, {.device = device_});
     world().all_reduce(overflow, ReduceOp::Max)->wait();
-    if (finite && raw::to(overflow, Device::cpu(), DType::f32).item() != 0) {
+    if (finite && ops::to(overflow, Device::cpu(), DType::f32).item() != 0) {
       scaler_.record_found_inf();
       finite = false;
     }
@@ -400,7 +403,7 @@ Tensor Accelerator::gather(const Tensor& t) {
   TESSERA_CHECK(t.dim() >= 1, "Accelerator::gather: needs a tensor with a leading dimension, got ",
                 shape_str(t.shape()));
   if (comm_device(t) != t.device())
-    return raw::to(gather(raw::to(t.detach(), comm_device(t), t.dtype())), t.device(), t.dtype());
+    return ops::to(gather(ops::to(t.detach(), comm_device(t), t.dtype())), t.device(), t.dtype());
   // Every process's length along dim 0 first, then an uneven all_gather of the rows. The
   // lengths travel on t's device.
   Tensor my_rows =
@@ -415,7 +418,7 @@ Tensor Accelerator::gather(const Tensor& t) {
   std::vector<Tensor> parts;
   int64_t start = 0;
   for (int64_t c : counts) {
-    parts.push_back(raw::narrow(out, 0, start, c));
+    parts.push_back(ops::narrow(out, 0, start, c));
     start += c;
   }
   pg.all_gather(parts, t.detach())->wait();
@@ -434,14 +437,14 @@ Tensor Accelerator::gather_for_metrics(const Tensor& t, int64_t total) {
   // Shares are contiguous and in rank order, so the padding sits at the ends of the
   // shares; with equal padded shares the real rows of rank r are the first `real_r`.
   auto padded = share_of(total, true).padded;
-  if (padded * num_processes() != all.size(0)) return raw::narrow(all, 0, 0, total);
+  if (padded * num_processes() != all.size(0)) return ops::narrow(all, 0, 0, total);
   std::vector<Tensor> rows;
   for (int r = 0; r < num_processes(); ++r) {
     int64_t base = total / num_processes(), extra = total % num_processes();
     int64_t real = base + (r < extra ? 1 : 0);
-    if (real > 0) rows.push_back(raw::narrow(all, 0, r * padded, real));
+    if (real > 0) rows.push_back(ops::narrow(all, 0, r * padded, real));
   }
-  return rows.empty() ? raw::narrow(all, 0, 0, 0) : ops::cat(rows, 0);
+  return rows.empty() ? ops::narrow(all, 0, 0, 0) : ops::cat(rows, 0);
 }
 
 Accelerator::Share Accelerator::share_of(int64_t n, bool apply_padding) const {
@@ -460,11 +463,11 @@ Tensor Accelerator::reduce(const Tensor& t, const std::string& op) {
   auto it = ops.find(op);
   TESSERA_CHECK(it != ops.end(), "Accelerator::reduce: op must be sum, mean, max or min; got '", op,
                 "'");
-  Tensor out = raw::to(t.detach(), comm_device(t), t.dtype());
-  if (out.raw_data() == t.raw_data()) out = raw::clone(out);
+  Tensor out = ops::to(t.detach(), comm_device(t), t.dtype());
+  if (out.raw_data() == t.raw_data()) out = ops::clone(out);
   // Ordered on the device (the host goes on; a host read of `out` waits for it there).
   world().all_reduce(out, it->second)->wait_on_device();
-  return raw::to(out, t.device(), t.dtype());
+  return ops::to(out, t.device(), t.dtype());
 }
 
 Tensor Accelerator::pad_across_processes(const Tensor& t, int64_t dim, double pad_value,
@@ -478,7 +481,7 @@ Tensor Accelerator::pad_across_processes(const Tensor& t, int64_t dim, double pa
   Shape shape = t.shape();
   shape[dim] = longest;
   Tensor out = full(shape, pad_value, {.dtype = t.dtype(), .device = t.device()});
-  raw::copy_(raw::narrow(out, dim, pad_first ? longest - t.size(dim) : 0, t.size(dim)), t.detach());
+  ops::copy_(ops::narrow(out, dim, pad_first ? longest - t.size(dim) : 0, t.size(dim)), t.detach());
   return out;
 }
 

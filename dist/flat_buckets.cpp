@@ -1,6 +1,7 @@
 #include "tessera/dist/flat_buckets.h"
 
 #include "tessera/core/memory_category.h"
+#include "tessera/kernels/ops.h"
 
 #include <algorithm>
 #include <sstream>
@@ -142,21 +143,21 @@ void FlatBuckets::register_comm_hook(CommHook hook, CompletionHook done, bool do
   // The default: every rank ends with the average, in the gradients' own buffer.
   hook_ = [this](Bucket& b) { return group_->all_reduce(b.communication_buffer(), ReduceOp::Avg); };
   done_ = [](Bucket& b) {
-    if (b.reduce_buffer.defined()) raw::copy_(b.gradients, b.reduce_buffer);
+    if (b.reduce_buffer.defined()) ops::copy_(b.gradients, b.reduce_buffer);
   };
 }
 
 Tensor FlatBuckets::slot_view(const Bucket& b, size_t index_in_bucket) const {
   const Tensor& p = params_[b.params[index_in_bucket]];
-  return raw::view(raw::narrow(b.gradients, 0, b.offsets[index_in_bucket], p.numel()), p.shape());
+  return ops::view(ops::narrow(b.gradients, 0, b.offsets[index_in_bucket], p.numel()), p.shape());
 }
 
 void FlatBuckets::make_room_for_a_buffer() {
   const size_t bound = options_.max_buckets_in_flight;
   if (bound == 0 || !sync_) return;
   auto held = [&] {
-    return static_cast<size_t>(std::count_if(buckets_.begin(), buckets_.end(),
-                                             [](const Bucket& b) { return b.gradients.defined(); }));
+    return static_cast<size_t>(std::count_if(
+        buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.gradients.defined(); }));
   };
   while (completed_ < launch_order_.size() && held() >= bound)
     complete(buckets_[launch_order_[completed_++]]);
@@ -190,7 +191,7 @@ void FlatBuckets::ensure_gradient_buffer(Bucket& b) {
   // adopt_gradient, or zeros for a parameter without a gradient); only the padding is zeroed.
   b.gradients = allocate(!reduce_elsewhere, b.dtype);
   if (b.padded_numel > b.numel)
-    raw::fill_(raw::narrow(b.gradients, 0, b.numel, b.padded_numel - b.numel), 0.0);
+    ops::fill_(ops::narrow(b.gradients, 0, b.numel, b.padded_numel - b.numel), 0.0);
   // Backward writes the parameters' first gradients straight into their slots.
   for (size_t j = 0; j < b.params.size(); ++j)
     autograd::set_grad_destination(params_[b.params[j]], slot_view(b, j));
@@ -246,10 +247,10 @@ void FlatBuckets::adopt_gradient(size_t i, bool zero_when_missing) {
     return;
   }
   if (grad.defined()) {
-    raw::copy_(slot, grad);
+    ops::copy_(slot, grad);
     ++adoption_counts_.copied;
   } else if (zero_when_missing) {
-    raw::fill_(slot, 0.0);
+    ops::fill_(slot, 0.0);
     ++adoption_counts_.zero_filled;
   } else {
     return;  // the slot (also its gradient destination) is allocated; .grad stays undefined
@@ -292,7 +293,7 @@ void FlatBuckets::launch_ready_buckets() {
 
 void FlatBuckets::launch(Bucket& b) {
   ensure_gradient_buffer(b);
-  if (b.reduce_buffer.defined()) raw::copy_(b.reduce_buffer, b.gradients);
+  if (b.reduce_buffer.defined()) ops::copy_(b.reduce_buffer, b.gradients);
   b.launched = true;
   launch_order_.push_back(static_cast<size_t>(&b - buckets_.data()));
   b.work = hook_(b);

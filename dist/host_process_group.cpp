@@ -11,6 +11,7 @@
 
 #include "tessera/core/allocator.h"
 #include "tessera/dist/watchdog.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera::dist {
 
@@ -105,19 +106,20 @@ Tensor host_copy(const Tensor& t) {
   if (PinnedPool* pool = pinned_pool(t.device().type)) {
     std::shared_ptr<void> block = pool->acquire(t.nbytes());
     Tensor host = from_blob(block.get(), t.shape(), t.dtype(), Device::cpu(), block);
-    raw::copy_(host, t);
+    ops::copy_(host, t);
     return host;
   }
-  return raw::to(t, Device::cpu(), t.dtype());
+  return ops::to(t, Device::cpu(), t.dtype());
 }
 
 // A host copy of t when it lives on a device, else t itself; commit() writes results back.
 struct HostStaging {
   Tensor original, host;
-  explicit HostStaging(const Tensor& t) : original(t), host(t.device().is_cpu() ? t : host_copy(t)) {}
+  explicit HostStaging(const Tensor& t)
+      : original(t), host(t.device().is_cpu() ? t : host_copy(t)) {}
   void* data() const { return host.raw_data(); }
   void commit() const {
-    if (!host.is_same(original)) raw::copy_(original, host);
+    if (!host.is_same(original)) ops::copy_(original, host);
   }
 };
 }  // namespace
@@ -221,7 +223,8 @@ WorkPtr HostProcessGroup::do_reduce_scatter(const CollectiveSignature& sig, cons
     HostStaging in(input), out(output);
     host_reduce_scatter(in.data(), out.data(), output.numel(), output.dtype(),
                         op == ReduceOp::Avg ? ReduceOp::Sum : op, d);
-    if (op == ReduceOp::Avg) scale_in_place(output.dtype(), out.data(), output.numel(), 1.0 / size());
+    if (op == ReduceOp::Avg)
+      scale_in_place(output.dtype(), out.data(), output.numel(), 1.0 / size());
     out.commit();
   });
 }
@@ -256,20 +259,22 @@ WorkPtr HostProcessGroup::do_barrier(const CollectiveSignature& sig) {
 }
 
 WorkPtr HostProcessGroup::do_send(const Tensor& t, int dst, int tag) {
-  return enqueue(detail::concat("send(", shape_str(t.shape()), " to rank ", dst, ", tag ", tag, ")"),
-                 nullptr, [this, t, dst, tag](Deadline d) {
-                   HostStaging s(t);
-                   host_send(s.data(), t.nbytes(), dst, tag, d);
-                 });
+  return enqueue(
+      detail::concat("send(", shape_str(t.shape()), " to rank ", dst, ", tag ", tag, ")"), nullptr,
+      [this, t, dst, tag](Deadline d) {
+        HostStaging s(t);
+        host_send(s.data(), t.nbytes(), dst, tag, d);
+      });
 }
 
 WorkPtr HostProcessGroup::do_recv(const Tensor& t, int src, int tag) {
-  return enqueue(detail::concat("recv(", shape_str(t.shape()), " from rank ", src, ", tag ", tag, ")"),
-                 nullptr, [this, t, src, tag](Deadline d) {
-                   HostStaging s(t);
-                   host_recv(s.data(), t.nbytes(), src, tag, d);
-                   s.commit();
-                 });
+  return enqueue(
+      detail::concat("recv(", shape_str(t.shape()), " from rank ", src, ", tag ", tag, ")"),
+      nullptr, [this, t, src, tag](Deadline d) {
+        HostStaging s(t);
+        host_recv(s.data(), t.nbytes(), src, tag, d);
+        s.commit();
+      });
 }
 
 }  // namespace tessera::dist

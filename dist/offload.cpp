@@ -5,6 +5,7 @@
 #include "tessera/core/allocator.h"
 #include "tessera/core/memory_category.h"
 #include "tessera/dist/zero_trace.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera::dist {
 
@@ -18,11 +19,11 @@ std::array<CopyStreamFactory, kNumDeviceTypes>& copy_streams() {
 bool is_low_precision(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 // dst <- src for contiguous tensors of one dtype on different devices: the bytes move once,
-// on the calling thread's current stream (raw::copy_ would first pack a copy on the device).
+// on the calling thread's current stream (ops::copy_ would first pack a copy on the device).
 void copy_across(const Tensor& dst, const Tensor& src) {
   if (dst.device() == src.device() || dst.dtype() != src.dtype() || !dst.is_contiguous() ||
       !src.is_contiguous()) {
-    raw::copy_(dst, src);
+    ops::copy_(dst, src);
     return;
   }
   const Device gpu = dst.device().is_cpu() ? src.device() : dst.device();
@@ -108,7 +109,7 @@ OptimizerOffload::OptimizerOffload(Device device, const std::vector<SliceLayout>
   for (const SliceLayout& s : slices_) {
     masters_.push_back(pinned_host_empty(s.numel, DType::f32, device_));
     gradients_.push_back(pinned_host_empty(s.numel, DType::f32, device_));
-    raw::fill_(gradients_.back(), 0.0);
+    ops::fill_(gradients_.back(), 0.0);
     staging_.push_back(is_low_precision(s.param_dtype)
                            ? pinned_host_empty(s.numel, s.param_dtype, device_)
                            : Tensor());
@@ -118,7 +119,7 @@ OptimizerOffload::OptimizerOffload(Device device, const std::vector<SliceLayout>
 void OptimizerOffload::load_master(size_t b, const Tensor& parameters) {
   TESSERA_CHECK(parameters.numel() == slices_.at(b).numel, "OptimizerOffload: bucket ", b,
                 " has a slice of ", slices_[b].numel, " elements, got ", parameters.numel());
-  raw::copy_(masters_[b], raw::contiguous(parameters));
+  ops::copy_(masters_[b], ops::contiguous(parameters));
 }
 
 WorkPtr OptimizerOffload::download_gradient(size_t b, WorkPtr reduction, const Tensor& averaged) {
@@ -135,13 +136,13 @@ WorkPtr OptimizerOffload::download_gradient(size_t b, WorkPtr reduction, const T
           copy_across(host, averaged);
         } else {
           copy_across(staging_[b], averaged);
-          raw::copy_(host, staging_[b]);
+          ops::copy_(host, staging_[b]);
         }
         // The device keeps parameter-dtype gradients: an f32 average is rounded to that dtype
         // once (as the device's completion hook would) before the f32 master's update reads it.
         if (averaged.dtype() == DType::f32 && staging_[b].defined()) {
-          raw::copy_(staging_[b], host);
-          raw::copy_(host, staging_[b]);
+          ops::copy_(staging_[b], host);
+          ops::copy_(host, staging_[b]);
         }
       });
 }
@@ -149,8 +150,8 @@ WorkPtr OptimizerOffload::download_gradient(size_t b, WorkPtr reduction, const T
 void OptimizerOffload::round_gradients() {
   for (size_t b = 0; b < slices_.size(); ++b) {
     if (!staging_[b].defined()) continue;
-    raw::copy_(staging_[b], gradients_[b]);
-    raw::copy_(gradients_[b], staging_[b]);
+    ops::copy_(staging_[b], gradients_[b]);
+    ops::copy_(gradients_[b], staging_[b]);
   }
 }
 
@@ -173,7 +174,7 @@ std::vector<WorkPtr> OptimizerOffload::upload_parameters(const std::vector<Tenso
       if (updated) updated->wait();  // the bucket's step, on the stepper
       ZeroTrace::Span span("offload_h2d", static_cast<int>(b), step);
       if (target.device().is_cpu()) {
-        raw::copy_(target, masters_[b]);  // a host shard (offload_param, or a CPU run)
+        ops::copy_(target, masters_[b]);  // a host shard (offload_param, or a CPU run)
         return;
       }
       if (target.dtype() == DType::f32) {
@@ -183,7 +184,7 @@ std::vector<WorkPtr> OptimizerOffload::upload_parameters(const std::vector<Tenso
       TESSERA_CHECK(target.dtype() == slices_[b].param_dtype, "OptimizerOffload: bucket ", b,
                     " holds ", dtype_name(slices_[b].param_dtype), " parameters, not ",
                     dtype_name(target.dtype()));
-      raw::copy_(staging_[b], masters_[b]);  // rounded on the host: half the bytes to move
+      ops::copy_(staging_[b], masters_[b]);  // rounded on the host: half the bytes to move
       copy_across(target, staging_[b]);
     });
   }

@@ -7,27 +7,38 @@
 
 #include "tessera/core/backend_library.h"
 #include "tessera/core/settings.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera::dist {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Avg: return "avg";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Avg:
+      return "avg";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Min:
+      return "min";
   }
   return "?";
 }
 
 const char* collective_kind_name(CollectiveKind k) {
   switch (k) {
-    case CollectiveKind::AllReduce: return "all_reduce";
-    case CollectiveKind::ReduceScatter: return "reduce_scatter";
-    case CollectiveKind::AllGather: return "all_gather";
-    case CollectiveKind::AllGatherUneven: return "all_gather(uneven)";
-    case CollectiveKind::Broadcast: return "broadcast";
-    case CollectiveKind::Barrier: return "barrier";
+    case CollectiveKind::AllReduce:
+      return "all_reduce";
+    case CollectiveKind::ReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::AllGather:
+      return "all_gather";
+    case CollectiveKind::AllGatherUneven:
+      return "all_gather(uneven)";
+    case CollectiveKind::Broadcast:
+      return "broadcast";
+    case CollectiveKind::Barrier:
+      return "barrier";
   }
   return "?";
 }
@@ -52,7 +63,8 @@ namespace {
 // Runs `then` after the inner work completes (copy-back of staged non-contiguous tensors).
 class ThenWork : public Work {
  public:
-  ThenWork(WorkPtr inner, std::function<void()> then) : inner_(std::move(inner)), then_(std::move(then)) {}
+  ThenWork(WorkPtr inner, std::function<void()> then)
+      : inner_(std::move(inner)), then_(std::move(then)) {}
   void wait() override {
     inner_->wait();
     std::call_once(once_, then_);
@@ -145,13 +157,15 @@ void ProcessGroup::check_signatures(const std::vector<CollectiveSignature>& all)
   for (int r = 0; r < static_cast<int>(all.size()); ++r) {
     auto it = std::find_if(groups.begin(), groups.end(),
                            [&](const auto& g) { return g.first == all[r]; });
-    if (it == groups.end()) groups.push_back({all[r], {r}});
-    else it->second.push_back(r);
+    if (it == groups.end())
+      groups.push_back({all[r], {r}});
+    else
+      it->second.push_back(r);
   }
   if (groups.size() <= 1) return;
   std::ostringstream os;
-  os << "dist: collective mismatch in group '" << options_.name << "' (backend "
-     << backend_name() << ", seen by rank " << rank_ << "): ";
+  os << "dist: collective mismatch in group '" << options_.name << "' (backend " << backend_name()
+     << ", seen by rank " << rank_ << "): ";
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& ranks = groups[g].second;
     os << (g ? "; " : "") << (ranks.size() == 1 ? "rank " : "ranks ");
@@ -162,9 +176,8 @@ void ProcessGroup::check_signatures(const std::vector<CollectiveSignature>& all)
 }
 
 std::string ProcessGroup::timeout_message(const std::string& what) const {
-  return detail::concat("dist: ", what, " in group '", options_.name, "' (backend ",
-                        backend_name(), ") on rank ", rank_, " of ", size_, " timed out after ",
-                        options_.timeout_s,
+  return detail::concat("dist: ", what, " in group '", options_.name, "' (backend ", backend_name(),
+                        ") on rank ", rank_, " of ", size_, " timed out after ", options_.timeout_s,
                         " s: another rank may have failed or called a different collective "
                         "(TESSERA_DEBUG_COLLECTIVES=1 checks; TESSERA_COLLECTIVE_TIMEOUT sets "
                         "the limit)");
@@ -175,8 +188,8 @@ namespace {
 // back when the work is waited on.
 WorkPtr with_contiguous(const Tensor& t, const std::function<WorkPtr(const Tensor&)>& run) {
   if (t.is_contiguous()) return run(t);
-  Tensor staged = raw::contiguous(t);
-  return std::make_shared<ThenWork>(run(staged), [t, staged] { raw::copy_(t, staged); });
+  Tensor staged = ops::contiguous(t);
+  return std::make_shared<ThenWork>(run(staged), [t, staged] { ops::copy_(t, staged); });
 }
 }  // namespace
 
@@ -201,7 +214,7 @@ WorkPtr ProcessGroup::reduce_scatter(const Tensor& output, const Tensor& input, 
                 "dist::reduce_scatter: avg needs a floating dtype, got ",
                 dtype_name(input.dtype()));
   auto sig = CollectiveSignature::make(CollectiveKind::ReduceScatter, next_sequence(), input, op);
-  Tensor in = raw::contiguous(input);
+  Tensor in = ops::contiguous(input);
   return with_contiguous(output,
                          [&](const Tensor& out) { return do_reduce_scatter(sig, out, in, op); });
 }
@@ -216,19 +229,20 @@ WorkPtr ProcessGroup::all_gather(const Tensor& output, const Tensor& input) {
                 " copies of input ", shape_str(input.shape()), " ", dtype_name(input.dtype()),
                 " on ", input.device().str());
   auto sig = CollectiveSignature::make(CollectiveKind::AllGather, next_sequence(), input);
-  Tensor in = raw::contiguous(input);
+  Tensor in = ops::contiguous(input);
   return with_contiguous(output, [&](const Tensor& out) {
-    Tensor flat = raw::view(out, {out.numel()});
+    Tensor flat = ops::view(out, {out.numel()});
     std::vector<Tensor> chunks;
-    for (int r = 0; r < size_; ++r) chunks.push_back(raw::narrow(flat, 0, r * in.numel(), in.numel()));
+    for (int r = 0; r < size_; ++r)
+      chunks.push_back(ops::narrow(flat, 0, r * in.numel(), in.numel()));
     return do_all_gather(sig, chunks, in);
   });
 }
 
 WorkPtr ProcessGroup::all_gather(const std::vector<Tensor>& outputs, const Tensor& input) {
   check_tensor(input, "all_gather");
-  TESSERA_CHECK(static_cast<int>(outputs.size()) == size_, "dist::all_gather: got ",
-                outputs.size(), " output tensors for a group of ", size_);
+  TESSERA_CHECK(static_cast<int>(outputs.size()) == size_, "dist::all_gather: got ", outputs.size(),
+                " output tensors for a group of ", size_);
   for (int r = 0; r < size_; ++r) {
     check_tensor(outputs[r], "all_gather");
     TESSERA_CHECK(outputs[r].dtype() == input.dtype() && outputs[r].device() == input.device(),
@@ -236,21 +250,21 @@ WorkPtr ProcessGroup::all_gather(const std::vector<Tensor>& outputs, const Tenso
                   outputs[r].device().str(), " but the input is ", dtype_name(input.dtype()),
                   " on ", input.device().str());
   }
-  TESSERA_CHECK(outputs[rank_].numel() == input.numel(), "dist::all_gather: output ", rank_,
-                " ", shape_str(outputs[rank_].shape()), " must have this rank's input size ",
+  TESSERA_CHECK(outputs[rank_].numel() == input.numel(), "dist::all_gather: output ", rank_, " ",
+                shape_str(outputs[rank_].shape()), " must have this rank's input size ",
                 shape_str(input.shape()));
   auto sig = CollectiveSignature::make(CollectiveKind::AllGatherUneven, next_sequence(), input);
   std::vector<Tensor> staged;
   bool any_staged = false;
   for (const Tensor& o : outputs) {
-    staged.push_back(o.is_contiguous() ? o : raw::contiguous(o));
+    staged.push_back(o.is_contiguous() ? o : ops::contiguous(o));
     any_staged |= !o.is_contiguous();
   }
-  WorkPtr work = do_all_gather(sig, staged, raw::contiguous(input));
+  WorkPtr work = do_all_gather(sig, staged, ops::contiguous(input));
   if (!any_staged) return work;
   return std::make_shared<ThenWork>(work, [outputs, staged] {
     for (size_t i = 0; i < outputs.size(); ++i)
-      if (!outputs[i].is_same(staged[i])) raw::copy_(outputs[i], staged[i]);
+      if (!outputs[i].is_same(staged[i])) ops::copy_(outputs[i], staged[i]);
   });
 }
 
@@ -271,7 +285,7 @@ WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   check_tensor(tensor, "send");
   TESSERA_CHECK(dst >= 0 && dst < size_ && dst != rank_, "dist::send: destination ", dst,
                 " must be another rank of the group of ", size_, " (this is rank ", rank_, ")");
-  return do_send(raw::contiguous(tensor), dst, tag);
+  return do_send(ops::contiguous(tensor), dst, tag);
 }
 
 WorkPtr ProcessGroup::recv(const Tensor& tensor, int src, int tag) {
@@ -285,8 +299,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
   TESSERA_CHECK(!ranks.empty(), "dist::new_group: empty rank list");
   for (size_t i = 0; i < ranks.size(); ++i)
     TESSERA_CHECK(ranks[i] >= 0 && ranks[i] < size_ && (i == 0 || ranks[i] > ranks[i - 1]),
-                  "dist::new_group: ranks must be sorted, unique and in [0, ", size_,
-                  "); got ", ranks[i], " at position ", i);
+                  "dist::new_group: ranks must be sorted, unique and in [0, ", size_, "); got ",
+                  ranks[i], " at position ", i);
   uint64_t id = groups_created_++;
   ProcessGroupOptions sub = options_;
   sub.name = options_.name + "/sub" + std::to_string(id);
@@ -301,7 +315,7 @@ struct Registry {
   Bootstrapper bootstrapper;
   std::shared_ptr<ProcessGroup> world;
   std::shared_ptr<Store> store;
-  uint64_t generation = 0;  // init_process_group calls so far in this process
+  uint64_t generation = 0;             // init_process_group calls so far in this process
   std::unique_ptr<Watchdog> watchdog;  // last: stops before the group and store go
 };
 Registry& registry() {
@@ -314,7 +328,8 @@ Registry& registry() {
 // silent collective timeout later.
 std::shared_ptr<Store> meet_the_other_ranks(const DistEnv& env, double store_timeout_s,
                                             double rendezvous_timeout_s, uint64_t generation) {
-  if (env.rank != 0) wait_for_store(env.master_addr, env.master_port, env.rank, rendezvous_timeout_s);
+  if (env.rank != 0)
+    wait_for_store(env.master_addr, env.master_port, env.rank, rendezvous_timeout_s);
   auto store = std::make_shared<TCPStore>(env.master_addr, env.master_port, env.rank == 0,
                                           store_timeout_s, generation);
   join_rendezvous(*store, env.rank, env.world_size,
@@ -364,7 +379,8 @@ void register_bootstrapper(Bootstrapper b) {
 
 void init_process_group(const InitOptions& options) {
   Registry& reg = registry();
-  TESSERA_CHECK(!reg.world, "dist::init_process_group: already initialized (call "
+  TESSERA_CHECK(!reg.world,
+                "dist::init_process_group: already initialized (call "
                 "destroy_process_group first)");
   BackendContext ctx{read_dist_env(), nullptr, options.group};
   ++reg.generation;
@@ -380,8 +396,8 @@ void init_process_group(const InitOptions& options) {
       ctx.env.master_addr = addr;
       ctx.env.master_port = port;
     }
-    TESSERA_CHECK(ctx.env.has_master(), "dist::init_process_group: backend '", backend,
-                  "' with ", ctx.env.world_size,
+    TESSERA_CHECK(ctx.env.has_master(), "dist::init_process_group: backend '", backend, "' with ",
+                  ctx.env.world_size,
                   " ranks needs MASTER_ADDR and MASTER_PORT (run under `tessera launch`, or "
                   "set them)");
     ctx.store = meet_the_other_ranks(ctx.env, ctx.options.timeout_s, options.rendezvous_timeout_s,
@@ -398,9 +414,9 @@ void init_process_group(const InitOptions& options) {
   reg.store = ctx.store;
   auto* tcp_store = dynamic_cast<TCPStore*>(ctx.store.get());
   if (tcp_store && ctx.env.world_size > 1 && options.watchdog.timeout_s > 0)
-    reg.watchdog = std::make_unique<Watchdog>(options.watchdog, ctx.env.rank, ctx.env.world_size,
-                                              ctx.env.master_addr, tcp_store->port(),
-                                              reg.generation);
+    reg.watchdog =
+        std::make_unique<Watchdog>(options.watchdog, ctx.env.rank, ctx.env.world_size,
+                                   ctx.env.master_addr, tcp_store->port(), reg.generation);
 }
 
 bool is_initialized() { return registry().world != nullptr; }
@@ -408,7 +424,8 @@ bool is_initialized() { return registry().world != nullptr; }
 ProcessGroup& world() { return *world_ptr(); }
 
 std::shared_ptr<ProcessGroup> world_ptr() {
-  TESSERA_CHECK(registry().world, "dist: the process group is not initialized (call "
+  TESSERA_CHECK(registry().world,
+                "dist: the process group is not initialized (call "
                 "dist::init_process_group, or use an Accelerator)");
   return registry().world;
 }

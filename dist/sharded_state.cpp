@@ -8,6 +8,7 @@
 
 #include "tessera/core/safetensors.h"
 #include "tessera/data/file_io.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera::dist {
 
@@ -54,7 +55,7 @@ void save_sharded_optimizer(const std::string& dir, const DataParallelStrategy& 
     for (const std::string& field : kFields)
       if (auto it = state.tensors.find(prefix + field); it != state.tensors.end())
         tensors.emplace_back(slices[k].name + "/" + field,
-                             raw::view(raw::contiguous(it->second), {slices[k].numel}));
+                             ops::view(ops::contiguous(it->second), {slices[k].numel}));
     metadata[slices[k].name] = std::to_string(slices[k].begin) + " " +
                                std::to_string(slices[k].numel) + " " +
                                std::to_string(static_cast<int64_t>(step->second));
@@ -116,8 +117,8 @@ optim::OptimizerStateDict reslice(const Sources& sources, std::map<std::string, 
         const int64_t hi = std::min(want.begin + want.numel, src.slice.begin + src.slice.numel);
         if (lo >= hi) continue;
         if (!out.defined()) out = zeros({want.numel}, {.dtype = saved->second.dtype()});
-        raw::copy_(raw::narrow(out, 0, lo - want.begin, hi - lo),
-                   raw::narrow(saved->second, 0, lo - src.slice.begin, hi - lo));
+        ops::copy_(ops::narrow(out, 0, lo - want.begin, hi - lo),
+                   ops::narrow(saved->second, 0, lo - src.slice.begin, hi - lo));
         field_covered += hi - lo;
         step = src.slice.step;
       }
@@ -126,7 +127,7 @@ optim::OptimizerStateDict reslice(const Sources& sources, std::map<std::string, 
                     want.numel, " elements of '", want.name, "' [", want.begin, ", ",
                     want.begin + want.numel, ") for ", field);
       state.tensors[prefix + field] =
-          raw::to(raw::view(out, params[k].shape()), params[k].device(), out.dtype());
+          ops::to(ops::view(out, params[k].shape()), params[k].device(), out.dtype());
       covered = field_covered;
     }
     if (covered > 0) state.scalars[prefix + "step"] = static_cast<double>(step);
@@ -174,7 +175,8 @@ optim::OptimizerStateDict read_sharded_optimizer(const std::string& dir,
   std::map<std::string, double> scalars;
   if (index.contains("scalars"))
     for (auto& [key, value] : index.at("scalars").items()) scalars[key] = value.get<double>();
-  return reslice(sources, std::move(scalars), strategy, optimizer, "load_sharded_optimizer: " + dir);
+  return reslice(sources, std::move(scalars), strategy, optimizer,
+                 "load_sharded_optimizer: " + dir);
 }
 
 void load_sharded_optimizer(const std::string& dir, const DataParallelStrategy& strategy,
@@ -200,7 +202,7 @@ optim::OptimizerStateDict reslice_whole_optimizer(const optim::OptimizerStateDic
     Source src;
     for (const std::string& field : kFields)
       if (auto it = saved.tensors.find(prefix + field); it != saved.tensors.end())
-        src.fields[field] = raw::reshape(raw::contiguous(it->second), {it->second.numel()});
+        src.fields[field] = ops::reshape(ops::contiguous(it->second), {it->second.numel()});
     TESSERA_CHECK(!src.fields.empty(), where, ": parameter ", k, " ('", saved_names[k],
                   "') has a step count but no state tensors");
     src.slice = {0, src.fields.begin()->second.numel(), static_cast<int64_t>(value)};
@@ -214,7 +216,8 @@ struct ShardedFieldReader::SlicesByName {
 };
 
 ShardedFieldReader::ShardedFieldReader(const std::string& dir, std::string field)
-    : slices_(std::make_unique<SlicesByName>(SlicesByName{read_sources(dir, read_index(dir), true)})),
+    : slices_(
+          std::make_unique<SlicesByName>(SlicesByName{read_sources(dir, read_index(dir), true)})),
       dir_(dir),
       field_(std::move(field)) {}
 
@@ -238,11 +241,12 @@ Tensor ShardedFieldReader::assemble(const std::string& parameter) const {
   for (const Source& src : slices) {
     auto it = src.fields.find(field_);
     if (it == src.fields.end()) continue;
-    raw::copy_(raw::narrow(out, 0, src.slice.begin, src.slice.numel), it->second);
+    ops::copy_(ops::narrow(out, 0, src.slice.begin, src.slice.numel), it->second);
     covered += src.slice.numel;
   }
-  TESSERA_CHECK(covered == numel, dir_, ": the shards hold ", covered, " of the ", numel, " elements of '", parameter,
-                "' for ", field_, " (a shard file is missing from the index?)");
+  TESSERA_CHECK(covered == numel, dir_, ": the shards hold ", covered, " of the ", numel,
+                " elements of '", parameter, "' for ", field_,
+                " (a shard file is missing from the index?)");
   return out;
 }
 

@@ -1,4 +1,5 @@
 #include "tessera/dist/single_process_group.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera::dist {
 
@@ -7,12 +8,12 @@ WorkPtr SingleProcessGroup::do_all_reduce(const CollectiveSignature&, const Tens
 }
 WorkPtr SingleProcessGroup::do_reduce_scatter(const CollectiveSignature&, const Tensor& output,
                                               const Tensor& input, ReduceOp) {
-  raw::copy_(output, raw::view(input, output.shape()));
+  ops::copy_(output, ops::view(input, output.shape()));
   return completed_work();
 }
 WorkPtr SingleProcessGroup::do_all_gather(const CollectiveSignature&,
                                           const std::vector<Tensor>& outputs, const Tensor& input) {
-  raw::copy_(outputs[0], raw::view(input, outputs[0].shape()));
+  ops::copy_(outputs[0], ops::view(input, outputs[0].shape()));
   return completed_work();
 }
 WorkPtr SingleProcessGroup::do_broadcast(const CollectiveSignature&, const Tensor&, int) {

@@ -115,9 +115,9 @@ bool SparseEmbeddingSync::agreed(int64_t n, Device device) {
   if (agreed_sizes_.count(n)) return true;
   if (sizes_disagree_ || graph_capture_underway()) return false;
   Tensor both =
-      raw::to(from_vector<int64_t>({n, -n}, {2}, {.dtype = DType::i64}), device, DType::i64);
+      ops::to(from_vector<int64_t>({n, -n}, {2}, {.dtype = DType::i64}), device, DType::i64);
   group_->all_reduce(both, ReduceOp::Max)->wait();
-  const std::vector<int64_t> max = raw::to(both, Device::cpu(), DType::i64).to_vector<int64_t>();
+  const std::vector<int64_t> max = ops::to(both, Device::cpu(), DType::i64).to_vector<int64_t>();
   if (max[0] == n && max[1] == -n) {
     agreed_sizes_.insert(n);
     return true;
@@ -186,7 +186,7 @@ SparseEmbeddingSync::Gathered SparseEmbeddingSync::destinations(int64_t rows, co
       !graph_capture_underway()) {
     Gathered g;
     g.indices = group_->allocate_communication_buffer(rows, indices.dtype(), indices.device());
-    g.grads = raw::view(
+    g.grads = ops::view(
         group_->allocate_communication_buffer(rows * c, grad.dtype(), grad.device()), {rows, c});
     it = gather_buffers_.emplace(key, std::move(g)).first;
   }
@@ -205,7 +205,7 @@ void SparseEmbeddingSync::add_into_reduced(FlatBuckets::Bucket& bucket) {
   for (Weight& w : weights_) {
     if (w.param != bucket.params.front() || w.gathered.empty()) continue;
     const Tensor& reduced = bucket.communication_buffer();
-    const Tensor slot = raw::view(raw::narrow(reduced, 0, bucket.offsets.front(), w.tensor.numel()),
+    const Tensor slot = ops::view(ops::narrow(reduced, 0, bucket.offsets.front(), w.tensor.numel()),
                                   w.tensor.shape());
     const double scale = 1.0 / static_cast<double>(group_->size());
     for (Gathered& g : w.gathered) {

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "tessera/core/deferred_init.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera::dist {
 
@@ -14,9 +15,12 @@ MixedPrecisionPolicy MixedPrecisionPolicy::from_name(const std::string& name,
   // sums round at each step of the ring, but no cast passes run and half the bytes travel);
   // f16 gradients, whose range is narrow, in f32.
   MixedPrecisionPolicy policy;
-  if (name == "bf16") policy = {DType::bf16, DType::bf16, DType::bf16, DType::f32};
-  else if (name == "fp16") policy = {DType::f16, DType::f16, DType::f32, DType::f32};
-  else TESSERA_CHECK(name == "no", "mixed_precision must be no, fp16 or bf16; got '", name, "'");
+  if (name == "bf16")
+    policy = {DType::bf16, DType::bf16, DType::bf16, DType::f32};
+  else if (name == "fp16")
+    policy = {DType::f16, DType::f16, DType::f32, DType::f32};
+  else
+    TESSERA_CHECK(name == "no", "mixed_precision must be no, fp16 or bf16; got '", name, "'");
   if (reduce == "fp32") policy.reduce_dtype = DType::f32;
   if (reduce.empty() || reduce == "fp32") return policy;
   const std::string own = name == "no" ? "fp32" : name;
@@ -46,7 +50,7 @@ std::vector<DataParallelStrategy::ParameterShard> DataParallelStrategy::paramete
     if (!p.requires_grad()) continue;
     TESSERA_CHECK(p.is_contiguous(), name(), ": parameter '", param_name,
                   "' is not contiguous; a checkpoint cannot view it as one range");
-    shards.push_back({param_name, 0, p.numel(), raw::view(p.detach(), {p.numel()})});
+    shards.push_back({param_name, 0, p.numel(), ops::view(p.detach(), {p.numel()})});
   }
   return shards;
 }
@@ -64,7 +68,8 @@ namespace {
 // values would have given every rank (rank 0's generator), without any values. Five words a
 // placeholder: kind, seed, first block, and the two parameters' bits. A copy recipe's source
 // is each rank's own (every rank reads the same files): only its kind is compared.
-void broadcast_recipes_from_rank0(const nn::NamedTensors& deferred, ProcessGroup& group, Device device) {
+void broadcast_recipes_from_rank0(const nn::NamedTensors& deferred, ProcessGroup& group,
+                                  Device device) {
   constexpr int64_t kWords = 5;
   Tensor words = empty({static_cast<int64_t>(deferred.size()) * kWords}, {.dtype = DType::i64});
   int64_t* w = words.data<int64_t>();
@@ -78,15 +83,16 @@ void broadcast_recipes_from_rank0(const nn::NamedTensors& deferred, ProcessGroup
     std::memcpy(&w[i * kWords + 3], &r.a, sizeof(double));
     std::memcpy(&w[i * kWords + 4], &r.b, sizeof(double));
   }
-  const Tensor on_device = device == Device::cpu() ? words : raw::to(words, device, DType::i64);
+  const Tensor on_device = device == Device::cpu() ? words : ops::to(words, device, DType::i64);
   group.broadcast(on_device, 0)->wait();
-  if (!on_device.is_same(words)) raw::copy_(words, raw::to(on_device, Device::cpu(), DType::i64));
+  if (!on_device.is_same(words)) ops::copy_(words, ops::to(on_device, Device::cpu(), DType::i64));
   for (size_t i = 0; i < deferred.size(); ++i) {
     InitRecipe r = recipes[i];
     const auto kind = static_cast<InitRecipe::Kind>(w[i * kWords]);
     TESSERA_CHECK(kind == r.kind, "sharded construction: parameter '", deferred[i].first, "' is ",
-                  r.kind == InitRecipe::Kind::Copy ? "loaded from a file" : "initialised", " on rank ",
-                  group.rank(), " but ", kind == InitRecipe::Kind::Copy ? "loaded" : "initialised",
+                  r.kind == InitRecipe::Kind::Copy ? "loaded from a file" : "initialised",
+                  " on rank ", group.rank(), " but ",
+                  kind == InitRecipe::Kind::Copy ? "loaded" : "initialised",
                   " on rank 0: every rank must build the same model the same way");
     if (kind == InitRecipe::Kind::Copy) continue;
     r.seed = static_cast<uint64_t>(w[i * kWords + 1]);
@@ -104,21 +110,25 @@ void broadcast_module_from_rank0(nn::Module& module, ProcessGroup& group) {
   std::vector<WorkPtr> works;
   nn::NamedTensors deferred;
   for (auto& [name, p] : module.named_parameters()) {
-    if (is_deferred(p)) deferred.emplace_back(name, p);
-    else works.push_back(group.broadcast(p.detach(), 0));
+    if (is_deferred(p))
+      deferred.emplace_back(name, p);
+    else
+      works.push_back(group.broadcast(p.detach(), 0));
   }
   for (auto& [name, b] : module.named_buffers()) works.push_back(group.broadcast(b.detach(), 0));
   for (auto& w : works) w->wait();
-  if (!deferred.empty()) broadcast_recipes_from_rank0(deferred, group, deferred.front().second.device());
+  if (!deferred.empty())
+    broadcast_recipes_from_rank0(deferred, group, deferred.front().second.device());
 }
 
 void refuse_deferred_parameters(const nn::Module& module, const std::string& strategy) {
   if (!any_deferred()) return;
   for (auto& [name, p] : module.named_parameters())
-    TESSERA_CHECK(!is_deferred(p), strategy, ": parameter '", name,
-                  "' was built under sharded initialisation (Accelerator::sharded_init) and holds no "
-                  "values; only ZeRO stage 3 shards parameters, so only it can prepare such a model "
-                  "(build it without sharded_init for this strategy)");
+    TESSERA_CHECK(
+        !is_deferred(p), strategy, ": parameter '", name,
+        "' was built under sharded initialisation (Accelerator::sharded_init) and holds no "
+        "values; only ZeRO stage 3 shards parameters, so only it can prepare such a model "
+        "(build it without sharded_init for this strategy)");
 }
 
 }  // namespace tessera::dist

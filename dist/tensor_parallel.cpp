@@ -12,10 +12,10 @@ using Grads = std::vector<Tensor>;
 // ---- the conjugate functions ----
 
 Tensor copy_to_tensor_parallel_region(const Tensor& x, const GroupPtr& group) {
-  Tensor y = raw::alias(x);
+  Tensor y = ops::alias(x);
   record("CopyToTensorParallelRegionBackward", {x}, {y}, [group](const BackwardArgs& a) {
     // A fresh buffer: the incoming gradient may be shared with other consumers of it.
-    Tensor summed = raw::clone(a.grad());
+    Tensor summed = ops::clone(a.grad());
     group->all_reduce(summed, ReduceOp::Sum)->wait();
     return Grads{summed};
   });
@@ -23,7 +23,7 @@ Tensor copy_to_tensor_parallel_region(const Tensor& x, const GroupPtr& group) {
 }
 
 Tensor reduce_from_tensor_parallel_region(const Tensor& partial, const GroupPtr& group) {
-  Tensor y = raw::clone(partial);
+  Tensor y = ops::clone(partial);
   group->all_reduce(y, ReduceOp::Sum)->wait();
   record("ReduceFromTensorParallelRegionBackward", {partial}, {y},
          [](const BackwardArgs& a) { return Grads{a.grad()}; });
@@ -46,11 +46,11 @@ Tensor gather_from_tensor_parallel_region(const Tensor& x, const std::vector<int
     parts.push_back(empty(shape, {.dtype = x.dtype(), .device = x.device()}));
     if (r < rank) offset += widths[r];
   }
-  group->all_gather(parts, raw::contiguous(x))->wait();
+  group->all_gather(parts, ops::contiguous(x))->wait();
   Tensor y = ops::cat(parts, -1);
   record("GatherFromTensorParallelRegionBackward", {x}, {y},
          [offset, width = widths[rank]](const BackwardArgs& a) {
-           return Grads{raw::contiguous(raw::narrow(a.grad(), a.grad().dim() - 1, offset, width))};
+           return Grads{ops::contiguous(ops::narrow(a.grad(), a.grad().dim() - 1, offset, width))};
          });
   return y;
 }
@@ -75,21 +75,21 @@ Tensor slices_first(const Tensor& x, int world) {
   Shape split = x.shape();
   split[1] /= world;
   split.insert(split.begin() + 1, world);  // [B, W, T/W, ...]
-  return raw::contiguous(raw::permute(raw::reshape(raw::contiguous(x), split),
+  return ops::contiguous(ops::permute(ops::reshape(ops::contiguous(x), split),
                                       first_two_swapped(static_cast<int64_t>(split.size()))));
 }
 // The inverse: [W, B, T/W, ...] -> [B, T, ...].
 Tensor slices_back(const Tensor& blocks) {
   Shape whole(blocks.shape().begin() + 1, blocks.shape().end());
   whole[1] *= blocks.size(0);
-  return raw::reshape(raw::contiguous(raw::permute(blocks, first_two_swapped(blocks.dim()))),
+  return ops::reshape(ops::contiguous(ops::permute(blocks, first_two_swapped(blocks.dim()))),
                       whole);
 }
 Tensor all_gather_sequence(const Tensor& slice, ProcessGroup& group) {
   Shape blocks = slice.shape();
   blocks.insert(blocks.begin(), group.size());
   Tensor out = empty(blocks, {.dtype = slice.dtype(), .device = slice.device()});
-  group.all_gather(out, raw::contiguous(slice))->wait();
+  group.all_gather(out, ops::contiguous(slice))->wait();
   return slices_back(out);
 }
 Tensor reduce_scatter_sequence(const Tensor& whole, ProcessGroup& group) {
@@ -150,16 +150,16 @@ ShardSpec ShardSpec::blocked(int64_t dim, int64_t n, int64_t blocks, int world) 
 }
 
 Tensor take_shard(const Tensor& full, const ShardSpec& spec, int rank) {
-  if (spec.replicated()) return raw::clone(full);
+  if (spec.replicated()) return ops::clone(full);
   std::vector<Tensor> parts;
   for (const ShardSpec::Range& r : spec.pieces.at(rank))
-    parts.push_back(raw::narrow(full, spec.dim, r.begin, r.end - r.begin));
-  return parts.size() == 1 ? raw::clone(parts[0]) : ops::cat(parts, spec.dim);
+    parts.push_back(ops::narrow(full, spec.dim, r.begin, r.end - r.begin));
+  return parts.size() == 1 ? ops::clone(parts[0]) : ops::cat(parts, spec.dim);
 }
 
 Tensor gather_shard(const Tensor& local, const ShardSpec& spec, const Shape& full_shape,
                     ProcessGroup& group) {
-  if (spec.replicated()) return raw::clone(local);
+  if (spec.replicated()) return ops::clone(local);
   TESSERA_CHECK(static_cast<int>(spec.pieces.size()) == group.size(), "gather_shard: a spec of ",
                 spec.pieces.size(), " ranks over a group of ", group.size());
   std::vector<Tensor> parts;
@@ -168,14 +168,14 @@ Tensor gather_shard(const Tensor& local, const ShardSpec& spec, const Shape& ful
     shape[spec.dim] = spec.local_size(r);
     parts.push_back(empty(shape, {.dtype = local.dtype(), .device = local.device()}));
   }
-  group.all_gather(parts, raw::contiguous(local))->wait();
+  group.all_gather(parts, ops::contiguous(local))->wait();
   Tensor full = empty(full_shape, {.dtype = local.dtype(), .device = local.device()});
   for (int r = 0; r < group.size(); ++r) {
     int64_t offset = 0;
     for (const ShardSpec::Range& piece : spec.pieces[r]) {
       const int64_t n = piece.end - piece.begin;
-      raw::copy_(raw::narrow(full, spec.dim, piece.begin, n),
-                 raw::narrow(parts[r], spec.dim, offset, n));
+      ops::copy_(ops::narrow(full, spec.dim, piece.begin, n),
+                 ops::narrow(parts[r], spec.dim, offset, n));
       offset += n;
     }
   }
@@ -226,7 +226,7 @@ RowParallelLinear::RowParallelLinear(const Tensor& full_weight, const Tensor& fu
       weight_spec(along(inputs, input_dim(layout_in))),
       group_(std::move(group)) {
   weight = register_parameter("weight", take_shard(full_weight, weight_spec, group_->rank()));
-  if (full_bias.defined()) bias = register_parameter("bias", raw::clone(full_bias));
+  if (full_bias.defined()) bias = register_parameter("bias", ops::clone(full_bias));
 }
 
 Tensor RowParallelLinear::partial(const Tensor& x_local) {
@@ -271,11 +271,11 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids) {
 Tensor VocabParallelEmbedding::partial(const Tensor& ids_in) {
   TESSERA_CHECK(is_integral(ids_in.dtype()) && ids_in.dtype() != DType::boolean,
                 "VocabParallelEmbedding: ids must be integers, got ", autograd::describe(ids_in));
-  const Tensor ids = raw::contiguous(ids_in);
+  const Tensor ids = ops::contiguous(ids_in);
   const Tensor in_range = in_vocab_range(ids, range_.begin, range_.end);
   const Tensor rows = embedding(weight, local_ids(ids, in_range, range_.begin));
   // Other ranks' ids contribute zeros, so the sum is every id's own row, exactly.
-  return masked_fill(rows, raw::unsqueeze(ops::unary(UnaryOp::LogicalNot, in_range), -1), 0.0);
+  return masked_fill(rows, ops::unsqueeze(ops::unary(UnaryOp::LogicalNot, in_range), -1), 0.0);
 }
 
 Tensor VocabParallelEmbedding::logits(const Tensor& h) {
@@ -335,42 +335,42 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& ta
   // f16/bf16 logits are reduced in f32, as the fused classifier does.
   const DType compute = local_logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
   const Tensor z =
-      raw::to(raw::reshape(raw::contiguous(local_logits), {rows, width}), device, compute);
-  const Tensor y = raw::to(raw::reshape(raw::contiguous(targets), {rows}), device, DType::i64);
+      ops::to(ops::reshape(ops::contiguous(local_logits), {rows, width}), device, compute);
+  const Tensor y = ops::to(ops::reshape(ops::contiguous(targets), {rows}), device, DType::i64);
 
   // The rows' maxima over the whole vocabulary, for a stable exp.
   Tensor row_max = ops::amax(z, {1});
   group->all_reduce(row_max, ReduceOp::Max)->wait();
-  const Tensor exps = ops::unary(UnaryOp::Exp, ops::sub(z, raw::unsqueeze(row_max, 1)));
+  const Tensor exps = ops::unary(UnaryOp::Exp, ops::sub(z, ops::unsqueeze(row_max, 1)));
   // Each target's logit lives on one rank; the others add zero.
   const Tensor in_range = in_vocab_range(y, vocab_begin, vocab_begin + width);
-  const Tensor column = raw::unsqueeze(local_ids(y, in_range, vocab_begin), 1);
-  const Tensor target_logit = ops::where(in_range, raw::squeeze(ops::gather(z, 1, column), 1),
+  const Tensor column = ops::unsqueeze(local_ids(y, in_range, vocab_begin), 1);
+  const Tensor target_logit = ops::where(in_range, ops::squeeze(ops::gather(z, 1, column), 1),
                                          zeros({rows}, {.dtype = compute, .device = device}));
   // One all-reduce of [2, N]: the sums of exponentials and the target logits.
   Tensor sums = ops::stack({ops::sum(exps, {1}), target_logit}, 0);
   group->all_reduce(sums, ReduceOp::Sum)->wait();
-  const Tensor sum_exp = raw::select(sums, 0, 0);
+  const Tensor sum_exp = ops::select(sums, 0, 0);
   // log Σ exp(z) − z_target = log Σ exp(z − max) + max − z_target.
   const Tensor per_row =
-      ops::sub(ops::add(ops::unary(UnaryOp::Log, sum_exp), row_max), raw::select(sums, 0, 1));
-  const Tensor valid = raw::to(ops::binary(BinaryOp::Ne, y, double(ignore_index)), device, compute);
+      ops::sub(ops::add(ops::unary(UnaryOp::Log, sum_exp), row_max), ops::select(sums, 0, 1));
+  const Tensor valid = ops::to(ops::binary(BinaryOp::Ne, y, double(ignore_index)), device, compute);
   const Tensor count = ops::sum(valid);
   Tensor loss =
-      raw::to(ops::div(ops::sum(ops::mul(per_row, valid)), count), device, local_logits.dtype());
+      ops::to(ops::div(ops::sum(ops::mul(per_row, valid)), count), device, local_logits.dtype());
 
   record("VocabParallelCrossEntropyBackward", {local_logits}, {loss},
          [exps, sum_exp, column, in_range, valid, count, shape = local_logits.shape(),
           dtype = local_logits.dtype()](const BackwardArgs& a) {
            // d loss / d z = (softmax − onehot) · valid / count, times the incoming gradient.
-           const Tensor softmax = ops::div(exps, raw::unsqueeze(sum_exp, 1));
+           const Tensor softmax = ops::div(exps, ops::unsqueeze(sum_exp, 1));
            const Tensor onehot =
                ops::scatter(zeros_like(exps), 1, column,
-                            raw::unsqueeze(raw::to(in_range, exps.device(), exps.dtype()), 1));
+                            ops::unsqueeze(ops::to(in_range, exps.device(), exps.dtype()), 1));
            const Tensor weight =
-               ops::mul(ops::div(valid, count), raw::to(a.grad(), exps.device(), exps.dtype()));
-           const Tensor dz = ops::mul(ops::sub(softmax, onehot), raw::unsqueeze(weight, 1));
-           return Grads{raw::to(raw::reshape(dz, shape), dz.device(), dtype)};
+               ops::mul(ops::div(valid, count), ops::to(a.grad(), exps.device(), exps.dtype()));
+           const Tensor dz = ops::mul(ops::sub(softmax, onehot), ops::unsqueeze(weight, 1));
+           return Grads{ops::to(ops::reshape(dz, shape), dz.device(), dtype)};
          });
   return loss;
 }

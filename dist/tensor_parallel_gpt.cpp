@@ -37,7 +37,7 @@ void copy_values(nn::Module& into, const nn::Module& from) {
   const nn::NamedTensors want = from.named_parameters();
   const nn::NamedTensors got = into.named_parameters();
   TESSERA_CHECK(want.size() == got.size(), "tensor parallelism: copying ", from.type_name());
-  for (size_t i = 0; i < want.size(); ++i) raw::copy_(got[i].second, want[i].second);
+  for (size_t i = 0; i < want.size(); ++i) ops::copy_(got[i].second, want[i].second);
 }
 
 // Rank r's query, key and value heads: part r of each of c_attn's q | k | v blocks.

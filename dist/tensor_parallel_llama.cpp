@@ -100,7 +100,7 @@ Tensor norm(nn::RMSNorm& rms, const Tensor& x, const Regions& regions) {
 
 nn::RMSNorm& copied(nn::RMSNorm& norm, const nn::RMSNorm& full) {
   autograd::NoGradGuard no_grad;
-  raw::copy_(norm.weight, full.weight);
+  ops::copy_(norm.weight, full.weight);
   return norm;
 }
 

@@ -3,6 +3,7 @@
 #include "tessera/dist/tensor_parallel_models.h"
 
 #include "tessera/autograd/autograd.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera::dist {
 
@@ -20,7 +21,8 @@ std::string TensorParallelCausalLM::describe() const {
 void TensorParallelCausalLM::finish_construction(const nn::CausalLM& full, bool tied,
                                                  const Tensor& output_weight) {
   if (!tied)
-    lm_head_ = &register_module("lm_head", std::make_unique<VocabParallelEmbedding>(output_weight, group_));
+    lm_head_ = &register_module("lm_head",
+                                std::make_unique<VocabParallelEmbedding>(output_weight, group_));
   record_shards(full);
   set_block_implementation(nn::BlockImplementation::reference);
   train(full.is_training());
@@ -130,7 +132,7 @@ std::map<std::string, Tensor> TensorParallelCausalLM::full_state_dict() const {
 void TensorParallelCausalLM::load_full_state_dict(const nn::Module& full) {
   autograd::NoGradGuard no_grad;
   for (const auto& [name, p] : named_parameters())
-    raw::copy_(p, take_shard(full.parameter(name), spec_of(name), tp_rank()));
+    ops::copy_(p, take_shard(full.parameter(name), spec_of(name), tp_rank()));
 }
 
 std::unique_ptr<nn::CausalLM> TensorParallelCausalLM::gather_full_model() const {

@@ -35,7 +35,7 @@ void point_at_nothing(const Tensor& p) {
 }
 
 Tensor slot_view(const Tensor& flat, int64_t offset, const Tensor& like) {
-  return raw::view(raw::narrow(flat, 0, offset, like.numel()), like.shape());
+  return ops::view(ops::narrow(flat, 0, offset, like.numel()), like.shape());
 }
 
 }  // namespace
@@ -144,17 +144,18 @@ void ZeroStrategy::fill_owned_slice(size_t b) {
   const auto& params = buckets_->parameters();
   const Tensor& owned = shards_[b].owned_parameters;
   const int64_t begin = slice_begin(b), end = begin + bucket.shard_numel();
-  raw::fill_(owned, 0.0);
+  ops::fill_(owned, 0.0);
   for (size_t j = 0; j < bucket.params.size(); ++j) {
     const Tensor& p = params[bucket.params[j]];
-    const int64_t lo = std::max(begin, bucket.offsets[j]), hi = std::min(end, bucket.offsets[j] + p.numel());
+    const int64_t lo = std::max(begin, bucket.offsets[j]),
+                  hi = std::min(end, bucket.offsets[j] + p.numel());
     if (lo >= hi) continue;
-    const Tensor into = raw::narrow(owned, 0, lo - begin, hi - lo);
+    const Tensor into = ops::narrow(owned, 0, lo - begin, hi - lo);
     const int64_t first = lo - bucket.offsets[j];
     if (is_deferred(p)) {
       materialize_deferred_range(p, first, into);
     } else {
-      raw::copy_(into, raw::narrow(raw::reshape(p.detach(), {p.numel()}), 0, first, hi - lo));
+      ops::copy_(into, ops::narrow(ops::reshape(p.detach(), {p.numel()}), 0, first, hi - lo));
     }
   }
   for (size_t k : bucket.params) forget_deferred(params[k]);
@@ -176,7 +177,7 @@ void ZeroStrategy::flatten_parameters() {
       for (size_t j = 0; j < bucket.params.size(); ++j) {
         const Tensor& p = params[bucket.params[j]];
         const Tensor slot = slot_view(shard.parameters, bucket.offsets[j], p);
-        raw::copy_(slot, p.detach());
+        ops::copy_(slot, p.detach());
         repoint(p, slot);
       }
       shard.gathered = true;
@@ -209,8 +210,8 @@ void ZeroStrategy::flatten_parameters() {
   }
   for (const Piece& piece : piece_layout_) {
     const int64_t at = piece.begin - slice_begin(piece.bucket);
-    pieces_.push_back(offload_ ? raw::narrow(offload_->master(piece.bucket), 0, at, piece.numel)
-                               : raw::narrow(owned_slice(piece.bucket), 0, at, piece.numel));
+    pieces_.push_back(offload_ ? ops::narrow(offload_->master(piece.bucket), 0, at, piece.numel)
+                               : ops::narrow(owned_slice(piece.bucket), 0, at, piece.numel));
   }
 }
 
@@ -245,7 +246,7 @@ void ZeroStrategy::release_shard_gradients() {
 
 Tensor ZeroStrategy::owned_slice(size_t b) const {
   if (options_.stage == 3) return shards_[b].owned_parameters;
-  return raw::narrow(shards_[b].parameters, 0, slice_begin(b),
+  return ops::narrow(shards_[b].parameters, 0, slice_begin(b),
                      buckets_->buckets()[b].shard_numel());
 }
 
@@ -283,7 +284,7 @@ Tensor ZeroStrategy::averaged_gradient(size_t b) {
   const Shard& shard = shards_[b];
   if (options_.stage >= 2) return shard.reduced.defined() ? shard.reduced : shard.gradients;
   const auto& bucket = buckets_->buckets()[b];
-  return raw::narrow(bucket.communication_buffer(), 0, slice_begin(b), bucket.shard_numel());
+  return ops::narrow(bucket.communication_buffer(), 0, slice_begin(b), bucket.shard_numel());
 }
 
 // Stage 1 all-reduces a bucket (as DDP); stages 2 and 3 reduce-scatter it, so each
@@ -324,9 +325,9 @@ void ZeroStrategy::install_comm_hooks() {
                             shard.reduction_issued_us, ZeroTrace::now_us());
         if (scatter) add_incoming(index);
         if (!offload_ && scatter && shard.reduced.defined())
-          raw::copy_(shard.gradients, shard.reduced);
+          ops::copy_(shard.gradients, shard.reduced);
         if (!offload_ && !scatter && b.reduce_buffer.defined())
-          raw::copy_(b.gradients, b.reduce_buffer);
+          ops::copy_(b.gradients, b.reduce_buffer);
         // Stepping during backward, the step task points them (on the stepper thread).
         if (!options_.offload_step_during_backward) point_pieces_at_gradients(index);
         buckets_->release_gradients(b);
@@ -443,7 +444,7 @@ void ZeroStrategy::issue_gather(size_t b) {
   // offload_param keeps the shard on the host: it travels to the device first.
   const Tensor mine = shard.owned_parameters.device() == bucket.device
                           ? shard.owned_parameters
-                          : raw::to(shard.owned_parameters, bucket.device, bucket.dtype);
+                          : ops::to(shard.owned_parameters, bucket.device, bucket.dtype);
   shard.gather_issued_us = ZeroTrace::enabled() ? ZeroTrace::now_us() : 0;
   shard.gathering = group_->all_gather(shard.parameters, mine);
 }
@@ -511,7 +512,7 @@ void ZeroStrategy::after_parameters_loaded() {
   // Stages 1/2: the parameters are the flat buffers themselves.
   for (size_t b = 0; b < shards_.size() && options_.stage == 3; ++b) {
     TESSERA_CHECK(shards_[b].gathered, name(), ": parameters were loaded while released");
-    raw::copy_(shards_[b].owned_parameters, raw::narrow(shards_[b].parameters, 0, slice_begin(b),
+    ops::copy_(shards_[b].owned_parameters, ops::narrow(shards_[b].parameters, 0, slice_begin(b),
                                                         buckets_->buckets()[b].shard_numel()));
   }
   if (offload_)
@@ -541,7 +542,8 @@ void ZeroStrategy::prepare_optimizer(optim::Optimizer& optimizer) {
   optimizer.replace_param_groups(std::move(groups));
   if (offload_) optimizer.set_range_runner(&offload_->host_threads());
   TESSERA_CHECK(!options_.offload_step_during_backward || optimizer.supports_partial_steps(),
-                name(), ": offload_step_during_backward steps each bucket on its own, which this "
+                name(),
+                ": offload_step_during_backward steps each bucket on its own, which this "
                 "optimizer cannot (AdamW can)");
   if (offload_ && optimizer.supports_partial_steps()) {
     std::map<const TensorImpl*, size_t> flat_index;
@@ -569,11 +571,11 @@ void ZeroStrategy::point_pieces_at_gradients(size_t b) {
     const auto& bucket = buckets_->buckets()[piece.bucket];
     const int64_t at = piece.begin - slice_begin(piece.bucket);
     if (offload_)
-      pieces_[i].set_grad(raw::narrow(offload_->gradient(b), 0, at, piece.numel));
+      pieces_[i].set_grad(ops::narrow(offload_->gradient(b), 0, at, piece.numel));
     else if (options_.stage == 1)
-      pieces_[i].set_grad(raw::narrow(bucket.gradients, 0, piece.begin, piece.numel));
+      pieces_[i].set_grad(ops::narrow(bucket.gradients, 0, piece.begin, piece.numel));
     else
-      pieces_[i].set_grad(raw::narrow(shards_[piece.bucket].gradients, 0, at, piece.numel));
+      pieces_[i].set_grad(ops::narrow(shards_[piece.bucket].gradients, 0, at, piece.numel));
   }
 }
 
@@ -601,11 +603,12 @@ double ZeroStrategy::clip_grad_norm_(const std::vector<Tensor>&, double max_norm
   Tensor total =
       full({1}, optim::grad_norm_squared(pieces_), {.dtype = DType::f64, .device = device});
   group_->all_reduce(total, ReduceOp::Sum)->wait();
-  const double norm = std::sqrt(raw::to(total, Device::cpu(), DType::f64).to_vector<double>()[0]);
+  const double norm = std::sqrt(ops::to(total, Device::cpu(), DType::f64).to_vector<double>()[0]);
   const double factor = max_norm / (norm + 1e-6);
   TESSERA_CHECK(factor >= 1.0 || !(optimizer_ && optimizer_->has_early_steps()), name(),
                 ": clip_grad_norm_ with max_norm ", max_norm, " would scale gradients of norm ",
-                norm, ", but offload_step_during_backward already stepped with them; turn that "
+                norm,
+                ", but offload_step_during_backward already stepped with them; turn that "
                 "option off to clip");
   if (factor < 1.0) {
     optim::scale_grads_(pieces_, factor);
@@ -657,9 +660,8 @@ void ZeroStrategy::step_offloaded_buckets() {
   std::vector<WorkPtr> steps(shards_.size());
   for (size_t b : order)
     if (!std::exchange(stepped_in_backward_[b], 0))
-      steps[b] = offload_->step_after(b, nullptr, [this, b] {
-        optimizer_->step_parameters(bucket_pieces_[b]);
-      });
+      steps[b] = offload_->step_after(
+          b, nullptr, [this, b] { optimizer_->step_parameters(bucket_pieces_[b]); });
   // Bucket b's copy back overlaps the update of the buckets after it.
   uploads_ = offload_->upload_parameters(upload_targets(), order, steps);
   uploads_queued_ = true;
@@ -673,7 +675,7 @@ void ZeroStrategy::all_gather_owned_slices() {
   std::vector<WorkPtr> works;
   for (size_t b = 0; b < shards_.size(); ++b) {
     wait_for_upload(b);  // each bucket is all-gathered while the next one is copied
-    const Tensor mine = raw::clone(owned_slice(b));
+    const Tensor mine = ops::clone(owned_slice(b));
     works.push_back(group_->all_gather(shards_[b].parameters, mine));
   }
   for (auto& w : works) w->wait();
@@ -686,7 +688,7 @@ std::vector<DataParallelStrategy::ParameterShard> ZeroStrategy::parameter_shards
     const int64_t at = piece.begin - slice_begin(piece.bucket);
     shards.push_back({buckets_->parameter_names()[piece.param],
                       piece.begin - buckets_->offset_of(piece.param), piece.numel,
-                      raw::narrow(owned_slice(piece.bucket), 0, at, piece.numel)});
+                      ops::narrow(owned_slice(piece.bucket), 0, at, piece.numel)});
   }
   return shards;
 }

@@ -41,6 +41,7 @@
 #include "tessera/core/memory_stats.h"
 #include "tessera/core/random.h"
 #include "tessera/dist/accelerator.h"
+#include "tessera/kernels/ops.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/optim/adamw.h"
 
@@ -73,10 +74,12 @@ Settings parse(int argc, char** argv) {
       for (std::string item; std::getline(list, item, ',');) s.stages.push_back(std::stoi(item));
     } else {
       std::map<std::string, int64_t*> numbers = {
-          {"--batch", &s.batch},       {"--seq", &s.seq},          {"--steps", &s.steps},
-          {"--warmup", &s.warmup},     {"--layers", &s.layers},    {"--heads", &s.heads},
-          {"--channels", &s.channels}, {"--vocab", &s.vocab},      {"--n-embd", &s.channels},
-          {"--n-head", &s.heads},      {"--prefetch", &s.prefetch}, {"--grad-accum", &s.grad_accum}};
+          {"--batch", &s.batch},       {"--seq", &s.seq},
+          {"--steps", &s.steps},       {"--warmup", &s.warmup},
+          {"--layers", &s.layers},     {"--heads", &s.heads},
+          {"--channels", &s.channels}, {"--vocab", &s.vocab},
+          {"--n-embd", &s.channels},   {"--n-head", &s.heads},
+          {"--prefetch", &s.prefetch}, {"--grad-accum", &s.grad_accum}};
       int64_t on = 0;
       if (flag == "--profile" || flag == "--memory-report" || flag == "--memory")
         numbers[flag] = &on;
@@ -136,14 +139,15 @@ void report_memory(dist::Accelerator& acc, const nn::Module& model, int64_t psi)
 
 void print_result(const dist::Accelerator& acc, const Settings& s, int64_t psi, double seconds,
                   double loss) {
-  const double tokens_per_s = static_cast<double>(s.batch * s.seq * s.grad_accum * s.steps) / seconds;
+  const double tokens_per_s =
+      static_cast<double>(s.batch * s.seq * s.grad_accum * s.steps) / seconds;
   const double ms = seconds / static_cast<double>(s.steps) * 1000;
   acc.print(acc.num_processes(), " process(es) on ", acc.device().str(), ", ",
             acc.zero_stage() == 0 ? "DDP" : "ZeRO-" + std::to_string(acc.zero_stage()), ": ",
             tokens_per_s, " tokens/s per process (B=", s.batch, ", T=", s.seq, ", ", s.layers,
-            " layers, ", s.channels, " channels, ", s.grad_accum, " micro-batch(es) per step, ", psi,
-            " parameters, mixed precision ",
-            acc.mixed_precision(), ", ", ms, " ms/step, last loss ", loss, ")");
+            " layers, ", s.channels, " channels, ", s.grad_accum, " micro-batch(es) per step, ",
+            psi, " parameters, mixed precision ", acc.mixed_precision(), ", ", ms,
+            " ms/step, last loss ", loss, ")");
   if (acc.is_main_process()) {
     std::printf("RESULT stage=%d world=%d tokens_per_s_per_gpu=%.1f ms_per_step=%.3f loss=%.4f\n",
                 acc.zero_stage(), acc.num_processes(), tokens_per_s, ms, loss);
@@ -165,10 +169,10 @@ void run_strategy(dist::Accelerator& acc, const Settings& s) {
   optim::AdamW opt(model.parameters(), {.lr = 3e-4, .weight_decay = 0.1});
   acc.prepare(model, opt);
   Generator g(1 + acc.process_index());
-  Tensor tokens = raw::to(randint(0, s.vocab, {s.batch, s.seq + 1}, {.dtype = DType::i64}, &g),
+  Tensor tokens = ops::to(randint(0, s.vocab, {s.batch, s.seq + 1}, {.dtype = DType::i64}, &g),
                           acc.device(), DType::i64);
-  Tensor x = raw::contiguous(raw::narrow(tokens, 1, 0, s.seq));
-  Tensor y = raw::contiguous(raw::narrow(tokens, 1, 1, s.seq));
+  Tensor x = ops::contiguous(ops::narrow(tokens, 1, 0, s.seq));
+  Tensor y = ops::contiguous(ops::narrow(tokens, 1, 1, s.seq));
   std::chrono::steady_clock::time_point start;
   double loss = 0;
   // --profile: milliseconds per phase over the timed steps, the device synchronised after each.
@@ -223,8 +227,8 @@ void run_strategy(dist::Accelerator& acc, const Settings& s) {
 // One strategy (stage -1: TESSERA_ZERO_STAGE) on a fresh model; rank 0 prints the figures.
 // Returns 3 after an out-of-memory error (printed by every rank that met it).
 int run(const Settings& s, int stage) {
-  TESSERA_CHECK(s.grad_accum >= 1, "example_gpt_ddp_throughput: --grad-accum must be at least 1, got ",
-                s.grad_accum);
+  TESSERA_CHECK(s.grad_accum >= 1,
+                "example_gpt_ddp_throughput: --grad-accum must be at least 1, got ", s.grad_accum);
   dist::Accelerator acc({.mixed_precision = s.mixed_precision,
                          .gradient_accumulation_steps = static_cast<int>(s.grad_accum),
                          .zero_stage = stage,

@@ -36,13 +36,15 @@ void train(dist::Accelerator& acc, Net& net, optim::AdamW& opt, int steps) {
   }
 }
 
-double first_weight(Net& net) { return raw::to(net.fc.weight.detach(), Device::cpu(), DType::f64).to_vector<double>()[0]; }
+double first_weight(Net& net) {
+  return ops::to(net.fc.weight.detach(), Device::cpu(), DType::f64).to_vector<double>()[0];
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string dir = argc > 1 ? argv[1]
-                                   : (std::filesystem::temp_directory_path() / "tessera_two_stage").string();
+  const std::string dir =
+      argc > 1 ? argv[1] : (std::filesystem::temp_directory_path() / "tessera_two_stage").string();
   double after_stage1 = 0;
   {
     dist::Accelerator acc({.cpu = true});

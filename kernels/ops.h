@@ -5,6 +5,11 @@
 // output and calls the kernel of the inputs' device through the dispatch table
 // (core/dispatch.h). autograd/ builds the differentiable ops on these; nothing
 // here records gradients.
+//
+// Two vocabularies, one per kind of call: `ops::` is every tape-free operation (the compute
+// below and core's views, copies and conversions, re-exported here from `raw::` so that the
+// layers above kernels/ name them one way), and the functions of autograd/functions.h
+// (namespace tessera) are the recorded ones. `raw::` itself is for core/ and kernels/.
 #pragma once
 #include <optional>
 #include <vector>
@@ -15,6 +20,28 @@
 
 namespace tessera::ops {
 
+// ---- views, copies and conversions (core/tensor.cpp's raw::, the same functions) ----
+using raw::alias;
+using raw::as_strided;
+using raw::broadcast_shapes;
+using raw::clone;
+using raw::contiguous;
+using raw::copy_;
+using raw::expand;
+using raw::fill_;
+using raw::flatten;
+using raw::make;
+using raw::narrow;
+using raw::permute;
+using raw::reshape;
+using raw::select;
+using raw::slice;
+using raw::squeeze;
+using raw::to;
+using raw::transpose;
+using raw::unsqueeze;
+using raw::view;
+
 // ---- element-wise (kernels/ops_elementwise.cpp; broadcasting, promotion; comparisons: bool) ----
 Tensor unary(UnaryOp op, const Tensor& x);
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
@@ -24,7 +51,8 @@ Tensor binary(BinaryOp op, const Tensor& a, double b);  // scalar keeps a's dtyp
 bool has_internal_overlap(const Tensor& t);
 // Raises PyTorch's "unsupported operation" error, naming `op` and t, when t overlaps itself.
 void check_no_internal_overlap(const char* op, const Tensor& t);
-// a = op(a, b) in place (a must not overlap itself); b broadcast to a's shape, result converted to a's dtype.
+// a = op(a, b) in place (a must not overlap itself); b broadcast to a's shape, result converted to
+// a's dtype.
 void binary_(BinaryOp op, const Tensor& a, const Tensor& b);
 void binary_(BinaryOp op, const Tensor& a, double b);
 
@@ -89,7 +117,7 @@ LayerNormGrads layer_norm_backward_residual(const Tensor& dy, const Tensor& x, c
                                             const Tensor& mean, const Tensor& rstd,
                                             const Tensor& dresidual, bool need_weight_grads,
                                             bool need_x_bias_grad = false);
-Tensor gelu(const Tensor& x);                                 // tanh approximation
+Tensor gelu(const Tensor& x);  // tanh approximation
 Tensor gelu_backward(const Tensor& x, const Tensor& dy);
 
 // ---- linear algebra (kernels/ops_linalg.cpp) ----

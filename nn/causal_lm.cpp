@@ -15,9 +15,9 @@ std::pair<Tensor, Tensor> KVCache::Layer::append(const Tensor& k_new, const Tens
   const int64_t T = k_new.size(2);
   TESSERA_CHECK(past >= 0 && past + T <= k.size(2), "KVCache: the cache holds ", k.size(2),
                 " positions; cannot add ", T, " after ", past);
-  raw::copy_(raw::narrow(k, 2, past, T), k_new);
-  raw::copy_(raw::narrow(v, 2, past, T), v_new);
-  return {raw::narrow(k, 2, 0, past + T), raw::narrow(v, 2, 0, past + T)};
+  ops::copy_(ops::narrow(k, 2, past, T), k_new);
+  ops::copy_(ops::narrow(v, 2, past, T), v_new);
+  return {ops::narrow(k, 2, 0, past + T), ops::narrow(v, 2, 0, past + T)};
 }
 
 KVCache make_kv_cache(int64_t layers, const Shape& shape, TensorOptions opts) {
@@ -25,22 +25,26 @@ KVCache make_kv_cache(int64_t layers, const Shape& shape, TensorOptions opts) {
                 shape.empty() ? 0 : shape[0]);
   KVCache cache;
   cache.batch = shape[0];
-  for (int64_t i = 0; i < layers; ++i) cache.layers.push_back({zeros(shape, opts), zeros(shape, opts)});
+  for (int64_t i = 0; i < layers; ++i)
+    cache.layers.push_back({zeros(shape, opts), zeros(shape, opts)});
   return cache;
 }
 
 const char* block_implementation_name(BlockImplementation implementation) {
   switch (implementation) {
-    case BlockImplementation::automatic: return "automatic";
-    case BlockImplementation::reference: return "reference";
-    case BlockImplementation::fast: return "fast";
+    case BlockImplementation::automatic:
+      return "automatic";
+    case BlockImplementation::reference:
+      return "reference";
+    case BlockImplementation::fast:
+      return "fast";
   }
   return "?";
 }
 
 BlockImplementation parse_block_implementation(const std::string& name) {
-  for (BlockImplementation b : {BlockImplementation::automatic, BlockImplementation::reference,
-                                BlockImplementation::fast})
+  for (BlockImplementation b :
+       {BlockImplementation::automatic, BlockImplementation::reference, BlockImplementation::fast})
     if (name == block_implementation_name(b)) return b;
   TESSERA_FAIL("block implementation \"", name,
                "\" is not one of \"automatic\", \"reference\", \"fast\"");
@@ -71,19 +75,19 @@ Tensor CausalLM::generate(const Tensor& idx, int64_t max_new_tokens, const Gener
   const int64_t context = context_length();
   KVCache cache = make_kv_cache(idx.size(0));
   // Sampled where the logits are: the tokens stay on the device until the end.
-  Tensor tokens = raw::to(idx, params.front().device(), DType::i64);
+  Tensor tokens = ops::to(idx, params.front().device(), DType::i64);
   for (int64_t step = 0; step < max_new_tokens; ++step) {
     const int64_t length = tokens.size(1);
     // Past the context the positions shift every step, so the last window is recomputed.
     const Tensor logits =
         length <= context ? forward_incremental(
-                                raw::narrow(tokens, 1, cache.length, length - cache.length), cache)
-                          : forward(raw::narrow(tokens, 1, length - context, context));
-    const Tensor last = raw::select(logits, 1, logits.size(1) - 1);
+                                ops::narrow(tokens, 1, cache.length, length - cache.length), cache)
+                          : forward(ops::narrow(tokens, 1, length - context, context));
+    const Tensor last = ops::select(logits, 1, logits.size(1) - 1);
     const Tensor next = ops::sample_logits(last, opts.temperature, opts.top_k, opts.gen);
-    tokens = ops::cat({tokens, raw::unsqueeze(next, 1)}, 1);
+    tokens = ops::cat({tokens, ops::unsqueeze(next, 1)}, 1);
   }
-  return raw::to(tokens, Device::cpu(), DType::i64);
+  return ops::to(tokens, Device::cpu(), DType::i64);
 }
 
 std::string model_type_of(const std::string& config_path) {

@@ -40,12 +40,14 @@ std::vector<int64_t> last_token_positions(const Tensor& input_ids, const Tensor&
   TESSERA_CHECK(pad_token_id >= 0 || B == 1, model,
                 ": a batch of more than one row needs pad_token_id in the config (to find each "
                 "row's last token)");
-  const std::vector<int64_t> ids = raw::to(input_ids, Device::cpu(), DType::i64).contiguous().to_vector<int64_t>();
+  const std::vector<int64_t> ids =
+      ops::to(input_ids, Device::cpu(), DType::i64).contiguous().to_vector<int64_t>();
   if (attention_mask.defined()) {
     TESSERA_CHECK(attention_mask.shape() == input_ids.shape(), model, ": attention_mask ",
-                  autograd::describe(attention_mask), " must have input_ids' shape ", shape_str(input_ids.shape()));
+                  autograd::describe(attention_mask), " must have input_ids' shape ",
+                  shape_str(input_ids.shape()));
     const std::vector<int64_t> keep =
-        raw::to(attention_mask, Device::cpu(), DType::i64).contiguous().to_vector<int64_t>();
+        ops::to(attention_mask, Device::cpu(), DType::i64).contiguous().to_vector<int64_t>();
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 1; t < T; ++t)
         TESSERA_CHECK(!(keep[b * T + t] != 0 && keep[b * T + t - 1] == 0), model,
@@ -99,7 +101,8 @@ void DecoderForSequenceClassification::save_config(const std::string& path) cons
 void DecoderForSequenceClassification::load_weights(
     const std::string& dir, const std::string& base_prefix,
     const std::function<bool(const std::string&)>& ignored) {
-  fresh_keys_ = load_classifier_checkpoint(*this, hf::weights_path(dir), base_prefix, ignored, {"score."});
+  fresh_keys_ =
+      load_classifier_checkpoint(*this, hf::weights_path(dir), base_prefix, ignored, {"score."});
 }
 
 GPT2ForSequenceClassification::GPT2ForSequenceClassification(
@@ -123,8 +126,8 @@ std::unique_ptr<GPT2ForSequenceClassification> GPT2ForSequenceClassification::fr
   const std::string path = hf::config_path(dir);
   const hf::ConfigFile file(path, "GPT-2");
   auto model = std::make_unique<GPT2ForSequenceClassification>(
-      gpt_config_from_json_file(path), file.labels(), file.optional_id("pad_token_id", -1),
-      nullptr, opts);
+      gpt_config_from_json_file(path), file.labels(), file.optional_id("pad_token_id", -1), nullptr,
+      opts);
   model->load_weights(dir, "transformer.", [](const std::string& name) {
     return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
            name == "lm_head.weight";
@@ -135,8 +138,8 @@ std::unique_ptr<GPT2ForSequenceClassification> GPT2ForSequenceClassification::fr
 LlamaForSequenceClassification::LlamaForSequenceClassification(
     const LlamaConfig& cfg, const SequenceClassificationConfig& labels, int64_t pad_token_id,
     Generator* gen, TensorOptions opts)
-    : DecoderForSequenceClassification(cfg.hidden_size, cfg.initializer_range, labels,
-                                       pad_token_id, cfg.tie_word_embeddings, gen, opts),
+    : DecoderForSequenceClassification(cfg.hidden_size, cfg.initializer_range, labels, pad_token_id,
+                                       cfg.tie_word_embeddings, gen, opts),
       body_(std::make_unique<Llama>(without_output_head(cfg), gen, opts)) {
   body_->model.embed_tokens.set_padding_idx(pad_token_id);
   register_module("model", body_->model);

@@ -23,7 +23,9 @@ constexpr std::pair<Activation, const char*> kActivations[] = {
     {Activation::Relu, "relu"},
 };
 
-bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
 
 bool starts_with_any(const std::string& s, const std::vector<std::string>& prefixes) {
   return std::any_of(prefixes.begin(), prefixes.end(),
@@ -50,7 +52,7 @@ Tensor float_targets(const Tensor& logits, const Tensor& labels, const char* wha
   TESSERA_CHECK(labels.numel() == logits.numel(), "sequence_classification_loss: ", what,
                 " labels ", shape_str(labels.shape()), " must hold one target per logit of ",
                 shape_str(logits.shape()));
-  return raw::reshape(raw::to(labels, logits.device(), logits.dtype()), logits.shape());
+  return ops::reshape(ops::to(labels, logits.device(), logits.dtype()), logits.shape());
 }
 }  // namespace
 
@@ -103,7 +105,7 @@ Tensor sequence_classification_loss(const Tensor& logits, const Tensor& labels,
                     "sequence_classification_loss: single-label classification needs integer "
                     "labels [B = ",
                     logits.size(0), "], got ", autograd::describe(labels));
-      return cross_entropy(logits, raw::reshape(labels, {logits.size(0)}));
+      return cross_entropy(logits, ops::reshape(labels, {logits.size(0)}));
   }
 }
 
@@ -122,16 +124,19 @@ const char* activation_name(Activation act) {
 
 Tensor activate(Activation act, const Tensor& x) {
   switch (act) {
-    case Activation::GeluErf: return gelu_erf(x);
-    case Activation::GeluTanh: return gelu(x);
-    default: return relu(x);
+    case Activation::GeluErf:
+      return gelu_erf(x);
+    case Activation::GeluTanh:
+      return gelu(x);
+    default:
+      return relu(x);
   }
 }
 
 void check_token_ids(const Tensor& input_ids, const char* model) {
-  TESSERA_CHECK(input_ids.dim() == 2 && is_integral(input_ids.dtype()) &&
-                    input_ids.dtype() != DType::boolean,
-                model, ": input_ids must be integer [B, T], got ", autograd::describe(input_ids));
+  TESSERA_CHECK(
+      input_ids.dim() == 2 && is_integral(input_ids.dtype()) && input_ids.dtype() != DType::boolean,
+      model, ": input_ids must be integer [B, T], got ", autograd::describe(input_ids));
 }
 
 void SequenceClassifier::save_pretrained(const std::string& dir) const {
@@ -144,7 +149,7 @@ namespace {
 // token, as int32 [B] on keep's device; undefined otherwise.
 Tensor right_padded_lengths(const Tensor& keep) {
   const int64_t B = keep.size(0), T = keep.size(1);
-  const std::vector<uint8_t> host = raw::to(keep, Device::cpu(), DType::u8).to_vector<uint8_t>();
+  const std::vector<uint8_t> host = ops::to(keep, Device::cpu(), DType::u8).to_vector<uint8_t>();
   std::vector<int32_t> lengths(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
     const uint8_t* row = host.data() + b * T;
@@ -152,7 +157,7 @@ Tensor right_padded_lengths(const Tensor& keep) {
     if (length == 0 || std::find(row + length, row + T, uint8_t{1}) != row + T) return Tensor();
     lengths[static_cast<size_t>(b)] = static_cast<int32_t>(length);
   }
-  return raw::to(from_vector(lengths, {B}, {.dtype = DType::i32}), keep.device(), DType::i32);
+  return ops::to(from_vector(lengths, {B}, {.dtype = DType::i32}), keep.device(), DType::i32);
 }
 
 }  // namespace
@@ -160,12 +165,13 @@ Tensor right_padded_lengths(const Tensor& keep) {
 AttentionPadding padding_of_attention_mask(const Tensor& attention_mask, const Tensor& input_ids,
                                            const char* model) {
   if (!attention_mask.defined()) return {};
-  TESSERA_CHECK(attention_mask.shape() == input_ids.shape() &&
-                    (is_integral(attention_mask.dtype()) || attention_mask.dtype() == DType::boolean),
-                model, ": attention_mask must be an integer or bool tensor of input_ids' shape ",
-                shape_str(input_ids.shape()), ", got ", autograd::describe(attention_mask));
+  TESSERA_CHECK(
+      attention_mask.shape() == input_ids.shape() &&
+          (is_integral(attention_mask.dtype()) || attention_mask.dtype() == DType::boolean),
+      model, ": attention_mask must be an integer or bool tensor of input_ids' shape ",
+      shape_str(input_ids.shape()), ", got ", autograd::describe(attention_mask));
   const Tensor keep = ops::binary(BinaryOp::Ne, attention_mask, 0.0);
-  AttentionPadding padding{raw::reshape(keep, {keep.size(0), 1, 1, keep.size(1)}), Tensor()};
+  AttentionPadding padding{ops::reshape(keep, {keep.size(0), 1, 1, keep.size(1)}), Tensor()};
   // Only a GPU has a fused padded attention to hand the lengths to; the CPU never reads back.
   if (keep.device().is_cuda()) padding.kv_lengths = right_padded_lengths(keep);
   return padding;
@@ -174,7 +180,9 @@ AttentionPadding padding_of_attention_mask(const Tensor& attention_mask, const T
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_head,
                             const AttentionPadding& padding, double dropout_p) {
   const int64_t B = q.size(0), T = q.size(1), C = q.size(2);
-  auto heads = [&](const Tensor& x) { return x.reshape({B, T, n_head, C / n_head}).transpose(1, 2); };
+  auto heads = [&](const Tensor& x) {
+    return x.reshape({B, T, n_head, C / n_head}).transpose(1, 2);
+  };
   const Tensor y = key_padded_attention(heads(q), heads(k), heads(v), padding.keep,
                                         padding.kv_lengths, /*causal=*/false, dropout_p);
   return y.transpose(1, 2).reshape({B, T, C});
@@ -185,8 +193,9 @@ std::vector<std::string> load_classifier_checkpoint(
     const std::function<bool(const std::string&)>& ignored,
     const std::vector<std::string>& head_prefixes) {
   const SafetensorsContents file = load_safetensors(path);
-  const bool has_prefix = std::any_of(file.tensors.begin(), file.tensors.end(),
-                                      [&](const auto& e) { return starts_with(e.first, base_prefix); });
+  const bool has_prefix = std::any_of(file.tensors.begin(), file.tensors.end(), [&](const auto& e) {
+    return starts_with(e.first, base_prefix);
+  });
   std::map<std::string, Tensor> state;
   for (const auto& [name, t] : file.tensors) {
     state[has_prefix || starts_with_any(name, head_prefixes) ? name : base_prefix + name] = t;
@@ -201,11 +210,11 @@ std::vector<std::string> load_classifier_checkpoint(
   std::vector<std::string> fresh, missing;
   for (const std::string& name : result.missing_keys)
     (starts_with_any(name, head_prefixes) ? fresh : missing).push_back(name);
-  TESSERA_CHECK(missing.empty() && result.unexpected_keys.empty(), model.type_name(),
-                ": loading '", path, "': the checkpoint does not match the model",
-                missing.empty() ? "" : "; missing: ", joined(missing),
-                result.unexpected_keys.empty() ? "" : "; unexpected: ",
-                joined(result.unexpected_keys));
+  TESSERA_CHECK(
+      missing.empty() && result.unexpected_keys.empty(), model.type_name(), ": loading '", path,
+      "': the checkpoint does not match the model",
+      missing.empty() ? "" : "; missing: ", joined(missing),
+      result.unexpected_keys.empty() ? "" : "; unexpected: ", joined(result.unexpected_keys));
   return fresh;
 }
 

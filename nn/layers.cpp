@@ -23,9 +23,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, double
                 "Linear: features must be positive, got in=", in_features, " out=", out_features);
   weight =
       register_parameter("weight", normal_init({in_features, out_features}, init_std, gen, opts));
-  if (with_bias)
-    bias = register_parameter("bias",
-                              init_constant({out_features}, 0.0, opts));
+  if (with_bias) bias = register_parameter("bias", init_constant({out_features}, 0.0, opts));
 }
 
 Tensor Linear::forward(const Tensor& x) {
@@ -37,11 +35,11 @@ Tensor Linear::forward(const Tensor& x) {
 TorchLinear::TorchLinear(int64_t in_features, int64_t out_features, double init_std, Generator* gen,
                          TensorOptions opts, bool with_bias) {
   TESSERA_CHECK(in_features > 0 && out_features > 0,
-                "TorchLinear: features must be positive, got in=", in_features, " out=", out_features);
-  weight = register_parameter("weight", normal_init({out_features, in_features}, init_std, gen, opts));
-  if (with_bias)
-    bias = register_parameter("bias",
-                              init_constant({out_features}, 0.0, opts));
+                "TorchLinear: features must be positive, got in=", in_features,
+                " out=", out_features);
+  weight =
+      register_parameter("weight", normal_init({out_features, in_features}, init_std, gen, opts));
+  if (with_bias) bias = register_parameter("bias", init_constant({out_features}, 0.0, opts));
 }
 
 Tensor TorchLinear::forward(const Tensor& x) {
@@ -63,7 +61,7 @@ void Embedding::set_padding_idx(int64_t index) {
   padding_idx = index;
   if (index < 0) return;
   check_not_deferred(weight, "weight", "Embedding::set_padding_idx");
-  raw::fill_(raw::narrow(weight, 0, index, 1), 0.0);
+  ops::fill_(ops::narrow(weight, 0, index, 1), 0.0);
 }
 
 Tensor Embedding::forward(const Tensor& indices) {
@@ -71,14 +69,14 @@ Tensor Embedding::forward(const Tensor& indices) {
   if (padding_idx < 0) return rows;
   // The padding positions take their rows from a detached copy of the lookup: same values, no
   // path back into the weight.
-  const Tensor is_padding = raw::unsqueeze(ops::binary(BinaryOp::Eq, indices, double(padding_idx)), -1);
+  const Tensor is_padding =
+      ops::unsqueeze(ops::binary(BinaryOp::Eq, indices, double(padding_idx)), -1);
   return where(is_padding, rows.detach(), rows);
 }
 
 LayerNorm::LayerNorm(int64_t dim, double eps_, bool with_bias, TensorOptions opts) : eps(eps_) {
   weight = register_parameter("weight", init_constant({dim}, 1.0, opts));
-  if (with_bias)
-    bias = register_parameter("bias", init_constant({dim}, 0.0, opts));
+  if (with_bias) bias = register_parameter("bias", init_constant({dim}, 0.0, opts));
 }
 
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight, bias, eps); }

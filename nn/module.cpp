@@ -1,4 +1,5 @@
 #include "tessera/nn/module.h"
+#include "tessera/kernels/ops.h"
 
 #include <algorithm>
 #include <set>
@@ -61,8 +62,10 @@ void Module::check_new_name(const std::string& name, const char* what) const {
                 " name '", name, "' must be non-empty and contain no '.'");
   auto taken = [&](const auto& list) {
     return std::any_of(list.begin(), list.end(), [&](const auto& e) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(e)>, Entry>) return e.name == name;
-      else return e.first == name;
+      if constexpr (std::is_same_v<std::decay_t<decltype(e)>, Entry>)
+        return e.name == name;
+      else
+        return e.first == name;
     });
   };
   TESSERA_CHECK(!taken(params_) && !taken(buffers_) && !taken(children_), type_name(),
@@ -196,8 +199,9 @@ LoadStateDictResult Module::load_state_dict(const std::map<std::string, Tensor>&
     return os.str();
   };
   // Shape mismatches are always fatal: there is nothing sensible to copy.
-  const bool fail = !mismatches.empty() ||
-                    (opts.strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty()));
+  const bool fail =
+      !mismatches.empty() ||
+      (opts.strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty()));
   if (fail) {
     std::ostringstream msg;
     msg << type_name() << "::load_state_dict: state dict does not match the model.";
@@ -217,9 +221,9 @@ LoadStateDictResult Module::load_state_dict(const std::map<std::string, Tensor>&
       set_deferred_source(t, it->second);
       continue;
     }
-    raw::copy_(t, it->second.device() == t.device() ? it->second
-                                                    : raw::to(it->second, t.device(),
-                                                              it->second.dtype()));
+    ops::copy_(t, it->second.device() == t.device()
+                      ? it->second
+                      : ops::to(it->second, t.device(), it->second.dtype()));
     t.impl().version++;
   }
   return result;
@@ -239,7 +243,7 @@ void Module::convert_tensors(Device device, DType dtype, bool change_dtype) {
       retarget_deferred(t, device, target);
       continue;
     }
-    repoint(t, raw::contiguous(raw::to(t, device, target)));
+    repoint(t, ops::contiguous(ops::to(t, device, target)));
   }
 }
 

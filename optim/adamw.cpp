@@ -4,9 +4,9 @@
 #include <functional>
 #include <map>
 
-#include "tessera/kernels/ops.h"
 #include "tessera/core/fused_dispatch.h"
 #include "tessera/core/graph_capture.h"
+#include "tessera/kernels/ops.h"
 #include "tessera/optim/adamw_cpu.h"
 #include "tessera/optim/clip.h"
 #include "tessera/optim/fused_update.h"
@@ -18,7 +18,7 @@ namespace {
 // Any device: the same formula from tape-free ops (one kernel launch per term).
 void adamw_generic(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
                    const AdamWCoefficients<double>& c) {
-  const Tensor gs = raw::to(g, g.device(), m.dtype());
+  const Tensor gs = ops::to(g, g.device(), m.dtype());
   ops::binary_(BinaryOp::Mul, p, c.decay);
   ops::binary_(BinaryOp::Mul, m, c.beta1);
   ops::binary_(BinaryOp::Add, m, ops::mul(gs, c.one_minus_beta1));
@@ -61,14 +61,18 @@ static_assert(kAdamWReplayScalars <= kSlotFloats);
 
 MultiTensorAdamWConfig multi_tensor_config(const ParamGroup& group, const AdamWOptions& opts,
                                            int64_t step) {
-  return {.lr = group.lr, .beta1 = opts.beta1, .beta2 = opts.beta2, .eps = opts.eps,
-          .weight_decay = group.weight_decay, .step = step, .grad_scale = 1.0f};
+  return {.lr = group.lr,
+          .beta1 = opts.beta1,
+          .beta2 = opts.beta2,
+          .eps = opts.eps,
+          .weight_decay = group.weight_decay,
+          .step = step,
+          .grad_scale = 1.0f};
 }
 
 bool fits_multi_tensor(const Tensor& p, const Tensor& g, const Tensor& master) {
   return fused_kernel_table(p.device().type).multi_tensor_adamw != nullptr &&
-         (p.dtype() == DType::f32 || master.defined()) &&
-         p.is_contiguous() && g.is_contiguous();
+         (p.dtype() == DType::f32 || master.defined()) && p.is_contiguous() && g.is_contiguous();
 }
 
 bool is_low_precision(DType t) { return t == DType::f16 || t == DType::bf16; }
@@ -116,8 +120,8 @@ void update_one(const Tensor& target, const Tensor& g, const Tensor& m, const Te
 
 // One update of an f16/bf16 parameter through its f32 master: on the CPU in one pass when the
 // operands allow it, else the master's update followed by the rounded copy (the same bits).
-void update_with_master(const Tensor& p, const Tensor& master, const Tensor& grad,
-                        const Tensor& m, const Tensor& v, const AdamWCoefficients<double>& c) {
+void update_with_master(const Tensor& p, const Tensor& master, const Tensor& grad, const Tensor& m,
+                        const Tensor& v, const AdamWCoefficients<double>& c) {
   if (p.device().is_cpu() && master.device().is_cpu() && p.is_contiguous() &&
       grad.is_contiguous() && grad.shape() == p.shape() && grad.device().is_cpu() &&
       (grad.dtype() == p.dtype() || grad.dtype() == DType::f32)) {
@@ -125,7 +129,7 @@ void update_with_master(const Tensor& p, const Tensor& master, const Tensor& gra
     master.impl().version++;
   } else {
     update_one(master, detail::grad_like_param(master, grad, "AdamW::step"), m, v, c);
-    raw::copy_(p, master);
+    ops::copy_(p, master);
   }
   p.impl().version++;
 }
@@ -150,7 +154,7 @@ void AdamW::upload_replay_scalars() {
   }
   // A small host-to-device copy: staged and queued, so it lands after the previous replay
   // (which read the old values) and before the next one.
-  raw::copy_(raw::narrow(replay_scalars_, 0, 0, int64_t(values.size())),
+  ops::copy_(ops::narrow(replay_scalars_, 0, 0, int64_t(values.size())),
              from_vector(values, {int64_t(values.size())}));
 }
 
@@ -163,12 +167,15 @@ void AdamW::prepare_graph_replay() {
   // Replays the multi-tensor launches recorded in the last capture: their parameters' step
   // counts advance and each launch's lr and bias corrections go to its device slot.
   if (!step_gate_open()) return;
-  TESSERA_CHECK(!recorded_.empty(), "AdamW::prepare_graph_replay: no step was recorded in a CUDA graph");
+  TESSERA_CHECK(!recorded_.empty(),
+                "AdamW::prepare_graph_replay: no step was recorded in a CUDA graph");
   for (const RecordedLaunch& launch : recorded_) {
     const int64_t step = state(launch.params.front()).step + 1;
     for (size_t i : launch.params) {
-      TESSERA_CHECK(state(i).step + 1 == step, "AdamW::prepare_graph_replay: parameters of one "
-                    "recorded launch are at different steps (", state(i).step + 1, " vs ", step, ")");
+      TESSERA_CHECK(state(i).step + 1 == step,
+                    "AdamW::prepare_graph_replay: parameters of one "
+                    "recorded launch are at different steps (",
+                    state(i).step + 1, " vs ", step, ")");
       state(i).step = step;
     }
   }
@@ -198,20 +205,21 @@ void AdamW::apply_step() {
         s.tensors["exp_avg_sq"] = zeros(p.shape(), sopts);
       }
       if (keep_master && !s.tensors.count("master"))
-        s.tensors["master"] = raw::contiguous(raw::clone(raw::to(p, p.device(), DType::f32)));
+        s.tensors["master"] = ops::contiguous(ops::clone(ops::to(p, p.device(), DType::f32)));
       const Tensor master = keep_master ? s.tensors["master"] : Tensor();
       const Tensor& m = s.tensors["exp_avg"];
       const Tensor& v = s.tensors["exp_avg_sq"];
       s.step += 1;
       // With a master the fused kernel reads the gradient in its own dtype (as f32).
       if (keep_master) {
-        TESSERA_CHECK(grad.shape() == p.shape() && grad.device() == p.device(), "AdamW::step: gradient ",
-                      shape_str(grad.shape()), " on ", grad.device().str(), " does not match parameter ",
-                      shape_str(p.shape()), " on ", p.device().str());
+        TESSERA_CHECK(grad.shape() == p.shape() && grad.device() == p.device(),
+                      "AdamW::step: gradient ", shape_str(grad.shape()), " on ",
+                      grad.device().str(), " does not match parameter ", shape_str(p.shape()),
+                      " on ", p.device().str());
       }
       Tensor direct_grad = keep_master ? grad : detail::grad_like_param(p, grad, "AdamW::step");
-      const bool norm_readable = !clip.norm.defined() ||
-                                 (clip.norm.device() == p.device() && clip.norm.dtype() == DType::f32);
+      const bool norm_readable = !clip.norm.defined() || (clip.norm.device() == p.device() &&
+                                                          clip.norm.dtype() == DType::f32);
       if (norm_readable && fits_multi_tensor(p, direct_grad, master)) {
         multi_tensor.push_back({p, direct_grad, m, v, master, s.step, index - 1});
         continue;
@@ -222,10 +230,11 @@ void AdamW::apply_step() {
       }
       // Its coefficients would be frozen into the graph's kernel arguments.
       TESSERA_CHECK(!recording, "AdamW: parameter ", index - 1, " (", shape_str(p.shape()), " ",
-                    dtype_name(p.dtype()), " on ", p.device().str(), ") has no multi-tensor "
+                    dtype_name(p.dtype()), " on ", p.device().str(),
+                    ") has no multi-tensor "
                     "update, which a CUDA graph needs");
-      const AdamWCoefficients<double> c = adamw_coefficients(
-          group.lr, opts_.beta1, opts_.beta2, opts_.eps, group.weight_decay, s.step);
+      const AdamWCoefficients<double> c = adamw_coefficients(group.lr, opts_.beta1, opts_.beta2,
+                                                             opts_.eps, group.weight_decay, s.step);
       if (keep_master)
         update_with_master(p, master, grad, m, v, c);
       else

@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "tessera/kernels/ops.h"
 #include "tessera/core/fused_dispatch.h"
+#include "tessera/kernels/ops.h"
 #include "tessera/optim/fused_update.h"
 
 namespace tessera::optim {
@@ -22,7 +22,7 @@ void for_each_grad(const std::vector<Tensor>& params, Fn&& fn) {
 // it had to be made contiguous.
 template <class Fn>
 void with_cpu_floats(const Tensor& t, Fn&& fn) {
-  Tensor work = t.is_contiguous() ? t : raw::contiguous(t);
+  Tensor work = t.is_contiguous() ? t : ops::contiguous(t);
   visit_dtype(work.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> ||
@@ -33,7 +33,7 @@ void with_cpu_floats(const Tensor& t, Fn&& fn) {
                    " is not floating point");
     }
   });
-  if (!work.is_same(t) && !work.shares_storage(t)) raw::copy_(t, work);
+  if (!work.is_same(t) && !work.shares_storage(t)) ops::copy_(t, work);
 }
 
 }  // namespace
@@ -61,7 +61,8 @@ double grad_norm_squared(const std::vector<Tensor>& params) {
   const Device device = device_grads.front().device();
   if (auto fused_norm = fused_kernel_table(device.type).global_grad_norm) {
     bool one_launch = true;
-    for (const auto& g : device_grads) one_launch = one_launch && g.device() == device && g.is_contiguous();
+    for (const auto& g : device_grads)
+      one_launch = one_launch && g.device() == device && g.is_contiguous();
     if (one_launch) {
       const double norm = fused_norm(device_grads).item();
       return total + norm * norm;
@@ -69,7 +70,7 @@ double grad_norm_squared(const std::vector<Tensor>& params) {
   }
   Tensor device_total;
   for (const auto& g : device_grads) {
-    Tensor gf = raw::to(g, g.device(), DType::f32);
+    Tensor gf = ops::to(g, g.device(), DType::f32);
     Tensor s = ops::sum(ops::mul(gf, gf));
     device_total = device_total.defined() ? ops::add(device_total, s) : s;
   }
@@ -94,7 +95,8 @@ bool scale_grads(const std::vector<Tensor>& grads, double factor, bool check_fin
   // per tensor.
   if (!check_finite) {
     const auto fused_scale =
-        grads.empty() ? nullptr : fused_kernel_table(grads.front().device().type).multi_tensor_scale;
+        grads.empty() ? nullptr
+                      : fused_kernel_table(grads.front().device().type).multi_tensor_scale;
     bool one_launch = fused_scale != nullptr;
     for (const auto& g : grads)
       one_launch = one_launch && g.device() == grads.front().device() && g.is_contiguous();
@@ -121,7 +123,7 @@ bool scale_grads(const std::vector<Tensor>& grads, double factor, bool check_fin
       });
     } else {
       if (check_finite) {
-        Tensor probe = ops::sum(ops::mul(raw::to(g, g.device(), DType::f32), 0.0));
+        Tensor probe = ops::sum(ops::mul(ops::to(g, g.device(), DType::f32), 0.0));
         device_probe = device_probe.defined() ? ops::add(device_probe, probe) : probe;
       }
       ops::binary_(BinaryOp::Mul, g, factor);
@@ -176,12 +178,14 @@ Tensor clip_grad_norm_on_device_(const std::vector<Tensor>& params, double max_n
   TESSERA_CHECK(!grads.empty(), "clip_grad_norm_on_device_: no parameter has a gradient");
   const Device device = grads.front().device();
   const FusedKernelTable& fused = fused_kernel_table(device.type);
-  TESSERA_CHECK(fused.global_grad_norm && fused.multi_tensor_clip, "clip_grad_norm_on_device_: ",
-                device.str(), " has no fused norm and clip kernels");
+  TESSERA_CHECK(fused.global_grad_norm && fused.multi_tensor_clip,
+                "clip_grad_norm_on_device_: ", device.str(), " has no fused norm and clip kernels");
   for (const Tensor& g : grads)
-    TESSERA_CHECK(g.device() == device && g.is_contiguous(), "clip_grad_norm_on_device_: gradients "
-                  "must be contiguous and on one device; got one of shape ", shape_str(g.shape()),
-                  " on ", g.device().str(), g.is_contiguous() ? "" : " (not contiguous)");
+    TESSERA_CHECK(g.device() == device && g.is_contiguous(),
+                  "clip_grad_norm_on_device_: gradients "
+                  "must be contiguous and on one device; got one of shape ",
+                  shape_str(g.shape()), " on ", g.device().str(),
+                  g.is_contiguous() ? "" : " (not contiguous)");
   const Tensor norm = fused.global_grad_norm(grads);
   if (max_norm > 0) fused.multi_tensor_clip(grads, norm, max_norm);
   return norm;

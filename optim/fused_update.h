@@ -12,6 +12,7 @@
 #include <functional>
 
 #include "tessera/core/tensor.h"
+#include "tessera/kernels/ops.h"
 #include "tessera/optim/host_parallel.h"
 
 namespace tessera::optim::detail {
@@ -50,8 +51,8 @@ inline Tensor grad_like_param(const Tensor& p, const Tensor& grad, const char* o
                 " differs from parameter shape ", shape_str(p.shape()));
   TESSERA_CHECK(grad.device() == p.device(), op, ": gradient on ", grad.device().str(),
                 " but parameter on ", p.device().str());
-  Tensor g = grad.dtype() == p.dtype() ? grad : raw::to(grad, p.device(), p.dtype());
-  return raw::contiguous(g);
+  Tensor g = grad.dtype() == p.dtype() ? grad : ops::to(grad, p.device(), p.dtype());
+  return ops::contiguous(g);
 }
 
 // Runs update(contiguous view of p) and writes back when p itself is not contiguous;
@@ -60,9 +61,9 @@ inline void update_in_place(const Tensor& p, const std::function<void(const Tens
   if (p.is_contiguous()) {
     update(p);
   } else {
-    Tensor work = raw::contiguous(p);
+    Tensor work = ops::contiguous(p);
     update(work);
-    raw::copy_(p, work);
+    ops::copy_(p, work);
   }
   p.impl().version++;
 }

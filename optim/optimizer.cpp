@@ -1,4 +1,5 @@
 #include "tessera/optim/optimizer.h"
+#include "tessera/kernels/ops.h"
 
 #include "tessera/core/memory_category.h"
 
@@ -39,8 +40,8 @@ std::vector<Tensor> Optimizer::parameters() const {
 }
 
 void Optimizer::clip_grads_in_next_step(const Tensor& norm, double max_norm) {
-  TESSERA_CHECK(norm.defined() && norm.numel() == 1 && is_floating(norm.dtype()),
-                name(), "::clip_grads_in_next_step: the norm must be one floating value, got ",
+  TESSERA_CHECK(norm.defined() && norm.numel() == 1 && is_floating(norm.dtype()), name(),
+                "::clip_grads_in_next_step: the norm must be one floating value, got ",
                 norm.defined() ? shape_str(norm.shape()) + " " + dtype_name(norm.dtype()) : "none");
   TESSERA_CHECK(max_norm > 0, name(), "::clip_grads_in_next_step: max_norm must be > 0, got ",
                 max_norm);
@@ -75,7 +76,8 @@ void Optimizer::step() {
   if (pre_step_ && !pending_clip_.norm.defined()) pre_step_();
   // Parameters step_parameters already updated are skipped this once.
   if (!stepped_early_.empty()) {
-    TESSERA_CHECK(!pending_clip_.norm.defined(), name(), "::step: a clip was requested after "
+    TESSERA_CHECK(!pending_clip_.norm.defined(), name(),
+                  "::step: a clip was requested after "
                   "some parameters were already updated (step_parameters)");
     pass_.assign(stepped_early_.size(), 1);
     for (size_t i = 0; i < stepped_early_.size(); ++i) pass_[i] = !stepped_early_[i];
@@ -86,9 +88,11 @@ void Optimizer::step() {
 }
 
 void Optimizer::step_parameters(const std::vector<size_t>& indices) {
-  TESSERA_CHECK(supports_partial_steps(), name(), " cannot update a subset of its parameters "
+  TESSERA_CHECK(supports_partial_steps(), name(),
+                " cannot update a subset of its parameters "
                 "(step_parameters); AdamW can");
-  TESSERA_CHECK(!pending_clip_.norm.defined(), name(), "::step_parameters: a clip is pending; "
+  TESSERA_CHECK(!pending_clip_.norm.defined(), name(),
+                "::step_parameters: a clip is pending; "
                 "it needs every gradient before any update");
   MemoryCategoryScope tag(MemoryCategory::OptimizerState);
   pass_.assign(states_.size(), 0);
@@ -133,7 +137,8 @@ void Optimizer::replace_param_groups(std::vector<ParamGroup> groups) {
 }
 
 void Optimizer::set_master_weights(bool on) {
-  TESSERA_CHECK(!on, name(), " keeps no f32 master weights; mixed precision (bf16/fp16 "
+  TESSERA_CHECK(!on, name(),
+                " keeps no f32 master weights; mixed precision (bf16/fp16 "
                 "parameters) needs an optimizer that does, such as AdamW");
 }
 
@@ -182,9 +187,9 @@ void Optimizer::load_state_dict(const OptimizerStateDict& state) {
     groups_[g].initial_lr = scalar(prefix + "initial_lr");
     groups_[g].weight_decay = scalar(prefix + "weight_decay");
   }
-  TESSERA_CHECK(state.scalars.count("group." + std::to_string(groups_.size()) + ".lr") == 0,
-                name(), "::load_state_dict: the state has more than the optimizer's ",
-                groups_.size(), " parameter groups");
+  TESSERA_CHECK(state.scalars.count("group." + std::to_string(groups_.size()) + ".lr") == 0, name(),
+                "::load_state_dict: the state has more than the optimizer's ", groups_.size(),
+                " parameter groups");
   const std::vector<Tensor> params = parameters();
   for (const auto& [key, value] : state.scalars) {
     if (key.rfind("state.", 0) != 0) continue;
@@ -202,11 +207,11 @@ void Optimizer::load_state_dict(const OptimizerStateDict& state) {
       auto it = state.tensors.find(prefix + tname);
       if (it == state.tensors.end()) continue;  // e.g. SGD without momentum keeps none
       const Tensor& src = it->second;
-      TESSERA_CHECK(src.shape() == params[i].shape(), name(), "::load_state_dict: '", prefix,
-                    tname, "' has shape ", shape_str(src.shape()), " but parameter ", i,
-                    " has shape ", shape_str(params[i].shape()));
+      TESSERA_CHECK(src.shape() == params[i].shape(), name(), "::load_state_dict: '", prefix, tname,
+                    "' has shape ", shape_str(src.shape()), " but parameter ", i, " has shape ",
+                    shape_str(params[i].shape()));
       // Moments keep the dtype they were saved in (f32 for low-precision parameters).
-      loaded[i].tensors[tname] = raw::clone(raw::to(src, params[i].device(), src.dtype()));
+      loaded[i].tensors[tname] = ops::clone(ops::to(src, params[i].device(), src.dtype()));
     }
   }
   states_ = std::move(loaded);

@@ -30,13 +30,12 @@ void sgd_cpu(T* p, const T* g, A* buf, int64_t n, const SGDCoeffs<A>& c) {
   });
 }
 
-void sgd_generic(const Tensor& p, const Tensor& g, const Tensor& buf,
-                 const SGDCoeffs<double>& c) {
-  Tensor d = raw::to(g, g.device(), buf.defined() ? buf.dtype() : g.dtype());
+void sgd_generic(const Tensor& p, const Tensor& g, const Tensor& buf, const SGDCoeffs<double>& c) {
+  Tensor d = ops::to(g, g.device(), buf.defined() ? buf.dtype() : g.dtype());
   if (c.weight_decay != 0) d = ops::add_scaled(d, p, c.weight_decay);
   if (buf.defined()) {
     if (c.first_step) {
-      raw::copy_(buf, d);
+      ops::copy_(buf, d);
     } else {
       ops::binary_(BinaryOp::Mul, buf, c.momentum);
       ops::binary_(BinaryOp::Add, buf, ops::mul(d, c.one_minus_dampening));
@@ -76,8 +75,9 @@ void SGD::apply_step() {
               zeros(p.shape(), {.dtype = detail::state_dtype(p.dtype()), .device = p.device()});
         buf = s.tensors["momentum_buffer"];
       }
-      const SGDCoeffs<double> c{group.lr, group.weight_decay, opts_.momentum,
-                                1.0 - opts_.dampening, opts_.nesterov, s.step == 0};
+      const SGDCoeffs<double> c{group.lr,       group.weight_decay,
+                                opts_.momentum, 1.0 - opts_.dampening,
+                                opts_.nesterov, s.step == 0};
       s.step += 1;
       detail::update_in_place(p, [&](const Tensor& pc) {
         if (pc.device().is_cpu()) {
@@ -88,8 +88,9 @@ void SGD::apply_step() {
                                  buf.defined() ? buf.data<double>() : nullptr, pc.numel(), c);
             } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, Half> ||
                                  std::is_same_v<T, BFloat16>) {
-              const SGDCoeffs<float> cf{float(c.lr), float(c.weight_decay), float(c.momentum),
-                                        float(c.one_minus_dampening), c.nesterov, c.first_step};
+              const SGDCoeffs<float> cf{float(c.lr),       float(c.weight_decay),
+                                        float(c.momentum), float(c.one_minus_dampening),
+                                        c.nesterov,        c.first_step};
               sgd_cpu<T, float>(pc.data<T>(), g.data<T>(),
                                 buf.defined() ? buf.data<float>() : nullptr, pc.numel(), cf);
             }

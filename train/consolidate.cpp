@@ -1,4 +1,5 @@
 #include "tessera/train/consolidate.h"
+#include "tessera/kernels/ops.h"
 
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -41,20 +42,25 @@ void check_not_run_folder(const fs::path& checkpoint) {
   const std::vector<fs::path> checkpoints = list_checkpoints(checkpoint);
   TESSERA_CHECK(checkpoints.empty(), "consolidate: '", checkpoint.string(),
                 "' is a run folder, not a checkpoint; its newest checkpoint is '",
-                checkpoints.back().string(), "' (pass that, or the run's model/ is already a model directory)");
+                checkpoints.back().string(),
+                "' (pass that, or the run's model/ is already a model directory)");
 }
 
 // Writes the model directory into `partial`, model.safetensors one tensor at a time
 // (write_tensor passes each entry's bytes on); a failure removes what it wrote.
 void write_model_directory(
-    const fs::path& checkpoint, const fs::path& partial, const std::vector<SafetensorsEntry>& entries,
+    const fs::path& checkpoint, const fs::path& partial,
+    const std::vector<SafetensorsEntry>& entries,
     const std::function<void(const SafetensorsEntry&, const ByteWriter&)>& write_tensor) {
   try {
     fs::create_directories(partial);
-    data::write_file_atomically(partial / "config.json", data::read_file(checkpoint / "config.json"));
-    save_safetensors_streamed((partial / "model.safetensors").string(), entries, write_tensor, {{"format", "pt"}});
+    data::write_file_atomically(partial / "config.json",
+                                data::read_file(checkpoint / "config.json"));
+    save_safetensors_streamed((partial / "model.safetensors").string(), entries, write_tensor,
+                              {{"format", "pt"}});
     if (fs::exists(checkpoint / "tokenizer.json"))
-      data::write_file_atomically(partial / "tokenizer.json", data::read_file(checkpoint / "tokenizer.json"));
+      data::write_file_atomically(partial / "tokenizer.json",
+                                  data::read_file(checkpoint / "tokenizer.json"));
     data::write_folder_checksums(partial);
   } catch (...) {
     std::error_code ignored;
@@ -72,8 +78,9 @@ ConsolidateReport consolidate_checkpoint(const fs::path& checkpoint, const fs::p
   check_not_run_folder(checkpoint);
   check_output_folder(out);
   const fs::path partial = out.string() + ".partial";
-  TESSERA_CHECK(!fs::exists(partial), "consolidate: '", partial.string(),
-                "' exists (left by an interrupted consolidate?); remove it or choose another --out");
+  TESSERA_CHECK(
+      !fs::exists(partial), "consolidate: '", partial.string(),
+      "' exists (left by an interrupted consolidate?); remove it or choose another --out");
   try {
     data::verify_folder_checksums(checkpoint, {"config.json", "model.safetensors"});
   } catch (const Error& e) {
@@ -97,13 +104,14 @@ ConsolidateReport consolidate_checkpoint(const fs::path& checkpoint, const fs::p
   auto write_tensor = [&](const SafetensorsEntry& entry, const ByteWriter& write) {
     const Tensor& stored = model.at(entry.name);
     if (!masters || !masters->holds(entry.name)) {
-      const Tensor bytes = raw::contiguous(stored);
+      const Tensor bytes = ops::contiguous(stored);
       write({bytes.raw_data(), bytes.nbytes()});
       return;
     }
     const Tensor master = masters->assemble(entry.name);
-    TESSERA_CHECK(master.numel() == stored.numel(), "consolidate: ", checkpoint.string(), ": the f32 master of '",
-                  entry.name, "' has ", master.numel(), " elements but model.safetensors holds ", stored.numel());
+    TESSERA_CHECK(master.numel() == stored.numel(), "consolidate: ", checkpoint.string(),
+                  ": the f32 master of '", entry.name, "' has ", master.numel(),
+                  " elements but model.safetensors holds ", stored.numel());
     write({master.raw_data(), master.nbytes()});
   };
 

@@ -1,4 +1,5 @@
 #include "tessera/train/step_graph.h"
+#include "tessera/kernels/ops.h"
 
 #include "tessera/core/random.h"
 #include "tessera/core/settings.h"
@@ -25,9 +26,7 @@ Device device_of(const std::vector<data::Batch>& batches) {
 
 }  // namespace
 
-bool StepGraphRunner::enabled_by_environment() {
-  return setting_enabled(Setting::CudaGraphs);
-}
+bool StepGraphRunner::enabled_by_environment() { return setting_enabled(Setting::CudaGraphs); }
 
 StepGraphRunner::StepGraphRunner(dist::Accelerator& acc, optim::Optimizer& optimizer, StepFn step,
                                  Options options)
@@ -103,7 +102,7 @@ StepOutputs StepGraphRunner::record(Recorded& entry,
   const Device device = device_of(micro_batches);
   entry.inputs.clear();
   for (const data::Batch& b : micro_batches)  // allocated before the capture: they stay put
-    entry.inputs.push_back({raw::clone(b.x), raw::clone(b.y)});
+    entry.inputs.push_back({ops::clone(b.x), ops::clone(b.y)});
   const HostState before = save_host_state();
   GraphBackend& backend = *graph_backend(device.type);
   std::string failure;
@@ -139,8 +138,8 @@ StepOutputs StepGraphRunner::record(Recorded& entry,
 StepOutputs StepGraphRunner::replay(Recorded& entry,
                                     const std::vector<data::Batch>& micro_batches) {
   for (size_t i = 0; i < micro_batches.size(); ++i) {
-    raw::copy_(entry.inputs[i].x, micro_batches[i].x);
-    raw::copy_(entry.inputs[i].y, micro_batches[i].y);
+    ops::copy_(entry.inputs[i].x, micro_batches[i].x);
+    ops::copy_(entry.inputs[i].y, micro_batches[i].y);
   }
   // What changes per step reaches the device through copies queued behind the previous
   // replay: the host does not wait for it (a wait here left the GPU idle between steps while

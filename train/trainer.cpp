@@ -75,7 +75,8 @@ std::shared_ptr<RunFolderLock> claim_output_dir(const TrainingArguments& args,
     const Tensor claimed =
         acc.reduce(full({1}, refusal.empty() ? 1.0 : 0.0, {.dtype = DType::f32}), "min");
     if (claimed.item() == 0 && refusal.empty())
-      refusal = "the main process refused output_dir '" + args.output_dir + "' (its message says why)";
+      refusal =
+          "the main process refused output_dir '" + args.output_dir + "' (its message says why)";
   }
   TESSERA_CHECK(refusal.empty(), refusal);
   return lock;
@@ -104,7 +105,8 @@ void check_metric_for_best_model(const TrainingArguments& args,
                " (a name without the eval_ prefix gets it: loss is eval_loss)");
 }
 
-void check_metric_for_best_model(const TrainingArguments& args, const ComputeMetrics& compute_metrics) {
+void check_metric_for_best_model(const TrainingArguments& args,
+                                 const ComputeMetrics& compute_metrics) {
   std::vector<std::string> names = {"loss"};
   for (const auto& [name, value] : compute_metrics(EvalTotals{}))  // only the names matter
     if (name != "loss") names.push_back(name);
@@ -115,12 +117,14 @@ Trainer::Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile tr
                  std::optional<data::TokenFile> eval_data, ComputeMetrics compute_metrics,
                  std::map<std::string, std::string> extra_files)
     : Trainer(std::move(args),
-              make_causal_lm_task(model, std::move(train_data), std::move(eval_data), std::move(compute_metrics)),
+              make_causal_lm_task(model, std::move(train_data), std::move(eval_data),
+                                  std::move(compute_metrics)),
               std::move(extra_files)) {}
 
-Trainer::Trainer(TrainingArguments args, nn::SequenceClassifier& model, data::ExampleDataset train_data,
-                 std::optional<data::ExampleDataset> eval_data, data::Collator collator,
-                 ComputePredictionMetrics compute_metrics, std::map<std::string, std::string> extra_files)
+Trainer::Trainer(TrainingArguments args, nn::SequenceClassifier& model,
+                 data::ExampleDataset train_data, std::optional<data::ExampleDataset> eval_data,
+                 data::Collator collator, ComputePredictionMetrics compute_metrics,
+                 std::map<std::string, std::string> extra_files)
     : Trainer(std::move(args),
               make_sequence_classification_task(model, std::move(train_data), std::move(eval_data),
                                                 std::move(collator), std::move(compute_metrics)),
@@ -154,7 +158,8 @@ Trainer::Trainer(TrainingArguments args, std::unique_ptr<TrainingTask> task,
   TESSERA_CHECK(acc_->gradient_accumulation_steps() == args_.gradient_accumulation_steps,
                 "the launch environment asks for ", acc_->gradient_accumulation_steps(),
                 " gradient accumulation steps but the training arguments say ",
-                args_.gradient_accumulation_steps, "; set gradient_accumulation_steps (--grad-accum) "
+                args_.gradient_accumulation_steps,
+                "; set gradient_accumulation_steps (--grad-accum) "
                 "for `tessera train` instead");
   folder_lock_ = claim_output_dir(args_, *acc_);
   // One GPU per local rank when distributed; the named device otherwise.
@@ -192,13 +197,14 @@ Trainer::Trainer(TrainingArguments args, std::unique_ptr<TrainingTask> task,
   std::vector<Tensor> trainable;
   for (const Tensor& p : model.parameters())
     if (p.requires_grad()) trainable.push_back(p);
-  TESSERA_CHECK(!trainable.empty(), "Trainer: every parameter of the model is frozen (requires_grad false)");
+  TESSERA_CHECK(!trainable.empty(),
+                "Trainer: every parameter of the model is frozen (requires_grad false)");
   optimizer_ = std::make_unique<optim::AdamW>(
       trainable, optim::AdamWOptions{.lr = args_.learning_rate,
-                                               .beta1 = args_.adam_beta1,
-                                               .beta2 = args_.adam_beta2,
-                                               .eps = args_.adam_epsilon,
-                                               .weight_decay = args_.weight_decay});
+                                     .beta1 = args_.adam_beta1,
+                                     .beta2 = args_.adam_beta2,
+                                     .eps = args_.adam_epsilon,
+                                     .weight_decay = args_.weight_decay});
   schedule_ = make_lr_schedule(args_, *optimizer_, schedule_total);
   state_.schedule_total = schedule_total;
   acc_->prepare(model, *optimizer_, *schedule_);
@@ -351,7 +357,7 @@ Tensor Trainer::accumulate_micro_batches(int64_t count,
     const dist::AccumulateScope scope = acc_->accumulate(task_->model());
     const Tensor loss = loss_of(micro);
     acc_->backward(loss);  // of loss / gradient_accumulation_steps
-    const Tensor loss64 = raw::to(loss.detach(), device_, DType::f64);
+    const Tensor loss64 = ops::to(loss.detach(), device_, DType::f64);
     loss_sum = micro == 0 ? loss64 : ops::add(loss_sum, loss64);
   }
   return ops::binary(BinaryOp::Div, loss_sum, static_cast<double>(count));
@@ -363,7 +369,7 @@ Trainer::StepResult Trainer::training_step() {
                                                 [this](int64_t) { return task_->next_loss(); });
   StepResult result;
   // The step's loss is the mean over all its target tokens, over every process's rows.
-  result.loss = acc_->reduce(raw::reshape(local, {1}), "mean");
+  result.loss = acc_->reduce(ops::reshape(local, {1}), "mean");
   const std::vector<Tensor> params = task_->model().parameters();
   if (acc_->device_clipping_blocker().empty()) {
     result.grad_norm = device_clip(params);
@@ -403,9 +409,9 @@ Trainer::StepResult Trainer::graphed_training_step() {
   const StepOutputs out = graphs_->run(micro_batches);
   // A replay overwrites the graph's outputs: keep copies until they are read (reduce makes
   // one too). The mean over the processes is taken outside the graph, as the eager step does.
-  result.loss = acc_->num_processes() > 1 ? acc_->reduce(raw::reshape(out.loss, {1}), "mean")
-                                          : raw::clone(raw::reshape(out.loss, {1}));
-  if (out.grad_norm.defined()) result.grad_norm = raw::clone(out.grad_norm);
+  result.loss = acc_->num_processes() > 1 ? acc_->reduce(ops::reshape(out.loss, {1}), "mean")
+                                          : ops::clone(ops::reshape(out.loss, {1}));
+  if (out.grad_norm.defined()) result.grad_norm = ops::clone(out.grad_norm);
   schedule_->step();
   if (graphs_->status() != graphs_status_ && acc_->is_main_process()) {
     graphs_status_ = graphs_->status();
@@ -438,8 +444,9 @@ void Trainer::log_step(const PendingLog& step) {
   // a step later, or right after it, before an evaluation).
   const auto done = device_.is_cuda() ? std::chrono::steady_clock::now() : step.queued_at;
   const double elapsed = std::chrono::duration<double>(done - last_log_time_).count();
-  const double seconds = std::max(elapsed - seconds_outside_steps_, 1e-9) /
-                         static_cast<double>(std::max<int64_t>(1, state_.global_step - last_log_step_));
+  const double seconds =
+      std::max(elapsed - seconds_outside_steps_, 1e-9) /
+      static_cast<double>(std::max<int64_t>(1, state_.global_step - last_log_step_));
   last_log_time_ = done;
   seconds_outside_steps_ = 0;
   last_log_step_ = state_.global_step;
@@ -534,12 +541,13 @@ fs::path Trainer::save_checkpoint() {
 void Trainer::check_world_size_of(const fs::path& checkpoint) const {
   const auto [saved_world, saved_rows] = saved_world_and_global_batch(checkpoint);
   const int64_t world = acc_->num_processes(), batch = args_.per_device_train_batch_size;
-  if (saved_world <= 0 || saved_world == world || saved_rows <= 0 || saved_rows == world * batch) return;
-  const std::string keep =
-      saved_rows % world == 0
-          ? "keep the global batch of " + std::to_string(saved_rows) + " rows (--batch " +
-                std::to_string(saved_rows / world) + " on " + std::to_string(world) + " process(es))"
-          : "run on " + std::to_string(saved_world) + " processes";
+  if (saved_world <= 0 || saved_world == world || saved_rows <= 0 || saved_rows == world * batch)
+    return;
+  const std::string keep = saved_rows % world == 0
+                               ? "keep the global batch of " + std::to_string(saved_rows) +
+                                     " rows (--batch " + std::to_string(saved_rows / world) +
+                                     " on " + std::to_string(world) + " process(es))"
+                               : "run on " + std::to_string(saved_world) + " processes";
   TESSERA_FAIL("checkpoint '", checkpoint.string(), "' was written by ", saved_world,
                " processes (", saved_rows, " rows per micro-step) but this job has ", world,
                " process(es) of ", batch, " rows (", world * batch,
@@ -598,7 +606,8 @@ void Trainer::load_best_model() {
   nn::Module& model = task_->model();
   acc_->unwrap_model(model);
   task_->load_weights(dir / "model.safetensors");
-  if (dist::DataParallelStrategy* strategy = acc_->strategy_of(model)) strategy->after_parameters_loaded();
+  if (dist::DataParallelStrategy* strategy = acc_->strategy_of(model))
+    strategy->after_parameters_loaded();
   if (acc_->is_main_process())
     std::printf("loaded the best model (%s = %.6g) from %s\n", args_.metric_for_best_model.c_str(),
                 state_.best_metric.value_or(NAN), dir.string().c_str());

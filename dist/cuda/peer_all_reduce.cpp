@@ -10,6 +10,7 @@
 #include "tessera/core/cuda/cuda_runtime.h"
 #include "tessera/core/graph_capture.h"
 #include "tessera/kernels/cuda/fused.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera::dist {
 namespace {
@@ -238,7 +239,7 @@ void PeerAllReduce::enqueue(const Tensor& t, ReduceOp op, cudaStream_t stream) {
   // the buffer's dtype (the bits of NCCL's sum, then of a multiply by 1/2).
   if (mine_len > 0) {
     cuda::StreamGuard on(stream, device_);
-    const Tensor own = raw::narrow(t, 0, mine, mine_len);
+    const Tensor own = ops::narrow(t, 0, mine, mine_len);
     const Tensor staged = from_blob(b->local + b->staging, {mine_len}, b->dtype, t.device());
     cuda::sum_scaled(own, staged, op == ReduceOp::Avg ? 0.5 : 1.0, own);
   }

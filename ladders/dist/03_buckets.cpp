@@ -69,7 +69,7 @@ Outcome run_step(Job& job, CountingGroup& comm) {
       Bucket& b = buckets[next_to_launch++];
       autograd::NoGradGuard no_grad;
       for (size_t i = 0; i < b.params.size(); ++i)
-        raw::copy_(b.flat.narrow(0, b.offsets[i], b.params[i].numel()),
+        ops::copy_(b.flat.narrow(0, b.offsets[i], b.params[i].numel()),
                    b.params[i].grad().reshape({-1}));
       b.work = comm.all_reduce(b.flat, dist::ReduceOp::Avg);
     }
@@ -87,7 +87,7 @@ Outcome run_step(Job& job, CountingGroup& comm) {
     for (Bucket& b : buckets) {
       b.work->wait();
       for (size_t i = 0; i < b.params.size(); ++i)
-        raw::copy_(b.params[i].grad(),
+        ops::copy_(b.params[i].grad(),
                    b.flat.narrow(0, b.offsets[i], b.params[i].numel()).view(b.params[i].shape()));
       b.ready = 0;
     }

@@ -99,9 +99,9 @@ Tensor zero3_linear(size_t l, const Tensor& x, std::vector<ShardedLinear>& layer
         // This rank's weight and bias gradients, laid out as the parameters are, then averaged
         // over the ranks shard by shard: rank r keeps only shard r.
         Tensor flat_grad = zeros({layer.padded(job.size)}, job.floats());
-        raw::copy_(flat_grad.narrow(0, 0, layer.in * layer.out).view({layer.in, layer.out}),
+        ops::copy_(flat_grad.narrow(0, 0, layer.in * layer.out).view({layer.in, layer.out}),
                    matmul(x.transpose(0, 1), dy));
-        raw::copy_(flat_grad.narrow(0, layer.in * layer.out, layer.out), sum(dy, {0}));
+        ops::copy_(flat_grad.narrow(0, layer.in * layer.out, layer.out), sum(dy, {0}));
         Tensor shard_grad = zeros({layer.shard}, job.floats());
         comm.reduce_scatter(shard_grad, flat_grad, dist::ReduceOp::Avg)->wait();
         gatherer.release(l);

@@ -41,7 +41,7 @@ namespace {
 
 // f: identity forward; backward, the all-reduce of the gradient of a tensor every rank used.
 Tensor copy_to_parallel_region(const Tensor& x, CountingGroup& comm) {
-  Tensor y = raw::alias(x);
+  Tensor y = ops::alias(x);
   autograd::record("CopyToParallelRegionBackward", {x}, {y},
                    [&comm](const autograd::BackwardArgs& a) {
                      Tensor summed = a.grad().contiguous().clone();

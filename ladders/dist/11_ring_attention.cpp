@@ -81,7 +81,7 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Countin
   for (int64_t i = 0; i < tokens; ++i)
     for (int64_t j = i + 1; j < tokens; ++j)
       mask[i * tokens + j] = -std::numeric_limits<float>::infinity();
-  const Tensor causal_mask = raw::to(from_vector(mask, {tokens, tokens}), q.device(), q.dtype());
+  const Tensor causal_mask = ops::to(from_vector(mask, {tokens, tokens}), q.device(), q.dtype());
 
   const int rank = comm.rank(), world = comm.size();
   Partial result = attend(q, k, v, causal_mask);  // round 0: my own chunk

@@ -57,7 +57,7 @@ inline std::vector<Parameter> whole_block(Device device) {
         norm ? (p.name.ends_with("weight") ? ones(p.shape) : zeros(p.shape))
              : normal(p.shape, 0.0, p.shape.size() == 2 ? 1.0 / std::sqrt(double(p.shape[0])) : 0.1,
                       {}, &gen);
-    p.value = raw::to(t, device, DType::f32).requires_grad_();
+    p.value = ops::to(t, device, DType::f32).requires_grad_();
   }
   return params;
 }
@@ -134,8 +134,8 @@ inline std::vector<double> train_block(std::vector<Parameter>& params, const Job
     Generator gen(7000 + step);
     const int64_t B = job.options.rows_per_rank;
     const Batch mine =
-        how.my_part({raw::to(randn({kTokens, B, kModel}, {}, &gen), job.device, DType::f32),
-                     raw::to(randint(0, kVocab, {kTokens, B}, {.dtype = DType::i64}, &gen),
+        how.my_part({ops::to(randn({kTokens, B, kModel}, {}, &gen), job.device, DType::f32),
+                     ops::to(randint(0, kVocab, {kTokens, B}, {.dtype = DType::i64}, &gen),
                              job.device, DType::i64)});
     Tensor loss = block_loss(params, mine.x, mine.y, how.regions);
     (loss * how.loss_scale).backward();

@@ -129,16 +129,16 @@ struct Job {
   TensorOptions floats() const { return {.dtype = DType::f32, .device = device}; }
   // The mean of one number over the ranks (the printed loss); not counted as a step's traffic.
   double mean_over_ranks(double value) const {
-    Tensor t = raw::to(from_vector(std::vector<float>{static_cast<float>(value)}, {1}), device,
+    Tensor t = ops::to(from_vector(std::vector<float>{static_cast<float>(value)}, {1}), device,
                        DType::f32);
     world->all_reduce(t, dist::ReduceOp::Avg)->wait();
-    return raw::to(t, Device::cpu(), DType::f64).to_vector<double>()[0];
+    return ops::to(t, Device::cpu(), DType::f64).to_vector<double>()[0];
   }
   // Rank `root`'s number on every rank (a pipeline's loss lives on its last stage); not counted.
   double from_rank(double value, int root) const {
-    Tensor t = raw::to(from_vector(std::vector<double>{value}, {1}), device, DType::f64);
+    Tensor t = ops::to(from_vector(std::vector<double>{value}, {1}), device, DType::f64);
     world->broadcast(t, root)->wait();
-    return raw::to(t, Device::cpu(), DType::f64).to_vector<double>()[0];
+    return ops::to(t, Device::cpu(), DType::f64).to_vector<double>()[0];
   }
 };
 
@@ -223,7 +223,7 @@ inline Batch global_batch(int step, int64_t rows, Device device) {
   Generator gen(7000 + step);
   Tensor x = randn({rows, kFeatures}, {}, &gen);
   Tensor y = randint(0, kClasses, {rows}, {.dtype = DType::i64}, &gen);
-  return {raw::to(x, device, DType::f32), raw::to(y, device, DType::i64)};
+  return {ops::to(x, device, DType::f32), ops::to(y, device, DType::i64)};
 }
 
 // What one process computes on the whole global batch of W·B rows: the losses and the
@@ -298,7 +298,7 @@ class ResultCheck {
     values(what, to_doubles(got), to_doubles(want));
   }
   static std::vector<double> to_doubles(const Tensor& t) {
-    return raw::to(t.detach(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
+    return ops::to(t.detach(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
   }
   bool passed() const { return worst_ <= kLimit; }
   std::string summary() const {
@@ -344,14 +344,14 @@ struct FlatLayout {
   // Copies each parameter's gradient (or value) into its place in `flat`, or back out.
   void pack_grads(const Tensor& flat) const {
     walk(flat,
-         [](const Tensor& p, const Tensor& place) { raw::copy_(place, p.grad().reshape({-1})); });
+         [](const Tensor& p, const Tensor& place) { ops::copy_(place, p.grad().reshape({-1})); });
   }
   void pack_values(const Tensor& flat) const {
     walk(flat,
-         [](const Tensor& p, const Tensor& place) { raw::copy_(place, p.detach().reshape({-1})); });
+         [](const Tensor& p, const Tensor& place) { ops::copy_(place, p.detach().reshape({-1})); });
   }
   void unpack_values(const Tensor& flat) const {
-    walk(flat, [](const Tensor& p, const Tensor& place) { raw::copy_(p, place.view(p.shape())); });
+    walk(flat, [](const Tensor& p, const Tensor& place) { ops::copy_(p, place.view(p.shape())); });
   }
 
  private:

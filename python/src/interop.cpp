@@ -125,7 +125,7 @@ Tensor wrap_memory(char* data, const Shape& shape, const Shape& strides, DType d
   }
   const size_t bytes = static_cast<size_t>(extent + 1) * dtype_size(dtype);
   auto storage = std::make_shared<Storage>(data, bytes, device, [owner](void*) {});
-  return raw::make(std::move(storage), shape, strides, 0, dtype);
+  return ops::make(std::move(storage), shape, strides, 0, dtype);
 }
 
 Tensor from_numpy(py::array array) {

@@ -27,15 +27,15 @@ class CpuMlpEntries {
   static void linear_gelu_forward(const Tensor& x2d, const Tensor& w, const Tensor& bias,
                                   const Tensor& out, const Tensor& pre_activation) {
     ++forward_calls;
-    raw::copy_(pre_activation, ops::matmul(x2d, w));
+    ops::copy_(pre_activation, ops::matmul(x2d, w));
     if (bias.defined()) ops::binary_(BinaryOp::Add, pre_activation, bias);
-    raw::copy_(out, ops::gelu(pre_activation));
+    ops::copy_(out, ops::gelu(pre_activation));
   }
   static void linear_input_grad_dgelu(const Tensor& g, const Tensor& w,
                                       const Tensor& pre_activation, const Tensor& dpre,
                                       const Tensor& dbias) {
-    raw::copy_(dpre, ops::gelu_backward(pre_activation, ops::matmul(g, raw::transpose(w, 0, 1))));
-    if (dbias.defined()) raw::copy_(dbias, ops::sum(dpre, {0}));
+    ops::copy_(dpre, ops::gelu_backward(pre_activation, ops::matmul(g, ops::transpose(w, 0, 1))));
+    if (dbias.defined()) ops::copy_(dbias, ops::sum(dpre, {0}));
   }
 
   FusedKernelTable& table_;

@@ -81,9 +81,12 @@ inline std::vector<int64_t> element_offsets(const Tensor& t) {
   return offsets;
 }
 
-inline std::vector<double> values(const Tensor& t) { return raw::contiguous(t.to(DType::f64)).to_vector<double>(); }
+inline std::vector<double> values(const Tensor& t) {
+  return ops::contiguous(t.to(DType::f64)).to_vector<double>();
+}
 
-inline double weighted_sum(const std::vector<Tensor>& outs, const std::vector<std::vector<double>>& weights) {
+inline double weighted_sum(const std::vector<Tensor>& outs,
+                           const std::vector<std::vector<double>>& weights) {
   double total = 0.0;
   for (size_t k = 0; k < outs.size(); ++k) {
     std::vector<double> v = values(outs[k]);
@@ -125,10 +128,9 @@ inline ::testing::AssertionResult gradcheck_against(const MultiFn& fn, const Mul
     Tensor analytic = in.grad();
     if (!analytic.defined()) analytic = zeros(in.shape(), {.dtype = DType::f64});
     if (analytic.shape() != in.shape() || analytic.dtype() != in.dtype()) {
-      return ::testing::AssertionFailure() << "input " << i << ": gradient has shape "
-                                           << shape_str(analytic.shape()) << " dtype "
-                                           << dtype_name(analytic.dtype()) << ", input has "
-                                           << shape_str(in.shape());
+      return ::testing::AssertionFailure()
+             << "input " << i << ": gradient has shape " << shape_str(analytic.shape()) << " dtype "
+             << dtype_name(analytic.dtype()) << ", input has " << shape_str(in.shape());
     }
     const std::vector<double> a = detail::values(analytic);
     std::vector<double> numeric;
@@ -172,8 +174,9 @@ inline ::testing::AssertionResult gradcheck(const MultiFn& fn, const std::vector
 
 inline ::testing::AssertionResult gradcheck(const SingleFn& fn, const std::vector<Tensor>& inputs,
                                             GradcheckOptions opt = {}) {
-  return gradcheck(MultiFn([&fn](const std::vector<Tensor>& xs) { return std::vector<Tensor>{fn(xs)}; }),
-                   inputs, opt);
+  return gradcheck(
+      MultiFn([&fn](const std::vector<Tensor>& xs) { return std::vector<Tensor>{fn(xs)}; }), inputs,
+      opt);
 }
 
 }  // namespace tessera::testing

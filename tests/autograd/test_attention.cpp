@@ -4,8 +4,9 @@
 #include <cmath>
 #include <limits>
 
-#include "tessera/autograd/autocast.h"
 #include "gradcheck.h"
+#include "tessera/autograd/autocast.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera {
 namespace {
@@ -17,8 +18,10 @@ using Xs = std::vector<Tensor>;
 
 // softmax(q kᵀ/√D [+ causal]) v with plain loops in double; queries are the last Tq of
 // the Tk positions.
-std::vector<double> reference_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
-  const auto qv = testing::detail::values(q), kv = testing::detail::values(k), vv = testing::detail::values(v);
+std::vector<double> reference_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        bool causal) {
+  const auto qv = testing::detail::values(q), kv = testing::detail::values(k),
+             vv = testing::detail::values(v);
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3);
   std::vector<double> out(B * H * Tq * D, 0.0);
   for (int64_t bh = 0; bh < B * H; ++bh)
@@ -28,14 +31,16 @@ std::vector<double> reference_attention(const Tensor& q, const Tensor& k, const 
       for (int64_t j = 0; j < Tk; ++j) {
         if (causal && j > Tk - Tq + i) continue;
         double dot = 0;
-        for (int64_t d = 0; d < D; ++d) dot += qv[(bh * Tq + i) * D + d] * kv[(bh * Tk + j) * D + d];
+        for (int64_t d = 0; d < D; ++d)
+          dot += qv[(bh * Tq + i) * D + d] * kv[(bh * Tk + j) * D + d];
         s[j] = dot / std::sqrt(double(D));
         mx = std::max(mx, s[j]);
       }
       double total = 0;
       for (auto& x : s) total += (x = std::exp(x - mx));
       for (int64_t j = 0; j < Tk; ++j)
-        for (int64_t d = 0; d < D; ++d) out[(bh * Tq + i) * D + d] += s[j] / total * vv[(bh * Tk + j) * D + d];
+        for (int64_t d = 0; d < D; ++d)
+          out[(bh * Tq + i) * D + d] += s[j] / total * vv[(bh * Tk + j) * D + d];
     }
   return out;
 }
@@ -52,30 +57,36 @@ TEST(Attention, ForwardMatchesLoopReference) {
   for (bool causal : {true, false}) {
     for (auto [Tq, Tk] : std::vector<std::pair<int64_t, int64_t>>{{7, 7}, {1, 1}, {3, 7}}) {
       SCOPED_TRACE(::testing::Message() << "causal " << causal << " Tq " << Tq << " Tk " << Tk);
-      const Tensor q = heads_view(2, 3, Tq, 5, 1), k = heads_view(2, 3, Tk, 5, 2), v = heads_view(2, 3, Tk, 5, 3);
+      const Tensor q = heads_view(2, 3, Tq, 5, 1), k = heads_view(2, 3, Tk, 5, 2),
+                   v = heads_view(2, 3, Tk, 5, 3);
       const auto got = testing::detail::values(scaled_dot_product_attention(q, k, v, causal));
       const auto want = reference_attention(q, k, v, causal);
       ASSERT_EQ(got.size(), want.size());
-      for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-12) << "element " << i;
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], 1e-12) << "element " << i;
     }
   }
 }
 
 TEST(Attention, GradientsMatchFiniteDifferences) {
-  const Tensor q = heads_view(2, 3, 7, 5, 4), k = heads_view(2, 3, 7, 5, 5), v = heads_view(2, 3, 7, 5, 6);
+  const Tensor q = heads_view(2, 3, 7, 5, 4), k = heads_view(2, 3, 7, 5, 5),
+               v = heads_view(2, 3, 7, 5, 6);
   for (bool causal : {true, false})
-    EXPECT_TRUE(gradcheck([causal](const Xs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], causal); },
-                          {q, k, v}))
+    EXPECT_TRUE(gradcheck(
+        [causal](const Xs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], causal); },
+        {q, k, v}))
         << "causal " << causal;
   // A KV cache: 2 new queries over 7 keys.
   const Tensor q2 = leaf(random_f64({1, 2, 2, 4}, 7));
   const Tensor k2 = leaf(random_f64({1, 2, 7, 4}, 8)), v2 = leaf(random_f64({1, 2, 7, 4}, 9));
-  EXPECT_TRUE(gradcheck([](const Xs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], true); },
-                        {q2, k2, v2}));
+  EXPECT_TRUE(
+      gradcheck([](const Xs& x) { return scaled_dot_product_attention(x[0], x[1], x[2], true); },
+                {q2, k2, v2}));
 }
 
 TEST(Attention, DropoutFollowsTheGenerator) {
-  const Tensor q = heads_view(1, 2, 7, 4, 10), k = heads_view(1, 2, 7, 4, 11), v = heads_view(1, 2, 7, 4, 12);
+  const Tensor q = heads_view(1, 2, 7, 4, 10), k = heads_view(1, 2, 7, 4, 11),
+               v = heads_view(1, 2, 7, 4, 12);
   Generator g1(5), g2(5), g3(6);
   const auto a = testing::detail::values(scaled_dot_product_attention(q, k, v, true, 0.5, &g1));
   const auto b = testing::detail::values(scaled_dot_product_attention(q, k, v, true, 0.5, &g2));
@@ -122,9 +133,11 @@ TEST(Autocast, CastsAttentionOperandsAndGradientsFlowBackInF32) {
     EXPECT_EQ(t.grad().dtype(), DType::f32);
   }
   // Close to the f32 computation within bf16 precision.
-  const auto want = testing::detail::values(scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), true));
+  const auto want = testing::detail::values(
+      scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), true));
   const auto got = testing::detail::values(out);
-  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 3e-2 * (1 + std::abs(want[i])));
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 3e-2 * (1 + std::abs(want[i])));
   EXPECT_THROW(autograd::AutocastGuard(DType::f64), Error);
 }
 
@@ -146,9 +159,11 @@ TEST(AttentionCuda, FlashMatchesComposedInBf16) {
     const int64_t B = 2, H = 3, T = 257;
     Generator gen{static_cast<uint64_t>(D)};
     // [B, T, 3, H, D] as a fused projection would lay out q|k|v: non-contiguous heads.
-    const Tensor qkv = randn({B, T, 3, H, D}, {.dtype = DType::bf16, .device = Device::cuda(0)}, &gen);
+    const Tensor qkv =
+        randn({B, T, 3, H, D}, {.dtype = DType::bf16, .device = Device::cuda(0)}, &gen);
     auto head = [&](int64_t i) { return leaf(qkv.select(2, i).transpose(1, 2)); };
-    const Tensor dout = randn({B, H, T, D}, {.dtype = DType::bf16, .device = Device::cuda(0)}, &gen);
+    const Tensor dout =
+        randn({B, H, T, D}, {.dtype = DType::bf16, .device = Device::cuda(0)}, &gen);
     std::vector<Tensor> outs, grads;
     for (bool flash : {true, false}) {
       Tensor q = head(0), k = head(1), v = head(2);
@@ -160,7 +175,8 @@ TEST(AttentionCuda, FlashMatchesComposedInBf16) {
       for (const Tensor& t : {q, k, v}) grads.push_back(t.grad());
     }
     EXPECT_LT(relative_error(outs[0], outs[1]), 2e-2);
-    for (int i = 0; i < 3; ++i) EXPECT_LT(relative_error(grads[i], grads[i + 3]), 3e-2) << "input " << i;
+    for (int i = 0; i < 3; ++i)
+      EXPECT_LT(relative_error(grads[i], grads[i + 3]), 3e-2) << "input " << i;
   }
 }
 
@@ -197,7 +213,7 @@ TEST(FusedCrossEntropyCuda, MatchesTheCpuCrossEntropy) {
   Generator gen(11);
   const Tensor logits_cpu = randn({B, T, V}, {.dtype = DType::f32}, &gen) * 3.0;
   Tensor targets_cpu = randint(0, V, {B, T}, {.dtype = DType::i64}, &gen);
-  targets_cpu = raw::contiguous(targets_cpu);
+  targets_cpu = ops::contiguous(targets_cpu);
   targets_cpu.data<int64_t>()[4] = -100;  // one ignored position
   const Tensor weights = randn({B, T}, {.dtype = DType::f32}, &gen);
   for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
@@ -219,13 +235,15 @@ TEST(FusedCrossEntropyCuda, MatchesTheCpuCrossEntropy) {
         (ref * scale).backward();
         (loss * scale).backward();
       }
-      EXPECT_LT(relative_error(gpu_in.grad().cpu(), ref_in.grad()), dtype == DType::f32 ? 1e-5 : 2e-2);
+      EXPECT_LT(relative_error(gpu_in.grad().cpu(), ref_in.grad()),
+                dtype == DType::f32 ? 1e-5 : 2e-2);
       // The input logits were not consumed (consume_logits is off).
       EXPECT_LT(relative_error(gpu_in.detach().cpu(), ref_in.detach()), 1e-6);
     }
   }
   EXPECT_THROW(fused_cross_entropy(logits_cpu, targets_cpu), Error);
-  EXPECT_THROW(fused_cross_entropy(logits_cpu.to(Device::cuda(0)), targets_cpu), Error);  // targets on the CPU
+  EXPECT_THROW(fused_cross_entropy(logits_cpu.to(Device::cuda(0)), targets_cpu),
+               Error);  // targets on the CPU
 }
 
 // linear and matmul under autocast: bf16 products, f32 gradients for f32 leaves, and values

@@ -27,21 +27,21 @@ TEST(Exactness, CopyIntoExpandedViewIsRefused) {
   EXPECT_NE(error_of([&] { ops::binary_(BinaryOp::Add, base.expand({4, 3}), 1.0); }), "");
   // An as_strided view whose rows overlap ([3, 2] over 4 elements) is refused too.
   Tensor flat = zeros({4});
-  EXPECT_NE(error_of([&] { raw::as_strided(flat, {3, 2}, {1, 1}, 0).copy_(ones({3, 2})); }), "");
+  EXPECT_NE(error_of([&] { ops::as_strided(flat, {3, 2}, {1, 1}, 0).copy_(ones({3, 2})); }), "");
 }
 
 TEST(Exactness, CopyIntoNonOverlappingViewsStillWorks) {
   Tensor base = zeros({4, 6}, {.dtype = DType::f64});
   Tensor src = random_f64({3, 2}, 2);
   base.slice(0, 1, 4).slice(1, 0, 6, 3).copy_(src);  // stepped, non-contiguous
-  EXPECT_TRUE(ops::allclose(raw::slice(raw::slice(base, 0, 1, 4, 1), 1, 0, 6, 3), src, 0, 0));
+  EXPECT_TRUE(ops::allclose(ops::slice(ops::slice(base, 0, 1, 4, 1), 1, 0, 6, 3), src, 0, 0));
   Tensor t = zeros({5, 3}, {.dtype = DType::f64});
   t.transpose(0, 1).copy_(random_f64({3, 5}, 3));
-  EXPECT_TRUE(ops::allclose(raw::transpose(t, 0, 1), random_f64({3, 5}, 3), 0, 0));
+  EXPECT_TRUE(ops::allclose(ops::transpose(t, 0, 1), random_f64({3, 5}, 3), 0, 0));
   Tensor one = zeros({1, 1});
   one.expand({1, 1}).fill_(3.0);  // a size-1 expand writes each location once
   EXPECT_EQ(one.item(), 3.0);
-  EXPECT_FALSE(ops::has_internal_overlap(raw::as_strided(zeros({12}), {2, 2}, {2, 3}, 0)));
+  EXPECT_FALSE(ops::has_internal_overlap(ops::as_strided(zeros({12}), {2, 2}, {2, 3}, 0)));
 }
 
 // matmul with an empty inner (K = 0) or outer (M, N = 0) dim: forward and backward.

@@ -16,18 +16,18 @@ using testing::error_of;
 
 Tensor random_f32(const Shape& shape, uint64_t seed, Device device = Device::cpu()) {
   Generator gen(seed);
-  return raw::to(randn(shape, {}, &gen), device, DType::f32);
+  return ops::to(randn(shape, {}, &gen), device, DType::f32);
 }
 
 Tensor leaf_from(const Tensor& values) {
-  Tensor t = raw::clone(values);
+  Tensor t = ops::clone(values);
   t.requires_grad_(true);
   return t;
 }
 
 // The bytes of t (contiguous, on the host): equal bytes are equal values bit for bit.
 std::vector<unsigned char> bytes_of(const Tensor& t) {
-  const Tensor host = raw::contiguous(raw::to(t, Device::cpu(), t.dtype()));
+  const Tensor host = ops::contiguous(ops::to(t, Device::cpu(), t.dtype()));
   std::vector<unsigned char> out(host.nbytes());
   std::memcpy(out.data(), host.raw_data(), out.size());
   return out;
@@ -41,10 +41,10 @@ struct Bucket {
   Bucket(const std::vector<Tensor>& like, uint64_t seed) {
     int64_t total = 0;
     for (const Tensor& t : like) total += t.numel();
-    flat = raw::to(random_f32({total + 3}, seed), like.front().device(), like.front().dtype());
+    flat = ops::to(random_f32({total + 3}, seed), like.front().device(), like.front().dtype());
     int64_t at = 1;  // not at the start of the storage
     for (const Tensor& t : like) {
-      slots.push_back(raw::view(raw::narrow(flat, 0, at, t.numel()), t.shape()));
+      slots.push_back(ops::view(ops::narrow(flat, 0, at, t.numel()), t.shape()));
       at += t.numel();
     }
   }
@@ -92,7 +92,7 @@ Tensor project(const Tensor& y, uint64_t seed) {
 
 TEST(GradDestination, LinearWritesWeightAndBiasIntoTheirSlots) {
   // A non-contiguous input (a transpose), odd sizes, leading batch dims folded into rows.
-  const Tensor x = raw::transpose(random_f32({2, 7, 3}, 1), 1, 2);  // [2, 3, 7]
+  const Tensor x = ops::transpose(random_f32({2, 7, 3}, 1), 1, 2);  // [2, 3, 7]
   const LossFn loss = [&](const std::vector<Tensor>& p) {
     return project(linear(x, p[0], p[1]), 2);
   };
@@ -164,7 +164,7 @@ TEST(GradDestination, HooksADefinedGradAndRetainGraphBehaveAsWithout) {
     Trained r;
     for (const Tensor& v : values) r.leaves.push_back(leaf_from(v));
     const Tensor earlier = random_f32({3, 5}, 34);
-    r.leaves[0].set_grad(raw::clone(earlier));
+    r.leaves[0].set_grad(ops::clone(earlier));
     const void* memory = r.leaves[0].grad().raw_data();
     Bucket bucket(values, 35);
     if (with) set_grad_destination(r.leaves[0], bucket.slots[0]);
@@ -206,8 +206,8 @@ TEST(GradDestination, ALeafUsedInsideAndOutsideACheckpointSumsAllParts) {
   Trained plain = run(loss, values, false), with = run(loss, values, true);
   ASSERT_EQ(with.leaves[0].grad().raw_data(), with.bucket->slots[0].raw_data());
   // Three parts summed in another order than without destinations: equal to rounding.
-  const std::vector<float> got = raw::contiguous(with.leaves[0].grad()).to_vector<float>();
-  const std::vector<float> want = raw::contiguous(plain.leaves[0].grad()).to_vector<float>();
+  const std::vector<float> got = ops::contiguous(with.leaves[0].grad()).to_vector<float>();
+  const std::vector<float> want = ops::contiguous(plain.leaves[0].grad()).to_vector<float>();
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::fabs(want[i])));
@@ -223,7 +223,7 @@ TEST(GradDestination, OneTensorReturnedForTwoInputsCountsTwice) {
     if (with) set_grad_destination(w, bucket.slots[0]);
     const Tensor y = w * 3.0;
     sum((y + y) * r).backward();
-    const std::vector<float> got = raw::contiguous(w.grad()).to_vector<float>();
+    const std::vector<float> got = ops::contiguous(w.grad()).to_vector<float>();
     const std::vector<float> rv = r.to_vector<float>();
     for (size_t i = 0; i < rv.size(); ++i) EXPECT_FLOAT_EQ(got[i], 6 * rv[i]) << i;
   }
@@ -240,7 +240,7 @@ TEST(GradDestination, AWrongDestinationIsRefusedNamingWhatDiffers) {
   EXPECT_NE(dtype.find("float64"), std::string::npos) << dtype;
   EXPECT_NE(dtype.find("float32"), std::string::npos) << dtype;
   const std::string strided = error_of([&] {
-    set_grad_destination(w, raw::transpose(zeros({4, 3}), 0, 1));
+    set_grad_destination(w, ops::transpose(zeros({4, 3}), 0, 1));
   });
   EXPECT_NE(strided.find("contiguous"), std::string::npos) << strided;
   const Tensor non_leaf = w * 2.0;
@@ -262,14 +262,14 @@ TEST(GradDestinationCuda, FusedLinearAndHeadGemmsWriteIntoTheSlots) {
   const Device gpu = Device::cuda(0);
   for (DType dtype : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(dtype_name(dtype));
-    const Tensor x = raw::to(random_f32({2, 5, 16}, 70), gpu, dtype);
+    const Tensor x = ops::to(random_f32({2, 5, 16}, 70), gpu, dtype);
     const LossFn loss = [&](const std::vector<Tensor>& p) {
       return project(linear(x, p[0], p[1]).to(DType::f32), 71) +
              project(matmul(x, p[2].t()).to(DType::f32), 72);
     };
-    const std::vector<Tensor> values = {raw::to(random_f32({16, 24}, 73), gpu, dtype),
-                                        raw::to(random_f32({24}, 74), gpu, dtype),
-                                        raw::to(random_f32({40, 16}, 75), gpu, dtype)};
+    const std::vector<Tensor> values = {ops::to(random_f32({16, 24}, 73), gpu, dtype),
+                                        ops::to(random_f32({24}, 74), gpu, dtype),
+                                        ops::to(random_f32({40, 16}, 75), gpu, dtype)};
     const auto before = grad_destination_counts();
     Trained with = run(loss, values, true);
     EXPECT_EQ(grad_destination_counts().written - before.written, 3);

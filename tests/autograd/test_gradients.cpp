@@ -30,7 +30,8 @@ TEST(Gradients, ArithmeticBroadcasting) {
   EXPECT_TRUE(gradcheck([](const Xs& x) { return x[0] - x[1]; }, {a, b}));
   EXPECT_TRUE(gradcheck([](const Xs& x) { return x[0] * x[1]; }, {a, b}));
   EXPECT_TRUE(gradcheck([](const Xs& x) { return x[0] / x[1]; }, {a, pos}));
-  EXPECT_TRUE(gradcheck([](const Xs& x) { return x[1] / x[0]; }, {input({7}, 4, 0.5, 2.0), input({33, 1}, 5)}));
+  EXPECT_TRUE(gradcheck([](const Xs& x) { return x[1] / x[0]; },
+                        {input({7}, 4, 0.5, 2.0), input({33, 1}, 5)}));
 }
 
 TEST(Gradients, OneSideOnly) {
@@ -38,7 +39,8 @@ TEST(Gradients, OneSideOnly) {
   Tensor a = input({2, 7}, 6);
   Tensor constant = random_f64({7}, 7, 0.5, 2.0);
   EXPECT_TRUE(gradcheck([&](const Xs& x) { return x[0] * constant; }, {a}));
-  EXPECT_TRUE(gradcheck([&](const Xs& x) { return constant / x[0]; }, {input({2, 7}, 8, 0.5, 2.0)}));
+  EXPECT_TRUE(
+      gradcheck([&](const Xs& x) { return constant / x[0]; }, {input({2, 7}, 8, 0.5, 2.0)}));
   EXPECT_TRUE(gradcheck([&](const Xs& x) { return matmul(constant.view({1, 7}), x[0].t()); }, {a}));
 }
 
@@ -64,17 +66,19 @@ struct UnaryCase {
 
 TEST(Gradients, UnaryFunctions) {
   const UnaryCase cases[] = {
-      {"exp", exp, 0, 0},         {"log", log, 0.5, 3.0},       {"sqrt", sqrt, 0.5, 3.0},
-      {"rsqrt", rsqrt, 0.5, 3.0}, {"tanh", tanh, 0, 0},         {"sigmoid", sigmoid, 0, 0},
-      {"relu", relu, 0, 0},       {"gelu", gelu, 0, 0},         {"abs", abs, 0, 0},
+      {"exp", exp, 0, 0},         {"log", log, 0.5, 3.0}, {"sqrt", sqrt, 0.5, 3.0},
+      {"rsqrt", rsqrt, 0.5, 3.0}, {"tanh", tanh, 0, 0},   {"sigmoid", sigmoid, 0, 0},
+      {"relu", relu, 0, 0},       {"gelu", gelu, 0, 0},   {"abs", abs, 0, 0},
       {"square", square, 0, 0},
   };
   uint64_t seed = 100;
   for (const UnaryCase& c : cases) {
     SCOPED_TRACE(c.name);
     auto f = c.fn;
-    EXPECT_TRUE(gradcheck([f](const Xs& x) { return f(x[0]); }, {transposed_input({7, 3}, seed++, c.low, c.high)}));
-    EXPECT_TRUE(gradcheck([f](const Xs& x) { return f(x[0]); }, {input({33}, seed++, c.low, c.high)}));
+    EXPECT_TRUE(gradcheck([f](const Xs& x) { return f(x[0]); },
+                          {transposed_input({7, 3}, seed++, c.low, c.high)}));
+    EXPECT_TRUE(
+        gradcheck([f](const Xs& x) { return f(x[0]); }, {input({33}, seed++, c.low, c.high)}));
   }
 }
 
@@ -143,8 +147,10 @@ TEST(Gradients, LayerNorm) {
   Tensor x = transposed_input({2, 3, 7}, 50);
   Tensor w = input({7}, 51), b = input({7}, 52);
   EXPECT_TRUE(gradcheck([](const Xs& v) { return layer_norm(v[0], v[1], v[2], 1e-5); }, {x, w, b}));
-  EXPECT_TRUE(gradcheck([](const Xs& v) { return layer_norm(v[0], Tensor(), Tensor(), 1e-5); }, {x}));
-  EXPECT_TRUE(gradcheck([](const Xs& v) { return layer_norm(v[0], v[1], Tensor(), 1e-3); }, {input({1, 33}, 53), input({33}, 54)}));
+  EXPECT_TRUE(
+      gradcheck([](const Xs& v) { return layer_norm(v[0], Tensor(), Tensor(), 1e-5); }, {x}));
+  EXPECT_TRUE(gradcheck([](const Xs& v) { return layer_norm(v[0], v[1], Tensor(), 1e-3); },
+                        {input({1, 33}, 53), input({33}, 54)}));
 }
 
 TEST(Gradients, Matmul) {
@@ -152,14 +158,15 @@ TEST(Gradients, Matmul) {
     Shape a, b;
   };
   const Case cases[] = {
-      {{5, 7}, {7, 3}},       {{2, 5, 7}, {7, 3}},     {{7}, {7, 3}},        {{5, 7}, {7}},
-      {{7}, {7}},             {{2, 1, 5, 7}, {3, 7, 4}}, {{7}, {2, 7, 3}},    {{2, 5, 7}, {7}},
-      {{5, 7}, {2, 7, 3}},    {{1, 1}, {1, 33}},
+      {{5, 7}, {7, 3}},    {{2, 5, 7}, {7, 3}},       {{7}, {7, 3}},    {{5, 7}, {7}},
+      {{7}, {7}},          {{2, 1, 5, 7}, {3, 7, 4}}, {{7}, {2, 7, 3}}, {{2, 5, 7}, {7}},
+      {{5, 7}, {2, 7, 3}}, {{1, 1}, {1, 33}},
   };
   uint64_t seed = 60;
   for (const Case& c : cases) {
     SCOPED_TRACE(shape_str(c.a) + " @ " + shape_str(c.b));
-    EXPECT_TRUE(gradcheck([](const Xs& v) { return matmul(v[0], v[1]); }, {input(c.a, seed++), input(c.b, seed++)}));
+    EXPECT_TRUE(gradcheck([](const Xs& v) { return matmul(v[0], v[1]); },
+                          {input(c.a, seed++), input(c.b, seed++)}));
   }
   // Transposed operands.
   EXPECT_TRUE(gradcheck([](const Xs& v) { return matmul(v[0], v[1]); },
@@ -168,9 +175,12 @@ TEST(Gradients, Matmul) {
 
 TEST(Gradients, Linear) {
   Tensor w = transposed_input({7, 5}, 80), b = input({5}, 81);
-  EXPECT_TRUE(gradcheck([](const Xs& v) { return linear(v[0], v[1], v[2]); }, {input({2, 3, 7}, 82), w, b}));
-  EXPECT_TRUE(gradcheck([](const Xs& v) { return linear(v[0], v[1]); }, {transposed_input({3, 7}, 83), w}));
-  EXPECT_TRUE(gradcheck([](const Xs& v) { return linear(v[0], v[1], v[2]); }, {input({7}, 84), w, b}));
+  EXPECT_TRUE(gradcheck([](const Xs& v) { return linear(v[0], v[1], v[2]); },
+                        {input({2, 3, 7}, 82), w, b}));
+  EXPECT_TRUE(
+      gradcheck([](const Xs& v) { return linear(v[0], v[1]); }, {transposed_input({3, 7}, 83), w}));
+  EXPECT_TRUE(
+      gradcheck([](const Xs& v) { return linear(v[0], v[1], v[2]); }, {input({7}, 84), w, b}));
   EXPECT_THROW(linear(input({3, 5}, 85), w, b), Error);
 }
 
@@ -188,8 +198,8 @@ TEST(Gradients, Embedding) {
 Tensor reference_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                Reduction reduction) {
   const int64_t vocab = logits.size(-1), rows = logits.numel() / vocab;
-  const std::vector<double> x = raw::contiguous(logits).to_vector<double>();
-  const std::vector<int64_t> t = raw::contiguous(targets.to(DType::i64)).to_vector<int64_t>();
+  const std::vector<double> x = ops::contiguous(logits).to_vector<double>();
+  const std::vector<int64_t> t = ops::contiguous(targets.to(DType::i64)).to_vector<int64_t>();
   std::vector<double> per_row(rows, 0.0);
   double total = 0.0;
   int64_t counted = 0;
@@ -203,17 +213,21 @@ Tensor reference_cross_entropy(const Tensor& logits, const Tensor& targets, int6
     total += per_row[r];
     ++counted;
   }
-  if (reduction == Reduction::None) return from_vector<double>(per_row, targets.shape(), {.dtype = DType::f64});
+  if (reduction == Reduction::None)
+    return from_vector<double>(per_row, targets.shape(), {.dtype = DType::f64});
   const double loss = reduction == Reduction::Mean ? total / static_cast<double>(counted) : total;
   return from_vector<double>({loss}, {}, {.dtype = DType::f64});
 }
 
-::testing::AssertionResult check_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                                               Reduction reduction) {
+::testing::AssertionResult check_cross_entropy(const Tensor& logits, const Tensor& targets,
+                                               int64_t ignore_index, Reduction reduction) {
   using testing::MultiFn;
   return testing::gradcheck_against(
-      MultiFn([&](const Xs& v) { return Xs{cross_entropy(v[0], targets, ignore_index, reduction)}; }),
-      MultiFn([&](const Xs& v) { return Xs{reference_cross_entropy(v[0], targets, ignore_index, reduction)}; }),
+      MultiFn(
+          [&](const Xs& v) { return Xs{cross_entropy(v[0], targets, ignore_index, reduction)}; }),
+      MultiFn([&](const Xs& v) {
+        return Xs{reference_cross_entropy(v[0], targets, ignore_index, reduction)};
+      }),
       {logits});
 }
 
@@ -225,10 +239,12 @@ TEST(Gradients, CrossEntropy) {
     EXPECT_TRUE(check_cross_entropy(logits, targets, -100, r));
     // The forward agrees with the reference too (float32 accuracy for Mean/Sum).
     EXPECT_LT(ops::max_rel_error(cross_entropy(logits, targets, -100, r).to(DType::f64),
-                                 reference_cross_entropy(logits, targets, -100, r)), 1e-6);
+                                 reference_cross_entropy(logits, targets, -100, r)),
+              1e-6);
   }
   // None: the per-row forward is float64, so the op itself passes plain finite differences.
-  EXPECT_TRUE(gradcheck([&](const Xs& v) { return cross_entropy(v[0], targets, -100, Reduction::None); }, {logits}));
+  EXPECT_TRUE(gradcheck(
+      [&](const Xs& v) { return cross_entropy(v[0], targets, -100, Reduction::None); }, {logits}));
   Tensor flat_targets = from_vector<int32_t>({1, 0, 4}, {3}, {.dtype = DType::i32});
   EXPECT_TRUE(check_cross_entropy(transposed_input({3, 5}, 101), flat_targets, 4, Reduction::Mean));
   Tensor wide_targets = from_vector<int64_t>({256, 0}, {2}, {.dtype = DType::i64});
@@ -238,13 +254,20 @@ TEST(Gradients, CrossEntropy) {
 TEST(Gradients, CatStackSplitChunk) {
   Tensor a = transposed_input({3, 2}, 110), b = input({3, 5}, 111), c = input({3, 1}, 112);
   EXPECT_TRUE(gradcheck([](const Xs& v) { return cat(v, 1); }, {a, b, c}));
-  EXPECT_TRUE(gradcheck([](const Xs& v) { return cat({v[0], v[1]}, -2); }, {input({2, 3}, 113), transposed_input({3, 3}, 114)}));
+  EXPECT_TRUE(gradcheck(
+      [](const Xs& v) {
+        return cat({v[0], v[1]}, -2);
+      },
+      {input({2, 3}, 113), transposed_input({3, 3}, 114)}));
   Tensor p = input({3, 2}, 115);
   EXPECT_TRUE(gradcheck([](const Xs& v) { return stack(v, 0); }, {a, p}));
   EXPECT_TRUE(gradcheck([](const Xs& v) { return stack(v, 2); }, {a, p}));
   Tensor x = transposed_input({7, 5}, 116);
   EXPECT_TRUE(gradcheck(testing::MultiFn([](const Xs& v) { return split(v[0], 3, 0); }), {x}));
-  EXPECT_TRUE(gradcheck(testing::MultiFn([](const Xs& v) { return split(v[0], std::vector<int64_t>{1, 4}, 1); }), {x}));
+  EXPECT_TRUE(gradcheck(testing::MultiFn([](const Xs& v) {
+                          return split(v[0], std::vector<int64_t>{1, 4}, 1);
+                        }),
+                        {x}));
   EXPECT_TRUE(gradcheck(testing::MultiFn([](const Xs& v) { return chunk(v[0], 3, -1); }), {x}));
   // Only some pieces used: the others get zero gradient.
   EXPECT_TRUE(gradcheck([](const Xs& v) { return square(split(v[0], 2, 0)[1]); }, {x}));
@@ -297,34 +320,42 @@ TEST(Gradients, Views) {
   EXPECT_TRUE(gradcheck([](const Xs& v) { return v[0].unsqueeze(0).expand({2, 3, 4, 5}); }, {x}));
   EXPECT_TRUE(gradcheck([](const Xs& v) { return v[0].narrow(1, 0, 1).expand({3, 7, 5}); }, {x}));
   EXPECT_TRUE(gradcheck([](const Xs& v) { return v[0].clone() * v[0].contiguous(); }, {x}));
-  EXPECT_TRUE(gradcheck([](const Xs& v) { return v[0].to(DType::f64).to(Device::cpu()) * 2.0; }, {x}));
+  EXPECT_TRUE(
+      gradcheck([](const Xs& v) { return v[0].to(DType::f64).to(Device::cpu()) * 2.0; }, {x}));
 }
 
 TEST(Gradients, UsedTwiceAndChained) {
   // Several paths to one input accumulate; a longer chain composes.
   Tensor x = transposed_input({3, 7}, 150), w = input({7, 5}, 151);
-  EXPECT_TRUE(gradcheck([](const Xs& v) { return tanh(matmul(v[0] * v[0], v[1])) + sum(v[0], {1}, true); }, {x, w}));
+  EXPECT_TRUE(gradcheck(
+      [](const Xs& v) { return tanh(matmul(v[0] * v[0], v[1])) + sum(v[0], {1}, true); }, {x, w}));
 }
 
 TEST(Gradients, CopyAndFillRewriteHistory) {
   Tensor x = input({3, 7}, 160);
   // copy_ into a tensor that does not require grad: it joins the graph through the source.
-  EXPECT_TRUE(gradcheck([](const Xs& v) {
-    Tensor dst = zeros({2, 3, 7}, {.dtype = DType::f64});
-    dst.copy_(v[0] * 3.0);
-    return dst * dst;
-  }, {x}));
+  EXPECT_TRUE(gradcheck(
+      [](const Xs& v) {
+        Tensor dst = zeros({2, 3, 7}, {.dtype = DType::f64});
+        dst.copy_(v[0] * 3.0);
+        return dst * dst;
+      },
+      {x}));
   // Writing into a non-leaf cuts the old value off: only the later use of x counts.
-  EXPECT_TRUE(gradcheck([](const Xs& v) {
-    Tensor y = exp(v[0]) * 1.0;
-    y.fill_(2.0);
-    return y * v[0];
-  }, {x}));
-  EXPECT_TRUE(gradcheck([](const Xs& v) {
-    Tensor y = square(v[0]);
-    y.copy_(v[1]);
-    return y * v[0];
-  }, {x, input({7}, 161)}));
+  EXPECT_TRUE(gradcheck(
+      [](const Xs& v) {
+        Tensor y = exp(v[0]) * 1.0;
+        y.fill_(2.0);
+        return y * v[0];
+      },
+      {x}));
+  EXPECT_TRUE(gradcheck(
+      [](const Xs& v) {
+        Tensor y = square(v[0]);
+        y.copy_(v[1]);
+        return y * v[0];
+      },
+      {x, input({7}, 161)}));
 }
 
 }  // namespace

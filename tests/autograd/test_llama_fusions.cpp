@@ -97,12 +97,12 @@ TEST(LlamaFusions, RopeIntoWritesAStridedOutputAndLeavesTheRestAlone) {
   // Heads 3..5 of a [2, 5, 7, 8] buffer: a strided destination.
   Tensor buffer = random_f64({2, 5, 7, 8}, 82);
   const Tensor untouched = buffer.clone();
-  const Tensor out = raw::narrow(buffer, 2, 3, 3);
+  const Tensor out = ops::narrow(buffer, 2, 3, 3);
   for (bool inverse : {false, true}) {
     ops::rope_into(x, tables, inverse, out);
     EXPECT_LT(ops::max_rel_error(out, ops::rope(x, tables, inverse)), 1e-15);
-    EXPECT_TRUE(ops::allclose(raw::narrow(buffer, 2, 0, 3), raw::narrow(untouched, 2, 0, 3), 0, 0));
-    EXPECT_TRUE(ops::allclose(raw::narrow(buffer, 2, 6, 1), raw::narrow(untouched, 2, 6, 1), 0, 0));
+    EXPECT_TRUE(ops::allclose(ops::narrow(buffer, 2, 0, 3), ops::narrow(untouched, 2, 0, 3), 0, 0));
+    EXPECT_TRUE(ops::allclose(ops::narrow(buffer, 2, 6, 1), ops::narrow(untouched, 2, 6, 1), 0, 0));
   }
   EXPECT_NE(testing::error_of([&] {
               ops::rope_into(x, tables, false, random_f64({2, 5, 3, 6}, 83));
@@ -110,7 +110,7 @@ TEST(LlamaFusions, RopeIntoWritesAStridedOutputAndLeavesTheRestAlone) {
             "");
   EXPECT_NE(
       testing::error_of([&] {
-        ops::rope_into(x, tables, false, raw::expand(random_f64({2, 5, 1, 8}, 84), {2, 5, 3, 8}));
+        ops::rope_into(x, tables, false, ops::expand(random_f64({2, 5, 1, 8}, 84), {2, 5, 3, 8}));
       }),
       "");
 }
@@ -140,7 +140,7 @@ TEST(LlamaFusions, AdoptedLeafGradientsNeverShareMemory) {
   EXPECT_NE(x.grad().raw_data(), upstream.raw_data());
   EXPECT_NE(y.grad().raw_data(), upstream.raw_data());
   const std::vector<double> before = testing::detail::values(y.grad());
-  raw::fill_(x.grad(), 5.0);
+  ops::fill_(x.grad(), 5.0);
   EXPECT_EQ(testing::detail::values(y.grad()), before);
   EXPECT_EQ(testing::detail::values(y.grad()), testing::detail::values(upstream));
   // A second backward accumulates into the adopted tensors.

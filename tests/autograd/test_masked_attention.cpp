@@ -49,13 +49,17 @@ struct MaskCase {
 std::vector<MaskCase> mask_cases() {
   return {
       {"key_padding", 2, 3, 3, 7, 7, 5, false,
-       [](Generator&) { return key_padding({7, 3}, 7); }, false},
+       [](Generator&) {
+         return key_padding({7, 3}, 7);
+       },
+       false},
       {"bool_full_with_empty_rows", 2, 2, 2, 5, 9, 3, false,
        [](Generator& g) {
          // Random keep pattern; query row 1 of batch 0 and row 4 of batch 1 keep no key.
-         Tensor keep = ops::binary(BinaryOp::Gt, rand({2, 1, 5, 9}, {.dtype = DType::f32}, &g), 0.4);
-         raw::fill_(raw::select(raw::select(raw::select(keep, 0, 0), 0, 0), 0, 1), 0.0);
-         raw::fill_(raw::select(raw::select(raw::select(keep, 0, 1), 0, 0), 0, 4), 0.0);
+         Tensor keep =
+             ops::binary(BinaryOp::Gt, rand({2, 1, 5, 9}, {.dtype = DType::f32}, &g), 0.4);
+         ops::fill_(ops::select(ops::select(ops::select(keep, 0, 0), 0, 0), 0, 1), 0.0);
+         ops::fill_(ops::select(ops::select(ops::select(keep, 0, 1), 0, 0), 0, 4), 0.0);
          return keep;
        },
        true},
@@ -63,8 +67,8 @@ std::vector<MaskCase> mask_cases() {
        [](Generator& g) {
          // Per-head additive biases, some keys -inf, and query row 2 of head 1 all -inf.
          Tensor bias = randn({1, 3, 6, 5}, {.dtype = DType::f32}, &g);
-         raw::fill_(raw::select(raw::select(raw::select(bias, 0, 0), 0, 0), 1, 3), -kInf);
-         raw::fill_(raw::select(raw::select(raw::select(bias, 0, 0), 0, 1), 0, 2), -kInf);
+         ops::fill_(ops::select(ops::select(ops::select(bias, 0, 0), 0, 0), 1, 3), -kInf);
+         ops::fill_(ops::select(ops::select(ops::select(bias, 0, 0), 0, 1), 0, 2), -kInf);
          return bias;
        },
        true},
@@ -73,7 +77,7 @@ std::vector<MaskCase> mask_cases() {
        // causally see only them, have no key left.
        [](Generator&) {
          Tensor keep = key_padding({5, 5}, 5);
-         raw::fill_(raw::narrow(raw::select(keep, 0, 1), 2, 0, 2), 0.0);
+         ops::fill_(ops::narrow(ops::select(keep, 0, 1), 2, 0, 2), 0.0);
          return keep;
        },
        true},
@@ -100,16 +104,19 @@ TEST(MaskedAttention, MatchesPyTorchForwardAndBackward) {
     Tensor out = scaled_dot_product_attention(q, k, v, mask, c.causal);
     out.backward(dy);
     results[c.name] = {out.detach(), q.grad(), k.grad(), v.grad()};
-    for (const auto& [key, t] : {std::pair{"q", q.detach()}, {"k", k.detach()}, {"v", v.detach()},
-                                 {"mask", mask}, {"dy", dy}})
+    for (const auto& [key, t] : {std::pair{"q", q.detach()},
+                                 {"k", k.detach()},
+                                 {"v", v.detach()},
+                                 {"mask", mask},
+                                 {"dy", dy}})
       files.emplace_back(c.name + "/" + key, t);
     cases += std::string(cases.size() > 1 ? ", " : "") + "{\"name\": \"" + c.name +
              "\", \"causal\": " + (c.causal ? "true" : "false") + "}";
   }
   std::ofstream((dir / "cases.json").string()) << cases + "]";
   save_safetensors((dir / "inputs.safetensors").string(), files);
-  const std::string cmd = test::python_interpreter() + " " TESSERA_SOURCE_DIR
-                          "/tests/autograd/masked_attention_reference.py " +
+  const std::string cmd = test::python_interpreter() +
+                          " " TESSERA_SOURCE_DIR "/tests/autograd/masked_attention_reference.py " +
                           (dir / "cases.json").string() + " " +
                           (dir / "inputs.safetensors").string() + " " +
                           (dir / "ref.safetensors").string();
@@ -120,7 +127,9 @@ TEST(MaskedAttention, MatchesPyTorchForwardAndBackward) {
     EXPECT_LT(ops::max_rel_error(r.out, ref.at(c.name + "/out")), 1e-5) << c.name;
     for (const auto& [key, grad] : {std::pair{"dq", r.dq}, {"dk", r.dk}, {"dv", r.dv}}) {
       ASSERT_TRUE(grad.defined()) << c.name << " " << key;
-      EXPECT_EQ(ops::sum(ops::unary(UnaryOp::LogicalNot, ops::binary(BinaryOp::Eq, grad, grad))).item(), 0)
+      EXPECT_EQ(
+          ops::sum(ops::unary(UnaryOp::LogicalNot, ops::binary(BinaryOp::Eq, grad, grad))).item(),
+          0)
           << c.name << ": NaN in " << key;
       EXPECT_LT(ops::max_rel_error(grad, ref.at(c.name + "/" + key)), 1e-5) << c.name << " " << key;
     }
@@ -134,7 +143,8 @@ TEST(MaskedAttention, MatchesPyTorchForwardAndBackward) {
         ++nan_count;
         EXPECT_EQ(mine[i], 0.0f) << c.name << " element " << i;
       } else {
-        EXPECT_NEAR(mine[i], naive[i], 1e-5 * (1 + std::abs(naive[i]))) << c.name << " element " << i;
+        EXPECT_NEAR(mine[i], naive[i], 1e-5 * (1 + std::abs(naive[i])))
+            << c.name << " element " << i;
       }
     }
     EXPECT_EQ(nan_count > 0, c.has_empty_row) << c.name;
@@ -165,8 +175,8 @@ TEST(MaskedAttention, PaddingChangesNothingForRealTokens) {
   Tensor out1 = scaled_dot_product_attention(q1, k1, v1, key_padding({T, T}, T + pad));
   // The loss reads only the real queries (as a model's does through its pooled token).
   out1.backward(ops::cat({dy, zeros({B, H, pad, D}, {.dtype = DType::f32})}, 2));
-  auto real = [&](const Tensor& t) { return raw::narrow(t, 2, 0, T); };
-  auto pads = [&](const Tensor& t) { return raw::narrow(t, 2, T, pad); };
+  auto real = [&](const Tensor& t) { return ops::narrow(t, 2, 0, T); };
+  auto pads = [&](const Tensor& t) { return ops::narrow(t, 2, T, pad); };
   EXPECT_LT(ops::max_rel_error(real(out1), out0), 1e-6);
   EXPECT_LT(ops::max_rel_error(real(q1.grad()), q0.grad()), 1e-6);
   EXPECT_LT(ops::max_rel_error(real(k1.grad()), k0.grad()), 1e-6);

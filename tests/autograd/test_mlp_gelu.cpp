@@ -11,6 +11,7 @@
 #include "gradcheck.h"
 #include "tessera/autograd/autocast.h"
 #include "tessera/core/fused_dispatch.h"
+#include "tessera/kernels/ops.h"
 #include "tests/gelu_reference.h"
 
 namespace tessera {
@@ -35,7 +36,7 @@ struct Matrix {
   double at(int64_t r, int64_t c) const { return v[r * cols + c]; }
 };
 Matrix matrix_of(const Tensor& t) {
-  const Tensor m = raw::reshape(raw::contiguous(t.detach().to(DType::f64)), {-1, t.size(-1)});
+  const Tensor m = ops::reshape(ops::contiguous(t.detach().to(DType::f64)), {-1, t.size(-1)});
   return {m.size(0), m.size(1), m.to_vector<double>()};
 }
 // a @ b, with a or b read transposed when asked.
@@ -91,7 +92,7 @@ Reference reference(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, con
 }
 
 double max_rel_error(const Tensor& got, const std::vector<double>& want) {
-  const std::vector<double> g = raw::contiguous(got.detach().to(DType::f64)).to_vector<double>();
+  const std::vector<double> g = ops::contiguous(got.detach().to(DType::f64)).to_vector<double>();
   EXPECT_EQ(g.size(), want.size());
   double err = 0, scale = 1e-30;
   for (size_t i = 0; i < want.size() && i < g.size(); ++i) {

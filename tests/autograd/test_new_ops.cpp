@@ -194,7 +194,7 @@ TEST(NewOps, RotaryEmbeddingRotatesHalves) {
   // Tables for a later window equal the matching rows of a longer table (KV-cache decoding).
   const ops::RopeTables all = ops::rope_tables(0, 12, D, 500.0),
                         tail = ops::rope_tables(7, 5, D, 500.0);
-  EXPECT_TRUE(ops::allclose(raw::narrow(all.cos, 0, 7, 5), tail.cos, 0, 0));
+  EXPECT_TRUE(ops::allclose(ops::narrow(all.cos, 0, 7, 5), tail.cos, 0, 0));
   EXPECT_THROW(rotary_embedding(x, ops::rope_tables(0, T + 1, D, 1e4, DType::f64)), Error);
 }
 

@@ -118,8 +118,8 @@ Tensor make_input(const Shape& shape, DType dtype, const OpCase& c, uint64_t see
   TensorOptions f64{.dtype = DType::f64};
   Tensor values =
       c.low < c.high ? uniform(stored, c.low, c.high, f64, &gen) : randn(stored, f64, &gen);
-  Tensor t = raw::to(values, Device::cpu(), dtype);
-  if (transpose) t = raw::transpose(t, -1, -2);
+  Tensor t = ops::to(values, Device::cpu(), dtype);
+  if (transpose) t = ops::transpose(t, -1, -2);
   t.requires_grad_(true);
   return t;
 }
@@ -171,13 +171,13 @@ TEST(OpsParity, MatchPyTorchInEveryDtype) {
       for (size_t i = 0; i < c.shapes.size(); ++i) {
         xs.push_back(make_input(c.shapes[i], dtype, c, seed++));
         files.emplace_back(name + "/x" + std::to_string(i),
-                           raw::to(xs.back(), Device::cpu(), DType::f64));
+                           ops::to(xs.back(), Device::cpu(), DType::f64));
       }
       if (c.index.defined()) files.emplace_back(name + "/index", c.index);
       Tensor out = c.fn(xs);
       Generator gen(seed++);
-      Tensor dy = raw::to(randn(out.shape(), {.dtype = DType::f64}, &gen), Device::cpu(), dtype);
-      files.emplace_back(name + "/dy", raw::to(dy, Device::cpu(), DType::f64));
+      Tensor dy = ops::to(randn(out.shape(), {.dtype = DType::f64}, &gen), Device::cpu(), dtype);
+      files.emplace_back(name + "/dy", ops::to(dy, Device::cpu(), DType::f64));
       out.backward(dy);
       Result r{name, dtype, out.detach(), {}};
       for (const Tensor& x : xs) r.grads.push_back(x.grad());

@@ -55,8 +55,9 @@ TEST(CliSharding, BadShardingSettingsFailBeforeTrainingNamingTheKey) {
            write("ds_nvme.json",
                  R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})"),
        "NVMe"},
-      {"--deepspeed " + write("ds_overlap.json",
-                              R"({"zero_optimization": {"stage": 2, "overlap_comm": "sometimes"}})"),
+      {"--deepspeed " +
+           write("ds_overlap.json",
+                 R"({"zero_optimization": {"stage": 2, "overlap_comm": "sometimes"}})"),
        "overlap_comm"},
       {"--deepspeed " + write("ds_stage.json", R"({"zero_optimization": {"stage": 5}})"),
        "zero_optimization.stage"},
@@ -194,7 +195,8 @@ TEST(CliSharding, ConsolidateWritesAHuggingFaceDirectoryFromZeroShards) {
   const auto stored = load_safetensors((checkpoint / "model.safetensors").string());
   // The run's model/ export (streamed from the ranks' shards at the end) holds the weights
   // of its last step, the checkpoint's: byte for byte the same file.
-  EXPECT_EQ(slurp(run_dir / "model" / "model.safetensors"), slurp(checkpoint / "model.safetensors"));
+  EXPECT_EQ(slurp(run_dir / "model" / "model.safetensors"),
+            slurp(checkpoint / "model.safetensors"));
   EXPECT_FALSE(fs::exists(run_dir / "model" / "model_shards.json"));
   const auto whole = load_safetensors((out / "model.safetensors").string());
   ASSERT_EQ(whole.tensors.size(), stored.tensors.size());
@@ -204,7 +206,7 @@ TEST(CliSharding, ConsolidateWritesAHuggingFaceDirectoryFromZeroShards) {
     EXPECT_EQ(master.dtype(), DType::f32) << name;
     EXPECT_EQ(weight.dtype(), DType::bf16) << name;
     ASSERT_EQ(master.shape(), weight.shape()) << name;
-    EXPECT_EQ(raw::to(master, Device::cpu(), DType::bf16).to_vector<float>(),
+    EXPECT_EQ(ops::to(master, Device::cpu(), DType::bf16).to_vector<float>(),
               weight.to_vector<float>())
         << name;
   }
@@ -225,11 +227,13 @@ TEST(CliSharding, ConsolidateWritesAHuggingFaceDirectoryFromZeroShards) {
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
     const auto hf = load_safetensors((scratch() / "consolidate_logits.safetensors").string());
     const double error = ops::max_rel_error(logits, hf.at("logits"));
-    const std::vector<float> ours = raw::to(logits, Device::cpu(), DType::f32).to_vector<float>();
-    const std::vector<float> theirs = raw::to(hf.at("logits"), Device::cpu(), DType::f32).to_vector<float>();
+    const std::vector<float> ours = ops::to(logits, Device::cpu(), DType::f32).to_vector<float>();
+    const std::vector<float> theirs =
+        ops::to(hf.at("logits"), Device::cpu(), DType::f32).to_vector<float>();
     ASSERT_EQ(ours.size(), theirs.size());
     double max_abs = 0;
-    for (size_t i = 0; i < ours.size(); ++i) max_abs = std::max(max_abs, std::fabs(double(ours[i]) - theirs[i]));
+    for (size_t i = 0; i < ours.size(); ++i)
+      max_abs = std::max(max_abs, std::fabs(double(ours[i]) - theirs[i]));
     std::printf(
         "[ consolidate ] transformers vs Tessera logits of the consolidated directory: max "
         "relative error %.3g, max abs difference %.3g\n",
@@ -267,16 +271,21 @@ TEST(CliSharding, ConsolidateWritesAHuggingFaceDirectoryFromZeroShards) {
 // slices (save_state leaves nothing gathered now), and the model/ export streamed from them
 // is that checkpoint's file byte for byte.
 TEST(CliSharding, Stage3LoadBestModelAtEndExportsTheBestCheckpoint) {
-  const std::string config = write("best_first_zero3.yaml", "load_best_model_at_end: true\ngreater_is_better: true\n");
+  const std::string config =
+      write("best_first_zero3.yaml", "load_best_model_at_end: true\ngreater_is_better: true\n");
   auto r = run(launch(2) + train_args("best_zero3") +
-               "--batch 2 --steps 4 --eval-every 2 --save-every 2 --schedule constant --zero-stage 3 --config " + config);
+               "--batch 2 --steps 4 --eval-every 2 --save-every 2 --schedule constant --zero-stage "
+               "3 --config " +
+               config);
   ASSERT_EQ(r.rc, 0) << r.output;
   const fs::path run_dir = scratch() / "best_zero3";
   const auto state = nlohmann::json::parse(slurp(run_dir / "checkpoint-4" / "trainer_state.json"));
   const std::string best = state["best_model_checkpoint"];
   ASSERT_NE(best, "checkpoint-4");  // greater_is_better on a falling loss: an early one
-  EXPECT_EQ(slurp(run_dir / "model" / "model.safetensors"), slurp(run_dir / best / "model.safetensors"));
-  EXPECT_NE(slurp(run_dir / "model" / "model.safetensors"), slurp(run_dir / "checkpoint-4" / "model.safetensors"));
+  EXPECT_EQ(slurp(run_dir / "model" / "model.safetensors"),
+            slurp(run_dir / best / "model.safetensors"));
+  EXPECT_NE(slurp(run_dir / "model" / "model.safetensors"),
+            slurp(run_dir / "checkpoint-4" / "model.safetensors"));
 }
 
 // --memory-report: each rank's bytes by category next to ZeRO's formula (with accumulation:
@@ -306,11 +315,11 @@ TEST(CliSharding, PlanPredictsTheMeasuredPeakByCategoryWithinTwoPercent) {
   // within the report's 1 KiB resolution of each other, since the gradient shard exists only
   // from the first reduce-scatter to the update; larger buckets put it in the backward.)
   const int64_t bucket_elements = 20000;
-  const std::string ds = write("ds_small_buckets.json",
-                               R"({"zero_optimization": {"reduce_bucket_size": )" +
-                                   std::to_string(bucket_elements) + "}}");
-  const char* names[] = {"parameters", "gradients", "optimizer", "activations", "communication",
-                         "other"};
+  const std::string ds =
+      write("ds_small_buckets.json", R"({"zero_optimization": {"reduce_bucket_size": )" +
+                                         std::to_string(bucket_elements) + "}}");
+  const char* names[] = {"parameters",  "gradients",     "optimizer",
+                         "activations", "communication", "other"};
   for (int nproc : {2, 3}) {
     for (int stage = 0; stage <= 3; ++stage) {
       SCOPED_TRACE(std::to_string(nproc) + " ranks, stage " + std::to_string(stage));
@@ -332,8 +341,8 @@ TEST(CliSharding, PlanPredictsTheMeasuredPeakByCategoryWithinTwoPercent) {
         const double measured = measured_mib[c] * (1 << 20);
         std::printf("[ plan ] %d ranks, stage %d, %-13s predicted %9.0f bytes, measured %9.0f\n",
                     nproc, stage, names[c], predicted[c], measured);
-        EXPECT_NEAR(predicted[c], measured, std::max(0.02 * measured, 2048.0))
-            << names[c] << "\n" << r.output;
+        EXPECT_NEAR(predicted[c], measured, std::max(0.02 * measured, 2048.0)) << names[c] << "\n"
+                                                                               << r.output;
       }
       const double total = numbers_after(r.output, "peak_bytes ", 1)[0];
       EXPECT_NEAR(total, measured_mib[6] * (1 << 20), 0.02 * measured_mib[6] * (1 << 20));
@@ -368,9 +377,10 @@ TEST(CliSharding, PlanOnTheGpuRouteMatchesPeaksMeasuredOnTwoH100s) {
   const double shard_gib = 6.0 * 124439808 / 2 / double(1 << 30);
   const double measured_gib[4] = {5.376, 4.057, 4.405 - shard_gib, 4.468 - shard_gib};
   for (int stage = 0; stage <= 3; ++stage) {
-    const auto r = run("plan --device cuda --dtype bf16 --reduce-dtype fp32 --nproc 2 --zero-stage " +
-                       std::to_string(stage) +
-                       " --vocab 50257 --n-layer 12 --n-head 12 --n-embd 768 --seq 1024 --batch 8");
+    const auto r =
+        run("plan --device cuda --dtype bf16 --reduce-dtype fp32 --nproc 2 --zero-stage " +
+            std::to_string(stage) +
+            " --vocab 50257 --n-layer 12 --n-head 12 --n-embd 768 --seq 1024 --batch 8");
     ASSERT_EQ(r.rc, 0) << r.output;
     const size_t at = r.output.find("peak_bytes ");
     ASSERT_NE(at, std::string::npos) << r.output;
@@ -392,10 +402,11 @@ TEST(CliSharding, PlanOnTheGpuRouteMatchesPeaksMeasuredOnTwoH100s) {
 // (91.6 GiB planned); now it lives until its own reduce-scatter, and ZeRO-2 and -3 come in
 // below ZeRO-1 and under 80 GiB.
 TEST(CliSharding, PlanPredictsTheCapacityOutcomesOfA6BModel) {
-  const auto r = run("plan --all-strategies --device cuda --dtype bf16 --reduce-dtype fp32 "
-                     "--nproc 2 --vocab 50304 "
-                     "--n-layer 48 --n-head 25 --n-embd 3200 --seq 1024 --batch 1 "
-                     "--max-memory 80GiB");
+  const auto r =
+      run("plan --all-strategies --device cuda --dtype bf16 --reduce-dtype fp32 "
+          "--nproc 2 --vocab 50304 "
+          "--n-layer 48 --n-head 25 --n-embd 3200 --seq 1024 --batch 1 "
+          "--max-memory 80GiB");
   ASSERT_EQ(r.rc, 0) << r.output;
   std::printf("%s", r.output.c_str());
   auto verdict_of = [&](const std::string& strategy) {
@@ -417,8 +428,7 @@ TEST(CliSharding, PlanPredictsTheCapacityOutcomesOfA6BModel) {
   // not all at once when the strategy is built (45.2 GiB of full gradients and f32 reduce
   // buffers that way).
   EXPECT_LT(peak_of("ZeRO-3 + offload optimizer"), 30.0);
-  EXPECT_NE(verdict_of("ZeRO-3 + offload optimizer").find(" fits a 80 GiB card"),
-            std::string::npos)
+  EXPECT_NE(verdict_of("ZeRO-3 + offload optimizer").find(" fits a 80 GiB card"), std::string::npos)
       << r.output;
   const size_t used = r.output.find("dry run: this process used at most ");
   ASSERT_NE(used, std::string::npos) << r.output;
@@ -433,9 +443,10 @@ TEST(CliSharding, PlanPredictsTheCapacityOutcomesOfA6BModel) {
 TEST(CliSharding, PlanOfA6BModelOrdersTheStagesAndKeepsZero3NearTheFormula) {
   double peaks[4] = {};
   for (int stage = 0; stage <= 3; ++stage) {
-    const auto r = run("plan --device cuda --dtype bf16 --nproc 2 --vocab 50304 --n-layer 48 "
-                       "--n-head 25 --n-embd 3200 --seq 1024 --batch 1 --zero-stage " +
-                       std::to_string(stage));
+    const auto r =
+        run("plan --device cuda --dtype bf16 --nproc 2 --vocab 50304 --n-layer 48 "
+            "--n-head 25 --n-embd 3200 --seq 1024 --batch 1 --zero-stage " +
+            std::to_string(stage));
     ASSERT_EQ(r.rc, 0) << r.output;
     peaks[stage] = numbers_after(r.output, "peak_bytes ", 1)[0];
     for (const char* term : {"kept state", "ZeRO's formula", "activations", "gathered / reducing",
@@ -444,9 +455,10 @@ TEST(CliSharding, PlanOfA6BModelOrdersTheStagesAndKeepsZero3NearTheFormula) {
     if (stage == 3) {
       EXPECT_NE(r.output.find("ZeRO's formula 16Ψ/W"), std::string::npos) << r.output;
       const double ratio = numbers_after(r.output, "steps' peak / that = ", 1)[0];
-      std::printf("[ plan ] 6.06B ZeRO-3 on 2 ranks: steps' peak / (formula + activations + two "
-                  "units + buckets in flight) = %.3f\n",
-                  ratio);
+      std::printf(
+          "[ plan ] 6.06B ZeRO-3 on 2 ranks: steps' peak / (formula + activations + two "
+          "units + buckets in flight) = %.3f\n",
+          ratio);
       EXPECT_GT(ratio, 0.9) << r.output;
       EXPECT_LE(ratio, 1.10) << r.output;
     }
@@ -459,8 +471,9 @@ TEST(CliSharding, PlanOfA6BModelOrdersTheStagesAndKeepsZero3NearTheFormula) {
 
 // A small GPT fits every strategy; a size that is not one is refused, naming it.
 TEST(CliSharding, PlanAllStrategiesOfASmallModelAndBadSizes) {
-  const auto r = run("plan --all-strategies --device cuda --dtype bf16 --nproc 2 --n-layer 2 "
-                     "--n-head 2 --n-embd 64 --seq 64 --batch 2 --max-memory 80GB");
+  const auto r =
+      run("plan --all-strategies --device cuda --dtype bf16 --nproc 2 --n-layer 2 "
+          "--n-head 2 --n-embd 64 --seq 64 --batch 2 --max-memory 80GB");
   ASSERT_EQ(r.rc, 0) << r.output;
   for (const char* strategy : {"DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "ZeRO-3 + offload optimizer",
                                "ZeRO-3 + offload param"}) {
@@ -474,7 +487,8 @@ TEST(CliSharding, PlanAllStrategiesOfASmallModelAndBadSizes) {
   EXPECT_NE(bad.rc, 0);
   EXPECT_NE(bad.output.find("--max-memory '80XB' is not a memory size"), std::string::npos)
       << bad.output;
-  const auto offload_ddp = run("plan --n-layer 2 --n-head 2 --n-embd 64 --seq 64 --offload optimizer");
+  const auto offload_ddp =
+      run("plan --n-layer 2 --n-head 2 --n-embd 64 --seq 64 --offload optimizer");
   EXPECT_NE(offload_ddp.rc, 0);
   EXPECT_NE(offload_ddp.output.find("--offload optimizer needs --zero-stage 1-3"),
             std::string::npos)
@@ -487,7 +501,8 @@ TEST(CliSharding, PlanAllStrategiesOfASmallModelAndBadSizes) {
 // 4 x largest layer + 18Ψ/W, + 2Ψ/W with the optimizer offloaded, the largest layer alone with
 // the parameters offloaded too).
 TEST(CliSharding, PlanFitFindsTheDeepestModelThatEachStrategyFits) {
-  const std::string width = " --device cpu --n-embd 64 --n-head 2 --vocab 256 --seq 32 --batch 2 --nproc 2 ";
+  const std::string width =
+      " --device cpu --n-embd 64 --n-head 2 --vocab 256 --seq 32 --batch 2 --nproc 2 ";
   const int64_t capacity = int64_t(64) << 20;
   const auto r = run("plan --fit" + width + "--max-memory 64MiB");
   ASSERT_EQ(r.rc, 0) << r.output;
@@ -523,7 +538,8 @@ TEST(CliSharding, PlanFitFindsTheDeepestModelThatEachStrategyFits) {
     double expected = -1;
     if (stage_flags == "--zero-stage 2") expected = 4.0 * psi + 16.0 * psi / 2;
     if (stage_flags == "--zero-stage 3") expected = 4.0 * largest_layer + 18.0 * psi / 2;
-    if (stage_flags == "--zero-stage 3 --offload optimizer") expected = 4.0 * largest_layer + 2.0 * psi / 2;
+    if (stage_flags == "--zero-stage 3 --offload optimizer")
+      expected = 4.0 * largest_layer + 2.0 * psi / 2;
     if (stage_flags == "--zero-stage 3 --offload param") expected = 4.0 * largest_layer;
     if (expected < 0) {
       EXPECT_EQ(estimate, "-");
@@ -533,7 +549,8 @@ TEST(CliSharding, PlanFitFindsTheDeepestModelThatEachStrategyFits) {
   }
   const auto both = run("plan --fit --all-strategies" + width);
   EXPECT_EQ(both.rc, 1) << both.output;
-  EXPECT_NE(both.output.find("--fit and --all-strategies are two reports"), std::string::npos) << both.output;
+  EXPECT_NE(both.output.find("--fit and --all-strategies are two reports"), std::string::npos)
+      << both.output;
 }
 
 }  // namespace

@@ -19,13 +19,14 @@ using namespace tessera;
 
 namespace {
 
-void check_equal(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+void check_equal(const std::vector<double>& got, const std::vector<double>& want,
+                 const std::string& what) {
   TESSERA_CHECK(got == want, what, ": got ", got.size(), " values that differ from the ",
                 want.size(), " expected");
 }
 
 std::vector<double> values(const Tensor& t) {
-  return raw::to(t, Device::cpu(), DType::f64).to_vector<double>();
+  return ops::to(t, Device::cpu(), DType::f64).to_vector<double>();
 }
 
 void check_collectives(dist::Accelerator& acc) {
@@ -55,13 +56,14 @@ void check_collectives(dist::Accelerator& acc) {
   std::vector<int> unpadded = acc.split_between_processes(items);
   Tensor u = from_vector(std::vector<double>(unpadded.begin(), unpadded.end()),
                          {static_cast<int64_t>(unpadded.size())}, {.dtype = DType::f32});
-  check_equal(values(acc.gather_for_metrics(u)), want, "gather_for_metrics after an unpadded split");
+  check_equal(values(acc.gather_for_metrics(u)), want,
+              "gather_for_metrics after an unpadded split");
 
   // Uneven gather: rank k contributes k + 1 rows of [k, -k].
   Tensor rows = empty({r + 1, 2});
   for (int i = 0; i <= r; ++i) {
-    raw::fill_(raw::select(raw::select(rows, 0, i), 0, 0), r);
-    raw::fill_(raw::select(raw::select(rows, 0, i), 0, 1), -r);
+    ops::fill_(ops::select(ops::select(rows, 0, i), 0, 0), r);
+    ops::fill_(ops::select(ops::select(rows, 0, i), 0, 1), -r);
   }
   std::vector<double> gathered_want;
   for (int k = 0; k < w; ++k)
@@ -105,7 +107,8 @@ void train(dist::Accelerator& acc, Net& net, optim::AdamW& opt, optim::LRSchedul
   for (int s = first_step; s < first_step + steps; ++s) {
     Generator g(100 + s * acc.num_processes() + acc.process_index());
     Tensor x = randn({4, 6}, {}, &g);
-    Tensor y = from_vector(std::vector<int64_t>{s % 3, (s + 1) % 3, 2, 0}, {4}, {.dtype = DType::i64});
+    Tensor y =
+        from_vector(std::vector<int64_t>{s % 3, (s + 1) % 3, 2, 0}, {4}, {.dtype = DType::i64});
     auto scope = acc.accumulate(net);
     acc.backward(cross_entropy(net(x), y));
     opt.step();

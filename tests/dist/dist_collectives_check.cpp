@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "tessera/dist/process_group.h"
+#include "tessera/kernels/ops.h"
 
 using namespace tessera;
 using namespace tessera::dist;
@@ -28,20 +29,24 @@ double value_of(int rank, int64_t i, DType dtype) {
 Tensor rank_tensor(int rank, int64_t n, DType dtype, int64_t offset = 0) {
   std::vector<double> v(n);
   for (int64_t i = 0; i < n; ++i) v[i] = value_of(rank, i + offset, dtype);
-  return raw::to(from_vector(v, {n}, {.dtype = dtype}), g_device, dtype);
+  return ops::to(from_vector(v, {n}, {.dtype = dtype}), g_device, dtype);
 }
 
 double tolerance(DType dtype) {
   switch (dtype) {
-    case DType::f16: return 2e-3;
-    case DType::bf16: return 1e-2;
-    case DType::f32: return 1e-6;
-    default: return 1e-12;
+    case DType::f16:
+      return 2e-3;
+    case DType::bf16:
+      return 1e-2;
+    case DType::f32:
+      return 1e-6;
+    default:
+      return 1e-12;
   }
 }
 
 void expect_close(const Tensor& got, const std::vector<double>& want, const std::string& what) {
-  std::vector<double> g = raw::to(got, Device::cpu(), DType::f64).to_vector<double>();
+  std::vector<double> g = ops::to(got, Device::cpu(), DType::f64).to_vector<double>();
   TESSERA_CHECK(g.size() == want.size(), what, ": got ", g.size(), " values, want ", want.size());
   for (size_t i = 0; i < g.size(); ++i) {
     double tol = tolerance(got.dtype()) * std::max(1.0, std::fabs(want[i]));
@@ -51,17 +56,20 @@ void expect_close(const Tensor& got, const std::vector<double>& want, const std:
   ++g_checks;
 }
 
-double combine(ReduceOp op, const std::vector<double>& xs) {
+double combine(dist::ReduceOp op, const std::vector<double>& xs) {
   double acc = xs[0];
   for (size_t r = 1; r < xs.size(); ++r) {
-    if (op == ReduceOp::Max) acc = std::max(acc, xs[r]);
-    else if (op == ReduceOp::Min) acc = std::min(acc, xs[r]);
-    else acc += xs[r];
+    if (op == dist::ReduceOp::Max)
+      acc = std::max(acc, xs[r]);
+    else if (op == dist::ReduceOp::Min)
+      acc = std::min(acc, xs[r]);
+    else
+      acc += xs[r];
   }
-  return op == ReduceOp::Avg ? acc / xs.size() : acc;
+  return op == dist::ReduceOp::Avg ? acc / xs.size() : acc;
 }
 
-std::vector<double> reduced_reference(ReduceOp op, int world, int64_t n, DType dtype,
+std::vector<double> reduced_reference(dist::ReduceOp op, int world, int64_t n, DType dtype,
                                       int64_t offset = 0) {
   std::vector<double> want(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -73,23 +81,25 @@ std::vector<double> reduced_reference(ReduceOp op, int world, int64_t n, DType d
 }
 
 void check_all_reduce(ProcessGroup& pg, DType dtype, int64_t n) {
-  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
-    if (op == ReduceOp::Avg && !is_floating(dtype)) continue;
+  for (dist::ReduceOp op :
+       {dist::ReduceOp::Sum, dist::ReduceOp::Avg, dist::ReduceOp::Max, dist::ReduceOp::Min}) {
+    if (op == dist::ReduceOp::Avg && !is_floating(dtype)) continue;
     Tensor t = rank_tensor(pg.rank(), n, dtype);
     pg.all_reduce(t, op)->wait();
     expect_close(t, reduced_reference(op, pg.size(), n, dtype),
                  std::string("all_reduce ") + reduce_op_name(op) + " n=" + std::to_string(n));
   }
   // A non-contiguous view: the [n, 3] transpose of a [3, n] tensor.
-  Tensor base = raw::view(rank_tensor(pg.rank(), 3 * n, dtype), {3, n});
-  Tensor view = raw::transpose(base, 0, 1);
-  pg.all_reduce(view, ReduceOp::Sum)->wait();
-  expect_close(raw::view(base, {3 * n}), reduced_reference(ReduceOp::Sum, pg.size(), 3 * n, dtype),
+  Tensor base = ops::view(rank_tensor(pg.rank(), 3 * n, dtype), {3, n});
+  Tensor view = ops::transpose(base, 0, 1);
+  pg.all_reduce(view, dist::ReduceOp::Sum)->wait();
+  expect_close(ops::view(base, {3 * n}),
+               reduced_reference(dist::ReduceOp::Sum, pg.size(), 3 * n, dtype),
                "all_reduce of a transposed view n=" + std::to_string(n));
 }
 
 void check_reduce_scatter(ProcessGroup& pg, DType dtype, int64_t n) {
-  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max}) {
+  for (dist::ReduceOp op : {dist::ReduceOp::Sum, dist::ReduceOp::Max}) {
     Tensor in = rank_tensor(pg.rank(), n * pg.size(), dtype);
     Tensor out = empty({n}, opts(dtype));
     pg.reduce_scatter(out, in, op)->wait();
@@ -145,11 +155,11 @@ void check_async_and_subgroups(ProcessGroup& pg) {
   std::vector<WorkPtr> works;
   for (int k = 0; k < 4; ++k) {
     ts.push_back(rank_tensor(pg.rank(), 33 + k, DType::f32, k));
-    works.push_back(pg.all_reduce(ts.back(), ReduceOp::Sum));
+    works.push_back(pg.all_reduce(ts.back(), dist::ReduceOp::Sum));
   }
   for (int k = 3; k >= 0; --k) works[k]->wait();
   for (int k = 0; k < 4; ++k)
-    expect_close(ts[k], reduced_reference(ReduceOp::Sum, pg.size(), 33 + k, DType::f32, k),
+    expect_close(ts[k], reduced_reference(dist::ReduceOp::Sum, pg.size(), 33 + k, DType::f32, k),
                  "async all_reduce " + std::to_string(k));
   pg.barrier()->wait();
 
@@ -162,7 +172,7 @@ void check_async_and_subgroups(ProcessGroup& pg) {
     TESSERA_CHECK(sub->size() == static_cast<int>(evens.size()) && sub->rank() == pg.rank() / 2,
                   "sub-group rank ", sub->rank(), " of ", sub->size());
     Tensor t = rank_tensor(pg.rank(), 7, DType::f64);
-    sub->all_reduce(t, ReduceOp::Sum)->wait();
+    sub->all_reduce(t, dist::ReduceOp::Sum)->wait();
     std::vector<double> want(7, 0.0);
     for (int r : evens)
       for (int i = 0; i < 7; ++i) want[i] += value_of(r, i, DType::f64);
@@ -189,8 +199,8 @@ void check_communication_buffers(ProcessGroup& pg) {
                     "allocate_communication_buffer gave ", shape_str(buffer.shape()), " ",
                     dtype_name(buffer.dtype()), " on ", buffer.device().str());
       for (int64_t round = 0; round < 3; ++round) {
-        for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
-          raw::copy_(buffer, rank_tensor(pg.rank(), n, dtype, round));
+        for (dist::ReduceOp op : {dist::ReduceOp::Sum, dist::ReduceOp::Avg}) {
+          ops::copy_(buffer, rank_tensor(pg.rank(), n, dtype, round));
           pg.all_reduce(buffer, op)->wait();
           expect_close(buffer, reduced_reference(op, pg.size(), n, dtype, round),
                        std::string("all_reduce of a communication buffer, ") + reduce_op_name(op) +
@@ -199,10 +209,11 @@ void check_communication_buffers(ProcessGroup& pg) {
       }
       const int64_t skip = 16 / int64_t(dtype_size(dtype));
       if (n > 2 * skip) {
-        Tensor part = raw::narrow(buffer, 0, skip, n - 2 * skip);
-        raw::copy_(part, rank_tensor(pg.rank(), n - 2 * skip, dtype, 5));
-        pg.all_reduce(part, ReduceOp::Sum)->wait();
-        expect_close(part, reduced_reference(ReduceOp::Sum, pg.size(), n - 2 * skip, dtype, 5),
+        Tensor part = ops::narrow(buffer, 0, skip, n - 2 * skip);
+        ops::copy_(part, rank_tensor(pg.rank(), n - 2 * skip, dtype, 5));
+        pg.all_reduce(part, dist::ReduceOp::Sum)->wait();
+        expect_close(part,
+                     reduced_reference(dist::ReduceOp::Sum, pg.size(), n - 2 * skip, dtype, 5),
                      "all_reduce of part of a communication buffer n=" + std::to_string(n));
       }
     }
@@ -231,8 +242,8 @@ void check_communication_buffers(ProcessGroup& pg) {
                          std::to_string(round));
       }
       if (g_device.is_cuda() && n * int64_t(dtype_size(dtype)) % 16 == 0) {
-        Tensor own = raw::narrow(buffer, 0, pg.rank() * n, n);
-        raw::copy_(own, rank_tensor(pg.rank(), n, dtype, 7));
+        Tensor own = ops::narrow(buffer, 0, pg.rank() * n, n);
+        ops::copy_(own, rank_tensor(pg.rank(), n, dtype, 7));
         pg.all_gather(buffer, own)->wait();
         expect_close(
             buffer, gathered(7),
@@ -265,8 +276,8 @@ int main(int argc, char** argv) {
     }
     check_async_and_subgroups(pg);
     check_communication_buffers(pg);
-    std::cout << "rank " << rank << " of " << pg.size() << " (" << pg.backend_name() << "): "
-              << g_checks << " checks passed\n";
+    std::cout << "rank " << rank << " of " << pg.size() << " (" << pg.backend_name()
+              << "): " << g_checks << " checks passed\n";
     destroy_process_group();
   } catch (const std::exception& e) {
     // One write, so the line does not interleave with other ranks' output.

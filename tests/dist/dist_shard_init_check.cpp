@@ -41,6 +41,7 @@
 #include "tessera/core/memory_stats.h"
 #include "tessera/core/random.h"
 #include "tessera/dist/accelerator.h"
+#include "tessera/kernels/ops.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/llama.h"
 #include "tessera/optim/adamw.h"
@@ -158,7 +159,7 @@ void expect(bool ok, const std::string& what) {
 }
 
 bool same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor x = raw::contiguous(a), y = raw::contiguous(b);
+  const Tensor x = ops::contiguous(a), y = ops::contiguous(b);
   return x.dtype() == y.dtype() && x.numel() == y.numel() &&
          std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
 }
@@ -171,13 +172,13 @@ int64_t check_slices(dist::DataParallelStrategy& strategy, const Args& a, int ra
   if (a.precision == "bf16") eager->to(DType::bf16);
   std::map<std::string, Tensor> want;
   for (auto& [name, p] : eager->named_parameters())
-    want[name] = raw::reshape(p.detach(), {p.numel()});
+    want[name] = ops::reshape(p.detach(), {p.numel()});
   int64_t checked = 0, bytes = 0;
   for (const auto& shard : strategy.parameter_shards()) {
     expect(want.count(shard.name) == 1,
            "rank " + std::to_string(rank) + ": no eager parameter " + shard.name);
     if (!want.count(shard.name)) continue;
-    const Tensor expected = raw::narrow(want[shard.name], 0, shard.begin, shard.numel);
+    const Tensor expected = ops::narrow(want[shard.name], 0, shard.begin, shard.numel);
     expect(same_bits(shard.values, expected),
            "rank " + std::to_string(rank) + ": slice [" + std::to_string(shard.begin) + ", +" +
                std::to_string(shard.numel) + ") of " + shard.name +
@@ -251,15 +252,15 @@ int run_training(const Args& a) {
       randint(0, kVocab, {a.steps * world * kRows, kSeq + 1}, {.dtype = DType::i64}, &data);
   std::vector<double> losses;
   for (int step = 0; step < a.steps; ++step) {
-    const Tensor rows = raw::narrow(tokens, 0, (step * world + rank) * kRows, kRows);
-    const Tensor x = raw::contiguous(raw::narrow(rows, 1, 0, kSeq)),
-                 y = raw::contiguous(raw::narrow(rows, 1, 1, kSeq));
+    const Tensor rows = ops::narrow(tokens, 0, (step * world + rank) * kRows, kRows);
+    const Tensor x = ops::contiguous(ops::narrow(rows, 1, 0, kSeq)),
+                 y = ops::contiguous(ops::narrow(rows, 1, 1, kSeq));
     auto micro = acc.accumulate(*model);
     const Tensor loss = model_loss(*model, x, y);
     acc.backward(loss);
     opt.step();
     opt.zero_grad();
-    losses.push_back(raw::to(loss.detach(), Device::cpu(), DType::f64).to_vector<double>()[0]);
+    losses.push_back(ops::to(loss.detach(), Device::cpu(), DType::f64).to_vector<double>()[0]);
   }
   nn::Module& whole = acc.unwrap_model(*model);
   if (acc.is_main_process() && !a.out.empty()) {

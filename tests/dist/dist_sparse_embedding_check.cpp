@@ -21,6 +21,7 @@
 #include "tessera/core/random.h"
 #include "tessera/dist/ddp.h"
 #include "tessera/dist/zero.h"
+#include "tessera/kernels/ops.h"
 #include "tessera/nn/gpt.h"
 
 using namespace tessera;
@@ -67,7 +68,7 @@ std::pair<Tensor, Tensor> batch(int64_t rows, int64_t vocab, int step) {
 std::map<std::string, std::vector<float>> gradients(const nn::Module& model) {
   std::map<std::string, std::vector<float>> out;
   for (auto& [name, p] : model.named_parameters())
-    out[name] = p.grad().defined() ? raw::to(p.grad(), Device::cpu(), DType::f32).to_vector<float>()
+    out[name] = p.grad().defined() ? ops::to(p.grad(), Device::cpu(), DType::f32).to_vector<float>()
                                    : std::vector<float>(p.numel(), 0.0f);
   return out;
 }

@@ -69,7 +69,7 @@ std::unique_ptr<nn::CausalLM> build(const Options& o) {
   if (o.f64) model->to(DType::f64);
   autograd::NoGradGuard no_grad;
   for (const Tensor& p : model->parameters())
-    raw::copy_(p, ops::add(p, normal(p.shape(), 0.0, 0.05, {.dtype = p.dtype()}, &gen)));
+    ops::copy_(p, ops::add(p, normal(p.shape(), 0.0, 0.05, {.dtype = p.dtype()}, &gen)));
   if (o.checkpointing) model->gradient_checkpointing_enable(nn::CheckpointPolicy::every_k(2));
   return model;
 }
@@ -82,8 +82,8 @@ std::pair<Tensor, Tensor> batch(int step, const Options& o) {
 }
 
 double relative_difference(const Tensor& got, const Tensor& want) {
-  const auto g = raw::to(got.detach(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
-  const auto w = raw::to(want.detach(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
+  const auto g = ops::to(got.detach(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
+  const auto w = ops::to(want.detach(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
   TESSERA_CHECK(g.size() == w.size(), "dist_tp_check: ", g.size(), " values against ", w.size());
   double diff = 0, norm = 0;
   for (size_t i = 0; i < w.size(); ++i) diff += (g[i] - w[i]) * (g[i] - w[i]), norm += w[i] * w[i];
@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
       note("logits", relative_difference(tp->forward(x), one->forward(x)));
     }
     // Greedy decoding on a KV cache of this rank's heads gives the one process's tokens.
-    const Tensor prompt = raw::contiguous(raw::narrow(x, 1, 0, 4));
+    const Tensor prompt = ops::contiguous(ops::narrow(x, 1, 0, 4));
     const nn::GenerateOptions greedy{.temperature = 0};
     const bool same_tokens = tp->generate(prompt, 6, greedy).to_vector<int64_t>() ==
                              one->generate(prompt, 6, greedy).to_vector<int64_t>();

@@ -75,10 +75,10 @@ void check_gradients_in_bucket_slots(dist::Accelerator& acc, Mlp& model, int64_t
   const std::vector<Tensor> from = model.parameters(), to = plain.parameters();
   {
     autograd::NoGradGuard no_grad;
-    for (size_t i = 0; i < to.size(); ++i) raw::copy_(to[i], from[i]);
+    for (size_t i = 0; i < to.size(); ++i) ops::copy_(to[i], from[i]);
   }
   auto [x, y] = rows(first, count);
-  cross_entropy(plain(raw::to(x, acc.device(), x.dtype())), raw::to(y, acc.device(), y.dtype()))
+  cross_entropy(plain(ops::to(x, acc.device(), x.dtype())), ops::to(y, acc.device(), y.dtype()))
       .backward();
   const std::vector<Tensor>& params = ddp->parameters();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -86,18 +86,20 @@ void check_gradients_in_bucket_slots(dist::Accelerator& acc, Mlp& model, int64_t
     const Tensor grad = params[i].grad();
     TESSERA_CHECK(grad.defined() && grad.raw_data() == ddp->gradient_slot(i).raw_data(),
                   "--check-slots: the gradient of '", name, "' is not in its bucket slot");
-    const auto got = raw::to(grad, Device::cpu(), DType::f64).contiguous().to_vector<double>();
+    const auto got = ops::to(grad, Device::cpu(), DType::f64).contiguous().to_vector<double>();
     const auto want =
-        raw::to(to[i].grad(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
+        ops::to(to[i].grad(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
     for (size_t k = 0; k < want.size(); ++k)
       TESSERA_CHECK(std::fabs(got[k] - want[k]) <= 1e-6 * (1 + std::fabs(want[k])),
                     "--check-slots: '", name, "' element ", k, " is ", got[k],
                     ", the global batch's gradient ", want[k]);
   }
-  TESSERA_CHECK(ddp->adoption_counts().copied == 0 && autograd::grad_destination_counts().copied == 0,
-                "--check-slots: ", ddp->adoption_counts().copied, " gradients were copied into "
-                "the buckets and ", autograd::grad_destination_counts().copied,
-                " into their slots by autograd");
+  TESSERA_CHECK(
+      ddp->adoption_counts().copied == 0 && autograd::grad_destination_counts().copied == 0,
+      "--check-slots: ", ddp->adoption_counts().copied,
+      " gradients were copied into "
+      "the buckets and ",
+      autograd::grad_destination_counts().copied, " into their slots by autograd");
 }
 
 }  // namespace
@@ -169,8 +171,8 @@ int main(int argc, char** argv) {
       for (int64_t a = 0; a < accum; ++a, ++micro) {
         auto scope = acc.accumulate(model);
         auto [x, y] = rows((micro * world + rank) * rows_per_rank, rows_per_rank);
-        Tensor loss = cross_entropy(model(raw::to(x, acc.device(), x.dtype())),
-                                    raw::to(y, acc.device(), y.dtype()));
+        Tensor loss = cross_entropy(model(ops::to(x, acc.device(), x.dtype())),
+                                    ops::to(y, acc.device(), y.dtype()));
         acc.backward(loss);
         if (check_slots)
           check_gradients_in_bucket_slots(acc, model, micro * world * rows_per_rank,
@@ -193,8 +195,8 @@ int main(int argc, char** argv) {
       const auto& counts =
           dynamic_cast<dist::DistributedDataParallel&>(*acc.strategy_of(model)).adoption_counts();
       std::cout << ("rank " + std::to_string(rank) + ": " + std::to_string(counts.in_place) +
-                    " gradients written into their bucket slots, " +
-                    std::to_string(counts.copied) + " copied (by backward: " +
+                    " gradients written into their bucket slots, " + std::to_string(counts.copied) +
+                    " copied (by backward: " +
                     std::to_string(autograd::grad_destination_counts().written) + ")\n")
                 << std::flush;
     }

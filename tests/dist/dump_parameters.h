@@ -5,6 +5,7 @@
 #include <ostream>
 
 #include "tessera/core/tensor.h"
+#include "tessera/kernels/ops.h"
 #include "tessera/nn/module.h"
 
 namespace tessera::dist_check {
@@ -12,7 +13,7 @@ namespace tessera::dist_check {
 inline void dump_parameters(const nn::Module& model, std::ostream& out) {
   for (auto& [name, p] : model.named_parameters()) {
     out << "param " << name;
-    for (float v : raw::to(p.detach(), Device::cpu(), DType::f32).to_vector<float>()) {
+    for (float v : ops::to(p.detach(), Device::cpu(), DType::f32).to_vector<float>()) {
       char num[32];
       std::snprintf(num, sizeof num, " %.9g", v);
       out << num;

@@ -39,11 +39,22 @@ namespace {
 
 using ReduceOp = dist::ReduceOp;  // not core's kernel-level ReduceOp
 
-const char* kDistVars[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                           "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                           "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-                           "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-                           "SLURM_NTASKS_PER_NODE", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
+const char* kDistVars[] = {"RANK",
+                           "LOCAL_RANK",
+                           "WORLD_SIZE",
+                           "LOCAL_WORLD_SIZE",
+                           "MASTER_ADDR",
+                           "MASTER_PORT",
+                           "OMPI_COMM_WORLD_RANK",
+                           "OMPI_COMM_WORLD_SIZE",
+                           "OMPI_COMM_WORLD_LOCAL_RANK",
+                           "OMPI_COMM_WORLD_LOCAL_SIZE",
+                           "SLURM_PROCID",
+                           "SLURM_NTASKS",
+                           "SLURM_LOCALID",
+                           "SLURM_NTASKS_PER_NODE",
+                           "SLURM_JOB_NODELIST",
+                           "SLURM_NODELIST",
                            "SLURM_JOB_ID"};
 
 // Clears the launch variables for the test and restores nothing: test_dist itself is never
@@ -247,7 +258,8 @@ TEST(AutoBackendTest, NcclOnlyForCudaTensorsWithAGpuPerLocalRank) {
   EXPECT_EQ(resolve_auto_backend(two, DeviceType::CPU, 2, built), "tcp");   // CPU tensors
   EXPECT_EQ(resolve_auto_backend(two, DeviceType::CUDA, 0, built), "tcp");
   // Two nodes of 4 ranks each: what counts is the ranks of one node.
-  EXPECT_EQ(resolve_auto_backend(job(8, 4, Launcher::Torchrun), DeviceType::CUDA, 4, built), "nccl");
+  EXPECT_EQ(resolve_auto_backend(job(8, 4, Launcher::Torchrun), DeviceType::CUDA, 4, built),
+            "nccl");
   EXPECT_EQ(resolve_auto_backend(job(8, 4, Launcher::Slurm), DeviceType::CUDA, 2, built), "tcp");
   const DistEnv mpi = job(3, 3, Launcher::Mpirun);
   EXPECT_EQ(resolve_auto_backend(mpi, DeviceType::CPU, 4, built), "mpi");
@@ -337,7 +349,7 @@ TEST(HostReduceTest, MatchesFloat64ReferenceForEveryDtype) {
       }
       Tensor ta = from_vector(a, {n}, {.dtype = dtype}), tb = from_vector(b, {n}, {.dtype = dtype});
       reduce_into(dtype, op, ta.raw_data(), tb.raw_data(), n);
-      std::vector<double> got = raw::to(ta, Device::cpu(), DType::f64).to_vector<double>();
+      std::vector<double> got = ops::to(ta, Device::cpu(), DType::f64).to_vector<double>();
       for (int64_t i = 0; i < n; ++i) {
         double want = op == ReduceOp::Sum   ? a[i] + b[i]
                       : op == ReduceOp::Max ? std::max(a[i], b[i])
@@ -348,7 +360,7 @@ TEST(HostReduceTest, MatchesFloat64ReferenceForEveryDtype) {
   }
   Tensor t = from_vector(std::vector<double>{3, -6, 1.5}, {3}, {.dtype = DType::bf16});
   scale_in_place(DType::bf16, t.raw_data(), 3, 0.5);
-  EXPECT_EQ(raw::to(t, Device::cpu(), DType::f64).to_vector<double>(),
+  EXPECT_EQ(ops::to(t, Device::cpu(), DType::f64).to_vector<double>(),
             (std::vector<double>{1.5, -3, 0.75}));
   EXPECT_THROW(scale_in_place(DType::i32, t.raw_data(), 1, 0.5), Error);
 }
@@ -414,8 +426,8 @@ TEST(SignatureTest, DescribesTheCallAndComparesWhatMustMatch) {
   Tensor t = zeros({2, 3}, {.dtype = DType::bf16});
   auto a = CollectiveSignature::make(CollectiveKind::AllReduce, 4, t, ReduceOp::Max);
   EXPECT_EQ(a.str(), "all_reduce(max, bfloat16, [2, 3]) #4");
-  auto b = CollectiveSignature::make(CollectiveKind::AllReduce, 4, zeros({3, 2}, {.dtype = DType::bf16}),
-                                     ReduceOp::Max);
+  auto b = CollectiveSignature::make(CollectiveKind::AllReduce, 4,
+                                     zeros({3, 2}, {.dtype = DType::bf16}), ReduceOp::Max);
   EXPECT_FALSE(a == b);
   auto c = CollectiveSignature::make(CollectiveKind::AllGatherUneven, 1, zeros({5}));
   auto d = CollectiveSignature::make(CollectiveKind::AllGatherUneven, 1, zeros({9}));
@@ -436,7 +448,7 @@ struct TwoLayers : nn::Module {
 std::vector<std::vector<float>> grads_of(nn::Module& m) {
   std::vector<std::vector<float>> out;
   for (const Tensor& p : m.parameters())
-    out.push_back(raw::contiguous(raw::to(p.grad(), Device::cpu(), DType::f32)).to_vector<float>());
+    out.push_back(ops::contiguous(ops::to(p.grad(), Device::cpu(), DType::f32)).to_vector<float>());
   return out;
 }
 
@@ -462,7 +474,8 @@ TEST_F(DdpTest, BucketsAreReverseOrderFlatBuffersHoldingTheGradients) {
   EXPECT_EQ(grads_of(wrapped), grads_of(plain));
   for (size_t i = 0; i < ddp.parameters().size(); ++i) {
     const Tensor grad = ddp.parameters()[i].grad();
-    EXPECT_TRUE(grad.shares_storage(ddp.buckets()[i < 2 ? 1 : 0].gradients)) << ddp.parameter_names()[i];
+    EXPECT_TRUE(grad.shares_storage(ddp.buckets()[i < 2 ? 1 : 0].gradients))
+        << ddp.parameter_names()[i];
     EXPECT_EQ(grad.raw_data(), ddp.gradient_slot(i).raw_data());
   }
 }
@@ -480,7 +493,7 @@ TEST_F(DdpTest, Bf16GradientsAreReducedThroughAnF32Buffer) {
   ASSERT_TRUE(ddp.buckets()[0].reduce_buffer.defined());
   EXPECT_EQ(ddp.buckets()[0].reduce_buffer.dtype(), DType::f32);
   Generator g(12);
-  Tensor x = raw::to(randn({4, 5}, {}, &g), Device::cpu(), DType::bf16);
+  Tensor x = ops::to(randn({4, 5}, {}, &g), Device::cpu(), DType::bf16);
   Tensor y = from_vector(std::vector<int64_t>{0, 2, 1, 2}, {4}, {.dtype = DType::i64});
   cross_entropy(plain(x), y).backward();
   ddp.backward(cross_entropy(ddp(x), y));
@@ -505,8 +518,9 @@ TEST(MixedPrecisionPolicy, GradientsAreAveragedInF32OrInTheParametersOwnDtype) {
     MixedPrecisionPolicy::from_name("bf16", "fp16");
     ADD_FAILURE() << "reduce_dtype fp16 with bf16 parameters was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("reduce_dtype must be fp32 or the parameters' dtype (bf16"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("reduce_dtype must be fp32 or the parameters' dtype (bf16"),
+        std::string::npos)
         << e.what();
   }
   EXPECT_THROW(MixedPrecisionPolicy::from_name("no", "bf16"), Error);
@@ -559,7 +573,8 @@ TEST_F(DdpTest, UnusedParameterIsNamed) {
     ddp.backward(cross_entropy(ddp(x), y));
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'extra.weight', 'extra.bias'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'extra.weight', 'extra.bias'"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -663,7 +678,7 @@ TEST(FlatBucketsTest, CommunicationBuffersComeFromTheGroupOncePerBucket) {
     }
 
     Generator g(13);
-    Tensor x = raw::to(randn({4, 5}, {}, &g), Device::cpu(), dtype);
+    Tensor x = ops::to(randn({4, 5}, {}, &g), Device::cpu(), dtype);
     Tensor y = from_vector(std::vector<int64_t>{0, 2, 1, 2}, {4}, {.dtype = DType::i64});
     for (int step = 0; step < 3; ++step) {
       SCOPED_TRACE(step);
@@ -735,14 +750,14 @@ class MirrorGroup final : public ProcessGroup {
   }
   WorkPtr do_reduce_scatter(const CollectiveSignature&, const Tensor& output, const Tensor& input,
                             ReduceOp op) override {
-    raw::copy_(output, raw::narrow(raw::view(input, {input.numel()}), 0, 0, output.numel()));
+    ops::copy_(output, ops::narrow(ops::view(input, {input.numel()}), 0, 0, output.numel()));
     if (op == ReduceOp::Sum) ops::binary_(BinaryOp::Mul, output, 2.0);
     return completed_work();
   }
   WorkPtr do_all_gather(const CollectiveSignature&, const std::vector<Tensor>& outputs,
                         const Tensor& input) override {
     gathered_into.push_back(outputs[0].raw_data());
-    for (const Tensor& out : outputs) raw::copy_(out, raw::view(input, out.shape()));
+    for (const Tensor& out : outputs) ops::copy_(out, ops::view(input, out.shape()));
     return completed_work();
   }
   WorkPtr do_broadcast(const CollectiveSignature&, const Tensor&, int) override {
@@ -958,7 +973,7 @@ TEST_F(CleanDistEnv, AcceleratorGatesTheTemplateLoopWhileAccumulating) {
 // ---- mixed precision ----
 
 std::vector<float> as_floats(const Tensor& t) {
-  return raw::contiguous(raw::to(t.detach(), Device::cpu(), DType::f32)).to_vector<float>();
+  return ops::contiguous(ops::to(t.detach(), Device::cpu(), DType::f32)).to_vector<float>();
 }
 
 struct MixedRun {
@@ -966,7 +981,7 @@ struct MixedRun {
   bool autocast_inside = false, autocast_after = true;
   DType param_dtype = DType::f32, grad_dtype = DType::f32;
   std::vector<DType> master_dtypes;  // of the optimizer's "master" state tensors
-  std::vector<int> updates_before;    // optimizer updates made before each step
+  std::vector<int> updates_before;   // optimizer updates made before each step
   bool skipped = false;
 };
 
@@ -995,7 +1010,8 @@ MixedRun train_mixed(const std::string& precision, int steps) {
     run.autocast_after = autograd::autocast_dtype().has_value();
   }
   for (const auto& [key, t] : opt.state_dict().tensors)
-    if (key.size() > 7 && key.substr(key.size() - 7) == ".master") run.master_dtypes.push_back(t.dtype());
+    if (key.size() > 7 && key.substr(key.size() - 7) == ".master")
+      run.master_dtypes.push_back(t.dtype());
   acc.end_training();
   return run;
 }
@@ -1040,7 +1056,8 @@ TEST_F(CleanDistEnv, MixedPrecisionNeedsAnOptimizerWithMasters) {
     acc.prepare(m, opt);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("SGD keeps no f32 master weights"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("SGD keeps no f32 master weights"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -1061,7 +1078,7 @@ TEST_F(CleanDistEnv, Fp16LossScalingUnscalesAndSkipsNonFiniteSteps) {
   // The f16 loss times 65536 overflows (f16 tops out at 65504): dynamic scaling skips
   // that step and halves the scale until the scaled gradients fit.
   int skipped = 0;
-  for (bool stepped = false; !stepped; ) {
+  for (bool stepped = false; !stepped;) {
     ASSERT_LT(skipped, 4) << "loss scaling never found a scale that fits";
     auto scope = acc.accumulate(m);
     acc.backward(cross_entropy(m(x), y));
@@ -1175,9 +1192,10 @@ TEST(HostThreadPool, ChunksAreContiguousCoverTheRangeAndRethrow) {
   EXPECT_EQ(chunks[0], (std::pair<int64_t, int64_t>{0, 336}));  // 334 rounded up to 16s
   EXPECT_EQ(chunks[1], (std::pair<int64_t, int64_t>{336, 672}));
   EXPECT_EQ(chunks[2], (std::pair<int64_t, int64_t>{672, 1001}));
-  EXPECT_THROW(pool.run(n, [](int64_t begin, int64_t) {
-                 if (begin > 0) throw Error("chunk failed");
-               }),
+  EXPECT_THROW(pool.run(n,
+                        [](int64_t begin, int64_t) {
+                          if (begin > 0) throw Error("chunk failed");
+                        }),
                Error);
   int64_t covered = 0;  // still usable after an error
   pool.run(40, [&](int64_t begin, int64_t end) {
@@ -1196,15 +1214,15 @@ TEST(HostThreadPool, HostAdamWOnAnyThreadCountMatchesOneThreadBitForBit) {
       Generator gen(5);
       Tensor p = normal({100003, 1}, 0, 1, {.dtype = dtype}, &gen);
       p.requires_grad_(true);
-      optim::AdamW opt({p}, {.lr = 1e-2, .weight_decay = 0.1,
-                             .master_weights = dtype == DType::bf16});
+      optim::AdamW opt({p},
+                       {.lr = 1e-2, .weight_decay = 0.1, .master_weights = dtype == DType::bf16});
       HostThreadPool pool(threads, allowed_cpus());
       opt.set_range_runner(&pool.runner());
       for (int step = 0; step < 3; ++step) {
         p.set_grad(normal(p.shape(), 0, 1, {.dtype = dtype}, &gen));
         opt.step();
       }
-      return raw::to(p, Device::cpu(), DType::f32).to_vector<float>();
+      return ops::to(p, Device::cpu(), DType::f32).to_vector<float>();
     };
     const std::vector<float> one = train(1);
     for (int threads : {2, 3, 5}) {
@@ -1228,21 +1246,21 @@ TEST(OptimizerOffload, RoundsGradientsThroughTheParameterDtypeAndUploadsMasters)
   WorkPtr d1 = offload.download_gradient(1, completed_work(), average1);
   d0->wait();
   d1->wait();
-  const std::vector<float> rounded = raw::to(raw::to(average0, Device::cpu(), DType::bf16),
-                                             Device::cpu(), DType::f32)
-                                         .to_vector<float>();
+  const std::vector<float> rounded =
+      ops::to(ops::to(average0, Device::cpu(), DType::bf16), Device::cpu(), DType::f32)
+          .to_vector<float>();
   EXPECT_EQ(offload.gradient(0).to_vector<float>(), rounded);
   EXPECT_NE(rounded, g0);  // the rounding did something
   EXPECT_EQ(offload.gradient(1).to_vector<float>(), g1);
 
-  offload.load_master(0, raw::to(from_vector(g0, {5}), Device::cpu(), DType::bf16));
+  offload.load_master(0, ops::to(from_vector(g0, {5}), Device::cpu(), DType::bf16));
   EXPECT_EQ(offload.master(0).to_vector<float>(), rounded);
-  raw::copy_(offload.master(0), from_vector(g0, {5}));
-  raw::copy_(offload.master(1), from_vector(g1, {3}));
+  ops::copy_(offload.master(0), from_vector(g0, {5}));
+  ops::copy_(offload.master(1), from_vector(g1, {3}));
   Tensor target0 = zeros({5}, {.dtype = DType::bf16}), target1 = zeros({3});
   std::vector<WorkPtr> uploads = offload.upload_parameters({target0, target1}, {1, 0});
   for (auto& w : uploads) w->wait();
-  EXPECT_EQ(raw::to(target0, Device::cpu(), DType::f32).to_vector<float>(), rounded);
+  EXPECT_EQ(ops::to(target0, Device::cpu(), DType::f32).to_vector<float>(), rounded);
   EXPECT_EQ(target1.to_vector<float>(), g1);
 
   std::promise<void> failed;

@@ -128,8 +128,8 @@ TEST(TensorParallel, VocabParallelCrossEntropyOfOneRankIsCrossEntropy) {
   Generator gen(5);
   const Tensor logits = randn({3, 5, 13}, {}, &gen);
   Tensor targets = randint(0, 13, {3, 5}, {.dtype = DType::i64}, &gen);
-  raw::fill_(raw::narrow(raw::narrow(targets, 0, 1, 1), 1, 2, 2), -100.0);
-  Tensor a = raw::clone(logits).requires_grad_(), b = raw::clone(logits).requires_grad_();
+  ops::fill_(ops::narrow(ops::narrow(targets, 0, 1, 1), 1, 2, 2), -100.0);
+  Tensor a = ops::clone(logits).requires_grad_(), b = ops::clone(logits).requires_grad_();
   Tensor want = cross_entropy(a, targets);
   Tensor got = dist::vocab_parallel_cross_entropy(b, targets, 0, group);
   want.backward();

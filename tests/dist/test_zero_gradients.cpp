@@ -10,10 +10,10 @@
 #include <cstdlib>
 #include <optional>
 
+#include <nlohmann/json.hpp>
 #include "tessera/autograd/autograd.h"
 #include "tessera/autograd/functions.h"
 #include "tessera/core/random.h"
-#include <nlohmann/json.hpp>
 
 #include "tessera/dist/accelerator.h"
 #include "tessera/dist/deepspeed_config.h"
@@ -70,9 +70,8 @@ struct HeldBuffers {
   std::vector<autograd::HookHandle> hooks;
   explicit HeldBuffers(const ZeroStrategy& zero) {
     for (const Tensor& p : zero.buckets().parameters())
-      hooks.push_back(autograd::register_grad_ready_hook(p, [this, &zero](const Tensor&) {
-        most = std::max(most, held(zero));
-      }));
+      hooks.push_back(autograd::register_grad_ready_hook(
+          p, [this, &zero](const Tensor&) { most = std::max(most, held(zero)); }));
   }
   ~HeldBuffers() {
     for (auto& h : hooks) h.remove();
@@ -93,7 +92,8 @@ void expect_shard_equals_plain(const ZeroStrategy& zero, nn::Module& plain) {
     for (size_t k : bucket.params) {
       const Tensor got = zero.pieces().at(piece++).grad();
       ASSERT_TRUE(got.defined()) << zero.buckets().parameter_names()[k];
-      EXPECT_EQ(got.to_vector<float>(), raw::contiguous(plain_params.at(k).grad()).to_vector<float>())
+      EXPECT_EQ(got.to_vector<float>(),
+                ops::contiguous(plain_params.at(k).grad()).to_vector<float>())
           << zero.buckets().parameter_names()[k];
     }
 }

@@ -9,10 +9,10 @@
 #include <functional>
 #include <map>
 
+#include "python_reference.h"
 #include "tessera/autograd/functions.h"
 #include "tessera/core/safetensors.h"
 #include "tessera/nn/nn.h"
-#include "python_reference.h"
 
 using namespace tessera;
 
@@ -21,12 +21,21 @@ namespace {
 using test::scratch_dir;
 
 nn::BertConfig small_bert() {
-  return {.vocab_size = 50, .hidden_size = 32, .num_hidden_layers = 2, .num_attention_heads = 4,
-          .intermediate_size = 48, .max_position_embeddings = 16, .labels = {.num_labels = 3}};
+  return {.vocab_size = 50,
+          .hidden_size = 32,
+          .num_hidden_layers = 2,
+          .num_attention_heads = 4,
+          .intermediate_size = 48,
+          .max_position_embeddings = 16,
+          .labels = {.num_labels = 3}};
 }
 
 nn::DistilBertConfig small_distilbert() {
-  return {.vocab_size = 50, .max_position_embeddings = 16, .n_layers = 2, .n_heads = 4, .dim = 32,
+  return {.vocab_size = 50,
+          .max_position_embeddings = 16,
+          .n_layers = 2,
+          .n_heads = 4,
+          .dim = 32,
           .hidden_dim = 48};
 }
 
@@ -94,11 +103,11 @@ TEST(Encoders, EmbeddingPaddingIdxPassesNoGradient) {
   Generator gen(3);
   nn::Embedding table(6, 4, 1.0, &gen);
   table.set_padding_idx(2);
-  EXPECT_EQ(ops::amax(ops::unary(UnaryOp::Abs, raw::select(table.weight, 0, 2))).item(), 0.0);
+  EXPECT_EQ(ops::amax(ops::unary(UnaryOp::Abs, ops::select(table.weight, 0, 2))).item(), 0.0);
   normal_(table.weight, 0.0, 1.0, &gen);  // a pretrained padding row keeps its values
   const Tensor looked_up = table(ids({2, 5, 2, 1}, 1));
-  EXPECT_EQ(ops::max_rel_error(raw::select(raw::select(looked_up, 0, 0), 0, 0),
-                               raw::select(table.weight, 0, 2)),
+  EXPECT_EQ(ops::max_rel_error(ops::select(ops::select(looked_up, 0, 0), 0, 0),
+                               ops::select(table.weight, 0, 2)),
             0.0);
   sum(looked_up).backward();
   const std::vector<float> g = table.weight.grad().to_vector<float>();
@@ -129,8 +138,9 @@ TEST(Encoders, AHeadOverAPretrainedBodyStartsFresh) {
   // A tensor the model does not know is still refused, naming it.
   body.emplace_back("bert.encoder.layer.9.output.dense.weight", zeros({2, 2}));
   save_safetensors((dir / "body" / "model.safetensors").string(), body);
-  EXPECT_NE(error_of([&] { nn::BertForSequenceClassification::from_pretrained((dir / "body").string()); })
-                .find("unexpected: bert.encoder.layer.9.output.dense.weight"),
+  EXPECT_NE(error_of([&] {
+              nn::BertForSequenceClassification::from_pretrained((dir / "body").string());
+            }).find("unexpected: bert.encoder.layer.9.output.dense.weight"),
             std::string::npos);
 }
 
@@ -154,7 +164,8 @@ TEST(Encoders, DropoutSitesFollowTheConfig) {
   d.seq_classif_dropout = 0.5;
   nn::DistilBertForSequenceClassification distil(d);
   distil.save_pretrained((dir / "distil").string());
-  auto distil_loaded = nn::DistilBertForSequenceClassification::from_pretrained((dir / "distil").string());
+  auto distil_loaded =
+      nn::DistilBertForSequenceClassification::from_pretrained((dir / "distil").string());
   EXPECT_EQ(distil_loaded->distilbert.embeddings.dropout.p, 0.0625);
   EXPECT_EQ(distil_loaded->distilbert.blocks[0]->attention.dropout.p, 0.125);
   EXPECT_EQ(distil_loaded->distilbert.blocks[0]->ffn.dropout.p, 0.0625);
@@ -170,9 +181,12 @@ TEST(Encoders, DropoutSitesFollowTheConfig) {
 TEST(Encoders, ConfigErrorsNameTheKey) {
   const auto dir = scratch_dir("bert_config_errors");
   auto write = [&](const std::string& json) { std::ofstream(dir / "config.json") << json; };
-  auto error = [&] { return error_of([&] { nn::bert_config_from_json_file((dir / "config.json").string()); }); };
+  auto error = [&] {
+    return error_of([&] { nn::bert_config_from_json_file((dir / "config.json").string()); });
+  };
   write(R"({"model_type": "bert", "hidden_size": "wide"})");
-  EXPECT_NE(error().find("\"hidden_size\" = \"wide\" must be an integer"), std::string::npos) << error();
+  EXPECT_NE(error().find("\"hidden_size\" = \"wide\" must be an integer"), std::string::npos)
+      << error();
   write(R"({"model_type": "bert", "position_embedding_type": "relative_key"})");
   EXPECT_NE(error().find("position_embedding_type"), std::string::npos) << error();
   write(R"({"model_type": "bert", "hidden_act": "swish"})");
@@ -186,7 +200,8 @@ TEST(Encoders, ConfigErrorsNameTheKey) {
   write(R"({"model_type": "distilbert"})");
   EXPECT_NE(error().find("expected \"bert\""), std::string::npos) << error();
   // Labels read back as written.
-  write(R"({"model_type": "bert", "id2label": {"1": "pos", "0": "neg"}, "problem_type": "single_label_classification"})");
+  write(
+      R"({"model_type": "bert", "id2label": {"1": "pos", "0": "neg"}, "problem_type": "single_label_classification"})");
   const nn::BertConfig cfg = nn::bert_config_from_json_file((dir / "config.json").string());
   EXPECT_EQ(cfg.labels.num_labels, 2);
   EXPECT_EQ(cfg.labels.label_name(1), "pos");
@@ -196,16 +211,19 @@ TEST(Encoders, ConfigErrorsNameTheKey) {
 TEST(Encoders, LastTokenPositionsFollowHuggingFace) {
   const Tensor batch = ids({5, 6, 7, 0, 0,  //
                             5, 6, 7, 8, 9,  // no pad: the last position
-                            0, 6, 7, 8, 9}, 3);  // pad first: (0 - 1) mod 5, the last one too
+                            0, 6, 7, 8, 9},
+                           3);  // pad first: (0 - 1) mod 5, the last one too
   EXPECT_EQ(nn::last_token_positions(batch, Tensor(), 0, "test"), (std::vector<int64_t>{2, 4, 4}));
   EXPECT_EQ(nn::last_token_positions(ids({1, 2, 3}, 1), Tensor(), -1, "test"),
             (std::vector<int64_t>{2}));
-  EXPECT_NE(error_of([&] { nn::last_token_positions(batch, Tensor(), -1, "test"); })
-                .find("needs pad_token_id"),
+  EXPECT_NE(error_of([&] {
+              nn::last_token_positions(batch, Tensor(), -1, "test");
+            }).find("needs pad_token_id"),
             std::string::npos);
   const Tensor left_padded = ids({0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 3);
-  EXPECT_NE(error_of([&] { nn::last_token_positions(batch, left_padded, 0, "test"); })
-                .find("pad on the right"),
+  EXPECT_NE(error_of([&] {
+              nn::last_token_positions(batch, left_padded, 0, "test");
+            }).find("pad on the right"),
             std::string::npos);
 }
 
@@ -214,16 +232,21 @@ TEST(Encoders, LossesRefuseLabelsOfTheWrongKind) {
   labels.num_labels = 3;
   const Tensor logits = zeros({2, 3});
   EXPECT_NE(error_of([&] {
-              nn::sequence_classification_loss(logits, from_vector<int64_t>({0, 1, 2}, {3}, {.dtype = DType::i64}), labels);
+              nn::sequence_classification_loss(
+                  logits, from_vector<int64_t>({0, 1, 2}, {3}, {.dtype = DType::i64}), labels);
             }).find("integer labels [B = 2]"),
             std::string::npos);
   labels.problem_type = nn::ProblemType::Regression;
-  EXPECT_NE(error_of([&] { nn::sequence_classification_loss(logits, zeros({2}), labels); })
-                .find("one target per logit"),
+  EXPECT_NE(error_of([&] {
+              nn::sequence_classification_loss(logits, zeros({2}), labels);
+            }).find("one target per logit"),
             std::string::npos);
   // Regression is the mean squared error; single-label the cross-entropy.
-  EXPECT_NEAR(nn::sequence_classification_loss(ones({2, 3}), zeros({2, 3}), labels).item(), 1.0, 1e-7);
+  EXPECT_NEAR(nn::sequence_classification_loss(ones({2, 3}), zeros({2, 3}), labels).item(), 1.0,
+              1e-7);
   labels.problem_type = nn::ProblemType::Unspecified;
-  EXPECT_NEAR(nn::sequence_classification_loss(logits, from_vector<int64_t>({0, 2}, {2}, {.dtype = DType::i64}), labels).item(),
+  EXPECT_NEAR(nn::sequence_classification_loss(
+                  logits, from_vector<int64_t>({0, 2}, {2}, {.dtype = DType::i64}), labels)
+                  .item(),
               std::log(3.0), 1e-6);
 }

@@ -1,5 +1,5 @@
-// GPT's fast MLP through mlp_gelu (GPTFastBlock::use_fused_mlp: on by default, TESSERA_FUSED_MLP=0 turns
-// it off) against the composed c_fc -> GELU -> c_proj: the same logits and gradients (bit for
+// GPT's fast MLP through mlp_gelu (GPTFastBlock::use_fused_mlp: on by default, TESSERA_FUSED_MLP=0
+// turns it off) against the composed c_fc -> GELU -> c_proj: the same logits and gradients (bit for
 // bit on the CPU, where mlp_gelu is that composition; to rounding through the fused tape
 // node, with CPU stand-ins for the GPU's fused GEMMs), with gradient checkpointing too; hooks
 // on c_fc/act/c_proj keep the composed path (they must see their module's call), hooks on
@@ -36,7 +36,7 @@ std::unique_ptr<nn::GPT> make_model(const nn::GPTConfig& cfg, bool fused_mlp) {
   for (auto& [name, p] : model->named_parameters())
     if (name.find(".bias") != std::string::npos) {
       NoGradGuard no_grad;
-      raw::copy_(p, normal(p.shape(), 0.0, 0.3, {.dtype = DType::f64}, &g));
+      ops::copy_(p, normal(p.shape(), 0.0, 0.3, {.dtype = DType::f64}, &g));
     }
   for (nn::GPTFastBlock& block : model->fast_blocks) block.use_fused_mlp = fused_mlp;
   return model;
@@ -52,13 +52,13 @@ Pass train_pass(nn::GPT& model) {
   const Tensor idx = randint(0, 29, {3, 13}, {.dtype = DType::i64}, &data);
   const Tensor targets = randint(0, 29, {3, 13}, {.dtype = DType::i64}, &data);
   Pass p;
-  p.logits = raw::contiguous(model.forward(idx)).to_vector<double>();
+  p.logits = ops::contiguous(model.forward(idx)).to_vector<double>();
   model.zero_grad();
   const Tensor loss = model.loss(idx, targets);
   p.loss = {loss.item()};
   loss.backward();
   for (auto& [name, t] : model.named_parameters())
-    p.grads.emplace_back(name, raw::contiguous(t.grad()).to_vector<double>());
+    p.grads.emplace_back(name, ops::contiguous(t.grad()).to_vector<double>());
   return p;
 }
 

@@ -7,11 +7,11 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "python_reference.h"
 #include "tessera/autograd/functions.h"
 #include "tessera/core/safetensors.h"
 #include "tessera/nn/nn.h"
 #include "tessera/optim/optim.h"
-#include "python_reference.h"
 
 using namespace tessera;
 
@@ -27,8 +27,12 @@ std::filesystem::path scratch_dir(const std::string& name) {
 }
 
 nn::GPTConfig parity_config(bool tied) {
-  return nn::GPTConfig{.vocab_size = 101, .block_size = 40, .n_layer = 3, .n_head = 3,
-                       .n_embd = 48, .tie_word_embeddings = tied};
+  return nn::GPTConfig{.vocab_size = 101,
+                       .block_size = 40,
+                       .n_layer = 3,
+                       .n_head = 3,
+                       .n_embd = 48,
+                       .tie_word_embeddings = tied};
 }
 
 // The learning-rate recipe both sides follow (see reference_gpt.py's defaults).
@@ -52,18 +56,18 @@ void run_parity(bool tied, Device device = Device::cpu()) {
   Tensor targets = randint(0, 101, {B, T}, {.dtype = DType::i64}, &gen);
   save_safetensors((dir / "batch.safetensors").string(), {{"idx", idx}, {"targets", targets}});
 
-  const std::string cmd = test::python_interpreter() + " " TESSERA_SOURCE_DIR "/tests/nn/reference_gpt.py" +
-                          std::string(" --model ") + (dir / "model").string() + " --batch " +
-                          (dir / "batch.safetensors").string() + " --out " +
-                          (dir / "ref.safetensors").string() + " --weights-out " +
-                          (dir / "torch_weights.safetensors").string();
+  const std::string cmd =
+      test::python_interpreter() + " " TESSERA_SOURCE_DIR "/tests/nn/reference_gpt.py" +
+      std::string(" --model ") + (dir / "model").string() + " --batch " +
+      (dir / "batch.safetensors").string() + " --out " + (dir / "ref.safetensors").string() +
+      " --weights-out " + (dir / "torch_weights.safetensors").string();
   ASSERT_EQ(std::system(cmd.c_str()), 0) << "reference failed: " << cmd;
   SafetensorsContents ref = load_safetensors((dir / "ref.safetensors").string());
   // The comparisons run where Tessera computed.
-  for (auto& [name, t] : ref.tensors) t = raw::to(t, device, t.dtype());
+  for (auto& [name, t] : ref.tensors) t = ops::to(t, device, t.dtype());
   model.to(device);
-  idx = raw::to(idx, device, idx.dtype());
-  targets = raw::to(targets, device, targets.dtype());
+  idx = ops::to(idx, device, idx.dtype());
+  targets = ops::to(targets, device, targets.dtype());
 
   // Forward, loss and gradients.
   Tensor logits = model.forward(idx);
@@ -84,9 +88,11 @@ void run_parity(bool tied, Device device = Device::cpu()) {
   }
 
   // Ten optimizer steps from the same starting point.
-  optim::AdamW opt(model.parameters(),
-                   {.lr = kLr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = kWeightDecay});
-  optim::CosineSchedule sched(opt, {.warmup = kWarmup, .total = kSteps, .min_lr = kMinLrRatio * kLr});
+  optim::AdamW opt(
+      model.parameters(),
+      {.lr = kLr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = kWeightDecay});
+  optim::CosineSchedule sched(opt,
+                              {.warmup = kWarmup, .total = kSteps, .min_lr = kMinLrRatio * kLr});
   const std::vector<double> ref_norms = ref.at("grad_norms").to_vector<double>();
   for (int step = 0; step < kSteps; ++step) {
     opt.zero_grad();
@@ -102,10 +108,11 @@ void run_parity(bool tied, Device device = Device::cpu()) {
     worst_param = std::max(worst_param, err);
     EXPECT_LT(err, 1e-4) << name;
   }
-  std::printf("parity (%s): logits %.2e, loss %.2e, worst grad %.2e, worst param after %d steps %.2e\n",
-              tag.c_str(), ops::max_rel_error(logits, ref.at("logits")),
-              std::abs(loss.item() - ref.at("loss").item()) / std::abs(ref.at("loss").item()),
-              worst_grad, kSteps, worst_param);
+  std::printf(
+      "parity (%s): logits %.2e, loss %.2e, worst grad %.2e, worst param after %d steps %.2e\n",
+      tag.c_str(), ops::max_rel_error(logits, ref.at("logits")),
+      std::abs(loss.item() - ref.at("loss").item()) / std::abs(ref.at("loss").item()), worst_grad,
+      kSteps, worst_param);
 
   // A file written by the PyTorch side loads into a fresh model with the trained values.
   nn::GPT reloaded(parity_config(tied), nullptr, {.device = device});

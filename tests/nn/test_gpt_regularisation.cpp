@@ -20,10 +20,16 @@ using namespace tessera;
 namespace {
 
 nn::GPTConfig small_config(double dropout, int64_t n_layer = 2) {
-  return {.vocab_size = 29, .block_size = 16, .n_layer = n_layer, .n_head = 2, .n_embd = 12, .dropout = dropout};
+  return {.vocab_size = 29,
+          .block_size = 16,
+          .n_layer = n_layer,
+          .n_head = 2,
+          .n_embd = 12,
+          .dropout = dropout};
 }
 
-std::unique_ptr<nn::GPT> make_model(const nn::GPTConfig& cfg, uint64_t seed, DType dtype = DType::f32) {
+std::unique_ptr<nn::GPT> make_model(const nn::GPTConfig& cfg, uint64_t seed,
+                                    DType dtype = DType::f32) {
   Generator init(seed);
   return std::make_unique<nn::GPT>(cfg, &init, TensorOptions{.dtype = dtype});
 }
@@ -34,7 +40,7 @@ Tensor random_tokens(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
 }
 
 std::vector<double> values(const Tensor& t) {
-  return raw::contiguous(raw::to(t, Device::cpu(), DType::f64)).to_vector<double>();
+  return ops::contiguous(ops::to(t, Device::cpu(), DType::f64)).to_vector<double>();
 }
 
 // The mask nn::Dropout applies: each element kept when its uniform draw (f32, from the
@@ -43,7 +49,8 @@ std::vector<double> values(const Tensor& t) {
 Tensor reference_mask(const Shape& shape, double p) {
   const std::vector<float> u = rand(shape, {.dtype = DType::f32}).to_vector<float>();
   std::vector<double> mask(u.size());
-  for (size_t i = 0; i < u.size(); ++i) mask[i] = u[i] >= static_cast<float>(p) ? 1.0 / (1.0 - p) : 0.0;
+  for (size_t i = 0; i < u.size(); ++i)
+    mask[i] = u[i] >= static_cast<float>(p) ? 1.0 / (1.0 - p) : 0.0;
   return from_vector(mask, shape, {.dtype = DType::f64});
 }
 
@@ -57,17 +64,20 @@ Tensor reference_logits(nn::GPT& model, const Tensor& idx, double p) {
   const double eps = cfg.layer_norm_epsilon;
   std::vector<double> causal(T * T);
   for (int64_t i = 0; i < T; ++i)
-    for (int64_t j = 0; j < T; ++j) causal[i * T + j] = j > i ? -std::numeric_limits<double>::infinity() : 0.0;
+    for (int64_t j = 0; j < T; ++j)
+      causal[i * T + j] = j > i ? -std::numeric_limits<double>::infinity() : 0.0;
   const Tensor causal_mask = from_vector(causal, {T, T}, {.dtype = DType::f64});
   const Tensor pos = arange(0, static_cast<double>(T), 1.0, {.dtype = DType::i64});
 
-  Tensor x = embedding(model.transformer.wte.weight, idx) + embedding(model.transformer.wpe.weight, pos);
+  Tensor x =
+      embedding(model.transformer.wte.weight, idx) + embedding(model.transformer.wpe.weight, pos);
   x = x * reference_mask({B, T, C}, p);
   for (nn::Block* block : model.transformer.blocks) {
     const Tensor h = layer_norm(x, block->ln_1.weight, block->ln_1.bias, eps);
     const auto qkv = split(matmul(h, block->attn.c_attn.weight) + block->attn.c_attn.bias, C, -1);
     auto heads = [&](const Tensor& t) { return t.reshape({B, T, H, D}).transpose(1, 2); };
-    Tensor att = matmul(heads(qkv[0]), heads(qkv[1]).transpose(-2, -1)) * (1.0 / std::sqrt(double(D)));
+    Tensor att =
+        matmul(heads(qkv[0]), heads(qkv[1]).transpose(-2, -1)) * (1.0 / std::sqrt(double(D)));
     att = softmax(att + causal_mask, -1) * reference_mask({B, H, T, T}, p);
     Tensor y = matmul(att, heads(qkv[2])).transpose(1, 2).reshape({B, T, C});
     y = matmul(y, block->attn.c_proj.weight) + block->attn.c_proj.bias;
@@ -142,7 +152,8 @@ TEST(GPTDropout, SitesAndScalingFollowNanoGPT) {
   const uint64_t model_draws = default_generator().offset();
   manual_seed(1234);
   const Tensor want = reference_logits(*model, idx, p);
-  EXPECT_EQ(default_generator().offset(), model_draws) << "the model draws other masks than nanoGPT's sites";
+  EXPECT_EQ(default_generator().offset(), model_draws)
+      << "the model draws other masks than nanoGPT's sites";
   const auto g = values(got), w = values(want);
   ASSERT_EQ(g.size(), w.size());
   for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(g[i], w[i], 1e-10 * (1 + std::abs(w[i]))) << i;
@@ -170,10 +181,10 @@ TEST(GPTDropout, GradientsMatchFiniteDifferencesWithAFixedMask) {
   nn::Block& first = *model->transformer.blocks[0];
   nn::Block& last = *model->transformer.blocks[1];
   const std::vector<std::pair<Tensor, int64_t>> probes = {
-      {model->transformer.wte.weight, 40},    {model->transformer.wpe.weight, 17},
-      {first.attn.c_attn.weight, 101},        {first.attn.c_attn.weight, 333},
-      {last.attn.c_proj.weight, 50},          {last.mlp.c_fc.weight, 222},
-      {last.mlp.c_proj.bias, 5},              {model->transformer.ln_f.weight, 3}};
+      {model->transformer.wte.weight, 40}, {model->transformer.wpe.weight, 17},
+      {first.attn.c_attn.weight, 101},     {first.attn.c_attn.weight, 333},
+      {last.attn.c_proj.weight, 50},       {last.mlp.c_fc.weight, 222},
+      {last.mlp.c_proj.bias, 5},           {model->transformer.ln_f.weight, 3}};
   for (const auto& [param, flat] : probes) {
     const double analytic = values(param.grad())[flat];
     double* data = param.data<double>() + flat;
@@ -224,23 +235,28 @@ TEST(GradientCheckpointing, SameLossAndGradientsBitForBit) {
     double dropout;
     std::optional<DType> autocast;
   };
-  for (const Case& c : {Case{0.0, std::nullopt}, Case{0.15, std::nullopt}, Case{0.1, DType::bf16}}) {
+  for (const Case& c :
+       {Case{0.0, std::nullopt}, Case{0.15, std::nullopt}, Case{0.1, DType::bf16}}) {
     auto plain = make_model(small_config(c.dropout, 3), 12);
     auto checkpointed = make_model(small_config(c.dropout, 3), 12);
     checkpointed->gradient_checkpointing_enable();
     ASSERT_TRUE(checkpointed->is_gradient_checkpointing());
     const LossAndGrads a = train_step(*plain, idx, targets, c.autocast);
     const LossAndGrads b = train_step(*checkpointed, idx, targets, c.autocast);
-    const std::string what = "dropout " + std::to_string(c.dropout) + (c.autocast ? " under bf16 autocast" : "");
+    const std::string what =
+        "dropout " + std::to_string(c.dropout) + (c.autocast ? " under bf16 autocast" : "");
     EXPECT_EQ(a.loss, b.loss) << what;
-    EXPECT_EQ(a.generator_offset, b.generator_offset) << what << ": the recompute must not draw new numbers";
+    EXPECT_EQ(a.generator_offset, b.generator_offset)
+        << what << ": the recompute must not draw new numbers";
     ASSERT_EQ(a.grads.size(), b.grads.size());
-    for (size_t i = 0; i < a.grads.size(); ++i) EXPECT_EQ(a.grads[i], b.grads[i]) << what << ", parameter " << i;
+    for (size_t i = 0; i < a.grads.size(); ++i)
+      EXPECT_EQ(a.grads[i], b.grads[i]) << what << ", parameter " << i;
   }
 }
 
 TEST(GradientCheckpointing, KeepsFewerActivationsForBackward) {
-  const nn::GPTConfig cfg{.vocab_size = 64, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 64, .dropout = 0.1};
+  const nn::GPTConfig cfg{
+      .vocab_size = 64, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 64, .dropout = 0.1};
   const Tensor idx = random_tokens(4, 64, 64, 13), targets = random_tokens(4, 64, 64, 14);
   struct Footprint {
     size_t held_after_forward, peak_through_backward;
@@ -258,9 +274,10 @@ TEST(GradientCheckpointing, KeepsFewerActivationsForBackward) {
     return Footprint{held, host_memory_stats().peak - before};
   };
   const Footprint plain = measure(false), checkpointed = measure(true);
-  std::cout << "bytes held by the graph after forward: plain " << plain.held_after_forward << ", checkpointed "
-            << checkpointed.held_after_forward << "; peak through backward: plain " << plain.peak_through_backward
-            << ", checkpointed " << checkpointed.peak_through_backward << "\n";
+  std::cout << "bytes held by the graph after forward: plain " << plain.held_after_forward
+            << ", checkpointed " << checkpointed.held_after_forward
+            << "; peak through backward: plain " << plain.peak_through_backward << ", checkpointed "
+            << checkpointed.peak_through_backward << "\n";
   // Checkpointed, the graph keeps each block's input, not its dozen intermediates.
   EXPECT_LT(checkpointed.held_after_forward * 3, plain.held_after_forward);
   EXPECT_LT(checkpointed.peak_through_backward, plain.peak_through_backward);
@@ -280,7 +297,12 @@ TEST(GradientCheckpointing, KeepsFewerActivationsForBackward) {
 TEST(GPTDropout, CudaDrawsTheCpuMasksAndTakesTheDropoutAttentionKernels) {
   if (!cuda_is_available()) GTEST_SKIP() << "no CUDA device";
   // Head size 64: the fused attention applies in bf16 when dropout is off.
-  const nn::GPTConfig cfg{.vocab_size = 101, .block_size = 64, .n_layer = 2, .n_head = 2, .n_embd = 128, .dropout = 0.2};
+  const nn::GPTConfig cfg{.vocab_size = 101,
+                          .block_size = 64,
+                          .n_layer = 2,
+                          .n_head = 2,
+                          .n_embd = 128,
+                          .dropout = 0.2};
   auto cpu = make_model(cfg, 21);
   auto gpu = make_model(cfg, 21);
   gpu->to(Device::cuda());
@@ -294,10 +316,12 @@ TEST(GPTDropout, CudaDrawsTheCpuMasksAndTakesTheDropoutAttentionKernels) {
   gpu->to(DType::bf16);
   const Tensor targets = random_tokens(3, 64, 101, 23).to(Device::cuda());
   gpu->loss(idx.to(Device::cuda()), targets);
-  EXPECT_EQ(gpu->fast_blocks[0].fused_attention_calls(), 1) << "dropout in training: the flash kernels";
+  EXPECT_EQ(gpu->fast_blocks[0].fused_attention_calls(), 1)
+      << "dropout in training: the flash kernels";
   gpu->eval();
   gpu->loss(idx.to(Device::cuda()), targets);
-  EXPECT_EQ(gpu->fast_blocks[0].fused_attention_calls(), 2) << "eval: the fused kernels without dropout";
+  EXPECT_EQ(gpu->fast_blocks[0].fused_attention_calls(), 2)
+      << "eval: the fused kernels without dropout";
   gpu->train();
 
   auto checkpointed = make_model(cfg, 21);

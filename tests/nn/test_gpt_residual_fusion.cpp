@@ -37,7 +37,7 @@ std::unique_ptr<nn::GPT> make_model(const nn::GPTConfig& cfg, uint64_t seed) {
   for (auto& [name, p] : model->named_parameters())
     if (name.find("ln_") != std::string::npos) {
       NoGradGuard no_grad;
-      raw::copy_(p, normal(p.shape(), 0.5, 0.3, {.dtype = DType::f64}, &g));
+      ops::copy_(p, normal(p.shape(), 0.5, 0.3, {.dtype = DType::f64}, &g));
     }
   return model;
 }
@@ -48,7 +48,7 @@ Tensor random_tokens(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
 }
 
 std::vector<double> values(const Tensor& t) {
-  return raw::contiguous(raw::to(t, Device::cpu(), DType::f64)).to_vector<double>();
+  return ops::contiguous(ops::to(t, Device::cpu(), DType::f64)).to_vector<double>();
 }
 
 // The logits with every add separate, the blocks written out from their layers:

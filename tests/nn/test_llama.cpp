@@ -9,11 +9,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include "python_reference.h"
 #include "tessera/autograd/functions.h"
 #include "tessera/core/safetensors.h"
 #include "tessera/nn/nn.h"
 #include "tessera/optim/optim.h"
-#include "python_reference.h"
 
 using namespace tessera;
 
@@ -153,29 +153,29 @@ TEST(Llama, IncrementalDecodingMatchesTheFullForward) {
   Tensor idx = randint(0, 97, {2, 9}, {.dtype = DType::i64}, &gen);
   const Tensor full = model.forward(idx);
   nn::KVCache cache = model.make_kv_cache(2);
-  const Tensor first = model.forward_incremental(raw::narrow(idx, 1, 0, 5), cache);
-  const Tensor rest1 = model.forward_incremental(raw::narrow(idx, 1, 5, 1), cache);
-  const Tensor rest = model.forward_incremental(raw::narrow(idx, 1, 6, 3), cache);
-  EXPECT_LT(ops::max_rel_error(first, raw::narrow(full, 1, 0, 5)), 1e-5);
-  EXPECT_LT(ops::max_rel_error(rest1, raw::narrow(full, 1, 5, 1)), 1e-5);
-  EXPECT_LT(ops::max_rel_error(rest, raw::narrow(full, 1, 6, 3)), 1e-5);
+  const Tensor first = model.forward_incremental(ops::narrow(idx, 1, 0, 5), cache);
+  const Tensor rest1 = model.forward_incremental(ops::narrow(idx, 1, 5, 1), cache);
+  const Tensor rest = model.forward_incremental(ops::narrow(idx, 1, 6, 3), cache);
+  EXPECT_LT(ops::max_rel_error(first, ops::narrow(full, 1, 0, 5)), 1e-5);
+  EXPECT_LT(ops::max_rel_error(rest1, ops::narrow(full, 1, 5, 1)), 1e-5);
+  EXPECT_LT(ops::max_rel_error(rest, ops::narrow(full, 1, 6, 3)), 1e-5);
   // Greedy generation equals picking the argmax of a full forward at every step.
-  const Tensor generated = model.generate(raw::narrow(idx, 1, 0, 4), 6, {.temperature = 0.0});
+  const Tensor generated = model.generate(ops::narrow(idx, 1, 0, 4), 6, {.temperature = 0.0});
   ASSERT_EQ(generated.shape(), (Shape{2, 10}));
   for (int64_t t = 4; t < 10; ++t) {
-    const Tensor logits = model.forward(raw::narrow(generated, 1, 0, t));
-    const Tensor want = ops::argmax(raw::select(logits, 1, t - 1), -1);
-    EXPECT_TRUE(ops::allclose(want, raw::select(generated, 1, t), 0, 0)) << "position " << t;
+    const Tensor logits = model.forward(ops::narrow(generated, 1, 0, t));
+    const Tensor want = ops::argmax(ops::select(logits, 1, t - 1), -1);
+    EXPECT_TRUE(ops::allclose(want, ops::select(generated, 1, t), 0, 0)) << "position " << t;
   }
   // Top-k sampling stays inside the k most likely tokens of each step.
   Generator sample_gen(4);
-  const Tensor sampled = model.generate(raw::narrow(idx, 1, 0, 4), 3,
+  const Tensor sampled = model.generate(ops::narrow(idx, 1, 0, 4), 3,
                                         {.temperature = 1.0, .top_k = 3, .gen = &sample_gen});
   for (int64_t t = 4; t < 7; ++t) {
-    const Tensor logits = raw::select(model.forward(raw::narrow(sampled, 1, 0, t)), 1, t - 1);
+    const Tensor logits = ops::select(model.forward(ops::narrow(sampled, 1, 0, t)), 1, t - 1);
     const Tensor top = ops::topk(logits, 3, -1).indices;
     const Tensor hit = ops::sum(
-        ops::binary(BinaryOp::Eq, top, raw::unsqueeze(raw::select(sampled, 1, t), 1)), {1});
+        ops::binary(BinaryOp::Eq, top, ops::unsqueeze(ops::select(sampled, 1, t), 1)), {1});
     EXPECT_TRUE(ops::allclose(hit, ones({2}, {.dtype = DType::i64}), 0, 0)) << "position " << t;
   }
 }
@@ -210,8 +210,9 @@ TEST(Llama, ConfigReadsTheRotaryBaseOfTransformers4And5) {
     std::ofstream(dir / "config.json") << "{" << base << extra << "}";
     return nn::llama_config_from_json_file((dir / "config.json").string());
   };
-  EXPECT_EQ(read(R"(, "rope_parameters": {"rope_theta": 500.0, "rope_type": "default"})").rope_theta,
-            500.0);
+  EXPECT_EQ(
+      read(R"(, "rope_parameters": {"rope_theta": 500.0, "rope_type": "default"})").rope_theta,
+      500.0);
   EXPECT_EQ(read(R"(, "rope_theta": 500.0, "rope_scaling": null)").rope_theta, 500.0);
   EXPECT_EQ(read(R"(, "rope_theta": 20.0, "rope_parameters": {"rope_theta": 500.0})").rope_theta,
             500.0);

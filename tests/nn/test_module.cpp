@@ -15,7 +15,11 @@ using namespace tessera;
 namespace {
 
 nn::GPTConfig tiny_config(bool tied = true) {
-  return nn::GPTConfig{.vocab_size = 33, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 8,
+  return nn::GPTConfig{.vocab_size = 33,
+                       .block_size = 16,
+                       .n_layer = 2,
+                       .n_head = 2,
+                       .n_embd = 8,
                        .tie_word_embeddings = tied};
 }
 
@@ -29,7 +33,7 @@ std::string error_of(const std::function<void()>& fn) {
 }
 
 std::vector<double> as_f64(const Tensor& t) {
-  return raw::contiguous(raw::to(t, Device::cpu(), DType::f64)).to_vector<double>();
+  return ops::contiguous(ops::to(t, Device::cpu(), DType::f64)).to_vector<double>();
 }
 
 }  // namespace
@@ -41,10 +45,10 @@ TEST(Module, GPTParameterNamesFollowHuggingFace) {
   std::vector<std::string> expected{"transformer.wte.weight", "transformer.wpe.weight"};
   for (int i = 0; i < 2; ++i) {
     const std::string h = "transformer.h." + std::to_string(i) + ".";
-    for (const char* s : {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-                          "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-                          "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight",
-                          "mlp.c_proj.bias"})
+    for (const char* s :
+         {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+          "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",
+          "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"})
       expected.push_back(h + s);
   }
   expected.push_back("transformer.ln_f.weight");
@@ -94,14 +98,16 @@ TEST(Module, GPTInitFollowsGPT2) {
 TEST(Module, StrictLoadListsEveryProblem) {
   nn::GPT model(tiny_config());
   std::map<std::string, Tensor> state;
-  for (auto& [n, t] : model.state_dict()) state[n] = raw::clone(t);
+  for (auto& [n, t] : model.state_dict()) state[n] = ops::clone(t);
   state.erase("transformer.h.1.ln_2.bias");
   state["transformer.h.9.attn.c_attn.weight"] = zeros({8, 24});
   state["transformer.wpe.weight"] = zeros({17, 8});
   const std::string msg = error_of([&] { model.load_state_dict(state); });
   EXPECT_NE(msg.find("missing keys: transformer.h.1.ln_2.bias"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("unexpected keys: transformer.h.9.attn.c_attn.weight"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("transformer.wpe.weight: checkpoint [17, 8] vs model [16, 8]"), std::string::npos)
+  EXPECT_NE(msg.find("unexpected keys: transformer.h.9.attn.c_attn.weight"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("transformer.wpe.weight: checkpoint [17, 8] vs model [16, 8]"),
+            std::string::npos)
       << msg;
 
   // Non-strict: reports instead of raising, and loads what matches.
@@ -116,7 +122,7 @@ TEST(Module, LoadCopiesIntoTheSameTensorsAndConvertsDType) {
   nn::Linear a(7, 5), b(7, 5);
   const Tensor w_before = b.weight;
   std::map<std::string, Tensor> state;
-  for (auto& [n, t] : a.state_dict()) state[n] = raw::to(t, Device::cpu(), DType::f64);
+  for (auto& [n, t] : a.state_dict()) state[n] = ops::to(t, Device::cpu(), DType::f64);
   b.load_state_dict(state);
   EXPECT_TRUE(b.weight.is_same(w_before));
   EXPECT_EQ(b.weight.dtype(), DType::f32);
@@ -172,14 +178,16 @@ TEST(Module, DropoutIsSeededAndOffInEval) {
   auto v = as_f64(a);
   int64_t zeros_count = 0;
   for (double e : v) {
-    if (e == 0) ++zeros_count;
-    else ASSERT_NEAR(e, 1.0 / 0.7, 1e-6);
+    if (e == 0)
+      ++zeros_count;
+    else
+      ASSERT_NEAR(e, 1.0 / 0.7, 1e-6);
   }
   EXPECT_NEAR(double(zeros_count) / v.size(), 0.3, 0.03);
   d1.eval();
   EXPECT_EQ(ops::max_rel_error(d1(x), x), 0.0);
-  nn::GPT model(nn::GPTConfig{.vocab_size = 11, .block_size = 4, .n_layer = 1, .n_head = 1,
-                              .n_embd = 4, .dropout = 0.1});
+  nn::GPT model(nn::GPTConfig{
+      .vocab_size = 11, .block_size = 4, .n_layer = 1, .n_head = 1, .n_embd = 4, .dropout = 0.1});
   model.eval();
   for (auto& [name, m] : model.named_modules()) EXPECT_FALSE(m->is_training()) << name;
   model.train();
@@ -203,9 +211,8 @@ TEST(Module, ToKeepsTensorIdentity) {
 TEST(Module, HooksFireAroundForwardAndBeforeBackward) {
   nn::Linear first(7, 5), second(5, 3);
   std::vector<std::string> events;
-  auto id = first.register_forward_pre_hook([&](nn::Module&, const Tensor& in) {
-    events.push_back("pre " + shape_str(in.shape()));
-  });
+  auto id = first.register_forward_pre_hook(
+      [&](nn::Module&, const Tensor& in) { events.push_back("pre " + shape_str(in.shape())); });
   first.register_forward_hook([&](nn::Module&, const Tensor&, const Tensor& out) {
     events.push_back("post " + shape_str(out.shape()));
   });
@@ -248,7 +255,8 @@ TEST(GPT, KVCacheMatchesFullForward) {
   nn::KVCache cache = model.make_kv_cache(3);
   // A prompt of 4 tokens, then one token at a time.
   std::vector<Tensor> pieces{model.forward_incremental(idx.narrow(1, 0, 4), cache)};
-  for (int64_t t = 4; t < 11; ++t) pieces.push_back(model.forward_incremental(idx.narrow(1, t, 1), cache));
+  for (int64_t t = 4; t < 11; ++t)
+    pieces.push_back(model.forward_incremental(idx.narrow(1, t, 1), cache));
   EXPECT_EQ(cache.length, 11);
   EXPECT_LT(ops::max_rel_error(ops::cat(pieces, 1), full_logits), 1e-5);
   EXPECT_THROW(model.forward_incremental(zeros({3, 6}, {.dtype = DType::i64}), cache), Error);
@@ -274,8 +282,9 @@ TEST(GPT, GreedyGenerationFollowsArgmaxBeyondTheContext) {
   }
   // Sampling is reproducible from the generator.
   Generator s1(4), s2(4);
-  EXPECT_EQ(model.generate(prompt, 6, {.temperature = 0.8, .top_k = 5, .gen = &s1}).to_vector<int64_t>(),
-            model.generate(prompt, 6, {.temperature = 0.8, .top_k = 5, .gen = &s2}).to_vector<int64_t>());
+  EXPECT_EQ(
+      model.generate(prompt, 6, {.temperature = 0.8, .top_k = 5, .gen = &s1}).to_vector<int64_t>(),
+      model.generate(prompt, 6, {.temperature = 0.8, .top_k = 5, .gen = &s2}).to_vector<int64_t>());
 }
 
 TEST(GPT, ModelDirectoryRoundTrip) {
@@ -295,7 +304,8 @@ TEST(GPT, ModelDirectoryRoundTrip) {
   // A file with HF's extra mask buffers and without the "transformer." prefix still loads.
   nn::GPT model(tiny_config());
   std::vector<std::pair<std::string, Tensor>> hf;
-  for (auto& [n, t] : model.state_dict()) hf.emplace_back(n.substr(std::string("transformer.").size()), t);
+  for (auto& [n, t] : model.state_dict())
+    hf.emplace_back(n.substr(std::string("transformer.").size()), t);
   hf.emplace_back("h.0.attn.bias", ones({1, 1, 16, 16}));
   hf.emplace_back("h.0.attn.masked_bias", full({}, -1e4));
   const auto path = (dir / "hf.safetensors").string();
@@ -306,10 +316,13 @@ TEST(GPT, ModelDirectoryRoundTrip) {
                                model.parameter("transformer.h.1.mlp.c_fc.weight")),
             0.0);
   // A file for another shape is refused naming the file and the tensor.
-  nn::GPT wider(nn::GPTConfig{.vocab_size = 33, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 12});
+  nn::GPT wider(
+      nn::GPTConfig{.vocab_size = 33, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 12});
   const std::string msg = error_of([&] { wider.load_safetensors_weights(path); });
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
-  EXPECT_NE(msg.find("transformer.wte.weight: checkpoint [33, 8] vs model [33, 12]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("transformer.wte.weight: checkpoint [33, 8] vs model [33, 12]"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(Module, BuffersPersistOrNotAndKeepIntegerDTypes) {
@@ -330,7 +343,8 @@ TEST(Module, BuffersPersistOrNotAndKeepIntegerDTypes) {
   EXPECT_EQ(m.counts.dtype(), DType::i64);
   EXPECT_EQ(m.stats.dtype(), DType::f64);
   EXPECT_EQ(m.w.dtype(), DType::f64);
-  std::map<std::string, Tensor> state{{"w", full({3}, 2.0)}, {"counts", full({2}, 7.0, {.dtype = DType::i64})},
+  std::map<std::string, Tensor> state{{"w", full({3}, 2.0)},
+                                      {"counts", full({2}, 7.0, {.dtype = DType::i64})},
                                       {"stats", zeros({2})}};
   m.load_state_dict(state);
   EXPECT_EQ(m.counts.to_vector<int64_t>(), (std::vector<int64_t>{7, 7}));

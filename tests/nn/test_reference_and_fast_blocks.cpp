@@ -39,23 +39,34 @@ void perturb_parameters(nn::Module& model, uint64_t seed) {
   Generator g(seed);
   NoGradGuard no_grad;
   for (auto& [name, p] : model.named_parameters())
-    raw::copy_(p, raw::to(normal(p.shape(), name.find("norm") != std::string::npos ||
-                                                    name.find("ln_") != std::string::npos
-                                                ? 1.0
-                                                : 0.0,
+    ops::copy_(p, ops::to(normal(p.shape(),
+                                 name.find("norm") != std::string::npos ||
+                                         name.find("ln_") != std::string::npos
+                                     ? 1.0
+                                     : 0.0,
                                  0.3, {.dtype = DType::f64}, &g),
                           p.device(), p.dtype()));
 }
 
 nn::GPTConfig odd_gpt_config() {
-  return {.vocab_size = 37, .block_size = 13, .n_layer = 2, .n_head = 3, .n_embd = 15,
+  return {.vocab_size = 37,
+          .block_size = 13,
+          .n_layer = 2,
+          .n_head = 3,
+          .n_embd = 15,
           .tie_word_embeddings = false};
 }
 
 nn::LlamaConfig odd_llama_config() {
-  return {.vocab_size = 41, .hidden_size = 12, .intermediate_size = 19, .num_hidden_layers = 2,
-          .num_attention_heads = 3, .num_key_value_heads = 1, .max_position_embeddings = 13,
-          .rms_norm_eps = 1e-5, .rope_theta = 300.0};
+  return {.vocab_size = 41,
+          .hidden_size = 12,
+          .intermediate_size = 19,
+          .num_hidden_layers = 2,
+          .num_attention_heads = 3,
+          .num_key_value_heads = 1,
+          .max_position_embeddings = 13,
+          .rms_norm_eps = 1e-5,
+          .rope_theta = 300.0};
 }
 
 struct Pass {
@@ -96,8 +107,7 @@ Tensor cached_logits(nn::CausalLM& model, Impl impl, const Tensor& idx) {
              1);
 }
 
-void expect_same_model_behaviour(nn::CausalLM& model, DType dtype, int64_t vocab,
-                                 int64_t context) {
+void expect_same_model_behaviour(nn::CausalLM& model, DType dtype, int64_t vocab, int64_t context) {
   Generator data(17);
   const Tensor idx = randint(0, vocab, {3, context}, {.dtype = DType::i64}, &data);
   const Tensor targets = randint(0, vocab, {3, context}, {.dtype = DType::i64}, &data);
@@ -204,8 +214,8 @@ TEST(ReferenceAndFastBlocks, LlamaLayerOnANonContiguousInput) {
     perturb_parameters(layer, 12);
     const ops::RopeTables rope =
         ops::rope_tables(0, 7, cfg.attention_head_dim(), cfg.rope_theta, dtype, Device::cpu());
-    const BlockResult want = run_block(
-        [&](const Tensor& in) { return layer.forward(in, rope, 0, nullptr); }, 12, dtype);
+    const BlockResult want =
+        run_block([&](const Tensor& in) { return layer.forward(in, rope, 0, nullptr); }, 12, dtype);
     const BlockResult got = run_block(
         [&](const Tensor& in) {
           const auto [h, mlp_out] = nn::llama_fast_layer(layer, in, Tensor(), rope, 0, nullptr);

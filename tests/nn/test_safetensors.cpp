@@ -41,7 +41,8 @@ void expect_refused(const std::string& path, const std::vector<std::string>& fra
   } catch (const Error& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find(path), std::string::npos) << msg;
-    for (const auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
+    for (const auto& f : fragments)
+      EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
   }
 }
 
@@ -51,15 +52,15 @@ TEST(Safetensors, RoundTripsEveryDType) {
   Generator gen(7);
   std::vector<std::pair<std::string, Tensor>> tensors;
   const std::vector<DType> dtypes{DType::f32, DType::f16, DType::bf16, DType::f64,
-                                  DType::i32, DType::i64, DType::u8,  DType::boolean};
+                                  DType::i32, DType::i64, DType::u8,   DType::boolean};
   for (size_t i = 0; i < dtypes.size(); ++i) {
     Tensor base = randint(0, 2 + int64_t(i) * 10, {7, 33}, {.dtype = DType::i64}, &gen);
     if (is_floating(dtypes[i])) base = normal({7, 33}, 0, 3, {.dtype = DType::f64}, &gen);
-    tensors.emplace_back("t" + std::to_string(i), raw::to(base, Device::cpu(), dtypes[i]));
+    tensors.emplace_back("t" + std::to_string(i), ops::to(base, Device::cpu(), dtypes[i]));
   }
   // A non-contiguous view and a scalar and an empty tensor.
   Tensor m = normal({5, 9}, 0, 1, {}, &gen);
-  tensors.emplace_back("transposed", raw::transpose(m, 0, 1));
+  tensors.emplace_back("transposed", ops::transpose(m, 0, 1));
   tensors.emplace_back("scalar", full({}, 2.5));
   tensors.emplace_back("empty", zeros({0, 3}));
   const auto path = scratch("roundtrip.safetensors").string();
@@ -73,13 +74,13 @@ TEST(Safetensors, RoundTripsEveryDType) {
       EXPECT_EQ(got.dtype(), t.dtype()) << name;
       EXPECT_EQ(got.shape(), t.shape()) << name;
       if (t.numel() > 0)
-        EXPECT_EQ(ops::max_rel_error(raw::to(got, Device::cpu(), DType::f64),
-                                     raw::to(t, Device::cpu(), DType::f64)),
+        EXPECT_EQ(ops::max_rel_error(ops::to(got, Device::cpu(), DType::f64),
+                                     ops::to(t, Device::cpu(), DType::f64)),
                   0.0)
             << name;
     }
     // Writable without touching the file (copy-on-write mapping).
-    raw::fill_(loaded.at("t0"), 0.0);
+    ops::fill_(loaded.at("t0"), 0.0);
   }
   EXPECT_NE(load_safetensors(path).at("t0").to_vector<float>()[0], 0.0f);
   // The atomic write leaves no temporary file behind.
@@ -97,9 +98,11 @@ TEST(Safetensors, HeaderLayoutIsTheReferenceOne) {
   EXPECT_EQ(n % 8, 0u);
   const std::string header = bytes.substr(8, n);
   EXPECT_NE(header.find("\"a\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}"),
-            std::string::npos) << header;
+            std::string::npos)
+      << header;
   EXPECT_NE(header.find("\"b\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[8,20]}"),
-            std::string::npos) << header;
+            std::string::npos)
+      << header;
   EXPECT_EQ(bytes.size(), 8 + n + 20);
 }
 
@@ -111,9 +114,9 @@ TEST(Safetensors, RefusesDamagedFiles) {
   expect_refused(
       write_raw("dtype.safetensors", R"({"w":{"dtype":"F8","shape":[2],"data_offsets":[0,2]}})", 2),
       {"'w'", "unknown dtype", "F8"});
-  expect_refused(
-      write_raw("shape.safetensors", R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
-      {"'w'", "needs 12 bytes", "[0, 8]"});
+  expect_refused(write_raw("shape.safetensors",
+                           R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
+                 {"'w'", "needs 12 bytes", "[0, 8]"});
   expect_refused(write_raw("overlap.safetensors",
                            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                            R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
@@ -171,18 +174,19 @@ TEST(Safetensors, LoadsZeroByteTensorsAtAnyOffset) {
 TEST(Safetensors, StreamedWriterMatchesTheWholeWriterAndRefusesShortTensors) {
   Generator gen(3);
   const Tensor a = randn({5, 3}, {}, &gen), b = randn({7}, {.dtype = DType::f64}, &gen);
-  const auto whole = scratch("whole.safetensors").string(), streamed = scratch("streamed.safetensors").string();
+  const auto whole = scratch("whole.safetensors").string(),
+             streamed = scratch("streamed.safetensors").string();
   save_safetensors(whole, {{"b", b}, {"a", a}}, {{"format", "pt"}});
   const std::map<std::string, Tensor> by_name{{"a", a}, {"b", b}};
-  save_safetensors_streamed(
-      streamed, {{"b", DType::f64, {7}}, {"a", DType::f32, {5, 3}}},
-      [&](const SafetensorsEntry& e, const ByteWriter& write) {
-        const auto* bytes = static_cast<const char*>(by_name.at(e.name).raw_data());
-        const size_t n = by_name.at(e.name).nbytes();
-        write({bytes, n / 2});  // in two pieces
-        write({bytes + n / 2, n - n / 2});
-      },
-      {{"format", "pt"}});
+  save_safetensors_streamed(streamed, {{"b", DType::f64, {7}}, {"a", DType::f32, {5, 3}}},
+                            [&](const SafetensorsEntry& e, const ByteWriter& write) {
+                              const auto* bytes =
+                                  static_cast<const char*>(by_name.at(e.name).raw_data());
+                              const size_t n = by_name.at(e.name).nbytes();
+                              write({bytes, n / 2});  // in two pieces
+                              write({bytes + n / 2, n - n / 2});
+                            },
+                            {{"format", "pt"}});
   auto slurp = [](const std::string& p) {
     std::ifstream in(p, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
@@ -192,7 +196,9 @@ TEST(Safetensors, StreamedWriterMatchesTheWholeWriterAndRefusesShortTensors) {
   std::filesystem::remove(short_file);
   try {
     save_safetensors_streamed(short_file, {{"a", DType::f32, {5, 3}}},
-                              [&](const SafetensorsEntry&, const ByteWriter& write) { write({a.raw_data(), 8}); });
+                              [&](const SafetensorsEntry&, const ByteWriter& write) {
+                                write({a.raw_data(), 8});
+                              });
     FAIL() << "a short tensor was written";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("tensor 'a' got 8 bytes"), std::string::npos) << e.what();

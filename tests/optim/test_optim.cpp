@@ -15,13 +15,14 @@ using namespace tessera;
 namespace {
 
 std::vector<double> as_f64(const Tensor& t) {
-  return raw::contiguous(raw::to(t, Device::cpu(), DType::f64)).to_vector<double>();
+  return ops::contiguous(ops::to(t, Device::cpu(), DType::f64)).to_vector<double>();
 }
 
 // Parameters of odd shapes (rank 1 and 2 so weight decay grouping matters).
 std::vector<Tensor> make_params(Generator& gen, DType dtype = DType::f32) {
   std::vector<Tensor> ps;
-  for (const Shape& s : {Shape{33, 7}, Shape{7}, Shape{1}, Shape{257}, Shape{3, 5, 2}, Shape{301, 129}}) {
+  for (const Shape& s :
+       {Shape{33, 7}, Shape{7}, Shape{1}, Shape{257}, Shape{3, 5, 2}, Shape{301, 129}}) {
     Tensor p = normal(s, 0, 1, {.dtype = dtype}, &gen);
     p.requires_grad_(true);
     ps.push_back(p);
@@ -92,7 +93,9 @@ TEST(AdamW, HalfPrecisionParametersKeepFloat32Moments) {
         ref[i].step(as_f64(ps[i].grad()), 1e-2, 0.9, 0.999, 1e-8, ps[i].dim() >= 2 ? 0.1 : 0.0);
       opt.step();
       // The stored parameter is the reference rounded to its dtype (moments stay f32).
-      for (size_t i = 0; i < ps.size(); ++i) ref[i].p = as_f64(raw::to(from_vector(ref[i].p, ps[i].shape(), {.dtype = DType::f64}), Device::cpu(), dtype));
+      for (size_t i = 0; i < ps.size(); ++i)
+        ref[i].p = as_f64(ops::to(from_vector(ref[i].p, ps[i].shape(), {.dtype = DType::f64}),
+                                  Device::cpu(), dtype));
     }
     // At most one unit in the last place apart (f32 vs f64 arithmetic before rounding).
     const double eps = dtype == DType::f16 ? std::ldexp(1.0, -10) : std::ldexp(1.0, -7);
@@ -116,22 +119,24 @@ TEST(AdamW, MasterWeightsKeepUpdatesSmallerThanABf16Ulp) {
   Generator gen(11);
   std::vector<Tensor> ref, mixed, plain;
   for (const Shape& s : {Shape{33, 7}, Shape{257}, Shape{5, 3, 2}}) {
-    Tensor start = raw::to(normal(s, 1, 0.1, {}, &gen), Device::cpu(), DType::bf16);
-    ref.push_back(raw::to(start, Device::cpu(), DType::f32).requires_grad_(true));
-    mixed.push_back(raw::clone(start).requires_grad_(true));
-    plain.push_back(raw::clone(start).requires_grad_(true));
+    Tensor start = ops::to(normal(s, 1, 0.1, {}, &gen), Device::cpu(), DType::bf16);
+    ref.push_back(ops::to(start, Device::cpu(), DType::f32).requires_grad_(true));
+    mixed.push_back(ops::clone(start).requires_grad_(true));
+    plain.push_back(ops::clone(start).requires_grad_(true));
   }
-  const optim::AdamWOptions opts{.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  const optim::AdamWOptions opts{
+      .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   optim::AdamW ref_opt(ref, opts), plain_opt(plain, opts);
   optim::AdamWOptions mixed_opts = opts;
   mixed_opts.master_weights = true;
   optim::AdamW mixed_opt(mixed, mixed_opts);
   for (int step = 0; step < 30; ++step) {
     for (size_t i = 0; i < ref.size(); ++i) {
-      const Tensor g = raw::to(normal(ref[i].shape(), 0.5, 1, {}, &gen), Device::cpu(), DType::bf16);
-      ref[i].set_grad(raw::to(g, Device::cpu(), DType::f32));
+      const Tensor g =
+          ops::to(normal(ref[i].shape(), 0.5, 1, {}, &gen), Device::cpu(), DType::bf16);
+      ref[i].set_grad(ops::to(g, Device::cpu(), DType::f32));
       mixed[i].set_grad(g);
-      plain[i].set_grad(raw::clone(g));
+      plain[i].set_grad(ops::clone(g));
     }
     ref_opt.step();
     mixed_opt.step();
@@ -141,10 +146,13 @@ TEST(AdamW, MasterWeightsKeepUpdatesSmallerThanABf16Ulp) {
   int64_t plain_moved = 0, total = 0;  // weights where plain bf16 AdamW ended elsewhere
   const std::vector<Tensor> order = mixed_opt.parameters();  // the state dict's index order
   for (size_t i = 0; i < ref.size(); ++i) {
-    const size_t index = std::find_if(order.begin(), order.end(), [&](const Tensor& t) { return t.is_same(mixed[i]); }) - order.begin();
+    const size_t index = std::find_if(order.begin(), order.end(),
+                                      [&](const Tensor& t) { return t.is_same(mixed[i]); }) -
+                         order.begin();
     const auto master = as_f64(state.tensors.at("state." + std::to_string(index) + ".master"));
     EXPECT_EQ(master, as_f64(ref[i])) << "master of parameter " << i;
-    EXPECT_EQ(as_f64(mixed[i]), as_f64(raw::to(ref[i], Device::cpu(), DType::bf16))) << "parameter " << i;
+    EXPECT_EQ(as_f64(mixed[i]), as_f64(ops::to(ref[i], Device::cpu(), DType::bf16)))
+        << "parameter " << i;
     const auto p = as_f64(plain[i]), q = as_f64(mixed[i]);
     for (size_t j = 0; j < p.size(); ++j, ++total) plain_moved += p[j] != q[j];
   }
@@ -185,7 +193,7 @@ struct RoundedAdamWRef {
 };
 
 std::vector<float> as_f32(const Tensor& t) {
-  return raw::contiguous(raw::to(t, Device::cpu(), DType::f32)).to_vector<float>();
+  return ops::contiguous(ops::to(t, Device::cpu(), DType::f32)).to_vector<float>();
 }
 
 // Bit for bit what the CUDA kernel computes (tests/cuda/test_adamw_bits.cpp checks the GPU
@@ -245,7 +253,7 @@ TEST(AdamW, StepParametersThenStepMatchesOneStep) {
   Generator grads(9);
   for (int s = 0; s < 3; ++s) {
     set_random_grads(a, grads);
-    for (size_t i = 0; i < a.size(); ++i) b[i].set_grad(raw::clone(a[i].grad()));
+    for (size_t i = 0; i < a.size(); ++i) b[i].set_grad(ops::clone(a[i].grad()));
     oa.step();
     ob.step_parameters({0});
     ob.step_parameters({2});
@@ -269,7 +277,7 @@ TEST(AdamW, StateDictResumesExactly) {
   Generator grads(9);
   for (int s = 0; s < 3; ++s) {
     set_random_grads(a, grads);
-    for (size_t i = 0; i < a.size(); ++i) b[i].set_grad(raw::clone(a[i].grad()));
+    for (size_t i = 0; i < a.size(); ++i) b[i].set_grad(ops::clone(a[i].grad()));
     oa.step();
     ob.step();
   }
@@ -278,7 +286,7 @@ TEST(AdamW, StateDictResumesExactly) {
   restored.load_state_dict(oa.state_dict());
   for (int s = 0; s < 2; ++s) {
     set_random_grads(a, grads);
-    for (size_t i = 0; i < a.size(); ++i) b[i].set_grad(raw::clone(a[i].grad()));
+    for (size_t i = 0; i < a.size(); ++i) b[i].set_grad(ops::clone(a[i].grad()));
     oa.step();
     restored.step();
   }
@@ -328,8 +336,11 @@ TEST(SGD, MatchesFloat64FormulaAllVariants) {
     Generator gen(5);
     auto ps = make_params(gen);
     const double lr = 0.05;
-    optim::SGD opt(ps, {.lr = lr, .momentum = c.momentum, .dampening = c.dampening,
-                        .weight_decay = c.wd, .nesterov = c.nesterov});
+    optim::SGD opt(ps, {.lr = lr,
+                        .momentum = c.momentum,
+                        .dampening = c.dampening,
+                        .weight_decay = c.wd,
+                        .nesterov = c.nesterov});
     std::vector<std::vector<double>> p(ps.size()), buf(ps.size());
     for (size_t i = 0; i < ps.size(); ++i) p[i] = as_f64(ps[i]);
     for (int step = 0; step < 4; ++step) {
@@ -365,9 +376,13 @@ TEST(Schedule, WarmupThenCosineOrLinearToTheFloor) {
   optim::CosineSchedule cosine(opt, {.warmup = warmup, .total = total, .min_lr = min_lr});
   for (int64_t s = 0; s < 30; ++s) {
     double expect;
-    if (s < warmup) expect = 0.5 * (s + 1) / warmup;
-    else if (s >= total) expect = min_lr;
-    else expect = min_lr + (0.5 - min_lr) * 0.5 * (1 + std::cos(M_PI * (s - warmup) / double(total - warmup)));
+    if (s < warmup)
+      expect = 0.5 * (s + 1) / warmup;
+    else if (s >= total)
+      expect = min_lr;
+    else
+      expect = min_lr +
+               (0.5 - min_lr) * 0.5 * (1 + std::cos(M_PI * (s - warmup) / double(total - warmup)));
     ASSERT_NEAR(opt.param_groups()[0].lr, expect, 1e-12) << "step " << s;
     ASSERT_NEAR(opt.param_groups()[1].lr, expect, 1e-12) << "step " << s;
     cosine.step();
@@ -406,7 +421,7 @@ TEST(Clip, FoldedIntoTheNextStepMatchesClippingFirst) {
     const std::vector<Tensor> start = make_params(gen);
     auto copy_params = [&] {
       std::vector<Tensor> ps;
-      for (const Tensor& p : start) ps.push_back(raw::clone(p).requires_grad_(true));
+      for (const Tensor& p : start) ps.push_back(ops::clone(p).requires_grad_(true));
       return ps;
     };
     std::vector<Tensor> a = copy_params(), b = copy_params(), c = copy_params(), d = copy_params();
@@ -415,9 +430,9 @@ TEST(Clip, FoldedIntoTheNextStepMatchesClippingFirst) {
     for (int step = 1; step <= 3; ++step) {
       set_random_grads(a, gen, 2.0);
       for (size_t i = 0; i < a.size(); ++i) {
-        b[i].set_grad(raw::clone(a[i].grad()));
-        c[i].set_grad(raw::clone(a[i].grad()));
-        d[i].set_grad(raw::clone(a[i].grad()));
+        b[i].set_grad(ops::clone(a[i].grad()));
+        c[i].set_grad(ops::clone(a[i].grad()));
+        d[i].set_grad(ops::clone(a[i].grad()));
       }
       const double norm = optim::clip_grad_norm_(a, max_norm);
       adam_a.step();
@@ -445,8 +460,8 @@ TEST(Clip, FoldedIntoTheNextStepMatchesClippingFirst) {
   set_random_grads(ps, gen, 2.0);
   std::vector<Tensor> twin;
   for (const Tensor& p : ps) {
-    twin.push_back(raw::clone(p).requires_grad_(true));
-    twin.back().set_grad(raw::clone(p.grad()));
+    twin.push_back(ops::clone(p).requires_grad_(true));
+    twin.back().set_grad(ops::clone(p.grad()));
   }
   optim::SGD twin_sgd(twin, {.lr = 0.1});
   const std::vector<double> before = as_f64(ps[0]);
@@ -500,8 +515,8 @@ TEST(LossScaler, ScalesUnscalesSkipsAndGrows) {
   p.requires_grad_(true);
   Tensor x = from_vector<float>({0.5f, 0.25f, -1.0f}, {3});
   optim::SGD opt({p}, {.lr = 1.0});
-  optim::LossScaler scaler({.init_scale = 1024, .growth_factor = 2, .backoff_factor = 0.5,
-                            .growth_interval = 2});
+  optim::LossScaler scaler(
+      {.init_scale = 1024, .growth_factor = 2, .backoff_factor = 0.5, .growth_interval = 2});
   // backward of the scaled loss: grad = scale * x.
   scaler.backward(sum(p * x));
   EXPECT_EQ(as_f64(p.grad()), (std::vector<double>{512, 256, -1024}));

@@ -47,8 +47,8 @@ TinyRun train_tiny(bool through_runner) {
   train::StepGraphRunner runner(acc, opt, step, {.enabled = true});
   Generator data_gen(9);  // one batch, seen every step: its loss must fall
   const Tensor tokens = randint(0, 23, {3, 9}, {.dtype = DType::i64}, &data_gen);
-  const std::vector<data::Batch> batches{
-      {raw::contiguous(raw::narrow(tokens, 1, 0, 8)), raw::contiguous(raw::narrow(tokens, 1, 1, 8))}};
+  const std::vector<data::Batch> batches{{ops::contiguous(ops::narrow(tokens, 1, 0, 8)),
+                                          ops::contiguous(ops::narrow(tokens, 1, 1, 8))}};
   for (int i = 0; i < 4; ++i)
     run.losses.push_back((through_runner ? runner.run(batches) : step(batches)).loss.item());
   run.status = runner.status();
