@@ -12,7 +12,7 @@
 #include "tessera/core/random.h"
 #include "tessera/core/safetensors.h"
 #include "tessera/core/settings.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 #include "tessera/dist/memory_report.h"
 #include "tessera/dist/zero.h"
 #include "tessera/kernels/ops.h"

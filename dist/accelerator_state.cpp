@@ -7,7 +7,7 @@
 
 #include "tessera/core/random.h"
 #include "tessera/core/safetensors.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 #include "tessera/dist/accelerator.h"
 #include "tessera/dist/sharded_model.h"
 #include "tessera/dist/sharded_state.h"
@@ -221,11 +221,11 @@ void Accelerator::save_state(const std::string& dir) {
     state["schedules"] = nlohmann::json::array();
     for (optim::LRSchedule* s : schedules_) state["schedules"].push_back(s->state_dict());
     state["loss_scaler"] = scaler_.state_dict();
-    data::write_file_atomically(fs::path(dir) / kStateFile,
+    write_file_atomically(fs::path(dir) / kStateFile,
                                 nlohmann::json{{"state", state}}.dump(2));
   }
   wait_for_everyone();  // every rank's optimizer shards are written
-  if (is_main_process()) data::write_folder_checksums(dir);
+  if (is_main_process()) write_folder_checksums(dir);
   wait_for_everyone();
 }
 
@@ -282,14 +282,14 @@ void Accelerator::load_state(const std::string& dir) {
   for (size_t i = 0; i < optimizers_.size() && !has_sharded_optimizer(dir); ++i)
     files.push_back(numbered("optimizer", i, ".safetensors"));
   try {
-    data::verify_folder_checksums(dir, files);
+    verify_folder_checksums(dir, files);
   } catch (const Error& e) {
     TESSERA_FAIL("Accelerator::load_state: ", e.what());
   }
   const std::string state_where = where + ": " + kStateFile;
   nlohmann::json file;
   try {
-    file = nlohmann::json::parse(data::read_file(fs::path(dir) / kStateFile));
+    file = nlohmann::json::parse(read_file(fs::path(dir) / kStateFile));
   } catch (const nlohmann::json::exception& e) {
     TESSERA_FAIL(state_where, " is not valid JSON: ", e.what());
   }

@@ -7,7 +7,7 @@
 #include <set>
 
 #include "tessera/core/error.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 #include "tessera/dist/accelerator.h"
 
 namespace tessera::dist {
@@ -408,7 +408,7 @@ DeepSpeedConfig DeepSpeedConfig::from_json(const Json& config, const std::string
 DeepSpeedConfig DeepSpeedConfig::read(const std::string& path) {
   std::string text;
   try {
-    text = data::read_file(path);
+    text = read_file(path);
   } catch (const Error& e) {
     TESSERA_FAIL("DeepSpeed config '", path, "': cannot read it: ", e.what());
   }

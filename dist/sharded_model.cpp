@@ -8,7 +8,7 @@
 
 #include "tessera/autograd/autograd.h"
 #include "tessera/core/safetensors.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 
 namespace tessera::dist {
 
@@ -27,7 +27,7 @@ std::string shard_file(size_t model_index, int rank) {
 }
 
 uint32_t crc_of(const Tensor& host_contiguous) {
-  return data::crc32(std::span<const std::byte>(static_cast<const std::byte*>(host_contiguous.raw_data()),
+  return crc32(std::span<const std::byte>(static_cast<const std::byte*>(host_contiguous.raw_data()),
                                                 host_contiguous.nbytes()));
 }
 
@@ -111,7 +111,7 @@ void save_sharded_model(const std::string& dir, size_t model_index, DataParallel
                              {"crc32", crc_of(t)}};
   }
   const fs::path description = path.string() + ".json";
-  data::write_file_atomically(description, entry.dump());
+  write_file_atomically(description, entry.dump());
   group.barrier()->wait();
   if (rank == 0) {
     nlohmann::json index{{"format", kFormat},
@@ -121,10 +121,10 @@ void save_sharded_model(const std::string& dir, size_t model_index, DataParallel
     index["files"] = nlohmann::json::array();
     for (int r = 0; r < group.size(); ++r) {
       const fs::path other = root / (shard_file(model_index, r) + ".json");
-      index["files"].push_back(nlohmann::json::parse(data::read_file(other)));
+      index["files"].push_back(nlohmann::json::parse(read_file(other)));
       fs::remove(other);
     }
-    data::write_file_atomically(root / sharded_model_index_name(model_index), index.dump(1));
+    write_file_atomically(root / sharded_model_index_name(model_index), index.dump(1));
   }
   group.barrier()->wait();
 }
@@ -194,7 +194,7 @@ ShardedModelIndex read_sharded_model_index(const std::string& dir, size_t model_
   const std::string where = "sharded checkpoint '" + dir + "': " + sharded_model_index_name(model_index);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(data::read_file(fs::path(dir) / sharded_model_index_name(model_index)));
+    j = nlohmann::json::parse(read_file(fs::path(dir) / sharded_model_index_name(model_index)));
   } catch (const nlohmann::json::exception& e) {
     TESSERA_FAIL(where, " is not valid JSON: ", e.what());
   }

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "tessera/core/safetensors.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 
 namespace tessera::dist {
 
@@ -72,12 +72,12 @@ void save_sharded_optimizer(const std::string& dir, const DataParallelStrategy& 
     for (int r = 0; r < group.size(); ++r) {
       const fs::path path = fs::path(dir) / shard_name(r);
       const SafetensorsContents file = load_safetensors(path.string(), {.memory_map = true});
-      nlohmann::json entry{{"name", shard_name(r)}, {"crc32", data::crc32(data::read_file(path))}};
+      nlohmann::json entry{{"name", shard_name(r)}, {"crc32", crc32(read_file(path))}};
       for (const auto& [key, text] : file.metadata)
         if (key != "format") entry["slices"][key] = text;
       index["files"].push_back(entry);
     }
-    data::write_file_atomically(fs::path(dir) / kIndex, index.dump(2));
+    write_file_atomically(fs::path(dir) / kIndex, index.dump(2));
   }
   group.barrier()->wait();
 }
@@ -137,7 +137,7 @@ optim::OptimizerStateDict reslice(const Sources& sources, std::map<std::string, 
 nlohmann::json read_index(const std::string& dir) {
   const fs::path index_path = fs::path(dir) / kIndex;
   try {
-    return nlohmann::json::parse(data::read_file(index_path));
+    return nlohmann::json::parse(read_file(index_path));
   } catch (const nlohmann::json::exception& e) {
     TESSERA_FAIL("load_sharded_optimizer: ", index_path.string(), " is not valid JSON: ", e.what());
   }
@@ -149,7 +149,7 @@ Sources read_sources(const std::string& dir, const nlohmann::json& index, bool m
   Sources sources;
   for (const auto& entry : index.at("files")) {
     const fs::path path = fs::path(dir) / entry.at("name").get<std::string>();
-    TESSERA_CHECK(data::crc32(data::read_file(path)) == entry.at("crc32").get<uint32_t>(),
+    TESSERA_CHECK(crc32(read_file(path)) == entry.at("crc32").get<uint32_t>(),
                   "load_sharded_optimizer: ", path.string(),
                   " is damaged (checksum differs from the index); refusing to load it");
     if (!entry.contains("slices")) continue;

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "tessera/core/error.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 
 #include <nlohmann/json.hpp>
 
@@ -49,7 +49,7 @@ void drop_training_state(const fs::path& dir) {
 void verify_checkpoint(const fs::path& dir) {
   TESSERA_CHECK(fs::is_directory(dir), "checkpoint '", dir.string(), "': not a directory");
   if (!fs::exists(dir / "accelerator_state.json") && fs::exists(dir / kTrainingArgsFile)) {
-    const auto saved = nlohmann::json::parse(data::read_file(dir / kTrainingArgsFile), nullptr, false);
+    const auto saved = nlohmann::json::parse(read_file(dir / kTrainingArgsFile), nullptr, false);
     TESSERA_CHECK(!(saved.is_object() && saved.value("save_only_model", false)), "checkpoint '",
                   dir.string(), "' holds the model only (save_only_model) and cannot be resumed; "
                   "start a new run from it with --init");
@@ -58,7 +58,7 @@ void verify_checkpoint(const fs::path& dir) {
   const char* optimizer =
       fs::exists(dir / "optimizer_shards.json") ? "optimizer_shards.json" : "optimizer.safetensors";
   try {
-    data::verify_folder_checksums(
+    verify_folder_checksums(
         dir, {"config.json", "model.safetensors", optimizer, "accelerator_state.json",
               kTrainerStateFile, kTrainingArgsFile});
   } catch (const Error& e) {
@@ -129,7 +129,7 @@ fs::path resolve_checkpoint(const fs::path& target, std::vector<std::string>& wa
 
 std::pair<int64_t, int64_t> saved_world_and_global_batch(const fs::path& checkpoint) {
   if (!fs::exists(checkpoint / "accelerator_state.json")) return {0, 0};
-  const auto file = nlohmann::json::parse(data::read_file(checkpoint / "accelerator_state.json"), nullptr, false);
+  const auto file = nlohmann::json::parse(read_file(checkpoint / "accelerator_state.json"), nullptr, false);
   if (!file.is_object() || !file.contains("state") || !file["state"].is_object()) return {0, 0};
   const nlohmann::json& state = file["state"];
   const nlohmann::json global = state.value("loader_global_batch", nlohmann::json::array());
@@ -142,7 +142,7 @@ void rotate_checkpoints(const fs::path& output_dir, int64_t limit, const std::st
   // A checkpoint-N/ folder without its checksums is the rest of one a killed rotation was
   // removing (one being written is still named .partial): it can never be resumed.
   std::erase_if(complete, [&](const fs::path& d) {
-    if (fs::exists(d / data::kFolderChecksumFile)) return false;
+    if (fs::exists(d / kFolderChecksumFile)) return false;
     if (d.filename() != keep) fs::remove_all(d);
     return true;
   });

@@ -12,7 +12,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/memory_stats.h"
 #include "tessera/core/random.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 #include "tessera/kernels/ops.h"
 #include "tessera/train/checkpoint_files.h"
 
@@ -31,7 +31,7 @@ TrainerState read_trainer_state(const fs::path& checkpoint) {
   const fs::path path = checkpoint / kTrainerStateFile;
   Json j;
   try {
-    j = Json::parse(data::read_file(path));
+    j = Json::parse(read_file(path));
   } catch (const Json::exception& e) {
     TESSERA_FAIL("checkpoint '", checkpoint.string(), "': ", kTrainerStateFile,
                  " is not valid JSON: ", e.what());
@@ -518,10 +518,10 @@ fs::path Trainer::save_checkpoint() {
     handler_.save_states(state_);
     task_->save_config(partial);
     for (const auto& [file, contents] : extra_files_)
-      data::write_file_atomically(partial / file, contents);
-    data::write_file_atomically(partial / kTrainingArgsFile, args_.to_json().dump(2));
+      write_file_atomically(partial / file, contents);
+    write_file_atomically(partial / kTrainingArgsFile, args_.to_json().dump(2));
     write_trainer_state(partial / kTrainerStateFile, state_);
-    data::write_folder_checksums(partial);  // last: marks every other file complete
+    write_folder_checksums(partial);  // last: marks every other file complete
     fs::remove_all(final_dir);
     fs::rename(partial, final_dir);
     rotate_checkpoints(out, args_.save_total_limit, state_.best_model_checkpoint);

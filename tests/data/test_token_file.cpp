@@ -10,7 +10,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/data/dataloader.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 #include "tessera/data/token_file.h"
 
 using namespace tessera;

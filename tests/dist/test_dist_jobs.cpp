@@ -19,7 +19,7 @@
 
 #include "tessera/core/allocator.h"
 #include "tessera/core/safetensors.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 #include "tessera/data/token_file.h"
 
 #include "run_job.h"
@@ -924,9 +924,9 @@ TEST(ZeroCheckpoint, DamagedShardAndUnevenBatchAreRefused) {
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("cannot continue from there"), std::string::npos) << r.output;
   // A damaged shard is refused, naming it.
-  std::string bytes = tessera::data::read_file(ckpt + "/optimizer_shard_1.safetensors");
+  std::string bytes = tessera::read_file(ckpt + "/optimizer_shard_1.safetensors");
   bytes[bytes.size() - 3] ^= 0x5a;
-  tessera::data::write_file_atomically(ckpt + "/optimizer_shard_1.safetensors", bytes);
+  tessera::write_file_atomically(ckpt + "/optimizer_shard_1.safetensors", bytes);
   r = run_job(zero_check_on(1) + " --zero-stage 0 --rows 12 --steps 2 --resume " + ckpt + " --start-step 1 --out " +
                   temp_file("damaged.txt"),
               60);
