@@ -278,7 +278,7 @@ class Accelerator {
   void save_state(const std::string& dir);
   // Collective (Accelerate's save_model): the prepared model's state_dict as
   // dir/model.safetensors, written by the main process. Under ZeRO every process first writes
-  // the slices it keeps (dist/sharded_model.h) and the main process streams the file from them
+  // the slices it keeps (dist/checkpoint.h) and the main process streams the file from them
   // one saved range at a time, so no process holds the gathered model; the shards are removed.
   void save_model(nn::Module& model, const std::string& dir);
   void load_state(const std::string& dir);

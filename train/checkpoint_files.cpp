@@ -1,10 +1,12 @@
 #include "tessera/train/checkpoint_files.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
@@ -54,7 +56,7 @@ void verify_checkpoint(const fs::path& dir) {
                   dir.string(), "' holds the model only (save_only_model) and cannot be resumed; "
                   "start a new run from it with --init");
   }
-  // Under ZeRO the optimizer is one shard per rank plus their index (dist/sharded_state.h).
+  // Under ZeRO the optimizer is one shard per rank plus their index (dist/checkpoint.h).
   const char* optimizer =
       fs::exists(dir / "optimizer_shards.json") ? "optimizer_shards.json" : "optimizer.safetensors";
   try {
@@ -154,6 +156,37 @@ void rotate_checkpoints(const fs::path& output_dir, int64_t limit, const std::st
     fs::remove_all(complete[i]);
     --excess;
   }
+}
+
+TrainerState read_trainer_state(const fs::path& checkpoint) {
+  const fs::path path = checkpoint / kTrainerStateFile;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    TESSERA_FAIL("checkpoint '", checkpoint.string(), "': ", kTrainerStateFile,
+                 " is not valid JSON: ", e.what());
+  }
+  return TrainerState::from_json(j, path.string());
+}
+
+// trainer_state.json grows with the log history, so it is streamed to disk rather than
+// built as one string (the resident memory of a long run stays flat). It is written inside
+// checkpoint-N.partial/, renamed into place only when complete, and flushed to disk like
+// the checkpoint's other files.
+void write_trainer_state(const fs::path& path, const TrainerState& state) {
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    TESSERA_CHECK(out.good(), "cannot create '", path.string(), "': ", std::strerror(errno));
+    state.write(out);
+    out.flush();
+    TESSERA_CHECK(out.good(), "error writing '", path.string(), "': ", std::strerror(errno));
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  const bool synced = fd >= 0 && ::fsync(fd) == 0;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  TESSERA_CHECK(synced, "error flushing '", path.string(), "': ", std::strerror(err));
 }
 
 }  // namespace tessera::train

@@ -7,7 +7,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/safetensors.h"
 #include "tessera/core/file_io.h"
-#include "tessera/dist/sharded_state.h"
+#include "tessera/dist/checkpoint.h"
 #include "tessera/train/checkpoint_files.h"
 
 namespace tessera::train {

@@ -1,12 +1,8 @@
 #include "tessera/train/trainer.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <fstream>
 
 #include "tessera/core/error.h"
@@ -25,37 +21,6 @@ namespace {
 
 std::string mixed_precision_of(const TrainingArguments& a) {
   return a.bf16 ? "bf16" : a.fp16 ? "fp16" : "no";
-}
-
-TrainerState read_trainer_state(const fs::path& checkpoint) {
-  const fs::path path = checkpoint / kTrainerStateFile;
-  Json j;
-  try {
-    j = Json::parse(read_file(path));
-  } catch (const Json::exception& e) {
-    TESSERA_FAIL("checkpoint '", checkpoint.string(), "': ", kTrainerStateFile,
-                 " is not valid JSON: ", e.what());
-  }
-  return TrainerState::from_json(j, path.string());
-}
-
-// trainer_state.json grows with the log history, so it is streamed to disk rather than
-// built as one string (the resident memory of a long run stays flat). It is written inside
-// checkpoint-N.partial/, renamed into place only when complete, and flushed to disk like
-// the checkpoint's other files.
-void write_trainer_state(const fs::path& path, const TrainerState& state) {
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    TESSERA_CHECK(out.good(), "cannot create '", path.string(), "': ", std::strerror(errno));
-    state.write(out);
-    out.flush();
-    TESSERA_CHECK(out.good(), "error writing '", path.string(), "': ", std::strerror(errno));
-  }
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  const bool synced = fd >= 0 && ::fsync(fd) == 0;
-  const int err = errno;
-  if (fd >= 0) ::close(fd);
-  TESSERA_CHECK(synced, "error flushing '", path.string(), "': ", std::strerror(err));
 }
 
 // The main process claims output_dir (run_folder.h); the others learn whether it could, so a

@@ -1,4 +1,4 @@
-// Sharded ZeRO checkpoints (dist/sharded_model.h) through dist_zero_check: saved without
+// Sharded ZeRO checkpoints (dist/checkpoint.h) through dist_zero_check: saved without
 // gathering the model, resumed at other world sizes and stages bit for bit, and refused when
 // the index disagrees with its shards.
 //
@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/file_io.h"
-#include "tessera/dist/sharded_model.h"
+#include "tessera/dist/checkpoint.h"
 
 #include "run_job.h"
 

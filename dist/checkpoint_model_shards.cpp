@@ -1,4 +1,4 @@
-#include "tessera/dist/sharded_model.h"
+#include "tessera/dist/checkpoint.h"
 
 #include <algorithm>
 #include <filesystem>

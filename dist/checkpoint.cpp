@@ -1,5 +1,6 @@
-// Accelerator::save_state, load_state and save_model (dist/accelerator.h): the checkpoint
-// folder's layout, and the checks that run before a loaded value changes anything.
+// The Accelerator's checkpoint (dist/checkpoint.h): Accelerator::save_state, load_state and
+// save_model, the checkpoint folder's layout, and the checks that run before a loaded value
+// changes anything.
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -9,8 +10,7 @@
 #include "tessera/core/safetensors.h"
 #include "tessera/core/file_io.h"
 #include "tessera/dist/accelerator.h"
-#include "tessera/dist/sharded_model.h"
-#include "tessera/dist/sharded_state.h"
+#include "tessera/dist/checkpoint.h"
 
 namespace tessera::dist {
 
@@ -151,7 +151,7 @@ void check_model_state(const std::map<std::string, Tensor>& saved, const nn::Mod
 // The layout (one folder, written by the main process, verified before anything loads):
 //   model.safetensors (model_1.safetensors, ...)  each prepared model's state_dict, as
 //       Hugging Face names it for GPT (so with config.json the folder is a model directory);
-//       under ZeRO also model_shards.json + model_shards/ (dist/sharded_model.h): every
+//       under ZeRO also model_shards.json + model_shards/ (dist/checkpoint.h): every
 //       process writes the slices it keeps, nothing is gathered, and the main process
 //       streams model.safetensors from them; load_state reads the shards
 //   optimizer.safetensors (optimizer_1, ...)      optimizer moments and steps
@@ -173,7 +173,7 @@ void Accelerator::save_state(const std::string& dir) {
     positions.push_back(gather(p).to_vector<int64_t>());
   }
   // Under ZeRO every process writes the parameter and optimizer slices it holds
-  // (dist/sharded_model.h, dist/sharded_state.h): the model is never gathered.
+  // (dist/checkpoint.h): the model is never gathered.
   const bool sharded = zero_stage_ > 0;
   if (sharded) {
     for (size_t i = 0; i < model_order_.size(); ++i)
