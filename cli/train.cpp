@@ -115,30 +115,17 @@ constexpr FlagSpec kValueFlags[] = {
      "FSDP sharding strategy: FULL_SHARD (ZeRO-3) | SHARD_GRAD_OP (ZeRO-2) | NO_SHARD (DDP) [offload]"},
 };
 
-// Typed storage for the flags, so CLI11 parses and documents numbers as numbers. Integers
-// are kept as typed: CLI11 would saturate one beyond int64 (99999999999999999999 -> 2^63-1).
-struct FlagValues {
-  std::map<std::string, std::string> ints;
-  std::map<std::string, double> reals;
-  std::map<std::string, std::string> texts;
-};
-
 std::string steps_help() {
   return "optimizer steps (default: num_train_epochs' worth when set, else " +
          std::to_string(train::kDefaultMaxSteps) + "); -1 = train for num_train_epochs";
 }
 
-CLI::Option* add_flag_option(CLI::App& sub, FlagValues& v, const FlagSpec& f) {
-  if (!f.help) return add_flag_option(sub, v, {f.flag, f.key, f.type, steps_help().c_str()});
-  switch (f.type) {
-    case FlagType::Int:
-      return sub.add_option(f.flag, v.ints[f.key], f.help)->type_name("INT");
-    case FlagType::Real:
-      return sub.add_option(f.flag, v.reals[f.key], f.help);
-    case FlagType::Text:
-      break;
-  }
-  return sub.add_option(f.flag, v.texts[f.key], f.help);
+// CLI11 keeps each flag's text and documents it by its type; flag_value reads it as that type,
+// straight into the JSON the settings are applied from (no storage of its own in between).
+CLI::Option* add_flag_option(CLI::App& sub, const FlagSpec& f) {
+  const std::string help = f.help ? std::string(f.help) : steps_help();
+  const char* type_name = f.type == FlagType::Int ? "INT" : f.type == FlagType::Real ? "FLOAT" : "TEXT";
+  return sub.add_option(f.flag, help)->type_name(type_name);
 }
 
 int64_t integer_flag(const FlagSpec& f, const std::string& text) {
@@ -151,22 +138,23 @@ int64_t integer_flag(const FlagSpec& f, const std::string& text) {
   return value;
 }
 
-nlohmann::json flag_value(const FlagValues& v, const FlagSpec& f) {
+// Integers are read as text: CLI11 would saturate one beyond int64 (99999999999999999999 ->
+// 2^63-1). A real that is not a number fails as CLI11's own conversion error.
+nlohmann::json flag_value(const CLI::Option& option, const FlagSpec& f) {
   switch (f.type) {
     case FlagType::Int:
-      return integer_flag(f, v.ints.at(f.key));
+      return integer_flag(f, option.as<std::string>());
     case FlagType::Real:
-      return v.reals.at(f.key);
+      return option.as<double>();
     case FlagType::Text:
       break;
   }
-  return v.texts.at(f.key);
+  return option.as<std::string>();
 }
 
 const RegisterCommand reg(
     "train", "Train a GPT-2 or Llama model on a token file, or fine-tune a classifier on labelled texts (config file and/or flags)", [](CLI::App& sub) {
       auto config_path = std::make_shared<std::string>();
-      auto values = std::make_shared<FlagValues>();
       auto resume = std::make_shared<std::string>();
       sub.add_option("--config", *config_path,
                      "settings file: JSON or YAML, with Hugging Face "
@@ -175,7 +163,7 @@ const RegisterCommand reg(
       std::vector<CLI::Option*> options;
       // A flag given twice takes its last value (scripts append overrides).
       for (const FlagSpec& f : kValueFlags)
-        options.push_back(add_flag_option(sub, *values, f)
+        options.push_back(add_flag_option(sub, f)
                               ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast));
       auto* shuffle =
           sub.add_flag("--shuffle")->description("draw training windows in a seeded random order");
@@ -208,6 +196,11 @@ const RegisterCommand reg(
                          "paths come with it")
               ->expected(0, 1);
       sub.callback([=] {
+        // The flags first: a value of the wrong type fails as a command-line error.
+        nlohmann::json flags = nlohmann::json::object();
+        for (size_t i = 0; i < options.size(); ++i)
+          if (options[i]->count() > 0)
+            flags[kValueFlags[i].key] = flag_value(*options[i], kValueFlags[i]);
         std::vector<train::ArgumentLayer> layers;
         // A folder would read as an empty stream ("basic_filebuf::underflow").
         TESSERA_CHECK(config_path->empty() || !std::filesystem::is_directory(*config_path),
@@ -216,10 +209,6 @@ const RegisterCommand reg(
         if (!config_path->empty())
           layers.push_back(
               {train::read_config_file(*config_path), "config '" + *config_path + "'"});
-        nlohmann::json flags = nlohmann::json::object();
-        for (size_t i = 0; i < options.size(); ++i)
-          if (options[i]->count() > 0)
-            flags[kValueFlags[i].key] = flag_value(*values, kValueFlags[i]);
         if (shuffle->count() > 0) flags["shuffle"] = true;
         if (sequential->count() > 0) flags["shuffle"] = false;
         if (tie->count() > 0) flags["tie_word_embeddings"] = true;

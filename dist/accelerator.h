@@ -55,7 +55,7 @@ struct AcceleratorOptions {
   std::string reduce_dtype;
   int gradient_accumulation_steps = 1;
   std::string backend = "auto";  // see init_process_group
-  size_t bucket_bytes = size_t(25) << 20;
+  size_t bucket_bytes = kDefaultBucketBytes;
   bool find_unused_parameters = false;
   // DDP: embedding gradients all-gathered as rows where that moves fewer bytes than the
   // all-reduce (dist/sparse_embedding.h); false (or TESSERA_SPARSE_EMBEDDING_GRADIENTS=0):
@@ -80,7 +80,7 @@ struct AcceleratorOptions {
   // (reduce_every_micro_batch, DeepSpeed's; no_sync, FSDP's), and the full gradient buckets a
   // backward holds at once (2: DeepSpeed's overlap_comm; 1: overlap_comm false; 0: no bound).
   GradientAccumulation zero_accumulation = GradientAccumulation::reduce_every_micro_batch;
-  size_t max_buckets_in_flight = 2;
+  size_t max_buckets_in_flight = kDefaultBucketsInFlight;
   // FSDP's name for the stage instead: FULL_SHARD (3), SHARD_GRAD_OP (2), NO_SHARD (DDP).
   std::string fsdp_sharding_strategy;
   // fp16's dynamic loss scaler (Accelerate's GradScalerKwargs); unset = torch's GradScaler
@@ -89,6 +89,9 @@ struct AcceleratorOptions {
   // A DeepSpeed JSON file (dist/deepspeed_config.h) whose settings fill the ones above;
   // a setting given both here and there must agree.
   std::string deepspeed_config;
+  // The same file already parsed (DeepSpeedConfig::read), as a training run passes it on so
+  // that the file is read once; it wins over deepspeed_config.
+  std::optional<DeepSpeedConfig> deepspeed;
   // Experiment trackers (dist/trackers.h), Accelerate's log_with: built-in names
   // ("tensorboard", "csv", "mlflow", "all") and trackers of one's own, used on the main
   // process only. Names are checked when the Accelerator is made.
@@ -166,7 +169,7 @@ class Accelerator {
   int zero_stage() const { return zero_stage_; }
   const AcceleratorOptions& options() const { return options_; }
   // The DeepSpeed config the options named (its gradient_clipping is the trainer's to use).
-  const std::optional<DeepSpeedConfig>& deepspeed_config() const { return deepspeed_; }
+  const std::optional<DeepSpeedConfig>& deepspeed_config() const { return options_.deepspeed; }
   const MixedPrecisionPolicy& mixed_precision_policy() const { return policy_; }
   // This process's bytes by category for a prepared model (optimizer state from the
   // prepared optimizers).
@@ -340,7 +343,6 @@ class Accelerator {
   std::string mixed_precision_;
   MixedPrecisionPolicy policy_;
   int zero_stage_ = 0;
-  std::optional<DeepSpeedConfig> deepspeed_;
   DistEnv env_;
   Device device_ = Device::cpu();
   bool owns_group_ = false;

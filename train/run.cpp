@@ -256,6 +256,7 @@ TrainingArguments arguments_for_run(const std::vector<ArgumentLayer>& given_laye
   for (const std::string& w : warnings) std::cerr << "tessera train: warning: " << w << "\n";
   TrainingArguments saved = saved_arguments(checkpoint);
   if (!requested.given.count("output_dir")) saved.output_dir = checkpoint.parent_path().string();
+  saved.deepspeed_config = requested.deepspeed_config;  // parsed once: kept when the file is the same
   TrainingArguments args = apply_layers(saved, layers);
   args.resume_from_checkpoint = checkpoint.string();
   // As Hugging Face's resume_from_checkpoint next to model_name_or_path: a job script re-run

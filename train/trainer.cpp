@@ -1,6 +1,5 @@
 #include "tessera/train/trainer.h"
 
-
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -10,6 +9,7 @@
 #include "tessera/core/random.h"
 #include "tessera/core/file_io.h"
 #include "tessera/kernels/ops.h"
+#include "tessera/train/accelerator_options.h"
 #include "tessera/train/checkpoint_files.h"
 
 namespace tessera::train {
@@ -18,10 +18,6 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
 namespace {
-
-std::string mixed_precision_of(const TrainingArguments& a) {
-  return a.bf16 ? "bf16" : a.fp16 ? "fp16" : "no";
-}
 
 // The main process claims output_dir (run_folder.h); the others learn whether it could, so a
 // refused job ends on every rank, before any work, instead of waiting in a collective.
@@ -102,18 +98,7 @@ Trainer::Trainer(TrainingArguments args, std::unique_ptr<TrainingTask> task,
     if (const std::vector<std::string> names = task_->metric_names(); !names.empty())
       check_metric_for_best_model(args_, names);
   const Device wanted = Device::parse(args_.device);
-  dist::AcceleratorOptions options;
-  options.mixed_precision = mixed_precision_of(args_);
-  options.reduce_dtype = args_.reduce_dtype;
-  options.gradient_accumulation_steps = static_cast<int>(args_.gradient_accumulation_steps);
-  options.cpu = wanted.is_cpu();
-  options.zero_stage = static_cast<int>(args_.zero_stage);
-  options.offload_optimizer = args_.offload != "none";
-  options.offload_param = args_.offload == "param";
-  options.zero_accumulation = dist::gradient_accumulation_from_name(args_.zero_accumulation);
-  options.sparse_embedding_gradients = task_->equal_batch_shapes();
-  options.deepspeed_config = args_.deepspeed;  // its bucket sizes (the rest is in args_ already)
-  acc_ = std::make_unique<dist::Accelerator>(options);
+  acc_ = std::make_unique<dist::Accelerator>(accelerator_options(args_, task_->equal_batch_shapes()));
   // `tessera launch --gradient_accumulation_steps N` (or its DeepSpeed file) reaches the
   // Accelerator only; the Trainer's loop counts micro-batches by its own setting.
   TESSERA_CHECK(acc_->gradient_accumulation_steps() == args_.gradient_accumulation_steps,
