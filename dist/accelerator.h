@@ -46,6 +46,9 @@
 
 namespace tessera::dist {
 
+// Stage 3's default prefetch (DeepSpeed's stage3_prefetch_bucket_size default), in elements.
+inline constexpr int64_t kDefaultStage3PrefetchElements = 50'000'000;
+
 struct AcceleratorOptions {
   // "no", "fp16" or "bf16"; empty = TESSERA_MIXED_PRECISION (set by tessera launch) or "no".
   std::string mixed_precision;
@@ -75,7 +78,7 @@ struct AcceleratorOptions {
   bool offload_step_during_backward = false;
   // Stage 3: elements of the next units' parameters all-gathered ahead of use (DeepSpeed's
   // stage3_prefetch_bucket_size); 0 gathers each unit only when it runs.
-  int64_t stage3_prefetch_bucket_size = 50'000'000;
+  int64_t stage3_prefetch_bucket_size = kDefaultStage3PrefetchElements;
   // ZeRO-2/3 (dist/zero.h): how accumulation micro-steps reach the shard
   // (reduce_every_micro_batch, DeepSpeed's; no_sync, FSDP's), and the full gradient buckets a
   // backward holds at once (2: DeepSpeed's overlap_comm; 1: overlap_comm false; 0: no bound).

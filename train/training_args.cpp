@@ -325,6 +325,12 @@ Json TrainingArguments::to_json() const {
   return j;
 }
 
+Json TrainingArguments::value(const std::string& key) const {
+  const std::string canonical = canonical_key(key);
+  TESSERA_CHECK(!canonical.empty(), "TrainingArguments: no setting is called \"", key, "\"");
+  return fields().at(canonical).get(*this);
+}
+
 std::string TrainingArguments::describe(const std::string& canonical) const {
   auto it = given.find(canonical);
   if (it == given.end()) return "config: key \"" + canonical + "\"";

@@ -140,6 +140,9 @@ struct TrainingArguments {
   }
   // The settings under their canonical names (what config.train.json holds).
   nlohmann::json to_json() const;
+  // One setting's value, by any name canonical_key knows (or "dtype"); `tessera train --help`
+  // prints TrainingArguments{}.value(key) as the flag's default.
+  nlohmann::json value(const std::string& key) const;
   // `key "steps" (command line)` for a key the user set, `key "max_steps"` otherwise.
   std::string describe(const std::string& canonical) const;
 };
