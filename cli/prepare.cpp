@@ -11,11 +11,11 @@
 
 #include "tessera/cli/command.h"
 #include "tessera/core/error.h"
-#include "tessera/core/settings.h"
-#include "tessera/dist/env.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/settings.h"
 #include "tessera/data/token_file.h"
 #include "tessera/data/tokenizer.h"
+#include "tessera/dist/env.h"
 
 namespace tessera::cli {
 namespace {

@@ -34,7 +34,8 @@ constexpr FlagSpec kValueFlags[] = {
      "labelled examples (.jsonl, .csv, .tsv)"},
     {"--val-data", "val_data", FlagType::Text,
      "validation token file (default: val.bin beside --data); classification: labelled examples"},
-    {"--text-column", "text_column", FlagType::Text, "classification: the text's column (default text)"},
+    {"--text-column", "text_column", FlagType::Text,
+     "classification: the text's column (default text)"},
     {"--text-pair-column", "text_pair_column", FlagType::Text,
      "classification: the second text of a pair (BERT's sentence B; default none)"},
     {"--label-column", "label_column", FlagType::Text,
@@ -113,7 +114,8 @@ constexpr FlagSpec kValueFlags[] = {
      "seconds from a preemption signal within which the checkpoint must be saved, else exit "
      "without it (128 + signal); 0 = no bound (default {})"},
     {"--fsdp", "fsdp", FlagType::Text,
-     "FSDP sharding strategy: FULL_SHARD (ZeRO-3) | SHARD_GRAD_OP (ZeRO-2) | NO_SHARD (DDP) [offload]"},
+     "FSDP sharding strategy: FULL_SHARD (ZeRO-3) | SHARD_GRAD_OP (ZeRO-2) | NO_SHARD (DDP) "
+     "[offload]"},
 };
 
 std::string steps_help() {
@@ -132,7 +134,8 @@ std::string default_text(const char* key) {
   }
   if (!v.is_array()) return v.dump();
   std::string joined;
-  for (const nlohmann::json& item : v) joined += (joined.empty() ? "" : ",") + item.get<std::string>();
+  for (const nlohmann::json& item : v)
+    joined += (joined.empty() ? "" : ",") + item.get<std::string>();
   return joined;
 }
 
@@ -140,8 +143,11 @@ std::string default_text(const char* key) {
 // straight into the JSON the settings are applied from (no storage of its own in between).
 CLI::Option* add_flag_option(CLI::App& sub, const FlagSpec& f) {
   std::string help = f.help ? std::string(f.help) : steps_help();
-  if (const size_t at = help.find("{}"); at != std::string::npos) help.replace(at, 2, default_text(f.key));
-  const char* type_name = f.type == FlagType::Int ? "INT" : f.type == FlagType::Real ? "FLOAT" : "TEXT";
+  if (const size_t at = help.find("{}"); at != std::string::npos)
+    help.replace(at, 2, default_text(f.key));
+  const char* type_name = f.type == FlagType::Int    ? "INT"
+                          : f.type == FlagType::Real ? "FLOAT"
+                                                     : "TEXT";
   return sub.add_option(f.flag, help)->type_name(type_name);
 }
 
@@ -170,7 +176,10 @@ nlohmann::json flag_value(const CLI::Option& option, const FlagSpec& f) {
 }
 
 const RegisterCommand reg(
-    "train", "Train a GPT-2 or Llama model on a token file, or fine-tune a classifier on labelled texts (config file and/or flags)", [](CLI::App& sub) {
+    "train",
+    "Train a GPT-2 or Llama model on a token file, or fine-tune a classifier on labelled texts "
+    "(config file and/or flags)",
+    [](CLI::App& sub) {
       auto config_path = std::make_shared<std::string>();
       auto resume = std::make_shared<std::string>();
       sub.add_option("--config", *config_path,
@@ -180,8 +189,8 @@ const RegisterCommand reg(
       std::vector<CLI::Option*> options;
       // A flag given twice takes its last value (scripts append overrides).
       for (const FlagSpec& f : kValueFlags)
-        options.push_back(add_flag_option(sub, f)
-                              ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast));
+        options.push_back(
+            add_flag_option(sub, f)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast));
       auto* shuffle =
           sub.add_flag("--shuffle")->description("draw training windows in a seeded random order");
       auto* sequential = sub.add_flag("--sequential")

@@ -19,8 +19,8 @@
 #include <type_traits>
 
 #include "tessera/core/error.h"
-#include "tessera/data/collator.h"
 #include "tessera/core/file_io.h"
+#include "tessera/data/collator.h"
 #include "tessera/dist/env.h"
 #include "tessera/train/callbacks.h"
 #include "tessera/train/run_folder.h"
@@ -273,7 +273,8 @@ int run_classification_training(const train::TrainingArguments& args, const Task
   trainer.accelerator().save_model(*run.model, model_dir.string());
   if (!main_process) return 0;
   run.model->save_config((model_dir / "config.json").string());
-  for (const auto& [name, contents] : tokenizer_files) write_file_atomically(model_dir / name, contents);
+  for (const auto& [name, contents] : tokenizer_files)
+    write_file_atomically(model_dir / name, contents);
   std::printf("done: %lld steps; model in %s, metrics in %s\n", (long long)trainer.state().global_step,
               model_dir.string().c_str(), (fs::path(args.output_dir) / "metrics.jsonl").string().c_str());
   return 0;

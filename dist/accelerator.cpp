@@ -9,10 +9,10 @@
 
 #include "tessera/autograd/autograd.h"
 #include "tessera/autograd/functions.h"
+#include "tessera/core/file_io.h"
 #include "tessera/core/random.h"
 #include "tessera/core/safetensors.h"
 #include "tessera/core/settings.h"
-#include "tessera/core/file_io.h"
 #include "tessera/dist/memory_report.h"
 #include "tessera/dist/zero.h"
 #include "tessera/kernels/ops.h"
@@ -187,9 +187,10 @@ void Accelerator::prepare_one(optim::Optimizer& optimizer) {
   // train builds it from the file; a loop of one's own builds it itself).
   if (options_.deepspeed && options_.deepspeed->optimizer_lr)
     for (const auto& group : optimizer.param_groups())
-      TESSERA_CHECK(group.initial_lr == *options_.deepspeed->optimizer_lr, options_.deepspeed->source,
-                    ": \"optimizer.params.lr\" is ", *options_.deepspeed->optimizer_lr,
-                    " but the prepared optimizer's lr is ", group.initial_lr);
+      TESSERA_CHECK(group.initial_lr == *options_.deepspeed->optimizer_lr,
+                    options_.deepspeed->source, ": \"optimizer.params.lr\" is ",
+                    *options_.deepspeed->optimizer_lr, " but the prepared optimizer's lr is ",
+                    group.initial_lr);
   optimizers_.push_back(&optimizer);
   attach_optimizers();
 }
@@ -201,16 +202,17 @@ void Accelerator::prepare_one(optim::LRSchedule& schedule) {
 void Accelerator::prepare_one(data::DataLoader& loader) {
   data::DataLoaderOptions o = loader.options();
   if (options_.deepspeed && options_.deepspeed->train_micro_batch_size_per_gpu)
-    TESSERA_CHECK(*options_.deepspeed->train_micro_batch_size_per_gpu == o.batch, options_.deepspeed->source,
-                  ": \"train_micro_batch_size_per_gpu\" is ",
-                  *options_.deepspeed->train_micro_batch_size_per_gpu, " but the loader's batch is ",
-                  o.batch);
+    TESSERA_CHECK(*options_.deepspeed->train_micro_batch_size_per_gpu == o.batch,
+                  options_.deepspeed->source, ": \"train_micro_batch_size_per_gpu\" is ",
+                  *options_.deepspeed->train_micro_batch_size_per_gpu,
+                  " but the loader's batch is ", o.batch);
   if (options_.deepspeed && options_.deepspeed->train_batch_size)
     TESSERA_CHECK(*options_.deepspeed->train_batch_size ==
                       o.batch * options_.gradient_accumulation_steps * num_processes(),
-                  options_.deepspeed->source, ": \"train_batch_size\" is ", *options_.deepspeed->train_batch_size,
-                  " but ", o.batch, " rows x ", options_.gradient_accumulation_steps,
-                  " micro-steps x ", num_processes(), " processes is ",
+                  options_.deepspeed->source, ": \"train_batch_size\" is ",
+                  *options_.deepspeed->train_batch_size, " but ", o.batch, " rows x ",
+                  options_.gradient_accumulation_steps, " micro-steps x ", num_processes(),
+                  " processes is ",
                   o.batch * options_.gradient_accumulation_steps * num_processes());
   if (o.rank != process_index() || o.world_size != num_processes()) {
     o.rank = process_index();

@@ -57,7 +57,6 @@
 
 namespace tessera::dist {
 
-
 // Collective: every rank of `group` calls it with its own strategy and optimizer.
 void save_sharded_optimizer(const std::string& dir, const DataParallelStrategy& strategy,
                             const optim::Optimizer& optimizer, ProcessGroup& group);

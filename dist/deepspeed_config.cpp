@@ -432,7 +432,8 @@ DeepSpeedConfig DeepSpeedConfig::read(const std::string& path) {
 void DeepSpeedConfig::apply_to(AcceleratorOptions& o) const {
   auto agree = [&](bool explicit_value, bool same, const std::string& key,
                    const std::string& option, const std::string& theirs, const std::string& ours) {
-    refuse_contradiction(!explicit_value || same, source + ": \"" + key + "\"", theirs, option, ours);
+    refuse_contradiction(!explicit_value || same, source + ": \"" + key + "\"", theirs, option,
+                         ours);
   };
   if (zero_stage) {
     agree(o.zero_stage >= 0, o.zero_stage == *zero_stage, "zero_optimization.stage", "zero_stage",

@@ -7,8 +7,8 @@
 #include <mutex>
 #include <vector>
 
-#include "tessera/core/settings.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/settings.h"
 #include "tessera/dist/env.h"
 
 namespace tessera::dist {

@@ -13,8 +13,8 @@
 
 #include "fuzz/fuzz_input.h"
 #include "tessera/core/error.h"
-#include "tessera/data/dataloader.h"
 #include "tessera/core/file_io.h"
+#include "tessera/data/dataloader.h"
 #include "tessera/data/token_file.h"
 #include "tessera/dist/accelerator.h"
 #include "tessera/nn/gpt.h"

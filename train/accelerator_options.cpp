@@ -8,7 +8,8 @@ std::string mixed_precision_of(const TrainingArguments& a) {
   return a.bf16 ? "bf16" : a.fp16 ? "fp16" : "no";
 }
 
-dist::AcceleratorOptions accelerator_options(const TrainingArguments& args, bool equal_batch_shapes) {
+dist::AcceleratorOptions accelerator_options(const TrainingArguments& args,
+                                             bool equal_batch_shapes) {
   dist::AcceleratorOptions options;
   options.mixed_precision = mixed_precision_of(args);
   options.reduce_dtype = args.reduce_dtype;

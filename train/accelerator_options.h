@@ -18,6 +18,7 @@ std::string mixed_precision_of(const TrainingArguments& args);
 
 // The Accelerator's options for a run with these (validated) arguments. equal_batch_shapes:
 // whether every batch of the task has one shape (DDP's row-gathered embedding gradients need it).
-dist::AcceleratorOptions accelerator_options(const TrainingArguments& args, bool equal_batch_shapes);
+dist::AcceleratorOptions accelerator_options(const TrainingArguments& args,
+                                             bool equal_batch_shapes);
 
 }  // namespace tessera::train

@@ -7,9 +7,9 @@
 
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
+#include "tessera/dist/tensorboard.h"
 #include "tessera/train/plot.h"
 #include "tessera/train/report_to.h"
-#include "tessera/dist/tensorboard.h"
 
 namespace tessera::train {
 

@@ -60,9 +60,8 @@ void verify_checkpoint(const fs::path& dir) {
   const char* optimizer =
       fs::exists(dir / "optimizer_shards.json") ? "optimizer_shards.json" : "optimizer.safetensors";
   try {
-    verify_folder_checksums(
-        dir, {"config.json", "model.safetensors", optimizer, "accelerator_state.json",
-              kTrainerStateFile, kTrainingArgsFile});
+    verify_folder_checksums(dir, {"config.json", "model.safetensors", optimizer,
+                                  "accelerator_state.json", kTrainerStateFile, kTrainingArgsFile});
   } catch (const Error& e) {
     TESSERA_FAIL("checkpoint ", e.what());
   }
@@ -131,7 +130,8 @@ fs::path resolve_checkpoint(const fs::path& target, std::vector<std::string>& wa
 
 std::pair<int64_t, int64_t> saved_world_and_global_batch(const fs::path& checkpoint) {
   if (!fs::exists(checkpoint / "accelerator_state.json")) return {0, 0};
-  const auto file = nlohmann::json::parse(read_file(checkpoint / "accelerator_state.json"), nullptr, false);
+  const auto file =
+      nlohmann::json::parse(read_file(checkpoint / "accelerator_state.json"), nullptr, false);
   if (!file.is_object() || !file.contains("state") || !file["state"].is_object()) return {0, 0};
   const nlohmann::json& state = file["state"];
   const nlohmann::json global = state.value("loader_global_batch", nlohmann::json::array());

@@ -5,8 +5,8 @@
 #include <optional>
 
 #include "tessera/core/error.h"
-#include "tessera/core/safetensors.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/safetensors.h"
 #include "tessera/dist/checkpoint.h"
 #include "tessera/train/checkpoint_files.h"
 
@@ -24,8 +24,7 @@ void describe_checkpoint(const fs::path& checkpoint, ConsolidateReport& report) 
     report.saved_world_size = index.value("world_size", 1);
     report.strategy = index.value("strategy", std::string("ZeRO"));
   } else if (fs::exists(checkpoint / "accelerator_state.json")) {
-    const auto state =
-        nlohmann::json::parse(read_file(checkpoint / "accelerator_state.json"));
+    const auto state = nlohmann::json::parse(read_file(checkpoint / "accelerator_state.json"));
     report.saved_world_size = state.at("state").value("num_processes", 1);
   }
 }

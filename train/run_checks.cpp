@@ -13,8 +13,8 @@
 
 #include "tessera/core/device.h"
 #include "tessera/core/error.h"
-#include "tessera/core/safetensors.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/safetensors.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/llama.h"
 
@@ -120,7 +120,8 @@ std::string data_fingerprint(const data::TokenFile& file) {
   uint32_t crc = 0;
   int64_t bytes = 0;
   while (in.read(chunk.data(), static_cast<std::streamsize>(chunk.size())) || in.gcount() > 0) {
-    crc = crc32(std::as_bytes(std::span<const char>(chunk.data(), static_cast<size_t>(in.gcount()))), crc);
+    crc = crc32(
+        std::as_bytes(std::span<const char>(chunk.data(), static_cast<size_t>(in.gcount()))), crc);
     bytes += in.gcount();
   }
   return Json{{"path", file.path().string()}, {"bytes", bytes}, {"crc32", crc}}.dump(1);

@@ -5,9 +5,9 @@
 #include <fstream>
 
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/core/memory_stats.h"
 #include "tessera/core/random.h"
-#include "tessera/core/file_io.h"
 #include "tessera/kernels/ops.h"
 #include "tessera/train/accelerator_options.h"
 #include "tessera/train/checkpoint_files.h"
@@ -98,7 +98,8 @@ Trainer::Trainer(TrainingArguments args, std::unique_ptr<TrainingTask> task,
     if (const std::vector<std::string> names = task_->metric_names(); !names.empty())
       check_metric_for_best_model(args_, names);
   const Device wanted = Device::parse(args_.device);
-  acc_ = std::make_unique<dist::Accelerator>(accelerator_options(args_, task_->equal_batch_shapes()));
+  acc_ =
+      std::make_unique<dist::Accelerator>(accelerator_options(args_, task_->equal_batch_shapes()));
   // `tessera launch --gradient_accumulation_steps N` (or its DeepSpeed file) reaches the
   // Accelerator only; the Trainer's loop counts micro-batches by its own setting.
   TESSERA_CHECK(acc_->gradient_accumulation_steps() == args_.gradient_accumulation_steps,

@@ -634,8 +634,8 @@ void take_setting(TrainingArguments& a, const std::string& key, const Json& valu
   const Json current = fields().at(key).get(a);
   // bf16/fp16 are also set through "dtype".
   const std::string set_as = !a.given.count(key) && (key == "bf16" || key == "fp16") ? "dtype" : key;
-  dist::refuse_contradiction(!a.given.count(set_as) || current == value, from, value.dump(), a.describe(set_as),
-                             fields().at(set_as).get(a).dump());
+  dist::refuse_contradiction(!a.given.count(set_as) || current == value, from, value.dump(),
+                             a.describe(set_as), fields().at(set_as).get(a).dump());
   fields().at(key).set(a, value);
 }
 

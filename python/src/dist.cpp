@@ -112,8 +112,9 @@ void bind_accelerator(py::module_& m) {
            }),
            py::kw_only(), py::arg("mixed_precision") = "",
            py::arg("gradient_accumulation_steps") = 1, py::arg("backend") = "auto",
-           py::arg("bucket_bytes") = dist::kDefaultBucketBytes, py::arg("find_unused_parameters") = false,
-           py::arg("cpu") = false, py::arg("zero_stage") = -1, py::arg("reduce_dtype") = "",
+           py::arg("bucket_bytes") = dist::kDefaultBucketBytes,
+           py::arg("find_unused_parameters") = false, py::arg("cpu") = false,
+           py::arg("zero_stage") = -1, py::arg("reduce_dtype") = "",
            py::arg("offload_optimizer") = false, py::arg("offload_param") = false,
            py::arg("deepspeed_config") = "", py::arg("fsdp_sharding_strategy") = "",
            py::arg("log_with") = std::vector<std::string>{}, py::arg("project_dir") = "",
@@ -129,11 +130,12 @@ void bind_accelerator(py::module_& m) {
            [](PythonAccelerator& self, const std::string& values, std::optional<int64_t> step) {
              self.acc->log(nlohmann::json::parse(values), step);
            })
-      .def("_get_tracker",
-           [](PythonAccelerator& self, const std::string& name) -> dist::GeneralTracker& {
-             return self.acc->get_tracker(name);
-           },
-           py::return_value_policy::reference_internal)
+      .def(
+          "_get_tracker",
+          [](PythonAccelerator& self, const std::string& name) -> dist::GeneralTracker& {
+            return self.acc->get_tracker(name);
+          },
+          py::return_value_policy::reference_internal)
       .def_property_readonly("_builtin_tracker_names",
                              [](const PythonAccelerator& s) { return s.acc->log_with(); })
       .def("_prepare",

@@ -16,9 +16,9 @@
 #include "tessera/core/allocator.h"
 #include "tessera/core/file_io.h"
 #include "tessera/data/token_file.h"
+#include "tessera/data/tokenizer.h"
 #include "tessera/optim/optimizer.h"
 #include "tests/cli/cli_harness.h"
-#include "tessera/data/tokenizer.h"
 #include "tests/nn/python_reference.h"
 
 namespace fs = std::filesystem;

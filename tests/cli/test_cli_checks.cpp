@@ -7,8 +7,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "tessera/core/safetensors.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/safetensors.h"
 #include "tests/cli/cli_harness.h"
 
 namespace fs = std::filesystem;

@@ -16,7 +16,8 @@ namespace {
 
 size_t occurrences(const std::string& text, const std::string& what) {
   size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size()))
+    ++n;
   return n;
 }
 
@@ -64,17 +65,20 @@ TEST(CliTrainSettings, HelpShowsTheDefaultsOfTrainingArguments) {
         << flag << " should say (default " << value << "): " << help_line(r.output, flag);
   // A run that sets neither max_steps nor num_train_epochs takes the steps --help names.
   const std::string steps = "else " + std::to_string(defaults.total_steps(1000)) + ")";
-  EXPECT_NE(help_line(r.output, "--steps").find(steps), std::string::npos) << help_line(r.output, "--steps");
+  EXPECT_NE(help_line(r.output, "--steps").find(steps), std::string::npos)
+      << help_line(r.output, "--steps");
 }
 
 TEST(CliTrainSettings, ABadDeepSpeedKeyIsReportedOnce) {
   const fs::path dir = scratch() / "deepspeed_bad_key";
   fs::create_directories(dir);
-  std::ofstream(dir / "ds.json") << R"({"zero_optimization": {"stage": 1, "bogus_bucket_knob": 3}})";
+  std::ofstream(dir / "ds.json")
+      << R"({"zero_optimization": {"stage": 1, "bogus_bucket_knob": 3}})";
   const RunResult r = run("train --data " + (dir / "none.bin").string() + " --deepspeed " +
                           (dir / "ds.json").string() + " --out " + (dir / "run").string());
   EXPECT_NE(r.rc, 0) << r.output;
-  EXPECT_EQ(occurrences(r.output, "unknown key \"zero_optimization.bogus_bucket_knob\""), 1u) << r.output;
+  EXPECT_EQ(occurrences(r.output, "unknown key \"zero_optimization.bogus_bucket_knob\""), 1u)
+      << r.output;
   EXPECT_EQ(occurrences(r.output, "bogus_bucket_knob"), 1u) << r.output;
 }
 
@@ -82,12 +86,14 @@ TEST(CliTrainSettings, ADeepSpeedFileContradictingAFlagIsOneMessageNamingBoth) {
   const fs::path dir = scratch() / "deepspeed_contradiction";
   fs::create_directories(dir);
   std::ofstream(dir / "ds.json") << R"({"zero_optimization": {"stage": 2}})";
-  const RunResult r = run("train --data " + (dir / "none.bin").string() + " --zero-stage 1 --deepspeed " +
-                          (dir / "ds.json").string() + " --out " + (dir / "run").string());
+  const RunResult r =
+      run("train --data " + (dir / "none.bin").string() + " --zero-stage 1 --deepspeed " +
+          (dir / "ds.json").string() + " --out " + (dir / "run").string());
   EXPECT_NE(r.rc, 0) << r.output;
   EXPECT_EQ(occurrences(r.output, "contradict each other"), 1u) << r.output;
-  EXPECT_NE(r.output.find("\"zero_optimization.stage\" is 2 but command line: key \"zero_stage\" is 1"),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find("\"zero_optimization.stage\" is 2 but command line: key \"zero_stage\" is 1"),
+      std::string::npos)
       << r.output;
 }
 
@@ -97,10 +103,13 @@ TEST(CliTrainSettings, ADeepSpeedNoteIsPrintedOncePerRunFreshOrResumed) {
   const fs::path data = prepared("byte");
   const fs::path dir = scratch() / "deepspeed_note";
   fs::create_directories(dir);
-  std::ofstream(dir / "ds.json") << R"({"zero_optimization": {"stage": 1, "stage3_max_reuse_distance": 5}})";
-  const std::string common = "train --data " + (data / "train.bin").string() +
-                             " --n-layer 1 --n-head 2 --n-embd 16 --seq 16 --batch 4 --eval-batches 1 --schedule constant "
-                             "--deepspeed " + (dir / "ds.json").string() + " --out " + (dir / "run").string();
+  std::ofstream(dir / "ds.json")
+      << R"({"zero_optimization": {"stage": 1, "stage3_max_reuse_distance": 5}})";
+  const std::string common =
+      "train --data " + (data / "train.bin").string() +
+      " --n-layer 1 --n-head 2 --n-embd 16 --seq 16 --batch 4 --eval-batches 1 --schedule constant "
+      "--deepspeed " +
+      (dir / "ds.json").string() + " --out " + (dir / "run").string();
   const std::string note = "stage3_max_reuse_distance = 5";
   RunResult r = run(common + " --steps 2 --save-every 2");
   ASSERT_EQ(r.rc, 0) << r.output;

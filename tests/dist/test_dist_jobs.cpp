@@ -18,8 +18,8 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/allocator.h"
-#include "tessera/core/safetensors.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/safetensors.h"
 #include "tessera/data/token_file.h"
 
 #include "run_job.h"

@@ -18,12 +18,14 @@ using namespace tessera;
 namespace {
 
 fs::path write_deepspeed_file(const std::string& name, const std::string& text) {
-  const fs::path file = fs::temp_directory_path() / ("tessera_" + name + "_" + std::to_string(::getpid()) + ".json");
+  const fs::path file =
+      fs::temp_directory_path() / ("tessera_" + name + "_" + std::to_string(::getpid()) + ".json");
   std::ofstream(file) << text;
   return file;
 }
 
-train::TrainingArguments arguments_with(const fs::path& deepspeed, const nlohmann::json& flags = nlohmann::json::object()) {
+train::TrainingArguments arguments_with(const fs::path& deepspeed,
+                                        const nlohmann::json& flags = nlohmann::json::object()) {
   train::TrainingArguments a;
   a.data = "tokens.bin";
   a.device = "cpu";
@@ -37,14 +39,16 @@ train::TrainingArguments arguments_with(const fs::path& deepspeed, const nlohman
 
 TEST(AcceleratorOptions, TheDeepSpeedFileIsParsedOnceAndTheAcceleratorUsesThatParse) {
   const fs::path file = write_deepspeed_file(
-      "ds_once", R"({"zero_optimization": {"stage": 1, "reduce_bucket_size": 1000, "overlap_comm": false,
+      "ds_once",
+      R"({"zero_optimization": {"stage": 1, "reduce_bucket_size": 1000, "overlap_comm": false,
                      "stage3_prefetch_bucket_size": 1234}, "gradient_clipping": 0.5})");
   const train::TrainingArguments args = arguments_with(file);
   EXPECT_EQ(args.zero_stage, 1);
   EXPECT_EQ(args.max_grad_norm, 0.5);
   // Gone before the Accelerator exists: a second read would fail ("cannot read it").
   fs::remove(file);
-  const dist::AcceleratorOptions options = train::accelerator_options(args, /*equal_batch_shapes=*/true);
+  const dist::AcceleratorOptions options =
+      train::accelerator_options(args, /*equal_batch_shapes=*/true);
   ASSERT_TRUE(options.deepspeed.has_value());
   EXPECT_EQ(options.deepspeed->reduce_bucket_size, 1000);
   dist::Accelerator acc(options);
@@ -103,7 +107,8 @@ TEST(AcceleratorOptions, ShardingConfigAppliedAgainKeepsTheParseOfTheSameFile) {
 
 // Every contradiction between two sources reads the same way, naming both.
 TEST(AcceleratorOptions, ContradictionsAreRefusedByOneHelperNamingBothSources) {
-  const fs::path file = write_deepspeed_file("ds_contradiction", R"({"zero_optimization": {"stage": 2}})");
+  const fs::path file =
+      write_deepspeed_file("ds_contradiction", R"({"zero_optimization": {"stage": 2}})");
   std::string from_args, from_options;
   try {
     arguments_with(file, {{"zero_stage", 1}});
@@ -118,17 +123,21 @@ TEST(AcceleratorOptions, ContradictionsAreRefusedByOneHelperNamingBothSources) {
     from_options = e.what();
   }
   fs::remove(file);
-  const std::string file_key = "DeepSpeed config '" + file.string() + "': \"zero_optimization.stage\" is 2 but ";
-  EXPECT_NE(from_args.find(file_key + "command line: key \"zero_stage\" is 1; they contradict each other"),
+  const std::string file_key =
+      "DeepSpeed config '" + file.string() + "': \"zero_optimization.stage\" is 2 but ";
+  EXPECT_NE(from_args.find(file_key +
+                           "command line: key \"zero_stage\" is 1; they contradict each other"),
             std::string::npos)
       << from_args;
-  EXPECT_NE(from_options.find(file_key + "zero_stage is 1; they contradict each other"), std::string::npos)
+  EXPECT_NE(from_options.find(file_key + "zero_stage is 1; they contradict each other"),
+            std::string::npos)
       << from_options;
   try {
     dist::refuse_contradiction(false, "one", "1", "other", "2");
     FAIL() << "refuse_contradiction accepted a contradiction";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("one is 1 but other is 2; they contradict each other"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("one is 1 but other is 2; they contradict each other"),
+              std::string::npos)
         << e.what();
   }
   EXPECT_NO_THROW(dist::refuse_contradiction(true, "one", "1", "other", "1"));

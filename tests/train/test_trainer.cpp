@@ -10,8 +10,8 @@
 #include <fstream>
 #include <thread>
 
-#include "tessera/core/safetensors.h"
 #include "tessera/core/file_io.h"
+#include "tessera/core/safetensors.h"
 #include "tessera/data/token_file.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/train/checkpoint_files.h"
@@ -504,7 +504,8 @@ TEST(Trainer, ACheckpointWithTheOldLogKeysResumes) {
     train::Trainer(first, *model, tokens, tokens).train();
   }
   const fs::path checkpoint = fs::path(args.output_dir) / "checkpoint-2";
-  nlohmann::json state = nlohmann::json::parse(tessera::read_file(checkpoint / train::kTrainerStateFile));
+  nlohmann::json state =
+      nlohmann::json::parse(tessera::read_file(checkpoint / train::kTrainerStateFile));
   for (auto& entry : state["log_history"]) {
     if (entry.contains("learning_rate")) entry["lr"] = entry["learning_rate"], entry.erase("learning_rate");
     for (const char* key : {"loss", "perplexity", "accuracy"})
