@@ -130,12 +130,11 @@ void bind_accelerator(py::module_& m) {
            [](PythonAccelerator& self, const std::string& values, std::optional<int64_t> step) {
              self.acc->log(nlohmann::json::parse(values), step);
            })
-      .def(
-          "_get_tracker",
-          [](PythonAccelerator& self, const std::string& name) -> dist::GeneralTracker& {
-            return self.acc->get_tracker(name);
-          },
-          py::return_value_policy::reference_internal)
+      .def("_get_tracker",
+           [](PythonAccelerator& self, const std::string& name) -> dist::GeneralTracker& {
+             return self.acc->get_tracker(name);
+           },
+           py::return_value_policy::reference_internal)
       .def_property_readonly("_builtin_tracker_names",
                              [](const PythonAccelerator& s) { return s.acc->log_with(); })
       .def("_prepare",
