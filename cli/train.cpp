@@ -34,8 +34,7 @@ constexpr FlagSpec kValueFlags[] = {
      "labelled examples (.jsonl, .csv, .tsv)"},
     {"--val-data", "val_data", FlagType::Text,
      "validation token file (default: val.bin beside --data); classification: labelled examples"},
-    {"--text-column", "text_column", FlagType::Text,
-     "classification: the text's column (default text)"},
+    {"--text-column", "text_column", FlagType::Text, "classification: the text's column (default text)"},
     {"--text-pair-column", "text_pair_column", FlagType::Text,
      "classification: the second text of a pair (BERT's sentence B; default none)"},
     {"--label-column", "label_column", FlagType::Text,
@@ -114,8 +113,7 @@ constexpr FlagSpec kValueFlags[] = {
      "seconds from a preemption signal within which the checkpoint must be saved, else exit "
      "without it (128 + signal); 0 = no bound (default {})"},
     {"--fsdp", "fsdp", FlagType::Text,
-     "FSDP sharding strategy: FULL_SHARD (ZeRO-3) | SHARD_GRAD_OP (ZeRO-2) | NO_SHARD (DDP) "
-     "[offload]"},
+     "FSDP sharding strategy: FULL_SHARD (ZeRO-3) | SHARD_GRAD_OP (ZeRO-2) | NO_SHARD (DDP) [offload]"},
 };
 
 std::string steps_help() {
