@@ -146,7 +146,8 @@ CLI::Option* add_flag_option(CLI::App& sub, const FlagSpec& f) {
   const char* type_name = f.type == FlagType::Int    ? "INT"
                           : f.type == FlagType::Real ? "FLOAT"
                                                      : "TEXT";
-  return sub.add_option(f.flag, help)->type_name(type_name);
+  const std::string& description = help;  // const: CLI11 would bind a mutable string as the value
+  return sub.add_option(f.flag, description)->type_name(type_name);
 }
 
 int64_t integer_flag(const FlagSpec& f, const std::string& text) {
