@@ -1,4 +1,4 @@
-// CRC-32 of checkpoint-sized buffers: data::crc32 (zlib's crc32 since this measurement)
+// CRC-32 of checkpoint-sized buffers: tessera::crc32 (zlib's crc32 since this measurement)
 // against the byte-at-a-time table loop the project used before, and Adler-32 likewise.
 #include <benchmark/benchmark.h>
 #include <zlib.h>
@@ -7,11 +7,11 @@
 #include <random>
 #include <vector>
 
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 
 namespace {
 
-// The previous data::crc32: one table lookup per byte.
+// The previous tessera::crc32: one table lookup per byte.
 uint32_t crc32_bytewise(const std::vector<std::byte>& bytes) {
   static const std::array<uint32_t, 256> table = [] {
     std::array<uint32_t, 256> t{};
@@ -52,13 +52,13 @@ void BM_Crc32Zlib(benchmark::State& state) {
 
 void BM_Crc32Tessera(benchmark::State& state) {  // what checkpoints use now
   const auto& bytes = buffer(static_cast<size_t>(state.range(0)));
-  for (auto _ : state) benchmark::DoNotOptimize(tessera::data::crc32(bytes));
+  for (auto _ : state) benchmark::DoNotOptimize(tessera::crc32(bytes));
   state.SetBytesProcessed(state.iterations() * state.range(0));
 }
 
 void BM_Adler32Tessera(benchmark::State& state) {
   const auto& bytes = buffer(static_cast<size_t>(state.range(0)));
-  for (auto _ : state) benchmark::DoNotOptimize(tessera::data::adler32(bytes));
+  for (auto _ : state) benchmark::DoNotOptimize(tessera::adler32(bytes));
   state.SetBytesProcessed(state.iterations() * state.range(0));
 }
 

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 #include "tessera/data/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -33,7 +33,7 @@ std::string default_corpus() {
       files.push_back(e.path());
   std::sort(files.begin(), files.end());
   std::string text;
-  for (const auto& f : files) text += data::read_file(f);
+  for (const auto& f : files) text += tessera::read_file(f);
   return text;
 }
 
@@ -76,10 +76,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   const int repeats = argc > 2 ? std::atoi(argv[2]) : 3;
-  const std::string text = argc > 1 ? data::read_file(argv[1]) : default_corpus();
+  const std::string text = argc > 1 ? tessera::read_file(argv[1]) : default_corpus();
   const fs::path file =
       argc > 1 ? fs::path(argv[1]) : fs::temp_directory_path() / "bench_tokenizer_corpus.txt";
-  if (argc <= 1) data::write_file_atomically(file, text);
+  if (argc <= 1) tessera::write_file_atomically(file, text);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
   const auto tok =

@@ -35,7 +35,8 @@ struct PlanArgs {
   bool all_strategies = false;
   bool fit = false;
   std::string accumulation = "reduce_every_micro_batch";
-  int64_t max_buckets_in_flight = 2, bucket_bytes = int64_t(25) << 20;
+  int64_t max_buckets_in_flight = dist::kDefaultBucketsInFlight,
+          bucket_bytes = dist::kDefaultBucketBytes;
   // --gradient-checkpointing [POLICY], read by checkpoint_policy().
   bool checkpointing = false;
   std::string checkpoint_policy;
@@ -381,12 +382,13 @@ const RegisterCommand reg(
                      "ZeRO-2/3 with --grad-accum: reduce_every_micro_batch (default) | no_sync")
           ->check(CLI::IsMember({"reduce_every_micro_batch", "no_sync"}));
       sub.add_option("--max-buckets-in-flight", a->max_buckets_in_flight,
-                     "ZeRO-2/3: full gradient buckets a backward holds at once (default 2; 0: "
-                     "no bound)")
+                     "ZeRO-2/3: full gradient buckets a backward holds at once (default " +
+                         std::to_string(dist::kDefaultBucketsInFlight) + "; 0: no bound)")
           ->check(CLI::NonNegativeNumber);
       sub.add_option("--bucket-bytes", a->bucket_bytes,
-                     "gradient bucket size in bytes (default 25 MiB; DeepSpeed's "
-                     "reduce_bucket_size x 4)")
+                     "gradient bucket size in bytes (default " +
+                         std::to_string(dist::kDefaultBucketBytes >> 20) +
+                         " MiB; DeepSpeed's reduce_bucket_size x 4)")
           ->check(CLI::PositiveNumber);
       sub.add_option("--max-memory,--device-memory", a->max_memory,
                      "memory of one device to plan for, e.g. 80GiB, 80GB, 81920MiB (default: "

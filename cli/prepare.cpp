@@ -11,11 +11,11 @@
 
 #include "tessera/cli/command.h"
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/core/settings.h"
-#include "tessera/dist/env.h"
-#include "tessera/data/file_io.h"
 #include "tessera/data/token_file.h"
 #include "tessera/data/tokenizer.h"
+#include "tessera/dist/env.h"
 
 namespace tessera::cli {
 namespace {
@@ -54,7 +54,7 @@ void write_outputs_as_one_set(const fs::path& out, const std::function<void(cons
   for (const char* name : kOutputs) fs::remove(out / name);
   for (const auto& entry : fs::directory_iterator(staging)) fs::rename(entry.path(), out / entry.path().filename());
   fs::remove(staging);
-  data::fsync_directory(out);
+  fsync_directory(out);
 }
 
 // GPT-2's encoder.json + vocab.bpe: $TESSERA_GPT2_DIR, ./.deps/gpt2, or .deps/gpt2 next to
@@ -134,7 +134,7 @@ void prepare(const PrepareArgs& a) {
                 "tessera prepare: --val-fraction must be in [0, 1), got ", a.val_fraction);
   for (const auto& input : a.inputs) check_input(input, a.out);
   std::string text;
-  for (const auto& input : a.inputs) text += data::read_file(input);
+  for (const auto& input : a.inputs) text += read_file(input);
   TESSERA_CHECK(text.size() >= 2, "tessera prepare: the input has ", text.size(),
                 " bytes; nothing to train on");
   // The last val_fraction of the text (cut at a line break when there is one near) is validation.

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <sstream>
 
 #include "tessera/cli/command.h"
 #include "tessera/cli/train_classification.h"
@@ -21,7 +22,7 @@ struct FlagSpec {
   const char* flag;
   const char* key;  // a TrainingArguments key (or alias)
   FlagType type;
-  const char* help;
+  const char* help;  // "{}" stands for the setting's default, TrainingArguments{}'s value
 };
 
 constexpr FlagSpec kValueFlags[] = {
@@ -48,51 +49,51 @@ constexpr FlagSpec kValueFlags[] = {
     {"--init", "init", FlagType::Text, "start from this model directory instead of a fresh model"},
     {"--arch", "arch", FlagType::Text,
      "model architecture: gpt2 (GPT-2: LayerNorm, GELU MLP, learned positions) | llama "
-     "(RMSNorm, SwiGLU MLP, rotary embeddings, grouped-query attention) (default gpt2)"},
-    {"--n-layer", "n_layer", FlagType::Int, "transformer blocks (default 4)"},
-    {"--n-head", "n_head", FlagType::Int, "attention heads (default 4)"},
-    {"--n-embd", "n_embd", FlagType::Int, "channels (default 128)"},
+     "(RMSNorm, SwiGLU MLP, rotary embeddings, grouped-query attention) (default {})"},
+    {"--n-layer", "n_layer", FlagType::Int, "transformer blocks (default {})"},
+    {"--n-head", "n_head", FlagType::Int, "attention heads (default {})"},
+    {"--n-embd", "n_embd", FlagType::Int, "channels (default {})"},
     {"--n-kv-head", "n_kv_head", FlagType::Int,
      "llama: key/value heads, dividing --n-head (fewer = grouped-query attention; default "
      "--n-head)"},
     {"--intermediate-size", "intermediate_size", FlagType::Int,
      "llama: SwiGLU MLP width (default 8/3 n_embd rounded up to a multiple of 64)"},
-    {"--rope-theta", "rope_theta", FlagType::Real, "llama: rotary embedding base (default 10000)"},
+    {"--rope-theta", "rope_theta", FlagType::Real, "llama: rotary embedding base (default {})"},
     {"--block-size", "block_size", FlagType::Int, "context length of the model (default: --seq)"},
     {"--vocab-size", "vocab_size", FlagType::Int,
      "vocabulary size (default: the tokenizer's, else the data's)"},
-    {"--batch", "batch", FlagType::Int, "rows per micro-batch and process (default 8)"},
-    {"--seq", "seq", FlagType::Int, "tokens per row (default 64)"},
-    {"--grad-accum", "grad_accum", FlagType::Int, "micro-batches per optimizer step (default 1)"},
+    {"--batch", "batch", FlagType::Int, "rows per micro-batch and process (default {})"},
+    {"--seq", "seq", FlagType::Int, "tokens per row (default {})"},
+    {"--grad-accum", "grad_accum", FlagType::Int, "micro-batches per optimizer step (default {})"},
     {"--steps", "steps", FlagType::Int, nullptr},  // steps_help(): the default is a constant
-    {"--lr", "lr", FlagType::Real, "peak learning rate (default 1e-3)"},
+    {"--lr", "lr", FlagType::Real, "peak learning rate (default {})"},
     {"--min-lr", "min_lr", FlagType::Real, "floor of the decay (default lr/10)"},
-    {"--warmup", "warmup", FlagType::Int, "linear warmup steps (default 0)"},
-    {"--schedule", "schedule", FlagType::Text, "constant|cosine|linear (default cosine)"},
+    {"--warmup", "warmup", FlagType::Int, "linear warmup steps (default {})"},
+    {"--schedule", "schedule", FlagType::Text, "constant|cosine|linear (default {})"},
     {"--weight-decay", "weight_decay", FlagType::Real,
-     "AdamW decoupled weight decay on matrices (default 0.1)"},
-    {"--beta1", "beta1", FlagType::Real, "AdamW beta1 (default 0.9)"},
-    {"--beta2", "beta2", FlagType::Real, "AdamW beta2 (default 0.99)"},
-    {"--eps", "eps", FlagType::Real, "AdamW epsilon (default 1e-8)"},
+     "AdamW decoupled weight decay on matrices (default {})"},
+    {"--beta1", "beta1", FlagType::Real, "AdamW beta1 (default {})"},
+    {"--beta2", "beta2", FlagType::Real, "AdamW beta2 (default {})"},
+    {"--eps", "eps", FlagType::Real, "AdamW epsilon (default {})"},
     {"--grad-clip", "grad_clip", FlagType::Real,
-     "clip the global gradient norm to this; 0 = off (default 1.0)"},
-    {"--seed", "seed", FlagType::Int, "seed for init, shuffling and sampling (default 1337)"},
-    {"--device", "device", FlagType::Text, "cpu|cuda|cuda:N (default cpu)"},
-    {"--dtype", "dtype", FlagType::Text, "fp32|bf16|fp16 (default fp32)"},
+     "clip the global gradient norm to this; 0 = off (default {})"},
+    {"--seed", "seed", FlagType::Int, "seed for init, shuffling and sampling (default {})"},
+    {"--device", "device", FlagType::Text, "cpu|cuda|cuda:N (default {})"},
+    {"--dtype", "dtype", FlagType::Text, "fp32|bf16|fp16 (default {})"},
     {"--eval-every", "eval_every", FlagType::Int, "validate every N steps; 0 = at the end only"},
     {"--eval-batches", "eval_batches", FlagType::Int,
-     "validation micro-batches per evaluation (default 8)"},
+     "validation micro-batches per evaluation (default {})"},
     {"--sample-every", "sample_every", FlagType::Int, "print a sample every N steps; 0 = never"},
     {"--save-every", "save_every", FlagType::Int, "checkpoint every N steps; 0 = at the end only"},
     {"--keep-last", "keep_last", FlagType::Int,
-     "checkpoints to keep, besides the best one (default 3)"},
-    {"--out", "out", FlagType::Text, "run directory (default runs/train)"},
+     "checkpoints to keep, besides the best one (default {})"},
+    {"--out", "out", FlagType::Text, "run directory (default {})"},
     {"--dropout", "dropout", FlagType::Real,
-     "embedding, attention and residual dropout probability (nanoGPT's; default 0)"},
+     "embedding, attention and residual dropout probability (nanoGPT's; default {})"},
     {"--sampling", "sampling", FlagType::Text,
      "windows (sequential or --shuffle) | random (a random offset per row, nanoGPT's get_batch)"},
     {"--report-to", "report_to", FlagType::Text,
-     "comma-separated trackers: jsonl, tensorboard, csv, mlflow, all, none (default jsonl)"},
+     "comma-separated trackers: jsonl, tensorboard, csv, mlflow, all, none (default {})"},
     {"--reduce-dtype", "reduce_dtype", FlagType::Text,
      "dtype gradients are averaged in across ranks: fp32 | the --dtype (half the bytes on the "
      "wire, no cast passes); default bf16 for --dtype bf16, else fp32"},
@@ -107,20 +108,12 @@ constexpr FlagSpec kValueFlags[] = {
      "DeepSpeed JSON: zero_optimization.stage, offload_*.device, bucket sizes, bf16/fp16, ..."},
     {"--preempt-signals", "preempt_signals", FlagType::Text,
      "comma-separated signals that make training finish its step, save a checkpoint and exit "
-     "with status 75 (a second signal exits at once); none = off (default TERM,INT,USR1)"},
+     "with status 75 (a second signal exits at once); none = off (default {})"},
     {"--preempt-grace", "preempt_grace", FlagType::Real,
      "seconds from a preemption signal within which the checkpoint must be saved, else exit "
-     "without it (128 + signal); 0 = no bound (default 0)"},
+     "without it (128 + signal); 0 = no bound (default {})"},
     {"--fsdp", "fsdp", FlagType::Text,
      "FSDP sharding strategy: FULL_SHARD (ZeRO-3) | SHARD_GRAD_OP (ZeRO-2) | NO_SHARD (DDP) [offload]"},
-};
-
-// Typed storage for the flags, so CLI11 parses and documents numbers as numbers. Integers
-// are kept as typed: CLI11 would saturate one beyond int64 (99999999999999999999 -> 2^63-1).
-struct FlagValues {
-  std::map<std::string, std::string> ints;
-  std::map<std::string, double> reals;
-  std::map<std::string, std::string> texts;
 };
 
 std::string steps_help() {
@@ -128,17 +121,33 @@ std::string steps_help() {
          std::to_string(train::kDefaultMaxSteps) + "); -1 = train for num_train_epochs";
 }
 
-CLI::Option* add_flag_option(CLI::App& sub, FlagValues& v, const FlagSpec& f) {
-  if (!f.help) return add_flag_option(sub, v, {f.flag, f.key, f.type, steps_help().c_str()});
-  switch (f.type) {
-    case FlagType::Int:
-      return sub.add_option(f.flag, v.ints[f.key], f.help)->type_name("INT");
-    case FlagType::Real:
-      return sub.add_option(f.flag, v.reals[f.key], f.help);
-    case FlagType::Text:
-      break;
+// A setting's default as `--help` shows it: the struct's own value, so that there is one.
+std::string default_text(const char* key) {
+  const nlohmann::json v = train::TrainingArguments{}.value(key);
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_float()) {
+    std::ostringstream text;
+    text << v.get<double>();  // 0.001, 1e-08, 10000
+    return text.str();
   }
-  return sub.add_option(f.flag, v.texts[f.key], f.help);
+  if (!v.is_array()) return v.dump();
+  std::string joined;
+  for (const nlohmann::json& item : v)
+    joined += (joined.empty() ? "" : ",") + item.get<std::string>();
+  return joined;
+}
+
+// CLI11 keeps each flag's text and documents it by its type; flag_value reads it as that type,
+// straight into the JSON the settings are applied from (no storage of its own in between).
+CLI::Option* add_flag_option(CLI::App& sub, const FlagSpec& f) {
+  std::string help = f.help ? std::string(f.help) : steps_help();
+  if (const size_t at = help.find("{}"); at != std::string::npos)
+    help.replace(at, 2, default_text(f.key));
+  const char* type_name = f.type == FlagType::Int    ? "INT"
+                          : f.type == FlagType::Real ? "FLOAT"
+                                                     : "TEXT";
+  const std::string& description = help;  // const: CLI11 would bind a mutable string as the value
+  return sub.add_option(f.flag, description)->type_name(type_name);
 }
 
 int64_t integer_flag(const FlagSpec& f, const std::string& text) {
@@ -151,22 +160,26 @@ int64_t integer_flag(const FlagSpec& f, const std::string& text) {
   return value;
 }
 
-nlohmann::json flag_value(const FlagValues& v, const FlagSpec& f) {
+// Integers are read as text: CLI11 would saturate one beyond int64 (99999999999999999999 ->
+// 2^63-1). A real that is not a number fails as CLI11's own conversion error.
+nlohmann::json flag_value(const CLI::Option& option, const FlagSpec& f) {
   switch (f.type) {
     case FlagType::Int:
-      return integer_flag(f, v.ints.at(f.key));
+      return integer_flag(f, option.as<std::string>());
     case FlagType::Real:
-      return v.reals.at(f.key);
+      return option.as<double>();
     case FlagType::Text:
       break;
   }
-  return v.texts.at(f.key);
+  return option.as<std::string>();
 }
 
 const RegisterCommand reg(
-    "train", "Train a GPT-2 or Llama model on a token file, or fine-tune a classifier on labelled texts (config file and/or flags)", [](CLI::App& sub) {
+    "train",
+    "Train a GPT-2 or Llama model on a token file, or fine-tune a classifier on labelled texts "
+    "(config file and/or flags)",
+    [](CLI::App& sub) {
       auto config_path = std::make_shared<std::string>();
-      auto values = std::make_shared<FlagValues>();
       auto resume = std::make_shared<std::string>();
       sub.add_option("--config", *config_path,
                      "settings file: JSON or YAML, with Hugging Face "
@@ -175,8 +188,8 @@ const RegisterCommand reg(
       std::vector<CLI::Option*> options;
       // A flag given twice takes its last value (scripts append overrides).
       for (const FlagSpec& f : kValueFlags)
-        options.push_back(add_flag_option(sub, *values, f)
-                              ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast));
+        options.push_back(
+            add_flag_option(sub, f)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast));
       auto* shuffle =
           sub.add_flag("--shuffle")->description("draw training windows in a seeded random order");
       auto* sequential = sub.add_flag("--sequential")
@@ -208,6 +221,11 @@ const RegisterCommand reg(
                          "paths come with it")
               ->expected(0, 1);
       sub.callback([=] {
+        // The flags first: a value of the wrong type fails as a command-line error.
+        nlohmann::json flags = nlohmann::json::object();
+        for (size_t i = 0; i < options.size(); ++i)
+          if (options[i]->count() > 0)
+            flags[kValueFlags[i].key] = flag_value(*options[i], kValueFlags[i]);
         std::vector<train::ArgumentLayer> layers;
         // A folder would read as an empty stream ("basic_filebuf::underflow").
         TESSERA_CHECK(config_path->empty() || !std::filesystem::is_directory(*config_path),
@@ -216,10 +234,6 @@ const RegisterCommand reg(
         if (!config_path->empty())
           layers.push_back(
               {train::read_config_file(*config_path), "config '" + *config_path + "'"});
-        nlohmann::json flags = nlohmann::json::object();
-        for (size_t i = 0; i < options.size(); ++i)
-          if (options[i]->count() > 0)
-            flags[kValueFlags[i].key] = flag_value(*values, kValueFlags[i]);
         if (shuffle->count() > 0) flags["shuffle"] = true;
         if (sequential->count() > 0) flags["shuffle"] = false;
         if (tie->count() > 0) flags["tie_word_embeddings"] = true;

@@ -19,8 +19,8 @@
 #include <type_traits>
 
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/data/collator.h"
-#include "tessera/data/file_io.h"
 #include "tessera/dist/env.h"
 #include "tessera/train/callbacks.h"
 #include "tessera/train/run_folder.h"
@@ -185,7 +185,7 @@ TaskSettings settings_for_run(const TaskSettings& requested, const train::Traini
   }
   nlohmann::json saved;
   try {
-    saved = nlohmann::json::parse(data::read_file(path));
+    saved = nlohmann::json::parse(read_file(path));
   } catch (const nlohmann::json::exception& e) {
     TESSERA_FAIL(path.string(), ": not valid JSON: ", e.what());
   }
@@ -262,7 +262,7 @@ int run_classification_training(const train::TrainingArguments& args, const Task
     trainer.add_callback(std::make_shared<train::ProgressCallback>());
     trainer.add_callback(std::make_shared<train::LossPlotCallback>());
     fs::create_directories(args.output_dir);
-    data::write_file_atomically(fs::path(args.output_dir) / "config.train.json", args.to_json().dump(2));
+    write_file_atomically(fs::path(args.output_dir) / "config.train.json", args.to_json().dump(2));
     print_setup(run, trainer, args);
   }
   trainer.train();
@@ -273,7 +273,8 @@ int run_classification_training(const train::TrainingArguments& args, const Task
   trainer.accelerator().save_model(*run.model, model_dir.string());
   if (!main_process) return 0;
   run.model->save_config((model_dir / "config.json").string());
-  for (const auto& [name, contents] : tokenizer_files) data::write_file_atomically(model_dir / name, contents);
+  for (const auto& [name, contents] : tokenizer_files)
+    write_file_atomically(model_dir / name, contents);
   std::printf("done: %lld steps; model in %s, metrics in %s\n", (long long)trainer.state().global_step,
               model_dir.string().c_str(), (fs::path(args.output_dir) / "metrics.jsonl").string().c_str());
   return 0;

@@ -10,8 +10,8 @@
 #include <set>
 
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/data/example_cache.h"
-#include "tessera/data/file_io.h"
 
 namespace tessera::data {
 namespace {

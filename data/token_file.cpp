@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "tessera/core/error.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 
 namespace tessera::data {
 

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 #include "tessera/data/wordpiece.h"
 
 namespace tessera::data {

@@ -9,10 +9,10 @@
 
 #include "tessera/autograd/autograd.h"
 #include "tessera/autograd/functions.h"
+#include "tessera/core/file_io.h"
 #include "tessera/core/random.h"
 #include "tessera/core/safetensors.h"
 #include "tessera/core/settings.h"
-#include "tessera/data/file_io.h"
 #include "tessera/dist/memory_report.h"
 #include "tessera/dist/zero.h"
 #include "tessera/kernels/ops.h"
@@ -80,9 +80,9 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   }
   if (!options_.cpu && cuda_is_available())
     device_ = Device::cuda(env_.local_rank % cuda_device_count());
-  if (deepspeed_ && is_main_process())
-    for (const std::string& note : deepspeed_->notes)
-      std::cerr << deepspeed_->source << ": note: " << note << "\n";
+  if (options_.deepspeed && is_main_process())
+    for (const std::string& note : options_.deepspeed->notes)
+      std::cerr << options_.deepspeed->source << ": note: " << note << "\n";
 }
 
 // FSDP's strategy name and a DeepSpeed file fill zero_stage, offload, buckets, accumulation
@@ -90,16 +90,17 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
 void Accelerator::resolve_sharding_options() {
   if (!options_.fsdp_sharding_strategy.empty()) {
     const int stage = fsdp_sharding_stage(options_.fsdp_sharding_strategy);
-    TESSERA_CHECK(options_.zero_stage < 0 || options_.zero_stage == stage,
-                  "Accelerator: fsdp_sharding_strategy ", options_.fsdp_sharding_strategy,
-                  " is ZeRO stage ", stage, " but zero_stage is ", options_.zero_stage,
-                  "; they contradict each other");
+    refuse_contradiction(options_.zero_stage < 0 || options_.zero_stage == stage,
+                         "Accelerator: fsdp_sharding_strategy " + options_.fsdp_sharding_strategy,
+                         "ZeRO stage " + std::to_string(stage), "zero_stage",
+                         std::to_string(options_.zero_stage));
     options_.zero_stage = stage;
   }
-  if (!options_.deepspeed_config.empty()) {
-    deepspeed_ = DeepSpeedConfig::read(options_.deepspeed_config);
-    deepspeed_->apply_to(options_);
-  }
+  // A training run hands the file over parsed (train::accelerator_options); a library user
+  // may name it instead.
+  if (!options_.deepspeed && !options_.deepspeed_config.empty())
+    options_.deepspeed = DeepSpeedConfig::read(options_.deepspeed_config);
+  if (options_.deepspeed) options_.deepspeed->apply_to(options_);
 }
 
 Accelerator::~Accelerator() {
@@ -187,11 +188,12 @@ void Accelerator::prepare_one(optim::Optimizer& optimizer) {
   if (policy_.low_precision_parameters()) optimizer.set_master_weights(true);
   // The DeepSpeed file's optimizer.params.lr is the lr the loop's optimizer must have (tessera
   // train builds it from the file; a loop of one's own builds it itself).
-  if (deepspeed_ && deepspeed_->optimizer_lr)
+  if (options_.deepspeed && options_.deepspeed->optimizer_lr)
     for (const auto& group : optimizer.param_groups())
-      TESSERA_CHECK(group.initial_lr == *deepspeed_->optimizer_lr, deepspeed_->source,
-                    ": \"optimizer.params.lr\" is ", *deepspeed_->optimizer_lr,
-                    " but the prepared optimizer's lr is ", group.initial_lr);
+      TESSERA_CHECK(group.initial_lr == *options_.deepspeed->optimizer_lr,
+                    options_.deepspeed->source, ": \"optimizer.params.lr\" is ",
+                    *options_.deepspeed->optimizer_lr, " but the prepared optimizer's lr is ",
+                    group.initial_lr);
   optimizers_.push_back(&optimizer);
   attach_optimizers();
 }
@@ -202,17 +204,18 @@ void Accelerator::prepare_one(optim::LRSchedule& schedule) {
 
 void Accelerator::prepare_one(data::DataLoader& loader) {
   data::DataLoaderOptions o = loader.options();
-  if (deepspeed_ && deepspeed_->train_micro_batch_size_per_gpu)
-    TESSERA_CHECK(*deepspeed_->train_micro_batch_size_per_gpu == o.batch, deepspeed_->source,
-                  ": \"train_micro_batch_size_per_gpu\" is ",
-                  *deepspeed_->train_micro_batch_size_per_gpu, " but the loader's batch is ",
-                  o.batch);
-  if (deepspeed_ && deepspeed_->train_batch_size)
-    TESSERA_CHECK(*deepspeed_->train_batch_size ==
+  if (options_.deepspeed && options_.deepspeed->train_micro_batch_size_per_gpu)
+    TESSERA_CHECK(*options_.deepspeed->train_micro_batch_size_per_gpu == o.batch,
+                  options_.deepspeed->source, ": \"train_micro_batch_size_per_gpu\" is ",
+                  *options_.deepspeed->train_micro_batch_size_per_gpu,
+                  " but the loader's batch is ", o.batch);
+  if (options_.deepspeed && options_.deepspeed->train_batch_size)
+    TESSERA_CHECK(*options_.deepspeed->train_batch_size ==
                       o.batch * options_.gradient_accumulation_steps * num_processes(),
-                  deepspeed_->source, ": \"train_batch_size\" is ", *deepspeed_->train_batch_size,
-                  " but ", o.batch, " rows x ", options_.gradient_accumulation_steps,
-                  " micro-steps x ", num_processes(), " processes is ",
+                  options_.deepspeed->source, ": \"train_batch_size\" is ",
+                  *options_.deepspeed->train_batch_size, " but ", o.batch, " rows x ",
+                  options_.gradient_accumulation_steps, " micro-steps x ", num_processes(),
+                  " processes is ",
                   o.batch * options_.gradient_accumulation_steps * num_processes());
   if (o.rank != process_index() || o.world_size != num_processes()) {
     o.rank = process_index();

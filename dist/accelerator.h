@@ -46,6 +46,9 @@
 
 namespace tessera::dist {
 
+// Stage 3's default prefetch (DeepSpeed's stage3_prefetch_bucket_size default), in elements.
+inline constexpr int64_t kDefaultStage3PrefetchElements = 50'000'000;
+
 struct AcceleratorOptions {
   // "no", "fp16" or "bf16"; empty = TESSERA_MIXED_PRECISION (set by tessera launch) or "no".
   std::string mixed_precision;
@@ -55,7 +58,7 @@ struct AcceleratorOptions {
   std::string reduce_dtype;
   int gradient_accumulation_steps = 1;
   std::string backend = "auto";  // see init_process_group
-  size_t bucket_bytes = size_t(25) << 20;
+  size_t bucket_bytes = kDefaultBucketBytes;
   bool find_unused_parameters = false;
   // DDP: embedding gradients all-gathered as rows where that moves fewer bytes than the
   // all-reduce (dist/sparse_embedding.h); false (or TESSERA_SPARSE_EMBEDDING_GRADIENTS=0):
@@ -75,12 +78,12 @@ struct AcceleratorOptions {
   bool offload_step_during_backward = false;
   // Stage 3: elements of the next units' parameters all-gathered ahead of use (DeepSpeed's
   // stage3_prefetch_bucket_size); 0 gathers each unit only when it runs.
-  int64_t stage3_prefetch_bucket_size = 50'000'000;
+  int64_t stage3_prefetch_bucket_size = kDefaultStage3PrefetchElements;
   // ZeRO-2/3 (dist/zero.h): how accumulation micro-steps reach the shard
   // (reduce_every_micro_batch, DeepSpeed's; no_sync, FSDP's), and the full gradient buckets a
   // backward holds at once (2: DeepSpeed's overlap_comm; 1: overlap_comm false; 0: no bound).
   GradientAccumulation zero_accumulation = GradientAccumulation::reduce_every_micro_batch;
-  size_t max_buckets_in_flight = 2;
+  size_t max_buckets_in_flight = kDefaultBucketsInFlight;
   // FSDP's name for the stage instead: FULL_SHARD (3), SHARD_GRAD_OP (2), NO_SHARD (DDP).
   std::string fsdp_sharding_strategy;
   // fp16's dynamic loss scaler (Accelerate's GradScalerKwargs); unset = torch's GradScaler
@@ -89,6 +92,9 @@ struct AcceleratorOptions {
   // A DeepSpeed JSON file (dist/deepspeed_config.h) whose settings fill the ones above;
   // a setting given both here and there must agree.
   std::string deepspeed_config;
+  // The same file already parsed (DeepSpeedConfig::read), as a training run passes it on so
+  // that the file is read once; it wins over deepspeed_config.
+  std::optional<DeepSpeedConfig> deepspeed;
   // Experiment trackers (dist/trackers.h), Accelerate's log_with: built-in names
   // ("tensorboard", "csv", "mlflow", "all") and trackers of one's own, used on the main
   // process only. Names are checked when the Accelerator is made.
@@ -166,7 +172,7 @@ class Accelerator {
   int zero_stage() const { return zero_stage_; }
   const AcceleratorOptions& options() const { return options_; }
   // The DeepSpeed config the options named (its gradient_clipping is the trainer's to use).
-  const std::optional<DeepSpeedConfig>& deepspeed_config() const { return deepspeed_; }
+  const std::optional<DeepSpeedConfig>& deepspeed_config() const { return options_.deepspeed; }
   const MixedPrecisionPolicy& mixed_precision_policy() const { return policy_; }
   // This process's bytes by category for a prepared model (optimizer state from the
   // prepared optimizers).
@@ -278,7 +284,7 @@ class Accelerator {
   void save_state(const std::string& dir);
   // Collective (Accelerate's save_model): the prepared model's state_dict as
   // dir/model.safetensors, written by the main process. Under ZeRO every process first writes
-  // the slices it keeps (dist/sharded_model.h) and the main process streams the file from them
+  // the slices it keeps (dist/checkpoint.h) and the main process streams the file from them
   // one saved range at a time, so no process holds the gathered model; the shards are removed.
   void save_model(nn::Module& model, const std::string& dir);
   void load_state(const std::string& dir);
@@ -340,7 +346,6 @@ class Accelerator {
   std::string mixed_precision_;
   MixedPrecisionPolicy policy_;
   int zero_stage_ = 0;
-  std::optional<DeepSpeedConfig> deepspeed_;
   DistEnv env_;
   Device device_ = Device::cpu();
   bool owns_group_ = false;

@@ -23,7 +23,7 @@
 namespace tessera::dist {
 
 struct DDPOptions {
-  size_t bucket_bytes = size_t(25) << 20;
+  size_t bucket_bytes = kDefaultBucketBytes;
   // The bucket reduced last (the first parameters, ready at the very end of backward) is kept
   // to about this size, so that little communication is left after backward (see
   // FlatBucketsOptions::last_bucket_bytes); at or above bucket_bytes: no such cap.

@@ -7,7 +7,7 @@
 #include <set>
 
 #include "tessera/core/error.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 #include "tessera/dist/accelerator.h"
 
 namespace tessera::dist {
@@ -330,6 +330,12 @@ std::string normalised(std::string name) {
 
 }  // namespace
 
+void refuse_contradiction(bool agree, const std::string& one, const std::string& one_value,
+                          const std::string& other, const std::string& other_value) {
+  TESSERA_CHECK(agree, one, " is ", one_value, " but ", other, " is ", other_value,
+                "; they contradict each other");
+}
+
 int fsdp_sharding_stage(const std::string& name) {
   const std::string n = normalised(name);
   if (n == "FULL_SHARD") return 3;
@@ -408,7 +414,7 @@ DeepSpeedConfig DeepSpeedConfig::from_json(const Json& config, const std::string
 DeepSpeedConfig DeepSpeedConfig::read(const std::string& path) {
   std::string text;
   try {
-    text = data::read_file(path);
+    text = read_file(path);
   } catch (const Error& e) {
     TESSERA_FAIL("DeepSpeed config '", path, "': cannot read it: ", e.what());
   }
@@ -418,14 +424,16 @@ DeepSpeedConfig DeepSpeedConfig::read(const std::string& path) {
   } catch (const Json::parse_error& e) {
     TESSERA_FAIL("DeepSpeed config '", path, "': not valid JSON at byte ", e.byte, ": ", e.what());
   }
-  return from_json(config, "DeepSpeed config '" + path + "'");
+  DeepSpeedConfig c = from_json(config, "DeepSpeed config '" + path + "'");
+  c.path = path;
+  return c;
 }
 
 void DeepSpeedConfig::apply_to(AcceleratorOptions& o) const {
   auto agree = [&](bool explicit_value, bool same, const std::string& key,
                    const std::string& option, const std::string& theirs, const std::string& ours) {
-    TESSERA_CHECK(!explicit_value || same, source, ": \"", key, "\" is ", theirs, " but ", option,
-                  " is ", ours, "; they contradict each other");
+    refuse_contradiction(!explicit_value || same, source + ": \"" + key + "\"", theirs, option,
+                         ours);
   };
   if (zero_stage) {
     agree(o.zero_stage >= 0, o.zero_stage == *zero_stage, "zero_optimization.stage", "zero_stage",
@@ -457,8 +465,7 @@ void DeepSpeedConfig::apply_to(AcceleratorOptions& o) const {
   }
   if (reduce_bucket_size) {
     const size_t bytes = static_cast<size_t>(*reduce_bucket_size) * 4;  // f32 gradients
-    const size_t default_bytes = AcceleratorOptions{}.bucket_bytes;
-    agree(o.bucket_bytes != default_bytes, o.bucket_bytes == bytes,
+    agree(o.bucket_bytes != kDefaultBucketBytes, o.bucket_bytes == bytes,
           "zero_optimization.reduce_bucket_size", "bucket_bytes",
           std::to_string(*reduce_bucket_size) + " elements (" + std::to_string(bytes) + " bytes)",
           std::to_string(o.bucket_bytes) + " bytes");
@@ -478,8 +485,7 @@ void DeepSpeedConfig::apply_to(AcceleratorOptions& o) const {
   // DeepSpeed double-buffers its buckets under overlap_comm: one filling, one being reduced.
   if (overlap_comm) {
     const size_t buckets = *overlap_comm ? 2 : 1;
-    const size_t default_buckets = AcceleratorOptions{}.max_buckets_in_flight;
-    agree(o.max_buckets_in_flight != default_buckets, o.max_buckets_in_flight == buckets,
+    agree(o.max_buckets_in_flight != kDefaultBucketsInFlight, o.max_buckets_in_flight == buckets,
           "zero_optimization.overlap_comm", "max_buckets_in_flight",
           std::string(*overlap_comm ? "true" : "false") + " (" + std::to_string(buckets) +
               " bucket(s) in flight)",

@@ -41,6 +41,7 @@ struct AcceleratorOptions;
 
 struct DeepSpeedConfig {
   std::string source;  // the file (or "DeepSpeed config"), for messages
+  std::string path;    // the file read() parsed; "" for from_json
   std::optional<int> zero_stage;
   std::optional<bool> offload_optimizer, offload_param;
   std::optional<int64_t> reduce_bucket_size, stage3_prefetch_bucket_size;  // elements
@@ -63,7 +64,9 @@ struct DeepSpeedConfig {
   std::vector<std::string> notes;
 
   static DeepSpeedConfig from_json(const nlohmann::json& config, const std::string& source);
-  // Reads and checks a DeepSpeed JSON file; errors name the file and the key.
+  // Reads and checks a DeepSpeed JSON file; errors name the file and the key. The one
+  // function that parses the file: a training run reads it once (train::apply_sharding_config)
+  // and hands the result on (AcceleratorOptions::deepspeed).
   static DeepSpeedConfig read(const std::string& path);
 
   // Sets what the file sets on `options`. A setting the options already give explicitly
@@ -71,6 +74,12 @@ struct DeepSpeedConfig {
   // bucket size other than the default) must agree with the file's, else an error names both.
   void apply_to(AcceleratorOptions& options) const;
 };
+
+// The one refusal of two sources that set one value differently, naming both with their
+// values: "<one> is <one_value> but <other> is <other_value>; they contradict each other".
+// Does nothing when they agree.
+void refuse_contradiction(bool agree, const std::string& one, const std::string& one_value,
+                          const std::string& other, const std::string& other_value);
 
 // FSDP's ShardingStrategy names (either case, '-' or '_'): FULL_SHARD = 3, SHARD_GRAD_OP = 2,
 // NO_SHARD = 0 (DDP). Anything else is an error naming the value.

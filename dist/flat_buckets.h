@@ -47,8 +47,16 @@
 
 namespace tessera::dist {
 
+// The one default of each bucket setting, used by every struct and flag that has one
+// (FlatBucketsOptions, DDPOptions, ZeroOptions, AcceleratorOptions, MemoryPlanOptions,
+// `tessera plan`, the Python Accelerator): PyTorch DDP's 25 MiB buckets, and two full
+// gradient buckets in flight under ZeRO-2/3 (one filling, one reduced: DeepSpeed's
+// overlap_comm).
+inline constexpr size_t kDefaultBucketBytes = size_t(25) << 20;
+inline constexpr size_t kDefaultBucketsInFlight = 2;
+
 struct FlatBucketsOptions {
-  size_t bucket_bytes = size_t(25) << 20;
+  size_t bucket_bytes = kDefaultBucketBytes;
   // When below bucket_bytes: the bucket launched last (the first parameters, whose gradients
   // come at the very end of backward) holds about this many bytes, so that little
   // communication is left once backward is done. 0: like the others.

@@ -25,11 +25,11 @@ struct MemoryPlanOptions {
   int gradient_accumulation_steps = 1;
   std::string mixed_precision = "no";  // no | bf16 | fp16
   std::string reduce_dtype;            // "" = the policy's default (MixedPrecisionPolicy::from_name)
-  size_t bucket_bytes = size_t(25) << 20;
+  size_t bucket_bytes = kDefaultBucketBytes;
   // ZeRO-2/3 (dist/zero.h): how accumulation micro-steps reach the shard, and the full
   // gradient buckets a backward holds at once.
   GradientAccumulation accumulation = GradientAccumulation::reduce_every_micro_batch;
-  size_t max_buckets_in_flight = 2;
+  size_t max_buckets_in_flight = kDefaultBucketsInFlight;
   // Stage 3: elements gathered ahead of use; -1 = the Accelerator's default (what a
   // `tessera train` run uses).
   int64_t stage3_prefetch_bucket_size = -1;

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 #include "tessera/dist/env.h"
 #include "tessera/dist/trackers.h"
 
@@ -81,7 +81,7 @@ void write_experiment(const fs::path& root, const std::string& id, const std::st
        << "last_update_time: " << now << "\n"
        << "lifecycle_stage: active\n"
        << "name: " << yaml_text(name) << "\n";
-  data::write_file_atomically(dir / "meta.yaml", meta.str());
+  write_file_atomically(dir / "meta.yaml", meta.str());
 }
 
 // The id of experiment `name` under root, created when there is none.
@@ -159,7 +159,7 @@ void MlflowFileStoreRun::write_run_meta(int status, int64_t end_time_ms) {
        << "status: " << status << "\n"
        << "tags: []\n"
        << "user_id: " << yaml_text(env_string("USER", "unknown")) << "\n";
-  data::write_file_atomically(run_dir_ / "meta.yaml", meta.str());
+  write_file_atomically(run_dir_ / "meta.yaml", meta.str());
 }
 
 void MlflowFileStoreRun::log_param(const std::string& key, const std::string& value) {
@@ -173,7 +173,7 @@ void MlflowFileStoreRun::log_param(const std::string& key, const std::string& va
     return;
   }
   fs::create_directories(file.parent_path());
-  data::write_file_atomically(file, value);
+  write_file_atomically(file, value);
 }
 
 void MlflowFileStoreRun::log_metric(const std::string& key, double value, int64_t step,
@@ -188,7 +188,7 @@ void MlflowFileStoreRun::set_tag(const std::string& key, const std::string& valu
   check_key(key, "tag");
   const fs::path file = run_dir_ / "tags" / key;
   fs::create_directories(file.parent_path());
-  data::write_file_atomically(file, value);
+  write_file_atomically(file, value);
 }
 
 void MlflowFileStoreRun::end_run() {

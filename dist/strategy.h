@@ -85,7 +85,7 @@ class DataParallelStrategy {
   virtual std::vector<OptimizerSlice> optimizer_slices(const optim::Optimizer& optimizer) const;
 
   // The parameter values this rank keeps between steps, as sharded checkpoints write and
-  // read them (dist/sharded_model.h): elements [begin, begin + numel) of the flattened
+  // read them (dist/checkpoint.h): elements [begin, begin + numel) of the flattened
   // trainable parameter `name`, and a 1-D view of where they live. DDP: every parameter
   // whole; ZeRO: this rank's slices only (stages 1/2 too: the slices of all ranks tile the
   // model once).

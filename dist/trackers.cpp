@@ -8,7 +8,7 @@
 #include <set>
 
 #include "tessera/core/error.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 #include "tessera/dist/mlflow_store.h"
 #include "tessera/dist/tensorboard.h"
 
@@ -48,7 +48,7 @@ class TensorBoardTracker : public GeneralTracker {
     writer_.add_text("hparams", "```\n" + values.dump(2) + "\n```", 0);
     writer_.flush();
     // JSON is YAML too (flow style), so hparams.yml reads back with any YAML reader.
-    data::write_file_atomically(dir_ / "hparams.yml", values.dump(2) + "\n");
+    write_file_atomically(dir_ / "hparams.yml", values.dump(2) + "\n");
   }
   void log(const Json& values, int64_t step) override {
     const double now = unix_time_now();
@@ -236,11 +236,11 @@ CsvTracker::CsvTracker(fs::path file, int64_t keep_through_step) : file_(std::mo
     }
   }
   if (kept.empty()) kept = csv_line({"step"});
-  data::write_file_atomically(file_, kept);
+  write_file_atomically(file_, kept);
 }
 
 void CsvTracker::store_init_configuration(const Json& values) {
-  data::write_file_atomically(fs::path(file_).replace_extension(".config.json"), values.dump(2) + "\n");
+  write_file_atomically(fs::path(file_).replace_extension(".config.json"), values.dump(2) + "\n");
 }
 
 void CsvTracker::add_columns(const std::vector<std::string>& names) {
@@ -255,7 +255,7 @@ void CsvTracker::add_columns(const std::vector<std::string>& names) {
   const std::string padding(names.size(), ',');
   while (std::getline(in, line)) text += line + padding + "\n";
   in.close();
-  data::write_file_atomically(file_, text);
+  write_file_atomically(file_, text);
 }
 
 void CsvTracker::log(const Json& values, int64_t step) {

@@ -56,7 +56,7 @@ const char* gradient_accumulation_name(GradientAccumulation accumulation);
 
 struct ZeroOptions {
   int stage = 1;  // 1, 2 or 3
-  size_t bucket_bytes = size_t(25) << 20;
+  size_t bucket_bytes = kDefaultBucketBytes;
   bool find_unused_parameters = false;
   DType reduce_dtype = DType::f32;  // for f16/bf16 gradients
   // ZeRO-Offload (dist/offload.h): this rank's f32 masters, gradients and AdamW moments in
@@ -82,7 +82,7 @@ struct ZeroOptions {
   // reduce-scattered); 2 overlaps one bucket's reduction with the next one's gradients
   // (DeepSpeed's overlap_comm), 1 reduces each before the next begins; 0: no bound (every
   // bucket kept until the end of backward).
-  size_t max_buckets_in_flight = 2;
+  size_t max_buckets_in_flight = kDefaultBucketsInFlight;
 };
 
 class ZeroStrategy : public DataParallelStrategy {

@@ -7,8 +7,8 @@
 #include <mutex>
 #include <vector>
 
+#include "tessera/core/file_io.h"
 #include "tessera/core/settings.h"
-#include "tessera/data/file_io.h"
 #include "tessera/dist/env.h"
 
 namespace tessera::dist {
@@ -119,7 +119,7 @@ void ZeroTrace::end_step(int rank) {
   }
   json += "]}\n";
   const std::string path = rank == 0 ? s.path : s.path + ".rank" + std::to_string(rank);
-  data::write_file_atomically(path, json);
+  write_file_atomically(path, json);
 }
 
 }  // namespace tessera::dist

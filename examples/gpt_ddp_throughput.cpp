@@ -52,7 +52,7 @@ namespace {
 struct Settings {
   int64_t batch = 16, seq = 1024, steps = 10, warmup = 3;
   int64_t layers = 12, heads = 12, channels = 768, vocab = 50304;
-  int64_t prefetch = 50'000'000, grad_accum = 1;
+  int64_t prefetch = dist::kDefaultStage3PrefetchElements, grad_accum = 1;
   std::string mixed_precision = "bf16", offload = "none";
   std::vector<int> stages;  // empty: TESSERA_ZERO_STAGE
   bool profile = false, memory_report = false, memory = false;

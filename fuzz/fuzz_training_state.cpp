@@ -13,8 +13,8 @@
 
 #include "fuzz/fuzz_input.h"
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/data/dataloader.h"
-#include "tessera/data/file_io.h"
 #include "tessera/data/token_file.h"
 #include "tessera/dist/accelerator.h"
 #include "tessera/nn/gpt.h"
@@ -76,8 +76,8 @@ Run& run() {
     state.log_history.push_back({{"step", 1}, {"loss", 2.5}, {"lr", 1e-3}});
     state.log_history.push_back({{"step", 2}, {"val_loss", 2.4}});
     state.best_metric = 2.4, state.best_step = 2, state.best_model_checkpoint = "checkpoint-2";
-    data::write_file_atomically(r.saved / "trainer_state.json", state.to_text());
-    data::write_folder_checksums(r.saved);
+    tessera::write_file_atomically(r.saved / "trainer_state.json", state.to_text());
+    tessera::write_folder_checksums(r.saved);
     return r;
   }();
   return r;
@@ -90,7 +90,7 @@ fs::path checkpoint_with(const std::string& file, const uint8_t* data, size_t si
   fs::copy(run().saved, dir);
   const fs::path input = fuzz::write_input(file, data, size);
   fs::rename(input, dir / file);
-  data::write_folder_checksums(dir);
+  tessera::write_folder_checksums(dir);
   return dir;
 }
 
@@ -111,7 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // As the Trainer reads it on resume: malformed JSON is an error naming the file.
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(data::read_file(dir / train::kTrainerStateFile));
+      j = nlohmann::json::parse(tessera::read_file(dir / train::kTrainerStateFile));
     } catch (const nlohmann::json::exception& e) {
       TESSERA_FAIL(train::kTrainerStateFile, " is not valid JSON: ", e.what());
     }

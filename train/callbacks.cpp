@@ -6,10 +6,10 @@
 #include <sstream>
 
 #include "tessera/core/error.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
+#include "tessera/dist/tensorboard.h"
 #include "tessera/train/plot.h"
 #include "tessera/train/report_to.h"
-#include "tessera/dist/tensorboard.h"
 
 namespace tessera::train {
 
@@ -189,7 +189,7 @@ class JsonlTracker : public Tracker {
           kept += line + "\n";
       }
     }
-    data::write_file_atomically(path_, kept);
+    write_file_atomically(path_, kept);
     out_.open(path_, std::ios::app);
     TESSERA_CHECK(out_.good(), "metrics: cannot append to '", path_.string(), "'");
   }

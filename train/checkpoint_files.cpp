@@ -1,13 +1,15 @@
 #include "tessera/train/checkpoint_files.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 
 #include "tessera/core/error.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 
 #include <nlohmann/json.hpp>
 
@@ -49,18 +51,17 @@ void drop_training_state(const fs::path& dir) {
 void verify_checkpoint(const fs::path& dir) {
   TESSERA_CHECK(fs::is_directory(dir), "checkpoint '", dir.string(), "': not a directory");
   if (!fs::exists(dir / "accelerator_state.json") && fs::exists(dir / kTrainingArgsFile)) {
-    const auto saved = nlohmann::json::parse(data::read_file(dir / kTrainingArgsFile), nullptr, false);
+    const auto saved = nlohmann::json::parse(read_file(dir / kTrainingArgsFile), nullptr, false);
     TESSERA_CHECK(!(saved.is_object() && saved.value("save_only_model", false)), "checkpoint '",
                   dir.string(), "' holds the model only (save_only_model) and cannot be resumed; "
                   "start a new run from it with --init");
   }
-  // Under ZeRO the optimizer is one shard per rank plus their index (dist/sharded_state.h).
+  // Under ZeRO the optimizer is one shard per rank plus their index (dist/checkpoint.h).
   const char* optimizer =
       fs::exists(dir / "optimizer_shards.json") ? "optimizer_shards.json" : "optimizer.safetensors";
   try {
-    data::verify_folder_checksums(
-        dir, {"config.json", "model.safetensors", optimizer, "accelerator_state.json",
-              kTrainerStateFile, kTrainingArgsFile});
+    verify_folder_checksums(dir, {"config.json", "model.safetensors", optimizer,
+                                  "accelerator_state.json", kTrainerStateFile, kTrainingArgsFile});
   } catch (const Error& e) {
     TESSERA_FAIL("checkpoint ", e.what());
   }
@@ -129,7 +130,8 @@ fs::path resolve_checkpoint(const fs::path& target, std::vector<std::string>& wa
 
 std::pair<int64_t, int64_t> saved_world_and_global_batch(const fs::path& checkpoint) {
   if (!fs::exists(checkpoint / "accelerator_state.json")) return {0, 0};
-  const auto file = nlohmann::json::parse(data::read_file(checkpoint / "accelerator_state.json"), nullptr, false);
+  const auto file =
+      nlohmann::json::parse(read_file(checkpoint / "accelerator_state.json"), nullptr, false);
   if (!file.is_object() || !file.contains("state") || !file["state"].is_object()) return {0, 0};
   const nlohmann::json& state = file["state"];
   const nlohmann::json global = state.value("loader_global_batch", nlohmann::json::array());
@@ -142,7 +144,7 @@ void rotate_checkpoints(const fs::path& output_dir, int64_t limit, const std::st
   // A checkpoint-N/ folder without its checksums is the rest of one a killed rotation was
   // removing (one being written is still named .partial): it can never be resumed.
   std::erase_if(complete, [&](const fs::path& d) {
-    if (fs::exists(d / data::kFolderChecksumFile)) return false;
+    if (fs::exists(d / kFolderChecksumFile)) return false;
     if (d.filename() != keep) fs::remove_all(d);
     return true;
   });
@@ -154,6 +156,37 @@ void rotate_checkpoints(const fs::path& output_dir, int64_t limit, const std::st
     fs::remove_all(complete[i]);
     --excess;
   }
+}
+
+TrainerState read_trainer_state(const fs::path& checkpoint) {
+  const fs::path path = checkpoint / kTrainerStateFile;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    TESSERA_FAIL("checkpoint '", checkpoint.string(), "': ", kTrainerStateFile,
+                 " is not valid JSON: ", e.what());
+  }
+  return TrainerState::from_json(j, path.string());
+}
+
+// trainer_state.json grows with the log history, so it is streamed to disk rather than
+// built as one string (the resident memory of a long run stays flat). It is written inside
+// checkpoint-N.partial/, renamed into place only when complete, and flushed to disk like
+// the checkpoint's other files.
+void write_trainer_state(const fs::path& path, const TrainerState& state) {
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    TESSERA_CHECK(out.good(), "cannot create '", path.string(), "': ", std::strerror(errno));
+    state.write(out);
+    out.flush();
+    TESSERA_CHECK(out.good(), "error writing '", path.string(), "': ", std::strerror(errno));
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  const bool synced = fd >= 0 && ::fsync(fd) == 0;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  TESSERA_CHECK(synced, "error flushing '", path.string(), "': ", std::strerror(err));
 }
 
 }  // namespace tessera::train

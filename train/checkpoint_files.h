@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/train/callbacks.h"
+
 namespace tessera::train {
 
 inline constexpr const char* kTrainerStateFile = "trainer_state.json";
@@ -59,5 +61,11 @@ std::pair<int64_t, int64_t> saved_world_and_global_batch(const std::filesystem::
 // Removes the oldest checkpoints beyond `limit`, never `keep` (the best checkpoint's name).
 void rotate_checkpoints(const std::filesystem::path& output_dir, int64_t limit,
                         const std::string& keep);
+
+// trainer_state.json of a checkpoint; error names the checkpoint when it is not valid JSON.
+TrainerState read_trainer_state(const std::filesystem::path& checkpoint);
+// Streams `state` to `path` (trainer_state.json grows with the log history) and flushes it
+// to disk like the checkpoint's other files.
+void write_trainer_state(const std::filesystem::path& path, const TrainerState& state);
 
 }  // namespace tessera::train

@@ -1,14 +1,14 @@
-#include "tessera/train/consolidate.h"
 #include "tessera/kernels/ops.h"
+#include "tessera/train/consolidate.h"
 
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/core/safetensors.h"
-#include "tessera/data/file_io.h"
-#include "tessera/dist/sharded_state.h"
+#include "tessera/dist/checkpoint.h"
 #include "tessera/train/checkpoint_files.h"
 
 namespace tessera::train {
@@ -21,12 +21,11 @@ namespace {
 void describe_checkpoint(const fs::path& checkpoint, ConsolidateReport& report) {
   report.strategy = "DDP";
   if (fs::exists(checkpoint / "optimizer_shards.json")) {
-    const auto index = nlohmann::json::parse(data::read_file(checkpoint / "optimizer_shards.json"));
+    const auto index = nlohmann::json::parse(read_file(checkpoint / "optimizer_shards.json"));
     report.saved_world_size = index.value("world_size", 1);
     report.strategy = index.value("strategy", std::string("ZeRO"));
   } else if (fs::exists(checkpoint / "accelerator_state.json")) {
-    const auto state =
-        nlohmann::json::parse(data::read_file(checkpoint / "accelerator_state.json"));
+    const auto state = nlohmann::json::parse(read_file(checkpoint / "accelerator_state.json"));
     report.saved_world_size = state.at("state").value("num_processes", 1);
   }
 }
@@ -38,30 +37,25 @@ void check_output_folder(const fs::path& out) {
 
 // A run folder holds checkpoint-N/ folders rather than being one.
 void check_not_run_folder(const fs::path& checkpoint) {
-  if (fs::exists(checkpoint / data::kFolderChecksumFile)) return;
+  if (fs::exists(checkpoint / kFolderChecksumFile)) return;
   const std::vector<fs::path> checkpoints = list_checkpoints(checkpoint);
   TESSERA_CHECK(checkpoints.empty(), "consolidate: '", checkpoint.string(),
                 "' is a run folder, not a checkpoint; its newest checkpoint is '",
-                checkpoints.back().string(),
-                "' (pass that, or the run's model/ is already a model directory)");
+                checkpoints.back().string(), "' (pass that, or the run's model/ is already a model directory)");
 }
 
 // Writes the model directory into `partial`, model.safetensors one tensor at a time
 // (write_tensor passes each entry's bytes on); a failure removes what it wrote.
 void write_model_directory(
-    const fs::path& checkpoint, const fs::path& partial,
-    const std::vector<SafetensorsEntry>& entries,
+    const fs::path& checkpoint, const fs::path& partial, const std::vector<SafetensorsEntry>& entries,
     const std::function<void(const SafetensorsEntry&, const ByteWriter&)>& write_tensor) {
   try {
     fs::create_directories(partial);
-    data::write_file_atomically(partial / "config.json",
-                                data::read_file(checkpoint / "config.json"));
-    save_safetensors_streamed((partial / "model.safetensors").string(), entries, write_tensor,
-                              {{"format", "pt"}});
+    write_file_atomically(partial / "config.json", read_file(checkpoint / "config.json"));
+    save_safetensors_streamed((partial / "model.safetensors").string(), entries, write_tensor, {{"format", "pt"}});
     if (fs::exists(checkpoint / "tokenizer.json"))
-      data::write_file_atomically(partial / "tokenizer.json",
-                                  data::read_file(checkpoint / "tokenizer.json"));
-    data::write_folder_checksums(partial);
+      write_file_atomically(partial / "tokenizer.json", read_file(checkpoint / "tokenizer.json"));
+    write_folder_checksums(partial);
   } catch (...) {
     std::error_code ignored;
     fs::remove_all(partial, ignored);
@@ -78,11 +72,10 @@ ConsolidateReport consolidate_checkpoint(const fs::path& checkpoint, const fs::p
   check_not_run_folder(checkpoint);
   check_output_folder(out);
   const fs::path partial = out.string() + ".partial";
-  TESSERA_CHECK(
-      !fs::exists(partial), "consolidate: '", partial.string(),
-      "' exists (left by an interrupted consolidate?); remove it or choose another --out");
+  TESSERA_CHECK(!fs::exists(partial), "consolidate: '", partial.string(),
+                "' exists (left by an interrupted consolidate?); remove it or choose another --out");
   try {
-    data::verify_folder_checksums(checkpoint, {"config.json", "model.safetensors"});
+    verify_folder_checksums(checkpoint, {"config.json", "model.safetensors"});
   } catch (const Error& e) {
     TESSERA_FAIL("consolidate: checkpoint ", e.what());
   }
@@ -109,9 +102,8 @@ ConsolidateReport consolidate_checkpoint(const fs::path& checkpoint, const fs::p
       return;
     }
     const Tensor master = masters->assemble(entry.name);
-    TESSERA_CHECK(master.numel() == stored.numel(), "consolidate: ", checkpoint.string(),
-                  ": the f32 master of '", entry.name, "' has ", master.numel(),
-                  " elements but model.safetensors holds ", stored.numel());
+    TESSERA_CHECK(master.numel() == stored.numel(), "consolidate: ", checkpoint.string(), ": the f32 master of '",
+                  entry.name, "' has ", master.numel(), " elements but model.safetensors holds ", stored.numel());
     write({master.raw_data(), master.nbytes()});
   };
 

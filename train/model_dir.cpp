@@ -1,7 +1,7 @@
 #include "tessera/train/model_dir.h"
 
 #include "tessera/core/error.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 
 namespace tessera::train {
 
@@ -20,8 +20,8 @@ std::unique_ptr<nn::CausalLM> load_model(const fs::path& dir, Device device) {
   TESSERA_CHECK(fs::exists(dir / "config.json"), "model directory '", dir.string(),
                 "': config.json is missing");
   // Tessera's exports and checkpoints carry checksums; a folder from another tool may not.
-  if (fs::exists(dir / data::kFolderChecksumFile))
-    data::verify_folder_checksums(dir, {"config.json", "model.safetensors"});
+  if (fs::exists(dir / kFolderChecksumFile))
+    verify_folder_checksums(dir, {"config.json", "model.safetensors"});
   return nn::load_causal_lm(dir.string(), {.device = device});
 }
 

@@ -6,7 +6,7 @@
 #include <zlib.h>
 
 #include "tessera/core/error.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 
 namespace tessera::train {
 
@@ -24,7 +24,7 @@ void append_chunk(std::string& png, const char type[5], const std::string& paylo
   put_u32_be(png, static_cast<uint32_t>(payload.size()));
   const std::string typed = std::string(type, 4) + payload;
   png += typed;
-  put_u32_be(png, data::crc32(bytes_of(typed)));  // CRC covers type and data
+  put_u32_be(png, crc32(bytes_of(typed)));  // CRC covers type and data
 }
 
 }  // namespace
@@ -327,7 +327,7 @@ LossPlot render_loss_curve(const LossCurves& curves, int width, int height) {
 
 void write_loss_curve_png(const std::string& path, const LossCurves& curves, int width, int height) {
   const LossPlot plot = render_loss_curve(curves, width, height);
-  data::write_file_atomically(path, encode_png(plot.width, plot.height, plot.rgb));
+  write_file_atomically(path, encode_png(plot.width, plot.height, plot.rgb));
 }
 
 }  // namespace tessera::train

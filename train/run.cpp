@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/core/random.h"
-#include "tessera/data/file_io.h"
 #include "tessera/dist/env.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/llama.h"
@@ -45,7 +45,7 @@ TrainingArguments saved_arguments(const fs::path& checkpoint) {
   const fs::path path = checkpoint / kTrainingArgsFile;
   Json saved;
   try {
-    saved = Json::parse(data::read_file(path));
+    saved = Json::parse(read_file(path));
   } catch (const Json::exception& e) {
     TESSERA_FAIL("checkpoint '", checkpoint.string(), "': ", kTrainingArgsFile,
                  " is not valid JSON: ", e.what());
@@ -256,6 +256,8 @@ TrainingArguments arguments_for_run(const std::vector<ArgumentLayer>& given_laye
   for (const std::string& w : warnings) std::cerr << "tessera train: warning: " << w << "\n";
   TrainingArguments saved = saved_arguments(checkpoint);
   if (!requested.given.count("output_dir")) saved.output_dir = checkpoint.parent_path().string();
+  saved.deepspeed_config =
+      requested.deepspeed_config;  // parsed once: kept when the file is the same
   TrainingArguments args = apply_layers(saved, layers);
   args.resume_from_checkpoint = checkpoint.string();
   // As Hugging Face's resume_from_checkpoint next to model_name_or_path: a job script re-run
@@ -352,8 +354,7 @@ int run_training(const TrainingArguments& args) {
     trainer.add_callback(std::make_shared<LossPlotCallback>());
     trainer.add_callback(std::make_shared<SampleCallback>(*model, tokenizer.get(), console));
     fs::create_directories(args.output_dir);
-    data::write_file_atomically(fs::path(args.output_dir) / "config.train.json",
-                                args.to_json().dump(2));
+    write_file_atomically(fs::path(args.output_dir) / "config.train.json", args.to_json().dump(2));
     const int world = trainer.accelerator().num_processes();
     std::printf(
         "model: %s (%lld parameters) on %s\n"
@@ -388,8 +389,8 @@ int run_training(const TrainingArguments& args) {
   }
   model->save_config((model_dir / "config.json").string());
   for (const auto& [name, contents] : extra_files)
-    data::write_file_atomically(model_dir / name, contents);
-  data::write_folder_checksums(model_dir);  // verified by every load, as a checkpoint's are
+    write_file_atomically(model_dir / name, contents);
+  write_folder_checksums(model_dir);  // verified by every load, as a checkpoint's are
   std::printf("done: %lld steps; model in %s, metrics in %s, loss curve in %s\n",
               (long long)trainer.state().global_step, model_dir.string().c_str(),
               (out / "metrics.jsonl").string().c_str(), (out / "loss.png").string().c_str());

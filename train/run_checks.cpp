@@ -13,8 +13,8 @@
 
 #include "tessera/core/device.h"
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/core/safetensors.h"
-#include "tessera/data/file_io.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/llama.h"
 
@@ -120,7 +120,8 @@ std::string data_fingerprint(const data::TokenFile& file) {
   uint32_t crc = 0;
   int64_t bytes = 0;
   while (in.read(chunk.data(), static_cast<std::streamsize>(chunk.size())) || in.gcount() > 0) {
-    crc = data::crc32(std::as_bytes(std::span<const char>(chunk.data(), static_cast<size_t>(in.gcount()))), crc);
+    crc = crc32(
+        std::as_bytes(std::span<const char>(chunk.data(), static_cast<size_t>(in.gcount()))), crc);
     bytes += in.gcount();
   }
   return Json{{"path", file.path().string()}, {"bytes", bytes}, {"crc32", crc}}.dump(1);
@@ -129,7 +130,7 @@ std::string data_fingerprint(const data::TokenFile& file) {
 void warn_if_data_replaced(const fs::path& checkpoint, const std::string& fingerprint) {
   const fs::path recorded_path = checkpoint / kDataFingerprintFile;
   if (!fs::exists(recorded_path)) return;  // written before fingerprints were recorded
-  const Json then = Json::parse(data::read_file(recorded_path), nullptr, false);
+  const Json then = Json::parse(read_file(recorded_path), nullptr, false);
   const Json now = Json::parse(fingerprint);
   if (!then.is_object() || (then.value("bytes", Json()) == now["bytes"] && then.value("crc32", Json()) == now["crc32"]))
     return;

@@ -1,19 +1,15 @@
 #include "tessera/train/trainer.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <fstream>
 
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/core/memory_stats.h"
 #include "tessera/core/random.h"
-#include "tessera/data/file_io.h"
 #include "tessera/kernels/ops.h"
+#include "tessera/train/accelerator_options.h"
 #include "tessera/train/checkpoint_files.h"
 
 namespace tessera::train {
@@ -22,41 +18,6 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
 namespace {
-
-std::string mixed_precision_of(const TrainingArguments& a) {
-  return a.bf16 ? "bf16" : a.fp16 ? "fp16" : "no";
-}
-
-TrainerState read_trainer_state(const fs::path& checkpoint) {
-  const fs::path path = checkpoint / kTrainerStateFile;
-  Json j;
-  try {
-    j = Json::parse(data::read_file(path));
-  } catch (const Json::exception& e) {
-    TESSERA_FAIL("checkpoint '", checkpoint.string(), "': ", kTrainerStateFile,
-                 " is not valid JSON: ", e.what());
-  }
-  return TrainerState::from_json(j, path.string());
-}
-
-// trainer_state.json grows with the log history, so it is streamed to disk rather than
-// built as one string (the resident memory of a long run stays flat). It is written inside
-// checkpoint-N.partial/, renamed into place only when complete, and flushed to disk like
-// the checkpoint's other files.
-void write_trainer_state(const fs::path& path, const TrainerState& state) {
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    TESSERA_CHECK(out.good(), "cannot create '", path.string(), "': ", std::strerror(errno));
-    state.write(out);
-    out.flush();
-    TESSERA_CHECK(out.good(), "error writing '", path.string(), "': ", std::strerror(errno));
-  }
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  const bool synced = fd >= 0 && ::fsync(fd) == 0;
-  const int err = errno;
-  if (fd >= 0) ::close(fd);
-  TESSERA_CHECK(synced, "error flushing '", path.string(), "': ", std::strerror(err));
-}
 
 // The main process claims output_dir (run_folder.h); the others learn whether it could, so a
 // refused job ends on every rank, before any work, instead of waiting in a collective.
@@ -141,18 +102,8 @@ Trainer::Trainer(TrainingArguments args, std::unique_ptr<TrainingTask> task,
     if (const std::vector<std::string> names = task_->metric_names(); !names.empty())
       check_metric_for_best_model(args_, names);
   const Device wanted = Device::parse(args_.device);
-  dist::AcceleratorOptions options;
-  options.mixed_precision = mixed_precision_of(args_);
-  options.reduce_dtype = args_.reduce_dtype;
-  options.gradient_accumulation_steps = static_cast<int>(args_.gradient_accumulation_steps);
-  options.cpu = wanted.is_cpu();
-  options.zero_stage = static_cast<int>(args_.zero_stage);
-  options.offload_optimizer = args_.offload != "none";
-  options.offload_param = args_.offload == "param";
-  options.zero_accumulation = dist::gradient_accumulation_from_name(args_.zero_accumulation);
-  options.sparse_embedding_gradients = task_->equal_batch_shapes();
-  options.deepspeed_config = args_.deepspeed;  // its bucket sizes (the rest is in args_ already)
-  acc_ = std::make_unique<dist::Accelerator>(options);
+  acc_ =
+      std::make_unique<dist::Accelerator>(accelerator_options(args_, task_->equal_batch_shapes()));
   // `tessera launch --gradient_accumulation_steps N` (or its DeepSpeed file) reaches the
   // Accelerator only; the Trainer's loop counts micro-batches by its own setting.
   TESSERA_CHECK(acc_->gradient_accumulation_steps() == args_.gradient_accumulation_steps,
@@ -525,10 +476,10 @@ fs::path Trainer::save_checkpoint() {
     handler_.save_states(state_);
     task_->save_config(partial);
     for (const auto& [file, contents] : extra_files_)
-      data::write_file_atomically(partial / file, contents);
-    data::write_file_atomically(partial / kTrainingArgsFile, args_.to_json().dump(2));
+      write_file_atomically(partial / file, contents);
+    write_file_atomically(partial / kTrainingArgsFile, args_.to_json().dump(2));
     write_trainer_state(partial / kTrainerStateFile, state_);
-    data::write_folder_checksums(partial);  // last: marks every other file complete
+    write_folder_checksums(partial);  // last: marks every other file complete
     fs::remove_all(final_dir);
     fs::rename(partial, final_dir);
     rotate_checkpoints(out, args_.save_total_limit, state_.best_model_checkpoint);

@@ -325,6 +325,12 @@ Json TrainingArguments::to_json() const {
   return j;
 }
 
+Json TrainingArguments::value(const std::string& key) const {
+  const std::string canonical = canonical_key(key);
+  TESSERA_CHECK(!canonical.empty(), "TrainingArguments: no setting is called \"", key, "\"");
+  return fields().at(canonical).get(*this);
+}
+
 std::string TrainingArguments::describe(const std::string& canonical) const {
   auto it = given.find(canonical);
   if (it == given.end()) return "config: key \"" + canonical + "\"";
@@ -628,8 +634,8 @@ void take_setting(TrainingArguments& a, const std::string& key, const Json& valu
   const Json current = fields().at(key).get(a);
   // bf16/fp16 are also set through "dtype".
   const std::string set_as = !a.given.count(key) && (key == "bf16" || key == "fp16") ? "dtype" : key;
-  TESSERA_CHECK(!a.given.count(set_as) || current == value, from, " is ", value.dump(), " but ",
-                a.describe(set_as), " is ", fields().at(set_as).get(a).dump(), "; they contradict each other");
+  dist::refuse_contradiction(!a.given.count(set_as) || current == value, from, value.dump(),
+                             a.describe(set_as), fields().at(set_as).get(a).dump());
   fields().at(key).set(a, value);
 }
 
@@ -667,8 +673,13 @@ void apply_sharding_config(TrainingArguments& a) {
                 ") and ", a.describe("fsdp"), " (", a.fsdp,
                 ") are two sharding configs; give one of them");
   if (!a.fsdp.empty()) apply_fsdp_words(a);
-  if (a.deepspeed.empty()) return;
-  const dist::DeepSpeedConfig ds = dist::DeepSpeedConfig::read(a.deepspeed);
+  if (a.deepspeed.empty()) {
+    a.deepspeed_config.reset();
+    return;
+  }
+  if (!a.deepspeed_config || a.deepspeed_config->path != a.deepspeed)
+    a.deepspeed_config = dist::DeepSpeedConfig::read(a.deepspeed);
+  const dist::DeepSpeedConfig& ds = *a.deepspeed_config;
   const std::string in = ds.source + ": \"";
   if (ds.zero_stage) take_setting(a, "zero_stage", *ds.zero_stage, in + "zero_optimization.stage\"");
   if (ds.offload_param.value_or(false) || ds.offload_optimizer.value_or(false))

@@ -13,11 +13,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "tessera/dist/deepspeed_config.h"
 #include "tessera/nn/checkpoint_policy.h"
 #include "tessera/optim/schedule.h"
 
@@ -109,6 +111,9 @@ struct TrainingArguments {
   // full gradient kept) | no_sync (FSDP's: full local gradients, DDP's arithmetic exactly).
   std::string zero_accumulation = "reduce_every_micro_batch";
   std::string deepspeed;           // a DeepSpeed JSON file (Hugging Face's `deepspeed`)
+  // That file as apply_sharding_config parsed it (once), handed to the Accelerator by
+  // accelerator_options() (train/accelerator_options.h); not a setting of its own.
+  std::optional<dist::DeepSpeedConfig> deepspeed_config;
   std::string fsdp;                // Hugging Face's `fsdp`: full_shard|shard_grad_op|no_shard [offload] [auto_wrap]
   // The dtype gradients are averaged in across ranks: fp32, or bf16/fp16 = the parameters'
   // own (half the bytes, no cast passes); "" = bf16 in a bf16 run, else fp32.
@@ -135,6 +140,9 @@ struct TrainingArguments {
   }
   // The settings under their canonical names (what config.train.json holds).
   nlohmann::json to_json() const;
+  // One setting's value, by any name canonical_key knows (or "dtype"); `tessera train --help`
+  // prints TrainingArguments{}.value(key) as the flag's default.
+  nlohmann::json value(const std::string& key) const;
   // `key "steps" (command line)` for a key the user set, `key "max_steps"` otherwise.
   std::string describe(const std::string& canonical) const;
 };
@@ -163,7 +171,8 @@ void apply_config_values(TrainingArguments& args, const nlohmann::json& values,
 
 // Folds the `deepspeed` file and the `fsdp` words into zero_stage, offload, precision,
 // accumulation and clipping. A value set both there and elsewhere must agree: the error
-// names the file's key and the other setting.
+// (dist::refuse_contradiction) names the file's key and the other setting. The file is
+// parsed here, once, into deepspeed_config (kept when it already holds this file).
 void apply_sharding_config(TrainingArguments& args);
 
 // The run's learning-rate schedule over `total` optimizer steps: transformers'

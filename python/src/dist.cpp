@@ -62,6 +62,8 @@ void prepare_one(PythonAccelerator& self, py::handle obj) {
 }
 
 void bind_accelerator(py::module_& m) {
+  // The one default of the bucket size (dist/flat_buckets.h), for tessera.Accelerator's signature.
+  m.attr("DEFAULT_BUCKET_BYTES") = dist::kDefaultBucketBytes;
   using dist::Accelerator;
   py::class_<dist::GeneralTracker>(m, "_GeneralTracker")
       .def_property_readonly("name", &dist::GeneralTracker::name)
@@ -110,8 +112,9 @@ void bind_accelerator(py::module_& m) {
            }),
            py::kw_only(), py::arg("mixed_precision") = "",
            py::arg("gradient_accumulation_steps") = 1, py::arg("backend") = "auto",
-           py::arg("bucket_bytes") = size_t(25) << 20, py::arg("find_unused_parameters") = false,
-           py::arg("cpu") = false, py::arg("zero_stage") = -1, py::arg("reduce_dtype") = "",
+           py::arg("bucket_bytes") = dist::kDefaultBucketBytes,
+           py::arg("find_unused_parameters") = false, py::arg("cpu") = false,
+           py::arg("zero_stage") = -1, py::arg("reduce_dtype") = "",
            py::arg("offload_optimizer") = false, py::arg("offload_param") = false,
            py::arg("deepspeed_config") = "", py::arg("fsdp_sharding_strategy") = "",
            py::arg("log_with") = std::vector<std::string>{}, py::arg("project_dir") = "",

@@ -57,9 +57,10 @@ class Accelerator(TrackingMixin, _C._Accelerator):
     """
 
     def __init__(self, *, mixed_precision=None, gradient_accumulation_steps=1, cpu=False,
-                 deepspeed_plugin=None, fsdp_plugin=None, backend="auto", bucket_bytes=25 << 20,
-                 find_unused_parameters=False, zero_stage=None, reduce_dtype="", log_with=None,
-                 project_dir=None, logging_dir=None, project_config=None):
+                 deepspeed_plugin=None, fsdp_plugin=None, backend="auto",
+                 bucket_bytes=_C.DEFAULT_BUCKET_BYTES, find_unused_parameters=False,
+                 zero_stage=None, reduce_dtype="", log_with=None, project_dir=None,
+                 logging_dir=None, project_config=None):
         explicit = {}  # what a plugin must agree with
         if zero_stage is not None:
             explicit["zero_stage"] = zero_stage

@@ -14,11 +14,11 @@
 #include <random>
 
 #include "tessera/core/allocator.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 #include "tessera/data/token_file.h"
+#include "tessera/data/tokenizer.h"
 #include "tessera/optim/optimizer.h"
 #include "tests/cli/cli_harness.h"
-#include "tessera/data/tokenizer.h"
 #include "tests/nn/python_reference.h"
 
 namespace fs = std::filesystem;
@@ -450,7 +450,7 @@ TEST(Cli, ResumeRefusesAModelShapeThatDisagreesWithTheRun) {
 
 namespace {
 // Rewrites a checkpoint's checksums after tampering, so only the contents checks can tell.
-void resign(const fs::path& checkpoint) { tessera::data::write_folder_checksums(checkpoint); }
+void resign(const fs::path& checkpoint) { tessera::write_folder_checksums(checkpoint); }
 
 std::string resume_output(const fs::path& checkpoint, const fs::path& out) {
   return run("train --resume " + checkpoint.string() + " --out " + out.string()).output;

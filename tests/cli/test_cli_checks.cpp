@@ -7,8 +7,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tessera/core/file_io.h"
 #include "tessera/core/safetensors.h"
-#include "tessera/data/file_io.h"
 #include "tests/cli/cli_harness.h"
 
 namespace fs = std::filesystem;
@@ -196,7 +196,7 @@ TEST(CliChecks, NonFiniteWeightsAreNamedAtInitAndNeverExported) {
   fs::remove_all(checkpoint);
   fs::copy(source / "checkpoint-2", checkpoint, fs::copy_options::recursive);
   fs::copy_file(model / "model.safetensors", checkpoint / "model.safetensors", fs::copy_options::overwrite_existing);
-  tessera::data::write_folder_checksums(checkpoint);
+  tessera::write_folder_checksums(checkpoint);
   const fs::path out = scratch() / "nan_export";
   r = run("train --steps 2 --out " + out.string() + " --resume " + checkpoint.string());
   EXPECT_EQ(r.rc, 1) << r.output;

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "tessera/core/error.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 #include "tessera/train/plot.h"
 
 using namespace tessera;
@@ -83,7 +83,7 @@ TEST(Png, DecodesToTheSamePixels) {
     std::vector<uint8_t> rgb(static_cast<size_t>(w) * h * 3);
     for (auto& v : rgb) v = static_cast<uint8_t>(rng());
     const auto path = temp_dir() / ("img_" + std::to_string(w) + "x" + std::to_string(h) + ".png");
-    tessera::data::write_file_atomically(path, tessera::train::encode_png(w, h, rgb));
+    tessera::write_file_atomically(path, tessera::train::encode_png(w, h, rgb));
     EXPECT_EQ(python_decode(path), std::to_string(w) + " " + std::to_string(h) + " " + hex(rgb) + "\n");
   }
   EXPECT_THROW(tessera::train::encode_png(2, 2, std::vector<uint8_t>(11)), tessera::Error);
@@ -114,7 +114,7 @@ TEST(Png, TenThousandStepCurveIsSmallAndDecodesExactly) {
   EXPECT_LT(png.size(), 50000u) << "zlib-compressed loss.png";
   std::printf("loss.png of a 10,000-step run: %zu bytes\n", png.size());
   const auto path = temp_dir() / "loss_10000.png";
-  tessera::data::write_file_atomically(path, png);
+  tessera::write_file_atomically(path, png);
   EXPECT_EQ(python_decode(path), std::to_string(plot.width) + " " + std::to_string(plot.height) + " " + hex(plot.rgb) + "\n");
 }
 

@@ -9,8 +9,8 @@
 #include <random>
 
 #include "tessera/core/error.h"
+#include "tessera/core/file_io.h"
 #include "tessera/data/dataloader.h"
-#include "tessera/data/file_io.h"
 #include "tessera/data/token_file.h"
 
 using namespace tessera;

@@ -14,9 +14,9 @@
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/autograd.h"
 #include "tessera/autograd/functions.h"
+#include "tessera/core/file_io.h"
 #include "tessera/core/random.h"
 #include "tessera/core/settings.h"
-#include "tessera/data/file_io.h"
 #include "tessera/dist/accelerator.h"
 #include "tessera/dist/ddp.h"
 #include "tessera/dist/env.h"
@@ -884,9 +884,9 @@ TEST_F(CleanDistEnv, AcceleratorRefusesADamagedState) {
     EXPECT_TRUE(acc.is_main_process());
     EXPECT_EQ(acc.split_between_processes(std::vector<int>{1, 2, 3}), (std::vector<int>{1, 2, 3}));
     acc.save_state(dir);
-    std::string text = data::read_file(dir + "/accelerator_state.json");
+    std::string text = tessera::read_file(dir + "/accelerator_state.json");
     text.replace(text.find("\"micro_step\": 0"), 15, "\"micro_step\": 9");
-    data::write_file_atomically(dir + "/accelerator_state.json", text);
+    tessera::write_file_atomically(dir + "/accelerator_state.json", text);
     try {
       acc.load_state(dir);
       FAIL() << "expected an error";

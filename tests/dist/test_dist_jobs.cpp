@@ -18,8 +18,8 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/allocator.h"
+#include "tessera/core/file_io.h"
 #include "tessera/core/safetensors.h"
-#include "tessera/data/file_io.h"
 #include "tessera/data/token_file.h"
 #include "tessera/kernels/ops.h"
 
@@ -38,8 +38,7 @@ std::string launch(int nproc, const std::string& program) {
 bool have_mpirun() { return std::string(DIST_MPIRUN).size() > 0; }
 
 std::string mpirun(int nproc, const std::string& program) {
-  return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-         "OMPI_MCA_rmaps_base_oversubscribe=1 " +
+  return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 " +
          std::string(DIST_MPIRUN) + " --oversubscribe --bind-to none -np " + std::to_string(nproc) +
          " " + program;
 }
@@ -84,10 +83,7 @@ TEST(DistJobs, TcpBackendBootstrappedByMpirun) {
 }
 
 TEST(DistJobs, LaunchPrefixesOtherRanksOutputAndSetsEnvironment) {
-  JobResult r = run_job(launch(3,
-                               "sh -c 'echo \"hello from $RANK/$WORLD_SIZE local "
-                               "$LOCAL_RANK/$LOCAL_WORLD_SIZE at $MASTER_ADDR\"'"),
-                        30);
+  JobResult r = run_job(launch(3, "sh -c 'echo \"hello from $RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE at $MASTER_ADDR\"'"), 30);
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("hello from 0/3 local 0/3 at 127.0.0.1"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("[rank 0]"), std::string::npos) << r.output;
@@ -101,8 +97,7 @@ TEST(DistJobs, RankThrowingAtStep3StopsTheJobNamingTheRank) {
   JobResult r = run_job(launch(3, DIST_FAULT_CHECK " throw 1 3"), 10);
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.status, 124) << "the job did not end within 10 s:\n" << r.output;
-  EXPECT_NE(r.output.find("rank 1: error: injected failure at step 3"), std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("rank 1: error: injected failure at step 3"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tessera launch: job failed: rank 1 exited with status 1"),
             std::string::npos)
       << r.output;
@@ -113,8 +108,7 @@ TEST(DistJobs, RankThrowingAtStep3UnderMpirun) {
   JobResult r = run_job(mpirun(2, DIST_FAULT_CHECK " throw 1 3"), 10);
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.status, 124) << "the job did not end within 10 s:\n" << r.output;
-  EXPECT_NE(r.output.find("rank 1: error: injected failure at step 3"), std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("rank 1: error: injected failure at step 3"), std::string::npos) << r.output;
 }
 
 TEST(DistJobs, MismatchedCollectiveInDebugModeIsAnErrorNamingRanks) {
@@ -142,8 +136,7 @@ TEST(DistJobs, MismatchedCollectiveInDebugModeUnderMpi) {
 }
 
 TEST(DistJobs, CollectiveThatNobodyJoinsTimesOutWithAClearMessage) {
-  JobResult r =
-      run_job("env TESSERA_COLLECTIVE_TIMEOUT=1 " + launch(2, DIST_FAULT_CHECK " silent"), 30);
+  JobResult r = run_job("env TESSERA_COLLECTIVE_TIMEOUT=1 " + launch(2, DIST_FAULT_CHECK " silent"), 30);
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.status, 124) << r.output;
   EXPECT_NE(r.output.find("all_reduce(sum, float32, [4]) #0 in group 'world' (backend tcp) on "
@@ -278,14 +271,12 @@ struct OneAndTwoRanks {
 };
 OneAndTwoRanks train_one_and_two_ranks(const std::string& tag, const std::string& flags) {
   std::vector<uint32_t> tokens(6000);
-  for (size_t i = 0; i < tokens.size(); ++i)
-    tokens[i] = static_cast<uint32_t>((i * 7 + i / 5) % 120);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((i * 7 + i / 5) % 120);
   const std::string token_path = temp_file("tokens_" + tag + ".bin");
   tessera::data::write_token_file(token_path, tokens);
   const std::string args = " train --data " + token_path +
                            " --n-layer 1 --n-head 2 --n-embd 16 --seq 16 --steps 4 --eval-every 0"
-                           " --save-every 0 " +
-                           flags + " --out ";
+                           " --save-every 0 " + flags + " --out ";
   OneAndTwoRanks r;
   const std::string one_dir = temp_file("train_one_" + tag);
   r.two_dir = temp_file("train_two_" + tag);
@@ -337,10 +328,8 @@ TEST(TrainCommand, RandomSamplingOnTwoRanksMatchesOneProcess) {
 
 TEST(DdpEquivalence, ThroughLaunch2And4RanksAndAccumulation) {
   TrainRecord want = reference_training(8);
-  expect_same_training(distributed_training(launch(2, DIST_TRAIN_CHECK), 4, 1, "launch2"), want,
-                       kRtol);
-  expect_same_training(distributed_training(launch(4, DIST_TRAIN_CHECK), 2, 1, "launch4"), want,
-                       kRtol);
+  expect_same_training(distributed_training(launch(2, DIST_TRAIN_CHECK), 4, 1, "launch2"), want, kRtol);
+  expect_same_training(distributed_training(launch(4, DIST_TRAIN_CHECK), 2, 1, "launch4"), want, kRtol);
   // 2 ranks x B/2 rows x 2 micro-steps.
   expect_same_training(distributed_training(launch(2, DIST_TRAIN_CHECK), 2, 2, "launch2acc"), want,
                        kRtol);
@@ -350,17 +339,14 @@ TEST(DdpEquivalence, ThroughMpirun2And4RanksAndAccumulation) {
   if (!have_mpirun()) GTEST_SKIP() << "built without MPI";
   TrainRecord want = reference_training(8);
   const std::string mpi = " --backend mpi";
-  expect_same_training(distributed_training(mpirun(2, DIST_TRAIN_CHECK), 4, 1, "mpi2", mpi), want,
+  expect_same_training(distributed_training(mpirun(2, DIST_TRAIN_CHECK), 4, 1, "mpi2", mpi), want, kRtol);
+  expect_same_training(distributed_training(mpirun(4, DIST_TRAIN_CHECK), 2, 1, "mpi4", mpi), want, kRtol);
+  expect_same_training(distributed_training(mpirun(2, DIST_TRAIN_CHECK), 2, 2, "mpi2acc", mpi), want,
                        kRtol);
-  expect_same_training(distributed_training(mpirun(4, DIST_TRAIN_CHECK), 2, 1, "mpi4", mpi), want,
-                       kRtol);
-  expect_same_training(distributed_training(mpirun(2, DIST_TRAIN_CHECK), 2, 2, "mpi2acc", mpi),
-                       want, kRtol);
 }
 
-// The training template (examples/train_template.cpp) calls opt.step(); sched.step();
-// opt.zero_grad() on every micro-step; the gates the Accelerator installs make that the explicitly
-// gated loop.
+// The training template (examples/train_template.cpp) calls opt.step(); sched.step(); opt.zero_grad() on every
+// micro-step; the gates the Accelerator installs make that the explicitly gated loop.
 TEST(DdpEquivalence, LiteralTemplateLoopWithAccumulationEqualsTheLargerBatch) {
   TrainRecord want = reference_training(8, " --schedule");
   TrainRecord gated =
@@ -376,20 +362,18 @@ TEST(DdpEquivalence, LiteralTemplateLoopWithAccumulationEqualsTheLargerBatch) {
 }
 
 // The mixed-precision policy under DDP: bf16 parameters and f32 masters; gradients
-// averaged in bf16 (the policy's default). One process with 8 rows and 2 ranks with 4 rows each
-// round their bf16 gradients differently (a sum of 8 rows vs. two sums of 4, each rounded to 8
-// significant bits), so they agree to bf16's resolution, not bit for bit: 2e-2 of each loss and of
+// averaged in bf16 (the policy's default). One process with 8 rows and 2 ranks with 4 rows each round their bf16
+// gradients differently (a sum of 8 rows vs. two sums of 4, each rounded to 8 significant
+// bits), so they agree to bf16's resolution, not bit for bit: 2e-2 of each loss and of
 // each tensor's largest weight (the f32 run must differ from it).
 TEST(DdpEquivalence, Bf16TwoRanksMatchOneProcessWithTheLargerBatch) {
   const std::string bf16 = " --mixed-precision bf16";
   TrainRecord want = reference_training(8, bf16);
-  expect_same_training(distributed_training(launch(2, DIST_TRAIN_CHECK), 4, 1, "bf16x2", bf16),
-                       want, 2e-2);
+  expect_same_training(distributed_training(launch(2, DIST_TRAIN_CHECK), 4, 1, "bf16x2", bf16), want, 2e-2);
   TrainRecord f32 = reference_training(8);
   ASSERT_EQ(f32.losses.size(), want.losses.size());
   bool differs = false;
-  for (size_t i = 0; i < want.losses.size(); ++i)
-    differs = differs || f32.losses[i] != want.losses[i];
+  for (size_t i = 0; i < want.losses.size(); ++i) differs = differs || f32.losses[i] != want.losses[i];
   EXPECT_TRUE(differs) << "the bf16 run must differ from the f32 run";
 }
 
@@ -397,38 +381,33 @@ TEST(DdpEquivalence, Bf16TwoRanksMatchOneProcessWithTheLargerBatch) {
 // straight into its bucket slot (nothing copied into the buckets), and after the all-reduce the
 // slot holds the average, equal to the whole global batch's gradient in one model.
 TEST(DdpEquivalence, GradientsAreWrittenStraightIntoTheBucketSlots) {
-  JobResult r =
-      run_job(launch(2, DIST_TRAIN_CHECK " --rows 4 --steps 3 --check-slots --backend tcp --out " +
-                            temp_file("slots.txt")),
-              120);
+  JobResult r = run_job(launch(2, DIST_TRAIN_CHECK " --rows 4 --steps 3 --check-slots --backend tcp --out " +
+                                      temp_file("slots.txt")),
+                        120);
   ASSERT_EQ(r.status, 0) << r.output;
   // 4 parameters x 3 steps on each rank.
   for (int rank : {0, 1})
-    EXPECT_NE(
-        r.output.find("rank " + std::to_string(rank) +
-                      ": 12 gradients written into their bucket slots, 0 copied (by backward: 12)"),
-        std::string::npos)
+    EXPECT_NE(r.output.find("rank " + std::to_string(rank) +
+                            ": 12 gradients written into their bucket slots, 0 copied (by backward: 12)"),
+              std::string::npos)
         << r.output;
 }
 
 TEST(DdpEquivalence, OneProcessAccumulationEqualsTheLargerBatch) {
-  expect_same_training(
-      distributed_training("env -u RANK -u WORLD_SIZE " DIST_TRAIN_CHECK, 2, 4, "acc4"),
-      reference_training(8), kRtol);
+  expect_same_training(distributed_training("env -u RANK -u WORLD_SIZE " DIST_TRAIN_CHECK, 2, 4, "acc4"),
+                       reference_training(8), kRtol);
 }
 
 TEST(DdpUnusedParameters, AreAnErrorNamingThemUnlessOptedIn) {
-  JobResult r = run_job(
-      launch(2, DIST_TRAIN_CHECK " --rows 4 --unused --out " + temp_file("unused.txt")), 60);
+  JobResult r = run_job(launch(2, DIST_TRAIN_CHECK " --rows 4 --unused --out " + temp_file("unused.txt")), 60);
   EXPECT_NE(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find(
-                "2 parameter(s) got no gradient in this backward: 'unused.weight', 'unused.bias'"),
+  EXPECT_NE(r.output.find("2 parameter(s) got no gradient in this backward: 'unused.weight', 'unused.bias'"),
             std::string::npos)
       << r.output;
   // Opted in: the unused layer counts as zero gradient, and training matches one process.
-  expect_same_training(
-      distributed_training(launch(2, DIST_TRAIN_CHECK), 4, 1, "unused2", " --unused --find-unused"),
-      reference_training(8, " --unused --find-unused"), kRtol);
+  expect_same_training(distributed_training(launch(2, DIST_TRAIN_CHECK), 4, 1, "unused2",
+                                            " --unused --find-unused"),
+                       reference_training(8, " --unused --find-unused"), kRtol);
 }
 
 TEST(AcceleratorJobs, HelpersAndResumeThrough3RankLaunchAndMpirun) {
@@ -482,8 +461,7 @@ RelativeDifference relative_difference(const TrainRecord& got, const TrainRecord
   EXPECT_EQ(got.params.size(), want.params.size());
   RelativeDifference d;
   for (size_t i = 0; i < std::min(got.losses.size(), want.losses.size()); ++i)
-    d.losses =
-        std::max(d.losses, std::fabs(got.losses[i] - want.losses[i]) / std::fabs(want.losses[i]));
+    d.losses = std::max(d.losses, std::fabs(got.losses[i] - want.losses[i]) / std::fabs(want.losses[i]));
   for (size_t i = 0; i < std::min(got.norms.size(), want.norms.size()); ++i)
     d.norms = std::max(d.norms, std::fabs(got.norms[i] - want.norms[i]) / std::fabs(want.norms[i]));
   d.params = worst_parameter_difference(got, want, skip_key_bias);
@@ -535,8 +513,7 @@ void expect_zero_stages_match_ddp(const std::string& starter, int nproc, const s
   ASSERT_EQ(ddp.losses.size(), 10u);
   ASSERT_EQ(ddp.norms.size(), 10u);
   // Clipping acts on every step that updates (fp16 steps skipped by the loss scale report 0).
-  for (double n : ddp.norms)
-    EXPECT_TRUE(n > 0.2 || (n == 0 && extra.find("fp16") != std::string::npos)) << n;
+  for (double n : ddp.norms) EXPECT_TRUE(n > 0.2 || (n == 0 && extra.find("fp16") != std::string::npos)) << n;
   EXPECT_GE(std::count_if(ddp.norms.begin(), ddp.norms.end(), [](double n) { return n > 0.2; }), 5);
   EXPECT_LT(ddp.losses.back(), 0.9 * ddp.losses.front()) << "it trains";
   // In bf16/fp16 a different rounding moves the weights by some of their ulps each step, which
@@ -548,10 +525,10 @@ void expect_zero_stages_match_ddp(const std::string& starter, int nproc, const s
         relative_difference(run(v.stage, v.flags), ddp, skip_key_bias || v.rounds_differently);
     const bool losses_only = v.rounds_differently && low_precision;
     const double worst = losses_only ? d.losses : d.worst();
-    std::printf(
-        "[ zero ] %s, %d ranks: stage %d%s vs DDP, worst relative difference %.3g "
-        "(losses %.3g, norms %.3g, weights %.3g)\n",
-        tag.c_str(), nproc, v.stage, v.flags.c_str(), d.worst(), d.losses, d.norms, d.params);
+    std::printf("[ zero ] %s, %d ranks: stage %d%s vs DDP, worst relative difference %.3g "
+                "(losses %.3g, norms %.3g, weights %.3g)\n",
+                tag.c_str(), nproc, v.stage, v.flags.c_str(), d.worst(), d.losses, d.norms,
+                d.params);
     EXPECT_LE(worst, losses_only ? 2e-2 : v.tolerance)
         << "stage " << v.stage << v.flags << " on " << nproc << " ranks (" << tag << ")";
   }
@@ -580,21 +557,19 @@ TEST(SparseEmbeddingGradients, TrainLikeTheDensePathOn2Ranks) {
     auto run = [&](const std::string& tag, const std::string& flags) {
       const std::string out = temp_file("sparse_train_" + precision + "_" + tag + ".txt");
       std::remove(out.c_str());
-      JobResult r =
-          run_job("env OMP_NUM_THREADS=1 " + launch(2, DIST_ZERO_CHECK) + " --zero-stage 0 --out " +
-                      out + " --mixed-precision " + precision + flags,
-                  180);
+      JobResult r = run_job("env OMP_NUM_THREADS=1 " + launch(2, DIST_ZERO_CHECK) + " --zero-stage 0 --out " + out +
+                                " --mixed-precision " + precision + flags,
+                            180);
       EXPECT_EQ(r.status, 0) << r.output;
       return read_record(out);
     };
-    const TrainRecord dense = run("dense", ""),
-                      sparse = run("sparse", " --sparse-embedding-gradients");
+    const TrainRecord dense = run("dense", ""), sparse = run("sparse", " --sparse-embedding-gradients");
     ASSERT_EQ(dense.losses.size(), 10u);
     ASSERT_EQ(sparse.norms.size(), 10u);
     const RelativeDifference d = relative_difference(sparse, dense);
     const double first_norm = std::fabs(sparse.norms[0] - dense.norms[0]) / dense.norms[0];
-    std::printf("[ sparse ] %s: losses %.3g, norms %.3g (first step %.3g), weights %.3g\n",
-                precision.c_str(), d.losses, d.norms, first_norm, d.params);
+    std::printf("[ sparse ] %s: losses %.3g, norms %.3g (first step %.3g), weights %.3g\n", precision.c_str(),
+                d.losses, d.norms, first_norm, d.params);
     EXPECT_LE(d.losses, precision == "no" ? 1e-6 : 1e-2) << precision;
     EXPECT_LE(first_norm, precision == "no" ? 1e-6 : 1e-3) << precision;
     if (precision == "no") EXPECT_LE(d.norms, 1e-5);
@@ -678,8 +653,7 @@ TEST(ZeroOffload, HostThreadsAndPerBucketStepsMatchZeroBitForBitOn2Ranks) {
     const bool during_backward = clip == "1e9";
     for (const std::string stage : {"2", "3"}) {
       auto train = [&](const std::string& tag, const std::string& env, const std::string& flags) {
-        const std::string out =
-            temp_file("offload_threads_" + stage + "_" + clip + "_" + tag + ".txt");
+        const std::string out = temp_file("offload_threads_" + stage + "_" + clip + "_" + tag + ".txt");
         std::remove(out.c_str());
         JobResult r = run_job("env OMP_NUM_THREADS=1 " + env + " " + launch(2, DIST_ZERO_CHECK) +
                                   " --zero-stage " + stage + " --clip " + clip +
@@ -692,18 +666,15 @@ TEST(ZeroOffload, HostThreadsAndPerBucketStepsMatchZeroBitForBitOn2Ranks) {
       const TrainRecord zero = train("zero", "", " --zero-accumulation no_sync");
       ASSERT_EQ(zero.losses.size(), 10u);
       for (int threads : {1, 2, 3}) {
-        const std::string flags = std::string(" --offload optimizer") +
-                                  (during_backward ? " --offload-step-during-backward" : "");
-        const TrainRecord offloaded = train(
-            std::to_string(threads), "TESSERA_OFFLOAD_THREADS=" + std::to_string(threads), flags);
+        const std::string flags =
+            std::string(" --offload optimizer") + (during_backward ? " --offload-step-during-backward" : "");
+        const TrainRecord offloaded = train(std::to_string(threads),
+                                            "TESSERA_OFFLOAD_THREADS=" + std::to_string(threads), flags);
         ASSERT_EQ(offloaded.losses.size(), zero.losses.size());
         const RelativeDifference d = relative_difference(offloaded, zero);
-        EXPECT_EQ(d.losses, 0) << "stage " << stage << " clip " << clip << ", " << threads
-                               << " threads";
-        EXPECT_EQ(d.norms, 0) << "stage " << stage << " clip " << clip << ", " << threads
-                              << " threads";
-        EXPECT_EQ(d.params, 0) << "stage " << stage << " clip " << clip << ", " << threads
-                               << " threads";
+        EXPECT_EQ(d.losses, 0) << "stage " << stage << " clip " << clip << ", " << threads << " threads";
+        EXPECT_EQ(d.norms, 0) << "stage " << stage << " clip " << clip << ", " << threads << " threads";
+        EXPECT_EQ(d.params, 0) << "stage " << stage << " clip " << clip << ", " << threads << " threads";
       }
     }
   }
@@ -714,8 +685,7 @@ TEST(ZeroOffload, HostThreadsAndPerBucketStepsMatchZeroBitForBitOn2Ranks) {
 TEST(ZeroOffload, ClipAfterPerBucketStepsFailsNamingTheOption) {
   JobResult r = run_job("env OMP_NUM_THREADS=1 " + launch(2, DIST_ZERO_CHECK) +
                             " --zero-stage 2 --offload optimizer --offload-step-during-backward"
-                            " --steps 2 --out " +
-                            temp_file("clip_early.txt"),
+                            " --steps 2 --out " + temp_file("clip_early.txt"),
                         120);
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("offload_step_during_backward already stepped"), std::string::npos)
@@ -810,8 +780,7 @@ TEST(ZeroOffload, ContradictoryOptionsFailNamingThem) {
 // parameters too. Within 2% (slices are padded to a multiple of W per bucket).
 // Both the strategy's own accounting ("memory rank ...") and the allocator's per-category
 // counters ("allocator rank ...", core/memory_category.h) are checked.
-std::vector<std::array<double, 4>> memory_lines(const std::string& output,
-                                                const std::string& prefix) {
+std::vector<std::array<double, 4>> memory_lines(const std::string& output, const std::string& prefix) {
   std::vector<std::array<double, 4>> out;
   std::istringstream in(output);
   std::string line;
@@ -822,8 +791,7 @@ std::vector<std::array<double, 4>> memory_lines(const std::string& output,
     std::string w;
     int rank, st;
     std::array<double, 4> bytes;
-    is >> w >> w >> rank >> w >> st >> w >> bytes[0] >> w >> bytes[1] >> w >> bytes[2] >> w >>
-        bytes[3];
+    is >> w >> w >> rank >> w >> st >> w >> bytes[0] >> w >> bytes[1] >> w >> bytes[2] >> w >> bytes[3];
     out.push_back(bytes);
   }
   return out;
@@ -832,23 +800,19 @@ std::vector<std::array<double, 4>> memory_lines(const std::string& output,
 TEST(ZeroMemory, PerRankBytesFollowTheFormula) {
   for (const std::string precision : {"no", "bf16"}) {
     for (int nproc : {2, 3}) {
-      std::map<std::string, std::map<int, std::vector<std::array<double, 4>>>>
-          by_source;  // -> stage -> per rank
+      std::map<std::string, std::map<int, std::vector<std::array<double, 4>>>> by_source;  // -> stage -> per rank
       for (int stage = 0; stage <= 3; ++stage) {
-        JobResult r = run_job("env OMP_NUM_THREADS=1 " + launch(nproc, DIST_ZERO_CHECK) +
-                                  " --steps 2 --memory" + " --mixed-precision " + precision +
-                                  " --zero-stage " + std::to_string(stage) + " --out " +
-                                  temp_file("memory.txt"),
+        JobResult r = run_job("env OMP_NUM_THREADS=1 " + launch(nproc, DIST_ZERO_CHECK) + " --steps 2 --memory" +
+                                  " --mixed-precision " + precision + " --zero-stage " + std::to_string(stage) +
+                                  " --out " + temp_file("memory.txt"),
                               120);
         ASSERT_EQ(r.status, 0) << r.output;
         for (const std::string source : {"memory rank ", "allocator rank "}) {
           by_source[source][stage] = memory_lines(r.output, source);
           ASSERT_EQ(by_source[source][stage].size(), static_cast<size_t>(nproc)) << r.output;
         }
-        EXPECT_NE(r.output.find("ZeRO formula"), std::string::npos)
-            << r.output;  // the printed report
-        if (stage == 3 && nproc == 2)
-          std::printf("%s", r.output.substr(r.output.find("memory per rank")).c_str());
+        EXPECT_NE(r.output.find("ZeRO formula"), std::string::npos) << r.output;  // the printed report
+        if (stage == 3 && nproc == 2) std::printf("%s", r.output.substr(r.output.find("memory per rank")).c_str());
       }
       const bool bf16 = precision == "bf16";
       const double width = bf16 ? 2 : 4;
@@ -858,20 +822,17 @@ TEST(ZeroMemory, PerRankBytesFollowTheFormula) {
         EXPECT_EQ(psi, 3707);
         for (int stage = 0; stage <= 3; ++stage) {
           const double w = nproc;
-          const double want[3] = {width * psi / (stage >= 3 ? w : 1),
-                                  width * psi / (stage >= 2 ? w : 1),
+          const double want[3] = {width * psi / (stage >= 3 ? w : 1), width * psi / (stage >= 2 ? w : 1),
                                   (bf16 ? 12 : 8) * psi / (stage >= 1 ? w : 1)};
           const char* names[3] = {"parameters", "gradients", "optimizer"};
           for (const auto& bytes : by_stage.at(stage)) {
-            std::printf(
-                "[ zero ] %s%s, %d ranks, stage %d: parameters %.0f gradients %.0f optimizer %.0f "
-                "communication %.0f bytes (formula %.0f / %.0f / %.0f)\n",
-                source.c_str(), precision.c_str(), nproc, stage, bytes[0], bytes[1], bytes[2],
-                bytes[3], want[0], want[1], want[2]);
+            std::printf("[ zero ] %s%s, %d ranks, stage %d: parameters %.0f gradients %.0f optimizer %.0f "
+                        "communication %.0f bytes (formula %.0f / %.0f / %.0f)\n",
+                        source.c_str(), precision.c_str(), nproc, stage, bytes[0], bytes[1], bytes[2], bytes[3],
+                        want[0], want[1], want[2]);
             for (int c = 0; c < 3; ++c)
               EXPECT_NEAR(bytes[c], want[c], 0.02 * want[c])
-                  << source << names[c] << ", " << precision << ", stage " << stage << ", " << nproc
-                  << " ranks";
+                  << source << names[c] << ", " << precision << ", stage " << stage << ", " << nproc << " ranks";
           }
         }
       }
@@ -898,15 +859,13 @@ std::string zero_check_on(int nproc, bool mpi = false) {
   return mpi ? mpirun(nproc, DIST_ZERO_CHECK) + " --backend mpi" : launch(nproc, DIST_ZERO_CHECK);
 }
 
-void expect_checkpoint_reshards(int saved_stage, const std::vector<Resume>& resumes,
-                                bool mpi = false) {
+void expect_checkpoint_reshards(int saved_stage, const std::vector<Resume>& resumes, bool mpi = false) {
   constexpr int kGlobalRows = 12;
   const std::string tag = "reshard" + std::to_string(saved_stage) + (mpi ? "_mpi" : "");
   const std::string ckpt = temp_file(tag + "_ckpt"), full_out = temp_file(tag + "_full.txt");
   const std::string no_sync = " --zero-accumulation no_sync";
-  JobResult r = run_job("env OMP_NUM_THREADS=1 " + zero_check_on(2, mpi) + no_sync +
-                            " --rows 6 --zero-stage " + std::to_string(saved_stage) + " --out " +
-                            full_out + " --save " + ckpt + " --save-at 5",
+  JobResult r = run_job("env OMP_NUM_THREADS=1 " + zero_check_on(2, mpi) + no_sync + " --rows 6 --zero-stage " +
+                            std::to_string(saved_stage) + " --out " + full_out + " --save " + ckpt + " --save-at 5",
                         180);
   ASSERT_EQ(r.status, 0) << r.output;
   const TrainRecord full = read_record(full_out);
@@ -921,20 +880,18 @@ void expect_checkpoint_reshards(int saved_stage, const std::vector<Resume>& resu
   for (const Resume& resume : resumes) {
     const int rows = kGlobalRows / resume.nproc;
     const std::string out = temp_file(tag + "_resumed_" + std::to_string(resume.nproc) + ".txt");
-    r = run_job("env OMP_NUM_THREADS=1 " + zero_check_on(resume.nproc, mpi) + no_sync +
-                    " --zero-stage " + std::to_string(resume.stage) + " --rows " +
-                    std::to_string(rows) + " --resume " + ckpt + " --start-step 5 --out " + out,
+    r = run_job("env OMP_NUM_THREADS=1 " + zero_check_on(resume.nproc, mpi) + no_sync + " --zero-stage " +
+                    std::to_string(resume.stage) + " --rows " + std::to_string(rows) + " --resume " + ckpt +
+                    " --start-step 5 --out " + out,
                 180);
     ASSERT_EQ(r.status, 0) << r.output;
     TrainRecord tail = read_record(out), want = full;
     want.losses.erase(want.losses.begin(), want.losses.begin() + 5);
     want.norms.erase(want.norms.begin(), want.norms.begin() + 5);
     const RelativeDifference d = relative_difference(tail, want);
-    std::printf(
-        "[ zero ] %s: stage-%d x2 checkpoint resumed at stage %d on %d rank(s): losses %.3g, norms "
-        "%.3g, "
-        "weights %.3g\n",
-        mpi ? "mpi" : "tcp", saved_stage, resume.stage, resume.nproc, d.losses, d.norms, d.params);
+    std::printf("[ zero ] %s: stage-%d x2 checkpoint resumed at stage %d on %d rank(s): losses %.3g, norms %.3g, "
+                "weights %.3g\n",
+                mpi ? "mpi" : "tcp", saved_stage, resume.stage, resume.nproc, d.losses, d.norms, d.params);
     EXPECT_LE(d.losses, 1e-6) << "resumed at stage " << resume.stage << " on " << resume.nproc;
     EXPECT_LE(d.norms, 1e-5) << "resumed at stage " << resume.stage << " on " << resume.nproc;
     EXPECT_LE(d.params, resume.nproc == 2 ? 1e-5 : 2e-3) << "resumed at stage " << resume.stage;
@@ -957,23 +914,22 @@ TEST(ZeroCheckpoint, Stage1ResumesUnderDdpAndDdpUnderStage2) {
 
 TEST(ZeroCheckpoint, DamagedShardAndUnevenBatchAreRefused) {
   const std::string ckpt = temp_file("refused_ckpt");
-  JobResult r = run_job("env OMP_NUM_THREADS=1 " + zero_check_on(2) +
-                            " --rows 6 --zero-stage 3 --steps 2 --out " + temp_file("refused.txt") +
-                            " --save " + ckpt + " --save-at 1",
+  JobResult r = run_job("env OMP_NUM_THREADS=1 " + zero_check_on(2) + " --rows 6 --zero-stage 3 --steps 2 --out " +
+                            temp_file("refused.txt") + " --save " + ckpt + " --save-at 1",
                         180);
   ASSERT_EQ(r.status, 0) << r.output;
   // 12 rows per micro-step were taken; 5 rows on 1 process cannot continue from there.
-  r = run_job(zero_check_on(1) + " --zero-stage 0 --rows 5 --steps 2 --resume " + ckpt +
-                  " --start-step 1 --out " + temp_file("uneven.txt"),
+  r = run_job(zero_check_on(1) + " --zero-stage 0 --rows 5 --steps 2 --resume " + ckpt + " --start-step 1 --out " +
+                  temp_file("uneven.txt"),
               60);
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("cannot continue from there"), std::string::npos) << r.output;
   // A damaged shard is refused, naming it.
-  std::string bytes = tessera::data::read_file(ckpt + "/optimizer_shard_1.safetensors");
+  std::string bytes = tessera::read_file(ckpt + "/optimizer_shard_1.safetensors");
   bytes[bytes.size() - 3] ^= 0x5a;
-  tessera::data::write_file_atomically(ckpt + "/optimizer_shard_1.safetensors", bytes);
-  r = run_job(zero_check_on(1) + " --zero-stage 0 --rows 12 --steps 2 --resume " + ckpt +
-                  " --start-step 1 --out " + temp_file("damaged.txt"),
+  tessera::write_file_atomically(ckpt + "/optimizer_shard_1.safetensors", bytes);
+  r = run_job(zero_check_on(1) + " --zero-stage 0 --rows 12 --steps 2 --resume " + ckpt + " --start-step 1 --out " +
+                  temp_file("damaged.txt"),
               60);
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("optimizer_shard_1.safetensors"), std::string::npos) << r.output;
@@ -995,10 +951,9 @@ TEST(GpuJobs, NcclCollectivesAndDdpEquivalenceOn2Gpus) {
       nccl + "TESSERA_PEER_ALLREDUCE=0 " + launch(2, DIST_COLLECTIVES_CHECK " nccl cuda"), 180);
   expect_all_ranks_passed(plain, 2);
   EXPECT_EQ(plain.output.find("through the copy engines"), std::string::npos) << plain.output;
-  expect_all_ranks_passed(run_job("env TESSERA_DEBUG_COLLECTIVES=1 " + nccl +
-                                      launch(2, DIST_COLLECTIVES_CHECK " nccl cuda"),
-                                  180),
-                          2);
+  expect_all_ranks_passed(
+      run_job("env TESSERA_DEBUG_COLLECTIVES=1 " + nccl + launch(2, DIST_COLLECTIVES_CHECK " nccl cuda"), 180),
+      2);
   // "auto" with CUDA tensors and a GPU per rank is nccl.
   JobResult automatic = run_job(nccl + launch(2, DIST_COLLECTIVES_CHECK " auto cuda"), 180);
   expect_all_ranks_passed(automatic, 2);
@@ -1006,15 +961,12 @@ TEST(GpuJobs, NcclCollectivesAndDdpEquivalenceOn2Gpus) {
   // CUDA tensors staged through host memory by the CPU backends.
   expect_all_ranks_passed(run_job(launch(2, DIST_COLLECTIVES_CHECK " tcp cuda"), 180), 2);
   const std::string one = temp_file("gpu_reference.txt");
-  JobResult r =
-      run_job("env -u RANK -u WORLD_SIZE " DIST_TRAIN_CHECK " --cuda --rows 8 --out " + one, 180);
+  JobResult r = run_job("env -u RANK -u WORLD_SIZE " DIST_TRAIN_CHECK " --cuda --rows 8 --out " + one, 180);
   ASSERT_EQ(r.status, 0) << r.output;
-  expect_same_training(
-      distributed_training(nccl + launch(2, DIST_TRAIN_CHECK), 4, 1, "gpu2", " --cuda"),
-      read_record(one), kRtol);
-  expect_same_training(
-      distributed_training(nccl + launch(2, DIST_TRAIN_CHECK), 2, 2, "gpu2acc", " --cuda"),
-      read_record(one), kRtol);
+  expect_same_training(distributed_training(nccl + launch(2, DIST_TRAIN_CHECK), 4, 1, "gpu2", " --cuda"),
+                       read_record(one), kRtol);
+  expect_same_training(distributed_training(nccl + launch(2, DIST_TRAIN_CHECK), 2, 2, "gpu2acc", " --cuda"),
+                       read_record(one), kRtol);
 }
 
 // The opt-in NCCL settings (dist/env.h): DDP's gradient buckets as NCCL symmetric windows and
@@ -1136,13 +1088,11 @@ TEST(Examples, TwoStageRunRecreatesTheProcessGroup) {
 
 TEST(Examples, TrainingTemplateRunsAndCheckpoints) {
   const std::string out = temp_file("ckpt");
-  JobResult r =
-      run_job(launch(2, EXAMPLE_TRAIN_TEMPLATE " --steps 4 --batch 2 --seq 16 --out " + out), 180);
+  JobResult r = run_job(launch(2, EXAMPLE_TRAIN_TEMPLATE " --steps 4 --batch 2 --seq 16 --out " + out), 180);
   EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("done: 4 optimizer steps on 2 process(es)"), std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("done: 4 optimizer steps on 2 process(es)"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("[rank 1] step"), std::string::npos) << "only the main process logs:\n"
-                                                               << r.output;
+                                                                << r.output;
   std::ifstream state(out + "/last/accelerator_state.json");
   EXPECT_TRUE(state.good()) << "no checkpoint in " << out;
 }

@@ -1,4 +1,4 @@
-// Sharded ZeRO checkpoints (dist/sharded_model.h) through dist_zero_check: saved without
+// Sharded ZeRO checkpoints (dist/checkpoint.h) through dist_zero_check: saved without
 // gathering the model, resumed at other world sizes and stages bit for bit, and refused when
 // the index disagrees with its shards.
 //
@@ -20,8 +20,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tessera/data/file_io.h"
-#include "tessera/dist/sharded_model.h"
+#include "tessera/core/file_io.h"
+#include "tessera/dist/checkpoint.h"
 
 #include "run_job.h"
 
@@ -107,8 +107,8 @@ void expect_bit_identical_resumes(int saved_nproc, int saved_stage, const std::v
   expect_same_weights(tag + "_full.txt", "ddp_x" + std::to_string(saved_nproc) + "_full.txt",
                       tag + " uninterrupted vs DDP uninterrupted");
   // One shard a rank, and model.safetensors streamed from them: the whole save's file byte for byte.
-  EXPECT_EQ(tessera::data::read_file(sharded + "/model.safetensors"),
-            tessera::data::read_file(whole + "/model.safetensors"));
+  EXPECT_EQ(tessera::read_file(sharded + "/model.safetensors"),
+            tessera::read_file(whole + "/model.safetensors"));
   std::ifstream index_file(sharded + "/model_shards.json");
   const auto index = nlohmann::json::parse(index_file);
   EXPECT_EQ(index["world_size"].get<int>(), saved_nproc);
@@ -181,13 +181,13 @@ class DamagedShardedCheckpoint : public ::testing::Test {
     return dir.string();
   }
   static nlohmann::json index_of(const std::string& dir) {
-    return nlohmann::json::parse(tessera::data::read_file(fs::path(dir) / "model_shards.json"));
+    return nlohmann::json::parse(tessera::read_file(fs::path(dir) / "model_shards.json"));
   }
   // Rewrites the index and the folder's checksums: an index consistent with checksums.json
   // that disagrees with its shards.
   static void rewrite_index(const std::string& dir, const nlohmann::json& index) {
-    tessera::data::write_file_atomically(fs::path(dir) / "model_shards.json", index.dump(1));
-    tessera::data::write_folder_checksums(dir);
+    tessera::write_file_atomically(fs::path(dir) / "model_shards.json", index.dump(1));
+    tessera::write_folder_checksums(dir);
   }
   static std::string refusal(const std::string& dir) {
     try {
@@ -227,9 +227,9 @@ TEST_F(DamagedShardedCheckpoint, DamagedRangeIsRefusedByLoadStateNamingFileAndTe
   const std::string tensor = first.key();
   const nlohmann::json range = first.value();
   const fs::path shard = fs::path(dir) / "model_shards/rank_1.safetensors";
-  std::string bytes = tessera::data::read_file(shard);
+  std::string bytes = tessera::read_file(shard);
   bytes[range["offset"].get<size_t>() + 1] ^= 0x40;
-  tessera::data::write_file_atomically(shard, bytes);
+  tessera::write_file_atomically(shard, bytes);
   const JobResult r = run_job("env OMP_NUM_THREADS=1 " + on_ranks(1) + " --layers 4 --rows 12 --steps 2 --zero-stage 0" +
                                   " --out " + (scratch() / "flipped.txt").string() + " --start-step 1 --resume " + dir,
                               120);

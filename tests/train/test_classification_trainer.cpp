@@ -12,7 +12,7 @@
 #include <random>
 
 #include "tessera/autograd/autograd.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 #include "tessera/nn/bert.h"
 #include "tessera/nn/classification.h"
 #include "tessera/nn/distilbert.h"

@@ -10,8 +10,8 @@
 #include <fstream>
 #include <thread>
 
+#include "tessera/core/file_io.h"
 #include "tessera/core/safetensors.h"
-#include "tessera/data/file_io.h"
 #include "tessera/data/token_file.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/train/checkpoint_files.h"
@@ -456,10 +456,10 @@ TEST(TrainerChecks, RotationRemovesACheckpointHalfDeletedByAKilledRotation) {
   for (int step : {1, 2, 3}) {
     const fs::path d = run / train::checkpoint_name(step);
     fs::create_directories(d);
-    data::write_file_atomically(d / "model.safetensors", "x");
-    data::write_folder_checksums(d);
+    tessera::write_file_atomically(d / "model.safetensors", "x");
+    tessera::write_folder_checksums(d);
   }
-  fs::remove(run / "checkpoint-1" / data::kFolderChecksumFile);  // the rotation was killed here
+  fs::remove(run / "checkpoint-1" / tessera::kFolderChecksumFile);  // the rotation was killed here
   train::rotate_checkpoints(run, 3, "");
   EXPECT_FALSE(fs::exists(run / "checkpoint-1"));
   EXPECT_TRUE(fs::exists(run / "checkpoint-2"));
@@ -504,7 +504,8 @@ TEST(Trainer, ACheckpointWithTheOldLogKeysResumes) {
     train::Trainer(first, *model, tokens, tokens).train();
   }
   const fs::path checkpoint = fs::path(args.output_dir) / "checkpoint-2";
-  nlohmann::json state = nlohmann::json::parse(data::read_file(checkpoint / train::kTrainerStateFile));
+  nlohmann::json state =
+      nlohmann::json::parse(tessera::read_file(checkpoint / train::kTrainerStateFile));
   for (auto& entry : state["log_history"]) {
     if (entry.contains("learning_rate")) entry["lr"] = entry["learning_rate"], entry.erase("learning_rate");
     for (const char* key : {"loss", "perplexity", "accuracy"})
@@ -515,8 +516,8 @@ TEST(Trainer, ACheckpointWithTheOldLogKeysResumes) {
       }
     entry.erase("epoch");
   }
-  data::write_file_atomically(checkpoint / train::kTrainerStateFile, state.dump(2));
-  data::write_folder_checksums(checkpoint);
+  tessera::write_file_atomically(checkpoint / train::kTrainerStateFile, state.dump(2));
+  tessera::write_folder_checksums(checkpoint);
 
   args.resume_from_checkpoint = checkpoint.string();
   auto model = tiny_gpt();

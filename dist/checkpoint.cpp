@@ -1,5 +1,6 @@
-// Accelerator::save_state, load_state and save_model (dist/accelerator.h): the checkpoint
-// folder's layout, and the checks that run before a loaded value changes anything.
+// The Accelerator's checkpoint (dist/checkpoint.h): Accelerator::save_state, load_state and
+// save_model, the checkpoint folder's layout, and the checks that run before a loaded value
+// changes anything.
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -7,10 +8,9 @@
 
 #include "tessera/core/random.h"
 #include "tessera/core/safetensors.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 #include "tessera/dist/accelerator.h"
-#include "tessera/dist/sharded_model.h"
-#include "tessera/dist/sharded_state.h"
+#include "tessera/dist/checkpoint.h"
 
 namespace tessera::dist {
 
@@ -151,7 +151,7 @@ void check_model_state(const std::map<std::string, Tensor>& saved, const nn::Mod
 // The layout (one folder, written by the main process, verified before anything loads):
 //   model.safetensors (model_1.safetensors, ...)  each prepared model's state_dict, as
 //       Hugging Face names it for GPT (so with config.json the folder is a model directory);
-//       under ZeRO also model_shards.json + model_shards/ (dist/sharded_model.h): every
+//       under ZeRO also model_shards.json + model_shards/ (dist/checkpoint.h): every
 //       process writes the slices it keeps, nothing is gathered, and the main process
 //       streams model.safetensors from them; load_state reads the shards
 //   optimizer.safetensors (optimizer_1, ...)      optimizer moments and steps
@@ -173,7 +173,7 @@ void Accelerator::save_state(const std::string& dir) {
     positions.push_back(gather(p).to_vector<int64_t>());
   }
   // Under ZeRO every process writes the parameter and optimizer slices it holds
-  // (dist/sharded_model.h, dist/sharded_state.h): the model is never gathered.
+  // (dist/checkpoint.h): the model is never gathered.
   const bool sharded = zero_stage_ > 0;
   if (sharded) {
     for (size_t i = 0; i < model_order_.size(); ++i)
@@ -221,11 +221,11 @@ void Accelerator::save_state(const std::string& dir) {
     state["schedules"] = nlohmann::json::array();
     for (optim::LRSchedule* s : schedules_) state["schedules"].push_back(s->state_dict());
     state["loss_scaler"] = scaler_.state_dict();
-    data::write_file_atomically(fs::path(dir) / kStateFile,
+    write_file_atomically(fs::path(dir) / kStateFile,
                                 nlohmann::json{{"state", state}}.dump(2));
   }
   wait_for_everyone();  // every rank's optimizer shards are written
-  if (is_main_process()) data::write_folder_checksums(dir);
+  if (is_main_process()) write_folder_checksums(dir);
   wait_for_everyone();
 }
 
@@ -282,14 +282,14 @@ void Accelerator::load_state(const std::string& dir) {
   for (size_t i = 0; i < optimizers_.size() && !has_sharded_optimizer(dir); ++i)
     files.push_back(numbered("optimizer", i, ".safetensors"));
   try {
-    data::verify_folder_checksums(dir, files);
+    verify_folder_checksums(dir, files);
   } catch (const Error& e) {
     TESSERA_FAIL("Accelerator::load_state: ", e.what());
   }
   const std::string state_where = where + ": " + kStateFile;
   nlohmann::json file;
   try {
-    file = nlohmann::json::parse(data::read_file(fs::path(dir) / kStateFile));
+    file = nlohmann::json::parse(read_file(fs::path(dir) / kStateFile));
   } catch (const nlohmann::json::exception& e) {
     TESSERA_FAIL(state_where, " is not valid JSON: ", e.what());
   }

@@ -1,4 +1,4 @@
-// Small file helpers shared by data/ and the CLI: whole-file reads, atomic
+// Small file helpers every layer above core uses: whole-file reads, atomic
 // writes (temporary file, fsync, rename, so a crash leaves the old file or the
 // new one, never a mix), CRC-32 / Adler-32 checksums (zlib's) and checksummed folders.
 #pragma once
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace tessera::data {
+namespace tessera {
 
 // Reads a whole file; error names the file when it cannot be opened or read.
 std::string read_file(const std::filesystem::path& path);
@@ -52,4 +52,4 @@ void write_folder_checksums(const std::filesystem::path& dir);
 // error names the folder, the damaged file and how it differs.
 void verify_folder_checksums(const std::filesystem::path& dir, const std::vector<std::string>& required = {});
 
-}  // namespace tessera::data
+}  // namespace tessera

@@ -1,4 +1,4 @@
-#include "tessera/dist/sharded_model.h"
+#include "tessera/dist/checkpoint.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -8,7 +8,7 @@
 
 #include "tessera/autograd/autograd.h"
 #include "tessera/core/safetensors.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 #include "tessera/kernels/ops.h"
 
 namespace tessera::dist {
@@ -28,8 +28,8 @@ std::string shard_file(size_t model_index, int rank) {
 }
 
 uint32_t crc_of(const Tensor& host_contiguous) {
-  return data::crc32(std::span<const std::byte>(
-      static_cast<const std::byte*>(host_contiguous.raw_data()), host_contiguous.nbytes()));
+  return crc32(std::span<const std::byte>(static_cast<const std::byte*>(host_contiguous.raw_data()),
+                                                host_contiguous.nbytes()));
 }
 
 // Where each tensor's bytes begin in a safetensors file (its header read back, nothing more).
@@ -61,8 +61,7 @@ Written tensors_to_write(DataParallelStrategy& strategy, bool with_unsharded) {
   std::set<std::string> sharded;
   for (auto& shard : strategy.parameter_shards()) {
     sharded.insert(shard.name);
-    w.tensors.emplace_back(
-        shard.name, ops::contiguous(ops::to(shard.values, Device::cpu(), shard.values.dtype())));
+    w.tensors.emplace_back(shard.name, ops::contiguous(ops::to(shard.values, Device::cpu(), shard.values.dtype())));
     w.begins.push_back(shard.begin);
   }
   // Trainable parameters another rank holds are named by it (stage 3 keeps no whole copy).
@@ -71,11 +70,9 @@ Written tensors_to_write(DataParallelStrategy& strategy, bool with_unsharded) {
   if (!with_unsharded) return w;
   for (auto& [name, t] : strategy.module().state_dict()) {
     if (sharded.count(name)) continue;
-    TESSERA_CHECK(t.storage() && t.storage()->nbytes() >= t.nbytes(),
-                  "save_sharded_model: tensor '", name,
+    TESSERA_CHECK(t.storage() && t.storage()->nbytes() >= t.nbytes(), "save_sharded_model: tensor '", name,
                   "' holds no values on this rank (a second name for a sharded parameter?)");
-    w.tensors.emplace_back(
-        name, ops::contiguous(ops::to(ops::reshape(t, {t.numel()}), Device::cpu(), t.dtype())));
+    w.tensors.emplace_back(name, ops::contiguous(ops::to(ops::reshape(t, {t.numel()}), Device::cpu(), t.dtype())));
     w.begins.push_back(0);
   }
   return w;
@@ -90,9 +87,7 @@ nlohmann::json describe_tensors(const nn::Module& model) {
 
 }  // namespace
 
-std::string sharded_model_index_name(size_t model_index) {
-  return shard_folder(model_index) + ".json";
-}
+std::string sharded_model_index_name(size_t model_index) { return shard_folder(model_index) + ".json"; }
 
 bool has_sharded_model(const std::string& dir, size_t model_index) {
   return fs::exists(fs::path(dir) / sharded_model_index_name(model_index));
@@ -113,13 +108,11 @@ void save_sharded_model(const std::string& dir, size_t model_index, DataParallel
   entry["ranges"] = nlohmann::json::object();
   for (size_t i = 0; i < w.tensors.size(); ++i) {
     const auto& [name, t] = w.tensors[i];
-    entry["ranges"][name] = {{"begin", w.begins[i]},
-                             {"numel", t.numel()},
-                             {"offset", starts.at(name)},
+    entry["ranges"][name] = {{"begin", w.begins[i]}, {"numel", t.numel()}, {"offset", starts.at(name)},
                              {"crc32", crc_of(t)}};
   }
   const fs::path description = path.string() + ".json";
-  data::write_file_atomically(description, entry.dump());
+  write_file_atomically(description, entry.dump());
   group.barrier()->wait();
   if (rank == 0) {
     nlohmann::json index{{"format", kFormat},
@@ -129,10 +122,10 @@ void save_sharded_model(const std::string& dir, size_t model_index, DataParallel
     index["files"] = nlohmann::json::array();
     for (int r = 0; r < group.size(); ++r) {
       const fs::path other = root / (shard_file(model_index, r) + ".json");
-      index["files"].push_back(nlohmann::json::parse(data::read_file(other)));
+      index["files"].push_back(nlohmann::json::parse(read_file(other)));
       fs::remove(other);
     }
-    data::write_file_atomically(root / sharded_model_index_name(model_index), index.dump(1));
+    write_file_atomically(root / sharded_model_index_name(model_index), index.dump(1));
   }
   group.barrier()->wait();
 }
@@ -140,10 +133,9 @@ void save_sharded_model(const std::string& dir, size_t model_index, DataParallel
 namespace {
 
 int64_t json_count(const nlohmann::json& j, const char* key, const std::string& where) {
-  TESSERA_CHECK(
-      j.is_object() && j.contains(key) && j[key].is_number_integer() && j[key].get<int64_t>() >= 0,
-      where, ": \"", key, "\" must be a non-negative integer, got ",
-      j.is_object() && j.contains(key) ? j[key].dump() : "nothing");
+  TESSERA_CHECK(j.is_object() && j.contains(key) && j[key].is_number_integer() && j[key].get<int64_t>() >= 0,
+                where, ": \"", key, "\" must be a non-negative integer, got ",
+                j.is_object() && j.contains(key) ? j[key].dump() : "nothing");
   return j[key].get<int64_t>();
 }
 
@@ -160,17 +152,14 @@ void read_files(const nlohmann::json& files, ShardedModelIndex& index, const std
     const fs::path path = fs::path(index.dir) / name;
     TESSERA_CHECK(fs::is_regular_file(path), at, " is missing (", path.string(), ")");
     const uint64_t bytes = static_cast<uint64_t>(json_count(file, "bytes", at));
-    TESSERA_CHECK(fs::file_size(path) == bytes, at, " has ", fs::file_size(path),
-                  " bytes but the index says ", bytes, " (truncated, or from another save?)");
-    TESSERA_CHECK(file.contains("ranges") && file["ranges"].is_object(), at,
-                  ": \"ranges\" is missing");
+    TESSERA_CHECK(fs::file_size(path) == bytes, at, " has ", fs::file_size(path), " bytes but the index says ",
+                  bytes, " (truncated, or from another save?)");
+    TESSERA_CHECK(file.contains("ranges") && file["ranges"].is_object(), at, ": \"ranges\" is missing");
     for (const auto& [tensor, r] : file["ranges"].items()) {
       auto it = index.tensors.find(tensor);
-      TESSERA_CHECK(it != index.tensors.end(), at, ": tensor '", tensor,
-                    "' is not in the index's \"tensors\"");
+      TESSERA_CHECK(it != index.tensors.end(), at, ": tensor '", tensor, "' is not in the index's \"tensors\"");
       const std::string range_at = at + ": tensor '" + tensor + "'";
-      ShardedModelIndex::Range range{name, json_count(r, "begin", range_at),
-                                     json_count(r, "numel", range_at),
+      ShardedModelIndex::Range range{name, json_count(r, "begin", range_at), json_count(r, "numel", range_at),
                                      static_cast<uint64_t>(json_count(r, "offset", range_at)),
                                      static_cast<uint32_t>(json_count(r, "crc32", range_at))};
       const uint64_t length = static_cast<uint64_t>(range.numel) * dtype_size(it->second.dtype);
@@ -187,51 +176,45 @@ void check_tiling(const ShardedModelIndex& index, const std::string& where) {
     int64_t next = 0;
     const ShardedModelIndex::Range* previous = nullptr;
     for (const auto& range : entry.ranges) {
-      TESSERA_CHECK(range.begin >= next, where, ": tensor '", name, "': elements [", range.begin,
-                    ", ", std::min(next, range.begin + range.numel), ") are in both ",
-                    previous ? previous->file : "", " and ", range.file, " (overlapping ranges)");
-      TESSERA_CHECK(range.begin == next, where, ": tensor '", name, "': elements [", next, ", ",
-                    range.begin, ") are in no shard (a gap before ", range.file, ")");
+      TESSERA_CHECK(range.begin >= next, where, ": tensor '", name, "': elements [", range.begin, ", ",
+                    std::min(next, range.begin + range.numel), ") are in both ", previous ? previous->file : "",
+                    " and ", range.file, " (overlapping ranges)");
+      TESSERA_CHECK(range.begin == next, where, ": tensor '", name, "': elements [", next, ", ", range.begin,
+                    ") are in no shard (a gap before ", range.file, ")");
       next = range.begin + range.numel;
       previous = &range;
     }
-    TESSERA_CHECK(next == entry.numel, where, ": tensor '", name, "': elements [", next, ", ",
-                  entry.numel, ") are in no shard",
-                  previous ? " (after " + previous->file + ")" : std::string());
+    TESSERA_CHECK(next == entry.numel, where, ": tensor '", name, "': elements [", next, ", ", entry.numel,
+                  ") are in no shard", previous ? " (after " + previous->file + ")" : std::string());
   }
 }
 
 }  // namespace
 
 ShardedModelIndex read_sharded_model_index(const std::string& dir, size_t model_index) {
-  const std::string where =
-      "sharded checkpoint '" + dir + "': " + sharded_model_index_name(model_index);
+  const std::string where = "sharded checkpoint '" + dir + "': " + sharded_model_index_name(model_index);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(
-        data::read_file(fs::path(dir) / sharded_model_index_name(model_index)));
+    j = nlohmann::json::parse(read_file(fs::path(dir) / sharded_model_index_name(model_index)));
   } catch (const nlohmann::json::exception& e) {
     TESSERA_FAIL(where, " is not valid JSON: ", e.what());
   }
-  TESSERA_CHECK(j.is_object() && j.value("format", "") == kFormat, where, ": not a ", kFormat,
-                " index");
+  TESSERA_CHECK(j.is_object() && j.value("format", "") == kFormat, where, ": not a ", kFormat, " index");
   ShardedModelIndex index;
   index.dir = dir;
   index.world_size = static_cast<int>(json_count(j, "world_size", where));
   index.strategy = j.value("strategy", "");
-  TESSERA_CHECK(j.contains("tensors") && j["tensors"].is_object(), where,
-                ": \"tensors\" is missing");
+  TESSERA_CHECK(j.contains("tensors") && j["tensors"].is_object(), where, ": \"tensors\" is missing");
   for (const auto& [name, t] : j["tensors"].items()) {
-    TESSERA_CHECK(t.is_object() && t.contains("dtype") && t["dtype"].is_string() &&
-                      t.contains("shape") && t["shape"].is_array(),
+    TESSERA_CHECK(t.is_object() && t.contains("dtype") && t["dtype"].is_string() && t.contains("shape") &&
+                      t["shape"].is_array(),
                   where, ": tensor '", name, "' needs a \"dtype\" and a \"shape\"");
     ShardedModelIndex::Entry entry;
-    entry.dtype = safetensors_dtype_from_name(t["dtype"].get<std::string>(),
-                                              where + ": tensor '" + name + "'");
+    entry.dtype = safetensors_dtype_from_name(t["dtype"].get<std::string>(), where + ": tensor '" + name + "'");
     entry.numel = 1;
     for (const auto& d : t["shape"]) {
-      TESSERA_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, where, ": tensor '", name,
-                    "': bad shape ", t["shape"].dump());
+      TESSERA_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, where, ": tensor '", name, "': bad shape ",
+                    t["shape"].dump());
       entry.shape.push_back(d.get<int64_t>());
       entry.numel *= entry.shape.back();
     }
@@ -255,11 +238,10 @@ Tensor read_saved_range(const ShardedModelIndex& index, const std::string& name,
   std::ifstream in(path, std::ios::binary);
   in.seekg(static_cast<std::streamoff>(range.offset));
   in.read(static_cast<char*>(saved.raw_data()), static_cast<std::streamsize>(saved.nbytes()));
-  TESSERA_CHECK(in.good(), "sharded checkpoint: ", path.string(), ": cannot read tensor '", name,
-                "' at byte ", range.offset);
-  TESSERA_CHECK(crc_of(saved) == range.crc32, "sharded checkpoint: ", path.string(),
-                ": the bytes of tensor '", name, "' [", range.begin, ", ",
-                range.begin + range.numel,
+  TESSERA_CHECK(in.good(), "sharded checkpoint: ", path.string(), ": cannot read tensor '", name, "' at byte ",
+                range.offset);
+  TESSERA_CHECK(crc_of(saved) == range.crc32, "sharded checkpoint: ", path.string(), ": the bytes of tensor '",
+                name, "' [", range.begin, ", ", range.begin + range.numel,
                 ") differ from their checksum in the index (damaged); refusing to load");
   return saved;
 }
@@ -268,19 +250,17 @@ Tensor read_saved_range(const ShardedModelIndex& index, const std::string& name,
 
 void write_whole_model(const ShardedModelIndex& index, const std::string& path) {
   std::vector<SafetensorsEntry> entries;
-  for (const auto& [name, entry] : index.tensors)
-    entries.push_back({name, entry.dtype, entry.shape});
-  save_safetensors_streamed(path, entries,
-                            [&](const SafetensorsEntry& e, const ByteWriter& write) {
-                              // The ranges tile the tensor in order: their bytes one after the
-                              // other are its bytes.
-                              for (const auto& range : index.tensors.at(e.name).ranges) {
-                                const Tensor saved =
-                                    read_saved_range(index, e.name, e.dtype, range);
-                                write({saved.raw_data(), saved.nbytes()});
-                              }
-                            },
-                            {{"format", "pt"}});
+  for (const auto& [name, entry] : index.tensors) entries.push_back({name, entry.dtype, entry.shape});
+  save_safetensors_streamed(
+      path, entries,
+      [&](const SafetensorsEntry& e, const ByteWriter& write) {
+        // The ranges tile the tensor in order: their bytes one after the other are its bytes.
+        for (const auto& range : index.tensors.at(e.name).ranges) {
+          const Tensor saved = read_saved_range(index, e.name, e.dtype, range);
+          write({saved.raw_data(), saved.nbytes()});
+        }
+      },
+      {{"format", "pt"}});
 }
 
 void remove_sharded_model(const std::string& dir, size_t model_index) {
@@ -288,29 +268,24 @@ void remove_sharded_model(const std::string& dir, size_t model_index) {
   fs::remove(fs::path(dir) / sharded_model_index_name(model_index));
 }
 
-Tensor read_sharded_range(const ShardedModelIndex& index, const std::string& name, int64_t begin,
-                          int64_t numel) {
+Tensor read_sharded_range(const ShardedModelIndex& index, const std::string& name, int64_t begin, int64_t numel) {
   auto it = index.tensors.find(name);
   TESSERA_CHECK(it != index.tensors.end(), "sharded checkpoint '", index.dir, "': tensor '", name,
                 "' is not in the index");
   const ShardedModelIndex::Entry& entry = it->second;
-  TESSERA_CHECK(begin >= 0 && begin + numel <= entry.numel, "sharded checkpoint '", index.dir,
-                "': tensor '", name, "' has ", entry.numel, " elements; [", begin, ", ",
-                begin + numel, ") was asked for");
+  TESSERA_CHECK(begin >= 0 && begin + numel <= entry.numel, "sharded checkpoint '", index.dir, "': tensor '", name,
+                "' has ", entry.numel, " elements; [", begin, ", ", begin + numel, ") was asked for");
   Tensor out = empty({numel}, {.dtype = entry.dtype});
   for (const auto& range : entry.ranges) {
-    const int64_t lo = std::max(begin, range.begin),
-                  hi = std::min(begin + numel, range.begin + range.numel);
+    const int64_t lo = std::max(begin, range.begin), hi = std::min(begin + numel, range.begin + range.numel);
     if (lo >= hi) continue;
     const Tensor saved = read_saved_range(index, name, entry.dtype, range);
-    ops::copy_(ops::narrow(out, 0, lo - begin, hi - lo),
-               ops::narrow(saved, 0, lo - range.begin, hi - lo));
+    ops::copy_(ops::narrow(out, 0, lo - begin, hi - lo), ops::narrow(saved, 0, lo - range.begin, hi - lo));
   }
   return out;
 }
 
-std::function<void()> stage_sharded_model(const ShardedModelIndex& index,
-                                          DataParallelStrategy& strategy,
+std::function<void()> stage_sharded_model(const ShardedModelIndex& index, DataParallelStrategy& strategy,
                                           const std::string& where) {
   nn::Module& model = strategy.module();
   for (const auto& [name, t] : model.state_dict()) {
@@ -318,17 +293,15 @@ std::function<void()> stage_sharded_model(const ShardedModelIndex& index,
     TESSERA_CHECK(it != index.tensors.end(), where, ": tensor \"", name, "\" is missing");
     TESSERA_CHECK(it->second.shape == t.shape(), where, ": tensor \"", name, "\" has shape ",
                   shape_str(it->second.shape), " but the model's is ", shape_str(t.shape()));
-    TESSERA_CHECK(is_floating(it->second.dtype) == is_floating(t.dtype()), where, ": tensor \"",
-                  name, "\" has dtype ", dtype_name(it->second.dtype), " but the model's is ",
-                  dtype_name(t.dtype()));
+    TESSERA_CHECK(is_floating(it->second.dtype) == is_floating(t.dtype()), where, ": tensor \"", name,
+                  "\" has dtype ", dtype_name(it->second.dtype), " but the model's is ", dtype_name(t.dtype()));
   }
   // Destination views and their values, read in full before anything is written.
   std::vector<std::pair<Tensor, Tensor>> staged;
   std::set<std::string> sharded;
   for (auto& shard : strategy.parameter_shards()) {
     sharded.insert(shard.name);
-    staged.emplace_back(shard.values,
-                        read_sharded_range(index, shard.name, shard.begin, shard.numel));
+    staged.emplace_back(shard.values, read_sharded_range(index, shard.name, shard.begin, shard.numel));
   }
   for (auto& [name, p] : model.named_parameters())
     if (p.requires_grad()) sharded.insert(name);

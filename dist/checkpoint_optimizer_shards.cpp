@@ -1,4 +1,4 @@
-#include "tessera/dist/sharded_state.h"
+#include "tessera/dist/checkpoint.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "tessera/core/safetensors.h"
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 #include "tessera/kernels/ops.h"
 
 namespace tessera::dist {
@@ -73,12 +73,12 @@ void save_sharded_optimizer(const std::string& dir, const DataParallelStrategy& 
     for (int r = 0; r < group.size(); ++r) {
       const fs::path path = fs::path(dir) / shard_name(r);
       const SafetensorsContents file = load_safetensors(path.string(), {.memory_map = true});
-      nlohmann::json entry{{"name", shard_name(r)}, {"crc32", data::crc32(data::read_file(path))}};
+      nlohmann::json entry{{"name", shard_name(r)}, {"crc32", crc32(read_file(path))}};
       for (const auto& [key, text] : file.metadata)
         if (key != "format") entry["slices"][key] = text;
       index["files"].push_back(entry);
     }
-    data::write_file_atomically(fs::path(dir) / kIndex, index.dump(2));
+    write_file_atomically(fs::path(dir) / kIndex, index.dump(2));
   }
   group.barrier()->wait();
 }
@@ -138,7 +138,7 @@ optim::OptimizerStateDict reslice(const Sources& sources, std::map<std::string, 
 nlohmann::json read_index(const std::string& dir) {
   const fs::path index_path = fs::path(dir) / kIndex;
   try {
-    return nlohmann::json::parse(data::read_file(index_path));
+    return nlohmann::json::parse(read_file(index_path));
   } catch (const nlohmann::json::exception& e) {
     TESSERA_FAIL("load_sharded_optimizer: ", index_path.string(), " is not valid JSON: ", e.what());
   }
@@ -150,7 +150,7 @@ Sources read_sources(const std::string& dir, const nlohmann::json& index, bool m
   Sources sources;
   for (const auto& entry : index.at("files")) {
     const fs::path path = fs::path(dir) / entry.at("name").get<std::string>();
-    TESSERA_CHECK(data::crc32(data::read_file(path)) == entry.at("crc32").get<uint32_t>(),
+    TESSERA_CHECK(crc32(read_file(path)) == entry.at("crc32").get<uint32_t>(),
                   "load_sharded_optimizer: ", path.string(),
                   " is damaged (checksum differs from the index); refusing to load it");
     if (!entry.contains("slices")) continue;
@@ -175,8 +175,7 @@ optim::OptimizerStateDict read_sharded_optimizer(const std::string& dir,
   std::map<std::string, double> scalars;
   if (index.contains("scalars"))
     for (auto& [key, value] : index.at("scalars").items()) scalars[key] = value.get<double>();
-  return reslice(sources, std::move(scalars), strategy, optimizer,
-                 "load_sharded_optimizer: " + dir);
+  return reslice(sources, std::move(scalars), strategy, optimizer, "load_sharded_optimizer: " + dir);
 }
 
 void load_sharded_optimizer(const std::string& dir, const DataParallelStrategy& strategy,
@@ -216,8 +215,7 @@ struct ShardedFieldReader::SlicesByName {
 };
 
 ShardedFieldReader::ShardedFieldReader(const std::string& dir, std::string field)
-    : slices_(
-          std::make_unique<SlicesByName>(SlicesByName{read_sources(dir, read_index(dir), true)})),
+    : slices_(std::make_unique<SlicesByName>(SlicesByName{read_sources(dir, read_index(dir), true)})),
       dir_(dir),
       field_(std::move(field)) {}
 
@@ -244,9 +242,8 @@ Tensor ShardedFieldReader::assemble(const std::string& parameter) const {
     ops::copy_(ops::narrow(out, 0, src.slice.begin, src.slice.numel), it->second);
     covered += src.slice.numel;
   }
-  TESSERA_CHECK(covered == numel, dir_, ": the shards hold ", covered, " of the ", numel,
-                " elements of '", parameter, "' for ", field_,
-                " (a shard file is missing from the index?)");
+  TESSERA_CHECK(covered == numel, dir_, ": the shards hold ", covered, " of the ", numel, " elements of '", parameter,
+                "' for ", field_, " (a shard file is missing from the index?)");
   return out;
 }
 

@@ -1,4 +1,4 @@
-#include "tessera/data/file_io.h"
+#include "tessera/core/file_io.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -15,7 +15,7 @@
 
 #include "tessera/core/error.h"
 
-namespace tessera::data {
+namespace tessera {
 
 std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -174,4 +174,4 @@ void verify_folder_checksums(const std::filesystem::path& dir, const std::vector
   }
 }
 
-}  // namespace tessera::data
+}  // namespace tessera
