@@ -143,6 +143,7 @@ Trainer::Trainer(TrainingArguments args, std::unique_ptr<TrainingTask> task,
   options.gradient_accumulation_steps = static_cast<int>(args_.gradient_accumulation_steps);
   options.cpu = wanted.is_cpu();
   options.zero_stage = static_cast<int>(args_.zero_stage);
+  options.hybrid_shard_size = static_cast<int>(args_.hybrid_shard_size);
   options.offload_optimizer = args_.offload != "none";
   options.offload_param = args_.offload == "param";
   options.zero_accumulation = dist::gradient_accumulation_from_name(args_.zero_accumulation);
