@@ -77,7 +77,11 @@ TEST(CliSharding, BadShardingSettingsFailBeforeTrainingNamingTheKey) {
       {"--offload disk --zero-stage 2", "\"offload\""},
       {"--offload param --zero-stage 2", "\"offload\""},
       {"--offload optimizer", "\"offload\""},
-      {"--fsdp HYBRID_SHARD", "hybrid"},
+      {"--fsdp HYBRID_SHARD --hybrid-shard-size 2", "hybrid_shard_size 2 does not divide the world size 1"},
+      {"--zero-stage 3 --hybrid-shard-size 0", "must be at least 1 (ranks per shard group)"},
+      {"--zero-stage 1 --hybrid-shard-size 1", "needs zero_stage 2 or 3"},
+      {"--fsdp \"hybrid_shard offload\"", "does not support offload"},
+      {"--fsdp FULL_SHARD --hybrid-shard-size 1", "shards over every rank"},
       {"--fsdp FULL_SHARD --zero-stage 2", "contradict"},
   };
   for (const auto& [args, key] : cases) {
@@ -140,6 +144,33 @@ TEST(CliSharding, DeepSpeedFileFsdpNameAndFlagSelectTheStage) {
           "--batch 3 --grad-accum 2 --grad-clip 0.5 --zero-stage 1");
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("ZeRO-1 over 2 processes"), std::string::npos) << r.output;
+}
+
+// Hybrid sharding through the CLI: `tessera launch --nproc-per-node 4 tessera train --fsdp
+// hybrid_shard --hybrid-shard-size 2` trains ZeRO-3 within 2 shard groups of 2 ranks (and
+// _hybrid_shard_zero2 ZeRO-2 likewise). Accumulating as no_sync, both are DDP's arithmetic: the
+// losses equal DDP's and the exported model is DDP's bit for bit.
+TEST(CliSharding, FsdpHybridShardOn4RanksEqualsDdp) {
+  const std::string common = " --steps 4 --schedule constant --batch 3 --grad-accum 2 --grad-clip 0.5 ";
+  auto r = run(launch(4) + train_args("hybrid_ddp") + common, "env TESSERA_SPARSE_EMBEDDING_GRADIENTS=0");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  const auto ddp = losses_after(scratch() / "hybrid_ddp", 0);
+  ASSERT_EQ(ddp.size(), 4u + 1u);
+  for (const auto& [fsdp, name] : {std::pair<std::string, std::string>{"hybrid_shard", "ZeRO-3 hybrid (2 x 2)"},
+                                   {"_hybrid_shard_zero2", "ZeRO-2 hybrid (2 x 2)"}}) {
+    const std::string out = "hybrid_" + fsdp;
+    r = run(launch(4) + train_args(out) + common + "--zero-accumulation no_sync --fsdp " + fsdp +
+            " --hybrid-shard-size 2");
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_NE(r.output.find(name + " over 4 processes"), std::string::npos) << r.output;
+    EXPECT_EQ(slurp(scratch() / out / "model" / "model.safetensors"),
+              slurp(scratch() / "hybrid_ddp" / "model" / "model.safetensors"))
+        << fsdp;
+    const auto got = losses_after(scratch() / out, 0);
+    ASSERT_EQ(got.size(), ddp.size());
+    for (size_t i = 0; i < ddp.size(); ++i)
+      EXPECT_EQ(got[i].second, ddp[i].second) << fsdp << ", step " << ddp[i].first;
+  }
 }
 
 // A checkpoint written by 2 ranks at stage 3 (6 rows each) resumes on 1 process under DDP

@@ -608,6 +608,98 @@ TEST(ZeroEquivalence, UntiedHeadAndOneProcess) {
   expect_zero_stages_match_ddp("env -u RANK -u WORLD_SIZE " DIST_ZERO_CHECK, 1, "single");
 }
 
+// Hybrid sharding (dist/zero.h): ZeRO-2/3 within shard groups of S ranks, replicated across the
+// W / S groups, on 2 x 2, 3 x 2 and 2 x 3 ranks (groups x S). Accumulating as no_sync, the
+// world's reduce-scatter sums every slice as DDP's all-reduce does and the replica group only
+// copies: the losses, gradient norms and every weight after 10 AdamW steps (accumulation 2,
+// clipping on every step) are DDP's bit for bit. reduce_every_micro_batch rounds as plain ZeRO's.
+std::vector<ZeroVariant> hybrid_variants(int shard_size, const std::string& extra = "") {
+  const std::string h = " --hybrid-shard-size " + std::to_string(shard_size) + extra;
+  return {{2, h + " --zero-accumulation no_sync", 0},
+          {3, h + " --zero-accumulation no_sync", 0},
+          {3, h, 1e-5, true}};
+}
+
+constexpr std::pair<int, int> kHybridMeshes[] = {{2, 2}, {3, 2}, {2, 3}};
+
+TEST(HybridShardEquivalence, MatchesDdpThroughLaunch2x2And3x2And2x3Ranks) {
+  for (const auto& [groups, shard_size] : kHybridMeshes) {
+    const int nproc = groups * shard_size;
+    expect_zero_stages_match_ddp(launch(nproc, DIST_ZERO_CHECK), nproc,
+                                 "hybrid_tcp" + std::to_string(groups) + "x" + std::to_string(shard_size), "",
+                                 false, hybrid_variants(shard_size));
+  }
+}
+
+TEST(HybridShardEquivalence, MatchesDdpThroughMpirun2x2And3x2And2x3Ranks) {
+  if (!have_mpirun()) GTEST_SKIP() << "built without MPI";
+  for (const auto& [groups, shard_size] : kHybridMeshes) {
+    const int nproc = groups * shard_size;
+    expect_zero_stages_match_ddp(mpirun(nproc, DIST_ZERO_CHECK), nproc,
+                                 "hybrid_mpi" + std::to_string(groups) + "x" + std::to_string(shard_size),
+                                 " --backend mpi", false, hybrid_variants(shard_size));
+  }
+}
+
+// The untied head (lm_head in stage 3's root unit) and several blocks with small buckets: a
+// parameter spans several of a rank's non-contiguous slices, each its own optimizer tensor.
+TEST(HybridShardEquivalence, UntiedAndDeeperOn2x2Ranks) {
+  expect_zero_stages_match_ddp(launch(4, DIST_ZERO_CHECK), 4, "hybrid_untied", " --untied --layers 3", false,
+                               hybrid_variants(2));
+}
+
+// The settings from config files: DeepSpeed's zero_optimization.mics_shard_size (through
+// `tessera launch --deepspeed_config_file`) and Accelerate's fsdp_sharding_strategy
+// _HYBRID_SHARD_ZERO2 / HYBRID_SHARD (through `tessera launch --fsdp_sharding_strategy`, with the
+// shard group size from the program): on 2 x 2 ranks, DDP's arithmetic bit for bit.
+TEST(HybridShardEquivalence, DeepSpeedAndAccelerateConfigKeysOn2x2Ranks) {
+  const std::string ds = temp_file("mics.json");
+  std::ofstream(ds) << R"({"zero_optimization": {"stage": 3, "mics_shard_size": 2}})";
+  const std::string ddp_out = temp_file("ddp.txt");
+  JobResult r = run_job("env OMP_NUM_THREADS=1 " + launch(4, DIST_ZERO_CHECK) + " --zero-stage 0 --out " + ddp_out,
+                        180);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const TrainRecord ddp = read_record(ddp_out);
+  ASSERT_EQ(ddp.losses.size(), 10u);
+  const std::string launcher = std::string(TESSERA_CLI) + " launch --nproc-per-node 4 ";
+  const std::pair<std::string, std::string> runs[] = {
+      {"--use_deepspeed --deepspeed_config_file " + ds, ""},
+      {"--use_fsdp --fsdp_sharding_strategy _HYBRID_SHARD_ZERO2", " --hybrid-shard-size 2"},
+      {"--use_fsdp --fsdp_sharding_strategy HYBRID_SHARD", " --hybrid-shard-size 2"}};
+  for (const auto& [launch_flags, program_flags] : runs) {
+    const std::string out = temp_file("config.txt");
+    std::remove(out.c_str());
+    r = run_job("env OMP_NUM_THREADS=1 " + launcher + launch_flags + " " DIST_ZERO_CHECK " --out " + out +
+                    " --zero-accumulation no_sync" + program_flags,
+                180);
+    ASSERT_EQ(r.status, 0) << launch_flags << "\n" << r.output;
+    const RelativeDifference d = relative_difference(read_record(out), ddp);
+    std::printf("[ hybrid ] %s%s on 4 ranks vs DDP: worst relative difference %.3g\n", launch_flags.c_str(),
+                program_flags.c_str(), d.worst());
+    EXPECT_EQ(d.worst(), 0) << launch_flags << program_flags;
+  }
+}
+
+// A shard group size that does not divide the world, stage 1, offload, a size below 1: each
+// refused before the ranks train, naming the numbers.
+TEST(HybridShardEquivalence, BadHybridSettingsAreRefusedBeforeAnyWork) {
+  const std::pair<std::string, std::string> cases[] = {
+      {" --zero-stage 3 --hybrid-shard-size 3", "hybrid_shard_size 3 does not divide the world size 4"},
+      {" --zero-stage 2 --hybrid-shard-size 0", "hybrid_shard_size must be at least 1"},
+      {" --zero-stage 1 --hybrid-shard-size 2", "needs ZeRO stage 2 or 3"},
+      {" --zero-stage 0 --hybrid-shard-size 2", "got stage 0 (DDP)"},
+      {" --zero-stage 3 --hybrid-shard-size 2 --offload optimizer", "does not support offload"},
+      {" --fsdp FULL_SHARD --hybrid-shard-size 2", "shards over every rank"}};
+  for (const auto& [flags, message] : cases) {
+    const std::string out = temp_file("refused.txt");
+    std::remove(out.c_str());
+    const JobResult r = run_job("env OMP_NUM_THREADS=1 " + launch(4, DIST_ZERO_CHECK) + " --out " + out + flags, 60);
+    EXPECT_NE(r.status, 0) << flags << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
+    EXPECT_TRUE(read_record(out).losses.empty()) << flags << ": no step ran";
+  }
+}
+
 // ZeRO-Offload and stage-3 prefetch: stage 2 and 3 with the optimizer (AdamW on the CPU,
 // masters and moments in host memory, gradients streamed out by the worker thread), stage 3
 // with the parameter shard on the host too, and stage 3 gathering the next units ahead of use
