@@ -9,6 +9,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -677,6 +678,60 @@ TEST(HybridShardEquivalence, DeepSpeedAndAccelerateConfigKeysOn2x2Ranks) {
     std::printf("[ hybrid ] %s%s on 4 ranks vs DDP: worst relative difference %.3g\n", launch_flags.c_str(),
                 program_flags.c_str(), d.worst());
     EXPECT_EQ(d.worst(), 0) << launch_flags << program_flags;
+  }
+}
+
+// Checkpoints under hybrid sharding: shard group 0 (ranks 0 and 1 of 2 x 2) writes them, a
+// rank's several pieces of one parameter under "name#k" keys; the checkpoint after step 5 of a
+// 4-rank stage-3 run resumes on the same 4 ranks (hybrid, plain ZeRO-2 and DDP: the same batch
+// sums, so the rest of the run is the uninterrupted one's bit for bit) and on 2 ranks at stage 3
+// and 1 under DDP (the batch summed in another order: losses within 1e-6, norms 1e-5).
+TEST(HybridShardEquivalence, CheckpointWrittenByShardGroup0ResumesExactly) {
+  const std::string ckpt = temp_file("ckpt"), full_out = temp_file("full.txt");
+  const std::string no_sync = " --zero-accumulation no_sync";
+  std::filesystem::remove_all(ckpt);
+  JobResult r = run_job("env OMP_NUM_THREADS=1 " + launch(4, DIST_ZERO_CHECK) + no_sync +
+                            " --rows 3 --zero-stage 3 --hybrid-shard-size 2 --out " + full_out + " --save " + ckpt +
+                            " --save-at 5",
+                        180);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const TrainRecord full = read_record(full_out);
+  ASSERT_EQ(full.losses.size(), 10u);
+  const auto optimizer_index = nlohmann::json::parse(std::ifstream(ckpt + "/optimizer_shards.json"));
+  EXPECT_EQ(optimizer_index["world_size"].get<int>(), 2);
+  EXPECT_EQ(optimizer_index["files"].size(), 2u);
+  EXPECT_EQ(optimizer_index["strategy"].get<std::string>(), "ZeRO-3 hybrid (2 x 2)");
+  int repeated = 0;
+  for (const auto& file : optimizer_index["files"])
+    for (const auto& [key, _] : file["slices"].items()) repeated += key.find('#') != std::string::npos;
+  EXPECT_GT(repeated, 0) << "some rank holds several pieces of one parameter";
+  const std::pair<int, std::string> resumes[] = {{4, " --zero-stage 3 --hybrid-shard-size 2"},
+                                                 {4, " --zero-stage 2"},
+                                                 {4, " --zero-stage 0"},
+                                                 {2, " --zero-stage 3"},
+                                                 {1, " --zero-stage 0"}};
+  for (const auto& [nproc, flags] : resumes) {
+    const std::string out = temp_file("resumed.txt");
+    std::remove(out.c_str());
+    const std::string starter =
+        nproc == 1 ? std::string("env -u RANK -u WORLD_SIZE " DIST_ZERO_CHECK) : launch(nproc, DIST_ZERO_CHECK);
+    r = run_job("env OMP_NUM_THREADS=1 " + starter + no_sync + flags + " --rows " +
+                    std::to_string(12 / nproc) + " --resume " + ckpt + " --start-step 5 --out " + out,
+                180);
+    ASSERT_EQ(r.status, 0) << flags << "\n" << r.output;
+    TrainRecord tail = read_record(out), want = full;
+    want.losses.erase(want.losses.begin(), want.losses.begin() + 5);
+    want.norms.erase(want.norms.begin(), want.norms.begin() + 5);
+    const RelativeDifference d = relative_difference(tail, want);
+    std::printf("[ hybrid ] 2 x 2 stage-3 checkpoint resumed on %d rank(s)%s: losses %.3g, norms %.3g, weights %.3g\n",
+                nproc, flags.c_str(), d.losses, d.norms, d.params);
+    if (nproc == 4) {
+      EXPECT_EQ(d.worst(), 0) << flags;
+    } else {
+      EXPECT_LE(d.losses, 1e-6) << nproc << flags;
+      EXPECT_LE(d.norms, 1e-5) << nproc << flags;
+      EXPECT_LE(d.params, 2e-3) << nproc << flags;
+    }
   }
 }
 
