@@ -163,7 +163,8 @@ std::string formula_text(const PlanArgs& a) {
   if (whole[s] > 0) text = std::to_string(whole[s]) + "Ψ";
   // Hybrid sharding divides by the shard group's size S rather than the world's.
   if (sharded[s] > 0)
-    text += (text.empty() ? "" : " + ") + std::to_string(sharded[s]) + (a.hybrid_shard_size > 0 ? "Ψ/S" : "Ψ/W");
+    text += (text.empty() ? "" : " + ") + std::to_string(sharded[s]) +
+            (a.hybrid_shard_size > 0 ? "Ψ/S" : "Ψ/W");
   return text;
 }
 
@@ -414,10 +415,11 @@ const RegisterCommand reg(
       sub.callback([a, prefetch, checkpointing, hybrid] {
         a->checkpointing = checkpointing->count() > 0;
         if (hybrid->count() > 0) {
-          TESSERA_CHECK(!a->all_strategies && !a->fit, "tessera plan: --hybrid-shard-size plans one "
+          TESSERA_CHECK(!a->all_strategies && !a->fit,
+                        "tessera plan: --hybrid-shard-size plans one "
                         "strategy; drop --all-strategies / --fit");
-          dist::check_hybrid_sharding(a->hybrid_shard_size, a->nproc, a->zero_stage, a->offload != "none",
-                                      "tessera plan: --hybrid-shard-size");
+          dist::check_hybrid_sharding(a->hybrid_shard_size, a->nproc, a->zero_stage,
+                                      a->offload != "none", "tessera plan: --hybrid-shard-size");
         }
         TESSERA_CHECK(a->n_layer <= kMaxLayers, "tessera plan: --n-layer ", a->n_layer,
                       " is more than the ", kMaxLayers, " blocks a plan builds (each one's modules are "

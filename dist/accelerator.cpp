@@ -109,13 +109,14 @@ void Accelerator::resolve_hybrid_sharding() {
   const std::string& fsdp = options_.fsdp_sharding_strategy;
   const bool hybrid_strategy = !fsdp.empty() && fsdp_sharding_is_hybrid(fsdp);
   TESSERA_CHECK(options_.hybrid_shard_size == -1 || fsdp.empty() || hybrid_strategy,
-                "Accelerator: hybrid_shard_size ", options_.hybrid_shard_size, " asks for hybrid sharding but ",
-                "fsdp_sharding_strategy ", fsdp, " shards over every rank; use HYBRID_SHARD or _HYBRID_SHARD_ZERO2");
+                "Accelerator: hybrid_shard_size ", options_.hybrid_shard_size,
+                " asks for hybrid sharding but ", "fsdp_sharding_strategy ", fsdp,
+                " shards over every rank; use HYBRID_SHARD or _HYBRID_SHARD_ZERO2");
   int size = options_.hybrid_shard_size;
   if (size == -1 && hybrid_strategy) size = env_.local_world_size;
   if (size == -1) return;
-  check_hybrid_sharding(size, env_.world_size, zero_stage_, options_.offload_optimizer || options_.offload_param,
-                        "Accelerator");
+  check_hybrid_sharding(size, env_.world_size, zero_stage_,
+                        options_.offload_optimizer || options_.offload_param, "Accelerator");
   hybrid_shard_size_ = size;
 }
 

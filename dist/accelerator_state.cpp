@@ -269,7 +269,8 @@ void Accelerator::save_model(nn::Module& model, const std::string& dir) {
   const fs::path weights = fs::path(dir) / "model.safetensors";
   const bool sharded = zero_stage_ > 0 && models_.count(&model);
   if (sharded)
-    if (auto group = writers(*models_.at(&model))) save_sharded_model(dir, 0, *models_.at(&model), *group);
+    if (auto group = writers(*models_.at(&model)))
+      save_sharded_model(dir, 0, *models_.at(&model), *group);
   if (is_main_process()) {
     fs::create_directories(dir);
     if (sharded) {

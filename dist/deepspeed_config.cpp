@@ -207,9 +207,10 @@ void read_zero_optimization(DeepSpeedConfig& c, const Json& z) {
   // ranks, replicate across them; -1 (or 0) is off.
   if (z.contains("mics_shard_size")) {
     const Json& v = z["mics_shard_size"];
-    TESSERA_CHECK(v.is_number_integer() && v.get<int64_t>() >= -1 && v.get<int64_t>() <= (int64_t{1} << 30),
-                  c.source, ": \"", p, ".mics_shard_size\" must be a whole number of ranks (or -1: off), got ",
-                  v.dump());
+    TESSERA_CHECK(
+        v.is_number_integer() && v.get<int64_t>() >= -1 && v.get<int64_t>() <= (int64_t{1} << 30),
+        c.source, ": \"", p,
+        ".mics_shard_size\" must be a whole number of ranks (or -1: off), got ", v.dump());
     if (v.get<int64_t>() > 0) c.hybrid_shard_size = static_cast<int>(v.get<int64_t>());
   }
   for (const SwitchRule& rule : zero_switch_rules())
@@ -339,9 +340,10 @@ int fsdp_sharding_stage(const std::string& name) {
   if (n == "FULL_SHARD" || n == "HYBRID_SHARD") return 3;
   if (n == "SHARD_GRAD_OP" || n == "_HYBRID_SHARD_ZERO2" || n == "HYBRID_SHARD_ZERO2") return 2;
   if (n == "NO_SHARD") return 0;
-  TESSERA_FAIL("FSDP sharding strategy must be FULL_SHARD (ZeRO-3), SHARD_GRAD_OP (ZeRO-2), ",
-               "HYBRID_SHARD (ZeRO-3 within groups of hybrid_shard_size ranks), _HYBRID_SHARD_ZERO2 ",
-               "(ZeRO-2 likewise) or NO_SHARD (DDP); got '", name, "'");
+  TESSERA_FAIL(
+      "FSDP sharding strategy must be FULL_SHARD (ZeRO-3), SHARD_GRAD_OP (ZeRO-2), ",
+      "HYBRID_SHARD (ZeRO-3 within groups of hybrid_shard_size ranks), _HYBRID_SHARD_ZERO2 ",
+      "(ZeRO-2 likewise) or NO_SHARD (DDP); got '", name, "'");
 }
 
 bool fsdp_sharding_is_hybrid(const std::string& name) {
@@ -472,8 +474,9 @@ void DeepSpeedConfig::apply_to(AcceleratorOptions& o) const {
     o.bucket_bytes = bytes;
   }
   if (hybrid_shard_size) {
-    agree(o.hybrid_shard_size >= 0, o.hybrid_shard_size == *hybrid_shard_size, "zero_optimization.mics_shard_size",
-          "hybrid_shard_size", std::to_string(*hybrid_shard_size), std::to_string(o.hybrid_shard_size));
+    agree(o.hybrid_shard_size >= 0, o.hybrid_shard_size == *hybrid_shard_size,
+          "zero_optimization.mics_shard_size", "hybrid_shard_size",
+          std::to_string(*hybrid_shard_size), std::to_string(o.hybrid_shard_size));
     o.hybrid_shard_size = *hybrid_shard_size;
   }
   if (stage3_prefetch_bucket_size) o.stage3_prefetch_bucket_size = *stage3_prefetch_bucket_size;

@@ -49,7 +49,7 @@ struct DeepSpeedConfig {
   std::optional<double> gradient_clipping;
   std::optional<std::string> mixed_precision;  // "bf16" | "fp16" | "no" from bf16/fp16.enabled
   std::optional<int64_t> train_micro_batch_size_per_gpu, train_batch_size;
-  std::optional<int> hybrid_shard_size;                      // zero_optimization.mics_shard_size > 0
+  std::optional<int> hybrid_shard_size;                     // zero_optimization.mics_shard_size > 0
   std::optional<int64_t> stage3_max_live_parameters;        // caps the stage-3 prefetch
   std::optional<bool> ignore_unused_parameters;             // = find_unused_parameters
   std::optional<std::string> communication_data_type;       // fp32 | fp16 | bf16 (reduce dtype)

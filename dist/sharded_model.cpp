@@ -62,7 +62,9 @@ Written tensors_to_write(DataParallelStrategy& strategy, bool with_unsharded) {
   std::map<std::string, int> repeats;  // a parameter's pieces on this rank so far (hybrid: several)
   for (auto& shard : strategy.parameter_shards()) {
     sharded.insert(shard.name);
-    w.tensors.emplace_back(shard_entry_key(shard.name, repeats[shard.name]++), raw::contiguous(raw::to(shard.values, Device::cpu(), shard.values.dtype())));
+    w.tensors.emplace_back(
+        shard_entry_key(shard.name, repeats[shard.name]++),
+        raw::contiguous(raw::to(shard.values, Device::cpu(), shard.values.dtype())));
     w.begins.push_back(shard.begin);
   }
   // Trainable parameters another rank holds are named by it (stage 3 keeps no whole copy).

@@ -63,9 +63,8 @@ void save_sharded_optimizer(const std::string& dir, const DataParallelStrategy& 
       if (auto it = state.tensors.find(prefix + field); it != state.tensors.end())
         tensors.emplace_back(key + "/" + field,
                              raw::view(raw::contiguous(it->second), {slices[k].numel}));
-    metadata[key] = std::to_string(slices[k].begin) + " " +
-                               std::to_string(slices[k].numel) + " " +
-                               std::to_string(static_cast<int64_t>(step->second));
+    metadata[key] = std::to_string(slices[k].begin) + " " + std::to_string(slices[k].numel) + " " +
+                    std::to_string(static_cast<int64_t>(step->second));
   }
   fs::create_directories(dir);
   save_safetensors((fs::path(dir) / shard_name(group.rank())).string(), tensors, metadata);

@@ -46,7 +46,8 @@ class AllOfWork final : public Work {
     for (const WorkPtr& w : works_) w->wait();
   }
   bool is_completed() override {
-    return std::all_of(works_.begin(), works_.end(), [](const WorkPtr& w) { return w->is_completed(); });
+    return std::all_of(works_.begin(), works_.end(),
+                       [](const WorkPtr& w) { return w->is_completed(); });
   }
 
  private:
@@ -92,14 +93,16 @@ const char* gradient_accumulation_name(GradientAccumulation accumulation) {
 
 void check_hybrid_sharding(int hybrid_shard_size, int world_size, int stage, bool offload,
                            const std::string& who) {
-  TESSERA_CHECK(hybrid_shard_size >= 1, who, ": hybrid_shard_size must be at least 1 (ranks per shard group), got ",
+  TESSERA_CHECK(hybrid_shard_size >= 1, who,
+                ": hybrid_shard_size must be at least 1 (ranks per shard group), got ",
                 hybrid_shard_size);
   TESSERA_CHECK(world_size % hybrid_shard_size == 0, who, ": hybrid_shard_size ", hybrid_shard_size,
                 " does not divide the world size ", world_size, " (", world_size,
                 " ranks cannot form shard groups of ", hybrid_shard_size, ")");
-  TESSERA_CHECK(stage == 2 || stage == 3, who, ": hybrid sharding (hybrid_shard_size ", hybrid_shard_size,
-                ") needs ZeRO stage 2 or 3 (FSDP's _HYBRID_SHARD_ZERO2 or HYBRID_SHARD), got stage ", stage,
-                stage == 0 ? " (DDP)" : "");
+  TESSERA_CHECK(
+      stage == 2 || stage == 3, who, ": hybrid sharding (hybrid_shard_size ", hybrid_shard_size,
+      ") needs ZeRO stage 2 or 3 (FSDP's _HYBRID_SHARD_ZERO2 or HYBRID_SHARD), got stage ", stage,
+      stage == 0 ? " (DDP)" : "");
   TESSERA_CHECK(!offload, who, ": hybrid sharding (hybrid_shard_size ", hybrid_shard_size,
                 ") does not support offload; turn offload off or drop hybrid_shard_size");
 }
@@ -227,9 +230,8 @@ int64_t ZeroStrategy::slice_numel(size_t bucket) const {
 }
 
 int64_t ZeroStrategy::slice_begin(size_t bucket, int k) const {
-  const int index = options_.hybrid_shard_size > 0
-                        ? k * options_.hybrid_shard_size + shard_index_
-                        : group_->rank();
+  const int index = options_.hybrid_shard_size > 0 ? k * options_.hybrid_shard_size + shard_index_
+                                                   : group_->rank();
   return index * slice_numel(bucket);
 }
 
@@ -256,7 +258,8 @@ void ZeroStrategy::fill_owned_slice(size_t b) {
     const int64_t begin = slice_begin(b, k), end = begin + slice_numel(b);
     for (size_t j = 0; j < bucket.params.size(); ++j) {
       const Tensor& p = params[bucket.params[j]];
-      const int64_t lo = std::max(begin, bucket.offsets[j]), hi = std::min(end, bucket.offsets[j] + p.numel());
+      const int64_t lo = std::max(begin, bucket.offsets[j]),
+                    hi = std::min(end, bucket.offsets[j] + p.numel());
       if (lo >= hi) continue;
       const Tensor into = raw::narrow(owned, 0, k * slice_numel(b) + lo - begin, hi - lo);
       const int64_t first = lo - bucket.offsets[j];
@@ -298,7 +301,8 @@ void ZeroStrategy::flatten_parameters() {
         const int64_t lo = std::max(begin, bucket.offsets[j]);
         const int64_t hi = std::min(end, bucket.offsets[j] + params[bucket.params[j]].numel());
         if (lo < hi)
-          piece_layout_.push_back({bucket.params[j], b, lo, hi - lo, k * slice_numel(b) + lo - begin});
+          piece_layout_.push_back(
+              {bucket.params[j], b, lo, hi - lo, k * slice_numel(b) + lo - begin});
       }
     }
     // Offloaded, the host takes the averaged slice from the same device buffers every step:
@@ -322,8 +326,9 @@ void ZeroStrategy::flatten_parameters() {
     for (size_t b = 0; b < buckets.size(); ++b) offload_->load_master(b, owned_slice(b));
   }
   for (const Piece& piece : piece_layout_)
-    pieces_.push_back(offload_ ? raw::narrow(offload_->master(piece.bucket), 0, piece.at, piece.numel)
-                               : piece_values(piece));
+    pieces_.push_back(offload_
+                          ? raw::narrow(offload_->master(piece.bucket), 0, piece.at, piece.numel)
+                          : piece_values(piece));
 }
 
 // Stages 2/3: the slice the bucket's reduce-scatter averages into, in the parameters' dtype,
@@ -424,7 +429,9 @@ void ZeroStrategy::install_comm_hooks() {
           const Tensor mine = raw::narrow(target, 0, replica_group_->rank() * n, n);
           work = std::make_shared<ThenIssueWork>(
               group_->reduce_scatter(mine, b.communication_buffer(), ReduceOp::Avg),
-              [replica = replica_group_, target, mine] { return replica->all_gather(target, mine); });
+              [replica = replica_group_, target, mine] {
+                return replica->all_gather(target, mine);
+              });
         } else {
           work = scatter ? group_->reduce_scatter(reduce_scatter_target(index),
                                                   b.communication_buffer(), ReduceOp::Avg)

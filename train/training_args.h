@@ -109,7 +109,8 @@ struct TrainingArguments {
   // full gradient kept) | no_sync (FSDP's: full local gradients, DDP's arithmetic exactly).
   std::string zero_accumulation = "reduce_every_micro_batch";
   std::string deepspeed;           // a DeepSpeed JSON file (Hugging Face's `deepspeed`)
-  std::string fsdp;                // Hugging Face's `fsdp`: full_shard|shard_grad_op|hybrid_shard|... [offload] [auto_wrap]
+  std::string fsdp;  // Hugging Face's `fsdp`: full_shard|shard_grad_op|hybrid_shard|... [offload]
+                     // [auto_wrap]
   // Hybrid sharding (dist/zero.h): ZeRO-2/3 within groups of this many ranks, replicated across
   // them; -1 = off, or with fsdp hybrid_shard / _hybrid_shard_zero2 the ranks per node.
   int64_t hybrid_shard_size = -1;

@@ -55,8 +55,9 @@ TEST(CliSharding, BadShardingSettingsFailBeforeTrainingNamingTheKey) {
            write("ds_nvme.json",
                  R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})"),
        "NVMe"},
-      {"--deepspeed " + write("ds_overlap.json",
-                              R"({"zero_optimization": {"stage": 2, "overlap_comm": "sometimes"}})"),
+      {"--deepspeed " +
+           write("ds_overlap.json",
+                 R"({"zero_optimization": {"stage": 2, "overlap_comm": "sometimes"}})"),
        "overlap_comm"},
       {"--deepspeed " + write("ds_stage.json", R"({"zero_optimization": {"stage": 5}})"),
        "zero_optimization.stage"},
@@ -77,7 +78,8 @@ TEST(CliSharding, BadShardingSettingsFailBeforeTrainingNamingTheKey) {
       {"--offload disk --zero-stage 2", "\"offload\""},
       {"--offload param --zero-stage 2", "\"offload\""},
       {"--offload optimizer", "\"offload\""},
-      {"--fsdp HYBRID_SHARD --hybrid-shard-size 2", "hybrid_shard_size 2 does not divide the world size 1"},
+      {"--fsdp HYBRID_SHARD --hybrid-shard-size 2",
+       "hybrid_shard_size 2 does not divide the world size 1"},
       {"--zero-stage 3 --hybrid-shard-size 0", "must be at least 1 (ranks per shard group)"},
       {"--zero-stage 1 --hybrid-shard-size 1", "needs zero_stage 2 or 3"},
       {"--fsdp \"hybrid_shard offload\"", "does not support offload"},
@@ -151,13 +153,16 @@ TEST(CliSharding, DeepSpeedFileFsdpNameAndFlagSelectTheStage) {
 // _hybrid_shard_zero2 ZeRO-2 likewise). Accumulating as no_sync, both are DDP's arithmetic: the
 // losses equal DDP's and the exported model is DDP's bit for bit.
 TEST(CliSharding, FsdpHybridShardOn4RanksEqualsDdp) {
-  const std::string common = " --steps 4 --schedule constant --batch 3 --grad-accum 2 --grad-clip 0.5 ";
-  auto r = run(launch(4) + train_args("hybrid_ddp") + common, "env TESSERA_SPARSE_EMBEDDING_GRADIENTS=0");
+  const std::string common =
+      " --steps 4 --schedule constant --batch 3 --grad-accum 2 --grad-clip 0.5 ";
+  auto r = run(launch(4) + train_args("hybrid_ddp") + common,
+               "env TESSERA_SPARSE_EMBEDDING_GRADIENTS=0");
   ASSERT_EQ(r.rc, 0) << r.output;
   const auto ddp = losses_after(scratch() / "hybrid_ddp", 0);
   ASSERT_EQ(ddp.size(), 4u + 1u);
-  for (const auto& [fsdp, name] : {std::pair<std::string, std::string>{"hybrid_shard", "ZeRO-3 hybrid (2 x 2)"},
-                                   {"_hybrid_shard_zero2", "ZeRO-2 hybrid (2 x 2)"}}) {
+  for (const auto& [fsdp, name] :
+       {std::pair<std::string, std::string>{"hybrid_shard", "ZeRO-3 hybrid (2 x 2)"},
+        {"_hybrid_shard_zero2", "ZeRO-2 hybrid (2 x 2)"}}) {
     const std::string out = "hybrid_" + fsdp;
     r = run(launch(4) + train_args(out) + common + "--zero-accumulation no_sync --fsdp " + fsdp +
             " --hybrid-shard-size 2");

@@ -341,7 +341,8 @@ TEST(DeepSpeedFiles, HybridShardingFromFsdpWordsAndMicsShardSize) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("shards over every rank"), std::string::npos) << e.what();
   }
-  const fs::path ds = fs::temp_directory_path() / ("tessera_mics_" + std::to_string(getpid()) + ".json");
+  const fs::path ds =
+      fs::temp_directory_path() / ("tessera_mics_" + std::to_string(getpid()) + ".json");
   std::ofstream(ds) << R"({"zero_optimization": {"stage": 2, "mics_shard_size": 2}})";
   const train::TrainingArguments m = train_args_with(ds.string());
   EXPECT_EQ(m.zero_stage, 2);
