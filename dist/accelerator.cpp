@@ -307,7 +307,9 @@ std::string Accelerator::memory_report(const nn::Module& model) {
                                       : std::string(dtype_name(dtype))};
   std::string table = format_memory_report(
       header, ranks,
-      zero_memory_formula(psi, dtype_size(dtype), masters, zero_stage_, num_processes()));
+      // Hybrid sharding keeps ZeRO's state of a shard group: Psi over its ranks.
+      zero_memory_formula(psi, dtype_size(dtype), masters, zero_stage_,
+                          hybrid_shard_size_ > 0 ? hybrid_shard_size_ : num_processes()));
   if (!memory_categories_enabled())
     table += "(counting was off: call enable_memory_categories(true) first)\n";
   return table;
