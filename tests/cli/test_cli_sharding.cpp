@@ -494,6 +494,41 @@ TEST(CliSharding, PlanOfA6BModelOrdersTheStagesAndKeepsZero3NearTheFormula) {
 }
 
 // A small GPT fits every strategy; a size that is not one is refused, naming it.
+// `tessera plan --hybrid-shard-size S`: hybrid sharding on W ranks keeps the state of ZeRO on
+// S ranks (Ψ/S of each), so its ZeRO formula row and its kept-state terms are those of the plain
+// plan on S ranks; sizes that cannot form groups are refused naming the numbers.
+TEST(CliSharding, PlanHybridShardKeepsTheStateOfItsShardGroup) {
+  const std::string model =
+      "plan --device cpu --n-layer 8 --n-head 8 --n-embd 512 --seq 64 --batch 2 --zero-stage 3 ";
+  const auto hybrid = run(model + "--nproc 8 --hybrid-shard-size 4");
+  const auto four = run(model + "--nproc 4");
+  ASSERT_EQ(hybrid.rc, 0) << hybrid.output;
+  ASSERT_EQ(four.rc, 0) << four.output;
+  EXPECT_NE(hybrid.output.find("ZeRO-3 hybrid (2 x 4) on 8 process(es)"), std::string::npos)
+      << hybrid.output;
+  auto line = [](const std::string& text, const std::string& start, const std::string& end) {
+    const size_t at = text.find(start);
+    return at == std::string::npos ? std::string("(none)")
+                                   : text.substr(at, text.find(end, at) - at);
+  };
+  EXPECT_EQ(line(hybrid.output, "ZeRO formula", "\n"), line(four.output, "ZeRO formula", "\n"));
+  EXPECT_EQ(line(hybrid.output, "kept state", " (ZeRO's"),
+            line(four.output, "kept state", " (ZeRO's"));
+  EXPECT_NE(hybrid.output.find("16Ψ/S"), std::string::npos) << hybrid.output;
+  for (const auto& [flags, message] :
+       {std::pair<std::string, std::string>{"--nproc 8 --hybrid-shard-size 3",
+                                            "hybrid_shard_size 3 does not divide the world size 8"},
+        {"--nproc 8 --hybrid-shard-size 0", "hybrid_shard_size must be at least 1"}}) {
+    const auto r = run(model + flags);
+    EXPECT_NE(r.rc, 0) << flags;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
+  }
+  const auto stage1 =
+      run("plan --device cpu --n-layer 2 --n-head 2 --n-embd 64 --seq 64 --zero-stage 1 --nproc 4 "
+          "--hybrid-shard-size 2");
+  EXPECT_NE(stage1.output.find("needs ZeRO stage 2 or 3"), std::string::npos) << stage1.output;
+}
+
 TEST(CliSharding, PlanAllStrategiesOfASmallModelAndBadSizes) {
   const auto r = run("plan --all-strategies --device cuda --dtype bf16 --nproc 2 --n-layer 2 "
                      "--n-head 2 --n-embd 64 --seq 64 --batch 2 --max-memory 80GB");
