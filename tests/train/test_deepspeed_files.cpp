@@ -320,6 +320,9 @@ TEST(DeepSpeedFiles, TrainBatchSizeMustEqualMicroTimesAccumulationTimesWorld) {
 // `_hybrid_shard_zero2` (ZeRO-2) shard within a node (LOCAL_WORLD_SIZE) unless hybrid_shard_size
 // says otherwise, and a DeepSpeed file's mics_shard_size sets it.
 TEST(DeepSpeedFiles, HybridShardingFromFsdpWordsAndMicsShardSize) {
+  // A rank of a job on 2 nodes of 4 ranks.
+  setenv("WORLD_SIZE", "8", 1);
+  setenv("RANK", "0", 1);
   setenv("LOCAL_WORLD_SIZE", "4", 1);
   auto with = [](const Json& values) {
     train::TrainingArguments a;
@@ -334,7 +337,7 @@ TEST(DeepSpeedFiles, HybridShardingFromFsdpWordsAndMicsShardSize) {
   a = with({{"fsdp", "_hybrid_shard_zero2 auto_wrap"}, {"hybrid_shard_size", 2}});
   EXPECT_EQ(a.zero_stage, 2);
   EXPECT_EQ(a.hybrid_shard_size, 2);
-  unsetenv("LOCAL_WORLD_SIZE");
+  for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE"}) unsetenv(v);
   try {
     with({{"fsdp", "full_shard"}, {"hybrid_shard_size", 2}});
     ADD_FAILURE() << "full_shard with hybrid_shard_size was taken";
