@@ -651,6 +651,14 @@ TEST(HybridShardEquivalence, UntiedAndDeeperOn2x2Ranks) {
                                " --untied --layers 3", false, hybrid_variants(2));
 }
 
+// The bf16 policy with gradients averaged in f32 (the reduce buffers are the rank's whole shard
+// of G slices): DDP's arithmetic too.
+TEST(HybridShardEquivalence, Bf16PolicyOn2x2Ranks) {
+  expect_zero_stages_match_ddp(launch(4, DIST_ZERO_CHECK), 4, "hybrid_bf16",
+                               " --mixed-precision bf16 --reduce-dtype fp32", false,
+                               hybrid_variants(2));
+}
+
 // The settings from config files: DeepSpeed's zero_optimization.mics_shard_size (through
 // `tessera launch --deepspeed_config_file`) and Accelerate's fsdp_sharding_strategy
 // _HYBRID_SHARD_ZERO2 / HYBRID_SHARD (through `tessera launch --fsdp_sharding_strategy`, with the
