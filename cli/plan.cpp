@@ -28,6 +28,7 @@ namespace {
 struct PlanArgs {
   int64_t n_layer = 12, n_head = 12, n_embd = 768, vocab = 50304, block_size = 0;
   int zero_stage = 0, nproc = 1, grad_accum = 1;
+  int hybrid_shard_size = 0;  // 0: not hybrid
   int64_t batch = 8, seq = 1024;
   std::string dtype = "fp32", device = "cuda", offload = "none", max_memory, reduce_dtype;
   double card_gib = 0;
@@ -128,6 +129,7 @@ dist::MemoryPlanOptions plan_options(const PlanArgs& a) {
                           .n_embd = a.n_embd};
   o.zero_stage = a.zero_stage;
   o.world = a.nproc;
+  o.hybrid_shard_size = a.hybrid_shard_size;
   o.batch = a.batch;
   o.seq = a.seq;
   o.gradient_accumulation_steps = a.grad_accum;
@@ -160,7 +162,10 @@ std::string formula_text(const PlanArgs& a) {
   std::string text;
   const int s = a.zero_stage;
   if (whole[s] > 0) text = std::to_string(whole[s]) + "Ψ";
-  if (sharded[s] > 0) text += (text.empty() ? "" : " + ") + std::to_string(sharded[s]) + "Ψ/W";
+  // Hybrid sharding divides by the shard group's size S rather than the world's.
+  if (sharded[s] > 0)
+    text += (text.empty() ? "" : " + ") + std::to_string(sharded[s]) +
+            (a.hybrid_shard_size > 0 ? "Ψ/S" : "Ψ/W");
   return text;
 }
 
@@ -362,6 +367,10 @@ const RegisterCommand reg(
           ->check(CLI::IsMember({"none", "optimizer", "param"}));
       sub.add_option("--nproc", a->nproc, "processes (one per GPU; default 1)")
           ->check(CLI::PositiveNumber);
+      CLI::Option* hybrid = sub.add_option(
+          "--hybrid-shard-size", a->hybrid_shard_size,
+          "hybrid sharding (stages 2/3): shard within groups of this many of the --nproc ranks, "
+          "replicate across the groups");
       sub.add_option("--batch", a->batch, "rows per micro-batch and process (default 8)")
           ->check(CLI::PositiveNumber);
       sub.add_option("--seq", a->seq, "tokens per row (default 1024)")->check(CLI::PositiveNumber);
@@ -405,8 +414,15 @@ const RegisterCommand reg(
           "plan the activations of a recompute policy, as `tessera train` takes it: full (the "
           "default when no value is given) | every_k:K | attention | mlp | none")
           ->expected(0, 1);
-      sub.callback([a, prefetch, checkpointing] {
+      sub.callback([a, prefetch, checkpointing, hybrid] {
         a->checkpointing = checkpointing->count() > 0;
+        if (hybrid->count() > 0) {
+          TESSERA_CHECK(!a->all_strategies && !a->fit,
+                        "tessera plan: --hybrid-shard-size plans one "
+                        "strategy; drop --all-strategies / --fit");
+          dist::check_hybrid_sharding(a->hybrid_shard_size, a->nproc, a->zero_stage,
+                                      a->offload != "none", "tessera plan: --hybrid-shard-size");
+        }
         TESSERA_CHECK(a->n_layer <= kMaxLayers, "tessera plan: --n-layer ", a->n_layer,
                       " is more than the ", kMaxLayers, " blocks a plan builds (each one's modules are "
                       "built for the dry run)");

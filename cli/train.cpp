@@ -34,7 +34,8 @@ constexpr FlagSpec kValueFlags[] = {
      "labelled examples (.jsonl, .csv, .tsv)"},
     {"--val-data", "val_data", FlagType::Text,
      "validation token file (default: val.bin beside --data); classification: labelled examples"},
-    {"--text-column", "text_column", FlagType::Text, "classification: the text's column (default text)"},
+    {"--text-column", "text_column", FlagType::Text,
+     "classification: the text's column (default text)"},
     {"--text-pair-column", "text_pair_column", FlagType::Text,
      "classification: the second text of a pair (BERT's sentence B; default none)"},
     {"--label-column", "label_column", FlagType::Text,
@@ -113,7 +114,12 @@ constexpr FlagSpec kValueFlags[] = {
      "seconds from a preemption signal within which the checkpoint must be saved, else exit "
      "without it (128 + signal); 0 = no bound (default {})"},
     {"--fsdp", "fsdp", FlagType::Text,
-     "FSDP sharding strategy: FULL_SHARD (ZeRO-3) | SHARD_GRAD_OP (ZeRO-2) | NO_SHARD (DDP) [offload]"},
+     "FSDP sharding strategy: FULL_SHARD (ZeRO-3) | SHARD_GRAD_OP (ZeRO-2) | HYBRID_SHARD "
+     "(ZeRO-3 within groups of --hybrid-shard-size ranks, replicated across them) | "
+     "_HYBRID_SHARD_ZERO2 (ZeRO-2 likewise) | NO_SHARD (DDP) [offload]"},
+    {"--hybrid-shard-size", "hybrid_shard_size", FlagType::Int,
+     "hybrid sharding (ZeRO-2/3): ranks per shard group, a divisor of the world size (default with "
+     "--fsdp hybrid_shard: the ranks per node, LOCAL_WORLD_SIZE)"},
 };
 
 std::string steps_help() {

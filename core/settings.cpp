@@ -73,7 +73,7 @@ constexpr std::array<SettingInfo, kSettingCount> kTable{{
     {Setting::DeepSpeedConfig, "TESSERA_DEEPSPEED_CONFIG", K::Text, "", "a DeepSpeed JSON file", 0,
      0, false, "dist", "the Accelerator's DeepSpeed config (tessera launch --deepspeed_config_file)"},
     {Setting::FsdpShardingStrategy, "TESSERA_FSDP_SHARDING_STRATEGY", K::Choice, "",
-     "FULL_SHARD,SHARD_GRAD_OP,NO_SHARD", 0, 0, true, "dist",
+     "FULL_SHARD,SHARD_GRAD_OP,HYBRID_SHARD,_HYBRID_SHARD_ZERO2,NO_SHARD", 0, 0, true, "dist",
      "the Accelerator's FSDP sharding strategy (tessera launch --fsdp_sharding_strategy)"},
     {Setting::GradientAccumulationSteps, "TESSERA_GRADIENT_ACCUMULATION_STEPS", K::Integer, "1", "",
      1, 1000000, false, "dist", "the Accelerator's gradient accumulation steps"},

@@ -70,6 +70,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   scaling.enabled = mixed_precision_ == "fp16";
   scaler_ = optim::LossScaler(scaling);
   env_ = read_dist_env();
+  resolve_hybrid_sharding();  // refused before the ranks meet
   if (!is_initialized()) {
     InitOptions init;
     init.backend = options_.backend;
@@ -101,6 +102,23 @@ void Accelerator::resolve_sharding_options() {
   if (!options_.deepspeed && !options_.deepspeed_config.empty())
     options_.deepspeed = DeepSpeedConfig::read(options_.deepspeed_config);
   if (options_.deepspeed) options_.deepspeed->apply_to(options_);
+}
+
+// Hybrid sharding: hybrid_shard_size, or for FSDP's HYBRID_SHARD / _HYBRID_SHARD_ZERO2 without
+// it the ranks per node; checked against the world size, the stage and offload.
+void Accelerator::resolve_hybrid_sharding() {
+  const std::string& fsdp = options_.fsdp_sharding_strategy;
+  const bool hybrid_strategy = !fsdp.empty() && fsdp_sharding_is_hybrid(fsdp);
+  TESSERA_CHECK(options_.hybrid_shard_size == -1 || fsdp.empty() || hybrid_strategy,
+                "Accelerator: hybrid_shard_size ", options_.hybrid_shard_size,
+                " asks for hybrid sharding but ", "fsdp_sharding_strategy ", fsdp,
+                " shards over every rank; use HYBRID_SHARD or _HYBRID_SHARD_ZERO2");
+  int size = options_.hybrid_shard_size;
+  if (size == -1 && hybrid_strategy) size = env_.local_world_size;
+  if (size == -1) return;
+  check_hybrid_sharding(size, env_.world_size, zero_stage_,
+                        options_.offload_optimizer || options_.offload_param, "Accelerator");
+  hybrid_shard_size_ = size;
 }
 
 Accelerator::~Accelerator() {
@@ -152,6 +170,7 @@ void Accelerator::prepare_one(nn::Module& model) {
     zero.prefetch_numel = options_.stage3_prefetch_bucket_size;
     zero.accumulation = options_.zero_accumulation;
     zero.max_buckets_in_flight = options_.max_buckets_in_flight;
+    zero.hybrid_shard_size = hybrid_shard_size_;
     models_[&model] = std::make_unique<ZeroStrategy>(model, world_ptr(), zero);
   }
   model_order_.push_back(&model);
@@ -294,7 +313,9 @@ std::string Accelerator::memory_report(const nn::Module& model) {
                                       : std::string(dtype_name(dtype))};
   std::string table = format_memory_report(
       header, ranks,
-      zero_memory_formula(psi, dtype_size(dtype), masters, zero_stage_, num_processes()));
+      // Hybrid sharding keeps ZeRO's state of a shard group: Psi over its ranks.
+      zero_memory_formula(psi, dtype_size(dtype), masters, zero_stage_,
+                          hybrid_shard_size_ > 0 ? hybrid_shard_size_ : num_processes()));
   if (!memory_categories_enabled())
     table += "(counting was off: call enable_memory_categories(true) first)\n";
   return table;

@@ -84,8 +84,14 @@ struct AcceleratorOptions {
   // backward holds at once (2: DeepSpeed's overlap_comm; 1: overlap_comm false; 0: no bound).
   GradientAccumulation zero_accumulation = GradientAccumulation::reduce_every_micro_batch;
   size_t max_buckets_in_flight = kDefaultBucketsInFlight;
-  // FSDP's name for the stage instead: FULL_SHARD (3), SHARD_GRAD_OP (2), NO_SHARD (DDP).
+  // FSDP's name for the stage instead: FULL_SHARD (3), SHARD_GRAD_OP (2), NO_SHARD (DDP),
+  // HYBRID_SHARD (3) and _HYBRID_SHARD_ZERO2 (2) with hybrid sharding.
   std::string fsdp_sharding_strategy;
+  // Hybrid sharding (dist/zero.h; FSDP's HYBRID_SHARD, DeepSpeed's mics_shard_size): ZeRO-2/3
+  // within shard groups of this many ranks, replicated across the groups. -1: off, unless
+  // fsdp_sharding_strategy is a hybrid one, which takes the ranks per node (LOCAL_WORLD_SIZE).
+  // Must be >= 1 and divide the world size; stages 2 and 3 without offload.
+  int hybrid_shard_size = -1;
   // fp16's dynamic loss scaler (Accelerate's GradScalerKwargs); unset = torch's GradScaler
   // defaults, or the DeepSpeed file's fp16 block.
   std::optional<optim::LossScalerOptions> loss_scaler;
@@ -170,6 +176,8 @@ class Accelerator {
   // The DDP strategy of a model (null when it runs under a ZeRO stage or is not prepared).
   DistributedDataParallel* ddp_of(const nn::Module& model) const;
   int zero_stage() const { return zero_stage_; }
+  // Ranks per shard group under hybrid sharding; 0 when not hybrid.
+  int hybrid_shard_size() const { return hybrid_shard_size_; }
   const AcceleratorOptions& options() const { return options_; }
   // The DeepSpeed config the options named (its gradient_clipping is the trainer's to use).
   const std::optional<DeepSpeedConfig>& deepspeed_config() const { return options_.deepspeed; }
@@ -346,6 +354,7 @@ class Accelerator {
   std::string mixed_precision_;
   MixedPrecisionPolicy policy_;
   int zero_stage_ = 0;
+  int hybrid_shard_size_ = 0;
   DistEnv env_;
   Device device_ = Device::cpu();
   bool owns_group_ = false;
@@ -358,6 +367,7 @@ class Accelerator {
   bool step_skipped_ = false;
   bool trigger_ = false;
   void attach_optimizers();
+  void resolve_hybrid_sharding();
   std::function<void()> stage_model_weights(const std::string& dir, size_t model_index);
   void resolve_sharding_options();
   void check_tracker_options();

@@ -146,6 +146,12 @@ void check_model_state(const std::map<std::string, Tensor>& saved, const nn::Mod
                   dtype_name(t.dtype()));
   }
 }
+// The ranks that write a sharded save of a model trained under `s`: every rank, or under hybrid
+// sharding shard group 0 (the other groups hold the same values); null on the others.
+std::shared_ptr<ProcessGroup> writers(const DataParallelStrategy& s) {
+  const auto* zero = dynamic_cast<const ZeroStrategy*>(&s);
+  return zero ? zero->checkpoint_group() : world_ptr();
+}
 }  // namespace
 
 // The layout (one folder, written by the main process, verified before anything loads):
@@ -174,12 +180,16 @@ void Accelerator::save_state(const std::string& dir) {
   }
   // Under ZeRO every process writes the parameter and optimizer slices it holds
   // (dist/checkpoint.h): the model is never gathered.
+  // Hybrid sharding: shard group 0 writes (the other groups hold the same values).
   const bool sharded = zero_stage_ > 0;
   if (sharded) {
-    for (size_t i = 0; i < model_order_.size(); ++i)
-      save_sharded_model(dir, i, *models_.at(model_order_[i]), world());
+    for (size_t i = 0; i < model_order_.size(); ++i) {
+      DataParallelStrategy& strategy = *models_.at(model_order_[i]);
+      if (auto group = writers(strategy)) save_sharded_model(dir, i, strategy, *group);
+    }
     for (optim::Optimizer* opt : optimizers_)
-      save_sharded_optimizer(dir, strategy_training(*opt), *opt, world());
+      if (auto group = writers(strategy_training(*opt)))
+        save_sharded_optimizer(dir, strategy_training(*opt), *opt, *group);
   }
   if (is_main_process()) {
     fs::create_directories(dir);
@@ -258,7 +268,9 @@ std::function<void()> Accelerator::stage_model_weights(const std::string& dir, s
 void Accelerator::save_model(nn::Module& model, const std::string& dir) {
   const fs::path weights = fs::path(dir) / "model.safetensors";
   const bool sharded = zero_stage_ > 0 && models_.count(&model);
-  if (sharded) save_sharded_model(dir, 0, *models_.at(&model), world());
+  if (sharded)
+    if (auto group = writers(*models_.at(&model)))
+      save_sharded_model(dir, 0, *models_.at(&model), *group);
   if (is_main_process()) {
     fs::create_directories(dir);
     if (sharded) {

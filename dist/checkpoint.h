@@ -91,6 +91,11 @@ class ShardedFieldReader {
   std::unique_ptr<SlicesByName> slices_;
   std::string dir_, field_;
 };
+// The key of a rank's pieces of parameter `name` in its shard files: the name for the first,
+// "name#1", "name#2", ... for more (hybrid sharding keeps several non-contiguous slices of one
+// parameter on a rank), and back to the parameter's name.
+std::string shard_entry_key(const std::string& name, int repeat);
+std::string shard_entry_name(const std::string& key);
 // Whether dir holds a sharded optimizer checkpoint.
 bool has_sharded_optimizer(const std::string& dir);
 

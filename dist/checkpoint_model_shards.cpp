@@ -59,9 +59,12 @@ struct Written {
 Written tensors_to_write(DataParallelStrategy& strategy, bool with_unsharded) {
   Written w;
   std::set<std::string> sharded;
+  std::map<std::string, int> repeats;  // a parameter's pieces on this rank so far (hybrid: several)
   for (auto& shard : strategy.parameter_shards()) {
     sharded.insert(shard.name);
-    w.tensors.emplace_back(shard.name, ops::contiguous(ops::to(shard.values, Device::cpu(), shard.values.dtype())));
+    w.tensors.emplace_back(
+        shard_entry_key(shard.name, repeats[shard.name]++),
+        ops::contiguous(ops::to(shard.values, Device::cpu(), shard.values.dtype())));
     w.begins.push_back(shard.begin);
   }
   // Trainable parameters another rank holds are named by it (stage 3 keeps no whole copy).
@@ -155,7 +158,8 @@ void read_files(const nlohmann::json& files, ShardedModelIndex& index, const std
     TESSERA_CHECK(fs::file_size(path) == bytes, at, " has ", fs::file_size(path), " bytes but the index says ",
                   bytes, " (truncated, or from another save?)");
     TESSERA_CHECK(file.contains("ranges") && file["ranges"].is_object(), at, ": \"ranges\" is missing");
-    for (const auto& [tensor, r] : file["ranges"].items()) {
+    for (const auto& [key, r] : file["ranges"].items()) {
+      const std::string tensor = shard_entry_name(key);
       auto it = index.tensors.find(tensor);
       TESSERA_CHECK(it != index.tensors.end(), at, ": tensor '", tensor, "' is not in the index's \"tensors\"");
       const std::string range_at = at + ": tensor '" + tensor + "'";

@@ -40,6 +40,12 @@ SavedSlice parse_slice(const std::string& text, const std::string& file, const s
 
 }  // namespace
 
+std::string shard_entry_key(const std::string& name, int repeat) {
+  return repeat == 0 ? name : name + "#" + std::to_string(repeat);
+}
+
+std::string shard_entry_name(const std::string& key) { return key.substr(0, key.find('#')); }
+
 bool has_sharded_optimizer(const std::string& dir) { return fs::exists(fs::path(dir) / kIndex); }
 
 void save_sharded_optimizer(const std::string& dir, const DataParallelStrategy& strategy,
@@ -48,17 +54,18 @@ void save_sharded_optimizer(const std::string& dir, const DataParallelStrategy& 
   const optim::OptimizerStateDict state = optimizer.state_dict();
   std::vector<std::pair<std::string, Tensor>> tensors;
   std::map<std::string, std::string> metadata{{"format", "tessera.optimizer_shard"}};
+  std::map<std::string, int> repeats;  // a parameter's pieces on this rank so far (hybrid: several)
   for (size_t k = 0; k < slices.size(); ++k) {
     const std::string prefix = "state." + std::to_string(k) + ".";
     auto step = state.scalars.find(prefix + "step");
     if (step == state.scalars.end()) continue;  // never updated
+    const std::string key = shard_entry_key(slices[k].name, repeats[slices[k].name]++);
     for (const std::string& field : kFields)
       if (auto it = state.tensors.find(prefix + field); it != state.tensors.end())
-        tensors.emplace_back(slices[k].name + "/" + field,
+        tensors.emplace_back(key + "/" + field,
                              ops::view(ops::contiguous(it->second), {slices[k].numel}));
-    metadata[slices[k].name] = std::to_string(slices[k].begin) + " " +
-                               std::to_string(slices[k].numel) + " " +
-                               std::to_string(static_cast<int64_t>(step->second));
+    metadata[key] = std::to_string(slices[k].begin) + " " + std::to_string(slices[k].numel) + " " +
+                    std::to_string(static_cast<int64_t>(step->second));
   }
   fs::create_directories(dir);
   save_safetensors((fs::path(dir) / shard_name(group.rank())).string(), tensors, metadata);
@@ -155,10 +162,11 @@ Sources read_sources(const std::string& dir, const nlohmann::json& index, bool m
                   " is damaged (checksum differs from the index); refusing to load it");
     if (!entry.contains("slices")) continue;
     const SafetensorsContents file = load_safetensors(path.string(), {.memory_map = memory_map});
-    for (auto& [name, text] : entry.at("slices").items()) {
+    for (auto& [key, text] : entry.at("slices").items()) {
+      const std::string name = shard_entry_name(key);
       Source src{{}, parse_slice(text.get<std::string>(), path.string(), name)};
       for (const std::string& field : kFields)
-        if (file.contains(name + "/" + field)) src.fields[field] = file.at(name + "/" + field);
+        if (file.contains(key + "/" + field)) src.fields[field] = file.at(key + "/" + field);
       sources[name].push_back(std::move(src));
     }
   }

@@ -203,10 +203,15 @@ void read_zero_optimization(DeepSpeedConfig& c, const Json& z) {
   const auto hpz = elements(z, "zero_hpz_partition_size", p, c.source, 1);
   TESSERA_CHECK(!hpz || *hpz == 1, c.source, ": \"", p, ".zero_hpz_partition_size\" is ", hpz.value_or(1),
                 "; only 1 is supported (ZeRO++ hierarchical partitioning is not implemented)");
+  // MiCS's shard groups are hybrid sharding's (dist/zero.h): shard within groups of this many
+  // ranks, replicate across them; -1 (or 0) is off.
   if (z.contains("mics_shard_size")) {
     const Json& v = z["mics_shard_size"];
-    TESSERA_CHECK(v.is_number() && v.get<double>() <= 0, c.source, ": \"", p,
-                  ".mics_shard_size\" is ", v.dump(), "; only -1 (off) is supported (MiCS is not implemented)");
+    TESSERA_CHECK(
+        v.is_number_integer() && v.get<int64_t>() >= -1 && v.get<int64_t>() <= (int64_t{1} << 30),
+        c.source, ": \"", p,
+        ".mics_shard_size\" must be a whole number of ranks (or -1: off), got ", v.dump());
+    if (v.get<int64_t>() > 0) c.hybrid_shard_size = static_cast<int>(v.get<int64_t>());
   }
   for (const SwitchRule& rule : zero_switch_rules())
     if (z.contains(rule.key)) check_switch(z[rule.key], rule, p + "." + rule.key, c.source);
@@ -338,14 +343,18 @@ void refuse_contradiction(bool agree, const std::string& one, const std::string&
 
 int fsdp_sharding_stage(const std::string& name) {
   const std::string n = normalised(name);
-  if (n == "FULL_SHARD") return 3;
-  if (n == "SHARD_GRAD_OP") return 2;
+  if (n == "FULL_SHARD" || n == "HYBRID_SHARD") return 3;
+  if (n == "SHARD_GRAD_OP" || n == "_HYBRID_SHARD_ZERO2" || n == "HYBRID_SHARD_ZERO2") return 2;
   if (n == "NO_SHARD") return 0;
-  TESSERA_FAIL("FSDP sharding strategy must be FULL_SHARD (ZeRO-3), SHARD_GRAD_OP (ZeRO-2) or ",
-               "NO_SHARD (DDP); got '", name, "'",
-               n == "HYBRID_SHARD" || n == "_HYBRID_SHARD_ZERO2"
-                   ? " (hybrid sharding is not supported)"
-                   : "");
+  TESSERA_FAIL(
+      "FSDP sharding strategy must be FULL_SHARD (ZeRO-3), SHARD_GRAD_OP (ZeRO-2), ",
+      "HYBRID_SHARD (ZeRO-3 within groups of hybrid_shard_size ranks), _HYBRID_SHARD_ZERO2 ",
+      "(ZeRO-2 likewise) or NO_SHARD (DDP); got '", name, "'");
+}
+
+bool fsdp_sharding_is_hybrid(const std::string& name) {
+  const std::string n = normalised(name);
+  return n == "HYBRID_SHARD" || n == "_HYBRID_SHARD_ZERO2" || n == "HYBRID_SHARD_ZERO2";
 }
 
 DeepSpeedConfig DeepSpeedConfig::from_json(const Json& config, const std::string& source) {
@@ -470,6 +479,12 @@ void DeepSpeedConfig::apply_to(AcceleratorOptions& o) const {
           std::to_string(*reduce_bucket_size) + " elements (" + std::to_string(bytes) + " bytes)",
           std::to_string(o.bucket_bytes) + " bytes");
     o.bucket_bytes = bytes;
+  }
+  if (hybrid_shard_size) {
+    agree(o.hybrid_shard_size >= 0, o.hybrid_shard_size == *hybrid_shard_size,
+          "zero_optimization.mics_shard_size", "hybrid_shard_size",
+          std::to_string(*hybrid_shard_size), std::to_string(o.hybrid_shard_size));
+    o.hybrid_shard_size = *hybrid_shard_size;
   }
   if (stage3_prefetch_bucket_size) o.stage3_prefetch_bucket_size = *stage3_prefetch_bucket_size;
   // What is gathered ahead is live beside the running unit: the cap bounds the prefetch.

@@ -50,6 +50,7 @@ struct DeepSpeedConfig {
   std::optional<double> gradient_clipping;
   std::optional<std::string> mixed_precision;  // "bf16" | "fp16" | "no" from bf16/fp16.enabled
   std::optional<int64_t> train_micro_batch_size_per_gpu, train_batch_size;
+  std::optional<int> hybrid_shard_size;                     // zero_optimization.mics_shard_size > 0
   std::optional<int64_t> stage3_max_live_parameters;        // caps the stage-3 prefetch
   std::optional<bool> ignore_unused_parameters;             // = find_unused_parameters
   std::optional<std::string> communication_data_type;       // fp32 | fp16 | bf16 (reduce dtype)
@@ -82,7 +83,9 @@ void refuse_contradiction(bool agree, const std::string& one, const std::string&
                           const std::string& other, const std::string& other_value);
 
 // FSDP's ShardingStrategy names (either case, '-' or '_'): FULL_SHARD = 3, SHARD_GRAD_OP = 2,
-// NO_SHARD = 0 (DDP). Anything else is an error naming the value.
+// NO_SHARD = 0 (DDP), and hybrid sharding's HYBRID_SHARD = 3, _HYBRID_SHARD_ZERO2 = 2 (within
+// shard groups: fsdp_sharding_is_hybrid). Anything else is an error naming the value.
 int fsdp_sharding_stage(const std::string& name);
+bool fsdp_sharding_is_hybrid(const std::string& name);
 
 }  // namespace tessera::dist

@@ -66,6 +66,7 @@ std::unique_ptr<DataParallelStrategy> make_strategy(nn::Module& model,
   zero.offload_param = o.offload_param;
   zero.accumulation = o.accumulation;
   zero.max_buckets_in_flight = o.max_buckets_in_flight;
+  zero.hybrid_shard_size = o.hybrid_shard_size;
   zero.prefetch_numel = o.stage3_prefetch_bucket_size >= 0
                             ? o.stage3_prefetch_bucket_size
                             : AcceleratorOptions{}.stage3_prefetch_bucket_size;
@@ -200,7 +201,8 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
       if (seen.insert(p.impl_ptr().get()).second) plan.psi += p.numel();
     plan.formula =
         zero_memory_formula(plan.psi, static_cast<int64_t>(dtype_size(policy.param_dtype)),
-                            policy.low_precision_parameters(), o.zero_stage, o.world);
+                            policy.low_precision_parameters(), o.zero_stage,
+                            o.hybrid_shard_size > 0 ? o.hybrid_shard_size : o.world);
   }
   return plan;
 }

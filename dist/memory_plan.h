@@ -21,6 +21,9 @@ struct MemoryPlanOptions {
   nn::GPTConfig model;
   int zero_stage = 0;  // 0 = DDP
   int world = 1;
+  // Hybrid sharding (dist/zero.h; stages 2/3): shard groups of this many ranks, replicated
+  // across; the shard state is that of ZeRO on this many ranks (Ψ/S). 0 = not hybrid.
+  int hybrid_shard_size = 0;
   int64_t batch = 8, seq = 1024;
   int gradient_accumulation_steps = 1;
   std::string mixed_precision = "no";  // no | bf16 | fp16

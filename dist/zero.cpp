@@ -38,6 +38,46 @@ Tensor slot_view(const Tensor& flat, int64_t offset, const Tensor& like) {
   return ops::view(ops::narrow(flat, 0, offset, like.numel()), like.shape());
 }
 
+// Several collectives as one: done when all of them are.
+class AllOfWork final : public Work {
+ public:
+  explicit AllOfWork(std::vector<WorkPtr> works) : works_(std::move(works)) {}
+  void wait() override {
+    for (const WorkPtr& w : works_) w->wait();
+  }
+  bool is_completed() override {
+    return std::all_of(works_.begin(), works_.end(),
+                       [](const WorkPtr& w) { return w->is_completed(); });
+  }
+
+ private:
+  std::vector<WorkPtr> works_;
+};
+
+WorkPtr all_of(std::vector<WorkPtr> works) {
+  return works.size() == 1 ? works.front() : std::make_shared<AllOfWork>(std::move(works));
+}
+
+// A collective that starts once another has finished (hybrid sharding: the replica group's
+// all-gather of what the world's reduce-scatter produced). The second is issued by the first
+// wait(): the buckets are waited for in launch order on every rank, so every rank issues them
+// in the same order.
+class ThenIssueWork final : public Work {
+ public:
+  ThenIssueWork(WorkPtr first, std::function<WorkPtr()> issue)
+      : first_(std::move(first)), issue_(std::move(issue)) {}
+  void wait() override {
+    first_->wait();
+    if (!second_) second_ = issue_();
+    second_->wait();
+  }
+  bool is_completed() override { return second_ && second_->is_completed(); }
+
+ private:
+  WorkPtr first_, second_;
+  std::function<WorkPtr()> issue_;
+};
+
 }  // namespace
 
 GradientAccumulation gradient_accumulation_from_name(const std::string& name) {
@@ -51,11 +91,30 @@ const char* gradient_accumulation_name(GradientAccumulation accumulation) {
   return accumulation == GradientAccumulation::no_sync ? "no_sync" : "reduce_every_micro_batch";
 }
 
+void check_hybrid_sharding(int hybrid_shard_size, int world_size, int stage, bool offload,
+                           const std::string& who) {
+  TESSERA_CHECK(hybrid_shard_size >= 1, who,
+                ": hybrid_shard_size must be at least 1 (ranks per shard group), got ",
+                hybrid_shard_size);
+  TESSERA_CHECK(world_size % hybrid_shard_size == 0, who, ": hybrid_shard_size ", hybrid_shard_size,
+                " does not divide the world size ", world_size, " (", world_size,
+                " ranks cannot form shard groups of ", hybrid_shard_size, ")");
+  TESSERA_CHECK(
+      stage == 2 || stage == 3, who, ": hybrid sharding (hybrid_shard_size ", hybrid_shard_size,
+      ") needs ZeRO stage 2 or 3 (FSDP's _HYBRID_SHARD_ZERO2 or HYBRID_SHARD), got stage ", stage,
+      stage == 0 ? " (DDP)" : "");
+  TESSERA_CHECK(!offload, who, ": hybrid sharding (hybrid_shard_size ", hybrid_shard_size,
+                ") does not support offload; turn offload off or drop hybrid_shard_size");
+}
+
 ZeroStrategy::ZeroStrategy(nn::Module& module, std::shared_ptr<ProcessGroup> group,
                            ZeroOptions options)
     : module_(module), group_(group ? std::move(group) : world_ptr()), options_(options) {
   TESSERA_CHECK(options_.stage >= 1 && options_.stage <= 3,
                 "ZeroStrategy: stage must be 1, 2 or 3, got ", options_.stage);
+  if (options_.hybrid_shard_size != 0)  // 0: not hybrid
+    check_hybrid_sharding(options_.hybrid_shard_size, group_->size(), options_.stage,
+                          options_.offload_optimizer || options_.offload_param, "ZeroStrategy");
   TESSERA_CHECK(!options_.offload_param || options_.stage == 3,
                 "ZeroStrategy: offload_param needs stage 3 (only stage 3 shards the parameters), "
                 "got stage ",
@@ -68,6 +127,7 @@ ZeroStrategy::ZeroStrategy(nn::Module& module, std::shared_ptr<ProcessGroup> gro
                 "ZeroStrategy: offload_step_during_backward needs offload_optimizer (only the host "
                 "optimizer steps bucket by bucket)");
   broadcast_module_from_rank0(module_, *group_);
+  make_mesh();
   auto [params, names] = trainable_parameters(module_);
   FlatBucketsOptions o;
   o.bucket_bytes = options_.bucket_bytes;
@@ -131,8 +191,58 @@ std::vector<std::vector<size_t>> ZeroStrategy::stage3_units(const std::vector<Te
   return units;
 }
 
-int64_t ZeroStrategy::slice_begin(size_t bucket) const {
-  return group_->rank() * buckets_->buckets()[bucket].shard_numel();
+std::string ZeroStrategy::name() const {
+  std::string n = "ZeRO-" + std::to_string(options_.stage) + (offload_ ? "-Offload" : "");
+  if (options_.hybrid_shard_size > 0)
+    n += " hybrid (" + std::to_string(slices_per_rank_) + " x " +
+         std::to_string(options_.hybrid_shard_size) + ")";
+  return n;
+}
+
+// Hybrid sharding's 2-D mesh: shard groups of S consecutive ranks, replica groups of the
+// ranks with the same index in theirs. new_group is collective over the whole group: every
+// rank creates every group, in the same order.
+void ZeroStrategy::make_mesh() {
+  shard_group_ = group_;
+  const int size = group_->size(), s = options_.hybrid_shard_size;
+  if (s <= 0) return;
+  slices_per_rank_ = size / s;
+  shard_index_ = group_->rank() % s;
+  for (int g = 0; g < slices_per_rank_; ++g) {
+    std::vector<int> ranks;
+    for (int l = 0; l < s; ++l) ranks.push_back(g * s + l);
+    if (auto mine = group_->new_group(ranks)) shard_group_ = mine;
+  }
+  for (int l = 0; l < s; ++l) {
+    std::vector<int> ranks;
+    for (int g = 0; g < slices_per_rank_; ++g) ranks.push_back(g * s + l);
+    if (auto mine = group_->new_group(ranks)) replica_group_ = mine;
+  }
+}
+
+std::shared_ptr<ProcessGroup> ZeroStrategy::checkpoint_group() const {
+  if (options_.hybrid_shard_size <= 0) return group_;
+  return group_->rank() < options_.hybrid_shard_size ? shard_group_ : nullptr;
+}
+
+int64_t ZeroStrategy::slice_numel(size_t bucket) const {
+  return buckets_->buckets()[bucket].shard_numel();
+}
+
+int64_t ZeroStrategy::slice_begin(size_t bucket, int k) const {
+  const int index = options_.hybrid_shard_size > 0 ? k * options_.hybrid_shard_size + shard_index_
+                                                   : group_->rank();
+  return index * slice_numel(bucket);
+}
+
+int64_t ZeroStrategy::owned_numel(size_t bucket) const {
+  return slices_per_rank_ * slice_numel(bucket);
+}
+
+Tensor ZeroStrategy::piece_values(const Piece& piece) const {
+  if (options_.stage == 3)
+    return ops::narrow(shards_[piece.bucket].owned_parameters, 0, piece.at, piece.numel);
+  return ops::narrow(shards_[piece.bucket].parameters, 0, piece.begin, piece.numel);
 }
 
 // Stage 3: this rank's slice of bucket b straight from the parameters, never the whole
@@ -143,19 +253,21 @@ void ZeroStrategy::fill_owned_slice(size_t b) {
   const auto& bucket = buckets_->buckets()[b];
   const auto& params = buckets_->parameters();
   const Tensor& owned = shards_[b].owned_parameters;
-  const int64_t begin = slice_begin(b), end = begin + bucket.shard_numel();
   ops::fill_(owned, 0.0);
-  for (size_t j = 0; j < bucket.params.size(); ++j) {
-    const Tensor& p = params[bucket.params[j]];
-    const int64_t lo = std::max(begin, bucket.offsets[j]),
-                  hi = std::min(end, bucket.offsets[j] + p.numel());
-    if (lo >= hi) continue;
-    const Tensor into = ops::narrow(owned, 0, lo - begin, hi - lo);
-    const int64_t first = lo - bucket.offsets[j];
-    if (is_deferred(p)) {
-      materialize_deferred_range(p, first, into);
-    } else {
-      ops::copy_(into, ops::narrow(ops::reshape(p.detach(), {p.numel()}), 0, first, hi - lo));
+  for (int k = 0; k < slices_per_rank_; ++k) {
+    const int64_t begin = slice_begin(b, k), end = begin + slice_numel(b);
+    for (size_t j = 0; j < bucket.params.size(); ++j) {
+      const Tensor& p = params[bucket.params[j]];
+      const int64_t lo = std::max(begin, bucket.offsets[j]),
+                    hi = std::min(end, bucket.offsets[j] + p.numel());
+      if (lo >= hi) continue;
+      const Tensor into = ops::narrow(owned, 0, k * slice_numel(b) + lo - begin, hi - lo);
+      const int64_t first = lo - bucket.offsets[j];
+      if (is_deferred(p)) {
+        materialize_deferred_range(p, first, into);
+      } else {
+        ops::copy_(into, ops::narrow(ops::reshape(p.detach(), {p.numel()}), 0, first, hi - lo));
+      }
     }
   }
   for (size_t k : bucket.params) forget_deferred(params[k]);
@@ -171,7 +283,7 @@ void ZeroStrategy::flatten_parameters() {
     const auto& bucket = buckets[b];
     Shard& shard = shards_[b];
     const TensorOptions opts{.dtype = bucket.dtype, .device = bucket.device};
-    const int64_t begin = slice_begin(b), size = bucket.shard_numel();
+    const int64_t size = owned_numel(b);
     if (options_.stage < 3) {
       shard.parameters = zeros({bucket.padded_numel}, opts);
       for (size_t j = 0; j < bucket.params.size(); ++j) {
@@ -182,11 +294,16 @@ void ZeroStrategy::flatten_parameters() {
       }
       shard.gathered = true;
     }
-    for (size_t j = 0; j < bucket.params.size(); ++j) {
-      const int64_t lo = std::max(begin, bucket.offsets[j]);
-      const int64_t hi =
-          std::min(begin + size, bucket.offsets[j] + params[bucket.params[j]].numel());
-      if (lo < hi) piece_layout_.push_back({bucket.params[j], b, lo, hi - lo});
+    // Hybrid sharding: a parameter may overlap several of this rank's slices (a piece each).
+    for (int k = 0; k < slices_per_rank_; ++k) {
+      const int64_t begin = slice_begin(b, k), end = begin + slice_numel(b);
+      for (size_t j = 0; j < bucket.params.size(); ++j) {
+        const int64_t lo = std::max(begin, bucket.offsets[j]);
+        const int64_t hi = std::min(end, bucket.offsets[j] + params[bucket.params[j]].numel());
+        if (lo < hi)
+          piece_layout_.push_back(
+              {bucket.params[j], b, lo, hi - lo, k * slice_numel(b) + lo - begin});
+      }
     }
     // Offloaded, the host takes the averaged slice from the same device buffers every step:
     // they stay. Otherwise they exist only from a step's first reduce-scatter to its update.
@@ -208,11 +325,10 @@ void ZeroStrategy::flatten_parameters() {
         buckets.empty() ? Device::cpu() : buckets.front().device, layout);
     for (size_t b = 0; b < buckets.size(); ++b) offload_->load_master(b, owned_slice(b));
   }
-  for (const Piece& piece : piece_layout_) {
-    const int64_t at = piece.begin - slice_begin(piece.bucket);
-    pieces_.push_back(offload_ ? ops::narrow(offload_->master(piece.bucket), 0, at, piece.numel)
-                               : ops::narrow(owned_slice(piece.bucket), 0, at, piece.numel));
-  }
+  for (const Piece& piece : piece_layout_)
+    pieces_.push_back(offload_
+                          ? ops::narrow(offload_->master(piece.bucket), 0, piece.at, piece.numel)
+                          : piece_values(piece));
 }
 
 // Stages 2/3: the slice the bucket's reduce-scatter averages into, in the parameters' dtype,
@@ -221,7 +337,7 @@ void ZeroStrategy::allocate_shard_gradient(size_t b) {
   Shard& shard = shards_[b];
   if (shard.gradients.defined() || shard.reduced.defined()) return;
   const auto& bucket = buckets_->buckets()[b];
-  const int64_t size = bucket.shard_numel();
+  const int64_t size = owned_numel(b);
   const bool low_precision = bucket.dtype != options_.reduce_dtype &&
                              (bucket.dtype == DType::f16 || bucket.dtype == DType::bf16);
   MemoryCategoryScope tag(MemoryCategory::Gradients);
@@ -246,6 +362,10 @@ void ZeroStrategy::release_shard_gradients() {
 
 Tensor ZeroStrategy::owned_slice(size_t b) const {
   if (options_.stage == 3) return shards_[b].owned_parameters;
+  // Stages 1/2 keep one slice per rank (hybrid sharding is refused with offload, the only
+  // user of this for them; the pieces are read through piece_values).
+  TESSERA_CHECK(slices_per_rank_ == 1, name(), ": a hybrid shard of stage ", options_.stage,
+                " is not one contiguous slice");
   return ops::narrow(shards_[b].parameters, 0, slice_begin(b),
                      buckets_->buckets()[b].shard_numel());
 }
@@ -300,9 +420,23 @@ void ZeroStrategy::install_comm_hooks() {
       [this, scatter](FlatBuckets::Bucket& b) {
         const size_t index = &b - buckets_->buckets().data();
         shards_[index].reduction_issued_us = ZeroTrace::enabled() ? ZeroTrace::now_us() : 0;
-        WorkPtr work = scatter ? group_->reduce_scatter(reduce_scatter_target(index),
-                                                        b.communication_buffer(), ReduceOp::Avg)
-                               : group_->all_reduce(b.communication_buffer(), ReduceOp::Avg);
+        WorkPtr work;
+        if (scatter && replica_group_) {
+          // Hybrid: world slice r (the average over every rank, as without hybrid sharding),
+          // then the replica group's all-gather assembles this rank's slices in its shard.
+          const Tensor target = reduce_scatter_target(index);
+          const int64_t n = slice_numel(index);
+          const Tensor mine = ops::narrow(target, 0, replica_group_->rank() * n, n);
+          work = std::make_shared<ThenIssueWork>(
+              group_->reduce_scatter(mine, b.communication_buffer(), ReduceOp::Avg),
+              [replica = replica_group_, target, mine] {
+                return replica->all_gather(target, mine);
+              });
+        } else {
+          work = scatter ? group_->reduce_scatter(reduce_scatter_target(index),
+                                                  b.communication_buffer(), ReduceOp::Avg)
+                         : group_->all_reduce(b.communication_buffer(), ReduceOp::Avg);
+        }
         // Offloaded: the host worker takes the averaged slice as soon as it is there.
         if (!offload_) return work;
         WorkPtr landed = offload_->download_gradient(index, work, averaged_gradient(index));
@@ -446,7 +580,13 @@ void ZeroStrategy::issue_gather(size_t b) {
                           ? shard.owned_parameters
                           : ops::to(shard.owned_parameters, bucket.device, bucket.dtype);
   shard.gather_issued_us = ZeroTrace::enabled() ? ZeroTrace::now_us() : 0;
-  shard.gathering = group_->all_gather(shard.parameters, mine);
+  // Within the shard group: its S ranks' k-th slices are the k-th run of S world slices.
+  const int64_t n = slice_numel(b), run = n * shard_group_->size();
+  std::vector<WorkPtr> works;
+  for (int k = 0; k < slices_per_rank_; ++k)
+    works.push_back(shard_group_->all_gather(ops::narrow(shard.parameters, 0, k * run, run),
+                                             ops::narrow(mine, 0, k * n, n)));
+  shard.gathering = all_of(std::move(works));
 }
 
 void ZeroStrategy::gather(size_t b) {
@@ -512,8 +652,10 @@ void ZeroStrategy::after_parameters_loaded() {
   // Stages 1/2: the parameters are the flat buffers themselves.
   for (size_t b = 0; b < shards_.size() && options_.stage == 3; ++b) {
     TESSERA_CHECK(shards_[b].gathered, name(), ": parameters were loaded while released");
-    ops::copy_(shards_[b].owned_parameters, ops::narrow(shards_[b].parameters, 0, slice_begin(b),
-                                                        buckets_->buckets()[b].shard_numel()));
+    const int64_t n = slice_numel(b);
+    for (int k = 0; k < slices_per_rank_; ++k)
+      ops::copy_(ops::narrow(shards_[b].owned_parameters, 0, k * n, n),
+                 ops::narrow(shards_[b].parameters, 0, slice_begin(b, k), n));
   }
   if (offload_)
     for (size_t b = 0; b < shards_.size(); ++b) offload_->load_master(b, owned_slice(b));
@@ -523,9 +665,10 @@ void ZeroStrategy::after_parameters_loaded() {
 void ZeroStrategy::prepare_optimizer(optim::Optimizer& optimizer) {
   TESSERA_CHECK(optimizer_ == nullptr || optimizer_ == &optimizer, name(),
                 ": one optimizer per model (a second one was prepared for it)");
-  std::map<const TensorImpl*, size_t> piece_of;
+  // A parameter may have several pieces on this rank (hybrid sharding): each takes its place.
+  std::map<const TensorImpl*, std::vector<size_t>> piece_of;
   for (size_t i = 0; i < piece_layout_.size(); ++i)
-    piece_of[buckets_->parameters()[piece_layout_[i].param].impl_ptr().get()] = i;
+    piece_of[buckets_->parameters()[piece_layout_[i].param].impl_ptr().get()].push_back(i);
   std::set<const TensorImpl*> trained;
   for (const Tensor& p : buckets_->parameters()) trained.insert(p.impl_ptr().get());
   std::vector<optim::ParamGroup> groups = optimizer.param_groups();
@@ -533,7 +676,7 @@ void ZeroStrategy::prepare_optimizer(optim::Optimizer& optimizer) {
     std::vector<Tensor> mine;
     for (const Tensor& p : g.params) {
       if (auto it = piece_of.find(p.impl_ptr().get()); it != piece_of.end())
-        mine.push_back(pieces_[it->second]);
+        for (size_t i : it->second) mine.push_back(pieces_[i]);
       else if (!trained.count(p.impl_ptr().get()))
         mine.push_back(p);  // frozen or not in the model
     }
@@ -569,7 +712,7 @@ void ZeroStrategy::point_pieces_at_gradients(size_t b) {
     const Piece& piece = piece_layout_[i];
     if (piece.bucket != b) continue;
     const auto& bucket = buckets_->buckets()[piece.bucket];
-    const int64_t at = piece.begin - slice_begin(piece.bucket);
+    const int64_t at = piece.at;
     if (offload_)
       pieces_[i].set_grad(ops::narrow(offload_->gradient(b), 0, at, piece.numel));
     else if (options_.stage == 1)
@@ -602,7 +745,8 @@ double ZeroStrategy::clip_grad_norm_(const std::vector<Tensor>&, double max_norm
   const Device device = shards_.empty() ? Device::cpu() : buckets_->buckets().front().device;
   Tensor total =
       full({1}, optim::grad_norm_squared(pieces_), {.dtype = DType::f64, .device = device});
-  group_->all_reduce(total, ReduceOp::Sum)->wait();
+  // Hybrid: the shard group's slices cover the model once (the replicas hold the same).
+  shard_group_->all_reduce(total, ReduceOp::Sum)->wait();
   const double norm = std::sqrt(ops::to(total, Device::cpu(), DType::f64).to_vector<double>()[0]);
   const double factor = max_norm / (norm + 1e-6);
   TESSERA_CHECK(factor >= 1.0 || !(optimizer_ && optimizer_->has_early_steps()), name(),
@@ -675,8 +819,13 @@ void ZeroStrategy::all_gather_owned_slices() {
   std::vector<WorkPtr> works;
   for (size_t b = 0; b < shards_.size(); ++b) {
     wait_for_upload(b);  // each bucket is all-gathered while the next one is copied
-    const Tensor mine = ops::clone(owned_slice(b));
-    works.push_back(group_->all_gather(shards_[b].parameters, mine));
+    // Within the shard group, one run of S world slices per slice this rank keeps.
+    const int64_t n = slice_numel(b), run = n * shard_group_->size();
+    for (int k = 0; k < slices_per_rank_; ++k) {
+      const Tensor mine = ops::clone(ops::narrow(shards_[b].parameters, 0, slice_begin(b, k), n));
+      works.push_back(
+          shard_group_->all_gather(ops::narrow(shards_[b].parameters, 0, k * run, run), mine));
+    }
   }
   for (auto& w : works) w->wait();
 }
@@ -684,12 +833,10 @@ void ZeroStrategy::all_gather_owned_slices() {
 std::vector<DataParallelStrategy::ParameterShard> ZeroStrategy::parameter_shards() {
   wait_for_uploads();  // the offloaded step's results must have landed in the owned slices
   std::vector<ParameterShard> shards;
-  for (const Piece& piece : piece_layout_) {
-    const int64_t at = piece.begin - slice_begin(piece.bucket);
+  for (const Piece& piece : piece_layout_)
     shards.push_back({buckets_->parameter_names()[piece.param],
                       piece.begin - buckets_->offset_of(piece.param), piece.numel,
-                      ops::narrow(owned_slice(piece.bucket), 0, at, piece.numel)});
-  }
+                      piece_values(piece)});
   return shards;
 }
 

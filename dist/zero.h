@@ -38,6 +38,25 @@
 // Stage 1 holds full gradients anyway and always accumulates as no_sync; so does
 // ZeRO-Offload (the host takes the averaged slice once per optimizer step).
 // Global-norm clipping sums the squares of every rank's slices.
+//
+// Hybrid sharding (hybrid_shard_size S > 0; FSDP's HYBRID_SHARD / _HYBRID_SHARD_ZERO2,
+// ZeRO++'s hpZ, DeepSpeed's MiCS): the W ranks form G = W / S shard groups of S consecutive
+// ranks, on a 2-D mesh of process groups: world rank r = g·S + l is rank l of shard group g
+// {g·S, ..., g·S + S - 1} and rank g of replica group l {l, S + l, ..., (G - 1)·S + l}. The
+// flat buffers are still cut into W world slices; rank r keeps the G slices l, S + l, ...,
+// (G - 1)·S + l (the part of the model that index l of every shard group holds, so each shard
+// group holds the whole model once and the G groups are replicas of each other). Per bucket
+// a rank's shard is those G slices one after the other (G·padded/W = padded/S elements).
+//   gradients   one reduce-scatter over the world (rank r receives the average of world
+//               slice r: the same sums, in the same order, as without hybrid sharding, so
+//               DDP's arithmetic bit for bit), then an all-gather within the replica group
+//               assembles the rank's G slices.
+//   parameters  all-gathered within the shard group only (stage 3's units, stage 2's update):
+//               one all-gather per slice position, straight into the flat buffer.
+//   optimizer   each rank updates its G slices: several pieces of one parameter may be this
+//               rank's (non-contiguous slices), each a tensor of the optimizer of its own.
+// Stages 2 and 3 only; not with offload. Checkpoints are written by shard group 0 (the other
+// groups hold the same values).
 #pragma once
 #include <memory>
 #include <string>
@@ -83,7 +102,17 @@ struct ZeroOptions {
   // (DeepSpeed's overlap_comm), 1 reduces each before the next begins; 0: no bound (every
   // bucket kept until the end of backward).
   size_t max_buckets_in_flight = kDefaultBucketsInFlight;
+  // Hybrid sharding (see the header): shard within groups of this many ranks and replicate
+  // across the groups; 0 shards over the whole group. Must divide the group's size; stages
+  // 2 and 3 only, not with offload.
+  int hybrid_shard_size = 0;
 };
+
+// Refuses hybrid sharding that cannot be built, naming the numbers: a size below 1, one that
+// does not divide the world size, a stage other than 2 or 3 (`stage` 0 is DDP), offload.
+// `who` starts the message ("Accelerator", "tessera plan", ...).
+void check_hybrid_sharding(int hybrid_shard_size, int world_size, int stage, bool offload,
+                           const std::string& who);
 
 class ZeroStrategy : public DataParallelStrategy {
  public:
@@ -92,12 +121,17 @@ class ZeroStrategy : public DataParallelStrategy {
   ZeroStrategy(const ZeroStrategy&) = delete;
   ZeroStrategy& operator=(const ZeroStrategy&) = delete;
 
-  std::string name() const override {
-    return "ZeRO-" + std::to_string(options_.stage) + (offload_ ? "-Offload" : "");
-  }
+  std::string name() const override;
   nn::Module& module() const override { return module_; }
   int stage() const { return options_.stage; }
   size_t max_buckets_in_flight() const { return options_.max_buckets_in_flight; }
+  // Hybrid sharding: ranks per shard group (0 when not hybrid) and the groups of the mesh.
+  int hybrid_shard_size() const { return options_.hybrid_shard_size; }
+  const std::shared_ptr<ProcessGroup>& shard_group() const { return shard_group_; }
+  const std::shared_ptr<ProcessGroup>& replica_group() const { return replica_group_; }
+  // The group whose members write a sharded checkpoint (together they hold every value
+  // once): the whole group, or under hybrid sharding shard group 0; null on the other ranks.
+  std::shared_ptr<ProcessGroup> checkpoint_group() const;
 
   void prepare_optimizer(optim::Optimizer& optimizer) override;
   // Under reduce_every_micro_batch the buckets keep reducing inside no_sync: only the shard
@@ -147,10 +181,11 @@ class ZeroStrategy : public DataParallelStrategy {
     std::shared_ptr<void> unit_began_event;  // the same on the device's stream (trace, GPU)
     double reduction_issued_us = 0;
   };
-  // A parameter's overlap with this rank's slice of its bucket.
+  // A parameter's overlap with one of this rank's slices of its bucket.
   struct Piece {
     size_t param, bucket;
     int64_t begin, numel;  // in the bucket's flat buffer
+    int64_t at;            // in this rank's shard of the bucket (its slices one after another)
   };
   std::vector<std::vector<size_t>> stage3_units(const std::vector<Tensor>& params);
   void flatten_parameters();
@@ -180,11 +215,24 @@ class ZeroStrategy : public DataParallelStrategy {
   void point_pieces_at_gradients(size_t bucket);
   // Stages 1/2: every bucket's flat parameters from all ranks' owned slices.
   void all_gather_owned_slices();
-  int64_t slice_begin(size_t bucket) const;
+  // Where this rank's k-th slice of bucket b starts in the flat buffer (k < slices_per_rank_),
+  // and its length (padded / W).
+  int64_t slice_begin(size_t bucket, int k = 0) const;
+  int64_t slice_numel(size_t bucket) const;
+  // Elements of this rank's shard of bucket b: its slices one after another.
+  int64_t owned_numel(size_t bucket) const;
+  // Piece i where it is kept between steps (flat parameters, or the stage-3 shard).
+  Tensor piece_values(const Piece& piece) const;
+  void make_mesh();
 
   nn::Module& module_;
   std::shared_ptr<ProcessGroup> group_;
   ZeroOptions options_;
+  // Hybrid sharding's mesh (else the shard group is group_ and there is no replica group):
+  // S ranks per shard group, this rank's index l in it, G groups and this rank's group g.
+  std::shared_ptr<ProcessGroup> shard_group_, replica_group_;
+  int slices_per_rank_ = 1;  // G
+  int shard_index_ = 0;      // l
   std::unique_ptr<FlatBuckets> buckets_;
   std::vector<Shard> shards_;
   std::vector<Piece> piece_layout_;

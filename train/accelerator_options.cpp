@@ -16,6 +16,7 @@ dist::AcceleratorOptions accelerator_options(const TrainingArguments& args,
   options.gradient_accumulation_steps = static_cast<int>(args.gradient_accumulation_steps);
   options.cpu = Device::parse(args.device).is_cpu();
   options.zero_stage = static_cast<int>(args.zero_stage);
+  options.hybrid_shard_size = static_cast<int>(args.hybrid_shard_size);
   options.offload_optimizer = args.offload != "none";
   options.offload_param = args.offload == "param";
   options.zero_accumulation = dist::gradient_accumulation_from_name(args.zero_accumulation);

@@ -9,9 +9,10 @@
 #include "tessera/core/device.h"
 #include "tessera/core/error.h"
 #include "tessera/dist/deepspeed_config.h"
+#include "tessera/dist/env.h"
+#include "tessera/optim/transformers_schedules.h"
 #include "tessera/train/preemption.h"
 #include "tessera/train/yaml_file.h"
-#include "tessera/optim/transformers_schedules.h"
 
 namespace tessera::train {
 
@@ -83,7 +84,10 @@ const std::map<std::string, Field>& fields() {
       {"save_total_limit", field(Kind::Int, &Args::save_total_limit)},
       {"load_best_model_at_end", field(Kind::Flag, &Args::load_best_model_at_end)},
       {"metric_for_best_model",
-       {Kind::Text, [](Args& a, const Json& v) { a.metric_for_best_model = evaluation_metric_name(v.get<std::string>()); },
+       {Kind::Text,
+        [](Args& a, const Json& v) {
+          a.metric_for_best_model = evaluation_metric_name(v.get<std::string>());
+        },
         [](const Args& a) { return Json(a.metric_for_best_model); }}},
       {"greater_is_better", field(Kind::Flag, &Args::greater_is_better)},
       {"seed", field(Kind::Int, &Args::seed)},
@@ -141,6 +145,7 @@ const std::map<std::string, Field>& fields() {
       {"zero_accumulation", field(Kind::Text, &Args::zero_accumulation)},
       {"deepspeed", field(Kind::Text, &Args::deepspeed)},
       {"fsdp", field(Kind::Text, &Args::fsdp)},
+      {"hybrid_shard_size", field(Kind::Int, &Args::hybrid_shard_size)},
       {"memory_report", field(Kind::Flag, &Args::memory_report)},
       {"reduce_dtype", field(Kind::Text, &Args::reduce_dtype)},
       // fp32 | bf16 | fp16: the `--dtype` flag, stored as Hugging Face's bf16/fp16 switches.
@@ -618,6 +623,15 @@ void validate(const TrainingArguments& a, bool needs_token_file) {
   require(a.offload == "none" || a.zero_stage >= 1, "offload",
           "needs a ZeRO stage (zero_stage 1, 2 or 3; param: 3)", a.offload);
   require(a.offload != "param" || a.zero_stage == 3, "offload", "param needs zero_stage 3", a.offload);
+  require(a.hybrid_shard_size == -1 || a.hybrid_shard_size >= 1, "hybrid_shard_size",
+          "must be at least 1 (ranks per shard group)", a.hybrid_shard_size);
+  require(
+      a.hybrid_shard_size < 1 || a.zero_stage == 2 || a.zero_stage == 3, "hybrid_shard_size",
+      "needs zero_stage 2 or 3 (--fsdp hybrid_shard or _hybrid_shard_zero2), but zero_stage is " +
+          std::to_string(a.zero_stage),
+      a.hybrid_shard_size);
+  require(a.hybrid_shard_size < 1 || a.offload == "none", "hybrid_shard_size",
+          "does not support offload (offload is " + a.offload + ")", a.hybrid_shard_size);
   require(a.zero_accumulation == "reduce_every_micro_batch" || a.zero_accumulation == "no_sync",
           "zero_accumulation", "must be reduce_every_micro_batch or no_sync", a.zero_accumulation);
   try {
@@ -644,7 +658,7 @@ void apply_fsdp_words(TrainingArguments& a) {
   std::istringstream words(a.fsdp);
   std::string word;
   int stage = -1;
-  bool offload = false;
+  bool offload = false, hybrid = false;
   while (words >> word) {
     if (word == "offload") {
       offload = true;
@@ -653,6 +667,7 @@ void apply_fsdp_words(TrainingArguments& a) {
     } else {
       try {
         stage = dist::fsdp_sharding_stage(word);
+        hybrid = dist::fsdp_sharding_is_hybrid(word);
       } catch (const Error& e) {
         TESSERA_FAIL(a.describe("fsdp"), ": ", e.what(), " (options: offload, auto_wrap)");
       }
@@ -661,6 +676,12 @@ void apply_fsdp_words(TrainingArguments& a) {
   TESSERA_CHECK(stage >= 0 || a.fsdp.empty(), a.describe("fsdp"), " names no sharding strategy (got \"", a.fsdp,
                 "\")");
   if (stage >= 0) take_setting(a, "zero_stage", stage, a.describe("fsdp") + " (" + a.fsdp + ")");
+  // FSDP's hybrid strategies shard within a node unless told the group size.
+  TESSERA_CHECK(hybrid || a.hybrid_shard_size == -1, a.describe("fsdp"), " (", a.fsdp,
+                ") shards over every rank, but ", a.describe("hybrid_shard_size"), " is ",
+                a.hybrid_shard_size, "; use hybrid_shard or _hybrid_shard_zero2");
+  if (hybrid && a.hybrid_shard_size == -1)
+    a.hybrid_shard_size = dist::read_dist_env().local_world_size;
   // FSDP's CPUOffload moves the parameters (and so their optimizer state) to the host.
   if (offload) take_setting(a, "offload", "param", a.describe("fsdp") + " (offload)");
 }
@@ -682,6 +703,9 @@ void apply_sharding_config(TrainingArguments& a) {
   const dist::DeepSpeedConfig& ds = *a.deepspeed_config;
   const std::string in = ds.source + ": \"";
   if (ds.zero_stage) take_setting(a, "zero_stage", *ds.zero_stage, in + "zero_optimization.stage\"");
+  if (ds.hybrid_shard_size)
+    take_setting(a, "hybrid_shard_size", *ds.hybrid_shard_size,
+                 in + "zero_optimization.mics_shard_size\"");
   if (ds.offload_param.value_or(false) || ds.offload_optimizer.value_or(false))
     take_setting(a, "offload", ds.offload_param.value_or(false) ? "param" : "optimizer",
                  in + "zero_optimization.offload_" + (ds.offload_param.value_or(false) ? "param" : "optimizer") +

@@ -114,7 +114,11 @@ struct TrainingArguments {
   // That file as apply_sharding_config parsed it (once), handed to the Accelerator by
   // accelerator_options() (train/accelerator_options.h); not a setting of its own.
   std::optional<dist::DeepSpeedConfig> deepspeed_config;
-  std::string fsdp;                // Hugging Face's `fsdp`: full_shard|shard_grad_op|no_shard [offload] [auto_wrap]
+  std::string fsdp;  // Hugging Face's `fsdp`: full_shard|shard_grad_op|hybrid_shard|... [offload]
+                     // [auto_wrap]
+  // Hybrid sharding (dist/zero.h): ZeRO-2/3 within groups of this many ranks, replicated across
+  // them; -1 = off, or with fsdp hybrid_shard / _hybrid_shard_zero2 the ranks per node.
+  int64_t hybrid_shard_size = -1;
   // The dtype gradients are averaged in across ranks: fp32, or bf16/fp16 = the parameters'
   // own (half the bytes, no cast passes); "" = bf16 in a bf16 run, else fp32.
   std::string reduce_dtype;

@@ -10,8 +10,9 @@ import json
 import os
 import tempfile
 
-_FSDP_STRATEGIES = {1: "FULL_SHARD", 2: "SHARD_GRAD_OP", 3: "NO_SHARD"}
-_FSDP_KNOWN = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
+# torch's ShardingStrategy numbers; the hybrid two shard within a node and replicate across nodes.
+_FSDP_STRATEGIES = {1: "FULL_SHARD", 2: "SHARD_GRAD_OP", 3: "NO_SHARD", 4: "HYBRID_SHARD", 5: "_HYBRID_SHARD_ZERO2"}
+_FSDP_KNOWN = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 
 
 def _refuse_unsupported(plugin, values):
@@ -90,8 +91,9 @@ class DeepSpeedPlugin:
 
 class FullyShardedDataParallelPlugin:
     """PyTorch FSDP's sharding through Tessera's ZeRO stages: sharding_strategy FULL_SHARD
-    (ZeRO-3), SHARD_GRAD_OP (ZeRO-2) or NO_SHARD (DDP), by name or by FSDP's number (1, 2, 3);
-    cpu_offload=True keeps the parameter shards and optimizer state on the host."""
+    (ZeRO-3), SHARD_GRAD_OP (ZeRO-2), NO_SHARD (DDP), HYBRID_SHARD (ZeRO-3 within each node,
+    replicated across nodes) or _HYBRID_SHARD_ZERO2 (ZeRO-2 likewise), by name or by FSDP's
+    number (1-5); cpu_offload=True keeps the parameter shards and optimizer state on the host."""
 
     def __init__(self, sharding_strategy=None, backward_prefetch=None, mixed_precision_policy=None,
                  auto_wrap_policy=None, cpu_offload=None, ignored_modules=None, state_dict_type=None,
@@ -125,7 +127,8 @@ class FullyShardedDataParallelPlugin:
         if isinstance(strategy, int) and not isinstance(strategy, bool):
             if strategy not in _FSDP_STRATEGIES:
                 raise ValueError(f"FullyShardedDataParallelPlugin: sharding_strategy {strategy} must be 1 "
-                                 "(FULL_SHARD), 2 (SHARD_GRAD_OP) or 3 (NO_SHARD)")
+                                 "(FULL_SHARD), 2 (SHARD_GRAD_OP), 3 (NO_SHARD), 4 (HYBRID_SHARD) or 5 "
+                                 "(_HYBRID_SHARD_ZERO2)")
             return _FSDP_STRATEGIES[strategy]
         name = getattr(strategy, "name", strategy)  # torch's ShardingStrategy enum too
         if not isinstance(name, str) or name.upper() not in _FSDP_KNOWN:

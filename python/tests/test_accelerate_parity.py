@@ -289,6 +289,11 @@ def test_deepspeed_and_fsdp_plugins_set_the_zero_stage(tmp_path):
         sharding_strategy="SHARD_GRAD_OP"))
     assert acc.zero_stage == 2
     assert tessera.FullyShardedDataParallelPlugin(sharding_strategy=1).sharding_strategy == "FULL_SHARD"
+    # Hybrid sharding: within the node (one process here: a shard group of 1).
+    assert tessera.FullyShardedDataParallelPlugin(sharding_strategy=4).sharding_strategy == "HYBRID_SHARD"
+    acc = tessera.Accelerator(cpu=True, fsdp_plugin=tessera.FullyShardedDataParallelPlugin(
+        sharding_strategy="_HYBRID_SHARD_ZERO2"))
+    assert acc.zero_stage == 2
     with pytest.raises(ValueError, match="contradicts"):
         tessera.Accelerator(cpu=True, zero_stage=1, deepspeed_plugin=tessera.DeepSpeedPlugin(zero_stage=3))
     with pytest.raises(ValueError, match="cannot be used together"):

@@ -78,7 +78,12 @@ TEST(CliSharding, BadShardingSettingsFailBeforeTrainingNamingTheKey) {
       {"--offload disk --zero-stage 2", "\"offload\""},
       {"--offload param --zero-stage 2", "\"offload\""},
       {"--offload optimizer", "\"offload\""},
-      {"--fsdp HYBRID_SHARD", "hybrid"},
+      {"--fsdp HYBRID_SHARD --hybrid-shard-size 2",
+       "hybrid_shard_size 2 does not divide the world size 1"},
+      {"--zero-stage 3 --hybrid-shard-size 0", "must be at least 1 (ranks per shard group)"},
+      {"--zero-stage 1 --hybrid-shard-size 1", "needs zero_stage 2 or 3"},
+      {"--fsdp \"hybrid_shard offload\"", "does not support offload"},
+      {"--fsdp FULL_SHARD --hybrid-shard-size 1", "shards over every rank"},
       {"--fsdp FULL_SHARD --zero-stage 2", "contradict"},
   };
   for (const auto& [args, key] : cases) {
@@ -141,6 +146,36 @@ TEST(CliSharding, DeepSpeedFileFsdpNameAndFlagSelectTheStage) {
           "--batch 3 --grad-accum 2 --grad-clip 0.5 --zero-stage 1");
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("ZeRO-1 over 2 processes"), std::string::npos) << r.output;
+}
+
+// Hybrid sharding through the CLI: `tessera launch --nproc-per-node 4 tessera train --fsdp
+// hybrid_shard --hybrid-shard-size 2` trains ZeRO-3 within 2 shard groups of 2 ranks (and
+// _hybrid_shard_zero2 ZeRO-2 likewise). Accumulating as no_sync, both are DDP's arithmetic: the
+// losses equal DDP's and the exported model is DDP's bit for bit.
+TEST(CliSharding, FsdpHybridShardOn4RanksEqualsDdp) {
+  const std::string common =
+      " --steps 4 --schedule constant --batch 3 --grad-accum 2 --grad-clip 0.5 ";
+  auto r = run(launch(4) + train_args("hybrid_ddp") + common,
+               "env TESSERA_SPARSE_EMBEDDING_GRADIENTS=0");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  const auto ddp = losses_after(scratch() / "hybrid_ddp", 0);
+  ASSERT_EQ(ddp.size(), 4u + 1u);
+  for (const auto& [fsdp, name] :
+       {std::pair<std::string, std::string>{"hybrid_shard", "ZeRO-3 hybrid (2 x 2)"},
+        {"_hybrid_shard_zero2", "ZeRO-2 hybrid (2 x 2)"}}) {
+    const std::string out = "hybrid_" + fsdp;
+    r = run(launch(4) + train_args(out) + common + "--zero-accumulation no_sync --fsdp " + fsdp +
+            " --hybrid-shard-size 2");
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_NE(r.output.find(name + " over 4 processes"), std::string::npos) << r.output;
+    EXPECT_EQ(slurp(scratch() / out / "model" / "model.safetensors"),
+              slurp(scratch() / "hybrid_ddp" / "model" / "model.safetensors"))
+        << fsdp;
+    const auto got = losses_after(scratch() / out, 0);
+    ASSERT_EQ(got.size(), ddp.size());
+    for (size_t i = 0; i < ddp.size(); ++i)
+      EXPECT_EQ(got[i].second, ddp[i].second) << fsdp << ", step " << ddp[i].first;
+  }
 }
 
 // A checkpoint written by 2 ranks at stage 3 (6 rows each) resumes on 1 process under DDP
@@ -470,6 +505,41 @@ TEST(CliSharding, PlanOfA6BModelOrdersTheStagesAndKeepsZero3NearTheFormula) {
 }
 
 // A small GPT fits every strategy; a size that is not one is refused, naming it.
+// `tessera plan --hybrid-shard-size S`: hybrid sharding on W ranks keeps the state of ZeRO on
+// S ranks (Ψ/S of each), so its ZeRO formula row and its kept-state terms are those of the plain
+// plan on S ranks; sizes that cannot form groups are refused naming the numbers.
+TEST(CliSharding, PlanHybridShardKeepsTheStateOfItsShardGroup) {
+  const std::string model =
+      "plan --device cpu --n-layer 8 --n-head 8 --n-embd 512 --seq 64 --batch 2 --zero-stage 3 ";
+  const auto hybrid = run(model + "--nproc 8 --hybrid-shard-size 4");
+  const auto four = run(model + "--nproc 4");
+  ASSERT_EQ(hybrid.rc, 0) << hybrid.output;
+  ASSERT_EQ(four.rc, 0) << four.output;
+  EXPECT_NE(hybrid.output.find("ZeRO-3 hybrid (2 x 4) on 8 process(es)"), std::string::npos)
+      << hybrid.output;
+  auto line = [](const std::string& text, const std::string& start, const std::string& end) {
+    const size_t at = text.find(start);
+    return at == std::string::npos ? std::string("(none)")
+                                   : text.substr(at, text.find(end, at) - at);
+  };
+  EXPECT_EQ(line(hybrid.output, "ZeRO formula", "\n"), line(four.output, "ZeRO formula", "\n"));
+  EXPECT_EQ(line(hybrid.output, "kept state", " (ZeRO's"),
+            line(four.output, "kept state", " (ZeRO's"));
+  EXPECT_NE(hybrid.output.find("16Ψ/S"), std::string::npos) << hybrid.output;
+  for (const auto& [flags, message] :
+       {std::pair<std::string, std::string>{"--nproc 8 --hybrid-shard-size 3",
+                                            "hybrid_shard_size 3 does not divide the world size 8"},
+        {"--nproc 8 --hybrid-shard-size 0", "hybrid_shard_size must be at least 1"}}) {
+    const auto r = run(model + flags);
+    EXPECT_NE(r.rc, 0) << flags;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
+  }
+  const auto stage1 =
+      run("plan --device cpu --n-layer 2 --n-head 2 --n-embd 64 --seq 64 --zero-stage 1 --nproc 4 "
+          "--hybrid-shard-size 2");
+  EXPECT_NE(stage1.output.find("needs ZeRO stage 2 or 3"), std::string::npos) << stage1.output;
+}
+
 TEST(CliSharding, PlanAllStrategiesOfASmallModelAndBadSizes) {
   const auto r =
       run("plan --all-strategies --device cuda --dtype bf16 --nproc 2 --n-layer 2 "

@@ -20,7 +20,7 @@
 //
 // usage: dist_shard_init_check --model gpt|llama --init eager|sharded --zero-stage N
 //          --out FILE [--pretrained DIR] [--steps S] [--mixed-precision no|bf16] [--memory]
-//          [--tied] [--offload-param] [--reference] [--checkpointing]
+//          [--tied] [--offload-param] [--reference] [--checkpointing] [--hybrid-shard-size S]
 // (--reference: the reference blocks instead of the fast ones; --checkpointing: gradient
 // checkpointing, each layer's hooks running again for its recompute.)
 //        dist_shard_init_check --heavy-gb X [--init eager|sharded]
@@ -55,7 +55,7 @@ constexpr int64_t kVocab = 53, kSeq = 8, kRows = 2;
 
 struct Args {
   std::string model = "gpt", init = "eager", out, pretrained, precision = "no";
-  int stage = 3, steps = 2;
+  int stage = 3, steps = 2, hybrid_shard_size = -1;
   bool memory = false, refuse = false, tied = false, offload_param = false, reference = false,
        checkpointing = false;
   double heavy_gb = 0;
@@ -97,6 +97,8 @@ Args parse(int argc, char** argv) {
       a.refuse = true;
     else if (flag == "--heavy-gb")
       a.heavy_gb = std::stod(value());
+    else if (flag == "--hybrid-shard-size")
+      a.hybrid_shard_size = std::stoi(value());
     else
       TESSERA_FAIL("dist_shard_init_check: unknown flag ", flag);
   }
@@ -206,7 +208,8 @@ int run_training(const Args& a) {
                          .sparse_embedding_gradients = false,
                          .cpu = true,
                          .zero_stage = a.stage,
-                         .offload_param = a.offload_param});
+                         .offload_param = a.offload_param,
+                         .hybrid_shard_size = a.hybrid_shard_size});
   const int rank = acc.process_index(), world = acc.num_processes();
   manual_seed(1000 + 7 * static_cast<uint64_t>(rank));
   const uint64_t read_before = deferred_bytes_read();

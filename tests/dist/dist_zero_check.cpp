@@ -20,13 +20,15 @@
 //
 // usage: dist_zero_check [--zero-stage N] --out FILE [--rows B] [--accum A] [--steps S]
 //                        [--clip C] [--bucket-bytes N] [--backend auto|tcp|mpi]
-//                        [--mixed-precision no|bf16] [--reduce-dtype fp32|bf16] [--memory] [--untied]
+//                        [--mixed-precision no|bf16] [--reduce-dtype fp32|bf16] [--memory]
+//                        [--untied]
 //                        [--save DIR --save-at K] [--resume DIR --start-step K]
 //                        [--offload none|optimizer|param] [--offload-step-during-backward]
 //                        [--prefetch ELEMENTS] [--cuda]
 //                        [--sparse-embedding-gradients]
 //                        [--zero-accumulation reduce_every_micro_batch|no_sync]
 //                        [--max-buckets-in-flight N] [--layers N] [--n-embd N] [--save-memory]
+//                        [--hybrid-shard-size S] [--fsdp HYBRID_SHARD|_HYBRID_SHARD_ZERO2|...]
 // DDP averages the embedding gradients densely here (the arithmetic ZeRO's stages reproduce
 // bit for bit); --sparse-embedding-gradients: all-gathers the looked-up rows instead
 // (dist/sparse_embedding.h), which rounds differently.
@@ -95,6 +97,8 @@ int main(int argc, char** argv) {
   int64_t prefetch = 0;
   std::string zero_accumulation = "reduce_every_micro_batch";
   size_t max_buckets_in_flight = dist::AcceleratorOptions{}.max_buckets_in_flight;
+  int hybrid_shard_size = -1;
+  std::string fsdp;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return std::string(argv[++i]); };
@@ -150,6 +154,10 @@ int main(int argc, char** argv) {
       n_embd = std::stoll(next());
     else if (a == "--save-memory")
       save_memory = true;
+    else if (a == "--hybrid-shard-size")
+      hybrid_shard_size = std::stoi(next());
+    else if (a == "--fsdp")
+      fsdp = next();
   }
   if (offload != "none" && offload != "optimizer" && offload != "param") {
     std::cerr << "error: --offload must be none, optimizer or param; got '" << offload << "'\n";
@@ -158,21 +166,23 @@ int main(int argc, char** argv) {
   int rank = -1;
   if (memory || save_memory) enable_memory_categories(true);  // before the model: every storage counted
   try {
-    dist::Accelerator acc({.mixed_precision = precision,
-                           .reduce_dtype = reduce_dtype,
-                           .gradient_accumulation_steps = static_cast<int>(accum),
-                           .backend = backend,
-                           .bucket_bytes = bucket_bytes,
-                           .sparse_embedding_gradients = sparse_embeddings,
-                           .cpu = !on_cuda,
-                           .zero_stage = static_cast<int>(zero_stage),
-                           .offload_optimizer = offload == "optimizer",
-                           .offload_param = offload == "param",
-                           .offload_step_during_backward = step_during_backward,
-                           .stage3_prefetch_bucket_size = prefetch,
-                           .zero_accumulation =
-                               dist::gradient_accumulation_from_name(zero_accumulation),
-                           .max_buckets_in_flight = max_buckets_in_flight});
+    dist::Accelerator acc(
+        {.mixed_precision = precision,
+         .reduce_dtype = reduce_dtype,
+         .gradient_accumulation_steps = static_cast<int>(accum),
+         .backend = backend,
+         .bucket_bytes = bucket_bytes,
+         .sparse_embedding_gradients = sparse_embeddings,
+         .cpu = !on_cuda,
+         .zero_stage = static_cast<int>(zero_stage),
+         .offload_optimizer = offload == "optimizer",
+         .offload_param = offload == "param",
+         .offload_step_during_backward = step_during_backward,
+         .stage3_prefetch_bucket_size = prefetch,
+         .zero_accumulation = dist::gradient_accumulation_from_name(zero_accumulation),
+         .max_buckets_in_flight = max_buckets_in_flight,
+         .fsdp_sharding_strategy = fsdp,
+         .hybrid_shard_size = hybrid_shard_size});
     rank = acc.process_index();
     zero_stage = acc.zero_stage();  // without --zero-stage: TESSERA_ZERO_STAGE
     // Different seeds per rank: the strategy must start every rank from rank 0's weights.

@@ -9,6 +9,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -607,6 +608,171 @@ TEST(ZeroEquivalence, UntiedHeadAndOneProcess) {
   // An untied head (lm_head in the root unit) on 2 ranks, and every stage in one process.
   expect_zero_stages_match_ddp(launch(2, DIST_ZERO_CHECK), 2, "untied2", " --untied");
   expect_zero_stages_match_ddp("env -u RANK -u WORLD_SIZE " DIST_ZERO_CHECK, 1, "single");
+}
+
+// Hybrid sharding (dist/zero.h): ZeRO-2/3 within shard groups of S ranks, replicated across the
+// W / S groups, on 2 x 2, 3 x 2 and 2 x 3 ranks (groups x S). Accumulating as no_sync, the
+// world's reduce-scatter sums every slice as DDP's all-reduce does and the replica group only
+// copies: the losses, gradient norms and every weight after 10 AdamW steps (accumulation 2,
+// clipping on every step) are DDP's bit for bit. reduce_every_micro_batch rounds as plain ZeRO's.
+std::vector<ZeroVariant> hybrid_variants(int shard_size, const std::string& extra = "") {
+  const std::string h = " --hybrid-shard-size " + std::to_string(shard_size) + extra;
+  return {{2, h + " --zero-accumulation no_sync", 0},
+          {3, h + " --zero-accumulation no_sync", 0},
+          {3, h, 1e-5, true}};
+}
+
+constexpr std::pair<int, int> kHybridMeshes[] = {{2, 2}, {3, 2}, {2, 3}};
+
+TEST(HybridShardEquivalence, MatchesDdpThroughLaunch2x2And3x2And2x3Ranks) {
+  for (const auto& [groups, shard_size] : kHybridMeshes) {
+    const int nproc = groups * shard_size;
+    expect_zero_stages_match_ddp(
+        launch(nproc, DIST_ZERO_CHECK), nproc,
+        "hybrid_tcp" + std::to_string(groups) + "x" + std::to_string(shard_size), "", false,
+        hybrid_variants(shard_size));
+  }
+}
+
+TEST(HybridShardEquivalence, MatchesDdpThroughMpirun2x2And3x2And2x3Ranks) {
+  if (!have_mpirun()) GTEST_SKIP() << "built without MPI";
+  for (const auto& [groups, shard_size] : kHybridMeshes) {
+    const int nproc = groups * shard_size;
+    expect_zero_stages_match_ddp(
+        mpirun(nproc, DIST_ZERO_CHECK), nproc,
+        "hybrid_mpi" + std::to_string(groups) + "x" + std::to_string(shard_size), " --backend mpi",
+        false, hybrid_variants(shard_size));
+  }
+}
+
+// The untied head (lm_head in stage 3's root unit) and several blocks with small buckets: a
+// parameter spans several of a rank's non-contiguous slices, each its own optimizer tensor.
+TEST(HybridShardEquivalence, UntiedAndDeeperOn2x2Ranks) {
+  expect_zero_stages_match_ddp(launch(4, DIST_ZERO_CHECK), 4, "hybrid_untied",
+                               " --untied --layers 3", false, hybrid_variants(2));
+}
+
+// The bf16 policy with gradients averaged in f32 (the reduce buffers are the rank's whole shard
+// of G slices): DDP's arithmetic too.
+TEST(HybridShardEquivalence, Bf16PolicyOn2x2Ranks) {
+  expect_zero_stages_match_ddp(launch(4, DIST_ZERO_CHECK), 4, "hybrid_bf16",
+                               " --mixed-precision bf16 --reduce-dtype fp32", false,
+                               hybrid_variants(2));
+}
+
+// The settings from config files: DeepSpeed's zero_optimization.mics_shard_size (through
+// `tessera launch --deepspeed_config_file`) and Accelerate's fsdp_sharding_strategy
+// _HYBRID_SHARD_ZERO2 / HYBRID_SHARD (through `tessera launch --fsdp_sharding_strategy`, with the
+// shard group size from the program): on 2 x 2 ranks, DDP's arithmetic bit for bit.
+TEST(HybridShardEquivalence, DeepSpeedAndAccelerateConfigKeysOn2x2Ranks) {
+  const std::string ds = temp_file("mics.json");
+  std::ofstream(ds) << R"({"zero_optimization": {"stage": 3, "mics_shard_size": 2}})";
+  const std::string ddp_out = temp_file("ddp.txt");
+  JobResult r = run_job(
+      "env OMP_NUM_THREADS=1 " + launch(4, DIST_ZERO_CHECK) + " --zero-stage 0 --out " + ddp_out,
+      180);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const TrainRecord ddp = read_record(ddp_out);
+  ASSERT_EQ(ddp.losses.size(), 10u);
+  const std::string launcher = std::string(TESSERA_CLI) + " launch --nproc-per-node 4 ";
+  const std::pair<std::string, std::string> runs[] = {
+      {"--use_deepspeed --deepspeed_config_file " + ds, ""},
+      {"--use_fsdp --fsdp_sharding_strategy _HYBRID_SHARD_ZERO2", " --hybrid-shard-size 2"},
+      {"--use_fsdp --fsdp_sharding_strategy HYBRID_SHARD", " --hybrid-shard-size 2"}};
+  for (const auto& [launch_flags, program_flags] : runs) {
+    const std::string out = temp_file("config.txt");
+    std::remove(out.c_str());
+    r = run_job("env OMP_NUM_THREADS=1 " + launcher + launch_flags + " " DIST_ZERO_CHECK " --out " +
+                    out + " --zero-accumulation no_sync" + program_flags,
+                180);
+    ASSERT_EQ(r.status, 0) << launch_flags << "\n" << r.output;
+    const RelativeDifference d = relative_difference(read_record(out), ddp);
+    std::printf("[ hybrid ] %s%s on 4 ranks vs DDP: worst relative difference %.3g\n",
+                launch_flags.c_str(), program_flags.c_str(), d.worst());
+    EXPECT_EQ(d.worst(), 0) << launch_flags << program_flags;
+  }
+}
+
+// Checkpoints under hybrid sharding: shard group 0 (ranks 0 and 1 of 2 x 2) writes them, a
+// rank's several pieces of one parameter under "name#k" keys; the checkpoint after step 5 of a
+// 4-rank stage-3 run resumes on the same 4 ranks (hybrid, plain ZeRO-2 and DDP: the same batch
+// sums, so the rest of the run is the uninterrupted one's bit for bit) and on 2 ranks at stage 3
+// and 1 under DDP (the batch summed in another order: losses within 1e-6, norms 1e-5).
+TEST(HybridShardEquivalence, CheckpointWrittenByShardGroup0ResumesExactly) {
+  const std::string ckpt = temp_file("ckpt"), full_out = temp_file("full.txt");
+  const std::string no_sync = " --zero-accumulation no_sync";
+  std::filesystem::remove_all(ckpt);
+  JobResult r = run_job("env OMP_NUM_THREADS=1 " + launch(4, DIST_ZERO_CHECK) + no_sync +
+                            " --rows 3 --zero-stage 3 --hybrid-shard-size 2 --out " + full_out +
+                            " --save " + ckpt + " --save-at 5",
+                        180);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const TrainRecord full = read_record(full_out);
+  ASSERT_EQ(full.losses.size(), 10u);
+  const auto optimizer_index =
+      nlohmann::json::parse(std::ifstream(ckpt + "/optimizer_shards.json"));
+  EXPECT_EQ(optimizer_index["world_size"].get<int>(), 2);
+  EXPECT_EQ(optimizer_index["files"].size(), 2u);
+  EXPECT_EQ(optimizer_index["strategy"].get<std::string>(), "ZeRO-3 hybrid (2 x 2)");
+  int repeated = 0;
+  for (const auto& file : optimizer_index["files"])
+    for (const auto& [key, _] : file["slices"].items())
+      repeated += key.find('#') != std::string::npos;
+  EXPECT_GT(repeated, 0) << "some rank holds several pieces of one parameter";
+  const std::pair<int, std::string> resumes[] = {{4, " --zero-stage 3 --hybrid-shard-size 2"},
+                                                 {4, " --zero-stage 2"},
+                                                 {4, " --zero-stage 0"},
+                                                 {2, " --zero-stage 3"},
+                                                 {1, " --zero-stage 0"}};
+  for (const auto& [nproc, flags] : resumes) {
+    const std::string out = temp_file("resumed.txt");
+    std::remove(out.c_str());
+    const std::string starter = nproc == 1
+                                    ? std::string("env -u RANK -u WORLD_SIZE " DIST_ZERO_CHECK)
+                                    : launch(nproc, DIST_ZERO_CHECK);
+    r = run_job("env OMP_NUM_THREADS=1 " + starter + no_sync + flags + " --rows " +
+                    std::to_string(12 / nproc) + " --resume " + ckpt + " --start-step 5 --out " +
+                    out,
+                180);
+    ASSERT_EQ(r.status, 0) << flags << "\n" << r.output;
+    TrainRecord tail = read_record(out), want = full;
+    want.losses.erase(want.losses.begin(), want.losses.begin() + 5);
+    want.norms.erase(want.norms.begin(), want.norms.begin() + 5);
+    const RelativeDifference d = relative_difference(tail, want);
+    std::printf(
+        "[ hybrid ] 2 x 2 stage-3 checkpoint resumed on %d rank(s)%s: losses %.3g, norms %.3g, "
+        "weights %.3g\n",
+        nproc, flags.c_str(), d.losses, d.norms, d.params);
+    if (nproc == 4) {
+      EXPECT_EQ(d.worst(), 0) << flags;
+    } else {
+      EXPECT_LE(d.losses, 1e-6) << nproc << flags;
+      EXPECT_LE(d.norms, 1e-5) << nproc << flags;
+      EXPECT_LE(d.params, 2e-3) << nproc << flags;
+    }
+  }
+}
+
+// A shard group size that does not divide the world, stage 1, offload, a size below 1: each
+// refused before the ranks train, naming the numbers.
+TEST(HybridShardEquivalence, BadHybridSettingsAreRefusedBeforeAnyWork) {
+  const std::pair<std::string, std::string> cases[] = {
+      {" --zero-stage 3 --hybrid-shard-size 3",
+       "hybrid_shard_size 3 does not divide the world size 4"},
+      {" --zero-stage 2 --hybrid-shard-size 0", "hybrid_shard_size must be at least 1"},
+      {" --zero-stage 1 --hybrid-shard-size 2", "needs ZeRO stage 2 or 3"},
+      {" --zero-stage 0 --hybrid-shard-size 2", "got stage 0 (DDP)"},
+      {" --zero-stage 3 --hybrid-shard-size 2 --offload optimizer", "does not support offload"},
+      {" --fsdp FULL_SHARD --hybrid-shard-size 2", "shards over every rank"}};
+  for (const auto& [flags, message] : cases) {
+    const std::string out = temp_file("refused.txt");
+    std::remove(out.c_str());
+    const JobResult r = run_job(
+        "env OMP_NUM_THREADS=1 " + launch(4, DIST_ZERO_CHECK) + " --out " + out + flags, 60);
+    EXPECT_NE(r.status, 0) << flags << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
+    EXPECT_TRUE(read_record(out).losses.empty()) << flags << ": no step ran";
+  }
 }
 
 // ZeRO-Offload and stage-3 prefetch: stage 2 and 3 with the optimizer (AdamW on the CPU,

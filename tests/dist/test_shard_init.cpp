@@ -84,6 +84,19 @@ TEST(ShardedInit, LlamaSlicesAndTrainingMatchEagerAndDdpOn2And3Ranks) {
   for (int nproc : {2, 3}) expect_sharded_equals_eager_and_ddp("llama", nproc);
 }
 
+// Hybrid sharding on 2 x 2 ranks: each rank computes the G = 2 non-contiguous slices it keeps
+// (world slices l and 2 + l) straight from the init recipes; they equal the eager model's
+// elements, and training equals the eager construction's and DDP's bit for bit.
+TEST(ShardedInit, HybridShardSlicesAndTrainingMatchEagerAndDdpOn2x2Ranks) {
+  for (const std::string model : {"gpt", "llama"}) {
+    const std::string flags = "--model " + model, hybrid = " --zero-stage 3 --hybrid-shard-size 2";
+    const std::string sharded = run(4, flags + " --init sharded" + hybrid);
+    const std::string eager = run(4, flags + " --init eager" + hybrid);
+    EXPECT_EQ(sharded, eager) << model << ": sharded construction vs eager (hybrid, stage 3)";
+    EXPECT_EQ(eager, run(4, flags + " --init eager --zero-stage 0")) << model << ": hybrid vs DDP";
+  }
+}
+
 // Tied embeddings (the head is wte), and the shard kept on the host (offload_param: the
 // slices are computed into pinned host memory), on 3 ranks.
 TEST(ShardedInit, TiedHeadsAndOffloadedShardsOn3Ranks) {

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include <filesystem>
 #include <fstream>
 
@@ -185,8 +187,21 @@ TEST(DeepSpeedFiles, OtherZeroKeysShowTheirEffectOrAreRefused) {
   EXPECT_TRUE(applied(zero({{"stage", 2}, {"cpu_offload", true}})).offload_optimizer);
   EXPECT_NE(refusal(zero({{"zero_hpz_partition_size", 2}})).find("hierarchical"), std::string::npos);
   EXPECT_EQ(refusal(zero({{"zero_hpz_partition_size", 1}})), "(no error)");
-  EXPECT_NE(refusal(zero({{"mics_shard_size", 4}})).find("MiCS"), std::string::npos);
-  EXPECT_EQ(refusal(zero({{"mics_shard_size", -1}})), "(no error)");
+  // MiCS's shard groups are hybrid sharding's (dist/zero.h): -1 off, N > 0 groups of N ranks.
+  EXPECT_EQ(applied(zero({{"stage", 3}, {"mics_shard_size", 4}})).hybrid_shard_size, 4);
+  EXPECT_EQ(applied(zero({{"mics_shard_size", -1}})).hybrid_shard_size, -1);
+  EXPECT_NE(refusal(zero({{"mics_shard_size", 1.5}})).find("mics_shard_size"), std::string::npos);
+  EXPECT_NE(refusal(zero({{"mics_shard_size", -2}})).find("mics_shard_size"), std::string::npos);
+  {
+    dist::AcceleratorOptions two;
+    two.hybrid_shard_size = 2;
+    try {
+      applied(zero({{"stage", 3}, {"mics_shard_size", 4}}), two);
+      ADD_FAILURE() << "mics_shard_size 4 against hybrid_shard_size 2 was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("mics_shard_size"), std::string::npos) << e.what();
+    }
+  }
   EXPECT_NE(refusal(zero({{"stage", 3}, {"offload_param", {{"device", "cpu"}, {"nvme_path", "/x"}}}})).find("NVMe"),
             std::string::npos);
   EXPECT_NE(refusal(zero({{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}, {"ratio", 0.5}}}})).find("ratio"),
@@ -299,4 +314,41 @@ TEST(DeepSpeedFiles, TrainBatchSizeMustEqualMicroTimesAccumulationTimesWorld) {
   }
   fs::remove(file);
   fs::remove(data);
+}
+
+// Hybrid sharding in the training arguments: Hugging Face's `fsdp: hybrid_shard` (ZeRO-3) and
+// `_hybrid_shard_zero2` (ZeRO-2) shard within a node (LOCAL_WORLD_SIZE) unless hybrid_shard_size
+// says otherwise, and a DeepSpeed file's mics_shard_size sets it.
+TEST(DeepSpeedFiles, HybridShardingFromFsdpWordsAndMicsShardSize) {
+  // A rank of a job on 2 nodes of 4 ranks.
+  setenv("WORLD_SIZE", "8", 1);
+  setenv("RANK", "0", 1);
+  setenv("LOCAL_WORLD_SIZE", "4", 1);
+  auto with = [](const Json& values) {
+    train::TrainingArguments a;
+    a.data = "tokens.bin";
+    train::apply_config_values(a, values, "config.json");
+    train::apply_sharding_config(a);
+    return a;
+  };
+  train::TrainingArguments a = with({{"fsdp", "hybrid_shard"}});
+  EXPECT_EQ(a.zero_stage, 3);
+  EXPECT_EQ(a.hybrid_shard_size, 4);
+  a = with({{"fsdp", "_hybrid_shard_zero2 auto_wrap"}, {"hybrid_shard_size", 2}});
+  EXPECT_EQ(a.zero_stage, 2);
+  EXPECT_EQ(a.hybrid_shard_size, 2);
+  for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE"}) unsetenv(v);
+  try {
+    with({{"fsdp", "full_shard"}, {"hybrid_shard_size", 2}});
+    ADD_FAILURE() << "full_shard with hybrid_shard_size was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shards over every rank"), std::string::npos) << e.what();
+  }
+  const fs::path ds =
+      fs::temp_directory_path() / ("tessera_mics_" + std::to_string(getpid()) + ".json");
+  std::ofstream(ds) << R"({"zero_optimization": {"stage": 2, "mics_shard_size": 2}})";
+  const train::TrainingArguments m = train_args_with(ds.string());
+  EXPECT_EQ(m.zero_stage, 2);
+  EXPECT_EQ(m.hybrid_shard_size, 2);
+  fs::remove(ds);
 }
