@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "tessera/kernels/ops.h"
-#include "tessera/core/fused_dispatch.h"
+#include "tessera/kernels/fused_table.h"
 #include "tessera/optim/fused_update.h"
 
 namespace tessera::optim {

@@ -11,7 +11,7 @@
 #include <cmath>
 
 #include "tessera/core/dispatch.h"
-#include "tessera/core/fused_dispatch.h"
+#include "tessera/kernels/fused_table.h"
 #include "tessera/kernels/cuda/common.cuh"
 #include "tessera/kernels/cuda/norm_common.cuh"
 
