@@ -16,6 +16,7 @@
 #pragma once
 #include <vector>
 
+#include "tessera/kernels/fused_table.h"
 #include "tessera/nn/attention.h"
 
 namespace tessera::nn {
