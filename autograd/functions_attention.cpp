@@ -52,7 +52,6 @@ void check_qkv_input(const Tensor& qkv, int64_t n_head) {
   TESSERA_CHECK(is_floating(qkv.dtype()), op, ": qkv must be floating point, got ", autograd::describe(qkv));
 }
 
-
 // [Tq, Tk] bool, true where key j lies in query i's future. Queries are the last Tq of the
 // Tk positions (a KV cache holds the earlier ones), so query i sits at position Tk - Tq + i.
 Tensor causal_mask(int64_t Tq, int64_t Tk, Device device) {
@@ -296,8 +295,9 @@ std::pair<Tensor, Tensor> attention_forward_qkv(AttentionBackend backend, const 
   Tensor y = empty({B, T, C}, {.dtype = qkv.dtype(), .device = qkv.device()});
   const Tensor q = attention_heads_view(qkv, 0, C, n_head);
   Tensor lse = lse_for(q);
-  attention_forward_on(backend, q, attention_heads_view(qkv, C, C, n_head), attention_heads_view(qkv, 2 * C, C, n_head),
-                       scale, attention_heads_view(y, 0, C, n_head), lse);
+  attention_forward_on(backend, q, attention_heads_view(qkv, C, C, n_head),
+                       attention_heads_view(qkv, 2 * C, C, n_head), scale,
+                       attention_heads_view(y, 0, C, n_head), lse);
   return {y, lse};
 }
 
@@ -316,7 +316,9 @@ Tensor fused_attention_qkv(const Tensor& qkv, int64_t n_head, double scale) {
         const Tensor qkv = sqkv.unpack(op), y = sy.unpack(op);
         const int64_t C = y.size(2);
         // [B, H, T, D] views of qkv's, y's, dy's and d(qkv)'s q (0), k (1) or v (2) part.
-        auto heads = [&](const Tensor& x, int64_t which) { return attention_heads_view(x, which * C, C, n_head); };
+        auto heads = [&](const Tensor& x, int64_t which) {
+          return attention_heads_view(x, which * C, C, n_head);
+        };
         Tensor dqkv = empty(qkv.shape(), {.dtype = qkv.dtype(), .device = qkv.device()});
         attention_backward_on(backend, heads(qkv, 0), heads(qkv, 1), heads(qkv, 2), heads(y, 0),
                               readable_gradient(heads(args.grad(), 0), y.dtype()), lse, scale, heads(dqkv, 0),
@@ -342,7 +344,9 @@ struct ProjectionAttentionBackward {
     const int64_t C = y.size(2), rows = qkv.size(0) * qkv.size(1);
     const DType t = qkv.dtype();
     const TensorOptions like{.dtype = t, .device = qkv.device()};
-    auto heads = [&](const Tensor& u, int64_t which) { return attention_heads_view(u, which * C, C, n_head); };
+    auto heads = [&](const Tensor& u, int64_t which) {
+      return attention_heads_view(u, which * C, C, n_head);
+    };
     Tensor dqkv = empty(qkv.shape(), like);
     const Tensor dy = readable_gradient(heads(a.grad(), 0), t);
     const FusedKernelTable& fused = fused_for(qkv);
@@ -433,11 +437,12 @@ Tensor fused_rotary_attention_qkv(const Tensor& qkv, int64_t H, int64_t Hkv,
         Tensor dqkv = empty(qkv.shape(), {.dtype = qkv.dtype(), .device = qkv.device()});
         Tensor dqk = empty(qk.shape(), {.dtype = qk.dtype(), .device = qk.device()});
         const int64_t v_at = (H + Hkv) * D;
-        attention_backward_on(backend, heads_of(qk, 0, H), heads_of(qk, H, Hkv),
-                              attention_heads_view(qkv, v_at, Hkv * D, Hkv), attention_heads_view(y, 0, H * D, H),
-                              readable_gradient(attention_heads_view(args.grad(), 0, H * D, H), y.dtype()),
-                              lse, scale, heads_of(dqk, 0, H), heads_of(dqk, H, Hkv),
-                              attention_heads_view(dqkv, v_at, Hkv * D, Hkv));
+        attention_backward_on(
+            backend, heads_of(qk, 0, H), heads_of(qk, H, Hkv),
+            attention_heads_view(qkv, v_at, Hkv * D, Hkv), attention_heads_view(y, 0, H * D, H),
+            readable_gradient(attention_heads_view(args.grad(), 0, H * D, H), y.dtype()), lse,
+            scale, heads_of(dqk, 0, H), heads_of(dqk, H, Hkv),
+            attention_heads_view(dqkv, v_at, Hkv * D, Hkv));
         // A rotation's gradient is the opposite rotation, written where q | k's gradient goes.
         ops::rope_into(dqk, rope, /*inverse=*/true, rotary_part(dqkv, H + Hkv, D));
         return std::vector<Tensor>{dqkv};
@@ -476,9 +481,9 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   const auto [q, k, v] = checked_attention_inputs(q_in, k_in, v_in, causal, dropout_p);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   if (allow_flash && causal && attention_takes(q, k, v, causal, dropout_p))
-    return reporting(route, AttentionRoute::Fused,
-                     fused_attention(q, k, v, scale,
-                                     maybe_draw_attention_dropout(q, k, dropout_p, gen)));
+    return reporting(
+        route, AttentionRoute::Fused,
+        fused_attention(q, k, v, scale, maybe_draw_attention_dropout(q, k, dropout_p, gen)));
   if (allow_flash && !causal)
     if (const std::optional<MaskedAttentionKernels> kernels =
             masked_attention_kernels(q, k, v, dropout_p))
@@ -509,14 +514,15 @@ Tensor key_padded_attention(const Tensor& q_in, const Tensor& k_in, const Tensor
   check_attention_mask(mask, q, k);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   // Keys padded on the right, as the lengths say: the fused kernels' padding where they run
-  // (masked_attention_kernels, kernels/fused_table.h). Any other mask is the composition on every device (the fused kernels
-  // take no mask tensor).
+  // (masked_attention_kernels, kernels/fused_table.h). Any other mask is the composition on every
+  // device (the fused kernels take no mask tensor).
   if (kv_lengths.defined()) {
     TESSERA_CHECK(kv_lengths.dtype() == DType::i32 && kv_lengths.dim() == 1 &&
                       kv_lengths.size(0) == q.size(0) && kv_lengths.device() == q.device(),
                   "key_padded_attention: kv_lengths must be int32 [B] = [", q.size(0), "] on ",
                   q.device().str(), ", got ", autograd::describe(kv_lengths));
-    if (const std::optional<MaskedAttentionKernels> kernels = masked_attention_kernels(q, k, v, dropout_p))
+    if (const std::optional<MaskedAttentionKernels> kernels =
+            masked_attention_kernels(q, k, v, dropout_p))
       return fused_attention(
           q, k, v, scale, maybe_draw_attention_dropout(q, k, dropout_p, gen),
           {.causal = causal, .kv_lengths = raw::contiguous(kv_lengths), .kernels = *kernels});
@@ -537,8 +543,9 @@ Tensor causal_attention_qkv(const Tensor& qkv_in, int64_t n_head, double dropout
   // attention takes the flash kernels with dropout where they apply (the heads are views).
   const std::vector<Tensor> parts = split(qkv, C, -1);
   auto heads = [&](const Tensor& t) { return t.reshape({B, T, n_head, D}).transpose(1, 2); };
-  const Tensor y = scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
-                                                /*causal=*/true, dropout_p, gen, allow_fused, route);
+  const Tensor y =
+      scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                   /*causal=*/true, dropout_p, gen, allow_fused, route);
   return y.transpose(1, 2).reshape({B, T, C});
 }
 
@@ -546,8 +553,7 @@ Tensor causal_attention_qkv_projection(const Tensor& x_in, const Tensor& w_in, c
                                        int64_t n_head, bool allow_fused, AttentionRoute* route) {
   if (!allow_fused ||
       !attention_qkv_projection_takes(x_in, w_in, bias, n_head, autograd::autocast_dtype()))
-    return causal_attention_qkv(linear(x_in, w_in, bias), n_head, 0.0, nullptr, allow_fused,
-                                route);
+    return causal_attention_qkv(linear(x_in, w_in, bias), n_head, 0.0, nullptr, allow_fused, route);
   return reporting(route, AttentionRoute::FusedProjection,
                    fused_projection_attention_qkv(autograd::autocast(x_in),
                                                   autograd::autocast(w_in), bias, n_head));

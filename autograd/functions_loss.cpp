@@ -3,8 +3,8 @@
 // logits' gradient in one pass (the device's fused `classifier`, kernels/fused_table.h), so
 // the backward is only a scaling.
 #include "tessera/autograd/functions.h"
-#include "tessera/kernels/fused_table.h"
 #include "tessera/core/graph_capture.h"
+#include "tessera/kernels/fused_table.h"
 
 namespace tessera {
 

@@ -67,12 +67,14 @@ void binary_scalar(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& 
 void silence(KernelTable& t) {
   t.fill = fill_scalar, t.copy = copy_scalar, t.unary = unary_scalar, t.binary = binary_scalar;
   make_size_only_noop(t.random);
-  make_size_only_noop(t.where), make_size_only_noop(t.add_scaled), make_size_only_noop(t.reduce), make_size_only_noop(t.arg_reduce);
-  make_size_only_noop(t.softmax), make_size_only_noop(t.softmax_backward), make_size_only_noop(t.layer_norm),
-      make_size_only_noop(t.layer_norm_backward);
-  make_size_only_noop(t.matmul), make_size_only_noop(t.cumsum), make_size_only_noop(t.topk), make_size_only_noop(t.rms_norm),
-      make_size_only_noop(t.rms_norm_backward);
-  make_size_only_noop(t.rope), make_size_only_noop(t.embedding), make_size_only_noop(t.index_add), make_size_only_noop(t.cross_entropy);
+  make_size_only_noop(t.where), make_size_only_noop(t.add_scaled), make_size_only_noop(t.reduce),
+      make_size_only_noop(t.arg_reduce);
+  make_size_only_noop(t.softmax), make_size_only_noop(t.softmax_backward),
+      make_size_only_noop(t.layer_norm), make_size_only_noop(t.layer_norm_backward);
+  make_size_only_noop(t.matmul), make_size_only_noop(t.cumsum), make_size_only_noop(t.topk),
+      make_size_only_noop(t.rms_norm), make_size_only_noop(t.rms_norm_backward);
+  make_size_only_noop(t.rope), make_size_only_noop(t.embedding), make_size_only_noop(t.index_add),
+      make_size_only_noop(t.cross_entropy);
   make_size_only_noop(t.cross_entropy_backward), make_size_only_noop(t.embedding_backward);
 }
 

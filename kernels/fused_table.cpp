@@ -59,8 +59,7 @@ const bool size_only_hook_registered = [] {
 
 // ---- the Linear GEMMs, the MLP and SwiGLU ----
 
-bool fused_linear_operands(const Tensor& x2d, const Tensor& w, const Tensor& bias,
-                           bool allow_f64) {
+bool fused_linear_operands(const Tensor& x2d, const Tensor& w, const Tensor& bias, bool allow_f64) {
   const DType t = x2d.dtype();
   const bool float_type =
       t == DType::f32 || t == DType::f16 || t == DType::bf16 || (allow_f64 && t == DType::f64);
@@ -74,9 +73,8 @@ bool swiglu_takes(const Tensor& gate, const Tensor& up) {
   if (!gate.defined() || !up.defined()) return false;
   const FusedKernelTable& fused = fused_kernel_table(gate.device().type);
   return fused.swiglu_forward != nullptr && fused.swiglu_backward != nullptr &&
-         gate.shape() == up.shape() && gate.dtype() == up.dtype() &&
-         gate.device() == up.device() && is_floating(gate.dtype()) && gate.is_contiguous() &&
-         up.is_contiguous();
+         gate.shape() == up.shape() && gate.dtype() == up.dtype() && gate.device() == up.device() &&
+         is_floating(gate.dtype()) && gate.is_contiguous() && up.is_contiguous();
 }
 
 bool linear_gelu_takes(const Tensor& x2d, const Tensor& w_fc, const Tensor& b_fc,
@@ -143,9 +141,12 @@ AttentionBackend attention_backend() {
 
 const char* attention_route_name(AttentionRoute route) {
   switch (route) {
-    case AttentionRoute::Fused: return "fused";
-    case AttentionRoute::FusedProjection: return "fused_projection";
-    case AttentionRoute::Composed: break;
+    case AttentionRoute::Fused:
+      return "fused";
+    case AttentionRoute::FusedProjection:
+      return "fused_projection";
+    case AttentionRoute::Composed:
+      break;
   }
   return "composed";
 }
@@ -185,9 +186,8 @@ std::optional<MaskedAttentionKernels> masked_attention_kernels(const Tensor& q, 
   if (dropout_p != 0) {
     const bool drawable = fused.flash_masked_attention_dropout_forward != nullptr &&
                           fused.flash_masked_attention_dropout_backward != nullptr;
-    return drawable && dropout_p > 0 && dropout_p < 1
-               ? std::optional(MaskedAttentionKernels::Flash)
-               : std::nullopt;
+    return drawable && dropout_p > 0 && dropout_p < 1 ? std::optional(MaskedAttentionKernels::Flash)
+                                                      : std::nullopt;
   }
   const bool flash = fused.flash_masked_attention_forward != nullptr &&
                      fused.flash_masked_attention_backward != nullptr;

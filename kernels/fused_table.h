@@ -43,8 +43,8 @@ struct MultiTensorAdamWConfig {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
-  int64_t step = 1;          // 1 on the first update
-  float grad_scale = 1.0f;   // e.g. 1/loss_scale or a clipping factor
+  int64_t step = 1;         // 1 on the first update
+  float grad_scale = 1.0f;  // e.g. 1/loss_scale or a clipping factor
   // For a launch recorded in a CUDA graph (core/graph_capture.h): device memory of
   // kAdamWReplayScalars floats that outlives the graph, from which the kernel reads the
   // coefficients that change with lr and step (adamw_replay_scalars) when it runs. The owner
@@ -155,21 +155,21 @@ struct FusedKernelTable {
   // flash_attention_backward, and dbias [3 H D] = the column sums of dq | dk | dv over their
   // B T rows (H = Hkv; q's dtype; written): the bias gradient of the projection q | k | v come
   // from, summed by the kernels as they store the gradients.
-  void (*flash_attention_backward_with_bias_grad)(const Tensor& q, const Tensor& k,
-                                                  const Tensor& v, const Tensor& out,
-                                                  const Tensor& dout, const Tensor& lse,
-                                                  double scale, const Tensor& dq, const Tensor& dk,
-                                                  const Tensor& dv, const Tensor& dbias) = nullptr;
+  void (*flash_attention_backward_with_bias_grad)(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                  const Tensor& out, const Tensor& dout,
+                                                  const Tensor& lse, double scale, const Tensor& dq,
+                                                  const Tensor& dk, const Tensor& dv,
+                                                  const Tensor& dbias) = nullptr;
   // The same with dropout on the probabilities (the mask of `dropout`, above); the backward
   // regenerates it from the same (seed, offset).
   void (*flash_attention_dropout_forward)(const Tensor& q, const Tensor& k, const Tensor& v,
                                           double scale, const AttentionDropout& dropout,
                                           const Tensor& out, const Tensor& lse) = nullptr;
   void (*flash_attention_dropout_backward)(const Tensor& q, const Tensor& k, const Tensor& v,
-                                           const Tensor& out, const Tensor& dout,
-                                           const Tensor& lse, double scale,
-                                           const AttentionDropout& dropout, const Tensor& dq,
-                                           const Tensor& dk, const Tensor& dv) = nullptr;
+                                           const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                           double scale, const AttentionDropout& dropout,
+                                           const Tensor& dq, const Tensor& dk,
+                                           const Tensor& dv) = nullptr;
   // ---- attention beyond causal self-attention in the hand-written flash kernels: `causal` or
   // not, with keys padded on the right when kv_lengths (i32 [B]) is defined: key j of batch row
   // b is attended iff j < kv_lengths[b] (and, causal, j <= i). cuDNN's masked entries below have
@@ -186,7 +186,8 @@ struct FusedKernelTable {
   // The same with dropout on the probabilities (the mask of `dropout`, as the causal dropout
   // entries above draw it); the backward regenerates it from the same (seed, offset).
   void (*flash_masked_attention_dropout_forward)(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                 double scale, bool causal, const Tensor& kv_lengths,
+                                                 double scale, bool causal,
+                                                 const Tensor& kv_lengths,
                                                  const AttentionDropout& dropout, const Tensor& out,
                                                  const Tensor& lse) = nullptr;
   void (*flash_masked_attention_dropout_backward)(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -210,10 +211,10 @@ struct FusedKernelTable {
                                          double scale, bool causal, const Tensor& kv_lengths,
                                          const Tensor& out, const Tensor& lse) = nullptr;
   void (*cudnn_masked_attention_backward)(const Tensor& q, const Tensor& k, const Tensor& v,
-                                          const Tensor& out, const Tensor& dout,
-                                          const Tensor& lse, double scale, bool causal,
-                                          const Tensor& kv_lengths, const Tensor& dq,
-                                          const Tensor& dk, const Tensor& dv) = nullptr;
+                                          const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                          double scale, bool causal, const Tensor& kv_lengths,
+                                          const Tensor& dq, const Tensor& dk,
+                                          const Tensor& dv) = nullptr;
 
   // ---- optimizers and clipping, one launch for many contiguous tensors on one device ----
   // exp_avg/exp_avg_sq f32; params f32, or f16/bf16 with an f32 master (updated, then rounded

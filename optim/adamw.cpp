@@ -4,9 +4,9 @@
 #include <functional>
 #include <map>
 
-#include "tessera/kernels/ops.h"
-#include "tessera/kernels/fused_table.h"
 #include "tessera/core/graph_capture.h"
+#include "tessera/kernels/fused_table.h"
+#include "tessera/kernels/ops.h"
 #include "tessera/optim/adamw_cpu.h"
 #include "tessera/optim/clip.h"
 #include "tessera/optim/fused_update.h"

@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "tessera/kernels/ops.h"
 #include "tessera/kernels/fused_table.h"
+#include "tessera/kernels/ops.h"
 #include "tessera/optim/fused_update.h"
 
 namespace tessera::optim {

@@ -7,10 +7,10 @@
 #include <utility>
 #include <vector>
 
-#include "tessera/kernels/fused_table.h"
 #include "tessera/core/philox.h"
 #include "tessera/kernels/cuda/attention_checks.h"
 #include "tessera/kernels/cuda/common.cuh"
+#include "tessera/kernels/fused_table.h"
 
 namespace tessera::cuda::attention_detail {
 

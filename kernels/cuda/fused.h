@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "tessera/kernels/fused_table.h"
 #include "tessera/core/tensor.h"
+#include "tessera/kernels/fused_table.h"
 
 namespace tessera::cuda {
 

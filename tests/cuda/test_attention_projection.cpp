@@ -118,8 +118,7 @@ TEST(ProjectionAttentionCuda, OneNodeMatchesTheComposition) {
           SCOPED_TRACE(::testing::Message() << "TESSERA_ATTENTION_SM90_BWD=" << kernels << " "
                                             << dtype_name(t) << " T " << T << " D " << D);
           const Inputs in = make_inputs(t, kB, T, kIn, kH, D);
-          EXPECT_TRUE(attention_qkv_projection_takes(to_gpu(in.x), to_gpu(in.w),
-                                                                    to_gpu(in.b), kH));
+          EXPECT_TRUE(attention_qkv_projection_takes(to_gpu(in.x), to_gpu(in.w), to_gpu(in.b), kH));
           const Result fused = run_node(in, true), again = run_node(in, true),
                        composed = run_node(in, false);
           EXPECT_EQ(fused.node, "ProjectionAttentionQkvBackward");
@@ -190,8 +189,8 @@ TEST(ProjectionAttentionCuda, OtherCasesAreTheComposition) {
   EXPECT_FALSE(attention_qkv_projection_takes(x, w, Tensor(), 2));
   EXPECT_FALSE(attention_qkv_projection_takes(x, w, b, 4));  // D = 32
   EXPECT_FALSE(attention_qkv_projection_takes(raw::to(x, dev(), DType::f32),
-                                                             raw::to(w, dev(), DType::f32),
-                                                             raw::to(b, dev(), DType::f32), 2));
+                                              raw::to(w, dev(), DType::f32),
+                                              raw::to(b, dev(), DType::f32), 2));
   const Tensor wg = requiring_grad(to_gpu(in.w));
   const Tensor y = causal_attention_qkv_projection(x, wg, Tensor(), 2);
   EXPECT_EQ(autograd::meta_of(y).grad_fn->name, "CausalAttentionQkvBackward");

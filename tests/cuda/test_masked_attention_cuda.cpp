@@ -27,8 +27,8 @@ TEST(CudaMaskedAttention, TakesTheComposedPathWhereFlashWouldApply) {
   std::vector<Tensor> host, device;
   for (int i = 0; i < 4; ++i) host.push_back(host_randn({B, H, T, D}, DType::bf16));
   ASSERT_TRUE(attention_takes(raw::to(host[0], dev(), DType::bf16),
-                                      raw::to(host[1], dev(), DType::bf16),
-                                      raw::to(host[2], dev(), DType::bf16), true));
+                              raw::to(host[1], dev(), DType::bf16),
+                              raw::to(host[2], dev(), DType::bf16), true));
   // Row 1 is left-padded by 5: its first 5 queries see only padding under causal.
   std::vector<uint8_t> keep(B * T, 1);
   for (int64_t j = 0; j < 5; ++j) keep[T + j] = 0;
