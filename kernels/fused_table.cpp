@@ -140,15 +140,8 @@ AttentionBackend attention_backend() {
 }
 
 const char* attention_route_name(AttentionRoute route) {
-  switch (route) {
-    case AttentionRoute::Fused:
-      return "fused";
-    case AttentionRoute::FusedProjection:
-      return "fused_projection";
-    case AttentionRoute::Composed:
-      break;
-  }
-  return "composed";
+  static const char* names[] = {"composed", "fused", "fused_projection"};
+  return names[static_cast<int>(route)];
 }
 
 // ---- which attention kernels take a call ----
