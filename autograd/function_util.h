@@ -100,12 +100,8 @@ inline Tensor fold_rows(const Tensor& t) {
 
 // The GEMMs of a Linear (functions_linalg.cpp), for fused nodes that own a projection
 // (mlp_gelu in functions_activation.cpp, the attention's c_attn in functions_attention.cpp).
-//
-// True when operands suit the fused Linear GEMMs: tensors on one device of one 16/32-bit
-// float dtype (a bias in that dtype or f32, as under autocast); with allow_f64 also float64,
-// which the kernels take through their plain fallback.
-bool fused_linear_operands(const Tensor& x2d, const Tensor& w, const Tensor& bias,
-                           bool allow_f64 = false);
+// Whether the fused GEMMs take the operands is the fused-op table's answer
+// (fused_linear_operands, kernels/fused_table.h).
 // y2 [rows, out] = x2d @ w (+ bias), one GEMM with the bias added in its epilogue where the
 // device has one; and dW = x2dᵀ g, written into `into` (contiguous [in, out]) when defined.
 Tensor linear_rows(const Tensor& x2d, const Tensor& w, const Tensor& bias);

@@ -17,6 +17,7 @@
 #include "tessera/autograd/autograd.h"
 #include "tessera/core/random.h"
 #include "tessera/core/tensor.h"
+#include "tessera/kernels/fused_table.h"
 #include "tessera/kernels/ops.h"
 
 namespace tessera {
@@ -254,10 +255,12 @@ namespace tessera {
 // that key_padded_attention describes); otherwise matmul, mask, softmax, dropout (p = dropout_p,
 // from gen or the default generator) and matmul. With dropout the flash kernels drop the
 // probabilities the composition would (the same Philox numbers, the generator advanced alike)
-// and run the mma.sync kernels, whichever attention backend is chosen.
+// and run the mma.sync kernels, whichever attention backend is chosen. Whether the fused
+// kernels take a call is attention_takes' answer (kernels/fused_table.h); the route that ran
+// is written to *route when route is given.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                     double dropout_p = 0.0, Generator* gen = nullptr,
-                                    bool allow_flash = true);
+                                    bool allow_flash = true, AttentionRoute* route = nullptr);
 // The same with PyTorch's attn_mask, broadcastable to [B, H, Tq, Tk] (a key-padding mask is
 // [B, 1, 1, Tk]): bool, true = attend (false positions get -inf before the softmax), or an
 // additive float mask of q's dtype (HF's (1 - mask) * finfo.min, or -inf). Combinable with
@@ -285,10 +288,6 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 Tensor key_padded_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& attn_mask, const Tensor& kv_lengths, bool causal = false,
                             double dropout_p = 0.0, Generator* gen = nullptr);
-// True when scaled_dot_product_attention(q, k, v, causal, dropout_p) would take the fused
-// kernels (flash, or cuDNN's under the cudnn backend).
-bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                             double dropout_p = 0.0);
 
 // Causal self-attention straight from the fused projection: qkv [B, T, 3C] (q | k | v along
 // the last dim, each C = n_head * D wide) -> y [B, T, C], the heads merged back. On a GPU,
@@ -296,12 +295,11 @@ bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, 
 // q, k, v as strided views of qkv, write y through its [B, H, T, D] view, and the backward
 // writes dq, dk, dv through views of one d(qkv) buffer: no layout copies. Otherwise it is
 // split, heads, scaled_dot_product_attention (dropout_p from gen), merge: the reference.
-// Under an AutocastGuard qkv is cast to the compute dtype first.
+// Under an AutocastGuard qkv is cast to the compute dtype first. The fused route is taken
+// where attention_qkv_takes says so (kernels/fused_table.h); *route, when given, says which ran.
 Tensor causal_attention_qkv(const Tensor& qkv, int64_t n_head, double dropout_p = 0.0,
-                            Generator* gen = nullptr, bool allow_fused = true);
-// True when causal_attention_qkv(qkv, n_head, dropout_p) would take the fused kernels (with
-// dropout: through the reference's scaled_dot_product_attention).
-bool causal_attention_qkv_fused_applies(const Tensor& qkv, int64_t n_head, double dropout_p = 0.0);
+                            Generator* gen = nullptr, bool allow_fused = true,
+                            AttentionRoute* route = nullptr);
 
 // causal_attention_qkv(linear(x, w, bias), n_head): a fused projection (GPT-2's c_attn, x
 // [B, T, in], w [in, 3C], bias [3C]) and the attention over its output. Where the fused
@@ -309,12 +307,12 @@ bool causal_attention_qkv_fused_applies(const Tensor& qkv, int64_t n_head, doubl
 // a bias, allow_fused) both are one node: its backward's attention kernels sum the bias's
 // gradient (the column sums of d(qkv)) as they write d(qkv), so no pass of its own reads that
 // [B T, 3C] gradient again; the sums run in a fixed order (bitwise repeatable), a different one
-// from the composition's. Elsewhere the composition itself. Autocast as linear's.
+// from the composition's. Elsewhere the composition itself. Autocast as linear's. The one-node
+// route is attention_qkv_projection_takes' answer (kernels/fused_table.h, with autocast's
+// compute dtype); *route, when given, says which route ran (FusedProjection for that one).
 Tensor causal_attention_qkv_projection(const Tensor& x, const Tensor& w, const Tensor& bias,
-                                       int64_t n_head, bool allow_fused = true);
-// True when causal_attention_qkv_projection(x, w, bias, n_head) takes the one-node route.
-bool causal_attention_qkv_projection_fused_applies(const Tensor& x, const Tensor& w,
-                                                   const Tensor& bias, int64_t n_head);
+                                       int64_t n_head, bool allow_fused = true,
+                                       AttentionRoute* route = nullptr);
 
 // Llama's attention straight from its fused projection: qkv [B, T, (H + 2 Hkv) D] (q | k | v
 // along the last dim; Hkv key/value heads, Hkv dividing H) -> y [B, T, H D]. q and k are
@@ -326,40 +324,11 @@ bool causal_attention_qkv_projection_fused_applies(const Tensor& x, const Tensor
 // one gradient for the fused projection. Otherwise: split, rotary_embedding, heads,
 // scaled_dot_product_attention, merge (the reference).
 Tensor rotary_causal_attention_qkv(const Tensor& qkv, int64_t n_head, int64_t n_kv_head,
-                                   const ops::RopeTables& rope, bool allow_fused = true);
+                                   const ops::RopeTables& rope, bool allow_fused = true,
+                                   AttentionRoute* route = nullptr);
 
-// Which implementation the fused CUDA attention paths run (scaled_dot_product_attention and
-// causal_attention_qkv): the hand-written flash kernels (default) or cuDNN's fused attention
-// (kernels/cuda/cudnn_attention.h). Choosing Cudnn where cuDNN attention is unavailable makes
-// those paths raise, saying why; they never fall back silently. The composed (non-fused)
-// path is unaffected. Until set_attention_backend is called, the choice comes from the
-// environment variable TESSERA_ATTENTION (flash | cudnn), read at the first use.
-enum class AttentionBackend { Flash, Cudnn };
-void set_attention_backend(AttentionBackend backend);
-AttentionBackend attention_backend();
-// "flash" or "cudnn" (any case) -> the backend; anything else raises naming `source`
-// (where the name came from, e.g. the variable) and the accepted names.
-AttentionBackend parse_attention_backend(const std::string& name,
-                                         const char* source = "attention backend");
-const char* attention_backend_name(AttentionBackend backend);
-// The backend TESSERA_ATTENTION names now (Flash when unset or empty); raises on an unknown
-// name. attention_backend() calls it once, at its first use.
-AttentionBackend attention_backend_from_environment();
-// Saves the attention backend and where its choice came from, and restores both when it goes
-// out of scope: a choice left to the default or the environment is theirs again (masked
-// attention tells a backend named by set_attention_backend from the default, see
-// key_padded_attention). For tests and tools that switch backends for a while.
-class AttentionBackendRestorer {
- public:
-  AttentionBackendRestorer();
-  ~AttentionBackendRestorer();
-  AttentionBackendRestorer(const AttentionBackendRestorer&) = delete;
-  AttentionBackendRestorer& operator=(const AttentionBackendRestorer&) = delete;
-
- private:
-  AttentionBackend saved_;
-  bool was_option_;
-};
+// The attention backend (AttentionBackend, set_attention_backend, attention_backend,
+// AttentionBackendRestorer) is a decision of the fused-op table: kernels/fused_table.h.
 
 }  // namespace tessera
 

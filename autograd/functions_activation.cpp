@@ -7,7 +7,7 @@
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/function_util.h"
 #include "tessera/autograd/functions.h"
-#include "tessera/core/fused_dispatch.h"
+#include "tessera/kernels/fused_table.h"
 
 namespace tessera {
 
@@ -44,21 +44,11 @@ Tensor silu(const Tensor& x) {
   return y;
 }
 
-namespace {
-// True when the device's fused SwiGLU kernels take gate and up as they are.
-bool fused_swiglu_applies(const FusedKernelTable& fused, const Tensor& gate, const Tensor& up) {
-  return fused.swiglu_forward != nullptr && fused.swiglu_backward != nullptr && gate.defined() &&
-         up.defined() && gate.shape() == up.shape() && gate.dtype() == up.dtype() &&
-         gate.device() == up.device() && is_floating(gate.dtype()) && gate.is_contiguous() &&
-         up.is_contiguous();
-}
-}  // namespace
-
 Tensor swiglu(const Tensor& gate, const Tensor& up) {
   TESSERA_CHECK(gate.defined() && up.defined(), "swiglu: gate and up must be defined tensors");
-  const FusedKernelTable& fused = fused_kernel_table(gate.device().type);
   // Elsewhere (another device, views, mixed dtypes, broadcasting): the composition.
-  if (!fused_swiglu_applies(fused, gate, up)) return silu(gate) * up;
+  if (!swiglu_takes(gate, up)) return silu(gate) * up;
+  const FusedKernelTable& fused = fused_kernel_table(gate.device().type);
   Tensor out = empty(gate.shape(), {.dtype = gate.dtype(), .device = gate.device()});
   fused.swiglu_forward(gate, up, out);
   if (!autograd::any_requires_grad({gate, up})) return out;
@@ -76,15 +66,6 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
 }
 
 namespace {
-
-// True when the device has the MLP's fused GEMMs (GELU epilogues) and the operands suit them
-// (float64 included: one node either way, and the fused route can be checked in float64).
-bool fused_mlp_applies(const FusedKernelTable& fused, const Tensor& x2d, const Tensor& w_fc,
-                       const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj) {
-  return fused.linear_gelu_forward != nullptr && fused.linear_input_grad_dgelu != nullptr &&
-         util::fused_linear_operands(x2d, w_fc, b_fc, /*allow_f64=*/true) &&
-         util::fused_linear_operands(x2d, w_proj, b_proj, /*allow_f64=*/true);
-}
 
 // The backward of mlp_gelu's fused route: y = act @ w_proj + b_proj with act = gelu(pre) and
 // pre = x @ w_fc + b_fc. Inputs in mlp_gelu's order (x, w_fc, b_fc, w_proj, b_proj).
@@ -146,9 +127,9 @@ Tensor mlp_gelu(const Tensor& x_in, const Tensor& w_fc_in, const Tensor& b_fc,
   TESSERA_CHECK(!b_proj.defined() || b_proj.shape() == Shape{out}, "mlp_gelu: b_proj of shape ",
                 shape_str(b_proj.shape()), " for output size ", out);
   const Tensor x2d = util::fold_rows(x);
-  const FusedKernelTable& fused = fused_kernel_table(x2d.device().type);
-  if (!fused_mlp_applies(fused, x2d, w_fc, b_fc, w_proj, b_proj))
+  if (!linear_gelu_takes(x2d, w_fc, b_fc, w_proj, b_proj))
     return linear(gelu(linear(x, w_fc, b_fc)), w_proj, b_proj);
+  const FusedKernelTable& fused = fused_kernel_table(x2d.device().type);
 
   const TensorOptions like{.dtype = x2d.dtype(), .device = x2d.device()};
   const Tensor pre = empty({x2d.size(0), hidden}, like), act = empty({x2d.size(0), hidden}, like);

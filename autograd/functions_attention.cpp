@@ -3,12 +3,8 @@
 // projection. They run the fused CUDA kernels (hand-written flash or cuDNN, chosen at run
 // time) where they apply and the composition of differentiable functions (the reference)
 // everywhere else.
-#include <algorithm>
-#include <atomic>
-#include <cctype>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <string>
@@ -17,65 +13,10 @@
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/function_util.h"
 #include "tessera/autograd/functions.h"
-#include "tessera/core/fused_dispatch.h"
 #include "tessera/core/random.h"
-#include "tessera/core/settings.h"
+#include "tessera/kernels/fused_table.h"
 
 namespace tessera {
-
-// ---- the run-time backend switch ----
-
-namespace {
-// The chosen backend as an int, or -1 while neither set_attention_backend nor the
-// environment has chosen one yet.
-std::atomic<int>& backend_slot() {
-  static std::atomic<int> slot{-1};
-  return slot;
-}
-}  // namespace
-
-AttentionBackend parse_attention_backend(const std::string& name, const char* source) {
-  std::string lower = name;
-  std::transform(lower.begin(), lower.end(), lower.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (lower == "flash") return AttentionBackend::Flash;
-  if (lower == "cudnn") return AttentionBackend::Cudnn;
-  TESSERA_FAIL(source, ": unknown attention backend '", name, "' (expected 'flash' or 'cudnn')");
-}
-
-const char* attention_backend_name(AttentionBackend backend) {
-  return backend == AttentionBackend::Cudnn ? "cudnn" : "flash";
-}
-
-AttentionBackend attention_backend_from_environment() {
-  return parse_attention_backend(setting_value_from_environment(Setting::Attention).text,
-                                 "TESSERA_ATTENTION");
-}
-
-void set_attention_backend(AttentionBackend backend) {
-  set_setting_option(Setting::Attention, attention_backend_name(backend));
-  backend_slot().store(static_cast<int>(backend));
-}
-
-AttentionBackendRestorer::AttentionBackendRestorer()
-    : saved_(attention_backend()),
-      was_option_(setting_value(Setting::Attention).source == SettingSource::Option) {}
-
-AttentionBackendRestorer::~AttentionBackendRestorer() {
-  set_attention_backend(saved_);
-  // The default or the environment chose it: drop the option, so they choose again.
-  if (!was_option_) clear_setting_option(Setting::Attention);
-}
-
-AttentionBackend attention_backend() {
-  std::atomic<int>& slot = backend_slot();
-  if (slot.load() < 0) {
-    // A bad TESSERA_ATTENTION raises here and leaves the slot unset, so every use raises.
-    int unset = -1;
-    slot.compare_exchange_strong(unset, static_cast<int>(attention_backend_from_environment()));
-  }
-  return static_cast<AttentionBackend>(slot.load());
-}
 
 namespace {
 
@@ -113,22 +54,6 @@ void check_qkv_input(const Tensor& qkv, int64_t n_head) {
                 shape_str(qkv.shape()), ")");
   TESSERA_CHECK(is_floating(qkv.dtype()), op, ": qkv must be floating point, got ",
                 autograd::describe(qkv));
-}
-
-// The [B, H, T, D] heads of channels [first, first + C) of x [B, T, *] as a view (no copy):
-// the shape the attention kernels take. Needs x's last dim contiguous.
-Tensor head_view(const Tensor& x, int64_t first, int64_t C, int64_t n_head) {
-  const Tensor part = ops::narrow(x, 2, first, C);
-  return ops::permute(ops::view(part, {x.size(0), x.size(1), n_head, C / n_head}), {0, 2, 1, 3});
-}
-
-// True when the fused kernels can read t as it is: last dim contiguous, every row starting on
-// a 16-byte boundary (they move 16-byte vectors along it).
-bool rows_readable_by_kernels(const Tensor& t) {
-  if (t.dim() == 0 || t.stride(t.dim() - 1) != 1) return false;
-  for (int64_t d = 0; d + 1 < t.dim(); ++d)
-    if (t.stride(d) % 8 != 0) return false;
-  return reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0;
 }
 
 // [Tq, Tk] bool, true where key j lies in query i's future. Queries are the last Tq of the
@@ -200,15 +125,9 @@ Tensor composed_attention(const Tensor& q, const Tensor& k_in, const Tensor& v_i
   return matmul(att, v);
 }
 
-// ---- the fused kernels of q's device (core/fused_dispatch.h), through the chosen backend ----
+// ---- the fused kernels of q's device (kernels/fused_table.h), through the chosen backend ----
 
 const FusedKernelTable& fused_for(const Tensor& q) { return fused_kernel_table(q.device().type); }
-
-// True when q's device has the flash kernels, both directions.
-bool has_fused_attention(const Tensor& q) {
-  const FusedKernelTable& fused = fused_for(q);
-  return fused.flash_attention_forward != nullptr && fused.flash_attention_backward != nullptr;
-}
 
 void require_backend(AttentionBackend backend, const Tensor& q) {
   if (backend != AttentionBackend::Cudnn) return;
@@ -266,69 +185,30 @@ Tensor lse_for(const Tensor& q) {
   return empty({q.size(0), q.size(1), q.size(2)}, {.dtype = DType::f32, .device = q.device()});
 }
 
-// The kernels that run attention beyond causal self-attention (masked_kernels_for chooses).
-enum class MaskedKernels { flash, cudnn };
-
-bool fused_shapes_fit(const Tensor& q, const Tensor& k, const Tensor& v);
-
 // What a fused call masks beyond causal self-attention: non-causal attention and keys padded
 // on the right run the masked entries of `kernels` (hand-written flash or cuDNN's graphs).
 struct FusedMasking {
   bool causal = true;
   Tensor kv_lengths;  // i32 [B]: key j of row b is attended iff j < kv_lengths[b]; or undefined
-  MaskedKernels kernels = MaskedKernels::flash;
+  MaskedAttentionKernels kernels = MaskedAttentionKernels::Flash;
   bool beyond_causal() const { return !causal || kv_lengths.defined(); }
 };
 
-// The masked forward and backward entries of masking.kernels (one contract, core/fused_dispatch.h).
+// The masked forward and backward entries of masking.kernels (one contract, kernels/fused_table.h).
 struct MaskedEntries {
   decltype(FusedKernelTable::flash_masked_attention_forward) forward;
   decltype(FusedKernelTable::flash_masked_attention_backward) backward;
 };
-MaskedEntries masked_entries(const Tensor& q, MaskedKernels kernels) {
+MaskedEntries masked_entries(const Tensor& q, MaskedAttentionKernels kernels) {
   const FusedKernelTable& fused = fused_for(q);
-  if (kernels == MaskedKernels::cudnn)
+  if (kernels == MaskedAttentionKernels::Cudnn)
     return {fused.cudnn_masked_attention_forward, fused.cudnn_masked_attention_backward};
   return {fused.flash_masked_attention_forward, fused.flash_masked_attention_backward};
 }
 
-// The one place that chooses who runs attention beyond causal self-attention (not causal, or
-// keys padded on the right) on q's device: cuDNN's masked graphs where the cudnn backend is
-// chosen (TESSERA_ATTENTION, set_attention_backend; it raises at the call when cuDNN cannot
-// run); the hand-written flash kernels where the flash backend is chosen in so many words (the
-// environment or set_attention_backend) or cuDNN cannot run; by default, cuDNN where it runs:
-// the hand-written masked kernels are the portable mma.sync ones (the Hopper kernels take no
-// mask), 2-2.6x slower than cuDNN's graphs on an H200 (benchmarks/cuda/NOTES.md). With dropout
-// the hand-written kernels whatever the backend (cuDNN draws no dropout of Tessera's generator).
-// Nothing (the caller composes) for shapes no fused kernel takes, or on a device without such
-// kernels.
-std::optional<MaskedKernels> masked_kernels_for(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                double dropout_p) {
-  if (!fused_shapes_fit(q, k, v)) return std::nullopt;
-  const FusedKernelTable& fused = fused_for(q);
-  if (dropout_p != 0) {
-    const bool drawable = fused.flash_masked_attention_dropout_forward != nullptr &&
-                          fused.flash_masked_attention_dropout_backward != nullptr;
-    return drawable && dropout_p > 0 && dropout_p < 1 ? std::optional(MaskedKernels::flash)
-                                                      : std::nullopt;
-  }
-  const bool flash = fused.flash_masked_attention_forward != nullptr &&
-                     fused.flash_masked_attention_backward != nullptr;
-  const bool cudnn_entries = fused.cudnn_masked_attention_available != nullptr &&
-                             fused.cudnn_masked_attention_forward != nullptr &&
-                             fused.cudnn_masked_attention_backward != nullptr;
-  if (!flash && !cudnn_entries) return std::nullopt;
-  if (attention_backend() == AttentionBackend::Cudnn) return MaskedKernels::cudnn;
-  const bool flash_chosen = setting_value(Setting::Attention).source != SettingSource::Default;
-  if (flash && flash_chosen) return MaskedKernels::flash;
-  if (cudnn_entries && fused.cudnn_masked_attention_available(nullptr)) return MaskedKernels::cudnn;
-  if (flash) return MaskedKernels::flash;
-  return std::nullopt;
-}
-
 // Raises, naming the reason, when the cudnn backend was chosen but its masked graphs cannot run.
-void require_masked_kernels(const Tensor& q, MaskedKernels kernels) {
-  if (kernels != MaskedKernels::cudnn) return;
+void require_masked_kernels(const Tensor& q, MaskedAttentionKernels kernels) {
+  if (kernels != MaskedAttentionKernels::Cudnn) return;
   const FusedKernelTable& fused = fused_for(q);
   std::string why = "no cuDNN masked attention for " + q.device().str();
   const bool available = fused.cudnn_masked_attention_available != nullptr &&
@@ -360,9 +240,8 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
   else if (masking.beyond_causal())
     masked_entries(q, masking.kernels)
         .forward(q, k, v, scale, masking.causal, masking.kv_lengths, out, lse);
-  else
-    attention_forward_on(backend, q, k, v, scale, out, lse);
-  const char* masked_name = masking.kernels == MaskedKernels::cudnn
+  else attention_forward_on(backend, q, k, v, scale, out, lse);
+  const char* masked_name = masking.kernels == MaskedAttentionKernels::Cudnn
                                 ? "CudnnMaskedAttentionBackward"
                                 : "FlashMaskedAttentionBackward";
   const char* name = dropout && masking.beyond_causal() ? "FlashMaskedAttentionDropoutBackward"
@@ -418,23 +297,17 @@ std::optional<AttentionDropout> maybe_draw_attention_dropout(const Tensor& q, co
   return draw_attention_dropout(q, k, dropout_p, gen);
 }
 
-// True when q's device has the flash kernels with dropout, both directions.
-bool has_fused_attention_dropout(const Tensor& q) {
-  const FusedKernelTable& fused = fused_for(q);
-  return fused.flash_attention_dropout_forward != nullptr &&
-         fused.flash_attention_dropout_backward != nullptr;
-}
-
 // y [B, T, C] and the log-sum-exp of the attention over the heads of qkv [B, T, 3C], by
 // `backend`'s kernels reading q, k, v and writing y through [B, H, T, D] views.
 std::pair<Tensor, Tensor> attention_forward_qkv(AttentionBackend backend, const Tensor& qkv,
                                                 int64_t n_head, double scale) {
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
   Tensor y = empty({B, T, C}, {.dtype = qkv.dtype(), .device = qkv.device()});
-  const Tensor q = head_view(qkv, 0, C, n_head);
+  const Tensor q = attention_heads_view(qkv, 0, C, n_head);
   Tensor lse = lse_for(q);
-  attention_forward_on(backend, q, head_view(qkv, C, C, n_head), head_view(qkv, 2 * C, C, n_head),
-                       scale, head_view(y, 0, C, n_head), lse);
+  attention_forward_on(backend, q, attention_heads_view(qkv, C, C, n_head),
+                       attention_heads_view(qkv, 2 * C, C, n_head), scale,
+                       attention_heads_view(y, 0, C, n_head), lse);
   return {y, lse};
 }
 
@@ -454,7 +327,7 @@ Tensor fused_attention_qkv(const Tensor& qkv, int64_t n_head, double scale) {
         const int64_t C = y.size(2);
         // [B, H, T, D] views of qkv's, y's, dy's and d(qkv)'s q (0), k (1) or v (2) part.
         auto heads = [&](const Tensor& x, int64_t which) {
-          return head_view(x, which * C, C, n_head);
+          return attention_heads_view(x, which * C, C, n_head);
         };
         Tensor dqkv = empty(qkv.shape(), {.dtype = qkv.dtype(), .device = qkv.device()});
         attention_backward_on(backend, heads(qkv, 0), heads(qkv, 1), heads(qkv, 2), heads(y, 0),
@@ -481,7 +354,9 @@ struct ProjectionAttentionBackward {
     const int64_t C = y.size(2), rows = qkv.size(0) * qkv.size(1);
     const DType t = qkv.dtype();
     const TensorOptions like{.dtype = t, .device = qkv.device()};
-    auto heads = [&](const Tensor& u, int64_t which) { return head_view(u, which * C, C, n_head); };
+    auto heads = [&](const Tensor& u, int64_t which) {
+      return attention_heads_view(u, which * C, C, n_head);
+    };
     Tensor dqkv = empty(qkv.shape(), like);
     const Tensor dy = readable_gradient(heads(a.grad(), 0), t);
     const FusedKernelTable& fused = fused_for(qkv);
@@ -513,35 +388,12 @@ struct ProjectionAttentionBackward {
   }
 };
 
-// The dtype causal_attention_qkv_projection computes in: x's, or autocast's compute dtype where
-// it casts x.
-DType compute_dtype(const Tensor& x) {
-  const std::optional<DType> compute = autograd::autocast_dtype();
-  return compute && is_floating(x.dtype()) && x.dtype() != DType::f64 ? *compute : x.dtype();
-}
-
-// causal_attention_qkv_projection's one-node route for x [B, T, in], w [in, 3C], bias [3C] in
-// the compute dtype: it needs the flash backend (the bias sums come from its kernels) and the
-// fused attention's conditions, which qkv, a fresh contiguous [B, T, 3C], meets whenever its
-// dtype and head size do.
-bool projection_route_applies(const Tensor& x, const Tensor& w, const Tensor& bias, DType dtype,
-                              int64_t n_head) {
-  if (!bias.defined() || x.dim() != 3 || w.dim() != 2 || w.size(0) != x.size(2) ||
-      w.size(1) % 3 != 0 || bias.shape() != Shape{w.size(1)} || n_head <= 0 ||
-      (w.size(1) / 3) % n_head != 0 || x.size(1) == 0 || x.size(0) == 0)
-    return false;
-  const int64_t D = w.size(1) / 3 / n_head;
-  return (dtype == DType::bf16 || dtype == DType::f16) && (D == 64 || D == 128) &&
-         attention_backend() == AttentionBackend::Flash && has_fused_attention(x) &&
-         fused_for(x).flash_attention_backward_with_bias_grad != nullptr;
-}
-
 Tensor fused_projection_attention_qkv(const Tensor& x, const Tensor& w, const Tensor& bias,
                                       int64_t n_head) {
   const int64_t B = x.size(0), T = x.size(1), C = w.size(1) / 3, D = C / n_head;
   const Tensor qkv = ops::reshape(
       autograd::util::linear_rows(ops::reshape(x, {B * T, x.size(2)}), w, bias), {B, T, 3 * C});
-  if (!causal_attention_qkv_fused_applies(qkv, n_head))  // not expected: see the route's check
+  if (!attention_qkv_takes(qkv, n_head))  // not expected: see attention_qkv_projection_takes
     return causal_attention_qkv(linear(x, w, bias), n_head);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   auto [y, lse] = attention_forward_qkv(AttentionBackend::Flash, qkv, n_head, scale);
@@ -583,8 +435,8 @@ Tensor fused_rotary_attention_qkv(const Tensor& qkv, int64_t H, int64_t Hkv,
   const Tensor q = heads_of(qk, 0, H);
   Tensor lse = lse_for(q);
   attention_forward_on(backend, q, heads_of(qk, H, Hkv),
-                       head_view(qkv, (H + Hkv) * D, Hkv * D, Hkv), scale,
-                       head_view(y, 0, H * D, H), lse);
+                       attention_heads_view(qkv, (H + Hkv) * D, Hkv * D, Hkv), scale,
+                       attention_heads_view(y, 0, H * D, H), lse);
   using autograd::SavedTensor;
   autograd::record(
       "RotaryAttentionQkvBackward", {qkv}, {y},
@@ -595,11 +447,12 @@ Tensor fused_rotary_attention_qkv(const Tensor& qkv, int64_t H, int64_t Hkv,
         Tensor dqkv = empty(qkv.shape(), {.dtype = qkv.dtype(), .device = qkv.device()});
         Tensor dqk = empty(qk.shape(), {.dtype = qk.dtype(), .device = qk.device()});
         const int64_t v_at = (H + Hkv) * D;
-        attention_backward_on(backend, heads_of(qk, 0, H), heads_of(qk, H, Hkv),
-                              head_view(qkv, v_at, Hkv * D, Hkv), head_view(y, 0, H * D, H),
-                              readable_gradient(head_view(args.grad(), 0, H * D, H), y.dtype()),
-                              lse, scale, heads_of(dqk, 0, H), heads_of(dqk, H, Hkv),
-                              head_view(dqkv, v_at, Hkv * D, Hkv));
+        attention_backward_on(
+            backend, heads_of(qk, 0, H), heads_of(qk, H, Hkv),
+            attention_heads_view(qkv, v_at, Hkv * D, Hkv), attention_heads_view(y, 0, H * D, H),
+            readable_gradient(attention_heads_view(args.grad(), 0, H * D, H), y.dtype()), lse,
+            scale, heads_of(dqk, 0, H), heads_of(dqk, H, Hkv),
+            attention_heads_view(dqkv, v_at, Hkv * D, Hkv));
         // A rotation's gradient is the opposite rotation, written where q | k's gradient goes.
         ops::rope_into(dqk, rope, /*inverse=*/true, rotary_part(dqkv, H + Hkv, D));
         return std::vector<Tensor>{dqkv};
@@ -607,32 +460,7 @@ Tensor fused_rotary_attention_qkv(const Tensor& qkv, int64_t H, int64_t Hkv,
   return y;
 }
 
-// The shapes and layouts every fused attention kernel takes: bf16/f16 [B, H, T, D] self-attention
-// views with D of 64 or 128, grouped-query heads, rows the kernels can read.
-bool fused_shapes_fit(const Tensor& q, const Tensor& k, const Tensor& v) {
-  if (q.dtype() != DType::bf16 && q.dtype() != DType::f16) return false;
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return false;
-  if (k.size(2) != q.size(2) || (q.size(3) != 64 && q.size(3) != 128)) return false;
-  // Grouped-query attention runs in the kernels themselves: k, v [B, Hkv, T, D], Hkv | H.
-  if (k.shape() != v.shape() || k.size(0) != q.size(0) || k.size(3) != q.size(3) ||
-      k.size(1) == 0 || q.size(1) % k.size(1) != 0)
-    return false;
-  for (const Tensor* t : {&q, &k, &v}) {
-    if (t->dtype() != q.dtype() || !rows_readable_by_kernels(*t)) return false;
-  }
-  return true;
-}
-
 }  // namespace
-
-bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                             double dropout_p) {
-  if (!causal) return masked_kernels_for(q, k, v, dropout_p).has_value();
-  if (!has_fused_attention(q)) return false;
-  const bool dropout_drawable =
-      dropout_p == 0 || (dropout_p > 0 && dropout_p < 1 && has_fused_attention_dropout(q));
-  return dropout_drawable && fused_shapes_fit(q, k, v);
-}
 
 namespace {
 struct Heads {
@@ -649,18 +477,32 @@ Heads checked_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v
 }
 }  // namespace
 
+namespace {
+// y, with `taken` written to *route where the caller asked which route ran.
+Tensor reporting(AttentionRoute* route, AttentionRoute taken, Tensor y) {
+  if (route != nullptr) *route = taken;
+  return y;
+}
+}  // namespace
+
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
-                                    bool causal, double dropout_p, Generator* gen,
-                                    bool allow_flash) {
+                                    bool causal, double dropout_p, Generator* gen, bool allow_flash,
+                                    AttentionRoute* route) {
   const auto [q, k, v] = checked_attention_inputs(q_in, k_in, v_in, causal, dropout_p);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  if (allow_flash && causal && flash_attention_applies(q, k, v, causal, dropout_p))
-    return fused_attention(q, k, v, scale, maybe_draw_attention_dropout(q, k, dropout_p, gen));
+  if (allow_flash && causal && attention_takes(q, k, v, causal, dropout_p))
+    return reporting(
+        route, AttentionRoute::Fused,
+        fused_attention(q, k, v, scale, maybe_draw_attention_dropout(q, k, dropout_p, gen)));
   if (allow_flash && !causal)
-    if (const std::optional<MaskedKernels> kernels = masked_kernels_for(q, k, v, dropout_p))
-      return fused_attention(q, k, v, scale, maybe_draw_attention_dropout(q, k, dropout_p, gen),
-                             {.causal = false, .kv_lengths = Tensor(), .kernels = *kernels});
-  return composed_attention(q, k, v, causal, scale, dropout_p, gen);
+    if (const std::optional<MaskedAttentionKernels> kernels =
+            masked_attention_kernels(q, k, v, dropout_p))
+      return reporting(
+          route, AttentionRoute::Fused,
+          fused_attention(q, k, v, scale, maybe_draw_attention_dropout(q, k, dropout_p, gen),
+                          {.causal = false, .kv_lengths = Tensor(), .kernels = *kernels}));
+  return reporting(route, AttentionRoute::Composed,
+                   composed_attention(q, k, v, causal, scale, dropout_p, gen));
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
@@ -682,14 +524,15 @@ Tensor key_padded_attention(const Tensor& q_in, const Tensor& k_in, const Tensor
   check_attention_mask(mask, q, k);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   // Keys padded on the right, as the lengths say: the fused kernels' padding where they run
-  // (masked_kernels_for). Any other mask is the composition on every device (the fused kernels
-  // take no mask tensor).
+  // (masked_attention_kernels, kernels/fused_table.h). Any other mask is the composition on every
+  // device (the fused kernels take no mask tensor).
   if (kv_lengths.defined()) {
     TESSERA_CHECK(kv_lengths.dtype() == DType::i32 && kv_lengths.dim() == 1 &&
                       kv_lengths.size(0) == q.size(0) && kv_lengths.device() == q.device(),
                   "key_padded_attention: kv_lengths must be int32 [B] = [", q.size(0), "] on ",
                   q.device().str(), ", got ", autograd::describe(kv_lengths));
-    if (const std::optional<MaskedKernels> kernels = masked_kernels_for(q, k, v, dropout_p))
+    if (const std::optional<MaskedAttentionKernels> kernels =
+            masked_attention_kernels(q, k, v, dropout_p))
       return fused_attention(
           q, k, v, scale, maybe_draw_attention_dropout(q, k, dropout_p, gen),
           {.causal = causal, .kv_lengths = ops::contiguous(kv_lengths), .kernels = *kernels});
@@ -697,47 +540,38 @@ Tensor key_padded_attention(const Tensor& q_in, const Tensor& k_in, const Tensor
   return composed_attention(q, k, v, causal, scale, dropout_p, gen, mask);
 }
 
-bool causal_attention_qkv_fused_applies(const Tensor& qkv, int64_t n_head, double dropout_p) {
-  if (qkv.dim() != 3 || qkv.size(2) % 3 != 0 || n_head <= 0) return false;
-  const int64_t C = qkv.size(2) / 3;
-  if (C % n_head != 0 || qkv.stride(2) != 1) return false;
-  return flash_attention_applies(head_view(qkv, 0, C, n_head), head_view(qkv, C, C, n_head),
-                                 head_view(qkv, 2 * C, C, n_head), /*causal=*/true, dropout_p);
-}
-
 Tensor causal_attention_qkv(const Tensor& qkv_in, int64_t n_head, double dropout_p, Generator* gen,
-                            bool allow_fused) {
+                            bool allow_fused, AttentionRoute* route) {
   check_qkv_input(qkv_in, n_head);
   check_dropout("causal_attention_qkv", dropout_p);
   const Tensor qkv = autograd::autocast(qkv_in);
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, D = C / n_head;
-  if (allow_fused && dropout_p == 0 && causal_attention_qkv_fused_applies(qkv, n_head))
-    return fused_attention_qkv(qkv, n_head, 1.0 / std::sqrt(static_cast<double>(D)));
+  if (allow_fused && dropout_p == 0 && attention_qkv_takes(qkv, n_head))
+    return reporting(route, AttentionRoute::Fused,
+                     fused_attention_qkv(qkv, n_head, 1.0 / std::sqrt(static_cast<double>(D))));
   // The reference: the same computation from differentiable pieces (copies included), whose
   // attention takes the flash kernels with dropout where they apply (the heads are views).
   const std::vector<Tensor> parts = split(qkv, C, -1);
   auto heads = [&](const Tensor& t) { return t.reshape({B, T, n_head, D}).transpose(1, 2); };
-  const Tensor y = scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
-                                                /*causal=*/true, dropout_p, gen, allow_fused);
+  const Tensor y =
+      scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                   /*causal=*/true, dropout_p, gen, allow_fused, route);
   return y.transpose(1, 2).reshape({B, T, C});
 }
 
-bool causal_attention_qkv_projection_fused_applies(const Tensor& x, const Tensor& w,
-                                                   const Tensor& bias, int64_t n_head) {
-  return projection_route_applies(x, w, bias, compute_dtype(x), n_head) &&
-         compute_dtype(w) == compute_dtype(x);
-}
-
 Tensor causal_attention_qkv_projection(const Tensor& x_in, const Tensor& w_in, const Tensor& bias,
-                                       int64_t n_head, bool allow_fused) {
-  if (!allow_fused || !causal_attention_qkv_projection_fused_applies(x_in, w_in, bias, n_head))
-    return causal_attention_qkv(linear(x_in, w_in, bias), n_head, 0.0, nullptr, allow_fused);
-  return fused_projection_attention_qkv(autograd::autocast(x_in), autograd::autocast(w_in), bias,
-                                        n_head);
+                                       int64_t n_head, bool allow_fused, AttentionRoute* route) {
+  if (!allow_fused ||
+      !attention_qkv_projection_takes(x_in, w_in, bias, n_head, autograd::autocast_dtype()))
+    return causal_attention_qkv(linear(x_in, w_in, bias), n_head, 0.0, nullptr, allow_fused, route);
+  return reporting(route, AttentionRoute::FusedProjection,
+                   fused_projection_attention_qkv(autograd::autocast(x_in),
+                                                  autograd::autocast(w_in), bias, n_head));
 }
 
 Tensor rotary_causal_attention_qkv(const Tensor& qkv_in, int64_t n_head, int64_t n_kv_head,
-                                   const ops::RopeTables& rope, bool allow_fused) {
+                                   const ops::RopeTables& rope, bool allow_fused,
+                                   AttentionRoute* route) {
   const char* op = "rotary_causal_attention_qkv";
   TESSERA_CHECK(n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0, op, ": n_kv_head (",
                 n_kv_head, ") must be positive and divide n_head (", n_head, ")");
@@ -752,10 +586,11 @@ Tensor rotary_causal_attention_qkv(const Tensor& qkv_in, int64_t n_head, int64_t
   const int64_t q_width = n_head * D, kv_width = n_kv_head * D;
   if (allow_fused && qkv.stride(2) == 1 && rope.cos.dim() == 2 && rope.cos.size(0) == T &&
       rope.cos.size(1) == D / 2 &&
-      flash_attention_applies(head_view(qkv, 0, q_width, n_head),
-                              head_view(qkv, q_width, kv_width, n_kv_head),
-                              head_view(qkv, q_width + kv_width, kv_width, n_kv_head), true))
-    return fused_rotary_attention_qkv(qkv, n_head, n_kv_head, rope);
+      attention_takes(attention_heads_view(qkv, 0, q_width, n_head),
+                      attention_heads_view(qkv, q_width, kv_width, n_kv_head),
+                      attention_heads_view(qkv, q_width + kv_width, kv_width, n_kv_head), true))
+    return reporting(route, AttentionRoute::Fused,
+                     fused_rotary_attention_qkv(qkv, n_head, n_kv_head, rope));
   // The reference: the same computation from differentiable pieces.
   const std::vector<Tensor> parts =
       split(qkv, std::vector<int64_t>{q_width, kv_width, kv_width}, -1);
@@ -764,7 +599,7 @@ Tensor rotary_causal_attention_qkv(const Tensor& qkv_in, int64_t n_head, int64_t
   const Tensor k = rotary_embedding(heads_of_part(parts[1], n_kv_head), rope).transpose(1, 2);
   const Tensor v = heads_of_part(parts[2], n_kv_head).transpose(1, 2);
   const Tensor y =
-      scaled_dot_product_attention(q, k, v, /*causal=*/true, 0.0, nullptr, allow_fused);
+      scaled_dot_product_attention(q, k, v, /*causal=*/true, 0.0, nullptr, allow_fused, route);
   return y.transpose(1, 2).reshape({B, T, q_width});
 }
 

@@ -2,7 +2,7 @@
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/function_util.h"
 #include "tessera/autograd/functions.h"
-#include "tessera/core/fused_dispatch.h"
+#include "tessera/kernels/fused_table.h"
 
 namespace tessera {
 
@@ -11,7 +11,6 @@ using autograd::record;
 using autograd::SavedTensor;
 using autograd::util::add_into_destination;
 using autograd::util::fold_rows;
-using autograd::util::fused_linear_operands;
 using autograd::util::mT;
 using autograd::util::overwrite_target;
 using autograd::util::sum_to_shape;
@@ -78,16 +77,6 @@ Tensor matmul_weight_grad_target(const BackwardArgs& x, const Shape& a_shape, co
 }  // namespace
 
 namespace autograd::util {
-
-bool fused_linear_operands(const Tensor& x2d, const Tensor& w, const Tensor& bias, bool allow_f64) {
-  const DType t = x2d.dtype();
-  const bool float_type =
-      t == DType::f32 || t == DType::f16 || t == DType::bf16 || (allow_f64 && t == DType::f64);
-  const bool bias_ok =
-      !bias.defined() || (bias.device() == x2d.device() &&
-                          (bias.dtype() == t || (bias.dtype() == DType::f32 && t != DType::f64)));
-  return float_type && w.dtype() == t && w.device() == x2d.device() && bias_ok;
-}
 
 std::pair<Tensor, Tensor> weight_and_bias_grads(const Tensor& x2d, const Tensor& g, bool want_w,
                                                 bool want_b, const Tensor& into_w,

@@ -1,10 +1,10 @@
 // Differentiable losses: cross_entropy (ops::cross_entropy forward, its backward from the
 // saved logits) and fused_cross_entropy, whose forward computes the per-row losses and the
-// logits' gradient in one pass (the device's fused `classifier`, core/fused_dispatch.h), so
+// logits' gradient in one pass (the device's fused `classifier`, kernels/fused_table.h), so
 // the backward is only a scaling.
 #include "tessera/autograd/functions.h"
-#include "tessera/core/fused_dispatch.h"
 #include "tessera/core/graph_capture.h"
+#include "tessera/kernels/fused_table.h"
 
 namespace tessera {
 

@@ -40,7 +40,7 @@ constexpr std::array<SettingInfo, kSettingCount> kTable{{
      false, "kernels",
      "1: the flash attention backward takes the sm_90 (wgmma) kernels on Hopper; 0: mma.sync"},
     {Setting::Attention, "TESSERA_ATTENTION", K::Choice, "flash", "flash,cudnn", 0, 0, true,
-     "autograd",
+     "kernels",
      "the fused attention backend on CUDA, causal or masked (also set_attention_backend)"},
     {Setting::DeferredBiases, "TESSERA_DEFERRED_BIASES", K::Switch, "1", "", 0, 0, false, "nn",
      "1: GPT adds each block's output biases inside the next LayerNorm; 0: in the Linear"},

@@ -34,8 +34,8 @@ enum class Setting : uint8_t {
   GeluEpilogues,
   AttentionSm90,
   AttentionSm90Backward,
-  // autograd, nn
-  Attention,
+  Attention,  // the fused-op table's attention backend (kernels/fused_table.h)
+  // nn
   DeferredBiases,
   FusedQkvProjection,
   FusedMlp,

@@ -4,12 +4,11 @@
 
 #include <atomic>
 #include <memory>
-#include <type_traits>
+#include <vector>
 
 #include "tessera/core/allocator.h"
 #include "tessera/core/dispatch.h"
 #include "tessera/core/error.h"
-#include "tessera/core/fused_dispatch.h"
 #include "tessera/core/memory_category.h"
 
 namespace tessera {
@@ -54,19 +53,6 @@ class SizeOnlyAllocator final : public Allocator {
   size_t size_ = 0, next_ = 0;
 };
 
-// Sets a function-pointer entry to a no-op of its own signature (kept null when it was:
-// a null entry selects the composed route, which must stay what it is).
-template <class R, class... A>
-void make_noop(R (*&fn)(A...), bool even_if_null = false) {
-  if (fn == nullptr && !even_if_null) return;
-  fn = [](A...) -> R {
-    if constexpr (std::is_same_v<R, Tensor>)
-      return zeros({}, {.dtype = DType::f32});
-    else if constexpr (!std::is_void_v<R>)
-      return R{};
-  };
-}
-
 // Kernels writing one element run for real (fill, copy, unary, binary; their inputs are one
 // element too): they make the scalars host code reads back and branches on (the backward's
 // seed gradient of 1, a loss scale, a division by the accumulation steps), so the dry run
@@ -80,32 +66,30 @@ void binary_scalar(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& 
 
 void silence(KernelTable& t) {
   t.fill = fill_scalar, t.copy = copy_scalar, t.unary = unary_scalar, t.binary = binary_scalar;
-  make_noop(t.random);
-  make_noop(t.where), make_noop(t.add_scaled), make_noop(t.reduce), make_noop(t.arg_reduce);
-  make_noop(t.softmax), make_noop(t.softmax_backward), make_noop(t.layer_norm),
-      make_noop(t.layer_norm_backward);
-  make_noop(t.matmul), make_noop(t.cumsum), make_noop(t.topk), make_noop(t.rms_norm),
-      make_noop(t.rms_norm_backward);
-  make_noop(t.rope), make_noop(t.embedding), make_noop(t.index_add), make_noop(t.cross_entropy);
-  make_noop(t.cross_entropy_backward), make_noop(t.embedding_backward);
+  make_size_only_noop(t.random);
+  make_size_only_noop(t.where), make_size_only_noop(t.add_scaled), make_size_only_noop(t.reduce),
+      make_size_only_noop(t.arg_reduce);
+  make_size_only_noop(t.softmax), make_size_only_noop(t.softmax_backward),
+      make_size_only_noop(t.layer_norm), make_size_only_noop(t.layer_norm_backward);
+  make_size_only_noop(t.matmul), make_size_only_noop(t.cumsum), make_size_only_noop(t.topk),
+      make_size_only_noop(t.rms_norm), make_size_only_noop(t.rms_norm_backward);
+  make_size_only_noop(t.rope), make_size_only_noop(t.embedding), make_size_only_noop(t.index_add),
+      make_size_only_noop(t.cross_entropy);
+  make_size_only_noop(t.cross_entropy_backward), make_size_only_noop(t.embedding_backward);
 }
 
-void silence(FusedKernelTable& t, bool fused_routes) {
-  make_noop(t.linear_forward, fused_routes), make_noop(t.linear_weight_grad, fused_routes);
-  make_noop(t.linear_gelu_forward, fused_routes);
-  make_noop(t.linear_input_grad_dgelu, fused_routes);
-  make_noop(t.classifier, fused_routes), make_noop(t.flash_attention_forward, fused_routes);
-  make_noop(t.flash_attention_backward, fused_routes), make_noop(t.cudnn_attention_forward);
-  make_noop(t.cudnn_attention_backward), make_noop(t.global_grad_norm, fused_routes);
-  // The in-place updates always: the CPU's own AdamW and scaling loops would write every
-  // parameter and moment (committing the memory this mode exists not to use), and in place
-  // they allocate nothing either way.
-  make_noop(t.multi_tensor_adamw, true), make_noop(t.multi_tensor_scale, true);
+// The tables above core that take part in the mode (register_size_only_table).
+struct TableHook {
+  void (*silence)(bool fused_routes);
+  void (*restore)();
+};
+std::vector<TableHook>& table_hooks() {
+  static std::vector<TableHook> hooks;
+  return hooks;
 }
 
 struct Saved {
   KernelTable kernels;
-  FusedKernelTable fused;
   bool counting = false;
   // One region for the process, reused by every mode (a plan compares several strategies in
   // one process) and never unmapped: tensors of a dry run may outlive the mode.
@@ -131,15 +115,21 @@ void binary_scalar(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& 
 
 }  // namespace
 
+void register_size_only_table(void (*silence)(bool fused_routes), void (*restore)()) {
+  TESSERA_CHECK(silence != nullptr && restore != nullptr,
+                "register_size_only_table: both the silence and the restore function are needed");
+  TESSERA_CHECK(!g_active, "register_size_only_table: a size-only mode is active");
+  table_hooks().push_back({silence, restore});
+}
+
 SizeOnlyMode::SizeOnlyMode(bool fused_routes) {
   TESSERA_CHECK(!g_active.exchange(true), "size-only mode: already active");
   Saved& s = saved();
   s.kernels = kernel_table(DeviceType::CPU);
-  s.fused = fused_kernel_table(DeviceType::CPU);
   s.counting = memory_categories_enabled();
   if (s.allocator == nullptr) s.allocator = new SizeOnlyAllocator();
   silence(kernel_table(DeviceType::CPU));
-  silence(fused_kernel_table(DeviceType::CPU), fused_routes);
+  for (const TableHook& hook : table_hooks()) hook.silence(fused_routes);
   set_cpu_allocator_override(s.allocator);
   enable_memory_categories(true);
 }
@@ -147,7 +137,7 @@ SizeOnlyMode::SizeOnlyMode(bool fused_routes) {
 SizeOnlyMode::~SizeOnlyMode() {
   Saved& s = saved();
   kernel_table(DeviceType::CPU) = s.kernels;
-  fused_kernel_table(DeviceType::CPU) = s.fused;
+  for (auto hook = table_hooks().rbegin(); hook != table_hooks().rend(); ++hook) hook->restore();
   set_cpu_allocator_override(nullptr);
   enable_memory_categories(s.counting);
   g_active = false;

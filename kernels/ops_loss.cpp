@@ -1,6 +1,6 @@
 // Front-end of the losses: cross-entropy over the last (class) dim, forward (mean, sum or
 // per-row) and backward. The fused classifier (losses and gradient in one pass) is reached
-// through core/fused_dispatch.h by autograd/functions_loss.cpp.
+// through kernels/fused_table.h by autograd/functions_loss.cpp.
 #include "tessera/kernels/ops.h"
 #include "tessera/kernels/ops_util.h"
 

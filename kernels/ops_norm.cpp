@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "tessera/core/fused_dispatch.h"
+#include "tessera/kernels/fused_table.h"
 #include "tessera/kernels/ops.h"
 #include "tessera/kernels/ops_util.h"
 

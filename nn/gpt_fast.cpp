@@ -30,18 +30,23 @@ Tensor GPTFastBlock::attention_heads(const Tensor& x) {
   // composition would draw from the default generator) through causal_attention_qkv's
   // reference route. With c_attn and the attention as one node (no dropout), the attention
   // backward also sums c_attn's bias gradient (causal_attention_qkv_projection); c_attn's
-  // hooks need its own call.
-  if (use_fused_attention && use_fused_projection && dropout_p == 0 && !attn.c_attn.has_hooks() &&
-      causal_attention_qkv_projection_fused_applies(x, attn.c_attn.weight, attn.c_attn.bias,
-                                                    attn.n_head)) {
-    ++fused_attention_calls_;
-    ++fused_projection_calls_;
-    return causal_attention_qkv_projection(x, attn.c_attn.weight, attn.c_attn.bias, attn.n_head);
-  }
-  const Tensor qkv = attn.c_attn(x);
-  if (use_fused_attention && causal_attention_qkv_fused_applies(qkv, attn.n_head, dropout_p))
-    ++fused_attention_calls_;
-  return causal_attention_qkv(qkv, attn.n_head, dropout_p, nullptr, use_fused_attention);
+  // hooks need its own call. The ops say which route they took (kernels/fused_table.h
+  // decides); the counters count the fused ones.
+  AttentionRoute route = AttentionRoute::Composed;
+  Tensor y;
+  if (use_fused_attention && use_fused_projection && dropout_p == 0 && !attn.c_attn.has_hooks())
+    y = causal_attention_qkv_projection(x, attn.c_attn.weight, attn.c_attn.bias, attn.n_head,
+                                        /*allow_fused=*/true, &route);
+  else
+    y = causal_attention_qkv(attn.c_attn(x), attn.n_head, dropout_p, nullptr, use_fused_attention,
+                             &route);
+  count_route(route);
+  return y;
+}
+
+void GPTFastBlock::count_route(AttentionRoute route) {
+  if (route != AttentionRoute::Composed) ++fused_attention_calls_;
+  if (route == AttentionRoute::FusedProjection) ++fused_projection_calls_;
 }
 
 Tensor GPTFastBlock::attention(const Tensor& x, bool without_output_bias) {
@@ -62,10 +67,10 @@ Tensor GPTFastBlock::attention_cached(const Tensor& x, KVCache::Layer& layer, in
   const auto [k, v] = layer.append(attn.split_heads(qkv[1]), attn.split_heads(qkv[2]), past);
   const Tensor q = attn.split_heads(qkv[0]);
   const double dropout_p = attn.attention_dropout_p();
-  if (use_fused_attention && flash_attention_applies(q, k, v, /*causal=*/true, dropout_p))
-    ++fused_attention_calls_;
+  AttentionRoute route = AttentionRoute::Composed;
   const Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true, dropout_p, nullptr,
-                                                use_fused_attention);
+                                                use_fused_attention, &route);
+  count_route(route);
   return attn.resid_dropout(attn.c_proj(attn.merge_heads(y)));
 }
 

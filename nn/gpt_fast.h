@@ -16,6 +16,7 @@
 #pragma once
 #include <vector>
 
+#include "tessera/kernels/fused_table.h"
 #include "tessera/nn/attention.h"
 
 namespace tessera::nn {
@@ -88,13 +89,15 @@ class GPTFastBlock {
   static bool fused_mlp_by_default();
 
   // How many attention calls took the fused kernels, how many of them the one-node
-  // projection route, and how many MLP calls went through mlp_gelu.
+  // projection route (as the attention ops report their AttentionRoute), and how many MLP
+  // calls went through mlp_gelu.
   int64_t fused_attention_calls() const { return fused_attention_calls_; }
   int64_t fused_projection_calls() const { return fused_projection_calls_; }
   int64_t fused_mlp_calls() const { return fused_mlp_calls_; }
 
  private:
   Tensor attention_heads(const Tensor& x);
+  void count_route(AttentionRoute route);
   Block* block_;
   int64_t fused_attention_calls_ = 0;
   int64_t fused_projection_calls_ = 0;

@@ -4,7 +4,7 @@
 
 #include "tessera/autograd/functions.h"
 #include "tessera/core/deferred_init.h"
-#include "tessera/core/fused_dispatch.h"
+#include "tessera/kernels/fused_table.h"
 
 namespace tessera::nn {
 

@@ -4,8 +4,8 @@
 #include <functional>
 #include <map>
 
-#include "tessera/core/fused_dispatch.h"
 #include "tessera/core/graph_capture.h"
+#include "tessera/kernels/fused_table.h"
 #include "tessera/kernels/ops.h"
 #include "tessera/optim/adamw_cpu.h"
 #include "tessera/optim/clip.h"
@@ -44,7 +44,7 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions opts)
 
 namespace {
 // A parameter updated by its device's multi-tensor kernel (one launch per group and step;
-// core/fused_dispatch.h): an f32 parameter, or an f16/bf16 one with its f32 master.
+// kernels/fused_table.h): an f32 parameter, or an f16/bf16 one with its f32 master.
 struct MultiTensorItem {
   Tensor p, g, m, v, master;
   int64_t step;

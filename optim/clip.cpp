@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "tessera/core/fused_dispatch.h"
+#include "tessera/kernels/fused_table.h"
 #include "tessera/kernels/ops.h"
 #include "tessera/optim/fused_update.h"
 

@@ -12,12 +12,12 @@
 
 #include "tessera/core/cuda/cuda_runtime.h"
 #include "tessera/core/dispatch.h"
-#include "tessera/core/fused_dispatch.h"
 #include "tessera/core/graph_capture.h"
 #include "tessera/core/random.h"
 #include "tessera/kernels/cuda/cudnn_attention.h"
 #include "tessera/kernels/cuda/fused.h"
 #include "tessera/kernels/cuda/linear.h"
+#include "tessera/kernels/fused_table.h"
 #include "tessera/kernels/ops.h"
 
 namespace tessera {

@@ -7,10 +7,10 @@
 #include <utility>
 #include <vector>
 
-#include "tessera/core/fused_dispatch.h"
 #include "tessera/core/philox.h"
 #include "tessera/kernels/cuda/attention_checks.h"
 #include "tessera/kernels/cuda/common.cuh"
+#include "tessera/kernels/fused_table.h"
 
 namespace tessera::cuda::attention_detail {
 
@@ -26,7 +26,7 @@ struct HeadLayout {
 
 inline HeadLayout layout_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
-// Dropout on the probabilities (core/fused_dispatch.h's AttentionDropout, as the kernels take
+// Dropout on the probabilities (kernels/fused_table.h's AttentionDropout, as the kernels take
 // it): probability (b, h, row, key) is multiplied by factor(), 1 / (1 - p) where it is kept and 0
 // where it is dropped. The mask is a pure function of the element's index, so the backward
 // regenerates what the forward drew.

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "tessera/core/fused_dispatch.h"
 #include "tessera/core/tensor.h"
+#include "tessera/kernels/fused_table.h"
 
 namespace tessera::cuda {
 
@@ -52,7 +52,7 @@ void fused_classifier(const Tensor& logits, const Tensor& targets, int64_t ignor
                       const Tensor& device_scale = Tensor());
 
 // AdamW over many tensors in one launch; the formula and the config are
-// MultiTensorAdamWConfig's (core/fused_dispatch.h, the fused-kernel table this fills).
+// MultiTensorAdamWConfig's (kernels/fused_table.h, the fused-kernel table this fills).
 // exp_avg/exp_avg_sq are f32; params are f32, or f16/bf16 with an f32 master copy in
 // `master` (then the master is updated and the param is its rounded copy). All contiguous,
 // on one device.
@@ -139,7 +139,7 @@ void flash_attention_backward_mma_sync(const Tensor& q, const Tensor& k, const T
 // contract above); when not and why_not is given, the reason.
 bool flash_attention_backward_uses_sm90(const Tensor& q, const Tensor& k, const Tensor& v,
                                         const Tensor& dout, std::string* why_not = nullptr);
-// Flash attention with dropout on the probabilities (core/fused_dispatch.h's AttentionDropout:
+// Flash attention with dropout on the probabilities (kernels/fused_table.h's AttentionDropout:
 // the mask dropout(softmax(...), p) draws from the same generator state), forward and backward,
 // on the mma.sync kernels on every GPU (the Hopper and cuDNN kernels draw no dropout). The
 // contract of flash_attention_forward / flash_attention_backward; the backward takes the

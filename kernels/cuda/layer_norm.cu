@@ -27,10 +27,10 @@
 // rstd) and column partials are kept in the accumulation type, so f64 inputs stay f64 end
 // to end (f64 mean/rstd, as on the CPU) and the other dtypes keep f32 ones.
 #include "tessera/core/dispatch.h"
-#include "tessera/core/fused_dispatch.h"
 #include "tessera/kernels/cuda/common.cuh"
 #include "tessera/kernels/cuda/fused.h"
 #include "tessera/kernels/cuda/norm_common.cuh"
+#include "tessera/kernels/fused_table.h"
 
 namespace tessera::cuda {
 namespace {

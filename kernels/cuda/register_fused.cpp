@@ -1,9 +1,9 @@
-// Fills the CUDA row of the fused-kernel table (core/fused_dispatch.h) when
+// Fills the CUDA row of the fused-kernel table (kernels/fused_table.h) when
 // libtessera_cuda.so loads: autograd, nn and optim reach these kernels only through it.
-#include "tessera/core/fused_dispatch.h"
 #include "tessera/kernels/cuda/cudnn_attention.h"
 #include "tessera/kernels/cuda/fused.h"
 #include "tessera/kernels/cuda/linear.h"
+#include "tessera/kernels/fused_table.h"
 
 namespace tessera::cuda {
 namespace {

@@ -11,9 +11,9 @@
 #include <cmath>
 
 #include "tessera/core/dispatch.h"
-#include "tessera/core/fused_dispatch.h"
 #include "tessera/kernels/cuda/common.cuh"
 #include "tessera/kernels/cuda/norm_common.cuh"
+#include "tessera/kernels/fused_table.h"
 
 namespace tessera::cuda {
 namespace {

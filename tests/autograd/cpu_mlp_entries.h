@@ -4,7 +4,7 @@
 // route on the CPU, so that route's tape node and gradient bookkeeping are tested without a
 // GPU (tests/cuda checks the cuBLASLt kernels against float64 references).
 #pragma once
-#include "tessera/core/fused_dispatch.h"
+#include "tessera/kernels/fused_table.h"
 #include "tessera/kernels/ops.h"
 
 namespace tessera::testing {

@@ -167,7 +167,7 @@ TEST(AttentionCuda, FlashMatchesComposedInBf16) {
     std::vector<Tensor> outs, grads;
     for (bool flash : {true, false}) {
       Tensor q = head(0), k = head(1), v = head(2);
-      EXPECT_EQ(flash_attention_applies(q, k, v, true), true);
+      EXPECT_EQ(attention_takes(q, k, v, true), true);
       Tensor out = scaled_dot_product_attention(q, k, v, true, 0.0, nullptr, flash);
       EXPECT_EQ(autograd::meta_of(out).grad_fn->name == "FlashAttentionBackward", flash);
       sum(out.to(DType::f32) * dout.to(DType::f32)).backward();

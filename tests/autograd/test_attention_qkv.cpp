@@ -73,7 +73,7 @@ TEST(AttentionQkv, MatchesLoopReferenceAndComposition) {
     SCOPED_TRACE(::testing::Message() << "B " << c.B << " T " << c.T << " H " << c.H << " D " << c.D);
     const int64_t C = c.H * c.D;
     for (const Tensor& qkv : {random_f64({c.B, c.T, 3 * C}, 1), strided_qkv(c.B, c.T, C, 2)}) {
-      EXPECT_FALSE(causal_attention_qkv_fused_applies(qkv, c.H));  // CPU: always composed
+      EXPECT_FALSE(attention_qkv_takes(qkv, c.H));  // CPU: always composed
       const Tensor y = causal_attention_qkv(qkv, c.H);
       ASSERT_EQ(y.shape(), (Shape{c.B, c.T, C}));
       EXPECT_EQ(y.dtype(), DType::f64);
@@ -136,8 +136,8 @@ TEST(AttentionQkv, BadInputsRaiseClearly) {
   EXPECT_THROW(causal_attention_qkv(qkv, 2, 1.0), Error);
   EXPECT_THROW(causal_attention_qkv(qkv, 2, -0.1), Error);
   EXPECT_THROW(causal_attention_qkv(randint(0, 5, {2, 5, 18}, {.dtype = DType::i64}), 2), Error);
-  EXPECT_FALSE(causal_attention_qkv_fused_applies(qkv, 4));
-  EXPECT_FALSE(causal_attention_qkv_fused_applies(random_f64({5, 18}, 1), 1));
+  EXPECT_FALSE(attention_qkv_takes(qkv, 4));
+  EXPECT_FALSE(attention_qkv_takes(random_f64({5, 18}, 1), 1));
 }
 
 // CausalSelfAttention::forward (the reference) and the fast block's attention (on

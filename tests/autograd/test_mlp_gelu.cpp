@@ -10,8 +10,7 @@
 #include "cpu_mlp_entries.h"
 #include "gradcheck.h"
 #include "tessera/autograd/autocast.h"
-#include "tessera/core/fused_dispatch.h"
-#include "tessera/kernels/ops.h"
+#include "tessera/kernels/fused_table.h"
 #include "tests/gelu_reference.h"
 
 namespace tessera {

@@ -118,8 +118,7 @@ TEST(ProjectionAttentionCuda, OneNodeMatchesTheComposition) {
           SCOPED_TRACE(::testing::Message() << "TESSERA_ATTENTION_SM90_BWD=" << kernels << " "
                                             << dtype_name(t) << " T " << T << " D " << D);
           const Inputs in = make_inputs(t, kB, T, kIn, kH, D);
-          EXPECT_TRUE(causal_attention_qkv_projection_fused_applies(to_gpu(in.x), to_gpu(in.w),
-                                                                    to_gpu(in.b), kH));
+          EXPECT_TRUE(attention_qkv_projection_takes(to_gpu(in.x), to_gpu(in.w), to_gpu(in.b), kH));
           const Result fused = run_node(in, true), again = run_node(in, true),
                        composed = run_node(in, false);
           EXPECT_EQ(fused.node, "ProjectionAttentionQkvBackward");
@@ -163,7 +162,7 @@ TEST(ProjectionAttentionCuda, AutocastOverFloat32Parameters) {
     autograd::AutocastGuard autocast(DType::bf16);
     const Tensor x = requiring_grad(to_gpu(in.x)), w = requiring_grad(to_gpu(in.w)),
                  b = requiring_grad(to_gpu(in.b));
-    EXPECT_TRUE(causal_attention_qkv_projection_fused_applies(x, w, b, in.H));
+    EXPECT_TRUE(attention_qkv_projection_takes(x, w, b, in.H, autograd::autocast_dtype()));
     const Tensor y = one_node ? causal_attention_qkv_projection(x, w, b, in.H)
                               : causal_attention_qkv(linear(x, w, b), in.H);
     EXPECT_EQ(y.dtype(), DType::bf16);
@@ -187,16 +186,16 @@ TEST(ProjectionAttentionCuda, OtherCasesAreTheComposition) {
   set_attention_backend(AttentionBackend::Flash);
   const Inputs in = make_inputs(DType::bf16, 1, 33, 64, 2, 64);
   const Tensor x = to_gpu(in.x), w = to_gpu(in.w), b = to_gpu(in.b);
-  EXPECT_FALSE(causal_attention_qkv_projection_fused_applies(x, w, Tensor(), 2));
-  EXPECT_FALSE(causal_attention_qkv_projection_fused_applies(x, w, b, 4));  // D = 32
-  EXPECT_FALSE(causal_attention_qkv_projection_fused_applies(raw::to(x, dev(), DType::f32),
-                                                             raw::to(w, dev(), DType::f32),
-                                                             raw::to(b, dev(), DType::f32), 2));
+  EXPECT_FALSE(attention_qkv_projection_takes(x, w, Tensor(), 2));
+  EXPECT_FALSE(attention_qkv_projection_takes(x, w, b, 4));  // D = 32
+  EXPECT_FALSE(attention_qkv_projection_takes(raw::to(x, dev(), DType::f32),
+                                              raw::to(w, dev(), DType::f32),
+                                              raw::to(b, dev(), DType::f32), 2));
   const Tensor wg = requiring_grad(to_gpu(in.w));
   const Tensor y = causal_attention_qkv_projection(x, wg, Tensor(), 2);
   EXPECT_EQ(autograd::meta_of(y).grad_fn->name, "CausalAttentionQkvBackward");
   set_attention_backend(AttentionBackend::Cudnn);
-  EXPECT_FALSE(causal_attention_qkv_projection_fused_applies(x, w, b, 2));
+  EXPECT_FALSE(attention_qkv_projection_takes(x, w, b, 2));
 }
 
 // A small GPT with c_attn and attention as one node against the composition: the same loss and

@@ -37,7 +37,7 @@ Reference reference(const Tensor& qkv_host, const Tensor& dy_host, int64_t n_hea
 // y and d(qkv) of causal_attention_qkv on the GPU.
 Reference on_gpu(const Tensor& qkv_host, const Tensor& dy_host, int64_t n_head) {
   const Tensor qkv = requiring_grad(to_gpu(qkv_host));
-  EXPECT_TRUE(causal_attention_qkv_fused_applies(qkv, n_head));
+  EXPECT_TRUE(attention_qkv_takes(qkv, n_head));
   const Tensor y = causal_attention_qkv(qkv, n_head);
   EXPECT_EQ(autograd::meta_of(y).grad_fn->name, "CausalAttentionQkvBackward");
   EXPECT_EQ(y.shape(), (Shape{qkv.size(0), qkv.size(1), qkv.size(2) / 3}));

@@ -18,8 +18,8 @@
 #include "cuda_test_util.h"
 #include "tessera/autograd/autograd.h"
 #include "tessera/autograd/functions.h"
-#include "tessera/core/fused_dispatch.h"
 #include "tessera/kernels/cuda/fused.h"
+#include "tessera/kernels/fused_table.h"
 
 namespace tessera {
 namespace {

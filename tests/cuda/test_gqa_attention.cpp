@@ -159,7 +159,7 @@ TEST(GqaAttentionCuda, AutogradPathTakesTheFusedKernels) {
     Tensor q_leaf = to_gpu(in.q_host).requires_grad_(), k_leaf = to_gpu(in.k_host).requires_grad_(),
            v_leaf = to_gpu(in.v_host).requires_grad_();
     const Tensor q = q_leaf.transpose(1, 2), k = k_leaf.transpose(1, 2), v = v_leaf.transpose(1, 2);
-    EXPECT_TRUE(flash_attention_applies(q, k, v, /*causal=*/true)) << what;
+    EXPECT_TRUE(attention_takes(q, k, v, /*causal=*/true)) << what;
     const Tensor out = scaled_dot_product_attention(q, k, v, /*causal=*/true);
     ASSERT_EQ(out.shape(), (Shape{2, c.H, c.T, c.D}));
     expect_within(values(raw::contiguous(out)), in.ref.out, tolerance(c.dtype), what + " out");

@@ -13,8 +13,8 @@
 
 #include "cuda_test_util.h"
 #include "tessera/autograd/functions.h"
-#include "tessera/core/fused_dispatch.h"
 #include "tessera/kernels/cuda/fused.h"
+#include "tessera/kernels/fused_table.h"
 #include "tessera/nn/llama.h"
 
 namespace tessera {

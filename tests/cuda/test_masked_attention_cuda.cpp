@@ -11,7 +11,7 @@
 #include "cuda_test_util.h"
 #include "tessera/autograd/autograd.h"
 #include "tessera/autograd/functions.h"
-#include "tessera/core/fused_dispatch.h"
+#include "tessera/kernels/fused_table.h"
 #include "tessera/nn/bert.h"
 
 namespace tessera {
@@ -26,9 +26,9 @@ TEST(CudaMaskedAttention, TakesTheComposedPathWhereFlashWouldApply) {
   const int64_t B = 2, H = 2, T = 33, D = 64;
   std::vector<Tensor> host, device;
   for (int i = 0; i < 4; ++i) host.push_back(host_randn({B, H, T, D}, DType::bf16));
-  ASSERT_TRUE(flash_attention_applies(raw::to(host[0], dev(), DType::bf16),
-                                      raw::to(host[1], dev(), DType::bf16),
-                                      raw::to(host[2], dev(), DType::bf16), true));
+  ASSERT_TRUE(attention_takes(raw::to(host[0], dev(), DType::bf16),
+                              raw::to(host[1], dev(), DType::bf16),
+                              raw::to(host[2], dev(), DType::bf16), true));
   // Row 1 is left-padded by 5: its first 5 queries see only padding under causal.
   std::vector<uint8_t> keep(B * T, 1);
   for (int64_t j = 0; j < 5; ++j) keep[T + j] = 0;

@@ -1,16 +1,28 @@
-// Fused kernels: one kernel doing what a chain of ops does in several passes (a GEMM with its
+// The fused-op table: the one place where "which kernel runs" is decided.
+//
+// Fused kernels do in one kernel what a chain of ops does in several passes (a GEMM with its
 // bias epilogue, the classifier's loss and gradient in one pass, flash attention, optimizer
 // updates over many tensors in one launch). Only some devices have them, so they are reached
 // like the plain kernels (core/dispatch.h): through a table per device type, filled by the
-// backend that has them when it loads (kernels/cuda/register_fused.cpp). Every caller keeps a
-// composed fallback (the same computation from ops) for a device whose entry is null, so
-// nothing above kernels/ asks how Tessera was built.
+// backend that has them when it loads (kernels/cuda/register_fused.cpp). Every entry has a
+// composed fallback (the same computation from ops) that its caller runs where the entry is
+// null, so nothing above kernels/ asks how Tessera was built.
+//
+// Below the table, its answers to "can this device do it": each fused route's caller asks
+// the `*_takes` function of its route (swiglu_takes, linear_gelu_takes, attention_takes, ...)
+// and runs the fused entry where it says yes, the composition elsewhere. The answers read the
+// table, the operands and the settings (core/settings.h: TESSERA_ATTENTION through
+// attention_backend()), never the environment; the settings that switch whole routes off in
+// the models (TESSERA_FUSED_MLP, ...) are read by the models' fast blocks from the same
+// settings. A size-only dry run (core/size_only.h) silences the CPU row through the hook this
+// file registers (register_size_only_table), so planning takes the same routes.
 //
 // The contracts (shapes, dtypes, alignment) are those of the CUDA functions each entry is
 // filled with: kernels/cuda/linear.h, fused.h and cudnn_attention.h.
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,8 +43,8 @@ struct MultiTensorAdamWConfig {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
-  int64_t step = 1;          // 1 on the first update
-  float grad_scale = 1.0f;   // e.g. 1/loss_scale or a clipping factor
+  int64_t step = 1;         // 1 on the first update
+  float grad_scale = 1.0f;  // e.g. 1/loss_scale or a clipping factor
   // For a launch recorded in a CUDA graph (core/graph_capture.h): device memory of
   // kAdamWReplayScalars floats that outlives the graph, from which the kernel reads the
   // coefficients that change with lr and step (adamw_replay_scalars) when it runs. The owner
@@ -143,21 +155,21 @@ struct FusedKernelTable {
   // flash_attention_backward, and dbias [3 H D] = the column sums of dq | dk | dv over their
   // B T rows (H = Hkv; q's dtype; written): the bias gradient of the projection q | k | v come
   // from, summed by the kernels as they store the gradients.
-  void (*flash_attention_backward_with_bias_grad)(const Tensor& q, const Tensor& k,
-                                                  const Tensor& v, const Tensor& out,
-                                                  const Tensor& dout, const Tensor& lse,
-                                                  double scale, const Tensor& dq, const Tensor& dk,
-                                                  const Tensor& dv, const Tensor& dbias) = nullptr;
+  void (*flash_attention_backward_with_bias_grad)(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                  const Tensor& out, const Tensor& dout,
+                                                  const Tensor& lse, double scale, const Tensor& dq,
+                                                  const Tensor& dk, const Tensor& dv,
+                                                  const Tensor& dbias) = nullptr;
   // The same with dropout on the probabilities (the mask of `dropout`, above); the backward
   // regenerates it from the same (seed, offset).
   void (*flash_attention_dropout_forward)(const Tensor& q, const Tensor& k, const Tensor& v,
                                           double scale, const AttentionDropout& dropout,
                                           const Tensor& out, const Tensor& lse) = nullptr;
   void (*flash_attention_dropout_backward)(const Tensor& q, const Tensor& k, const Tensor& v,
-                                           const Tensor& out, const Tensor& dout,
-                                           const Tensor& lse, double scale,
-                                           const AttentionDropout& dropout, const Tensor& dq,
-                                           const Tensor& dk, const Tensor& dv) = nullptr;
+                                           const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                           double scale, const AttentionDropout& dropout,
+                                           const Tensor& dq, const Tensor& dk,
+                                           const Tensor& dv) = nullptr;
   // ---- attention beyond causal self-attention in the hand-written flash kernels: `causal` or
   // not, with keys padded on the right when kv_lengths (i32 [B]) is defined: key j of batch row
   // b is attended iff j < kv_lengths[b] (and, causal, j <= i). cuDNN's masked entries below have
@@ -174,7 +186,8 @@ struct FusedKernelTable {
   // The same with dropout on the probabilities (the mask of `dropout`, as the causal dropout
   // entries above draw it); the backward regenerates it from the same (seed, offset).
   void (*flash_masked_attention_dropout_forward)(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                 double scale, bool causal, const Tensor& kv_lengths,
+                                                 double scale, bool causal,
+                                                 const Tensor& kv_lengths,
                                                  const AttentionDropout& dropout, const Tensor& out,
                                                  const Tensor& lse) = nullptr;
   void (*flash_masked_attention_dropout_backward)(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -198,10 +211,10 @@ struct FusedKernelTable {
                                          double scale, bool causal, const Tensor& kv_lengths,
                                          const Tensor& out, const Tensor& lse) = nullptr;
   void (*cudnn_masked_attention_backward)(const Tensor& q, const Tensor& k, const Tensor& v,
-                                          const Tensor& out, const Tensor& dout,
-                                          const Tensor& lse, double scale, bool causal,
-                                          const Tensor& kv_lengths, const Tensor& dq,
-                                          const Tensor& dk, const Tensor& dv) = nullptr;
+                                          const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                          double scale, bool causal, const Tensor& kv_lengths,
+                                          const Tensor& dq, const Tensor& dk,
+                                          const Tensor& dv) = nullptr;
 
   // ---- optimizers and clipping, one launch for many contiguous tensors on one device ----
   // exp_avg/exp_avg_sq f32; params f32, or f16/bf16 with an f32 master (updated, then rounded
@@ -224,5 +237,102 @@ struct FusedKernelTable {
 
 // The row for a device type; entries are null where the device has no such fused kernel.
 FusedKernelTable& fused_kernel_table(DeviceType type);
+
+// ---- "can this device do it": the table's answers, one per fused route ----
+
+// True when the Linear GEMM entries can take x2d [rows, in], w [in, out] and bias ([out] or
+// undefined) as they are: one device, one 16/32-bit float dtype (the bias in it or in f32, as
+// under autocast); with allow_f64 also float64, which the kernels take through their plain
+// fallback. Says nothing about whether the device has the entries (the caller looks).
+bool fused_linear_operands(const Tensor& x2d, const Tensor& w, const Tensor& bias,
+                           bool allow_f64 = false);
+
+// swiglu(gate, up) in one kernel each way: the device has both entries and gate, up are
+// contiguous, of one shape, floating dtype and device.
+bool swiglu_takes(const Tensor& gate, const Tensor& up);
+
+// GPT-2's MLP gelu(x2d @ w_fc + b_fc) @ w_proj + b_proj with the GELU in the GEMMs'
+// epilogues: the device has the entries and both GEMMs take their operands (f64 included:
+// one node either way, so the fused route can be checked in float64).
+bool linear_gelu_takes(const Tensor& x2d, const Tensor& w_fc, const Tensor& b_fc,
+                       const Tensor& w_proj, const Tensor& b_proj);
+
+// Which implementation the fused attention routes run: the hand-written flash kernels
+// (default) or cuDNN's fused attention (kernels/cuda/cudnn_attention.h). Choosing Cudnn where
+// cuDNN attention is unavailable makes those routes raise, saying why; they never fall back
+// silently. The composed route is unaffected. Until set_attention_backend is called, the
+// choice is the setting TESSERA_ATTENTION (flash | cudnn), read at the first use.
+enum class AttentionBackend { Flash, Cudnn };
+void set_attention_backend(AttentionBackend backend);
+AttentionBackend attention_backend();
+// "flash" or "cudnn" (any case) -> the backend; anything else raises naming `source`
+// (where the name came from, e.g. the variable) and the accepted names.
+AttentionBackend parse_attention_backend(const std::string& name,
+                                         const char* source = "attention backend");
+const char* attention_backend_name(AttentionBackend backend);
+// The backend TESSERA_ATTENTION names now (Flash when unset or empty); raises on an unknown
+// name. attention_backend() calls it once, at its first use.
+AttentionBackend attention_backend_from_environment();
+// Saves the attention backend and where its choice came from, and restores both when it goes
+// out of scope: a choice left to the default or the environment is theirs again (masked
+// attention tells a backend named by set_attention_backend from the default, see
+// masked_attention_kernels). For tests and tools that switch backends for a while.
+class AttentionBackendRestorer {
+ public:
+  AttentionBackendRestorer();
+  ~AttentionBackendRestorer();
+  AttentionBackendRestorer(const AttentionBackendRestorer&) = delete;
+  AttentionBackendRestorer& operator=(const AttentionBackendRestorer&) = delete;
+
+ private:
+  AttentionBackend saved_;
+  bool was_option_;
+};
+
+// The route an attention op took, as it reports it (autograd/functions.h's attention ops take
+// an optional AttentionRoute*): the composition of differentiable ops, the fused attention
+// kernels, or the fused kernels in one node with the projection before them.
+enum class AttentionRoute { Composed, Fused, FusedProjection };
+const char* attention_route_name(AttentionRoute route);
+
+// True when the fused kernels can read t as it is: last dim contiguous, every row starting on
+// a 16-byte boundary (they move 16-byte vectors along it).
+bool rows_readable_by_kernels(const Tensor& t);
+// The [B, H, T, D] heads of channels [first, first + C) of x [B, T, *] as a view (no copy):
+// the shape the attention kernels take. Needs x's last dim contiguous.
+Tensor attention_heads_view(const Tensor& x, int64_t first, int64_t C, int64_t n_head);
+// The shapes and layouts every fused attention kernel takes: bf16/f16 [B, H, T, D]
+// self-attention views with D of 64 or 128, grouped-query heads (k, v [B, Hkv, T, D], Hkv | H),
+// rows the kernels can read.
+bool attention_shapes_fit(const Tensor& q, const Tensor& k, const Tensor& v);
+
+// The kernels that run attention beyond causal self-attention (not causal, or keys padded on
+// the right): the hand-written flash kernels' masked entries or cuDNN's masked graphs.
+enum class MaskedAttentionKernels { Flash, Cudnn };
+// Who runs such attention on q's device: cuDNN's masked graphs where the cudnn backend is
+// chosen (TESSERA_ATTENTION, set_attention_backend; the call raises when cuDNN cannot run);
+// the hand-written flash kernels where the flash backend is chosen in so many words (the
+// environment or set_attention_backend) or cuDNN cannot run; by default, cuDNN where it runs:
+// the hand-written masked kernels are the portable mma.sync ones (the Hopper kernels take no
+// mask), 2-2.6x slower than cuDNN's graphs on an H200 (benchmarks/cuda/NOTES.md). With dropout
+// the hand-written kernels whatever the backend (cuDNN draws no dropout of Tessera's
+// generator). Nothing (the caller composes) for shapes no fused kernel takes, or on a device
+// without such kernels.
+std::optional<MaskedAttentionKernels> masked_attention_kernels(const Tensor& q, const Tensor& k,
+                                                               const Tensor& v, double dropout_p);
+
+// scaled_dot_product_attention(q, k, v, causal, dropout_p) in the fused kernels (flash, or
+// cuDNN's under the cudnn backend; non-causal: masked_attention_kernels has an answer).
+bool attention_takes(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                     double dropout_p = 0.0);
+// causal_attention_qkv(qkv, n_head, dropout_p) in the fused kernels (with dropout: through the
+// reference's scaled_dot_product_attention): the heads of qkv [B, T, 3C] as views take them.
+bool attention_qkv_takes(const Tensor& qkv, int64_t n_head, double dropout_p = 0.0);
+// causal_attention_qkv_projection(x, w, bias, n_head) as one node: x [B, T, in], w [in, 3C],
+// bias [3C], both computing in bf16/f16 (x's and w's dtypes, or `cast_to` (autocast's compute
+// dtype) where it casts them: floating, not f64), D 64 or 128, the flash backend and the
+// entry that sums the bias's gradient in the attention backward.
+bool attention_qkv_projection_takes(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                    int64_t n_head, std::optional<DType> cast_to = std::nullopt);
 
 }  // namespace tessera
