@@ -35,7 +35,38 @@ void take_launch_settings(AcceleratorOptions& o) {
         static_cast<int>(setting_integer(Setting::GradientAccumulationSteps));
   o.cpu = o.cpu || setting_enabled(Setting::UseCpu);
 }
+
+// FSDP's strategy name and a DeepSpeed file fill zero_stage, offload, buckets, accumulation
+// and precision; what is given twice must agree (checked before any work). Returns the file.
+std::optional<DeepSpeedConfig> resolve_sharding(AcceleratorOptions& o) {
+  if (!o.fsdp_sharding_strategy.empty()) {
+    const int stage = fsdp_sharding_stage(o.fsdp_sharding_strategy);
+    TESSERA_CHECK(o.zero_stage < 0 || o.zero_stage == stage, "Accelerator: fsdp_sharding_strategy ",
+                  o.fsdp_sharding_strategy, " is ZeRO stage ", stage, " but zero_stage is ",
+                  o.zero_stage, "; they contradict each other");
+    o.zero_stage = stage;
+  }
+  if (o.deepspeed_config.empty()) return std::nullopt;
+  DeepSpeedConfig file = DeepSpeedConfig::read(o.deepspeed_config);
+  file.apply_to(o);
+  return file;
+}
+
+// The stage of options whose sharding settings are resolved: theirs, else TESSERA_ZERO_STAGE.
+int zero_stage_of(const AcceleratorOptions& o) {
+  const int stage =
+      o.zero_stage >= 0 ? o.zero_stage : static_cast<int>(setting_integer(Setting::ZeroStage));
+  TESSERA_CHECK(stage >= 0 && stage <= 3,  // TESSERA_ZERO_STAGE is checked as read
+                "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ", stage);
+  return stage;
+}
 }  // namespace
+
+int resolved_zero_stage(AcceleratorOptions options) {
+  take_launch_settings(options);
+  resolve_sharding(options);
+  return zero_stage_of(options);
+}
 
 Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
   check_tracker_options();  // before anything is created
@@ -52,10 +83,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   policy_ = MixedPrecisionPolicy::from_name(
       mixed_precision_, options_.reduce_dtype.empty() ? setting_text(Setting::ReduceDtype)
                                                       : options_.reduce_dtype);
-  zero_stage_ = options_.zero_stage >= 0 ? options_.zero_stage
-                                         : static_cast<int>(setting_integer(Setting::ZeroStage));
-  TESSERA_CHECK(zero_stage_ >= 0 && zero_stage_ <= 3,  // TESSERA_ZERO_STAGE is checked as read
-                "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ", zero_stage_);
+  zero_stage_ = zero_stage_of(options_);
   TESSERA_CHECK(
       zero_stage_ > 0 || !(options_.offload_optimizer || options_.offload_param),
       "Accelerator: offload_optimizer and offload_param need a ZeRO stage (zero_stage >= 1); "
@@ -85,22 +113,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
       std::cerr << deepspeed_->source << ": note: " << note << "\n";
 }
 
-// FSDP's strategy name and a DeepSpeed file fill zero_stage, offload, buckets, accumulation
-// and precision; what is given twice must agree (checked before any work).
-void Accelerator::resolve_sharding_options() {
-  if (!options_.fsdp_sharding_strategy.empty()) {
-    const int stage = fsdp_sharding_stage(options_.fsdp_sharding_strategy);
-    TESSERA_CHECK(options_.zero_stage < 0 || options_.zero_stage == stage,
-                  "Accelerator: fsdp_sharding_strategy ", options_.fsdp_sharding_strategy,
-                  " is ZeRO stage ", stage, " but zero_stage is ", options_.zero_stage,
-                  "; they contradict each other");
-    options_.zero_stage = stage;
-  }
-  if (!options_.deepspeed_config.empty()) {
-    deepspeed_ = DeepSpeedConfig::read(options_.deepspeed_config);
-    deepspeed_->apply_to(options_);
-  }
-}
+void Accelerator::resolve_sharding_options() { deepspeed_ = resolve_sharding(options_); }
 
 Accelerator::~Accelerator() {
   *gate_open_ = true;  // the optimizers may outlive this Accelerator: leave them ungated
@@ -254,9 +267,7 @@ MemoryUsage Accelerator::memory_usage(const nn::Module& model) const {
 
 void Accelerator::reset_memory_peak() { reset_category_peak(device_.type); }
 
-std::string Accelerator::memory_report(const nn::Module& model) {
-  DataParallelStrategy* s = strategy_of(model);
-  TESSERA_CHECK(s, "Accelerator::memory_report: the model was not prepared");
+std::vector<RankMemory> Accelerator::gather_rank_memory() {
   const CategoryMemoryStats stats = category_memory_stats(device_.type);
   std::vector<int64_t> mine(stats.in_use.begin(), stats.in_use.end());
   mine.insert(mine.end(), stats.at_peak.begin(), stats.at_peak.end());
@@ -265,7 +276,6 @@ std::string Accelerator::memory_report(const nn::Module& model) {
   const std::vector<int64_t> all =
       gather(raw::to(from_vector(mine, {1, width}, {.dtype = DType::i64}), device_, DType::i64))
           .to_vector<int64_t>();
-  if (!is_main_process()) return "";
   std::vector<RankMemory> ranks(num_processes());
   for (int r = 0; r < num_processes(); ++r) {
     const int64_t* row = all.data() + r * width;
@@ -273,6 +283,19 @@ std::string Accelerator::memory_report(const nn::Module& model) {
     std::copy(row + kNumMemoryCategories, row + 2 * kNumMemoryCategories, ranks[r].at_peak.begin());
     ranks[r].peak = row[2 * kNumMemoryCategories];
   }
+  return ranks;
+}
+
+void Accelerator::end_memory_phase(const std::string& phase) {
+  memory_phases_.push_back({phase, gather_rank_memory()});
+  reset_memory_peak();
+}
+
+std::string Accelerator::memory_report(const nn::Module& model) {
+  DataParallelStrategy* s = strategy_of(model);
+  TESSERA_CHECK(s, "Accelerator::memory_report: the model was not prepared");
+  const std::vector<RankMemory> ranks = gather_rank_memory();
+  if (!is_main_process()) return "";
   std::set<const TensorImpl*> seen;
   int64_t psi = 0;
   DType dtype = DType::f32;
@@ -288,7 +311,8 @@ std::string Accelerator::memory_report(const nn::Module& model) {
                                       : std::string(dtype_name(dtype))};
   std::string table = format_memory_report(
       header, ranks,
-      zero_memory_formula(psi, dtype_size(dtype), masters, zero_stage_, num_processes()));
+      zero_memory_formula(psi, dtype_size(dtype), masters, zero_stage_, num_processes()),
+      memory_phases_);
   if (!memory_categories_enabled())
     table += "(counting was off: call enable_memory_categories(true) first)\n";
   return table;

@@ -6,6 +6,7 @@
 
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/functions.h"
+#include "tessera/core/deferred_init.h"
 #include "tessera/core/size_only.h"
 #include "tessera/dist/accelerator.h"
 #include "tessera/dist/ddp.h"
@@ -162,7 +163,13 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
   reset_category_peak(DeviceType::CPU);
   MemoryPlan plan;
   {
+    // Stage 3 builds as `tessera train` does (train/run.cpp): placeholders, each rank's slice
+    // filled by the strategy.
+    plan.sharded_construction = o.zero_stage == 3;
+    std::optional<DeferredInitGuard> deferred;
+    if (plan.sharded_construction) deferred.emplace();
     nn::GPT model(o.model);
+    deferred.reset();
     model.gradient_checkpointing_enable(o.gradient_checkpointing);
     auto group = std::make_shared<SizeOnlyProcessGroup>(o.world);
     std::unique_ptr<DataParallelStrategy> strategy;
@@ -183,6 +190,7 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
     // `tessera train` does on its device): a peak of its own, which can be the run's.
     const CategoryMemoryStats setup = category_memory_stats(DeviceType::CPU);
     plan.setup_peak = setup.peak;
+    plan.setup_at_peak = setup.at_peak;
     reset_category_peak(DeviceType::CPU);
     // Two steps: the optimizer state appears in the first, the second's backward runs with it.
     for (int step = 0; step < 2; ++step) training_step(model, *strategy, opt, o, policy);
