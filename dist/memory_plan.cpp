@@ -124,11 +124,13 @@ MemoryPlan::Terms MemoryPlan::terms() const {
   Terms t;
   t.shard_parameters = peak_of(C::Parameters);
   t.optimizer = peak_of(C::OptimizerState);
-  // Under stages 2/3 what stays between steps is the shard; the rest at the peak is buckets
-  // of full gradients being filled or reduced. DDP and stage 1 hold the full gradient.
-  t.shard_gradients = max_buckets_in_flight == 0
-                          ? peak_of(C::Gradients)
-                          : std::min(peak_of(C::Gradients), steady[static_cast<int>(C::Gradients)]);
+  // Under stages 2/3 the averaged shard (alive from a step's first reduce-scatter to its
+  // update: ZeRO's pΨ/W, or what stays between steps when that is more, the buckets' padding);
+  // the rest at the peak is buckets of full gradients being filled or reduced. DDP and stage 1
+  // hold the full gradient.
+  const int64_t shard = std::max(formula.gradients, steady[static_cast<int>(C::Gradients)]);
+  t.shard_gradients = max_buckets_in_flight == 0 ? peak_of(C::Gradients)
+                                                 : std::min(peak_of(C::Gradients), shard);
   t.buckets_in_flight = peak_of(C::Gradients) - t.shard_gradients;
   t.activations = peak_of(C::Activations);
   t.gathered_units = peak_of(C::Communication);

@@ -239,6 +239,14 @@ def gradient_lifetime(r):
     return table(["GiB per rank", "12.9B, W = 8", "6.06B, W = 2"], rows)
 
 
+def terms_13b(r):
+    """The terms of the 12.9B GPT's ZeRO-3 peak on 8 ranks, as `tessera plan` prints them."""
+    text = big_plan(r, GPT_13B, 3)
+    start = text.index("terms of the peak per rank")
+    end = text.index("\npeak ", start)
+    return "```\n" + text[start:end + 1] + "```\n"
+
+
 # What the 6.06B runs on 2 H100s did (benchmarks/cuda/NOTES.md): measured, not planned.
 H100_OUTCOMES = {
     "DDP": "out of memory at once",
@@ -284,6 +292,7 @@ TABLES = {
     "cpu-stages": ("fast", cpu_stages),
     "cpu-construction": ("fast", cpu_construction),
     "checkpointing-policies": ("fast", checkpointing),
+    "terms-13b": ("heavy", terms_13b),
     "gradient-lifetime": ("heavy", gradient_lifetime),
     "all-strategies-6b": ("heavy", all_strategies),
     "fit-5120": ("heavy", fit),
