@@ -183,8 +183,8 @@ void print_terms(const PlanArgs& a, const dist::MemoryPlan& p) {
                 gib(p.largest_bucket_bytes),
                 gib(static_cast<int64_t>(p.max_buckets_in_flight) * p.largest_bucket_bytes));
   std::printf("\n  %-20s %.3f\n", "other", gib(t.other));
-  std::printf("  %-20s %.3f GiB at the steps' peak; %.3f GiB while the model is built %s\n",
-              "sum", gib(p.step_peak), gib(p.setup_peak),
+  std::printf("  %-20s %.3f GiB at the steps' peak; %.3f GiB while the model is built %s\n", "sum",
+              gib(p.step_peak), gib(p.setup_peak),
               p.sharded_construction ? "by sharded construction (each rank its slices)"
                                      : "in f32 and sharded");
   if (a.zero_stage == 3) {
@@ -232,8 +232,8 @@ void print_plan(const PlanArgs& a, const dist::MemoryPlan& p, const Capacity& ca
   using C = MemoryCategory;
   auto by_category = [](const char* name, const std::array<int64_t, kNumMemoryCategories>& b) {
     std::printf("%s", name);
-    for (C c : {C::Parameters, C::Gradients, C::OptimizerState, C::Activations,
-                C::Communication, C::Other})
+    for (C c : {C::Parameters, C::Gradients, C::OptimizerState, C::Activations, C::Communication,
+                C::Other})
       std::printf(" %lld", (long long)b[static_cast<int>(c)]);
     std::printf("\n");
   };

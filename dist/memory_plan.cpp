@@ -129,8 +129,8 @@ MemoryPlan::Terms MemoryPlan::terms() const {
   // the rest at the peak is buckets of full gradients being filled or reduced. DDP and stage 1
   // hold the full gradient.
   const int64_t shard = std::max(formula.gradients, steady[static_cast<int>(C::Gradients)]);
-  t.shard_gradients = max_buckets_in_flight == 0 ? peak_of(C::Gradients)
-                                                 : std::min(peak_of(C::Gradients), shard);
+  t.shard_gradients =
+      max_buckets_in_flight == 0 ? peak_of(C::Gradients) : std::min(peak_of(C::Gradients), shard);
   t.buckets_in_flight = peak_of(C::Gradients) - t.shard_gradients;
   t.activations = peak_of(C::Activations);
   t.gathered_units = peak_of(C::Communication);

@@ -372,19 +372,22 @@ TEST(CliSharding, PlanPredictsTheMeasuredPeakByCategoryWithinTwoPercent) {
               " --bucket-bytes " + std::to_string(4 * bucket_elements));
       ASSERT_EQ(r.rc, 0) << r.output;
       // The report's "peak" rows are the steps' (construction has rows of its own).
-      const std::vector<double> predicted = numbers_after(r.output, "step_peak_bytes_by_category", 6);
+      const std::vector<double> predicted =
+          numbers_after(r.output, "step_peak_bytes_by_category", 6);
       const std::vector<double> predicted_construction =
           numbers_after(r.output, "construction_peak_bytes_by_category", 6);
       for (int c = 0; c < 6; ++c) {
         const double measured = measured_mib[c] * (1 << 20);
         const double built = construction_mib[c] * (1 << 20);
-        std::printf("[ plan ] %d ranks, stage %d, %-13s predicted %9.0f bytes, measured %9.0f; "
-                    "construction predicted %9.0f, measured %9.0f\n",
-                    nproc, stage, names[c], predicted[c], measured, predicted_construction[c], built);
+        std::printf(
+            "[ plan ] %d ranks, stage %d, %-13s predicted %9.0f bytes, measured %9.0f; "
+            "construction predicted %9.0f, measured %9.0f\n",
+            nproc, stage, names[c], predicted[c], measured, predicted_construction[c], built);
         EXPECT_NEAR(predicted[c], measured, std::max(0.02 * measured, 2048.0))
             << names[c] << "\n" << r.output;
         EXPECT_NEAR(predicted_construction[c], built, std::max(0.02 * built, 2048.0))
-            << "construction, " << names[c] << "\n" << r.output;
+            << "construction, " << names[c] << "\n"
+            << r.output;
       }
       const double total = numbers_after(r.output, "step_peak_bytes ", 1)[0];
       EXPECT_NEAR(total, measured_mib[6] * (1 << 20), 0.02 * measured_mib[6] * (1 << 20));
