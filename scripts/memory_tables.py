@@ -230,13 +230,37 @@ def gradient_lifetime(r):
                 ["%s / %s" % (gib(plan_line(p[3], "setup_peak_bytes")),
                               gib(plan_line(p[3], "step_peak_bytes"))) for p in columns])
     rows.append(["ZeRO-3 formula 16Ψ/W"] +
-                ["%.3f" % numbers_after(p[3], "ZeRO's formula 16Ψ/W = ", 1)[0] for p in columns])
+                [re.search(r"ZeRO's formula 16Ψ/W = ([\d.]+)", p[3]).group(1) for p in columns])
     rows.append(["ZeRO-3 activations / gathered / in flight"] +
                 ["%.3f / %.3f / %.3f" % (term(p[3], "activations"), term(p[3], "gathered / reducing"),
                                          term(p[3], "buckets in flight")) for p in columns])
     rows.append(["ZeRO-3 steps' peak / (formula + activations + two units + in flight)"] +
                 ["%.3f" % numbers_after(p[3], "steps' peak / that = ", 1)[0] for p in columns])
     return table(["GiB per rank", "12.9B, W = 8", "6.06B, W = 2"], rows)
+
+
+# The peaks the allocator counted on 2 H100s (benchmarks/cuda/NOTES.md, 2026-11-27: bf16,
+# gradients averaged in f32, 8 x 1024 rows per GPU), GiB: measured, not planned. Stages 2 and
+# 3 then kept the averaged gradient shard between steps, through the forward.
+H100_PEAKS = {"124M": [5.448, 4.057, 4.405, 4.468], "350M": [13.534, 9.568, 10.559, 10.421]}
+GPT2_SHAPES = {"124M": ["--n-layer", "12", "--n-head", "12", "--n-embd", "768"],
+               "350M": ["--n-layer", "24", "--n-head", "16", "--n-embd", "1024"]}
+
+
+def gpu_route(r):
+    """GPT-2 124M and 350M on the GPU's routes, 2 ranks, next to the H100 measurements."""
+    rows = []
+    for model, shape in GPT2_SHAPES.items():
+        for stage in range(4):
+            text = r.plan(["--device", "cuda", "--dtype", "bf16", "--reduce-dtype", "fp32",
+                           "--nproc", "2", "--zero-stage", str(stage), "--vocab", "50257",
+                           "--seq", "1024", "--batch", "8"] + shape)
+            formula = float(re.search(r"ZeRO's formula [^=]*= ([\d.]+)", text).group(1))
+            rows.append([model, STAGE_NAMES[stage], gib(plan_line(text, "peak_bytes")),
+                         "%.3f" % H100_PEAKS[model][stage], "%.3f" % formula,
+                         "%.3f" % term(text, "activations")])
+    return table(["model", "stage", "`tessera plan` GiB / rank", "measured on 2 H100s (2026-11-27)",
+                  "formula P+G+O", "activations"], rows, ["---", "---"] + ["---:"] * 4)
 
 
 def terms_13b(r):
@@ -292,6 +316,7 @@ TABLES = {
     "cpu-stages": ("fast", cpu_stages),
     "cpu-construction": ("fast", cpu_construction),
     "checkpointing-policies": ("fast", checkpointing),
+    "gpu-route-gpt2": ("heavy", gpu_route),
     "terms-13b": ("heavy", terms_13b),
     "gradient-lifetime": ("heavy", gradient_lifetime),
     "all-strategies-6b": ("heavy", all_strategies),
