@@ -141,34 +141,32 @@ def cpu_stage_runs(r, stage):
     return measured, planned
 
 
-def cpu_stages(r):
-    """The steps' peak of the 4-block GPT on 2 ranks, measured and planned, by category."""
+def cpu_phase(r, label, total_line, columns, with_formula):
+    """Rank 0's split at a phase's peak in the 4-block GPT's real 2-rank runs (the report's
+    `label` rows), its measured and planned totals, and ZeRO's formula when asked."""
     rows = []
     for stage in range(4):
         measured, planned = cpu_stage_runs(r, stage)
-        got = report_row(measured, "rank 0 peak")
-        want = plan_line(planned, "step_peak_bytes_by_category", 6)
-        step_peak = plan_line(planned, "step_peak_bytes")
-        formula = report_row(measured, "ZeRO formula")[6]
-        rows.append([STAGE_NAMES[stage]] + [mib(v) for v in got[:5]] + [mib(got[6]), mib(step_peak),
-                     percent(step_peak, got[6]), mib(formula)])
-    return table(["stage", "parameters", "gradients", "optimizer", "activations", "communication",
-                  "measured peak", "`tessera plan`", "plan vs real", "formula P+G+O"], rows)
+        got = report_row(measured, label)
+        total = plan_line(planned, total_line)
+        row = [STAGE_NAMES[stage]] + [mib(got[c]) for c in columns]
+        row += [mib(got[6]), mib(total), percent(total, got[6])]
+        if with_formula:
+            row.append(mib(report_row(measured, "ZeRO formula")[6]))
+        rows.append(row)
+    header = ["stage"] + [CATEGORIES[c] for c in columns]
+    header += ["measured peak", "`tessera plan`", "plan vs real"]
+    return table(header + (["formula P+G+O"] if with_formula else []), rows)
+
+
+def cpu_stages(r):
+    """The steps' peak of the 4-block GPT on 2 ranks, measured and planned, by category."""
+    return cpu_phase(r, "rank 0 peak", "step_peak_bytes", [0, 1, 2, 3, 4], True)
 
 
 def cpu_construction(r):
-    """The construction phase (built and prepared) of the same runs, measured and planned."""
-    rows = []
-    for stage in range(4):
-        measured, planned = cpu_stage_runs(r, stage)
-        got = report_row(measured, "rank 0 construction")
-        want = plan_line(planned, "construction_peak_bytes_by_category", 6)
-        setup = plan_line(planned, "setup_peak_bytes")
-        rows.append([STAGE_NAMES[stage] + (" (sharded construction)" if stage == 3 else "")] +
-                    [mib(v) for v in got[:3]] + [mib(got[5]), mib(got[6]), mib(setup),
-                                                 percent(setup, got[6])])
-    return table(["stage", "parameters", "gradients", "optimizer", "other", "measured peak",
-                  "`tessera plan`", "plan vs real"], rows)
+    """The construction phase (built and prepared; stage 3 by sharded construction)."""
+    return cpu_phase(r, "rank 0 construction", "setup_peak_bytes", [0, 1, 2, 5], False)
 
 
 CHECKPOINT_SHAPE = ["--n-layer", "4", "--n-head", "2", "--n-embd", "64", "--seq", "64", "--batch",
@@ -362,24 +360,25 @@ def main():
                           "make (it makes: %s)" % (doc, name, ", ".join(TABLES)), file=sys.stderr)
                     return 2
 
-            def regenerate(m):
-                name, old = m.group(1), m.group(2)
+            for name, old in MARKER.findall(text):
                 if name not in wanted:
-                    return m.group(0)
+                    continue
                 found.add(name)
                 new = TABLES[name][1](runner)
-                if new != old:
-                    differ.append(name)
-                    if a.check:
-                        sys.stdout.writelines(difflib.unified_diff(
-                            old.splitlines(True), new.splitlines(True),
-                            "%s (%s, in the file)" % (doc.name, name),
-                            "%s (%s, produced now)" % (doc.name, name)))
-                return "<!-- memory-table: %s -->\n%s<!-- /memory-table -->" % (name, new)
-
-            updated = MARKER.sub(regenerate, text)
-            if not a.check and updated != text:
-                doc.write_text(updated)
+                if new == old:
+                    continue
+                differ.append(name)
+                if a.check:
+                    sys.stdout.writelines(difflib.unified_diff(
+                        old.splitlines(True), new.splitlines(True),
+                        "%s (%s, in the file)" % (doc.name, name),
+                        "%s (%s, produced now)" % (doc.name, name)))
+                    continue
+                # Written at once (a heavy table takes minutes), into the file as it is now.
+                now = doc.read_text()
+                block = re.compile(r"(<!-- memory-table: %s -->\n).*?(<!-- /memory-table -->)" %
+                                   re.escape(name), re.S)
+                doc.write_text(block.sub(lambda m: m.group(1) + new + m.group(2), now, count=1))
     missing = wanted - found
     if missing and a.tables not in ("fast", "heavy", "all"):
         print("memory_tables.py: no doc holds table(s) %s" % ", ".join(sorted(missing)),
