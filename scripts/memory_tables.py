@@ -38,8 +38,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MIB = float(1 << 20)
 GIB = float(1 << 30)
 CATEGORIES = ["parameters", "gradients", "optimizer", "activations", "communication", "other"]
-MARKER = re.compile(r"<!-- memory-table: ([A-Za-z0-9_.-]+) -->\n(.*?)<!-- /memory-table -->",
-                    re.S)
+# A marker is a line of its own (one quoted in prose is not).
+MARKER = re.compile(r"^<!-- memory-table: ([A-Za-z0-9_.-]+) -->\n(.*?)^<!-- /memory-table -->$",
+                    re.S | re.M)
 
 
 class Runner:
@@ -237,10 +238,11 @@ def gradient_lifetime(r):
     return table(["GiB per rank", "12.9B, W = 8", "6.06B, W = 2"], rows)
 
 
-# The peaks the allocator counted on 2 H100s (benchmarks/cuda/NOTES.md, 2026-11-27: bf16,
-# gradients averaged in f32, 8 x 1024 rows per GPU), GiB: measured, not planned. Stages 2 and
-# 3 then kept the averaged gradient shard between steps, through the forward.
-H100_PEAKS = {"124M": [5.448, 4.057, 4.405, 4.468], "350M": [13.534, 9.568, 10.559, 10.421]}
+# The peaks the allocator counted on 2 H100s (benchmarks/cuda/NOTES.md: bf16, gradients
+# averaged in f32, 8 x 1024 rows per GPU; 124M on 2026-11-27, 350M on 2026-11-26, when DDP's
+# tied embedding still had a gradient buffer of its own), GiB: measured, not planned. Stages 2
+# and 3 then kept the averaged gradient shard between steps, through the forward.
+H100_PEAKS = {"124M": [5.376, 4.057, 4.405, 4.468], "350M": [13.534, 9.568, 10.559, 10.421]}
 GPT2_SHAPES = {"124M": ["--n-layer", "12", "--n-head", "12", "--n-embd", "768"],
                "350M": ["--n-layer", "24", "--n-head", "16", "--n-embd", "1024"]}
 
@@ -257,7 +259,7 @@ def gpu_route(r):
             rows.append([model, STAGE_NAMES[stage], gib(plan_line(text, "peak_bytes")),
                          "%.3f" % H100_PEAKS[model][stage], "%.3f" % formula,
                          "%.3f" % term(text, "activations")])
-    return table(["model", "stage", "`tessera plan` GiB / rank", "measured on 2 H100s (2026-11-27)",
+    return table(["model", "stage", "`tessera plan` GiB / rank", "measured on 2 H100s",
                   "formula P+G+O", "activations"], rows, ["---", "---"] + ["---:"] * 4)
 
 
@@ -349,7 +351,7 @@ def main():
         runner = Runner(os.path.abspath(a.tessera), scratch)
         for doc in sorted(Path(a.docs).glob("*.md")):
             text = doc.read_text()
-            opened = text.count("<!-- memory-table:")
+            opened = len(re.findall(r"^<!-- memory-table:", text, re.M))
             if opened != len(MARKER.findall(text)):
                 print("memory_tables.py: %s: a memory-table marker is not closed by "
                       "<!-- /memory-table -->" % doc, file=sys.stderr)
@@ -376,8 +378,8 @@ def main():
                     continue
                 # Written at once (a heavy table takes minutes), into the file as it is now.
                 now = doc.read_text()
-                block = re.compile(r"(<!-- memory-table: %s -->\n).*?(<!-- /memory-table -->)" %
-                                   re.escape(name), re.S)
+                block = re.compile(r"^(<!-- memory-table: %s -->\n).*?^(<!-- /memory-table -->)$" %
+                                   re.escape(name), re.S | re.M)
                 doc.write_text(block.sub(lambda m: m.group(1) + new + m.group(2), now, count=1))
     missing = wanted - found
     if missing and a.tables not in ("fast", "heavy", "all"):
