@@ -189,9 +189,10 @@ void print_terms(const PlanArgs& a, const dist::MemoryPlan& p) {
                 gib(p.largest_bucket_bytes),
                 gib(static_cast<int64_t>(p.max_buckets_in_flight) * p.largest_bucket_bytes));
   std::printf("\n  %-20s %.3f\n", "other", gib(t.other));
-  std::printf("  %-20s %.3f GiB at the steps' peak; %.3f GiB while the model is built in "
-              "f32 and sharded\n",
-              "sum", gib(p.step_peak), gib(p.setup_peak));
+  std::printf("  %-20s %.3f GiB at the steps' peak; %.3f GiB while the model is built %s\n", "sum",
+              gib(p.step_peak), gib(p.setup_peak),
+              p.sharded_construction ? "by sharded construction (each rank its slices)"
+                                     : "in f32 and sharded");
   if (a.zero_stage == 3) {
     const int64_t bound = p.expected_stage3_bound();
     std::printf("  formula + activations + two units + buckets in flight = %.3f GiB; "
@@ -217,9 +218,10 @@ void print_plan(const PlanArgs& a, const dist::MemoryPlan& p, const Capacity& ca
                 at(C::Communication), at(C::Other), gib(total));
   };
   row("predicted peak", p.at_peak, p.peak);
-  // The f32 model before the cast and the sharding can be the higher point (ZeRO-3 on many
-  // ranks): the training steps' own peak then follows.
-  if (p.setup_peak > p.step_peak) row("  steps' peak", p.step_at_peak, p.step_peak);
+  // The two phases apart: the construction (the f32 model before the cast and the sharding,
+  // or under stage 3 the shard alone) can be the higher point (ZeRO-1/2 on many ranks).
+  row("  construction", p.setup_at_peak, p.setup_peak);
+  row("  steps' peak", p.step_at_peak, p.step_peak);
   std::array<int64_t, kNumMemoryCategories> formula{};
   formula[static_cast<int>(MemoryCategory::Parameters)] = p.formula.parameters;
   formula[static_cast<int>(MemoryCategory::Gradients)] = p.formula.gradients;
@@ -234,11 +236,17 @@ void print_plan(const PlanArgs& a, const dist::MemoryPlan& p, const Capacity& ca
   // By category, in the memory report's column order (parameters gradients optimizer
   // activations communication other), for scripts and tests.
   using C = MemoryCategory;
-  std::printf("peak_bytes_by_category");
-  for (C c : {C::Parameters, C::Gradients, C::OptimizerState, C::Activations, C::Communication,
-              C::Other})
-    std::printf(" %lld", (long long)p.at_peak[static_cast<int>(c)]);
-  std::printf("\nstep_peak_bytes %lld\nsetup_peak_bytes %lld\n", (long long)p.step_peak,
+  auto by_category = [](const char* name, const std::array<int64_t, kNumMemoryCategories>& b) {
+    std::printf("%s", name);
+    for (C c : {C::Parameters, C::Gradients, C::OptimizerState, C::Activations, C::Communication,
+                C::Other})
+      std::printf(" %lld", (long long)b[static_cast<int>(c)]);
+    std::printf("\n");
+  };
+  by_category("peak_bytes_by_category", p.at_peak);
+  by_category("construction_peak_bytes_by_category", p.setup_at_peak);
+  by_category("step_peak_bytes_by_category", p.step_at_peak);
+  std::printf("step_peak_bytes %lld\nsetup_peak_bytes %lld\n", (long long)p.step_peak,
               (long long)p.setup_peak);
   std::printf("buckets_in_flight_bound_bytes %lld\nshard_gradient_bytes %lld\n",
               (long long)(static_cast<int64_t>(p.max_buckets_in_flight) * p.largest_bucket_bytes),

@@ -35,7 +35,39 @@ void take_launch_settings(AcceleratorOptions& o) {
         static_cast<int>(setting_integer(Setting::GradientAccumulationSteps));
   o.cpu = o.cpu || setting_enabled(Setting::UseCpu);
 }
+
+// FSDP's strategy name and a DeepSpeed file fill zero_stage, offload, buckets, accumulation
+// and precision; what is given twice must agree (checked before any work). A training run
+// hands the file over parsed (train::accelerator_options); a library user may name it instead.
+void resolve_sharding(AcceleratorOptions& o) {
+  if (!o.fsdp_sharding_strategy.empty()) {
+    const int stage = fsdp_sharding_stage(o.fsdp_sharding_strategy);
+    refuse_contradiction(o.zero_stage < 0 || o.zero_stage == stage,
+                         "Accelerator: fsdp_sharding_strategy " + o.fsdp_sharding_strategy,
+                         "ZeRO stage " + std::to_string(stage), "zero_stage",
+                         std::to_string(o.zero_stage));
+    o.zero_stage = stage;
+  }
+  if (!o.deepspeed && !o.deepspeed_config.empty())
+    o.deepspeed = DeepSpeedConfig::read(o.deepspeed_config);
+  if (o.deepspeed) o.deepspeed->apply_to(o);
+}
+
+// The stage of options whose sharding settings are resolved: theirs, else TESSERA_ZERO_STAGE.
+int zero_stage_of(const AcceleratorOptions& o) {
+  const int stage =
+      o.zero_stage >= 0 ? o.zero_stage : static_cast<int>(setting_integer(Setting::ZeroStage));
+  TESSERA_CHECK(stage >= 0 && stage <= 3,  // TESSERA_ZERO_STAGE is checked as read
+                "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ", stage);
+  return stage;
+}
 }  // namespace
+
+int resolved_zero_stage(AcceleratorOptions options) {
+  take_launch_settings(options);
+  resolve_sharding(options);
+  return zero_stage_of(options);
+}
 
 Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
   check_tracker_options();  // before anything is created
@@ -50,12 +82,9 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
       mixed_precision_ == "no" || mixed_precision_ == "fp16" || mixed_precision_ == "bf16",
       "Accelerator: mixed_precision must be no, fp16 or bf16; got '", mixed_precision_, "'");
   policy_ = MixedPrecisionPolicy::from_name(
-      mixed_precision_,
-      options_.reduce_dtype.empty() ? setting_text(Setting::ReduceDtype) : options_.reduce_dtype);
-  zero_stage_ = options_.zero_stage >= 0 ? options_.zero_stage
-                                         : static_cast<int>(setting_integer(Setting::ZeroStage));
-  TESSERA_CHECK(zero_stage_ >= 0 && zero_stage_ <= 3,  // TESSERA_ZERO_STAGE is checked as read
-                "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ", zero_stage_);
+      mixed_precision_, options_.reduce_dtype.empty() ? setting_text(Setting::ReduceDtype)
+                                                      : options_.reduce_dtype);
+  zero_stage_ = zero_stage_of(options_);
   TESSERA_CHECK(
       zero_stage_ > 0 || !(options_.offload_optimizer || options_.offload_param),
       "Accelerator: offload_optimizer and offload_param need a ZeRO stage (zero_stage >= 1); "
@@ -86,23 +115,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
       std::cerr << options_.deepspeed->source << ": note: " << note << "\n";
 }
 
-// FSDP's strategy name and a DeepSpeed file fill zero_stage, offload, buckets, accumulation
-// and precision; what is given twice must agree (checked before any work).
-void Accelerator::resolve_sharding_options() {
-  if (!options_.fsdp_sharding_strategy.empty()) {
-    const int stage = fsdp_sharding_stage(options_.fsdp_sharding_strategy);
-    refuse_contradiction(options_.zero_stage < 0 || options_.zero_stage == stage,
-                         "Accelerator: fsdp_sharding_strategy " + options_.fsdp_sharding_strategy,
-                         "ZeRO stage " + std::to_string(stage), "zero_stage",
-                         std::to_string(options_.zero_stage));
-    options_.zero_stage = stage;
-  }
-  // A training run hands the file over parsed (train::accelerator_options); a library user
-  // may name it instead.
-  if (!options_.deepspeed && !options_.deepspeed_config.empty())
-    options_.deepspeed = DeepSpeedConfig::read(options_.deepspeed_config);
-  if (options_.deepspeed) options_.deepspeed->apply_to(options_);
-}
+void Accelerator::resolve_sharding_options() { resolve_sharding(options_); }
 
 // Hybrid sharding: hybrid_shard_size, or for FSDP's HYBRID_SHARD / _HYBRID_SHARD_ZERO2 without
 // it the ranks per node; checked against the world size, the stage and offload.
@@ -279,9 +292,7 @@ MemoryUsage Accelerator::memory_usage(const nn::Module& model) const {
 
 void Accelerator::reset_memory_peak() { reset_category_peak(device_.type); }
 
-std::string Accelerator::memory_report(const nn::Module& model) {
-  DataParallelStrategy* s = strategy_of(model);
-  TESSERA_CHECK(s, "Accelerator::memory_report: the model was not prepared");
+std::vector<RankMemory> Accelerator::gather_rank_memory() {
   const CategoryMemoryStats stats = category_memory_stats(device_.type);
   std::vector<int64_t> mine(stats.in_use.begin(), stats.in_use.end());
   mine.insert(mine.end(), stats.at_peak.begin(), stats.at_peak.end());
@@ -290,7 +301,6 @@ std::string Accelerator::memory_report(const nn::Module& model) {
   const std::vector<int64_t> all =
       gather(ops::to(from_vector(mine, {1, width}, {.dtype = DType::i64}), device_, DType::i64))
           .to_vector<int64_t>();
-  if (!is_main_process()) return "";
   std::vector<RankMemory> ranks(num_processes());
   for (int r = 0; r < num_processes(); ++r) {
     const int64_t* row = all.data() + r * width;
@@ -298,6 +308,19 @@ std::string Accelerator::memory_report(const nn::Module& model) {
     std::copy(row + kNumMemoryCategories, row + 2 * kNumMemoryCategories, ranks[r].at_peak.begin());
     ranks[r].peak = row[2 * kNumMemoryCategories];
   }
+  return ranks;
+}
+
+void Accelerator::end_memory_phase(const std::string& phase) {
+  memory_phases_.push_back({phase, gather_rank_memory()});
+  reset_memory_peak();
+}
+
+std::string Accelerator::memory_report(const nn::Module& model) {
+  DataParallelStrategy* s = strategy_of(model);
+  TESSERA_CHECK(s, "Accelerator::memory_report: the model was not prepared");
+  const std::vector<RankMemory> ranks = gather_rank_memory();
+  if (!is_main_process()) return "";
   std::set<const TensorImpl*> seen;
   int64_t psi = 0;
   DType dtype = DType::f32;
@@ -315,7 +338,8 @@ std::string Accelerator::memory_report(const nn::Module& model) {
       header, ranks,
       // Hybrid sharding keeps ZeRO's state of a shard group: Psi over its ranks.
       zero_memory_formula(psi, dtype_size(dtype), masters, zero_stage_,
-                          hybrid_shard_size_ > 0 ? hybrid_shard_size_ : num_processes()));
+                          hybrid_shard_size_ > 0 ? hybrid_shard_size_ : num_processes()),
+      memory_phases_);
   if (!memory_categories_enabled())
     table += "(counting was off: call enable_memory_categories(true) first)\n";
   return table;

@@ -35,8 +35,9 @@
 #include "tessera/data/dataloader.h"
 #include "tessera/dist/ddp.h"
 #include "tessera/dist/deepspeed_config.h"
-#include "tessera/dist/strategy.h"
+#include "tessera/dist/memory_report.h"
 #include "tessera/dist/process_group.h"
+#include "tessera/dist/strategy.h"
 #include "tessera/dist/trackers.h"
 #include "tessera/dist/zero.h"
 #include "tessera/nn/module.h"
@@ -112,6 +113,13 @@ struct AcceleratorOptions {
 };
 
 class Accelerator;
+
+// The ZeRO stage (0 = DDP) an Accelerator made with `options` runs, resolved as its
+// constructor resolves it: the options, what the launch environment passed on, FSDP's
+// strategy name, the DeepSpeed file, TESSERA_ZERO_STAGE. For a program that must know it
+// before the Accelerator exists: `tessera train` builds its model under sharded construction
+// (Accelerator::sharded_init's deferred initialisation) when this is 3.
+int resolved_zero_stage(AcceleratorOptions options);
 
 // The scope of one micro-step (see accumulate()). While it lives, gradient sync is off
 // (except on the syncing micro-step) and, with mixed precision, autocast is on.
@@ -191,6 +199,11 @@ class Accelerator {
   // ZeRO's formula for the prepared model; the table on the main process, "" elsewhere.
   std::string memory_report(const nn::Module& model);
   void reset_memory_peak();
+  // Collective. Ends a phase of the memory report: every rank's peak since the last reset
+  // (and the split at it) is kept as `phase`, printed by memory_report() above the rows of
+  // what follows ("rank 0 construction"), and the peak is reset. `tessera train
+  // --memory-report` ends "construction" (the model built and prepared) before training.
+  void end_memory_phase(const std::string& phase);
 
   // ---- training ----
   // Enters a micro-step: gradients are synchronised only on every
@@ -345,6 +358,9 @@ class Accelerator {
   };
   Share share_of(int64_t n, bool apply_padding) const;
   void check_sharded_init() const;
+  // Collective: every rank's bytes by category now and at its peak (memory_report's rows).
+  std::vector<RankMemory> gather_rank_memory();
+  std::vector<MemoryPhase> memory_phases_;
   void unscale_gradients();
   // Where a collective on `t` runs: its own device, or the run's device for a host tensor
   // the backend cannot move (NCCL).

@@ -6,6 +6,7 @@
 
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/functions.h"
+#include "tessera/core/deferred_init.h"
 #include "tessera/core/size_only.h"
 #include "tessera/dist/accelerator.h"
 #include "tessera/dist/ddp.h"
@@ -124,11 +125,13 @@ MemoryPlan::Terms MemoryPlan::terms() const {
   Terms t;
   t.shard_parameters = peak_of(C::Parameters);
   t.optimizer = peak_of(C::OptimizerState);
-  // Under stages 2/3 what stays between steps is the shard; the rest at the peak is buckets
-  // of full gradients being filled or reduced. DDP and stage 1 hold the full gradient.
-  t.shard_gradients = max_buckets_in_flight == 0
-                          ? peak_of(C::Gradients)
-                          : std::min(peak_of(C::Gradients), steady[static_cast<int>(C::Gradients)]);
+  // Under stages 2/3 the averaged shard (alive from a step's first reduce-scatter to its
+  // update: ZeRO's pΨ/W, or what stays between steps when that is more, the buckets' padding);
+  // the rest at the peak is buckets of full gradients being filled or reduced. DDP and stage 1
+  // hold the full gradient.
+  const int64_t shard = std::max(formula.gradients, steady[static_cast<int>(C::Gradients)]);
+  t.shard_gradients =
+      max_buckets_in_flight == 0 ? peak_of(C::Gradients) : std::min(peak_of(C::Gradients), shard);
   t.buckets_in_flight = peak_of(C::Gradients) - t.shard_gradients;
   t.activations = peak_of(C::Activations);
   t.gathered_units = peak_of(C::Communication);
@@ -163,7 +166,13 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
   reset_category_peak(DeviceType::CPU);
   MemoryPlan plan;
   {
+    // Stage 3 builds as `tessera train` does (train/run.cpp): placeholders, each rank's slice
+    // filled by the strategy.
+    plan.sharded_construction = o.zero_stage == 3;
+    std::optional<DeferredInitGuard> deferred;
+    if (plan.sharded_construction) deferred.emplace();
     nn::GPT model(o.model);
+    deferred.reset();
     model.gradient_checkpointing_enable(o.gradient_checkpointing);
     auto group = std::make_shared<SizeOnlyProcessGroup>(o.world);
     std::unique_ptr<DataParallelStrategy> strategy;
@@ -184,6 +193,7 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
     // `tessera train` does on its device): a peak of its own, which can be the run's.
     const CategoryMemoryStats setup = category_memory_stats(DeviceType::CPU);
     plan.setup_peak = setup.peak;
+    plan.setup_at_peak = setup.at_peak;
     reset_category_peak(DeviceType::CPU);
     // Two steps: the optimizer state appears in the first, the second's backward runs with it.
     for (int step = 0; step < 2; ++step) training_step(model, *strategy, opt, o, policy);

@@ -53,10 +53,12 @@ struct MemoryPlan {
   int64_t psi = 0;                                      // trainable parameters
   int64_t peak = 0;                                     // bytes at the most
   std::array<int64_t, kNumMemoryCategories> at_peak{};  // by category at that moment
-  // The setup (the model built in f32, cast and sharded) and the training steps apart:
-  // peak is the larger of the two.
+  // The construction (the model built, cast and sharded, as `tessera train` builds it: whole
+  // in f32 on every rank, or under stage 3 by sharded construction, each rank filling only
+  // its slices) and the training steps apart: peak is the larger of the two.
   int64_t setup_peak = 0, step_peak = 0;
-  std::array<int64_t, kNumMemoryCategories> step_at_peak{};
+  std::array<int64_t, kNumMemoryCategories> setup_at_peak{}, step_at_peak{};
+  bool sharded_construction = false;
   std::array<int64_t, kNumMemoryCategories> steady{};   // between steps (after zero_grad)
   int64_t host_peak = 0;  // host memory of the run under offload (0 without)
   ZeroMemoryFormula formula;

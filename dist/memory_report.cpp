@@ -29,7 +29,7 @@ void row(std::ostringstream& os, const std::string& label,
   char line[256];
   using C = MemoryCategory;
   auto at = [&](C c) { return mib(b[static_cast<int>(c)]); };
-  std::snprintf(line, sizeof line, "%-16s %11s %11s %11s %13s %13s %9s %11s\n", label.c_str(),
+  std::snprintf(line, sizeof line, "%-20s %11s %11s %11s %13s %13s %9s %11s\n", label.c_str(),
                 at(C::Parameters).c_str(), at(C::Gradients).c_str(), at(C::OptimizerState).c_str(),
                 at(C::Activations).c_str(), at(C::Communication).c_str(), at(C::Other).c_str(),
                 mib(total).c_str());
@@ -39,14 +39,19 @@ void row(std::ostringstream& os, const std::string& label,
 }  // namespace
 
 std::string format_memory_report(const MemoryReportHeader& h, const std::vector<RankMemory>& ranks,
-                                 const ZeroMemoryFormula& formula) {
+                                 const ZeroMemoryFormula& formula,
+                                 const std::vector<MemoryPhase>& phases) {
   std::ostringstream os;
   os << "memory per rank (MiB) under " << h.strategy << " on " << h.world
      << " process(es), psi = " << h.psi << " parameters, " << h.precision << "\n";
   char head[256];
-  std::snprintf(head, sizeof head, "%-16s %11s %11s %11s %13s %13s %9s %11s\n", "", "parameters",
+  std::snprintf(head, sizeof head, "%-20s %11s %11s %11s %13s %13s %9s %11s\n", "", "parameters",
                 "gradients", "optimizer", "activations", "communication", "other", "total");
   os << head;
+  for (const MemoryPhase& phase : phases)
+    for (size_t r = 0; r < phase.ranks.size(); ++r)
+      row(os, "rank " + std::to_string(r) + " " + phase.name, phase.ranks[r].at_peak,
+          phase.ranks[r].peak);
   for (size_t r = 0; r < ranks.size(); ++r) {
     int64_t now = 0;
     for (int64_t b : ranks[r].now) now += b;

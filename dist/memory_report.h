@@ -39,9 +39,19 @@ struct MemoryReportHeader {
   std::string precision;  // "f32", "bf16 parameters + f32 masters"
 };
 
-// The table the memory report prints: one row per rank (now and at peak) and the formula.
+// An earlier phase of the run (its `now` is not printed): "construction", the model built
+// and prepared, whose peak can be the run's.
+struct MemoryPhase {
+  std::string name;
+  std::vector<RankMemory> ranks;
+};
+
+// The table the memory report prints: each earlier phase's peak per rank ("rank 0
+// construction"), then one row per rank now and at its peak since those phases, and the
+// formula.
 std::string format_memory_report(const MemoryReportHeader& header,
                                  const std::vector<RankMemory>& ranks,
-                                 const ZeroMemoryFormula& formula);
+                                 const ZeroMemoryFormula& formula,
+                                 const std::vector<MemoryPhase>& phases = {});
 
 }  // namespace tessera::dist

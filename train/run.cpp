@@ -6,12 +6,14 @@
 #include <iostream>
 #include <sstream>
 
+#include "tessera/core/deferred_init.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/random.h"
 #include "tessera/dist/env.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/llama.h"
+#include "tessera/train/accelerator_options.h"
 #include "tessera/train/checkpoint_files.h"
 #include "tessera/train/model_dir.h"
 #include "tessera/train/run_checks.h"
@@ -160,9 +162,19 @@ int64_t fresh_vocab_size(const TrainingArguments& args, const data::TokenFile& t
                              : static_cast<int64_t>(train_file.max_token()) + 1;
 }
 
+// Under ZeRO-3 (as the Accelerator will resolve the stage) the model is built under sharded
+// construction (Accelerator::sharded_init's deferred initialisation): its parameters are
+// placeholders until prepare() fills each rank's slice with the eager construction's bits,
+// so no rank holds the whole model.
+bool builds_sharded(const TrainingArguments& args) {
+  return dist::resolved_zero_stage(accelerator_options(args, /*equal_batch_shapes=*/true)) == 3;
+}
+
 std::unique_ptr<nn::CausalLM> build_model(const TrainingArguments& args,
                                           const data::TokenFile& train_file,
                                           const data::Tokenizer* tokenizer) {
+  std::optional<DeferredInitGuard> sharded;
+  if (builds_sharded(args)) sharded.emplace();
   if (!args.resume_from_checkpoint.empty()) {  // weights come with the checkpoint's state
     const std::string config = (fs::path(args.resume_from_checkpoint) / "config.json").string();
     if (nn::model_type_of(config) == "llama")
@@ -174,7 +186,12 @@ std::unique_ptr<nn::CausalLM> build_model(const TrainingArguments& args,
   if (!args.init.empty()) {
     std::unique_ptr<nn::CausalLM> model = load_model(args.init, Device::cpu());
     check_dropout_applies(*model, args);
-    check_weights_finite(*model, "the initial weights from --init '" + args.init + "'");
+    const std::string what = "the initial weights from --init '" + args.init + "'";
+    // Placeholders hold no values yet: the file they will be read from is checked instead.
+    if (sharded)
+      check_weights_finite(fs::path(args.init) / "model.safetensors", what);
+    else
+      check_weights_finite(*model, what);
     return model;
   }
   const int64_t vocab_size = fresh_vocab_size(args, train_file, tokenizer);
@@ -342,6 +359,8 @@ int run_training(const TrainingArguments& args) {
   }
   Trainer trainer(args, *model, train_file, val_file, language_model_metrics, checkpoint_files);
   const bool main_process = trainer.accelerator().is_main_process();
+  // The model built and prepared: its own rows in the report, the steps' peak after them.
+  if (args.memory_report) trainer.accelerator().end_memory_phase("construction");
   if (args.memory_report)  // every rank: the report gathers each one's counters
     trainer.add_callback(std::make_shared<MemoryReportCallback>(trainer.accelerator(), *model));
   if (args.early_stopping_patience > 0)
