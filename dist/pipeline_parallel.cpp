@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <sstream>
 
 #include "tessera/autograd/functions.h"
@@ -72,49 +73,61 @@ double theoretical_bubble(int stages, int micro_batches) {
   return double(stages - 1) / double(micro_batches + stages - 1);
 }
 
-std::vector<PipelineTimeline> simulate_pipeline(PipelineSchedule schedule, int stages,
-                                                int micro_batches, double forward_slots,
-                                                double backward_slots) {
-  std::vector<std::vector<PipelineOp>> orders;
-  for (int s = 0; s < stages; ++s) orders.push_back(pipeline_ops(schedule, s, stages, micro_batches));
+std::vector<PipelineTimeline> replay_pipeline(const std::vector<std::vector<PipelineEvent>>& ops) {
+  const int stages = static_cast<int>(ops.size());
+  int micro_batches = 0;
+  size_t remaining = 0;
+  for (const auto& stage_ops : ops) {
+    for (const PipelineEvent& e : stage_ops) micro_batches = std::max(micro_batches, e.op.micro_batch + 1);
+    remaining += stage_ops.size();
+  }
   // When each stage's forward / backward of each micro-batch ended (< 0: not yet run).
   std::vector<std::vector<double>> forward_end(stages, std::vector<double>(micro_batches, -1));
   std::vector<std::vector<double>> backward_end = forward_end;
   std::vector<PipelineTimeline> timelines(stages);
   std::vector<size_t> next(stages, 0);
   std::vector<double> free_at(stages, 0);
-  size_t remaining = static_cast<size_t>(2 * stages * micro_batches);
   while (remaining > 0) {
     bool progressed = false;
     for (int s = 0; s < stages; ++s) {
-      while (next[s] < orders[s].size()) {
-        const PipelineOp op = orders[s][next[s]];
-        const bool fwd = op.kind == PipelineOp::forward;
+      for (; next[s] < ops[s].size(); ++next[s], --remaining, progressed = true) {
+        const PipelineEvent& e = ops[s][next[s]];
+        const int m = e.op.micro_batch;
+        const bool fwd = e.op.kind == PipelineOp::forward;
         // The input of this op: the previous stage's forward, or the next stage's backward.
         double ready = 0;
-        if (fwd && s > 0) ready = forward_end[s - 1][op.micro_batch];
-        if (!fwd && s < stages - 1) ready = backward_end[s + 1][op.micro_batch];
-        if (!fwd && forward_end[s][op.micro_batch] < 0) ready = -1;
+        if (fwd && s > 0) ready = forward_end[s - 1][m];
+        if (!fwd && s < stages - 1) ready = backward_end[s + 1][m];
+        if (!fwd && forward_end[s][m] < 0) ready = -1;
         if (ready < 0) break;
         const double start = std::max(free_at[s], ready);
-        const double end = start + (fwd ? forward_slots : backward_slots);
-        (fwd ? forward_end : backward_end)[s][op.micro_batch] = end;
-        timelines[s].events.push_back({op, start, end});
-        free_at[s] = end, ++next[s], --remaining, progressed = true;
+        free_at[s] = (fwd ? forward_end : backward_end)[s][m] = start + (e.end_s - e.start_s);
+        timelines[s].events.push_back({e.op, start, free_at[s], e.end_s - e.start_s});
       }
     }
     if (!progressed) {
       std::ostringstream waiting;
       for (int s = 0; s < stages; ++s) {
-        const PipelineOp& op = orders[s][next[s]];
-        waiting << (s ? ", " : "") << "stage " << s << ": "
+        if (next[s] == ops[s].size()) continue;
+        const PipelineOp& op = ops[s][next[s]].op;
+        waiting << " stage " << s << ": "
                 << (op.kind == PipelineOp::forward ? "forward " : "backward ") << op.micro_batch;
       }
-      TESSERA_CHECK(false, "simulate_pipeline: the ", pipeline_schedule_name(schedule),
-                    " schedule cannot finish (", waiting.str(), ")");
+      TESSERA_CHECK(false, "replay_pipeline: the stages' orders cannot finish (next:",
+                    waiting.str(), ")");
     }
   }
   return timelines;
+}
+
+std::vector<PipelineTimeline> simulate_pipeline(PipelineSchedule schedule, int stages,
+                                                int micro_batches, double forward_slots,
+                                                double backward_slots) {
+  std::vector<std::vector<PipelineEvent>> ops(stages);
+  for (int s = 0; s < stages; ++s)
+    for (const PipelineOp& op : pipeline_ops(schedule, s, stages, micro_batches))
+      ops[s].push_back({op, 0, op.kind == PipelineOp::forward ? forward_slots : backward_slots});
+  return replay_pipeline(ops);
 }
 
 // ---- the cut and the refusals ----
@@ -153,6 +166,11 @@ GroupPtr pipeline_parallel_group(ProcessGroup& world, int pp_size) {
 namespace {
 double seconds_since(std::chrono::steady_clock::time_point origin) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - origin).count();
+}
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 std::vector<int> all_ranks(const ProcessGroup& group) {
   std::vector<int> ranks(group.size());
@@ -274,7 +292,7 @@ void PipelineParallelCausalLM::forward_micro_batch(int m, StepState& step) {
     input.requires_grad_();  // stage - 1 needs the gradient of this input
     step.inputs[m] = input;
   }
-  const double start = seconds_since(step.origin);
+  const double start = seconds_since(step.origin), cpu = thread_cpu_s();
   const int64_t row = m * step.rows;
   Tensor x = first_stage() ? embed(raw::contiguous(raw::narrow(step.idx, 0, row, step.rows)))
                            : input;
@@ -290,7 +308,8 @@ void PipelineParallelCausalLM::forward_micro_batch(int m, StepState& step) {
     step.sends.push_back(group_->send(step.sent.back(), stage() + 1));
   }
   step.outputs[m] = out;
-  timeline_.events.push_back({{PipelineOp::forward, m}, start, seconds_since(step.origin)});
+  timeline_.events.push_back(
+      {{PipelineOp::forward, m}, start, seconds_since(step.origin), thread_cpu_s() - cpu});
 }
 
 void PipelineParallelCausalLM::backward_micro_batch(int m, StepState& step) {
@@ -302,14 +321,15 @@ void PipelineParallelCausalLM::backward_micro_batch(int m, StepState& step) {
     grad = empty(out.shape(), {.dtype = out.dtype(), .device = out.device()});
     gradients_->recv(grad, stage() + 1)->wait();
   }
-  const double start = seconds_since(step.origin);
+  const double start = seconds_since(step.origin), cpu = thread_cpu_s();
   out.backward(grad);
   if (!first_stage()) {
     step.sent.push_back(step.inputs[m].grad().contiguous());
     step.sends.push_back(gradients_->send(step.sent.back(), stage() - 1));
   }
   out = step.inputs[m] = Tensor();  // micro-batch m's activations can go
-  timeline_.events.push_back({{PipelineOp::backward, m}, start, seconds_since(step.origin)});
+  timeline_.events.push_back(
+      {{PipelineOp::backward, m}, start, seconds_since(step.origin), thread_cpu_s() - cpu});
 }
 
 void PipelineParallelCausalLM::reduce_tied_gradient() {
@@ -324,23 +344,39 @@ void PipelineParallelCausalLM::reduce_tied_gradient() {
 PipelineBubble PipelineParallelCausalLM::bubble() const {
   PipelineBubble out;
   // Every stage's busy time and stage 0's span; durations only, so no two clocks meet.
-  Tensor figures = zeros({stages() + 1}, {.dtype = DType::f64});
-  {
-    std::vector<double> mine(stages() + 1, 0.0);
-    mine[stage()] = timeline_.busy_s();
-    if (first_stage()) mine[stages()] = timeline_.span_s();
-    figures = from_vector(mine, {stages() + 1}, {.dtype = DType::f64});
-  }
-  group_->all_reduce(figures)->wait();
-  std::vector<double> values = figures.to_vector<double>();
-  out.span_s = values.back();
-  values.pop_back();
-  out.measured = pipeline_bubble(values, out.span_s);
-  out.stage0 = 1 - values.front() / out.span_s;
-  std::vector<double> slots;
-  const auto logical = simulate_pipeline(options_.schedule, stages(), options_.micro_batches);
-  for (const PipelineTimeline& t : logical) slots.push_back(t.busy_s());
-  out.logical = pipeline_bubble(slots, logical.front().span_s());
+  std::vector<double> figures(stages() + 1, 0.0);
+  figures[stage()] = timeline_.busy_s();
+  if (first_stage()) figures[stages()] = timeline_.span_s();
+  Tensor summed = from_vector(figures, {stages() + 1}, {.dtype = DType::f64});
+  group_->all_reduce(summed)->wait();
+  figures = summed.to_vector<double>();
+  out.span_s = figures.back();
+  figures.pop_back();
+  out.measured = pipeline_bubble(figures, out.span_s);
+  out.stage0 = 1 - figures.front() / out.span_s;
+  // Every stage's ops as it ran them: kind, micro-batch, CPU seconds (2m ops per stage).
+  const int64_t n = static_cast<int64_t>(timeline_.events.size());
+  std::vector<double> mine;
+  for (const PipelineEvent& e : timeline_.events)
+    mine.insert(mine.end(), {double(e.op.kind), double(e.op.micro_batch), e.cpu_s});
+  Tensor all = empty({stages() * 3 * n}, {.dtype = DType::f64});
+  group_->all_gather(all, from_vector(mine, {3 * n}, {.dtype = DType::f64}))->wait();
+  const std::vector<double> ops = all.to_vector<double>();
+  std::vector<std::vector<PipelineEvent>> by_cpu(stages()), by_slots(stages());
+  for (int s = 0; s < stages(); ++s)
+    for (int64_t i = 0; i < n; ++i) {
+      const double* op = &ops[3 * (s * n + i)];
+      const PipelineOp what{op[0] == 0 ? PipelineOp::forward : PipelineOp::backward, int(op[1])};
+      by_cpu[s].push_back({what, 0, op[2]});
+      by_slots[s].push_back({what, 0, what.kind == PipelineOp::forward ? 1.0 : 2.0});
+    }
+  auto bubble_of = [&](const std::vector<PipelineTimeline>& replayed) {
+    std::vector<double> busy;
+    for (const PipelineTimeline& t : replayed) busy.push_back(t.busy_s());
+    return pipeline_bubble(busy, replayed.front().span_s());
+  };
+  out.replayed = bubble_of(replay_pipeline(by_cpu));
+  out.logical = bubble_of(replay_pipeline(by_slots));
   out.theory = theoretical_bubble(stages(), options_.micro_batches);
   return out;
 }

@@ -57,7 +57,10 @@ std::vector<PipelineOp> pipeline_ops(PipelineSchedule schedule, int stage, int s
 // ---- the timeline ----
 struct PipelineEvent {
   PipelineOp op;
-  double start_s = 0, end_s = 0;  // seconds on the stage's clock
+  double start_s = 0, end_s = 0;  // seconds on the stage's steady clock
+  // CPU seconds the stage's thread spent in the op: its compute alone, not the time other
+  // processes on the same cores took from it (with one compute thread per rank).
+  double cpu_s = 0;
 };
 
 // What one stage ran in one step, in order.
@@ -78,11 +81,14 @@ double pipeline_bubble(const std::vector<double>& busy_s, double span_s);
 // GPipe's (p - 1) / (m + p - 1), for equal work on every stage.
 double theoretical_bubble(int stages, int micro_batches);
 
-// The schedule on a logical clock: each stage runs its pipeline_ops in order, an op starting
-// when the stage is free and its input is there (a forward: the previous stage's forward of
-// that micro-batch; a backward: the next stage's backward of it), forwards taking
-// `forward_slots` and backwards `backward_slots`. One timeline per stage. Refuses a schedule
-// that cannot finish (no stage can start its next op), naming the stages' next ops.
+// Every stage's ops in order, each with how long it takes, placed on a logical clock: an op
+// starts when its stage is free and its input is there (a forward: the previous stage's
+// forward of that micro-batch; a backward: the next stage's backward of it), as if every stage
+// had a processor of its own. One timeline per stage. Refuses orders that cannot finish (no
+// stage can start its next op), naming the stages' next ops.
+std::vector<PipelineTimeline> replay_pipeline(const std::vector<std::vector<PipelineEvent>>& ops);
+// The schedule's pipeline_ops replayed with forwards of `forward_slots` and backwards of
+// `backward_slots`.
 std::vector<PipelineTimeline> simulate_pipeline(PipelineSchedule schedule, int stages,
                                                 int micro_batches, double forward_slots = 1,
                                                 double backward_slots = 2);
@@ -111,11 +117,15 @@ struct PipelineOptions {
 
 // The figures of the last step's timeline (PipelineParallelCausalLM::bubble).
 struct PipelineBubble {
-  double measured = 0;   // pipeline_bubble of the stages' wall-clock busy times and span
-  double stage0 = 0;     // stage 0's idle_fraction (its span is the step's)
-  double logical = 0;    // pipeline_bubble of simulate_pipeline (1 slot forward, 2 backward)
-  double theory = 0;     // theoretical_bubble
-  double span_s = 0;     // the step's span, seconds
+  double measured = 0;  // pipeline_bubble of the stages' wall-clock busy times and span
+  double stage0 = 0;    // stage 0's wall-clock idle_fraction (its span is the step's)
+  // The ops every stage recorded, in the order it ran them, replayed (replay_pipeline) with
+  // each op's CPU time: the bubble of the run's own order and work with a processor per stage.
+  double replayed = 0;
+  // The same order replayed in op slots (1 per forward, 2 per backward).
+  double logical = 0;
+  double theory = 0;  // theoretical_bubble
+  double span_s = 0;  // the step's wall-clock span, seconds
 };
 
 // An nn::GPT or nn::Llama cut into the stages of a pipeline group. Stage s holds blocks
