@@ -11,17 +11,19 @@
 // "rank R: refused: MESSAGE" (exit 2). With --save-dir, the model directory save_pretrained
 // writes is read back by nn::load_causal_lm and must hold the gathered parameters, to the bit.
 //
-// With --bubble there is no comparison: a wider model (--width, default 192; 2 blocks per
-// stage, tokens 32) trains --steps steps (default 3) and each rank prints the bubble of the
-// last step's timeline: "rank R: bubble p P m M SCHEDULE: wall-clock W (stage 0 S), logical L,
-// theory T -> OK" where OK means the logical figure is within 10% of the theory (and, with
-// --assert-wall-clock, the wall-clock figure too). --timeline prints every stage's ops.
+// With --bubble there is no comparison: a wider model (--width, default 128; 2 blocks per
+// stage, tokens 32) trains --steps steps (default 2) and each rank prints the bubble of the
+// last step's timeline (PipelineParallelCausalLM::bubble): "rank R: bubble p P m M SCHEDULE:
+// wall-clock W (stage 0 S, span ...), replayed CPU time C, logical L, theory T -> OK", where OK
+// means the logical figure (the stages' recorded orders in op slots) is within 10% of the
+// theory, and with --assert-replayed / --assert-wall-clock those figures too. --timeline
+// prints every stage's ops (ms: start, end, CPU time).
 //
 // usage: dist_pp_check [--model gpt|llama] [--pp N (world size)] [--micro-batches M (8)]
 //                      [--schedule afab|1f1b] [--steps S] [--layers L (5)] [--vocab V (97)]
 //                      [--rows B (16)] [--untied] [--tied] [--rtol R] [--lr LR] [--eps EPS]
 //                      [--save-dir DIR] [--bubble] [--width C] [--assert-wall-clock]
-//                      [--timeline] [--verbose (rank 0 prints every figure)]
+//                      [--assert-replayed] [--timeline] [--verbose (rank 0 prints every figure)]
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -45,7 +47,7 @@ struct Options {
   int pp = 0, steps = -1, micro_batches = 8;
   int64_t layers = 5, vocab = 97, rows = 16, tokens = 11, width = 32;
   bool untied = false, tied = false, verbose = false, bubble = false, assert_wall_clock = false,
-       timeline = false;
+       assert_replayed = false, timeline = false;
   double rtol = 1e-6, lr = 1e-3, eps = 1e-8;
 };
 
@@ -120,10 +122,11 @@ Options parse(int argc, char** argv) {
     else if (a == "--save-dir") o.save_dir = next();
     else if (a == "--bubble") o.bubble = true;
     else if (a == "--assert-wall-clock") o.assert_wall_clock = true;
+    else if (a == "--assert-replayed") o.assert_replayed = true;
     else if (a == "--timeline") o.timeline = true;
     else if (a == "--verbose") o.verbose = true;
   }
-  if (o.steps < 0) o.steps = o.bubble ? 3 : 10;
+  if (o.steps < 0) o.steps = o.bubble ? 2 : 10;
   return o;
 }
 
@@ -132,7 +135,7 @@ Options parse(int argc, char** argv) {
 int check_bubble(Options o, dist::ProcessGroup& world) {
   const int pp = o.pp ? o.pp : world.size();
   o.layers = 2 * pp, o.tokens = 32, o.vocab = 64;
-  if (o.width == 32) o.width = 192;
+  if (o.width == 32) o.width = 128;
   dist::GroupPtr group = dist::pipeline_parallel_group(world, pp);
   auto pipe = dist::pipeline_parallel(
       *build(o), group,
@@ -148,14 +151,14 @@ int check_bubble(Options o, dist::ProcessGroup& world) {
     std::string ops;
     for (const dist::PipelineEvent& e : pipe->timeline().events) {
       char item[64];
-      std::snprintf(item, sizeof item, " %c%d[%.1f,%.1f]", e.op.kind ? 'B' : 'F',
-                    e.op.micro_batch, 1e3 * e.start_s, 1e3 * e.end_s);
+      std::snprintf(item, sizeof item, " %c%d[%.1f,%.1f cpu %.1f]", e.op.kind ? 'B' : 'F',
+                    e.op.micro_batch, 1e3 * e.start_s, 1e3 * e.end_s, 1e3 * e.cpu_s);
       ops += item;
     }
     std::printf("rank %d timeline (ms):%s\n", world.rank(), ops.c_str());
   }
   auto within = [&](double figure) { return std::fabs(figure - b.theory) <= 0.1 * b.theory; };
-  const bool ok = within(b.logical) && within(b.replayed) &&
+  const bool ok = within(b.logical) && (!o.assert_replayed || within(b.replayed)) &&
                   (!o.assert_wall_clock || within(b.measured));
   std::printf(
       "rank %d: bubble p %d m %d %s: wall-clock %.4f (stage 0 %.4f, span %.1f ms), replayed "
