@@ -78,7 +78,8 @@ std::vector<PipelineTimeline> replay_pipeline(const std::vector<std::vector<Pipe
   int micro_batches = 0;
   size_t remaining = 0;
   for (const auto& stage_ops : ops) {
-    for (const PipelineEvent& e : stage_ops) micro_batches = std::max(micro_batches, e.op.micro_batch + 1);
+    for (const PipelineEvent& e : stage_ops)
+      micro_batches = std::max(micro_batches, e.op.micro_batch + 1);
     remaining += stage_ops.size();
   }
   // When each stage's forward / backward of each micro-batch ended (< 0: not yet run).
@@ -113,8 +114,8 @@ std::vector<PipelineTimeline> replay_pipeline(const std::vector<std::vector<Pipe
         waiting << " stage " << s << ": "
                 << (op.kind == PipelineOp::forward ? "forward " : "backward ") << op.micro_batch;
       }
-      TESSERA_CHECK(false, "replay_pipeline: the stages' orders cannot finish (next:",
-                    waiting.str(), ")");
+      TESSERA_CHECK(false,
+                    "replay_pipeline: the stages' orders cannot finish (next:", waiting.str(), ")");
     }
   }
   return timelines;
@@ -182,8 +183,8 @@ std::vector<int> all_ranks(const ProcessGroup& group) {
 // What one train_step keeps between the ops of its micro-batches.
 struct PipelineParallelCausalLM::StepState {
   Tensor idx, targets;
-  int64_t rows = 0;        // per micro-batch
-  double target_count = 0;  // targets != -100 in the whole batch
+  int64_t rows = 0;                     // per micro-batch
+  double target_count = 0;              // targets != -100 in the whole batch
   std::vector<Tensor> inputs, outputs;  // per micro-batch: the received input, the output
   double loss = 0;
   std::vector<Tensor> sent;  // alive until their sends are done
@@ -222,7 +223,8 @@ void PipelineParallelCausalLM::finish_construction(const nn::CausalLM& full, int
                       shape_str(all[i].second.shape()), " in the full model");
         holder[i] = stage();
       }
-  Tensor holders = from_vector(holder, {static_cast<int64_t>(holder.size())}, {.dtype = DType::i32});
+  Tensor holders =
+      from_vector(holder, {static_cast<int64_t>(holder.size())}, {.dtype = DType::i32});
   group_->all_reduce(holders, ReduceOp::Min)->wait();
   holder = holders.to_vector<int32_t>();
   for (size_t i = 0; i < all.size(); ++i) {
@@ -264,13 +266,14 @@ Tensor PipelineParallelCausalLM::train_step(const Tensor& idx, const Tensor& tar
   step.rows = idx.size(0) / options_.micro_batches;
   for (int64_t t : raw::to(step.targets, Device::cpu(), DType::i64).to_vector<int64_t>())
     step.target_count += t != -100;
-  TESSERA_CHECK(step.target_count > 0, "pipeline parallelism: the batch has no target "
+  TESSERA_CHECK(step.target_count > 0,
+                "pipeline parallelism: the batch has no target "
                 "(every one is -100)");
   step.inputs.assign(options_.micro_batches, Tensor());
   step.outputs.assign(options_.micro_batches, Tensor());
   timeline_.events.clear();
-  for (const PipelineOp& op : pipeline_ops(options_.schedule, stage(), stages(),
-                                           options_.micro_batches))
+  for (const PipelineOp& op :
+       pipeline_ops(options_.schedule, stage(), stages(), options_.micro_batches))
     op.kind == PipelineOp::forward ? forward_micro_batch(op.micro_batch, step)
                                    : backward_micro_batch(op.micro_batch, step);
   for (const WorkPtr& w : step.sends) w->wait();
@@ -294,8 +297,8 @@ void PipelineParallelCausalLM::forward_micro_batch(int m, StepState& step) {
   }
   const double start = seconds_since(step.origin), cpu = thread_cpu_s();
   const int64_t row = m * step.rows;
-  Tensor x = first_stage() ? embed(raw::contiguous(raw::narrow(step.idx, 0, row, step.rows)))
-                           : input;
+  Tensor x =
+      first_stage() ? embed(raw::contiguous(raw::narrow(step.idx, 0, row, step.rows))) : input;
   Tensor out = run_blocks(x);
   if (last_stage()) {
     // Each micro-batch's summed cross-entropy over the whole batch's target count: the

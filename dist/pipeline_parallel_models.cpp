@@ -63,27 +63,30 @@ class PipelineParallelGPT : public PipelineParallelCausalLM {
     register_module("transformer", transformer_);
     const bool tied = cfg_.tie_word_embeddings;
     if (first_stage() || (last_stage() && tied)) {
-      auto& wte = copied(wte_, std::make_unique<nn::Embedding>(cfg_.vocab_size, cfg_.n_embd, 0.02,
-                                                               &scratch, opts), t.wte);
+      auto& wte = copied(
+          wte_, std::make_unique<nn::Embedding>(cfg_.vocab_size, cfg_.n_embd, 0.02, &scratch, opts),
+          t.wte);
       transformer_.register_module("wte", wte);
     }
     if (first_stage()) {
-      auto& wpe = copied(wpe_, std::make_unique<nn::Embedding>(cfg_.block_size, cfg_.n_embd, 0.02,
-                                                               &scratch, opts), t.wpe);
+      auto& wpe = copied(
+          wpe_, std::make_unique<nn::Embedding>(cfg_.block_size, cfg_.n_embd, 0.02, &scratch, opts),
+          t.wpe);
       transformer_.register_module("wpe", wpe);
     }
     transformer_.register_module("h", h_);
     blocks_.resize(cfg_.n_layer);
     for (int64_t i = blocks().begin; i < blocks().end; ++i) {
-      nn::Block& block = copied(blocks_[i], std::make_unique<nn::Block>(cfg_, &scratch, opts),
-                                *t.blocks[i]);
+      nn::Block& block =
+          copied(blocks_[i], std::make_unique<nn::Block>(cfg_, &scratch, opts), *t.blocks[i]);
       h_.register_module(std::to_string(i), block);
       fast_.emplace_back(block);
     }
     if (last_stage()) {
-      auto& ln_f = copied(ln_f_, std::make_unique<nn::LayerNorm>(cfg_.n_embd,
-                                                                cfg_.layer_norm_epsilon,
-                                                                cfg_.bias, opts), t.ln_f);
+      auto& ln_f = copied(
+          ln_f_,
+          std::make_unique<nn::LayerNorm>(cfg_.n_embd, cfg_.layer_norm_epsilon, cfg_.bias, opts),
+          t.ln_f);
       transformer_.register_module("ln_f", ln_f);
       if (!tied) {
         lm_head_ = std::make_unique<nn::LMHead>(cfg_.vocab_size, cfg_.n_embd, &scratch, opts);
@@ -138,9 +141,10 @@ class PipelineParallelLlama : public PipelineParallelCausalLM {
     register_module("model", model_);
     const bool tied = cfg_.tie_word_embeddings;
     if (first_stage() || (last_stage() && tied)) {
-      auto& embed = copied(embed_tokens_, std::make_unique<nn::Embedding>(
-                               cfg_.vocab_size, cfg_.hidden_size, 0.02, &scratch, opts),
-                           m.embed_tokens);
+      auto& embed = copied(
+          embed_tokens_,
+          std::make_unique<nn::Embedding>(cfg_.vocab_size, cfg_.hidden_size, 0.02, &scratch, opts),
+          m.embed_tokens);
       model_.register_module("embed_tokens", embed);
     }
     model_.register_module("layers", layers_);
@@ -153,8 +157,8 @@ class PipelineParallelLlama : public PipelineParallelCausalLM {
       stage_layers_.push_back(std::move(layer));
     }
     if (last_stage()) {
-      auto& norm = copied(norm_, std::make_unique<nn::RMSNorm>(cfg_.hidden_size,
-                                                              cfg_.rms_norm_eps, opts), m.norm);
+      auto& norm = copied(
+          norm_, std::make_unique<nn::RMSNorm>(cfg_.hidden_size, cfg_.rms_norm_eps, opts), m.norm);
       model_.register_module("norm", norm);
       if (!tied) {
         lm_head_ = std::make_unique<nn::TorchLinear>(cfg_.hidden_size, cfg_.vocab_size,

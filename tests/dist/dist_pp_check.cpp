@@ -105,26 +105,46 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return std::string(argv[++i]); };
-    if (a == "--model") o.model = next();
-    else if (a == "--pp") o.pp = std::stoi(next());
-    else if (a == "--micro-batches") o.micro_batches = std::stoi(next());
-    else if (a == "--schedule") o.schedule = next();
-    else if (a == "--steps") o.steps = std::stoi(next());
-    else if (a == "--layers") o.layers = std::stoll(next());
-    else if (a == "--vocab") o.vocab = std::stoll(next());
-    else if (a == "--rows") o.rows = std::stoll(next());
-    else if (a == "--width") o.width = std::stoll(next());
-    else if (a == "--untied") o.untied = true;
-    else if (a == "--tied") o.tied = true;
-    else if (a == "--rtol") o.rtol = std::stod(next());
-    else if (a == "--lr") o.lr = std::stod(next());
-    else if (a == "--eps") o.eps = std::stod(next());
-    else if (a == "--save-dir") o.save_dir = next();
-    else if (a == "--bubble") o.bubble = true;
-    else if (a == "--assert-wall-clock") o.assert_wall_clock = true;
-    else if (a == "--assert-replayed") o.assert_replayed = true;
-    else if (a == "--timeline") o.timeline = true;
-    else if (a == "--verbose") o.verbose = true;
+    if (a == "--model")
+      o.model = next();
+    else if (a == "--pp")
+      o.pp = std::stoi(next());
+    else if (a == "--micro-batches")
+      o.micro_batches = std::stoi(next());
+    else if (a == "--schedule")
+      o.schedule = next();
+    else if (a == "--steps")
+      o.steps = std::stoi(next());
+    else if (a == "--layers")
+      o.layers = std::stoll(next());
+    else if (a == "--vocab")
+      o.vocab = std::stoll(next());
+    else if (a == "--rows")
+      o.rows = std::stoll(next());
+    else if (a == "--width")
+      o.width = std::stoll(next());
+    else if (a == "--untied")
+      o.untied = true;
+    else if (a == "--tied")
+      o.tied = true;
+    else if (a == "--rtol")
+      o.rtol = std::stod(next());
+    else if (a == "--lr")
+      o.lr = std::stod(next());
+    else if (a == "--eps")
+      o.eps = std::stod(next());
+    else if (a == "--save-dir")
+      o.save_dir = next();
+    else if (a == "--bubble")
+      o.bubble = true;
+    else if (a == "--assert-wall-clock")
+      o.assert_wall_clock = true;
+    else if (a == "--assert-replayed")
+      o.assert_replayed = true;
+    else if (a == "--timeline")
+      o.timeline = true;
+    else if (a == "--verbose")
+      o.verbose = true;
   }
   if (o.steps < 0) o.steps = o.bubble ? 2 : 10;
   return o;
@@ -163,8 +183,8 @@ int check_bubble(Options o, dist::ProcessGroup& world) {
   std::printf(
       "rank %d: bubble p %d m %d %s: wall-clock %.4f (stage 0 %.4f, span %.1f ms), replayed "
       "CPU time %.4f, logical %.4f, theory %.4f -> %s\n",
-      world.rank(), pp, o.micro_batches, o.schedule.c_str(), b.measured, b.stage0,
-      1e3 * b.span_s, b.replayed, b.logical, b.theory, ok ? "OK" : "FAILED");
+      world.rank(), pp, o.micro_batches, o.schedule.c_str(), b.measured, b.stage0, 1e3 * b.span_s,
+      b.replayed, b.logical, b.theory, ok ? "OK" : "FAILED");
   return ok ? 0 : 1;
 }
 
@@ -200,8 +220,8 @@ int check_equal_to_one_process(const Options& o, dist::ProcessGroup& world) {
     TESSERA_CHECK(it != gathered.end(), "dist_pp_check: ", name, " was not gathered");
     note(name, relative_difference(it->second, want)), ++tensors;
   }
-  TESSERA_CHECK(gathered.size() == static_cast<size_t>(tensors), "dist_pp_check: ",
-                gathered.size(), " tensors gathered for ", tensors);
+  TESSERA_CHECK(gathered.size() == static_cast<size_t>(tensors), "dist_pp_check: ", gathered.size(),
+                " tensors gathered for ", tensors);
   // The model directory stage 0 writes holds the gathered parameters, to the bit.
   if (!o.save_dir.empty()) {
     const std::string dir = o.save_dir + "/pipe" + std::to_string(rank / pp);
