@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "tessera/autograd/functions.h"
+#include "tessera/dist/rank_groups.h"
 
 namespace tessera::dist {
 
@@ -150,17 +151,7 @@ void check_micro_batches(int micro_batches, int64_t batch_rows) {
 }
 
 GroupPtr pipeline_parallel_group(ProcessGroup& world, int pp_size) {
-  TESSERA_CHECK(pp_size >= 1 && world.size() % pp_size == 0, "pipeline parallelism: pp_size ",
-                pp_size, " does not divide the world size ", world.size());
-  GroupPtr mine;
-  // new_group is collective over the world: every rank creates every pipeline, in order.
-  for (int first = 0; first < world.size(); first += pp_size) {
-    std::vector<int> ranks;
-    for (int r = first; r < first + pp_size; ++r) ranks.push_back(r);
-    GroupPtr group = world.new_group(ranks);
-    if (group) mine = group;
-  }
-  return mine;
+  return consecutive_rank_group(world, pp_size, "pipeline parallelism: pp_size");
 }
 
 // ---- the model ----

@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 
+#include "parallel_check.h"
 #include "tessera/autograd/functions.h"
 #include "tessera/core/random.h"
 #include "tessera/dist/process_group.h"
@@ -28,6 +29,8 @@
 #include "tessera/optim/adamw.h"
 
 using namespace tessera;
+using parallel_check::adamw;
+using parallel_check::relative_difference;
 
 namespace {
 
@@ -64,10 +67,7 @@ std::unique_ptr<nn::CausalLM> build(const Options& o) {
     cfg.tie_word_embeddings = o.tied;
     model = std::make_unique<nn::Llama>(cfg, &gen);
   }
-  // Away from the initial 0 biases and 1 norms: every path of the forward carries weight.
-  autograd::NoGradGuard no_grad;
-  for (const Tensor& p : model->parameters())
-    raw::copy_(p, ops::add(p, normal(p.shape(), 0.0, 0.05, {}, &gen)));
+  parallel_check::perturb(*model, gen);
   if (o.checkpointing) model->gradient_checkpointing_enable(nn::CheckpointPolicy::every_k(2));
   return model;
 }
@@ -77,19 +77,6 @@ std::pair<Tensor, Tensor> batch(int step, const Options& o) {
   Generator gen(7000 + step);
   return {randint(0, o.vocab, {3, o.tokens}, {.dtype = DType::i64}, &gen),
           randint(0, o.vocab, {3, o.tokens}, {.dtype = DType::i64}, &gen)};
-}
-
-double relative_difference(const Tensor& got, const Tensor& want) {
-  const auto g = raw::to(got.detach(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
-  const auto w = raw::to(want.detach(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
-  TESSERA_CHECK(g.size() == w.size(), "dist_tp_check: ", g.size(), " values against ", w.size());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < w.size(); ++i) diff += (g[i] - w[i]) * (g[i] - w[i]), norm += w[i] * w[i];
-  return std::sqrt(diff / std::max(norm, 1e-300));
-}
-
-optim::AdamW adamw(const std::vector<Tensor>& params, const Options& o) {
-  return optim::AdamW(params, {.lr = o.lr, .eps = o.eps, .weight_decay = 0.1});
 }
 
 }  // namespace
@@ -143,7 +130,8 @@ int main(int argc, char** argv) {
     std::unique_ptr<dist::TensorParallelCausalLM> tp = dist::tensor_parallel(*build(o), group);
     if (o.checkpointing) tp->gradient_checkpointing_enable(nn::CheckpointPolicy::every_k(2));
     tp->set_sequence_parallel(o.sequence_parallel);
-    optim::AdamW opt_one = adamw(one->parameters(), o), opt_tp = adamw(tp->parameters(), o);
+    optim::AdamW opt_one = adamw(one->parameters(), o.lr, o.eps),
+                 opt_tp = adamw(tp->parameters(), o.lr, o.eps);
 
     double worst = 0;
     std::string worst_name = "-";

@@ -11,7 +11,7 @@
 #include <regex>
 #include <string>
 
-#include "run_job.h"
+#include "parallel_jobs.h"
 #include "tessera/autograd/functions.h"
 #include "tessera/core/random.h"
 #include "tessera/dist/pipeline_parallel.h"
@@ -24,6 +24,7 @@ namespace {
 using namespace tessera;
 using dist::PipelineOp;
 using dist::PipelineSchedule;
+using tessera::parallel_check::count_of;
 using tessera::test_jobs::JobResult;
 using tessera::test_jobs::run_job;
 
@@ -194,29 +195,11 @@ TEST(PipelineParallel, OneStageEqualsOneProcessAndRefusesBadBatches) {
 }
 
 std::string launch(int nproc, const std::string& args) {
-  return "env OMP_NUM_THREADS=1 " + std::string(TESSERA_CLI) + " launch --nproc-per-node " +
-         std::to_string(nproc) + " " DIST_PP_CHECK " " + args;
+  return parallel_check::launch(DIST_PP_CHECK, nproc, args);
 }
 
-int count(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
-// Every rank's line says OK; returns the largest relative difference any rank printed.
 double expect_equal_to_one_process(int nproc, const std::string& args) {
-  const JobResult r = run_job(launch(nproc, args), 300);
-  EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_EQ(count(r.output, "-> OK"), nproc) << r.output;
-  double worst = 0;
-  const std::regex figure("largest relative difference ([0-9.e+-]+) in (\\S+)");
-  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), figure);
-       it != std::sregex_iterator(); ++it)
-    worst = std::max(worst, std::stod((*it)[1]));
-  std::printf("[ pp ] %d ranks, %s: largest relative difference %.3g\n", nproc, args.c_str(),
-              worst);
-  return worst;
+  return parallel_check::expect_equal_to_one_process(DIST_PP_CHECK, "pp", nproc, args);
 }
 
 // GPT-2's AdamW runs with eps 1e-5, as in test_tensor_parallel.cpp: the key bias's gradient is
@@ -243,13 +226,17 @@ TEST(PipelineParallelJobs, Gpt2UntiedAndTwoPipelinesOf2On4RanksSavedAndReloaded)
   std::filesystem::remove_all(dir);
 }
 
-TEST(PipelineParallelJobs, LlamaOn2And4StagesBothSchedulesAndTiedEqualsOneProcess) {
+TEST(PipelineParallelJobs, LlamaOn2And4StagesBothSchedulesAndTiedSavedEqualsOneProcess) {
   for (const char* schedule : {"afab", "1f1b"}) {
     const std::string args = std::string("--model llama --schedule ") + schedule;
     EXPECT_LE(expect_equal_to_one_process(2, args), 1e-6);
     EXPECT_LE(expect_equal_to_one_process(4, args), 1e-6);
   }
-  EXPECT_LE(expect_equal_to_one_process(4, "--model llama --tied"), 1e-6);
+  // Tied, with the model directory written by each of two pipelines of 2 and read back.
+  const auto dir = tessera::test_jobs::fresh_scratch_folder("pp_llama").string();
+  EXPECT_LE(expect_equal_to_one_process(4, "--model llama --tied --pp 2 --save-dir " + dir), 1e-6);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/pipe1/model.safetensors"));
+  std::filesystem::remove_all(dir);
 }
 
 // The bubble of the last step's timeline for p = 2, 4 and m = 4, 8, both schedules. Asserted:
@@ -269,7 +256,7 @@ TEST(PipelineParallelJobs, BubbleOnTheTimelineIsGPipesFormula) {
             launch(p, "--bubble --micro-batches " + std::to_string(m) + " --schedule " + schedule),
             120);
         EXPECT_EQ(r.status, 0) << r.output;
-        EXPECT_EQ(count(r.output, "-> OK"), p) << r.output;
+        EXPECT_EQ(count_of(r.output, "-> OK"), p) << r.output;
         std::smatch got;
         ASSERT_TRUE(std::regex_search(r.output, got, figures)) << r.output;
         const double theory = std::stod(got[5]);
@@ -282,10 +269,7 @@ TEST(PipelineParallelJobs, BubbleOnTheTimelineIsGPipesFormula) {
 }
 
 void expect_refused(int nproc, const std::string& args, const std::string& message) {
-  const JobResult r = run_job(launch(nproc, args), 120);
-  EXPECT_NE(r.status, 0) << r.output;
-  EXPECT_EQ(count(r.output, "refused: "), nproc) << r.output;
-  EXPECT_EQ(count(r.output, message), nproc) << r.output;
+  parallel_check::expect_refused(DIST_PP_CHECK, nproc, args, message);
 }
 
 TEST(PipelineParallelJobs, BadSizesAreRefusedOnEveryRankNamingTheNumbers) {

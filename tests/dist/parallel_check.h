@@ -1,0 +1,58 @@
+// What the model-parallel checks share (dist_tp_check, dist_pp_check: a split model trained
+// beside one process) and what their tests read back from the jobs' output.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "tessera/autograd/functions.h"
+#include "tessera/core/random.h"
+#include "tessera/nn/module.h"
+#include "tessera/optim/adamw.h"
+
+namespace tessera::parallel_check {
+
+// Every parameter moved away from its initial value (0 biases, 1 norms) by N(0, 0.05): every
+// path of the forward carries weight.
+inline void perturb(nn::Module& model, Generator& gen) {
+  autograd::NoGradGuard no_grad;
+  for (const Tensor& p : model.parameters())
+    raw::copy_(p, ops::add(p, normal(p.shape(), 0.0, 0.05, {}, &gen)));
+}
+
+// ||got - want||₂ / ||want||₂ in f64: AdamW divides each gradient by its own running
+// magnitude, so a single element whose gradient nearly cancels says little; the norm does.
+inline double relative_difference(const Tensor& got, const Tensor& want) {
+  const auto g = raw::to(got.detach(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
+  const auto w = raw::to(want.detach(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
+  TESSERA_CHECK(g.size() == w.size(), "parallel_check: ", g.size(), " values against ", w.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < w.size(); ++i) diff += (g[i] - w[i]) * (g[i] - w[i]), norm += w[i] * w[i];
+  return std::sqrt(diff / std::max(norm, 1e-300));
+}
+
+// The checks' optimizer: AdamW with weight decay 0.1.
+inline optim::AdamW adamw(const std::vector<Tensor>& params, double lr, double eps) {
+  return optim::AdamW(params, {.lr = lr, .eps = eps, .weight_decay = 0.1});
+}
+
+// How often `what` stands in `text`.
+inline int count_of(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The largest "largest relative difference X" any rank printed (0 when none did).
+inline double largest_difference_printed(const std::string& output) {
+  double worst = 0;
+  const std::regex figure("largest relative difference ([0-9.e+-]+) in (\\S+)");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), figure);
+       it != std::sregex_iterator(); ++it)
+    worst = std::max(worst, std::stod((*it)[1]));
+  return worst;
+}
+
+}  // namespace tessera::parallel_check
