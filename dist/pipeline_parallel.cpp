@@ -143,9 +143,13 @@ void check_pipeline_parallel(int64_t blocks, int pp_size, const std::string& mod
                 blocks, " blocks of ", model, " (every stage needs at least one block)");
 }
 
+void check_pipeline_options(const PipelineOptions& options) {
+  TESSERA_CHECK(options.micro_batches >= 1,
+                "pipeline parallelism: micro_batches must be >= 1, got ", options.micro_batches);
+}
+
 void check_micro_batches(int micro_batches, int64_t batch_rows) {
-  TESSERA_CHECK(micro_batches >= 1, "pipeline parallelism: micro_batches must be >= 1, got ",
-                micro_batches);
+  check_pipeline_options({.micro_batches = micro_batches});
   TESSERA_CHECK(batch_rows % micro_batches == 0, "pipeline parallelism: micro_batches ",
                 micro_batches, " does not divide the batch of ", batch_rows, " rows");
 }
@@ -202,6 +206,7 @@ void PipelineParallelCausalLM::finish_construction(const nn::CausalLM& full, int
   const nn::NamedTensors mine = named_parameters();
   TESSERA_CHECK(!mine.empty(), "pipeline parallelism: stage ", stage(), " holds no parameter");
   hidden_ = hidden;
+  activations_ = {.dtype = mine.front().second.dtype(), .device = mine.front().second.device()};
   train(full.is_training());
   const nn::NamedTensors all = full.named_parameters();
   // Each of the full model's parameters: the lowest stage that holds it (tied: the first).
@@ -225,8 +230,7 @@ void PipelineParallelCausalLM::finish_construction(const nn::CausalLM& full, int
 }
 
 void PipelineParallelCausalLM::set_options(const PipelineOptions& options) {
-  TESSERA_CHECK(options.micro_batches >= 1,
-                "pipeline parallelism: micro_batches must be >= 1, got ", options.micro_batches);
+  check_pipeline_options(options);
   options_ = options;
 }
 
@@ -276,12 +280,9 @@ Tensor PipelineParallelCausalLM::train_step(const Tensor& idx, const Tensor& tar
 }
 
 void PipelineParallelCausalLM::forward_micro_batch(int m, StepState& step) {
-  const TensorOptions floats = {.dtype = parameters().front().dtype(),
-                                .device = parameters().front().device()};
-  const Shape activation = {step.rows, step.idx.size(1), hidden_};
   Tensor input;
   if (!first_stage()) {
-    input = empty(activation, floats);
+    input = empty({step.rows, step.idx.size(1), hidden_}, activations_);
     group_->recv(input, stage() - 1)->wait();
     input.requires_grad_();  // stage - 1 needs the gradient of this input
     step.inputs[m] = input;
@@ -383,11 +384,9 @@ std::map<std::string, Tensor> PipelineParallelCausalLM::full_state_dict() const 
       if (n == name) return p;
     return Tensor();
   };
-  const TensorOptions floats = {.dtype = mine.front().second.dtype(),
-                                .device = mine.front().second.device()};
   // The layout is the same on every stage: the broadcasts pair up.
   for (const FullParameter& p : layout_) {
-    Tensor value = p.stage == stage() ? raw::clone(own(p.name)) : empty(p.shape, floats);
+    Tensor value = p.stage == stage() ? raw::clone(own(p.name)) : empty(p.shape, activations_);
     group_->broadcast(value, p.stage)->wait();
     full[p.name] = value;
   }

@@ -114,6 +114,8 @@ struct PipelineOptions {
   int micro_batches = 1;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
 };
+// Refuses micro_batches < 1, naming it.
+void check_pipeline_options(const PipelineOptions& options);
 
 // The figures of the last step's timeline (PipelineParallelCausalLM::bubble).
 struct PipelineBubble {
@@ -146,7 +148,7 @@ class PipelineParallelCausalLM : public nn::Module {
   bool last_stage() const { return stage() == stages() - 1; }
   const StageBlocks& blocks() const { return blocks_; }
   const PipelineOptions& options() const { return options_; }
-  // Refuses micro_batches < 1, naming it.
+  // Refuses micro_batches < 1, naming it (check_pipeline_options).
   void set_options(const PipelineOptions& options);
   // "stage s of p: blocks a..b (+ embeddings, + head)" and the full model's description.
   std::string describe() const;
@@ -211,6 +213,7 @@ class PipelineParallelCausalLM : public nn::Module {
   bool tied_model_ = false;
   bool fast_blocks_ = true;
   int64_t hidden_ = 0, context_ = 0;
+  TensorOptions activations_;  // the parameters' dtype and device
   StageBlocks blocks_;
   PipelineOptions options_;
   PipelineTimeline timeline_;
@@ -224,9 +227,9 @@ class PipelineParallelCausalLM : public nn::Module {
 };
 
 // `model` (an nn::GPT or nn::Llama; anything else is refused, naming it) cut into the stages
-// of `group` (this rank's pipeline: pipeline_parallel_group). Refuses, before anything is built,
-// a pipeline of more stages than the model has blocks, and dropout (the stages' draws could not
-// be one process's). Collective over the group.
+// of `group` (this rank's pipeline: pipeline_parallel_group). Refuses, before anything is built
+// or sent, a pipeline of more stages than the model has blocks, micro_batches < 1, and dropout
+// (the stages' draws could not be one process's). Collective over the group.
 std::unique_ptr<PipelineParallelCausalLM> pipeline_parallel(const nn::CausalLM& model,
                                                             GroupPtr group,
                                                             const PipelineOptions& options = {});

@@ -210,6 +210,7 @@ std::unique_ptr<PipelineParallelCausalLM> pipeline_parallel(const nn::CausalLM& 
                                                             GroupPtr group,
                                                             const PipelineOptions& options) {
   TESSERA_CHECK(group != nullptr, "pipeline parallelism: this rank is in no pipeline group");
+  check_pipeline_options(options);
   const int pp_size = group->size();
   std::unique_ptr<PipelineParallelCausalLM> pipeline;
   if (auto* gpt = dynamic_cast<const nn::GPT*>(&model)) {
