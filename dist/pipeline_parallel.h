@@ -196,6 +196,8 @@ class PipelineParallelCausalLM : public nn::Module {
   virtual Tensor tied_weight() const = 0;
   // A fresh full model of this configuration (its values overwritten by the caller).
   virtual std::unique_ptr<nn::CausalLM> new_full_model() const = 0;
+  // The first stage, and the last of a tied model (its head's copy).
+  bool holds_token_embedding() const { return first_stage() || (last_stage() && tied_model_); }
   // Whether the stage runs the fast blocks (the full model's choice at construction).
   bool fast_blocks() const { return fast_blocks_; }
 

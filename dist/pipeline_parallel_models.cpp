@@ -33,6 +33,18 @@ M& copied(std::unique_ptr<M>& slot, std::unique_ptr<M> into, const nn::Module& f
   return *slot;
 }
 
+// A copy of `from` (a token or position embedding), its padding row included.
+nn::Embedding& copied_embedding(std::unique_ptr<nn::Embedding>& slot, const nn::Embedding& from) {
+  Generator scratch(0);  // overwritten by from's values
+  nn::Embedding& copy =
+      copied(slot,
+             std::make_unique<nn::Embedding>(from.weight.size(0), from.weight.size(1), 0.02,
+                                             &scratch, options_of(from.weight)),
+             from);
+  copy.padding_idx = from.padding_idx;
+  return copy;
+}
+
 // An untied head's [V, C] rows (the full models keep their heads private).
 void copy_head(const Tensor& into, const Tensor& from) {
   autograd::NoGradGuard no_grad;
@@ -62,18 +74,8 @@ class PipelineParallelGPT : public PipelineParallelCausalLM {
     Generator scratch(0);  // every value is overwritten by the full model's
     register_module("transformer", transformer_);
     const bool tied = cfg_.tie_word_embeddings;
-    if (first_stage() || (last_stage() && tied)) {
-      auto& wte = copied(
-          wte_, std::make_unique<nn::Embedding>(cfg_.vocab_size, cfg_.n_embd, 0.02, &scratch, opts),
-          t.wte);
-      transformer_.register_module("wte", wte);
-    }
-    if (first_stage()) {
-      auto& wpe = copied(
-          wpe_, std::make_unique<nn::Embedding>(cfg_.block_size, cfg_.n_embd, 0.02, &scratch, opts),
-          t.wpe);
-      transformer_.register_module("wpe", wpe);
-    }
+    if (holds_token_embedding()) transformer_.register_module("wte", copied_embedding(wte_, t.wte));
+    if (first_stage()) transformer_.register_module("wpe", copied_embedding(wpe_, t.wpe));
     transformer_.register_module("h", h_);
     blocks_.resize(cfg_.n_layer);
     for (int64_t i = blocks().begin; i < blocks().end; ++i) {
@@ -140,13 +142,8 @@ class PipelineParallelLlama : public PipelineParallelCausalLM {
     Generator scratch(0);  // every value is overwritten by the full model's
     register_module("model", model_);
     const bool tied = cfg_.tie_word_embeddings;
-    if (first_stage() || (last_stage() && tied)) {
-      auto& embed = copied(
-          embed_tokens_,
-          std::make_unique<nn::Embedding>(cfg_.vocab_size, cfg_.hidden_size, 0.02, &scratch, opts),
-          m.embed_tokens);
-      model_.register_module("embed_tokens", embed);
-    }
+    if (holds_token_embedding())
+      model_.register_module("embed_tokens", copied_embedding(embed_tokens_, m.embed_tokens));
     model_.register_module("layers", layers_);
     for (int64_t i = blocks().begin; i < blocks().end; ++i) {
       std::unique_ptr<nn::LlamaDecoderLayer> layer;
