@@ -186,12 +186,7 @@ int check_equal_to_one_process(const Options& o, dist::ProcessGroup& world) {
   optim::AdamW opt_one = adamw(one->parameters(), o.lr, o.eps),
                opt_pp = adamw(pipe->parameters(), o.lr, o.eps);
 
-  double worst = 0;
-  std::string worst_name = "-";
-  auto note = [&](const std::string& name, double relative) {
-    if (o.verbose && rank == 0) std::printf("  %-40s %.3g\n", name.c_str(), relative);
-    if (relative > worst || std::isnan(relative)) worst = relative, worst_name = name;
-  };
+  parallel_check::Worst worst{.print = o.verbose && rank == 0};
   for (int step = 0; step < o.steps; ++step) {
     auto [x, y] = batch(step, o);
     Tensor loss_one = one->loss(x, y);
@@ -199,31 +194,24 @@ int check_equal_to_one_process(const Options& o, dist::ProcessGroup& world) {
     const Tensor loss_pp = pipe->train_step(x, y);
     opt_one.step(), opt_pp.step();
     opt_one.zero_grad(), opt_pp.zero_grad();
-    note("loss " + std::to_string(step), relative_difference(loss_pp, loss_one));
+    worst.note("loss " + std::to_string(step), relative_difference(loss_pp, loss_one));
   }
-  int tensors = 0;
   const std::map<std::string, Tensor> gathered = pipe->full_state_dict();
-  for (const auto& [name, want] : one->named_parameters()) {
-    auto it = gathered.find(name);
-    TESSERA_CHECK(it != gathered.end(), "dist_pp_check: ", name, " was not gathered");
-    note(name, relative_difference(it->second, want)), ++tensors;
-  }
-  TESSERA_CHECK(gathered.size() == static_cast<size_t>(tensors), "dist_pp_check: ", gathered.size(),
-                " tensors gathered for ", tensors);
+  const int tensors = parallel_check::note_gathered(gathered, *one, worst);
   // The model directory stage 0 writes holds the gathered parameters, to the bit.
   if (!o.save_dir.empty()) {
     const std::string dir = o.save_dir + "/pipe" + std::to_string(rank / pp);
     pipe->save_pretrained(dir);
     const std::unique_ptr<nn::CausalLM> reloaded = nn::load_causal_lm(dir);
     for (const auto& [name, value] : reloaded->named_parameters())
-      note("reloaded " + name, relative_difference(value, gathered.at(name)) == 0 ? 0 : 1);
+      worst.note("reloaded " + name, relative_difference(value, gathered.at(name)) == 0 ? 0 : 1);
   }
-  const bool ok = worst <= o.rtol;
+  const bool ok = worst.value <= o.rtol;
   std::printf(
       "rank %d: %s; pp %d of %d ranks, %d AdamW steps, %d parameters and %d losses: largest "
       "relative difference %.3g in %s (limit %g) -> %s\n",
-      rank, pipe->describe().c_str(), pp, world.size(), o.steps, tensors, o.steps, worst,
-      worst_name.c_str(), o.rtol, ok ? "OK" : "FAILED");
+      rank, pipe->describe().c_str(), pp, world.size(), o.steps, tensors, o.steps, worst.value,
+      worst.name.c_str(), o.rtol, ok ? "OK" : "FAILED");
   return ok ? 0 : 1;
 }
 

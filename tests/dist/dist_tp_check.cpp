@@ -133,12 +133,7 @@ int main(int argc, char** argv) {
     optim::AdamW opt_one = adamw(one->parameters(), o.lr, o.eps),
                  opt_tp = adamw(tp->parameters(), o.lr, o.eps);
 
-    double worst = 0;
-    std::string worst_name = "-";
-    auto note = [&](const std::string& name, double relative) {
-      if (o.verbose && rank == 0) std::printf("  %-40s %.3g\n", name.c_str(), relative);
-      if (relative > worst || std::isnan(relative)) worst = relative, worst_name = name;
-    };
+    parallel_check::Worst worst{.print = o.verbose && rank == 0};
     for (int step = 0; step < o.steps; ++step) {
       auto [x, y] = batch(step, o);
       Tensor loss_one = one->loss(x, y), loss_tp = tp->loss(x, y);
@@ -146,21 +141,14 @@ int main(int argc, char** argv) {
       loss_tp.backward();
       opt_one.step(), opt_tp.step();
       opt_one.zero_grad(), opt_tp.zero_grad();
-      note("loss " + std::to_string(step), relative_difference(loss_tp, loss_one));
+      worst.note("loss " + std::to_string(step), relative_difference(loss_tp, loss_one));
     }
-    int tensors = 0;
     const std::map<std::string, Tensor> gathered = tp->full_state_dict();
-    for (const auto& [name, want] : one->named_parameters()) {
-      auto it = gathered.find(name);
-      TESSERA_CHECK(it != gathered.end(), "dist_tp_check: ", name, " was not gathered");
-      note(name, relative_difference(it->second, want)), ++tensors;
-    }
-    TESSERA_CHECK(gathered.size() == static_cast<size_t>(tensors),
-                  "dist_tp_check: ", gathered.size(), " tensors gathered for ", tensors);
+    const int tensors = parallel_check::note_gathered(gathered, *one, worst);
     auto [x, y] = batch(o.steps, o);
     {
       autograd::NoGradGuard no_grad;
-      note("logits", relative_difference(tp->forward(x), one->forward(x)));
+      worst.note("logits", relative_difference(tp->forward(x), one->forward(x)));
     }
     // Greedy decoding on a KV cache of this rank's heads gives the one process's tokens.
     const Tensor prompt = raw::contiguous(raw::narrow(x, 1, 0, 4));
@@ -175,15 +163,15 @@ int main(int argc, char** argv) {
       std::unique_ptr<dist::TensorParallelCausalLM> fresh = dist::tensor_parallel(*build(o), group);
       fresh->load_safetensors_weights(dir + "/model.safetensors");
       for (const auto& [name, value] : fresh->full_state_dict())
-        note("reloaded " + name, relative_difference(value, gathered.at(name)) == 0 ? 0 : 1);
+        worst.note("reloaded " + name, relative_difference(value, gathered.at(name)) == 0 ? 0 : 1);
     }
-    const bool ok = worst <= o.rtol && same_tokens;
+    const bool ok = worst.value <= o.rtol && same_tokens;
     std::printf(
         "rank %d: %s%s; tp %d of %d ranks, %d AdamW steps, %d parameters and %d losses and "
         "the logits: largest relative difference %.3g in %s (limit %g); greedy tokens %s -> "
         "%s\n",
         rank, tp->describe().c_str(), o.sequence_parallel ? ", sequence-parallel" : "", tp_size,
-        world.size(), o.steps, tensors, o.steps, worst, worst_name.c_str(), o.rtol,
+        world.size(), o.steps, tensors, o.steps, worst.value, worst.name.c_str(), o.rtol,
         same_tokens ? "equal" : "DIFFER", ok ? "OK" : "FAILED");
     status = ok ? 0 : 1;
   } catch (const std::exception& e) {

@@ -3,6 +3,8 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -31,6 +33,33 @@ inline double relative_difference(const Tensor& got, const Tensor& want) {
   double diff = 0, norm = 0;
   for (size_t i = 0; i < w.size(); ++i) diff += (g[i] - w[i]) * (g[i] - w[i]), norm += w[i] * w[i];
   return std::sqrt(diff / std::max(norm, 1e-300));
+}
+
+// The largest relative difference noted so far and where (a NaN counts as the largest);
+// with `print`, every figure as it is noted.
+struct Worst {
+  bool print = false;
+  double value = 0;
+  std::string name = "-";
+  void note(const std::string& what, double relative) {
+    if (print) std::printf("  %-40s %.3g\n", what.c_str(), relative);
+    if (relative > value || std::isnan(relative)) value = relative, name = what;
+  }
+};
+
+// Notes every parameter of `one` against the same name in `gathered` (a split model's
+// full_state_dict), refusing a name missing from it or one too many; returns the count.
+inline int note_gathered(const std::map<std::string, Tensor>& gathered, const nn::Module& one,
+                         Worst& worst) {
+  int tensors = 0;
+  for (const auto& [name, want] : one.named_parameters()) {
+    auto it = gathered.find(name);
+    TESSERA_CHECK(it != gathered.end(), "parallel_check: ", name, " was not gathered");
+    worst.note(name, relative_difference(it->second, want)), ++tensors;
+  }
+  TESSERA_CHECK(gathered.size() == static_cast<size_t>(tensors),
+                "parallel_check: ", gathered.size(), " tensors gathered for ", tensors);
+  return tensors;
 }
 
 // The checks' optimizer: AdamW with weight decay 0.1.
