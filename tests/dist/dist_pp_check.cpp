@@ -82,9 +82,7 @@ std::unique_ptr<nn::CausalLM> build(const Options& o) {
 
 // Every step's batch, the same on every rank: --rows rows of --tokens tokens.
 std::pair<Tensor, Tensor> batch(int step, const Options& o) {
-  Generator gen(7000 + step);
-  return {randint(0, o.vocab, {o.rows, o.tokens}, {.dtype = DType::i64}, &gen),
-          randint(0, o.vocab, {o.rows, o.tokens}, {.dtype = DType::i64}, &gen)};
+  return parallel_check::random_batch(step, o.rows, o.tokens, o.vocab);
 }
 
 Options parse(int argc, char** argv) {
@@ -219,16 +217,7 @@ int check_equal_to_one_process(const Options& o, dist::ProcessGroup& world) {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
-  dist::init_process_group();
-  dist::ProcessGroup& world = dist::world();
-  int status = 0;
-  try {
-    status = o.bubble ? check_bubble(o, world) : check_equal_to_one_process(o, world);
-  } catch (const std::exception& e) {
-    std::printf("rank %d: refused: %s\n", world.rank(), e.what());
-    status = 2;
-  }
-  std::fflush(stdout);
-  dist::destroy_process_group();
-  return status;
+  return parallel_check::run_on_every_rank([&](dist::ProcessGroup& world) {
+    return o.bubble ? check_bubble(o, world) : check_equal_to_one_process(o, world);
+  });
 }

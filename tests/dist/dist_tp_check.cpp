@@ -74,9 +74,7 @@ std::unique_ptr<nn::CausalLM> build(const Options& o) {
 
 // Every step's batch, the same on every rank: B = 3 rows of T = --tokens tokens.
 std::pair<Tensor, Tensor> batch(int step, const Options& o) {
-  Generator gen(7000 + step);
-  return {randint(0, o.vocab, {3, o.tokens}, {.dtype = DType::i64}, &gen),
-          randint(0, o.vocab, {3, o.tokens}, {.dtype = DType::i64}, &gen)};
+  return parallel_check::random_batch(step, 3, o.tokens, o.vocab);
 }
 
 }  // namespace
@@ -119,11 +117,8 @@ int main(int argc, char** argv) {
     else if (a == "--eps")
       o.eps = std::stod(next());
   }
-  dist::init_process_group();
-  dist::ProcessGroup& world = dist::world();
-  const int rank = world.rank();
-  int status = 0;
-  try {
+  return parallel_check::run_on_every_rank([&](dist::ProcessGroup& world) {
+    const int rank = world.rank();
     const int tp_size = o.tp ? o.tp : world.size();
     std::unique_ptr<nn::CausalLM> one = build(o);
     dist::GroupPtr group = dist::tensor_parallel_group(world, tp_size);
@@ -173,12 +168,6 @@ int main(int argc, char** argv) {
         rank, tp->describe().c_str(), o.sequence_parallel ? ", sequence-parallel" : "", tp_size,
         world.size(), o.steps, tensors, o.steps, worst.value, worst.name.c_str(), o.rtol,
         same_tokens ? "equal" : "DIFFER", ok ? "OK" : "FAILED");
-    status = ok ? 0 : 1;
-  } catch (const std::exception& e) {
-    std::printf("rank %d: refused: %s\n", rank, e.what());
-    status = 2;
-  }
-  std::fflush(stdout);
-  dist::destroy_process_group();
-  return status;
+    return ok ? 0 : 1;
+  });
 }

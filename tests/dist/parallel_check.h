@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <regex>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "tessera/autograd/functions.h"
 #include "tessera/core/random.h"
+#include "tessera/dist/process_group.h"
 #include "tessera/nn/module.h"
 #include "tessera/optim/adamw.h"
 
@@ -60,6 +62,32 @@ inline int note_gathered(const std::map<std::string, Tensor>& gathered, const nn
   TESSERA_CHECK(gathered.size() == static_cast<size_t>(tensors),
                 "parallel_check: ", gathered.size(), " tensors gathered for ", tensors);
   return tensors;
+}
+
+// Step `step`'s batch, the same on every rank: `rows` x `tokens` inputs and targets drawn
+// from `vocab` by a generator seeded with 7000 + step.
+inline std::pair<Tensor, Tensor> random_batch(int step, int64_t rows, int64_t tokens,
+                                              int64_t vocab) {
+  Generator gen(7000 + step);
+  return {randint(0, vocab, {rows, tokens}, {.dtype = DType::i64}, &gen),
+          randint(0, vocab, {rows, tokens}, {.dtype = DType::i64}, &gen)};
+}
+
+// A check program's main: joins the job, runs `check` (its exit status) on the world, prints an
+// error as "rank R: refused: MESSAGE" (status 2) and leaves the job.
+inline int run_on_every_rank(const std::function<int(dist::ProcessGroup&)>& check) {
+  dist::init_process_group();
+  dist::ProcessGroup& world = dist::world();
+  int status = 0;
+  try {
+    status = check(world);
+  } catch (const std::exception& e) {
+    std::printf("rank %d: refused: %s\n", world.rank(), e.what());
+    status = 2;
+  }
+  std::fflush(stdout);
+  dist::destroy_process_group();
+  return status;
 }
 
 // The checks' optimizer: AdamW with weight decay 0.1.
