@@ -87,50 +87,27 @@ std::pair<Tensor, Tensor> batch(int step, const Options& o) {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&] { return std::string(argv[++i]); };
-    if (a == "--model")
-      o.model = next();
-    else if (a == "--pp")
-      o.pp = std::stoi(next());
-    else if (a == "--micro-batches")
-      o.micro_batches = std::stoi(next());
-    else if (a == "--schedule")
-      o.schedule = next();
-    else if (a == "--steps")
-      o.steps = std::stoi(next());
-    else if (a == "--layers")
-      o.layers = std::stoll(next());
-    else if (a == "--vocab")
-      o.vocab = std::stoll(next());
-    else if (a == "--rows")
-      o.rows = std::stoll(next());
-    else if (a == "--width")
-      o.width = std::stoll(next());
-    else if (a == "--untied")
-      o.untied = true;
-    else if (a == "--tied")
-      o.tied = true;
-    else if (a == "--rtol")
-      o.rtol = std::stod(next());
-    else if (a == "--lr")
-      o.lr = std::stod(next());
-    else if (a == "--eps")
-      o.eps = std::stod(next());
-    else if (a == "--save-dir")
-      o.save_dir = next();
-    else if (a == "--bubble")
-      o.bubble = true;
-    else if (a == "--assert-wall-clock")
-      o.assert_wall_clock = true;
-    else if (a == "--assert-replayed")
-      o.assert_replayed = true;
-    else if (a == "--timeline")
-      o.timeline = true;
-    else if (a == "--verbose")
-      o.verbose = true;
-  }
+  parallel_check::parse_flags(argc, argv,
+                              {{"--model", &o.model},
+                               {"--pp", &o.pp},
+                               {"--micro-batches", &o.micro_batches},
+                               {"--schedule", &o.schedule},
+                               {"--steps", &o.steps},
+                               {"--layers", &o.layers},
+                               {"--vocab", &o.vocab},
+                               {"--rows", &o.rows},
+                               {"--width", &o.width},
+                               {"--untied", &o.untied},
+                               {"--tied", &o.tied},
+                               {"--rtol", &o.rtol},
+                               {"--lr", &o.lr},
+                               {"--eps", &o.eps},
+                               {"--save-dir", &o.save_dir},
+                               {"--bubble", &o.bubble},
+                               {"--assert-wall-clock", &o.assert_wall_clock},
+                               {"--assert-replayed", &o.assert_replayed},
+                               {"--timeline", &o.timeline},
+                               {"--verbose", &o.verbose}});
   if (o.steps < 0) o.steps = o.bubble ? 2 : 10;
   return o;
 }
@@ -216,8 +193,8 @@ int check_equal_to_one_process(const Options& o, dist::ProcessGroup& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
   return parallel_check::run_on_every_rank([&](dist::ProcessGroup& world) {
+    const Options o = parse(argc, argv);
     return o.bubble ? check_bubble(o, world) : check_equal_to_one_process(o, world);
   });
 }

@@ -81,43 +81,25 @@ std::pair<Tensor, Tensor> batch(int step, const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&] { return std::string(argv[++i]); };
-    if (a == "--model")
-      o.model = next();
-    else if (a == "--tp")
-      o.tp = std::stoi(next());
-    else if (a == "--steps")
-      o.steps = std::stoi(next());
-    else if (a == "--vocab")
-      o.vocab = std::stoll(next());
-    else if (a == "--heads")
-      o.heads = std::stoll(next());
-    else if (a == "--kv-heads")
-      o.kv_heads = std::stoll(next());
-    else if (a == "--untied")
-      o.untied = true;
-    else if (a == "--tied")
-      o.tied = true;
-    else if (a == "--rtol")
-      o.rtol = std::stod(next());
-    else if (a == "--checkpointing")
-      o.checkpointing = true;
-    else if (a == "--verbose")
-      o.verbose = true;
-    else if (a == "--sequence-parallel")
-      o.sequence_parallel = true;
-    else if (a == "--tokens")
-      o.tokens = std::stoll(next());
-    else if (a == "--save-dir")
-      o.save_dir = next();
-    else if (a == "--lr")
-      o.lr = std::stod(next());
-    else if (a == "--eps")
-      o.eps = std::stod(next());
-  }
   return parallel_check::run_on_every_rank([&](dist::ProcessGroup& world) {
+    // A bad flag is refused on every rank, as any other error.
+    parallel_check::parse_flags(argc, argv,
+                                {{"--model", &o.model},
+                                 {"--tp", &o.tp},
+                                 {"--steps", &o.steps},
+                                 {"--vocab", &o.vocab},
+                                 {"--heads", &o.heads},
+                                 {"--kv-heads", &o.kv_heads},
+                                 {"--untied", &o.untied},
+                                 {"--tied", &o.tied},
+                                 {"--rtol", &o.rtol},
+                                 {"--checkpointing", &o.checkpointing},
+                                 {"--verbose", &o.verbose},
+                                 {"--sequence-parallel", &o.sequence_parallel},
+                                 {"--tokens", &o.tokens},
+                                 {"--save-dir", &o.save_dir},
+                                 {"--lr", &o.lr},
+                                 {"--eps", &o.eps}});
     const int rank = world.rank();
     const int tp_size = o.tp ? o.tp : world.size();
     std::unique_ptr<nn::CausalLM> one = build(o);

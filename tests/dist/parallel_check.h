@@ -8,6 +8,8 @@
 #include <map>
 #include <regex>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "tessera/autograd/functions.h"
@@ -62,6 +64,33 @@ inline int note_gathered(const std::map<std::string, Tensor>& gathered, const nn
   TESSERA_CHECK(gathered.size() == static_cast<size_t>(tensors),
                 "parallel_check: ", gathered.size(), " tensors gathered for ", tensors);
   return tensors;
+}
+
+// A check program's flags: "--name VALUE" into a string or a number, "--name" alone into a
+// bool (set to true). Refuses an unknown flag or one missing its value, naming it.
+using FlagTarget = std::variant<std::string*, int*, int64_t*, double*, bool*>;
+inline void parse_flags(int argc, char** argv, const std::map<std::string, FlagTarget>& flags) {
+  for (int i = 1; i < argc; ++i) {
+    auto it = flags.find(argv[i]);
+    TESSERA_CHECK(it != flags.end(), "unknown flag ", argv[i]);
+    if (bool* const* on = std::get_if<bool*>(&it->second)) {
+      **on = true;
+      continue;
+    }
+    TESSERA_CHECK(i + 1 < argc, "flag ", argv[i], " needs a value");
+    const std::string value = argv[++i];
+    std::visit(
+        [&](auto* target) {
+          using T = std::remove_pointer_t<decltype(target)>;
+          if constexpr (std::is_same_v<T, std::string>)
+            *target = value;
+          else if constexpr (std::is_same_v<T, double>)
+            *target = std::stod(value);
+          else if constexpr (!std::is_same_v<T, bool>)
+            *target = static_cast<T>(std::stoll(value));
+        },
+        it->second);
+  }
 }
 
 // Step `step`'s batch, the same on every rank: `rows` x `tokens` inputs and targets drawn
