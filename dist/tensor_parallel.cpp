@@ -2,6 +2,7 @@
 
 #include "tessera/autograd/autocast.h"
 #include "tessera/autograd/functions.h"
+#include "tessera/dist/rank_groups.h"
 
 namespace tessera::dist {
 
@@ -378,17 +379,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& ta
 // ---- the groups ----
 
 GroupPtr tensor_parallel_group(ProcessGroup& world, int tp_size) {
-  TESSERA_CHECK(tp_size >= 1 && world.size() % tp_size == 0, "tensor parallelism: tp_size ",
-                tp_size, " does not divide the world size ", world.size());
-  GroupPtr mine;
-  // new_group is collective over the world: every rank creates every group, in order.
-  for (int first = 0; first < world.size(); first += tp_size) {
-    std::vector<int> ranks;
-    for (int r = first; r < first + tp_size; ++r) ranks.push_back(r);
-    GroupPtr group = world.new_group(ranks);
-    if (group) mine = group;
-  }
-  return mine;
+  return consecutive_rank_group(world, tp_size, "tensor parallelism: tp_size");
 }
 
 }  // namespace tessera::dist

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 
+#include "parallel_check.h"
 #include "tessera/autograd/functions.h"
 #include "tessera/core/random.h"
 #include "tessera/dist/process_group.h"
@@ -29,6 +30,8 @@
 #include "tessera/optim/adamw.h"
 
 using namespace tessera;
+using parallel_check::adamw;
+using parallel_check::relative_difference;
 
 namespace {
 
@@ -65,96 +68,52 @@ std::unique_ptr<nn::CausalLM> build(const Options& o) {
     cfg.tie_word_embeddings = o.tied;
     model = std::make_unique<nn::Llama>(cfg, &gen);
   }
-  // Away from the initial 0 biases and 1 norms: every path of the forward carries weight.
   if (o.f64) model->to(DType::f64);
-  autograd::NoGradGuard no_grad;
-  for (const Tensor& p : model->parameters())
-    ops::copy_(p, ops::add(p, normal(p.shape(), 0.0, 0.05, {.dtype = p.dtype()}, &gen)));
+  parallel_check::perturb(*model, gen);
   if (o.checkpointing) model->gradient_checkpointing_enable(nn::CheckpointPolicy::every_k(2));
   return model;
 }
 
 // Every step's batch, the same on every rank: B = 3 rows of T = --tokens tokens.
 std::pair<Tensor, Tensor> batch(int step, const Options& o) {
-  Generator gen(7000 + step);
-  return {randint(0, o.vocab, {3, o.tokens}, {.dtype = DType::i64}, &gen),
-          randint(0, o.vocab, {3, o.tokens}, {.dtype = DType::i64}, &gen)};
-}
-
-double relative_difference(const Tensor& got, const Tensor& want) {
-  const auto g = ops::to(got.detach(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
-  const auto w = ops::to(want.detach(), Device::cpu(), DType::f64).contiguous().to_vector<double>();
-  TESSERA_CHECK(g.size() == w.size(), "dist_tp_check: ", g.size(), " values against ", w.size());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < w.size(); ++i) diff += (g[i] - w[i]) * (g[i] - w[i]), norm += w[i] * w[i];
-  return std::sqrt(diff / std::max(norm, 1e-300));
-}
-
-optim::AdamW adamw(const std::vector<Tensor>& params, const Options& o) {
-  return optim::AdamW(params, {.lr = o.lr, .eps = o.eps, .weight_decay = 0.1});
+  return parallel_check::random_batch(step, 3, o.tokens, o.vocab);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&] { return std::string(argv[++i]); };
-    if (a == "--model")
-      o.model = next();
-    else if (a == "--tp")
-      o.tp = std::stoi(next());
-    else if (a == "--steps")
-      o.steps = std::stoi(next());
-    else if (a == "--vocab")
-      o.vocab = std::stoll(next());
-    else if (a == "--heads")
-      o.heads = std::stoll(next());
-    else if (a == "--kv-heads")
-      o.kv_heads = std::stoll(next());
-    else if (a == "--untied")
-      o.untied = true;
-    else if (a == "--tied")
-      o.tied = true;
-    else if (a == "--rtol")
-      o.rtol = std::stod(next());
-    else if (a == "--checkpointing")
-      o.checkpointing = true;
-    else if (a == "--verbose")
-      o.verbose = true;
-    else if (a == "--sequence-parallel")
-      o.sequence_parallel = true;
-    else if (a == "--tokens")
-      o.tokens = std::stoll(next());
-    else if (a == "--save-dir")
-      o.save_dir = next();
-    else if (a == "--f64")
-      o.f64 = true;
-    else if (a == "--lr")
-      o.lr = std::stod(next());
-    else if (a == "--eps")
-      o.eps = std::stod(next());
-  }
-  dist::init_process_group();
-  dist::ProcessGroup& world = dist::world();
-  const int rank = world.rank();
-  int status = 0;
-  try {
+  return parallel_check::run_on_every_rank([&](dist::ProcessGroup& world) {
+    // A bad flag is refused on every rank, as any other error.
+    parallel_check::parse_flags(argc, argv,
+                                {{"--model", &o.model},
+                                 {"--tp", &o.tp},
+                                 {"--steps", &o.steps},
+                                 {"--vocab", &o.vocab},
+                                 {"--heads", &o.heads},
+                                 {"--kv-heads", &o.kv_heads},
+                                 {"--untied", &o.untied},
+                                 {"--tied", &o.tied},
+                                 {"--rtol", &o.rtol},
+                                 {"--checkpointing", &o.checkpointing},
+                                 {"--verbose", &o.verbose},
+                                 {"--sequence-parallel", &o.sequence_parallel},
+                                 {"--tokens", &o.tokens},
+                                 {"--save-dir", &o.save_dir},
+                                 {"--lr", &o.lr},
+                                 {"--eps", &o.eps},
+                                 {"--f64", &o.f64}});
+    const int rank = world.rank();
     const int tp_size = o.tp ? o.tp : world.size();
     std::unique_ptr<nn::CausalLM> one = build(o);
     dist::GroupPtr group = dist::tensor_parallel_group(world, tp_size);
     std::unique_ptr<dist::TensorParallelCausalLM> tp = dist::tensor_parallel(*build(o), group);
     if (o.checkpointing) tp->gradient_checkpointing_enable(nn::CheckpointPolicy::every_k(2));
     tp->set_sequence_parallel(o.sequence_parallel);
-    optim::AdamW opt_one = adamw(one->parameters(), o), opt_tp = adamw(tp->parameters(), o);
+    optim::AdamW opt_one = adamw(one->parameters(), o.lr, o.eps),
+                 opt_tp = adamw(tp->parameters(), o.lr, o.eps);
 
-    double worst = 0;
-    std::string worst_name = "-";
-    auto note = [&](const std::string& name, double relative) {
-      if (o.verbose && rank == 0) std::printf("  %-40s %.3g\n", name.c_str(), relative);
-      if (relative > worst || std::isnan(relative)) worst = relative, worst_name = name;
-    };
+    parallel_check::Worst worst{.print = o.verbose && rank == 0};
     for (int step = 0; step < o.steps; ++step) {
       auto [x, y] = batch(step, o);
       Tensor loss_one = one->loss(x, y), loss_tp = tp->loss(x, y);
@@ -162,21 +121,14 @@ int main(int argc, char** argv) {
       loss_tp.backward();
       opt_one.step(), opt_tp.step();
       opt_one.zero_grad(), opt_tp.zero_grad();
-      note("loss " + std::to_string(step), relative_difference(loss_tp, loss_one));
+      worst.note("loss " + std::to_string(step), relative_difference(loss_tp, loss_one));
     }
-    int tensors = 0;
     const std::map<std::string, Tensor> gathered = tp->full_state_dict();
-    for (const auto& [name, want] : one->named_parameters()) {
-      auto it = gathered.find(name);
-      TESSERA_CHECK(it != gathered.end(), "dist_tp_check: ", name, " was not gathered");
-      note(name, relative_difference(it->second, want)), ++tensors;
-    }
-    TESSERA_CHECK(gathered.size() == static_cast<size_t>(tensors),
-                  "dist_tp_check: ", gathered.size(), " tensors gathered for ", tensors);
+    const int tensors = parallel_check::note_gathered(gathered, *one, worst);
     auto [x, y] = batch(o.steps, o);
     {
       autograd::NoGradGuard no_grad;
-      note("logits", relative_difference(tp->forward(x), one->forward(x)));
+      worst.note("logits", relative_difference(tp->forward(x), one->forward(x)));
     }
     // Greedy decoding on a KV cache of this rank's heads gives the one process's tokens.
     const Tensor prompt = ops::contiguous(ops::narrow(x, 1, 0, 4));
@@ -191,22 +143,16 @@ int main(int argc, char** argv) {
       std::unique_ptr<dist::TensorParallelCausalLM> fresh = dist::tensor_parallel(*build(o), group);
       fresh->load_safetensors_weights(dir + "/model.safetensors");
       for (const auto& [name, value] : fresh->full_state_dict())
-        note("reloaded " + name, relative_difference(value, gathered.at(name)) == 0 ? 0 : 1);
+        worst.note("reloaded " + name, relative_difference(value, gathered.at(name)) == 0 ? 0 : 1);
     }
-    const bool ok = worst <= o.rtol && same_tokens;
+    const bool ok = worst.value <= o.rtol && same_tokens;
     std::printf(
         "rank %d: %s%s; tp %d of %d ranks, %d AdamW steps, %d parameters and %d losses and "
         "the logits: largest relative difference %.3g in %s (limit %g); greedy tokens %s -> "
         "%s\n",
         rank, tp->describe().c_str(), o.sequence_parallel ? ", sequence-parallel" : "", tp_size,
-        world.size(), o.steps, tensors, o.steps, worst, worst_name.c_str(), o.rtol,
+        world.size(), o.steps, tensors, o.steps, worst.value, worst.name.c_str(), o.rtol,
         same_tokens ? "equal" : "DIFFER", ok ? "OK" : "FAILED");
-    status = ok ? 0 : 1;
-  } catch (const std::exception& e) {
-    std::printf("rank %d: refused: %s\n", rank, e.what());
-    status = 2;
-  }
-  std::fflush(stdout);
-  dist::destroy_process_group();
-  return status;
+    return ok ? 0 : 1;
+  });
 }

@@ -5,10 +5,9 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <regex>
 #include <string>
 
-#include "run_job.h"
+#include "parallel_jobs.h"
 #include "tessera/autograd/functions.h"
 #include "tessera/core/random.h"
 #include "tessera/dist/single_process_group.h"
@@ -17,8 +16,6 @@
 namespace {
 
 using namespace tessera;
-using tessera::test_jobs::JobResult;
-using tessera::test_jobs::run_job;
 
 template <typename F>
 std::string error_of(F&& f) {
@@ -213,29 +210,11 @@ TEST(TensorParallel, OneStepAllReducesWhatTheDocsCount) {
 }
 
 std::string launch(int nproc, const std::string& args) {
-  return "env OMP_NUM_THREADS=1 " + std::string(TESSERA_CLI) + " launch --nproc-per-node " +
-         std::to_string(nproc) + " " DIST_TP_CHECK " " + args;
+  return parallel_check::launch(DIST_TP_CHECK, nproc, args);
 }
 
-int count(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
-// Every rank's line says OK; returns the largest relative difference any rank printed.
 double expect_equal_to_one_process(int nproc, const std::string& args) {
-  const JobResult r = run_job(launch(nproc, args), 300);
-  EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_EQ(count(r.output, "-> OK"), nproc) << r.output;
-  double worst = 0;
-  const std::regex figure("largest relative difference ([0-9.e+-]+) in (\\S+)");
-  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), figure);
-       it != std::sregex_iterator(); ++it)
-    worst = std::max(worst, std::stod((*it)[1]));
-  std::printf("[ tp ] %d ranks, %s: largest relative difference %.3g\n", nproc, args.c_str(),
-              worst);
-  return worst;
+  return parallel_check::expect_equal_to_one_process(DIST_TP_CHECK, "tp", nproc, args);
 }
 
 // The jobs train both models in float64, where the two summation orders (a row-parallel
@@ -299,10 +278,7 @@ TEST(TensorParallelJobs, Float32Gpt2AndLlamaOn2And4RanksWithinOneMillionth) {
 }
 
 void expect_refused(int nproc, const std::string& args, const std::string& message) {
-  const JobResult r = run_job(launch(nproc, args), 120);
-  EXPECT_NE(r.status, 0) << r.output;
-  EXPECT_EQ(count(r.output, "refused: "), nproc) << r.output;
-  EXPECT_EQ(count(r.output, message), nproc) << r.output;
+  parallel_check::expect_refused(DIST_TP_CHECK, nproc, args, message);
 }
 
 TEST(TensorParallelJobs, BadShapesAreRefusedOnEveryRankNamingTheNumbers) {

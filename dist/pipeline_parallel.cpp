@@ -1,0 +1,413 @@
+// Pipeline parallelism (dist/pipeline_parallel.h): the schedules, the timeline and its bubble,
+// the refusals, and the stage machinery both models share (the sends and receives of one
+// step, the tied embedding's gradient, the loss, the full state dict). The models' own parts
+// (embeddings, blocks, head) are in dist/pipeline_parallel_models.cpp.
+#include "tessera/dist/pipeline_parallel.h"
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <sstream>
+
+#include "tessera/autograd/functions.h"
+#include "tessera/dist/rank_groups.h"
+
+namespace tessera::dist {
+
+// ---- the schedules ----
+PipelineSchedule parse_pipeline_schedule(const std::string& name) {
+  if (name == "afab") return PipelineSchedule::afab;
+  if (name == "1f1b") return PipelineSchedule::one_f_one_b;
+  TESSERA_CHECK(false, "pipeline parallelism: unknown schedule '", name,
+                "' (expected afab or 1f1b)");
+}
+
+const char* pipeline_schedule_name(PipelineSchedule schedule) {
+  return schedule == PipelineSchedule::afab ? "afab" : "1f1b";
+}
+
+std::vector<PipelineOp> pipeline_ops(PipelineSchedule schedule, int stage, int stages,
+                                     int micro_batches) {
+  TESSERA_CHECK(stages >= 1 && stage >= 0 && stage < stages && micro_batches >= 1,
+                "pipeline_ops: stage ", stage, " of ", stages, " with ", micro_batches,
+                " micro-batches");
+  std::vector<PipelineOp> ops;
+  int forwards = 0, backwards = 0;
+  auto forward = [&] { ops.push_back({PipelineOp::forward, forwards++}); };
+  auto backward = [&] { ops.push_back({PipelineOp::backward, backwards++}); };
+  // AFAB fills the pipe with every micro-batch; 1F1B only with the p - 1 - s forwards that
+  // must run here before the first gradient can come back, then alternates.
+  const int warmup = schedule == PipelineSchedule::afab
+                         ? micro_batches
+                         : std::min(stages - 1 - stage, micro_batches);
+  while (forwards < warmup) forward();
+  while (forwards < micro_batches) forward(), backward();
+  while (backwards < micro_batches) backward();
+  return ops;
+}
+
+// ---- the timeline ----
+double PipelineTimeline::span_s() const {
+  return events.empty() ? 0 : events.back().end_s - events.front().start_s;
+}
+
+double PipelineTimeline::busy_s() const {
+  double busy = 0;
+  for (const PipelineEvent& e : events) busy += e.end_s - e.start_s;
+  return busy;
+}
+
+double PipelineTimeline::idle_fraction() const {
+  const double span = span_s();
+  return span > 0 ? (span - busy_s()) / span : 0;
+}
+
+double pipeline_bubble(const std::vector<double>& busy_s, double span_s) {
+  TESSERA_CHECK(!busy_s.empty() && span_s > 0, "pipeline_bubble: ", busy_s.size(),
+                " stages over a span of ", span_s, " s");
+  double busy = 0;
+  for (double b : busy_s) busy += b;
+  return 1 - busy / (static_cast<double>(busy_s.size()) * span_s);
+}
+
+double theoretical_bubble(int stages, int micro_batches) {
+  return double(stages - 1) / double(micro_batches + stages - 1);
+}
+
+std::vector<PipelineTimeline> replay_pipeline(const std::vector<std::vector<PipelineEvent>>& ops) {
+  const int stages = static_cast<int>(ops.size());
+  int micro_batches = 0;
+  size_t remaining = 0;
+  for (const auto& stage_ops : ops) {
+    for (const PipelineEvent& e : stage_ops)
+      micro_batches = std::max(micro_batches, e.op.micro_batch + 1);
+    remaining += stage_ops.size();
+  }
+  // When each stage's forward / backward of each micro-batch ended (< 0: not yet run).
+  std::vector<std::vector<double>> forward_end(stages, std::vector<double>(micro_batches, -1));
+  std::vector<std::vector<double>> backward_end = forward_end;
+  std::vector<PipelineTimeline> timelines(stages);
+  std::vector<size_t> next(stages, 0);
+  std::vector<double> free_at(stages, 0);
+  while (remaining > 0) {
+    bool progressed = false;
+    for (int s = 0; s < stages; ++s) {
+      for (; next[s] < ops[s].size(); ++next[s], --remaining, progressed = true) {
+        const PipelineEvent& e = ops[s][next[s]];
+        const int m = e.op.micro_batch;
+        const bool fwd = e.op.kind == PipelineOp::forward;
+        // The input of this op: the previous stage's forward, or the next stage's backward.
+        double ready = 0;
+        if (fwd && s > 0) ready = forward_end[s - 1][m];
+        if (!fwd && s < stages - 1) ready = backward_end[s + 1][m];
+        if (!fwd && forward_end[s][m] < 0) ready = -1;
+        if (ready < 0) break;
+        const double start = std::max(free_at[s], ready);
+        free_at[s] = (fwd ? forward_end : backward_end)[s][m] = start + (e.end_s - e.start_s);
+        timelines[s].events.push_back({e.op, start, free_at[s], e.end_s - e.start_s});
+      }
+    }
+    if (!progressed) {
+      std::ostringstream waiting;
+      for (int s = 0; s < stages; ++s) {
+        if (next[s] == ops[s].size()) continue;
+        const PipelineOp& op = ops[s][next[s]].op;
+        waiting << " stage " << s << ": "
+                << (op.kind == PipelineOp::forward ? "forward " : "backward ") << op.micro_batch;
+      }
+      TESSERA_CHECK(false,
+                    "replay_pipeline: the stages' orders cannot finish (next:", waiting.str(), ")");
+    }
+  }
+  return timelines;
+}
+
+std::vector<PipelineTimeline> simulate_pipeline(PipelineSchedule schedule, int stages,
+                                                int micro_batches, double forward_slots,
+                                                double backward_slots) {
+  std::vector<std::vector<PipelineEvent>> ops(stages);
+  for (int s = 0; s < stages; ++s)
+    for (const PipelineOp& op : pipeline_ops(schedule, s, stages, micro_batches))
+      ops[s].push_back({op, 0, op.kind == PipelineOp::forward ? forward_slots : backward_slots});
+  return replay_pipeline(ops);
+}
+
+// ---- the cut and the refusals ----
+StageBlocks pipeline_stage_blocks(int64_t blocks, int stage, int stages) {
+  return {stage * blocks / stages, (stage + 1) * blocks / stages};
+}
+
+void check_pipeline_parallel(int64_t blocks, int pp_size, const std::string& model) {
+  TESSERA_CHECK(pp_size >= 1, "pipeline parallelism: pp_size must be >= 1, got ", pp_size);
+  TESSERA_CHECK(pp_size <= blocks, "pipeline parallelism: pp_size ", pp_size, " exceeds the ",
+                blocks, " blocks of ", model, " (every stage needs at least one block)");
+}
+
+void check_pipeline_options(const PipelineOptions& options) {
+  TESSERA_CHECK(options.micro_batches >= 1,
+                "pipeline parallelism: micro_batches must be >= 1, got ", options.micro_batches);
+}
+
+void check_micro_batches(int micro_batches, int64_t batch_rows) {
+  check_pipeline_options({.micro_batches = micro_batches});
+  TESSERA_CHECK(batch_rows % micro_batches == 0, "pipeline parallelism: micro_batches ",
+                micro_batches, " does not divide the batch of ", batch_rows, " rows");
+}
+
+GroupPtr pipeline_parallel_group(ProcessGroup& world, int pp_size) {
+  return consecutive_rank_group(world, pp_size, "pipeline parallelism: pp_size");
+}
+
+// ---- the model ----
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point origin) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - origin).count();
+}
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+std::vector<int> all_ranks(const ProcessGroup& group) {
+  std::vector<int> ranks(group.size());
+  for (int r = 0; r < group.size(); ++r) ranks[r] = r;
+  return ranks;
+}
+}  // namespace
+
+// What one train_step keeps between the ops of its micro-batches.
+struct PipelineParallelCausalLM::StepState {
+  Tensor idx, targets;
+  int64_t rows = 0;                     // per micro-batch
+  double target_count = 0;              // targets != -100 in the whole batch
+  std::vector<Tensor> inputs, outputs;  // per micro-batch: the received input, the output
+  double loss = 0;
+  std::vector<Tensor> sent;  // alive until their sends are done
+  std::vector<WorkPtr> sends;
+  std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();
+};
+
+PipelineParallelCausalLM::PipelineParallelCausalLM(GroupPtr group, const nn::CausalLM& full,
+                                                   bool tied)
+    : group_(std::move(group)),
+      tied_model_(tied),
+      fast_blocks_(full.runs_fast_blocks()),
+      context_(full.context_length()),
+      full_description_(full.describe()) {
+  TESSERA_CHECK(group_ != nullptr, "pipeline parallelism: this rank is in no pipeline group");
+  blocks_ = pipeline_stage_blocks(full.num_blocks(), stage(), stages());
+  gradients_ = group_->new_group(all_ranks(*group_));
+  if (tied_model_ && stages() > 1) tied_ = group_->new_group({0, stages() - 1});
+}
+
+PipelineParallelCausalLM::~PipelineParallelCausalLM() = default;
+
+void PipelineParallelCausalLM::finish_construction(const nn::CausalLM& full, int64_t hidden) {
+  const nn::NamedTensors mine = named_parameters();
+  TESSERA_CHECK(!mine.empty(), "pipeline parallelism: stage ", stage(), " holds no parameter");
+  hidden_ = hidden;
+  activations_ = {.dtype = mine.front().second.dtype(), .device = mine.front().second.device()};
+  train(full.is_training());
+  const nn::NamedTensors all = full.named_parameters();
+  // Each of the full model's parameters: the lowest stage that holds it (tied: the first).
+  std::vector<int32_t> holder(all.size(), stages());
+  for (size_t i = 0; i < all.size(); ++i)
+    for (const auto& [name, p] : mine)
+      if (name == all[i].first) {
+        TESSERA_CHECK(p.shape() == all[i].second.shape(), "pipeline parallelism: ", name, " is ",
+                      shape_str(p.shape()), " on stage ", stage(), " but ",
+                      shape_str(all[i].second.shape()), " in the full model");
+        holder[i] = stage();
+      }
+  Tensor holders =
+      from_vector(holder, {static_cast<int64_t>(holder.size())}, {.dtype = DType::i32});
+  group_->all_reduce(holders, ReduceOp::Min)->wait();
+  holder = holders.to_vector<int32_t>();
+  for (size_t i = 0; i < all.size(); ++i) {
+    TESSERA_CHECK(holder[i] < stages(), "pipeline parallelism: no stage holds ", all[i].first);
+    layout_.push_back({all[i].first, all[i].second.shape(), holder[i]});
+  }
+}
+
+void PipelineParallelCausalLM::set_options(const PipelineOptions& options) {
+  check_pipeline_options(options);
+  options_ = options;
+}
+
+std::string PipelineParallelCausalLM::describe() const {
+  std::ostringstream out;
+  out << full_description_ << "; pipeline stage " << stage() << " of " << stages() << ": blocks "
+      << blocks_.begin << ".." << blocks_.end - 1 << (first_stage() ? " + embeddings" : "")
+      << (last_stage() ? " + head" : "") << ", " << options_.micro_batches << " micro-batches, "
+      << pipeline_schedule_name(options_.schedule);
+  return out.str();
+}
+
+void PipelineParallelCausalLM::check_step_inputs(const Tensor& idx, const Tensor& targets) const {
+  TESSERA_CHECK(idx.dim() == 2 && is_integral(idx.dtype()) && idx.dtype() != DType::boolean,
+                "pipeline parallelism: idx must be integer [B, T], got ", dtype_name(idx.dtype()),
+                " ", shape_str(idx.shape()));
+  TESSERA_CHECK(targets.shape() == idx.shape(), "pipeline parallelism: targets ",
+                shape_str(targets.shape()), " must have idx's shape ", shape_str(idx.shape()));
+  TESSERA_CHECK(idx.size(1) <= context_, "pipeline parallelism: sequence of ", idx.size(1),
+                " tokens exceeds the context of ", context_);
+  check_micro_batches(options_.micro_batches, idx.size(0));
+}
+
+Tensor PipelineParallelCausalLM::train_step(const Tensor& idx, const Tensor& targets) {
+  check_step_inputs(idx, targets);
+  StepState step;
+  step.idx = idx.contiguous(), step.targets = targets.contiguous();
+  step.rows = idx.size(0) / options_.micro_batches;
+  for (int64_t t : ops::to(step.targets, Device::cpu(), DType::i64).to_vector<int64_t>())
+    step.target_count += t != -100;
+  TESSERA_CHECK(step.target_count > 0,
+                "pipeline parallelism: the batch has no target "
+                "(every one is -100)");
+  step.inputs.assign(options_.micro_batches, Tensor());
+  step.outputs.assign(options_.micro_batches, Tensor());
+  timeline_.events.clear();
+  for (const PipelineOp& op :
+       pipeline_ops(options_.schedule, stage(), stages(), options_.micro_batches))
+    op.kind == PipelineOp::forward ? forward_micro_batch(op.micro_batch, step)
+                                   : backward_micro_batch(op.micro_batch, step);
+  for (const WorkPtr& w : step.sends) w->wait();
+  reduce_tied_gradient();
+  // The loss lives on the last stage; every stage reports it.
+  Tensor loss = full({}, step.loss, {.dtype = DType::f64});
+  group_->broadcast(loss, stages() - 1)->wait();
+  return loss.to(DType::f32);
+}
+
+void PipelineParallelCausalLM::forward_micro_batch(int m, StepState& step) {
+  Tensor input;
+  if (!first_stage()) {
+    input = empty({step.rows, step.idx.size(1), hidden_}, activations_);
+    group_->recv(input, stage() - 1)->wait();
+    input.requires_grad_();  // stage - 1 needs the gradient of this input
+    step.inputs[m] = input;
+  }
+  const double start = seconds_since(step.origin), cpu = thread_cpu_s();
+  const int64_t row = m * step.rows;
+  Tensor x =
+      first_stage() ? embed(ops::contiguous(ops::narrow(step.idx, 0, row, step.rows))) : input;
+  Tensor out = run_blocks(x);
+  if (last_stage()) {
+    // Each micro-batch's summed cross-entropy over the whole batch's target count: the
+    // micro-batches' losses and gradients add up to those of the batch's mean.
+    const Tensor targets = ops::contiguous(ops::narrow(step.targets, 0, row, step.rows));
+    out = cross_entropy(head_logits(out), targets, -100, Reduction::Sum) / step.target_count;
+    step.loss += out.item();
+  } else {
+    step.sent.push_back(out.detach().contiguous());
+    step.sends.push_back(group_->send(step.sent.back(), stage() + 1));
+  }
+  step.outputs[m] = out;
+  timeline_.events.push_back(
+      {{PipelineOp::forward, m}, start, seconds_since(step.origin), thread_cpu_s() - cpu});
+}
+
+void PipelineParallelCausalLM::backward_micro_batch(int m, StepState& step) {
+  Tensor& out = step.outputs[m];
+  TESSERA_CHECK(out.defined(), "pipeline parallelism: backward of micro-batch ", m,
+                " before its forward");
+  Tensor grad;
+  if (!last_stage()) {
+    grad = empty(out.shape(), {.dtype = out.dtype(), .device = out.device()});
+    gradients_->recv(grad, stage() + 1)->wait();
+  }
+  const double start = seconds_since(step.origin), cpu = thread_cpu_s();
+  out.backward(grad);
+  if (!first_stage()) {
+    step.sent.push_back(step.inputs[m].grad().contiguous());
+    step.sends.push_back(gradients_->send(step.sent.back(), stage() - 1));
+  }
+  out = step.inputs[m] = Tensor();  // micro-batch m's activations can go
+  timeline_.events.push_back(
+      {{PipelineOp::backward, m}, start, seconds_since(step.origin), thread_cpu_s() - cpu});
+}
+
+void PipelineParallelCausalLM::reduce_tied_gradient() {
+  if (!tied_) return;
+  // The first stage's lookups and the last stage's head both used the token embedding: its
+  // gradient is the sum of the two parts, on both copies.
+  Tensor weight = tied_weight();
+  if (!weight.grad().defined()) weight.set_grad(zeros_like(weight));
+  tied_->all_reduce(weight.grad())->wait();
+}
+
+PipelineBubble PipelineParallelCausalLM::bubble() const {
+  PipelineBubble out;
+  // Every stage's busy time and stage 0's span; durations only, so no two clocks meet.
+  std::vector<double> figures(stages() + 1, 0.0);
+  figures[stage()] = timeline_.busy_s();
+  if (first_stage()) figures[stages()] = timeline_.span_s();
+  Tensor summed = from_vector(figures, {stages() + 1}, {.dtype = DType::f64});
+  group_->all_reduce(summed)->wait();
+  figures = summed.to_vector<double>();
+  out.span_s = figures.back();
+  figures.pop_back();
+  out.measured = pipeline_bubble(figures, out.span_s);
+  out.stage0 = 1 - figures.front() / out.span_s;
+  // Every stage's ops as it ran them: kind, micro-batch, CPU seconds (2m ops per stage).
+  const int64_t n = static_cast<int64_t>(timeline_.events.size());
+  std::vector<double> mine;
+  for (const PipelineEvent& e : timeline_.events)
+    mine.insert(mine.end(), {double(e.op.kind), double(e.op.micro_batch), e.cpu_s});
+  Tensor all = empty({stages() * 3 * n}, {.dtype = DType::f64});
+  group_->all_gather(all, from_vector(mine, {3 * n}, {.dtype = DType::f64}))->wait();
+  const std::vector<double> ops = all.to_vector<double>();
+  std::vector<std::vector<PipelineEvent>> by_cpu(stages()), by_slots(stages());
+  for (int s = 0; s < stages(); ++s)
+    for (int64_t i = 0; i < n; ++i) {
+      const double* op = &ops[3 * (s * n + i)];
+      const PipelineOp what{op[0] == 0 ? PipelineOp::forward : PipelineOp::backward, int(op[1])};
+      by_cpu[s].push_back({what, 0, op[2]});
+      by_slots[s].push_back({what, 0, what.kind == PipelineOp::forward ? 1.0 : 2.0});
+    }
+  auto bubble_of = [&](const std::vector<PipelineTimeline>& replayed) {
+    std::vector<double> busy;
+    for (const PipelineTimeline& t : replayed) busy.push_back(t.busy_s());
+    return pipeline_bubble(busy, replayed.front().span_s());
+  };
+  out.replayed = bubble_of(replay_pipeline(by_cpu));
+  out.logical = bubble_of(replay_pipeline(by_slots));
+  out.theory = theoretical_bubble(stages(), options_.micro_batches);
+  return out;
+}
+
+std::map<std::string, Tensor> PipelineParallelCausalLM::full_state_dict() const {
+  std::map<std::string, Tensor> full;
+  const nn::NamedTensors mine = named_parameters();
+  auto own = [&](const std::string& name) {
+    for (const auto& [n, p] : mine)
+      if (n == name) return p;
+    return Tensor();
+  };
+  // The layout is the same on every stage: the broadcasts pair up.
+  for (const FullParameter& p : layout_) {
+    Tensor value = p.stage == stage() ? ops::clone(own(p.name)) : empty(p.shape, activations_);
+    group_->broadcast(value, p.stage)->wait();
+    full[p.name] = value;
+  }
+  return full;
+}
+
+void PipelineParallelCausalLM::load_full_state_dict(const nn::Module& full) {
+  autograd::NoGradGuard no_grad;
+  for (const auto& [name, p] : named_parameters()) ops::copy_(p, full.parameter(name));
+}
+
+std::unique_ptr<nn::CausalLM> PipelineParallelCausalLM::gather_full_model() const {
+  std::unique_ptr<nn::CausalLM> full = new_full_model();
+  full->load_state_dict(full_state_dict());
+  return full;
+}
+
+void PipelineParallelCausalLM::save_pretrained(const std::string& dir) const {
+  const std::unique_ptr<nn::CausalLM> full = gather_full_model();
+  if (first_stage()) full->save_pretrained(dir);
+  group_->barrier()->wait();
+}
+
+}  // namespace tessera::dist
