@@ -5,12 +5,24 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <exception>
 #include <string>
 
 #include "parallel_check.h"
 #include "run_job.h"
 
 namespace tessera::parallel_check {
+
+// The message of what f throws, or "(no error)".
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 // `program` under `tessera launch` on `nproc` ranks with one thread each.
 inline std::string launch(const std::string& program, int nproc, const std::string& args) {

@@ -25,18 +25,9 @@ using namespace tessera;
 using dist::PipelineOp;
 using dist::PipelineSchedule;
 using tessera::parallel_check::count_of;
+using tessera::parallel_check::error_of;
 using tessera::test_jobs::JobResult;
 using tessera::test_jobs::run_job;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 std::string order_of(const std::vector<PipelineOp>& ops) {
   std::string out;

@@ -16,16 +16,7 @@
 namespace {
 
 using namespace tessera;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using tessera::parallel_check::error_of;
 
 TEST(TensorParallel, RefusesHeadsAndWidthsTheGroupDoesNotDivide) {
   nn::GPTConfig gpt{.vocab_size = 97, .block_size = 8, .n_layer = 1, .n_head = 6, .n_embd = 24};
