@@ -13,6 +13,8 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -310,15 +312,47 @@ std::optional<int64_t> deepspeed_estimate(const Strategy& s, const PlanArgs& a, 
   return 4 * largest_layer + 18 * psi / w;
 }
 
+// The largest n in [1, kMaxLayers] whose plan fits `capacity` (0 when one block does not),
+// by dry runs, assuming the peak never falls as blocks are added. The peak grows by about the
+// same bytes with each block, so the line through the last two plans places the answer and
+// two more plans (it fits, one block more does not) usually confirm it; a guess that does not
+// at least halve the bracket once a plan has failed is followed by its midpoint, so a few plans
+// run, not one per block (a plan
+// costs time in proportion to its depth: walking one block at a time from a poor guess took
+// most of an hour at 5120 channels).
+int64_t deepest_fit(const std::function<const dist::MemoryPlan&(int64_t)>& plan, int64_t capacity) {
+  if (plan(1).peak > capacity) return 0;
+  int64_t lo = 1, hi = kMaxLayers + 1;  // plan(lo) fits; plan(hi) does not (or hi is past the cap)
+  int64_t a = 1, b = 2;                 // the two most recent plans, for the line
+  while (hi - lo > 1) {
+    const double slope = std::max(1.0, double(plan(b).peak - plan(a).peak) / double(b - a));
+    const double line = double(lo) + double(capacity - plan(lo).peak) / slope;
+    int64_t guess = static_cast<int64_t>(std::min(line, double(kMaxLayers)));
+    const int64_t width = hi - lo;
+    guess = std::clamp<int64_t>(guess, lo + 1, hi - 1);
+    // The line's guess, and the block after it (a hit's confirmation); once a plan has failed,
+    // the midpoint when the guess left more than half of the bracket.
+    for (int64_t n : {guess, guess + 1}) {
+      if (n <= lo || n >= hi) continue;
+      if (plan(n).peak <= capacity) lo = n; else hi = n;
+      a = b;
+      b = n;
+      if (plan(n).peak > capacity) break;
+    }
+    if (hi <= kMaxLayers && hi - lo > 1 && 2 * (hi - lo) > width) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (plan(mid).peak <= capacity) lo = mid; else hi = mid;
+      a = b;
+      b = mid;
+    }
+  }
+  return lo;
+}
+
 // --fit: for each strategy the deepest GPT of the given width (heads, vocabulary, run and
-// device) whose planned peak fits the device, by dry runs: the peak grows by the same bytes
-// with each block, so two plans (1 and 2 blocks) place the answer and a few more confirm it
-// (the last that fits, the next that does not).
+// device) whose planned peak fits the device (deepest_fit: the last that fits, the next that
+// does not).
 void print_fits(PlanArgs a, const Capacity& capacity) {
-  const auto peak_of = [&](int64_t layers) {
-    a.n_layer = layers;
-    return dist::plan_memory(plan_options(a));
-  };
   std::printf("plan --fit: the deepest GPT of %lld channels, %lld heads, vocab %lld that fits %.2f GiB (%s)\n"
               "      on %d process(es), %s, %lldx%lld rows x %d micro-batches, %s routes, gradient "
               "checkpointing %s; by dry runs\n",
@@ -330,21 +364,22 @@ void print_fits(PlanArgs a, const Capacity& capacity) {
   for (const Strategy& s : kStrategies) {
     a.zero_stage = s.stage;
     a.offload = s.offload;
-    const dist::MemoryPlan one = peak_of(1);
-    if (one.peak > capacity.bytes) {
-      std::printf("%-28s %8s %16s %16.3f %26s\n", s.name, "none", "-", gib(one.peak), "-");
+    std::map<int64_t, dist::MemoryPlan> plans;  // by depth: each dry run once
+    const auto plan = [&](int64_t layers) -> const dist::MemoryPlan& {
+      auto it = plans.find(layers);
+      if (it == plans.end()) {
+        PlanArgs at = a;
+        at.n_layer = layers;
+        it = plans.emplace(layers, dist::plan_memory(plan_options(at))).first;
+      }
+      return it->second;
+    };
+    const int64_t layers = deepest_fit(plan, capacity.bytes);
+    if (layers == 0) {
+      std::printf("%-28s %8s %16s %16.3f %26s\n", s.name, "none", "-", gib(plan(1).peak), "-");
       continue;
     }
-    const int64_t per_block = std::max<int64_t>(1, peak_of(2).peak - one.peak);
-    int64_t layers = std::clamp<int64_t>(1 + (capacity.bytes - one.peak) / per_block, 1, kMaxLayers);
-    dist::MemoryPlan at = peak_of(layers);
-    while (layers > 1 && at.peak > capacity.bytes) at = peak_of(--layers);
-    while (layers < kMaxLayers) {
-      const dist::MemoryPlan next = peak_of(layers + 1);
-      if (next.peak > capacity.bytes) break;
-      at = next;
-      ++layers;
-    }
+    const dist::MemoryPlan& at = plan(layers);
     const std::optional<int64_t> ds = deepspeed_estimate(s, a, at.psi);
     char estimate[32] = "-";
     if (ds) std::snprintf(estimate, sizeof(estimate), "%.3f", gib(*ds));
