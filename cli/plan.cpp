@@ -334,14 +334,14 @@ int64_t deepest_fit(const std::function<const dist::MemoryPlan&(int64_t)>& plan,
     // the midpoint when the guess left more than half of the bracket.
     for (int64_t n : {guess, guess + 1}) {
       if (n <= lo || n >= hi) continue;
-      if (plan(n).peak <= capacity) lo = n; else hi = n;
+      (plan(n).peak <= capacity ? lo : hi) = n;
       a = b;
       b = n;
       if (plan(n).peak > capacity) break;
     }
     if (hi <= kMaxLayers && hi - lo > 1 && 2 * (hi - lo) > width) {
       const int64_t mid = lo + (hi - lo) / 2;
-      if (plan(mid).peak <= capacity) lo = mid; else hi = mid;
+      (plan(mid).peak <= capacity ? lo : hi) = mid;
       a = b;
       b = mid;
     }

@@ -129,8 +129,12 @@ class TimedGroup : public dist::ProcessGroup {
   dist::WorkPtr do_barrier(const dist::CollectiveSignature&) override {
     return timed("barrier", 0, [&] { inner_->barrier()->wait(); });
   }
-  dist::WorkPtr do_send(const Tensor& t, int dst, int tag) override { return inner_->send(t, dst, tag); }
-  dist::WorkPtr do_recv(const Tensor& t, int src, int tag) override { return inner_->recv(t, src, tag); }
+  dist::WorkPtr do_send(const Tensor& t, int dst, int tag) override {
+    return inner_->send(t, dst, tag);
+  }
+  dist::WorkPtr do_recv(const Tensor& t, int src, int tag) override {
+    return inner_->recv(t, src, tag);
+  }
   std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>&, uint64_t,
                                              dist::ProcessGroupOptions) override {
     TESSERA_FAIL("TimedGroup: sub-groups are not timed");
