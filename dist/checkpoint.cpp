@@ -3,8 +3,8 @@
 // changes anything.
 #include <cmath>
 #include <filesystem>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "tessera/core/random.h"

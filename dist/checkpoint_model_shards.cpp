@@ -282,12 +282,13 @@ int64_t largest_streamed_range_bytes(const ZeroStrategy& strategy) {
     if (!sharded.count(name)) largest = std::max<int64_t>(largest, t.nbytes());
   }
   const std::shared_ptr<ProcessGroup> writers = strategy.checkpoint_group();
-  TESSERA_CHECK(writers, "largest_streamed_range_bytes: this rank writes no shard (under hybrid "
+  TESSERA_CHECK(writers,
+                "largest_streamed_range_bytes: this rank writes no shard (under hybrid "
                 "sharding the ranks of shard group 0 do)");
   for (int index = 0; index < writers->size(); ++index)
     for (const auto& piece : strategy.parameter_shard_layout(index))
-      largest = std::max<int64_t>(largest,
-                                  piece.numel * static_cast<int64_t>(dtype_size(dtype.at(piece.name))));
+      largest = std::max<int64_t>(
+          largest, piece.numel * static_cast<int64_t>(dtype_size(dtype.at(piece.name))));
   return largest;
 }
 

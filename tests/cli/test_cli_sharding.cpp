@@ -408,10 +408,10 @@ TEST(CliSharding, PlanPredictsTheMeasuredPeakByCategoryWithinTwoPercent) {
       SCOPED_TRACE(std::to_string(nproc) + " ranks, stage " + std::to_string(stage));
       const std::string out =
           "plan_measured_" + std::to_string(nproc) + "_" + std::to_string(stage);
-      auto r = run(launch(nproc) + "train --data " + (prepared("byte") / "train.bin").string() +
-                   shape + " --steps 2 --save-every 2 --memory-report --deepspeed " + ds +
-                   " --zero-stage " +
-                   std::to_string(stage) + " --out " + (scratch() / out).string());
+      auto r =
+          run(launch(nproc) + "train --data " + (prepared("byte") / "train.bin").string() + shape +
+              " --steps 2 --save-every 2 --memory-report --deepspeed " + ds + " --zero-stage " +
+              std::to_string(stage) + " --out " + (scratch() / out).string());
       ASSERT_EQ(r.rc, 0) << r.output;
       const int64_t vocab = static_cast<int64_t>(numbers_after(r.output, "vocab ", 1)[0]);
       const std::vector<double> measured_mib = numbers_after(r.output, "rank 0 peak", 7);

@@ -73,14 +73,17 @@ void save_reporting_memory(dist::Accelerator& acc, nn::Module& model, const std:
   int64_t unit = 0;
   if (auto* zero = dynamic_cast<dist::ZeroStrategy*>(acc.strategy_of(model)))
     for (const auto& bucket : zero->buckets().buckets())
-      unit = std::max<int64_t>(unit, bucket.padded_numel * static_cast<int64_t>(dtype_size(bucket.dtype)));
+      unit = std::max<int64_t>(
+          unit, bucket.padded_numel * static_cast<int64_t>(dtype_size(bucket.dtype)));
   acc.save_state(dir);
   const CategoryMemoryStats during = acc.save_memory().value();
   std::cout << ("save memory rank " + std::to_string(acc.process_index()) + " training_peak " +
-                std::to_string(training_peak) + " alive_before_save " + std::to_string(alive) + " save_peak " +
-                std::to_string(during.peak) + " unit " + std::to_string(unit) + " parameters_at_save_peak " +
-                std::to_string(during.at_peak_of(MemoryCategory::Parameters)) + " training_peak_after_save " +
-                std::to_string(category_memory_stats(type).peak) + "\n")
+                std::to_string(training_peak) + " alive_before_save " + std::to_string(alive) +
+                " save_peak " + std::to_string(during.peak) + " unit " + std::to_string(unit) +
+                " parameters_at_save_peak " +
+                std::to_string(during.at_peak_of(MemoryCategory::Parameters)) +
+                " training_peak_after_save " + std::to_string(category_memory_stats(type).peak) +
+                "\n")
             << std::flush;
 }
 

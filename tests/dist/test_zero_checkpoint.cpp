@@ -151,8 +151,8 @@ TEST(ZeroShardedCheckpoint, SaveStaysWithinTheTrainingPeakPlusOneUnit) {
     std::string w;
     int rank;
     int64_t training_peak, alive, save_peak, unit, parameters, training_peak_after;
-    is >> w >> w >> w >> rank >> w >> training_peak >> w >> alive >> w >> save_peak >> w >> unit >> w >>
-        parameters >> w >> training_peak_after;
+    is >> w >> w >> w >> rank >> w >> training_peak >> w >> alive >> w >> save_peak >> w >> unit >>
+        w >> parameters >> w >> training_peak_after;
     std::printf("[ zero-ckpt ] rank %d: training peak %lld B, save_state peak %lld B (%lld B alive before it), "
                 "one unit %lld B\n",
                 rank, (long long)training_peak, (long long)save_peak, (long long)alive, (long long)unit);
