@@ -466,9 +466,10 @@ TEST(CliSharding, PlanPredictsTheMeasuredPeakByCategoryWithinTwoPercent) {
                                      numbers_after(r.output, "largest_unit_bytes", 1)[0]);
         EXPECT_GT(unit, 0);
         for (int rank = 0; rank < nproc; ++rank) {
-          std::printf("[ plan ] %d ranks, stage %d, rank %d: save peak %.3f MiB, training peak "
-                      "%.3f MiB + one unit %.3f MiB\n",
-                      nproc, stage, rank, save_total[rank], peak_total[rank], unit / (1 << 20));
+          std::printf(
+              "[ plan ] %d ranks, stage %d, rank %d: save peak %.3f MiB, training peak "
+              "%.3f MiB + one unit %.3f MiB\n",
+              nproc, stage, rank, save_total[rank], peak_total[rank], unit / (1 << 20));
           EXPECT_LE(save_total[rank] * (1 << 20), peak_total[rank] * (1 << 20) + unit + 1024)
               << "rank " << rank << "'s save: more than its training peak plus one unit\n"
               << r.output;
