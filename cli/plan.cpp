@@ -43,6 +43,9 @@ struct PlanArgs {
   // --gradient-checkpointing [POLICY], read by checkpoint_policy().
   bool checkpointing = false;
   std::string checkpoint_policy;
+  // As `tessera train` takes it: a run saves a checkpoint unless "no" (then the save phase
+  // is still predicted, but the peak leaves it out).
+  std::string save_strategy = "steps";
 };
 
 // The policy of --gradient-checkpointing (full when given without a value, none when absent),
@@ -145,6 +148,7 @@ dist::MemoryPlanOptions plan_options(const PlanArgs& a) {
   o.offload_optimizer = a.offload != "none";
   o.offload_param = a.offload == "param";
   o.gradient_checkpointing = checkpoint_policy(a);
+  o.saves_checkpoints = a.save_strategy != "no";
   return o;
 }
 
@@ -224,6 +228,8 @@ void print_plan(const PlanArgs& a, const dist::MemoryPlan& p, const Capacity& ca
   // or under stage 3 the shard alone) can be the higher point (ZeRO-1/2 on many ranks).
   row("  construction", p.setup_at_peak, p.setup_peak);
   row("  steps' peak", p.step_at_peak, p.step_peak);
+  // A checkpoint written between steps (rank 0's, which also streams the model's shards).
+  row(a.save_strategy == "no" ? "  save (not run)" : "  save", p.save_at_peak, p.save_peak);
   std::array<int64_t, kNumMemoryCategories> formula{};
   formula[static_cast<int>(MemoryCategory::Parameters)] = p.formula.parameters;
   formula[static_cast<int>(MemoryCategory::Gradients)] = p.formula.gradients;
@@ -248,11 +254,14 @@ void print_plan(const PlanArgs& a, const dist::MemoryPlan& p, const Capacity& ca
   by_category("peak_bytes_by_category", p.at_peak);
   by_category("construction_peak_bytes_by_category", p.setup_at_peak);
   by_category("step_peak_bytes_by_category", p.step_at_peak);
-  std::printf("step_peak_bytes %lld\nsetup_peak_bytes %lld\n", (long long)p.step_peak,
-              (long long)p.setup_peak);
+  by_category("save_peak_bytes_by_category", p.save_at_peak);
+  std::printf("step_peak_bytes %lld\nsetup_peak_bytes %lld\nsave_peak_bytes %lld\n",
+              (long long)p.step_peak, (long long)p.setup_peak, (long long)p.save_peak);
   std::printf("buckets_in_flight_bound_bytes %lld\nshard_gradient_bytes %lld\n",
               (long long)(static_cast<int64_t>(p.max_buckets_in_flight) * p.largest_bucket_bytes),
               (long long)p.terms().shard_gradients);
+  std::printf("largest_bucket_bytes %lld\nlargest_unit_bytes %lld\n",
+              (long long)p.largest_bucket_bytes, (long long)p.largest_unit_bytes);
 }
 
 // The strategies a plan compares (--all-strategies, --fit), in the order of their memory.
@@ -452,6 +461,10 @@ const RegisterCommand reg(
       sub.add_flag("--fit", a->fit,
                    "for each of those strategies the most --n-layer blocks (of this width) that fit the "
                    "device, next to DeepSpeed's estimator for that model");
+      sub.add_option("--save-strategy", a->save_strategy,
+                     "as `tessera train` takes it: steps or epoch (the default: a run saves "
+                     "checkpoints, at its end at least, so the peak covers the save) | no")
+          ->check(CLI::IsMember({"steps", "epoch", "no"}));
       CLI::Option* checkpointing = sub.add_option(
           "--gradient-checkpointing", a->checkpoint_policy,
           "plan the activations of a recompute policy, as `tessera train` takes it: full (the "

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "tessera/core/allocator.h"
 #include "tessera/core/size_only.h"
@@ -80,14 +81,47 @@ CategoryMemoryStats category_memory_stats(DeviceType type) {
   return ledger().stats[static_cast<int>(type)];
 }
 
+namespace {
+
+// The counters a window of `type` covers: the type's, and the dry run's host ones with the CPU.
+std::vector<CategoryMemoryStats*> windowed(DeviceType type) {
+  std::vector<CategoryMemoryStats*> counters{&ledger().stats[static_cast<int>(type)]};
+  if (type == DeviceType::CPU) counters.push_back(&ledger().dry_run_host);
+  return counters;
+}
+
+void start_window(CategoryMemoryStats& s) {
+  s.peak = s.total_in_use();
+  s.at_peak = s.in_use;
+}
+
+}  // namespace
+
 void reset_category_peak(DeviceType type) {
   std::lock_guard lock(ledger().mutex);
-  for (CategoryMemoryStats* s : {&ledger().stats[static_cast<int>(type)], &ledger().dry_run_host}) {
-    if (s == &ledger().dry_run_host && type != DeviceType::CPU) continue;
-    s->peak = s->total_in_use();
-    s->at_peak = s->in_use;
+  for (CategoryMemoryStats* s : windowed(type)) start_window(*s);
+}
+
+MemoryPeakWindow::MemoryPeakWindow(DeviceType type) : type_(type) {
+  std::lock_guard lock(ledger().mutex);
+  enclosing_ = ledger().stats[static_cast<int>(type)];
+  enclosing_host_ = ledger().dry_run_host;
+  for (CategoryMemoryStats* s : windowed(type)) start_window(*s);
+}
+
+MemoryPeakWindow::~MemoryPeakWindow() {
+  std::lock_guard lock(ledger().mutex);
+  const std::vector<CategoryMemoryStats*> counters = windowed(type_);
+  const CategoryMemoryStats* saved[] = {&enclosing_, &enclosing_host_};
+  for (size_t i = 0; i < counters.size(); ++i) {
+    CategoryMemoryStats& s = *counters[i];
+    s.peak = saved[i]->peak;
+    s.at_peak = saved[i]->at_peak;
+    if (s.total_in_use() > s.peak) start_window(s);  // what the window left alive is more
   }
 }
+
+CategoryMemoryStats MemoryPeakWindow::stats() const { return category_memory_stats(type_); }
 
 void set_memory_category(const Storage& storage, MemoryCategory category) {
   if (!memory_categories_enabled()) return;

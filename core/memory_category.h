@@ -74,9 +74,32 @@ CategoryMemoryStats host_memory_stats_of_dry_run();
 void enable_memory_categories(bool on);
 bool memory_categories_enabled();
 CategoryMemoryStats category_memory_stats(DeviceType type);
-// Starts a new peak window at the bytes alive now (of the dry run's host counters too when
-// type is the CPU).
+// Peak windows. `peak` and `at_peak` above are those of the current window: since counting
+// began, or since the last reset_category_peak, which ends a phase for good and starts a new
+// window at the bytes alive now (of the dry run's host counters too when type is the CPU):
+// `tessera train --memory-report` ends its construction phase so.
 void reset_category_peak(DeviceType type);
+// A phase nested inside the current window, measured apart without ending it (the memory
+// report's save phase: a checkpoint written between training steps, and `tessera plan`'s dry
+// run of it). While the window lives, category_memory_stats(type)'s peak is its own, starting
+// at the bytes alive when it opened; when it closes, the enclosing window's peak and split are
+// put back as they were (raised only to the bytes alive at the close, if those are more), so
+// what happened inside is reported by stats() alone and the enclosing peak stays that of what
+// ran outside it. Windows nest as scopes do; the dry run's host counters take part as in
+// reset_category_peak.
+class MemoryPeakWindow {
+ public:
+  explicit MemoryPeakWindow(DeviceType type);
+  ~MemoryPeakWindow();
+  MemoryPeakWindow(const MemoryPeakWindow&) = delete;
+  MemoryPeakWindow& operator=(const MemoryPeakWindow&) = delete;
+  // Since the window opened: its peak and the split there; in_use: the bytes alive now.
+  CategoryMemoryStats stats() const;
+
+ private:
+  DeviceType type_;
+  CategoryMemoryStats enclosing_, enclosing_host_;
+};
 // Re-files a live storage under another category (memory allocated before its role was
 // known: a model's parameters are built before the data-parallel strategy adopts them).
 void set_memory_category(const class Storage& storage, MemoryCategory category);

@@ -292,8 +292,7 @@ MemoryUsage Accelerator::memory_usage(const nn::Module& model) const {
 
 void Accelerator::reset_memory_peak() { reset_category_peak(device_.type); }
 
-std::vector<RankMemory> Accelerator::gather_rank_memory() {
-  const CategoryMemoryStats stats = category_memory_stats(device_.type);
+std::vector<RankMemory> Accelerator::gather_rank_memory(const CategoryMemoryStats& stats) {
   std::vector<int64_t> mine(stats.in_use.begin(), stats.in_use.end());
   mine.insert(mine.end(), stats.at_peak.begin(), stats.at_peak.end());
   mine.push_back(stats.peak);
@@ -312,14 +311,17 @@ std::vector<RankMemory> Accelerator::gather_rank_memory() {
 }
 
 void Accelerator::end_memory_phase(const std::string& phase) {
-  memory_phases_.push_back({phase, gather_rank_memory()});
+  memory_phases_.push_back({phase, gather_rank_memory(category_memory_stats(device_.type))});
   reset_memory_peak();
 }
 
 std::string Accelerator::memory_report(const nn::Module& model) {
   DataParallelStrategy* s = strategy_of(model);
   TESSERA_CHECK(s, "Accelerator::memory_report: the model was not prepared");
-  const std::vector<RankMemory> ranks = gather_rank_memory();
+  const std::vector<RankMemory> ranks = gather_rank_memory(category_memory_stats(device_.type));
+  std::vector<MemoryPhase> phases = memory_phases_;
+  // Every rank saved or none did (save_state is collective): the gather is everyone's.
+  if (save_memory_) phases.push_back({"save", gather_rank_memory(*save_memory_)});
   if (!is_main_process()) return "";
   std::set<const TensorImpl*> seen;
   int64_t psi = 0;
@@ -339,7 +341,7 @@ std::string Accelerator::memory_report(const nn::Module& model) {
       // Hybrid sharding keeps ZeRO's state of a shard group: Psi over its ranks.
       zero_memory_formula(psi, dtype_size(dtype), masters, zero_stage_,
                           hybrid_shard_size_ > 0 ? hybrid_shard_size_ : num_processes()),
-      memory_phases_);
+      phases);
   if (!memory_categories_enabled())
     table += "(counting was off: call enable_memory_categories(true) first)\n";
   return table;

@@ -204,6 +204,11 @@ class Accelerator {
   // what follows ("rank 0 construction"), and the peak is reset. `tessera train
   // --memory-report` ends "construction" (the model built and prepared) before training.
   void end_memory_phase(const std::string& phase);
+  // With counting on, save_state measures itself in a peak window of its own
+  // (core/memory_category.h: MemoryPeakWindow), so the training steps' peak stays theirs:
+  // this process's allocator peak (and split) during its largest save_state so far, which
+  // memory_report() prints as the "save" phase ("rank 0 save"); empty before a save.
+  const std::optional<CategoryMemoryStats>& save_memory() const { return save_memory_; }
 
   // ---- training ----
   // Enters a micro-step: gradients are synchronised only on every
@@ -358,9 +363,10 @@ class Accelerator {
   };
   Share share_of(int64_t n, bool apply_padding) const;
   void check_sharded_init() const;
-  // Collective: every rank's bytes by category now and at its peak (memory_report's rows).
-  std::vector<RankMemory> gather_rank_memory();
+  // Collective: every rank's `stats` (now and at its peak: memory_report's rows).
+  std::vector<RankMemory> gather_rank_memory(const CategoryMemoryStats& stats);
   std::vector<MemoryPhase> memory_phases_;
+  std::optional<CategoryMemoryStats> save_memory_;
   void unscale_gradients();
   // Where a collective on `t` runs: its own device, or the run's device for a host tensor
   // the backend cannot move (NCCL).

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "tessera/core/random.h"
@@ -165,6 +166,9 @@ std::shared_ptr<ProcessGroup> writers(const DataParallelStrategy& s) {
 //       loader positions, schedules, loss scaler
 //   checksums.json                                size and CRC-32 of each file, written last
 void Accelerator::save_state(const std::string& dir) {
+  // Measured apart (save_memory()): the training steps' peak window is left as it was.
+  std::optional<MemoryPeakWindow> window;
+  if (memory_categories_enabled()) window.emplace(device_.type);
   // Per-process values (RNG, loader positions) are gathered so the main process can
   // write them all.
   Generator& gen = default_generator();
@@ -237,6 +241,8 @@ void Accelerator::save_state(const std::string& dir) {
   wait_for_everyone();  // every rank's optimizer shards are written
   if (is_main_process()) write_folder_checksums(dir);
   wait_for_everyone();
+  if (window && (!save_memory_ || window->stats().peak > save_memory_->peak))
+    save_memory_ = window->stats();
 }
 
 // Model i's weights read from dir and checked; the returned function loads them. A sharded

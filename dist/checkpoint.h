@@ -53,6 +53,7 @@
 
 #include "tessera/dist/process_group.h"
 #include "tessera/dist/strategy.h"
+#include "tessera/dist/zero.h"
 #include "tessera/optim/optimizer.h"
 
 namespace tessera::dist {
@@ -142,6 +143,12 @@ void write_whole_model(const ShardedModelIndex& index, const std::string& path);
 
 // Removes model `model_index`'s shards and index from dir (once they were streamed elsewhere).
 void remove_sharded_model(const std::string& dir, size_t model_index);
+
+// The largest buffer write_whole_model holds at once (bytes) when the main process streams a
+// sharded save of `strategy`'s model: one range of a writer's shard file per piece that
+// parameter_shards() returns on that writer (ZeroStrategy::parameter_shard_layout), and each
+// tensor rank 0 writes whole. For `tessera plan`'s dry run of the save (dist/memory_plan.h).
+int64_t largest_streamed_range_bytes(const ZeroStrategy& strategy);
 
 // Reads and checks what `strategy`'s model keeps on this rank (names, shapes, floating-ness
 // against the model; every range's checksum) and returns what loads it: nothing in the model

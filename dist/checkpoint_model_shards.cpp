@@ -56,9 +56,18 @@ struct Written {
   std::vector<int64_t> begins;
 };
 
+// Trainable parameters are written by the ranks that hold their pieces (stage 3 keeps no
+// whole copy); rank 0 writes the model's other tensors whole.
+std::set<std::string> trainable_names(const nn::Module& model) {
+  std::set<std::string> names;
+  for (auto& [name, p] : model.named_parameters())
+    if (p.requires_grad()) names.insert(name);
+  return names;
+}
+
 Written tensors_to_write(DataParallelStrategy& strategy, bool with_unsharded) {
   Written w;
-  std::set<std::string> sharded;
+  std::set<std::string> sharded = trainable_names(strategy.module());
   std::map<std::string, int> repeats;  // a parameter's pieces on this rank so far (hybrid: several)
   for (auto& shard : strategy.parameter_shards()) {
     sharded.insert(shard.name);
@@ -67,9 +76,6 @@ Written tensors_to_write(DataParallelStrategy& strategy, bool with_unsharded) {
         ops::contiguous(ops::to(shard.values, Device::cpu(), shard.values.dtype())));
     w.begins.push_back(shard.begin);
   }
-  // Trainable parameters another rank holds are named by it (stage 3 keeps no whole copy).
-  for (auto& [name, p] : strategy.module().named_parameters())
-    if (p.requires_grad()) sharded.insert(name);
   if (!with_unsharded) return w;
   for (auto& [name, t] : strategy.module().state_dict()) {
     if (sharded.count(name)) continue;
@@ -265,6 +271,25 @@ void write_whole_model(const ShardedModelIndex& index, const std::string& path) 
         }
       },
       {{"format", "pt"}});
+}
+
+int64_t largest_streamed_range_bytes(const ZeroStrategy& strategy) {
+  const std::set<std::string> sharded = trainable_names(strategy.module());
+  std::map<std::string, DType> dtype;  // as describe_tensors records it, and the reader reads
+  int64_t largest = 0;
+  for (auto& [name, t] : strategy.module().state_dict()) {
+    dtype[name] = t.dtype();
+    if (!sharded.count(name)) largest = std::max<int64_t>(largest, t.nbytes());
+  }
+  const std::shared_ptr<ProcessGroup> writers = strategy.checkpoint_group();
+  TESSERA_CHECK(writers,
+                "largest_streamed_range_bytes: this rank writes no shard (under hybrid "
+                "sharding the ranks of shard group 0 do)");
+  for (int index = 0; index < writers->size(); ++index)
+    for (const auto& piece : strategy.parameter_shard_layout(index))
+      largest = std::max<int64_t>(
+          largest, piece.numel * static_cast<int64_t>(dtype_size(dtype.at(piece.name))));
+  return largest;
 }
 
 void remove_sharded_model(const std::string& dir, size_t model_index) {

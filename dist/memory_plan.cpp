@@ -9,6 +9,7 @@
 #include "tessera/core/deferred_init.h"
 #include "tessera/core/size_only.h"
 #include "tessera/dist/accelerator.h"
+#include "tessera/dist/checkpoint.h"
 #include "tessera/dist/ddp.h"
 #include "tessera/dist/zero.h"
 #include "tessera/optim/adamw.h"
@@ -117,6 +118,31 @@ void record_layout(MemoryPlan& plan, const DataParallelStrategy& strategy, DType
   plan.max_buckets_in_flight = zero->stage() >= 2 ? zero->max_buckets_in_flight() : 0;
 }
 
+// The save phase: Accelerator::save_state between two steps, measured as the memory report
+// measures the real one, in a peak window of its own. The dry run cannot run save_state
+// itself: it is rank 0 alone, and the main process reads back what every rank wrote (the
+// shards' descriptions, the optimizer shards, and every range of the model's shards, which it
+// streams into model.safetensors); in size-only mode there are neither files nor other ranks.
+// So it allocates what the save allocates beyond what is alive, laid out by the functions the
+// save uses: what the save writes from the host is views (ops::to and contiguous of a
+// contiguous CPU tensor are the tensor itself), and under ZeRO write_whole_model holds one
+// range at a time, the largest largest_streamed_range_bytes; on a GPU those buffers (and
+// the shards' copies to write) are host memory, so the device's save peak is what is alive
+// between steps. Left out: the gathers of every rank's RNG state and loader positions (a few
+// words a rank).
+void record_save(MemoryPlan& plan, const DataParallelStrategy& strategy,
+                 const MemoryPlanOptions& o) {
+  const MemoryPeakWindow window(DeviceType::CPU);
+  if (const auto* zero = dynamic_cast<const ZeroStrategy*>(&strategy)) {
+    const HostMemoryScope host(o.gpu_routes);
+    const MemoryCategoryScope other(MemoryCategory::Other);  // as save_state's caller files it
+    const Tensor range = empty({largest_streamed_range_bytes(*zero)}, {.dtype = DType::u8});
+  }
+  const CategoryMemoryStats save = window.stats();
+  plan.save_peak = save.peak;
+  plan.save_at_peak = save.at_peak;
+}
+
 }  // namespace
 
 MemoryPlan::Terms MemoryPlan::terms() const {
@@ -200,10 +226,15 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
     const CategoryMemoryStats stats = category_memory_stats(DeviceType::CPU);
     plan.step_peak = stats.peak;
     plan.step_at_peak = stats.at_peak;
+    plan.steady = stats.in_use;
+    plan.host_peak = host_memory_stats_of_dry_run().peak;  // the steps' (the save's is apart)
+    record_save(plan, *strategy, o);
     plan.peak = std::max(setup.peak, stats.peak);
     plan.at_peak = setup.peak > stats.peak ? setup.at_peak : stats.at_peak;
-    plan.steady = stats.in_use;
-    plan.host_peak = host_memory_stats_of_dry_run().peak;
+    if (o.saves_checkpoints && plan.save_peak > plan.peak) {
+      plan.peak = plan.save_peak;
+      plan.at_peak = plan.save_at_peak;
+    }
     plan.strategy = strategy->name();
     record_layout(plan, *strategy, policy.reduce_dtype);
     std::set<const TensorImpl*> seen;

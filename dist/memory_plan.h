@@ -47,6 +47,10 @@ struct MemoryPlanOptions {
   // term follows the policy, its recomputes included. Refused, naming it, when it cannot apply
   // to model.n_layer blocks.
   nn::CheckpointPolicy gradient_checkpointing;
+  // Whether the run writes a checkpoint (Accelerator::save_state between steps): `tessera
+  // train` does at its end, and every --save-every steps, unless --save-strategy no. The save
+  // phase is predicted either way; this says whether `peak` covers it.
+  bool saves_checkpoints = true;
 };
 
 struct MemoryPlan {
@@ -55,9 +59,11 @@ struct MemoryPlan {
   std::array<int64_t, kNumMemoryCategories> at_peak{};  // by category at that moment
   // The construction (the model built, cast and sharded, as `tessera train` builds it: whole
   // in f32 on every rank, or under stage 3 by sharded construction, each rank filling only
-  // its slices) and the training steps apart: peak is the larger of the two.
-  int64_t setup_peak = 0, step_peak = 0;
-  std::array<int64_t, kNumMemoryCategories> setup_at_peak{}, step_at_peak{};
+  // its slices), the training steps and a checkpoint's save between two steps (rank 0's: the
+  // main process also streams the model's shards into model.safetensors) apart: peak is the
+  // largest of them (of the first two without saves_checkpoints).
+  int64_t setup_peak = 0, step_peak = 0, save_peak = 0;
+  std::array<int64_t, kNumMemoryCategories> setup_at_peak{}, step_at_peak{}, save_at_peak{};
   bool sharded_construction = false;
   std::array<int64_t, kNumMemoryCategories> steady{};   // between steps (after zero_grad)
   int64_t host_peak = 0;  // host memory of the run under offload (0 without)

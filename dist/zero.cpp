@@ -204,6 +204,7 @@ std::string ZeroStrategy::name() const {
 // rank creates every group, in the same order.
 void ZeroStrategy::make_mesh() {
   shard_group_ = group_;
+  shard_index_ = group_->rank();
   const int size = group_->size(), s = options_.hybrid_shard_size;
   if (s <= 0) return;
   slices_per_rank_ = size / s;
@@ -230,9 +231,31 @@ int64_t ZeroStrategy::slice_numel(size_t bucket) const {
 }
 
 int64_t ZeroStrategy::slice_begin(size_t bucket, int k) const {
-  const int index = options_.hybrid_shard_size > 0 ? k * options_.hybrid_shard_size + shard_index_
-                                                   : group_->rank();
-  return index * slice_numel(bucket);
+  return slice_begin_of(bucket, k, shard_index_);
+}
+
+int64_t ZeroStrategy::slice_begin_of(size_t bucket, int k, int index) const {
+  const int slice = options_.hybrid_shard_size > 0 ? k * options_.hybrid_shard_size + index : index;
+  return slice * slice_numel(bucket);
+}
+
+// Hybrid sharding: a parameter may overlap several of a rank's slices (a piece each).
+std::vector<ZeroStrategy::Piece> ZeroStrategy::pieces_of(int index) const {
+  std::vector<Piece> pieces;
+  const auto& params = buckets_->parameters();
+  for (size_t b = 0; b < buckets_->buckets().size(); ++b) {
+    const auto& bucket = buckets_->buckets()[b];
+    for (int k = 0; k < slices_per_rank_; ++k) {
+      const int64_t begin = slice_begin_of(b, k, index), end = begin + slice_numel(b);
+      for (size_t j = 0; j < bucket.params.size(); ++j) {
+        const int64_t lo = std::max(begin, bucket.offsets[j]);
+        const int64_t hi = std::min(end, bucket.offsets[j] + params[bucket.params[j]].numel());
+        if (lo < hi)
+          pieces.push_back({bucket.params[j], b, lo, hi - lo, k * slice_numel(b) + lo - begin});
+      }
+    }
+  }
+  return pieces;
 }
 
 int64_t ZeroStrategy::owned_numel(size_t bucket) const {
@@ -279,6 +302,7 @@ void ZeroStrategy::flatten_parameters() {
   auto& buckets = buckets_->buckets();
   const auto& params = buckets_->parameters();
   shards_.assign(buckets.size(), Shard{});
+  piece_layout_ = pieces_of(shard_index_);
   for (size_t b = 0; b < buckets.size(); ++b) {
     const auto& bucket = buckets[b];
     Shard& shard = shards_[b];
@@ -293,17 +317,6 @@ void ZeroStrategy::flatten_parameters() {
         repoint(p, slot);
       }
       shard.gathered = true;
-    }
-    // Hybrid sharding: a parameter may overlap several of this rank's slices (a piece each).
-    for (int k = 0; k < slices_per_rank_; ++k) {
-      const int64_t begin = slice_begin(b, k), end = begin + slice_numel(b);
-      for (size_t j = 0; j < bucket.params.size(); ++j) {
-        const int64_t lo = std::max(begin, bucket.offsets[j]);
-        const int64_t hi = std::min(end, bucket.offsets[j] + params[bucket.params[j]].numel());
-        if (lo < hi)
-          piece_layout_.push_back(
-              {bucket.params[j], b, lo, hi - lo, k * slice_numel(b) + lo - begin});
-      }
     }
     // Offloaded, the host takes the averaged slice from the same device buffers every step:
     // they stay. Otherwise they exist only from a step's first reduce-scatter to its update.
@@ -828,6 +841,15 @@ void ZeroStrategy::all_gather_owned_slices() {
     }
   }
   for (auto& w : works) w->wait();
+}
+
+std::vector<DataParallelStrategy::ParameterShard> ZeroStrategy::parameter_shard_layout(
+    int index) const {
+  std::vector<ParameterShard> shards;
+  for (const Piece& piece : pieces_of(index))
+    shards.push_back({buckets_->parameter_names()[piece.param],
+                      piece.begin - buckets_->offset_of(piece.param), piece.numel, Tensor()});
+  return shards;
 }
 
 std::vector<DataParallelStrategy::ParameterShard> ZeroStrategy::parameter_shards() {

@@ -151,6 +151,10 @@ class ZeroStrategy : public DataParallelStrategy {
   MemoryUsage memory() const override;
   std::vector<OptimizerSlice> optimizer_slices(const optim::Optimizer& optimizer) const override;
   std::vector<ParameterShard> parameter_shards() override;
+  // What parameter_shards() returns on member `index` of the checkpoint group (its names,
+  // begins and lengths; no values): each writer's share of a sharded save, for `tessera
+  // plan`, whose dry run is rank 0 alone but whose save streams every writer's pieces.
+  std::vector<ParameterShard> parameter_shard_layout(int index) const;
   void after_parameter_shards_loaded() override;
 
   const FlatBuckets& buckets() const { return *buckets_; }
@@ -216,9 +220,13 @@ class ZeroStrategy : public DataParallelStrategy {
   // Stages 1/2: every bucket's flat parameters from all ranks' owned slices.
   void all_gather_owned_slices();
   // Where this rank's k-th slice of bucket b starts in the flat buffer (k < slices_per_rank_),
-  // and its length (padded / W).
+  // and its length (padded / W); of_index: those of the rank with that index in its shard
+  // group (the group's rank without hybrid sharding).
   int64_t slice_begin(size_t bucket, int k = 0) const;
+  int64_t slice_begin_of(size_t bucket, int k, int index) const;
   int64_t slice_numel(size_t bucket) const;
+  // The pieces the rank with that index keeps, bucket by bucket (this rank's: piece_layout_).
+  std::vector<Piece> pieces_of(int index) const;
   // Elements of this rank's shard of bucket b: its slices one after another.
   int64_t owned_numel(size_t bucket) const;
   // Piece i where it is kept between steps (flat parameters, or the stage-3 shard).
@@ -232,7 +240,7 @@ class ZeroStrategy : public DataParallelStrategy {
   // S ranks per shard group, this rank's index l in it, G groups and this rank's group g.
   std::shared_ptr<ProcessGroup> shard_group_, replica_group_;
   int slices_per_rank_ = 1;  // G
-  int shard_index_ = 0;      // l
+  int shard_index_ = 0;      // l (the rank without hybrid sharding)
   std::unique_ptr<FlatBuckets> buckets_;
   std::vector<Shard> shards_;
   std::vector<Piece> piece_layout_;

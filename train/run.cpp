@@ -67,19 +67,35 @@ TrainingArguments saved_arguments(const fs::path& checkpoint) {
 }
 
 // --memory-report: after the second optimizer step (whose backward ran with the optimizer
-// state the first one allocated: the steady-state peak), every rank's bytes by category next to ZeRO's formula, printed by the main process.
+// state the first one allocated: the steady-state peak), every rank's bytes by category next
+// to ZeRO's formula, printed by the main process; when that step writes a checkpoint, after
+// the save, whose peak gets rows of its own ("rank 0 save").
 class MemoryReportCallback : public TrainerCallback {
  public:
   MemoryReportCallback(dist::Accelerator& acc, nn::Module& model) : acc_(acc), model_(model) {}
-  void on_step_end(const TrainingArguments&, TrainerState& state, TrainerControl&) override {
+  void on_step_end(const TrainingArguments&, TrainerState& state,
+                   TrainerControl& control) override {
     if (state.global_step != std::min<int64_t>(2, state.max_steps)) return;
-    const std::string table = acc_.memory_report(model_);
-    if (!table.empty()) std::cout << table << std::flush;
+    // The schedule (DefaultFlowCallback, called first) has decided whether this step saves.
+    if (control.should_save)
+      after_save_ = true;
+    else
+      print();
+  }
+  void on_save(const TrainingArguments&, TrainerState&, TrainerControl&,
+               const std::filesystem::path&) override {
+    if (after_save_) print();
+    after_save_ = false;
   }
 
  private:
+  void print() {
+    const std::string table = acc_.memory_report(model_);
+    if (!table.empty()) std::cout << table << std::flush;
+  }
   dist::Accelerator& acc_;
   nn::Module& model_;
+  bool after_save_ = false;
 };
 
 // Prints a sample continuing a newline every sample_every steps (main process).

@@ -383,11 +383,13 @@ TEST(CliSharding, Stage3TrainBuildsShardedAndTrainsBitIdenticallyToDdp) {
 
 // `tessera plan` (a size-only dry run of rank 0, CPU routes) against the peak the allocator
 // counted in real runs of the same 8-block GPT, batch and stage on 2 and 3 ranks over TCP,
-// with buckets small enough that each block has several: every category at the steps' peak
-// and at the construction's (the model built and prepared; under stage 3 by sharded
-// construction) within 2% (and 2 KiB: the report prints MiB to 3 decimals) at stages 0-3,
-// and under stages 2/3 the gradients at the peak no more than the shard plus the buckets in
-// flight.
+// with buckets small enough that each block has several: every category at the steps' peak,
+// at the construction's (the model built and prepared; under stage 3 by sharded
+// construction) and at the checkpoint save's after the second step (rank 0's: it also streams
+// the shards into model.safetensors) within 2% (and 2 KiB: the report prints MiB to 3
+// decimals) at stages 0-3; under stages 2/3 the gradients at the peak no more than the shard
+// plus the buckets in flight; and under ZeRO every rank's save peak no more than its training
+// peak plus one unit (the largest bucket, or stage-3 unit): nothing is gathered to save.
 
 TEST(CliSharding, PlanPredictsTheMeasuredPeakByCategoryWithinTwoPercent) {
   const std::string shape = " --n-layer 8 --n-head 2 --n-embd 64 --seq 32 --batch 4 ";
@@ -406,14 +408,23 @@ TEST(CliSharding, PlanPredictsTheMeasuredPeakByCategoryWithinTwoPercent) {
       SCOPED_TRACE(std::to_string(nproc) + " ranks, stage " + std::to_string(stage));
       const std::string out =
           "plan_measured_" + std::to_string(nproc) + "_" + std::to_string(stage);
-      auto r = run(launch(nproc) + "train --data " + (prepared("byte") / "train.bin").string() +
-                   shape + " --steps 2 --memory-report --deepspeed " + ds + " --zero-stage " +
-                   std::to_string(stage) + " --out " + (scratch() / out).string());
+      auto r =
+          run(launch(nproc) + "train --data " + (prepared("byte") / "train.bin").string() + shape +
+              " --steps 2 --save-every 2 --memory-report --deepspeed " + ds + " --zero-stage " +
+              std::to_string(stage) + " --out " + (scratch() / out).string());
       ASSERT_EQ(r.rc, 0) << r.output;
       const int64_t vocab = static_cast<int64_t>(numbers_after(r.output, "vocab ", 1)[0]);
       const std::vector<double> measured_mib = numbers_after(r.output, "rank 0 peak", 7);
       const std::vector<double> construction_mib =
           numbers_after(r.output, "rank 0 construction", 7);
+      const std::vector<double> save_mib = numbers_after(r.output, "rank 0 save", 7);
+      // Every rank's totals at the steps' peak and at the save's (MiB).
+      std::vector<double> peak_total, save_total;
+      for (int rank = 0; rank < nproc; ++rank) {
+        const std::string label = "rank " + std::to_string(rank);
+        peak_total.push_back(numbers_after(r.output, label + " peak", 7)[6]);
+        save_total.push_back(numbers_after(r.output, label + " save", 7)[6]);
+      }
 
       r = run("plan --device cpu --nproc " + std::to_string(nproc) + " --zero-stage " +
               std::to_string(stage) + " --vocab " + std::to_string(vocab) + shape +
@@ -424,18 +435,45 @@ TEST(CliSharding, PlanPredictsTheMeasuredPeakByCategoryWithinTwoPercent) {
           numbers_after(r.output, "step_peak_bytes_by_category", 6);
       const std::vector<double> predicted_construction =
           numbers_after(r.output, "construction_peak_bytes_by_category", 6);
+      const std::vector<double> predicted_save =
+          numbers_after(r.output, "save_peak_bytes_by_category", 6);
       for (int c = 0; c < 6; ++c) {
         const double measured = measured_mib[c] * (1 << 20);
         const double built = construction_mib[c] * (1 << 20);
+        const double saving = save_mib[c] * (1 << 20);
         std::printf(
             "[ plan ] %d ranks, stage %d, %-13s predicted %9.0f bytes, measured %9.0f; "
-            "construction predicted %9.0f, measured %9.0f\n",
-            nproc, stage, names[c], predicted[c], measured, predicted_construction[c], built);
+            "construction predicted %9.0f, measured %9.0f; save predicted %9.0f, measured "
+            "%9.0f\n",
+            nproc, stage, names[c], predicted[c], measured, predicted_construction[c], built,
+            predicted_save[c], saving);
         EXPECT_NEAR(predicted[c], measured, std::max(0.02 * measured, 2048.0))
             << names[c] << "\n" << r.output;
         EXPECT_NEAR(predicted_construction[c], built, std::max(0.02 * built, 2048.0))
             << "construction, " << names[c] << "\n"
             << r.output;
+        EXPECT_NEAR(predicted_save[c], saving, std::max(0.02 * saving, 2048.0))
+            << "save, " << names[c] << "\n"
+            << r.output;
+      }
+      const double saved_total = numbers_after(r.output, "save_peak_bytes ", 1)[0];
+      std::printf("[ plan ] %d ranks, stage %d, save peak predicted %.0f bytes, measured %.0f\n",
+                  nproc, stage, saved_total, save_mib[6] * (1 << 20));
+      EXPECT_NEAR(saved_total, save_mib[6] * (1 << 20),
+                  std::max(0.02 * save_mib[6] * (1 << 20), 2048.0));
+      if (stage >= 1) {
+        const double unit = std::max(numbers_after(r.output, "largest_bucket_bytes", 1)[0],
+                                     numbers_after(r.output, "largest_unit_bytes", 1)[0]);
+        EXPECT_GT(unit, 0);
+        for (int rank = 0; rank < nproc; ++rank) {
+          std::printf(
+              "[ plan ] %d ranks, stage %d, rank %d: save peak %.3f MiB, training peak "
+              "%.3f MiB + one unit %.3f MiB\n",
+              nproc, stage, rank, save_total[rank], peak_total[rank], unit / (1 << 20));
+          EXPECT_LE(save_total[rank] * (1 << 20), peak_total[rank] * (1 << 20) + unit + 1024)
+              << "rank " << rank << "'s save: more than its training peak plus one unit\n"
+              << r.output;
+        }
       }
       const double total = numbers_after(r.output, "step_peak_bytes ", 1)[0];
       EXPECT_NEAR(total, measured_mib[6] * (1 << 20), 0.02 * measured_mib[6] * (1 << 20));

@@ -14,7 +14,8 @@
 // Accelerator::load_state, at this run's world size and stage (the optimizer state is
 // re-sliced, the loader position re-counted), and trains steps K.. . --save-memory: every
 // rank prints its allocator peak of the training steps before the save, the peak while
-// save_state runs (a window starting at the bytes alive then) and its largest ZeRO unit.
+// save_state runs (a window starting at the bytes alive then), its largest ZeRO unit and the
+// training steps' peak after the save (which the save's window leaves as it was).
 // --layers N: blocks of the GPT (2). --n-embd N: its width (11; 192 gives MLP weights of
 // 147,456 elements, whose slices the host AdamW splits over its threads).
 //
@@ -63,7 +64,8 @@ std::string write_tokens(const std::string& path) {
   return path;
 }
 
-// save_state between two allocator peak windows: the training steps' and its own.
+// save_state, which measures itself in a peak window of its own (Accelerator::save_memory(),
+// as --memory-report's save rows): the training steps' peak must be the same after it.
 void save_reporting_memory(dist::Accelerator& acc, nn::Module& model, const std::string& dir) {
   const DeviceType type = acc.device().type;
   const int64_t training_peak = category_memory_stats(type).peak;
@@ -71,14 +73,17 @@ void save_reporting_memory(dist::Accelerator& acc, nn::Module& model, const std:
   int64_t unit = 0;
   if (auto* zero = dynamic_cast<dist::ZeroStrategy*>(acc.strategy_of(model)))
     for (const auto& bucket : zero->buckets().buckets())
-      unit = std::max<int64_t>(unit, bucket.padded_numel * static_cast<int64_t>(dtype_size(bucket.dtype)));
-  reset_category_peak(type);
+      unit = std::max<int64_t>(
+          unit, bucket.padded_numel * static_cast<int64_t>(dtype_size(bucket.dtype)));
   acc.save_state(dir);
-  const CategoryMemoryStats during = category_memory_stats(type);
+  const CategoryMemoryStats during = acc.save_memory().value();
   std::cout << ("save memory rank " + std::to_string(acc.process_index()) + " training_peak " +
-                std::to_string(training_peak) + " alive_before_save " + std::to_string(alive) + " save_peak " +
-                std::to_string(during.peak) + " unit " + std::to_string(unit) + " parameters_at_save_peak " +
-                std::to_string(during.at_peak_of(MemoryCategory::Parameters)) + "\n")
+                std::to_string(training_peak) + " alive_before_save " + std::to_string(alive) +
+                " save_peak " + std::to_string(during.peak) + " unit " + std::to_string(unit) +
+                " parameters_at_save_peak " +
+                std::to_string(during.at_peak_of(MemoryCategory::Parameters)) +
+                " training_peak_after_save " + std::to_string(category_memory_stats(type).peak) +
+                "\n")
             << std::flush;
 }
 

@@ -138,7 +138,8 @@ TEST(ZeroShardedCheckpoint, Stage1And2Of2RanksResumeBitIdenticallyOn3And1Ranks) 
   expect_bit_identical_resumes(2, 2, {{2, 2}, {3, 2}, {1, 0}});
 }
 
-// "save memory rank R training_peak P alive_before_save A save_peak S unit U ..." per rank.
+// "save memory rank R training_peak P alive_before_save A save_peak S unit U
+// parameters_at_save_peak Q training_peak_after_save P2" per rank.
 TEST(ZeroShardedCheckpoint, SaveStaysWithinTheTrainingPeakPlusOneUnit) {
   const std::string ckpt = (scratch() / "memory_ckpt").string();
   const JobResult r = run_job(job(4, 3, "memory.txt", "--save-memory --save-at 3 --save " + ckpt), 300);
@@ -149,8 +150,9 @@ TEST(ZeroShardedCheckpoint, SaveStaysWithinTheTrainingPeakPlusOneUnit) {
     std::istringstream is(r.output.substr(at, r.output.find('\n', at) - at));
     std::string w;
     int rank;
-    int64_t training_peak, alive, save_peak, unit;
-    is >> w >> w >> w >> rank >> w >> training_peak >> w >> alive >> w >> save_peak >> w >> unit;
+    int64_t training_peak, alive, save_peak, unit, parameters, training_peak_after;
+    is >> w >> w >> w >> rank >> w >> training_peak >> w >> alive >> w >> save_peak >> w >> unit >>
+        w >> parameters >> w >> training_peak_after;
     std::printf("[ zero-ckpt ] rank %d: training peak %lld B, save_state peak %lld B (%lld B alive before it), "
                 "one unit %lld B\n",
                 rank, (long long)training_peak, (long long)save_peak, (long long)alive, (long long)unit);
@@ -158,6 +160,8 @@ TEST(ZeroShardedCheckpoint, SaveStaysWithinTheTrainingPeakPlusOneUnit) {
     EXPECT_LE(save_peak, training_peak + unit) << "rank " << rank;
     // Gathering the model would add every other rank's slices (about 3/4 of the model here).
     EXPECT_LE(save_peak - alive, unit) << "rank " << rank;
+    // The save is measured apart: the training steps' peak window is left as it was.
+    EXPECT_EQ(training_peak_after, training_peak) << "rank " << rank;
   }
   EXPECT_EQ(ranks, 4) << r.output;
 }
