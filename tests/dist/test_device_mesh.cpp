@@ -1,0 +1,164 @@
+// The device mesh (dist/device_mesh.h): Megatron's rank order and the groups of each axis for
+// 8 ranks, the refusals, a mesh of one process; and the Accelerator on meshes of 4 ranks
+// (dist_mesh_check jobs through `tessera launch`): tp2 x dp2 and pp2 x dp2 against one process,
+// and checkpoints of a mesh run resumed at other meshes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+#include <string>
+
+#include "parallel_jobs.h"
+#include "tessera/dist/device_mesh.h"
+#include "tessera/dist/single_process_group.h"
+
+namespace {
+
+using namespace tessera;
+using dist::MeshAxis;
+using dist::MeshShape;
+using tessera::parallel_check::error_of;
+
+TEST(DeviceMesh, RanksAndGroupsFollowMegatronsOrderOn8Ranks) {
+  const MeshShape s = dist::resolve_mesh_shape({.dp = 2, .tp = 2, .pp = 2}, 8);
+  // rank = (d·pp + p)·tp + t: rank 5 is d 1, p 0, t 1.
+  const dist::MeshCoordinate five = dist::mesh_coordinate(s, 5);
+  EXPECT_EQ(five.dp, 1);
+  EXPECT_EQ(five.pp, 0);
+  EXPECT_EQ(five.tp, 1);
+  EXPECT_EQ(dist::mesh_group_ranks(s, MeshAxis::tp, 5), (std::vector<int>{4, 5}));
+  EXPECT_EQ(dist::mesh_group_ranks(s, MeshAxis::pp, 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(dist::mesh_group_ranks(s, MeshAxis::dp, 5), (std::vector<int>{1, 5}));
+  // Every axis cuts the world into groups that every rank of the group agrees on; the
+  // coordinates name each rank once.
+  std::set<std::vector<int>> coordinates;
+  for (int r = 0; r < 8; ++r) {
+    const dist::MeshCoordinate c = dist::mesh_coordinate(s, r);
+    EXPECT_EQ(dist::mesh_rank(s, c), r);
+    coordinates.insert({c.dp, c.pp, c.tp});
+    for (MeshAxis axis : {MeshAxis::dp, MeshAxis::tp, MeshAxis::pp}) {
+      const std::vector<int> group = dist::mesh_group_ranks(s, axis, r);
+      EXPECT_EQ(group.size(), 2u);
+      EXPECT_NE(std::find(group.begin(), group.end(), r), group.end());
+      for (int other : group) EXPECT_EQ(dist::mesh_group_ranks(s, axis, other), group);
+    }
+  }
+  EXPECT_EQ(coordinates.size(), 8u);
+  // tp innermost (consecutive ranks), dp outermost: tp 4 x dp 2 on 8 ranks.
+  const MeshShape wide = dist::resolve_mesh_shape({.tp = 4}, 8);
+  EXPECT_EQ(wide.dp, 2);
+  EXPECT_EQ(dist::mesh_group_ranks(wide, MeshAxis::tp, 6), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(dist::mesh_group_ranks(wide, MeshAxis::dp, 6), (std::vector<int>{2, 6}));
+  EXPECT_EQ(dist::mesh_group_ranks(wide, MeshAxis::pp, 6), (std::vector<int>{6}));
+}
+
+TEST(DeviceMesh, RefusesAMeshThatIsNotTheWorldNamingTheNumbers) {
+  EXPECT_NE(error_of([] {
+              dist::resolve_mesh_shape({.dp = 2, .tp = 2, .pp = 2}, 4);
+            }).find("dp_size 2 x tp_size 2 x pp_size 2 = 8 is not the world size 4"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              dist::resolve_mesh_shape({.tp = 3}, 4);
+            }).find("tp_size 3 x pp_size 1 = 3 does not divide the world size 4"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([] { dist::resolve_mesh_shape({.tp = 0}, 4); }).find("tp_size must be >= 1, got 0"),
+      std::string::npos);
+  EXPECT_NE(error_of([] {
+              dist::resolve_mesh_shape({.pp = -2}, 4);
+            }).find("pp_size must be >= 1, got -2"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { dist::resolve_mesh_shape({.dp = 0}, 4); }).find("dp_size must be >= 1"),
+            std::string::npos);
+  EXPECT_EQ(dist::resolve_mesh_shape({}, 4), (MeshShape{.dp = 4, .tp = 1, .pp = 1}));
+  // Refused before the groups are made: a DeviceMesh over a world of one.
+  EXPECT_NE(error_of([] {
+              dist::DeviceMesh(std::make_shared<dist::SingleProcessGroup>(), {.tp = 2});
+            }).find("tp_size 2 x pp_size 1 = 2 does not divide the world size 1"),
+            std::string::npos);
+}
+
+TEST(DeviceMesh, OneProcessIsEveryAxisOfItself) {
+  auto world = std::make_shared<dist::SingleProcessGroup>();
+  const dist::DeviceMesh mesh(world, {});
+  EXPECT_EQ(mesh.dp_group(), world);
+  EXPECT_EQ(mesh.tp_group(), world);
+  EXPECT_EQ(mesh.pp_group(), world);
+  EXPECT_TRUE(mesh.data_parallel_only());
+  EXPECT_EQ(mesh.describe(), "dp 1 x tp 1 x pp 1; rank 0: dp 0, tp 0, pp 0");
+}
+
+// ---- the Accelerator on a mesh of 4 CPU ranks ----
+using tessera::parallel_check::launch;
+
+double mesh_job(int nproc, const std::string& args) {
+  const auto data = tessera::test_jobs::fresh_scratch_folder("mesh_data").string();
+  return tessera::parallel_check::expect_equal_to_one_process(DIST_MESH_CHECK, "dist_mesh_check",
+                                                              nproc, "--data " + data + " " + args);
+}
+
+// GPT-2 (tied) split over tp 2 with DDP on the dp axis, f32 and f64; every step's loss and
+// every parameter after 10 AdamW steps (eps 1e-5, as test_tensor_parallel.cpp says why).
+TEST(MeshJobs, Gpt2TensorParallel2TimesDataParallel2EqualsOneProcess) {
+  EXPECT_LE(mesh_job(4, "--model gpt --tp 2"), 1e-6);
+  EXPECT_LE(mesh_job(4, "--model gpt --tp 2 --f64 --rtol 1e-10"), 1e-10);
+}
+
+// Llama split over tp 2 with ZeRO-1 on the dp axis.
+TEST(MeshJobs, LlamaTensorParallel2TimesZero1On2EqualsOneProcess) {
+  EXPECT_LE(mesh_job(4, "--model llama --tp 2 --zero 1"), 1e-6);
+  EXPECT_LE(mesh_job(4, "--model llama --tp 2 --zero 1 --f64 --rtol 1e-10"), 1e-10);
+}
+
+// Two pipelines of 2 stages (8 micro-batches of one row each) with DDP between them.
+TEST(MeshJobs, Gpt2PipelineParallel2TimesDataParallel2EqualsOneProcess) {
+  EXPECT_LE(mesh_job(4, "--model gpt --pp 2"), 1e-6);
+  EXPECT_LE(mesh_job(4, "--model gpt --pp 2 --f64 --rtol 1e-10"), 1e-10);
+}
+
+TEST(MeshJobs, LlamaPipelineParallel2TimesDataParallel2EqualsOneProcess) {
+  EXPECT_LE(mesh_job(4, "--model llama --pp 2"), 1e-6);
+  EXPECT_LE(mesh_job(4, "--model llama --pp 2 --f64 --rtol 1e-10"), 1e-10);
+}
+
+// Refused on every rank before any work, naming the numbers.
+TEST(MeshJobs, AMeshThatIsNotTheWorldIsRefusedOnEveryRank) {
+  const auto data = tessera::test_jobs::fresh_scratch_folder("mesh_refused").string();
+  tessera::parallel_check::expect_refused(
+      DIST_MESH_CHECK, 4, "--data " + data + " --tp 2 --pp 2 --dp 2",
+      "dp_size 2 x tp_size 2 x pp_size 2 = 8 is not the world size 4");
+  tessera::parallel_check::expect_refused(DIST_MESH_CHECK, 4, "--data " + data + " --tp 2 --zero 3",
+                                          "ZeRO-3 (zero_stage 3) needs tp_size = pp_size = 1");
+}
+
+// A tp2 x dp2 run (f64) saves after 5 of 10 steps; resumed at tp2 x dp2 it ends bit for bit
+// as the uninterrupted run, at tp2 x dp1 and tp1 x dp1 (whose sums run in another order)
+// within 1e-10.
+TEST(MeshJobs, TensorParallelCheckpointResumesAtOtherMeshes) {
+  const auto dir = tessera::test_jobs::fresh_scratch_folder("mesh_tp_resume").string();
+  const std::string base = "--model gpt --f64 --rtol 1e-10 ";
+  EXPECT_LE(mesh_job(4, base + "--tp 2 --save-at 5 --save-dir " + dir + "/ckpt --record " + dir +
+                            "/run.safetensors"),
+            1e-10);
+  const std::string resume = "--resume " + dir + "/ckpt --compare " + dir + "/run.safetensors ";
+  EXPECT_LE(mesh_job(4, base + resume + "--tp 2"), 1e-10);
+  EXPECT_LE(mesh_job(2, base + resume + "--tp 2 --compare-rtol 1e-10"), 1e-10);
+  EXPECT_LE(mesh_job(1, base + resume + "--compare-rtol 1e-10"), 1e-10);
+  std::filesystem::remove_all(dir);
+}
+
+// The same for two pipelines of 2 stages, resumed at pp2 x dp2 and in one process.
+TEST(MeshJobs, PipelineParallelCheckpointResumesAtOtherMeshes) {
+  const auto dir = tessera::test_jobs::fresh_scratch_folder("mesh_pp_resume").string();
+  const std::string base = "--model gpt --f64 --rtol 1e-10 ";
+  EXPECT_LE(mesh_job(4, base + "--pp 2 --save-at 5 --save-dir " + dir + "/ckpt --record " + dir +
+                            "/run.safetensors"),
+            1e-10);
+  const std::string resume = "--resume " + dir + "/ckpt --compare " + dir + "/run.safetensors ";
+  EXPECT_LE(mesh_job(4, base + resume + "--pp 2"), 1e-10);
+  EXPECT_LE(mesh_job(1, base + resume + "--compare-rtol 1e-10"), 1e-10);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
