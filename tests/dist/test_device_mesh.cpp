@@ -98,28 +98,30 @@ double mesh_job(int nproc, const std::string& args) {
                                                               nproc, "--data " + data + " " + args);
 }
 
-// GPT-2 (tied) split over tp 2 with DDP on the dp axis, f32 and f64; every step's loss and
-// every parameter after 10 AdamW steps (eps 1e-5, as test_tensor_parallel.cpp says why).
+// A 4-rank mesh job in f32 (within 1e-6 of one process) and in f64 (within 1e-10).
+void expect_equal_in_f32_and_f64(const std::string& args) {
+  EXPECT_LE(mesh_job(4, args), 1e-6);
+  EXPECT_LE(mesh_job(4, args + " --f64 --rtol 1e-10"), 1e-10);
+}
+
+// GPT-2 (tied) split over tp 2 with DDP on the dp axis; every step's loss and every parameter
+// after 10 AdamW steps (eps 1e-5, as test_tensor_parallel.cpp says why).
 TEST(MeshJobs, Gpt2TensorParallel2TimesDataParallel2EqualsOneProcess) {
-  EXPECT_LE(mesh_job(4, "--model gpt --tp 2"), 1e-6);
-  EXPECT_LE(mesh_job(4, "--model gpt --tp 2 --f64 --rtol 1e-10"), 1e-10);
+  expect_equal_in_f32_and_f64("--model gpt --tp 2");
 }
 
 // Llama split over tp 2 with ZeRO-1 on the dp axis.
 TEST(MeshJobs, LlamaTensorParallel2TimesZero1On2EqualsOneProcess) {
-  EXPECT_LE(mesh_job(4, "--model llama --tp 2 --zero 1"), 1e-6);
-  EXPECT_LE(mesh_job(4, "--model llama --tp 2 --zero 1 --f64 --rtol 1e-10"), 1e-10);
+  expect_equal_in_f32_and_f64("--model llama --tp 2 --zero 1");
 }
 
 // Two pipelines of 2 stages (8 micro-batches of one row each) with DDP between them.
 TEST(MeshJobs, Gpt2PipelineParallel2TimesDataParallel2EqualsOneProcess) {
-  EXPECT_LE(mesh_job(4, "--model gpt --pp 2"), 1e-6);
-  EXPECT_LE(mesh_job(4, "--model gpt --pp 2 --f64 --rtol 1e-10"), 1e-10);
+  expect_equal_in_f32_and_f64("--model gpt --pp 2");
 }
 
 TEST(MeshJobs, LlamaPipelineParallel2TimesDataParallel2EqualsOneProcess) {
-  EXPECT_LE(mesh_job(4, "--model llama --pp 2"), 1e-6);
-  EXPECT_LE(mesh_job(4, "--model llama --pp 2 --f64 --rtol 1e-10"), 1e-10);
+  expect_equal_in_f32_and_f64("--model llama --pp 2");
 }
 
 // Refused on every rank before any work, naming the numbers.
