@@ -196,6 +196,8 @@ int check(const Options& o, dist::ProcessGroup& world) {
     std::printf("; against the recorded run: largest relative difference %.3g in %s (limit %g)",
                 recorded.value, recorded.name.c_str(), o.compare_rtol);
   std::printf(" -> %s\n", ok ? "OK" : "FAILED");
+  // The strategies (their hooks on the model's parameters) go before the model does.
+  acc.end_training();
   return ok ? 0 : 1;
 }
 
