@@ -141,7 +141,8 @@ void Accelerator::resolve_mesh_shape_options() {
   TESSERA_CHECK(options_.hybrid_shard_size == -1 &&
                     (options_.fsdp_sharding_strategy.empty() ||
                      !fsdp_sharding_is_hybrid(options_.fsdp_sharding_strategy)),
-                "Accelerator: ", mesh, " does not support hybrid sharding; it needs tp_size = "
+                "Accelerator: ", mesh,
+                " does not support hybrid sharding; it needs tp_size = "
                 "pp_size = 1");
 }
 
@@ -395,10 +396,13 @@ Tensor Accelerator::train_step(nn::Module& model, const std::function<Tensor()>&
   TESSERA_CHECK(zero_stage_ == 0, "Accelerator::train_step: ZeRO stage ", zero_stage_,
                 " cannot average the gradients of a model that runs its own backwards; use "
                 "DDP (zero_stage 0)");
-  TESSERA_CHECK(!scaler_.enabled(), "Accelerator::train_step: fp16 loss scaling needs the loss "
+  TESSERA_CHECK(!scaler_.enabled(),
+                "Accelerator::train_step: fp16 loss scaling needs the loss "
                 "before its backward (Accelerator::backward); use bf16 or no mixed precision");
-  TESSERA_CHECK(options_.gradient_accumulation_steps == 1, "Accelerator::train_step: "
-                "gradient_accumulation_steps is ", options_.gradient_accumulation_steps,
+  TESSERA_CHECK(options_.gradient_accumulation_steps == 1,
+                "Accelerator::train_step: "
+                "gradient_accumulation_steps is ",
+                options_.gradient_accumulation_steps,
                 "; a pipeline accumulates over its micro-batches (set those instead)");
   Tensor loss;
   {
@@ -460,7 +464,8 @@ void Accelerator::unscale_gradients() {
 double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   if (!sync_gradients_ || step_skipped_) return 0.0;
   TESSERA_CHECK(mesh_->data_parallel_only(), "Accelerator::clip_grad_norm_: the device mesh ",
-                mesh_->shape().str(), " splits the model; the norm of this rank's part is not "
+                mesh_->shape().str(),
+                " splits the model; the norm of this rank's part is not "
                 "the model's (clip with tp_size = pp_size = 1)");
   // A sharding strategy clips what its rank holds, with the norm summed over ranks.
   if (model_order_.size() == 1)

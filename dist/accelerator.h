@@ -394,8 +394,8 @@ class Accelerator {
   int zero_stage_ = 0;
   int hybrid_shard_size_ = 0;
   DistEnv env_;
-  MeshShape mesh_shape_;               // resolved before the ranks meet
-  std::unique_ptr<DeviceMesh> mesh_;   // built once they have
+  MeshShape mesh_shape_;              // resolved before the ranks meet
+  std::unique_ptr<DeviceMesh> mesh_;  // built once they have
   void resolve_mesh_shape_options();
   Device device_ = Device::cpu();
   bool owns_group_ = false;

@@ -9,9 +9,9 @@
 #include <set>
 
 #include "tessera/autograd/autograd.h"
+#include "tessera/core/file_io.h"
 #include "tessera/core/random.h"
 #include "tessera/core/safetensors.h"
-#include "tessera/core/file_io.h"
 #include "tessera/dist/accelerator.h"
 #include "tessera/dist/checkpoint.h"
 #include "tessera/kernels/ops.h"
@@ -67,9 +67,9 @@ std::vector<uint64_t> saved_loader_positions(const nlohmann::json& state, uint64
     TESSERA_CHECK(per_rank.is_array() && per_rank.size() == saved_world, where,
                   ": \"loader_positions\" must hold one position per process");
     const uint64_t global_batch = static_cast<uint64_t>(replicas) * loaders[i]->options().batch;
-    const bool same_global_batch =
-        !state.contains("loader_global_batch") || state["loader_global_batch"].size() <= i ||
-        state["loader_global_batch"][i] == global_batch;
+    const bool same_global_batch = !state.contains("loader_global_batch") ||
+                                   state["loader_global_batch"].size() <= i ||
+                                   state["loader_global_batch"][i] == global_batch;
     if (saved_world == static_cast<uint64_t>(world) && same_global_batch) {
       positions.push_back(count_at(per_rank[rank], where, "loader_positions"));
       continue;
@@ -89,8 +89,7 @@ std::vector<uint64_t> saved_loader_positions(const nlohmann::json& state, uint64
         k * count_at(state["loader_global_batch"][i], where, "loader_global_batch");
     TESSERA_CHECK(rows % global_batch == 0, where, ": loader ", i, " had taken ", rows, " rows (",
                   k, " micro-steps on ", saved_world, " processes); ", replicas,
-                  " data-parallel ranks of ",
-                  loaders[i]->options().batch, " rows (", global_batch,
+                  " data-parallel ranks of ", loaders[i]->options().batch, " rows (", global_batch,
                   " per micro-step) cannot continue from there");
     positions.push_back(rows / global_batch);
   }
@@ -176,7 +175,8 @@ std::vector<std::string> optimizer_names(const DataParallelStrategy& s,
 void refuse_sharded_split_model(const nn::Module& model, int zero_stage, const char* what) {
   TESSERA_CHECK(!split_model(model) || zero_stage == 0, "Accelerator::", what,
                 ": a model split over the device mesh (tensor or pipeline parallel) is "
-                "checkpointed under DDP on the dp axis; zero_stage is ", zero_stage);
+                "checkpointed under DDP on the dp axis; zero_stage is ",
+                zero_stage);
 }
 }  // namespace
 
@@ -391,9 +391,9 @@ void Accelerator::load_state(const std::string& dir) {
                 schedules_.size(), " and ", loaders_.size());
   const auto [rng_seed, rng_offset] =
       saved_rng_state(state, saved_world, process_index(), state_where);
-  const std::vector<uint64_t> positions = saved_loader_positions(
-      state, saved_world, loaders_, num_processes(), process_index(), mesh_->dp_size(),
-      state_where);
+  const std::vector<uint64_t> positions =
+      saved_loader_positions(state, saved_world, loaders_, num_processes(), process_index(),
+                             mesh_->dp_size(), state_where);
   std::vector<std::map<std::string, double>> schedules;
   for (const nlohmann::json& s : state["schedules"]) {
     TESSERA_CHECK(s.is_object(), state_where, ": a schedule state must be an object, got ",
@@ -441,8 +441,9 @@ void Accelerator::load_state(const std::string& dir) {
         // A full-format state (a mesh run's): each parameter takes its piece, by name.
         const nlohmann::json& names = state.value("optimizer_parameters", nlohmann::json::array());
         TESSERA_CHECK(names.is_array() && names.size() == optimizers_.size() && !names[i].empty(),
-                      where, ": ", name, " holds an optimizer state without \"optimizer_parameters\" in ",
-                      kStateFile, "; a model split over the device mesh cannot take its pieces");
+                      where, ": ", name,
+                      " holds an optimizer state without \"optimizer_parameters\" in ", kStateFile,
+                      "; a model split over the device mesh cannot take its pieces");
         optimizer_states.back() = pieces_of_whole_optimizer_state(
             optimizer_states.back(), names[i].get<std::vector<std::string>>(),
             optimizer_names(strategy, *optimizers_[i]), split, where + ": " + name);

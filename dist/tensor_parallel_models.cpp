@@ -134,9 +134,9 @@ std::map<std::string, Tensor> TensorParallelCausalLM::gather_full(
   for (const auto& [name, cut] : shards_) {
     auto it = pieces.find(name);
     TESSERA_CHECK(it != pieces.end(), type_name(), "::gather_full: no piece of ", name);
-    TESSERA_CHECK(it->second.shape() == parameter(name).shape(), type_name(), "::gather_full: ",
-                  name, "'s piece is ", shape_str(it->second.shape()), ", its parameter's ",
-                  shape_str(parameter(name).shape()));
+    TESSERA_CHECK(it->second.shape() == parameter(name).shape(), type_name(),
+                  "::gather_full: ", name, "'s piece is ", shape_str(it->second.shape()),
+                  ", its parameter's ", shape_str(parameter(name).shape()));
     full[name] = gather_shard(it->second.detach(), cut.first, cut.second, *group_);
   }
   return full;

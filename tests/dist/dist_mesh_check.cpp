@@ -107,8 +107,10 @@ int check(const Options& o, dist::ProcessGroup& world) {
   options.pp_size = o.pp;
   dist::Accelerator acc(options);  // refuses a mesh that is not the world before any work
   const dist::DeviceMesh& mesh = acc.mesh();
-  TESSERA_CHECK(o.tp == 1 || o.pp == 1, "no model here splits over tp and pp at once (tp ", o.tp,
-                ", pp ", o.pp, ")");
+  // The mesh's sizes: the flags, else what `tessera launch --tp-size/--pp-size` passed on.
+  const int tp = mesh.tp_size(), pp = mesh.pp_size();
+  TESSERA_CHECK(tp == 1 || pp == 1, "no model here splits over tp and pp at once (tp ", tp, ", pp ",
+                pp, ")");
   const std::string file = token_file(o, world);
 
   // The one process: the whole batch, plain AdamW, every step (the uninterrupted run).
@@ -128,9 +130,9 @@ int check(const Options& o, dist::ProcessGroup& world) {
   std::unique_ptr<nn::CausalLM> built = build(o);
   std::unique_ptr<nn::Module> model;
   dist::PipelineParallelCausalLM* pipeline = nullptr;
-  if (o.tp > 1) {
+  if (tp > 1) {
     model = dist::tensor_parallel(*built, mesh.tp_group());
-  } else if (o.pp > 1) {
+  } else if (pp > 1) {
     auto pp = dist::pipeline_parallel(*built, mesh.pp_group(), {.micro_batches = o.micro_batches});
     pipeline = pp.get();
     model = std::move(pp);

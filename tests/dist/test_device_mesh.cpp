@@ -124,6 +124,34 @@ TEST(MeshJobs, LlamaPipelineParallel2TimesDataParallel2EqualsOneProcess) {
   expect_equal_in_f32_and_f64("--model llama --pp 2");
 }
 
+// The mesh's sizes from `tessera launch --tp-size / --pp-size` (TESSERA_TP_SIZE, TESSERA_PP_SIZE
+// for a program that leaves them at 1), and the launcher's own refusal of sizes that do not divide
+// its ranks.
+TEST(MeshJobs, LaunchPassesTheMeshSizesOn) {
+  const auto data = tessera::test_jobs::fresh_scratch_folder("mesh_launch").string();
+  for (const std::string flag : {"--tp-size 2", "--pp-size 2"}) {
+    const std::string command = "env OMP_NUM_THREADS=1 " + std::string(TESSERA_CLI) +
+                                " launch --nproc-per-node 4 " + flag + " " + DIST_MESH_CHECK +
+                                " --data " + data;
+    const tessera::test_jobs::JobResult r = tessera::test_jobs::run_job(command, 300);
+    EXPECT_EQ(r.status, 0) << r.output;
+    EXPECT_EQ(tessera::parallel_check::count_of(r.output, "-> OK"), 4) << r.output;
+    EXPECT_EQ(tessera::parallel_check::count_of(
+                  r.output, flag == "--tp-size 2" ? "dp 2 x tp 2 x pp 1" : "dp 2 x tp 1 x pp 2"),
+              4)
+        << r.output;
+    EXPECT_LE(tessera::parallel_check::largest_difference_printed(r.output), 1e-6) << r.output;
+  }
+  const tessera::test_jobs::JobResult r = tessera::test_jobs::run_job(
+      std::string(TESSERA_CLI) + " launch --nproc-per-node 2 --tp-size 2 --pp-size 2 " +
+          DIST_MESH_CHECK + " --data " + data,
+      60);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--tp-size 2 x --pp-size 2 = 4 does not divide the world size 2"),
+            std::string::npos)
+      << r.output;
+}
+
 // Refused on every rank before any work, naming the numbers.
 TEST(MeshJobs, AMeshThatIsNotTheWorldIsRefusedOnEveryRank) {
   const auto data = tessera::test_jobs::fresh_scratch_folder("mesh_refused").string();
