@@ -63,6 +63,33 @@ int zero_stage_of(const AcceleratorOptions& o) {
                 "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ", stage);
   return stage;
 }
+
+// Global-norm clipping of a model split over the mesh (dist/device_mesh.h) under DDP: every dp
+// replica holds the same averaged gradients, so the norm is the sum over the model's group of
+// the pieces each rank counts once (a parameter kept whole on every tp rank counts on the first,
+// a tied embedding on the stage that holds it).
+double clip_split_model(const nn::Module& model, const MeshParallelModel& split,
+                        const std::vector<Tensor>& params, double max_norm) {
+  TESSERA_CHECK(max_norm > 0, "Accelerator::clip_grad_norm_: max_norm must be > 0, got ",
+                max_norm);
+  std::map<const TensorImpl*, std::string> names;
+  for (const auto& [name, p] : model.named_parameters()) names.emplace(p.impl_ptr().get(), name);
+  std::set<const TensorImpl*> seen;
+  std::vector<Tensor> counted, grads;
+  for (const Tensor& p : params) {
+    if (!seen.insert(p.impl_ptr().get()).second || !p.grad().defined()) continue;
+    grads.push_back(p.grad());
+    auto it = names.find(p.impl_ptr().get());
+    if (it == names.end() || split.counts_in_model_sums(it->second)) counted.push_back(p);
+  }
+  const Device device = grads.empty() ? Device::cpu() : grads.front().device();
+  Tensor total =
+      full({1}, optim::grad_norm_squared(counted), {.dtype = DType::f64, .device = device});
+  split.model_group().all_reduce(total)->wait();
+  const double norm = std::sqrt(ops::to(total, Device::cpu(), DType::f64).to_vector<double>()[0]);
+  optim::clip_grads_by_norm_(grads, full({1}, norm, {.dtype = DType::f64}), max_norm);
+  return norm;
+}
 }  // namespace
 
 int resolved_zero_stage(AcceleratorOptions options) {
@@ -463,10 +490,17 @@ void Accelerator::unscale_gradients() {
 
 double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   if (!sync_gradients_ || step_skipped_) return 0.0;
-  TESSERA_CHECK(mesh_->data_parallel_only(), "Accelerator::clip_grad_norm_: the device mesh ",
-                mesh_->shape().str(),
-                " splits the model; the norm of this rank's part is not "
-                "the model's (clip with tp_size = pp_size = 1)");
+  if (!mesh_->data_parallel_only()) {
+    const auto* split = model_order_.size() == 1
+                            ? dynamic_cast<const MeshParallelModel*>(model_order_.front())
+                            : nullptr;
+    TESSERA_CHECK(split && zero_stage_ == 0, "Accelerator::clip_grad_norm_: on the device mesh ",
+                  mesh_->shape().str(),
+                  " it clips one prepared model split over the mesh (tensor or pipeline "
+                  "parallel) under DDP; zero_stage is ",
+                  zero_stage_);
+    return clip_split_model(*model_order_.front(), *split, params, max_norm);
+  }
   // A sharding strategy clips what its rank holds, with the norm summed over ranks.
   if (model_order_.size() == 1)
     return models_.at(model_order_.front())->clip_grad_norm_(params, max_norm);

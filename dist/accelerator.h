@@ -246,7 +246,8 @@ class Accelerator {
   double loss_scale() const { return scaler_.scale(); }
   bool optimizer_step_was_skipped() const { return step_skipped_; }
   // Global-norm clipping on syncing steps (returns the norm before clipping); 0 otherwise.
-  // Refused on a mesh with tp_size or pp_size > 1 (the norm would be this rank's part's).
+  // On a mesh with tp_size or pp_size > 1: the norm of the one prepared split model (its pieces
+  // summed over its group, each counted once), under DDP only.
   double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
   // clip_grad_norm_ decided on the device (optim::clip_grad_norm_on_device_): the norm stays
   // a 0-d f32 tensor there, so the host need not wait for it (and a CUDA graph can record

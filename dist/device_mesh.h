@@ -102,6 +102,13 @@ class MeshParallelModel {
       const std::map<std::string, Tensor>& pieces) const = 0;
   // This rank's piece of `full`, the whole of parameter `name` (or of a tensor cut as it is).
   virtual Tensor piece_of(const std::string& name, const Tensor& full) const = 0;
+  // The group the model is split over (a tp group, or a pipeline).
+  virtual ProcessGroup& model_group() const = 0;
+  // Whether this rank's piece of parameter `name` counts in a sum over the model (a gradient
+  // norm): false where another rank of the group holds the same values and counts them (a
+  // parameter kept whole on every tp rank counts on tp rank 0; a tied embedding's copy on the
+  // stage that holds it first).
+  virtual bool counts_in_model_sums(const std::string& name) const = 0;
 };
 
 }  // namespace tessera::dist

@@ -408,6 +408,12 @@ std::map<std::string, Tensor> PipelineParallelCausalLM::gather_full(
   return full;
 }
 
+bool PipelineParallelCausalLM::counts_in_model_sums(const std::string& name) const {
+  for (const FullParameter& p : layout_)
+    if (p.name == name) return p.stage == stage();
+  return true;
+}
+
 Tensor PipelineParallelCausalLM::piece_of(const std::string& name, const Tensor& full) const {
   for (const FullParameter& p : layout_)
     if (p.name == name) {

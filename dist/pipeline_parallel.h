@@ -181,6 +181,8 @@ class PipelineParallelCausalLM : public nn::Module, public MeshParallelModel {
   std::map<std::string, Tensor> gather_full(
       const std::map<std::string, Tensor>& pieces) const override;
   Tensor piece_of(const std::string& name, const Tensor& full) const override;
+  ProcessGroup& model_group() const override { return *group_; }
+  bool counts_in_model_sums(const std::string& name) const override;
   // Collective: stage 0 writes the full model directory; every stage waits for it.
   void save_pretrained(const std::string& dir) const;
 

@@ -72,6 +72,10 @@ class TensorParallelCausalLM : public nn::CausalLM, public MeshParallelModel {
   std::map<std::string, Tensor> gather_full(
       const std::map<std::string, Tensor>& pieces) const override;
   Tensor piece_of(const std::string& name, const Tensor& full) const override;
+  ProcessGroup& model_group() const override { return *group_; }
+  bool counts_in_model_sums(const std::string& name) const override {
+    return !spec_of(name).replicated() || tp_rank() == 0;
+  }
 
   // Sequence parallelism (off by default): loss() and forward() keep the activations outside
   // the tensor-parallel regions in slices of the sequence ([B, T/W, C]; T must divide by W),

@@ -19,7 +19,9 @@
 // usage: dist_mesh_check --data DIR [--model gpt|llama] [--tp N] [--pp N] [--dp N (-1)]
 //          [--zero 0|1] [--steps S (10)] [--rows G (16)] [--micro-batches M (8)] [--f64]
 //          [--rtol R (1e-6)] [--lr LR (1e-3)] [--eps EPS (1e-5)] [--save-at S --save-dir DIR]
-//          [--resume DIR] [--record FILE] [--compare FILE] [--compare-rtol R (0)] [--verbose]
+//          [--resume DIR] [--record FILE] [--compare FILE] [--compare-rtol R (0)]
+//          [--clip MAX_NORM (global-norm clipping, both runs; 0: none)] [--verbose]
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -34,6 +36,7 @@
 #include "tessera/dist/accelerator.h"
 #include "tessera/dist/pipeline_parallel.h"
 #include "tessera/dist/tensor_parallel_models.h"
+#include "tessera/optim/clip.h"
 
 using namespace tessera;
 using parallel_check::relative_difference;
@@ -45,7 +48,7 @@ struct Options {
   int tp = 1, pp = 1, dp = -1, zero = 0, steps = 10, micro_batches = 8, save_at = -1;
   int64_t rows = 16, tokens = 11, vocab = 97;
   bool f64 = false, verbose = false;
-  double rtol = 1e-6, lr = 1e-3, eps = 1e-5, compare_rtol = 0;
+  double rtol = 1e-6, lr = 1e-3, eps = 1e-5, compare_rtol = 0, clip = 0;
 };
 
 std::unique_ptr<nn::CausalLM> build(const Options& o) {
@@ -117,11 +120,12 @@ int check(const Options& o, dist::ProcessGroup& world) {
   std::unique_ptr<nn::CausalLM> one = build(o);
   optim::AdamW opt_one = parallel_check::adamw(one->parameters(), o.lr, o.eps);
   data::DataLoader loader_one(data::TokenFile(file), {.batch = o.rows, .seq = o.tokens});
-  std::vector<double> losses_one;
+  std::vector<double> losses_one, norms_one;
   for (int step = 0; step < o.steps; ++step) {
     const data::Batch b = loader_one.next();
     Tensor loss = one->loss(b.x, b.y);
     loss.backward();
+    if (o.clip > 0) norms_one.push_back(optim::clip_grad_norm_(one->parameters(), o.clip));
     opt_one.step(), opt_one.zero_grad();
     losses_one.push_back(ops::to(loss, Device::cpu(), DType::f64).item());
   }
@@ -164,6 +168,11 @@ int check(const Options& o, dist::ProcessGroup& world) {
         loss = dynamic_cast<nn::CausalLM&>(*model).loss(b.x, b.y);
         acc.backward(loss);
       }
+    }
+    if (o.clip > 0) {
+      const double norm = acc.clip_grad_norm_(model->parameters(), o.clip);
+      worst.note("gradient norm " + std::to_string(step) + " (" + std::to_string(norm) + ")",
+                 std::abs(norm - norms_one[step]) / norms_one[step]);
     }
     opt.step(), opt.zero_grad();
     // Each dp rank's mean over its rows (every target counts): their mean is the batch's.
@@ -228,6 +237,7 @@ int main(int argc, char** argv) {
                                  {"--record", &o.record},
                                  {"--compare", &o.compare},
                                  {"--compare-rtol", &o.compare_rtol},
+                                 {"--clip", &o.clip},
                                  {"--verbose", &o.verbose}});
     return check(o, world);
   });

@@ -124,6 +124,13 @@ TEST(MeshJobs, LlamaPipelineParallel2TimesDataParallel2EqualsOneProcess) {
   expect_equal_in_f32_and_f64("--model llama --pp 2");
 }
 
+// Global-norm clipping (max_norm 0.05, below every step's norm, so every step is scaled): the
+// split model's norm and clipped steps equal one process's clip_grad_norm_.
+TEST(MeshJobs, GlobalNormClippingOfASplitModelEqualsOneProcess) {
+  EXPECT_LE(mesh_job(4, "--model gpt --tp 2 --clip 0.05"), 1e-6);
+  EXPECT_LE(mesh_job(4, "--model gpt --pp 2 --clip 0.05"), 1e-6);
+}
+
 // The mesh's sizes from `tessera launch --tp-size / --pp-size` (TESSERA_TP_SIZE, TESSERA_PP_SIZE
 // for a program that leaves them at 1), and the launcher's own refusal of sizes that do not divide
 // its ranks.
