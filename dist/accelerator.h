@@ -330,6 +330,7 @@ class Accelerator {
   // dir/model.safetensors, written by the main process. Under ZeRO every process first writes
   // the slices it keeps (dist/checkpoint.h) and the main process streams the file from them
   // one saved range at a time, so no process holds the gathered model; the shards are removed.
+  // A model split over the device mesh is gathered whole (collective) and saved as one process's.
   void save_model(nn::Module& model, const std::string& dir);
   void load_state(const std::string& dir);
   // Forgets prepared objects (DDP buffers are released).

@@ -339,6 +339,10 @@ std::function<void()> Accelerator::stage_model_weights(const std::string& dir, s
 void Accelerator::save_model(nn::Module& model, const std::string& dir) {
   const fs::path weights = fs::path(dir) / "model.safetensors";
   const bool sharded = zero_stage_ > 0 && models_.count(&model);
+  refuse_sharded_split_model(model, zero_stage_, "save_model");
+  // A split model: the full model, gathered over its group (collective), as one process saves it.
+  std::unique_ptr<nn::CausalLM> full;
+  if (const MeshParallelModel* split = split_model(model)) full = split->gather_full_model();
   if (sharded)
     if (auto group = writers(*models_.at(&model)))
       save_sharded_model(dir, 0, *models_.at(&model), *group);
@@ -348,7 +352,7 @@ void Accelerator::save_model(nn::Module& model, const std::string& dir) {
       write_whole_model(read_sharded_model_index(dir, 0), weights.string());
       remove_sharded_model(dir, 0);
     } else {
-      save_safetensors(weights.string(), model.state_dict(), {{"format", "pt"}});
+      save_safetensors(weights.string(), (full ? *full : model).state_dict(), {{"format", "pt"}});
     }
   }
   wait_for_everyone();

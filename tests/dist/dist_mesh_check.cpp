@@ -20,7 +20,9 @@
 //          [--zero 0|1] [--steps S (10)] [--rows G (16)] [--micro-batches M (8)] [--f64]
 //          [--rtol R (1e-6)] [--lr LR (1e-3)] [--eps EPS (1e-5)] [--save-at S --save-dir DIR]
 //          [--resume DIR] [--record FILE] [--compare FILE] [--compare-rtol R (0)]
-//          [--clip MAX_NORM (global-norm clipping, both runs; 0: none)] [--verbose]
+//          [--clip MAX_NORM (global-norm clipping, both runs; 0: none)]
+//          [--save-model DIR (Accelerator::save_model, read back: the gathered parameters)]
+//          [--verbose]
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -44,7 +46,7 @@ using parallel_check::relative_difference;
 namespace {
 
 struct Options {
-  std::string model = "gpt", data, save_dir, resume, record, compare;
+  std::string model = "gpt", data, save_dir, resume, record, compare, save_model;
   int tp = 1, pp = 1, dp = -1, zero = 0, steps = 10, micro_batches = 8, save_at = -1;
   int64_t rows = 16, tokens = 11, vocab = 97;
   bool f64 = false, verbose = false;
@@ -190,6 +192,14 @@ int check(const Options& o, dist::ProcessGroup& world) {
   for (const auto& [name, value] : gathered)
     if (!reference.empty())
       recorded.note("recorded " + name, relative_difference(value, reference.at(name)));
+  // Accelerate's save_model of a split model: the full model, as one process writes it.
+  if (!o.save_model.empty()) {
+    acc.save_model(*model, o.save_model);
+    const std::map<std::string, Tensor> saved =
+        load_safetensors(o.save_model + "/model.safetensors", {.memory_map = false}).tensors;
+    for (const auto& [name, value] : gathered)
+      worst.note("save_model " + name, relative_difference(saved.at(name), value) == 0 ? 0 : 1);
+  }
   if (!o.record.empty() && world.rank() == 0) {
     std::vector<std::pair<std::string, Tensor>> out(gathered.begin(), gathered.end());
     out.emplace_back("loss", from_vector(losses, {o.steps}, {.dtype = DType::f64}));
@@ -238,6 +248,7 @@ int main(int argc, char** argv) {
                                  {"--compare", &o.compare},
                                  {"--compare-rtol", &o.compare_rtol},
                                  {"--clip", &o.clip},
+                                 {"--save-model", &o.save_model},
                                  {"--verbose", &o.verbose}});
     return check(o, world);
   });

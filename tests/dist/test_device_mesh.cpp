@@ -176,7 +176,7 @@ TEST(MeshJobs, TensorParallelCheckpointResumesAtOtherMeshes) {
   const auto dir = tessera::test_jobs::fresh_scratch_folder("mesh_tp_resume").string();
   const std::string base = "--model gpt --f64 --rtol 1e-10 ";
   EXPECT_LE(mesh_job(4, base + "--tp 2 --save-at 5 --save-dir " + dir + "/ckpt --record " + dir +
-                            "/run.safetensors"),
+                            "/run.safetensors --save-model " + dir + "/model"),
             1e-10);
   const std::string resume = "--resume " + dir + "/ckpt --compare " + dir + "/run.safetensors ";
   EXPECT_LE(mesh_job(4, base + resume + "--tp 2"), 1e-10);
@@ -190,7 +190,7 @@ TEST(MeshJobs, PipelineParallelCheckpointResumesAtOtherMeshes) {
   const auto dir = tessera::test_jobs::fresh_scratch_folder("mesh_pp_resume").string();
   const std::string base = "--model gpt --f64 --rtol 1e-10 ";
   EXPECT_LE(mesh_job(4, base + "--pp 2 --save-at 5 --save-dir " + dir + "/ckpt --record " + dir +
-                            "/run.safetensors"),
+                            "/run.safetensors --save-model " + dir + "/model"),
             1e-10);
   const std::string resume = "--resume " + dir + "/ckpt --compare " + dir + "/run.safetensors ";
   EXPECT_LE(mesh_job(4, base + resume + "--pp 2"), 1e-10);
