@@ -14,6 +14,7 @@
 #include "tessera/core/safetensors.h"
 #include "tessera/core/settings.h"
 #include "tessera/dist/memory_report.h"
+#include "tessera/dist/pipeline_parallel.h"
 #include "tessera/dist/zero.h"
 #include "tessera/kernels/ops.h"
 #include "tessera/optim/clip.h"
@@ -70,8 +71,7 @@ int zero_stage_of(const AcceleratorOptions& o) {
 // a tied embedding on the stage that holds it).
 double clip_split_model(const nn::Module& model, const MeshParallelModel& split,
                         const std::vector<Tensor>& params, double max_norm) {
-  TESSERA_CHECK(max_norm > 0, "Accelerator::clip_grad_norm_: max_norm must be > 0, got ",
-                max_norm);
+  TESSERA_CHECK(max_norm > 0, "Accelerator::clip_grad_norm_: max_norm must be > 0, got ", max_norm);
   std::map<const TensorImpl*, std::string> names;
   for (const auto& [name, p] : model.named_parameters()) names.emplace(p.impl_ptr().get(), name);
   std::set<const TensorImpl*> seen;
@@ -216,6 +216,12 @@ void Accelerator::check_sharded_init() const {
 
 void Accelerator::prepare_one(nn::Module& model) {
   if (models_.count(&model)) return;
+  // A stage runs one backward per micro-batch under no_sync; only DDP then averages what they
+  // accumulated (DataParallelStrategy::sync_accumulated_gradients).
+  TESSERA_CHECK(zero_stage_ == 0 || !dynamic_cast<const PipelineParallelCausalLM*>(&model),
+                "Accelerator::prepare: a pipeline stage trains under DDP on the dp axis; "
+                "zero_stage is ",
+                zero_stage_);
   MemoryCategoryScope tag(MemoryCategory::Parameters);
   // Parameters live in the policy's dtype from here on; the optimizer's masters keep f32.
   if (policy_.low_precision_parameters()) model.to(policy_.param_dtype);

@@ -108,6 +108,7 @@ void expect_equal_in_f32_and_f64(const std::string& args) {
 // after 10 AdamW steps (eps 1e-5, as test_tensor_parallel.cpp says why).
 TEST(MeshJobs, Gpt2TensorParallel2TimesDataParallel2EqualsOneProcess) {
   expect_equal_in_f32_and_f64("--model gpt --tp 2");
+  EXPECT_LE(mesh_job(4, "--model gpt --tp 2 --zero 2"), 1e-6);  // ZeRO-2 on the dp axis
 }
 
 // Llama split over tp 2 with ZeRO-1 on the dp axis.
@@ -167,6 +168,9 @@ TEST(MeshJobs, AMeshThatIsNotTheWorldIsRefusedOnEveryRank) {
       "dp_size 2 x tp_size 2 x pp_size 2 = 8 is not the world size 4");
   tessera::parallel_check::expect_refused(DIST_MESH_CHECK, 4, "--data " + data + " --tp 2 --zero 3",
                                           "ZeRO-3 (zero_stage 3) needs tp_size = pp_size = 1");
+  tessera::parallel_check::expect_refused(
+      DIST_MESH_CHECK, 4, "--data " + data + " --pp 2 --zero 1",
+      "a pipeline stage trains under DDP on the dp axis; zero_stage is 1");
 }
 
 // A tp2 x dp2 run (f64) saves after 5 of 10 steps; resumed at tp2 x dp2 it ends bit for bit
