@@ -222,6 +222,19 @@ void Accelerator::prepare_one(nn::Module& model) {
                 "Accelerator::prepare: a pipeline stage trains under DDP on the dp axis; "
                 "zero_stage is ",
                 zero_stage_);
+  // On a mesh that splits models, each replica is one model split over its tp group or its
+  // pipeline: a whole model would be trained tp x pp times over on the same rows.
+  const auto* split = dynamic_cast<const MeshParallelModel*>(&model);
+  TESSERA_CHECK(mesh_->data_parallel_only() ||
+                    (split && split->model_group().size() == mesh_->tp_size() * mesh_->pp_size()),
+                "Accelerator::prepare: the device mesh ", mesh_->shape().str(),
+                " needs the model split over its ",
+                mesh_->tp_size() > 1
+                    ? "tp group (dist::tensor_parallel(model, acc.mesh().tp_group()))"
+                    : "pipeline (dist::pipeline_parallel(model, acc.mesh().pp_group()))",
+                "; got ",
+                split ? "one split over a group of " + std::to_string(split->model_group().size())
+                      : "a whole " + model.type_name());
   MemoryCategoryScope tag(MemoryCategory::Parameters);
   // Parameters live in the policy's dtype from here on; the optimizer's masters keep f32.
   if (policy_.low_precision_parameters()) model.to(policy_.param_dtype);

@@ -22,7 +22,7 @@
 //          [--resume DIR] [--record FILE] [--compare FILE] [--compare-rtol R (0)]
 //          [--clip MAX_NORM (global-norm clipping, both runs; 0: none)]
 //          [--save-model DIR (Accelerator::save_model, read back: the gathered parameters)]
-//          [--verbose]
+//          [--whole (prepare the unsplit model: refused on a mesh that splits models)] [--verbose]
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -49,7 +49,7 @@ struct Options {
   std::string model = "gpt", data, save_dir, resume, record, compare, save_model;
   int tp = 1, pp = 1, dp = -1, zero = 0, steps = 10, micro_batches = 8, save_at = -1;
   int64_t rows = 16, tokens = 11, vocab = 97;
-  bool f64 = false, verbose = false;
+  bool f64 = false, verbose = false, whole = false;
   double rtol = 1e-6, lr = 1e-3, eps = 1e-5, compare_rtol = 0, clip = 0;
 };
 
@@ -136,7 +136,9 @@ int check(const Options& o, dist::ProcessGroup& world) {
   std::unique_ptr<nn::CausalLM> built = build(o);
   std::unique_ptr<nn::Module> model;
   dist::PipelineParallelCausalLM* pipeline = nullptr;
-  if (tp > 1) {
+  if (o.whole) {  // the unsplit model on a mesh that splits models: refused
+    model = std::move(built);
+  } else if (tp > 1) {
     model = dist::tensor_parallel(*built, mesh.tp_group());
   } else if (pp > 1) {
     auto pp = dist::pipeline_parallel(*built, mesh.pp_group(), {.micro_batches = o.micro_batches});
@@ -249,6 +251,7 @@ int main(int argc, char** argv) {
                                  {"--compare-rtol", &o.compare_rtol},
                                  {"--clip", &o.clip},
                                  {"--save-model", &o.save_model},
+                                 {"--whole", &o.whole},
                                  {"--verbose", &o.verbose}});
     return check(o, world);
   });

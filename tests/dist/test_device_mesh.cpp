@@ -171,6 +171,9 @@ TEST(MeshJobs, AMeshThatIsNotTheWorldIsRefusedOnEveryRank) {
   tessera::parallel_check::expect_refused(
       DIST_MESH_CHECK, 4, "--data " + data + " --pp 2 --zero 1",
       "a pipeline stage trains under DDP on the dp axis; zero_stage is 1");
+  tessera::parallel_check::expect_refused(
+      DIST_MESH_CHECK, 4, "--data " + data + " --tp 2 --whole",
+      "the device mesh dp 2 x tp 2 x pp 1 needs the model split over its tp group");
 }
 
 // A tp2 x dp2 run (f64) saves after 5 of 10 steps; resumed at tp2 x dp2 it ends bit for bit
