@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "parallel_jobs.h"
 #include "tessera/dist/device_mesh.h"
@@ -176,33 +178,34 @@ TEST(MeshJobs, AMeshThatIsNotTheWorldIsRefusedOnEveryRank) {
       "the device mesh dp 2 x tp 2 x pp 1 needs the model split over its tp group");
 }
 
-// A tp2 x dp2 run (f64) saves after 5 of 10 steps; resumed at tp2 x dp2 it ends bit for bit
-// as the uninterrupted run, at tp2 x dp1 and tp1 x dp1 (whose sums run in another order)
-// within 1e-10.
-TEST(MeshJobs, TensorParallelCheckpointResumesAtOtherMeshes) {
-  const auto dir = tessera::test_jobs::fresh_scratch_folder("mesh_tp_resume").string();
+// A run (f64) on 4 ranks with `split` saves after 5 of 10 steps (and save_model's full model at
+// the end) and records its losses and final parameters; each resume (ranks, flags) loads the
+// checkpoint and trains the last 5 steps. Resumed at the mesh that saved it, the run must end bit
+// for bit as the uninterrupted one (--compare-rtol 0); elsewhere the sums run in another order,
+// within the resume's --compare-rtol.
+void expect_resumes(const std::string& split,
+                    const std::vector<std::pair<int, std::string>>& resumes) {
+  const auto dir = tessera::test_jobs::fresh_scratch_folder("mesh_resume").string();
   const std::string base = "--model gpt --f64 --rtol 1e-10 ";
-  EXPECT_LE(mesh_job(4, base + "--tp 2 --save-at 5 --save-dir " + dir + "/ckpt --record " + dir +
+  EXPECT_LE(mesh_job(4, base + split + " --save-at 5 --save-dir " + dir + "/ckpt --record " + dir +
                             "/run.safetensors --save-model " + dir + "/model"),
             1e-10);
   const std::string resume = "--resume " + dir + "/ckpt --compare " + dir + "/run.safetensors ";
-  EXPECT_LE(mesh_job(4, base + resume + "--tp 2"), 1e-10);
-  EXPECT_LE(mesh_job(2, base + resume + "--tp 2 --compare-rtol 1e-10"), 1e-10);
-  EXPECT_LE(mesh_job(1, base + resume + "--compare-rtol 1e-10"), 1e-10);
+  for (const auto& [ranks, flags] : resumes)
+    EXPECT_LE(mesh_job(ranks, base + resume + flags), 1e-10);
   std::filesystem::remove_all(dir);
 }
 
-// The same for two pipelines of 2 stages, resumed at pp2 x dp2 and in one process.
+// tp2 x dp2 resumed at tp2 x dp2 (bit for bit), tp2 x dp1 and tp1 x dp1 (within 1e-10).
+TEST(MeshJobs, TensorParallelCheckpointResumesAtOtherMeshes) {
+  expect_resumes("--tp 2",
+                 {{4, "--tp 2"}, {2, "--tp 2 --compare-rtol 1e-10"}, {1, "--compare-rtol 1e-10"}});
+}
+
+// Two pipelines of 2 stages resumed at pp2 x dp2 (bit for bit), pp2 x dp1 and in one process.
 TEST(MeshJobs, PipelineParallelCheckpointResumesAtOtherMeshes) {
-  const auto dir = tessera::test_jobs::fresh_scratch_folder("mesh_pp_resume").string();
-  const std::string base = "--model gpt --f64 --rtol 1e-10 ";
-  EXPECT_LE(mesh_job(4, base + "--pp 2 --save-at 5 --save-dir " + dir + "/ckpt --record " + dir +
-                            "/run.safetensors --save-model " + dir + "/model"),
-            1e-10);
-  const std::string resume = "--resume " + dir + "/ckpt --compare " + dir + "/run.safetensors ";
-  EXPECT_LE(mesh_job(4, base + resume + "--pp 2"), 1e-10);
-  EXPECT_LE(mesh_job(1, base + resume + "--compare-rtol 1e-10"), 1e-10);
-  std::filesystem::remove_all(dir);
+  expect_resumes("--pp 2",
+                 {{4, "--pp 2"}, {2, "--pp 2 --compare-rtol 1e-10"}, {1, "--compare-rtol 1e-10"}});
 }
 
 }  // namespace
