@@ -172,6 +172,35 @@ std::vector<std::string> optimizer_names(const DataParallelStrategy& s,
   for (const auto& slice : s.optimizer_slices(opt)) names.push_back(slice.name);
   return names;
 }
+// What save_state writes for the split models (dist/checkpoint.h): each one's full model and
+// each optimizer training one its full-format state, gathered over the model's group on every
+// rank (collective); the names of every optimizer's parameters in the order it saves them.
+struct FullFormat {
+  std::vector<std::unique_ptr<nn::CausalLM>> models;  // null: not split
+  std::vector<std::optional<optim::OptimizerStateDict>> optimizers;
+  std::vector<std::vector<std::string>> names;
+};
+FullFormat gather_full_format(const std::vector<nn::Module*>& models,
+                              const std::vector<optim::Optimizer*>& optimizers,
+                              const std::vector<const DataParallelStrategy*>& trains) {
+  FullFormat out;
+  for (nn::Module* m : models)
+    out.models.push_back(split_model(*m) ? split_model(*m)->gather_full_model() : nullptr);
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    const std::vector<std::string> names = optimizer_names(*trains[i], *optimizers[i]);
+    const MeshParallelModel* split = split_model(trains[i]->module());
+    out.optimizers.emplace_back();
+    out.names.push_back(names);
+    if (!split) continue;
+    const size_t model =
+        std::find(models.begin(), models.end(), &trains[i]->module()) - models.begin();
+    out.names.back() = trainable_parameters(*out.models.at(model)).second;
+    out.optimizers.back() =
+        gather_full_optimizer_state(*optimizers[i], names, *split, out.names.back());
+  }
+  return out;
+}
+
 void refuse_sharded_split_model(const nn::Module& model, int zero_stage, const char* what) {
   TESSERA_CHECK(!split_model(model) || zero_stage == 0, "Accelerator::", what,
                 ": a model split over the device mesh (tensor or pipeline parallel) is "
@@ -209,25 +238,10 @@ void Accelerator::save_state(const std::string& dir) {
   // Hybrid sharding: shard group 0 writes (the other groups hold the same values).
   const bool sharded = zero_stage_ > 0;
   for (nn::Module* m : model_order_) refuse_sharded_split_model(*m, zero_stage_, "save_state");
-  // A split model is written in the full model's format (dist/checkpoint.h), gathered over its
-  // group on every rank (collective), written by the main process.
-  std::vector<std::unique_ptr<nn::CausalLM>> full_models(model_order_.size());
-  for (size_t i = 0; i < model_order_.size(); ++i)
-    if (const MeshParallelModel* split = split_model(*model_order_[i]))
-      full_models[i] = split->gather_full_model();
-  std::vector<std::optional<optim::OptimizerStateDict>> full_optimizers(optimizers_.size());
-  std::vector<std::vector<std::string>> saved_names(optimizers_.size());
-  for (size_t i = 0; i < optimizers_.size(); ++i) {
-    const DataParallelStrategy& strategy = strategy_training(*optimizers_[i]);
-    saved_names[i] = optimizer_names(strategy, *optimizers_[i]);
-    const MeshParallelModel* split = split_model(strategy.module());
-    if (!split) continue;
-    const size_t model = std::find(model_order_.begin(), model_order_.end(), &strategy.module()) -
-                         model_order_.begin();
-    saved_names[i] = trainable_parameters(*full_models.at(model)).second;
-    full_optimizers[i] = gather_full_optimizer_state(
-        *optimizers_[i], optimizer_names(strategy, *optimizers_[i]), *split, saved_names[i]);
-  }
+  std::vector<const DataParallelStrategy*> trains;
+  for (optim::Optimizer* opt : optimizers_) trains.push_back(&strategy_training(*opt));
+  const FullFormat whole = gather_full_format(model_order_, optimizers_, trains);
+  const auto& [full_models, full_optimizers, saved_names] = whole;
   if (sharded) {
     for (size_t i = 0; i < model_order_.size(); ++i) {
       DataParallelStrategy& strategy = *models_.at(model_order_[i]);
