@@ -55,6 +55,11 @@ const std::vector<LaunchFlag>& launch_flags() {
       {"--gradient-accumulation-steps,--gradient_accumulation_steps",
        "gradient_accumulation_steps", FlagType::Int,
        "passed to the Accelerator as TESSERA_GRADIENT_ACCUMULATION_STEPS"},
+      {"--tp-size,--tp_size,--parallelism_config_tp_size", "tp_size", FlagType::Int,
+       "ranks per tensor-parallel group of the Accelerator's device mesh, passed on as "
+       "TESSERA_TP_SIZE"},
+      {"--pp-size,--pp_size", "pp_size", FlagType::Int,
+       "pipeline stages of the Accelerator's device mesh, passed on as TESSERA_PP_SIZE"},
       {"--gpu-ids,--gpu_ids", "gpu_ids", FlagType::Text,
        "all | 0,1,...: the GPUs the ranks see (CUDA_VISIBLE_DEVICES)"},
       {"--cpu", "use_cpu", FlagType::Switch,

@@ -191,7 +191,7 @@ const std::set<std::string>& tessera_keys() {
       "nproc_per_node", "nnodes",       "node_rank",           "master_addr",
       "master_port",    "rdzv_endpoint", "reduce_dtype",       "max_restarts",
       "exit_barrier_timeout", "watchdog_timeout", "watchdog_action", "fsdp_sharding_strategy",
-      "zero_stage", "deepspeed_config_file", "gradient_accumulation_steps"};
+      "zero_stage", "deepspeed_config_file", "gradient_accumulation_steps", "tp_size", "pp_size"};
   return keys;
 }
 
@@ -336,6 +336,8 @@ void apply_sharding(const SettingReader& r, dist::LaunchOptions& o) {
   }
   if (r.has("gradient_accumulation_steps"))
     o.gradient_accumulation_steps = r.integer("gradient_accumulation_steps");
+  if (r.has("tp_size")) o.tp_size = r.integer("tp_size");
+  if (r.has("pp_size")) o.pp_size = r.integer("pp_size");
 }
 
 }  // namespace

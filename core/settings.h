@@ -54,6 +54,8 @@ enum class Setting : uint8_t {
   DeepSpeedConfig,
   FsdpShardingStrategy,
   GradientAccumulationSteps,
+  TpSize,
+  PpSize,
   UseCpu,
   SparseEmbeddingGradients,
   ZeroTrace,

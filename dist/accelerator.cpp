@@ -14,6 +14,7 @@
 #include "tessera/core/safetensors.h"
 #include "tessera/core/settings.h"
 #include "tessera/dist/memory_report.h"
+#include "tessera/dist/pipeline_parallel.h"
 #include "tessera/dist/zero.h"
 #include "tessera/kernels/ops.h"
 #include "tessera/optim/clip.h"
@@ -34,6 +35,8 @@ void take_launch_settings(AcceleratorOptions& o) {
     o.gradient_accumulation_steps =
         static_cast<int>(setting_integer(Setting::GradientAccumulationSteps));
   o.cpu = o.cpu || setting_enabled(Setting::UseCpu);
+  if (o.tp_size == 1) o.tp_size = static_cast<int>(setting_integer(Setting::TpSize));
+  if (o.pp_size == 1) o.pp_size = static_cast<int>(setting_integer(Setting::PpSize));
 }
 
 // FSDP's strategy name and a DeepSpeed file fill zero_stage, offload, buckets, accumulation
@@ -60,6 +63,32 @@ int zero_stage_of(const AcceleratorOptions& o) {
   TESSERA_CHECK(stage >= 0 && stage <= 3,  // TESSERA_ZERO_STAGE is checked as read
                 "Accelerator: zero_stage must be 0 (DDP), 1, 2 or 3; got ", stage);
   return stage;
+}
+
+// Global-norm clipping of a model split over the mesh (dist/device_mesh.h) under DDP: every dp
+// replica holds the same averaged gradients, so the norm is the sum over the model's group of
+// the pieces each rank counts once (a parameter kept whole on every tp rank counts on the first,
+// a tied embedding on the stage that holds it).
+double clip_split_model(const nn::Module& model, const MeshParallelModel& split,
+                        const std::vector<Tensor>& params, double max_norm) {
+  TESSERA_CHECK(max_norm > 0, "Accelerator::clip_grad_norm_: max_norm must be > 0, got ", max_norm);
+  std::map<const TensorImpl*, std::string> names;
+  for (const auto& [name, p] : model.named_parameters()) names.emplace(p.impl_ptr().get(), name);
+  std::set<const TensorImpl*> seen;
+  std::vector<Tensor> counted, grads;
+  for (const Tensor& p : params) {
+    if (!seen.insert(p.impl_ptr().get()).second || !p.grad().defined()) continue;
+    grads.push_back(p.grad());
+    auto it = names.find(p.impl_ptr().get());
+    if (it == names.end() || split.counts_in_model_sums(it->second)) counted.push_back(p);
+  }
+  const Device device = grads.empty() ? Device::cpu() : grads.front().device();
+  Tensor total =
+      full({1}, optim::grad_norm_squared(counted), {.dtype = DType::f64, .device = device});
+  split.model_group().all_reduce(total)->wait();
+  const double norm = std::sqrt(ops::to(total, Device::cpu(), DType::f64).to_vector<double>()[0]);
+  optim::clip_grads_by_norm_(grads, full({1}, norm, {.dtype = DType::f64}), max_norm);
+  return norm;
 }
 }  // namespace
 
@@ -99,7 +128,8 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   scaling.enabled = mixed_precision_ == "fp16";
   scaler_ = optim::LossScaler(scaling);
   env_ = read_dist_env();
-  resolve_hybrid_sharding();  // refused before the ranks meet
+  resolve_mesh_shape_options();  // refused before the ranks meet
+  resolve_hybrid_sharding();
   if (!is_initialized()) {
     InitOptions init;
     init.backend = options_.backend;
@@ -108,6 +138,9 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
     init_process_group(init);
     owns_group_ = true;
   }
+  // Against the world the ranks met in (what the launch environment said was checked above).
+  mesh_ = std::make_unique<DeviceMesh>(
+      world_ptr(), MeshShape{.dp = options_.dp_size, .tp = mesh_shape_.tp, .pp = mesh_shape_.pp});
   if (!options_.cpu && cuda_is_available())
     device_ = Device::cuda(env_.local_rank % cuda_device_count());
   if (options_.deepspeed && is_main_process())
@@ -116,6 +149,29 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
 }
 
 void Accelerator::resolve_sharding_options() { resolve_sharding(options_); }
+
+// The mesh's shape against the launch's world size, and what cannot run on a mesh with tensor
+// or pipeline parallelism: ZeRO-3 (it would shard and gather the split model's parameters on
+// the dp axis, which the split models' own collectives do not expect), offload and hybrid
+// sharding.
+void Accelerator::resolve_mesh_shape_options() {
+  mesh_shape_ = resolve_mesh_shape(
+      {.dp = options_.dp_size, .tp = options_.tp_size, .pp = options_.pp_size}, env_.world_size);
+  if (mesh_shape_.tp == 1 && mesh_shape_.pp == 1) return;
+  const std::string mesh = "the device mesh " + mesh_shape_.str();
+  TESSERA_CHECK(zero_stage_ != 3, "Accelerator: ", mesh,
+                " runs DDP, ZeRO-1 or ZeRO-2 on the dp axis; ZeRO-3 (zero_stage 3) needs "
+                "tp_size = pp_size = 1");
+  TESSERA_CHECK(!options_.offload_optimizer && !options_.offload_param, "Accelerator: ", mesh,
+                " does not support offload (offload_optimizer, offload_param); it needs "
+                "tp_size = pp_size = 1");
+  TESSERA_CHECK(options_.hybrid_shard_size == -1 &&
+                    (options_.fsdp_sharding_strategy.empty() ||
+                     !fsdp_sharding_is_hybrid(options_.fsdp_sharding_strategy)),
+                "Accelerator: ", mesh,
+                " does not support hybrid sharding; it needs tp_size = "
+                "pp_size = 1");
+}
 
 // Hybrid sharding: hybrid_shard_size, or for FSDP's HYBRID_SHARD / _HYBRID_SHARD_ZERO2 without
 // it the ranks per node; checked against the world size, the stage and offload.
@@ -138,6 +194,7 @@ Accelerator::~Accelerator() {
   *gate_open_ = true;  // the optimizers may outlive this Accelerator: leave them ungated
   models_.clear();
   if (owns_group_ && is_initialized()) {
+    mesh_.reset();  // its groups go before the world they were made from
     try {
       destroy_process_group();
     } catch (...) {  // a destructor must not throw (end_training reports errors)
@@ -159,6 +216,25 @@ void Accelerator::check_sharded_init() const {
 
 void Accelerator::prepare_one(nn::Module& model) {
   if (models_.count(&model)) return;
+  // A stage runs one backward per micro-batch under no_sync; only DDP then averages what they
+  // accumulated (DataParallelStrategy::sync_accumulated_gradients).
+  TESSERA_CHECK(zero_stage_ == 0 || !dynamic_cast<const PipelineParallelCausalLM*>(&model),
+                "Accelerator::prepare: a pipeline stage trains under DDP on the dp axis; "
+                "zero_stage is ",
+                zero_stage_);
+  // On a mesh that splits models, each replica is one model split over its tp group or its
+  // pipeline: a whole model would be trained tp x pp times over on the same rows.
+  const auto* split = dynamic_cast<const MeshParallelModel*>(&model);
+  TESSERA_CHECK(mesh_->data_parallel_only() ||
+                    (split && split->model_group().size() == mesh_->tp_size() * mesh_->pp_size()),
+                "Accelerator::prepare: the device mesh ", mesh_->shape().str(),
+                " needs the model split over its ",
+                mesh_->tp_size() > 1
+                    ? "tp group (dist::tensor_parallel(model, acc.mesh().tp_group()))"
+                    : "pipeline (dist::pipeline_parallel(model, acc.mesh().pp_group()))",
+                "; got ",
+                split ? "one split over a group of " + std::to_string(split->model_group().size())
+                      : "a whole " + model.type_name());
   MemoryCategoryScope tag(MemoryCategory::Parameters);
   // Parameters live in the policy's dtype from here on; the optimizer's masters keep f32.
   if (policy_.low_precision_parameters()) model.to(policy_.param_dtype);
@@ -170,7 +246,7 @@ void Accelerator::prepare_one(nn::Module& model) {
     // TESSERA_SPARSE_EMBEDDING_GRADIENTS=0 turns them off for a whole job.
     ddp.sparse_embedding_gradients =
         options_.sparse_embedding_gradients && setting_enabled(Setting::SparseEmbeddingGradients);
-    models_[&model] = std::make_unique<DistributedDataParallel>(model, world_ptr(), ddp);
+    models_[&model] = std::make_unique<DistributedDataParallel>(model, mesh_->dp_group(), ddp);
   } else {
     ZeroOptions zero;
     zero.stage = zero_stage_;
@@ -184,7 +260,7 @@ void Accelerator::prepare_one(nn::Module& model) {
     zero.accumulation = options_.zero_accumulation;
     zero.max_buckets_in_flight = options_.max_buckets_in_flight;
     zero.hybrid_shard_size = hybrid_shard_size_;
-    models_[&model] = std::make_unique<ZeroStrategy>(model, world_ptr(), zero);
+    models_[&model] = std::make_unique<ZeroStrategy>(model, mesh_->dp_group(), zero);
   }
   model_order_.push_back(&model);
   // Built before their role was known; flat buffers a strategy made are tagged already.
@@ -241,17 +317,18 @@ void Accelerator::prepare_one(data::DataLoader& loader) {
                   options_.deepspeed->source, ": \"train_micro_batch_size_per_gpu\" is ",
                   *options_.deepspeed->train_micro_batch_size_per_gpu,
                   " but the loader's batch is ", o.batch);
+  const int replicas = mesh_->dp_size();  // the ranks that read different rows
   if (options_.deepspeed && options_.deepspeed->train_batch_size)
     TESSERA_CHECK(*options_.deepspeed->train_batch_size ==
-                      o.batch * options_.gradient_accumulation_steps * num_processes(),
+                      o.batch * options_.gradient_accumulation_steps * replicas,
                   options_.deepspeed->source, ": \"train_batch_size\" is ",
                   *options_.deepspeed->train_batch_size, " but ", o.batch, " rows x ",
-                  options_.gradient_accumulation_steps, " micro-steps x ", num_processes(),
-                  " processes is ",
-                  o.batch * options_.gradient_accumulation_steps * num_processes());
-  if (o.rank != process_index() || o.world_size != num_processes()) {
-    o.rank = process_index();
-    o.world_size = num_processes();
+                  options_.gradient_accumulation_steps, " micro-steps x ", replicas,
+                  " data-parallel ranks is ",
+                  o.batch * options_.gradient_accumulation_steps * replicas);
+  if (o.rank != mesh_->dp_rank() || o.world_size != replicas) {
+    o.rank = mesh_->dp_rank();
+    o.world_size = replicas;
     uint64_t position = loader.position();
     loader = data::DataLoader(loader.file(), o);
     loader.set_position(position);
@@ -340,7 +417,7 @@ std::string Accelerator::memory_report(const nn::Module& model) {
       header, ranks,
       // Hybrid sharding keeps ZeRO's state of a shard group: Psi over its ranks.
       zero_memory_formula(psi, dtype_size(dtype), masters, zero_stage_,
-                          hybrid_shard_size_ > 0 ? hybrid_shard_size_ : num_processes()),
+                          hybrid_shard_size_ > 0 ? hybrid_shard_size_ : mesh_->dp_size()),
       phases);
   if (!memory_categories_enabled())
     table += "(counting was off: call enable_memory_categories(true) first)\n";
@@ -359,6 +436,29 @@ AccumulateScope Accelerator::accumulate(nn::Module& model) {
   if (policy_.compute_dtype != DType::f32)
     autocast = std::make_unique<autograd::AutocastGuard>(policy_.compute_dtype);
   return AccumulateScope(sync_gradients_, std::move(guards), std::move(autocast));
+}
+
+Tensor Accelerator::train_step(nn::Module& model, const std::function<Tensor()>& step) {
+  DataParallelStrategy* s = strategy_of(model);
+  TESSERA_CHECK(s, "Accelerator::train_step: the model was not prepared");
+  TESSERA_CHECK(zero_stage_ == 0, "Accelerator::train_step: ZeRO stage ", zero_stage_,
+                " cannot average the gradients of a model that runs its own backwards; use "
+                "DDP (zero_stage 0)");
+  TESSERA_CHECK(!scaler_.enabled(),
+                "Accelerator::train_step: fp16 loss scaling needs the loss "
+                "before its backward (Accelerator::backward); use bf16 or no mixed precision");
+  TESSERA_CHECK(options_.gradient_accumulation_steps == 1,
+                "Accelerator::train_step: "
+                "gradient_accumulation_steps is ",
+                options_.gradient_accumulation_steps,
+                "; a pipeline accumulates over its micro-batches (set those instead)");
+  Tensor loss;
+  {
+    DataParallelStrategy::NoSyncGuard off = s->no_sync();
+    loss = step();
+  }
+  if (sync_gradients_) s->sync_accumulated_gradients();
+  return loss;
 }
 
 void Accelerator::backward(const Tensor& loss) {
@@ -386,8 +486,9 @@ void Accelerator::backward(const Tensor& loss) {
 void Accelerator::unscale_gradients() {
   optim::Optimizer& opt = *optimizers_.front();
   bool finite = scaler_.unscale_(opt);
-  if (zero_stage_ > 0) {
-    // A ZeRO rank checks only its slices: the step is skipped everywhere if any overflowed.
+  if (zero_stage_ > 0 || !mesh_->data_parallel_only()) {
+    // A ZeRO rank checks only its slices, a tensor-parallel rank its part of the model: the
+    // step is skipped everywhere if any overflowed.
     Tensor overflow = full({1}, finite ? 0.0 : 1.0, {.device = device_});
     world().all_reduce(overflow, ReduceOp::Max)->wait();
     if (finite && ops::to(overflow, Device::cpu(), DType::f32).item() != 0) {
@@ -410,6 +511,17 @@ void Accelerator::unscale_gradients() {
 
 double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   if (!sync_gradients_ || step_skipped_) return 0.0;
+  if (!mesh_->data_parallel_only()) {
+    const auto* split = model_order_.size() == 1
+                            ? dynamic_cast<const MeshParallelModel*>(model_order_.front())
+                            : nullptr;
+    TESSERA_CHECK(split && zero_stage_ == 0, "Accelerator::clip_grad_norm_: on the device mesh ",
+                  mesh_->shape().str(),
+                  " it clips one prepared model split over the mesh (tensor or pipeline "
+                  "parallel) under DDP; zero_stage is ",
+                  zero_stage_);
+    return clip_split_model(*model_order_.front(), *split, params, max_norm);
+  }
   // A sharding strategy clips what its rank holds, with the norm summed over ranks.
   if (model_order_.size() == 1)
     return models_.at(model_order_.front())->clip_grad_norm_(params, max_norm);
@@ -428,6 +540,7 @@ Tensor Accelerator::clip_grad_norm_on_device_(const std::vector<Tensor>& params,
 std::string Accelerator::device_clipping_blocker() const {
   if (!device_.is_cuda()) return "the run is not on a CUDA device";
   if (zero_stage_ > 0) return "ZeRO shards the gradients (their norm is summed over ranks)";
+  if (!mesh_->data_parallel_only()) return "the device mesh splits the model over ranks";
   if (scaler_.enabled()) return "fp16 loss scaling checks gradients on the host";
   return "";
 }
@@ -560,6 +673,7 @@ void Accelerator::end_training() {
   wait_for_everyone();
   free_memory();
   if (owns_group_) {
+    mesh_.reset();
     destroy_process_group();
     owns_group_ = false;
   }

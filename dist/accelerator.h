@@ -35,6 +35,7 @@
 #include "tessera/data/dataloader.h"
 #include "tessera/dist/ddp.h"
 #include "tessera/dist/deepspeed_config.h"
+#include "tessera/dist/device_mesh.h"
 #include "tessera/dist/memory_report.h"
 #include "tessera/dist/process_group.h"
 #include "tessera/dist/strategy.h"
@@ -93,6 +94,14 @@ struct AcceleratorOptions {
   // fsdp_sharding_strategy is a hybrid one, which takes the ranks per node (LOCAL_WORLD_SIZE).
   // Must be >= 1 and divide the world size; stages 2 and 3 without offload.
   int hybrid_shard_size = -1;
+  // The device mesh (dist/device_mesh.h; Accelerate's ParallelismConfig dp_size, tp_size,
+  // pp_size): ranks per tensor-parallel group and pipeline stages, 1 = TESSERA_TP_SIZE and
+  // TESSERA_PP_SIZE (tessera launch --tp-size, --pp-size) or 1; dp_size -1: the world over
+  // tp_size x pp_size. The strategy (DDP, ZeRO-1/2) runs on the dp axis; ZeRO-3, offload and
+  // hybrid sharding need tp_size = pp_size = 1.
+  int dp_size = -1;
+  int tp_size = 1;
+  int pp_size = 1;
   // fp16's dynamic loss scaler (Accelerate's GradScalerKwargs); unset = torch's GradScaler
   // defaults, or the DeepSpeed file's fp16 block.
   std::optional<optim::LossScalerOptions> loss_scaler;
@@ -160,8 +169,9 @@ class Accelerator {
   // at this rank's shards, and mixed precision turns on its f32 master weights.
   void prepare_one(optim::Optimizer& optimizer);
   void prepare_one(optim::LRSchedule& schedule);   // remembered for save/load_state
-  // Re-creates the loader with this process's rank and world size (sequential order:
-  // W ranks × B rows see what one process × W·B rows sees).
+  // Re-creates the loader with this process's rank and world size on the mesh's dp axis
+  // (sequential order: W ranks × B rows see what one process × W·B rows sees; the ranks of
+  // one tp group and the stages of one pipeline read the same rows).
   void prepare_one(data::DataLoader& loader);
   // Sharded construction (DeepSpeed's zero.Init; docs/distributed.md): runs build() with
   // deferred initialisation on (core/deferred_init.h), so the parameters it creates are
@@ -190,6 +200,9 @@ class Accelerator {
   // The DeepSpeed config the options named (its gradient_clipping is the trainer's to use).
   const std::optional<DeepSpeedConfig>& deepspeed_config() const { return options_.deepspeed; }
   const MixedPrecisionPolicy& mixed_precision_policy() const { return policy_; }
+  // The device mesh: split a model over mesh().tp_group() (dist::tensor_parallel) or
+  // mesh().pp_group() (dist::pipeline_parallel), then prepare it as any model.
+  const DeviceMesh& mesh() const { return *mesh_; }
   // This process's bytes by category for a prepared model (optimizer state from the
   // prepared optimizers).
   MemoryUsage memory_usage(const nn::Module& model) const;
@@ -225,11 +238,21 @@ class Accelerator {
   // the step see the true gradients); when one is inf/NaN the gradients are dropped, the
   // optimizer and schedule steps of this micro-step are skipped and the scale backs off.
   void backward(const Tensor& loss);
+  // A model that runs its own backwards (PipelineParallelCausalLM::train_step, one per
+  // micro-batch), inside accumulate(): runs step() with the gradient sync off, then, on a
+  // syncing micro-step, averages what it accumulated over the dp axis (what backward() does
+  // after loss.backward()); returns step()'s loss. Refused: a ZeRO stage, fp16 loss scaling,
+  // gradient_accumulation_steps > 1 (the pipeline's micro-batches are its accumulation).
+  //   auto scope = acc.accumulate(*pp);
+  //   Tensor loss = acc.train_step(*pp, [&] { return pp->train_step(x, y); });
+  Tensor train_step(nn::Module& model, const std::function<Tensor()>& step);
   // The fp16 loss scale (1 otherwise), and whether this micro-step's optimizer step is
   // skipped (fp16 only: a gradient was inf/NaN).
   double loss_scale() const { return scaler_.scale(); }
   bool optimizer_step_was_skipped() const { return step_skipped_; }
   // Global-norm clipping on syncing steps (returns the norm before clipping); 0 otherwise.
+  // On a mesh with tp_size or pp_size > 1: the norm of the one prepared split model (its pieces
+  // summed over its group, each counted once), under DDP only.
   double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
   // clip_grad_norm_ decided on the device (optim::clip_grad_norm_on_device_): the norm stays
   // a 0-d f32 tensor there, so the host need not wait for it (and a CUDA graph can record
@@ -312,6 +335,7 @@ class Accelerator {
   // dir/model.safetensors, written by the main process. Under ZeRO every process first writes
   // the slices it keeps (dist/checkpoint.h) and the main process streams the file from them
   // one saved range at a time, so no process holds the gathered model; the shards are removed.
+  // A model split over the device mesh is gathered whole (collective) and saved as one process's.
   void save_model(nn::Module& model, const std::string& dir);
   void load_state(const std::string& dir);
   // Forgets prepared objects (DDP buffers are released).
@@ -378,6 +402,9 @@ class Accelerator {
   int zero_stage_ = 0;
   int hybrid_shard_size_ = 0;
   DistEnv env_;
+  MeshShape mesh_shape_;              // resolved before the ranks meet
+  std::unique_ptr<DeviceMesh> mesh_;  // built once they have
+  void resolve_mesh_shape_options();
   Device device_ = Device::cpu();
   bool owns_group_ = false;
   int64_t micro_step_ = 0;

@@ -1,17 +1,20 @@
 // The Accelerator's checkpoint (dist/checkpoint.h): Accelerator::save_state, load_state and
 // save_model, the checkpoint folder's layout, and the checks that run before a loaded value
 // changes anything.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 
+#include "tessera/autograd/autograd.h"
+#include "tessera/core/file_io.h"
 #include "tessera/core/random.h"
 #include "tessera/core/safetensors.h"
-#include "tessera/core/file_io.h"
 #include "tessera/dist/accelerator.h"
 #include "tessera/dist/checkpoint.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera::dist {
 
@@ -53,15 +56,21 @@ std::pair<uint64_t, uint64_t> saved_rng_state(const nlohmann::json& state, uint6
 // Each loader's position for this process. The data order numbers rows globally (micro-step
 // k of the world covers rows [k·W·B, (k+1)·W·B)), so a checkpoint saved by W processes of B
 // rows resumes with W' processes of B' rows at k' = k·W·B / (W'·B') when that divides.
+// `replicas`: the ranks that read different rows (the mesh's dp axis; the world without one).
 std::vector<uint64_t> saved_loader_positions(const nlohmann::json& state, uint64_t saved_world,
                                              const std::vector<data::DataLoader*>& loaders,
-                                             int world, int rank, const std::string& where) {
+                                             int world, int rank, int replicas,
+                                             const std::string& where) {
   std::vector<uint64_t> positions;
   for (size_t i = 0; i < loaders.size(); ++i) {
     const nlohmann::json& per_rank = state["loader_positions"][i];
     TESSERA_CHECK(per_rank.is_array() && per_rank.size() == saved_world, where,
                   ": \"loader_positions\" must hold one position per process");
-    if (saved_world == static_cast<uint64_t>(world)) {
+    const uint64_t global_batch = static_cast<uint64_t>(replicas) * loaders[i]->options().batch;
+    const bool same_global_batch = !state.contains("loader_global_batch") ||
+                                   state["loader_global_batch"].size() <= i ||
+                                   state["loader_global_batch"][i] == global_batch;
+    if (saved_world == static_cast<uint64_t>(world) && same_global_batch) {
       positions.push_back(count_at(per_rank[rank], where, "loader_positions"));
       continue;
     }
@@ -78,10 +87,9 @@ std::vector<uint64_t> saved_loader_positions(const nlohmann::json& state, uint64
                   world, ")");
     const uint64_t rows =
         k * count_at(state["loader_global_batch"][i], where, "loader_global_batch");
-    const uint64_t global_batch = static_cast<uint64_t>(world) * loaders[i]->options().batch;
     TESSERA_CHECK(rows % global_batch == 0, where, ": loader ", i, " had taken ", rows, " rows (",
-                  k, " micro-steps on ", saved_world, " processes); ", world, " processes of ",
-                  loaders[i]->options().batch, " rows (", global_batch,
+                  k, " micro-steps on ", saved_world, " processes); ", replicas,
+                  " data-parallel ranks of ", loaders[i]->options().batch, " rows (", global_batch,
                   " per micro-step) cannot continue from there");
     positions.push_back(rows / global_batch);
   }
@@ -153,6 +161,52 @@ std::shared_ptr<ProcessGroup> writers(const DataParallelStrategy& s) {
   const auto* zero = dynamic_cast<const ZeroStrategy*>(&s);
   return zero ? zero->checkpoint_group() : world_ptr();
 }
+
+// The model a strategy trains as a split model of the device mesh, or null.
+const MeshParallelModel* split_model(const nn::Module& model) {
+  return dynamic_cast<const MeshParallelModel*>(&model);
+}
+std::vector<std::string> optimizer_names(const DataParallelStrategy& s,
+                                         const optim::Optimizer& opt) {
+  std::vector<std::string> names;
+  for (const auto& slice : s.optimizer_slices(opt)) names.push_back(slice.name);
+  return names;
+}
+// What save_state writes for the split models (dist/checkpoint.h): each one's full model and
+// each optimizer training one its full-format state, gathered over the model's group on every
+// rank (collective); the names of every optimizer's parameters in the order it saves them.
+struct FullFormat {
+  std::vector<std::unique_ptr<nn::CausalLM>> models;  // null: not split
+  std::vector<std::optional<optim::OptimizerStateDict>> optimizers;
+  std::vector<std::vector<std::string>> names;
+};
+FullFormat gather_full_format(const std::vector<nn::Module*>& models,
+                              const std::vector<optim::Optimizer*>& optimizers,
+                              const std::vector<const DataParallelStrategy*>& trains) {
+  FullFormat out;
+  for (nn::Module* m : models)
+    out.models.push_back(split_model(*m) ? split_model(*m)->gather_full_model() : nullptr);
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    const std::vector<std::string> names = optimizer_names(*trains[i], *optimizers[i]);
+    const MeshParallelModel* split = split_model(trains[i]->module());
+    out.optimizers.emplace_back();
+    out.names.push_back(names);
+    if (!split) continue;
+    const size_t model =
+        std::find(models.begin(), models.end(), &trains[i]->module()) - models.begin();
+    out.names.back() = trainable_parameters(*out.models.at(model)).second;
+    out.optimizers.back() =
+        gather_full_optimizer_state(*optimizers[i], names, *split, out.names.back());
+  }
+  return out;
+}
+
+void refuse_sharded_split_model(const nn::Module& model, int zero_stage, const char* what) {
+  TESSERA_CHECK(!split_model(model) || zero_stage == 0, "Accelerator::", what,
+                ": a model split over the device mesh (tensor or pipeline parallel) is "
+                "checkpointed under DDP on the dp axis; zero_stage is ",
+                zero_stage);
+}
 }  // namespace
 
 // The layout (one folder, written by the main process, verified before anything loads):
@@ -186,6 +240,11 @@ void Accelerator::save_state(const std::string& dir) {
   // (dist/checkpoint.h): the model is never gathered.
   // Hybrid sharding: shard group 0 writes (the other groups hold the same values).
   const bool sharded = zero_stage_ > 0;
+  for (nn::Module* m : model_order_) refuse_sharded_split_model(*m, zero_stage_, "save_state");
+  std::vector<const DataParallelStrategy*> trains;
+  for (optim::Optimizer* opt : optimizers_) trains.push_back(&strategy_training(*opt));
+  const FullFormat whole = gather_full_format(model_order_, optimizers_, trains);
+  const auto& [full_models, full_optimizers, saved_names] = whole;
   if (sharded) {
     for (size_t i = 0; i < model_order_.size(); ++i) {
       DataParallelStrategy& strategy = *models_.at(model_order_[i]);
@@ -206,32 +265,33 @@ void Accelerator::save_state(const std::string& dir) {
         continue;
       }
       fs::remove(fs::path(dir) / sharded_model_index_name(i));
-      save_safetensors(weights_file, model_order_[i]->state_dict(), {{"format", "pt"}});
+      const nn::Module& whole = full_models[i] ? *full_models[i] : *model_order_[i];
+      save_safetensors(weights_file, whole.state_dict(), {{"format", "pt"}});
     }
     for (size_t i = 0; i < optimizers_.size() && !sharded; ++i)
       optim::save_optimizer_state(
-          optimizers_[i]->state_dict(),
+          full_optimizers[i] ? *full_optimizers[i] : optimizers_[i]->state_dict(),
           (fs::path(dir) / numbered("optimizer", i, ".safetensors")).string());
     nlohmann::json state;
     state["micro_step"] = micro_step_;
     state["num_processes"] = num_processes();
+    if (!mesh_->data_parallel_only())  // the moments are the full model's, by name
+      state["mesh"] = {{"dp_size", mesh_->dp_size()},
+                       {"tp_size", mesh_->tp_size()},
+                       {"pp_size", mesh_->pp_size()}};
     state["rng"] = rng;  // seed, offset for each process in turn
     state["loader_positions"] = positions;
     // Rows of one micro-step of the whole world per loader: what makes a position valid
     // at another world size (the data order numbers rows globally).
     state["loader_global_batch"] = nlohmann::json::array();
     for (data::DataLoader* l : loaders_)
-      state["loader_global_batch"].push_back(num_processes() * l->options().batch);
+      state["loader_global_batch"].push_back(mesh_->dp_size() * l->options().batch);
     // Which model parameter each optimizer tensor is, so a whole optimizer state can be
     // re-sliced under a ZeRO stage (sharded saves carry this in their index).
     state["optimizer_parameters"] = nlohmann::json::array();
-    for (optim::Optimizer* opt : optimizers_) {
-      nlohmann::json names = nlohmann::json::array();
-      if (!sharded)
-        for (const auto& slice : strategy_training(*opt).optimizer_slices(*opt))
-          names.push_back(slice.name);
-      state["optimizer_parameters"].push_back(names);
-    }
+    for (size_t i = 0; i < optimizers_.size(); ++i)
+      state["optimizer_parameters"].push_back(sharded ? nlohmann::json::array()
+                                                      : nlohmann::json(saved_names[i]));
     state["schedules"] = nlohmann::json::array();
     for (optim::LRSchedule* s : schedules_) state["schedules"].push_back(s->state_dict());
     state["loss_scaler"] = scaler_.state_dict();
@@ -260,8 +320,32 @@ std::function<void()> Accelerator::stage_model_weights(const std::string& dir, s
       TESSERA_FAIL("Accelerator::load_state: ", e.what());
     }
   }
-  strategy.gather_full_parameters();
   const std::string name = numbered("model", i, ".safetensors");
+  refuse_sharded_split_model(model, zero_stage_, "load_state");
+  if (const MeshParallelModel* split = split_model(model)) {
+    // The full model's tensors; this rank keeps its pieces of them.
+    const std::map<std::string, Tensor> weights =
+        load_safetensors((fs::path(dir) / name).string(), {.memory_map = false}).tensors;
+    std::vector<std::pair<Tensor, Tensor>> copies;
+    for (const auto& [parameter, p] : model.named_parameters()) {
+      auto it = weights.find(parameter);
+      TESSERA_CHECK(it != weights.end(), where, ": ", name, ": tensor \"", parameter,
+                    "\" is missing");
+      TESSERA_CHECK(is_floating(it->second.dtype()), where, ": ", name, ": tensor \"", parameter,
+                    "\" has dtype ", dtype_name(it->second.dtype()));
+      try {
+        copies.emplace_back(p, split->piece_of(parameter, it->second));
+      } catch (const Error& e) {
+        TESSERA_FAIL(where, ": ", name, ": ", e.what());
+      }
+    }
+    return [copies = std::move(copies), &strategy] {
+      autograd::NoGradGuard no_grad;
+      for (const auto& [p, piece] : copies) ops::copy_(p, ops::to(piece, p.device(), p.dtype()));
+      strategy.after_parameters_loaded();
+    };
+  }
+  strategy.gather_full_parameters();
   std::map<std::string, Tensor> weights =
       load_safetensors((fs::path(dir) / name).string(), {.memory_map = false}).tensors;
   check_model_state(weights, model, where + ": " + name);
@@ -274,6 +358,10 @@ std::function<void()> Accelerator::stage_model_weights(const std::string& dir, s
 void Accelerator::save_model(nn::Module& model, const std::string& dir) {
   const fs::path weights = fs::path(dir) / "model.safetensors";
   const bool sharded = zero_stage_ > 0 && models_.count(&model);
+  refuse_sharded_split_model(model, zero_stage_, "save_model");
+  // A split model: the full model, gathered over its group (collective), as one process saves it.
+  std::unique_ptr<nn::CausalLM> full;
+  if (const MeshParallelModel* split = split_model(model)) full = split->gather_full_model();
   if (sharded)
     if (auto group = writers(*models_.at(&model)))
       save_sharded_model(dir, 0, *models_.at(&model), *group);
@@ -283,7 +371,7 @@ void Accelerator::save_model(nn::Module& model, const std::string& dir) {
       write_whole_model(read_sharded_model_index(dir, 0), weights.string());
       remove_sharded_model(dir, 0);
     } else {
-      save_safetensors(weights.string(), model.state_dict(), {{"format", "pt"}});
+      save_safetensors(weights.string(), (full ? *full : model).state_dict(), {{"format", "pt"}});
     }
   }
   wait_for_everyone();
@@ -326,8 +414,9 @@ void Accelerator::load_state(const std::string& dir) {
                 schedules_.size(), " and ", loaders_.size());
   const auto [rng_seed, rng_offset] =
       saved_rng_state(state, saved_world, process_index(), state_where);
-  const std::vector<uint64_t> positions = saved_loader_positions(
-      state, saved_world, loaders_, num_processes(), process_index(), state_where);
+  const std::vector<uint64_t> positions =
+      saved_loader_positions(state, saved_world, loaders_, num_processes(), process_index(),
+                             mesh_->dp_size(), state_where);
   std::vector<std::map<std::string, double>> schedules;
   for (const nlohmann::json& s : state["schedules"]) {
     TESSERA_CHECK(s.is_object(), state_where, ": a schedule state must be an object, got ",
@@ -370,7 +459,18 @@ void Accelerator::load_state(const std::string& dir) {
       optimizer_states.push_back(read_sharded_optimizer(dir, strategy, *optimizers_[i]));
     } else {
       optimizer_states.push_back(optim::load_optimizer_state((fs::path(dir) / name).string()));
-      if (zero_stage_ > 0) {
+      const MeshParallelModel* split = split_model(strategy.module());
+      if (zero_stage_ == 0 && (split || state.contains("mesh"))) {
+        // A full-format state (a mesh run's): each parameter takes its piece, by name.
+        const nlohmann::json& names = state.value("optimizer_parameters", nlohmann::json::array());
+        TESSERA_CHECK(names.is_array() && names.size() == optimizers_.size() && !names[i].empty(),
+                      where, ": ", name,
+                      " holds an optimizer state without \"optimizer_parameters\" in ", kStateFile,
+                      "; a model split over the device mesh cannot take its pieces");
+        optimizer_states.back() = pieces_of_whole_optimizer_state(
+            optimizer_states.back(), names[i].get<std::vector<std::string>>(),
+            optimizer_names(strategy, *optimizers_[i]), split, where + ": " + name);
+      } else if (zero_stage_ > 0) {
         const nlohmann::json& names = state.value("optimizer_parameters", nlohmann::json::array());
         TESSERA_CHECK(names.is_array() && names.size() == optimizers_.size() && !names[i].empty(),
                       where, ": ", name,

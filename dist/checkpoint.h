@@ -51,6 +51,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/dist/device_mesh.h"
 #include "tessera/dist/process_group.h"
 #include "tessera/dist/strategy.h"
 #include "tessera/dist/zero.h"
@@ -99,6 +100,27 @@ std::string shard_entry_key(const std::string& name, int repeat);
 std::string shard_entry_name(const std::string& key);
 // Whether dir holds a sharded optimizer checkpoint.
 bool has_sharded_optimizer(const std::string& dir);
+
+// ---- checkpoints of a device mesh's split models (dist/checkpoint_mesh.cpp) ----
+// A model split over tp or pp (a MeshParallelModel) is saved in the full model's format:
+// model.safetensors holds the full model's state_dict and optimizer.safetensors the full
+// moments, parameter j being the full model's trainable parameter j, so that a one-process run
+// loads it as its own and a run at another mesh takes its pieces of it.
+//
+// Collective over the model's group: the full-format state of `optimizer`, whose parameter k is
+// the model parameter names[k]; full_names: the full model's trainable parameters, in order.
+// Each moment is gathered as its parameter is cut (MeshParallelModel::gather_full).
+optim::OptimizerStateDict gather_full_optimizer_state(const optim::Optimizer& optimizer,
+                                                      const std::vector<std::string>& names,
+                                                      const MeshParallelModel& model,
+                                                      const std::vector<std::string>& full_names);
+// The state of an optimizer whose parameter k is names[k], out of a full-format (or any whole)
+// state whose parameter j was saved_names[j]: each moment is `model`'s piece of the saved one
+// (whole when model is null). A name missing from the saved ones is an error naming it.
+optim::OptimizerStateDict pieces_of_whole_optimizer_state(
+    const optim::OptimizerStateDict& saved, const std::vector<std::string>& saved_names,
+    const std::vector<std::string>& names, const MeshParallelModel* model,
+    const std::string& where);
 
 // ---- sharded model checkpoints ----
 struct ShardedModelIndex {

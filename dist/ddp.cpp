@@ -59,6 +59,14 @@ void DistributedDataParallel::finish_gradient_sync() {
     buckets_.finish();
 }
 
+void DistributedDataParallel::sync_accumulated_gradients() {
+  if (!gradient_sync()) return;
+  // In bucket-slot order on every rank: each bucket launches once its last slot is reported.
+  for (size_t i = 0; i < buckets_.parameters().size(); ++i)
+    if (!buckets_.is_ready(i)) buckets_.mark_ready(i);
+  finish_gradient_sync();
+}
+
 void DistributedDataParallel::register_comm_hook(FlatBuckets::CommHook hook,
                                                  FlatBuckets::CompletionHook done) {
   if (sparse_) sparse_->set_enabled(false);

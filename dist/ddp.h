@@ -65,6 +65,9 @@ class DistributedDataParallel : public DataParallelStrategy {
   // every all_reduce and leaves each parameter's .grad holding the average over ranks.
   // Does nothing inside no_sync.
   void finish_gradient_sync() override;
+  // Every parameter reported ready (what the no_sync backwards accumulated, zero where none
+  // came), then finish_gradient_sync; embedding gradients go densely here.
+  void sync_accumulated_gradients() override;
   // A custom hook owns what the buckets carry: embedding gradients go densely from then on.
   void register_comm_hook(FlatBuckets::CommHook hook, FlatBuckets::CompletionHook done = {});
   // How the embedding lookups were synchronised (all zero when none is synchronised sparsely).

@@ -210,6 +210,8 @@ struct JobShape {
   if (o.gradient_accumulation_steps)
     set("TESSERA_GRADIENT_ACCUMULATION_STEPS", std::to_string(*o.gradient_accumulation_steps));
   if (o.use_cpu) set("TESSERA_USE_CPU", "1");
+  if (o.tp_size) set("TESSERA_TP_SIZE", std::to_string(*o.tp_size));
+  if (o.pp_size) set("TESSERA_PP_SIZE", std::to_string(*o.pp_size));
   if (!o.gpu_ids.empty() && o.gpu_ids != "all") set("CUDA_VISIBLE_DEVICES", o.gpu_ids);
   // Like torchrun: ranks sharing a node share its cores, so each one's OpenMP pool gets
   // its part (oversubscribed spinning pools slow every rank's host thread down).
@@ -546,6 +548,16 @@ void validate(const LaunchOptions& o) {
   check_range("--master-port", o.master_port, 0, 65535);
   if (o.watchdog_timeout_s) check_range("--watchdog-timeout", *o.watchdog_timeout_s, 0, 1e9);
   if (o.zero_stage) check_range("--zero_stage", *o.zero_stage, 0, 3);
+  if (o.tp_size) check_range("--tp-size", *o.tp_size, 1, 65536);
+  if (o.pp_size) check_range("--pp-size", *o.pp_size, 1, 65536);
+  {
+    const long long model = static_cast<long long>(o.tp_size.value_or(1)) * o.pp_size.value_or(1);
+    const long long world = static_cast<long long>(o.nproc_per_node) * o.nnodes;
+    TESSERA_CHECK(world % model == 0, "tessera launch: --tp-size ", o.tp_size.value_or(1),
+                  " x --pp-size ", o.pp_size.value_or(1), " = ", model,
+                  " does not divide the world size ", world, " (--nproc-per-node ",
+                  o.nproc_per_node, " x --nnodes ", o.nnodes, ")");
+  }
   if (o.gradient_accumulation_steps)
     check_range("--gradient_accumulation_steps", *o.gradient_accumulation_steps, 1, 1e6);
   if (!o.fsdp_sharding_strategy.empty()) {

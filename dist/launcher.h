@@ -58,6 +58,9 @@ struct LaunchOptions {
   std::string fsdp_sharding_strategy;
   std::optional<int> gradient_accumulation_steps;
   bool use_cpu = false;
+  // The Accelerator's device mesh (`--tp-size`, `--pp-size`; dist/device_mesh.h), passed on as
+  // TESSERA_TP_SIZE / TESSERA_PP_SIZE when set; their product must divide the job's ranks.
+  std::optional<int> tp_size, pp_size;
   // Accelerate's gpu_ids: "all" (or empty) leaves CUDA_VISIBLE_DEVICES alone, "0,2" sets it.
   std::string gpu_ids;
   std::vector<std::string> command;  // program and its arguments

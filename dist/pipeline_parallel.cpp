@@ -276,7 +276,8 @@ Tensor PipelineParallelCausalLM::train_step(const Tensor& idx, const Tensor& tar
   // The loss lives on the last stage; every stage reports it.
   Tensor loss = full({}, step.loss, {.dtype = DType::f64});
   group_->broadcast(loss, stages() - 1)->wait();
-  return loss.to(DType::f32);
+  // f64 models report it unrounded; every other dtype as f32.
+  return loss.to(activations_.dtype == DType::f64 ? DType::f64 : DType::f32);
 }
 
 void PipelineParallelCausalLM::forward_micro_batch(int m, StepState& step) {
@@ -377,20 +378,50 @@ PipelineBubble PipelineParallelCausalLM::bubble() const {
 }
 
 std::map<std::string, Tensor> PipelineParallelCausalLM::full_state_dict() const {
+  std::map<std::string, Tensor> mine;
+  for (const auto& [name, p] : named_parameters()) mine[name] = p;
+  return gather_full(mine);
+}
+
+std::map<std::string, Tensor> PipelineParallelCausalLM::gather_full(
+    const std::map<std::string, Tensor>& pieces) const {
+  TESSERA_CHECK(!pieces.empty(), "pipeline parallelism: gather_full of no tensor");
+  // The pieces' dtype (optimizer moments may differ from the parameters').
+  const TensorOptions like = {.dtype = pieces.begin()->second.dtype(),
+                              .device = pieces.begin()->second.device()};
   std::map<std::string, Tensor> full;
-  const nn::NamedTensors mine = named_parameters();
-  auto own = [&](const std::string& name) {
-    for (const auto& [n, p] : mine)
-      if (n == name) return p;
-    return Tensor();
-  };
   // The layout is the same on every stage: the broadcasts pair up.
   for (const FullParameter& p : layout_) {
-    Tensor value = p.stage == stage() ? ops::clone(own(p.name)) : empty(p.shape, activations_);
+    Tensor value;
+    if (p.stage == stage()) {
+      auto it = pieces.find(p.name);
+      TESSERA_CHECK(it != pieces.end() && it->second.shape() == p.shape,
+                    "pipeline parallelism: stage ", stage(), " has no piece of ", p.name, " ",
+                    shape_str(p.shape));
+      value = ops::to(ops::clone(it->second.detach()), like.device, like.dtype);
+    } else {
+      value = empty(p.shape, like);
+    }
     group_->broadcast(value, p.stage)->wait();
     full[p.name] = value;
   }
   return full;
+}
+
+bool PipelineParallelCausalLM::counts_in_model_sums(const std::string& name) const {
+  for (const FullParameter& p : layout_)
+    if (p.name == name) return p.stage == stage();
+  return true;
+}
+
+Tensor PipelineParallelCausalLM::piece_of(const std::string& name, const Tensor& full) const {
+  for (const FullParameter& p : layout_)
+    if (p.name == name) {
+      TESSERA_CHECK(full.shape() == p.shape, "pipeline parallelism: ", name, " is ",
+                    shape_str(p.shape), " in the full model, got ", shape_str(full.shape()));
+      return full;
+    }
+  TESSERA_FAIL("pipeline parallelism: the full model has no parameter ", name);
 }
 
 void PipelineParallelCausalLM::load_full_state_dict(const nn::Module& full) {

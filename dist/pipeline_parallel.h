@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/dist/device_mesh.h"
 #include "tessera/dist/process_group.h"
 #include "tessera/nn/causal_lm.h"
 
@@ -138,7 +139,7 @@ struct PipelineBubble {
 // same gradient, the same optimizer step and stay equal. parameters() are the stage's own under
 // the full model's names (the tied copy under the embedding's name on both stages), so
 // optim::AdamW steps them as they are.
-class PipelineParallelCausalLM : public nn::Module {
+class PipelineParallelCausalLM : public nn::Module, public MeshParallelModel {
  public:
   ~PipelineParallelCausalLM() override;
   const GroupPtr& group() const { return group_; }
@@ -174,7 +175,14 @@ class PipelineParallelCausalLM : public nn::Module {
   // Copies this stage's parameters out of a full model's (same names and shapes).
   void load_full_state_dict(const nn::Module& full);
   // A full model of the same configuration holding full_state_dict() (collective).
-  std::unique_ptr<nn::CausalLM> gather_full_model() const;
+  std::unique_ptr<nn::CausalLM> gather_full_model() const override;
+  // MeshParallelModel: each tensor broadcast from the lowest stage holding its parameter; a
+  // stage's piece is the whole tensor.
+  std::map<std::string, Tensor> gather_full(
+      const std::map<std::string, Tensor>& pieces) const override;
+  Tensor piece_of(const std::string& name, const Tensor& full) const override;
+  ProcessGroup& model_group() const override { return *group_; }
+  bool counts_in_model_sums(const std::string& name) const override;
   // Collective: stage 0 writes the full model directory; every stage waits for it.
   void save_pretrained(const std::string& dir) const;
 

@@ -44,6 +44,12 @@ std::vector<DataParallelStrategy::OptimizerSlice> DataParallelStrategy::optimize
   return slices;
 }
 
+void DataParallelStrategy::sync_accumulated_gradients() {
+  TESSERA_FAIL(name(),
+               " cannot average the gradients of a model that runs its own backwards "
+               "(a pipeline stage's train_step); use DDP (zero_stage 0) on the data axis");
+}
+
 std::vector<DataParallelStrategy::ParameterShard> DataParallelStrategy::parameter_shards() {
   std::vector<ParameterShard> shards;
   for (auto& [param_name, p] : module().named_parameters()) {

@@ -63,6 +63,11 @@ class DataParallelStrategy {
   // After a syncing backward: every gradient this rank keeps holds the average over
   // ranks when it returns.
   virtual void finish_gradient_sync() = 0;
+  // For a model that runs its own backwards (a pipeline stage's train_step: one per
+  // micro-batch), all of them under no_sync: averages what they accumulated over the ranks,
+  // as finish_gradient_sync does after one synced backward. The base refuses, naming the
+  // strategy (DDP implements it).
+  virtual void sync_accumulated_gradients();
   // Scales the gradients by max_norm / (norm + 1e-6) when below 1; returns the global
   // norm before clipping (over the whole model, whatever is sharded).
   virtual double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) = 0;

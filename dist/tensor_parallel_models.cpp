@@ -122,11 +122,31 @@ const Shape& TensorParallelCausalLM::full_shape_of(const std::string& name) cons
 }
 
 std::map<std::string, Tensor> TensorParallelCausalLM::full_state_dict() const {
+  std::map<std::string, Tensor> mine;
+  for (const auto& [name, p] : named_parameters()) mine[name] = p;
+  return gather_full(mine);
+}
+
+std::map<std::string, Tensor> TensorParallelCausalLM::gather_full(
+    const std::map<std::string, Tensor>& pieces) const {
   std::map<std::string, Tensor> full;
-  // named_parameters is in registration order, the same on every rank: the gathers pair up.
-  for (const auto& [name, p] : named_parameters())
-    full[name] = gather_shard(p, spec_of(name), full_shape_of(name), *group_);
+  // shards_ is ordered by name, the same on every rank: the gathers pair up.
+  for (const auto& [name, cut] : shards_) {
+    auto it = pieces.find(name);
+    TESSERA_CHECK(it != pieces.end(), type_name(), "::gather_full: no piece of ", name);
+    TESSERA_CHECK(it->second.shape() == parameter(name).shape(), type_name(),
+                  "::gather_full: ", name, "'s piece is ", shape_str(it->second.shape()),
+                  ", its parameter's ", shape_str(parameter(name).shape()));
+    full[name] = gather_shard(it->second.detach(), cut.first, cut.second, *group_);
+  }
   return full;
+}
+
+Tensor TensorParallelCausalLM::piece_of(const std::string& name, const Tensor& full) const {
+  TESSERA_CHECK(full.shape() == full_shape_of(name), type_name(), ": ", name, " is ",
+                shape_str(full_shape_of(name)), " in the full model, got ",
+                shape_str(full.shape()));
+  return take_shard(full, spec_of(name), tp_rank());
 }
 
 void TensorParallelCausalLM::load_full_state_dict(const nn::Module& full) {

@@ -30,6 +30,7 @@
 #include <memory>
 #include <string>
 
+#include "tessera/dist/device_mesh.h"
 #include "tessera/dist/tensor_parallel.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/llama.h"
@@ -44,7 +45,7 @@ void check_tensor_parallel(const nn::LlamaConfig& cfg, int tp_size);
 
 // What the two models share: the group, each parameter's full shape and how it is cut, and
 // the gathering of the full model.
-class TensorParallelCausalLM : public nn::CausalLM {
+class TensorParallelCausalLM : public nn::CausalLM, public MeshParallelModel {
  public:
   const GroupPtr& group() const { return group_; }
   int tp_rank() const { return group_->rank(); }
@@ -66,7 +67,15 @@ class TensorParallelCausalLM : public nn::CausalLM {
   // the model this was built from).
   void load_full_state_dict(const nn::Module& full);
   // A full model of the same configuration holding full_state_dict() (collective).
-  std::unique_ptr<nn::CausalLM> gather_full_model() const;
+  std::unique_ptr<nn::CausalLM> gather_full_model() const override;
+  // MeshParallelModel: gather_shard / take_shard of each parameter's spec.
+  std::map<std::string, Tensor> gather_full(
+      const std::map<std::string, Tensor>& pieces) const override;
+  Tensor piece_of(const std::string& name, const Tensor& full) const override;
+  ProcessGroup& model_group() const override { return *group_; }
+  bool counts_in_model_sums(const std::string& name) const override {
+    return !spec_of(name).replicated() || tp_rank() == 0;
+  }
 
   // Sequence parallelism (off by default): loss() and forward() keep the activations outside
   // the tensor-parallel regions in slices of the sequence ([B, T/W, C]; T must divide by W),

@@ -1,0 +1,100 @@
+// Checkpoints of a device mesh's split models (dist/checkpoint.h): the optimizer state in the
+// full model's format, gathered as each parameter is cut, and a rank's pieces of it.
+#include <set>
+
+#include "tessera/dist/checkpoint.h"
+
+namespace tessera::dist {
+
+namespace {
+// "state.12.exp_avg" -> {12, "exp_avg"}; {npos, ""} for keys of no parameter.
+std::pair<size_t, std::string> parameter_key(const std::string& key) {
+  if (key.rfind("state.", 0) != 0) return {std::string::npos, ""};
+  const size_t dot = key.find('.', 6);
+  if (dot == std::string::npos) return {std::string::npos, ""};
+  return {std::stoul(key.substr(6, dot - 6)), key.substr(dot + 1)};
+}
+std::string state_key(size_t index, const std::string& field) {
+  return "state." + std::to_string(index) + "." + field;
+}
+}  // namespace
+
+optim::OptimizerStateDict gather_full_optimizer_state(const optim::Optimizer& optimizer,
+                                                      const std::vector<std::string>& names,
+                                                      const MeshParallelModel& model,
+                                                      const std::vector<std::string>& full_names) {
+  const optim::OptimizerStateDict local = optimizer.state_dict();
+  optim::OptimizerStateDict full;
+  std::map<std::string, std::map<std::string, Tensor>> pieces;  // field -> parameter -> piece
+  std::map<std::string, double> steps;                          // parameter -> step
+  for (const auto& [key, value] : local.scalars) {
+    const auto [index, field] = parameter_key(key);
+    if (index == std::string::npos)
+      full.scalars[key] = value;  // the groups' lr and weight decay
+    else
+      steps[names.at(index)] = value;
+  }
+  for (const auto& [key, t] : local.tensors) {
+    const auto [index, field] = parameter_key(key);
+    TESSERA_CHECK(index < names.size(), "gather_full_optimizer_state: unexpected tensor ", key);
+    pieces[field][names[index]] = t;
+  }
+  std::map<std::string, size_t> position;
+  for (size_t j = 0; j < full_names.size(); ++j) position[full_names[j]] = j;
+  // Fields in name order, the same on every rank (every rank of a mesh run has stepped the
+  // same number of times, so the same fields exist everywhere).
+  for (const auto& [field, by_name] : pieces)
+    for (const auto& [name, whole] : model.gather_full(by_name)) {
+      auto at = position.find(name);
+      TESSERA_CHECK(at != position.end(), "gather_full_optimizer_state: ", name,
+                    " is not a trainable parameter of the full model");
+      full.tensors[state_key(at->second, field)] = whole;
+    }
+  // Every rank of a mesh run steps in lock-step, every parameter with a gradient each time: a
+  // rank's parameters share one step, which is every other rank's too (checked here, where a
+  // rank knows its own; a pipeline stage knows only its parameters').
+  std::set<double> distinct;
+  for (const auto& [name, step] : steps) distinct.insert(step);
+  TESSERA_CHECK(distinct.size() <= 1,
+                "gather_full_optimizer_state: this rank's parameters were "
+                "stepped ",
+                *distinct.begin(), " to ", *distinct.rbegin(),
+                " times; a mesh "
+                "checkpoint needs every parameter updated on every step");
+  for (const auto& entry : full.tensors)
+    if (!distinct.empty())
+      full.scalars["state." + std::to_string(parameter_key(entry.first).first) + ".step"] =
+          *distinct.begin();
+  return full;
+}
+
+optim::OptimizerStateDict pieces_of_whole_optimizer_state(
+    const optim::OptimizerStateDict& saved, const std::vector<std::string>& saved_names,
+    const std::vector<std::string>& names, const MeshParallelModel* model,
+    const std::string& where) {
+  std::map<std::string, size_t> saved_index;
+  for (size_t j = 0; j < saved_names.size(); ++j) saved_index[saved_names[j]] = j;
+  optim::OptimizerStateDict mine;
+  for (const auto& [key, value] : saved.scalars)
+    if (parameter_key(key).first == std::string::npos) mine.scalars[key] = value;
+  std::map<size_t, std::vector<std::pair<std::string, Tensor>>> fields;  // saved j -> fields
+  for (const auto& [key, t] : saved.tensors) {
+    const auto [j, field] = parameter_key(key);
+    TESSERA_CHECK(j < saved_names.size(), where, ": tensor \"", key, "\" names parameter ", j,
+                  " but ", saved_names.size(), " were saved");
+    fields[j].emplace_back(field, t);
+  }
+  for (size_t k = 0; k < names.size(); ++k) {
+    auto at = saved_index.find(names[k]);
+    TESSERA_CHECK(at != saved_index.end(), where, ": no optimizer state was saved for ", names[k]);
+    const size_t j = at->second;
+    auto step = saved.scalars.find("state." + std::to_string(j) + ".step");
+    if (step == saved.scalars.end()) continue;  // not updated yet when saved
+    mine.scalars["state." + std::to_string(k) + ".step"] = step->second;
+    for (const auto& [field, t] : fields[j])
+      mine.tensors[state_key(k, field)] = model ? model->piece_of(names[k], t) : t;
+  }
+  return mine;
+}
+
+}  // namespace tessera::dist
