@@ -15,8 +15,8 @@
 // unwrap_model) to --out, for the test to compare runs line for line.
 //
 // --heavy-gb X: instead, a GPT of at least X GB of f32 parameters built (--init sharded:
-// under sharded_init) and prepared at stage 3 (no training), every rank printing its peak
-// resident memory (ru_maxrss).
+// under sharded_init), prepared at stage 3 and trained 2 AdamW steps, every rank printing its
+// peak resident memory (ru_maxrss) and the allocator's peak.
 //
 // usage: dist_shard_init_check --model gpt|llama --init eager|sharded --zero-stage N
 //          --out FILE [--pretrained DIR] [--steps S] [--mixed-precision no|bf16] [--memory]
@@ -38,6 +38,7 @@
 #include <string>
 
 #include "tessera/core/deferred_init.h"
+#include "tessera/core/memory_category.h"
 #include "tessera/core/memory_stats.h"
 #include "tessera/core/random.h"
 #include "tessera/dist/accelerator.h"
@@ -288,21 +289,45 @@ int run_heavy(double gb, bool sharded) {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   const int64_t rss_at_start = static_cast<int64_t>(usage.ru_maxrss) * 1024;
-  dist::Accelerator acc({.cpu = true, .zero_stage = 3});
+  // No prefetch and 8 MiB buckets, one in flight: each unit is gathered when it runs, so a
+  // step holds the shard's state (16 bytes per element over 8 ranks: half the f32 model) plus
+  // about one block's parameters and gradients (12.6 MB at 512 channels; 78 blocks make 1 GB).
+  dist::Accelerator acc({.bucket_bytes = size_t(8) << 20,
+                         .cpu = true,
+                         .zero_stage = 3,
+                         .stage3_prefetch_bucket_size = 0,
+                         .max_buckets_in_flight = 1});
   nn::GPTConfig cfg;
-  cfg.vocab_size = 50304;
+  cfg.vocab_size = 8192;
   cfg.block_size = 1024;
-  cfg.n_embd = 1280;
-  cfg.n_head = 20;
+  cfg.n_embd = 512;
+  cfg.n_head = 8;
   cfg.dropout = 0.0;
   const int64_t per_block = 12 * cfg.n_embd * cfg.n_embd + 13 * cfg.n_embd;
   const int64_t root = (cfg.vocab_size + cfg.block_size) * cfg.n_embd + 2 * cfg.n_embd;
   cfg.n_layer = std::max<int64_t>(1, static_cast<int64_t>((gb * 1e9 / 4 - root) / per_block) + 1);
   getrusage(RUSAGE_SELF, &usage);
   const int64_t rss_before = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  enable_memory_categories(true);
   auto model = sharded ? acc.sharded_init([&] { return std::make_unique<nn::GPT>(cfg); })
                        : std::make_unique<nn::GPT>(cfg);
-  acc.prepare(*model);
+  optim::AdamW opt(model->parameters(), {.lr = 1e-4});
+  acc.prepare(*model, opt);
+  getrusage(RUSAGE_SELF, &usage);
+  const int64_t built_rss = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  Generator gen(7);
+  std::vector<double> losses;
+  for (int step = 0; step < 2; ++step) {
+    const Tensor x = randint(0, cfg.vocab_size, {1, 16}, {.dtype = DType::i64}, &gen);
+    const Tensor y = randint(0, cfg.vocab_size, {1, 16}, {.dtype = DType::i64}, &gen);
+    auto scope = acc.accumulate(*model);
+    const Tensor loss = model->loss(x, y);
+    acc.backward(loss);
+    opt.step();
+    opt.zero_grad();
+    losses.push_back(loss.item());
+  }
+  const int64_t allocator_peak = category_memory_stats(DeviceType::CPU).peak;
   getrusage(RUSAGE_SELF, &usage);
   const int64_t peak = static_cast<int64_t>(usage.ru_maxrss) * 1024;
   const int64_t full = model->num_parameters() * 4;
@@ -310,7 +335,9 @@ int run_heavy(double gb, bool sharded) {
   std::cout << "heavy rank " << acc.process_index() << " init " << (sharded ? "sharded" : "eager")
             << " layers " << cfg.n_layer << " full_model_bytes " << full << " rss_at_start "
             << rss_at_start << " rss_before_construction " << rss_before << " peak_rss " << peak
-            << " shard_bytes " << m.parameters + m.gradients << "\n"
+            << " shard_bytes " << m.parameters + m.gradients << " optimizer_bytes " << m.optimizer
+            << " built_rss " << built_rss << " allocator_peak " << allocator_peak << " losses "
+            << losses[0] << " " << losses[1] << "\n"
             << std::flush;
   acc.wait_for_everyone();
   return 0;
