@@ -16,7 +16,8 @@
 //
 // --heavy-gb X: instead, a GPT of at least X GB of f32 parameters built (--init sharded:
 // under sharded_init), prepared at stage 3 and trained 2 AdamW steps, every rank printing its
-// peak resident memory (ru_maxrss) and the allocator's peak.
+// peak resident memory (ru_maxrss) and the allocator's peak; with --compare-eager instead of
+// training, each slice the rank keeps against the same elements of the model built whole.
 //
 // usage: dist_shard_init_check --model gpt|llama --init eager|sharded --zero-stage N
 //          --out FILE [--pretrained DIR] [--steps S] [--mixed-precision no|bf16] [--memory]
@@ -60,6 +61,7 @@ struct Args {
   bool memory = false, refuse = false, tied = false, offload_param = false, reference = false,
        checkpointing = false;
   double heavy_gb = 0;
+  bool compare_eager = false;  // --heavy-gb: the slices against an eager build, no training
 };
 
 Args parse(int argc, char** argv) {
@@ -98,6 +100,8 @@ Args parse(int argc, char** argv) {
       a.refuse = true;
     else if (flag == "--heavy-gb")
       a.heavy_gb = std::stod(value());
+    else if (flag == "--compare-eager")
+      a.compare_eager = true;
     else if (flag == "--hybrid-shard-size")
       a.hybrid_shard_size = std::stoi(value());
     else
@@ -285,7 +289,7 @@ int run_training(const Args& a) {
 
 // A GPT of at least `gb` GB of f32 parameters, built under sharded_init and prepared; every
 // rank prints its peak resident set (ru_maxrss) against the full model's bytes.
-int run_heavy(double gb, bool sharded) {
+int run_heavy(double gb, bool sharded, bool compare_eager) {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   const int64_t rss_at_start = static_cast<int64_t>(usage.ru_maxrss) * 1024;
@@ -309,10 +313,33 @@ int run_heavy(double gb, bool sharded) {
   getrusage(RUSAGE_SELF, &usage);
   const int64_t rss_before = static_cast<int64_t>(usage.ru_maxrss) * 1024;
   enable_memory_categories(true);
+  manual_seed(1000);
   auto model = sharded ? acc.sharded_init([&] { return std::make_unique<nn::GPT>(cfg); })
                        : std::make_unique<nn::GPT>(cfg);
   optim::AdamW opt(model->parameters(), {.lr = 1e-4});
   acc.prepare(*model, opt);
+  if (compare_eager) {  // every slice this rank keeps against the same elements built whole
+    manual_seed(1000);
+    const nn::GPT eager(cfg);
+    std::map<std::string, Tensor> want;
+    for (auto& [name, p] : eager.named_parameters())
+      want[name] = ops::reshape(p.detach(), {p.numel()});
+    int64_t checked = 0;
+    for (const auto& shard : acc.strategy_of(*model)->parameter_shards()) {
+      const bool same =
+          want.count(shard.name) == 1 &&
+          same_bits(shard.values, ops::narrow(want[shard.name], 0, shard.begin, shard.numel));
+      expect(same, "rank " + std::to_string(acc.process_index()) + ": slice of " + shard.name +
+                       " differs from the eager construction");
+      checked += shard.numel;
+    }
+    std::cout << "heavy compare rank " << acc.process_index() << " layers " << cfg.n_layer
+              << " elements " << checked
+              << (failures == 0 ? " equal the eager model's bit for bit" : " DIFFER") << "\n"
+              << std::flush;
+    acc.wait_for_everyone();
+    return failures == 0 ? 0 : 1;
+  }
   getrusage(RUSAGE_SELF, &usage);
   const int64_t built_rss = static_cast<int64_t>(usage.ru_maxrss) * 1024;
   Generator gen(7);
@@ -407,7 +434,7 @@ int main(int argc, char** argv) {
   try {
     const Args a = parse(argc, argv);
     if (a.refuse) return run_refusals();
-    if (a.heavy_gb > 0) return run_heavy(a.heavy_gb, a.init == "sharded");
+    if (a.heavy_gb > 0) return run_heavy(a.heavy_gb, a.init == "sharded", a.compare_eager);
     return run_training(a);
   } catch (const std::exception& e) {
     std::cout << "FAILED: " << e.what() << "\n" << std::flush;
