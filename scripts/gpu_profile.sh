@@ -29,8 +29,10 @@ timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --print-su
   --csv $bench --no-torch --warmup 1 --steps 1 "$@" > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
 python3 - "$OUT/ncu.csv" <<'PY' 2>&1 | tee "$OUT/ncu_top.txt"
 import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
-hdr = rows[0]; rows = rows[1:]
+# The program's own lines come first (its banner has commas too): the table starts at ncu's header.
+rows = list(csv.reader(open(sys.argv[1])))
+start = next(i for i, r in enumerate(rows) if r and r[0] == "Process ID")
+hdr = rows[start]; rows = rows[start + 1:]
 def col(name): return next(i for i, h in enumerate(hdr) if name in h)
 k, inv, avg = col("Kernel Name"), col("Invocations"), col("Average")
 tot = collections.Counter(); cnt = collections.Counter()
