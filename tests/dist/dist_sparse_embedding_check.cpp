@@ -13,6 +13,9 @@
 // step on the sparse path, then destroyed before the Accelerator (whose DDP and sparse sync go
 // after it: they must not reach into the gone modules).
 // Prints "sparse embedding checks passed" per rank, or FAILED lines.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -44,15 +47,37 @@ void check(bool ok, const std::string& what) {
 
 constexpr int64_t kVocab = 97, kSeq = 8;
 
+nn::GPTConfig gpt_config(bool tied, int64_t vocab = kVocab) {
+  return {.vocab_size = vocab,
+          .block_size = kSeq,
+          .n_layer = 2,
+          .n_head = 1,
+          .n_embd = 11,
+          .tie_word_embeddings = tied};
+}
+
 std::unique_ptr<nn::GPT> make_gpt(bool tied, int64_t vocab = kVocab) {
   Generator gen(2024);  // the same weights on every rank and for both paths
-  return std::make_unique<nn::GPT>(nn::GPTConfig{.vocab_size = vocab,
-                                                 .block_size = kSeq,
-                                                 .n_layer = 2,
-                                                 .n_head = 1,
-                                                 .n_embd = 11,
-                                                 .tie_word_embeddings = tied},
-                                   &gen);
+  return std::make_unique<nn::GPT>(gpt_config(tied, vocab), &gen);
+}
+
+// A model in pages of its own, unmapped when it goes: any later use of it (its modules
+// included: the token embedding is a member) faults at once, where a read of freed heap memory
+// would often go unnoticed.
+struct UnmapOnDelete {
+  size_t bytes = 0;
+  void operator()(nn::GPT* model) const {
+    model->~GPT();
+    munmap(model, bytes);
+  }
+};
+std::unique_ptr<nn::GPT, UnmapOnDelete> make_gpt_in_own_pages(bool tied) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t bytes = (sizeof(nn::GPT) + page - 1) / page * page;
+  void* pages = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (pages == MAP_FAILED) throw std::runtime_error("mmap of the model's pages failed");
+  Generator gen(2024);
+  return {new (pages) nn::GPT(gpt_config(tied), &gen), UnmapOnDelete{bytes}};
 }
 
 // [rows, kSeq] token ids (and next-token targets) of this rank and `step`, mostly from a few
@@ -220,7 +245,7 @@ void check_sinks_installed_and_removed() {
 void check_model_destroyed_before_its_accelerator() {
   dist::Accelerator acc({.cpu = true});
   {
-    auto model = make_gpt(true);
+    auto model = make_gpt_in_own_pages(true);
     acc.prepare(*model);
     auto [x, y] = batch(2, kVocab, 0);
     {
@@ -229,7 +254,7 @@ void check_model_destroyed_before_its_accelerator() {
     }
     check(acc.ddp_of(*model)->sparse_embedding_stats().sparse_lookups > 0,
           "the prepared model's lookups did not take the sparse path");
-  }  // the model is gone; its DDP is not
+  }  // the model is gone (its pages unmapped); its DDP is not
 }
 
 }  // namespace
