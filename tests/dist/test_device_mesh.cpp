@@ -267,7 +267,7 @@ TEST(MeshJobs, TensorPipelineParallelCheckpointResumesAtOtherMeshes) {
   expect_resumes("--tp 2 --pp 2", {{4, "--tp 2 --pp 2"},
                                    {2, "--tp 2 --compare-rtol 1e-10"},
                                    {1, "--compare-rtol 1e-10"}});
-  expect_resumes("", {{4, "--tp 2 --pp 2 --compare-rtol 1e-10"}});
+  expect_resumes("", {{4, "--tp 2 --pp 2 --compare-rtol 1e-10"}, {8, "--tp 2 --pp 2 --compare-rtol 1e-10"}});
 }
 
 // Two pipelines of 2 stages resumed at pp2 x dp2 (bit for bit), pp2 x dp1 and in one process.
