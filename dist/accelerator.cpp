@@ -520,8 +520,7 @@ double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double ma
     const auto* split = model_order_.size() == 1
                             ? dynamic_cast<const MeshParallelModel*>(model_order_.front())
                             : nullptr;
-    TESSERA_CHECK(split, "Accelerator::clip_grad_norm_: on the device mesh ",
-                  mesh_->shape().str(),
+    TESSERA_CHECK(split, "Accelerator::clip_grad_norm_: on the device mesh ", mesh_->shape().str(),
                   " it clips one prepared model split over the mesh (tensor or pipeline "
                   "parallel, or both); ",
                   model_order_.size(), " models were prepared");

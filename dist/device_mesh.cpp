@@ -84,9 +84,8 @@ DeviceMesh::DeviceMesh(GroupPtr world, const MeshShape& shape) : world_(std::mov
 }
 
 GroupPtr DeviceMesh::make_axis_group(MeshAxis axis) {
-  return make_group(mesh_axis_name(axis), [this, axis](int rank) {
-    return mesh_group_ranks(shape_, axis, rank);
-  });
+  return make_group(mesh_axis_name(axis),
+                    [this, axis](int rank) { return mesh_group_ranks(shape_, axis, rank); });
 }
 
 GroupPtr DeviceMesh::make_replica_group() {

@@ -6,9 +6,11 @@
 
 namespace tessera::dist {
 
-std::unique_ptr<PipelineParallelCausalLM> tensor_parallel_pipeline(
-    const nn::CausalLM& model, GroupPtr pipeline, GroupPtr tensor, GroupPtr model_group,
-    const PipelineOptions& options) {
+std::unique_ptr<PipelineParallelCausalLM> tensor_parallel_pipeline(const nn::CausalLM& model,
+                                                                   GroupPtr pipeline,
+                                                                   GroupPtr tensor,
+                                                                   GroupPtr model_group,
+                                                                   const PipelineOptions& options) {
   TESSERA_CHECK(pipeline != nullptr, "pipeline parallelism: this rank is in no pipeline group");
   TESSERA_CHECK(tensor != nullptr, "tensor parallelism: this rank is in no tensor-parallel group");
   TESSERA_CHECK(model_group != nullptr && model_group->size() == pipeline->size() * tensor->size(),
@@ -19,8 +21,8 @@ std::unique_ptr<PipelineParallelCausalLM> tensor_parallel_pipeline(
   std::unique_ptr<PipelineParallelCausalLM> split;
   if (auto* gpt = dynamic_cast<const nn::GPT*>(&model)) {
     check_pipeline_parallel(gpt->num_blocks(), pipeline->size(), "GPT-2");
-    split = tensor_parallel_stage(*gpt, std::move(pipeline), std::move(tensor),
-                                  std::move(model_group));
+    split =
+        tensor_parallel_stage(*gpt, std::move(pipeline), std::move(tensor), std::move(model_group));
   } else if (auto* llama = dynamic_cast<const nn::Llama*>(&model)) {
     check_pipeline_parallel(llama->num_blocks(), pipeline->size(), "Llama");
     split = tensor_parallel_stage(*llama, std::move(pipeline), std::move(tensor),

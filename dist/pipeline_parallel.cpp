@@ -188,8 +188,7 @@ struct PipelineParallelCausalLM::StepState {
 };
 
 PipelineParallelCausalLM::PipelineParallelCausalLM(GroupPtr group, const nn::CausalLM& full,
-                                                   bool tied, GroupPtr tensor,
-                                                   GroupPtr model_group)
+                                                   bool tied, GroupPtr tensor, GroupPtr model_group)
     : group_(std::move(group)),
       tensor_(std::move(tensor)),
       model_group_(std::move(model_group)),
@@ -205,9 +204,8 @@ PipelineParallelCausalLM::PipelineParallelCausalLM(GroupPtr group, const nn::Cau
 
 PipelineParallelCausalLM::~PipelineParallelCausalLM() = default;
 
-void PipelineParallelCausalLM::finish_construction(
-    const nn::CausalLM& full, int64_t hidden,
-    TensorShards shards) {
+void PipelineParallelCausalLM::finish_construction(const nn::CausalLM& full, int64_t hidden,
+                                                   TensorShards shards) {
   shards_ = std::move(shards);
   const nn::NamedTensors mine = named_parameters();
   TESSERA_CHECK(!mine.empty(), "pipeline parallelism: stage ", stage(), " holds no parameter");
@@ -250,6 +248,8 @@ std::string PipelineParallelCausalLM::describe() const {
       << blocks_.begin << ".." << blocks_.end - 1 << (first_stage() ? " + embeddings" : "")
       << (last_stage() ? " + head" : "") << ", " << options_.micro_batches << " micro-batches, "
       << pipeline_schedule_name(options_.schedule);
+  if (tensor_)
+    out << "; split over tensor-parallel rank " << tensor_->rank() << " of " << tensor_->size();
   return out.str();
 }
 

@@ -208,8 +208,7 @@ class PipelineParallelCausalLM : public nn::Module, public MeshParallelModel {
   // (one all-reduce), their full shapes, the width `hidden` of the activations between the
   // stages, and the full model's train/eval mode. `shards`: how a tensor-parallel stage cuts
   // each of its parameters (TensorShards; empty: every parameter whole).
-  void finish_construction(const nn::CausalLM& full, int64_t hidden,
-                           TensorShards shards = {});
+  void finish_construction(const nn::CausalLM& full, int64_t hidden, TensorShards shards = {});
   // The first stage's embeddings of idx [b, T] -> [b, T, C].
   virtual Tensor embed(const Tensor& idx) = 0;
   // The stage's blocks on x [b, T, C].
@@ -240,7 +239,7 @@ class PipelineParallelCausalLM : public nn::Module, public MeshParallelModel {
   GroupPtr gradients_;  // the gradients backward: a second channel over the same ranks, so a
                         // send of one direction never queues behind one of the other
   GroupPtr tied_;       // {first, last} stage, tied models with p > 1 (null elsewhere)
-  GroupPtr tensor_;       // tensor-parallel stages: the group their layers are split over
+  GroupPtr tensor_;     // tensor-parallel stages: the group their layers are split over
   GroupPtr model_group_;  // and the tp x pp ranks of this replica
   // Tensor-parallel stages: how each parameter of this stage is cut, and its full shape.
   TensorShards shards_;

@@ -81,7 +81,7 @@ class SparseEmbeddingSync {
   struct Weight {
     size_t param = 0;
     Tensor tensor;
-    std::shared_ptr<Sink> sink;  // shared with the modules (and recorded graphs)
+    std::shared_ptr<Sink> sink;      // shared with the modules (and recorded graphs)
     int64_t accepted = 0;            // lookups accepted since the last finish
     std::vector<Gathered> gathered;  // their rows, all-gathered in backward
   };

@@ -176,8 +176,8 @@ class GPTStage : public TensorParallelStage {
     }
     transformer_.register_module("h", h_);
     for (int64_t i = blocks().begin; i < blocks().end; ++i)
-      blocks_.push_back(&h_.register_module(std::to_string(i),
-                                            std::make_unique<Block>(*t.blocks[i], tensor)));
+      blocks_.push_back(
+          &h_.register_module(std::to_string(i), std::make_unique<Block>(*t.blocks[i], tensor)));
     if (last_stage()) {
       ln_f_ = &transformer_.register_module(
           "ln_f", std::make_unique<nn::LayerNorm>(t.ln_f.weight.size(0), t.ln_f.eps,

@@ -30,7 +30,7 @@
 //          [--clip MAX_NORM (global-norm clipping, both runs; 0: none)]
 //          [--save-model DIR (Accelerator::save_model, read back: the gathered parameters)]
 //          [--whole (prepare the unsplit model: refused on a mesh that splits models)]
-//          [--metrics N] [--verbose]
+//          [--metrics N] [--kv-heads N (Llama's, 4)] [--verbose]
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -57,6 +57,7 @@ namespace {
 struct Options {
   std::string model = "gpt", data, save_dir, resume, record, compare, save_model;
   int tp = 1, pp = 1, dp = -1, zero = 0, steps = 10, micro_batches = 8, save_at = -1, metrics = 0;
+  int kv_heads = 4;  // Llama's
   int64_t rows = 16, tokens = 11, vocab = 97;
   bool f64 = false, verbose = false, whole = false;
   double rtol = 1e-6, lr = 1e-3, eps = 1e-5, compare_rtol = 0, clip = 0;
@@ -76,7 +77,7 @@ std::unique_ptr<nn::CausalLM> build(const Options& o) {
                                                         .intermediate_size = 48,
                                                         .num_hidden_layers = 2,
                                                         .num_attention_heads = 8,
-                                                        .num_key_value_heads = 4,
+                                                        .num_key_value_heads = o.kv_heads,
                                                         .max_position_embeddings = 16},
                                         &gen);
   }
@@ -147,10 +148,11 @@ int check_metrics(const Options& o, dist::Accelerator& acc, dist::ProcessGroup& 
     why += " the replica's ranks were given different shares";
   }
   world.barrier()->wait();
-  std::printf("rank %d: %s; gather_for_metrics of %d items split over the dp axis (%zu here):%s "
-              "every item once -> %s\n",
-              world.rank(), mesh.describe().c_str(), o.metrics, mine.size(),
-              ok ? "" : why.c_str(), ok ? "OK" : "FAILED");
+  std::printf(
+      "rank %d: %s; gather_for_metrics of %d items split over the dp axis (%zu here):%s "
+      "every item once -> %s\n",
+      world.rank(), mesh.describe().c_str(), o.metrics, mine.size(), ok ? "" : why.c_str(),
+      ok ? "OK" : "FAILED");
   acc.end_training();
   return ok ? 0 : 1;
 }
@@ -288,6 +290,7 @@ int main(int argc, char** argv) {
                                  {"--save-model", &o.save_model},
                                  {"--whole", &o.whole},
                                  {"--metrics", &o.metrics},
+                                 {"--kv-heads", &o.kv_heads},
                                  {"--verbose", &o.verbose}});
     return check(o, world);
   });

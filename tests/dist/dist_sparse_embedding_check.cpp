@@ -229,8 +229,8 @@ void check_sinks_installed_and_removed() {
   }
   // The sink DDP left is detached: it accepts no lookup (the ordinary backward runs).
   const auto& left = model->transformer.wte.grad_sink;
-  check(left == nullptr || !left->accepts(model->transformer.wte.weight,
-                                          zeros({3}, {.dtype = DType::i64})),
+  check(left == nullptr ||
+            !left->accepts(model->transformer.wte.weight, zeros({3}, {.dtype = DType::i64})),
         "DDP left a sink on wte that still accepts lookups");
   for (int stage = 1; stage <= 3; ++stage) {
     auto zero_model = make_gpt(true);

@@ -212,28 +212,30 @@ TEST(MeshJobs, LaunchPassesTheMeshSizesOn) {
 // Refused on every rank before any work, naming the numbers.
 TEST(MeshJobs, AMeshThatIsNotTheWorldIsRefusedOnEveryRank) {
   const auto data = tessera::test_jobs::fresh_scratch_folder("mesh_refused").string();
-  tessera::parallel_check::expect_refused(
-      DIST_MESH_CHECK, 4, "--data " + data + " --tp 2 --pp 2 --dp 2",
-      "dp_size 2 x tp_size 2 x pp_size 2 = 8 is not the world size 4");
-  tessera::parallel_check::expect_refused(DIST_MESH_CHECK, 4, "--data " + data + " --tp 2 --zero 3",
-                                          "ZeRO-3 (zero_stage 3) needs tp_size = pp_size = 1");
-  tessera::parallel_check::expect_refused(
-      DIST_MESH_CHECK, 4, "--data " + data + " --tp 2 --whole",
-      "the device mesh dp 2 x tp 2 x pp 1 needs the model split over its tp group");
-  // The combinations of both splits.
-  tessera::parallel_check::expect_refused(
-      DIST_MESH_CHECK, 4, "--data " + data + " --tp 2 --pp 2 --whole",
-      "the device mesh dp 1 x tp 2 x pp 2 needs the model split over its tp and pp groups at once "
-      "(2 x 2 ranks)");
-  tessera::parallel_check::expect_refused(
-      DIST_MESH_CHECK, 8, "--data " + data + " --tp 2 --pp 4",
-      "pipeline parallelism: pp_size 4 exceeds the 2 blocks of GPT-2");
-  tessera::parallel_check::expect_refused(
-      DIST_MESH_CHECK, 4, "--data " + data + " --tp 2 --pp 2 --micro-batches 3",
-      "pipeline parallelism: micro_batches 3 does not divide the batch of 16 rows");
-  tessera::parallel_check::expect_refused(
-      DIST_MESH_CHECK, 4, "--data " + data + " --tp 2 --pp 2 --micro-batches 0",
-      "pipeline parallelism: micro_batches must be >= 1, got 0");
+  struct Refusal {
+    int ranks;
+    std::string flags, message;
+  };
+  for (const Refusal& r : std::vector<Refusal>{
+           {4, "--tp 2 --pp 2 --dp 2",
+            "dp_size 2 x tp_size 2 x pp_size 2 = 8 is not the world size 4"},
+           {4, "--tp 2 --zero 3", "ZeRO-3 (zero_stage 3) needs tp_size = pp_size = 1"},
+           {4, "--tp 2 --whole",
+            "the device mesh dp 2 x tp 2 x pp 1 needs the model split over its tp group"},
+           // The combinations of both splits.
+           {4, "--tp 2 --pp 2 --whole",
+            "the device mesh dp 1 x tp 2 x pp 2 needs the model split over its tp and pp groups "
+            "at once (2 x 2 ranks)"},
+           {4, "--tp 2 --pp 2 --zero 3", "ZeRO-3 (zero_stage 3) needs tp_size = pp_size = 1"},
+           {8, "--tp 2 --pp 4", "pipeline parallelism: pp_size 4 exceeds the 2 blocks of GPT-2"},
+           {8, "--model llama --kv-heads 2 --tp 4 --pp 2",
+            "tensor parallelism: tp_size 4 does not divide Llama's num_key_value_heads 2"},
+           {4, "--tp 2 --pp 2 --micro-batches 3",
+            "pipeline parallelism: micro_batches 3 does not divide the batch of 16 rows"},
+           {4, "--tp 2 --pp 2 --micro-batches 0",
+            "pipeline parallelism: micro_batches must be >= 1, got 0"}})
+    tessera::parallel_check::expect_refused(DIST_MESH_CHECK, r.ranks,
+                                            "--data " + data + " " + r.flags, r.message);
 }
 
 // A run (f64) on 4 ranks with `split` saves after 5 of 10 steps (and save_model's full model at
@@ -264,10 +266,11 @@ TEST(MeshJobs, TensorParallelCheckpointResumesAtOtherMeshes) {
 // tp2 x pp1 and in one process; and back: a one-process-format run of 4 ranks (dp 4) resumed at
 // tp2 x pp2.
 TEST(MeshJobs, TensorPipelineParallelCheckpointResumesAtOtherMeshes) {
-  expect_resumes("--tp 2 --pp 2", {{4, "--tp 2 --pp 2"},
-                                   {2, "--tp 2 --compare-rtol 1e-10"},
-                                   {1, "--compare-rtol 1e-10"}});
-  expect_resumes("", {{4, "--tp 2 --pp 2 --compare-rtol 1e-10"}, {8, "--tp 2 --pp 2 --compare-rtol 1e-10"}});
+  expect_resumes(
+      "--tp 2 --pp 2",
+      {{4, "--tp 2 --pp 2"}, {2, "--tp 2 --compare-rtol 1e-10"}, {1, "--compare-rtol 1e-10"}});
+  expect_resumes(
+      "", {{4, "--tp 2 --pp 2 --compare-rtol 1e-10"}, {8, "--tp 2 --pp 2 --compare-rtol 1e-10"}});
 }
 
 // Two pipelines of 2 stages resumed at pp2 x dp2 (bit for bit), pp2 x dp1 and in one process.
