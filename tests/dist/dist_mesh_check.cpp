@@ -30,7 +30,8 @@
 //          [--clip MAX_NORM (global-norm clipping, both runs; 0: none)]
 //          [--save-model DIR (Accelerator::save_model, read back: the gathered parameters)]
 //          [--whole (prepare the unsplit model: refused on a mesh that splits models)]
-//          [--metrics N] [--kv-heads N (Llama's, 4)] [--verbose]
+//          [--metrics N] [--kv-heads N (Llama's, 4)]
+//          [--flip-tie (GPT-2 with an untied head, Llama with a tied one)] [--verbose]
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -60,6 +61,7 @@ struct Options {
   int kv_heads = 4;  // Llama's
   int64_t rows = 16, tokens = 11, vocab = 97;
   bool f64 = false, verbose = false, whole = false;
+  bool flip_tie = false;  // GPT-2 untied, Llama tied (the defaults the other way round)
   double rtol = 1e-6, lr = 1e-3, eps = 1e-5, compare_rtol = 0, clip = 0;
 };
 
@@ -67,10 +69,13 @@ std::unique_ptr<nn::CausalLM> build(const Options& o) {
   Generator gen(2026);
   std::unique_ptr<nn::CausalLM> model;
   if (o.model == "gpt") {
-    model = std::make_unique<nn::GPT>(
-        nn::GPTConfig{
-            .vocab_size = o.vocab, .block_size = 16, .n_layer = 2, .n_head = 4, .n_embd = 32},
-        &gen);
+    model = std::make_unique<nn::GPT>(nn::GPTConfig{.vocab_size = o.vocab,
+                                                    .block_size = 16,
+                                                    .n_layer = 2,
+                                                    .n_head = 4,
+                                                    .n_embd = 32,
+                                                    .tie_word_embeddings = !o.flip_tie},
+                                      &gen);
   } else {
     model = std::make_unique<nn::Llama>(nn::LlamaConfig{.vocab_size = o.vocab,
                                                         .hidden_size = 32,
@@ -78,7 +83,8 @@ std::unique_ptr<nn::CausalLM> build(const Options& o) {
                                                         .num_hidden_layers = 2,
                                                         .num_attention_heads = 8,
                                                         .num_key_value_heads = o.kv_heads,
-                                                        .max_position_embeddings = 16},
+                                                        .max_position_embeddings = 16,
+                                                        .tie_word_embeddings = o.flip_tie},
                                         &gen);
   }
   if (o.f64) model->to(DType::f64);
@@ -291,6 +297,7 @@ int main(int argc, char** argv) {
                                  {"--whole", &o.whole},
                                  {"--metrics", &o.metrics},
                                  {"--kv-heads", &o.kv_heads},
+                                 {"--flip-tie", &o.flip_tie},
                                  {"--verbose", &o.verbose}});
     return check(o, world);
   });

@@ -141,10 +141,13 @@ TEST(MeshJobs, PipelineParallel2TimesZero1And2On2EqualsOneProcess) {
 }
 
 // One pipeline of 2 stages, each split over 2 ranks (tp2 x pp2 on 4 ranks): GPT-2 (tied: the
-// embedding's vocabulary rows on the first stage, the head's copy on the last) and Llama (GQA).
+// embedding's vocabulary rows on the first stage, the head's copy on the last) and Llama (GQA,
+// an untied vocabulary-parallel head); then each with the other kind of head.
 TEST(MeshJobs, TensorParallel2TimesPipelineParallel2EqualsOneProcess) {
   expect_equal_in_f32_and_f64("--model gpt --tp 2 --pp 2");
   expect_equal_in_f32_and_f64("--model llama --tp 2 --pp 2");
+  EXPECT_LE(mesh_job(4, "--model gpt --tp 2 --pp 2 --flip-tie"), 1e-6);
+  EXPECT_LE(mesh_job(4, "--model llama --tp 2 --pp 2 --flip-tie"), 1e-6);
 }
 
 // The full 3-D mesh on 8 ranks, dp2 x tp2 x pp2: DDP, ZeRO-1 and ZeRO-2 on the dp axis.
