@@ -276,6 +276,18 @@ TEST(MeshJobs, TensorPipelineParallelCheckpointResumesAtOtherMeshes) {
       "", {{4, "--tp 2 --pp 2 --compare-rtol 1e-10"}, {8, "--tp 2 --pp 2 --compare-rtol 1e-10"}});
 }
 
+// ZeRO-1 on the dp axis of two pipelines: its checkpoint is in the full format too (each rank's
+// slices of the moments made whole over dp, then gathered over the pipeline), resumed at the
+// same mesh (bit for bit), under ZeRO-2, at pp2 x dp1 under DDP, in one process and at
+// dp2 x tp2 x pp2 under ZeRO-2.
+TEST(MeshJobs, PipelineZeroCheckpointResumesAtOtherMeshes) {
+  expect_resumes("--pp 2 --zero 1", {{4, "--pp 2 --zero 1"},
+                                     {4, "--pp 2 --zero 2 --compare-rtol 1e-10"},
+                                     {2, "--pp 2 --compare-rtol 1e-10"},
+                                     {1, "--compare-rtol 1e-10"},
+                                     {8, "--tp 2 --pp 2 --zero 2 --compare-rtol 1e-10"}});
+}
+
 // Two pipelines of 2 stages resumed at pp2 x dp2 (bit for bit), pp2 x dp1 and in one process.
 TEST(MeshJobs, PipelineParallelCheckpointResumesAtOtherMeshes) {
   expect_resumes("--pp 2",
