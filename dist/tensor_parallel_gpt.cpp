@@ -183,11 +183,8 @@ class GPTStage : public TensorParallelStage {
           "ln_f", std::make_unique<nn::LayerNorm>(t.ln_f.weight.size(0), t.ln_f.eps,
                                                   t.ln_f.bias.defined(), opts));
       copy_values(*ln_f_, t.ln_f);
-      if (!cfg_.tie_word_embeddings)
-        lm_head_ = &register_module(
-            "lm_head", std::make_unique<VocabParallelEmbedding>(full.output_weight(), tensor));
     }
-    finish_stage(full, cfg_.n_embd);
+    finish_stage(full, cfg_.n_embd, cfg_.tie_word_embeddings ? Tensor() : full.output_weight());
   }
   std::string type_name() const override { return "TensorParallelStageGPT"; }
 
@@ -203,7 +200,6 @@ class GPTStage : public TensorParallelStage {
     return out;
   }
   Tensor final_norm(const Tensor& h) override { return norm(*ln_f_, h, regions()); }
-  VocabParallelEmbedding& head() const override { return lm_head_ ? *lm_head_ : *wte_; }
   VocabParallelEmbedding& token_embedding() const override { return *wte_; }
   std::unique_ptr<nn::CausalLM> new_full_model() const override {
     Generator scratch(0);  // overwritten; the default generator is left alone
@@ -214,7 +210,7 @@ class GPTStage : public TensorParallelStage {
   Generator scratch_{0};  // wpe's initial draw (overwritten), kept off the default generator
   nn::Module transformer_;
   StageModuleList h_;
-  VocabParallelEmbedding *wte_ = nullptr, *lm_head_ = nullptr;
+  VocabParallelEmbedding* wte_ = nullptr;
   nn::Embedding* wpe_ = nullptr;
   std::vector<Block*> blocks_;  // this stage's, in order
   nn::LayerNorm* ln_f_ = nullptr;

@@ -182,11 +182,9 @@ class LlamaStage : public TensorParallelStage {
           "norm", std::make_unique<nn::RMSNorm>(m.norm.weight.size(0), m.norm.eps,
                                                 options_of(m.norm.weight)));
       copied(*norm_, m.norm);
-      if (!cfg_.tie_word_embeddings)
-        lm_head_ = &register_module(
-            "lm_head", std::make_unique<VocabParallelEmbedding>(full.output_weight(), tensor));
     }
-    finish_stage(full, cfg_.hidden_size);
+    finish_stage(full, cfg_.hidden_size,
+                 cfg_.tie_word_embeddings ? Tensor() : full.output_weight());
   }
   std::string type_name() const override { return "TensorParallelStageLlama"; }
 
@@ -201,7 +199,6 @@ class LlamaStage : public TensorParallelStage {
     return out;
   }
   Tensor final_norm(const Tensor& h) override { return norm(*norm_, h, regions()); }
-  VocabParallelEmbedding& head() const override { return lm_head_ ? *lm_head_ : *embed_tokens_; }
   VocabParallelEmbedding& token_embedding() const override { return *embed_tokens_; }
   std::unique_ptr<nn::CausalLM> new_full_model() const override {
     Generator scratch(0);  // overwritten; the default generator is left alone
@@ -211,7 +208,7 @@ class LlamaStage : public TensorParallelStage {
   nn::LlamaConfig cfg_;
   nn::Module model_;
   StageModuleList layers_;
-  VocabParallelEmbedding *embed_tokens_ = nullptr, *lm_head_ = nullptr;
+  VocabParallelEmbedding* embed_tokens_ = nullptr;
   std::vector<DecoderLayer*> layers_of_stage_;
   nn::RMSNorm* norm_ = nullptr;
 };

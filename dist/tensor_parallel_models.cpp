@@ -200,7 +200,11 @@ Tensor TensorParallelStage::summed_loss(const Tensor& h, const Tensor& targets) 
                                       Reduction::Sum);
 }
 
-void TensorParallelStage::finish_stage(const nn::CausalLM& full, int64_t hidden) {
+void TensorParallelStage::finish_stage(const nn::CausalLM& full, int64_t hidden,
+                                       const Tensor& output_weight) {
+  if (last_stage() && output_weight.defined())
+    lm_head_ = &register_module(
+        "lm_head", std::make_unique<VocabParallelEmbedding>(output_weight, tensor_group()));
   finish_construction(full, hidden,
                       tensor_parallel_shards(*this, full, tensor_group()->rank(), false));
 }

@@ -194,14 +194,19 @@ class TensorParallelStage : public PipelineParallelCausalLM {
   Tensor tied_weight() const override { return token_embedding().weight; }
   // The last stage's final norm of h [b, T, C] (whole on every rank).
   virtual Tensor final_norm(const Tensor& h) = 0;
-  // The rows the last stage's logits are computed with (tied: the token embedding).
-  virtual VocabParallelEmbedding& head() const = 0;
+  // The rows the last stage's logits are computed with: lm_head, or tied the token embedding.
+  VocabParallelEmbedding& head() const { return lm_head_ ? *lm_head_ : token_embedding(); }
   // The token embedding (first stage; the last too when tied).
   virtual VocabParallelEmbedding& token_embedding() const = 0;
   // Tensor parallelism alone between the blocks (no sequence parallelism).
   Regions regions() const { return {tensor_group(), false}; }
-  // The end of a stage's construction: the cut of its parameters, then the pipeline's.
-  void finish_stage(const nn::CausalLM& full, int64_t hidden);
+  // The end of a stage's construction: the last stage's untied head (this rank's rows of
+  // `output_weight`, the full model's; undefined when tied), the cut of every parameter, then
+  // the pipeline's.
+  void finish_stage(const nn::CausalLM& full, int64_t hidden, const Tensor& output_weight);
+
+ private:
+  VocabParallelEmbedding* lm_head_ = nullptr;  // the last stage of an untied model
 };
 
 // `full` cut into the stages of `pipeline` with each stage split over `tensor` (checks as
