@@ -60,6 +60,16 @@ optim::OptimizerStateDict whole_state_of_slices(
   TESSERA_CHECK(steps.size() <= 1, "whole_state_of_slices: this rank's slices were stepped ",
                 steps.empty() ? 0 : *steps.begin(), " to ", steps.empty() ? 0 : *steps.rbegin(),
                 " times");
+  // Every rank must hold the same fields for the sums below to pair up: refused on every rank
+  // alike when one holds fewer (a rank whose slices are all padding holds none).
+  Tensor fields = from_vector(std::vector<double>{double(whole.size()), -double(whole.size())}, {2},
+                              {.dtype = DType::f64});
+  group.all_reduce(fields, ReduceOp::Max)->wait();
+  const std::vector<double> most = fields.to_vector<double>();
+  TESSERA_CHECK(most[0] == -most[1], "whole_state_of_slices: the ranks of the dp axis hold ",
+                -most[1], " to ", most[0],
+                " optimizer fields (a rank whose slices are all padding holds none); the model "
+                "is too small for this many ranks to checkpoint it under ZeRO");
   // In the fields' and the parameters' order, the same on every rank: the sums pair up.
   for (auto& [field, by_name] : whole) {
     const Tensor like = by_name.begin()->second;  // every slice of a field: one dtype
