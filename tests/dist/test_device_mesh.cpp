@@ -241,18 +241,20 @@ TEST(MeshJobs, AMeshThatIsNotTheWorldIsRefusedOnEveryRank) {
                                             "--data " + data + " " + r.flags, r.message);
 }
 
-// A run (f64) on 4 ranks with `split` saves after 5 of 10 steps (and save_model's full model at
-// the end) and records its losses and final parameters; each resume (ranks, flags) loads the
-// checkpoint and trains the last 5 steps. Resumed at the mesh that saved it, the run must end bit
-// for bit as the uninterrupted one (--compare-rtol 0); elsewhere the sums run in another order,
-// within the resume's --compare-rtol.
+// A run (f64) on `saving_ranks` ranks (4) with `split` saves after 5 of 10 steps (and save_model's
+// full model at the end) and records its losses and final parameters; each resume (ranks, flags)
+// loads the checkpoint and trains the last 5 steps. Resumed at the mesh that saved it, the run must
+// end bit for bit as the uninterrupted one (--compare-rtol 0); elsewhere the sums run in another
+// order, within the resume's --compare-rtol.
 void expect_resumes(const std::string& split,
-                    const std::vector<std::pair<int, std::string>>& resumes) {
+                    const std::vector<std::pair<int, std::string>>& resumes,
+                    const std::string& model = "gpt", int saving_ranks = 4) {
   const auto dir = tessera::test_jobs::fresh_scratch_folder("mesh_resume").string();
-  const std::string base = "--model gpt --f64 --rtol 1e-10 ";
-  EXPECT_LE(mesh_job(4, base + split + " --save-at 5 --save-dir " + dir + "/ckpt --record " + dir +
-                            "/run.safetensors --save-model " + dir + "/model"),
-            1e-10);
+  const std::string base = "--model " + model + " --f64 --rtol 1e-10 ";
+  EXPECT_LE(
+      mesh_job(saving_ranks, base + split + " --save-at 5 --save-dir " + dir + "/ckpt --record " +
+                                 dir + "/run.safetensors --save-model " + dir + "/model"),
+      1e-10);
   const std::string resume = "--resume " + dir + "/ckpt --compare " + dir + "/run.safetensors ";
   for (const auto& [ranks, flags] : resumes)
     EXPECT_LE(mesh_job(ranks, base + resume + flags), 1e-10);
@@ -286,6 +288,16 @@ TEST(MeshJobs, PipelineZeroCheckpointResumesAtOtherMeshes) {
                                      {2, "--pp 2 --compare-rtol 1e-10"},
                                      {1, "--compare-rtol 1e-10"},
                                      {8, "--tp 2 --pp 2 --zero 2 --compare-rtol 1e-10"}});
+}
+
+// ZeRO-2 on the full 3-D mesh (Llama, dp2 x tp2 x pp2 on 8 ranks): resumed there (bit for bit),
+// in one process and at tp2 x dp2 under ZeRO-1.
+TEST(MeshJobs, DataTensorPipelineZeroCheckpointResumesAtOtherMeshes) {
+  expect_resumes("--tp 2 --pp 2 --zero 2",
+                 {{8, "--tp 2 --pp 2 --zero 2"},
+                  {1, "--compare-rtol 1e-10"},
+                  {4, "--tp 2 --zero 1 --compare-rtol 1e-10"}},
+                 "llama", 8);
 }
 
 // Two pipelines of 2 stages resumed at pp2 x dp2 (bit for bit), pp2 x dp1 and in one process.
