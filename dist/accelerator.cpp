@@ -216,23 +216,26 @@ void Accelerator::check_sharded_init() const {
 
 void Accelerator::prepare_one(nn::Module& model) {
   if (models_.count(&model)) return;
-  // A stage runs one backward per micro-batch under no_sync; only DDP then averages what they
-  // accumulated (DataParallelStrategy::sync_accumulated_gradients).
-  TESSERA_CHECK(zero_stage_ == 0 || !dynamic_cast<const PipelineParallelCausalLM*>(&model),
-                "Accelerator::prepare: a pipeline stage trains under DDP on the dp axis; "
-                "zero_stage is ",
+  // A stage runs one backward per micro-batch under no_sync; DDP and ZeRO-1/2 then average
+  // what they accumulated (DataParallelStrategy::sync_accumulated_gradients).
+  const bool pipeline = dynamic_cast<const PipelineParallelCausalLM*>(&model) != nullptr;
+  TESSERA_CHECK(zero_stage_ <= 2 || !pipeline,
+                "Accelerator::prepare: a pipeline stage trains under DDP, ZeRO-1 or ZeRO-2 on "
+                "the dp axis; zero_stage is ",
                 zero_stage_);
-  // On a mesh that splits models, each replica is one model split over its tp group or its
-  // pipeline: a whole model would be trained tp x pp times over on the same rows.
+  // On a mesh that splits models, each replica is one model split over its tp group, its
+  // pipeline or both: a whole model would be trained tp x pp times over on the same rows.
   const auto* split = dynamic_cast<const MeshParallelModel*>(&model);
   TESSERA_CHECK(mesh_->data_parallel_only() ||
                     (split && split->model_group().size() == mesh_->tp_size() * mesh_->pp_size()),
                 "Accelerator::prepare: the device mesh ", mesh_->shape().str(),
                 " needs the model split over its ",
-                mesh_->tp_size() > 1
-                    ? "tp group (dist::tensor_parallel(model, acc.mesh().tp_group()))"
-                    : "pipeline (dist::pipeline_parallel(model, acc.mesh().pp_group()))",
-                "; got ",
+                mesh_->pp_size() == 1 ? "tp group"
+                : mesh_->tp_size() == 1
+                    ? "pipeline"
+                    : "tp and pp groups at once (" + std::to_string(mesh_->tp_size()) + " x " +
+                          std::to_string(mesh_->pp_size()) + " ranks)",
+                " (dist::parallelize(model, acc.mesh())); got ",
                 split ? "one split over a group of " + std::to_string(split->model_group().size())
                       : "a whole " + model.type_name());
   MemoryCategoryScope tag(MemoryCategory::Parameters);
@@ -257,7 +260,9 @@ void Accelerator::prepare_one(nn::Module& model) {
     zero.offload_param = options_.offload_param;
     zero.offload_step_during_backward = options_.offload_step_during_backward;
     zero.prefetch_numel = options_.stage3_prefetch_bucket_size;
-    zero.accumulation = options_.zero_accumulation;
+    // A pipeline's micro-batches accumulate in the full buckets until the step's end: its
+    // tied embedding's two parts are summed after the last backward, before any reduction.
+    zero.accumulation = pipeline ? GradientAccumulation::no_sync : options_.zero_accumulation;
     zero.max_buckets_in_flight = options_.max_buckets_in_flight;
     zero.hybrid_shard_size = hybrid_shard_size_;
     models_[&model] = std::make_unique<ZeroStrategy>(model, mesh_->dp_group(), zero);
@@ -441,9 +446,9 @@ AccumulateScope Accelerator::accumulate(nn::Module& model) {
 Tensor Accelerator::train_step(nn::Module& model, const std::function<Tensor()>& step) {
   DataParallelStrategy* s = strategy_of(model);
   TESSERA_CHECK(s, "Accelerator::train_step: the model was not prepared");
-  TESSERA_CHECK(zero_stage_ == 0, "Accelerator::train_step: ZeRO stage ", zero_stage_,
+  TESSERA_CHECK(zero_stage_ <= 2, "Accelerator::train_step: ZeRO stage ", zero_stage_,
                 " cannot average the gradients of a model that runs its own backwards; use "
-                "DDP (zero_stage 0)");
+                "DDP, ZeRO-1 or ZeRO-2");
   TESSERA_CHECK(!scaler_.enabled(),
                 "Accelerator::train_step: fp16 loss scaling needs the loss "
                 "before its backward (Accelerator::backward); use bf16 or no mixed precision");
@@ -515,11 +520,15 @@ double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double ma
     const auto* split = model_order_.size() == 1
                             ? dynamic_cast<const MeshParallelModel*>(model_order_.front())
                             : nullptr;
-    TESSERA_CHECK(split && zero_stage_ == 0, "Accelerator::clip_grad_norm_: on the device mesh ",
-                  mesh_->shape().str(),
+    TESSERA_CHECK(split, "Accelerator::clip_grad_norm_: on the device mesh ", mesh_->shape().str(),
                   " it clips one prepared model split over the mesh (tensor or pipeline "
-                  "parallel) under DDP; zero_stage is ",
-                  zero_stage_);
+                  "parallel, or both); ",
+                  model_order_.size(), " models were prepared");
+    // ZeRO: this rank's slices of what it counts, summed over dp and over the model's group.
+    if (auto* zero = dynamic_cast<ZeroStrategy*>(models_.at(model_order_.front()).get()))
+      return zero->clip_split_grad_norm_(
+          max_norm, [split](const std::string& name) { return split->counts_in_model_sums(name); },
+          split->model_group());
     return clip_split_model(*model_order_.front(), *split, params, max_norm);
   }
   // A sharding strategy clips what its rank holds, with the norm summed over ranks.
@@ -561,12 +570,14 @@ Device Accelerator::comm_device(const Tensor& t) const {
   return !world().handles(here) && world().handles(device_) ? device_ : here;
 }
 
-Tensor Accelerator::gather(const Tensor& t) {
-  ProcessGroup& pg = world();
+Tensor Accelerator::gather(const Tensor& t) { return gather_over(world(), t); }
+
+Tensor Accelerator::gather_over(ProcessGroup& pg, const Tensor& t) {
   TESSERA_CHECK(t.dim() >= 1, "Accelerator::gather: needs a tensor with a leading dimension, got ",
                 shape_str(t.shape()));
   if (comm_device(t) != t.device())
-    return ops::to(gather(ops::to(t.detach(), comm_device(t), t.dtype())), t.device(), t.dtype());
+    return ops::to(gather_over(pg, ops::to(t.detach(), comm_device(t), t.dtype())), t.device(),
+                   t.dtype());
   // Every process's length along dim 0 first, then an uneven all_gather of the rows. The
   // lengths travel on t's device.
   Tensor my_rows =
@@ -589,21 +600,24 @@ Tensor Accelerator::gather(const Tensor& t) {
 }
 
 Tensor Accelerator::gather_for_metrics(const Tensor& t) {
-  if (padded_split_total_ < 0) return gather(t);
+  // Over the dp axis: the ranks of one tp group and the stages of one pipeline hold the same
+  // rows (gathering over the world would repeat them tp x pp times).
+  if (padded_split_total_ < 0) return gather_over(*mesh_->dp_group(), t);
   return gather_for_metrics(t, padded_split_total_);
 }
 
 Tensor Accelerator::gather_for_metrics(const Tensor& t, int64_t total) {
-  Tensor all = gather(t);
+  const int replicas = mesh_->dp_size();
+  Tensor all = gather_over(*mesh_->dp_group(), t);
   TESSERA_CHECK(total >= 0 && total <= all.size(0), "Accelerator::gather_for_metrics: total ",
                 total, " is more than the ", all.size(0), " rows gathered");
   // Shares are contiguous and in rank order, so the padding sits at the ends of the
   // shares; with equal padded shares the real rows of rank r are the first `real_r`.
   auto padded = share_of(total, true).padded;
-  if (padded * num_processes() != all.size(0)) return ops::narrow(all, 0, 0, total);
+  if (padded * replicas != all.size(0)) return ops::narrow(all, 0, 0, total);
   std::vector<Tensor> rows;
-  for (int r = 0; r < num_processes(); ++r) {
-    int64_t base = total / num_processes(), extra = total % num_processes();
+  for (int r = 0; r < replicas; ++r) {
+    int64_t base = total / replicas, extra = total % replicas;
     int64_t real = base + (r < extra ? 1 : 0);
     if (real > 0) rows.push_back(ops::narrow(all, 0, r * padded, real));
   }
@@ -611,7 +625,8 @@ Tensor Accelerator::gather_for_metrics(const Tensor& t, int64_t total) {
 }
 
 Accelerator::Share Accelerator::share_of(int64_t n, bool apply_padding) const {
-  const int64_t w = num_processes(), r = process_index();
+  // By dp rank: the ranks of one replica (its tp and pp peers) take the same share.
+  const int64_t w = mesh_->dp_size(), r = mesh_->dp_rank();
   const int64_t base = n / w, extra = n % w;
   const int64_t begin = r * base + std::min(r, extra);
   const int64_t size = base + (r < extra ? 1 : 0);

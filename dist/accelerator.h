@@ -200,8 +200,8 @@ class Accelerator {
   // The DeepSpeed config the options named (its gradient_clipping is the trainer's to use).
   const std::optional<DeepSpeedConfig>& deepspeed_config() const { return options_.deepspeed; }
   const MixedPrecisionPolicy& mixed_precision_policy() const { return policy_; }
-  // The device mesh: split a model over mesh().tp_group() (dist::tensor_parallel) or
-  // mesh().pp_group() (dist::pipeline_parallel), then prepare it as any model.
+  // The device mesh: split a model over it (dist::parallelize: the tp group, the pp group or
+  // both), then prepare it as any model.
   const DeviceMesh& mesh() const { return *mesh_; }
   // This process's bytes by category for a prepared model (optimizer state from the
   // prepared optimizers).
@@ -241,7 +241,7 @@ class Accelerator {
   // A model that runs its own backwards (PipelineParallelCausalLM::train_step, one per
   // micro-batch), inside accumulate(): runs step() with the gradient sync off, then, on a
   // syncing micro-step, averages what it accumulated over the dp axis (what backward() does
-  // after loss.backward()); returns step()'s loss. Refused: a ZeRO stage, fp16 loss scaling,
+  // after loss.backward()); returns step()'s loss. Refused: ZeRO stage 3, fp16 loss scaling,
   // gradient_accumulation_steps > 1 (the pipeline's micro-batches are its accumulation).
   //   auto scope = acc.accumulate(*pp);
   //   Tensor loss = acc.train_step(*pp, [&] { return pp->train_step(x, y); });
@@ -252,7 +252,8 @@ class Accelerator {
   bool optimizer_step_was_skipped() const { return step_skipped_; }
   // Global-norm clipping on syncing steps (returns the norm before clipping); 0 otherwise.
   // On a mesh with tp_size or pp_size > 1: the norm of the one prepared split model (its pieces
-  // summed over its group, each counted once), under DDP only.
+  // summed over its group, each counted once; under ZeRO-1/2 this rank's slices of them summed
+  // over the dp axis too).
   double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
   // clip_grad_norm_ decided on the device (optim::clip_grad_norm_on_device_): the norm stays
   // a 0-d f32 tensor there, so the host need not wait for it (and a CUDA graph can record
@@ -298,7 +299,9 @@ class Accelerator {
   Tensor gather(const Tensor& t);
   // gather() without the padding duplicates, as in Accelerate: the rows that the last
   // split_between_processes(items, apply_padding = true) added are dropped again, so the
-  // result has one row per item (all rows when nothing was padded).
+  // result has one row per item (all rows when nothing was padded). Over the mesh's dp axis
+  // only: the ranks of one tp group and the stages of one pipeline hold the same rows, so each
+  // replica's rows come once.
   Tensor gather_for_metrics(const Tensor& t);
   // The same with the evaluation set's size given: keeps `total` real rows.
   Tensor gather_for_metrics(const Tensor& t, int64_t total);
@@ -307,9 +310,9 @@ class Accelerator {
   // Pads dim to the largest size over processes with pad_value (at the end, or the start).
   Tensor pad_across_processes(const Tensor& t, int64_t dim = 0, double pad_value = 0,
                               bool pad_first = false);
-  // This process's contiguous share of items; with apply_padding every share has the
-  // same length, the last item repeated (gather_for_metrics drops those again, remembering
-  // items.size() from here).
+  // This process's contiguous share of items (by its dp rank: the ranks of one replica get
+  // the same share); with apply_padding every share has the same length, the last item
+  // repeated (gather_for_metrics drops those again, remembering items.size() from here).
   template <class T>
   std::vector<T> split_between_processes(const std::vector<T>& items, bool apply_padding = false) {
     auto [begin, end, padded] = share_of(static_cast<int64_t>(items.size()), apply_padding);
@@ -386,6 +389,8 @@ class Accelerator {
     int64_t begin, end, padded;
   };
   Share share_of(int64_t n, bool apply_padding) const;
+  // gather() over `pg` (the world, or the dp axis).
+  Tensor gather_over(ProcessGroup& pg, const Tensor& t);
   void check_sharded_init() const;
   // Collective: every rank's `stats` (now and at its peak: memory_report's rows).
   std::vector<RankMemory> gather_rank_memory(const CategoryMemoryStats& stats);

@@ -195,6 +195,17 @@ FullFormat gather_full_format(const std::vector<nn::Module*>& models,
     const size_t model =
         std::find(models.begin(), models.end(), &trains[i]->module()) - models.begin();
     out.names.back() = trainable_parameters(*out.models.at(model)).second;
+    if (const auto* zero = dynamic_cast<const ZeroStrategy*>(trains[i])) {
+      // ZeRO-1/2 on the dp axis: this rank's slices made whole over dp first, then gathered over
+      // the model's group as DDP's whole moments are.
+      std::vector<std::string> whole_names;
+      const optim::OptimizerStateDict whole =
+          whole_state_of_slices(optimizers[i]->state_dict(), zero->optimizer_slices(*optimizers[i]),
+                                zero->module(), *zero->shard_group(), whole_names);
+      out.optimizers.back() =
+          gather_full_optimizer_state(whole, whole_names, *split, out.names.back());
+      continue;
+    }
     out.optimizers.back() =
         gather_full_optimizer_state(*optimizers[i], names, *split, out.names.back());
   }
@@ -202,10 +213,16 @@ FullFormat gather_full_format(const std::vector<nn::Module*>& models,
 }
 
 void refuse_sharded_split_model(const nn::Module& model, int zero_stage, const char* what) {
-  TESSERA_CHECK(!split_model(model) || zero_stage == 0, "Accelerator::", what,
+  TESSERA_CHECK(!split_model(model) || zero_stage <= 2, "Accelerator::", what,
                 ": a model split over the device mesh (tensor or pipeline parallel) is "
-                "checkpointed under DDP on the dp axis; zero_stage is ",
+                "checkpointed under DDP, ZeRO-1 or ZeRO-2 on the dp axis; zero_stage is ",
                 zero_stage);
+}
+// Whether a ZeRO save writes shards: not for split models, whose checkpoints are the full
+// model's format (each rank's slices made whole over dp, then gathered over the model's group).
+bool any_split_model(const std::vector<nn::Module*>& models) {
+  return std::any_of(models.begin(), models.end(),
+                     [](const nn::Module* m) { return split_model(*m) != nullptr; });
 }
 }  // namespace
 
@@ -239,7 +256,7 @@ void Accelerator::save_state(const std::string& dir) {
   // Under ZeRO every process writes the parameter and optimizer slices it holds
   // (dist/checkpoint.h): the model is never gathered.
   // Hybrid sharding: shard group 0 writes (the other groups hold the same values).
-  const bool sharded = zero_stage_ > 0;
+  const bool sharded = zero_stage_ > 0 && !any_split_model(model_order_);
   for (nn::Module* m : model_order_) refuse_sharded_split_model(*m, zero_stage_, "save_state");
   std::vector<const DataParallelStrategy*> trains;
   for (optim::Optimizer* opt : optimizers_) trains.push_back(&strategy_training(*opt));
@@ -357,7 +374,7 @@ std::function<void()> Accelerator::stage_model_weights(const std::string& dir, s
 
 void Accelerator::save_model(nn::Module& model, const std::string& dir) {
   const fs::path weights = fs::path(dir) / "model.safetensors";
-  const bool sharded = zero_stage_ > 0 && models_.count(&model);
+  const bool sharded = zero_stage_ > 0 && models_.count(&model) && !split_model(model);
   refuse_sharded_split_model(model, zero_stage_, "save_model");
   // A split model: the full model, gathered over its group (collective), as one process saves it.
   std::unique_ptr<nn::CausalLM> full;
@@ -460,16 +477,23 @@ void Accelerator::load_state(const std::string& dir) {
     } else {
       optimizer_states.push_back(optim::load_optimizer_state((fs::path(dir) / name).string()));
       const MeshParallelModel* split = split_model(strategy.module());
-      if (zero_stage_ == 0 && (split || state.contains("mesh"))) {
-        // A full-format state (a mesh run's): each parameter takes its piece, by name.
+      if (split || state.contains("mesh")) {
+        // A full-format state (a mesh run's): each parameter takes its piece, by name; under
+        // ZeRO-1/2 the pieces of this rank's (stage, tp slice) are then sliced on the dp axis.
         const nlohmann::json& names = state.value("optimizer_parameters", nlohmann::json::array());
         TESSERA_CHECK(names.is_array() && names.size() == optimizers_.size() && !names[i].empty(),
                       where, ": ", name,
                       " holds an optimizer state without \"optimizer_parameters\" in ", kStateFile,
                       "; a model split over the device mesh cannot take its pieces");
+        const std::vector<std::string> mine = zero_stage_ > 0
+                                                  ? trainable_parameters(strategy.module()).second
+                                                  : optimizer_names(strategy, *optimizers_[i]);
         optimizer_states.back() = pieces_of_whole_optimizer_state(
-            optimizer_states.back(), names[i].get<std::vector<std::string>>(),
-            optimizer_names(strategy, *optimizers_[i]), split, where + ": " + name);
+            optimizer_states.back(), names[i].get<std::vector<std::string>>(), mine, split,
+            where + ": " + name);
+        if (zero_stage_ > 0)
+          optimizer_states.back() = reslice_whole_optimizer(optimizer_states.back(), mine, strategy,
+                                                            *optimizers_[i], where + ": " + name);
       } else if (zero_stage_ > 0) {
         const nlohmann::json& names = state.value("optimizer_parameters", nlohmann::json::array());
         TESSERA_CHECK(names.is_array() && names.size() == optimizers_.size() && !names[i].empty(),

@@ -114,6 +114,20 @@ optim::OptimizerStateDict gather_full_optimizer_state(const optim::Optimizer& op
                                                       const std::vector<std::string>& names,
                                                       const MeshParallelModel& model,
                                                       const std::vector<std::string>& full_names);
+// The same from a state already read (parameter k: names[k]).
+optim::OptimizerStateDict gather_full_optimizer_state(const optim::OptimizerStateDict& local,
+                                                      const std::vector<std::string>& names,
+                                                      const MeshParallelModel& model,
+                                                      const std::vector<std::string>& full_names);
+// Collective over `group` (the dp axis of a ZeRO-1/2 strategy): the state of an optimizer that
+// steps `slices` (DataParallelStrategy::optimizer_slices: parameter k is elements
+// [begin, begin + numel) of the flattened parameter slices[k].name), made whole per parameter of
+// `module`: parameter k of the result is the trainable parameter names[k] (set here), its
+// moments the sum over the group of every rank's slices (they tile each parameter once).
+optim::OptimizerStateDict whole_state_of_slices(
+    const optim::OptimizerStateDict& local,
+    const std::vector<DataParallelStrategy::OptimizerSlice>& slices, const nn::Module& module,
+    ProcessGroup& group, std::vector<std::string>& names);
 // The state of an optimizer whose parameter k is names[k], out of a full-format (or any whole)
 // state whose parameter j was saved_names[j]: each moment is `model`'s piece of the saved one
 // (whole when model is null). A name missing from the saved ones is an error naming it.

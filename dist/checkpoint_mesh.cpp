@@ -3,6 +3,8 @@
 #include <set>
 
 #include "tessera/dist/checkpoint.h"
+#include "tessera/dist/ddp.h"
+#include "tessera/kernels/ops.h"
 
 namespace tessera::dist {
 
@@ -23,7 +25,71 @@ optim::OptimizerStateDict gather_full_optimizer_state(const optim::Optimizer& op
                                                       const std::vector<std::string>& names,
                                                       const MeshParallelModel& model,
                                                       const std::vector<std::string>& full_names) {
-  const optim::OptimizerStateDict local = optimizer.state_dict();
+  return gather_full_optimizer_state(optimizer.state_dict(), names, model, full_names);
+}
+
+optim::OptimizerStateDict whole_state_of_slices(
+    const optim::OptimizerStateDict& local,
+    const std::vector<DataParallelStrategy::OptimizerSlice>& slices, const nn::Module& module,
+    ProcessGroup& group, std::vector<std::string>& names) {
+  const auto [trainable, trainable_names] = trainable_parameters(module);
+  names = trainable_names;
+  std::map<std::string, Tensor> parameters;
+  for (size_t k = 0; k < names.size(); ++k) parameters.emplace(names[k], trainable[k]);
+  // field -> parameter -> this rank's slices in place, zeros elsewhere; every rank's fields
+  // (each rank holds a slice of some parameter, and every slice the same fields).
+  std::map<std::string, std::map<std::string, Tensor>> whole;
+  optim::OptimizerStateDict out;
+  std::set<double> steps;
+  for (const auto& [key, value] : local.scalars) {
+    const auto [k, field] = parameter_key(key);
+    if (k == std::string::npos)
+      out.scalars[key] = value;  // the groups' lr and weight decay
+    else
+      steps.insert(value);
+  }
+  for (const auto& [key, t] : local.tensors) {
+    const auto [k, field] = parameter_key(key);
+    TESSERA_CHECK(k < slices.size(), "whole_state_of_slices: unexpected tensor ", key);
+    const DataParallelStrategy::OptimizerSlice& slice = slices[k];
+    const Tensor& p = parameters.at(slice.name);
+    Tensor& flat = whole[field][slice.name];
+    if (!flat.defined()) flat = zeros({p.numel()}, {.dtype = t.dtype(), .device = t.device()});
+    ops::copy_(ops::narrow(flat, 0, slice.begin, slice.numel), ops::reshape(t, {slice.numel}));
+  }
+  TESSERA_CHECK(steps.size() <= 1, "whole_state_of_slices: this rank's slices were stepped ",
+                steps.empty() ? 0 : *steps.begin(), " to ", steps.empty() ? 0 : *steps.rbegin(),
+                " times");
+  // Every rank must hold the same fields for the sums below to pair up: refused on every rank
+  // alike when one holds fewer (a rank whose slices are all padding holds none).
+  Tensor fields = from_vector(std::vector<double>{double(whole.size()), -double(whole.size())}, {2},
+                              {.dtype = DType::f64});
+  group.all_reduce(fields, ReduceOp::Max)->wait();
+  const std::vector<double> most = fields.to_vector<double>();
+  TESSERA_CHECK(most[0] == -most[1], "whole_state_of_slices: the ranks of the dp axis hold ",
+                -most[1], " to ", most[0],
+                " optimizer fields (a rank whose slices are all padding holds none); the model "
+                "is too small for this many ranks to checkpoint it under ZeRO");
+  // In the fields' and the parameters' order, the same on every rank: the sums pair up.
+  for (auto& [field, by_name] : whole) {
+    const Tensor like = by_name.begin()->second;  // every slice of a field: one dtype
+    for (size_t k = 0; k < names.size(); ++k) {
+      const Tensor& p = parameters.at(names[k]);
+      Tensor& flat = by_name[names[k]];
+      if (!flat.defined())
+        flat = zeros({p.numel()}, {.dtype = like.dtype(), .device = like.device()});
+      group.all_reduce(flat, ReduceOp::Sum)->wait();
+      out.tensors[state_key(k, field)] = ops::reshape(flat, p.shape());
+      if (!steps.empty()) out.scalars[state_key(k, "step")] = *steps.begin();
+    }
+  }
+  return out;
+}
+
+optim::OptimizerStateDict gather_full_optimizer_state(const optim::OptimizerStateDict& local,
+                                                      const std::vector<std::string>& names,
+                                                      const MeshParallelModel& model,
+                                                      const std::vector<std::string>& full_names) {
   optim::OptimizerStateDict full;
   std::map<std::string, std::map<std::string, Tensor>> pieces;  // field -> parameter -> piece
   std::map<std::string, double> steps;                          // parameter -> step

@@ -1,5 +1,6 @@
 #include "tessera/dist/device_mesh.h"
 
+#include <functional>
 #include <sstream>
 
 #include "tessera/dist/single_process_group.h"
@@ -63,6 +64,13 @@ std::vector<int> mesh_group_ranks(const MeshShape& s, MeshAxis axis, int rank) {
   return ranks;  // ascending: the rank grows with every coordinate
 }
 
+std::vector<int> mesh_replica_ranks(const MeshShape& s, int rank) {
+  const int first = mesh_coordinate(s, rank).dp * s.tp * s.pp;
+  std::vector<int> ranks;
+  for (int r = first; r < first + s.tp * s.pp; ++r) ranks.push_back(r);
+  return ranks;
+}
+
 DeviceMesh::DeviceMesh(GroupPtr world, const MeshShape& shape) : world_(std::move(world)) {
   TESSERA_CHECK(world_ != nullptr, "device mesh: no world group");
   shape_ = resolve_mesh_shape(shape, world_->size());
@@ -71,25 +79,37 @@ DeviceMesh::DeviceMesh(GroupPtr world, const MeshShape& shape) : world_(std::mov
   tp_ = make_axis_group(MeshAxis::tp);
   pp_ = make_axis_group(MeshAxis::pp);
   dp_ = make_axis_group(MeshAxis::dp);
+  // Only a mesh that splits over both axes needs a group of its own for the replica's ranks.
+  model_ = shape_.tp == 1 ? pp_ : shape_.pp == 1 ? tp_ : make_replica_group();
 }
 
 GroupPtr DeviceMesh::make_axis_group(MeshAxis axis) {
-  const std::vector<int> mine = mesh_group_ranks(shape_, axis, world_->rank());
+  return make_group(mesh_axis_name(axis),
+                    [this, axis](int rank) { return mesh_group_ranks(shape_, axis, rank); });
+}
+
+GroupPtr DeviceMesh::make_replica_group() {
+  return make_group("model", [this](int rank) { return mesh_replica_ranks(shape_, rank); });
+}
+
+GroupPtr DeviceMesh::make_group(const std::string& name,
+                                const std::function<std::vector<int>(int)>& ranks_of) {
+  const std::vector<int> mine = ranks_of(world_->rank());
   const int size = static_cast<int>(mine.size());
   if (size == world_->size()) return world_;
   ProcessGroupOptions options = world_->options();
-  options.name = world_->options().name + "/" + mesh_axis_name(axis);
+  options.name = world_->options().name + "/" + name;
   if (size == 1) return std::make_shared<SingleProcessGroup>(options);
   GroupPtr group;
-  // Every group of the axis, each once, in the order of its lowest rank.
+  // Every group, each once, in the order of its lowest rank.
   for (int r = 0; r < world_->size(); ++r) {
-    const std::vector<int> ranks = mesh_group_ranks(shape_, axis, r);
+    const std::vector<int> ranks = ranks_of(r);
     if (ranks.front() != r) continue;
     GroupPtr created = world_->new_group(ranks);
     if (created) group = std::move(created);
   }
-  TESSERA_CHECK(group != nullptr, "device mesh: rank ", world_->rank(), " is in no ",
-                mesh_axis_name(axis), " group");
+  TESSERA_CHECK(group != nullptr, "device mesh: rank ", world_->rank(), " is in no ", name,
+                " group");
   return group;
 }
 

@@ -10,9 +10,10 @@
 // there) and its dp group (the same p and t: the replicas whose gradients are averaged). With
 // 8 ranks as dp 2 x tp 2 x pp 2, rank 5 = (1·2 + 0)·2 + 1 is in tp group {4, 5}, pp group
 // {5, 7} and dp group {1, 5}. The Accelerator builds one from its options (tp_size, pp_size,
-// dp_size) and hands its data-parallel strategies the dp group; a model is split over the tp
-// group (dist::tensor_parallel) or the pp group (dist::pipeline_parallel).
+// dp_size) and hands its data-parallel strategies the dp group; dist::parallelize
+// (dist/parallelize.h) splits a model over the tp group, the pp group or both at once.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -50,6 +51,9 @@ int mesh_rank(const MeshShape& shape, const MeshCoordinate& at);
 MeshCoordinate mesh_coordinate(const MeshShape& shape, int rank);
 // The world ranks (ascending) of the group along `axis` that `rank` belongs to.
 std::vector<int> mesh_group_ranks(const MeshShape& shape, MeshAxis axis, int rank);
+// The tp x pp ranks (ascending) of `rank`'s replica: the same dp coordinate, the ranks one split
+// model spans ([d·tp·pp, (d+1)·tp·pp)).
+std::vector<int> mesh_replica_ranks(const MeshShape& shape, int rank);
 
 class DeviceMesh {
  public:
@@ -74,19 +78,28 @@ class DeviceMesh {
   const GroupPtr& tp_group() const { return tp_; }
   const GroupPtr& pp_group() const { return pp_; }
   const GroupPtr& group(MeshAxis axis) const;
+  // The tp x pp ranks of this rank's replica (mesh_replica_ranks): what a model split over tp
+  // and pp at once spans (a norm over the whole model sums over it).
+  const GroupPtr& model_group() const { return model_; }
 
   // "dp 2 x tp 2 x pp 1; rank 3: dp 1, tp 1, pp 0"
   std::string describe() const;
 
  private:
   GroupPtr make_axis_group(MeshAxis axis);
+  GroupPtr make_replica_group();
+  // Collective over the world: the groups of ranks_of(r) for every r, each made once; this
+  // rank's.
+  GroupPtr make_group(const std::string& name,
+                      const std::function<std::vector<int>(int)>& ranks_of);
   GroupPtr world_;
   MeshShape shape_;
   MeshCoordinate coordinate_;
-  GroupPtr dp_, tp_, pp_;
+  GroupPtr dp_, tp_, pp_, model_;
 };
 
-// A model split over a tp or a pp group (TensorParallelCausalLM, PipelineParallelCausalLM):
+// A model split over a tp or a pp group or both (TensorParallelCausalLM,
+// PipelineParallelCausalLM, a pipeline of tensor-parallel stages):
 // what a checkpoint of a mesh run asks of it, so that it is written in the full model's format
 // (every tensor whole, under the full model's names) and read back at any mesh.
 class MeshParallelModel {
@@ -102,7 +115,8 @@ class MeshParallelModel {
       const std::map<std::string, Tensor>& pieces) const = 0;
   // This rank's piece of `full`, the whole of parameter `name` (or of a tensor cut as it is).
   virtual Tensor piece_of(const std::string& name, const Tensor& full) const = 0;
-  // The group the model is split over (a tp group, or a pipeline).
+  // The group the model is split over (a tp group, a pipeline, or the tp x pp ranks of a
+  // replica).
   virtual ProcessGroup& model_group() const = 0;
   // Whether this rank's piece of parameter `name` counts in a sum over the model (a gradient
   // norm): false where another rank of the group holds the same values and counts them (a

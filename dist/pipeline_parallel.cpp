@@ -188,8 +188,10 @@ struct PipelineParallelCausalLM::StepState {
 };
 
 PipelineParallelCausalLM::PipelineParallelCausalLM(GroupPtr group, const nn::CausalLM& full,
-                                                   bool tied)
+                                                   bool tied, GroupPtr tensor, GroupPtr model_group)
     : group_(std::move(group)),
+      tensor_(std::move(tensor)),
+      model_group_(std::move(model_group)),
       tied_model_(tied),
       fast_blocks_(full.runs_fast_blocks()),
       context_(full.context_length()),
@@ -202,7 +204,9 @@ PipelineParallelCausalLM::PipelineParallelCausalLM(GroupPtr group, const nn::Cau
 
 PipelineParallelCausalLM::~PipelineParallelCausalLM() = default;
 
-void PipelineParallelCausalLM::finish_construction(const nn::CausalLM& full, int64_t hidden) {
+void PipelineParallelCausalLM::finish_construction(const nn::CausalLM& full, int64_t hidden,
+                                                   TensorShards shards) {
+  shards_ = std::move(shards);
   const nn::NamedTensors mine = named_parameters();
   TESSERA_CHECK(!mine.empty(), "pipeline parallelism: stage ", stage(), " holds no parameter");
   hidden_ = hidden;
@@ -214,9 +218,13 @@ void PipelineParallelCausalLM::finish_construction(const nn::CausalLM& full, int
   for (size_t i = 0; i < all.size(); ++i)
     for (const auto& [name, p] : mine)
       if (name == all[i].first) {
-        TESSERA_CHECK(p.shape() == all[i].second.shape(), "pipeline parallelism: ", name, " is ",
-                      shape_str(p.shape()), " on stage ", stage(), " but ",
-                      shape_str(all[i].second.shape()), " in the full model");
+        // A tensor-parallel stage holds its slice.
+        Shape local = all[i].second.shape();
+        if (const ShardSpec* spec = spec_of(name); spec && !spec->replicated())
+          local[spec->dim] = spec->local_size(tensor_->rank());
+        TESSERA_CHECK(p.shape() == local, "pipeline parallelism: ", name, " is ",
+                      shape_str(p.shape()), " on stage ", stage(), " but ", shape_str(local),
+                      " in the full model", tensor_ ? "'s slice" : "");
         holder[i] = stage();
       }
   Tensor holders =
@@ -240,6 +248,8 @@ std::string PipelineParallelCausalLM::describe() const {
       << blocks_.begin << ".." << blocks_.end - 1 << (first_stage() ? " + embeddings" : "")
       << (last_stage() ? " + head" : "") << ", " << options_.micro_batches << " micro-batches, "
       << pipeline_schedule_name(options_.schedule);
+  if (tensor_)
+    out << "; split over tensor-parallel rank " << tensor_->rank() << " of " << tensor_->size();
   return out.str();
 }
 
@@ -297,7 +307,7 @@ void PipelineParallelCausalLM::forward_micro_batch(int m, StepState& step) {
     // Each micro-batch's summed cross-entropy over the whole batch's target count: the
     // micro-batches' losses and gradients add up to those of the batch's mean.
     const Tensor targets = ops::contiguous(ops::narrow(step.targets, 0, row, step.rows));
-    out = cross_entropy(head_logits(out), targets, -100, Reduction::Sum) / step.target_count;
+    out = summed_loss(out, targets) / step.target_count;
     step.loss += out.item();
   } else {
     step.sent.push_back(out.detach().contiguous());
@@ -326,6 +336,10 @@ void PipelineParallelCausalLM::backward_micro_batch(int m, StepState& step) {
   out = step.inputs[m] = Tensor();  // micro-batch m's activations can go
   timeline_.events.push_back(
       {{PipelineOp::backward, m}, start, seconds_since(step.origin), thread_cpu_s() - cpu});
+}
+
+Tensor PipelineParallelCausalLM::summed_loss(const Tensor& h, const Tensor& targets) {
+  return cross_entropy(head_logits(h), targets, -100, Reduction::Sum);
 }
 
 void PipelineParallelCausalLM::reduce_tied_gradient() {
@@ -395,10 +409,13 @@ std::map<std::string, Tensor> PipelineParallelCausalLM::gather_full(
     Tensor value;
     if (p.stage == stage()) {
       auto it = pieces.find(p.name);
-      TESSERA_CHECK(it != pieces.end() && it->second.shape() == p.shape,
+      const ShardSpec* spec = spec_of(p.name);
+      TESSERA_CHECK(it != pieces.end() && (spec || it->second.shape() == p.shape),
                     "pipeline parallelism: stage ", stage(), " has no piece of ", p.name, " ",
                     shape_str(p.shape));
       value = ops::to(ops::clone(it->second.detach()), like.device, like.dtype);
+      // A tensor-parallel stage's slices, whole over its tp group first.
+      if (spec) value = gather_shard(value, *spec, p.shape, *tensor_);
     } else {
       value = empty(p.shape, like);
     }
@@ -409,9 +426,17 @@ std::map<std::string, Tensor> PipelineParallelCausalLM::gather_full(
 }
 
 bool PipelineParallelCausalLM::counts_in_model_sums(const std::string& name) const {
+  // A parameter kept whole on every rank of a tensor-parallel stage counts on its tp rank 0.
+  const ShardSpec* spec = spec_of(name);
+  if (spec && spec->replicated() && tensor_->rank() != 0) return false;
   for (const FullParameter& p : layout_)
     if (p.name == name) return p.stage == stage();
   return true;
+}
+
+const ShardSpec* PipelineParallelCausalLM::spec_of(const std::string& name) const {
+  auto it = shards_.find(name);
+  return it == shards_.end() ? nullptr : &it->second.first;
 }
 
 Tensor PipelineParallelCausalLM::piece_of(const std::string& name, const Tensor& full) const {
@@ -419,14 +444,16 @@ Tensor PipelineParallelCausalLM::piece_of(const std::string& name, const Tensor&
     if (p.name == name) {
       TESSERA_CHECK(full.shape() == p.shape, "pipeline parallelism: ", name, " is ",
                     shape_str(p.shape), " in the full model, got ", shape_str(full.shape()));
-      return full;
+      const ShardSpec* spec = spec_of(name);
+      return spec ? take_shard(full, *spec, tensor_->rank()) : full;
     }
   TESSERA_FAIL("pipeline parallelism: the full model has no parameter ", name);
 }
 
 void PipelineParallelCausalLM::load_full_state_dict(const nn::Module& full) {
   autograd::NoGradGuard no_grad;
-  for (const auto& [name, p] : named_parameters()) ops::copy_(p, full.parameter(name));
+  for (const auto& [name, p] : named_parameters())
+    ops::copy_(p, piece_of(name, full.parameter(name)));
 }
 
 std::unique_ptr<nn::CausalLM> PipelineParallelCausalLM::gather_full_model() const {

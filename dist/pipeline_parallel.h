@@ -28,6 +28,7 @@
 
 #include "tessera/dist/device_mesh.h"
 #include "tessera/dist/process_group.h"
+#include "tessera/dist/tensor_parallel.h"
 #include "tessera/nn/causal_lm.h"
 
 namespace tessera::dist {
@@ -111,6 +112,13 @@ void check_micro_batches(int micro_batches, int64_t batch_rows);
 GroupPtr pipeline_parallel_group(ProcessGroup& world, int pp_size);
 
 // ---- the model ----
+// A container whose children keep the full model's numbering (a stage's blocks a..b are "a" ..
+// "b", not "0" ..).
+class StageModuleList : public nn::Module {
+ public:
+  std::string type_name() const override { return "ModuleList"; }
+};
+
 struct PipelineOptions {
   int micro_batches = 1;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
@@ -181,25 +189,36 @@ class PipelineParallelCausalLM : public nn::Module, public MeshParallelModel {
   std::map<std::string, Tensor> gather_full(
       const std::map<std::string, Tensor>& pieces) const override;
   Tensor piece_of(const std::string& name, const Tensor& full) const override;
-  ProcessGroup& model_group() const override { return *group_; }
+  // The pipeline, or with tensor-parallel stages the tp x pp ranks of this replica.
+  ProcessGroup& model_group() const override { return model_group_ ? *model_group_ : *group_; }
   bool counts_in_model_sums(const std::string& name) const override;
+  // The tensor-parallel group each stage's blocks are split over (null: whole blocks).
+  const GroupPtr& tensor_group() const { return tensor_; }
   // Collective: stage 0 writes the full model directory; every stage waits for it.
   void save_pretrained(const std::string& dir) const;
 
  protected:
   // Collective over `group`; the derived constructor registers the stage's modules and then
-  // calls finish_construction.
-  PipelineParallelCausalLM(GroupPtr group, const nn::CausalLM& full, bool tied);
+  // calls finish_construction. With `tensor` (tensor-parallel stages, dist::parallelize) each
+  // stage's layers are split over that group and `model_group` holds the tp x pp ranks of the
+  // replica (the group a norm over the whole model sums over).
+  PipelineParallelCausalLM(GroupPtr group, const nn::CausalLM& full, bool tied,
+                           GroupPtr tensor = nullptr, GroupPtr model_group = nullptr);
   // After the modules are registered: which stage holds each of the full model's parameters
   // (one all-reduce), their full shapes, the width `hidden` of the activations between the
-  // stages, and the full model's train/eval mode.
-  void finish_construction(const nn::CausalLM& full, int64_t hidden);
+  // stages, and the full model's train/eval mode. `shards`: how a tensor-parallel stage cuts
+  // each of its parameters (TensorShards; empty: every parameter whole).
+  void finish_construction(const nn::CausalLM& full, int64_t hidden, TensorShards shards = {});
   // The first stage's embeddings of idx [b, T] -> [b, T, C].
   virtual Tensor embed(const Tensor& idx) = 0;
   // The stage's blocks on x [b, T, C].
   virtual Tensor run_blocks(const Tensor& x) = 0;
   // The last stage's final norm and head: h [b, T, C] -> logits [b, T, V].
   virtual Tensor head_logits(const Tensor& h) = 0;
+  // The last stage's summed cross-entropy of micro-batch h [b, T, C] against targets [b, T]
+  // (targets -100 left out): of head_logits by default; a tensor-parallel stage's is
+  // vocabulary-parallel (its logits never gathered).
+  virtual Tensor summed_loss(const Tensor& h, const Tensor& targets);
   // The token embedding's weight (tied models, on the first and the last stage).
   virtual Tensor tied_weight() const = 0;
   // A fresh full model of this configuration (its values overwritten by the caller).
@@ -220,6 +239,11 @@ class PipelineParallelCausalLM : public nn::Module, public MeshParallelModel {
   GroupPtr gradients_;  // the gradients backward: a second channel over the same ranks, so a
                         // send of one direction never queues behind one of the other
   GroupPtr tied_;       // {first, last} stage, tied models with p > 1 (null elsewhere)
+  GroupPtr tensor_;     // tensor-parallel stages: the group their layers are split over
+  GroupPtr model_group_;  // and the tp x pp ranks of this replica
+  // Tensor-parallel stages: how each parameter of this stage is cut, and its full shape.
+  TensorShards shards_;
+  const ShardSpec* spec_of(const std::string& name) const;
   bool tied_model_ = false;
   bool fast_blocks_ = true;
   int64_t hidden_ = 0, context_ = 0;

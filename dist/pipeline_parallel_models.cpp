@@ -51,13 +51,6 @@ void copy_head(const Tensor& into, const Tensor& from) {
   ops::copy_(into, from);
 }
 
-// A container whose children keep the full model's numbering (blocks a..b of a stage are
-// "a" .. "b", not "0" ..).
-class NamedList : public nn::Module {
- public:
-  std::string type_name() const override { return "ModuleList"; }
-};
-
 // The logits of the final hidden states h against the head's [V, C] rows, as nn::GPT and
 // nn::Llama compute them (under autocast the head runs in the compute dtype).
 Tensor logits_of(const Tensor& h, const Tensor& head_rows) {
@@ -124,7 +117,7 @@ class PipelineParallelGPT : public PipelineParallelCausalLM {
 
   nn::GPTConfig cfg_;
   nn::Module transformer_;
-  NamedList h_;
+  StageModuleList h_;
   std::unique_ptr<nn::Embedding> wte_, wpe_;
   std::vector<std::unique_ptr<nn::Block>> blocks_;  // indexed by block; this stage's only
   std::vector<nn::GPTFastBlock> fast_;              // this stage's, in order
@@ -194,7 +187,7 @@ class PipelineParallelLlama : public PipelineParallelCausalLM {
 
   nn::LlamaConfig cfg_;
   nn::Module model_;
-  NamedList layers_;
+  StageModuleList layers_;
   std::unique_ptr<nn::Embedding> embed_tokens_;
   std::vector<std::unique_ptr<nn::LlamaDecoderLayer>> stage_layers_;
   std::unique_ptr<nn::RMSNorm> norm_;

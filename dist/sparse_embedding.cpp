@@ -72,10 +72,8 @@ SparseEmbeddingSync::SparseEmbeddingSync(nn::Module& module, FlatBuckets& bucket
     w.sink = std::make_shared<Sink>(this, weights_.size(), w.tensor);
     for (auto& [name, m] : module.named_modules())
       if (auto* e = dynamic_cast<nn::Embedding*>(m);
-          e && e->weight.impl_ptr() == w.tensor.impl_ptr()) {
+          e && e->weight.impl_ptr() == w.tensor.impl_ptr())
         e->grad_sink = w.sink;
-        w.modules.push_back(e);
-      }
     weights_.push_back(std::move(w));
   }
   buckets_.set_extension(
@@ -85,11 +83,9 @@ SparseEmbeddingSync::SparseEmbeddingSync(nn::Module& module, FlatBuckets& bucket
 
 SparseEmbeddingSync::~SparseEmbeddingSync() {
   buckets_.set_extension({});
-  for (Weight& w : weights_) {
-    w.sink->owner = nullptr;
-    for (nn::Embedding* e : w.modules)
-      if (e->grad_sink == w.sink) e->grad_sink.reset();
-  }
+  // The modules may be gone already (a model destroyed before its DDP): only the sinks are
+  // touched; the modules that are left keep theirs, detached (accepting nothing).
+  for (Weight& w : weights_) w.sink->owner = nullptr;
 }
 
 bool SparseEmbeddingSync::accepts(size_t index, const Tensor& weight, const Tensor& indices) {

@@ -54,11 +54,14 @@ class SparseEmbeddingSync {
 
   // Installs a sink on every Embedding of `module` whose weight is buckets.parameters()[k]
   // for a k in `weights` (each of them a solo parameter of `buckets`), and plugs into the
-  // buckets' Extension. `module` and `buckets` must outlive this object.
+  // buckets' Extension. `buckets` must outlive this object; `module` need not: this object
+  // never reaches into the modules once built (a model may go before its DDP).
   SparseEmbeddingSync(nn::Module& module, FlatBuckets& buckets, std::shared_ptr<ProcessGroup> group,
                       const std::vector<size_t>& weights);
-  // Removes the sinks; a graph recorded before keeps its sink, which then adds the lookup's
-  // gradient into weight.grad locally.
+  // Detaches the sinks without touching the modules (they may be gone): a module that is
+  // still there keeps its sink, which accepts nothing from then on (its lookups take the
+  // ordinary dense backward); a graph recorded before keeps its sink too, which then adds the
+  // lookup's gradient into weight.grad locally.
   ~SparseEmbeddingSync();
   SparseEmbeddingSync(const SparseEmbeddingSync&) = delete;
   SparseEmbeddingSync& operator=(const SparseEmbeddingSync&) = delete;
@@ -78,8 +81,7 @@ class SparseEmbeddingSync {
   struct Weight {
     size_t param = 0;
     Tensor tensor;
-    std::shared_ptr<Sink> sink;
-    std::vector<nn::Embedding*> modules;
+    std::shared_ptr<Sink> sink;      // shared with the modules (and recorded graphs)
     int64_t accepted = 0;            // lookups accepted since the last finish
     std::vector<Gathered> gathered;  // their rows, all-gathered in backward
   };

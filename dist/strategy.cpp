@@ -47,7 +47,7 @@ std::vector<DataParallelStrategy::OptimizerSlice> DataParallelStrategy::optimize
 void DataParallelStrategy::sync_accumulated_gradients() {
   TESSERA_FAIL(name(),
                " cannot average the gradients of a model that runs its own backwards "
-               "(a pipeline stage's train_step); use DDP (zero_stage 0) on the data axis");
+               "(a pipeline stage's train_step); use DDP or ZeRO stage 1 or 2 on the data axis");
 }
 
 std::vector<DataParallelStrategy::ParameterShard> DataParallelStrategy::parameter_shards() {

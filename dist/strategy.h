@@ -66,7 +66,7 @@ class DataParallelStrategy {
   // For a model that runs its own backwards (a pipeline stage's train_step: one per
   // micro-batch), all of them under no_sync: averages what they accumulated over the ranks,
   // as finish_gradient_sync does after one synced backward. The base refuses, naming the
-  // strategy (DDP implements it).
+  // strategy (DDP and ZeRO-1/2 implement it).
   virtual void sync_accumulated_gradients();
   // Scales the gradients by max_norm / (norm + 1e-6) when below 1; returns the global
   // norm before clipping (over the whole model, whatever is sharded).

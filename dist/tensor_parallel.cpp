@@ -323,8 +323,10 @@ Tensor Regions::positions(const Tensor& rows) const {
 
 Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& targets,
                                     int64_t vocab_begin, const GroupPtr& group,
-                                    int64_t ignore_index) {
+                                    int64_t ignore_index, Reduction reduction) {
   const char* op = "vocab_parallel_cross_entropy";
+  TESSERA_CHECK(reduction != Reduction::None, op,
+                ": reduces to the mean or the sum over the targets, not per target");
   TESSERA_CHECK(local_logits.dim() >= 1 && is_floating(local_logits.dtype()), op,
                 ": logits must be floating [..., V_r], got ", autograd::describe(local_logits));
   const Shape rows_shape(local_logits.shape().begin(), local_logits.shape().end() - 1);
@@ -356,7 +358,10 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& ta
   const Tensor per_row =
       ops::sub(ops::add(ops::unary(UnaryOp::Log, sum_exp), row_max), ops::select(sums, 0, 1));
   const Tensor valid = ops::to(ops::binary(BinaryOp::Ne, y, double(ignore_index)), device, compute);
-  const Tensor count = ops::sum(valid);
+  // The mean divides by the targets that count; the sum by one.
+  const Tensor count = reduction == Reduction::Sum
+                           ? full({}, 1.0, {.dtype = compute, .device = device})
+                           : ops::sum(valid);
   Tensor loss =
       ops::to(ops::div(ops::sum(ops::mul(per_row, valid)), count), device, local_logits.dtype());
 

@@ -20,11 +20,13 @@
 // The models built from these are in dist/tensor_parallel_models.h.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "tessera/autograd/functions.h"
 #include "tessera/dist/process_group.h"
 #include "tessera/nn/module.h"
 
@@ -76,6 +78,15 @@ struct ShardSpec {
   // every block (GPT-2's c_attn: its q | k | v blocks, each split by heads).
   static ShardSpec blocked(int64_t dim, int64_t n, int64_t blocks, int world);
 };
+
+// Each parameter of a split model (by the full model's name): how it is cut, and its full shape.
+using TensorShards = std::map<std::string, std::pair<ShardSpec, Shape>>;
+// The cuts of `split`'s parameters (a module built of the layers below, under the full model's
+// names) on rank `tp_rank`, each with its full shape in `full`. Refuses a parameter of split
+// that is not one of full's or whose shape is not its slice's; with `every_parameter`, one of
+// full's that split lacks (a pipeline stage holds some of them).
+TensorShards tensor_parallel_shards(const nn::Module& split, const nn::Module& full, int tp_rank,
+                                    bool every_parameter);
 
 // Rank `rank`'s slice of `full` (a new contiguous tensor).
 Tensor take_shard(const Tensor& full, const ShardSpec& spec, int rank);
@@ -160,10 +171,12 @@ class VocabParallelEmbedding : public nn::Module {
 // logits, targets [...] full ids. Forward: one all-reduce (max) of the rows' maxima and one
 // (sum) of the rows' sums of exponentials with their target logits, 3·N values for N rows; the
 // [N, V] logits are never gathered. Backward: softmax − onehot on the local columns, no
-// communication. The same value on every rank.
+// communication. The same value on every rank. Reduction::Sum gives the sum over those targets
+// instead (a pipeline's micro-batch, over the whole batch's count); None is refused.
 Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& targets,
                                     int64_t vocab_begin, const GroupPtr& group,
-                                    int64_t ignore_index = -100);
+                                    int64_t ignore_index = -100,
+                                    Reduction reduction = Reduction::Mean);
 
 // ---- entering and leaving the regions ----
 // What a parallel block does at the borders of its regions: with tensor parallelism alone,

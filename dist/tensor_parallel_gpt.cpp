@@ -151,7 +151,82 @@ struct GPTTransformer : nn::Module {
   std::vector<Block*> blocks;
 };
 
+namespace {
+
+// A pipeline stage of GPT-2 on this tp rank's slices (TensorParallelStage): transformer.wte
+// (first stage; the last too when tied), wpe (first), h.{i} (its blocks), ln_f and lm_head
+// (last), under the full model's names.
+class GPTStage : public TensorParallelStage {
+ public:
+  GPTStage(const nn::GPT& full, GroupPtr pipeline, GroupPtr tensor, GroupPtr model_group)
+      : TensorParallelStage(std::move(pipeline), full, full.config().tie_word_embeddings, tensor,
+                            std::move(model_group)),
+        cfg_(full.config()) {
+    const nn::GPTTransformer& t = full.transformer;
+    const TensorOptions opts = options_of(t.wpe.weight);
+    register_module("transformer", transformer_);
+    if (holds_token_embedding())
+      wte_ = &transformer_.register_module(
+          "wte", std::make_unique<VocabParallelEmbedding>(t.wte.weight, tensor));
+    if (first_stage()) {
+      wpe_ = &transformer_.register_module(
+          "wpe", std::make_unique<nn::Embedding>(t.wpe.weight.size(0), t.wpe.weight.size(1), 0.02,
+                                                 &scratch_, opts));
+      copy_values(*wpe_, t.wpe);
+    }
+    transformer_.register_module("h", h_);
+    for (int64_t i = blocks().begin; i < blocks().end; ++i)
+      blocks_.push_back(
+          &h_.register_module(std::to_string(i), std::make_unique<Block>(*t.blocks[i], tensor)));
+    if (last_stage()) {
+      ln_f_ = &transformer_.register_module(
+          "ln_f", std::make_unique<nn::LayerNorm>(t.ln_f.weight.size(0), t.ln_f.eps,
+                                                  t.ln_f.bias.defined(), opts));
+      copy_values(*ln_f_, t.ln_f);
+    }
+    finish_stage(full, cfg_.n_embd, cfg_.tie_word_embeddings ? Tensor() : full.output_weight());
+  }
+  std::string type_name() const override { return "TensorParallelStageGPT"; }
+
+ private:
+  Tensor embed(const Tensor& idx) override {
+    const Tensor pos = arange(0, static_cast<double>(idx.size(1)), 1.0,
+                              {.dtype = DType::i64, .device = idx.device()});
+    return regions().embed(*wte_, idx) + regions().positions((*wpe_)(pos));
+  }
+  Tensor run_blocks(const Tensor& x) override {
+    Tensor out = x;
+    for (Block* block : blocks_) out = block->forward(out, nullptr, 0, regions());
+    return out;
+  }
+  Tensor final_norm(const Tensor& h) override { return norm(*ln_f_, h, regions()); }
+  VocabParallelEmbedding& token_embedding() const override { return *wte_; }
+  std::unique_ptr<nn::CausalLM> new_full_model() const override {
+    Generator scratch(0);  // overwritten; the default generator is left alone
+    return std::make_unique<nn::GPT>(cfg_, &scratch, options_of(parameters().front()));
+  }
+
+  nn::GPTConfig cfg_;
+  Generator scratch_{0};  // wpe's initial draw (overwritten), kept off the default generator
+  nn::Module transformer_;
+  StageModuleList h_;
+  VocabParallelEmbedding* wte_ = nullptr;
+  nn::Embedding* wpe_ = nullptr;
+  std::vector<Block*> blocks_;  // this stage's, in order
+  nn::LayerNorm* ln_f_ = nullptr;
+};
+
+}  // namespace
+
 }  // namespace tp_detail
+
+std::unique_ptr<PipelineParallelCausalLM> tensor_parallel_stage(const nn::GPT& full,
+                                                                GroupPtr pipeline, GroupPtr tensor,
+                                                                GroupPtr model_group) {
+  check_tensor_parallel(full.config(), tensor ? tensor->size() : 0);
+  return std::make_unique<tp_detail::GPTStage>(full, std::move(pipeline), std::move(tensor),
+                                               std::move(model_group));
+}
 
 TensorParallelGPT::TensorParallelGPT(const nn::GPT& full, GroupPtr group)
     : TensorParallelCausalLM(std::move(group), full), cfg_(full.config()) {

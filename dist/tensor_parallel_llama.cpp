@@ -157,7 +157,73 @@ struct LlamaBody : nn::Module {
   std::vector<DecoderLayer*> decoder_layers;
 };
 
+namespace {
+
+// A pipeline stage of Llama on this tp rank's slices (TensorParallelStage): model.embed_tokens
+// (first stage; the last too when tied), model.layers.{i} (its blocks), model.norm and lm_head
+// (last), under the full model's names.
+class LlamaStage : public TensorParallelStage {
+ public:
+  LlamaStage(const nn::Llama& full, GroupPtr pipeline, GroupPtr tensor, GroupPtr model_group)
+      : TensorParallelStage(std::move(pipeline), full, full.config().tie_word_embeddings, tensor,
+                            std::move(model_group)),
+        cfg_(full.config()) {
+    const nn::LlamaModel& m = full.model;
+    register_module("model", model_);
+    if (holds_token_embedding())
+      embed_tokens_ = &model_.register_module(
+          "embed_tokens", std::make_unique<VocabParallelEmbedding>(m.embed_tokens.weight, tensor));
+    model_.register_module("layers", layers_);
+    for (int64_t i = blocks().begin; i < blocks().end; ++i)
+      layers_of_stage_.push_back(&layers_.register_module(
+          std::to_string(i), std::make_unique<DecoderLayer>(*m.decoder_layers[i], tensor)));
+    if (last_stage()) {
+      norm_ = &model_.register_module(
+          "norm", std::make_unique<nn::RMSNorm>(m.norm.weight.size(0), m.norm.eps,
+                                                options_of(m.norm.weight)));
+      copied(*norm_, m.norm);
+    }
+    finish_stage(full, cfg_.hidden_size,
+                 cfg_.tie_word_embeddings ? Tensor() : full.output_weight());
+  }
+  std::string type_name() const override { return "TensorParallelStageLlama"; }
+
+ private:
+  Tensor embed(const Tensor& idx) override { return regions().embed(*embed_tokens_, idx); }
+  Tensor run_blocks(const Tensor& x) override {
+    const ops::RopeTables rope = ops::rope_tables(0, x.size(1), cfg_.attention_head_dim(),
+                                                  cfg_.rope_theta, x.dtype(), x.device());
+    Tensor out = x;
+    for (DecoderLayer* layer : layers_of_stage_)
+      out = layer->forward(out, rope, 0, nullptr, regions());
+    return out;
+  }
+  Tensor final_norm(const Tensor& h) override { return norm(*norm_, h, regions()); }
+  VocabParallelEmbedding& token_embedding() const override { return *embed_tokens_; }
+  std::unique_ptr<nn::CausalLM> new_full_model() const override {
+    Generator scratch(0);  // overwritten; the default generator is left alone
+    return std::make_unique<nn::Llama>(cfg_, &scratch, options_of(parameters().front()));
+  }
+
+  nn::LlamaConfig cfg_;
+  nn::Module model_;
+  StageModuleList layers_;
+  VocabParallelEmbedding* embed_tokens_ = nullptr;
+  std::vector<DecoderLayer*> layers_of_stage_;
+  nn::RMSNorm* norm_ = nullptr;
+};
+
+}  // namespace
+
 }  // namespace tp_detail
+
+std::unique_ptr<PipelineParallelCausalLM> tensor_parallel_stage(const nn::Llama& full,
+                                                                GroupPtr pipeline, GroupPtr tensor,
+                                                                GroupPtr model_group) {
+  check_tensor_parallel(full.config(), tensor ? tensor->size() : 0);
+  return std::make_unique<tp_detail::LlamaStage>(full, std::move(pipeline), std::move(tensor),
+                                                 std::move(model_group));
+}
 
 TensorParallelLlama::TensorParallelLlama(const nn::Llama& full, GroupPtr group)
     : TensorParallelCausalLM(std::move(group), full), cfg_(full.config()) {

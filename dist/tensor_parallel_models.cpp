@@ -38,38 +38,45 @@ Tensor TensorParallelCausalLM::run_block(
       true, [forward](const Tensor& in) { return forward(in, nn::CheckpointRegion::none); }, x);
 }
 
-void TensorParallelCausalLM::record_shards(const nn::Module& full) {
-  for (const auto& [prefix, module] : named_modules()) {
+TensorShards tensor_parallel_shards(const nn::Module& split, const nn::Module& full, int tp_rank,
+                                    bool every_parameter) {
+  TensorShards shards;
+  for (const auto& [prefix, module] : split.named_modules()) {
     // named_modules names a module "a.b." (or "" for the root): its parameters are "a.b.weight".
     auto name = [&prefix](const char* leaf) {
       return prefix.empty() || prefix.back() == '.' ? prefix + leaf : prefix + "." + leaf;
     };
-    if (auto* column = dynamic_cast<ColumnParallelLinear*>(module)) {
-      shards_[name("weight")].first = column->weight_spec;
-      if (column->bias.defined()) shards_[name("bias")].first = column->bias_spec;
-    } else if (auto* row = dynamic_cast<RowParallelLinear*>(module)) {
-      shards_[name("weight")].first = row->weight_spec;
-    } else if (auto* vocab = dynamic_cast<VocabParallelEmbedding*>(module)) {
-      shards_[name("weight")].first = vocab->spec;
+    if (auto* column = dynamic_cast<const ColumnParallelLinear*>(module)) {
+      shards[name("weight")].first = column->weight_spec;
+      if (column->bias.defined()) shards[name("bias")].first = column->bias_spec;
+    } else if (auto* row = dynamic_cast<const RowParallelLinear*>(module)) {
+      shards[name("weight")].first = row->weight_spec;
+    } else if (auto* vocab = dynamic_cast<const VocabParallelEmbedding*>(module)) {
+      shards[name("weight")].first = vocab->spec;
     }
   }
   std::map<std::string, Tensor> full_params;
   for (const auto& [name, p] : full.named_parameters()) full_params[name] = p;
-  for (const auto& [name, p] : named_parameters()) {
+  for (const auto& [name, p] : split.named_parameters()) {
     auto it = full_params.find(name);
     TESSERA_CHECK(it != full_params.end(), "tensor parallelism: ", name,
                   " is not a parameter of the full model");
-    auto& [spec, shape] = shards_[name];  // a parameter no layer cut is whole
+    auto& [spec, shape] = shards[name];  // a parameter no layer cut is whole
     shape = it->second.shape();
     Shape local = shape;
-    if (!spec.replicated()) local[spec.dim] = spec.local_size(tp_rank());
+    if (!spec.replicated()) local[spec.dim] = spec.local_size(tp_rank);
     TESSERA_CHECK(p.shape() == local, "tensor parallelism: ", name, " is ", shape_str(p.shape()),
-                  " on rank ", tp_rank(), ", its slice of ", shape_str(shape), " is ",
+                  " on rank ", tp_rank, ", its slice of ", shape_str(shape), " is ",
                   shape_str(local));
     full_params.erase(it);
   }
-  TESSERA_CHECK(full_params.empty(), "tensor parallelism: the full model's ",
-                full_params.begin()->first, " has no counterpart");
+  TESSERA_CHECK(!every_parameter || full_params.empty(), "tensor parallelism: the full model's ",
+                full_params.empty() ? "" : full_params.begin()->first, " has no counterpart");
+  return shards;
+}
+
+void TensorParallelCausalLM::record_shards(const nn::Module& full) {
+  shards_ = tensor_parallel_shards(*this, full, tp_rank(), true);
 }
 
 Tensor TensorParallelCausalLM::forward(const Tensor& idx) {
@@ -172,6 +179,34 @@ void TensorParallelCausalLM::load_safetensors_weights(const std::string& path) {
   const std::unique_ptr<nn::CausalLM> full = new_full_model();
   full->load_safetensors_weights(path);
   load_full_state_dict(*full);
+}
+
+TensorParallelStage::TensorParallelStage(GroupPtr pipeline, const nn::CausalLM& full, bool tied,
+                                         GroupPtr tensor, GroupPtr model_group)
+    : PipelineParallelCausalLM(std::move(pipeline), full, tied, std::move(tensor),
+                               std::move(model_group)) {
+  TESSERA_CHECK(tensor_group() != nullptr,
+                "tensor parallelism: no group (this rank is not a member of the one given)");
+}
+
+Tensor TensorParallelStage::head_logits(const Tensor& h) {
+  return gather_from_tensor_parallel_region(head().logits_in_region(regions().enter(final_norm(h))),
+                                            head().vocab_widths(), tensor_group());
+}
+
+Tensor TensorParallelStage::summed_loss(const Tensor& h, const Tensor& targets) {
+  return vocab_parallel_cross_entropy(head().logits_in_region(regions().enter(final_norm(h))),
+                                      targets, head().vocab_begin(), tensor_group(), -100,
+                                      Reduction::Sum);
+}
+
+void TensorParallelStage::finish_stage(const nn::CausalLM& full, int64_t hidden,
+                                       const Tensor& output_weight) {
+  if (last_stage() && output_weight.defined())
+    lm_head_ = &register_module(
+        "lm_head", std::make_unique<VocabParallelEmbedding>(output_weight, tensor_group()));
+  finish_construction(full, hidden,
+                      tensor_parallel_shards(*this, full, tensor_group()->rank(), false));
 }
 
 std::unique_ptr<TensorParallelCausalLM> tensor_parallel(const nn::CausalLM& model, GroupPtr group) {

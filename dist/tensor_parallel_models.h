@@ -31,6 +31,7 @@
 #include <string>
 
 #include "tessera/dist/device_mesh.h"
+#include "tessera/dist/pipeline_parallel.h"
 #include "tessera/dist/tensor_parallel.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/llama.h"
@@ -171,5 +172,51 @@ class TensorParallelLlama : public TensorParallelCausalLM {
 // The tensor-parallel form of `model` (an nn::GPT or nn::Llama; anything else is refused,
 // naming it) over `group` (this rank's tensor-parallel group: tensor_parallel_group).
 std::unique_ptr<TensorParallelCausalLM> tensor_parallel(const nn::CausalLM& model, GroupPtr group);
+
+// ---- tensor-parallel pipeline stages (dist/parallelize.h) ----
+// A pipeline stage (dist/pipeline_parallel.h) whose layers are the tensor-parallel ones above,
+// split over `tensor`: the first stage's token embedding vocabulary-parallel, its blocks split
+// by heads and hidden units (their f/g all-reduces inside every forward and backward of a
+// micro-batch), the last stage's head on the vocabulary rows of this tp rank and the loss the
+// vocabulary-parallel cross-entropy. The activations between stages are whole on every tp rank,
+// so stage s's tp rank t sends them to tp rank t of stage s + 1 (the pipeline group holds the
+// ranks of one tp index). A tied head's copy of the embedding is the same vocabulary rows as the
+// first stage's, and their gradients are all-reduced between the first and the last stage as a
+// pipeline's are.
+class TensorParallelStage : public PipelineParallelCausalLM {
+ protected:
+  TensorParallelStage(GroupPtr pipeline, const nn::CausalLM& full, bool tied, GroupPtr tensor,
+                      GroupPtr model_group);
+  // The last stage's full logits (gathered over the vocabulary): forward()'s.
+  Tensor head_logits(const Tensor& h) override;
+  // The vocabulary-parallel cross-entropy, summed: the logits are never gathered.
+  Tensor summed_loss(const Tensor& h, const Tensor& targets) override;
+  Tensor tied_weight() const override { return token_embedding().weight; }
+  // The last stage's final norm of h [b, T, C] (whole on every rank).
+  virtual Tensor final_norm(const Tensor& h) = 0;
+  // The rows the last stage's logits are computed with: lm_head, or tied the token embedding.
+  VocabParallelEmbedding& head() const { return lm_head_ ? *lm_head_ : token_embedding(); }
+  // The token embedding (first stage; the last too when tied).
+  virtual VocabParallelEmbedding& token_embedding() const = 0;
+  // Tensor parallelism alone between the blocks (no sequence parallelism).
+  Regions regions() const { return {tensor_group(), false}; }
+  // The end of a stage's construction: the last stage's untied head (this rank's rows of
+  // `output_weight`, the full model's; undefined when tied), the cut of every parameter, then
+  // the pipeline's.
+  void finish_stage(const nn::CausalLM& full, int64_t hidden, const Tensor& output_weight);
+
+ private:
+  VocabParallelEmbedding* lm_head_ = nullptr;  // the last stage of an untied model
+};
+
+// `full` cut into the stages of `pipeline` with each stage split over `tensor` (checks as
+// check_tensor_parallel; the pipeline's own by pipeline_parallel's rules, in
+// dist::tensor_parallel_pipeline). Collective over the pipeline and the tp group.
+std::unique_ptr<PipelineParallelCausalLM> tensor_parallel_stage(const nn::GPT& full,
+                                                                GroupPtr pipeline, GroupPtr tensor,
+                                                                GroupPtr model_group);
+std::unique_ptr<PipelineParallelCausalLM> tensor_parallel_stage(const nn::Llama& full,
+                                                                GroupPtr pipeline, GroupPtr tensor,
+                                                                GroupPtr model_group);
 
 }  // namespace tessera::dist

@@ -752,14 +752,38 @@ void ZeroStrategy::finish_gradient_sync() {
   synced_at_us_ = ZeroTrace::enabled() ? ZeroTrace::now_us() : 0;
 }
 
+void ZeroStrategy::sync_accumulated_gradients() {
+  if (!gradient_sync()) return;
+  TESSERA_CHECK(options_.stage <= 2 && !offload_ && !reduces_every_micro_batch(), name(),
+                ": a model that runs its own backwards (a pipeline stage) accumulates its "
+                "micro-batches' gradients locally: ZeRO stage 1 or 2 with accumulation no_sync "
+                "and no offload");
+  // In bucket-slot order on every rank, as DDP: each bucket launches once its last slot is in.
+  for (size_t i = 0; i < buckets_->parameters().size(); ++i)
+    if (!buckets_->is_ready(i)) buckets_->mark_ready(i);
+  finish_gradient_sync();
+}
+
 double ZeroStrategy::clip_grad_norm_(const std::vector<Tensor>&, double max_norm) {
+  return clip_split_grad_norm_(max_norm, nullptr, *shard_group_);
+}
+
+double ZeroStrategy::clip_split_grad_norm_(double max_norm,
+                                           const std::function<bool(const std::string&)>& counts,
+                                           ProcessGroup& model_group) {
   // The slices are disjoint and cover every parameter once (tied weights included).
   // On the buckets' device: NCCL reduces CUDA tensors only.
   const Device device = shards_.empty() ? Device::cpu() : buckets_->buckets().front().device;
+  std::vector<Tensor> counted;
+  for (size_t i = 0; i < pieces_.size(); ++i)
+    if (!counts || counts(buckets_->parameter_names()[piece_layout_[i].param]))
+      counted.push_back(pieces_[i]);
   Tensor total =
-      full({1}, optim::grad_norm_squared(pieces_), {.dtype = DType::f64, .device = device});
-  // Hybrid: the shard group's slices cover the model once (the replicas hold the same).
+      full({1}, optim::grad_norm_squared(counted), {.dtype = DType::f64, .device = device});
+  // Hybrid: the shard group's slices cover the model once (the replicas hold the same). A
+  // split model: then the model group's pieces.
   shard_group_->all_reduce(total, ReduceOp::Sum)->wait();
+  if (counts) model_group.all_reduce(total, ReduceOp::Sum)->wait();
   const double norm = std::sqrt(ops::to(total, Device::cpu(), DType::f64).to_vector<double>()[0]);
   const double factor = max_norm / (norm + 1e-6);
   TESSERA_CHECK(factor >= 1.0 || !(optimizer_ && optimizer_->has_early_steps()), name(),

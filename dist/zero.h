@@ -58,6 +58,7 @@
 // Stages 2 and 3 only; not with offload. Checkpoints are written by shard group 0 (the other
 // groups hold the same values).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -141,7 +142,18 @@ class ZeroStrategy : public DataParallelStrategy {
   // Whether micro-steps inside no_sync are reduce-scattered (see the header).
   bool reduces_every_micro_batch() const;
   void finish_gradient_sync() override;
+  // A pipeline stage's step (its backwards under no_sync, accumulated in the full gradient
+  // buckets): every parameter reported ready, then the buckets' reductions as after one synced
+  // backward. Stages 1 and 2 accumulating locally (GradientAccumulation::no_sync, no offload:
+  // the Accelerator prepares a pipeline so); anything else is refused, naming it.
+  void sync_accumulated_gradients() override;
   double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) override;
+  // Global-norm clipping of a model split over the device mesh (its pieces of the model on
+  // `model_group`): the squares of this rank's slices of the parameters `counts` names (each
+  // counted on one rank of the model group), summed over the dp group and the model group.
+  double clip_split_grad_norm_(double max_norm,
+                               const std::function<bool(const std::string&)>& counts,
+                               ProcessGroup& model_group);
   void after_optimizer_step() override;
   // Collective. After the strategy is destroyed, parameters keep what they last pointed
   // at: the Accelerator gathers them before it lets a stage-3 strategy go.

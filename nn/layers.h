@@ -53,7 +53,7 @@ class Embedding : public Module {
   // row (-1: no padding row).
   void set_padding_idx(int64_t index);
   // Where the lookup's weight gradient goes instead of weight.grad when it accepts (see
-  // EmbeddingGradSink); null: the ordinary backward. DDP sets and clears it.
+  // EmbeddingGradSink); null, or one that accepts nothing: the ordinary backward. DDP sets it.
   std::shared_ptr<EmbeddingGradSink> grad_sink;
 };
 

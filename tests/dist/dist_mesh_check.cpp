@@ -1,7 +1,8 @@
 // Helper program for the device-mesh tests of test_dist: an Accelerator over a mesh of --tp x
 // --pp x dp ranks (dp: what the world leaves) trains a small GPT-2 (tied embeddings) or Llama
-// split over the mesh's tp group (dist::tensor_parallel) or pp group (dist::pipeline_parallel,
-// --micro-batches, 1F1B), prepared with DDP (or --zero 1: ZeRO-1) on the dp axis, each dp rank
+// split over the mesh by dist::parallelize: over the tp group, the pp group (--micro-batches,
+// 1F1B) or both at once (a pipeline of tensor-parallel stages), prepared with DDP (or --zero 1|2:
+// ZeRO-1/2) on the dp axis, each dp rank
 // reading its rows of the global batch of --rows rows through the prepared DataLoader. Every
 // rank trains the same model in one process beside it on the whole batch (plain AdamW, a loader
 // of --rows rows in a world of one): every step's loss (the mean over the dp ranks) and, after
@@ -16,13 +17,21 @@
 // Each rank prints one line ending in "-> OK" (or FAILED, exit 1) with "largest relative
 // difference X in NAME"; an error (the mesh's refusals) as "rank R: refused: MESSAGE" (exit 2).
 //
+// --metrics N: no training; Accelerator::split_between_processes of items 0..N-1 (padded) and
+// gather_for_metrics of each rank's share (rows [item, dp rank]), with and without the padding
+// remembered: every item must come back exactly once, in order, on every rank, and the ranks of
+// one replica (tp and pp peers) must have been given the same share. One line "gather_for_metrics:
+// ... -> OK" per rank.
+//
 // usage: dist_mesh_check --data DIR [--model gpt|llama] [--tp N] [--pp N] [--dp N (-1)]
-//          [--zero 0|1] [--steps S (10)] [--rows G (16)] [--micro-batches M (8)] [--f64]
+//          [--zero 0|1|2] [--steps S (10)] [--rows G (16)] [--micro-batches M (8)] [--f64]
 //          [--rtol R (1e-6)] [--lr LR (1e-3)] [--eps EPS (1e-5)] [--save-at S --save-dir DIR]
 //          [--resume DIR] [--record FILE] [--compare FILE] [--compare-rtol R (0)]
 //          [--clip MAX_NORM (global-norm clipping, both runs; 0: none)]
 //          [--save-model DIR (Accelerator::save_model, read back: the gathered parameters)]
-//          [--whole (prepare the unsplit model: refused on a mesh that splits models)] [--verbose]
+//          [--whole (prepare the unsplit model: refused on a mesh that splits models)]
+//          [--metrics N] [--kv-heads N (Llama's, 4)]
+//          [--flip-tie (GPT-2 with an untied head, Llama with a tied one)] [--verbose]
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -36,6 +45,7 @@
 #include "tessera/data/dataloader.h"
 #include "tessera/data/token_file.h"
 #include "tessera/dist/accelerator.h"
+#include "tessera/dist/parallelize.h"
 #include "tessera/dist/pipeline_parallel.h"
 #include "tessera/dist/tensor_parallel_models.h"
 #include "tessera/optim/clip.h"
@@ -47,9 +57,11 @@ namespace {
 
 struct Options {
   std::string model = "gpt", data, save_dir, resume, record, compare, save_model;
-  int tp = 1, pp = 1, dp = -1, zero = 0, steps = 10, micro_batches = 8, save_at = -1;
+  int tp = 1, pp = 1, dp = -1, zero = 0, steps = 10, micro_batches = 8, save_at = -1, metrics = 0;
+  int kv_heads = 4;  // Llama's
   int64_t rows = 16, tokens = 11, vocab = 97;
   bool f64 = false, verbose = false, whole = false;
+  bool flip_tie = false;  // GPT-2 untied, Llama tied (the defaults the other way round)
   double rtol = 1e-6, lr = 1e-3, eps = 1e-5, compare_rtol = 0, clip = 0;
 };
 
@@ -57,18 +69,22 @@ std::unique_ptr<nn::CausalLM> build(const Options& o) {
   Generator gen(2026);
   std::unique_ptr<nn::CausalLM> model;
   if (o.model == "gpt") {
-    model = std::make_unique<nn::GPT>(
-        nn::GPTConfig{
-            .vocab_size = o.vocab, .block_size = 16, .n_layer = 2, .n_head = 4, .n_embd = 32},
-        &gen);
+    model = std::make_unique<nn::GPT>(nn::GPTConfig{.vocab_size = o.vocab,
+                                                    .block_size = 16,
+                                                    .n_layer = 2,
+                                                    .n_head = 4,
+                                                    .n_embd = 32,
+                                                    .tie_word_embeddings = !o.flip_tie},
+                                      &gen);
   } else {
     model = std::make_unique<nn::Llama>(nn::LlamaConfig{.vocab_size = o.vocab,
                                                         .hidden_size = 32,
                                                         .intermediate_size = 48,
                                                         .num_hidden_layers = 2,
                                                         .num_attention_heads = 8,
-                                                        .num_key_value_heads = 4,
-                                                        .max_position_embeddings = 16},
+                                                        .num_key_value_heads = o.kv_heads,
+                                                        .max_position_embeddings = 16,
+                                                        .tie_word_embeddings = o.flip_tie},
                                         &gen);
   }
   if (o.f64) model->to(DType::f64);
@@ -102,6 +118,51 @@ std::map<std::string, Tensor> whole_parameters(nn::Module& model) {
   return whole;
 }
 
+// --metrics: every item of a padded split comes back once from gather_for_metrics, whatever
+// the mesh (the tp and pp peers of a replica hold the same rows: only the dp axis gathers).
+int check_metrics(const Options& o, dist::Accelerator& acc, dist::ProcessGroup& world) {
+  const dist::DeviceMesh& mesh = acc.mesh();
+  std::vector<int64_t> items(o.metrics);
+  for (int64_t i = 0; i < o.metrics; ++i) items[i] = 1000 + 7 * i;  // not their positions
+  const std::vector<int64_t> mine = acc.split_between_processes(items, /*apply_padding=*/true);
+  std::vector<double> rows;
+  for (int64_t item : mine) rows.insert(rows.end(), {double(item), double(mesh.dp_rank())});
+  const Tensor share =
+      from_vector(rows, {static_cast<int64_t>(mine.size()), 2}, {.dtype = DType::f64});
+  bool ok = true;
+  std::string why;
+  auto expect_items = [&](const Tensor& got, const std::string& what) {
+    std::vector<double> want;
+    for (int64_t item : items) want.push_back(double(item));
+    const Tensor values = ops::contiguous(ops::select(got, 1, 0));
+    if (got.size(0) != o.metrics || values.to_vector<double>() != want) {
+      ok = false;
+      why += " " + what + ": " + std::to_string(got.size(0)) + " rows";
+    }
+  };
+  expect_items(acc.gather_for_metrics(share), "padded split");
+  expect_items(acc.gather_for_metrics(share, o.metrics), "with the total");
+  // The ranks of one replica got the same share: every rank's first item and share size, summed
+  // over the replica's ranks, is tp x pp times its own.
+  const std::vector<double> first = {mine.empty() ? -1.0 : double(mine.front()),
+                                     double(mine.size())};
+  Tensor summed = from_vector(first, {2}, {.dtype = DType::f64});
+  mesh.model_group()->all_reduce(summed)->wait();
+  const double peers = mesh.tp_size() * mesh.pp_size();
+  if (summed.to_vector<double>() != std::vector<double>{first[0] * peers, first[1] * peers}) {
+    ok = false;
+    why += " the replica's ranks were given different shares";
+  }
+  world.barrier()->wait();
+  std::printf(
+      "rank %d: %s; gather_for_metrics of %d items split over the dp axis (%zu here):%s "
+      "every item once -> %s\n",
+      world.rank(), mesh.describe().c_str(), o.metrics, mine.size(), ok ? "" : why.c_str(),
+      ok ? "OK" : "FAILED");
+  acc.end_training();
+  return ok ? 0 : 1;
+}
+
 int check(const Options& o, dist::ProcessGroup& world) {
   TESSERA_CHECK(!o.data.empty(), "--data DIR is needed");
   dist::AcceleratorOptions options;
@@ -112,10 +173,7 @@ int check(const Options& o, dist::ProcessGroup& world) {
   options.pp_size = o.pp;
   dist::Accelerator acc(options);  // refuses a mesh that is not the world before any work
   const dist::DeviceMesh& mesh = acc.mesh();
-  // The mesh's sizes: the flags, else what `tessera launch --tp-size/--pp-size` passed on.
-  const int tp = mesh.tp_size(), pp = mesh.pp_size();
-  TESSERA_CHECK(tp == 1 || pp == 1, "no model here splits over tp and pp at once (tp ", tp, ", pp ",
-                pp, ")");
+  if (o.metrics > 0) return check_metrics(o, acc, world);
   const std::string file = token_file(o, world);
 
   // The one process: the whole batch, plain AdamW, every step (the uninterrupted run).
@@ -133,20 +191,10 @@ int check(const Options& o, dist::ProcessGroup& world) {
   }
 
   // The mesh run.
-  std::unique_ptr<nn::CausalLM> built = build(o);
-  std::unique_ptr<nn::Module> model;
-  dist::PipelineParallelCausalLM* pipeline = nullptr;
-  if (o.whole) {  // the unsplit model on a mesh that splits models: refused
-    model = std::move(built);
-  } else if (tp > 1) {
-    model = dist::tensor_parallel(*built, mesh.tp_group());
-  } else if (pp > 1) {
-    auto pp = dist::pipeline_parallel(*built, mesh.pp_group(), {.micro_batches = o.micro_batches});
-    pipeline = pp.get();
-    model = std::move(pp);
-  } else {
-    model = std::move(built);
-  }
+  // The mesh's sizes: the flags, else what `tessera launch --tp-size/--pp-size` passed on.
+  std::unique_ptr<nn::Module> model =
+      o.whole ? build(o)  // the unsplit model on a mesh that splits models: refused
+              : dist::parallelize(build(o), mesh, {.pipeline = {.micro_batches = o.micro_batches}});
   TESSERA_CHECK(o.rows % mesh.dp_size() == 0, "--rows ", o.rows, " does not split over dp ",
                 mesh.dp_size());
   optim::AdamW opt = parallel_check::adamw(model->parameters(), o.lr, o.eps);
@@ -166,12 +214,7 @@ int check(const Options& o, dist::ProcessGroup& world) {
     Tensor loss;
     {
       dist::AccumulateScope scope = acc.accumulate(*model);
-      if (pipeline) {
-        loss = acc.train_step(*model, [&] { return pipeline->train_step(b.x, b.y); });
-      } else {
-        loss = dynamic_cast<nn::CausalLM&>(*model).loss(b.x, b.y);
-        acc.backward(loss);
-      }
+      loss = dist::mesh_train_step(acc, *model, b.x, b.y);
     }
     if (o.clip > 0) {
       const double norm = acc.clip_grad_norm_(model->parameters(), o.clip);
@@ -252,6 +295,9 @@ int main(int argc, char** argv) {
                                  {"--clip", &o.clip},
                                  {"--save-model", &o.save_model},
                                  {"--whole", &o.whole},
+                                 {"--metrics", &o.metrics},
+                                 {"--kv-heads", &o.kv_heads},
+                                 {"--flip-tie", &o.flip_tie},
                                  {"--verbose", &o.verbose}});
     return check(o, world);
   });

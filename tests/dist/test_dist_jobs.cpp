@@ -549,6 +549,17 @@ TEST(SparseEmbeddingGradients, MatchTheDensePathOn2And3Ranks) {
   }
 }
 
+// A DDP-prepared model with sparse embedding gradients destroyed before its Accelerator: the
+// Accelerator's DDP goes after the modules its sparse sync installed sinks on (it segfaulted in
+// ~SparseEmbeddingSync, which reset the gone modules' sinks).
+TEST(SparseEmbeddingGradients, AModelDestroyedBeforeItsAcceleratorOn2Ranks) {
+  JobResult r = run_job(
+      "env OMP_NUM_THREADS=1 " + launch(2, DIST_SPARSE_EMBEDDING_CHECK) + " --model-first", 120);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output, "model destroyed first, no crash"), 2) << r.output;
+  EXPECT_EQ(count(r.output, "FAILED"), 0) << r.output;
+}
+
 // Training: 10 AdamW steps of the ZeRO check's GPT (tied, accumulation 2, clipping) under DDP
 // with the sparse path against the dense one on 2 ranks. f32: the same losses and gradient
 // norms up to rounding; bf16 (gradients reduced in bf16): the first step's norm agrees to

@@ -117,14 +117,22 @@ TEST(TensorParallel, VocabParallelCrossEntropyOfOneRankIsCrossEntropy) {
   const Tensor logits = randn({3, 5, 13}, {}, &gen);
   Tensor targets = randint(0, 13, {3, 5}, {.dtype = DType::i64}, &gen);
   ops::fill_(ops::narrow(ops::narrow(targets, 0, 1, 1), 1, 2, 2), -100.0);
-  Tensor a = ops::clone(logits).requires_grad_(), b = ops::clone(logits).requires_grad_();
-  Tensor want = cross_entropy(a, targets);
-  Tensor got = dist::vocab_parallel_cross_entropy(b, targets, 0, group);
-  want.backward();
-  got.backward();
-  EXPECT_NEAR(got.item(), want.item(), 1e-6 * std::fabs(want.item()));
-  const auto ga = a.grad().to_vector<float>(), gb = b.grad().to_vector<float>();
-  for (size_t i = 0; i < ga.size(); ++i) EXPECT_NEAR(gb[i], ga[i], 1e-7) << i;
+  // The mean (the default) and the sum (a pipeline stage's micro-batch) over the 13 targets
+  // that count, against cross_entropy's.
+  for (Reduction reduction : {Reduction::Mean, Reduction::Sum}) {
+    Tensor a = ops::clone(logits).requires_grad_(), b = ops::clone(logits).requires_grad_();
+    Tensor want = cross_entropy(a, targets, -100, reduction);
+    Tensor got = dist::vocab_parallel_cross_entropy(b, targets, 0, group, -100, reduction);
+    want.backward();
+    got.backward();
+    EXPECT_NEAR(got.item(), want.item(), 1e-6 * std::fabs(want.item()));
+    const auto ga = a.grad().to_vector<float>(), gb = b.grad().to_vector<float>();
+    for (size_t i = 0; i < ga.size(); ++i) EXPECT_NEAR(gb[i], ga[i], 1e-6) << i;
+  }
+  EXPECT_NE(error_of([&] {
+              dist::vocab_parallel_cross_entropy(logits, targets, 0, group, -100, Reduction::None);
+            }).find("reduces to the mean or the sum over the targets, not per target"),
+            std::string::npos);
 }
 
 // A group of one that counts what it is asked to do: calls and payload bytes (the tensor
