@@ -26,8 +26,26 @@ Tensor gelu(const Tensor& x) {
 }
 
 // PyTorch's order of operations, x * 0.5 * (1 + erf(x * (1 / sqrt 2))), so the f32 results
-// round alike; the gradient is the composition's, Phi(x) + x phi(x) up to rounding.
-Tensor gelu_erf(const Tensor& x) { return x * 0.5 * (1.0 + erf(x * M_SQRT1_2)); }
+// round alike; the gradient is the composition's, Phi(x) + x phi(x) up to rounding. Where the
+// device has the fused entries (gelu_erf_takes) one kernel each way computes the same formula
+// (core/activation_math.h: in f32 the composition's bits; 16-bit dtypes round once) instead of
+// five element-wise passes forward and more backward.
+Tensor gelu_erf(const Tensor& x) {
+  if (!gelu_erf_takes(x)) return x * 0.5 * (1.0 + erf(x * M_SQRT1_2));
+  const FusedKernelTable& fused = fused_kernel_table(x.device().type);
+  Tensor y = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+  fused.gelu_erf_forward(x, y);
+  if (!autograd::any_requires_grad({x})) return y;
+  record("GeluErfBackward", {x}, {y},
+         [sx = SavedTensor::input(x), backward = fused.gelu_erf_backward](const BackwardArgs& a) {
+           const Tensor x = sx.unpack("GeluErfBackward");
+           const Tensor dy = ops::contiguous(ops::to(a.grad(), x.device(), x.dtype()));
+           Tensor dx = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+           backward(dy, x, dx);
+           return Grads{dx};
+         });
+  return y;
+}
 
 Tensor silu(const Tensor& x) {
   Tensor s = ops::unary(UnaryOp::Sigmoid, x);

@@ -224,7 +224,7 @@ void require_masked_kernels(const Tensor& q, MaskedAttentionKernels kernels) {
 // `dropout`, the flash kernels that drop the probabilities (whatever the backend); the backward
 // regenerates the mask from the draw's (seed, offset).
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                       const std::optional<AttentionDropout>& dropout = std::nullopt,
+                       const std::optional<DropoutDraw>& dropout = std::nullopt,
                        const FusedMasking& masking = {}) {
   const AttentionBackend backend = attention_backend();
   // The caller's usual y.transpose(1, 2).reshape({B, T, H * D}) costs no copy (nor does its
@@ -282,7 +282,7 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
 // The dropout on q k^T's probabilities that composed dropout would draw: the same Philox
 // numbers, reserved from the generator in the same amount, so both routes drop the same
 // probabilities and leave the generator in the same state.
-AttentionDropout draw_attention_dropout(const Tensor& q, const Tensor& k, double dropout_p,
+DropoutDraw draw_attention_dropout(const Tensor& q, const Tensor& k, double dropout_p,
                                         Generator* gen) {
   Generator& g = gen ? *gen : default_generator();
   const uint64_t probabilities =
@@ -291,7 +291,7 @@ AttentionDropout draw_attention_dropout(const Tensor& q, const Tensor& k, double
 }
 
 // draw_attention_dropout for dropout_p > 0; none for 0.
-std::optional<AttentionDropout> maybe_draw_attention_dropout(const Tensor& q, const Tensor& k,
+std::optional<DropoutDraw> maybe_draw_attention_dropout(const Tensor& q, const Tensor& k,
                                                              double dropout_p, Generator* gen) {
   if (dropout_p == 0) return std::nullopt;
   return draw_attention_dropout(q, k, dropout_p, gen);

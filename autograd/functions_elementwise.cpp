@@ -3,6 +3,8 @@
 // autograd/functions_activation.cpp.)
 #include "tessera/autograd/function_util.h"
 #include "tessera/autograd/functions.h"
+#include "tessera/core/random.h"
+#include "tessera/kernels/fused_table.h"
 
 namespace tessera {
 
@@ -296,6 +298,26 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   TESSERA_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got ", p);
   if (!training || p == 0.0) return x;
+  // Where the device has the fused entries (dropout_takes): one pass that draws the mask from
+  // the numbers rand() would have drawn here (the same blocks reserved) and multiplies, and one
+  // pass back that draws it again: the composition's bits, no mask kept.
+  if (dropout_takes(x)) {
+    Generator& g = gen ? *gen : default_generator();
+    const DropoutDraw draw{p, g.seed(), g.reserve((static_cast<uint64_t>(x.numel()) + 3) / 4)};
+    const FusedKernelTable& fused = fused_kernel_table(x.device().type);
+    Tensor y = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+    if (x.numel() > 0) fused.dropout_forward(x, draw, y);
+    if (!autograd::any_requires_grad({x})) return y;
+    record("DropoutBackward", {x}, {y},
+           [draw, backward = fused.dropout_backward, device = x.device(),
+            dtype = x.dtype()](const BackwardArgs& a) {
+             const Tensor dy = ops::contiguous(ops::to(a.grad(), device, dtype));
+             Tensor dx = empty(dy.shape(), {.dtype = dy.dtype(), .device = dy.device()});
+             if (dx.numel() > 0) backward(dy, draw, dx);
+             return Grads{dx};
+           });
+    return y;
+  }
   // mask = keep / (1 - p) in x's dtype; the same mask scales the gradient.
   Tensor uniform = rand(x.shape(), {.dtype = DType::f32, .device = x.device()}, gen);
   Tensor keep = mask_as(ops::binary(BinaryOp::Ge, uniform, p), x.dtype());

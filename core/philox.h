@@ -74,4 +74,9 @@ inline uint64_t dropout_keep_from(double p) {
   }
   return lo;
 }
+// Whether a dropout with draw (seed, offset) keeps element i: the uniform number i, rounded to
+// f32, is >= p, tested as word i >= keep_from = dropout_keep_from(p) (above).
+TESSERA_HD bool dropout_keeps(uint64_t seed, uint64_t offset, uint64_t i, uint64_t keep_from) {
+  return philox4x32_10(seed, offset + i / 4).v[i % 4] >= keep_from;
+}
 }  // namespace tessera

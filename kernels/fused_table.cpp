@@ -41,6 +41,10 @@ void silence_cpu_row(bool fused_routes) {
   make_size_only_noop(t.cudnn_attention_forward);
   make_size_only_noop(t.cudnn_attention_backward);
   make_size_only_noop(t.global_grad_norm, fused_routes);
+  make_size_only_noop(t.dropout_forward, fused_routes);
+  make_size_only_noop(t.dropout_backward, fused_routes);
+  make_size_only_noop(t.gelu_erf_forward, fused_routes);
+  make_size_only_noop(t.gelu_erf_backward, fused_routes);
   // The in-place updates always: the CPU's own AdamW and scaling loops would write every
   // parameter and moment (committing the memory this mode exists not to use), and in place
   // they allocate nothing either way.
@@ -75,6 +79,38 @@ bool swiglu_takes(const Tensor& gate, const Tensor& up) {
   return fused.swiglu_forward != nullptr && fused.swiglu_backward != nullptr &&
          gate.shape() == up.shape() && gate.dtype() == up.dtype() && gate.device() == up.device() &&
          is_floating(gate.dtype()) && gate.is_contiguous() && up.is_contiguous();
+}
+
+namespace {
+bool elementwise_route_takes(const Tensor& x, bool has_entries) {
+  return has_entries && x.defined() && is_floating(x.dtype()) && x.is_contiguous();
+}
+}  // namespace
+
+bool dropout_takes(const Tensor& x) {
+  if (!x.defined()) return false;
+  const FusedKernelTable& fused = fused_kernel_table(x.device().type);
+  return elementwise_route_takes(x, fused.dropout_forward && fused.dropout_backward);
+}
+
+bool gelu_erf_takes(const Tensor& x) {
+  if (!x.defined()) return false;
+  const FusedKernelTable& fused = fused_kernel_table(x.device().type);
+  return elementwise_route_takes(x, fused.gelu_erf_forward && fused.gelu_erf_backward);
+}
+
+// The composition's mask is keep * (1 / (1 - p)) with the scalar filled into x's dtype (f32
+// first for the 16-bit ones, as every conversion from double does), and keep alone for p = 1.
+double dropout_kept_scale(double p, DType dtype) {
+  if (p >= 1.0) return 1.0;
+  const double s = 1.0 / (1.0 - p);
+  switch (dtype) {
+    case DType::f64: return s;
+    case DType::f32: return static_cast<float>(s);
+    case DType::bf16: return static_cast<float>(BFloat16(static_cast<float>(s)));
+    case DType::f16: return static_cast<float>(Half(static_cast<float>(s)));
+    default: TESSERA_FAIL("dropout: needs a floating dtype, got ", dtype_name(dtype));
+  }
 }
 
 bool linear_gelu_takes(const Tensor& x2d, const Tensor& w_fc, const Tensor& b_fc,

@@ -70,12 +70,14 @@ inline void adamw_replay_scalars(const MultiTensorAdamWConfig& config, float* ou
   out[2] = c.bias_correction2_sqrt;
 }
 
-// Dropout on the attention probabilities, drawn inside the flash kernels. Element u (row-major
-// index into the [B, H, T, T] probabilities) is kept when core/philox.h's uniform number u of a
-// draw starting at block `offset` under `seed`, rounded to f32, is >= p, and a kept probability
-// is scaled by 1 / (1 - p) in f32: the mask that dropout(softmax(...), p) draws with rand() from
-// the same generator state (dropout_keep_from gives the kernels that test on the 32-bit word).
-struct AttentionDropout {
+// A dropout mask drawn inside a kernel: element u (row-major index into the tensor dropped:
+// the [B, H, T, T] attention probabilities, or any contiguous activation) is kept when
+// core/philox.h's uniform number u of a draw starting at block `offset` under `seed`, rounded
+// to f32, is >= p: the mask that dropout(x, p) draws with rand() from the same generator state
+// (dropout_keep_from gives the kernels that test on the 32-bit word). The attention kernels
+// scale a kept probability by 1 / (1 - p) in f32; the element-wise entries below by
+// dropout_kept_scale.
+struct DropoutDraw {
   double p = 0;  // in (0, 1)
   uint64_t seed = 0, offset = 0;
 };
@@ -113,6 +115,20 @@ struct FusedKernelTable {
   void (*swiglu_forward)(const Tensor& gate, const Tensor& up, const Tensor& out) = nullptr;
   void (*swiglu_backward)(const Tensor& dout, const Tensor& gate, const Tensor& up,
                           const Tensor& dgate, const Tensor& dup) = nullptr;
+
+  // ---- dropout in one pass each way, out = x * mask and dx = dy * mask, where element i's
+  // mask is dropout_kept_scale(p, dtype) when `draw` keeps it and 0 otherwise: the bits of
+  // dropout's composition (rand, compare, scale, multiply) from the same generator state. The
+  // backward draws the mask again instead of reading a saved one. x, out (dy, dx) contiguous,
+  // of one shape and floating dtype; p in (0, 1].
+  void (*dropout_forward)(const Tensor& x, const DropoutDraw& draw, const Tensor& out) = nullptr;
+  void (*dropout_backward)(const Tensor& dy, const DropoutDraw& draw, const Tensor& dx) = nullptr;
+
+  // ---- the exact GELU (core/activation_math.h), BERT's, one pass each way: out = gelu(x),
+  // dx = dy * gelu'(x), in f32 for 16- and 32-bit dtypes (f64 for f64). Contiguous operands of
+  // one shape and floating dtype.
+  void (*gelu_erf_forward)(const Tensor& x, const Tensor& out) = nullptr;
+  void (*gelu_erf_backward)(const Tensor& dy, const Tensor& x, const Tensor& dx) = nullptr;
 
   // ---- the residual add of a pre-norm block fused into RMSNorm (ops::residual_rms_norm):
   // residual_out = x + residual (rounded to the dtype) and out = rms_norm(residual_out, w) with
@@ -163,11 +179,11 @@ struct FusedKernelTable {
   // The same with dropout on the probabilities (the mask of `dropout`, above); the backward
   // regenerates it from the same (seed, offset).
   void (*flash_attention_dropout_forward)(const Tensor& q, const Tensor& k, const Tensor& v,
-                                          double scale, const AttentionDropout& dropout,
+                                          double scale, const DropoutDraw& dropout,
                                           const Tensor& out, const Tensor& lse) = nullptr;
   void (*flash_attention_dropout_backward)(const Tensor& q, const Tensor& k, const Tensor& v,
                                            const Tensor& out, const Tensor& dout, const Tensor& lse,
-                                           double scale, const AttentionDropout& dropout,
+                                           double scale, const DropoutDraw& dropout,
                                            const Tensor& dq, const Tensor& dk,
                                            const Tensor& dv) = nullptr;
   // ---- attention beyond causal self-attention in the hand-written flash kernels: `causal` or
@@ -188,13 +204,13 @@ struct FusedKernelTable {
   void (*flash_masked_attention_dropout_forward)(const Tensor& q, const Tensor& k, const Tensor& v,
                                                  double scale, bool causal,
                                                  const Tensor& kv_lengths,
-                                                 const AttentionDropout& dropout, const Tensor& out,
+                                                 const DropoutDraw& dropout, const Tensor& out,
                                                  const Tensor& lse) = nullptr;
   void (*flash_masked_attention_dropout_backward)(const Tensor& q, const Tensor& k, const Tensor& v,
                                                   const Tensor& out, const Tensor& dout,
                                                   const Tensor& lse, double scale, bool causal,
                                                   const Tensor& kv_lengths,
-                                                  const AttentionDropout& dropout, const Tensor& dq,
+                                                  const DropoutDraw& dropout, const Tensor& dq,
                                                   const Tensor& dk, const Tensor& dv) = nullptr;
   // True when cuDNN attention can run here; otherwise false and *reason says why.
   bool (*cudnn_attention_available)(std::string* reason) = nullptr;
@@ -250,6 +266,15 @@ bool fused_linear_operands(const Tensor& x2d, const Tensor& w, const Tensor& bia
 // swiglu(gate, up) in one kernel each way: the device has both entries and gate, up are
 // contiguous, of one shape, floating dtype and device.
 bool swiglu_takes(const Tensor& gate, const Tensor& up);
+
+// dropout(x, p) and the exact GELU in one kernel each way: the device has both entries of the
+// route and x is contiguous with a floating dtype.
+bool dropout_takes(const Tensor& x);
+bool gelu_erf_takes(const Tensor& x);
+// What a kept element of dropout(x, p) is multiplied by: 1 / (1 - p) rounded to `dtype` as
+// ops::binary rounds a scalar operand, so that the fused entries multiply by what the
+// composition's mask holds (1 for p = 1, where nothing is kept); exact in double.
+double dropout_kept_scale(double p, DType dtype);
 
 // GPT-2's MLP gelu(x2d @ w_fc + b_fc) @ w_proj + b_proj with the GELU in the GEMMs'
 // epilogues: the device has the entries and both GEMMs take their operands (f64 included:

@@ -38,7 +38,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
   -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
   > "$OUT/configure.log" 2>&1
-targets=(test_cuda test_nn test_autograd test_cli tessera_cli bench_cuda_kernels bench_gpt2_train bench_llama_train)
+targets=(test_cuda test_nn test_autograd test_cli test_kernels tessera_cli bench_cuda_kernels bench_gpt2_train bench_llama_train)
 [[ $MODE == ladders ]] && targets=(tessera_ladders)
 if ! cmake --build build-gpu -j "$JOBS" --target "${targets[@]}" > "$OUT/build.log" 2>&1; then
   grep -E "error|FAILED" "$OUT/build.log" | head -40
@@ -57,9 +57,10 @@ if [[ $MODE == test || $MODE == all || $MODE == quick ]]; then
   rc=$?
   grep -E "FAILED|Failure|error|expected|Which is|got" "$OUT/test.log" | head -60
   summary+=("test_cuda: rc=$rc, $(grep -E '^\[  PASSED  \]' "$OUT/test.log" | head -1) $(grep -E '^\[  FAILED  \].*tests?, listed' "$OUT/test.log" | head -1)")
-  # The GPU tests of the other suites (GPT on CUDA, PyTorch parity, CUDA gradients, attention).
-  gpu_filter='*Cuda*:*CUDA*:*Gpu*:*GPU*:GPTParity.*:*Flash*:*Attention*:*Qkv*:*HuggingFace*'
-  for suite in nn autograd cli; do
+  # The GPU tests of the other suites (GPT on CUDA, PyTorch parity, CUDA gradients, attention,
+  # the fused element-wise routes on both devices).
+  gpu_filter='*Cuda*:*CUDA*:*Gpu*:*GPU*:GPTParity.*:*Flash*:*Attention*:*Qkv*:*HuggingFace*:FusedDropout.*:FusedGeluErf.*'
+  for suite in nn autograd cli kernels; do
     program=$(find build-gpu/tests -name "test_$suite" -type f | head -1)
     "$program" --gtest_brief=1 --gtest_filter="$gpu_filter" > "$OUT/test_$suite.log" 2>&1
     rc=$?

@@ -263,7 +263,7 @@ AttnShape check_forward(const char* op, const Tensor& q, const Tensor& k, const 
 // which keys each query sees (plain causal by default).
 void launch_mma_sync_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                              const Tensor& out, const Tensor& lse, const AttnShape& s,
-                             cudaStream_t stream, const AttentionDropout* dropout = nullptr,
+                             cudaStream_t stream, const DropoutDraw* dropout = nullptr,
                              KeyMask mask = {}) {
   const dim3 grid(static_cast<unsigned>((s.T + kFwdQueries - 1) / kFwdQueries),
                   static_cast<unsigned>(s.B * s.H));
@@ -325,7 +325,7 @@ void flash_attention_forward_mma_sync(const Tensor& q, const Tensor& k, const Te
 }
 
 void flash_attention_dropout_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                     double scale, const AttentionDropout& dropout,
+                                     double scale, const DropoutDraw& dropout,
                                      const Tensor& out, const Tensor& lse) {
   const AttnShape s = check_forward("flash_attention_dropout_forward", q, k, v, out, lse);
   if (q.numel() == 0) return;
@@ -350,7 +350,7 @@ void flash_masked_attention_forward(const Tensor& q, const Tensor& k, const Tens
 
 void flash_masked_attention_dropout_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                             double scale, bool causal, const Tensor& kv_lengths,
-                                            const AttentionDropout& dropout, const Tensor& out,
+                                            const DropoutDraw& dropout, const Tensor& out,
                                             const Tensor& lse) {
   const char* op = "flash_masked_attention_dropout_forward";
   const AttnShape s = check_forward(op, q, k, v, out, lse);

@@ -341,7 +341,7 @@ void launch_mma_sync_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& lse, const Tensor& delta, double scale,
                               const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const AttnShape& s, cudaStream_t stream,
-                              const AttentionDropout* dropout, KeyMask mask) {
+                              const DropoutDraw* dropout, KeyMask mask) {
   const unsigned tiles = static_cast<unsigned>((s.T + kTile - 1) / kTile);
   const dim3 dq_grid(tiles, static_cast<unsigned>(s.B * s.H));     // per query head
   const dim3 dkv_grid(tiles, static_cast<unsigned>(s.B * s.Hkv));  // per key/value head
@@ -394,7 +394,7 @@ void column_sums_of_heads(const Tensor& dq, const Tensor& dk, const Tensor& dv,
 void run_backward(const char* op, BackwardKernels which, const Tensor& q, const Tensor& k,
                   const Tensor& v, const Tensor& out, const Tensor& dout, const Tensor& lse,
                   double scale, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                  const Tensor& dbias = Tensor(), const AttentionDropout* dropout = nullptr,
+                  const Tensor& dbias = Tensor(), const DropoutDraw* dropout = nullptr,
                   bool causal = true, const Tensor& kv_lengths = Tensor()) {
   const AttnShape s = check_inputs(op, q, k, v, false);
   if (kv_lengths.defined()) check_kv_lengths(op, kv_lengths, s, q.device());
@@ -507,7 +507,7 @@ void flash_attention_backward_mma_sync(const Tensor& q, const Tensor& k, const T
 
 void flash_attention_dropout_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& out, const Tensor& dout, const Tensor& lse,
-                                      double scale, const AttentionDropout& dropout,
+                                      double scale, const DropoutDraw& dropout,
                                       const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   run_backward("flash_attention_dropout_backward", BackwardKernels::mma_sync, q, k, v, out, dout,
                lse, scale, dq, dk, dv, Tensor(), &dropout);
@@ -528,7 +528,7 @@ void flash_masked_attention_backward(const Tensor& q, const Tensor& k, const Ten
 void flash_masked_attention_dropout_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& out, const Tensor& dout, const Tensor& lse,
                                              double scale, bool causal, const Tensor& kv_lengths,
-                                             const AttentionDropout& dropout, const Tensor& dq,
+                                             const DropoutDraw& dropout, const Tensor& dq,
                                              const Tensor& dk, const Tensor& dv) {
   run_backward("flash_masked_attention_dropout_backward", BackwardKernels::mma_sync, q, k, v, out,
                dout, lse, scale, dq, dk, dv, Tensor(), &dropout, causal, kv_lengths);

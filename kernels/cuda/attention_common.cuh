@@ -26,7 +26,7 @@ struct HeadLayout {
 
 inline HeadLayout layout_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
-// Dropout on the probabilities (kernels/fused_table.h's AttentionDropout, as the kernels take
+// Dropout on the probabilities (kernels/fused_table.h's DropoutDraw, as the kernels take
 // it): probability (b, h, row, key) is multiplied by factor(), 1 / (1 - p) where it is kept and 0
 // where it is dropped. The mask is a pure function of the element's index, so the backward
 // regenerates what the forward drew.
@@ -58,7 +58,7 @@ struct DropoutMask {
   }
 };
 
-inline DropoutMask dropout_mask(const AttentionDropout& d, int64_t heads, int64_t seq_len) {
+inline DropoutMask dropout_mask(const DropoutDraw& d, int64_t heads, int64_t seq_len) {
   TESSERA_CHECK(d.p > 0 && d.p < 1, "attention dropout: the probability must lie in (0, 1), got ",
                 d.p);
   return {d.seed, d.offset, static_cast<uint32_t>(dropout_keep_from(d.p)),

@@ -83,6 +83,14 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out);
 void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, const Tensor& dgate,
                      const Tensor& dup);
 
+// ---- dropout and the exact GELU, one pass each way (kernels/cuda/fused_elementwise.cu):
+// FusedKernelTable's dropout_* and gelu_erf_* contracts (kernels/fused_table.h). Contiguous
+// floating tensors of one shape and dtype on one CUDA device.
+void dropout_forward(const Tensor& x, const DropoutDraw& draw, const Tensor& out);
+void dropout_backward(const Tensor& dy, const DropoutDraw& draw, const Tensor& dx);
+void gelu_erf_forward(const Tensor& x, const Tensor& out);
+void gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx);
+
 // ---- causal attention, flash-attention style (O(T) memory) ----
 // q, out (and dout, dq of the backward): [B, H, T, D]; k, v (and dk, dv): [B, Hkv, T, D]
 // with Hkv dividing H (grouped-query attention: query head h reads key/value head
@@ -139,17 +147,17 @@ void flash_attention_backward_mma_sync(const Tensor& q, const Tensor& k, const T
 // contract above); when not and why_not is given, the reason.
 bool flash_attention_backward_uses_sm90(const Tensor& q, const Tensor& k, const Tensor& v,
                                         const Tensor& dout, std::string* why_not = nullptr);
-// Flash attention with dropout on the probabilities (kernels/fused_table.h's AttentionDropout:
+// Flash attention with dropout on the probabilities (kernels/fused_table.h's DropoutDraw:
 // the mask dropout(softmax(...), p) draws from the same generator state), forward and backward,
 // on the mma.sync kernels on every GPU (the Hopper and cuDNN kernels draw no dropout). The
 // contract of flash_attention_forward / flash_attention_backward; the backward takes the
 // forward's `dropout` and regenerates its mask.
 void flash_attention_dropout_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                     double scale, const AttentionDropout& dropout,
+                                     double scale, const DropoutDraw& dropout,
                                      const Tensor& out, const Tensor& lse);
 void flash_attention_dropout_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& out, const Tensor& dout, const Tensor& lse,
-                                      double scale, const AttentionDropout& dropout,
+                                      double scale, const DropoutDraw& dropout,
                                       const Tensor& dq, const Tensor& dk, const Tensor& dv);
 // Attention beyond causal self-attention on the mma.sync kernels (every GPU): `causal` or not
 // (bidirectional), and keys padded on the right when kv_lengths is defined (i32 [B], contiguous,
@@ -176,12 +184,12 @@ void flash_masked_attention_backward(const Tensor& q, const Tensor& k, const Ten
 // plain causal included, runs the mma.sync kernels.
 void flash_masked_attention_dropout_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                             double scale, bool causal, const Tensor& kv_lengths,
-                                            const AttentionDropout& dropout, const Tensor& out,
+                                            const DropoutDraw& dropout, const Tensor& out,
                                             const Tensor& lse);
 void flash_masked_attention_dropout_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& out, const Tensor& dout, const Tensor& lse,
                                              double scale, bool causal, const Tensor& kv_lengths,
-                                             const AttentionDropout& dropout, const Tensor& dq,
+                                             const DropoutDraw& dropout, const Tensor& dq,
                                              const Tensor& dk, const Tensor& dv);
 // The readable reference: materialises the [T, T] scores per (b, h) in f32. Any head size;
 // out any non-overlapping view with the head dim contiguous.

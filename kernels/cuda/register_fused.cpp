@@ -37,6 +37,10 @@ const bool registered = [] {
   t.multi_tensor_scale = multi_tensor_scale_;
   t.swiglu_forward = swiglu_forward;
   t.swiglu_backward = swiglu_backward;
+  t.dropout_forward = dropout_forward;
+  t.dropout_backward = dropout_backward;
+  t.gelu_erf_forward = gelu_erf_forward;
+  t.gelu_erf_backward = gelu_erf_backward;
   t.multi_tensor_clip = multi_tensor_clip_;
   t.scale_by_device_scalar_ = scale_by_device_scalar_;
   return true;

@@ -64,7 +64,7 @@ TEST(AttentionDropoutCuda, KernelsMatchFloat64WithTheMaskOfTheSamePhiloxNumbers)
                  v = heads_of(to_gpu(v_host)), dout = heads_of(to_gpu(dout_host));
     const double scale = 1.0 / std::sqrt(double(c.D));
     // An offset that is not a multiple of anything the kernels tile by.
-    const AttentionDropout dropout{c.p, 0x5eed0000ull + uint64_t(c.T), 1234567};
+    const DropoutDraw dropout{c.p, 0x5eed0000ull + uint64_t(c.T), 1234567};
     const std::vector<double> mask =
         host_mask(B * c.H * c.T * c.T, c.p, dropout.seed, dropout.offset);
     int64_t dropped = 0, causal = 0;  // among the probabilities the causal mask leaves
