@@ -163,20 +163,15 @@ void print_traffic(const PlanArgs& a, const dist::MemoryPlan& p) {
     std::printf(
         "tensor parallel over %d ranks: %lld all-reduces a step (4L + 4 = %lld per micro-batch) "
         "of %lld bytes in all (N·d = %lld tokens x %lld channels each, and the loss's 3N "
-        "values); a ring sends about %.0f bytes a rank
-",
+        "values); a ring sends about %.0f bytes a rank\n",
         a.tp_size, (long long)p.tp_traffic.collectives, (long long)(4 * a.n_layer + 4),
         (long long)p.tp_traffic.bytes, (long long)tokens / a.grad_accum, (long long)a.n_embd,
         2.0 * (a.tp_size - 1) / a.tp_size * static_cast<double>(p.tp_traffic.bytes));
-    std::printf("tp_collectives_per_step %lld
-tp_collective_bytes_per_step %lld
-",
+    std::printf("tp_collectives_per_step %lld\ntp_collective_bytes_per_step %lld\n",
                 (long long)p.tp_traffic.collectives, (long long)p.tp_traffic.bytes);
   }
-  std::printf("dp_collective_bytes_per_step %lld
-", (long long)p.dp_traffic.bytes);
-  std::printf("rank_parameter_bytes %lld
-",
+  std::printf("dp_collective_bytes_per_step %lld\n", (long long)p.dp_traffic.bytes);
+  std::printf("rank_parameter_bytes %lld\n",
               (long long)p.steady[static_cast<int>(MemoryCategory::Parameters)]);
 }
 
@@ -184,29 +179,23 @@ tp_collective_bytes_per_step %lld
 void print_pipeline_plan(const PlanArgs& a) {
   const std::vector<dist::PipelineStagePlan> stages = dist::plan_pipeline_stages(plan_options(a));
   std::printf("plan: GPT %lld layers, %lld heads, %lld channels, vocab %lld in %d pipeline stages "
-              "(x %d dp replicas, DDP), %s, %lldx%lld rows a rank in %d micro-batches
-",
+              "(x %d dp replicas, DDP), %s, %lldx%lld rows a rank in %d micro-batches\n",
               (long long)a.n_layer, (long long)a.n_head, (long long)a.n_embd, (long long)a.vocab,
               a.pp_size, a.nproc / a.pp_size, a.dtype.c_str(), (long long)a.batch,
               (long long)a.seq, a.micro_batches);
-  std::printf("%-8s %8s %12s %12s %12s %12s %14s %10s %14s
-", "stage", "blocks", "parameters",
+  std::printf("%-8s %8s %12s %12s %12s %12s %14s %10s %14s\n", "stage", "blocks", "parameters",
               "params GiB", "grads GiB", "optim GiB", "sends a step", "bytes", "tied all-red.");
   for (const dist::PipelineStagePlan& s : stages) {
     const std::string blocks = std::to_string(s.blocks_begin) + ".." + std::to_string(s.blocks_end - 1);
-    std::printf("%-8d %8s %12lld %12.3f %12.3f %12.3f %14lld %10lld %14lld
-", s.stage,
+    std::printf("%-8d %8s %12lld %12.3f %12.3f %12.3f %14lld %10lld %14lld\n", s.stage,
                 blocks.c_str(), (long long)s.parameters, gib(s.parameter_bytes),
                 gib(s.gradient_bytes), gib(s.optimizer_bytes), (long long)s.sends.collectives,
                 (long long)s.sends.bytes, (long long)s.tied_all_reduce_bytes);
   }
   std::printf("(activations are not predicted for a pipeline yet: 1F1B holds at most pp_size - s "
-              "micro-batches' on stage s, AFAB all of them)
-");
+              "micro-batches' on stage s, AFAB all of them)\n");
   for (const dist::PipelineStagePlan& s : stages)
-    std::printf("stage_parameter_bytes %d %lld
-stage_send_bytes_per_step %d %lld
-", s.stage,
+    std::printf("stage_parameter_bytes %d %lld\nstage_send_bytes_per_step %d %lld\n", s.stage,
                 (long long)s.parameter_bytes, s.stage, (long long)s.sends.bytes);
 }
 
