@@ -54,8 +54,8 @@ struct MemoryPlanOptions {
   bool saves_checkpoints = true;
   // The device mesh (dist/mesh_split.h) of `world` ranks: tp_size > 1 splits the model as the
   // run does (dist::split_over_mesh over a size-only mesh; the whole model released after it),
-  // DDP or ZeRO-1/2 on the dp axis of world / tp_size ranks; rank 0's piece is planned (the
-  // largest: an odd vocabulary's extra row is rank 0's). pp_size > 1: plan_pipeline_stages.
+  // DDP or ZeRO-1/2 on the dp axis of world / tp_size ranks; rank 0's piece is planned (an
+  // uneven vocabulary gives the last ranks one row more). pp_size > 1: plan_pipeline_stages.
   int tp_size = 1, pp_size = 1;
   int pipeline_micro_batches = 1;
 };

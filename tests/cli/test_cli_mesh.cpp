@@ -248,3 +248,59 @@ TEST(CliMesh, BadMeshesAreRefusedBeforeAnyWorkNamingTheNumbers) {
 }
 
 }  // namespace
+
+namespace {
+
+// `tessera plan --tp-size 2` / `--pp-size 2` on 4 ranks against a real 4-rank run's
+// --memory-report: every rank's parameter bytes within 2% of the plan's (the dry run splits the
+// model with the run's own split; a pipeline's stages are cut by its own pipeline_stage_blocks).
+// The tensor-parallel traffic is checked against docs/mesh.md's count: 4L + 4 all-reduces a step,
+// 4L + 2 of N·d values and the loss's N and 2N.
+TEST(CliMesh, PlanPerRankParametersMatchAMeasuredRunWithinTwoPercent) {
+  const int64_t layers = 4, embd = 128, seq = 32, batch = 2, vocab = 301;
+  const std::string shape = " --n-layer 4 --n-head 4 --n-embd 128 --seq 32 --batch 2 ";
+  for (const std::string& mesh : {std::string("--tp-size 2"), std::string("--pp-size 2 --micro-batches 2")}) {
+    SCOPED_TRACE(mesh);
+    const bool tp = mesh.starts_with("--tp");
+    const std::string out = tp ? "mesh_plan_tp" : "mesh_plan_pp";
+    auto r = run(launch(4) + "train --data " + (prepared("byte") / "train.bin").string() + shape +
+                 " --vocab-size 301 --steps 2 --memory-report --out " + (scratch() / out).string() +
+                 " " + mesh);
+    ASSERT_EQ(r.rc, 0) << r.output;
+    std::vector<double> measured;
+    for (int rank = 0; rank < 4; ++rank)
+      measured.push_back(numbers_after(r.output, "rank " + std::to_string(rank) + " peak", 1)[0] *
+                         (1 << 20));
+    const auto plan = run("plan --device cpu --nproc 4 --vocab " + std::to_string(vocab) + shape +
+                          mesh);
+    ASSERT_EQ(plan.rc, 0) << plan.output;
+    for (int rank = 0; rank < 4; ++rank) {
+      // Megatron's order: tp rank = rank % 2 (tp2 x dp2), stage = rank % 2 (pp2 x dp2).
+      const double predicted =
+          tp ? numbers_after(plan.output, "rank_parameter_bytes", 1)[0]
+             : numbers_after(plan.output, "stage_parameter_bytes " + std::to_string(rank % 2), 1)[0];
+      std::printf("[ plan ] %s: rank %d parameters predicted %.0f bytes, measured %.0f (%.3f%%)\n",
+                  mesh.c_str(), rank, predicted, measured[rank],
+                  100 * std::fabs(predicted - measured[rank]) / measured[rank]);
+      EXPECT_NEAR(predicted, measured[rank], 0.02 * measured[rank]) << plan.output << r.output;
+    }
+    if (tp) {
+      const int64_t n = batch * seq;
+      EXPECT_EQ(numbers_after(plan.output, "tp_collectives_per_step", 1)[0], 4 * layers + 4);
+      EXPECT_EQ(numbers_after(plan.output, "tp_collective_bytes_per_step", 1)[0],
+                ((4 * layers + 2) * n * embd + 3 * n) * 4);
+    } else {  // each stage sends one [1, 32, 128] f32 activation (or its gradient) a micro-batch
+      for (int stage = 0; stage < 2; ++stage)
+        EXPECT_EQ(numbers_after(plan.output, "stage_send_bytes_per_step " + std::to_string(stage), 1)[0],
+                  2 * (batch / 2) * seq * embd * 4);
+    }
+  }
+  // A mesh the plan cannot lay out is refused naming the numbers.
+  const auto bad = run("plan --device cpu --nproc 4 --tp-size 3" + shape);
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.output.find("tp_size 3 x pp_size 1 = 3 does not divide the world size 4"),
+            std::string::npos)
+      << bad.output;
+}
+
+}  // namespace
