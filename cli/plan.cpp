@@ -178,22 +178,24 @@ void print_traffic(const PlanArgs& a, const dist::MemoryPlan& p) {
 // --pp-size > 1: each stage's kept state and sends (dist::plan_pipeline_stages).
 void print_pipeline_plan(const PlanArgs& a) {
   const std::vector<dist::PipelineStagePlan> stages = dist::plan_pipeline_stages(plan_options(a));
-  std::printf("plan: GPT %lld layers, %lld heads, %lld channels, vocab %lld in %d pipeline stages "
-              "(x %d dp replicas, DDP), %s, %lldx%lld rows a rank in %d micro-batches\n",
-              (long long)a.n_layer, (long long)a.n_head, (long long)a.n_embd, (long long)a.vocab,
-              a.pp_size, a.nproc / a.pp_size, a.dtype.c_str(), (long long)a.batch,
-              (long long)a.seq, a.micro_batches);
+  std::printf(
+      "plan: GPT %lld layers, %lld heads, %lld channels, vocab %lld in %d pipeline stages "
+      "(x %d dp replicas, DDP), %s, %lldx%lld rows a rank in %d micro-batches\n",
+      (long long)a.n_layer, (long long)a.n_head, (long long)a.n_embd, (long long)a.vocab, a.pp_size,
+      a.nproc / a.pp_size, a.dtype.c_str(), (long long)a.batch, (long long)a.seq, a.micro_batches);
   std::printf("%-8s %8s %12s %12s %12s %12s %14s %10s %14s\n", "stage", "blocks", "parameters",
               "params GiB", "grads GiB", "optim GiB", "sends a step", "bytes", "tied all-red.");
   for (const dist::PipelineStagePlan& s : stages) {
-    const std::string blocks = std::to_string(s.blocks_begin) + ".." + std::to_string(s.blocks_end - 1);
+    const std::string blocks =
+        std::to_string(s.blocks_begin) + ".." + std::to_string(s.blocks_end - 1);
     std::printf("%-8d %8s %12lld %12.3f %12.3f %12.3f %14lld %10lld %14lld\n", s.stage,
                 blocks.c_str(), (long long)s.parameters, gib(s.parameter_bytes),
                 gib(s.gradient_bytes), gib(s.optimizer_bytes), (long long)s.sends.collectives,
                 (long long)s.sends.bytes, (long long)s.tied_all_reduce_bytes);
   }
-  std::printf("(activations are not predicted for a pipeline yet: 1F1B holds at most pp_size - s "
-              "micro-batches' on stage s, AFAB all of them)\n");
+  std::printf(
+      "(activations are not predicted for a pipeline yet: 1F1B holds at most pp_size - s "
+      "micro-batches' on stage s, AFAB all of them)\n");
   for (const dist::PipelineStagePlan& s : stages)
     std::printf("stage_parameter_bytes %d %lld\nstage_send_bytes_per_step %d %lld\n", s.stage,
                 (long long)s.parameter_bytes, s.stage, (long long)s.sends.bytes);
@@ -552,9 +554,10 @@ const RegisterCommand reg(
         TESSERA_CHECK((a->tp_size == 1 && a->pp_size == 1) || (!a->all_strategies && !a->fit),
                       "tessera plan: --tp-size/--pp-size plan one mesh; drop --all-strategies / "
                       "--fit");
-        TESSERA_CHECK(a->pp_size == 1 || a->grad_accum == 1, "tessera plan: --pp-size ",
-                      a->pp_size, ": a pipeline's micro-batches are its accumulation; use "
-                      "--micro-batches instead of --grad-accum ", a->grad_accum);
+        TESSERA_CHECK(a->pp_size == 1 || a->grad_accum == 1, "tessera plan: --pp-size ", a->pp_size,
+                      ": a pipeline's micro-batches are its accumulation; use "
+                      "--micro-batches instead of --grad-accum ",
+                      a->grad_accum);
         const Capacity capacity = device_capacity(*a);
         TESSERA_CHECK(!(a->fit && a->all_strategies), "tessera plan: --fit and --all-strategies are two "
                       "reports; ask for one");

@@ -194,8 +194,10 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
                 ") is planned by plan_pipeline_stages");
   TESSERA_CHECK(o.tp_size == 1 || (o.zero_stage < 3 && !o.offload_optimizer && !o.offload_param &&
                                    o.hybrid_shard_size == 0),
-                "plan_memory: tp_size ", o.tp_size, " runs DDP or ZeRO-1/2 on the dp axis, "
-                "without offload or hybrid sharding (zero_stage ", o.zero_stage, ")");
+                "plan_memory: tp_size ", o.tp_size,
+                " runs DDP or ZeRO-1/2 on the dp axis, "
+                "without offload or hybrid sharding (zero_stage ",
+                o.zero_stage, ")");
   const MixedPrecisionPolicy policy = MixedPrecisionPolicy::from_name(o.mixed_precision, o.reduce_dtype);
   SizeOnlyMode size_only(o.gpu_routes);
   const int64_t before = category_memory_stats(DeviceType::CPU).total_in_use() +
@@ -280,10 +282,14 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
 
 std::vector<PipelineStagePlan> plan_pipeline_stages(const MemoryPlanOptions& o) {
   const MeshShape shape = resolve_mesh_shape({.tp = o.tp_size, .pp = o.pp_size}, o.world);
-  TESSERA_CHECK(shape.tp == 1 && shape.pp > 1, "plan_pipeline_stages: needs pp_size > 1 and "
-                "tp_size 1 (the mesh ", shape.str(), ")");
-  TESSERA_CHECK(o.zero_stage == 0, "plan_pipeline_stages: a pipeline trains under DDP on the dp "
-                "axis, not ZeRO-", o.zero_stage);
+  TESSERA_CHECK(shape.tp == 1 && shape.pp > 1,
+                "plan_pipeline_stages: needs pp_size > 1 and "
+                "tp_size 1 (the mesh ",
+                shape.str(), ")");
+  TESSERA_CHECK(o.zero_stage == 0,
+                "plan_pipeline_stages: a pipeline trains under DDP on the dp "
+                "axis, not ZeRO-",
+                o.zero_stage);
   check_pipeline_parallel(o.model.n_layer, shape.pp, "GPT-2");
   check_micro_batches(o.pipeline_micro_batches, o.batch);
   const MixedPrecisionPolicy policy =
@@ -322,7 +328,8 @@ std::vector<PipelineStagePlan> plan_pipeline_stages(const MemoryPlanOptions& o) 
     st.parameter_bytes = kept.parameters;
     st.gradient_bytes = kept.gradients;
     st.optimizer_bytes = kept.optimizer;
-    const int64_t sends = (last ? 0 : o.pipeline_micro_batches) + (first ? 0 : o.pipeline_micro_batches);
+    const int64_t sends =
+        (last ? 0 : o.pipeline_micro_batches) + (first ? 0 : o.pipeline_micro_batches);
     st.sends = {sends, sends * activation_bytes};
     if (tied && (first || last))
       st.tied_all_reduce_bytes = o.model.vocab_size * o.model.n_embd * p_bytes;

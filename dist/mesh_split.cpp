@@ -35,8 +35,7 @@ void check_mesh_split(const nn::CausalLM& model, const MeshShape& shape,
   const auto* gpt = dynamic_cast<const nn::GPT*>(&model);
   const auto* llama = dynamic_cast<const nn::Llama*>(&model);
   TESSERA_CHECK(gpt || llama, "the device mesh ", shape.str(),
-                " splits the model, but only GPT-2 and Llama can be split, not ",
-                model.describe());
+                " splits the model, but only GPT-2 and Llama can be split, not ", model.describe());
   TESSERA_CHECK(!gpt || gpt->config().dropout == 0, "the device mesh ", shape.str(),
                 " splits the model, which runs without dropout (the ranks' draws could not be "
                 "one process's); GPT-2's dropout is ",

@@ -63,16 +63,16 @@ void check_mesh_settings(const TrainingArguments& args, int world_size) {
        {std::tuple{"tp_size", "TESSERA_TP_SIZE", args.tp_size},
         std::tuple{"pp_size", "TESSERA_PP_SIZE", args.pp_size}}) {
     const std::string launched = dist::env_string(variable);
-    TESSERA_CHECK(launched.empty() || launched == std::to_string(value), "tessera train: ",
-                  args.describe(key), " is ", value, " but the launch environment (", variable,
-                  ", tessera launch --", key[0], "p-size) asks for ", launched,
-                  "; give the size in one place");
+    TESSERA_CHECK(launched.empty() || launched == std::to_string(value),
+                  "tessera train: ", args.describe(key), " is ", value,
+                  " but the launch environment (", variable, ", tessera launch --", key[0],
+                  "p-size) asks for ", launched, "; give the size in one place");
   }
   const dist::MeshShape shape = mesh_shape(args, world_size);
   const dist::MeshSplit split = dist::mesh_split_of(shape);
   if (split == dist::MeshSplit::none) return;
-  const std::string mesh = "tessera train: the device mesh " + shape.str() + " (" +
-                           dist::mesh_split_name(split) + ")";
+  const std::string mesh =
+      "tessera train: the device mesh " + shape.str() + " (" + dist::mesh_split_name(split) + ")";
   const int stage = dist::resolved_zero_stage(accelerator_options(args, true));
   TESSERA_CHECK(stage != 3, mesh, " runs DDP or ZeRO-1/2 on the dp axis, but ",
                 args.describe("zero_stage"),
@@ -81,24 +81,28 @@ void check_mesh_settings(const TrainingArguments& args, int world_size) {
                 args.describe("offload"), " is ", args.offload);
   TESSERA_CHECK(args.hybrid_shard_size == -1, mesh, " does not support hybrid sharding, but ",
                 args.describe("hybrid_shard_size"), " is ", args.hybrid_shard_size);
-  TESSERA_CHECK(stage == 0 || args.max_grad_norm == 0, mesh, " clips the split model's gradients "
-                "under DDP only, but ", args.describe("zero_stage"), " is ", stage, " and ",
-                args.describe("max_grad_norm"), " is ", args.max_grad_norm,
-                "; use zero_stage 0 or max_grad_norm 0");
-  TESSERA_CHECK(args.sample_every == 0, mesh, " splits the model over ranks, so the main process "
-                "alone cannot sample from it; ", args.describe("sample_every"), " must be 0 (got ",
-                args.sample_every, ")");
-  TESSERA_CHECK(args.dropout == 0, mesh, " runs the split model without dropout (the ranks' "
-                "draws could not be one process's); ", args.describe("dropout"), " is ",
-                args.dropout);
+  TESSERA_CHECK(stage == 0 || args.max_grad_norm == 0, mesh,
+                " clips the split model's gradients "
+                "under DDP only, but ",
+                args.describe("zero_stage"), " is ", stage, " and ", args.describe("max_grad_norm"),
+                " is ", args.max_grad_norm, "; use zero_stage 0 or max_grad_norm 0");
+  TESSERA_CHECK(args.sample_every == 0, mesh,
+                " splits the model over ranks, so the main process "
+                "alone cannot sample from it; ",
+                args.describe("sample_every"), " must be 0 (got ", args.sample_every, ")");
+  TESSERA_CHECK(args.dropout == 0, mesh,
+                " runs the split model without dropout (the ranks' "
+                "draws could not be one process's); ",
+                args.describe("dropout"), " is ", args.dropout);
   if (split != dist::MeshSplit::pipeline_parallel) return;
   TESSERA_CHECK(stage == 0, mesh, " trains its stages under DDP on the dp axis, but ",
                 args.describe("zero_stage"), " is ", stage);
-  TESSERA_CHECK(!args.fp16, mesh, " does not support fp16 loss scaling (",
-                args.describe("fp16"), "); use bf16 or fp32");
+  TESSERA_CHECK(!args.fp16, mesh, " does not support fp16 loss scaling (", args.describe("fp16"),
+                "); use bf16 or fp32");
   TESSERA_CHECK(args.gradient_accumulation_steps == 1, mesh, ": ",
                 args.describe("gradient_accumulation_steps"), " is ",
-                args.gradient_accumulation_steps, ", but a pipeline's micro-batches are its "
+                args.gradient_accumulation_steps,
+                ", but a pipeline's micro-batches are its "
                 "accumulation: set pipeline_micro_batches (--micro-batches) instead");
   TESSERA_CHECK(!args.gradient_checkpointing, mesh, " does not support ",
                 args.describe("gradient_checkpointing"));

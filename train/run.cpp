@@ -261,13 +261,13 @@ std::vector<ArgumentLayer> with_launch_settings(const std::vector<ArgumentLayer>
   if (!launched.empty()) {
     TESSERA_CHECK(launched == "no" || launched == "bf16" || launched == "fp16",
                   "TESSERA_MIXED_PRECISION (set by tessera launch --mixed-precision) must be no, "
-                  "bf16 or fp16 (got \"", launched, "\")");
+                  "bf16 or fp16 (got \"",
+                  launched, "\")");
     all.push_back({Json{{"dtype", launched == "no" ? "fp32" : launched}},
                    "tessera launch --mixed-precision"});
   }
-  for (const auto& [variable, key, flag] :
-       {std::tuple{"TESSERA_TP_SIZE", "tp_size", "--tp-size"},
-        std::tuple{"TESSERA_PP_SIZE", "pp_size", "--pp-size"}})
+  for (const auto& [variable, key, flag] : {std::tuple{"TESSERA_TP_SIZE", "tp_size", "--tp-size"},
+                                            std::tuple{"TESSERA_PP_SIZE", "pp_size", "--pp-size"}})
     if (!dist::env_string(variable).empty())
       all.push_back({Json{{key, static_cast<int64_t>(dist::env_integer(variable, 1, 1, 65536))}},
                      std::string("tessera launch ") + flag});

@@ -178,7 +178,8 @@ Trainer::~Trainer() = default;
 
 int64_t Trainer::tokens_per_step() const {
   // validate() bounds the product without the world size (2^40) and a world is far below 2^23.
-  return task_->units_per_micro_batch() * args_.gradient_accumulation_steps * acc_->mesh().dp_size();
+  return task_->units_per_micro_batch() * args_.gradient_accumulation_steps *
+         acc_->mesh().dp_size();
 }
 
 void Trainer::train() {
@@ -331,11 +332,10 @@ Trainer::StepResult Trainer::training_step() {
     result.grad_norm = device_clip(params);
   } else {
     // A split model's norm sums its pieces over its group (an unbounded max_norm only measures).
-    const double norm =
-        args_.max_grad_norm > 0 ? acc_->clip_grad_norm_(params, args_.max_grad_norm)
-        : !acc_->mesh().data_parallel_only()
-            ? acc_->clip_grad_norm_(params, std::numeric_limits<double>::infinity())
-            : optim::grad_norm(params);
+    const double norm = args_.max_grad_norm > 0 ? acc_->clip_grad_norm_(params, args_.max_grad_norm)
+                        : !acc_->mesh().data_parallel_only()
+                            ? acc_->clip_grad_norm_(params, std::numeric_limits<double>::infinity())
+                            : optim::grad_norm(params);
     result.grad_norm = full({1}, norm, {.dtype = DType::f64});
   }
   result.lr = optimizer_->lr();

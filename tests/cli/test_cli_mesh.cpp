@@ -101,10 +101,9 @@ void expect_same_run(const std::string& what, const fs::path& run, const fs::pat
     const auto ref = tessera::load_safetensors((reference / "model" / "model.safetensors").string(),
                                                {.memory_map = false})
                          .tensors;
-    const auto mine =
-        tessera::load_safetensors((run / "model" / "model.safetensors").string(),
-                                  {.memory_map = false})
-            .tensors;
+    const auto mine = tessera::load_safetensors((run / "model" / "model.safetensors").string(),
+                                                {.memory_map = false})
+                          .tensors;
     ASSERT_EQ(mine.size(), ref.size());
     for (const auto& [name, value] : ref) {
       ASSERT_TRUE(mine.count(name)) << name;
@@ -122,20 +121,23 @@ void expect_same_run(const std::string& what, const fs::path& run, const fs::pat
       worst_weight, worst_name.c_str());
 }
 
+// Runs `command`, which must succeed and print `line`.
+RunResult run_printing(const std::string& command, const std::string& line) {
+  RunResult r = run(command);
+  EXPECT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
+  return r;
+}
+
 TEST(CliMesh, TensorAndPipelineParallelTrainingEqualsOneProcess) {
   auto r = run(train("mesh_one") + kSteps + "--batch 4 --save-every 5");
   ASSERT_EQ(r.rc, 0) << r.output;
-  r = run(launch(4) + train("mesh_tp") + kSteps + "--batch 2 --tp-size 2 --save-every 5");
-  ASSERT_EQ(r.rc, 0) << r.output;
-  EXPECT_NE(r.output.find("device mesh: dp 2 x tp 2 x pp 1, the model tensor parallel"),
-            std::string::npos)
-      << r.output;
+  r = run_printing(launch(4) + train("mesh_tp") + kSteps + "--batch 2 --tp-size 2 --save-every 5",
+                   "device mesh: dp 2 x tp 2 x pp 1, the model tensor parallel");
   expect_same_run("GPT-2 tp2 x dp2", scratch() / "mesh_tp", scratch() / "mesh_one");
-  r = run(launch(4) + train("mesh_pp") + kSteps + "--batch 2 --pp-size 2 --micro-batches 2");
-  ASSERT_EQ(r.rc, 0) << r.output;
-  EXPECT_NE(r.output.find("device mesh: dp 2 x tp 1 x pp 2, the model in pipeline stages"),
-            std::string::npos)
-      << r.output;
+  r = run_printing(
+      launch(4) + train("mesh_pp") + kSteps + "--batch 2 --pp-size 2 --micro-batches 2",
+      "device mesh: dp 2 x tp 1 x pp 2, the model in pipeline stages");
   expect_same_run("GPT-2 pp2 x dp2", scratch() / "mesh_pp", scratch() / "mesh_one");
 
   // The tp2 x dp2 checkpoint of step 5 (full tensors under the full model's names) continues in
@@ -146,15 +148,15 @@ TEST(CliMesh, TensorAndPipelineParallelTrainingEqualsOneProcess) {
           (scratch() / "mesh_tp_resumed_one").string());
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
-  expect_same_run("tp2 x dp2 checkpoint-5 resumed at tp1 x dp1",
-                  scratch() / "mesh_tp_resumed_one", scratch() / "mesh_one", 5);
+  expect_same_run("tp2 x dp2 checkpoint-5 resumed at tp1 x dp1", scratch() / "mesh_tp_resumed_one",
+                  scratch() / "mesh_one", 5);
   // And the one-process checkpoint continues as a pipeline.
   r = run(launch(4) + "train --resume " + (scratch() / "mesh_one" / "checkpoint-5").string() +
           " --pp-size 2 --micro-batches 2 --batch 2 --out " +
           (scratch() / "mesh_one_resumed_pp").string());
   ASSERT_EQ(r.rc, 0) << r.output;
-  expect_same_run("tp1 x dp1 checkpoint-5 resumed at pp2 x dp2",
-                  scratch() / "mesh_one_resumed_pp", scratch() / "mesh_one", 5);
+  expect_same_run("tp1 x dp1 checkpoint-5 resumed at pp2 x dp2", scratch() / "mesh_one_resumed_pp",
+                  scratch() / "mesh_one", 5);
 }
 
 TEST(CliMesh, LlamaSplitsOverTensorAndPipelineParallelMeshes) {
@@ -179,14 +181,16 @@ TEST(CliMesh, ConfigFileKeysAndTheLaunchSizesSetTheMesh) {
   const fs::path one = scratch() / "mesh_config_one";
   auto r = run(train("mesh_config_one") + kSteps + "--batch 4");
   ASSERT_EQ(r.rc, 0) << r.output;
-  const std::string yaml = write("mesh_pp.yaml",
-                                 "pp_size: 2\npipeline_micro_batches: 2\npipeline_schedule: "
-                                 "afab\nper_device_train_batch_size: 2\nper_device_eval_batch_size: 4\n");
+  const std::string yaml =
+      write("mesh_pp.yaml",
+            "pp_size: 2\npipeline_micro_batches: 2\npipeline_schedule: "
+            "afab\nper_device_train_batch_size: 2\nper_device_eval_batch_size: 4\n");
   r = run(launch(4) + train("mesh_config_pp", kGpt, false) + kSteps + "--config " + yaml);
   ASSERT_EQ(r.rc, 0) << r.output;
   expect_same_run("YAML pp_size 2, pipeline_micro_batches 2, afab", scratch() / "mesh_config_pp",
-              one);
-  const auto saved = nlohmann::json::parse(slurp(scratch() / "mesh_config_pp" / "config.train.json"));
+                  one);
+  const auto saved =
+      nlohmann::json::parse(slurp(scratch() / "mesh_config_pp" / "config.train.json"));
   EXPECT_EQ(saved["pp_size"], 2);
   EXPECT_EQ(saved["pipeline_micro_batches"], 2);
   EXPECT_EQ(saved["pipeline_schedule"], "afab");
@@ -198,9 +202,8 @@ TEST(CliMesh, ConfigFileKeysAndTheLaunchSizesSetTheMesh) {
   ASSERT_EQ(r.rc, 0) << r.output;
   expect_same_run("JSON parallelism_config tp_size 2 x dp_replicate_size 2",
                   scratch() / "mesh_config_tp", one);
-  r = run(launch(4, "--tp-size 2") + train("mesh_launch_tp") + kSteps + "--batch 2");
-  ASSERT_EQ(r.rc, 0) << r.output;
-  EXPECT_NE(r.output.find("device mesh: dp 2 x tp 2 x pp 1"), std::string::npos) << r.output;
+  r = run_printing(launch(4, "--tp-size 2") + train("mesh_launch_tp") + kSteps + "--batch 2",
+                   "device mesh: dp 2 x tp 2 x pp 1");
   expect_same_run("tessera launch --tp-size 2", scratch() / "mesh_launch_tp", one);
 }
 
@@ -231,9 +234,12 @@ TEST(CliMesh, BadMeshesAreRefusedBeforeAnyWorkNamingTheNumbers) {
       {"", "--tp-size 0", "\"tp_size\" must be from 1 to 65536 (got 0)"},
       {"", "--config " + write("mesh_cp.json", R"({"parallelism_config": {"cp_size": 2}})"),
        "cp_size 2 asks for context parallelism"},
-      {"", "--config " + write("mesh_shard.json", R"({"parallelism_config": {"dp_shard_size": 2}})"),
+      {"",
+       "--config " + write("mesh_shard.json", R"({"parallelism_config": {"dp_shard_size": 2}})"),
        "dp_shard_size 2 asks for FSDP sharding"},
-      {"", "--config " + write("mesh_both.json", R"({"parallelism_config": {"tp_size": 2}, "tp_size": 2})"),
+      {"",
+       "--config " +
+           write("mesh_both.json", R"({"parallelism_config": {"tp_size": 2}, "tp_size": 2})"),
        "set the same setting"},
   };
   for (const auto& [prefix, flags, message] : cases) {
@@ -259,7 +265,8 @@ namespace {
 TEST(CliMesh, PlanPerRankParametersMatchAMeasuredRunWithinTwoPercent) {
   const int64_t layers = 4, embd = 128, seq = 32, batch = 2, vocab = 301;
   const std::string shape = " --n-layer 4 --n-head 4 --n-embd 128 --seq 32 --batch 2 ";
-  for (const std::string& mesh : {std::string("--tp-size 2"), std::string("--pp-size 2 --micro-batches 2")}) {
+  for (const std::string& mesh :
+       {std::string("--tp-size 2"), std::string("--pp-size 2 --micro-batches 2")}) {
     SCOPED_TRACE(mesh);
     const bool tp = mesh.starts_with("--tp");
     const std::string out = tp ? "mesh_plan_tp" : "mesh_plan_pp";
@@ -271,14 +278,15 @@ TEST(CliMesh, PlanPerRankParametersMatchAMeasuredRunWithinTwoPercent) {
     for (int rank = 0; rank < 4; ++rank)
       measured.push_back(numbers_after(r.output, "rank " + std::to_string(rank) + " peak", 1)[0] *
                          (1 << 20));
-    const auto plan = run("plan --device cpu --nproc 4 --vocab " + std::to_string(vocab) + shape +
-                          mesh);
+    const auto plan =
+        run("plan --device cpu --nproc 4 --vocab " + std::to_string(vocab) + shape + mesh);
     ASSERT_EQ(plan.rc, 0) << plan.output;
     for (int rank = 0; rank < 4; ++rank) {
       // Megatron's order: tp rank = rank % 2 (tp2 x dp2), stage = rank % 2 (pp2 x dp2).
       const double predicted =
           tp ? numbers_after(plan.output, "rank_parameter_bytes", 1)[0]
-             : numbers_after(plan.output, "stage_parameter_bytes " + std::to_string(rank % 2), 1)[0];
+             : numbers_after(plan.output, "stage_parameter_bytes " + std::to_string(rank % 2),
+                             1)[0];
       std::printf("[ plan ] %s: rank %d parameters predicted %.0f bytes, measured %.0f (%.3f%%)\n",
                   mesh.c_str(), rank, predicted, measured[rank],
                   100 * std::fabs(predicted - measured[rank]) / measured[rank]);
@@ -291,8 +299,9 @@ TEST(CliMesh, PlanPerRankParametersMatchAMeasuredRunWithinTwoPercent) {
                 ((4 * layers + 2) * n * embd + 3 * n) * 4);
     } else {  // each stage sends one [1, 32, 128] f32 activation (or its gradient) a micro-batch
       for (int stage = 0; stage < 2; ++stage)
-        EXPECT_EQ(numbers_after(plan.output, "stage_send_bytes_per_step " + std::to_string(stage), 1)[0],
-                  2 * (batch / 2) * seq * embd * 4);
+        EXPECT_EQ(
+            numbers_after(plan.output, "stage_send_bytes_per_step " + std::to_string(stage), 1)[0],
+            2 * (batch / 2) * seq * embd * 4);
     }
   }
   // A mesh the plan cannot lay out is refused naming the numbers.
