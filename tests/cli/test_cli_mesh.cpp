@@ -207,6 +207,43 @@ TEST(CliMesh, ConfigFileKeysAndTheLaunchSizesSetTheMesh) {
   expect_same_run("tessera launch --tp-size 2", scratch() / "mesh_launch_tp", one);
 }
 
+// load_best_model_at_end on a mesh: every rank reads the best checkpoint's full weights and
+// keeps its piece (a pipeline through a gathered whole model), so the exported model is that
+// checkpoint's, tensor for tensor. greater_is_better makes the highest loss the best: an
+// early checkpoint, not the final weights.
+TEST(CliMesh, LoadBestModelAtEndRestoresTheCheckpointOnEveryPiece) {
+  for (const std::string& mesh :
+       {std::string("--tp-size 2"), std::string("--pp-size 2 --micro-batches 2")}) {
+    SCOPED_TRACE(mesh);
+    const std::string out = mesh.starts_with("--tp") ? "mesh_best_tp" : "mesh_best_pp";
+    const std::string config =
+        write(out + ".json", R"({"load_best_model_at_end": true, "eval_steps": 3, "save_steps": 3,
+                          "per_device_eval_batch_size": 4, "save_total_limit": 5,
+                          "greater_is_better": true})");
+    const auto r =
+        run_printing(launch(4) + train(out, kGpt, false) + " --steps 7 --eval-batches 2 " +
+                         "--batch 2 --config " + config + " " + mesh,
+                     "loaded the best model");
+    const auto state =
+        nlohmann::json::parse(slurp(scratch() / out / "checkpoint-7" / "trainer_state.json"));
+    const std::string best = state["best_model_checkpoint"];
+    ASSERT_FALSE(best.empty()) << r.output;
+    const auto want =
+        tessera::load_safetensors((scratch() / out / best / "model.safetensors").string(),
+                                  {.memory_map = false})
+            .tensors;
+    const auto got =
+        tessera::load_safetensors((scratch() / out / "model" / "model.safetensors").string(),
+                                  {.memory_map = false})
+            .tensors;
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [name, value] : want)
+      EXPECT_EQ(relative_difference(got.at(name), value), 0) << name;
+    std::printf("[ mesh ] %s: load_best_model_at_end restored %s (%zu tensors exactly)\n",
+                mesh.c_str(), best.c_str(), want.size());
+  }
+}
+
 TEST(CliMesh, BadMeshesAreRefusedBeforeAnyWorkNamingTheNumbers) {
   const std::string fast = " --steps 2 --batch 4 ";
   const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
