@@ -505,15 +505,20 @@ void Trainer::check_world_size_of(const fs::path& checkpoint) const {
   const int64_t replicas = acc_->mesh().dp_size();
   if (saved_world <= 0 || saved_rows <= 0 || saved_rows == replicas * batch) return;
   if (saved_world == world && acc_->mesh().data_parallel_only()) return;
+  // "process(es)" on a mesh of data parallelism alone, where the replicas are the processes.
+  const std::string replica_word =
+      acc_->mesh().data_parallel_only() ? " process(es)" : " dp replica(s)";
   const std::string keep = saved_rows % replicas == 0
                                ? "keep the global batch of " + std::to_string(saved_rows) +
                                      " rows (--batch " + std::to_string(saved_rows / replicas) +
-                                     " on " + std::to_string(replicas) + " dp replica(s))"
+                                     " on " + std::to_string(replicas) + replica_word + ")"
                                : "run on " + std::to_string(saved_world) + " processes";
-  TESSERA_FAIL("checkpoint '", checkpoint.string(), "' was written by ", saved_world,
-               " processes (", saved_rows, " rows per micro-step) but this job has ", world,
-               " process(es) in ", replicas, " dp replica(s) of ", batch, " rows (",
-               replicas * batch, " per micro-step): the global batch changed; to resume, ", keep);
+  TESSERA_FAIL(
+      "checkpoint '", checkpoint.string(), "' was written by ", saved_world, " processes (",
+      saved_rows, " rows per micro-step) but this job has ", world, " process(es)",
+      acc_->mesh().data_parallel_only() ? "" : " in " + std::to_string(replicas) + " dp replicas",
+      " of ", batch, " rows (", replicas * batch, " per micro-step): the ",
+      saved_world != world ? "world size" : "global batch", " changed; to resume, ", keep);
 }
 
 void Trainer::resume_from(const fs::path& checkpoint) {
