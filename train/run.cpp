@@ -414,14 +414,18 @@ int run_training(const TrainingArguments& args) {
     fs::create_directories(args.output_dir);
     write_file_atomically(fs::path(args.output_dir) / "config.train.json", args.to_json().dump(2));
     const int world = trainer.accelerator().num_processes();
+    // The rows of a step are the dp replicas' (the ranks of a tp group or a pipeline share them).
+    const int replicas = trainer.accelerator().mesh().dp_size();
+    const std::string replicas_text =
+        replicas == world ? (world > 1 ? " x " + std::to_string(world) + " processes" : "")
+                          : " x " + std::to_string(replicas) + " dp replica(s)";
     std::printf(
         "model: %s (%lld parameters) on %s\n"
         "data: %lld tokens; %lldx%lld x %lld micro-batches%s = %lld tokens per step, %s\n",
         model->describe().c_str(), (long long)model->num_parameters(),
         trainer.device().str().c_str(), (long long)train_file.size(),
         (long long)args.per_device_train_batch_size, (long long)args.seq,
-        (long long)args.gradient_accumulation_steps,
-        world > 1 ? (" x " + std::to_string(world) + " processes").c_str() : "",
+        (long long)args.gradient_accumulation_steps, replicas_text.c_str(),
         (long long)trainer.tokens_per_step(), args.shuffle ? "shuffled" : "sequential");
     const dist::DeviceMesh& device_mesh = trainer.accelerator().mesh();
     const dist::DataParallelStrategy* s = trainer.accelerator().strategy_of(trained);
