@@ -144,6 +144,16 @@ TEST(CliMesh, TensorAndPipelineParallelTrainingEqualsOneProcess) {
   // one process, as the uninterrupted runs did.
   const fs::path checkpoint = scratch() / "mesh_tp" / "checkpoint-5";
   ASSERT_TRUE(fs::exists(checkpoint)) << r.output;
+  // Its 4 rows a step are the dp replicas' (2 x 2), not the world's 4 x 2: kept at --batch 4,
+  // and refused, naming the rows, at the saved --batch 2.
+  r = run("train --resume " + checkpoint.string() + " --tp-size 1 --out " +
+          (scratch() / "mesh_tp_resumed_refused").string());
+  EXPECT_NE(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("was written by 4 processes (4 rows per micro-step) but this job has 1 "
+                          "process(es) of 2 rows (2 per micro-step): the world size changed; to "
+                          "resume, keep the global batch of 4 rows (--batch 4"),
+            std::string::npos)
+      << r.output;
   r = run("train --resume " + checkpoint.string() + " --tp-size 1 --batch 4 --out " +
           (scratch() / "mesh_tp_resumed_one").string());
   ASSERT_EQ(r.rc, 0) << r.output;
