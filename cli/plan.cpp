@@ -197,8 +197,9 @@ void print_pipeline_plan(const PlanArgs& a) {
       "(activations are not predicted for a pipeline yet: 1F1B holds at most pp_size - s "
       "micro-batches' on stage s, AFAB all of them)\n");
   for (const dist::PipelineStagePlan& s : stages)
-    std::printf("stage_parameter_bytes %d %lld\nstage_send_bytes_per_step %d %lld\n", s.stage,
-                (long long)s.parameter_bytes, s.stage, (long long)s.sends.bytes);
+    std::printf("stage_bytes_by_category %d %lld %lld %lld\nstage_send_bytes_per_step %d %lld\n",
+                s.stage, (long long)s.parameter_bytes, (long long)s.gradient_bytes,
+                (long long)s.optimizer_bytes, s.stage, (long long)s.sends.bytes);
 }
 
 void print_header(const PlanArgs& a, int64_t psi) {

@@ -305,11 +305,12 @@ TEST(CliMesh, BadMeshesAreRefusedBeforeAnyWorkNamingTheNumbers) {
 namespace {
 
 // `tessera plan --tp-size 2` / `--pp-size 2` on 4 ranks against a real 4-rank run's
-// --memory-report: every rank's parameter bytes within 2% of the plan's (the dry run splits the
+// --memory-report: every rank's parameters, gradients and optimizer state (and, tensor
+// parallel, activations at the steps' peak) within 2% of the plan's (the dry run splits the
 // model with the run's own split; a pipeline's stages are cut by its own pipeline_stage_blocks).
 // The tensor-parallel traffic is checked against docs/mesh.md's count: 4L + 4 all-reduces a step,
 // 4L + 2 of N·d values and the loss's N and 2N.
-TEST(CliMesh, PlanPerRankParametersMatchAMeasuredRunWithinTwoPercent) {
+TEST(CliMesh, PlanPerRankMemoryMatchesAMeasuredRunWithinTwoPercent) {
   const int64_t layers = 4, embd = 128, seq = 32, batch = 2, vocab = 301;
   const std::string shape = " --n-layer 4 --n-head 4 --n-embd 128 --seq 32 --batch 2 ";
   for (const std::string& mesh :
@@ -321,23 +322,27 @@ TEST(CliMesh, PlanPerRankParametersMatchAMeasuredRunWithinTwoPercent) {
                  " --vocab-size 301 --steps 2 --memory-report --out " + (scratch() / out).string() +
                  " " + mesh);
     ASSERT_EQ(r.rc, 0) << r.output;
-    std::vector<double> measured;
-    for (int rank = 0; rank < 4; ++rank)
-      measured.push_back(numbers_after(r.output, "rank " + std::to_string(rank) + " peak", 1)[0] *
-                         (1 << 20));
     const auto plan =
         run("plan --device cpu --nproc 4 --vocab " + std::to_string(vocab) + shape + mesh);
     ASSERT_EQ(plan.rc, 0) << plan.output;
+    // The categories both give: parameters, gradients, optimizer state, and for tensor
+    // parallelism the activations at the steps' peak (a pipeline's are not predicted).
+    const char* names[] = {"parameters", "gradients", "optimizer", "activations"};
+    const int categories = tp ? 4 : 3;
     for (int rank = 0; rank < 4; ++rank) {
+      const std::vector<double> measured_mib =
+          numbers_after(r.output, "rank " + std::to_string(rank) + " peak", 4);
       // Megatron's order: tp rank = rank % 2 (tp2 x dp2), stage = rank % 2 (pp2 x dp2).
-      const double predicted =
-          tp ? numbers_after(plan.output, "rank_parameter_bytes", 1)[0]
-             : numbers_after(plan.output, "stage_parameter_bytes " + std::to_string(rank % 2),
-                             1)[0];
-      std::printf("[ plan ] %s: rank %d parameters predicted %.0f bytes, measured %.0f (%.3f%%)\n",
-                  mesh.c_str(), rank, predicted, measured[rank],
-                  100 * std::fabs(predicted - measured[rank]) / measured[rank]);
-      EXPECT_NEAR(predicted, measured[rank], 0.02 * measured[rank]) << plan.output << r.output;
+      const std::vector<double> predicted =
+          tp ? numbers_after(plan.output, "step_peak_bytes_by_category", 4)
+             : numbers_after(plan.output, "stage_bytes_by_category " + std::to_string(rank % 2), 3);
+      for (int c = 0; c < categories; ++c) {
+        const double measured = measured_mib[c] * (1 << 20);
+        std::printf("[ plan ] %s: rank %d %-11s predicted %8.0f bytes, measured %8.0f (%.3f%%)\n",
+                    mesh.c_str(), rank, names[c], predicted[c], measured,
+                    100 * std::fabs(predicted[c] - measured) / measured);
+        EXPECT_NEAR(predicted[c], measured, 0.02 * measured) << names[c] << plan.output << r.output;
+      }
     }
     if (tp) {
       const int64_t n = batch * seq;
