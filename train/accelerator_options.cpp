@@ -81,11 +81,13 @@ void check_mesh_settings(const TrainingArguments& args, int world_size) {
                 args.describe("offload"), " is ", args.offload);
   TESSERA_CHECK(args.hybrid_shard_size == -1, mesh, " does not support hybrid sharding, but ",
                 args.describe("hybrid_shard_size"), " is ", args.hybrid_shard_size);
-  TESSERA_CHECK(stage == 0 || args.max_grad_norm == 0, mesh,
-                " clips the split model's gradients "
-                "under DDP only, but ",
-                args.describe("zero_stage"), " is ", stage, " and ", args.describe("max_grad_norm"),
-                " is ", args.max_grad_norm, "; use zero_stage 0 or max_grad_norm 0");
+  // Clipping and checkpoints of a split model run under DDP only (Accelerator::clip_grad_norm_,
+  // save_state), and a run always saves its model: ZeRO-1/2 on the dp axis is for programs of
+  // their own (docs/mesh.md).
+  TESSERA_CHECK(stage == 0, mesh,
+                " clips and checkpoints the split model under DDP on the dp "
+                "axis only, but ",
+                args.describe("zero_stage"), " is ", stage, "; use zero_stage 0");
   TESSERA_CHECK(args.sample_every == 0, mesh,
                 " splits the model over ranks, so the main process "
                 "alone cannot sample from it; ",
@@ -95,8 +97,6 @@ void check_mesh_settings(const TrainingArguments& args, int world_size) {
                 "draws could not be one process's); ",
                 args.describe("dropout"), " is ", args.dropout);
   if (split != dist::MeshSplit::pipeline_parallel) return;
-  TESSERA_CHECK(stage == 0, mesh, " trains its stages under DDP on the dp axis, but ",
-                args.describe("zero_stage"), " is ", stage);
   TESSERA_CHECK(!args.fp16, mesh, " does not support fp16 loss scaling (", args.describe("fp16"),
                 "); use bf16 or fp32");
   TESSERA_CHECK(args.gradient_accumulation_steps == 1, mesh, ": ",

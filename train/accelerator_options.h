@@ -32,10 +32,11 @@ dist::MeshShape mesh_shape(const TrainingArguments& args, int world_size);
 
 // What a mesh that splits the model cannot run with, refused before the model is built,
 // naming the settings and the numbers: a mesh that is not the world, tp and pp at once, a tp or
-// pp size the launch environment contradicts, ZeRO-3, offload and hybrid sharding; on a
-// pipeline a ZeRO stage, fp16, gradient accumulation (the micro-batches are the pipeline's)
-// and micro-batches that do not divide the batch; ZeRO-1/2 with clipping; samples during
-// training. A mesh of data parallelism alone passes.
+// pp size the launch environment contradicts, any ZeRO stage (a split model is clipped and
+// checkpointed under DDP only), offload and hybrid sharding, dropout, samples during training;
+// on a pipeline fp16, gradient accumulation (the micro-batches are the pipeline's), gradient
+// checkpointing and micro-batches that do not divide the batch. A mesh of data parallelism
+// alone passes.
 void check_mesh_settings(const TrainingArguments& args, int world_size);
 
 }  // namespace tessera::train

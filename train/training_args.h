@@ -125,7 +125,7 @@ struct TrainingArguments {
   bool memory_report = false;      // print each rank's bytes by category next to ZeRO's formula
   // ---- the device mesh (dist/device_mesh.h, dist/mesh_split.h; Accelerate's ParallelismConfig)
   // ---- world = dp_size x pp_size x tp_size; the model is split over the tp group (tensor
-  // parallelism) or the pp group (a pipeline of pp_size stages), DDP (or ZeRO-1/2 for tp) on the
+  // parallelism) or the pp group (a pipeline of pp_size stages), DDP on the
   // dp axis. tp_size/pp_size not given: what `tessera launch --tp-size/--pp-size` passed on
   // (TESSERA_TP_SIZE, TESSERA_PP_SIZE), else 1. Accelerate's nested `parallelism_config:
   // {tp_size, dp_replicate_size, dp_shard_size, cp_size}` sets the same fields.

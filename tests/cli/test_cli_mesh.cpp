@@ -68,7 +68,7 @@ double relative_difference(const tessera::Tensor& got, const tessera::Tensor& wa
 // against the reference run's, and its final model.safetensors against the reference's, all
 // within 1e-6 relative; prints the largest differences.
 void expect_same_run(const std::string& what, const fs::path& run, const fs::path& reference,
-                     int64_t after = 0, bool compare_model = true) {
+                     int64_t after = 0, bool compare_model = true, bool grad_norms = true) {
   SCOPED_TRACE(what);
   const auto want = losses_after(reference, after), got = losses_after(run, after);
   ASSERT_EQ(got.size(), want.size());
@@ -93,7 +93,7 @@ void expect_same_run(const std::string& what, const fs::path& run, const fs::pat
   ASSERT_EQ(norms_got.size(), norms_want.size());
   for (size_t i = 0; i < norms_want.size(); ++i)
     worst_norm = std::max(worst_norm, std::fabs(norms_got[i] - norms_want[i]) / norms_want[i]);
-  EXPECT_LE(worst_norm, 1e-5);
+  if (grad_norms) EXPECT_LE(worst_norm, 1e-5);
   double worst_weight = 0;
   std::string worst_name;
   size_t tensors = 0;
@@ -274,8 +274,10 @@ TEST(CliMesh, BadMeshesAreRefusedBeforeAnyWorkNamingTheNumbers) {
       {launch(2), "--tp-size 2 --zero-stage 3", "resolves to 3 (ZeRO-3)"},
       {launch(2), "--tp-size 2 --zero-stage 2 --offload optimizer --grad-clip 0",
        "does not support offload"},
-      {launch(2), "--tp-size 2 --zero-stage 1", "clips the split model's gradients under DDP only"},
-      {launch(2), "--pp-size 2 --zero-stage 1 --grad-clip 0", "trains its stages under DDP"},
+      {launch(2), "--tp-size 2 --zero-stage 1 --grad-clip 0",
+       "clips and checkpoints the split model under DDP on the dp axis only, but command line: "
+       "key \"zero_stage\" is 1"},
+      {launch(2), "--pp-size 2 --zero-stage 2", "under DDP on the dp axis only"},
       {launch(2), "--tp-size 2 --dropout 0.1", "without dropout"},
       {launch(2, "--tp-size 2"), "--tp-size 1", "the launch environment (TESSERA_TP_SIZE"},
       {"", "--tp-size 0", "\"tp_size\" must be from 1 to 65536 (got 0)"},
