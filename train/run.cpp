@@ -432,8 +432,7 @@ int run_training(const TrainingArguments& args) {
     if (!device_mesh.data_parallel_only())
       std::printf("device mesh: %s, the model %s, %s on the dp axis\n",
                   device_mesh.shape().str().c_str(),
-                  device_mesh.tp_size() > 1 ? "tensor parallel over each tp group"
-                                            : "in pipeline stages over each pp group",
+                  dist::mesh_split_name(dist::mesh_split_of(device_mesh.shape())),
                   s ? s->name().c_str() : "?");
     else if (s && world > 1)
       std::printf("data parallel: %s over %d processes\n", s->name().c_str(), world);

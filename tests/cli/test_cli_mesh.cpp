@@ -133,11 +133,11 @@ TEST(CliMesh, TensorAndPipelineParallelTrainingEqualsOneProcess) {
   auto r = run(train("mesh_one") + kSteps + "--batch 4 --save-every 5");
   ASSERT_EQ(r.rc, 0) << r.output;
   r = run_printing(launch(4) + train("mesh_tp") + kSteps + "--batch 2 --tp-size 2 --save-every 5",
-                   "device mesh: dp 2 x tp 2 x pp 1, the model tensor parallel");
+                   "device mesh: dp 2 x tp 2 x pp 1, the model tensor parallel, DDP");
   expect_same_run("GPT-2 tp2 x dp2", scratch() / "mesh_tp", scratch() / "mesh_one");
   r = run_printing(
       launch(4) + train("mesh_pp") + kSteps + "--batch 2 --pp-size 2 --micro-batches 2",
-      "device mesh: dp 2 x tp 1 x pp 2, the model in pipeline stages");
+      "device mesh: dp 2 x tp 1 x pp 2, the model pipeline parallel, DDP");
   expect_same_run("GPT-2 pp2 x dp2", scratch() / "mesh_pp", scratch() / "mesh_one");
 
   // The tp2 x dp2 checkpoint of step 5 (full tensors under the full model's names) continues in
