@@ -135,9 +135,9 @@ TEST(CliMesh, TensorAndPipelineParallelTrainingEqualsOneProcess) {
   r = run_printing(launch(4) + train("mesh_tp") + kSteps + "--batch 2 --tp-size 2 --save-every 5",
                    "device mesh: dp 2 x tp 2 x pp 1, the model tensor parallel, DDP");
   expect_same_run("GPT-2 tp2 x dp2", scratch() / "mesh_tp", scratch() / "mesh_one");
-  r = run_printing(
-      launch(4) + train("mesh_pp") + kSteps + "--batch 2 --pp-size 2 --micro-batches 2",
-      "device mesh: dp 2 x tp 1 x pp 2, the model pipeline parallel, DDP");
+  r = run_printing(launch(4) + train("mesh_pp") + kSteps +
+                       "--batch 2 --pp-size 2 --micro-batches 2 --save-every 5",
+                   "device mesh: dp 2 x tp 1 x pp 2, the model pipeline parallel, DDP");
   expect_same_run("GPT-2 pp2 x dp2", scratch() / "mesh_pp", scratch() / "mesh_one");
 
   // The tp2 x dp2 checkpoint of step 5 (full tensors under the full model's names) continues in
@@ -166,6 +166,12 @@ TEST(CliMesh, TensorAndPipelineParallelTrainingEqualsOneProcess) {
           (scratch() / "mesh_one_resumed_pp").string());
   ASSERT_EQ(r.rc, 0) << r.output;
   expect_same_run("tp1 x dp1 checkpoint-5 resumed at pp2 x dp2", scratch() / "mesh_one_resumed_pp",
+                  scratch() / "mesh_one", 5);
+  // A pipeline's checkpoint continues tensor parallel (each stage wrote its part whole).
+  r = run(launch(4) + "train --resume " + (scratch() / "mesh_pp" / "checkpoint-5").string() +
+          " --pp-size 1 --tp-size 2 --out " + (scratch() / "mesh_pp_resumed_tp").string());
+  ASSERT_EQ(r.rc, 0) << r.output;
+  expect_same_run("pp2 x dp2 checkpoint-5 resumed at tp2 x dp2", scratch() / "mesh_pp_resumed_tp",
                   scratch() / "mesh_one", 5);
 }
 
