@@ -30,6 +30,7 @@ namespace {
 struct PlanArgs {
   int64_t n_layer = 12, n_head = 12, n_embd = 768, vocab = 50304, block_size = 0;
   int zero_stage = 0, nproc = 1, grad_accum = 1;
+  int tp_size = 1, pp_size = 1, micro_batches = 1;  // the device mesh (dist/mesh_split.h)
   int hybrid_shard_size = 0;  // 0: not hybrid
   int64_t batch = 8, seq = 1024;
   std::string dtype = "fp32", device = "cuda", offload = "none", max_memory, reduce_dtype;
@@ -149,7 +150,56 @@ dist::MemoryPlanOptions plan_options(const PlanArgs& a) {
   o.offload_param = a.offload == "param";
   o.gradient_checkpointing = checkpoint_policy(a);
   o.saves_checkpoints = a.save_strategy != "no";
+  o.tp_size = a.tp_size;
+  o.pp_size = a.pp_size;
+  o.pipeline_micro_batches = a.micro_batches;
   return o;
+}
+
+// What one step sends over the mesh's axes, as the dry run's collectives were issued.
+void print_traffic(const PlanArgs& a, const dist::MemoryPlan& p) {
+  if (a.tp_size > 1) {
+    const int64_t tokens = a.batch * a.seq * a.grad_accum;
+    std::printf(
+        "tensor parallel over %d ranks: %lld all-reduces a step (4L + 4 = %lld per micro-batch) "
+        "of %lld bytes in all (N·d = %lld tokens x %lld channels each, and the loss's 3N "
+        "values); a ring sends about %.0f bytes a rank\n",
+        a.tp_size, (long long)p.tp_traffic.collectives, (long long)(4 * a.n_layer + 4),
+        (long long)p.tp_traffic.bytes, (long long)tokens / a.grad_accum, (long long)a.n_embd,
+        2.0 * (a.tp_size - 1) / a.tp_size * static_cast<double>(p.tp_traffic.bytes));
+    std::printf("tp_collectives_per_step %lld\ntp_collective_bytes_per_step %lld\n",
+                (long long)p.tp_traffic.collectives, (long long)p.tp_traffic.bytes);
+  }
+  std::printf("dp_collective_bytes_per_step %lld\n", (long long)p.dp_traffic.bytes);
+  std::printf("rank_parameter_bytes %lld\n",
+              (long long)p.steady[static_cast<int>(MemoryCategory::Parameters)]);
+}
+
+// --pp-size > 1: each stage's kept state and sends (dist::plan_pipeline_stages).
+void print_pipeline_plan(const PlanArgs& a) {
+  const std::vector<dist::PipelineStagePlan> stages = dist::plan_pipeline_stages(plan_options(a));
+  std::printf(
+      "plan: GPT %lld layers, %lld heads, %lld channels, vocab %lld in %d pipeline stages "
+      "(x %d dp replicas, DDP), %s, %lldx%lld rows a rank in %d micro-batches\n",
+      (long long)a.n_layer, (long long)a.n_head, (long long)a.n_embd, (long long)a.vocab, a.pp_size,
+      a.nproc / a.pp_size, a.dtype.c_str(), (long long)a.batch, (long long)a.seq, a.micro_batches);
+  std::printf("%-8s %8s %12s %12s %12s %12s %14s %10s %14s\n", "stage", "blocks", "parameters",
+              "params GiB", "grads GiB", "optim GiB", "sends a step", "bytes", "tied all-red.");
+  for (const dist::PipelineStagePlan& s : stages) {
+    const std::string blocks =
+        std::to_string(s.blocks_begin) + ".." + std::to_string(s.blocks_end - 1);
+    std::printf("%-8d %8s %12lld %12.3f %12.3f %12.3f %14lld %10lld %14lld\n", s.stage,
+                blocks.c_str(), (long long)s.parameters, gib(s.parameter_bytes),
+                gib(s.gradient_bytes), gib(s.optimizer_bytes), (long long)s.sends.collectives,
+                (long long)s.sends.bytes, (long long)s.tied_all_reduce_bytes);
+  }
+  std::printf(
+      "(activations are not predicted for a pipeline yet: 1F1B holds at most pp_size - s "
+      "micro-batches' on stage s, AFAB all of them)\n");
+  for (const dist::PipelineStagePlan& s : stages)
+    std::printf("stage_bytes_by_category %d %lld %lld %lld\nstage_send_bytes_per_step %d %lld\n",
+                s.stage, (long long)s.parameter_bytes, (long long)s.gradient_bytes,
+                (long long)s.optimizer_bytes, s.stage, (long long)s.sends.bytes);
 }
 
 void print_header(const PlanArgs& a, int64_t psi) {
@@ -456,6 +506,17 @@ const RegisterCommand reg(
                      "the first CUDA device's, else 80GiB)");
       sub.add_option("--card-gib", a->card_gib, "the same in GiB (older spelling)")
           ->check(CLI::PositiveNumber);
+      sub.add_option("--tp-size", a->tp_size,
+                     "device mesh: ranks per tensor-parallel group of the --nproc (the model's "
+                     "split dry-run as `tessera train --tp-size` splits it; default 1)")
+          ->check(CLI::PositiveNumber);
+      sub.add_option("--pp-size", a->pp_size,
+                     "device mesh: pipeline stages of the --nproc (each stage's kept state and "
+                     "sends; default 1)")
+          ->check(CLI::PositiveNumber);
+      sub.add_option("--micro-batches", a->micro_batches,
+                     "--pp-size > 1: micro-batches each rank's rows are cut into (default 1)")
+          ->check(CLI::PositiveNumber);
       sub.add_flag("--all-strategies", a->all_strategies,
                    "plan DDP, ZeRO-1/2/3 and ZeRO-3 with offload, one verdict each");
       sub.add_flag("--fit", a->fit,
@@ -491,6 +552,13 @@ const RegisterCommand reg(
         TESSERA_CHECK(a->all_strategies || a->fit || a->offload != "param" || a->zero_stage == 3,
                       "tessera plan: --offload param needs --zero-stage 3");
         checkpoint_policy(*a);  // a bad policy is refused before any dry run
+        TESSERA_CHECK((a->tp_size == 1 && a->pp_size == 1) || (!a->all_strategies && !a->fit),
+                      "tessera plan: --tp-size/--pp-size plan one mesh; drop --all-strategies / "
+                      "--fit");
+        TESSERA_CHECK(a->pp_size == 1 || a->grad_accum == 1, "tessera plan: --pp-size ", a->pp_size,
+                      ": a pipeline's micro-batches are its accumulation; use "
+                      "--micro-batches instead of --grad-accum ",
+                      a->grad_accum);
         const Capacity capacity = device_capacity(*a);
         TESSERA_CHECK(!(a->fit && a->all_strategies), "tessera plan: --fit and --all-strategies are two "
                       "reports; ask for one");
@@ -498,8 +566,13 @@ const RegisterCommand reg(
           print_fits(*a, capacity);
         else if (a->all_strategies)
           print_all_strategies(*a, capacity);
-        else
-          print_plan(*a, dist::plan_memory(plan_options(*a)), capacity);
+        else if (a->pp_size > 1)
+          print_pipeline_plan(*a);
+        else {
+          const dist::MemoryPlan plan = dist::plan_memory(plan_options(*a));
+          print_plan(*a, plan, capacity);
+          print_traffic(*a, plan);
+        }
         // The dry run allocates nothing for real: its own footprint shows it.
         rusage usage{};
         getrusage(RUSAGE_SELF, &usage);

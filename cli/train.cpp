@@ -117,6 +117,19 @@ constexpr FlagSpec kValueFlags[] = {
      "FSDP sharding strategy: FULL_SHARD (ZeRO-3) | SHARD_GRAD_OP (ZeRO-2) | HYBRID_SHARD "
      "(ZeRO-3 within groups of --hybrid-shard-size ranks, replicated across them) | "
      "_HYBRID_SHARD_ZERO2 (ZeRO-2 likewise) | NO_SHARD (DDP) [offload]"},
+    {"--tp-size", "tp_size", FlagType::Int,
+     "device mesh: ranks per tensor-parallel group, the model's heads, MLP and vocabulary split "
+     "over them (default: tessera launch --tp-size, else {})"},
+    {"--pp-size", "pp_size", FlagType::Int,
+     "device mesh: pipeline stages, the model's blocks cut over them (default: tessera launch "
+     "--pp-size, else {})"},
+    {"--dp-size", "dp_size", FlagType::Int,
+     "device mesh: data-parallel replicas; -1 = the world over tp-size x pp-size (default {})"},
+    {"--micro-batches", "pipeline_micro_batches", FlagType::Int,
+     "--pp-size > 1: micro-batches each step's rows are cut into down the pipeline (default {})"},
+    {"--pipeline-schedule", "pipeline_schedule", FlagType::Text,
+     "--pp-size > 1: 1f1b (one forward, one backward: activations of at most pp-size "
+     "micro-batches) | afab (all forwards, then all backwards) (default {})"},
     {"--hybrid-shard-size", "hybrid_shard_size", FlagType::Int,
      "hybrid sharding (ZeRO-2/3): ranks per shard group, a divisor of the world size (default with "
      "--fsdp hybrid_shard: the ranks per node, LOCAL_WORLD_SIZE)"},

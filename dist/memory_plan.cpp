@@ -11,6 +11,9 @@
 #include "tessera/dist/accelerator.h"
 #include "tessera/dist/checkpoint.h"
 #include "tessera/dist/ddp.h"
+#include "tessera/dist/device_mesh.h"
+#include "tessera/dist/mesh_split.h"
+#include "tessera/dist/pipeline_parallel.h"
 #include "tessera/dist/zero.h"
 #include "tessera/optim/adamw.h"
 
@@ -24,10 +27,14 @@ class SizeOnlyProcessGroup final : public ProcessGroup {
  public:
   explicit SizeOnlyProcessGroup(int size) : ProcessGroup(0, size, ProcessGroupOptions{}) {}
   std::string backend_name() const override { return "size-only"; }
+  // The all-reduces issued over this group (their tensors' bytes), for the plan's traffic.
+  StepTraffic all_reduces;
 
  protected:
   bool supports_device(Device) const override { return true; }
-  WorkPtr do_all_reduce(const CollectiveSignature&, const Tensor&, ReduceOp) override {
+  WorkPtr do_all_reduce(const CollectiveSignature&, const Tensor& t, ReduceOp) override {
+    ++all_reduces.collectives;
+    all_reduces.bytes += t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
     return completed_work();
   }
   WorkPtr do_reduce_scatter(const CollectiveSignature&, const Tensor&, const Tensor&,
@@ -77,7 +84,7 @@ std::unique_ptr<DataParallelStrategy> make_strategy(nn::Module& model,
 
 // One optimizer step as the Trainer takes it (tessera train): accumulation micro-steps with
 // the sync on the last, clipping, the update, zero_grad.
-void training_step(nn::GPT& model, DataParallelStrategy& strategy, optim::Optimizer& opt,
+void training_step(nn::CausalLM& model, DataParallelStrategy& strategy, optim::Optimizer& opt,
                    const MemoryPlanOptions& o, const MixedPrecisionPolicy& policy) {
   for (int micro = 0; micro < o.gradient_accumulation_steps; ++micro) {
     const bool sync = micro + 1 == o.gradient_accumulation_steps;
@@ -183,6 +190,14 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
   TESSERA_CHECK(o.seq <= o.model.block_size, "plan_memory: seq ", o.seq,
                 " is longer than the context block_size ", o.model.block_size);
   o.gradient_checkpointing.check_model(o.model.n_layer);
+  TESSERA_CHECK(o.pp_size == 1, "plan_memory: a pipeline (pp_size ", o.pp_size,
+                ") is planned by plan_pipeline_stages");
+  TESSERA_CHECK(o.tp_size == 1 || (o.zero_stage < 3 && !o.offload_optimizer && !o.offload_param &&
+                                   o.hybrid_shard_size == 0),
+                "plan_memory: tp_size ", o.tp_size,
+                " runs DDP or ZeRO-1/2 on the dp axis, "
+                "without offload or hybrid sharding (zero_stage ",
+                o.zero_stage, ")");
   const MixedPrecisionPolicy policy = MixedPrecisionPolicy::from_name(o.mixed_precision, o.reduce_dtype);
   SizeOnlyMode size_only(o.gpu_routes);
   const int64_t before = category_memory_stats(DeviceType::CPU).total_in_use() +
@@ -197,10 +212,18 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
     plan.sharded_construction = o.zero_stage == 3;
     std::optional<DeferredInitGuard> deferred;
     if (plan.sharded_construction) deferred.emplace();
-    nn::GPT model(o.model);
+    nn::GPT whole(o.model);
     deferred.reset();
+    // On a mesh the real split of the model over a size-only mesh (rank 0's piece), the whole
+    // model released after it, as `tessera train` does (TrainingTask::split_over_mesh).
+    const MeshShape shape = resolve_mesh_shape({.tp = o.tp_size, .pp = o.pp_size}, o.world);
+    const DeviceMesh mesh(std::make_shared<SizeOnlyProcessGroup>(o.world), shape);
+    check_mesh_split(whole, shape, {}, o.batch);
+    std::unique_ptr<nn::Module> split = split_over_mesh(whole, mesh, {});
+    if (split) release_parameter_memory(whole, *split);
+    nn::CausalLM& model = split ? dynamic_cast<nn::CausalLM&>(*split) : whole;
     model.gradient_checkpointing_enable(o.gradient_checkpointing);
-    auto group = std::make_shared<SizeOnlyProcessGroup>(o.world);
+    const std::shared_ptr<ProcessGroup> group = mesh.dp_group();
     std::unique_ptr<DataParallelStrategy> strategy;
     {
       MemoryCategoryScope tag(MemoryCategory::Parameters);
@@ -222,7 +245,16 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
     plan.setup_at_peak = setup.at_peak;
     reset_category_peak(DeviceType::CPU);
     // Two steps: the optimizer state appears in the first, the second's backward runs with it.
-    for (int step = 0; step < 2; ++step) training_step(model, *strategy, opt, o, policy);
+    auto* tp_group = dynamic_cast<SizeOnlyProcessGroup*>(mesh.tp_group().get());
+    auto* dp_group = dynamic_cast<SizeOnlyProcessGroup*>(mesh.dp_group().get());
+    for (int step = 0; step < 2; ++step) {
+      // The second step's traffic (the first also allocates the optimizer state).
+      if (tp_group) tp_group->all_reduces = {};
+      if (dp_group) dp_group->all_reduces = {};
+      training_step(model, *strategy, opt, o, policy);
+    }
+    if (tp_group && shape.tp > 1) plan.tp_traffic = tp_group->all_reduces;
+    if (dp_group && shape.dp > 1) plan.dp_traffic = dp_group->all_reduces;
     const CategoryMemoryStats stats = category_memory_stats(DeviceType::CPU);
     plan.step_peak = stats.peak;
     plan.step_at_peak = stats.at_peak;
@@ -243,9 +275,67 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
     plan.formula =
         zero_memory_formula(plan.psi, static_cast<int64_t>(dtype_size(policy.param_dtype)),
                             policy.low_precision_parameters(), o.zero_stage,
-                            o.hybrid_shard_size > 0 ? o.hybrid_shard_size : o.world);
+                            o.hybrid_shard_size > 0 ? o.hybrid_shard_size : shape.dp);
   }
   return plan;
+}
+
+std::vector<PipelineStagePlan> plan_pipeline_stages(const MemoryPlanOptions& o) {
+  const MeshShape shape = resolve_mesh_shape({.tp = o.tp_size, .pp = o.pp_size}, o.world);
+  TESSERA_CHECK(shape.tp == 1 && shape.pp > 1,
+                "plan_pipeline_stages: needs pp_size > 1 and "
+                "tp_size 1 (the mesh ",
+                shape.str(), ")");
+  TESSERA_CHECK(o.zero_stage == 0,
+                "plan_pipeline_stages: a pipeline trains under DDP on the dp "
+                "axis, not ZeRO-",
+                o.zero_stage);
+  check_pipeline_parallel(o.model.n_layer, shape.pp, "GPT-2");
+  check_micro_batches(o.pipeline_micro_batches, o.batch);
+  const MixedPrecisionPolicy policy =
+      MixedPrecisionPolicy::from_name(o.mixed_precision, o.reduce_dtype);
+  // Shapes only: placeholders hold no memory.
+  DeferredInitGuard deferred;
+  const nn::GPT model(o.model);
+  const int64_t p_bytes = static_cast<int64_t>(dtype_size(policy.param_dtype));
+  const int64_t act_bytes = static_cast<int64_t>(dtype_size(policy.compute_dtype));
+  const int64_t rows = o.batch / o.pipeline_micro_batches;
+  const int64_t activation_bytes = rows * o.seq * o.model.n_embd * act_bytes;
+  const bool tied = o.model.tie_word_embeddings;
+  std::vector<PipelineStagePlan> stages;
+  for (int s = 0; s < shape.pp; ++s) {
+    PipelineStagePlan st;
+    st.stage = s;
+    const StageBlocks blocks = pipeline_stage_blocks(o.model.n_layer, s, shape.pp);
+    st.blocks_begin = blocks.begin, st.blocks_end = blocks.end;
+    const bool first = s == 0, last = s == shape.pp - 1;
+    for (const auto& [name, t] : model.named_parameters()) {
+      bool held = false;
+      if (name.starts_with("transformer.h.")) {
+        const int64_t block = std::stoll(name.substr(std::string("transformer.h.").size()));
+        held = block >= blocks.begin && block < blocks.end;
+      } else if (name.starts_with("transformer.wte.")) {
+        held = first || (last && tied);  // a tied head's copy on the last stage
+      } else if (name.starts_with("transformer.wpe.")) {
+        held = first;
+      } else {  // the final norm, an untied lm_head
+        held = last;
+      }
+      if (held) st.parameters += t.numel();
+    }
+    const ZeroMemoryFormula kept = zero_memory_formula(
+        st.parameters, p_bytes, policy.low_precision_parameters(), /*stage=*/0, shape.dp);
+    st.parameter_bytes = kept.parameters;
+    st.gradient_bytes = kept.gradients;
+    st.optimizer_bytes = kept.optimizer;
+    const int64_t sends =
+        (last ? 0 : o.pipeline_micro_batches) + (first ? 0 : o.pipeline_micro_batches);
+    st.sends = {sends, sends * activation_bytes};
+    if (tied && (first || last))
+      st.tied_all_reduce_bytes = o.model.vocab_size * o.model.n_embd * p_bytes;
+    stages.push_back(st);
+  }
+  return stages;
 }
 
 }  // namespace tessera::dist

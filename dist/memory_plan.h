@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tessera/core/memory_category.h"
 #include "tessera/dist/memory_report.h"
@@ -51,6 +52,19 @@ struct MemoryPlanOptions {
   // train` does at its end, and every --save-every steps, unless --save-strategy no. The save
   // phase is predicted either way; this says whether `peak` covers it.
   bool saves_checkpoints = true;
+  // The device mesh (dist/mesh_split.h) of `world` ranks: tp_size > 1 splits the model as the
+  // run does (dist::split_over_mesh over a size-only mesh; the whole model released after it),
+  // DDP or ZeRO-1/2 on the dp axis of world / tp_size ranks; rank 0's piece is planned (an
+  // uneven vocabulary gives the last ranks one row more). pp_size > 1: plan_pipeline_stages.
+  int tp_size = 1, pp_size = 1;
+  int pipeline_micro_batches = 1;
+};
+
+// What one step sends, counted as the dry run's collectives were issued (one rank's view).
+struct StepTraffic {
+  int64_t collectives = 0;  // calls over the group
+  int64_t bytes = 0;        // their tensors' bytes (an all-reduce of B bytes sends about
+                            // 2 (W - 1) / W x B from each rank in a ring)
 };
 
 struct MemoryPlan {
@@ -85,11 +99,31 @@ struct MemoryPlan {
     int64_t other = 0;
   };
   Terms terms() const;
+  // One training step's collectives over the tp group (tensor parallelism: 4L + 4 all-reduces
+  // per micro-batch, docs/mesh.md) and over the dp axis (the gradients), in the second step.
+  StepTraffic tp_traffic, dp_traffic;
   // ZeRO's formula plus activations at the steps' peak, two gathered units and the bound on
   // the buckets in flight: what a stage-3 step's peak should stay close to.
   int64_t expected_stage3_bound() const;
 };
 
 MemoryPlan plan_memory(const MemoryPlanOptions& options);
+
+// A pipeline of options.pp_size stages (options.world ranks, DDP on the dp axis): each stage's
+// blocks (pipeline_stage_blocks, the split's own cut) and what it keeps between steps, with
+// the model's own parameter shapes (a size-only model): its blocks, the embeddings on the first
+// stage, the final norm and head on the last (a tied head's copy of the token embedding too).
+// Activations are not predicted here. Sends per micro-batch: its [B/m, T, C] activations to the
+// next stage, their gradient back; a tied model's embedding gradient all-reduced between the
+// first and the last stage once a step.
+struct PipelineStagePlan {
+  int stage = 0;
+  int64_t blocks_begin = 0, blocks_end = 0;
+  int64_t parameters = 0;  // elements (trainable)
+  int64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
+  StepTraffic sends;  // point to point, one step (every micro-batch), from this stage
+  int64_t tied_all_reduce_bytes = 0;
+};
+std::vector<PipelineStagePlan> plan_pipeline_stages(const MemoryPlanOptions& options);
 
 }  // namespace tessera::dist

@@ -5,12 +5,14 @@
 #include <cstdio>
 #include <iostream>
 #include <sstream>
+#include <tuple>
 
 #include "tessera/core/deferred_init.h"
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
 #include "tessera/core/random.h"
 #include "tessera/dist/env.h"
+#include "tessera/dist/mesh_split.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/llama.h"
 #include "tessera/train/accelerator_options.h"
@@ -249,15 +251,26 @@ void check_unchanged_on_resume(const TrainingArguments& requested, const Trainin
 
 // `tessera launch --mixed-precision X` (as `accelerate launch --mixed_precision X` under a
 // Hugging Face Trainer): the run's precision unless its own flags or config name one, which
-// come later and win. A layer in front of them, so that a resume checks it like a flag.
-std::vector<ArgumentLayer> with_launch_precision(const std::vector<ArgumentLayer>& layers) {
+// come later and win. A layer in front of them, so that a resume checks it like a flag. The
+// same for the device mesh's `--tp-size N` / `--pp-size N` (TESSERA_TP_SIZE, TESSERA_PP_SIZE):
+// a run launched on a mesh trains on it without repeating the flag (a flag that says otherwise
+// is refused by check_mesh_settings, since the Accelerator takes the launch's size too).
+std::vector<ArgumentLayer> with_launch_settings(const std::vector<ArgumentLayer>& layers) {
+  std::vector<ArgumentLayer> all;
   const std::string launched = dist::env_string("TESSERA_MIXED_PRECISION");
-  if (launched.empty()) return layers;
-  TESSERA_CHECK(launched == "no" || launched == "bf16" || launched == "fp16",
-                "TESSERA_MIXED_PRECISION (set by tessera launch --mixed-precision) must be no, bf16 "
-                "or fp16 (got \"", launched, "\")");
-  std::vector<ArgumentLayer> all{
-      {Json{{"dtype", launched == "no" ? "fp32" : launched}}, "tessera launch --mixed-precision"}};
+  if (!launched.empty()) {
+    TESSERA_CHECK(launched == "no" || launched == "bf16" || launched == "fp16",
+                  "TESSERA_MIXED_PRECISION (set by tessera launch --mixed-precision) must be no, "
+                  "bf16 or fp16 (got \"",
+                  launched, "\")");
+    all.push_back({Json{{"dtype", launched == "no" ? "fp32" : launched}},
+                   "tessera launch --mixed-precision"});
+  }
+  for (const auto& [variable, key, flag] : {std::tuple{"TESSERA_TP_SIZE", "tp_size", "--tp-size"},
+                                            std::tuple{"TESSERA_PP_SIZE", "pp_size", "--pp-size"}})
+    if (!dist::env_string(variable).empty())
+      all.push_back({Json{{key, static_cast<int64_t>(dist::env_integer(variable, 1, 1, 65536))}},
+                     std::string("tessera launch ") + flag});
   all.insert(all.end(), layers.begin(), layers.end());
   return all;
 }
@@ -265,7 +278,7 @@ std::vector<ArgumentLayer> with_launch_precision(const std::vector<ArgumentLayer
 }  // namespace
 
 TrainingArguments arguments_for_run(const std::vector<ArgumentLayer>& given_layers) {
-  const std::vector<ArgumentLayer> layers = with_launch_precision(given_layers);
+  const std::vector<ArgumentLayer> layers = with_launch_settings(given_layers);
   const TrainingArguments requested = apply_layers(TrainingArguments{}, layers);
   if (requested.resume_from_checkpoint.empty()) {
     validate(requested);
@@ -310,8 +323,10 @@ TrainingArguments arguments_for_run(const std::vector<ArgumentLayer>& given_laye
   // Another world size keeps the data order when the global batch is kept (the positions
   // are re-counted): only a changed global batch makes the run differ.
   const auto [saved_world, saved_rows] = saved_world_and_global_batch(checkpoint);
-  const int64_t world = dist::read_dist_env().world_size;
-  const bool same_global_batch = saved_world > 0 && saved_rows == world * args.per_device_train_batch_size;
+  // The rows of a micro-step are the dp replicas' (a tp group or a pipeline reads one's rows).
+  const int64_t replicas = mesh_shape(args, dist::read_dist_env().world_size).dp;
+  const bool same_global_batch =
+      saved_world > 0 && saved_rows == replicas * args.per_device_train_batch_size;
   for (const char* key : {"per_device_train_batch_size", "seq", "gradient_accumulation_steps",
                           "shuffle", "seed", "data"})
     if (args_json[key] != saved_json[key] &&
@@ -330,6 +345,9 @@ int run_training(const TrainingArguments& args) {
                   ": tracker \"", name, "\" is not available in this build");
   check_metric_for_best_model(args, language_model_metrics);
   if (args.resume_from_checkpoint.empty()) check_init_shape(args);  // resumed: the checkpoint's shape
+  // The device mesh, before the model is built (the model's heads and blocks against it once it
+  // is, before any rank meets another: Trainer, TrainingTask::split_over_mesh).
+  check_mesh_settings(args, dist::read_dist_env().world_size);
   const data::TokenFile train_file = open_token_file(args.data, "training file");
   check_training_file_size(train_file, args);
   fs::path val_path = args.val_data;
@@ -363,6 +381,8 @@ int run_training(const TrainingArguments& args) {
                   args.vocab_size, " but the model has ", model->vocab_size());
   check_tokens_fit(train_file, "training file", model->vocab_size());
   if (val_file) check_tokens_fit(*val_file, "validation file", model->vocab_size());
+  const dist::MeshShape mesh = mesh_shape(args, dist::read_dist_env().world_size);
+  dist::check_mesh_split(*model, mesh, pipeline_options(args), args.per_device_train_batch_size);
 
   std::map<std::string, std::string> extra_files;
   if (tokenizer) extra_files = tokenizer->files();  // tokenizer.json (+ Hugging Face's other files)
@@ -375,10 +395,13 @@ int run_training(const TrainingArguments& args) {
   }
   Trainer trainer(args, *model, train_file, val_file, language_model_metrics, checkpoint_files);
   const bool main_process = trainer.accelerator().is_main_process();
+  // What trains, is prepared and is saved: the model, or on a mesh that splits it this rank's
+  // piece (`model` is then a shell that only describes the full model and writes its config).
+  nn::Module& trained = trainer.model();
   // The model built and prepared: its own rows in the report, the steps' peak after them.
   if (args.memory_report) trainer.accelerator().end_memory_phase("construction");
   if (args.memory_report)  // every rank: the report gathers each one's counters
-    trainer.add_callback(std::make_shared<MemoryReportCallback>(trainer.accelerator(), *model));
+    trainer.add_callback(std::make_shared<MemoryReportCallback>(trainer.accelerator(), trained));
   if (args.early_stopping_patience > 0)
     trainer.add_callback(std::make_shared<EarlyStoppingCallback>(args.early_stopping_patience,
                                                                  args.early_stopping_threshold));
@@ -391,16 +414,27 @@ int run_training(const TrainingArguments& args) {
     fs::create_directories(args.output_dir);
     write_file_atomically(fs::path(args.output_dir) / "config.train.json", args.to_json().dump(2));
     const int world = trainer.accelerator().num_processes();
+    // The rows of a step are the dp replicas' (the ranks of a tp group or a pipeline share them).
+    const int replicas = trainer.accelerator().mesh().dp_size();
+    const std::string replicas_text =
+        replicas == world ? (world > 1 ? " x " + std::to_string(world) + " processes" : "")
+                          : " x " + std::to_string(replicas) + " dp replica(s)";
     std::printf(
         "model: %s (%lld parameters) on %s\n"
         "data: %lld tokens; %lldx%lld x %lld micro-batches%s = %lld tokens per step, %s\n",
         model->describe().c_str(), (long long)model->num_parameters(),
         trainer.device().str().c_str(), (long long)train_file.size(),
         (long long)args.per_device_train_batch_size, (long long)args.seq,
-        (long long)args.gradient_accumulation_steps,
-        world > 1 ? (" x " + std::to_string(world) + " processes").c_str() : "",
+        (long long)args.gradient_accumulation_steps, replicas_text.c_str(),
         (long long)trainer.tokens_per_step(), args.shuffle ? "shuffled" : "sequential");
-    if (const dist::DataParallelStrategy* s = trainer.accelerator().strategy_of(*model); s && world > 1)
+    const dist::DeviceMesh& device_mesh = trainer.accelerator().mesh();
+    const dist::DataParallelStrategy* s = trainer.accelerator().strategy_of(trained);
+    if (!device_mesh.data_parallel_only())
+      std::printf("device mesh: %s, the model %s, %s on the dp axis\n",
+                  device_mesh.shape().str().c_str(),
+                  dist::mesh_split_name(dist::mesh_split_of(device_mesh.shape())),
+                  s ? s->name().c_str() : "?");
+    else if (s && world > 1)
       std::printf("data parallel: %s over %d processes\n", s->name().c_str(), world);
     std::fflush(stdout);
   }
@@ -411,7 +445,8 @@ int run_training(const TrainingArguments& args) {
   // process takes part: under ZeRO the weights are streamed from each rank's shard, never
   // gathered (Accelerator::save_model).
   const fs::path out(args.output_dir), model_dir = out / "model";
-  trainer.accelerator().save_model(*model, model_dir.string());
+  // A split model is gathered whole (collective) and written as one process's.
+  trainer.accelerator().save_model(trained, model_dir.string());
   if (!main_process) return 0;
   // A resumed finished run exports the checkpoint's weights: non-finite ones are refused
   // rather than given valid checksums.

@@ -65,6 +65,16 @@ class TrainingTask {
   // Checks the data against the model before any work (ids within the vocabulary or the
   // positions, labels within num_labels), errors naming the file, row and key.
   virtual void check_data(const TrainingArguments& args) const = 0;
+  // Called once, right after the Accelerator exists (before the model moves to the device):
+  // on a mesh that splits models (tp_size or pp_size > 1) the task splits its model over it
+  // (dist::split_over_mesh: the one decision of which split) and model() is this rank's piece
+  // from then on; the model it was given is left a shell of shapes and configuration (its
+  // parameters' memory released), which only its config may be read from. A task that cannot
+  // be split refuses a mesh that would split it. Collective over the model's group.
+  virtual void split_over_mesh(dist::Accelerator& acc, const TrainingArguments& args);
+  // Whether next_loss() ran the micro-batch's backward itself (a pipeline's train_step, under
+  // Accelerator::train_step): the Trainer then calls no backward on its loss.
+  virtual bool runs_own_backward() const { return false; }
   // Called once, after the Accelerator exists and the model is on `device`: builds this
   // process's training loader (and prepares it with `acc` where the loader needs it).
   virtual void prepare(dist::Accelerator& acc, const TrainingArguments& args, Device device) = 0;

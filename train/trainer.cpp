@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <limits>
 
 #include "tessera/core/error.h"
 #include "tessera/core/file_io.h"
@@ -115,11 +116,15 @@ Trainer::Trainer(TrainingArguments args, std::unique_ptr<TrainingTask> task,
   folder_lock_ = claim_output_dir(args_, *acc_);
   // One GPU per local rank when distributed; the named device otherwise.
   device_ = wanted.is_cuda() && acc_->num_processes() > 1 ? acc_->device() : wanted;
+  // On a mesh with tp_size or pp_size > 1 the model is split now (the mesh exists), before it
+  // moves to the device: model() is this rank's piece from here on.
+  task_->split_over_mesh(*acc_, args_);
   nn::Module& model = task_->model();
   model.to(device_);
   task_->prepare(*acc_, args_, device_);
   state_.is_world_process_zero = acc_->is_main_process();
-  state_.steps_per_epoch = task_->steps_per_epoch(args_, acc_->num_processes());
+  // The dp replicas read different rows; the ranks of one tp group or pipeline the same.
+  state_.steps_per_epoch = task_->steps_per_epoch(args_, acc_->mesh().dp_size());
   state_.max_steps = args_.total_steps(state_.steps_per_epoch);
   // A decaying schedule is shaped by the total step count, so a resumed run must keep it;
   // a constant one is not, so a run may be extended (its saved total is kept).
@@ -173,7 +178,8 @@ Trainer::~Trainer() = default;
 
 int64_t Trainer::tokens_per_step() const {
   // validate() bounds the product without the world size (2^40) and a world is far below 2^23.
-  return task_->units_per_micro_batch() * args_.gradient_accumulation_steps * acc_->num_processes();
+  return task_->units_per_micro_batch() * args_.gradient_accumulation_steps *
+         acc_->mesh().dp_size();
 }
 
 void Trainer::train() {
@@ -307,7 +313,7 @@ Tensor Trainer::accumulate_micro_batches(int64_t count,
     // Gradients are averaged over the processes on the last micro-step only.
     const dist::AccumulateScope scope = acc_->accumulate(task_->model());
     const Tensor loss = loss_of(micro);
-    acc_->backward(loss);  // of loss / gradient_accumulation_steps
+    if (!task_->runs_own_backward()) acc_->backward(loss);  // of loss / gradient_accumulation_steps
     const Tensor loss64 = ops::to(loss.detach(), device_, DType::f64);
     loss_sum = micro == 0 ? loss64 : ops::add(loss_sum, loss64);
   }
@@ -325,8 +331,11 @@ Trainer::StepResult Trainer::training_step() {
   if (acc_->device_clipping_blocker().empty()) {
     result.grad_norm = device_clip(params);
   } else {
+    // A split model's norm sums its pieces over its group (an unbounded max_norm only measures).
     const double norm = args_.max_grad_norm > 0 ? acc_->clip_grad_norm_(params, args_.max_grad_norm)
-                                                : optim::grad_norm(params);
+                        : !acc_->mesh().data_parallel_only()
+                            ? acc_->clip_grad_norm_(params, std::numeric_limits<double>::infinity())
+                            : optim::grad_norm(params);
     result.grad_norm = full({1}, norm, {.dtype = DType::f64});
   }
   result.lr = optimizer_->lr();
@@ -491,18 +500,25 @@ fs::path Trainer::save_checkpoint() {
 
 void Trainer::check_world_size_of(const fs::path& checkpoint) const {
   const auto [saved_world, saved_rows] = saved_world_and_global_batch(checkpoint);
+  // The rows of a micro-step are the dp replicas' (a tp group or a pipeline reads one replica's).
   const int64_t world = acc_->num_processes(), batch = args_.per_device_train_batch_size;
-  if (saved_world <= 0 || saved_world == world || saved_rows <= 0 || saved_rows == world * batch)
-    return;
-  const std::string keep = saved_rows % world == 0
+  const int64_t replicas = acc_->mesh().dp_size();
+  if (saved_world <= 0 || saved_rows <= 0 || saved_rows == replicas * batch) return;
+  if (saved_world == world && acc_->mesh().data_parallel_only()) return;
+  // "process(es)" on a mesh of data parallelism alone, where the replicas are the processes.
+  const std::string replica_word =
+      acc_->mesh().data_parallel_only() ? " process(es)" : " dp replica(s)";
+  const std::string keep = saved_rows % replicas == 0
                                ? "keep the global batch of " + std::to_string(saved_rows) +
-                                     " rows (--batch " + std::to_string(saved_rows / world) +
-                                     " on " + std::to_string(world) + " process(es))"
+                                     " rows (--batch " + std::to_string(saved_rows / replicas) +
+                                     " on " + std::to_string(replicas) + replica_word + ")"
                                : "run on " + std::to_string(saved_world) + " processes";
-  TESSERA_FAIL("checkpoint '", checkpoint.string(), "' was written by ", saved_world,
-               " processes (", saved_rows, " rows per micro-step) but this job has ", world,
-               " process(es) of ", batch, " rows (", world * batch,
-               " per micro-step): the world size changed; to resume, ", keep);
+  TESSERA_FAIL(
+      "checkpoint '", checkpoint.string(), "' was written by ", saved_world, " processes (",
+      saved_rows, " rows per micro-step) but this job has ", world, " process(es)",
+      acc_->mesh().data_parallel_only() ? "" : " in " + std::to_string(replicas) + " dp replicas",
+      " of ", batch, " rows (", replicas * batch, " per micro-step): the ",
+      saved_world != world ? "world size" : "global batch", " changed; to resume, ", keep);
 }
 
 void Trainer::resume_from(const fs::path& checkpoint) {

@@ -58,7 +58,9 @@ void check_metric_for_best_model(const TrainingArguments& args, const ComputeMet
 
 class Trainer {
  public:
-  // The model is moved to the run's device. `extra_files` (name -> contents, e.g.
+  // The model is moved to the run's device; on a mesh with tp_size or pp_size > 1 it is first
+  // split over the Accelerator's mesh (TrainingTask::split_over_mesh), model() is this rank's
+  // piece and `model` a shell that keeps its config only. `extra_files` (name -> contents, e.g.
   // tokenizer.json) are copied into every checkpoint. args must have passed validate().
   Trainer(TrainingArguments args, nn::CausalLM& model, data::TokenFile train_data,
           std::optional<data::TokenFile> eval_data = std::nullopt,

@@ -43,6 +43,39 @@ bool higher_is_better(const std::string& metric) {
   return !(metric.ends_with("loss") || metric.ends_with("perplexity"));
 }
 
+// Accelerate's ParallelismConfig {tp_size, dp_replicate_size, dp_shard_size, cp_size}: tp_size
+// is Tessera's; dp_replicate_size is the dp axis (DDP, or zero_stage 1/2 on it). FSDP sharding
+// of that axis (dp_shard_size > 1) is Tessera's zero_stage/fsdp, and context parallelism does
+// not exist here: both are refused rather than read as something else.
+void apply_parallelism_config(Args& a, const Json& v) {
+  const std::string where = a.describe("parallelism_config");
+  int64_t replicate = -1, shard = 1;
+  for (const auto& [key, value] : v.items()) {
+    TESSERA_CHECK(value.is_number_integer() && value.get<int64_t>() >= 1, where, ": \"", key,
+                  "\" must be a whole number >= 1, got ", value.dump());
+    const int64_t n = value.get<int64_t>();
+    if (key == "tp_size") {
+      a.tp_size = n;
+    } else if (key == "dp_replicate_size") {
+      replicate = n;
+    } else if (key == "dp_shard_size") {
+      shard = n;
+    } else if (key == "cp_size") {
+      TESSERA_CHECK(n == 1, where, ": cp_size ", n,
+                    " asks for context parallelism, which Tessera does not have (cp_size must be "
+                    "1)");
+    } else {
+      TESSERA_FAIL(where, ": unknown key \"", key,
+                   "\" (Accelerate's ParallelismConfig: tp_size, dp_replicate_size, "
+                   "dp_shard_size, cp_size; pipeline stages are Tessera's pp_size)");
+    }
+  }
+  TESSERA_CHECK(shard == 1, where, ": dp_shard_size ", shard,
+                " asks for FSDP sharding of the dp axis; Tessera's dp axis runs DDP or ZeRO: give "
+                "dp_replicate_size for its size and zero_stage (or fsdp) for the sharding");
+  a.dp_size = replicate;
+}
+
 const std::map<std::string, Field>& fields() {
   static const std::map<std::string, Field> all = {
       {"output_dir", field(Kind::Text, &Args::output_dir)},
@@ -147,6 +180,18 @@ const std::map<std::string, Field>& fields() {
       {"fsdp", field(Kind::Text, &Args::fsdp)},
       {"hybrid_shard_size", field(Kind::Int, &Args::hybrid_shard_size)},
       {"memory_report", field(Kind::Flag, &Args::memory_report)},
+      {"dp_size", field(Kind::Int, &Args::dp_size)},
+      {"tp_size", field(Kind::Int, &Args::tp_size)},
+      {"pp_size", field(Kind::Int, &Args::pp_size)},
+      {"pipeline_micro_batches", field(Kind::Int, &Args::pipeline_micro_batches)},
+      {"pipeline_schedule", field(Kind::Text, &Args::pipeline_schedule)},
+      // Accelerate's ParallelismConfig as a nested mapping: the same fields as tp_size and
+      // dp_size, not a setting of its own (to_json writes those).
+      {"parallelism_config",
+       {Kind::Object, apply_parallelism_config,
+        [](const Args& a) {
+          return Json{{"tp_size", a.tp_size}, {"dp_replicate_size", a.dp_size}};
+        }}},
       {"reduce_dtype", field(Kind::Text, &Args::reduce_dtype)},
       // fp32 | bf16 | fp16: the `--dtype` flag, stored as Hugging Face's bf16/fp16 switches.
       {"dtype",
@@ -185,6 +230,7 @@ const std::map<std::string, std::string>& aliases() {
       {"model_type", "arch"},
       {"num_key_value_heads", "n_kv_head"},
       {"tie", "tie_word_embeddings"},
+      {"micro_batches", "pipeline_micro_batches"},
   };
   return all;
 }
@@ -305,7 +351,7 @@ const std::vector<std::string>& training_argument_keys() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> k;
     for (const auto& [name, f] : fields())
-      if (name != "dtype") k.push_back(name);
+      if (name != "dtype" && name != "parallelism_config") k.push_back(name);
     return k;
   }();
   return keys;
@@ -370,6 +416,11 @@ void apply_config_values(TrainingArguments& args, const Json& values, const std:
     if (prior.empty() && key == "dtype")
       prior = earlier("bf16").empty() ? earlier("fp16") : earlier("bf16");
     if (prior.empty() && (key == "bf16" || key == "fp16")) prior = earlier("dtype");
+    // parallelism_config sets tp_size and dp_size.
+    for (const char* mesh_key : {"tp_size", "dp_size"}) {
+      if (prior.empty() && key == "parallelism_config") prior = earlier(mesh_key);
+      if (prior.empty() && key == mesh_key) prior = earlier("parallelism_config");
+    }
     TESSERA_CHECK(prior.empty(), source, ": key \"", raw_key, "\" and \"", prior,
                   "\" set the same setting (", key, ")");
     seen[key] = raw_key;
@@ -632,6 +683,14 @@ void validate(const TrainingArguments& a, bool needs_token_file) {
       a.hybrid_shard_size);
   require(a.hybrid_shard_size < 1 || a.offload == "none", "hybrid_shard_size",
           "does not support offload (offload is " + a.offload + ")", a.hybrid_shard_size);
+  for (auto [key, value] : {std::pair{"tp_size", a.tp_size},
+                            {"pp_size", a.pp_size},
+                            {"pipeline_micro_batches", a.pipeline_micro_batches}})
+    require(value >= 1 && value <= 65536, key, "must be from 1 to 65536", value);
+  require(a.dp_size == -1 || (a.dp_size >= 1 && a.dp_size <= 65536), "dp_size",
+          "must be -1 (the world over tp_size x pp_size) or from 1 to 65536", a.dp_size);
+  require(a.pipeline_schedule == "1f1b" || a.pipeline_schedule == "afab", "pipeline_schedule",
+          "must be 1f1b or afab", a.pipeline_schedule);
   require(a.zero_accumulation == "reduce_every_micro_batch" || a.zero_accumulation == "no_sync",
           "zero_accumulation", "must be reduce_every_micro_batch or no_sync", a.zero_accumulation);
   try {

@@ -123,6 +123,19 @@ struct TrainingArguments {
   // own (half the bytes, no cast passes); "" = bf16 in a bf16 run, else fp32.
   std::string reduce_dtype;
   bool memory_report = false;      // print each rank's bytes by category next to ZeRO's formula
+  // ---- the device mesh (dist/device_mesh.h, dist/mesh_split.h; Accelerate's ParallelismConfig)
+  // ---- world = dp_size x pp_size x tp_size; the model is split over the tp group (tensor
+  // parallelism) or the pp group (a pipeline of pp_size stages), DDP on the
+  // dp axis. tp_size/pp_size not given: what `tessera launch --tp-size/--pp-size` passed on
+  // (TESSERA_TP_SIZE, TESSERA_PP_SIZE), else 1. Accelerate's nested `parallelism_config:
+  // {tp_size, dp_replicate_size, dp_shard_size, cp_size}` sets the same fields.
+  int64_t dp_size = -1;  // -1 = the world over tp_size x pp_size
+  int64_t tp_size = 1;
+  int64_t pp_size = 1;
+  // pp_size > 1: each dp rank's rows of a step cut into this many micro-batches, run down the
+  // pipeline in pipeline_schedule's order (1f1b | afab); they are the step's accumulation.
+  int64_t pipeline_micro_batches = 1;
+  std::string pipeline_schedule = "1f1b";
   // ---- preemption (preemption.h) ----
   // Signals that make train() save a checkpoint and stop ("none" or empty: none).
   std::vector<std::string> preempt_signals = {"TERM", "INT", "USR1"};

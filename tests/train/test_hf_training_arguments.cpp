@@ -314,3 +314,48 @@ TEST(HfTrainingArguments, GradientCheckpointingKwargsSelectThePolicy) {
 }
 
 }  // namespace
+
+namespace {
+
+// Accelerate's ParallelismConfig as a nested mapping: tp_size and dp_replicate_size are the
+// mesh's tp_size and dp_size (saved under those names, not as the mapping), the keys that have
+// no meaning here are refused by name, and the mapping and tp_size together are one setting
+// given twice.
+TEST(HfTrainingArguments, ParallelismConfigSetsTheMeshSizes) {
+  train::TrainingArguments a =
+      from({{"parallelism_config", {{"tp_size", 2}, {"dp_replicate_size", 3}, {"cp_size", 1}}}});
+  EXPECT_EQ(a.tp_size, 2);
+  EXPECT_EQ(a.dp_size, 3);
+  EXPECT_EQ(a.pp_size, 1);
+  const Json saved = a.to_json();
+  EXPECT_EQ(saved["tp_size"], 2);
+  EXPECT_EQ(saved["dp_size"], 3);
+  EXPECT_FALSE(saved.contains("parallelism_config"));
+  const train::TrainingArguments b = from({{"pp_size", 3}, {"micro_batches", 4}});
+  EXPECT_EQ(b.pp_size, 3);
+  EXPECT_EQ(b.pipeline_micro_batches, 4);  // --micro-batches' name
+  auto refused = [](const Json& values) {
+    try {
+      from(values);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refused({{"parallelism_config", {{"cp_size", 2}}}}).find("cp_size 2 asks for context"),
+            std::string::npos);
+  EXPECT_NE(refused({{"parallelism_config", {{"dp_shard_size", 4}}}})
+                .find("dp_shard_size 4 asks for FSDP sharding"),
+            std::string::npos);
+  EXPECT_NE(refused({{"parallelism_config", {{"sp_size", 2}}}}).find("unknown key \"sp_size\""),
+            std::string::npos);
+  EXPECT_NE(refused({{"parallelism_config", {{"tp_size", 0}}}}).find("whole number >= 1, got 0"),
+            std::string::npos);
+  EXPECT_NE(refused({{"tp_size", 2}, {"parallelism_config", {{"tp_size", 2}}}})
+                .find("set the same setting"),
+            std::string::npos);
+  train::TrainingArguments bad = from({{"pipeline_schedule", "gpipe"}});
+  EXPECT_THROW(train::validate(bad), Error);
+}
+
+}  // namespace
