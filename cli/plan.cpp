@@ -30,7 +30,7 @@ namespace {
 struct PlanArgs {
   int64_t n_layer = 12, n_head = 12, n_embd = 768, vocab = 50304, block_size = 0;
   int zero_stage = 0, nproc = 1, grad_accum = 1;
-  int tp_size = 1, pp_size = 1, micro_batches = 1;  // the device mesh (dist/mesh_split.h)
+  int tp_size = 1, pp_size = 1, micro_batches = 1;  // the device mesh (dist/parallelize.h)
   int hybrid_shard_size = 0;  // 0: not hybrid
   int64_t batch = 8, seq = 1024;
   std::string dtype = "fp32", device = "cuda", offload = "none", max_memory, reduce_dtype;

@@ -12,7 +12,7 @@
 #include "tessera/dist/checkpoint.h"
 #include "tessera/dist/ddp.h"
 #include "tessera/dist/device_mesh.h"
-#include "tessera/dist/mesh_split.h"
+#include "tessera/dist/parallelize.h"
 #include "tessera/dist/pipeline_parallel.h"
 #include "tessera/dist/zero.h"
 #include "tessera/optim/adamw.h"

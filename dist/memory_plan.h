@@ -52,7 +52,7 @@ struct MemoryPlanOptions {
   // train` does at its end, and every --save-every steps, unless --save-strategy no. The save
   // phase is predicted either way; this says whether `peak` covers it.
   bool saves_checkpoints = true;
-  // The device mesh (dist/mesh_split.h) of `world` ranks: tp_size > 1 splits the model as the
+  // The device mesh (dist/parallelize.h) of `world` ranks: tp_size > 1 splits the model as the
   // run does (dist::split_over_mesh over a size-only mesh; the whole model released after it),
   // DDP or ZeRO-1/2 on the dp axis of world / tp_size ranks; rank 0's piece is planned (an
   // uneven vocabulary gives the last ranks one row more). pp_size > 1: plan_pipeline_stages.

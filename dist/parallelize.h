@@ -26,7 +26,12 @@
 //                loss is the vocabulary-parallel cross-entropy. Its model group is the mesh's
 //                model_group() (the tp x pp ranks of the replica), over which a norm of the
 //                whole model sums.
+//
+// Every program that trains a split model goes through here: `tessera train`'s Trainer
+// (train/task.cpp), `tessera plan --tp-size/--pp-size` (dist/memory_plan.cpp, over a size-only
+// mesh) and the mesh jobs of tests/dist.
 #pragma once
+#include <cstdint>
 #include <memory>
 
 #include "tessera/dist/device_mesh.h"
@@ -42,11 +47,36 @@ struct ParallelizeOptions {
   PipelineOptions pipeline;
 };
 
+// The split a mesh of this shape asks for (the table above).
+enum class MeshSplit { none, tensor_parallel, pipeline_parallel, tensor_parallel_pipeline };
+MeshSplit mesh_split_of(const MeshShape& shape);
+// "none", "tensor parallel", "pipeline parallel", "tensor-parallel pipeline"
+const char* mesh_split_name(MeshSplit split);
+
+// The refusals of the split, before anything is built or sent (no group needed), each naming
+// the numbers: a model other than GPT-2/Llama, GPT-2's dropout, a tp_size that does not divide
+// the heads, the kv heads or the MLP (check_tensor_parallel), a pp_size above the model's
+// blocks, pipeline micro-batches that do not divide `rows` (each dp replica's rows of a step).
+void check_mesh_split(const nn::CausalLM& model, const MeshShape& shape,
+                      const PipelineOptions& pipeline, int64_t rows);
+
+// This rank's piece of `model` as mesh_split_of(mesh.shape()) says, copied from `model` (left
+// as it is); null on a mesh of dp only. Collective over the groups the split uses.
+std::unique_ptr<nn::Module> split_over_mesh(const nn::CausalLM& model, const DeviceMesh& mesh,
+                                            const ParallelizeOptions& options = {});
+
+// After split_over_mesh, for a caller done with the whole model: its parameters keep their
+// shapes, dtypes and devices (its config, describe() and num_parameters() still read right) but
+// release their memory; any tensor `split` shares (none today: the splits copy what they keep)
+// is left alone. The model must not run afterwards.
+void release_parameter_memory(nn::Module& model, const nn::Module& split);
+
 // `model` (an nn::GPT or nn::Llama; any CausalLM on a mesh of dp only) split over `mesh` as the
 // header says. Refused before anything is built or sent, naming the numbers: what
 // tensor_parallel refuses for the tp size (heads, kv heads, MLP width, vocabulary, dropout),
 // what pipeline_parallel refuses for the pp size (more stages than blocks, micro-batches < 1,
 // dropout). Collective over the mesh's groups the split uses.
+// split_over_mesh for a caller that hands the model over: the model itself on dp only.
 std::unique_ptr<nn::Module> parallelize(std::unique_ptr<nn::CausalLM> model, const DeviceMesh& mesh,
                                         const ParallelizeOptions& options = {});
 

@@ -5,7 +5,7 @@
 #include "tessera/core/device.h"
 #include "tessera/core/error.h"
 #include "tessera/dist/env.h"
-#include "tessera/dist/mesh_split.h"
+#include "tessera/dist/parallelize.h"
 
 namespace tessera::train {
 
@@ -81,13 +81,6 @@ void check_mesh_settings(const TrainingArguments& args, int world_size) {
                 args.describe("offload"), " is ", args.offload);
   TESSERA_CHECK(args.hybrid_shard_size == -1, mesh, " does not support hybrid sharding, but ",
                 args.describe("hybrid_shard_size"), " is ", args.hybrid_shard_size);
-  // Clipping and checkpoints of a split model run under DDP only (Accelerator::clip_grad_norm_,
-  // save_state), and a run always saves its model: ZeRO-1/2 on the dp axis is for programs of
-  // their own (docs/mesh.md).
-  TESSERA_CHECK(stage == 0, mesh,
-                " clips and checkpoints the split model under DDP on the dp "
-                "axis only, but ",
-                args.describe("zero_stage"), " is ", stage, "; use zero_stage 0");
   TESSERA_CHECK(args.sample_every == 0, mesh,
                 " splits the model over ranks, so the main process "
                 "alone cannot sample from it; ",
@@ -96,7 +89,7 @@ void check_mesh_settings(const TrainingArguments& args, int world_size) {
                 " runs the split model without dropout (the ranks' "
                 "draws could not be one process's); ",
                 args.describe("dropout"), " is ", args.dropout);
-  if (split != dist::MeshSplit::pipeline_parallel) return;
+  if (shape.pp == 1) return;
   TESSERA_CHECK(!args.fp16, mesh, " does not support fp16 loss scaling (", args.describe("fp16"),
                 "); use bf16 or fp32");
   TESSERA_CHECK(args.gradient_accumulation_steps == 1, mesh, ": ",

@@ -12,7 +12,7 @@
 #include "tessera/core/file_io.h"
 #include "tessera/core/random.h"
 #include "tessera/dist/env.h"
-#include "tessera/dist/mesh_split.h"
+#include "tessera/dist/parallelize.h"
 #include "tessera/nn/gpt.h"
 #include "tessera/nn/llama.h"
 #include "tessera/train/accelerator_options.h"

@@ -1,7 +1,7 @@
 #include "tessera/train/task.h"
 
 #include "tessera/core/error.h"
-#include "tessera/dist/mesh_split.h"
+#include "tessera/dist/parallelize.h"
 #include "tessera/train/accelerator_options.h"
 
 namespace tessera::train {
@@ -40,7 +40,7 @@ class CausalLMTask : public TrainingTask {
   void split_over_mesh(dist::Accelerator& acc, const TrainingArguments& args) override {
     const dist::PipelineOptions pipeline = pipeline_options(args);
     dist::check_mesh_split(model_, acc.mesh().shape(), pipeline, args.per_device_train_batch_size);
-    split_ = dist::split_over_mesh(model_, acc.mesh(), pipeline);
+    split_ = dist::split_over_mesh(model_, acc.mesh(), {.pipeline = pipeline});
     if (!split_) return;
     pipeline_ = dynamic_cast<dist::PipelineParallelCausalLM*>(split_.get());
     tensor_parallel_ = dynamic_cast<nn::CausalLM*>(split_.get());

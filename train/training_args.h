@@ -123,7 +123,7 @@ struct TrainingArguments {
   // own (half the bytes, no cast passes); "" = bf16 in a bf16 run, else fp32.
   std::string reduce_dtype;
   bool memory_report = false;      // print each rank's bytes by category next to ZeRO's formula
-  // ---- the device mesh (dist/device_mesh.h, dist/mesh_split.h; Accelerate's ParallelismConfig)
+  // ---- the device mesh (dist/device_mesh.h, dist/parallelize.h; Accelerate's ParallelismConfig)
   // ---- world = dp_size x pp_size x tp_size; the model is split over the tp group (tensor
   // parallelism) or the pp group (a pipeline of pp_size stages), DDP on the
   // dp axis. tp_size/pp_size not given: what `tessera launch --tp-size/--pp-size` passed on
