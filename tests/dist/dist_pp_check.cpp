@@ -11,8 +11,8 @@
 // "rank R: refused: MESSAGE" (exit 2). With --save-dir, the model directory save_pretrained
 // writes is read back by nn::load_causal_lm and must hold the gathered parameters, to the bit.
 //
-// With --bubble there is no comparison: a wider model (--width, default 128; 2 blocks per
-// stage, tokens 32) trains --steps steps (default 2) and each rank prints the bubble of the
+// With --bubble there is no comparison: a wider model (--width, default 128;
+// --blocks-per-stage, default 2; tokens 32) trains --steps steps (default 2) and each rank prints the bubble of the
 // last step's timeline (PipelineParallelCausalLM::bubble): "rank R: bubble p P m M SCHEDULE:
 // wall-clock W (stage 0 S, span ...), replayed CPU time C, logical L, theory T -> OK", where OK
 // means the logical figure (the stages' recorded orders in op slots) is within 10% of the
@@ -22,7 +22,8 @@
 // usage: dist_pp_check [--model gpt|llama] [--pp N (world size)] [--micro-batches M (8)]
 //                      [--schedule afab|1f1b] [--steps S] [--layers L (5)] [--vocab V (97)]
 //                      [--rows B (16)] [--untied] [--tied] [--rtol R] [--lr LR] [--eps EPS]
-//                      [--save-dir DIR] [--bubble] [--width C] [--assert-wall-clock]
+//                      [--save-dir DIR] [--bubble] [--width C] [--blocks-per-stage K]
+//                      [--assert-wall-clock]
 //                      [--assert-replayed] [--timeline] [--verbose (rank 0 prints every figure)]
 #include <cmath>
 #include <cstdio>
@@ -48,7 +49,7 @@ namespace {
 struct Options {
   std::string model = "gpt", schedule = "1f1b", save_dir;
   int pp = 0, steps = -1, micro_batches = 8;
-  int64_t layers = 5, vocab = 97, rows = 16, tokens = 11, width = 32;
+  int64_t layers = 5, vocab = 97, rows = 16, tokens = 11, width = 32, blocks_per_stage = 2;
   bool untied = false, tied = false, verbose = false, bubble = false, assert_wall_clock = false,
        assert_replayed = false, timeline = false;
   double rtol = 1e-6, lr = 1e-3, eps = 1e-8;
@@ -94,6 +95,7 @@ Options parse(int argc, char** argv) {
                                {"--schedule", &o.schedule},
                                {"--steps", &o.steps},
                                {"--layers", &o.layers},
+                               {"--blocks-per-stage", &o.blocks_per_stage},
                                {"--vocab", &o.vocab},
                                {"--rows", &o.rows},
                                {"--width", &o.width},
@@ -116,7 +118,7 @@ Options parse(int argc, char** argv) {
 // dwarfs its messages; no one-process comparison.
 int check_bubble(Options o, dist::ProcessGroup& world) {
   const int pp = o.pp ? o.pp : world.size();
-  o.layers = 2 * pp, o.tokens = 32, o.vocab = 64;
+  o.layers = o.blocks_per_stage * pp, o.tokens = 32, o.vocab = 64;
   if (o.width == 32) o.width = 128;
   dist::GroupPtr group = dist::pipeline_parallel_group(world, pp);
   auto pipe = dist::pipeline_parallel(
