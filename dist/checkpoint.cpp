@@ -110,11 +110,9 @@ void check_optimizer_state(const optim::OptimizerStateDict& state, const optim::
   std::map<size_t, std::set<std::string>> names;
   std::set<std::string> all_names;
   for (const auto& [key, t] : state.tensors) {
-    const size_t dot = key.find('.', 6);
-    TESSERA_CHECK(key.rfind("state.", 0) == 0 && dot != std::string::npos &&
-                      key.find_first_not_of("0123456789", 6) == dot && dot > 6,
-                  where, ": unexpected tensor \"", key, "\"");
-    const size_t index = std::stoul(key.substr(6, dot - 6));
+    const auto parsed = optim::parse_optimizer_state_key(key);
+    TESSERA_CHECK(parsed.has_value(), where, ": unexpected tensor \"", key, "\"");
+    const auto& [index, field] = *parsed;
     TESSERA_CHECK(index < params.size(), where, ": tensor \"", key, "\" names parameter ", index,
                   " but the optimizer has ", params.size());
     TESSERA_CHECK(t.shape() == params[index].shape(), where, ": tensor \"", key, "\" has shape ",
@@ -123,22 +121,25 @@ void check_optimizer_state(const optim::OptimizerStateDict& state, const optim::
     TESSERA_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, where, ": tensor \"", key,
                   "\" has dtype ", dtype_name(t.dtype()),
                   "; optimizer state is f32 (f64 for f64 parameters)");
-    names[index].insert(key.substr(dot + 1));
-    all_names.insert(key.substr(dot + 1));
+    names[index].insert(field);
+    all_names.insert(field);
   }
   for (const auto& [key, value] : state.scalars) {
-    if (key.rfind("state.", 0) != 0) continue;
-    TESSERA_CHECK(key.ends_with(".step"), where, ": unexpected scalar \"", key, "\"");
+    if (!key.starts_with(optim::kOptimizerStateKeyPrefix)) continue;
+    const auto parsed = optim::parse_optimizer_state_key(key);
+    TESSERA_CHECK(parsed && parsed->second == "step", where, ": unexpected scalar \"", key, "\"");
     TESSERA_CHECK(is_count(value), where, ": \"", key,
                   "\" must be a whole number from 0 to 2^53, got ", value);
-    const size_t index = std::stoul(key.substr(6));
     for (const std::string& name : all_names)
-      TESSERA_CHECK(names[index].count(name), where, ": tensor \"state.", index, ".", name,
+      TESSERA_CHECK(names[parsed->first].count(name), where, ": tensor \"",
+                    optim::optimizer_state_key(parsed->first, name),
                     "\" is missing (the other parameters have it)");
   }
-  for (const auto& [index, n] : names)
-    TESSERA_CHECK(state.scalars.count("state." + std::to_string(index) + ".step"), where,
-                  ": parameter ", index, " has state tensors but no \"state.", index, ".step\"");
+  for (const auto& [index, n] : names) {
+    const std::string step = optim::optimizer_state_key(index, "step");
+    TESSERA_CHECK(state.scalars.count(step), where, ": parameter ", index,
+                  " has state tensors but no \"", step, "\"");
+  }
 }
 
 // Checks a saved model against the module before it is loaded: same names, shapes and

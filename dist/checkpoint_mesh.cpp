@@ -11,13 +11,7 @@ namespace tessera::dist {
 namespace {
 // "state.12.exp_avg" -> {12, "exp_avg"}; {npos, ""} for keys of no parameter.
 std::pair<size_t, std::string> parameter_key(const std::string& key) {
-  if (key.rfind("state.", 0) != 0) return {std::string::npos, ""};
-  const size_t dot = key.find('.', 6);
-  if (dot == std::string::npos) return {std::string::npos, ""};
-  return {std::stoul(key.substr(6, dot - 6)), key.substr(dot + 1)};
-}
-std::string state_key(size_t index, const std::string& field) {
-  return "state." + std::to_string(index) + "." + field;
+  return optim::parse_optimizer_state_key(key).value_or(std::pair{std::string::npos, ""});
 }
 }  // namespace
 
@@ -79,8 +73,8 @@ optim::OptimizerStateDict whole_state_of_slices(
       if (!flat.defined())
         flat = zeros({p.numel()}, {.dtype = like.dtype(), .device = like.device()});
       group.all_reduce(flat, ReduceOp::Sum)->wait();
-      out.tensors[state_key(k, field)] = ops::reshape(flat, p.shape());
-      if (!steps.empty()) out.scalars[state_key(k, "step")] = *steps.begin();
+      out.tensors[optim::optimizer_state_key(k, field)] = ops::reshape(flat, p.shape());
+      if (!steps.empty()) out.scalars[optim::optimizer_state_key(k, "step")] = *steps.begin();
     }
   }
   return out;
@@ -114,7 +108,7 @@ optim::OptimizerStateDict gather_full_optimizer_state(const optim::OptimizerStat
       auto at = position.find(name);
       TESSERA_CHECK(at != position.end(), "gather_full_optimizer_state: ", name,
                     " is not a trainable parameter of the full model");
-      full.tensors[state_key(at->second, field)] = whole;
+      full.tensors[optim::optimizer_state_key(at->second, field)] = whole;
     }
   // Every rank of a mesh run steps in lock-step, every parameter with a gradient each time: a
   // rank's parameters share one step, which is every other rank's too (checked here, where a
@@ -129,7 +123,7 @@ optim::OptimizerStateDict gather_full_optimizer_state(const optim::OptimizerStat
                 "checkpoint needs every parameter updated on every step");
   for (const auto& entry : full.tensors)
     if (!distinct.empty())
-      full.scalars["state." + std::to_string(parameter_key(entry.first).first) + ".step"] =
+      full.scalars[optim::optimizer_state_key(parameter_key(entry.first).first, "step")] =
           *distinct.begin();
   return full;
 }
@@ -154,11 +148,11 @@ optim::OptimizerStateDict pieces_of_whole_optimizer_state(
     auto at = saved_index.find(names[k]);
     TESSERA_CHECK(at != saved_index.end(), where, ": no optimizer state was saved for ", names[k]);
     const size_t j = at->second;
-    auto step = saved.scalars.find("state." + std::to_string(j) + ".step");
+    auto step = saved.scalars.find(optim::optimizer_state_key(j, "step"));
     if (step == saved.scalars.end()) continue;  // not updated yet when saved
-    mine.scalars["state." + std::to_string(k) + ".step"] = step->second;
+    mine.scalars[optim::optimizer_state_key(k, "step")] = step->second;
     for (const auto& [field, t] : fields[j])
-      mine.tensors[state_key(k, field)] = model ? model->piece_of(names[k], t) : t;
+      mine.tensors[optim::optimizer_state_key(k, field)] = model ? model->piece_of(names[k], t) : t;
   }
   return mine;
 }

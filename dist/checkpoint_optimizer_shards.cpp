@@ -56,12 +56,12 @@ void save_sharded_optimizer(const std::string& dir, const DataParallelStrategy& 
   std::map<std::string, std::string> metadata{{"format", "tessera.optimizer_shard"}};
   std::map<std::string, int> repeats;  // a parameter's pieces on this rank so far (hybrid: several)
   for (size_t k = 0; k < slices.size(); ++k) {
-    const std::string prefix = "state." + std::to_string(k) + ".";
-    auto step = state.scalars.find(prefix + "step");
+    auto step = state.scalars.find(optim::optimizer_state_key(k, "step"));
     if (step == state.scalars.end()) continue;  // never updated
     const std::string key = shard_entry_key(slices[k].name, repeats[slices[k].name]++);
     for (const std::string& field : kFields)
-      if (auto it = state.tensors.find(prefix + field); it != state.tensors.end())
+      if (auto it = state.tensors.find(optim::optimizer_state_key(k, field));
+          it != state.tensors.end())
         tensors.emplace_back(key + "/" + field,
                              ops::view(ops::contiguous(it->second), {slices[k].numel}));
     metadata[key] = std::to_string(slices[k].begin) + " " + std::to_string(slices[k].numel) + " " +
@@ -112,7 +112,6 @@ optim::OptimizerStateDict reslice(const Sources& sources, std::map<std::string, 
     const auto& want = slices[k];
     auto it = sources.find(want.name);
     if (it == sources.end()) continue;  // not updated when saved
-    const std::string prefix = "state." + std::to_string(k) + ".";
     int64_t covered = 0, step = 0;
     for (const std::string& field : kFields) {
       Tensor out;
@@ -133,11 +132,12 @@ optim::OptimizerStateDict reslice(const Sources& sources, std::map<std::string, 
       TESSERA_CHECK(field_covered == want.numel, where, " holds ", field_covered, " of the ",
                     want.numel, " elements of '", want.name, "' [", want.begin, ", ",
                     want.begin + want.numel, ") for ", field);
-      state.tensors[prefix + field] =
+      state.tensors[optim::optimizer_state_key(k, field)] =
           ops::to(ops::view(out, params[k].shape()), params[k].device(), out.dtype());
       covered = field_covered;
     }
-    if (covered > 0) state.scalars[prefix + "step"] = static_cast<double>(step);
+    if (covered > 0)
+      state.scalars[optim::optimizer_state_key(k, "step")] = static_cast<double>(step);
   }
   return state;
 }
@@ -201,14 +201,15 @@ optim::OptimizerStateDict reslice_whole_optimizer(const optim::OptimizerStateDic
   std::map<std::string, double> scalars;
   for (const auto& [key, value] : saved.scalars) {
     if (key.rfind("group.", 0) == 0) scalars[key] = value;
-    if (key.rfind("state.", 0) != 0 || !key.ends_with(".step")) continue;
-    const size_t k = std::stoul(key.substr(6));
+    const auto parsed = optim::parse_optimizer_state_key(key);
+    if (!parsed || parsed->second != "step") continue;
+    const size_t k = parsed->first;
     TESSERA_CHECK(k < saved_names.size(), where, ": \"", key, "\" names parameter ", k,
                   " but the checkpoint names ", saved_names.size());
-    const std::string prefix = "state." + std::to_string(k) + ".";
     Source src;
     for (const std::string& field : kFields)
-      if (auto it = saved.tensors.find(prefix + field); it != saved.tensors.end())
+      if (auto it = saved.tensors.find(optim::optimizer_state_key(k, field));
+          it != saved.tensors.end())
         src.fields[field] = ops::reshape(ops::contiguous(it->second), {it->second.numel()});
     TESSERA_CHECK(!src.fields.empty(), where, ": parameter ", k, " ('", saved_names[k],
                   "') has a step count but no state tensors");

@@ -167,9 +167,8 @@ OptimizerStateDict Optimizer::state_dict() const {
   for (size_t i = 0; i < states_.size(); ++i) {
     const auto& s = states_[i];
     if (s.step == 0 && s.tensors.empty()) continue;  // never updated
-    const std::string prefix = "state." + std::to_string(i) + ".";
-    out.scalars[prefix + "step"] = static_cast<double>(s.step);
-    for (const auto& [k, t] : s.tensors) out.tensors[prefix + k] = t;
+    out.scalars[optimizer_state_key(i, "step")] = static_cast<double>(s.step);
+    for (const auto& [k, t] : s.tensors) out.tensors[optimizer_state_key(i, k)] = t;
   }
   return out;
 }
@@ -192,22 +191,22 @@ void Optimizer::load_state_dict(const OptimizerStateDict& state) {
                 " parameter groups");
   const std::vector<Tensor> params = parameters();
   for (const auto& [key, value] : state.scalars) {
-    if (key.rfind("state.", 0) != 0) continue;
-    const size_t index = std::stoul(key.substr(6));
-    TESSERA_CHECK(index < params.size(), name(), "::load_state_dict: state key '", key,
-                  "' names parameter ", index, " but the optimizer has ", params.size());
+    const auto parsed = parse_optimizer_state_key(key);
+    if (!parsed) continue;
+    TESSERA_CHECK(parsed->first < params.size(), name(), "::load_state_dict: state key '", key,
+                  "' names parameter ", parsed->first, " but the optimizer has ", params.size());
   }
   std::vector<ParamState> loaded(states_.size());
   for (size_t i = 0; i < params.size(); ++i) {
-    const std::string prefix = "state." + std::to_string(i) + ".";
-    auto step_it = state.scalars.find(prefix + "step");
+    auto step_it = state.scalars.find(optimizer_state_key(i, "step"));
     if (step_it == state.scalars.end()) continue;  // not updated yet when saved
     loaded[i].step = static_cast<int64_t>(step_it->second);
     for (const auto& tname : state_tensor_names()) {
-      auto it = state.tensors.find(prefix + tname);
+      const std::string key = optimizer_state_key(i, tname);
+      auto it = state.tensors.find(key);
       if (it == state.tensors.end()) continue;  // e.g. SGD without momentum keeps none
       const Tensor& src = it->second;
-      TESSERA_CHECK(src.shape() == params[i].shape(), name(), "::load_state_dict: '", prefix, tname,
+      TESSERA_CHECK(src.shape() == params[i].shape(), name(), "::load_state_dict: '", key,
                     "' has shape ", shape_str(src.shape()), " but parameter ", i, " has shape ",
                     shape_str(params[i].shape()));
       // Moments keep the dtype they were saved in (f32 for low-precision parameters).
@@ -215,6 +214,21 @@ void Optimizer::load_state_dict(const OptimizerStateDict& state) {
     }
   }
   states_ = std::move(loaded);
+}
+
+std::string optimizer_state_key(size_t index, const std::string& field) {
+  return std::string(kOptimizerStateKeyPrefix) + std::to_string(index) + "." + field;
+}
+
+std::optional<std::pair<size_t, std::string>> parse_optimizer_state_key(const std::string& key) {
+  constexpr size_t kPrefix = kOptimizerStateKeyPrefix.size();
+  if (!key.starts_with(kOptimizerStateKeyPrefix)) return std::nullopt;
+  const size_t dot = key.find('.', kPrefix);
+  if (dot == std::string::npos || dot == kPrefix || dot + 1 == key.size() ||
+      key.find_first_not_of("0123456789", kPrefix) != dot)
+    return std::nullopt;
+  return std::pair{static_cast<size_t>(std::stoull(key.substr(kPrefix, dot - kPrefix))),
+                   key.substr(dot + 1)};
 }
 
 void save_optimizer_state(const OptimizerStateDict& state, const std::string& path) {

@@ -8,7 +8,9 @@
 #pragma once
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -34,6 +36,13 @@ struct OptimizerStateDict {
   std::map<std::string, Tensor> tensors;
   std::map<std::string, double> scalars;
 };
+
+// The per-parameter keys of an OptimizerStateDict, spelled here only: "state.{i}.{field}"
+// ("state.3.exp_avg", "state.3.step"), every one starting with kOptimizerStateKeyPrefix.
+inline constexpr std::string_view kOptimizerStateKeyPrefix = "state.";
+std::string optimizer_state_key(size_t index, const std::string& field);
+// {i, field} of such a key; nullopt for any other key ("group.0.lr", a malformed one).
+std::optional<std::pair<size_t, std::string>> parse_optimizer_state_key(const std::string& key);
 
 class Optimizer {
  public:

@@ -555,3 +555,18 @@ TEST(LossScaler, ScalesUnscalesSkipsAndGrows) {
   optim::LossScaler off({.enabled = false});
   EXPECT_EQ(off.scale(), 1.0);
 }
+
+// The per-parameter keys of a state dict are spelled in one place: made and read back there,
+// other keys (the groups') and malformed ones are not parameters'.
+TEST(OptimizerStateKeys, RoundTripAndRefuseOtherKeys) {
+  using tessera::optim::optimizer_state_key;
+  using tessera::optim::parse_optimizer_state_key;
+  EXPECT_EQ(optimizer_state_key(12, "exp_avg"), "state.12.exp_avg");
+  const auto parsed = parse_optimizer_state_key(optimizer_state_key(12, "exp_avg_sq"));
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(parsed->first, 12u);
+  EXPECT_EQ(parsed->second, "exp_avg_sq");
+  for (const char* other : {"group.0.lr", "state.3", "state..step", "state.x.step", "state.3.",
+                            "state.-1.step", "states.1.step"})
+    EXPECT_FALSE(parse_optimizer_state_key(other).has_value()) << other;
+}
