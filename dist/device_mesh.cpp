@@ -100,16 +100,21 @@ GroupPtr DeviceMesh::make_group(const std::string& name,
   ProcessGroupOptions options = world_->options();
   options.name = world_->options().name + "/" + name;
   if (size == 1) return std::make_shared<SingleProcessGroup>(options);
-  GroupPtr group;
-  // Every group, each once, in the order of its lowest rank.
-  for (int r = 0; r < world_->size(); ++r) {
-    const std::vector<int> ranks = ranks_of(r);
-    if (ranks.front() != r) continue;
-    GroupPtr created = world_->new_group(ranks);
-    if (created) group = std::move(created);
-  }
+  GroupPtr group = new_partition_group(*world_, ranks_of);
   TESSERA_CHECK(group != nullptr, "device mesh: rank ", world_->rank(), " is in no ", name,
                 " group");
+  return group;
+}
+
+GroupPtr new_partition_group(ProcessGroup& world,
+                             const std::function<std::vector<int>(int)>& ranks_of) {
+  GroupPtr group;
+  for (int r = 0; r < world.size(); ++r) {
+    const std::vector<int> ranks = ranks_of(r);
+    if (ranks.front() != r) continue;
+    GroupPtr created = world.new_group(ranks);
+    if (created) group = std::move(created);
+  }
   return group;
 }
 

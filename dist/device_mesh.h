@@ -55,6 +55,12 @@ std::vector<int> mesh_group_ranks(const MeshShape& shape, MeshAxis axis, int ran
 // model spans ([d·tp·pp, (d+1)·tp·pp)).
 std::vector<int> mesh_replica_ranks(const MeshShape& shape, int rank);
 
+// Collective over `world`: creates every group ranks_of(r) names for the world's ranks r, each
+// once, in the order of its lowest rank (new_group is collective over the world), and returns
+// this rank's. The layout comes from ranks_of alone (mesh_group_ranks, mesh_replica_ranks).
+GroupPtr new_partition_group(ProcessGroup& world,
+                             const std::function<std::vector<int>(int)>& ranks_of);
+
 class DeviceMesh {
  public:
   // Collective over `world`: checks the shape (resolve_mesh_shape) before any communication,

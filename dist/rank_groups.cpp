@@ -1,22 +1,18 @@
 #include "tessera/dist/rank_groups.h"
 
-#include <vector>
+#include "tessera/dist/device_mesh.h"
 
 namespace tessera::dist {
 
+// The world as a mesh of `size` ranks along its innermost axis (tp), so that the layout is the
+// mesh's (dist/device_mesh.h: mesh_rank) whoever asks: blocks [0, size), [size, 2 size), ...
 std::shared_ptr<ProcessGroup> consecutive_rank_group(ProcessGroup& world, int size,
                                                      const std::string& what) {
   TESSERA_CHECK(size >= 1 && world.size() % size == 0, what, " ", size,
                 " does not divide the world size ", world.size());
-  std::shared_ptr<ProcessGroup> mine;
-  // new_group is collective over the world: every rank creates every group, in order.
-  for (int first = 0; first < world.size(); first += size) {
-    std::vector<int> ranks;
-    for (int r = first; r < first + size; ++r) ranks.push_back(r);
-    std::shared_ptr<ProcessGroup> group = world.new_group(ranks);
-    if (group) mine = group;
-  }
-  return mine;
+  const MeshShape shape{.dp = world.size() / size, .tp = size, .pp = 1};
+  return new_partition_group(world,
+                             [&](int rank) { return mesh_group_ranks(shape, MeshAxis::tp, rank); });
 }
 
 }  // namespace tessera::dist

@@ -1,5 +1,6 @@
-// Groups of consecutive ranks: the tensor-parallel groups and the pipelines (and, in issue 41's
-// mesh, the innermost axis of it) are the world cut into blocks [0, n), [n, 2n), ...
+// Groups of consecutive ranks: the tensor-parallel groups and the pipelines of a world that runs
+// one of them alone are the world cut into blocks [0, n), [n, 2n), ...: the innermost axis of
+// the device mesh (dist/device_mesh.h), whose layout rank_groups.cpp uses.
 #pragma once
 #include <memory>
 #include <string>
