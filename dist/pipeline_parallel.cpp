@@ -385,7 +385,8 @@ PipelineBubble PipelineParallelCausalLM::bubble() const {
     for (const PipelineTimeline& t : replayed) busy.push_back(t.busy_s());
     return pipeline_bubble(busy, replayed.front().span_s());
   };
-  out.replayed = bubble_of(replay_pipeline(by_cpu));
+  out.replayed_timelines = replay_pipeline(by_cpu);
+  out.replayed = bubble_of(out.replayed_timelines);
   out.logical = bubble_of(replay_pipeline(by_slots));
   out.theory = theoretical_bubble(stages(), options_.micro_batches);
   return out;

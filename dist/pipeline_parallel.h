@@ -137,6 +137,9 @@ struct PipelineBubble {
   double logical = 0;
   double theory = 0;  // theoretical_bubble
   double span_s = 0;  // the step's wall-clock span, seconds
+  // The replay behind `replayed`, one timeline per stage (seconds from the step's start), for
+  // a chart of it (tests/dist/dist_pp_check --timeline, scripts/parallel_timeline.py).
+  std::vector<PipelineTimeline> replayed_timelines;
 };
 
 // An nn::GPT or nn::Llama cut into the stages of a pipeline group. Stage s holds blocks

@@ -9,9 +9,9 @@ taken from real runs (docs/mesh.md shows their output).
   order it ran them, with their wall-clock times and CPU times. The chart places that order
   on a clock where each op lasts its CPU time and starts once its stage is free and its input
   has arrived (a forward: the previous stage's forward of the micro-batch; a backward: the
-  next stage's backward of it), as PipelineParallelCausalLM::bubble's "replayed" figure does
-  (dist/pipeline_parallel.h, replay_pipeline): the run's own order and work, with a processor
-  per stage. The wall-clock rows follow (on a machine with fewer cores than ranks they show
+  next stage's backward of it): the replay behind PipelineParallelCausalLM::bubble's
+  "replayed" figure (dist/pipeline_parallel.h, replay_pipeline), which rank 0 prints; the run's
+  own order and work, with a processor per stage. The wall-clock rows follow (on a machine with fewer cores than ranks they show
   the ranks waiting for the cores as much as for each other).
 - Tensor parallelism: dist_tp_check --timeline on --tp ranks (GPT-2, 2 blocks); each rank
   prints the collectives of its last step (all-reduces of the f and g functions) with their
@@ -36,37 +36,6 @@ def run(build, nproc, program, args):
     return out.stdout + out.stderr
 
 
-def replay(stages):
-    """Each stage's ops [(kind, m, cpu)] in its order -> [(kind, m, start, end)] per stage."""
-    done = {}  # (stage, kind, m) -> end
-    clock = [0.0] * len(stages)
-    nxt = [0] * len(stages)
-    out = [[] for _ in stages]
-    p = len(stages)
-    while any(nxt[s] < len(stages[s]) for s in range(p)):
-        moved = False
-        for s in range(p):
-            if nxt[s] == len(stages[s]):
-                continue
-            kind, m, cpu = stages[s][nxt[s]]
-            dep = None
-            if kind == "F" and s > 0:
-                dep = (s - 1, "F", m)
-            if kind == "B" and s < p - 1:
-                dep = (s + 1, "B", m)
-            if dep is not None and dep not in done:
-                continue
-            start = max(clock[s], done[dep] if dep else 0.0)
-            clock[s] = start + cpu
-            done[(s, kind, m)] = clock[s]
-            out[s].append((kind, m, start, clock[s]))
-            nxt[s] += 1
-            moved = True
-        if not moved:
-            sys.exit("parallel_timeline: the stages' orders cannot finish")
-    return out
-
-
 def draw(rows, span, width=100, label="stage"):
     """rows: [[(text, start, end)]] -> lines of a text chart `width` columns wide."""
     scale = width / span
@@ -87,32 +56,30 @@ def draw(rows, span, width=100, label="stage"):
 def pipeline(build, pp, m):
     text = run(build, pp, "dist_pp_check", ["--bubble", "--timeline", "--schedule", "1f1b",
                                              "--micro-batches", str(m), "--steps", "3"])
-    stages, wall, bubble = {}, {}, None
+    replayed, wall, bubble = {}, {}, None
     for line in text.splitlines():
         t = re.search(r"rank (\d+) timeline \(ms\):(.*)", line)
         if t:
             ops = re.findall(r"([FB])(\d+)\[([\d.]+),([\d.]+) cpu ([\d.]+)\]", t.group(2))
-            stages[int(t.group(1))] = [(k, int(i), float(c)) for k, i, _, _, c in ops]
             wall[int(t.group(1))] = [(k + i, float(a), float(b)) for k, i, a, b, _ in ops]
+        r = re.search(r"replayed stage (\d+) \(ms\):(.*)", line)
+        if r:
+            ops = re.findall(r"([FB])(\d+)\[([\d.]+),([\d.]+)\]", r.group(2))
+            replayed[int(r.group(1))] = [(k + i, float(a), float(b)) for k, i, a, b in ops]
         b = re.search(r"rank 0: bubble .*", line)
         if b:
             bubble = b.group(0)
-    order = [stages[s] for s in range(pp)]
-    replayed = replay(order)
-    span = max(op[3] for ops in replayed for op in ops)
-    busy = sum(op[3] - op[2] for ops in replayed for op in ops)
+    rows = [replayed[s] for s in range(pp)]
+    span = max(b for ops in rows for _, _, b in ops)
     print("1F1B, %d stages, %d micro-batches: each op for its CPU time (ms), in the order the "
           "stages ran them; F = forward, B = backward of micro-batch n" % (pp, m))
-    for line in draw([[(k + str(i), a, b) for k, i, a, b in ops] for ops in replayed], span):
+    for line in draw(rows, span):
         print(line)
-    print("span %.1f ms; bubble 1 - busy/(p*span) = %.4f; theory (p-1)/(m+p-1) = %.4f"
-          % (span, 1 - busy / (pp * span), (pp - 1) / (m + pp - 1)))
+    print("span %.1f ms; %s" % (span, bubble.replace("rank 0: ", "") if bubble else ""))
     wall_span = max(b for ops in wall.values() for _, _, b in ops)
     print("\nThe same step on the wall clock (ms 0-%.1f):" % wall_span)
     for line in draw([wall[s] for s in range(pp)], wall_span):
         print(line)
-    if bubble:
-        print(bubble)
 
 
 def tensor(build, tp):

@@ -17,7 +17,8 @@
 // wall-clock W (stage 0 S, span ...), replayed CPU time C, logical L, theory T -> OK", where OK
 // means the logical figure (the stages' recorded orders in op slots) is within 10% of the
 // theory, and with --assert-replayed / --assert-wall-clock those figures too. --timeline
-// prints every stage's ops (ms: start, end, CPU time).
+// prints every stage's ops (ms: start, end, CPU time) and rank 0 the replay of them behind the
+// replayed figure ("replayed stage S (ms): F0[start,end] ...").
 //
 // usage: dist_pp_check [--model gpt|llama] [--pp N (world size)] [--micro-batches M (8)]
 //                      [--schedule afab|1f1b] [--steps S] [--layers L (5)] [--vocab V (97)]
@@ -140,6 +141,17 @@ int check_bubble(Options o, dist::ProcessGroup& world) {
       ops += item;
     }
     std::printf("rank %d timeline (ms):%s\n", world.rank(), ops.c_str());
+    if (world.rank() == 0)  // every stage's order replayed with its CPU times
+      for (size_t s = 0; s < b.replayed_timelines.size(); ++s) {
+        std::string replayed;
+        for (const dist::PipelineEvent& e : b.replayed_timelines[s].events) {
+          char item[48];
+          std::snprintf(item, sizeof item, " %c%d[%.2f,%.2f]", e.op.kind ? 'B' : 'F',
+                        e.op.micro_batch, 1e3 * e.start_s, 1e3 * e.end_s);
+          replayed += item;
+        }
+        std::printf("replayed stage %zu (ms):%s\n", s, replayed.c_str());
+      }
   }
   auto within = [&](double figure) { return std::fabs(figure - b.theory) <= 0.1 * b.theory; };
   const bool ok = within(b.logical) && (!o.assert_replayed || within(b.replayed)) &&
