@@ -101,7 +101,7 @@ int resolved_zero_stage(AcceleratorOptions options) {
 Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
   check_tracker_options();  // before anything is created
   take_launch_settings(options_);
-  resolve_sharding_options();
+  resolve_sharding(options_);
   TESSERA_CHECK(options_.gradient_accumulation_steps >= 1,
                 "Accelerator: gradient_accumulation_steps must be >= 1, got ",
                 options_.gradient_accumulation_steps);
@@ -147,8 +147,6 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
     for (const std::string& note : options_.deepspeed->notes)
       std::cerr << options_.deepspeed->source << ": note: " << note << "\n";
 }
-
-void Accelerator::resolve_sharding_options() { resolve_sharding(options_); }
 
 // The mesh's shape against the launch's world size, and what cannot run on a mesh with tensor
 // or pipeline parallelism: ZeRO-3 (it would shard and gather the split model's parameters on

@@ -423,7 +423,6 @@ class Accelerator {
   void attach_optimizers();
   void resolve_hybrid_sharding();
   std::function<void()> stage_model_weights(const std::string& dir, size_t model_index);
-  void resolve_sharding_options();
   void check_tracker_options();
   void finish_trackers();
   std::vector<std::string> log_with_names_;
