@@ -24,6 +24,17 @@ void check_like(const char* op, const Tensor& a, const char* a_name, const Tenso
                 b.defined() ? shape_str(b.shape()) + " " + dtype_name(b.dtype()) : "undefined");
 }
 
+// fn(T{}) for the floating element type T of `like` (the callers checked it is one).
+template <class Fn>
+void each_float_element(const Tensor& like, Fn&& fn) {
+  visit_dtype(like.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> ||
+                  std::is_same_v<T, BFloat16>)
+      fn(T{});
+  });
+}
+
 // out[i] = in[i] * (kept ? scale : 0), four elements per Philox block, as the composition's
 // multiply rounds (the product in compute_t, then the dtype).
 void dropout_apply(const char* op, const Tensor& in, const DropoutDraw& draw, const Tensor& out) {
@@ -32,23 +43,20 @@ void dropout_apply(const char* op, const Tensor& in, const DropoutDraw& draw, co
   const uint64_t keep_from = dropout_keep_from(draw.p);
   const double scale = dropout_kept_scale(draw.p, in.dtype());
   const int64_t n = in.numel();
-  visit_dtype(in.dtype(), [&](auto tag) {
+  each_float_element(in, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> ||
-                  std::is_same_v<T, BFloat16>) {
-      using C = compute_t<T>;
-      const T* x = static_cast<const T*>(in.raw_data());
-      T* y = static_cast<T*>(out.raw_data());
-      const C kept = static_cast<C>(scale);
-      const int64_t blocks = (n + 3) / 4;
+    using C = compute_t<T>;
+    const T* x = static_cast<const T*>(in.raw_data());
+    T* y = static_cast<T*>(out.raw_data());
+    const C kept = static_cast<C>(scale);
+    const int64_t blocks = (n + 3) / 4;
 #pragma omp parallel for schedule(static) if (n >= kParallelGrain)
-      for (int64_t b = 0; b < blocks; ++b) {
-        const Philox4 words = philox4x32_10(draw.seed, draw.offset + static_cast<uint64_t>(b));
-        for (int64_t j = 0; j < 4 && 4 * b + j < n; ++j) {
-          const int64_t i = 4 * b + j;
-          const C mask = words.v[j] >= keep_from ? kept : C(0);
-          y[i] = convert<T>(convert<C>(x[i]) * mask);
-        }
+    for (int64_t b = 0; b < blocks; ++b) {
+      const Philox4 words = philox4x32_10(draw.seed, draw.offset + static_cast<uint64_t>(b));
+      for (int64_t j = 0; j < 4 && 4 * b + j < n; ++j) {
+        const int64_t i = 4 * b + j;
+        const C mask = words.v[j] >= keep_from ? kept : C(0);
+        y[i] = convert<T>(convert<C>(x[i]) * mask);
       }
     }
   });
@@ -59,16 +67,6 @@ void dropout_forward(const Tensor& x, const DropoutDraw& draw, const Tensor& out
 }
 void dropout_backward(const Tensor& dy, const DropoutDraw& draw, const Tensor& dx) {
   dropout_apply("dropout_backward", dy, draw, dx);
-}
-
-template <class Fn>
-void each_float_element(const Tensor& like, Fn&& fn) {
-  visit_dtype(like.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> ||
-                  std::is_same_v<T, BFloat16>)
-      fn(T{});
-  });
 }
 
 void gelu_erf_forward(const Tensor& x, const Tensor& out) {
