@@ -8,8 +8,8 @@
 #     PREV_SRC: a source tree of the earlier commit (e.g. `git archive OLD | tar -x -C .prev`)
 #     build: build both trees only; time: time only (the builds exist); all (default): both.
 #     On the lent GPU machine PREV_SRC travels as a carried, git-ignored folder; a later call
-#     that carries it again replaces it there, its build-gpu/ included: carry it once, or use
-#     `all` in every call.
+#     that carries it again replaces it there, its build-gpu/ included, and one that does not
+#     carry it may find it gone (seen on an H200, session 28): use `all` in every call.
 #   env: MODELS (default "124M llama shakespeare"; also 350M, 774M), STEPS (default 20),
 #        TESSERA_PYTHON (python with CUDA PyTorch), OUT (logs; default ./paired_out).
 set -uo pipefail
@@ -34,6 +34,13 @@ build_tree() {  # build_tree SRC LOG: the benchmark programs of one tree, half t
 
 if [[ $MODE == build || $MODE == all ]]; then
   t0=$(date +%s)
+  # Both trees take the cuDNN attention path only with the frontend headers (scripts/setup.sh
+  # fetches them into .deps, which git ignores: carry .deps/cudnn_frontend): the earlier tree
+  # uses this one's, so that the two builds differ in their code alone.
+  if [[ -d .deps/cudnn_frontend && ! -d $PREV/.deps/cudnn_frontend ]]; then
+    mkdir -p "$PREV/.deps" && cp -r .deps/cudnn_frontend "$PREV/.deps/"
+  fi
+  [[ -d .deps/cudnn_frontend ]] || echo "note: no .deps/cudnn_frontend: both trees build without cuDNN attention"
   build_tree . "$OUT/build_new.log" test_cuda test_nn test_autograd test_cli & new=$!
   build_tree "$PREV" "$OUT/build_prev.log" & old=$!
   wait $new || { grep -E "error|FAILED" "$OUT/build_new.log" | head -30; echo "new tree: BUILD FAILED"; exit 1; }
