@@ -180,9 +180,10 @@ void print_pipeline_plan(const PlanArgs& a) {
   const std::vector<dist::PipelineStagePlan> stages = dist::plan_pipeline_stages(plan_options(a));
   std::printf(
       "plan: GPT %lld layers, %lld heads, %lld channels, vocab %lld in %d pipeline stages "
-      "(x %d dp replicas, DDP), %s, %lldx%lld rows a rank in %d micro-batches\n",
+      "(x %d dp replicas, %s), %s, %lldx%lld rows a rank in %d micro-batches\n",
       (long long)a.n_layer, (long long)a.n_head, (long long)a.n_embd, (long long)a.vocab, a.pp_size,
-      a.nproc / a.pp_size, a.dtype.c_str(), (long long)a.batch, (long long)a.seq, a.micro_batches);
+      a.nproc / a.pp_size, a.zero_stage == 0 ? "DDP" : ("ZeRO-" + std::to_string(a.zero_stage)).c_str(),
+      a.dtype.c_str(), (long long)a.batch, (long long)a.seq, a.micro_batches);
   std::printf("%-8s %8s %12s %12s %12s %12s %14s %10s %14s\n", "stage", "blocks", "parameters",
               "params GiB", "grads GiB", "optim GiB", "sends a step", "bytes", "tied all-red.");
   for (const dist::PipelineStagePlan& s : stages) {

@@ -286,8 +286,8 @@ std::vector<PipelineStagePlan> plan_pipeline_stages(const MemoryPlanOptions& o) 
                 "plan_pipeline_stages: needs pp_size > 1 and "
                 "tp_size 1 (the mesh ",
                 shape.str(), ")");
-  TESSERA_CHECK(o.zero_stage == 0,
-                "plan_pipeline_stages: a pipeline trains under DDP on the dp "
+  TESSERA_CHECK(o.zero_stage <= 2,
+                "plan_pipeline_stages: a pipeline trains under DDP or ZeRO-1/2 on the dp "
                 "axis, not ZeRO-",
                 o.zero_stage);
   check_pipeline_parallel(o.model.n_layer, shape.pp, "GPT-2");
@@ -323,10 +323,14 @@ std::vector<PipelineStagePlan> plan_pipeline_stages(const MemoryPlanOptions& o) 
       }
       if (held) st.parameters += t.numel();
     }
-    const ZeroMemoryFormula kept = zero_memory_formula(
-        st.parameters, p_bytes, policy.low_precision_parameters(), /*stage=*/0, shape.dp);
+    // ZeRO-1 and ZeRO-2 shard the optimizer state over the dp axis. Between steps a ZeRO
+    // strategy keeps no gradient (a pipeline's micro-batches accumulate in full buckets within
+    // the step, reduced once by ZeroStrategy::sync_accumulated_gradients); DDP keeps its buckets.
+    const ZeroMemoryFormula kept =
+        zero_memory_formula(st.parameters, p_bytes, policy.low_precision_parameters(),
+                            std::min(o.zero_stage, 1), shape.dp);
     st.parameter_bytes = kept.parameters;
-    st.gradient_bytes = kept.gradients;
+    st.gradient_bytes = o.zero_stage == 0 ? kept.gradients : 0;
     st.optimizer_bytes = kept.optimizer;
     const int64_t sends =
         (last ? 0 : o.pipeline_micro_batches) + (first ? 0 : o.pipeline_micro_batches);

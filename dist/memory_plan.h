@@ -109,7 +109,8 @@ struct MemoryPlan {
 
 MemoryPlan plan_memory(const MemoryPlanOptions& options);
 
-// A pipeline of options.pp_size stages (options.world ranks, DDP on the dp axis): each stage's
+// A pipeline of options.pp_size stages (options.world ranks, DDP or ZeRO-1/2 on the dp axis:
+// ZeRO shards the optimizer state, the gradients stay whole): each stage's
 // blocks (pipeline_stage_blocks, the split's own cut) and what it keeps between steps, with
 // the model's own parameter shapes (a size-only model): its blocks, the embeddings on the first
 // stage, the final norm and head on the last (a tied head's copy of the token embedding too).
