@@ -282,10 +282,13 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
 
 std::vector<PipelineStagePlan> plan_pipeline_stages(const MemoryPlanOptions& o) {
   const MeshShape shape = resolve_mesh_shape({.tp = o.tp_size, .pp = o.pp_size}, o.world);
-  TESSERA_CHECK(shape.tp == 1 && shape.pp > 1,
-                "plan_pipeline_stages: needs pp_size > 1 and "
-                "tp_size 1 (the mesh ",
-                shape.str(), ")");
+  TESSERA_CHECK(shape.pp > 1, "plan_pipeline_stages: needs pp_size > 1 (the mesh ", shape.str(),
+                ")");
+  TESSERA_CHECK(shape.tp == 1, "plan: the mesh ", shape.str(),
+                " splits the model over tp and pp at once, which the plan does not lay out yet "
+                "(tessera train runs it); plan the tensor-parallel and the pipeline split "
+                "apart (--tp-size ",
+                shape.tp, ", then --pp-size ", shape.pp, ")");
   TESSERA_CHECK(o.zero_stage <= 2,
                 "plan_pipeline_stages: a pipeline trains under DDP or ZeRO-1/2 on the dp "
                 "axis, not ZeRO-",
