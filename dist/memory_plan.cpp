@@ -312,20 +312,9 @@ std::vector<PipelineStagePlan> plan_pipeline_stages(const MemoryPlanOptions& o) 
     const StageBlocks blocks = pipeline_stage_blocks(o.model.n_layer, s, shape.pp);
     st.blocks_begin = blocks.begin, st.blocks_end = blocks.end;
     const bool first = s == 0, last = s == shape.pp - 1;
-    for (const auto& [name, t] : model.named_parameters()) {
-      bool held = false;
-      if (name.starts_with("transformer.h.")) {
-        const int64_t block = std::stoll(name.substr(std::string("transformer.h.").size()));
-        held = block >= blocks.begin && block < blocks.end;
-      } else if (name.starts_with("transformer.wte.")) {
-        held = first || (last && tied);  // a tied head's copy on the last stage
-      } else if (name.starts_with("transformer.wpe.")) {
-        held = first;
-      } else {  // the final norm, an untied lm_head
-        held = last;
-      }
-      if (held) st.parameters += t.numel();
-    }
+    for (const auto& [name, t] : model.named_parameters())
+      if (pipeline_stage_holds(name, s, shape.pp, o.model.n_layer, tied))
+        st.parameters += t.numel();
     // ZeRO-1 and ZeRO-2 shard the optimizer state over the dp axis. Between steps a ZeRO
     // strategy keeps no gradient (a pipeline's micro-batches accumulate in full buckets within
     // the step, reduced once by ZeroStrategy::sync_accumulated_gradients); DDP keeps its buckets.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <map>
 #include <sstream>
 
 #include "tessera/autograd/functions.h"
@@ -137,6 +138,21 @@ StageBlocks pipeline_stage_blocks(int64_t blocks, int stage, int stages) {
   return {stage * blocks / stages, (stage + 1) * blocks / stages};
 }
 
+bool pipeline_stage_holds(const std::string& name, int stage, int stages, int64_t blocks,
+                          bool tied) {
+  const bool first = stage == 0, last = stage == stages - 1;
+  for (const std::string prefix : {"transformer.h.", "model.layers."})
+    if (name.starts_with(prefix)) {
+      const int64_t block = std::stoll(name.substr(prefix.size()));
+      const StageBlocks mine = pipeline_stage_blocks(blocks, stage, stages);
+      return block >= mine.begin && block < mine.end;
+    }
+  if (name.starts_with("transformer.wte.") || name.starts_with("model.embed_tokens."))
+    return first || (last && tied);
+  if (name.starts_with("transformer.wpe.")) return first;
+  return last;  // the final norm, an untied lm_head
+}
+
 void check_pipeline_parallel(int64_t blocks, int pp_size, const std::string& model) {
   TESSERA_CHECK(pp_size >= 1, "pipeline parallelism: pp_size must be >= 1, got ", pp_size);
   TESSERA_CHECK(pp_size <= blocks, "pipeline parallelism: pp_size ", pp_size, " exceeds the ",
@@ -213,28 +229,35 @@ void PipelineParallelCausalLM::finish_construction(const nn::CausalLM& full, int
   activations_ = {.dtype = mine.front().second.dtype(), .device = mine.front().second.device()};
   train(full.is_training());
   const nn::NamedTensors all = full.named_parameters();
-  // Each of the full model's parameters: the lowest stage that holds it (tied: the first).
-  std::vector<int32_t> holder(all.size(), stages());
-  for (size_t i = 0; i < all.size(); ++i)
-    for (const auto& [name, p] : mine)
-      if (name == all[i].first) {
-        // A tensor-parallel stage holds its slice.
-        Shape local = all[i].second.shape();
-        if (const ShardSpec* spec = spec_of(name); spec && !spec->replicated())
-          local[spec->dim] = spec->local_size(tensor_->rank());
-        TESSERA_CHECK(p.shape() == local, "pipeline parallelism: ", name, " is ",
-                      shape_str(p.shape()), " on stage ", stage(), " but ", shape_str(local),
-                      " in the full model", tensor_ ? "'s slice" : "");
-        holder[i] = stage();
-      }
-  Tensor holders =
-      from_vector(holder, {static_cast<int64_t>(holder.size())}, {.dtype = DType::i32});
-  group_->all_reduce(holders, ReduceOp::Min)->wait();
-  holder = holders.to_vector<int32_t>();
-  for (size_t i = 0; i < all.size(); ++i) {
-    TESSERA_CHECK(holder[i] < stages(), "pipeline parallelism: no stage holds ", all[i].first);
-    layout_.push_back({all[i].first, all[i].second.shape(), holder[i]});
+  std::map<std::string, Tensor> held(mine.begin(), mine.end());
+  // Each of the full model's parameters: this stage holds it (its shape, or its tensor-parallel
+  // slice's) exactly when pipeline_stage_holds says so, and the layout names the lowest stage
+  // that holds it (tied: the first), from the same rule on every rank: no communication.
+  for (const auto& [name, whole] : all) {
+    const bool rule = pipeline_stage_holds(name, stage(), stages(), full.num_blocks(), tied_model_);
+    auto it = held.find(name);
+    TESSERA_CHECK(rule == (it != held.end()), "pipeline parallelism: stage ", stage(),
+                  rule ? " does not hold " : " holds ", name,
+                  " against pipeline_stage_holds' layout");
+    if (it != held.end()) {
+      Shape local = whole.shape();
+      if (const ShardSpec* spec = spec_of(name); spec && !spec->replicated())
+        local[spec->dim] = spec->local_size(tensor_->rank());
+      TESSERA_CHECK(it->second.shape() == local, "pipeline parallelism: ", name, " is ",
+                    shape_str(it->second.shape()), " on stage ", stage(), " but ",
+                    shape_str(local), " in the full model", tensor_ ? "'s slice" : "");
+      held.erase(it);
+    }
+    int holder = 0;
+    while (holder < stages() &&
+           !pipeline_stage_holds(name, holder, stages(), full.num_blocks(), tied_model_))
+      ++holder;
+    TESSERA_CHECK(holder < stages(), "pipeline parallelism: no stage holds ", name);
+    layout_.push_back({name, whole.shape(), holder});
   }
+  TESSERA_CHECK(held.empty(), "pipeline parallelism: stage ", stage(), " holds ",
+                held.empty() ? std::string() : held.begin()->first,
+                ", which the full model does not have");
 }
 
 void PipelineParallelCausalLM::set_options(const PipelineOptions& options) {

@@ -102,6 +102,13 @@ struct StageBlocks {
 // Stage s's blocks: [s·n/p, (s+1)·n/p), contiguous, counts differing by at most one (5 blocks
 // on 2 stages: 2 + 3).
 StageBlocks pipeline_stage_blocks(int64_t blocks, int stage, int stages);
+// Whether stage `stage` of `stages` holds the full model's parameter `name` (a GPT-2 or Llama
+// of `blocks` blocks, its Hugging Face names): a block's when the block is the stage's, the
+// position embedding on the first stage, the token embedding on the first (and, `tied`, its
+// head's copy on the last), the final norm and an untied head on the last. The stages are
+// built to this rule, and check it as they are built.
+bool pipeline_stage_holds(const std::string& name, int stage, int stages, int64_t blocks,
+                          bool tied);
 // Refuses a pp_size < 1 or larger than the model's blocks, naming both (`model`: "GPT-2").
 void check_pipeline_parallel(int64_t blocks, int pp_size, const std::string& model);
 // Refuses a micro-batch count < 1 or one that does not divide the batch's rows.
