@@ -194,9 +194,6 @@ void print_pipeline_plan(const PlanArgs& a) {
                 gib(s.gradient_bytes), gib(s.optimizer_bytes), (long long)s.sends.collectives,
                 (long long)s.sends.bytes, (long long)s.tied_all_reduce_bytes);
   }
-  std::printf(
-      "(activations are not predicted for a pipeline yet: 1F1B holds at most pp_size - s "
-      "micro-batches' on stage s, AFAB all of them)\n");
   for (const dist::PipelineStagePlan& s : stages)
     std::printf("stage_bytes_by_category %d %lld %lld %lld\nstage_send_bytes_per_step %d %lld\n",
                 s.stage, (long long)s.parameter_bytes, (long long)s.gradient_bytes,
@@ -567,9 +564,14 @@ const RegisterCommand reg(
           print_fits(*a, capacity);
         else if (a->all_strategies)
           print_all_strategies(*a, capacity);
-        else if (a->pp_size > 1)
+        else if (a->pp_size > 1) {
+          // Each stage's kept state; then rank 0's stage (the first) through a dry run of its
+          // schedule, by category, activations included.
           print_pipeline_plan(*a);
-        else {
+          std::printf("rank 0, pipeline stage 0, its step as the dry run ran it:\n");
+          const dist::MemoryPlan plan = dist::plan_memory(plan_options(*a));
+          print_plan(*a, plan, capacity);
+        } else {
           const dist::MemoryPlan plan = dist::plan_memory(plan_options(*a));
           print_plan(*a, plan, capacity);
           print_traffic(*a, plan);

@@ -390,6 +390,21 @@ std::vector<RankMemory> Accelerator::gather_rank_memory(const CategoryMemoryStat
   return ranks;
 }
 
+void Accelerator::keep_memory_apart(const std::string& phase, const CategoryMemoryStats& stats) {
+  for (auto& [name, kept] : memory_apart_)
+    if (name == phase) {
+      if (stats.peak > kept.peak) kept = stats;
+      return;
+    }
+  memory_apart_.emplace_back(phase, stats);
+}
+
+std::optional<CategoryMemoryStats> Accelerator::memory_apart(const std::string& phase) const {
+  for (const auto& [name, kept] : memory_apart_)
+    if (name == phase) return kept;
+  return std::nullopt;
+}
+
 void Accelerator::end_memory_phase(const std::string& phase) {
   memory_phases_.push_back({phase, gather_rank_memory(category_memory_stats(device_.type))});
   reset_memory_peak();
@@ -401,7 +416,8 @@ std::string Accelerator::memory_report(const nn::Module& model) {
   const std::vector<RankMemory> ranks = gather_rank_memory(category_memory_stats(device_.type));
   std::vector<MemoryPhase> phases = memory_phases_;
   // Every rank saved or none did (save_state is collective): the gather is everyone's.
-  if (save_memory_) phases.push_back({"save", gather_rank_memory(*save_memory_)});
+  for (const auto& [phase, stats] : memory_apart_)
+    phases.push_back({phase, gather_rank_memory(stats)});
   if (!is_main_process()) return "";
   std::set<const TensorImpl*> seen;
   int64_t psi = 0;

@@ -221,7 +221,25 @@ class Accelerator {
   // (core/memory_category.h: MemoryPeakWindow), so the training steps' peak stays theirs:
   // this process's allocator peak (and split) during its largest save_state so far, which
   // memory_report() prints as the "save" phase ("rank 0 save"); empty before a save.
-  const std::optional<CategoryMemoryStats>& save_memory() const { return save_memory_; }
+  std::optional<CategoryMemoryStats> save_memory() const { return memory_apart("save"); }
+  // The same for any phase a program measures apart (the Trainer's evaluation: "eval"):
+  // fn() runs in a peak window of its own and the largest window of each name is printed by
+  // memory_report() as that phase. Collective when fn is; with counting off, just fn().
+  template <class Fn>
+  auto measure_apart(const std::string& phase, Fn&& fn) -> decltype(fn()) {
+    std::optional<MemoryPeakWindow> window;
+    if (memory_categories_enabled()) window.emplace(device_.type);
+    struct Keep {  // files the window's figures whether fn returns or throws
+      Accelerator& acc;
+      const std::string& phase;
+      std::optional<MemoryPeakWindow>& window;
+      ~Keep() {
+        if (window) acc.keep_memory_apart(phase, window->stats());
+      }
+    } keep{*this, phase, window};
+    return fn();
+  }
+  std::optional<CategoryMemoryStats> memory_apart(const std::string& phase) const;
 
   // ---- training ----
   // Enters a micro-step: gradients are synchronised only on every
@@ -395,7 +413,9 @@ class Accelerator {
   // Collective: every rank's `stats` (now and at its peak: memory_report's rows).
   std::vector<RankMemory> gather_rank_memory(const CategoryMemoryStats& stats);
   std::vector<MemoryPhase> memory_phases_;
-  std::optional<CategoryMemoryStats> save_memory_;
+  // measure_apart's largest window of each phase, in the order the phases first appeared.
+  std::vector<std::pair<std::string, CategoryMemoryStats>> memory_apart_;
+  void keep_memory_apart(const std::string& phase, const CategoryMemoryStats& stats);
   void unscale_gradients();
   // Where a collective on `t` runs: its own device, or the run's device for a host tensor
   // the backend cannot move (NCCL).

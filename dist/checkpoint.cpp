@@ -319,8 +319,7 @@ void Accelerator::save_state(const std::string& dir) {
   wait_for_everyone();  // every rank's optimizer shards are written
   if (is_main_process()) write_folder_checksums(dir);
   wait_for_everyone();
-  if (window && (!save_memory_ || window->stats().peak > save_memory_->peak))
-    save_memory_ = window->stats();
+  if (window) keep_memory_apart("save", window->stats());  // a finished save only
 }
 
 // Model i's weights read from dir and checked; the returned function loads them. A sharded

@@ -84,8 +84,29 @@ std::unique_ptr<DataParallelStrategy> make_strategy(nn::Module& model,
 
 // One optimizer step as the Trainer takes it (tessera train): accumulation micro-steps with
 // the sync on the last, clipping, the update, zero_grad.
-void training_step(nn::CausalLM& model, DataParallelStrategy& strategy, optim::Optimizer& opt,
+// A pipeline's stage (rank 0's: the first, which holds the most micro-batches' activations
+// under 1F1B) runs its schedule as Accelerator::train_step does: the strategy's sync off over
+// the micro-batches, then their accumulated gradients synced; the size-only groups' sends and
+// receives complete at once.
+void training_step(nn::Module& model, DataParallelStrategy& strategy, optim::Optimizer& opt,
                    const MemoryPlanOptions& o, const MixedPrecisionPolicy& policy) {
+  if (auto* pipe = dynamic_cast<PipelineParallelCausalLM*>(&model)) {
+    {
+      MemoryCategoryScope activations(MemoryCategory::Activations);
+      DataParallelStrategy::NoSyncGuard off = strategy.no_sync();
+      std::unique_ptr<autograd::AutocastGuard> autocast;
+      if (policy.compute_dtype != DType::f32)
+        autocast = std::make_unique<autograd::AutocastGuard>(policy.compute_dtype);
+      pipe->train_step(zeros({o.batch, o.seq}, {.dtype = DType::i64}),
+                       zeros({o.batch, o.seq}, {.dtype = DType::i64}));
+    }
+    strategy.sync_accumulated_gradients();
+    strategy.clip_grad_norm_(model.parameters(), 1.0);
+    opt.step();
+    opt.zero_grad();
+    return;
+  }
+  auto& lm = dynamic_cast<nn::CausalLM&>(model);
   for (int micro = 0; micro < o.gradient_accumulation_steps; ++micro) {
     const bool sync = micro + 1 == o.gradient_accumulation_steps;
     MemoryCategoryScope activations(MemoryCategory::Activations);
@@ -96,7 +117,7 @@ void training_step(nn::CausalLM& model, DataParallelStrategy& strategy, optim::O
       autocast = std::make_unique<autograd::AutocastGuard>(policy.compute_dtype);
     const Tensor x = zeros({o.batch, o.seq}, {.dtype = DType::i64});
     const Tensor y = zeros({o.batch, o.seq}, {.dtype = DType::i64});
-    Tensor loss = model.loss(x, y);
+    Tensor loss = lm.loss(x, y);
     if (o.gradient_accumulation_steps > 1)
       loss = loss / static_cast<double>(o.gradient_accumulation_steps);
     loss.backward();
@@ -178,6 +199,17 @@ int64_t MemoryPlan::expected_stage3_bound() const {
          static_cast<int64_t>(in_flight) * largest_bucket_bytes;
 }
 
+namespace {
+void check_plannable_mesh(const MemoryPlanOptions& o) {
+  TESSERA_CHECK(o.tp_size == 1 || o.pp_size == 1, "plan: the mesh of tp_size ", o.tp_size,
+                " x pp_size ", o.pp_size,
+                " splits the model over tp and pp at once, which the plan does not lay out yet "
+                "(tessera train runs it); plan the tensor-parallel and the pipeline split "
+                "apart (--tp-size ",
+                o.tp_size, ", then --pp-size ", o.pp_size, ")");
+}
+}  // namespace
+
 MemoryPlan plan_memory(const MemoryPlanOptions& o) {
   TESSERA_CHECK(
       o.world >= 1 && o.zero_stage >= 0 && o.zero_stage <= 3 && o.batch > 0 && o.seq > 0 &&
@@ -190,14 +222,18 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
   TESSERA_CHECK(o.seq <= o.model.block_size, "plan_memory: seq ", o.seq,
                 " is longer than the context block_size ", o.model.block_size);
   o.gradient_checkpointing.check_model(o.model.n_layer);
-  TESSERA_CHECK(o.pp_size == 1, "plan_memory: a pipeline (pp_size ", o.pp_size,
-                ") is planned by plan_pipeline_stages");
-  TESSERA_CHECK(o.tp_size == 1 || (o.zero_stage < 3 && !o.offload_optimizer && !o.offload_param &&
-                                   o.hybrid_shard_size == 0),
-                "plan_memory: tp_size ", o.tp_size,
+  TESSERA_CHECK((o.tp_size == 1 && o.pp_size == 1) ||
+                    (o.zero_stage < 3 && !o.offload_optimizer && !o.offload_param &&
+                     o.hybrid_shard_size == 0),
+                "plan_memory: tp_size ", o.tp_size, " x pp_size ", o.pp_size,
                 " runs DDP or ZeRO-1/2 on the dp axis, "
                 "without offload or hybrid sharding (zero_stage ",
                 o.zero_stage, ")");
+  check_plannable_mesh(o);
+  TESSERA_CHECK(o.pp_size == 1 ||
+                    (o.gradient_accumulation_steps == 1 && !o.gradient_checkpointing.enabled()),
+                "plan_memory: a pipeline accumulates over its micro-batches and checkpoints "
+                "nothing (pp_size ", o.pp_size, ")");
   const MixedPrecisionPolicy policy = MixedPrecisionPolicy::from_name(o.mixed_precision, o.reduce_dtype);
   SizeOnlyMode size_only(o.gpu_routes);
   const int64_t before = category_memory_stats(DeviceType::CPU).total_in_use() +
@@ -218,11 +254,13 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
     // model released after it, as `tessera train` does (TrainingTask::split_over_mesh).
     const MeshShape shape = resolve_mesh_shape({.tp = o.tp_size, .pp = o.pp_size}, o.world);
     const DeviceMesh mesh(std::make_shared<SizeOnlyProcessGroup>(o.world), shape);
-    check_mesh_split(whole, shape, {}, o.batch);
-    std::unique_ptr<nn::Module> split = split_over_mesh(whole, mesh, {});
+    const PipelineOptions pipeline{.micro_batches = o.pipeline_micro_batches};
+    check_mesh_split(whole, shape, pipeline, o.batch);
+    std::unique_ptr<nn::Module> split = split_over_mesh(whole, mesh, {.pipeline = pipeline});
     if (split) release_parameter_memory(whole, *split);
-    nn::CausalLM& model = split ? dynamic_cast<nn::CausalLM&>(*split) : whole;
-    model.gradient_checkpointing_enable(o.gradient_checkpointing);
+    nn::Module& model = split ? *split : static_cast<nn::Module&>(whole);
+    if (auto* lm = dynamic_cast<nn::CausalLM*>(&model))
+      lm->gradient_checkpointing_enable(o.gradient_checkpointing);
     const std::shared_ptr<ProcessGroup> group = mesh.dp_group();
     std::unique_ptr<DataParallelStrategy> strategy;
     {
@@ -284,11 +322,7 @@ std::vector<PipelineStagePlan> plan_pipeline_stages(const MemoryPlanOptions& o) 
   const MeshShape shape = resolve_mesh_shape({.tp = o.tp_size, .pp = o.pp_size}, o.world);
   TESSERA_CHECK(shape.pp > 1, "plan_pipeline_stages: needs pp_size > 1 (the mesh ", shape.str(),
                 ")");
-  TESSERA_CHECK(shape.tp == 1, "plan: the mesh ", shape.str(),
-                " splits the model over tp and pp at once, which the plan does not lay out yet "
-                "(tessera train runs it); plan the tensor-parallel and the pipeline split "
-                "apart (--tp-size ",
-                shape.tp, ", then --pp-size ", shape.pp, ")");
+  check_plannable_mesh(o);
   TESSERA_CHECK(o.zero_stage <= 2,
                 "plan_pipeline_stages: a pipeline trains under DDP or ZeRO-1/2 on the dp "
                 "axis, not ZeRO-",
@@ -315,14 +349,15 @@ std::vector<PipelineStagePlan> plan_pipeline_stages(const MemoryPlanOptions& o) 
     for (const auto& [name, t] : model.named_parameters())
       if (pipeline_stage_holds(name, s, shape.pp, o.model.n_layer, tied))
         st.parameters += t.numel();
-    // ZeRO-1 and ZeRO-2 shard the optimizer state over the dp axis. Between steps a ZeRO
-    // strategy keeps no gradient (a pipeline's micro-batches accumulate in full buckets within
-    // the step, reduced once by ZeroStrategy::sync_accumulated_gradients); DDP keeps its buckets.
+    // ZeRO-1 and ZeRO-2 shard the optimizer state over the dp axis; a pipeline's micro-batches
+    // accumulate in full gradient buckets either way (reduced once a step by
+    // ZeroStrategy::sync_accumulated_gradients), so at the steps' peak its gradients are whole,
+    // as ZeRO-1's formula counts them.
     const ZeroMemoryFormula kept =
         zero_memory_formula(st.parameters, p_bytes, policy.low_precision_parameters(),
                             std::min(o.zero_stage, 1), shape.dp);
     st.parameter_bytes = kept.parameters;
-    st.gradient_bytes = o.zero_stage == 0 ? kept.gradients : 0;
+    st.gradient_bytes = kept.gradients;
     st.optimizer_bytes = kept.optimizer;
     const int64_t sends =
         (last ? 0 : o.pipeline_micro_batches) + (first ? 0 : o.pipeline_micro_batches);

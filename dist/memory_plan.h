@@ -111,10 +111,10 @@ MemoryPlan plan_memory(const MemoryPlanOptions& options);
 
 // A pipeline of options.pp_size stages (options.world ranks, DDP or ZeRO-1/2 on the dp axis:
 // ZeRO shards the optimizer state, the gradients stay whole): each stage's
-// blocks (pipeline_stage_blocks, the split's own cut) and what it keeps between steps, with
+// blocks (pipeline_stage_blocks, the split's own cut) and its state at the steps' peak, with
 // the model's own parameter shapes (a size-only model): its blocks, the embeddings on the first
 // stage, the final norm and head on the last (a tied head's copy of the token embedding too).
-// Activations are not predicted here. Sends per micro-batch: its [B/m, T, C] activations to the
+// Activations: plan_memory runs rank 0's stage (the first) through its schedule. Sends per micro-batch: its [B/m, T, C] activations to the
 // next stage, their gradient back; a tied model's embedding gradient all-reduced between the
 // first and the last stage once a step.
 struct PipelineStagePlan {

@@ -430,7 +430,10 @@ static bool is_wall_clock_metric(const std::string& name) {
 Metrics Trainer::evaluate() {
   TESSERA_CHECK(task_->has_eval_data(), "Trainer::evaluate: no evaluation data");
   const auto start = std::chrono::steady_clock::now();
-  const TaskEvaluation result = task_->evaluate(*acc_, args_);
+  // Measured apart ("rank R eval" in the memory report): the steps' peak stays theirs (a
+  // pipeline's evaluation gathers the whole model).
+  const TaskEvaluation result =
+      acc_->measure_apart("eval", [&] { return task_->evaluate(*acc_, args_); });
   const double seconds = std::max(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1e-9);
   Metrics metrics = with_prefix(result.metrics, "eval_");

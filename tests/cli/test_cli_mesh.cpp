@@ -355,8 +355,10 @@ TEST(CliMesh, PlanPerRankMemoryMatchesAMeasuredRunWithinTwoPercent) {
     const auto plan =
         run("plan --device cpu --nproc 4 --vocab " + std::to_string(vocab) + shape + mesh);
     ASSERT_EQ(plan.rc, 0) << plan.output;
-    // The categories both give: parameters, gradients, optimizer state, and for tensor
-    // parallelism the activations at the steps' peak (a pipeline's are not predicted).
+    // The categories both give: parameters, gradients, optimizer state, and the activations
+    // at the steps' peak (the report's peak row: the end-of-run evaluation is a phase of its
+    // own): every rank's for tensor parallelism, stage 0's for a pipeline (the plan runs rank
+    // 0's stage through its schedule; each stage's kept state comes from the stage table).
     const char* names[] = {"parameters", "gradients", "optimizer", "activations"};
     const int categories = tp ? 4 : 3;
     for (int rank = 0; rank < 4; ++rank) {
@@ -366,12 +368,19 @@ TEST(CliMesh, PlanPerRankMemoryMatchesAMeasuredRunWithinTwoPercent) {
       const std::vector<double> predicted =
           tp ? numbers_after(plan.output, "step_peak_bytes_by_category", 4)
              : numbers_after(plan.output, "stage_bytes_by_category " + std::to_string(rank % 2), 3);
-      for (int c = 0; c < categories; ++c) {
+      std::vector<double> want = predicted;
+      int compared = categories;
+      if (!tp && rank % 2 == 0) {
+        want.push_back(numbers_after(plan.output, "step_peak_bytes_by_category", 4)[3]);
+        compared = 4;
+      }
+      for (int c = 0; c < compared; ++c) {
         const double measured = measured_mib[c] * (1 << 20);
         std::printf("[ plan ] %s: rank %d %-11s predicted %8.0f bytes, measured %8.0f (%.3f%%)\n",
-                    mesh.c_str(), rank, names[c], predicted[c], measured,
-                    measured > 0 ? 100 * std::fabs(predicted[c] - measured) / measured : 0.0);
-        EXPECT_NEAR(predicted[c], measured, 0.02 * measured) << names[c] << plan.output << r.output;
+                    mesh.c_str(), rank, names[c], want[c], measured,
+                    measured > 0 ? 100 * std::fabs(want[c] - measured) / measured : 0.0);
+        EXPECT_NEAR(want[c], measured, std::max(0.02 * measured, 2048.0))
+            << names[c] << plan.output << r.output;
       }
     }
     if (tp) {
