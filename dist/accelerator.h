@@ -223,21 +223,16 @@ class Accelerator {
   // memory_report() prints as the "save" phase ("rank 0 save"); empty before a save.
   std::optional<CategoryMemoryStats> save_memory() const { return memory_apart("save"); }
   // The same for any phase a program measures apart (the Trainer's evaluation: "eval"):
-  // fn() runs in a peak window of its own and the largest window of each name is printed by
-  // memory_report() as that phase. Collective when fn is; with counting off, just fn().
+  // fn() (returning a value) runs in a peak window of its own and the largest window of each
+  // name is printed by memory_report() as that phase. Collective when fn is; with counting
+  // off, just fn().
   template <class Fn>
   auto measure_apart(const std::string& phase, Fn&& fn) -> decltype(fn()) {
     std::optional<MemoryPeakWindow> window;
     if (memory_categories_enabled()) window.emplace(device_.type);
-    struct Keep {  // files the window's figures whether fn returns or throws
-      Accelerator& acc;
-      const std::string& phase;
-      std::optional<MemoryPeakWindow>& window;
-      ~Keep() {
-        if (window) acc.keep_memory_apart(phase, window->stats());
-      }
-    } keep{*this, phase, window};
-    return fn();
+    auto result = fn();  // a phase that throws is not kept, as a failed save is not
+    if (window) keep_memory_apart(phase, window->stats());
+    return result;
   }
   std::optional<CategoryMemoryStats> memory_apart(const std::string& phase) const;
 

@@ -113,6 +113,26 @@ double dropout_kept_scale(double p, DType dtype) {
   }
 }
 
+void check_elementwise_entry_operands(const char* op, DeviceType type, const Tensor& a,
+                                      const char* a_name, const Tensor& b, const char* b_name) {
+  auto describe = [](const Tensor& t) {
+    return t.defined()
+               ? shape_str(t.shape()) + " " + dtype_name(t.dtype()) + " on " + t.device().str()
+               : std::string("undefined");
+  };
+  TESSERA_CHECK(a.defined() && b.defined() && a.shape() == b.shape() && a.dtype() == b.dtype() &&
+                    a.device() == b.device() && a.device().type == type && a.is_contiguous() &&
+                    b.is_contiguous() && is_floating(a.dtype()),
+                op, ": ", a_name, " and ", b_name,
+                " must be contiguous floating tensors of one shape, dtype and device (",
+                type == DeviceType::CUDA ? "cuda" : "cpu", "), got ", describe(a), " and ",
+                describe(b));
+}
+
+void check_dropout_draw(const char* op, const DropoutDraw& draw) {
+  TESSERA_CHECK(draw.p > 0 && draw.p <= 1, op, ": p must lie in (0, 1], got ", draw.p);
+}
+
 bool linear_gelu_takes(const Tensor& x2d, const Tensor& w_fc, const Tensor& b_fc,
                        const Tensor& w_proj, const Tensor& b_proj) {
   const FusedKernelTable& fused = fused_kernel_table(x2d.device().type);

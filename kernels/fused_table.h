@@ -275,6 +275,12 @@ bool gelu_erf_takes(const Tensor& x);
 // ops::binary rounds a scalar operand, so that the fused entries multiply by what the
 // composition's mask holds (1 for p = 1, where nothing is kept); exact in double.
 double dropout_kept_scale(double p, DType dtype);
+// What every backend's dropout_* / gelu_erf_* entry checks first, naming the operands: a and b
+// defined, contiguous, floating, of one shape and dtype, on one device of `type`; and a draw's
+// p in (0, 1].
+void check_elementwise_entry_operands(const char* op, DeviceType type, const Tensor& a,
+                                      const char* a_name, const Tensor& b, const char* b_name);
+void check_dropout_draw(const char* op, const DropoutDraw& draw);
 
 // GPT-2's MLP gelu(x2d @ w_fc + b_fc) @ w_proj + b_proj with the GELU in the GEMMs'
 // epilogues: the device has the entries and both GEMMs take their operands (f64 included:

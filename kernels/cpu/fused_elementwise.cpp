@@ -12,18 +12,6 @@
 namespace tessera::cpu {
 namespace {
 
-void check_like(const char* op, const Tensor& a, const char* a_name, const Tensor& b,
-                const char* b_name) {
-  TESSERA_CHECK(a.defined() && b.defined() && a.shape() == b.shape() && a.dtype() == b.dtype() &&
-                    a.is_contiguous() && b.is_contiguous() && is_floating(a.dtype()) &&
-                    a.device().is_cpu() && b.device().is_cpu(),
-                op, ": ", a_name, " and ", b_name,
-                " must be contiguous floating CPU tensors of one shape and dtype, got ",
-                a.defined() ? shape_str(a.shape()) + " " + dtype_name(a.dtype()) : "undefined",
-                " and ",
-                b.defined() ? shape_str(b.shape()) + " " + dtype_name(b.dtype()) : "undefined");
-}
-
 // fn(T{}) for the floating element type T of `like` (the callers checked it is one).
 template <class Fn>
 void each_float_element(const Tensor& like, Fn&& fn) {
@@ -38,8 +26,8 @@ void each_float_element(const Tensor& like, Fn&& fn) {
 // out[i] = in[i] * (kept ? scale : 0), four elements per Philox block, as the composition's
 // multiply rounds (the product in compute_t, then the dtype).
 void dropout_apply(const char* op, const Tensor& in, const DropoutDraw& draw, const Tensor& out) {
-  check_like(op, in, "input", out, "output");
-  TESSERA_CHECK(draw.p > 0 && draw.p <= 1, op, ": p must lie in (0, 1], got ", draw.p);
+  check_elementwise_entry_operands(op, DeviceType::CPU, in, "input", out, "output");
+  check_dropout_draw(op, draw);
   const uint64_t keep_from = dropout_keep_from(draw.p);
   const double scale = dropout_kept_scale(draw.p, in.dtype());
   const int64_t n = in.numel();
@@ -70,7 +58,7 @@ void dropout_backward(const Tensor& dy, const DropoutDraw& draw, const Tensor& d
 }
 
 void gelu_erf_forward(const Tensor& x, const Tensor& out) {
-  check_like("gelu_erf_forward", x, "x", out, "out");
+  check_elementwise_entry_operands("gelu_erf_forward", DeviceType::CPU, x, "x", out, "out");
   const int64_t n = x.numel();
   each_float_element(x, [&](auto tag) {
     using T = decltype(tag);
@@ -83,8 +71,8 @@ void gelu_erf_forward(const Tensor& x, const Tensor& out) {
 }
 
 void gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
-  check_like("gelu_erf_backward", x, "x", dy, "dy");
-  check_like("gelu_erf_backward", x, "x", dx, "dx");
+  check_elementwise_entry_operands("gelu_erf_backward", DeviceType::CPU, x, "x", dy, "dy");
+  check_elementwise_entry_operands("gelu_erf_backward", DeviceType::CPU, x, "x", dx, "dx");
   const int64_t n = x.numel();
   each_float_element(x, [&](auto tag) {
     using T = decltype(tag);

@@ -79,25 +79,10 @@ __global__ void gelu_erf_backward_kernel(const T* dy, const T* x, T* dx, int64_t
     dx[i] = from_acc<T>(to_acc<A>(dy[i]) * gelu_erf_slope(to_acc<A>(x[i])));
 }
 
-void check_like(const char* op, const Tensor& a, const char* a_name, const Tensor& b,
-                const char* b_name) {
-  TESSERA_CHECK(a.defined() && b.defined() && a.shape() == b.shape() && a.dtype() == b.dtype() &&
-                    a.device() == b.device() && a.device().is_cuda() && a.is_contiguous() &&
-                    b.is_contiguous() && is_floating(a.dtype()),
-                op, ": ", a_name, " and ", b_name,
-                " must be contiguous floating CUDA tensors of one shape, dtype and device, got ",
-                a.defined() ? shape_str(a.shape()) + " " + dtype_name(a.dtype()) + " on " +
-                                  a.device().str()
-                            : std::string("undefined"),
-                " and ",
-                b.defined() ? shape_str(b.shape()) + " " + dtype_name(b.dtype()) + " on " +
-                                  b.device().str()
-                            : std::string("undefined"));
-}
 
 void dropout_apply(const char* op, const Tensor& in, const DropoutDraw& draw, const Tensor& out) {
-  check_like(op, in, "input", out, "output");
-  TESSERA_CHECK(draw.p > 0 && draw.p <= 1, op, ": p must lie in (0, 1], got ", draw.p);
+  check_elementwise_entry_operands(op, DeviceType::CUDA, in, "input", out, "output");
+  check_dropout_draw(op, draw);
   const int64_t n = in.numel();
   if (n == 0) return;
   KernelContext ctx(out);
@@ -124,7 +109,7 @@ void dropout_backward(const Tensor& dy, const DropoutDraw& draw, const Tensor& d
 }
 
 void gelu_erf_forward(const Tensor& x, const Tensor& out) {
-  check_like("gelu_erf_forward", x, "x", out, "out");
+  check_elementwise_entry_operands("gelu_erf_forward", DeviceType::CUDA, x, "x", out, "out");
   const int64_t n = x.numel();
   if (n == 0) return;
   KernelContext ctx(out);
@@ -138,8 +123,8 @@ void gelu_erf_forward(const Tensor& x, const Tensor& out) {
 }
 
 void gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
-  check_like("gelu_erf_backward", x, "x", dy, "dy");
-  check_like("gelu_erf_backward", x, "x", dx, "dx");
+  check_elementwise_entry_operands("gelu_erf_backward", DeviceType::CUDA, x, "x", dy, "dy");
+  check_elementwise_entry_operands("gelu_erf_backward", DeviceType::CUDA, x, "x", dx, "dx");
   const int64_t n = x.numel();
   if (n == 0) return;
   KernelContext ctx(dx);

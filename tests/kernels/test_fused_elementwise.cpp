@@ -55,6 +55,16 @@ TEST(FusedDropout, TheCpuRowHasTheRoute) {
   EXPECT_DOUBLE_EQ(dropout_kept_scale(1.0, DType::f32), 1.0);
   EXPECT_EQ(dropout_kept_scale(0.1, DType::bf16), 1.109375) << "1/0.9 rounded to bf16";
   EXPECT_EQ(dropout_kept_scale(0.1, DType::f32), static_cast<double>(1.0f / 0.9f));
+  // The entries refuse what their contract excludes, naming the operands.
+  const FusedKernelTable& cpu = fused_kernel_table(DeviceType::CPU);
+  try {
+    cpu.dropout_forward(zeros({3, 5}), {0.5, 1, 0}, zeros({5, 3}));
+    ADD_FAILURE() << "accepted an output of another shape";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dropout_forward: input and output"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(cpu.dropout_forward(zeros({3, 5}), {1.5, 1, 0}, zeros({3, 5})), Error);
 }
 
 // Forward and backward equal the composition's bits, for every dtype, several p (1 keeps
