@@ -89,6 +89,12 @@ if [[ $MODE == test || $MODE == all ]]; then
   done
   for ((i = 0; i < shards; ++i)); do wait -n || failed=$((failed + 1)); done
   summary+=("memcheck (all tests but the deliberate OOM, $shards shards): $failed shards failed; $(cat "$OUT"/memcheck_*.log | grep -E 'ERROR SUMMARY' | sort | uniq -c | tr -s ' ' | tr '\n' ';')")
+  # The fused element-wise kernels' tests live in test_kernels (they compare both devices).
+  kernels_program=$(find build-gpu/tests -name test_kernels -type f | head -1)
+  timeout "${MEMCHECK_S:-300}" compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
+    "$kernels_program" --gtest_brief=1 --gtest_filter='FusedDropout.*:FusedGeluErf.*' \
+    > "$OUT/memcheck_kernels.log" 2>&1
+  summary+=("memcheck (test_kernels FusedDropout/FusedGeluErf): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_kernels.log" | tail -1)")
   if [[ ${RACECHECK_S:-120} -gt 0 ]]; then
     timeout "${RACECHECK_S:-120}" compute-sanitizer --tool racecheck --error-exitcode 9 \
       ./build-gpu/tests/cuda/test_cuda --gtest_brief=1 --gtest_filter="$SAN_FILTER" > "$OUT/racecheck.log" 2>&1
