@@ -374,24 +374,51 @@ void PipelineParallelCausalLM::reduce_tied_gradient() {
   tied_->all_reduce(weight.grad())->wait();
 }
 
-PipelineBubble PipelineParallelCausalLM::bubble() const {
+PipelineBubble PipelineParallelCausalLM::bubble(const std::vector<PipelineTimeline>& steps) const {
+  TESSERA_CHECK(!steps.empty(), "PipelineParallelCausalLM::bubble: no timeline given");
+  const PipelineTimeline& last = steps.back();
+  for (const PipelineTimeline& t : steps) {
+    bool same = t.events.size() == last.events.size();
+    for (size_t i = 0; same && i < t.events.size(); ++i)
+      same = t.events[i].op.kind == last.events[i].op.kind &&
+             t.events[i].op.micro_batch == last.events[i].op.micro_batch;
+    TESSERA_CHECK(same, "PipelineParallelCausalLM::bubble: the timelines of stage ", stage(),
+                  " ran different orders (", t.events.size(), " and ", last.events.size(),
+                  " ops); give the steps of one schedule");
+  }
   PipelineBubble out;
-  // Every stage's busy time and stage 0's span; durations only, so no two clocks meet.
-  std::vector<double> figures(stages() + 1, 0.0);
-  figures[stage()] = timeline_.busy_s();
-  if (first_stage()) figures[stages()] = timeline_.span_s();
-  Tensor summed = from_vector(figures, {stages() + 1}, {.dtype = DType::f64});
+  // Every step's busy time of every stage and stage 0's span; durations only, so no two clocks
+  // meet. The wall-clock figures are the median step's (by its bubble).
+  const int64_t k = static_cast<int64_t>(steps.size()), width = stages() + 1;
+  std::vector<double> figures(k * width, 0.0);
+  for (int64_t i = 0; i < k; ++i) {
+    figures[i * width + stage()] = steps[i].busy_s();
+    if (first_stage()) figures[i * width + stages()] = steps[i].span_s();
+  }
+  Tensor summed = from_vector(figures, {k * width}, {.dtype = DType::f64});
   group_->all_reduce(summed)->wait();
   figures = summed.to_vector<double>();
-  out.span_s = figures.back();
-  figures.pop_back();
-  out.measured = pipeline_bubble(figures, out.span_s);
-  out.stage0 = 1 - figures.front() / out.span_s;
+  std::vector<std::pair<double, int64_t>> by_bubble;
+  for (int64_t i = 0; i < k; ++i) {
+    const std::vector<double> busy(figures.begin() + i * width,
+                                   figures.begin() + i * width + stages());
+    by_bubble.push_back({pipeline_bubble(busy, figures[i * width + stages()]), i});
+  }
+  std::nth_element(by_bubble.begin(), by_bubble.begin() + k / 2, by_bubble.end());
+  const int64_t median = by_bubble[k / 2].second;
+  out.measured = by_bubble[k / 2].first;
+  out.span_s = figures[median * width + stages()];
+  out.stage0 = 1 - figures[median * width] / out.span_s;
   // Every stage's ops as it ran them: kind, micro-batch, CPU seconds (2m ops per stage).
-  const int64_t n = static_cast<int64_t>(timeline_.events.size());
+  const int64_t n = static_cast<int64_t>(last.events.size());
   std::vector<double> mine;
-  for (const PipelineEvent& e : timeline_.events)
-    mine.insert(mine.end(), {double(e.op.kind), double(e.op.micro_batch), e.cpu_s});
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<double> cpu;
+    for (const PipelineTimeline& t : steps) cpu.push_back(t.events[i].cpu_s);
+    std::nth_element(cpu.begin(), cpu.begin() + cpu.size() / 2, cpu.end());
+    const PipelineOp& op = last.events[i].op;
+    mine.insert(mine.end(), {double(op.kind), double(op.micro_batch), cpu[cpu.size() / 2]});
+  }
   Tensor all = empty({stages() * 3 * n}, {.dtype = DType::f64});
   group_->all_gather(all, from_vector(mine, {3 * n}, {.dtype = DType::f64}))->wait();
   const std::vector<double> ops = all.to_vector<double>();

@@ -185,7 +185,12 @@ class PipelineParallelCausalLM : public nn::Module, public MeshParallelModel {
   // What this stage ran in the last train_step, seconds from that step's start.
   const PipelineTimeline& timeline() const { return timeline_; }
   // Collective over the pipeline: the bubble of the last train_step's timeline.
-  PipelineBubble bubble() const;
+  PipelineBubble bubble() const { return bubble({timeline_}); }
+  // The same over several steps' timelines of this stage (timeline() after each, one schedule):
+  // the wall-clock figures are the median step's, the replay takes each op's median CPU time
+  // over them, so one step or op slowed by whatever else ran on the machine does not move them.
+  // Refuses an empty list or timelines whose orders differ.
+  PipelineBubble bubble(const std::vector<PipelineTimeline>& steps) const;
 
   // Collective over the pipeline: every parameter of the full model, under its name, on
   // every stage (each broadcast from the stage that holds it).

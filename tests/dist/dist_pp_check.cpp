@@ -11,9 +11,11 @@
 // "rank R: refused: MESSAGE" (exit 2). With --save-dir, the model directory save_pretrained
 // writes is read back by nn::load_causal_lm and must hold the gathered parameters, to the bit.
 //
-// With --bubble there is no comparison: a wider model (--width, default 128;
-// --blocks-per-stage, default 2; tokens 32) trains --steps steps (default 2) and each rank prints the bubble of the
-// last step's timeline (PipelineParallelCausalLM::bubble): "rank R: bubble p P m M SCHEDULE:
+// With --bubble there is no comparison: a wider model (--width, default 384;
+// --blocks-per-stage, default 2; tokens 32) trains --steps steps (default 8) and each rank
+// prints the bubble of the timelines of every step after the first, a warm-up
+// (PipelineParallelCausalLM::bubble: the wall-clock figures are the median step's, the replay
+// takes each op's median CPU time over those steps): "rank R: bubble p P m M SCHEDULE:
 // wall-clock W (stage 0 S, span ...), replayed CPU time C, logical L, theory T -> OK", where OK
 // means the logical figure (the stages' recorded orders in op slots) is within 10% of the
 // theory, and with --assert-replayed / --assert-wall-clock those figures too. --timeline
@@ -26,6 +28,8 @@
 //                      [--save-dir DIR] [--bubble] [--width C] [--blocks-per-stage K]
 //                      [--assert-wall-clock]
 //                      [--assert-replayed] [--timeline] [--verbose (rank 0 prints every figure)]
+#include <malloc.h>
+
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -111,7 +115,7 @@ Options parse(int argc, char** argv) {
                                {"--assert-replayed", &o.assert_replayed},
                                {"--timeline", &o.timeline},
                                {"--verbose", &o.verbose}});
-  if (o.steps < 0) o.steps = o.bubble ? 2 : 10;
+  if (o.steps < 0) o.steps = o.bubble ? 8 : 10;
   return o;
 }
 
@@ -120,18 +124,29 @@ Options parse(int argc, char** argv) {
 int check_bubble(Options o, dist::ProcessGroup& world) {
   const int pp = o.pp ? o.pp : world.size();
   o.layers = o.blocks_per_stage * pp, o.tokens = 32, o.vocab = 64;
-  if (o.width == 32) o.width = 128;
+  if (o.width == 32) o.width = 384;
+  // glibc returns a freed buffer above its mmap threshold (128 KiB to start) to the kernel, so
+  // every step faults its activations in again, a cost that lands on whichever op allocates
+  // first: keep freed memory in the heap, as a caching allocator would.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_TOP_PAD, 256 << 20);
   dist::GroupPtr group = dist::pipeline_parallel_group(world, pp);
   auto pipe = dist::pipeline_parallel(
       *build(o), group,
       {.micro_batches = o.micro_batches, .schedule = dist::parse_pipeline_schedule(o.schedule)});
   optim::AdamW opt = adamw(pipe->parameters(), o.lr, o.eps);
+  std::vector<dist::PipelineTimeline> timelines;  // every step's but the first (a warm-up)
   for (int step = 0; step < o.steps; ++step) {
     auto [x, y] = batch(step, o);
     pipe->train_step(x, y);
-    opt.step(), opt.zero_grad();
+    // Gradients stay allocated between steps (zeroed in place, as Megatron-LM's persistent
+    // gradient buffers are): a fresh allocation would slow every stage's first backward, and
+    // those backwards are the critical path.
+    opt.step(), opt.zero_grad(/*set_to_none=*/false);
+    if (step > 0 || o.steps == 1) timelines.push_back(pipe->timeline());
   }
-  const dist::PipelineBubble b = pipe->bubble();
+  const dist::PipelineBubble b = pipe->bubble(timelines);
   if (o.timeline) {
     std::string ops;
     for (const dist::PipelineEvent& e : pipe->timeline().events) {
