@@ -5,7 +5,7 @@ taken from real runs (docs/mesh.md shows their output).
   scripts/parallel_timeline.py --build build-cpu [--pp 4] [--micro-batches 8] [--tp 2]
 
 - Pipeline: `tessera launch` runs tests/dist/dist_pp_check --bubble --timeline (GPT-2, 2
-  blocks per stage, 1F1B) on --pp ranks; each stage prints the ops of its last step in the
+  blocks per stage, d = 128, 1F1B) on --pp ranks; each stage prints the ops of its last step in the
   order it ran them, with their wall-clock times and CPU times. The chart places that order
   on a clock where each op lasts its CPU time and starts once its stage is free and its input
   has arrived (a forward: the previous stage's forward of the micro-batch; a backward: the
@@ -55,7 +55,8 @@ def draw(rows, span, width=100, label="stage"):
 
 def pipeline(build, pp, m):
     text = run(build, pp, "dist_pp_check", ["--bubble", "--timeline", "--schedule", "1f1b",
-                                             "--micro-batches", str(m), "--steps", "3"])
+                                             "--micro-batches", str(m), "--steps", "3",
+                                             "--width", "128"])
     replayed, wall, bubble = {}, {}, None
     for line in text.splitlines():
         t = re.search(r"rank (\d+) timeline \(ms\):(.*)", line)
